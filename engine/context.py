@@ -1,0 +1,79 @@
+"""The single engine thread: all MLX work runs here, since MLX streams belong to the thread that made them."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+
+__all__ = ["EngineThread"]
+
+
+class EngineThread:
+    """Runs callables one at a time on one dedicated daemon thread; `run` is awaited from the event loop."""
+
+    def __init__(self, name: str = "tandem-engine") -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        self.busy_seconds = 0.0
+
+    def _main(self) -> None:
+        import time
+
+        while (job := self._jobs.get()) is not None:
+            fn, done = job
+            t0 = time.perf_counter()
+            try:
+                result, error = fn(), None
+            except BaseException as exc:  # delivered to the awaiter, never kills the thread
+                result, error = None, exc
+            self.busy_seconds += time.perf_counter() - t0
+            done(result, error)
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run fn(*args) on the engine thread and return its result. Shielded: once submitted it
+        completes before this returns, so native resources are never freed under a running step."""
+        token = anyio.lowlevel.current_token()
+        finished = anyio.Event()
+        box: list[Any] = []
+
+        def done(result: Any, error: BaseException | None) -> None:
+            box.extend((result, error))
+            try:
+                anyio.from_thread.run_sync(finished.set, token=token)
+            except RuntimeError:  # event loop already gone (shutdown)
+                pass
+
+        self._jobs.put((lambda: fn(*args), done))
+        with anyio.CancelScope(shield=True):
+            await finished.wait()
+        result, error = box
+        if error is not None:
+            raise error
+        return result
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Blocking variant for non-async callers (CLI); must not be used from the event loop."""
+        ev = threading.Event()
+        box: list[Any] = []
+
+        def done(result: Any, error: BaseException | None) -> None:
+            box.extend((result, error))
+            ev.set()
+
+        self._jobs.put((lambda: fn(*args), done))
+        ev.wait()
+        result, error = box
+        if error is not None:
+            raise error
+        return result
+
+    def close(self) -> None:
+        self._jobs.put(None)

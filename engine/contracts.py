@@ -1,0 +1,163 @@
+"""Protocols and value types shared by the driver, the groups and their callers.
+
+Everything here is plain Python: the service layer builds these objects and reads deltas back,
+never touching an mx array.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from engine.tasks import ExecutionTasks
+
+__all__ = [
+    "SamplingParams",
+    "GenerationRequest",
+    "Delta",
+    "FinishReason",
+    "ExecutionContext",
+    "ExecutionGroup",
+    "PrefixCache",
+    "SamplingSession",
+    "RowStream",
+]
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-row sampling settings (OpenAI names). temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+
+
+@dataclass
+class GenerationRequest:
+    """One LLM generation: a tokenized prompt plus how to sample and when to stop."""
+
+    prompt_tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    # Prefix-cache hints: never change results, only which cached KV is continued.
+    session_id: str | None = None
+    namespace: str = ""
+    # Token offsets where reusable segments end (e.g. after the system prompt): snapshot there.
+    segment_boundaries: Sequence[int] = ()
+
+
+@dataclass
+class Delta:
+    """What one row produced in one iteration; the last one carries finish_reason."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+class RowStream(Protocol):
+    """Async iterator of a row's deltas; closing it cancels the row (its KV is freed next iteration)."""
+
+    def __aiter__(self) -> AsyncIterator[Delta]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ExecutionContext(Protocol):
+    """Runs MLX work on the single engine thread; the event loop only awaits it."""
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run fn(*args) on the engine thread. Once started it completes even if the caller is cancelled."""
+        ...
+
+
+class ExecutionGroup(Protocol):
+    """A unit the driver advances: rows of model work plus queued tasks sharing the lease."""
+
+    tasks: "ExecutionTasks"
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def admission_held(self) -> bool:
+        """True while a task must not run now (e.g. a row is mid-way through a non-interruptible step)."""
+        ...
+
+    def prune(self) -> None:
+        """Drop cancelled rows (freeing their KV) and cancelled queued tasks."""
+
+    def has_work(self) -> bool:
+        """Anything active, preparing (prefill left), queued for admission, or a pending task."""
+        ...
+
+    async def wait_for_work(self) -> None:
+        """Return when has_work() may have become true, or the group closed."""
+
+    def admit(self) -> None:
+        """Move queued requests into the active set while the budget allows."""
+
+    def has_decoding(self) -> bool: ...
+
+    def has_preparing(self) -> bool: ...
+
+    def supports_mixed(self) -> bool: ...
+
+    @property
+    def max_iteration_tokens(self) -> int: ...
+
+    @property
+    def minimum_preparation_tokens(self) -> int: ...
+
+    def running_tokens(self) -> int:
+        """Tokens the decoding rows need this iteration (one per row)."""
+        ...
+
+    async def advance_mixed(self, budget: int) -> None:
+        """One packed iteration: every decode row plus prefill chunks filling the rest of budget."""
+
+    async def advance_preparation(self) -> None:
+        """One prefill chunk for the preparing rows (within max_iteration_tokens)."""
+
+    async def advance(self) -> None:
+        """One decode step for every decoding row."""
+
+    def close(self) -> None:
+        """Stop accepting work; the driver loop exits."""
+
+
+class PrefixCache(Protocol):
+    """Token trie of KV snapshots (see engine/prefix_cache.py)."""
+
+    def take(self, namespace: str, tokens: Sequence[int], session_id: str | None = None) -> tuple[int, Any]:
+        """Longest usable cached prefix: (number of tokens covered, KV state or None)."""
+        ...
+
+    def put(self, namespace: str, tokens: Sequence[int], state: Any, session_id: str | None = None) -> None: ...
+
+    def close_session(self, session_id: str) -> None: ...
+
+    def reclaim(self) -> None:
+        """Enforce the byte budget; called at iteration boundaries."""
+
+
+class SamplingSession(Protocol):
+    """Per-row sampler state: logits processors, RNG, stop matching."""
+
+    def sample(self, logits: Any) -> Any: ...
