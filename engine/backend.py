@@ -1,0 +1,222 @@
+"""Fast CPU BLAS for MLX on Linux, loaded before MLX itself.
+
+mlx[cpu] links netlib reference BLAS (~4 GFLOP/s for a 1024² f32 matmul on two cores). Any library that
+exports the unprefixed `cblas_sgemm`/LAPACK symbols and sits in the global symbol scope before libmlx is
+loaded wins symbol resolution. Routes, first match wins:
+
+1. `TANDEM_BLAS` — a library path, or `reference` to keep MLX's bundled BLAS;
+2. a system OpenBLAS (Debian `libopenblas0-pthread`);
+3. `scipy-openblas32` from PyPI: its exports carry a `scipy_` prefix, so a copy with the prefix removed
+   (`patchelf --rename-dynamic-symbols`) is made once in the user cache dir.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BlasInfo", "blas_info", "ensure_fast_blas", "user_cache_dir"]
+
+_log = logging.getLogger(__name__)
+
+# Symbols libmlx.so takes from BLAS/LAPACK; a candidate must export at least these.
+_REQUIRED_SYMBOLS = ("cblas_sgemm", "sgetrf_", "sgesdd_")
+_SCIPY_PREFIX = "scipy_"
+
+_info: BlasInfo | None = None
+# Keeps the loaded library alive for the life of the process.
+_handle: ctypes.CDLL | None = None
+
+
+@dataclass(frozen=True)
+class BlasInfo:
+    """Which BLAS MLX's CPU backend uses: `name` (openblas, reference, accelerate), `path`, `reason`."""
+
+    name: str
+    path: str | None
+    reason: str
+
+    def describe(self) -> str:
+        """One line for logs and `tandem serve`'s banner. Raises nothing."""
+        where = f" ({self.path})" if self.path else ""
+        return f"BLAS: {self.name}{where} — {self.reason}"
+
+
+def user_cache_dir() -> Path:
+    """The per-user cache root (`$XDG_CACHE_HOME/mlx-tandem`, default ~/.cache). Raises nothing."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "mlx-tandem"
+
+
+def blas_info() -> BlasInfo:
+    """The BLAS chosen for this process, choosing it now if nothing has yet. Raises nothing."""
+    return _info if _info is not None else ensure_fast_blas()
+
+
+def ensure_fast_blas() -> BlasInfo:
+    """Load an optimised BLAS into the global symbol scope before MLX is imported. Idempotent.
+
+    Raises nothing: every failure falls back to MLX's reference BLAS with a warning and a reason.
+    """
+    global _info
+    if _info is None:
+        _info = _choose()
+        _log.info(_info.describe())
+    return _info
+
+
+def _choose() -> BlasInfo:
+    if sys.platform == "darwin":
+        return BlasInfo("accelerate", None, "macOS: MLX uses Accelerate and Metal")
+    if not sys.platform.startswith("linux"):
+        return BlasInfo("reference", None, f"no fast BLAS route on {sys.platform}")
+    override = os.environ.get("TANDEM_BLAS", "").strip()
+    if override.lower() == "reference":
+        return BlasInfo("reference", None, "TANDEM_BLAS=reference")
+    if "mlx.core" in sys.modules:
+        warnings.warn(
+            "mlx was imported before engine; MLX keeps its reference BLAS (import engine first)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return BlasInfo("reference", None, "mlx was imported before engine.backend")
+    if override:
+        info = _try_load(override, "openblas" if "openblas" in override else "custom", "TANDEM_BLAS")
+        if info is not None:
+            return info
+        warnings.warn(f"TANDEM_BLAS={override!r} could not be loaded; trying the defaults", RuntimeWarning)
+    system = ctypes.util.find_library("openblas")
+    if system:
+        info = _try_load(system, "openblas", "system OpenBLAS")
+        if info is not None:
+            return info
+    try:
+        renamed = _renamed_scipy_openblas()
+    except (OSError, subprocess.CalledProcessError, LookupError) as exc:
+        warnings.warn(f"could not prepare scipy-openblas32 for MLX: {exc}", RuntimeWarning)
+        return BlasInfo("reference", None, f"scipy-openblas32 unavailable: {exc}")
+    info = _try_load(str(renamed), "openblas", "scipy-openblas32, symbols renamed")
+    if info is not None:
+        return info
+    return BlasInfo("reference", None, "no loadable OpenBLAS found")
+
+
+def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
+    global _handle
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+    except OSError as exc:
+        _log.warning("BLAS candidate %s failed to load: %s", path, exc)
+        return None
+    if not all(hasattr(lib, symbol) for symbol in _REQUIRED_SYMBOLS):
+        _log.warning("BLAS candidate %s lacks %s", path, ", ".join(_REQUIRED_SYMBOLS))
+        return None
+    _handle = lib
+    return BlasInfo(name, path, reason)
+
+
+def _renamed_scipy_openblas() -> Path:
+    """Path of the cached unprefixed copy of scipy-openblas32, creating it if needed.
+
+    Raises LookupError when scipy-openblas32 or patchelf is not installed, OSError/CalledProcessError when
+    the copy cannot be written or patched.
+    """
+    source = _scipy_openblas_library()
+    version = importlib.metadata.version("scipy-openblas32")
+    target = user_cache_dir() / "blas" / f"libopenblas-tandem-{version}-{source.stat().st_size}.so"
+    if target.exists():
+        return target
+    patchelf = _patchelf()
+    symbols = _prefixed_symbols(source)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Patch a private temp copy and rename it into place: concurrent first starts never see a half file.
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=".openblas-", suffix=".so")
+    map_name = tmp_name + ".map"
+    try:
+        with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+            out.write(src.read())
+        with open(map_name, "w", encoding="ascii") as mapping:
+            mapping.writelines(f"{s} {s[len(_SCIPY_PREFIX):]}\n" for s in symbols)
+        subprocess.run(
+            [patchelf, "--rename-dynamic-symbols", map_name, "--set-soname", target.name, tmp_name],
+            check=True,
+            capture_output=True,
+        )
+        os.chmod(tmp_name, 0o755)
+        os.replace(tmp_name, target)
+    finally:
+        for leftover in (tmp_name, map_name):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
+    return target
+
+
+def _scipy_openblas_library() -> Path:
+    # find_spec does not execute the package, whose import would load the prefixed library too.
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError("scipy-openblas32 is not installed")
+    lib_dir = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    candidates = sorted(lib_dir.glob("libscipy_openblas*.so*"))
+    if not candidates:
+        raise LookupError(f"no libscipy_openblas in {lib_dir}")
+    return candidates[0]
+
+
+def _patchelf() -> str:
+    try:
+        dist = importlib.metadata.distribution("patchelf")
+        for file in dist.files or ():
+            if file.name == "patchelf" and file.parent.name == "bin":
+                located = Path(str(dist.locate_file(file))).resolve()
+                if located.is_file():
+                    return str(located)
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    found = os.path.join(os.path.dirname(sys.executable), "patchelf")
+    if os.path.isfile(found):
+        return found
+    which = shutil.which("patchelf")
+    if which is None:
+        raise LookupError("patchelf is not installed")
+    return which
+
+
+def _prefixed_symbols(library: Path) -> list[str]:
+    """Defined dynamic symbols of an x86-64/aarch64 ELF64 library that carry the scipy_ prefix.
+
+    Raises LookupError when the file is not a little-endian ELF64 object with a dynamic symbol table.
+    """
+    data = library.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise LookupError(f"{library} is not a little-endian ELF64 library")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    dynsym = next((s for s in sections if s[1] == 11), None)  # SHT_DYNSYM
+    if dynsym is None:
+        raise LookupError(f"{library} has no dynamic symbol table")
+    strtab = sections[dynsym[6]]
+    str_start, str_end = strtab[4], strtab[4] + strtab[5]
+    names = []
+    for offset in range(dynsym[4], dynsym[4] + dynsym[5], dynsym[9] or 24):
+        name_at, _info, _other, shndx = struct.unpack_from("<IBBH", data, offset)
+        if shndx == 0:  # undefined: imported, not exported
+            continue
+        end = data.index(b"\0", str_start + name_at, str_end)
+        name = data[str_start + name_at : end].decode("ascii", "replace")
+        if name.startswith(_SCIPY_PREFIX):
+            names.append(name)
+    return names

@@ -1,0 +1,80 @@
+"""engine.backend: an optimised BLAS is in MLX's symbol scope after `import engine`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BLAS route is Linux-only")
+
+_PROBE = textwrap.dedent(
+    """
+    import json
+    import engine
+    from engine.backend import blas_info
+    import mlx.core as mx
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((96, 80), dtype=np.float32)
+    b = rng.standard_normal((80, 72), dtype=np.float32)
+    product = np.array(mx.array(a) @ mx.array(b))
+    m = rng.standard_normal((16, 16), dtype=np.float32) + 8 * np.eye(16, dtype=np.float32)
+    inverse = np.array(mx.linalg.inv(mx.array(m), stream=mx.cpu))
+    info = blas_info()
+    print(json.dumps({
+        "name": info.name, "path": info.path, "reason": info.reason,
+        "matmul_err": float(np.abs(product - a @ b).max()),
+        "inv_err": float(np.abs(inverse @ m - np.eye(16)).max()),
+    }))
+    """
+)
+
+
+def _probe(tmp_path, **env: str) -> dict:
+    environment = {k: v for k, v in os.environ.items() if k != "TANDEM_BLAS"}
+    environment.update(XDG_CACHE_HOME=str(tmp_path), **env)
+    done = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=environment, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_engine_loads_openblas_and_mlx_matmul_matches_numpy(tmp_path) -> None:
+    result = _probe(tmp_path)
+    assert result["name"] == "openblas", result
+    assert result["matmul_err"] < 1e-3
+    assert result["inv_err"] < 1e-3
+
+
+def test_renamed_library_is_cached_and_reused(tmp_path) -> None:
+    first = _probe(tmp_path)
+    if "scipy-openblas32" not in first["reason"]:
+        pytest.skip(f"a system OpenBLAS was chosen: {first['reason']}")
+    cached = list((tmp_path / "mlx-tandem" / "blas").glob("*.so"))
+    assert [str(p) for p in cached] == [first["path"]]
+    mtime = cached[0].stat().st_mtime_ns
+    second = _probe(tmp_path)
+    assert second["path"] == first["path"]
+    assert cached[0].stat().st_mtime_ns == mtime
+    assert not [p for p in cached[0].parent.iterdir() if p.name.startswith(".")]
+
+
+def test_reference_override_keeps_mlx_blas(tmp_path) -> None:
+    result = _probe(tmp_path, TANDEM_BLAS="reference")
+    assert result["name"] == "reference"
+    assert result["matmul_err"] < 1e-3
+
+
+def test_mlx_imported_first_warns_and_reports_reference(tmp_path) -> None:
+    code = "import warnings, mlx.core\nwarnings.simplefilter('error')\nimport engine"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop("TANDEM_BLAS", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "mlx was imported before engine" in done.stderr
