@@ -1,0 +1,1 @@
+"""Benchmarks for mlx-tandem against its peers on the same machine, same run (`tandem benchmark`)."""
