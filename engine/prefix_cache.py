@@ -1,0 +1,359 @@
+"""Prefix cache: a token trie of KV snapshots under a byte budget.
+
+A row's KV state is a list (one per layer) of mlx-lm cache objects. `put` stores a compact,
+materialized snapshot under the exact token sequence it covers; `take` finds the longest cached
+prefix of a new prompt (trimming a longer trimmable entry) and hands back caches the caller may
+mutate freely. Session ids only choose where the trie walk starts; they never change what `take`
+returns. All methods are meant to run on the engine thread.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+__all__ = ["PrefixCache"]
+
+# Layer types whose arrays hold positions [0, offset) on axis 2 and which we can re-slice freely.
+_COMPACTABLE = (KVCache, QuantizedKVCache)
+
+
+class _Node:
+    __slots__ = ("children", "parent", "token", "entry")
+
+    def __init__(self, parent: "_Node | None", token: int) -> None:
+        self.children: dict[int, _Node] = {}
+        self.parent = parent
+        self.token = token
+        self.entry: _Entry | None = None
+
+
+@dataclass(eq=False)
+class _Entry:
+    namespace: str
+    tokens: tuple[int, ...]
+    node: _Node
+    layers: list[Any]
+    nbytes: int
+    trimmable: bool
+    system: bool
+    key: int
+    sessions: set[str] = field(default_factory=set)
+
+
+def _arrays(obj: Any) -> Iterator[mx.array]:
+    if isinstance(obj, mx.array):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _arrays(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _arrays(item)
+    elif hasattr(obj, "__dict__"):
+        for item in vars(obj).values():
+            yield from _arrays(item)
+
+
+def _map_arrays(obj: Any, fn: Any) -> Any:
+    """A structural copy of obj (caches, lists, tuples, dicts) with every mx.array replaced by fn(a)."""
+    if isinstance(obj, mx.array):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_arrays(item, fn) for item in obj)
+    if isinstance(obj, dict):
+        return {k: _map_arrays(v, fn) for k, v in obj.items()}
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        clone = copy.copy(obj)
+        for name, value in vars(obj).items():
+            setattr(clone, name, _map_arrays(value, fn))
+        return clone
+    return obj
+
+
+def _snapshot_layer(layer: Any, length: int) -> Any:
+    """An independent, materialized copy of one layer's cache covering `length` tokens."""
+    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
+        # mx.array(view) copies into a fresh buffer: the snapshot neither pins the row's
+        # step-padded buffer nor blocks in-place KV updates of the live row.
+        clone = copy.copy(layer)
+        clone.keys, clone.values = _map_arrays(
+            (layer.keys, layer.values), lambda a: mx.array(a[..., :length, :])
+        )
+        clone.offset = length
+        return clone
+    clone = _map_arrays(layer, mx.array)
+    offset = getattr(clone, "offset", None)
+    if isinstance(offset, int) and offset > length:
+        clone.trim(offset - length)
+    return clone
+
+
+def _restore_layer(layer: Any, stored_length: int, length: int) -> Any:
+    """Fresh cache objects for the caller; shared buffers are copy-on-write in MLX."""
+    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
+        clone = copy.copy(layer)
+        # Slicing yields new array objects, so the caller's in-place updates never reach the entry.
+        clone.keys, clone.values = _map_arrays((layer.keys, layer.values), lambda a: a[..., :length, :])
+        clone.offset = length
+        return clone
+    clone = _map_arrays(layer, mx.array)
+    if stored_length > length:
+        clone.trim(stored_length - length)
+    return clone
+
+
+class PrefixCache:
+    """Token trie of KV snapshots per namespace (model + adapter), LRU under a byte budget.
+
+    System-prefix entries are evicted only after every other entry. A `max_bytes` of 0 disables
+    the cache (`take` always misses, `put` stores nothing).
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        """Raises ValueError when max_bytes is negative."""
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.max_bytes = max_bytes
+        self._roots: dict[str, _Node] = {}
+        # Eviction order: closed-session entries first, then LRU entries, then system prefixes.
+        self._lru: OrderedDict[int, _Entry] = OrderedDict()
+        self._system: OrderedDict[int, _Entry] = OrderedDict()
+        self._keys = itertools.count()
+        self._sessions: dict[str, _Entry] = {}
+        self._lock = threading.RLock()
+        self._bytes = 0
+        self._hits = 0
+        self._misses = 0
+        self._hit_tokens = 0
+        self._evictions = 0
+
+    # -- lookup -------------------------------------------------------------------------------
+
+    def take(self, namespace: str, tokens: Sequence[int], session_id: str | None = None) -> tuple[int, list | None]:
+        """Longest usable cached prefix of `tokens`, strictly shorter than `tokens`.
+
+        Returns (n, kv) where kv is a fresh per-layer cache list with offset n that the caller
+        may mutate, or (0, None) on a miss. Never raises for unknown namespaces or sessions.
+        """
+        with self._lock:
+            tokens = tuple(tokens)
+            limit = len(tokens) - 1
+            root = self._roots.get(namespace)
+            if self.max_bytes == 0 or root is None or limit <= 0:
+                self._misses += 1
+                return 0, None
+            node, depth = self._walk_start(root, namespace, tokens, limit, session_id)
+            best: _Entry | None = node.entry
+            while depth < limit:
+                child = node.children.get(tokens[depth])
+                if child is None:
+                    break
+                node, depth = child, depth + 1
+                if node.entry is not None:
+                    best = node.entry
+            best_len = len(best.tokens) if best is not None else 0
+            if depth > best_len:
+                longer = self._first_trimmable_below(node)
+                if longer is not None:
+                    best, best_len = longer, depth
+            if best is None or best_len == 0:
+                self._misses += 1
+                return 0, None
+            self._touch(best)
+            if session_id is not None:
+                self._bind_session(session_id, best)
+            kv = [_restore_layer(layer, len(best.tokens), best_len) for layer in best.layers]
+            self._hits += 1
+            self._hit_tokens += best_len
+            return best_len, kv
+
+    def _walk_start(
+        self, root: _Node, namespace: str, tokens: tuple[int, ...], limit: int, session_id: str | None
+    ) -> tuple[_Node, int]:
+        # Affinity: when the session's last entry is a prefix of the prompt, resume the walk at
+        # its node (one C-speed tuple compare instead of a dict lookup per token). Same result.
+        entry = self._sessions.get(session_id) if session_id is not None else None
+        if entry is not None and entry.namespace == namespace and entry.node.entry is entry:
+            n = len(entry.tokens)
+            if n <= limit and tokens[:n] == entry.tokens:
+                return entry.node, n
+        return root, 0
+
+    @staticmethod
+    def _first_trimmable_below(node: _Node) -> _Entry | None:
+        # Deterministic depth-first order (children in insertion order): independent of sessions.
+        stack = list(reversed(node.children.values()))
+        while stack:
+            current = stack.pop()
+            if current.entry is not None and current.entry.trimmable:
+                return current.entry
+            stack.extend(reversed(current.children.values()))
+        return None
+
+    # -- insertion ----------------------------------------------------------------------------
+
+    def put(
+        self,
+        namespace: str,
+        tokens: Sequence[int],
+        kv: list,
+        session_id: str | None = None,
+        *,
+        system_prefix: bool = False,
+    ) -> None:
+        """Store a snapshot of `kv` as the state after `tokens`.
+
+        If the KV covers more positions than `tokens` (a chunk ran past a segment boundary), the
+        snapshot is cut to len(tokens); if it covers fewer (the last sampled token was never fed),
+        it is stored under the tokens it covers. An entry larger than the whole budget is skipped.
+        Raises ValueError when kv covers more tokens but cannot be trimmed.
+        """
+        with self._lock:
+            if self.max_bytes == 0 or not kv:
+                return
+            tokens = tuple(tokens)
+            offsets = [getattr(layer, "offset", None) for layer in kv]
+            covered = min((o for o in offsets if isinstance(o, int)), default=len(tokens))
+            if covered < len(tokens):
+                tokens = tokens[:covered]
+            if not tokens:
+                return
+            trimmable = all(layer.is_trimmable() for layer in kv)
+            if covered > len(tokens) and not trimmable:
+                raise ValueError("KV covers more tokens than given and cannot be trimmed")
+            node = self._node_for(namespace, tokens)
+            existing = node.entry
+            if existing is not None:
+                existing.system = existing.system or system_prefix
+                self._requeue(existing)
+                if session_id is not None:
+                    self._bind_session(session_id, existing)
+                return
+            if trimmable and not system_prefix:
+                dominating = self._first_trimmable_below(node)
+                if dominating is not None:
+                    # A longer trimmable entry already serves every lookup this one would.
+                    self._prune_path(node)
+                    self._touch(dominating)
+                    if session_id is not None:
+                        self._bind_session(session_id, dominating)
+                    return
+            layers = [_snapshot_layer(layer, len(tokens)) for layer in kv]
+            arrays = list(_arrays(layers))
+            mx.eval(arrays)
+            nbytes = sum(a.nbytes for a in arrays)
+            if nbytes > self.max_bytes:
+                self._prune_path(node)
+                return
+            entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys))
+            node.entry = entry
+            self._bytes += nbytes
+            self._requeue(entry)
+            if trimmable:
+                self._drop_dominated_ancestors(node)
+            if session_id is not None:
+                self._bind_session(session_id, entry)
+            self.reclaim()
+
+    def _node_for(self, namespace: str, tokens: tuple[int, ...]) -> _Node:
+        node = self._roots.setdefault(namespace, _Node(None, -1))
+        for token in tokens:
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = _Node(node, token)
+            node = child
+        return node
+
+    def _drop_dominated_ancestors(self, node: _Node) -> None:
+        current = node.parent
+        while current is not None:
+            entry = current.entry
+            if entry is not None and entry.trimmable and not entry.system:
+                self._remove(entry)
+            current = current.parent
+
+    # -- eviction -----------------------------------------------------------------------------
+
+    def close_session(self, session_id: str) -> None:
+        """Forget the session's affinity; its entries become the first to be evicted. Never raises."""
+        with self._lock:
+            entry = self._sessions.pop(session_id, None)
+            if entry is None:
+                return
+            entry.sessions.discard(session_id)
+            if not entry.sessions and not entry.system and entry.node.entry is entry:
+                self._lru.move_to_end(entry.key, last=False)
+
+    def reclaim(self) -> None:
+        """Evict entries until the byte budget holds: LRU first, system prefixes last. Never raises."""
+        with self._lock:
+            while self._bytes > self.max_bytes and (self._lru or self._system):
+                queue = self._lru if self._lru else self._system
+                _, entry = queue.popitem(last=False)
+                self._evictions += 1
+                self._remove(entry, queued=False)
+
+    def clear(self) -> None:
+        """Drop every entry (e.g. when the model is unloaded). Never raises."""
+        with self._lock:
+            for entry in list(self._lru.values()) + list(self._system.values()):
+                self._remove(entry)
+
+    def stats(self) -> dict:
+        """Counters for /stats: hits, misses, hit_tokens, bytes, max_bytes, entries, evictions."""
+        with self._lock:
+            return {
+                "hits": self._hits,
+                "misses": self._misses,
+                "hit_tokens": self._hit_tokens,
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+                "entries": len(self._lru) + len(self._system),
+                "system_entries": len(self._system),
+                "evictions": self._evictions,
+            }
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _requeue(self, entry: _Entry) -> None:
+        self._lru.pop(entry.key, None)
+        self._system.pop(entry.key, None)
+        (self._system if entry.system else self._lru)[entry.key] = entry
+
+    def _touch(self, entry: _Entry) -> None:
+        (self._system if entry.system else self._lru).move_to_end(entry.key)
+
+    def _bind_session(self, session_id: str, entry: _Entry) -> None:
+        previous = self._sessions.get(session_id)
+        if previous is not None:
+            previous.sessions.discard(session_id)
+        self._sessions[session_id] = entry
+        entry.sessions.add(session_id)
+
+    def _remove(self, entry: _Entry, *, queued: bool = True) -> None:
+        if queued:
+            self._lru.pop(entry.key, None)
+            self._system.pop(entry.key, None)
+        for session_id in entry.sessions:
+            if self._sessions.get(session_id) is entry:
+                del self._sessions[session_id]
+        entry.sessions.clear()
+        self._bytes -= entry.nbytes
+        entry.node.entry = None
+        entry.layers = []
+        self._prune_path(entry.node)
+
+    def _prune_path(self, node: _Node) -> None:
+        # Remove now-empty leaves up to the first node that still holds an entry or children.
+        while node.parent is not None and node.entry is None and not node.children:
+            parent = node.parent
+            del parent.children[node.token]
+            node = parent

@@ -1,0 +1,245 @@
+"""PrefixCache: longest prefix, trim, byte budget, eviction order, namespaces, session affinity."""
+
+from __future__ import annotations
+
+from engine.prefix_cache import PrefixCache  # first: engine picks the BLAS before mlx loads
+
+import mlx.core as mx  # noqa: E402
+import pytest  # noqa: E402
+from mlx_lm.models.cache import ArraysCache, KVCache  # noqa: E402
+
+LAYERS = 2
+
+
+def kv_for(tokens, layers: int = LAYERS) -> list[KVCache]:
+    """Per-layer KVCache whose position i holds the value tokens[i] * 10 + layer (easy to check)."""
+    caches = []
+    for layer in range(layers):
+        cache = KVCache()
+        if tokens:
+            col = mx.array([float(t * 10 + layer) for t in tokens]).reshape(1, 1, len(tokens), 1)
+            block = mx.broadcast_to(col, (1, 2, len(tokens), 4))
+            cache.update_and_fetch(block, block + 0.5)
+        caches.append(cache)
+    return caches
+
+
+def contents(kv: list[KVCache]) -> list[list[int]]:
+    """Token ids recovered from each layer's keys (positions [0, offset))."""
+    out = []
+    for layer, cache in enumerate(kv):
+        keys, values = cache.keys_and_values() if cache.keys is not None else (mx.zeros((1, 2, 0, 4)),) * 2
+        assert keys.shape[2] == cache.offset
+        assert mx.array_equal(values, keys + 0.5)
+        out.append([int(round((float(v) - layer) / 10)) for v in keys[0, 0, :, 0].tolist()])
+    return out
+
+
+def entry_bytes(n: int) -> int:
+    """Bytes of a compact n-token snapshot: layers x (keys, values) x 2 heads x 4 dims x float32."""
+    return LAYERS * 2 * (2 * n * 4 * 4)
+
+
+def test_miss_on_empty_cache():
+    cache = PrefixCache(1 << 20)
+    assert cache.take("m", [1, 2, 3]) == (0, None)
+    assert cache.stats()["misses"] == 1
+
+
+def test_longest_prefix_wins():
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2], kv_for([1, 2]), system_prefix=True)
+    cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3, 4]))
+    cache.put("m", [1, 9], kv_for([1, 9]))
+    n, kv = cache.take("m", [1, 2, 3, 4, 5, 6])
+    assert n == 4
+    assert contents(kv) == [[1, 2, 3, 4]] * LAYERS
+    n, kv = cache.take("m", [1, 9, 9])
+    assert (n, contents(kv)) == (2, [[1, 9]] * LAYERS)
+
+
+def test_at_least_one_token_left_to_prefill():
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2, 3], kv_for([1, 2, 3]))
+    n, kv = cache.take("m", [1, 2, 3])
+    assert n == 2
+    assert contents(kv) == [[1, 2]] * LAYERS
+    assert cache.take("m", [1]) == (0, None)
+
+
+def test_longer_entry_is_trimmed_to_common_prefix():
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2, 3, 4, 5], kv_for([1, 2, 3, 4, 5]))
+    n, kv = cache.take("m", [1, 2, 3, 7, 8])
+    assert n == 3
+    assert contents(kv) == [[1, 2, 3]] * LAYERS
+    # The stored entry is untouched: a later exact continuation still gets all five tokens.
+    n, kv = cache.take("m", [1, 2, 3, 4, 5, 6])
+    assert (n, contents(kv)) == (5, [[1, 2, 3, 4, 5]] * LAYERS)
+
+
+def test_returned_kv_is_independent_of_the_entry():
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3, 4]))
+    n, kv = cache.take("m", [1, 2, 5, 6])
+    assert n == 2
+    # Writing into the trimmed caches (in-place slice update) must not reach the stored snapshot.
+    extra = mx.full((1, 2, 1, 4), 990.0)
+    for layer in kv:
+        layer.update_and_fetch(extra, extra + 0.5)
+    n, kv = cache.take("m", [1, 2, 3, 4, 9])
+    assert contents(kv) == [[1, 2, 3, 4]] * LAYERS
+
+
+def test_put_snapshot_is_independent_of_the_live_row():
+    cache = PrefixCache(1 << 20)
+    live = kv_for([1, 2, 3])
+    cache.put("m", [1, 2, 3], live)
+    for layer in live:
+        layer.trim(1)
+        extra = mx.full((1, 2, 1, 4), 770.0)
+        layer.update_and_fetch(extra, extra + 0.5)
+    n, kv = cache.take("m", [1, 2, 3, 4])
+    assert contents(kv) == [[1, 2, 3]] * LAYERS
+
+
+def test_put_cuts_kv_that_runs_past_the_boundary():
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2], kv_for([1, 2, 3, 4]), system_prefix=True)
+    n, kv = cache.take("m", [1, 2, 8])
+    assert (n, contents(kv)) == (2, [[1, 2]] * LAYERS)
+    assert cache.stats()["bytes"] == entry_bytes(2)
+
+
+def test_put_stores_only_the_tokens_the_kv_covers():
+    cache = PrefixCache(1 << 20)
+    # Prompt + generation where the last sampled token was never fed through the model.
+    cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3]))
+    n, kv = cache.take("m", [1, 2, 3, 4, 5])
+    assert (n, contents(kv)) == (3, [[1, 2, 3]] * LAYERS)
+
+
+def test_namespaces_are_separate():
+    cache = PrefixCache(1 << 20)
+    cache.put("model-a", [1, 2, 3], kv_for([1, 2, 3]))
+    assert cache.take("model-b", [1, 2, 3, 4]) == (0, None)
+    assert cache.take("model-a", [1, 2, 3, 4])[0] == 3
+
+
+def test_longer_entry_replaces_its_trimmable_prefixes():
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2], kv_for([1, 2]))
+    cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3, 4]))
+    assert cache.stats()["entries"] == 1
+    assert cache.stats()["bytes"] == entry_bytes(4)
+    # The trimmed longer entry still serves the shorter prompt.
+    n, kv = cache.take("m", [1, 2, 7])
+    assert (n, contents(kv)) == (2, [[1, 2]] * LAYERS)
+
+
+def test_byte_budget_evicts_least_recently_used_first():
+    size = entry_bytes(3)
+    cache = PrefixCache(2 * size)
+    cache.put("m", [1, 1, 1], kv_for([1, 1, 1]))
+    cache.put("m", [2, 2, 2], kv_for([2, 2, 2]))
+    assert cache.take("m", [1, 1, 1, 0])[0] == 3  # touch 1: 2 is now the oldest
+    cache.put("m", [3, 3, 3], kv_for([3, 3, 3]))
+    assert cache.stats()["bytes"] <= 2 * size
+    assert cache.take("m", [2, 2, 2, 0]) == (0, None)
+    assert cache.take("m", [1, 1, 1, 0])[0] == 3
+    assert cache.take("m", [3, 3, 3, 0])[0] == 3
+    assert cache.stats()["evictions"] == 1
+
+
+def test_system_prefixes_are_evicted_last():
+    size = entry_bytes(3)
+    cache = PrefixCache(2 * size)
+    cache.put("m", [9, 9, 9], kv_for([9, 9, 9]), system_prefix=True)
+    cache.put("m", [1, 1, 1], kv_for([1, 1, 1]))
+    cache.put("m", [2, 2, 2], kv_for([2, 2, 2]))
+    assert cache.take("m", [9, 9, 9, 0])[0] == 3
+    assert cache.take("m", [1, 1, 1, 0]) == (0, None)
+    cache.max_bytes = size // 2
+    cache.reclaim()
+    assert cache.stats()["entries"] == 0
+    assert cache.stats()["bytes"] == 0
+
+
+def test_entry_larger_than_budget_is_not_stored():
+    cache = PrefixCache(entry_bytes(2))
+    cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3, 4]))
+    assert cache.stats()["entries"] == 0
+    assert cache.take("m", [1, 2, 3, 4, 5]) == (0, None)
+
+
+def test_zero_budget_disables_the_cache():
+    cache = PrefixCache(0)
+    cache.put("m", [1, 2, 3], kv_for([1, 2, 3]))
+    assert cache.take("m", [1, 2, 3, 4]) == (0, None)
+    assert cache.stats()["entries"] == 0
+
+
+def test_closed_session_entries_are_evicted_first():
+    size = entry_bytes(3)
+    cache = PrefixCache(2 * size)
+    cache.put("m", [1, 1, 1], kv_for([1, 1, 1]), session_id="a")
+    cache.put("m", [2, 2, 2], kv_for([2, 2, 2]), session_id="b")
+    cache.close_session("b")
+    cache.put("m", [3, 3, 3], kv_for([3, 3, 3]))
+    assert cache.take("m", [2, 2, 2, 0]) == (0, None)
+    assert cache.take("m", [1, 1, 1, 0])[0] == 3
+    cache.close_session("never-opened")
+
+
+def _populate(cache: PrefixCache, with_sessions: bool) -> None:
+    sid = (lambda s: s) if with_sessions else (lambda s: None)
+    cache.put("m", [5, 5], kv_for([5, 5]), sid("s1"), system_prefix=True)
+    cache.put("m", [5, 5, 1, 2, 3], kv_for([5, 5, 1, 2, 3]), sid("s1"))
+    cache.put("m", [5, 5, 1, 2, 4, 6], kv_for([5, 5, 1, 2, 4, 6]), sid("s2"))
+    cache.put("m", [5, 5, 7], kv_for([5, 5, 7]), sid("s3"))
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        [5, 5, 1, 2, 3, 8],
+        [5, 5, 1, 2, 4, 6, 9],
+        [5, 5, 1, 2, 9],
+        [5, 5, 7],
+        [5, 5, 9, 9],
+        [5, 5, 1, 2, 3],
+        [4, 4, 4],
+    ],
+)
+@pytest.mark.parametrize("session", ["s1", "s2", "s3", "unknown"])
+def test_session_affinity_never_changes_what_take_returns(prompt, session):
+    plain, hinted = PrefixCache(1 << 20), PrefixCache(1 << 20)
+    _populate(plain, with_sessions=False)
+    _populate(hinted, with_sessions=True)
+    n_plain, kv_plain = plain.take("m", prompt)
+    n_hint, kv_hint = hinted.take("m", prompt, session_id=session)
+    assert n_plain == n_hint
+    assert (kv_plain is None) == (kv_hint is None)
+    if kv_plain is not None:
+        assert contents(kv_plain) == contents(kv_hint) == [prompt[:n_plain]] * LAYERS
+
+
+def test_untrimmable_cache_is_used_only_as_an_exact_prefix():
+    cache = PrefixCache(1 << 20)
+    state = ArraysCache(1)
+    state[0] = mx.ones((1, 3))
+    cache.put("ssm", [1, 2, 3], [state])
+    assert cache.take("ssm", [1, 2, 9, 9]) == (0, None)
+    n, kv = cache.take("ssm", [1, 2, 3, 4])
+    assert n == 3
+    assert kv[0] is not state and mx.array_equal(kv[0][0], state[0])
+
+
+def test_stats_count_hits_and_tokens():
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2, 3], kv_for([1, 2, 3]))
+    cache.take("m", [1, 2, 3, 4])
+    cache.take("m", [7, 7])
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"], stats["hit_tokens"], stats["entries"]) == (1, 1, 3, 1)
+    assert stats["bytes"] == entry_bytes(3)
