@@ -1,0 +1,256 @@
+"""Split a streamed chat reply into content, reasoning and tool calls.
+
+The splitter is fed decoded text deltas (special marker tokens included) and emits ordered events.
+Reasoning lies between the model's think markers; tool calls between its tool-call markers and are
+parsed with mlx-lm's parser for the model family. Text that might be the start of a marker is held
+back until it can no longer be one, so no marker or raw tool-call block ever reaches content.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence, Union
+
+__all__ = [
+    "OutputMarkers",
+    "ContentText",
+    "ReasoningText",
+    "ToolCallStart",
+    "ToolCallArguments",
+    "OutputEvent",
+    "ChatOutputSplitter",
+    "starts_in_reasoning",
+]
+
+log = logging.getLogger(__name__)
+
+ToolParser = Callable[[str, Any], Any]
+
+
+@dataclass(frozen=True)
+class OutputMarkers:
+    """The model family's markers. An empty tool_call_end means a call runs to the end of the reply."""
+
+    think_start: str | None = None
+    think_end: str | None = None
+    tool_call_start: str | None = None
+    tool_call_end: str | None = None
+    tool_parser: ToolParser | None = None
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> "OutputMarkers":
+        """Markers of an mlx-lm TokenizerWrapper (any object lacking them gives no markers). Never raises."""
+        think_start = getattr(tokenizer, "think_start", None)
+        think_end = getattr(tokenizer, "think_end", None)
+        parser = getattr(tokenizer, "tool_parser", None)
+        tool_start = getattr(tokenizer, "tool_call_start", None) if parser is not None else None
+        tool_end = getattr(tokenizer, "tool_call_end", None) if parser is not None else None
+        return cls(
+            think_start=think_start if think_start and think_end else None,
+            think_end=think_end if think_start and think_end else None,
+            tool_call_start=tool_start or None,
+            tool_call_end=tool_end if tool_start else None,
+            tool_parser=parser if tool_start else None,
+        )
+
+    @property
+    def has_thinking(self) -> bool:
+        return self.think_start is not None
+
+
+def starts_in_reasoning(tokenizer: Any, prompt_tokens: Sequence[int]) -> bool:
+    """True when the prompt ends inside an open think block (a template with thinking switched on).
+
+    Looks at the last 16 tokens only, where templates open the block. Never raises.
+    """
+    start = getattr(tokenizer, "think_start_tokens", None)
+    end = getattr(tokenizer, "think_end_tokens", None)
+    if not start or not end:
+        return False
+    tail = list(prompt_tokens[-16:])
+
+    def rfind(seq: Sequence[int]) -> int:
+        n = len(seq)
+        for i in range(len(tail) - n, -1, -1):
+            if tuple(tail[i : i + n]) == tuple(seq):
+                return i
+        return -1
+
+    return rfind(start) > rfind(end)
+
+
+@dataclass(frozen=True)
+class ContentText:
+    text: str
+    kind: Literal["content"] = "content"
+
+
+@dataclass(frozen=True)
+class ReasoningText:
+    text: str
+    kind: Literal["reasoning"] = "reasoning"
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    """First event of a tool call: its stable index in the reply, id and function name."""
+
+    index: int
+    id: str
+    name: str
+    kind: Literal["tool_call_start"] = "tool_call_start"
+
+
+@dataclass(frozen=True)
+class ToolCallArguments:
+    """A fragment of the call's arguments as JSON text; fragments of one index concatenate."""
+
+    index: int
+    arguments: str
+    kind: Literal["tool_call_arguments"] = "tool_call_arguments"
+
+
+OutputEvent = Union[ContentText, ReasoningText, ToolCallStart, ToolCallArguments]
+
+_State = Literal["content", "reasoning", "tool"]
+
+
+def _held_suffix(text: str, markers: Sequence[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some marker."""
+    best = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(text)), best, -1):
+            if text.endswith(marker[:n]):
+                best = n
+                break
+    return best
+
+
+class ChatOutputSplitter:
+    """Streaming splitter of one reply; feed() deltas in order, then finish() once."""
+
+    def __init__(
+        self,
+        markers: OutputMarkers,
+        *,
+        tools: Any = None,
+        in_reasoning: bool = False,
+        new_call_id: Callable[[], str] | None = None,
+    ) -> None:
+        self._m = markers
+        self._tools = tools
+        self._state: _State = "reasoning" if in_reasoning and markers.has_thinking else "content"
+        self._buffer = ""
+        self._strip_leading = False
+        self._new_call_id = new_call_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
+        self.tool_calls = 0
+        self.dropped_tool_text: list[str] = []
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        """Consume a text delta; return the events it completes. Never raises."""
+        self._buffer += text
+        events: list[OutputEvent] = []
+        while self._step(events):
+            pass
+        return events
+
+    def finish(self) -> list[OutputEvent]:
+        """Flush held text at the end of the reply; an unterminated tool call is parsed or dropped. Never raises."""
+        events: list[OutputEvent] = []
+        rest, self._buffer = self._buffer, ""
+        if self._state == "tool":
+            self._emit_tool_calls(rest, events)
+        elif self._state == "reasoning":
+            if rest:
+                events.append(ReasoningText(rest))
+        else:
+            self._emit_content(rest, events)
+        self._state = "content"
+        return events
+
+    # One transition (or a final partial emit) per call; True while more may follow.
+    def _step(self, events: list[OutputEvent]) -> bool:
+        m, buf = self._m, self._buffer
+        if self._state == "tool":
+            if not m.tool_call_end:
+                return False
+            i = buf.find(m.tool_call_end)
+            if i < 0:
+                return False
+            self._buffer = buf[i + len(m.tool_call_end) :]
+            self._emit_tool_calls(buf[:i], events)
+            self._state, self._strip_leading = "content", True
+            return True
+        if self._state == "reasoning":
+            assert m.think_end is not None
+            i = buf.find(m.think_end)
+            if i < 0:
+                keep = _held_suffix(buf, [m.think_end])
+                if len(buf) > keep:
+                    events.append(ReasoningText(buf[: len(buf) - keep]))
+                    self._buffer = buf[len(buf) - keep :]
+                return False
+            if i:
+                events.append(ReasoningText(buf[:i]))
+            self._buffer = buf[i + len(m.think_end) :]
+            self._state, self._strip_leading = "content", True
+            return True
+        starts = [(buf.find(s), s, st) for s, st in self._content_exits() if s in buf]
+        if starts:
+            i, marker, state = min(starts, key=lambda x: x[0])
+            self._emit_content(buf[:i], events)
+            self._buffer = buf[i + len(marker) :]
+            self._state = state
+            return True
+        keep = _held_suffix(buf, [s for s, _ in self._content_exits()])
+        self._emit_content(buf[: len(buf) - keep], events)
+        self._buffer = buf[len(buf) - keep :]
+        return False
+
+    def _content_exits(self) -> list[tuple[str, _State]]:
+        exits: list[tuple[str, _State]] = []
+        if self._m.think_start:
+            exits.append((self._m.think_start, "reasoning"))
+        if self._m.tool_call_start and self._m.tool_parser is not None:
+            exits.append((self._m.tool_call_start, "tool"))
+        return exits
+
+    def _emit_content(self, text: str, events: list[OutputEvent]) -> None:
+        # Whitespace right after a think block or a tool call is layout, not an answer.
+        if self._strip_leading:
+            text = text.lstrip()
+            if not text:
+                return
+            self._strip_leading = False
+        if text:
+            events.append(ContentText(text))
+
+    def _emit_tool_calls(self, block: str, events: list[OutputEvent]) -> None:
+        parser = self._m.tool_parser
+        try:
+            parsed = parser(block, self._tools) if parser is not None else None
+            calls = parsed if isinstance(parsed, list) else [parsed]
+            normalized = [_normalize_call(c) for c in calls]
+        except Exception as exc:  # parsers raise anything from ValueError to KeyError
+            log.warning("dropping unparsable tool call (%s: %s)", type(exc).__name__, exc)
+            self.dropped_tool_text.append(block)
+            return
+        for name, arguments in normalized:
+            index = self.tool_calls
+            self.tool_calls += 1
+            events.append(ToolCallStart(index, self._new_call_id(), name))
+            events.append(ToolCallArguments(index, arguments))
+
+
+def _normalize_call(call: Any) -> tuple[str, str]:
+    """(name, arguments JSON text) from a parser's dict. Raises ValueError when it has no name."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        raise ValueError(f"tool call without a name: {call!r}")
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if isinstance(arguments, str):
+        json.loads(arguments)  # a parser that returns JSON text must return valid JSON
+        return call["name"], arguments
+    return call["name"], json.dumps(arguments, ensure_ascii=False)
