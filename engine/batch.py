@@ -1,0 +1,451 @@
+"""LLMBatchGroup — the LLM ExecutionGroup: rows, admission, one token budget, mixed iterations.
+
+Row lifecycle: `submit` queues a row → `admit` moves it into the active set (at most `max_active`, and
+while KV room allows) → prefill chunks fill the iteration budget left after the decoding rows'
+reserved tokens → the chunk that completes the prompt samples the first token → one decode token per
+iteration → a finish (stop / length) or a cancel, after which the row and its KV leave the group.
+
+Budget rule (the driver passes `max(max_iteration_tokens, running + minimum_preparation_tokens)` to
+`advance_mixed`): every decoding row gets its token first; prompt chunks, oldest row first, fill the
+rest. A prompt larger than any budget simply takes several iterations; it is never rejected for size.
+
+Threading: all MLX work — prefix-cache take/put, the forward, sampling, detokenization — runs inside
+one `context.run(step)` call per iteration on the engine thread, which returns plain Python results.
+The event loop then publishes deltas with `send_nowait` into unbounded streams, so a slow consumer
+never blocks the loop. The event loop only mutates the row lists (admit, prune, publish) between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import anyio
+import mlx.core as mx
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from engine.contracts import Delta, ExecutionContext, GenerationRequest
+from engine.plan import ExecutionPlan, resolve_execution
+from engine.runner import PackedRunner, Segment, SeparateRunner, make_cache
+from engine.sampling import RowSampler, StopMatcher, sample_rows, validate_sampling
+from engine.tasks import ExecutionTasks
+
+__all__ = ["LLMBatchGroup", "LLMRowStream", "Row"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Row:
+    """One generation inside the group. `done` counts prompt tokens whose KV is in `cache`."""
+
+    request: GenerationRequest
+    send: MemoryObjectSendStream[Delta]
+    sampler: RowSampler
+    stopper: StopMatcher
+    prompt: list[int]
+    cache: list[Any] | None = None
+    done: int = 0
+    cached_tokens: int = 0
+    last_token: int | None = None  # sampled but not yet fed: the next decode input
+    generated: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    finished: bool = False
+    unsent_ids: list[int] = field(default_factory=list)
+    boundaries: list[int] = field(default_factory=list)
+
+    @property
+    def preparing(self) -> bool:
+        return not self.finished and self.done < len(self.prompt)
+
+    @property
+    def decoding(self) -> bool:
+        return not self.finished and self.last_token is not None
+
+    def fed_tokens(self) -> list[int]:
+        """The tokens whose KV the cache holds (the last sampled token is never fed)."""
+        return self.prompt[: self.done] + self.generated[:-1]
+
+
+class LLMRowStream:
+    """Async iterator over one row's deltas. `aclose()` (or leaving `async with`) cancels the row."""
+
+    def __init__(self, row: Row, receive: MemoryObjectReceiveStream[Delta], group: "LLMBatchGroup") -> None:
+        self._row = row
+        self._receive = receive
+        self._group = group
+
+    def __aiter__(self) -> "LLMRowStream":
+        return self
+
+    async def __anext__(self) -> Delta:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        """Cancel the row (if still running) and release the stream. Raises nothing."""
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Synchronous cancel, safe from any event-loop code path (e.g. a finally). Raises nothing."""
+        if not self._row.finished:
+            self._row.cancelled = True
+        self._receive.close()
+        self._group._wake_up()
+
+    async def __aenter__(self) -> "LLMRowStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:  # a consumer that forgets aclose still frees its row
+        if not self._row.finished:
+            self._row.cancelled = True
+
+
+class LLMBatchGroup:
+    """Continuous batching over an mlx-lm model; implements engine.contracts.ExecutionGroup."""
+
+    admission_held = False
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        context: ExecutionContext,
+        *,
+        context_length: int,
+        max_active: int = 16,
+        max_iteration_tokens: int = 512,
+        minimum_preparation_tokens: int = 32,
+        prefix_cache: Any = None,
+        plan: ExecutionPlan | None = None,
+        max_kv_tokens: int | None = None,
+    ) -> None:
+        if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1:
+            raise ValueError("max_active, max_iteration_tokens and minimum_preparation_tokens must be >= 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.context = context
+        self.context_length = context_length
+        self.max_active = max_active
+        self._max_iteration_tokens = max_iteration_tokens
+        self._minimum_preparation_tokens = minimum_preparation_tokens
+        self.prefix_cache = prefix_cache
+        self.max_kv_tokens = max_kv_tokens
+        self.plan = plan or resolve_execution(model)
+        self.runner = PackedRunner(model) if self.plan.packed else SeparateRunner(model)
+        self.vocab_size = _vocab_size(model, tokenizer)
+        self.tasks = ExecutionTasks()
+        self._queue: deque[Row] = deque()
+        self._active: list[Row] = []
+        self._retired: list[Row] = []  # cancelled rows whose KV goes to the prefix cache next step
+        self._wake = anyio.Event()
+        self._closed = False
+        self.counters = {"iterations": 0, "prompt_tokens": 0, "generation_tokens": 0, "finished_rows": 0,
+                         "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0, "decode_seconds": 0.0}
+
+    # -- submission -------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> LLMRowStream:
+        """Queue a generation; returns its delta stream.
+
+        Raises ValueError for an empty prompt, max_tokens < 1, a prompt + max_tokens that exceeds the
+        context, or invalid sampling settings; RuntimeError when the group is closed."""
+        if self._closed:
+            raise RuntimeError("engine is shutting down")
+        prompt = [int(t) for t in request.prompt_tokens]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if request.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if len(prompt) + request.max_tokens > self.context_length:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
+                f"length of {self.context_length} tokens"
+            )
+        validate_sampling(request.sampling, self.vocab_size)
+        send, receive = anyio.create_memory_object_stream[Delta](math.inf)
+        row = Row(
+            request=request,
+            send=send,
+            sampler=RowSampler(request.sampling, prompt, self.vocab_size),
+            stopper=StopMatcher(self.tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
+                                max_tokens=request.max_tokens),
+            prompt=prompt,
+            boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)),
+        )
+        self._queue.append(row)
+        self._wake_up()
+        return LLMRowStream(row, receive, self)
+
+    # -- ExecutionGroup ---------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def max_iteration_tokens(self) -> int:
+        return self._max_iteration_tokens
+
+    @property
+    def minimum_preparation_tokens(self) -> int:
+        return self._minimum_preparation_tokens
+
+    def prune(self) -> None:
+        """Drop cancelled rows and queued tasks. A cancelled row's KV is released now, or handed to the
+        prefix cache at the start of the next step. Raises nothing."""
+        self.tasks.prune()
+        for row in [r for r in self._queue if r.cancelled]:
+            self._queue.remove(row)
+            self._end(row, cancelled=True)
+        for row in [r for r in self._active if r.cancelled]:
+            self._active.remove(row)
+            self._end(row, cancelled=True)
+
+    def has_work(self) -> bool:
+        return bool(self._active or any(not r.cancelled for r in self._queue) or self.tasks.pending)
+
+    async def wait_for_work(self) -> None:
+        """Return when a row or a task arrives, or the group closes. Raises nothing but cancellation."""
+        if self.has_work() or self._closed:
+            return
+        async with anyio.create_task_group() as tg:
+
+            async def watch(wait: Any) -> None:
+                await wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch, self._wake.wait)
+            tg.start_soon(watch, self.tasks.wait_changed)
+
+    def admit(self) -> None:
+        """Move queued rows into the active set while `max_active` and the KV budget allow."""
+        while self._queue and len(self._active) < self.max_active:
+            row = self._queue[0]
+            if row.cancelled:
+                self._queue.popleft()
+                self._end(row, cancelled=True)
+                continue
+            if self.max_kv_tokens is not None and self._active:
+                reserved = sum(len(r.prompt) + r.request.max_tokens for r in self._active)
+                if reserved + len(row.prompt) + row.request.max_tokens > self.max_kv_tokens:
+                    break
+            self._active.append(self._queue.popleft())
+
+    def has_decoding(self) -> bool:
+        return any(r.decoding for r in self._active)
+
+    def has_preparing(self) -> bool:
+        return any(r.preparing for r in self._active)
+
+    def supports_mixed(self) -> bool:
+        return self.plan.packed
+
+    def running_tokens(self) -> int:
+        return sum(1 for r in self._active if r.decoding)
+
+    async def advance_mixed(self, budget: int) -> None:
+        """One packed iteration: every decoding row plus prompt chunks filling the rest of `budget`."""
+        await self._iterate(budget, decode=True, prefill=True)
+
+    async def advance_preparation(self) -> None:
+        """Prompt chunks (oldest row first) within max_iteration_tokens."""
+        await self._iterate(max(self._max_iteration_tokens, 1), decode=False, prefill=True)
+
+    async def advance(self) -> None:
+        """One decode token for every decoding row."""
+        await self._iterate(0, decode=True, prefill=False)
+
+    def close(self) -> None:
+        """Stop accepting work, end every row with finish_reason "cancelled", reject queued tasks."""
+        self._closed = True
+        for row in list(self._queue) + self._active:
+            self._publish(row, Delta(finish_reason="cancelled", **self._usage(row)))
+        self._queue.clear()
+        self._active.clear()
+        self.tasks.reject_all()
+        self.tasks._notify()
+        self._wake_up()
+
+    # -- stats ------------------------------------------------------------------------------------
+
+    def kv_bytes(self) -> int:
+        """Bytes held by active rows' KV caches. Raises nothing."""
+        total = 0
+        for row in self._active:
+            for c in row.cache or ():
+                total += getattr(c, "nbytes", 0) or 0
+        return total
+
+    def active_rows(self) -> int:
+        return len(self._active)
+
+    def queued_rows(self) -> int:
+        return sum(1 for r in self._queue if not r.cancelled)
+
+    # -- the iteration ----------------------------------------------------------------------------
+
+    async def _iterate(self, budget: int, *, decode: bool, prefill: bool) -> None:
+        rows = [r for r in self._active if not r.cancelled]
+        retired, self._retired = self._retired, []
+        if not rows and not retired:
+            return
+        try:
+            outputs = await self.context.run(self._step, rows, budget, decode, prefill, retired)
+        except Exception as exc:  # one bad step fails its rows, never the loop
+            _log.exception("engine step failed")
+            for row in rows:
+                self._publish(row, Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}",
+                                         **self._usage(row)))
+            self._active = [r for r in self._active if r not in rows]
+            return
+        for row, delta in outputs:
+            self._publish(row, delta)
+            if row.finished and row in self._active:
+                self._active.remove(row)
+
+    def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool,
+              retired: list[Row]) -> list[tuple[Row, Delta]]:
+        """Engine thread: one forward over the planned segments, sampling, detokenization."""
+        t0 = time.perf_counter()
+        for row in retired:
+            self._put(row)
+        for row in rows:
+            if row.cache is None:
+                self._attach_cache(row)
+        plan: list[tuple[Row, list[int], bool]] = []
+        if decode:
+            plan += [(r, [r.last_token], True) for r in rows if r.decoding]  # type: ignore[list-item]
+        if prefill:
+            left = budget - len(plan)
+            for r in rows:
+                if left <= 0:
+                    break
+                if r.preparing:
+                    n = min(left, len(r.prompt) - r.done)
+                    plan.append((r, r.prompt[r.done : r.done + n], r.done + n == len(r.prompt)))
+                    left -= n
+        if not plan:
+            self._reclaim()
+            return []
+        segments = [Segment(tokens, r.cache, want) for r, tokens, want in plan]  # type: ignore[arg-type]
+        logits = self.runner.forward(segments)
+        sampled_rows = [r for r, _, want in plan if want]
+        tokens = sample_rows(logits, [r.sampler for r in sampled_rows]) if sampled_rows else None
+        touched = [a for s in segments for c in s.cache for a in (c.keys, c.values)]
+        mx.eval(([tokens] if tokens is not None else []) + touched)
+        ids = tokens.tolist() if tokens is not None else []
+        n_prompt = 0
+        for r, chunk, _ in plan:
+            if r.preparing:
+                before = r.done
+                r.done += len(chunk)
+                n_prompt += len(chunk)
+                self._boundary_puts(r, before)
+        outputs = [(r, self._accept(r, tok)) for r, tok in zip(sampled_rows, ids)]
+        for r, _ in outputs:
+            if r.finished:
+                self._put(r)
+        self._reclaim()
+        dt = time.perf_counter() - t0
+        c = self.counters
+        c["iterations"] += 1
+        c["prompt_tokens"] += n_prompt
+        c["generation_tokens"] += len(ids)
+        c["step_seconds"] += dt
+        # Split the step's time by token share for the prompt vs generation throughput figures.
+        total = n_prompt + len(ids)
+        c["prompt_seconds"] += dt * n_prompt / total
+        c["decode_seconds"] += dt * len(ids) / total
+        return [(r, d) for r, d in outputs if d is not None]
+
+    def _accept(self, row: Row, token: int) -> Delta | None:
+        row.sampler.accept(token)
+        row.generated.append(token)
+        row.last_token = token
+        row.unsent_ids.append(token)
+        at_limit = len(row.prompt) + len(row.generated) >= self.context_length
+        step = row.stopper.add(token, at_context_limit=at_limit)
+        if step.finish_reason is not None:
+            row.finished = True
+        elif not step.text:
+            return None  # held back (partial character or possible stop string): nothing to show yet
+        ids, row.unsent_ids = row.unsent_ids, []
+        return Delta(text=step.text, token_ids=ids, finish_reason=step.finish_reason, **self._usage(row))
+
+    def _usage(self, row: Row) -> dict[str, int]:
+        return {"prompt_tokens": len(row.prompt), "completion_tokens": len(row.generated),
+                "cached_tokens": row.cached_tokens}
+
+    # -- prefix cache seam ------------------------------------------------------------------------
+
+    def _attach_cache(self, row: Row) -> None:
+        if self.prefix_cache is not None:
+            n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
+            if kv is not None and 0 < n < len(row.prompt):
+                row.cache, row.done, row.cached_tokens = list(kv), n, n
+                return
+        row.cache = make_cache(self.model)
+
+    def _boundary_puts(self, row: Row, before: int) -> None:
+        if self.prefix_cache is None:
+            return
+        for b in row.boundaries:
+            if before < b <= row.done:
+                self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache, row.request.session_id,
+                                      system_prefix=True)
+
+    def _put(self, row: Row) -> None:
+        if self.prefix_cache is not None and row.cache is not None and row.done > 0:
+            try:
+                self.prefix_cache.put(row.request.namespace, row.fed_tokens(), row.cache, row.request.session_id)
+            except Exception:  # a cache problem must never fail the request
+                _log.exception("prefix cache put failed")
+        row.cache = None
+
+    def _reclaim(self) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.reclaim()
+
+    # -- event-loop side --------------------------------------------------------------------------
+
+    def _publish(self, row: Row, delta: Delta) -> None:
+        if delta.finish_reason is not None:
+            row.finished = True
+        if not row.cancelled:
+            try:
+                row.send.send_nowait(delta)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                row.cancelled = True  # nobody is listening any more
+        if delta.finish_reason is not None:
+            row.send.close()
+            self.counters["finished_rows"] += 1
+
+    def _end(self, row: Row, *, cancelled: bool) -> None:
+        row.finished = True
+        row.send.close()
+        if cancelled:
+            self.counters["cancelled_rows"] += 1
+        if row.cache is not None and self.prefix_cache is not None and row.done > 0:
+            self._retired.append(row)  # its KV still helps the next turn; stored on the engine thread
+        else:
+            row.cache = None
+
+    def _wake_up(self) -> None:
+        self._wake.set()
+        self._wake = anyio.Event()
+
+
+def _vocab_size(model: Any, tokenizer: Any) -> int:
+    args = getattr(model, "args", None)
+    size = getattr(args, "vocab_size", None)
+    return int(size) if size else len(tokenizer)

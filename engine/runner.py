@@ -1,0 +1,183 @@
+"""Forward passes over mlx-lm model modules with per-row KV caches.
+
+`PackedRunner` (llama-family layers: q/k/v/o + RoPE + optional q/k norm + MLP) concatenates every
+row's tokens — decode rows (one token) and prefill chunks alike — into one token matrix: embeddings,
+norms, every linear layer and the MLP run once over it; only RoPE offsets, the KV update and attention
+are split per row against that row's own cache. `SeparateRunner` is the fallback for any other
+architecture: one `model(x, cache=...)` call per row.
+
+Both return logits only for the segments that asked for them (the last token of a decode row, and of a
+prefill chunk that completes its prompt). Nothing here evaluates: the caller runs one `mx.eval` per
+iteration over the sampled tokens and the touched caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+__all__ = ["Segment", "Runner", "PackedRunner", "SeparateRunner", "packed_support", "make_cache", "PACKED_MODEL_TYPES"]
+
+# Model types whose decoder layers share llama's q/k/v/o + rope (+ q/k norm) + MLP structure.
+PACKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+@dataclass
+class Segment:
+    """One row's share of an iteration: `tokens` appended to `cache`; `logits` asks for the last position's."""
+
+    tokens: Sequence[int]
+    cache: list[Any]
+    logits: bool
+
+
+class Runner(Protocol):
+    def forward(self, segments: Sequence[Segment]) -> mx.array | None:
+        """Run the segments; return (number of segments with logits=True, vocab) logits, or None if none asked."""
+        ...
+
+
+def make_cache(model: nn.Module) -> list[Any]:
+    """A fresh per-layer KV cache list for one row (mlx-lm's own cache types). Raises nothing."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def _inner(model: nn.Module) -> Any:
+    return getattr(model, "model", None)
+
+
+def packed_support(model: nn.Module) -> tuple[bool, str]:
+    """Whether `PackedRunner` can drive this model, with a human reason either way. Raises nothing."""
+    from mlx_lm.models.cache import KVCache
+
+    model_type = getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", "?")
+    if model_type not in PACKED_MODEL_TYPES:
+        return False, f"model_type {model_type} has no packed runner: separate passes"
+    inner = _inner(model)
+    if inner is None or not all(hasattr(inner, n) for n in ("embed_tokens", "layers", "norm")):
+        return False, f"{model_type}: unexpected module layout: separate passes"
+    for layer in inner.layers:
+        attn = getattr(layer, "self_attn", None)
+        needed = ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "n_heads", "n_kv_heads", "scale")
+        if attn is None or not all(hasattr(attn, n) for n in needed):
+            return False, f"{model_type}: attention without q/k/v/o + rope: separate passes"
+        if not all(hasattr(layer, n) for n in ("mlp", "input_layernorm", "post_attention_layernorm")):
+            return False, f"{model_type}: layer without mlp/norms: separate passes"
+        if getattr(layer, "use_sliding", False):
+            return False, f"{model_type}: sliding-window layers: separate passes"
+    if not all(type(c) is KVCache for c in make_cache(model)):
+        return False, f"{model_type}: non-standard KV cache: separate passes"
+    return True, f"{model_type} layers: packed runner available"
+
+
+def _vector_rope(rope: Any) -> bool:
+    """RoPE modules that pass `offset` straight to mx.fast.rope accept one offset per token."""
+    from mlx_lm.models import rope_utils
+
+    kinds = tuple(
+        k for k in (nn.RoPE, getattr(rope_utils, "Llama3RoPE", None), getattr(rope_utils, "YarnRoPE", None),
+                    getattr(rope_utils, "SuScaledRoPE", None)) if k is not None
+    )
+    return isinstance(rope, kinds)
+
+
+class PackedRunner:
+    """One packed forward for mixed decode + prefill rows of a llama-family model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        ok, reason = packed_support(model)
+        if not ok:
+            raise ValueError(reason)
+        self.model = model
+        self.inner = _inner(model)
+        self.layers = list(self.inner.layers)
+        attn = self.layers[0].self_attn
+        self.vector_rope = _vector_rope(attn.rope)
+        args = getattr(model, "args", None)
+        tied = getattr(args, "tie_word_embeddings", not hasattr(model, "lm_head"))
+        self.lm_head = self.inner.embed_tokens.as_linear if tied or not hasattr(model, "lm_head") else model.lm_head
+
+    def forward(self, segments: Sequence[Segment]) -> mx.array | None:
+        """Packed forward; see module doc. Raises ValueError on an empty segment list."""
+        if not segments:
+            raise ValueError("no segments")
+        flat: list[int] = []
+        bounds: list[tuple[int, int]] = []
+        positions: list[int] = []
+        picks: list[int] = []
+        for seg in segments:
+            start = len(flat)
+            flat.extend(seg.tokens)
+            bounds.append((start, len(flat)))
+            off = seg.cache[0].offset
+            positions.extend(range(off, off + len(seg.tokens)))
+            if seg.logits:
+                picks.append(len(flat) - 1)
+        T = len(flat)
+        pos = mx.array(positions) if self.vector_rope else None
+        h = self.inner.embed_tokens(mx.array(flat)[None])
+        for li, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = layer.input_layernorm(h)
+            o = self._attention(attn, x, segments, bounds, pos, li, T)
+            h = h + attn.o_proj(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if not picks:
+            return None
+        h = h[:, mx.array(picks)] if len(picks) < T else h
+        return self.lm_head(self.inner.norm(h))[0]
+
+    def _attention(self, attn: Any, x: mx.array, segments: Sequence[Segment], bounds: list[tuple[int, int]],
+                   pos: mx.array | None, li: int, T: int) -> mx.array:
+        nh, nkv = attn.n_heads, attn.n_kv_heads
+        # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token.
+        q = attn.q_proj(x).reshape(T, nh, 1, -1)
+        k = attn.k_proj(x).reshape(T, nkv, 1, -1)
+        v = attn.v_proj(x).reshape(1, T, nkv, -1).transpose(0, 2, 1, 3)
+        if hasattr(attn, "q_norm"):
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        if pos is not None:
+            q = attn.rope(q, offset=pos).transpose(2, 1, 0, 3)
+            k = attn.rope(k, offset=pos).transpose(2, 1, 0, 3)
+        else:
+            q = q.transpose(2, 1, 0, 3)
+            k = k.transpose(2, 1, 0, 3)
+        outs = []
+        for seg, (s, e) in zip(segments, bounds):
+            cache = seg.cache[li]
+            qs, ks, vs = q[:, :, s:e], k[:, :, s:e], v[:, :, s:e]
+            if pos is None:
+                qs = attn.rope(qs, offset=cache.offset)
+                ks = attn.rope(ks, offset=cache.offset)
+            ks, vs = cache.update_and_fetch(ks, vs)
+            outs.append(
+                mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None)
+            )
+        o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+        return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
+
+
+class SeparateRunner:
+    """Fallback: one model call per segment against that row's cache (any mlx-lm architecture)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def forward(self, segments: Sequence[Segment]) -> mx.array | None:
+        """One pass per segment. Raises ValueError on an empty segment list."""
+        if not segments:
+            raise ValueError("no segments")
+        rows = []
+        for seg in segments:
+            out = self.model(mx.array(seg.tokens)[None], cache=seg.cache)
+            if seg.logits:
+                rows.append(out[0, -1:])
+        if not rows:
+            return None
+        return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=0)

@@ -1,0 +1,191 @@
+"""Engine — the facade the HTTP layer and the CLI use: one engine thread, one driver loop, one group.
+
+    engine = Engine(loaded, max_active=16, max_iteration_tokens=512)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with engine.submit(request) as stream:
+            async for delta in stream: ...
+        engine.close()
+
+Speech work (Whisper windows, model loads) goes through `engine.tasks`, which the same loop runs
+between LLM iterations. With `loaded=None` the group is a TasksOnlyGroup (a speech-only server).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import anyio
+
+from engine.batch import LLMBatchGroup, LLMRowStream
+from engine.context import EngineThread
+from engine.contracts import Delta, GenerationRequest
+from engine.driver import drive_execution_group
+from engine.plan import ExecutionPlan, resolve_execution
+from engine.task_group import TasksOnlyGroup
+from engine.tasks import ExecutionTasks
+
+if TYPE_CHECKING:
+    from engine.models import LoadedModel
+
+__all__ = ["Engine", "GenerationResult", "generate_stream"]
+
+
+class Engine:
+    """Owns the engine thread, the execution lease and the group the driver loop advances."""
+
+    def __init__(
+        self,
+        loaded: "LoadedModel | None",
+        *,
+        max_active: int = 16,
+        max_iteration_tokens: int = 512,
+        minimum_preparation_tokens: int = 32,
+        prefix_cache: Any = None,
+        backend: Any = None,
+    ) -> None:
+        """Raises ValueError for non-positive limits."""
+        self.thread = EngineThread()
+        self.lease = anyio.Lock()
+        self.loaded = loaded
+        self.prefix_cache = prefix_cache
+        self._started = time.monotonic()
+        self._serving = False
+        self._closed = False
+        if loaded is None:
+            self.tokenizer = None
+            self.model_name: str | None = None
+            self.context_length: int | None = None
+            self.plan: ExecutionPlan | None = None
+            self.group: LLMBatchGroup | TasksOnlyGroup = TasksOnlyGroup()
+        else:
+            self.tokenizer = loaded.tokenizer
+            self.model_name = loaded.name
+            self.context_length = int(loaded.context_length)
+            self.plan = resolve_execution(loaded.model, backend)
+            self.group = LLMBatchGroup(
+                loaded.model,
+                loaded.tokenizer,
+                self.thread,
+                context_length=self.context_length,
+                max_active=max_active,
+                max_iteration_tokens=max_iteration_tokens,
+                minimum_preparation_tokens=minimum_preparation_tokens,
+                prefix_cache=prefix_cache,
+                plan=self.plan,
+            )
+        self.tasks: ExecutionTasks = self.group.tasks
+
+    async def serve(self) -> None:
+        """Run the driver loop until `close()`; run it inside a task group. Raises RuntimeError if the
+        engine was closed already."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        self._serving = True
+        try:
+            await drive_execution_group(self.group, self.lease, self.thread)
+        finally:
+            self._serving = False
+            self.thread.close()
+
+    def submit(self, request: GenerationRequest) -> LLMRowStream:
+        """Queue a generation; iterate the returned stream for deltas, `aclose()` it to cancel.
+
+        Raises ValueError ("... exceeds the context ...", empty prompt, bad sampling values) and
+        RuntimeError when no chat model is loaded or the engine is closed."""
+        if not isinstance(self.group, LLMBatchGroup):
+            raise RuntimeError("no chat model is loaded")
+        return self.group.submit(request)
+
+    def stats(self) -> dict[str, Any]:
+        """A plain-data snapshot for /stats. Raises nothing."""
+        out: dict[str, Any] = {
+            "model": self.model_name,
+            "context_length": self.context_length,
+            "uptime_seconds": round(time.monotonic() - self._started, 3),
+            "engine_busy_seconds": round(self.thread.busy_seconds, 3),
+            "tasks": {"queued": len(self.tasks), "completed": self.tasks.completed, "labels": self.tasks.labels()},
+            "plan": self.plan.as_dict() if self.plan else None,
+        }
+        group = self.group
+        if isinstance(group, LLMBatchGroup):
+            c = group.counters
+            out.update(
+                active_rows=group.active_rows(),
+                queued_rows=group.queued_rows(),
+                max_active=group.max_active,
+                max_iteration_tokens=group.max_iteration_tokens,
+                kv_bytes=group.kv_bytes(),
+                iterations=c["iterations"],
+                prompt_tokens=c["prompt_tokens"],
+                generation_tokens=c["generation_tokens"],
+                finished_rows=c["finished_rows"],
+                cancelled_rows=c["cancelled_rows"],
+                prompt_tokens_per_second=_rate(c["prompt_tokens"], c["prompt_seconds"]),
+                generation_tokens_per_second=_rate(c["generation_tokens"], c["decode_seconds"]),
+            )
+        else:
+            out.update(active_rows=0, queued_rows=0, kv_bytes=0, iterations=0)
+        if self.prefix_cache is not None and hasattr(self.prefix_cache, "stats"):
+            try:
+                out["prefix_cache"] = self.prefix_cache.stats()
+            except Exception:  # stats must never fail /stats
+                out["prefix_cache"] = None
+        return out
+
+    def close(self) -> None:
+        """Stop the loop: rows end with finish_reason "cancelled", queued tasks are rejected. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.group.close()
+        if not self._serving:
+            self.thread.close()
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return round(tokens / seconds, 2) if seconds > 0 else 0.0
+
+
+@dataclass
+class GenerationResult:
+    """A whole generation: the text, its token ids, and the final delta's counts and finish_reason."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+async def generate_stream(
+    engine: Engine, request: GenerationRequest, on_delta: Callable[[Delta], None] | None = None
+) -> GenerationResult:
+    """Run one generation without a server: starts the loop, streams deltas to `on_delta`, closes the
+    engine. Use with `anyio.run(generate_stream, engine, request, print_fn)`.
+
+    Raises what `Engine.submit` raises, and RuntimeError with the engine's message if the step failed."""
+    result = GenerationResult()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        try:
+            async with engine.submit(request) as stream:
+                async for delta in stream:
+                    if on_delta is not None:
+                        on_delta(delta)
+                    result.text += delta.text
+                    result.token_ids += delta.token_ids
+                    result.finish_reason = delta.finish_reason or result.finish_reason
+                    result.prompt_tokens = delta.prompt_tokens
+                    result.completion_tokens = delta.completion_tokens
+                    result.cached_tokens = delta.cached_tokens
+                    result.error = delta.error
+        finally:
+            engine.close()
+    if result.error:
+        raise RuntimeError(result.error)
+    return result

@@ -1,0 +1,186 @@
+"""Per-row samplers and stop matching.
+
+`RowSampler` turns one row's logits into a token (lazily: nothing is evaluated here) applying, in order:
+logit_bias, repetition penalty (prompt + generated tokens), presence/frequency penalties (generated
+tokens), temperature, then top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the
+row's own PRNG key when seeded, so a seeded row reproduces whatever its batch mates are.
+
+`StopMatcher` turns sampled tokens into text: streaming detokenization through mlx-lm's detokenizers
+(never splits a UTF-8 character), stop token ids, stop strings with hold-back, and max_tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+from engine.contracts import FinishReason, SamplingParams
+
+__all__ = ["RowSampler", "StopMatcher", "StepText", "sample_rows", "validate_sampling"]
+
+
+def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
+    """Reject values no sampler can honour. Raises ValueError naming the parameter."""
+    if params.temperature < 0:
+        raise ValueError("temperature must be >= 0")
+    if not 0 < params.top_p <= 1:
+        raise ValueError("top_p must be in (0, 1]")
+    if params.top_k < 0:
+        raise ValueError("top_k must be >= 0")
+    if not 0 <= params.min_p <= 1:
+        raise ValueError("min_p must be in [0, 1]")
+    if params.repetition_penalty <= 0:
+        raise ValueError("repetition_penalty must be > 0")
+    for tok in (params.logit_bias or {}):
+        if not 0 <= int(tok) < vocab_size:
+            raise ValueError(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})")
+
+
+class RowSampler:
+    """One row's sampling state: settings, PRNG key, and the token history penalties look at."""
+
+    def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int], vocab_size: int) -> None:
+        self.params = params
+        self.vocab_size = vocab_size
+        self._key = mx.random.key(params.seed) if params.seed is not None else None
+        bias = params.logit_bias or {}
+        self._bias = (mx.array([int(k) for k in bias]), mx.array([float(v) for v in bias.values()])) if bias else None
+        self._seen: set[int] = set(prompt_tokens) if params.repetition_penalty != 1.0 else set()
+        self._seen_arr: mx.array | None = None
+        self._counts: Counter[int] = Counter()
+        top_k = params.top_k if 0 < params.top_k < vocab_size else 0
+        self._filters = []
+        if params.temperature > 0:
+            if params.top_p < 1.0:
+                self._filters.append(lambda x: apply_top_p(x, params.top_p))
+            if params.min_p > 0.0:
+                self._filters.append(lambda x: apply_min_p(x, params.min_p))
+            if top_k:
+                self._filters.append(lambda x: apply_top_k(x, top_k))
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no logits processing: batch mates can share one argmax."""
+        p = self.params
+        return (p.temperature == 0 and self._bias is None and p.repetition_penalty == 1.0
+                and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+
+    def sample(self, logits: mx.array) -> mx.array:
+        """Sample from one row's logits, shape (1, vocab) → (1,) token array, unevaluated. Raises nothing."""
+        p = self.params
+        if self._bias is not None:
+            logits = logits.at[:, self._bias[0]].add(self._bias[1])
+        if p.repetition_penalty != 1.0 and self._seen:
+            if self._seen_arr is None:
+                self._seen_arr = mx.array(sorted(self._seen))
+            sel = logits[:, self._seen_arr]
+            sel = mx.where(sel < 0, sel * p.repetition_penalty, sel / p.repetition_penalty)
+            logits[:, self._seen_arr] = sel
+        if (p.presence_penalty or p.frequency_penalty) and self._counts:
+            ids = mx.array(list(self._counts))
+            pen = mx.array([p.presence_penalty + p.frequency_penalty * c for c in self._counts.values()])
+            logits = logits.at[:, ids].subtract(pen)
+        if p.temperature == 0:
+            return mx.argmax(logits, axis=-1)
+        x = logits.astype(mx.float32) * (1.0 / p.temperature)
+        if self._filters:
+            x = x - mx.logsumexp(x, axis=-1, keepdims=True)
+            for f in self._filters:
+                x = f(x)
+        if self._key is not None:
+            self._key, sub = mx.random.split(self._key)
+            return mx.random.categorical(x, key=sub)
+        return mx.random.categorical(x)
+
+    def accept(self, token: int) -> None:
+        """Record a sampled token so the penalties see it. Raises nothing."""
+        if self.params.repetition_penalty != 1.0 and token not in self._seen:
+            self._seen.add(token)
+            self._seen_arr = None
+        if self.params.presence_penalty or self.params.frequency_penalty:
+            self._counts[token] += 1
+
+
+def sample_rows(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
+    """Lazily sample every row of `logits` (rows, vocab) → (rows,) token ids; plain-greedy batches share one
+    argmax. Raises ValueError if the row counts differ."""
+    if logits.shape[0] != len(samplers):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(samplers)} samplers")
+    if all(s.plain_greedy for s in samplers):
+        return mx.argmax(logits, axis=-1)
+    picks = [s.sample(logits[i : i + 1]) for i, s in enumerate(samplers)]
+    return picks[0] if len(picks) == 1 else mx.concatenate(picks)
+
+
+@dataclass
+class StepText:
+    """What one sampled token turned into: text now safe to emit, and whether the row is done."""
+
+    text: str
+    finish_reason: FinishReason | None
+
+
+class StopMatcher:
+    """Incremental detokenization plus stop conditions for one row."""
+
+    def __init__(self, tokenizer: Any, *, stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (),
+                 max_tokens: int) -> None:
+        self._detok = tokenizer.detokenizer
+        self.stop_strings = [s for s in stop if s]
+        self.stop_ids = set(stop_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.max_tokens = max_tokens
+        self.generated = 0
+        self._pending = ""  # decoded text not yet emitted (could be the start of a stop string)
+        self.finish_reason: FinishReason | None = None
+
+    def add(self, token: int, *, at_context_limit: bool = False) -> StepText:
+        """Feed one sampled token. Raises RuntimeError if the row already finished."""
+        if self.finish_reason is not None:
+            raise RuntimeError("row already finished")
+        self.generated += 1
+        if token in self.stop_ids:
+            return self._finish("stop")
+        self._detok.add_token(token)
+        self._pending += self._detok.last_segment
+        cut = self._find_stop()
+        if cut is not None:
+            text, self._pending = self._pending[:cut], ""
+            self.finish_reason = "stop"
+            return StepText(text, "stop")
+        if self.generated >= self.max_tokens or at_context_limit:
+            return self._finish("length")
+        keep = self._holdback()
+        text = self._pending[: len(self._pending) - keep]
+        self._pending = self._pending[len(text):]
+        return StepText(text, None)
+
+    def _finish(self, reason: FinishReason) -> StepText:
+        self._detok.finalize()
+        self._pending += self._detok.last_segment
+        cut = self._find_stop()
+        if cut is not None:
+            reason = "stop"
+            text = self._pending[:cut]
+        else:
+            text = self._pending
+        self._pending = ""
+        self.finish_reason = reason
+        return StepText(text, reason)
+
+    def _find_stop(self) -> int | None:
+        hits = [i for i in (self._pending.find(s) for s in self.stop_strings) if i >= 0]
+        return min(hits) if hits else None
+
+    def _holdback(self) -> int:
+        """Length of the longest suffix of the pending text that could begin a stop string."""
+        best = 0
+        for s in self.stop_strings:
+            for n in range(min(len(s) - 1, len(self._pending)), best, -1):
+                if self._pending.endswith(s[:n]):
+                    best = n
+                    break
+        return best
