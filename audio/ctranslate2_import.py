@@ -1,0 +1,209 @@
+"""Import a faster-whisper (CTranslate2) Whisper checkpoint into mlx-whisper's layout.
+
+model.bin v6: u32 version, str spec, u32 revision, u32 n_vars, then per variable: str name, u8 rank,
+u32 dims[rank], u8 dtype, u32 nbytes, data; then u32 n_aliases, (str, str)*. Strings: u16 length
+including the NUL. Output: config.json (ModelDimensions), weights.safetensors, alignment_heads.json.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+__all__ = ["CheckpointFormatError", "read_ct2_model_bin", "write_ct2_model_bin", "ct2_to_mlx_weights",
+           "import_ct2_whisper", "is_ct2_whisper_dir"]
+
+_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
+_BF16 = 5
+
+
+class CheckpointFormatError(ValueError):
+    """The directory or file is not a CTranslate2 Whisper checkpoint this importer understands."""
+
+
+def _read_str(f: BinaryIO) -> str:
+    (n,) = struct.unpack("<H", f.read(2))
+    return f.read(n)[:-1].decode("utf-8")
+
+
+def _write_str(f: BinaryIO, s: str) -> None:
+    b = s.encode("utf-8") + b"\0"
+    f.write(struct.pack("<H", len(b)) + b)
+
+
+def read_ct2_model_bin(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
+    """(spec name, variables with aliases resolved). Raises CheckpointFormatError for anything else."""
+    variables: dict[str, np.ndarray] = {}
+    with open(path, "rb") as f:
+        try:
+            (version,) = struct.unpack("<I", f.read(4))
+            if version != 6:
+                raise CheckpointFormatError(f"{path}: CTranslate2 model.bin version {version}, expected 6")
+            spec = _read_str(f)
+            f.read(4)  # spec revision
+            (count,) = struct.unpack("<I", f.read(4))
+            for _ in range(count):
+                name = _read_str(f)
+                (rank,) = struct.unpack("<B", f.read(1))
+                dims = struct.unpack(f"<{rank}I", f.read(4 * rank)) if rank else ()
+                (dtype,) = struct.unpack("<B", f.read(1))
+                (nbytes,) = struct.unpack("<I", f.read(4))
+                raw = f.read(nbytes)
+                if len(raw) != nbytes:
+                    raise CheckpointFormatError(f"{path}: truncated at variable {name!r}")
+                if dtype == _BF16:  # widen bf16 to f32 by shifting into the high half
+                    arr = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+                elif dtype in _DTYPES:
+                    arr = np.frombuffer(raw, _DTYPES[dtype])
+                else:
+                    raise CheckpointFormatError(f"{path}: variable {name!r} has unknown dtype {dtype}")
+                variables[name] = arr.reshape(dims)
+            (n_alias,) = struct.unpack("<I", f.read(4))
+            for _ in range(n_alias):
+                alias, target = _read_str(f), _read_str(f)
+                variables[alias] = variables[target]
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise CheckpointFormatError(f"{path}: not a CTranslate2 model.bin ({exc})") from None
+    return spec, variables
+
+
+def write_ct2_model_bin(path: str | Path, spec: str, variables: dict[str, np.ndarray],
+                        aliases: dict[str, str] | None = None) -> None:
+    """Write a model.bin v6 (tests build synthetic checkpoints with this). Raises ValueError for a dtype
+    CTranslate2 has no code for."""
+    codes = {np.dtype(v): k for k, v in _DTYPES.items()}
+    with open(path, "wb") as f:
+        f.write(struct.pack("<I", 6))
+        _write_str(f, spec)
+        f.write(struct.pack("<II", 1, len(variables)))
+        for name, arr in variables.items():
+            arr = np.ascontiguousarray(arr)
+            if arr.dtype not in codes:
+                raise ValueError(f"{name}: dtype {arr.dtype} has no CTranslate2 code")
+            _write_str(f, name)
+            f.write(struct.pack("<B", arr.ndim) + struct.pack(f"<{arr.ndim}I", *arr.shape))
+            f.write(struct.pack("<BI", codes[arr.dtype], arr.nbytes) + arr.tobytes())
+        f.write(struct.pack("<I", len(aliases or {})))
+        for alias, target in (aliases or {}).items():
+            _write_str(f, alias)
+            _write_str(f, target)
+
+
+def _layers(v: dict[str, np.ndarray], prefix: str) -> int:
+    pat = re.compile(rf"^{prefix}/layer_(\d+)/")
+    return 1 + max((int(m.group(1)) for k in v if (m := pat.match(k))), default=-1)
+
+
+def _linear(out: dict[str, np.ndarray], v: dict[str, np.ndarray], src: str, dst: str, bias: bool = True) -> None:
+    out[f"{dst}.weight"] = v[f"{src}/weight"]
+    if bias:
+        out[f"{dst}.bias"] = v[f"{src}/bias"]
+
+
+def _norm(out: dict[str, np.ndarray], v: dict[str, np.ndarray], src: str, dst: str) -> None:
+    out[f"{dst}.weight"], out[f"{dst}.bias"] = v[f"{src}/gamma"], v[f"{src}/beta"]
+
+
+def _split_qkv(out: dict[str, np.ndarray], v: dict[str, np.ndarray], src: str, dst: str, names: tuple[str, ...]) -> None:
+    # CTranslate2 fuses projections along the output axis; Whisper's key projection has no bias.
+    ws = np.split(v[f"{src}/weight"], len(names), axis=0)
+    bs = np.split(v[f"{src}/bias"], len(names), axis=0)
+    for name, w, b in zip(names, ws, bs):
+        out[f"{dst}.{name}.weight"] = w
+        if name != "key":
+            out[f"{dst}.{name}.bias"] = b
+
+
+def ct2_to_mlx_weights(v: dict[str, np.ndarray]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """(ModelDimensions dict, mlx-whisper weight dict) from CTranslate2 WhisperSpec variables.
+    Raises CheckpointFormatError when a required variable is missing."""
+    try:
+        n_enc, n_dec = _layers(v, "encoder"), _layers(v, "decoder")
+        embed = v["decoder/embeddings/weight"]
+        dims = {
+            "n_mels": int(v["encoder/conv1/weight"].shape[1]),
+            "n_audio_ctx": int(v["encoder/position_encodings/encodings"].shape[0]),
+            "n_audio_state": int(v["encoder/conv1/weight"].shape[0]),
+            "n_audio_head": int(v["encoder/num_heads"].reshape(-1)[0]),
+            "n_audio_layer": n_enc,
+            "n_vocab": int(embed.shape[0]),
+            "n_text_ctx": int(v["decoder/position_encodings/encodings"].shape[0]),
+            "n_text_state": int(embed.shape[1]),
+            "n_text_head": int(v["decoder/num_heads"].reshape(-1)[0]),
+            "n_text_layer": n_dec,
+        }
+        out: dict[str, np.ndarray] = {}
+        for i in (1, 2):  # conv: (out, in, k) → MLX's (out, k, in)
+            out[f"encoder.conv{i}.weight"] = v[f"encoder/conv{i}/weight"].transpose(0, 2, 1)
+            out[f"encoder.conv{i}.bias"] = v[f"encoder/conv{i}/bias"]
+        for i in range(n_enc):
+            s, d = f"encoder/layer_{i}", f"encoder.blocks.{i}"
+            _norm(out, v, f"{s}/self_attention/layer_norm", f"{d}.attn_ln")
+            _split_qkv(out, v, f"{s}/self_attention/linear_0", f"{d}.attn", ("query", "key", "value"))
+            _linear(out, v, f"{s}/self_attention/linear_1", f"{d}.attn.out")
+            _norm(out, v, f"{s}/ffn/layer_norm", f"{d}.mlp_ln")
+            _linear(out, v, f"{s}/ffn/linear_0", f"{d}.mlp1")
+            _linear(out, v, f"{s}/ffn/linear_1", f"{d}.mlp2")
+        _norm(out, v, "encoder/layer_norm", "encoder.ln_post")
+        out["decoder.token_embedding.weight"] = embed
+        out["decoder.positional_embedding"] = v["decoder/position_encodings/encodings"]
+        for i in range(n_dec):
+            s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
+            _norm(out, v, f"{s}/self_attention/layer_norm", f"{d}.attn_ln")
+            _split_qkv(out, v, f"{s}/self_attention/linear_0", f"{d}.attn", ("query", "key", "value"))
+            _linear(out, v, f"{s}/self_attention/linear_1", f"{d}.attn.out")
+            _norm(out, v, f"{s}/attention/layer_norm", f"{d}.cross_attn_ln")
+            _linear(out, v, f"{s}/attention/linear_0", f"{d}.cross_attn.query")
+            _split_qkv(out, v, f"{s}/attention/linear_1", f"{d}.cross_attn", ("key", "value"))
+            _linear(out, v, f"{s}/attention/linear_2", f"{d}.cross_attn.out")
+            _norm(out, v, f"{s}/ffn/layer_norm", f"{d}.mlp_ln")
+            _linear(out, v, f"{s}/ffn/linear_0", f"{d}.mlp1")
+            _linear(out, v, f"{s}/ffn/linear_1", f"{d}.mlp2")
+        _norm(out, v, "decoder/layer_norm", "decoder.ln")
+    except KeyError as exc:
+        raise CheckpointFormatError(f"CTranslate2 Whisper checkpoint lacks variable {exc}") from None
+    return dims, out
+
+
+def is_ct2_whisper_dir(path: str | Path) -> bool:
+    """A directory holding a CTranslate2 model.bin (and no MLX config/weights). Raises nothing."""
+    p = Path(path)
+    return (p / "model.bin").is_file() and not (p / "weights.safetensors").is_file()
+
+
+def import_ct2_whisper(src: str | Path, dst: str | Path, dtype: str = "float32") -> Path:
+    """Convert CT2 dir `src` into an mlx-whisper dir `dst` (float32 or float16 weights). Writes into a
+    temporary sibling and renames, so a half-written dir never exists. Raises CheckpointFormatError,
+    FileNotFoundError."""
+    from safetensors.numpy import save_file
+
+    src, dst = Path(src), Path(dst)
+    if not (src / "model.bin").is_file():
+        raise FileNotFoundError(f"{src} has no model.bin (not a CTranslate2 checkpoint)")
+    spec, variables = read_ct2_model_bin(src / "model.bin")
+    if "whisper" not in spec.lower():
+        raise CheckpointFormatError(f"{src}: model.bin holds a {spec}, not a WhisperSpec")
+    dims, weights = ct2_to_mlx_weights(variables)
+    np_dtype = {"float32": np.float32, "float16": np.float16}[dtype]
+    weights = {k: np.ascontiguousarray(w.astype(np_dtype)) for k, w in weights.items()}
+    heads: list[list[int]] | None = None
+    config_path = src / "config.json"
+    if config_path.is_file():
+        heads = json.loads(config_path.read_text()).get("alignment_heads")
+    tmp = dst.with_name(dst.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "config.json").write_text(json.dumps({"model_type": "whisper", **dims}, indent=2))
+    save_file(weights, str(tmp / "weights.safetensors"))
+    if heads:
+        (tmp / "alignment_heads.json").write_text(json.dumps(heads))
+    if dst.exists():
+        import shutil
+
+        shutil.rmtree(dst)
+    tmp.rename(dst)
+    return dst

@@ -1,0 +1,76 @@
+"""Transcript renderings: text, json, verbose_json (OpenAI's fields), srt and vtt."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from audio.transcript import Transcript
+
+__all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp"]
+
+ResponseFormat = Literal["text", "json", "verbose_json", "srt", "vtt"]
+RESPONSE_FORMATS: tuple[str, ...] = ("text", "json", "verbose_json", "srt", "vtt")
+
+
+def timestamp(seconds: float, *, decimal: str = ".", always_hours: bool = True) -> str:
+    """`HH:MM:SS.mmm` (vtt) or `HH:MM:SS,mmm` (srt). Raises ValueError for a negative time."""
+    if seconds < 0:
+        raise ValueError(f"negative timestamp {seconds}")
+    ms = round(seconds * 1000.0)
+    hours, ms = divmod(ms, 3_600_000)
+    minutes, ms = divmod(ms, 60_000)
+    secs, ms = divmod(ms, 1000)
+    head = f"{hours:02d}:" if always_hours or hours else ""
+    return f"{head}{minutes:02d}:{secs:02d}{decimal}{ms:03d}"
+
+
+def _cues(t: Transcript) -> list[tuple[float, float, str]]:
+    return [(s.start, max(s.end, s.start), s.text.strip()) for s in t.segments if s.text.strip()]
+
+
+def _srt(t: Transcript) -> str:
+    blocks = [
+        f"{i}\n{timestamp(a, decimal=',')} --> {timestamp(b, decimal=',')}\n{text}\n"
+        for i, (a, b, text) in enumerate(_cues(t), start=1)
+    ]
+    return "\n".join(blocks)
+
+
+def _vtt(t: Transcript) -> str:
+    blocks = [f"{timestamp(a)} --> {timestamp(b)}\n{text}\n" for a, b, text in _cues(t)]
+    return "WEBVTT\n\n" + "\n".join(blocks)
+
+
+def _verbose(t: Transcript, words: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "task": t.task,
+        "language": t.language,
+        "duration": round(t.duration, 3),
+        "text": t.text,
+        "segments": [s.as_dict(with_words=False) for s in t.segments],
+    }
+    if words:
+        body["words"] = [w.as_dict() for w in t.words]
+    return body
+
+
+def render(t: Transcript, fmt: str, *, words: bool = False) -> str | dict[str, Any]:
+    """The response body: a dict for json/verbose_json, a string otherwise. `words` adds the flat word
+    list to verbose_json (timestamp_granularities=["word"]). Raises ValueError for an unknown format."""
+    if fmt == "json":
+        return {"text": t.text}
+    if fmt == "verbose_json":
+        return _verbose(t, words)
+    if fmt == "text":
+        return t.text.strip() + "\n" if t.text.strip() else ""
+    if fmt == "srt":
+        return _srt(t)
+    if fmt == "vtt":
+        return _vtt(t)
+    raise ValueError(f"unknown response_format {fmt!r}; expected one of {', '.join(RESPONSE_FORMATS)}")
+
+
+def media_type(fmt: str) -> str:
+    """The HTTP content type for a format. Raises nothing (unknown → text/plain)."""
+    return {"json": "application/json", "verbose_json": "application/json",
+            "vtt": "text/vtt"}.get(fmt, "text/plain")

@@ -1,0 +1,167 @@
+"""SpeechService — the one object the service layer talks to for transcription and live sessions.
+
+It owns the Whisper residency, the live sessions (each with a background pump) and their idle expiry.
+Every model touch is an ExecutionTask on the shared driver loop; the caller only sees numpy and text.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import anyio
+import numpy as np
+
+from audio.decoding import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, WindowedTranscription
+from audio.sessions import LiveSession, SessionClosed, SessionNotFound
+from audio.transcript import Segment, TranscribeOptions, Transcript
+from audio.vad import has_speech, trim_silence
+from audio.whisper import WhisperResidency, resolve_whisper_checkpoint
+
+if TYPE_CHECKING:
+    from engine.tasks import ExecutionTasks
+
+__all__ = ["SpeechService", "transcribe_stream"]
+
+
+async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
+                            tasks: "ExecutionTasks") -> AsyncIterator[list[Segment] | Transcript]:
+    """Decode a whole signal window by window (one task each): yields each window's new segments, then
+    the final Transcript. `vad` with no speech yields an empty Transcript without loading Whisper.
+    Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
+    duration = len(pcm) / SAMPLE_RATE
+    offset = 0
+    if options.vad_trim:
+        pcm, offset = trim_silence(pcm, min_speech_ms=options.vad_min_speech_ms)
+    if options.vad and (len(pcm) == 0 or not has_speech(pcm, min_speech_ms=options.vad_min_speech_ms)):
+        yield Transcript("", options.language or "en", duration, options.task)
+        return
+    if len(pcm) == 0:
+        yield Transcript("", options.language or "en", duration, options.task)
+        return
+    loaded = await residency.take()
+    try:
+        tr = WindowedTranscription(loaded, options, time_offset=offset / SAMPLE_RATE)
+        while (window := tr.next_window(len(pcm), final=True)) is not None:
+            start, frames = window
+            audio = pcm[start: start + N_SAMPLES]
+            if options.vad and not has_speech(audio[: frames * HOP_LENGTH], min_speech_ms=options.vad_min_speech_ms):
+                tr.skip(frames)
+                continue
+            new = await tasks.run(functools.partial(tr.step, audio, frames), label="whisper.window")
+            if new:
+                yield new
+        yield tr.transcript(duration)
+    finally:
+        residency.release()
+
+
+class SpeechService:
+    """Transcription and live sessions over one Whisper checkpoint, on the engine's task queue.
+    `run()` must be running (in the app's task group) for sessions and idle unloads to work."""
+
+    def __init__(self, tasks: "ExecutionTasks", checkpoint: str | Path, *, name: str | None = None,
+                 dtype: str | None = None, idle_unload_sec: float = 0.0, resident: bool = False,
+                 session_ttl_sec: float = 300.0, max_sessions: int = 64) -> None:
+        self.tasks = tasks
+        self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
+                                          idle_unload_sec=idle_unload_sec, resident=resident)
+        self.session_ttl_sec = session_ttl_sec
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, LiveSession] = {}
+        self.expired = 0
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    @classmethod
+    def from_spec(cls, tasks: "ExecutionTasks", spec: str | None, **kwargs: Any) -> "SpeechService":
+        """Resolve a model name (dir, HF cache id, CTranslate2 dir, `tiny.en`) and build the service.
+        Raises WhisperCheckpointError when it is not a Whisper checkpoint."""
+        path = resolve_whisper_checkpoint(spec, kwargs.get("dtype"))
+        kwargs.setdefault("name", spec if spec and not Path(spec).exists() else ("whisper-" + path.name))
+        return cls(tasks, path, **kwargs)
+
+    @property
+    def model_name(self) -> str:
+        return self.residency.name
+
+    # ---- files -------------------------------------------------------------------------------
+    def transcribe_stream(self, pcm: np.ndarray, options: TranscribeOptions) -> AsyncIterator[list[Segment] | Transcript]:
+        """See module-level transcribe_stream. Raises as it does."""
+        return transcribe_stream(pcm, options, self.residency, self.tasks)
+
+    async def transcribe(self, pcm: np.ndarray, options: TranscribeOptions) -> Transcript:
+        """Whole signal → Transcript. Raises as transcribe_stream."""
+        result: Transcript | None = None
+        async for item in self.transcribe_stream(pcm, options):
+            if isinstance(item, Transcript):
+                result = item
+        assert result is not None
+        return result
+
+    # ---- live sessions -----------------------------------------------------------------------
+    def create_session(self, options: TranscribeOptions) -> LiveSession:
+        """Open a session and start its pump. Raises RuntimeError when run() is not running,
+        SessionClosed when max_sessions are open."""
+        if self._tg is None:
+            raise RuntimeError("SpeechService.run() is not running")
+        if len(self.sessions) >= self.max_sessions:
+            self._expire(time.monotonic(), force_oldest=True)
+        if len(self.sessions) >= self.max_sessions:
+            raise SessionClosed(f"too many open sessions ({self.max_sessions})")
+        session = LiveSession(options, self.residency, self.tasks)
+        self.sessions[session.id] = session
+        self._tg.start_soon(session.pump, name=f"session {session.id}")
+        return session
+
+    def get_session(self, session_id: str) -> LiveSession:
+        """Raises SessionNotFound (unknown, deleted or expired id)."""
+        try:
+            return self.sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(f"no audio session {session_id!r} (unknown, deleted or expired)") from None
+
+    def delete_session(self, session_id: str) -> None:
+        """Cancel and forget a session; its queued windows never run. Raises SessionNotFound."""
+        self.get_session(session_id).cancel()
+        del self.sessions[session_id]
+
+    def _expire(self, now: float, force_oldest: bool = False) -> None:
+        stale = [s for s in self.sessions.values() if now - s.last_active > self.session_ttl_sec]
+        if force_oldest and not stale and self.sessions:
+            stale = [min(self.sessions.values(), key=lambda s: s.last_active)]
+        for s in stale:
+            s.cancel()
+            self.sessions.pop(s.id, None)
+            self.expired += 1
+
+    # ---- lifetime ----------------------------------------------------------------------------
+    async def run(self, *, preload: bool = False, tick: float = 1.0,
+                  task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled.
+        Raises WhisperCheckpointError when `preload` fails."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                if preload:  # stays loaded until the first take ends, then the idle policy applies
+                    await self.residency.preload()
+                task_status.started()
+                while True:
+                    await anyio.sleep(tick)
+                    now = time.monotonic()
+                    self._expire(now)
+                    self.residency.unload_if_due(now)
+            finally:
+                self._tg = None
+                for s in list(self.sessions.values()):
+                    s.cancel()
+                tg.cancel_scope.cancel()
+
+    def stats(self) -> dict[str, Any]:
+        """Plain numbers for /stats. Raises nothing."""
+        r = self.residency
+        return {"model": r.name, "loaded": r.loaded is not None, "resident": r.resident,
+                "idle_unload_sec": r.idle_unload_sec, "loads": r.loads, "unloads": r.unloads,
+                "sessions_open": len(self.sessions), "sessions_expired": self.expired,
+                "session_windows_done": sum(s.windows_done for s in self.sessions.values())}

@@ -1,0 +1,91 @@
+"""Plain value types of speech work: what to do (TranscribeOptions) and what came out (Transcript)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES"]
+
+Task = Literal["transcribe", "translate"]
+DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """Decoding settings, named as in openai-whisper's transcribe(). `temperatures` is the fallback
+    ladder: the next one is tried when a window's text is too repetitive or too improbable."""
+
+    language: str | None = None
+    task: Task = "transcribe"
+    temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    condition_on_previous_text: bool = True
+    prompt: str | None = None
+    without_timestamps: bool = False
+    word_timestamps: bool = False
+    # webrtcvad: `vad` skips windows (and whole files) without speech; `vad_trim` cuts leading/trailing silence.
+    vad: bool = False
+    vad_trim: bool = False
+    vad_min_speech_ms: int = 250
+
+    @staticmethod
+    def ladder(temperature: float | None, fallback: bool = True) -> tuple[float, ...]:
+        """The temperatures to try: from `temperature` up to 1.0 in 0.2 steps, or just it without fallback."""
+        t = 0.0 if temperature is None else float(temperature)
+        if not fallback:
+            return (t,)
+        return (t,) + tuple(x for x in DEFAULT_TEMPERATURES if x > t + 1e-9)
+
+
+@dataclass
+class Word:
+    word: str
+    start: float
+    end: float
+    probability: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"word": self.word, "start": self.start, "end": self.end, "probability": self.probability}
+
+
+@dataclass
+class Segment:
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    temperature: float = 0.0
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    words: list[Word] = field(default_factory=list)
+
+    def as_dict(self, with_words: bool = True) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id, "seek": self.seek, "start": self.start, "end": self.end, "text": self.text,
+            "tokens": list(self.tokens), "temperature": self.temperature, "avg_logprob": self.avg_logprob,
+            "compression_ratio": self.compression_ratio, "no_speech_prob": self.no_speech_prob,
+        }
+        if with_words and self.words:
+            d["words"] = [w.as_dict() for w in self.words]
+        return d
+
+
+@dataclass
+class Transcript:
+    """The result of a file or a finished session; `duration` is the audio length in seconds."""
+
+    text: str
+    language: str
+    duration: float
+    task: Task = "transcribe"
+    segments: list[Segment] = field(default_factory=list)
+
+    @property
+    def words(self) -> list[Word]:
+        return [w for s in self.segments for w in s.words]

