@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.tiny_llm import build_tiny_llm
+import engine  # noqa: F401  # loads the fast CPU BLAS before anything imports mlx
 
-__all__ = ["anyio_backend", "tiny_llm_dir"]
+from tests.fixtures.tiny_llm import TinyLoaded, build_tiny_llm, load_tiny_llm
+
+__all__ = ["anyio_backend", "tiny_llm_dir", "tiny_loaded"]
 
 
 @pytest.fixture
@@ -20,3 +22,9 @@ def anyio_backend() -> str:
 def tiny_llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny llama (hidden 64, 2 layers, ByteLevel BPE vocab 400, ChatML template) on disk."""
     return build_tiny_llm(tmp_path_factory.mktemp("tiny_llm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_llm_dir: Path) -> TinyLoaded:
+    """The tiny llama loaded through mlx_lm.utils.load, with LoadedModel's fields (context 2048)."""
+    return load_tiny_llm(tiny_llm_dir)

@@ -1,0 +1,174 @@
+"""Per-row sampling (seed, penalties, logit_bias, filters) and stop matching (hold-back, UTF-8, limits)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from engine.contracts import SamplingParams
+from engine.sampling import RowSampler, StopMatcher, sample_rows, validate_sampling
+
+V = 16
+
+
+def logits_with(values: dict[int, float]) -> mx.array:
+    base = [0.0] * V
+    for k, v in values.items():
+        base[k] = v
+    return mx.array([base])
+
+
+def draws(sampler: RowSampler, logits: mx.array, n: int) -> list[int]:
+    return [int(sampler.sample(logits).item()) for _ in range(n)]
+
+
+def test_same_seed_reproduces_different_seed_differs() -> None:
+    logits = mx.zeros((1, V))
+    a = draws(RowSampler(SamplingParams(temperature=1.0, seed=7), [], V), logits, 20)
+    # Global RNG use in between must not disturb a seeded row.
+    mx.random.uniform(shape=(100,))
+    b = draws(RowSampler(SamplingParams(temperature=1.0, seed=7), [], V), logits, 20)
+    c = draws(RowSampler(SamplingParams(temperature=1.0, seed=8), [], V), logits, 20)
+    assert a == b
+    assert a != c
+    assert len(set(a)) > 3  # it really samples
+
+
+def test_temperature_zero_is_argmax() -> None:
+    s = RowSampler(SamplingParams(temperature=0.0), [], V)
+    assert s.plain_greedy
+    assert draws(s, logits_with({5: 3.0, 6: 2.9}), 3) == [5, 5, 5]
+
+
+def test_top_k_one_is_argmax_at_any_temperature() -> None:
+    s = RowSampler(SamplingParams(temperature=5.0, top_k=1, seed=1), [], V)
+    assert set(draws(s, logits_with({3: 1.0}), 20)) == {3}
+
+
+def test_top_p_keeps_the_nucleus_only() -> None:
+    s = RowSampler(SamplingParams(temperature=1.0, top_p=0.5, seed=3), [], V)
+    assert set(draws(s, logits_with({2: 10.0, 4: 9.0}), 30)) == {2}
+
+
+def test_min_p_drops_unlikely_tokens() -> None:
+    s = RowSampler(SamplingParams(temperature=1.0, min_p=0.5, seed=3), [], V)
+    assert set(draws(s, logits_with({2: 3.0, 4: 3.0}), 40)) == {2, 4}
+
+
+def test_logit_bias_changes_the_choice() -> None:
+    s = RowSampler(SamplingParams(temperature=0.0, logit_bias={9: 100.0}), [], V)
+    assert not s.plain_greedy
+    assert draws(s, logits_with({1: 5.0}), 1) == [9]
+
+
+def test_repetition_penalty_covers_prompt_tokens() -> None:
+    logits = logits_with({1: 2.0, 2: 1.5})
+    assert draws(RowSampler(SamplingParams(temperature=0.0), [1], V), logits, 1) == [1]
+    s = RowSampler(SamplingParams(temperature=0.0, repetition_penalty=2.0), [1], V)
+    assert draws(s, logits, 1) == [2]  # 2.0 / 2 < 1.5
+
+
+def test_presence_and_frequency_penalties_follow_generated_counts() -> None:
+    logits = logits_with({1: 3.0, 2: 2.0})
+    s = RowSampler(SamplingParams(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.4), [1], V)
+    assert draws(s, logits, 1) == [1]  # prompt tokens are not penalised by presence/frequency
+    s.accept(1)
+    assert draws(s, logits, 1) == [1]  # 3.0 - 0.5 - 0.4 = 2.1 > 2.0
+    s.accept(1)
+    assert draws(s, logits, 1) == [2]  # 3.0 - 0.5 - 0.8 = 1.7 < 2.0
+
+
+def test_sample_rows_mixes_greedy_and_biased_rows() -> None:
+    logits = mx.concatenate([logits_with({1: 5.0}), logits_with({1: 5.0})])
+    rows = [RowSampler(SamplingParams(temperature=0.0), [], V),
+            RowSampler(SamplingParams(temperature=0.0, logit_bias={7: 50.0}), [], V)]
+    assert sample_rows(logits, rows).tolist() == [1, 7]
+
+
+def test_validate_sampling_rejects_out_of_range_values() -> None:
+    for bad in (SamplingParams(temperature=-1), SamplingParams(top_p=0), SamplingParams(min_p=2),
+                SamplingParams(repetition_penalty=0), SamplingParams(logit_bias={V: 1.0})):
+        with pytest.raises(ValueError):
+            validate_sampling(bad, V)
+
+
+# -- stop matching on the tiny model's byte-level tokenizer -------------------------------------------
+
+
+def feed(matcher: StopMatcher, tokens: list[int]) -> tuple[list[str], str | None]:
+    pieces: list[str] = []
+    for t in tokens:
+        step = matcher.add(t)
+        pieces.append(step.text)
+        if step.finish_reason:
+            return pieces, step.finish_reason
+    return pieces, None
+
+
+def test_stop_string_is_held_back_and_never_emitted(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Hello world! This is a tiny model")
+    m = StopMatcher(tok, stop=["world!"], max_tokens=100)
+    pieces, reason = feed(m, ids)
+    assert reason == "stop"
+    assert "".join(pieces) == "Hello "
+    assert all("w" not in p for p in pieces)  # "w" could start "world!": never shown
+
+
+def test_possible_stop_prefix_is_released_once_disambiguated(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    text = "The quick brown fox jumps over the lazy dog."
+    ids = tok.encode(text)
+    m = StopMatcher(tok, stop=["fox eats"], max_tokens=len(ids))
+    pieces, reason = feed(m, ids)
+    assert reason == "length"
+    assert "".join(pieces) == text
+    emitted = ""
+    for p in pieces:  # "fox" is withheld until " jumps" shows it is not "fox eats"
+        emitted += p
+        assert not emitted.endswith("fox")
+
+
+def test_stop_string_spanning_tokens_is_cut_mid_token(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Continuous batching packs decode rows")
+    m = StopMatcher(tok, stop=["ing pa"], max_tokens=100)
+    pieces, reason = feed(m, ids)
+    assert (reason, "".join(pieces)) == ("stop", "Continuous batch")
+
+
+def test_utf8_characters_are_never_split(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    text = "Café 日本語 🙂 naïve"
+    ids = tok.encode(text)
+    assert len(ids) > len(text.split())  # multi-byte characters span several tokens
+    m = StopMatcher(tok, max_tokens=len(ids))
+    pieces, reason = feed(m, ids)
+    assert reason == "length"
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_max_tokens_finishes_with_length(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    m = StopMatcher(tok, max_tokens=3)
+    pieces, reason = feed(m, tok.encode("The quick brown fox jumps"))
+    assert reason == "length"
+    assert len(pieces) == 3
+
+
+def test_eos_and_stop_token_ids_finish_without_their_text(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    pieces, reason = feed(StopMatcher(tok, max_tokens=50), tok.encode("Hello") + [im_end])
+    assert reason == "stop" and "".join(pieces) == "Hello"
+    fox = tok.encode(" fox")
+    pieces, reason = feed(StopMatcher(tok, stop_token_ids=fox[:1], max_tokens=50), tok.encode("The quick brown fox"))
+    assert reason == "stop" and "".join(pieces) == "The quick brown"
+
+
+def test_a_finished_matcher_refuses_more_tokens(tiny_loaded) -> None:
+    m = StopMatcher(tiny_loaded.tokenizer, max_tokens=1)
+    m.add(5)
+    with pytest.raises(RuntimeError):
+        m.add(6)
