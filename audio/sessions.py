@@ -123,6 +123,14 @@ class LiveSession:
         self.last_active = time.monotonic()
         self._poke()
 
+    def append_samples(self, pcm16k: np.ndarray) -> None:
+        """Add already-decoded 16 kHz mono float32 audio (a container upload). Raises SessionClosed."""
+        if self.closed:
+            raise SessionClosed(f"session {self.id} is closed; no more audio accepted")
+        self.buffer.append(np.asarray(pcm16k, np.float32))
+        self.last_active = time.monotonic()
+        self._poke()
+
     def _poke(self) -> None:
         self._wake.set()
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from audio.decoding import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, WindowedTranscription
 from audio.sessions import LiveSession, SessionClosed, SessionNotFound
-from audio.transcript import Segment, TranscribeOptions, Transcript
+from audio.transcript import Segment, TranscribeOptions, Transcript, normalize_language
 from audio.vad import has_speech, trim_silence
 from audio.whisper import WhisperResidency, resolve_whisper_checkpoint
 
@@ -85,6 +85,24 @@ class SpeechService:
     @property
     def model_name(self) -> str:
         return self.residency.name
+
+    @functools.cached_property
+    def multilingual(self) -> bool:
+        """From config.json, without loading weights. Raises nothing (unreadable → True)."""
+        import json
+
+        try:
+            return int(json.loads((self.residency.path / "config.json").read_text())["n_vocab"]) >= 51865
+        except (OSError, ValueError, KeyError):
+            return True
+
+    def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
+        """TranscribeOptions checked against this model. Raises ValueError (unknown language, or a
+        non-English language / translate on an English-only model)."""
+        code = normalize_language(language, multilingual=self.multilingual)
+        if task == "translate" and not self.multilingual:
+            raise ValueError("this Whisper model is English-only; task 'translate' is not available")
+        return TranscribeOptions(language=code, task=task, **kwargs)  # type: ignore[arg-type]
 
     # ---- files -------------------------------------------------------------------------------
     def transcribe_stream(self, pcm: np.ndarray, options: TranscribeOptions) -> AsyncIterator[list[Segment] | Transcript]:

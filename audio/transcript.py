@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES"]
+__all__ = ["normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES"]
 
 Task = Literal["transcribe", "translate"]
 DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -89,3 +89,19 @@ class Transcript:
     @property
     def words(self) -> list[Word]:
         return [w for s in self.segments for w in s.words]
+
+
+def normalize_language(language: str | None, *, multilingual: bool = True) -> str | None:
+    """`English`/`EN`/`en` → `en`; None stays None (detect). Raises ValueError for an unknown language or,
+    on an English-only model, any language but English."""
+    if language is None or not language.strip():
+        return None
+    from mlx_whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
+
+    key = language.strip().lower()
+    code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
+    if code is None:
+        raise ValueError(f"unsupported language {language!r}; use an ISO-639-1 code such as 'en' or 'de'")
+    if not multilingual and code != "en":
+        raise ValueError(f"this Whisper model is English-only; language {language!r} is not available")
+    return code

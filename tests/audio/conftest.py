@@ -1,0 +1,46 @@
+"""Audio fixtures: a tiny random-init Whisper on disk and a running tasks-only driver loop."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import AsyncIterator
+
+import anyio
+import numpy as np
+import pytest
+
+from engine.context import EngineThread
+from engine.driver import drive_execution_group
+from engine.task_group import TasksOnlyGroup
+from engine.tasks import ExecutionTasks
+from tests.fixtures.tiny_whisper import build_tiny_whisper
+
+__all__ = ["tiny_whisper_dir", "running_tasks", "voiced", "SR"]
+
+SR = 16000
+
+
+@pytest.fixture(scope="session")
+def tiny_whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+
+
+@contextlib.asynccontextmanager
+async def running_tasks() -> AsyncIterator[ExecutionTasks]:
+    """ExecutionTasks driven by the real loop (engine thread + TasksOnlyGroup) until the block ends."""
+    group, thread = TasksOnlyGroup(), EngineThread("test-engine")
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drive_execution_group, group, anyio.Lock(), thread)
+        try:
+            yield group.tasks
+        finally:
+            group.close()
+    thread.close()
+
+
+def voiced(seconds: float, f0: float = 150.0) -> np.ndarray:
+    """An amplitude-modulated sawtooth: webrtcvad calls it speech; Whisper does not care."""
+    t = np.arange(int(seconds * SR)) / SR
+    saw = ((t * f0) % 1.0 - 0.5) * 0.5
+    return (saw * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)

@@ -1,0 +1,62 @@
+"""audio/formats.py: golden renderings of one transcript."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from audio.formats import render, timestamp
+from audio.transcript import Segment, Transcript, Word
+
+T = Transcript(
+    text=" Hello there. General Kenobi.", language="en", duration=3725.5, task="transcribe",
+    segments=[
+        Segment(0, 0, 0.0, 1.5, " Hello there.", [1, 2], words=[Word(" Hello", 0.0, 0.7, 0.9), Word(" there.", 0.7, 1.5, 0.8)]),
+        Segment(1, 0, 3661.25, 3662.004, " General Kenobi.", [3], words=[Word(" General", 3661.25, 3661.6, 0.7)]),
+        Segment(2, 0, 3663.0, 3663.0, "", []),
+    ],
+)
+
+
+def test_timestamp_formats() -> None:
+    assert timestamp(0) == "00:00:00.000"
+    assert timestamp(3661.2506, decimal=",") == "01:01:01,251"
+    with pytest.raises(ValueError):
+        timestamp(-1)
+
+
+def test_srt_golden() -> None:
+    assert render(T, "srt") == (
+        "1\n00:00:00,000 --> 00:00:01,500\nHello there.\n\n"
+        "2\n01:01:01,250 --> 01:01:02,004\nGeneral Kenobi.\n"
+    )
+
+
+def test_vtt_golden_and_well_formed() -> None:
+    vtt = render(T, "vtt")
+    assert vtt == ("WEBVTT\n\n00:00:00.000 --> 00:00:01.500\nHello there.\n\n"
+                   "01:01:01.250 --> 01:01:02.004\nGeneral Kenobi.\n")
+    cue = re.compile(r"^\d{2}:\d{2}:\d{2}\.\d{3} --> \d{2}:\d{2}:\d{2}\.\d{3}$")
+    assert all(cue.match(line) for line in vtt.splitlines() if "-->" in line)
+
+
+def test_text_and_json() -> None:
+    assert render(T, "text") == "Hello there. General Kenobi.\n"
+    assert render(T, "json") == {"text": " Hello there. General Kenobi."}
+
+
+def test_verbose_json_fields() -> None:
+    body = render(T, "verbose_json", words=True)
+    assert isinstance(body, dict)
+    assert {k: body[k] for k in ("task", "language", "duration")} == {"task": "transcribe", "language": "en", "duration": 3725.5}
+    seg = body["segments"][0]
+    assert set(seg) == {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
+                        "compression_ratio", "no_speech_prob"}
+    assert [w["word"] for w in body["words"]] == [" Hello", " there.", " General"]
+    assert "words" not in render(T, "verbose_json")
+
+
+def test_unknown_format() -> None:
+    with pytest.raises(ValueError):
+        render(T, "docx")

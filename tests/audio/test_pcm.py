@@ -1,0 +1,160 @@
+"""audio/pcm.py: raw PCM bodies, containers through PyAV, soxr resampling, and the bad inputs."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from audio.pcm import (
+    AudioInputError,
+    PcmFormat,
+    PcmStream,
+    decode_container,
+    decode_raw_pcm,
+    is_raw_pcm,
+    parse_pcm_content_type,
+    resample,
+)
+
+SR = 16000
+
+
+def sine(freq: float, seconds: float, rate: int) -> np.ndarray:
+    return (0.5 * np.sin(2 * np.pi * freq * np.arange(int(seconds * rate)) / rate)).astype(np.float32)
+
+
+def peak_hz(x: np.ndarray, rate: int = SR) -> float:
+    spectrum = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+    return float(np.fft.rfftfreq(len(x), 1 / rate)[np.argmax(spectrum)])
+
+
+def test_parse_content_type_defaults_and_params() -> None:
+    assert parse_pcm_content_type("audio/pcm") == PcmFormat(16000, "f32le", 1)
+    assert parse_pcm_content_type("audio/pcm;rate=48000;encoding=s16le") == PcmFormat(48000, "s16le", 1)
+    assert parse_pcm_content_type("audio/pcm; rate=8000; channels=2").channels == 2
+    assert parse_pcm_content_type("audio/L16;rate=22050").encoding == "s16le"
+    assert is_raw_pcm("audio/pcm;rate=16000") and not is_raw_pcm("audio/wav")
+
+
+@pytest.mark.parametrize("ct, code", [
+    ("audio/pcm;rate=7999", "unsupported_sample_rate"),
+    ("audio/pcm;rate=96000", "unsupported_sample_rate"),
+    ("audio/pcm;rate=abc", "invalid_content_type"),
+    ("audio/pcm;encoding=u8", "invalid_content_type"),
+])
+def test_parse_content_type_rejects(ct: str, code: str) -> None:
+    with pytest.raises(AudioInputError) as err:
+        parse_pcm_content_type(ct)
+    assert err.value.code == code
+
+
+def test_f32_and_s16_bodies_decode_to_the_same_signal() -> None:
+    x = sine(440, 0.5, SR)
+    f32 = decode_raw_pcm(x.astype("<f4").tobytes(), PcmFormat())
+    s16 = decode_raw_pcm((x * 32767).astype("<i2").tobytes(), PcmFormat(encoding="s16le"))
+    np.testing.assert_array_equal(f32, x)
+    np.testing.assert_allclose(s16, x, atol=1e-4)
+
+
+def test_stereo_is_downmixed() -> None:
+    x = sine(440, 0.1, SR)
+    stereo = np.stack([x, x], axis=1).reshape(-1)
+    np.testing.assert_allclose(decode_raw_pcm(stereo.astype("<f4").tobytes(), PcmFormat(channels=2)), x, atol=1e-7)
+
+
+@pytest.mark.parametrize("body, fmt, code", [
+    (b"", PcmFormat(), "empty_audio"),
+    (b"\x00" * 6, PcmFormat(), "invalid_pcm_length"),
+    (b"\x00" * 3, PcmFormat(encoding="s16le"), "invalid_pcm_length"),
+    (np.array([0.0, np.nan], "<f4").tobytes(), PcmFormat(), "invalid_samples"),
+    (np.array([np.inf, 0.0], "<f4").tobytes(), PcmFormat(), "invalid_samples"),
+])
+def test_bad_raw_bodies(body: bytes, fmt: PcmFormat, code: str) -> None:
+    with pytest.raises(AudioInputError) as err:
+        decode_raw_pcm(body, fmt)
+    assert err.value.code == code
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000])
+def test_resampling_keeps_a_sines_frequency_and_length(rate: int) -> None:
+    y = resample(sine(1000, 1.0, rate), rate)
+    assert abs(len(y) - SR) <= 2
+    assert abs(peak_hz(y) - 1000) < 3
+
+
+def test_resampling_removes_content_above_nyquist() -> None:
+    y = resample(sine(11000, 1.0, 48000), 48000)  # 11 kHz cannot exist at 16 kHz; decimation would alias to 5 kHz
+    assert np.sqrt(np.mean(y[1000:-1000] ** 2)) < 0.01
+
+
+def test_stream_chunks_match_one_shot_resampling() -> None:
+    x = sine(300, 2.0, 48000)
+    body = (x * 32767).astype("<i2").tobytes()
+    stream = PcmStream(PcmFormat(48000, "s16le"))
+    chunk = 48000 // 4 * 2  # 250 ms of s16
+    parts = [stream.push(body[i:i + chunk]) for i in range(0, len(body), chunk)] + [stream.flush()]
+    y = np.concatenate(parts)
+    whole = decode_raw_pcm(body, PcmFormat(48000, "s16le"))
+    assert abs(len(y) - len(whole)) <= 2
+    n = min(len(y), len(whole))
+    np.testing.assert_allclose(y[200:n - 200], whole[200:n - 200], atol=2e-3)
+
+
+def test_a_bad_chunk_leaves_the_stream_usable() -> None:
+    stream = PcmStream(PcmFormat(48000))
+    with pytest.raises(AudioInputError):
+        stream.push(b"\x00" * 5)
+    assert stream.push(sine(300, 0.25, 48000).tobytes()).dtype == np.float32
+
+
+def _encode(container: str, codec: str, rate: int, x: np.ndarray) -> bytes:
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        fmt = stream.codec_context.format.name if stream.codec_context.format else "s16"
+        frame_size = stream.codec_context.frame_size or 1024
+        pcm = {"s16": (x * 32767).astype(np.int16), "s32": (x * 2**31 * 0.99).astype(np.int32)}.get(
+            fmt[:3], x.astype(np.float32))
+        for i in range(0, len(pcm), frame_size):
+            piece = pcm[i:i + frame_size]
+            frame = av.AudioFrame.from_ndarray(piece.reshape(1, -1), format=fmt, layout="mono")
+            frame.sample_rate = rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("container, codec, rate", [
+    ("wav", "pcm_s16le", 16000), ("wav", "pcm_s16le", 44100), ("flac", "flac", 48000),
+    ("ogg", "libopus", 48000), ("mp3", "libmp3lame", 44100), ("ipod", "aac", 48000),
+    ("webm", "libopus", 48000),
+])
+def test_containers_decode_to_16k_mono(container: str, codec: str, rate: int) -> None:
+    import av
+
+    try:
+        data = _encode(container, codec, rate, sine(440, 1.0, rate))
+    except (av.error.FFmpegError, ValueError) as exc:
+        pytest.skip(f"this PyAV build cannot encode {codec}: {exc}")
+    y = decode_container(data)
+    assert y.dtype == np.float32 and y.ndim == 1
+    assert 0.9 * SR <= len(y) <= 1.2 * SR
+    assert abs(peak_hz(y[2000:14000]) - 440) < 5
+
+
+@pytest.mark.parametrize("data, code", [
+    (b"", "empty_audio"),
+    (b"this is not audio at all" * 20, "unsupported_or_corrupt_audio"),
+    (b"RIFF\x10\x00\x00\x00WAVEfmt " + b"\xff" * 30, "unsupported_or_corrupt_audio"),
+])
+def test_corrupt_or_empty_files_are_rejected(data: bytes, code: str) -> None:
+    with pytest.raises(AudioInputError) as err:
+        decode_container(data)
+    assert err.value.code in (code, "empty_audio", "no_audio_stream")
