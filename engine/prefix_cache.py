@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -19,10 +20,19 @@ from typing import Any, Iterator, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-__all__ = ["PrefixCache"]
+__all__ = ["PrefixCache", "default_prompt_cache_bytes"]
 
 # Layer types whose arrays hold positions [0, offset) on axis 2 and which we can re-slice freely.
 _COMPACTABLE = (KVCache, QuantizedKVCache)
+
+
+def default_prompt_cache_bytes() -> int:
+    """The budget when none is configured: an eighth of physical memory, at most 4 GiB. Never raises."""
+    try:
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        physical = 8 << 30
+    return int(min(4 << 30, physical // 8))
 
 
 class _Node:
