@@ -1,0 +1,83 @@
+"""GET /v1/models, /health, /stats (engine.stats() as JSON) and /metrics (the same numbers for Prometheus)."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any
+
+from litestar import Request, Response, get
+
+from service.app import AppState, get_state
+from service.schemas import Health, ModelList
+
+__all__ = ["ROUTES", "list_models", "health", "stats", "metrics", "stats_payload", "prometheus_text"]
+
+
+@get("/v1/models", summary="List the served models", tags=["models"])
+async def list_models(request: Request[Any, Any, Any]) -> ModelList:
+    """Chat model first, then any other served model (speech). Raises nothing."""
+    return ModelList(data=get_state(request).model_cards())
+
+
+@get("/health", summary="Liveness and readiness", tags=["admin"])
+async def health(request: Request[Any, Any, Any]) -> Response[Health]:
+    """200 when ready, 503 while starting or stopping. Raises nothing."""
+    state = get_state(request)
+    body = Health(status="ok" if state.ready else "loading", model=state.chat_model_name)
+    return Response(body, status_code=200 if state.ready else 503)
+
+
+def stats_payload(state: AppState) -> dict[str, Any]:
+    """The /stats document: server facts plus engine.stats(). Raises nothing."""
+    payload: dict[str, Any] = {
+        "model": state.chat_model_name,
+        "uptime_s": round(time.time() - state.started_at, 3),
+        "ready": state.ready,
+    }
+    engine = state.engine
+    if engine is not None:
+        try:
+            payload.update(engine.stats())
+        except Exception as exc:  # stats are diagnostics: never fail the request over them
+            payload["stats_error"] = str(exc)
+    return payload
+
+
+@get("/stats", summary="Scheduler statistics", description="Active/queued rows, tokens/s, plan reasons, KV bytes.", tags=["admin"])
+async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """engine.stats() plus uptime. Raises nothing."""
+    return stats_payload(get_state(request))
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
+    if isinstance(value, bool):
+        out[prefix] = float(value)
+    elif isinstance(value, (int, float)) and math.isfinite(value):
+        out[prefix] = float(value)
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(f"{prefix}_{key}", inner, out)
+
+
+def prometheus_text(payload: dict[str, Any]) -> str:
+    """Numeric leaves of the stats document as Prometheus gauges named tandem_<path>. Raises nothing."""
+    values: dict[str, float] = {}
+    for key, value in payload.items():
+        _flatten(key, value, values)
+    lines = []
+    for key, value in sorted(values.items()):
+        name = "tandem_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
+        lines.append(f"# TYPE {name} gauge")
+        lines.append(f"{name} {value:g}")
+    return "\n".join(lines) + "\n"
+
+
+@get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4", tags=["admin"])
+async def metrics(request: Request[Any, Any, Any]) -> str:
+    """The /stats numbers in Prometheus text format. Raises nothing."""
+    return prometheus_text(stats_payload(get_state(request)))
+
+
+ROUTES = [list_models, health, stats, metrics]

@@ -1,0 +1,44 @@
+"""`tandem serve`: granian (ASGI interface, one worker) around the app factory `service.app:app_from_env`.
+
+The worker is a spawned process that builds the app from TANDEM_SERVE_CONFIG and loads the model in the
+app's lifespan, so the parent never initialises MLX (no fork after MLX or BLAS threads exist).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+from service.config import CONFIG_ENV, ServiceConfig
+
+__all__ = ["serve", "APP_FACTORY"]
+
+APP_FACTORY = "service.app:app_from_env"
+
+
+def serve(config: ServiceConfig, *, log_level: str = "info") -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code. Raises OSError when the port is taken
+    (granian reports it) and granian's ConfigurationError for invalid settings."""
+    from granian import Granian
+    from granian.constants import Interfaces
+    from granian.log import LogLevels
+
+    os.environ[CONFIG_ENV] = config.to_json()
+    # A fresh interpreter for the worker: MLX and BLAS thread pools must not be inherited through fork.
+    multiprocessing.set_start_method("spawn", force=True)
+    print(f"tandem: serving on http://{config.host}:{config.port}/v1 (granian, ASGI, 1 worker)", file=sys.stderr, flush=True)
+    server = Granian(
+        APP_FACTORY,
+        address=config.host,
+        port=config.port,
+        interface=Interfaces.ASGI,
+        workers=1,
+        factory=True,
+        log_level=LogLevels(log_level),
+        log_access=False,
+        # Long SSE streams and slow model loads must not be cut by worker restarts.
+        respawn_failed_workers=False,
+    )
+    server.serve()
+    return 0

@@ -1,0 +1,124 @@
+"""A scripted stand-in for engine.runtime.Engine: same surface, no MLX; replies are fixed text pieces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+import anyio
+
+from engine.contracts import Delta, GenerationRequest
+
+__all__ = ["FakeTokenizer", "FakeEngine", "FakeStream"]
+
+
+class FakeTokenizer:
+    """One token per character (ord), a ChatML-ish template; enough for prompt lengths and usage."""
+
+    has_chat_template = True
+    eos_token_ids = {0}
+
+    def __init__(self, vocab: int = 0x3000) -> None:
+        self.vocab = vocab
+        self.template_calls: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return self.vocab
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return [min(ord(c), self.vocab - 1) for c in text]
+
+    def decode(self, tokens: list[int]) -> str:
+        return "".join(chr(t) for t in tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, **kwargs: Any) -> list[int]:
+        self.template_calls.append({"messages": messages, "tools": tools, **kwargs})
+        if kwargs.get("fail"):
+            raise ValueError("template says no")
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        return self.encode(text)
+
+
+@dataclass
+class FakeStream:
+    """A row's delta stream: the scripted pieces, one delta each, then finish; `aclose` frees the row."""
+
+    engine: "FakeEngine"
+    request: GenerationRequest
+    pieces: list[str]
+    closed: bool = False
+    gate: anyio.Event | None = None
+    _sent: int = field(default=0)
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self._deltas()
+
+    async def _deltas(self) -> AsyncIterator[Delta]:
+        prompt = len(self.request.prompt_tokens)
+        budget = self.request.max_tokens
+        for i, piece in enumerate(self.pieces):
+            if self.closed:
+                return
+            if i == 1 and self.gate is not None:
+                await self.gate.wait()  # a stream that stalls after its first token until released
+            await anyio.sleep(0)
+            self._sent += 1
+            last = self._sent >= budget or i == len(self.pieces) - 1
+            finish = ("length" if self._sent >= budget and i < len(self.pieces) - 1 else "stop") if last else None
+            yield Delta(
+                text=piece,
+                token_ids=[i + 1],
+                finish_reason=finish,  # type: ignore[arg-type]
+                prompt_tokens=prompt,
+                completion_tokens=self._sent,
+                cached_tokens=self.engine.cached_tokens,
+                error=self.engine.fail_with if i == 1 else None,
+            )
+            if last:
+                self.engine.active.discard(id(self))
+                return
+
+    async def aclose(self) -> None:
+        self.closed = True
+        self.engine.active.discard(id(self))
+        self.engine.closed_streams += 1
+
+
+class FakeEngine:
+    """Engine surface used by the service: submit, serve, close, stats, tokenizer, model_name."""
+
+    def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256) -> None:
+        self.model_name = "fake-model"
+        self.context_length = context_length
+        self.plan = None
+        self.tokenizer = FakeTokenizer()
+        self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
+        self.requests: list[GenerationRequest] = []
+        self.active: set[int] = set()
+        self.closed_streams = 0
+        self.cached_tokens = 0
+        self.fail_with: str | None = None
+        self.gate: anyio.Event | None = None
+        self.serving = False
+        self._closed: anyio.Event | None = None
+
+    async def serve(self) -> None:
+        self._closed = anyio.Event()
+        self.serving = True
+        await self._closed.wait()
+        self.serving = False
+
+    def close(self) -> None:
+        if self._closed is not None:
+            self._closed.set()
+
+    def submit(self, request: GenerationRequest) -> FakeStream:
+        if len(request.prompt_tokens) >= self.context_length:
+            raise ValueError(f"prompt of {len(request.prompt_tokens)} tokens does not fit the context")
+        self.requests.append(request)
+        stream = FakeStream(self, request, list(self.pieces), gate=self.gate)
+        self.active.add(id(stream))
+        return stream
+
+    def stats(self) -> dict[str, Any]:
+        return {"active_rows": len(self.active), "queued_rows": 0, "plan": {"reasons": ["fake"]}}
