@@ -88,6 +88,10 @@ class LLMRowStream:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
 
+    def receive_nowait(self) -> Delta:
+        """The next delta if one is ready. Raises anyio.WouldBlock when none is, anyio.EndOfStream at the end."""
+        return self._receive.receive_nowait()
+
     async def aclose(self) -> None:
         """Cancel the row (if still running) and release the stream. Raises nothing."""
         self.cancel()

@@ -1,0 +1,312 @@
+"""LLMBatchGroup: parity with mlx-lm's own greedy generation under continuous batching, chunked prefill,
+the token budget, admission, cancellation, the prefix-cache seam and failure isolation."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import anyio
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from engine.batch import LLMBatchGroup
+from engine.contracts import Delta, GenerationRequest, SamplingParams
+from engine.driver import iteration_budget
+from engine.plan import SEPARATE_PASSES, ExecutionPlan
+
+pytestmark = pytest.mark.anyio
+GREEDY = SamplingParams(temperature=0.0)
+
+
+class InlineContext:
+    """Runs each step inline, so the test decides exactly what happens in which iteration."""
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
+class RecordingRunner:
+    """Wraps the group's runner and records each iteration's segments as (tokens, wants_logits)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.iterations: list[list[tuple[int, bool]]] = []
+
+    def forward(self, segments):
+        self.iterations.append([(len(s.tokens), s.logits) for s in segments])
+        return self.inner.forward(segments)
+
+
+def make_group(loaded, **kw) -> LLMBatchGroup:
+    group = LLMBatchGroup(loaded.model, loaded.tokenizer, InlineContext(), context_length=loaded.context_length, **kw)
+    group.runner = RecordingRunner(group.runner)
+    return group
+
+
+async def iterate(group: LLMBatchGroup) -> None:
+    """One driver iteration (engine/driver.py's loop body, minus tasks)."""
+    group.prune()
+    group.admit()
+    if group.has_decoding() and group.has_preparing() and group.supports_mixed():
+        await group.advance_mixed(iteration_budget(group))
+    elif group.has_preparing():
+        await group.advance_preparation()
+    elif group.has_decoding():
+        await group.advance()
+
+
+def drain(stream) -> list[Delta]:
+    out = []
+    while True:
+        try:
+            out.append(stream.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return out
+
+
+def tokens_of(deltas: list[Delta]) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+def reference(model, prompt: list[int], n: int) -> list[int]:
+    return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
+
+
+def prompt_of(length: int, salt: int) -> list[int]:
+    return [3 + (salt * 31 + i * 17) % 390 for i in range(length)]
+
+
+def assert_matches_reference(loaded, prompt, got: list[int], n: int) -> None:
+    ref = reference(loaded.model, prompt, n)
+    eos = loaded.tokenizer.eos_token_ids
+    assert got == ref[: len(got)]
+    assert len(got) == n or got[-1] in eos
+
+
+async def run_rows(group, requests, join_at, max_iterations=500):
+    """Submit request i at iteration join_at[i]; iterate until all finish. Returns deltas per request."""
+    streams: dict[int, Any] = {}
+    deltas: dict[int, list[Delta]] = {i: [] for i in range(len(requests))}
+    for it in range(max_iterations):
+        for i, at in enumerate(join_at):
+            if at == it:
+                streams[i] = group.submit(requests[i])
+        await iterate(group)
+        for i, s in streams.items():
+            deltas[i] += drain(s)
+        if len(streams) == len(requests) and all(d and d[-1].finish_reason for d in deltas.values()):
+            return deltas
+    raise AssertionError("rows did not finish")
+
+
+async def test_greedy_alone_matches_mlx_lm(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    prompt = tiny_loaded.tokenizer.encode("Hello world! This is")
+    deltas = (await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=24)], [0]))[0]
+    assert_matches_reference(tiny_loaded, prompt, tokens_of(deltas), 24)
+    assert [d.finish_reason for d in deltas].count(None) == len(deltas) - 1
+    assert group.active_rows() == 0 and group.kv_bytes() == 0
+
+
+async def test_four_rows_joining_at_different_iterations_match_mlx_lm(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    prompts = [prompt_of(n, i) for i, n in enumerate((3, 11, 25, 40))]
+    reqs = [GenerationRequest(p, GREEDY, max_tokens=16) for p in prompts]
+    deltas = await run_rows(group, reqs, [0, 2, 5, 9])
+    for p, d in zip(prompts, deltas.values()):
+        assert_matches_reference(tiny_loaded, p, tokens_of(d), 16)
+    mixed = [it for it in group.runner.iterations if any(w and n == 1 for n, w in it) and any(n > 1 for n, _ in it)]
+    assert mixed, "a joining prompt must share an iteration with decoding rows"
+
+
+async def test_prefill_split_into_budgeted_chunks_matches_mlx_lm(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, max_iteration_tokens=8, minimum_preparation_tokens=4)
+    prompt = prompt_of(45, 7)
+    deltas = (await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=10)], [0]))[0]
+    chunks = [it[0][0] for it in group.runner.iterations[:6]]
+    assert chunks == [8, 8, 8, 8, 8, 5]  # a prompt larger than the budget runs in chunks, never rejected
+    assert_matches_reference(tiny_loaded, prompt, tokens_of(deltas), 10)
+
+
+async def test_packed_and_separate_passes_agree(tiny_loaded) -> None:
+    prompts = [prompt_of(n, i) for i, n in enumerate((5, 19, 2))]
+    reqs = lambda: [GenerationRequest(p, GREEDY, max_tokens=12) for p in prompts]  # noqa: E731
+    packed = make_group(tiny_loaded, max_iteration_tokens=6)
+    separate = make_group(tiny_loaded, max_iteration_tokens=6,
+                          plan=ExecutionPlan(SEPARATE_PASSES, "mlx-cpu", (), ["forced for the test"]))
+    assert packed.supports_mixed() and not separate.supports_mixed()
+    a = await run_rows(packed, reqs(), [0, 1, 3])
+    b = await run_rows(separate, reqs(), [0, 1, 3])
+    assert [tokens_of(d) for d in a.values()] == [tokens_of(d) for d in b.values()]
+
+
+async def test_budget_below_one_token_per_row_still_makes_progress(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, max_iteration_tokens=2, minimum_preparation_tokens=3)
+    prompts = [prompt_of(4, i) for i in range(4)] + [prompt_of(20, 9)]
+    reqs = [GenerationRequest(p, GREEDY, max_tokens=12) for p in prompts]
+    deltas = await run_rows(group, reqs, [0, 0, 0, 0, 6])
+    for p, d in zip(prompts, deltas.values()):
+        assert_matches_reference(tiny_loaded, p, tokens_of(d), 12)
+    # With 4 rows decoding, every one of them decodes and the late prompt still gets 3 tokens per iteration.
+    mixed = [it for it in group.runner.iterations if len(it) == 5]
+    assert mixed and all(sorted(n for n, _ in it)[:4] == [1, 1, 1, 1] and max(n for n, _ in it) == 3
+                         for it in mixed[:5])
+
+
+async def test_cancelled_row_is_freed_within_one_iteration_and_others_continue(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    prompts = [prompt_of(n, i) for i, n in enumerate((6, 9, 12))]
+    streams = [group.submit(GenerationRequest(p, GREEDY, max_tokens=20)) for p in prompts]
+    deltas: list[list[Delta]] = [[], [], []]
+    for _ in range(5):
+        await iterate(group)
+        for i, s in enumerate(streams):
+            deltas[i] += drain(s)
+    kv_before = group.kv_bytes()
+    victim = group._active[1]
+    await streams[1].aclose()
+    await iterate(group)
+    assert victim not in group._active and victim.cache is None
+    assert group.active_rows() == 2 and group.kv_bytes() < kv_before
+    assert group.counters["cancelled_rows"] == 1
+    for _ in range(40):
+        await iterate(group)
+        for i in (0, 2):
+            deltas[i] += drain(streams[i])
+    for i in (0, 2):
+        assert deltas[i][-1].finish_reason is not None
+        assert_matches_reference(tiny_loaded, prompts[i], tokens_of(deltas[i]), 20)
+    assert group.active_rows() == 0
+
+
+async def test_deltas_carry_usage_and_exactly_one_finish(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    prompt = prompt_of(7, 1)
+    deltas = (await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=9)], [0]))[0]
+    last = deltas[-1]
+    assert [d.finish_reason is not None for d in deltas].count(True) == 1
+    assert (last.prompt_tokens, last.completion_tokens, last.cached_tokens) == (7, len(tokens_of(deltas)), 0)
+    assert last.finish_reason in ("length", "stop")
+    completions = [d.completion_tokens for d in deltas]
+    assert completions == sorted(completions)
+
+
+async def test_stop_string_ends_the_row_and_is_not_emitted(tiny_loaded) -> None:
+    prompt = tiny_loaded.tokenizer.encode("The quick brown fox")
+    free = (await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, GREEDY, max_tokens=24)], [0]))[0]
+    full = "".join(d.text for d in free)
+    stop = next(full[i : i + 3] for i in range(4, len(full)) if full[i : i + 3].isalpha())
+    group = make_group(tiny_loaded)
+    deltas = (await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=24, stop=[stop])], [0]))[0]
+    assert deltas[-1].finish_reason == "stop"
+    assert "".join(d.text for d in deltas) == full[: full.index(stop)]
+    assert tokens_of(deltas) == tokens_of(free)[: len(tokens_of(deltas))]
+
+
+async def test_seeded_row_is_reproducible_regardless_of_batch_mates(tiny_loaded) -> None:
+    seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
+    prompt = prompt_of(8, 3)
+    alone = await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, seeded, max_tokens=16)], [0])
+    mates = [GenerationRequest(prompt_of(n, n), SamplingParams(temperature=1.0), max_tokens=16) for n in (3, 14)]
+    crowd = await run_rows(make_group(tiny_loaded), [mates[0], GenerationRequest(prompt, seeded, max_tokens=16),
+                                                     mates[1]], [0, 1, 2])
+    assert tokens_of(alone[0]) == tokens_of(crowd[1])
+    other_seed = SamplingParams(temperature=1.0, top_p=0.95, seed=99)
+    other = await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, other_seed, max_tokens=16)], [0])
+    assert tokens_of(other[0]) != tokens_of(alone[0])
+
+
+async def test_max_active_limits_admission(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, max_active=2)
+    streams = [group.submit(GenerationRequest(prompt_of(4, i), GREEDY, max_tokens=3 + i)) for i in range(3)]
+    await iterate(group)
+    assert (group.active_rows(), group.queued_rows()) == (2, 1)
+    for _ in range(20):
+        await iterate(group)
+    assert all(drain(s)[-1].finish_reason for s in streams)
+
+
+def test_submit_rejects_what_cannot_run(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    with pytest.raises(ValueError, match="exceeds the context"):
+        group.submit(GenerationRequest(prompt_of(2000, 1), GREEDY, max_tokens=100))
+    with pytest.raises(ValueError, match="empty"):
+        group.submit(GenerationRequest([], GREEDY))
+    with pytest.raises(ValueError, match="max_tokens"):
+        group.submit(GenerationRequest([1, 2], GREEDY, max_tokens=0))
+    with pytest.raises(ValueError, match="top_p"):
+        group.submit(GenerationRequest([1, 2], SamplingParams(top_p=0)))
+    assert group.queued_rows() == 0
+
+
+async def test_a_failing_step_fails_its_rows_not_the_group(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    real = group.runner
+
+    class Boom:
+        def forward(self, segments):
+            raise RuntimeError("kaboom")
+
+    group.runner = Boom()
+    stream = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=4))
+    await iterate(group)
+    (delta,) = drain(stream)
+    assert delta.finish_reason == "error" and "kaboom" in (delta.error or "")
+    group.runner = real
+    deltas = (await run_rows(group, [GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=4)], [0]))[0]
+    assert deltas[-1].finish_reason in ("length", "stop")
+
+
+class FakePrefixCache:
+    """Stores the KV handed over at row end; `take` returns it when its tokens prefix the new prompt."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[tuple[int, ...], list]] = []
+        self.takes: list[tuple[str, int, str | None]] = []
+        self.reclaims = 0
+
+    def take(self, namespace, tokens, session_id=None):
+        self.takes.append((namespace, len(tokens), session_id))
+        for stored, kv in self.entries:
+            if len(stored) < len(tokens) and tuple(tokens[: len(stored)]) == stored:
+                self.entries.remove((stored, kv))
+                return len(stored), kv
+        return 0, None
+
+    def put(self, namespace, tokens, kv, session_id=None, *, system_prefix=False):
+        assert all(c.offset == len(tokens) for c in kv), "put tokens must match the KV they describe"
+        self.entries.append((tuple(tokens), kv))
+
+    def reclaim(self):
+        self.reclaims += 1
+
+
+async def test_prefix_cache_seam_reuses_kv_and_changes_nothing(tiny_loaded) -> None:
+    cache = FakePrefixCache()
+    group = make_group(tiny_loaded, prefix_cache=cache)
+    first = prompt_of(12, 2)
+    d1 = (await run_rows(group, [GenerationRequest(first, GREEDY, max_tokens=6, namespace="m", session_id="s")],
+                         [0]))[0]
+    gen = tokens_of(d1)
+    assert len(cache.entries) == 1 and cache.entries[0][0] == tuple(first + gen[:-1])
+    second = first + gen + prompt_of(5, 8)
+    d2 = (await run_rows(group, [GenerationRequest(second, GREEDY, max_tokens=8, namespace="m", session_id="s")],
+                         [0]))[0]
+    assert d2[-1].cached_tokens == len(first) + len(gen) - 1
+    assert cache.takes[0] == ("m", 12, "s") and cache.reclaims > 0
+    cold = (await run_rows(make_group(tiny_loaded), [GenerationRequest(second, GREEDY, max_tokens=8)], [0]))[0]
+    assert tokens_of(d2) == tokens_of(cold)
+
+
+async def test_cancelled_row_hands_its_kv_to_the_prefix_cache_next_step(tiny_loaded) -> None:
+    cache = FakePrefixCache()
+    group = make_group(tiny_loaded, prefix_cache=cache)
+    victim = group.submit(GenerationRequest(prompt_of(9, 4), GREEDY, max_tokens=30))
+    other = group.submit(GenerationRequest(prompt_of(3, 5), GREEDY, max_tokens=30))
+    for _ in range(3):
+        await iterate(group)
+    await victim.aclose()
+    await iterate(group)
+    assert len(cache.entries) == 1 and len(cache.entries[0][0]) == 9 + 2  # prompt + fed generated tokens
+    assert drain(other)

@@ -1,0 +1,150 @@
+"""Engine facade: serve + submit on the real engine thread, cancellation by scope, stats, tasks, close."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+
+from engine.contracts import GenerationRequest, SamplingParams
+from engine.runtime import Engine, generate_stream
+from engine.tasks import TaskRejected
+
+pytestmark = pytest.mark.anyio
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def prompt_of(length: int, salt: int) -> list[int]:
+    return [3 + (salt * 31 + i * 17) % 390 for i in range(length)]
+
+
+def reference(model, prompt, n):
+    return [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=n)]
+
+
+async def test_concurrent_streams_match_mlx_lm_on_the_engine_thread(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, max_active=4, max_iteration_tokens=16)
+    prompts = [prompt_of(n, i) for i, n in enumerate((4, 30, 9, 17))]
+    results: dict[int, list[int]] = {}
+    threads: set[str] = set()
+    original = engine.group._step
+
+    def spy(*args):
+        threads.add(threading.current_thread().name)
+        return original(*args)
+
+    engine.group._step = spy  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+
+        async def consume(i: int) -> None:
+            toks: list[int] = []
+            async with engine.submit(GenerationRequest(prompts[i], GREEDY, max_tokens=14)) as stream:
+                async for delta in stream:
+                    toks += delta.token_ids
+            results[i] = toks
+
+        async with anyio.create_task_group() as clients:
+            for i in range(4):
+                clients.start_soon(consume, i)
+        engine.close()
+    assert threads == {"tandem-engine"}
+    for i, p in enumerate(prompts):
+        ref = reference(tiny_loaded.model, p, 14)
+        assert results[i] == ref[: len(results[i])] and results[i]
+
+
+async def test_leaving_the_cancel_scope_frees_the_row_within_one_iteration(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        survivor = engine.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=60))
+        with anyio.CancelScope() as scope:
+            async with engine.submit(GenerationRequest(prompt_of(6, 2), GREEDY, max_tokens=60)) as doomed:
+                async for _ in doomed:
+                    scope.cancel()  # the client goes away mid-stream
+        # Past what is buffered, two fresh survivor deltas = a whole iteration (and its prune) since the cancel.
+        while True:
+            try:
+                survivor.receive_nowait()
+            except anyio.WouldBlock:
+                break
+        await survivor.__anext__()
+        await survivor.__anext__()
+        stats = engine.stats()
+        assert stats["active_rows"] == 1 and stats["cancelled_rows"] == 1
+        await survivor.aclose()
+        engine.close()
+
+
+async def test_stats_report_rows_tokens_and_plan(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with engine.submit(GenerationRequest(prompt_of(10, 3), GREEDY, max_tokens=5)) as stream:
+            async for _ in stream:
+                pass
+        stats = engine.stats()
+        engine.close()
+    assert stats["prompt_tokens"] == 10 and stats["generation_tokens"] >= 1
+    assert stats["iterations"] >= 2 and stats["generation_tokens_per_second"] > 0
+    assert stats["plan"]["method"] == "packed-mixed" and stats["plan"]["reasons"]
+    assert stats["active_rows"] == 0 and stats["queued_rows"] == 0 and stats["kv_bytes"] == 0
+    assert stats["model"] == tiny_loaded.name and stats["context_length"] == 2048
+
+
+async def test_tasks_run_on_the_engine_thread_between_iterations(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        name = await engine.tasks.run(lambda: threading.current_thread().name, label="probe")
+        engine.close()
+    assert name == "tandem-engine"
+    assert engine.stats()["tasks"]["completed"] == 1
+
+
+async def test_speech_only_engine_runs_tasks_and_refuses_chat() -> None:
+    engine = Engine(None)
+    assert engine.tokenizer is None and engine.plan is None and engine.model_name is None
+    with pytest.raises(RuntimeError, match="no chat model"):
+        engine.submit(GenerationRequest([1, 2]))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        assert await engine.tasks.run(lambda: 6 * 7) == 42
+        engine.close()
+    assert engine.stats()["active_rows"] == 0
+
+
+async def test_close_ends_rows_and_rejects_queued_tasks(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded)
+    stream = engine.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=50))
+    handle = engine.tasks.enqueue(lambda: None, label="never")
+    engine.close()
+    deltas = [d async for d in stream]
+    assert deltas[-1].finish_reason == "cancelled"
+    with pytest.raises(TaskRejected):
+        await handle
+    with pytest.raises(RuntimeError):
+        engine.submit(GenerationRequest([1, 2]))
+
+
+def test_submit_raises_when_the_context_cannot_fit(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded)
+    try:
+        with pytest.raises(ValueError, match="exceeds the context"):
+            engine.submit(GenerationRequest(prompt_of(2040, 1), GREEDY, max_tokens=20))
+    finally:
+        engine.close()
+
+
+def test_generate_stream_runs_one_generation_without_a_server(tiny_loaded) -> None:
+    prompt = prompt_of(8, 4)
+    seen = []
+    result = anyio.run(generate_stream, Engine(tiny_loaded), GenerationRequest(prompt, GREEDY, max_tokens=12),
+                       seen.append)
+    assert result.token_ids == reference(tiny_loaded.model, prompt, 12)[: len(result.token_ids)]
+    assert result.finish_reason in ("length", "stop") and result.completion_tokens == len(result.token_ids)
+    assert "".join(d.text for d in seen) == result.text
