@@ -84,13 +84,13 @@ def get_state(request: Request[Any, Any, Any]) -> AppState:
 
 def route_handlers() -> list[Any]:
     """Every route of the API. Later routes add one import and one entry here."""
-    from service import admin, audio_routes, chat
+    from service import admin, audio_routes, chat, pi
 
     return [
         *chat.ROUTES,
         *admin.ROUTES,
         *audio_routes.ROUTES,
-        # *pi.ROUTES,            (service/pi.py)
+        *pi.ROUTES,
     ]
 
 
@@ -109,7 +109,11 @@ async def open_engine(config: ServiceConfig) -> Any:
         loaded = await loader.run(load_model, config.model)
     finally:
         loader.close()
-    return Engine(loaded, max_active=config.max_active, max_iteration_tokens=config.max_iteration_tokens)
+    from engine.prefix_cache import PrefixCache, default_prompt_cache_bytes
+
+    budget = default_prompt_cache_bytes() if config.prompt_cache_bytes is None else config.prompt_cache_bytes
+    return Engine(loaded, max_active=config.max_active, max_iteration_tokens=config.max_iteration_tokens,
+                  prefix_cache=PrefixCache(budget))
 
 
 def _lifespan(state: AppState) -> Callable[[Litestar], AsyncContextManager[None]]:

@@ -38,7 +38,7 @@ from service.schemas import (
 from service.sse import DONE, ClientDisconnected, EventSource, SSEStream, run_while_connected, sse_data
 from service.completions import ERROR_RESPONSES, completions
 
-__all__ = ["ROUTES", "chat_completions", "template_messages", "render_chat_prompt"]
+__all__ = ["ROUTES", "chat_completions", "template_messages", "render_chat_prompt", "system_prefix_end"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -113,6 +113,37 @@ async def render_chat_prompt(state: AppState, engine: Any, body: ChatCompletionR
         return await anyio.to_thread.run_sync(_render, engine.tokenizer, messages, tools, kwargs, limiter=state.tokenize_limiter)
     except Exception as exc:  # jinja TemplateError, a template's raise_exception, a bad kwarg
         raise APIError(400, f"The chat template rejected these messages: {exc}", param="messages", code="invalid_messages") from exc
+
+
+def _system_end(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, kwargs: dict[str, Any], prompt: list[int]) -> tuple[int, ...]:
+    n = 0
+    while n < len(messages) and messages[n]["role"] == "system":
+        n += 1
+    if n == 0 or n == len(messages) or not getattr(tokenizer, "has_chat_template", True):
+        return ()
+    # The system block as the template renders it before any user turn: its common prefix with the
+    # prompt is what every conversation with this system prompt (and tools) shares.
+    probe = _render(tokenizer, messages[:n] + [{"role": "user", "content": ""}], tools, kwargs)
+    end = 0
+    for a, b in zip(probe, prompt):
+        if a != b:
+            break
+        end += 1
+    return (end,) if 0 < end < len(prompt) else ()
+
+
+async def system_prefix_end(state: AppState, engine: Any, body: ChatCompletionRequest, prompt: list[int]) -> tuple[int, ...]:
+    """Token offset where the system prompt (and tool definitions) end: a prefix-cache segment boundary.
+
+    Empty when there is no system message or the template cannot render one alone. Raises nothing."""
+    messages = template_messages(body.messages)
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+    try:
+        return await anyio.to_thread.run_sync(
+            _system_end, engine.tokenizer, messages, tools, _template_kwargs(body), prompt, limiter=state.tokenize_limiter
+        )
+    except Exception:  # a template that insists on a full conversation: no boundary, no harm
+        return ()
 
 
 def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -> str | None:
@@ -201,8 +232,11 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     engine = chat_engine(state, data.model)
     prompt = await render_chat_prompt(state, engine, data)
     max_tokens = data.max_completion_tokens or data.max_tokens
-    generation = generation_request(engine, data, prompt, max_tokens, param="messages", session_id=_session_hint(request, data))
-    translator = ChatTranslator.for_request(engine.tokenizer, prompt, data.tools)
+    boundaries = await system_prefix_end(state, engine, data, prompt)
+    generation = generation_request(engine, data, prompt, max_tokens, param="messages",
+                                    session_id=_session_hint(request, data), segment_boundaries=boundaries)
+    tools = [tool.model_dump(exclude_none=True) for tool in data.tools] if data.tools else None
+    translator = ChatTranslator.for_request(engine.tokenizer, prompt, tools)
     meta = ResponseMeta(model=state.chat_model_name or "")
     counter = UsageCounter(prompt_tokens=len(prompt))
     stream = submit(engine, generation, param="messages")

@@ -33,6 +33,8 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once (default 16)")
     p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per iteration (default 512)")
     p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models")
+    p.add_argument("--prompt-cache-bytes", type=int, default=None,
+                   help="prefix-cache byte budget (0 disables; default: 1/8 of RAM, at most 4 GiB)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_serve)
 
@@ -43,6 +45,8 @@ def serve_config(args: argparse.Namespace) -> Any:
 
     if args.max_active < 1 or args.max_iteration_tokens < 1:
         raise CLIError("--max-active and --max-iteration-tokens must be >= 1")
+    if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:
+        raise CLIError("--prompt-cache-bytes must be >= 0")
     if not 0 < args.port < 65536:
         raise CLIError(f"--port must be in 1..65535, got {args.port}")
     return ServiceConfig(
@@ -52,6 +56,7 @@ def serve_config(args: argparse.Namespace) -> Any:
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
+        prompt_cache_bytes=args.prompt_cache_bytes,
     )
 
 
@@ -203,9 +208,15 @@ def _openapi(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- wiring
 
+def _add_pi(sub: Any) -> None:
+    from service.pi import add_pi_parser
+
+    add_pi_parser(sub)
+
+
 # Adders of top-level subcommands. Others plug in here with one line each:
 # transcribe / dictate (audio), pi (service/pi.py), benchmark (bench).
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_generate, _add_models, _add_openapi]
+SUBCOMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_generate, _add_models, _add_openapi, _add_pi]
 # Adders under `tandem models` (e.g. `models import` for CTranslate2 Whisper checkpoints).
 MODELS_SUBCOMMANDS: list[Callable[[Any], None]] = []
 
@@ -221,6 +232,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tandem` console script; returns the exit code. Raises SystemExit on --help."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pi"]:  # pi's own options (-p, --model...) pass through unparsed
+        from service.pi import pi_command
+
+        return pi_command(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
