@@ -43,8 +43,11 @@ class GGUFError(ValueError):
     """The GGUF file describes something this importer cannot load (architecture, tensor, tokenizer)."""
 
 
-def convert_gguf(path: str | os.PathLike[str], cache_root: Path | None = None) -> Path:
+def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cache_root: Path | None = None) -> Path:
     """Return a cached HF-layout directory for the GGUF at `path`, converting it on first use.
+
+    With `dequantize`, quantized tensors are written as float32 (a separate cache entry): the CPU backend
+    runs float32 through BLAS, and dequantizing once on disk beats doing it at every start.
 
     Raises FileNotFoundError when `path` does not exist, GGUFError when the file is not a supported
     llama-family GGUF, OSError when the cache cannot be written.
@@ -53,13 +56,13 @@ def convert_gguf(path: str | os.PathLike[str], cache_root: Path | None = None) -
     stat = source.stat()
     key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{_FORMAT_VERSION}".encode()).hexdigest()
     root = (cache_root or user_cache_dir()) / "gguf"
-    target = root / f"{source.stem}-{key[:16]}"
+    target = root / f"{source.stem}-{key[:16]}{'-f32' if dequantize else ''}"
     if (target / "config.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root, prefix=".convert-"))
     try:
-        _write_model_dir(source, staging)
+        _write_model_dir(source, staging, dequantize)
         try:
             staging.rename(target)
         except OSError:
@@ -71,13 +74,15 @@ def convert_gguf(path: str | os.PathLike[str], cache_root: Path | None = None) -
     return target
 
 
-def _write_model_dir(source: Path, out: Path) -> None:
+def _write_model_dir(source: Path, out: Path, dequantize: bool) -> None:
     import mlx.core as mx
 
     tensors, metadata = read_gguf(source)
     config = gguf_config(metadata, tensors)
     weights = gguf_weights(tensors)
-    if any(name.endswith(".scales") for name in weights):
+    if dequantize:
+        weights = _dequantized(weights)
+    elif any(name.endswith(".scales") for name in weights):
         # Per-layer bits (e.g. Q8_0 embeddings beside Q4_1 layers) are inferred by mlx-lm from the shapes.
         config["quantization"] = {"group_size": 32, "bits": _common_bits(weights)}
     (out / "config.json").write_text(json.dumps(config, indent=2))
@@ -192,6 +197,26 @@ def gguf_weights(tensors: dict[str, Any]) -> dict[str, Any]:
         prefix = f"model.layers.{layer}.{table[base]}" if layer is not None else table[base]
         renamed[f"{prefix}.{suffix}"] = value
     return renamed
+
+
+def _dequantized(weights: dict[str, Any]) -> dict[str, Any]:
+    """Quantized triples replaced by float32 weights; other floating tensors cast to float32."""
+    import mlx.core as mx
+
+    dense = {}
+    for name, value in weights.items():
+        if name.endswith((".scales", ".biases")):
+            continue
+        scales = weights.get(name[: -len("weight")] + "scales") if name.endswith(".weight") else None
+        if scales is not None:
+            biases = weights[name[: -len("weight")] + "biases"]
+            # float32 scales give a float32 result directly, without a float16 rounding step.
+            value = mx.dequantize(
+                value, scales.astype(mx.float32), biases.astype(mx.float32),
+                group_size=32, bits=value.shape[-1] // scales.shape[-1],
+            )
+        dense[name] = value.astype(mx.float32) if mx.issubdtype(value.dtype, mx.floating) else value
+    return dense
 
 
 def _common_bits(weights: dict[str, Any]) -> int:

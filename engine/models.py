@@ -27,6 +27,7 @@ __all__ = [
     "ModelSource",
     "demo_model_path",
     "download_model",
+    "hf_dir_for",
     "hub_cache_dir",
     "list_cached_models",
     "load_model",
@@ -208,14 +209,10 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     from mlx_lm.utils import load
 
     source = resolve_model(spec)
-    directory = source.path
-    if source.kind == "gguf":
-        from engine.gguf import convert_gguf
-
-        directory = convert_gguf(source.path)
-    model, tokenizer, config = load(str(directory), return_config=True)
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
+    directory = _directory(source, float32)
+    model, tokenizer, config = load(str(directory), return_config=True)
     if float32:
         to_float32(model)
     return LoadedModel(
@@ -228,6 +225,23 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
         kind=source.kind,
         float32=float32,
     )
+
+
+def _directory(source: ModelSource, float32: bool) -> Path:
+    if source.kind != "gguf":
+        return source.path
+    from engine.gguf import convert_gguf
+
+    return convert_gguf(source.path, dequantize=float32)
+
+
+def hf_dir_for(spec: str | None, *, float32: bool = False) -> Path:
+    """An HF-layout directory mlx-lm tools (mlx_lm.server, mlx_lm.generate) can load for `spec`.
+
+    A GGUF is converted into the cache (float32 weights when `float32`); a directory is returned as it
+    is. Raises ModelNotFound, or GGUFError for an unsupported GGUF.
+    """
+    return _directory(resolve_model(spec), float32)
 
 
 def _context_length(config: dict[str, Any], tokenizer: Any) -> int:
@@ -270,7 +284,9 @@ def to_float32(model: nn.Module) -> None:
     model.update_modules(tree_map(dequantized, model.leaf_modules(), is_leaf=nn.Module.is_module))
     model.update(
         tree_map(
-            lambda p: p.astype(mx.float32) if isinstance(p, mx.array) and mx.issubdtype(p.dtype, mx.floating) else p,
+            lambda p: p.astype(mx.float32)
+            if isinstance(p, mx.array) and p.dtype != mx.float32 and mx.issubdtype(p.dtype, mx.floating)
+            else p,
             model.parameters(),
         )
     )
