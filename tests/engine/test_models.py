@@ -1,0 +1,230 @@
+"""engine.models: resolving a spec (local dir, GGUF, HF cache, demo) and loading it, float32 on the CPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import engine  # noqa: F401  (fast BLAS before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from engine import models
+from engine.models import (
+    ModelDownloadError,
+    ModelNotFound,
+    hf_dir_for,
+    list_cached_models,
+    load_model,
+    resolve_model,
+)
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return cache
+
+
+def put_in_hub_cache(cache: Path, repo_id: str, files: Path, revision: str = "0123abcd" * 5) -> Path:
+    """Lay `files` out as huggingface_hub does: blobs by hash, snapshot symlinks, refs/main."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for file in files.iterdir():
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / file.name).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+def _logits(model: nn.Module, ids: list[int]) -> np.ndarray:
+    return np.array(model(mx.array([ids]))[0].astype(mx.float32))
+
+
+def _greedy(loaded, prompt: str, n: int = 8) -> list[int]:
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_sampler
+
+    ids = mx.array(loaded.tokenizer.encode(prompt))
+    steps = generate_step(ids, loaded.model, max_tokens=n, sampler=make_sampler(0.0))
+    return [int(token) for token, _ in steps]
+
+
+def test_local_dir_loads_like_mlx_lm(tiny_llm_dir) -> None:
+    from mlx_lm.utils import load
+
+    loaded = load_model(str(tiny_llm_dir))
+    assert loaded.name == tiny_llm_dir.name
+    assert (loaded.kind, loaded.source, loaded.context_length) == ("hf_dir", str(tiny_llm_dir), 2048)
+    assert loaded.float32 is (mx.default_device() == mx.cpu)
+    assert loaded.tokenizer.has_chat_template
+    model, tokenizer = load(str(tiny_llm_dir))
+    ids = tokenizer.encode("The quick brown fox")
+    np.testing.assert_allclose(_logits(loaded.model, ids), _logits(model, ids), atol=1e-5)
+
+
+def test_repo_id_resolves_from_the_hub_cache_offline(tiny_llm_dir, hub_cache, monkeypatch) -> None:
+    snapshot = put_in_hub_cache(hub_cache, "tiny-org/tiny-llm", tiny_llm_dir)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("resolve/load must not call the hub")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", no_network)
+    monkeypatch.setattr("mlx_lm.utils.snapshot_download", no_network)
+    source = resolve_model("tiny-org/tiny-llm")
+    assert (source.kind, source.path, source.repo, source.name) == ("hf_dir", snapshot, "tiny-org/tiny-llm", "tiny-org/tiny-llm")
+    loaded = load_model("tiny-org/tiny-llm")
+    assert loaded.name == "tiny-org/tiny-llm"
+    assert _greedy(loaded, "Hello world") == _greedy(load_model(str(tiny_llm_dir)), "Hello world")
+
+
+def test_unknown_model_says_how_to_get_one(hub_cache) -> None:
+    with pytest.raises(ModelNotFound) as caught:
+        resolve_model("nobody/nothing")
+    message = str(caught.value)
+    assert "tandem models get nobody/nothing" in message
+    assert "local" in message and "demo extra" in message
+
+
+def test_no_model_named_without_demo_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setattr(models, "demo_model_path", lambda: None)
+    with pytest.raises(ModelNotFound, match="demo weights are not installed.*tandem models get"):
+        load_model(None)
+
+
+def test_no_model_named_uses_the_demo_gguf(monkeypatch, tmp_path) -> None:
+    fake = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    fake.write_bytes(b"GGUF")
+    monkeypatch.setattr(models, "demo_model_path", lambda: fake)
+    assert resolve_model(None) == models.ModelSource("SmolLM2-135M-Instruct", "gguf", fake)
+    assert resolve_model("demo") == resolve_model(None)
+
+
+def test_local_gguf_and_dir_without_config(tmp_path) -> None:
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "m.Q8_0.gguf").write_bytes(b"GGUF")
+    assert resolve_model(str(tmp_path / "one")).kind == "gguf"
+    (tmp_path / "one" / "n.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ModelNotFound, match="2 .gguf files"):
+        resolve_model(str(tmp_path / "one"))
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(ModelNotFound, match="not a .gguf"):
+        resolve_model(str(tmp_path / "notes.txt"))
+
+
+def test_bf16_weights_become_float32_on_cpu(tiny_llm_dir, tmp_path) -> None:
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(tiny_llm_dir, bf16)
+    weights = mx.load(str(bf16 / "model.safetensors"))
+    mx.save_safetensors(str(bf16 / "model.safetensors"), {k: v.astype(mx.bfloat16) for k, v in weights.items()})
+
+    loaded = load_model(str(bf16), float32=True)
+    assert {p.dtype for _, p in tree_flatten(loaded.model.parameters())} == {mx.float32}
+    kept = load_model(str(bf16), float32=False)
+    assert {p.dtype for _, p in tree_flatten(kept.model.parameters())} == {mx.bfloat16}
+    cast = dict(tree_flatten(loaded.model.parameters()))
+    for name, value in tree_flatten(kept.model.parameters()):
+        assert mx.array_equal(cast[name], value.astype(mx.float32)), name
+
+
+def test_quantized_hf_dir_is_dequantized_on_cpu(tiny_llm_dir, tmp_path) -> None:
+    from mlx_lm.utils import load, save_config
+
+    quantized_dir = tmp_path / "q8"
+    shutil.copytree(tiny_llm_dir, quantized_dir)
+    model, _, config = load(str(tiny_llm_dir), return_config=True)
+    nn.quantize(model, group_size=32, bits=8)
+    mx.save_safetensors(str(quantized_dir / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    save_config({**config, "quantization": {"group_size": 32, "bits": 8}}, quantized_dir / "config.json")
+
+    dense = load_model(str(quantized_dir), float32=True)
+    kept = load_model(str(quantized_dir), float32=False)
+    leaves = [m for _, m in tree_flatten(dense.model.leaf_modules(), is_leaf=nn.Module.is_module)]
+    assert not [m for m in leaves if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
+    assert isinstance(kept.model.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
+    assert {p.dtype for _, p in tree_flatten(dense.model.parameters())} == {mx.float32}
+    ids = dense.tokenizer.encode("Hello world! This is a tiny language model.")
+    np.testing.assert_allclose(_logits(dense.model, ids), _logits(kept.model, ids), atol=1e-3)
+
+
+def test_list_cached_models_kinds_and_sizes(tiny_llm_dir, hub_cache, tmp_path) -> None:
+    put_in_hub_cache(hub_cache, "tiny-org/tiny-llm", tiny_llm_dir)
+    whisper = tmp_path / "whisper"
+    whisper.mkdir()
+    (whisper / "config.json").write_text(json.dumps({"n_mels": 80, "n_audio_ctx": 1500}))
+    (whisper / "weights.npz").write_bytes(b"\0" * 1000)
+    put_in_hub_cache(hub_cache, "mlx-community/whisper-tiny", whisper)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "not-a-language-model"}))
+    put_in_hub_cache(hub_cache, "acme/encoder", other)
+
+    listed = {m.repo_id: m for m in list_cached_models()}
+    assert list(listed) == ["acme/encoder", "mlx-community/whisper-tiny", "tiny-org/tiny-llm"]
+    assert [listed[r].kind for r in listed] == ["other", "whisper", "llm"]
+    expected = sum(f.stat().st_size for f in tiny_llm_dir.iterdir())
+    assert listed["tiny-org/tiny-llm"].size_bytes == expected
+    assert (listed["tiny-org/tiny-llm"].path / "config.json").is_file()
+
+
+def test_list_cached_models_without_a_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "missing"))
+    assert list_cached_models() == []
+
+
+def test_cached_gguf_repo_resolves_to_its_file(hub_cache, tmp_path) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "m.Q4_1.gguf").write_bytes(b"GGUF1")
+    (files / "m.Q8_0.gguf").write_bytes(b"GGUF2")
+    snapshot = put_in_hub_cache(hub_cache, "acme/m-GGUF", files)
+    source = resolve_model("acme/m-GGUF/m.Q8_0.gguf")
+    assert (source.kind, source.path, source.name) == ("gguf", snapshot / "m.Q8_0.gguf", "m.Q8_0")
+    with pytest.raises(ModelNotFound, match="acme/m-GGUF/m.Q4_1.gguf"):
+        resolve_model("acme/m-GGUF")
+
+
+def test_hf_dir_for_a_directory_is_the_directory(tiny_llm_dir) -> None:
+    assert hf_dir_for(str(tiny_llm_dir)) == tiny_llm_dir.resolve()
+
+
+def test_download_uses_the_hub_cache_and_maps_errors(hub_cache, monkeypatch) -> None:
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        if repo_id == "missing/repo":
+            # Built without an HTTP response, which only the real client has.
+            error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)
+            Exception.__init__(error, "404 Repository Not Found")
+            raise error
+        if repo_id == "offline/repo":
+            raise LocalEntryNotFoundError("no connection")
+        return str(hub_cache / "models--org--name" / "snapshots" / "abc")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    assert models.download_model("org/name", progress=False) == hub_cache / "models--org--name" / "snapshots" / "abc"
+    repo_id, kwargs = calls[0]
+    assert kwargs["cache_dir"] == hub_cache
+    assert "*.safetensors" in kwargs["allow_patterns"] and "*.gguf" not in kwargs["allow_patterns"]
+    with pytest.raises(ModelNotFound):
+        models.download_model("missing/repo", progress=False)
+    with pytest.raises(ModelDownloadError, match="could not reach"):
+        models.download_model("offline/repo", progress=False)
+
