@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
 
 __all__ = [
     "APIError",
@@ -83,16 +84,30 @@ def sse_error_event(message: str, *, type: str = "server_error", code: str | Non
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
+# pydantic puts union members and validator kinds into error locations ("content.str",
+# "content.list[TextPart].0.text"); field names here are snake_case, so anything else is a tag.
+_LOC_TAG = re.compile(r"^(str|int|float|bool|none|.*\[.*\].*|[A-Z]\w*)$")
+
+
+def _field_path(key: Any) -> str | None:
+    if key in (None, ""):
+        return None
+    parts = [part for part in str(key).split(".") if not _LOC_TAG.match(part)]
+    return ".".join(parts) or None
+
+
 def _validation_error(exc: ValidationException) -> APIError:
     # Litestar's pydantic plugin reports [{"message", "key"}]; key is the dotted field path.
     extra = exc.extra if isinstance(exc.extra, list) else []
     if not extra:
         return APIError(400, "Request body must be a JSON object.", code="invalid_request_body")
-    first = extra[0] if isinstance(extra[0], dict) else {"message": str(extra[0])}
+    problems = [e if isinstance(e, dict) else {"message": str(e)} for e in extra]
+    # For a union (content: str | parts) the deepest location says what was actually wrong.
+    first = max(problems, key=lambda e: len((_field_path(e.get("key")) or "").split(".")))
     message = str(first.get("message", exc.detail)).removeprefix("Value error, ")
-    key = first.get("key")
-    param = str(key) if key not in (None, "") else None
-    more = f" (and {len(extra) - 1} more problems)" if len(extra) > 1 else ""
+    param = _field_path(first.get("key"))
+    others = {_field_path(e.get("key")) for e in problems} - {param}
+    more = f" (and {len(others)} more fields)" if others else ""
     text = f"{param}: {message}{more}" if param else f"{message}{more}"
     return APIError(400, text, param=param, code="invalid_value")
 
@@ -102,7 +117,7 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         return error_response(_validation_error(exc))
     status = exc.status_code
     detail = str(exc.detail)
-    if status == 400 and "JSON" in detail:
+    if status == 400 and (isinstance(exc.__cause__, SerializationException) or "JSON" in detail):
         return error_response(APIError(400, f"We could not parse the JSON body of your request: {detail}", code="invalid_json"))
     if status == 404:
         return error_response(APIError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found"))

@@ -1,0 +1,50 @@
+"""POST /v1/completions against a scripted engine: text and token prompts, stream grammar, echo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.service.conftest import sse_events
+from tests.service.fake_engine import FakeEngine
+
+
+def test_text_prompt_non_stream(client: Any, fake_engine: FakeEngine) -> None:
+    response = client.post("/v1/completions", json={"model": "fake-model", "prompt": "abc", "max_tokens": 10})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "Hello world!"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
+    assert fake_engine.requests[-1].prompt_tokens == [ord("a"), ord("b"), ord("c")]
+
+
+def test_token_prompt_and_list_of_one_string(client: Any, fake_engine: FakeEngine) -> None:
+    assert client.post("/v1/completions", json={"prompt": [5, 6, 7]}).status_code == 200
+    assert fake_engine.requests[-1].prompt_tokens == [5, 6, 7]
+    assert client.post("/v1/completions", json={"prompt": ["xy"]}).status_code == 200
+    assert fake_engine.requests[-1].prompt_tokens == [ord("x"), ord("y")]
+
+
+def test_default_max_tokens_is_16(client: Any, fake_engine: FakeEngine) -> None:
+    client.post("/v1/completions", json={"prompt": "a"})
+    assert fake_engine.requests[-1].max_tokens == 16
+
+
+def test_stream_grammar(client: Any) -> None:
+    events = sse_events(client.post("/v1/completions", json={
+        "prompt": "abc", "stream": True, "stream_options": {"include_usage": True}, "echo": True}).text)
+    assert events[-1] == "[DONE]"
+    usage = events[-2]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5
+    chunks = events[:-2]
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
+    assert finishes == ["stop"] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "abcHello world!"
+
+
+def test_stream_error_after_headers(client: Any, fake_engine: FakeEngine) -> None:
+    fake_engine.fail_with = "bad step"
+    events = sse_events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}).text)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["message"] == "bad step"

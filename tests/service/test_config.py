@@ -1,0 +1,25 @@
+"""ServiceConfig travels to the granian worker through the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.config import CONFIG_ENV, ServiceConfig
+
+
+def test_round_trip_through_the_environment() -> None:
+    config = ServiceConfig(model="/m", max_active=3, max_iteration_tokens=64, port=9, extra={"speech": {"model": "w"}})
+    assert ServiceConfig.from_env({CONFIG_ENV: config.to_json()}) == config
+
+
+def test_single_variables_override_and_unknown_keys_are_ignored() -> None:
+    env = {CONFIG_ENV: '{"model": "a", "max_active": 2, "from_the_future": 1}', "TANDEM_MODEL": "b",
+           "TANDEM_MAX_ITERATION_TOKENS": "128"}
+    config = ServiceConfig.from_env(env)
+    assert (config.model, config.max_active, config.max_iteration_tokens) == ("b", 2, 128)
+
+
+@pytest.mark.parametrize("env", [{CONFIG_ENV: "{nope"}, {"TANDEM_MAX_ACTIVE": "many"}])
+def test_malformed_values_raise_value_error(env: dict[str, str]) -> None:
+    with pytest.raises(ValueError):
+        ServiceConfig.from_env(env)
