@@ -135,9 +135,19 @@ def _renamed_scipy_openblas() -> Path:
     """
     source = _scipy_openblas_library()
     version = importlib.metadata.version("scipy-openblas32")
-    target = user_cache_dir() / "blas" / f"libopenblas-tandem-{version}-{source.stat().st_size}.so"
-    if target.exists():
-        return target
+    name = f"libopenblas-tandem-{version}-{source.stat().st_size}.so"
+    # A read-only home still gets fast BLAS: fall back to a per-user temp dir.
+    roots = (user_cache_dir() / "blas", Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas")
+    for root in roots:
+        if (root / name).exists():
+            return root / name
+    try:
+        return _write_renamed(source, roots[0] / name)
+    except OSError:
+        return _write_renamed(source, roots[1] / name)
+
+
+def _write_renamed(source: Path, target: Path) -> Path:
     patchelf = _patchelf()
     symbols = _prefixed_symbols(source)
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -78,3 +78,11 @@ def test_mlx_imported_first_warns_and_reports_reference(tmp_path) -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode != 0
     assert "mlx was imported before engine" in done.stderr
+
+
+def test_unwritable_cache_falls_back_to_a_temp_dir(tmp_path) -> None:
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("a file where the cache dir would go")
+    result = _probe(blocked)
+    assert result["name"] == "openblas", result
+    assert result["matmul_err"] < 1e-3
