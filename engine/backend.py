@@ -136,15 +136,15 @@ def _renamed_scipy_openblas() -> Path:
     source = _scipy_openblas_library()
     version = importlib.metadata.version("scipy-openblas32")
     name = f"libopenblas-tandem-{version}-{source.stat().st_size}.so"
-    # A read-only home still gets fast BLAS: fall back to a per-user temp dir.
-    roots = (user_cache_dir() / "blas", Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas")
-    for root in roots:
-        if (root / name).exists():
-            return root / name
+    primary = user_cache_dir() / "blas" / name
+    if primary.exists():
+        return primary
     try:
-        return _write_renamed(source, roots[0] / name)
+        return _write_renamed(source, primary)
     except OSError:
-        return _write_renamed(source, roots[1] / name)
+        # A read-only home still gets fast BLAS: fall back to a per-user temp dir.
+        fallback = Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas" / name
+        return fallback if fallback.exists() else _write_renamed(source, fallback)
 
 
 def _write_renamed(source: Path, target: Path) -> Path:
