@@ -1,0 +1,110 @@
+"""A real `tandem serve` subprocess on a free port, shared by the e2e tests of a session.
+
+Readiness is an event, not a sleep: the server's log is read line by line until granian reports the
+worker started (after the app's lifespan loaded the model), or the process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+__all__ = ["TandemServer", "start_tandem_server", "tiny_server"]
+
+READY_MARKER = "Started worker-1"
+STARTUP_TIMEOUT_S = 180.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _tandem_command() -> list[str]:
+    script = Path(sys.executable).parent / "tandem"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "service.cli"]
+
+
+@dataclass
+class TandemServer:
+    """A running server: `base_url` ends in /v1; `log` holds its output so far."""
+
+    process: subprocess.Popen[str]
+    port: int
+    log: list[str] = field(default_factory=list)
+    ready: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root}/v1"
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.root}/stats", timeout=10).json()
+
+    def output(self) -> str:
+        return "".join(self.log[-80:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def start_tandem_server(*args: str, env: dict[str, str] | None = None) -> TandemServer:
+    """Start `tandem serve *args --port <free>` and wait until it serves. Fails the test with the server's
+    log when it exits or does not become ready in time."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [*_tandem_command(), "serve", *args, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+    server = TandemServer(process, port)
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            server.log.append(line)
+            if READY_MARKER in line:
+                server.ready.set()
+        server.ready.set()  # exited: wake the waiter, which then sees the process is gone
+
+    threading.Thread(target=pump, name=f"tandem-log-{port}", daemon=True).start()
+    if not server.ready.wait(STARTUP_TIMEOUT_S) or process.poll() is not None:
+        server.stop()
+        pytest.fail(f"tandem serve did not start:\n{server.output()}")
+    health = httpx.get(f"{server.root}/health", timeout=10)
+    if health.status_code != 200:
+        server.stop()
+        pytest.fail(f"/health answered {health.status_code} after startup:\n{server.output()}")
+    return server
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_llm_dir: Path) -> Iterator[TandemServer]:
+    """`tandem serve <tiny model>` for the whole session."""
+    server = start_tandem_server(str(tiny_llm_dir))
+    try:
+        yield server
+    finally:
+        server.stop()
