@@ -125,8 +125,6 @@ def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
     arch = metadata.get("general.architecture")
     if arch not in _SUPPORTED_ARCHITECTURES:
         raise GGUFError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_SUPPORTED_ARCHITECTURES)})")
-    if "rope_freqs.weight" in tensors:
-        raise GGUFError("GGUF with per-dimension RoPE frequencies (llama-3.1 style) is not supported yet")
 
     def get(key: str, default: Any = KeyError) -> Any:
         value = metadata.get(f"{arch}.{key}", default)
@@ -158,7 +156,9 @@ def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
         "tie_word_embeddings": "output.weight" not in tensors,
     }
     scaling = get("rope.scaling.type", "none")
-    if scaling == "linear":
+    if "rope_freqs.weight" in tensors:
+        config["rope_scaling"] = _llama3_scaling(tensors["rope_freqs.weight"], config["head_dim"], config["rope_theta"])
+    elif scaling == "linear":
         config["rope_scaling"] = {"type": "linear", "factor": float(get("rope.scaling.factor"))}
     elif scaling not in ("none", None):
         raise GGUFError(f"GGUF RoPE scaling {scaling!r} is not supported")
@@ -169,6 +169,37 @@ def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
     if eos:
         config["eos_token_id"] = eos if len(eos) > 1 else eos[0]
     return config
+
+
+def _llama3_scaling(rope_freqs: Any, dims: int, base: float) -> dict[str, Any]:
+    """Llama-3 RoPE parameters that reproduce llama.cpp's per-dimension factors exactly.
+
+    llama.cpp stores factor f_i per frequency: 1 (high), `factor` (low), and 1/((1-s)/factor + s) between,
+    where s = (L/wavelen - lo)/(hi - lo) is linear in 1/wavelen. Fitting that line recovers every (L, lo, hi)
+    that gives the same factors; L is then free. Raises GGUFError when the factors do not have that shape.
+    """
+    import numpy as np
+
+    factors = np.array(rope_freqs, dtype=np.float64)
+    wavelens = 2 * np.pi * base ** (np.arange(0, dims, 2) / dims)
+    factor = float(factors.max())
+    if factors.shape != wavelens.shape or factor <= 1.0:
+        raise GGUFError(f"unexpected rope_freqs tensor (shape {factors.shape}, max {factor})")
+    medium = (factors > 1 + 1e-4) & (factors < factor * (1 - 1e-4))
+    if medium.sum() < 2:
+        raise GGUFError("rope_freqs has fewer than two smoothed frequencies; cannot recover llama-3 RoPE scaling")
+    smooth = (1 / factors[medium] - 1 / factor) / (1 - 1 / factor)
+    slope, intercept = np.polyfit(1 / wavelens[medium], smooth, 1)
+    original = 8192.0  # any positive length works: only L/(hi-lo) and lo/(hi-lo) are fixed
+    span = original / slope
+    low = -intercept * span
+    return {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": float(low),
+        "high_freq_factor": float(low + span),
+        "original_max_position_embeddings": original,
+    }
 
 
 def _eos_ids(metadata: dict[str, Any]) -> list[int]:
@@ -187,6 +218,8 @@ def gguf_weights(tensors: dict[str, Any]) -> dict[str, Any]:
     """
     renamed = {}
     for name, value in tensors.items():
+        if name == "rope_freqs.weight":  # folded into config["rope_scaling"]
+            continue
         match = _TENSOR.match(name)
         if match is None:
             raise GGUFError(f"unexpected GGUF tensor {name!r}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -118,7 +119,9 @@ def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_from_hf(hf_dir: Path, out: Path, kinds: dict[str, int] | None = None, arch: str = "llama") -> dict:
+def gguf_from_hf(
+    hf_dir: Path, out: Path, kinds: dict[str, int] | None = None, arch: str = "llama", extra: dict | None = None
+) -> dict:
     """Write `hf_dir`'s tiny llama as llama.cpp would; `kinds` maps GGUF tensor names to a quant type."""
     config = json.loads((hf_dir / "config.json").read_text())
     tok = json.loads((hf_dir / "tokenizer.json").read_text())
@@ -143,6 +146,7 @@ def gguf_from_hf(hf_dir: Path, out: Path, kinds: dict[str, int] | None = None, a
             elif module == "self_attn.k_proj":
                 value = _llama_cpp_permute(value, config["num_key_value_heads"])
         tensors[gguf] = (value, (kinds or {}).get(gguf, _F32))
+    tensors.update({name: (value, _F32) for name, value in (extra or {}).items()})
     metadata = {
         "general.architecture": arch,
         f"{arch}.context_length": config["max_position_embeddings"],
@@ -237,6 +241,42 @@ def test_conversion_is_cached_by_path_size_and_mtime(tiny_llm_dir, tmp_path, cac
     os.utime(path, ns=(1, 1))
     assert convert_gguf(path) != first
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]
+
+
+def _llama_cpp_rope_factors(dims: int, base: float, scaling: dict) -> np.ndarray:
+    # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors for rope_type "llama3".
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / base ** (np.arange(0, dims, 2) / dims):
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            factors.append(1.0)
+        elif wavelen > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, np.float32)
+
+
+def test_llama3_rope_factors_become_the_same_rope(tiny_llm_dir, tmp_path, cache_home) -> None:
+    scaled = tmp_path / "llama3"
+    shutil.copytree(tiny_llm_dir, scaled)
+    config = json.loads((scaled / "config.json").read_text())
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 8.0,
+               "original_max_position_embeddings": 1024}
+    (scaled / "config.json").write_text(json.dumps({**config, "rope_scaling": scaling}))
+    dims = config["hidden_size"] // config["num_attention_heads"]
+    factors = _llama_cpp_rope_factors(dims, config["rope_theta"], scaling)
+    assert 1.0 < factors[-1] and 1.0 in factors  # the tiny model has high, smoothed and low frequencies
+    gguf_from_hf(scaled, tmp_path / "l3.gguf", extra={"rope_freqs.weight": factors})
+
+    loaded, reference = load_model(str(tmp_path / "l3.gguf")), load_model(str(scaled))
+    ours, theirs = loaded.model.model.layers[0].self_attn.rope, reference.model.model.layers[0].self_attn.rope
+    np.testing.assert_allclose(np.array(ours._freqs), np.array(theirs._freqs), rtol=1e-5)
+    ids = loaded.tokenizer.encode("Continuous batching packs decode rows and prefill chunks into one forward pass.")
+    np.testing.assert_allclose(_logits(loaded.model, ids), _logits(reference.model, ids), atol=1e-4)
 
 
 def test_unsupported_architecture_is_a_clear_error(tiny_llm_dir, tmp_path, cache_home) -> None:
