@@ -140,7 +140,7 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
     import mlx.core as mx
     import mlx.nn as nn
     import numpy as np
-    from mlx.utils import tree_unflatten
+    from mlx.utils import tree_flatten, tree_unflatten
     from mlx_whisper import whisper
 
     p = Path(path)
@@ -160,10 +160,14 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
     if quantization is not None:
         nn.quantize(model, **quantization,
                     class_predicate=lambda q, m: isinstance(m, (nn.Linear, nn.Embedding)) and f"{q}.scales" in weights)
-    try:
-        model.update(tree_unflatten(list(weights.items())))
-    except ValueError as exc:
-        raise WhisperCheckpointError(f"{p}: weights do not match config.json ({exc})") from None
+    expected = {k: v.shape for k, v in tree_flatten(model.parameters()) if k != "alignment_heads"}
+    missing = sorted(expected.keys() - weights.keys())
+    wrong = sorted(k for k in expected.keys() & weights.keys() if tuple(weights[k].shape) != tuple(expected[k]))
+    if missing or wrong or (weights.keys() - expected.keys()):
+        extra = sorted(weights.keys() - expected.keys())
+        raise WhisperCheckpointError(f"{p}: weights do not match config.json (missing {missing[:3]}, "
+                                     f"wrong shape {wrong[:3]}, unexpected {extra[:3]})")
+    model.update(tree_unflatten(list(weights.items())))
     heads_file = p / "alignment_heads.json"
     if heads_file.is_file():
         model.set_alignment_heads(np.asarray(json.loads(heads_file.read_text()), dtype=np.int64))
