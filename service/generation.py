@@ -70,7 +70,8 @@ def sampling_params(body: SamplingFields, vocab: int | None) -> SamplingParams:
         top_p=defaults.top_p if body.top_p is None else body.top_p,
         top_k=defaults.top_k if body.top_k is None else body.top_k,
         min_p=defaults.min_p if body.min_p is None else body.min_p,
-        seed=body.seed,
+        # OpenAI seeds are any integer; MLX keys take uint64: fold, so every seed is valid and stable.
+        seed=None if body.seed is None else body.seed % (1 << 64),
         repetition_penalty=defaults.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
         presence_penalty=defaults.presence_penalty if body.presence_penalty is None else body.presence_penalty,
         frequency_penalty=defaults.frequency_penalty if body.frequency_penalty is None else body.frequency_penalty,
