@@ -301,8 +301,9 @@ def gguf_tokenizer(metadata: dict[str, Any]) -> Any:
         return tokens[int(value)] if value is not None and 0 <= int(value) < len(tokens) else None
 
     bos = token("bos_token_id")
-    if metadata.get("tokenizer.ggml.add_bos_token") and bos is not None and fields.get("tokenizer_type") == "gpt2":
-        # Byte-level BPE has no BOS rule of its own; sentencepiece builders already add one.
+    # llama.cpp adds BOS to a sentencepiece vocabulary unless the file says otherwise.
+    add_bos = metadata.get("tokenizer.ggml.add_bos_token", fields.get("tokenizer_type") == "llama")
+    if add_bos and bos is not None:
         bos_id = int(metadata["tokenizer.ggml.bos_token_id"])
         backend.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, bos_id)]

@@ -279,6 +279,24 @@ def test_llama3_rope_factors_become_the_same_rope(tiny_llm_dir, tmp_path, cache_
     np.testing.assert_allclose(_logits(loaded.model, ids), _logits(reference.model, ids), atol=1e-4)
 
 
+def test_sentencepiece_vocab_gets_bos_like_llama_cpp() -> None:
+    from engine.gguf import gguf_tokenizer
+
+    pieces = ["\u2581", "h", "e", "l", "o", "w", "r", "d", "\u2581h", "\u2581he", "ll", "\u2581hell", "\u2581hello"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + pieces
+    metadata = {
+        "general.architecture": "llama", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": [0.0] * 259 + [-float(i) for i in range(len(pieces))],
+        "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256 + [1] * len(pieces),
+        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.unknown_token_id": 0,
+    }
+    tokenizer = gguf_tokenizer(metadata)
+    ids = tokenizer.encode("hello world")
+    assert ids[:2] == [1, tokens.index("\u2581hello")]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == "hello world"
+    assert gguf_tokenizer({**metadata, "tokenizer.ggml.add_bos_token": False}).encode("hello")[0] != 1
+
+
 def test_unsupported_architecture_is_a_clear_error(tiny_llm_dir, tmp_path, cache_home) -> None:
     gguf_from_hf(tiny_llm_dir, tmp_path / "other.gguf", arch="mamba")
     with pytest.raises(GGUFError, match="architecture 'mamba' is not supported"):
