@@ -86,3 +86,15 @@ def test_unwritable_cache_falls_back_to_a_temp_dir(tmp_path) -> None:
     result = _probe(blocked)
     assert result["name"] == "openblas", result
     assert result["matmul_err"] < 1e-3
+
+
+def test_path_override_is_loaded_first(tmp_path) -> None:
+    chosen = _probe(tmp_path)
+    result = _probe(tmp_path, TANDEM_BLAS=chosen["path"])
+    assert (result["name"], result["path"], result["reason"]) == ("openblas", chosen["path"], "TANDEM_BLAS")
+    assert result["matmul_err"] < 1e-3 and result["inv_err"] < 1e-3
+
+
+def test_bad_path_override_warns_and_falls_back(tmp_path) -> None:
+    result = _probe(tmp_path, TANDEM_BLAS=str(tmp_path / "missing.so"))
+    assert result["name"] == "openblas" and result["reason"] != "TANDEM_BLAS"
