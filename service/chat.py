@@ -35,6 +35,7 @@ from service.schemas import (
     ChoiceDelta,
     ChunkChoice,
 )
+from service.openapi_spec import sse_operation
 from service.sse import DONE, ClientDisconnected, EventSource, SSEStream, run_while_connected, sse_data
 from service.completions import ERROR_RESPONSES, completions
 
@@ -224,6 +225,7 @@ async def _collect(stream: Any, translator: ChatTranslator, meta: ResponseMeta, 
     summary="Create a chat completion",
     description="With `stream: true` the response is `text/event-stream` of ChatCompletionChunk events ending with `data: [DONE]`.",
     responses=ERROR_RESPONSES,
+    operation_class=sse_operation(ChatCompletionChunk),
     tags=["chat"],
 )
 async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[ChatCompletion]:

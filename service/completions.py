@@ -26,6 +26,7 @@ from service.generation import (
     vocab_size,
 )
 from service.schemas import Completion, CompletionChoice, CompletionRequest, ErrorResponse
+from service.openapi_spec import sse_operation
 from service.sse import DONE, ClientDisconnected, EventSource, SSEStream, run_while_connected, sse_data
 
 __all__ = ["completions", "ERROR_RESPONSES"]
@@ -122,6 +123,7 @@ async def _collect(stream: Any, meta: ResponseMeta, counter: UsageCounter, echo:
     summary="Create a text completion",
     description="With `stream: true` the response is `text/event-stream` of Completion events ending with `data: [DONE]`.",
     responses=ERROR_RESPONSES,
+    operation_class=sse_operation(Completion),
     tags=["completions"],
 )
 async def completions(request: Request[Any, Any, Any], data: CompletionRequest) -> Response[Completion]:

@@ -6,12 +6,59 @@ The document is built from an app with no engine, so it never depends on a model
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SPEC_PATH", "openapi_document", "render_openapi", "write_openapi", "openapi_drift"]
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation
+from pydantic import BaseModel
+
+__all__ = [
+    "SPEC_PATH",
+    "openapi_document",
+    "render_openapi",
+    "write_openapi",
+    "openapi_drift",
+    "inline_json_schema",
+    "sse_operation",
+]
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "openapi" / "openapi.json"
+
+
+def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema (serialization mode) with every $ref resolved in place. Raises nothing for
+    non-recursive models."""
+    schema = model.model_json_schema(mode="serialization")
+    definitions = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(definitions[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(value) for value in node]
+        return node
+
+    return resolve(schema)
+
+
+def sse_operation(event: type[BaseModel]) -> type[Operation]:
+    """An Operation class that also documents the 200 response as `text/event-stream` of `event` objects
+    (Litestar documents one media type per status; `stream: true` answers with the other). Raises nothing."""
+    schema = inline_json_schema(event)
+
+    @dataclass
+    class SSEOperation(Operation):
+        def __post_init__(self) -> None:
+            ok = (self.responses or {}).get("200")
+            if isinstance(ok, OpenAPIResponse):
+                stream = OpenAPIMediaType(schema=schema)  # type: ignore[arg-type]  # a plain JSON-schema dict
+                ok.content = {**(ok.content or {}), "text/event-stream": stream}
+
+    SSEOperation.__name__ = f"{event.__name__}StreamOperation"
+    return SSEOperation
 
 
 def openapi_document() -> dict[str, Any]:
