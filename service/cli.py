@@ -69,11 +69,29 @@ def _resolve_or_fail(spec: str | None) -> Any:
         raise CLIError(f"no model: {exc}") from None
 
 
+def _check_port(host: str, port: int) -> None:
+    """Raise CLIError when host:port cannot be bound (granian would fail later with a Rust backtrace)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise CLIError(f"cannot resolve --host {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running?)") from None
+
+
 def _serve(args: argparse.Namespace) -> int:
     from service.serve import serve
 
     config = serve_config(args)
     source = _resolve_or_fail(config.model)  # fail fast with a clear message, before any worker starts
+    _check_port(config.host, config.port)
     print(f"tandem: model {source.name} ({source.kind}: {source.path})", file=sys.stderr, flush=True)
     return serve(config, log_level=args.log_level)
 

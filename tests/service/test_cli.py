@@ -55,3 +55,15 @@ def test_generate_streams_to_the_terminal(tiny_llm_dir: Path, capsys: pytest.Cap
 def test_generate_without_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "hi", "--model", str(tmp_path / "missing")]) == 2
     assert "no model" in capsys.readouterr().err
+
+
+def test_serve_on_a_busy_port_is_a_clear_error(tiny_llm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(["serve", str(tiny_llm_dir), "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot listen on" in err and "Traceback" not in err
