@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -206,9 +207,20 @@ def app_from_env() -> Litestar:
 
     Raises ValueError for a malformed TANDEM_SERVE_CONFIG."""
     config = ServiceConfig.from_env()
-    state = AppState(config=config, load_engine=open_engine)
+    state = AppState(config=config, load_engine=_open_engine_or_exit)
     if "speech" in config.extra:
         from service.speech_setup import install_speech
 
         install_speech(state)
     return create_app(state)
+
+
+async def _open_engine_or_exit(config: ServiceConfig) -> Any:
+    # In the granian worker a failed load ends the worker with one clear line (granian then stops with
+    # exit code 1) instead of two lifespan tracebacks; in-process apps (tests) use open_engine directly.
+    try:
+        return await open_engine(config)
+    except Exception as exc:
+        print(f"tandem: could not load model {config.model or '(default)'}: {type(exc).__name__}: {exc}",
+              file=sys.stderr, flush=True)
+        os._exit(3)
