@@ -145,6 +145,7 @@ class ChatOutputSplitter:
         self._state: _State = "reasoning" if in_reasoning and markers.has_thinking else "content"
         self._buffer = ""
         self._strip_leading = False
+        self._reasoning_opened = self._state == "reasoning"
         self._new_call_id = new_call_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
         self.tool_calls = 0
         self.dropped_tool_text: list[str] = []
@@ -164,8 +165,7 @@ class ChatOutputSplitter:
         if self._state == "tool":
             self._emit_tool_calls(rest, events)
         elif self._state == "reasoning":
-            if rest:
-                events.append(ReasoningText(rest))
+            self._emit_reasoning(rest, events)
         else:
             self._emit_content(rest, events)
         self._state = "content"
@@ -188,13 +188,13 @@ class ChatOutputSplitter:
             assert m.think_end is not None
             i = buf.find(m.think_end)
             if i < 0:
+                # Hold a partial end marker and trailing newlines (layout if the block ends next).
                 keep = _held_suffix(buf, [m.think_end])
-                if len(buf) > keep:
-                    events.append(ReasoningText(buf[: len(buf) - keep]))
-                    self._buffer = buf[len(buf) - keep :]
+                emit = buf[: len(buf) - keep].rstrip("\n")
+                self._emit_reasoning(emit, events)
+                self._buffer = buf[len(emit) :]
                 return False
-            if i:
-                events.append(ReasoningText(buf[:i]))
+            self._emit_reasoning(buf[:i].rstrip("\n"), events)
             self._buffer = buf[i + len(m.think_end) :]
             self._state, self._strip_leading = "content", True
             return True
@@ -204,6 +204,7 @@ class ChatOutputSplitter:
             self._emit_content(buf[:i], events)
             self._buffer = buf[i + len(marker) :]
             self._state = state
+            self._reasoning_opened = state == "reasoning"
             return True
         keep = _held_suffix(buf, [s for s, _ in self._content_exits()])
         self._emit_content(buf[: len(buf) - keep], events)
@@ -217,6 +218,16 @@ class ChatOutputSplitter:
         if self._m.tool_call_start and self._m.tool_parser is not None:
             exits.append((self._m.tool_call_start, "tool"))
         return exits
+
+    def _emit_reasoning(self, text: str, events: list[OutputEvent]) -> None:
+        # Templates write `<think>\n...\n</think>`: those newlines are layout, not thinking.
+        if self._reasoning_opened:
+            text = text.lstrip("\n")
+            if not text:
+                return
+            self._reasoning_opened = False
+        if text:
+            events.append(ReasoningText(text))
 
     def _emit_content(self, text: str, events: list[OutputEvent]) -> None:
         # Whitespace right after a think block or a tool call is layout, not an answer.

@@ -78,6 +78,20 @@ CASES = [
         {"content": "Done <thin", "reasoning": "Thinking <b>bold</b>.", "tool_calls": []},
     ),
     (
+        "layout newlines around thinking are dropped, inner ones kept",
+        QWEN,
+        True,
+        "\nFirst.\n\nSecond.\n\n</think>\n\nAnswer.\n",
+        {"content": "Answer.\n", "reasoning": "First.\n\nSecond.", "tool_calls": []},
+    ),
+    (
+        "unterminated thinking keeps its trailing newline",
+        QWEN,
+        False,
+        "<think>\nHmm\n",
+        {"content": "", "reasoning": "Hmm\n", "tool_calls": []},
+    ),
+    (
         "content then two tool calls",
         QWEN,
         False,
