@@ -75,5 +75,9 @@ class EngineThread:
             raise error
         return result
 
-    def close(self) -> None:
+    def close(self, join_timeout: float | None = 5.0) -> None:
+        """Stop the thread after the jobs already queued, and wait for it (up to `join_timeout` s): a thread
+        that used MLX and is still alive at interpreter exit can abort the process. Raises nothing."""
         self._jobs.put(None)
+        if threading.current_thread() is not self._thread and join_timeout != 0:
+            self._thread.join(join_timeout)

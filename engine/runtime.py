@@ -64,7 +64,7 @@ class Engine:
             self.tokenizer = loaded.tokenizer
             self.model_name = loaded.name
             self.context_length = int(loaded.context_length)
-            self.plan = resolve_execution(loaded.model, backend)
+            self.plan = resolve_execution(loaded.model, backend if backend is not None else _blas())
             self.group = LLMBatchGroup(
                 loaded.model,
                 loaded.tokenizer,
@@ -143,6 +143,15 @@ class Engine:
         self.group.close()
         if not self._serving:
             self.thread.close()
+
+
+def _blas() -> Any:
+    try:
+        from engine.backend import blas_info
+
+        return blas_info()
+    except Exception:  # the plan only reports it
+        return None
 
 
 def _rate(tokens: int, seconds: float) -> float:
