@@ -3,6 +3,8 @@ errors, and a client that disconnects mid-stream frees its row while other strea
 
 from __future__ import annotations
 
+import json
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -148,13 +150,7 @@ def test_disconnect_mid_stream_frees_the_row(client: openai.OpenAI, model_id: st
     leaving.close()  # the client goes away mid-stream
 
     # Bounded polling of /stats: the cancelled row must be gone within a few iterations.
-    wait = threading.Event()
-    stats = tiny_server.stats()
-    for _ in range(400):
-        stats = tiny_server.stats()
-        if stats["cancelled_rows"] > before["cancelled_rows"]:
-            break
-        wait.wait(0.05)
+    stats = _poll(tiny_server, lambda s: s["cancelled_rows"] > before["cancelled_rows"])
     assert stats["cancelled_rows"] == before["cancelled_rows"] + 1, stats
 
     thread.join(120)
@@ -162,13 +158,35 @@ def test_disconnect_mid_stream_frees_the_row(client: openai.OpenAI, model_id: st
     chunks = other["chunks"]
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
     assert chunks[-1].usage.completion_tokens == 300
-    for _ in range(400):
-        stats = tiny_server.stats()
-        if stats["active_rows"] == 0:
-            break
-        wait.wait(0.05)
+    stats = _poll(tiny_server, lambda s: s["active_rows"] == 0)
     assert stats["active_rows"] == 0 and stats["queued_rows"] == 0, stats
     assert stats["generation_tokens"] - before["generation_tokens"] < 1500 + 300  # the left row stopped early
+
+
+def _poll(server: TandemServer, done: Any) -> dict[str, Any]:
+    """Poll /stats until done(stats), at most 400 times with short waits; return the last stats."""
+    wait = threading.Event()
+    stats = server.stats()
+    for _ in range(400):
+        if done(stats):
+            break
+        wait.wait(0.05)
+        stats = server.stats()
+    return stats
+
+
+def test_disconnect_during_non_stream_request_frees_the_row(model_id: str, tiny_server: TandemServer,
+                                                            no_eos: dict[str, int]) -> None:
+    before = tiny_server.stats()
+    body = json.dumps({"model": model_id, "messages": MESSAGES, "max_tokens": 1900, "logit_bias": no_eos}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", tiny_server.port)) as sock:
+        sock.sendall(head + body)
+        running = _poll(tiny_server, lambda s: s["active_rows"] >= 1)
+        assert running["active_rows"] >= 1, running
+    stats = _poll(tiny_server, lambda s: s["cancelled_rows"] > before["cancelled_rows"] and s["active_rows"] == 0)
+    assert stats["cancelled_rows"] == before["cancelled_rows"] + 1 and stats["active_rows"] == 0, stats
 
 
 def test_server_log_has_no_traceback(tiny_server: TandemServer) -> None:
