@@ -6,6 +6,7 @@ Transcript; every model touch happens there, as tasks on the shared driver loop.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, AsyncGenerator
 
@@ -149,7 +150,7 @@ async def _transcription_events(speech: Any, pcm: Any, options: TranscribeOption
 
 
 def _sse(event: Any) -> bytes:
-    return f"event: {event.type}\ndata: {event.model_dump_json()}\n\n".encode()
+    return f"data: {event.model_dump_json()}\n\n".encode()
 
 
 # ---- sessions ---------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ async def append_session_audio(request: Request[Any, Any, Any], session_id: str)
         else:
             if session.closed:
                 raise SessionClosed(f"session {session.id} is closed; no more audio accepted")
-            session.append_samples(await anyio.to_thread.run_sync(decode_container, body, "body"))
+            session.append_samples(await anyio.to_thread.run_sync(functools.partial(decode_container, body, param="body")))
     except (AudioInputError, SessionClosed) as exc:
         raise speech_error(exc) from None
     return SessionAudioAccepted(id=session.id, received_seconds=round(session.received_seconds, 3),
