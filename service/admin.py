@@ -10,15 +10,33 @@ from typing import Any
 from litestar import Request, Response, get
 
 from service.app import AppState, get_state
-from service.schemas import Health, ModelList
+from service.completions import ERROR_RESPONSES
+from service.errors import model_not_found
+from service.schemas import Health, ModelCard, ModelList
 
-__all__ = ["ROUTES", "list_models", "health", "stats", "metrics", "stats_payload", "prometheus_text"]
+__all__ = ["ROUTES", "list_models", "retrieve_model", "health", "stats", "metrics", "stats_payload", "prometheus_text"]
 
 
 @get("/v1/models", summary="List the served models", tags=["models"])
 async def list_models(request: Request[Any, Any, Any]) -> ModelList:
     """Chat model first, then any other served model (speech). Raises nothing."""
     return ModelList(data=get_state(request).model_cards())
+
+
+@get("/v1/models/{model_id:path}", summary="Retrieve a served model", tags=["models"], responses=ERROR_RESPONSES)
+async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> ModelCard:
+    """One served model by id (ids may contain slashes, e.g. org/name).
+
+    Raises APIError 404 model_not_found for a model this server does not serve."""
+    state = get_state(request)
+    wanted = model_id.lstrip("/")
+    cards = state.model_cards()
+    for card in cards:
+        if card.id == wanted:
+            return card
+    if cards and cards[0].kind == "chat" and wanted in state.model_aliases:
+        return cards[0]
+    raise model_not_found(wanted, [card.id for card in cards])
 
 
 @get("/health", summary="Liveness and readiness", tags=["admin"])
@@ -80,4 +98,4 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
     return prometheus_text(stats_payload(get_state(request)))
 
 
-ROUTES = [list_models, health, stats, metrics]
+ROUTES = [list_models, retrieve_model, health, stats, metrics]

@@ -17,6 +17,7 @@ from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable
 import anyio
 from anyio.abc import TaskGroup
 from litestar import Litestar, Request
+from litestar.config.cors import CORSConfig
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Server
 
@@ -184,6 +185,8 @@ def create_app(state: AppState | None = None) -> Litestar:
         route_handlers=route_handlers(),
         lifespan=[_lifespan(state)],
         exception_handlers=EXCEPTION_HANDLERS,
+        # A local server: browser UIs on any origin may call it, as with mlx_lm.server and llama.cpp.
+        cors_config=CORSConfig(allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]),
         state=_app_state(state),
         openapi_config=OpenAPIConfig(
             title="mlx-tandem",

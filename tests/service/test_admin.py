@@ -53,3 +53,19 @@ def test_metrics_are_prometheus_gauges(client: Any) -> None:
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     lines = response.text.splitlines()
     assert "tandem_active_rows 0" in lines and "# TYPE tandem_active_rows gauge" in lines
+
+
+def test_retrieve_a_model_by_id(client: Any) -> None:
+    assert client.get("/v1/models/fake-model").json()["id"] == "fake-model"
+    missing = client.get("/v1/models/org/other")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_cors_for_browser_clients(client: Any) -> None:
+    preflight = client.options("/v1/chat/completions", headers={
+        "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == "*"
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                         headers={"Origin": "http://ui.example"})
+    assert answer.headers["access-control-allow-origin"] == "*"
