@@ -161,13 +161,15 @@ class LLMBatchGroup:
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; returns its delta stream.
 
-        Raises ValueError for an empty prompt, max_tokens < 1, a prompt + max_tokens that exceeds the
+        Raises ValueError for an empty prompt, token ids outside the vocabulary, max_tokens < 1, a prompt + max_tokens that exceeds the
         context, or invalid sampling settings; RuntimeError when the group is closed."""
         if self._closed:
             raise RuntimeError("engine is shutting down")
         prompt = [int(t) for t in request.prompt_tokens]
         if not prompt:
             raise ValueError("the prompt is empty")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise ValueError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
         if request.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if len(prompt) + request.max_tokens > self.context_length:

@@ -119,7 +119,7 @@ class PackedRunner:
             if seg.logits:
                 picks.append(len(flat) - 1)
         T = len(flat)
-        pos = mx.array(positions) if self.vector_rope else None
+        pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
         h = self.inner.embed_tokens(mx.array(flat)[None])
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -134,6 +134,8 @@ class PackedRunner:
 
     def _attention(self, attn: Any, x: mx.array, segments: Sequence[Segment], bounds: list[tuple[int, int]],
                    pos: mx.array | None, li: int, T: int) -> mx.array:
+        if len(segments) == 1:
+            return self._attention_one(attn, x, segments[0].cache[li], T)
         nh, nkv = attn.n_heads, attn.n_kv_heads
         # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token.
         q = attn.q_proj(x).reshape(T, nh, 1, -1)
@@ -160,6 +162,22 @@ class PackedRunner:
                 mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None)
             )
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+        return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
+
+
+    @staticmethod
+    def _attention_one(attn: Any, x: mx.array, cache: Any, T: int) -> mx.array:
+        # One row: mlx-lm's own layout and op count (no per-token RoPE, no slicing).
+        q = attn.q_proj(x).reshape(1, T, attn.n_heads, -1)
+        k = attn.k_proj(x).reshape(1, T, attn.n_kv_heads, -1)
+        v = attn.v_proj(x).reshape(1, T, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if hasattr(attn, "q_norm"):
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+        k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal" if T > 1 else None)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
 

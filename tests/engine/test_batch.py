@@ -233,6 +233,8 @@ def test_submit_rejects_what_cannot_run(tiny_loaded) -> None:
         group.submit(GenerationRequest(prompt_of(2000, 1), GREEDY, max_tokens=100))
     with pytest.raises(ValueError, match="empty"):
         group.submit(GenerationRequest([], GREEDY))
+    with pytest.raises(ValueError, match="token ids"):
+        group.submit(GenerationRequest([1, 400], GREEDY))
     with pytest.raises(ValueError, match="max_tokens"):
         group.submit(GenerationRequest([1, 2], GREEDY, max_tokens=0))
     with pytest.raises(ValueError, match="top_p"):
