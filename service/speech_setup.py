@@ -30,6 +30,8 @@ class SpeechConfig:
     preload: bool = False
     session_ttl_sec: float = 300.0
     max_sessions: int = 64
+    # `tandem serve some-whisper-model`: no chat model is loaded at all.
+    transcription_only: bool = False
 
     def store(self, config: ServiceConfig) -> None:
         """Put these options into config.extra (travels to the granian worker). Raises nothing."""
@@ -90,6 +92,8 @@ def install_speech(state: AppState, options: SpeechConfig | None = None) -> AppS
         options.store(state.config)
     elif CONFIG_KEY not in state.config.extra:
         SpeechConfig().store(state.config)
+    if (speech_config(state.config) or SpeechConfig()).transcription_only:
+        state.load_engine = None  # the speech hook drives an Engine(None)
     if speech_lifespan not in state.lifespan_hooks:
         state.lifespan_hooks.append(speech_lifespan)
     return state
