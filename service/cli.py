@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, Callable
 
+from service.transcribe_cli import add_dictate, add_models_import, add_serve_speech_args, add_transcribe, configure_serve_speech
+
 __all__ = ["main", "build_parser", "SUBCOMMANDS", "CLIError"]
 
 
@@ -36,6 +38,7 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--prompt-cache-bytes", type=int, default=None,
                    help="prefix-cache byte budget (0 disables; default: 1/8 of RAM, at most 4 GiB)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_serve_speech_args(p)
     p.set_defaults(func=_serve)
 
 
@@ -90,9 +93,12 @@ def _serve(args: argparse.Namespace) -> int:
     from service.serve import serve
 
     config = serve_config(args)
-    source = _resolve_or_fail(config.model)  # fail fast with a clear message, before any worker starts
+    transcription_only = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
+    if not transcription_only:
+        source = _resolve_or_fail(config.model)  # fail fast with a clear message, before any worker starts
     _check_port(config.host, config.port)
-    print(f"tandem: model {source.name} ({source.kind}: {source.path})", file=sys.stderr, flush=True)
+    if not transcription_only:
+        print(f"tandem: model {source.name} ({source.kind}: {source.path})", file=sys.stderr, flush=True)
     return serve(config, log_level=args.log_level)
 
 
@@ -234,9 +240,11 @@ def _add_pi(sub: Any) -> None:
 
 # Adders of top-level subcommands. Others plug in here with one line each:
 # transcribe / dictate (audio), pi (service/pi.py), benchmark (bench).
-SUBCOMMANDS: list[Callable[[Any], None]] = [_add_serve, _add_generate, _add_models, _add_openapi, _add_pi]
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    _add_serve, _add_generate, _add_models, _add_openapi, _add_pi, add_transcribe, add_dictate,
+]
 # Adders under `tandem models` (e.g. `models import` for CTranslate2 Whisper checkpoints).
-MODELS_SUBCOMMANDS: list[Callable[[Any], None]] = []
+MODELS_SUBCOMMANDS: list[Callable[[Any], None]] = [add_models_import]
 
 
 def build_parser() -> argparse.ArgumentParser:
