@@ -150,7 +150,6 @@ class LLMBatchGroup:
         self.tasks = ExecutionTasks()
         self._queue: deque[Row] = deque()
         self._active: list[Row] = []
-        self._retired: list[Row] = []  # cancelled rows whose KV goes to the prefix cache next step
         self._wake = anyio.Event()
         self._closed = False
         self.counters = {"iterations": 0, "prompt_tokens": 0, "generation_tokens": 0, "finished_rows": 0,
@@ -208,7 +207,7 @@ class LLMBatchGroup:
 
     def prune(self) -> None:
         """Drop cancelled rows and queued tasks. A cancelled row's KV is released now, or handed to the
-        prefix cache at the start of the next step. Raises nothing."""
+        prefix cache by a task the next iteration runs first. Raises nothing."""
         self.tasks.prune()
         for row in [r for r in self._queue if r.cancelled]:
             self._queue.remove(row)
@@ -302,11 +301,10 @@ class LLMBatchGroup:
 
     async def _iterate(self, budget: int, *, decode: bool, prefill: bool) -> None:
         rows = [r for r in self._active if not r.cancelled]
-        retired, self._retired = self._retired, []
-        if not rows and not retired:
+        if not rows:
             return
         try:
-            outputs = await self.context.run(self._step, rows, budget, decode, prefill, retired)
+            outputs = await self.context.run(self._step, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails its rows, never the loop
             _log.exception("engine step failed")
             for row in rows:
@@ -319,12 +317,9 @@ class LLMBatchGroup:
             if row.finished and row in self._active:
                 self._active.remove(row)
 
-    def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool,
-              retired: list[Row]) -> list[tuple[Row, Delta]]:
+    def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization."""
         t0 = time.perf_counter()
-        for row in retired:
-            self._put(row)
         for row in rows:
             if row.cache is None:
                 self._attach_cache(row)
@@ -347,7 +342,8 @@ class LLMBatchGroup:
         logits = self.runner.forward(segments)
         sampled_rows = [r for r, _, want in plan if want]
         tokens = sample_rows(logits, [r.sampler for r in sampled_rows]) if sampled_rows else None
-        touched = [a for s in segments for c in s.cache for a in (c.keys, c.values)]
+        # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
+        touched = [a for s in segments if not s.logits for c in s.cache for a in (c.keys, c.values)]
         mx.eval(([tokens] if tokens is not None else []) + touched)
         ids = tokens.tolist() if tokens is not None else []
         n_prompt = 0
@@ -442,7 +438,8 @@ class LLMBatchGroup:
         if cancelled:
             self.counters["cancelled_rows"] += 1
         if row.cache is not None and self.prefix_cache is not None and row.done > 0:
-            self._retired.append(row)  # its KV still helps the next turn; stored on the engine thread
+            # Its KV still helps the next turn: stored by a task on the engine thread before the next step.
+            self.tasks.enqueue(lambda: self._put(row), label="prefix-cache put")
         else:
             row.cache = None
 

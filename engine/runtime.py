@@ -45,8 +45,10 @@ class Engine:
         minimum_preparation_tokens: int = 32,
         prefix_cache: Any = None,
         backend: Any = None,
+        max_kv_tokens: int | None = None,
     ) -> None:
-        """Raises ValueError for non-positive limits."""
+        """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
+        Raises ValueError for non-positive limits."""
         self.thread = EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
@@ -75,6 +77,7 @@ class Engine:
                 minimum_preparation_tokens=minimum_preparation_tokens,
                 prefix_cache=prefix_cache,
                 plan=self.plan,
+                max_kv_tokens=max_kv_tokens,
             )
         self.tasks: ExecutionTasks = self.group.tasks
 

@@ -45,8 +45,10 @@ def make_group(loaded, **kw) -> LLMBatchGroup:
 
 
 async def iterate(group: LLMBatchGroup) -> None:
-    """One driver iteration (engine/driver.py's loop body, minus tasks)."""
+    """One driver iteration (engine/driver.py's loop body)."""
     group.prune()
+    if group.tasks.pending and not group.admission_held:
+        await group.tasks.advance(group.context)
     group.admit()
     if group.has_decoding() and group.has_preparing() and group.supports_mixed():
         await group.advance_mixed(iteration_budget(group))
@@ -312,3 +314,15 @@ async def test_cancelled_row_hands_its_kv_to_the_prefix_cache_next_step(tiny_loa
     await iterate(group)
     assert len(cache.entries) == 1 and len(cache.entries[0][0]) == 9 + 2  # prompt + fed generated tokens
     assert drain(other)
+
+
+async def test_a_cancelled_last_row_leaves_work_until_its_kv_is_stored(tiny_loaded) -> None:
+    cache = FakePrefixCache()
+    group = make_group(tiny_loaded, prefix_cache=cache)
+    only = group.submit(GenerationRequest(prompt_of(6, 4), GREEDY, max_tokens=30))
+    await iterate(group)
+    await only.aclose()
+    group.prune()
+    assert group.active_rows() == 0 and group.has_work()  # the put task keeps the driver awake
+    await iterate(group)
+    assert not group.has_work() and [len(t) for t, _ in cache.entries] == [6]
