@@ -326,3 +326,14 @@ async def test_a_cancelled_last_row_leaves_work_until_its_kv_is_stored(tiny_load
     assert group.active_rows() == 0 and group.has_work()  # the put task keeps the driver awake
     await iterate(group)
     assert not group.has_work() and [len(t) for t, _ in cache.entries] == [6]
+
+
+async def test_kv_budget_holds_admission_until_room(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, max_kv_tokens=30)
+    first = group.submit(GenerationRequest(prompt_of(10, 1), GREEDY, max_tokens=10))
+    second = group.submit(GenerationRequest(prompt_of(10, 2), GREEDY, max_tokens=10))
+    await iterate(group)
+    assert (group.active_rows(), group.queued_rows()) == (1, 1)  # 20 + 20 > 30
+    for _ in range(30):
+        await iterate(group)
+    assert drain(first)[-1].finish_reason and drain(second)[-1].finish_reason
