@@ -18,7 +18,7 @@ from audio.decoding import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, WindowedTranscrip
 from audio.sessions import LiveSession, SessionClosed, SessionNotFound
 from audio.transcript import Segment, TranscribeOptions, Transcript, normalize_language
 from audio.vad import has_speech, trim_silence
-from audio.whisper import WhisperResidency, resolve_whisper_checkpoint
+from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
 
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
@@ -79,7 +79,11 @@ class SpeechService:
         """Resolve a model name (dir, HF cache id, CTranslate2 dir, `tiny.en`) and build the service.
         Raises WhisperCheckpointError when it is not a Whisper checkpoint."""
         path = resolve_whisper_checkpoint(spec, kwargs.get("dtype"))
-        kwargs.setdefault("name", spec if spec and not Path(spec).exists() else ("whisper-" + path.name))
+        if spec is None or spec in DEMO_ALIASES:
+            name = f"whisper-{DEMO_MODEL}"
+        else:
+            name = path.name if Path(spec).exists() else spec
+        kwargs.setdefault("name", name)
         return cls(tasks, path, **kwargs)
 
     @property

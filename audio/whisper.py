@@ -19,6 +19,7 @@ __all__ = [
     "WhisperCheckpointError",
     "LoadedWhisper",
     "DEMO_MODEL",
+    "DEMO_ALIASES",
     "resolve_whisper_checkpoint",
     "is_whisper_checkpoint",
     "load_whisper",
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 DEMO_MODEL = "tiny.en"
-_DEMO_ALIASES = {"tiny.en", "whisper-tiny.en", "whisper-1", "demo"}
+DEMO_ALIASES = {"tiny.en", "whisper-tiny.en", "whisper-1", "demo"}
 
 
 class WhisperCheckpointError(ValueError):
@@ -83,7 +84,7 @@ def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Pa
     from audio.ctranslate2_import import CheckpointFormatError, is_ct2_whisper_dir
 
     dtype = dtype or default_dtype()
-    if spec is None or spec in _DEMO_ALIASES:
+    if spec is None or spec in DEMO_ALIASES:
         ct2 = _demo_ct2_dir()
         if ct2 is None:
             raise WhisperCheckpointError(

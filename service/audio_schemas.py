@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from litestar.datastructures import UploadFile
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "TranscriptionForm",
@@ -44,6 +44,12 @@ class TranscriptionForm(BaseModel):
     task: Literal["transcribe", "translate"] = Field("transcribe", description="Extension: translate into English.")
     vad: bool = Field(False, description="Extension: skip windows without speech (webrtcvad).")
     vad_trim: bool = Field(False, description="Extension: cut leading/trailing silence before decoding.")
+
+    @field_validator("timestamp_granularities", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        # A form with one `timestamp_granularities[]` field arrives as a plain string.
+        return [value] if isinstance(value, str) else value
 
 
 class TranscriptionWord(BaseModel):
