@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncContextManager, AsyncIterator, Awaitable, Callable
 
 import anyio
+import anyio.abc
 from anyio.abc import TaskGroup
 from litestar import Litestar, Request
 from litestar.config.cors import CORSConfig
@@ -130,14 +131,17 @@ def _lifespan(state: AppState) -> Callable[[Litestar], AsyncContextManager[None]
             engine = state.engine
             engine_done = anyio.Event()
 
-            async def run_engine() -> None:
+            async def run_engine(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
                 try:
+                    # started() does not yield: serve() is entered before startup goes on, so a hook
+                    # failing right away closes a running engine rather than one that never started.
+                    task_status.started()
                     await engine.serve()
                 finally:
                     engine_done.set()
 
             if engine is not None:
-                tg.start_soon(run_engine)
+                await tg.start(run_engine)
             try:
                 async with contextlib.AsyncExitStack() as hooks:
                     for hook in state.lifespan_hooks:

@@ -38,6 +38,8 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--prompt-cache-bytes", type=int, default=None,
                    help="prefix-cache byte budget (0 disables; default: 1/8 of RAM, at most 4 GiB)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--shutdown-timeout", type=int, default=5,
+                   help="seconds in-flight requests get to finish on Ctrl-C/SIGTERM (default 5)")
     add_serve_speech_args(p)
     p.set_defaults(func=_serve)
 
@@ -99,7 +101,7 @@ def _serve(args: argparse.Namespace) -> int:
     _check_port(config.host, config.port)
     if not transcription_only:
         print(f"tandem: model {source.name} ({source.kind}: {source.path})", file=sys.stderr, flush=True)
-    return serve(config, log_level=args.log_level)
+    return serve(config, log_level=args.log_level, shutdown_timeout=args.shutdown_timeout)
 
 
 # ---------------------------------------------------------------- generate

@@ -17,9 +17,10 @@ __all__ = ["serve", "APP_FACTORY"]
 APP_FACTORY = "service.app:app_from_env"
 
 
-def serve(config: ServiceConfig, *, log_level: str = "info") -> int:
-    """Serve until SIGINT/SIGTERM; returns the process exit code. Raises OSError when the port is taken
-    (granian reports it) and granian's ConfigurationError for invalid settings."""
+def serve(config: ServiceConfig, *, log_level: str = "info", shutdown_timeout: int = 5) -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code. In-flight requests get
+    `shutdown_timeout` seconds to finish, then the worker is stopped (a long stream would otherwise hold
+    shutdown for minutes). Raises granian's errors for invalid settings."""
     from granian import Granian
     from granian.constants import Interfaces
     from granian.log import LogLevels
@@ -39,6 +40,7 @@ def serve(config: ServiceConfig, *, log_level: str = "info") -> int:
         log_access=False,
         # Long SSE streams and slow model loads must not be cut by worker restarts.
         respawn_failed_workers=False,
+        workers_kill_timeout=max(1, shutdown_timeout),
     )
     server.serve()
     return 0
