@@ -174,7 +174,9 @@ def _print_banner(state: AppState) -> None:
     try:
         from engine.backend import blas_info
 
-        lines.append(blas_info().describe())
+        blas = blas_info().describe()
+        if not any(blas in line for line in lines):  # the plan may already list it among its reasons
+            lines.append(blas)
     except Exception:  # backend module absent or failing: the banner is informational only
         pass
     print("\n".join(f"tandem: {line}" for line in lines), file=sys.stderr, flush=True)
