@@ -83,8 +83,8 @@ class LLMBatchGroup:
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; returns its delta stream.
 
-        Raises ValueError for an empty prompt, token ids outside the vocabulary, max_tokens < 1, a prompt + max_tokens that exceeds the
-        context, or invalid sampling settings; RuntimeError when the group is closed."""
+        Raises ValueError for an empty prompt, token ids outside the vocabulary, max_tokens < 1, a prompt +
+        max_tokens that exceeds the context, or invalid sampling settings; RuntimeError when closed."""
         if self._closed:
             raise RuntimeError("engine is shutting down")
         prompt = [int(t) for t in request.prompt_tokens]
@@ -231,6 +231,7 @@ class LLMBatchGroup:
         except Exception as exc:  # one bad step fails its rows, never the loop
             _log.exception("engine step failed")
             for row in rows:
+                row.cache = None
                 self._publish(row, Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}",
                                          **self._usage(row)))
             self._active = [r for r in self._active if r not in rows]
@@ -315,7 +316,11 @@ class LLMBatchGroup:
 
     def _attach_cache(self, row: Row) -> None:
         if self.prefix_cache is not None:
-            n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
+            try:
+                n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
+            except Exception:  # a cache problem costs a cold prefill, never the request
+                _log.exception("prefix cache take failed")
+                n, kv = 0, None
             if kv is not None and 0 < n < len(row.prompt):
                 row.cache, row.done, row.cached_tokens = list(kv), n, n
                 return
