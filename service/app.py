@@ -50,6 +50,9 @@ class AppState:
     # Other names a client may use for the chat model (CLI spec, file name, repo id).
     model_aliases: set[str] = field(default_factory=set)
     task_group: TaskGroup | None = None
+    # Set by service.speech_setup's lifespan hook: the SpeechService and the names its model answers to.
+    speech: Any | None = None
+    speech_aliases: set[str] = field(default_factory=set)
     ready: bool = False
     started_at: float = field(default_factory=time.time)
     # HF tokenizers are not safe for concurrent use: chat templating runs in a worker thread, one at a time.
