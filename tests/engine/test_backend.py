@@ -28,7 +28,7 @@ _PROBE = textwrap.dedent(
     inverse = np.array(mx.linalg.inv(mx.array(m), stream=mx.cpu))
     info = blas_info()
     print(json.dumps({
-        "name": info.name, "path": info.path, "reason": info.reason,
+        "name": info.name, "path": info.path, "reason": info.reason, "threads": info.threads,
         "matmul_err": float(np.abs(product - a @ b).max()),
         "inv_err": float(np.abs(inverse @ m - np.eye(16)).max()),
     }))
@@ -37,7 +37,7 @@ _PROBE = textwrap.dedent(
 
 
 def _probe(tmp_path, **env: str) -> dict:
-    environment = {k: v for k, v in os.environ.items() if k != "TANDEM_BLAS"}
+    environment = {k: v for k, v in os.environ.items() if k not in ("TANDEM_BLAS", "OPENBLAS_NUM_THREADS")}
     environment.update(XDG_CACHE_HOME=str(tmp_path), **env)
     done = subprocess.run(
         [sys.executable, "-c", _PROBE], env=environment, capture_output=True, text=True, check=True
@@ -98,3 +98,10 @@ def test_path_override_is_loaded_first(tmp_path) -> None:
 def test_bad_path_override_warns_and_falls_back(tmp_path) -> None:
     result = _probe(tmp_path, TANDEM_BLAS=str(tmp_path / "missing.so"))
     assert result["name"] == "openblas" and result["reason"] != "TANDEM_BLAS"
+
+
+def test_threads_leave_a_core_free_unless_chosen(tmp_path) -> None:
+    cores = len(os.sched_getaffinity(0))
+    assert _probe(tmp_path)["threads"] == max(1, cores - 1)
+    if cores >= 2:
+        assert _probe(tmp_path, OPENBLAS_NUM_THREADS="2")["threads"] == 2
