@@ -235,12 +235,17 @@ def _directory(source: ModelSource, float32: bool) -> Path:
     return convert_gguf(source.path, dequantize=float32)
 
 
-def hf_dir_for(spec: str | None, *, float32: bool = False) -> Path:
+def hf_dir_for(spec: str | None, *, float32: bool | None = None) -> Path:
     """An HF-layout directory mlx-lm tools (mlx_lm.server, mlx_lm.generate) can load for `spec`.
 
-    A GGUF is converted into the cache (float32 weights when `float32`); a directory is returned as it
-    is. Raises ModelNotFound, or GGUFError for an unsupported GGUF.
+    A GGUF is converted into the cache with the weights `load_model` would use (float32 on the CPU backend
+    unless `float32` says otherwise); a directory is returned as it is. Raises ModelNotFound, or GGUFError
+    for an unsupported GGUF.
     """
+    if float32 is None:
+        import mlx.core as mx
+
+        float32 = mx.default_device() == mx.cpu
     return _directory(resolve_model(spec), float32)
 
 
