@@ -230,6 +230,23 @@ def test_quantized_tensors_dequantize_exactly_and_stay_quantized_on_request(tiny
     np.testing.assert_allclose(_logits(dense.model, ids), _logits(quantized.model, ids), atol=0.1)
 
 
+def test_hf_dir_for_gives_mlx_lm_tools_the_same_weights(tiny_llm_dir, tmp_path, cache_home) -> None:
+    from mlx_lm.utils import load
+
+    from engine.models import hf_dir_for
+
+    gguf_from_hf(tiny_llm_dir, tmp_path / "q.gguf", {"blk.0.ffn_up.weight": _Q8_0})
+    dense_dir = hf_dir_for(str(tmp_path / "q.gguf"), float32=True)
+    packed_dir = hf_dir_for(str(tmp_path / "q.gguf"), float32=False)
+    assert dense_dir != packed_dir
+    assert "quantization" not in json.loads((dense_dir / "config.json").read_text())
+    dense, _ = load(str(dense_dir))
+    packed, _ = load(str(packed_dir))
+    assert type(dense.model.layers[0].mlp.up_proj) is nn.Linear
+    assert dense.model.layers[0].mlp.up_proj.weight.dtype == mx.float32
+    assert isinstance(packed.model.layers[0].mlp.up_proj, nn.QuantizedLinear)
+
+
 def test_conversion_is_cached_by_path_size_and_mtime(tiny_llm_dir, tmp_path, cache_home) -> None:
     path = tmp_path / "tiny.gguf"
     gguf_from_hf(tiny_llm_dir, path)
