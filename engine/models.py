@@ -36,10 +36,12 @@ __all__ = [
 ]
 
 SourceKind = Literal["hf_dir", "gguf"]
-# What `tandem models get` fetches: mlx-lm's own patterns plus Whisper's weight files; never every GGUF.
+# What `tandem models get` fetches: mlx-lm's own patterns plus mlx-whisper's weight files. Never every
+# GGUF, nor duplicate checkpoints such as consolidated.safetensors.
 _DOWNLOAD_PATTERNS = [
     "*.json",
-    "*.safetensors",
+    "model*.safetensors",
+    "weights.safetensors",
     "weights.npz",
     "tokenizer.model",
     "*.tiktoken",

@@ -222,7 +222,8 @@ def test_download_uses_the_hub_cache_and_maps_errors(hub_cache, monkeypatch) -> 
     assert models.download_model("org/name", progress=False) == hub_cache / "models--org--name" / "snapshots" / "abc"
     repo_id, kwargs = calls[0]
     assert kwargs["cache_dir"] == hub_cache
-    assert "*.safetensors" in kwargs["allow_patterns"] and "*.gguf" not in kwargs["allow_patterns"]
+    patterns = kwargs["allow_patterns"]
+    assert {"model*.safetensors", "weights.npz", "*.json"} <= set(patterns) and "*.gguf" not in patterns
     with pytest.raises(ModelNotFound):
         models.download_model("missing/repo", progress=False)
     with pytest.raises(ModelDownloadError, match="could not reach"):
