@@ -81,3 +81,16 @@ class EngineThread:
         self._jobs.put(None)
         if threading.current_thread() is not self._thread and join_timeout != 0:
             self._thread.join(join_timeout)
+            _wait_for_os_exit(self._thread, join_timeout)
+
+
+def _wait_for_os_exit(thread: threading.Thread, timeout: float | None) -> None:
+    # join() returns before the OS thread runs its C++ thread-local destructors (MLX's compile cache, which
+    # takes the GIL); if the interpreter is finalizing by then the process aborts. On Linux, wait them out.
+    import os
+    import time
+
+    task = f"/proc/self/task/{thread.native_id}"
+    deadline = time.monotonic() + (timeout if timeout is not None else 5.0)
+    while not thread.is_alive() and os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.001)
