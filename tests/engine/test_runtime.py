@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import anyio
@@ -148,3 +149,16 @@ def test_generate_stream_runs_one_generation_without_a_server(tiny_loaded) -> No
     assert result.token_ids == reference(tiny_loaded.model, prompt, 12)[: len(result.token_ids)]
     assert result.finish_reason in ("length", "stop") and result.completion_tokens == len(result.token_ids)
     assert "".join(d.text for d in seen) == result.text
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+async def test_serve_returns_only_after_the_engine_os_thread_is_gone(tiny_loaded) -> None:
+    # A thread still running MLX's C++ thread-local destructors at interpreter exit aborts the process.
+    engine = Engine(tiny_loaded)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with engine.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=3)) as stream:
+            async for _ in stream:
+                pass
+        engine.close()
+    assert not os.path.exists(f"/proc/self/task/{engine.thread._thread.native_id}")
