@@ -75,8 +75,11 @@ class LLMBatchGroup:
         self._active: list[Row] = []
         self._wake = anyio.Event()
         self._closed = False
-        self.counters = {"iterations": 0, "prompt_tokens": 0, "generation_tokens": 0, "finished_rows": 0,
-                         "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0, "decode_seconds": 0.0}
+        self.counters = {
+            "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
+            "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
+            "decode_seconds": 0.0,
+        }
 
     # -- submission -------------------------------------------------------------------------------
 
@@ -271,6 +274,7 @@ class LLMBatchGroup:
         mx.eval(([tokens] if tokens is not None else []) + touched)
         ids = tokens.tolist() if tokens is not None else []
         n_prompt = 0
+        n_decode = sum(1 for r, _, _ in plan if not r.preparing)
         for r, chunk, _ in plan:
             if r.preparing:
                 before = r.done
@@ -285,6 +289,7 @@ class LLMBatchGroup:
         dt = time.perf_counter() - t0
         c = self.counters
         c["iterations"] += 1
+        c["mixed_iterations"] += int(n_prompt > 0 and n_decode > 0)
         c["prompt_tokens"] += n_prompt
         c["generation_tokens"] += len(ids)
         c["step_seconds"] += dt

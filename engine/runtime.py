@@ -122,6 +122,7 @@ class Engine:
                 max_iteration_tokens=group.max_iteration_tokens,
                 kv_bytes=group.kv_bytes(),
                 iterations=c["iterations"],
+                mixed_iterations=c["mixed_iterations"],
                 prompt_tokens=c["prompt_tokens"],
                 generation_tokens=c["generation_tokens"],
                 finished_rows=c["finished_rows"],

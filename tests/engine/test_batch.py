@@ -120,6 +120,7 @@ async def test_four_rows_joining_at_different_iterations_match_mlx_lm(tiny_loade
         assert_matches_reference(tiny_loaded, p, tokens_of(d), 16)
     mixed = [it for it in group.runner.iterations if any(w and n == 1 for n, w in it) and any(n > 1 for n, _ in it)]
     assert mixed, "a joining prompt must share an iteration with decoding rows"
+    assert group.counters["mixed_iterations"] == len(mixed)
 
 
 async def test_prefill_split_into_budgeted_chunks_matches_mlx_lm(tiny_loaded) -> None:
