@@ -156,7 +156,8 @@ class LLMBatchGroup:
                 tg.cancel_scope.cancel()
 
             tg.start_soon(watch, self._wake.wait)
-            tg.start_soon(watch, self.tasks.wait_changed)
+            # Bind the current event now: a task enqueued before `watch` starts must still wake us.
+            tg.start_soon(watch, self.tasks._changed.wait)
 
     def admit(self) -> None:
         """Move queued rows into the active set while `max_active` and the KV budget allow."""
