@@ -74,6 +74,19 @@ def test_packed_matches_separate_passes_qwen3_with_qk_norm(qwen3_model) -> None:
         assert_close(a, b)
 
 
+@pytest.mark.parametrize("rope_scaling", [
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+    {"type": "dynamic", "factor": 2.0},  # its RoPE cannot take per-token offsets: per-row RoPE path
+])
+def test_packed_matches_separate_passes_with_rope_scaling(tmp_path, rope_scaling) -> None:
+    model, _ = load(str(build_tiny_llm(tmp_path, extra_config={"rope_scaling": rope_scaling})))
+    got, _ = run_schedule(PackedRunner(model), model, SCHEDULE)
+    ref, _ = reference(model, SCHEDULE)
+    for a, b in zip(got, ref):
+        assert_close(a, b)
+
+
 def test_packed_works_with_quantized_modules(tiny_llm_dir) -> None:
     model, _ = load(str(tiny_llm_dir))
     nn.quantize(model, group_size=32, bits=8)
