@@ -227,6 +227,9 @@ class WhisperResidency:
         Raises WhisperCheckpointError, TaskRejected."""
         self._takes += 1
         self._idle_since = None
+        if self._loaded is not None:
+            # A queued unload runs later and sees takes > 0, so the model stays: no task needed.
+            return self._loaded
         try:
             return await self._tasks.run(self._ensure_loaded, label="whisper.load")
         except BaseException:
