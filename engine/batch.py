@@ -69,12 +69,13 @@ class LLMBatchGroup:
         self.max_kv_tokens = max_kv_tokens
         self.plan = plan or resolve_execution(model)
         self.runner = PackedRunner(model) if self.plan.packed else SeparateRunner(model)
-        self.vocab_size = _vocab_size(model, tokenizer)
+        self.vocab_size = int(getattr(getattr(model, "args", None), "vocab_size", 0) or len(tokenizer))
         self.tasks = ExecutionTasks()
         self._queue: deque[Row] = deque()
         self._active: list[Row] = []
         self._wake = anyio.Event()
         self._closed = False
+        self._recent: deque[tuple[float, int, int]] = deque()  # (time, prompt, generated) per iteration
         self.counters = {
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
@@ -218,6 +219,17 @@ class LLMBatchGroup:
                 total += getattr(c, "nbytes", 0) or 0
         return total
 
+    def recent_rates(self, window: float = 10.0) -> tuple[float, float]:
+        """Wall-clock (prompt, generation) tokens/s over the last `window` seconds. Raises nothing."""
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - window:
+            self._recent.popleft()
+        if not self._recent:
+            return 0.0, 0.0
+        span = max(now - self._recent[0][0], 1e-3)
+        return (round(sum(p for _, p, _ in self._recent) / span, 2),
+                round(sum(g for _, _, g in self._recent) / span, 2))
+
     def active_rows(self) -> int:
         return len(self._active)
 
@@ -230,6 +242,7 @@ class LLMBatchGroup:
         rows = [r for r in self._active if not r.cancelled]
         if not rows:
             return
+        before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
         try:
             outputs = await self.context.run(self._step, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails its rows, never the loop
@@ -240,6 +253,8 @@ class LLMBatchGroup:
                                          **self._usage(row)))
             self._active = [r for r in self._active if r not in rows]
             return
+        self._recent.append((time.monotonic(), self.counters["prompt_tokens"] - before[0],
+                             self.counters["generation_tokens"] - before[1]))
         for row, delta in outputs:
             self._publish(row, delta)
             if row.finished and row in self._active:
@@ -381,8 +396,3 @@ class LLMBatchGroup:
         self._wake.set()
         self._wake = anyio.Event()
 
-
-def _vocab_size(model: Any, tokenizer: Any) -> int:
-    args = getattr(model, "args", None)
-    size = getattr(args, "vocab_size", None)
-    return int(size) if size else len(tokenizer)

@@ -130,6 +130,9 @@ class Engine:
                 prompt_tokens_per_second=_rate(c["prompt_tokens"], c["prompt_seconds"]),
                 generation_tokens_per_second=_rate(c["generation_tokens"], c["decode_seconds"]),
             )
+            recent_prompt, recent_generation = group.recent_rates()
+            out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
+                             "generation_tokens_per_second": recent_generation}
         else:
             out.update(active_rows=0, queued_rows=0, kv_bytes=0, iterations=0)
         if self.prefix_cache is not None and hasattr(self.prefix_cache, "stats"):
