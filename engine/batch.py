@@ -395,4 +395,3 @@ class LLMBatchGroup:
     def _wake_up(self) -> None:
         self._wake.set()
         self._wake = anyio.Event()
-
