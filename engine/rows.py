@@ -87,3 +87,4 @@ class LLMRowStream:
     def __del__(self) -> None:  # a consumer that forgets aclose still frees its row
         if not self._row.finished:
             self._row.cancelled = True
+        self._receive.close()

@@ -315,6 +315,8 @@ async def test_cancelled_row_hands_its_kv_to_the_prefix_cache_next_step(tiny_loa
     await iterate(group)
     assert len(cache.entries) == 1 and len(cache.entries[0][0]) == 9 + 2  # prompt + fed generated tokens
     assert drain(other)
+    group.close()
+    assert drain(other)[-1].finish_reason == "cancelled"
 
 
 async def test_a_cancelled_last_row_leaves_work_until_its_kv_is_stored(tiny_loaded) -> None:
@@ -338,3 +340,11 @@ async def test_kv_budget_holds_admission_until_room(tiny_loaded) -> None:
     for _ in range(30):
         await iterate(group)
     assert drain(first)[-1].finish_reason and drain(second)[-1].finish_reason
+
+
+async def test_a_dropped_stream_cancels_its_row(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=30))  # the stream is dropped at once
+    await iterate(group)
+    await iterate(group)
+    assert group.active_rows() == 0 and group.counters["cancelled_rows"] == 1
