@@ -61,6 +61,7 @@ class LLMRowStream:
         try:
             return await self._receive.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._receive.close()
             raise StopAsyncIteration from None
 
     def receive_nowait(self) -> Delta:
