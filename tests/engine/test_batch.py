@@ -348,3 +348,16 @@ async def test_a_dropped_stream_cancels_its_row(tiny_loaded) -> None:
     await iterate(group)
     await iterate(group)
     assert group.active_rows() == 0 and group.counters["cancelled_rows"] == 1
+
+
+async def test_an_architecture_without_a_packed_runner_runs_separate_passes(tmp_path) -> None:
+    from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+    gemma = load_tiny_llm(build_tiny_llm(tmp_path, model_type="gemma"))
+    group = make_group(gemma)
+    assert group.plan.method == "separate-passes" and not group.supports_mixed()
+    assert any("model_type gemma has no packed runner" in r for r in group.plan.reasons)
+    prompts = [prompt_of(n, i) for i, n in enumerate((6, 15, 3))]
+    deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=10) for p in prompts], [0, 1, 4])
+    for p, d in zip(prompts, deltas.values()):
+        assert_matches_reference(gemma, p, tokens_of(d), 10)
