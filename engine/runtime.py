@@ -13,7 +13,6 @@ between LLM iterations. With `loaded=None` the group is a TasksOnlyGroup (a spee
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -53,7 +52,6 @@ class Engine:
         self.lease = anyio.Lock()
         self.loaded = loaded
         self.prefix_cache = prefix_cache
-        self._started = time.monotonic()
         self._serving = False
         self._closed = False
         if loaded is None:
@@ -107,7 +105,6 @@ class Engine:
         out: dict[str, Any] = {
             "model": self.model_name,
             "context_length": self.context_length,
-            "uptime_seconds": round(time.monotonic() - self._started, 3),
             "engine_busy_seconds": round(self.thread.busy_seconds, 3),
             "tasks": {"queued": len(self.tasks), "completed": self.tasks.completed, "labels": self.tasks.labels()},
             "plan": self.plan.as_dict() if self.plan else None,
