@@ -164,7 +164,6 @@ class PackedRunner:
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
-
     @staticmethod
     def _attention_one(attn: Any, x: mx.array, cache: Any, T: int) -> mx.array:
         # One row: mlx-lm's own layout and op count (no per-token RoPE, no slicing).
