@@ -361,3 +361,19 @@ async def test_an_architecture_without_a_packed_runner_runs_separate_passes(tmp_
     deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=10) for p in prompts], [0, 1, 4])
     for p, d in zip(prompts, deltas.values()):
         assert_matches_reference(gemma, p, tokens_of(d), 10)
+
+
+async def test_a_task_enqueued_while_the_group_goes_idle_wakes_it(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    woke = anyio.Event()
+
+    async def idle() -> None:
+        await group.wait_for_work()
+        woke.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(idle)
+        await anyio.sleep(0)  # idle() checks has_work() and schedules its watchers, which have not run yet
+        group.tasks.enqueue(lambda: None, label="window")
+        with anyio.fail_after(10):  # a guard against hanging, not synchronisation
+            await woke.wait()
