@@ -18,7 +18,7 @@ import anyio
 
 from bench.load import run_load, wait_ready
 
-__all__ = ["main", "make_prompts"]
+__all__ = ["main", "cli", "make_prompts"]
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while seven curious children watch from the old "
@@ -151,5 +151,20 @@ def _report(r: dict) -> None:
                   f"{t[n]['aggregate_tok_s'] / max(p[n]['aggregate_tok_s'], 1e-9):.2f}× aggregate")
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """`tandem benchmark chat`: parse options, run main(). Raises ModelNotFound for an unknown model."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="tandem benchmark chat", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="model spec (default: the embedded demo)")
+    p.add_argument("--levels", default="1,4,8", help="concurrent streams to measure")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--no-peer", action="store_true", help="skip mlx-lm and mlx_lm.server")
+    p.add_argument("--out", default=None, help="also write the JSON result here")
+    a = p.parse_args(argv)
+    main(a.model, tuple(int(x) for x in a.levels.split(",")), a.max_tokens, a.out, not a.no_peer)
+    return 0
+
+
 if __name__ == "__main__":
-    main(*(sys.argv[1:2] or [None]))
+    sys.exit(cli())

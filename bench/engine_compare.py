@@ -132,8 +132,9 @@ def ours(loaded, ps: list[list[int]], tokens: int, max_iteration_tokens: int) ->
     return anyio.run(run)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    """Engine-level comparison; prints JSON lines. Raises SystemExit on bad options."""
+    ap = argparse.ArgumentParser(prog="tandem benchmark engine")
     ap.add_argument("--tokenizer", required=True)
     ap.add_argument("--shape", default="llama-1b", choices=sorted(SHAPES))
     ap.add_argument("--dtype", default="bfloat16")
@@ -141,7 +142,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--prompt-len", type=int, default=256)
     ap.add_argument("--max-iteration-tokens", type=int, default=2048)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     loaded = build(a.shape, a.tokenizer, a.dtype)
     vocab = loaded.model.args.vocab_size
     print(json.dumps({"device": str(mx.default_device()), "shape": a.shape, "dtype": a.dtype}), flush=True)
@@ -153,7 +154,8 @@ def main() -> None:
                "mlx_lm_batch": peer_batch(loaded, ps, a.tokens)}
         row["aggregate_ratio"] = round(row["tandem"]["aggregate_tok_s"] / row["mlx_lm_batch"]["aggregate_tok_s"], 2)
         print(json.dumps(row), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

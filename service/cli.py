@@ -234,6 +234,12 @@ def _openapi(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- wiring
 
+def _add_benchmark(sub: Any) -> None:
+    from service.benchmark_cli import add_benchmark
+
+    add_benchmark(sub)
+
+
 def _add_pi(sub: Any) -> None:
     from service.pi import add_pi_parser
 
@@ -243,7 +249,7 @@ def _add_pi(sub: Any) -> None:
 # Adders of top-level subcommands. Others plug in here with one line each:
 # transcribe / dictate (audio), pi (service/pi.py), benchmark (bench).
 SUBCOMMANDS: list[Callable[[Any], None]] = [
-    _add_serve, _add_generate, _add_models, _add_openapi, _add_pi, add_transcribe, add_dictate,
+    _add_serve, _add_generate, _add_models, _add_openapi, _add_pi, add_transcribe, add_dictate, _add_benchmark,
 ]
 # Adders under `tandem models` (e.g. `models import` for CTranslate2 Whisper checkpoints).
 MODELS_SUBCOMMANDS: list[Callable[[Any], None]] = [add_models_import]
