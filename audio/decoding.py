@@ -97,14 +97,21 @@ class WindowedTranscription:
                                       prompt=self.all_tokens[self.prompt_reset_since:],
                                       without_timestamps=o.without_timestamps, fp16=self.loaded.fp16)
             result = self.loaded.model.decode(mel, options)
-            needs_fallback = (
-                (o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold)
-                or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
-            if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
-                needs_fallback = False  # silence: a low logprob is expected
-            if not needs_fallback:
+            if not self._needs_fallback(result):
                 break
         return result
+
+    def _needs_fallback(self, result: Any) -> bool:
+        o = self.options
+        if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
+            return False  # silence: a low logprob is expected
+        return bool((o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold)
+                    or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
+
+    def _silent(self, result: Any) -> bool:
+        o = self.options
+        return bool(o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold and not (
+            o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold))
 
     def _new_segment(self, start: float, end: float, tokens: np.ndarray, result: Any) -> dict[str, Any]:
         token_list = [int(t) for t in tokens.tolist()]
@@ -113,32 +120,14 @@ class WindowedTranscription:
                 "tokens": token_list, "temperature": result.temperature, "avg_logprob": result.avg_logprob,
                 "compression_ratio": result.compression_ratio, "no_speech_prob": result.no_speech_prob}
 
-    def step(self, audio: np.ndarray, segment_frames: int) -> list[Segment]:
-        """Decode the window starting at `self.seek` (`audio` = samples from there, ≤ 30 s used) and
-        advance the seek. Engine thread only. Raises whatever MLX raises (the task's awaiter gets it)."""
-        from mlx_whisper.timing import add_word_timestamps
-
-        model, o = self.loaded.model, self.options
-        mel = self._mel(audio, segment_frames)
-        if self.language is None:
-            _, probs = model.detect_language(mel)
-            self.language = max(probs, key=probs.get)
-            self._init_tokenizer()
+    def _split(self, tokens: np.ndarray, result: Any, time_offset: float, segment_frames: int, *,
+               whole: bool = False) -> tuple[list[dict[str, Any]], int, bool]:
+        """Segments between timestamp pairs, the frames consumed, and whether the window ended on a single
+        timestamp. An unfinished last segment is left for the next window, or kept (to the window's end)
+        when `whole` (batched chunks are never revisited)."""
         tok = self._tokenizer
-        self.windows += 1
-        time_offset = float(self.seek * HOP_LENGTH / SAMPLE_RATE)
-        segment_duration = segment_frames * HOP_LENGTH / SAMPLE_RATE
-        input_stride = N_FRAMES // model.dims.n_audio_ctx
+        input_stride = N_FRAMES // self.loaded.model.dims.n_audio_ctx
         time_precision = input_stride * HOP_LENGTH / SAMPLE_RATE
-
-        result = self._decode_with_fallback(mel)
-        tokens = np.array(result.tokens, dtype=np.int64)
-        if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold and not (
-                o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold):
-            self.seek += segment_frames  # silent window
-            return []
-
-        previous_seek = self.seek
         current: list[dict[str, Any]] = []
         timestamp_tokens = tokens >= tok.timestamp_begin
         single_timestamp_ending = timestamp_tokens[-2:].tolist() == [False, True]
@@ -156,17 +145,46 @@ class WindowedTranscription:
                                                  time_offset + end_pos * time_precision, sliced, result))
                 last_slice = current_slice
             if single_timestamp_ending:
-                self.seek += segment_frames
-            else:
-                # the last segment is unfinished: continue from its start timestamp
-                self.seek += (int(tokens[last_slice - 1]) - tok.timestamp_begin) * input_stride
-        else:
-            duration = segment_duration
-            timestamps = tokens[timestamp_tokens.nonzero()[0]]
-            if len(timestamps) > 0 and int(timestamps[-1]) != tok.timestamp_begin:
-                duration = (int(timestamps[-1]) - tok.timestamp_begin) * time_precision
-            current.append(self._new_segment(time_offset, time_offset + duration, tokens, result))
-            self.seek += segment_frames
+                return current, segment_frames, True
+            if whole and last_slice < len(tokens):
+                start_pos = int(tokens[last_slice - 1]) - tok.timestamp_begin
+                current.append(self._new_segment(time_offset + start_pos * time_precision,
+                                                 time_offset + segment_frames * HOP_LENGTH / SAMPLE_RATE,
+                                                 tokens[last_slice:], result))
+                return current, segment_frames, False
+            # the last segment is unfinished: continue from its start timestamp
+            return current, (int(tokens[last_slice - 1]) - tok.timestamp_begin) * input_stride, False
+        duration = segment_frames * HOP_LENGTH / SAMPLE_RATE
+        timestamps = tokens[timestamp_tokens.nonzero()[0]]
+        if len(timestamps) > 0 and int(timestamps[-1]) != tok.timestamp_begin:
+            duration = (int(timestamps[-1]) - tok.timestamp_begin) * time_precision
+        current.append(self._new_segment(time_offset, time_offset + duration, tokens, result))
+        return current, segment_frames, single_timestamp_ending
+
+    def step(self, audio: np.ndarray, segment_frames: int) -> list[Segment]:
+        """Decode the window starting at `self.seek` (`audio` = samples from there, ≤ 30 s used) and
+        advance the seek. Engine thread only. Raises whatever MLX raises (the task's awaiter gets it)."""
+        from mlx_whisper.timing import add_word_timestamps
+
+        model, o = self.loaded.model, self.options
+        mel = self._mel(audio, segment_frames)
+        if self.language is None:
+            _, probs = model.detect_language(mel)
+            self.language = max(probs, key=probs.get)
+            self._init_tokenizer()
+        tok = self._tokenizer
+        self.windows += 1
+        time_offset = float(self.seek * HOP_LENGTH / SAMPLE_RATE)
+
+        result = self._decode_with_fallback(mel)
+        tokens = np.array(result.tokens, dtype=np.int64)
+        if self._silent(result):
+            self.seek += segment_frames  # silent window
+            return []
+
+        previous_seek = self.seek
+        current, advance, single_timestamp_ending = self._split(tokens, result, time_offset, segment_frames)
+        self.seek += advance
 
         if o.word_timestamps:
             add_word_timestamps(segments=current, model=model, tokenizer=tok, mel=mel, num_frames=segment_frames,
@@ -180,16 +198,63 @@ class WindowedTranscription:
                 self.last_speech_timestamp = last_word_end
         if self.seek <= previous_seek:  # never loop on the same window
             self.seek = previous_seek + segment_frames
+        new = self._commit(current)
+        if not o.condition_on_previous_text or result.temperature > 0.5:
+            self.prompt_reset_since = len(self.all_tokens)  # do not condition on text sampled hot
+        return new
 
+    def _commit(self, current: list[dict[str, Any]]) -> list[Segment]:
         for s in current:  # instantaneous or empty segments carry no text
             if s["start"] == s["end"] or not s["text"].strip():
                 s["text"], s["tokens"], s["words"] = "", [], []
         first_id = len(self.segments)
         self.segments.extend(current)
         self.all_tokens.extend(t for s in current for t in s["tokens"])
-        if not o.condition_on_previous_text or result.temperature > 0.5:
-            self.prompt_reset_since = len(self.all_tokens)  # do not condition on text sampled hot
         return [self._to_segment(i, s) for i, s in enumerate(current, start=first_id) if s["text"]]
+
+    def step_batch(self, chunks: list[tuple[np.ndarray, int, int]]) -> list[Segment]:
+        """Decode independent chunks — (audio, frames, start frame) each, ≤ 30 s — in ONE batched encoder and
+        decoder call (mlx-whisper's DecodingTask takes a batch of mels); rows that need the temperature
+        fallback are re-decoded together at the next rung. No conditioning across chunks. Engine thread only.
+        Raises whatever MLX raises."""
+        import mlx.core as mx
+        from mlx_whisper.decoding import DecodingOptions
+        from mlx_whisper.timing import add_word_timestamps
+
+        model, o = self.loaded.model, self.options
+        mels = [self._mel(audio, frames) for audio, frames, _ in chunks]
+        if self.language is None:
+            _, probs = model.detect_language(mels[0])
+            self.language = max(probs, key=probs.get)
+            self._init_tokenizer()
+        batch = mx.stack(mels)
+        results: list[Any] = [None] * len(chunks)
+        todo = list(range(len(chunks)))
+        for t in o.temperatures:
+            options = DecodingOptions(task=o.task, language=self.language, temperature=t,
+                                      prompt=list(self.initial_prompt_tokens), without_timestamps=o.without_timestamps,
+                                      fp16=self.loaded.fp16)
+            rows = batch if len(todo) == len(chunks) else batch[mx.array(todo)]
+            for i, result in zip(todo, model.decode(rows, options)):
+                results[i] = result
+            todo = [i for i in todo if self._needs_fallback(results[i])]
+            if not todo:
+                break
+        self.windows += 1
+        new: list[Segment] = []
+        for (_, frames, start), mel, result in zip(chunks, mels, results):
+            if self._silent(result):
+                continue
+            self.seek = start  # segments record the chunk they came from
+            offset = start * HOP_LENGTH / SAMPLE_RATE
+            current, _, _ = self._split(np.array(result.tokens, dtype=np.int64), result, offset, frames, whole=True)
+            if o.word_timestamps:
+                add_word_timestamps(segments=current, model=model, tokenizer=self._tokenizer, mel=mel,
+                                    num_frames=frames, last_speech_timestamp=self.last_speech_timestamp)
+                self.last_speech_timestamp = _segment_end(current) or self.last_speech_timestamp
+            new.extend(self._commit(current))
+        self.seek = max(start + frames for _, frames, start in chunks)
+        return new
 
     def fork(self) -> "WindowedTranscription":
         """A copy whose step() leaves this one's seek and text untouched (tentative decodes). Raises nothing."""

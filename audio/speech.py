@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import anyio
 import numpy as np
 
+from audio.batching import batched_windows
 from audio.decoding import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, WindowedTranscription
 from audio.sessions import LiveSession, SessionClosed, SessionNotFound
 from audio.transcript import Segment, TranscribeOptions, Transcript, normalize_language
@@ -44,6 +45,11 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     loaded = await residency.take()
     try:
         tr = WindowedTranscription(loaded, options, time_offset=offset / SAMPLE_RATE)
+        if options.batch_size > 1:
+            async for new in batched_windows(tr, pcm, options.batch_size, tasks):
+                yield new
+            yield tr.transcript(duration)
+            return
         while (window := tr.next_window(len(pcm), final=True)) is not None:
             start, frames = window
             audio = pcm[start: start + N_SAMPLES]

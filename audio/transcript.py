@@ -30,6 +30,9 @@ class TranscribeOptions:
     vad: bool = False
     vad_trim: bool = False
     vad_min_speech_ms: int = 250
+    # > 1: cut the file at silences and decode this many ≤30 s chunks per task in one batched call
+    # (audio/batching.py); no conditioning across chunks. 1: the sequential seek loop.
+    batch_size: int = 1
 
     @staticmethod
     def ladder(temperature: float | None, fallback: bool = True) -> tuple[float, ...]:

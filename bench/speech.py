@@ -12,6 +12,7 @@ Prints one JSON document.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -41,7 +42,7 @@ def _joined(samples: Path, gap_s: float) -> tuple[np.ndarray, str]:
 
 
 def _file_rounds(engine: Any, speech: Any, path: Path, pcm: np.ndarray, options: Any, fp16: bool,
-                 repeats: int) -> dict[str, Any]:
+                 repeats: int, batch_size: int) -> dict[str, Any]:
     """Alternate tandem's path (windows as tasks on the engine loop) and mlx_whisper.transcribe (blocking,
     on this thread while the loop idles), swapping who goes first each round: the machine is shared."""
     import mlx_whisper
@@ -54,6 +55,7 @@ def _file_rounds(engine: Any, speech: Any, path: Path, pcm: np.ndarray, options:
     async def run() -> dict[str, Any]:
         ours: list[float] = []
         theirs: list[float] = []
+        batched: list[float] = []
         texts: dict[str, str] = {}
         async with anyio.create_task_group() as tg:
             tg.start_soon(engine.serve)
@@ -71,8 +73,15 @@ def _file_rounds(engine: Any, speech: Any, path: Path, pcm: np.ndarray, options:
                         seconds, texts["theirs"] = reference()
                         theirs.append(seconds)
                     print(f"round {r} {who}: {(ours if who == 'ours' else theirs)[-1]:.2f} s", file=sys.stderr)
+            batched_options = dataclasses.replace(options, batch_size=batch_size)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                t = await speech.transcribe(pcm, batched_options)
+                batched.append(time.perf_counter() - t0)
+                texts["batched"] = t.text
+                print(f"batched[{batch_size}]: {batched[-1]:.2f} s", file=sys.stderr)
             tg.cancel_scope.cancel()
-        return {"ours": ours, "theirs": theirs, "texts": texts}
+        return {"ours": ours, "theirs": theirs, "batched": batched, "texts": texts}
 
     return anyio.run(run)
 
@@ -122,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", type=float, default=6.0, help="seconds of silence between clips")
     p.add_argument("--pace", type=float, default=1.0, help="session feed speed × real time (0: no pacing)")
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds per implementation (median reported)")
+    p.add_argument("--batch-size", type=int, default=8, help="chunks per batched call for the batched row")
     args = p.parse_args(argv)
 
     from audio.speech import SpeechService
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(None)
     speech = SpeechService(engine.tasks, path, dtype=dtype, resident=True)
     options = speech.options(language="en")
-    rounds = _file_rounds(engine, speech, path, pcm, options, dtype == "float16", args.repeats)
+    rounds = _file_rounds(engine, speech, path, pcm, options, dtype == "float16", args.repeats, args.batch_size)
     tandem_s, ref_s = statistics.median(rounds["ours"]), statistics.median(rounds["theirs"])
     tandem_text, ref_text = rounds["texts"]["ours"], rounds["texts"]["theirs"]
 
@@ -157,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
             "wer_tandem": round(wer([reference], [tandem_text]), 4),
             "wer_mlx_whisper": round(wer([reference], [ref_text]), 4),
             "same_text": tandem_text.strip() == ref_text.strip(),
+            "batched_s": round(statistics.median(rounds["batched"]), 3),
+            "batched_over_mlx_whisper": round(statistics.median(rounds["batched"]) / ref_s, 3),
+            "wer_batched": round(wer([reference], [rounds["texts"]["batched"]]), 4),
             "rounds_tandem_s": [round(x, 3) for x in rounds["ours"]],
             "rounds_mlx_whisper_s": [round(x, 3) for x in rounds["theirs"]],
         },

@@ -90,6 +90,8 @@ def add_transcribe(sub: Any) -> None:
     p.add_argument("--vad-trim", action="store_true", help="cut leading/trailing silence")
     p.add_argument("--word-timestamps", action="store_true")
     p.add_argument("--format", choices=["text", "json", "verbose_json", "srt", "vtt"], default="text")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N",
+                   help="cut at silences and decode N chunks per batched call (GPU speed; no conditioning)")
     p.add_argument("--verbose", action="store_true", help="print segments as they are decoded and the speed")
     p.set_defaults(func=_transcribe)
 
@@ -108,6 +110,8 @@ def _transcribe(args: argparse.Namespace) -> int:
 
     if not 0 <= args.temperature <= 1:
         raise _cli_error("--temperature must be in 0..1")
+    if args.batch_size < 1:
+        raise _cli_error("--batch-size must be >= 1")
     try:
         pcm = load_audio_file(args.file)
     except (FileNotFoundError, AudioInputError) as exc:
@@ -119,7 +123,7 @@ def _transcribe(args: argparse.Namespace) -> int:
             language=args.language, task=args.task, prompt=args.prompt,
             temperatures=TranscribeOptions.ladder(args.temperature, fallback=not args.no_fallback),
             without_timestamps=args.no_timestamps, condition_on_previous_text=not args.no_condition,
-            word_timestamps=args.word_timestamps, vad=args.vad, vad_trim=args.vad_trim)
+            word_timestamps=args.word_timestamps, vad=args.vad, vad_trim=args.vad_trim, batch_size=args.batch_size)
     except (WhisperCheckpointError, ValueError) as exc:
         raise _cli_error(str(exc)) from None
 

@@ -1,0 +1,44 @@
+"""audio/batching.py: chunks cut at silences, several chunks decoded in one task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audio.batching import plan_chunks
+from audio.decoding import N_SAMPLES
+from audio.speech import SpeechService
+from tests.audio.conftest import SR, running_tasks, voiced
+
+
+def test_chunks_are_cut_in_silence_and_never_exceed_a_window() -> None:
+    silence = np.zeros(3 * SR, np.float32)
+    pcm = np.concatenate([voiced(10), silence, voiced(10), silence, voiced(12), silence, voiced(40)])
+    chunks = plan_chunks(pcm)
+    assert all(0 < b - a <= N_SAMPLES for a, b in chunks)
+    assert chunks[0][0] <= 0.1 * SR and chunks[-1][1] >= len(pcm) - 0.3 * SR
+    speech_ends = [10, 23, 38]  # seconds where speech stops before a silence
+    cuts = [b / SR for _, b in chunks[:-1]]
+    assert all(any(abs(c - e) < 0.5 for e in speech_ends) or c - chunks[0][0] / SR >= 29 for c in cuts), cuts
+
+
+def test_no_speech_means_fixed_windows() -> None:
+    assert plan_chunks(np.zeros(65 * SR, np.float32)) == [(0, N_SAMPLES), (N_SAMPLES, 2 * N_SAMPLES),
+                                                           (2 * N_SAMPLES, 65 * SR)]
+
+
+@pytest.mark.anyio
+async def test_a_batch_of_chunks_is_one_task(tiny_whisper_dir: Path) -> None:
+    silence = np.zeros(2 * SR, np.float32)
+    pcm = np.concatenate([voiced(20), silence, voiced(20), silence, voiced(20)])
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, tiny_whisper_dir, dtype="float32", resident=True)
+        await speech.residency.preload()
+        before = tasks.completed
+        t = await speech.transcribe(pcm, speech.options(temperatures=(0.0,), batch_size=8, without_timestamps=True))
+        assert tasks.completed - before == 1  # three chunks, one encoder + decoder call
+        assert t.duration == pytest.approx(len(pcm) / SR)
+        assert all(0 <= s.start <= s.end <= len(pcm) / SR + 0.01 for s in t.segments), [(s.start, s.end, s.seek) for s in t.segments]
+        assert [s.id for s in t.segments] == list(range(len(t.segments)))
