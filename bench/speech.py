@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     from audio.whisper import default_dtype, resolve_whisper_checkpoint
     from engine.backend import blas_info
     from engine.runtime import Engine
-    from tests.e2e.speech_wer import wer
+    from bench.wer import wer
 
     pcm, reference = _joined(Path(args.samples), args.gap)
     dtype = default_dtype()

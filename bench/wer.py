@@ -1,4 +1,4 @@
-"""Word error rate for the speech quality tests: normalisation as /work/shared/audio/README.md asks."""
+"""Word error rate for speech quality (tests and bench/speech.py): normalisation as shared/audio/README.md asks."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.e2e.conftest import TandemServer, start_tandem_server
-from tests.e2e.speech_wer import wer
+from bench.wer import wer
 
 SAMPLES = os.environ.get("TANDEM_AUDIO_SAMPLES")
 pytestmark = [
