@@ -69,6 +69,7 @@ class LLMBatchGroup:
         self.max_kv_tokens = max_kv_tokens
         self.plan = plan or resolve_execution(model)
         self.runner = PackedRunner(model) if self.plan.packed else SeparateRunner(model)
+        self.slots = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
         self.vocab_size = int(getattr(getattr(model, "args", None), "vocab_size", 0) or len(tokenizer))
         self.tasks = ExecutionTasks()
         self._queue: deque[Row] = deque()
@@ -205,6 +206,8 @@ class LLMBatchGroup:
             self._publish(row, Delta(finish_reason="cancelled", **self._usage(row)))
         self._queue.clear()
         self._active.clear()
+        if self.slots is not None:
+            self.slots.reset()
         self.tasks.reject_all()
         self.tasks._notify()
         self._wake_up()
@@ -213,11 +216,8 @@ class LLMBatchGroup:
 
     def kv_bytes(self) -> int:
         """Bytes held by active rows' KV caches. Raises nothing."""
-        total = 0
-        for row in self._active:
-            for c in row.cache or ():
-                total += getattr(c, "nbytes", 0) or 0
-        return total
+        rows = sum(getattr(c, "nbytes", 0) or 0 for row in self._active for c in row.cache or ())
+        return rows + (self.slots.used_nbytes if self.slots is not None else 0)
 
     def recent_rates(self, window: float = 10.0) -> tuple[float, float]:
         """Wall-clock (prompt, generation) tokens/s over the last `window` seconds. Raises nothing."""
@@ -248,7 +248,7 @@ class LLMBatchGroup:
         except Exception as exc:  # one bad step fails its rows, never the loop
             _log.exception("engine step failed")
             for row in rows:
-                row.cache = None
+                self._release(row)
                 self._publish(row, Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}",
                                          **self._usage(row)))
             self._active = [r for r in self._active if r not in rows]
@@ -264,8 +264,10 @@ class LLMBatchGroup:
         """Engine thread: one forward over the planned segments, sampling, detokenization."""
         t0 = time.perf_counter()
         for row in rows:
-            if row.cache is None:
+            if row.cache is None and row.slot is None:
                 self._attach_cache(row)
+            elif self.slots is not None and row.decoding and row.slot is None:
+                row.slot, row.cache = self.slots.adopt(row.cache), None  # type: ignore[arg-type]
         plan: list[tuple[Row, list[int], bool]] = []
         if decode:
             plan += [(r, [r.last_token], True) for r in rows if r.decoding]  # type: ignore[list-item]
@@ -281,12 +283,12 @@ class LLMBatchGroup:
         if not plan:
             self._reclaim()
             return []
-        segments = [Segment(tokens, r.cache, want) for r, tokens, want in plan]  # type: ignore[arg-type]
+        segments = [Segment(tokens, r.cache, want, r.slot) for r, tokens, want in plan]
         logits = self.runner.forward(segments)
         sampled_rows = [r for r, _, want in plan if want]
         tokens = sample_rows(logits, [r.sampler for r in sampled_rows]) if sampled_rows else None
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
-        touched = [a for s in segments if not s.logits for c in s.cache for a in (c.keys, c.values)]
+        touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         mx.eval(([tokens] if tokens is not None else []) + touched)
         ids = tokens.tolist() if tokens is not None else []
         n_prompt = 0
@@ -298,21 +300,15 @@ class LLMBatchGroup:
                 n_prompt += len(chunk)
                 self._boundary_puts(r, before)
         outputs = [(r, self._accept(r, tok)) for r, tok in zip(sampled_rows, ids)]
-        for r, _ in outputs:
-            if r.finished:
-                self._put(r)
+        for r in [r for r, _ in outputs if r.finished]:
+            self._put(r)
         self._reclaim()
         dt = time.perf_counter() - t0
-        c = self.counters
-        c["iterations"] += 1
-        c["mixed_iterations"] += int(n_prompt > 0 and n_decode > 0)
-        c["prompt_tokens"] += n_prompt
-        c["generation_tokens"] += len(ids)
-        c["step_seconds"] += dt
-        # Split the step's time by token share for the prompt vs generation throughput figures.
-        total = n_prompt + len(ids)
-        c["prompt_seconds"] += dt * n_prompt / total
-        c["decode_seconds"] += dt * len(ids) / total
+        total = n_prompt + len(ids)  # the step's time is split by token share (prompt vs generation rates)
+        for key, add in (("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
+                         ("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("step_seconds", dt),
+                         ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * len(ids) / total)):
+            self.counters[key] += add
         return [(r, d) for r, d in outputs if d is not None]
 
     def _accept(self, row: Row, token: int) -> Delta | None:
@@ -356,12 +352,18 @@ class LLMBatchGroup:
                                       system_prefix=True)
 
     def _put(self, row: Row) -> None:
-        if self.prefix_cache is not None and row.cache is not None and row.done > 0:
+        if self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.done > 0:
             try:
-                self.prefix_cache.put(row.request.namespace, row.fed_tokens(), row.cache, row.request.session_id)
+                kv = row.cache if row.slot is None else self.slots.export(row.slot)  # type: ignore[union-attr]
+                self.prefix_cache.put(row.request.namespace, row.fed_tokens(), kv, row.request.session_id)
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
-        row.cache = None
+        self._release(row)
+
+    def _release(self, row: Row) -> None:
+        if row.slot is not None and self.slots is not None:
+            self.slots.release(row.slot)
+        row.cache, row.slot = None, None
 
     def _reclaim(self) -> None:
         if self.prefix_cache is not None:
@@ -386,11 +388,11 @@ class LLMBatchGroup:
         row.send.close()
         if cancelled:
             self.counters["cancelled_rows"] += 1
-        if row.cache is not None and self.prefix_cache is not None and row.done > 0:
+        if (row.cache is not None or row.slot is not None) and self.prefix_cache is not None and row.done > 0:
             # Its KV still helps the next turn: stored by a task on the engine thread before the next step.
             self.tasks.enqueue(lambda: self._put(row), label="prefix-cache put")
         else:
-            row.cache = None
+            self._release(row)
 
     def _wake_up(self) -> None:
         self._wake.set()

@@ -23,7 +23,8 @@ class Row:
     sampler: RowSampler
     stopper: StopMatcher
     prompt: list[int]
-    cache: list[Any] | None = None
+    cache: list[Any] | None = None  # per-row KV while preparing; None once the KV moved to `slot`
+    slot: int | None = None  # the runner's SlotKV slot holding this decoding row's KV
     done: int = 0
     cached_tokens: int = 0
     last_token: int | None = None  # sampled but not yet fed: the next decode input

@@ -2,8 +2,10 @@
 
 `PackedRunner` (llama-family layers: q/k/v/o + RoPE + optional q/k norm + MLP) concatenates every
 row's tokens — decode rows (one token) and prefill chunks alike — into one token matrix: embeddings,
-norms, every linear layer and the MLP run once over it; only RoPE offsets, the KV update and attention
-are split per row against that row's own cache. `SeparateRunner` is the fallback for any other
+norms, every linear layer and the MLP run once over it. Decode rows whose KV lives in the runner's
+`SlotKV` (`Segment.slot`) are written and attended together: one scatter and one attention call per layer
+whatever the number of rows. Prefill chunks (and rows still on per-row caches) split RoPE offsets, the KV
+update and attention per row against that row's own cache. `SeparateRunner` is the fallback for any other
 architecture: one `model(x, cache=...)` call per row.
 
 Both return logits only for the segments that asked for them (the last token of a decode row, and of a
@@ -19,6 +21,8 @@ from typing import Any, Protocol, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
+from engine.slots import DecodeBatch, SlotKV
+
 __all__ = ["Segment", "Runner", "PackedRunner", "SeparateRunner", "packed_support", "make_cache", "PACKED_MODEL_TYPES"]
 
 # Model types whose decoder layers share llama's q/k/v/o + rope (+ q/k norm) + MLP structure.
@@ -27,11 +31,13 @@ PACKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 @dataclass
 class Segment:
-    """One row's share of an iteration: `tokens` appended to `cache`; `logits` asks for the last position's."""
+    """One row's share of an iteration: `tokens` appended to `cache` (or to slot `slot` of the runner's
+    SlotKV: one token, logits); `logits` asks for the last position's."""
 
     tokens: Sequence[int]
-    cache: list[Any]
+    cache: list[Any] | None
     logits: bool
+    slot: int | None = None  # a decode row whose KV lives in the runner's SlotKV (then `cache` is unused)
 
 
 class Runner(Protocol):
@@ -101,35 +107,49 @@ class PackedRunner:
         args = getattr(model, "args", None)
         tied = getattr(args, "tie_word_embeddings", not hasattr(model, "lm_head"))
         self.lm_head = self.inner.embed_tokens.as_linear if tied or not hasattr(model, "lm_head") else model.lm_head
+        # Batched decode needs one RoPE offset per token; other RoPE kinds keep per-row caches.
+        self.slots: SlotKV | None = SlotKV(len(self.layers)) if self.vector_rope else None
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
         """Packed forward; see module doc. Raises ValueError on an empty segment list."""
         if not segments:
             raise ValueError("no segments")
+        slotted = [seg for seg in segments if seg.slot is not None]
+        if slotted and (self.slots is None or any(len(seg.tokens) != 1 or not seg.logits for seg in slotted)):
+            raise ValueError("slot segments need a SlotKV runner and one token with logits each")
+        # Slot (decode) rows first: their tokens form one block attended in one call per layer.
+        order = slotted + [seg for seg in segments if seg.slot is None]
+        batch = self.slots.plan([seg.slot for seg in slotted]) if slotted else None  # type: ignore[union-attr,misc]
         flat: list[int] = []
         bounds: list[tuple[int, int]] = []
         positions: list[int] = []
-        picks: list[int] = []
-        for seg in segments:
+        last: dict[int, int] = {}
+        for seg in order:
             start = len(flat)
             flat.extend(seg.tokens)
             bounds.append((start, len(flat)))
-            off = seg.cache[0].offset
+            off = self.slots.length(seg.slot) if seg.slot is not None else seg.cache[0].offset  # type: ignore[union-attr,index]
             positions.extend(range(off, off + len(seg.tokens)))
-            if seg.logits:
-                picks.append(len(flat) - 1)
+            last[id(seg)] = len(flat) - 1
+        picks = [last[id(seg)] for seg in segments if seg.logits]
         T = len(flat)
         pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
         h = self.inner.embed_tokens(mx.array(flat)[None])
+        rest = order[len(slotted):]
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            o = self._attention(attn, x, segments, bounds, pos, li, T)
+            if batch is None:
+                o = self._attention(attn, x, rest, bounds, pos, li, T)
+            else:
+                o = self._attention_slots(attn, x, rest, bounds, pos, li, T, batch)
             h = h + attn.o_proj(o)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if slotted:
+            self.slots.commit([seg.slot for seg in slotted])  # type: ignore[union-attr,misc]
         if not picks:
             return None
-        h = h[:, mx.array(picks)] if len(picks) < T else h
+        h = h[:, mx.array(picks)] if picks != list(range(T)) else h
         return self.lm_head(self.inner.norm(h))[0]
 
     def _attention(self, attn: Any, x: mx.array, segments: Sequence[Segment], bounds: list[tuple[int, int]],
@@ -161,6 +181,35 @@ class PackedRunner:
             outs.append(
                 mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None)
             )
+        o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+        return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
+
+    def _attention_slots(self, attn: Any, x: mx.array, rest: Sequence[Segment], bounds: list[tuple[int, int]],
+                         pos: mx.array | None, li: int, T: int, batch: DecodeBatch) -> mx.array:
+        # Tokens 0..B-1 are the decode rows (one slot each); the rest are per-row prefill chunks.
+        nh, nkv, B = attn.n_heads, attn.n_kv_heads, batch.rows
+        q = attn.q_proj(x).reshape(T, nh, 1, -1)
+        k = attn.k_proj(x).reshape(T, nkv, 1, -1)
+        v = attn.v_proj(x).reshape(T, nkv, 1, -1)
+        if hasattr(attn, "q_norm"):
+            q = attn.q_norm(q)
+            k = attn.k_norm(k)
+        if pos is not None:
+            q = attn.rope(q, offset=pos)
+            k = attn.rope(k, offset=pos)
+        else:  # one decode row alone
+            q = attn.rope(q, offset=batch.first_offset)
+            k = attn.rope(k, offset=batch.first_offset)
+        o = self.slots.attend(li, q[:B], k[:B], v[:B], attn.scale, batch)  # type: ignore[union-attr]
+        outs = [o.transpose(2, 1, 0, 3)]
+        if rest:
+            qr = q[B:].transpose(2, 1, 0, 3)
+            kr = k[B:].transpose(2, 1, 0, 3)
+            vr = v[B:].transpose(2, 1, 0, 3)
+            for seg, (s, e) in zip(rest, bounds[B:]):
+                ks, vs = seg.cache[li].update_and_fetch(kr[:, :, s - B : e - B], vr[:, :, s - B : e - B])  # type: ignore[index]
+                outs.append(mx.fast.scaled_dot_product_attention(
+                    qr[:, :, s - B : e - B], ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None))
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 

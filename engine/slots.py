@@ -1,0 +1,175 @@
+"""Slot KV: every decoding row's KV in one buffer per layer, so decode attention is one call per layer.
+
+Each layer holds keys and values as one (slots × kv_heads, capacity, head_dim) array (a flat view of
+(slots, kv_heads, capacity, head_dim), grown in steps). A row owns one slot from the moment its prompt is
+complete until it finishes. One decode iteration writes every row's new token with one scatter per
+array and runs one `scaled_dot_product_attention` over (slots, heads, 1, head_dim) queries, with a
+boolean mask hiding positions at or beyond each row's length; so the op count per layer is independent
+of the number of rows. Prompt chunks keep per-row mlx-lm `KVCache`s (`adopt` copies them into a slot),
+and `export` hands a slot back as per-row `KVCache`s for the prefix cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import mlx.core as mx
+
+__all__ = ["SlotKV", "DecodeBatch"]
+
+
+@dataclass
+class DecodeBatch:
+    """Index arrays for one iteration's decode rows (built once, shared by every layer)."""
+
+    rows: int  # B decode rows, in the order their tokens sit in the packed matrix
+    span: int  # slots 0..span-1 take part in attention
+    length: int  # key positions attended (max row length after this token)
+    scatter_rows: mx.array  # (B*H,) flat slot×head row of each written vector
+    scatter_pos: mx.array  # (B*H,) position written
+    mask: mx.array  # (span, 1, 1, length) bool: True where a slot's position holds a key
+    query_take: mx.array | None  # slot → decode row (None when slots 0..B-1 are the rows in order)
+    out_take: mx.array | None  # decode row → slot
+    offsets: mx.array  # (B,) RoPE offset of each row's token
+    first_offset: int
+
+
+class SlotKV:
+    """Slot-based KV storage for a llama-family model's decode rows (see module doc)."""
+
+    def __init__(self, n_layers: int, step: int = 256) -> None:
+        self.n_layers = n_layers
+        self.step = step
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every slot and buffer. Raises nothing."""
+        self.keys: list[mx.array] = []
+        self.values: list[mx.array] = []
+        self.lengths: dict[int, int] = {}
+        self.slots = 0
+        self.capacity = 0
+        self.heads = 0
+        self.head_dim = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes allocated for every slot's buffers."""
+        return sum(a.nbytes for a in self.keys + self.values)
+
+    @property
+    def used_nbytes(self) -> int:
+        """The occupied slots' share of `nbytes` (freed slots keep their room until the buffers drop)."""
+        return self.nbytes * len(self.lengths) // self.slots if self.slots else 0
+
+    def length(self, slot: int) -> int:
+        """Tokens held by `slot`. Raises KeyError for a free slot."""
+        return self.lengths[slot]
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        slots = max(slots, self.slots)
+        capacity = max(capacity, self.capacity)
+        if slots == self.slots and capacity == self.capacity:
+            return
+        capacity = -(-capacity // self.step) * self.step
+        if self.slots:
+            # Double the slot count so joins rarely regrow.
+            slots = max(slots, min(2 * self.slots, slots + 64))
+        h, d = self.heads, self.head_dim
+        for arrays in (self.keys, self.values):
+            for i, a in enumerate(arrays):
+                if capacity > self.capacity:
+                    a = mx.concatenate([a, mx.zeros((a.shape[0], capacity - self.capacity, d), a.dtype)], axis=1)
+                if slots > self.slots:
+                    a = mx.concatenate([a, mx.zeros(((slots - self.slots) * h, capacity, d), a.dtype)], axis=0)
+                arrays[i] = a
+        self.slots, self.capacity = slots, capacity
+
+    def adopt(self, caches: Sequence[Any]) -> int:
+        """Copy one row's per-layer `KVCache`s (offset n) into a free slot; returns the slot.
+        Raises ValueError if the list does not match the model's layers or the caches are empty."""
+        if len(caches) != self.n_layers or caches[0].keys is None:
+            raise ValueError("adopt needs one filled KVCache per layer")
+        n = caches[0].offset
+        _, h, _, d = caches[0].keys.shape
+        if not self.keys:
+            dtype = caches[0].keys.dtype
+            self.heads, self.head_dim = h, d
+            self.keys = [mx.zeros((0, 0, d), dtype) for _ in range(self.n_layers)]
+            self.values = [mx.zeros((0, 0, d), dtype) for _ in range(self.n_layers)]
+        slot = next(s for s in range(self.slots + 1) if s not in self.lengths)
+        self._grow(slot + 1, n + 1)
+        lo, hi = slot * h, (slot + 1) * h
+        for li, c in enumerate(caches):
+            self.keys[li][lo:hi, :n] = c.keys[0, :, :n]
+            self.values[li][lo:hi, :n] = c.values[0, :, :n]
+        self.lengths[slot] = n
+        return slot
+
+    def release(self, slot: int | None) -> None:
+        """Free a slot (its stale KV stays masked until reused); drops the buffers when none is left.
+        Raises nothing."""
+        self.lengths.pop(slot, None)  # type: ignore[arg-type]
+        if not self.lengths:
+            self.reset()
+
+    def export(self, slot: int) -> list[Any]:
+        """The slot's KV as fresh per-layer mlx-lm `KVCache`s (lazy views: snapshot before the next write).
+        Raises KeyError for a free slot."""
+        from mlx_lm.models.cache import KVCache
+
+        n, h = self.lengths[slot], self.heads
+        out = []
+        for k, v in zip(self.keys, self.values):
+            c = KVCache()
+            c.keys = k[slot * h : (slot + 1) * h, :n][None]
+            c.values = v[slot * h : (slot + 1) * h, :n][None]
+            c.offset = n
+            out.append(c)
+        return out
+
+    def plan(self, slots: Sequence[int]) -> DecodeBatch:
+        """Prepare one decode token for each slot in `slots` (grows capacity). Raises KeyError for a free slot."""
+        lens = [self.lengths[s] for s in slots]
+        span = max(slots) + 1
+        length = max(lens) + 1
+        self._grow(self.slots, length)
+        h = self.heads
+        scatter_rows = [s * h + j for s in slots for j in range(h)]
+        scatter_pos = [n for n in lens for _ in range(h)]
+        slot_len = [1] * span  # slots not decoding now: keep one key so softmax stays finite
+        for s, n in zip(slots, lens):
+            slot_len[s] = n + 1
+        mask = mx.arange(length)[None] < mx.array(slot_len)[:, None]
+        in_order = list(slots) == list(range(span))
+        row_of = [0] * span
+        for i, s in enumerate(slots):
+            row_of[s] = i
+        return DecodeBatch(
+            rows=len(slots), span=span, length=length,
+            scatter_rows=mx.array(scatter_rows), scatter_pos=mx.array(scatter_pos),
+            mask=mask[:, None, None, :],
+            query_take=None if in_order else mx.array(row_of),
+            out_take=None if in_order else mx.array(list(slots)),
+            offsets=mx.array(lens), first_offset=lens[0],
+        )
+
+    def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float, batch: DecodeBatch) -> mx.array:
+        """Write k/v (B, kv_heads, 1, d) into layer `li` and attend with q (B, heads, 1, d) → (B, heads, 1, d).
+        Raises nothing of its own."""
+        d = self.head_dim
+        self.keys[li][batch.scatter_rows, batch.scatter_pos] = k.reshape(-1, d)
+        self.values[li][batch.scatter_rows, batch.scatter_pos] = v.reshape(-1, d)
+        shape = (self.slots, self.heads, self.capacity, d)
+        keys = self.keys[li].reshape(shape)[: batch.span, :, : batch.length]
+        values = self.values[li].reshape(shape)[: batch.span, :, : batch.length]
+        if batch.query_take is not None:
+            q = q[batch.query_take]
+        o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=batch.mask)
+        return o[batch.out_take] if batch.out_take is not None else o
+
+    def commit(self, slots: Sequence[int]) -> None:
+        """Count the token each slot just wrote. Raises KeyError for a free slot."""
+        for s in slots:
+            self.lengths[s] += 1
