@@ -200,7 +200,8 @@ class PackedRunner:
         else:  # one decode row alone
             q = attn.rope(q, offset=batch.first_offset)
             k = attn.rope(k, offset=batch.first_offset)
-        o = self.slots.attend(li, q[:B], k[:B], v[:B], attn.scale, batch)  # type: ignore[union-attr]
+        qb, kb, vb = (q, k, v) if B == T else (q[:B], k[:B], v[:B])
+        o = self.slots.attend(li, qb, kb, vb, attn.scale, batch)  # type: ignore[union-attr]
         outs = [o.transpose(2, 1, 0, 3)]
         if rest:
             qr = q[B:].transpose(2, 1, 0, 3)

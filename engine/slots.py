@@ -1,7 +1,6 @@
 """Slot KV: every decoding row's KV in one buffer per layer, so decode attention is one call per layer.
 
-Each layer holds keys and values as one (slots × kv_heads, capacity, head_dim) array (a flat view of
-(slots, kv_heads, capacity, head_dim), grown in steps). A row owns one slot from the moment its prompt is
+Each layer holds keys and values as one (slots, kv_heads, capacity, head_dim) array, grown in steps. A row owns one slot from the moment its prompt is
 complete until it finishes. One decode iteration writes every row's new token with one scatter per
 array and runs one `scaled_dot_product_attention` over (slots, heads, 1, head_dim) queries, with a
 boolean mask hiding positions at or beyond each row's length; so the op count per layer is independent
@@ -26,9 +25,10 @@ class DecodeBatch:
     rows: int  # B decode rows, in the order their tokens sit in the packed matrix
     span: int  # slots 0..span-1 take part in attention
     length: int  # key positions attended (max row length after this token)
-    scatter_rows: mx.array  # (B*H,) flat slot×head row of each written vector
-    scatter_pos: mx.array  # (B*H,) position written
-    mask: mx.array  # (span, 1, 1, length) bool: True where a slot's position holds a key
+    scatter_slot: mx.array  # (B*H,) slot of each written (head) vector
+    scatter_head: mx.array  # (B*H,) its head
+    scatter_pos: mx.array  # (B*H,) its position
+    mask: mx.array | None  # (span, 1, 1, length) bool: True where a slot's position holds a key
     query_take: mx.array | None  # slot → decode row (None when slots 0..B-1 are the rows in order)
     out_take: mx.array | None  # decode row → slot
     offsets: mx.array  # (B,) RoPE offset of each row's token
@@ -80,9 +80,9 @@ class SlotKV:
         for arrays in (self.keys, self.values):
             for i, a in enumerate(arrays):
                 if capacity > self.capacity:
-                    a = mx.concatenate([a, mx.zeros((a.shape[0], capacity - self.capacity, d), a.dtype)], axis=1)
+                    a = mx.concatenate([a, mx.zeros((a.shape[0], h, capacity - self.capacity, d), a.dtype)], axis=2)
                 if slots > self.slots:
-                    a = mx.concatenate([a, mx.zeros(((slots - self.slots) * h, capacity, d), a.dtype)], axis=0)
+                    a = mx.concatenate([a, mx.zeros((slots - self.slots, h, capacity, d), a.dtype)], axis=0)
                 arrays[i] = a
         self.slots, self.capacity = slots, capacity
 
@@ -96,14 +96,13 @@ class SlotKV:
         if not self.keys:
             dtype = caches[0].keys.dtype
             self.heads, self.head_dim = h, d
-            self.keys = [mx.zeros((0, 0, d), dtype) for _ in range(self.n_layers)]
-            self.values = [mx.zeros((0, 0, d), dtype) for _ in range(self.n_layers)]
+            self.keys = [mx.zeros((0, h, 0, d), dtype) for _ in range(self.n_layers)]
+            self.values = [mx.zeros((0, h, 0, d), dtype) for _ in range(self.n_layers)]
         slot = next(s for s in range(self.slots + 1) if s not in self.lengths)
         self._grow(slot + 1, n + 1)
-        lo, hi = slot * h, (slot + 1) * h
         for li, c in enumerate(caches):
-            self.keys[li][lo:hi, :n] = c.keys[0, :, :n]
-            self.values[li][lo:hi, :n] = c.values[0, :, :n]
+            self.keys[li][slot : slot + 1, :, :n] = c.keys[..., :n, :]
+            self.values[li][slot : slot + 1, :, :n] = c.values[..., :n, :]
         self.lengths[slot] = n
         return slot
 
@@ -119,12 +118,12 @@ class SlotKV:
         Raises KeyError for a free slot."""
         from mlx_lm.models.cache import KVCache
 
-        n, h = self.lengths[slot], self.heads
+        n = self.lengths[slot]
         out = []
         for k, v in zip(self.keys, self.values):
             c = KVCache()
-            c.keys = k[slot * h : (slot + 1) * h, :n][None]
-            c.values = v[slot * h : (slot + 1) * h, :n][None]
+            c.keys = k[slot : slot + 1, :, :n]
+            c.values = v[slot : slot + 1, :, :n]
             c.offset = n
             out.append(c)
         return out
@@ -136,7 +135,7 @@ class SlotKV:
         length = max(lens) + 1
         self._grow(self.slots, length)
         h = self.heads
-        scatter_rows = [s * h + j for s in slots for j in range(h)]
+        scatter_slot = [s for s in slots for _ in range(h)]
         scatter_pos = [n for n in lens for _ in range(h)]
         slot_len = [1] * span  # slots not decoding now: keep one key so softmax stays finite
         for s, n in zip(slots, lens):
@@ -148,8 +147,9 @@ class SlotKV:
             row_of[s] = i
         return DecodeBatch(
             rows=len(slots), span=span, length=length,
-            scatter_rows=mx.array(scatter_rows), scatter_pos=mx.array(scatter_pos),
-            mask=mask[:, None, None, :],
+            scatter_slot=mx.array(scatter_slot), scatter_head=mx.array(list(range(h)) * len(slots)),
+            scatter_pos=mx.array(scatter_pos),
+            mask=None if span == 1 else mask[:, None, None, :],  # one slot: every position is valid
             query_take=None if in_order else mx.array(row_of),
             out_take=None if in_order else mx.array(list(slots)),
             offsets=mx.array(lens), first_offset=lens[0],
@@ -159,11 +159,11 @@ class SlotKV:
         """Write k/v (B, kv_heads, 1, d) into layer `li` and attend with q (B, heads, 1, d) → (B, heads, 1, d).
         Raises nothing of its own."""
         d = self.head_dim
-        self.keys[li][batch.scatter_rows, batch.scatter_pos] = k.reshape(-1, d)
-        self.values[li][batch.scatter_rows, batch.scatter_pos] = v.reshape(-1, d)
-        shape = (self.slots, self.heads, self.capacity, d)
-        keys = self.keys[li].reshape(shape)[: batch.span, :, : batch.length]
-        values = self.values[li].reshape(shape)[: batch.span, :, : batch.length]
+        at = (batch.scatter_slot, batch.scatter_head, batch.scatter_pos)
+        self.keys[li][at] = k.reshape(-1, d)
+        self.values[li][at] = v.reshape(-1, d)
+        keys = self.keys[li][: batch.span, :, : batch.length]
+        values = self.values[li][: batch.span, :, : batch.length]
         if batch.query_take is not None:
             q = q[batch.query_take]
         o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=batch.mask)
