@@ -69,6 +69,13 @@ class RowSampler:
         return (p.temperature == 0 and self._bias is None and p.repetition_penalty == 1.0
                 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
 
+    @property
+    def plain(self) -> bool:
+        """Greedy or plain temperature, unseeded, no processors: batch mates share one draw."""
+        return self.plain_greedy or (self.params.temperature > 0 and self._key is None and not self._filters
+                                     and self._bias is None and self.params.repetition_penalty == 1.0
+                                     and self.params.presence_penalty == 0.0 and self.params.frequency_penalty == 0.0)
+
     def sample(self, logits: mx.array) -> mx.array:
         """Sample from one row's logits, shape (1, vocab) → (1,) token array, unevaluated. Raises nothing."""
         p = self.params
@@ -112,8 +119,31 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
         raise ValueError(f"{logits.shape[0]} logit rows for {len(samplers)} samplers")
     if all(s.plain_greedy for s in samplers):
         return mx.argmax(logits, axis=-1)
-    picks = [s.sample(logits[i : i + 1]) for i, s in enumerate(samplers)]
-    return picks[0] if len(picks) == 1 else mx.concatenate(picks)
+    plain = [i for i, s in enumerate(samplers) if s.plain]
+    if len(plain) == len(samplers):
+        return _sample_plain(logits, samplers)
+    if len(plain) < 2:
+        picks = [s.sample(logits[i : i + 1]) for i, s in enumerate(samplers)]
+        return picks[0] if len(picks) == 1 else mx.concatenate(picks)
+    # Plain rows in one draw, the others one by one; then back into row order.
+    rest = [i for i in range(len(samplers)) if i not in set(plain)]
+    parts = [_sample_plain(logits[mx.array(plain)], [samplers[i] for i in plain])]
+    parts += [samplers[i].sample(logits[i : i + 1]) for i in rest]
+    where = {row: n for n, row in enumerate(plain + rest)}
+    return mx.concatenate(parts)[mx.array([where[i] for i in range(len(samplers))])]
+
+
+def _sample_plain(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
+    """Greedy and plain-temperature rows together: one argmax, one categorical, one select."""
+    temps = [s.params.temperature for s in samplers]
+    greedy = mx.argmax(logits, axis=-1)
+    if not any(temps):
+        return greedy
+    inv = mx.array([1.0 / t if t > 0 else 1.0 for t in temps], dtype=mx.float32)
+    drawn = mx.random.categorical(logits.astype(mx.float32) * inv[:, None])
+    if all(temps):
+        return drawn
+    return mx.where(mx.array([t == 0 for t in temps]), greedy, drawn)
 
 
 @dataclass

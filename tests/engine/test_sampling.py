@@ -85,6 +85,31 @@ def test_sample_rows_mixes_greedy_and_biased_rows() -> None:
     assert sample_rows(logits, rows).tolist() == [1, 7]
 
 
+def test_plain_rows_share_one_draw_whatever_their_number(monkeypatch) -> None:
+    calls = []
+    real = mx.random.categorical
+    monkeypatch.setattr(mx.random, "categorical", lambda *a, **k: calls.append(1) or real(*a, **k))
+    temps = [0.0, 0.7, 1.0, 0.0, 1.5, 0.3, 0.9, 0.0]
+    logits = mx.concatenate([logits_with({i + 2: 80.0}) for i in range(len(temps))])
+    rows = [RowSampler(SamplingParams(temperature=t), [], V) for t in temps]
+    assert sample_rows(logits, rows).tolist() == [i + 2 for i in range(len(temps))]
+    assert len(calls) == 1
+
+
+def test_plain_and_processed_rows_keep_their_order(monkeypatch) -> None:
+    calls = []
+    real = mx.random.categorical
+    monkeypatch.setattr(mx.random, "categorical", lambda *a, **k: calls.append(1) or real(*a, **k))
+    logits = mx.concatenate([logits_with({i + 1: 80.0}) for i in range(5)])
+    rows = [RowSampler(SamplingParams(temperature=1.0), [], V),
+            RowSampler(SamplingParams(temperature=0.0, logit_bias={9: 500.0}), [], V),
+            RowSampler(SamplingParams(temperature=0.0), [], V),
+            RowSampler(SamplingParams(temperature=1.0, seed=3), [], V),
+            RowSampler(SamplingParams(temperature=0.5), [], V)]
+    assert sample_rows(logits, rows).tolist() == [1, 9, 3, 4, 5]
+    assert len(calls) == 2  # the three plain rows together, the seeded row alone
+
+
 def test_validate_sampling_rejects_out_of_range_values() -> None:
     for bad in (SamplingParams(temperature=-1), SamplingParams(top_p=0), SamplingParams(min_p=2),
                 SamplingParams(repetition_penalty=0), SamplingParams(logit_bias={V: 1.0})):
