@@ -114,7 +114,9 @@ class PackedRunner:
         """Packed forward; see module doc. Raises ValueError on an empty segment list."""
         if not segments:
             raise ValueError("no segments")
-        slotted = [seg for seg in segments if seg.slot is not None]
+        # Slot order: with no free slot in between, attention needs no gather (logits keep segment order).
+        slotted = sorted((seg for seg in segments if seg.slot is not None),
+                         key=lambda seg: seg.slot)  # type: ignore[arg-type,return-value]
         if slotted and (self.slots is None or any(len(seg.tokens) != 1 or not seg.logits for seg in slotted)):
             raise ValueError("slot segments need a SlotKV runner and one token with logits each")
         # Slot (decode) rows first: their tokens form one block attended in one call per layer.
@@ -128,7 +130,8 @@ class PackedRunner:
             start = len(flat)
             flat.extend(seg.tokens)
             bounds.append((start, len(flat)))
-            off = self.slots.length(seg.slot) if seg.slot is not None else seg.cache[0].offset  # type: ignore[union-attr,index]
+            slots, cache = self.slots, seg.cache
+            off = slots.length(seg.slot) if seg.slot is not None else cache[0].offset  # type: ignore[union-attr,index]
             positions.extend(range(off, off + len(seg.tokens)))
             last[id(seg)] = len(flat) - 1
         picks = [last[id(seg)] for seg in segments if seg.logits]
@@ -208,9 +211,10 @@ class PackedRunner:
             kr = k[B:].transpose(2, 1, 0, 3)
             vr = v[B:].transpose(2, 1, 0, 3)
             for seg, (s, e) in zip(rest, bounds[B:]):
-                ks, vs = seg.cache[li].update_and_fetch(kr[:, :, s - B : e - B], vr[:, :, s - B : e - B])  # type: ignore[index]
+                a, b = s - B, e - B
+                ks, vs = seg.cache[li].update_and_fetch(kr[:, :, a:b], vr[:, :, a:b])  # type: ignore[index]
                 outs.append(mx.fast.scaled_dot_product_attention(
-                    qr[:, :, s - B : e - B], ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None))
+                    qr[:, :, a:b], ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None))
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 

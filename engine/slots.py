@@ -1,11 +1,12 @@
 """Slot KV: every decoding row's KV in one buffer per layer, so decode attention is one call per layer.
 
-Each layer holds keys and values as one (slots, kv_heads, capacity, head_dim) array, grown in steps. A row owns one slot from the moment its prompt is
-complete until it finishes. One decode iteration writes every row's new token with one scatter per
-array and runs one `scaled_dot_product_attention` over (slots, heads, 1, head_dim) queries, with a
-boolean mask hiding positions at or beyond each row's length; so the op count per layer is independent
-of the number of rows. Prompt chunks keep per-row mlx-lm `KVCache`s (`adopt` copies them into a slot),
-and `export` hands a slot back as per-row `KVCache`s for the prefix cache.
+Each layer holds keys and values as one (slots, kv_heads, capacity, head_dim) array, grown in steps.
+A row owns one slot from the moment its prompt is complete until it finishes. One decode iteration
+writes every row's new token with one scatter per array and runs one `scaled_dot_product_attention`
+over (slots, heads, 1, head_dim) queries, with a boolean mask hiding positions at or beyond each row's
+length; so the op count per layer is independent of the number of rows. Prompt chunks keep per-row
+mlx-lm `KVCache`s (`adopt` copies them into a slot), and `export` hands a slot back as per-row
+`KVCache`s for the prefix cache. Freed slots keep their room until every slot is free.
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ async def test_cancelled_row_is_freed_within_one_iteration_and_others_continue(t
     victim = group._active[1]
     await streams[1].aclose()
     await iterate(group)
-    assert victim not in group._active and victim.cache is None
+    assert victim not in group._active and victim.cache is None and victim.slot is None
     assert group.active_rows() == 2 and group.kv_bytes() < kv_before
     assert group.counters["cancelled_rows"] == 1
     for _ in range(40):
