@@ -18,6 +18,7 @@ from service.app import AppState, get_state
 from service.chat_deltas import ChatTranslator
 from service.errors import APIError, sse_error_event
 from service.generation import (
+    collect_text,
     ResponseMeta,
     UsageCounter,
     chat_engine,
@@ -195,20 +196,7 @@ async def _chat_events(
 
 
 async def _collect(stream: Any, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter) -> ChatCompletion:
-    finish: str | None = None
-    try:
-        async for delta in stream:
-            counter.add(delta)
-            if failure := stream_failure(delta.error, delta.finish_reason):
-                raise APIError(500, failure, type="server_error")
-            translator.feed(delta.text)
-            if delta.finish_reason is not None:
-                finish = delta.finish_reason
-                break
-    finally:
-        await close_stream(stream)
-    if finish is None:
-        raise APIError(500, "The generation ended without finishing (the engine stopped).", type="server_error")
+    finish = await collect_text(stream, counter, translator.feed)
     translator.finish()
     return ChatCompletion(
         id=meta.id,

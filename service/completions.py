@@ -16,6 +16,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from service.app import get_state
 from service.errors import APIError, sse_error_event
 from service.generation import (
+    collect_text,
     ResponseMeta,
     UsageCounter,
     chat_engine,
@@ -94,20 +95,7 @@ async def _events(
 
 async def _collect(stream: Any, meta: ResponseMeta, counter: UsageCounter, echo: str) -> Completion:
     parts = [echo]
-    finish: str | None = None
-    try:
-        async for delta in stream:
-            counter.add(delta)
-            if failure := stream_failure(delta.error, delta.finish_reason):
-                raise APIError(500, failure, type="server_error")
-            parts.append(delta.text)
-            if delta.finish_reason is not None:
-                finish = delta.finish_reason
-                break
-    finally:
-        await close_stream(stream)
-    if finish is None:
-        raise APIError(500, "The generation ended without finishing (the engine stopped).", type="server_error")
+    finish = await collect_text(stream, counter, parts.append)
     return Completion(
         id=meta.id,
         created=meta.created,
