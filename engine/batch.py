@@ -26,8 +26,9 @@ from typing import Any
 import anyio
 import mlx.core as mx
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
+from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
-from engine.rows import LLMRowStream, Row
+from engine.rows import LLMRowStream, Row, plan_iteration
 from engine.runner import PackedRunner, Segment, SeparateRunner, make_cache
 from engine.sampling import RowSampler, StopMatcher, sample_rows, validate_sampling
 from engine.tasks import ExecutionTasks
@@ -70,6 +71,7 @@ class LLMBatchGroup:
         self.plan = plan or resolve_execution(model)
         self.runner = PackedRunner(model) if self.plan.packed else SeparateRunner(model)
         self.slots = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
+        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
         self.vocab_size = int(getattr(getattr(model, "args", None), "vocab_size", 0) or len(tokenizer))
         self.tasks = ExecutionTasks()
         self._queue: deque[Row] = deque()
@@ -206,6 +208,7 @@ class LLMBatchGroup:
             self._publish(row, Delta(finish_reason="cancelled", **self._usage(row)))
         self._queue.clear()
         self._active.clear()
+        self.pipeline.reset()
         if self.slots is not None:
             self.slots.reset()
         self.tasks.reject_all()
@@ -247,6 +250,7 @@ class LLMBatchGroup:
             outputs = await self.context.run(self._step, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails its rows, never the loop
             _log.exception("engine step failed")
+            self.pipeline.reset()
             for row in rows:
                 self._release(row)
                 self._publish(row, Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}",
@@ -263,26 +267,22 @@ class LLMBatchGroup:
     def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization."""
         t0 = time.perf_counter()
+        outputs: list[tuple[Row, Delta | None]] = []
+        if self.pipeline.inflight is not None and not (decode and self.pipeline.continues(rows)):
+            outputs = [(r, self._accept(r, t)) for r, t in self.pipeline.drain()]  # rows changed: no speculation
+            rows = [r for r in rows if not r.finished]
         for row in rows:
             if row.cache is None and row.slot is None:
                 self._attach_cache(row)
             elif self.slots is not None and row.decoding and row.slot is None:
                 row.slot, row.cache = self.slots.adopt(row.cache), None  # type: ignore[arg-type]
-        plan: list[tuple[Row, list[int], bool]] = []
-        if decode:
-            plan += [(r, [r.last_token], True) for r in rows if r.decoding]  # type: ignore[list-item]
-        if prefill:
-            left = budget - len(plan)
-            for r in rows:
-                if left <= 0:
-                    break
-                if r.preparing:
-                    n = min(left, len(r.prompt) - r.done)
-                    plan.append((r, r.prompt[r.done : r.done + n], r.done + n == len(r.prompt)))
-                    left -= n
+        if decode and self.pipeline.eligible(rows):
+            ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
+            outputs += [(r, self._accept(r, t)) for r, t in zip(ordered, ids)]
+            return self._finish_step(t0, outputs, 0, len(ordered))
+        plan = plan_iteration(rows, budget, decode, prefill)
         if not plan:
-            self._reclaim()
-            return []
+            return self._finish_step(t0, outputs, 0, 0)
         segments = [Segment(tokens, r.cache, want, r.slot) for r, tokens, want in plan]
         logits = self.runner.forward(segments)
         sampled_rows = [r for r, _, want in plan if want]
@@ -291,23 +291,21 @@ class LLMBatchGroup:
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         mx.eval(([tokens] if tokens is not None else []) + touched)
         ids = tokens.tolist() if tokens is not None else []
-        n_prompt = 0
-        n_decode = sum(1 for r, _, _ in plan if not r.preparing)
+        n_prompt, n_decode = 0, sum(1 for r, _, _ in plan if not r.preparing)
         for r, chunk, _ in plan:
             if r.preparing:
-                before = r.done
-                r.done += len(chunk)
-                n_prompt += len(chunk)
-                self._boundary_puts(r, before)
-        outputs = [(r, self._accept(r, tok)) for r, tok in zip(sampled_rows, ids)]
-        for r in [r for r, _ in outputs if r.finished]:
-            self._put(r)
+                r.done, n_prompt = r.done + len(chunk), n_prompt + len(chunk)
+                self._boundary_puts(r, r.done - len(chunk))
+        outputs += [(r, self._accept(r, t)) for r, t in zip(sampled_rows, ids)]
+        return self._finish_step(t0, outputs, n_prompt, n_decode)
+
+    def _finish_step(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
         self._reclaim()
-        dt = time.perf_counter() - t0
-        total = n_prompt + len(ids)  # the step's time is split by token share (prompt vs generation rates)
+        dt, n_gen = time.perf_counter() - t0, len(outputs)
+        total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)
         for key, add in (("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
-                         ("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("step_seconds", dt),
-                         ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * len(ids) / total)):
+                         ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
+                         ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)):
             self.counters[key] += add
         return [(r, d) for r, d in outputs if d is not None]
 
@@ -320,6 +318,7 @@ class LLMBatchGroup:
         step = row.stopper.add(token, at_context_limit=at_limit)
         if step.finish_reason is not None:
             row.finished = True
+            self._put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
         elif not step.text:
             return None  # held back (partial character or possible stop string): nothing to show yet
         ids, row.unsent_ids = row.unsent_ids, []
@@ -354,8 +353,9 @@ class LLMBatchGroup:
     def _put(self, row: Row) -> None:
         if self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.done > 0:
             try:
-                kv = row.cache if row.slot is None else self.slots.export(row.slot)  # type: ignore[union-attr]
-                self.prefix_cache.put(row.request.namespace, row.fed_tokens(), kv, row.request.session_id)
+                fed = row.fed_tokens()  # a speculative step may have written one more position: cut it
+                kv = row.cache if row.slot is None else self.slots.export(row.slot, len(fed))  # type: ignore
+                self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
         self._release(row)

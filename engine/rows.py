@@ -11,7 +11,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from engine.contracts import Delta, GenerationRequest
 from engine.sampling import RowSampler, StopMatcher
 
-__all__ = ["Row", "LLMRowStream"]
+__all__ = ["Row", "LLMRowStream", "plan_iteration"]
 
 
 @dataclass(eq=False)
@@ -45,6 +45,25 @@ class Row:
     def fed_tokens(self) -> list[int]:
         """The tokens whose KV the cache holds (the last sampled token is never fed)."""
         return self.prompt[: self.done] + self.generated[:-1]
+
+
+def plan_iteration(rows: list[Row], budget: int, decode: bool,
+                   prefill: bool) -> list[tuple[Row, list[int], bool]]:
+    """(row, tokens, wants logits) per segment: every decoding row's token first, then prompt chunks (oldest
+    row first) filling the rest of `budget`. Raises nothing."""
+    plan: list[tuple[Row, list[int], bool]] = []
+    if decode:
+        plan += [(r, [r.last_token], True) for r in rows if r.decoding]  # type: ignore[list-item]
+    if prefill:
+        left = budget - len(plan)
+        for r in rows:
+            if left <= 0:
+                break
+            if r.preparing:
+                n = min(left, len(r.prompt) - r.done)
+                plan.append((r, r.prompt[r.done : r.done + n], r.done + n == len(r.prompt)))
+                left -= n
+    return plan
 
 
 class LLMRowStream:

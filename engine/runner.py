@@ -38,6 +38,7 @@ class Segment:
     cache: list[Any] | None
     logits: bool
     slot: int | None = None  # a decode row whose KV lives in the runner's SlotKV (then `cache` is unused)
+    fed: mx.array | None = None  # decode-only step: every segment's token as one lazy (rows,) array, slot order
 
 
 class Runner(Protocol):
@@ -121,6 +122,9 @@ class PackedRunner:
             raise ValueError("slot segments need a SlotKV runner and one token with logits each")
         # Slot (decode) rows first: their tokens form one block attended in one call per layer.
         order = slotted + [seg for seg in segments if seg.slot is None]
+        fed = segments[0].fed
+        if fed is not None and (slotted != list(segments) or any(seg.fed is not fed for seg in segments)):
+            raise ValueError("lazy tokens need slot segments only, in slot order, sharing one array")
         batch = self.slots.plan([seg.slot for seg in slotted]) if slotted else None  # type: ignore[union-attr,misc]
         flat: list[int] = []
         bounds: list[tuple[int, int]] = []
@@ -137,7 +141,7 @@ class PackedRunner:
         picks = [last[id(seg)] for seg in segments if seg.logits]
         T = len(flat)
         pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
-        h = self.inner.embed_tokens(mx.array(flat)[None])
+        h = self.inner.embed_tokens((mx.array(flat) if fed is None else fed)[None])
         rest = order[len(slotted):]
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn

@@ -114,12 +114,12 @@ class SlotKV:
         if not self.lengths:
             self.reset()
 
-    def export(self, slot: int) -> list[Any]:
-        """The slot's KV as fresh per-layer mlx-lm `KVCache`s (lazy views: snapshot before the next write).
-        Raises KeyError for a free slot."""
+    def export(self, slot: int, length: int | None = None) -> list[Any]:
+        """The slot's first `length` (default: all) positions as fresh per-layer mlx-lm `KVCache`s (lazy
+        views: snapshot before the next write). Raises KeyError for a free slot."""
         from mlx_lm.models.cache import KVCache
 
-        n = self.lengths[slot]
+        n = self.lengths[slot] if length is None else min(length, self.lengths[slot])
         out = []
         for k, v in zip(self.keys, self.values):
             c = KVCache()

@@ -1,0 +1,88 @@
+"""DecodePipeline — keep one decode step in flight while the host reads the previous step's tokens.
+
+In an iteration where every row decodes from a slot and samples without processors, step N+1 is built
+from step N's still-lazy sampled tokens and launched (`mx.async_eval`) before the host reads step N's
+tokens; detokenization and stop matching then overlap the device's work. The launched step is carried
+between iterations (all on the one engine thread). It is only reused while the row set is unchanged:
+any other iteration first `drain`s it — reads its tokens for rows still running and drops those of rows
+that finished or were cancelled. A speculative step writes one KV position past what its row has fed;
+exports cut the slot to the row's fed tokens, and draining a running row's token makes them equal again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+
+from engine.rows import Row
+from engine.runner import Segment
+from engine.sampling import sample_rows
+
+__all__ = ["DecodePipeline", "InFlight"]
+
+
+@dataclass
+class InFlight:
+    """A launched, unread decode step: `tokens[i]` is the next token of `rows[i]` (slot order)."""
+
+    rows: list[Row]
+    tokens: mx.array
+
+
+class DecodePipeline:
+    """One step of lookahead for decode-only slot iterations (see module doc)."""
+
+    def __init__(self, forward: Callable[[list[Segment]], Any], enabled: bool) -> None:
+        self.forward = forward  # the group's runner.forward (looked up per call)
+        self.enabled = enabled  # the runner has a SlotKV (packed path with per-token RoPE)
+        self.inflight: InFlight | None = None
+
+    def reset(self) -> None:
+        """Forget the in-flight step (its rows failed or the group closed). Raises nothing."""
+        self.inflight = None
+
+    def continues(self, rows: Sequence[Row]) -> bool:
+        """Whether the in-flight step was launched for exactly these rows. Raises nothing."""
+        return self.inflight is not None and {id(r) for r in rows} == {id(r) for r in self.inflight.rows}
+
+    def eligible(self, rows: Sequence[Row]) -> bool:
+        """Every row decodes from a slot and samples without history-dependent processing. Raises nothing."""
+        return self.enabled and bool(rows) and all(
+            r.decoding and r.slot is not None and r.sampler.plain for r in rows)
+
+    def drain(self) -> list[tuple[Row, int]]:
+        """Read the in-flight step; returns (row, token) for rows still running (others' tokens are dropped).
+        Raises whatever evaluating the step raises."""
+        flight, self.inflight = self.inflight, None
+        if flight is None:
+            return []
+        ids = self.read(flight.tokens)
+        return [(r, t) for r, t in zip(flight.rows, ids) if not r.finished and not r.cancelled]
+
+    def step(self, rows: Sequence[Row]) -> tuple[list[Row], list[int]]:
+        """Launch the next step and read the current one: returns rows (slot order) and their tokens.
+        The rows must be `eligible`. Raises whatever the forward or its evaluation raises."""
+        ordered = sorted(rows, key=lambda r: r.slot)  # type: ignore[arg-type,return-value]
+        current = self.inflight.tokens if self.inflight is not None and self.continues(ordered) else None
+        self.inflight = None
+        if current is None:
+            current = self.launch(ordered, None)
+        self.inflight = InFlight(ordered, self.launch(ordered, current))
+        return ordered, self.read(current)
+
+    def launch(self, rows: Sequence[Row], fed: mx.array | None) -> mx.array:
+        """Build one decode step (fed: lazy tokens, else each row's last_token) and start it. Raises
+        whatever building the forward raises."""
+        ids = [[0] if fed is not None else [r.last_token] for r in rows]  # fed: only the length counts
+        segments = [Segment(t, None, True, r.slot, fed) for t, r in zip(ids, rows)]  # type: ignore[arg-type]
+        logits = self.forward(segments)
+        tokens = sample_rows(logits, [r.sampler for r in rows])
+        mx.async_eval(tokens)
+        return tokens
+
+    @staticmethod
+    def read(tokens: mx.array) -> list[int]:
+        """Wait for `tokens` and return them as ints. Raises whatever the evaluation raises."""
+        return [int(t) for t in tokens.tolist()]

@@ -1,0 +1,126 @@
+"""DecodePipeline inside LLMBatchGroup: step N+1 launched before step N's tokens are read; rows that stop
+or are cancelled mid-pipeline give the same tokens/text as without it, and hand the right KV length on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.contracts import GenerationRequest, SamplingParams
+from tests.engine.test_batch import (
+    FakePrefixCache, assert_matches_reference, drain, iterate, make_group, prompt_of, run_rows, tokens_of,
+)
+
+pytestmark = pytest.mark.anyio
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def spy(group) -> list[tuple[str, int]]:
+    """Record ("launch", id(tokens)) and ("read", id(tokens)) in call order."""
+    events: list[tuple[str, int]] = []
+    pipe = group.pipeline
+    launch, read = pipe.launch, pipe.read
+
+    def launch_spy(rows, fed):
+        out = launch(rows, fed)
+        events.append(("launch", id(out)))
+        return out
+
+    def read_spy(tokens):
+        events.append(("read", id(tokens)))
+        return read(tokens)
+
+    pipe.launch, pipe.read = launch_spy, read_spy
+    return events
+
+
+async def test_next_step_is_launched_before_the_current_tokens_are_read(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    events = spy(group)
+    streams = [group.submit(GenerationRequest(prompt_of(n, n), GREEDY, max_tokens=12)) for n in (5, 8)]
+    for _ in range(6):
+        await iterate(group)
+    reads = [i for i, (kind, _) in enumerate(events) if kind == "read"]
+    assert len(reads) >= 3
+    for i in reads:
+        launched = [t for kind, t in events[:i] if kind == "launch"]
+        # the array read now was launched earlier, and a later step (fed from it) is already launched
+        assert events[i][1] in launched[:-1] and launched[-1] != events[i][1]
+    for s in streams:
+        s.cancel()
+
+
+async def test_rows_of_different_lengths_match_mlx_lm_with_the_pipeline(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    events = spy(group)
+    prompts = [prompt_of(n, i) for i, n in enumerate((5, 9, 14, 3))]
+    limits = (7, 12, 20, 4)
+    requests = [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)]
+    deltas = await run_rows(group, requests, [0, 0, 0, 0])
+    assert sum(kind == "read" for kind, _ in events) >= 10
+    for i, p in enumerate(prompts):
+        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
+    assert group.pipeline.inflight is None or all(r.finished for r in group.pipeline.inflight.rows)
+
+
+async def run_pair(loaded, pipelined: bool, stop: list[str] | None = None) -> tuple[Any, FakePrefixCache]:
+    cache = FakePrefixCache()
+    group = make_group(loaded, prefix_cache=cache)
+    group.pipeline.enabled = pipelined
+    prompt = loaded.tokenizer.encode("The quick brown fox")
+    requests = [GenerationRequest(prompt, GREEDY, max_tokens=9, namespace="m", session_id="a", stop=stop or []),
+                GenerationRequest(prompt_of(6, 2), GREEDY, max_tokens=25, namespace="m", session_id="b")]
+    return await run_rows(group, requests, [0, 0]), cache
+
+
+async def test_a_row_stopping_mid_pipeline_gives_the_same_output_and_kv_length(tiny_loaded) -> None:
+    plain, plain_cache = await run_pair(tiny_loaded, pipelined=False)
+    piped, piped_cache = await run_pair(tiny_loaded, pipelined=True)
+    for a, b in zip(plain.values(), piped.values()):
+        assert [(d.text, d.token_ids, d.finish_reason) for d in a] == [(d.text, d.token_ids, d.finish_reason)
+                                                                      for d in b]
+    # FakePrefixCache.put checks every layer's offset equals the tokens stored (prompt + generated - 1).
+    assert [t for t, _ in piped_cache.entries] == [t for t, _ in plain_cache.entries]
+    full = "".join(d.text for d in piped[0])
+    stop = next(full[i : i + 2] for i in range(3, len(full)) if full[i : i + 2].isalpha())
+    plain_stop, _ = await run_pair(tiny_loaded, pipelined=False, stop=[stop])
+    piped_stop, _ = await run_pair(tiny_loaded, pipelined=True, stop=[stop])
+    assert piped_stop[0][-1].finish_reason == "stop"
+    assert "".join(d.text for d in piped_stop[0]) == "".join(d.text for d in plain_stop[0])
+
+
+async def test_second_turn_from_a_pipelined_first_turn_matches_cold(tiny_loaded) -> None:
+    cache = FakePrefixCache()
+    group = make_group(tiny_loaded, prefix_cache=cache)
+    first = prompt_of(10, 3)
+    d = await run_rows(group, [GenerationRequest(first, GREEDY, max_tokens=5, namespace="m", session_id="s"),
+                               GenerationRequest(prompt_of(4, 9), GREEDY, max_tokens=30)], [0, 0])
+    gen = tokens_of(d[0])
+    second = first + gen + prompt_of(4, 6)
+    warm = (await run_rows(group, [GenerationRequest(second, GREEDY, max_tokens=8, namespace="m", session_id="s")],
+                           [0]))[0]
+    assert warm[-1].cached_tokens == len(first) + len(gen) - 1
+    assert_matches_reference(tiny_loaded, second, tokens_of(warm), 8)
+
+
+async def test_cancel_mid_pipeline_frees_the_row_and_stores_only_fed_kv(tiny_loaded) -> None:
+    cache = FakePrefixCache()
+    group = make_group(tiny_loaded, prefix_cache=cache)
+    prompts = [prompt_of(7, 1), prompt_of(4, 2)]
+    victim, other = (group.submit(GenerationRequest(p, GREEDY, max_tokens=30)) for p in prompts)
+    got: list[int] = []
+    for _ in range(5):
+        await iterate(group)
+        got += tokens_of(drain(other))
+    row = group._active[0]
+    assert group.pipeline.inflight is not None and row in group.pipeline.inflight.rows
+    n_generated = len(row.generated)
+    await victim.aclose()
+    await iterate(group)
+    assert row not in group._active and row.slot is None and row.cache is None
+    assert [len(t) for t, _ in cache.entries] == [7 + n_generated - 1]
+    for _ in range(40):
+        await iterate(group)
+        got += tokens_of(drain(other))
+    assert_matches_reference(tiny_loaded, prompts[1], got, 30)
