@@ -139,6 +139,7 @@ class LLMBatchGroup:
         """Drop cancelled rows and queued tasks. A cancelled row's KV is released now, or handed to the
         prefix cache by a task the next iteration runs first. Raises nothing."""
         self.tasks.prune()
+        self.pipeline.forget_if_done()
         for row in [r for r in self._queue if r.cancelled]:
             self._queue.remove(row)
             self._end(row, cancelled=True)
@@ -280,8 +281,7 @@ class LLMBatchGroup:
             ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
             outputs += [(r, self._accept(r, t)) for r, t in zip(ordered, ids)]
             return self._finish_step(t0, outputs, 0, len(ordered))
-        plan = plan_iteration(rows, budget, decode, prefill)
-        if not plan:
+        if not (plan := plan_iteration(rows, budget, decode, prefill)):
             return self._finish_step(t0, outputs, 0, 0)
         segments = [Segment(tokens, r.cache, want, r.slot) for r, tokens, want in plan]
         logits = self.runner.forward(segments)

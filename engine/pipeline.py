@@ -43,6 +43,11 @@ class DecodePipeline:
         """Forget the in-flight step (its rows failed or the group closed). Raises nothing."""
         self.inflight = None
 
+    def forget_if_done(self) -> None:
+        """Drop the in-flight step once none of its rows runs (so it holds no old KV buffers). Raises nothing."""
+        if self.inflight is not None and all(r.finished or r.cancelled for r in self.inflight.rows):
+            self.inflight = None
+
     def continues(self, rows: Sequence[Row]) -> bool:
         """Whether the in-flight step was launched for exactly these rows. Raises nothing."""
         return self.inflight is not None and {id(r) for r in rows} == {id(r) for r in self.inflight.rows}
