@@ -16,17 +16,18 @@ from litestar import Request, Response, post
 
 from service.app import AppState, get_state
 from service.chat_deltas import ChatTranslator
+from service.completions import ERROR_RESPONSES, completions
 from service.errors import APIError, sse_error_event
 from service.generation import (
-    collect_text,
     ResponseMeta,
     UsageCounter,
     chat_engine,
     close_stream,
     generation_request,
-    stream_failure,
+    row_texts,
     submit,
 )
+from service.openapi_spec import sse_operation
 from service.schemas import (
     ChatChoice,
     ChatCompletion,
@@ -36,9 +37,14 @@ from service.schemas import (
     ChoiceDelta,
     ChunkChoice,
 )
-from service.openapi_spec import sse_operation
-from service.sse import DONE, ClientDisconnected, EventSource, SSEStream, run_while_connected, sse_data
-from service.completions import ERROR_RESPONSES, completions
+from service.sse import (
+    DONE,
+    ClientDisconnected,
+    EventSource,
+    SSEStream,
+    run_while_connected,
+    sse_data,
+)
 
 __all__ = ["ROUTES", "chat_completions", "template_messages", "render_chat_prompt", "system_prefix_end"]
 
@@ -172,17 +178,9 @@ async def _chat_events(
     try:
         yield _chunk(meta, ChoiceDelta(role="assistant", content=""))
         finish: str | None = None
-        async for delta in stream:
-            counter.add(delta)
-            if failure := stream_failure(delta.error, delta.finish_reason):
-                raise RuntimeError(failure)
-            for choice_delta in translator.feed(delta.text):
+        async for text, finish in row_texts(stream, counter):
+            for choice_delta in translator.feed(text):
                 yield _chunk(meta, choice_delta)
-            if delta.finish_reason is not None:
-                finish = delta.finish_reason
-                break
-        if finish is None:
-            raise RuntimeError("The generation ended without finishing (the engine stopped).")
         for choice_delta in translator.finish():
             yield _chunk(meta, choice_delta)
         yield _chunk(meta, ChoiceDelta(), translator.finish_reason(finish))
@@ -196,7 +194,9 @@ async def _chat_events(
 
 
 async def _collect(stream: Any, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter) -> ChatCompletion:
-    finish = await collect_text(stream, counter, translator.feed)
+    finish = None
+    async for text, finish in row_texts(stream, counter):
+        translator.feed(text)
     translator.finish()
     return ChatCompletion(
         id=meta.id,

@@ -16,19 +16,30 @@ from litestar.openapi.datastructures import ResponseSpec
 from service.app import get_state
 from service.errors import APIError, sse_error_event
 from service.generation import (
-    collect_text,
     ResponseMeta,
     UsageCounter,
     chat_engine,
     close_stream,
     generation_request,
-    stream_failure,
+    row_texts,
     submit,
     vocab_size,
 )
-from service.schemas import Completion, CompletionChoice, CompletionRequest, ErrorResponse
 from service.openapi_spec import sse_operation
-from service.sse import DONE, ClientDisconnected, EventSource, SSEStream, run_while_connected, sse_data
+from service.schemas import (
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ErrorResponse,
+)
+from service.sse import (
+    DONE,
+    ClientDisconnected,
+    EventSource,
+    SSEStream,
+    run_while_connected,
+    sse_data,
+)
 
 __all__ = ["completions", "ERROR_RESPONSES"]
 
@@ -73,17 +84,9 @@ async def _events(
         if echo:
             yield _chunk(meta, echo)
         finish: str | None = None
-        async for delta in stream:
-            counter.add(delta)
-            if failure := stream_failure(delta.error, delta.finish_reason):
-                raise RuntimeError(failure)
-            if delta.text:
-                yield _chunk(meta, delta.text)
-            if delta.finish_reason is not None:
-                finish = delta.finish_reason
-                break
-        if finish is None:
-            raise RuntimeError("The generation ended without finishing (the engine stopped).")
+        async for text, finish in row_texts(stream, counter):
+            if text:
+                yield _chunk(meta, text)
         yield _chunk(meta, "", "length" if finish == "length" else "stop")
         if include_usage:
             yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage()))
@@ -94,8 +97,9 @@ async def _events(
 
 
 async def _collect(stream: Any, meta: ResponseMeta, counter: UsageCounter, echo: str) -> Completion:
-    parts = [echo]
-    finish = await collect_text(stream, counter, parts.append)
+    parts, finish = [echo], None
+    async for text, finish in row_texts(stream, counter):
+        parts.append(text)
     return Completion(
         id=meta.id,
         created=meta.created,

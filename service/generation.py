@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Sequence
 
 import anyio
 
@@ -18,7 +18,7 @@ from service.errors import APIError, context_length_exceeded, model_not_found
 from service.schemas import PromptTokensDetails, SamplingFields, Usage
 
 __all__ = [
-    "collect_text",
+    "row_texts",
     "chat_engine",
     "vocab_size",
     "sampling_params",
@@ -181,17 +181,17 @@ class ResponseMeta:
             self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
 
 
-async def collect_text(stream: Any, counter: UsageCounter, on_text: Callable[[str], None]) -> str:
-    """Drain a row stream for a non-streamed reply: feed each delta's text to `on_text`, count usage,
-    close the row. Returns the finish reason. Raises APIError 500 when the row failed or never finished."""
+async def row_texts(stream: Any, counter: UsageCounter) -> AsyncIterator[tuple[str, str | None]]:
+    """A row's (text, finish_reason) per delta, counting usage; the last item carries the finish reason.
+    The row is closed however the caller leaves. Raises APIError 500 when the row failed or never finished."""
     try:
         async for delta in stream:
             counter.add(delta)
             if failure := stream_failure(delta.error, delta.finish_reason):
                 raise APIError(500, failure, type="server_error")
-            on_text(delta.text)
+            yield delta.text, delta.finish_reason
             if delta.finish_reason is not None:
-                return delta.finish_reason
+                return
     finally:
         await close_stream(stream)
     raise APIError(500, "The generation ended without finishing (the engine stopped).", type="server_error")
