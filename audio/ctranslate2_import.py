@@ -119,6 +119,16 @@ def _split_qkv(out: dict[str, np.ndarray], v: dict[str, np.ndarray], src: str, d
             out[f"{dst}.{name}.bias"] = b
 
 
+def _block(out: dict[str, np.ndarray], v: dict[str, np.ndarray], src: str, dst: str) -> None:
+    """Self-attention (fused QKV) and FFN of one encoder or decoder layer; cross-attention is the caller's."""
+    _norm(out, v, f"{src}/self_attention/layer_norm", f"{dst}.attn_ln")
+    _split_qkv(out, v, f"{src}/self_attention/linear_0", f"{dst}.attn", ("query", "key", "value"))
+    _linear(out, v, f"{src}/self_attention/linear_1", f"{dst}.attn.out")
+    _norm(out, v, f"{src}/ffn/layer_norm", f"{dst}.mlp_ln")
+    _linear(out, v, f"{src}/ffn/linear_0", f"{dst}.mlp1")
+    _linear(out, v, f"{src}/ffn/linear_1", f"{dst}.mlp2")
+
+
 def ct2_to_mlx_weights(v: dict[str, np.ndarray]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
     """(ModelDimensions dict, mlx-whisper weight dict) from CTranslate2 WhisperSpec variables.
     Raises CheckpointFormatError when a required variable is missing."""
@@ -142,28 +152,17 @@ def ct2_to_mlx_weights(v: dict[str, np.ndarray]) -> tuple[dict[str, int], dict[s
             out[f"encoder.conv{i}.weight"] = v[f"encoder/conv{i}/weight"].transpose(0, 2, 1)
             out[f"encoder.conv{i}.bias"] = v[f"encoder/conv{i}/bias"]
         for i in range(n_enc):
-            s, d = f"encoder/layer_{i}", f"encoder.blocks.{i}"
-            _norm(out, v, f"{s}/self_attention/layer_norm", f"{d}.attn_ln")
-            _split_qkv(out, v, f"{s}/self_attention/linear_0", f"{d}.attn", ("query", "key", "value"))
-            _linear(out, v, f"{s}/self_attention/linear_1", f"{d}.attn.out")
-            _norm(out, v, f"{s}/ffn/layer_norm", f"{d}.mlp_ln")
-            _linear(out, v, f"{s}/ffn/linear_0", f"{d}.mlp1")
-            _linear(out, v, f"{s}/ffn/linear_1", f"{d}.mlp2")
+            _block(out, v, f"encoder/layer_{i}", f"encoder.blocks.{i}")
         _norm(out, v, "encoder/layer_norm", "encoder.ln_post")
         out["decoder.token_embedding.weight"] = embed
         out["decoder.positional_embedding"] = v["decoder/position_encodings/encodings"]
         for i in range(n_dec):
             s, d = f"decoder/layer_{i}", f"decoder.blocks.{i}"
-            _norm(out, v, f"{s}/self_attention/layer_norm", f"{d}.attn_ln")
-            _split_qkv(out, v, f"{s}/self_attention/linear_0", f"{d}.attn", ("query", "key", "value"))
-            _linear(out, v, f"{s}/self_attention/linear_1", f"{d}.attn.out")
+            _block(out, v, s, d)
             _norm(out, v, f"{s}/attention/layer_norm", f"{d}.cross_attn_ln")
             _linear(out, v, f"{s}/attention/linear_0", f"{d}.cross_attn.query")
             _split_qkv(out, v, f"{s}/attention/linear_1", f"{d}.cross_attn", ("key", "value"))
             _linear(out, v, f"{s}/attention/linear_2", f"{d}.cross_attn.out")
-            _norm(out, v, f"{s}/ffn/layer_norm", f"{d}.mlp_ln")
-            _linear(out, v, f"{s}/ffn/linear_0", f"{d}.mlp1")
-            _linear(out, v, f"{s}/ffn/linear_1", f"{d}.mlp2")
         _norm(out, v, "decoder/layer_norm", "decoder.ln")
     except KeyError as exc:
         raise CheckpointFormatError(f"CTranslate2 Whisper checkpoint lacks variable {exc}") from None
