@@ -31,6 +31,7 @@ __all__ = [
     "hub_cache_dir",
     "list_cached_models",
     "load_model",
+    "materialize",
     "resolve_model",
     "to_float32",
 ]
@@ -217,6 +218,7 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     model, tokenizer, config = load(str(directory), return_config=True)
     if float32:
         to_float32(model)
+    materialize(model)
     return LoadedModel(
         name=source.name,
         model=model,
@@ -227,6 +229,18 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
         kind=source.kind,
         float32=float32,
     )
+
+
+def materialize(model: nn.Module) -> None:
+    """Evaluate every array the model holds, parameters and private ones alike (mlx-lm's `Llama3RoPE`
+    builds `_freqs` lazily at construction). MLX gives each thread its own stream, and a lazy array can
+    only be evaluated on the thread that built it: once evaluated, any thread may use it. Raises nothing
+    beyond what evaluating raises."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    # A Module is a dict of everything it holds; parameters() skips "_"-prefixed keys, tree_flatten does not.
+    mx.eval([v for _, v in tree_flatten(model) if isinstance(v, mx.array)])
 
 
 def _directory(source: ModelSource, float32: bool) -> Path:

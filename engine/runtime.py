@@ -45,10 +45,12 @@ class Engine:
         prefix_cache: Any = None,
         backend: Any = None,
         max_kv_tokens: int | None = None,
+        thread: EngineThread | None = None,
     ) -> None:
         """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
+        `thread`: the engine thread to run on (the one the model was loaded on; see `open`).
         Raises ValueError for non-positive limits."""
-        self.thread = EngineThread()
+        self.thread = thread or EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
         self.prefix_cache = prefix_cache
@@ -78,6 +80,21 @@ class Engine:
                 max_kv_tokens=max_kv_tokens,
             )
         self.tasks: ExecutionTasks = self.group.tasks
+
+    @classmethod
+    async def open(cls, spec: str | None, **options: Any) -> "Engine":
+        """Load model `spec` on a new engine thread and build the engine on that same thread, so every
+        array the model holds belongs to the thread that runs it. `options` go to `Engine(...)`.
+        Raises what engine.models.load_model raises (the thread is closed then)."""
+        from engine.models import load_model
+
+        thread = EngineThread()
+        try:
+            loaded = await thread.run(load_model, spec)
+        except BaseException:
+            thread.close()
+            raise
+        return cls(loaded, thread=thread, **options)
 
     async def serve(self) -> None:
         """Run the driver loop until `close()`; run it inside a task group. Raises RuntimeError if the

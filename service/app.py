@@ -104,22 +104,14 @@ async def open_engine(config: ServiceConfig) -> Any:
     """Load the configured chat model and build the engine around it.
 
     Raises engine.models.ModelNotFound when no model can be found, and whatever loading raises."""
-    from engine.context import EngineThread
-    from engine.models import load_model
     from engine.runtime import Engine
 
-    # Engine() makes its own thread from a loaded model; the load runs on a dedicated MLX thread of its
-    # own (weights come back evaluated), so the event loop never blocks on it.
-    loader = EngineThread("tandem-load")
-    try:
-        loaded = await loader.run(load_model, config.model)
-    finally:
-        loader.close()
     from engine.prefix_cache import PrefixCache, default_prompt_cache_bytes
 
     budget = default_prompt_cache_bytes() if config.prompt_cache_bytes is None else config.prompt_cache_bytes
-    return Engine(loaded, max_active=config.max_active, max_iteration_tokens=config.max_iteration_tokens,
-                  prefix_cache=PrefixCache(budget))
+    # The model loads on the engine's own thread (MLX streams are per thread), off the event loop.
+    return await Engine.open(config.model, max_active=config.max_active,
+                             max_iteration_tokens=config.max_iteration_tokens, prefix_cache=PrefixCache(budget))
 
 
 def _lifespan(state: AppState) -> Callable[[Litestar], AsyncContextManager[None]]:

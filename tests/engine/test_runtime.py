@@ -211,3 +211,38 @@ async def _enumerate(stream):
     async for item in stream:
         yield n, item
         n += 1
+
+
+LLAMA3_ROPE = {"max_position_embeddings": 131072, "rope_scaling": {
+    "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+
+
+@pytest.fixture(scope="module")
+def llama3_dir(tmp_path_factory):
+    """Llama 3.2's rope_scaling block, as every real Llama 3.x checkpoint carries it."""
+    from tests.fixtures.tiny_llm import build_tiny_llm
+
+    return build_tiny_llm(tmp_path_factory.mktemp("llama3"), extra_config=LLAMA3_ROPE)
+
+
+async def test_a_llama3_model_loaded_on_another_thread_runs_on_the_engine_thread(llama3_dir) -> None:
+    # mlx-lm's Llama3RoPE builds `_freqs` lazily at construction: MLX binds it to the loading thread's stream.
+    from engine.context import EngineThread
+    from engine.models import load_model
+
+    loader = EngineThread("loader")
+    try:
+        loaded = await loader.run(load_model, str(llama3_dir))
+    finally:
+        loader.close()
+    result = await generate_stream(Engine(loaded), GenerationRequest(prompt_of(12, 1), GREEDY, max_tokens=5))
+    assert result.finish_reason == "length" and len(result.token_ids) == 5
+
+
+async def test_open_loads_on_the_thread_that_serves(llama3_dir) -> None:
+    engine = await Engine.open(str(llama3_dir), max_active=2)
+    loaded_on = await engine.thread.run(lambda: threading.current_thread().name)
+    assert loaded_on == "tandem-engine"
+    result = await generate_stream(engine, GenerationRequest(prompt_of(9, 2), GREEDY, max_tokens=4))
+    assert len(result.token_ids) == 4 and result.error is None
