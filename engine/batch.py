@@ -21,11 +21,13 @@ import logging
 import math
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import mlx.core as mx
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
+from engine.memory import MemoryAdmission, MemoryBudget, release_free_memory
 from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.rows import LLMRowStream, Row, plan_iteration
@@ -56,6 +58,7 @@ class LLMBatchGroup:
         prefix_cache: Any = None,
         plan: ExecutionPlan | None = None,
         max_kv_tokens: int | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1:
             raise ValueError("max_active, max_iteration_tokens and minimum_preparation_tokens must be >= 1")
@@ -68,6 +71,8 @@ class LLMBatchGroup:
         self._minimum_preparation_tokens = minimum_preparation_tokens
         self.prefix_cache = prefix_cache
         self.max_kv_tokens = max_kv_tokens
+        self.budget = budget
+        self._idle_released = True  # freed memory was given back since the last row ran
         self.plan = plan or resolve_execution(model)
         self.runner = PackedRunner(model) if self.plan.packed else SeparateRunner(model)
         self.slots = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
@@ -107,6 +112,7 @@ class LLMBatchGroup:
                 f"length of {self.context_length} tokens"
             )
         validate_sampling(request.sampling, self.vocab_size)
+        request = self._fit_budget(request, len(prompt))
         send, receive = anyio.create_memory_object_stream[Delta](math.inf)
         row = Row(
             request=request,
@@ -154,6 +160,11 @@ class LLMBatchGroup:
         """Return when a row or a task arrives, or the group closes. Raises nothing but cancellation."""
         if self.has_work() or self._closed:
             return
+        if not self._idle_released:  # nothing runs: hand freed buffers back before sleeping
+            self._idle_released = True
+            await self.context.run(release_free_memory)
+            if self.has_work() or self._closed:
+                return
         async with anyio.create_task_group() as tg:
 
             async def watch(wait: Any) -> None:
@@ -176,6 +187,8 @@ class LLMBatchGroup:
                 reserved = sum(len(r.prompt) + r.request.max_tokens for r in self._active)
                 if reserved + len(row.prompt) + row.request.max_tokens > self.max_kv_tokens:
                     break
+            if self.budget is not None and self._active and self.projected_kv_bytes([*self._active, row]) > self.budget.kv:
+                break  # its KV does not fit next to the running rows: it waits for one to leave
             self._active.append(self._queue.popleft())
 
     def has_decoding(self) -> bool:
@@ -220,8 +233,55 @@ class LLMBatchGroup:
 
     def kv_bytes(self) -> int:
         """Bytes held by active rows' KV caches. Raises nothing."""
-        rows = sum(getattr(c, "nbytes", 0) or 0 for row in self._active for c in row.cache or ())
-        return rows + (self.slots.used_nbytes if self.slots is not None else 0)
+        return self.row_cache_bytes() + (self.slots.used_nbytes if self.slots is not None else 0)
+
+    def row_cache_bytes(self) -> int:
+        """Bytes of the per-row (prefill) KV caches. Raises nothing."""
+        return sum(getattr(c, "nbytes", 0) or 0 for row in list(self._active) for c in row.cache or ())
+
+    def slot_bytes(self) -> int:
+        """Bytes allocated for the decode slots, free ones included. Raises nothing."""
+        return self.slots.nbytes if self.slots is not None else 0
+
+    # -- memory -----------------------------------------------------------------------------------
+
+    def projected_kv_bytes(self, rows: list[Row]) -> int:
+        """The most KV memory `rows` can need together: every row in a slot as long as the longest may
+        grow (slots padded to a power of two, positions step-rounded), plus prefill caches for the rows
+        still preparing. Raises nothing."""
+        if not rows or self.budget is None:
+            return 0
+        step = self.slots.step if self.slots is not None else 256
+        longest = max(len(r.prompt) + r.request.max_tokens + 1 for r in rows)
+        positions = -(-longest // step) * step
+        slots = 1 << max(0, len(rows) - 1).bit_length()
+        preparing = sum(-(-len(r.prompt) // 256) * 256 for r in rows if r.done < len(r.prompt))
+        return self.budget.kv_token_bytes * (slots * positions + preparing)
+
+    def reserved_kv_bytes(self) -> int:
+        """`projected_kv_bytes` of the active rows: what admission counts as taken. Raises nothing."""
+        return self.projected_kv_bytes(list(self._active))
+
+    def _fit_budget(self, request: GenerationRequest, prompt: int) -> GenerationRequest:
+        """Lower a defaulted max_tokens until the row fits the KV budget alone; refuse a row that cannot.
+        Raises MemoryAdmission."""
+        if self.budget is None:
+            return request
+        token, kv = self.budget.kv_token_bytes, self.budget.kv
+        step = self.slots.step if self.slots is not None else 256
+        # Alone: one slot of (prompt + max_tokens + 1) step-rounded positions, plus its prefill cache.
+        positions = (kv // token - -(-prompt // 256) * 256) // step * step - 1
+        if request.max_tokens_requested is False and positions - prompt >= 1:
+            if request.max_tokens > positions - prompt:
+                request = replace(request, max_tokens=positions - prompt)
+            return request
+        if prompt + request.max_tokens > positions:
+            fits = max(0, positions - prompt)
+            raise MemoryAdmission(
+                f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) needs more KV memory than the "
+                f"server's budget holds ({kv // token} tokens of KV in {kv >> 20} MiB); "
+                + (f"at most {fits} new tokens fit after this prompt" if fits else "the prompt alone does not fit"))
+        return request
 
     def recent_rates(self, window: float = 10.0) -> tuple[float, float]:
         """Wall-clock (prompt, generation) tokens/s over the last `window` seconds. Raises nothing."""
@@ -246,6 +306,7 @@ class LLMBatchGroup:
         rows = [r for r in self._active if not r.cancelled]
         if not rows:
             return
+        self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
         try:
             outputs = await self.context.run(self._step, rows, budget, decode, prefill)
@@ -272,6 +333,7 @@ class LLMBatchGroup:
         if self.pipeline.inflight is not None and not (decode and self.pipeline.continues(rows)):
             outputs = [(r, self._accept(r, t)) for r, t in self.pipeline.drain()]  # rows changed: no speculation
             rows = [r for r in rows if not r.finished]
+        self._size_slots(rows)
         for row in rows:
             if row.cache is None and row.slot is None:
                 self._attach_cache(row)
@@ -298,6 +360,18 @@ class LLMBatchGroup:
                 self._boundary_puts(r, r.done - len(chunk))
         outputs += [(r, self._accept(r, t)) for r, t in zip(sampled_rows, ids)]
         return self._finish_step(t0, outputs, n_prompt, n_decode)
+
+    def _size_slots(self, rows: list[Row]) -> None:
+        """Engine thread, no step in flight: cap slot growth at what the rows reserved, and shrink the
+        buffers to the rows left once they hold twice what those need."""
+        slots = self.slots
+        if slots is None or self.pipeline.inflight is not None:
+            return
+        slots.ceiling = max((len(r.prompt) + r.request.max_tokens + 1 for r in rows), default=None)
+        holders = {r.slot: r for r in rows if r.slot is not None}
+        if slots.oversized() and set(holders) == set(slots.lengths):  # every slot's row is here to renumber
+            for old, new in slots.compact().items():
+                holders[old].slot = new
 
     def _finish_step(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
         self._reclaim()

@@ -56,6 +56,8 @@ class GenerationRequest:
     namespace: str = ""
     # Token offsets where reusable segments end (e.g. after the system prompt): snapshot there.
     segment_boundaries: Sequence[int] = ()
+    # False when the client set no limit: the engine may lower max_tokens to fit its memory budget.
+    max_tokens_requested: bool = True
 
 
 @dataclass

@@ -22,6 +22,7 @@ from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
+from engine.memory import MemoryBudget, configure_allocator, process_rss
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
@@ -46,10 +47,13 @@ class Engine:
         backend: Any = None,
         max_kv_tokens: int | None = None,
         thread: EngineThread | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
         `thread`: the engine thread to run on (the one the model was loaded on; see `open`).
-        Raises ValueError for non-positive limits."""
+        `memory_budget`: bytes for weights, KV, the prefix cache and MLX's buffer cache (None: the
+        machine's default, engine.memory). Raises ValueError for non-positive limits or a budget that
+        leaves no room for KV."""
         self.thread = thread or EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
@@ -61,12 +65,16 @@ class Engine:
             self.model_name: str | None = None
             self.context_length: int | None = None
             self.plan: ExecutionPlan | None = None
+            self.budget: MemoryBudget | None = None
             self.group: LLMBatchGroup | TasksOnlyGroup = TasksOnlyGroup()
         else:
             self.tokenizer = loaded.tokenizer
             self.model_name = loaded.name
             self.context_length = int(loaded.context_length)
             self.plan = resolve_execution(loaded.model, backend if backend is not None else _blas())
+            self.budget = MemoryBudget.plan(
+                loaded.model, total=memory_budget, prefix_cache=prefix_cache.max_bytes if prefix_cache else 0,
+                max_iteration_tokens=max_iteration_tokens, max_active=max_active)
             self.group = LLMBatchGroup(
                 loaded.model,
                 loaded.tokenizer,
@@ -78,23 +86,33 @@ class Engine:
                 prefix_cache=prefix_cache,
                 plan=self.plan,
                 max_kv_tokens=max_kv_tokens,
+                budget=self.budget,
             )
         self.tasks: ExecutionTasks = self.group.tasks
 
     @classmethod
-    async def open(cls, spec: str | None, **options: Any) -> "Engine":
+    async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, **options: Any) -> "Engine":
         """Load model `spec` on a new engine thread and build the engine on that same thread, so every
-        array the model holds belongs to the thread that runs it. `options` go to `Engine(...)`.
-        Raises what engine.models.load_model raises (the thread is closed then)."""
+        array the model holds belongs to the thread that runs it. The prefix cache gets
+        `prompt_cache_bytes` (None: its share of the memory budget; 0: no prefix cache). `options` go to
+        `Engine(...)`. Raises what engine.models.load_model raises (the thread is closed then), and
+        ValueError for a budget that leaves no room for KV."""
         from engine.models import load_model
+        from engine.prefix_cache import PrefixCache
 
         thread = EngineThread()
         try:
             loaded = await thread.run(load_model, spec)
+            if prompt_cache_bytes is None:
+                prompt_cache_bytes = MemoryBudget.plan(
+                    loaded.model, total=options.get("memory_budget"),
+                    max_iteration_tokens=options.get("max_iteration_tokens", 512),
+                    max_active=options.get("max_active", 16)).prefix_cache
+            cache = PrefixCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+            return cls(loaded, thread=thread, prefix_cache=cache, **options)
         except BaseException:
             thread.close()
             raise
-        return cls(loaded, thread=thread, **options)
 
     async def serve(self) -> None:
         """Run the driver loop until `close()`; run it inside a task group. Raises RuntimeError if the
@@ -103,6 +121,8 @@ class Engine:
             raise RuntimeError("engine is closed")
         self._serving = True
         try:
+            if self.budget is not None:
+                await self.thread.run(configure_allocator, self.budget)
             await drive_execution_group(self.group, self.lease, self.thread)
         finally:
             self._serving = False
@@ -144,6 +164,7 @@ class Engine:
                 prompt_tokens_per_second=_rate(c["prompt_tokens"], c["prompt_seconds"]),
                 generation_tokens_per_second=_rate(c["generation_tokens"], c["decode_seconds"]),
             )
+            out["memory"] = self.memory_stats()
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}
@@ -154,6 +175,25 @@ class Engine:
                 out["prefix_cache"] = self.prefix_cache.stats()
             except Exception:  # stats must never fail /stats
                 out["prefix_cache"] = None
+        return out
+
+    def memory_stats(self) -> dict[str, Any]:
+        """The budget and what each part holds now, in bytes. Raises nothing."""
+        import mlx.core as mx
+
+        group = self.group
+        out: dict[str, Any] = {"budget": self.budget.as_dict() if self.budget else None}
+        if isinstance(group, LLMBatchGroup):
+            out.update(slot_bytes=group.slot_bytes(), row_cache_bytes=group.row_cache_bytes(),
+                       reserved_kv_bytes=group.reserved_kv_bytes())
+        stats = getattr(self.prefix_cache, "stats", None)
+        try:
+            out["prefix_cache_bytes"] = int(stats()["bytes"]) if stats else 0
+        except Exception:  # stats must never fail /stats
+            out["prefix_cache_bytes"] = None
+        out.update(weights_bytes=self.budget.weights if self.budget else 0,
+                   mlx_active_bytes=mx.get_active_memory(), mlx_cache_bytes=mx.get_cache_memory(),
+                   mlx_peak_bytes=mx.get_peak_memory(), process_rss_bytes=process_rss())
         return out
 
     def close(self) -> None:

@@ -106,12 +106,10 @@ async def open_engine(config: ServiceConfig) -> Any:
     Raises engine.models.ModelNotFound when no model can be found, and whatever loading raises."""
     from engine.runtime import Engine
 
-    from engine.prefix_cache import PrefixCache, default_prompt_cache_bytes
-
-    budget = default_prompt_cache_bytes() if config.prompt_cache_bytes is None else config.prompt_cache_bytes
     # The model loads on the engine's own thread (MLX streams are per thread), off the event loop.
     return await Engine.open(config.model, max_active=config.max_active,
-                             max_iteration_tokens=config.max_iteration_tokens, prefix_cache=PrefixCache(budget))
+                             max_iteration_tokens=config.max_iteration_tokens,
+                             prompt_cache_bytes=config.prompt_cache_bytes, memory_budget=config.memory_budget)
 
 
 def _lifespan(state: AppState) -> Callable[[Litestar], AsyncContextManager[None]]:

@@ -26,6 +26,20 @@ class CLIError(Exception):
 
 # ---------------------------------------------------------------- serve
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """'12GiB', '800M', '1.5G' or plain bytes → bytes. Raises argparse.ArgumentTypeError."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 12GiB, 800M or a byte count)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
 
 def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="serve the OpenAI-compatible API (granian, one worker)")
@@ -35,8 +49,12 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once (default 16)")
     p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per iteration (default 512)")
     p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models")
-    p.add_argument("--prompt-cache-bytes", type=int, default=None,
-                   help="prefix-cache byte budget (0 disables; default: 1/8 of RAM, at most 4 GiB)")
+    p.add_argument("--prompt-cache-bytes", type=byte_size, default=None,
+                   help="prefix-cache byte budget, e.g. 2GiB (0 disables; default: a quarter of the memory budget "
+                        "left after the weights)")
+    p.add_argument("--memory-budget", type=byte_size, default=None,
+                   help="bytes for weights, KV, prefix cache and MLX's buffer cache, e.g. 12GiB (default: 60%% of "
+                        "RAM on CPU, 85%% of GPU memory); requests whose KV never fits get a 400")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--shutdown-timeout", type=int, default=5,
                    help="seconds in-flight requests get to finish on Ctrl-C/SIGTERM (default 5)")
@@ -62,6 +80,7 @@ def serve_config(args: argparse.Namespace) -> Any:
         port=args.port,
         served_model_name=args.served_model_name,
         prompt_cache_bytes=args.prompt_cache_bytes,
+        memory_budget=args.memory_budget,
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Sequence
 import anyio
 
 from engine.contracts import Delta, GenerationRequest, SamplingParams
+from engine.memory import MemoryAdmission
 from service.app import AppState
 from service.errors import APIError, context_length_exceeded, model_not_found
 from service.schemas import PromptTokensDetails, SamplingFields, Usage
@@ -113,6 +114,7 @@ def generation_request(
         session_id=session_id,
         namespace=getattr(engine, "model_name", "") or "",
         segment_boundaries=tuple(segment_boundaries),
+        max_tokens_requested=max_tokens is not None,
     )
 
 
@@ -123,6 +125,8 @@ def submit(engine: Any, request: GenerationRequest, *, param: str) -> Any:
     settings the engine rejects) and APIError 503 when the engine no longer accepts work (shutting down)."""
     try:
         return engine.submit(request)
+    except MemoryAdmission as exc:
+        raise APIError(400, str(exc), type="memory_admission", param=param, code=exc.code) from exc
     except ValueError as exc:
         if "context" in str(exc):
             raise context_length_exceeded(str(exc), param=param) from exc
