@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import anyio
 
 from engine.batch import LLMBatchGroup, LLMRowStream
+from engine.accelerator import apply_serving_defaults
 from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
@@ -54,6 +55,7 @@ class Engine:
         `memory_budget`: bytes for weights, KV, the prefix cache and MLX's buffer cache (None: the
         machine's default, engine.memory). Raises ValueError for non-positive limits or a budget that
         leaves no room for KV."""
+        apply_serving_defaults()
         self.thread = thread or EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
@@ -100,6 +102,7 @@ class Engine:
         from engine.models import load_model
         from engine.prefix_cache import PrefixCache
 
+        apply_serving_defaults()  # some are read when MLX first touches the device, i.e. during the load
         thread = EngineThread()
         try:
             loaded = await thread.run(load_model, spec)
