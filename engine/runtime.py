@@ -140,6 +140,18 @@ class Engine:
             raise RuntimeError("no chat model is loaded")
         return self.group.submit(request)
 
+    async def warm_up(self, report: Callable[[str], None] | None = None, *, force: bool | None = None) -> float:
+        """Compile what serving needs before clients wait for it (engine/warmup.py); `serve()` must be
+        running. `force` None warms up on a GPU only (the CPU compiles nothing per shape). Returns the
+        seconds taken (0 when skipped). Raises RuntimeError when a warm-up row fails."""
+        import mlx.core as mx
+
+        from engine.warmup import warm_up
+
+        if force is False or (force is None and mx.default_device() != mx.gpu):
+            return 0.0
+        return await warm_up(self, report)
+
     def stats(self) -> dict[str, Any]:
         """A plain-data snapshot for /stats. Raises nothing."""
         out: dict[str, Any] = {

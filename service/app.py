@@ -135,6 +135,7 @@ def _lifespan(state: AppState) -> Callable[[Litestar], AsyncContextManager[None]
 
             if engine is not None:
                 await tg.start(run_engine)
+                await _warm_up(state, engine)
             try:
                 async with contextlib.AsyncExitStack() as hooks:
                     for hook in state.lifespan_hooks:
@@ -152,6 +153,19 @@ def _lifespan(state: AppState) -> Callable[[Litestar], AsyncContextManager[None]
             state.task_group = None
 
     return lifespan
+
+
+async def _warm_up(state: AppState, engine: Any) -> None:
+    warm_up = getattr(engine, "warm_up", None)
+    if warm_up is None or state.config.warmup is False:
+        return
+
+    def report(line: str) -> None:
+        print(f"tandem: {line}", file=sys.stderr, flush=True)
+
+    took = await warm_up(report, force=state.config.warmup)
+    if took:
+        report(f"warm-up done in {took:.1f} s (kernels compiled; first clients do not wait for them)")
 
 
 def _print_banner(state: AppState) -> None:

@@ -55,6 +55,9 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--memory-budget", type=byte_size, default=None,
                    help="bytes for weights, KV, prefix cache and MLX's buffer cache, e.g. 12GiB (default: 60%% of "
                         "RAM on CPU, 85%% of GPU memory); requests whose KV never fits get a 400")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="run internal generations at start so kernels compile before clients wait (default: on a "
+                        "GPU, off on CPU)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--shutdown-timeout", type=int, default=5,
                    help="seconds in-flight requests get to finish on Ctrl-C/SIGTERM (default 5)")
@@ -81,6 +84,7 @@ def serve_config(args: argparse.Namespace) -> Any:
         served_model_name=args.served_model_name,
         prompt_cache_bytes=args.prompt_cache_bytes,
         memory_budget=args.memory_budget,
+        warmup=args.warmup,
     )
 
 

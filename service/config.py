@@ -37,6 +37,8 @@ class ServiceConfig:
     prompt_cache_bytes: int | None = None
     # Bytes for weights, KV, prefix cache and MLX's buffer cache; None: the machine's default.
     memory_budget: int | None = None
+    # Run internal generations before serving so kernels compile first; None: on a GPU only.
+    warmup: bool | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     # Loaded-model name shown in /v1/models; default: what engine.model_name says.

@@ -246,3 +246,27 @@ async def test_open_loads_on_the_thread_that_serves(llama3_dir) -> None:
     assert loaded_on == "tandem-engine"
     result = await generate_stream(engine, GenerationRequest(prompt_of(9, 2), GREEDY, max_tokens=4))
     assert len(result.token_ids) == 4 and result.error is None
+
+
+async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_loaded) -> None:
+    from engine.prefix_cache import PrefixCache
+
+    engine = Engine(tiny_loaded, max_active=8, max_iteration_tokens=32, prefix_cache=PrefixCache(1 << 24))
+    seen: list[str] = []
+    paths: set[str] = set()
+    original = engine.group._step
+
+    def spy(rows, budget, decode, prefill):
+        paths.add("mixed" if decode and prefill and any(r.decoding for r in rows) and any(r.preparing for r in rows)
+                  else "prefill" if prefill else "decode")
+        return original(rows, budget, decode, prefill)
+
+    engine.group._step = spy  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        seconds = await engine.warm_up(seen.append, force=True)
+        engine.close()
+    assert seconds > 0 and len(seen) == 3
+    assert {"mixed", "prefill", "decode"} <= paths
+    assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0
+    assert engine.prefix_cache.stats()["hits"] >= 1  # the last stage continued a cached prefix
