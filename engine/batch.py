@@ -87,8 +87,12 @@ class LLMBatchGroup:
         self.counters = {
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
-            "decode_seconds": 0.0,
+            "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
         }
+        # Health: steps failed in a row (reset by any success) and the last failure, for /health.
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self._last_step_end: float | None = None
 
     # -- submission -------------------------------------------------------------------------------
 
@@ -308,23 +312,40 @@ class LLMBatchGroup:
             return
         self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
+        start = time.perf_counter()
+        if self._last_step_end is not None and start - self._last_step_end < 1.0:
+            self.counters["loop_gap_seconds"] += start - self._last_step_end  # event-loop time between steps
         try:
             outputs = await self.context.run(self._step, rows, budget, decode, prefill)
-        except Exception as exc:  # one bad step fails its rows, never the loop
-            _log.exception("engine step failed")
-            self.pipeline.reset()
-            for row in rows:
-                self._release(row)
-                self._publish(row, Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}",
-                                         **self._usage(row)))
-            self._active = [r for r in self._active if r not in rows]
+        except Exception as exc:  # one bad step fails the rows it touched, never the loop
+            self._fail_step(rows, exc)
             return
+        finally:
+            self._last_step_end = time.perf_counter()
+        self.consecutive_failures = 0
         self._recent.append((time.monotonic(), self.counters["prompt_tokens"] - before[0],
                              self.counters["generation_tokens"] - before[1]))
         for row, delta in outputs:
             self._publish(row, delta)
             if row.finished and row in self._active:
                 self._active.remove(row)
+        self.counters["publish_seconds"] += time.perf_counter() - self._last_step_end
+
+    def _fail_step(self, rows: list[Row], exc: Exception) -> None:
+        _log.exception("engine step failed for %d row(s)", len(rows), exc_info=exc)
+        self.counters["failed_steps"] += 1
+        self.consecutive_failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.pipeline.reset()
+        for row in rows:
+            self._release(row)
+            self._publish(row, Delta(finish_reason="error", error=self.last_error, **self._usage(row)))
+        self._active = [r for r in self._active if r not in rows]
+
+    def healthy(self) -> bool:
+        """False once several steps in a row failed with no success since (the engine cannot run rows).
+        Raises nothing."""
+        return self.consecutive_failures < 3
 
     def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization."""
@@ -384,6 +405,15 @@ class LLMBatchGroup:
         return [(r, d) for r, d in outputs if d is not None]
 
     def _accept(self, row: Row, token: int) -> Delta | None:
+        try:
+            return self._take_token(row, token)
+        except Exception as exc:  # this row's own fault (detokenizer, stop matcher): only it ends
+            _log.exception("row failed on token %d", token)
+            row.finished = True
+            self._release(row)
+            return Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}", **self._usage(row))
+
+    def _take_token(self, row: Row, token: int) -> Delta | None:
         row.sampler.accept(token)
         row.generated.append(token)
         row.last_token = token

@@ -176,6 +176,12 @@ class Engine:
                 generation_tokens=c["generation_tokens"],
                 finished_rows=c["finished_rows"],
                 cancelled_rows=c["cancelled_rows"],
+                failed_steps=c["failed_steps"],
+                # Where an iteration's wall time goes: the engine thread's step, publishing deltas, and the
+                # event loop's other work before the next step starts.
+                step_seconds=round(c["step_seconds"], 3),
+                publish_seconds=round(c["publish_seconds"], 3),
+                loop_gap_seconds=round(c["loop_gap_seconds"], 3),
                 prompt_tokens_per_second=_rate(c["prompt_tokens"], c["prompt_seconds"]),
                 generation_tokens_per_second=_rate(c["generation_tokens"], c["decode_seconds"]),
             )
@@ -191,6 +197,14 @@ class Engine:
             except Exception:  # stats must never fail /stats
                 out["prefix_cache"] = None
         return out
+
+    def health(self) -> dict[str, Any]:
+        """{"ok": False, "error": ...} once several engine steps in a row failed with no success since
+        (the engine cannot run rows); {"ok": True} otherwise. Raises nothing."""
+        group = self.group
+        if isinstance(group, LLMBatchGroup) and not group.healthy():
+            return {"ok": False, "error": group.last_error, "failed_steps_in_a_row": group.consecutive_failures}
+        return {"ok": True}
 
     def memory_stats(self) -> dict[str, Any]:
         """The budget and what each part holds now, in bytes. Raises nothing."""
