@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import socket
 import sys
 import time
@@ -101,7 +102,7 @@ class Bench:
 
             async def send(req: Request, timeout: float) -> RequestResult:
                 body = bodies.get(req.index) or self.body(req, s.name)
-                return await stream_chat(client, url, body, timeout, req.disconnect_after)
+                return await stream_chat(client, url, body, timeout, req.disconnect_after, self.a.retries)
 
             def prepare(req: Request) -> None:  # prompts built before the clock starts
                 bodies[req.index] = self.body(req, s.name)
@@ -157,7 +158,7 @@ def run_server(bench: Bench, name: str, argv: list[str], port: int, env: dict[st
     _log(f"{name}: starting: {entry['command']}")
     try:
         server.start()
-        entry["ready_s"] = round(server.wait_ready(a.ready_path, a.ready_timeout), 2)
+        entry["ready_s"] = round(server.wait_ready(a.ready_path, min(a.ready_timeout, deadline - time.perf_counter())), 2)
         entry["idle_rss_mb"] = round(server.rss_now() / _MB, 1)
         _log(f"{name}: ready after {entry['ready_s']} s, RSS {entry['idle_rss_mb']} MB")
         closed = [s.concurrency for s in scenarios if s.kind != "poisson"]
@@ -182,6 +183,9 @@ def run_server(bench: Bench, name: str, argv: list[str], port: int, env: dict[st
     except Exception as exc:  # a server that cannot start or dies: recorded, the other server still runs
         entry["error"] = f"{type(exc).__name__}: {exc}"
         _log(f"{name}: {entry['error']}")
+    except BaseException as exc:  # SIGTERM (SystemExit) or Ctrl-C: recorded, then the run ends
+        entry["error"] = f"interrupted ({type(exc).__name__})"
+        raise
     finally:
         entry["alive_at_end"] = server.alive()
         entry["exit_code"] = server.stop()
@@ -257,6 +261,7 @@ def main(a: argparse.Namespace) -> int:
         "argv": sys.argv,
         "prompts": bench.maker.describe(),
         "timeout_s": a.timeout,
+        "retries": a.retries,
         "scenario_order": [s.name for s in scenarios],
         "scenarios": {s.name: s.describe() for s in scenarios},
         "servers": {},
@@ -270,18 +275,20 @@ def main(a: argparse.Namespace) -> int:
             Path(a.out).write_text(json.dumps(result, indent=1))
 
     plan = [("tandem", a.ours_cmd, a.ours_args, dict(os.environ)), ("peer", a.peer_cmd, a.peer_args, _peer_env())]
-    for name, template, extra, env in plan:
-        if a.only and a.only != {"tandem": "ours"}.get(name, name):
-            continue
-        port = _free_port()
-        run_server(bench, name, _argv(template, model_dir, port, extra), port, env, scenarios, result, save)
-    md = markdown(result)
-    print(md)
-    if a.ratios:
-        print("\n".join(ratio_lines(result)))
-    if a.markdown:
-        Path(a.markdown).write_text(md + "\n" + "\n".join(ratio_lines(result)) + "\n")
-    save()
+    try:
+        for name, template, extra, env in plan:
+            if a.only and a.only != {"tandem": "ours"}.get(name, name):
+                continue
+            port = _free_port()
+            run_server(bench, name, _argv(template, model_dir, port, extra), port, env, scenarios, result, save)
+    finally:  # also when interrupted: the table of what was measured
+        md = markdown(result)
+        print(md)
+        if a.ratios:
+            print("\n".join(ratio_lines(result)))
+        if a.markdown:
+            Path(a.markdown).write_text(md + "\n" + "\n".join(ratio_lines(result)) + "\n")
+        save()
     return 1 if any(s.get("error") for s in result["servers"].values()) else 0
 
 
@@ -311,6 +318,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soak-streams", type=int, default=None, help="soak concurrency (default 16)")
     p.add_argument("--soak-settle", type=float, default=5.0, help="idle seconds before the soak's last RSS reading")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request seconds; past it the request failed")
+    p.add_argument("--retries", type=int, default=0,
+                   help="resend after a transport error before any response header (OpenAI's SDK does 2); default 0")
     p.add_argument("--server-budget", type=float, default=None,
                    help="seconds per server (start to last scenario); later requests are not sent")
     p.add_argument("--warmup-streams", type=int, default=None, help="first-round burst size (default: largest concurrency)")
@@ -330,8 +339,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    # `timeout` sends SIGTERM: unwind through the `finally`s so the servers (own sessions) are stopped too.
+    raise SystemExit(128 + signum)
+
+
 def cli(argv: list[str] | None = None) -> int:
-    """`tandem benchmark serve` / `python3 -m bench.serve`. Raises SystemExit on bad options."""
+    """`tandem benchmark serve` / `python3 -m bench.serve`. Raises SystemExit on bad options or SIGTERM."""
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     p = parser()
     a = p.parse_args(argv)
     bad = [n for n in a.scenarios.split(",") if n.strip() and n.strip() not in SCENARIOS]

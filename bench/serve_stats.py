@@ -32,6 +32,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     disconnected: bool = False  # the client hung up on purpose (soak)
     not_sent: bool = False  # the scenario's deadline came before its start time
+    retries: int = 0  # sends again after a transport error before any response header
     chunk_tokens: list[int] = field(default_factory=list)  # filled by count_tokens()
 
     @property
@@ -139,6 +140,7 @@ def summarize(results: Sequence[RequestResult], wall: float) -> dict[str, Any]:
         "failed_reasons": dict(reasons) | ({"not_sent": len(results) - len(sent)} if len(sent) < len(results) else {}),
         "first_errors": [r.error for r in failed[:3]],
         "disconnected": sum(r.disconnected for r in ok),
+        "retried": sum(r.retries > 0 for r in sent),
         "wall_s": round(wall, 3),
         "output_tokens": delivered,
         "tok_s": round(delivered / wall, 2) if wall > 0 else None,

@@ -97,3 +97,20 @@ def test_session_rss_reads_proc_for_this_session() -> None:
     sid = os.getsid(0)
     assert os.getpid() in session_pids(sid)
     assert session_rss(sid) > 10 * 1024 * 1024  # this Python process alone holds more than 10 MB
+
+
+@pytest.mark.anyio
+async def test_a_refused_connection_is_retried_only_when_asked() -> None:
+    calls = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        if len(calls) <= 2:  # reset before any header, as a full accept queue does: both first attempts
+            raise httpx.ReadError("connection reset", request=request)
+        return httpx.Response(200, content=_chunk("a") + b"data: [DONE]\n\n")
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        failed = await stream_chat(client, URL, chat_body("s", "u", 8), 30.0)
+        retried = await stream_chat(client, URL, chat_body("s", "u", 8), 30.0, retries=1)
+    assert failed.error is not None and "before the response headers" in failed.error
+    assert retried.ok and retried.retries == 1 and retried.chunk_texts == ["a"]
