@@ -254,7 +254,7 @@ def main(a: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                 "node": platform.node()},
+                 "node": platform.node(), "loadavg_at_start": os.getloadavg()},
         "model_dir": model_dir,
         "model_config": _model_config(model_dir),
         "profile": a.profile,
@@ -282,6 +282,7 @@ def main(a: argparse.Namespace) -> int:
             port = _free_port()
             run_server(bench, name, _argv(template, model_dir, port, extra), port, env, scenarios, result, save)
     finally:  # also when interrupted: the table of what was measured
+        result["host"]["loadavg_at_end"] = os.getloadavg()
         md = markdown(result)
         print(md)
         if a.ratios:

@@ -1,8 +1,8 @@
 """Server processes for the serving benchmark: start from a command, wait until ready, sample RSS, stop.
 
 A server is started in its own session (setsid), so every process it spawns (granian's worker) carries
-the server's pid as session id: RSS is summed over that session, read from /proc (no psutil), and only
-those processes are signalled at stop.
+the server's pid as session id: RSS is summed over that session and the server's descendants, read from
+/proc (no psutil), and only those processes are signalled at stop.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def session_pids(sid: int) -> list[int]:
-    """Pids whose session id is `sid` (from /proc/PID/stat). Raises nothing."""
-    pids = []
+    """`sid` and the pids whose session id is `sid` or that descend from it (from /proc/PID/stat; the parent
+    links cover sandboxes that leave the session field empty). Raises nothing."""
+    parents: dict[int, int] = {}
+    members = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -34,9 +36,29 @@ def session_pids(sid: int) -> list[int]:
             continue
         # Fields after the parenthesised name: state ppid pgrp session ...
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            pids.append(int(entry))
-    return pids
+        if len(fields) < 4:
+            continue
+        pid = int(entry)
+        parents[pid] = int(fields[1])
+        if pid == sid or int(fields[3]) == sid:
+            members.add(pid)
+    grew = True
+    while grew:
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in members and pid not in members:
+                members.add(pid)
+                grew = True
+    return sorted(members)
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks (stat field 22), or None when it is gone. Raises nothing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rfind(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _rss(pid: int) -> int:
@@ -126,6 +148,7 @@ class Server:
         if self.proc is None:
             return None
         sid = self.proc.pid
+        before = {pid: _start_time(pid) for pid in session_pids(sid) if pid != sid}
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -133,9 +156,10 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
-        # Children of ours that outlived the server (same session id, so never someone else's process).
-        for pid in session_pids(sid):
-            if pid != sid:
+        # Children of ours that outlived the server (its session or descendants, checked by start time).
+        left = {pid: _start_time(pid) for pid in session_pids(sid) if pid != sid}
+        for pid, started in (before | left).items():
+            if started is not None and _start_time(pid) == started:  # the same process, not a reused pid
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:

@@ -43,6 +43,11 @@ def _failed(s: dict[str, Any] | None) -> str:
     return f"{s['failed']}" + (f" ({', '.join(f'{k} {v}' for k, v in s['failed_reasons'].items())})" if s["failed"] else "")
 
 
+def _load(result: dict[str, Any], when: str) -> str:
+    value = (result.get("host") or {}).get(f"loadavg_at_{when}")
+    return f"{value[0]:.1f}" if value else "—"
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The whole result as markdown (scenario table, warm-up, soak). Raises nothing for partial results."""
     servers = result.get("servers", {})
@@ -50,7 +55,8 @@ def markdown(result: dict[str, Any]) -> str:
     o_sc, p_sc = ours.get("scenarios", {}), peer.get("scenarios", {})
     names = [n for n in result.get("scenario_order", []) if (n in o_sc or n in p_sc) and n != "soak"]
     lines = [
-        f"Model: `{result.get('model_dir')}` · profile `{result.get('profile')}` · {result.get('date')}",
+        f"Model: `{result.get('model_dir')}` · profile `{result.get('profile')}` · {result.get('date')} · "
+        f"load average at start/end {_load(result, 'start')} / {_load(result, 'end')}",
         "",
         "| scenario | tandem tok/s | peer tok/s | ratio | tandem TTFT p50/p99 ms | peer | tandem ITL p50/p99 ms | peer "
         "| failed tandem | failed peer | mean out tok t/p | tok/chunk t/p | peak RSS MB t/p |",
