@@ -3,8 +3,9 @@
 Each request gets its own system message that starts with random words and its index, so no two prompts
 share more than the chat template's first few tokens and no server can reuse another request's prefix.
 Words are whole-word vocabulary entries (one token each with a leading space), so word count ≈ token
-count; the length is then calibrated by encoding. The chat template adds a few tokens on top (usage's
-prompt_tokens, reported per scenario, is the exact figure).
+count; the length is then calibrated by encoding, less the tokens the chat template adds (measured once
+with transformers when it can apply the template). usage.prompt_tokens, reported per scenario, is the
+exact figure.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["PromptMaker", "load_token_counter"]
 
 _WORD = re.compile(r"^(?:Ġ|▁)([a-z]{3,10})$")
 _INSTRUCTION = "Continue the following story at great length, in detail, and never stop early:"
-# The chat template's own tokens per request (role headers), subtracted from the asked length.
+# The chat template's own tokens per request (role headers) when the template cannot be applied here.
 _TEMPLATE_TOKENS = 10
 
 
@@ -43,6 +44,24 @@ def load_token_counter(tokenizer_dir: str | Path | None) -> tuple[Callable[[str]
     return tokens_of, words
 
 
+def template_overhead(tokenizer_dir: str | Path | None, tokens_of: Callable[[str], int] | None) -> int:
+    """Tokens the model's chat template adds to a system + user pair (transformers applies it); a typical
+    figure when it cannot be applied. Raises nothing."""
+    if tokenizer_dir is None or tokens_of is None:
+        return _TEMPLATE_TOKENS
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        ids = tok.apply_chat_template([{"role": "system", "content": "alpha"}, {"role": "user", "content": "beta"}],
+                                      add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return a BatchEncoding
+            ids = ids["input_ids"]
+        return max(0, len(ids) - tokens_of("alpha") - tokens_of("beta"))
+    except Exception:  # no transformers, no template: the typical figure
+        return _TEMPLATE_TOKENS
+
+
 def _pseudo_words(rng: random.Random, n: int = 4000) -> list[str]:
     onsets, vowels, codas = "b c d f g h k l m n p r s t v w".split(), "a e i o u".split(), ["", "n", "r", "s", "t"]
     return sorted({"".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(2)) for _ in range(n)})
@@ -54,6 +73,7 @@ class PromptMaker:
     def __init__(self, tokenizer_dir: str | Path | None, seed: int = 0) -> None:
         self.tokens_of, words = load_token_counter(tokenizer_dir)
         self.calibrated = self.tokens_of is not None
+        self.template_tokens = template_overhead(tokenizer_dir, self.tokens_of)
         self._seed = seed
         self._words = words or _pseudo_words(random.Random(seed))
 
@@ -66,7 +86,7 @@ class PromptMaker:
         rng = random.Random(f"{self._seed}/{tag}/{index}")
         head = " ".join(rng.choice(self._words) for _ in range(3))
         system = f"{head.capitalize()} {index}{tag}. You are a storyteller who writes very long answers."
-        fixed = self._count(system) + self._count(_INSTRUCTION) + _TEMPLATE_TOKENS
+        fixed = self._count(system) + self._count(_INSTRUCTION) + self.template_tokens
         want = max(4, tokens - fixed)
         pool = [rng.choice(self._words) for _ in range(want * 2 + 16)]
         n = want
@@ -79,5 +99,6 @@ class PromptMaker:
 
     def describe(self) -> dict[str, object]:
         """What the lengths are based on (for the JSON result). Raises nothing."""
-        return {"calibrated_with_tokenizer": self.calibrated, "words": len(self._words), "seed": self._seed}
+        return {"calibrated_with_tokenizer": self.calibrated, "template_tokens": self.template_tokens,
+                "words": len(self._words), "seed": self._seed}
 
