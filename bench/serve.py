@@ -176,6 +176,8 @@ def run_server(bench: Bench, name: str, argv: list[str], port: int, env: dict[st
                 entry["scenarios"][s.name] = {"skipped": "server budget spent"}
                 continue
             summary = bench.measure(s, server, deadline)
+            if (stats := _server_stats(server.base_url)) is not None:
+                summary["server_stats"] = stats  # ours: cumulative engine counters (step / publish / loop gap)
             entry["scenarios"][s.name] = summary
             _log(f"{name} {s.name}: {summary['tok_s']} tok/s, TTFT ms {summary['ttft_ms']}, ITL ms {summary['itl_ms']}, "
                  f"failed {summary['failed']}, mean out {summary['mean_output_tokens']}")
@@ -193,6 +195,23 @@ def run_server(bench: Bench, name: str, argv: list[str], port: int, env: dict[st
         entry["seconds"] = round(time.perf_counter() - t_begin, 1)
         save()
         _log(f"{name}: stopped (exit {entry['exit_code']}), peak RSS {entry['peak_rss_mb']} MB")
+
+
+def _server_stats(base: str) -> dict[str, Any] | None:
+    """Ours' /stats engine counters after a scenario (None for a server without /stats). Raises nothing."""
+    import httpx
+
+    try:
+        r = httpx.get(f"{base}/stats", timeout=5)
+        data = r.json() if r.status_code == 200 else None
+    except Exception:  # the peer has no /stats; a failing one must not end the run
+        return None
+    if not isinstance(data, dict):
+        return None
+    engine = data.get("engine", data)
+    keys = ("iterations", "mixed_iterations", "generation_tokens", "prompt_tokens", "step_seconds", "publish_seconds",
+            "loop_gap_seconds", "failed_steps", "engine_busy_seconds", "memory")
+    return {k: engine.get(k) for k in keys if k in engine}
 
 
 def smoke(a: argparse.Namespace, model_dir: str) -> int:
