@@ -12,14 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from audio.errors import WhisperCheckpointError
+
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
 
 __all__ = [
     "WhisperCheckpointError",
     "LoadedWhisper",
+    "LocalWhisper",
+    "local_whisper_models",
     "DEMO_MODEL",
     "DEMO_ALIASES",
+    "OPENAI_ALIASES",
     "resolve_whisper_checkpoint",
     "is_whisper_checkpoint",
     "load_whisper",
@@ -28,11 +33,10 @@ __all__ = [
 ]
 
 DEMO_MODEL = "tiny.en"
-DEMO_ALIASES = {"tiny.en", "whisper-tiny.en", "whisper-1", "demo"}
-
-
-class WhisperCheckpointError(ValueError):
-    """The model name does not resolve to a Whisper checkpoint (no dir, not cached, not Whisper)."""
+# OpenAI's model ids for speech: whichever Whisper model a server serves answers to them.
+OPENAI_ALIASES = frozenset({"whisper-1", "whisper"})
+# Names that select the demo checkpoint (as does no name at all).
+DEMO_ALIASES = frozenset({DEMO_MODEL, f"whisper-{DEMO_MODEL}", "demo", *OPENAI_ALIASES})
 
 
 def is_whisper_checkpoint(path: str | Path) -> bool:
@@ -118,6 +122,33 @@ def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Pa
         raise WhisperCheckpointError(f"{spec} (HF cache) is not an mlx-whisper checkpoint")
     raise WhisperCheckpointError(f"Whisper model {spec!r} not found: give a directory, a cached HF repo id, "
                                  f"or {DEMO_MODEL!r}")
+
+
+@dataclass(frozen=True)
+class LocalWhisper:
+    """A Whisper checkpoint on this machine outside the HF cache, as `tandem models ls` lists it."""
+
+    name: str
+    path: Path
+    size_bytes: int
+    note: str
+
+
+def local_whisper_models() -> list[LocalWhisper]:
+    """The demo checkpoint (when the demo extra is installed) and the CTranslate2 imports in the user
+    cache (`<cache>/whisper/<name>-<dtype>`). Raises nothing."""
+    found: list[LocalWhisper] = []
+    if (demo := _demo_ct2_dir()) is not None:
+        found.append(LocalWhisper(f"whisper-{DEMO_MODEL}", demo, _size(demo), "demo, CTranslate2 (imported at first use)"))
+    root = _cache_root()
+    if root.is_dir():
+        for d in sorted(p for p in root.iterdir() if is_whisper_checkpoint(p)):
+            found.append(LocalWhisper(d.name, d, _size(d), "imported from CTranslate2"))
+    return found
+
+
+def _size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
 
 
 @dataclass

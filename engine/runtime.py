@@ -22,6 +22,7 @@ from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
+from engine.errors import EngineClosed, NoChatModel
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
@@ -97,10 +98,10 @@ class Engine:
         return cls(loaded, thread=thread, **options)
 
     async def serve(self) -> None:
-        """Run the driver loop until `close()`; run it inside a task group. Raises RuntimeError if the
+        """Run the driver loop until `close()`; run it inside a task group. Raises EngineClosed if the
         engine was closed already."""
         if self._closed:
-            raise RuntimeError("engine is closed")
+            raise EngineClosed("engine is closed")
         self._serving = True
         try:
             await drive_execution_group(self.group, self.lease, self.thread)
@@ -111,10 +112,10 @@ class Engine:
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; iterate the returned stream for deltas, `aclose()` it to cancel.
 
-        Raises ValueError ("... exceeds the context ...", empty prompt, bad sampling values) and
-        RuntimeError when no chat model is loaded or the engine is closed."""
+        Raises ContextTooLong, InvalidRequest (empty prompt, ids outside the vocabulary), InvalidSampling,
+        NoChatModel when no chat model is loaded and EngineClosed when closed (engine/errors.py)."""
         if not isinstance(self.group, LLMBatchGroup):
-            raise RuntimeError("no chat model is loaded")
+            raise NoChatModel("no chat model is loaded")
         return self.group.submit(request)
 
     def stats(self) -> dict[str, Any]:

@@ -10,14 +10,11 @@ import anyio
 from anyio import CancelScope
 
 from engine.contracts import ExecutionContext
+from engine.errors import TaskRejected
 
 __all__ = ["ExecutionTasks", "TaskHandle", "TaskRejected"]
 
 T = TypeVar("T")
-
-
-class TaskRejected(Exception):
-    """The queue was shut down (reject_all) before the task ran."""
 
 
 @dataclass(eq=False)
