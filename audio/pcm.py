@@ -37,7 +37,7 @@ RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw")
 MIN_RATE, MAX_RATE = 8000, 48000
 
 Encoding = Literal["f32le", "s16le"]
-_ENCODING_ALIASES = {
+_ENCODING_ALIASES: dict[str, Encoding] = {
     "f32le": "f32le", "float32": "f32le", "f32": "f32le", "pcm_f32le": "f32le", "float": "f32le",
     "s16le": "s16le", "s16": "s16le", "int16": "s16le", "pcm_s16le": "s16le",
 }
@@ -91,7 +91,7 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     if encoding is None:
         raise AudioInputError(f"PCM encoding {values.get('encoding')!r} is not supported (use f32le or s16le)",
                               param="encoding", code="invalid_content_type")
-    return PcmFormat(rate, encoding, channels)  # type: ignore[arg-type]
+    return PcmFormat(rate, encoding, channels)
 
 
 def _samples(body: bytes, fmt: PcmFormat) -> np.ndarray:
@@ -163,7 +163,7 @@ def decode_container(data: bytes | Path | str, *, param: str = "file") -> np.nda
         source = str(data)
     chunks: list[np.ndarray] = []
     try:
-        with av.open(source, mode="r") as container:  # type: ignore[arg-type]
+        with av.open(source, mode="r") as container:
             if not container.streams.audio:
                 raise AudioInputError("the file has no audio stream", param=param, code="no_audio_stream")
             stream = container.streams.audio[0]

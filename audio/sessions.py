@@ -166,6 +166,7 @@ class LiveSession:
                         await self._wake.wait()
                         self._wake = anyio.Event()
                         continue
+                    assert tr is not None  # a window comes only from a transcription
                     await self._run_window(tr, *window)
                 duration = self.buffer.total / SAMPLE_RATE
                 if tr is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator
+from typing import TYPE_CHECKING, Any, AsyncGenerator, cast, get_args
 
 import anyio
 import numpy as np
@@ -19,7 +19,7 @@ from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
 from audio.pcm import SAMPLE_RATE
 from audio.sessions import LiveSession
-from audio.transcript import Segment, TranscribeOptions, Transcript, normalize_language
+from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import has_speech, trim_silence
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
 
@@ -112,9 +112,11 @@ class SpeechService:
         """TranscribeOptions checked against this model. Raises InvalidOption naming `language` or `task`
         (unknown language, or a non-English language / translate on an English-only model)."""
         code = normalize_language(language, multilingual=self.multilingual)
+        if task not in get_args(Task):
+            raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
         if task == "translate" and not self.multilingual:
             raise InvalidOption("this Whisper model is English-only; task 'translate' is not available", param="task")
-        return TranscribeOptions(language=code, task=task, **kwargs)  # type: ignore[arg-type]
+        return TranscribeOptions(language=code, task=cast(Task, task), **kwargs)
 
     # ---- files -------------------------------------------------------------------------------
     def transcribe_stream(self, pcm: np.ndarray,

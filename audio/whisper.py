@@ -10,7 +10,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from audio.errors import WhisperCheckpointError
 
@@ -185,14 +185,15 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
     quantization = config.pop("quantization", None)
     dims = whisper.ModelDimensions(**{k: config[k] for k in whisper.ModelDimensions.__dataclass_fields__})
     wf = p / "weights.safetensors"
-    weights = mx.load(str(wf if wf.is_file() else p / "weights.npz"))
+    stored = cast("dict[str, mx.array]", mx.load(str(wf if wf.is_file() else p / "weights.npz")))
     weights = {k: (w.astype(mx_dtype) if mx.issubdtype(w.dtype, mx.floating) and not k.endswith(".scales")
-                   and not k.endswith(".biases") else w) for k, w in weights.items()}
+                   and not k.endswith(".biases") else w) for k, w in stored.items()}
     model = whisper.Whisper(dims, mx_dtype)
     if quantization is not None:
         nn.quantize(model, **quantization,
                     class_predicate=lambda q, m: isinstance(m, (nn.Linear, nn.Embedding)) and f"{q}.scales" in weights)
-    expected = {k: v.shape for k, v in tree_flatten(model.parameters()) if k != "alignment_heads"}
+    flat = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
+    expected = {k: v.shape for k, v in flat if k != "alignment_heads"}
     missing = sorted(expected.keys() - weights.keys())
     wrong = sorted(k for k in expected.keys() & weights.keys() if tuple(weights[k].shape) != tuple(expected[k]))
     if missing or wrong or (weights.keys() - expected.keys()):

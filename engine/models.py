@@ -13,7 +13,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal, cast
 
 from engine.errors import ModelNotFound
 
@@ -222,7 +222,9 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
     directory = _directory(source, float32)
-    model, tokenizer, config = load(str(directory), return_config=True)
+    # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.
+    model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]",
+                                    load(str(directory), return_config=True))
     if float32:
         to_float32(model)
     materialize(model)
@@ -247,7 +249,8 @@ def materialize(model: nn.Module) -> None:
     from mlx.utils import tree_flatten
 
     # A Module is a dict of everything it holds; parameters() skips "_"-prefixed keys, tree_flatten does not.
-    mx.eval([v for _, v in tree_flatten(model) if isinstance(v, mx.array)])
+    flat = cast("list[tuple[str, Any]]", tree_flatten(model))
+    mx.eval([v for _, v in flat if isinstance(v, mx.array)])
 
 
 def _directory(source: ModelSource, float32: bool) -> Path:
@@ -300,6 +303,7 @@ def to_float32(model: nn.Module) -> None:
             bits=layer.bits,
             mode=layer.mode,
         ).astype(mx.float32)
+        plain: nn.Module
         if isinstance(layer, nn.QuantizedEmbedding):
             plain = nn.Embedding(*weight.shape)
         else:

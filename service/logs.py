@@ -13,7 +13,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 OUR_LOGGERS = ("tandem", "engine", "audio", "service", "bench")
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is at the time (tests swap it)."""
 
     def emit(self, record: logging.LogRecord) -> None:

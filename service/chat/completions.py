@@ -13,7 +13,7 @@ import anyio
 from litestar import Request, Response, post
 
 from service.chat.request import chat_engine, generation_request, submit, vocab_size
-from service.chat.schemas import Completion, CompletionChoice, CompletionRequest
+from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
 from service.chat.stream import ResponseMeta, UsageCounter, close_stream, row_texts
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
@@ -28,27 +28,30 @@ _log = logging.getLogger("tandem.service")
 
 
 async def _prompt_tokens(state: AppState, engine: ChatEngine, body: CompletionRequest) -> tuple[list[int], str]:
+    tokenizer = engine.tokenizer
+    assert tokenizer is not None  # chat_engine returns only an engine serving a chat model
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         tokens = [int(t) for t in prompt]
         vocab = vocab_size(engine)
         if vocab is not None and (bad := [t for t in tokens if t >= vocab]):
             raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt")
-        text = engine.tokenizer.decode(tokens) if body.echo else ""
+        text = tokenizer.decode(tokens) if body.echo else ""
         return tokens, text
-    text = prompt[0] if isinstance(prompt, list) else prompt
-    assert isinstance(text, str)
-    encoded = await anyio.to_thread.run_sync(engine.tokenizer.encode, text, limiter=state.tokenize_limiter)
+    first = prompt[0] if isinstance(prompt, list) else prompt
+    assert isinstance(first, str)  # the request schema allows one string or token ids only
+    text = first
+    encoded = await anyio.to_thread.run_sync(tokenizer.encode, text, limiter=state.tokenize_limiter)
     return [int(t) for t in encoded], text
 
 
-def _chunk(meta: ResponseMeta, text: str, finish: str | None = None) -> bytes:
+def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None) -> bytes:
     return sse_data(
         Completion(
             id=meta.id,
             created=meta.created,
             model=meta.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish)],  # type: ignore[arg-type]
+            choices=[CompletionChoice(text=text, finish_reason=finish)],
         )
     )
 
@@ -107,9 +110,10 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     if data.stream:
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         events = _events(stream, meta, counter, include_usage, echo)
+        # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
         return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
     try:
         completion = await run_while_connected(request, lambda: _collect(stream, meta, counter, echo))
     except ClientDisconnected:
-        return Response(None, status_code=499)  # type: ignore[arg-type]
+        return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
     return Response(completion)

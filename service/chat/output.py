@@ -10,7 +10,15 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 from engine.chat_output import ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart
-from service.chat.schemas import AssistantMessage, ChoiceDelta, FunctionCall, FunctionCallDelta, ToolCall, ToolCallDelta
+from service.chat.schemas import (
+    AssistantMessage,
+    ChoiceDelta,
+    FinishReason,
+    FunctionCall,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
+)
 
 __all__ = ["Splitter", "PlainSplitter", "ChatTranslator"]
 
@@ -70,7 +78,7 @@ class ChatTranslator:
         """Deltas for text held back until the end of the reply. Raises nothing."""
         return self._translate(self._splitter.finish())
 
-    def finish_reason(self, engine_reason: str | None) -> str:
+    def finish_reason(self, engine_reason: str | None) -> FinishReason:
         """OpenAI finish_reason for the engine's: tool_calls when the reply called a tool. Raises nothing."""
         if self._calls and engine_reason in (None, "stop"):
             return "tool_calls"

@@ -23,6 +23,7 @@ from service.chat.schemas import (
     ChatCompletionRequest,
     ChoiceDelta,
     ChunkChoice,
+    FinishReason,
 )
 from service.chat.stream import ResponseMeta, UsageCounter, close_stream, row_texts
 from service.http.disconnect import ClientDisconnected, run_while_connected
@@ -67,13 +68,13 @@ def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) 
     return body.prompt_cache_key
 
 
-def _chunk(meta: ResponseMeta, delta: ChoiceDelta, finish: str | None = None) -> bytes:
+def _chunk(meta: ResponseMeta, delta: ChoiceDelta, finish: FinishReason | None = None) -> bytes:
     return sse_data(
         ChatCompletionChunk(
             id=meta.id,
             created=meta.created,
             model=meta.model,
-            choices=[ChunkChoice(delta=delta, finish_reason=finish)],  # type: ignore[arg-type]
+            choices=[ChunkChoice(delta=delta, finish_reason=finish)],
         )
     )
 
@@ -108,7 +109,7 @@ async def _collect(stream: RowStream, translator: ChatTranslator, meta: Response
         id=meta.id,
         created=meta.created,
         model=meta.model,
-        choices=[ChatChoice(message=translator.message(), finish_reason=translator.finish_reason(finish))],  # type: ignore[arg-type]
+        choices=[ChatChoice(message=translator.message(), finish_reason=translator.finish_reason(finish))],
         usage=counter.usage(),
     )
 
@@ -138,10 +139,11 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     if data.stream:
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
         events = _chat_events(stream, translator, meta, counter, include_usage)
+        # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
         return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
     try:
         completion = await run_while_connected(request, lambda: _collect(stream, translator, meta, counter))
     except ClientDisconnected:
-        return Response(None, status_code=499)  # type: ignore[arg-type]
+        return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
     return Response(completion)
 

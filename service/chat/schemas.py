@@ -31,6 +31,7 @@ __all__ = [
     "AssistantMessage",
     "ChatChoice",
     "ChatCompletion",
+    "FinishReason",
     "CompletionChoice",
     "Completion",
 ]
@@ -191,7 +192,7 @@ class CompletionRequest(SamplingFields):
                 raise ValueError("prompt must not be empty")
             if isinstance(prompt[0], str) and len(prompt) != 1:
                 raise ValueError("only one prompt per request is supported")
-            if isinstance(prompt[0], int) and any(t < 0 for t in prompt):  # type: ignore[operator]
+            if isinstance(prompt[0], int) and any(t < 0 for t in prompt):
                 raise ValueError("token ids must be non-negative")
         return prompt
 

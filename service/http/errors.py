@@ -137,7 +137,7 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
 
 def _rule(exc: BaseException) -> ErrorRule | None:
     for klass in type(exc).__mro__:
-        if (rule := ERROR_TABLE.get(klass)) is not None:  # type: ignore[call-overload]  # any class may be looked up
+        if (rule := ERROR_TABLE.get(klass)) is not None:
             return rule
     return None
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Callable
+from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.types import ExceptionHandlersMap
 
 from service.http.errors import ERROR_TABLE, INTERNAL_ERROR_MESSAGE, APIError, api_error, error_response
 
@@ -71,9 +72,7 @@ def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[dic
     return error_response(APIError(500, INTERNAL_ERROR_MESSAGE, type="server_error"))
 
 
-Handler = Callable[[Request[Any, Any, Any], Any], Response[dict[str, Any]]]
-
-EXCEPTION_HANDLERS: dict[type[Exception], Handler] = {
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     APIError: _api_error,
     **{kind: _api_error for kind in ERROR_TABLE},
     HTTPException: _http_error,

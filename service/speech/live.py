@@ -39,7 +39,7 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
         async with anyio.create_task_group() as tg:
             tg.start_soon(_partials, socket, session, max(0.2, interval))
             while True:
-                message = await socket.receive()
+                message: dict[str, Any] = dict(await socket.receive())
                 if message.get("type") == "websocket.disconnect":
                     raise WebSocketDisconnect(detail="client left")
                 if message.get("bytes"):

@@ -26,6 +26,13 @@ __all__ = [
     "LiveEvent",
 ]
 
+Granularity = Literal["segment", "word"]
+
+
+def _segments_only() -> list[Granularity]:
+    return ["segment"]
+
+
 class TranscriptionForm(BaseModel):
     """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields)."""
 
@@ -37,8 +44,8 @@ class TranscriptionForm(BaseModel):
     prompt: str | None = Field(None, description="Text to condition the first window on (spelling, vocabulary).")
     response_format: ResponseFormat = "json"
     temperature: float = Field(0.0, ge=0.0, le=1.0, description="Start of the fallback ladder (0 → 0, 0.2 … 1.0).")
-    timestamp_granularities: list[Literal["segment", "word"]] = Field(
-        default_factory=lambda: ["segment"], alias="timestamp_granularities[]",
+    timestamp_granularities: list[Granularity] = Field(
+        default_factory=_segments_only, alias="timestamp_granularities[]",
         description="`word` adds word timestamps (verbose_json).")
     stream: bool = Field(False, description="SSE: transcript.text.delta events, then transcript.text.done.")
     task: Literal["transcribe", "translate"] = Field("transcribe", description="Extension: translate into English.")

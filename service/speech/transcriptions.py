@@ -40,7 +40,7 @@ SPEECH_ERRORS = error_responses({400: "Bad audio or parameters (OpenAI error sha
 
 _TEXT = {"type": "string"}
 # What the 200 carries, by response_format (json / verbose_json, text / srt, vtt) and with stream=true.
-_OK_CONTENT = {
+_OK_CONTENT: dict[str, dict[str, Any]] = {
     "application/json": {"oneOf": [inline_json_schema(Transcription), inline_json_schema(VerboseTranscription)]},
     "text/plain": {**_TEXT, "description": "response_format text or srt"},
     "text/vtt": {**_TEXT, "description": "response_format vtt"},

@@ -117,7 +117,7 @@ class FakeEngine:
             self._closed.set()
 
     def submit(self, request: GenerationRequest) -> FakeStream:
-        if len(request.prompt_tokens) >= self.context_length:
+        if self.context_length is not None and len(request.prompt_tokens) >= self.context_length:
             raise ContextTooLong(f"prompt of {len(request.prompt_tokens)} tokens does not fit the context")
         self.requests.append(request)
         stream = FakeStream(self, request, list(self.pieces), gate=self.gate)
