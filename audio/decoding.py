@@ -12,17 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from audio.pcm import SAMPLE_RATE
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
 from audio.whisper import LoadedWhisper
 
-__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "SAMPLE_RATE"]
+__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES"]
 
-SAMPLE_RATE = 16000
 HOP_LENGTH = 160
 N_SAMPLES = 30 * SAMPLE_RATE
 N_FRAMES = N_SAMPLES // HOP_LENGTH
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH
-_PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
 
 
 def _segment_end(segments: list[dict[str, Any]]) -> float | None:

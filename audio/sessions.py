@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 import anyio
 import numpy as np
 
-from audio.decoding import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, WindowedTranscription
-from audio.pcm import PcmFormat, PcmStream
+from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription
+from audio.errors import SessionClosed, SessionError, SessionNotFound
+from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.transcript import Segment, TranscribeOptions, Transcript
 from audio.vad import has_speech
 
@@ -24,22 +25,6 @@ if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
 
 __all__ = ["SessionError", "SessionNotFound", "SessionClosed", "LiveSession", "AudioBuffer"]
-
-
-class SessionError(Exception):
-    """Base of session errors; `code` is a stable machine-readable string."""
-
-    code = "session_error"
-
-
-class SessionNotFound(SessionError):
-    code = "session_not_found"
-
-
-class SessionClosed(SessionError):
-    """Audio arrived after finish, or the session was deleted/expired."""
-
-    code = "session_closed"
 
 
 class AudioBuffer:
@@ -181,6 +166,7 @@ class LiveSession:
                         await self._wake.wait()
                         self._wake = anyio.Event()
                         continue
+                    assert tr is not None  # a window comes only from a transcription
                     await self._run_window(tr, *window)
                 duration = self.buffer.total / SAMPLE_RATE
                 if tr is None:

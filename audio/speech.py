@@ -9,15 +9,17 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncGenerator, cast, get_args
 
 import anyio
 import numpy as np
 
 from audio.batching import batched_windows
-from audio.decoding import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, WindowedTranscription
-from audio.sessions import LiveSession, SessionClosed, SessionNotFound
-from audio.transcript import Segment, TranscribeOptions, Transcript, normalize_language
+from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription
+from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
+from audio.pcm import SAMPLE_RATE
+from audio.sessions import LiveSession
+from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import has_speech, trim_silence
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
 
@@ -28,7 +30,7 @@ __all__ = ["SpeechService", "transcribe_stream"]
 
 
 async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
-                            tasks: "ExecutionTasks") -> AsyncIterator[list[Segment] | Transcript]:
+                            tasks: "ExecutionTasks") -> AsyncGenerator[list[Segment] | Transcript, None]:
     """Decode a whole signal window by window (one task each): yields each window's new segments, then
     the final Transcript. `vad` with no speech yields an empty Transcript without loading Whisper.
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
@@ -107,15 +109,18 @@ class SpeechService:
             return True
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
-        """TranscribeOptions checked against this model. Raises ValueError (unknown language, or a
-        non-English language / translate on an English-only model)."""
+        """TranscribeOptions checked against this model. Raises InvalidOption naming `language` or `task`
+        (unknown language, or a non-English language / translate on an English-only model)."""
         code = normalize_language(language, multilingual=self.multilingual)
+        if task not in get_args(Task):
+            raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
         if task == "translate" and not self.multilingual:
-            raise ValueError("this Whisper model is English-only; task 'translate' is not available")
-        return TranscribeOptions(language=code, task=task, **kwargs)  # type: ignore[arg-type]
+            raise InvalidOption("this Whisper model is English-only; task 'translate' is not available", param="task")
+        return TranscribeOptions(language=code, task=cast(Task, task), **kwargs)
 
     # ---- files -------------------------------------------------------------------------------
-    def transcribe_stream(self, pcm: np.ndarray, options: TranscribeOptions) -> AsyncIterator[list[Segment] | Transcript]:
+    def transcribe_stream(self, pcm: np.ndarray,
+                          options: TranscribeOptions) -> AsyncGenerator[list[Segment] | Transcript, None]:
         """See module-level transcribe_stream. Raises as it does."""
         return transcribe_stream(pcm, options, self.residency, self.tasks)
 
@@ -130,14 +135,14 @@ class SpeechService:
 
     # ---- live sessions -----------------------------------------------------------------------
     def create_session(self, options: TranscribeOptions) -> LiveSession:
-        """Open a session and start its pump. Raises RuntimeError when run() is not running,
-        SessionClosed when max_sessions are open."""
+        """Open a session and start its pump. Raises SpeechNotRunning when run() is not running,
+        SessionLimit when max_sessions are open."""
         if self._tg is None:
-            raise RuntimeError("SpeechService.run() is not running")
+            raise SpeechNotRunning("SpeechService.run() is not running")
         if len(self.sessions) >= self.max_sessions:
             self._expire(time.monotonic(), force_oldest=True)
         if len(self.sessions) >= self.max_sessions:
-            raise SessionClosed(f"too many open sessions ({self.max_sessions})")
+            raise SessionLimit(f"too many open sessions ({self.max_sessions})")
         session = LiveSession(options, self.residency, self.tasks)
         self.sessions[session.id] = session
         self._tg.start_soon(session.pump, name=f"session {session.id}")

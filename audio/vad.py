@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import webrtcvad
 
+from audio.pcm import SAMPLE_RATE
+
 __all__ = ["speech_segments", "has_speech", "trim_silence"]
 
-_RATE = 16000
 _FRAME_MS = 30
-_FRAME = _RATE * _FRAME_MS // 1000
+_FRAME = SAMPLE_RATE * _FRAME_MS // 1000
 
 
 def _pcm16(x: np.ndarray) -> bytes:
@@ -29,7 +30,7 @@ def speech_segments(pcm: np.ndarray, *, min_speech_ms: int = 250, min_silence_ms
         return []
     data = _pcm16(pcm[: n * _FRAME])
     step = _FRAME * 2
-    voiced = [vad.is_speech(data[i * step:(i + 1) * step], _RATE) for i in range(n)]
+    voiced = [vad.is_speech(data[i * step:(i + 1) * step], SAMPLE_RATE) for i in range(n)]
     runs: list[list[int]] = []
     gap_frames = max(1, min_silence_ms // _FRAME_MS)
     for i, v in enumerate(voiced):
@@ -40,7 +41,7 @@ def speech_segments(pcm: np.ndarray, *, min_speech_ms: int = 250, min_silence_ms
         else:
             runs.append([i, i + 1])
     min_frames = max(1, -(-min_speech_ms // _FRAME_MS))
-    pad = padding_ms * _RATE // 1000
+    pad = padding_ms * SAMPLE_RATE // 1000
     return [(max(0, a * _FRAME - pad), min(len(pcm), b * _FRAME + pad))
             for a, b in runs if b - a >= min_frames]
 

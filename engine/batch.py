@@ -27,7 +27,8 @@ from typing import Any
 import anyio
 import mlx.core as mx
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
-from engine.memory import MemoryAdmission, MemoryBudget, release_free_memory
+from engine.memory import MemoryBudget, release_free_memory
+from engine.errors import ContextTooLong, EngineClosed, InvalidRequest, MemoryAdmission
 from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.rows import LLMRowStream, Row, plan_iteration
@@ -99,19 +100,20 @@ class LLMBatchGroup:
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; returns its delta stream.
 
-        Raises ValueError for an empty prompt, token ids outside the vocabulary, max_tokens < 1, a prompt +
-        max_tokens that exceeds the context, or invalid sampling settings; RuntimeError when closed."""
+        Raises InvalidRequest for an empty prompt, token ids outside the vocabulary or max_tokens < 1,
+        ContextTooLong when prompt + max_tokens exceeds the context, InvalidSampling for invalid sampling
+        settings, EngineClosed when closed (engine/errors.py)."""
         if self._closed:
-            raise RuntimeError("engine is shutting down")
+            raise EngineClosed("engine is shutting down")
         prompt = [int(t) for t in request.prompt_tokens]
         if not prompt:
-            raise ValueError("the prompt is empty")
+            raise InvalidRequest("the prompt is empty", param="prompt")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
+            raise InvalidRequest(f"prompt token ids must be in 0..{self.vocab_size - 1}", param="prompt")
         if request.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
+            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
         if len(prompt) + request.max_tokens > self.context_length:
-            raise ValueError(
+            raise ContextTooLong(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
                 f"length of {self.context_length} tokens"
             )
@@ -282,6 +284,7 @@ class LLMBatchGroup:
         if prompt + request.max_tokens > positions:
             fits = max(0, positions - prompt)
             raise MemoryAdmission(
+                code="context_over_budget", param="max_tokens", message=
                 f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) needs more KV memory than the "
                 f"server's budget holds ({kv // token} tokens of KV in {kv >> 20} MiB); "
                 + (f"at most {fits} new tokens fit after this prompt" if fits else "the prompt alone does not fit"))

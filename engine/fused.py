@@ -66,7 +66,7 @@ class FusedLinear:
             y = mx.addmm(p["bias"], x, p["weight"].T)
         else:
             y = x @ p["weight"].T
-        return mx.split(y, self.splits, axis=-1)
+        return list(mx.split(y, self.splits, axis=-1))
 
 
 def fused_mlp(mlp: nn.Module) -> Callable[[mx.array], mx.array]:

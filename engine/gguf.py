@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.backend import user_cache_dir
 
@@ -98,7 +98,7 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
     import mlx.core as mx
 
     try:
-        tensors, raw = mx.load(str(path), return_metadata=True)
+        tensors, raw = cast("tuple[dict[str, Any], dict[str, Any]]", mx.load(str(path), return_metadata=True))
     except (RuntimeError, ValueError) as exc:
         raise GGUFError(f"cannot read {path} as GGUF (MLX reads F32/F16/Q4_0/Q4_1/Q8_0): {exc}") from exc
     metadata = {key: _plain(value) for key, value in raw.items()}

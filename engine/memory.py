@@ -4,7 +4,7 @@ the process's memory equal to what it holds.
 The budget is split once, at start: model weights, the prefix cache's share, MLX's buffer cache
 (`mx.set_cache_limit`) and a headroom for one iteration's activations; what is left is for KV (decode
 slots and prefill caches). Admission (engine/batch.py) keeps a row queued while its KV would not fit and
-refuses one that can never fit (`MemoryAdmission`, code `context_over_budget`).
+refuses one that can never fit (engine.errors.MemoryAdmission, code `context_over_budget`).
 
 Default total: on a GPU a fraction of the device's memory (Metal: the recommended working set; CUDA: total
 memory), on the CPU a fraction of physical RAM (or the cgroup limit, when lower).
@@ -19,7 +19,7 @@ import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["MemoryAdmission", "MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
+__all__ = ["MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
            "release_free_memory", "process_rss"]
 
 GPU_FRACTION = 0.85  # of the device's memory: the rest is the driver's, the display's, other processes'
@@ -27,12 +27,6 @@ CPU_FRACTION = 0.6  # of RAM: Python, tokenizers, the HTTP server and the OS pag
 PREFIX_CACHE_SHARE = 0.25  # at most this share of (budget - weights) for the prefix cache by default
 BUFFER_CACHE_SHARE = 0.05  # MLX keeps freed buffers for reuse up to this share of the budget
 MIB = 1 << 20
-
-
-class MemoryAdmission(ValueError):
-    """A request whose KV can never fit the memory budget (HTTP 400, type memory_admission)."""
-
-    code = "context_over_budget"
 
 
 def machine_memory() -> tuple[int, str]:
@@ -72,7 +66,8 @@ def weight_bytes(model: Any) -> int:
     from mlx.utils import tree_flatten
 
     try:
-        return int(sum(v.nbytes for _, v in tree_flatten(model.parameters())))
+        leaves: list[Any] = list(tree_flatten(model.parameters()))
+        return int(sum(leaf[1].nbytes for leaf in leaves if hasattr(leaf[1], "nbytes")))
     except Exception:  # an exotic module tree: count nothing rather than fail start-up
         return 0
 

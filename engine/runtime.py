@@ -24,6 +24,7 @@ from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
 from engine.memory import MemoryBudget, configure_allocator, process_rss
+from engine.errors import EngineClosed, NoChatModel
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
@@ -118,10 +119,10 @@ class Engine:
             raise
 
     async def serve(self) -> None:
-        """Run the driver loop until `close()`; run it inside a task group. Raises RuntimeError if the
+        """Run the driver loop until `close()`; run it inside a task group. Raises EngineClosed if the
         engine was closed already."""
         if self._closed:
-            raise RuntimeError("engine is closed")
+            raise EngineClosed("engine is closed")
         self._serving = True
         try:
             if self.budget is not None:
@@ -134,10 +135,10 @@ class Engine:
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; iterate the returned stream for deltas, `aclose()` it to cancel.
 
-        Raises ValueError ("... exceeds the context ...", empty prompt, bad sampling values) and
-        RuntimeError when no chat model is loaded or the engine is closed."""
+        Raises ContextTooLong, InvalidRequest (empty prompt, ids outside the vocabulary), InvalidSampling,
+        NoChatModel when no chat model is loaded and EngineClosed when closed (engine/errors.py)."""
         if not isinstance(self.group, LLMBatchGroup):
-            raise RuntimeError("no chat model is loaded")
+            raise NoChatModel("no chat model is loaded")
         return self.group.submit(request)
 
     async def warm_up(self, report: Callable[[str], None] | None = None, *, force: bool | None = None) -> float:

@@ -24,6 +24,7 @@ _OVERRIDES: dict[str, tuple[str, type]] = {
     "TANDEM_MAX_ITERATION_TOKENS": ("max_iteration_tokens", int),
     "TANDEM_PROMPT_CACHE_BYTES": ("prompt_cache_bytes", int),
     "TANDEM_MEMORY_BUDGET": ("memory_budget", int),
+    "TANDEM_LOG_LEVEL": ("log_level", str),
 }
 
 
@@ -43,6 +44,8 @@ class ServiceConfig:
     port: int = 8080
     # Loaded-model name shown in /v1/models; default: what engine.model_name says.
     served_model_name: str | None = None
+    # Level of our loggers (service/logs.py) and granian's in the worker.
+    log_level: str = "info"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

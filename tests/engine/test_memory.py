@@ -7,7 +7,8 @@ import anyio
 import pytest
 
 from engine.contracts import GenerationRequest, SamplingParams
-from engine.memory import MemoryAdmission, MemoryBudget, kv_token_bytes, weight_bytes
+from engine.errors import MemoryAdmission
+from engine.memory import MemoryBudget, kv_token_bytes, weight_bytes
 from tests.engine.test_batch import assert_matches_reference, drain, iterate, make_group, prompt_of, tokens_of
 
 pytestmark = pytest.mark.anyio

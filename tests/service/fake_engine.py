@@ -1,4 +1,5 @@
-"""A scripted stand-in for engine.runtime.Engine: same surface, no MLX; replies are fixed text pieces."""
+"""A scripted stand-in for engine.runtime.Engine: satisfies service.seams.ChatEngine, no MLX; replies are
+fixed text pieces."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, AsyncIterator
 import anyio
 
 from engine.contracts import Delta, GenerationRequest
+from engine.errors import ContextTooLong
+from engine.tasks import ExecutionTasks
 
 __all__ = ["FakeTokenizer", "FakeEngine", "FakeStream"]
 
@@ -85,13 +88,14 @@ class FakeStream:
 
 
 class FakeEngine:
-    """Engine surface used by the service: submit, serve, close, stats, tokenizer, model_name."""
+    """The ChatEngine surface: submit, serve, close, stats, tokenizer, model_name, plan, tasks."""
 
     def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256) -> None:
-        self.model_name = "fake-model"
-        self.context_length = context_length
+        self.model_name: str | None = "fake-model"
+        self.context_length: int | None = context_length
         self.plan = None
-        self.tokenizer = FakeTokenizer()
+        self.tasks = ExecutionTasks()
+        self.tokenizer: Any = FakeTokenizer()
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
         self.requests: list[GenerationRequest] = []
         self.active: set[int] = set()
@@ -113,8 +117,8 @@ class FakeEngine:
             self._closed.set()
 
     def submit(self, request: GenerationRequest) -> FakeStream:
-        if len(request.prompt_tokens) >= self.context_length:
-            raise ValueError(f"prompt of {len(request.prompt_tokens)} tokens does not fit the context")
+        if self.context_length is not None and len(request.prompt_tokens) >= self.context_length:
+            raise ContextTooLong(f"prompt of {len(request.prompt_tokens)} tokens does not fit the context")
         self.requests.append(request)
         stream = FakeStream(self, request, list(self.pieces), gate=self.gate)
         self.active.add(id(stream))
