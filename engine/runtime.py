@@ -13,6 +13,7 @@ between LLM iterations. With `loaded=None` the group is a TasksOnlyGroup (a spee
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -32,7 +33,9 @@ from engine.tasks import ExecutionTasks
 if TYPE_CHECKING:
     from engine.models import LoadedModel
 
-__all__ = ["Engine", "GenerationResult", "generate_stream"]
+__all__ = ["Engine", "GenerationResult", "generate_stream", "GIL_SWITCH_SECONDS"]
+
+GIL_SWITCH_SECONDS = 0.0005
 
 
 class Engine:
@@ -124,11 +127,17 @@ class Engine:
         if self._closed:
             raise EngineClosed("engine is closed")
         self._serving = True
+        # The engine thread shares the GIL with the event loop: each time a step comes back from MLX (which
+        # releases the GIL while it waits for the device) it waits for the loop to yield the GIL, by
+        # default up to 5 ms, several times a step. A shorter interval bounds that wait.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, GIL_SWITCH_SECONDS))
         try:
             if self.budget is not None:
                 await self.thread.run(configure_allocator, self.budget)
             await drive_execution_group(self.group, self.lease, self.thread)
         finally:
+            sys.setswitchinterval(switch)
             self._serving = False
             self.thread.close()
 

@@ -39,10 +39,16 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Mode
 
 @get("/health", summary="Liveness and readiness", tags=["admin"])
 async def health(request: Request[Any, Any, Any]) -> Response[Health]:
-    """200 when ready, 503 while starting or stopping. Raises nothing."""
+    """200 when ready; 503 while starting or stopping, and while the engine cannot run any row (its steps
+    keep failing: status "failing" with the error). Raises nothing."""
     state = get_state(request)
-    body = Health(status="ok" if state.ready else "loading", model=state.chat_model_name)
-    return Response(body, status_code=200 if state.ready else 503)
+    if not state.ready:
+        return Response(Health(status="loading", model=state.chat_model_name), status_code=503)
+    engine_health = state.engine.health() if state.engine is not None else {"ok": True}
+    if not engine_health.get("ok", True):
+        body = Health(status="failing", model=state.chat_model_name, error=engine_health.get("error"))
+        return Response(body, status_code=503)
+    return Response(Health(status="ok", model=state.chat_model_name), status_code=200)
 
 
 @get("/stats", summary="Scheduler statistics", description="Active/queued rows, tokens/s, plan reasons, KV bytes.", tags=["admin"])

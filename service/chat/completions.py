@@ -14,7 +14,7 @@ from litestar import Request, Response, post
 
 from service.chat.request import chat_engine, generation_request, submit, vocab_size
 from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
-from service.chat.stream import ResponseMeta, UsageCounter, close_stream, row_texts
+from service.chat.stream import ResponseMeta, RowReader, UsageCounter, close_stream, row_texts
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import MODEL_ERRORS, sse_operation
@@ -57,13 +57,13 @@ def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None) ->
 
 
 async def _events(
-    stream: RowStream, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str
+    reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str
 ) -> AsyncGenerator[bytes, None]:
     try:
         if echo:
             yield _chunk(meta, echo)
         finish: str | None = None
-        async for text, finish in row_texts(stream, counter):
+        async for text, finish in reader.items():
             if text:
                 yield _chunk(meta, text)
         yield _chunk(meta, "", "length" if finish == "length" else "stop")
@@ -109,7 +109,12 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     stream = submit(engine, generation, param="prompt")
     if data.stream:
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        events = _events(stream, meta, counter, include_usage, echo)
+        reader = RowReader(stream, counter)
+        try:  # a row that fails before its first token is answered with a 5xx, not an empty 200 stream
+            await run_while_connected(request, reader.start)
+        except ClientDisconnected:
+            return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
+        events = _events(reader, meta, counter, include_usage, echo)
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
         return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
     try:

@@ -22,10 +22,9 @@ from service.chat.schemas import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChoiceDelta,
-    ChunkChoice,
-    FinishReason,
 )
-from service.chat.stream import ResponseMeta, UsageCounter, close_stream, row_texts
+from service.chat.chunks import ChunkEncoder
+from service.chat.stream import ResponseMeta, RowReader, UsageCounter, close_stream, row_texts
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import MODEL_ERRORS, sse_operation
@@ -68,29 +67,19 @@ def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) 
     return body.prompt_cache_key
 
 
-def _chunk(meta: ResponseMeta, delta: ChoiceDelta, finish: FinishReason | None = None) -> bytes:
-    return sse_data(
-        ChatCompletionChunk(
-            id=meta.id,
-            created=meta.created,
-            model=meta.model,
-            choices=[ChunkChoice(delta=delta, finish_reason=finish)],
-        )
-    )
-
-
 async def _chat_events(
-    stream: RowStream, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool
+    reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool
 ) -> AsyncGenerator[bytes, None]:
+    chunk = ChunkEncoder(meta).encode
     try:
-        yield _chunk(meta, ChoiceDelta(role="assistant", content=""))
+        yield chunk(ChoiceDelta(role="assistant", content=""))
         finish: str | None = None
-        async for text, finish in row_texts(stream, counter):
+        async for text, finish in reader.items():
             for choice_delta in translator.feed(text):
-                yield _chunk(meta, choice_delta)
+                yield chunk(choice_delta)
         for choice_delta in translator.finish():
-            yield _chunk(meta, choice_delta)
-        yield _chunk(meta, ChoiceDelta(), translator.finish_reason(finish))
+            yield chunk(choice_delta)
+        yield chunk(ChoiceDelta(), translator.finish_reason(finish))
         if include_usage:
             usage = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage())
             yield sse_data(usage)
@@ -138,7 +127,12 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     stream = submit(engine, generation, param="messages")
     if data.stream:
         include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        events = _chat_events(stream, translator, meta, counter, include_usage)
+        reader = RowReader(stream, counter)
+        try:  # a row that fails before its first token is answered with a 5xx, not an empty 200 stream
+            await run_while_connected(request, reader.start)
+        except ClientDisconnected:
+            return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
+        events = _chat_events(reader, translator, meta, counter, include_usage)
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
         return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
     try:

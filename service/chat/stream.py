@@ -15,7 +15,7 @@ from service.chat.schemas import PromptTokensDetails, Usage
 from service.http.errors import APIError
 from service.seams import RowStream
 
-__all__ = ["row_texts", "UsageCounter", "ResponseMeta", "close_stream", "stream_failure"]
+__all__ = ["RowReader", "row_texts", "UsageCounter", "ResponseMeta", "close_stream", "stream_failure"]
 
 
 async def close_stream(stream: RowStream) -> None:
@@ -68,20 +68,74 @@ class ResponseMeta:
             self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
 
 
-async def row_texts(stream: RowStream, counter: UsageCounter) -> AsyncIterator[tuple[str, str | None]]:
-    """A row's (text, finish_reason) per delta, counting usage; the last item carries the finish reason.
-    The row is closed however the caller leaves. Raises APIError 500 when the row failed or never finished."""
-    try:
-        async for delta in stream:
-            counter.add(delta)
-            if failure := stream_failure(delta.error, delta.finish_reason):
-                raise APIError(500, failure, type="server_error")
-            yield delta.text, delta.finish_reason
-            if delta.finish_reason is not None:
-                return
-    finally:
-        await close_stream(stream)
-    raise APIError(500, "The generation ended without finishing (the engine stopped).", type="server_error")
+class RowReader:
+    """A row's deltas as (text, finish_reason) items with usage counted. Deltas already waiting when one is
+    read are merged into one item, so a stream that fell behind catches up in one write. The row is closed
+    however the reader is left."""
+
+    def __init__(self, stream: RowStream, counter: UsageCounter) -> None:
+        self._stream = stream
+        self._deltas = stream.__aiter__()
+        self._counter = counter
+        self._first: Delta | None = None
+
+    async def start(self) -> None:
+        """Wait for the row's first delta (call before any response header goes out). Raises APIError 500,
+        the row closed, when the row failed or ended before producing anything."""
+        try:
+            delta = await self._deltas.__anext__()
+            self._check(delta)
+        except StopAsyncIteration:
+            await close_stream(self._stream)
+            raise APIError(500, _UNFINISHED, type="server_error") from None
+        except BaseException:
+            await close_stream(self._stream)
+            raise
+        self._first = delta
+
+    async def items(self) -> AsyncIterator[tuple[str, str | None]]:
+        """(text, finish_reason) until the item that carries the finish reason. Raises APIError 500 when the
+        row fails or never finishes."""
+        try:
+            while True:
+                if self._first is not None:
+                    delta, self._first = self._first, None
+                else:
+                    try:
+                        delta = await self._deltas.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    self._check(delta)
+                text, finish = delta.text, delta.finish_reason
+                while finish is None and (more := self._ready()) is not None:
+                    self._check(more)
+                    text, finish = text + more.text, more.finish_reason
+                yield text, finish
+                if finish is not None:
+                    return
+        finally:
+            await close_stream(self._stream)
+        raise APIError(500, _UNFINISHED, type="server_error")
+
+    def _check(self, delta: Delta) -> None:
+        self._counter.add(delta)
+        if failure := stream_failure(delta.error, delta.finish_reason):
+            raise APIError(500, failure, type="server_error")
+
+    def _ready(self) -> Delta | None:
+        try:
+            return self._stream.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
+
+
+_UNFINISHED = "The generation ended without finishing (the engine stopped)."
+
+
+def row_texts(stream: RowStream, counter: UsageCounter) -> AsyncIterator[tuple[str, str | None]]:
+    """`RowReader(stream, counter).items()`: a row's (text, finish_reason) items. Raises APIError 500 when the
+    row failed or never finished."""
+    return RowReader(stream, counter).items()
 
 
 def stream_failure(delta_error: str | None, finish_reason: str | None) -> str | None:

@@ -75,11 +75,14 @@ class FakeStream:
                 prompt_tokens=prompt,
                 completion_tokens=self._sent,
                 cached_tokens=self.engine.cached_tokens,
-                error=self.engine.fail_with if i == 1 else None,
+                error=self.engine.fail_with if i == self.engine.fail_at else None,
             )
             if last:
                 self.engine.active.discard(id(self))
                 return
+
+    def receive_nowait(self) -> Delta:
+        raise anyio.WouldBlock  # scripted deltas are produced as they are read, never waiting
 
     async def aclose(self) -> None:
         self.closed = True
@@ -97,11 +100,13 @@ class FakeEngine:
         self.tasks = ExecutionTasks()
         self.tokenizer: Any = FakeTokenizer()
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
+        self.failing: str | None = None  # set: health() reports the engine cannot run rows
         self.requests: list[GenerationRequest] = []
         self.active: set[int] = set()
         self.closed_streams = 0
         self.cached_tokens = 0
         self.fail_with: str | None = None
+        self.fail_at = 1  # the delta (0-based) that carries fail_with
         self.gate: anyio.Event | None = None
         self.serving = False
         self._closed: anyio.Event | None = None
@@ -123,6 +128,9 @@ class FakeEngine:
         stream = FakeStream(self, request, list(self.pieces), gate=self.gate)
         self.active.add(id(stream))
         return stream
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": self.failing is None} if self.failing is None else {"ok": False, "error": self.failing}
 
     def stats(self) -> dict[str, Any]:
         return {"active_rows": len(self.active), "queued_rows": 0, "plan": {"reasons": ["fake"]}}

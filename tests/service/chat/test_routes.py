@@ -137,6 +137,25 @@ def test_error_after_headers_is_an_sse_error_then_done(client: Any, fake_engine:
     assert not any(e.get("choices") and e["choices"][0]["finish_reason"] for e in events[:-2])
 
 
+def test_a_stream_that_fails_before_its_first_token_is_a_500_not_an_empty_200(client: Any,
+                                                                            fake_engine: FakeEngine) -> None:
+    fake_engine.fail_with, fake_engine.fail_at = "the step failed", 0
+    response = _post(client, stream=True)
+    assert response.status_code == 500
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["message"] == "the step failed"
+    assert response.json()["error"]["type"] == "server_error"
+    assert fake_engine.closed_streams >= 1
+
+
+def test_health_reports_an_engine_that_cannot_run_rows(client: Any, fake_engine: FakeEngine) -> None:
+    assert client.get("/health").json()["status"] == "ok"
+    fake_engine.failing = "RuntimeError: device lost"
+    response = client.get("/health")
+    assert response.status_code == 503
+    assert response.json() == {"status": "failing", "model": "fake-model", "error": "RuntimeError: device lost"}
+
+
 def test_error_in_non_stream_is_a_500_in_openai_shape(client: Any, fake_engine: FakeEngine) -> None:
     fake_engine.fail_with = "the step failed"
     response = _post(client)
