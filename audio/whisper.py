@@ -6,7 +6,7 @@ Loading and unloading run as ExecutionTasks on the one engine thread, between LL
 from __future__ import annotations
 
 import json
-import os
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,8 @@ __all__ = [
     "default_dtype",
     "WhisperResidency",
 ]
+
+_log = logging.getLogger(__name__)
 
 DEMO_MODEL = "tiny.en"
 # OpenAI's model ids for speech: whichever Whisper model a server serves answers to them.
@@ -77,6 +79,7 @@ def _import_once(ct2_dir: Path, name: str, dtype: str) -> Path:
 
     out = _cache_root() / f"{name}-{dtype}"
     if not is_whisper_checkpoint(out):
+        _log.info("first use of Whisper %s: importing its CTranslate2 weights (%s) into %s (once)", name, dtype, out)
         import_ct2_whisper(ct2_dir, out, dtype=dtype)
     return out
 
@@ -139,11 +142,11 @@ def local_whisper_models() -> list[LocalWhisper]:
     cache (`<cache>/whisper/<name>-<dtype>`). Raises nothing."""
     found: list[LocalWhisper] = []
     if (demo := _demo_ct2_dir()) is not None:
-        found.append(LocalWhisper(f"whisper-{DEMO_MODEL}", demo, _size(demo), "demo, CTranslate2 (imported at first use)"))
+        found.append(LocalWhisper(f"whisper-{DEMO_MODEL}", demo, _size(demo), "demo"))
     root = _cache_root()
     if root.is_dir():
         for d in sorted(p for p in root.iterdir() if is_whisper_checkpoint(p)):
-            found.append(LocalWhisper(d.name, d, _size(d), "imported from CTranslate2"))
+            found.append(LocalWhisper(d.name, d, _size(d), "imported"))
     return found
 
 

@@ -143,6 +143,8 @@ def resolve_model(spec: str | None) -> ModelSource:
     local = Path(spec).expanduser()
     if local.exists():
         return _local_source(local, spec)
+    if spec.startswith(("/", ".", "~")):
+        raise ModelNotFound(f"{spec!r} does not exist: {_how_to_get(None)}")
     cached = _cached_source(spec)
     if cached is not None:
         return cached

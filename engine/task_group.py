@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import anyio
-
 from engine.tasks import ExecutionTasks
 
 __all__ = ["TasksOnlyGroup"]

@@ -133,3 +133,11 @@ def test_no_upward_import(package: str) -> None:
     bad = [f"{m}:{i.line} imports {i.target}" for m, imps in all_imports.items() if m.split(".")[0] == package
            for i in imps if i.target.split(".")[0] in FORBIDDEN[package]]
     assert bad == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_module_declares_its_public_names(package: str) -> None:
+    missing = [name for name, path in _modules().items() if name.split(".")[0] == package
+               and not any(isinstance(node, (ast.Assign, ast.AnnAssign)) and "__all__" in ast.unparse(node).split("=")[0]
+                           for node in ast.parse(path.read_text()).body)]
+    assert missing == []

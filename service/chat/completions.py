@@ -15,6 +15,7 @@ from litestar import Request, Response, post
 from service.chat.request import chat_engine, generation_request, submit, vocab_size
 from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
 from service.chat.stream import ResponseMeta, RowReader, UsageCounter, close_stream, row_texts
+from service.http.access_log import record_tokens
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import MODEL_ERRORS, sse_operation
@@ -105,6 +106,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     generation = generation_request(engine, data, prompt, data.max_tokens or 16, param="prompt")
     meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl")
     counter = UsageCounter(prompt_tokens=len(prompt))
+    record_tokens(request, counter.totals)
     echo = prompt_text if data.echo else ""
     stream = submit(engine, generation, param="prompt")
     if data.stream:

@@ -25,6 +25,7 @@ from service.chat.schemas import (
 )
 from service.chat.chunks import ChunkEncoder
 from service.chat.stream import ResponseMeta, RowReader, UsageCounter, close_stream, row_texts
+from service.http.access_log import record_tokens
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import MODEL_ERRORS, sse_operation
@@ -124,6 +125,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     translator = ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data))
     meta = ResponseMeta(model=state.chat_model_name or "")
     counter = UsageCounter(prompt_tokens=len(prompt))
+    record_tokens(request, counter.totals)
     stream = submit(engine, generation, param="messages")
     if data.stream:
         include_usage = bool(data.stream_options and data.stream_options.include_usage)

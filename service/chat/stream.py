@@ -43,6 +43,10 @@ class UsageCounter:
         self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
         self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
 
+    def totals(self) -> tuple[int, int]:
+        """(prompt, completion) tokens so far. Raises nothing."""
+        return self.prompt_tokens, self.completion_tokens or self._generated
+
     def usage(self) -> Usage:
         """Raises nothing."""
         completion = self.completion_tokens or self._generated

@@ -6,7 +6,7 @@ import argparse
 import importlib
 from typing import Any
 
-from service.cli.parsers import common_options
+from service.cli.parsers import HelpFormatter, common_options
 
 __all__ = ["add_benchmark", "BENCHMARKS"]
 
@@ -20,11 +20,15 @@ BENCHMARKS = {
 }
 
 
+class _Formatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, and the description's list of benchmarks kept one per line."""
+
+
 def add_benchmark(sub: Any) -> None:
     """Register `tandem benchmark NAME [options...]`. Raises nothing."""
     p = sub.add_parser("benchmark", help="measure against the peers (mlx-lm, mlx_lm.server, mlx_whisper)",
                        description="\n".join(f"{k}: {v[2]}" for k, v in BENCHMARKS.items()),
-                       formatter_class=argparse.RawDescriptionHelpFormatter, parents=[common_options()])
+                       formatter_class=_Formatter, parents=[common_options()])
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark (see the list above)")
     p.add_argument("options", nargs=argparse.REMAINDER, help="passed to the benchmark (see NAME --help)")
     p.set_defaults(func=_run)

@@ -8,7 +8,19 @@ from typing import Any
 
 from service.logs import LOG_LEVELS
 
-__all__ = ["add_command", "common_options"]
+__all__ = ["add_command", "common_options", "HelpFormatter"]
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends `(default: X)` to every option's help, unless the help already says its default in words
+    or the option is an on/off flag (off unless given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "(default" in text or action.default is None or isinstance(
+                action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return text
+        return super()._get_help_string(action)
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -23,5 +35,5 @@ def add_command(sub: Any, name: str, help: str, *, description: str | None = Non
     """A subcommand parser whose help shows every default. Raises nothing."""
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=description or help, parents=[common_options()],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     return parser

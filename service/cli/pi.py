@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from service.cli.parsers import HelpFormatter
+
 __all__ = ["add_pi", "is_pi_help"]
 
 _DESCRIPTION = (
@@ -20,7 +22,7 @@ def add_pi(sub: Any) -> None:
     """Register `tandem pi` for its help: main hands `pi ...` to service.pi.command unparsed (pi's own
     options must pass through untouched), except a leading -h/--help. Raises nothing."""
     p = sub.add_parser("pi", help="run the pi coding agent against this server (starts one if needed)",
-                       description=_DESCRIPTION, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                       description=_DESCRIPTION, formatter_class=HelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="the server's address")
     p.add_argument("--port", type=int, default=8080, help="the server's port (or $TANDEM_PORT)")
     p.add_argument("--serve-model", default=None, help="chat model for a server started here (default: the demo)")

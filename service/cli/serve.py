@@ -34,8 +34,9 @@ def add_serve(sub: Any) -> None:
     """Register `tandem serve`. Raises nothing."""
     p = add_command(sub, "serve", "serve the OpenAI-compatible API (granian, one worker)")
     p.add_argument("model", nargs="?", default=None,
-                   help="chat model: local HF-layout dir, .gguf file, HF repo id in the local cache, or 'demo' "
-                        "(the embedded SmolLM2-135M-Instruct); a Whisper checkpoint serves transcription only")
+                   help="chat model: local HF-layout dir, .gguf file, HF repo id in the local cache, or the id "
+                        "/v1/models shows; a Whisper checkpoint serves transcription only "
+                        "(default: the embedded demo, SmolLM2-135M-Instruct)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
@@ -97,9 +98,11 @@ def _serve(args: argparse.Namespace) -> int:
     from service.server import serve
 
     config = serve_config(args)
-    transcription_only = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
-    source = None if transcription_only else resolve_chat_model(config.model)  # before any worker starts
+    speech = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
+    source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
     _check_port(config.host, config.port)
+    # Only once every check passed, so a bad name or a busy port is the one line printed.
     if source is not None:
         _log.info("model %s (%s: %s)", source.name, source.kind, source.path)
+    _log.info("%s", speech.note)
     return serve(config, shutdown_timeout=args.shutdown_timeout)

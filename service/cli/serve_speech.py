@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import logging
+from dataclasses import dataclass
 
 from service.cli.errors import CLIError
 from service.config import ServiceConfig
 
-__all__ = ["add_serve_speech_args", "configure_serve_speech"]
+__all__ = ["add_serve_speech_args", "configure_serve_speech", "ServeSpeech"]
 
-_log = logging.getLogger("tandem.cli")
+
+@dataclass(frozen=True)
+class ServeSpeech:
+    """What `serve` will do for speech: transcription only (no chat model), and the line to log once
+    every check passed."""
+
+    transcription_only: bool
+    note: str
 
 
 def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
@@ -28,10 +35,10 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
                    help="drop live sessions idle this long")
 
 
-def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> bool:
-    """Resolve speech for `serve` before any worker starts; store it in config.extra. Returns True for a
-    transcription-only server (the positional model is a Whisper checkpoint). Raises CLIError for a
-    --whisper-model that is not a Whisper checkpoint or bad numbers."""
+def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> ServeSpeech:
+    """Resolve speech for `serve` before any worker starts; store it in config.extra. Transcription only
+    when the positional model is a Whisper checkpoint. Raises CLIError for a --whisper-model that is not
+    a Whisper checkpoint or bad numbers."""
     from audio.errors import WhisperCheckpointError
     from audio.whisper import DEMO_MODEL, resolve_whisper_checkpoint
     from service.speech.setup import SpeechConfig
@@ -47,17 +54,15 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> b
         except WhisperCheckpointError:
             pass  # a chat model
     if args.no_whisper and not only:
-        return False
+        return ServeSpeech(False, "speech off (--no-whisper)")
     try:
         path = resolve_whisper_checkpoint(spec)
     except WhisperCheckpointError as exc:
         if spec is None:  # demo default absent: serve chat only
-            _log.info("speech off (%s)", exc)
-            return False
+            return ServeSpeech(False, f"speech off ({exc})")
         raise CLIError(f"--whisper-model: {exc}") from None
     SpeechConfig(model=spec, idle_unload_sec=args.whisper_idle_unload, resident=args.whisper_resident,
                  preload=args.preload, session_ttl_sec=args.session_ttl, transcription_only=only).store(config)
     if only:
         config.model = None
-    _log.info("whisper %s (%s)%s", spec or DEMO_MODEL, path, " — transcription only" if only else "")
-    return only
+    return ServeSpeech(only, f"whisper {spec or DEMO_MODEL} ({path}){' — transcription only' if only else ''}")

@@ -27,7 +27,7 @@ def add_transcribe(sub: Any) -> None:
                    help="translate: into English (multilingual models)")
     p.add_argument("--temperature", type=float, default=0.0, help="start of the fallback ladder")
     p.add_argument("--no-fallback", action="store_true", help="decode at --temperature only")
-    p.add_argument("--prompt", default=None, help="initial prompt (spelling, vocabulary)")
+    p.add_argument("--prompt", default=None, help="initial prompt: spelling, vocabulary (default: none)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
     p.add_argument("--no-condition", action="store_true", help="do not condition on previous text")
     p.add_argument("--vad", action="store_true", help="skip windows without speech")

