@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["PromptMaker", "load_token_counter"]
+__all__ = ["PromptMaker", "load_token_counter", "template_overhead"]
 
 _WORD = re.compile(r"^(?:Ġ|▁)([a-z]{3,10})$")
 _INSTRUCTION = "Continue the following story at great length, in detail, and never stop early:"
