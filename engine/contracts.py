@@ -87,11 +87,6 @@ class ExecutionGroup(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    @property
-    def admission_held(self) -> bool:
-        """True while a task must not run now (e.g. a row is mid-way through a non-interruptible step)."""
-        ...
-
     def prune(self) -> None:
         """Drop cancelled rows (freeing their KV) and cancelled queued tasks."""
 

@@ -22,7 +22,7 @@ async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, contex
             await group.wait_for_work()
             continue
         async with lease:
-            if group.tasks.pending and not group.admission_held:
+            if group.tasks.pending:
                 await group.tasks.advance(context)
             group.admit()
             if group.has_decoding() and group.has_preparing() and group.supports_mixed():

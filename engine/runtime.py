@@ -254,7 +254,7 @@ def _blas() -> Any:
         return None
 
 
-def _rate(tokens: int, seconds: float) -> float:
+def _rate(tokens: float, seconds: float) -> float:
     return round(tokens / seconds, 2) if seconds > 0 else 0.0
 
 

@@ -113,14 +113,25 @@ class ExecutionTasks:
         return True
 
     def reject_all(self, reason: str = "shutting down") -> None:
-        """Fail every queued task (used at shutdown)."""
+        """Fail every queued task (used at shutdown) and wake the waiters. Raises nothing."""
         while self._queue:
             t = self._queue.popleft()
             t._error = TaskRejected(reason)
             t.done.set()
+        self._notify()
 
     async def wait_changed(self) -> None:
+        """Return at the next enqueue or notify. Raises nothing but cancellation."""
         await self._changed.wait()
+
+    def changed(self) -> anyio.Event:
+        """The event the next enqueue or notify sets: bind it now to not miss one that happens before
+        you wait. Raises nothing."""
+        return self._changed
+
+    def notify(self) -> None:
+        """Wake whoever waits for a change (e.g. a closing group's driver). Raises nothing."""
+        self._notify()
 
     def _discard(self, handle: TaskHandle[Any]) -> None:
         try:

@@ -42,7 +42,7 @@ async def test_chat_tokens_flow_between_session_windows(tiny_loaded: Any, whispe
     speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True)
     options = speech.options(temperatures=(0.0,), without_timestamps=True)
     order: list[str] = []  # what the engine thread ran, in order
-    llm_step = engine.group._step
+    llm_step = engine.group.step.run
 
     def spy_llm(*args: Any) -> Any:
         order.append("llm")
@@ -54,7 +54,7 @@ async def test_chat_tokens_flow_between_session_windows(tiny_loaded: Any, whispe
         order.append("window")
         return window_step(self, *args)
 
-    engine.group._step = spy_llm  # type: ignore[method-assign]
+    engine.group.step.run = spy_llm  # type: ignore[method-assign]
     monkeypatch.setattr(WindowedTranscription, "step", spy_window)
     tokens = 0
     async with anyio.create_task_group() as tg:

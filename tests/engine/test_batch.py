@@ -47,7 +47,7 @@ def make_group(loaded, **kw) -> LLMBatchGroup:
 async def iterate(group: LLMBatchGroup) -> None:
     """One driver iteration (engine/driver.py's loop body)."""
     group.prune()
-    if group.tasks.pending and not group.admission_held:
+    if group.tasks.pending:
         await group.tasks.advance(group.context)
     group.admit()
     if group.has_decoding() and group.has_preparing() and group.supports_mixed():
