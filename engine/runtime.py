@@ -96,6 +96,12 @@ class Engine:
             )
         self.tasks: ExecutionTasks = self.group.tasks
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids the model accepts (its embedding may be larger than the tokenizer); None without a
+        chat model. Raises nothing."""
+        return self.group.vocab_size if isinstance(self.group, LLMBatchGroup) else None
+
     @classmethod
     async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, **options: Any) -> "Engine":
         """Load model `spec` on a new engine thread and build the engine on that same thread, so every
