@@ -17,6 +17,7 @@ __all__ = [
     "ModelNotFound",
     "MemoryAdmission",
     "TaskRejected",
+    "EngineRestarting",
 ]
 
 
@@ -69,3 +70,12 @@ class MemoryAdmission(EngineError):
 
 class TaskRejected(EngineError):
     """A queued ExecutionTask never ran: the queue shut down or its caller cancelled it first."""
+
+
+class EngineRestarting(EngineError):
+    """The engine process is (re)starting (`--isolate`): try again in `retry_after` seconds."""
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after

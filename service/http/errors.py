@@ -21,6 +21,7 @@ from audio.errors import (
 from engine.errors import (
     ContextTooLong,
     EngineClosed,
+    EngineRestarting,
     InvalidRequest,
     InvalidSampling,
     MemoryAdmission,
@@ -71,6 +72,7 @@ class APIError(Exception):
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         self.param = param
         self.code = code
+        self.retry_after: int | None = None  # seconds, sent as Retry-After (429, 503)
 
 
 def model_not_found(model: str, available: list[str]) -> APIError:
@@ -96,7 +98,8 @@ def error_body(error: APIError) -> dict[str, Any]:
 
 def error_response(error: APIError) -> Response[dict[str, Any]]:
     """A Litestar response for an error. Raises nothing."""
-    return Response(error_body(error), status_code=error.status, media_type="application/json")
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+    return Response(error_body(error), status_code=error.status, media_type="application/json", headers=headers)
 
 
 
@@ -123,6 +126,7 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     NoChatModel: ErrorRule(404, "model_not_found", param="model"),
     ModelNotFound: ErrorRule(404, "model_not_found", param="model"),
     EngineClosed: ErrorRule(503, "unavailable", message="The engine is not accepting requests: {exc}"),
+    EngineRestarting: ErrorRule(503, "engine_restarting"),
     TaskRejected: ErrorRule(503, "unavailable", message="The server is shutting down or the request was cancelled."),
     # audio/errors.py
     AudioInputError: ErrorRule(400),
@@ -154,7 +158,10 @@ def api_error(exc: BaseException, *, params: Mapping[str, str] | None = None) ->
     if param is not None and params:
         param = params.get(param, param)
     code = rule.code or getattr(exc, "code", None)
-    return APIError(rule.status, rule.message.format(exc=exc), type=rule.type, param=param, code=code)
+    error = APIError(rule.status, rule.message.format(exc=exc), type=rule.type, param=param, code=code)
+    retry_after = getattr(exc, "retry_after", None)
+    error.retry_after = retry_after if isinstance(retry_after, int) else None
+    return error
 
 
 def in_band_error(exc: BaseException) -> APIError:
