@@ -31,6 +31,7 @@ from engine.admission import KVAdmission
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import ContextTooLong, EngineClosed, InvalidRequest
 from engine.memory import MemoryBudget, release_free_memory
+from engine.pacing import PrefillPacer
 from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
@@ -90,6 +91,7 @@ class LLMBatchGroup:
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
             "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
         }
+        self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens)
         self.step = BatchStep(model, self.plan, context_length=context_length, prefix_cache=prefix_cache,
                               counters=self.counters)
         slots = self.step.slots
@@ -233,6 +235,10 @@ class LLMBatchGroup:
     def running_tokens(self) -> int:
         return sum(1 for r in self._active if r.decoding)
 
+    def prefill_tokens(self) -> int:
+        """Prompt tokens beside the decoding rows, paced so their token gap stays bounded (engine/pacing.py)."""
+        return self.pacer.prompt_tokens(self.running_tokens())
+
     async def advance_mixed(self, budget: int) -> None:
         """One packed iteration: every decoding row plus prompt chunks filling the rest of `budget`."""
         await self._iterate(budget, decode=True, prefill=True)
@@ -299,6 +305,7 @@ class LLMBatchGroup:
             return
         self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
+        decoding = sum(1 for r in rows if r.decoding)
         start = time.perf_counter()
         if self._last_step_end is not None and start - self._last_step_end < 1.0:
             self.counters["loop_gap_seconds"] += start - self._last_step_end  # event-loop time between steps
@@ -310,8 +317,9 @@ class LLMBatchGroup:
         finally:
             self._last_step_end = time.perf_counter()
         self.consecutive_failures = 0
-        self._recent.append((time.monotonic(), self.counters["prompt_tokens"] - before[0],
-                             self.counters["generation_tokens"] - before[1]))
+        prompted = self.counters["prompt_tokens"] - before[0]
+        self.pacer.record(self._last_step_end - start, int(prompted), decoding)
+        self._recent.append((time.monotonic(), prompted, self.counters["generation_tokens"] - before[1]))
         for row, delta in outputs:
             self._publish(row, delta)
             if row.finished and row in self._active:

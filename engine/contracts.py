@@ -116,6 +116,10 @@ class ExecutionGroup(Protocol):
         """Tokens the decoding rows need this iteration (one per row)."""
         ...
 
+    def prefill_tokens(self) -> int:
+        """Prompt tokens a mixed iteration may carry on top of the decoding rows' (>= the minimum)."""
+        ...
+
     async def advance_mixed(self, budget: int) -> None:
         """One packed iteration: every decode row plus prefill chunks filling the rest of budget."""
 

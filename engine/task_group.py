@@ -46,6 +46,9 @@ class TasksOnlyGroup:
     def running_tokens(self) -> int:
         return 0
 
+    def prefill_tokens(self) -> int:
+        return 0
+
     async def advance_mixed(self, budget: int) -> None:
         """Never called: the driver only advances rows that exist. Raises RuntimeError."""
         raise RuntimeError("TasksOnlyGroup has no rows")

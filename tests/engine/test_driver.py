@@ -66,6 +66,9 @@ class FakeGroup:
     def running_tokens(self) -> int:
         return self.rows if self.has_decoding() else 0
 
+    def prefill_tokens(self) -> int:
+        return max(self.max_iteration_tokens - self.running_tokens(), self.minimum_preparation_tokens)
+
     async def advance_mixed(self, budget: int) -> None:
         self.log.append(f"mixed:{budget}")
         self.prepare -= 1
