@@ -14,12 +14,12 @@ from litestar import Request, Response, post
 
 from service.chat.request import chat_engine, generation_request, submit, vocab_size
 from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
-from service.chat.stream import ResponseMeta, RowReader, UsageCounter, close_stream, row_texts
+from service.chat.respond import respond
+from service.chat.stream import ResponseMeta, RowReader, UsageCounter, row_texts
 from service.http.access_log import record_tokens
-from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import MODEL_ERRORS, sse_operation
-from service.http.sse import DONE, EventSource, SSEStream, sse_data, sse_error
+from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -109,18 +109,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     record_tokens(request, counter.totals)
     echo = prompt_text if data.echo else ""
     stream = submit(engine, generation, param="prompt")
-    if data.stream:
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        reader = RowReader(stream, counter)
-        try:  # a row that fails before its first token is answered with a 5xx, not an empty 200 stream
-            await run_while_connected(request, reader.start)
-        except ClientDisconnected:
-            return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
-        events = _events(reader, meta, counter, include_usage, echo)
-        # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-        return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
-    try:
-        completion = await run_while_connected(request, lambda: _collect(stream, meta, counter, echo))
-    except ClientDisconnected:
-        return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
-    return Response(completion)
+    include_usage = bool(data.stream_options and data.stream_options.include_usage)
+    return await respond(
+        request, stream, counter,
+        events=(lambda reader: _events(reader, meta, counter, include_usage, echo)) if data.stream else None,
+        collect=lambda: _collect(stream, meta, counter, echo))

@@ -24,12 +24,12 @@ from service.chat.schemas import (
     ChoiceDelta,
 )
 from service.chat.chunks import ChunkEncoder
-from service.chat.stream import ResponseMeta, RowReader, UsageCounter, close_stream, row_texts
+from service.chat.respond import respond
+from service.chat.stream import ResponseMeta, RowReader, UsageCounter, row_texts
 from service.http.access_log import record_tokens
-from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import MODEL_ERRORS, sse_operation
-from service.http.sse import DONE, EventSource, SSEStream, sse_data, sse_error
+from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -127,19 +127,9 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     counter = UsageCounter(prompt_tokens=len(prompt))
     record_tokens(request, counter.totals)
     stream = submit(engine, generation, param="messages")
-    if data.stream:
-        include_usage = bool(data.stream_options and data.stream_options.include_usage)
-        reader = RowReader(stream, counter)
-        try:  # a row that fails before its first token is answered with a 5xx, not an empty 200 stream
-            await run_while_connected(request, reader.start)
-        except ClientDisconnected:
-            return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
-        events = _chat_events(reader, translator, meta, counter, include_usage)
-        # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-        return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
-    try:
-        completion = await run_while_connected(request, lambda: _collect(stream, translator, meta, counter))
-    except ClientDisconnected:
-        return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
-    return Response(completion)
+    include_usage = bool(data.stream_options and data.stream_options.include_usage)
+    return await respond(
+        request, stream, counter,
+        events=(lambda reader: _chat_events(reader, translator, meta, counter, include_usage)) if data.stream else None,
+        collect=lambda: _collect(stream, translator, meta, counter))
 
