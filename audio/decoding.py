@@ -106,16 +106,25 @@ class WindowedTranscription:
         self.seek += segment_frames
 
     def request(self, audio: np.ndarray, frames: int, *, prefix: list[int] | tuple[int, ...] = (),
-                conditioned: bool = True) -> WindowRequest:
+                conditioned: bool = True, tokens_per_second: float | None = None,
+                fallback: bool = True) -> WindowRequest:
         """The decode request for the window at the seek: prompt = previous text since the last reset (or only
-        the initial prompt when not `conditioned`), cut to what fits beside `prefix`. Raises nothing."""
+        the initial prompt when not `conditioned`), cut to what fits beside `prefix`. `tokens_per_second`
+        caps the sampled tokens by the window's length (a looping decode stops early); without `fallback`
+        only the first temperature is tried. Raises nothing."""
         o = self.options
         prompt = self.all_tokens[self.prompt_reset_since:] if conditioned else self.initial_prompt_tokens
         # mlx-whisper keeps the last n_ctx/2 - 1 prompt tokens; a forced prefix takes its room first.
         room = self.loaded.model.dims.n_text_ctx // 2 - 1 - len(prefix)
         prompt = prompt[-room:] if room > 0 else []
+        sample_len = None
+        if tokens_per_second is not None:
+            # mlx-whisper keeps only the last n_ctx/2 - sample_len prefix tokens: leave room for all of them
+            sample_len = max(1, min(self.loaded.model.dims.n_text_ctx // 2 - len(prefix),
+                                    16 + int(tokens_per_second * frames / 100)))
         return WindowRequest(audio=audio, frames=frames, task=o.task, language=self.language,
-                             temperatures=o.temperatures, prompt=tuple(prompt), prefix=tuple(prefix),
+                             temperatures=o.temperatures if fallback else o.temperatures[:1], prompt=tuple(prompt),
+                             prefix=tuple(prefix), sample_len=sample_len,
                              without_timestamps=o.without_timestamps,
                              compression_ratio_threshold=o.compression_ratio_threshold,
                              logprob_threshold=o.logprob_threshold, no_speech_threshold=o.no_speech_threshold,

@@ -34,10 +34,13 @@ __all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
 @dataclass(frozen=True)
 class LiveConfig:
     """`redecode_s`: new speech before the open audio is decoded again. `trim_s`: open audio kept as context
-    before finished segments are trimmed off. `max_session_s`: audio one session may receive. `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
+    before finished segments are trimmed off. `tokens_per_second`: sampled tokens allowed per second of
+    window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
+    `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
 
     redecode_s: float = 1.0
     trim_s: float = 15.0
+    tokens_per_second: float = 10.0
     max_session_s: float = 3600.0
     gate_in_thread_s: float = 2.0
 
@@ -133,15 +136,20 @@ class LiveTranscription:
         return self._live is not None and self._tr is not None and \
             len(self._live.prefix) > self._tr.loaded.model.dims.n_text_ctx // 4
 
-    async def _decode(self, count: int) -> WindowResult:
+    async def _decode(self, count: int, probe: bool = False) -> WindowResult | None:
+        """Decode the open audio from the seek, the committed prefix forced. A probe tries one temperature
+        and gives None when its text fails the thresholds (a guess that loops or rambles is no guess)."""
         assert self._tr is not None and self._live is not None and self._loaded is not None
         seek = self._seek()
         audio = self._open.view(seek, count)
-        request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix)
+        request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
+                                   tokens_per_second=self.config.tokens_per_second, fallback=not probe)
         result = await self._scheduler.decode(self._loaded, request, self._scope)
-        self._last_result = result
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
+        if probe and request.needs_fallback(result.decoded):
+            return None
+        self._last_result = result
         return result
 
     def _text(self, tokens: list[int]) -> str:
@@ -190,7 +198,9 @@ class LiveTranscription:
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
         self._probed_at = self.timeline.length
-        result = await self._decode(self.timeline.length - self._seek())
+        result = await self._decode(self.timeline.length - self._seek(), probe=True)
+        if result is None:
+            return
         if tr.silent(result) and not live.prefix:
             self._set_tentative([])
             return
@@ -206,6 +216,7 @@ class LiveTranscription:
         assert tr is not None and live is not None
         seek = self._seek()
         result = await self._decode(N_SAMPLES)
+        assert result is not None
         self._probed_at = max(self._probed_at, seek + N_SAMPLES)
         if tr.silent(result) and not live.prefix:
             tr.seek += N_FRAMES

@@ -59,6 +59,7 @@ class WindowRequest:
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
     keep_features: bool = False  # word timestamps re-read the encoder output
+    sample_len: int | None = None  # most tokens to sample (None: n_text_ctx / 2)
     seed: int = 0  # keys the draws of temperature-fallback rows
 
     def needs_fallback(self, r: RowResult) -> bool:
@@ -191,15 +192,10 @@ class WhisperScheduler:
             kind = "decode" if self._last_kind == "encode" else "encode"
         else:
             kind = "encode" if encoding else "decode" if decoding else "idle"
-        involved = encoding if kind == "encode" else decoding[: self.budget.max_rows]
-        try:
-            if kind == "encode":
-                self._encode(encoding)
-            elif kind == "decode":
-                self._decode(involved)
-        except Exception as exc:  # the windows in this step fail; the others and the loop go on
-            for w in involved:
-                w.error = w.error or exc
+        if kind == "encode":
+            self._encode(encoding)
+        elif kind == "decode":
+            self._decode(decoding[: self.budget.max_rows])
         self._last_kind = kind
         c = self.counters
         c.kinds = (c.kinds + [kind])[-256:]
@@ -222,8 +218,15 @@ class WhisperScheduler:
             units -= len(group)
             for w in group:
                 if w.encoder.done and w.error is None:
-                    self._start_decoding(w)
+                    self._guarded(w, self._start_decoding)
             pending = [w for w in pending if not w.encoder.done and w.error is None]
+
+    @staticmethod
+    def _guarded(w: _Window, fn: Any) -> None:
+        try:
+            fn(w)
+        except Exception as exc:  # this window fails; the step goes on
+            w.error = exc
 
     def _start_decoding(self, w: _Window) -> None:
         model = w.loaded.model
@@ -238,7 +241,8 @@ class WhisperScheduler:
 
         r = w.request
         options = DecodingOptions(task=r.task, language=w.language, temperature=r.temperatures[w.rung],
-                                  prompt=list(r.prompt), without_timestamps=r.without_timestamps, fp16=w.loaded.fp16)
+                                  prompt=list(r.prompt), without_timestamps=r.without_timestamps, fp16=w.loaded.fp16,
+                                  sample_len=r.sample_len)
         assert w.encoder.cross_kv is not None
         return new_row(w.loaded.model, options, w.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + w.rung)
 
@@ -251,21 +255,29 @@ class WhisperScheduler:
         for w in windows:
             groups.setdefault(id(w.loaded.model), []).append(w)
         for group in groups.values():
-            advance_rows(group[0].loaded.model, [w.row for w in group if w.row is not None], self.budget.decode_tokens)
+            try:
+                advance_rows(group[0].loaded.model, [w.row for w in group if w.row is not None],
+                             self.budget.decode_tokens)
+            except Exception as exc:  # the rows of this forward fail; the others go on
+                for w in group:
+                    w.error = exc
         for w in windows:
-            if w.row is None or not w.row.done:
-                continue
-            decoded = finish_row(w.row)
-            if w.request.needs_fallback(decoded) and w.rung + 1 < len(w.request.temperatures):
-                w.rung += 1
-                self.counters.fallbacks += 1
-                w.row = self._row(w)
-                continue
-            w.row = None
-            features = w.encoder.features if w.request.keep_features else None
-            w.encoder.features = w.encoder.cross_kv = None
-            w.result = WindowResult(decoded, w.language or "en", features)
-            self.counters.windows += 1
+            if w.row is not None and w.row.done and w.error is None:
+                self._guarded(w, self._finish)
+
+    def _finish(self, w: _Window) -> None:
+        assert w.row is not None
+        decoded = finish_row(w.row)
+        if w.request.needs_fallback(decoded) and w.rung + 1 < len(w.request.temperatures):
+            w.rung += 1
+            self.counters.fallbacks += 1
+            w.row = self._row(w)
+            return
+        w.row = None
+        features = w.encoder.features if w.request.keep_features else None
+        w.encoder.features = w.encoder.cross_kv = None
+        w.result = WindowResult(decoded, w.language or "en", features)
+        self.counters.windows += 1
 
     def stats(self) -> dict[str, Any]:
         """Plain numbers for /stats. Raises nothing."""
