@@ -69,7 +69,8 @@ async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size
             if tr.silent(result):
                 continue
             tr.seek = start  # segments record the chunk they came from
-            current, _, _ = tr.split(result.decoded.tokens, result, start * HOP_LENGTH / SAMPLE_RATE, frames, whole=True)
+            offset = start * HOP_LENGTH / SAMPLE_RATE
+            current, _, _ = tr.split(result.decoded.tokens, result, offset, frames, whole=True)
             if tr.options.word_timestamps and current:
                 await tr.align(current, result, frames, tasks)
                 tr.last_speech_timestamp = segment_end(current) or tr.last_speech_timestamp

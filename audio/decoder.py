@@ -107,7 +107,8 @@ def _forward(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
     dec = model.decoder
     inputs = [r.tokens[:, r.fed:] for r in rows]
     sizes = [int(t.shape[1]) for t in inputs]
-    embeds = [dec.token_embedding(t) + dec.positional_embedding[r.fed:r.fed + n] for r, t, n in zip(rows, inputs, sizes)]
+    embeds = [dec.token_embedding(t) + dec.positional_embedding[r.fed:r.fed + n]
+              for r, t, n in zip(rows, inputs, sizes)]
     x = mx.concatenate(embeds, axis=1) if len(rows) > 1 else embeds[0]
     bounds = []
     at = 0

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
     from engine.tasks import ExecutionTasks
 
-__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "SAMPLE_RATE", "tokenizer_for", "segment_end"]
+__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "SAMPLE_RATE", "tokenizer_for",
+           "segment_end"]
 
 SAMPLE_RATE = 16000
 HOP_LENGTH = 160

@@ -4,7 +4,8 @@ committed once it is stable.
 After about `redecode_s` of new speech the open audio (after the seek) is decoded again with the committed
 text forced as a prefix (audio/agreement.py): what two consecutive decodes agree on is committed, the rest is
 tentative. A pause (VAD or commit()) commits everything before it; 30 s of open speech is decoded as one
-seek-loop window. Committed text never changes. Finished segments are trimmed off the open audio once it is
+seek-loop window; a session that fell behind finishes all its pending utterances that fit a window with one
+decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
 longer than `trim_s`; until then earlier speech stays as context for the next decode.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
+from typing import TYPE_CHECKING, Awaitable, Callable, Literal
 
 import anyio
 import numpy as np
@@ -124,7 +125,9 @@ class LiveTranscription:
         if limit - seek >= N_SAMPLES:
             return self._full_window
         if self._pauses:
-            return lambda: self._final(self._pauses.popleft())
+            # Behind: every pause already here that fits one window is finished by one decode.
+            last = max(p for p in self._pauses if p - seek <= N_SAMPLES)
+            return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
         if length - self._probed_at >= self.config.redecode_s * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
@@ -240,6 +243,8 @@ class LiveTranscription:
         """Everything up to `limit` (a pause, commit() or the end) is committed."""
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
+        while self._pauses and self._pauses[0] <= limit:
+            self._pauses.popleft()
         seek = self._seek()
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):

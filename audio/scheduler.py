@@ -66,8 +66,10 @@ class WindowRequest:
         """Too repetitive or too improbable, unless it is silence. Raises nothing."""
         if self.no_speech_threshold is not None and r.no_speech_prob > self.no_speech_threshold:
             return False
-        return bool((self.compression_ratio_threshold is not None and r.compression_ratio > self.compression_ratio_threshold)
-                    or (self.logprob_threshold is not None and r.avg_logprob < self.logprob_threshold))
+        cr, lp = self.compression_ratio_threshold, self.logprob_threshold
+        repetitive = cr is not None and r.compression_ratio > cr
+        improbable = lp is not None and r.avg_logprob < lp
+        return bool(repetitive or improbable)
 
 
 @dataclass

@@ -32,7 +32,8 @@ __all__ = ["SpeechService", "transcribe_stream"]
 
 
 async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
-                            scheduler: WhisperScheduler, tasks: "ExecutionTasks") -> AsyncIterator[list[Segment] | Transcript]:
+                            scheduler: WhisperScheduler,
+                            tasks: "ExecutionTasks") -> AsyncIterator[list[Segment] | Transcript]:
     """Decode a whole signal window by window: yields each window's new segments, then the final Transcript.
     With `vad` Whisper sees only the speech (no speech: an empty Transcript, Whisper never loaded).
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
@@ -121,7 +122,8 @@ class SpeechService:
         return TranscribeOptions(language=code, task=task, **kwargs)  # type: ignore[arg-type]
 
     # ---- files -------------------------------------------------------------------------------
-    def transcribe_stream(self, pcm: np.ndarray, options: TranscribeOptions) -> AsyncIterator[list[Segment] | Transcript]:
+    def transcribe_stream(self, pcm: np.ndarray,
+                          options: TranscribeOptions) -> AsyncIterator[list[Segment] | Transcript]:
         """See module-level transcribe_stream. Raises as it does."""
         return transcribe_stream(pcm, options, self.residency, self.scheduler, self.tasks)
 
@@ -197,7 +199,8 @@ class SpeechService:
         r = self.residency
         return {"model": r.name, "loaded": r.loaded is not None, "resident": r.resident,
                 "idle_unload_sec": r.idle_unload_sec, "loads": r.loads, "unloads": r.unloads,
-                "sessions_open": len(self.sessions), "max_sessions": self.max_sessions, "sessions_expired": self.expired,
+                "sessions_open": len(self.sessions), "max_sessions": self.max_sessions,
+                "sessions_expired": self.expired,
                 "session_windows_done": sum(s.windows_done for s in self.sessions.values()),
                 "session_lag_s_max": max((s.lag_seconds for s in self.sessions.values()), default=0.0),
                 "buffered_audio_s": round(self.pool.total / SAMPLE_RATE, 3),

@@ -6,7 +6,6 @@ Loading and unloading run as ExecutionTasks on the one engine thread, between LL
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path

@@ -133,3 +133,13 @@ async def test_finishing_commits_the_rest(tiny_whisper: LoadedWhisper) -> None:
     assert await run_due(live, finishing=True) == 1
     assert live.committed_text() != "" and live.next_action(True) is None
     assert live.transcript(1.5).text == live.committed_text()
+
+
+async def test_a_session_behind_finishes_its_pending_utterances_with_one_decode(tiny_whisper: LoadedWhisper) -> None:
+    live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]])
+    for k in range(3):  # three utterances arrive before the pump gets to run
+        live.add_speech(speech(1.0), k * 2 * SR)
+        live.add_pause()
+    assert await run_due(live) == 1
+    assert scheduler.requests[0].frames == 300 and live.committed_text() != ""
+    assert [e.type for e in events].count("utterance") == 1
