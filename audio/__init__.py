@@ -1,6 +1,7 @@
-"""Speech for mlx-tandem: PCM, VAD, Whisper, live sessions. Knows nothing of HTTP."""
+"""Speech for mlx-tandem: PCM, VAD, Whisper, live sessions. Knows nothing of HTTP.
 
-# engine loads the optimised CPU BLAS; it must be in place before anything here imports mlx.
-import engine as _engine  # noqa: F401
+Importing audio does no work; like engine/, whoever starts the process loads the fast BLAS first
+(`engine.backend.ensure_fast_blas()`) when it will import mlx.
+"""
 
 __all__: list[str] = []

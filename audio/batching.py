@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 import numpy as np
 
-from audio.decoding import HOP_LENGTH, N_SAMPLES, SAMPLE_RATE, WindowedTranscription, segment_end
+from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription, segment_end
+from audio.pcm import SAMPLE_RATE
 from audio.scheduler import WindowResult
 from audio.transcript import Segment
 from audio.vad import speech_segments

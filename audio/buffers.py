@@ -6,16 +6,17 @@ from typing import Any
 
 import numpy as np
 
-from audio.pcm import AudioInputError
+from audio.errors import AudioInputError
+from audio.pcm import SAMPLE_RATE
 
 __all__ = ["AudioBuffer", "AudioPool", "AudioLimitExceeded"]
 
-SAMPLE_RATE = 16000
 
 
 class AudioLimitExceeded(AudioInputError):
     """A chunk would pass a session's audio cap or the buffered-audio cap of all sessions; nothing of it was
-    taken and earlier audio is kept. `code`: session_audio_limit or audio_buffer_full."""
+    taken and earlier audio is kept. `code`: session_audio_limit or audio_buffer_full (a route answers 413
+    or 429 for them; an AudioInputError, they are a 400 where it does not)."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message, param="body", code=code)

@@ -15,6 +15,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from engine.progress import progress
+
 __all__ = ["CheckpointFormatError", "read_ct2_model_bin", "write_ct2_model_bin", "ct2_to_mlx_weights",
            "import_ct2_whisper", "is_ct2_whisper_dir"]
 
@@ -189,7 +191,8 @@ def import_ct2_whisper(src: str | Path, dst: str | Path, dtype: str = "float32")
         raise CheckpointFormatError(f"{src}: model.bin holds a {spec}, not a WhisperSpec")
     dims, weights = ct2_to_mlx_weights(variables)
     np_dtype = {"float32": np.float32, "float16": np.float16}[dtype]
-    weights = {k: np.ascontiguousarray(w.astype(np_dtype)) for k, w in weights.items()}
+    weights = {k: np.ascontiguousarray(w.astype(np_dtype))
+               for k, w in progress(weights.items(), f"importing {src.name}", total=len(weights))}
     heads: list[list[int]] | None = None
     config_path = src / "config.json"
     if config_path.is_file():

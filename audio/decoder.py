@@ -4,16 +4,14 @@ Each row is one decoding attempt of one window at one temperature: mlx-whisper's
 initial tokens, logit filters and token selection; the row holds its own self-attention KV and its
 window's cross-attention KV (computed once per window by the encoder). A forward packs every row's new
 tokens into one matrix, so each linear layer runs once for all rows; attention runs per row against its
-own KV. A row alone computes exactly what mlx-whisper's decode loop computes for a batch of one.
+own KV. A row alone computes exactly what mlx-whisper's decode loop computes for a batch of one. MLX is
+imported inside the functions: importing audio/ must not import mlx before the fast BLAS is loaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
-
-import mlx.core as mx
-import mlx.nn as nn
 
 __all__ = ["DecodeRow", "RowResult", "new_row", "advance_rows", "finish_row"]
 
@@ -57,6 +55,8 @@ class _KeyedSampler:
         self.temperature, self.eot, self.seed, self.index = temperature, eot, seed, 0
 
     def update(self, tokens: Any, logits: Any, sum_logprobs: Any) -> tuple[Any, Any, Any]:
+        import mlx.core as mx
+
         if self.temperature == 0:
             next_tokens = logits.argmax(axis=-1)
         else:
@@ -78,6 +78,8 @@ def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: l
     may end mid-segment. Engine thread only. Raises ValueError for options mlx-whisper refuses."""
     from dataclasses import replace
 
+    import mlx.core as mx
+
     from mlx_whisper.decoding import ApplyTimestampRules, DecodingTask, SuppressBlank
 
     task = DecodingTask(model, replace(options, prefix=list(prefix) or None))
@@ -95,6 +97,8 @@ def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: l
 
 def _cross_attention(attn: Any, q: Any, k: Any, v: Any) -> Any:
     # mlx-whisper's qkv_attention with the keys/values already scaled and laid out (audio/encoder.cross_kv).
+    import mlx.core as mx
+
     n_batch, n_ctx, n_state = q.shape
     q = q.reshape(n_batch, n_ctx, attn.n_head, -1).transpose(0, 2, 1, 3) * (n_state // attn.n_head) ** -0.25
     w = mx.softmax(q @ k, axis=-1, precise=True)
@@ -104,6 +108,9 @@ def _cross_attention(attn: Any, q: Any, k: Any, v: Any) -> Any:
 def _forward(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
     """Feed every row's unfed tokens; returns each row's last-position logits and, for rows fed for the first
     time, the logits at their SOT position (for the no-speech probability)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
     dec = model.decoder
     inputs = [r.tokens[:, r.fed:] for r in rows]
     sizes = [int(t.shape[1]) for t in inputs]
@@ -155,6 +162,8 @@ def _forward(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
 def advance_rows(model: Any, rows: list[DecodeRow], tokens: int) -> None:
     """Advance every unfinished row by up to `tokens` sampled tokens (one packed forward each); rows that
     finish drop out. Evaluates each forward here. Engine thread only. Raises what MLX raises."""
+    import mlx.core as mx
+
     for _ in range(max(1, tokens)):
         live = [r for r in rows if not r.done]
         if not live:

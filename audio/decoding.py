@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
+from audio.pcm import SAMPLE_RATE
 from audio.scheduler import WindowRequest, WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
@@ -24,10 +25,8 @@ if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
     from engine.tasks import ExecutionTasks
 
-__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "SAMPLE_RATE", "tokenizer_for",
-           "segment_end"]
+__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "tokenizer_for", "segment_end"]
 
-SAMPLE_RATE = 16000
 HOP_LENGTH = 160
 N_SAMPLES = 30 * SAMPLE_RATE
 N_FRAMES = N_SAMPLES // HOP_LENGTH

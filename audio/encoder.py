@@ -4,7 +4,8 @@ the final norm and the decoder's cross-attention keys/values (computed once per 
 Encoder self-attention is bidirectional, so a layer's keys/values need the whole previous layer; its queries
 do not: layer l over positions [a, b) needs only layer l-1's output and those positions. Chunk bounds are fixed
 per window, and windows at the same unit are stacked on the batch axis, so a window's features do not depend
-on who shared its steps (measured bitwise equal to mlx-whisper's one-call encoder on CPU).
+on who shared its steps (measured bitwise equal to mlx-whisper's one-call encoder on CPU). MLX is imported
+inside the functions: importing audio/ must not import mlx before the fast BLAS is loaded.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 __all__ = ["EncoderJob", "Unit", "run_unit", "mel_window", "cross_kv", "N_SAMPLES", "N_FRAMES"]
@@ -25,9 +24,10 @@ N_FRAMES = 3000
 Unit = tuple[Any, ...]  # ("front",) | ("layer", l, start) | ("post",) | ("done",)
 
 
-def mel_window(model: Any, audio: np.ndarray, frames: int, fp16: bool) -> mx.array:
+def mel_window(model: Any, audio: np.ndarray, frames: int, fp16: bool) -> Any:
     """Log-mel of ≤ 30 s, zero padded to a full window and cut to `frames` of content, as transcribe() does.
     Engine thread only. Raises nothing of its own."""
+    import mlx.core as mx
     from mlx_whisper.audio import log_mel_spectrogram, pad_or_trim
 
     mel = log_mel_spectrogram(audio[:N_SAMPLES], n_mels=model.dims.n_mels, padding=max(0, N_SAMPLES - len(audio)))
@@ -63,6 +63,9 @@ class EncoderJob:
 
 
 def _front(model: Any, jobs: list[EncoderJob]) -> None:
+    import mlx.core as mx
+    import mlx.nn as nn
+
     enc = model.encoder
     mels = [mel_window(model, j.audio, j.frames, j.fp16)[None] for j in jobs]
     x = mx.concatenate(mels) if len(mels) > 1 else mels[0]
@@ -76,6 +79,9 @@ def _front(model: Any, jobs: list[EncoderJob]) -> None:
 
 
 def _layer(model: Any, jobs: list[EncoderJob], layer: int, start: int) -> None:
+    import mlx.core as mx
+    import mlx.nn as nn
+
     block = model.encoder.blocks[layer]
     n_ctx = model.dims.n_audio_ctx
     stacked = len(jobs) > 1
@@ -112,6 +118,8 @@ def cross_kv(attn: Any, features: Any) -> tuple[Any, Any]:
     """A decoder layer's cross-attention keys (scaled, laid out as q @ k wants them) and values (by head),
     made contiguous once per window: qkv_attention redoes this reshaping for every token otherwise.
     Same values as mlx-whisper's. Raises nothing."""
+    import mlx.core as mx
+
     b, t, d = features.shape
     scale = (d // attn.n_head) ** -0.25
     k = attn.key(features).reshape(b, t, attn.n_head, -1).transpose(0, 2, 3, 1) * scale
@@ -120,6 +128,8 @@ def cross_kv(attn: Any, features: Any) -> tuple[Any, Any]:
 
 
 def _post(model: Any, jobs: list[EncoderJob]) -> None:
+    import mlx.core as mx
+
     x = mx.concatenate([j.x for j in jobs]) if len(jobs) > 1 else jobs[0].x
     features = model.encoder.ln_post(x)
     cross = [cross_kv(b.cross_attn, features) for b in model.decoder.blocks]

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from audio.transcript import Transcript
 
 __all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp"]
 
-ResponseFormat = Literal["text", "json", "verbose_json", "srt", "vtt"]
-RESPONSE_FORMATS: tuple[str, ...] = ("text", "json", "verbose_json", "srt", "vtt")
+ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
+RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
 
 
 def timestamp(seconds: float, *, decimal: str = ".", always_hours: bool = True) -> str:

@@ -20,7 +20,8 @@ import numpy as np
 
 from audio.agreement import LiveText
 from audio.buffers import AudioBuffer
-from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, WindowedTranscription
+from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
+from audio.pcm import SAMPLE_RATE
 from audio.scheduler import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript

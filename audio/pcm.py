@@ -13,8 +13,11 @@ from typing import Literal
 import numpy as np
 import soxr
 
+from audio.errors import AudioInputError
+
 __all__ = [
     "SAMPLE_RATE",
+    "RAW_PCM_TYPES",
     "MIN_RATE",
     "MAX_RATE",
     "AudioInputError",
@@ -29,23 +32,15 @@ __all__ = [
 ]
 
 SAMPLE_RATE = 16000
+# Content types of raw sample bodies (rate, encoding and channels ride as parameters).
+RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw")
 MIN_RATE, MAX_RATE = 8000, 48000
 
 Encoding = Literal["f32le", "s16le"]
-_ENCODING_ALIASES = {
+_ENCODING_ALIASES: dict[str, Encoding] = {
     "f32le": "f32le", "float32": "f32le", "f32": "f32le", "pcm_f32le": "f32le", "float": "f32le",
     "s16le": "s16le", "s16": "s16le", "int16": "s16le", "pcm_s16le": "s16le",
 }
-
-
-class AudioInputError(ValueError):
-    """Audio a client sent that cannot be used; `param` names the offending field, `code` is stable."""
-
-    def __init__(self, message: str, *, param: str | None = None, code: str = "invalid_audio") -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -62,11 +57,13 @@ class PcmFormat:
 
 
 def is_raw_pcm(content_type: str | None) -> bool:
-    """True for `audio/pcm…`, `audio/l16…` and `application/octet-stream` bodies. Raises nothing."""
+    """True for `audio/pcm…`, `audio/l16…` and `audio/raw…` bodies: raw samples the content-type's
+    parameters describe. Anything else — `application/octet-stream` too — is a container that PyAV
+    identifies from its own header (a raw guess would turn a file into noise). Raises nothing."""
     if not content_type:
         return False
     mime = content_type.split(";", 1)[0].strip().lower()
-    return mime in ("audio/pcm", "audio/l16", "audio/raw", "application/octet-stream")
+    return mime in RAW_PCM_TYPES
 
 
 def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
@@ -94,7 +91,7 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     if encoding is None:
         raise AudioInputError(f"PCM encoding {values.get('encoding')!r} is not supported (use f32le or s16le)",
                               param="encoding", code="invalid_content_type")
-    return PcmFormat(rate, encoding, channels)  # type: ignore[arg-type]
+    return PcmFormat(rate, encoding, channels)
 
 
 def _samples(body: bytes, fmt: PcmFormat) -> np.ndarray:
@@ -166,7 +163,7 @@ def decode_container(data: bytes | Path | str, *, param: str = "file") -> np.nda
         source = str(data)
     chunks: list[np.ndarray] = []
     try:
-        with av.open(source, mode="r") as container:  # type: ignore[arg-type]
+        with av.open(source, mode="r") as container:
             if not container.streams.audio:
                 raise AudioInputError("the file has no audio stream", param=param, code="no_audio_stream")
             stream = container.streams.audio[0]

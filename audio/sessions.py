@@ -15,9 +15,9 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool
-from audio.decoding import SAMPLE_RATE
+from audio.errors import SessionClosed, SessionError, SessionLimit, SessionNotFound
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
-from audio.pcm import PcmFormat, PcmStream
+from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.transcript import TranscribeOptions, Transcript
 from audio.vad import Speech, SpeechGate
 
@@ -26,31 +26,8 @@ if TYPE_CHECKING:
     from audio.whisper import WhisperResidency
     from engine.tasks import ExecutionTasks
 
-__all__ = ["SessionError", "SessionNotFound", "SessionClosed", "SessionLimitReached", "AudioLimitExceeded",
+__all__ = ["SessionError", "SessionNotFound", "SessionClosed", "SessionLimit", "AudioLimitExceeded",
            "LiveConfig", "SessionEvent", "LiveSession", "AudioBuffer", "AudioPool"]
-
-
-class SessionError(Exception):
-    """Base of session errors; `code` is a stable machine-readable string."""
-
-    code = "session_error"
-
-
-class SessionNotFound(SessionError):
-    code = "session_not_found"
-
-
-class SessionClosed(SessionError):
-    """Audio arrived after finish, or the session was deleted/expired."""
-
-    code = "session_closed"
-
-
-class SessionLimitReached(SessionClosed):
-    """max_sessions are open and none is idle-expired: no live session is evicted, the new one is refused
-    (a route answers 429)."""
-
-    code = "too_many_sessions"
 
 
 class LiveSession:

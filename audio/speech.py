@@ -10,18 +10,20 @@ from __future__ import annotations
 import functools
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncGenerator, cast, get_args
 
 import anyio
 import numpy as np
 
 from audio.batching import batched_windows
 from audio.buffers import AudioPool
-from audio.decoding import N_SAMPLES, SAMPLE_RATE, WindowedTranscription
+from audio.decoding import N_SAMPLES, WindowedTranscription
+from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
+from audio.pcm import SAMPLE_RATE
 from audio.scheduler import StepBudget, WhisperScheduler
-from audio.sessions import LiveConfig, LiveSession, SessionLimitReached, SessionNotFound
+from audio.sessions import LiveConfig, LiveSession
 from audio.timeline import compact
-from audio.transcript import Segment, TranscribeOptions, Transcript, normalize_language
+from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import speech_pieces
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
 
@@ -33,7 +35,7 @@ __all__ = ["SpeechService", "transcribe_stream"]
 
 async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
                             scheduler: WhisperScheduler,
-                            tasks: "ExecutionTasks") -> AsyncIterator[list[Segment] | Transcript]:
+                            tasks: "ExecutionTasks") -> AsyncGenerator[list[Segment] | Transcript, None]:
     """Decode a whole signal window by window: yields each window's new segments, then the final Transcript.
     With `vad` Whisper sees only the speech (no speech: an empty Transcript, Whisper never loaded).
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
@@ -113,17 +115,19 @@ class SpeechService:
             return True
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
-        """TranscribeOptions checked against this model. Raises ValueError (unknown language, or a
-        non-English language / translate on an English-only model), PromptTooLong (a ValueError with
-        param "prompt")."""
+        """TranscribeOptions checked against this model. Raises InvalidOption naming `language`, `task` or
+        `prompt` (unknown language, a non-English language / translate on an English-only model, a prompt
+        longer than Whisper can use: PromptTooLong)."""
         code = normalize_language(language, multilingual=self.multilingual)
+        if task not in get_args(Task):
+            raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
         if task == "translate" and not self.multilingual:
-            raise ValueError("this Whisper model is English-only; task 'translate' is not available")
-        return TranscribeOptions(language=code, task=task, **kwargs)  # type: ignore[arg-type]
+            raise InvalidOption("this Whisper model is English-only; task 'translate' is not available", param="task")
+        return TranscribeOptions(language=code, task=cast(Task, task), **kwargs)
 
     # ---- files -------------------------------------------------------------------------------
     def transcribe_stream(self, pcm: np.ndarray,
-                          options: TranscribeOptions) -> AsyncIterator[list[Segment] | Transcript]:
+                          options: TranscribeOptions) -> AsyncGenerator[list[Segment] | Transcript, None]:
         """See module-level transcribe_stream. Raises as it does."""
         return transcribe_stream(pcm, options, self.residency, self.scheduler, self.tasks)
 
@@ -139,14 +143,14 @@ class SpeechService:
     # ---- live sessions -----------------------------------------------------------------------
     def create_session(self, options: TranscribeOptions) -> LiveSession:
         """Open a session and start its pump. Never evicts a live session: idle-expired ones are reaped, then
-        a full house refuses. Raises RuntimeError when run() is not running, SessionLimitReached (a
-        SessionClosed) when max_sessions are open."""
+        a full house refuses. Raises SpeechNotRunning when run() is not running, SessionLimit when
+        max_sessions are open."""
         if self._tg is None:
-            raise RuntimeError("SpeechService.run() is not running")
+            raise SpeechNotRunning("SpeechService.run() is not running")
         if len(self.sessions) >= self.max_sessions:
             self._expire(time.monotonic())
         if len(self.sessions) >= self.max_sessions:
-            raise SessionLimitReached(f"too many open audio sessions ({self.max_sessions}); finish or delete one, "
+            raise SessionLimit(f"too many open audio sessions ({self.max_sessions}); finish or delete one, "
                                       "or retry later")
         session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool)
         self.sessions[session.id] = session

@@ -11,9 +11,9 @@ import bisect
 
 import numpy as np
 
-__all__ = ["Timeline", "compact"]
+from audio.pcm import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
+__all__ = ["Timeline", "compact"]
 
 
 class Timeline:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from audio.errors import InvalidOption
+
 __all__ = ["normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES",
            "PromptTooLong", "MAX_PROMPT_CHARS"]
 
@@ -14,11 +16,13 @@ DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 MAX_PROMPT_CHARS = 2000
 
 
-class PromptTooLong(ValueError):
-    """The prompt (or vocabulary) is longer than Whisper could ever use."""
+class PromptTooLong(InvalidOption):
+    """The prompt (or vocabulary) is longer than Whisper could ever use (param "prompt")."""
 
-    param = "prompt"
     code = "prompt_too_long"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="prompt")
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,8 @@ class Transcript:
 
 
 def normalize_language(language: str | None, *, multilingual: bool = True) -> str | None:
-    """`English`/`EN`/`en` → `en`; None stays None (detect). Raises ValueError for an unknown language or,
-    on an English-only model, any language but English."""
+    """`English`/`EN`/`en` → `en`; None stays None (detect). Raises InvalidOption (param "language") for an
+    unknown language or, on an English-only model, any language but English."""
     if language is None or not language.strip():
         return None
     from mlx_whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
@@ -123,7 +127,9 @@ def normalize_language(language: str | None, *, multilingual: bool = True) -> st
     key = language.strip().lower()
     code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
     if code is None:
-        raise ValueError(f"unsupported language {language!r}; use an ISO-639-1 code such as 'en' or 'de'")
+        raise InvalidOption(f"unsupported language {language!r}; use an ISO-639-1 code such as 'en' or 'de'",
+                            param="language")
     if not multilingual and code != "en":
-        raise ValueError(f"this Whisper model is English-only; language {language!r} is not available")
+        raise InvalidOption(f"this Whisper model is English-only; language {language!r} is not available",
+                            param="language")
     return code

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 import numpy as np
 import webrtcvad
 
+from audio.pcm import SAMPLE_RATE
+
 __all__ = ["speech_segments", "has_speech", "trim_silence", "Speech", "Pause", "SpeechGate", "speech_pieces"]
 
-_RATE = 16000
 _FRAME_MS = 30
-_FRAME = _RATE * _FRAME_MS // 1000
+_FRAME = SAMPLE_RATE * _FRAME_MS // 1000
 
 
 def _pcm16(x: np.ndarray) -> bytes:
@@ -32,7 +33,7 @@ def speech_segments(pcm: np.ndarray, *, min_speech_ms: int = 250, min_silence_ms
         return []
     data = _pcm16(pcm[: n * _FRAME])
     step = _FRAME * 2
-    voiced = [vad.is_speech(data[i * step:(i + 1) * step], _RATE) for i in range(n)]
+    voiced = [vad.is_speech(data[i * step:(i + 1) * step], SAMPLE_RATE) for i in range(n)]
     runs: list[list[int]] = []
     gap_frames = max(1, min_silence_ms // _FRAME_MS)
     for i, v in enumerate(voiced):
@@ -43,7 +44,7 @@ def speech_segments(pcm: np.ndarray, *, min_speech_ms: int = 250, min_silence_ms
         else:
             runs.append([i, i + 1])
     min_frames = max(1, -(-min_speech_ms // _FRAME_MS))
-    pad = padding_ms * _RATE // 1000
+    pad = padding_ms * SAMPLE_RATE // 1000
     return [(max(0, a * _FRAME - pad), min(len(pcm), b * _FRAME + pad))
             for a, b in runs if b - a >= min_frames]
 
@@ -91,7 +92,7 @@ class SpeechGate:
         self._vad = webrtcvad.Vad(aggressiveness)
         self._gap = max(1, min_silence_ms // _FRAME_MS)
         self._min = max(1, -(-min_speech_ms // _FRAME_MS))
-        self._pad = padding_ms * _RATE // 1000
+        self._pad = padding_ms * SAMPLE_RATE // 1000
         self._tail = np.zeros(0, np.float32)
         self.frames = 0  # frames classified
         self.received = 0  # samples pushed
@@ -118,7 +119,7 @@ class SpeechGate:
         out: list[Speech | Pause] = []
         step = _FRAME * 2
         for i in range(n):
-            self._frame(self._vad.is_speech(raw[i * step:(i + 1) * step], _RATE), out)
+            self._frame(self._vad.is_speech(raw[i * step:(i + 1) * step], SAMPLE_RATE), out)
         if self.in_speech:  # voiced so far: pass it on without waiting for the region to end
             self._emit((self._last + 1) * _FRAME, out)
         return out

@@ -6,10 +6,13 @@ Loading and unloading run as ExecutionTasks on the one engine thread, between LL
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from audio.errors import WhisperCheckpointError
 
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
@@ -17,8 +20,11 @@ if TYPE_CHECKING:
 __all__ = [
     "WhisperCheckpointError",
     "LoadedWhisper",
+    "LocalWhisper",
+    "local_whisper_models",
     "DEMO_MODEL",
     "DEMO_ALIASES",
+    "OPENAI_ALIASES",
     "resolve_whisper_checkpoint",
     "is_whisper_checkpoint",
     "load_whisper",
@@ -26,12 +32,13 @@ __all__ = [
     "WhisperResidency",
 ]
 
+_log = logging.getLogger(__name__)
+
 DEMO_MODEL = "tiny.en"
-DEMO_ALIASES = {"tiny.en", "whisper-tiny.en", "whisper-1", "demo"}
-
-
-class WhisperCheckpointError(ValueError):
-    """The model name does not resolve to a Whisper checkpoint (no dir, not cached, not Whisper)."""
+# OpenAI's model ids for speech: whichever Whisper model a server serves answers to them.
+OPENAI_ALIASES = frozenset({"whisper-1", "whisper"})
+# Names that select the demo checkpoint (as does no name at all).
+DEMO_ALIASES = frozenset({DEMO_MODEL, f"whisper-{DEMO_MODEL}", "demo", *OPENAI_ALIASES})
 
 
 def is_whisper_checkpoint(path: str | Path) -> bool:
@@ -72,6 +79,7 @@ def _import_once(ct2_dir: Path, name: str, dtype: str) -> Path:
 
     out = _cache_root() / f"{name}-{dtype}"
     if not is_whisper_checkpoint(out):
+        _log.info("first use of Whisper %s: importing its CTranslate2 weights (%s) into %s (once)", name, dtype, out)
         import_ct2_whisper(ct2_dir, out, dtype=dtype)
     return out
 
@@ -119,6 +127,33 @@ def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Pa
                                  f"or {DEMO_MODEL!r}")
 
 
+@dataclass(frozen=True)
+class LocalWhisper:
+    """A Whisper checkpoint on this machine outside the HF cache, as `tandem models ls` lists it."""
+
+    name: str
+    path: Path
+    size_bytes: int
+    note: str
+
+
+def local_whisper_models() -> list[LocalWhisper]:
+    """The demo checkpoint (when the demo extra is installed) and the CTranslate2 imports in the user
+    cache (`<cache>/whisper/<name>-<dtype>`). Raises nothing."""
+    found: list[LocalWhisper] = []
+    if (demo := _demo_ct2_dir()) is not None:
+        found.append(LocalWhisper(f"whisper-{DEMO_MODEL}", demo, _size(demo), "demo"))
+    root = _cache_root()
+    if root.is_dir():
+        for d in sorted(p for p in root.iterdir() if is_whisper_checkpoint(p)):
+            found.append(LocalWhisper(d.name, d, _size(d), "imported"))
+    return found
+
+
+def _size(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
+
 @dataclass
 class LoadedWhisper:
     """A model in memory plus what decoding needs to know about it."""
@@ -153,14 +188,15 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
     quantization = config.pop("quantization", None)
     dims = whisper.ModelDimensions(**{k: config[k] for k in whisper.ModelDimensions.__dataclass_fields__})
     wf = p / "weights.safetensors"
-    weights = mx.load(str(wf if wf.is_file() else p / "weights.npz"))
+    stored = cast("dict[str, mx.array]", mx.load(str(wf if wf.is_file() else p / "weights.npz")))
     weights = {k: (w.astype(mx_dtype) if mx.issubdtype(w.dtype, mx.floating) and not k.endswith(".scales")
-                   and not k.endswith(".biases") else w) for k, w in weights.items()}
+                   and not k.endswith(".biases") else w) for k, w in stored.items()}
     model = whisper.Whisper(dims, mx_dtype)
     if quantization is not None:
         nn.quantize(model, **quantization,
                     class_predicate=lambda q, m: isinstance(m, (nn.Linear, nn.Embedding)) and f"{q}.scales" in weights)
-    expected = {k: v.shape for k, v in tree_flatten(model.parameters()) if k != "alignment_heads"}
+    flat = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
+    expected = {k: v.shape for k, v in flat if k != "alignment_heads"}
     missing = sorted(expected.keys() - weights.keys())
     wrong = sorted(k for k in expected.keys() & weights.keys() if tuple(weights[k].shape) != tuple(expected[k]))
     if missing or wrong or (weights.keys() - expected.keys()):

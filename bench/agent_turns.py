@@ -21,6 +21,8 @@ from typing import Any
 
 import anyio
 
+from service.chat.prompt import render_prompt, system_prefix_end
+
 __all__ = ["main", "system_prompt"]
 
 _TOOL = (
@@ -44,16 +46,6 @@ def system_prompt(tokenizer: Any, tokens: int) -> str:
         parts.append(_TOOL.format(i=i, name=_NAMES[i % 10], what=_WHAT[i % 10]))
         i += 1
     return "".join(parts)
-
-
-def _render(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
-
-
-def _system_end(tokenizer: Any, messages: list[dict[str, str]], prompt: list[int]) -> tuple[int, ...]:
-    probe = _render(tokenizer, messages[:1] + [{"role": "user", "content": ""}])
-    end = next((i for i, (a, b) in enumerate(zip(probe, prompt)) if a != b), min(len(probe), len(prompt)))
-    return (end,) if 0 < end < len(prompt) else ()
 
 
 async def _turn(engine: Any, prompt: list[int], boundaries: tuple[int, ...], session: str | None,
@@ -97,11 +89,11 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         tg.start_soon(cold.serve)
         # First-use costs (allocations, BLAS threads) land on neither side's turn 1.
         for engine in (warm, cold):
-            await _turn(engine, _render(tokenizer, [{"role": "user", "content": "warm up " * 64}]), (), None, 2, "warmup")
+            await _turn(engine, render_prompt(tokenizer, [{"role": "user", "content": "warm up " * 64}]), (), None, 2, "warmup")
         for turn in range(1, args.turns + 1):
             messages.append({"role": "user", "content": f"Step {turn}: look at file_{turn}.py and tell me what to change."})
-            prompt = _render(tokenizer, messages)
-            bounds = _system_end(tokenizer, messages, prompt)
+            prompt = render_prompt(tokenizer, messages)
+            bounds = system_prefix_end(tokenizer, messages, prompt)
             w = await _turn(warm, prompt, bounds, "bench-session", 1)
             c = await _turn(cold, prompt, bounds, None, 1)
             reply = await _turn(warm, prompt, bounds, "bench-session", args.max_tokens)

@@ -24,9 +24,11 @@ from typing import Any
 import anyio
 import numpy as np
 
+from audio.pcm import SAMPLE_RATE
+
 __all__ = ["main"]
 
-SR = 16000
+SR = SAMPLE_RATE
 
 
 def _joined(samples: Path, gap_s: float) -> tuple[np.ndarray, str]:

@@ -18,13 +18,18 @@ import time
 import wave
 from pathlib import Path
 
-import engine  # noqa: F401  (fast BLAS before mlx on Linux CPU)
+from engine.backend import ensure_fast_blas
+
+ensure_fast_blas()  # a script entry point: the fast BLAS must be loaded before mlx is imported below
+
 import anyio
 import numpy as np
 
+from audio.pcm import SAMPLE_RATE
+
 __all__ = ["main", "SHAPES"]
 
-SR = 16000
+SR = SAMPLE_RATE
 SHAPES = {
     "large-v3-turbo": dict(n_mels=128, n_audio_ctx=1500, n_audio_state=1280, n_audio_head=20, n_audio_layer=32,
                            n_vocab=51866, n_text_ctx=448, n_text_state=1280, n_text_head=20, n_text_layer=4),

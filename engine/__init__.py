@@ -1,8 +1,8 @@
-"""Model work for mlx-tandem: the cooperative driver, LLM batching, prefix cache. Knows nothing of HTTP."""
+"""Model work for mlx-tandem: the cooperative driver, LLM batching, prefix cache. Knows nothing of HTTP.
 
-# Must run before anything imports mlx: an optimised BLAS only wins when loaded first (engine/backend.py).
-from engine.backend import ensure_fast_blas as _ensure_fast_blas
-
-_ensure_fast_blas()
+Importing engine does no work. On Linux CPU an optimised BLAS must be loaded before anything imports mlx:
+entry points (the `tandem` CLI, the server's worker, the benchmarks, the tests) call
+`engine.backend.ensure_fast_blas()` first.
+"""
 
 __all__: list[str] = []

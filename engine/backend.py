@@ -76,7 +76,7 @@ def ensure_fast_blas() -> BlasInfo:
     global _info
     if _info is None:
         _info = _choose()
-        _log.info(_info.describe())
+        _log.debug(_info.describe())
     return _info
 
 
@@ -90,7 +90,8 @@ def _choose() -> BlasInfo:
         return BlasInfo("reference", None, "TANDEM_BLAS=reference")
     if "mlx.core" in sys.modules:
         warnings.warn(
-            "mlx was imported before engine; MLX keeps its reference BLAS (import engine first)",
+            "mlx was imported before engine.backend.ensure_fast_blas(); MLX keeps its reference BLAS "
+            "(call it first)",
             RuntimeWarning,
             stacklevel=3,
         )

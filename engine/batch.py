@@ -21,11 +21,14 @@ import logging
 import math
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any
 
 import anyio
 import mlx.core as mx
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
+from engine.memory import MemoryBudget, release_free_memory
+from engine.errors import ContextTooLong, EngineClosed, InvalidRequest, MemoryAdmission
 from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.rows import LLMRowStream, Row, plan_iteration
@@ -56,6 +59,7 @@ class LLMBatchGroup:
         prefix_cache: Any = None,
         plan: ExecutionPlan | None = None,
         max_kv_tokens: int | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1:
             raise ValueError("max_active, max_iteration_tokens and minimum_preparation_tokens must be >= 1")
@@ -68,6 +72,8 @@ class LLMBatchGroup:
         self._minimum_preparation_tokens = minimum_preparation_tokens
         self.prefix_cache = prefix_cache
         self.max_kv_tokens = max_kv_tokens
+        self.budget = budget
+        self._idle_released = True  # freed memory was given back since the last row ran
         self.plan = plan or resolve_execution(model)
         self.runner = PackedRunner(model) if self.plan.packed else SeparateRunner(model)
         self.slots = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
@@ -82,31 +88,37 @@ class LLMBatchGroup:
         self.counters = {
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
-            "decode_seconds": 0.0,
+            "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
         }
+        # Health: steps failed in a row (reset by any success) and the last failure, for /health.
+        self.consecutive_failures = 0
+        self.last_error: str | None = None
+        self._last_step_end: float | None = None
 
     # -- submission -------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; returns its delta stream.
 
-        Raises ValueError for an empty prompt, token ids outside the vocabulary, max_tokens < 1, a prompt +
-        max_tokens that exceeds the context, or invalid sampling settings; RuntimeError when closed."""
+        Raises InvalidRequest for an empty prompt, token ids outside the vocabulary or max_tokens < 1,
+        ContextTooLong when prompt + max_tokens exceeds the context, InvalidSampling for invalid sampling
+        settings, EngineClosed when closed (engine/errors.py)."""
         if self._closed:
-            raise RuntimeError("engine is shutting down")
+            raise EngineClosed("engine is shutting down")
         prompt = [int(t) for t in request.prompt_tokens]
         if not prompt:
-            raise ValueError("the prompt is empty")
+            raise InvalidRequest("the prompt is empty", param="prompt")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in 0..{self.vocab_size - 1}")
+            raise InvalidRequest(f"prompt token ids must be in 0..{self.vocab_size - 1}", param="prompt")
         if request.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
+            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
         if len(prompt) + request.max_tokens > self.context_length:
-            raise ValueError(
+            raise ContextTooLong(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
                 f"length of {self.context_length} tokens"
             )
         validate_sampling(request.sampling, self.vocab_size)
+        request = self._fit_budget(request, len(prompt))
         send, receive = anyio.create_memory_object_stream[Delta](math.inf)
         row = Row(
             request=request,
@@ -154,6 +166,11 @@ class LLMBatchGroup:
         """Return when a row or a task arrives, or the group closes. Raises nothing but cancellation."""
         if self.has_work() or self._closed:
             return
+        if not self._idle_released:  # nothing runs: hand freed buffers back before sleeping
+            self._idle_released = True
+            await self.context.run(release_free_memory)
+            if self.has_work() or self._closed:
+                return
         async with anyio.create_task_group() as tg:
 
             async def watch(wait: Any) -> None:
@@ -176,6 +193,8 @@ class LLMBatchGroup:
                 reserved = sum(len(r.prompt) + r.request.max_tokens for r in self._active)
                 if reserved + len(row.prompt) + row.request.max_tokens > self.max_kv_tokens:
                     break
+            if self.budget is not None and self._active and self.projected_kv_bytes([*self._active, row]) > self.budget.kv:
+                break  # its KV does not fit next to the running rows: it waits for one to leave
             self._active.append(self._queue.popleft())
 
     def has_decoding(self) -> bool:
@@ -220,8 +239,56 @@ class LLMBatchGroup:
 
     def kv_bytes(self) -> int:
         """Bytes held by active rows' KV caches. Raises nothing."""
-        rows = sum(getattr(c, "nbytes", 0) or 0 for row in self._active for c in row.cache or ())
-        return rows + (self.slots.used_nbytes if self.slots is not None else 0)
+        return self.row_cache_bytes() + (self.slots.used_nbytes if self.slots is not None else 0)
+
+    def row_cache_bytes(self) -> int:
+        """Bytes of the per-row (prefill) KV caches. Raises nothing."""
+        return sum(getattr(c, "nbytes", 0) or 0 for row in list(self._active) for c in row.cache or ())
+
+    def slot_bytes(self) -> int:
+        """Bytes allocated for the decode slots, free ones included. Raises nothing."""
+        return self.slots.nbytes if self.slots is not None else 0
+
+    # -- memory -----------------------------------------------------------------------------------
+
+    def projected_kv_bytes(self, rows: list[Row]) -> int:
+        """The most KV memory `rows` can need together: every row in a slot as long as the longest may
+        grow (slots padded to a power of two, positions step-rounded), plus prefill caches for the rows
+        still preparing. Raises nothing."""
+        if not rows or self.budget is None:
+            return 0
+        step = self.slots.step if self.slots is not None else 256
+        longest = max(len(r.prompt) + r.request.max_tokens + 1 for r in rows)
+        positions = -(-longest // step) * step
+        slots = 1 << max(0, len(rows) - 1).bit_length()
+        preparing = sum(-(-len(r.prompt) // 256) * 256 for r in rows if r.done < len(r.prompt))
+        return self.budget.kv_token_bytes * (slots * positions + preparing)
+
+    def reserved_kv_bytes(self) -> int:
+        """`projected_kv_bytes` of the active rows: what admission counts as taken. Raises nothing."""
+        return self.projected_kv_bytes(list(self._active))
+
+    def _fit_budget(self, request: GenerationRequest, prompt: int) -> GenerationRequest:
+        """Lower a defaulted max_tokens until the row fits the KV budget alone; refuse a row that cannot.
+        Raises MemoryAdmission."""
+        if self.budget is None:
+            return request
+        token, kv = self.budget.kv_token_bytes, self.budget.kv
+        step = self.slots.step if self.slots is not None else 256
+        # Alone: one slot of (prompt + max_tokens + 1) step-rounded positions, plus its prefill cache.
+        positions = (kv // token - -(-prompt // 256) * 256) // step * step - 1
+        if request.max_tokens_requested is False and positions - prompt >= 1:
+            if request.max_tokens > positions - prompt:
+                request = replace(request, max_tokens=positions - prompt)
+            return request
+        if prompt + request.max_tokens > positions:
+            fits = max(0, positions - prompt)
+            raise MemoryAdmission(
+                code="context_over_budget", param="max_tokens", message=
+                f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) needs more KV memory than the "
+                f"server's budget holds ({kv // token} tokens of KV in {kv >> 20} MiB); "
+                + (f"at most {fits} new tokens fit after this prompt" if fits else "the prompt alone does not fit"))
+        return request
 
     def recent_rates(self, window: float = 10.0) -> tuple[float, float]:
         """Wall-clock (prompt, generation) tokens/s over the last `window` seconds. Raises nothing."""
@@ -246,24 +313,42 @@ class LLMBatchGroup:
         rows = [r for r in self._active if not r.cancelled]
         if not rows:
             return
+        self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
+        start = time.perf_counter()
+        if self._last_step_end is not None and start - self._last_step_end < 1.0:
+            self.counters["loop_gap_seconds"] += start - self._last_step_end  # event-loop time between steps
         try:
             outputs = await self.context.run(self._step, rows, budget, decode, prefill)
-        except Exception as exc:  # one bad step fails its rows, never the loop
-            _log.exception("engine step failed")
-            self.pipeline.reset()
-            for row in rows:
-                self._release(row)
-                self._publish(row, Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}",
-                                         **self._usage(row)))
-            self._active = [r for r in self._active if r not in rows]
+        except Exception as exc:  # one bad step fails the rows it touched, never the loop
+            self._fail_step(rows, exc)
             return
+        finally:
+            self._last_step_end = time.perf_counter()
+        self.consecutive_failures = 0
         self._recent.append((time.monotonic(), self.counters["prompt_tokens"] - before[0],
                              self.counters["generation_tokens"] - before[1]))
         for row, delta in outputs:
             self._publish(row, delta)
             if row.finished and row in self._active:
                 self._active.remove(row)
+        self.counters["publish_seconds"] += time.perf_counter() - self._last_step_end
+
+    def _fail_step(self, rows: list[Row], exc: Exception) -> None:
+        _log.exception("engine step failed for %d row(s)", len(rows), exc_info=exc)
+        self.counters["failed_steps"] += 1
+        self.consecutive_failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.pipeline.reset()
+        for row in rows:
+            self._release(row)
+            self._publish(row, Delta(finish_reason="error", error=self.last_error, **self._usage(row)))
+        self._active = [r for r in self._active if r not in rows]
+
+    def healthy(self) -> bool:
+        """False once several steps in a row failed with no success since (the engine cannot run rows).
+        Raises nothing."""
+        return self.consecutive_failures < 3
 
     def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization."""
@@ -272,6 +357,7 @@ class LLMBatchGroup:
         if self.pipeline.inflight is not None and not (decode and self.pipeline.continues(rows)):
             outputs = [(r, self._accept(r, t)) for r, t in self.pipeline.drain()]  # rows changed: no speculation
             rows = [r for r in rows if not r.finished]
+        self._size_slots(rows)
         for row in rows:
             if row.cache is None and row.slot is None:
                 self._attach_cache(row)
@@ -299,6 +385,18 @@ class LLMBatchGroup:
         outputs += [(r, self._accept(r, t)) for r, t in zip(sampled_rows, ids)]
         return self._finish_step(t0, outputs, n_prompt, n_decode)
 
+    def _size_slots(self, rows: list[Row]) -> None:
+        """Engine thread, no step in flight: cap slot growth at what the rows reserved, and shrink the
+        buffers to the rows left once they hold twice what those need."""
+        slots = self.slots
+        if slots is None or self.pipeline.inflight is not None:
+            return
+        slots.ceiling = max((len(r.prompt) + r.request.max_tokens + 1 for r in rows), default=None)
+        holders = {r.slot: r for r in rows if r.slot is not None}
+        if slots.oversized() and set(holders) == set(slots.lengths):  # every slot's row is here to renumber
+            for old, new in slots.compact().items():
+                holders[old].slot = new
+
     def _finish_step(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
         self._reclaim()
         dt, n_gen = time.perf_counter() - t0, len(outputs)
@@ -310,6 +408,15 @@ class LLMBatchGroup:
         return [(r, d) for r, d in outputs if d is not None]
 
     def _accept(self, row: Row, token: int) -> Delta | None:
+        try:
+            return self._take_token(row, token)
+        except Exception as exc:  # this row's own fault (detokenizer, stop matcher): only it ends
+            _log.exception("row failed on token %d", token)
+            row.finished = True
+            self._release(row)
+            return Delta(finish_reason="error", error=f"{type(exc).__name__}: {exc}", **self._usage(row))
+
+    def _take_token(self, row: Row, token: int) -> Delta | None:
         row.sampler.accept(token)
         row.generated.append(token)
         row.last_token = token

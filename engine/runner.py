@@ -21,6 +21,7 @@ from typing import Any, Protocol, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
+from engine.fused import FusedLinear, fused_mlp
 from engine.slots import DecodeBatch, SlotKV
 
 __all__ = ["Segment", "Runner", "PackedRunner", "SeparateRunner", "packed_support", "make_cache", "PACKED_MODEL_TYPES"]
@@ -110,6 +111,9 @@ class PackedRunner:
         self.lm_head = self.inner.embed_tokens.as_linear if tied or not hasattr(model, "lm_head") else model.lm_head
         # Batched decode needs one RoPE offset per token; other RoPE kinds keep per-row caches.
         self.slots: SlotKV | None = SlotKV(len(self.layers)) if self.vector_rope else None
+        # One matmul for q/k/v and one for gate/up per layer (same weight memory; see engine/fused.py).
+        self.qkv = [FusedLinear([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
+        self.mlps = [fused_mlp(la.mlp) for la in self.layers]
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
         """Packed forward; see module doc. Raises ValueError on an empty segment list."""
@@ -145,13 +149,13 @@ class PackedRunner:
         rest = order[len(slotted):]
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = layer.input_layernorm(h)
+            qkv = self.qkv[li](layer.input_layernorm(h))
             if batch is None:
-                o = self._attention(attn, x, rest, bounds, pos, li, T)
+                o = self._attention(attn, qkv, rest, bounds, pos, li, T)
             else:
-                o = self._attention_slots(attn, x, rest, bounds, pos, li, T, batch)
+                o = self._attention_slots(attn, qkv, rest, bounds, pos, li, T, batch)
             h = h + attn.o_proj(o)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            h = h + self.mlps[li](layer.post_attention_layernorm(h))
         if slotted:
             self.slots.commit([seg.slot for seg in slotted])  # type: ignore[union-attr,misc]
         if not picks:
@@ -159,15 +163,15 @@ class PackedRunner:
         h = h[:, mx.array(picks)] if picks != list(range(T)) else h
         return self.lm_head(self.inner.norm(h))[0]
 
-    def _attention(self, attn: Any, x: mx.array, segments: Sequence[Segment], bounds: list[tuple[int, int]],
-                   pos: mx.array | None, li: int, T: int) -> mx.array:
+    def _attention(self, attn: Any, qkv: list[mx.array], segments: Sequence[Segment],
+                   bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int) -> mx.array:
         if len(segments) == 1:
-            return self._attention_one(attn, x, segments[0].cache[li], T)
+            return self._attention_one(attn, qkv, segments[0].cache[li], T)
         nh, nkv = attn.n_heads, attn.n_kv_heads
         # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token.
-        q = attn.q_proj(x).reshape(T, nh, 1, -1)
-        k = attn.k_proj(x).reshape(T, nkv, 1, -1)
-        v = attn.v_proj(x).reshape(1, T, nkv, -1).transpose(0, 2, 1, 3)
+        q = qkv[0].reshape(T, nh, 1, -1)
+        k = qkv[1].reshape(T, nkv, 1, -1)
+        v = qkv[2].reshape(1, T, nkv, -1).transpose(0, 2, 1, 3)
         if hasattr(attn, "q_norm"):
             q = attn.q_norm(q)
             k = attn.k_norm(k)
@@ -191,13 +195,14 @@ class PackedRunner:
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
-    def _attention_slots(self, attn: Any, x: mx.array, rest: Sequence[Segment], bounds: list[tuple[int, int]],
-                         pos: mx.array | None, li: int, T: int, batch: DecodeBatch) -> mx.array:
+    def _attention_slots(self, attn: Any, qkv: list[mx.array], rest: Sequence[Segment],
+                         bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
+                         batch: DecodeBatch) -> mx.array:
         # Tokens 0..B-1 are the decode rows (one slot each); the rest are per-row prefill chunks.
         nh, nkv, B = attn.n_heads, attn.n_kv_heads, batch.rows
-        q = attn.q_proj(x).reshape(T, nh, 1, -1)
-        k = attn.k_proj(x).reshape(T, nkv, 1, -1)
-        v = attn.v_proj(x).reshape(T, nkv, 1, -1)
+        q = qkv[0].reshape(T, nh, 1, -1)
+        k = qkv[1].reshape(T, nkv, 1, -1)
+        v = qkv[2].reshape(T, nkv, 1, -1)
         if hasattr(attn, "q_norm"):
             q = attn.q_norm(q)
             k = attn.k_norm(k)
@@ -223,11 +228,11 @@ class PackedRunner:
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
     @staticmethod
-    def _attention_one(attn: Any, x: mx.array, cache: Any, T: int) -> mx.array:
+    def _attention_one(attn: Any, qkv: list[mx.array], cache: Any, T: int) -> mx.array:
         # One row: mlx-lm's own layout and op count (no per-token RoPE, no slicing).
-        q = attn.q_proj(x).reshape(1, T, attn.n_heads, -1)
-        k = attn.k_proj(x).reshape(1, T, attn.n_kv_heads, -1)
-        v = attn.v_proj(x).reshape(1, T, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = qkv[0].reshape(1, T, attn.n_heads, -1)
+        k = qkv[1].reshape(1, T, attn.n_kv_heads, -1)
+        v = qkv[2].reshape(1, T, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
         if hasattr(attn, "q_norm"):
             q = attn.q_norm(q)
             k = attn.k_norm(k)

@@ -13,15 +13,19 @@ between LLM iterations. With `loaded=None` the group is a TasksOnlyGroup (a spee
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
 from engine.batch import LLMBatchGroup, LLMRowStream
+from engine.accelerator import apply_serving_defaults
 from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
+from engine.memory import MemoryBudget, configure_allocator, process_rss
+from engine.errors import EngineClosed, NoChatModel
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
@@ -29,7 +33,9 @@ from engine.tasks import ExecutionTasks
 if TYPE_CHECKING:
     from engine.models import LoadedModel
 
-__all__ = ["Engine", "GenerationResult", "generate_stream"]
+__all__ = ["Engine", "GenerationResult", "generate_stream", "GIL_SWITCH_SECONDS"]
+
+GIL_SWITCH_SECONDS = 0.0005
 
 
 class Engine:
@@ -45,10 +51,16 @@ class Engine:
         prefix_cache: Any = None,
         backend: Any = None,
         max_kv_tokens: int | None = None,
+        thread: EngineThread | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
-        Raises ValueError for non-positive limits."""
-        self.thread = EngineThread()
+        `thread`: the engine thread to run on (the one the model was loaded on; see `open`).
+        `memory_budget`: bytes for weights, KV, the prefix cache and MLX's buffer cache (None: the
+        machine's default, engine.memory). Raises ValueError for non-positive limits or a budget that
+        leaves no room for KV."""
+        apply_serving_defaults()
+        self.thread = thread or EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
         self.prefix_cache = prefix_cache
@@ -59,12 +71,16 @@ class Engine:
             self.model_name: str | None = None
             self.context_length: int | None = None
             self.plan: ExecutionPlan | None = None
+            self.budget: MemoryBudget | None = None
             self.group: LLMBatchGroup | TasksOnlyGroup = TasksOnlyGroup()
         else:
             self.tokenizer = loaded.tokenizer
             self.model_name = loaded.name
             self.context_length = int(loaded.context_length)
             self.plan = resolve_execution(loaded.model, backend if backend is not None else _blas())
+            self.budget = MemoryBudget.plan(
+                loaded.model, total=memory_budget, prefix_cache=prefix_cache.max_bytes if prefix_cache else 0,
+                max_iteration_tokens=max_iteration_tokens, max_active=max_active)
             self.group = LLMBatchGroup(
                 loaded.model,
                 loaded.tokenizer,
@@ -76,29 +92,75 @@ class Engine:
                 prefix_cache=prefix_cache,
                 plan=self.plan,
                 max_kv_tokens=max_kv_tokens,
+                budget=self.budget,
             )
         self.tasks: ExecutionTasks = self.group.tasks
 
+    @classmethod
+    async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, **options: Any) -> "Engine":
+        """Load model `spec` on a new engine thread and build the engine on that same thread, so every
+        array the model holds belongs to the thread that runs it. The prefix cache gets
+        `prompt_cache_bytes` (None: its share of the memory budget; 0: no prefix cache). `options` go to
+        `Engine(...)`. Raises what engine.models.load_model raises (the thread is closed then), and
+        ValueError for a budget that leaves no room for KV."""
+        from engine.models import load_model
+        from engine.prefix_cache import PrefixCache
+
+        apply_serving_defaults()  # some are read when MLX first touches the device, i.e. during the load
+        thread = EngineThread()
+        try:
+            loaded = await thread.run(load_model, spec)
+            if prompt_cache_bytes is None:
+                prompt_cache_bytes = MemoryBudget.plan(
+                    loaded.model, total=options.get("memory_budget"),
+                    max_iteration_tokens=options.get("max_iteration_tokens", 512),
+                    max_active=options.get("max_active", 16)).prefix_cache
+            cache = PrefixCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
+            return cls(loaded, thread=thread, prefix_cache=cache, **options)
+        except BaseException:
+            thread.close()
+            raise
+
     async def serve(self) -> None:
-        """Run the driver loop until `close()`; run it inside a task group. Raises RuntimeError if the
+        """Run the driver loop until `close()`; run it inside a task group. Raises EngineClosed if the
         engine was closed already."""
         if self._closed:
-            raise RuntimeError("engine is closed")
+            raise EngineClosed("engine is closed")
         self._serving = True
+        # The engine thread shares the GIL with the event loop: each time a step comes back from MLX (which
+        # releases the GIL while it waits for the device) it waits for the loop to yield the GIL, by
+        # default up to 5 ms, several times a step. A shorter interval bounds that wait.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(switch, GIL_SWITCH_SECONDS))
         try:
+            if self.budget is not None:
+                await self.thread.run(configure_allocator, self.budget)
             await drive_execution_group(self.group, self.lease, self.thread)
         finally:
+            sys.setswitchinterval(switch)
             self._serving = False
             self.thread.close()
 
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; iterate the returned stream for deltas, `aclose()` it to cancel.
 
-        Raises ValueError ("... exceeds the context ...", empty prompt, bad sampling values) and
-        RuntimeError when no chat model is loaded or the engine is closed."""
+        Raises ContextTooLong, InvalidRequest (empty prompt, ids outside the vocabulary), InvalidSampling,
+        NoChatModel when no chat model is loaded and EngineClosed when closed (engine/errors.py)."""
         if not isinstance(self.group, LLMBatchGroup):
-            raise RuntimeError("no chat model is loaded")
+            raise NoChatModel("no chat model is loaded")
         return self.group.submit(request)
+
+    async def warm_up(self, report: Callable[[str], None] | None = None, *, force: bool | None = None) -> float:
+        """Compile what serving needs before clients wait for it (engine/warmup.py); `serve()` must be
+        running. `force` None warms up on a GPU only (the CPU compiles nothing per shape). Returns the
+        seconds taken (0 when skipped). Raises RuntimeError when a warm-up row fails."""
+        import mlx.core as mx
+
+        from engine.warmup import warm_up
+
+        if force is False or (force is None and mx.default_device() != mx.gpu):
+            return 0.0
+        return await warm_up(self, report)
 
     def stats(self) -> dict[str, Any]:
         """A plain-data snapshot for /stats. Raises nothing."""
@@ -124,9 +186,16 @@ class Engine:
                 generation_tokens=c["generation_tokens"],
                 finished_rows=c["finished_rows"],
                 cancelled_rows=c["cancelled_rows"],
+                failed_steps=c["failed_steps"],
+                # Where an iteration's wall time goes: the engine thread's step, publishing deltas, and the
+                # event loop's other work before the next step starts.
+                step_seconds=round(c["step_seconds"], 3),
+                publish_seconds=round(c["publish_seconds"], 3),
+                loop_gap_seconds=round(c["loop_gap_seconds"], 3),
                 prompt_tokens_per_second=_rate(c["prompt_tokens"], c["prompt_seconds"]),
                 generation_tokens_per_second=_rate(c["generation_tokens"], c["decode_seconds"]),
             )
+            out["memory"] = self.memory_stats()
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}
@@ -137,6 +206,33 @@ class Engine:
                 out["prefix_cache"] = self.prefix_cache.stats()
             except Exception:  # stats must never fail /stats
                 out["prefix_cache"] = None
+        return out
+
+    def health(self) -> dict[str, Any]:
+        """{"ok": False, "error": ...} once several engine steps in a row failed with no success since
+        (the engine cannot run rows); {"ok": True} otherwise. Raises nothing."""
+        group = self.group
+        if isinstance(group, LLMBatchGroup) and not group.healthy():
+            return {"ok": False, "error": group.last_error, "failed_steps_in_a_row": group.consecutive_failures}
+        return {"ok": True}
+
+    def memory_stats(self) -> dict[str, Any]:
+        """The budget and what each part holds now, in bytes. Raises nothing."""
+        import mlx.core as mx
+
+        group = self.group
+        out: dict[str, Any] = {"budget": self.budget.as_dict() if self.budget else None}
+        if isinstance(group, LLMBatchGroup):
+            out.update(slot_bytes=group.slot_bytes(), row_cache_bytes=group.row_cache_bytes(),
+                       reserved_kv_bytes=group.reserved_kv_bytes())
+        stats = getattr(self.prefix_cache, "stats", None)
+        try:
+            out["prefix_cache_bytes"] = int(stats()["bytes"]) if stats else 0
+        except Exception:  # stats must never fail /stats
+            out["prefix_cache_bytes"] = None
+        out.update(weights_bytes=self.budget.weights if self.budget else 0,
+                   mlx_active_bytes=mx.get_active_memory(), mlx_cache_bytes=mx.get_cache_memory(),
+                   mlx_peak_bytes=mx.get_peak_memory(), process_rss_bytes=process_rss())
         return out
 
     def close(self) -> None:

@@ -19,25 +19,27 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from engine.contracts import FinishReason, SamplingParams
+from engine.errors import InvalidSampling
 
 __all__ = ["RowSampler", "StopMatcher", "StepText", "sample_rows", "validate_sampling"]
 
 
 def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
-    """Reject values no sampler can honour. Raises ValueError naming the parameter."""
+    """Reject values no sampler can honour. Raises InvalidSampling naming the parameter."""
     if params.temperature < 0:
-        raise ValueError("temperature must be >= 0")
+        raise InvalidSampling("temperature must be >= 0", param="temperature")
     if not 0 < params.top_p <= 1:
-        raise ValueError("top_p must be in (0, 1]")
+        raise InvalidSampling("top_p must be in (0, 1]", param="top_p")
     if params.top_k < 0:
-        raise ValueError("top_k must be >= 0")
+        raise InvalidSampling("top_k must be >= 0", param="top_k")
     if not 0 <= params.min_p <= 1:
-        raise ValueError("min_p must be in [0, 1]")
+        raise InvalidSampling("min_p must be in [0, 1]", param="min_p")
     if params.repetition_penalty <= 0:
-        raise ValueError("repetition_penalty must be > 0")
+        raise InvalidSampling("repetition_penalty must be > 0", param="repetition_penalty")
     for tok in (params.logit_bias or {}):
         if not 0 <= int(tok) < vocab_size:
-            raise ValueError(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})")
+            raise InvalidSampling(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})",
+                                  param="logit_bias")
 
 
 class RowSampler:

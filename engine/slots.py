@@ -6,7 +6,8 @@ writes every row's new token with one scatter per array and runs one `scaled_dot
 over (slots, heads, 1, head_dim) queries, with a boolean mask hiding positions at or beyond each row's
 length; so the op count per layer is independent of the number of rows. Prompt chunks keep per-row
 mlx-lm `KVCache`s (`adopt` copies them into a slot), and `export` hands a slot back as per-row
-`KVCache`s for the prefix cache. Freed slots keep their room until every slot is free.
+`KVCache`s for the prefix cache. Freed slots keep their room until the group `compact`s the buffers
+(when they hold twice what the remaining rows need) or every slot is free.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class SlotKV:
     def __init__(self, n_layers: int, step: int = 256) -> None:
         self.n_layers = n_layers
         self.step = step
+        # The most positions any row may reach (its prompt + max_tokens): growth never goes past it.
+        self.ceiling: int | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -59,6 +62,10 @@ class SlotKV:
         """Bytes allocated for every slot's buffers."""
         return sum(a.nbytes for a in self.keys + self.values)
 
+    def token_nbytes(self) -> int:
+        """Bytes one position of one slot takes across all layers (0 before the first adopt)."""
+        return sum(a.nbytes for a in self.keys + self.values) // (self.slots * self.capacity) if self.slots and self.capacity else 0
+
     @property
     def used_nbytes(self) -> int:
         """The occupied slots' share of `nbytes` (freed slots keep their room until the buffers drop)."""
@@ -73,10 +80,11 @@ class SlotKV:
         capacity = max(capacity, self.capacity)
         if slots == self.slots and capacity == self.capacity:
             return
+        if capacity > self.capacity:
+            # Grow by a quarter at least (fewer whole-buffer copies), never past what the rows reserved.
+            capacity = max(capacity, min(self.capacity + self.capacity // 4, self.ceiling or capacity))
         capacity = -(-capacity // self.step) * self.step
-        if self.slots:
-            # Double the slot count so joins rarely regrow.
-            slots = max(slots, min(2 * self.slots, slots + 64))
+        slots = _pow2(slots)  # joins rarely regrow; at most twice the rows' slots
         h, d = self.heads, self.head_dim
         for arrays in (self.keys, self.values):
             for i, a in enumerate(arrays):
@@ -86,6 +94,35 @@ class SlotKV:
                     a = mx.concatenate([a, mx.zeros((slots - self.slots, h, capacity, d), a.dtype)], axis=0)
                 arrays[i] = a
         self.slots, self.capacity = slots, capacity
+
+    def oversized(self) -> bool:
+        """Whether the buffers hold at least twice the slots or the positions the rows need. Raises nothing."""
+        if not self.lengths:
+            return False
+        need = -(-(max(self.lengths.values()) + 1) // self.step) * self.step
+        return _pow2(len(self.lengths)) < self.slots or 2 * need <= self.capacity
+
+    def compact(self) -> dict[int, int]:
+        """Move the occupied slots to 0..n-1 in fresh buffers sized for them (slots: the next power of two;
+        positions: the longest row's, step-rounded), so memory follows the rows that are left. Returns
+        {old slot: new slot} for the slots that moved. Raises nothing."""
+        if not self.lengths:
+            self.reset()
+            return {}
+        order = sorted(self.lengths)
+        need = -(-(max(self.lengths.values()) + 1) // self.step) * self.step
+        slots, capacity = _pow2(len(order)), min(self.capacity, need)
+        index = mx.array(order)
+        h, d = self.heads, self.head_dim
+        for arrays in (self.keys, self.values):
+            for i, a in enumerate(arrays):
+                kept = mx.take(a[:, :, :capacity], index, axis=0)
+                pad = [mx.zeros((slots - len(order), h, capacity, d), a.dtype)] if slots > len(order) else []
+                arrays[i] = mx.concatenate([kept, *pad], axis=0) if pad else kept
+        moved = {old: new for new, old in enumerate(order) if old != new}
+        self.lengths = {new: self.lengths[old] for new, old in enumerate(order)}
+        self.slots, self.capacity = slots, capacity
+        return moved
 
     def adopt(self, caches: Sequence[Any]) -> int:
         """Copy one row's per-layer `KVCache`s (offset n) into a free slot; returns the slot.
@@ -174,3 +211,7 @@ class SlotKV:
         """Count the token each slot just wrote. Raises KeyError for a free slot."""
         for s in slots:
             self.lengths[s] += 1
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()

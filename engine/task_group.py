@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import anyio
-
 from engine.tasks import ExecutionTasks
 
 __all__ = ["TasksOnlyGroup"]
@@ -52,7 +50,7 @@ class TasksOnlyGroup:
     async def advance_mixed(self, budget: int) -> None:
         raise RuntimeError("TasksOnlyGroup has no rows")
 
-    advance_preparation = advance = advance_mixed  # type: ignore[assignment]
+    advance_preparation = advance = advance_mixed
 
     def close(self) -> None:
         self._closed = True

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generator, Generic, TypeVar
 
 import anyio
 from anyio import CancelScope
 
 from engine.contracts import ExecutionContext
+from engine.errors import TaskRejected
 
 __all__ = ["ExecutionTasks", "TaskHandle", "TaskRejected"]
 
 T = TypeVar("T")
-
-
-class TaskRejected(Exception):
-    """The queue was shut down (reject_all) before the task ran."""
 
 
 @dataclass(eq=False)
@@ -41,7 +38,7 @@ class TaskHandle(Generic[T]):
             raise self._error
         return self._result
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, T]:
         return self._wait().__await__()
 
     async def _wait(self) -> T:

@@ -23,6 +23,8 @@ _OVERRIDES: dict[str, tuple[str, type]] = {
     "TANDEM_MAX_ACTIVE": ("max_active", int),
     "TANDEM_MAX_ITERATION_TOKENS": ("max_iteration_tokens", int),
     "TANDEM_PROMPT_CACHE_BYTES": ("prompt_cache_bytes", int),
+    "TANDEM_MEMORY_BUDGET": ("memory_budget", int),
+    "TANDEM_LOG_LEVEL": ("log_level", str),
 }
 
 
@@ -34,10 +36,16 @@ class ServiceConfig:
     max_active: int = 16
     max_iteration_tokens: int = 512
     prompt_cache_bytes: int | None = None
+    # Bytes for weights, KV, prefix cache and MLX's buffer cache; None: the machine's default.
+    memory_budget: int | None = None
+    # Run internal generations before serving so kernels compile first; None: on a GPU only.
+    warmup: bool | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     # Loaded-model name shown in /v1/models; default: what engine.model_name says.
     served_model_name: str | None = None
+    # Level of our loggers (service/logs.py) and granian's in the worker.
+    log_level: str = "info"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

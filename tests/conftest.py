@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import engine  # noqa: F401  # loads the fast CPU BLAS before anything imports mlx
+from engine.backend import ensure_fast_blas
+
+ensure_fast_blas()  # the fast CPU BLAS must be loaded before any test module imports mlx
 
 from tests.fixtures.tiny_llm import TinyLoaded, build_tiny_llm, load_tiny_llm
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool
-from audio.pcm import AudioInputError
+from audio.errors import AudioInputError
 
 
 def test_audio_buffer_addresses_absolute_samples() -> None:

@@ -12,9 +12,10 @@ import pytest
 
 from audio.buffers import AudioLimitExceeded
 from audio.live import LiveConfig
-from audio.pcm import AudioInputError, PcmFormat
+from audio.errors import AudioInputError, SessionClosed
+from audio.pcm import PcmFormat
 from audio.scheduler import WhisperScheduler, WindowRequest
-from audio.sessions import LiveSession, SessionClosed
+from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from audio.whisper import WhisperResidency
 from engine.context import EngineThread

@@ -12,7 +12,7 @@ import pytest
 
 from audio.buffers import AudioLimitExceeded
 from audio.pcm import PcmFormat
-from audio.sessions import SessionClosed, SessionLimitReached, SessionNotFound
+from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
 from audio.speech import SpeechService
 from audio.transcript import MAX_PROMPT_CHARS, PromptTooLong, Segment, Transcript
 from tests.audio.conftest import SR, running_tasks, voiced
@@ -89,7 +89,7 @@ def test_options_are_checked_against_the_model(tiny_whisper_dir: Path) -> None:
     assert not speech.multilingual
     assert speech.options(language="English").language == "en"
     for bad in ({"language": "de"}, {"language": "klingon"}, {"task": "translate"}):
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidOption):
             speech.options(**bad)
 
 
@@ -98,7 +98,8 @@ def test_an_absurd_prompt_is_refused_naming_the_prompt(tiny_whisper_dir: Path) -
     assert speech.options(prompt="x" * MAX_PROMPT_CHARS).prompt
     with pytest.raises(PromptTooLong) as err:
         speech.options(prompt="x" * 1_000_000)
-    assert isinstance(err.value, ValueError) and err.value.param == "prompt" and "prompt" in str(err.value)
+    assert isinstance(err.value, InvalidOption) and err.value.param == "prompt" and "prompt" in str(err.value)
+    assert err.value.code == "prompt_too_long"
 
 
 async def test_the_prompt_is_tokenized_off_the_engine_thread(tiny_whisper_dir: Path,
@@ -124,16 +125,15 @@ async def test_the_prompt_is_tokenized_off_the_engine_thread(tiny_whisper_dir: P
 async def test_sessions_are_refused_never_evicted_and_idle_ones_expire(tiny_whisper_dir: Path) -> None:
     async with running_tasks() as tasks:
         speech = service(tasks, tiny_whisper_dir, session_ttl_sec=60, max_sessions=2)
-        with pytest.raises(RuntimeError):
+        with pytest.raises(SpeechNotRunning):
             speech.create_session(speech.options())
         async with anyio.create_task_group() as tg:
             await tg.start(speech.run)
             a = speech.create_session(speech.options())
             b = speech.create_session(speech.options())
             a.append(voiced(0.5).tobytes(), PcmFormat())
-            with pytest.raises(SessionLimitReached) as err:
+            with pytest.raises(SessionLimit):
                 speech.create_session(speech.options())
-            assert isinstance(err.value, SessionClosed) and err.value.code == "too_many_sessions"
             assert speech.get_session(a.id) is a and speech.get_session(b.id) is b and not a.closed
             speech.delete_session(b.id)
             with pytest.raises(SessionNotFound):

@@ -19,7 +19,8 @@ from litestar.testing import TestClient
 from engine.context import EngineThread
 from engine.prefix_cache import PrefixCache
 from engine.runtime import Engine
-from service.app import AppState, create_app
+from service.app import create_app
+from service.state import AppState
 from tests.fixtures.pi_requests import ANSWER_TEXT, build_tool_llm, load_scripted, recorded_turns
 
 REPO = Path(__file__).resolve().parents[2]

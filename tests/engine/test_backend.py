@@ -1,4 +1,5 @@
-"""engine.backend: an optimised BLAS is in MLX's symbol scope after `import engine`."""
+"""engine.backend: an optimised BLAS is in MLX's symbol scope after `ensure_fast_blas()`, which the entry
+points (CLI, server worker) call before anything imports mlx — and importing engine or audio does no work."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 _PROBE = textwrap.dedent(
     """
     import json
-    import engine
-    from engine.backend import blas_info
+    from engine.backend import blas_info, ensure_fast_blas
+    ensure_fast_blas()
     import mlx.core as mx
     import numpy as np
 
@@ -45,7 +46,7 @@ def _probe(tmp_path, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_import_engine_loads_openblas_and_mlx_matmul_matches_numpy(tmp_path) -> None:
+def test_ensure_fast_blas_loads_openblas_and_mlx_matmul_matches_numpy(tmp_path) -> None:
     result = _probe(tmp_path)
     assert result["name"] == "openblas", result
     assert result["matmul_err"] < 1e-3
@@ -72,7 +73,8 @@ def test_reference_override_keeps_mlx_blas(tmp_path) -> None:
 
 
 def test_mlx_imported_first_warns_and_reports_reference(tmp_path) -> None:
-    code = "import warnings, mlx.core\nwarnings.simplefilter('error')\nimport engine"
+    code = ("import warnings, mlx.core\nwarnings.simplefilter('error')\n"
+            "from engine.backend import ensure_fast_blas\nensure_fast_blas()")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     env.pop("TANDEM_BLAS", None)
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
@@ -105,3 +107,47 @@ def test_threads_leave_a_core_free_unless_chosen(tmp_path) -> None:
     assert _probe(tmp_path)["threads"] == max(1, cores - 1)
     if cores >= 2:
         assert _probe(tmp_path, OPENBLAS_NUM_THREADS="2")["threads"] == 2
+
+
+_NO_WORK = textwrap.dedent(
+    """
+    import json, sys
+    import engine, audio, audio.formats, audio.pcm, engine.contracts, service.app
+    from engine import backend
+    print(json.dumps({"chosen": backend._info is not None, "mlx": any(m.startswith("mlx") for m in sys.modules),
+                      "cache": __import__("os").path.exists(sys.argv[1])}))
+    """
+)
+
+
+def test_importing_the_packages_does_no_work(tmp_path) -> None:
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _NO_WORK, str(tmp_path / "mlx-tandem")], env=environment,
+                          capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"chosen": False, "mlx": False, "cache": False}
+
+
+_ENTRY_ORDER = textwrap.dedent(
+    """
+    import json, sys
+    from engine import backend
+    seen = []
+    choose = backend._choose
+    backend._choose = lambda: (seen.append("mlx.core" in sys.modules), choose())[1]
+    if sys.argv[1] == "cli":
+        from service.cli.main import main
+        main(["openapi", "--check"])
+    else:
+        from service.app import app_from_env
+        app_from_env()
+    print(json.dumps({"mlx_before_blas": seen}))
+    """
+)
+
+
+@pytest.mark.parametrize("entry", ["cli", "server"])
+def test_entry_points_load_blas_before_mlx(tmp_path, entry: str) -> None:
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "TANDEM_SERVE_CONFIG": "{}"}
+    done = subprocess.run([sys.executable, "-c", _ENTRY_ORDER, entry], env=environment, capture_output=True,
+                          text=True, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"mlx_before_blas": [False]}

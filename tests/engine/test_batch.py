@@ -263,6 +263,46 @@ async def test_a_failing_step_fails_its_rows_not_the_group(tiny_loaded) -> None:
     assert deltas[-1].finish_reason in ("length", "stop")
 
 
+async def test_a_rows_own_fault_ends_only_that_row(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    streams = [group.submit(GenerationRequest(prompt_of(5, i), GREEDY, max_tokens=6)) for i in range(3)]
+    bad = streams[1]._row
+
+    def broken(token, at_context_limit=False):
+        raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad byte")
+
+    bad.stopper.add = broken  # type: ignore[method-assign]
+    got: dict[int, list[Delta]] = {i: [] for i in range(3)}
+    for _ in range(30):
+        await iterate(group)
+        for i, st in enumerate(streams):
+            got[i] += drain(st)
+    assert got[1][-1].finish_reason == "error" and "bad byte" in (got[1][-1].error or "")
+    for i in (0, 2):
+        assert_matches_reference(tiny_loaded, prompt_of(5, i), tokens_of(got[i]), 6)
+    assert group.healthy()
+
+
+async def test_steps_failing_in_a_row_make_the_group_unhealthy_until_one_succeeds(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    real = group.runner
+
+    class Boom:
+        def forward(self, segments):
+            raise RuntimeError("device lost")
+
+    group.runner = Boom()
+    streams = []  # held: a dropped stream cancels its row
+    for i in range(3):
+        streams.append(group.submit(GenerationRequest(prompt_of(5, i), GREEDY, max_tokens=2)))
+        await iterate(group)
+        assert drain(streams[-1])[-1].finish_reason == "error"
+    assert not group.healthy() and "device lost" in (group.last_error or "")
+    group.runner = real
+    await run_rows(group, [GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=2)], [0])
+    assert group.healthy()
+
+
 class FakePrefixCache:
     """Stores the KV handed over at row end; `take` returns it when its tokens prefix the new prompt."""
 

@@ -365,3 +365,17 @@ def test_demo_tokenizer_matches_llama_cpp() -> None:
     ours = gguf_tokenizer(metadata)
     for text, ids in _LLAMA_CPP_IDS.items():
         assert ours.encode(text, add_special_tokens=False) == ids
+
+
+def test_first_conversion_says_what_it_writes_and_where(tiny_llm_dir, tmp_path, cache_home, capsys) -> None:
+    from service.logs import configure_logging
+
+    configure_logging("info")
+    path = tmp_path / "tiny.gguf"
+    gguf_from_hf(tiny_llm_dir, path)
+    target = convert_gguf(path, dequantize=True)
+    err = capsys.readouterr().err
+    assert f"first use of tiny.gguf: converting it to float32 for the CPU backend into {target}" in err
+    assert "converted tiny.gguf in" in err and " MB)" in err
+    convert_gguf(path, dequantize=True)
+    assert "first use" not in capsys.readouterr().err  # the next start reuses the conversion silently

@@ -112,6 +112,7 @@ def test_no_model_named_uses_the_demo_gguf(monkeypatch, tmp_path) -> None:
     monkeypatch.setattr(models, "demo_model_path", lambda: fake)
     assert resolve_model(None) == models.ModelSource("SmolLM2-135M-Instruct", "gguf", fake)
     assert resolve_model("demo") == resolve_model(None)
+    assert resolve_model("SmolLM2-135M-Instruct") == resolve_model(None)  # the id /v1/models shows
 
 
 def test_local_gguf_and_dir_without_config(tmp_path) -> None:
@@ -229,3 +230,10 @@ def test_download_uses_the_hub_cache_and_maps_errors(hub_cache, monkeypatch) -> 
     with pytest.raises(ModelDownloadError, match="could not reach"):
         models.download_model("offline/repo", progress=False)
 
+
+
+@pytest.mark.parametrize("spec", ["/no/such/model", "./nope", "~/nope-either", "not a repo/x y"])
+def test_a_missing_path_or_bad_id_is_model_not_found(spec: str, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelNotFound, match="tandem models get"):
+        resolve_model(spec)

@@ -211,3 +211,62 @@ async def _enumerate(stream):
     async for item in stream:
         yield n, item
         n += 1
+
+
+LLAMA3_ROPE = {"max_position_embeddings": 131072, "rope_scaling": {
+    "factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
+
+
+@pytest.fixture(scope="module")
+def llama3_dir(tmp_path_factory):
+    """Llama 3.2's rope_scaling block, as every real Llama 3.x checkpoint carries it."""
+    from tests.fixtures.tiny_llm import build_tiny_llm
+
+    return build_tiny_llm(tmp_path_factory.mktemp("llama3"), extra_config=LLAMA3_ROPE)
+
+
+async def test_a_llama3_model_loaded_on_another_thread_runs_on_the_engine_thread(llama3_dir) -> None:
+    # mlx-lm's Llama3RoPE builds `_freqs` lazily at construction: MLX binds it to the loading thread's stream.
+    from engine.context import EngineThread
+    from engine.models import load_model
+
+    loader = EngineThread("loader")
+    try:
+        loaded = await loader.run(load_model, str(llama3_dir))
+    finally:
+        loader.close()
+    result = await generate_stream(Engine(loaded), GenerationRequest(prompt_of(12, 1), GREEDY, max_tokens=5))
+    assert result.finish_reason == "length" and len(result.token_ids) == 5
+
+
+async def test_open_loads_on_the_thread_that_serves(llama3_dir) -> None:
+    engine = await Engine.open(str(llama3_dir), max_active=2)
+    loaded_on = await engine.thread.run(lambda: threading.current_thread().name)
+    assert loaded_on == "tandem-engine"
+    result = await generate_stream(engine, GenerationRequest(prompt_of(9, 2), GREEDY, max_tokens=4))
+    assert len(result.token_ids) == 4 and result.error is None
+
+
+async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_loaded) -> None:
+    from engine.prefix_cache import PrefixCache
+
+    engine = Engine(tiny_loaded, max_active=8, max_iteration_tokens=32, prefix_cache=PrefixCache(1 << 24))
+    seen: list[str] = []
+    paths: set[str] = set()
+    original = engine.group._step
+
+    def spy(rows, budget, decode, prefill):
+        paths.add("mixed" if decode and prefill and any(r.decoding for r in rows) and any(r.preparing for r in rows)
+                  else "prefill" if prefill else "decode")
+        return original(rows, budget, decode, prefill)
+
+    engine.group._step = spy  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        seconds = await engine.warm_up(seen.append, force=True)
+        engine.close()
+    assert seconds > 0 and len(seen) == 3
+    assert {"mixed", "prefill", "decode"} <= paths
+    assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0
+    assert engine.prefix_cache.stats()["hits"] >= 1  # the last stage continued a cached prefix

@@ -104,6 +104,7 @@ def test_capacity_grows_and_export_round_trips(tiny_loaded) -> None:
     for t in range(7):
         mx.eval(runner.forward([Segment([20 + t], None, True, s)]))
     assert runner.slots.length(s) == 13 and runner.slots.capacity >= 13
+    assert runner.slots.slots == 1  # growing positions never adds slots (it once doubled them each time)
     exported = runner.slots.export(s)
     ref = prefill(SeparateRunner(model), model, prompt_of(6, 1) + [20 + t for t in range(7)])
     for a, b in zip(exported, ref):

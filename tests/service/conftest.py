@@ -8,7 +8,8 @@ from typing import Any, Iterator
 import pytest
 from litestar.testing import TestClient
 
-from service.app import AppState, create_app
+from service.app import create_app
+from service.state import AppState
 from tests.service.fake_engine import FakeEngine
 
 __all__ = ["fake_engine", "client", "sse_events"]

@@ -1,4 +1,5 @@
-"""A scripted stand-in for engine.runtime.Engine: same surface, no MLX; replies are fixed text pieces."""
+"""A scripted stand-in for engine.runtime.Engine: satisfies service.seams.ChatEngine, no MLX; replies are
+fixed text pieces."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, AsyncIterator
 import anyio
 
 from engine.contracts import Delta, GenerationRequest
+from engine.errors import ContextTooLong
+from engine.tasks import ExecutionTasks
 
 __all__ = ["FakeTokenizer", "FakeEngine", "FakeStream"]
 
@@ -72,11 +75,14 @@ class FakeStream:
                 prompt_tokens=prompt,
                 completion_tokens=self._sent,
                 cached_tokens=self.engine.cached_tokens,
-                error=self.engine.fail_with if i == 1 else None,
+                error=self.engine.fail_with if i == self.engine.fail_at else None,
             )
             if last:
                 self.engine.active.discard(id(self))
                 return
+
+    def receive_nowait(self) -> Delta:
+        raise anyio.WouldBlock  # scripted deltas are produced as they are read, never waiting
 
     async def aclose(self) -> None:
         self.closed = True
@@ -85,19 +91,22 @@ class FakeStream:
 
 
 class FakeEngine:
-    """Engine surface used by the service: submit, serve, close, stats, tokenizer, model_name."""
+    """The ChatEngine surface: submit, serve, close, stats, tokenizer, model_name, plan, tasks."""
 
     def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256) -> None:
-        self.model_name = "fake-model"
-        self.context_length = context_length
+        self.model_name: str | None = "fake-model"
+        self.context_length: int | None = context_length
         self.plan = None
-        self.tokenizer = FakeTokenizer()
+        self.tasks = ExecutionTasks()
+        self.tokenizer: Any = FakeTokenizer()
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
+        self.failing: str | None = None  # set: health() reports the engine cannot run rows
         self.requests: list[GenerationRequest] = []
         self.active: set[int] = set()
         self.closed_streams = 0
         self.cached_tokens = 0
         self.fail_with: str | None = None
+        self.fail_at = 1  # the delta (0-based) that carries fail_with
         self.gate: anyio.Event | None = None
         self.serving = False
         self._closed: anyio.Event | None = None
@@ -113,12 +122,15 @@ class FakeEngine:
             self._closed.set()
 
     def submit(self, request: GenerationRequest) -> FakeStream:
-        if len(request.prompt_tokens) >= self.context_length:
-            raise ValueError(f"prompt of {len(request.prompt_tokens)} tokens does not fit the context")
+        if self.context_length is not None and len(request.prompt_tokens) >= self.context_length:
+            raise ContextTooLong(f"prompt of {len(request.prompt_tokens)} tokens does not fit the context")
         self.requests.append(request)
         stream = FakeStream(self, request, list(self.pieces), gate=self.gate)
         self.active.add(id(stream))
         return stream
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": self.failing is None} if self.failing is None else {"ok": False, "error": self.failing}
 
     def stats(self) -> dict[str, Any]:
         return {"active_rows": len(self.active), "queued_rows": 0, "plan": {"reasons": ["fake"]}}

@@ -1,0 +1,81 @@
+"""Why speech work is refused — typed, each with a stable `code` and the request `param` at fault, so the
+service maps them by type (service/http/errors.py), never by message text."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AudioError",
+    "AudioInputError",
+    "InvalidOption",
+    "WhisperCheckpointError",
+    "SessionError",
+    "SessionNotFound",
+    "SessionClosed",
+    "SessionLimit",
+    "SpeechNotRunning",
+]
+
+
+class AudioError(Exception):
+    """Base of speech errors; `code` is a stable machine-readable string, `param` the field at fault."""
+
+    code = "audio_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class AudioInputError(AudioError, ValueError):
+    """Audio a client sent that cannot be used (undecodable, empty, bad rate or encoding)."""
+
+    code = "invalid_audio"
+
+
+class InvalidOption(AudioError, ValueError):
+    """A transcription option this model cannot honour (unknown language, translate on English-only)."""
+
+    code = "invalid_value"
+
+
+class WhisperCheckpointError(AudioError, ValueError):
+    """The model name does not resolve to a Whisper checkpoint (no dir, not cached, not Whisper), or its
+    weights do not match its config."""
+
+    code = "model_load_failed"
+
+
+class SessionError(AudioError):
+    """Base of live-session errors."""
+
+    code = "session_error"
+
+
+class SessionNotFound(SessionError):
+    """No session with that id (unknown, deleted or expired)."""
+
+    code = "session_not_found"
+
+    def __init__(self, message: str, *, param: str | None = "session_id", code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+
+
+class SessionClosed(SessionError):
+    """Audio arrived after finish, or the session was deleted/expired."""
+
+    code = "session_closed"
+
+
+class SessionLimit(SessionError):
+    """max_sessions are open and none is idle enough to expire."""
+
+    code = "session_unavailable"
+
+
+class SpeechNotRunning(AudioError, RuntimeError):
+    """The SpeechService's run() loop is not running (startup not finished, or shutting down)."""
+
+    code = "session_unavailable"

@@ -1,0 +1,87 @@
+"""Fused projections: q/k/v as one matmul and an MLP's gate/up as one, over the same weight memory.
+
+Each linear layer costs a kernel launch and, on the host, a graph node per iteration; at decode sizes that
+fixed cost is a large share of a step. The fused weight is one concatenated buffer and the original
+layers' weights become views into it, so memory is not doubled and mlx-lm's own forward still works.
+Layers that cannot be fused (mixed kinds, mixed quantization) keep one call each.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+__all__ = ["FusedLinear", "fused_mlp"]
+
+
+def _quant_key(layer: nn.Module) -> tuple[Any, ...] | None:
+    if isinstance(layer, nn.QuantizedLinear):
+        return ("q", layer.group_size, layer.bits, getattr(layer, "mode", "affine"), "biases" in layer, "bias" in layer)
+    if type(layer) is nn.Linear:
+        return ("f", "bias" in layer)
+    return None
+
+
+class FusedLinear:
+    """Same-input linear layers as one matmul; `__call__` returns each layer's output in order."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        """Fuses when every layer is a plain or identically quantized Linear; otherwise calls each.
+        Raises nothing."""
+        self.layers = list(layers)
+        keys = {_quant_key(layer) for layer in self.layers}
+        self.fused = len(self.layers) > 1 and len(keys) == 1 and None not in keys
+        if not self.fused:
+            return
+        first = self.layers[0]
+        self.quantized = isinstance(first, nn.QuantizedLinear)
+        names = [n for n in ("weight", "scales", "biases", "bias") if n in first]
+        joined = {n: mx.concatenate([layer[n] for layer in self.layers], axis=0) for n in names}
+        mx.eval(list(joined.values()))  # evaluated here, so any thread may run it (MLX streams are per thread)
+        self.splits: list[int] = []
+        start = 0
+        for layer in self.layers:
+            rows = layer["weight"].shape[0]
+            for n in names:  # the layer now reads a view of the fused buffer
+                layer[n] = joined[n][start : start + rows]
+            start += rows
+            self.splits.append(start)
+        self.splits.pop()
+        self.params = joined
+        if self.quantized:
+            self.group_size, self.bits, self.mode = first.group_size, first.bits, getattr(first, "mode", "affine")
+
+    def __call__(self, x: mx.array) -> list[mx.array]:
+        if not self.fused:
+            return [layer(x) for layer in self.layers]
+        p = self.params
+        if self.quantized:
+            y = mx.quantized_matmul(x, p["weight"], scales=p["scales"], biases=p.get("biases"), transpose=True,
+                                    group_size=self.group_size, bits=self.bits, mode=self.mode)
+            if "bias" in p:
+                y = y + p["bias"]
+        elif "bias" in p:
+            y = mx.addmm(p["bias"], x, p["weight"].T)
+        else:
+            y = x @ p["weight"].T
+        return list(mx.split(y, self.splits, axis=-1))
+
+
+def fused_mlp(mlp: nn.Module) -> Callable[[mx.array], mx.array]:
+    """The MLP as `down(silu(gate(x)) * up(x))` with gate and up fused, for mlx-lm's llama-family MLP
+    classes; any other MLP is returned as it is. Raises nothing."""
+    from mlx_lm.models import llama, qwen2, qwen3
+    from mlx_lm.models.activations import swiglu
+
+    if type(mlp) not in (llama.MLP, qwen2.MLP, qwen3.MLP):
+        return mlp
+    gate_up = FusedLinear([mlp.gate_proj, mlp.up_proj])
+    down = mlp.down_proj
+
+    def forward(x: mx.array) -> mx.array:
+        gate, up = gate_up(x)
+        return down(swiglu(gate, up))
+
+    return forward

@@ -1,0 +1,193 @@
+"""MemoryBudget — one byte budget for everything the engine holds, and the allocator settings that keep
+the process's memory equal to what it holds.
+
+The budget is split once, at start: model weights, the prefix cache's share, MLX's buffer cache
+(`mx.set_cache_limit`) and a headroom for one iteration's activations; what is left is for KV (decode
+slots and prefill caches). Admission (engine/batch.py) keeps a row queued while its KV would not fit and
+refuses one that can never fit (engine.errors.MemoryAdmission, code `context_over_budget`).
+
+Default total: on a GPU a fraction of the device's memory (Metal: the recommended working set; CUDA: total
+memory), on the CPU a fraction of physical RAM (or the cgroup limit, when lower).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
+           "release_free_memory", "process_rss"]
+
+GPU_FRACTION = 0.85  # of the device's memory: the rest is the driver's, the display's, other processes'
+CPU_FRACTION = 0.6  # of RAM: Python, tokenizers, the HTTP server and the OS page cache need the rest
+PREFIX_CACHE_SHARE = 0.25  # at most this share of (budget - weights) for the prefix cache by default
+BUFFER_CACHE_SHARE = 0.05  # MLX keeps freed buffers for reuse up to this share of the budget
+MIB = 1 << 20
+
+
+def machine_memory() -> tuple[int, str]:
+    """(bytes the engine may use by default, where that figure came from). Raises nothing."""
+    import mlx.core as mx
+
+    try:
+        on_gpu = mx.default_device() == mx.gpu
+        info: dict[str, Any] = dict(mx.device_info()) if on_gpu else {}
+    except Exception:  # a backend without device_info: treat as CPU
+        on_gpu, info = False, {}
+    for key in ("max_recommended_working_set_size", "total_memory", "memory_size"):
+        value = info.get(key)
+        if isinstance(value, int) and value > 0:
+            return int(value * GPU_FRACTION), f"{GPU_FRACTION:.0%} of the GPU's {key} ({value / (1 << 30):.1f} GiB)"
+    ram = _physical_ram()
+    return int(ram * CPU_FRACTION), f"{CPU_FRACTION:.0%} of RAM ({ram / (1 << 30):.1f} GiB)"
+
+
+def _physical_ram() -> int:
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        ram = 8 << 30
+    try:  # a container's limit is what the kernel enforces
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit.isdigit():
+            ram = min(ram, int(limit))
+    except OSError:
+        pass
+    return int(ram)
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of the model's parameters. Raises nothing."""
+    from mlx.utils import tree_flatten
+
+    try:
+        leaves: list[Any] = list(tree_flatten(model.parameters()))
+        return int(sum(leaf[1].nbytes for leaf in leaves if hasattr(leaf[1], "nbytes")))
+    except Exception:  # an exotic module tree: count nothing rather than fail start-up
+        return 0
+
+
+def kv_token_bytes(model: Any) -> int:
+    """KV bytes one token takes across all layers (keys + values), from the model's attention layers.
+    Raises ValueError when the model has no recognisable attention layers."""
+    inner = getattr(model, "model", model)
+    layers = list(getattr(inner, "layers", None) or getattr(model, "layers", []))
+    attn = getattr(layers[0], "self_attn", None) if layers else None
+    if attn is None:
+        raise ValueError("no attention layers to size the KV cache from")
+    n_kv = int(getattr(attn, "n_kv_heads", 0) or getattr(attn, "num_key_value_heads", 0))
+    proj = attn.k_proj
+    # Quantized projections keep their activations' dtype in `scales`; plain ones in `weight`.
+    dtype = getattr(proj, "scales", None)
+    dtype = (dtype if dtype is not None else proj.weight).dtype
+    out_features = int(getattr(proj, "scales", proj.weight).shape[0])
+    head_dim = out_features // n_kv if n_kv else 0
+    if not n_kv or not head_dim:
+        raise ValueError("attention layers without kv heads")
+    return 2 * len(layers) * n_kv * head_dim * dtype.size
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """The split of `total` bytes (see module doc). `kv` is what admission may reserve for rows."""
+
+    total: int
+    weights: int
+    prefix_cache: int
+    buffer_cache: int
+    activations: int
+    kv_token_bytes: int
+    source: str = "configured"
+
+    @property
+    def kv(self) -> int:
+        return max(0, self.total - self.weights - self.prefix_cache - self.buffer_cache - self.activations)
+
+    @classmethod
+    def plan(cls, model: Any, *, total: int | None = None, prefix_cache: int | None = None,
+             max_iteration_tokens: int = 512, max_active: int = 16) -> "MemoryBudget":
+        """Split `total` (None: the machine's default) for `model`. `prefix_cache` None takes a quarter of
+        what the weights leave. Raises ValueError when the weights and fixed shares leave no room for KV."""
+        source = "configured"
+        if total is None:
+            total, source = machine_memory()
+        weights = weight_bytes(model)
+        token = kv_token_bytes(model)
+        activations = _activation_bytes(model, max_iteration_tokens, max_active)
+        buffer_cache = max(64 * MIB, int(total * BUFFER_CACHE_SHARE))
+        free = total - weights - activations - buffer_cache
+        if prefix_cache is None:
+            prefix_cache = max(0, int(free * PREFIX_CACHE_SHARE))
+        budget = cls(int(total), weights, int(prefix_cache), buffer_cache, activations, token, source)
+        if budget.kv < token * 256:
+            raise ValueError(
+                f"the memory budget of {total / MIB:,.0f} MiB leaves {budget.kv / MIB:,.0f} MiB for KV after the "
+                f"weights ({weights / MIB:,.0f} MiB), the prefix cache ({prefix_cache / MIB:,.0f} MiB), MLX's "
+                f"buffer cache and activations: raise --memory-budget or lower --prompt-cache-bytes")
+        return budget
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for /stats. Raises nothing."""
+        return {**asdict(self), "kv": self.kv}
+
+
+def _activation_bytes(model: Any, tokens: int, rows: int) -> int:
+    # One iteration's live intermediates (hidden, MLP, attention scores, logits), with a generous factor.
+    args = getattr(model, "args", None)
+    hidden = int(getattr(args, "hidden_size", 0) or 4096)
+    inter = int(getattr(args, "intermediate_size", 0) or 4 * hidden)
+    vocab = int(getattr(args, "vocab_size", 0) or 32000)
+    per_token = 4 * (4 * hidden + 3 * inter)
+    return int(2 * tokens * per_token + 4 * rows * vocab * 2 + 128 * MIB)
+
+
+def configure_allocator(budget: MemoryBudget) -> None:
+    """Bound MLX's cache of freed buffers and make glibc return large freed blocks to the OS. Call once, on
+    the engine thread, before serving. Raises nothing."""
+    import mlx.core as mx
+
+    mx.set_cache_limit(budget.buffer_cache)
+    libc = _libc()
+    if libc is not None:
+        # A fixed mmap threshold stops glibc from raising it after each large free (its default), which
+        # otherwise moves KV-sized blocks onto the heap, where freed memory stays in the process.
+        libc.mallopt(-3, 1 * MIB)  # M_MMAP_THRESHOLD
+
+
+def release_free_memory() -> None:
+    """Give cached and freed memory back (MLX's buffer cache, glibc's heap tops); call when idle on the
+    engine thread. Raises nothing."""
+    import mlx.core as mx
+
+    mx.clear_cache()
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def process_rss() -> int:
+    """Resident bytes of this process (0 where /proc is missing). Raises nothing."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    global _LIBC
+    if _LIBC is None and sys.platform.startswith("linux"):
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC = lib if hasattr(lib, "mallopt") and hasattr(lib, "malloc_trim") else False
+        except OSError:
+            _LIBC = False
+    return _LIBC or None

@@ -1,0 +1,70 @@
+"""Warm-up: a few internal generations through every path the loop takes, before clients arrive.
+
+MLX on CUDA compiles a kernel the first time it meets an op, dtype or fused graph, and builds a CUDA graph
+the first time it meets an iteration's op sequence: left to the first clients, that costs seconds of
+time-to-first-token. The rows below cover one row alone, concurrent rows, chunked prefill beside decode
+(packed mixed iterations), the pipelined decode, each sampler kind and a prefix-cache hit.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable
+
+import anyio
+
+from engine.contracts import GenerationRequest, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.runtime import Engine
+
+__all__ = ["warm_up", "WARMUP_NAMESPACE"]
+
+WARMUP_NAMESPACE = "tandem-warmup"  # its prefix-cache entries never match a client's prompt
+
+_SAMPLERS = (
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.8, top_p=0.9),
+    SamplingParams(temperature=0.7, top_k=20, min_p=0.05),
+    SamplingParams(temperature=0.6, repetition_penalty=1.1, presence_penalty=0.2, logit_bias={1: -1.0}),
+)
+
+
+def _prompt(length: int, salt: int, vocab: int) -> list[int]:
+    return [1 + (salt * 7919 + i * 104729) % (vocab - 2) for i in range(length)]
+
+
+async def warm_up(engine: "Engine", report: Callable[[str], None] | None = None) -> float:
+    """Run the warm-up rows on a serving engine (its `serve()` must be running); returns the seconds it
+    took. Counters are reset afterwards, so /stats shows client work only. Raises RuntimeError when a
+    warm-up row fails (the engine cannot serve)."""
+    group = getattr(engine, "group", None)
+    if engine.tokenizer is None or group is None or not hasattr(group, "counters"):
+        return 0.0
+    vocab = int(group.vocab_size)
+    chunk = int(group.max_iteration_tokens)
+    t0 = time.perf_counter()
+
+    async def run(prompt: list[int], sampling: SamplingParams, max_tokens: int) -> None:
+        request = GenerationRequest(prompt, sampling, max_tokens=max_tokens, namespace=WARMUP_NAMESPACE)
+        async with engine.submit(request) as stream:
+            async for delta in stream:
+                if delta.error:
+                    raise RuntimeError(f"warm-up generation failed: {delta.error}")
+
+    stages = [
+        ("one row", [(_prompt(5, 0, vocab), _SAMPLERS[0], 6)]),
+        ("concurrent rows, chunked prefill beside decode",
+         [(_prompt(n, i + 1, vocab), _SAMPLERS[i % len(_SAMPLERS)], 8)
+          for i, n in enumerate((3, 17, 70, chunk + chunk // 2))]),
+        ("prefix-cache hit", [(_prompt(5, 0, vocab) + _prompt(9, 9, vocab), _SAMPLERS[0], 4)]),
+    ]
+    for label, rows in stages:
+        if report is not None:
+            report(f"warm-up: {label}")
+        async with anyio.create_task_group() as tg:
+            for prompt, sampling, n in rows:
+                tg.start_soon(run, prompt, sampling, n)
+    for key in group.counters:
+        group.counters[key] = type(group.counters[key])()
+    return time.perf_counter() - t0

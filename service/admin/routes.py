@@ -1,0 +1,66 @@
+"""GET /v1/models, /health, /stats (engine.stats() as JSON) and /metrics (the same numbers for Prometheus)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+
+from service.admin.metrics import prometheus_text, stats_payload
+from service.admin.schemas import Health, ModelCard, ModelList
+from service.http.errors import model_not_found
+from service.http.openapi import MODEL_ERRORS
+from service.state import get_state
+
+__all__ = ["ROUTES", "list_models", "retrieve_model", "health", "stats", "metrics"]
+
+
+@get("/v1/models", summary="List the served models", tags=["models"])
+async def list_models(request: Request[Any, Any, Any]) -> ModelList:
+    """Chat model first, then any other served model (speech). Raises nothing."""
+    return ModelList(data=get_state(request).model_cards())
+
+
+@get("/v1/models/{model_id:path}", summary="Retrieve a served model", tags=["models"], responses=MODEL_ERRORS)
+async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> ModelCard:
+    """One served model by id (ids may contain slashes, e.g. org/name).
+
+    Raises APIError 404 model_not_found for a model this server does not serve."""
+    state = get_state(request)
+    wanted = model_id.lstrip("/")
+    cards = state.model_cards()
+    for card in cards:
+        if card.id == wanted:
+            return card
+    if cards and cards[0].kind == "chat" and wanted in state.model_aliases:
+        return cards[0]
+    raise model_not_found(wanted, [card.id for card in cards])
+
+
+@get("/health", summary="Liveness and readiness", tags=["admin"])
+async def health(request: Request[Any, Any, Any]) -> Response[Health]:
+    """200 when ready; 503 while starting or stopping, and while the engine cannot run any row (its steps
+    keep failing: status "failing" with the error). Raises nothing."""
+    state = get_state(request)
+    if not state.ready:
+        return Response(Health(status="loading", model=state.chat_model_name), status_code=503)
+    engine_health = state.engine.health() if state.engine is not None else {"ok": True}
+    if not engine_health.get("ok", True):
+        body = Health(status="failing", model=state.chat_model_name, error=engine_health.get("error"))
+        return Response(body, status_code=503)
+    return Response(Health(status="ok", model=state.chat_model_name), status_code=200)
+
+
+@get("/stats", summary="Scheduler statistics", description="Active/queued rows, tokens/s, plan reasons, KV bytes.", tags=["admin"])
+async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """engine.stats() plus uptime. Raises nothing."""
+    return stats_payload(get_state(request))
+
+
+@get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4", tags=["admin"])
+async def metrics(request: Request[Any, Any, Any]) -> str:
+    """The /stats numbers in Prometheus text format. Raises nothing."""
+    return prometheus_text(stats_payload(get_state(request)))
+
+
+ROUTES = [list_models, retrieve_model, health, stats, metrics]

@@ -1,0 +1,126 @@
+"""POST /v1/completions: one raw prompt (text or token ids) → Completion or an SSE stream of them.
+
+Same stream grammar as chat, minus the role delta: text chunks, one chunk with finish_reason, the usage
+chunk (`choices: []`) when asked, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncGenerator
+
+import anyio
+from litestar import Request, Response, post
+
+from service.chat.request import chat_engine, generation_request, submit, vocab_size
+from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
+from service.chat.stream import ResponseMeta, RowReader, UsageCounter, close_stream, row_texts
+from service.http.access_log import record_tokens
+from service.http.disconnect import ClientDisconnected, run_while_connected
+from service.http.errors import APIError, in_band_error
+from service.http.openapi import MODEL_ERRORS, sse_operation
+from service.http.sse import DONE, EventSource, SSEStream, sse_data, sse_error
+from service.seams import ChatEngine, RowStream
+from service.state import AppState, get_state
+
+__all__ = ["completions"]
+
+_log = logging.getLogger("tandem.service")
+
+
+async def _prompt_tokens(state: AppState, engine: ChatEngine, body: CompletionRequest) -> tuple[list[int], str]:
+    tokenizer = engine.tokenizer
+    assert tokenizer is not None  # chat_engine returns only an engine serving a chat model
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        tokens = [int(t) for t in prompt]
+        vocab = vocab_size(engine)
+        if vocab is not None and (bad := [t for t in tokens if t >= vocab]):
+            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt")
+        text = tokenizer.decode(tokens) if body.echo else ""
+        return tokens, text
+    first = prompt[0] if isinstance(prompt, list) else prompt
+    assert isinstance(first, str)  # the request schema allows one string or token ids only
+    text = first
+    encoded = await anyio.to_thread.run_sync(tokenizer.encode, text, limiter=state.tokenize_limiter)
+    return [int(t) for t in encoded], text
+
+
+def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None) -> bytes:
+    return sse_data(
+        Completion(
+            id=meta.id,
+            created=meta.created,
+            model=meta.model,
+            choices=[CompletionChoice(text=text, finish_reason=finish)],
+        )
+    )
+
+
+async def _events(
+    reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str
+) -> AsyncGenerator[bytes, None]:
+    try:
+        if echo:
+            yield _chunk(meta, echo)
+        finish: str | None = None
+        async for text, finish in reader.items():
+            if text:
+                yield _chunk(meta, text)
+        yield _chunk(meta, "", "length" if finish == "length" else "stop")
+        if include_usage:
+            yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage()))
+    except Exception as exc:  # headers are out: report in-band, then end the stream properly
+        _log.warning("completion stream %s failed: %s", meta.id, exc)
+        yield sse_error(in_band_error(exc))
+    yield DONE
+
+
+async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str) -> Completion:
+    parts, finish = [echo], None
+    async for text, finish in row_texts(stream, counter):
+        parts.append(text)
+    return Completion(
+        id=meta.id,
+        created=meta.created,
+        model=meta.model,
+        choices=[CompletionChoice(text="".join(parts), finish_reason="length" if finish == "length" else "stop")],
+        usage=counter.usage(),
+    )
+
+
+@post(
+    "/v1/completions",
+    status_code=200,
+    summary="Create a text completion",
+    description="With `stream: true` the response is `text/event-stream` of Completion events ending with `data: [DONE]`.",
+    responses=MODEL_ERRORS,
+    operation_class=sse_operation(Completion),
+    tags=["completions"],
+)
+async def completions(request: Request[Any, Any, Any], data: CompletionRequest) -> Response[Completion]:
+    """Text completion, streamed or not. Raises APIError (4xx) for requests that cannot be served."""
+    state = get_state(request)
+    engine = chat_engine(state, data.model)
+    prompt, prompt_text = await _prompt_tokens(state, engine, data)
+    generation = generation_request(engine, data, prompt, data.max_tokens or 16, param="prompt")
+    meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl")
+    counter = UsageCounter(prompt_tokens=len(prompt))
+    record_tokens(request, counter.totals)
+    echo = prompt_text if data.echo else ""
+    stream = submit(engine, generation, param="prompt")
+    if data.stream:
+        include_usage = bool(data.stream_options and data.stream_options.include_usage)
+        reader = RowReader(stream, counter)
+        try:  # a row that fails before its first token is answered with a 5xx, not an empty 200 stream
+            await run_while_connected(request, reader.start)
+        except ClientDisconnected:
+            return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
+        events = _events(reader, meta, counter, include_usage, echo)
+        # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
+        return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
+    try:
+        completion = await run_while_connected(request, lambda: _collect(stream, meta, counter, echo))
+    except ClientDisconnected:
+        return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
+    return Response(completion)

@@ -1,0 +1,134 @@
+"""Engine text → chat choice deltas, in one place for streamed and non-streamed replies.
+
+A splitter (engine/chat_output.py's ChatOutputSplitter, or the plain one here) turns text deltas into
+events: content, reasoning, tool-call start, tool-call argument fragments. ChatTranslator maps those
+events to OpenAI `ChoiceDelta`s and accumulates the full assistant message for non-streamed replies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from engine.chat_output import ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart
+from service.chat.schemas import (
+    AssistantMessage,
+    ChoiceDelta,
+    FinishReason,
+    FunctionCall,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
+)
+
+__all__ = ["Splitter", "PlainSplitter", "ChatTranslator"]
+
+
+class Splitter(Protocol):
+    def feed(self, text: str) -> list[OutputEvent]: ...
+
+    def finish(self) -> list[OutputEvent]: ...
+
+
+class PlainSplitter:
+    """Everything is content (models without think or tool-call markers)."""
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        """Raises nothing."""
+        return [ContentText(text)] if text else []
+
+    def finish(self) -> list[OutputEvent]:
+        """Raises nothing."""
+        return []
+
+
+class ChatTranslator:
+    """One reply's translator: feed() engine text, finish() once; `message()` gives the whole reply."""
+
+    def __init__(self, splitter: Splitter | None = None) -> None:
+        self._splitter: Splitter = splitter or PlainSplitter()
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: dict[int, tuple[str, str, list[str]]] = {}
+
+    @classmethod
+    def for_request(cls, tokenizer: Any, prompt_tokens: Sequence[int], tools: Any = None) -> "ChatTranslator":
+        """The translator for a reply of `tokenizer`'s model family. Raises nothing."""
+        try:
+            from engine.chat_output import ChatOutputSplitter, OutputMarkers, starts_in_reasoning
+
+            markers = OutputMarkers.from_tokenizer(tokenizer)
+            if markers.has_thinking or markers.tool_call_start:
+                splitter = ChatOutputSplitter(
+                    markers, tools=tools, in_reasoning=starts_in_reasoning(tokenizer, prompt_tokens)
+                )
+                return cls(splitter)
+        except Exception:  # a tokenizer without the attributes: plain content
+            pass
+        return cls()
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return bool(self._calls)
+
+    def feed(self, text: str) -> list[ChoiceDelta]:
+        """Deltas for one chunk of engine text. Raises nothing."""
+        return self._translate(self._splitter.feed(text)) if text else []
+
+    def finish(self) -> list[ChoiceDelta]:
+        """Deltas for text held back until the end of the reply. Raises nothing."""
+        return self._translate(self._splitter.finish())
+
+    def finish_reason(self, engine_reason: str | None) -> FinishReason:
+        """OpenAI finish_reason for the engine's: tool_calls when the reply called a tool. Raises nothing."""
+        if self._calls and engine_reason in (None, "stop"):
+            return "tool_calls"
+        return "length" if engine_reason == "length" else "stop"
+
+    def message(self) -> AssistantMessage:
+        """The accumulated assistant message (non-streamed replies). Raises nothing."""
+        calls = [
+            ToolCall(id=call_id, function=FunctionCall(name=name, arguments="".join(args)))
+            for _, (call_id, name, args) in sorted(self._calls.items())
+        ]
+        return AssistantMessage(
+            content="".join(self._content) if (self._content or not calls) else None,
+            reasoning_content="".join(self._reasoning) or None,
+            tool_calls=calls or None,
+        )
+
+    def _translate(self, events: list[OutputEvent]) -> list[ChoiceDelta]:
+        deltas: list[ChoiceDelta] = []
+        for event in events:
+            if isinstance(event, ContentText):
+                if event.text:
+                    self._content.append(event.text)
+                    deltas.append(ChoiceDelta(content=event.text))
+            elif isinstance(event, ReasoningText):
+                if event.text:
+                    self._reasoning.append(event.text)
+                    deltas.append(ChoiceDelta(reasoning_content=event.text))
+            elif isinstance(event, ToolCallStart):
+                self._calls[event.index] = (event.id, event.name, [])
+                deltas.append(
+                    ChoiceDelta(
+                        tool_calls=[
+                            ToolCallDelta(
+                                index=event.index,
+                                id=event.id,
+                                type="function",
+                                function=FunctionCallDelta(name=event.name, arguments=""),
+                            )
+                        ]
+                    )
+                )
+            elif isinstance(event, ToolCallArguments):
+                if event.index in self._calls:
+                    self._calls[event.index][2].append(event.arguments)
+                deltas.append(
+                    ChoiceDelta(
+                        tool_calls=[
+                            ToolCallDelta(index=event.index, function=FunctionCallDelta(arguments=event.arguments))
+                        ]
+                    )
+                )
+        return deltas

@@ -1,0 +1,115 @@
+"""Request → engine: which engine serves the model asked for, OpenAI fields → GenerationRequest, submit.
+
+Every check that can fail does so here, before response headers go out, so it becomes a plain 4xx.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from engine.contracts import GenerationRequest, SamplingParams
+from engine.errors import EngineError
+from service.chat.schemas import SamplingFields
+from service.http.errors import APIError, api_error, context_length_exceeded, model_not_found
+from service.seams import ChatEngine, RowStream
+from service.state import AppState
+
+__all__ = ["chat_engine", "vocab_size", "sampling_params", "generation_request", "submit"]
+
+
+def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
+    """The engine serving `requested` (None or "" = the loaded chat model).
+
+    Raises APIError 404 model_not_found when no chat model with that name is served."""
+    name = state.chat_model_name
+    available = [card.id for card in state.model_cards()]
+    if name is None:
+        raise model_not_found(requested or "(default)", available)
+    if requested and requested != name and requested not in state.model_aliases:
+        raise model_not_found(requested, available)
+    assert state.engine is not None  # a chat model name implies an engine
+    return state.engine
+
+
+def vocab_size(engine: ChatEngine) -> int | None:
+    """The model's vocabulary size when known. Raises nothing."""
+    # The model's embedding may be larger than the tokenizer (padded vocabularies): the batch group knows.
+    size = getattr(getattr(engine, "group", None), "vocab_size", None)
+    if isinstance(size, int):
+        return size
+    try:
+        return len(engine.tokenizer) if engine.tokenizer is not None else None
+    except Exception:  # a tokenizer without __len__: skip the range check
+        return None
+
+
+def sampling_params(body: SamplingFields, vocab: int | None) -> SamplingParams:
+    """SamplingParams from the OpenAI fields (None → engine defaults).
+
+    Raises APIError 400 for a logit_bias token id outside the vocabulary."""
+    bias: dict[int, float] | None = None
+    if body.logit_bias:
+        bias = {int(k): float(v) for k, v in body.logit_bias.items()}
+        if vocab is not None and (bad := [t for t in bias if t >= vocab]):
+            raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})", param="logit_bias")
+    defaults = SamplingParams()
+    return SamplingParams(
+        temperature=defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        top_k=defaults.top_k if body.top_k is None else body.top_k,
+        min_p=defaults.min_p if body.min_p is None else body.min_p,
+        # OpenAI seeds are any integer; MLX keys take uint64: fold, so every seed is valid and stable.
+        seed=None if body.seed is None else body.seed % (1 << 64),
+        repetition_penalty=defaults.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
+        presence_penalty=defaults.presence_penalty if body.presence_penalty is None else body.presence_penalty,
+        frequency_penalty=defaults.frequency_penalty if body.frequency_penalty is None else body.frequency_penalty,
+        logit_bias=bias,
+    )
+
+
+def generation_request(
+    engine: ChatEngine,
+    body: SamplingFields,
+    prompt: list[int],
+    max_tokens: int | None,
+    *,
+    param: str,
+    session_id: str | None = None,
+    segment_boundaries: Sequence[int] = (),
+) -> GenerationRequest:
+    """Build the engine request; max_tokens defaults to (and is capped at) what the context has left.
+
+    Raises APIError 400 context_length_exceeded when the prompt leaves no room to generate."""
+    context = engine.context_length
+    if not prompt:
+        raise APIError(400, "The prompt is empty after tokenization.", param=param, code="empty_prompt")
+    room = max_tokens or 1 << 30
+    if isinstance(context, int) and context > 0:
+        left = context - len(prompt)
+        if left <= 0:
+            raise context_length_exceeded(
+                f"This model's maximum context length is {context} tokens, but the prompt has {len(prompt)} tokens.",
+                param=param,
+            )
+        room = min(room, left)
+    return GenerationRequest(
+        prompt_tokens=list(prompt),
+        sampling=sampling_params(body, vocab_size(engine)),
+        max_tokens=room,
+        stop=tuple(body.stop_list()),
+        session_id=session_id,
+        namespace=engine.model_name or "",
+        segment_boundaries=tuple(segment_boundaries),
+        max_tokens_requested=max_tokens is not None,
+    )
+
+
+def submit(engine: ChatEngine, request: GenerationRequest, *, param: str) -> RowStream:
+    """Queue the request; returns the row's delta stream. `param` is the request field the prompt came from.
+
+    Raises APIError by ERROR_TABLE for what the engine refuses (400 context_length_exceeded or
+    invalid_value naming the field, 404 without a chat model, 503 while shutting down)."""
+    try:
+        return engine.submit(request)
+    except EngineError as exc:
+        raise api_error(exc, params={"prompt": param}) from exc

@@ -1,0 +1,295 @@
+"""Pydantic models of chat and text completions (OpenAI's shapes) — the OpenAPI source for /v1/*completions.
+
+Requests accept unknown OpenAI fields (extra="allow") so a newer client never gets a 4xx for a harmless
+field; what we cannot honour (n > 1, non-text content parts) is rejected with a clear message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = [
+    "TextPart",
+    "FunctionCall",
+    "ToolCall",
+    "ChatMessage",
+    "StreamOptions",
+    "FunctionDefinition",
+    "Tool",
+    "SamplingFields",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "PromptTokensDetails",
+    "Usage",
+    "ToolCallDelta",
+    "FunctionCallDelta",
+    "ChoiceDelta",
+    "ChunkChoice",
+    "ChatCompletionChunk",
+    "AssistantMessage",
+    "ChatChoice",
+    "ChatCompletion",
+    "FinishReason",
+    "CompletionChoice",
+    "Completion",
+]
+
+
+def _omit_none(value: Any) -> bool:
+    return value is None
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---------------------------------------------------------------- requests
+
+
+class TextPart(_Request):
+    """A text content part; other part types (images, audio) are not served by a text model."""
+
+    type: Literal["text", "input_text"] = "text"
+    text: str
+
+
+class FunctionCall(_Request):
+    name: str
+    # OpenAI sends a JSON string; some clients send the object itself.
+    arguments: str | dict[str, Any] = ""
+
+
+class ToolCall(_Request):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Request):
+    """One conversation message. `developer` is treated as `system` when the prompt is built."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    # Prior assistant thinking, passed back to the chat template.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+    def text(self) -> str:
+        """The content as one string (parts joined). Raises nothing."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class FunctionDefinition(_Request):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class SamplingFields(_Request):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = Field(None, description="Model id from GET /v1/models; omitted means the loaded model.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) → bias in [-100, 100].")
+    n: int = Field(1, description="Only 1 is supported.")
+    user: str | None = None
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int) -> int:
+        if n != 1:
+            raise ValueError("only n=1 is supported")
+        return n
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and len(stop) > 16:
+            raise ValueError("at most 16 stop strings")
+        return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.lstrip("-").isdigit() or int(key) < 0:
+                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
+        return bias
+
+    def stop_list(self) -> list[str]:
+        """`stop` as a list without empty strings. Raises nothing."""
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop
+        return [s for s in stops if s]
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions body."""
+
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens.")
+    tools: list[Tool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: str | None = Field(None, description='"none" switches thinking off where the template can.')
+    response_format: dict[str, Any] | None = None
+    store: bool | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    priority: str | int | None = None
+    service_tier: str | None = None
+    metadata: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions body: one prompt, as text or token ids."""
+
+    prompt: str | list[str] | list[int] = Field(..., description="A string, a list of one string, or token ids.")
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(prompt, list):
+            if not prompt:
+                raise ValueError("prompt must not be empty")
+            if isinstance(prompt[0], str) and len(prompt) != 1:
+                raise ValueError("only one prompt per request is supported")
+            if isinstance(prompt[0], int) and any(t < 0 for t in prompt):
+                raise ValueError("token ids must be non-negative")
+        return prompt
+
+
+# ---------------------------------------------------------------- responses
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = Field(None, exclude_if=_omit_none)
+    arguments: str | None = Field(None, exclude_if=_omit_none)
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = Field(None, exclude_if=_omit_none)
+    type: Literal["function"] | None = Field(None, exclude_if=_omit_none)
+    function: FunctionCallDelta | None = Field(None, exclude_if=_omit_none)
+
+
+class ChoiceDelta(BaseModel):
+    role: Literal["assistant"] | None = Field(None, exclude_if=_omit_none)
+    content: str | None = Field(None, exclude_if=_omit_none)
+    reasoning_content: str | None = Field(None, exclude_if=_omit_none)
+    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_omit_none)
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChoiceDelta
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One SSE `data:` event of a streamed chat completion; the usage chunk has `choices: []`."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = Field(None, exclude_if=_omit_none)
+    choices: list[ChunkChoice]
+    usage: Usage | None = Field(None, exclude_if=_omit_none)
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = Field(None, exclude_if=_omit_none)
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=_omit_none)
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason
+
+
+class ChatCompletion(BaseModel):
+    """Non-streamed chat completion (with `stream: true` the body is SSE of ChatCompletionChunk)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+
+
+class Completion(BaseModel):
+    """Text completion, or (streamed) one SSE event of it."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = Field(None, exclude_if=_omit_none)

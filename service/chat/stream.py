@@ -1,0 +1,153 @@
+"""A row's stream as the routes read it: (text, finish) pairs with usage counted, ids and timestamps, and
+closing a row from any scope. Shared by streamed and non-streamed chat and text completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import anyio
+
+from engine.contracts import Delta
+from service.chat.schemas import PromptTokensDetails, Usage
+from service.http.errors import APIError
+from service.seams import RowStream
+
+__all__ = ["RowReader", "row_texts", "UsageCounter", "ResponseMeta", "close_stream", "stream_failure"]
+
+
+async def close_stream(stream: RowStream) -> None:
+    """aclose a row stream even from a cancelled scope (frees the row). Raises nothing."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await stream.aclose()
+        except Exception:  # closing is best effort; the engine prunes the row either way
+            pass
+
+
+@dataclass
+class UsageCounter:
+    """Token counts of one reply, from the deltas (the engine's totals win when it reports them)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    _generated: int = 0
+
+    def add(self, delta: Delta) -> None:
+        """Raises nothing."""
+        self._generated += len(delta.token_ids)
+        self.prompt_tokens = max(self.prompt_tokens, delta.prompt_tokens)
+        self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
+        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
+
+    def totals(self) -> tuple[int, int]:
+        """(prompt, completion) tokens so far. Raises nothing."""
+        return self.prompt_tokens, self.completion_tokens or self._generated
+
+    def usage(self) -> Usage:
+        """Raises nothing."""
+        completion = self.completion_tokens or self._generated
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self.prompt_tokens + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+        )
+
+
+@dataclass
+class ResponseMeta:
+    """id, created and model, shared by every chunk of one response."""
+
+    model: str
+    prefix: str = "chatcmpl"
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
+
+
+class RowReader:
+    """A row's deltas as (text, finish_reason) items with usage counted. Deltas already waiting when one is
+    read are merged into one item, so a stream that fell behind catches up in one write. The row is closed
+    however the reader is left."""
+
+    def __init__(self, stream: RowStream, counter: UsageCounter) -> None:
+        self._stream = stream
+        self._deltas = stream.__aiter__()
+        self._counter = counter
+        self._first: Delta | None = None
+
+    async def start(self) -> None:
+        """Wait for the row's first delta (call before any response header goes out). Raises APIError 500,
+        the row closed, when the row failed or ended before producing anything."""
+        try:
+            delta = await self._deltas.__anext__()
+            self._check(delta)
+        except StopAsyncIteration:
+            await close_stream(self._stream)
+            raise APIError(500, _UNFINISHED, type="server_error") from None
+        except BaseException:
+            await close_stream(self._stream)
+            raise
+        self._first = delta
+
+    async def items(self) -> AsyncIterator[tuple[str, str | None]]:
+        """(text, finish_reason) until the item that carries the finish reason. Raises APIError 500 when the
+        row fails or never finishes."""
+        try:
+            while True:
+                if self._first is not None:
+                    delta, self._first = self._first, None
+                else:
+                    try:
+                        delta = await self._deltas.__anext__()
+                    except StopAsyncIteration:
+                        break
+                    self._check(delta)
+                text, finish = delta.text, delta.finish_reason
+                while finish is None and (more := self._ready()) is not None:
+                    self._check(more)
+                    text, finish = text + more.text, more.finish_reason
+                yield text, finish
+                if finish is not None:
+                    return
+        finally:
+            await close_stream(self._stream)
+        raise APIError(500, _UNFINISHED, type="server_error")
+
+    def _check(self, delta: Delta) -> None:
+        self._counter.add(delta)
+        if failure := stream_failure(delta.error, delta.finish_reason):
+            raise APIError(500, failure, type="server_error")
+
+    def _ready(self) -> Delta | None:
+        try:
+            return self._stream.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return None
+
+
+_UNFINISHED = "The generation ended without finishing (the engine stopped)."
+
+
+def row_texts(stream: RowStream, counter: UsageCounter) -> AsyncIterator[tuple[str, str | None]]:
+    """`RowReader(stream, counter).items()`: a row's (text, finish_reason) items. Raises APIError 500 when the
+    row failed or never finished."""
+    return RowReader(stream, counter).items()
+
+
+def stream_failure(delta_error: str | None, finish_reason: str | None) -> str | None:
+    """Why a row ended without a usable finish, or None when it finished normally. Raises nothing."""
+    if delta_error:
+        return delta_error
+    if finish_reason == "cancelled":
+        return "The generation was cancelled (the server is shutting down)."
+    if finish_reason == "error":
+        return "The generation failed."
+    return None

@@ -1,0 +1,39 @@
+"""`tandem benchmark` — runs the benchmarks in bench/ (each compares against its peer in the same run)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+from service.cli.parsers import HelpFormatter, common_options
+
+__all__ = ["add_benchmark", "BENCHMARKS"]
+
+# name → (module, entry function, what it measures)
+BENCHMARKS = {
+    "chat": ("bench.chat", "cli", "HTTP tokens/s, TTFT, ITL at 1/4/8 streams vs mlx-lm generate and mlx_lm.server"),
+    "agent": ("bench.agent_turns", "main", "10-turn agent conversation: TTFT per turn, prefix cache vs cold"),
+    "speech": ("bench.speech", "main", "tandem transcribe vs mlx_whisper.transcribe; session finish latency"),
+    "serve": ("bench.serve", "cli", "HTTP load (c1/c8/c64/Poisson/c128/soak) vs mlx_lm.server: tok/s, TTFT, ITL, RSS"),
+    "engine": ("bench.engine_compare", "main", "engine-level vs mlx-lm BatchGenerator on a random-init shape"),
+}
+
+
+class _Formatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, and the description's list of benchmarks kept one per line."""
+
+
+def add_benchmark(sub: Any) -> None:
+    """Register `tandem benchmark NAME [options...]`. Raises nothing."""
+    p = sub.add_parser("benchmark", help="measure against the peers (mlx-lm, mlx_lm.server, mlx_whisper)",
+                       description="\n".join(f"{k}: {v[2]}" for k, v in BENCHMARKS.items()),
+                       formatter_class=_Formatter, parents=[common_options()])
+    p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark (see the list above)")
+    p.add_argument("options", nargs=argparse.REMAINDER, help="passed to the benchmark (see NAME --help)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    module, entry, _ = BENCHMARKS[args.name]
+    return int(getattr(importlib.import_module(module), entry)(args.options) or 0)

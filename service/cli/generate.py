@@ -1,0 +1,72 @@
+"""`tandem generate PROMPT`: stream one chat reply to the terminal, no server (same prompt rendering
+as the server: service/chat/prompt.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from service.cli.errors import CLIError
+from service.cli.parsers import add_command
+from service.cli.resolve import resolve_chat_model
+
+__all__ = ["add_generate"]
+
+
+def add_generate(sub: Any) -> None:
+    """Register `tandem generate`. Raises nothing."""
+    p = add_command(sub, "generate", "stream one chat reply to the terminal (no server)")
+    p.add_argument("prompt", help="the user message")
+    p.add_argument("--model", default=None,
+                   help="chat model: dir, .gguf, cached repo id, or the id /v1/models shows (default: the demo)")
+    p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--system", default=None, help="system prompt (default: none)")
+    p.set_defaults(func=_generate)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    if args.max_tokens < 1:
+        raise CLIError("--max-tokens must be >= 1")
+    resolve_chat_model(args.model)  # a bad name fails here, before MLX loads anything
+    import anyio
+
+    from engine.contracts import GenerationRequest, SamplingParams
+    from engine.errors import EngineError
+    from engine.models import load_model
+    from engine.runtime import Engine, generate_stream
+    from service.chat.prompt import render_prompt
+
+    engine = Engine(load_model(args.model), max_active=1)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}
+    ]
+    prompt = render_prompt(engine.tokenizer, messages)
+    room = max(1, min(args.max_tokens, (engine.context_length or 0) - len(prompt)))
+    request = GenerationRequest(
+        prompt_tokens=prompt,
+        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+        max_tokens=room,
+    )
+
+    def show(delta: Any) -> None:
+        sys.stdout.write(delta.text)
+        sys.stdout.flush()
+
+    start = time.perf_counter()
+    try:
+        result = anyio.run(generate_stream, engine, request, show)
+    except EngineError as exc:
+        raise CLIError(str(exc)) from None
+    seconds = time.perf_counter() - start
+    sys.stdout.write("\n")
+    rate = result.completion_tokens / seconds if seconds > 0 else 0.0
+    print(
+        f"[{result.prompt_tokens} prompt + {result.completion_tokens} generated tokens in {seconds:.2f} s, "
+        f"{rate:.1f} tok/s, finish: {result.finish_reason}]",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,58 @@
+"""`tandem` — the command line. Each command is a module here that adds its parser and sets `func`;
+`func(args)` returns the exit code. Expected failures (no model, bad input) print one line on stderr and
+exit non-zero, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+from service.cli.benchmark import add_benchmark
+from service.cli.dictate import add_dictate
+from service.cli.errors import CLIError
+from service.cli.generate import add_generate
+from service.cli.models import add_models
+from service.cli.openapi import add_openapi
+from service.cli.pi import add_pi, is_pi_help
+from service.cli.serve import add_serve
+from service.cli.transcribe import add_transcribe
+from service.logs import configure_logging
+
+__all__ = ["main", "build_parser", "COMMANDS"]
+
+# Adders of the top-level commands, in the order `tandem --help` lists them.
+COMMANDS: list[Callable[[Any], None]] = [
+    add_serve, add_generate, add_transcribe, add_dictate, add_models, add_pi, add_benchmark, add_openapi,
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser. Raises nothing."""
+    parser = argparse.ArgumentParser(prog="tandem", description="Chat and speech on one cooperative MLX scheduler.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `tandem` console script; returns the exit code. Raises SystemExit on --help."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["pi"] and not is_pi_help(argv[1:]):  # pi's own options (-p, --model...) pass through
+        from service.pi.command import pi_command
+
+        return pi_command(argv[1:])
+    args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
+    from engine.backend import ensure_fast_blas
+
+    ensure_fast_blas()  # before any command imports mlx (a no-op where MLX brings its own BLAS)
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as exc:
+        print(f"tandem: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,72 @@
+"""`tandem models ls | get REPO | import CT2_DIR OUT`: what is on this machine, download, convert."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from service.cli.errors import CLIError
+from service.cli.parsers import add_command
+
+__all__ = ["add_models"]
+
+
+def add_models(sub: Any) -> None:
+    """Register `tandem models` and its subcommands. Raises nothing."""
+    p = add_command(sub, "models", "list, download or import models")
+    msub = p.add_subparsers(dest="models_command", required=True)
+    ls = add_command(msub, "ls", "chat and Whisper models on this machine (HF cache, demo, imports)")
+    ls.set_defaults(func=_models_ls)
+    get = add_command(msub, "get", "download a model repo into the Hugging Face cache")
+    get.add_argument("repo", help="org/name, or org/name/file.gguf")
+    get.set_defaults(func=_models_get)
+    imp = add_command(msub, "import", "convert a faster-whisper (CTranslate2) Whisper dir into mlx-whisper's layout")
+    imp.add_argument("source", help="dir with model.bin (CTranslate2)")
+    imp.add_argument("output", help="new mlx-whisper dir (config.json + weights.safetensors)")
+    imp.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                     help="stored weight type (float32 suits the CPU backend)")
+    imp.set_defaults(func=_models_import)
+
+
+def _row(name: str, kind: str, size_bytes: int, path: Path | str) -> str:
+    return f"{name:50s} {kind:8s} {size_bytes / 1e6:10.1f} MB  {path}"
+
+
+def _models_ls(_: argparse.Namespace) -> int:
+    from audio.whisper import local_whisper_models
+    from engine.models import DEMO_MODEL_ID, demo_model_path, hub_cache_dir, list_cached_models
+
+    models = list_cached_models()
+    if not models:
+        print(f"no models in the Hugging Face cache ({hub_cache_dir()}); `tandem models get ORG/NAME` downloads one")
+    for m in models:
+        print(_row(m.repo_id, m.kind, m.size_bytes, m.path))
+    if (demo := demo_model_path()) is not None:
+        print(_row(f"{DEMO_MODEL_ID} (demo)", "llm", demo.stat().st_size, demo))
+    for w in local_whisper_models():
+        print(_row(f"{w.name} ({w.note})", "whisper", w.size_bytes, w.path))
+    return 0
+
+
+def _models_get(args: argparse.Namespace) -> int:
+    from engine.errors import ModelNotFound
+    from engine.models import ModelDownloadError, download_model
+
+    try:
+        path = download_model(args.repo)
+    except (ModelNotFound, ModelDownloadError) as exc:
+        raise CLIError(str(exc), code=1) from None
+    print(path)
+    return 0
+
+
+def _models_import(args: argparse.Namespace) -> int:
+    from audio.ctranslate2_import import CheckpointFormatError, import_ct2_whisper
+
+    try:
+        out = import_ct2_whisper(Path(args.source), Path(args.output), dtype=args.dtype)
+    except (CheckpointFormatError, FileNotFoundError) as exc:
+        raise CLIError(str(exc)) from None
+    print(out)
+    return 0

@@ -1,0 +1,24 @@
+"""Model names on the command line → files, failing with one line that says what to do."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from service.cli.errors import CLIError
+
+if TYPE_CHECKING:
+    from engine.models import ModelSource
+
+__all__ = ["resolve_chat_model"]
+
+
+def resolve_chat_model(spec: str | None) -> ModelSource:
+    """Resolve a chat model spec (a dir, a .gguf, a cached repo id, "demo" or the id /v1/models shows)
+    without loading it. Raises CLIError with how to get a model when nothing matches."""
+    from engine.errors import ModelNotFound
+    from engine.models import resolve_model
+
+    try:
+        return resolve_model(spec)
+    except ModelNotFound as exc:
+        raise CLIError(f"no model: {exc}") from None

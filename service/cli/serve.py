@@ -1,0 +1,108 @@
+"""`tandem serve [MODEL]`: the OpenAI-compatible API under granian, one worker."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import socket
+from typing import Any
+
+from service.cli.errors import CLIError
+from service.cli.parsers import add_command
+from service.cli.resolve import resolve_chat_model
+from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
+from service.config import ServiceConfig
+
+__all__ = ["add_serve", "serve_config", "byte_size"]
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """'12GiB', '800M', '1.5G' or a plain byte count → bytes. Raises argparse.ArgumentTypeError."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 12GiB, 800M or a byte count)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+_log = logging.getLogger("tandem.cli")
+
+
+def add_serve(sub: Any) -> None:
+    """Register `tandem serve`. Raises nothing."""
+    p = add_command(sub, "serve", "serve the OpenAI-compatible API (granian, one worker)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="chat model: local HF-layout dir, .gguf file, HF repo id in the local cache, or the id "
+                        "/v1/models shows; a Whisper checkpoint serves transcription only "
+                        "(default: the embedded demo, SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on")
+    p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
+    p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per scheduler iteration")
+    p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models (default: the model's name)")
+    p.add_argument("--prompt-cache-bytes", type=byte_size, default=None,
+                   help="prefix-cache byte budget, e.g. 2GiB; 0 disables (default: a quarter of the memory budget "
+                        "left after the weights)")
+    p.add_argument("--memory-budget", type=byte_size, default=None,
+                   help="bytes for weights, KV, prefix cache and MLX's buffer cache, e.g. 12GiB (default: 60%% of "
+                        "RAM on CPU, 85%% of GPU memory); a request whose KV can never fit gets a 400")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="run internal generations at start so kernels compile before clients wait (default: on a "
+                        "GPU, off on CPU)")
+    p.add_argument("--shutdown-timeout", type=int, default=5,
+                   help="seconds in-flight requests get to finish on Ctrl-C/SIGTERM")
+    add_serve_speech_args(p)
+    p.set_defaults(func=_serve)
+
+
+def serve_config(args: argparse.Namespace) -> ServiceConfig:
+    """ServiceConfig from parsed `serve` arguments (others extend it via config.extra). Raises CLIError."""
+    if args.max_active < 1 or args.max_iteration_tokens < 1:
+        raise CLIError("--max-active and --max-iteration-tokens must be >= 1")
+    if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:
+        raise CLIError("--prompt-cache-bytes must be >= 0")
+    if not 0 < args.port < 65536:
+        raise CLIError(f"--port must be in 1..65535, got {args.port}")
+    return ServiceConfig(
+        model=args.model,
+        max_active=args.max_active,
+        max_iteration_tokens=args.max_iteration_tokens,
+        host=args.host,
+        port=args.port,
+        served_model_name=args.served_model_name,
+        prompt_cache_bytes=args.prompt_cache_bytes,
+        memory_budget=args.memory_budget,
+        warmup=args.warmup,
+        log_level=args.log_level,
+    )
+
+
+def _check_port(host: str, port: int) -> None:
+    """Raise CLIError when host:port cannot be bound (granian would fail later with a Rust backtrace)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise CLIError(f"cannot resolve --host {host!r}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running?)") from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from service.server import serve
+
+    config = serve_config(args)
+    speech = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
+    source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
+    _check_port(config.host, config.port)
+    # Only once every check passed, so a bad name or a busy port is the one line printed.
+    if source is not None:
+        _log.info("model %s (%s: %s)", source.name, source.kind, source.path)
+    _log.info("%s", speech.note)
+    return serve(config, shutdown_timeout=args.shutdown_timeout)

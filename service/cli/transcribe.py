@@ -1,0 +1,106 @@
+"""`tandem transcribe FILE [MODEL]`: a file → text (or json, srt, vtt) on stdout, no server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from audio.formats import RESPONSE_FORMATS
+from service.cli.errors import CLIError
+from service.cli.parsers import add_command
+
+__all__ = ["add_transcribe"]
+
+
+def add_transcribe(sub: Any) -> None:
+    """Register `tandem transcribe`. Raises nothing."""
+    p = add_command(sub, "transcribe", "transcribe an audio file (no server)")
+    p.add_argument("file", help="audio file (wav, mp3, m4a, flac, ogg, webm, ...)")
+    p.add_argument("model", nargs="?", default=None,
+                   help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, or tiny.en "
+                        "(default: the demo tiny.en)")
+    p.add_argument("--language", default=None, help="ISO-639-1 code or name (default: detected)")
+    p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
+                   help="translate: into English (multilingual models)")
+    p.add_argument("--temperature", type=float, default=0.0, help="start of the fallback ladder")
+    p.add_argument("--no-fallback", action="store_true", help="decode at --temperature only")
+    p.add_argument("--prompt", default=None, help="initial prompt: spelling, vocabulary (default: none)")
+    p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
+    p.add_argument("--no-condition", action="store_true", help="do not condition on previous text")
+    p.add_argument("--vad", action="store_true", help="skip windows without speech")
+    p.add_argument("--vad-trim", action="store_true", help="cut leading/trailing silence")
+    p.add_argument("--word-timestamps", action="store_true", help="word-level timestamps (json formats)")
+    p.add_argument("--format", choices=RESPONSE_FORMATS, default="text", help="output format")
+    p.add_argument("--batch-size", type=int, default=1, metavar="N",
+                   help="cut at silences and decode N chunks per batched call (GPU speed; no conditioning)")
+    p.add_argument("--verbose", action="store_true", help="print segments as they are decoded and the speed")
+    p.set_defaults(func=_transcribe)
+
+
+def _transcribe(args: argparse.Namespace) -> int:
+    import anyio
+
+    from audio.errors import AudioInputError, InvalidOption, WhisperCheckpointError
+    from audio.formats import render
+    from audio.pcm import SAMPLE_RATE, load_audio_file
+    from audio.speech import SpeechService
+    from audio.transcript import TranscribeOptions, Transcript
+    from engine.runtime import Engine
+
+    if not 0 <= args.temperature <= 1:
+        raise CLIError("--temperature must be in 0..1")
+    if args.batch_size < 1:
+        raise CLIError("--batch-size must be >= 1")
+    try:
+        pcm = load_audio_file(args.file)
+    except (FileNotFoundError, AudioInputError) as exc:
+        raise CLIError(str(exc)) from None
+    engine = Engine(None)
+    try:
+        speech = SpeechService.from_spec(engine.tasks, args.model, resident=True)
+        options = speech.options(
+            language=args.language, task=args.task, prompt=args.prompt,
+            temperatures=TranscribeOptions.ladder(args.temperature, fallback=not args.no_fallback),
+            without_timestamps=args.no_timestamps, condition_on_previous_text=not args.no_condition,
+            word_timestamps=args.word_timestamps, vad=args.vad, vad_trim=args.vad_trim, batch_size=args.batch_size)
+    except (WhisperCheckpointError, InvalidOption) as exc:
+        raise CLIError(str(exc)) from None
+
+    async def run() -> tuple[Transcript, float, float]:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.serve)
+            t0 = time.perf_counter()
+            await speech.residency.preload()
+            t1 = time.perf_counter()
+            result: Transcript | None = None
+            async for item in speech.transcribe_stream(pcm, options):
+                if isinstance(item, Transcript):
+                    result = item
+                elif args.verbose:
+                    for s in item:
+                        print(f"[{_clock(s.start)} --> {_clock(s.end)}] {s.text.strip()}", file=sys.stderr, flush=True)
+            t2 = time.perf_counter()
+            engine.close()
+        assert result is not None  # transcribe_stream always ends with the Transcript
+        return result, t1 - t0, t2 - t1
+
+    try:
+        transcript, load_s, run_s = anyio.run(run)
+    except WhisperCheckpointError as exc:
+        raise CLIError(str(exc)) from None
+    body = render(transcript, args.format, words=args.word_timestamps)
+    sys.stdout.write(json.dumps(body, ensure_ascii=False) + "\n" if isinstance(body, dict) else body)
+    if args.verbose:
+        audio_s = len(pcm) / SAMPLE_RATE
+        print(f"{audio_s:.1f} s audio in {run_s:.2f} s ({audio_s / max(run_s, 1e-9):.1f}× realtime; "
+              f"model load {load_s:.2f} s)", file=sys.stderr)
+    return 0
+
+
+def _clock(seconds: float) -> str:
+    from audio.formats import timestamp
+
+    return timestamp(seconds, always_hours=False)

@@ -1,0 +1,80 @@
+"""Litestar exception handlers: every failure — a route's APIError, a typed engine or audio error (by
+ERROR_TABLE), Litestar's own 400/404/405, and unexpected exceptions — answered in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, SerializationException, ValidationException
+from litestar.types import ExceptionHandlersMap
+
+from service.http.errors import ERROR_TABLE, INTERNAL_ERROR_MESSAGE, APIError, api_error, error_response
+
+__all__ = ["EXCEPTION_HANDLERS"]
+
+_log = logging.getLogger("tandem.service")
+
+
+# pydantic puts union members and validator kinds into error locations ("content.str",
+# "content.list[TextPart].0.text"); field names here are snake_case, so anything else is a tag.
+_LOC_TAG = re.compile(r"^(str|int|float|bool|none|.*\[.*\].*|[A-Z]\w*)$")
+
+
+def _field_path(key: Any) -> str | None:
+    if key in (None, ""):
+        return None
+    parts = [part for part in str(key).split(".") if not _LOC_TAG.match(part)]
+    return ".".join(parts) or None
+
+
+def _validation_error(exc: ValidationException) -> APIError:
+    # Litestar's pydantic plugin reports [{"message", "key"}]; key is the dotted field path.
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    if not extra:
+        return APIError(400, "Request body must be a JSON object.", code="invalid_request_body")
+    problems = [e if isinstance(e, dict) else {"message": str(e)} for e in extra]
+    # For a union (content: str | parts) the deepest location says what was actually wrong.
+    first = max(problems, key=lambda e: len((_field_path(e.get("key")) or "").split(".")))
+    message = str(first.get("message", exc.detail)).removeprefix("Value error, ")
+    param = _field_path(first.get("key"))
+    others = {_field_path(e.get("key")) for e in problems} - {param}
+    more = f" (and {len(others)} more fields)" if others else ""
+    text = f"{param}: {message}{more}" if param else f"{message}{more}"
+    return APIError(400, text, param=param, code="invalid_value")
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
+    if isinstance(exc, ValidationException):
+        return error_response(_validation_error(exc))
+    status = exc.status_code
+    detail = str(exc.detail)
+    if status == 400 and isinstance(exc.__cause__, SerializationException):
+        return error_response(APIError(400, f"We could not parse the JSON body of your request: {detail}", code="invalid_json"))
+    if status == 404:
+        return error_response(APIError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found"))
+    if status == 405:
+        return error_response(
+            APIError(405, f"Method {request.method} is not allowed on {request.url.path}", code="method_not_allowed")
+        )
+    return error_response(APIError(status, detail))
+
+
+def _api_error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    return error_response(api_error(exc))
+
+
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    # Never leak a stack trace to a client; the log keeps it.
+    _log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(APIError(500, INTERNAL_ERROR_MESSAGE, type="server_error"))
+
+
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    APIError: _api_error,
+    **{kind: _api_error for kind in ERROR_TABLE},
+    HTTPException: _http_error,
+    Exception: _unexpected,
+}

@@ -1,0 +1,66 @@
+"""OpenAPI helpers for routes: SSE operations documented beside their JSON answer, error response specs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation
+from pydantic import BaseModel
+
+from service.http.schemas import ErrorResponse
+
+__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "error_responses", "MODEL_ERRORS"]
+
+
+def error_responses(descriptions: Mapping[int, str]) -> dict[int, ResponseSpec]:
+    """status → ResponseSpec documenting the OpenAI error body with `description`. Raises nothing."""
+    return {status: ResponseSpec(data_container=ErrorResponse, description=text, generate_examples=False)
+            for status, text in descriptions.items()}
+
+
+# Routes that take a `model`: a bad request, or a model this server does not serve.
+MODEL_ERRORS = error_responses({400: "Invalid request (OpenAI error shape)",
+                                404: "Unknown model (code model_not_found)"})
+
+
+def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """`model`'s JSON schema (serialization mode) with every $ref resolved in place. Raises nothing for
+    non-recursive models."""
+    schema = model.model_json_schema(mode="serialization")
+    definitions = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(definitions[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(value) for value in node]
+        return node
+
+    return resolve(schema)
+
+
+def ok_content_operation(content: Mapping[str, dict[str, Any]], name: str) -> type[Operation]:
+    """An Operation class whose 200 response documents `content` (media type → JSON schema) beside what
+    Litestar derived from the handler (it documents one media type per status). Raises nothing."""
+
+    @dataclass
+    class ContentOperation(Operation):
+        def __post_init__(self) -> None:
+            ok = (self.responses or {}).get("200")
+            if isinstance(ok, OpenAPIResponse):
+                added = {media: OpenAPIMediaType(schema=schema)  # type: ignore[arg-type]  # a plain JSON-schema dict
+                         for media, schema in content.items()}
+                ok.content = {**(ok.content or {}), **added}
+
+    ContentOperation.__name__ = name
+    return ContentOperation
+
+
+def sse_operation(event: type[BaseModel]) -> type[Operation]:
+    """An Operation class that also documents the 200 response as `text/event-stream` of `event` objects
+    (`stream: true` answers with that instead of the JSON body). Raises nothing."""
+    return ok_content_operation({"text/event-stream": inline_json_schema(event)}, f"{event.__name__}StreamOperation")

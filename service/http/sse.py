@@ -1,0 +1,92 @@
+"""Server-sent events: the one place events are framed (`data: ...\n\n`), and a streaming response that
+always closes its generator.
+
+The stream body is an async generator owning the engine row; whoever stops consuming it (end, error,
+client disconnect) must aclose it so its `finally` frees the row at once, not whenever GC gets to it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncGenerator, Awaitable, Callable
+
+import anyio
+from litestar import Request
+from litestar.response import Stream
+from litestar.response.base import ASGIResponse
+from litestar.response.streaming import ASGIStreamingResponse
+from pydantic import BaseModel
+
+from service.http.errors import APIError, error_body
+
+__all__ = ["DONE", "SSE_HEADERS", "sse_data", "sse_error", "EventSource", "SSEStream"]
+
+DONE = b"data: [DONE]\n\n"
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse_data(payload: BaseModel) -> bytes:
+    """One `data: <json>` event. Raises nothing for valid models."""
+    return b"data: " + payload.model_dump_json().encode() + b"\n\n"
+
+
+def sse_error(error: APIError) -> bytes:
+    """The `data: {"error": ...}` event sent when a stream fails after its headers went out. Raises nothing."""
+    return b"data: " + json.dumps(error_body(error)).encode() + b"\n\n"
+
+
+class EventSource:
+    """Async iterator of framed SSE events that owns a resource (the engine row) released by aclose().
+
+    aclose() runs `on_close` even when the generator never started (client gone before the headers)."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None], on_close: Callable[[], Awaitable[None]] | None = None) -> None:
+        self._events = events
+        self._on_close = on_close
+
+    def __aiter__(self) -> "EventSource":
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        """Close the generator, then release the resource. Raises what the generator's cleanup raises."""
+        on_close, self._on_close = self._on_close, None
+        try:
+            await self._events.aclose()
+        finally:
+            if on_close is not None:
+                with anyio.CancelScope(shield=True):
+                    await on_close()
+
+
+class _ClosingStreamingResponse(ASGIStreamingResponse):
+    """Litestar's streaming response, but its iterator is aclosed however the response ends."""
+
+    __slots__ = ()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if (aclose := getattr(self.iterator, "aclose", None)) is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
+class SSEStream(Stream):
+    """`text/event-stream` response over an async generator of already-framed events."""
+
+    __slots__ = ()
+
+    def __init__(self, events: EventSource | AsyncGenerator[bytes, None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS, status_code=200)
+
+    def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
+        """Build the ASGI response (Litestar API). Raises nothing."""
+        response = super().to_asgi_response(app, request, **kwargs)
+        # Same slots, one overridden method: swapping the class keeps every Litestar-computed field.
+        response.__class__ = _ClosingStreamingResponse
+        return response

@@ -1,0 +1,162 @@
+"""`tandem pi [--host H] [--port P] [--serve-model M] [--] [pi args...]`: merge the provider entry into
+pi's agent dir, start `tandem serve` in the background when nothing answers on the port, exec pi.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from service.pi.agent_files import agent_dir, fit_compaction, merge_provider
+from service.pi.provider import PROVIDER_NAME, provider_entry
+
+__all__ = ["INSTALL_HINT", "find_pi", "pi_command", "split_args"]
+
+INSTALL_HINT = "npm install -g @mariozechner/pi-coding-agent"
+
+
+# ---------------------------------------------------------------- the server
+
+
+def _get_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
+    import httpx
+
+    response = httpx.get(url, timeout=timeout)
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, None
+
+
+def _answers(base: str) -> bool:
+    import httpx
+
+    try:
+        _get_json(f"{base}/health")
+        return True
+    except httpx.HTTPError:
+        return False
+
+
+def _start_server(host: str, port: int, model: str | None, log_path: Path) -> subprocess.Popen[bytes]:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "service.cli", "serve", *([model] if model else []), "--host", host, "--port", str(port)]
+    with open(log_path, "ab") as log:
+        # Its own session: Ctrl-C in pi must not stop the server, which outlives this command.
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+
+
+def _wait_ready(base: str, process: subprocess.Popen[bytes] | None, log_path: Path, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-2000:] if log_path.exists() else ""
+            raise RuntimeError(f"tandem serve exited with code {process.returncode}:\n{tail}")
+        try:
+            status, _ = _get_json(f"{base}/health")
+            if status == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)  # polling a starting process: there is nothing to wait on but the port
+    raise RuntimeError(f"no ready server on {base} after {timeout:.0f} s (log: {log_path})")
+
+
+def _provider_from_server(base: str) -> dict[str, Any]:
+    status, doc = _get_json(f"{base}/v1/pi/provider", timeout=10)
+    if status == 200 and isinstance(doc, dict) and doc.get("providers", {}).get(PROVIDER_NAME, {}).get("models"):
+        return doc["providers"][PROVIDER_NAME]
+    # Another OpenAI-compatible server (or an older tandem): build the entry from /v1/models.
+    status, models = _get_json(f"{base}/v1/models", timeout=10)
+    cards = models.get("data", []) if isinstance(models, dict) else []
+    chat = next((c for c in cards if c.get("kind", "chat") == "chat"), None)
+    if status != 200 or chat is None:
+        raise RuntimeError(f"the server on {base} serves no chat model")
+    return provider_entry(chat["id"], f"{base}/v1", chat.get("context_length") or 4096, reasoning=False)
+
+
+def find_pi(environ: dict[str, str] | None = None) -> str | None:
+    """TANDEM_PI_BIN, else `pi` on PATH. Raises nothing."""
+    env = os.environ if environ is None else environ
+    if explicit := env.get("TANDEM_PI_BIN"):
+        return explicit if Path(explicit).exists() else None
+    return shutil.which("pi", path=env.get("PATH"))
+
+
+# ---------------------------------------------------------------- `tandem pi`
+
+
+def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Our leading options (--host, --port, --serve-model), then pi's arguments (after an optional --)."""
+    ours: dict[str, str] = {}
+    args = list(argv)
+    while args and args[0] in ("--host", "--port", "--serve-model"):
+        if len(args) < 2:
+            raise ValueError(f"{args[0]} needs a value")
+        ours[args[0][2:]] = args[1]
+        args = args[2:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    return ours, args
+
+
+def pi_command(
+    argv: Sequence[str],
+    *,
+    environ: dict[str, str] | None = None,
+    exec_fn: Callable[[str, list[str], dict[str, str]], Any] = os.execvpe,
+    ready_timeout: float = 900.0,
+) -> int:
+    """`tandem pi`: write the provider, make sure a server answers, exec pi (returns only on failure).
+
+    Returns 127 when pi is not installed, 2 for bad arguments or config files, 1 when no server starts."""
+    env = dict(os.environ if environ is None else environ)
+    try:
+        ours, pi_args = split_args(argv)
+        port = int(ours.get("port", env.get("TANDEM_PORT", "8080")))
+    except ValueError as exc:
+        print(f"tandem pi: {exc}", file=sys.stderr)
+        return 2
+    host = ours.get("host", "127.0.0.1")
+    pi = find_pi(env)
+    if pi is None:
+        print(f"tandem pi: pi is not installed; install it with: {INSTALL_HINT}", file=sys.stderr)
+        return 127
+    base = f"http://{host}:{port}"
+    log_path = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlx-tandem" / f"serve-{port}.log"
+    try:
+        process = None
+        if not _answers(base):
+            process = _start_server(host, port, ours.get("serve-model"), log_path)
+            print(f"tandem pi: started tandem serve (pid {process.pid}) on {base}; log: {log_path}", file=sys.stderr)
+        _wait_ready(base, process, log_path, ready_timeout)
+        entry = _provider_from_server(base)
+    except RuntimeError as exc:
+        print(f"tandem pi: {exc}", file=sys.stderr)
+        return 1
+    directory = agent_dir(env)
+    try:
+        path = merge_provider(directory, PROVIDER_NAME, entry)
+        model = entry["models"][0]
+        fitted = fit_compaction(directory, int(model["contextWindow"]))
+    except (ValueError, OSError) as exc:
+        print(f"tandem pi: {exc}", file=sys.stderr)
+        return 2
+    print(f"tandem pi: provider {PROVIDER_NAME} ({model['id']}) written to {path}", file=sys.stderr)
+    if fitted:
+        print(f"tandem pi: compaction settings {fitted} written to {directory / 'settings.json'} "
+              f"(context window {model['contextWindow']})", file=sys.stderr)
+    if "--provider" not in pi_args and "--model" not in pi_args:
+        pi_args = ["--provider", PROVIDER_NAME, "--model", model["id"], *pi_args]
+    exec_fn(pi, [pi, *pi_args], env)
+    return 0
+
+

@@ -1,0 +1,50 @@
+"""The models.json provider entry that points the pi coding agent (`@mariozechner/pi-coding-agent`) at
+mlx-tandem — built by the server (GET /v1/pi/provider) and, for other servers, by `tandem pi`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["PROVIDER_NAME", "provider_entry", "has_thinking_switch"]
+
+PROVIDER_NAME = "mlx-tandem"
+
+
+def has_thinking_switch(tokenizer: Any) -> bool:
+    """True when the model has think markers and its chat template reads `enable_thinking`. Raises nothing."""
+    if tokenizer is None or not getattr(tokenizer, "has_thinking", False):
+        return False
+    try:
+        template = getattr(tokenizer, "chat_template", None)
+    except Exception:  # a wrapper delegating to a tokenizer without the attribute
+        return False
+    return isinstance(template, str) and "enable_thinking" in template
+
+
+def provider_entry(model_id: str, base_url: str, context_window: int, *, reasoning: bool) -> dict[str, Any]:
+    """The models.json provider entry (api openai-completions) for one served model. Raises nothing."""
+    compat: dict[str, Any] = {
+        "supportsDeveloperRole": True,
+        "sendSessionAffinityHeaders": True,
+        "supportsUsageInStreaming": True,
+        "maxTokensField": "max_completion_tokens",
+    }
+    if reasoning:
+        compat["thinkingFormat"] = "qwen-chat-template"
+    return {
+        "baseUrl": base_url,
+        "api": "openai-completions",
+        "apiKey": PROVIDER_NAME,  # pi requires a key; the server ignores it
+        "compat": compat,
+        "models": [
+            {
+                "id": model_id,
+                "name": f"{model_id} (mlx-tandem)",
+                "reasoning": reasoning,
+                "input": ["text"],
+                "contextWindow": int(context_window),
+                "maxTokens": max(256, min(8192, int(context_window) // 4)),
+                "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+            }
+        ],
+    }

@@ -1,0 +1,168 @@
+"""Pydantic models of the speech API (/v1/audio/...) — the OpenAPI source for transcription and sessions."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from litestar.datastructures import UploadFile
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from audio.formats import ResponseFormat
+from audio.pcm import SAMPLE_RATE
+
+__all__ = [
+    "TranscriptionForm",
+    "TranscriptionWord",
+    "TranscriptionSegment",
+    "Transcription",
+    "VerboseTranscription",
+    "TranscriptTextDelta",
+    "TranscriptTextDone",
+    "SessionCreateRequest",
+    "SessionCreated",
+    "SessionAudioAccepted",
+    "SessionFinished",
+    "SessionDeleted",
+    "LiveEvent",
+]
+
+Granularity = Literal["segment", "word"]
+
+
+def _segments_only() -> list[Granularity]:
+    return ["segment"]
+
+
+class TranscriptionForm(BaseModel):
+    """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True, extra="allow")
+
+    file: UploadFile = Field(description="Audio: wav, mp3, m4a, flac, ogg, webm … (decoded with PyAV).")
+    model: str = Field("whisper-1", description="The Whisper model served here (any alias of it).")
+    language: str | None = Field(None, description="ISO-639-1 code (or name); detected when omitted.")
+    prompt: str | None = Field(None, description="Text to condition the first window on (spelling, vocabulary).")
+    response_format: ResponseFormat = "json"
+    temperature: float = Field(0.0, ge=0.0, le=1.0, description="Start of the fallback ladder (0 → 0, 0.2 … 1.0).")
+    timestamp_granularities: list[Granularity] = Field(
+        default_factory=_segments_only, alias="timestamp_granularities[]",
+        description="`word` adds word timestamps (verbose_json).")
+    stream: bool = Field(False, description="SSE: transcript.text.delta events, then transcript.text.done.")
+    task: Literal["transcribe", "translate"] = Field("transcribe", description="Extension: translate into English.")
+    vad: bool = Field(False, description="Extension: skip windows without speech (webrtcvad).")
+    vad_trim: bool = Field(False, description="Extension: cut leading/trailing silence before decoding.")
+
+    @field_validator("timestamp_granularities", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        # A form with one `timestamp_granularities[]` field arrives as a plain string.
+        return [value] if isinstance(value, str) else value
+
+
+class TranscriptionWord(BaseModel):
+    word: str
+    start: float
+    end: float
+
+
+class TranscriptionSegment(BaseModel):
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+class Transcription(BaseModel):
+    """response_format=json."""
+
+    text: str
+
+
+class VerboseTranscription(BaseModel):
+    """response_format=verbose_json."""
+
+    task: Literal["transcribe", "translate"] = "transcribe"
+    language: str
+    duration: float
+    text: str
+    segments: list[TranscriptionSegment] = Field(default_factory=list)
+    words: list[TranscriptionWord] | None = None
+
+
+class TranscriptTextDelta(BaseModel):
+    """One SSE event of a streamed transcription: text of the segments one window produced."""
+
+    type: Literal["transcript.text.delta"] = "transcript.text.delta"
+    delta: str
+
+
+class TranscriptTextDone(BaseModel):
+    """The last SSE event of a streamed transcription."""
+
+    type: Literal["transcript.text.done"] = "transcript.text.done"
+    text: str
+
+
+class SessionCreateRequest(BaseModel):
+    """POST /v1/audio/sessions: options for a live dictation session."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(None, description="The Whisper model served here; default: it.")
+    language: str | None = None
+    prompt: str | None = None
+    vocabulary: list[str] = Field(default_factory=list, description="Words to bias toward (joined into the prompt).")
+    temperature: float = Field(0.0, ge=0.0, le=1.0)
+    task: Literal["transcribe", "translate"] = "transcribe"
+    vad: bool = Field(False, description="Skip windows without speech (webrtcvad).")
+    vad_min_speech_ms: int = Field(250, ge=30, le=10_000)
+
+
+class SessionCreated(BaseModel):
+    id: str
+    object: Literal["audio.session"] = "audio.session"
+    model: str
+    sample_rate: int = SAMPLE_RATE
+    window_seconds: float = 30.0
+
+
+class SessionAudioAccepted(BaseModel):
+    """After each chunk: total audio received and how many 30 s windows are already decoded."""
+
+    id: str
+    received_seconds: float
+    windows_done: int
+
+
+class SessionFinished(BaseModel):
+    id: str
+    text: str
+    language: str
+    duration: float
+    segments: list[TranscriptionSegment] = Field(default_factory=list)
+
+
+class SessionDeleted(BaseModel):
+    id: str
+    object: Literal["audio.session"] = "audio.session"
+    deleted: bool = True
+
+
+class LiveEvent(BaseModel):
+    """Websocket /v1/audio/live server messages: `transcript.partial` (committed + tentative text),
+    `transcript.done` (final text), `error`."""
+
+    type: Literal["session.created", "transcript.partial", "transcript.done", "error"]
+    id: str | None = None
+    committed: str | None = None
+    tentative: str | None = None
+    text: str | None = None
+    received_seconds: float | None = None
+    windows_done: int | None = None
+    message: str | None = None

@@ -1,0 +1,92 @@
+"""Live dictation over plain HTTP: open a session, append audio chunks as they are captured, finish for
+the transcript, or delete. Windows decode in the background while audio keeps arriving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+from litestar import Request, delete, post
+
+from audio.errors import SessionClosed
+from audio.pcm import SAMPLE_RATE, is_raw_pcm, parse_pcm_content_type
+from audio.sessions import LiveSession
+from audio.transcript import TranscribeOptions
+from service.seams import SpeechBackend
+from service.speech.schemas import (
+    SessionAudioAccepted,
+    SessionCreated,
+    SessionCreateRequest,
+    SessionDeleted,
+    SessionFinished,
+)
+from service.speech.served import decode_audio_body, response_segments, served_speech, transcribe_options
+from service.speech.transcriptions import SPEECH_ERRORS
+from service.state import get_state
+
+__all__ = ["create_session", "append_session_audio", "finish_session", "delete_session", "MAX_CHUNK_BYTES"]
+
+MAX_CHUNK_BYTES = 8 * 1024 * 1024
+# A chunk sent without a content-type is what the route documents as its default: float32 PCM at 16 kHz.
+_DEFAULT_CHUNK_TYPE = "audio/pcm"
+
+
+@post("/v1/audio/sessions", status_code=200, tags=["audio"], summary="Open a live dictation session",
+      responses=SPEECH_ERRORS)
+async def create_session(request: Request[Any, Any, Any], data: SessionCreateRequest) -> SessionCreated:
+    """Raises APIError (400 bad options, 404 no Whisper model, 409 too many sessions, 503 not running)."""
+    speech = served_speech(get_state(request), data.model)
+    vocabulary = ", ".join(w.strip() for w in data.vocabulary if w.strip())
+    prompt = " ".join(p for p in [data.prompt or "", vocabulary] if p)
+    options = transcribe_options(speech, language=data.language, task=data.task, prompt=prompt or None,
+                                 temperatures=TranscribeOptions.ladder(data.temperature), vad=data.vad,
+                                 vad_min_speech_ms=data.vad_min_speech_ms)
+    session = speech.create_session(options)
+    return SessionCreated(id=session.id, model=speech.model_name)
+
+
+def _session(request: Request[Any, Any, Any], session_id: str) -> tuple[SpeechBackend, LiveSession]:
+    speech = served_speech(get_state(request), None)
+    return speech, speech.get_session(session_id)
+
+
+@post("/v1/audio/sessions/{session_id:str}/audio", status_code=200, request_max_body_size=MAX_CHUNK_BYTES,
+      tags=["audio"], summary="Append audio to a session", responses=SPEECH_ERRORS,
+      description=f"Raw body. `content-type: audio/pcm;rate=N` (the default when absent) is float32 "
+                  f"little-endian mono (rate default {SAMPLE_RATE}, 8000–48000 accepted, resampled), "
+                  "`;encoding=s16le` 16-bit; any other type (audio/wav, application/octet-stream, ...) is "
+                  "decoded as a file. Audio accepted before a bad chunk is kept.")
+async def append_session_audio(request: Request[Any, Any, Any], session_id: str) -> SessionAudioAccepted:
+    """Raises APIError (400 bad chunk, 404 unknown session, 409 after finish, 413 too large)."""
+    _, session = _session(request, session_id)
+    body = await request.body()
+    content_type = request.headers.get("content-type") or _DEFAULT_CHUNK_TYPE
+    if is_raw_pcm(content_type):
+        # Raw chunks go through the session's resampler, whose filter state spans chunks.
+        session.append(body, parse_pcm_content_type(content_type))
+    else:
+        if session.closed:  # refuse before spending a worker thread decoding a whole file
+            raise SessionClosed(f"session {session.id} is closed; no more audio accepted")
+        session.append_samples(await anyio.to_thread.run_sync(
+            lambda: decode_audio_body(body, content_type, param="body")))
+    return SessionAudioAccepted(id=session.id, received_seconds=round(session.received_seconds, 3),
+                                windows_done=session.windows_done)
+
+
+@post("/v1/audio/sessions/{session_id:str}/finish", status_code=200, tags=["audio"],
+      summary="Finish a session and get its transcript", responses=SPEECH_ERRORS)
+async def finish_session(request: Request[Any, Any, Any], session_id: str) -> SessionFinished:
+    """Raises APIError (404 unknown session, 409 deleted/expired, 503 load failure)."""
+    _, session = _session(request, session_id)
+    t = await session.finish()
+    return SessionFinished(id=session.id, text=t.text, language=t.language, duration=round(t.duration, 3),
+                           segments=response_segments(t))
+
+
+@delete("/v1/audio/sessions/{session_id:str}", status_code=200, tags=["audio"], summary="Delete a session",
+        responses=SPEECH_ERRORS)
+async def delete_session(request: Request[Any, Any, Any], session_id: str) -> SessionDeleted:
+    """Cancels the session: its queued windows never run. Raises APIError (404 unknown session)."""
+    speech, _ = _session(request, session_id)
+    speech.delete_session(session_id)
+    return SessionDeleted(id=session_id)

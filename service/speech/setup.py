@@ -1,0 +1,98 @@
+"""Wiring speech into the app: options under ServiceConfig.extra["speech"], and the lifespan hook that
+builds the SpeechService on the engine's task queue and runs its maintenance loop.
+
+The app factory owns the engine; this hook only uses its task queue. A transcription-only server gets a
+tasks-only engine from the factory (`install_speech` sets the loader)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from dataclasses import asdict, dataclass
+from typing import AsyncIterator
+
+import anyio
+
+from audio.whisper import DEMO_ALIASES
+from service.admin.schemas import ModelCard
+from service.config import ServiceConfig
+from service.engines import open_tasks_engine
+from service.state import AppState
+
+__all__ = ["SpeechConfig", "speech_config", "speech_lifespan", "install_speech", "CONFIG_KEY"]
+
+CONFIG_KEY = "speech"
+
+_log = logging.getLogger("tandem.speech")
+
+
+@dataclass
+class SpeechConfig:
+    """`tandem serve` speech options: model spec (None = demo tiny.en), residency and session TTL."""
+
+    model: str | None = None
+    idle_unload_sec: float = 0.0
+    resident: bool = False
+    preload: bool = False
+    session_ttl_sec: float = 300.0
+    max_sessions: int = 64
+    # `tandem serve some-whisper-model`: no chat model is loaded at all.
+    transcription_only: bool = False
+
+    def store(self, config: ServiceConfig) -> None:
+        """Put these options into config.extra (travels to the granian worker). Raises nothing."""
+        config.extra[CONFIG_KEY] = asdict(self)
+
+
+def speech_config(config: ServiceConfig) -> SpeechConfig | None:
+    """The speech options in `config`, or None when speech is off. Raises TypeError for unknown keys."""
+    raw = config.extra.get(CONFIG_KEY)
+    return None if raw is None else SpeechConfig(**raw)
+
+
+@contextlib.asynccontextmanager
+async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
+    """Build the SpeechService on state.engine's task queue and run it until shutdown.
+
+    Raises WhisperCheckpointError at startup for a model that does not resolve, RuntimeError when the app
+    started no engine (create_app always does once install_speech ran)."""
+    from audio.speech import SpeechService
+
+    if state.engine is None:
+        raise RuntimeError("speech needs the engine's task queue; the app started no engine")
+    options = speech_config(state.config) or SpeechConfig()
+    speech = SpeechService.from_spec(state.engine.tasks, options.model, idle_unload_sec=options.idle_unload_sec,
+                                     resident=options.resident, session_ttl_sec=options.session_ttl_sec,
+                                     max_sessions=options.max_sessions)
+    aliases = {a for a in (options.model, str(speech.residency.path)) if a}
+    if options.model is None or options.model in DEMO_ALIASES:
+        aliases |= DEMO_ALIASES
+    async with anyio.create_task_group() as tg:
+        state.speech, state.speech_aliases = speech, aliases
+        state.extra_models[speech.model_name] = ModelCard(id=speech.model_name, kind="transcription")
+        residency = "resident" if options.resident else f"idle unload after {options.idle_unload_sec:g} s"
+        _log.info("speech: %s (%s, %s, %s)", speech.model_name, speech.residency.path, speech.residency.dtype,
+                  residency)
+        await tg.start(functools.partial(speech.run, preload=options.preload))
+        try:
+            yield
+        finally:
+            state.speech = None
+            tg.cancel_scope.cancel()
+
+
+def install_speech(state: AppState, options: SpeechConfig | None = None) -> AppState:
+    """Add speech to an AppState (tests and the CLI): stores options, appends the lifespan hook, and for a
+    transcription-only server (or one given no chat engine) has the factory start a tasks-only engine.
+    Raises nothing."""
+    if options is not None:
+        options.store(state.config)
+    elif CONFIG_KEY not in state.config.extra:
+        SpeechConfig().store(state.config)
+    only = (speech_config(state.config) or SpeechConfig()).transcription_only
+    if only or (state.engine is None and state.load_engine is None):
+        state.load_engine = open_tasks_engine
+    if speech_lifespan not in state.lifespan_hooks:
+        state.lifespan_hooks.append(speech_lifespan)
+    return state

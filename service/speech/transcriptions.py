@@ -1,0 +1,90 @@
+"""POST /v1/audio/transcriptions: an uploaded file → a Transcript in the asked format, or an SSE stream.
+
+The route parses and validates, hands numpy PCM to the SpeechService (audio/speech.py) and renders its
+Transcript; every model touch happens there, as tasks on the shared driver loop.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, AsyncGenerator
+
+import anyio
+import numpy as np
+from litestar import Request, Response, post
+from litestar.enums import RequestEncodingType
+from litestar.params import Body
+
+from audio.formats import media_type, render
+from audio.transcript import TranscribeOptions, Transcript
+from service.http.disconnect import ClientDisconnected, run_while_connected
+from service.http.errors import in_band_error
+from service.http.openapi import error_responses, inline_json_schema, ok_content_operation
+from service.http.sse import EventSource, SSEStream, sse_data, sse_error
+from service.seams import SpeechBackend
+from service.speech.schemas import (
+    Transcription,
+    TranscriptionForm,
+    TranscriptTextDelta,
+    TranscriptTextDone,
+    VerboseTranscription,
+)
+from service.speech.served import decode_audio_body, served_speech, transcribe_options
+from service.state import get_state
+
+__all__ = ["create_transcription", "MAX_FILE_BYTES", "SPEECH_ERRORS"]
+
+MAX_FILE_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit
+
+SPEECH_ERRORS = error_responses({400: "Bad audio or parameters (OpenAI error shape)", 404: "Unknown model or session",
+                                 409: "Session finished, deleted or expired", 413: "Body over the size limit"})
+
+_TEXT = {"type": "string"}
+# What the 200 carries, by response_format (json / verbose_json, text / srt, vtt) and with stream=true.
+_OK_CONTENT: dict[str, dict[str, Any]] = {
+    "application/json": {"oneOf": [inline_json_schema(Transcription), inline_json_schema(VerboseTranscription)]},
+    "text/plain": {**_TEXT, "description": "response_format text or srt"},
+    "text/vtt": {**_TEXT, "description": "response_format vtt"},
+    "text/event-stream": {"oneOf": [inline_json_schema(TranscriptTextDelta), inline_json_schema(TranscriptTextDone)]},
+}
+
+
+@post("/v1/audio/transcriptions", status_code=200, request_max_body_size=MAX_FILE_BYTES, tags=["audio"],
+      summary="Transcribe an audio file", responses=SPEECH_ERRORS,
+      operation_class=ok_content_operation(_OK_CONTENT, "TranscriptionOperation"),
+      description="OpenAI-compatible. `stream=true` answers text/event-stream: `transcript.text.delta` events "
+                  "(one per decoded window), then `transcript.text.done`.")
+async def create_transcription(
+    request: Request[Any, Any, Any],
+    data: Annotated[TranscriptionForm, Body(media_type=RequestEncodingType.MULTI_PART)],
+) -> Response[Any]:
+    """Raises APIError (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
+    speech = served_speech(get_state(request), data.model)
+    words = "word" in data.timestamp_granularities
+    options = transcribe_options(speech, language=data.language, task=data.task, prompt=data.prompt or None,
+                                 temperatures=TranscribeOptions.ladder(data.temperature), word_timestamps=words,
+                                 vad=data.vad, vad_trim=data.vad_trim)
+    raw = await data.file.read()
+    pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, data.file.content_type, param="file"))
+    if data.stream:
+        return SSEStream(EventSource(_transcription_events(speech, pcm, options)))
+    try:
+        transcript = await run_while_connected(request, lambda: speech.transcribe(pcm, options))
+    except ClientDisconnected:
+        return Response(None, status_code=499)
+    body = render(transcript, data.response_format, words=words)
+    return Response(body, media_type=media_type(data.response_format), status_code=200)
+
+
+async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray,
+                                options: TranscribeOptions) -> AsyncGenerator[bytes, None]:
+    stream = speech.transcribe_stream(pcm, options)
+    try:
+        async for item in stream:
+            if isinstance(item, Transcript):
+                yield sse_data(TranscriptTextDone(text=item.text))
+            elif delta := "".join(s.text for s in item):
+                yield sse_data(TranscriptTextDelta(delta=delta))
+    except Exception as exc:  # headers are out: report in-band
+        yield sse_error(in_band_error(exc))
+    finally:
+        await stream.aclose()

@@ -1,0 +1,76 @@
+"""AppState — everything the routes share — and `get_state`, how a route reaches it.
+
+Routes import this module, never the app factory: the factory (service/app.py) imports the routes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import anyio
+from anyio.abc import TaskGroup
+from litestar import Request
+from litestar.connection import ASGIConnection
+
+from service.admin.schemas import ModelCard
+from service.config import ServiceConfig
+from service.seams import ChatEngine, SpeechBackend
+
+__all__ = ["AppState", "LifespanHook", "EngineLoader", "get_state", "STATE_KEY"]
+
+# Where create_app keeps the AppState in Litestar's app.state.
+STATE_KEY = "tandem"
+
+# An async context manager entered after the engine starts and left before it closes (speech, sessions).
+LifespanHook = Callable[["AppState"], contextlib.AbstractAsyncContextManager[None]]
+# Builds the engine during startup (model loads run on the engine thread, off the event loop).
+EngineLoader = Callable[[ServiceConfig], Awaitable[ChatEngine]]
+
+
+@dataclass
+class AppState:
+    """The engine (or a loader the app factory runs at startup), speech, served names, readiness."""
+
+    config: ServiceConfig = field(default_factory=ServiceConfig)
+    # Set by the app factory only: given here, or built by `load_engine` in the lifespan.
+    engine: ChatEngine | None = None
+    load_engine: EngineLoader | None = None
+    lifespan_hooks: list[LifespanHook] = field(default_factory=list)
+    # Non-chat models shown in /v1/models (e.g. the Whisper model), keyed by id.
+    extra_models: dict[str, ModelCard] = field(default_factory=dict)
+    # Other names a client may use for the chat model (CLI spec, file name, repo id).
+    model_aliases: set[str] = field(default_factory=set)
+    task_group: TaskGroup | None = None
+    # The SpeechService while speech is served (service/speech/setup.py), and the names its model answers to.
+    speech: SpeechBackend | None = None
+    speech_aliases: set[str] = field(default_factory=set)
+    ready: bool = False
+    started_at: float = field(default_factory=time.time)
+    # HF tokenizers are not safe for concurrent use: chat templating runs in a worker thread, one at a time.
+    tokenize_limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def chat_model_name(self) -> str | None:
+        """Id of the loaded chat model, or None when there is none. Raises nothing."""
+        if self.engine is None or self.engine.tokenizer is None:
+            return None
+        return self.config.served_model_name or self.engine.model_name
+
+    def model_cards(self) -> list[ModelCard]:
+        """Every served model, chat model first. Raises nothing."""
+        cards = []
+        if (name := self.chat_model_name) is not None and self.engine is not None:
+            cards.append(ModelCard(id=name, created=int(self.started_at), kind="chat",
+                                   context_length=self.engine.context_length))
+        return cards + list(self.extra_models.values())
+
+
+def get_state(connection: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any, Any]) -> AppState:
+    """The AppState of the app serving `connection` (a request or a websocket).
+
+    Raises KeyError when the app was not built by create_app."""
+    state: AppState = connection.app.state[STATE_KEY]
+    return state

@@ -1,0 +1,54 @@
+"""Fused projections: one matmul for q/k/v and for gate/up gives each layer's own output, quantized or
+not, with or without bias, and leaves the model's own forward unchanged (its weights become views)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from engine.fused import FusedLinear, fused_mlp
+
+
+def layers(bias: bool, quantize: bool) -> list[nn.Module]:
+    mx.random.seed(3)
+    out = [nn.Linear(64, n, bias=bias) for n in (64, 32, 32)]
+    if quantize:
+        out = [nn.QuantizedLinear.from_linear(layer, group_size=32, bits=4) for layer in out]
+    mx.eval([layer.parameters() for layer in out])
+    return out
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("quantize", [False, True])
+def test_one_matmul_gives_each_layers_output(bias: bool, quantize: bool) -> None:
+    group = layers(bias, quantize)
+    x = mx.random.normal((1, 5, 64))
+    expected = [layer(x) for layer in group]
+    fused = FusedLinear(group)
+    assert fused.fused
+    for got, want in zip(fused(x), expected):
+        assert got.shape == want.shape and mx.allclose(got, want, atol=1e-4).item()
+    for layer, want in zip(group, expected):  # the layers read views of the fused buffer, same values
+        assert mx.allclose(layer(x), want, atol=1e-4).item()
+
+
+def test_layers_of_different_kinds_are_called_one_by_one() -> None:
+    plain, quantized = layers(False, False), layers(False, True)
+    mixed = [plain[0], quantized[1]]
+    x = mx.random.normal((1, 3, 64))
+    fused = FusedLinear(mixed)
+    assert not fused.fused
+    for got, layer in zip(fused(x), mixed):
+        assert mx.allclose(got, layer(x)).item()
+
+
+def test_the_fused_mlp_matches_mlx_lms_and_the_model_is_unchanged(tiny_loaded) -> None:
+    model = tiny_loaded.model
+    tokens = mx.array([[5, 9, 11, 40]])
+    before = model(tokens)
+    mlp = model.model.layers[0].mlp
+    x = mx.random.normal((1, 4, model.args.hidden_size))
+    want = mlp(x)
+    assert mx.allclose(fused_mlp(mlp)(x), want, atol=1e-5).item()
+    assert mx.allclose(model(tokens), before, atol=1e-5).item()

@@ -1,0 +1,99 @@
+"""MemoryBudget and memory admission: the budget's split, rows queued while their KV does not fit, a row
+that never fits refused, a defaulted max_tokens lowered to fit, and slot buffers that shrink as rows leave."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from engine.contracts import GenerationRequest, SamplingParams
+from engine.errors import MemoryAdmission
+from engine.memory import MemoryBudget, kv_token_bytes, weight_bytes
+from tests.engine.test_batch import assert_matches_reference, drain, iterate, make_group, prompt_of, tokens_of
+
+pytestmark = pytest.mark.anyio
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def budget_for(loaded, kv_tokens: int) -> MemoryBudget:
+    """A budget whose KV share holds exactly `kv_tokens` positions."""
+    token = kv_token_bytes(loaded.model)
+    return MemoryBudget(total=kv_tokens * token, weights=0, prefix_cache=0, buffer_cache=0, activations=0,
+                        kv_token_bytes=token)
+
+
+def test_kv_token_bytes_follow_the_attention_shape(tiny_loaded) -> None:
+    args = tiny_loaded.model.args
+    head_dim = args.hidden_size // args.num_attention_heads
+    assert kv_token_bytes(tiny_loaded.model) == 2 * args.num_hidden_layers * args.num_key_value_heads * head_dim * 4
+
+
+def test_the_budget_counts_weights_and_refuses_one_without_room_for_kv(tiny_loaded) -> None:
+    weights = weight_bytes(tiny_loaded.model)
+    budget = MemoryBudget.plan(tiny_loaded.model, total=1 << 30, prefix_cache=1 << 20)
+    assert budget.weights == weights > 0
+    assert budget.kv == budget.total - weights - (1 << 20) - budget.buffer_cache - budget.activations > 0
+    with pytest.raises(ValueError, match="memory-budget"):
+        MemoryBudget.plan(tiny_loaded.model, total=weights + (1 << 20))
+
+
+def test_a_row_that_can_never_fit_is_refused_with_its_code(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, budget=budget_for(tiny_loaded, 1024))
+    with pytest.raises(MemoryAdmission, match="budget") as info:
+        group.submit(GenerationRequest(prompt_of(100, 1), GREEDY, max_tokens=1000))
+    assert info.value.code == "context_over_budget"
+    group.submit(GenerationRequest(prompt_of(100, 1), GREEDY, max_tokens=200))  # this one fits
+
+
+async def test_a_defaulted_max_tokens_is_lowered_to_what_fits(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, budget=budget_for(tiny_loaded, 1024))
+    stream = group.submit(GenerationRequest(prompt_of(100, 1), GREEDY, max_tokens=1900, max_tokens_requested=False))
+    # Alone it may use 1024 positions less its 256-rounded prefill cache, step-rounded, less one.
+    assert stream._row.request.max_tokens == 768 - 1 - 100
+
+
+async def test_a_row_waits_while_its_kv_does_not_fit_and_runs_when_room_is_made(tiny_loaded) -> None:
+    # One row of 40 + 20 tokens needs a 256-position slot + a 256-position prefill cache; two rows need at
+    # least two slots + one prefill cache (768): a 700-position budget holds one at a time.
+    group = make_group(tiny_loaded, budget=budget_for(tiny_loaded, 700))
+    first = group.submit(GenerationRequest(prompt_of(40, 1), GREEDY, max_tokens=20))
+    second = group.submit(GenerationRequest(prompt_of(40, 2), GREEDY, max_tokens=20))
+    got: dict[int, list] = {0: [], 1: []}
+    order: list[tuple[int, int]] = []  # (iteration, row) whenever a row produced a token
+    for it in range(200):
+        await iterate(group)
+        for i, s in enumerate((first, second)):
+            new = drain(s)
+            if tokens_of(new):
+                order.append((it, i))
+            got[i] += new
+        if got[1] and got[1][-1].finish_reason:
+            break
+    first_done = max(it for it, i in order if i == 0)
+    assert min(it for it, i in order if i == 1) > first_done  # the second only ran once the first left
+    assert group.reserved_kv_bytes() == 0
+    assert_matches_reference(tiny_loaded, prompt_of(40, 2), tokens_of(got[1]), 20)
+
+
+async def test_slot_buffers_shrink_when_rows_leave_and_the_rest_keep_their_kv(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    group.slots.step = 8
+    lengths = [(30, 4), (12, 5), (20, 6), (9, 40)]  # the last row outlives the others
+    streams = [group.submit(GenerationRequest(prompt_of(p, i), GREEDY, max_tokens=m))
+               for i, (p, m) in enumerate(lengths)]
+    got: dict[int, list] = {i: [] for i in range(4)}
+    peak, checked = 0, False
+    for _ in range(200):
+        await iterate(group)
+        peak = max(peak, group.slot_bytes())
+        for i, s in enumerate(streams):
+            got[i] += drain(s)
+        if all(g and g[-1].finish_reason for g in got.values()):
+            break
+        if all(got[i] and got[i][-1].finish_reason for i in range(3)) and len(tokens_of(got[3])) >= 30:
+            assert group.slots.slots == 1  # compacted to the one row left
+            assert group.slot_bytes() < peak
+            checked = True
+    for i, (p, m) in enumerate(lengths):
+        assert_matches_reference(tiny_loaded, prompt_of(p, i), tokens_of(got[i]), m)
+    assert checked and group.slot_bytes() == 0

@@ -1,0 +1,77 @@
+"""A failing engine step through the real engine and the real app: before the first token a 5xx in OpenAI's
+shape, after it an SSE error event then [DONE]; never a successful empty answer."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+from litestar.testing import TestClient
+
+from engine.runtime import Engine
+from service.app import create_app
+from service.state import AppState
+from tests.service.conftest import sse_events
+
+
+class FailingForward:
+    """The group's runner, failing every forward from call `from_call` on."""
+
+    def __init__(self, inner: Any, from_call: int) -> None:
+        self.inner, self.from_call, self.calls = inner, from_call, 0
+
+    def forward(self, segments: Any) -> Any:
+        self.calls += 1
+        if self.calls >= self.from_call:
+            raise RuntimeError("There is no Stream(gpu, 0) in current thread.")
+        return self.inner.forward(segments)
+
+
+@pytest.fixture
+def engine(tiny_loaded: Any) -> Engine:
+    return Engine(tiny_loaded, max_active=4, max_iteration_tokens=64)
+
+
+@pytest.fixture
+def client(engine: Engine) -> Iterator[TestClient[Any]]:
+    with TestClient(create_app(AppState(engine=engine))) as test_client:
+        yield test_client
+
+
+def chat(client: TestClient[Any], **body: Any) -> Any:
+    return client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hello there"}],
+                                                     "max_tokens": 8, **body})
+
+
+def test_a_step_failing_before_the_first_token_is_a_500_streamed_or_not(client: Any, engine: Engine) -> None:
+    engine.group.runner = FailingForward(engine.group.runner, 1)
+    for stream in (True, False):
+        response = chat(client, stream=stream)
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert error["type"] == "server_error" and "no Stream(gpu, 0)" in error["message"]
+        assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_a_step_failing_after_the_first_token_ends_the_stream_with_an_error_event(client: Any,
+                                                                                   engine: Engine) -> None:
+    engine.group.runner = FailingForward(engine.group.runner, 6)  # a few tokens out, then the failure
+    response = chat(client, stream=True, temperature=0)
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    assert any(isinstance(e, dict) and e.get("choices") and e["choices"][0]["delta"].get("content")
+               for e in events)
+    assert events[-1] == "[DONE]" and "no Stream" in events[-2]["error"]["message"]
+    assert not any(isinstance(e, dict) and e.get("choices") and e["choices"][0]["finish_reason"] for e in events)
+
+
+def test_health_turns_failing_while_every_step_fails_and_recovers(client: Any, engine: Engine) -> None:
+    real = engine.group.runner
+    engine.group.runner = FailingForward(real, 1)
+    for _ in range(3):
+        assert chat(client, stream=True).status_code == 500
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "failing"
+    engine.group.runner = real
+    assert chat(client).status_code == 200
+    assert client.get("/health").json()["status"] == "ok"

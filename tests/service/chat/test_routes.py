@@ -1,0 +1,245 @@
+"""POST /v1/chat/completions against a scripted engine: stream grammar, prompt building, cancellation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+
+from service.app import create_app
+from service.state import AppState
+from tests.service.conftest import sse_events
+from tests.service.fake_engine import FakeEngine
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _post(client: Any, **body: Any) -> Any:
+    return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": USER, **body})
+
+
+def test_stream_grammar_with_usage(client: Any) -> None:
+    response = _post(client, stream=True, stream_options={"include_usage": True})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == chunks[0]["id"] for c in chunks)
+    finishes = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is not None]
+    assert len(finishes) == 1 and finishes[0]["choices"][0]["finish_reason"] == "stop"
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == [] and chunks[-2] is finishes[0]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "Hello world!"
+    assert usage_chunk["usage"]["completion_tokens"] == 5
+    assert usage_chunk["usage"]["prompt_tokens"] == len("<user>hi<assistant>")
+    assert usage_chunk["usage"]["total_tokens"] == 5 + len("<user>hi<assistant>")
+    assert usage_chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_stream_without_usage_has_no_usage_chunk(client: Any) -> None:
+    events = sse_events(_post(client, stream=True).text)
+    assert events[-1] == "[DONE]"
+    assert all(e["choices"] for e in events[:-1])
+    assert all("usage" not in e for e in events[:-1])
+
+
+def test_length_finish_when_max_tokens_reached(client: Any, fake_engine: FakeEngine) -> None:
+    events = sse_events(_post(client, stream=True, max_tokens=2).text)
+    finishes = [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"][0]["finish_reason"]]
+    assert finishes == ["length"]
+    assert fake_engine.requests[-1].max_tokens == 2
+
+
+def test_non_stream_completion_with_usage(client: Any) -> None:
+    response = _post(client)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello world!"}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["completion_tokens"] == 5
+    assert body["usage"]["prompt_tokens"] == len("<user>hi<assistant>")
+
+
+def test_max_completion_tokens_preferred_over_max_tokens(client: Any, fake_engine: FakeEngine) -> None:
+    _post(client, max_tokens=3, max_completion_tokens=4)
+    assert fake_engine.requests[-1].max_tokens == 4
+
+
+def test_max_tokens_defaults_to_remaining_context(client: Any, fake_engine: FakeEngine) -> None:
+    _post(client)
+    prompt = len(fake_engine.requests[-1].prompt_tokens)
+    assert fake_engine.requests[-1].max_tokens == fake_engine.context_length - prompt
+
+
+def test_sampling_and_stop_are_passed_to_the_engine(client: Any, fake_engine: FakeEngine) -> None:
+    _post(client, temperature=0.3, top_p=0.9, top_k=5, min_p=0.1, seed=7, stop="wor", presence_penalty=0.5,
+          frequency_penalty=0.25, repetition_penalty=1.1, logit_bias={"65": -100})
+    request = fake_engine.requests[-1]
+    s = request.sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p, s.seed) == (0.3, 0.9, 5, 0.1, 7)
+    assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (0.5, 0.25, 1.1)
+    assert s.logit_bias == {65: -100.0}
+    assert list(request.stop) == ["wor"]
+
+
+def test_prompt_building(client: Any, fake_engine: FakeEngine) -> None:
+    messages = [
+        {"role": "developer", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "assistant", "content": None, "reasoning_content": "hmm",
+         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+    ]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}]
+    before = len(fake_engine.tokenizer.template_calls)
+    response = client.post("/v1/chat/completions", json={
+        "model": "fake-model", "messages": messages, "tools": tools, "reasoning_effort": "none",
+        "chat_template_kwargs": {"preserve_thinking": True}, "store": False, "prompt_cache_key": "k",
+        "prompt_cache_retention": "24h", "priority": "auto", "parallel_tool_calls": False,
+        "some_future_field": {"ignored": True},
+    })
+    assert response.status_code == 200, response.text
+    call = fake_engine.tokenizer.template_calls[before]  # the prompt itself (later calls may probe segments)
+    rendered = call["messages"]
+    assert [m["role"] for m in rendered] == ["system", "user", "assistant", "tool"]
+    assert rendered[1]["content"] == "ab"
+    assert rendered[2]["tool_calls"][0]["function"]["arguments"] == {"x": 1}
+    assert rendered[2]["reasoning_content"] == "hmm"
+    assert rendered[3]["tool_call_id"] == "call_1"
+    assert call["tools"][0]["function"]["name"] == "f"
+    assert call["enable_thinking"] is False and call["preserve_thinking"] is True
+    assert call["add_generation_prompt"] is True
+    assert fake_engine.requests[-1].session_id == "k"
+
+
+def test_affinity_header_is_the_session_hint(client: Any, fake_engine: FakeEngine) -> None:
+    client.post("/v1/chat/completions", json={"messages": USER}, headers={"x-session-affinity": "s-1"})
+    assert fake_engine.requests[-1].session_id == "s-1"
+
+
+def test_empty_tools_list_is_accepted(client: Any, fake_engine: FakeEngine) -> None:
+    assert _post(client, tools=[]).status_code == 200
+    assert fake_engine.tokenizer.template_calls[-1]["tools"] is None
+
+
+def test_error_after_headers_is_an_sse_error_then_done(client: Any, fake_engine: FakeEngine) -> None:
+    fake_engine.fail_with = "the step failed"
+    events = sse_events(_post(client, stream=True).text)
+    assert events[-1] == "[DONE]"
+    assert events[-2]["error"]["message"] == "the step failed"
+    assert set(events[-2]["error"]) == {"message", "type", "param", "code"}
+    assert not any(e.get("choices") and e["choices"][0]["finish_reason"] for e in events[:-2])
+
+
+def test_a_stream_that_fails_before_its_first_token_is_a_500_not_an_empty_200(client: Any,
+                                                                            fake_engine: FakeEngine) -> None:
+    fake_engine.fail_with, fake_engine.fail_at = "the step failed", 0
+    response = _post(client, stream=True)
+    assert response.status_code == 500
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["error"]["message"] == "the step failed"
+    assert response.json()["error"]["type"] == "server_error"
+    assert fake_engine.closed_streams >= 1
+
+
+def test_health_reports_an_engine_that_cannot_run_rows(client: Any, fake_engine: FakeEngine) -> None:
+    assert client.get("/health").json()["status"] == "ok"
+    fake_engine.failing = "RuntimeError: device lost"
+    response = client.get("/health")
+    assert response.status_code == 503
+    assert response.json() == {"status": "failing", "model": "fake-model", "error": "RuntimeError: device lost"}
+
+
+def test_error_in_non_stream_is_a_500_in_openai_shape(client: Any, fake_engine: FakeEngine) -> None:
+    fake_engine.fail_with = "the step failed"
+    response = _post(client)
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "the step failed"
+    fake_engine.fail_with = None
+    assert _post(client).status_code == 200
+
+
+# -------------------------------------------------------------- cancellation at the ASGI level
+
+
+def _scope(path: str) -> dict[str, Any]:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 1), "server": ("test", 80),
+    }
+
+
+class _Client:
+    """Drives one ASGI request; `leave` makes the next receive() report http.disconnect."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = json.dumps(body).encode()
+        self.sent_body = False
+        self.leave = anyio.Event()
+        self.first_content = anyio.Event()
+        self.chunks: list[bytes] = []
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.sent_body:
+            self.sent_body = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self.leave.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            self.chunks.append(message.get("body", b""))
+            if b'"content":"a"' in message.get("body", b""):
+                self.first_content.set()
+            if not message.get("more_body", False):
+                self.leave.set()
+
+
+@pytest.mark.anyio
+async def test_disconnect_mid_stream_frees_the_row_and_spares_others() -> None:
+    engine = FakeEngine(pieces=["a", "b", "c"])
+    engine.gate = anyio.Event()  # the first stream stalls after its first piece
+    app = create_app(AppState(engine=engine))
+    leaving = _Client({"messages": USER, "stream": True, "max_tokens": 3})
+    staying = _Client({"messages": USER, "stream": True, "max_tokens": 3})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app, _scope("/v1/chat/completions"), leaving.receive, leaving.send)
+        await leaving.first_content.wait()
+        engine.gate = None
+        tg.start_soon(app, _scope("/v1/chat/completions"), staying.receive, staying.send)
+        await staying.leave.wait()  # the second stream ran to its end
+        leaving.leave.set()  # now the first client goes away
+    assert engine.active == set()
+    assert engine.closed_streams >= 1
+    assert not any(b"[DONE]" in c for c in leaving.chunks)
+    assert b"".join(staying.chunks).endswith(b"data: [DONE]\n\n")
+    assert b'"finish_reason":"stop"' in b"".join(staying.chunks)
+
+
+@pytest.mark.anyio
+async def test_disconnect_during_non_stream_request_frees_the_row() -> None:
+    engine = FakeEngine(pieces=["a", "b", "c"])
+    engine.gate = anyio.Event()
+    app = create_app(AppState(engine=engine))
+    client = _Client({"messages": USER, "max_tokens": 3})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(app, _scope("/v1/chat/completions"), client.receive, client.send)
+        while not engine.requests:  # wait until the row exists (each pass yields to the app task)
+            await anyio.lowlevel.checkpoint()
+        client.leave.set()
+    assert engine.active == set()
+    assert engine.closed_streams == 1
+
+
+@pytest.mark.parametrize("seed,expected", [(-1, 2**64 - 1), (2**70 + 5, 5), (7, 7)])
+def test_any_integer_seed_is_accepted(client: Any, fake_engine: FakeEngine, seed: int, expected: int) -> None:
+    assert _post(client, seed=seed).status_code == 200
+    assert fake_engine.requests[-1].sampling.seed == expected

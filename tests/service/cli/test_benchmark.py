@@ -1,0 +1,33 @@
+"""`tandem benchmark NAME ...` dispatches to the bench module with the remaining options."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from service.cli.benchmark import BENCHMARKS
+from service.cli.main import main
+
+
+def test_benchmark_forwards_options_to_its_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("bench.chat")
+    fake.cli = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "bench.chat", fake)
+    assert main(["benchmark", "chat", "--levels", "1,2", "--no-peer"]) == 0
+    assert seen == [["--levels", "1,2", "--no-peer"]]
+
+
+def test_every_benchmark_entry_exists() -> None:
+    import importlib
+
+    for module, entry, _ in BENCHMARKS.values():
+        assert callable(getattr(importlib.import_module(module), entry))
+
+
+def test_unknown_benchmark_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["benchmark", "nope"])
+    assert exc.value.code == 2

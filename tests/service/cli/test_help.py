@@ -1,0 +1,53 @@
+"""Every `tandem` flag explains itself and shows its default; help works without optional tools."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from service.cli.main import build_parser, main
+
+
+def _parsers(parser: argparse.ArgumentParser, name: str = "tandem") -> list[tuple[str, argparse.ArgumentParser]]:
+    found = [(name, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                found += _parsers(sub, f"{name} {sub_name}")
+    return found
+
+
+COMMANDS = _parsers(build_parser())
+
+
+@pytest.mark.parametrize("name, parser", COMMANDS, ids=[name for name, _ in COMMANDS])
+def test_every_option_has_help_and_its_default(name: str, parser: argparse.ArgumentParser) -> None:
+    formatter = parser.formatter_class(prog=name)
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        assert action.help, f"{name}: {action.dest} has no help"
+        flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        positional_required = not action.option_strings and action.nargs is None
+        if flag or positional_required or action.nargs == argparse.REMAINDER:
+            continue
+        text = formatter._get_help_string(action) or ""
+        assert "(default" in text, f"{name}: {action.dest} does not show its default ({text!r})"
+
+
+def test_pi_help_works_without_pi(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("TANDEM_PI_BIN", raising=False)
+    with pytest.raises(SystemExit) as done:
+        main(["pi", "--help"])
+    out = "".join(capsys.readouterr().out.split())  # help text wraps anywhere, hyphens included
+    assert done.value.code == 0
+    assert "--serve-model" in out and "npminstall-g@mariozechner/pi-coding-agent" in out
+
+
+def test_serve_help_shows_host_and_port_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "address to listen on (default: 127.0.0.1)" in out and "port to listen on (default: 8080)" in out

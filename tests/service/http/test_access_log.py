@@ -1,0 +1,46 @@
+"""One access-log line per request: method, path, status, duration, and tokens where the route knows them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from service.logs import configure_logging
+
+
+@pytest.fixture(autouse=True)
+def _logs_at_info() -> None:
+    configure_logging("info")
+
+
+def _lines(err: str) -> list[str]:
+    return [line for line in err.splitlines() if re.match(r"tandem: (GET|POST|DELETE|OPTIONS) ", line)]
+
+
+def test_a_chat_completion_logs_its_tokens(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    body = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    (line,) = _lines(capsys.readouterr().err)
+    usage = body["usage"]
+    assert re.fullmatch(rf"tandem: POST /v1/chat/completions 200 \d+\.\d ms tokens {usage['prompt_tokens']}"
+                        rf"\+{usage['completion_tokens']}", line), line
+
+
+def test_a_stream_is_logged_once_it_ends(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    with client.stream("POST", "/v1/completions", json={"prompt": "ab", "stream": True}) as response:
+        assert response.status_code == 200
+        "".join(response.iter_text())
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.startswith("tandem: POST /v1/completions 200 ") and line.endswith("tokens 2+5"), line
+
+
+def test_unrouted_and_failed_requests_are_logged(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    client.get("/nowhere?x=1")
+    client.post("/v1/chat/completions", json={"messages": []})
+    lines = _lines(capsys.readouterr().err)
+    assert [line.split(" ms")[0].rsplit(" ", 1)[0] for line in lines] == [
+        "tandem: GET /nowhere?x=1 404", "tandem: POST /v1/chat/completions 400"]

@@ -1,0 +1,113 @@
+"""Every bad input gets a 4xx in OpenAI's error shape, and the server keeps serving afterwards."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from engine.errors import InvalidSampling
+from tests.service.fake_engine import FakeEngine
+
+USER = [{"role": "user", "content": "hi"}]
+
+BAD_CHAT_BODIES: list[tuple[str, Any, int, str | None, str | None]] = [
+    # (case, body, status, param, code)
+    ("malformed_json", b'{"messages": [', 400, None, "invalid_json"),
+    ("not_an_object", b"[1, 2]", 400, None, None),
+    ("wrong_type", {"messages": "hi"}, 400, "messages", "invalid_value"),
+    ("wrong_nested_type", {"messages": [{"role": "user", "content": 3}]}, 400, "messages.0.content", None),
+    ("unknown_role", {"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role", "invalid_value"),
+    ("missing_messages", {"model": "fake-model"}, 400, "messages", "invalid_value"),
+    ("empty_messages", {"messages": []}, 400, "messages", "invalid_value"),
+    ("unknown_model", {"model": "gpt-9", "messages": USER}, 404, "model", "model_not_found"),
+    ("n_above_one", {"messages": USER, "n": 2}, 400, "n", "invalid_value"),
+    ("negative_max_tokens", {"messages": USER, "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
+    ("negative_max_completion_tokens", {"messages": USER, "max_completion_tokens": -5}, 400, "max_completion_tokens", None),
+    ("temperature_out_of_range", {"messages": USER, "temperature": 9}, 400, "temperature", "invalid_value"),
+    ("logit_bias_not_token_id", {"messages": USER, "logit_bias": {"hello": 1}}, 400, "logit_bias", "invalid_value"),
+    ("logit_bias_outside_vocab", {"messages": USER, "logit_bias": {"999999": 1}}, 400, "logit_bias", None),
+    ("image_part", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     400, None, "invalid_value"),
+    ("context_length_exceeded", {"messages": [{"role": "user", "content": "x" * 400}]}, 400, "messages",
+     "context_length_exceeded"),
+    ("template_rejects", {"messages": USER, "chat_template_kwargs": {"fail": True}}, 400, "messages", "invalid_messages"),
+]
+
+
+def _assert_openai_error(response: Any, status: int, param: str | None, code: str | None) -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"] and isinstance(body["error"]["message"], str)
+    assert body["error"]["type"] == "invalid_request_error"
+    if param is not None:
+        assert body["error"]["param"] == param
+    if code is not None:
+        assert body["error"]["code"] == code
+    assert "Traceback" not in response.text
+
+
+@pytest.mark.parametrize("case,body,status,param,code", BAD_CHAT_BODIES, ids=[c[0] for c in BAD_CHAT_BODIES])
+def test_bad_chat_request(client: Any, fake_engine: FakeEngine, case: str, body: Any, status: int,
+                          param: str | None, code: str | None) -> None:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    _assert_openai_error(response, status, param, code)
+    assert fake_engine.requests == []  # nothing reached the engine
+    ok = client.post("/v1/chat/completions", json={"messages": USER})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "Hello world!"
+
+
+BAD_COMPLETION_BODIES: list[tuple[str, Any, int, str | None, str | None]] = [
+    ("missing_prompt", {"model": "fake-model"}, 400, "prompt", None),
+    ("two_prompts", {"prompt": ["a", "b"]}, 400, "prompt", "invalid_value"),
+    ("empty_token_list", {"prompt": []}, 400, "prompt", None),
+    ("token_outside_vocab", {"prompt": [1, 10**9]}, 400, "prompt", None),
+    ("unknown_model", {"model": "nope", "prompt": "a"}, 404, "model", "model_not_found"),
+    ("n_above_one", {"prompt": "a", "n": 3}, 400, "n", None),
+    ("too_long", {"prompt": "y" * 300}, 400, "prompt", "context_length_exceeded"),
+]
+
+
+@pytest.mark.parametrize("case,body,status,param,code", BAD_COMPLETION_BODIES, ids=[c[0] for c in BAD_COMPLETION_BODIES])
+def test_bad_completion_request(client: Any, case: str, body: Any, status: int, param: str | None, code: str | None) -> None:
+    _assert_openai_error(client.post("/v1/completions", json=body), status, param, code)
+    assert client.post("/v1/completions", json={"prompt": "a"}).status_code == 200
+
+
+def test_unknown_route_and_method_are_openai_errors(client: Any) -> None:
+    _assert_openai_error(client.get("/v1/nothing-here"), 404, None, "not_found")
+    _assert_openai_error(client.get("/v1/chat/completions"), 405, None, "method_not_allowed")
+
+
+def test_unexpected_exception_is_a_500_without_a_traceback(client: Any, fake_engine: FakeEngine) -> None:
+    def explode(_: Any) -> Any:
+        raise KeyError("internal detail")
+
+    fake_engine.submit = explode  # type: ignore[method-assign]
+    response = client.post("/v1/chat/completions", json={"messages": USER})
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "server_error"
+    assert "internal detail" not in response.text and "Traceback" not in response.text
+
+
+def test_engine_rejection_maps_to_400_naming_the_field(client: Any, fake_engine: FakeEngine) -> None:
+    def reject(_: Any) -> Any:
+        raise InvalidSampling("temperature must be >= 0", param="temperature")
+
+    fake_engine.submit = reject  # type: ignore[method-assign]
+    response = client.post("/v1/chat/completions", json={"messages": USER})
+    _assert_openai_error(response, 400, "temperature", "invalid_value")
+
+
+def test_no_chat_model_is_model_not_found() -> None:
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.state import AppState
+
+    with TestClient(create_app(AppState())) as client:
+        _assert_openai_error(client.post("/v1/chat/completions", json={"messages": USER}), 404, "model", "model_not_found")

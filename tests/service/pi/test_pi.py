@@ -1,0 +1,185 @@
+"""service/pi/: the provider definition route, models.json merging, compaction fit, `tandem pi`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.testing import TestClient
+
+from service.pi import agent_files, command
+from service.pi.route import pi_provider
+from service.state import AppState
+from tests.service.fake_engine import FakeEngine
+
+
+class _ThinkingTokenizer:
+    has_thinking = True
+    chat_template = "{% if enable_thinking %}<think>{% endif %}"
+
+
+def _client(engine: Any) -> TestClient:
+    state = AppState(engine=engine)
+    return TestClient(Litestar(route_handlers=[pi_provider], state=State({"tandem": state})))
+
+
+def test_provider_route_describes_the_served_model():
+    with _client(FakeEngine(context_length=8192)) as client:
+        response = client.get("/v1/pi/provider")
+    assert response.status_code == 200
+    entry = response.json()["providers"]["mlx-tandem"]
+    assert entry["api"] == "openai-completions"
+    assert entry["baseUrl"] == "http://testserver.local/v1"
+    assert entry["compat"]["supportsDeveloperRole"] is True
+    assert entry["compat"]["sendSessionAffinityHeaders"] is True
+    assert "thinkingFormat" not in entry["compat"]
+    (model,) = entry["models"]
+    assert (model["id"], model["contextWindow"], model["reasoning"]) == ("fake-model", 8192, False)
+    assert 0 < model["maxTokens"] <= 8192
+
+
+def test_provider_route_sets_thinking_format_for_a_thinking_switch():
+    engine = FakeEngine(context_length=40960)
+    engine.tokenizer = _ThinkingTokenizer()  # type: ignore[assignment]
+    with _client(engine) as client:
+        entry = client.get("/v1/pi/provider").json()["providers"]["mlx-tandem"]
+    assert entry["compat"]["thinkingFormat"] == "qwen-chat-template"
+    assert entry["models"][0]["reasoning"] is True
+
+
+def test_provider_route_without_chat_model_lists_no_models():
+    with _client(None) as client:
+        assert client.get("/v1/pi/provider").json()["providers"]["mlx-tandem"]["models"] == []
+
+
+def test_merge_keeps_other_providers_and_keys(tmp_path: Path):
+    (tmp_path / "models.json").write_text(json.dumps({"providers": {"ollama": {"baseUrl": "x"}}, "other": 1}))
+    agent_files.merge_provider(tmp_path, "mlx-tandem", {"baseUrl": "y"})
+    agent_files.merge_provider(tmp_path, "mlx-tandem", {"baseUrl": "z"})
+    data = json.loads((tmp_path / "models.json").read_text())
+    assert data == {"providers": {"ollama": {"baseUrl": "x"}, "mlx-tandem": {"baseUrl": "z"}}, "other": 1}
+
+
+def test_merge_creates_the_agent_dir(tmp_path: Path):
+    path = agent_files.merge_provider(tmp_path / "new" / "agent", "mlx-tandem", {"baseUrl": "y"})
+    assert json.loads(path.read_text()) == {"providers": {"mlx-tandem": {"baseUrl": "y"}}}
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"providers": 3}'])
+def test_merge_never_clobbers_a_file_it_cannot_read(tmp_path: Path, content: str):
+    (tmp_path / "models.json").write_text(content)
+    with pytest.raises(ValueError):
+        agent_files.merge_provider(tmp_path, "mlx-tandem", {})
+    assert (tmp_path / "models.json").read_text() == content
+
+
+def test_compaction_reserve_fits_a_small_window(tmp_path: Path):
+    (tmp_path / "settings.json").write_text(json.dumps({"theme": "dark"}))
+    assert agent_files.fit_compaction(tmp_path, 8192) == {"reserveTokens": 2048, "keepRecentTokens": 2048}
+    data = json.loads((tmp_path / "settings.json").read_text())
+    assert data == {"theme": "dark", "compaction": {"reserveTokens": 2048, "keepRecentTokens": 2048}}
+
+
+def test_compaction_keeps_the_users_choice_and_large_windows(tmp_path: Path):
+    (tmp_path / "settings.json").write_text(json.dumps({"compaction": {"reserveTokens": 4000}}))
+    assert agent_files.fit_compaction(tmp_path, 8192) is None
+    assert agent_files.fit_compaction(tmp_path / "other", 131072) is None
+    assert not (tmp_path / "other" / "settings.json").exists()
+
+
+def test_agent_dir_follows_pi():
+    assert agent_files.agent_dir({"PI_CODING_AGENT_DIR": "/x/y"}) == Path("/x/y")
+    assert agent_files.agent_dir({}) == Path.home() / ".pi" / "agent"
+
+
+def test_missing_pi_says_how_to_install(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    env = {"PATH": str(tmp_path), "PI_CODING_AGENT_DIR": str(tmp_path / "agent")}
+    assert command.pi_command(["-p", "hi"], environ=env, exec_fn=_never) == 127
+    assert command.INSTALL_HINT in capsys.readouterr().err
+    assert not (tmp_path / "agent").exists()
+
+
+def _never(*_: Any) -> None:
+    raise AssertionError("pi must not be executed")
+
+
+# A stand-in server process: answers /health once "loaded" and serves a provider document.
+STUB_SERVER = textwrap.dedent(
+    """
+    import json, sys
+    from http.server import HTTPServer, BaseHTTPRequestHandler
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def do_GET(self):
+            base = "http://%s/v1" % self.headers["host"]
+            docs = {
+                "/health": {"status": "ok"},
+                "/v1/pi/provider": {"providers": {"mlx-tandem": {"baseUrl": base, "api": "openai-completions",
+                    "models": [{"id": "stub-model", "contextWindow": 8192, "maxTokens": 2048}]}}},
+            }
+            body = json.dumps(docs.get(self.path, {"error": "no"})).encode()
+            self.send_response(200 if self.path in docs else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = HTTPServer(("127.0.0.1", 0), H)
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+    """
+)
+
+
+@pytest.fixture
+def stub_server(tmp_path: Path):
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB_SERVER)
+    process = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield int(process.stdout.readline())
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_pi_command_writes_provider_and_execs_pi(tmp_path: Path, stub_server: int):
+    fake_pi = tmp_path / "pi"
+    fake_pi.write_text("#!/bin/sh\n")
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "models.json").write_text(json.dumps({"providers": {"mine": {"baseUrl": "keep"}}}))
+    calls: list[tuple[str, list[str]]] = []
+    env = {"TANDEM_PI_BIN": str(fake_pi), "PI_CODING_AGENT_DIR": str(agent), "PATH": ""}
+    code = command.pi_command(["--port", str(stub_server), "-p", "hello"], environ=env,
+                         exec_fn=lambda f, a, e: calls.append((f, a)), ready_timeout=30)
+    assert code == 0
+    assert calls == [(str(fake_pi), [str(fake_pi), "--provider", "mlx-tandem", "--model", "stub-model", "-p", "hello"])]
+    providers = json.loads((agent / "models.json").read_text())["providers"]
+    assert providers["mine"] == {"baseUrl": "keep"}
+    assert providers["mlx-tandem"]["baseUrl"] == f"http://127.0.0.1:{stub_server}/v1"
+    assert json.loads((agent / "settings.json").read_text())["compaction"]["reserveTokens"] == 2048
+
+
+def test_pi_command_keeps_an_explicit_model_choice(tmp_path: Path, stub_server: int):
+    fake_pi = tmp_path / "pi"
+    fake_pi.write_text("#!/bin/sh\n")
+    calls: list[list[str]] = []
+    env = {"TANDEM_PI_BIN": str(fake_pi), "PI_CODING_AGENT_DIR": str(tmp_path / "agent")}
+    command.pi_command(["--port", str(stub_server), "--", "--model", "other/x"], environ=env,
+                  exec_fn=lambda f, a, e: calls.append(a), ready_timeout=30)
+    assert calls == [[str(fake_pi), "--model", "other/x"]]
+
+
+def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]):
+    assert command.pi_command(["--port"], environ={}, exec_fn=_never) == 2
+    assert command.pi_command(["--port", "abc"], environ={}, exec_fn=_never) == 2

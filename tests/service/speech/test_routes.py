@@ -1,0 +1,203 @@
+"""service/audio_routes.py over a tiny random-init Whisper: status codes, shapes, errors, sessions."""
+
+from __future__ import annotations
+
+import io
+import wave
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from litestar.testing import TestClient
+
+from service.app import create_app
+from service.state import AppState
+from service.speech.setup import SpeechConfig, install_speech
+from tests.fixtures.tiny_whisper import build_tiny_whisper
+from tests.service.conftest import sse_events
+
+SR = 16000
+
+
+def voiced(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * SR)) / SR
+    return (((t * 150) % 1.0 - 0.5) * 0.5 * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
+
+
+def wav_bytes(x: np.ndarray, rate: int = SR) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((x * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+
+
+@pytest.fixture(scope="module")
+def client(whisper_dir: Path) -> Iterator[TestClient[Any]]:
+    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True))
+    with TestClient(create_app(state)) as c:
+        yield c
+
+
+def transcribe(client: TestClient[Any], audio: bytes = b"", **fields: Any) -> Any:
+    data = {"model": "whisper-1", "temperature": "1.0", **fields}  # one rung: keeps the random model quick
+    return client.post("/v1/audio/transcriptions", files={"file": ("a.wav", audio or wav_bytes(voiced(2)), "audio/wav")},
+                       data=data)
+
+
+def assert_error(r: Any, status: int, code: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if code:
+        assert err["code"] == code
+    return err
+
+
+def test_models_lists_the_whisper_model(client: TestClient[Any], whisper_dir: Path) -> None:
+    cards = client.get("/v1/models").json()["data"]
+    assert [c["id"] for c in cards if c.get("kind") == "transcription"] == [whisper_dir.name]
+
+
+@pytest.mark.parametrize("fmt, check", [
+    ("json", lambda r: set(r.json()) == {"text"}),
+    ("text", lambda r: r.headers["content-type"].startswith("text/plain")),
+    ("srt", lambda r: r.text == "" or " --> " in r.text),
+    ("vtt", lambda r: r.text.startswith("WEBVTT")),
+    ("verbose_json", lambda r: {"task", "language", "duration", "text", "segments"} <= set(r.json())),
+])
+def test_transcription_formats(client: TestClient[Any], fmt: str, check: Any) -> None:
+    r = transcribe(client, response_format=fmt)
+    assert r.status_code == 200, r.text
+    assert check(r)
+
+
+def test_verbose_json_with_word_granularity(client: TestClient[Any]) -> None:
+    r = transcribe(client, response_format="verbose_json", **{"timestamp_granularities[]": "word"})  # as the SDK sends one
+    body = r.json()
+    assert r.status_code == 200 and body["duration"] == pytest.approx(2.0) and body["language"] == "en"
+    assert isinstance(body["words"], list)
+
+
+def test_streamed_transcription_ends_with_done(client: TestClient[Any]) -> None:
+    r = transcribe(client, stream="true")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1]["type"] == "transcript.text.done"
+    assert all(e["type"] == "transcript.text.delta" for e in events[:-1])
+    assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
+
+
+def test_raw_pcm_upload(client: TestClient[Any]) -> None:
+    r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1", "temperature": "1.0"},
+                    files={"file": ("a.pcm", voiced(1).astype("<f4").tobytes(), "audio/pcm;rate=16000")})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("audio, fields, status, code", [
+    (b"not audio" * 50, {}, 400, "unsupported_or_corrupt_audio"),
+    (None, {"model": "gpt-4o"}, 404, "model_not_found"),
+    (None, {"language": "klingon"}, 400, "invalid_value"),
+    (None, {"language": "de"}, 400, "invalid_value"),
+    (None, {"response_format": "docx"}, 400, None),
+    (None, {"temperature": "3"}, 400, None),
+])
+def test_transcription_bad_input(client: TestClient[Any], audio: bytes | None, fields: dict[str, str], status: int,
+                                 code: str | None) -> None:
+    assert_error(transcribe(client, audio or b"", **fields), status, code)
+
+
+def test_missing_file_and_empty_file(client: TestClient[Any]) -> None:
+    assert_error(client.post("/v1/audio/transcriptions", data={"model": "whisper-1"}, files={"x": ("a", b"1")}), 400)
+    r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1"}, files={"file": ("a.wav", b"", "audio/wav")})
+    assert_error(r, 400, "empty_audio")
+
+
+def test_file_over_the_size_limit(client: TestClient[Any]) -> None:
+    r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+                    files={"file": ("a.wav", b"\x00" * (26 * 1024 * 1024), "audio/wav")})
+    assert_error(r, 413)
+
+
+def test_session_lifecycle(client: TestClient[Any]) -> None:
+    r = client.post("/v1/audio/sessions", json={"language": "en", "vocabulary": ["Kenobi"], "temperature": 1.0})
+    assert r.status_code == 200, r.text
+    sid = r.json()["id"]
+    pcm = voiced(1.5)
+    for i in range(0, len(pcm), SR // 4):
+        r = client.post(f"/v1/audio/sessions/{sid}/audio", content=pcm[i:i + SR // 4].astype("<f4").tobytes(),
+                        headers={"content-type": "audio/pcm;rate=16000"})
+        assert r.status_code == 200, r.text
+    assert r.json()["received_seconds"] == pytest.approx(1.5) and r.json()["windows_done"] == 0
+    # a bad chunk is refused, the audio before it is kept
+    assert_error(client.post(f"/v1/audio/sessions/{sid}/audio", content=b"\x00" * 5,
+                             headers={"content-type": "audio/pcm"}), 400, "invalid_pcm_length")
+    assert_error(client.post(f"/v1/audio/sessions/{sid}/audio", content=b"\x00" * 4,
+                             headers={"content-type": "audio/pcm;rate=96000"}), 400, "unsupported_sample_rate")
+    assert_error(client.post(f"/v1/audio/sessions/{sid}/audio", content=b"",
+                             headers={"content-type": "audio/pcm"}), 400, "empty_audio")
+    s16 = (voiced(0.5) * 32767).astype("<i2").tobytes()
+    r = client.post(f"/v1/audio/sessions/{sid}/audio", content=s16,
+                    headers={"content-type": "audio/pcm;rate=48000;encoding=s16le"})
+    assert r.json()["received_seconds"] == pytest.approx(1.5 + 0.5 / 3, abs=0.03)  # soxr holds a few ms until finish
+    r = client.post(f"/v1/audio/sessions/{sid}/finish")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["id"] == sid and body["language"] == "en" and body["duration"] == pytest.approx(1.667, abs=0.01)
+    assert client.post(f"/v1/audio/sessions/{sid}/finish").json() == body  # idempotent
+    assert_error(client.post(f"/v1/audio/sessions/{sid}/audio", content=s16,
+                             headers={"content-type": "audio/pcm;encoding=s16le"}), 409, "session_closed")
+    r = client.delete(f"/v1/audio/sessions/{sid}")
+    assert r.status_code == 200 and r.json() == {"id": sid, "object": "audio.session", "deleted": True}
+    assert_error(client.post(f"/v1/audio/sessions/{sid}/finish"), 404, "session_not_found")
+
+
+def test_session_accepts_a_wav_chunk(client: TestClient[Any]) -> None:
+    sid = client.post("/v1/audio/sessions", json={}).json()["id"]
+    r = client.post(f"/v1/audio/sessions/{sid}/audio", content=wav_bytes(voiced(0.5), 8000),  # 8000 samples at 8 kHz
+                    headers={"content-type": "audio/wav"})
+    assert r.status_code == 200 and r.json()["received_seconds"] == pytest.approx(1.0, abs=0.01)
+    client.delete(f"/v1/audio/sessions/{sid}")
+
+
+def test_unknown_session_and_bad_session_options(client: TestClient[Any]) -> None:
+    assert_error(client.post("/v1/audio/sessions/sess_nope/audio", content=b"\x00" * 4,
+                             headers={"content-type": "audio/pcm"}), 404, "session_not_found")
+    assert_error(client.delete("/v1/audio/sessions/sess_nope"), 404)
+    assert_error(client.post("/v1/audio/sessions", json={"language": "xx-nope"}), 400)
+    assert_error(client.post("/v1/audio/sessions", json={"vad_min_speech_ms": 1}), 400)
+
+
+def test_deleted_session_refuses_audio(client: TestClient[Any]) -> None:
+    sid = client.post("/v1/audio/sessions", json={}).json()["id"]
+    client.post(f"/v1/audio/sessions/{sid}/audio", content=voiced(0.5).tobytes(), headers={"content-type": "audio/pcm"})
+    client.delete(f"/v1/audio/sessions/{sid}")
+    assert_error(client.post(f"/v1/audio/sessions/{sid}/audio", content=voiced(0.5).tobytes(),
+                             headers={"content-type": "audio/pcm"}), 404)
+
+
+def test_websocket_live_partials_and_done(client: TestClient[Any]) -> None:
+    with client.websocket_connect("/v1/audio/live?interval=0.2") as ws:
+        created = ws.receive_json()
+        assert created["type"] == "session.created"
+        for i in range(4):
+            ws.send_bytes(voiced(0.25).astype("<f4").tobytes())
+        ws.send_text('{"type": "finish"}')
+        messages = []
+        while (m := ws.receive_json())["type"] != "transcript.done":
+            messages.append(m)
+        assert m["received_seconds"] == pytest.approx(1.0)
+        assert all(x["type"] == "transcript.partial" for x in messages)
+
+
+def test_no_speech_server_says_so() -> None:
+    with TestClient(create_app(AppState())) as c:
+        assert_error(transcribe(c), 404, "model_not_found")
