@@ -177,11 +177,11 @@ async def test_four_sessions_at_once_transcribe_as_four_one_after_another(tiny_w
             for x in signals:
                 s = session(tasks, tiny_whisper_dir, scheduler=scheduler)
                 tg.start_soon(s.pump)
-                alone += await feed([s], [x], 0.5)
+                alone += await feed([s], [x], 1.0)
             sessions = [session(tasks, tiny_whisper_dir, scheduler=scheduler) for _ in signals]
             for s in sessions:
                 tg.start_soon(s.pump)
-            together = await feed(sessions, signals, 0.5)
+            together = await feed(sessions, signals, 1.0)
     assert together == alone and any(alone)
     assert scheduler.counters.max_rows >= 2, scheduler.counters  # their rows did share decoder steps
     for s in sessions:
