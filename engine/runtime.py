@@ -214,6 +214,14 @@ class Engine:
                 out["prefix_cache"] = None
         return out
 
+    def chat_pace(self) -> float | None:
+        """Seconds a decode-only chat iteration takes now (a moving average), or None while no chat row is
+        decoding: what other work on the loop (Whisper steps) should stay well below. Raises nothing."""
+        group = self.group
+        if not isinstance(group, LLMBatchGroup) or group.running_tokens() == 0:
+            return None
+        return group.pacer.decode_seconds
+
     def health(self) -> dict[str, Any]:
         """{"ok": False, "error": ...} once several engine steps in a row failed with no success since
         (the engine cannot run rows); {"ok": True} otherwise. Raises nothing."""

@@ -270,3 +270,17 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
     assert {"mixed", "prefill", "decode"} <= paths
     assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0
     assert engine.prefix_cache.stats()["hits"] >= 1  # the last stage continued a cached prefix
+
+
+async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, max_active=2)
+    assert engine.chat_pace() is None
+    paces: list[float | None] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with engine.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=12)) as stream:
+            async for delta in stream:
+                paces.append(engine.chat_pace())
+        engine.close()
+    assert any(p is not None and p > 0 for p in paces)
+    assert engine.chat_pace() is None
