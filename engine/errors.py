@@ -17,6 +17,7 @@ __all__ = [
     "ModelNotFound",
     "MemoryAdmission",
     "TaskRejected",
+    "QueueFull",
 ]
 
 
@@ -69,3 +70,13 @@ class MemoryAdmission(EngineError):
 
 class TaskRejected(EngineError):
     """A queued ExecutionTask never ran: the queue shut down or its caller cancelled it first."""
+
+
+class QueueFull(EngineError):
+    """Admission refused: `queued` rows already wait for a slot and at most `limit` may (max_queued)."""
+
+    def __init__(self, message: str, *, queued: int, limit: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.queued = queued
+        self.limit = limit
