@@ -11,7 +11,8 @@ from pydantic import BaseModel
 
 from service.http.schemas import ErrorResponse
 
-__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "error_responses", "MODEL_ERRORS"]
+__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "error_responses", "MODEL_ERRORS",
+           "CHAT_ERRORS"]
 
 
 def error_responses(descriptions: Mapping[int, str]) -> dict[int, ResponseSpec]:
@@ -23,6 +24,12 @@ def error_responses(descriptions: Mapping[int, str]) -> dict[int, ResponseSpec]:
 # Routes that take a `model`: a bad request, or a model this server does not serve.
 MODEL_ERRORS = error_responses({400: "Invalid request (OpenAI error shape)",
                                 404: "Unknown model (code model_not_found)"})
+# Routes that run a generation: also refused at capacity, past the deadline, or while unavailable.
+CHAT_ERRORS = {**MODEL_ERRORS, **error_responses({
+    413: "Body over the size limit (code request_too_large)",
+    429: "At capacity: more than --max-queued requests wait (code queue_full; Retry-After)",
+    503: "Loading, restarting or shutting down (Retry-After)",
+    504: "Past --request-timeout (code request_timeout)"})}
 
 
 def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:

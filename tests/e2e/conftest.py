@@ -20,7 +20,7 @@ import pytest
 
 __all__ = ["TandemServer", "start_tandem_server", "tiny_server"]
 
-READY_MARKER = "Started worker-1"
+READY_MARKER = "ready: serving requests"  # service.app.READY_LINE, logged when the models are loaded
 STARTUP_TIMEOUT_S = 180.0
 
 

@@ -34,12 +34,16 @@ class FakeTokenizer:
     def decode(self, tokens: list[int]) -> str:
         return "".join(chr(t) for t in tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, **kwargs: Any) -> list[int]:
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(self.vocab)}
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, *, tokenize: bool = True,
+                            **kwargs: Any) -> list[int] | str:
         self.template_calls.append({"messages": messages, "tools": tools, **kwargs})
         if kwargs.get("fail"):
             raise ValueError("template says no")
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-        return self.encode(text)
+        return self.encode(text) if tokenize else text
 
 
 @dataclass
