@@ -83,6 +83,8 @@ def _lifespan(state: AppState) -> Callable[[Litestar], contextlib.AbstractAsyncC
                 yield
             finally:
                 stop.set()
+                if not state.ready:  # still loading (or failed to): nothing waits for `stop` yet
+                    tg.cancel_scope.cancel()
         state.task_group = None
 
     return lifespan

@@ -129,9 +129,11 @@ def error_body(error: APIError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
 
 
-def error_response(error: APIError) -> Response[dict[str, Any]]:
-    """A Litestar response for an error. Raises nothing."""
-    headers = {**error.headers, **({"WWW-Authenticate": "Bearer"} if error.status == 401 else {})}
+def error_response(error: APIError, headers: Mapping[str, str] | None = None) -> Response[dict[str, Any]]:
+    """A Litestar response for an error (with Retry-After when it carries one, and `headers`, e.g. a 405's
+    Allow). Raises nothing."""
+    headers = {**(headers or {}), **error.headers,
+               **({"WWW-Authenticate": "Bearer"} if error.status == 401 else {})}
     return Response(error_body(error), status_code=error.status, media_type="application/json", headers=headers)
 
 

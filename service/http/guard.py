@@ -149,6 +149,9 @@ class _BodyReader:
                 self._complete = not message.get("more_body", False)
             else:
                 self._complete = True
+                if message["type"] == "http.disconnect":  # gone mid-body: nobody reads the answer
+                    raise APIError(499, "The client closed the connection before sending its body.",
+                                   code="client_closed_request")
             return message
         raise APIError(408, f"No request body bytes arrived for {self._timeout:g} s.", code="body_timeout")
 

@@ -56,9 +56,11 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     if status == 404:
         return error_response(APIError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found"))
     if status == 405:
+        # Litestar names the route's methods in the exception's Allow header: pass it on (RFC 9110).
+        allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
         return error_response(
-            APIError(405, f"Method {request.method} is not allowed on {request.url.path}", code="method_not_allowed")
-        )
+            APIError(405, f"Method {request.method} is not allowed on {request.url.path}", code="method_not_allowed"),
+            headers=allow)
     return error_response(APIError(status, detail))
 
 

@@ -11,7 +11,8 @@ from pydantic import BaseModel
 
 from service.http.schemas import ErrorResponse
 
-__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "error_responses", "MODEL_ERRORS",
+__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "sse_event_schema", "error_responses",
+           "MODEL_ERRORS",
            "CHAT_ERRORS"]
 
 
@@ -67,7 +68,17 @@ def ok_content_operation(content: Mapping[str, dict[str, Any]], name: str) -> ty
     return ContentOperation
 
 
+def sse_event_schema(*payloads: type[BaseModel], done: bool = True) -> dict[str, Any]:
+    """The schema of one server-sent event: its `data` field is JSON (one of `payloads`, or an error in
+    OpenAI's shape sent after the headers went out) or, with `done`, the closing `[DONE]`. Raises nothing."""
+    json_data = {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"oneOf": [inline_json_schema(p) for p in (*payloads, ErrorResponse)]}}
+    data = {"anyOf": [{"const": "[DONE]"}, json_data]} if done else json_data
+    return {"type": "object", "required": ["data"], "properties": {"data": data, "event": {"type": "string"}},
+            "description": "One server-sent event (`data: <json>`)" + (", the last one `data: [DONE]`" if done else "")}
+
+
 def sse_operation(event: type[BaseModel]) -> type[Operation]:
     """An Operation class that also documents the 200 response as `text/event-stream` of `event` objects
     (`stream: true` answers with that instead of the JSON body). Raises nothing."""
-    return ok_content_operation({"text/event-stream": inline_json_schema(event)}, f"{event.__name__}StreamOperation")
+    return ok_content_operation({"text/event-stream": sse_event_schema(event)}, f"{event.__name__}StreamOperation")

@@ -46,18 +46,16 @@ async def drain(state: "AppState") -> None:
 def install_drain(state: "AppState") -> bool:
     """Take over SIGTERM and SIGINT on the running asyncio loop: the first one drains (see `drain`), then
     hands the signal to the handler it replaced (granian's, which stops the worker); later ones are
-    ignored while draining. Returns False when the loop's handlers cannot be taken over. Raises nothing."""
+    ignored while draining. Call it on the loop granian runs the app on. Returns False when the loop's
+    handlers cannot be taken over. Raises nothing."""
     loop = asyncio.get_running_loop()
-    tg = state.task_group
-    if tg is None:
-        return False
     previous: dict[int, Callable[[], Any]] = {}
     for sig in _SIGNALS:
         # asyncio keeps each handler as a Handle in `_signal_handlers` (private, stable since 3.4).
         handle = getattr(loop, "_signal_handlers", {}).get(sig)
         if handle is not None:
             previous[sig] = handle._run
-    started: list[int] = []
+    started: list[asyncio.Task[None]] = []
 
     async def drain_then_forward(sig: int) -> None:
         await drain(state)
@@ -70,10 +68,9 @@ def install_drain(state: "AppState") -> bool:
             signal.raise_signal(signal.SIGTERM)
 
     def on_signal(sig: int) -> None:
-        if started:
-            return
-        started.append(sig)
-        tg.start_soon(drain_then_forward, sig)
+        # A signal callback runs outside any task: the drain gets its own (kept referenced in `started`).
+        if not started:
+            started.append(loop.create_task(drain_then_forward(sig)))
 
     try:
         for sig in _SIGNALS:

@@ -19,7 +19,7 @@ from audio.formats import media_type, render
 from audio.transcript import TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
-from service.http.openapi import error_responses, inline_json_schema, ok_content_operation
+from service.http.openapi import error_responses, inline_json_schema, ok_content_operation, sse_event_schema
 from service.http.sse import EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
 from service.speech.schemas import (
@@ -43,7 +43,7 @@ _OK_CONTENT: dict[str, dict[str, Any]] = {
     "application/json": {"oneOf": [inline_json_schema(Transcription), inline_json_schema(VerboseTranscription)]},
     "text/plain": {**_TEXT, "description": "response_format text or srt"},
     "text/vtt": {**_TEXT, "description": "response_format vtt"},
-    "text/event-stream": {"oneOf": [inline_json_schema(TranscriptTextDelta), inline_json_schema(TranscriptTextDone)]},
+    "text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone, done=False),
 }
 
 

@@ -97,11 +97,17 @@ class FakeStream:
 class FakeEngine:
     """The ChatEngine surface: submit, serve, close, stats, tokenizer, model_name, plan, tasks."""
 
-    def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256) -> None:
+    def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256, run_tasks: bool = False) -> None:
         self.model_name: str | None = "fake-model"
         self.context_length: int | None = context_length
         self.plan = None
-        self.tasks = ExecutionTasks()
+        # run_tasks: a real tasks-only engine runs `tasks` (speech work) beside the scripted chat rows.
+        self._tasks_engine: Any = None
+        if run_tasks:
+            from engine.runtime import Engine
+
+            self._tasks_engine = Engine(None)
+        self.tasks = self._tasks_engine.tasks if self._tasks_engine is not None else ExecutionTasks()
         self.tokenizer: Any = FakeTokenizer()
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
         self.failing: str | None = None  # set: health() reports the engine cannot run rows
@@ -118,12 +124,19 @@ class FakeEngine:
     async def serve(self) -> None:
         self._closed = anyio.Event()
         self.serving = True
-        await self._closed.wait()
+        async with anyio.create_task_group() as tg:
+            if self._tasks_engine is not None:
+                tg.start_soon(self._tasks_engine.serve)
+            await self._closed.wait()
+            if self._tasks_engine is not None:
+                self._tasks_engine.close()
         self.serving = False
 
     def close(self) -> None:
         if self._closed is not None:
             self._closed.set()
+        elif self._tasks_engine is not None:
+            self._tasks_engine.close()
 
     def submit(self, request: GenerationRequest) -> FakeStream:
         if self.context_length is not None and len(request.prompt_tokens) >= self.context_length:
