@@ -71,8 +71,9 @@ def ok_content_operation(content: Mapping[str, dict[str, Any]], name: str) -> ty
 def sse_event_schema(*payloads: type[BaseModel], done: bool = True) -> dict[str, Any]:
     """The schema of one server-sent event: its `data` field is JSON (one of `payloads`, or an error in
     OpenAI's shape sent after the headers went out) or, with `done`, the closing `[DONE]`. Raises nothing."""
+    models: list[type[BaseModel]] = [*payloads, ErrorResponse]
     json_data = {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": {"oneOf": [inline_json_schema(p) for p in (*payloads, ErrorResponse)]}}
+                 "contentSchema": {"oneOf": [inline_json_schema(p) for p in models]}}
     data = {"anyOf": [{"const": "[DONE]"}, json_data]} if done else json_data
     return {"type": "object", "required": ["data"], "properties": {"data": data, "event": {"type": "string"}},
             "description": "One server-sent event (`data: <json>`)" + (", the last one `data: [DONE]`" if done else "")}
