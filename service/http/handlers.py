@@ -68,6 +68,11 @@ def _api_error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, 
     return error_response(api_error(exc))
 
 
+def _undecodable(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    # Only client bytes get decoded as text here (a multipart form field that is not UTF-8).
+    return error_response(APIError(400, f"Part of the request is not valid text: {exc}", code="invalid_encoding"))
+
+
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     # Never leak a stack trace to a client; the log keeps it.
     _log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -78,5 +83,6 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     APIError: _api_error,
     **{kind: _api_error for kind in ERROR_TABLE},
     HTTPException: _http_error,
+    UnicodeDecodeError: _undecodable,
     Exception: _unexpected,
 }

@@ -6,12 +6,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody
 from pydantic import BaseModel
 
 from service.http.schemas import ErrorResponse
 
-__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "sse_event_schema", "error_responses",
+__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "sse_event_schema", "raw_body_operation",
+           "error_responses",
            "MODEL_ERRORS",
            "CHAT_ERRORS"]
 
@@ -66,6 +67,23 @@ def ok_content_operation(content: Mapping[str, dict[str, Any]], name: str) -> ty
 
     ContentOperation.__name__ = name
     return ContentOperation
+
+
+def raw_body_operation(content: Mapping[str, str], description: str, name: str) -> type[Operation]:
+    """An Operation class documenting a raw (non-JSON) request body the handler reads itself: media type
+    → what it carries, each as a binary string. Raises nothing."""
+
+    @dataclass
+    class RawBodyOperation(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = RequestBody(
+                required=True, description=description,
+                content={media: OpenAPIMediaType(schema={"type": "string", "format": "binary",  # type: ignore[arg-type]  # a JSON-schema dict
+                                                         "description": text})
+                         for media, text in content.items()})
+
+    RawBodyOperation.__name__ = name
+    return RawBodyOperation
 
 
 def sse_event_schema(*payloads: type[BaseModel], done: bool = True) -> dict[str, Any]:

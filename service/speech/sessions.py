@@ -13,6 +13,7 @@ from audio.pcm import SAMPLE_RATE, is_raw_pcm, parse_pcm_content_type
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from service.http.auth import client_key
+from service.http.openapi import raw_body_operation
 from service.seams import SpeechBackend
 from service.speech.schemas import (
     SessionAudioAccepted,
@@ -57,8 +58,18 @@ def _session(request: Request[Any, Any, Any], session_id: str) -> tuple[SpeechBa
     return speech, session
 
 
+_CHUNK_BODY = raw_body_operation({
+    "audio/pcm": f"Raw little-endian PCM. Parameters: rate=8000..48000 (default {SAMPLE_RATE}), encoding=f32le "
+                 "(default) or s16le, channels=1..8 (averaged to mono); e.g. `audio/pcm;rate=48000;encoding=s16le`.",
+    "audio/l16": "Raw 16-bit PCM (`audio/L16;rate=N`), same parameters.",
+    "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads).",
+    "application/octet-stream": "A whole audio file, identified from its own header.",
+}, "One chunk of captured audio (raw PCM described by the content type's parameters, or a whole file).",
+    "SessionAudioOperation")
+
+
 @post("/v1/audio/sessions/{session_id:str}/audio", status_code=200, tags=["audio"],
-      summary="Append audio to a session", responses=SPEECH_ERRORS,
+      summary="Append audio to a session", responses=SPEECH_ERRORS, operation_class=_CHUNK_BODY,
       description=f"Raw body. `content-type: audio/pcm;rate=N` (the default when absent) is float32 "
                   f"little-endian mono (rate default {SAMPLE_RATE}, 8000–48000 accepted, resampled), "
                   "`;encoding=s16le` 16-bit; any other type (audio/wav, application/octet-stream, ...) is "

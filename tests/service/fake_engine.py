@@ -101,13 +101,11 @@ class FakeEngine:
         self.model_name: str | None = "fake-model"
         self.context_length: int | None = context_length
         self.plan = None
-        # run_tasks: a real tasks-only engine runs `tasks` (speech work) beside the scripted chat rows.
+        # run_tasks: a real tasks-only engine runs `tasks` (speech work) beside the scripted chat rows; a new
+        # one for each serve(), so the app can start again after a shutdown.
+        self.run_tasks = run_tasks
         self._tasks_engine: Any = None
-        if run_tasks:
-            from engine.runtime import Engine
-
-            self._tasks_engine = Engine(None)
-        self.tasks = self._tasks_engine.tasks if self._tasks_engine is not None else ExecutionTasks()
+        self.tasks = ExecutionTasks()
         self.tokenizer: Any = FakeTokenizer()
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
         self.failing: str | None = None  # set: health() reports the engine cannot run rows
@@ -122,6 +120,11 @@ class FakeEngine:
         self._closed: anyio.Event | None = None
 
     async def serve(self) -> None:
+        if self.run_tasks:  # before the first await: hooks started after serve() read `tasks`
+            from engine.runtime import Engine
+
+            self._tasks_engine = Engine(None)
+            self.tasks = self._tasks_engine.tasks
         self._closed = anyio.Event()
         self.serving = True
         async with anyio.create_task_group() as tg:
