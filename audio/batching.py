@@ -1,23 +1,26 @@
-"""Batched window encoding: cut a file into ≤ 30 s chunks at silences and decode several chunks per task.
+"""Batched windows: cut a file into ≤ 30 s chunks at silences and decode several chunks at once.
 
 The sequential seek loop (audio/decoding.py) must finish a window before it knows where the next starts;
-chunks cut at VAD silences are independent, so B of them share one encoder and one decoder call — the
-accelerator's speed path (cf. faster-whisper's BatchedInferencePipeline). The price: no conditioning on
-the previous chunk's text, and a task that holds the loop for B windows instead of one.
+chunks cut at VAD silences are independent, so B of them are in flight together and share the scheduler's
+encoder and decoder steps — the accelerator's speed path (cf. faster-whisper's BatchedInferencePipeline).
+The price: no conditioning on the previous chunk's text.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING, AsyncIterator
 
+import anyio
 import numpy as np
 
-from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription
+from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription, segment_end
+from audio.pcm import SAMPLE_RATE
+from audio.scheduler import WindowResult
 from audio.transcript import Segment
 from audio.vad import speech_segments
 
 if TYPE_CHECKING:
+    from audio.scheduler import WhisperScheduler
     from engine.tasks import ExecutionTasks
 
 __all__ = ["plan_chunks", "batched_windows"]
@@ -42,15 +45,37 @@ def plan_chunks(pcm: np.ndarray, *, max_samples: int = N_SAMPLES, min_speech_ms:
     return chunks
 
 
-async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size: int,
+async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size: int, scheduler: "WhisperScheduler",
                           tasks: "ExecutionTasks") -> AsyncIterator[list[Segment]]:
-    """Decode `pcm` as VAD-cut chunks, `batch_size` chunks per task; yields each batch's segments.
-    Raises what the window tasks raise."""
+    """Decode `pcm` as VAD-cut chunks, `batch_size` of them in flight together (the scheduler batches their
+    steps); yields each batch's segments in order. Raises what the windows raise."""
     chunks = [(pcm[a:b], (b - a) // HOP_LENGTH, a // HOP_LENGTH) for a, b in
               plan_chunks(pcm, min_speech_ms=tr.options.vad_min_speech_ms)]
     chunks = [c for c in chunks if c[1] > 0]
     for i in range(0, len(chunks), batch_size):
         batch = chunks[i:i + batch_size]
-        new = await tasks.run(functools.partial(tr.step_batch, batch), label=f"whisper.batch[{len(batch)}]")
+        results: list[WindowResult | None] = [None] * len(batch)
+
+        async def decode(k: int, audio: np.ndarray, frames: int) -> None:
+            results[k] = await scheduler.decode(tr.loaded, tr.request(audio, frames, conditioned=False))
+
+        async with anyio.create_task_group() as tg:
+            for k, (audio, frames, _) in enumerate(batch):
+                tg.start_soon(decode, k, audio, frames)
+        new: list[Segment] = []
+        for (_, frames, start), result in zip(batch, results):
+            assert result is not None
+            tr.adopt(result)
+            tr.windows += 1
+            if tr.silent(result):
+                continue
+            tr.seek = start  # segments record the chunk they came from
+            offset = start * HOP_LENGTH / SAMPLE_RATE
+            current, _, _ = tr.split(result.decoded.tokens, result, offset, frames, whole=True)
+            if tr.options.word_timestamps and current:
+                await tr.align(current, result, frames, tasks)
+                tr.last_speech_timestamp = segment_end(current) or tr.last_speech_timestamp
+            new.extend(tr.commit(current))
+        tr.seek = max(start + frames for _, frames, start in batch)
         if new:
             yield new

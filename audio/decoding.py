@@ -1,22 +1,31 @@
-"""openai-whisper's transcribe() seek loop, one 30 s window per `step()` so each window is one engine task.
+"""openai-whisper's transcribe() seek loop, inverted: the caller asks which window comes next, the window is
+decoded among all others in flight (audio/scheduler.py), and the result advances the seek.
 
-The window body is mlx-whisper's own machinery (log_mel_spectrogram, Whisper.decode with DecodingOptions,
-add_word_timestamps); only the loop around it is inverted so the driver can interleave LLM iterations.
-Not ported: beam search (mlx-whisper has none) and hallucination_silence_threshold.
+The decision logic is transcribe()'s own — temperature fallback, no-speech skip, segments between timestamp
+pairs, seeking to the last complete segment, conditioning on previous text — plus two changes: segment
+times are clamped to the window's audio, and times are mapped through a Timeline when Whisper sees only
+the speech pieces. Not ported: beam search (mlx-whisper has none) and hallucination_silence_threshold.
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Any
+import functools
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
 from audio.pcm import SAMPLE_RATE
+from audio.scheduler import WindowRequest, WindowResult
+from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
 from audio.whisper import LoadedWhisper
 
-__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES"]
+if TYPE_CHECKING:
+    from audio.scheduler import WhisperScheduler
+    from engine.tasks import ExecutionTasks
+
+__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "tokenizer_for", "segment_end"]
 
 HOP_LENGTH = 160
 N_SAMPLES = 30 * SAMPLE_RATE
@@ -24,265 +33,241 @@ N_FRAMES = N_SAMPLES // HOP_LENGTH
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH
 
 
-def _segment_end(segments: list[dict[str, Any]]) -> float | None:
+def tokenizer_for(loaded: LoadedWhisper, language: str | None, task: str) -> Any:
+    """mlx-whisper's tokenizer (cached per arguments). Pure Python: call it off the engine thread. Raises nothing."""
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    model = loaded.model
+    return get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language or "en", task=task)
+
+
+def segment_end(segments: list[dict[str, Any]]) -> float | None:
     return next((w["end"] for s in reversed(segments) for w in reversed(s.get("words", []))),
                 segments[-1]["end"] if segments else None)
 
 
-class WindowedTranscription:
-    """Seek state over one growing or complete 16 kHz signal. `next_window` says which audio the next step
-    needs; `step` decodes it (engine thread) and returns the new segments. Not thread-safe: one step at a time."""
+class _CachedAudio:
+    """The model as mlx-whisper's word alignment sees it, reading the window's encoder output instead of
+    encoding the mel again."""
 
-    def __init__(self, loaded: LoadedWhisper, options: TranscribeOptions, *, time_offset: float = 0.0) -> None:
+    def __init__(self, model: Any, features: Any) -> None:
+        self.dims, self.alignment_heads = model.dims, model.alignment_heads
+        self._model, self._features = model, features
+
+    def forward_with_cross_qk(self, mel: Any, tokens: Any) -> tuple[Any, Any]:
+        logits, _, cross_qk = self._model.decoder(tokens, self._features)
+        return logits, cross_qk
+
+
+class WindowedTranscription:
+    """Seek state over one growing or complete 16 kHz signal. Build with `start` (tokenizes the prompt off the
+    engine thread). Not thread-safe: one window at a time."""
+
+    def __init__(self, loaded: LoadedWhisper, options: TranscribeOptions, tokenizer: Any,
+                 prompt_tokens: list[int], *, timeline: Timeline | None = None) -> None:
         self.loaded = loaded
         self.options = options
-        self.time_offset = time_offset  # seconds added to every timestamp (vad_trim cut)
+        self.tokenizer = tokenizer
+        self.timeline = timeline
         self.seek = 0  # mel frames (10 ms) consumed so far
         self.segments: list[dict[str, Any]] = []
-        self.all_tokens: list[int] = []
+        self.initial_prompt_tokens = list(prompt_tokens)
+        self.all_tokens: list[int] = list(prompt_tokens)
         self.prompt_reset_since = 0
-        self.initial_prompt_tokens: list[int] = []
         self.last_speech_timestamp = 0.0
         self.windows = 0
-        model = loaded.model
-        self.language: str | None = options.language or (None if model.is_multilingual else "en")
-        self._tokenizer: Any = None
-        if self.language is not None:
-            self._init_tokenizer()
+        self.language: str | None = options.language or (None if loaded.model.is_multilingual else "en")
 
-    # ---- planning (event loop) -------------------------------------------------------------
+    @classmethod
+    async def start(cls, loaded: LoadedWhisper, options: TranscribeOptions, *,
+                    timeline: Timeline | None = None) -> "WindowedTranscription":
+        """Tokenizer and prompt tokens are built in a worker thread: a long prompt never holds the engine
+        thread or the event loop. Raises nothing of its own."""
+
+        def prepare() -> tuple[Any, list[int]]:
+            tok = tokenizer_for(loaded, options.language, options.task)
+            prompt = tok.encode(" " + options.prompt.strip()) if options.prompt and options.prompt.strip() else []
+            return tok, prompt
+
+        tok, prompt = await anyio.to_thread.run_sync(prepare)
+        return cls(loaded, options, tok, prompt, timeline=timeline)
+
+    # ---- planning ---------------------------------------------------------------------------
     def next_window(self, total_samples: int, final: bool) -> tuple[int, int] | None:
-        """(start sample, segment frames) of the next window, or None. Before `final` only full 30 s
+        """(start sample, content frames) of the next window, or None. Before `final` only full 30 s
         windows are ready. Raises nothing."""
-        content_frames = total_samples // HOP_LENGTH
-        remaining = content_frames - self.seek
+        remaining = total_samples // HOP_LENGTH - self.seek
         if remaining <= 0 or (not final and remaining < N_FRAMES):
             return None
         return self.seek * HOP_LENGTH, min(N_FRAMES, remaining)
 
     def skip(self, segment_frames: int) -> None:
-        """Advance past a window without decoding it (VAD found no speech). Raises nothing."""
+        """Advance past a window without decoding it. Raises nothing."""
         self.seek += segment_frames
 
-    # ---- the window (engine thread) --------------------------------------------------------
-    def _init_tokenizer(self) -> None:
-        from mlx_whisper.tokenizer import get_tokenizer
-
-        model = self.loaded.model
-        self._tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages,
-                                        language=self.language, task=self.options.task)
-        if self.options.prompt and not self.initial_prompt_tokens:
-            self.initial_prompt_tokens = self._tokenizer.encode(" " + self.options.prompt.strip())
-            self.all_tokens.extend(self.initial_prompt_tokens)
-
-    def _mel(self, audio: np.ndarray, segment_frames: int) -> Any:
-        import mlx.core as mx
-        from mlx_whisper.audio import log_mel_spectrogram, pad_or_trim
-
-        model = self.loaded.model
-        # Zero padding to a full window, as transcribe() pads the whole file: same STFT edges.
-        mel = log_mel_spectrogram(audio[: N_SAMPLES], n_mels=model.dims.n_mels,
-                                  padding=max(0, N_SAMPLES - len(audio)))
-        dtype = mx.float16 if self.loaded.fp16 else mx.float32
-        return pad_or_trim(mel[:segment_frames], N_FRAMES, axis=-2).astype(dtype)
-
-    def _decode_with_fallback(self, mel: Any) -> Any:
-        from mlx_whisper.decoding import DecodingOptions
-
+    def request(self, audio: np.ndarray, frames: int, *, prefix: list[int] | tuple[int, ...] = (),
+                conditioned: bool = True, tokens_per_second: float | None = None,
+                fallback: bool = True) -> WindowRequest:
+        """The decode request for the window at the seek: prompt = previous text since the last reset (or only
+        the initial prompt when not `conditioned`), cut to what fits beside `prefix`. `tokens_per_second`
+        caps the sampled tokens by the window's length (a looping decode stops early); without `fallback`
+        only the first temperature is tried. Raises nothing."""
         o = self.options
-        result = None
-        for t in o.temperatures:
-            options = DecodingOptions(task=o.task, language=self.language, temperature=t,
-                                      prompt=self.all_tokens[self.prompt_reset_since:],
-                                      without_timestamps=o.without_timestamps, fp16=self.loaded.fp16)
-            result = self.loaded.model.decode(mel, options)
-            if not self._needs_fallback(result):
-                break
-        return result
+        prompt = self.all_tokens[self.prompt_reset_since:] if conditioned else self.initial_prompt_tokens
+        # mlx-whisper keeps the last n_ctx/2 - 1 prompt tokens; a forced prefix takes its room first.
+        room = self.loaded.model.dims.n_text_ctx // 2 - 1 - len(prefix)
+        prompt = prompt[-room:] if room > 0 else []
+        sample_len = None
+        if tokens_per_second is not None:
+            # mlx-whisper keeps only the last n_ctx/2 - sample_len prefix tokens: leave room for all of them
+            sample_len = max(1, min(self.loaded.model.dims.n_text_ctx // 2 - len(prefix),
+                                    16 + int(tokens_per_second * frames / 100)))
+        return WindowRequest(audio=audio, frames=frames, task=o.task, language=self.language,
+                             temperatures=o.temperatures if fallback else o.temperatures[:1], prompt=tuple(prompt),
+                             prefix=tuple(prefix), sample_len=sample_len,
+                             without_timestamps=o.without_timestamps,
+                             compression_ratio_threshold=o.compression_ratio_threshold,
+                             logprob_threshold=o.logprob_threshold, no_speech_threshold=o.no_speech_threshold,
+                             keep_features=o.word_timestamps)
 
-    def _needs_fallback(self, result: Any) -> bool:
-        o = self.options
-        if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
-            return False  # silence: a low logprob is expected
-        return bool((o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold)
-                    or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
+    def adopt(self, result: WindowResult) -> None:
+        """Take the language a window detected. Raises nothing."""
+        if self.language is None:
+            self.language = result.language
+            self.tokenizer = tokenizer_for(self.loaded, self.language, self.options.task)
 
-    def _silent(self, result: Any) -> bool:
-        o = self.options
-        return bool(o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold and not (
-            o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold))
+    def silent(self, result: WindowResult) -> bool:
+        """transcribe()'s no-speech skip. Raises nothing."""
+        o, d = self.options, result.decoded
+        return bool(o.no_speech_threshold is not None and d.no_speech_prob > o.no_speech_threshold and not (
+            o.logprob_threshold is not None and d.avg_logprob > o.logprob_threshold))
 
-    def _new_segment(self, start: float, end: float, tokens: np.ndarray, result: Any) -> dict[str, Any]:
-        token_list = [int(t) for t in tokens.tolist()]
-        text_tokens = [t for t in token_list if t < self._tokenizer.eot]
-        return {"seek": self.seek, "start": start, "end": end, "text": self._tokenizer.decode(text_tokens),
-                "tokens": token_list, "temperature": result.temperature, "avg_logprob": result.avg_logprob,
-                "compression_ratio": result.compression_ratio, "no_speech_prob": result.no_speech_prob}
+    # ---- the seek loop ----------------------------------------------------------------------
+    async def step(self, audio: np.ndarray, frames: int, scheduler: "WhisperScheduler",
+                   tasks: "ExecutionTasks") -> list[Segment]:
+        """Decode the window at the seek (`audio` = samples from there) and advance. Raises what the
+        scheduler raises."""
+        result = await scheduler.decode(self.loaded, self.request(audio, frames))
+        self.adopt(result)
+        self.windows += 1
+        if self.silent(result):
+            self.seek += frames
+            return []
+        previous_seek = self.seek
+        time_offset = self.seek * HOP_LENGTH / SAMPLE_RATE
+        current, advance, single_ending = self.split(result.decoded.tokens, result, time_offset, frames)
+        self.seek += advance
+        if self.options.word_timestamps and current:
+            await self.align(current, result, frames, tasks)
+            if not single_ending:
+                last_word_end = segment_end(current)
+                if last_word_end is not None and last_word_end > time_offset:
+                    self.seek = min(previous_seek + frames, round(last_word_end * FRAMES_PER_SECOND))
+            last_word_end = segment_end(current)
+            if last_word_end is not None:
+                self.last_speech_timestamp = last_word_end
+        if self.seek <= previous_seek:  # never loop on the same window
+            self.seek = previous_seek + frames
+        return self.commit(current, result)
 
-    def _split(self, tokens: np.ndarray, result: Any, time_offset: float, segment_frames: int, *,
-               whole: bool = False) -> tuple[list[dict[str, Any]], int, bool]:
+    async def align(self, current: list[dict[str, Any]], result: WindowResult, frames: int,
+                    tasks: "ExecutionTasks") -> None:
+        """mlx-whisper's word timestamps for `current`, as one task on the loop. Raises what MLX raises."""
+        from mlx_whisper.timing import add_word_timestamps
+
+        model = _CachedAudio(self.loaded.model, result.features)
+        await tasks.run(functools.partial(add_word_timestamps, segments=current, model=model, tokenizer=self.tokenizer,
+                                          mel=result.features, num_frames=frames,
+                                          last_speech_timestamp=self.last_speech_timestamp), label="whisper.align")
+
+    def split(self, tokens: list[int] | np.ndarray, result: WindowResult, time_offset: float, frames: int, *,
+              whole: bool = False) -> tuple[list[dict[str, Any]], int, bool]:
         """Segments between timestamp pairs, the frames consumed, and whether the window ended on a single
-        timestamp. An unfinished last segment is left for the next window, or kept (to the window's end)
-        when `whole` (batched chunks are never revisited)."""
-        tok = self._tokenizer
+        timestamp. An unfinished last segment is left for the next window, or kept to the window's end when
+        `whole`. Times are clamped to the window's audio. Raises nothing."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        tok = self.tokenizer
         input_stride = N_FRAMES // self.loaded.model.dims.n_audio_ctx
-        time_precision = input_stride * HOP_LENGTH / SAMPLE_RATE
+        precision = input_stride * HOP_LENGTH / SAMPLE_RATE
+        window_end = time_offset + frames * HOP_LENGTH / SAMPLE_RATE
+
+        def segment(start: float, end: float, sliced: np.ndarray) -> dict[str, Any]:
+            end = min(max(end, time_offset), window_end)
+            return self._new_segment(min(max(start, time_offset), end), end, sliced, result)
+
         current: list[dict[str, Any]] = []
-        timestamp_tokens = tokens >= tok.timestamp_begin
-        single_timestamp_ending = timestamp_tokens[-2:].tolist() == [False, True]
-        consecutive = np.where(np.logical_and(timestamp_tokens[:-1], timestamp_tokens[1:]))[0] + 1
+        is_ts = tokens >= tok.timestamp_begin
+        single_ending = is_ts[-2:].tolist() == [False, True]
+        consecutive = np.where(np.logical_and(is_ts[:-1], is_ts[1:]))[0] + 1
         if len(consecutive) > 0:
             slices = consecutive.tolist()
-            if single_timestamp_ending:
+            if single_ending:
                 slices.append(len(tokens))
             last_slice = 0
             for current_slice in slices:
                 sliced = tokens[last_slice:current_slice]
-                start_pos = int(sliced[0]) - tok.timestamp_begin
-                end_pos = int(sliced[-1]) - tok.timestamp_begin
-                current.append(self._new_segment(time_offset + start_pos * time_precision,
-                                                 time_offset + end_pos * time_precision, sliced, result))
+                current.append(segment(time_offset + (int(sliced[0]) - tok.timestamp_begin) * precision,
+                                       time_offset + (int(sliced[-1]) - tok.timestamp_begin) * precision, sliced))
                 last_slice = current_slice
-            if single_timestamp_ending:
-                return current, segment_frames, True
+            if single_ending:
+                return current, frames, True
+            last_ts = (int(tokens[last_slice - 1]) - tok.timestamp_begin)
             if whole and last_slice < len(tokens):
-                start_pos = int(tokens[last_slice - 1]) - tok.timestamp_begin
-                current.append(self._new_segment(time_offset + start_pos * time_precision,
-                                                 time_offset + segment_frames * HOP_LENGTH / SAMPLE_RATE,
-                                                 tokens[last_slice:], result))
-                return current, segment_frames, False
-            # the last segment is unfinished: continue from its start timestamp
-            return current, (int(tokens[last_slice - 1]) - tok.timestamp_begin) * input_stride, False
-        duration = segment_frames * HOP_LENGTH / SAMPLE_RATE
-        timestamps = tokens[timestamp_tokens.nonzero()[0]]
+                current.append(segment(time_offset + last_ts * precision, window_end, tokens[last_slice:]))
+                return current, frames, False
+            return current, min(frames, last_ts * input_stride), False
+        duration = frames * HOP_LENGTH / SAMPLE_RATE
+        timestamps = tokens[is_ts.nonzero()[0]]
         if len(timestamps) > 0 and int(timestamps[-1]) != tok.timestamp_begin:
-            duration = (int(timestamps[-1]) - tok.timestamp_begin) * time_precision
-        current.append(self._new_segment(time_offset, time_offset + duration, tokens, result))
-        return current, segment_frames, single_timestamp_ending
+            duration = (int(timestamps[-1]) - tok.timestamp_begin) * precision
+        current.append(segment(time_offset, time_offset + duration, tokens))
+        return current, frames, single_ending
 
-    def step(self, audio: np.ndarray, segment_frames: int) -> list[Segment]:
-        """Decode the window starting at `self.seek` (`audio` = samples from there, ≤ 30 s used) and
-        advance the seek. Engine thread only. Raises whatever MLX raises (the task's awaiter gets it)."""
-        from mlx_whisper.timing import add_word_timestamps
+    def _new_segment(self, start: float, end: float, tokens: np.ndarray, result: WindowResult) -> dict[str, Any]:
+        token_list = [int(t) for t in np.asarray(tokens).tolist()]
+        d = result.decoded
+        text_tokens = [t for t in token_list if t < self.tokenizer.eot]
+        return {"seek": self.seek, "start": start, "end": end, "text": self.tokenizer.decode(text_tokens),
+                "tokens": token_list, "temperature": d.temperature, "avg_logprob": d.avg_logprob,
+                "compression_ratio": d.compression_ratio, "no_speech_prob": d.no_speech_prob}
 
-        model, o = self.loaded.model, self.options
-        mel = self._mel(audio, segment_frames)
-        if self.language is None:
-            _, probs = model.detect_language(mel)
-            self.language = max(probs, key=probs.get)
-            self._init_tokenizer()
-        tok = self._tokenizer
-        self.windows += 1
-        time_offset = float(self.seek * HOP_LENGTH / SAMPLE_RATE)
-
-        result = self._decode_with_fallback(mel)
-        tokens = np.array(result.tokens, dtype=np.int64)
-        if self._silent(result):
-            self.seek += segment_frames  # silent window
-            return []
-
-        previous_seek = self.seek
-        current, advance, single_timestamp_ending = self._split(tokens, result, time_offset, segment_frames)
-        self.seek += advance
-
-        if o.word_timestamps:
-            add_word_timestamps(segments=current, model=model, tokenizer=tok, mel=mel, num_frames=segment_frames,
-                                last_speech_timestamp=self.last_speech_timestamp)
-            if not single_timestamp_ending:
-                last_word_end = _segment_end(current)
-                if last_word_end is not None and last_word_end > time_offset:
-                    self.seek = round(last_word_end * FRAMES_PER_SECOND)
-            last_word_end = _segment_end(current)
-            if last_word_end is not None:
-                self.last_speech_timestamp = last_word_end
-        if self.seek <= previous_seek:  # never loop on the same window
-            self.seek = previous_seek + segment_frames
-        new = self._commit(current)
-        if not o.condition_on_previous_text or result.temperature > 0.5:
-            self.prompt_reset_since = len(self.all_tokens)  # do not condition on text sampled hot
-        return new
-
-    def _commit(self, current: list[dict[str, Any]]) -> list[Segment]:
+    def commit(self, current: list[dict[str, Any]], result: WindowResult | None = None) -> list[Segment]:
+        """Add segments to the transcript and to the conditioning text. Raises nothing."""
         for s in current:  # instantaneous or empty segments carry no text
             if s["start"] == s["end"] or not s["text"].strip():
                 s["text"], s["tokens"], s["words"] = "", [], []
-        first_id = len(self.segments)
+        first_id = len([s for s in self.segments if s["text"]])
         self.segments.extend(current)
         self.all_tokens.extend(t for s in current for t in s["tokens"])
-        return [self._to_segment(i, s) for i, s in enumerate(current, start=first_id) if s["text"]]
-
-    def step_batch(self, chunks: list[tuple[np.ndarray, int, int]]) -> list[Segment]:
-        """Decode independent chunks — (audio, frames, start frame) each, ≤ 30 s — in ONE batched encoder and
-        decoder call (mlx-whisper's DecodingTask takes a batch of mels); rows that need the temperature
-        fallback are re-decoded together at the next rung. No conditioning across chunks. Engine thread only.
-        Raises whatever MLX raises."""
-        import mlx.core as mx
-        from mlx_whisper.decoding import DecodingOptions
-        from mlx_whisper.timing import add_word_timestamps
-
-        model, o = self.loaded.model, self.options
-        mels = [self._mel(audio, frames) for audio, frames, _ in chunks]
-        if self.language is None:
-            _, probs = model.detect_language(mels[0])
-            self.language = max(probs, key=probs.get)
-            self._init_tokenizer()
-        batch = mx.stack(mels)
-        results: list[Any] = [None] * len(chunks)
-        todo = list(range(len(chunks)))
-        for t in o.temperatures:
-            options = DecodingOptions(task=o.task, language=self.language, temperature=t,
-                                      prompt=list(self.initial_prompt_tokens), without_timestamps=o.without_timestamps,
-                                      fp16=self.loaded.fp16)
-            rows = batch if len(todo) == len(chunks) else batch[mx.array(todo)]
-            for i, result in zip(todo, model.decode(rows, options)):
-                results[i] = result
-            todo = [i for i in todo if self._needs_fallback(results[i])]
-            if not todo:
-                break
-        self.windows += 1
-        new: list[Segment] = []
-        for (_, frames, start), mel, result in zip(chunks, mels, results):
-            if self._silent(result):
-                continue
-            self.seek = start  # segments record the chunk they came from
-            offset = start * HOP_LENGTH / SAMPLE_RATE
-            current, _, _ = self._split(np.array(result.tokens, dtype=np.int64), result, offset, frames, whole=True)
-            if o.word_timestamps:
-                add_word_timestamps(segments=current, model=model, tokenizer=self._tokenizer, mel=mel,
-                                    num_frames=frames, last_speech_timestamp=self.last_speech_timestamp)
-                self.last_speech_timestamp = _segment_end(current) or self.last_speech_timestamp
-            new.extend(self._commit(current))
-        self.seek = max(start + frames for _, frames, start in chunks)
-        return new
-
-    def fork(self) -> "WindowedTranscription":
-        """A copy whose step() leaves this one's seek and text untouched (tentative decodes). Raises nothing."""
-        clone = copy.copy(self)
-        clone.segments = list(self.segments)
-        clone.all_tokens = list(self.all_tokens)
-        return clone
+        if result is not None and (not self.options.condition_on_previous_text or result.decoded.temperature > 0.5):
+            self.prompt_reset_since = len(self.all_tokens)  # do not condition on text sampled hot
+        kept = [s for s in current if s["text"]]
+        return [self._to_segment(i, s) for i, s in enumerate(kept, start=first_id)]
 
     # ---- results ---------------------------------------------------------------------------
+    def _time(self, t: float, end: bool = False) -> float:
+        return round(self.timeline.seconds(t, end=end) if self.timeline is not None else t, 3)
+
     def _to_segment(self, i: int, s: dict[str, Any]) -> Segment:
-        off = self.time_offset
         return Segment(
-            id=i, seek=int(s["seek"]), start=round(float(s["start"]) + off, 3), end=round(float(s["end"]) + off, 3),
+            id=i, seek=int(s["seek"]), start=self._time(float(s["start"])), end=self._time(float(s["end"]), True),
             text=s["text"], tokens=list(s["tokens"]), temperature=float(s["temperature"]),
             avg_logprob=float(s["avg_logprob"]), compression_ratio=float(s["compression_ratio"]),
             no_speech_prob=float(s["no_speech_prob"]),
-            words=[Word(w["word"], round(float(w["start"]) + off, 3), round(float(w["end"]) + off, 3),
+            words=[Word(w["word"], self._time(float(w["start"])), self._time(float(w["end"]), True),
                         float(w.get("probability", 0.0))) for w in s.get("words", [])])
 
     def text(self) -> str:
         """All committed text so far. Raises nothing."""
-        if self._tokenizer is None:
-            return ""
-        tokens = [t for t in self.all_tokens[len(self.initial_prompt_tokens):] if t < self._tokenizer.eot]
-        return self._tokenizer.decode(tokens)
+        tokens = [t for t in self.all_tokens[len(self.initial_prompt_tokens):] if t < self.tokenizer.eot]
+        return self.tokenizer.decode(tokens)
 
     def transcript(self, duration: float) -> Transcript:
         """The Transcript of everything decoded so far. Raises nothing."""
         kept = [s for s in self.segments if s["text"]]
         segments = [self._to_segment(i, s) for i, s in enumerate(kept)]
+        for s in segments:  # never past the audio
+            s.end = min(s.end, round(duration, 3))
+            s.start = min(s.start, s.end)
         return Transcript(text=self.text(), language=self.language or (self.options.language or "en"),
                           duration=duration, task=self.options.task, segments=segments)

@@ -1,126 +1,132 @@
-"""Live sessions: buffered audio, each full 30 s window decoded as a task while capture goes on.
+"""Live sessions: audio appended as it arrives, passed through the VAD gate, transcribed as it grows.
 
-`finish` then costs about one window. Text from finished windows is committed (never changes); a
-tentative decode of the open window (websocket live) may change until it is committed.
+A LiveSession owns capture (PCM decoding, the received audio not yet through the gate), the caps, the event
+log clients read, and the pump that runs the decodes (audio/live.py). Audio is never dropped: a session that
+cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was accepted.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
 import numpy as np
 
-from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription
-from audio.errors import SessionClosed, SessionError, SessionNotFound
+from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool
+from audio.errors import SessionClosed, SessionError, SessionLimit, SessionNotFound
+from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
-from audio.transcript import Segment, TranscribeOptions, Transcript
-from audio.vad import has_speech
+from audio.transcript import TranscribeOptions, Transcript
+from audio.vad import Speech, SpeechGate
 
 if TYPE_CHECKING:
+    from audio.scheduler import WhisperScheduler
     from audio.whisper import WhisperResidency
     from engine.tasks import ExecutionTasks
 
-__all__ = ["SessionError", "SessionNotFound", "SessionClosed", "LiveSession", "AudioBuffer"]
-
-
-class AudioBuffer:
-    """Growing 16 kHz signal addressed by absolute sample index; the decoded prefix can be dropped."""
-
-    def __init__(self) -> None:
-        self._data = np.zeros(SAMPLE_RATE * 8, np.float32)
-        self._len = 0
-        self.base = 0  # absolute index of _data[0]
-
-    @property
-    def total(self) -> int:
-        return self.base + self._len
-
-    def append(self, x: np.ndarray) -> None:
-        need = self._len + len(x)
-        if need > len(self._data):
-            grown = np.zeros(max(need, 2 * len(self._data)), np.float32)
-            grown[: self._len] = self._data[: self._len]
-            self._data = grown
-        self._data[self._len:need] = x
-        self._len = need
-
-    def view(self, start: int, count: int) -> np.ndarray:
-        """A copy of samples [start, start+count) (absolute), clipped to what exists. Raises nothing."""
-        a = max(0, start - self.base)
-        return self._data[a: min(self._len, a + count)].copy()
-
-    def discard_before(self, start: int) -> None:
-        """Forget samples before absolute index `start`. Raises nothing."""
-        cut = min(self._len, max(0, start - self.base))
-        if cut:
-            self._data[: self._len - cut] = self._data[cut: self._len]
-            self._len -= cut
-            self.base += cut
+__all__ = ["SessionError", "SessionNotFound", "SessionClosed", "SessionLimit", "AudioLimitExceeded",
+           "LiveConfig", "SessionEvent", "LiveSession", "AudioBuffer", "AudioPool"]
 
 
 class LiveSession:
-    """One dictation: append PCM chunks, windows decode in the background (`pump`), `finish` for the text."""
+    """One dictation: `append` PCM, read `events()` or `committed_text()`, `finish` for the Transcript.
+    `pump` (hosted by the speech service) does the decoding."""
 
-    def __init__(self, options: TranscribeOptions, residency: "WhisperResidency", tasks: "ExecutionTasks",
-                 *, session_id: str | None = None) -> None:
+    def __init__(self, options: TranscribeOptions, residency: "WhisperResidency", scheduler: "WhisperScheduler",
+                 tasks: "ExecutionTasks", *, config: LiveConfig | None = None, pool: AudioPool | None = None,
+                 session_id: str | None = None) -> None:
         self.id = session_id or f"sess_{uuid.uuid4().hex[:24]}"
         self.options = options
+        self.config = config or LiveConfig()
         self.created = self.last_active = time.monotonic()
         self.windows_done = 0
-        self.buffer = AudioBuffer()
         self.scope = anyio.CancelScope()
-        self.finished_at: float | None = None  # monotonic time finish was asked
+        self.finished_at: float | None = None
         self.error: BaseException | None = None
-        self._residency = residency
-        self._tasks = tasks
+        self.events_log: list[SessionEvent] = []
+        self._residency, self._tasks = residency, tasks
+        self._pool = pool or AudioPool(None)
         self._stream: PcmStream | None = None
+        self._raw = AudioBuffer()  # received, not yet through the gate
+        self._gate = SpeechGate(min_speech_ms=options.vad_min_speech_ms,
+                                min_silence_ms=options.vad_min_silence_ms) if options.vad else None
+        self._gated = 0  # raw samples through the gate
+        self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
         self._finishing = False
+        self._commit_asked = False
+        self._idle = False
         self._wake = anyio.Event()
+        self._changed = anyio.Event()
         self._done = anyio.Event()
-        self._transcription: WindowedTranscription | None = None
         self._result: Transcript | None = None
-        self._committed: list[Segment] = []
 
     # ---- capture (event loop) --------------------------------------------------------------
     @property
     def received_seconds(self) -> float:
-        return self.buffer.total / SAMPLE_RATE
+        return self._raw.total / SAMPLE_RATE
+
+    @property
+    def lag_seconds(self) -> float:
+        """Seconds of received audio not yet transcribed (silence counts as done once the gate passed it).
+        Raises nothing."""
+        settled = min(self._gate.settled if self._gate is not None else self._gated, self._raw.total)
+        return round((self._raw.total - settled + self.live.pending_samples) / SAMPLE_RATE, 3)
 
     @property
     def closed(self) -> bool:
         return self._finishing or self.scope.cancel_called
 
-    def append(self, body: bytes, fmt: PcmFormat) -> None:
-        """Add one raw chunk. Audio accepted before a bad chunk is kept. Raises AudioInputError (bad chunk),
-        SessionClosed (after finish, delete or expiry)."""
+    @property
+    def held_samples(self) -> int:
+        """Samples this session holds in memory (not yet transcribed). Raises nothing."""
+        return self._raw.held + self.live.held_samples
+
+    def _check_open(self) -> None:
         if self.closed:
             raise SessionClosed(f"session {self.id} is {'finished' if self._finishing else 'closed'}; "
                                 "no more audio accepted")
+
+    def _admit(self, samples: int) -> None:
+        cap = int(self.config.max_session_s * SAMPLE_RATE)
+        if self._raw.total + samples > cap:
+            raise AudioLimitExceeded(f"session {self.id} would pass its audio limit of {self.config.max_session_s:g} s "
+                                     f"({self.received_seconds:.1f} s received)", "session_audio_limit")
+        self._pool.admit(self, samples)
+
+    def append(self, body: bytes, fmt: PcmFormat) -> None:
+        """Add one raw chunk. Audio accepted before a refused chunk is kept. Raises AudioInputError (bad chunk),
+        AudioLimitExceeded (a cap; an AudioInputError), SessionClosed (after finish, delete or expiry)."""
+        self._check_open()
+        width = 4 if fmt.encoding == "f32le" else 2
+        self._admit(len(body) // (width * max(1, fmt.channels)) * SAMPLE_RATE // max(1, fmt.rate))
         if self._stream is None or self._stream.format != fmt:
             if self._stream is not None:
-                self.buffer.append(self._stream.flush())
+                self._take(self._stream.flush())
             self._stream = PcmStream(fmt)
-        self.buffer.append(self._stream.push(body))
-        self.last_active = time.monotonic()
-        self._poke()
+        self._take(self._stream.push(body))
 
     def append_samples(self, pcm16k: np.ndarray) -> None:
-        """Add already-decoded 16 kHz mono float32 audio (a container upload). Raises SessionClosed."""
-        if self.closed:
-            raise SessionClosed(f"session {self.id} is closed; no more audio accepted")
-        self.buffer.append(np.asarray(pcm16k, np.float32))
-        self.last_active = time.monotonic()
-        self._poke()
+        """Add already-decoded 16 kHz mono float32 audio. Raises AudioLimitExceeded, SessionClosed."""
+        self._check_open()
+        self._admit(len(pcm16k))
+        self._take(np.asarray(pcm16k, np.float32))
 
-    def _poke(self) -> None:
+    def _take(self, pcm: np.ndarray) -> None:
+        self._raw.append(pcm)
+        self._pool.update(self)
+        self.last_active = time.monotonic()
+        self._wake.set()
+
+    def commit(self) -> None:
+        """Close the current utterance now, as a VAD pause would. Raises SessionClosed."""
+        self._check_open()
+        self._commit_asked = True
         self._wake.set()
 
     async def finish(self) -> Transcript:
-        """Stop capture and wait for the last window(s). Idempotent. Raises SessionClosed if cancelled,
+        """Stop capture and wait for the rest to be decoded. Idempotent. Raises SessionClosed if cancelled,
         or the decode error that stopped the pump."""
         if self.scope.cancel_called and not self._done.is_set():
             raise SessionClosed(f"session {self.id} was deleted or expired")
@@ -128,8 +134,8 @@ class LiveSession:
             self._finishing = True
             self.finished_at = time.monotonic()
             if self._stream is not None:
-                self.buffer.append(self._stream.flush())
-            self._poke()
+                self._raw.append(self._stream.flush())
+            self._wake.set()
         await self._done.wait()
         if self.error is not None:
             raise self.error
@@ -138,89 +144,104 @@ class LiveSession:
         return self._result
 
     def cancel(self) -> None:
-        """Drop the session: queued windows never run; a finish in progress raises SessionClosed."""
+        """Drop the session: its windows leave the scheduler before the next step; finish raises SessionClosed."""
         self.scope.cancel()
+        self._pool.forget(self)
 
-    # ---- decoding ---------------------------------------------------------------------------
+    # ---- reading (event loop) ---------------------------------------------------------------
     def committed_text(self) -> str:
-        return "".join(s.text for s in self._committed)
+        return self.live.committed_text()
 
+    async def tentative(self) -> str:
+        """The current tentative text (after the committed text; may change). Raises nothing."""
+        return self.live.tentative
+
+    async def events(self, start: int = 0) -> AsyncIterator[SessionEvent]:
+        """Events from index `start` on, as they happen, until the session ends. Raises nothing."""
+        i = start
+        while True:
+            while i < len(self.events_log):
+                yield self.events_log[i]
+                i += 1
+            if self._done.is_set():
+                return
+            await self._changed.wait()
+
+    async def caught_up(self) -> None:
+        """Return once everything appended so far is transcribed as far as it can be (the pump waits for
+        audio), or the session ended. Raises nothing."""
+        while not self._done.is_set() and not (self._idle and not self._wake.is_set()):
+            await self._changed.wait()
+
+    def _emit(self, event: SessionEvent) -> None:
+        self.events_log.append(event)
+        self._signal()
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # ---- the pump -----------------------------------------------------------------------------
     async def pump(self) -> None:
-        """Background loop (the speech service runs one per session): decode each full window as a task,
-        then the remainder at finish. Returns when finished or cancelled; never raises."""
+        """Gate audio, decode, commit; until finished or cancelled. Never raises: a failure is kept for finish."""
         taken = False
         try:
             with self.scope:
-                tr: WindowedTranscription | None = None
                 while True:
-                    if tr is None and (self._finishing or self.buffer.total >= N_SAMPLES):
-                        if self._finishing and self.buffer.total == 0:
-                            break
-                        loaded = await self._residency.take()
-                        taken = True
-                        tr = self._transcription = WindowedTranscription(loaded, self.options)
-                    window = tr.next_window(self.buffer.total, self._finishing) if tr else None
-                    if window is None:
+                    await self._gate_pending()
+                    action = self.live.next_action(self._finishing)
+                    if action is None:
                         if self._finishing:
                             break
+                        self._idle = True
+                        self._signal()
                         await self._wake.wait()
                         self._wake = anyio.Event()
+                        self._idle = False
                         continue
-                    assert tr is not None  # a window comes only from a transcription
-                    await self._run_window(tr, *window)
-                duration = self.buffer.total / SAMPLE_RATE
-                if tr is None:
-                    self._result = Transcript("", self.options.language or "en", duration, self.options.task)
-                else:
-                    self._result = tr.transcript(duration)
+                    if not self.live.started:
+                        loaded = await self._residency.take()
+                        taken = True
+                        await self.live.start(loaded)
+                    await action()
+                    self._pool.update(self)
+                    self.windows_done += 1
+                    self._signal()
+                self._result = self.live.transcript(self.received_seconds)
         except Exception as exc:  # a failed window ends the session; finish reports it
             self.error = exc
         finally:
             if taken:
                 self._residency.release()
+            self._pool.forget(self)
             self._done.set()
+            self._signal()
 
-    async def _run_window(self, tr: WindowedTranscription, start: int, frames: int) -> None:
-        audio = self.buffer.view(start, N_SAMPLES)
-        self.buffer.discard_before(start)
-        if self.options.vad and not has_speech(audio[: frames * HOP_LENGTH],
-                                               min_speech_ms=self.options.vad_min_speech_ms):
-            tr.skip(frames)
-            return
-        handle = self._tasks.enqueue(functools.partial(tr.step, audio, frames), cancellation=self.scope,
-                                     label=f"whisper.window:{self.id}")
-        new = await handle
-        self._committed.extend(new)
-        self.windows_done += 1
-
-    async def tentative(self) -> str:
-        """Decode the open (partial) window on a throwaway copy of the seek state: text that may still
-        change. Empty when there is no model yet or nothing new. Raises TaskRejected when cancelled."""
-        tr = self._transcription
-        if tr is None or self._finishing:
-            if tr is None and self.buffer.total > SAMPLE_RATE // 2 and not self._finishing:
-                return await self._tentative_fresh()
-            return ""
-        window = tr.next_window(self.buffer.total, True)
-        if window is None:
-            return ""
-        probe = tr.fork()
-        start, frames = window
-        audio = self.buffer.view(start, N_SAMPLES)
-        new = await self._tasks.enqueue(functools.partial(probe.step, audio, frames), cancellation=self.scope,
-                                        label=f"whisper.tentative:{self.id}")
-        return "".join(s.text for s in new)
-
-    async def _tentative_fresh(self) -> str:
-        # Before the first full window no model is held yet: take it for one probe.
-        loaded = await self._residency.take()
-        try:
-            probe = WindowedTranscription(loaded, self.options)
-            audio = self.buffer.view(0, N_SAMPLES)
-            frames = min(len(audio) // HOP_LENGTH, N_SAMPLES // HOP_LENGTH)
-            new = await self._tasks.enqueue(functools.partial(probe.step, audio, frames),
-                                            cancellation=self.scope, label=f"whisper.tentative:{self.id}")
-            return "".join(s.text for s in new)
-        finally:
-            self._residency.release()
-
+    async def _gate_pending(self) -> None:
+        pending = self._raw.view(self._gated, self._raw.total - self._gated)
+        start = self._gated
+        self._gated += len(pending)
+        if self._gate is None:
+            if len(pending):
+                self.live.add_speech(pending, start)
+        else:
+            gate = self._gate
+            if len(pending) > self.config.gate_in_thread_s * SAMPLE_RATE:
+                events = await anyio.to_thread.run_sync(gate.push, pending)
+            else:
+                events = gate.push(pending)
+            if self._finishing:
+                events += gate.flush()
+            for ev in events:
+                if isinstance(ev, Speech):
+                    if ev.first:
+                        self._emit(SessionEvent("speech_started", audio_ms=ev.start * 1000 // SAMPLE_RATE))
+                    self.live.add_speech(self._raw.view(ev.start, ev.end - ev.start), ev.start)
+                else:
+                    self._emit(SessionEvent("speech_stopped", audio_ms=ev.at * 1000 // SAMPLE_RATE))
+                    self.live.add_pause()
+        if self._commit_asked:
+            self._commit_asked = False
+            self.live.add_pause()
+        self._raw.discard_before(self._gate.settled if self._gate is not None else self._gated)
+        self._pool.update(self)

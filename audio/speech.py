@@ -1,7 +1,8 @@
 """SpeechService — the one object the service layer talks to for transcription and live sessions.
 
-It owns the Whisper residency, the live sessions (each with a background pump) and their idle expiry.
-Every model touch is an ExecutionTask on the shared driver loop; the caller only sees numpy and text.
+It owns the Whisper residency, the scheduler every window goes through (audio/scheduler.py), the live
+sessions (each with a background pump), their caps and their idle expiry. Every model touch is a bounded
+step on the shared driver loop; the caller only sees numpy and text.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import anyio
 import numpy as np
 
 from audio.batching import batched_windows
-from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription
+from audio.buffers import AudioPool
+from audio.decoding import N_SAMPLES, WindowedTranscription
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
 from audio.pcm import SAMPLE_RATE
-from audio.sessions import LiveSession
+from audio.scheduler import StepBudget, WhisperScheduler
+from audio.sessions import LiveConfig, LiveSession
+from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
-from audio.vad import has_speech, trim_silence
+from audio.vad import speech_pieces
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
 
 if TYPE_CHECKING:
@@ -30,37 +34,35 @@ __all__ = ["SpeechService", "transcribe_stream"]
 
 
 async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
+                            scheduler: WhisperScheduler,
                             tasks: "ExecutionTasks") -> AsyncGenerator[list[Segment] | Transcript, None]:
-    """Decode a whole signal window by window (one task each): yields each window's new segments, then
-    the final Transcript. `vad` with no speech yields an empty Transcript without loading Whisper.
+    """Decode a whole signal window by window: yields each window's new segments, then the final Transcript.
+    With `vad` Whisper sees only the speech (no speech: an empty Transcript, Whisper never loaded).
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
     duration = len(pcm) / SAMPLE_RATE
-    offset = 0
-    if options.vad_trim:
-        pcm, offset = trim_silence(pcm, min_speech_ms=options.vad_min_speech_ms)
-    if options.vad and (len(pcm) == 0 or not has_speech(pcm, min_speech_ms=options.vad_min_speech_ms)):
-        yield Transcript("", options.language or "en", duration, options.task)
-        return
+    empty = Transcript("", options.language or "en", duration, options.task)
+    timeline = None
+    if options.vad or options.vad_trim:
+        pieces = await anyio.to_thread.run_sync(functools.partial(
+            speech_pieces, pcm, min_speech_ms=options.vad_min_speech_ms, min_silence_ms=options.vad_min_silence_ms))
+        if pieces and not options.vad:
+            pieces = [(pieces[0][0], pieces[-1][1])]
+        pcm, timeline = compact(pcm, pieces)
     if len(pcm) == 0:
-        yield Transcript("", options.language or "en", duration, options.task)
+        yield empty
         return
     loaded = await residency.take()
     try:
-        tr = WindowedTranscription(loaded, options, time_offset=offset / SAMPLE_RATE)
+        tr = await WindowedTranscription.start(loaded, options, timeline=timeline)
         if options.batch_size > 1:
-            async for new in batched_windows(tr, pcm, options.batch_size, tasks):
+            async for new in batched_windows(tr, pcm, options.batch_size, scheduler, tasks):
                 yield new
-            yield tr.transcript(duration)
-            return
-        while (window := tr.next_window(len(pcm), final=True)) is not None:
-            start, frames = window
-            audio = pcm[start: start + N_SAMPLES]
-            if options.vad and not has_speech(audio[: frames * HOP_LENGTH], min_speech_ms=options.vad_min_speech_ms):
-                tr.skip(frames)
-                continue
-            new = await tasks.run(functools.partial(tr.step, audio, frames), label="whisper.window")
-            if new:
-                yield new
+        else:
+            while (window := tr.next_window(len(pcm), final=True)) is not None:
+                start, frames = window
+                new = await tr.step(pcm[start: start + N_SAMPLES], frames, scheduler, tasks)
+                if new:
+                    yield new
         yield tr.transcript(duration)
     finally:
         residency.release()
@@ -72,10 +74,14 @@ class SpeechService:
 
     def __init__(self, tasks: "ExecutionTasks", checkpoint: str | Path, *, name: str | None = None,
                  dtype: str | None = None, idle_unload_sec: float = 0.0, resident: bool = False,
-                 session_ttl_sec: float = 300.0, max_sessions: int = 64) -> None:
+                 session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
+                 live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0) -> None:
         self.tasks = tasks
         self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
                                           idle_unload_sec=idle_unload_sec, resident=resident)
+        self.scheduler = WhisperScheduler(tasks, budget)
+        self.live = live or LiveConfig()
+        self.pool = AudioPool(max_buffered_sec)
         self.session_ttl_sec = session_ttl_sec
         self.max_sessions = max_sessions
         self.sessions: dict[str, LiveSession] = {}
@@ -109,8 +115,9 @@ class SpeechService:
             return True
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
-        """TranscribeOptions checked against this model. Raises InvalidOption naming `language` or `task`
-        (unknown language, or a non-English language / translate on an English-only model)."""
+        """TranscribeOptions checked against this model. Raises InvalidOption naming `language`, `task` or
+        `prompt` (unknown language, a non-English language / translate on an English-only model, a prompt
+        longer than Whisper can use: PromptTooLong)."""
         code = normalize_language(language, multilingual=self.multilingual)
         if task not in get_args(Task):
             raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
@@ -122,7 +129,7 @@ class SpeechService:
     def transcribe_stream(self, pcm: np.ndarray,
                           options: TranscribeOptions) -> AsyncGenerator[list[Segment] | Transcript, None]:
         """See module-level transcribe_stream. Raises as it does."""
-        return transcribe_stream(pcm, options, self.residency, self.tasks)
+        return transcribe_stream(pcm, options, self.residency, self.scheduler, self.tasks)
 
     async def transcribe(self, pcm: np.ndarray, options: TranscribeOptions) -> Transcript:
         """Whole signal → Transcript. Raises as transcribe_stream."""
@@ -135,15 +142,17 @@ class SpeechService:
 
     # ---- live sessions -----------------------------------------------------------------------
     def create_session(self, options: TranscribeOptions) -> LiveSession:
-        """Open a session and start its pump. Raises SpeechNotRunning when run() is not running,
-        SessionLimit when max_sessions are open."""
+        """Open a session and start its pump. Never evicts a live session: idle-expired ones are reaped, then
+        a full house refuses. Raises SpeechNotRunning when run() is not running, SessionLimit when
+        max_sessions are open."""
         if self._tg is None:
             raise SpeechNotRunning("SpeechService.run() is not running")
         if len(self.sessions) >= self.max_sessions:
-            self._expire(time.monotonic(), force_oldest=True)
+            self._expire(time.monotonic())
         if len(self.sessions) >= self.max_sessions:
-            raise SessionLimit(f"too many open sessions ({self.max_sessions})")
-        session = LiveSession(options, self.residency, self.tasks)
+            raise SessionLimit(f"too many open audio sessions ({self.max_sessions}); finish or delete one, "
+                                      "or retry later")
+        session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool)
         self.sessions[session.id] = session
         self._tg.start_soon(session.pump, name=f"session {session.id}")
         return session
@@ -160,10 +169,8 @@ class SpeechService:
         self.get_session(session_id).cancel()
         del self.sessions[session_id]
 
-    def _expire(self, now: float, force_oldest: bool = False) -> None:
+    def _expire(self, now: float) -> None:
         stale = [s for s in self.sessions.values() if now - s.last_active > self.session_ttl_sec]
-        if force_oldest and not stale and self.sessions:
-            stale = [min(self.sessions.values(), key=lambda s: s.last_active)]
         for s in stale:
             s.cancel()
             self.sessions.pop(s.id, None)
@@ -196,5 +203,10 @@ class SpeechService:
         r = self.residency
         return {"model": r.name, "loaded": r.loaded is not None, "resident": r.resident,
                 "idle_unload_sec": r.idle_unload_sec, "loads": r.loads, "unloads": r.unloads,
-                "sessions_open": len(self.sessions), "sessions_expired": self.expired,
-                "session_windows_done": sum(s.windows_done for s in self.sessions.values())}
+                "sessions_open": len(self.sessions), "max_sessions": self.max_sessions,
+                "sessions_expired": self.expired,
+                "session_windows_done": sum(s.windows_done for s in self.sessions.values()),
+                "session_lag_s_max": max((s.lag_seconds for s in self.sessions.values()), default=0.0),
+                "buffered_audio_s": round(self.pool.total / SAMPLE_RATE, 3),
+                "max_buffered_audio_s": None if self.pool.max_samples is None else self.pool.max_samples / SAMPLE_RATE,
+                "max_session_s": self.live.max_session_s, "scheduler": self.scheduler.stats()}

@@ -7,10 +7,22 @@ from typing import Any, Literal
 
 from audio.errors import InvalidOption
 
-__all__ = ["normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES"]
+__all__ = ["normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES",
+           "PromptTooLong", "MAX_PROMPT_CHARS"]
 
 Task = Literal["transcribe", "translate"]
 DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+# Whisper reads at most the last 223 tokens of prompt and previous text; ~9 characters a token is generous.
+MAX_PROMPT_CHARS = 2000
+
+
+class PromptTooLong(InvalidOption):
+    """The prompt (or vocabulary) is longer than Whisper could ever use (param "prompt")."""
+
+    code = "prompt_too_long"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="prompt")
 
 
 @dataclass(frozen=True)
@@ -28,13 +40,22 @@ class TranscribeOptions:
     prompt: str | None = None
     without_timestamps: bool = False
     word_timestamps: bool = False
-    # webrtcvad: `vad` skips windows (and whole files) without speech; `vad_trim` cuts leading/trailing silence.
-    vad: bool = False
+    # webrtcvad: with `vad` Whisper sees only speech (silences of vad_min_silence_ms and more are cut out,
+    # times mapped back); `vad_trim` without `vad` cuts only leading/trailing silence.
+    vad: bool = True
     vad_trim: bool = False
     vad_min_speech_ms: int = 250
+    vad_min_silence_ms: int = 500
     # > 1: cut the file at silences and decode this many ≤30 s chunks per task in one batched call
     # (audio/batching.py); no conditioning across chunks. 1: the sequential seek loop.
     batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.prompt is not None and len(self.prompt) > MAX_PROMPT_CHARS:
+            raise PromptTooLong(f"prompt is {len(self.prompt)} characters; at most {MAX_PROMPT_CHARS} are accepted "
+                                "(Whisper reads only its last 223 tokens)")
+        if not self.temperatures:
+            raise ValueError("temperatures must not be empty")
 
     @staticmethod
     def ladder(temperature: float | None, fallback: bool = True) -> tuple[float, ...]:

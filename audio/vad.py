@@ -1,13 +1,16 @@
-"""Voice activity with webrtcvad: speech segments, a no-speech gate, and silence trimming."""
+"""Voice activity with webrtcvad: speech segments, a no-speech gate, silence trimming, and a streaming gate
+that lets only speech through to Whisper."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import webrtcvad
 
 from audio.pcm import SAMPLE_RATE
 
-__all__ = ["speech_segments", "has_speech", "trim_silence"]
+__all__ = ["speech_segments", "has_speech", "trim_silence", "Speech", "Pause", "SpeechGate", "speech_pieces"]
 
 _FRAME_MS = 30
 _FRAME = SAMPLE_RATE * _FRAME_MS // 1000
@@ -59,3 +62,113 @@ def trim_silence(pcm: np.ndarray, *, min_speech_ms: int = 250, aggressiveness: i
         return pcm[:0], len(pcm)
     start, end = segments[0][0], segments[-1][1]
     return pcm[start:end], start
+
+
+@dataclass(frozen=True)
+class Speech:
+    """Settled speech audio: samples [start, end) (absolute) go to Whisper."""
+
+    start: int
+    end: int
+    first: bool = False  # the first piece of a speech region
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A speech region ended at sample `at` and at least min_silence followed: an utterance boundary."""
+
+    at: int
+
+
+class SpeechGate:
+    """Streaming speech regions on a fixed 30 ms frame grid, the same regions speech_segments finds in the
+    whole signal: push audio as it arrives and get back settled Speech pieces (padded, gaps shorter than
+    `min_silence_ms` kept) and Pauses. A run shorter than `min_speech_ms` never passes. Not thread-safe."""
+
+    def __init__(self, *, min_speech_ms: int = 250, min_silence_ms: int = 500, padding_ms: int = 200,
+                 aggressiveness: int = 2) -> None:
+        if not 0 <= aggressiveness <= 3:
+            raise ValueError("aggressiveness must be 0–3")
+        self._vad = webrtcvad.Vad(aggressiveness)
+        self._gap = max(1, min_silence_ms // _FRAME_MS)
+        self._min = max(1, -(-min_speech_ms // _FRAME_MS))
+        self._pad = padding_ms * SAMPLE_RATE // 1000
+        self._tail = np.zeros(0, np.float32)
+        self.frames = 0  # frames classified
+        self.received = 0  # samples pushed
+        self._first: int | None = None  # first voiced frame of the open region
+        self._last = 0  # last voiced frame of the open region
+        self._emitted = 0  # samples passed on so far (absolute end of the last Speech)
+        self.in_speech = False  # the open region has passed min_speech
+        self._fresh = False  # the next Speech starts a region
+
+    @property
+    def settled(self) -> int:
+        """Samples whose fate is known (passed on, or silence that never will be). Raises nothing."""
+        if self._first is None:
+            return max(self._emitted, self.frames * _FRAME - self._pad)
+        return self._emitted if self.in_speech else max(self._emitted, self._first * _FRAME - self._pad)
+
+    def push(self, pcm: np.ndarray) -> list[Speech | Pause]:
+        """Classify the complete frames in `pcm` (16 kHz float32, continuing the stream). Raises nothing."""
+        self.received += len(pcm)
+        data = np.concatenate([self._tail, pcm]) if len(self._tail) else pcm
+        n = len(data) // _FRAME
+        self._tail = data[n * _FRAME:].copy()
+        raw = _pcm16(data[: n * _FRAME])
+        out: list[Speech | Pause] = []
+        step = _FRAME * 2
+        for i in range(n):
+            self._frame(self._vad.is_speech(raw[i * step:(i + 1) * step], SAMPLE_RATE), out)
+        if self.in_speech:  # voiced so far: pass it on without waiting for the region to end
+            self._emit((self._last + 1) * _FRAME, out)
+        return out
+
+    def flush(self) -> list[Speech | Pause]:
+        """End of stream: close the open region (padded to what arrived). Raises nothing."""
+        out: list[Speech | Pause] = []
+        if self._first is not None:
+            self._close(out, end_limit=self.received)
+        return out
+
+    def _frame(self, voiced: bool, out: list[Speech | Pause]) -> None:
+        f = self.frames
+        self.frames += 1
+        if voiced:
+            if self._first is None:
+                self._first = f
+            self._last = f
+            if not self.in_speech and f + 1 - self._first >= self._min:
+                self.in_speech = True
+                self._emitted = max(self._emitted, self._first * _FRAME - self._pad)
+                self._fresh = True
+        elif self._first is not None and f - self._last > self._gap:
+            self._close(out, end_limit=self.frames * _FRAME)
+
+    def _close(self, out: list[Speech | Pause], end_limit: int) -> None:
+        if self.in_speech:
+            end = min(end_limit, (self._last + 1) * _FRAME + self._pad)
+            self._emit(end, out)
+            out.append(Pause(self._emitted))
+        self._first = None
+        self.in_speech = False
+
+    def _emit(self, end: int, out: list[Speech | Pause]) -> None:
+        if end > self._emitted:
+            out.append(Speech(self._emitted, end, self._fresh))
+            self._emitted = end
+            self._fresh = False
+
+
+def speech_pieces(pcm: np.ndarray, **gate: int) -> list[tuple[int, int]]:
+    """The SpeechGate's regions over a whole signal, as [start, end) sample ranges. Raises ValueError for a
+    bad aggressiveness."""
+    g = SpeechGate(**gate)
+    regions: list[tuple[int, int]] = []
+    for ev in [*g.push(pcm), *g.flush()]:
+        if isinstance(ev, Speech):
+            if regions and regions[-1][1] == ev.start:
+                regions[-1] = (regions[-1][0], ev.end)
+            else:
+                regions.append((ev.start, ev.end))
+    return regions

@@ -207,7 +207,8 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
     heads_file = p / "alignment_heads.json"
     if heads_file.is_file():
         model.set_alignment_heads(np.asarray(json.loads(heads_file.read_text()), dtype=np.int64))
-    mx.eval(model.parameters())
+    # Non-parameter arrays built lazily at construction belong to this thread's stream until evaluated.
+    mx.eval(model.parameters(), model.encoder._positional_embedding, model.decoder._mask, model.alignment_heads)
     return LoadedWhisper(model, p, name or p.name, dtype)
 
 

@@ -268,7 +268,7 @@ def main(a: argparse.Namespace) -> int:
     names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
     requests = {k: int(v) for k, v in (kv.split("=") for kv in a.requests.split(",") if kv)} if a.requests else {}
     scenarios = scenarios_for(names, a.profile, requests, a.max_tokens, a.prompt_tokens, a.soak_minutes,
-                              a.soak_streams)
+                              a.soak_streams, _span(a.soak_prompts))
     bench = Bench(a, model_dir)
     result: dict[str, Any] = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -312,6 +312,13 @@ def main(a: argparse.Namespace) -> int:
     return 1 if any(s.get("error") for s in result["servers"].values()) else 0
 
 
+def _span(text: str | None) -> tuple[int, int] | None:
+    if not text:
+        return None
+    lo, _, hi = text.partition("-")
+    return int(lo), int(hi or lo)
+
+
 def _model_config(model_dir: str) -> dict[str, Any]:
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -336,6 +343,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=None, help="override the scenarios' fixed prompt length (128)")
     p.add_argument("--soak-minutes", type=float, default=None)
     p.add_argument("--soak-streams", type=int, default=None, help="soak concurrency (default 16)")
+    p.add_argument("--soak-prompts", default=None,
+                   help="soak prompt lengths in tokens as LO-HI (default 128-2048; lower on a slow CPU)")
     p.add_argument("--soak-settle", type=float, default=5.0, help="idle seconds before the soak's last RSS reading")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request seconds; past it the request failed")
     p.add_argument("--retries", type=int, default=0,

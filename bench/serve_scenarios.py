@@ -68,7 +68,8 @@ PROFILES: dict[str, dict[str, int]] = {
 
 
 def scenarios_for(names: list[str], profile: str, requests: dict[str, int], max_tokens: int | None,
-                  prompt_tokens: int | None, soak_minutes: float | None, soak_streams: int | None = None) -> list[Scenario]:
+                  prompt_tokens: int | None, soak_minutes: float | None, soak_streams: int | None = None,
+                  soak_prompts: tuple[int, int] | None = None) -> list[Scenario]:
     """The named scenarios with the profile's and the command line's overrides. Raises KeyError for a
     name that is not a scenario or profile."""
     out = []
@@ -86,6 +87,8 @@ def scenarios_for(names: list[str], profile: str, requests: dict[str, int], max_
             change["minutes"] = soak_minutes
         if soak_streams is not None and s.kind == "soak":
             change["concurrency"] = soak_streams
+        if soak_prompts is not None and s.kind == "soak":
+            change["prompt_tokens"] = soak_prompts
         out.append(dataclasses.replace(s, **change))
     return out
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import os
 import statistics
@@ -89,7 +88,7 @@ def _file_rounds(engine: Any, speech: Any, path: Path, pcm: np.ndarray, options:
 
 
 def _session(engine: Any, speech: Any, pcm: np.ndarray, options: Any, pace: float) -> dict[str, float]:
-    from audio.decoding import N_SAMPLES, WindowedTranscription
+    from audio.decoding import N_FRAMES, N_SAMPLES, WindowedTranscription
     from audio.pcm import PcmFormat
 
     chunk = SR // 4
@@ -99,10 +98,10 @@ def _session(engine: Any, speech: Any, pcm: np.ndarray, options: Any, pace: floa
             tg.start_soon(engine.serve)
             await tg.start(speech.run)
             loaded = await speech.residency.preload()
-            # one full window's encode + decode, as a task, for scale
-            tr = WindowedTranscription(loaded, options)
+            # one full window's encode + decode, alone on the loop, for scale
+            tr = await WindowedTranscription.start(loaded, options)
             t0 = time.perf_counter()
-            await engine.tasks.run(functools.partial(tr.step, pcm[:N_SAMPLES], 3000))
+            await speech.scheduler.decode(loaded, tr.request(pcm[:N_SAMPLES], N_FRAMES))
             window_s = time.perf_counter() - t0
             session = speech.create_session(options)
             start = time.perf_counter()

@@ -16,8 +16,11 @@ SERVING_DEFAULTS = {
     # MLX aborts the process once an LRU cache has missed 2x its size over its lifetime; varied traffic
     # reaches that in hours. Misses only cost a rebuild, so keep serving.
     "MLX_ENABLE_CACHE_THRASHING_CHECK": "0",
-    # CUDA graphs are keyed by op topology; more of them kept means fewer re-instantiations.
-    "MLX_CUDA_GRAPH_CACHE_SIZE": "2000",
+    # MLX records each command buffer as a CUDA graph keyed by its op sequence. Continuous batching changes
+    # that sequence every iteration (rows join and leave, prefill chunks vary), so graphs were instantiated
+    # again and again: 63% of the engine thread's eval time under 64 streams on the H200. Launching kernels
+    # directly measured 1.9x the tokens/s at 64 streams and 1/20 the Poisson TTFT (bench/RESULTS.md).
+    "MLX_USE_CUDA_GRAPHS": "0",
 }
 
 

@@ -87,11 +87,6 @@ class ExecutionGroup(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    @property
-    def admission_held(self) -> bool:
-        """True while a task must not run now (e.g. a row is mid-way through a non-interruptible step)."""
-        ...
-
     def prune(self) -> None:
         """Drop cancelled rows (freeing their KV) and cancelled queued tasks."""
 
@@ -119,6 +114,10 @@ class ExecutionGroup(Protocol):
 
     def running_tokens(self) -> int:
         """Tokens the decoding rows need this iteration (one per row)."""
+        ...
+
+    def prefill_tokens(self) -> int:
+        """Prompt tokens a mixed iteration may carry on top of the decoding rows' (>= the minimum)."""
         ...
 
     async def advance_mixed(self, budget: int) -> None:

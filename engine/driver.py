@@ -10,8 +10,9 @@ __all__ = ["drive_execution_group", "iteration_budget"]
 
 
 def iteration_budget(group: ExecutionGroup) -> int:
-    """Running rows' tokens are reserved first; prompt chunks get at least the minimum on top."""
-    return max(group.max_iteration_tokens, group.running_tokens() + group.minimum_preparation_tokens)
+    """Running rows' tokens are reserved first; prompt chunks get what the group allows on top (at least
+    its minimum; engine/pacing.py for the LLM group)."""
+    return group.running_tokens() + group.prefill_tokens()
 
 
 async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, context: ExecutionContext) -> None:
@@ -22,7 +23,7 @@ async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, contex
             await group.wait_for_work()
             continue
         async with lease:
-            if group.tasks.pending and not group.admission_held:
+            if group.tasks.pending:
                 await group.tasks.advance(context)
             group.admit()
             if group.has_decoding() and group.has_preparing() and group.supports_mixed():

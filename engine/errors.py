@@ -18,6 +18,7 @@ __all__ = [
     "MemoryAdmission",
     "TaskRejected",
     "QueueFull",
+    "EngineRestarting",
 ]
 
 
@@ -75,8 +76,17 @@ class TaskRejected(EngineError):
 class QueueFull(EngineError):
     """Admission refused: `queued` rows already wait for a slot and at most `limit` may (max_queued)."""
 
-    def __init__(self, message: str, *, queued: int, limit: int) -> None:
+    def __init__(self, message: str, *, queued: int = 0, limit: int = 0) -> None:
         super().__init__(message)
         self.message = message
         self.queued = queued
         self.limit = limit
+
+
+class EngineRestarting(EngineError):
+    """The engine process is (re)starting (`--isolate`): try again in `retry_after` seconds."""
+
+    def __init__(self, message: str, *, retry_after: int = 5) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after

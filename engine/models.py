@@ -34,6 +34,7 @@ __all__ = [
     "hub_cache_dir",
     "list_cached_models",
     "load_model",
+    "load_tokenizer",
     "materialize",
     "resolve_model",
     "to_float32",
@@ -86,6 +87,8 @@ class LoadedModel:
     context_length: int
     kind: SourceKind = "hf_dir"
     float32: bool = field(default=False)
+    # The HF-layout directory the weights and tokenizer were read from (a GGUF's converted copy).
+    directory: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -236,10 +239,21 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
         tokenizer=tokenizer,
         config=config,
         source=str(source.path),
+        directory=directory,
         context_length=_context_length(config, tokenizer),
         kind=source.kind,
         float32=float32,
     )
+
+
+def load_tokenizer(directory: str | Path) -> TokenizerWrapper:
+    """The tokenizer of an HF-layout model directory, as `load_model` gives it (mlx-lm's wrapper, the
+    config's EOS ids), without loading weights. Raises OSError/ValueError for a directory it cannot read."""
+    from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
+
+    path = Path(directory)
+    config = json.loads((path / "config.json").read_text())
+    return cast("TokenizerWrapper", mlx_lm_load_tokenizer(path, eos_token_ids=config.get("eos_token_id")))
 
 
 def materialize(model: nn.Module) -> None:

@@ -12,7 +12,7 @@ exports cut the slot to the row's fed tokens, and draining a running row's token
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import mlx.core as mx
 
@@ -45,7 +45,7 @@ class DecodePipeline:
 
     def forget_if_done(self) -> None:
         """Drop the in-flight step once none of its rows runs (so it holds no old KV buffers). Raises nothing."""
-        if self.inflight is not None and all(r.finished or r.cancelled for r in self.inflight.rows):
+        if self.inflight is not None and all(r.ended for r in self.inflight.rows):
             self.inflight = None
 
     def continues(self, rows: Sequence[Row]) -> bool:
@@ -64,12 +64,12 @@ class DecodePipeline:
         if flight is None:
             return []
         ids = self.read(flight.tokens)
-        return [(r, t) for r, t in zip(flight.rows, ids) if not r.finished and not r.cancelled]
+        return [(r, t) for r, t in zip(flight.rows, ids) if not r.ended]
 
     def step(self, rows: Sequence[Row]) -> tuple[list[Row], list[int]]:
         """Launch the next step and read the current one: returns rows (slot order) and their tokens.
         The rows must be `eligible`. Raises whatever the forward or its evaluation raises."""
-        ordered = sorted(rows, key=lambda r: r.slot)  # type: ignore[arg-type,return-value]
+        ordered = sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
         current = self.inflight.tokens if self.inflight is not None and self.continues(ordered) else None
         self.inflight = None
         if current is None:
@@ -80,8 +80,9 @@ class DecodePipeline:
     def launch(self, rows: Sequence[Row], fed: mx.array | None) -> mx.array:
         """Build one decode step (fed: lazy tokens, else each row's last_token) and start it. Raises
         whatever building the forward raises."""
-        ids = [[0] if fed is not None else [r.last_token] for r in rows]  # fed: only the length counts
-        segments = [Segment(t, None, True, r.slot, fed) for t, r in zip(ids, rows)]  # type: ignore[arg-type]
+        # With `fed` only each segment's length counts; eligible rows always have a last token.
+        ids = [[0] if fed is not None or r.last_token is None else [r.last_token] for r in rows]
+        segments = [Segment(t, None, True, r.slot, fed) for t, r in zip(ids, rows)]
         logits = self.forward(segments)
         tokens = sample_rows(logits, [r.sampler for r in rows])
         mx.async_eval(tokens)
@@ -90,4 +91,4 @@ class DecodePipeline:
     @staticmethod
     def read(tokens: mx.array) -> list[int]:
         """Wait for `tokens` and return them as ints. Raises whatever the evaluation raises."""
-        return [int(t) for t in tokens.tolist()]
+        return [int(t) for t in cast(list[int], tokens.tolist())]

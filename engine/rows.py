@@ -1,8 +1,10 @@
-"""A row of the LLM batch group, and the delta stream its consumer iterates (closing it cancels the row)."""
+"""A row of the LLM batch group, its lifecycle state, and the delta stream its consumer iterates (closing the
+stream cancels the row)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable
 
 import anyio
@@ -11,12 +13,22 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from engine.contracts import Delta, GenerationRequest
 from engine.sampling import RowSampler, StopMatcher
 
-__all__ = ["Row", "LLMRowStream", "plan_iteration"]
+__all__ = ["Row", "RowState", "LLMRowStream", "plan_iteration"]
+
+
+class RowState(Enum):
+    """Where a row is in its life. QUEUED → ACTIVE (prefilling, then decoding: see Row.preparing/decoding)
+    → FINISHED (stop, length, error, engine closed) or CANCELLED (its consumer went away)."""
+
+    QUEUED = "queued"
+    ACTIVE = "active"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
 
 
 @dataclass(eq=False)
 class Row:
-    """One generation inside the group. `done` counts prompt tokens whose KV is in `cache`."""
+    """One generation inside the group. `prefilled` counts prompt tokens whose KV is in `cache` (or `slot`)."""
 
     request: GenerationRequest
     send: MemoryObjectSendStream[Delta]
@@ -25,26 +37,49 @@ class Row:
     prompt: list[int]
     cache: list[Any] | None = None  # per-row KV while preparing; None once the KV moved to `slot`
     slot: int | None = None  # the runner's SlotKV slot holding this decoding row's KV
-    done: int = 0
+    state: RowState = RowState.QUEUED
+    prefilled: int = 0
     cached_tokens: int = 0
     last_token: int | None = None  # sampled but not yet fed: the next decode input
     generated: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    finished: bool = False
     unsent_ids: list[int] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
 
     @property
+    def finished(self) -> bool:
+        """Ended by the engine (stop, length, error, close)."""
+        return self.state is RowState.FINISHED
+
+    @property
+    def cancelled(self) -> bool:
+        """Abandoned by its consumer; the group prunes it (and frees its KV) before the next step."""
+        return self.state is RowState.CANCELLED
+
+    @property
+    def ended(self) -> bool:
+        return self.state in (RowState.FINISHED, RowState.CANCELLED)
+
+    @property
     def preparing(self) -> bool:
-        return not self.finished and self.done < len(self.prompt)
+        return not self.ended and self.prefilled < len(self.prompt)
 
     @property
     def decoding(self) -> bool:
-        return not self.finished and self.last_token is not None
+        return not self.ended and self.last_token is not None
+
+    def finish(self) -> None:
+        """Mark the row ended by the engine (a cancelled row stays cancelled). Raises nothing."""
+        if self.state is not RowState.CANCELLED:
+            self.state = RowState.FINISHED
+
+    def cancel(self) -> None:
+        """Mark the row abandoned by its consumer (a finished row stays finished). Raises nothing."""
+        if self.state is not RowState.FINISHED:
+            self.state = RowState.CANCELLED
 
     def fed_tokens(self) -> list[int]:
         """The tokens whose KV the cache holds (the last sampled token is never fed)."""
-        return self.prompt[: self.done] + self.generated[:-1]
+        return self.prompt[: self.prefilled] + self.generated[:-1]
 
 
 def plan_iteration(rows: list[Row], budget: int, decode: bool,
@@ -53,15 +88,15 @@ def plan_iteration(rows: list[Row], budget: int, decode: bool,
     row first) filling the rest of `budget`. Raises nothing."""
     plan: list[tuple[Row, list[int], bool]] = []
     if decode:
-        plan += [(r, [r.last_token], True) for r in rows if r.decoding]  # type: ignore[list-item]
+        plan += [(r, [r.last_token], True) for r in rows if r.decoding and r.last_token is not None]
     if prefill:
         left = budget - len(plan)
         for r in rows:
             if left <= 0:
                 break
             if r.preparing:
-                n = min(left, len(r.prompt) - r.done)
-                plan.append((r, r.prompt[r.done : r.done + n], r.done + n == len(r.prompt)))
+                n = min(left, len(r.prompt) - r.prefilled)
+                plan.append((r, r.prompt[r.prefilled : r.prefilled + n], r.prefilled + n == len(r.prompt)))
                 left -= n
     return plan
 
@@ -94,8 +129,7 @@ class LLMRowStream:
 
     def cancel(self) -> None:
         """Synchronous cancel, safe from any event-loop code path (e.g. a finally). Raises nothing."""
-        if not self._row.finished:
-            self._row.cancelled = True
+        self._row.cancel()
         self._receive.close()
         self._wake()
 
@@ -106,6 +140,5 @@ class LLMRowStream:
         self.cancel()
 
     def __del__(self) -> None:  # a consumer that forgets aclose still frees its row
-        if not self._row.finished:
-            self._row.cancelled = True
+        self._row.cancel()
         self._receive.close()

@@ -41,6 +41,19 @@ class Segment:
     slot: int | None = None  # a decode row whose KV lives in the runner's SlotKV (then `cache` is unused)
     fed: mx.array | None = None  # decode-only step: every segment's token as one lazy (rows,) array, slot order
 
+    def layer(self, li: int) -> Any:
+        """Layer `li` of this segment's per-row cache. Raises ValueError for a slot segment (no cache)."""
+        if self.cache is None:
+            raise ValueError("a slot segment has no per-row cache")
+        return self.cache[li]
+
+    @property
+    def slot_index(self) -> int:
+        """The slot of a slot segment. Raises ValueError for a per-row-cache segment."""
+        if self.slot is None:
+            raise ValueError("not a slot segment")
+        return self.slot
+
 
 class Runner(Protocol):
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
@@ -120,16 +133,16 @@ class PackedRunner:
         if not segments:
             raise ValueError("no segments")
         # Slot order: with no free slot in between, attention needs no gather (logits keep segment order).
-        slotted = sorted((seg for seg in segments if seg.slot is not None),
-                         key=lambda seg: seg.slot)  # type: ignore[arg-type,return-value]
-        if slotted and (self.slots is None or any(len(seg.tokens) != 1 or not seg.logits for seg in slotted)):
+        slotted = sorted((seg for seg in segments if seg.slot is not None), key=lambda seg: seg.slot_index)
+        slots = self.slots
+        if slotted and (slots is None or any(len(seg.tokens) != 1 or not seg.logits for seg in slotted)):
             raise ValueError("slot segments need a SlotKV runner and one token with logits each")
         # Slot (decode) rows first: their tokens form one block attended in one call per layer.
         order = slotted + [seg for seg in segments if seg.slot is None]
         fed = segments[0].fed
         if fed is not None and (slotted != list(segments) or any(seg.fed is not fed for seg in segments)):
             raise ValueError("lazy tokens need slot segments only, in slot order, sharing one array")
-        batch = self.slots.plan([seg.slot for seg in slotted]) if slotted else None  # type: ignore[union-attr,misc]
+        batch = slots.plan([seg.slot_index for seg in slotted]) if slotted and slots is not None else None
         flat: list[int] = []
         bounds: list[tuple[int, int]] = []
         positions: list[int] = []
@@ -138,8 +151,7 @@ class PackedRunner:
             start = len(flat)
             flat.extend(seg.tokens)
             bounds.append((start, len(flat)))
-            slots, cache = self.slots, seg.cache
-            off = slots.length(seg.slot) if seg.slot is not None else cache[0].offset  # type: ignore[union-attr,index]
+            off = slots.length(seg.slot) if seg.slot is not None and slots is not None else seg.layer(0).offset
             positions.extend(range(off, off + len(seg.tokens)))
             last[id(seg)] = len(flat) - 1
         picks = [last[id(seg)] for seg in segments if seg.logits]
@@ -150,14 +162,14 @@ class PackedRunner:
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv = self.qkv[li](layer.input_layernorm(h))
-            if batch is None:
+            if batch is None or slots is None:
                 o = self._attention(attn, qkv, rest, bounds, pos, li, T)
             else:
-                o = self._attention_slots(attn, qkv, rest, bounds, pos, li, T, batch)
+                o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch)
             h = h + attn.o_proj(o)
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
-        if slotted:
-            self.slots.commit([seg.slot for seg in slotted])  # type: ignore[union-attr,misc]
+        if slotted and slots is not None:
+            slots.commit([seg.slot_index for seg in slotted])
         if not picks:
             return None
         h = h[:, mx.array(picks)] if picks != list(range(T)) else h
@@ -166,7 +178,7 @@ class PackedRunner:
     def _attention(self, attn: Any, qkv: list[mx.array], segments: Sequence[Segment],
                    bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int) -> mx.array:
         if len(segments) == 1:
-            return self._attention_one(attn, qkv, segments[0].cache[li], T)
+            return self._attention_one(attn, qkv, segments[0].layer(li), T)
         nh, nkv = attn.n_heads, attn.n_kv_heads
         # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token.
         q = qkv[0].reshape(T, nh, 1, -1)
@@ -183,7 +195,7 @@ class PackedRunner:
             k = k.transpose(2, 1, 0, 3)
         outs = []
         for seg, (s, e) in zip(segments, bounds):
-            cache = seg.cache[li]
+            cache = seg.layer(li)
             qs, ks, vs = q[:, :, s:e], k[:, :, s:e], v[:, :, s:e]
             if pos is None:
                 qs = attn.rope(qs, offset=cache.offset)
@@ -195,7 +207,7 @@ class PackedRunner:
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
-    def _attention_slots(self, attn: Any, qkv: list[mx.array], rest: Sequence[Segment],
+    def _attention_slots(self, slots: SlotKV, attn: Any, qkv: list[mx.array], rest: Sequence[Segment],
                          bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
                          batch: DecodeBatch) -> mx.array:
         # Tokens 0..B-1 are the decode rows (one slot each); the rest are per-row prefill chunks.
@@ -213,7 +225,7 @@ class PackedRunner:
             q = attn.rope(q, offset=batch.first_offset)
             k = attn.rope(k, offset=batch.first_offset)
         qb, kb, vb = (q, k, v) if B == T else (q[:B], k[:B], v[:B])
-        o = self.slots.attend(li, qb, kb, vb, attn.scale, batch)  # type: ignore[union-attr]
+        o = slots.attend(li, qb, kb, vb, attn.scale, batch)
         outs = [o.transpose(2, 1, 0, 3)]
         if rest:
             qr = q[B:].transpose(2, 1, 0, 3)
@@ -221,7 +233,7 @@ class PackedRunner:
             vr = v[B:].transpose(2, 1, 0, 3)
             for seg, (s, e) in zip(rest, bounds[B:]):
                 a, b = s - B, e - B
-                ks, vs = seg.cache[li].update_and_fetch(kr[:, :, a:b], vr[:, :, a:b])  # type: ignore[index]
+                ks, vs = seg.layer(li).update_and_fetch(kr[:, :, a:b], vr[:, :, a:b])
                 outs.append(mx.fast.scaled_dot_product_attention(
                     qr[:, :, a:b], ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None))
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
@@ -255,7 +267,7 @@ class SeparateRunner:
             raise ValueError("no segments")
         rows = []
         for seg in segments:
-            out = self.model(mx.array(seg.tokens)[None], cache=seg.cache)
+            out = self.model(mx.array(list(seg.tokens))[None], cache=seg.cache)
             if seg.logits:
                 rows.append(out[0, -1:])
         if not rows:

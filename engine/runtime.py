@@ -99,6 +99,12 @@ class Engine:
             )
         self.tasks: ExecutionTasks = self.group.tasks
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Token ids the model accepts (its embedding may be larger than the tokenizer); None without a
+        chat model. Raises nothing."""
+        return self.group.vocab_size if isinstance(self.group, LLMBatchGroup) else None
+
     @classmethod
     async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, **options: Any) -> "Engine":
         """Load model `spec` on a new engine thread and build the engine on that same thread, so every
@@ -212,6 +218,14 @@ class Engine:
                 out["prefix_cache"] = None
         return out
 
+    def chat_pace(self) -> float | None:
+        """Seconds a decode-only chat iteration takes now (a moving average), or None while no chat row is
+        decoding: what other work on the loop (Whisper steps) should stay well below. Raises nothing."""
+        group = self.group
+        if not isinstance(group, LLMBatchGroup) or group.running_tokens() == 0:
+            return None
+        return group.pacer.decode_seconds
+
     def health(self) -> dict[str, Any]:
         """{"ok": False, "error": ...} once several engine steps in a row failed with no success since
         (the engine cannot run rows); {"ok": True} otherwise. Raises nothing."""
@@ -258,7 +272,7 @@ def _blas() -> Any:
         return None
 
 
-def _rate(tokens: int, seconds: float) -> float:
+def _rate(tokens: float, seconds: float) -> float:
     return round(tokens / seconds, 2) if seconds > 0 else 0.0
 
 

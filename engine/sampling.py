@@ -177,6 +177,11 @@ class StopMatcher:
         if token in self.stop_ids:
             return self._finish("stop")
         self._detok.add_token(token)
+        if not self.stop_strings:  # nothing to hold back: the common case, kept cheap (once per row per token)
+            if self.generated >= self.max_tokens or at_context_limit:
+                self._pending = self._detok.last_segment
+                return self._finish("length")
+            return StepText(self._detok.last_segment, None)
         self._pending += self._detok.last_segment
         cut = self._find_stop()
         if cut is not None:
@@ -204,6 +209,8 @@ class StopMatcher:
         return StepText(text, reason)
 
     def _find_stop(self) -> int | None:
+        if not self.stop_strings:
+            return None
         hits = [i for i in (self._pending.find(s) for s in self.stop_strings) if i >= 0]
         return min(hits) if hits else None
 

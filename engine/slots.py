@@ -147,7 +147,8 @@ class SlotKV:
     def release(self, slot: int | None) -> None:
         """Free a slot (its stale KV stays masked until reused); drops the buffers when none is left.
         Raises nothing."""
-        self.lengths.pop(slot, None)  # type: ignore[arg-type]
+        if slot is not None:
+            self.lengths.pop(slot, None)
         if not self.lengths:
             self.reset()
 

@@ -12,7 +12,6 @@ class TasksOnlyGroup:
 
     max_iteration_tokens = 0
     minimum_preparation_tokens = 0
-    admission_held = False
 
     def __init__(self) -> None:
         self.tasks = ExecutionTasks()
@@ -47,12 +46,22 @@ class TasksOnlyGroup:
     def running_tokens(self) -> int:
         return 0
 
+    def prefill_tokens(self) -> int:
+        return 0
+
     async def advance_mixed(self, budget: int) -> None:
+        """Never called: the driver only advances rows that exist. Raises RuntimeError."""
         raise RuntimeError("TasksOnlyGroup has no rows")
 
-    advance_preparation = advance = advance_mixed
+    async def advance_preparation(self) -> None:
+        """Never called (no rows). Raises RuntimeError."""
+        raise RuntimeError("TasksOnlyGroup has no rows")
+
+    async def advance(self) -> None:
+        """Never called (no rows). Raises RuntimeError."""
+        raise RuntimeError("TasksOnlyGroup has no rows")
 
     def close(self) -> None:
+        """Stop; queued tasks are rejected and waiters woken. Raises nothing."""
         self._closed = True
         self.tasks.reject_all()
-        self.tasks._notify()

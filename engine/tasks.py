@@ -52,6 +52,7 @@ class ExecutionTasks:
     def __init__(self) -> None:
         self._queue: deque[TaskHandle[Any]] = deque()
         self._changed = anyio.Event()
+        self._rejected: str | None = None  # set by reject_all: nothing queues any more
         self.completed = 0
 
     def __len__(self) -> int:
@@ -65,8 +66,13 @@ class ExecutionTasks:
         return [t.label for t in self._queue]
 
     def enqueue(self, work: Callable[[], T], cancellation: CancelScope | None = None, label: str = "") -> TaskHandle[T]:
-        """Queue work; the handle is awaitable. A cancelled `cancellation` scope drops it before it starts."""
+        """Queue work; the handle is awaitable. A cancelled `cancellation` scope drops it before it starts.
+        After reject_all the handle is already failed with TaskRejected (no driver will run it)."""
         handle: TaskHandle[T] = TaskHandle(work, label or getattr(work, "__name__", "task"), cancellation)
+        if self._rejected is not None:
+            handle._error = TaskRejected(self._rejected)
+            handle.done.set()
+            return handle
         self._queue.append(handle)
         self._notify()
         return handle
@@ -113,14 +119,26 @@ class ExecutionTasks:
         return True
 
     def reject_all(self, reason: str = "shutting down") -> None:
-        """Fail every queued task (used at shutdown)."""
+        """Fail every queued task and every later one (used at shutdown), and wake the waiters. Raises nothing."""
+        self._rejected = reason
         while self._queue:
             t = self._queue.popleft()
             t._error = TaskRejected(reason)
             t.done.set()
+        self._notify()
 
     async def wait_changed(self) -> None:
+        """Return at the next enqueue or notify. Raises nothing but cancellation."""
         await self._changed.wait()
+
+    def changed(self) -> anyio.Event:
+        """The event the next enqueue or notify sets: bind it now to not miss one that happens before
+        you wait. Raises nothing."""
+        return self._changed
+
+    def notify(self) -> None:
+        """Wake whoever waits for a change (e.g. a closing group's driver). Raises nothing."""
+        self._notify()
 
     def _discard(self, handle: TaskHandle[Any]) -> None:
         try:

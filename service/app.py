@@ -236,6 +236,10 @@ async def _open_engine_or_exit(config: ServiceConfig) -> ChatEngine:
     # In the granian worker a failed load ends the worker with one clear line (the supervisor then stops
     # with exit code 1, not respawning it) instead of tracebacks; in-process apps use open_engine directly.
     try:
+        if config.isolate:
+            from service.isolate.remote import open_isolated_engine
+
+            return await open_isolated_engine(config)
         return await open_engine(config)
     except Exception as exc:
         _log.error("could not load model %s: %s: %s", config.model or "(default)", type(exc).__name__, exc)

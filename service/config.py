@@ -53,6 +53,9 @@ class ServiceConfig:
     memory_budget: int | None = None
     # Run internal generations before serving so kernels compile first; None: on a GPU only.
     warmup: bool | None = None
+    # The engine and its models in a supervised child process (service/isolate/): the API stays up
+    # through an engine crash, and HTTP work never shares a GIL with the engine.
+    isolate: bool = False
     host: str = "127.0.0.1"
     port: int = 8080
     # Loaded-model name shown in /v1/models; default: what engine.model_name says.

@@ -70,6 +70,11 @@ class ChatEngine(Protocol):
     def context_length(self) -> int | None: ...
 
     @property
+    def vocab_size(self) -> int | None:
+        """Token ids the model accepts (its embedding may be larger than the tokenizer); None without a model."""
+        ...
+
+    @property
     def plan(self) -> EnginePlan | None: ...
 
     @property

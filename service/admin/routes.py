@@ -52,7 +52,8 @@ async def health(request: Request[Any, Any, Any]) -> Response[Health]:
                         headers={"Retry-After": "5"})
     engine_health = state.engine.health() if state.engine is not None else {"ok": True}
     if not engine_health.get("ok", True):
-        body = Health(status="failing", model=state.chat_model_name, error=engine_health.get("error"))
+        status = "restarting" if engine_health.get("status") == "restarting" else "failing"
+        body = Health(status=status, model=state.chat_model_name, error=engine_health.get("error"))
         return Response(body, status_code=503)
     return Response(Health(status="ok", model=state.chat_model_name), status_code=200)
 

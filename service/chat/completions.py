@@ -15,13 +15,13 @@ from litestar import Request, Response, post
 from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
 from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
-from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, close_stream, row_texts
+from service.chat.respond import respond
+from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, row_texts
 from service.http.access_log import record_tokens
-from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
-from service.http.sse import DONE, EventSource, SSEStream, sse_data, sse_error
+from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -112,31 +112,20 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl")
     counter = UsageCounter()
     record_tokens(request, counter.totals)
-    opened: list[RowStream] = []
+    echoes: list[str] = []
 
-    async def prepare() -> tuple[Completion | RowReader, str]:
+    async def submit_row() -> RowStream:
         prompt, prompt_text = await _prompt_tokens(state, engine, data)
         counter.prompt_tokens = len(prompt)
         generation = generation_request(engine, data, prompt, data.max_tokens or 16, param="prompt",
                                         tenant=client_key(request))
-        echo = prompt_text if data.echo else ""
+        echoes.append(prompt_text if data.echo else "")
         stream = submit(engine, generation, param="prompt")
-        opened.append(stream)
         observe_queue_wait(state, timing)
-        if not data.stream:
-            return await _collect(stream, meta, counter, echo, timing), echo
-        reader = RowReader(stream, counter, timing)
-        await reader.start()  # a row failing before its first token is a 5xx, not an empty 200 stream
-        return reader, echo
+        return stream
 
-    try:  # the row is closed by the reader however this ends (RowReader.start / items)
-        answer, echo = await run_while_connected(request, prepare)
-    except ClientDisconnected:
-        return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
-    if isinstance(answer, Completion):
-        return Response(answer)
-    stream = opened[0]
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
-    events = _events(answer, meta, counter, include_usage, echo)
-    # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-    return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
+    return await respond(
+        request, counter, timing, submit_row=submit_row,
+        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0])) if data.stream else None,
+        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing))

@@ -39,14 +39,7 @@ def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
 
 def vocab_size(engine: ChatEngine) -> int | None:
     """The model's vocabulary size when known. Raises nothing."""
-    # The model's embedding may be larger than the tokenizer (padded vocabularies): the batch group knows.
-    size = getattr(getattr(engine, "group", None), "vocab_size", None)
-    if isinstance(size, int):
-        return size
-    try:
-        return len(engine.tokenizer) if engine.tokenizer is not None else None
-    except Exception:  # a tokenizer without __len__: skip the range check
-        return None
+    return engine.vocab_size
 
 
 def sampling_params(body: SamplingFields, vocab: int | None) -> SamplingParams:

@@ -25,13 +25,13 @@ from service.chat.schemas import (
     ChoiceDelta,
 )
 from service.chat.chunks import ChunkEncoder
-from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, close_stream, row_texts
+from service.chat.respond import respond
+from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, row_texts
 from service.http.access_log import record_tokens
-from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.auth import client_key
 from service.http.errors import in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
-from service.http.sse import DONE, EventSource, SSEStream, sse_data, sse_error
+from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -112,11 +112,9 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     meta = ResponseMeta(model=state.chat_model_name or "")
     counter = UsageCounter()
     record_tokens(request, counter.totals)
-    opened: list[RowStream] = []
+    translators: list[ChatTranslator] = []
 
-    async def prepare() -> tuple[ChatCompletion | RowReader, ChatTranslator]:
-        # Rendering, the engine's queue and the first token (streaming) or the whole reply all happen
-        # before any header goes out, and all stop when the client leaves.
+    async def submit_row() -> RowStream:
         rendered = await render_chat(state, engine, data)
         prompt = rendered.tokens
         counter.prompt_tokens = len(prompt)
@@ -124,24 +122,14 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
                                         param="messages", session_id=_session_hint(request, data),
                                         segment_boundaries=rendered.boundaries,
                                         default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request))
-        translator = ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data))
+        translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data)))
         stream = submit(engine, generation, param="messages")
-        opened.append(stream)
         observe_queue_wait(state, timing)
-        if not data.stream:
-            return await _collect(stream, translator, meta, counter, timing), translator
-        reader = RowReader(stream, counter, timing)
-        await reader.start()  # a row failing before its first token is a 5xx, not an empty 200 stream
-        return reader, translator
+        return stream
 
-    try:  # the row is closed by the reader however this ends (RowReader.start / items)
-        answer, translator = await run_while_connected(request, prepare)
-    except ClientDisconnected:
-        return Response(None, status_code=499)  # type: ignore[arg-type]  # no body for a client that left
-    if isinstance(answer, ChatCompletion):
-        return Response(answer)
-    reader, stream = answer, opened[0]
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
-    events = _chat_events(reader, translator, meta, counter, include_usage)
-    # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-    return SSEStream(EventSource(events, lambda: close_stream(stream)))  # type: ignore[return-value]
+    return await respond(
+        request, counter, timing, submit_row=submit_row,
+        events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage))
+        if data.stream else None,
+        collect=lambda stream: _collect(stream, translators[0], meta, counter, timing))

@@ -37,6 +37,10 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--memory-budget", type=byte_size, default=None,
                    help="bytes for weights, KV, prefix cache and MLX's buffer cache, e.g. 12GiB (default: 60%% of "
                         "RAM on CPU, 85%% of GPU memory); a request whose KV can never fit gets a 400")
+    p.add_argument("--isolate", action="store_true",
+                   help="run the engine and its model in a child process this server supervises: the API and /health "
+                        "stay up through an engine crash (it is restarted) and HTTP work never shares the engine's "
+                        "GIL; chat only for now (add --no-whisper)")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run internal generations at start so kernels compile before clients wait (default: on a "
                         "GPU, off on CPU)")
@@ -67,6 +71,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         prompt_cache_bytes=args.prompt_cache_bytes,
         memory_budget=args.memory_budget,
         warmup=args.warmup,
+        isolate=args.isolate,
         log_level=args.log_level,
         shutdown_timeout=args.shutdown_timeout,
     )
@@ -94,6 +99,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = serve_config(args)
     speech = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
+    if config.isolate and "speech" in config.extra:
+        raise CLIError("--isolate serves chat only for now: add --no-whisper (speech runs in-process)")
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
     _check_port(config.host, config.port)
     # Only once every check passed, so a bad name or a busy port is the one line printed.

@@ -21,6 +21,7 @@ from audio.errors import (
 from engine.errors import (
     ContextTooLong,
     EngineClosed,
+    EngineRestarting,
     InvalidRequest,
     InvalidSampling,
     MemoryAdmission,
@@ -161,9 +162,9 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     MemoryAdmission: ErrorRule(400, type="memory_admission"),
     NoChatModel: ErrorRule(404, "model_not_found", param="model"),
     ModelNotFound: ErrorRule(404, "model_not_found", param="model"),
-    QueueFull: ErrorRule(429, "queue_full", retry_after=1,
-                         message="The server is at capacity ({exc.queued} requests waiting); retry later."),
+    QueueFull: ErrorRule(429, "queue_full", retry_after=1, message="The server is at capacity: {exc}"),
     EngineClosed: ErrorRule(503, "unavailable", message="The engine is not accepting requests: {exc}", retry_after=5),
+    EngineRestarting: ErrorRule(503, "engine_restarting", retry_after=5),
     TaskRejected: ErrorRule(503, "unavailable", message="The server is shutting down or the request was cancelled.",
                             retry_after=5),
     # audio/errors.py
@@ -196,8 +197,10 @@ def api_error(exc: BaseException, *, params: Mapping[str, str] | None = None) ->
     if param is not None and params:
         param = params.get(param, param)
     code = rule.code or getattr(exc, "code", None)
+    # The exception's own retry_after (EngineRestarting knows how long) wins over the table's.
+    retry_after = getattr(exc, "retry_after", None)
     return APIError(rule.status, rule.message.format(exc=exc), type=rule.type, param=param, code=code,
-                    retry_after=rule.retry_after)
+                    retry_after=retry_after if isinstance(retry_after, int) else rule.retry_after)
 
 
 def in_band_error(exc: BaseException) -> APIError:

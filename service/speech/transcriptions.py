@@ -59,12 +59,12 @@ async def create_transcription(
     """Raises APIError (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
     state = get_state(request)
     speech = served_speech(state, data.model)
+    raw = await data.file.read()
+    _check_parts(data, raw, state.config.limits.max_part_bytes)  # sizes first: nothing else reads a huge part
     words = "word" in data.timestamp_granularities
     options = transcribe_options(speech, language=data.language, task=data.task, prompt=data.prompt or None,
                                  temperatures=TranscribeOptions.ladder(data.temperature), word_timestamps=words,
                                  vad=data.vad, vad_trim=data.vad_trim)
-    raw = await data.file.read()
-    _check_parts(data, raw, state.config.limits.max_part_bytes)
     content_type = part_content_type(data.file)
     pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, content_type, param="file"))
     if data.stream:

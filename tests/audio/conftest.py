@@ -1,4 +1,5 @@
-"""Audio fixtures: a tiny random-init Whisper on disk and a running tasks-only driver loop."""
+"""Audio fixtures: a tiny random-init Whisper on disk (and loaded), a running tasks-only driver loop, and a
+speech-like test signal."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import anyio
 import numpy as np
 import pytest
 
+from audio.whisper import LoadedWhisper, load_whisper
 from engine.context import EngineThread
 from engine.driver import drive_execution_group
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 
-__all__ = ["tiny_whisper_dir", "running_tasks", "voiced", "SR"]
+__all__ = ["tiny_whisper_dir", "tiny_whisper", "running_tasks", "voiced", "SR"]
 
 SR = 16000
 
@@ -24,6 +26,12 @@ SR = 16000
 @pytest.fixture(scope="session")
 def tiny_whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+
+
+@pytest.fixture(scope="session")
+def tiny_whisper(tiny_whisper_dir: Path) -> LoadedWhisper:
+    """The tiny Whisper loaded in float32 (load_whisper is engine-thread work; tests call it directly)."""
+    return load_whisper(tiny_whisper_dir, dtype="float32")
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""audio/batching.py: chunks cut at silences, several chunks decoded in one task."""
+"""audio/batching.py: chunks cut at silences, several chunks decoded side by side."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 
 from audio.batching import plan_chunks
 from audio.decoding import N_SAMPLES
+from audio.scheduler import StepBudget
 from audio.speech import SpeechService
 from tests.audio.conftest import SR, running_tasks, voiced
 
@@ -30,15 +31,17 @@ def test_no_speech_means_fixed_windows() -> None:
 
 
 @pytest.mark.anyio
-async def test_a_batch_of_chunks_is_one_task(tiny_whisper_dir: Path) -> None:
+async def test_a_batch_of_chunks_decodes_side_by_side(tiny_whisper_dir: Path) -> None:
     silence = np.zeros(2 * SR, np.float32)
     pcm = np.concatenate([voiced(20), silence, voiced(20), silence, voiced(20)])
     async with running_tasks() as tasks:
-        speech = SpeechService(tasks, tiny_whisper_dir, dtype="float32", resident=True)
+        speech = SpeechService(tasks, tiny_whisper_dir, dtype="float32", resident=True,
+                               budget=StepBudget(encoder_positions=24000))
         await speech.residency.preload()
-        before = tasks.completed
         t = await speech.transcribe(pcm, speech.options(temperatures=(0.0,), batch_size=8, without_timestamps=True))
-        assert tasks.completed - before == 1  # three chunks, one encoder + decoder call
+        counters = speech.scheduler.counters
+        assert counters.windows == 3 and counters.max_rows == 3  # three chunks' rows in each decoder step
+        assert counters.encoder_steps == 1  # 3 windows × 4 units of 1500 positions; 16 units fit a step
         assert t.duration == pytest.approx(len(pcm) / SR)
-        assert all(0 <= s.start <= s.end <= len(pcm) / SR + 0.01 for s in t.segments), [(s.start, s.end, s.seek) for s in t.segments]
+        assert all(0 <= s.start <= s.end <= len(pcm) / SR + 0.01 for s in t.segments)
         assert [s.id for s in t.segments] == list(range(len(t.segments)))

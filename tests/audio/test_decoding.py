@@ -1,30 +1,40 @@
-"""audio/decoding.py: the seek loop, one window per step, on a tiny random-init Whisper."""
+"""audio/decoding.py: the seek loop over the scheduler, on a tiny random-init Whisper — planning, seeking,
+clamped segment times, word timestamps, the prompt."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from audio.decoding import N_FRAMES, N_SAMPLES, WindowedTranscription
+from audio.scheduler import WhisperScheduler
+from audio.timeline import compact
 from audio.transcript import TranscribeOptions
-from audio.whisper import LoadedWhisper, load_whisper
+from audio.whisper import LoadedWhisper
+from tests.audio.conftest import running_tasks
 
 FAST = TranscribeOptions(temperatures=(0.0,), without_timestamps=True)
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_whisper_dir: Path) -> LoadedWhisper:
-    return load_whisper(tiny_whisper_dir, dtype="float32")
+pytestmark = pytest.mark.anyio
 
 
 def noise(seconds: float, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.1, int(seconds * 16000)).astype(np.float32)
 
 
-def test_planning_full_windows_before_final(loaded: LoadedWhisper) -> None:
-    tr = WindowedTranscription(loaded, FAST)
+async def transcribe(loaded: LoadedWhisper, pcm: np.ndarray, options: TranscribeOptions,
+                     **kw: object) -> tuple[WindowedTranscription, list[tuple[int, int]]]:
+    windows = []
+    async with running_tasks() as tasks:
+        tr = await WindowedTranscription.start(loaded, options, **kw)  # type: ignore[arg-type]
+        scheduler = WhisperScheduler(tasks)
+        while (w := tr.next_window(len(pcm), final=True)) is not None:
+            windows.append(w)
+            await tr.step(pcm[w[0]: w[0] + N_SAMPLES], w[1], scheduler, tasks)
+    return tr, windows
+
+
+async def test_planning_full_windows_before_final(tiny_whisper: LoadedWhisper) -> None:
+    tr = await WindowedTranscription.start(tiny_whisper, FAST)
     assert tr.next_window(N_SAMPLES - 1, final=False) is None
     assert tr.next_window(N_SAMPLES, final=False) == (0, N_FRAMES)
     assert tr.next_window(16000 * 10, final=True) == (0, 1000)
@@ -33,47 +43,67 @@ def test_planning_full_windows_before_final(loaded: LoadedWhisper) -> None:
     assert tr.next_window(N_SAMPLES, final=True) is None
 
 
-def test_without_timestamps_each_window_advances_by_its_length(loaded: LoadedWhisper) -> None:
-    pcm = noise(65)
-    tr = WindowedTranscription(loaded, FAST)
-    windows = []
-    while (w := tr.next_window(len(pcm), final=True)) is not None:
-        windows.append(w)
-        tr.step(pcm[w[0]: w[0] + N_SAMPLES], w[1])
+async def test_without_timestamps_each_window_advances_by_its_length(tiny_whisper: LoadedWhisper) -> None:
+    tr, windows = await transcribe(tiny_whisper, noise(65), FAST)
     assert windows == [(0, 3000), (480000, 3000), (960000, 500)]
     t = tr.transcript(65.0)
     assert t.language == "en" and t.duration == 65.0 and t.task == "transcribe"
-    assert all(0 <= s.start <= s.end <= 65.0 + 1e-6 for s in t.segments)
+    assert all(0 <= s.start <= s.end <= 65.0 for s in t.segments)
 
 
-def test_timestamped_decoding_never_stalls(loaded: LoadedWhisper) -> None:
+async def test_timestamped_decoding_never_stalls_and_times_stay_inside_the_audio(tiny_whisper: LoadedWhisper) -> None:
     pcm = noise(6, seed=1)
-    tr = WindowedTranscription(loaded, TranscribeOptions(temperatures=(0.0,)))
-    seeks = []
-    while (w := tr.next_window(len(pcm), final=True)) is not None:
-        tr.step(pcm[w[0]: w[0] + N_SAMPLES], w[1])
-        seeks.append(tr.seek)
-    assert seeks == sorted(set(seeks)) and seeks[-1] >= 600
+    tr, windows = await transcribe(tiny_whisper, pcm, TranscribeOptions(temperatures=(0.0,)))
+    starts = [w[0] for w in windows]
+    assert starts == sorted(set(starts)) and tr.seek >= 600
+    t = tr.transcript(6.0)
+    # the random model emits timestamps up to 30 s: every one is clamped to its window's audio
+    assert all(0 <= s.start <= s.end <= 6.0 for s in t.segments)
+    for s in tr.segments:
+        window_start = s["seek"] / 100
+        assert window_start <= s["start"] <= s["end"] <= 6.0
 
 
-def test_prompt_tokens_prefix_but_do_not_appear_in_text(loaded: LoadedWhisper) -> None:
-    tr = WindowedTranscription(loaded, TranscribeOptions(temperatures=(0.0,), without_timestamps=True, prompt="Kenobi"))
+async def test_split_clamps_to_the_window(tiny_whisper: LoadedWhisper) -> None:
+    tr = await WindowedTranscription.start(tiny_whisper, FAST)
+    ts = tr.tokenizer.timestamp_begin
+    from audio.decoder import RowResult
+    from audio.scheduler import WindowResult
+
+    result = WindowResult(RowResult([], [], "", -0.1, 0.0, 0.0, 1.0), "en")
+    tokens = [ts, 1000, 1001, ts + 100, ts + 100, 1002, ts + 1500]  # 0.0–2.0 s, then 2.0–30.0 s
+    segments, advance, single = tr.split(tokens, result, 10.0, 109)  # a 1.09 s window at 10 s
+    assert single and advance == 109
+    assert [(s["start"], s["end"]) for s in segments] == [(10.0, 11.09), (11.09, 11.09)]
+
+
+async def test_times_map_through_a_timeline(tiny_whisper: LoadedWhisper) -> None:
+    pcm = noise(20, seed=4)
+    compacted, timeline = compact(pcm, [(0, 3 * 16000), (15 * 16000, 17 * 16000)])
+    tr, _ = await transcribe(tiny_whisper, compacted, TranscribeOptions(temperatures=(0.0,)), timeline=timeline)
+    t = tr.transcript(20.0)
+    for s in t.segments:
+        assert 0 <= s.start <= s.end <= 17.0
+        assert not 3.0 < s.start < 15.0  # nothing starts inside the cut-out silence
+
+
+async def test_prompt_tokens_prefix_but_do_not_appear_in_text(tiny_whisper: LoadedWhisper) -> None:
+    options = TranscribeOptions(temperatures=(0.0,), without_timestamps=True, prompt="Kenobi")
+    tr = await WindowedTranscription.start(tiny_whisper, options)
     assert tr.all_tokens == tr.initial_prompt_tokens and tr.initial_prompt_tokens
     assert "Kenobi" not in tr.text()
+    request = tr.request(noise(1), 100)
+    assert list(request.prompt) == tr.initial_prompt_tokens
+    # a forced prefix takes the prompt's room first: prompt + prefix stay within n_ctx / 2 - 1
+    long_prefix = list(range(1000, 1000 + 30))
+    assert len(tr.request(noise(1), 100, prefix=long_prefix).prompt) == 64 // 2 - 1 - 30
 
 
-def test_fork_leaves_the_original_untouched(loaded: LoadedWhisper) -> None:
-    pcm = noise(5)
-    tr = WindowedTranscription(loaded, FAST)
-    probe = tr.fork()
-    probe.step(pcm, 500)
-    assert probe.seek == 500 and tr.seek == 0 and tr.all_tokens == [] and tr.segments == []
-
-
-def test_word_timestamps_attach_words(loaded: LoadedWhisper) -> None:
-    pcm = noise(4, seed=2)
-    tr = WindowedTranscription(loaded, TranscribeOptions(temperatures=(0.0,), word_timestamps=True))
-    new = tr.step(pcm, 400)  # one window is enough: the random model's words seek in tiny steps
+async def test_word_timestamps_attach_words(tiny_whisper: LoadedWhisper) -> None:
+    options = TranscribeOptions(temperatures=(0.0,), word_timestamps=True)
+    async with running_tasks() as tasks:
+        tr = await WindowedTranscription.start(tiny_whisper, options)
+        # one window is enough: the random model's words seek in tiny steps
+        new = await tr.step(noise(4, seed=2), 400, WhisperScheduler(tasks), tasks)
     words = [w for s in new for w in s.words]
-    assert words and all(w.start <= w.end for w in words)
-    assert tr.seek > 0
+    assert words and all(0 <= w.start <= w.end <= 4.0 for w in words) and tr.seek > 0

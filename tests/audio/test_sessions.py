@@ -1,27 +1,29 @@
-"""audio/sessions.py: windows queue while capture goes on, finish costs the rest, cancel drops queued work.
-
-The loop is stepped by hand (ExecutionTasks.advance on a real engine thread) so the order of events is
-observed exactly, without timing.
-"""
+"""audio/sessions.py: live sessions on the real loop with a tiny random-init Whisper — only speech is decoded,
+caps refuse without losing audio, lag is reported, cancelling drops queued work, and four sessions at once
+transcribe as four one after another."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import AsyncIterator
 
 import anyio
 import numpy as np
 import pytest
 
-from audio.pcm import AudioInputError, PcmFormat
-from audio.sessions import AudioBuffer, LiveSession, SessionClosed
+from audio.buffers import AudioLimitExceeded
+from audio.live import LiveConfig
+from audio.errors import AudioInputError, SessionClosed
+from audio.pcm import PcmFormat
+from audio.scheduler import WhisperScheduler, WindowRequest
+from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from audio.whisper import WhisperResidency
 from engine.context import EngineThread
-from engine.tasks import ExecutionTasks, TaskRejected
-from tests.audio.conftest import SR, voiced
+from engine.tasks import ExecutionTasks
+from tests.audio.conftest import SR, running_tasks, voiced
 
-FAST = TranscribeOptions(temperatures=(0.0,), without_timestamps=True)
+pytestmark = pytest.mark.anyio
+FAST = TranscribeOptions(temperatures=(0.0,))
 F32 = PcmFormat()
 
 
@@ -29,146 +31,159 @@ def f32(x: np.ndarray) -> bytes:
     return x.astype("<f4").tobytes()
 
 
-def test_audio_buffer_addresses_absolute_samples() -> None:
-    b = AudioBuffer()
-    b.append(np.arange(10, dtype=np.float32))
-    b.discard_before(4)
-    b.append(np.arange(10, 20, dtype=np.float32))
-    assert b.total == 20 and b.base == 4
-    np.testing.assert_array_equal(b.view(8, 4), [8, 9, 10, 11])
-    np.testing.assert_array_equal(b.view(18, 10), [18, 19])
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SR), np.float32)
 
 
-@pytest.fixture
-def thread() -> EngineThread:
-    t = EngineThread("test-sessions")
-    yield t
-    t.close()
+def session(tasks: ExecutionTasks, whisper_dir: Path, options: TranscribeOptions = FAST,
+            scheduler: WhisperScheduler | None = None, **config: float) -> LiveSession:
+    residency = WhisperResidency(whisper_dir, tasks, dtype="float32", resident=True)
+    scheduler = scheduler if scheduler is not None else WhisperScheduler(tasks)
+    return LiveSession(options, residency, scheduler, tasks, config=LiveConfig(**config))
 
 
-async def settle() -> None:
-    await anyio.wait_all_tasks_blocked()
+async def test_silence_never_reaches_whisper(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            faint = np.random.default_rng(0).normal(0, 0.003, 65 * SR).astype(np.float32)
+            s.append(f32(silence(31)), F32)
+            s.append(f32(faint), F32)
+            await s.caught_up()
+            assert s.lag_seconds < 0.5 and tasks.completed == 0  # no load, no window
+            t = await s.finish()
+    assert t.text == "" and t.segments == [] and t.duration == pytest.approx(96.0)
+    assert [e.type for e in s.events_log] == []
 
 
-async def step(tasks: ExecutionTasks, thread: EngineThread) -> None:
-    """One loop iteration's task slot."""
-    assert await tasks.advance(thread)
-    await settle()
+async def test_only_speech_is_decoded_and_speech_events_mark_it(tiny_whisper_dir: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded: list[int] = []
+    real = WhisperScheduler.decode
+
+    async def spy(self: WhisperScheduler, loaded: object, request: WindowRequest, scope: object = None) -> object:
+        decoded.append(len(request.audio))
+        return await real(self, loaded, request, scope)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(WhisperScheduler, "decode", spy)
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, redecode_s=100.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            s.append(f32(np.concatenate([silence(10), voiced(2), silence(10), voiced(1), silence(3)])), F32)
+            t = await s.finish()
+    assert decoded and max(decoded) <= (3 + 4 * 0.2 + 0.3) * SR  # the speech and its padding, no silence
+    marks = [(e.type, e.audio_ms) for e in s.events_log if e.type.startswith("speech")]
+    assert [m[0] for m in marks] == ["speech_started", "speech_stopped"] * 2
+    assert 9700 <= marks[0][1] <= 10000 and 12000 <= marks[1][1] <= 12500 and 21700 <= marks[2][1] <= 22000
+    assert all(0 <= seg.start <= seg.end <= 26.0 for seg in t.segments)
 
 
-@pytest.mark.anyio
-async def test_full_windows_run_during_capture_and_finish_costs_one(tiny_whisper_dir: Path, thread: EngineThread) -> None:
-    tasks = ExecutionTasks()
-    residency = WhisperResidency(tiny_whisper_dir, tasks, dtype="float32", idle_unload_sec=0)
-    session = LiveSession(FAST, residency, tasks)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(session.pump)
-        pcm = voiced(65)
-        chunk = SR // 4
-        for i in range(0, 31 * SR, chunk):  # 31 s in 250 ms chunks: nothing queued before a full window
-            session.append(f32(pcm[i:i + chunk]), F32)
-            if i + chunk < 30 * SR:
-                await settle()
-                assert tasks.labels() == []
-        await settle()
-        assert tasks.labels() == ["whisper.load"]
-        await step(tasks, thread)
-        assert tasks.labels() == [f"whisper.window:{session.id}"]
-        await step(tasks, thread)
-        assert session.windows_done == 1 and tasks.labels() == []
-        for i in range(31 * SR, 65 * SR, chunk):  # capture goes on; the second full window queues itself
-            session.append(f32(pcm[i:i + chunk]), F32)
-        await settle()
-        assert tasks.labels() == [f"whisper.window:{session.id}"]
-        await step(tasks, thread)
-        assert session.windows_done == 2
-        finishing = anyio.Event()
-        result = []
-
-        async def finish() -> None:
-            result.append(await session.finish())
-            finishing.set()
-
-        tg.start_soon(finish)
-        await settle()
-        assert tasks.labels() == [f"whisper.window:{session.id}"]  # exactly one window left at finish
-        await step(tasks, thread)
-        await finishing.wait()
-        assert session.windows_done == 3
-        assert result[0].duration == pytest.approx(65.0, abs=0.01)
-        assert tasks.labels() == ["whisper.unload"]  # idle_unload 0: the model goes after the take
-
-
-@pytest.mark.anyio
-async def test_cancel_drops_queued_windows(tiny_whisper_dir: Path, thread: EngineThread) -> None:
-    tasks = ExecutionTasks()
-    residency = WhisperResidency(tiny_whisper_dir, tasks, dtype="float32")
-    session = LiveSession(FAST, residency, tasks)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(session.pump)
-        session.append(f32(voiced(31)), F32)
-        await settle()
-        await step(tasks, thread)  # the load
-        assert tasks.labels() == [f"whisper.window:{session.id}"]
-        session.cancel()
-        assert tasks.prune() == 1 and tasks.labels() == []
-        await settle()
-        assert session.windows_done == 0 and session._transcription.windows == 0
-        with pytest.raises(SessionClosed):
-            session.append(f32(voiced(1)), F32)
-        with pytest.raises(SessionClosed):
-            await session.finish()
-    assert residency.takes == 0
-
-
-@pytest.mark.anyio
-async def test_a_bad_chunk_keeps_earlier_audio_and_audio_after_finish_is_refused(tiny_whisper_dir: Path,
-                                                                                  thread: EngineThread) -> None:
-    tasks = ExecutionTasks()
-    session = LiveSession(FAST, WhisperResidency(tiny_whisper_dir, tasks, dtype="float32"), tasks)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(session.pump)
-        session.append(f32(voiced(1)), F32)
-        for bad, fmt in ((b"\x00" * 7, F32), (f32(np.array([np.nan] * 4)), F32), (b"", F32)):
+async def test_caps_refuse_a_chunk_and_keep_the_audio(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, max_session_s=2.0)
+        s.append(f32(voiced(1.5)), F32)
+        with pytest.raises(AudioLimitExceeded) as err:
+            s.append(f32(voiced(1.0)), F32)
+        assert isinstance(err.value, AudioInputError) and err.value.code == "session_audio_limit"
+        s16 = (voiced(1.0) * 32767).astype("<i2").tobytes()  # the cap counts seconds, whatever the encoding
+        with pytest.raises(AudioLimitExceeded):
+            s.append(s16, PcmFormat(8000, "s16le"))
+        s.append(f32(voiced(0.5)), F32)
+        assert s.received_seconds == pytest.approx(2.0)
+        for bad, fmt in ((b"\x00" * 7, F32), (f32(np.array([np.nan] * 4)), F32)):
             with pytest.raises(AudioInputError):
-                session.append(bad, fmt)
-        assert session.received_seconds == pytest.approx(1.0)
-        session.append(((voiced(0.5) * 32767).astype("<i2")).tobytes(), PcmFormat(48000, "s16le"))
-        done = anyio.Event()
-
-        async def finish() -> None:
-            await session.finish()
-            done.set()
-
-        tg.start_soon(finish)
-        await settle()
-        while not done.is_set():
-            await step(tasks, thread) if tasks.pending else await settle()
-        assert session.received_seconds == pytest.approx(1.0 + 0.5 / 3, abs=0.01)
-        with pytest.raises(SessionClosed):
-            session.append(f32(voiced(1)), F32)
+                s.append(bad, fmt)
+        assert s.received_seconds == pytest.approx(2.0)
+        s.cancel()
 
 
-@pytest.mark.anyio
+async def test_a_session_behind_reports_its_lag_and_keeps_its_audio(tiny_whisper_dir: Path) -> None:
+    tasks, thread = ExecutionTasks(), EngineThread("test-sessions")
+    s = session(tasks, tiny_whisper_dir, redecode_s=1.0)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            for _ in range(8):  # 8 s arrive while the loop runs nothing
+                s.append(f32(voiced(1.0)), F32)
+                await anyio.wait_all_tasks_blocked()
+            assert s.lag_seconds >= 7.0 and s.received_seconds == 8.0
+            assert s.held_samples >= 7 * SR  # nothing dropped
+            while tasks.pending:  # the loop catches up
+                assert await tasks.advance(thread)
+                await anyio.wait_all_tasks_blocked()
+            assert s.lag_seconds < 1.0 and s.windows_done >= 2
+            s.cancel()
+    finally:
+        thread.close()
+
+
+async def test_cancel_drops_queued_work_before_the_next_step(tiny_whisper_dir: Path) -> None:
+    tasks, thread = ExecutionTasks(), EngineThread("test-sessions")
+    scheduler = WhisperScheduler(tasks)
+    s = session(tasks, tiny_whisper_dir, scheduler=scheduler)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            s.append(f32(voiced(3)), F32)
+            await anyio.wait_all_tasks_blocked()
+            assert tasks.labels() == ["whisper.load"]
+            await tasks.advance(thread)
+            await anyio.wait_all_tasks_blocked()
+            assert tasks.labels() == ["whisper.step"] and scheduler.in_flight == 1
+            s.cancel()
+            assert scheduler.in_flight == 0  # at once: the queued step will find nothing of it
+            steps = scheduler.counters.encoder_steps + scheduler.counters.decoder_steps
+            while tasks.pending:
+                await tasks.advance(thread)
+            assert scheduler.counters.encoder_steps + scheduler.counters.decoder_steps == steps
+            with pytest.raises(SessionClosed):
+                s.append(f32(voiced(1)), F32)
+            with pytest.raises(SessionClosed):
+                await s.finish()
+    finally:
+        thread.close()
+
+
 async def test_finish_without_audio_loads_nothing(tiny_whisper_dir: Path) -> None:
     tasks = ExecutionTasks()
-    residency = WhisperResidency(tiny_whisper_dir, tasks)
-    session = LiveSession(FAST, residency, tasks)
+    s = session(tasks, tiny_whisper_dir)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(session.pump)
-        t = await session.finish()
-    assert t.text == "" and t.duration == 0 and residency.loads == 0 and tasks.labels() == []
+        tg.start_soon(s.pump)
+        t = await s.finish()
+    assert t.text == "" and t.duration == 0 and tasks.labels() == []
 
 
-@pytest.mark.anyio
-async def test_vad_skips_silent_windows(tiny_whisper_dir: Path, thread: EngineThread) -> None:
-    tasks = ExecutionTasks()
-    options = TranscribeOptions(temperatures=(0.0,), without_timestamps=True, vad=True)
-    session = LiveSession(options, WhisperResidency(tiny_whisper_dir, tasks, dtype="float32"), tasks)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(session.pump)
-        session.append(f32(np.zeros(31 * SR, np.float32)), F32)
-        await settle()
-        await step(tasks, thread)  # load; the silent window then never becomes a task
-        assert tasks.labels() == [] and session._transcription.seek == 3000
-        session.cancel()
+async def feed(sessions: list[LiveSession], signals: list[np.ndarray], step: float) -> list[str]:
+    """Append `step` s to every session, wait until all caught up, repeat; then finish them all."""
+    n = int(step * SR)
+    for i in range(0, max(len(x) for x in signals), n):
+        for s, x in zip(sessions, signals):
+            if i < len(x):
+                s.append(f32(x[i:i + n]), F32)
+        for s in sessions:
+            await s.caught_up()
+    return [(await s.finish()).text for s in sessions]
+
+
+async def test_four_sessions_at_once_transcribe_as_four_one_after_another(tiny_whisper_dir: Path) -> None:
+    signals = [np.concatenate([voiced(1.5 + k * 0.5, f0=120 + 30 * k), silence(1.0), voiced(1.0, f0=200)])
+               for k in range(4)]
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks)
+        alone = []
+        async with anyio.create_task_group() as tg:
+            for x in signals:
+                s = session(tasks, tiny_whisper_dir, scheduler=scheduler)
+                tg.start_soon(s.pump)
+                alone += await feed([s], [x], 1.0)
+            sessions = [session(tasks, tiny_whisper_dir, scheduler=scheduler) for _ in signals]
+            for s in sessions:
+                tg.start_soon(s.pump)
+            together = await feed(sessions, signals, 1.0)
+    assert together == alone and any(alone)
+    assert scheduler.counters.max_rows >= 2, scheduler.counters  # their rows did share decoder steps
+    for s in sessions:
+        committed = [e.text for e in s.events_log if e.type == "committed"]
+        assert "".join(committed) == s.committed_text()

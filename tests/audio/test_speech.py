@@ -1,25 +1,29 @@
-"""audio/speech.py: the SpeechService facade on a running loop — files, the VAD gate, session registry."""
+"""audio/speech.py: the SpeechService facade on a running loop — files with VAD on by default, clamped
+times, the prompt cap, and a session registry that refuses instead of evicting."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import anyio
 import numpy as np
 import pytest
 
+from audio.buffers import AudioLimitExceeded
 from audio.pcm import PcmFormat
-from audio.sessions import SessionNotFound
+from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
 from audio.speech import SpeechService
-from audio.transcript import Segment, Transcript
+from audio.transcript import MAX_PROMPT_CHARS, PromptTooLong, Segment, Transcript
 from tests.audio.conftest import SR, running_tasks, voiced
+
+pytestmark = pytest.mark.anyio
 
 
 def service(tasks, tiny_whisper_dir: Path, **kwargs) -> SpeechService:
     return SpeechService(tasks, tiny_whisper_dir, dtype="float32", **kwargs)
 
 
-@pytest.mark.anyio
 async def test_file_transcription_streams_windows_then_the_transcript(tiny_whisper_dir: Path) -> None:
     async with running_tasks() as tasks:
         speech = service(tasks, tiny_whisper_dir)
@@ -33,23 +37,51 @@ async def test_file_transcription_streams_windows_then_the_transcript(tiny_whisp
         assert speech.residency.loaded is None  # idle_unload 0
 
 
-@pytest.mark.anyio
-async def test_vad_gate_returns_empty_text_without_loading_whisper(tiny_whisper_dir: Path) -> None:
+async def test_vad_is_on_by_default_and_silence_never_reaches_whisper(tiny_whisper_dir: Path) -> None:
+    faint = np.random.default_rng(0).normal(0, 0.003, 65 * SR).astype(np.float32)
     async with running_tasks() as tasks:
         speech = service(tasks, tiny_whisper_dir)
-        t = await speech.transcribe(np.zeros(5 * SR, np.float32), speech.options(vad=True))
-        assert t.text == "" and t.segments == [] and t.duration == 5.0
+        assert speech.options().vad
+        for pcm in (np.zeros(5 * SR, np.float32), faint):
+            t = await speech.transcribe(pcm, speech.options())
+            assert t.text == "" and t.segments == [] and t.duration == len(pcm) / SR
         assert speech.residency.loads == 0 and tasks.completed == 0
+        # VAD off: the same faint noise is decoded, window by window
+        await speech.transcribe(faint[: 5 * SR], speech.options(vad=False, temperatures=(0.0,)))
+        assert speech.residency.loads == 1 and speech.scheduler.counters.windows >= 1
 
 
-@pytest.mark.anyio
+async def test_only_speech_is_decoded_and_times_land_on_it(tiny_whisper_dir: Path) -> None:
+    silence = np.zeros(10 * SR, np.float32)
+    pcm = np.concatenate([silence, voiced(3), silence, voiced(2), silence])
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir)
+        t = await speech.transcribe(pcm, speech.options(temperatures=(0.0,), without_timestamps=True))
+        assert speech.scheduler.counters.windows == 1  # 5 s of speech: one window, not two of silence
+        timed = await speech.transcribe(pcm, speech.options(temperatures=(0.0,)))
+    assert t.duration == 35.0 and t.segments
+    for s in t.segments + timed.segments:
+        assert 9.7 <= s.start <= s.end <= 25.4  # speech, webrtcvad hangover and 0.2 s padding
+        assert not (13.3 < s.start < 22.7)  # nothing starts in the silence between
+
+
+async def test_segment_times_never_pass_the_audio(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir)
+        for seconds in (1.095, 22.0):
+            t = await speech.transcribe(voiced(seconds), speech.options(temperatures=(0.0,), vad=False))
+            assert t.segments and all(0 <= s.start <= s.end <= seconds for s in t.segments), \
+                [(s.start, s.end) for s in t.segments]
+
+
 async def test_vad_trim_offsets_timestamps(tiny_whisper_dir: Path) -> None:
     async with running_tasks() as tasks:
         speech = service(tasks, tiny_whisper_dir)
         pcm = np.concatenate([np.zeros(4 * SR, np.float32), voiced(2)])
-        t = await speech.transcribe(pcm, speech.options(vad_trim=True, temperatures=(0.0,), without_timestamps=True))
+        t = await speech.transcribe(pcm, speech.options(vad=False, vad_trim=True, temperatures=(0.0,),
+                                                        without_timestamps=True))
         assert t.duration == 6.0
-        assert all(s.start >= 3.8 for s in t.segments) and t.segments
+        assert all(s.start >= 3.7 for s in t.segments) and t.segments
 
 
 def test_options_are_checked_against_the_model(tiny_whisper_dir: Path) -> None:
@@ -57,27 +89,77 @@ def test_options_are_checked_against_the_model(tiny_whisper_dir: Path) -> None:
     assert not speech.multilingual
     assert speech.options(language="English").language == "en"
     for bad in ({"language": "de"}, {"language": "klingon"}, {"task": "translate"}):
-        with pytest.raises(ValueError):
+        with pytest.raises(InvalidOption):
             speech.options(**bad)
 
 
-@pytest.mark.anyio
-async def test_sessions_registry_ttl_and_delete(tiny_whisper_dir: Path) -> None:
+def test_an_absurd_prompt_is_refused_naming_the_prompt(tiny_whisper_dir: Path) -> None:
+    speech = SpeechService(None, tiny_whisper_dir)  # type: ignore[arg-type]
+    assert speech.options(prompt="x" * MAX_PROMPT_CHARS).prompt
+    with pytest.raises(PromptTooLong) as err:
+        speech.options(prompt="x" * 1_000_000)
+    assert isinstance(err.value, InvalidOption) and err.value.param == "prompt" and "prompt" in str(err.value)
+    assert err.value.code == "prompt_too_long"
+
+
+async def test_the_prompt_is_tokenized_off_the_engine_thread(tiny_whisper_dir: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlx_whisper.tokenizer import Tokenizer
+
+    calls: list[tuple[str, int]] = []
+    real = Tokenizer.encode
+
+    def spy(self: Tokenizer, text: str, **kw: object) -> list[int]:
+        calls.append((threading.current_thread().name, len(text)))
+        return real(self, text, **kw)
+
+    monkeypatch.setattr(Tokenizer, "encode", spy)
     async with running_tasks() as tasks:
-        speech = service(tasks, tiny_whisper_dir, session_ttl_sec=60)
-        with pytest.raises(RuntimeError):
+        speech = service(tasks, tiny_whisper_dir)
+        await speech.transcribe(voiced(1), speech.options(prompt="Obi-Wan Kenobi " * 100, temperatures=(0.0,)))
+    long = [thread for thread, n in calls if n > 100]
+    assert long and "test-engine" not in long and threading.main_thread().name not in long
+    assert all(n <= 1 for thread, n in calls if thread == "test-engine")  # mlx-whisper's " " for blanks
+
+
+async def test_sessions_are_refused_never_evicted_and_idle_ones_expire(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir, session_ttl_sec=60, max_sessions=2)
+        with pytest.raises(SpeechNotRunning):
             speech.create_session(speech.options())
         async with anyio.create_task_group() as tg:
             await tg.start(speech.run)
             a = speech.create_session(speech.options())
             b = speech.create_session(speech.options())
             a.append(voiced(0.5).tobytes(), PcmFormat())
-            assert speech.get_session(a.id) is a
+            with pytest.raises(SessionLimit):
+                speech.create_session(speech.options())
+            assert speech.get_session(a.id) is a and speech.get_session(b.id) is b and not a.closed
             speech.delete_session(b.id)
             with pytest.raises(SessionNotFound):
                 speech.get_session(b.id)
-            speech._expire(a.last_active + 61)
+            c = speech.create_session(speech.options())
+            # only a session idle past its TTL makes room
+            a.last_active -= 61
+            speech._expire(c.last_active + 1)
             with pytest.raises(SessionNotFound):
                 speech.get_session(a.id)
-            assert speech.expired == 1 and a.closed
+            assert speech.expired == 1 and a.closed and not c.closed
+            speech.create_session(speech.options())
+            tg.cancel_scope.cancel()
+
+
+async def test_buffered_audio_is_capped_across_sessions(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir, max_buffered_sec=3.0)
+        async with anyio.create_task_group() as tg:
+            await tg.start(speech.run)
+            a, b = speech.create_session(speech.options()), speech.create_session(speech.options())
+            a.append(voiced(2).tobytes(), PcmFormat())
+            with pytest.raises(AudioLimitExceeded) as err:
+                b.append(voiced(1.5).tobytes(), PcmFormat())
+            assert err.value.code == "audio_buffer_full" and b.received_seconds == 0
+            assert a.received_seconds == 2.0 and speech.stats()["buffered_audio_s"] <= 3.0
+            speech.delete_session(a.id)  # its audio leaves the pool
+            b.append(voiced(1.5).tobytes(), PcmFormat())
             tg.cancel_scope.cancel()

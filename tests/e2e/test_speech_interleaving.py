@@ -1,5 +1,6 @@
-"""Chat and speech on one loop: a chat stream keeps emitting tokens between Whisper window tasks, and a
-deleted session's queued window never runs. Order of events is observed, never time."""
+"""Chat and speech on one loop: with a chat stream and four live sessions running, the chat stream never
+waits more than one Whisper step per iteration; a deleted session's queued work never runs. The order of
+what the engine thread ran is observed, never time."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import numpy as np
 import pytest
 
 from audio.pcm import PcmFormat
-from audio.decoding import WindowedTranscription
+from audio.scheduler import WhisperScheduler
 from audio.speech import SpeechService
+from engine.batch import LLMBatchGroup
+from engine.step import BatchStep
 from engine.contracts import GenerationRequest, SamplingParams
 from engine.runtime import Engine
 from tests.fixtures.tiny_llm import SPECIAL_TOKENS
@@ -32,74 +35,89 @@ def no_eos(tiny_loaded: Any) -> SamplingParams:
     return SamplingParams(temperature=0.0, logit_bias={int(i): -100.0 for i in ids})
 
 
-def noise(seconds: float) -> bytes:
-    return np.random.default_rng(0).normal(0, 0.1, int(seconds * SR)).astype("<f4").tobytes()
+def voiced(seconds: float, f0: float) -> bytes:
+    t = np.arange(int(seconds * SR)) / SR
+    saw = ((t * f0) % 1.0 - 0.5) * 0.5
+    return (saw * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t))).astype("<f4").tobytes()
 
 
-async def test_chat_tokens_flow_between_session_windows(tiny_loaded: Any, whisper_dir: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def record(engine: Engine, order: list[str]) -> None:
+    """Log every piece of engine-thread work: an LLM iteration, a Whisper step, or another task."""
+    run = engine.thread.run
+
+    async def spy(fn: Any, *args: Any) -> Any:
+        owner = getattr(fn, "__self__", None)
+        order.append("llm" if isinstance(owner, (LLMBatchGroup, BatchStep)) else
+                     "whisper" if isinstance(owner, WhisperScheduler) else "task")
+        return await run(fn, *args)
+
+    engine.thread.run = spy  # type: ignore[method-assign]
+
+
+async def test_chat_waits_at_most_one_whisper_step_per_iteration(tiny_loaded: Any, whisper_dir: Path) -> None:
     engine = Engine(tiny_loaded, max_active=2)
     speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True)
-    options = speech.options(temperatures=(0.0,), without_timestamps=True)
-    order: list[str] = []  # what the engine thread ran, in order
-    llm_step = engine.group._step
-
-    def spy_llm(*args: Any) -> Any:
-        order.append("llm")
-        return llm_step(*args)
-
-    window_step = WindowedTranscription.step
-
-    def spy_window(self: WindowedTranscription, *args: Any) -> Any:
-        order.append("window")
-        return window_step(self, *args)
-
-    engine.group._step = spy_llm  # type: ignore[method-assign]
-    monkeypatch.setattr(WindowedTranscription, "step", spy_window)
-    tokens = 0
+    options = speech.options(temperatures=(0.0,))
+    order: list[str] = []
+    record(engine, order)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
         await tg.start(speech.run)
         await speech.residency.preload()
-        session = speech.create_session(options)
-        session.append(noise(95), PcmFormat())  # three full windows, each one task
-        request = GenerationRequest([5, 6, 7, 8], no_eos(tiny_loaded), max_tokens=400)
+        sessions = [speech.create_session(options) for _ in range(4)]
+        start = len(order)
+        finished: list[Any] = []
+
+        async def finish(session: Any) -> None:
+            finished.append(await session.finish())
+
+        request = GenerationRequest([5, 6, 7, 8], no_eos(tiny_loaded), max_tokens=2000)
         async with engine.submit(request) as stream:
+            fed = 0.0
             async for delta in stream:
-                tokens += len(delta.token_ids)
-                assert delta.finish_reason is None, "the chat ended before the windows: nothing interleaved"
-                if session.windows_done == 3:
+                assert delta.finish_reason is None, "the chat ended before the sessions: nothing interleaved"
+                if fed < 3.0:  # live audio arrives while the chat streams
+                    for k, s in enumerate(sessions):
+                        s.append(voiced(0.25, 110 + 40 * k), PcmFormat())
+                    fed += 0.25
+                    if fed >= 3.0:
+                        for s in sessions:
+                            tg.start_soon(finish, s)
+                elif len(finished) == len(sessions):
                     break
-        transcript = await session.finish()
+            order.append("chat-end")
         tg.cancel_scope.cancel()
     engine.close()
-    assert transcript.duration == pytest.approx(95.0)
-    windows = [i for i, what in enumerate(order) if what == "window"]
-    assert len(windows) >= 3
-    during = order[windows[0]:windows[2] + 1]  # the three capture windows; the finish window comes after the chat
-    # between any two window tasks the chat row got at least one model step
-    assert "window,window" not in ",".join(during), during
-    assert tokens > 0
+    during = order[start:order.index("chat-end")]
+    assert during.count("whisper") >= 20 and during.count("llm") >= 20
+    first_llm = during.index("llm")
+    work = ",".join(during[first_llm:])
+    # between two LLM iterations at most one task ran: never two Whisper steps (or any tasks) back to back
+    assert "whisper,whisper" not in work and "whisper,task" not in work and "task,whisper" not in work, work
+    assert speech.scheduler.counters.max_rows >= 2  # the sessions' rows shared decoder steps
+    assert all(t.duration == pytest.approx(3.0) for t in finished)
 
 
-async def test_deleting_a_session_drops_its_queued_window(tiny_loaded: Any, whisper_dir: Path) -> None:
-    engine = Engine(None)
+async def test_deleting_a_session_drops_its_queued_work(whisper_dir: Path) -> None:
+    engine = Engine(None)  # stepped by hand below, then served
     speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True)
-    options = speech.options(temperatures=(0.0,), without_timestamps=True)
+    options = speech.options(temperatures=(0.0,))
     async with anyio.create_task_group() as tg:
-        tg.start_soon(engine.serve)
         await tg.start(speech.run)
-        await speech.residency.preload()
+        preload = engine.tasks.enqueue(speech.residency._ensure_loaded, label="whisper.load")
+        await engine.tasks.advance(engine.thread)
+        await preload
         a, b = speech.create_session(options), speech.create_session(options)
-        a.append(noise(31), PcmFormat())
-        await anyio.wait_all_tasks_blocked()  # a's window is running on the engine thread
-        b.append(noise(31), PcmFormat())
-        await anyio.wait_all_tasks_blocked()  # b's window waits behind it
-        assert engine.tasks.labels() == [f"whisper.window:{b.id}"]
+        a.append(voiced(3, 150), PcmFormat())
+        b.append(voiced(3, 200), PcmFormat())
+        await anyio.wait_all_tasks_blocked()
+        assert speech.scheduler.in_flight == 2 and engine.tasks.labels() == ["whisper.step"]
         speech.delete_session(b.id)
+        assert speech.scheduler.in_flight == 1  # gone before the next step runs
+        tg.start_soon(engine.serve)
         await a.finish()
         await engine.tasks.run(lambda: None, label="barrier")
-        assert a.windows_done == 2 and b.windows_done == 0 and b._transcription.windows == 0
+        assert a.windows_done >= 1 and b.windows_done == 0 and speech.scheduler.in_flight == 0
         assert engine.tasks.labels() == []
         tg.cancel_scope.cancel()
     engine.close()

@@ -47,7 +47,7 @@ def make_group(loaded, **kw) -> LLMBatchGroup:
 async def iterate(group: LLMBatchGroup) -> None:
     """One driver iteration (engine/driver.py's loop body)."""
     group.prune()
-    if group.tasks.pending and not group.admission_held:
+    if group.tasks.pending:
         await group.tasks.advance(group.context)
     group.admit()
     if group.has_decoding() and group.has_preparing() and group.supports_mixed():
@@ -417,3 +417,14 @@ async def test_a_task_enqueued_while_the_group_goes_idle_wakes_it(tiny_loaded) -
         group.tasks.enqueue(lambda: None, label="window")
         with anyio.fail_after(10):  # a guard against hanging, not synchronisation
             await woke.wait()
+
+
+async def test_prompt_chunks_beside_decoding_rows_are_paced(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, max_iteration_tokens=256, minimum_preparation_tokens=8)
+    first = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=40))
+    await iterate(group)  # its prompt: it decodes from now on
+    group.pacer.decode_seconds, group.pacer.token_seconds = 0.004, 0.0002  # measured: 20 prompt tokens fit
+    second = group.submit(GenerationRequest(prompt_of(120, 2), GREEDY, max_tokens=4))
+    await iterate(group)
+    assert group.runner.iterations[-1] == [(1, True), (20, False)]  # one decode token, a 20-token chunk
+    drain(first), drain(second)

@@ -31,7 +31,6 @@ class FakeGroup:
         self.mixed = mixed
         self.max_iteration_tokens = max_iteration_tokens
         self.minimum_preparation_tokens = minimum_preparation_tokens
-        self.admission_held = False
         self._closed = False
         self.idle = anyio.Event()
         self.work_arrived = anyio.Event()
@@ -66,6 +65,9 @@ class FakeGroup:
 
     def running_tokens(self) -> int:
         return self.rows if self.has_decoding() else 0
+
+    def prefill_tokens(self) -> int:
+        return max(self.max_iteration_tokens - self.running_tokens(), self.minimum_preparation_tokens)
 
     async def advance_mixed(self, budget: int) -> None:
         self.log.append(f"mixed:{budget}")
@@ -105,30 +107,6 @@ async def test_every_iteration_prunes_then_admits_before_the_model_step() -> Non
     group = FakeGroup(decode_steps=2)
     await drive_execution_group(group, anyio.Lock(), InlineContext())
     assert group.log == ["prune", "admit", "decode", "prune", "admit", "decode"]
-
-
-async def test_admission_held_defers_tasks() -> None:
-    group = FakeGroup(decode_steps=2)
-    group.admission_held = True
-    group.tasks.enqueue(lambda: group.log.append("task"))
-
-    async def advance() -> None:
-        group.log.append("decode")
-        group.decode_steps -= 1
-        if group.decode_steps == 0:
-            group.admission_held = False  # the task may run now; close after it ran
-
-    group.advance = advance  # type: ignore[method-assign]
-    original = group.tasks.advance
-
-    async def task_then_close(ctx: Any) -> bool:
-        ran = await original(ctx)
-        group._closed = True
-        return ran
-
-    group.tasks.advance = task_then_close  # type: ignore[method-assign]
-    await drive_execution_group(group, anyio.Lock(), InlineContext())
-    assert steps(group.log) == ["decode", "decode", "task"]
 
 
 async def test_mixed_iteration_when_rows_decode_and_prepare() -> None:

@@ -32,13 +32,13 @@ async def test_concurrent_streams_match_mlx_lm_on_the_engine_thread(tiny_loaded)
     prompts = [prompt_of(n, i) for i, n in enumerate((4, 30, 9, 17))]
     results: dict[int, list[int]] = {}
     threads: set[str] = set()
-    original = engine.group._step
+    original = engine.group.step.run
 
     def spy(*args):
         threads.add(threading.current_thread().name)
         return original(*args)
 
-    engine.group._step = spy  # type: ignore[method-assign]
+    engine.group.step.run = spy  # type: ignore[method-assign]
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
 
@@ -254,14 +254,14 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
     engine = Engine(tiny_loaded, max_active=8, max_iteration_tokens=32, prefix_cache=PrefixCache(1 << 24))
     seen: list[str] = []
     paths: set[str] = set()
-    original = engine.group._step
+    original = engine.group.step.run
 
     def spy(rows, budget, decode, prefill):
         paths.add("mixed" if decode and prefill and any(r.decoding for r in rows) and any(r.preparing for r in rows)
                   else "prefill" if prefill else "decode")
         return original(rows, budget, decode, prefill)
 
-    engine.group._step = spy  # type: ignore[method-assign]
+    engine.group.step.run = spy  # type: ignore[method-assign]
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
         seconds = await engine.warm_up(seen.append, force=True)
@@ -270,3 +270,17 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
     assert {"mixed", "prefill", "decode"} <= paths
     assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0
     assert engine.prefix_cache.stats()["hits"] >= 1  # the last stage continued a cached prefix
+
+
+async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, max_active=2)
+    assert engine.chat_pace() is None
+    paces: list[float | None] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with engine.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=12)) as stream:
+            async for delta in stream:
+                paces.append(engine.chat_pace())
+        engine.close()
+    assert any(p is not None and p > 0 for p in paces)
+    assert engine.chat_pace() is None

@@ -132,3 +132,14 @@ async def test_reject_all_fails_queued_tasks() -> None:
         with pytest.raises(TaskRejected, match="bye"):
             await h
     assert len(tasks) == 0
+
+
+async def test_work_queued_after_reject_all_fails_at_once() -> None:
+    tasks = ExecutionTasks()
+    tasks.reject_all("closed")
+    handle = tasks.enqueue(lambda: 1, label="late")
+    with pytest.raises(TaskRejected, match="closed"):
+        await handle
+    with pytest.raises(TaskRejected):
+        await tasks.run(lambda: 2)
+    assert tasks.labels() == [] and not tasks.pending

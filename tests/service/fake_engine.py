@@ -107,6 +107,7 @@ class FakeEngine:
         self._tasks_engine: Any = None
         self.tasks = ExecutionTasks()
         self.tokenizer: Any = FakeTokenizer()
+        self.vocab_size: int | None = len(self.tokenizer)
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
         self.failing: str | None = None  # set: health() reports the engine cannot run rows
         self.requests: list[GenerationRequest] = []

@@ -1,0 +1,203 @@
+"""Whisper decoding rows advanced together, a few tokens per step, like LLM decode rows.
+
+Each row is one decoding attempt of one window at one temperature: mlx-whisper's DecodingTask supplies its
+initial tokens, logit filters and token selection; the row holds its own self-attention KV and its
+window's cross-attention KV (computed once per window by the encoder). A forward packs every row's new
+tokens into one matrix, so each linear layer runs once for all rows; attention runs per row against its
+own KV. A row alone computes exactly what mlx-whisper's decode loop computes for a batch of one. MLX is
+imported inside the functions: importing audio/ must not import mlx before the fast BLAS is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["DecodeRow", "RowResult", "new_row", "advance_rows", "finish_row"]
+
+
+@dataclass
+class RowResult:
+    """A finished attempt: `tokens` = forced prefix + sampled tokens (no EOT); scores on the sampled part."""
+
+    tokens: list[int]
+    sampled: list[int]
+    text: str
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    compression_ratio: float
+
+
+@dataclass(eq=False)
+class DecodeRow:
+    task: Any  # mlx_whisper.decoding.DecodingTask
+    cross_kv: list[tuple[Any, Any]]
+    prefix: list[int]
+    tokens: Any  # (1, L) context so far: prompt, SOT sequence, prefix, sampled
+    fed: int = 0  # tokens already in the self-attention KV
+    kv: list[Any] = field(default_factory=list)
+    sum_logprobs: Any = None
+    no_speech_prob: float = float("nan")
+    sampled: int = 0
+    done: bool = False
+
+    @property
+    def temperature(self) -> float:
+        return float(self.task.options.temperature)
+
+
+class _KeyedSampler:
+    """mlx-whisper's GreedyDecoder with the sampled (temperature > 0) draw keyed by (seed, token index)
+    instead of the global RNG: a row samples the same tokens whoever shares its steps."""
+
+    def __init__(self, temperature: float, eot: int, seed: int) -> None:
+        self.temperature, self.eot, self.seed, self.index = temperature, eot, seed, 0
+
+    def update(self, tokens: Any, logits: Any, sum_logprobs: Any) -> tuple[Any, Any, Any]:
+        import mlx.core as mx
+
+        if self.temperature == 0:
+            next_tokens = logits.argmax(axis=-1)
+        else:
+            key = mx.random.key(self.seed * 1_000_003 + self.index)
+            next_tokens = mx.random.categorical(logits / self.temperature, key=key)
+        self.index += 1
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        current = logprobs[mx.arange(logprobs.shape[0]), next_tokens]
+        sum_logprobs += current * (tokens[:, -1] != self.eot)
+        eot_mask = tokens[:, -1] == self.eot
+        next_tokens = next_tokens * (1 - eot_mask) + self.eot * eot_mask
+        tokens = mx.concatenate([tokens, next_tokens[:, None]], axis=-1)
+        return tokens, mx.all(tokens[:, -1] == self.eot), sum_logprobs
+
+
+def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: list[int], seed: int = 0) -> DecodeRow:
+    """A row for mlx-whisper DecodingOptions `options` (greedy or sampled; no beams); sampled draws are keyed
+    by `seed`. A non-empty `prefix` is forced: the timestamp rules then see it as already sampled, so a prefix
+    may end mid-segment. Engine thread only. Raises ValueError for options mlx-whisper refuses."""
+    from dataclasses import replace
+
+    import mlx.core as mx
+
+    from mlx_whisper.decoding import ApplyTimestampRules, DecodingTask, SuppressBlank
+
+    task = DecodingTask(model, replace(options, prefix=list(prefix) or None))
+    task.decoder = _KeyedSampler(options.temperature, task.tokenizer.eot, seed)
+    if prefix:
+        start = task.sample_begin - len(prefix)
+        for f in task.logit_filters:
+            if isinstance(f, (ApplyTimestampRules, SuppressBlank)):
+                f.sample_begin = start
+    row = DecodeRow(task, cross_kv, list(prefix), mx.array([list(task.initial_tokens)]))
+    row.kv = [None] * len(model.decoder.blocks)
+    row.sum_logprobs = mx.zeros(1)
+    return row
+
+
+def _cross_attention(attn: Any, q: Any, k: Any, v: Any) -> Any:
+    # mlx-whisper's qkv_attention with the keys/values already scaled and laid out (audio/encoder.cross_kv).
+    import mlx.core as mx
+
+    n_batch, n_ctx, n_state = q.shape
+    q = q.reshape(n_batch, n_ctx, attn.n_head, -1).transpose(0, 2, 1, 3) * (n_state // attn.n_head) ** -0.25
+    w = mx.softmax(q @ k, axis=-1, precise=True)
+    return (w @ v).transpose(0, 2, 1, 3).reshape(n_batch, n_ctx, n_state)
+
+
+def _forward(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
+    """Feed every row's unfed tokens; returns each row's last-position logits and, for rows fed for the first
+    time, the logits at their SOT position (for the no-speech probability)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    dec = model.decoder
+    inputs = [r.tokens[:, r.fed:] for r in rows]
+    sizes = [int(t.shape[1]) for t in inputs]
+    embeds = [dec.token_embedding(t) + dec.positional_embedding[r.fed:r.fed + n]
+              for r, t, n in zip(rows, inputs, sizes)]
+    x = mx.concatenate(embeds, axis=1) if len(rows) > 1 else embeds[0]
+    bounds = []
+    at = 0
+    for n in sizes:
+        bounds.append((at, at + n))
+        at += n
+
+    def split(y: Any) -> list[Any]:
+        return [y[:, a:b] for a, b in bounds] if len(rows) > 1 else [y]
+
+    def join(parts: list[Any]) -> Any:
+        return mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
+
+    for layer, block in enumerate(dec.blocks):
+        h = block.attn_ln(x)
+        qs, ks, vs = split(block.attn.query(h)), split(block.attn.key(h)), split(block.attn.value(h))
+        outs = []
+        for r, q, k, v in zip(rows, qs, ks, vs):
+            if r.kv[layer] is not None:
+                k = mx.concatenate([r.kv[layer][0], k], axis=1)
+                v = mx.concatenate([r.kv[layer][1], v], axis=1)
+            r.kv[layer] = (k, v)
+            outs.append(block.attn.qkv_attention(q, k, v, dec._mask)[0])
+        x = x + block.attn.out(join(outs))
+        qs = split(block.cross_attn.query(block.cross_attn_ln(x)))
+        outs = [_cross_attention(block.cross_attn, q, *r.cross_kv[layer]) for r, q in zip(rows, qs)]
+        x = x + block.cross_attn.out(join(outs))
+        x = x + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(x))))
+    x = dec.ln(x)
+    picks = [b - 1 for _, b in bounds]
+    first = [i for i, r in enumerate(rows) if r.fed == 0]
+    picks += [bounds[i][0] + rows[i].task.sot_index for i in first]
+    x = x if picks == list(range(at)) else x[:, mx.array(picks)]
+    logits = dec.token_embedding.as_linear(x).astype(mx.float32)[0]
+    last = [logits[i:i + 1] for i in range(len(rows))]
+    sot: list[Any] = [None] * len(rows)
+    for n, i in enumerate(first):
+        sot[i] = logits[len(rows) + n: len(rows) + n + 1]
+    for r, n in zip(rows, sizes):
+        r.fed += n
+    return last, sot
+
+
+def advance_rows(model: Any, rows: list[DecodeRow], tokens: int) -> None:
+    """Advance every unfinished row by up to `tokens` sampled tokens (one packed forward each); rows that
+    finish drop out. Evaluates each forward here. Engine thread only. Raises what MLX raises."""
+    import mlx.core as mx
+
+    for _ in range(max(1, tokens)):
+        live = [r for r in rows if not r.done]
+        if not live:
+            return
+        last, sot = _forward(model, live)
+        completed = []
+        no_speech: dict[int, Any] = {}
+        for i, (r, logits, at_sot) in enumerate(zip(live, last, sot)):
+            for f in r.task.logit_filters:
+                logits = f.apply(logits, r.tokens)
+            r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, logits, r.sum_logprobs)
+            completed.append(done)
+            if at_sot is not None and r.task.tokenizer.no_speech is not None:
+                no_speech[i] = mx.softmax(at_sot, axis=-1)[0, r.task.tokenizer.no_speech]
+        mx.eval([r.tokens for r in live], [r.sum_logprobs for r in live], completed, list(no_speech.values()))
+        for i, (r, done) in enumerate(zip(live, completed)):
+            if i in no_speech:
+                r.no_speech_prob = float(no_speech[i].item())
+            r.sampled += 1
+            r.done = bool(done.item()) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
+
+
+def finish_row(row: DecodeRow) -> RowResult:
+    """The result of a finished row, scored as mlx-whisper's DecodingTask.run scores it. Raises nothing."""
+    from mlx_whisper.decoding import compression_ratio
+
+    task = row.task
+    eot = task.tokenizer.eot
+    sampled = [int(t) for t in row.tokens[0, task.sample_begin:].tolist()]
+    if eot in sampled:
+        sampled = sampled[: sampled.index(eot)]
+    text = task.tokenizer.decode(sampled).strip()
+    total = float(row.sum_logprobs.item())
+    return RowResult(tokens=row.prefix + sampled, sampled=sampled, text=text,
+                     avg_logprob=total / (len(sampled) + 1), no_speech_prob=row.no_speech_prob,
+                     temperature=row.temperature, compression_ratio=compression_ratio(text))
+

@@ -1,0 +1,287 @@
+"""LiveTranscription — the decoding side of a live session: speech-only audio, re-decoded as it grows, text
+committed once it is stable.
+
+After about `redecode_s` of new speech the open audio (after the seek) is decoded again with the committed
+text forced as a prefix (audio/agreement.py): what two consecutive decodes agree on is committed, the rest is
+tentative. A pause (VAD or commit()) commits everything before it; 30 s of open speech is decoded as one
+seek-loop window; a session that fell behind finishes all its pending utterances that fit a window with one
+decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
+longer than `trim_s`; until then earlier speech stays as context for the next decode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Awaitable, Callable, Literal
+
+import anyio
+import numpy as np
+
+from audio.agreement import LiveText
+from audio.buffers import AudioBuffer
+from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
+from audio.pcm import SAMPLE_RATE
+from audio.scheduler import WindowResult
+from audio.timeline import Timeline
+from audio.transcript import Segment, TranscribeOptions, Transcript
+
+if TYPE_CHECKING:
+    from audio.scheduler import WhisperScheduler
+    from audio.whisper import LoadedWhisper
+
+__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """`redecode_s`: new speech before the open audio is decoded again. `trim_s`: open audio kept as context
+    before finished segments are trimmed off. `tokens_per_second`: sampled tokens allowed per second of
+    window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
+    `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
+
+    redecode_s: float = 1.0
+    trim_s: float = 15.0
+    tokens_per_second: float = 10.0
+    max_session_s: float = 3600.0
+    gate_in_thread_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class SessionEvent:
+    """What a client of a live session hears about: speech_started / speech_stopped (`audio_ms` into the
+    received audio), committed (new text that never changes), tentative (the current guess after it, which
+    replaces the previous one), utterance (all text of an utterance that a VAD pause or commit() closed)."""
+
+    type: Literal["speech_started", "speech_stopped", "committed", "tentative", "utterance"]
+    text: str = ""
+    audio_ms: int | None = None
+    segments: tuple[Segment, ...] = ()
+
+
+class LiveTranscription:
+    """Open speech audio and its text. Feed it with add_speech/add_pause; run what next_action returns until
+    it returns None. Not thread-safe; event loop only."""
+
+    def __init__(self, options: TranscribeOptions, config: LiveConfig, scheduler: "WhisperScheduler",
+                 emit: Callable[[SessionEvent], None], scope: "anyio.CancelScope | None" = None) -> None:
+        self.options, self.config, self._scope = options, config, scope
+        self.timeline = Timeline()
+        self._scheduler, self._emit = scheduler, emit
+        self._open = AudioBuffer()  # speech (compact samples); trimmed at the seek
+        self._pauses: deque[int] = deque()  # compact positions where an utterance ended
+        self._tr: WindowedTranscription | None = None
+        self._live: LiveText | None = None
+        self._loaded: "LoadedWhisper | None" = None
+        self._probed_at = 0  # compact length at the last re-decode
+        self._decoded_to = 0  # compact samples covered by the latest decode
+        self._final_to = 0  # compact samples whose text is all committed
+        self._last_result: WindowResult | None = None
+        self._committed: list[str] = []
+        self._utterance: list[str] = []
+        self.tentative = ""
+
+    @property
+    def started(self) -> bool:
+        return self._tr is not None
+
+    @property
+    def held_samples(self) -> int:
+        return self._open.held
+
+    @property
+    def pending_samples(self) -> int:
+        """Speech not yet covered by any decode. Raises nothing."""
+        return max(0, self.timeline.length - self._decoded_to)
+
+    async def start(self, loaded: "LoadedWhisper") -> None:
+        """Bind the model (tokenizes the prompt in a worker thread). Raises nothing of its own."""
+        self._loaded = loaded
+        self._tr = await WindowedTranscription.start(loaded, self.options, timeline=self.timeline)
+        self._live = LiveText(self._tr.tokenizer)
+
+    def add_speech(self, pcm: np.ndarray, source_start: int) -> None:
+        """Speech from `source_start` (samples into the received audio). Raises ValueError going back in time."""
+        self.timeline.add(source_start, len(pcm))
+        self._open.append(pcm)
+
+    def add_pause(self) -> None:
+        """The utterance so far ended. Raises nothing."""
+        if not self._pauses or self._pauses[-1] < self.timeline.length:
+            self._pauses.append(self.timeline.length)
+
+    def committed_text(self) -> str:
+        return "".join(self._committed)
+
+    def _seek(self) -> int:
+        return self._tr.seek * HOP_LENGTH if self._tr is not None else 0
+
+    def next_action(self, finishing: bool) -> Callable[[], Awaitable[None]] | None:
+        """The next decode to run, or None while nothing is due (with `finishing`: when all is committed)."""
+        seek = self._seek()
+        while self._pauses and self._pauses[0] <= max(seek, self._final_to):
+            self._pauses.popleft()
+        length = self.timeline.length
+        limit = self._pauses[0] if self._pauses else length
+        if limit - seek >= N_SAMPLES:
+            return self._full_window
+        if self._pauses:
+            # Behind: every pause already here that fits one window is finished by one decode.
+            last = max(p for p in self._pauses if p - seek <= N_SAMPLES)
+            return lambda: self._final(last)
+        if finishing:
+            return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
+        if length - self._probed_at >= self.config.redecode_s * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
+            # A prefix near the context's limit is settled instead: everything so far is committed.
+            return (lambda: self._final(length)) if self._prefix_full() else self._probe
+        return None
+
+    def _prefix_full(self) -> bool:
+        return self._live is not None and self._tr is not None and \
+            len(self._live.prefix) > self._tr.loaded.model.dims.n_text_ctx // 4
+
+    async def _decode(self, count: int, probe: bool = False) -> WindowResult | None:
+        """Decode the open audio from the seek, the committed prefix forced. A probe tries one temperature
+        and gives None when its text fails the thresholds (a guess that loops or rambles is no guess)."""
+        assert self._tr is not None and self._live is not None and self._loaded is not None
+        seek = self._seek()
+        audio = self._open.view(seek, count)
+        request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
+                                   tokens_per_second=self.config.tokens_per_second, fallback=not probe)
+        result = await self._scheduler.decode(self._loaded, request, self._scope)
+        self._tr.adopt(result)
+        self._decoded_to = max(self._decoded_to, seek + len(audio))
+        if probe and request.needs_fallback(result.decoded):
+            return None
+        self._last_result = result
+        return result
+
+    def _text(self, tokens: list[int]) -> str:
+        assert self._tr is not None
+        eot = self._tr.tokenizer.eot
+        return self._tr.tokenizer.decode([t for t in tokens if t < eot])
+
+    def _commit_text(self, tokens: list[int]) -> None:
+        text = self._text(tokens)
+        if text:
+            self._committed.append(text)
+            self._utterance.append(text)
+            self._emit(SessionEvent("committed", text=text))
+
+    def _set_tentative(self, tokens: list[int]) -> None:
+        text = self._text(tokens)
+        if text != self.tentative:
+            self.tentative = text
+            self._emit(SessionEvent("tentative", text=text))
+
+    def _stride(self) -> int:
+        assert self._tr is not None
+        return N_FRAMES // self._tr.loaded.model.dims.n_audio_ctx
+
+    def _trim(self, result: WindowResult, force: bool = False) -> None:
+        """Finish the complete segments of the committed prefix once the open audio is longer than trim_s
+        (kept until then: earlier speech is context for the next decode)."""
+        tr, live = self._tr, self._live
+        assert tr is not None and live is not None
+        seek = self._seek()
+        if not force and self.timeline.length - seek <= self.config.trim_s * SAMPLE_RATE:
+            return
+        j = live.boundary()
+        if not j:
+            return
+        shift = live.prefix[j - 1] - tr.tokenizer.timestamp_begin
+        frames = (self.timeline.length - seek) // HOP_LENGTH
+        current, _, _ = tr.split(live.prefix[:j], result, seek / SAMPLE_RATE, frames)
+        tr.commit(current, result)
+        tr.seek += max(1, min(frames, shift * self._stride()))
+        live.trim(j, shift)
+        self._open.discard_before(self._seek())
+
+    async def _probe(self) -> None:
+        """Re-decode the open audio; commit what agrees with the previous decode."""
+        tr, live = self._tr, self._live
+        assert tr is not None and live is not None
+        self._probed_at = self.timeline.length
+        result = await self._decode(self.timeline.length - self._seek(), probe=True)
+        if result is None:
+            return
+        if tr.silent(result) and not live.prefix:
+            self._set_tentative([])
+            return
+        continuation = result.decoded.tokens[len(live.prefix):]
+        n = live.agree(continuation)
+        self._commit_text(continuation[:n])
+        self._set_tentative(continuation[n:])
+        self._trim(result)
+
+    async def _full_window(self) -> None:
+        """30 s of open speech: the seek loop's window, with the committed prefix forced."""
+        tr, live = self._tr, self._live
+        assert tr is not None and live is not None
+        seek = self._seek()
+        result = await self._decode(N_SAMPLES)
+        assert result is not None
+        self._probed_at = max(self._probed_at, seek + N_SAMPLES)
+        if tr.silent(result) and not live.prefix:
+            tr.seek += N_FRAMES
+        else:
+            tokens = result.decoded.tokens
+            current, advance, _ = tr.split(tokens, result, seek / SAMPLE_RATE, N_FRAMES)
+            covered = sum(len(s["tokens"]) for s in current)
+            rest = live.prefix[covered:]
+            if covered > len(live.prefix):
+                self._commit_text(tokens[len(live.prefix):covered])
+            tr.commit(current, result)
+            tr.seek += max(1, advance)
+            live.reset()
+            live.prefix = rest
+            live.trim(0, advance // self._stride())
+        self._open.discard_before(self._seek())
+
+        self._set_tentative([])
+
+    async def _final(self, limit: int) -> None:
+        """Everything up to `limit` (a pause, commit() or the end) is committed."""
+        tr, live = self._tr, self._live
+        assert tr is not None and live is not None
+        while self._pauses and self._pauses[0] <= limit:
+            self._pauses.popleft()
+        seek = self._seek()
+        result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
+        if result is not None and not (tr.silent(result) and not live.prefix):
+            tokens = result.decoded.tokens
+            self._commit_text(tokens[len(live.prefix):])
+            live.reset()
+            live.prefix = list(tokens)
+        self._final_to = self._probed_at = max(self._probed_at, limit)
+        self._set_tentative([])
+        if not live.prefix or self._prefix_full():
+            self._finish_all(limit)
+        elif result is not None:
+            self._trim(result)
+        text = "".join(self._utterance)
+        self._utterance = []
+        if text:
+            self._emit(SessionEvent("utterance", text=text))
+
+    def _finish_all(self, limit: int) -> None:
+        """All committed text up to `limit` joins the transcript and the open audio before it goes."""
+        tr, live, result = self._tr, self._live, self._last_result
+        assert tr is not None and live is not None
+        if result is not None and live.prefix:
+            seek = self._seek()
+            frames = max(1, (limit - seek) // HOP_LENGTH)
+            current, _, _ = tr.split(live.prefix, result, seek / SAMPLE_RATE, frames, whole=True)
+            tr.commit(current, result)
+        live.reset()
+        tr.seek = max(tr.seek, limit // HOP_LENGTH)
+        self._open.discard_before(self._seek())
+
+    def transcript(self, duration: float) -> Transcript:
+        """Everything committed, as a Transcript over `duration` s of received audio. Raises nothing."""
+        if self._tr is None:
+            return Transcript("", self.options.language or "en", duration, self.options.task)
+        self._finish_all(self.timeline.length)
+        t = self._tr.transcript(duration)
+        t.text = self.committed_text()
+        return t

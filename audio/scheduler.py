@@ -1,0 +1,290 @@
+"""WhisperScheduler — Whisper windows in flight, advanced one bounded step per ExecutionTask.
+
+A window's life: encoder units (audio/encoder.py), then one decoding row (audio/decoder.py) per temperature
+of the fallback ladder, re-decoded at the next temperature while the thresholds ask for it. A step is either
+an encoder step (the oldest window's next unit, stacked with every window at the same unit, within
+`encoder_positions`) or a decoder step (every row, `decode_tokens` tokens each); the kinds alternate while
+both have work. Exactly one step is queued at a time, so the driver runs it between two LLM iterations and
+a chat stream waits for at most one step per iteration.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import numpy as np
+
+from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row
+from audio.encoder import EncoderJob, run_unit
+
+if TYPE_CHECKING:
+    from audio.whisper import LoadedWhisper
+    from engine.tasks import ExecutionTasks
+
+__all__ = ["StepBudget", "WindowRequest", "WindowResult", "WhisperScheduler"]
+
+
+@dataclass(frozen=True)
+class StepBudget:
+    """How much one step may do. `encoder_positions`: query positions per encoder step (a 30 s window is
+    1500 per layer; also the fixed chunk of a window's layer units). `decode_tokens`: tokens each row
+    advances per decoder step. `max_rows`: rows per decoder step (more wait their turn)."""
+
+    encoder_positions: int = 375
+    decode_tokens: int = 4
+    max_rows: int = 32
+
+    def __post_init__(self) -> None:
+        if self.encoder_positions < 1 or self.decode_tokens < 1 or self.max_rows < 1:
+            raise ValueError("step budget values must be >= 1")
+
+
+@dataclass(frozen=True)
+class WindowRequest:
+    """One ≤ 30 s window to decode: `frames` of content in `audio` (16 kHz), mlx-whisper's decoding
+    settings, and the fallback thresholds of openai-whisper's transcribe()."""
+
+    audio: np.ndarray
+    frames: int
+    task: str = "transcribe"
+    language: str | None = None  # None: detected from this window
+    temperatures: tuple[float, ...] = (0.0,)
+    prompt: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = ()  # forced start of the sampled text (committed live text)
+    without_timestamps: bool = False
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    keep_features: bool = False  # word timestamps re-read the encoder output
+    sample_len: int | None = None  # most tokens to sample (None: n_text_ctx / 2)
+    seed: int = 0  # keys the draws of temperature-fallback rows
+
+    def needs_fallback(self, r: RowResult) -> bool:
+        """Too repetitive or too improbable, unless it is silence. Raises nothing."""
+        if self.no_speech_threshold is not None and r.no_speech_prob > self.no_speech_threshold:
+            return False
+        cr, lp = self.compression_ratio_threshold, self.logprob_threshold
+        repetitive = cr is not None and r.compression_ratio > cr
+        improbable = lp is not None and r.avg_logprob < lp
+        return bool(repetitive or improbable)
+
+
+@dataclass
+class WindowResult:
+    decoded: RowResult
+    language: str
+    features: Any = None  # (1, n_audio_ctx, D) when keep_features
+
+
+@dataclass(eq=False)
+class _Window:
+    loaded: "LoadedWhisper"
+    request: WindowRequest
+    encoder: EncoderJob
+    seq: int
+    row: DecodeRow | None = None
+    rung: int = 0  # index into request.temperatures
+    language: str | None = None
+    result: WindowResult | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    scope: anyio.CancelScope | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
+
+    @property
+    def live(self) -> bool:
+        """Neither finished nor given up (read on the engine thread too). Raises nothing."""
+        return not (self.cancelled or self.finished or (self.scope is not None and self.scope.cancel_called))
+
+
+@dataclass
+class _Counters:
+    encoder_steps: int = 0
+    decoder_steps: int = 0
+    windows: int = 0
+    fallbacks: int = 0
+    max_rows: int = 0
+    kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
+
+
+class WhisperScheduler:
+    """Windows from every session and file request, advanced together. `decode` is the only entry point;
+    whoever awaits a window drives the steps while no one else does. An encoder step runs units of the
+    oldest window (every other step: of the least advanced one), each stacked with every window at the same
+    unit, until `encoder_positions` are spent."""
+
+    def __init__(self, tasks: "ExecutionTasks", budget: StepBudget | None = None) -> None:
+        self.tasks = tasks
+        self.budget = budget or StepBudget()
+        self.counters = _Counters()
+        self._windows: list[_Window] = []
+        self._seq = itertools.count()
+        self._leading = False
+        self._progress = anyio.Event()
+        self._last_kind = ""
+
+    @property
+    def in_flight(self) -> int:
+        """Windows waiting for or in steps. Raises nothing."""
+        return sum(1 for w in self._windows if w.live)
+
+    async def decode(self, loaded: "LoadedWhisper", request: WindowRequest,
+                     cancellation: anyio.CancelScope | None = None) -> WindowResult:
+        """Decode one window among all others in flight. Cancelled (the caller, or the `cancellation` scope
+        at once): the window leaves before the next step (a step already running finishes first). Raises
+        what the window's steps raise (MLX errors, ValueError for options mlx-whisper refuses), TaskRejected
+        at shutdown."""
+        chunk = min(self.budget.encoder_positions, loaded.model.dims.n_audio_ctx)
+        window = _Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16),
+                         next(self._seq), scope=cancellation)
+        self._windows.append(window)
+        try:
+            while not window.finished:
+                if self._leading:
+                    await self._progress.wait()
+                else:
+                    await self._lead()
+        except BaseException:
+            window.cancelled = True
+            raise
+        finally:
+            self._forget(window)
+        if window.error is not None:
+            raise window.error
+        assert window.result is not None
+        return window.result
+
+    async def _lead(self) -> None:
+        self._leading = True
+        scope = anyio.CancelScope()
+        handle = self.tasks.enqueue(self._step, cancellation=scope, label="whisper.step")
+        try:
+            await handle.done.wait()
+        except BaseException:
+            if handle.started:
+                with anyio.CancelScope(shield=True):
+                    await handle.done.wait()
+            else:
+                scope.cancel()  # dropped at the driver's next prune; another waiter leads
+            raise
+        finally:
+            self._leading = False
+            self._progress.set()
+            self._progress = anyio.Event()
+        handle.result()  # TaskRejected at shutdown; step errors are recorded per window
+
+    def _forget(self, window: _Window) -> None:
+        try:
+            self._windows.remove(window)
+        except ValueError:
+            pass
+
+    # ---- one step (engine thread) ---------------------------------------------------------
+    def _step(self) -> str:
+        live = [w for w in list(self._windows) if w.live]
+        encoding = [w for w in live if not w.encoder.done]
+        decoding = [w for w in live if w.row is not None]
+        if encoding and decoding:
+            kind = "decode" if self._last_kind == "encode" else "encode"
+        else:
+            kind = "encode" if encoding else "decode" if decoding else "idle"
+        if kind == "encode":
+            self._encode(encoding)
+        elif kind == "decode":
+            self._decode(decoding[: self.budget.max_rows])
+        self._last_kind = kind
+        c = self.counters
+        c.kinds = (c.kinds + [kind])[-256:]
+        return kind
+
+    def _encode(self, pending: list[_Window]) -> None:
+        units = max(1, self.budget.encoder_positions // pending[0].encoder.chunk)
+        self.counters.encoder_steps += 1
+        while units > 0 and pending:
+            # Oldest first, and every other step the least advanced: windows catch up with each other, so
+            # their units stack and their rows decode together, and the oldest still moves at half speed.
+            head = pending[0] if self.counters.encoder_steps % 2 else min(pending, key=lambda w: w.encoder.progress)
+            group = [w for w in pending if w.encoder.unit == head.encoder.unit and w.loaded is head.loaded
+                     and w.encoder.chunk == head.encoder.chunk][:units]
+            try:
+                run_unit(head.loaded.model, [w.encoder for w in group])
+            except Exception as exc:
+                for w in group:
+                    w.error = exc
+            units -= len(group)
+            for w in group:
+                if w.encoder.done and w.error is None:
+                    self._guarded(w, self._start_decoding)
+            pending = [w for w in pending if not w.encoder.done and w.error is None]
+
+    @staticmethod
+    def _guarded(w: _Window, fn: Any) -> None:
+        try:
+            fn(w)
+        except Exception as exc:  # this window fails; the step goes on
+            w.error = exc
+
+    def _start_decoding(self, w: _Window) -> None:
+        model = w.loaded.model
+        w.language = w.request.language or ("en" if not model.is_multilingual else None)
+        if w.language is None:
+            _, probs = model.detect_language(w.encoder.features)
+            w.language = max(probs[0], key=probs[0].get)
+        w.row = self._row(w)
+
+    def _row(self, w: _Window) -> DecodeRow:
+        from mlx_whisper.decoding import DecodingOptions
+
+        r = w.request
+        options = DecodingOptions(task=r.task, language=w.language, temperature=r.temperatures[w.rung],
+                                  prompt=list(r.prompt), without_timestamps=r.without_timestamps, fp16=w.loaded.fp16,
+                                  sample_len=r.sample_len)
+        assert w.encoder.cross_kv is not None
+        return new_row(w.loaded.model, options, w.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + w.rung)
+
+    def _decode(self, windows: list[_Window]) -> None:
+        rows = [w.row for w in windows if w.row is not None]
+        self.counters.decoder_steps += 1
+        self.counters.max_rows = max(self.counters.max_rows, len(rows))
+        # Rows of different model objects (a reload) never share a forward.
+        groups: dict[int, list[_Window]] = {}
+        for w in windows:
+            groups.setdefault(id(w.loaded.model), []).append(w)
+        for group in groups.values():
+            try:
+                advance_rows(group[0].loaded.model, [w.row for w in group if w.row is not None],
+                             self.budget.decode_tokens)
+            except Exception as exc:  # the rows of this forward fail; the others go on
+                for w in group:
+                    w.error = exc
+        for w in windows:
+            if w.row is not None and w.row.done and w.error is None:
+                self._guarded(w, self._finish)
+
+    def _finish(self, w: _Window) -> None:
+        assert w.row is not None
+        decoded = finish_row(w.row)
+        if w.request.needs_fallback(decoded) and w.rung + 1 < len(w.request.temperatures):
+            w.rung += 1
+            self.counters.fallbacks += 1
+            w.row = self._row(w)
+            return
+        w.row = None
+        features = w.encoder.features if w.request.keep_features else None
+        w.encoder.features = w.encoder.cross_kv = None
+        w.result = WindowResult(decoded, w.language or "en", features)
+        self.counters.windows += 1
+
+    def stats(self) -> dict[str, Any]:
+        """Plain numbers for /stats. Raises nothing."""
+        c = self.counters
+        return {"windows_in_flight": self.in_flight, "windows_done": c.windows, "encoder_steps": c.encoder_steps,
+                "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks, "max_rows_per_step": c.max_rows,
+                "encoder_positions_per_step": self.budget.encoder_positions,
+                "decode_tokens_per_step": self.budget.decode_tokens}

@@ -1,0 +1,62 @@
+"""KVAdmission — which rows the memory budget lets run together, and which can never run.
+
+A row's worst case is what admission reserves: once decoding, every row sits in a slot as long as the
+longest row may grow (SlotKV pads slots to a power of two and positions to its step), and a row still
+prefilling also holds a per-row cache of its prompt (mlx-lm's KVCache, 256-position steps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+from engine.contracts import GenerationRequest
+from engine.errors import MemoryAdmission
+from engine.memory import MemoryBudget
+from engine.rows import Row
+
+__all__ = ["KVAdmission"]
+
+_PREFILL_STEP = 256  # mlx-lm's KVCache grows in steps of 256 positions
+
+
+def _round(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
+class KVAdmission:
+    """Projected KV bytes of a set of rows against `budget.kv` (see module doc)."""
+
+    def __init__(self, budget: MemoryBudget, slot_step: int = 256) -> None:
+        self.budget = budget
+        self.slot_step = slot_step
+
+    def projected_bytes(self, rows: Sequence[Row]) -> int:
+        """The most KV memory `rows` can need together. Raises nothing."""
+        if not rows:
+            return 0
+        longest = max(len(r.prompt) + r.request.max_tokens + 1 for r in rows)
+        slots = 1 << max(0, len(rows) - 1).bit_length()
+        preparing = sum(_round(len(r.prompt), _PREFILL_STEP) for r in rows if r.prefilled < len(r.prompt))
+        return self.budget.kv_token_bytes * (slots * _round(longest, self.slot_step) + preparing)
+
+    def fits(self, rows: Sequence[Row]) -> bool:
+        """Whether `rows` may run together. Raises nothing."""
+        return self.projected_bytes(rows) <= self.budget.kv
+
+    def fit(self, request: GenerationRequest, prompt: int) -> GenerationRequest:
+        """`request` as it can run alone: a defaulted max_tokens lowered to what fits after the prompt.
+        Raises MemoryAdmission (code context_over_budget) when even that cannot fit."""
+        token, kv = self.budget.kv_token_bytes, self.budget.kv
+        # Alone: one slot of (prompt + max_tokens + 1) step-rounded positions, plus its prefill cache.
+        positions = (kv // token - _round(prompt, _PREFILL_STEP)) // self.slot_step * self.slot_step - 1
+        room = positions - prompt
+        if not request.max_tokens_requested and room >= 1:
+            return replace(request, max_tokens=room) if request.max_tokens > room else request
+        if request.max_tokens > room:
+            fits = f"at most {room} new tokens fit after this prompt" if room > 0 else "the prompt alone does not fit"
+            raise MemoryAdmission(
+                f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) needs more KV memory than the server's "
+                f"budget holds ({kv // token} tokens of KV in {kv >> 20} MiB); {fits}",
+                code="context_over_budget", param="max_tokens")
+        return request

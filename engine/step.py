@@ -1,0 +1,190 @@
+"""BatchStep — the engine-thread half of the LLM batch group: one iteration of model work.
+
+`run(rows, budget, decode, prefill)` is called once per iteration through the ExecutionContext (on the
+engine thread) and returns plain Python: (row, delta) pairs for the event loop to publish. Inside it:
+the in-flight pipelined step is drained when the rows changed, the slot buffers are sized, new rows get
+their KV (a prefix-cache hit or a fresh cache), rows whose prompt is done move into decode slots, then
+one forward over the planned segments, sampling, detokenization and stop matching. Rows that finish hand
+their KV to the prefix cache here, before their slot is freed. Nothing here touches the row lists the
+event loop owns (engine/batch.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, cast
+
+import mlx.core as mx
+
+from engine.contracts import Delta, FinishReason
+from engine.pipeline import DecodePipeline
+from engine.plan import ExecutionPlan
+from engine.prefix_cache import PrefixCache
+from engine.rows import Row, plan_iteration
+from engine.runner import PackedRunner, Runner, Segment, SeparateRunner, make_cache
+from engine.sampling import sample_rows
+from engine.slots import SlotKV
+
+__all__ = ["BatchStep", "row_delta"]
+
+_log = logging.getLogger(__name__)
+
+
+def row_delta(row: Row, text: str = "", token_ids: list[int] | None = None,
+              finish_reason: FinishReason | None = None, error: str | None = None) -> Delta:
+    """A delta of `row`, with the token counts every delta carries. Raises nothing."""
+    return Delta(text=text, token_ids=token_ids or [], finish_reason=finish_reason, error=error,
+                 prompt_tokens=len(row.prompt), completion_tokens=len(row.generated), cached_tokens=row.cached_tokens)
+
+
+class BatchStep:
+    """One iteration's model work over the group's rows (see module doc). `counters` is the group's."""
+
+    def __init__(self, model: Any, plan: ExecutionPlan, *, context_length: int, prefix_cache: PrefixCache | None,
+                 counters: dict[str, float]) -> None:
+        self.model = model
+        self.context_length = context_length
+        self.prefix_cache = prefix_cache
+        self.counters = counters
+        self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
+        self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
+        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
+
+    def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
+        """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what
+        the forward or its evaluation raises (the group fails the rows it touched)."""
+        t0 = time.perf_counter()
+        outputs: list[tuple[Row, Delta | None]] = []
+        if self.pipeline.inflight is not None and not (decode and self.pipeline.continues(rows)):
+            outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]  # rows changed: no speculation
+            rows = [r for r in rows if not r.ended]
+        self._size_slots(rows)
+        for row in rows:
+            if row.cache is None and row.slot is None:
+                self._attach_cache(row)
+            elif self.slots is not None and row.decoding and row.slot is None:
+                row.slot, row.cache = self.slots.adopt(row.cache or []), None
+        if decode and self.pipeline.eligible(rows):
+            ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
+            outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
+            return self._finish(t0, outputs, 0, len(ordered))
+        if not (plan := plan_iteration(rows, budget, decode, prefill)):
+            return self._finish(t0, outputs, 0, 0)
+        segments = [Segment(tokens, r.cache, want, r.slot) for r, tokens, want in plan]
+        logits = self.runner.forward(segments)
+        sampled_rows = [r for r, _, want in plan if want]
+        tokens = sample_rows(logits, [r.sampler for r in sampled_rows]) if sampled_rows and logits is not None else None
+        # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
+        touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
+        mx.eval(([tokens] if tokens is not None else []) + touched)
+        ids = cast(list[int], tokens.tolist()) if tokens is not None else []
+        n_prompt, n_decode = 0, sum(1 for r, _, _ in plan if not r.preparing)
+        for r, chunk, _ in plan:
+            if r.preparing:
+                r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
+                self._boundary_puts(r, r.prefilled - len(chunk))
+        outputs += [(r, self.accept(r, t)) for r, t in zip(sampled_rows, ids)]
+        return self._finish(t0, outputs, n_prompt, n_decode)
+
+    def reset(self) -> None:
+        """Forget the in-flight step and every slot (the group closed). Raises nothing."""
+        self.pipeline.reset()
+        if self.slots is not None:
+            self.slots.reset()
+
+    # -- tokens -----------------------------------------------------------------------------------
+
+    def accept(self, row: Row, token: int) -> Delta | None:
+        """Take one sampled token: the delta to publish (None while text is held back). A row's own fault
+        (detokenizer, stop matcher) ends only that row, with an error delta. Raises nothing."""
+        try:
+            return self._take_token(row, token)
+        except Exception as exc:  # this row's own fault: only it ends
+            _log.exception("row failed on token %d", token)
+            row.finish()
+            self.release(row)
+            return row_delta(row, finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+
+    def _take_token(self, row: Row, token: int) -> Delta | None:
+        row.sampler.accept(token)
+        row.generated.append(token)
+        row.last_token = token
+        row.unsent_ids.append(token)
+        at_limit = len(row.prompt) + len(row.generated) >= self.context_length
+        step = row.stopper.add(token, at_context_limit=at_limit)
+        if step.finish_reason is not None:
+            row.finish()
+            self.put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
+        elif not step.text:
+            return None  # held back (partial character or possible stop string): nothing to show yet
+        ids, row.unsent_ids = row.unsent_ids, []
+        return row_delta(row, step.text, ids, step.finish_reason)
+
+    def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
+        if self.prefix_cache is not None:
+            self.prefix_cache.reclaim()
+        dt, n_gen = time.perf_counter() - t0, len(outputs)
+        total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)
+        for key, add in (("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
+                         ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
+                         ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)):
+            self.counters[key] += add
+        return [(r, d) for r, d in outputs if d is not None]
+
+    # -- KV: slots and the prefix cache -----------------------------------------------------------
+
+    def _size_slots(self, rows: list[Row]) -> None:
+        """No step in flight: cap slot growth at what the rows reserved, and shrink the buffers to the rows
+        left once they hold twice what those need."""
+        slots = self.slots
+        if slots is None or self.pipeline.inflight is not None:
+            return
+        slots.ceiling = max((len(r.prompt) + r.request.max_tokens + 1 for r in rows), default=None)
+        holders = {r.slot: r for r in rows if r.slot is not None}
+        if slots.oversized() and set(holders) == set(slots.lengths):  # every slot's row is here to renumber
+            for old, new in slots.compact().items():
+                holders[old].slot = new
+
+    def _attach_cache(self, row: Row) -> None:
+        if self.prefix_cache is not None:
+            try:
+                n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
+            except Exception:  # a cache problem costs a cold prefill, never the request
+                _log.exception("prefix cache take failed")
+                n, kv = 0, None
+            if kv is not None and 0 < n < len(row.prompt):
+                row.cache, row.prefilled, row.cached_tokens = list(kv), n, n
+                return
+        row.cache = make_cache(self.model)
+
+    def _boundary_puts(self, row: Row, before: int) -> None:
+        if self.prefix_cache is None or row.cache is None:
+            return
+        for b in row.boundaries:
+            if before < b <= row.prefilled:
+                self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache, row.request.session_id,
+                                      system_prefix=True)
+
+    def put(self, row: Row) -> None:
+        """Hand a row's KV to the prefix cache (cut to the tokens it fed), then free its cache or slot.
+        Raises nothing: a cache problem never fails the request."""
+        if self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.prefilled > 0:
+            try:
+                fed = row.fed_tokens()  # a speculative step may have written one more position: cut it
+                kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
+                if kv is not None:
+                    self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
+            except Exception:  # a cache problem must never fail the request
+                _log.exception("prefix cache put failed")
+        self.release(row)
+
+    def release(self, row: Row) -> None:
+        """Free a row's per-row cache or slot. Raises nothing."""
+        if row.slot is not None and self.slots is not None:
+            self.slots.release(row.slot)
+        row.cache, row.slot = None, None
+
+    def keeps_kv(self, row: Row) -> bool:
+        """Whether a departing row's KV is worth a prefix-cache put. Raises nothing."""
+        return self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.prefilled > 0

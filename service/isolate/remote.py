@@ -1,0 +1,308 @@
+"""RemoteEngine — the ChatEngine of the API process under `--isolate`: the engine and its model run in a
+child process (service/isolate/host.py) that this object starts, feeds and restarts.
+
+The API process keeps HTTP, chat templating and SSE; the engine process keeps MLX, so the two never
+share a GIL. Requests go over one local connection; each engine iteration's deltas come back as one
+message for all rows. When the engine process dies (kill -9, out of memory), every stream in flight ends
+with an error event, new requests get 503 with Retry-After while a new engine process loads the model,
+and /health says "restarting" until it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection, Listener
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from engine.contracts import Delta, FinishReason, GenerationRequest
+from engine.errors import EngineClosed, EngineRestarting
+from engine.tasks import ExecutionTasks
+from service.config import CONFIG_ENV, ServiceConfig
+from service.isolate.messages import (
+    ADDRESS_ENV,
+    AUTHKEY_ENV,
+    Cancel,
+    Deltas,
+    Failed,
+    Ready,
+    Rejected,
+    Shutdown,
+    Snapshot,
+    Submit,
+)
+
+__all__ = ["RemoteEngine", "RemoteRowStream", "open_isolated_engine"]
+
+_log = logging.getLogger("tandem.isolate")
+
+RESTART_RETRY_AFTER = 10  # seconds a client is told to wait while the engine process reloads the model
+
+
+class RemoteRowStream:
+    """One row's deltas as they arrive from the engine process; closing it cancels the row there."""
+
+    def __init__(self, engine: "RemoteEngine", rid: int) -> None:
+        self._engine = engine
+        self.rid = rid
+        self._send: MemoryObjectSendStream[Delta | BaseException]
+        self._receive: MemoryObjectReceiveStream[Delta | BaseException]
+        self._send, self._receive = anyio.create_memory_object_stream[Delta | BaseException](1 << 20)
+        self.ended = False
+
+    def deliver(self, item: Delta | BaseException) -> None:
+        """Event loop: one delta (or the error the engine refused the row with). Raises nothing."""
+        try:
+            self._send.send_nowait(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
+            return
+        if isinstance(item, BaseException) or item.finish_reason is not None:
+            self.ended = True
+            self._send.close()
+
+    def __aiter__(self) -> "RemoteRowStream":
+        return self
+
+    async def __anext__(self) -> Delta:
+        try:
+            return self._unwrap(await self._receive.receive())
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    def receive_nowait(self) -> Delta:
+        """The next delta if one is waiting. Raises anyio.WouldBlock / anyio.EndOfStream."""
+        return self._unwrap(self._receive.receive_nowait())
+
+    @staticmethod
+    def _unwrap(item: Delta | BaseException) -> Delta:
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def aclose(self) -> None:
+        """Cancel the row in the engine process (if still running). Raises nothing."""
+        self.cancel()
+
+    def cancel(self) -> None:
+        """Synchronous cancel. Raises nothing."""
+        if not self.ended:
+            self.ended = True
+            self._engine._cancel(self.rid)
+        self._receive.close()
+
+
+class _Plan:
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+
+
+class RemoteEngine:
+    """ChatEngine whose model runs in a supervised child process (see module doc)."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.tasks = ExecutionTasks()  # nothing runs here: the engine process owns the loop
+        self.tokenizer: Any = None
+        self.model_name: str | None = None
+        self.context_length: int | None = None
+        self.vocab_size: int | None = None
+        self.plan: _Plan | None = None
+        self.pid: int | None = None
+        self.restarts = 0
+        self._state = "starting"
+        self._closed = False
+        self._rids = itertools.count(1)
+        self._streams: dict[int, RemoteRowStream] = {}
+        self._conn: Connection | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._snapshot: Snapshot = Snapshot({}, {"ok": True})
+        self._exited = anyio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the engine process and wait until its model is loaded. Raises RuntimeError when the
+        engine process cannot start or load its model (with its reason)."""
+        listener, self._process = self._spawn()
+        conn = await anyio.to_thread.run_sync(self._accept, listener, self._process)
+        ready = await anyio.to_thread.run_sync(self._recv_ready, conn)
+        self._conn = conn
+        self.model_name, self.context_length, self.vocab_size = ready.model_name, ready.context_length, ready.vocab_size
+        self.plan, self.pid = _Plan(list(ready.plan_reasons)), ready.pid
+        if self.tokenizer is None and ready.tokenizer_dir:
+            from engine.models import load_tokenizer
+
+            self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, ready.tokenizer_dir)
+        self._state = "ready"
+
+    async def serve(self) -> None:
+        """Relay the engine process's messages until `close()`; restart it when it dies. Raises nothing
+        but cancellation."""
+        while not self._closed:
+            if self._conn is None:
+                await self._restart()
+                continue
+            conn, process = self._conn, self._process
+            self._exited = anyio.Event()
+            loop = asyncio.get_running_loop()
+            threading.Thread(target=self._read, args=(conn, loop), name="tandem-isolate-relay", daemon=True).start()
+            await self._exited.wait()
+            code = await anyio.to_thread.run_sync(_wait, process)
+            self._conn = None
+            if self._closed:
+                break
+            self._fail_streams(f"The engine process exited (status {code}); it is restarting.")
+            self.restarts += 1
+
+    def close(self) -> None:
+        """Stop: rows end, the engine process exits (killed if it does not within seconds). Raises nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._state = "stopped"
+        if self._conn is not None:
+            try:
+                self._conn.send(Shutdown())
+            except OSError:
+                pass
+        if self._process is not None:
+            threading.Thread(target=_wait, args=(self._process, 20.0), daemon=True).start()
+        self._exited.set()
+        self._fail_streams("The server is shutting down.", reason="cancelled")
+
+    # -- ChatEngine -------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> RemoteRowStream:
+        """Send the request to the engine process; refusals arrive as the stream's first item (the typed
+        engine error). Raises EngineRestarting while the engine process (re)starts, EngineClosed after
+        close()."""
+        if self._closed:
+            raise EngineClosed("engine is shutting down")
+        if self._state != "ready" or self._conn is None:
+            raise EngineRestarting("The engine process is restarting; try again shortly.",
+                                   retry_after=RESTART_RETRY_AFTER)
+        stream = RemoteRowStream(self, next(self._rids))
+        self._streams[stream.rid] = stream
+        self._send(Submit(stream.rid, request))
+        return stream
+
+    def stats(self) -> dict[str, Any]:
+        """The engine process's last stats (at most SNAPSHOT_SECONDS old) plus the supervisor's. Raises nothing."""
+        return {**self._snapshot.stats,
+                "isolate": {"state": self._state, "pid": self.pid, "restarts": self.restarts}}
+
+    def health(self) -> dict[str, Any]:
+        """Restarting while the engine process loads; otherwise what the engine process says. Raises nothing."""
+        if self._state != "ready":
+            return {"ok": False, "status": "restarting", "error": "the engine process is starting"}
+        return self._snapshot.health
+
+    # -- the connection ---------------------------------------------------------------------------
+
+    def _spawn(self) -> tuple[Listener, subprocess.Popen[bytes]]:
+        # On the event loop's thread: the child's PR_SET_PDEATHSIG fires when the thread that started it
+        # ends, and a worker thread ends when idle.
+        key = secrets.token_bytes(32)
+        listener = Listener(family="AF_UNIX", authkey=key)
+        env = {**os.environ, CONFIG_ENV: self.config.to_json(), ADDRESS_ENV: str(listener.address),
+               AUTHKEY_ENV: key.hex()}
+        return listener, subprocess.Popen([sys.executable, "-m", "service.isolate.host"], env=env)
+
+    @staticmethod
+    def _accept(listener: Listener, process: subprocess.Popen[bytes]) -> Connection:
+        watchdog = threading.Timer(120.0, listener.close)  # a child that never connects
+        watchdog.start()
+        try:
+            return listener.accept()
+        except OSError as exc:
+            process.kill()
+            raise RuntimeError("the engine process did not connect") from exc
+        finally:
+            watchdog.cancel()
+            listener.close()
+
+    @staticmethod
+    def _recv_ready(conn: Connection) -> Ready:
+        while True:
+            message = conn.recv()
+            if isinstance(message, Ready):
+                return message
+            if isinstance(message, Failed):
+                raise RuntimeError(f"the engine process could not start: {message.error.kind}: {message.error.message}")
+
+    async def _restart(self) -> None:
+        self._state = "restarting"
+        started = time.monotonic()
+        try:
+            await self.start()
+        except Exception:
+            _log.exception("engine process restart failed")
+            await anyio.sleep(max(0.0, 5.0 - (time.monotonic() - started)))  # do not spin on a model that fails
+
+    def _read(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        """Relay thread: every message onto the event loop, in order; the end of the connection too."""
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                loop.call_soon_threadsafe(self._exited.set)
+                return
+            loop.call_soon_threadsafe(self._dispatch, message)
+
+    def _dispatch(self, message: object) -> None:
+        if isinstance(message, Deltas):
+            for rid, delta in message.items:
+                stream = self._streams.get(rid)
+                if stream is not None:
+                    stream.deliver(delta)
+                    if stream.ended:
+                        del self._streams[rid]
+        elif isinstance(message, Rejected):
+            if (stream := self._streams.pop(message.rid, None)) is not None:
+                stream.deliver(message.error.exception())
+        elif isinstance(message, Snapshot):
+            self._snapshot = message
+
+    def _send(self, message: object) -> None:
+        try:
+            if self._conn is not None:
+                self._conn.send(message)
+        except OSError:  # the engine process is gone: the relay notices and restarts it
+            pass
+
+    def _cancel(self, rid: int) -> None:
+        if self._streams.pop(rid, None) is not None:
+            self._send(Cancel(rid))
+
+    def _fail_streams(self, message: str, reason: FinishReason = "error") -> None:
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.deliver(Delta(finish_reason=reason, error=message if reason == "error" else None))
+
+
+def _wait(process: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> int | None:
+    if process is None:
+        return None
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+async def open_isolated_engine(config: ServiceConfig) -> RemoteEngine:
+    """Start the engine process for `config` and wait for its model. Raises RuntimeError (with the engine
+    process's reason) when it cannot start."""
+    engine = RemoteEngine(config)
+    await engine.start()
+    return engine

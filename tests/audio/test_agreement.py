@@ -1,0 +1,73 @@
+"""audio/agreement.py: LocalAgreement-2 over tokens — committed text only grows, is cut at word starts, and
+the tentative rest never holds committed tokens; complete segments are found and shifted."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audio.agreement import LiveText, common_prefix, last_boundary
+
+TS = 100  # timestamp_begin of the fake vocabulary
+EOT = 90
+
+
+class Words:
+    """Even tokens below EOT start a word (" a"), odd ones continue it ("b"); >= TS are timestamps."""
+
+    eot = EOT
+    timestamp_begin = TS
+
+    def decode(self, tokens: list[int]) -> str:
+        return "".join(("<ts>" if t >= TS else f" w{t}" if t % 2 == 0 else f"-{t}") for t in tokens)
+
+
+def test_common_prefix_treats_any_two_timestamps_as_equal() -> None:
+    assert common_prefix([TS, 2, 4, TS + 50], [TS + 3, 2, 4, TS + 7, 6], TS) == 4
+    assert common_prefix([2, 4, 6], [2, 5, 6], TS) == 1
+    assert common_prefix([], [2], TS) == 0
+
+
+def test_last_boundary_finds_complete_segments() -> None:
+    assert last_boundary([TS, 2, 4, TS + 20, TS + 20, 6], TS) == 4  # a pair: tokens[:4] is complete
+    assert last_boundary([TS, 2, TS + 9, TS + 9, 4, TS + 30], TS) == 6  # closed after text: all complete
+    assert last_boundary([TS, 2, 4], TS) == 0
+    assert last_boundary([], TS) == 0
+
+
+def test_agreement_commits_only_what_two_decodes_share_up_to_a_word_start() -> None:
+    live = LiveText(Words())
+    assert live.agree([TS, 2, 3, 4]) == 0  # the first hypothesis alone commits nothing
+    assert live.previous == [TS, 2, 3, 4]
+    # shared: TS, 2, 3, 4; the next tokens (4 vs 6...) — 4 is shared, then 5 continues the word "4-5"
+    n = live.agree([TS, 2, 3, 4, 5, 6])
+    assert n == 3 and live.prefix == [TS, 2, 3]  # " w2-3" is complete: the next token (4) starts a word
+    assert live.previous == [4, 5, 6]
+    # hypotheses are continuations after the prefix from here on
+    assert live.agree([4, 5, 8]) == 2 and live.prefix == [TS, 2, 3, 4, 5] and live.previous == [8]
+
+
+def test_trim_drops_finished_tokens_and_shifts_timestamps() -> None:
+    live = LiveText(Words())
+    live.prefix, live.previous = [TS, 2, TS + 40, TS + 40, 4], [6, TS + 60]
+    live.trim(3, 40)
+    assert live.prefix == [TS, 4] and live.previous == [6, TS + 20]
+    live.reset()
+    assert live.prefix == [] and live.previous is None
+
+
+tokens = st.lists(st.sampled_from([2, 3, 4, 5, 6, 7, TS, TS + 5, TS + 9]), max_size=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(tokens, min_size=1, max_size=8))
+def test_committed_only_grows_and_tentative_never_repeats_it(hypotheses: list[list[int]]) -> None:
+    live = LiveText(Words())
+    committed: list[int] = []
+    for hyp in hypotheses:
+        n = live.agree(hyp)
+        assert live.prefix == committed + hyp[:n]  # what was committed is still there, unchanged
+        committed = list(live.prefix)
+        assert live.previous == hyp[n:]  # the tentative rest starts after the committed tokens
+        if n:
+            assert n == len(hyp) or live.starts_word(hyp[n])

@@ -1,0 +1,101 @@
+"""audio/decoder.py: a row alone decodes exactly as mlx-whisper's decode loop; rows packed together pick the
+same tokens as rows alone; a forced prefix starts every hypothesis; sampling is keyed per row."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_whisper.decoding import DecodingOptions
+
+from audio.decoder import DecodeRow, advance_rows, finish_row, new_row
+from audio.encoder import EncoderJob, mel_window, run_unit
+from audio.whisper import LoadedWhisper
+
+
+def encoded(loaded: LoadedWhisper, seconds: float, seed: int) -> tuple[EncoderJob, mx.array]:
+    audio = np.random.default_rng(seed).normal(0, 0.1, int(seconds * 16000)).astype(np.float32)
+    job = EncoderJob(audio, int(seconds * 100), 1500, fp16=False)
+    while not job.done:
+        run_unit(loaded.model, [job])
+    return job, mel_window(loaded.model, audio, int(seconds * 100), fp16=False)
+
+
+def same(a: float, b: float) -> bool:
+    """Equal, NaN included (a random model's masked logits make mlx-whisper's avg_logprob NaN too)."""
+    return a == b or (np.isnan(a) and np.isnan(b))
+
+
+def run(loaded: LoadedWhisper, rows: list[DecodeRow], tokens: int = 4) -> None:
+    while not all(r.done for r in rows):
+        advance_rows(loaded.model, rows, tokens)
+
+
+OPTIONS = [DecodingOptions(language="en", fp16=False, without_timestamps=True),
+           DecodingOptions(language="en", fp16=False),
+           DecodingOptions(language="en", fp16=False, prompt=[400, 401, 402, 403])]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["no-timestamps", "timestamps", "prompt"])
+def test_a_row_alone_is_mlx_whispers_decode(tiny_whisper: LoadedWhisper, options: DecodingOptions) -> None:
+    job, mel = encoded(tiny_whisper, 6, seed=3)
+    reference = tiny_whisper.model.decode(mel, options)
+    row = new_row(tiny_whisper.model, options, job.cross_kv, [])
+    run(tiny_whisper, [row])
+    got = finish_row(row)
+    assert got.sampled == reference.tokens and got.text == reference.text
+    assert same(got.avg_logprob, reference.avg_logprob) and got.no_speech_prob == reference.no_speech_prob
+    assert got.compression_ratio == reference.compression_ratio and got.temperature == 0.0
+
+
+def test_packed_rows_pick_the_tokens_rows_alone_pick(tiny_whisper: LoadedWhisper) -> None:
+    windows = [encoded(tiny_whisper, s, seed=s)[0] for s in (2, 9, 17, 30)]
+    plans = [(w, o) for w, o in zip(windows, OPTIONS + OPTIONS[:1])]
+    alone = []
+    for job, options in plans:
+        row = new_row(tiny_whisper.model, options, job.cross_kv, [])
+        run(tiny_whisper, [row])
+        alone.append(finish_row(row))
+    together = [new_row(tiny_whisper.model, o, j.cross_kv, []) for j, o in plans]
+    run(tiny_whisper, together, tokens=3)
+    for a, row in zip(alone, together):
+        b = finish_row(row)
+        assert b.sampled == a.sampled and b.text == a.text
+        # scores agree to float32 rounding: BLAS picks other kernels for other row counts
+        assert same(a.avg_logprob, b.avg_logprob) or b.avg_logprob == pytest.approx(a.avg_logprob, abs=1e-5)
+
+
+def test_each_call_advances_each_row_by_at_most_the_bound(tiny_whisper: LoadedWhisper) -> None:
+    job, _ = encoded(tiny_whisper, 4, seed=5)
+    rows = [new_row(tiny_whisper.model, OPTIONS[0], job.cross_kv, []) for _ in range(3)]
+    seen = [0, 0, 0]
+    while not all(r.done for r in rows):
+        advance_rows(tiny_whisper.model, rows, 2)
+        for i, r in enumerate(rows):
+            assert r.sampled - seen[i] <= 2
+            seen[i] = r.sampled
+    assert all(r.sampled >= 1 for r in rows)
+
+
+def test_a_forced_prefix_starts_the_hypothesis(tiny_whisper: LoadedWhisper) -> None:
+    job, _ = encoded(tiny_whisper, 5, seed=7)
+    ts = new_row(tiny_whisper.model, OPTIONS[1], job.cross_kv, []).task.tokenizer.timestamp_begin  # <|0.00|>
+    prefix = [ts, 1000, 1001]  # mid-segment: text after an opening timestamp
+    row = new_row(tiny_whisper.model, OPTIONS[1], job.cross_kv, prefix)
+    run(tiny_whisper, [row])
+    got = finish_row(row)
+    assert got.tokens[:3] == prefix and got.tokens[3:] == got.sampled
+    plain = new_row(tiny_whisper.model, OPTIONS[1], job.cross_kv, [])
+    run(tiny_whisper, [plain])
+    assert finish_row(plain).tokens[:1] != [1000]  # unforced, a hypothesis opens with a timestamp
+
+
+def test_sampled_rows_draw_the_same_tokens_alone_and_packed(tiny_whisper: LoadedWhisper) -> None:
+    job, _ = encoded(tiny_whisper, 3, seed=9)
+    hot = DecodingOptions(language="en", fp16=False, temperature=1.0, without_timestamps=True)
+    alone = new_row(tiny_whisper.model, hot, job.cross_kv, [], seed=11)
+    run(tiny_whisper, [alone])
+    packed = [new_row(tiny_whisper.model, hot, job.cross_kv, [], seed=s) for s in (5, 11, 12)]
+    run(tiny_whisper, packed)
+    assert finish_row(packed[1]).sampled == finish_row(alone).sampled
+    assert finish_row(packed[0]).sampled != finish_row(packed[2]).sampled  # other keys, other draws

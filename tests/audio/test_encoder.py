@@ -1,0 +1,69 @@
+"""audio/encoder.py: the encoder in units equals mlx-whisper's one-call encoder, whatever the chunk size and
+whoever shares a unit."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from audio.encoder import EncoderJob, cross_kv, mel_window, run_unit
+from audio.whisper import LoadedWhisper
+
+
+def noise(seconds: float, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.1, int(seconds * 16000)).astype(np.float32)
+
+
+def encode(model: object, jobs: list[EncoderJob]) -> int:
+    """Run units until every job is done, stacking jobs at the same unit. Returns the units run."""
+    units = 0
+    while not all(j.done for j in jobs):
+        head = next(j for j in jobs if not j.done)
+        run_unit(model, [j for j in jobs if j.unit == head.unit])
+        units += 1
+    return units
+
+
+@pytest.mark.parametrize("chunk", [1500, 375, 500, 1000])
+def test_units_equal_the_one_call_encoder(tiny_whisper: LoadedWhisper, chunk: int) -> None:
+    model = tiny_whisper.model
+    audio = noise(7, seed=1)
+    job = EncoderJob(audio, 700, chunk, fp16=False)
+    units = encode(model, [job])
+    layers = len(model.encoder.blocks)
+    assert units == 2 + layers * -(-1500 // chunk)  # front, layer chunks, post
+    reference = model.encoder(mel_window(model, audio, 700, fp16=False)[None])
+    assert mx.array_equal(job.features, reference).item()
+    assert job.x is None and job.kv is None and job.parts == []
+
+
+def test_stacked_windows_equal_windows_alone(tiny_whisper: LoadedWhisper) -> None:
+    model = tiny_whisper.model
+    clips = [(noise(s, seed=s), int(s * 100)) for s in (3, 12, 30)]
+    together = [EncoderJob(a, f, 375, fp16=False) for a, f in clips]
+    encode(model, together)  # all three advance in lockstep: every unit is one stacked call
+    for (audio, frames), job in zip(clips, together):
+        alone = EncoderJob(audio, frames, 375, fp16=False)
+        encode(model, [alone])
+        assert mx.array_equal(alone.features, job.features).item()
+        for (k1, v1), (k2, v2) in zip(alone.cross_kv, job.cross_kv):
+            assert mx.array_equal(k1, k2).item() and mx.array_equal(v1, v2).item()
+
+
+def test_cross_kv_holds_the_decoders_keys_and_values(tiny_whisper: LoadedWhisper) -> None:
+    model = tiny_whisper.model
+    features = mx.random.normal((1, 1500, model.dims.n_audio_state))
+    attn = model.decoder.blocks[0].cross_attn
+    k, v = cross_kv(attn, features)
+    heads, d = attn.n_head, model.dims.n_text_state // attn.n_head
+    assert k.shape == (1, heads, d, 1500) and v.shape == (1, heads, 1500, d)
+    expected_v = attn.value(features).reshape(1, 1500, heads, d).transpose(0, 2, 1, 3)
+    assert mx.array_equal(v, expected_v).item()
+
+
+def test_a_unit_refuses_jobs_at_different_units(tiny_whisper: LoadedWhisper) -> None:
+    a, b = EncoderJob(noise(1, 0), 100, 375, False), EncoderJob(noise(1, 1), 100, 375, False)
+    run_unit(tiny_whisper.model, [a])
+    with pytest.raises(AssertionError):
+        run_unit(tiny_whisper.model, [a, b])

@@ -1,0 +1,145 @@
+"""audio/live.py: the commit rules of live text, with scripted decodes — committed text only grows, tentative
+text never repeats it, pauses commit everything, finished segments are trimmed, 30 s of speech is a window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from audio.decoder import RowResult
+from audio.live import LiveConfig, LiveTranscription, SessionEvent
+from audio.scheduler import WindowRequest, WindowResult
+from audio.transcript import TranscribeOptions
+from audio.whisper import LoadedWhisper
+
+pytestmark = pytest.mark.anyio
+SR = 16000
+
+
+class Scripted:
+    """A scheduler whose decodes return scripted continuations after the forced prefix."""
+
+    def __init__(self, continuations: list[list[int]]) -> None:
+        self.continuations = continuations
+        self.requests: list[WindowRequest] = []
+
+    async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
+        self.requests.append(request)
+        cont = self.continuations.pop(0)
+        tokens = list(request.prefix) + cont
+        return WindowResult(RowResult(tokens, cont, "", -0.1, 0.01, 0.0, 1.0), "en")
+
+
+async def live_text(loaded: LoadedWhisper, script: list[list[int]], **config: float) -> tuple[
+        LiveTranscription, Scripted, list[SessionEvent]]:
+    events: list[SessionEvent] = []
+    scheduler = Scripted(script)
+    live = LiveTranscription(TranscribeOptions(), LiveConfig(**config), scheduler, events.append)  # type: ignore[arg-type]
+    await live.start(loaded)
+    return live, scheduler, events
+
+
+async def run_due(live: LiveTranscription, finishing: bool = False) -> int:
+    n = 0
+    while (action := live.next_action(finishing)) is not None:
+        await action()
+        n += 1
+    return n
+
+
+def speech(seconds: float) -> np.ndarray:
+    return np.full(int(seconds * SR), 0.1, np.float32)
+
+
+async def test_agreeing_decodes_commit_and_the_rest_stays_tentative(tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    w = {word: tok.encode(" " + word)[0] for word in ("The", "quick", "brown", "fox")}
+    live, scheduler, events = await live_text(tiny_whisper, [
+        [ts, w["The"], w["quick"]],
+        [ts, w["The"], w["quick"], w["brown"]],
+        [w["quick"], w["brown"], w["fox"]],  # continuations: after the committed prefix
+        [w["brown"], w["fox"], ts + 150],  # the pause's decode
+    ])
+    at = 0
+    for seconds in (1.2, 1.0, 1.0):
+        live.add_speech(speech(seconds), at)
+        at += int(seconds * SR)
+        assert await run_due(live) == 1
+    assert [r.prefix for r in scheduler.requests] == [(), (), (ts, w["The"])]
+    assert live.committed_text() == " The quick" and live.tentative == " brown fox"
+    live.add_pause()
+    assert await run_due(live) == 1
+    assert scheduler.requests[-1].prefix == (ts, w["The"], w["quick"])
+    assert live.committed_text() == " The quick brown fox" and live.tentative == ""
+    kinds = [(e.type, e.text) for e in events]
+    assert kinds == [("tentative", " The quick"), ("committed", " The"), ("tentative", " quick brown"),
+                     ("committed", " quick"), ("tentative", " brown fox"), ("committed", " brown fox"),
+                     ("tentative", ""), ("utterance", " The quick brown fox")]
+    committed = ""
+    for e in events:
+        if e.type == "committed":
+            committed += e.text
+        elif e.type == "tentative" and e.text:
+            assert not committed.endswith(e.text.split()[0]) or e.text.split()[0] not in committed.split()[-1:]
+    t = live.transcript(3.2)
+    assert t.text == " The quick brown fox" and all(0 <= s.start <= s.end <= 3.2 for s in t.segments)
+
+
+async def test_finished_segments_are_trimmed_and_the_prefix_moves_with_them(tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    a, b, c = (tok.encode(" " + word)[0] for word in ("one", "two", "three"))
+    seg1 = [ts, a, ts + 50, ts + 50]  # " one" from 0.0 to 1.0 s, then a new segment opens at 1.0 s
+    live, scheduler, _ = await live_text(tiny_whisper, [seg1 + [b], seg1 + [b, c], [b, c]], trim_s=1.0)
+    live.add_speech(speech(1.5), 0)
+    await run_due(live)
+    live.add_speech(speech(1.0), int(1.5 * SR))
+    await run_due(live)  # agrees on seg1 (the last shared word may still grow): complete, and open > trim_s
+    assert live.committed_text() == " one"
+    assert live._tr.seek == 100  # trimmed at the segment's end, 1.0 s
+    assert live._live.prefix == [ts] and live._live.previous == [b, c]  # the next segment's opening, at 0.0
+    live.add_speech(speech(1.0), int(2.5 * SR))
+    await run_due(live)
+    request = scheduler.requests[-1]
+    assert request.prefix == (ts,) and request.frames == 250  # 3.5 s received, 1.0 s trimmed
+    assert live.committed_text() == " one two"
+    t = live.transcript(3.5)
+    assert t.segments[0].text == " one" and (t.segments[0].start, t.segments[0].end) == (0.0, 1.0)
+    assert t.text == live.committed_text()
+
+
+async def test_thirty_seconds_without_a_pause_is_decoded_as_one_window(tiny_whisper: LoadedWhisper) -> None:
+    live, scheduler, _ = await live_text(tiny_whisper, [[1000, 1002]])
+    live.add_speech(speech(31), 0)
+    action = live.next_action(False)
+    assert action is not None
+    await action()
+    assert scheduler.requests[0].frames == 3000
+    assert live.committed_text() != "" and live._tr.seek == 3000
+
+
+async def test_finishing_commits_the_rest(tiny_whisper: LoadedWhisper) -> None:
+    live, scheduler, events = await live_text(tiny_whisper, [[1000], [1000, 1002]])
+    live.add_speech(speech(1.5), 0)
+    await run_due(live)
+    assert live.committed_text() == ""
+    assert await run_due(live, finishing=True) == 1
+    assert live.committed_text() != "" and live.next_action(True) is None
+    assert live.transcript(1.5).text == live.committed_text()
+
+
+async def test_a_session_behind_finishes_its_pending_utterances_with_one_decode(tiny_whisper: LoadedWhisper) -> None:
+    live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]])
+    for k in range(3):  # three utterances arrive before the pump gets to run
+        live.add_speech(speech(1.0), k * 2 * SR)
+        live.add_pause()
+    assert await run_due(live) == 1
+    assert scheduler.requests[0].frames == 300 and live.committed_text() != ""
+    assert [e.type for e in events].count("utterance") == 1

