@@ -1,7 +1,7 @@
 """Prometheus metrics (prometheus-client), one registry per app.
 
 Observed by the service as requests run: requests by route and status, end-to-end duration, time to
-first token, inter-token latency, time a request waited before the engine took it, Whisper audio seconds
+first token, inter-token latency, time a request waited before it reached the engine, Whisper audio seconds
 and real-time factor. Read from the engine at scrape time: active/queued rows, KV, prefix-cache and
 memory-budget bytes (gauges), and the engine's own running totals (counters).
 """
@@ -59,8 +59,10 @@ class ServiceMetrics:
                               "Arrival of a generation request to its first token", buckets=_LATENCY, registry=r)
         self.itl = Histogram("tandem_inter_token_latency_seconds",
                              "Gap between successive token deliveries of a stream", buckets=_TOKEN_GAP, registry=r)
+        # Before the engine: the tokenizer's turn and rendering. The wait for a running slot inside the
+        # engine shows in TTFT (the engine does not report admission times).
         self.queue_wait = Histogram("tandem_queue_wait_seconds",
-                                    "Arrival to the engine taking the row (template rendering and its turn)",
+                                    "Arrival to submission to the engine (waiting for the tokenizer and rendering)",
                                     buckets=_LATENCY, registry=r)
         self.audio_seconds = Counter("tandem_whisper_audio_seconds", "Seconds of audio transcribed from files",
                                      registry=r)

@@ -6,6 +6,7 @@ Transcript; every model touch happens there, as tasks on the shared driver loop.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, AsyncGenerator
 
 import anyio
@@ -16,6 +17,7 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from audio.formats import media_type, render
+from audio.pcm import SAMPLE_RATE
 from audio.transcript import TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
@@ -67,12 +69,16 @@ async def create_transcription(
                                  vad=data.vad, vad_trim=data.vad_trim)
     content_type = part_content_type(data.file)
     pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, content_type, param="file"))
+    started = time.perf_counter()
+    audio_seconds = len(pcm) / SAMPLE_RATE
     if data.stream:
-        return SSEStream(EventSource(_transcription_events(speech, pcm, options)))
+        return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics)))
     try:
         transcript = await run_while_connected(request, lambda: speech.transcribe(pcm, options))
     except ClientDisconnected:
         return Response(None, status_code=499)
+    if state.metrics is not None:
+        state.metrics.observe_transcription(audio_seconds, time.perf_counter() - started)
     body = render(transcript, data.response_format, words=words)
     return Response(body, media_type=media_type(data.response_format), status_code=200)
 
@@ -98,12 +104,15 @@ def _check_parts(data: TranscriptionForm, file: bytes, limit: int) -> None:
                            param=name, code="part_too_large")
 
 
-async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray,
-                                options: TranscribeOptions) -> AsyncGenerator[bytes, None]:
+async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options: TranscribeOptions,
+                                metrics: Any) -> AsyncGenerator[bytes, None]:
+    started = time.perf_counter()
     stream = speech.transcribe_stream(pcm, options)
     try:
         async for item in stream:
             if isinstance(item, Transcript):
+                if metrics is not None:
+                    metrics.observe_transcription(len(pcm) / SAMPLE_RATE, time.perf_counter() - started)
                 yield sse_data(TranscriptTextDone(text=item.text))
             elif delta := "".join(s.text for s in item):
                 yield sse_data(TranscriptTextDelta(delta=delta))

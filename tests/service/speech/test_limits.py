@@ -101,3 +101,21 @@ def test_fuzzed_multipart_uploads_get_4xx_only(client: TestClient[Any], parts: l
     assert answer.status_code < 500, answer.text
     if answer.status_code >= 400:
         assert isinstance(answer.json()["error"]["code"], str)
+
+
+def test_transcribed_audio_is_counted_in_the_metrics(client: TestClient[Any]) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    assert _upload(client, wav_bytes(voiced(2.0)), "audio/wav").status_code == 200
+    samples = {s.name: s.value for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples}
+    assert samples["tandem_whisper_audio_seconds_total"] >= 2.0
+    assert samples["tandem_whisper_real_time_factor_count"] >= 1
+
+
+def test_session_ids_are_unguessable(client: TestClient[Any]) -> None:
+    ids = [client.post("/v1/audio/sessions", json={}).json()["id"] for _ in range(2)]
+    assert ids[0] != ids[1]
+    for sid in ids:
+        token = sid.removeprefix("sess_")
+        assert len(token) >= 24 and token.replace("-", "").replace("_", "").isalnum()  # 144 random bits
+        client.delete(f"/v1/audio/sessions/{sid}")
