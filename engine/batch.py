@@ -312,7 +312,6 @@ class LLMBatchGroup:
             return
         self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
-        decoding = sum(1 for r in rows if r.decoding)
         start = time.perf_counter()
         if self._last_step_end is not None and start - self._last_step_end < 1.0:
             self.counters["loop_gap_seconds"] += start - self._last_step_end  # event-loop time between steps
@@ -325,7 +324,9 @@ class LLMBatchGroup:
             self._last_step_end = time.perf_counter()
         self.consecutive_failures = 0
         prompted = self.counters["prompt_tokens"] - before[0]
-        self.pacer.record(self._last_step_end - start, int(prompted), decoding)
+        if self.step.last_cost is not None:
+            self.pacer.record(*self.step.last_cost)
+            self.step.last_cost = None
         self._recent.append((time.monotonic(), prompted, self.counters["generation_tokens"] - before[1]))
         for row, delta in outputs:
             self._publish(row, delta)
