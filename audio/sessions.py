@@ -7,8 +7,8 @@ cannot keep up reports its lag; a cap refuses the new chunk with an error and ke
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
@@ -37,7 +37,7 @@ class LiveSession:
     def __init__(self, options: TranscribeOptions, residency: "WhisperResidency", scheduler: "WhisperScheduler",
                  tasks: "ExecutionTasks", *, config: LiveConfig | None = None, pool: AudioPool | None = None,
                  session_id: str | None = None) -> None:
-        self.id = session_id or f"sess_{uuid.uuid4().hex[:24]}"
+        self.id = session_id or f"sess_{secrets.token_urlsafe(18)}"  # unguessable: ids are capabilities
         self.options = options
         self.config = config or LiveConfig()
         self.created = self.last_active = time.monotonic()
