@@ -87,9 +87,13 @@ def _members(obj: Any) -> dict[str, str]:
 class ObjectServer:
     """The engine process's side: the objects it serves, and the answers to calls on them."""
 
-    def __init__(self, send: Callable[[object], None], by_reference: tuple[type, ...]) -> None:
+    def __init__(self, send: Callable[[object], None], by_reference: Callable[[Any], bool],
+                 gone: Callable[[], Exception] = lambda: LookupError("that object is gone")) -> None:
+        """`by_reference(value)`: whether a result is served by reference rather than sent by value;
+        `gone()`: the error for a call on an object this process does not hold (one from before a restart)."""
         self.send = send
         self.by_reference = by_reference
+        self.gone = gone
         self._objects: dict[int, Any] = {}
         self._handles = itertools.count(1)
 
@@ -107,7 +111,7 @@ class ObjectServer:
             return
         try:
             if obj is None:
-                raise LookupError(f"object {call.handle} is gone")
+                raise self.gone()
             member = getattr(obj, call.name)
             if call.how == "iter":
                 async for value in member(*call.args, **call.kwargs):
@@ -122,7 +126,7 @@ class ObjectServer:
             self.send((End if call.how == "iter" else Reply)(call.cid, error=ErrorInfo.of(exc)))
 
     def _wrap(self, value: Any) -> Any:
-        return self.register(value) if isinstance(value, self.by_reference) else value
+        return self.register(value) if self.by_reference(value) else value
 
 
 class ObjectClient:
@@ -138,7 +142,7 @@ class ObjectClient:
     def proxy(self, ref: Ref) -> "RemoteObject":
         return RemoteObject(self, ref)
 
-    def deliver(self, message: object, on_loop: Callable[[Callable[[], None]], None]) -> bool:
+    def deliver(self, message: object, on_loop: Callable[[Callable[[], None]], object]) -> bool:
         """Relay thread: take a reply or item if it is one of ours (True), else leave it (False). Replies to
         plain calls are handed over here, since their caller blocks the event loop; the rest go through
         `on_loop`. Raises nothing."""

@@ -53,7 +53,7 @@ async def remote() -> AsyncIterator[RemoteObject]:
 
     def serve() -> None:
         async def main() -> None:
-            server = ObjectServer(server_end.send, (Counter,))
+            server = ObjectServer(server_end.send, lambda value: isinstance(value, Counter))
             server_end.send(server.register(Counter()))
             async with anyio.create_task_group() as tg:
                 while (call := await anyio.to_thread.run_sync(server_end.recv)) is not None:
