@@ -12,7 +12,7 @@ step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 ARGS="--max-active 128 --no-whisper"
 COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout 90 --log-dir "$OUT")
 step "build"
-[ -d "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" | tail -1
+[ -d "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" ${BUILD_ARGS:-} | tail -1
 step "ours (default)"
 timeout 130 python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios c1,c64,poisson8,c128 --ours-args "$ARGS" \
   --server-budget 110 --out "$OUT/ours.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting

@@ -132,7 +132,7 @@ class RemoteEngine:
         self._policy = RestartPolicy()
         self._failure = ""
         # The engine process's objects used by reference (its SpeechService), and the current one's root.
-        self.objects = ObjectClient(self._send)
+        self.objects = ObjectClient(self._send, ready=lambda: self._state == "ready" and self._conn is not None)
         self.speech_ref: Ref | None = None
         self.speech_aliases: list[str] = []
         self._speech: tuple[Ref, RemoteObject] | None = None

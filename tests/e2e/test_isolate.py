@@ -86,6 +86,10 @@ def test_the_engine_process_killed_mid_stream(isolated_server: TandemServer) -> 
     answer = httpx.post(f"{isolated_server.base_url}/chat/completions", timeout=60,
                         json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+    files = {"file": ("tone.raw", s16(1.0), "audio/pcm;rate=16000;encoding=s16le")}
+    again = httpx.post(f"{isolated_server.base_url}/audio/transcriptions", files=files, data={"model": "whisper-1"},
+                       timeout=120)
+    assert again.status_code == 200  # the new engine process serves speech too
     for gone in OPEN_SESSIONS:  # their audio was in the process that died
         finish = httpx.post(f"{isolated_server.base_url}/audio/sessions/{gone}/finish", timeout=30)
         assert finish.status_code == 404 and finish.json()["error"]["code"] == "session_not_found"
