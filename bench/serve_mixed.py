@@ -23,6 +23,8 @@ from bench.serve_stats import RequestResult, _ms, percentile
 
 __all__ = ["MixedRun", "run_mixed", "drive_mixed", "transcribe_file", "summarize_mixed", "clip_bytes"]
 
+# What the soak's own clients wait after a 503 while an engine process restarts (a back-off, not a sync point).
+RESTART_WAIT_S = 2.0
 # What the soak's own clients wait after a 429 (the server's Retry-After for queue_full).
 RETRY_AFTER_S = 1.0
 ChatSend = Callable[[Request, float], Awaitable[RequestResult]]  # (request, timeout s)
@@ -107,14 +109,17 @@ async def run_mixed(s: Scenario, chat: ChatSend, speech: SpeechSend, burst_size:
                 return
             result = await chat(req, min(timeout, deadline - time.perf_counter()))
             run.records.append(("chat", result))
-            if result.status == 429:  # a client that honours the server's Retry-After (1 s)
-                await anyio.sleep(RETRY_AFTER_S)
+            if result.status in (429, 503):  # a client that honours the server's Retry-After, as OpenAI's SDK
+                await anyio.sleep(RETRY_AFTER_S if result.status == 429 else RESTART_WAIT_S)
 
     async def speech_worker() -> None:
         while time.perf_counter() < end:
             # A dropped upload leaves at a random point of a typical transcription (here: within 3 s).
             hang_up = rng.uniform(0.0, 3.0) if rng.random() < s.disconnect else None
-            run.records.append(("speech", await speech(min(timeout, deadline - time.perf_counter()), hang_up)))
+            result = await speech(min(timeout, deadline - time.perf_counter()), hang_up)
+            run.records.append(("speech", result))
+            if result.status == 503:  # the engine restarts (--isolate): wait as OpenAI's SDK does
+                await anyio.sleep(RESTART_WAIT_S)
 
     async def burst() -> None:
         await anyio.sleep(max(0.0, run.burst_start - time.perf_counter()))  # the schedule, not a sync point
