@@ -20,7 +20,7 @@ from audio.buffers import AudioPool
 from audio.decoding import N_SAMPLES, WindowedTranscription
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
 from audio.pcm import SAMPLE_RATE
-from audio.scheduler import StepBudget, WhisperScheduler
+from audio.scheduler import Pace, StepBudget, WhisperScheduler
 from audio.sessions import LiveConfig, LiveSession
 from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
@@ -75,11 +75,14 @@ class SpeechService:
     def __init__(self, tasks: "ExecutionTasks", checkpoint: str | Path, *, name: str | None = None,
                  dtype: str | None = None, idle_unload_sec: float = 0.0, resident: bool = False,
                  session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
-                 live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0) -> None:
+                 live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0,
+                 pace: Pace | None = None) -> None:
+        """`pace`: seconds of a chat iteration while chat rows decode, else None (Engine.chat_pace): Whisper
+        steps then take at most `budget.chat_share` of it. Raises nothing."""
         self.tasks = tasks
         self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
                                           idle_unload_sec=idle_unload_sec, resident=resident)
-        self.scheduler = WhisperScheduler(tasks, budget)
+        self.scheduler = WhisperScheduler(tasks, budget, pace)
         self.live = live or LiveConfig()
         self.pool = AudioPool(max_buffered_sec)
         self.session_ttl_sec = session_ttl_sec
