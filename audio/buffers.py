@@ -9,17 +9,39 @@ import numpy as np
 from audio.errors import AudioInputError
 from audio.pcm import SAMPLE_RATE
 
-__all__ = ["AudioBuffer", "AudioPool", "AudioLimitExceeded"]
-
+__all__ = ["AudioBuffer", "AudioPool", "AudioLimitExceeded", "SessionAudioLimit", "AudioBufferFull",
+           "SessionBacklogFull"]
 
 
 class AudioLimitExceeded(AudioInputError):
-    """A chunk would pass a session's audio cap or the buffered-audio cap of all sessions; nothing of it was
-    taken and earlier audio is kept. `code`: session_audio_limit or audio_buffer_full (a route answers 413
-    or 429 for them; an AudioInputError, they are a 400 where it does not)."""
+    """A chunk would pass a cap; nothing of it was taken and earlier audio is kept. An AudioInputError: a
+    400 where nothing maps the subclasses below. `retry_after`: seconds after which retrying may succeed
+    (None: it never will)."""
 
-    def __init__(self, message: str, code: str) -> None:
+    retry_after: int | None = None
+
+    def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message, param="body", code=code)
+
+
+class SessionAudioLimit(AudioLimitExceeded):
+    """The session would pass its audio cap (max_session_s): it can take no more, ever."""
+
+    code = "session_audio_limit"
+
+
+class AudioBufferFull(AudioLimitExceeded):
+    """All sessions together hold the most untranscribed audio the server keeps: retry once they caught up."""
+
+    code = "audio_buffer_full"
+    retry_after = 2
+
+
+class SessionBacklogFull(AudioLimitExceeded):
+    """This session's untranscribed audio would pass max_lag_s: it sends faster than it is transcribed."""
+
+    code = "session_backlog_full"
+    retry_after = 2
 
 
 class AudioBuffer:
@@ -54,6 +76,10 @@ class AudioBuffer:
         a = max(0, start - self.base)
         return self._data[a: min(self._len, max(a, start - self.base + count))].copy()
 
+    def truncate(self, end: int) -> None:
+        """Forget samples from absolute index `end` on (never before what was already discarded). Raises nothing."""
+        self._len = max(0, min(self._len, end - self.base))
+
     def discard_before(self, start: int) -> None:
         """Forget samples before absolute index `start`; a large buffer left mostly empty shrinks. Raises nothing."""
         cut = min(self._len, max(0, start - self.base))
@@ -74,11 +100,11 @@ class AudioPool:
         self.total = 0
 
     def admit(self, owner: Any, samples: int) -> None:
-        """Raises AudioLimitExceeded when `samples` more would pass the cap."""
+        """Raises AudioBufferFull (an AudioLimitExceeded) when `samples` more would pass the cap."""
         if self.max_samples is not None and self.total + samples > self.max_samples:
-            raise AudioLimitExceeded(
+            raise AudioBufferFull(
                 f"the server holds {self.total / SAMPLE_RATE:.0f} s of untranscribed session audio (limit "
-                f"{self.max_samples / SAMPLE_RATE:.0f} s); retry when sessions have caught up", "audio_buffer_full")
+                f"{self.max_samples / SAMPLE_RATE:.0f} s); retry when sessions have caught up")
 
     def update(self, owner: Any) -> None:
         """Record what `owner` holds now (its `held_samples`). Raises nothing."""
