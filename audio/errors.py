@@ -70,9 +70,10 @@ class SessionClosed(SessionError):
 
 
 class SessionLimit(SessionError):
-    """max_sessions are open and none is idle enough to expire."""
+    """max_sessions are open and none is idle enough to expire; `retry_after` seconds is a fair wait."""
 
     code = "session_unavailable"
+    retry_after = 5
 
 
 class SpeechNotRunning(AudioError, RuntimeError):

@@ -55,9 +55,13 @@ class LiveSession:
 
     def __init__(self, options: TranscribeOptions, residency: "WhisperResidency", scheduler: "WhisperScheduler",
                  tasks: "ExecutionTasks", *, config: LiveConfig | None = None, pool: AudioPool | None = None,
-                 session_id: str | None = None) -> None:
+                 session_id: str | None = None, expires: bool = True) -> None:
+        """`expires`: the speech service may drop it after its idle TTL (False: its owner deletes it, e.g. a
+        websocket when it closes). Raises nothing."""
         self.id = session_id or f"sess_{uuid.uuid4().hex[:24]}"
         self.options = options
+        self.expires = expires
+        self._scheduler = scheduler
         self.config = config or LiveConfig()
         self.created = self.last_active = time.monotonic()
         self.windows_done = 0
@@ -146,6 +150,17 @@ class LiveSession:
         self.last_active = time.monotonic()
         self._wake.set()
 
+    def reconfigure(self, options: TranscribeOptions) -> None:
+        """New options for a session that has received no audio yet. Raises SessionClosed, SessionError
+        (audio already received)."""
+        self._check_open()
+        if self._raw.total or self.live.started or self.events_log:
+            raise SessionError(f"session {self.id} has audio already; its options can no longer change",
+                               code="session_active")
+        self.options = options
+        self._gate = speech_gate(options)
+        self.live = LiveTranscription(options, self.config, self._scheduler, self._emit, self.scope)
+
     def commit(self) -> None:
         """Close the open utterance at the audio received so far, as a VAD pause would (an `audio_committed`
         event follows; audio appended later opens the next utterance). Raises SessionClosed, CommitEmpty
@@ -209,6 +224,10 @@ class LiveSession:
             if self._done.is_set():
                 return
             await self._changed.wait()
+
+    async def ended(self) -> None:
+        """Return once the pump stopped: the session finished, failed or was cancelled. Raises nothing."""
+        await self._done.wait()
 
     async def caught_up(self) -> None:
         """Return once everything appended so far is transcribed as far as it can be (the pump waits for

@@ -77,9 +77,11 @@ class SpeechService:
                  dtype: str | None = None, idle_unload_sec: float = 0.0, resident: bool = False,
                  session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
                  live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0,
-                 pace: Pace | None = None) -> None:
+                 pace: Pace | None = None, vad: bool = True) -> None:
         """`pace`: seconds of a chat iteration while chat rows decode, else None (Engine.chat_pace): Whisper
-        steps then take at most `budget.chat_share` of it. Raises nothing."""
+        steps then take at most `budget.chat_share` of it. `vad`: the default of options() when a request
+        does not say. Raises nothing."""
+        self.vad_default = vad
         self.tasks = tasks
         self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
                                           idle_unload_sec=idle_unload_sec, resident=resident)
@@ -119,10 +121,13 @@ class SpeechService:
             return True
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
-        """TranscribeOptions checked against this model. Raises InvalidOption naming `language`, `task` or
-        `prompt` (unknown language, a non-English language / translate on an English-only model, a prompt
-        longer than Whisper can use: PromptTooLong)."""
+        """TranscribeOptions checked against this model; `vad` None (or absent) takes the service's default.
+        Raises InvalidOption naming `language`, `task`, `prompt` or a vad setting (unknown language, a
+        non-English language / translate on an English-only model, a prompt longer than Whisper can use:
+        PromptTooLong)."""
         code = normalize_language(language, multilingual=self.multilingual)
+        if kwargs.get("vad") is None:
+            kwargs["vad"] = self.vad_default
         if task not in get_args(Task):
             raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
         if task == "translate" and not self.multilingual:
@@ -145,10 +150,10 @@ class SpeechService:
         return result
 
     # ---- live sessions -----------------------------------------------------------------------
-    def create_session(self, options: TranscribeOptions) -> LiveSession:
+    def create_session(self, options: TranscribeOptions, *, expires: bool = True) -> LiveSession:
         """Open a session and start its pump. Never evicts a live session: idle-expired ones are reaped, then
-        a full house refuses. Raises SpeechNotRunning when run() is not running, SessionLimit when
-        max_sessions are open."""
+        a full house refuses. `expires` False: never reaped for idleness (its owner deletes it). Raises
+        SpeechNotRunning when run() is not running, SessionLimit when max_sessions are open."""
         if self._tg is None:
             raise SpeechNotRunning("SpeechService.run() is not running")
         if len(self.sessions) >= self.max_sessions:
@@ -156,7 +161,8 @@ class SpeechService:
         if len(self.sessions) >= self.max_sessions:
             raise SessionLimit(f"too many open audio sessions ({self.max_sessions}); finish or delete one, "
                                       "or retry later")
-        session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool)
+        session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool,
+                              expires=expires)
         self.sessions[session.id] = session
         self._tg.start_soon(session.pump, name=f"session {session.id}")
         return session
@@ -174,7 +180,7 @@ class SpeechService:
         del self.sessions[session_id]
 
     def _expire(self, now: float) -> None:
-        stale = [s for s in self.sessions.values() if now - s.last_active > self.session_ttl_sec]
+        stale = [s for s in self.sessions.values() if s.expires and now - s.last_active > self.session_ttl_sec]
         for s in stale:
             s.cancel()
             self.sessions.pop(s.id, None)
@@ -213,4 +219,5 @@ class SpeechService:
                 "session_lag_s_max": max((s.lag_seconds for s in self.sessions.values()), default=0.0),
                 "buffered_audio_s": round(self.pool.total / SAMPLE_RATE, 3),
                 "max_buffered_audio_s": None if self.pool.max_samples is None else self.pool.max_samples / SAMPLE_RATE,
-                "max_session_s": self.live.max_session_s, "scheduler": self.scheduler.stats()}
+                "max_session_s": self.live.max_session_s, "max_session_lag_s": self.live.max_lag_s,
+                "vad_default": self.vad_default, "scheduler": self.scheduler.stats()}

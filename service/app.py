@@ -31,7 +31,7 @@ from service.http.handlers import EXCEPTION_HANDLERS
 from service.logs import configure_logging
 from service.pi.route import pi_provider
 from service.seams import ChatEngine
-from service.speech.live import live
+from service.speech.live import live, realtime
 from service.speech.sessions import append_session_audio, create_session, delete_session, finish_session
 from service.speech.setup import install_speech, speech_config
 from service.speech.transcriptions import create_transcription
@@ -49,7 +49,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
     return [
         chat_completions, completions,
         list_models, retrieve_model, health, stats, metrics,
-        create_transcription, create_session, append_session_audio, finish_session, delete_session, live,
+        create_transcription, create_session, append_session_audio, finish_session, delete_session, live, realtime,
         pi_provider,
     ]
 
