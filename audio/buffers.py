@@ -6,42 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from audio.errors import AudioInputError
+from audio.errors import AudioBufferFull, AudioLimitExceeded, SessionAudioLimit, SessionBacklogFull
 from audio.pcm import SAMPLE_RATE
 
+# The limit errors are defined in audio/errors.py and re-exported here, where the caps are.
 __all__ = ["AudioBuffer", "AudioPool", "AudioLimitExceeded", "SessionAudioLimit", "AudioBufferFull",
            "SessionBacklogFull"]
-
-
-class AudioLimitExceeded(AudioInputError):
-    """A chunk would pass a cap; nothing of it was taken and earlier audio is kept. An AudioInputError: a
-    400 where nothing maps the subclasses below. `retry_after`: seconds after which retrying may succeed
-    (None: it never will)."""
-
-    retry_after: int | None = None
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message, param="body", code=code)
-
-
-class SessionAudioLimit(AudioLimitExceeded):
-    """The session would pass its audio cap (max_session_s): it can take no more, ever."""
-
-    code = "session_audio_limit"
-
-
-class AudioBufferFull(AudioLimitExceeded):
-    """All sessions together hold the most untranscribed audio the server keeps: retry once they caught up."""
-
-    code = "audio_buffer_full"
-    retry_after = 2
-
-
-class SessionBacklogFull(AudioLimitExceeded):
-    """This session's untranscribed audio would pass max_lag_s: it sends faster than it is transcribed."""
-
-    code = "session_backlog_full"
-    retry_after = 2
 
 
 class AudioBuffer:

@@ -9,8 +9,8 @@ where they were called, whatever arrives after them.
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from collections import deque
 from typing import TYPE_CHECKING, AsyncIterator, Literal
 
@@ -18,7 +18,7 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
-from audio.errors import AudioInputError, SessionClosed, SessionError, SessionLimit, SessionNotFound
+from audio.errors import CommitEmpty, SessionClosed, SessionError, SessionLimit, SessionNotFound
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.transcript import TranscribeOptions, Transcript
@@ -33,12 +33,6 @@ __all__ = ["SessionError", "SessionNotFound", "SessionClosed", "SessionLimit", "
            "LiveConfig", "SessionEvent", "LiveSession", "AudioBuffer", "AudioPool", "CommitEmpty", "MIN_COMMIT_MS"]
 
 MIN_COMMIT_MS = 100  # OpenAI's least audio a commit needs
-
-
-class CommitEmpty(AudioInputError):
-    """commit() with less than MIN_COMMIT_MS of audio since the last commit, clear or VAD pause."""
-
-    code = "input_audio_buffer_commit_empty"
 
 
 def speech_gate(options: TranscribeOptions) -> SpeechGate | None:
@@ -58,7 +52,7 @@ class LiveSession:
                  session_id: str | None = None, expires: bool = True) -> None:
         """`expires`: the speech service may drop it after its idle TTL (False: its owner deletes it, e.g. a
         websocket when it closes). Raises nothing."""
-        self.id = session_id or f"sess_{uuid.uuid4().hex[:24]}"
+        self.id = session_id or f"sess_{secrets.token_urlsafe(18)}"  # unguessable: ids are capabilities
         self.options = options
         self.expires = expires
         self._scheduler = scheduler

@@ -31,6 +31,7 @@ from typing import Any
 import anyio
 
 from bench.serve_client import chat_body, make_client, stream_chat
+from bench.serve_mixed import drive_mixed, summarize_mixed
 from bench.serve_procs import Server
 from bench.serve_prompts import PromptMaker
 from bench.serve_report import markdown, ratio_lines
@@ -109,7 +110,27 @@ class Bench:
 
             return await run_scenario(s, send, self.a.timeout, deadline, self.a.seed, prepare)
 
+    def measure_mixed(self, s: Scenario, server: Server, deadline: float) -> dict[str, Any]:
+        """The mixed soak against a server that reports its limits (ours); skipped for others."""
+        limits = (_server_stats(server.base_url, raw=True) or {}).get("limits") or {}
+        burst = self.a.burst if self.a.burst is not None else 3 * int(limits.get("max_queued") or 0)
+        if not burst:
+            return {"skipped": "no --max-queued reported (a server without admission control)"}
+        run = _run_async(drive_mixed, server.base_url, s, burst, deadline, self.a, lambda r: self.body(r, s.name))
+        t_end = time.perf_counter()
+        chat = [r for kind, r in run.records if kind != "speech"]
+        for r in chat:
+            r.count_tokens(self.maker.tokens_of)
+        summary = summarize(chat, max((r.t_end for r in chat), default=run.t0) - run.t0)
+        summary["mixed"] = summarize_mixed(run)
+        inside = [b for t, b in server.samples if run.t0 <= t <= t_end]
+        summary["rss"] = {**self._soak_rss(server, run.t0, t_end), "start_mb": round(inside[0] / _MB, 1) if inside else None}
+        summary["peak_rss_mb"] = round(max(inside, default=0) / _MB, 1)
+        return summary
+
     def measure(self, s: Scenario, server: Server, deadline: float) -> dict[str, Any]:
+        if s.kind == "mixed":
+            return self.measure_mixed(s, server, deadline)
         results, wall = _run_async(self.scenario, server.base_url, s, deadline)
         t_end = time.perf_counter()
         for r in results:
@@ -197,8 +218,9 @@ def run_server(bench: Bench, name: str, argv: list[str], port: int, env: dict[st
         _log(f"{name}: stopped (exit {entry['exit_code']}), peak RSS {entry['peak_rss_mb']} MB")
 
 
-def _server_stats(base: str) -> dict[str, Any] | None:
-    """Ours' /stats engine counters after a scenario (None for a server without /stats). Raises nothing."""
+def _server_stats(base: str, raw: bool = False) -> dict[str, Any] | None:
+    """Ours' /stats engine counters after a scenario (`raw`: the whole document; None for a server without
+    /stats). Raises nothing."""
     import httpx
 
     try:
@@ -206,54 +228,12 @@ def _server_stats(base: str) -> dict[str, Any] | None:
         data = r.json() if r.status_code == 200 else None
     except Exception:  # the peer has no /stats; a failing one must not end the run
         return None
-    if not isinstance(data, dict):
-        return None
+    if not isinstance(data, dict) or raw:
+        return data if isinstance(data, dict) else None
     engine = data.get("engine", data)
     keys = ("iterations", "mixed_iterations", "generation_tokens", "prompt_tokens", "step_seconds", "publish_seconds",
             "loop_gap_seconds", "failed_steps", "engine_busy_seconds", "memory")
     return {k: engine.get(k) for k in keys if k in engine}
-
-
-def smoke(a: argparse.Namespace, model_dir: str) -> int:
-    """Start ours, one streamed and one non-streamed chat request; 0 when both return text. Raises nothing."""
-    port = _free_port()
-    argv = _argv(a.ours_cmd, model_dir, port, a.ours_args)
-    server = Server("smoke", argv, f"http://127.0.0.1:{port}", Path(a.log_dir) / "smoke.log")
-    out: dict[str, Any] = {"command": shlex.join(argv), "model_dir": model_dir, "date": datetime.datetime.now().isoformat()}
-    maker = PromptMaker(a.tokenizer or model_dir, seed=a.seed)
-    system, user = maker.make(0, 64, "smoke")
-    try:
-        server.start()
-        out["ready_s"] = round(server.wait_ready(a.ready_path, a.ready_timeout), 2)
-
-        async def go() -> None:
-            async with make_client() as client:
-                r = await stream_chat(client, server.base_url + "/v1/chat/completions",
-                                      chat_body(system, user, 16, a.model_name), a.timeout)
-                out["streamed"] = {"ok": r.ok, "error": r.error, "status": r.status, "chunks": len(r.chunk_texts),
-                                   "text": "".join(r.chunk_texts)[:200], "usage_completion_tokens": r.completion_tokens,
-                                   "usage_prompt_tokens": r.prompt_tokens}
-                body = chat_body(system, user, 16, a.model_name) | {"stream": False}
-                body.pop("stream_options")
-                with anyio.fail_after(a.timeout):
-                    resp = await client.post(server.base_url + "/v1/chat/completions", json=body)
-                reply = resp.json() if resp.headers.get("content-type", "").startswith("application/json") else {}
-                text = ((reply.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
-                out["plain"] = {"status": resp.status_code, "text": text[:200], "usage": reply.get("usage"),
-                                "error": reply.get("error")}
-
-        _run_async(go)
-    except Exception as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        out["exit_code"] = server.stop()
-    streamed, plain = out.get("streamed") or {}, out.get("plain") or {}
-    out["ok"] = bool(streamed.get("ok") and streamed.get("text") and plain.get("status") == 200 and plain.get("text"))
-    text = json.dumps(out, indent=2)
-    print(text)
-    if a.out:
-        Path(a.out).write_text(text)
-    return 0 if out["ok"] else 1
 
 
 def main(a: argparse.Namespace) -> int:
@@ -264,6 +244,8 @@ def main(a: argparse.Namespace) -> int:
 
         model_dir = str(hf_dir_for(None))
     if a.smoke:
+        from bench.serve_smoke import smoke
+
         return smoke(a, model_dir)
     names = [n.strip() for n in a.scenarios.split(",") if n.strip()]
     requests = {k: int(v) for k, v in (kv.split("=") for kv in a.requests.split(",") if kv)} if a.requests else {}
@@ -346,6 +328,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soak-prompts", default=None,
                    help="soak prompt lengths in tokens as LO-HI (default 128-2048; lower on a slow CPU)")
     p.add_argument("--soak-settle", type=float, default=5.0, help="idle seconds before the soak's last RSS reading")
+    p.add_argument("--burst", type=int, default=None, help="mixed: burst size (default: 3 x the server's --max-queued)")
+    p.add_argument("--audio", default=None, help="mixed: the file each transcription uploads (default: the first WAV "
+                                                 "of $TANDEM_AUDIO_SAMPLES, else 5 s of synthetic voice)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request seconds; past it the request failed")
     p.add_argument("--retries", type=int, default=0,
                    help="resend after a transport error before any response header (OpenAI's SDK does 2); default 0")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["markdown", "ratio_lines", "ratios"]
+__all__ = ["markdown", "ratio_lines", "ratios", "mixed_lines"]
 
 
 def _f(x: Any, digits: int = 0) -> str:
@@ -53,7 +53,7 @@ def markdown(result: dict[str, Any]) -> str:
     servers = result.get("servers", {})
     ours, peer = servers.get("tandem") or {}, servers.get("peer") or {}
     o_sc, p_sc = ours.get("scenarios", {}), peer.get("scenarios", {})
-    names = [n for n in result.get("scenario_order", []) if (n in o_sc or n in p_sc) and n != "soak"]
+    names = [n for n in result.get("scenario_order", []) if (n in o_sc or n in p_sc) and n not in ("soak", "mixed")]
     lines = [
         f"Model: `{result.get('model_dir')}` · profile `{result.get('profile')}` · {result.get('date')} · "
         f"load average at start/end {_load(result, 'start')} / {_load(result, 'end')}",
@@ -95,7 +95,38 @@ def markdown(result: dict[str, Any]) -> str:
                       f"{_f(r.get('ref_s'))} s {_f(r.get('ref_mb'))}, at the end {_f(r.get('end_mb'))} "
                       f"(end/ref {_f(r.get('end_over_ref'), 3)}), after {_f(r.get('settle_s'))} s idle "
                       f"{_f(r.get('settled_mb'))}, peak {_f(r.get('peak_mb'))}"]
+    mixed = (ours.get("scenarios") or {}).get("mixed")
+    if mixed and "mixed" in mixed:
+        lines += ["", *mixed_lines(result["scenarios"]["mixed"], mixed)]
     return "\n".join(lines) + "\n"
+
+
+def mixed_lines(description: str, summary: dict[str, Any]) -> list[str]:
+    """The mixed soak (bench/serve_mixed.py) as markdown: served/refused per kind, errors, RSS, latency of
+    admitted chat requests before vs during the burst. Raises nothing for partial summaries."""
+    m, r = summary["mixed"], summary.get("rss") or {}
+    lines = [f"Mixed soak (tandem): {description}; burst of {m['burst']['size']} at {m['burst']['at_s']} s "
+             f"(lasted {m['burst']['lasted_s']} s).", "",
+             "| kind | sent | served | disconnected on purpose | refused 429 | failed otherwise |", "|---|---|---|---|---|---|"]
+    for kind, row in m["by_kind"].items():
+        lines.append(f"| {kind} | {row['sent']} | {row['served']} | {row['disconnected']} | {row['refused_429']} "
+                     f"| {row['failed']} |")
+    errors = ", ".join(f"{k} {v}" for k, v in m["errors_by_kind"].items()) or "none"
+    lines += ["", f"Errors by kind: {errors} (unexpected, i.e. not 429: {m['unexpected_errors']}). RSS MB at the "
+              f"start {_f(r.get('start_mb'))}, after {_f(r.get('ref_s'))} s {_f(r.get('ref_mb'))}, at the end "
+              f"{_f(r.get('end_mb'))}, after {_f(r.get('settle_s'))} s idle {_f(r.get('settled_mb'))}, peak "
+              f"{_f(r.get('peak_mb'))}.", "",
+              "| admitted chat requests | n | end-to-end p50 / p99 ms | TTFT p50 / p99 ms |", "|---|---|---|---|"]
+    for label, key in (("started before the burst", "admitted_chat_before_burst"),
+                       ("started during the burst", "admitted_chat_during_burst")):
+        row = m[key]
+        lines.append(f"| {label} | {row['n']} | {_pair(row, 'e2e_ms')} | {_pair(row, 'ttft_ms')} |")
+    itl = m.get("itl_ms") or {}
+    b, d = itl.get("before_burst") or {}, itl.get("during_burst") or {}
+    lines += ["", f"Inter-token latency of running streams (per token, p50 / p99 ms): before the burst "
+              f"{_f(b.get('p50'), 1)} / {_f(b.get('p99'), 1)} ({b.get('n', 0)} tokens), during it "
+              f"{_f(d.get('p50'), 1)} / {_f(d.get('p99'), 1)} ({d.get('n', 0)} tokens)."]
+    return lines
 
 
 def ratio_lines(result: dict[str, Any]) -> list[str]:

@@ -3,6 +3,7 @@
 closed: N streams, each sends its next request when the last one ended, until M requests were sent.
 poisson: open loop, requests start at Poisson arrival times whatever the server does.
 soak: closed loop for N minutes with mixed prompt/output lengths; a fraction of clients hang up mid-stream.
+mixed: a soak of chat and file transcription with a burst past the admission bound (bench/serve_mixed.py).
 Every loop has a deadline: requests not started by then are `not_sent`, running ones time out at it.
 """
 
@@ -34,6 +35,8 @@ class Scenario:
     max_tokens: tuple[int, int] = (128, 128)
     minutes: float = 0.0  # soak
     disconnect: float = 0.0  # soak: fraction of requests whose client hangs up early
+    speech_streams: int = 0  # mixed: clients uploading files to transcribe, in closed loops
+    burst_at: float = 0.5  # mixed: when the burst of 3 x --max-queued chat requests goes out (fraction of the soak)
 
     def describe(self) -> str:
         p = f"{self.prompt_tokens[0]}" if self.prompt_tokens[0] == self.prompt_tokens[1] else "%d–%d" % self.prompt_tokens
@@ -42,6 +45,10 @@ class Scenario:
             return f"{self.concurrency} stream{'s' if self.concurrency > 1 else ''}, {self.requests} requests, prompt {p}, max_tokens {o}"
         if self.kind == "poisson":
             return f"Poisson {self.rate:g} req/s, {self.requests} requests, prompt {p}, max_tokens {o}"
+        if self.kind == "mixed":
+            return (f"mixed soak {self.minutes:g} min, {self.concurrency} chat streams + {self.speech_streams} "
+                    f"transcription clients, prompt {p}, max_tokens {o}, {self.disconnect:.0%} disconnects, a burst "
+                    f"of 3 x --max-queued chat requests at {self.burst_at:.0%}")
         return (f"soak {self.minutes:g} min, {self.concurrency} streams, prompt {p}, max_tokens {o}, "
                 f"{self.disconnect:.0%} disconnects")
 
@@ -56,6 +63,8 @@ SCENARIOS = {
         Scenario("c128", "closed", requests=256, concurrency=128),
         Scenario("soak", "soak", concurrency=16, minutes=10.0, prompt_tokens=(128, 2048), max_tokens=(16, 256),
                  disconnect=0.1),
+        Scenario("mixed", "mixed", concurrency=4, speech_streams=1, minutes=4.0, prompt_tokens=(64, 512),
+                 max_tokens=(16, 96), disconnect=0.1),
     )
 }
 DEFAULT_SET = ("c1", "c8", "c64", "poisson8", "c128")
@@ -83,11 +92,11 @@ def scenarios_for(names: list[str], profile: str, requests: dict[str, int], max_
             change["max_tokens"] = (max_tokens, max_tokens)
         if prompt_tokens is not None and s.prompt_tokens[0] == s.prompt_tokens[1]:
             change["prompt_tokens"] = (prompt_tokens, prompt_tokens)
-        if soak_minutes is not None and s.kind == "soak":
+        if soak_minutes is not None and s.kind in ("soak", "mixed"):
             change["minutes"] = soak_minutes
-        if soak_streams is not None and s.kind == "soak":
+        if soak_streams is not None and s.kind in ("soak", "mixed"):
             change["concurrency"] = soak_streams
-        if soak_prompts is not None and s.kind == "soak":
+        if soak_prompts is not None and s.kind in ("soak", "mixed"):
             change["prompt_tokens"] = soak_prompts
         out.append(dataclasses.replace(s, **change))
     return out
@@ -119,7 +128,7 @@ def poisson_offsets(n: int, rate: float, seed: int) -> list[float]:
 def scenario_requests(s: Scenario, seed: int) -> Iterator[Request]:
     """The scenario's requests, seeded (endless for a soak)."""
     rng = random.Random(f"{seed}/{s.name}")
-    for i in itertools.count() if s.kind == "soak" else range(s.requests):
+    for i in itertools.count() if s.kind in ("soak", "mixed") else range(s.requests):
         cut = rng.randint(0, 8) if rng.random() < s.disconnect else None
         yield Request(i, rng.randint(*s.prompt_tokens), rng.randint(*s.max_tokens), cut)
 

@@ -29,7 +29,7 @@ import anyio
 
 from engine.admission import KVAdmission
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
-from engine.errors import ContextTooLong, EngineClosed, InvalidRequest
+from engine.errors import ContextTooLong, EngineClosed, InvalidRequest, QueueFull
 from engine.memory import MemoryBudget, release_free_memory
 from engine.pacing import PrefillPacer
 from engine.pipeline import DecodePipeline
@@ -64,14 +64,18 @@ class LLMBatchGroup:
         plan: ExecutionPlan | None = None,
         max_kv_tokens: int | None = None,
         budget: MemoryBudget | None = None,
+        max_queued: int | None = None,
     ) -> None:
         if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1:
             raise ValueError("max_active, max_iteration_tokens and minimum_preparation_tokens must be >= 1")
+        if max_queued is not None and max_queued < 0:
+            raise ValueError("max_queued must be >= 0 (None: unbounded)")
         self.model = model
         self.tokenizer = tokenizer
         self.context = context
         self.context_length = context_length
         self.max_active = max_active
+        self.max_queued = max_queued  # rows waiting for admission beyond this are refused (QueueFull)
         self._max_iteration_tokens = max_iteration_tokens
         self._minimum_preparation_tokens = minimum_preparation_tokens
         self.prefix_cache = prefix_cache
@@ -108,9 +112,12 @@ class LLMBatchGroup:
 
         Raises InvalidRequest for an empty prompt, token ids outside the vocabulary or max_tokens < 1,
         ContextTooLong when prompt + max_tokens exceeds the context, InvalidSampling for invalid sampling
-        settings, EngineClosed when closed (engine/errors.py)."""
+        settings, EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
         if self._closed:
             raise EngineClosed("engine is shutting down")
+        if self.max_queued is not None and (queued := self.queued_rows()) >= self.max_queued:
+            raise QueueFull(f"{queued} requests are already waiting (limit {self.max_queued}); retry later",
+                            queued=queued, limit=self.max_queued)
         prompt = [int(t) for t in request.prompt_tokens]
         if not prompt:
             raise InvalidRequest("the prompt is empty", param="prompt")
@@ -305,7 +312,6 @@ class LLMBatchGroup:
             return
         self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
-        decoding = sum(1 for r in rows if r.decoding)
         start = time.perf_counter()
         if self._last_step_end is not None and start - self._last_step_end < 1.0:
             self.counters["loop_gap_seconds"] += start - self._last_step_end  # event-loop time between steps
@@ -318,7 +324,9 @@ class LLMBatchGroup:
             self._last_step_end = time.perf_counter()
         self.consecutive_failures = 0
         prompted = self.counters["prompt_tokens"] - before[0]
-        self.pacer.record(self._last_step_end - start, int(prompted), decoding)
+        if self.step.last_cost is not None:
+            self.pacer.record(*self.step.last_cost)
+            self.step.last_cost = None
         self._recent.append((time.monotonic(), prompted, self.counters["generation_tokens"] - before[1]))
         for row, delta in outputs:
             self._publish(row, delta)

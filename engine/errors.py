@@ -17,6 +17,7 @@ __all__ = [
     "ModelNotFound",
     "MemoryAdmission",
     "TaskRejected",
+    "QueueFull",
     "EngineRestarting",
 ]
 
@@ -70,6 +71,16 @@ class MemoryAdmission(EngineError):
 
 class TaskRejected(EngineError):
     """A queued ExecutionTask never ran: the queue shut down or its caller cancelled it first."""
+
+
+class QueueFull(EngineError):
+    """Admission refused: `queued` rows already wait for a slot and at most `limit` may (max_queued)."""
+
+    def __init__(self, message: str, *, queued: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.message = message
+        self.queued = queued
+        self.limit = limit
 
 
 class EngineRestarting(EngineError):

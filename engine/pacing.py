@@ -31,9 +31,10 @@ class PrefillPacer:
             return
         if prompt_tokens == 0 and decode_rows > 0:
             self.decode_seconds = _ema(self.decode_seconds, seconds)
-        elif prompt_tokens > 0:
-            base = self.decode_seconds if decode_rows > 0 and self.decode_seconds is not None else 0.0
-            self.token_seconds = _ema(self.token_seconds, max(seconds - base, 0.0) / prompt_tokens)
+        elif prompt_tokens > 0 and decode_rows > 0 and self.decode_seconds is not None:
+            # Only mixed iterations: what the prompt tokens add on top of a decode iteration. A prompt-only
+            # iteration's fixed cost (reading the weights once) would pass for per-token cost.
+            self.token_seconds = _ema(self.token_seconds, max(seconds - self.decode_seconds, 0.0) / prompt_tokens)
 
     def prompt_tokens(self, decode_rows: int) -> int:
         """Prompt tokens the next iteration may carry beside `decode_rows` decoding rows. Raises nothing."""

@@ -53,11 +53,13 @@ class Engine:
         max_kv_tokens: int | None = None,
         thread: EngineThread | None = None,
         memory_budget: int | None = None,
+        max_queued: int | None = None,
     ) -> None:
         """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
         `thread`: the engine thread to run on (the one the model was loaded on; see `open`).
         `memory_budget`: bytes for weights, KV, the prefix cache and MLX's buffer cache (None: the
-        machine's default, engine.memory). Raises ValueError for non-positive limits or a budget that
+        machine's default, engine.memory). `max_queued`: rows that may wait for admission before submit
+        raises QueueFull (None: unbounded). Raises ValueError for non-positive limits or a budget that
         leaves no room for KV."""
         apply_serving_defaults()
         self.thread = thread or EngineThread()
@@ -93,6 +95,7 @@ class Engine:
                 plan=self.plan,
                 max_kv_tokens=max_kv_tokens,
                 budget=self.budget,
+                max_queued=max_queued,
             )
         self.tasks: ExecutionTasks = self.group.tasks
 
@@ -151,7 +154,8 @@ class Engine:
         """Queue a generation; iterate the returned stream for deltas, `aclose()` it to cancel.
 
         Raises ContextTooLong, InvalidRequest (empty prompt, ids outside the vocabulary), InvalidSampling,
-        NoChatModel when no chat model is loaded and EngineClosed when closed (engine/errors.py)."""
+        NoChatModel when no chat model is loaded, EngineClosed when closed and QueueFull when max_queued
+        rows already wait (engine/errors.py)."""
         if not isinstance(self.group, LLMBatchGroup):
             raise NoChatModel("no chat model is loaded")
         return self.group.submit(request)

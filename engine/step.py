@@ -50,6 +50,9 @@ class BatchStep:
         self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
         self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
+        # The last iteration's own cost — (seconds, prompt tokens, decode rows) without draining a pipelined
+        # step first — for the group's prefill pacing.
+        self.last_cost: tuple[float, int, int] | None = None
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what
@@ -68,9 +71,11 @@ class BatchStep:
         if decode and self.pipeline.eligible(rows):
             ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
             outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
+            self.last_cost = (time.perf_counter() - t0, 0, len(ordered))
             return self._finish(t0, outputs, 0, len(ordered))
         if not (plan := plan_iteration(rows, budget, decode, prefill)):
             return self._finish(t0, outputs, 0, 0)
+        t_forward = time.perf_counter()
         segments = [Segment(tokens, r.cache, want, r.slot) for r, tokens, want in plan]
         logits = self.runner.forward(segments)
         sampled_rows = [r for r, _, want in plan if want]
@@ -85,6 +90,7 @@ class BatchStep:
                 r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
                 self._boundary_puts(r, r.prefilled - len(chunk))
         outputs += [(r, self.accept(r, t)) for r, t in zip(sampled_rows, ids)]
+        self.last_cost = (time.perf_counter() - t_forward, n_prompt, n_decode)
         return self._finish(t0, outputs, n_prompt, n_decode)
 
     def reset(self) -> None:

@@ -26,10 +26,18 @@ from service.chat.completions import completions
 from service.chat.routes import chat_completions
 from service.config import ServiceConfig
 from service.engines import open_engine
+from service.admin.metrics import ServiceMetrics
 from service.http.access_log import AccessLog
+from service.http.guard import Guard
 from service.http.handlers import EXCEPTION_HANDLERS
+from service.http.json_body import MAX_JSON_DEPTH_KEY, DepthLimitedRequest
 from service.logs import configure_logging
 from service.pi.route import pi_provider
+from service.process.cleanup import loading_models
+from service.process.drain import install_drain
+from service.process.parent import exit_with_parent
+from service.process.restarts import EXIT_STARTUP_FAILED
+from service.process.supervisor import worker_generation
 from service.seams import ChatEngine
 from service.speech.live import live, realtime
 from service.speech.sessions import append_session_audio, create_session, delete_session, finish_session
@@ -37,11 +45,13 @@ from service.speech.setup import install_speech, speech_config
 from service.speech.transcriptions import create_transcription
 from service.state import STATE_KEY, AppState
 
-__all__ = ["create_app", "app_from_env", "route_handlers", "API_VERSION"]
+__all__ = ["create_app", "app_from_env", "route_handlers", "API_VERSION", "READY_LINE"]
 
 _log = logging.getLogger("tandem.service")
 
 API_VERSION = "0.1.0"
+# Logged each time the server becomes ready (after a respawn too); process tests and tools wait for it.
+READY_LINE = "ready: serving requests"
 
 
 def route_handlers() -> list[ControllerRouterHandler]:
@@ -58,44 +68,79 @@ def _lifespan(state: AppState) -> Callable[[Litestar], contextlib.AbstractAsyncC
     @contextlib.asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         state.tokenize_limiter = anyio.CapacityLimiter(1)
+        stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             state.task_group = tg
-            if state.engine is None and state.load_engine is not None:
-                state.engine = await state.load_engine(state.config)
-                _log_banner(state)
-            engine = state.engine
-            engine_done = anyio.Event()
-
-            async def run_engine(engine: ChatEngine, *,
-                                 task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-                try:
-                    # started() does not yield: serve() is entered before startup goes on, so a hook
-                    # failing right away closes a running engine rather than one that never started.
-                    task_status.started()
-                    await engine.serve()
-                finally:
-                    engine_done.set()
-
-            if engine is not None:
-                await tg.start(run_engine, engine)
-                await _warm_up(state, engine)
+            if state.drain_on_signals and not install_drain(state):
+                _log.warning("cannot take over SIGTERM here: streams are cut at shutdown, not drained")
+            if state.load_in_background:
+                # The worker serves at once (503 with Retry-After while loading), so a respawned worker
+                # answers the clients queued at the port instead of leaving them waiting for the load.
+                tg.start_soon(_run_in_background, state, stop)
+            else:
+                await tg.start(_run_service, state, stop)
             try:
-                async with contextlib.AsyncExitStack() as hooks:
-                    for hook in state.lifespan_hooks:
-                        await hooks.enter_async_context(hook(state))
-                    state.ready = True
-                    yield
+                yield
             finally:
-                state.ready = False
-                if engine is not None:
-                    engine.close()
-                    # serve() returns after close(); never let a stuck loop hang shutdown.
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(30):
-                        await engine_done.wait()
-                tg.cancel_scope.cancel()
-            state.task_group = None
+                stop.set()
+                if not state.ready:  # still loading (or failed to): nothing waits for `stop` yet
+                    tg.cancel_scope.cancel()
+        state.task_group = None
 
     return lifespan
+
+
+async def _run_in_background(state: AppState, stop: anyio.Event) -> None:
+    try:
+        await _run_service(state, stop)
+    except Exception as exc:  # a model or hook that cannot start: the worker's fatal handler decides
+        if state.on_fatal is None:
+            raise
+        state.on_fatal(exc)
+
+
+async def _run_service(state: AppState, stop: anyio.Event, *,
+                       task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Load (when asked), run the engine loop, warm up, enter the hooks, be ready until `stop`, then
+    unwind in reverse. Raises what loading or a hook raises at startup."""
+    if state.engine is None and state.load_engine is not None:
+        with loading_models():  # a conversion in progress is not taken for an interrupted one
+            state.engine = await state.load_engine(state.config)
+        _log_banner(state)
+    engine = state.engine
+    engine_done = anyio.Event()
+
+    async def run_engine(engine: ChatEngine, *,
+                         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        try:
+            # started() does not yield: serve() is entered before startup goes on, so a hook failing
+            # right away closes a running engine rather than one that never started.
+            task_status.started()
+            await engine.serve()
+        finally:
+            engine_done.set()
+
+    async with anyio.create_task_group() as tg:
+        if engine is not None:
+            await tg.start(run_engine, engine)
+            await _warm_up(state, engine)
+        try:
+            async with contextlib.AsyncExitStack() as hooks:
+                with loading_models():
+                    for hook in state.lifespan_hooks:
+                        await hooks.enter_async_context(hook(state))
+                state.ready = True
+                _log.info("%s", READY_LINE)
+                task_status.started()
+                await stop.wait()
+        finally:
+            state.ready = False
+            if engine is not None:
+                engine.close()
+                # serve() returns after close(); never let a stuck loop hang shutdown.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+                    await engine_done.wait()
+            tg.cancel_scope.cancel()
 
 
 async def _warm_up(state: AppState, engine: Any) -> None:
@@ -132,13 +177,22 @@ def create_app(state: AppState | None = None) -> Litestar:
     state = state or AppState()
     if state.config.model:
         state.model_aliases.add(state.config.model)
+    state.config.limits.check()
+    if state.metrics is None:
+        state.metrics = ServiceMetrics(state)
+    origins = state.config.allowed_origins
     app = Litestar(
         route_handlers=route_handlers(),
         lifespan=[_lifespan(state)],
         exception_handlers=EXCEPTION_HANDLERS,
-        # A local server: browser UIs on any origin may call it, as with mlx_lm.server and llama.cpp.
-        cors_config=CORSConfig(allow_origins=["*"], allow_methods=["*"], allow_headers=["*"]),
-        state=State({STATE_KEY: state}),
+        # Browsers may call the server only from the origins it was started with (none by default).
+        cors_config=CORSConfig(allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+                               allow_headers=["authorization", "x-api-key", "content-type"],
+                               expose_headers=["retry-after"]) if origins else None,
+        # Body sizes are checked by the guard, per route and as the body arrives.
+        request_max_body_size=None,
+        request_class=DepthLimitedRequest,
+        state=State({STATE_KEY: state, MAX_JSON_DEPTH_KEY: state.config.limits.max_json_depth}),
         openapi_config=OpenAPIConfig(
             title="mlx-tandem",
             version=API_VERSION,
@@ -148,29 +202,39 @@ def create_app(state: AppState | None = None) -> Litestar:
         ),
         debug=False,
     )
-    # Around everything Litestar does (routing, 404s, CORS): one line per request, whatever answered it.
-    app.asgi_handler = AccessLog(app.asgi_handler)
+    # Around everything Litestar does (routing, 404s, CORS): the guard (keys, origins, readiness, body
+    # limits), and outside it one log line and the request metrics per request, whatever answered it.
+    app.asgi_handler = AccessLog(Guard(app.asgi_handler, state), state.metrics)
     return app
 
 
 def app_from_env() -> Litestar:
-    """granian's factory target: options from the environment (service.config), engine built at startup.
+    """granian's factory target: options from the environment (service.config), engine built after startup
+    (503 with Retry-After meanwhile). The worker dies with its supervisor, drains on SIGTERM, and exits
+    with EXIT_STARTUP_FAILED when its models cannot start.
 
     Raises ValueError for a malformed TANDEM_SERVE_CONFIG."""
     from engine.backend import ensure_fast_blas
 
+    exit_with_parent()  # first: a worker must never outlive the process that owns the port
     config = ServiceConfig.from_env()
     configure_logging(config.log_level)
     ensure_fast_blas()  # the worker is a fresh interpreter: fast BLAS before the model load imports mlx
-    state = AppState(config=config, load_engine=_open_engine_or_exit)
+    state = AppState(config=config, load_engine=_open_engine_or_exit, load_in_background=True,
+                     drain_on_signals=True, restarting=worker_generation() > 0, on_fatal=_exit_startup_failed)
     if speech_config(config) is not None:
         install_speech(state)
     return create_app(state)
 
 
+def _exit_startup_failed(exc: BaseException) -> None:
+    _log.error("could not start: %s: %s", type(exc).__name__, exc)
+    os._exit(EXIT_STARTUP_FAILED)
+
+
 async def _open_engine_or_exit(config: ServiceConfig) -> ChatEngine:
-    # In the granian worker a failed load ends the worker with one clear line (granian then stops with
-    # exit code 1) instead of two lifespan tracebacks; in-process apps (tests) use open_engine directly.
+    # In the granian worker a failed load ends the worker with one clear line (the supervisor then stops
+    # with exit code 1, not respawning it) instead of tracebacks; in-process apps use open_engine directly.
     try:
         if config.isolate:
             from service.isolate.remote import open_isolated_engine
@@ -179,4 +243,4 @@ async def _open_engine_or_exit(config: ServiceConfig) -> ChatEngine:
         return await open_engine(config)
     except Exception as exc:
         _log.error("could not load model %s: %s: %s", config.model or "(default)", type(exc).__name__, exc)
-        os._exit(3)
+        os._exit(EXIT_STARTUP_FAILED)

@@ -13,9 +13,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["ServiceConfig", "CONFIG_ENV"]
+from service.limits import Limits
+
+__all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "split_list"]
 
 CONFIG_ENV = "TANDEM_SERVE_CONFIG"
+# API keys, comma-separated (read by `tandem serve` and by the worker; --api-key adds to them).
+API_KEY_ENV = "TANDEM_API_KEY"
 
 # Single-variable overrides: env name → (field, type).
 _OVERRIDES: dict[str, tuple[str, type]] = {
@@ -25,7 +29,16 @@ _OVERRIDES: dict[str, tuple[str, type]] = {
     "TANDEM_PROMPT_CACHE_BYTES": ("prompt_cache_bytes", int),
     "TANDEM_MEMORY_BUDGET": ("memory_budget", int),
     "TANDEM_LOG_LEVEL": ("log_level", str),
+    "TANDEM_MAX_QUEUED": ("max_queued", int),
 }
+
+
+def split_list(values: str | list[str] | None) -> list[str]:
+    """Comma-separated text (or a list of such texts) → the non-empty stripped items. Raises nothing."""
+    if values is None:
+        return []
+    items = [values] if isinstance(values, str) else values
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
 
 
 @dataclass
@@ -49,7 +62,30 @@ class ServiceConfig:
     served_model_name: str | None = None
     # Level of our loggers (service/logs.py) and granian's in the worker.
     log_level: str = "info"
+    # Admission: queued rows beyond this are refused with 429 (None: 4 x max_active).
+    max_queued: int | None = None
+    # max_tokens given to chat requests that set none (the engine may lower it to fit its memory budget).
+    max_tokens_cap: int = 4096
+    # Seconds a generation may take from arrival to its last token (0: no deadline).
+    request_timeout: float = 600.0
+    # Seconds streams get to finish on SIGTERM before they are ended with an error event.
+    shutdown_timeout: float = 5.0
+    # Client-supplied chat templates (chat_template_kwargs.chat_template) are refused unless set.
+    allow_request_templates: bool = False
+    # Bearer / x-api-key keys; empty: no auth. Browser origins allowed for CORS and websockets.
+    api_keys: list[str] = field(default_factory=list)
+    allowed_origins: list[str] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.limits, Mapping):  # from JSON
+            self.limits = Limits.from_dict(self.limits)
+
+    @property
+    def queue_limit(self) -> int:
+        """Queued rows allowed before 429s (max_queued, or 4 x max_active). Raises nothing."""
+        return self.max_queued if self.max_queued is not None else 4 * self.max_active
 
     def to_json(self) -> str:
         """The config as JSON for CONFIG_ENV. Raises TypeError for values JSON cannot hold."""
@@ -75,4 +111,7 @@ class ServiceConfig:
                     values[key] = kind(raw_value)
                 except ValueError as exc:
                     raise ValueError(f"{name} must be {kind.__name__}, got {raw_value!r}") from exc
+        # Keys from the environment join those of the config (the worker reads both).
+        keys = split_list(values.get("api_keys")) + split_list(env.get(API_KEY_ENV))
+        values["api_keys"] = list(dict.fromkeys(keys))
         return cls(**values)

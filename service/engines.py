@@ -16,7 +16,7 @@ async def open_engine(config: ServiceConfig) -> ChatEngine:
     from engine.runtime import Engine
 
     # The model loads on the engine's own thread (MLX streams are per thread), off the event loop.
-    return await Engine.open(config.model, max_active=config.max_active,
+    return await Engine.open(config.model, max_active=config.max_active, max_queued=config.queue_limit,
                              max_iteration_tokens=config.max_iteration_tokens,
                              prompt_cache_bytes=config.prompt_cache_bytes, memory_budget=config.memory_budget)
 

@@ -1,37 +1,69 @@
 """Run the API under granian (ASGI interface, one worker) around the app factory `service.app:app_from_env`.
 
-The worker is a spawned process that builds the app from TANDEM_SERVE_CONFIG and loads the model in the
-app's lifespan, so the parent never initialises MLX (no fork after MLX or BLAS threads exist).
+The main process owns the listening socket and supervises the worker (service/process/supervisor.py): a
+worker that dies is respawned with its models, and clients meanwhile wait at the port or get 503 with
+Retry-After from the new worker while it loads. The worker is a spawned process that builds the app from
+TANDEM_SERVE_CONFIG, so the parent never initialises MLX (no fork after MLX or BLAS threads exist).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
+import resource
 
 from service.config import CONFIG_ENV, ServiceConfig
+from service.process.cleanup import remove_interrupted_conversions
+from service.process.parent import PARENT_PID_ENV
 
-__all__ = ["serve", "APP_FACTORY"]
+__all__ = ["serve", "APP_FACTORY", "raise_open_files_limit"]
 
 APP_FACTORY = "service.app:app_from_env"
+
+# After the drain (shutdown_timeout), the worker's last events and lifespan get this long before a kill.
+_KILL_MARGIN_SECONDS = 15
 
 _log = logging.getLogger("tandem.service")
 
 
-def serve(config: ServiceConfig, *, shutdown_timeout: int = 5) -> int:
-    """Serve until SIGINT/SIGTERM; returns the process exit code. In-flight requests get
-    `shutdown_timeout` seconds to finish, then the worker is stopped (a long stream would otherwise hold
-    shutdown for minutes). Raises granian's errors for invalid settings."""
-    from granian import Granian
+def raise_open_files_limit(wanted: int) -> int:
+    """Raise this process's soft RLIMIT_NOFILE towards `wanted` (capped by the hard limit; children inherit
+    it). Returns the soft limit now. Raises nothing."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        return int(soft)
+    except (ValueError, OSError):
+        return 1024
+
+
+def serve(config: ServiceConfig) -> int:
+    """Serve until SIGINT/SIGTERM; returns the process exit code (0 after a graceful stop). On a signal the
+    worker drains for `config.shutdown_timeout` seconds (service/process/drain.py). Raises granian's errors
+    for invalid settings and SystemExit(1) when the worker cannot start or keeps dying."""
     from granian.constants import Interfaces
+    from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
+    from service.process.supervisor import SupervisedGranian
+
+    remove_interrupted_conversions()
+    limits = config.limits
+    # Every connection holds a descriptor; stalled clients must not exhaust them before the limit applies.
+    files = raise_open_files_limit(limits.max_connections + 1024)
+    connections = max(64, min(limits.max_connections, files - 256))
     os.environ[CONFIG_ENV] = config.to_json()
+    os.environ[PARENT_PID_ENV] = str(os.getpid())
     # A fresh interpreter for the worker: MLX and BLAS thread pools must not be inherited through fork.
     multiprocessing.set_start_method("spawn", force=True)
-    _log.info("serving on http://%s:%d/v1 (granian, ASGI, 1 worker)", config.host, config.port)
-    server = Granian(
+    _log.info("serving on http://%s:%d/v1 (granian, ASGI, 1 worker, up to %d connections)", config.host,
+              config.port, connections)
+    server = SupervisedGranian(
         APP_FACTORY,
         address=config.host,
         port=config.port,
@@ -41,9 +73,11 @@ def serve(config: ServiceConfig, *, shutdown_timeout: int = 5) -> int:
         log_level=LogLevels(config.log_level),
         # Our own access log (service/http/access_log.py) knows token counts; granian's would not.
         log_access=False,
-        # Long SSE streams and slow model loads must not be cut by worker restarts.
-        respawn_failed_workers=False,
-        workers_kill_timeout=max(1, shutdown_timeout),
+        # Requests served at once: a stalled client holds one, so there must be many more than workers.
+        backpressure=connections,
+        backlog=max(1024, min(connections, 65535)),
+        http1_settings=HTTP1Settings(header_read_timeout=max(1, int(limits.header_timeout * 1000))),
+        workers_kill_timeout=math.ceil(config.shutdown_timeout) + _KILL_MARGIN_SECONDS,
     )
     server.serve()
     return 0

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Literal
 
 import anyio
 from anyio.abc import TaskGroup
@@ -17,9 +18,10 @@ from litestar.connection import ASGIConnection
 
 from service.admin.schemas import ModelCard
 from service.config import ServiceConfig
+from service.process.inflight import InFlight
 from service.seams import ChatEngine, SpeechBackend
 
-__all__ = ["AppState", "LifespanHook", "EngineLoader", "get_state", "STATE_KEY"]
+__all__ = ["AppState", "LifespanHook", "EngineLoader", "Phase", "get_state", "STATE_KEY"]
 
 # Where create_app keeps the AppState in Litestar's app.state.
 STATE_KEY = "tandem"
@@ -28,6 +30,8 @@ STATE_KEY = "tandem"
 LifespanHook = Callable[["AppState"], contextlib.AbstractAsyncContextManager[None]]
 # Builds the engine during startup (model loads run on the engine thread, off the event loop).
 EngineLoader = Callable[[ServiceConfig], Awaitable[ChatEngine]]
+# Where the server is in its life: /health reports it, and the guard answers 503 outside "ready".
+Phase = Literal["loading", "restarting", "ready", "stopping"]
 
 
 @dataclass
@@ -39,6 +43,10 @@ class AppState:
     engine: ChatEngine | None = None
     load_engine: EngineLoader | None = None
     lifespan_hooks: list[LifespanHook] = field(default_factory=list)
+    # Load the engine after startup, answering 503 meanwhile (the granian worker); tests load first.
+    load_in_background: bool = False
+    # What a background start does with a model or hook that fails (the worker exits; None: re-raise).
+    on_fatal: Callable[[BaseException], None] | None = None
     # Non-chat models shown in /v1/models (e.g. the Whisper model), keyed by id.
     extra_models: dict[str, ModelCard] = field(default_factory=dict)
     # Other names a client may use for the chat model (CLI spec, file name, repo id).
@@ -48,9 +56,30 @@ class AppState:
     speech: SpeechBackend | None = None
     speech_aliases: set[str] = field(default_factory=set)
     ready: bool = False
+    # This worker replaces one that died (the supervisor respawned it): "restarting" until ready.
+    restarting: bool = False
+    # SIGTERM received: admission stopped, streams finishing (service/process/drain.py).
+    draining: bool = False
+    # Take over SIGTERM/SIGINT to drain before stopping (the granian worker; tests send no signals).
+    drain_on_signals: bool = False
+    # Requests and websockets open now (the guard counts them; draining waits for zero).
+    inflight: InFlight = field(default_factory=InFlight)
     started_at: float = field(default_factory=time.time)
+    # The API key (by id) that created each live session; other keys cannot reach it.
+    session_owners: "weakref.WeakKeyDictionary[Any, str]" = field(default_factory=weakref.WeakKeyDictionary)
+    # Prometheus metrics of this app (service/admin/metrics.py), set by the app factory.
+    metrics: Any = None
     # HF tokenizers are not safe for concurrent use: chat templating runs in a worker thread, one at a time.
     tokenize_limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def phase(self) -> Phase:
+        """loading, restarting, ready or stopping. Raises nothing."""
+        if self.draining:
+            return "stopping"
+        if self.ready:
+            return "ready"
+        return "restarting" if self.restarting else "loading"
 
     @property
     def chat_model_name(self) -> str | None:

@@ -1,51 +1,160 @@
-"""The /stats document (server facts plus engine.stats()) and the same numbers as Prometheus gauges."""
+"""Prometheus metrics (prometheus-client), one registry per app.
+
+Observed by the service as requests run: requests by route and status, end-to-end duration, time to
+first token, inter-token latency, time a request waited before it reached the engine, Whisper audio seconds
+and real-time factor. Read from the engine at scrape time: active/queued rows, KV, prefix-cache and
+memory-budget bytes (gauges), and the engine's own running totals (counters).
+"""
 
 from __future__ import annotations
 
-import math
-import re
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from service.state import AppState
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-__all__ = ["stats_payload", "prometheus_text"]
+if TYPE_CHECKING:
+    from service.state import AppState
+
+__all__ = ["ServiceMetrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_RTF = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8)
+
+# engine.stats() keys that only grow: exported as counters (prometheus-client appends `_total`).
+_ENGINE_TOTALS = {
+    "iterations": "Scheduler iterations run",
+    "mixed_iterations": "Iterations that decoded and prefilled together",
+    "prompt_tokens": "Prompt tokens prefilled",
+    "generation_tokens": "Tokens generated",
+    "finished_rows": "Generations finished",
+    "cancelled_rows": "Generations cancelled",
+    "failed_steps": "Engine steps that failed",
+}
+_ENGINE_GAUGES = {
+    "active_rows": "Generations running now",
+    "queued_rows": "Generations waiting for a slot",
+    "kv_bytes": "Bytes of KV held by running generations",
+}
+_PREFIX_TOTALS = {"hits": "Prefix-cache lookups that hit", "misses": "Prefix-cache lookups that missed",
+                  "hit_tokens": "Prompt tokens served from the prefix cache", "evictions": "Prefix-cache evictions"}
 
 
-def stats_payload(state: AppState) -> dict[str, Any]:
-    """The /stats document: server facts plus engine.stats(). Raises nothing."""
-    payload: dict[str, Any] = {
-        "model": state.chat_model_name,
-        "uptime_s": round(time.time() - state.started_at, 3),
-        "ready": state.ready,
-    }
-    engine = state.engine
-    if engine is not None:
-        try:
-            payload.update(engine.stats())
-        except Exception as exc:  # stats are diagnostics: never fail the request over them
-            payload["stats_error"] = str(exc)
-    return payload
+class ServiceMetrics:
+    """The app's metrics; `render()` is the /metrics body."""
+
+    def __init__(self, state: "AppState") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("tandem_requests", "HTTP requests answered, by route, method and status",
+                                ["route", "method", "status"], registry=r)
+        self.duration = Histogram("tandem_request_duration_seconds",
+                                  "Arrival to last byte of the response, by route", ["route"],
+                                  buckets=_LATENCY, registry=r)
+        self.ttft = Histogram("tandem_time_to_first_token_seconds",
+                              "Arrival of a generation request to its first token", buckets=_LATENCY, registry=r)
+        self.itl = Histogram("tandem_inter_token_latency_seconds",
+                             "Gap between successive token deliveries of a stream", buckets=_TOKEN_GAP, registry=r)
+        # Before the engine: the tokenizer's turn and rendering. The wait for a running slot inside the
+        # engine shows in TTFT (the engine does not report admission times).
+        self.queue_wait = Histogram("tandem_queue_wait_seconds",
+                                    "Arrival to submission to the engine (waiting for the tokenizer and rendering)",
+                                    buckets=_LATENCY, registry=r)
+        self.audio_seconds = Counter("tandem_whisper_audio_seconds", "Seconds of audio transcribed from files",
+                                     registry=r)
+        self.real_time_factor = Histogram("tandem_whisper_real_time_factor",
+                                          "Transcription wall time over audio duration, per file",
+                                          buckets=_RTF, registry=r)
+        r.register(_EngineCollector(state))
+
+    def observe_request(self, route: str, method: str, status: int | None, seconds: float) -> None:
+        """Count one answered request. Raises nothing."""
+        self.requests.labels(route, method, str(status) if status is not None else "none").inc()
+        self.duration.labels(route).observe(seconds)
+
+    def observe_transcription(self, audio_seconds: float, wall_seconds: float) -> None:
+        """Record one transcribed file. Raises nothing."""
+        self.audio_seconds.inc(audio_seconds)
+        if audio_seconds > 0:
+            self.real_time_factor.observe(wall_seconds / audio_seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric. Raises nothing a scrape should see."""
+        return generate_latest(self.registry)
 
 
-def _flatten(prefix: str, value: Any, out: dict[str, float]) -> None:
-    if isinstance(value, bool):
-        out[prefix] = float(value)
-    elif isinstance(value, (int, float)) and math.isfinite(value):
-        out[prefix] = float(value)
-    elif isinstance(value, dict):
-        for key, inner in value.items():
-            _flatten(f"{prefix}_{key}", inner, out)
+class _EngineCollector(Collector):
+    """Reads engine.stats() (and speech stats) at scrape time."""
+
+    def __init__(self, state: "AppState") -> None:
+        self.state = state
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names depend on what the engine reports; nothing to pre-register
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self.state.engine
+        stats: dict[str, Any] = {}
+        if engine is not None:
+            try:
+                stats = engine.stats()
+            except Exception:  # noqa: BLE001 — a scrape never fails over diagnostics
+                stats = {}
+        yield _gauge("tandem_ready", "1 when the server accepts requests", 1.0 if self.state.ready else 0.0)
+        for key, text in _ENGINE_GAUGES.items():
+            if _number(stats.get(key)):
+                yield _gauge(f"tandem_{key}", text, stats[key])
+        for key, text in _ENGINE_TOTALS.items():
+            if _number(stats.get(key)):
+                yield _counter(f"tandem_engine_{key}", text, stats[key])
+        prefix = stats.get("prefix_cache")
+        if isinstance(prefix, dict):
+            for key, text in _PREFIX_TOTALS.items():
+                if _number(prefix.get(key)):
+                    yield _counter(f"tandem_prefix_cache_{key}", text, prefix[key])
+            if _number(prefix.get("bytes")):
+                yield _gauge("tandem_prefix_cache_bytes", "Bytes of KV held by the prefix cache", prefix["bytes"])
+        memory = stats.get("memory")
+        if isinstance(memory, dict):
+            yield from _memory(memory)
+        speech = self.state.speech
+        if speech is not None:
+            try:
+                sp = speech.stats()
+            except Exception:  # noqa: BLE001 — as above
+                sp = {}
+            if _number(sp.get("sessions_open")):
+                yield _gauge("tandem_whisper_sessions_open", "Live sessions open", sp["sessions_open"])
+            if _number(sp.get("loads")):
+                yield _counter("tandem_whisper_loads", "Whisper model loads", sp["loads"])
 
 
-def prometheus_text(payload: dict[str, Any]) -> str:
-    """Numeric leaves of the stats document as Prometheus gauges named tandem_<path>. Raises nothing."""
-    values: dict[str, float] = {}
-    for key, value in payload.items():
-        _flatten(key, value, values)
-    lines = []
-    for key, value in sorted(values.items()):
-        name = "tandem_" + re.sub(r"[^a-zA-Z0-9_]", "_", key)
-        lines.append(f"# TYPE {name} gauge")
-        lines.append(f"{name} {value:g}")
-    return "\n".join(lines) + "\n"
+def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
+    family = GaugeMetricFamily("tandem_memory_bytes", "Memory held now, by part", labels=["part"])
+    for key, value in memory.items():
+        if key != "budget" and _number(value):
+            family.add_metric([key.removesuffix("_bytes")], float(value))
+    yield family
+    budget = memory.get("budget")
+    if isinstance(budget, dict):
+        parts = GaugeMetricFamily("tandem_memory_budget_bytes", "The memory budget, by part", labels=["part"])
+        for key, value in budget.items():
+            if _number(value):
+                parts.add_metric([key], float(value))
+        yield parts
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=float(value))
+
+
+def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, text, value=float(value))

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, get
+from litestar.openapi.datastructures import ResponseSpec
 
-from service.admin.metrics import prometheus_text, stats_payload
+from service.admin.metrics import CONTENT_TYPE
+from service.admin.stats import stats_payload
 from service.admin.schemas import Health, ModelCard, ModelList
 from service.http.errors import model_not_found
 from service.http.openapi import MODEL_ERRORS
@@ -37,13 +39,17 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Mode
     raise model_not_found(wanted, [card.id for card in cards])
 
 
-@get("/health", summary="Liveness and readiness", tags=["admin"])
+@get("/health", summary="Liveness and readiness", tags=["admin"],
+     responses={503: ResponseSpec(data_container=Health, generate_examples=False,
+                                  description="loading, restarting, stopping, or failing (with the error)")})
 async def health(request: Request[Any, Any, Any]) -> Response[Health]:
-    """200 when ready; 503 while starting or stopping, and while the engine cannot run any row (its steps
-    keep failing: status "failing" with the error). Raises nothing."""
+    """200 when ready; 503 while loading, restarting (a respawned worker) or stopping (with Retry-After),
+    and while the engine cannot run any row (its steps keep failing: status "failing" with the error).
+    Open without an API key. Raises nothing."""
     state = get_state(request)
-    if not state.ready:
-        return Response(Health(status="loading", model=state.chat_model_name), status_code=503)
+    if state.phase != "ready":
+        return Response(Health(status=state.phase, model=state.chat_model_name), status_code=503,
+                        headers={"Retry-After": "5"})
     engine_health = state.engine.health() if state.engine is not None else {"ok": True}
     if not engine_health.get("ok", True):
         status = "restarting" if engine_health.get("status") == "restarting" else "failing"
@@ -52,16 +58,18 @@ async def health(request: Request[Any, Any, Any]) -> Response[Health]:
     return Response(Health(status="ok", model=state.chat_model_name), status_code=200)
 
 
-@get("/stats", summary="Scheduler statistics", description="Active/queued rows, tokens/s, plan reasons, KV bytes.", tags=["admin"])
+@get("/stats", summary="Scheduler statistics",
+     description="Active/queued rows, tokens/s, plan reasons, KV bytes, and every enforced limit under `limits`.",
+     tags=["admin"])
 async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """engine.stats() plus uptime. Raises nothing."""
+    """engine.stats() plus uptime, phase and limits. Raises nothing."""
     return stats_payload(get_state(request))
 
 
-@get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4", tags=["admin"])
-async def metrics(request: Request[Any, Any, Any]) -> str:
-    """The /stats numbers in Prometheus text format. Raises nothing."""
-    return prometheus_text(stats_payload(get_state(request)))
+@get("/metrics", summary="Prometheus metrics", media_type=CONTENT_TYPE, tags=["admin"])
+async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Prometheus text format (prometheus-client). Raises nothing."""
+    return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
 ROUTES = [list_models, retrieve_model, health, stats, metrics]

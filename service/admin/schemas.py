@@ -29,7 +29,7 @@ class ModelList(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "loading", "failing", "restarting"]
+    status: Literal["ok", "loading", "restarting", "stopping", "failing"]
     model: str | None = None
     # Why the engine cannot run rows: its last step error ("failing"), or that its process restarts.
     error: str | None = Field(None, exclude_if=_omit_none)

@@ -12,13 +12,15 @@ from typing import Any, AsyncGenerator
 import anyio
 from litestar import Request, Response, post
 
-from service.chat.request import chat_engine, generation_request, submit, vocab_size
+from service.chat.render import check_text_fits
+from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
 from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
 from service.chat.respond import respond
-from service.chat.stream import ResponseMeta, RowReader, UsageCounter, row_texts
+from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, row_texts
 from service.http.access_log import record_tokens
+from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
-from service.http.openapi import MODEL_ERRORS, sse_operation
+from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
@@ -36,12 +38,14 @@ async def _prompt_tokens(state: AppState, engine: ChatEngine, body: CompletionRe
         tokens = [int(t) for t in prompt]
         vocab = vocab_size(engine)
         if vocab is not None and (bad := [t for t in tokens if t >= vocab]):
-            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt")
+            raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt",
+                           code="invalid_value")
         text = tokenizer.decode(tokens) if body.echo else ""
         return tokens, text
     first = prompt[0] if isinstance(prompt, list) else prompt
     assert isinstance(first, str)  # the request schema allows one string or token ids only
     text = first
+    check_text_fits(len(text), engine, "prompt")  # before tokenizing text that cannot fit
     encoded = await anyio.to_thread.run_sync(tokenizer.encode, text, limiter=state.tokenize_limiter)
     return [int(t) for t in encoded], text
 
@@ -76,9 +80,10 @@ async def _events(
     yield DONE
 
 
-async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str) -> Completion:
+async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str,
+                   timing: StreamTiming) -> Completion:
     parts, finish = [echo], None
-    async for text, finish in row_texts(stream, counter):
+    async for text, finish in row_texts(stream, counter, timing):
         parts.append(text)
     return Completion(
         id=meta.id,
@@ -94,23 +99,33 @@ async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter,
     status_code=200,
     summary="Create a text completion",
     description="With `stream: true` the response is `text/event-stream` of Completion events ending with `data: [DONE]`.",
-    responses=MODEL_ERRORS,
+    responses=CHAT_ERRORS,
     operation_class=sse_operation(Completion),
     tags=["completions"],
 )
 async def completions(request: Request[Any, Any, Any], data: CompletionRequest) -> Response[Completion]:
-    """Text completion, streamed or not. Raises APIError (4xx) for requests that cannot be served."""
+    """Text completion, streamed or not. Raises APIError (4xx; 429 at capacity, 504 past the deadline) for
+    requests that cannot be served."""
     state = get_state(request)
     engine = chat_engine(state, data.model)
-    prompt, prompt_text = await _prompt_tokens(state, engine, data)
-    generation = generation_request(engine, data, prompt, data.max_tokens or 16, param="prompt")
+    timing = request_timing(request, state)
     meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl")
-    counter = UsageCounter(prompt_tokens=len(prompt))
+    counter = UsageCounter()
     record_tokens(request, counter.totals)
-    echo = prompt_text if data.echo else ""
-    stream = submit(engine, generation, param="prompt")
+    echoes: list[str] = []
+
+    async def submit_row() -> RowStream:
+        prompt, prompt_text = await _prompt_tokens(state, engine, data)
+        counter.prompt_tokens = len(prompt)
+        generation = generation_request(engine, data, prompt, data.max_tokens or 16, param="prompt",
+                                        tenant=client_key(request))
+        echoes.append(prompt_text if data.echo else "")
+        stream = submit(engine, generation, param="prompt")
+        observe_queue_wait(state, timing)
+        return stream
+
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
-        request, stream, counter,
-        events=(lambda reader: _events(reader, meta, counter, include_usage, echo)) if data.stream else None,
-        collect=lambda: _collect(stream, meta, counter, echo))
+        request, counter, timing, submit_row=submit_row,
+        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0])) if data.stream else None,
+        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing))

@@ -17,8 +17,12 @@ __all__ = [
     "template_messages",
     "template_kwargs",
     "request_tools",
+    "render_text",
+    "encode_rendered",
     "render_prompt",
     "system_prefix_end",
+    "common_prefix_boundary",
+    "system_probe",
 ]
 
 
@@ -83,19 +87,32 @@ def request_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     return [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
 
 
+def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                kwargs: dict[str, Any] | None = None) -> tuple[str, bool]:
+    """The conversation as the model's prompt text, with the generation prompt appended, and whether its
+    encoding adds the tokenizer's special tokens (only without a template; a template writes its own).
+    Blocking, pure Python (jinja). Raises what the template raises (TemplateError, raise_exception, a bad
+    kwarg)."""
+    if not has_chat_template(tokenizer):
+        # No template: plain "role: content" lines, as mlx-lm does.
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ", True
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                         **(kwargs or {}))
+    return str(text), False
+
+
+def encode_rendered(tokenizer: Any, text: str, special: bool) -> list[int]:
+    """Token ids of rendered prompt text (as apply_chat_template(tokenize=True) would give). Blocking.
+    Raises what the tokenizer raises."""
+    tokens = tokenizer.encode(text) if special else tokenizer.encode(text, add_special_tokens=False)
+    return [int(t) for t in tokens]
+
+
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                   kwargs: dict[str, Any] | None = None) -> list[int]:
     """Token ids of the conversation with the generation prompt appended. Blocking: call it off the event
     loop. Raises what the template raises (jinja TemplateError, a template's raise_exception, a bad kwarg)."""
-    if not has_chat_template(tokenizer):
-        # No template: plain "role: content" lines, as mlx-lm does.
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-        return [int(t) for t in tokenizer.encode(text)]
-    tokens = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                           **(kwargs or {}))
-    if isinstance(tokens, dict) or hasattr(tokens, "keys"):  # some tokenizers return a BatchEncoding
-        tokens = tokens["input_ids"]
-    return [int(t) for t in tokens]
+    return encode_rendered(tokenizer, *render_text(tokenizer, messages, tools, kwargs))
 
 
 def system_prefix_end(tokenizer: Any, messages: list[dict[str, Any]], prompt: Sequence[int],
@@ -103,17 +120,31 @@ def system_prefix_end(tokenizer: Any, messages: list[dict[str, Any]], prompt: Se
     """Token offset where the leading system messages (and tool definitions) end in `prompt`, as a
     one-element tuple; empty when there is none or the template cannot render the system block alone.
     Blocking. Raises nothing (a template that insists on a full conversation gives no boundary)."""
-    n = 0
-    while n < len(messages) and messages[n]["role"] == "system":
-        n += 1
-    if n == 0 or n == len(messages) or not has_chat_template(tokenizer):
+    probe_messages = system_probe(messages)
+    if not probe_messages or not has_chat_template(tokenizer):
         return ()
     try:
         # The system block as the template renders it before any user turn: its common prefix with the
         # prompt is what every conversation with this system prompt (and tools) shares.
-        probe = render_prompt(tokenizer, messages[:n] + [{"role": "user", "content": ""}], tools, kwargs)
+        probe = render_prompt(tokenizer, probe_messages, tools, kwargs)
     except Exception:  # noqa: BLE001 — no boundary, no harm
         return ()
+    return common_prefix_boundary(probe, prompt)
+
+
+def system_probe(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leading system messages and an empty user turn (what `system_prefix_end` renders), or [] when
+    the conversation has no leading system block. Raises nothing."""
+    n = 0
+    while n < len(messages) and messages[n]["role"] == "system":
+        n += 1
+    if n == 0 or n == len(messages):
+        return []
+    return messages[:n] + [{"role": "user", "content": ""}]
+
+
+def common_prefix_boundary(probe: Sequence[int], prompt: Sequence[int]) -> tuple[int, ...]:
+    """(length of the common prefix,) when it ends inside `prompt`, else (). Raises nothing."""
     end = 0
     for a, b in zip(probe, prompt):
         if a != b:

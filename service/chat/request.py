@@ -5,16 +5,22 @@ Every check that can fail does so here, before response headers go out, so it be
 
 from __future__ import annotations
 
-from typing import Sequence
+import time
+from typing import Any, Sequence
+
+from litestar import Request
 
 from engine.contracts import GenerationRequest, SamplingParams
 from engine.errors import EngineError
 from service.chat.schemas import SamplingFields
+from service.chat.stream import StreamTiming
+from service.http.access_log import arrival_time
 from service.http.errors import APIError, api_error, context_length_exceeded, model_not_found
 from service.seams import ChatEngine, RowStream
 from service.state import AppState
 
-__all__ = ["chat_engine", "vocab_size", "sampling_params", "generation_request", "submit"]
+__all__ = ["chat_engine", "vocab_size", "sampling_params", "generation_request", "submit", "request_timing",
+           "observe_queue_wait"]
 
 
 def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
@@ -44,7 +50,8 @@ def sampling_params(body: SamplingFields, vocab: int | None) -> SamplingParams:
     if body.logit_bias:
         bias = {int(k): float(v) for k, v in body.logit_bias.items()}
         if vocab is not None and (bad := [t for t in bias if t >= vocab]):
-            raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})", param="logit_bias")
+            raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})",
+                           param="logit_bias", code="invalid_value")
     defaults = SamplingParams()
     return SamplingParams(
         temperature=defaults.temperature if body.temperature is None else body.temperature,
@@ -69,14 +76,18 @@ def generation_request(
     param: str,
     session_id: str | None = None,
     segment_boundaries: Sequence[int] = (),
+    default_max_tokens: int | None = None,
+    tenant: str | None = None,
 ) -> GenerationRequest:
-    """Build the engine request; max_tokens defaults to (and is capped at) what the context has left.
+    """Build the engine request. max_tokens defaults to `default_max_tokens` (the server's cap; None: no
+    cap) and is capped at what the context has left. `tenant` (the API key's id) gets its own prefix-cache
+    namespace, so one client's cached prefixes never show in another's `cached_tokens`.
 
     Raises APIError 400 context_length_exceeded when the prompt leaves no room to generate."""
     context = engine.context_length
     if not prompt:
         raise APIError(400, "The prompt is empty after tokenization.", param=param, code="empty_prompt")
-    room = max_tokens or 1 << 30
+    room = max_tokens or default_max_tokens or 1 << 30
     if isinstance(context, int) and context > 0:
         left = context - len(prompt)
         if left <= 0:
@@ -91,7 +102,7 @@ def generation_request(
         max_tokens=room,
         stop=tuple(body.stop_list()),
         session_id=session_id,
-        namespace=engine.model_name or "",
+        namespace=(engine.model_name or "") + (f"#{tenant}" if tenant else ""),
         segment_boundaries=tuple(segment_boundaries),
         max_tokens_requested=max_tokens is not None,
     )
@@ -106,3 +117,20 @@ def submit(engine: ChatEngine, request: GenerationRequest, *, param: str) -> Row
         return engine.submit(request)
     except EngineError as exc:
         raise api_error(exc, params={"prompt": param}) from exc
+
+
+def request_timing(request: Request[Any, Any, Any], state: AppState) -> StreamTiming:
+    """The request's arrival, its deadline (--request-timeout; none when 0) and the latency histograms.
+    Raises nothing."""
+    arrival = arrival_time(request)
+    timeout = state.config.request_timeout
+    metrics = state.metrics
+    return StreamTiming(arrival, arrival + timeout if timeout > 0 else None,
+                        ttft=metrics.ttft if metrics is not None else None,
+                        itl=metrics.itl if metrics is not None else None)
+
+
+def observe_queue_wait(state: AppState, timing: StreamTiming) -> None:
+    """Record the wait from arrival to the engine taking the row. Raises nothing."""
+    if state.metrics is not None:
+        state.metrics.queue_wait.observe(time.monotonic() - timing.arrival)

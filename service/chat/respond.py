@@ -1,6 +1,8 @@
-"""How chat and text completions answer once their row is submitted: an SSE stream (only after the row's
-first delta, so a row that fails first is a 5xx, never an empty 200) or the collected JSON body; 499 with no
-body for a client that left first."""
+"""How chat and text completions answer: everything before the first header — the prompt's rendering, the
+engine's queue, and the row's first delta (streaming) or its whole reply — runs under one disconnect
+watcher, so a client that leaves stops it wherever it is. Then an SSE stream (only after the first delta, so
+a row that fails first is a 5xx, never an empty 200) or the collected JSON body; 499 with no body for a
+client that left first."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any, AsyncGenerator, Awaitable, Callable
 
 from litestar import Request, Response
 
-from service.chat.stream import RowReader, UsageCounter, close_stream
+from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.sse import EventSource, SSEStream
 from service.seams import RowStream
@@ -16,17 +18,31 @@ from service.seams import RowStream
 __all__ = ["respond"]
 
 
-async def respond(request: Request[Any, Any, Any], stream: RowStream, counter: UsageCounter, *,
+async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing: StreamTiming, *,
+                  submit_row: Callable[[], Awaitable[RowStream]],
                   events: Callable[[RowReader], AsyncGenerator[bytes, None]] | None,
-                  collect: Callable[[], Awaitable[Any]]) -> Response[Any]:
-    """SSE from `events(reader)` when given, else the body `collect()` builds. Raises APIError (the row's
-    failure before its first delta, or while collecting)."""
+                  collect: Callable[[RowStream], Awaitable[Any]]) -> Response[Any]:
+    """SSE from `events(reader)` when given, else the body `collect(row)` builds, for the row `submit_row()`
+    renders and submits. Raises APIError (what rendering or the engine refuses, the row's failure before its
+    first delta or while collecting, 504 past the deadline). The row is closed by its reader however this
+    ends (RowReader.start / items)."""
+    opened: list[RowStream] = []
+
+    async def prepare() -> Any:
+        row = await submit_row()
+        opened.append(row)
+        if events is None:
+            return await collect(row)
+        reader = RowReader(row, counter, timing)
+        await reader.start()
+        return reader
+
     try:
-        if events is not None:
-            reader = RowReader(stream, counter)
-            await run_while_connected(request, reader.start)
-            # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-            return SSEStream(EventSource(events(reader), lambda: close_stream(stream)))
-        return Response(await run_while_connected(request, collect))
+        answer = await run_while_connected(request, prepare)
     except ClientDisconnected:
         return Response(None, status_code=499)
+    if isinstance(answer, RowReader) and events is not None:
+        row = opened[0]
+        # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
+        return SSEStream(EventSource(events(answer), lambda: close_stream(row)))
+    return Response(answer)

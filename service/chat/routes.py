@@ -14,8 +14,9 @@ import anyio
 from litestar import Request, Response, post
 
 from service.chat.output import ChatTranslator
-from service.chat.prompt import render_prompt, request_tools, system_prefix_end, template_kwargs, template_messages
-from service.chat.request import chat_engine, generation_request, submit
+from service.chat.prompt import request_tools
+from service.chat.render import render_chat
+from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
 from service.chat.schemas import (
     ChatChoice,
     ChatCompletion,
@@ -25,10 +26,11 @@ from service.chat.schemas import (
 )
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
-from service.chat.stream import ResponseMeta, RowReader, UsageCounter, row_texts
+from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, row_texts
 from service.http.access_log import record_tokens
-from service.http.errors import APIError, in_band_error
-from service.http.openapi import MODEL_ERRORS, sse_operation
+from service.http.auth import client_key
+from service.http.errors import in_band_error
+from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
@@ -42,23 +44,9 @@ AFFINITY_HEADERS = ("x-session-affinity", "session_id", "x-session-id")
 
 
 async def render_chat_prompt(state: AppState, engine: ChatEngine, body: ChatCompletionRequest) -> list[int]:
-    """Token ids of the chat prompt (generation prompt appended), rendered off the event loop.
-
-    Raises APIError 400 when the template rejects the conversation (e.g. roles out of order)."""
-    messages, tools, kwargs = template_messages(body.messages), request_tools(body), template_kwargs(body)
-    try:
-        return await anyio.to_thread.run_sync(render_prompt, engine.tokenizer, messages, tools, kwargs,
-                                              limiter=state.tokenize_limiter)
-    except Exception as exc:  # jinja TemplateError, a template's raise_exception, a bad kwarg
-        raise APIError(400, f"The chat template rejected these messages: {exc}", param="messages",
-                       code="invalid_messages") from exc
-
-
-async def _system_boundary(state: AppState, engine: ChatEngine, body: ChatCompletionRequest,
-                           prompt: list[int]) -> tuple[int, ...]:
-    messages, tools, kwargs = template_messages(body.messages), request_tools(body), template_kwargs(body)
-    return await anyio.to_thread.run_sync(system_prefix_end, engine.tokenizer, messages, prompt, tools, kwargs,
-                                          limiter=state.tokenize_limiter)
+    """Token ids of the chat prompt (generation prompt appended), rendered off the event loop within the
+    server's limits. Raises APIError 400 (service/chat/render.py)."""
+    return (await render_chat(state, engine, body)).tokens
 
 
 def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -> str | None:
@@ -90,9 +78,10 @@ async def _chat_events(
     yield DONE
 
 
-async def _collect(stream: RowStream, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter) -> ChatCompletion:
+async def _collect(stream: RowStream, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter,
+                   timing: StreamTiming) -> ChatCompletion:
     finish = None
-    async for text, finish in row_texts(stream, counter):
+    async for text, finish in row_texts(stream, counter, timing):
         translator.feed(text)
     translator.finish()
     return ChatCompletion(
@@ -108,28 +97,39 @@ async def _collect(stream: RowStream, translator: ChatTranslator, meta: Response
     "/v1/chat/completions",
     status_code=200,
     summary="Create a chat completion",
-    description="With `stream: true` the response is `text/event-stream` of ChatCompletionChunk events ending with `data: [DONE]`.",
-    responses=MODEL_ERRORS,
+    description="With `stream: true` the response is `text/event-stream` of ChatCompletionChunk events ending with "
+                "`data: [DONE]`. Without `max_tokens` the server's --max-tokens-cap applies.",
+    responses=CHAT_ERRORS,
     operation_class=sse_operation(ChatCompletionChunk),
     tags=["chat"],
 )
 async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletionRequest) -> Response[ChatCompletion]:
-    """Chat completion, streamed or not. Raises APIError (4xx) for requests that cannot be served."""
+    """Chat completion, streamed or not. Raises APIError (4xx; 429 at capacity, 504 past the deadline) for
+    requests that cannot be served."""
     state = get_state(request)
     engine = chat_engine(state, data.model)
-    prompt = await render_chat_prompt(state, engine, data)
-    max_tokens = data.max_completion_tokens or data.max_tokens
-    boundaries = await _system_boundary(state, engine, data, prompt)
-    generation = generation_request(engine, data, prompt, max_tokens, param="messages",
-                                    session_id=_session_hint(request, data), segment_boundaries=boundaries)
-    translator = ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data))
+    timing = request_timing(request, state)
     meta = ResponseMeta(model=state.chat_model_name or "")
-    counter = UsageCounter(prompt_tokens=len(prompt))
+    counter = UsageCounter()
     record_tokens(request, counter.totals)
-    stream = submit(engine, generation, param="messages")
+    translators: list[ChatTranslator] = []
+
+    async def submit_row() -> RowStream:
+        rendered = await render_chat(state, engine, data)
+        prompt = rendered.tokens
+        counter.prompt_tokens = len(prompt)
+        generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens,
+                                        param="messages", session_id=_session_hint(request, data),
+                                        segment_boundaries=rendered.boundaries,
+                                        default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request))
+        translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data)))
+        stream = submit(engine, generation, param="messages")
+        observe_queue_wait(state, timing)
+        return stream
+
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
-        request, stream, counter,
-        events=(lambda reader: _chat_events(reader, translator, meta, counter, include_usage)) if data.stream else None,
-        collect=lambda: _collect(stream, translator, meta, counter))
-
+        request, counter, timing, submit_row=submit_row,
+        events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage))
+        if data.stream else None,
+        collect=lambda stream: _collect(stream, translators[0], meta, counter, timing))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Protocol
 
 import anyio
 
@@ -15,7 +15,8 @@ from service.chat.schemas import PromptTokensDetails, Usage
 from service.http.errors import APIError
 from service.seams import RowStream
 
-__all__ = ["RowReader", "row_texts", "UsageCounter", "ResponseMeta", "close_stream", "stream_failure"]
+__all__ = ["RowReader", "row_texts", "UsageCounter", "ResponseMeta", "StreamTiming", "close_stream",
+           "stream_failure"]
 
 
 async def close_stream(stream: RowStream) -> None:
@@ -72,22 +73,60 @@ class ResponseMeta:
             self.id = f"{self.prefix}-{uuid.uuid4().hex[:24]}"
 
 
+class TokenLatency(Protocol):
+    """Where a stream's latencies go (service/admin/metrics.py's histograms)."""
+
+    def observe(self, amount: float) -> None: ...
+
+
+@dataclass
+class StreamTiming:
+    """A request's arrival and deadline (time.monotonic() seconds; deadline None: none) and the
+    histograms its first token and the gaps between later ones are recorded in."""
+
+    arrival: float
+    deadline: float | None = None
+    ttft: TokenLatency | None = None
+    itl: TokenLatency | None = None
+    _last: float | None = None
+
+    def delivered(self) -> None:
+        """A delta with text or tokens arrived now. Raises nothing."""
+        now = time.monotonic()
+        if self._last is None:
+            if self.ttft is not None:
+                self.ttft.observe(now - self.arrival)
+        elif self.itl is not None:
+            self.itl.observe(now - self._last)
+        self._last = now
+
+
 class RowReader:
     """A row's deltas as (text, finish_reason) items with usage counted. Deltas already waiting when one is
     read are merged into one item, so a stream that fell behind catches up in one write. The row is closed
-    however the reader is left."""
+    however the reader is left, and when the request's deadline passes (a 504 request_timeout)."""
 
-    def __init__(self, stream: RowStream, counter: UsageCounter) -> None:
+    def __init__(self, stream: RowStream, counter: UsageCounter, timing: StreamTiming | None = None) -> None:
         self._stream = stream
         self._deltas = stream.__aiter__()
         self._counter = counter
+        self._timing = timing
         self._first: Delta | None = None
+
+    async def _next(self) -> Delta:
+        deadline = self._timing.deadline if self._timing is not None else None
+        if deadline is None:
+            return await self._deltas.__anext__()
+        with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
+            return await self._deltas.__anext__()
+        raise APIError(504, "The request took longer than the server's request timeout; the generation was "
+                            "stopped.", type="server_error", code="request_timeout")
 
     async def start(self) -> None:
         """Wait for the row's first delta (call before any response header goes out). Raises APIError 500,
-        the row closed, when the row failed or ended before producing anything."""
+        the row closed, when the row failed or ended before producing anything, 504 past the deadline."""
         try:
-            delta = await self._deltas.__anext__()
+            delta = await self._next()
             self._check(delta)
         except StopAsyncIteration:
             await close_stream(self._stream)
@@ -106,7 +145,7 @@ class RowReader:
                     delta, self._first = self._first, None
                 else:
                     try:
-                        delta = await self._deltas.__anext__()
+                        delta = await self._next()
                     except StopAsyncIteration:
                         break
                     self._check(delta)
@@ -123,7 +162,11 @@ class RowReader:
 
     def _check(self, delta: Delta) -> None:
         self._counter.add(delta)
+        if self._timing is not None and (delta.token_ids or delta.text):
+            self._timing.delivered()
         if failure := stream_failure(delta.error, delta.finish_reason):
+            if failure == _CANCELLED:  # the engine closed under it: retry once the server is back
+                raise APIError(503, failure, type="server_error", code="shutting_down", retry_after=5)
             raise APIError(500, failure, type="server_error")
 
     def _ready(self) -> Delta | None:
@@ -134,12 +177,14 @@ class RowReader:
 
 
 _UNFINISHED = "The generation ended without finishing (the engine stopped)."
+_CANCELLED = "The generation was cancelled (the server is shutting down)."
 
 
-def row_texts(stream: RowStream, counter: UsageCounter) -> AsyncIterator[tuple[str, str | None]]:
-    """`RowReader(stream, counter).items()`: a row's (text, finish_reason) items. Raises APIError 500 when the
-    row failed or never finished."""
-    return RowReader(stream, counter).items()
+def row_texts(stream: RowStream, counter: UsageCounter,
+              timing: StreamTiming | None = None) -> AsyncIterator[tuple[str, str | None]]:
+    """`RowReader(stream, counter, timing).items()`: a row's (text, finish_reason) items. Raises APIError
+    500 when the row failed or never finished, 504 past the deadline."""
+    return RowReader(stream, counter, timing).items()
 
 
 def stream_failure(delta_error: str | None, finish_reason: str | None) -> str | None:
@@ -147,7 +192,7 @@ def stream_failure(delta_error: str | None, finish_reason: str | None) -> str | 
     if delta_error:
         return delta_error
     if finish_reason == "cancelled":
-        return "The generation was cancelled (the server is shutting down)."
+        return _CANCELLED
     if finish_reason == "error":
         return "The generation failed."
     return None

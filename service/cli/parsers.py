@@ -4,11 +4,23 @@ options all commands share (--log-level)."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from service.logs import LOG_LEVELS
 
-__all__ = ["add_command", "common_options", "HelpFormatter"]
+__all__ = ["add_command", "common_options", "HelpFormatter", "byte_size"]
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """'12GiB', '800M', '1.5G' or a plain byte count → bytes. Raises argparse.ArgumentTypeError."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 12GiB, 800M or a byte count)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

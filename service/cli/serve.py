@@ -4,28 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import socket
 from typing import Any
 
 from service.cli.errors import CLIError
-from service.cli.parsers import add_command
+from service.cli.parsers import add_command, byte_size
 from service.cli.resolve import resolve_chat_model
+from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
 from service.config import ServiceConfig
 
-__all__ = ["add_serve", "serve_config", "byte_size"]
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
-          "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
-
-
-def byte_size(text: str) -> int:
-    """'12GiB', '800M', '1.5G' or a plain byte count → bytes. Raises argparse.ArgumentTypeError."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 12GiB, 800M or a byte count)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+__all__ = ["add_serve", "serve_config"]
 
 _log = logging.getLogger("tandem.cli")
 
@@ -55,8 +44,9 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run internal generations at start so kernels compile before clients wait (default: on a "
                         "GPU, off on CPU)")
-    p.add_argument("--shutdown-timeout", type=int, default=5,
-                   help="seconds in-flight requests get to finish on Ctrl-C/SIGTERM")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="seconds streams get to finish on Ctrl-C/SIGTERM before they end with an error event")
+    add_serve_limit_args(p)
     add_serve_speech_args(p)
     p.set_defaults(func=_serve)
 
@@ -69,7 +59,9 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         raise CLIError("--prompt-cache-bytes must be >= 0")
     if not 0 < args.port < 65536:
         raise CLIError(f"--port must be in 1..65535, got {args.port}")
-    return ServiceConfig(
+    if args.shutdown_timeout < 0:
+        raise CLIError("--shutdown-timeout must be >= 0")
+    config = ServiceConfig(
         model=args.model,
         max_active=args.max_active,
         max_iteration_tokens=args.max_iteration_tokens,
@@ -81,7 +73,10 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         warmup=args.warmup,
         isolate=args.isolate,
         log_level=args.log_level,
+        shutdown_timeout=args.shutdown_timeout,
     )
+    configure_serve_limits(args, config)
+    return config
 
 
 def _check_port(host: str, port: int) -> None:
@@ -112,4 +107,4 @@ def _serve(args: argparse.Namespace) -> int:
     if source is not None:
         _log.info("model %s (%s: %s)", source.name, source.kind, source.path)
     _log.info("%s", speech.note)
-    return serve(config, shutdown_timeout=args.shutdown_timeout)
+    return serve(config)

@@ -1,20 +1,23 @@
 """One access-log line per HTTP request: method, path, status, duration, and tokens where a route knows
-them (`record_tokens`). Wraps the whole app, so 404s and CORS preflights are logged too."""
+them (`record_tokens`); the same request counted in the metrics by route template. Wraps the whole app,
+so 404s, CORS preflights and the guard's refusals are logged and counted too."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AccessLog", "record_tokens", "ACCESS_LOGGER"]
+__all__ = ["AccessLog", "RequestMetrics", "record_tokens", "arrival_time", "ACCESS_LOGGER"]
 
 ACCESS_LOGGER = "tandem.access"
 # Where a route leaves a callable giving (prompt, completion) tokens; read once the response has ended.
 _TOKENS_KEY = "tandem.tokens"
+# When the request arrived (time.monotonic()): deadlines and time-to-first-token count from here.
+_ARRIVAL_KEY = "tandem.arrival"
 
 _log = logging.getLogger(ACCESS_LOGGER)
 
@@ -25,17 +28,31 @@ def record_tokens(connection: ASGIConnection[Any, Any, Any, Any], tokens: Callab
     connection.scope.setdefault("state", {})[_TOKENS_KEY] = tokens
 
 
-class AccessLog:
-    """ASGI wrapper logging each HTTP request once it has been answered (streams: once they end)."""
+def arrival_time(connection: ASGIConnection[Any, Any, Any, Any]) -> float:
+    """time.monotonic() when the request arrived (now, for a connection the access log never saw).
+    Raises nothing."""
+    value = connection.scope.get("state", {}).get(_ARRIVAL_KEY)
+    return value if isinstance(value, float) else time.monotonic()
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class RequestMetrics(Protocol):
+    def observe_request(self, route: str, method: str, status: int | None, seconds: float) -> None: ...
+
+
+class AccessLog:
+    """ASGI wrapper logging (and counting) each HTTP request once it has been answered (streams: once
+    they end)."""
+
+    def __init__(self, app: ASGIApp, metrics: RequestMetrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        scope.setdefault("state", {})[_ARRIVAL_KEY] = time.monotonic()
         status: list[int] = []
 
         async def watch(message: Message) -> None:
@@ -46,7 +63,13 @@ class AccessLog:
         try:
             await self.app(scope, receive, watch)
         finally:
-            _log.info("%s", _line(scope, status[0] if status else None, time.perf_counter() - start))
+            seconds = time.perf_counter() - start
+            code = status[0] if status else None
+            _log.info("%s", _line(scope, code, seconds))
+            if self.metrics is not None:
+                # The route template, not the path: session ids and model ids must not become labels.
+                route = scope.get("path_template") or ("unrouted" if code == 404 else "guard")
+                self.metrics.observe_request(str(route), str(scope.get("method", "-")), code, seconds)
 
 
 def _line(scope: Scope, status: int | None, seconds: float) -> str:

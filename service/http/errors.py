@@ -28,6 +28,7 @@ from engine.errors import (
     MemoryAdmission,
     ModelNotFound,
     NoChatModel,
+    QueueFull,
     TaskRejected,
 )
 
@@ -42,22 +43,43 @@ __all__ = [
     "model_not_found",
     "context_length_exceeded",
     "INTERNAL_ERROR_MESSAGE",
+    "DEFAULT_CODES",
+    "unavailable",
 ]
 
 INTERNAL_ERROR_MESSAGE = "The server had an error while processing your request."
 
 _TYPES = {
     400: "invalid_request_error",
-    401: "authentication_error",
+    401: "invalid_request_error",
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    408: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     503: "server_error",
+}
+
+# The code an error gets when whoever raised it named none: a client always gets a machine-readable code.
+DEFAULT_CODES = {
+    400: "invalid_request",
+    401: "invalid_api_key",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "request_timeout",
+    409: "conflict",
+    413: "request_too_large",
+    415: "unsupported_media_type",
+    422: "invalid_request",
+    429: "rate_limit_exceeded",
+    500: "internal_error",
+    503: "unavailable",
+    504: "request_timeout",
 }
 
 
@@ -65,15 +87,27 @@ class APIError(Exception):
     """An error a route raises on purpose; rendered as-is in OpenAI's shape."""
 
     def __init__(
-        self, status: int, message: str, *, type: str | None = None, param: str | None = None, code: str | None = None
+        self, status: int, message: str, *, type: str | None = None, param: str | None = None, code: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         self.param = param
-        self.code = code
-        self.retry_after: int | None = None  # seconds, sent as Retry-After (429, 503)
+        self.code = code or DEFAULT_CODES.get(status, "server_error" if status >= 500 else "invalid_request")
+        # Seconds a client should wait before retrying (429, 503): sent as the Retry-After header.
+        self.retry_after = retry_after
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Response headers the error carries (Retry-After). Raises nothing."""
+        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+
+
+def unavailable(message: str, *, code: str = "unavailable", retry_after: int = 5) -> APIError:
+    """503 with Retry-After: the server is loading, restarting or shutting down. Raises nothing."""
+    return APIError(503, message, type="server_error", code=code, retry_after=retry_after)
 
 
 def model_not_found(model: str, available: list[str]) -> APIError:
@@ -97,9 +131,11 @@ def error_body(error: APIError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
 
 
-def error_response(error: APIError) -> Response[dict[str, Any]]:
-    """A Litestar response for an error. Raises nothing."""
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+def error_response(error: APIError, headers: Mapping[str, str] | None = None) -> Response[dict[str, Any]]:
+    """A Litestar response for an error (with Retry-After when it carries one, and `headers`, e.g. a 405's
+    Allow). Raises nothing."""
+    headers = {**(headers or {}), **error.headers,
+               **({"WWW-Authenticate": "Bearer"} if error.status == 401 else {})}
     return Response(error_body(error), status_code=error.status, media_type="application/json", headers=headers)
 
 
@@ -115,6 +151,7 @@ class ErrorRule:
     type: str | None = None
     param: str | None = None
     message: str = "{exc}"
+    retry_after: int | None = None
 
 
 # Every typed error of the layers below, and its HTTP answer. A subclass not listed uses its nearest base.
@@ -126,9 +163,11 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     MemoryAdmission: ErrorRule(400, type="memory_admission"),
     NoChatModel: ErrorRule(404, "model_not_found", param="model"),
     ModelNotFound: ErrorRule(404, "model_not_found", param="model"),
-    EngineClosed: ErrorRule(503, "unavailable", message="The engine is not accepting requests: {exc}"),
-    EngineRestarting: ErrorRule(503, "engine_restarting"),
-    TaskRejected: ErrorRule(503, "unavailable", message="The server is shutting down or the request was cancelled."),
+    QueueFull: ErrorRule(429, "queue_full", retry_after=1, message="The server is at capacity: {exc}"),
+    EngineClosed: ErrorRule(503, "unavailable", message="The engine is not accepting requests: {exc}", retry_after=5),
+    EngineRestarting: ErrorRule(503, "engine_restarting", retry_after=5),
+    TaskRejected: ErrorRule(503, "unavailable", message="The server is shutting down or the request was cancelled.",
+                            retry_after=5),
     # audio/errors.py
     AudioInputError: ErrorRule(400),
     SessionAudioLimit: ErrorRule(413),  # the session can never take more
@@ -162,10 +201,10 @@ def api_error(exc: BaseException, *, params: Mapping[str, str] | None = None) ->
     if param is not None and params:
         param = params.get(param, param)
     code = rule.code or getattr(exc, "code", None)
-    error = APIError(rule.status, rule.message.format(exc=exc), type=rule.type, param=param, code=code)
+    # The exception's own retry_after (EngineRestarting knows how long) wins over the table's.
     retry_after = getattr(exc, "retry_after", None)
-    error.retry_after = retry_after if isinstance(retry_after, int) else None
-    return error
+    return APIError(rule.status, rule.message.format(exc=exc), type=rule.type, param=param, code=code,
+                    retry_after=retry_after if isinstance(retry_after, int) else rule.retry_after)
 
 
 def in_band_error(exc: BaseException) -> APIError:

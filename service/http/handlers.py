@@ -56,14 +56,21 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     if status == 404:
         return error_response(APIError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found"))
     if status == 405:
+        # Litestar names the route's methods in the exception's Allow header: pass it on (RFC 9110).
+        allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
         return error_response(
-            APIError(405, f"Method {request.method} is not allowed on {request.url.path}", code="method_not_allowed")
-        )
+            APIError(405, f"Method {request.method} is not allowed on {request.url.path}", code="method_not_allowed"),
+            headers=allow)
     return error_response(APIError(status, detail))
 
 
 def _api_error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
     return error_response(api_error(exc))
+
+
+def _undecodable(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    # Only client bytes get decoded as text here (a multipart form field that is not UTF-8).
+    return error_response(APIError(400, f"Part of the request is not valid text: {exc}", code="invalid_encoding"))
 
 
 def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
@@ -76,5 +83,6 @@ EXCEPTION_HANDLERS: ExceptionHandlersMap = {
     APIError: _api_error,
     **{kind: _api_error for kind in ERROR_TABLE},
     HTTPException: _http_error,
+    UnicodeDecodeError: _undecodable,
     Exception: _unexpected,
 }

@@ -6,12 +6,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody
 from pydantic import BaseModel
 
 from service.http.schemas import ErrorResponse
 
-__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "error_responses", "MODEL_ERRORS"]
+__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "sse_event_schema", "raw_body_operation",
+           "error_responses",
+           "MODEL_ERRORS",
+           "CHAT_ERRORS"]
 
 
 def error_responses(descriptions: Mapping[int, str]) -> dict[int, ResponseSpec]:
@@ -23,6 +26,12 @@ def error_responses(descriptions: Mapping[int, str]) -> dict[int, ResponseSpec]:
 # Routes that take a `model`: a bad request, or a model this server does not serve.
 MODEL_ERRORS = error_responses({400: "Invalid request (OpenAI error shape)",
                                 404: "Unknown model (code model_not_found)"})
+# Routes that run a generation: also refused at capacity, past the deadline, or while unavailable.
+CHAT_ERRORS = {**MODEL_ERRORS, **error_responses({
+    413: "Body over the size limit (code request_too_large)",
+    429: "At capacity: more than --max-queued requests wait (code queue_full; Retry-After)",
+    503: "Loading, restarting or shutting down (Retry-After)",
+    504: "Past --request-timeout (code request_timeout)"})}
 
 
 def inline_json_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -60,7 +69,35 @@ def ok_content_operation(content: Mapping[str, dict[str, Any]], name: str) -> ty
     return ContentOperation
 
 
+def raw_body_operation(content: Mapping[str, str], description: str, name: str) -> type[Operation]:
+    """An Operation class documenting a raw (non-JSON) request body the handler reads itself: media type
+    → what it carries, each as a binary string. Raises nothing."""
+
+    @dataclass
+    class RawBodyOperation(Operation):
+        def __post_init__(self) -> None:
+            self.request_body = RequestBody(
+                required=True, description=description,
+                content={media: OpenAPIMediaType(schema={"type": "string", "format": "binary",  # type: ignore[arg-type]  # a JSON-schema dict
+                                                         "description": text})
+                         for media, text in content.items()})
+
+    RawBodyOperation.__name__ = name
+    return RawBodyOperation
+
+
+def sse_event_schema(*payloads: type[BaseModel], done: bool = True) -> dict[str, Any]:
+    """The schema of one server-sent event: its `data` field is JSON (one of `payloads`, or an error in
+    OpenAI's shape sent after the headers went out) or, with `done`, the closing `[DONE]`. Raises nothing."""
+    models: list[type[BaseModel]] = [*payloads, ErrorResponse]
+    json_data = {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": {"oneOf": [inline_json_schema(p) for p in models]}}
+    data = {"anyOf": [{"const": "[DONE]"}, json_data]} if done else json_data
+    return {"type": "object", "required": ["data"], "properties": {"data": data, "event": {"type": "string"}},
+            "description": "One server-sent event (`data: <json>`)" + (", the last one `data: [DONE]`" if done else "")}
+
+
 def sse_operation(event: type[BaseModel]) -> type[Operation]:
     """An Operation class that also documents the 200 response as `text/event-stream` of `event` objects
     (`stream: true` answers with that instead of the JSON body). Raises nothing."""
-    return ok_content_operation({"text/event-stream": inline_json_schema(event)}, f"{event.__name__}StreamOperation")
+    return ok_content_operation({"text/event-stream": sse_event_schema(event)}, f"{event.__name__}StreamOperation")

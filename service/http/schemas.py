@@ -11,7 +11,8 @@ class ErrorBody(BaseModel):
     message: str
     type: str
     param: str | None = None
-    code: str | None = None
+    # Always set: a machine-readable reason (e.g. invalid_value, queue_full, request_timeout).
+    code: str
 
 
 class ErrorResponse(BaseModel):

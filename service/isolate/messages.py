@@ -7,9 +7,11 @@ rebuilt on the other side so the API maps it to HTTP exactly as in-process).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
+import audio.errors as audio_errors
 import engine.errors as engine_errors
 from engine.contracts import Delta, GenerationRequest
 
@@ -23,31 +25,40 @@ AUTHKEY_ENV = "TANDEM_ISOLATE_AUTHKEY"
 
 @dataclass
 class ErrorInfo:
-    """A typed engine error as plain data (exceptions with keyword-only fields do not unpickle)."""
+    """A typed engine or audio error as plain data (exceptions with keyword-only fields do not unpickle):
+    its class name, message, and the simple fields it carries (param, code, retry_after...)."""
 
     kind: str
     message: str
     param: str | None = None
     code: str | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, exc: BaseException) -> "ErrorInfo":
         """Raises nothing."""
-        return cls(type(exc).__name__, str(exc), getattr(exc, "param", None), getattr(exc, "code", None))
+        simple = {k: v for k, v in vars(exc).items()
+                  if not k.startswith("_") and k != "message" and isinstance(v, (str, int, float, bool, type(None)))}
+        return cls(type(exc).__name__, str(exc), getattr(exc, "param", None), getattr(exc, "code", None), simple)
 
     def exception(self) -> Exception:
-        """The engine error again (engine.errors by name; anything else a RuntimeError). Raises nothing."""
-        kind = getattr(engine_errors, self.kind, None)
-        if not (isinstance(kind, type) and issubclass(kind, engine_errors.EngineError)):
+        """The error again, of its own type when engine.errors or audio.errors defines it (else a
+        RuntimeError with its text). Raises nothing."""
+        kind = next((k for module in (engine_errors, audio_errors) if isinstance(k := getattr(module, self.kind, None), type)
+                     and issubclass(k, Exception)), None)
+        if kind is None:
             return RuntimeError(self.message)
-        if issubclass(kind, engine_errors.MemoryAdmission):
-            return kind(self.message, code=self.code or "context_over_budget", param=self.param)
-        if issubclass(kind, engine_errors.InvalidRequest):
-            return kind(self.message, param=self.param)
+        values = {"param": self.param, "code": self.code, **self.fields}
         try:
-            return kind(self.message)
-        except TypeError:  # a type whose constructor wants more: keep the text
+            params = inspect.signature(kind).parameters
+            exc = kind(self.message, **{k: v for k, v in values.items()
+                                        if k in params and params[k].kind is inspect.Parameter.KEYWORD_ONLY})
+        except (TypeError, ValueError):  # a constructor that wants more: keep the text
             return RuntimeError(self.message)
+        for key, value in values.items():
+            if not hasattr(exc, key) or getattr(exc, key) is None:
+                setattr(exc, key, value)
+        return exc
 
 
 # -- API process → engine process --------------------------------------------------------------------

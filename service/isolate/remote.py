@@ -29,6 +29,7 @@ from engine.contracts import Delta, FinishReason, GenerationRequest
 from engine.errors import EngineClosed, EngineRestarting
 from engine.tasks import ExecutionTasks
 from service.config import CONFIG_ENV, ServiceConfig
+from service.process.restarts import RestartPolicy
 from service.isolate.messages import (
     ADDRESS_ENV,
     AUTHKEY_ENV,
@@ -127,6 +128,8 @@ class RemoteEngine:
         self._process: subprocess.Popen[bytes] | None = None
         self._snapshot: Snapshot = Snapshot({}, {"ok": True})
         self._exited = anyio.Event()
+        self._policy = RestartPolicy()
+        self._failure = ""
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -161,8 +164,17 @@ class RemoteEngine:
             self._conn = None
             if self._closed:
                 break
+            decision = self._policy.decide(code, time.monotonic())
+            if not decision.respawn:  # a crash loop: stop, and say so on /health
+                self._state, self._failure = "failed", f"The engine process stopped: {decision.reason}."
+                _log.error("%s", self._failure)
+                self._fail_streams(self._failure)
+                break
+            _log.warning("engine process: %s; restarting", decision.reason)
             self._fail_streams(f"The engine process exited (status {code}); it is restarting.")
             self.restarts += 1
+            self._state = "restarting"
+            await anyio.sleep(decision.delay)
 
     def close(self) -> None:
         """Stop: rows end, the engine process exits (killed if it does not within seconds). Raises nothing."""
@@ -188,6 +200,8 @@ class RemoteEngine:
         close()."""
         if self._closed:
             raise EngineClosed("engine is shutting down")
+        if self._state == "failed":
+            raise EngineClosed(self._failure)
         if self._state != "ready" or self._conn is None:
             raise EngineRestarting("The engine process is restarting; try again shortly.",
                                    retry_after=RESTART_RETRY_AFTER)
@@ -207,6 +221,8 @@ class RemoteEngine:
 
     def health(self) -> dict[str, Any]:
         """Restarting while the engine process loads; otherwise what the engine process says. Raises nothing."""
+        if self._state == "failed":
+            return {"ok": False, "error": self._failure}
         if self._state != "ready":
             return {"ok": False, "status": "restarting", "error": "the engine process is starting"}
         return self._snapshot.health

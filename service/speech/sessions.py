@@ -8,10 +8,12 @@ from typing import Any
 import anyio
 from litestar import Request, delete, post
 
-from audio.errors import SessionClosed
+from audio.errors import SessionClosed, SessionNotFound
 from audio.pcm import SAMPLE_RATE, is_raw_pcm, parse_pcm_content_type
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
+from service.http.auth import client_key
+from service.http.openapi import raw_body_operation
 from service.seams import SpeechBackend
 from service.speech.schemas import (
     SessionAudioAccepted,
@@ -24,9 +26,7 @@ from service.speech.served import decode_audio_body, response_segments, served_s
 from service.speech.transcriptions import SPEECH_ERRORS
 from service.state import get_state
 
-__all__ = ["create_session", "append_session_audio", "finish_session", "delete_session", "MAX_CHUNK_BYTES"]
-
-MAX_CHUNK_BYTES = 8 * 1024 * 1024
+__all__ = ["create_session", "append_session_audio", "finish_session", "delete_session"]
 # A chunk sent without a content-type is what the route documents as its default: float32 PCM at 16 kHz.
 _DEFAULT_CHUNK_TYPE = "audio/pcm"
 
@@ -35,23 +35,41 @@ _DEFAULT_CHUNK_TYPE = "audio/pcm"
       responses=SPEECH_ERRORS)
 async def create_session(request: Request[Any, Any, Any], data: SessionCreateRequest) -> SessionCreated:
     """Raises APIError (400 bad options, 404 no Whisper model, 429 too many sessions, 503 not running)."""
-    speech = served_speech(get_state(request), data.model)
+    state = get_state(request)
+    speech = served_speech(state, data.model)
     vocabulary = ", ".join(w.strip() for w in data.vocabulary if w.strip())
     prompt = " ".join(p for p in [data.prompt or "", vocabulary] if p)
     options = transcribe_options(speech, language=data.language, task=data.task, prompt=prompt or None,
                                  temperatures=TranscribeOptions.ladder(data.temperature), vad=data.vad,
                                  vad_min_speech_ms=data.vad_min_speech_ms, vad_min_silence_ms=data.vad_min_silence_ms)
     session = speech.create_session(options)
+    state.session_owners[session] = client_key(request) or ""
     return SessionCreated(id=session.id, model=speech.model_name)
 
 
 def _session(request: Request[Any, Any, Any], session_id: str) -> tuple[SpeechBackend, LiveSession]:
-    speech = served_speech(get_state(request), None)
-    return speech, speech.get_session(session_id)
+    """The session `session_id` if the caller's key created it. Raises SessionNotFound otherwise (another
+    key's session is not even confirmed to exist)."""
+    state = get_state(request)
+    speech = served_speech(state, None)
+    session = speech.get_session(session_id)
+    if state.config.api_keys and state.session_owners.get(session) != client_key(request):
+        raise SessionNotFound(f"no audio session {session_id!r} (unknown, deleted or expired)")
+    return speech, session
 
 
-@post("/v1/audio/sessions/{session_id:str}/audio", status_code=200, request_max_body_size=MAX_CHUNK_BYTES,
-      tags=["audio"], summary="Append audio to a session", responses=SPEECH_ERRORS,
+_CHUNK_BODY = raw_body_operation({
+    "audio/pcm": f"Raw little-endian PCM. Parameters: rate=8000..48000 (default {SAMPLE_RATE}), encoding=f32le "
+                 "(default) or s16le, channels=1..8 (averaged to mono); e.g. `audio/pcm;rate=48000;encoding=s16le`.",
+    "audio/l16": "Raw 16-bit PCM (`audio/L16;rate=N`), same parameters.",
+    "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads).",
+    "application/octet-stream": "A whole audio file, identified from its own header.",
+}, "One chunk of captured audio (raw PCM described by the content type's parameters, or a whole file).",
+    "SessionAudioOperation")
+
+
+@post("/v1/audio/sessions/{session_id:str}/audio", status_code=200, tags=["audio"],
+      summary="Append audio to a session", responses=SPEECH_ERRORS, operation_class=_CHUNK_BODY,
       description=f"Raw body. `content-type: audio/pcm;rate=N` (the default when absent) is float32 "
                   f"little-endian mono (rate default {SAMPLE_RATE}, 8000–48000 accepted, resampled), "
                   "`;encoding=s16le` 16-bit; any other type (audio/wav, application/octet-stream, ...) is "

@@ -6,19 +6,22 @@ Transcript; every model touch happens there, as tasks on the shared driver loop.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any, AsyncGenerator
 
 import anyio
 import numpy as np
 from litestar import Request, Response, post
+from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from audio.formats import media_type, render
+from audio.pcm import SAMPLE_RATE
 from audio.transcript import TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
-from service.http.errors import in_band_error
-from service.http.openapi import error_responses, inline_json_schema, ok_content_operation
+from service.http.errors import APIError, in_band_error
+from service.http.openapi import error_responses, inline_json_schema, ok_content_operation, sse_event_schema
 from service.http.sse import EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
 from service.speech.schemas import (
@@ -31,9 +34,7 @@ from service.speech.schemas import (
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
 from service.state import get_state
 
-__all__ = ["create_transcription", "MAX_FILE_BYTES", "SPEECH_ERRORS"]
-
-MAX_FILE_BYTES = 25 * 1024 * 1024  # OpenAI's upload limit
+__all__ = ["create_transcription", "SPEECH_ERRORS", "part_content_type"]
 
 SPEECH_ERRORS = error_responses({400: "Bad audio or parameters (OpenAI error shape)", 404: "Unknown model or session",
                                  409: "Session finished, deleted or expired", 413: "Body over the size limit"})
@@ -44,11 +45,11 @@ _OK_CONTENT: dict[str, dict[str, Any]] = {
     "application/json": {"oneOf": [inline_json_schema(Transcription), inline_json_schema(VerboseTranscription)]},
     "text/plain": {**_TEXT, "description": "response_format text or srt"},
     "text/vtt": {**_TEXT, "description": "response_format vtt"},
-    "text/event-stream": {"oneOf": [inline_json_schema(TranscriptTextDelta), inline_json_schema(TranscriptTextDone)]},
+    "text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone, done=False),
 }
 
 
-@post("/v1/audio/transcriptions", status_code=200, request_max_body_size=MAX_FILE_BYTES, tags=["audio"],
+@post("/v1/audio/transcriptions", status_code=200, tags=["audio"],
       summary="Transcribe an audio file", responses=SPEECH_ERRORS,
       operation_class=ok_content_operation(_OK_CONTENT, "TranscriptionOperation"),
       description="OpenAI-compatible. `stream=true` answers text/event-stream: `transcript.text.delta` events "
@@ -58,29 +59,60 @@ async def create_transcription(
     data: Annotated[TranscriptionForm, Body(media_type=RequestEncodingType.MULTI_PART)],
 ) -> Response[Any]:
     """Raises APIError (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
-    speech = served_speech(get_state(request), data.model)
+    state = get_state(request)
+    speech = served_speech(state, data.model)
+    raw = await data.file.read()
+    _check_parts(data, raw, state.config.limits.max_part_bytes)  # sizes first: nothing else reads a huge part
     words = "word" in data.timestamp_granularities
     options = transcribe_options(speech, language=data.language, task=data.task, prompt=data.prompt or None,
                                  temperatures=TranscribeOptions.ladder(data.temperature), word_timestamps=words,
                                  vad=data.vad, vad_trim=data.vad_trim)
-    raw = await data.file.read()
-    pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, data.file.content_type, param="file"))
+    content_type = part_content_type(data.file)
+    pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, content_type, param="file"))
+    started = time.perf_counter()
+    audio_seconds = len(pcm) / SAMPLE_RATE
     if data.stream:
-        return SSEStream(EventSource(_transcription_events(speech, pcm, options)))
+        return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics)))
     try:
         transcript = await run_while_connected(request, lambda: speech.transcribe(pcm, options))
     except ClientDisconnected:
         return Response(None, status_code=499)
+    if state.metrics is not None:
+        state.metrics.observe_transcription(audio_seconds, time.perf_counter() - started)
     body = render(transcript, data.response_format, words=words)
     return Response(body, media_type=media_type(data.response_format), status_code=200)
 
 
-async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray,
-                                options: TranscribeOptions) -> AsyncGenerator[bytes, None]:
+def part_content_type(upload: UploadFile) -> str | None:
+    """The file part's full Content-Type, parameters included (`audio/pcm;rate=48000;encoding=s16le`):
+    Litestar's `content_type` drops them. Raises nothing."""
+    for name, value in upload.headers.items():
+        if name.lower() == "content-type":
+            return value
+    return upload.content_type
+
+
+def _check_parts(data: TranscriptionForm, file: bytes, limit: int) -> None:
+    """Raises APIError 413 naming the first part (the file or a form field) over `limit` bytes."""
+    fields = {"file": len(file)}
+    for name, value in [*data.model_dump(exclude={"file"}).items(), *(data.model_extra or {}).items()]:
+        if isinstance(value, str):
+            fields[name] = len(value.encode())
+    for name, size in fields.items():
+        if size > limit:
+            raise APIError(413, f"The `{name}` part has {size} bytes; a part may have at most {limit}.",
+                           param=name, code="part_too_large")
+
+
+async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options: TranscribeOptions,
+                                metrics: Any) -> AsyncGenerator[bytes, None]:
+    started = time.perf_counter()
     stream = speech.transcribe_stream(pcm, options)
     try:
         async for item in stream:
             if isinstance(item, Transcript):
+                if metrics is not None:
+                    metrics.observe_transcription(len(pcm) / SAMPLE_RATE, time.perf_counter() - started)
                 yield sse_data(TranscriptTextDone(text=item.text))
             elif delta := "".join(s.text for s in item):
                 yield sse_data(TranscriptTextDelta(delta=delta))

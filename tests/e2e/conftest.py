@@ -18,9 +18,9 @@ from typing import Iterator
 import httpx
 import pytest
 
-__all__ = ["TandemServer", "start_tandem_server", "tiny_server"]
+__all__ = ["TandemServer", "start_tandem_server", "tiny_server", "READY_MARKER"]
 
-READY_MARKER = "Started worker-1"
+READY_MARKER = "ready: serving requests"  # service.app.READY_LINE, logged when the models are loaded
 STARTUP_TIMEOUT_S = 180.0
 
 
@@ -43,6 +43,25 @@ class TandemServer:
     port: int
     log: list[str] = field(default_factory=list)
     ready: threading.Event = field(default_factory=threading.Event)
+    lines: threading.Condition = field(default_factory=threading.Condition)
+
+    def add_line(self, line: str) -> None:
+        with self.lines:
+            self.log.append(line)
+            self.lines.notify_all()
+
+    def wait_for_line(self, text: str, count: int = 1, timeout: float = STARTUP_TIMEOUT_S) -> bool:
+        """Block until `text` appeared in `count` log lines (or the process exited). Returns whether it did."""
+        def seen() -> bool:
+            return sum(text in line for line in self.log) >= count or self.process.poll() is not None
+
+        with self.lines:
+            self.lines.wait_for(seen, timeout)
+            return sum(text in line for line in self.log) >= count
+
+    def worker_pid(self) -> int:
+        """The pid of the worker serving now (from /stats)."""
+        return int(httpx.get(f"{self.root}/stats", timeout=10).json()["pid"])
 
     @property
     def root(self) -> str:
@@ -84,10 +103,12 @@ def start_tandem_server(*args: str, env: dict[str, str] | None = None) -> Tandem
     def pump() -> None:
         assert process.stdout is not None
         for line in process.stdout:
-            server.log.append(line)
+            server.add_line(line)
             if READY_MARKER in line:
                 server.ready.set()
-        server.ready.set()  # exited: wake the waiter, which then sees the process is gone
+        server.ready.set()  # exited: wake the waiters, which then see the process is gone
+        with server.lines:
+            server.lines.notify_all()
 
     threading.Thread(target=pump, name=f"tandem-log-{port}", daemon=True).start()
     if not server.ready.wait(STARTUP_TIMEOUT_S) or process.poll() is not None:

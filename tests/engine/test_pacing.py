@@ -34,6 +34,13 @@ def test_the_allowance_stays_between_the_minimum_and_the_budget() -> None:
     assert fast.prompt_tokens(decode_rows=4) == 508
 
 
+def test_prompt_only_iterations_do_not_count_their_fixed_cost_per_token() -> None:
+    pacer = PrefillPacer(max_tokens=512, min_tokens=32)
+    pacer.record(0.004, prompt_tokens=0, decode_rows=8)
+    pacer.record(0.050, prompt_tokens=20, decode_rows=0)  # mostly the weights read once, not 2.5 ms a token
+    assert pacer.token_seconds is None and pacer.prompt_tokens(decode_rows=8) == 504
+
+
 def test_estimates_follow_recent_iterations() -> None:
     pacer = PrefillPacer(max_tokens=4096, min_tokens=1)
     pacer.record(0.010, prompt_tokens=0, decode_rows=1)

@@ -34,12 +34,16 @@ class FakeTokenizer:
     def decode(self, tokens: list[int]) -> str:
         return "".join(chr(t) for t in tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, **kwargs: Any) -> list[int]:
+    def get_vocab(self) -> dict[str, int]:
+        return {chr(i): i for i in range(self.vocab)}
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, *, tokenize: bool = True,
+                            **kwargs: Any) -> list[int] | str:
         self.template_calls.append({"messages": messages, "tools": tools, **kwargs})
         if kwargs.get("fail"):
             raise ValueError("template says no")
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-        return self.encode(text)
+        return self.encode(text) if tokenize else text
 
 
 @dataclass
@@ -93,10 +97,14 @@ class FakeStream:
 class FakeEngine:
     """The ChatEngine surface: submit, serve, close, stats, tokenizer, model_name, plan, tasks."""
 
-    def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256) -> None:
+    def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256, run_tasks: bool = False) -> None:
         self.model_name: str | None = "fake-model"
         self.context_length: int | None = context_length
         self.plan = None
+        # run_tasks: a real tasks-only engine runs `tasks` (speech work) beside the scripted chat rows; a new
+        # one for each serve(), so the app can start again after a shutdown.
+        self.run_tasks = run_tasks
+        self._tasks_engine: Any = None
         self.tasks = ExecutionTasks()
         self.tokenizer: Any = FakeTokenizer()
         self.vocab_size: int | None = len(self.tokenizer)
@@ -113,14 +121,26 @@ class FakeEngine:
         self._closed: anyio.Event | None = None
 
     async def serve(self) -> None:
+        if self.run_tasks:  # before the first await: hooks started after serve() read `tasks`
+            from engine.runtime import Engine
+
+            self._tasks_engine = Engine(None)
+            self.tasks = self._tasks_engine.tasks
         self._closed = anyio.Event()
         self.serving = True
-        await self._closed.wait()
+        async with anyio.create_task_group() as tg:
+            if self._tasks_engine is not None:
+                tg.start_soon(self._tasks_engine.serve)
+            await self._closed.wait()
+            if self._tasks_engine is not None:
+                self._tasks_engine.close()
         self.serving = False
 
     def close(self) -> None:
         if self._closed is not None:
             self._closed.set()
+        elif self._tasks_engine is not None:
+            self._tasks_engine.close()
 
     def submit(self, request: GenerationRequest) -> FakeStream:
         if self.context_length is not None and len(request.prompt_tokens) >= self.context_length:

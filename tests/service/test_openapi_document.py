@@ -34,8 +34,9 @@ def test_the_transcription_answer_has_a_schema_per_format() -> None:
     assert {"application/json", "text/plain", "text/vtt", "text/event-stream"} <= set(content)
     titles = {option["title"] for option in content["application/json"]["schema"]["oneOf"]}
     assert titles == {"Transcription", "VerboseTranscription"}
-    events = {option["title"] for option in content["text/event-stream"]["schema"]["oneOf"]}
-    assert events == {"TranscriptTextDelta", "TranscriptTextDone"}
+    data = content["text/event-stream"]["schema"]["properties"]["data"]  # one event; its data is JSON
+    events = {option["title"] for option in data["contentSchema"]["oneOf"]}
+    assert events == {"TranscriptTextDelta", "TranscriptTextDone", "ErrorResponse"}
 
 
 def test_drift_is_reported(tmp_path) -> None:

@@ -49,11 +49,17 @@ def test_stats_includes_engine_stats(client: Any) -> None:
     assert body["model"] == "fake-model" and body["ready"] is True
 
 
-def test_metrics_are_prometheus_gauges(client: Any) -> None:
-    response = client.get("/metrics")
-    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
-    lines = response.text.splitlines()
-    assert "tandem_active_rows 0" in lines and "# TYPE tandem_active_rows gauge" in lines
+def test_stats_shows_every_limit(fake_engine: FakeEngine) -> None:
+    from service.config import ServiceConfig
+    from service.limits import Limits
+
+    config = ServiceConfig(max_active=3, api_keys=["secret"], limits=Limits(max_body_bytes=1234))
+    with TestClient(create_app(AppState(engine=fake_engine, config=config))) as client:
+        limits = client.get("/stats", headers={"x-api-key": "secret"}).json()["limits"]
+    assert limits["max_queued"] == 12 and limits["max_body_bytes"] == 1234 and limits["api_keys"] == 1
+    assert {"max_upload_bytes", "max_part_bytes", "max_pcm_chunk_bytes", "max_ws_frame_bytes", "header_timeout",
+            "body_timeout", "max_json_depth", "render_timeout", "max_tokens_cap", "request_timeout"} <= set(limits)
+    assert "secret" not in str(limits)
 
 
 def test_retrieve_a_model_by_id(client: Any) -> None:
@@ -62,11 +68,29 @@ def test_retrieve_a_model_by_id(client: Any) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
-def test_cors_for_browser_clients(client: Any) -> None:
-    preflight = client.options("/v1/chat/completions", headers={
-        "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
-        "Access-Control-Request-Headers": "authorization,content-type"})
-    assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == "*"
-    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
-                         headers={"Origin": "http://ui.example"})
-    assert answer.headers["access-control-allow-origin"] == "*"
+def test_cors_only_for_the_allowed_origins(fake_engine: FakeEngine) -> None:
+    from service.config import ServiceConfig
+
+    config = ServiceConfig(allowed_origins=["http://ui.example"])
+    with TestClient(create_app(AppState(engine=fake_engine, config=config))) as client:
+        preflight = client.options("/v1/chat/completions", headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert preflight.status_code == 204
+        assert preflight.headers["access-control-allow-origin"] == "http://ui.example"
+        answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                             headers={"Origin": "http://ui.example"})
+        assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == "http://ui.example"
+        other = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                            headers={"Origin": "http://evil.example"})
+        assert other.status_code == 403 and other.json()["error"]["code"] == "origin_not_allowed"
+
+
+def test_no_cors_by_default_and_cross_origin_requests_are_refused(client: Any) -> None:
+    # A text/plain POST needs no preflight: without an origin check any web page could drive the server.
+    answer = client.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "x"}]}',
+                         headers={"Origin": "http://evil.example", "content-type": "text/plain"})
+    assert answer.status_code == 403 and "access-control-allow-origin" not in answer.headers
+    same_origin = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                              headers={"Origin": "http://testserver.local"})
+    assert same_origin.status_code == 200

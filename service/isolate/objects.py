@@ -1,0 +1,263 @@
+"""Objects used across the engine connection by reference (`--isolate`): the API process calls the methods of
+objects that live in the engine process — the SpeechService and its live sessions — as if they were local.
+
+The engine process registers an object and sends a `Ref`: its handle and, for each public method or property,
+how it is called: "call" (a plain method: the caller blocks for the reply), "await" (a coroutine), "iter" (an
+async generator: items stream back one message each) or "get" (a property). Results that are themselves
+served by reference (a LiveSession from create_session) come back as new Refs; everything else by value.
+Errors come back typed (messages.ErrorInfo) and are raised on the caller's side.
+
+A plain method blocks the API process's event loop until the reply: the engine process answers from its own
+event loop, between engine steps, in about a millisecond. `CALL_TIMEOUT` bounds it when that process is gone.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from engine.errors import EngineRestarting
+from service.isolate.messages import ErrorInfo
+
+__all__ = ["Ref", "Call", "Reply", "Item", "End", "ObjectServer", "ObjectClient", "RemoteObject", "CALL_TIMEOUT"]
+
+CALL_TIMEOUT = 30.0  # seconds a plain call may wait for the engine process
+
+
+@dataclass
+class Ref:
+    """An object living in the engine process: its handle and how each member is called."""
+
+    handle: int
+    kind: str
+    members: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Call:
+    cid: int
+    handle: int
+    name: str
+    how: str  # call | await | iter | get | release
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Reply:
+    cid: int
+    value: Any = None
+    error: ErrorInfo | None = None
+
+
+@dataclass
+class Item:
+    cid: int
+    value: Any
+
+
+@dataclass
+class End:
+    cid: int
+    error: ErrorInfo | None = None
+
+
+def _members(obj: Any) -> dict[str, str]:
+    out = {name: "get" for name in getattr(obj, "__dict__", {}) if not name.startswith("_")}
+    for name, member in inspect.getmembers(type(obj)):
+        if name.startswith("_"):
+            continue
+        if isinstance(member, property):
+            out[name] = "get"
+        elif inspect.isasyncgenfunction(member):
+            out[name] = "iter"
+        elif inspect.iscoroutinefunction(member):
+            out[name] = "await"
+        elif callable(member):
+            out[name] = "call"
+    return out
+
+
+class ObjectServer:
+    """The engine process's side: the objects it serves, and the answers to calls on them."""
+
+    def __init__(self, send: Callable[[object], None], by_reference: tuple[type, ...]) -> None:
+        self.send = send
+        self.by_reference = by_reference
+        self._objects: dict[int, Any] = {}
+        self._handles = itertools.count(1)
+
+    def register(self, obj: Any) -> Ref:
+        """Serve `obj`; returns the Ref to send. Raises nothing."""
+        handle = next(self._handles)
+        self._objects[handle] = obj
+        return Ref(handle, type(obj).__name__, _members(obj))
+
+    async def handle(self, call: Call) -> None:
+        """Answer one call (run it in its own task: iterators and coroutines take time). Raises nothing."""
+        obj = self._objects.get(call.handle)
+        if call.how == "release":
+            self._objects.pop(call.handle, None)
+            return
+        try:
+            if obj is None:
+                raise LookupError(f"object {call.handle} is gone")
+            member = getattr(obj, call.name)
+            if call.how == "iter":
+                async for value in member(*call.args, **call.kwargs):
+                    self.send(Item(call.cid, self._wrap(value)))
+                self.send(End(call.cid))
+                return
+            value = member if call.how == "get" else member(*call.args, **call.kwargs)
+            if call.how == "await":
+                value = await value
+            self.send(Reply(call.cid, self._wrap(value)))
+        except Exception as exc:  # the caller gets it, typed
+            self.send((End if call.how == "iter" else Reply)(call.cid, error=ErrorInfo.of(exc)))
+
+    def _wrap(self, value: Any) -> Any:
+        return self.register(value) if isinstance(value, self.by_reference) else value
+
+
+class ObjectClient:
+    """The API process's side: proxies for Refs, and the replies they wait for."""
+
+    def __init__(self, send: Callable[[object], None]) -> None:
+        self.send = send
+        self._cids = itertools.count(1)
+        self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._streams: dict[int, MemoryObjectSendStream[Any]] = {}
+        self._lock = threading.Lock()
+
+    def proxy(self, ref: Ref) -> "RemoteObject":
+        return RemoteObject(self, ref)
+
+    def deliver(self, message: object, on_loop: Callable[[Callable[[], None]], None]) -> bool:
+        """Relay thread: take a reply or item if it is one of ours (True), else leave it (False). Replies to
+        plain calls are handed over here, since their caller blocks the event loop; the rest go through
+        `on_loop`. Raises nothing."""
+        if isinstance(message, Reply):
+            with self._lock:
+                waiter = self._waiting.pop(message.cid, None)
+            if waiter is not None:
+                waiter[1].append(message)
+                waiter[0].set()
+            elif message.cid in self._streams:  # a coroutine's reply
+                on_loop(lambda: self._feed(message))
+            return True
+        if isinstance(message, (Item, End)):
+            stream = self._streams.get(message.cid)
+            if stream is not None:
+                on_loop(lambda: self._feed(message))
+            return True
+        return False
+
+    def fail_all(self, reason: str) -> None:
+        """The engine process is gone: every waiting call and stream ends with EngineRestarting. Raises nothing."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, {}
+        for event, box in waiting.values():
+            box.append(Reply(0, error=ErrorInfo("EngineRestarting", reason)))
+            event.set()
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            try:
+                stream.send_nowait(End(0, ErrorInfo("EngineRestarting", reason)))
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def call(self, handle: int, name: str, how: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A plain call or property: blocks until the reply. Raises the remote error, EngineRestarting."""
+        cid = next(self._cids)
+        event = threading.Event()
+        box: list[Any] = []
+        with self._lock:
+            self._waiting[cid] = (event, box)
+        self.send(Call(cid, handle, name, how, args, kwargs))
+        if not event.wait(CALL_TIMEOUT):
+            with self._lock:
+                self._waiting.pop(cid, None)
+            raise EngineRestarting(f"the engine process did not answer {name}() in {CALL_TIMEOUT:g} s")
+        return self._result(box[0])
+
+    async def call_async(self, handle: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A coroutine method: awaits the reply without blocking the loop. Raises the remote error."""
+        cid = next(self._cids)
+        send, receive = anyio.create_memory_object_stream[Any](1)
+        self._streams[cid] = send
+        self.send(Call(cid, handle, name, "await", args, kwargs))
+        try:
+            return self._result(await receive.receive())
+        finally:
+            self._streams.pop(cid, None)
+
+    async def iterate(self, handle: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+        """An async generator method: its items as they come. Raises the remote error at its end."""
+        cid = next(self._cids)
+        send, receive = anyio.create_memory_object_stream[Any](1 << 16)
+        self._streams[cid] = send
+        self.send(Call(cid, handle, name, "iter", args, kwargs))
+        try:
+            while True:
+                message = await receive.receive()
+                if isinstance(message, Item):
+                    yield self.proxy(message.value) if isinstance(message.value, Ref) else message.value
+                    continue
+                if isinstance(message, (End, Reply)) and message.error is not None:
+                    raise message.error.exception()
+                return
+        finally:
+            self._streams.pop(cid, None)
+
+    def release(self, handle: int) -> None:
+        """The proxy is gone: the engine process may drop its object. Raises nothing."""
+        try:
+            self.send(Call(0, handle, "", "release"))
+        except Exception:  # the connection is gone with the object
+            pass
+
+    def _feed(self, message: Item | End | Reply) -> None:
+        stream = self._streams.get(message.cid)
+        if stream is not None:
+            try:
+                stream.send_nowait(message)
+            except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+    def _result(self, message: Reply | End) -> Any:
+        if message.error is not None:
+            raise message.error.exception()
+        value = getattr(message, "value", None)
+        return self.proxy(value) if isinstance(value, Ref) else value
+
+
+class RemoteObject:
+    """A local stand-in for an object in the engine process (see module doc)."""
+
+    def __init__(self, client: ObjectClient, ref: Ref) -> None:
+        self._client = client
+        self._ref = ref
+
+    def __getattr__(self, name: str) -> Any:
+        how = self._ref.members.get(name)
+        client, handle = self._client, self._ref.handle
+        if how is None:
+            raise AttributeError(f"{self._ref.kind} has no served member {name!r}")
+        if how == "get":
+            return client.call(handle, name, "get", (), {})
+        if how == "await":
+            return lambda *args, **kwargs: client.call_async(handle, name, args, kwargs)
+        if how == "iter":
+            return lambda *args, **kwargs: client.iterate(handle, name, args, kwargs)
+        return lambda *args, **kwargs: client.call(handle, name, "call", args, kwargs)
+
+    def __del__(self) -> None:
+        self._client.release(self._ref.handle)

@@ -1,0 +1,80 @@
+"""Graceful stop of a worker on SIGTERM/SIGINT: stop admission, let what is in flight finish within the
+shutdown timeout, end what is left with its final events, then let granian stop the worker.
+
+Admission stops at once (`state.draining`: new requests get 503 with Retry-After, /health says
+"stopping"). After `shutdown_timeout` the engine is closed: every running generation ends, and each
+stream sends an error event (code shutting_down) and `[DONE]` before the worker goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import TYPE_CHECKING, Any, Callable
+
+import anyio
+
+if TYPE_CHECKING:
+    from service.state import AppState
+
+__all__ = ["install_drain", "drain"]
+
+_log = logging.getLogger("tandem.service")
+
+# After the engine closed, how long the last streams get to write their final events.
+_FINAL_EVENTS_SECONDS = 5.0
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def drain(state: "AppState") -> None:
+    """Stop admission, wait up to shutdown_timeout for requests in flight, then close the engine so the
+    rest end with their final events, and wait briefly for them. Raises nothing."""
+    state.draining = True
+    timeout = state.config.shutdown_timeout
+    _log.info("stopping: %d requests in flight get %g s to finish", state.inflight.count, timeout)
+    with anyio.move_on_after(timeout):
+        await state.inflight.wait_idle()
+    if state.inflight.count > 0:
+        _log.info("stopping: ending %d requests still in flight", state.inflight.count)
+        if state.engine is not None:
+            state.engine.close()
+        with anyio.move_on_after(_FINAL_EVENTS_SECONDS):
+            await state.inflight.wait_idle()
+
+
+def install_drain(state: "AppState") -> bool:
+    """Take over SIGTERM and SIGINT on the running asyncio loop: the first one drains (see `drain`), then
+    hands the signal to the handler it replaced (granian's, which stops the worker); later ones are
+    ignored while draining. Call it on the loop granian runs the app on. Returns False when the loop's
+    handlers cannot be taken over. Raises nothing."""
+    loop = asyncio.get_running_loop()
+    previous: dict[int, Callable[[], Any]] = {}
+    for sig in _SIGNALS:
+        # asyncio keeps each handler as a Handle in `_signal_handlers` (private, stable since 3.4).
+        handle = getattr(loop, "_signal_handlers", {}).get(sig)
+        if handle is not None:
+            previous[sig] = handle._run
+    started: list[asyncio.Task[None]] = []
+
+    async def drain_then_forward(sig: int) -> None:
+        await drain(state)
+        forward = previous.get(sig) or previous.get(signal.SIGTERM)
+        if forward is not None:
+            forward()
+        else:  # no handler to hand over to: stop the way an unhandled signal would
+            for each in _SIGNALS:
+                loop.remove_signal_handler(each)
+            signal.raise_signal(signal.SIGTERM)
+
+    def on_signal(sig: int) -> None:
+        # A signal callback runs outside any task: the drain gets its own (kept referenced in `started`).
+        if not started:
+            started.append(loop.create_task(drain_then_forward(sig)))
+
+    try:
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, on_signal, sig)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True

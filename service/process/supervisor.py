@@ -1,0 +1,76 @@
+"""granian's main process as the supervisor of the one worker: it owns the listening socket, respawns a
+worker that died (RestartPolicy: not after a startup failure, not in a crash loop) and tells the new
+worker it is a respawn (WORKER_GENERATION_ENV), so /health says "restarting" until its models are back.
+
+granian 2.8's main loop respawns without telling a startup failure from a kill and only stops a crash
+loop when deaths are under 5.5 s apart; `_serve_loop` is replaced here (granian's version is pinned).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from granian.server.mp import MPServer
+
+from service.process.restarts import RestartPolicy
+
+__all__ = ["SupervisedGranian", "WORKER_GENERATION_ENV", "worker_generation"]
+
+# 0 for the first worker, n for the n-th respawn (read by the worker at startup).
+WORKER_GENERATION_ENV = "TANDEM_WORKER_GENERATION"
+
+_log = logging.getLogger("tandem.service")
+
+
+def worker_generation(environ: Any = None) -> int:
+    """Which respawn this worker is (0: the first start). Raises nothing."""
+    raw = (os.environ if environ is None else environ).get(WORKER_GENERATION_ENV, "0")
+    return int(raw) if str(raw).isdigit() else 0
+
+
+class SupervisedGranian(MPServer):
+    """granian's multiprocess server (worker processes, not threads), worker deaths through a RestartPolicy."""
+
+    def __init__(self, *args: Any, policy: RestartPolicy | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy = policy or RestartPolicy()
+        self.generation = 0
+        self.exit_code = 0
+
+    def _serve(self, spawn_target: Any, target_loader: Any) -> None:
+        os.environ[WORKER_GENERATION_ENV] = "0"
+        self.startup(spawn_target, target_loader)
+        self._serve_loop(spawn_target, target_loader)
+        self.shutdown(self.exit_code)
+
+    def _serve_loop(self, spawn_target: Any, target_loader: Any) -> None:
+        while True:
+            self.main_loop_interrupt.wait()
+            if self.interrupt_signal:
+                return
+            dead = list(self.interrupt_children)
+            self.interrupt_children.clear()
+            self.main_loop_interrupt.clear()
+            for idx in dead:
+                if not self._respawn(idx, spawn_target, target_loader):
+                    return
+
+    def _respawn(self, idx: int, spawn_target: Any, target_loader: Any) -> bool:
+        exitcode = self.wrks[idx].inner.exitcode
+        decision = self.policy.decide(exitcode, time.monotonic())
+        if not decision.respawn:
+            _log.error("worker-%d stopped for good: %s", idx + 1, decision.reason)
+            self.exit_code = 1
+            return False
+        _log.warning("worker-%d: %s; respawning it%s", idx + 1, decision.reason,
+                     f" in {decision.delay:g} s" if decision.delay else "")
+        # Wait out the backoff, unless a signal asks the server to stop meanwhile.
+        if decision.delay and self.main_loop_interrupt.wait(decision.delay) and self.interrupt_signal:
+            return False
+        self.generation += 1
+        os.environ[WORKER_GENERATION_ENV] = str(self.generation)
+        self._respawn_workers([idx], spawn_target, target_loader)
+        return True

@@ -1,0 +1,58 @@
+"""/metrics through prometheus-client: counters are counters, values keep their precision, requests are
+counted by route template (never by raw path), engine and memory figures are gauges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar.testing import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.app import create_app
+from service.state import AppState
+from tests.service.fake_engine import FakeEngine
+
+
+def _families(client: TestClient[Any]) -> dict[str, Any]:
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    return {family.name: family for family in text_string_to_metric_families(response.text)}
+
+
+def _value(family: Any, **labels: str) -> float:
+    return next(s.value for s in family.samples if all(s.labels.get(k) == v for k, v in labels.items())
+                and not s.name.endswith("_created"))
+
+
+def test_engine_totals_are_counters_and_keep_their_precision() -> None:
+    engine = FakeEngine()
+    totals = {"prompt_tokens": 123_456_789_012, "generation_tokens": 987_654_321, "finished_rows": 7}
+    engine.stats = lambda: {"active_rows": 3, "queued_rows": 2, "kv_bytes": 4_294_967_297, **totals,  # type: ignore[method-assign]
+                            "prefix_cache": {"hit_tokens": 555, "bytes": 1024, "hits": 1, "misses": 2},
+                            "memory": {"budget": {"total": 8_589_934_592, "kv": 1_000_000}, "slot_bytes": 4096,
+                                       "process_rss_bytes": 123_456_789}}
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        families = _families(client)
+    assert families["tandem_engine_prompt_tokens"].type == "counter"
+    assert _value(families["tandem_engine_prompt_tokens"]) == 123_456_789_012  # `:g` printed 1.23457e+11
+    assert families["tandem_prefix_cache_hit_tokens"].type == "counter"
+    assert _value(families["tandem_prefix_cache_hit_tokens"]) == 555
+    assert families["tandem_active_rows"].type == "gauge" and _value(families["tandem_active_rows"]) == 3
+    assert _value(families["tandem_kv_bytes"]) == 4_294_967_297
+    assert _value(families["tandem_memory_budget_bytes"], part="total") == 8_589_934_592
+    assert _value(families["tandem_memory_bytes"], part="process_rss") == 123_456_789
+
+
+def test_requests_are_counted_by_route_template_and_status(client: TestClient[Any]) -> None:
+    client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    client.get("/v1/models/fake-model")
+    client.get("/v1/models/some/other/model")
+    client.get("/nothing/here")
+    requests = _families(client)["tandem_requests"]
+    assert requests.type == "counter"
+    assert _value(requests, route="/v1/chat/completions", method="POST", status="200") == 1
+    assert _value(requests, route="/v1/models/{model_id}", status="404") == 1
+    assert _value(requests, route="unrouted", status="404") == 1
+    assert not any("fake-model" in s.labels.get("route", "") for s in requests.samples)
+    durations = _families(client)["tandem_request_duration_seconds"]
+    assert durations.type == "histogram"

@@ -1,0 +1,205 @@
+"""The guard in front of the app: API keys on every route, browser origins, readiness, body limits and
+read timeouts, websocket message size."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterator
+
+import anyio
+import pytest
+from litestar.exceptions import WebSocketDisconnect
+from litestar.testing import TestClient
+
+from service.app import create_app, route_handlers
+from service.config import API_KEY_ENV, CONFIG_ENV, ServiceConfig
+from service.http import auth
+from service.limits import Limits
+from service.state import AppState
+from tests.service.fake_engine import FakeEngine
+
+USER = [{"role": "user", "content": "hi"}]
+KEYS = ["key-one", "key-two"]
+
+
+def _client(engine: FakeEngine | None = None, **config: Any) -> TestClient[Any]:
+    return TestClient(create_app(AppState(engine=engine or FakeEngine(), config=ServiceConfig(**config))))
+
+
+@pytest.fixture
+def keyed() -> Iterator[TestClient[Any]]:
+    with _client(api_keys=KEYS) as client:
+        yield client
+
+
+def _http_routes() -> list[tuple[str, str]]:
+    routes = []
+    for handler in route_handlers():
+        methods = getattr(handler, "http_methods", None)
+        if not methods:
+            continue
+        for path in handler.paths:
+            concrete = re.sub(r"\{[^}]+\}", "some-id", path)
+            routes += [(method, concrete) for method in sorted(methods)]
+    return routes
+
+
+HTTP_ROUTES = _http_routes()
+
+
+@pytest.mark.parametrize("method,path", HTTP_ROUTES, ids=[f"{m} {p}" for m, p in HTTP_ROUTES])
+def test_every_route_but_health_needs_a_key(keyed: TestClient[Any], method: str, path: str) -> None:
+    anonymous = keyed.request(method, path, json={"messages": USER})
+    wrong = keyed.request(method, path, json={"messages": USER}, headers={"authorization": "Bearer nope"})
+    bearer = keyed.request(method, path, json={"messages": USER}, headers={"authorization": f"Bearer {KEYS[1]}"})
+    header = keyed.request(method, path, json={"messages": USER}, headers={"x-api-key": KEYS[0]})
+    if path == "/health":
+        assert anonymous.status_code == 200
+        return
+    for refused in (anonymous, wrong):
+        assert refused.status_code == 401, (method, path, refused.text)
+        assert refused.json()["error"]["code"] == "invalid_api_key"
+        assert refused.headers["www-authenticate"] == "Bearer"
+    assert bearer.status_code != 401 and header.status_code != 401
+
+
+def test_the_websocket_needs_a_key_too(keyed: TestClient[Any]) -> None:
+    with pytest.raises(WebSocketDisconnect):
+        with keyed.websocket_connect("/v1/audio/live") as socket:
+            socket.receive_json()
+    with keyed.websocket_connect("/v1/audio/live", headers={"x-api-key": KEYS[0]}) as socket:
+        # Accepted: the route itself answers (this app serves no Whisper model).
+        assert socket.receive_json()["code"] == "model_not_found"
+
+
+def test_keys_are_compared_in_constant_time_against_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    compared: list[tuple[bytes, bytes]] = []
+
+    def compare(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return a == b
+
+    monkeypatch.setattr(auth.hmac, "compare_digest", compare)
+    ring = auth.KeyRing(KEYS)
+    scope = {"headers": [(b"authorization", f"Bearer {KEYS[0]}".encode())]}
+    assert ring.match(scope) == auth.KeyRing.key_id(KEYS[0].encode())
+    assert len(compared) == len(KEYS)  # no early exit on the first match
+
+
+def test_several_keys_from_the_environment() -> None:
+    config = ServiceConfig.from_env({CONFIG_ENV: json.dumps({"api_keys": ["a"]}), API_KEY_ENV: "b, c,,"})
+    assert config.api_keys == ["a", "b", "c"]
+
+
+def test_websocket_origin_is_checked(fake_engine: FakeEngine) -> None:
+    with _client(fake_engine, allowed_origins=["http://ui.example"]) as client:
+        with pytest.raises(WebSocketDisconnect):
+            with client.websocket_connect("/v1/audio/live", headers={"origin": "http://evil.example"}) as socket:
+                socket.receive_json()
+        with client.websocket_connect("/v1/audio/live", headers={"origin": "http://ui.example"}) as socket:
+            assert socket.receive_json()["type"] == "error"  # accepted; no Whisper model here
+
+
+# ------------------------------------------------------------------ bodies
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(fake_engine: FakeEngine) -> None:
+    with _client(fake_engine, limits=Limits(max_body_bytes=1000)) as client:
+        big = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 2000}]})
+        assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+        assert fake_engine.tokenizer.template_calls == []
+        assert client.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
+
+
+def _scope(path: str, headers: list[tuple[bytes, bytes]] | None = None) -> dict[str, Any]:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test"), *(headers or [])],
+        "client": ("127.0.0.1", 1), "server": ("test", 80),
+    }
+
+
+async def _call(app: Any, scope: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """Run one request whose receive() yields `messages`, then waits forever (a stalled client)."""
+    sent: list[dict[str, Any]] = []
+    queue = list(messages)
+
+    async def receive() -> dict[str, Any]:
+        if queue:
+            return queue.pop(0)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body)
+
+
+@pytest.mark.anyio
+async def test_a_chunked_body_is_cut_once_it_passes_the_limit() -> None:
+    app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig(limits=Limits(max_body_bytes=100))))
+    chunks = [{"type": "http.request", "body": b"x" * 60, "more_body": True} for _ in range(5)]
+    status, body = await _call(app, _scope("/v1/chat/completions"), chunks)
+    assert status == 413 and body["error"]["code"] == "request_too_large"
+
+
+@pytest.mark.anyio
+async def test_a_stalled_body_is_answered_408() -> None:
+    limits = Limits(body_timeout=0.05)  # the only wait here is the one under test
+    app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig(limits=limits)))
+    start = [{"type": "http.request", "body": b'{"messages": ', "more_body": True}]
+    status, body = await _call(app, _scope("/v1/chat/completions"), start)
+    assert status == 408 and body["error"]["code"] == "body_timeout"
+
+
+def test_routes_have_their_own_size_limits() -> None:
+    from service.http.guard import body_limit
+
+    limits = Limits(max_body_bytes=1, max_upload_bytes=2, max_pcm_chunk_bytes=3)
+    assert body_limit("/v1/chat/completions", limits) == 1
+    assert body_limit("/v1/audio/transcriptions", limits) == 2
+    assert body_limit("/v1/audio/sessions/sess_abc/audio", limits) == 3
+
+
+# ------------------------------------------------------------------ readiness
+
+
+def test_requests_get_503_with_retry_after_while_the_engine_loads() -> None:
+    release: list[anyio.Event] = []
+    loaded = FakeEngine()
+
+    async def load(_: ServiceConfig) -> FakeEngine:
+        release.append(anyio.Event())  # created on the app's loop
+        await release[0].wait()
+        return loaded
+
+    state = AppState(load_engine=load, load_in_background=True)
+    with TestClient(create_app(state)) as client:
+        waiting = client.post("/v1/chat/completions", json={"messages": USER})
+        assert waiting.status_code == 503 and waiting.headers["retry-after"]
+        assert waiting.json()["error"]["code"] == "loading"
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "loading"
+        client.blocking_portal.call(release[0].set)
+        client.blocking_portal.call(_until_ready, state)
+        assert client.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
+
+
+async def _until_ready(state: AppState) -> None:
+    while not state.ready:
+        await anyio.sleep(0)  # a checkpoint: lets the background start run until it reports ready
+
+
+def test_a_respawned_worker_says_restarting() -> None:
+    state = AppState(engine=FakeEngine(), restarting=True)
+    assert state.phase == "restarting"
+    state.ready = True
+    assert state.phase == "ready"
+    state.draining = True
+    assert state.phase == "stopping"

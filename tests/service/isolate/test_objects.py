@@ -1,0 +1,104 @@
+"""Objects by reference across a connection: plain methods, properties, coroutines, async generators and
+objects returned by reference, each answered by a server running its own event loop in another thread (as the
+engine process does), errors raised typed on the caller's side."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from multiprocessing import Pipe
+from typing import AsyncIterator
+
+import anyio
+import pytest
+
+from engine.errors import InvalidRequest
+from service.isolate.objects import ObjectClient, ObjectServer, RemoteObject
+
+pytestmark = pytest.mark.anyio
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+        self.label = "counter"
+
+    @property
+    def doubled(self) -> int:
+        return 2 * self.n
+
+    def add(self, k: int) -> int:
+        self.n += k
+        return self.n
+
+    async def slow_add(self, k: int) -> int:
+        await anyio.sleep(0)
+        return self.add(k)
+
+    async def count(self, upto: int) -> AsyncIterator[int]:
+        for i in range(upto):
+            yield i
+
+    def child(self) -> "Counter":
+        return Counter()
+
+    def refuse(self) -> None:
+        raise InvalidRequest("no such thing", param="thing")
+
+
+@pytest.fixture
+async def remote() -> AsyncIterator[RemoteObject]:
+    """A Counter served from another thread's event loop, and the proxy for it on this one."""
+    server_end, client_end = Pipe()
+
+    def serve() -> None:
+        async def main() -> None:
+            server = ObjectServer(server_end.send, (Counter,))
+            server_end.send(server.register(Counter()))
+            async with anyio.create_task_group() as tg:
+                while (call := await anyio.to_thread.run_sync(server_end.recv)) is not None:
+                    tg.start_soon(server.handle, call)
+
+        anyio.run(main)
+
+    threading.Thread(target=serve, daemon=True).start()
+    root = await anyio.to_thread.run_sync(client_end.recv)
+    client = ObjectClient(client_end.send)
+    loop = asyncio.get_running_loop()
+
+    def relay() -> None:  # as the API process's relay thread does
+        while True:
+            try:
+                message = client_end.recv()
+            except (EOFError, OSError):
+                return
+            client.deliver(message, lambda fn: loop.call_soon_threadsafe(fn))
+
+    threading.Thread(target=relay, daemon=True).start()
+    yield client.proxy(root)
+    client_end.send(None)
+
+
+async def test_plain_calls_properties_and_attributes(remote: RemoteObject) -> None:
+    assert remote.add(3) == 3 and remote.add(4) == 7
+    assert remote.doubled == 14 and remote.label == "counter"
+
+
+async def test_coroutines_and_async_generators(remote: RemoteObject) -> None:
+    assert await remote.slow_add(5) == 5
+    assert [i async for i in remote.count(4)] == [0, 1, 2, 3]
+
+
+async def test_objects_come_back_by_reference(remote: RemoteObject) -> None:
+    child = remote.child()
+    assert isinstance(child, RemoteObject)
+    child.add(10)
+    assert child.n == 10 and remote.n == 0
+
+
+async def test_errors_are_raised_typed(remote: RemoteObject) -> None:
+    with pytest.raises(InvalidRequest, match="no such thing") as info:
+        remote.refuse()
+    assert info.value.param == "thing"
+    with pytest.raises(AttributeError):
+        remote.nothing_like_this  # noqa: B018

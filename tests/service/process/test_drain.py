@@ -1,0 +1,105 @@
+"""Draining on SIGTERM with the real engine: admission stops at once, streams that finish in time finish
+normally, the rest end with an error event (code shutting_down) and [DONE]."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from litestar.testing import TestClient
+
+from engine.runtime import Engine
+from service.app import create_app
+from service.config import ServiceConfig
+from service.process.drain import drain
+from service.state import AppState
+from tests.service.conftest import sse_events
+
+pytestmark = pytest.mark.anyio
+USER = [{"role": "user", "content": "Hello there"}]
+
+
+@pytest.fixture
+def no_eos(tiny_loaded: Any) -> dict[str, int]:
+    return {str(tiny_loaded.tokenizer.eos_token_id): -100}
+
+
+def _scope(path: str) -> dict[str, Any]:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "client": ("127.0.0.1", 1), "server": ("test", 80),
+    }
+
+
+class StreamClient:
+    """One streamed request at the ASGI level, its body collected as it is sent."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        self.body = json.dumps(body).encode()
+        self.sent_body = False
+        self.first_event = anyio.Event()
+        self.finished = anyio.Event()
+        self.chunks: list[bytes] = []
+
+    async def receive(self) -> dict[str, Any]:
+        if not self.sent_body:
+            self.sent_body = True
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self.finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            self.chunks.append(message.get("body", b""))
+            if b"data: " in message.get("body", b""):
+                self.first_event.set()
+            if not message.get("more_body", False):
+                self.finished.set()
+
+    def events(self) -> list[Any]:
+        return sse_events(b"".join(self.chunks).decode())
+
+
+async def _drain_during_stream(tiny_loaded: Any, timeout: float, body: dict[str, Any]) -> tuple[AppState, StreamClient]:
+    engine = Engine(tiny_loaded, max_active=4)
+    state = AppState(engine=engine, ready=True, config=ServiceConfig(shutdown_timeout=timeout))
+    app = create_app(state)
+    client = StreamClient({"messages": USER, "stream": True, **body})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        tg.start_soon(app, _scope("/v1/chat/completions"), client.receive, client.send)
+        await client.first_event.wait()
+        await drain(state)
+        await client.finished.wait()
+        engine.close()
+    return state, client
+
+
+async def test_streams_past_the_timeout_end_with_an_error_event_and_done(tiny_loaded: Any,
+                                                                         no_eos: dict[str, int]) -> None:
+    state, client = await _drain_during_stream(tiny_loaded, 0.1, {"max_tokens": 1900, "logit_bias": no_eos})
+    events = client.events()
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down"
+    assert state.draining and state.inflight.count == 0
+
+
+async def test_streams_that_finish_in_time_finish_normally(tiny_loaded: Any, no_eos: dict[str, int]) -> None:
+    _, client = await _drain_during_stream(tiny_loaded, 60, {"max_tokens": 24, "logit_bias": no_eos})
+    events = client.events()
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events[:-1])
+    assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"]][-1] == "length"
+
+
+def test_while_draining_new_requests_get_503_and_health_says_stopping(tiny_loaded: Any) -> None:
+    state = AppState(engine=Engine(tiny_loaded, max_active=4))
+    with TestClient(create_app(state)) as client:
+        state.draining = True
+        refused = client.post("/v1/chat/completions", json={"messages": USER})
+        assert refused.status_code == 503 and refused.headers["retry-after"]
+        assert refused.json()["error"]["code"] == "shutting_down"
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "stopping"
