@@ -64,12 +64,14 @@ class SessionEvent:
     (`audio_ms` into the received audio), audio_committed (the utterance's audio ended: a VAD pause, commit()
     or finish), committed (new text that never changes), tentative (the current guess after it, which
     replaces the previous one), utterance (all text of the utterance, once it is transcribed), cleared (the
-    open audio without committed text was dropped)."""
+    open audio without committed text was dropped). `ref`: what the caller passed to the commit() that closed
+    the utterance."""
 
     type: EventType
     text: str = ""
     audio_ms: int | None = None
     item: int = 0
+    ref: str | None = None
 
 
 class LiveTranscription:

@@ -71,7 +71,8 @@ class LiveSession:
         self._origin = 0  # raw sample where the gate started (a clear() restarts it)
         self._gated = 0  # raw samples through the gate
         self._boundary = 0  # raw sample of the last commit, clear or VAD pause
-        self._controls: deque[tuple[Literal["commit", "clear"], int]] = deque()  # (what, raw sample), in order
+        # (what, raw sample, the commit's ref), in the order they were asked for
+        self._controls: deque[tuple[Literal["commit", "clear"], int, str | None]] = deque()
         self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
         self._finishing = False
         self._idle = False
@@ -155,16 +156,16 @@ class LiveSession:
         self._gate = speech_gate(options)
         self.live = LiveTranscription(options, self.config, self._scheduler, self._emit, self.scope)
 
-    def commit(self) -> None:
+    def commit(self, ref: str | None = None) -> None:
         """Close the open utterance at the audio received so far, as a VAD pause would (an `audio_committed`
-        event follows; audio appended later opens the next utterance). Raises SessionClosed, CommitEmpty
-        (less than MIN_COMMIT_MS since the last commit, clear or VAD pause)."""
+        event carrying `ref` follows; audio appended later opens the next utterance). Raises SessionClosed,
+        CommitEmpty (less than MIN_COMMIT_MS since the last commit, clear or VAD pause)."""
         self._check_open()
         if self._raw.total - self._boundary < MIN_COMMIT_MS * SAMPLE_RATE // 1000:
             raise CommitEmpty(f"the audio buffer holds less than {MIN_COMMIT_MS} ms since the last commit; "
                               "nothing to commit")
         self._boundary = self._raw.total
-        self._controls.append(("commit", self._raw.total))
+        self._controls.append(("commit", self._raw.total, ref))
         self._wake.set()
 
     def clear(self) -> None:
@@ -174,7 +175,7 @@ class LiveSession:
         self._check_open()
         self._stream = None  # the resampler's held-back samples belong to the dropped audio
         self._boundary = self._raw.total
-        self._controls.append(("clear", self._raw.total))
+        self._controls.append(("clear", self._raw.total, None))
         self._wake.set()
 
     async def finish(self) -> Transcript:
@@ -276,10 +277,10 @@ class LiveSession:
     async def _gate_pending(self) -> None:
         """Audio through the gate into the transcription, commits and clears at their points in it."""
         while self._controls:
-            what, at = self._controls.popleft()
+            what, at, ref = self._controls.popleft()
             if what == "commit":
-                if not await self._gate_to(at, flush=True):  # a flushed VAD pause is the commit itself
-                    self._pause(at)
+                if not await self._gate_to(at, flush=True, ref=ref):  # a flushed VAD pause is the commit itself
+                    self._pause(at, ref)
             else:
                 self._clear_at(at)
         await self._gate_to(self._raw.total, flush=self._finishing)
@@ -288,9 +289,9 @@ class LiveSession:
         self._raw.discard_before(self._settled())
         self._pool.update(self)
 
-    async def _gate_to(self, end: int, flush: bool) -> bool:
-        """Gate raw audio up to `end`; with `flush` close an open speech region there. Returns whether the
-        last thing gated was a pause."""
+    async def _gate_to(self, end: int, flush: bool, ref: str | None = None) -> bool:
+        """Gate raw audio up to `end`; with `flush` close an open speech region there (its pause carries
+        `ref`). Returns whether the last thing gated was a pause."""
         pending = self._raw.view(self._gated, end - self._gated)
         start = self._gated
         self._gated += len(pending)
@@ -303,9 +304,8 @@ class LiveSession:
             events = await anyio.to_thread.run_sync(gate.push, pending)
         else:
             events = gate.push(pending)
-        if flush:
-            events += gate.flush()
-        for ev in events:
+        flushed = gate.flush() if flush else []
+        for ev in events + flushed:
             if isinstance(ev, Speech):
                 a, b = ev.start + origin, ev.end + origin
                 if ev.first:
@@ -315,12 +315,12 @@ class LiveSession:
                 at = ev.at + origin
                 self._boundary = max(self._boundary, at)
                 self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.opened))
-                self._pause(at)
-        return bool(events) and not isinstance(events[-1], Speech)
+                self._pause(at, ref if ev in flushed else None)
+        return bool(flushed) and not isinstance(flushed[-1], Speech)
 
-    def _pause(self, at: int) -> None:
+    def _pause(self, at: int, ref: str | None = None) -> None:
         item = self.live.add_pause()
-        self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE, item=item))
+        self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE, item=item, ref=ref))
 
     def _clear_at(self, at: int) -> None:
         """Drop raw audio not yet gated up to `at`, restart the gate there, and clear the open utterance."""

@@ -162,7 +162,7 @@ class LiveSocket:
         elif kind == "input_audio_buffer.append":
             self._audio(_base64_audio(event.get("audio")), self.config.pcm_format)
         elif kind == "input_audio_buffer.commit":
-            self.session.commit()
+            self.session.commit(self._event_id)
         elif kind == "input_audio_buffer.clear":
             self.session.clear()
         elif isinstance(kind, str) and kind.startswith(_UNSUPPORTED):

@@ -82,7 +82,11 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[
                  "item_id": items.get(k).id}]
     if ev.type == "audio_committed":
         item, previous = items.created(k, ev.audio_ms or 0)
-        return [{"type": "input_audio_buffer.committed", "item_id": item.id, "previous_item_id": previous},
+        committed: dict[str, Any] = {"type": "input_audio_buffer.committed", "item_id": item.id,
+                                     "previous_item_id": previous}
+        if ev.ref is not None:  # extension: which client commit closed it (the event_id the client gave)
+            committed["client_event_id"] = ev.ref
+        return [committed,
                 {"type": "conversation.item.created", "previous_item_id": previous,
                  "item": {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed",
                           "role": "user", "content": [{"type": "input_audio", "transcript": None}]}}]

@@ -145,3 +145,26 @@ async def test_keepalive_pings_are_answered_after_finish(speech_server: TandemSe
             while (event := json.loads(await ws.recv()))["type"] != "transcript.done":
                 assert event["type"] in ("transcript.partial", "session.created")
     assert event["received_seconds"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_dictate_streams_a_file_over_the_realtime_protocol(speech_server: TandemServer, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import wave
+
+    wav = tmp_path / "take.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        silence = np.zeros(8000, np.float32)
+        w.writeframes((np.concatenate([silence, voiced(1.5, 16000), silence, voiced(1.0, 16000)]) * 32767)
+                      .astype("<i2").tobytes())
+    before = speech_server.stats()["speech"]["scheduler"]["windows_done"]
+    out = subprocess.run([sys.executable, "-m", "service.cli", "dictate", "--file", str(wav), "--server",
+                          speech_server.root, "--speed", "4", "--language", "en", "--vocabulary", "Dashwood"],
+                         capture_output=True, text=True, timeout=LIMIT)
+    assert out.returncode == 0, out.stderr
+    assert "3.5 s of audio" in out.stderr and "utterances" in out.stderr
+    assert speech_server.stats()["speech"]["scheduler"]["windows_done"] > before  # the server transcribed it
+    refused = subprocess.run([sys.executable, "-m", "service.cli", "dictate", "--file", str(wav), "--server",
+                              speech_server.root, "--language", "xx-nope"], capture_output=True, text=True, timeout=LIMIT)
+    assert refused.returncode != 0 and "language" in refused.stderr
