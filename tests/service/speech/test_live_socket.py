@@ -281,3 +281,11 @@ def test_a_full_house_is_refused_never_evicted(client: TestClient[Any], state: A
 def test_a_live_config_reaches_the_sessions(state: AppState) -> None:
     speech = state.speech
     assert speech is not None and isinstance(speech.live, LiveConfig)  # type: ignore[attr-defined]
+
+
+def test_stats_show_the_caps_and_the_step_budget(client: TestClient[Any]) -> None:
+    speech = client.get("/stats").json()["speech"]
+    assert speech["max_sessions"] == 3 and speech["vad_default"] is True
+    assert {"max_session_s", "max_session_lag_s", "max_buffered_audio_s", "buffered_audio_s"} <= set(speech)
+    scheduler = speech["scheduler"]
+    assert scheduler["chat_share"] == 0.3 and scheduler["encoder_positions_per_step"] == 375
