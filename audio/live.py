@@ -35,7 +35,9 @@ if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
     from audio.whisper import LoadedWhisper
 
-__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
+__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription", "RETRY_TAIL_S"]
+
+RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
 
 
 @dataclass(frozen=True)
@@ -192,8 +194,10 @@ class LiveTranscription:
         if limit - seek >= N_SAMPLES:
             return self._full_window
         if self._pauses:
-            # Behind: every pause already here that fits one window is finished by one decode.
-            last = max(p for p in self._pauses if p - seek <= N_SAMPLES)
+            # Behind: the pauses already here that fit one decode are finished by it — within one window, and
+            # within the text the decoder has room for (more would be cut off at its token cap, and lost).
+            fit = min(N_SAMPLES, self._room_samples())
+            last = max((p for p in self._pauses if p - seek <= fit), default=self._pauses[0])
             return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
@@ -201,6 +205,14 @@ class LiveTranscription:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
         return None
+
+    def _room_samples(self) -> float:
+        """Audio whose text fits what a decode may still sample after the forced prefix (at the rate
+        tokens_per_second assumes). Raises nothing."""
+        if self._tr is None or self._live is None:
+            return float(N_SAMPLES)
+        room = self._tr.loaded.model.dims.n_text_ctx // 2 - len(self._live.prefix) - 16
+        return max(0, room) / self.config.tokens_per_second * SAMPLE_RATE
 
     def _prefix_full(self) -> bool:
         return self._live is not None and self._tr is not None and \
@@ -318,6 +330,15 @@ class LiveTranscription:
             self._commit_text(tokens[len(live.prefix):])
             live.reset()
             live.prefix = list(tokens)
+            short = self._stopped_short(tokens, seek, limit) if result.decoded.sampled else None
+            if short is not None:
+                # Whisper ended its text well before the speech did (it does near a window's end): what it said
+                # stays, and the rest is decoded again from where its text ended.
+                self._finish_all(short)
+                self._probed_at = max(self._probed_at, short)
+                self._set_tentative([])
+                self._close(sum(1 for p in self._pauses if p <= short))
+                return
         self._final_to = self._probed_at = max(self._probed_at, limit)
         self._set_tentative([])
         if not live.prefix or self._prefix_full():
@@ -325,6 +346,17 @@ class LiveTranscription:
         elif result is not None:
             self._trim(result)
         self._close(sum(1 for p in self._pauses if p <= limit))
+
+    def _stopped_short(self, tokens: list[int], seek: int, limit: int) -> int | None:
+        """Where the decoded text ends (its last timestamp, as a compact position) when that is more than
+        RETRY_TAIL_S of speech before `limit` and past the seek, else None. Raises nothing."""
+        assert self._tr is not None
+        begin = self._tr.tokenizer.timestamp_begin
+        stamps = [t for t in tokens if t >= begin]
+        if not stamps:
+            return None
+        end = seek + (stamps[-1] - begin) * self._stride() * HOP_LENGTH
+        return end if seek + HOP_LENGTH < end <= limit - RETRY_TAIL_S * SAMPLE_RATE else None
 
     def _finish_all(self, limit: int) -> None:
         """All committed text up to `limit` joins the transcript and the open audio before it goes."""

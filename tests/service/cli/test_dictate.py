@@ -69,3 +69,19 @@ def test_dictate_refuses_a_bad_speed_and_a_missing_file(capsys: pytest.CaptureFi
     assert main(["dictate", "--file", "x.wav", "--speed", "0"]) != 0
     assert main(["dictate", "--file", "/nonexistent.wav"]) != 0
     assert "speed" in capsys.readouterr().err
+
+
+def test_without_a_microphone_dictate_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_sounddevice(name: str, *args: object, **kwargs: object) -> object:
+        if name == "sounddevice":
+            raise ImportError("no module named sounddevice")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_sounddevice)
+    assert main(["dictate"]) != 0
+    assert "mic extra" in capsys.readouterr().err
