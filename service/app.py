@@ -223,7 +223,12 @@ def app_from_env() -> Litestar:
     state = AppState(config=config, load_engine=_open_engine_or_exit, load_in_background=True,
                      drain_on_signals=True, restarting=worker_generation() > 0, on_fatal=_exit_startup_failed)
     if speech_config(config) is not None:
-        install_speech(state)
+        if config.isolate:  # speech runs in the engine process, beside its engine; the routes use it there
+            from service.isolate.speech import remote_speech_lifespan
+
+            state.lifespan_hooks.append(remote_speech_lifespan)
+        else:
+            install_speech(state)
     return create_app(state)
 
 

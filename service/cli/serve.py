@@ -40,7 +40,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="run the engine and its model in a child process this server supervises: the API and /health "
                         "stay up through an engine crash (it is restarted) and HTTP work never shares the engine's "
-                        "GIL; chat only for now (add --no-whisper)")
+                        "GIL; Whisper runs there too")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run internal generations at start so kernels compile before clients wait (default: on a "
                         "GPU, off on CPU)")
@@ -99,8 +99,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = serve_config(args)
     speech = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
-    if config.isolate and "speech" in config.extra:
-        raise CLIError("--isolate serves chat only for now: add --no-whisper (speech runs in-process)")
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
     _check_port(config.host, config.port)
     # Only once every check passed, so a bad name or a busy port is the one line printed.

@@ -7,7 +7,9 @@ of the connection everywhere), so an API process killed with -9 leaves no engine
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -33,6 +35,7 @@ from service.isolate.messages import (
     Snapshot,
     Submit,
 )
+from service.isolate.objects import Call, ObjectServer
 
 __all__ = ["main", "SNAPSHOT_SECONDS"]
 
@@ -67,15 +70,28 @@ def _die_with_parent() -> None:
             pass
 
 
-async def _host(conn: Connection, config: Any) -> None:
-    from engine.errors import EngineError
-    from service.engines import open_engine
+def _by_reference(value: Any) -> bool:
+    # Speech objects with state (the service, live sessions, the model residency) stay here; plain
+    # results (transcripts, options, events: dataclasses) travel by value.
+    return type(value).__module__.startswith("audio.") and not dataclasses.is_dataclass(value)
 
+
+async def _host(conn: Connection, config: Any) -> None:
+    from audio.errors import SessionNotFound
+    from engine.errors import EngineError
+    from service.engines import open_engine, open_tasks_engine
+    from service.speech.setup import speech_config, speech_lifespan
+    from service.state import AppState
+
+    speech_options = speech_config(config)
     try:
-        engine = await open_engine(config)
+        open_ = open_tasks_engine if speech_options is not None and speech_options.transcription_only else open_engine
+        engine = await open_(config)
     except Exception as exc:  # reported to the API process, which says why and stops
         conn.send(Failed(ErrorInfo.of(exc)))
         return
+    objects = ObjectServer(conn.send, _by_reference,
+                           gone=lambda: SessionNotFound("The engine process restarted: this session is gone."))
     send_inbox, inbox = anyio.create_memory_object_stream[object](1 << 16)
     token = anyio.lowlevel.current_token()
     outbox = _Outbox(conn)
@@ -106,13 +122,18 @@ async def _host(conn: Connection, config: Any) -> None:
             conn.send(Snapshot(engine.stats(), engine.health()))
             await anyio.sleep(SNAPSHOT_SECONDS)
 
-    async with anyio.create_task_group() as tg:
+    async with anyio.create_task_group() as tg, contextlib.AsyncExitStack() as speech:
         tg.start_soon(engine.serve)
         warm_up = getattr(engine, "warm_up", None)
         if warm_up is not None and config.warmup is not False:
             await warm_up(lambda line: _log.info("%s", line), force=config.warmup)
+        ref, aliases = None, []
+        if speech_options is not None:  # the speech hook, as in-process, on this process's engine
+            state = AppState(config=config, engine=engine)
+            await speech.enter_async_context(speech_lifespan(state))
+            ref, aliases = objects.register(state.speech), sorted(state.speech_aliases)
         conn.send(Ready(engine.model_name, engine.context_length, engine.vocab_size, _tokenizer_dir(engine),
-                        list(engine.plan.reasons) if engine.plan is not None else [], os.getpid()))
+                        list(engine.plan.reasons) if engine.plan is not None else [], os.getpid(), ref, aliases))
         threading.Thread(target=read, name="tandem-isolate-read", daemon=True).start()
         tg.start_soon(snapshots)
         async for message in inbox:
@@ -126,6 +147,8 @@ async def _host(conn: Connection, config: Any) -> None:
             elif isinstance(message, Cancel):
                 if (stream := streams.pop(message.rid, None)) is not None:
                     stream.cancel()
+            elif isinstance(message, Call):
+                tg.start_soon(objects.handle, message)
             elif isinstance(message, Shutdown):
                 break
         engine.close()

@@ -93,6 +93,9 @@ class Ready:
     tokenizer_dir: str | None
     plan_reasons: list[str] = field(default_factory=list)
     pid: int = 0
+    # The engine process's SpeechService, served by reference (service/isolate/objects.py), and its names.
+    speech: Any = None
+    speech_aliases: list[str] = field(default_factory=list)
 
 
 @dataclass

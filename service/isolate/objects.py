@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
@@ -32,11 +33,13 @@ CALL_TIMEOUT = 30.0  # seconds a plain call may wait for the engine process
 
 @dataclass
 class Ref:
-    """An object living in the engine process: its handle and how each member is called."""
+    """An object living in the engine process: its handle, which server holds it (a restarted engine
+    process is another server: its handles mean other objects) and how each member is called."""
 
     handle: int
     kind: str
     members: dict[str, str] = field(default_factory=dict)
+    owner: int = 0
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Call:
     how: str  # call | await | iter | get | release
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    owner: int = 0
 
 
 @dataclass
@@ -87,9 +91,14 @@ def _members(obj: Any) -> dict[str, str]:
 class ObjectServer:
     """The engine process's side: the objects it serves, and the answers to calls on them."""
 
-    def __init__(self, send: Callable[[object], None], by_reference: tuple[type, ...]) -> None:
+    def __init__(self, send: Callable[[object], None], by_reference: Callable[[Any], bool],
+                 gone: Callable[[], Exception] = lambda: LookupError("that object is gone")) -> None:
+        """`by_reference(value)`: whether a result is served by reference rather than sent by value;
+        `gone()`: the error for a call on an object this process does not hold (one from before a restart)."""
         self.send = send
         self.by_reference = by_reference
+        self.gone = gone
+        self.owner = secrets.randbits(62)
         self._objects: dict[int, Any] = {}
         self._handles = itertools.count(1)
 
@@ -97,17 +106,22 @@ class ObjectServer:
         """Serve `obj`; returns the Ref to send. Raises nothing."""
         handle = next(self._handles)
         self._objects[handle] = obj
-        return Ref(handle, type(obj).__name__, _members(obj))
+        return Ref(handle, type(obj).__name__, _members(obj), self.owner)
 
     async def handle(self, call: Call) -> None:
         """Answer one call (run it in its own task: iterators and coroutines take time). Raises nothing."""
+        if call.owner != self.owner:  # from a proxy of a server (engine process) before this one
+            if call.how != "release":
+                error = ErrorInfo.of(self.gone())
+                self.send(End(call.cid, error) if call.how == "iter" else Reply(call.cid, error=error))
+            return
         obj = self._objects.get(call.handle)
         if call.how == "release":
             self._objects.pop(call.handle, None)
             return
         try:
             if obj is None:
-                raise LookupError(f"object {call.handle} is gone")
+                raise self.gone()
             member = getattr(obj, call.name)
             if call.how == "iter":
                 async for value in member(*call.args, **call.kwargs):
@@ -122,14 +136,16 @@ class ObjectServer:
             self.send((End if call.how == "iter" else Reply)(call.cid, error=ErrorInfo.of(exc)))
 
     def _wrap(self, value: Any) -> Any:
-        return self.register(value) if isinstance(value, self.by_reference) else value
+        return self.register(value) if self.by_reference(value) else value
 
 
 class ObjectClient:
     """The API process's side: proxies for Refs, and the replies they wait for."""
 
-    def __init__(self, send: Callable[[object], None]) -> None:
+    def __init__(self, send: Callable[[object], None], ready: Callable[[], bool] = lambda: True) -> None:
+        """`ready()`: whether the engine process can answer now (calls fail at once while it restarts)."""
         self.send = send
+        self.ready = ready
         self._cids = itertools.count(1)
         self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._streams: dict[int, MemoryObjectSendStream[Any]] = {}
@@ -138,7 +154,7 @@ class ObjectClient:
     def proxy(self, ref: Ref) -> "RemoteObject":
         return RemoteObject(self, ref)
 
-    def deliver(self, message: object, on_loop: Callable[[Callable[[], None]], None]) -> bool:
+    def deliver(self, message: object, on_loop: Callable[[Callable[[], None]], object]) -> bool:
         """Relay thread: take a reply or item if it is one of ours (True), else leave it (False). Replies to
         plain calls are handed over here, since their caller blocks the event loop; the rest go through
         `on_loop`. Raises nothing."""
@@ -174,37 +190,40 @@ class ObjectClient:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def call(self, handle: int, name: str, how: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(self, ref: Ref, name: str, how: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A plain call or property: blocks until the reply. Raises the remote error, EngineRestarting."""
+        self._check_ready()
         cid = next(self._cids)
         event = threading.Event()
         box: list[Any] = []
         with self._lock:
             self._waiting[cid] = (event, box)
-        self.send(Call(cid, handle, name, how, args, kwargs))
+        self.send(Call(cid, ref.handle, name, how, args, kwargs, ref.owner))
         if not event.wait(CALL_TIMEOUT):
             with self._lock:
                 self._waiting.pop(cid, None)
             raise EngineRestarting(f"the engine process did not answer {name}() in {CALL_TIMEOUT:g} s")
         return self._result(box[0])
 
-    async def call_async(self, handle: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def call_async(self, ref: Ref, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A coroutine method: awaits the reply without blocking the loop. Raises the remote error."""
+        self._check_ready()
         cid = next(self._cids)
         send, receive = anyio.create_memory_object_stream[Any](1)
         self._streams[cid] = send
-        self.send(Call(cid, handle, name, "await", args, kwargs))
+        self.send(Call(cid, ref.handle, name, "await", args, kwargs, ref.owner))
         try:
             return self._result(await receive.receive())
         finally:
             self._streams.pop(cid, None)
 
-    async def iterate(self, handle: int, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncIterator[Any]:
+    async def iterate(self, ref: Ref, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncIterator[Any]:
         """An async generator method: its items as they come. Raises the remote error at its end."""
+        self._check_ready()
         cid = next(self._cids)
         send, receive = anyio.create_memory_object_stream[Any](1 << 16)
         self._streams[cid] = send
-        self.send(Call(cid, handle, name, "iter", args, kwargs))
+        self.send(Call(cid, ref.handle, name, "iter", args, kwargs, ref.owner))
         try:
             while True:
                 message = await receive.receive()
@@ -217,12 +236,16 @@ class ObjectClient:
         finally:
             self._streams.pop(cid, None)
 
-    def release(self, handle: int) -> None:
+    def release(self, ref: Ref) -> None:
         """The proxy is gone: the engine process may drop its object. Raises nothing."""
         try:
-            self.send(Call(0, handle, "", "release"))
+            self.send(Call(0, ref.handle, "", "release", owner=ref.owner))
         except Exception:  # the connection is gone with the object
             pass
+
+    def _check_ready(self) -> None:
+        if not self.ready():
+            raise EngineRestarting("The engine process is restarting; try again shortly.", retry_after=10)
 
     def _feed(self, message: Item | End | Reply) -> None:
         stream = self._streams.get(message.cid)
@@ -247,17 +270,19 @@ class RemoteObject:
         self._ref = ref
 
     def __getattr__(self, name: str) -> Any:
-        how = self._ref.members.get(name)
-        client, handle = self._client, self._ref.handle
-        if how is None:
-            raise AttributeError(f"{self._ref.kind} has no served member {name!r}")
+        ref = self.__dict__.get("_ref")
+        how = ref.members.get(name) if ref is not None else None
+        client = self._client
+        if ref is None or how is None:
+            raise AttributeError(f"{ref.kind if ref else 'object'} has no served member {name!r}")
         if how == "get":
-            return client.call(handle, name, "get", (), {})
+            return client.call(ref, name, "get", (), {})
         if how == "await":
-            return lambda *args, **kwargs: client.call_async(handle, name, args, kwargs)
+            return lambda *args, **kwargs: client.call_async(ref, name, args, kwargs)
         if how == "iter":
-            return lambda *args, **kwargs: client.iterate(handle, name, args, kwargs)
-        return lambda *args, **kwargs: client.call(handle, name, "call", args, kwargs)
+            return lambda *args, **kwargs: client.iterate(ref, name, args, kwargs)
+        return lambda *args, **kwargs: client.call(ref, name, "call", args, kwargs)
 
     def __del__(self) -> None:
-        self._client.release(self._ref.handle)
+        if "_ref" in self.__dict__:
+            self._client.release(self._ref)

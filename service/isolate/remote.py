@@ -29,6 +29,7 @@ from engine.contracts import Delta, FinishReason, GenerationRequest
 from engine.errors import EngineClosed, EngineRestarting
 from engine.tasks import ExecutionTasks
 from service.config import CONFIG_ENV, ServiceConfig
+from service.isolate.objects import ObjectClient, Ref, RemoteObject
 from service.process.restarts import RestartPolicy
 from service.isolate.messages import (
     ADDRESS_ENV,
@@ -130,6 +131,11 @@ class RemoteEngine:
         self._exited = anyio.Event()
         self._policy = RestartPolicy()
         self._failure = ""
+        # The engine process's objects used by reference (its SpeechService), and the current one's root.
+        self.objects = ObjectClient(self._send, ready=lambda: self._state == "ready" and self._conn is not None)
+        self.speech_ref: Ref | None = None
+        self.speech_aliases: list[str] = []
+        self._speech: tuple[Ref, RemoteObject] | None = None
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -142,6 +148,7 @@ class RemoteEngine:
         self._conn = conn
         self.model_name, self.context_length, self.vocab_size = ready.model_name, ready.context_length, ready.vocab_size
         self.plan, self.pid = _Plan(list(ready.plan_reasons)), ready.pid
+        self.speech_ref, self.speech_aliases = ready.speech, list(ready.speech_aliases)
         if self.tokenizer is None and ready.tokenizer_dir:
             from engine.models import load_tokenizer
 
@@ -210,6 +217,15 @@ class RemoteEngine:
         self._send(Submit(stream.rid, request))
         return stream
 
+    def speech(self) -> RemoteObject | None:
+        """The engine process's SpeechService, used by reference; None when it serves no speech. Raises nothing."""
+        ref = self.speech_ref
+        if ref is None:
+            return None
+        if self._speech is None or self._speech[0] is not ref:  # one proxy per engine process: it is never released
+            self._speech = (ref, self.objects.proxy(ref))
+        return self._speech[1]
+
     def stats(self) -> dict[str, Any]:
         """The engine process's last stats (at most SNAPSHOT_SECONDS old) plus the supervisor's. Raises nothing."""
         return {**self._snapshot.stats,
@@ -275,9 +291,11 @@ class RemoteEngine:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
+                self.objects.fail_all("The engine process exited; it is restarting.")
                 loop.call_soon_threadsafe(self._exited.set)
                 return
-            loop.call_soon_threadsafe(self._dispatch, message)
+            if not self.objects.deliver(message, lambda fn: loop.call_soon_threadsafe(fn)):
+                loop.call_soon_threadsafe(self._dispatch, message)
 
     def _dispatch(self, message: object) -> None:
         if isinstance(message, Deltas):

@@ -1,6 +1,7 @@
-"""`tandem serve --isolate`, killed as users' machines kill things: the engine process dies (kill -9)
-mid-stream. The stream ends with an error event and [DONE]; /health says restarting and new requests get
-503 with Retry-After until the new engine process is ready; then requests succeed again."""
+"""`tandem serve --isolate` as users run it: speech served by the engine process (files and live sessions
+through the routes of the API process), then the engine process killed (kill -9) mid-stream: the stream ends
+with an error event and [DONE]; /health says restarting and new requests get 503 with Retry-After until the
+new engine process is ready; then requests succeed again, and sessions of the dead process are gone (404)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,39 @@ from pathlib import Path
 from typing import Iterator
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.e2e.conftest import TandemServer, start_tandem_server
 
-NO_EOS = {str(t): -100 for t in range(3)}  # the tiny tokenizer's special tokens: rows run to max_tokens
+NO_EOS = {str(t): -100 for t in range(3)}
+OPEN_SESSIONS: list[str] = []  # sessions the speech test leaves open (the tests share one server, in order)  # the tiny tokenizer's special tokens: rows run to max_tokens
 
 
 @pytest.fixture(scope="module")
 def isolated_server(tiny_llm_dir: Path) -> Iterator[TandemServer]:
-    server = start_tandem_server(str(tiny_llm_dir), "--isolate", "--no-whisper")
+    server = start_tandem_server(str(tiny_llm_dir), "--isolate")
     try:
         yield server
     finally:
         server.stop()
+
+
+def s16(seconds: float) -> bytes:
+    t = np.arange(int(seconds * 16000)) / 16000
+    return ((0.3 * np.sin(2 * np.pi * 220 * t) * (t % 0.5 < 0.3)) * 32767).astype("<i2").tobytes()
+
+
+def test_speech_runs_in_the_engine_process(isolated_server: TandemServer) -> None:
+    files = {"file": ("tone.raw", s16(1.5), "audio/pcm;rate=16000;encoding=s16le")}
+    file = httpx.post(f"{isolated_server.base_url}/audio/transcriptions", files=files, data={"model": "whisper-1"},
+                      timeout=120)
+    assert file.status_code == 200 and "text" in file.json()
+    session = httpx.post(f"{isolated_server.base_url}/audio/sessions", json={}, timeout=30).json()
+    appended = httpx.post(f"{isolated_server.base_url}/audio/sessions/{session['id']}/audio", content=s16(1.0),
+                          headers={"content-type": "audio/pcm;rate=16000;encoding=s16le"}, timeout=30)
+    assert appended.status_code == 200 and appended.json()["received_seconds"] == 1.0
+    OPEN_SESSIONS.append(session["id"])  # the next test kills the process holding it
 
 
 def test_the_engine_process_killed_mid_stream(isolated_server: TandemServer) -> None:
@@ -66,3 +86,10 @@ def test_the_engine_process_killed_mid_stream(isolated_server: TandemServer) -> 
     answer = httpx.post(f"{isolated_server.base_url}/chat/completions", timeout=60,
                         json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
+    files = {"file": ("tone.raw", s16(1.0), "audio/pcm;rate=16000;encoding=s16le")}
+    again = httpx.post(f"{isolated_server.base_url}/audio/transcriptions", files=files, data={"model": "whisper-1"},
+                       timeout=120)
+    assert again.status_code == 200  # the new engine process serves speech too
+    for gone in OPEN_SESSIONS:  # their audio was in the process that died
+        finish = httpx.post(f"{isolated_server.base_url}/audio/sessions/{gone}/finish", timeout=30)
+        assert finish.status_code == 404 and finish.json()["error"]["code"] == "session_not_found"

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from engine.errors import InvalidRequest
-from service.isolate.objects import ObjectClient, ObjectServer, RemoteObject
+from service.isolate.objects import Call, ObjectClient, ObjectServer, RemoteObject, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -53,7 +53,7 @@ async def remote() -> AsyncIterator[RemoteObject]:
 
     def serve() -> None:
         async def main() -> None:
-            server = ObjectServer(server_end.send, (Counter,))
+            server = ObjectServer(server_end.send, lambda value: isinstance(value, Counter))
             server_end.send(server.register(Counter()))
             async with anyio.create_task_group() as tg:
                 while (call := await anyio.to_thread.run_sync(server_end.recv)) is not None:
@@ -102,3 +102,19 @@ async def test_errors_are_raised_typed(remote: RemoteObject) -> None:
     assert info.value.param == "thing"
     with pytest.raises(AttributeError):
         remote.nothing_like_this  # noqa: B018
+
+
+async def test_proxies_from_a_previous_server_never_reach_the_new_ones_objects() -> None:
+    # A restarted engine process numbers its objects from 1 again: a proxy held from before the restart must
+    # neither call nor release the new object that has its number.
+    sent: list[object] = []
+    old = ObjectServer(sent.append, lambda value: False)
+    new = ObjectServer(sent.append, lambda value: False, gone=lambda: InvalidRequest("gone", param="session_id"))
+    stale, current = old.register(Counter()), new.register(Counter())
+    assert stale.handle == current.handle
+    await new.handle(Call(1, stale.handle, "", "release", owner=stale.owner))
+    await new.handle(Call(2, current.handle, "add", "call", (5,), owner=current.owner))
+    await new.handle(Call(3, stale.handle, "add", "call", (1,), owner=stale.owner))
+    replies = [m for m in sent if isinstance(m, Reply)]
+    assert replies[0].cid == 2 and replies[0].value == 5  # the release from the stale proxy was ignored
+    assert replies[1].cid == 3 and replies[1].error is not None and replies[1].error.kind == "InvalidRequest"
