@@ -27,7 +27,7 @@ from typing import Any, Literal
 import anyio
 from litestar import WebSocket
 
-from audio.errors import AudioError
+from audio.errors import AudioError, SessionNotFound
 from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
@@ -91,7 +91,10 @@ class LiveSocket:
         except _ClientGone:
             pass
         finally:
-            self.speech.sessions.pop(self.session.id, None)
+            try:  # a method call, so it also reaches a session served by reference (--isolate)
+                self.speech.delete_session(self.session.id)
+            except SessionNotFound:
+                pass
             self.session.cancel()
 
     def _options(self, config: RealtimeConfig) -> TranscribeOptions:
