@@ -88,7 +88,7 @@ class LiveSocket:
                     await self._read(tg)
                 finally:
                     tg.cancel_scope.cancel()
-        except _ClientGone:
+        except* _ClientGone:  # raised by whichever task wrote last; the task group wraps it
             pass
         finally:
             try:  # a method call, so it also reaches a session served by reference (--isolate)
