@@ -6,20 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from audio.errors import AudioInputError
+from audio.errors import AudioBufferFull, AudioLimitExceeded, SessionAudioLimit, SessionBacklogFull
 from audio.pcm import SAMPLE_RATE
 
-__all__ = ["AudioBuffer", "AudioPool", "AudioLimitExceeded"]
-
-
-
-class AudioLimitExceeded(AudioInputError):
-    """A chunk would pass a session's audio cap or the buffered-audio cap of all sessions; nothing of it was
-    taken and earlier audio is kept. `code`: session_audio_limit or audio_buffer_full (a route answers 413
-    or 429 for them; an AudioInputError, they are a 400 where it does not)."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message, param="body", code=code)
+# The limit errors are defined in audio/errors.py and re-exported here, where the caps are.
+__all__ = ["AudioBuffer", "AudioPool", "AudioLimitExceeded", "SessionAudioLimit", "AudioBufferFull",
+           "SessionBacklogFull"]
 
 
 class AudioBuffer:
@@ -54,6 +46,10 @@ class AudioBuffer:
         a = max(0, start - self.base)
         return self._data[a: min(self._len, max(a, start - self.base + count))].copy()
 
+    def truncate(self, end: int) -> None:
+        """Forget samples from absolute index `end` on (never before what was already discarded). Raises nothing."""
+        self._len = max(0, min(self._len, end - self.base))
+
     def discard_before(self, start: int) -> None:
         """Forget samples before absolute index `start`; a large buffer left mostly empty shrinks. Raises nothing."""
         cut = min(self._len, max(0, start - self.base))
@@ -74,11 +70,11 @@ class AudioPool:
         self.total = 0
 
     def admit(self, owner: Any, samples: int) -> None:
-        """Raises AudioLimitExceeded when `samples` more would pass the cap."""
+        """Raises AudioBufferFull (an AudioLimitExceeded) when `samples` more would pass the cap."""
         if self.max_samples is not None and self.total + samples > self.max_samples:
-            raise AudioLimitExceeded(
+            raise AudioBufferFull(
                 f"the server holds {self.total / SAMPLE_RATE:.0f} s of untranscribed session audio (limit "
-                f"{self.max_samples / SAMPLE_RATE:.0f} s); retry when sessions have caught up", "audio_buffer_full")
+                f"{self.max_samples / SAMPLE_RATE:.0f} s); retry when sessions have caught up")
 
     def update(self, owner: Any) -> None:
         """Record what `owner` holds now (its `held_samples`). Raises nothing."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DecodeRow", "RowResult", "new_row", "advance_rows", "finish_row"]
+__all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance_rows", "finish_row"]
 
 
 @dataclass
@@ -105,15 +105,40 @@ def _cross_attention(attn: Any, q: Any, k: Any, v: Any) -> Any:
     return (w @ v).transpose(0, 2, 1, 3).reshape(n_batch, n_ctx, n_state)
 
 
-def _forward(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
-    """Feed every row's unfed tokens; returns each row's last-position logits and, for rows fed for the first
-    time, the logits at their SOT position (for the no-speech probability)."""
+def _self_attention(attn: Any, q: Any, k: Any, v: Any, mask: Any) -> Any:
+    # mlx-whisper's qkv_attention with the causal mask already cut to these queries' positions (a prompt fed
+    # in chunks attends to the keys cached before it); same operations, same order.
+    import mlx.core as mx
+
+    n_batch, n_ctx, n_state = q.shape
+    scale = (n_state // attn.n_head) ** -0.25
+    q = q.reshape(*q.shape[:2], attn.n_head, -1).transpose(0, 2, 1, 3) * scale
+    k = k.reshape(*k.shape[:2], attn.n_head, -1).transpose(0, 2, 3, 1) * scale
+    v = v.reshape(*v.shape[:2], attn.n_head, -1).transpose(0, 2, 1, 3)
+    w = mx.softmax(q @ k + mask, axis=-1, precise=True)
+    return (w @ v).transpose(0, 2, 1, 3).reshape(n_batch, n_ctx, n_state)
+
+
+@dataclass
+class Forward:
+    """What one packed forward did: tokens fed (all rows), rows that sampled a token, whether logits ran."""
+
+    tokens: int
+    sampled: int
+    logits: bool
+
+
+def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[Any], list[Any]]:
+    """Feed every row its next unfed tokens (at most `feed` each; None: all); returns each row's last-position
+    logits (None for a row still feeding its prompt) and, for rows whose chunk holds their SOT position, the
+    logits there (for the no-speech probability)."""
     import mlx.core as mx
     import mlx.nn as nn
 
     dec = model.decoder
-    inputs = [r.tokens[:, r.fed:] for r in rows]
-    sizes = [int(t.shape[1]) for t in inputs]
+    total = [int(r.tokens.shape[1]) for r in rows]
+    sizes = [t - r.fed if feed is None else min(feed, t - r.fed) for r, t in zip(rows, total)]
+    inputs = [r.tokens[:, r.fed:r.fed + n] for r, n in zip(rows, sizes)]
     embeds = [dec.token_embedding(t) + dec.positional_embedding[r.fed:r.fed + n]
               for r, t, n in zip(rows, inputs, sizes)]
     x = mx.concatenate(embeds, axis=1) if len(rows) > 1 else embeds[0]
@@ -129,61 +154,77 @@ def _forward(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
     def join(parts: list[Any]) -> Any:
         return mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
 
+    masks = [dec._mask[r.fed:r.fed + n, :r.fed + n] for r, n in zip(rows, sizes)]
     for layer, block in enumerate(dec.blocks):
         h = block.attn_ln(x)
         qs, ks, vs = split(block.attn.query(h)), split(block.attn.key(h)), split(block.attn.value(h))
         outs = []
-        for r, q, k, v in zip(rows, qs, ks, vs):
+        for r, q, k, v, mask in zip(rows, qs, ks, vs, masks):
             if r.kv[layer] is not None:
                 k = mx.concatenate([r.kv[layer][0], k], axis=1)
                 v = mx.concatenate([r.kv[layer][1], v], axis=1)
             r.kv[layer] = (k, v)
-            outs.append(block.attn.qkv_attention(q, k, v, dec._mask)[0])
+            outs.append(_self_attention(block.attn, q, k, v, mask))
         x = x + block.attn.out(join(outs))
         qs = split(block.cross_attn.query(block.cross_attn_ln(x)))
         outs = [_cross_attention(block.cross_attn, q, *r.cross_kv[layer]) for r, q in zip(rows, qs)]
         x = x + block.cross_attn.out(join(outs))
         x = x + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(x))))
-    x = dec.ln(x)
-    picks = [b - 1 for _, b in bounds]
-    first = [i for i, r in enumerate(rows) if r.fed == 0]
-    picks += [bounds[i][0] + rows[i].task.sot_index for i in first]
-    x = x if picks == list(range(at)) else x[:, mx.array(picks)]
-    logits = dec.token_embedding.as_linear(x).astype(mx.float32)[0]
-    last = [logits[i:i + 1] for i in range(len(rows))]
+    ending = [i for i, (r, n, t) in enumerate(zip(rows, sizes, total)) if r.fed + n == t]
+    at_sot = [i for i, (r, n) in enumerate(zip(rows, sizes)) if r.fed <= r.task.sot_index < r.fed + n]
+    picks = [bounds[i][1] - 1 for i in ending] + [bounds[i][0] + rows[i].task.sot_index - rows[i].fed for i in at_sot]
+    last: list[Any] = [None] * len(rows)
     sot: list[Any] = [None] * len(rows)
-    for n, i in enumerate(first):
-        sot[i] = logits[len(rows) + n: len(rows) + n + 1]
+    if picks:
+        x = dec.ln(x)
+        x = x if picks == list(range(at)) else x[:, mx.array(picks)]
+        logits = dec.token_embedding.as_linear(x).astype(mx.float32)[0]
+        for n, i in enumerate(ending):
+            last[i] = logits[n:n + 1]
+        for n, i in enumerate(at_sot):
+            sot[i] = logits[len(ending) + n: len(ending) + n + 1]
     for r, n in zip(rows, sizes):
         r.fed += n
     return last, sot
 
 
-def advance_rows(model: Any, rows: list[DecodeRow], tokens: int) -> None:
-    """Advance every unfinished row by up to `tokens` sampled tokens (one packed forward each); rows that
-    finish drop out. Evaluates each forward here. Engine thread only. Raises what MLX raises."""
+def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None) -> Forward:
+    """One packed forward of every unfinished row: each feeds its unfed tokens (at most `feed`; None: all) and
+    the rows fed to their end sample one token. Evaluates it here. Engine thread only. Raises what MLX raises."""
     import mlx.core as mx
 
+    live = [r for r in rows if not r.done]
+    if not live:
+        return Forward(0, 0, False)
+    before = sum(r.fed for r in live)
+    last, sot = _forward(model, live, feed)
+    fed = sum(r.fed for r in live) - before
+    sampling = [(r, logits) for r, logits in zip(live, last) if logits is not None]
+    completed = []
+    for r, logits in sampling:
+        for f in r.task.logit_filters:
+            logits = f.apply(logits, r.tokens)
+        r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, logits, r.sum_logprobs)
+        completed.append(done)
+    no_speech: dict[int, Any] = {id(r): mx.softmax(s, axis=-1)[0, r.task.tokenizer.no_speech]
+                                 for r, s in zip(live, sot) if s is not None and r.task.tokenizer.no_speech is not None}
+    mx.eval([r.tokens for r, _ in sampling], [r.sum_logprobs for r, _ in sampling], completed,
+            list(no_speech.values()))
+    for r in live:
+        if id(r) in no_speech:
+            r.no_speech_prob = float(no_speech[id(r)].item())
+    for (r, _), done in zip(sampling, completed):
+        r.sampled += 1
+        r.done = bool(done.item()) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
+    return Forward(fed, len(sampling), bool(sampling) or bool(no_speech))
+
+
+def advance_rows(model: Any, rows: list[DecodeRow], tokens: int) -> None:
+    """Advance every unfinished row by up to `tokens` sampled tokens (one packed forward each, prompts fed
+    whole); rows that finish drop out. Evaluates each forward here. Engine thread only. Raises what MLX raises."""
     for _ in range(max(1, tokens)):
-        live = [r for r in rows if not r.done]
-        if not live:
+        if step_rows(model, rows).tokens == 0:
             return
-        last, sot = _forward(model, live)
-        completed = []
-        no_speech: dict[int, Any] = {}
-        for i, (r, logits, at_sot) in enumerate(zip(live, last, sot)):
-            for f in r.task.logit_filters:
-                logits = f.apply(logits, r.tokens)
-            r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, logits, r.sum_logprobs)
-            completed.append(done)
-            if at_sot is not None and r.task.tokenizer.no_speech is not None:
-                no_speech[i] = mx.softmax(at_sot, axis=-1)[0, r.task.tokenizer.no_speech]
-        mx.eval([r.tokens for r in live], [r.sum_logprobs for r in live], completed, list(no_speech.values()))
-        for i, (r, done) in enumerate(zip(live, completed)):
-            if i in no_speech:
-                r.no_speech_prob = float(no_speech[i].item())
-            r.sampled += 1
-            r.done = bool(done.item()) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
 
 
 def finish_row(row: DecodeRow) -> RowResult:

@@ -1,11 +1,13 @@
-"""Whisper's audio encoder in bounded units: the mel and conv front, then each layer as query chunks, then
-the final norm and the decoder's cross-attention keys/values (computed once per window).
+"""Whisper's audio encoder in small units: the log-mel, the two convolutions and each layer's queries as
+chunks of the 1500 output positions, each layer's keys/values, the final norm, and the decoder's
+cross-attention keys/values one decoder layer at a time (computed once per window).
 
-Encoder self-attention is bidirectional, so a layer's keys/values need the whole previous layer; its queries
-do not: layer l over positions [a, b) needs only layer l-1's output and those positions. Chunk bounds are fixed
-per window, and windows at the same unit are stacked on the batch axis, so a window's features do not depend
-on who shared its steps (measured bitwise equal to mlx-whisper's one-call encoder on CPU). MLX is imported
-inside the functions: importing audio/ must not import mlx before the fast BLAS is loaded.
+A convolution output position needs only three inputs around it, and encoder self-attention's queries need
+only the layer's keys/values (computed once, in their own unit), so positions [a, b) of a conv or a layer
+can be computed alone. How many positions a unit covers is chosen when it runs (the scheduler sizes units
+to its time budget); the result is the same whatever the sizes and whoever shares a unit (measured bitwise
+equal to mlx-whisper's one-call encoder on CPU). Windows at the same unit and start are stacked on the batch
+axis. MLX is imported inside the functions: importing audio/ must not import mlx before the fast BLAS.
 """
 
 from __future__ import annotations
@@ -15,13 +17,17 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EncoderJob", "Unit", "run_unit", "mel_window", "cross_kv", "N_SAMPLES", "N_FRAMES"]
+__all__ = ["EncoderJob", "Unit", "run_unit", "mel_window", "cross_kv", "CHUNKED", "N_SAMPLES", "N_FRAMES"]
 
 SAMPLE_RATE = 16000
 N_SAMPLES = 30 * SAMPLE_RATE
 N_FRAMES = 3000
 
-Unit = tuple[Any, ...]  # ("front",) | ("layer", l, start) | ("post",) | ("done",)
+# ("mel",) | ("conv1", start) | ("conv2", start) | ("kv", layer) | ("layer", layer, start) | ("post",)
+# | ("cross", decoder_layer) | ("done",)
+Unit = tuple[Any, ...]
+CHUNKED = frozenset({"conv1", "conv2", "layer"})  # kinds that cover a range of positions
+_STAGES = {"mel": 0, "conv1": 1, "conv2": 2, "kv": 3, "layer": 3, "post": 4, "cross": 5, "done": 6}
 
 
 def mel_window(model: Any, audio: np.ndarray, frames: int, fp16: bool) -> Any:
@@ -36,16 +42,17 @@ def mel_window(model: Any, audio: np.ndarray, frames: int, fp16: bool) -> Any:
 
 @dataclass(eq=False)
 class EncoderJob:
-    """One window on its way through the encoder; `unit` is the next piece of work."""
+    """One window on its way through the encoder; `unit` is the next piece of work. `chunk` is the default
+    number of positions a chunked unit covers (the scheduler may choose fewer)."""
 
     audio: np.ndarray
     frames: int
-    chunk: int  # query positions per layer unit; fixed for the window's life
+    chunk: int
     fp16: bool
-    unit: Unit = ("front",)
-    x: Any = None  # (1, n_audio_ctx, D): input of the current layer
+    unit: Unit = ("mel",)
+    x: Any = None  # (1, T, C): input of the current stage (mel, conv1 output, layer input)
     kv: Any = None  # (normed x, keys, values) of the current layer
-    parts: list[Any] = field(default_factory=list)  # finished query chunks of the current layer
+    parts: list[Any] = field(default_factory=list)  # finished chunks of the current chunked stage
     features: Any = None
     cross_kv: list[tuple[Any, Any]] | None = None
 
@@ -54,64 +61,109 @@ class EncoderJob:
         return self.unit[0] == "done"
 
     @property
+    def kind(self) -> str:
+        return str(self.unit[0])
+
+    @property
     def progress(self) -> tuple[int, int]:
         """Orders jobs by how far they got: (stage, layer·positions). Raises nothing."""
         kind = self.unit[0]
+        if kind == "kv":
+            return _STAGES[kind], self.unit[1] * 100_000
         if kind == "layer":
-            return 1, self.unit[1] * 100_000 + self.unit[2]
-        return {"front": 0, "post": 2, "done": 3}[kind], 0
+            return _STAGES[kind], self.unit[1] * 100_000 + 1 + self.unit[2]
+        if kind in ("conv1", "conv2", "cross"):
+            return _STAGES[kind], self.unit[1]
+        return _STAGES[kind], 0
+
+    def left(self, n_ctx: int) -> int:
+        """Positions the current chunked stage still has to cover (0 for other kinds). Raises nothing."""
+        return n_ctx - int(self.unit[-1]) if self.unit[0] in CHUNKED else 0
 
 
-def _front(model: Any, jobs: list[EncoderJob]) -> None:
+def _conv(conv: Any, x: Any, start: int, end: int, stride: int) -> Any:
+    """gelu(conv(x)) at output positions [start, end) of a kernel-3, padding-1 convolution: the inputs it
+    needs, zero padded at the signal's edges as the full convolution pads them."""
     import mlx.core as mx
     import mlx.nn as nn
+
+    lo, hi = start * stride - 1, (end - 1) * stride + 2
+    length = x.shape[1]
+    xs = x[:, max(lo, 0):min(hi, length)]
+    if lo < 0 or hi > length:
+        xs = mx.pad(xs, [(0, 0), (max(0, -lo), max(0, hi - length)), (0, 0)])
+    y = mx.conv1d(xs, conv.weight, stride=stride, padding=0)
+    if "bias" in conv:
+        y = y + conv.bias
+    return nn.gelu(y)
+
+
+def _stack(jobs: list[EncoderJob], pick: Any) -> Any:
+    import mlx.core as mx
+
+    return mx.concatenate([pick(j) for j in jobs]) if len(jobs) > 1 else pick(jobs[0])
+
+
+def _spread(jobs: list[EncoderJob], y: Any) -> list[Any]:
+    return [y[i:i + 1] for i in range(len(jobs))] if len(jobs) > 1 else [y]
+
+
+def _mel(model: Any, jobs: list[EncoderJob]) -> None:
+    import mlx.core as mx
+
+    mels = [mel_window(model, j.audio, j.frames, j.fp16)[None] for j in jobs]
+    mx.eval(mels)
+    for j, mel in zip(jobs, mels):
+        j.x, j.unit = mel, ("conv1", 0)
+
+
+def _chunked(model: Any, jobs: list[EncoderJob], kind: str, start: int, end: int) -> None:
+    import mlx.core as mx
 
     enc = model.encoder
-    mels = [mel_window(model, j.audio, j.frames, j.fp16)[None] for j in jobs]
-    x = mx.concatenate(mels) if len(mels) > 1 else mels[0]
-    x = nn.gelu(enc.conv1(x))
-    x = nn.gelu(enc.conv2(x))
-    x = x + enc._positional_embedding
-    mx.eval(x)
-    for i, j in enumerate(jobs):
-        j.x = x[i:i + 1] if len(jobs) > 1 else x
-        j.unit = ("layer", 0, 0)
+    n_ctx = model.dims.n_audio_ctx
+    if kind == "conv1":  # output frames [2·start, 2·end) of the 2·n_ctx conv1 frames
+        y = _conv(enc.conv1, _stack(jobs, lambda j: j.x), 2 * start, 2 * end, 1)
+    elif kind == "conv2":
+        y = _conv(enc.conv2, _stack(jobs, lambda j: j.x), start, end, 2) + enc._positional_embedding[start:end]
+    else:
+        import mlx.nn as nn
+
+        block = enc.blocks[jobs[0].unit[1]]
+        h = _stack(jobs, lambda j: j.kv[0][:, start:end])
+        x = _stack(jobs, lambda j: j.x[:, start:end])
+        wv, _ = block.attn.qkv_attention(block.attn.query(h), _stack(jobs, lambda j: j.kv[1]),
+                                         _stack(jobs, lambda j: j.kv[2]))
+        y = x + block.attn.out(wv)
+        y = y + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(y))))
+    mx.eval(y)
+    for j, part in zip(jobs, _spread(jobs, y)):
+        j.parts.append(part)
+        if end < n_ctx:
+            j.unit = (*j.unit[:-1], end)
+            continue
+        whole = mx.concatenate(j.parts, axis=1) if len(j.parts) > 1 else j.parts[0]
+        j.parts = []
+        if kind == "conv1":
+            j.x, j.unit = whole, ("conv2", 0)
+        elif kind == "conv2":
+            j.x, j.unit = whole, ("kv", 0)
+        else:
+            layer = j.unit[1]
+            j.x, j.kv = whole, None
+            j.unit = ("kv", layer + 1) if layer + 1 < len(enc.blocks) else ("post",)
 
 
-def _layer(model: Any, jobs: list[EncoderJob], layer: int, start: int) -> None:
+def _kv(model: Any, jobs: list[EncoderJob], layer: int) -> None:
+    """A layer's normed input and its keys/values over all positions, once per window."""
     import mlx.core as mx
-    import mlx.nn as nn
 
     block = model.encoder.blocks[layer]
-    n_ctx = model.dims.n_audio_ctx
-    stacked = len(jobs) > 1
-    if start == 0:  # keys/values of the whole layer, once
-        x = mx.concatenate([j.x for j in jobs]) if stacked else jobs[0].x
-        h = block.attn_ln(x)
-        k, v = block.attn.key(h), block.attn.value(h)
-        mx.eval(h, k, v)
-        for i, j in enumerate(jobs):
-            j.kv = (h[i:i + 1], k[i:i + 1], v[i:i + 1]) if stacked else (h, k, v)
-    chunk = jobs[0].chunk
-    end = min(n_ctx, start + chunk)
-
-    def stack(pick: Any) -> Any:
-        return mx.concatenate([pick(j) for j in jobs]) if stacked else pick(jobs[0])
-
-    h = stack(lambda j: j.kv[0][:, start:end])
-    x = stack(lambda j: j.x[:, start:end])
-    wv, _ = block.attn.qkv_attention(block.attn.query(h), stack(lambda j: j.kv[1]), stack(lambda j: j.kv[2]))
-    y = x + block.attn.out(wv)
-    y = y + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(y))))
-    mx.eval(y)
-    for i, j in enumerate(jobs):
-        j.parts.append(y[i:i + 1] if stacked else y)
-        if end < n_ctx:
-            j.unit = ("layer", layer, end)
-            continue
-        j.x = mx.concatenate(j.parts, axis=1) if len(j.parts) > 1 else j.parts[0]
-        j.parts, j.kv = [], None
-        j.unit = ("layer", layer + 1, 0) if layer + 1 < len(model.encoder.blocks) else ("post",)
+    h = block.attn_ln(_stack(jobs, lambda j: j.x))
+    k, v = block.attn.key(h), block.attn.value(h)
+    mx.eval(h, k, v)
+    for j, hh, kk, vv in zip(jobs, _spread(jobs, h), _spread(jobs, k), _spread(jobs, v)):
+        j.kv, j.unit = (hh, kk, vv), ("layer", layer, 0)
 
 
 def cross_kv(attn: Any, features: Any) -> tuple[Any, Any]:
@@ -130,28 +182,41 @@ def cross_kv(attn: Any, features: Any) -> tuple[Any, Any]:
 def _post(model: Any, jobs: list[EncoderJob]) -> None:
     import mlx.core as mx
 
-    x = mx.concatenate([j.x for j in jobs]) if len(jobs) > 1 else jobs[0].x
-    features = model.encoder.ln_post(x)
-    cross = [cross_kv(b.cross_attn, features) for b in model.decoder.blocks]
-    mx.eval(features, cross)
-    for i, j in enumerate(jobs):
-        sl = slice(i, i + 1)
-        j.features = features[sl] if len(jobs) > 1 else features
-        j.cross_kv = [(k[sl], v[sl]) if len(jobs) > 1 else (k, v) for k, v in cross]
-        j.x = None
-        j.unit = ("done",)
+    features = model.encoder.ln_post(_stack(jobs, lambda j: j.x))
+    mx.eval(features)
+    for j, f in zip(jobs, _spread(jobs, features)):
+        j.features, j.x, j.cross_kv, j.unit = f, None, [], ("cross", 0)
 
 
-def run_unit(model: Any, jobs: list[EncoderJob]) -> None:
-    """Advance every job (all at the same unit, same chunk size) by that unit in one stacked call, and
-    evaluate it here so its cost lands in this step. Engine thread only. Raises what MLX raises."""
+def _cross(model: Any, jobs: list[EncoderJob], layer: int) -> None:
+    import mlx.core as mx
+
+    k, v = cross_kv(model.decoder.blocks[layer].cross_attn, _stack(jobs, lambda j: j.features))
+    mx.eval(k, v)
+    last = layer + 1 == len(model.decoder.blocks)
+    for j, kk, vv in zip(jobs, _spread(jobs, k), _spread(jobs, v)):
+        assert j.cross_kv is not None
+        j.cross_kv.append((kk, vv))
+        j.unit = ("done",) if last else ("cross", layer + 1)
+
+
+def run_unit(model: Any, jobs: list[EncoderJob], positions: int | None = None) -> None:
+    """Advance every job (all at the same unit) by that unit in one stacked call, and evaluate it here so its
+    cost lands in this step. A chunked unit covers `positions` (default: the first job's chunk), cut at the
+    stage's end. Engine thread only. Raises what MLX raises, ValueError for a finished job."""
     unit = jobs[0].unit
-    assert all(j.unit == unit and j.chunk == jobs[0].chunk for j in jobs), "jobs must share their unit"
-    if unit[0] == "front":
-        _front(model, jobs)
-    elif unit[0] == "layer":
-        _layer(model, jobs, unit[1], unit[2])
-    elif unit[0] == "post":
+    assert all(j.unit == unit for j in jobs), "jobs must share their unit"
+    kind = unit[0]
+    if kind in CHUNKED:
+        start = int(unit[-1])
+        _chunked(model, jobs, kind, start, min(model.dims.n_audio_ctx, start + max(1, positions or jobs[0].chunk)))
+    elif kind == "mel":
+        _mel(model, jobs)
+    elif kind == "kv":
+        _kv(model, jobs, unit[1])
+    elif kind == "post":
         _post(model, jobs)
+    elif kind == "cross":
+        _cross(model, jobs, unit[1])
     else:
         raise ValueError(f"encoder job already done ({unit})")

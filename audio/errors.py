@@ -13,6 +13,11 @@ __all__ = [
     "SessionClosed",
     "SessionLimit",
     "SpeechNotRunning",
+    "AudioLimitExceeded",
+    "SessionAudioLimit",
+    "AudioBufferFull",
+    "SessionBacklogFull",
+    "CommitEmpty",
 ]
 
 
@@ -33,6 +38,43 @@ class AudioInputError(AudioError, ValueError):
     """Audio a client sent that cannot be used (undecodable, empty, bad rate or encoding)."""
 
     code = "invalid_audio"
+
+
+class AudioLimitExceeded(AudioInputError):
+    """A chunk would pass a cap; nothing of it was taken and earlier audio is kept. An AudioInputError: a
+    400 where nothing maps the subclasses below. `retry_after`: seconds after which retrying may succeed
+    (None: it never will)."""
+
+    retry_after: int | None = None
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message, param="body", code=code)
+
+
+class SessionAudioLimit(AudioLimitExceeded):
+    """The session would pass its audio cap (max_session_s): it can take no more, ever."""
+
+    code = "session_audio_limit"
+
+
+class AudioBufferFull(AudioLimitExceeded):
+    """All sessions together hold the most untranscribed audio the server keeps: retry once they caught up."""
+
+    code = "audio_buffer_full"
+    retry_after = 2
+
+
+class SessionBacklogFull(AudioLimitExceeded):
+    """This session's untranscribed audio would pass max_lag_s: it sends faster than it is transcribed."""
+
+    code = "session_backlog_full"
+    retry_after = 2
+
+
+class CommitEmpty(AudioInputError):
+    """A commit with less than 100 ms of audio since the last commit, clear or VAD pause (audio/sessions.py)."""
+
+    code = "input_audio_buffer_commit_empty"
 
 
 class InvalidOption(AudioError, ValueError):
@@ -70,9 +112,10 @@ class SessionClosed(SessionError):
 
 
 class SessionLimit(SessionError):
-    """max_sessions are open and none is idle enough to expire."""
+    """max_sessions are open and none is idle enough to expire; `retry_after` seconds is a fair wait."""
 
     code = "session_unavailable"
+    retry_after = 5
 
 
 class SpeechNotRunning(AudioError, RuntimeError):

@@ -7,6 +7,11 @@ tentative. A pause (VAD or commit()) commits everything before it; 30 s of open 
 seek-loop window; a session that fell behind finishes all its pending utterances that fit a window with one
 decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
 longer than `trim_s`; until then earlier speech stays as context for the next decode.
+
+Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
+every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none (a
+session behind decodes several at once: the first gets their text). Text is attributed to the oldest
+utterance not yet closed. `clear()` drops the open utterance's audio that has no committed text yet.
 """
 
 from __future__ import annotations
@@ -24,13 +29,15 @@ from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscriptio
 from audio.pcm import SAMPLE_RATE
 from audio.scheduler import WindowResult
 from audio.timeline import Timeline
-from audio.transcript import Segment, TranscribeOptions, Transcript
+from audio.transcript import TranscribeOptions, Transcript
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
     from audio.whisper import LoadedWhisper
 
-__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
+__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription", "RETRY_TAIL_S"]
+
+RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
 
 
 @dataclass(frozen=True)
@@ -38,25 +45,35 @@ class LiveConfig:
     """`redecode_s`: new speech before the open audio is decoded again. `trim_s`: open audio kept as context
     before finished segments are trimmed off. `tokens_per_second`: sampled tokens allowed per second of
     window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
+    `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
 
     redecode_s: float = 1.0
     trim_s: float = 15.0
     tokens_per_second: float = 10.0
     max_session_s: float = 3600.0
+    max_lag_s: float | None = 120.0
     gate_in_thread_s: float = 2.0
+
+
+EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",
+                    "cleared"]
 
 
 @dataclass(frozen=True)
 class SessionEvent:
-    """What a client of a live session hears about: speech_started / speech_stopped (`audio_ms` into the
-    received audio), committed (new text that never changes), tentative (the current guess after it, which
-    replaces the previous one), utterance (all text of an utterance that a VAD pause or commit() closed)."""
+    """What a client of a live session hears about, for utterance `item`: speech_started / speech_stopped
+    (`audio_ms` into the received audio), audio_committed (the utterance's audio ended: a VAD pause, commit()
+    or finish), committed (new text that never changes), tentative (the current guess after it, which
+    replaces the previous one), utterance (all text of the utterance, once it is transcribed), cleared (the
+    open audio without committed text was dropped). `ref`: what the caller passed to the commit() that closed
+    the utterance."""
 
-    type: Literal["speech_started", "speech_stopped", "committed", "tentative", "utterance"]
+    type: EventType
     text: str = ""
     audio_ms: int | None = None
-    segments: tuple[Segment, ...] = ()
+    item: int = 0
+    ref: str | None = None
 
 
 class LiveTranscription:
@@ -69,7 +86,10 @@ class LiveTranscription:
         self.timeline = Timeline()
         self._scheduler, self._emit = scheduler, emit
         self._open = AudioBuffer()  # speech (compact samples); trimmed at the seek
-        self._pauses: deque[int] = deque()  # compact positions where an utterance ended
+        self._pauses: deque[int] = deque()  # compact positions where an utterance ended, not yet closed
+        self.opened = 0  # utterances whose audio ended (pauses added); the open one's index
+        self.closed = 0  # utterances transcribed and closed; the oldest open one's index
+        self._open_from = 0  # compact position where the open utterance began
         self._tr: WindowedTranscription | None = None
         self._live: LiveText | None = None
         self._loaded: "LoadedWhisper | None" = None
@@ -105,10 +125,55 @@ class LiveTranscription:
         self.timeline.add(source_start, len(pcm))
         self._open.append(pcm)
 
-    def add_pause(self) -> None:
-        """The utterance so far ended. Raises nothing."""
-        if not self._pauses or self._pauses[-1] < self.timeline.length:
-            self._pauses.append(self.timeline.length)
+    def add_pause(self) -> int:
+        """The open utterance ended here (even an empty one: every pause closes one utterance). Returns its
+        index. Raises nothing."""
+        self._pauses.append(self.timeline.length)
+        self._open_from = self.timeline.length
+        self.opened += 1
+        return self.opened - 1
+
+    @property
+    def has_open_text(self) -> bool:
+        """Committed text belongs to the open utterance (none is behind it). Raises nothing."""
+        return not self._pauses and bool(self._utterance)
+
+    @property
+    def has_open(self) -> bool:
+        """The open utterance has audio or committed text. Raises nothing."""
+        return self.timeline.length > self._open_from or self.has_open_text
+
+    def _close(self, count: int) -> None:
+        """The `count` oldest pauses are done: their utterances close, the first with the text so far."""
+        for _ in range(count):
+            self._pauses.popleft()
+            text = "".join(self._utterance)
+            self._utterance = []
+            self._emit(SessionEvent("utterance", text=text, item=self.closed))
+            self.closed += 1
+
+    def clear(self) -> None:
+        """Drop the open utterance's audio not yet transcribed into committed text: behind (pauses pending)
+        or without committed text, its audio goes and it stays open, empty; with committed text, that text
+        stays and the utterance closes with it (the audio after it is skipped). Raises nothing."""
+        tr, live = self._tr, self._live
+        if live is not None:
+            live.previous = None
+        if self._pauses or not self._utterance:
+            cut = self._pauses[-1] if self._pauses else max(self._final_to, self._seek(), self._open_from)
+            self.timeline.truncate(cut)
+            self._open.truncate(cut)
+            self._probed_at = min(self._probed_at, cut)
+            self._decoded_to = min(self._decoded_to, cut)
+            self._open_from = cut
+        else:
+            length = self.timeline.length
+            if tr is not None and live is not None:
+                self._finish_all(length)
+            self._final_to = self._probed_at = self._decoded_to = length
+            self.add_pause()
+            self._close(len(self._pauses))
+        self._set_tentative([])
 
     def committed_text(self) -> str:
         return "".join(self._committed)
@@ -117,17 +182,22 @@ class LiveTranscription:
         return self._tr.seek * HOP_LENGTH if self._tr is not None else 0
 
     def next_action(self, finishing: bool) -> Callable[[], Awaitable[None]] | None:
-        """The next decode to run, or None while nothing is due (with `finishing`: when all is committed)."""
+        """The next decode to run, or None while nothing is due (with `finishing`: when all is committed).
+        Pauses whose audio is already all committed close their utterances here."""
         seek = self._seek()
-        while self._pauses and self._pauses[0] <= max(seek, self._final_to):
-            self._pauses.popleft()
+        done = 0
+        while done < len(self._pauses) and self._pauses[done] <= max(seek, self._final_to):
+            done += 1
+        self._close(done)
         length = self.timeline.length
         limit = self._pauses[0] if self._pauses else length
         if limit - seek >= N_SAMPLES:
             return self._full_window
         if self._pauses:
-            # Behind: every pause already here that fits one window is finished by one decode.
-            last = max(p for p in self._pauses if p - seek <= N_SAMPLES)
+            # Behind: the pauses already here that fit one decode are finished by it — within one window, and
+            # within the text the decoder has room for (more would be cut off at its token cap, and lost).
+            fit = min(N_SAMPLES, self._room_samples())
+            last = max((p for p in self._pauses if p - seek <= fit), default=self._pauses[0])
             return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
@@ -135,6 +205,14 @@ class LiveTranscription:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
         return None
+
+    def _room_samples(self) -> float:
+        """Audio whose text fits what a decode may still sample after the forced prefix (at the rate
+        tokens_per_second assumes). Raises nothing."""
+        if self._tr is None or self._live is None:
+            return float(N_SAMPLES)
+        room = self._tr.loaded.model.dims.n_text_ctx // 2 - len(self._live.prefix) - 16
+        return max(0, room) / self.config.tokens_per_second * SAMPLE_RATE
 
     def _prefix_full(self) -> bool:
         return self._live is not None and self._tr is not None and \
@@ -166,13 +244,13 @@ class LiveTranscription:
         if text:
             self._committed.append(text)
             self._utterance.append(text)
-            self._emit(SessionEvent("committed", text=text))
+            self._emit(SessionEvent("committed", text=text, item=self.closed))
 
     def _set_tentative(self, tokens: list[int]) -> None:
-        text = self._text(tokens)
+        text = self._text(tokens) if self._tr is not None else ""
         if text != self.tentative:
             self.tentative = text
-            self._emit(SessionEvent("tentative", text=text))
+            self._emit(SessionEvent("tentative", text=text, item=self.closed))
 
     def _stride(self) -> int:
         assert self._tr is not None
@@ -241,11 +319,10 @@ class LiveTranscription:
         self._set_tentative([])
 
     async def _final(self, limit: int) -> None:
-        """Everything up to `limit` (a pause, commit() or the end) is committed."""
+        """Everything up to `limit` (a pause, commit() or the end) is committed; the pauses up to it close
+        their utterances."""
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
-        while self._pauses and self._pauses[0] <= limit:
-            self._pauses.popleft()
         seek = self._seek()
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
@@ -253,16 +330,33 @@ class LiveTranscription:
             self._commit_text(tokens[len(live.prefix):])
             live.reset()
             live.prefix = list(tokens)
+            short = self._stopped_short(tokens, seek, limit) if result.decoded.sampled else None
+            if short is not None:
+                # Whisper ended its text well before the speech did (it does near a window's end): what it said
+                # stays, and the rest is decoded again from where its text ended.
+                self._finish_all(short)
+                self._probed_at = max(self._probed_at, short)
+                self._set_tentative([])
+                self._close(sum(1 for p in self._pauses if p <= short))
+                return
         self._final_to = self._probed_at = max(self._probed_at, limit)
         self._set_tentative([])
         if not live.prefix or self._prefix_full():
             self._finish_all(limit)
         elif result is not None:
             self._trim(result)
-        text = "".join(self._utterance)
-        self._utterance = []
-        if text:
-            self._emit(SessionEvent("utterance", text=text))
+        self._close(sum(1 for p in self._pauses if p <= limit))
+
+    def _stopped_short(self, tokens: list[int], seek: int, limit: int) -> int | None:
+        """Where the decoded text ends (its last timestamp, as a compact position) when that is more than
+        RETRY_TAIL_S of speech before `limit` and past the seek, else None. Raises nothing."""
+        assert self._tr is not None
+        begin = self._tr.tokenizer.timestamp_begin
+        stamps = [t for t in tokens if t >= begin]
+        if not stamps:
+            return None
+        end = seek + (stamps[-1] - begin) * self._stride() * HOP_LENGTH
+        return end if seek + HOP_LENGTH < end <= limit - RETRY_TAIL_S * SAMPLE_RATE else None
 
     def _finish_all(self, limit: int) -> None:
         """All committed text up to `limit` joins the transcript and the open audio before it goes."""

@@ -2,45 +2,37 @@
 
 A window's life: encoder units (audio/encoder.py), then one decoding row (audio/decoder.py) per temperature
 of the fallback ladder, re-decoded at the next temperature while the thresholds ask for it. A step is either
-an encoder step (the oldest window's next unit, stacked with every window at the same unit, within
-`encoder_positions`) or a decoder step (every row, `decode_tokens` tokens each); the kinds alternate while
-both have work. Exactly one step is queued at a time, so the driver runs it between two LLM iterations and
-a chat stream waits for at most one step per iteration.
+an encoder step (units of the oldest window, each stacked with every window at the same unit) or a decoder
+step (packed forwards of the rows); the kinds alternate while both have work. Exactly one step is queued at
+a time, so the driver runs it between two LLM iterations and a chat stream waits for at most one step per
+iteration.
+
+How long a step may run: while chat rows decode (the `pace` callable gives a chat iteration's seconds), at
+most `chat_share` of a chat iteration — units and forwards are sized from their measured costs
+(audio/step_costs.py), prompts are fed in chunks, and at least one unit or one forward of one row runs so
+speech always moves. Otherwise the full budget: `encoder_positions` per chunked unit, steps as long as one
+such unit, and `decode_tokens` forwards of every row.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
-from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row
-from audio.encoder import EncoderJob, run_unit
+from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row, step_rows
+from audio.encoder import CHUNKED, EncoderJob, run_unit
+from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 
 if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
     from engine.tasks import ExecutionTasks
 
-__all__ = ["StepBudget", "WindowRequest", "WindowResult", "WhisperScheduler"]
-
-
-@dataclass(frozen=True)
-class StepBudget:
-    """How much one step may do. `encoder_positions`: query positions per encoder step (a 30 s window is
-    1500 per layer; also the fixed chunk of a window's layer units). `decode_tokens`: tokens each row
-    advances per decoder step. `max_rows`: rows per decoder step (more wait their turn)."""
-
-    encoder_positions: int = 375
-    decode_tokens: int = 4
-    max_rows: int = 32
-
-    def __post_init__(self) -> None:
-        if self.encoder_positions < 1 or self.decode_tokens < 1 or self.max_rows < 1:
-            raise ValueError("step budget values must be >= 1")
-
+__all__ = ["StepBudget", "WindowRequest", "WindowResult", "WhisperScheduler", "Pace", "StepRecord"]
 
 @dataclass(frozen=True)
 class WindowRequest:
@@ -107,10 +99,25 @@ class _Window:
 class _Counters:
     encoder_steps: int = 0
     decoder_steps: int = 0
+    paced_steps: int = 0
     windows: int = 0
     fallbacks: int = 0
     max_rows: int = 0
     kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
+    steps: list["StepRecord"] = field(default_factory=list)  # recent steps, newest last (bounded)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step: its kind, time limit (None: the full budget), the rows decoding when it began, the work it
+    did (encoder: window-positions of chunked units plus windows of the others; decoder: tokens fed, 0 with
+    the full budget) and its seconds."""
+
+    kind: str
+    limit: float | None
+    rows: int
+    work: int
+    seconds: float
 
 
 class WhisperScheduler:
@@ -119,10 +126,15 @@ class WhisperScheduler:
     oldest window (every other step: of the least advanced one), each stacked with every window at the same
     unit, until `encoder_positions` are spent."""
 
-    def __init__(self, tasks: "ExecutionTasks", budget: StepBudget | None = None) -> None:
+    def __init__(self, tasks: "ExecutionTasks", budget: StepBudget | None = None, pace: Pace | None = None) -> None:
         self.tasks = tasks
         self.budget = budget or StepBudget()
+        self.pace = pace
+        self.costs = StepCosts()
         self.counters = _Counters()
+        self._limit: float | None = None  # the next step's time limit, set on the event loop
+        self._paced = False
+        self._rotation = 0
         self._windows: list[_Window] = []
         self._seq = itertools.count()
         self._leading = False
@@ -140,7 +152,7 @@ class WhisperScheduler:
         at once): the window leaves before the next step (a step already running finishes first). Raises
         what the window's steps raise (MLX errors, ValueError for options mlx-whisper refuses), TaskRejected
         at shutdown."""
-        chunk = min(self.budget.encoder_positions, loaded.model.dims.n_audio_ctx)
+        chunk = min(self.budget.encoder_positions, loaded.model.dims.n_audio_ctx)  # the full-budget unit
         window = _Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16),
                          next(self._seq), scope=cancellation)
         self._windows.append(window)
@@ -160,8 +172,16 @@ class WhisperScheduler:
         assert window.result is not None
         return window.result
 
+    def _plan_limit(self) -> None:
+        """The next step's time limit: a share of a chat iteration while chat decodes, else None (the full
+        budget, counted in units and tokens). Event loop."""
+        pace = self.pace() if self.pace is not None else None
+        self._paced = pace is not None and pace > 0
+        self._limit = self.budget.chat_share * pace if pace is not None and pace > 0 else None
+
     async def _lead(self) -> None:
         self._leading = True
+        self._plan_limit()
         scope = anyio.CancelScope()
         handle = self.tasks.enqueue(self._step, cancellation=scope, label="whisper.step")
         try:
@@ -194,34 +214,118 @@ class WhisperScheduler:
             kind = "decode" if self._last_kind == "encode" else "encode"
         else:
             kind = "encode" if encoding else "decode" if decoding else "idle"
+        limit, paced = self._limit, self._paced
+        t0 = time.perf_counter()
+        work = 0
         if kind == "encode":
-            self._encode(encoding)
+            work = self._encode(encoding, limit, paced, t0)
         elif kind == "decode":
-            self._decode(decoding[: self.budget.max_rows])
+            work = self._decode(decoding, limit, t0)
         self._last_kind = kind
         c = self.counters
+        c.paced_steps += paced and kind != "idle"
         c.kinds = (c.kinds + [kind])[-256:]
+        c.steps = (c.steps + [StepRecord(kind, limit, len(decoding), work, time.perf_counter() - t0)])[-256:]
         return kind
 
-    def _encode(self, pending: list[_Window]) -> None:
-        units = max(1, self.budget.encoder_positions // pending[0].encoder.chunk)
+    def _encode(self, pending: list[_Window], limit: float | None, paced: bool, t0: float) -> int:
+        """Full budget: encoder_positions // chunk window-units (at least one), each unit of every kind
+        counting one. Paced: units sized to the limit (at least one). Returns the work done."""
         self.counters.encoder_steps += 1
-        while units > 0 and pending:
+        n_ctx = pending[0].loaded.model.dims.n_audio_ctx
+        units = None if paced else max(1, self.budget.encoder_positions // pending[0].encoder.chunk)
+        work = 0
+        ran = False
+        while pending and (units is None or units > 0):
             # Oldest first, and every other step the least advanced: windows catch up with each other, so
             # their units stack and their rows decode together, and the oldest still moves at half speed.
             head = pending[0] if self.counters.encoder_steps % 2 else min(pending, key=lambda w: w.encoder.progress)
-            group = [w for w in pending if w.encoder.unit == head.encoder.unit and w.loaded is head.loaded
-                     and w.encoder.chunk == head.encoder.chunk][:units]
+            group = [w for w in pending if w.encoder.unit == head.encoder.unit and w.loaded is head.loaded]
+            kind = head.encoder.kind
+            positions: int | None = None  # the window's chunk
+            if units is not None:
+                group = group[:units]
+                units -= len(group)
+            else:
+                left = None if limit is None else limit - (time.perf_counter() - t0)
+                plan = size_unit(self.costs[kind], group, kind in CHUNKED, head.encoder.left(n_ctx), left, ran)
+                if plan is None:
+                    break
+                group, positions = list(plan[0]), plan[1]
+            t = time.perf_counter()
             try:
-                run_unit(head.loaded.model, [w.encoder for w in group])
+                run_unit(head.loaded.model, [w.encoder for w in group], positions)
             except Exception as exc:
                 for w in group:
                     w.error = exc
-            units -= len(group)
+            chunked = kind in CHUNKED
+            size = len(group) * (min(positions or head.encoder.chunk, n_ctx) if chunked else 1)
+            self.costs[kind].record(size, time.perf_counter() - t)
+            work += size
+            ran = True
             for w in group:
                 if w.encoder.done and w.error is None:
                     self._guarded(w, self._start_decoding)
             pending = [w for w in pending if not w.encoder.done and w.error is None]
+        return work
+
+    def _decode(self, windows: list[_Window], limit: float | None, t0: float) -> int:
+        """Full budget (`limit` None): decode_tokens forwards of every row, prompts fed whole. Paced: forwards
+        of the rows in turn (a rotating start), prompts fed in chunks, until the limit would pass. Returns
+        the tokens fed."""
+        self.counters.decoder_steps += 1
+        if limit is None:
+            picked = windows[: self.budget.max_rows]
+            self.counters.max_rows = max(self.counters.max_rows, len(picked))
+            for group in self._by_model(picked):
+                try:
+                    advance_rows(group[0].loaded.model, [w.row for w in group if w.row is not None],
+                                 self.budget.decode_tokens)
+                except Exception as exc:  # the rows of this forward fail; the others go on
+                    for w in group:
+                        w.error = exc
+            self._finish_rows(picked)
+            return 0
+        fed = 0
+        ran = False
+        while True:
+            live = [w for w in windows if w.row is not None and not w.row.done and w.error is None]
+            if not live:
+                break
+            start = self._rotation % len(live)
+            ordered = live[start:] + live[:start]
+            ordered = [w for w in ordered if w.loaded is ordered[0].loaded][: self.budget.max_rows]
+            plan = size_forward(self.costs["forward"], ordered, _unfed, limit - (time.perf_counter() - t0), ran)
+            if plan is None:
+                break
+            group, feed = plan
+            self._rotation += len(group)
+            self.counters.max_rows = max(self.counters.max_rows, len(group))
+            t = time.perf_counter()
+            try:
+                forward = step_rows(group[0].loaded.model, [w.row for w in group if w.row is not None], feed)
+            except Exception as exc:
+                for w in group:
+                    w.error = exc
+                break
+            self.costs["forward" if forward.logits else "prefill"].record(forward.tokens, time.perf_counter() - t)
+            fed += forward.tokens
+            ran = True
+            self._finish_rows(group)
+        return fed
+
+    @staticmethod
+    def _by_model(windows: list[_Window]) -> list[list[_Window]]:
+        # Rows of different model objects (a reload) never share a forward.
+        groups: dict[int, list[_Window]] = {}
+        for w in windows:
+            groups.setdefault(id(w.loaded.model), []).append(w)
+        return list(groups.values())
+
+    def _finish_rows(self, windows: list[_Window]) -> None:
+        for w in windows:
+            if w.row is not None and w.row.done and w.error is None:
+                self._guarded(w, self._finish)
 
     @staticmethod
     def _guarded(w: _Window, fn: Any) -> None:
@@ -248,25 +352,6 @@ class WhisperScheduler:
         assert w.encoder.cross_kv is not None
         return new_row(w.loaded.model, options, w.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + w.rung)
 
-    def _decode(self, windows: list[_Window]) -> None:
-        rows = [w.row for w in windows if w.row is not None]
-        self.counters.decoder_steps += 1
-        self.counters.max_rows = max(self.counters.max_rows, len(rows))
-        # Rows of different model objects (a reload) never share a forward.
-        groups: dict[int, list[_Window]] = {}
-        for w in windows:
-            groups.setdefault(id(w.loaded.model), []).append(w)
-        for group in groups.values():
-            try:
-                advance_rows(group[0].loaded.model, [w.row for w in group if w.row is not None],
-                             self.budget.decode_tokens)
-            except Exception as exc:  # the rows of this forward fail; the others go on
-                for w in group:
-                    w.error = exc
-        for w in windows:
-            if w.row is not None and w.row.done and w.error is None:
-                self._guarded(w, self._finish)
-
     def _finish(self, w: _Window) -> None:
         assert w.row is not None
         decoded = finish_row(w.row)
@@ -286,5 +371,11 @@ class WhisperScheduler:
         c = self.counters
         return {"windows_in_flight": self.in_flight, "windows_done": c.windows, "encoder_steps": c.encoder_steps,
                 "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks, "max_rows_per_step": c.max_rows,
-                "encoder_positions_per_step": self.budget.encoder_positions,
-                "decode_tokens_per_step": self.budget.decode_tokens}
+                "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
+                "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
+                "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats()}
+
+
+def _unfed(w: _Window) -> int:
+    row = w.row
+    return 0 if row is None else int(row.tokens.shape[1]) - row.fed

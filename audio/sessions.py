@@ -1,21 +1,24 @@
 """Live sessions: audio appended as it arrives, passed through the VAD gate, transcribed as it grows.
 
 A LiveSession owns capture (PCM decoding, the received audio not yet through the gate), the caps, the event
-log clients read, and the pump that runs the decodes (audio/live.py). Audio is never dropped: a session that
-cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was accepted.
+log clients read, and the pump that runs the decodes (audio/live.py). Audio is never dropped silently: a
+session that cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was
+accepted; only clear() drops audio, on request. commit() and clear() act at the point of the received audio
+where they were called, whatever arrives after them.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING, AsyncIterator
+from collections import deque
+from typing import TYPE_CHECKING, AsyncIterator, Literal
 
 import anyio
 import numpy as np
 
-from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool
-from audio.errors import SessionClosed, SessionError, SessionLimit, SessionNotFound
+from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
+from audio.errors import CommitEmpty, SessionClosed, SessionError, SessionLimit, SessionNotFound
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.transcript import TranscribeOptions, Transcript
@@ -27,7 +30,17 @@ if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
 
 __all__ = ["SessionError", "SessionNotFound", "SessionClosed", "SessionLimit", "AudioLimitExceeded",
-           "LiveConfig", "SessionEvent", "LiveSession", "AudioBuffer", "AudioPool"]
+           "LiveConfig", "SessionEvent", "LiveSession", "AudioBuffer", "AudioPool", "CommitEmpty", "MIN_COMMIT_MS"]
+
+MIN_COMMIT_MS = 100  # OpenAI's least audio a commit needs
+
+
+def speech_gate(options: TranscribeOptions) -> SpeechGate | None:
+    """The session's VAD gate for `options` (None with vad off). Raises nothing."""
+    if not options.vad:
+        return None
+    return SpeechGate(min_speech_ms=options.vad_min_speech_ms, min_silence_ms=options.vad_min_silence_ms,
+                      padding_ms=options.vad_padding_ms, aggressiveness=options.vad_aggressiveness)
 
 
 class LiveSession:
@@ -36,9 +49,13 @@ class LiveSession:
 
     def __init__(self, options: TranscribeOptions, residency: "WhisperResidency", scheduler: "WhisperScheduler",
                  tasks: "ExecutionTasks", *, config: LiveConfig | None = None, pool: AudioPool | None = None,
-                 session_id: str | None = None) -> None:
+                 session_id: str | None = None, expires: bool = True) -> None:
+        """`expires`: the speech service may drop it after its idle TTL (False: its owner deletes it, e.g. a
+        websocket when it closes). Raises nothing."""
         self.id = session_id or f"sess_{secrets.token_urlsafe(18)}"  # unguessable: ids are capabilities
         self.options = options
+        self.expires = expires
+        self._scheduler = scheduler
         self.config = config or LiveConfig()
         self.created = self.last_active = time.monotonic()
         self.windows_done = 0
@@ -50,12 +67,14 @@ class LiveSession:
         self._pool = pool or AudioPool(None)
         self._stream: PcmStream | None = None
         self._raw = AudioBuffer()  # received, not yet through the gate
-        self._gate = SpeechGate(min_speech_ms=options.vad_min_speech_ms,
-                                min_silence_ms=options.vad_min_silence_ms) if options.vad else None
+        self._gate = speech_gate(options)
+        self._origin = 0  # raw sample where the gate started (a clear() restarts it)
         self._gated = 0  # raw samples through the gate
+        self._boundary = 0  # raw sample of the last commit, clear or VAD pause
+        # (what, raw sample, the commit's ref), in the order they were asked for
+        self._controls: deque[tuple[Literal["commit", "clear"], int, str | None]] = deque()
         self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
         self._finishing = False
-        self._commit_asked = False
         self._idle = False
         self._wake = anyio.Event()
         self._changed = anyio.Event()
@@ -71,8 +90,11 @@ class LiveSession:
     def lag_seconds(self) -> float:
         """Seconds of received audio not yet transcribed (silence counts as done once the gate passed it).
         Raises nothing."""
-        settled = min(self._gate.settled if self._gate is not None else self._gated, self._raw.total)
-        return round((self._raw.total - settled + self.live.pending_samples) / SAMPLE_RATE, 3)
+        return round((self._raw.total - self._settled() + self.live.pending_samples) / SAMPLE_RATE, 3)
+
+    def _settled(self) -> int:
+        gated = self._origin + self._gate.settled if self._gate is not None else self._gated
+        return min(gated, self._gated, self._raw.total)
 
     @property
     def closed(self) -> bool:
@@ -91,8 +113,12 @@ class LiveSession:
     def _admit(self, samples: int) -> None:
         cap = int(self.config.max_session_s * SAMPLE_RATE)
         if self._raw.total + samples > cap:
-            raise AudioLimitExceeded(f"session {self.id} would pass its audio limit of {self.config.max_session_s:g} s "
-                                     f"({self.received_seconds:.1f} s received)", "session_audio_limit")
+            raise SessionAudioLimit(f"session {self.id} would pass its audio limit of {self.config.max_session_s:g} s "
+                                    f"({self.received_seconds:.1f} s received)")
+        lag = self.config.max_lag_s
+        if lag is not None and self.lag_seconds + samples / SAMPLE_RATE > lag:
+            raise SessionBacklogFull(f"session {self.id} holds {self.lag_seconds:.1f} s of audio not yet transcribed "
+                                     f"(limit {lag:g} s): send audio no faster than real time, or retry shortly")
         self._pool.admit(self, samples)
 
     def append(self, body: bytes, fmt: PcmFormat) -> None:
@@ -119,10 +145,37 @@ class LiveSession:
         self.last_active = time.monotonic()
         self._wake.set()
 
-    def commit(self) -> None:
-        """Close the current utterance now, as a VAD pause would. Raises SessionClosed."""
+    def reconfigure(self, options: TranscribeOptions) -> None:
+        """New options for a session that has received no audio yet. Raises SessionClosed, SessionError
+        (audio already received)."""
         self._check_open()
-        self._commit_asked = True
+        if self._raw.total or self.live.started or self.events_log:
+            raise SessionError(f"session {self.id} has audio already; its options can no longer change",
+                               code="session_active")
+        self.options = options
+        self._gate = speech_gate(options)
+        self.live = LiveTranscription(options, self.config, self._scheduler, self._emit, self.scope)
+
+    def commit(self, ref: str | None = None) -> None:
+        """Close the open utterance at the audio received so far, as a VAD pause would (an `audio_committed`
+        event carrying `ref` follows; audio appended later opens the next utterance). Raises SessionClosed,
+        CommitEmpty (less than MIN_COMMIT_MS since the last commit, clear or VAD pause)."""
+        self._check_open()
+        if self._raw.total - self._boundary < MIN_COMMIT_MS * SAMPLE_RATE // 1000:
+            raise CommitEmpty(f"the audio buffer holds less than {MIN_COMMIT_MS} ms since the last commit; "
+                              "nothing to commit")
+        self._boundary = self._raw.total
+        self._controls.append(("commit", self._raw.total, ref))
+        self._wake.set()
+
+    def clear(self) -> None:
+        """Drop the audio received so far that has no committed text: the open utterance's (audio/live.py
+        LiveTranscription.clear) and what the gate has not passed yet; a `cleared` event follows. Raises
+        SessionClosed."""
+        self._check_open()
+        self._stream = None  # the resampler's held-back samples belong to the dropped audio
+        self._boundary = self._raw.total
+        self._controls.append(("clear", self._raw.total, None))
         self._wake.set()
 
     async def finish(self) -> Transcript:
@@ -166,6 +219,10 @@ class LiveSession:
             if self._done.is_set():
                 return
             await self._changed.wait()
+
+    async def ended(self) -> None:
+        """Return once the pump stopped: the session finished, failed or was cancelled. Raises nothing."""
+        await self._done.wait()
 
     async def caught_up(self) -> None:
         """Return once everything appended so far is transcribed as far as it can be (the pump waits for
@@ -218,30 +275,59 @@ class LiveSession:
             self._signal()
 
     async def _gate_pending(self) -> None:
-        pending = self._raw.view(self._gated, self._raw.total - self._gated)
+        """Audio through the gate into the transcription, commits and clears at their points in it."""
+        while self._controls:
+            what, at, ref = self._controls.popleft()
+            if what == "commit":
+                if not await self._gate_to(at, flush=True, ref=ref):  # a flushed VAD pause is the commit itself
+                    self._pause(at, ref)
+            else:
+                self._clear_at(at)
+        await self._gate_to(self._raw.total, flush=self._finishing)
+        if self._finishing and self.live.has_open:
+            self._pause(self._raw.total)
+        self._raw.discard_before(self._settled())
+        self._pool.update(self)
+
+    async def _gate_to(self, end: int, flush: bool, ref: str | None = None) -> bool:
+        """Gate raw audio up to `end`; with `flush` close an open speech region there (its pause carries
+        `ref`). Returns whether the last thing gated was a pause."""
+        pending = self._raw.view(self._gated, end - self._gated)
         start = self._gated
         self._gated += len(pending)
         if self._gate is None:
             if len(pending):
                 self.live.add_speech(pending, start)
+            return False
+        gate, origin = self._gate, self._origin
+        if len(pending) > self.config.gate_in_thread_s * SAMPLE_RATE:
+            events = await anyio.to_thread.run_sync(gate.push, pending)
         else:
-            gate = self._gate
-            if len(pending) > self.config.gate_in_thread_s * SAMPLE_RATE:
-                events = await anyio.to_thread.run_sync(gate.push, pending)
+            events = gate.push(pending)
+        flushed = gate.flush() if flush else []
+        for ev in events + flushed:
+            if isinstance(ev, Speech):
+                a, b = ev.start + origin, ev.end + origin
+                if ev.first:
+                    self._emit(SessionEvent("speech_started", audio_ms=a * 1000 // SAMPLE_RATE, item=self.live.opened))
+                self.live.add_speech(self._raw.view(a, b - a), a)
             else:
-                events = gate.push(pending)
-            if self._finishing:
-                events += gate.flush()
-            for ev in events:
-                if isinstance(ev, Speech):
-                    if ev.first:
-                        self._emit(SessionEvent("speech_started", audio_ms=ev.start * 1000 // SAMPLE_RATE))
-                    self.live.add_speech(self._raw.view(ev.start, ev.end - ev.start), ev.start)
-                else:
-                    self._emit(SessionEvent("speech_stopped", audio_ms=ev.at * 1000 // SAMPLE_RATE))
-                    self.live.add_pause()
-        if self._commit_asked:
-            self._commit_asked = False
-            self.live.add_pause()
-        self._raw.discard_before(self._gate.settled if self._gate is not None else self._gated)
-        self._pool.update(self)
+                at = ev.at + origin
+                self._boundary = max(self._boundary, at)
+                self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.opened))
+                self._pause(at, ref if ev in flushed else None)
+        return bool(flushed) and not isinstance(flushed[-1], Speech)
+
+    def _pause(self, at: int, ref: str | None = None) -> None:
+        item = self.live.add_pause()
+        self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE, item=item, ref=ref))
+
+    def _clear_at(self, at: int) -> None:
+        """Drop raw audio not yet gated up to `at`, restart the gate there, and clear the open utterance."""
+        self._gated = max(self._gated, at)
+        self._origin = at
+        self._gate = speech_gate(self.options)
+        if self.live.has_open_text:  # its committed text stays: the utterance closes with it
+            self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.opened))
+        self.live.clear()
+        self._emit(SessionEvent("cleared", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.opened))

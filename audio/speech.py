@@ -20,7 +20,7 @@ from audio.buffers import AudioPool
 from audio.decoding import N_SAMPLES, WindowedTranscription
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
 from audio.pcm import SAMPLE_RATE
-from audio.scheduler import StepBudget, WhisperScheduler
+from audio.scheduler import Pace, StepBudget, WhisperScheduler
 from audio.sessions import LiveConfig, LiveSession
 from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
@@ -44,7 +44,8 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     timeline = None
     if options.vad or options.vad_trim:
         pieces = await anyio.to_thread.run_sync(functools.partial(
-            speech_pieces, pcm, min_speech_ms=options.vad_min_speech_ms, min_silence_ms=options.vad_min_silence_ms))
+            speech_pieces, pcm, min_speech_ms=options.vad_min_speech_ms, min_silence_ms=options.vad_min_silence_ms,
+            padding_ms=options.vad_padding_ms, aggressiveness=options.vad_aggressiveness))
         if pieces and not options.vad:
             pieces = [(pieces[0][0], pieces[-1][1])]
         pcm, timeline = compact(pcm, pieces)
@@ -75,11 +76,16 @@ class SpeechService:
     def __init__(self, tasks: "ExecutionTasks", checkpoint: str | Path, *, name: str | None = None,
                  dtype: str | None = None, idle_unload_sec: float = 0.0, resident: bool = False,
                  session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
-                 live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0) -> None:
+                 live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0,
+                 pace: Pace | None = None, vad: bool = True) -> None:
+        """`pace`: seconds of a chat iteration while chat rows decode, else None (Engine.chat_pace): Whisper
+        steps then take at most `budget.chat_share` of it. `vad`: the default of options() when a request
+        does not say. Raises nothing."""
+        self.vad_default = vad
         self.tasks = tasks
         self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
                                           idle_unload_sec=idle_unload_sec, resident=resident)
-        self.scheduler = WhisperScheduler(tasks, budget)
+        self.scheduler = WhisperScheduler(tasks, budget, pace)
         self.live = live or LiveConfig()
         self.pool = AudioPool(max_buffered_sec)
         self.session_ttl_sec = session_ttl_sec
@@ -115,10 +121,13 @@ class SpeechService:
             return True
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
-        """TranscribeOptions checked against this model. Raises InvalidOption naming `language`, `task` or
-        `prompt` (unknown language, a non-English language / translate on an English-only model, a prompt
-        longer than Whisper can use: PromptTooLong)."""
+        """TranscribeOptions checked against this model; `vad` None (or absent) takes the service's default.
+        Raises InvalidOption naming `language`, `task`, `prompt` or a vad setting (unknown language, a
+        non-English language / translate on an English-only model, a prompt longer than Whisper can use:
+        PromptTooLong)."""
         code = normalize_language(language, multilingual=self.multilingual)
+        if kwargs.get("vad") is None:
+            kwargs["vad"] = self.vad_default
         if task not in get_args(Task):
             raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
         if task == "translate" and not self.multilingual:
@@ -141,10 +150,10 @@ class SpeechService:
         return result
 
     # ---- live sessions -----------------------------------------------------------------------
-    def create_session(self, options: TranscribeOptions) -> LiveSession:
+    def create_session(self, options: TranscribeOptions, *, expires: bool = True) -> LiveSession:
         """Open a session and start its pump. Never evicts a live session: idle-expired ones are reaped, then
-        a full house refuses. Raises SpeechNotRunning when run() is not running, SessionLimit when
-        max_sessions are open."""
+        a full house refuses. `expires` False: never reaped for idleness (its owner deletes it). Raises
+        SpeechNotRunning when run() is not running, SessionLimit when max_sessions are open."""
         if self._tg is None:
             raise SpeechNotRunning("SpeechService.run() is not running")
         if len(self.sessions) >= self.max_sessions:
@@ -152,7 +161,8 @@ class SpeechService:
         if len(self.sessions) >= self.max_sessions:
             raise SessionLimit(f"too many open audio sessions ({self.max_sessions}); finish or delete one, "
                                       "or retry later")
-        session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool)
+        session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool,
+                              expires=expires)
         self.sessions[session.id] = session
         self._tg.start_soon(session.pump, name=f"session {session.id}")
         return session
@@ -170,7 +180,7 @@ class SpeechService:
         del self.sessions[session_id]
 
     def _expire(self, now: float) -> None:
-        stale = [s for s in self.sessions.values() if now - s.last_active > self.session_ttl_sec]
+        stale = [s for s in self.sessions.values() if s.expires and now - s.last_active > self.session_ttl_sec]
         for s in stale:
             s.cancel()
             self.sessions.pop(s.id, None)
@@ -209,4 +219,5 @@ class SpeechService:
                 "session_lag_s_max": max((s.lag_seconds for s in self.sessions.values()), default=0.0),
                 "buffered_audio_s": round(self.pool.total / SAMPLE_RATE, 3),
                 "max_buffered_audio_s": None if self.pool.max_samples is None else self.pool.max_samples / SAMPLE_RATE,
-                "max_session_s": self.live.max_session_s, "scheduler": self.scheduler.stats()}
+                "max_session_s": self.live.max_session_s, "max_session_lag_s": self.live.max_lag_s,
+                "vad_default": self.vad_default, "scheduler": self.scheduler.stats()}

@@ -45,6 +45,16 @@ class Timeline:
         self._source.append(source_start)
         self._length.append(length)
 
+    def truncate(self, length: int) -> None:
+        """Forget compact samples from `length` on (pieces after it go, the piece across it is cut).
+        Raises nothing."""
+        while self._compact and self._compact[-1] >= length:
+            self._compact.pop()
+            self._source.pop()
+            self._length.pop()
+        if self._compact:
+            self._length[-1] = min(self._length[-1], length - self._compact[-1])
+
     def to_source(self, sample: float, *, end: bool = False) -> float:
         """Source sample of a compact position. A boundary between pieces maps to the later piece's start, or
         with `end` to the earlier piece's end; positions past the last piece stick to its end. Raises nothing."""

@@ -41,11 +41,14 @@ class TranscribeOptions:
     without_timestamps: bool = False
     word_timestamps: bool = False
     # webrtcvad: with `vad` Whisper sees only speech (silences of vad_min_silence_ms and more are cut out,
-    # times mapped back); `vad_trim` without `vad` cuts only leading/trailing silence.
+    # times mapped back; speech padded by vad_padding_ms each side); `vad_trim` without `vad` cuts only
+    # leading/trailing silence. vad_aggressiveness: webrtcvad's 0 (lets most through) to 3 (strictest).
     vad: bool = True
     vad_trim: bool = False
     vad_min_speech_ms: int = 250
     vad_min_silence_ms: int = 500
+    vad_padding_ms: int = 200
+    vad_aggressiveness: int = 2
     # > 1: cut the file at silences and decode this many ≤30 s chunks per task in one batched call
     # (audio/batching.py); no conditioning across chunks. 1: the sequential seek loop.
     batch_size: int = 1
@@ -56,6 +59,11 @@ class TranscribeOptions:
                                 "(Whisper reads only its last 223 tokens)")
         if not self.temperatures:
             raise ValueError("temperatures must not be empty")
+        if not 0 <= self.vad_aggressiveness <= 3:
+            raise InvalidOption("vad_aggressiveness must be 0-3", param="vad_aggressiveness")
+        for name in ("vad_min_speech_ms", "vad_min_silence_ms", "vad_padding_ms"):
+            if not 0 <= getattr(self, name) <= 10_000:
+                raise InvalidOption(f"{name} must be 0-10000", param=name)
 
     @staticmethod
     def ladder(temperature: float | None, fallback: bool = True) -> tuple[float, ...]:

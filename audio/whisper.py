@@ -209,6 +209,12 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
         model.set_alignment_heads(np.asarray(json.loads(heads_file.read_text()), dtype=np.int64))
     # Non-parameter arrays built lazily at construction belong to this thread's stream until evaluated.
     mx.eval(model.parameters(), model.encoder._positional_embedding, model.decoder._mask, model.alignment_heads)
+    # The tokenizer (and the tokens it suppresses) once, with the load: building it is ~0.3 s of pure Python
+    # that would otherwise hold the GIL against the engine thread when the first window decodes.
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    _ = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language="en",
+                      task="transcribe").non_speech_tokens
     return LoadedWhisper(model, p, name or p.name, dtype)
 
 

@@ -69,7 +69,7 @@ class StepClock:
         async def timed(fn: Any, *args: Any) -> Any:
             owner = getattr(fn, "__self__", None)
             kind = "whisper" if isinstance(owner, WhisperScheduler) else \
-                "llm" if type(owner).__name__ == "LLMBatchGroup" else "task"
+                "llm" if type(owner).__name__ in ("LLMBatchGroup", "BatchStep") else "task"
             t0 = time.perf_counter()
             try:
                 return await run(fn, *args)
@@ -187,9 +187,20 @@ def run_itl(path: Path, sessions: int, tokens: int, samples: Path, budget: Any) 
                 last = now
         return gaps
 
+    def paced_steps(speech: Any) -> dict[str, Any]:
+        """Whisper steps that ran while chat decoded: how long, against their limit."""
+        steps = [st for st in speech.scheduler.counters.steps if st.limit is not None]
+        over = [st for st in steps if st.seconds > st.limit]
+        return {"n": len(steps), "p50_ms": round(pct([st.seconds for st in steps], 50) * 1000, 1),
+                "p99_ms": round(pct([st.seconds for st in steps], 99) * 1000, 1),
+                "limit_p50_ms": round(pct([st.limit for st in steps], 50) * 1000, 1),
+                "over_limit": len(over), "over_limit_kinds": sorted({st.kind for st in over}),
+                "over_by_p99_ms": round(pct([st.seconds - st.limit for st in over], 99) * 1000, 1)}
+
     def measure(with_sessions: bool) -> tuple[list[float], dict[str, Any]]:
         engine = Engine(loaded)
-        speech = SpeechService(engine.tasks, path, dtype="float32", resident=True, budget=budget)
+        speech = SpeechService(engine.tasks, path, dtype="float32", resident=True, budget=budget,
+                               pace=engine.chat_pace)
         clock = StepClock(engine)
 
         async def run() -> list[float]:
@@ -207,7 +218,10 @@ def run_itl(path: Path, sessions: int, tokens: int, samples: Path, budget: Any) 
 
         gaps = anyio.run(run)
         engine.close()
-        return gaps, clock.summary()
+        summary = clock.summary()
+        if with_sessions:
+            summary["whisper_steps_while_chat_decoded"] = paced_steps(speech)
+        return gaps, summary
 
     alone, clock_alone = measure(False)
     shared, clock_shared = measure(True)
@@ -232,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-speakers", action="store_true")
     p.add_argument("--encoder-positions", type=int, default=375, help="StepBudget.encoder_positions")
     p.add_argument("--decode-tokens", type=int, default=4, help="StepBudget.decode_tokens")
+    p.add_argument("--chat-share", type=float, default=0.3, help="StepBudget.chat_share")
     args = p.parse_args(argv)
 
     from audio.scheduler import StepBudget
@@ -241,11 +256,12 @@ def main(argv: list[str] | None = None) -> int:
 
     path = resolve_whisper_checkpoint(args.model, "float32")
     samples = Path(args.samples)
-    budget = StepBudget(encoder_positions=args.encoder_positions, decode_tokens=args.decode_tokens)
+    budget = StepBudget(encoder_positions=args.encoder_positions, decode_tokens=args.decode_tokens,
+                        chat_share=args.chat_share)
     report: dict[str, Any] = {"machine": {"blas": blas_info().describe(), "cpu_count": os.cpu_count(),
                                           "load_avg": os.getloadavg()}, "model": str(path),
                               "budget": {"encoder_positions": budget.encoder_positions,
-                                         "decode_tokens": budget.decode_tokens}}
+                                         "decode_tokens": budget.decode_tokens, "chat_share": budget.chat_share}}
     if not args.skip_speakers:
         report["speakers"] = run_speakers(path, [int(x) for x in args.speakers.split(",")], args.seconds, samples,
                                           budget)

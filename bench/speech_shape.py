@@ -67,7 +67,9 @@ def build_checkpoint(shape: str, directory: Path, dtype: str) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Prints one JSON document. Raises SystemExit on bad options."""
     p = argparse.ArgumentParser(prog="tandem benchmark speech-shape")
-    p.add_argument("--samples", required=True)
+    p.add_argument("--samples", default=None, help="the clips to transcribe (required unless --build-only)")
+    p.add_argument("--build-only", type=Path, default=None, metavar="DIR",
+                   help="only write the random-init checkpoint to DIR (in --dtype) and exit")
     p.add_argument("--shape", default="large-v3-turbo", choices=sorted(SHAPES))
     p.add_argument("--dtype", default=None, help="default: float16 on GPU/Metal, float32 on CPU")
     p.add_argument("--gap", type=float, default=6.0)
@@ -75,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-sizes", default="4,8")
     a = p.parse_args(argv)
+    if a.build_only is not None:
+        build_checkpoint(a.shape, a.build_only, a.dtype or "float16")
+        print(json.dumps({"checkpoint": str(a.build_only), "shape": a.shape, "dtype": a.dtype or "float16"}))
+        return 0
+    if a.samples is None:
+        p.error("--samples is required")
 
     import mlx_whisper
 

@@ -39,7 +39,7 @@ from service.process.parent import exit_with_parent
 from service.process.restarts import EXIT_STARTUP_FAILED
 from service.process.supervisor import worker_generation
 from service.seams import ChatEngine
-from service.speech.live import live
+from service.speech.live import live, realtime
 from service.speech.sessions import append_session_audio, create_session, delete_session, finish_session
 from service.speech.setup import install_speech, speech_config
 from service.speech.transcriptions import create_transcription
@@ -59,7 +59,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
     return [
         chat_completions, completions,
         list_models, retrieve_model, health, stats, metrics,
-        create_transcription, create_session, append_session_audio, finish_session, delete_session, live,
+        create_transcription, create_session, append_session_audio, finish_session, delete_session, live, realtime,
         pi_provider,
     ]
 

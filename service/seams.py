@@ -94,6 +94,11 @@ class ChatEngine(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
+    def chat_pace(self) -> float | None:
+        """Seconds a decode-only chat iteration takes while chat rows decode, else None (Whisper steps pace
+        themselves by it)."""
+        ...
+
 
 class WhisperModelFiles(Protocol):
     """Where the served Whisper checkpoint lives and in what precision (for logs and aliases)."""
@@ -115,6 +120,7 @@ class SpeechBackend(Protocol):
     def residency(self) -> WhisperModelFiles: ...
 
     sessions: dict[str, LiveSession]
+    vad_default: bool
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions: ...
 
@@ -123,7 +129,7 @@ class SpeechBackend(Protocol):
 
     async def transcribe(self, pcm: np.ndarray, options: TranscribeOptions) -> Transcript: ...
 
-    def create_session(self, options: TranscribeOptions) -> LiveSession: ...
+    def create_session(self, options: TranscribeOptions, *, expires: bool = True) -> LiveSession: ...
 
     def get_session(self, session_id: str) -> LiveSession: ...
 

@@ -1,8 +1,13 @@
-"""`tandem dictate FILE`: stream a file to a running server's live session like a microphone would."""
+"""`tandem dictate`: live transcription from a running server over the Realtime protocol — takes from the
+microphone (the `mic` extra: sounddevice; Enter starts and stops a take), or `--file` streamed as a microphone
+would, in real time (or `--speed` times faster). Committed text is printed as it is committed; the tentative
+guess after it is shown in place on a terminal."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import queue
 import sys
 import time
 from typing import Any
@@ -12,69 +17,153 @@ from service.cli.parsers import add_command
 
 __all__ = ["add_dictate"]
 
+CHUNK_MS = 100
+MIC_RATE = 24000  # what Realtime clients send; the server resamples
+
 
 def add_dictate(sub: Any) -> None:
     """Register `tandem dictate`. Raises nothing."""
-    p = add_command(sub, "dictate", "stream an audio file to a running server's live session in chunks")
-    p.add_argument("file", help="audio file to send as a microphone would")
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
+    p = add_command(sub, "dictate", "live transcription from a running server: the microphone, or a file in real time")
+    p.add_argument("legacy_file", nargs="?", default=None, metavar="FILE", help="same as --file (default: none)")
+    p.add_argument("--file", default=None, help="audio file to stream as a microphone would (default: the microphone)")
+    p.add_argument("--server", "--url", dest="server", default="http://127.0.0.1:8080", help="server base URL")
+    p.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
+                   help="key the server asks for (default: $TANDEM_API_KEY)")
     p.add_argument("--model", default=None, help="Whisper model id (default: the one the server serves)")
     p.add_argument("--language", default=None, help="ISO-639-1 code or name (default: detected)")
-    p.add_argument("--chunk-ms", type=int, default=250, help="milliseconds of audio per request")
-    p.add_argument("--realtime", action="store_true", help="pace chunks at speaking speed")
-    p.add_argument("--s16", action="store_true", help="send 16-bit PCM instead of float32")
+    p.add_argument("--prompt", default=None, help="text to condition the transcription on: style, spelling (default: none)")
+    p.add_argument("--vocabulary", nargs="+", default=[], metavar="WORD", help="words to bias the transcription toward")
+    p.add_argument("--no-vad", action="store_true",
+                   help="no server VAD: an utterance ends only when a take (or the file) ends")
+    p.add_argument("--speed", type=float, default=1.0, help="--file: stream this many times faster than real time")
     p.set_defaults(func=_dictate)
 
 
 def _dictate(args: argparse.Namespace) -> int:
-    import httpx
-    import numpy as np
+    import anyio
 
-    from audio.errors import AudioInputError
-    from audio.pcm import SAMPLE_RATE, load_audio_file
+    from service.cli.dictate_client import realtime_url
 
+    path = args.file or args.legacy_file
+    if args.speed <= 0:
+        raise CLIError("--speed must be > 0")
     try:
-        pcm = load_audio_file(args.file)
-    except (FileNotFoundError, AudioInputError) as exc:
+        url = realtime_url(args.server)
+    except ValueError as exc:
         raise CLIError(str(exc)) from None
-    if args.chunk_ms < 10:
-        raise CLIError("--chunk-ms must be >= 10")
-    base = args.url.rstrip("/")
-    step = SAMPLE_RATE * args.chunk_ms // 1000
-    if args.s16:
-        ctype, payload = f"audio/pcm;rate={SAMPLE_RATE};encoding=s16le", (np.clip(pcm, -1, 1) * 32767).astype("<i2")
-    else:
-        ctype, payload = f"audio/pcm;rate={SAMPLE_RATE}", pcm.astype("<f4")
+    if args.model:
+        url += f"&model={args.model}"
+    if path is not None:
+        from audio.errors import AudioInputError
+        from audio.pcm import SAMPLE_RATE, load_audio_file
+
+        try:
+            pcm = load_audio_file(path)
+        except (FileNotFoundError, AudioInputError) as exc:
+            raise CLIError(str(exc)) from None
+        return anyio.run(_run, args, url, lambda s: _stream_file(s, pcm, SAMPLE_RATE, args.speed), SAMPLE_RATE)
+    sd = _sounddevice()
+    return anyio.run(_run, args, url, lambda s: _takes(s, sd), MIC_RATE)
+
+
+def _sounddevice() -> Any:
     try:
-        with httpx.Client(timeout=600) as http:
-            r = http.post(f"{base}/v1/audio/sessions", json={k: v for k, v in
-                                                            (("model", args.model), ("language", args.language)) if v})
-            _raise_for(r)
-            sid = r.json()["id"]
-            start = time.perf_counter()
-            for i in range(0, len(payload), step):
-                r = http.post(f"{base}/v1/audio/sessions/{sid}/audio", content=payload[i:i + step].tobytes(),
-                              headers={"content-type": ctype})
-                _raise_for(r)
-                if args.realtime:  # a microphone delivers audio no faster than it is spoken
-                    time.sleep(max(0.0, start + (i + step) / SAMPLE_RATE - time.perf_counter()))
-            t0 = time.perf_counter()
-            r = http.post(f"{base}/v1/audio/sessions/{sid}/finish")
-            _raise_for(r)
-            latency = time.perf_counter() - t0
-            http.delete(f"{base}/v1/audio/sessions/{sid}")
-    except httpx.HTTPError as exc:
-        raise CLIError(f"cannot reach {base}: {exc}", code=1) from None
-    print(r.json()["text"].strip())
-    print(f"{len(pcm) / SAMPLE_RATE:.1f} s audio, {r.json().get('duration', 0):.1f} s decoded; finish took {latency:.2f} s",
-          file=sys.stderr)
+        import sounddevice
+    except ImportError:
+        raise CLIError("no microphone support: install the mic extra (pip install 'mlx-tandem[mic]'), "
+                       "or pass --file") from None
+    except OSError as exc:  # sounddevice is there, PortAudio is not
+        raise CLIError(f"no microphone support ({exc}): install PortAudio (e.g. apt install libportaudio2), "
+                       "or pass --file") from None
+    return sounddevice
+
+
+async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
+    import anyio
+    import websockets
+
+    from service.cli.dictate_client import DictateSession, LiveLine
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        ws = await websockets.connect(url, additional_headers=headers, max_size=None)
+    except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
+        raise CLIError(f"cannot reach {args.server}: {exc}", code=1) from None
+    session = DictateSession(ws, LiveLine(sys.stdout))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session.receive, ws)
+            try:
+                with anyio.fail_after(60):  # the server answers at once; only a wedged one takes longer
+                    await session.configure(rate=rate, language=args.language, prompt=args.prompt,
+                                            keywords=list(args.vocabulary), vad=not args.no_vad)
+            except RuntimeError as exc:
+                raise CLIError(f"the server refused the session: {exc}", code=1) from None
+            except TimeoutError:
+                raise CLIError("the server did not answer the session settings", code=1) from None
+            await feed(session)
+            tg.cancel_scope.cancel()
+    except websockets.ConnectionClosed as exc:
+        raise CLIError(f"the server closed the connection: {exc}", code=1) from None
+    finally:
+        await ws.close()
     return 0
 
 
-def _raise_for(r: Any) -> None:
-    if r.status_code >= 400:
+async def _stream_file(session: Any, pcm: Any, rate: int, speed: float) -> None:
+    import anyio
+
+    from service.cli.dictate_client import pcm16_chunks
+
+    start = time.perf_counter()
+    sent = 0
+    for chunk in pcm16_chunks(pcm, rate, CHUNK_MS):
+        await session.append(chunk)
+        sent += len(chunk) // 2
+        # a microphone delivers audio no faster than it is spoken (× speed)
+        await anyio.sleep(max(0.0, start + sent / rate / speed - time.perf_counter()))
+    end = time.perf_counter()
+    await session.finish_take()
+    first = "" if session.first_text_at is None else f"first text {session.first_text_at - start:.2f} s after the start; "
+    print(f"\n{len(pcm) / rate:.1f} s of audio; {first}done {time.perf_counter() - end:.2f} s after the last chunk; "
+          f"{session.completed} utterances", file=sys.stderr)
+
+
+async def _takes(session: Any, sd: Any) -> None:
+    """Enter starts a take, Enter ends it; end of input (Ctrl-D) quits."""
+    import anyio
+
+    chunks: queue.Queue[bytes] = queue.Queue()
+
+    def captured(data: Any, frames: int, when: Any, status: Any) -> None:
+        chunks.put(bytes(data))  # PortAudio's thread: hand the bytes over, nothing else
+
+    while True:
+        print("Enter starts a take (Ctrl-D quits) ", end="", file=sys.stderr, flush=True)
+        if not await anyio.to_thread.run_sync(sys.stdin.readline):
+            return
+        stop = anyio.Event()
+
+        async def until_enter() -> None:
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            stop.set()
+
+        print("recording — Enter ends the take", file=sys.stderr, flush=True)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(until_enter)
+            with sd.RawInputStream(samplerate=MIC_RATE, channels=1, dtype="int16", blocksize=MIC_RATE * CHUNK_MS // 1000,
+                                   callback=captured):
+                while not stop.is_set():
+                    await _drain(chunks, session)
+                    await anyio.sleep(CHUNK_MS / 2000)  # poll the capture queue at twice the chunk rate
+            await _drain(chunks, session)
+        await session.finish_take()
+
+
+async def _drain(chunks: "queue.Queue[bytes]", session: Any) -> None:
+    while True:
         try:
-            message = r.json()["error"]["message"]
-        except Exception:
-            message = r.text[:200]
-        raise CLIError(f"server said {r.status_code}: {message}", code=1)
+            chunk = chunks.get_nowait()
+        except queue.Empty:
+            return
+        await session.append(chunk)

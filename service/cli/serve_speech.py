@@ -32,7 +32,22 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--whisper-resident", action="store_true", help="keep Whisper loaded")
     g.add_argument("--preload", action="store_true", help="load Whisper at startup")
     g.add_argument("--session-ttl", type=float, default=300.0, metavar="SEC",
-                   help="drop live sessions idle this long")
+                   help="drop live sessions idle this long (websocket sessions live as long as their socket)")
+    g.add_argument("--no-vad", action="store_true",
+                   help="requests that do not say get no VAD: Whisper hears silence too (default: only speech)")
+    g.add_argument("--max-sessions", type=int, default=64, help="live sessions open at once (more get 429)")
+    g.add_argument("--max-session-seconds", type=float, default=3600.0, metavar="SEC",
+                   help="audio one live session may receive")
+    g.add_argument("--max-buffered-audio", type=float, default=1800.0, metavar="SEC",
+                   help="untranscribed audio all live sessions may hold together (more is refused: 429)")
+    g.add_argument("--max-session-lag", type=float, default=120.0, metavar="SEC",
+                   help="untranscribed audio one live session may hold (a faster sender is refused: 429)")
+    g.add_argument("--whisper-step-positions", type=int, default=375, metavar="N",
+                   help="encoder positions a Whisper unit covers when chat is idle (a 30 s window is 1500)")
+    g.add_argument("--whisper-step-tokens", type=int, default=4, metavar="N",
+                   help="tokens each Whisper row decodes per step when chat is idle")
+    g.add_argument("--whisper-chat-share", type=float, default=0.3, metavar="F",
+                   help="while chat decodes, a Whisper step lasts at most this share of a chat iteration")
 
 
 def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> ServeSpeech:
@@ -45,6 +60,12 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
 
     if args.whisper_idle_unload < 0 or args.session_ttl <= 0:
         raise CLIError("--whisper-idle-unload must be >= 0 and --session-ttl > 0")
+    if args.max_sessions < 1 or args.whisper_step_positions < 1 or args.whisper_step_tokens < 1:
+        raise CLIError("--max-sessions, --whisper-step-positions and --whisper-step-tokens must be >= 1")
+    if min(args.max_session_seconds, args.max_buffered_audio, args.max_session_lag) <= 0:
+        raise CLIError("--max-session-seconds, --max-buffered-audio and --max-session-lag must be > 0")
+    if not 0 < args.whisper_chat_share <= 10:
+        raise CLIError("--whisper-chat-share must be in (0, 10]")
     only = False
     spec = args.whisper_model
     if args.model is not None and spec is None:
@@ -62,7 +83,11 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
             return ServeSpeech(False, f"speech off ({exc})")
         raise CLIError(f"--whisper-model: {exc}") from None
     SpeechConfig(model=spec, idle_unload_sec=args.whisper_idle_unload, resident=args.whisper_resident,
-                 preload=args.preload, session_ttl_sec=args.session_ttl, transcription_only=only).store(config)
+                 preload=args.preload, session_ttl_sec=args.session_ttl, transcription_only=only,
+                 vad=not args.no_vad, max_sessions=args.max_sessions, max_session_sec=args.max_session_seconds,
+                 max_buffered_sec=args.max_buffered_audio, max_lag_sec=args.max_session_lag,
+                 step_positions=args.whisper_step_positions, step_tokens=args.whisper_step_tokens,
+                 chat_share=args.whisper_chat_share).store(config)
     if only:
         config.model = None
     return ServeSpeech(only, f"whisper {spec or DEMO_MODEL} ({path}){' — transcription only' if only else ''}")

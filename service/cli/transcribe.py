@@ -30,8 +30,10 @@ def add_transcribe(sub: Any) -> None:
     p.add_argument("--prompt", default=None, help="initial prompt: spelling, vocabulary (default: none)")
     p.add_argument("--no-timestamps", action="store_true", help="decode without timestamp tokens")
     p.add_argument("--no-condition", action="store_true", help="do not condition on previous text")
-    p.add_argument("--vad", action="store_true", help="skip windows without speech")
-    p.add_argument("--vad-trim", action="store_true", help="cut leading/trailing silence")
+    p.add_argument("--no-vad", dest="vad", action="store_false",
+                   help="let Whisper hear silence too (default: only the speech webrtcvad finds)")
+    p.add_argument("--vad", dest="vad", action="store_true", help=argparse.SUPPRESS)  # the default; kept for scripts
+    p.add_argument("--vad-trim", action="store_true", help="with --no-vad, cut leading/trailing silence")
     p.add_argument("--word-timestamps", action="store_true", help="word-level timestamps (json formats)")
     p.add_argument("--format", choices=RESPONSE_FORMATS, default="text", help="output format")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",

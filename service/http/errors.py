@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from litestar import Response
 
+from audio.buffers import AudioBufferFull, SessionAudioLimit, SessionBacklogFull
 from audio.errors import (
     AudioInputError,
     InvalidOption,
@@ -169,10 +170,13 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
                             retry_after=5),
     # audio/errors.py
     AudioInputError: ErrorRule(400),
+    SessionAudioLimit: ErrorRule(413),  # the session can never take more
+    AudioBufferFull: ErrorRule(429),  # retry once sessions caught up (Retry-After)
+    SessionBacklogFull: ErrorRule(429),  # this session sends faster than it is transcribed
     InvalidOption: ErrorRule(400),
     SessionNotFound: ErrorRule(404),
     SessionClosed: ErrorRule(409),
-    SessionLimit: ErrorRule(409),
+    SessionLimit: ErrorRule(429),  # full house: retry later (Retry-After), never an eviction
     SpeechNotRunning: ErrorRule(503),
     WhisperCheckpointError: ErrorRule(503, type="server_error", message="The Whisper model could not be loaded: {exc}"),
 }

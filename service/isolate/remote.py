@@ -231,6 +231,10 @@ class RemoteEngine:
         return {**self._snapshot.stats,
                 "isolate": {"state": self._state, "pid": self.pid, "restarts": self.restarts}}
 
+    def chat_pace(self) -> float | None:
+        """None: speech does not run beside an isolated engine. Raises nothing."""
+        return None
+
     def health(self) -> dict[str, Any]:
         """Restarting while the engine process loads; otherwise what the engine process says. Raises nothing."""
         if self._state == "failed":

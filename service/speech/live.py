@@ -1,84 +1,82 @@
-"""The websocket /v1/audio/live: PCM chunks in; committed and tentative text out while audio flows."""
+"""The live-transcription websockets: `/v1/realtime?intent=transcription` (OpenAI's Realtime transcription
+events) and `/v1/audio/live` (the same events once the client speaks JSON, or binary PCM frames for simple
+clients). service/speech/live_socket.py serves each connection."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import anyio
 from litestar import WebSocket, websocket
-from litestar.exceptions import WebSocketDisconnect
 
-from audio.errors import AudioInputError
 from audio.pcm import SAMPLE_RATE, parse_pcm_content_type
-from audio.sessions import LiveSession
 from service.http.errors import APIError, api_error
-from service.speech.schemas import LiveEvent
-from service.speech.served import served_speech, transcribe_options
+from service.speech.live_socket import LiveSocket, Mode
+from service.speech.realtime_config import Dialect, RealtimeConfig
+from service.speech.realtime_events import error_event
+from service.speech.served import served_speech
 from service.state import get_state
 
-__all__ = ["live"]
+__all__ = ["live", "realtime"]
+
+
+def _dialect(socket: WebSocket[Any, Any, Any]) -> Dialect:
+    # The beta SDK (client.beta.realtime) sends `OpenAI-Beta: realtime=v1`: it gets transcription_session.*
+    beta = "realtime=v1" in (socket.headers.get("openai-beta") or "").replace(" ", "")
+    return "beta" if beta else "ga"
+
+
+async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception) -> None:
+    err = api_error(exc)
+    await socket.send_json(error_event(err) | {"message": err.message, "code": err.code, "param": err.param})
+    await socket.close(code=1013 if err.status == 429 else 1008 if err.status < 500 else 1011)
 
 
 @websocket("/v1/audio/live")
 async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, rate: int = SAMPLE_RATE,
-               encoding: str = "f32le", interval: float = 1.0, vad: bool = False) -> None:
-    """Binary messages: PCM chunks (`rate`, `encoding` query params); text `{"type":"finish"}` ends capture.
-    Server sends `transcript.partial` {committed, tentative} about every `interval` s while audio flows, then
-    `transcript.done` {text}. Errors arrive as `{"type":"error"}` before the socket closes."""
+               encoding: str = "f32le", interval: float = 0.25, vad: bool | None = None) -> None:
+    """Binary messages: PCM frames (`rate`, `encoding`); text `{"type":"finish"}` ends capture. The server
+    sends `session.created` (with the session `id`), `transcript.partial` {committed, tentative} after each
+    change (at most one per `interval` s), then `transcript.done` {text}. A first text message that is a
+    Realtime client event (`session.update`, `input_audio_buffer.append`, ...) switches to OpenAI's Realtime
+    transcription events instead. Errors arrive as `{"type": "error"}` events; the session goes on."""
     await socket.accept()
+    state = get_state(socket)
     try:
-        speech = served_speech(get_state(socket), None)
+        speech = served_speech(state, None)
         fmt = parse_pcm_content_type(f"audio/pcm;rate={rate};encoding={encoding}")
-        session = speech.create_session(transcribe_options(speech, language=language, vad=vad))
+        if not 0 <= interval <= 60:
+            raise APIError(400, "interval must be 0–60 seconds", param="interval", code="invalid_value")
     except Exception as exc:
-        await _send_error(socket, api_error(exc))
+        await _refuse(socket, exc)
         return
-    await socket.send_json(LiveEvent(type="session.created", id=session.id).model_dump(exclude_none=True))
+    dialect = _dialect(socket)
+    mode: Mode = "realtime" if socket.headers.get("openai-beta") else "undecided"
+    vad_on = speech.vad_default if vad is None else vad
+    config = RealtimeConfig(language=language, turn_detection=RealtimeConfig().turn_detection if vad_on else None)
+    await LiveSocket(socket, state, speech, config=config, mode=mode, dialect=dialect, frame_format=fmt,
+                     interval=interval).run()
+
+
+@websocket("/v1/realtime")
+async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, model: str | None = None) -> None:
+    """OpenAI's Realtime API for transcription sessions (`intent=transcription`): client events
+    `transcription_session.update` / `session.update`, `input_audio_buffer.append` / `.commit` / `.clear`;
+    server events `transcription_session.created` / `.updated` (beta clients, `OpenAI-Beta: realtime=v1`) or
+    `session.created` / `.updated`, `input_audio_buffer.speech_started` / `speech_stopped` / `committed` /
+    `cleared`, `conversation.item.created`, `conversation.item.input_audio_transcription.delta` /
+    `.completed`, and `error`."""
+    await socket.accept()
+    state = get_state(socket)
     try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_partials, socket, session, max(0.2, interval))
-            while True:
-                message: dict[str, Any] = dict(await socket.receive())
-                if message.get("type") == "websocket.disconnect":
-                    raise WebSocketDisconnect(detail="client left")
-                if message.get("bytes"):
-                    try:
-                        session.append(message["bytes"], fmt)
-                    except AudioInputError as exc:
-                        await _send_error(socket, api_error(exc), close=False)
-                        continue
-                elif message.get("text") and json.loads(message["text"]).get("type") == "finish":
-                    break
-            tg.cancel_scope.cancel()
-        t = await session.finish()
-        await socket.send_json(LiveEvent(type="transcript.done", id=session.id, text=t.text,
-                                         received_seconds=round(t.duration, 3),
-                                         windows_done=session.windows_done).model_dump(exclude_none=True))
-        await socket.close()
-    except (WebSocketDisconnect, anyio.get_cancelled_exc_class()):
-        raise
+        if intent != "transcription":
+            raise APIError(400, "only transcription sessions are served here: connect with ?intent=transcription",
+                           param="intent", code="invalid_value")
+        speech = served_speech(state, model)
     except Exception as exc:
-        await _send_error(socket, api_error(exc))
-    finally:
-        speech.sessions.pop(session.id, None)
-        session.cancel()
-
-
-async def _partials(socket: WebSocket[Any, Any, Any], session: LiveSession, interval: float) -> None:
-    seen = 0.0
-    while True:
-        await anyio.sleep(interval)  # pacing of tentative decodes, not synchronisation
-        if session.received_seconds == seen:
-            continue  # nothing new since the last partial
-        seen = session.received_seconds
-        tentative = await session.tentative()
-        await socket.send_json(LiveEvent(type="transcript.partial", id=session.id, committed=session.committed_text(),
-                                         tentative=tentative, received_seconds=round(session.received_seconds, 3),
-                                         windows_done=session.windows_done).model_dump(exclude_none=True))
-
-
-async def _send_error(socket: WebSocket[Any, Any, Any], err: APIError, close: bool = True) -> None:
-    await socket.send_json({"type": "error", "message": err.message, "code": err.code, "param": err.param})
-    if close:
-        await socket.close(code=1008 if err.status < 500 else 1011)
+        await _refuse(socket, exc)
+        return
+    config = RealtimeConfig(model=model)
+    if not speech.vad_default:  # a server started with --no-vad: turn detection is off until asked for
+        config.turn_detection = None
+    await LiveSocket(socket, state, speech, config=config, mode="realtime", dialect=_dialect(socket),
+                     frame_format=config.pcm_format).run()

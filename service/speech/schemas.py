@@ -49,8 +49,10 @@ class TranscriptionForm(BaseModel):
         description="`word` adds word timestamps (verbose_json).")
     stream: bool = Field(False, description="SSE: transcript.text.delta events, then transcript.text.done.")
     task: Literal["transcribe", "translate"] = Field("transcribe", description="Extension: translate into English.")
-    vad: bool = Field(False, description="Extension: skip windows without speech (webrtcvad).")
-    vad_trim: bool = Field(False, description="Extension: cut leading/trailing silence before decoding.")
+    vad: bool | None = Field(None, description="Extension: Whisper sees only the speech (webrtcvad); silence is cut "
+                                               "out and times are mapped back. Default: on, unless the server runs "
+                                               "with --no-vad.")
+    vad_trim: bool = Field(False, description="Extension: with vad off, cut leading/trailing silence before decoding.")
 
     @field_validator("timestamp_granularities", mode="before")
     @classmethod
@@ -120,8 +122,10 @@ class SessionCreateRequest(BaseModel):
     vocabulary: list[str] = Field(default_factory=list, description="Words to bias toward (joined into the prompt).")
     temperature: float = Field(0.0, ge=0.0, le=1.0)
     task: Literal["transcribe", "translate"] = "transcribe"
-    vad: bool = Field(False, description="Skip windows without speech (webrtcvad).")
-    vad_min_speech_ms: int = Field(250, ge=30, le=10_000)
+    vad: bool | None = Field(None, description="Whisper sees only the speech (webrtcvad), and a pause ends an "
+                                               "utterance. Default: on, unless the server runs with --no-vad.")
+    vad_min_speech_ms: int = Field(250, ge=30, le=10_000, description="Shorter voiced runs are not speech.")
+    vad_min_silence_ms: int = Field(500, ge=30, le=10_000, description="A pause this long ends an utterance.")
 
 
 class SessionCreated(BaseModel):

@@ -34,14 +34,14 @@ _DEFAULT_CHUNK_TYPE = "audio/pcm"
 @post("/v1/audio/sessions", status_code=200, tags=["audio"], summary="Open a live dictation session",
       responses=SPEECH_ERRORS)
 async def create_session(request: Request[Any, Any, Any], data: SessionCreateRequest) -> SessionCreated:
-    """Raises APIError (400 bad options, 404 no Whisper model, 409 too many sessions, 503 not running)."""
+    """Raises APIError (400 bad options, 404 no Whisper model, 429 too many sessions, 503 not running)."""
     state = get_state(request)
     speech = served_speech(state, data.model)
     vocabulary = ", ".join(w.strip() for w in data.vocabulary if w.strip())
     prompt = " ".join(p for p in [data.prompt or "", vocabulary] if p)
     options = transcribe_options(speech, language=data.language, task=data.task, prompt=prompt or None,
                                  temperatures=TranscribeOptions.ladder(data.temperature), vad=data.vad,
-                                 vad_min_speech_ms=data.vad_min_speech_ms)
+                                 vad_min_speech_ms=data.vad_min_speech_ms, vad_min_silence_ms=data.vad_min_silence_ms)
     session = speech.create_session(options)
     state.session_owners[session] = client_key(request) or ""
     return SessionCreated(id=session.id, model=speech.model_name)

@@ -29,7 +29,8 @@ _log = logging.getLogger("tandem.speech")
 
 @dataclass
 class SpeechConfig:
-    """`tandem serve` speech options: model spec (None = demo tiny.en), residency and session TTL."""
+    """`tandem serve` speech options: model spec (None = demo tiny.en), residency, session TTL and caps, the
+    VAD default, and the Whisper step budget (audio/pacing.py StepBudget)."""
 
     model: str | None = None
     idle_unload_sec: float = 0.0
@@ -39,6 +40,13 @@ class SpeechConfig:
     max_sessions: int = 64
     # `tandem serve some-whisper-model`: no chat model is loaded at all.
     transcription_only: bool = False
+    vad: bool = True  # the default for requests that do not say
+    max_session_sec: float = 3600.0  # audio one live session may receive
+    max_buffered_sec: float = 1800.0  # untranscribed audio all live sessions may hold together
+    max_lag_sec: float = 120.0  # untranscribed audio one live session may hold (its backlog)
+    step_positions: int = 375  # StepBudget.encoder_positions
+    step_tokens: int = 4  # StepBudget.decode_tokens
+    chat_share: float = 0.3  # StepBudget.chat_share
 
     def store(self, config: ServiceConfig) -> None:
         """Put these options into config.extra (travels to the granian worker). Raises nothing."""
@@ -57,14 +65,22 @@ async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
 
     Raises WhisperCheckpointError at startup for a model that does not resolve, RuntimeError when the app
     started no engine (create_app always does once install_speech ran)."""
+    from audio.live import LiveConfig
+    from audio.scheduler import StepBudget
     from audio.speech import SpeechService
 
     if state.engine is None:
         raise RuntimeError("speech needs the engine's task queue; the app started no engine")
     options = speech_config(state.config) or SpeechConfig()
+    budget = StepBudget(encoder_positions=options.step_positions, decode_tokens=options.step_tokens,
+                        chat_share=options.chat_share)
+    live = LiveConfig(max_session_s=options.max_session_sec, max_lag_s=options.max_lag_sec)
+    # Whisper steps shrink to a share of a chat iteration while chat rows decode (Engine.chat_pace).
     speech = SpeechService.from_spec(state.engine.tasks, options.model, idle_unload_sec=options.idle_unload_sec,
                                      resident=options.resident, session_ttl_sec=options.session_ttl_sec,
-                                     max_sessions=options.max_sessions)
+                                     max_sessions=options.max_sessions, budget=budget, live=live,
+                                     max_buffered_sec=options.max_buffered_sec, pace=state.engine.chat_pace,
+                                     vad=options.vad)
     aliases = {a for a in (options.model, str(speech.residency.path)) if a}
     if options.model is None or options.model in DEMO_ALIASES:
         aliases |= DEMO_ALIASES

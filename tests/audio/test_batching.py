@@ -41,7 +41,7 @@ async def test_a_batch_of_chunks_decodes_side_by_side(tiny_whisper_dir: Path) ->
         t = await speech.transcribe(pcm, speech.options(temperatures=(0.0,), batch_size=8, without_timestamps=True))
         counters = speech.scheduler.counters
         assert counters.windows == 3 and counters.max_rows == 3  # three chunks' rows in each decoder step
-        assert counters.encoder_steps == 1  # 3 windows × 4 units of 1500 positions; 16 units fit a step
+        assert counters.encoder_steps == 2  # 3 windows × 10 units (chunks of 1500 positions); 16 fit a step
         assert t.duration == pytest.approx(len(pcm) / SR)
         assert all(0 <= s.start <= s.end <= len(pcm) / SR + 0.01 for s in t.segments)
         assert [s.id for s in t.segments] == list(range(len(t.segments)))

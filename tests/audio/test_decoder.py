@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mlx_whisper.decoding import DecodingOptions
 
-from audio.decoder import DecodeRow, advance_rows, finish_row, new_row
+from audio.decoder import DecodeRow, advance_rows, finish_row, new_row, step_rows
 from audio.encoder import EncoderJob, mel_window, run_unit
 from audio.whisper import LoadedWhisper
 
@@ -75,6 +75,24 @@ def test_each_call_advances_each_row_by_at_most_the_bound(tiny_whisper: LoadedWh
             assert r.sampled - seen[i] <= 2
             seen[i] = r.sampled
     assert all(r.sampled >= 1 for r in rows)
+
+
+def test_a_prompt_fed_in_chunks_decodes_what_it_decodes_fed_whole(tiny_whisper: LoadedWhisper) -> None:
+    options = DecodingOptions(language="en", fp16=False, prompt=list(range(400, 430)))
+    job, _ = encoded(tiny_whisper, 6, seed=7)
+    whole = new_row(tiny_whisper.model, options, job.cross_kv, [400, 401])
+    run(tiny_whisper, [whole])
+    chunked = new_row(tiny_whisper.model, options, job.cross_kv, [400, 401])
+    plain = new_row(tiny_whisper.model, OPTIONS[0], job.cross_kv, [])
+    first = len(plain.task.initial_tokens)
+    forwards = []
+    while not (chunked.done and plain.done):
+        forwards.append(step_rows(tiny_whisper.model, [chunked, plain], feed=8))
+    # the 30-token prompt, SOT sequence and prefix take several forwards; the other row samples meanwhile
+    assert [f.sampled for f in forwards[:3]] == [1, 1, 1] and forwards[0].tokens == 8 + first
+    assert all(f.tokens <= 9 for f in forwards[1:])
+    a, b = finish_row(whole), finish_row(chunked)
+    assert b.sampled == a.sampled and b.text == a.text and b.no_speech_prob == pytest.approx(a.no_speech_prob)
 
 
 def test_a_forced_prefix_starts_the_hypothesis(tiny_whisper: LoadedWhisper) -> None:

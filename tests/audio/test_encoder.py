@@ -1,5 +1,5 @@
-"""audio/encoder.py: the encoder in units equals mlx-whisper's one-call encoder, whatever the chunk size and
-whoever shares a unit."""
+"""audio/encoder.py: the encoder in units equals mlx-whisper's one-call encoder, whatever the sizes of its
+chunks (fixed or chosen unit by unit) and whoever shares a unit."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ def noise(seconds: float, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.1, int(seconds * 16000)).astype(np.float32)
 
 
-def encode(model: object, jobs: list[EncoderJob]) -> int:
-    """Run units until every job is done, stacking jobs at the same unit. Returns the units run."""
+def encode(model: object, jobs: list[EncoderJob], sizes: list[int] | None = None) -> int:
+    """Run units until every job is done, stacking jobs at the same unit; chunked units take the next of
+    `sizes` (cycled) when given. Returns the units run."""
     units = 0
     while not all(j.done for j in jobs):
         head = next(j for j in jobs if not j.done)
-        run_unit(model, [j for j in jobs if j.unit == head.unit])
+        size = sizes[units % len(sizes)] if sizes else None
+        run_unit(model, [j for j in jobs if j.unit == head.unit], size)
         units += 1
     return units
 
@@ -31,11 +33,26 @@ def test_units_equal_the_one_call_encoder(tiny_whisper: LoadedWhisper, chunk: in
     audio = noise(7, seed=1)
     job = EncoderJob(audio, 700, chunk, fp16=False)
     units = encode(model, [job])
-    layers = len(model.encoder.blocks)
-    assert units == 2 + layers * -(-1500 // chunk)  # front, layer chunks, post
+    layers, chunks = len(model.encoder.blocks), -(-1500 // chunk)
+    decoder_layers = len(model.decoder.blocks)
+    # mel, conv1 and conv2 chunks, per layer its keys/values and query chunks, the norm, each cross-attention
+    assert units == 1 + 2 * chunks + layers * (1 + chunks) + 1 + decoder_layers
     reference = model.encoder(mel_window(model, audio, 700, fp16=False)[None])
     assert mx.array_equal(job.features, reference).item()
     assert job.x is None and job.kv is None and job.parts == []
+    for block, (k, v) in zip(model.decoder.blocks, job.cross_kv):
+        ek, ev = cross_kv(block.cross_attn, reference)
+        assert mx.array_equal(k, ek).item() and mx.array_equal(v, ev).item()
+
+
+def test_units_sized_one_by_one_equal_the_one_call_encoder(tiny_whisper: LoadedWhisper) -> None:
+    # The scheduler sizes paced units in multiples of 64 positions, chosen unit by unit.
+    model = tiny_whisper.model
+    audio = noise(5, seed=2)
+    job = EncoderJob(audio, 500, 375, fp16=False)
+    encode(model, [job], sizes=[64, 128, 320, 1500])
+    reference = model.encoder(mel_window(model, audio, 500, fp16=False)[None])
+    assert mx.array_equal(job.features, reference).item()
 
 
 def test_stacked_windows_equal_windows_alone(tiny_whisper: LoadedWhisper) -> None:

@@ -136,10 +136,41 @@ async def test_finishing_commits_the_rest(tiny_whisper: LoadedWhisper) -> None:
 
 
 async def test_a_session_behind_finishes_its_pending_utterances_with_one_decode(tiny_whisper: LoadedWhisper) -> None:
-    live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]])
+    # a slow speaker (1 token a second): the tiny model's 32 sampled tokens cover all three utterances
+    live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]], tokens_per_second=1.0)
     for k in range(3):  # three utterances arrive before the pump gets to run
         live.add_speech(speech(1.0), k * 2 * SR)
         live.add_pause()
     assert await run_due(live) == 1
     assert scheduler.requests[0].frames == 300 and live.committed_text() != ""
-    assert [e.type for e in events].count("utterance") == 1
+    # every pause closes its utterance; the one decode's text goes to the first
+    closed = [(e.item, e.text) for e in events if e.type == "utterance"]
+    assert [i for i, _ in closed] == [0, 1, 2] and closed[0][1] == live.committed_text() and closed[1][1] == ""
+    assert {e.item for e in events if e.type == "committed"} == {0}
+
+
+async def test_a_session_behind_merges_no_more_than_the_decoder_can_write(tiny_whisper: LoadedWhisper) -> None:
+    # at 10 tokens a second, the tiny model's 32 tokens (16 kept for the text) hold 1.6 s: one utterance a decode
+    live, scheduler, events = await live_text(tiny_whisper, [[1000], [1002], [1004]])
+    for k in range(3):
+        live.add_speech(speech(1.0), k * 2 * SR)
+        live.add_pause()
+    assert await run_due(live) == 3
+    # each decode ends at the next pause (earlier speech stays as context, its text forced as the prefix)
+    assert [r.frames for r in scheduler.requests] == [100, 200, 300]
+
+
+async def test_a_final_decode_that_stops_short_is_decoded_again_from_where_its_text_ended(
+        tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    ts = tokenizer_for(tiny_whisper, "en", "transcribe").timestamp_begin
+    # the first decode's text ends at 1.0 s of 3 s of speech; the second covers the rest
+    live, scheduler, events = await live_text(tiny_whisper, [[ts, 1000, 1002, ts + 50], [ts, 1004, ts + 100]])
+    live.add_speech(speech(3.0), 0)
+    live.add_pause()
+    assert await run_due(live) == 2
+    assert [r.frames for r in scheduler.requests] == [300, 200]
+    closed = [(e.item, e.text) for e in events if e.type == "utterance"]
+    assert closed == [(0, live.committed_text())] and live.committed_text() == live._text([1000, 1002, 1004])
+    assert live.next_action(True) is None

@@ -68,15 +68,15 @@ async def test_one_step_is_queued_at_a_time_and_the_kinds_alternate(tiny_whisper
         thread.close()
     assert all(q == ["whisper.step"] for q in queued[:-1]) and queued[-1] == []
     kinds = scheduler.counters.kinds
-    assert kinds.count("encode") == 3 * 10  # 3 windows × (front + 2 layers × 4 chunks + post), one unit a step
-    # whenever both kinds had work they alternated: never two encoder steps while rows were decoding
-    decoding = False
-    for prev, kind in zip(kinds, kinds[1:]):
-        if prev == "encode" and kind == "encode":
-            assert not decoding
-        decoding = decoding or kind == "decode"
-        if kind == "decode":
-            decoding = True
+    # 3 windows × (mel, conv1 and conv2 in 4 chunks each, 2 layers × (keys/values + 4 chunks), norm, 2 cross
+    # attentions), one unit a step
+    assert kinds.count("encode") == 3 * 22
+    # whenever both kinds had work they alternated: two encoder steps in a row only while no row decoded
+    steps = scheduler.counters.steps
+    assert any(b.kind == "decode" and a.kind == "encode" for a, b in zip(steps, steps[1:]))
+    for prev, step in zip(steps, steps[1:]):
+        if prev.kind == step.kind == "encode":
+            assert step.rows == 0
 
 
 async def test_the_encoder_budget_sets_units_per_step(tiny_whisper: LoadedWhisper) -> None:
@@ -85,8 +85,9 @@ async def test_the_encoder_budget_sets_units_per_step(tiny_whisper: LoadedWhispe
         await decode_all(small, tiny_whisper, [request(3, 1)])
         big = WhisperScheduler(tasks, StepBudget(encoder_positions=12000))
         await decode_all(big, tiny_whisper, [request(3, 1), request(3, 2)])
-    assert small.counters.encoder_steps == 10  # front, 2 layers × 4 chunks of 375, post
-    assert big.counters.encoder_steps == 1  # 8 units (2 windows × 4 of 1500 positions), one step
+    assert small.counters.encoder_steps == 22  # mel, 2 convs × 4 chunks of 375, 2 layers × 5, norm, 2 cross
+    # 10 units of 1500 positions each, both windows stacked in every unit: 8 window-units a step
+    assert big.counters.encoder_steps == 3
 
 
 async def test_a_cancelled_window_leaves_before_the_next_step(tiny_whisper: LoadedWhisper) -> None:
@@ -138,10 +139,10 @@ async def test_a_failing_step_fails_its_windows_and_the_loop_goes_on(tiny_whispe
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     real = scheduler_module.run_unit
 
-    def broken(model: object, jobs: list) -> None:
+    def broken(model: object, jobs: list, positions: int | None = None) -> None:
         if any(len(j.audio) == 16000 for j in jobs):
             raise RuntimeError("boom")
-        real(model, jobs)
+        real(model, jobs, positions)
 
     monkeypatch.setattr(scheduler_module, "run_unit", broken)
     async with running_tasks() as tasks:
@@ -150,3 +151,23 @@ async def test_a_failing_step_fails_its_windows_and_the_loop_goes_on(tiny_whispe
             await scheduler.decode(tiny_whisper, request(1, 1))
         ok = await scheduler.decode(tiny_whisper, request(2, 2))
     assert ok.decoded.tokens is not None and scheduler.in_flight == 0
+
+
+async def test_while_chat_decodes_each_step_does_what_its_share_allows(tiny_whisper: LoadedWhisper) -> None:
+    # a chat iteration so short that no unit fits its share: every step does the least that moves speech
+    async with running_tasks() as tasks:
+        paced = WhisperScheduler(tasks, StepBudget(encoder_positions=375), pace=lambda: 1e-9)
+        results = await decode_all(paced, tiny_whisper, [request(3, 1, prompt=tuple(range(400, 430))), request(4, 2)])
+        full = WhisperScheduler(tasks, StepBudget(encoder_positions=375), pace=lambda: None)
+        await decode_all(full, tiny_whisper, [request(3, 1, prompt=tuple(range(400, 430))), request(4, 2)])
+    c = paced.counters
+    assert len(results) == 2 and c.paced_steps == c.encoder_steps + c.decoder_steps
+    encoder = [s.work for s in paced.counters.steps if s.kind == "encode"]
+    decoder = [s.work for s in paced.counters.steps if s.kind == "decode"]
+    # one window's unit a step: 64 positions of a conv or layer (28 at a stage's end), or one fixed unit
+    assert set(encoder) <= {1, 28, 64} and 64 in encoder
+    assert max(decoder) <= 8 + 3  # one row a forward; a prompt fed 8 tokens at a time
+    assert all(s.limit is None for s in full.counters.steps) and full.counters.paced_steps == 0
+    # with the full budget, conv and layer units cover 375 positions
+    assert 375 in {s.work for s in full.counters.steps if s.kind == "encode"}
+    assert full.counters.encoder_steps + full.counters.decoder_steps < c.encoder_steps + c.decoder_steps

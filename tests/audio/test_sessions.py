@@ -12,7 +12,7 @@ import pytest
 
 from audio.buffers import AudioLimitExceeded
 from audio.live import LiveConfig
-from audio.errors import AudioInputError, SessionClosed
+from audio.errors import AudioInputError, InvalidOption, SessionClosed
 from audio.pcm import PcmFormat
 from audio.scheduler import WhisperScheduler, WindowRequest
 from audio.sessions import LiveSession
@@ -187,3 +187,90 @@ async def test_four_sessions_at_once_transcribe_as_four_one_after_another(tiny_w
     for s in sessions:
         committed = [e.text for e in s.events_log if e.type == "committed"]
         assert "".join(committed) == s.committed_text()
+
+
+NO_VAD = TranscribeOptions(temperatures=(0.0,), vad=False)
+
+
+def items(s: LiveSession, kind: str) -> list[int]:
+    return [e.item for e in s.events_log if e.type == kind]
+
+
+async def test_a_commit_closes_the_utterance_where_it_was_called(tiny_whisper_dir: Path) -> None:
+    decoded: list[int] = []
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0)
+        real = s.live._scheduler.decode
+
+        async def spy(loaded: object, request: WindowRequest, scope: object = None) -> object:
+            decoded.append(len(request.audio))
+            return await real(loaded, request, scope)  # type: ignore[arg-type]
+
+        s.live._scheduler.decode = spy  # type: ignore[method-assign]
+        s.append(f32(voiced(1.0)), F32)
+        s.commit()
+        with pytest.raises(AudioInputError) as err:
+            s.commit()  # a second commit right away has nothing to close
+        assert err.value.code == "input_audio_buffer_commit_empty"
+        s.append(f32(voiced(0.5)), F32)  # arrives before the pump ran: it belongs to the next utterance
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            await s.caught_up()
+            await s.finish()
+    assert decoded[0] == SR  # the first utterance was decoded alone, cut where commit() was called
+    assert items(s, "audio_committed") == [0, 1] and items(s, "utterance") == [0, 1]
+    order = [(e.type, e.item) for e in s.events_log if e.type in ("audio_committed", "utterance")]
+    assert order.index(("audio_committed", 0)) < order.index(("utterance", 0))
+
+
+async def test_clear_drops_the_open_audio_without_committed_text(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0)  # no probes: nothing is committed early
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            s.append(f32(voiced(2.0)), F32)
+            s.clear()
+            s.append(f32(voiced(1.0)), F32)
+            t = await s.finish()
+    assert s.live.timeline.length == SR  # Whisper saw the second second only
+    assert t.duration == pytest.approx(3.0) and s.received_seconds == pytest.approx(3.0)
+    assert items(s, "cleared") == [0] and items(s, "audio_committed") == [0] and items(s, "utterance") == [0]
+    assert s.live.timeline.to_source(0) == 2 * SR  # times still count the dropped audio
+
+
+async def test_clear_keeps_committed_text_and_closes_its_utterance(tiny_whisper: object) -> None:
+    from tests.audio.test_live import live_text, run_due, speech
+
+    live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002], [1000, 1002, 1004]])  # type: ignore[arg-type]
+    live.add_speech(speech(1.5), 0)
+    await run_due(live)
+    live.add_speech(speech(1.0), int(1.5 * SR))
+    await run_due(live)  # two decodes agreed: text committed in the open utterance
+    committed = live.committed_text()
+    assert committed and live.has_open_text
+    live.clear()
+    assert live.committed_text() == committed and live.tentative == "" and not live.has_open
+    assert [(e.type, e.item, e.text) for e in events if e.type == "utterance"] == [("utterance", 0, committed)]
+    assert live.next_action(True) is None  # nothing left to decode: the rest of its audio is skipped
+
+
+async def test_a_session_sending_faster_than_it_is_transcribed_is_refused_and_keeps_its_audio(
+        tiny_whisper_dir: Path) -> None:
+    tasks = ExecutionTasks()  # nothing runs: the backlog only grows
+    s = session(tasks, tiny_whisper_dir, max_lag_s=3.0)
+    s.append(f32(voiced(2.5)), F32)
+    with pytest.raises(AudioLimitExceeded) as err:
+        s.append(f32(voiced(1.0)), F32)
+    assert err.value.code == "session_backlog_full" and err.value.retry_after
+    assert s.received_seconds == pytest.approx(2.5)
+    s.cancel()
+
+
+def test_vad_settings_reach_the_gate() -> None:
+    from audio.sessions import speech_gate
+
+    gate = speech_gate(TranscribeOptions(vad_min_silence_ms=900, vad_padding_ms=300, vad_aggressiveness=3))
+    assert gate is not None and gate._gap == 30 and gate._pad == 300 * SR // 1000
+    assert speech_gate(NO_VAD) is None
+    with pytest.raises(InvalidOption):
+        TranscribeOptions(vad_aggressiveness=4)

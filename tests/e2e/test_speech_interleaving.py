@@ -1,6 +1,7 @@
 """Chat and speech on one loop: with a chat stream and four live sessions running, the chat stream never
-waits more than one Whisper step per iteration; a deleted session's queued work never runs. The order of
-what the engine thread ran is observed, never time."""
+waits more than one Whisper step per iteration; Whisper steps shrink to their share of a chat iteration
+while chat decodes; a deleted session's queued work never runs. The order of what the engine thread ran
+and the work each step did are observed, never time."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from audio.pcm import PcmFormat
-from audio.scheduler import WhisperScheduler
+from audio.scheduler import StepBudget, WhisperScheduler
 from audio.speech import SpeechService
 from engine.batch import LLMBatchGroup
 from engine.step import BatchStep
@@ -96,6 +97,53 @@ async def test_chat_waits_at_most_one_whisper_step_per_iteration(tiny_loaded: An
     assert "whisper,whisper" not in work and "whisper,task" not in work and "task,whisper" not in work, work
     assert speech.scheduler.counters.max_rows >= 2  # the sessions' rows shared decoder steps
     assert all(t.duration == pytest.approx(3.0) for t in finished)
+
+
+async def test_whisper_steps_shrink_while_chat_decodes(tiny_loaded: Any, whisper_dir: Path) -> None:
+    engine = Engine(tiny_loaded, max_active=2)
+    # a share no unit fits: every step while chat decodes does the least that still moves speech
+    speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True,
+                           budget=StepBudget(chat_share=1e-6), pace=engine.chat_pace)
+    options = speech.options(temperatures=(0.0,))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        await tg.start(speech.run)
+        await speech.residency.preload()
+        alone = speech.create_session(options)
+        alone.append(voiced(2.0, 150), PcmFormat())
+        await alone.finish()
+        before_chat = list(speech.scheduler.counters.steps)
+        sessions = [speech.create_session(options) for _ in range(2)]
+        finished: list[Any] = []
+
+        async def finish(session: Any) -> None:
+            finished.append(await session.finish())
+
+        request = GenerationRequest([5, 6, 7, 8], no_eos(tiny_loaded), max_tokens=2000)
+        async with engine.submit(request) as stream:
+            fed = 0.0
+            async for delta in stream:
+                assert delta.finish_reason is None, "the chat ended before the sessions: nothing interleaved"
+                if fed < 2.0:
+                    for k, s in enumerate(sessions):
+                        s.append(voiced(0.25, 120 + 50 * k), PcmFormat())
+                    fed += 0.25
+                    if fed >= 2.0:
+                        for s in sessions:
+                            tg.start_soon(finish, s)
+                elif len(finished) == len(sessions):
+                    break
+        tg.cancel_scope.cancel()
+    engine.close()
+    assert before_chat and all(s.limit is None for s in before_chat)  # no chat: the full budget
+    assert 375 in {s.work for s in before_chat if s.kind == "encode"}  # a conv or layer unit of 375 positions
+    during = [s for s in speech.scheduler.counters.steps if s.limit is not None]
+    assert len(during) >= 20
+    # one unit a step: a granule of 64 positions (less at a stage's end), or one fixed unit
+    assert max(s.work for s in during if s.kind == "encode") <= 64
+    # one row a forward, its prompt fed 8 tokens at a time
+    assert max(s.work for s in during if s.kind == "decode") <= 8 + 3
+    assert all(t.duration == pytest.approx(2.0) for t in finished)
 
 
 async def test_deleting_a_session_drops_its_queued_work(whisper_dir: Path) -> None:

@@ -95,3 +95,100 @@ def test_session_of_s16_at_48khz(server: TandemServer) -> None:
     body = dictate(server, at48, "audio/pcm;rate=48000;encoding=s16le", 48000 // 4 * 2)
     assert body["duration"] == pytest.approx(len(pcm) / SR, abs=0.05)
     assert wer([ref], [body["text"]]) <= MAX_WER, (ref, body["text"])
+
+
+def realtime_stream() -> tuple[np.ndarray, str, int]:
+    """The clips past 60 s: first one long passage (the LibriVox clips, twice, 0.25 s apart: no pause the VAD
+    takes for an utterance's end), then every clip with 1.5 s pauses. Returns (pcm, reference, samples of the
+    first passage)."""
+    every = clips()
+    books = [c for c in every if len(c[0]) > 2.5 * SR and "clubs" not in c[1]]  # the LibriVox sentences
+    passage, passage_ref = joined(books + books, gap_s=0.25)
+    rest, rest_ref = joined(every, gap_s=1.5)
+    pcm = np.concatenate([passage, np.zeros(SR, np.float32), rest])
+    return pcm, f"{passage_ref} {rest_ref}", len(passage)
+
+
+def test_realtime_socket_at_four_times_real_time(server: TandemServer) -> None:
+    import base64
+    import json
+    import time
+
+    import anyio
+    import soxr
+    import websockets
+
+    pcm, ref, passage_end = realtime_stream()
+    assert len(pcm) > 60 * SR
+    at24 = (np.clip(soxr.resample(pcm, SR, 24000), -1, 1) * 32767).astype("<i2")
+    chunk = 24000 // 10  # 100 ms
+    first_delta_at: list[int] = []  # samples (24 kHz) sent when the first delta arrived
+    sent = [0]
+    texts: dict[str, str] = {}
+    committed: list[str] = []
+
+    async def run() -> None:
+        url = f"ws://127.0.0.1:{server.port}/v1/realtime?intent=transcription"
+        with anyio.fail_after(600):  # a safety net for a wedged server
+            await session(url)
+
+    async def session(url: str) -> None:
+        async with websockets.connect(url, max_size=None) as ws:
+            await ws.recv()  # session.created
+            await ws.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+                "input": {"transcription": {"language": "en"}}}}}))
+
+            async def send() -> None:
+                start = time.perf_counter()
+                for i in range(0, len(at24), chunk):
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(at24[i:i + chunk].tobytes()).decode()}))
+                    sent[0] = i + chunk
+                    # 4× real time: 100 ms of audio every 25 ms
+                    await anyio.sleep(max(0.0, start + (i + chunk) / 24000 / 4 - time.perf_counter()))
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "last"}))
+
+            pending: set[str] = set()
+            last = [False]  # the final commit's item was created (or there was nothing left to commit)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                async for raw in ws:
+                    event = json.loads(raw)
+                    kind = event["type"]
+                    if kind == "conversation.item.input_audio_transcription.delta":
+                        if not first_delta_at:
+                            first_delta_at.append(sent[0])
+                        committed.append(event["delta"])
+                    elif kind == "input_audio_buffer.committed":
+                        pending.add(event["item_id"])
+                        last[0] = last[0] or event.get("client_event_id") == "last"
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        texts[event["item_id"]] = event["transcript"]
+                        pending.discard(event["item_id"])
+                        if last[0] and not pending:
+                            break
+                    elif kind == "error":
+                        assert event["error"]["code"] == "input_audio_buffer_commit_empty", event
+                        last[0] = True
+                        if not pending:
+                            break
+                tg.cancel_scope.cancel()
+
+    anyio.run(run)
+    # live text: the first words came while the first passage was still being sent
+    assert first_delta_at and first_delta_at[0] < passage_end * 24000 // SR, (first_delta_at, passage_end)
+    # committed text only grows: the items' final transcripts are exactly the deltas, in order
+    assert "".join(texts.values()) == "".join(committed)
+    assert wer([ref], [" ".join(texts.values())]) <= MAX_WER, (ref, texts)
+
+
+def test_dictate_a_file_end_to_end(server: TandemServer) -> None:
+    import subprocess
+    import sys
+
+    wav = Path(SAMPLES or ".") / "librivox-0870.wav"
+    out = subprocess.run([sys.executable, "-m", "service.cli", "dictate", "--file", str(wav), "--server", server.root,
+                          "--speed", "2", "--language", "en"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert wer([wav.with_suffix(".txt").read_text()], [out.stdout]) <= MAX_WER, out.stdout
+    assert "7.1 s of audio" in out.stderr and "1 utterances" in out.stderr

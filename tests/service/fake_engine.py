@@ -150,6 +150,9 @@ class FakeEngine:
         self.active.add(id(stream))
         return stream
 
+    def chat_pace(self) -> float | None:
+        return None
+
     def health(self) -> dict[str, Any]:
         return {"ok": self.failing is None} if self.failing is None else {"ok": False, "error": self.failing}
 

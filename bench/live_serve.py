@@ -1,0 +1,315 @@
+"""Live speech against a running `tandem serve` (or one this script starts), over the wire: OpenAI Realtime
+transcription sessions streaming audio in real time, and streamed chat beside them.
+
+    python -m bench.live_serve --server http://127.0.0.1:8080 [--samples DIR] [--speakers 1,4,8,16]
+        [--seconds 30] [--itl-sessions 4] [--tokens 64] [--latency] [--out FILE]
+    python -m bench.live_serve --serve "tiny.en --whisper-resident --preload" ...   # start the server here
+
+- **latency** (one speaker): per utterance, the first tentative (or committed) word after its speech onset
+  was sent, and its final transcript (`completed`) after its speech end was sent.
+- **speakers**: N sessions at real time, each a signal of about `--seconds`; per N the longest time from a
+  session's last chunk to its last transcript ("finish after"), the largest lag /stats reported, and whether
+  every session kept up (finish after ≤ 3 s).
+- **chat ITL**: a streamed chat answer's inter-token gaps alone, then while `--itl-sessions` sessions stream.
+
+Audio: the WAV clips in `--samples` (16 kHz mono 16-bit, e.g. the shared samples), joined with 1.5 s pauses;
+without them a synthetic voiced signal (bursts of a buzzing vowel) that the VAD takes for speech. Prints one
+JSON document (and writes it to --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shlex
+import sys
+import time
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import numpy as np
+
+__all__ = ["main", "signals", "SessionRun"]
+
+SR = 16000
+CHUNK = SR // 10  # 100 ms
+GAP_S = 1.5
+
+
+def _wav(path: Path) -> np.ndarray:
+    with wave.open(str(path)) as w:
+        if w.getframerate() != SR or w.getnchannels() != 1 or w.getsampwidth() != 2:
+            raise SystemExit(f"{path}: need 16 kHz mono 16-bit WAV")
+        return np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768.0
+
+
+def _synthetic(k: int) -> list[np.ndarray]:
+    """Voiced bursts of 1.5–3.5 s (a buzzing vowel whose pitch varies by speaker and burst)."""
+    out = []
+    for j in range(6):
+        n = int((1.5 + (j + k) % 5 * 0.5) * SR)
+        t = np.arange(n) / SR
+        f0 = 110 + 17 * ((j * 7 + k * 3) % 9)
+        out.append((((t * f0) % 1.0 - 0.5) * 0.5 * (0.55 + 0.45 * np.sin(2 * np.pi * 4 * t))).astype(np.float32))
+    return out
+
+
+def signals(n: int, seconds: float, samples: Path | None) -> list[tuple[np.ndarray, list[tuple[int, int]]]]:
+    """n speaker signals of about `seconds`, each starting at another clip, and where each clip lies in it
+    (start, end samples). Raises SystemExit for a samples folder without WAVs."""
+    clips = [_wav(w) for w in sorted(samples.glob("*.wav"))] if samples is not None else None
+    if clips is not None and not clips:
+        raise SystemExit(f"no .wav files in {samples}")
+    gap = np.zeros(int(GAP_S * SR), np.float32)
+    out = []
+    for k in range(n):
+        pool = clips if clips is not None else _synthetic(k)
+        parts, marks, total, i = [gap[: SR // 2]], [], SR // 2, k
+        while total < seconds * SR:
+            x = pool[i % len(pool)]
+            marks.append((total, total + len(x)))
+            parts += [x, gap]
+            total += len(x) + len(gap)
+            i += 1
+        out.append((np.concatenate(parts), marks))
+    return out
+
+
+@dataclass
+class SessionRun:
+    """What one streamed session saw, in wall-clock seconds (time.perf_counter)."""
+
+    sent_at: list[float] = field(default_factory=list)  # when chunk i went out
+    events: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    last_chunk: float = 0.0
+    done: float = 0.0
+    error: str | None = None
+
+    def chunk_time(self, sample: int) -> float:
+        return self.sent_at[min(len(self.sent_at) - 1, sample // CHUNK)]
+
+    def latencies(self, marks: list[tuple[int, int]]) -> list[dict[str, float | None]]:
+        """Per clip: first word after onset, final transcript after end (seconds). Items are matched to a
+        clip by where their speech started. Raises nothing."""
+        starts: dict[str, int] = {}
+        first_word: dict[str, float] = {}
+        completed: dict[str, float] = {}
+        for t, e in self.events:
+            kind, item = e.get("type", ""), e.get("item_id")
+            if kind == "input_audio_buffer.speech_started":
+                starts[item] = int(e["audio_start_ms"]) * SR // 1000
+            elif kind.endswith(("transcription.tentative", "transcription.delta")) and (e.get("text") or e.get("delta")):
+                first_word.setdefault(item, t)
+            elif kind.endswith("transcription.completed"):
+                completed[item] = t
+        rows = []
+        for a, b in marks:
+            mine = [i for i, s in starts.items() if a - SR // 2 <= s < b]
+            words = [first_word[i] for i in mine if i in first_word]
+            ends = [completed[i] for i in mine if i in completed]
+            rows.append({"first_word_s": round(min(words) - self.chunk_time(a), 3) if words else None,
+                         "final_s": round(max(ends) - self.chunk_time(b), 3) if ends else None})
+        return rows
+
+
+async def stream_session(url: str, pcm: np.ndarray, headers: dict[str, str], run: SessionRun,
+                         stop: anyio.Event | None = None) -> None:
+    """One Realtime transcription session: `pcm` at real time (looped until `stop` when given), a final
+    commit, then every transcript. Never raises: a failure lands in run.error."""
+    import websockets
+
+    data = (np.clip(pcm, -1, 1) * 32767).astype("<i2")
+    try:
+        async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
+            await ws.recv()
+            await ws.send(json.dumps({"type": "session.update", "session": {
+                "type": "transcription", "include": ["item.input_audio_transcription.tentative"],
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": SR}}}}}))
+            pending: set[str] = set()
+            last = anyio.Event()
+
+            async def send() -> None:
+                start = time.perf_counter()
+                i = 0
+                while True:
+                    chunk = data[i % len(data): i % len(data) + CHUNK]
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(chunk.tobytes()).decode()}))
+                    run.sent_at.append(time.perf_counter())
+                    i += len(chunk)
+                    if (stop is None and i >= len(data)) or (stop is not None and stop.is_set()):
+                        break
+                    await anyio.sleep(max(0.0, start + i / SR - time.perf_counter()))  # a microphone's pace
+                run.last_chunk = time.perf_counter()
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit", "event_id": "last"}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                async for raw in ws:
+                    event = json.loads(raw)
+                    run.events.append((time.perf_counter(), event))
+                    kind = event["type"]
+                    if kind == "input_audio_buffer.committed":
+                        pending.add(event["item_id"])
+                        if event.get("client_event_id") == "last":
+                            last.set()
+                    elif kind.endswith("transcription.completed"):
+                        pending.discard(event["item_id"])
+                    elif kind == "error":
+                        if event["error"].get("event_id") == "last":
+                            last.set()
+                        else:
+                            run.error = run.error or json.dumps(event["error"])[:300]
+                    if last.is_set() and not pending:
+                        break
+                tg.cancel_scope.cancel()
+            run.done = time.perf_counter()
+    except Exception as exc:  # a benchmark reports, it does not crash
+        run.error = f"{type(exc).__name__}: {exc}"[:300]
+        run.done = time.perf_counter()
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    ys = sorted(xs)
+    return round(ys[min(len(ys) - 1, int(p / 100 * len(ys)))], 4)
+
+
+async def sample_lag(root: str, headers: dict[str, str], lags: list[float], stop: anyio.Event) -> None:
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+        while not stop.is_set():
+            try:
+                lags.append(float(((await http.get(f"{root}/stats")).json().get("speech") or {})
+                                  .get("session_lag_s_max", 0.0)))
+            except (httpx.HTTPError, ValueError):
+                pass
+            await anyio.sleep(0.5)  # sampling period
+
+
+async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, seconds: float,
+                       samples: Path | None) -> dict[str, Any]:
+    voices = signals(n, seconds, samples)
+    runs = [SessionRun() for _ in voices]
+    lags: list[float] = []
+    stop = anyio.Event()
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sample_lag, root, headers, lags, stop)
+        async with anyio.create_task_group() as sessions:
+            for (pcm, _), run in zip(voices, runs):
+                sessions.start_soon(stream_session, ws_url, pcm, headers, run)
+        stop.set()
+    tails = [r.done - r.last_chunk for r in runs if r.error is None]
+    lat = [row for (_, marks), r in zip(voices, runs) for row in r.latencies(marks)]
+    words = [x["first_word_s"] for x in lat if x["first_word_s"] is not None]
+    finals = [x["final_s"] for x in lat if x["final_s"] is not None]
+    return {"speakers": n, "audio_s_each": round(max(len(p) for p, _ in voices) / SR, 1),
+            "wall_s": round(time.perf_counter() - t0, 1), "errors": [r.error for r in runs if r.error],
+            "finish_after_last_chunk_s_max": round(max(tails), 2) if tails else None,
+            "max_lag_s": round(max(lags, default=0.0), 2), "sustained": bool(tails) and max(tails) <= 3.0,
+            "first_word_after_onset_s": {"p50": pct(words, 50), "max": pct(words, 100), "n": len(words)},
+            "final_after_speech_end_s": {"p50": pct(finals, 50), "max": pct(finals, 100), "n": len(finals)}}
+
+
+async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int, tokens: int, rounds: int,
+                  samples: Path | None, model: str | None) -> dict[str, Any]:
+    from bench.serve_client import chat_body, stream_chat
+
+    body = chat_body("You are a storyteller.", "Tell me a long story about a lighthouse keeper and the sea.",
+                     tokens, model)
+
+    async def gaps() -> tuple[list[float], int]:
+        out, tokens_seen = [], 0
+        async with httpx.AsyncClient(timeout=None, headers=headers) as http:
+            for _ in range(rounds):
+                res = await stream_chat(http, f"{root}/v1/chat/completions", body, timeout=600)
+                if res.error:
+                    raise SystemExit(f"chat failed: {res.error}")
+                out += [b - a for a, b in zip(res.chunk_times, res.chunk_times[1:])]
+                tokens_seen += len(res.chunk_times)
+        return out, tokens_seen
+
+    await gaps()  # warm-up: first-call costs stay out
+    alone, n_alone = await gaps()
+    voices = signals(sessions, 30.0, samples)
+    stop = anyio.Event()
+    runs = [SessionRun() for _ in voices]
+    async with anyio.create_task_group() as tg:
+        for (pcm, _), run in zip(voices, runs):
+            tg.start_soon(stream_session, ws_url, pcm, headers, run, stop)
+        await anyio.sleep(3.0)  # let the sessions reach steady decoding
+        shared, n_shared = await gaps()
+        stop.set()
+    stats = {}
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+        stats = ((await http.get(f"{root}/stats")).json().get("speech") or {}).get("scheduler") or {}
+    a50, a99, s50, s99 = pct(alone, 50), pct(alone, 99), pct(shared, 50), pct(shared, 99)
+    return {"sessions": sessions, "tokens_alone": n_alone, "tokens_with_sessions": n_shared,
+            "itl_alone_ms": {"p50": round(a50 * 1e3, 1) if a50 else None, "p99": round(a99 * 1e3, 1) if a99 else None},
+            "itl_with_sessions_ms": {"p50": round(s50 * 1e3, 1) if s50 else None,
+                                     "p99": round(s99 * 1e3, 1) if s99 else None},
+            "p50_ratio": round(s50 / a50, 2) if a50 and s50 else None,
+            "p99_ratio": round(s99 / a99, 2) if a99 and s99 else None,
+            "session_errors": [r.error for r in runs if r.error], "scheduler": stats}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark against a server and print JSON. Raises SystemExit for bad arguments."""
+    p = argparse.ArgumentParser(prog="bench.live_serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--server", default="http://127.0.0.1:8080")
+    p.add_argument("--serve", default=None, help="start `tandem serve <ARGS>` on the --server port first")
+    p.add_argument("--ready-timeout", type=float, default=240.0)
+    p.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"))
+    p.add_argument("--samples", default=os.environ.get("TANDEM_AUDIO_SAMPLES"))
+    p.add_argument("--speakers", default="1,4,8,16", help="comma-separated; empty: skip")
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--latency", action="store_true", help="one speaker, per-utterance latencies (first)")
+    p.add_argument("--itl-sessions", type=int, default=4, help="0: skip the chat measurement")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="chat answers per ITL measurement")
+    p.add_argument("--model", default=None, help="chat model id (default: the served one)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    root = args.server.rstrip("/")
+    ws_url = root.replace("http://", "ws://").replace("https://", "wss://") + "/v1/realtime?intent=transcription"
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    samples = Path(args.samples) if args.samples else None
+    server = None
+    if args.serve:
+        from bench.serve_procs import Server
+
+        port = root.rsplit(":", 1)[-1]
+        argv_ = [sys.executable, "-m", "service.cli", "serve", *shlex.split(args.serve), "--port", port]
+        server = Server("tandem", argv_, root, Path(args.out or "live_serve").with_suffix(".server.log"))
+        server.start()
+        server.wait_ready("/health", args.ready_timeout)
+    report: dict[str, Any] = {"server": root, "samples": str(samples) if samples else "synthetic",
+                              "load_avg": os.getloadavg()}
+    try:
+        if args.latency:
+            report["latency"] = anyio.run(run_speakers, root, ws_url, headers, 1, args.seconds, samples)
+        if args.itl_sessions > 0:
+            report["chat_itl"] = anyio.run(run_itl, root, ws_url, headers, args.itl_sessions, args.tokens, args.rounds,
+                                           samples, args.model)
+        report["speakers"] = [anyio.run(run_speakers, root, ws_url, headers, int(n), args.seconds, samples)
+                              for n in args.speakers.split(",") if n.strip()]
+    finally:
+        if server is not None:
+            server.stop()
+    report["load_avg_end"] = os.getloadavg()
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""One live-transcription websocket: a LiveSession, the frames the client sends, the events it gets.
+
+Two ways to talk, one session underneath:
+- **Realtime** (OpenAI's transcription events, realtime_config.py and realtime_events.py): JSON client events
+  `transcription_session.update` / `session.update`, `input_audio_buffer.append` (base64 PCM16 at the session's
+  rate, 24 kHz unless declared), `.commit`, `.clear`; server events driven by the session's own events.
+  `/v1/realtime` always talks this way; `/v1/audio/live` does once the client's first message is one of these.
+- **Binary frames** (simple clients of `/v1/audio/live`): raw PCM frames in the query's format, text
+  `{"type": "finish"}` to end; `transcript.partial` snapshots (committed + tentative text, at most one per
+  `interval` s) and a final `transcript.done`.
+
+Either way the socket is read until the client leaves — after a finish too, so keepalive pings are answered
+and the transcript is delivered — and nothing a client sends ends the session: a bad frame (not JSON, not an
+object, an unknown type, bad base64, an odd byte count, over the size limit, a refused option) gets an
+`error` event and the audio received so far is kept. Audio refused by a cap (the session's backlog, all
+sessions' buffer, the session's length) is an error event too, never a silent drop. When the socket closes
+the session is cancelled: its queued Whisper work leaves before the next step.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any, Literal
+
+import anyio
+from litestar import WebSocket
+
+from audio.errors import AudioError, SessionNotFound
+from audio.pcm import PcmFormat
+from audio.sessions import LiveSession
+from audio.transcript import TranscribeOptions
+from service.http.errors import APIError, api_error
+from service.seams import SpeechBackend
+from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
+from service.speech.realtime_events import Items, error_event, event_id, server_events
+from service.speech.served import served_speech
+from service.state import AppState
+
+__all__ = ["LiveSocket", "Mode", "MAX_EVENT_AUDIO_BYTES", "REALTIME_CLIENT_EVENTS"]
+
+Mode = Literal["undecided", "frames", "realtime"]
+MAX_EVENT_AUDIO_BYTES = 15 * 1024 * 1024  # OpenAI's limit for one input_audio_buffer.append
+REALTIME_CLIENT_EVENTS = frozenset({"session.update", "transcription_session.update", "input_audio_buffer.append",
+                                    "input_audio_buffer.commit", "input_audio_buffer.clear"})
+_UNSUPPORTED = ("conversation.", "response.", "output_audio_buffer.")
+
+
+class _ClientGone(Exception):
+    """The socket cannot be written any more."""
+
+
+class LiveSocket:
+    """Serves one accepted websocket until the client leaves (run())."""
+
+    def __init__(self, socket: WebSocket[Any, Any, Any], state: AppState, speech: SpeechBackend, *,
+                 config: RealtimeConfig, mode: Mode, dialect: Dialect, frame_format: PcmFormat,
+                 interval: float = 0.0) -> None:
+        self.socket, self.state, self.speech = socket, state, speech
+        self.config, self.mode, self.dialect = config, mode, dialect
+        self.frame_format, self.interval = frame_format, interval
+        self.items = Items()
+        self.session: LiveSession | None = None
+        self._send_lock = anyio.Lock()
+        self._partial_due = anyio.Event()
+        self._finishing = False
+        self._closed = False
+        self._event_id: str | None = None  # the client event being handled (errors name it)
+
+    # ---- lifetime -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Open the session, then read frames and write events until the client leaves. Raises nothing
+        the client can cause."""
+        try:
+            self.session = self.speech.create_session(self._options(self.config), expires=False)
+        except Exception as exc:
+            err = api_error(exc)
+            await self._send_error(err)
+            await self._close(1013 if err.status == 429 else 1008 if err.status < 500 else 1011)
+            return
+        try:
+            await self._send(self._created_event())
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._write_events, tg.cancel_scope)
+                tg.start_soon(self._partials)
+                try:
+                    await self._read(tg)
+                finally:
+                    tg.cancel_scope.cancel()
+        except* _ClientGone:  # raised by whichever task wrote last; the task group wraps it
+            pass
+        finally:
+            try:  # a method call, so it also reaches a session served by reference (--isolate)
+                self.speech.delete_session(self.session.id)
+            except SessionNotFound:
+                pass
+            self.session.cancel()
+
+    def _options(self, config: RealtimeConfig) -> TranscribeOptions:
+        return self.speech.options(**config.decoding(), temperatures=TranscribeOptions.ladder(0.0))
+
+    def _created_event(self) -> dict[str, Any]:
+        assert self.session is not None
+        sid, model = self.session.id, self.speech.model_name
+        if self.mode == "realtime" and self.dialect == "beta":
+            return {"type": "transcription_session.created",
+                    "session": self.config.session_object("beta", sid, model)}
+        # GA shape; `id` is what binary-frame clients read
+        return {"type": "session.created", "id": sid, "session": self.config.session_object("ga", sid, model)}
+
+    # ---- reading -------------------------------------------------------------------------------
+    async def _read(self, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            message = await self.socket.receive()
+            if message.get("type") == "websocket.disconnect":
+                return
+            data, text = message.get("bytes"), message.get("text")
+            self._event_id = None
+            try:
+                if isinstance(data, bytes):
+                    self._frame(data)
+                elif isinstance(text, str):
+                    await self._text(text, tg)
+            except _ClientGone:
+                raise
+            except Exception as exc:
+                await self._send_error(_as_api_error(exc))
+
+    def _frame(self, data: bytes) -> None:
+        if self.mode == "undecided":
+            self.mode = "frames"
+        fmt = self.frame_format if self.mode == "frames" else self.config.pcm_format
+        self._audio(data, fmt)
+
+    def _audio(self, data: bytes, fmt: PcmFormat) -> None:
+        assert self.session is not None
+        if len(data) > MAX_EVENT_AUDIO_BYTES:
+            raise APIError(413, f"{len(data)} bytes of audio in one message; at most {MAX_EVENT_AUDIO_BYTES}",
+                           param="audio", code="audio_too_large")
+        self.session.append(data, fmt)
+
+    async def _text(self, text: str, tg: anyio.abc.TaskGroup) -> None:
+        """Handle one text message. Raises APIError, ConfigError or an audio error for what cannot be done
+        (the session goes on)."""
+        try:
+            event = json.loads(text)
+        except ValueError:
+            raise APIError(400, "a text message must be a JSON object", code="invalid_json") from None
+        if not isinstance(event, dict):
+            raise APIError(400, "a text message must be a JSON object", code="invalid_event")
+        kind = event.get("type")
+        self._event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        if self.mode == "undecided":
+            self.mode = "realtime" if kind in REALTIME_CLIENT_EVENTS else "frames"
+        if self.mode == "frames":
+            if kind == "finish":
+                self._finish(tg)
+                return
+            raise APIError(400, f"unknown message type {kind!r}; send binary PCM frames and {{\"type\": \"finish\"}}",
+                           param="type", code="unknown_event")
+        assert self.session is not None
+        if kind in ("session.update", "transcription_session.update"):
+            await self._send(self._update(kind, event.get("session")))
+        elif kind == "input_audio_buffer.append":
+            self._audio(_base64_audio(event.get("audio")), self.config.pcm_format)
+        elif kind == "input_audio_buffer.commit":
+            self.session.commit(self._event_id)
+        elif kind == "input_audio_buffer.clear":
+            self.session.clear()
+        elif isinstance(kind, str) and kind.startswith(_UNSUPPORTED):
+            raise APIError(400, f"{kind!r} is not available in a transcription session", param="type",
+                           code="unsupported_event")
+        else:
+            raise APIError(400, f"unknown event type {kind!r}", param="type", code="unknown_event")
+
+    def _update(self, kind: str, session: Any) -> dict[str, Any]:
+        """Apply an update; returns the updated event. Raises ConfigError, APIError naming the field."""
+        assert self.session is not None
+        dialect: Dialect = "beta" if kind == "transcription_session.update" else "ga"
+        new = self.config.updated(session, dialect)
+        where = ("session.input_audio_transcription" if dialect == "beta" else "session.audio.input.transcription")
+        vad_where = "session.turn_detection" if dialect == "beta" else "session.audio.input.turn_detection"
+        if new.model is not None:
+            try:
+                served_speech(self.state, new.model)
+            except APIError as err:
+                err.param = f"{where}.model"
+                raise
+        if new.decoding() != self.config.decoding():
+            params = {"language": f"{where}.language", "prompt": f"{where}.prompt"}
+            try:
+                options = self._options(new)
+                self.session.reconfigure(options)
+            except AudioError as exc:
+                changed = [k for k, v in new.decoding().items() if self.config.decoding().get(k) != v]
+                field = changed[0] if changed else "session"
+                refusal = api_error(exc, params=params)
+                if refusal.param is None or refusal.code == "session_active":
+                    refusal.param = params.get(field, vad_where if field.startswith("vad") else "session")
+                raise refusal from None
+        self.config = new
+        reply = "transcription_session.updated" if dialect == "beta" else "session.updated"
+        return {"type": reply, "session": new.session_object(dialect, self.session.id, self.speech.model_name)}
+
+    def _finish(self, tg: anyio.abc.TaskGroup) -> None:
+        if self._finishing:
+            raise APIError(400, "the session is already finishing", code="session_closed")
+        self._finishing = True
+        tg.start_soon(self._finish_frames)
+
+    async def _finish_frames(self) -> None:
+        """Binary-frame mode: the final transcript, then a normal close (the reader still answers pings)."""
+        assert self.session is not None
+        try:
+            t = await self.session.finish()
+        except Exception as exc:
+            await self._send_error(api_error(exc))
+            await self._close(1011)
+            return
+        self._partial_due.set()
+        await self._send({"type": "transcript.done", "id": self.session.id, "text": t.text,
+                          "received_seconds": round(t.duration, 3), "windows_done": self.session.windows_done})
+        await self._close(1000)
+
+    # ---- writing -------------------------------------------------------------------------------
+    async def _write_events(self, scope: anyio.CancelScope) -> None:
+        session = self.session
+        assert session is not None
+        async for ev in session.events():
+            if self.mode == "realtime":
+                for out in server_events(ev, self.items, self.config.tentative):
+                    await self._send(out)
+            elif ev.type in ("committed", "tentative"):
+                self._partial_due.set()
+        if session.error is not None and self.mode == "realtime":
+            await self._send_error(api_error(session.error) if _typed(session.error) else
+                                   APIError(500, f"transcription failed: {session.error}", type="server_error"))
+            await self._close(1011)
+
+    async def _partials(self) -> None:
+        """Binary-frame mode: a snapshot of the text after each change, at most one per `interval` s."""
+        while True:
+            await self._partial_due.wait()
+            self._partial_due = anyio.Event()
+            session = self.session
+            if self.mode != "frames" or session is None:
+                continue
+            await self._send({"type": "transcript.partial", "id": session.id, "committed": session.committed_text(),
+                              "tentative": await session.tentative(),
+                              "received_seconds": round(session.received_seconds, 3),
+                              "windows_done": session.windows_done})
+            if self.interval > 0:
+                await anyio.sleep(self.interval)  # pacing of snapshots, not synchronisation
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        if self._closed:
+            raise _ClientGone()
+        event.setdefault("event_id", event_id())
+        async with self._send_lock:
+            try:
+                await self.socket.send_json(event)
+            except Exception:
+                self._closed = True
+                raise _ClientGone() from None
+
+    async def _send_error(self, err: APIError) -> None:
+        if self.mode == "realtime":
+            await self._send(error_event(err, self._event_id))
+            return
+        body = error_event(err)
+        body.update(message=err.message, code=err.code, param=err.param)  # the binary-frame clients' fields
+        await self._send(body)
+
+    async def _close(self, code: int) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.socket.close(code=code)
+        except Exception:  # the client left first
+            pass
+
+
+def _base64_audio(audio: Any) -> bytes:
+    if not isinstance(audio, str):
+        raise APIError(400, "`audio` must be a base64 string", param="audio", code="invalid_value")
+    if len(audio) * 3 // 4 > MAX_EVENT_AUDIO_BYTES:
+        raise APIError(413, f"one append may carry at most {MAX_EVENT_AUDIO_BYTES} bytes of audio", param="audio",
+                       code="audio_too_large")
+    try:
+        return base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, "`audio` is not valid base64", param="audio", code="invalid_base64") from None
+
+
+def _typed(exc: BaseException) -> bool:
+    return isinstance(exc, (APIError, AudioError))
+
+
+def _as_api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, ConfigError):
+        return APIError(400, exc.message, param=exc.param, code=exc.code)
+    return api_error(exc)

@@ -1,0 +1,249 @@
+"""A Realtime transcription session's configuration: what `transcription_session.update` (the beta event) and
+`session.update` (the GA event, `session.type = "transcription"`) may set, checked field by field, and the
+session object the `.created` / `.updated` events carry, in either dialect.
+
+Every field is honoured or refused with an error naming it. Honoured: the input format (`pcm16` / `audio/pcm`
+at 24 kHz, or another declared rate 8–48 kHz, our extension), the transcription's model (the served Whisper
+under any of its names), language, prompt and `keywords` (joined into the prompt), server VAD's `threshold`
+(webrtcvad aggressiveness: 0–0.25 → 0, … 0.75–1 → 3), `prefix_padding_ms` (the speech padding, both
+sides), `silence_duration_ms` (the pause that ends an utterance), `turn_detection: null` (no VAD; the client
+commits), and `include: ["item.input_audio_transcription.tentative"]` (our extension: the current guess after
+the committed text, as `conversation.item.input_audio_transcription.tentative` events). Refused: G.711,
+semantic VAD, noise reduction, logprobs, responses (`create_response`, `interrupt_response`,
+`idle_timeout_ms`: a transcription session creates none), audio output, and anything unknown.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from audio.pcm import PcmFormat
+
+__all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE"]
+
+Dialect = Literal["beta", "ga"]
+DEFAULT_RATE = 24000  # what OpenAI clients send
+TENTATIVE = "item.input_audio_transcription.tentative"
+_RATES = (8000, 48000)
+
+
+class ConfigError(ValueError):
+    """A session field that cannot be honoured; `param` names it as the client wrote it."""
+
+    def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+@dataclass
+class TurnDetection:
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+
+    @property
+    def aggressiveness(self) -> int:
+        return min(3, int(self.threshold * 4))
+
+
+@dataclass
+class RealtimeConfig:
+    """The effective configuration of one transcription session."""
+
+    rate: int = DEFAULT_RATE
+    model: str | None = None
+    language: str | None = None
+    prompt: str | None = None
+    keywords: list[str] = field(default_factory=list)
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    tentative: bool = False
+
+    @property
+    def pcm_format(self) -> PcmFormat:
+        return PcmFormat(self.rate, "s16le")
+
+    @property
+    def full_prompt(self) -> str | None:
+        """The prompt with the keywords joined after it (Whisper takes vocabulary as prompt text). Raises nothing."""
+        words = ", ".join(w.strip() for w in self.keywords if w.strip())
+        return " ".join(p for p in (self.prompt or "", words) if p) or None
+
+    def decoding(self) -> dict[str, Any]:
+        """What the speech service's options() takes for this configuration. Raises nothing."""
+        td = self.turn_detection
+        out: dict[str, Any] = {"language": self.language, "prompt": self.full_prompt, "vad": td is not None}
+        if td is not None:
+            out.update(vad_min_silence_ms=td.silence_duration_ms, vad_padding_ms=td.prefix_padding_ms,
+                       vad_aggressiveness=td.aggressiveness)
+        return out
+
+    # ---- updates ------------------------------------------------------------------------------
+    def updated(self, session: Any, dialect: Dialect) -> "RealtimeConfig":
+        """A copy with `session` (the update event's `session` object) applied. Raises ConfigError naming the
+        first field it cannot honour."""
+        if not isinstance(session, dict):
+            raise ConfigError("`session` must be an object", "session")
+        new = copy.deepcopy(self)
+        if dialect == "ga" or "type" in session:
+            new._apply_ga(session)
+        else:
+            new._apply_beta(session)
+        return new
+
+    def _apply_beta(self, s: dict[str, Any]) -> None:
+        _known(s, {"input_audio_format", "input_audio_transcription", "turn_detection", "include", "modalities",
+                   "input_audio_noise_reduction", "client_secret"}, "session")
+        if "input_audio_format" in s and s["input_audio_format"] is not None:
+            if s["input_audio_format"] != "pcm16":
+                raise ConfigError(f"input_audio_format {s['input_audio_format']!r} is not supported; use pcm16",
+                                  "session.input_audio_format")
+            self.rate = DEFAULT_RATE
+        if s.get("modalities") not in (None, ["text"]):
+            raise ConfigError("a transcription session answers with text only", "session.modalities")
+        if s.get("client_secret") is not None:
+            raise ConfigError("client secrets are not issued here", "session.client_secret")
+        if s.get("input_audio_noise_reduction") is not None:
+            raise ConfigError("noise reduction is not available", "session.input_audio_noise_reduction")
+        if "input_audio_transcription" in s:
+            self._transcription(s["input_audio_transcription"], "session.input_audio_transcription")
+        if "turn_detection" in s:
+            self._turn_detection(s["turn_detection"], "session.turn_detection")
+        if "include" in s:
+            self._include(s["include"], "session.include")
+
+    def _apply_ga(self, s: dict[str, Any]) -> None:
+        _known(s, {"type", "audio", "include"}, "session")
+        if s.get("type") != "transcription":
+            raise ConfigError("only transcription sessions are served: session.type must be 'transcription'",
+                              "session.type")
+        audio = s.get("audio")
+        if audio is not None:
+            if not isinstance(audio, dict):
+                raise ConfigError("`audio` must be an object", "session.audio")
+            _known(audio, {"input"}, "session.audio")
+            inp = audio.get("input")
+            if inp is not None:
+                if not isinstance(inp, dict):
+                    raise ConfigError("`input` must be an object", "session.audio.input")
+                _known(inp, {"format", "transcription", "turn_detection", "noise_reduction"}, "session.audio.input")
+                if inp.get("format") is not None:
+                    self._format(inp["format"], "session.audio.input.format")
+                if inp.get("noise_reduction") is not None:
+                    raise ConfigError("noise reduction is not available", "session.audio.input.noise_reduction")
+                if "transcription" in inp:
+                    self._transcription(inp["transcription"], "session.audio.input.transcription")
+                if "turn_detection" in inp:
+                    self._turn_detection(inp["turn_detection"], "session.audio.input.turn_detection")
+        if "include" in s:
+            self._include(s["include"], "session.include")
+
+    def _format(self, f: Any, where: str) -> None:
+        if not isinstance(f, dict):
+            raise ConfigError("`format` must be an object", where)
+        _known(f, {"type", "rate"}, where)
+        if f.get("type", "audio/pcm") != "audio/pcm":
+            raise ConfigError(f"audio format {f.get('type')!r} is not supported; use audio/pcm", f"{where}.type")
+        rate = f.get("rate", DEFAULT_RATE)
+        if not isinstance(rate, int) or isinstance(rate, bool) or not _RATES[0] <= rate <= _RATES[1]:
+            raise ConfigError(f"rate must be an integer in {_RATES[0]}–{_RATES[1]} Hz", f"{where}.rate")
+        self.rate = rate
+
+    def _transcription(self, t: Any, where: str) -> None:
+        if t is None:
+            raise ConfigError("this session only transcribes; transcription cannot be turned off", where)
+        if not isinstance(t, dict):
+            raise ConfigError("`transcription` must be an object", where)
+        _known(t, {"model", "language", "prompt", "keywords", "languages", "delay"}, where)
+        for key in ("model", "language", "prompt"):
+            if key in t and t[key] is not None and not isinstance(t[key], str):
+                raise ConfigError(f"{key} must be a string", f"{where}.{key}")
+        if "model" in t:
+            self.model = t["model"] or None
+        if "language" in t:
+            self.language = t["language"] or None
+        if "prompt" in t:
+            self.prompt = t["prompt"] or None
+        if t.get("keywords") is not None:
+            words = t["keywords"]
+            if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+                raise ConfigError("keywords must be a list of strings", f"{where}.keywords")
+            self.keywords = list(words)
+        languages = t.get("languages")
+        if languages is not None:
+            if not isinstance(languages, list) or len(languages) > 1 or not all(isinstance(x, str) for x in languages):
+                raise ConfigError("at most one language can be given (Whisper decodes one language per window)",
+                                  f"{where}.languages")
+            if languages:
+                self.language = languages[0]
+        if t.get("delay") is not None:
+            raise ConfigError("delay is not available; text is committed once two decodes agree", f"{where}.delay")
+
+    def _turn_detection(self, td: Any, where: str) -> None:
+        if td is None:
+            self.turn_detection = None
+            return
+        if not isinstance(td, dict):
+            raise ConfigError("`turn_detection` must be an object or null", where)
+        _known(td, {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
+                    "interrupt_response", "idle_timeout_ms", "eagerness"}, where)
+        if td.get("type", "server_vad") != "server_vad":
+            raise ConfigError(f"turn detection {td.get('type')!r} is not available; use server_vad", f"{where}.type")
+        for key in ("create_response", "interrupt_response"):
+            if td.get(key):
+                raise ConfigError(f"{key} is not available for transcription sessions", f"{where}.{key}")
+        for key in ("idle_timeout_ms", "eagerness"):
+            if td.get(key) is not None:
+                raise ConfigError(f"{key} is not available", f"{where}.{key}")
+        new = copy.copy(self.turn_detection) if self.turn_detection is not None else TurnDetection()
+        if td.get("threshold") is not None:
+            value = td["threshold"]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ConfigError("threshold must be a number in 0.0–1.0", f"{where}.threshold")
+            new.threshold = float(value)
+        for key, low, high in (("prefix_padding_ms", 0, 2000), ("silence_duration_ms", 30, 10_000)):
+            if td.get(key) is not None:
+                value = td[key]
+                if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                    raise ConfigError(f"{key} must be an integer in {low}–{high}", f"{where}.{key}")
+                setattr(new, key, value)
+        self.turn_detection = new
+
+    def _include(self, include: Any, where: str) -> None:
+        if include is None:
+            self.tentative = False
+            return
+        if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+            raise ConfigError("include must be a list of strings", where)
+        unknown = [x for x in include if x != TENTATIVE]
+        if unknown:
+            raise ConfigError(f"{unknown[0]!r} cannot be included (available: {TENTATIVE})", where)
+        self.tentative = bool(include)
+
+    # ---- rendering ----------------------------------------------------------------------------
+    def session_object(self, dialect: Dialect, session_id: str, served_model: str) -> dict[str, Any]:
+        """The session object of a `.created` / `.updated` event. Raises nothing."""
+        td = self.turn_detection
+        turn = None if td is None else {"type": "server_vad", "threshold": td.threshold,
+                                        "prefix_padding_ms": td.prefix_padding_ms,
+                                        "silence_duration_ms": td.silence_duration_ms}
+        transcription: dict[str, Any] = {"model": self.model or served_model, "language": self.language,
+                                         "prompt": self.prompt}
+        include = [TENTATIVE] if self.tentative else None
+        if dialect == "beta":
+            return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": "pcm16",
+                    "input_audio_transcription": transcription, "turn_detection": turn, "modalities": ["text"],
+                    "input_audio_noise_reduction": None, "include": include}
+        if self.keywords:
+            transcription["keywords"] = list(self.keywords)
+        return {"type": "transcription", "id": session_id, "object": "realtime.transcription_session",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate}, "transcription": transcription,
+                                    "turn_detection": turn, "noise_reduction": None}},
+                "include": include}
+
+
+def _known(obj: dict[str, Any], keys: set[str], where: str) -> None:
+    unknown = sorted(set(obj) - keys)
+    if unknown:
+        raise ConfigError(f"unknown field {unknown[0]!r}", f"{where}.{unknown[0]}", code="unknown_parameter")

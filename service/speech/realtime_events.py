@@ -1,0 +1,113 @@
+"""The server events of a Realtime transcription session, built from a live session's events
+(audio/live.py SessionEvent), with OpenAI's shapes (openai-python's types/realtime and types/beta/realtime).
+
+Items: each utterance of the session is one user message item. Its id is announced by
+`input_audio_buffer.speech_started`; `input_audio_buffer.committed` and `conversation.item.created` follow
+when its audio ends (a VAD pause or a client commit); `conversation.item.input_audio_transcription.completed`
+carries its final text. Live text: `conversation.item.input_audio_transcription.delta` events carry text as
+it is committed (LocalAgreement-2), so they may come before the item's `committed` — with the id
+`speech_started` announced. The deltas of an item add up to its `completed` transcript.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from audio.live import SessionEvent
+from service.http.errors import APIError
+
+__all__ = ["Items", "server_events", "error_event", "event_id"]
+
+
+def event_id() -> str:
+    return f"event_{uuid.uuid4().hex[:20]}"
+
+
+def error_event(error: APIError, client_event_id: str | None = None) -> dict[str, Any]:
+    """An `error` server event for `error` (OpenAI's shape). Raises nothing."""
+    return {"type": "error", "event_id": event_id(),
+            "error": {"type": error.type, "code": error.code, "message": error.message, "param": error.param,
+                      "event_id": client_event_id}}
+
+
+@dataclass
+class _Item:
+    id: str
+    start_ms: int = 0
+    end_ms: int = 0
+    text: list[str] = field(default_factory=list)
+
+
+class Items:
+    """Item ids by utterance number, and what each item has heard so far."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, _Item] = {}
+        self.last_created: str | None = None
+        self._boundary_ms = 0  # where the next utterance's audio starts
+
+    def get(self, k: int) -> _Item:
+        item = self._items.get(k)
+        if item is None:
+            item = self._items[k] = _Item(f"item_{uuid.uuid4().hex[:24]}", self._boundary_ms)
+        return item
+
+    def renew(self, k: int, at_ms: int) -> None:
+        """Utterance k's audio up to `at_ms` was cleared: its next audio gets a new item. Raises nothing."""
+        self._boundary_ms = at_ms
+        if k in self._items and not self._items[k].text:
+            del self._items[k]
+
+    def created(self, k: int, end_ms: int) -> tuple[_Item, str | None]:
+        item = self.get(k)
+        previous, self.last_created = self.last_created, item.id
+        item.end_ms = self._boundary_ms = end_ms
+        return item, previous
+
+    def forget(self, k: int) -> None:
+        self._items.pop(k, None)
+
+
+def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[str, Any]]:
+    """The Realtime server events for one session event (event ids added by the sender). Raises nothing."""
+    k = ev.item
+    if ev.type == "speech_started":
+        item = items.get(k)
+        item.start_ms = ev.audio_ms or 0
+        return [{"type": "input_audio_buffer.speech_started", "audio_start_ms": ev.audio_ms or 0, "item_id": item.id}]
+    if ev.type == "speech_stopped":
+        return [{"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ev.audio_ms or 0,
+                 "item_id": items.get(k).id}]
+    if ev.type == "audio_committed":
+        item, previous = items.created(k, ev.audio_ms or 0)
+        committed: dict[str, Any] = {"type": "input_audio_buffer.committed", "item_id": item.id,
+                                     "previous_item_id": previous}
+        if ev.ref is not None:  # extension: which client commit closed it (the event_id the client gave)
+            committed["client_event_id"] = ev.ref
+        return [committed,
+                {"type": "conversation.item.created", "previous_item_id": previous,
+                 "item": {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed",
+                          "role": "user", "content": [{"type": "input_audio", "transcript": None}]}}]
+    if ev.type == "committed":
+        item = items.get(k)
+        item.text.append(ev.text)
+        return [{"type": "conversation.item.input_audio_transcription.delta", "item_id": item.id,
+                 "content_index": 0, "delta": ev.text}]
+    if ev.type == "tentative":
+        if not tentative:
+            return []
+        return [{"type": "conversation.item.input_audio_transcription.tentative", "item_id": items.get(k).id,
+                 "content_index": 0, "text": ev.text}]
+    if ev.type == "utterance":
+        item = items.get(k)
+        seconds = max(0, item.end_ms - item.start_ms) / 1000
+        items.forget(k)
+        return [{"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
+                 "content_index": 0, "transcript": ev.text,
+                 "usage": {"type": "duration", "seconds": round(seconds, 3)}}]
+    if ev.type == "cleared":
+        items.renew(k, ev.audio_ms or 0)
+        return [{"type": "input_audio_buffer.cleared"}]
+    return []

@@ -1,0 +1,87 @@
+"""service/cli/dictate_client.py: the server URL, PCM chunks, and the live display — committed text written
+once, the tentative guess rewritten in place on a terminal and left out of a pipe."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from service.cli.dictate_client import LiveLine, pcm16_chunks, realtime_url
+from service.cli.main import main
+
+
+@pytest.mark.parametrize("server, url", [
+    ("http://127.0.0.1:8080", "ws://127.0.0.1:8080/v1/realtime?intent=transcription"),
+    ("https://example.org/v1/", "wss://example.org/v1/realtime?intent=transcription"),
+    ("ws://h:1", "ws://h:1/v1/realtime?intent=transcription"),
+])
+def test_the_realtime_url_of_a_server(server: str, url: str) -> None:
+    assert realtime_url(server) == url
+
+
+def test_a_url_that_is_not_a_server_is_refused() -> None:
+    with pytest.raises(ValueError):
+        realtime_url("ftp://x")
+
+
+def test_chunks_are_16_bit_and_cover_the_audio() -> None:
+    chunks = pcm16_chunks(np.full(2500, 0.5, np.float32), 24000, 50)
+    assert [len(c) for c in chunks] == [2400, 2400, 200]
+    assert np.frombuffer(chunks[0], "<i2")[0] == 16383
+
+
+def test_a_pipe_gets_committed_text_and_line_ends_only() -> None:
+    out = io.StringIO()
+    line = LiveLine(out, tty=False)
+    line.commit(" Hello")
+    line.guess(" wor")
+    line.commit(" world.")
+    line.end_utterance()
+    assert out.getvalue() == " Hello world.\n"
+
+
+def test_a_terminal_sees_the_guess_rewritten_in_place() -> None:
+    out = io.StringIO()
+    line = LiveLine(out, tty=True, width=40)
+    line.commit(" Hello")
+    line.guess("wor")
+    assert out.getvalue().endswith("\r\x1b[K Hello\x1b[2m wor\x1b[0m")
+    line.guess("world is")
+    line.commit(" world")
+    assert out.getvalue().endswith("\r\x1b[K Hello world\x1b[2m world is\x1b[0m")
+    line.end_utterance()
+    assert out.getvalue().endswith("\r\x1b[K Hello world\n")
+
+
+def test_a_long_utterance_wraps_without_rewriting_finished_lines() -> None:
+    out = io.StringIO()
+    line = LiveLine(out, tty=True, width=20)
+    for word in "one two three four five six seven eight".split():
+        line.commit(" " + word)
+    finished = [p for p in out.getvalue().split("\r\x1b[K") if p.endswith("\n")]
+    assert finished and all(len(p) <= 21 for p in finished)
+    assert "".join(line.text) == " one two three four five six seven eight"
+
+
+def test_dictate_refuses_a_bad_speed_and_a_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dictate", "--file", "x.wav", "--speed", "0"]) != 0
+    assert main(["dictate", "--file", "/nonexistent.wav"]) != 0
+    assert "speed" in capsys.readouterr().err
+
+
+def test_without_a_microphone_dictate_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_sounddevice(name: str, *args: object, **kwargs: object) -> object:
+        if name == "sounddevice":
+            raise ImportError("no module named sounddevice")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_sounddevice)
+    assert main(["dictate"]) != 0
+    assert "mic extra" in capsys.readouterr().err

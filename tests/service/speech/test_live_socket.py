@@ -1,0 +1,291 @@
+"""The live websockets over a tiny random-init Whisper: OpenAI's Realtime transcription grammar on /v1/realtime
+and /v1/audio/live, session updates honoured or refused naming the field, bad frames answered with error
+events while the audio is kept, the binary-frame mode, caps as error events, and sessions gone with their
+socket."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import anyio
+import numpy as np
+import pytest
+from litestar.testing import TestClient
+
+from audio.live import LiveConfig
+from service.app import create_app
+from service.speech import live_socket
+from service.speech.setup import SpeechConfig, install_speech
+from service.state import AppState
+from tests.fixtures.tiny_whisper import build_tiny_whisper
+
+SR = 24000  # what Realtime clients send
+BETA = {"OpenAI-Beta": "realtime=v1"}
+
+
+def voiced(seconds: float, rate: int = SR) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return (((t * 150) % 1.0 - 0.5) * 0.5 * (0.5 + 0.5 * np.sin(2 * np.pi * 4 * t))).astype(np.float32)
+
+
+def pcm16(x: np.ndarray) -> bytes:
+    return (np.clip(x, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def append(ws: Any, x: np.ndarray) -> None:
+    ws.send_text(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(x)).decode()}))
+
+
+def until(ws: Any, kind: str, limit: int = 400) -> list[dict[str, Any]]:
+    """Events up to and including the first of type `kind`."""
+    seen = []
+    for _ in range(limit):
+        event = ws.receive_json(timeout=120)
+        seen.append(event)
+        if event["type"] == kind:
+            return seen
+    raise AssertionError(f"no {kind} in {[e['type'] for e in seen]}")
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+
+
+@pytest.fixture(scope="module")
+def state(whisper_dir: Path) -> AppState:
+    return install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True, max_sessions=3))
+
+
+@pytest.fixture(scope="module")
+def client(state: AppState) -> Iterator[TestClient[Any]]:
+    with TestClient(create_app(state)) as c:
+        yield c
+
+
+def test_realtime_needs_the_transcription_intent(client: TestClient[Any]) -> None:
+    with client.websocket_connect("/v1/realtime") as ws:
+        event = ws.receive_json(timeout=30)
+    assert event["type"] == "error" and event["error"]["param"] == "intent"
+
+
+def test_a_beta_session_is_created_and_updated(client: TestClient[Any], whisper_dir: Path) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        created = ws.receive_json(timeout=30)
+        assert created["type"] == "transcription_session.created" and created["event_id"]
+        session = created["session"]
+        assert session["input_audio_format"] == "pcm16" and session["turn_detection"]["type"] == "server_vad"
+        ws.send_text(json.dumps({"type": "transcription_session.update", "event_id": "c1", "session": {
+            "input_audio_format": "pcm16",
+            "input_audio_transcription": {"model": "whisper-1", "language": "en", "prompt": "Dashwood"},
+            "turn_detection": {"type": "server_vad", "threshold": 0.8, "prefix_padding_ms": 250,
+                               "silence_duration_ms": 700}}}))
+        updated = ws.receive_json(timeout=30)
+    assert updated["type"] == "transcription_session.updated"
+    s = updated["session"]
+    assert s["input_audio_transcription"] == {"model": "whisper-1", "language": "en", "prompt": "Dashwood"}
+    assert s["turn_detection"] == {"type": "server_vad", "threshold": 0.8, "prefix_padding_ms": 250,
+                                   "silence_duration_ms": 700}
+
+
+def test_a_ga_session_declares_its_rate(client: TestClient[Any], state: AppState) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000},
+                                                         "turn_detection": None,
+                                                         "transcription": {"keywords": ["Marianne"]}}}}}))
+        updated = ws.receive_json(timeout=30)
+        assert updated["type"] == "session.updated"
+        audio_in = updated["session"]["audio"]["input"]
+        assert audio_in["format"] == {"type": "audio/pcm", "rate": 16000} and audio_in["turn_detection"] is None
+        assert audio_in["transcription"]["keywords"] == ["Marianne"]
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert not session.options.vad and session.options.prompt == "Marianne"
+        append(ws, voiced(0.5, 16000))  # 16 kHz as declared
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        until(ws, "input_audio_buffer.committed")
+        assert session.received_seconds == pytest.approx(0.5, abs=0.03)
+
+
+@pytest.mark.parametrize("update, param", [
+    ({"input_audio_format": "g711_ulaw"}, "session.input_audio_format"),
+    ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type"),
+    ({"turn_detection": {"type": "server_vad", "threshold": 1.5}}, "session.turn_detection.threshold"),
+    ({"turn_detection": {"silence_duration_ms": 5}}, "session.turn_detection.silence_duration_ms"),
+    ({"turn_detection": {"create_response": True}}, "session.turn_detection.create_response"),
+    ({"input_audio_noise_reduction": {"type": "near_field"}}, "session.input_audio_noise_reduction"),
+    ({"include": ["item.input_audio_transcription.logprobs"]}, "session.include"),
+    ({"voice": "alloy"}, "session.voice"),
+    ({"input_audio_transcription": {"model": "gpt-4o-transcribe"}}, "session.input_audio_transcription.model"),
+    ({"input_audio_transcription": {"language": "xx-nope"}}, "session.input_audio_transcription.language"),
+    ({"input_audio_transcription": {"prompt": "x" * 5000}}, "session.input_audio_transcription.prompt"),
+])
+def test_an_update_that_cannot_be_honoured_names_its_field(client: TestClient[Any], update: dict[str, Any],
+                                                           param: str) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "transcription_session.update", "event_id": "evt_7", "session": update}))
+        event = ws.receive_json(timeout=30)
+        assert event["type"] == "error" and event["error"]["param"] == param, event
+        assert event["error"]["event_id"] == "evt_7" and event["error"]["message"]
+        # the session goes on
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {}}))
+        assert ws.receive_json(timeout=30)["type"] == "transcription_session.updated"
+
+
+def test_speech_becomes_one_item_with_the_realtime_grammar(client: TestClient[Any]) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        silence = np.zeros(int(0.5 * SR), np.float32)
+        for chunk in np.array_split(np.concatenate([silence, voiced(1.5), silence, silence, silence]), 10):
+            append(ws, chunk)
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+    kinds = [e["type"] for e in events]
+    started, stopped = kinds.index("input_audio_buffer.speech_started"), kinds.index("input_audio_buffer.speech_stopped")
+    committed, created = kinds.index("input_audio_buffer.committed"), kinds.index("conversation.item.created")
+    assert started < stopped < committed < created < len(kinds) - 1
+    item = events[started]["item_id"]
+    # the prefix padding (300 ms) comes before the speech at 500 ms
+    assert 150 <= events[started]["audio_start_ms"] <= 250 and 1800 <= events[stopped]["audio_end_ms"] <= 2700
+    assert {e.get("item_id") for e in events if "item_id" in e} == {item}
+    assert events[committed]["previous_item_id"] is None
+    assert events[created]["item"]["id"] == item and events[created]["item"]["role"] == "user"
+    deltas = "".join(e["delta"] for e in events if e["type"].endswith("transcription.delta"))
+    done = events[-1]
+    assert done["transcript"] == deltas and done["content_index"] == 0 and done["usage"]["type"] == "duration"
+    assert all(e["event_id"].startswith("event_") for e in events)
+
+
+@pytest.mark.parametrize("frame, code", [
+    ("not json", "invalid_json"),
+    ("[1, 2]", "invalid_event"),
+    ('{"type": "input_audio_buffer.bogus"}', "unknown_event"),
+    ('{"type": "response.create"}', "unsupported_event"),
+    ('{"type": "input_audio_buffer.append", "audio": "%%%not-base64"}', "invalid_base64"),
+    ('{"type": "input_audio_buffer.append", "audio": "AAA="}', "invalid_pcm_length"),  # 2 bytes... then 1 odd
+    ('{"type": "input_audio_buffer.append", "audio": 7}', "invalid_value"),
+    ("", "audio_too_large"),
+])
+def test_a_bad_frame_gets_an_error_event_and_the_audio_is_kept(client: TestClient[Any], state: AppState,
+                                                               monkeypatch: pytest.MonkeyPatch, frame: str,
+                                                               code: str) -> None:
+    if code == "audio_too_large":  # a limit between the good appends (12 and 24 kB) and this one (48 kB)
+        monkeypatch.setattr(live_socket, "MAX_EVENT_AUDIO_BYTES", 30_000)
+        frame = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(pcm16(voiced(1.0))).decode()})
+    if code == "invalid_pcm_length":
+        frame = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()})
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        append(ws, voiced(0.5))
+        ws.send_text(frame)
+        error = until(ws, "error")[-1]
+        assert error["error"]["code"] == code, error
+        append(ws, voiced(0.25))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        until(ws, "input_audio_buffer.committed")
+        assert session.received_seconds == pytest.approx(0.75, abs=0.03)  # soxr holds a few ms
+
+
+def test_commit_clear_and_an_empty_commit(client: TestClient[Any]) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
+        until(ws, "transcription_session.updated")
+        append(ws, voiced(1.0))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
+        until(ws, "input_audio_buffer.cleared")
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c9"}))
+        error = until(ws, "error")[-1]["error"]
+        assert error["code"] == "input_audio_buffer_commit_empty" and error["event_id"] == "c9"
+        append(ws, voiced(0.5))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+    created = [e for e in events if e["type"] == "conversation.item.created"]
+    assert len(created) == 1
+    # only the half second after the clear was transcribed as the item
+    assert events[-1]["usage"]["seconds"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_a_session_that_cannot_keep_up_gets_an_error_event(whisper_dir: Path) -> None:
+    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True, max_lag_sec=1.0))
+    with TestClient(create_app(state)) as c, c.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        ws.receive_json(timeout=30)
+        speech = state.speech
+        assert speech is not None and speech.live.max_lag_s == 1.0  # type: ignore[attr-defined]
+        (session,) = speech.sessions.values()
+        append(ws, voiced(3.0))  # three seconds at once: over the backlog cap, refused whole
+        error = until(ws, "error")[-1]["error"]
+        assert error["code"] == "session_backlog_full" and error["type"] == "rate_limit_error"
+        assert session.received_seconds == 0.0
+        append(ws, voiced(0.5))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        until(ws, "input_audio_buffer.committed")
+        assert session.received_seconds == pytest.approx(0.5, abs=0.03)
+
+
+def test_closing_the_socket_cancels_the_session(client: TestClient[Any], state: AppState) -> None:
+    speech = state.speech
+    assert speech is not None
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        (session,) = [s for s in speech.sessions.values() if not s.closed]
+        append(ws, voiced(2.0))
+
+    async def ended() -> None:
+        with anyio.fail_after(60):  # a safety net; the event is what the test waits for
+            await session.ended()
+
+    client.blocking_portal.call(ended)
+    assert session.scope.cancel_called and session.id not in speech.sessions
+
+
+def test_binary_frames_bad_text_and_a_late_transcript(client: TestClient[Any]) -> None:
+    f32 = voiced(1.0, 16000).astype("<f4").tobytes()
+    with client.websocket_connect("/v1/audio/live?interval=0") as ws:
+        created = ws.receive_json(timeout=30)
+        assert created["type"] == "session.created" and created["id"].startswith("sess_")
+        ws.send_bytes(f32)
+        for bad in ("hello", "[1]", '{"type": "bogus"}'):
+            ws.send_text(bad)
+            error = until(ws, "error")[-1]
+            assert error["code"] and error["message"] and error["error"]["code"] == error["code"]
+        ws.send_bytes(b"\x00" * 7)  # not whole f32 samples
+        assert until(ws, "error")[-1]["code"] == "invalid_pcm_length"
+        ws.send_text('{"type": "finish"}')
+        ws.send_text('{"type": "finish"}')  # read after finish: answered, not ignored
+        events = until(ws, "transcript.done")
+    assert any(e["type"] == "error" for e in events)
+    assert events[-1]["received_seconds"] == pytest.approx(1.0)  # the audio before the bad frames was kept
+
+
+def test_a_full_house_is_refused_never_evicted(client: TestClient[Any], state: AppState) -> None:
+    speech = state.speech
+    assert speech is not None
+    with contextlib.ExitStack() as stack:
+        for _ in range(3):
+            stack.enter_context(client.websocket_connect("/v1/realtime?intent=transcription")).receive_json(timeout=30)
+        with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+            event = ws.receive_json(timeout=30)
+        assert event["type"] == "error" and event["error"]["code"] == "session_unavailable"
+        r = client.post("/v1/audio/sessions", json={})
+        assert r.status_code == 429 and r.headers["retry-after"] == "5"
+        assert len(speech.sessions) == 3  # nobody was evicted
+
+
+def test_a_live_config_reaches_the_sessions(state: AppState) -> None:
+    speech = state.speech
+    assert speech is not None and isinstance(speech.live, LiveConfig)  # type: ignore[attr-defined]
+
+
+def test_stats_show_the_caps_and_the_step_budget(client: TestClient[Any]) -> None:
+    speech = client.get("/stats").json()["speech"]
+    assert speech["max_sessions"] == 3 and speech["vad_default"] is True
+    assert {"max_session_s", "max_session_lag_s", "max_buffered_audio_s", "buffered_audio_s"} <= set(speech)
+    scheduler = speech["scheduler"]
+    assert scheduler["chat_share"] == 0.3 and scheduler["encoder_positions_per_step"] == 375
