@@ -22,8 +22,8 @@ timeout 100 python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios c64,po
 step "peer"
 timeout 120 python3 -m bench.serve --only peer "${COMMON[@]}" --scenarios c1,c64,poisson8 \
   --server-budget 100 --out "$OUT/peer.json" 2>&1 | grep -E "peer (c|p|:)" | grep -v starting
-if [ -f bench/gpu/live_h200.sh ]; then
+if [ -f bench/gpu/live_h200.sh ] && [ -z "${SKIP_LIVE:-}" ]; then  # SKIP_LIVE=1: speech in its own call
   step "speech (bench/gpu/live_h200.sh)"
-  OUT="$OUT" timeout 150 bash bench/gpu/live_h200.sh 2>&1 | tail -25
+  OUT="$OUT" BUDGET_S=140 timeout 150 bash bench/gpu/live_h200.sh 2>&1 | tail -25
 fi
 step "done"
