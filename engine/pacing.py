@@ -1,19 +1,27 @@
 """PrefillPacer — how many prompt tokens a mixed iteration may carry beside the decoding rows.
 
 Every decoding row waits for the whole iteration, so a large prompt chunk shows up as a long gap in every
-running stream. The pacer measures, on this machine and model, what a decode-only iteration costs and
-what each prompt token adds on top, and gives prompt chunks what keeps a mixed iteration within
-`STALL` decode iterations (never less than the group's minimum, never more than its budget). With no row
-decoding there is no gap to protect: prompts get the whole budget. Before anything is measured the
-budget is used as configured.
+running stream. The pacer measures, on this machine and model, what a decode-only iteration costs and what
+a mixed iteration adds on top — a fixed part (on a GPU the decode pipeline stops for it: the host's graph
+building is no longer hidden) plus a part per prompt token — and gives prompt chunks what keeps a mixed
+iteration within `STALL` decode iterations (never less than the group's minimum, never more than its
+budget). When the fixed part alone passes that bound, small chunks would pay it again and again for little
+progress, so prompts get the whole budget. With no row decoding there is no gap to protect: prompts get the
+whole budget. Before anything is measured the budget is used as configured.
 """
 
 from __future__ import annotations
+
+from collections import deque
+from statistics import median
 
 __all__ = ["PrefillPacer", "STALL"]
 
 STALL = 2.0  # a mixed iteration may last this many decode-only iterations
 _WEIGHT = 0.2  # exponential moving average: recent iterations count most
+_SAMPLES = 32  # mixed iterations the fit looks at
+_MIN_SAMPLES = 6
+_SPREAD = 1.5  # the fit needs prompt-token counts at least this far apart to tell fixed from per-token cost
 
 
 class PrefillPacer:
@@ -23,7 +31,10 @@ class PrefillPacer:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.decode_seconds: float | None = None  # one decode-only iteration
-        self.token_seconds: float | None = None  # what one prompt token adds to an iteration
+        self.token_seconds: float | None = None  # what one prompt token adds to a mixed iteration
+        self.fixed_seconds: float | None = None  # what a mixed iteration adds whatever its prompt tokens
+        self._mixed: deque[tuple[int, float]] = deque(maxlen=_SAMPLES)  # (prompt tokens, seconds over decode)
+        self._probe = False  # offer twice the paced tokens next, to learn the fixed cost
 
     def record(self, seconds: float, prompt_tokens: int, decode_rows: int) -> None:
         """Learn from one finished iteration. Raises nothing."""
@@ -32,16 +43,40 @@ class PrefillPacer:
         if prompt_tokens == 0 and decode_rows > 0:
             self.decode_seconds = _ema(self.decode_seconds, seconds)
         elif prompt_tokens > 0 and decode_rows > 0 and self.decode_seconds is not None:
-            # Only mixed iterations: what the prompt tokens add on top of a decode iteration. A prompt-only
-            # iteration's fixed cost (reading the weights once) would pass for per-token cost.
-            self.token_seconds = _ema(self.token_seconds, max(seconds - self.decode_seconds, 0.0) / prompt_tokens)
+            # Only mixed iterations: a prompt-only iteration's fixed cost (reading the weights once) is not
+            # what prompt tokens add beside decoding rows.
+            self._mixed.append((prompt_tokens, max(seconds - self.decode_seconds, 0.0)))
+            self._fit()
+
+    def _fit(self) -> None:
+        samples = list(self._mixed)
+        counts = [n for n, _ in samples]
+        if len(samples) < _MIN_SAMPLES or max(counts) < _SPREAD * min(counts):
+            if self.fixed_seconds is None:  # never told apart: charge everything per token (the safe side)
+                self.token_seconds = median(extra / n for n, extra in samples)
+            return  # else the last fit stands until the counts spread again
+        # Theil–Sen (median of pairwise slopes): one compile or page-in spike does not move the estimate.
+        slopes = [(e2 - e1) / (n2 - n1) for i, (n1, e1) in enumerate(samples) for n2, e2 in samples[i + 1:]
+                  if n2 != n1]
+        slope = max(median(slopes), 0.0)
+        self.token_seconds = slope
+        self.fixed_seconds = max(median(extra - slope * n for n, extra in samples), 0.0)
 
     def prompt_tokens(self, decode_rows: int) -> int:
         """Prompt tokens the next iteration may carry beside `decode_rows` decoding rows. Raises nothing."""
         room = max(self.max_tokens - decode_rows, self.min_tokens)
-        if decode_rows == 0 or self.decode_seconds is None or not self.token_seconds:
+        if decode_rows == 0 or self.decode_seconds is None or self.token_seconds is None:
             return room
-        paced = int((STALL - 1.0) * self.decode_seconds / self.token_seconds)
+        allowance = (STALL - 1.0) * self.decode_seconds
+        if self.fixed_seconds is None:
+            # Fixed and per-token cost not told apart yet: pace as if all were per token, and every other
+            # time offer twice that, so the counts spread and the fit can separate the two.
+            paced = max(self.min_tokens, int(allowance / self.token_seconds) if self.token_seconds > 0 else room)
+            self._probe = not self._probe
+            return min(room, 2 * paced if self._probe else paced)
+        if self.fixed_seconds >= allowance or self.token_seconds <= 0:
+            return room  # any mixed iteration passes the bound: make each one count
+        paced = int((allowance - self.fixed_seconds) / self.token_seconds)
         return max(self.min_tokens, min(room, paced))
 
 

@@ -206,6 +206,9 @@ class Engine:
                 generation_tokens_per_second=_rate(c["generation_tokens"], c["decode_seconds"]),
             )
             out["memory"] = self.memory_stats()
+            pacer = group.pacer  # what prefill pacing has learned (engine/pacing.py)
+            out["pacing"] = {"decode_ms": _ms(pacer.decode_seconds), "fixed_ms": _ms(pacer.fixed_seconds),
+                             "token_us": _ms(pacer.token_seconds, 1e6)}
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}
@@ -270,6 +273,10 @@ def _blas() -> Any:
         return blas_info()
     except Exception:  # the plan only reports it
         return None
+
+
+def _ms(seconds: float | None, scale: float = 1e3) -> float | None:
+    return None if seconds is None else round(seconds * scale, 3)
 
 
 def _rate(tokens: float, seconds: float) -> float:

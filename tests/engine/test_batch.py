@@ -423,7 +423,8 @@ async def test_prompt_chunks_beside_decoding_rows_are_paced(tiny_loaded) -> None
     group = make_group(tiny_loaded, max_iteration_tokens=256, minimum_preparation_tokens=8)
     first = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=40))
     await iterate(group)  # its prompt: it decodes from now on
-    group.pacer.decode_seconds, group.pacer.token_seconds = 0.004, 0.0002  # measured: 20 prompt tokens fit
+    pacer = group.pacer  # measured: 20 prompt tokens fit
+    pacer.decode_seconds, pacer.token_seconds, pacer.fixed_seconds = 0.004, 0.0002, 0.0
     second = group.submit(GenerationRequest(prompt_of(120, 2), GREEDY, max_tokens=4))
     await iterate(group)
     assert group.runner.iterations[-1] == [(1, True), (20, False)]  # one decode token, a 20-token chunk

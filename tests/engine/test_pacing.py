@@ -14,24 +14,56 @@ def test_unmeasured_or_idle_uses_the_whole_budget() -> None:
     assert pacer.prompt_tokens(decode_rows=0) == 512
 
 
+def _simulate(pacer: PrefillPacer, decode: float, fixed: float, per_token: float, iterations: int,
+              spike_at: int | None = None) -> list[int]:
+    """Closed loop: 8 decoding rows; each mixed iteration costs decode + fixed + per_token x its prompt tokens
+    (a compile spike of 0.3 s at `spike_at`). Returns the allowances handed out."""
+    pacer.record(decode, prompt_tokens=0, decode_rows=8)
+    allowances = []
+    for i in range(iterations):
+        n = pacer.prompt_tokens(decode_rows=8)
+        allowances.append(n)
+        pacer.record(decode + fixed + per_token * n + (0.3 if i == spike_at else 0.0), n, 8)
+        pacer.record(decode, prompt_tokens=0, decode_rows=8)
+    return allowances
+
+
 def test_prompt_tokens_keep_a_mixed_iteration_within_the_stall() -> None:
-    pacer = PrefillPacer(max_tokens=512, min_tokens=32)
-    pacer.record(0.004, prompt_tokens=0, decode_rows=8)  # decode-only: 4 ms
-    pacer.record(0.004 + 256 * 0.0001, prompt_tokens=256, decode_rows=8)  # each prompt token adds 0.1 ms
-    allowed = pacer.prompt_tokens(decode_rows=8)
+    pacer = PrefillPacer(max_tokens=2048, min_tokens=32)
+    allowed = _simulate(pacer, decode=0.004, fixed=0.0, per_token=0.0001, iterations=12)[-1]
     assert allowed == int((STALL - 1) * 0.004 / 0.0001)
     assert 0.004 + allowed * 0.0001 <= STALL * 0.004 + 1e-9
 
 
+def test_a_fixed_cost_per_mixed_iteration_is_not_charged_per_token() -> None:
+    # An H200 serving a 1B model: a mixed iteration stops the decode pipeline (~5 ms) whatever its size, and
+    # each prompt token adds ~9 us. Charged per token, the 5 ms shrank the allowance to the minimum: prompts
+    # arrived faster than 32-token chunks could take them in, and TTFT grew to seconds.
+    pacer = PrefillPacer(max_tokens=4096, min_tokens=32)
+    allowed = _simulate(pacer, decode=0.008, fixed=0.005, per_token=0.000009, iterations=16)[-1]
+    assert pacer.fixed_seconds is not None and abs(pacer.fixed_seconds - 0.005) < 1e-4
+    assert allowed == int(((STALL - 1) * 0.008 - 0.005) / 0.000009)
+    assert 0.008 + 0.005 + allowed * 0.000009 <= STALL * 0.008 + 1e-9
+
+
+def test_a_fixed_cost_beyond_the_stall_gets_the_whole_budget() -> None:
+    pacer = PrefillPacer(max_tokens=512, min_tokens=32)
+    allowed = _simulate(pacer, decode=0.004, fixed=0.006, per_token=0.00001, iterations=16)[-1]
+    assert allowed == 512 - 8
+
+
+def test_one_spike_does_not_move_the_allowance() -> None:
+    calm = _simulate(PrefillPacer(max_tokens=4096, min_tokens=32), 0.008, 0.005, 0.000009, iterations=24)[-1]
+    spiked = _simulate(PrefillPacer(max_tokens=4096, min_tokens=32), 0.008, 0.005, 0.000009, iterations=24,
+                       spike_at=14)[-1]
+    assert abs(spiked - calm) <= 0.05 * calm
+
+
 def test_the_allowance_stays_between_the_minimum_and_the_budget() -> None:
-    slow = PrefillPacer(max_tokens=512, min_tokens=32)
-    slow.record(0.001, prompt_tokens=0, decode_rows=4)
-    slow.record(1.0, prompt_tokens=100, decode_rows=4)  # a CPU: prompt tokens are expensive
-    assert slow.prompt_tokens(decode_rows=4) == 32
+    slow = PrefillPacer(max_tokens=512, min_tokens=32)  # a CPU: prompt tokens are expensive
+    assert set(_simulate(slow, decode=0.001, fixed=0.0, per_token=0.01, iterations=12)[1:]) <= {32, 64}  # first: unmeasured
     fast = PrefillPacer(max_tokens=512, min_tokens=32)
-    fast.record(0.010, prompt_tokens=0, decode_rows=4)
-    fast.record(0.0101, prompt_tokens=100, decode_rows=4)
-    assert fast.prompt_tokens(decode_rows=4) == 508
+    assert _simulate(fast, decode=0.010, fixed=0.0, per_token=0.000001, iterations=12)[-1] == 504
 
 
 def test_prompt_only_iterations_do_not_count_their_fixed_cost_per_token() -> None:
