@@ -134,6 +134,7 @@ class WhisperScheduler:
         self.counters = _Counters()
         self._limit: float | None = None  # the next step's time limit, set on the event loop
         self._paced = False
+        self._min_step_seconds: float | None = None  # resolved on the engine thread at the first step
         self._rotation = 0
         self._windows: list[_Window] = []
         self._seq = itertools.count()
@@ -246,6 +247,8 @@ class WhisperScheduler:
             if units is not None:
                 group = group[:units]
                 units -= len(group)
+                if units <= 0 and time.perf_counter() - t0 < self._min_step():
+                    units = max(1, self.budget.encoder_positions // pending[0].encoder.chunk)  # another round
             else:
                 left = None if limit is None else limit - (time.perf_counter() - t0)
                 plan = size_unit(self.costs[kind], group, kind in CHUNKED, head.encoder.left(n_ctx), left, ran)
@@ -277,14 +280,18 @@ class WhisperScheduler:
         if limit is None:
             picked = windows[: self.budget.max_rows]
             self.counters.max_rows = max(self.counters.max_rows, len(picked))
-            for group in self._by_model(picked):
-                try:
-                    advance_rows(group[0].loaded.model, [w.row for w in group if w.row is not None],
-                                 self.budget.decode_tokens)
-                except Exception as exc:  # the rows of this forward fail; the others go on
-                    for w in group:
-                        w.error = exc
-            self._finish_rows(picked)
+            while picked:
+                for group in self._by_model(picked):
+                    try:
+                        advance_rows(group[0].loaded.model, [w.row for w in group if w.row is not None],
+                                     self.budget.decode_tokens)
+                    except Exception as exc:  # the rows of this forward fail; the others go on
+                        for w in group:
+                            w.error = exc
+                self._finish_rows(picked)
+                if time.perf_counter() - t0 >= self._min_step():
+                    break
+                picked = [w for w in picked if w.row is not None and not w.row.done and w.error is None]
             return 0
         fed = 0
         ran = False
@@ -313,6 +320,11 @@ class WhisperScheduler:
             ran = True
             self._finish_rows(group)
         return fed
+
+    def _min_step(self) -> float:
+        if self._min_step_seconds is None:
+            self._min_step_seconds = self.budget.resolved_min_step()
+        return self._min_step_seconds
 
     @staticmethod
     def _by_model(windows: list[_Window]) -> list[list[_Window]]:
@@ -373,6 +385,7 @@ class WhisperScheduler:
                 "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks, "max_rows_per_step": c.max_rows,
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
+                "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
                 "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats()}
 
 

@@ -90,6 +90,33 @@ async def test_the_encoder_budget_sets_units_per_step(tiny_whisper: LoadedWhispe
     assert big.counters.encoder_steps == 3
 
 
+async def test_a_minimum_step_time_runs_more_units_and_rows_per_step(tiny_whisper: LoadedWhisper) -> None:
+    # On a GPU one unit is far shorter than a trip through the loop: a step goes on until its minimum time.
+    requests = [request(3, 1), request(4, 2)]
+    async with running_tasks() as tasks:
+        plain = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0))
+        alone = await decode_all(plain, tiny_whisper, requests)
+        long = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=1.0))
+        together = await decode_all(long, tiny_whisper, requests)
+    for a, b in zip(alone, together):
+        assert a.decoded.tokens == b.decoded.tokens and a.decoded.text == b.decoded.text
+    assert plain.counters.encoder_steps >= 22 and long.counters.encoder_steps <= 2
+    assert long.counters.decoder_steps < plain.counters.decoder_steps
+    assert long.stats()["min_step_ms"] == 1000.0 and plain.stats()["min_step_ms"] == 0.0
+
+
+def test_the_minimum_step_time_defaults_by_device() -> None:
+    import mlx.core as mx
+
+    from audio.pacing import GPU_MIN_STEP_SECONDS
+
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    assert StepBudget().resolved_min_step() == (GPU_MIN_STEP_SECONDS if on_gpu else 0.0)
+    assert StepBudget(min_step_seconds=0.002).resolved_min_step() == 0.002
+    with pytest.raises(ValueError):
+        StepBudget(min_step_seconds=-1)
+
+
 async def test_a_cancelled_window_leaves_before_the_next_step(tiny_whisper: LoadedWhisper) -> None:
     tasks, thread = ExecutionTasks(), EngineThread("test-scheduler")
     scheduler = WhisperScheduler(tasks)
