@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# (.gpu/c needs the prometheus-client and websockets wheels too: prepare.sh --server prometheus-client websockets)
 # Everything the closing notes need from the H200, in ONE device call after install-c.sh (each step under
 # `timeout`, results in $OUT): the chat shape with Llama 3.2's rope_scaling; ours (default), ours with
 # --isolate and mlx_lm.server on the same scenarios; then bench/gpu/live_h200.sh when present (speech).
