@@ -3,9 +3,10 @@
 In an iteration where every row decodes from a slot and samples without processors, step N+1 is built
 from step N's still-lazy sampled tokens and launched (`mx.async_eval`) before the host reads step N's
 tokens; detokenization and stop matching then overlap the device's work. The launched step is carried
-between iterations (all on the one engine thread). It is only reused while the row set is unchanged:
-any other iteration first `drain`s it — reads its tokens for rows still running and drops those of rows
-that finished or were cancelled. A speculative step writes one KV position past what its row has fed;
+between iterations (all on the one engine thread). It is only reused while the row set is unchanged. A
+mixed iteration `take`s it unread and feeds its tokens lazily into its own forward (engine/step.py); any
+other iteration first `drain`s it — reads its tokens for rows still running and drops those of rows that
+finished or were cancelled. A speculative step writes one KV position past what its row has fed;
 exports cut the slot to the row's fed tokens, and draining a running row's token makes them equal again.
 """
 
@@ -56,6 +57,11 @@ class DecodePipeline:
         """Every row decodes from a slot and samples without history-dependent processing. Raises nothing."""
         return self.enabled and bool(rows) and all(
             r.decoding and r.slot is not None and r.sampler.plain for r in rows)
+
+    def take(self) -> InFlight | None:
+        """Hand the in-flight step over unread (a mixed iteration goes on from it). Raises nothing."""
+        flight, self.inflight = self.inflight, None
+        return flight
 
     def drain(self) -> list[tuple[Row, int]]:
         """Read the in-flight step; returns (row, token) for rows still running (others' tokens are dropped).

@@ -39,7 +39,9 @@ class Segment:
     cache: list[Any] | None
     logits: bool
     slot: int | None = None  # a decode row whose KV lives in the runner's SlotKV (then `cache` is unused)
-    fed: mx.array | None = None  # decode-only step: every segment's token as one lazy (rows,) array, slot order
+    # Lazy input tokens. Decode-only step: every segment shares one (rows,) array, slot order. A mixed step
+    # chained onto an in-flight decode step: a slot segment's own (1,) array (its token not read yet).
+    fed: mx.array | None = None
 
     def layer(self, li: int) -> Any:
         """Layer `li` of this segment's per-row cache. Raises ValueError for a slot segment (no cache)."""
@@ -140,8 +142,11 @@ class PackedRunner:
         # Slot (decode) rows first: their tokens form one block attended in one call per layer.
         order = slotted + [seg for seg in segments if seg.slot is None]
         fed = segments[0].fed
-        if fed is not None and (slotted != list(segments) or any(seg.fed is not fed for seg in segments)):
+        shared = fed is not None and (fed.size > 1 or len(segments) == 1)
+        if shared and (slotted != list(segments) or any(seg.fed is not fed for seg in segments)):
             raise ValueError("lazy tokens need slot segments only, in slot order, sharing one array")
+        if not shared and any(seg.fed is not None and (seg.slot is None or len(seg.tokens) != 1) for seg in segments):
+            raise ValueError("a segment's own lazy token needs a one-token slot segment")
         batch = slots.plan([seg.slot_index for seg in slotted]) if slotted and slots is not None else None
         flat: list[int] = []
         bounds: list[tuple[int, int]] = []
@@ -157,7 +162,7 @@ class PackedRunner:
         picks = [last[id(seg)] for seg in segments if seg.logits]
         T = len(flat)
         pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
-        h = self.inner.embed_tokens((mx.array(flat) if fed is None else fed)[None])
+        h = self.inner.embed_tokens((fed if shared and fed is not None else _token_ids(order, flat, bounds))[None])
         rest = order[len(slotted):]
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
@@ -253,6 +258,23 @@ class PackedRunner:
         k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal" if T > 1 else None)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
+
+
+def _token_ids(order: Sequence[Segment], flat: list[int], bounds: list[tuple[int, int]]) -> mx.array:
+    """The packed token ids: `flat` as given, with each segment's own lazy token in its place."""
+    if all(seg.fed is None for seg in order):
+        return mx.array(flat)
+    parts: list[mx.array] = []
+    run_start = 0  # start of the current run of given (not lazy) tokens
+    for seg, (s, e) in zip(order, bounds):
+        if seg.fed is not None:
+            if s > run_start:
+                parts.append(mx.array(flat[run_start:s]))
+            parts.append(seg.fed.reshape(1).astype(mx.int32))
+            run_start = e
+    if run_start < len(flat):
+        parts.append(mx.array(flat[run_start:]))
+    return mx.concatenate(parts)
 
 
 class SeparateRunner:

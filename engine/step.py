@@ -59,7 +59,10 @@ class BatchStep:
         the forward or its evaluation raises (the group fails the rows it touched)."""
         t0 = time.perf_counter()
         outputs: list[tuple[Row, Delta | None]] = []
-        if self.pipeline.inflight is not None and not (decode and self.pipeline.continues(rows)):
+        # A mixed iteration goes on from the in-flight decode step (its tokens fed lazily) instead of waiting
+        # for it: building this iteration's forward overlaps the device's work on that step.
+        chain = decode and prefill and self.pipeline.inflight is not None and not self.pipeline.continues(rows)
+        if self.pipeline.inflight is not None and not chain and not (decode and self.pipeline.continues(rows)):
             outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]  # rows changed: no speculation
             rows = [r for r in rows if not r.ended]
         self._size_slots(rows)
@@ -68,6 +71,8 @@ class BatchStep:
                 self._attach_cache(row)
             elif self.slots is not None and row.decoding and row.slot is None:
                 row.slot, row.cache = self.slots.adopt(row.cache or []), None
+        if chain:
+            return self._chained(t0, rows, budget)
         if decode and self.pipeline.eligible(rows):
             ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
             outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
@@ -91,6 +96,44 @@ class BatchStep:
                 self._boundary_puts(r, r.prefilled - len(chunk))
         outputs += [(r, self.accept(r, t)) for r, t in zip(sampled_rows, ids)]
         self.last_cost = (time.perf_counter() - t_forward, n_prompt, n_decode)
+        return self._finish(t0, outputs, n_prompt, n_decode)
+
+    def _chained(self, t0: float, rows: list[Row], budget: int) -> list[tuple[Row, Delta]]:
+        """A mixed iteration launched on top of the in-flight decode step: its rows' next tokens enter the
+        forward unread; that step is read (and its tokens accepted) while the device runs this one. Rows that
+        finish on the in-flight token drop the token computed after it. Raises what the forward raises."""
+        flight = self.pipeline.take()
+        assert flight is not None
+        lazy = {id(r): flight.tokens[i:i + 1] for i, r in enumerate(flight.rows)}
+        t_forward = time.perf_counter()
+        plan = plan_iteration(rows, budget, True, True)
+        segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)))
+                    for r, tokens, want in plan]
+        tokens = None
+        touched: list[Any] = []
+        if segments:
+            logits = self.runner.forward(segments)
+            sampled = [r for r, _, want in plan if want]
+            tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
+            touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
+            mx.async_eval(([tokens] if tokens is not None else []) + touched)
+        t_wait = time.perf_counter()
+        ids_before = self.pipeline.read(flight.tokens)
+        waited = time.perf_counter() - t_wait  # the in-flight step's own time: not this iteration's cost
+        outputs: list[tuple[Row, Delta | None]] = [
+            (r, self.accept(r, t)) for r, t in zip(flight.rows, ids_before) if not r.ended]
+        if not segments:
+            return self._finish(t0, outputs, 0, 0)
+        mx.eval(([tokens] if tokens is not None else []) + touched)
+        ids = cast(list[int], tokens.tolist()) if tokens is not None else []
+        n_prompt, n_decode = 0, sum(1 for r, _, _ in plan if not r.preparing)
+        for r, chunk, _ in plan:
+            if r.preparing:
+                r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
+                self._boundary_puts(r, r.prefilled - len(chunk))
+        sampled = [r for r, _, want in plan if want]
+        outputs += [(r, self.accept(r, t)) for r, t in zip(sampled, ids) if not r.ended]
+        self.last_cost = (time.perf_counter() - t_forward - waited, n_prompt, n_decode)
         return self._finish(t0, outputs, n_prompt, n_decode)
 
     def reset(self) -> None:

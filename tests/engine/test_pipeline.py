@@ -125,3 +125,46 @@ async def test_cancel_mid_pipeline_frees_the_row_and_stores_only_fed_kv(tiny_loa
         await iterate(group)
         got += tokens_of(drain(other))
     assert_matches_reference(tiny_loaded, prompts[1], got, 30)
+
+
+async def test_a_mixed_iteration_goes_on_from_the_in_flight_step(tiny_loaded) -> None:
+    # Rows decode with a step in flight; new prompts arrive. The mixed iteration's forward is built before the
+    # in-flight tokens are read, and every row still gives mlx-lm's tokens (one stops on an in-flight token).
+    group = make_group(tiny_loaded, max_iteration_tokens=24, minimum_preparation_tokens=8)
+    events = spy(group)
+    forward = group.runner.forward
+
+    def forward_spy(segments):
+        events.append(("forward-lazy" if any(s.fed is not None and s.fed.size == 1 for s in segments)
+                       and any(s.slot is None for s in segments) else "forward", 0))
+        return forward(segments)
+
+    group.step.runner.forward = forward_spy
+    prompts = [prompt_of(n, i) for i, n in enumerate((5, 9, 40, 33))]
+    limits = (6, 30, 12, 9)
+    requests = [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)]
+    deltas = await run_rows(group, requests, [0, 0, 4, 7])
+    for i, p in enumerate(prompts):
+        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
+    chained = [i for i, (kind, _) in enumerate(events) if kind == "forward-lazy"]
+    assert chained, "no mixed iteration went on from an in-flight step"
+    for i in chained:  # the in-flight tokens are read after the forward that consumes them lazily
+        assert events[i + 1][0] == "read"
+
+
+async def test_chained_mixed_iterations_hand_the_same_kv_to_the_prefix_cache(tiny_loaded) -> None:
+    async def run(pipelined: bool) -> tuple[dict[int, list[Any]], FakePrefixCache]:
+        cache = FakePrefixCache()
+        group = make_group(tiny_loaded, prefix_cache=cache, max_iteration_tokens=16, minimum_preparation_tokens=8)
+        group.pipeline.enabled = pipelined
+        requests = [GenerationRequest(prompt_of(n, i), GREEDY, max_tokens=m, namespace="m", session_id=str(i))
+                    for i, (n, m) in enumerate(((6, 5), (7, 20), (30, 6), (25, 4)))]
+        return await run_rows(group, requests, [0, 0, 3, 5]), cache
+
+    plain, plain_cache = await run(False)
+    piped, piped_cache = await run(True)
+    for a, b in zip(plain.values(), piped.values()):
+        assert [(d.text, d.token_ids, d.finish_reason) for d in a] == [(d.text, d.token_ids, d.finish_reason)
+                                                                      for d in b]
+    # FakePrefixCache.put checks every layer's offset equals the tokens stored.
+    assert sorted(t for t, _ in piped_cache.entries) == sorted(t for t, _ in plain_cache.entries)
