@@ -81,22 +81,10 @@ class BatchStep:
         if not (plan := plan_iteration(rows, budget, decode, prefill)):
             return self._finish(t0, outputs, 0, 0)
         t_forward = time.perf_counter()
-        segments = [Segment(tokens, r.cache, want, r.slot) for r, tokens, want in plan]
-        logits = self.runner.forward(segments)
-        sampled_rows = [r for r, _, want in plan if want]
-        tokens = sample_rows(logits, [r.sampler for r in sampled_rows]) if sampled_rows and logits is not None else None
-        # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
-        touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
-        mx.eval(([tokens] if tokens is not None else []) + touched)
-        ids = cast(list[int], tokens.tolist()) if tokens is not None else []
-        n_prompt, n_decode = 0, sum(1 for r, _, _ in plan if not r.preparing)
-        for r, chunk, _ in plan:
-            if r.preparing:
-                r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
-                self._boundary_puts(r, r.prefilled - len(chunk))
-        outputs += [(r, self.accept(r, t)) for r, t in zip(sampled_rows, ids)]
+        launched = self._launch(plan, {})
+        landed, n_prompt, n_decode = self._land(plan, *launched)
         self.last_cost = (time.perf_counter() - t_forward, n_prompt, n_decode)
-        return self._finish(t0, outputs, n_prompt, n_decode)
+        return self._finish(t0, outputs + landed, n_prompt, n_decode)
 
     def _chained(self, t0: float, rows: list[Row], budget: int) -> list[tuple[Row, Delta]]:
         """A mixed iteration launched on top of the in-flight decode step: its rows' next tokens enter the
@@ -107,23 +95,35 @@ class BatchStep:
         lazy = {id(r): flight.tokens[i:i + 1] for i, r in enumerate(flight.rows)}
         t_forward = time.perf_counter()
         plan = plan_iteration(rows, budget, True, True)
-        segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)))
-                    for r, tokens, want in plan]
-        tokens = None
-        touched: list[Any] = []
-        if segments:
-            logits = self.runner.forward(segments)
-            sampled = [r for r, _, want in plan if want]
-            tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
-            touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
-            mx.async_eval(([tokens] if tokens is not None else []) + touched)
+        launched = self._launch(plan, lazy) if plan else None
         t_wait = time.perf_counter()
         ids_before = self.pipeline.read(flight.tokens)
         waited = time.perf_counter() - t_wait  # the in-flight step's own time: not this iteration's cost
         outputs: list[tuple[Row, Delta | None]] = [
             (r, self.accept(r, t)) for r, t in zip(flight.rows, ids_before) if not r.ended]
-        if not segments:
+        if launched is None:
             return self._finish(t0, outputs, 0, 0)
+        landed, n_prompt, n_decode = self._land(plan, *launched)
+        self.last_cost = (time.perf_counter() - t_forward - waited, n_prompt, n_decode)
+        return self._finish(t0, outputs + landed, n_prompt, n_decode)
+
+    def _launch(self, plan: list[tuple[Row, list[int], bool]], lazy: dict[int, Any]) -> tuple[Any, list[Any]]:
+        """Build the planned forward and start it: (sampled tokens or None, caches written without logits).
+        `lazy`: unread tokens by id(row), fed in place of those rows' last token. Raises what the forward raises."""
+        segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)))
+                    for r, tokens, want in plan]
+        logits = self.runner.forward(segments)
+        sampled = [r for r, _, want in plan if want]
+        tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
+        # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
+        touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
+        mx.async_eval(([tokens] if tokens is not None else []) + touched)
+        return tokens, touched
+
+    def _land(self, plan: list[tuple[Row, list[int], bool]], tokens: Any,
+              touched: list[Any]) -> tuple[list[tuple[Row, Delta | None]], int, int]:
+        """Wait for a launched forward; advance prompts and accept sampled tokens (rows that ended meanwhile
+        drop theirs). Returns (outputs, prompt tokens, decode rows). Raises what the evaluation raises."""
         mx.eval(([tokens] if tokens is not None else []) + touched)
         ids = cast(list[int], tokens.tolist()) if tokens is not None else []
         n_prompt, n_decode = 0, sum(1 for r, _, _ in plan if not r.preparing)
@@ -132,9 +132,7 @@ class BatchStep:
                 r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
                 self._boundary_puts(r, r.prefilled - len(chunk))
         sampled = [r for r, _, want in plan if want]
-        outputs += [(r, self.accept(r, t)) for r, t in zip(sampled, ids) if not r.ended]
-        self.last_cost = (time.perf_counter() - t_forward - waited, n_prompt, n_decode)
-        return self._finish(t0, outputs, n_prompt, n_decode)
+        return [(r, self.accept(r, t)) for r, t in zip(sampled, ids) if not r.ended], n_prompt, n_decode
 
     def reset(self) -> None:
         """Forget the in-flight step and every slot (the group closed). Raises nothing."""
