@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from audio.errors import AudioError, SessionNotFound
 from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
+from engine.errors import EngineRestarting
 from service.http.errors import APIError, api_error
 from service.seams import SpeechBackend
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
@@ -91,11 +93,12 @@ class LiveSocket:
         except* _ClientGone:  # raised by whichever task wrote last; the task group wraps it
             pass
         finally:
-            try:  # a method call, so it also reaches a session served by reference (--isolate)
+            # Method calls, so they also reach a session served by reference (--isolate), which is gone with
+            # its engine process when that died.
+            with contextlib.suppress(SessionNotFound, EngineRestarting):
                 self.speech.delete_session(self.session.id)
-            except SessionNotFound:
-                pass
-            self.session.cancel()
+            with contextlib.suppress(EngineRestarting):
+                self.session.cancel()
 
     def _options(self, config: RealtimeConfig) -> TranscribeOptions:
         return self.speech.options(**config.decoding(), temperatures=TranscribeOptions.ladder(0.0))
@@ -227,12 +230,17 @@ class LiveSocket:
     async def _write_events(self, scope: anyio.CancelScope) -> None:
         session = self.session
         assert session is not None
-        async for ev in session.events():
-            if self.mode == "realtime":
-                for out in server_events(ev, self.items, self.config.tentative):
-                    await self._send(out)
-            elif ev.type in ("committed", "tentative"):
-                self._partial_due.set()
+        try:
+            async for ev in session.events():
+                if self.mode == "realtime":
+                    for out in server_events(ev, self.items, self.config.tentative):
+                        await self._send(out)
+                elif ev.type in ("committed", "tentative"):
+                    self._partial_due.set()
+        except EngineRestarting as exc:  # --isolate: the engine process, and the session in it, died
+            await self._send_error(api_error(exc))
+            await self._close(1013)  # try again later: a new session works once the engine is back
+            return
         if session.error is not None and self.mode == "realtime":
             await self._send_error(api_error(session.error) if _typed(session.error) else
                                    APIError(500, f"transcription failed: {session.error}", type="server_error"))
