@@ -268,6 +268,10 @@ async def _healthy_again(client: httpx.AsyncClient, url: str, until: float) -> f
     return None
 
 
+def _round(x: float | None) -> float | None:
+    return round(x, 1) if x is not None and x == x else None  # NaN (no data) too
+
+
 def _latency(results: list[RequestResult]) -> dict[str, Any]:
     e2e = [r.t_end - r.t_start for r in results]
     ttft = [r.ttft for r in results if r.ttft is not None]
@@ -326,7 +330,8 @@ def summarize_mixed(run: MixedRun) -> dict[str, Any]:
                 at_fault[window][f"{kind} {reason}"] += 1
             elif reason != "http_429":
                 unexpected += 1
-    admitted = [(k, r) for k, r in run.records if k != "speech" and r.error is None and not r.disconnected]
+    admitted = [(k, r) for k, r in run.records if k in ("chat", "burst") and r.error is None and not r.disconnected]
+    live = [r.t_end - r.t_start for k, r in run.records if k == "live" and r.error is None and not r.disconnected]
     before = [r for _, r in admitted if r.t_start < run.burst_start]
     during = [r for _, r in admitted if run.burst_start <= r.t_start <= max(run.burst_end, run.burst_start)]
     return {
@@ -343,6 +348,11 @@ def summarize_mixed(run: MixedRun) -> dict[str, Any]:
                  "in_flight_errors": dict(at_fault["kill"]), "restart_errors": dict(at_fault["restart"])},
         "admitted_chat_before_burst": _latency(before),
         "admitted_chat_during_burst": _latency(during),
+        "live_session_s": {"n": len(live), "p50": _round(percentile(live, 50)), "max": _round(max(live, default=None))},
+        # Every request: kind, start and end (s into the soak), outcome (ok, disconnected or the error's kind).
+        "records": [[k, round(r.t_start - run.t0, 2), round(r.t_end - run.t0, 2),
+                     r.error.split(":")[0] if r.error else "disconnected" if r.disconnected else "ok"]
+                    for k, r in run.records],
         # Streams already running: does the burst slow their tokens down?
         "itl_ms": _itl_by_window([r for _, r in admitted], run.burst_start, max(run.burst_end, run.burst_start)),
     }

@@ -126,6 +126,9 @@ def mixed_lines(description: str, summary: dict[str, Any]) -> list[str]:
                   f"again after {_f(kill.get('healthy_after_s'), 1)} s. Errors of requests in flight at the kill: "
                   f"{_counts(kill.get('in_flight_errors'))}; of requests sent while it restarted: "
                   f"{_counts(kill.get('restart_errors'))}."]
+    if (live := m.get("live_session_s")) and live.get("n"):
+        lines += ["", f"Live sessions served: {live['n']}, each start to last transcript p50 {_f(live.get('p50'), 1)} s, "
+                  f"max {_f(live.get('max'), 1)} s."]
     lines += ["", f"Errors by kind: {errors} (unexpected, i.e. not 429 nor at the engine kill: {m['unexpected_errors']}). RSS MB at the "
               f"start {_f(r.get('start_mb'))}, after {_f(r.get('ref_s'))} s {_f(r.get('ref_mb'))}, at the end "
               f"{_f(r.get('end_mb'))}, after {_f(r.get('settle_s'))} s idle {_f(r.get('settled_mb'))}, peak "

@@ -40,7 +40,7 @@ from service.speech.realtime_events import Items, error_event, event_id, server_
 from service.speech.served import served_speech
 from service.state import AppState
 
-__all__ = ["LiveSocket", "Mode", "MAX_EVENT_AUDIO_BYTES", "REALTIME_CLIENT_EVENTS"]
+__all__ = ["LiveSocket", "Mode", "MAX_EVENT_AUDIO_BYTES", "REALTIME_CLIENT_EVENTS", "close_code"]
 
 Mode = Literal["undecided", "frames", "realtime"]
 MAX_EVENT_AUDIO_BYTES = 15 * 1024 * 1024  # OpenAI's limit for one input_audio_buffer.append
@@ -79,7 +79,7 @@ class LiveSocket:
         except Exception as exc:
             err = api_error(exc)
             await self._send_error(err)
-            await self._close(1013 if err.status == 429 else 1008 if err.status < 500 else 1011)
+            await self._close(close_code(err))
             return
         try:
             await self._send(self._created_event())
@@ -238,8 +238,9 @@ class LiveSocket:
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()
         except EngineRestarting as exc:  # --isolate: the engine process, and the session in it, died
-            await self._send_error(api_error(exc))
-            await self._close(1013)  # try again later: a new session works once the engine is back
+            err = api_error(exc)
+            await self._send_error(err)
+            await self._close(close_code(err))  # 1013: a new session works once the engine is back
             return
         if session.error is not None and self.mode == "realtime":
             await self._send_error(api_error(session.error) if _typed(session.error) else
@@ -288,6 +289,12 @@ class LiveSocket:
             await self.socket.close(code=code)
         except Exception:  # the client left first
             pass
+
+
+def close_code(err: APIError) -> int:
+    """The close code for a session refused or ended by `err`: 1013 (try again later) for a full house (429)
+    or an engine process restarting (503), 1008 for the client's fault, else 1011. Raises nothing."""
+    return 1013 if err.status in (429, 503) else 1008 if err.status < 500 else 1011
 
 
 def _base64_audio(audio: Any) -> bytes:
