@@ -116,9 +116,10 @@ class Bench:
         burst = self.a.burst if self.a.burst is not None else 3 * int(limits.get("max_queued") or 0)
         if not burst:
             return {"skipped": "no --max-queued reported (a server without admission control)"}
-        run = _run_async(drive_mixed, server.base_url, s, burst, deadline, self.a, lambda r: self.body(r, s.name))
+        run = _run_async(drive_mixed, server.base_url, s, burst, deadline, self.a, lambda r: self.body(r, s.name),
+                         server.proc.pid if server.proc is not None else None)
         t_end = time.perf_counter()
-        chat = [r for kind, r in run.records if kind != "speech"]
+        chat = [r for kind, r in run.records if kind in ("chat", "burst")]
         for r in chat:
             r.count_tokens(self.maker.tokens_of)
         summary = summarize(chat, max((r.t_end for r in chat), default=run.t0) - run.t0)
@@ -331,6 +332,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--burst", type=int, default=None, help="mixed: burst size (default: 3 x the server's --max-queued)")
     p.add_argument("--audio", default=None, help="mixed: the file each transcription uploads (default: the first WAV "
                                                  "of $TANDEM_AUDIO_SAMPLES, else 5 s of synthetic voice)")
+    p.add_argument("--live-seconds", type=float, default=20.0,
+                   help="mixed: audio per live session (the samples' clips joined with pauses)")
+    p.add_argument("--kill-engine-at", type=float, default=None,
+                   help="mixed: SIGKILL the --isolate engine process once, at this fraction of the soak (e.g. 0.7)")
     p.add_argument("--timeout", type=float, default=300.0, help="per-request seconds; past it the request failed")
     p.add_argument("--retries", type=int, default=0,
                    help="resend after a transport error before any response header (OpenAI's SDK does 2); default 0")

@@ -17,7 +17,7 @@ from typing import IO
 
 import httpx
 
-__all__ = ["Server", "session_pids", "session_rss"]
+__all__ = ["Server", "session_pids", "session_rss", "kill_in_session"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -73,6 +73,23 @@ def _rss(pid: int) -> int:
     except (OSError, ValueError):
         pass
     return 0
+
+
+def kill_in_session(sid: int, marker: str) -> int | None:
+    """SIGKILL the first process of `sid`'s session whose command line contains `marker` (a fault to inject,
+    e.g. the engine process of an --isolate server); its pid, or None when there is none. Raises nothing."""
+    for pid in session_pids(sid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            return pid
+    return None
 
 
 def session_rss(sid: int) -> int:

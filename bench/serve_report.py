@@ -101,6 +101,14 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _counts(c: dict[str, int] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in (c or {}).items()) or "none"
+
+
+def _note(text: str | None) -> str:
+    return f" ({text})" if text else ""
+
+
 def mixed_lines(description: str, summary: dict[str, Any]) -> list[str]:
     """The mixed soak (bench/serve_mixed.py) as markdown: served/refused per kind, errors, RSS, latency of
     admitted chat requests before vs during the burst. Raises nothing for partial summaries."""
@@ -112,7 +120,16 @@ def mixed_lines(description: str, summary: dict[str, Any]) -> list[str]:
         lines.append(f"| {kind} | {row['sent']} | {row['served']} | {row['disconnected']} | {row['refused_429']} "
                      f"| {row['failed']} |")
     errors = ", ".join(f"{k} {v}" for k, v in m["errors_by_kind"].items()) or "none"
-    lines += ["", f"Errors by kind: {errors} (unexpected, i.e. not 429: {m['unexpected_errors']}). RSS MB at the "
+    kill = m.get("kill") or {}
+    if kill.get("at_s") is not None or kill.get("error"):
+        lines += ["", f"Engine process killed at {_f(kill.get('at_s'), 1)} s{_note(kill.get('error'))}; /health 200 "
+                  f"again after {_f(kill.get('healthy_after_s'), 1)} s. Errors of requests in flight at the kill: "
+                  f"{_counts(kill.get('in_flight_errors'))}; of requests sent while it restarted: "
+                  f"{_counts(kill.get('restart_errors'))}."]
+    if (live := m.get("live_session_s")) and live.get("n"):
+        lines += ["", f"Live sessions served: {live['n']}, each start to last transcript p50 {_f(live.get('p50'), 1)} s, "
+                  f"max {_f(live.get('max'), 1)} s."]
+    lines += ["", f"Errors by kind: {errors} (unexpected, i.e. not 429 nor at the engine kill: {m['unexpected_errors']}). RSS MB at the "
               f"start {_f(r.get('start_mb'))}, after {_f(r.get('ref_s'))} s {_f(r.get('ref_mb'))}, at the end "
               f"{_f(r.get('end_mb'))}, after {_f(r.get('settle_s'))} s idle {_f(r.get('settled_mb'))}, peak "
               f"{_f(r.get('peak_mb'))}.", "",

@@ -36,6 +36,7 @@ class Scenario:
     minutes: float = 0.0  # soak
     disconnect: float = 0.0  # soak: fraction of requests whose client hangs up early
     speech_streams: int = 0  # mixed: clients uploading files to transcribe, in closed loops
+    live_streams: int = 0  # mixed: clients running live Realtime transcription sessions, one after another
     burst_at: float = 0.5  # mixed: when the burst of 3 x --max-queued chat requests goes out (fraction of the soak)
 
     def describe(self) -> str:
@@ -47,7 +48,8 @@ class Scenario:
             return f"Poisson {self.rate:g} req/s, {self.requests} requests, prompt {p}, max_tokens {o}"
         if self.kind == "mixed":
             return (f"mixed soak {self.minutes:g} min, {self.concurrency} chat streams + {self.speech_streams} "
-                    f"transcription clients, prompt {p}, max_tokens {o}, {self.disconnect:.0%} disconnects, a burst "
+                    f"transcription clients + {self.live_streams} live session clients, prompt {p}, max_tokens {o}, "
+                    f"{self.disconnect:.0%} disconnects, a burst "
                     f"of 3 x --max-queued chat requests at {self.burst_at:.0%}")
         return (f"soak {self.minutes:g} min, {self.concurrency} streams, prompt {p}, max_tokens {o}, "
                 f"{self.disconnect:.0%} disconnects")
@@ -63,7 +65,7 @@ SCENARIOS = {
         Scenario("c128", "closed", requests=256, concurrency=128),
         Scenario("soak", "soak", concurrency=16, minutes=10.0, prompt_tokens=(128, 2048), max_tokens=(16, 256),
                  disconnect=0.1),
-        Scenario("mixed", "mixed", concurrency=4, speech_streams=1, minutes=4.0, prompt_tokens=(64, 512),
+        Scenario("mixed", "mixed", concurrency=4, speech_streams=1, live_streams=1, minutes=4.0, prompt_tokens=(64, 512),
                  max_tokens=(16, 96), disconnect=0.1),
     )
 }

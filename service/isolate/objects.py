@@ -150,6 +150,14 @@ class ObjectClient:
         self._waiting: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._streams: dict[int, MemoryObjectSendStream[Any]] = {}
         self._lock = threading.Lock()
+        # Set by fail_all until reopen(): a call made after the relay saw the connection end (before the event
+        # loop learns it) would wait for a reply that never comes, blocking the loop for CALL_TIMEOUT.
+        self._gone: str | None = None
+
+    def reopen(self) -> None:
+        """A new engine process is connected: calls go out again. Raises nothing."""
+        with self._lock:
+            self._gone = None
 
     def proxy(self, ref: Ref) -> "RemoteObject":
         return RemoteObject(self, ref)
@@ -177,11 +185,12 @@ class ObjectClient:
     def fail_all(self, reason: str) -> None:
         """The engine process is gone: every waiting call and stream ends with EngineRestarting. Raises nothing."""
         with self._lock:
+            self._gone = reason
             waiting, self._waiting = self._waiting, {}
+            streams, self._streams = self._streams, {}
         for event, box in waiting.values():
             box.append(Reply(0, error=ErrorInfo("EngineRestarting", reason)))
             event.set()
-        streams, self._streams = self._streams, {}
         for stream in streams.values():
             try:
                 stream.send_nowait(End(0, ErrorInfo("EngineRestarting", reason)))
@@ -197,6 +206,7 @@ class ObjectClient:
         event = threading.Event()
         box: list[Any] = []
         with self._lock:
+            self._check_open()
             self._waiting[cid] = (event, box)
         self.send(Call(cid, ref.handle, name, how, args, kwargs, ref.owner))
         if not event.wait(CALL_TIMEOUT):
@@ -210,7 +220,7 @@ class ObjectClient:
         self._check_ready()
         cid = next(self._cids)
         send, receive = anyio.create_memory_object_stream[Any](1)
-        self._streams[cid] = send
+        self._open_stream(cid, send)
         self.send(Call(cid, ref.handle, name, "await", args, kwargs, ref.owner))
         try:
             return self._result(await receive.receive())
@@ -222,7 +232,7 @@ class ObjectClient:
         self._check_ready()
         cid = next(self._cids)
         send, receive = anyio.create_memory_object_stream[Any](1 << 16)
-        self._streams[cid] = send
+        self._open_stream(cid, send)
         self.send(Call(cid, ref.handle, name, "iter", args, kwargs, ref.owner))
         try:
             while True:
@@ -242,6 +252,16 @@ class ObjectClient:
             self.send(Call(0, ref.handle, "", "release", owner=ref.owner))
         except Exception:  # the connection is gone with the object
             pass
+
+    def _open_stream(self, cid: int, send: MemoryObjectSendStream[Any]) -> None:
+        with self._lock:
+            self._check_open()
+            self._streams[cid] = send
+
+    def _check_open(self) -> None:
+        """Under the lock. Raises EngineRestarting after fail_all until reopen()."""
+        if self._gone is not None:
+            raise EngineRestarting(self._gone, retry_after=10)
 
     def _check_ready(self) -> None:
         if not self.ready():

@@ -61,6 +61,7 @@ class RemoteRowStream:
         self._receive: MemoryObjectReceiveStream[Delta | BaseException]
         self._send, self._receive = anyio.create_memory_object_stream[Delta | BaseException](1 << 20)
         self.ended = False
+        self.started = False  # a delta came: the client may have seen part of the answer
 
     def deliver(self, item: Delta | BaseException) -> None:
         """Event loop: one delta (or the error the engine refused the row with). Raises nothing."""
@@ -68,6 +69,7 @@ class RemoteRowStream:
             self._send.send_nowait(item)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.WouldBlock):
             return
+        self.started = True
         if isinstance(item, BaseException) or item.finish_reason is not None:
             self.ended = True
             self._send.close()
@@ -126,13 +128,16 @@ class RemoteEngine:
         self._rids = itertools.count(1)
         self._streams: dict[int, RemoteRowStream] = {}
         self._conn: Connection | None = None
+        # False from the moment the relay thread sees the connection end (before the event loop learns it):
+        # requests then get 503 at once instead of going to a process that is gone.
+        self._connected = False
         self._process: subprocess.Popen[bytes] | None = None
         self._snapshot: Snapshot = Snapshot({}, {"ok": True})
         self._exited = anyio.Event()
         self._policy = RestartPolicy()
         self._failure = ""
         # The engine process's objects used by reference (its SpeechService), and the current one's root.
-        self.objects = ObjectClient(self._send, ready=lambda: self._state == "ready" and self._conn is not None)
+        self.objects = ObjectClient(self._send, ready=self._ready)
         self.speech_ref: Ref | None = None
         self.speech_aliases: list[str] = []
         self._speech: tuple[Ref, RemoteObject] | None = None
@@ -145,7 +150,8 @@ class RemoteEngine:
         listener, self._process = self._spawn()
         conn = await anyio.to_thread.run_sync(self._accept, listener, self._process)
         ready = await anyio.to_thread.run_sync(self._recv_ready, conn)
-        self._conn = conn
+        self._conn, self._connected = conn, True
+        self.objects.reopen()
         self.model_name, self.context_length, self.vocab_size = ready.model_name, ready.context_length, ready.vocab_size
         self.plan, self.pid = _Plan(list(ready.plan_reasons)), ready.pid
         self.speech_ref, self.speech_aliases = ready.speech, list(ready.speech_aliases)
@@ -178,7 +184,7 @@ class RemoteEngine:
                 self._fail_streams(self._failure)
                 break
             _log.warning("engine process: %s; restarting", decision.reason)
-            self._fail_streams(f"The engine process exited (status {code}); it is restarting.")
+            self._fail_streams(f"The engine process exited (status {code}); it is restarting.", restarting=True)
             self.restarts += 1
             self._state = "restarting"
             await anyio.sleep(decision.delay)
@@ -209,7 +215,7 @@ class RemoteEngine:
             raise EngineClosed("engine is shutting down")
         if self._state == "failed":
             raise EngineClosed(self._failure)
-        if self._state != "ready" or self._conn is None:
+        if not self._ready():
             raise EngineRestarting("The engine process is restarting; try again shortly.",
                                    retry_after=RESTART_RETRY_AFTER)
         stream = RemoteRowStream(self, next(self._rids))
@@ -235,11 +241,14 @@ class RemoteEngine:
         """None: speech does not run beside an isolated engine. Raises nothing."""
         return None
 
+    def _ready(self) -> bool:
+        return self._state == "ready" and self._conn is not None and self._connected
+
     def health(self) -> dict[str, Any]:
         """Restarting while the engine process loads; otherwise what the engine process says. Raises nothing."""
         if self._state == "failed":
             return {"ok": False, "error": self._failure}
-        if self._state != "ready":
+        if not self._ready():
             return {"ok": False, "status": "restarting", "error": "the engine process is starting"}
         return self._snapshot.health
 
@@ -291,6 +300,7 @@ class RemoteEngine:
             try:
                 message = conn.recv()
             except (EOFError, OSError):
+                self._connected = False
                 self.objects.fail_all("The engine process exited; it is restarting.")
                 loop.call_soon_threadsafe(self._exited.set)
                 return
@@ -322,10 +332,15 @@ class RemoteEngine:
         if self._streams.pop(rid, None) is not None:
             self._send(Cancel(rid))
 
-    def _fail_streams(self, message: str, reason: FinishReason = "error") -> None:
+    def _fail_streams(self, message: str, reason: FinishReason = "error", restarting: bool = False) -> None:
+        """End every row. `restarting`: a row that produced nothing yet gets EngineRestarting (a 503 with
+        Retry-After: nothing was answered, the client may send it again); the others end with the error."""
         streams, self._streams = self._streams, {}
         for stream in streams.values():
-            stream.deliver(Delta(finish_reason=reason, error=message if reason == "error" else None))
+            if restarting and not stream.started:
+                stream.deliver(EngineRestarting(message, retry_after=RESTART_RETRY_AFTER))
+            else:
+                stream.deliver(Delta(finish_reason=reason, error=message if reason == "error" else None))
 
 
 def _wait(process: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> int | None:

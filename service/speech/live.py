@@ -10,7 +10,7 @@ from litestar import WebSocket, websocket
 
 from audio.pcm import SAMPLE_RATE, parse_pcm_content_type
 from service.http.errors import APIError, api_error
-from service.speech.live_socket import LiveSocket, Mode
+from service.speech.live_socket import LiveSocket, Mode, close_code
 from service.speech.realtime_config import Dialect, RealtimeConfig
 from service.speech.realtime_events import error_event
 from service.speech.served import served_speech
@@ -28,7 +28,7 @@ def _dialect(socket: WebSocket[Any, Any, Any]) -> Dialect:
 async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception) -> None:
     err = api_error(exc)
     await socket.send_json(error_event(err) | {"message": err.message, "code": err.code, "param": err.param})
-    await socket.close(code=1013 if err.status == 429 else 1008 if err.status < 500 else 1011)
+    await socket.close(code=close_code(err))
 
 
 @websocket("/v1/audio/live")
@@ -46,12 +46,13 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
         fmt = parse_pcm_content_type(f"audio/pcm;rate={rate};encoding={encoding}")
         if not 0 <= interval <= 60:
             raise APIError(400, "interval must be 0–60 seconds", param="interval", code="invalid_value")
+        # A property of the service, so under --isolate a call that fails while the engine process restarts.
+        vad_on = speech.vad_default if vad is None else vad
     except Exception as exc:
         await _refuse(socket, exc)
         return
     dialect = _dialect(socket)
     mode: Mode = "realtime" if socket.headers.get("openai-beta") else "undecided"
-    vad_on = speech.vad_default if vad is None else vad
     config = RealtimeConfig(language=language, turn_detection=RealtimeConfig().turn_detection if vad_on else None)
     await LiveSocket(socket, state, speech, config=config, mode=mode, dialect=dialect, frame_format=fmt,
                      interval=interval).run()
@@ -72,11 +73,12 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
             raise APIError(400, "only transcription sessions are served here: connect with ?intent=transcription",
                            param="intent", code="invalid_value")
         speech = served_speech(state, model)
+        vad_default = speech.vad_default  # under --isolate a call: it fails while the engine process restarts
     except Exception as exc:
         await _refuse(socket, exc)
         return
     config = RealtimeConfig(model=model)
-    if not speech.vad_default:  # a server started with --no-vad: turn detection is off until asked for
+    if not vad_default:  # a server started with --no-vad: turn detection is off until asked for
         config.turn_detection = None
     await LiveSocket(socket, state, speech, config=config, mode="realtime", dialect=_dialect(socket),
                      frame_format=config.pcm_format).run()

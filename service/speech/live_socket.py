@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from audio.errors import AudioError, SessionNotFound
 from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
+from engine.errors import EngineRestarting
 from service.http.errors import APIError, api_error
 from service.seams import SpeechBackend
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
@@ -38,7 +40,7 @@ from service.speech.realtime_events import Items, error_event, event_id, server_
 from service.speech.served import served_speech
 from service.state import AppState
 
-__all__ = ["LiveSocket", "Mode", "MAX_EVENT_AUDIO_BYTES", "REALTIME_CLIENT_EVENTS"]
+__all__ = ["LiveSocket", "Mode", "MAX_EVENT_AUDIO_BYTES", "REALTIME_CLIENT_EVENTS", "close_code"]
 
 Mode = Literal["undecided", "frames", "realtime"]
 MAX_EVENT_AUDIO_BYTES = 15 * 1024 * 1024  # OpenAI's limit for one input_audio_buffer.append
@@ -77,7 +79,7 @@ class LiveSocket:
         except Exception as exc:
             err = api_error(exc)
             await self._send_error(err)
-            await self._close(1013 if err.status == 429 else 1008 if err.status < 500 else 1011)
+            await self._close(close_code(err))
             return
         try:
             await self._send(self._created_event())
@@ -91,11 +93,12 @@ class LiveSocket:
         except* _ClientGone:  # raised by whichever task wrote last; the task group wraps it
             pass
         finally:
-            try:  # a method call, so it also reaches a session served by reference (--isolate)
+            # Method calls, so they also reach a session served by reference (--isolate), which is gone with
+            # its engine process when that died.
+            with contextlib.suppress(SessionNotFound, EngineRestarting):
                 self.speech.delete_session(self.session.id)
-            except SessionNotFound:
-                pass
-            self.session.cancel()
+            with contextlib.suppress(EngineRestarting):
+                self.session.cancel()
 
     def _options(self, config: RealtimeConfig) -> TranscribeOptions:
         return self.speech.options(**config.decoding(), temperatures=TranscribeOptions.ladder(0.0))
@@ -227,12 +230,18 @@ class LiveSocket:
     async def _write_events(self, scope: anyio.CancelScope) -> None:
         session = self.session
         assert session is not None
-        async for ev in session.events():
-            if self.mode == "realtime":
-                for out in server_events(ev, self.items, self.config.tentative):
-                    await self._send(out)
-            elif ev.type in ("committed", "tentative"):
-                self._partial_due.set()
+        try:
+            async for ev in session.events():
+                if self.mode == "realtime":
+                    for out in server_events(ev, self.items, self.config.tentative):
+                        await self._send(out)
+                elif ev.type in ("committed", "tentative"):
+                    self._partial_due.set()
+        except EngineRestarting as exc:  # --isolate: the engine process, and the session in it, died
+            err = api_error(exc)
+            await self._send_error(err)
+            await self._close(close_code(err))  # 1013: a new session works once the engine is back
+            return
         if session.error is not None and self.mode == "realtime":
             await self._send_error(api_error(session.error) if _typed(session.error) else
                                    APIError(500, f"transcription failed: {session.error}", type="server_error"))
@@ -280,6 +289,12 @@ class LiveSocket:
             await self.socket.close(code=code)
         except Exception:  # the client left first
             pass
+
+
+def close_code(err: APIError) -> int:
+    """The close code for a session refused or ended by `err`: 1013 (try again later) for a full house (429)
+    or an engine process restarting (503), 1008 for the client's fault, else 1011. Raises nothing."""
+    return 1013 if err.status in (429, 503) else 1008 if err.status < 500 else 1011
 
 
 def _base64_audio(audio: Any) -> bytes:

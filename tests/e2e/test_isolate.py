@@ -1,10 +1,12 @@
 """`tandem serve --isolate` as users run it: speech served by the engine process (files and live sessions
 through the routes of the API process), then the engine process killed (kill -9) mid-stream: the stream ends
 with an error event and [DONE]; /health says restarting and new requests get 503 with Retry-After until the
-new engine process is ready; then requests succeed again, and sessions of the dead process are gone (404)."""
+new engine process is ready; then requests succeed again, and sessions of the dead process are gone (404).
+A live Realtime session whose engine process dies gets an error event and a close (1013, try again later)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -93,3 +95,28 @@ def test_the_engine_process_killed_mid_stream(isolated_server: TandemServer) -> 
     for gone in OPEN_SESSIONS:  # their audio was in the process that died
         finish = httpx.post(f"{isolated_server.base_url}/audio/sessions/{gone}/finish", timeout=30)
         assert finish.status_code == 404 and finish.json()["error"]["code"] == "session_not_found"
+
+
+def test_a_live_session_whose_engine_process_dies_ends_with_an_error_event_and_a_close(
+        isolated_server: TandemServer) -> None:
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    pid = isolated_server.stats()["isolate"]["pid"]
+    url = f"ws://127.0.0.1:{isolated_server.port}/v1/realtime?intent=transcription"
+    events = []
+    with connect(url, open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(s16(0.5)).decode()}))
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:  # recv's timeout: a guard against hanging
+                events.append(json.loads(ws.recv(timeout=60)))
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert errors and errors[-1]["code"] == "engine_restarting"
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+    deadline = time.monotonic() + 120  # a guard against hanging, not synchronisation
+    while time.monotonic() < deadline and httpx.get(f"{isolated_server.root}/health", timeout=10).status_code != 200:
+        time.sleep(0.1)
+    with connect(url, open_timeout=30) as ws:  # the new engine process serves live sessions
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"

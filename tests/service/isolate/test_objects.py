@@ -12,7 +12,7 @@ from typing import AsyncIterator
 import anyio
 import pytest
 
-from engine.errors import InvalidRequest
+from engine.errors import EngineRestarting, InvalidRequest
 from service.isolate.objects import Call, ObjectClient, ObjectServer, RemoteObject, Reply
 
 pytestmark = pytest.mark.anyio
@@ -118,3 +118,21 @@ async def test_proxies_from_a_previous_server_never_reach_the_new_ones_objects()
     replies = [m for m in sent if isinstance(m, Reply)]
     assert replies[0].cid == 2 and replies[0].value == 5  # the release from the stale proxy was ignored
     assert replies[1].cid == 3 and replies[1].error is not None and replies[1].error.kind == "InvalidRequest"
+
+
+async def test_calls_after_the_connection_ended_fail_at_once_until_reopened(
+        remote: RemoteObject, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Between the relay thread seeing the engine process die and the event loop learning it, a plain call
+    # used to wait for a reply that never comes (blocking the loop), a coroutine or generator forever.
+    monkeypatch.setattr("service.isolate.objects.CALL_TIMEOUT", 0.5)  # the old wait fails fast, with another message
+    client = remote._client
+    client.fail_all("The engine process exited; it is restarting.")
+    with pytest.raises(EngineRestarting, match="exited"):
+        remote.add(1)
+    with anyio.fail_after(30):  # a hang guard, not a timing assertion
+        with pytest.raises(EngineRestarting, match="exited"):
+            await remote.slow_add(1)
+        with pytest.raises(EngineRestarting, match="exited"):
+            [i async for i in remote.count(2)]
+    client.reopen()  # a new engine process is connected
+    assert remote.add(2) == 2

@@ -58,3 +58,32 @@ def test_engine_errors_cross_the_process_boundary_with_their_type(error: Excepti
     assert type(again) is type(error) and str(again) == str(error)
     for name in ("param", "code", "retry_after"):
         assert getattr(again, name, None) == getattr(error, name, None)
+
+
+@pytest.mark.anyio
+async def test_once_the_relay_sees_the_engine_process_gone_requests_get_503_and_unanswered_rows_too(
+        tiny_llm_dir: Any) -> None:
+    # The relay thread notices the death first; until the event loop restarts the engine, nothing may be sent
+    # to the dead process (a request would wait for its failure, a speech call would block the loop). Rows
+    # that produced nothing end with EngineRestarting (503 + Retry-After: the client may send them again);
+    # a row that already answered part ends with the error.
+    import asyncio
+    from multiprocessing import Pipe
+
+    from engine.contracts import Delta, GenerationRequest
+
+    engine = RemoteEngine(ServiceConfig(model=str(tiny_llm_dir), isolate=True, warmup=False))
+    ours, theirs = Pipe()
+    engine._conn, engine._connected, engine._state = ours, True, "ready"  # as start() leaves it
+    waiting, answering = engine.submit(GenerationRequest([1, 2, 3])), engine.submit(GenerationRequest([4, 5]))
+    answering.deliver(Delta(text="Hi"))
+    theirs.close()  # the engine process dies
+    engine._read(ours, asyncio.get_running_loop())  # the relay thread's loop: returns at the end of the connection
+    assert engine.health()["status"] == "restarting"
+    with pytest.raises(EngineRestarting):
+        engine.submit(GenerationRequest([1]))
+    engine._fail_streams("The engine process exited (status -9); it is restarting.", restarting=True)
+    with pytest.raises(EngineRestarting, match="exited"):
+        await waiting.__anext__()
+    assert (await answering.__anext__()).text == "Hi"
+    assert (await answering.__anext__()).error == "The engine process exited (status -9); it is restarting."

@@ -14,9 +14,11 @@ from typing import Any, Iterator
 import anyio
 import numpy as np
 import pytest
+from litestar.exceptions import WebSocketDisconnect
 from litestar.testing import TestClient
 
 from audio.live import LiveConfig
+from engine.errors import EngineRestarting
 from service.app import create_app
 from service.speech import live_socket
 from service.speech.setup import SpeechConfig, install_speech
@@ -289,3 +291,22 @@ def test_stats_show_the_caps_and_the_step_budget(client: TestClient[Any]) -> Non
     assert {"max_session_s", "max_session_lag_s", "max_buffered_audio_s", "buffered_audio_s"} <= set(speech)
     scheduler = speech["scheduler"]
     assert scheduler["chat_share"] == 0.3 and scheduler["encoder_positions_per_step"] == 375
+
+
+class Restarting:
+    """The speech service of an --isolate server whose engine process is restarting: every call refuses."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise EngineRestarting("The engine process is restarting; try again shortly.", retry_after=10)
+
+
+@pytest.mark.parametrize("path", ["/v1/realtime?intent=transcription", "/v1/audio/live"])
+def test_a_session_opened_while_the_engine_process_restarts_gets_an_error_and_try_again_later(path: str) -> None:
+    state = AppState()
+    state.speech = Restarting()  # type: ignore[assignment]
+    with TestClient(create_app(state)) as c, c.websocket_connect(path) as ws:
+        event = ws.receive_json(timeout=30)
+        assert event["type"] == "error" and event["error"]["code"] == "engine_restarting"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json(timeout=30)
+    assert closed.value.code == 1013
