@@ -239,12 +239,13 @@ class LiveSocket:
                     self._partial_due.set()
         except EngineRestarting as exc:  # --isolate: the engine process, and the session in it, died
             err = api_error(exc)
-            await self._send_error(err)
+            await self._send_error(err, reply=False)
             await self._close(close_code(err))  # 1013: a new session works once the engine is back
             return
         if session.error is not None and self.mode == "realtime":
             await self._send_error(api_error(session.error) if _typed(session.error) else
-                                   APIError(500, f"transcription failed: {session.error}", type="server_error"))
+                                   APIError(500, f"transcription failed: {session.error}", type="server_error"),
+                                   reply=False)
             await self._close(1011)
 
     async def _partials(self) -> None:
@@ -273,9 +274,10 @@ class LiveSocket:
                 self._closed = True
                 raise _ClientGone() from None
 
-    async def _send_error(self, err: APIError) -> None:
+    async def _send_error(self, err: APIError, reply: bool = True) -> None:
+        """`reply`: the error answers the client event being handled (it names its event_id)."""
         if self.mode == "realtime":
-            await self._send(error_event(err, self._event_id))
+            await self._send(error_event(err, self._event_id if reply else None))
             return
         body = error_event(err)
         body.update(message=err.message, code=err.code, param=err.param)  # the binary-frame clients' fields

@@ -107,13 +107,15 @@ def test_a_live_session_whose_engine_process_dies_ends_with_an_error_event_and_a
     events = []
     with connect(url, open_timeout=30) as ws:
         assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
-        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(s16(0.5)).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "event_id": "mine",
+                            "audio": base64.b64encode(s16(0.5)).decode()}))
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(ConnectionClosed) as closed:
             while True:  # recv's timeout: a guard against hanging
                 events.append(json.loads(ws.recv(timeout=60)))
     errors = [e["error"] for e in events if e["type"] == "error"]
     assert errors and errors[-1]["code"] == "engine_restarting"
+    assert errors[-1]["event_id"] is None  # not an answer to the client's last event
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
     deadline = time.monotonic() + 120  # a guard against hanging, not synchronisation
     while time.monotonic() < deadline and httpx.get(f"{isolated_server.root}/health", timeout=10).status_code != 200:
