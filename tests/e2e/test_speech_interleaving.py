@@ -6,7 +6,7 @@ and the work each step did are observed, never time."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import anyio
 import numpy as np
@@ -67,26 +67,8 @@ async def test_chat_waits_at_most_one_whisper_step_per_iteration(tiny_loaded: An
         await speech.residency.preload()
         sessions = [speech.create_session(options) for _ in range(4)]
         start = len(order)
-        finished: list[Any] = []
-
-        async def finish(session: Any) -> None:
-            finished.append(await session.finish())
-
-        request = GenerationRequest([5, 6, 7, 8], no_eos(tiny_loaded), max_tokens=2000)
-        async with engine.submit(request) as stream:
-            fed = 0.0
-            async for delta in stream:
-                assert delta.finish_reason is None, "the chat ended before the sessions: nothing interleaved"
-                if fed < 3.0:  # live audio arrives while the chat streams
-                    for k, s in enumerate(sessions):
-                        s.append(voiced(0.25, 110 + 40 * k), PcmFormat())
-                    fed += 0.25
-                    if fed >= 3.0:
-                        for s in sessions:
-                            tg.start_soon(finish, s)
-                elif len(finished) == len(sessions):
-                    break
-            order.append("chat-end")
+        finished = await chat_while_sessions_speak(engine, tiny_loaded, tg, sessions, 3.0, lambda k: 110 + 40 * k)
+        order.append("chat-end")
         tg.cancel_scope.cancel()
     engine.close()
     during = order[start:order.index("chat-end")]
@@ -114,25 +96,7 @@ async def test_whisper_steps_shrink_while_chat_decodes(tiny_loaded: Any, whisper
         await alone.finish()
         before_chat = list(speech.scheduler.counters.steps)
         sessions = [speech.create_session(options) for _ in range(2)]
-        finished: list[Any] = []
-
-        async def finish(session: Any) -> None:
-            finished.append(await session.finish())
-
-        request = GenerationRequest([5, 6, 7, 8], no_eos(tiny_loaded), max_tokens=2000)
-        async with engine.submit(request) as stream:
-            fed = 0.0
-            async for delta in stream:
-                assert delta.finish_reason is None, "the chat ended before the sessions: nothing interleaved"
-                if fed < 2.0:
-                    for k, s in enumerate(sessions):
-                        s.append(voiced(0.25, 120 + 50 * k), PcmFormat())
-                    fed += 0.25
-                    if fed >= 2.0:
-                        for s in sessions:
-                            tg.start_soon(finish, s)
-                elif len(finished) == len(sessions):
-                    break
+        finished = await chat_while_sessions_speak(engine, tiny_loaded, tg, sessions, 2.0, lambda k: 120 + 50 * k)
         tg.cancel_scope.cancel()
     engine.close()
     assert before_chat and all(s.limit is None for s in before_chat)  # no chat: the full budget
@@ -169,3 +133,29 @@ async def test_deleting_a_session_drops_its_queued_work(whisper_dir: Path) -> No
         assert engine.tasks.labels() == []
         tg.cancel_scope.cancel()
     engine.close()
+
+
+async def chat_while_sessions_speak(engine: Engine, loaded: Any, tg: Any, sessions: list[Any], seconds: float,
+                                    pitch: Callable[[int], float]) -> list[Any]:
+    """Stream one endless chat; each chat delta feeds every session 0.25 s of voiced audio until `seconds`,
+    then finishes them. Returns their transcripts once all are done (the chat still running)."""
+    finished: list[Any] = []
+
+    async def finish(session: Any) -> None:
+        finished.append(await session.finish())
+
+    request = GenerationRequest([5, 6, 7, 8], no_eos(loaded), max_tokens=2000)
+    async with engine.submit(request) as stream:
+        fed = 0.0
+        async for delta in stream:
+            assert delta.finish_reason is None, "the chat ended before the sessions: nothing interleaved"
+            if fed < seconds:  # live audio arrives while the chat streams
+                for k, s in enumerate(sessions):
+                    s.append(voiced(0.25, pitch(k)), PcmFormat())
+                fed += 0.25
+                if fed >= seconds:
+                    for s in sessions:
+                        tg.start_soon(finish, s)
+            elif len(finished) == len(sessions):
+                break
+    return finished
