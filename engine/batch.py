@@ -48,7 +48,7 @@ _log = logging.getLogger(__name__)
 
 
 class LLMBatchGroup:
-    """Continuous batching over an mlx-lm model; implements engine.contracts.ExecutionGroup."""
+    """Continuous batching over an mlx-lm model; implements engine.driver.ExecutionGroup."""
 
     def __init__(
         self,

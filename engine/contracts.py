@@ -1,5 +1,6 @@
-"""Value types shared by the driver, the groups and their callers, and the Protocols the driver loop
-advances (ExecutionContext, ExecutionGroup). What service/ needs of the engine is service/seams.py.
+"""Value types shared by the driver, the groups and their callers, and the Protocol the driver runs engine
+work through (ExecutionContext; the ExecutionGroup it advances lives in engine/driver.py). What service/
+needs of the engine is service/seams.py.
 
 Everything here is plain Python: the service layer builds these objects and reads deltas back,
 never touching an mx array.
@@ -8,10 +9,7 @@ never touching an mx array.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Protocol, Sequence
-
-if TYPE_CHECKING:
-    from engine.tasks import ExecutionTasks
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 __all__ = [
     "SamplingParams",
@@ -19,7 +17,6 @@ __all__ = [
     "Delta",
     "FinishReason",
     "ExecutionContext",
-    "ExecutionGroup",
 ]
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
@@ -77,57 +74,6 @@ class ExecutionContext(Protocol):
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run fn(*args) on the engine thread. Once started it completes even if the caller is cancelled."""
         ...
-
-
-class ExecutionGroup(Protocol):
-    """A unit the driver advances: rows of model work plus queued tasks sharing the lease."""
-
-    tasks: "ExecutionTasks"
-
-    @property
-    def closed(self) -> bool: ...
-
-    def prune(self) -> None:
-        """Drop cancelled rows (freeing their KV) and cancelled queued tasks."""
-
-    def has_work(self) -> bool:
-        """Anything active, preparing (prefill left), queued for admission, or a pending task."""
-        ...
-
-    async def wait_for_work(self) -> None:
-        """Return when has_work() may have become true, or the group closed."""
-
-    def admit(self) -> None:
-        """Move queued requests into the active set while the budget allows."""
-
-    def has_decoding(self) -> bool: ...
-
-    def has_preparing(self) -> bool: ...
-
-    def supports_mixed(self) -> bool: ...
-
-    @property
-    def max_iteration_tokens(self) -> int: ...
-
-    @property
-    def minimum_preparation_tokens(self) -> int: ...
-
-    def running_tokens(self) -> int:
-        """Tokens the decoding rows need this iteration (one per row)."""
-        ...
-
-    def prefill_tokens(self) -> int:
-        """Prompt tokens a mixed iteration may carry on top of the decoding rows' (>= the minimum)."""
-        ...
-
-    async def advance_mixed(self, budget: int) -> None:
-        """One packed iteration: every decode row plus prefill chunks filling the rest of budget."""
-
-    async def advance_preparation(self) -> None:
-        """One prefill chunk for the preparing rows (within max_iteration_tokens)."""
-
-    async def advance(self) -> None:
-        """One decode step for every decoding row."""
 
     def close(self) -> None:
         """Stop accepting work; the driver loop exits."""

@@ -2,11 +2,66 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import anyio
 
-from engine.contracts import ExecutionContext, ExecutionGroup
+from engine.contracts import ExecutionContext
+from engine.tasks import ExecutionTasks
 
-__all__ = ["drive_execution_group", "iteration_budget"]
+__all__ = ["ExecutionGroup", "drive_execution_group", "iteration_budget"]
+
+
+class ExecutionGroup(Protocol):
+    """A unit the driver advances: rows of model work plus queued tasks sharing the lease."""
+
+    tasks: ExecutionTasks
+
+    @property
+    def closed(self) -> bool: ...
+
+    def prune(self) -> None:
+        """Drop cancelled rows (freeing their KV) and cancelled queued tasks."""
+
+    def has_work(self) -> bool:
+        """Anything active, preparing (prefill left), queued for admission, or a pending task."""
+        ...
+
+    async def wait_for_work(self) -> None:
+        """Return when has_work() may have become true, or the group closed."""
+
+    def admit(self) -> None:
+        """Move queued requests into the active set while the budget allows."""
+
+    def has_decoding(self) -> bool: ...
+
+    def has_preparing(self) -> bool: ...
+
+    def supports_mixed(self) -> bool: ...
+
+    @property
+    def max_iteration_tokens(self) -> int: ...
+
+    @property
+    def minimum_preparation_tokens(self) -> int: ...
+
+    def running_tokens(self) -> int:
+        """Tokens the decoding rows need this iteration (one per row)."""
+        ...
+
+    def prefill_tokens(self) -> int:
+        """Prompt tokens a mixed iteration may carry on top of the decoding rows' (>= the minimum)."""
+        ...
+
+    async def advance_mixed(self, budget: int) -> None:
+        """One packed iteration: every decode row plus prefill chunks filling the rest of budget."""
+
+    async def advance_preparation(self) -> None:
+        """One prefill chunk for the preparing rows (within max_iteration_tokens)."""
+
+    async def advance(self) -> None:
+        """One decode step for every decoding row."""
+
 
 
 def iteration_budget(group: ExecutionGroup) -> int:

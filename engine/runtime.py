@@ -170,7 +170,9 @@ class Engine:
 
         if force is False or (force is None and mx.default_device() != mx.gpu):
             return 0.0
-        return await warm_up(self, report)
+        if self.tokenizer is None or not isinstance(self.group, LLMBatchGroup):
+            return 0.0  # no chat model: nothing to compile
+        return await warm_up(self.submit, self.group, report)
 
     def stats(self) -> dict[str, Any]:
         """A plain-data snapshot for /stats. Raises nothing."""

@@ -9,14 +9,12 @@ time-to-first-token. The rows below cover one row alone, concurrent rows, chunke
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import anyio
 
+from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.contracts import GenerationRequest, SamplingParams
-
-if TYPE_CHECKING:
-    from engine.runtime import Engine
 
 __all__ = ["warm_up", "WARMUP_NAMESPACE"]
 
@@ -34,20 +32,17 @@ def _prompt(length: int, salt: int, vocab: int) -> list[int]:
     return [1 + (salt * 7919 + i * 104729) % (vocab - 2) for i in range(length)]
 
 
-async def warm_up(engine: "Engine", report: Callable[[str], None] | None = None) -> float:
-    """Run the warm-up rows on a serving engine (its `serve()` must be running); returns the seconds it
-    took. Counters are reset afterwards, so /stats shows client work only. Raises RuntimeError when a
-    warm-up row fails (the engine cannot serve)."""
-    group = getattr(engine, "group", None)
-    if engine.tokenizer is None or group is None or not hasattr(group, "counters"):
-        return 0.0
+async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LLMBatchGroup, report: Callable[[str], None] | None = None) -> float:
+    """Run the warm-up rows through `submit` on a serving engine whose LLM group is `group` (its `serve()`
+    must be running); returns the seconds it took. The group's counters are reset afterwards, so /stats shows
+    client work only. Raises RuntimeError when a warm-up row fails (the engine cannot serve)."""
     vocab = int(group.vocab_size)
     chunk = int(group.max_iteration_tokens)
     t0 = time.perf_counter()
 
     async def run(prompt: list[int], sampling: SamplingParams, max_tokens: int) -> None:
         request = GenerationRequest(prompt, sampling, max_tokens=max_tokens, namespace=WARMUP_NAMESPACE)
-        async with engine.submit(request) as stream:
+        async with submit(request) as stream:
             async for delta in stream:
                 if delta.error:
                     raise RuntimeError(f"warm-up generation failed: {delta.error}")

@@ -1,7 +1,7 @@
 """The layering the architecture promises, checked from the source: no import cycles inside engine/,
 audio/ or service/, and no upward imports (engine/ or audio/ → service/, litestar or granian; engine/ →
-audio/; service/ → mlx). Imports inside functions count; imports under `if TYPE_CHECKING:` count for
-layering but not for cycles (they never run)."""
+audio/; service/ → mlx). Imports inside functions and under `if TYPE_CHECKING:` count too: a cycle that
+only the type checker sees still ties two modules' concepts together."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def _graph() -> tuple[dict[str, set[str]], dict[str, list[Import]]]:
     modules = _modules()
     known = set(modules) | {f"{m}.__init__" for m, p in modules.items() if p.name == "__init__.py"}
     all_imports = {m: imports_of(p.read_text(), m, known) for m, p in modules.items()}
-    graph = {m: {i.target for i in imps if not i.type_only and i.target in modules and i.target != m}
+    graph = {m: {i.target for i in imps if i.target in modules and i.target != m}
              for m, imps in all_imports.items()}
     return graph, all_imports
 
