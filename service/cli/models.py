@@ -35,7 +35,8 @@ def _row(name: str, kind: str, size_bytes: int, path: Path | str) -> str:
 
 def _models_ls(_: argparse.Namespace) -> int:
     from audio.whisper import local_whisper_models
-    from engine.models import DEMO_MODEL_ID, demo_model_path, hub_cache_dir, list_cached_models
+    from engine.hub import hub_cache_dir, list_cached_models
+    from engine.models import DEMO_MODEL_ID, demo_model_path
 
     models = list_cached_models()
     if not models:
@@ -51,7 +52,7 @@ def _models_ls(_: argparse.Namespace) -> int:
 
 def _models_get(args: argparse.Namespace) -> int:
     from engine.errors import ModelNotFound
-    from engine.models import ModelDownloadError, download_model
+    from engine.hub import ModelDownloadError, download_model
 
     try:
         path = download_model(args.repo)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 
@@ -16,14 +15,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from engine import models
-from engine.models import (
-    ModelDownloadError,
-    ModelNotFound,
-    hf_dir_for,
-    list_cached_models,
-    load_model,
-    resolve_model,
-)
+from engine.models import ModelNotFound, hf_dir_for, load_model, resolve_model
 
 
 @pytest.fixture
@@ -162,31 +154,6 @@ def test_quantized_hf_dir_is_dequantized_on_cpu(tiny_llm_dir, tmp_path) -> None:
     np.testing.assert_allclose(_logits(dense.model, ids), _logits(kept.model, ids), atol=1e-3)
 
 
-def test_list_cached_models_kinds_and_sizes(tiny_llm_dir, hub_cache, tmp_path) -> None:
-    put_in_hub_cache(hub_cache, "tiny-org/tiny-llm", tiny_llm_dir)
-    whisper = tmp_path / "whisper"
-    whisper.mkdir()
-    (whisper / "config.json").write_text(json.dumps({"n_mels": 80, "n_audio_ctx": 1500}))
-    (whisper / "weights.npz").write_bytes(b"\0" * 1000)
-    put_in_hub_cache(hub_cache, "mlx-community/whisper-tiny", whisper)
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "config.json").write_text(json.dumps({"model_type": "not-a-language-model"}))
-    put_in_hub_cache(hub_cache, "acme/encoder", other)
-
-    listed = {m.repo_id: m for m in list_cached_models()}
-    assert list(listed) == ["acme/encoder", "mlx-community/whisper-tiny", "tiny-org/tiny-llm"]
-    assert [listed[r].kind for r in listed] == ["other", "whisper", "llm"]
-    expected = sum(f.stat().st_size for f in tiny_llm_dir.iterdir())
-    assert listed["tiny-org/tiny-llm"].size_bytes == expected
-    assert (listed["tiny-org/tiny-llm"].path / "config.json").is_file()
-
-
-def test_list_cached_models_without_a_cache(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "missing"))
-    assert list_cached_models() == []
-
-
 def test_cached_gguf_repo_resolves_to_its_file(hub_cache, tmp_path) -> None:
     files = tmp_path / "files"
     files.mkdir()
@@ -201,35 +168,6 @@ def test_cached_gguf_repo_resolves_to_its_file(hub_cache, tmp_path) -> None:
 
 def test_hf_dir_for_a_directory_is_the_directory(tiny_llm_dir) -> None:
     assert hf_dir_for(str(tiny_llm_dir)) == tiny_llm_dir.resolve()
-
-
-def test_download_uses_the_hub_cache_and_maps_errors(hub_cache, monkeypatch) -> None:
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
-
-    calls = []
-
-    def fake_snapshot_download(repo_id, **kwargs):
-        calls.append((repo_id, kwargs))
-        if repo_id == "missing/repo":
-            # Built without an HTTP response, which only the real client has.
-            error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)
-            Exception.__init__(error, "404 Repository Not Found")
-            raise error
-        if repo_id == "offline/repo":
-            raise LocalEntryNotFoundError("no connection")
-        return str(hub_cache / "models--org--name" / "snapshots" / "abc")
-
-    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
-    assert models.download_model("org/name", progress=False) == hub_cache / "models--org--name" / "snapshots" / "abc"
-    repo_id, kwargs = calls[0]
-    assert kwargs["cache_dir"] == hub_cache
-    patterns = kwargs["allow_patterns"]
-    assert {"model*.safetensors", "weights.npz", "*.json"} <= set(patterns) and "*.gguf" not in patterns
-    with pytest.raises(ModelNotFound):
-        models.download_model("missing/repo", progress=False)
-    with pytest.raises(ModelDownloadError, match="could not reach"):
-        models.download_model("offline/repo", progress=False)
-
 
 
 @pytest.mark.parametrize("spec", ["/no/such/model", "./nope", "~/nope-either", "not a repo/x y"])

@@ -1,0 +1,158 @@
+"""The local Hugging Face hub cache: where it is, a repository's snapshot in it, what it holds
+(`tandem models ls`) and the one call that downloads into it (`tandem models get`). Resolving and loading a
+model from it is engine/models.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from engine.errors import ModelNotFound
+
+__all__ = ["CachedModel", "ModelDownloadError", "download_model", "hub_cache_dir", "list_cached_models",
+           "snapshot_dir"]
+
+# What `tandem models get` fetches: mlx-lm's own patterns plus mlx-whisper's weight files. Never every
+# GGUF, nor duplicate checkpoints such as consolidated.safetensors.
+_DOWNLOAD_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "weights.safetensors",
+    "weights.npz",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+
+
+class ModelDownloadError(RuntimeError):
+    """`download_model` could not fetch the repository (network, permissions, gated repo)."""
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    """One repository in the local Hugging Face cache, as `tandem models ls` shows it."""
+
+    repo_id: str
+    kind: Literal["llm", "whisper", "other"]
+    size_bytes: int
+    path: Path
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time. Raises nothing."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]) / "hub"
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE)
+
+
+def snapshot_dir(repo_id: str) -> Path | None:
+    """The cached snapshot of `repo_id` that refs/main names, else the newest one; None when absent."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.file_download import repo_folder_name
+
+    try:
+        repo_dir = hub_cache_dir() / repo_folder_name(repo_id=repo_id, repo_type="model")
+    except HFValidationError:  # not a valid repo id, so nothing of that name can be cached
+        return None
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        snapshot = repo_dir / "snapshots" / ref.read_text().strip()
+        if snapshot.is_dir():
+            return snapshot
+    snapshots = [p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()]
+    return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
+
+
+def list_cached_models() -> list[CachedModel]:
+    """Model repositories in the local Hugging Face cache, sorted by repo id. Raises nothing."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(hub_cache_dir())
+    except CacheNotFound:
+        return []
+    models = []
+    for repo in info.repos:
+        if repo.repo_type != "model":
+            continue
+        snapshot = snapshot_dir(repo.repo_id) or repo.repo_path
+        models.append(CachedModel(repo.repo_id, _kind(repo.repo_id, snapshot), repo.size_on_disk, snapshot))
+    return sorted(models, key=lambda m: m.repo_id)
+
+
+def _kind(repo_id: str, snapshot: Path) -> Literal["llm", "whisper", "other"]:
+    config: dict[str, Any] = {}
+    try:
+        config = json.loads((snapshot / "config.json").read_text())
+    except (OSError, ValueError):
+        pass
+    if "whisper" in str(config.get("model_type", "")) or "n_mels" in config or "whisper" in repo_id.lower():
+        return "whisper"
+    model_type = config.get("model_type")
+    if isinstance(model_type, str) and importlib.util.find_spec(f"mlx_lm.models.{model_type}") is not None:
+        return "llm"
+    if any(snapshot.glob("*.gguf")):
+        return "llm"
+    return "other"
+
+
+@contextmanager
+def _progress_bars(enabled: bool) -> Iterator[None]:
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_disabled = are_progress_bars_disabled()
+    if enabled:
+        enable_progress_bars()
+    else:
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        (disable_progress_bars if was_disabled else enable_progress_bars)()
+
+
+def download_model(repo: str, progress: bool = True) -> Path:
+    """Download `repo` ("org/name", or "org/name/file.gguf" for one GGUF) into the HF cache; return its path.
+
+    Shows tqdm progress bars when `progress`. Raises ModelNotFound when the repository or file does not
+    exist, ModelDownloadError for any other failure (no network, gated repository, disk).
+    """
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    parts = repo.strip("/").split("/")
+    try:
+        with _progress_bars(progress):
+            if len(parts) == 3 and parts[2].lower().endswith(".gguf"):
+                return Path(hf_hub_download("/".join(parts[:2]), parts[2], cache_dir=hub_cache_dir()))
+            return Path(snapshot_download(repo, cache_dir=hub_cache_dir(), allow_patterns=_DOWNLOAD_PATTERNS))
+    except GatedRepoError as exc:
+        raise ModelDownloadError(f"{repo!r} is gated: accept its terms on the hub and log in first ({exc})") from exc
+    except LocalEntryNotFoundError as exc:
+        # Raised when the hub cannot be reached (or HF_HUB_OFFLINE is set) and nothing is cached.
+        raise ModelDownloadError(f"could not reach the Hugging Face hub to download {repo!r}: {exc}") from exc
+    except (RepositoryNotFoundError, RemoteEntryNotFoundError, HFValidationError) as exc:
+        raise ModelNotFound(f"{repo!r} was not found on the Hugging Face hub: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelDownloadError(f"could not download {repo!r}: {exc}") from exc

@@ -1,0 +1,64 @@
+"""engine.hub: what the local Hugging Face cache holds (`tandem models ls`) and downloading into it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.errors import ModelNotFound
+from engine.hub import ModelDownloadError, download_model, list_cached_models
+from tests.engine.test_models import hub_cache, put_in_hub_cache  # noqa: F401  (fixture)
+
+
+def test_list_cached_models_kinds_and_sizes(tiny_llm_dir, hub_cache, tmp_path) -> None:
+    put_in_hub_cache(hub_cache, "tiny-org/tiny-llm", tiny_llm_dir)
+    whisper = tmp_path / "whisper"
+    whisper.mkdir()
+    (whisper / "config.json").write_text(json.dumps({"n_mels": 80, "n_audio_ctx": 1500}))
+    (whisper / "weights.npz").write_bytes(b"\0" * 1000)
+    put_in_hub_cache(hub_cache, "mlx-community/whisper-tiny", whisper)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "not-a-language-model"}))
+    put_in_hub_cache(hub_cache, "acme/encoder", other)
+
+    listed = {m.repo_id: m for m in list_cached_models()}
+    assert list(listed) == ["acme/encoder", "mlx-community/whisper-tiny", "tiny-org/tiny-llm"]
+    assert [listed[r].kind for r in listed] == ["other", "whisper", "llm"]
+    expected = sum(f.stat().st_size for f in tiny_llm_dir.iterdir())
+    assert listed["tiny-org/tiny-llm"].size_bytes == expected
+    assert (listed["tiny-org/tiny-llm"].path / "config.json").is_file()
+
+
+def test_list_cached_models_without_a_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "missing"))
+    assert list_cached_models() == []
+
+
+def test_download_uses_the_hub_cache_and_maps_errors(hub_cache, monkeypatch) -> None:
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        if repo_id == "missing/repo":
+            # Built without an HTTP response, which only the real client has.
+            error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)
+            Exception.__init__(error, "404 Repository Not Found")
+            raise error
+        if repo_id == "offline/repo":
+            raise LocalEntryNotFoundError("no connection")
+        return str(hub_cache / "models--org--name" / "snapshots" / "abc")
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    assert download_model("org/name", progress=False) == hub_cache / "models--org--name" / "snapshots" / "abc"
+    repo_id, kwargs = calls[0]
+    assert kwargs["cache_dir"] == hub_cache
+    patterns = kwargs["allow_patterns"]
+    assert {"model*.safetensors", "weights.npz", "*.json"} <= set(patterns) and "*.gguf" not in patterns
+    with pytest.raises(ModelNotFound):
+        download_model("missing/repo", progress=False)
+    with pytest.raises(ModelDownloadError, match="could not reach"):
+        download_model("offline/repo", progress=False)
