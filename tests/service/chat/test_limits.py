@@ -16,6 +16,7 @@ from service.app import create_app
 from service.config import ServiceConfig
 from service.limits import Limits
 from service.state import AppState
+from tests.service.asgi import asgi_scope
 from tests.service.conftest import sse_events
 from tests.service.fake_engine import FakeEngine, FakeTokenizer
 
@@ -84,15 +85,6 @@ def test_a_template_that_runs_too_long_is_stopped_and_the_tokenizer_is_free_agai
         assert client.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
 
 
-def _scope(path: str) -> dict[str, Any]:
-    return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-        "client": ("127.0.0.1", 1), "server": ("test", 80),
-    }
-
-
 @pytest.mark.anyio
 async def test_rendering_stops_when_the_client_leaves() -> None:
     engine = FakeEngine()
@@ -114,7 +106,7 @@ async def test_rendering_stops_when_the_client_leaves() -> None:
         sent.append(message)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(app, _scope("/v1/chat/completions"), receive, send)
+        tg.start_soon(app, asgi_scope("/v1/chat/completions"), receive, send)
         await anyio.to_thread.run_sync(tokenizer.spinning.wait)
         left.set()  # the client goes away while the template spins
     assert await anyio.to_thread.run_sync(tokenizer.stopped.wait, 30)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
@@ -10,6 +9,7 @@ import pytest
 
 from service.app import create_app
 from service.state import AppState
+from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.conftest import sse_events
 from tests.service.fake_engine import FakeEngine
 
@@ -168,53 +168,18 @@ def test_error_in_non_stream_is_a_500_in_openai_shape(client: Any, fake_engine: 
 # -------------------------------------------------------------- cancellation at the ASGI level
 
 
-def _scope(path: str) -> dict[str, Any]:
-    return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-        "client": ("127.0.0.1", 1), "server": ("test", 80),
-    }
-
-
-class _Client:
-    """Drives one ASGI request; `leave` makes the next receive() report http.disconnect."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = json.dumps(body).encode()
-        self.sent_body = False
-        self.leave = anyio.Event()
-        self.first_content = anyio.Event()
-        self.chunks: list[bytes] = []
-
-    async def receive(self) -> dict[str, Any]:
-        if not self.sent_body:
-            self.sent_body = True
-            return {"type": "http.request", "body": self.body, "more_body": False}
-        await self.leave.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            self.chunks.append(message.get("body", b""))
-            if b'"content":"a"' in message.get("body", b""):
-                self.first_content.set()
-            if not message.get("more_body", False):
-                self.leave.set()
-
-
 @pytest.mark.anyio
 async def test_disconnect_mid_stream_frees_the_row_and_spares_others() -> None:
     engine = FakeEngine(pieces=["a", "b", "c"])
     engine.gate = anyio.Event()  # the first stream stalls after its first piece
     app = create_app(AppState(engine=engine, ready=True))  # no lifespan here: ready by hand
-    leaving = _Client({"messages": USER, "stream": True, "max_tokens": 3})
-    staying = _Client({"messages": USER, "stream": True, "max_tokens": 3})
+    leaving = ASGIClient({"messages": USER, "stream": True, "max_tokens": 3}, marker=b'"content":"a"')
+    staying = ASGIClient({"messages": USER, "stream": True, "max_tokens": 3}, marker=b'"content":"a"')
     async with anyio.create_task_group() as tg:
-        tg.start_soon(app, _scope("/v1/chat/completions"), leaving.receive, leaving.send)
-        await leaving.first_content.wait()
+        tg.start_soon(app, asgi_scope("/v1/chat/completions"), leaving.receive, leaving.send)
+        await leaving.first.wait()
         engine.gate = None
-        tg.start_soon(app, _scope("/v1/chat/completions"), staying.receive, staying.send)
+        tg.start_soon(app, asgi_scope("/v1/chat/completions"), staying.receive, staying.send)
         await staying.leave.wait()  # the second stream ran to its end
         leaving.leave.set()  # now the first client goes away
     assert engine.active == set()
@@ -229,9 +194,9 @@ async def test_disconnect_during_non_stream_request_frees_the_row() -> None:
     engine = FakeEngine(pieces=["a", "b", "c"])
     engine.gate = anyio.Event()
     app = create_app(AppState(engine=engine, ready=True))  # no lifespan here: ready by hand
-    client = _Client({"messages": USER, "max_tokens": 3})
+    client = ASGIClient({"messages": USER, "max_tokens": 3}, marker=b'"content":"a"')
     async with anyio.create_task_group() as tg:
-        tg.start_soon(app, _scope("/v1/chat/completions"), client.receive, client.send)
+        tg.start_soon(app, asgi_scope("/v1/chat/completions"), client.receive, client.send)
         while not engine.requests:  # wait until the row exists (each pass yields to the app task)
             await anyio.lowlevel.checkpoint()
         client.leave.set()

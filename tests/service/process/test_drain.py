@@ -3,7 +3,6 @@ normally, the rest end with an error event (code shutting_down) and [DONE]."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import anyio
@@ -15,7 +14,7 @@ from service.app import create_app
 from service.config import ServiceConfig
 from service.process.drain import drain
 from service.state import AppState
-from tests.service.conftest import sse_events
+from tests.service.asgi import ASGIClient, asgi_scope
 
 pytestmark = pytest.mark.anyio
 USER = [{"role": "user", "content": "Hello there"}]
@@ -26,55 +25,17 @@ def no_eos(tiny_loaded: Any) -> dict[str, int]:
     return {str(tiny_loaded.tokenizer.eos_token_id): -100}
 
 
-def _scope(path: str) -> dict[str, Any]:
-    return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-        "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-        "client": ("127.0.0.1", 1), "server": ("test", 80),
-    }
-
-
-class StreamClient:
-    """One streamed request at the ASGI level, its body collected as it is sent."""
-
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.body = json.dumps(body).encode()
-        self.sent_body = False
-        self.first_event = anyio.Event()
-        self.finished = anyio.Event()
-        self.chunks: list[bytes] = []
-
-    async def receive(self) -> dict[str, Any]:
-        if not self.sent_body:
-            self.sent_body = True
-            return {"type": "http.request", "body": self.body, "more_body": False}
-        await self.finished.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body":
-            self.chunks.append(message.get("body", b""))
-            if b"data: " in message.get("body", b""):
-                self.first_event.set()
-            if not message.get("more_body", False):
-                self.finished.set()
-
-    def events(self) -> list[Any]:
-        return sse_events(b"".join(self.chunks).decode())
-
-
-async def _drain_during_stream(tiny_loaded: Any, timeout: float, body: dict[str, Any]) -> tuple[AppState, StreamClient]:
+async def _drain_during_stream(tiny_loaded: Any, timeout: float, body: dict[str, Any]) -> tuple[AppState, ASGIClient]:
     engine = Engine(tiny_loaded, max_active=4)
     state = AppState(engine=engine, ready=True, config=ServiceConfig(shutdown_timeout=timeout))
     app = create_app(state)
-    client = StreamClient({"messages": USER, "stream": True, **body})
+    client = ASGIClient({"messages": USER, "stream": True, **body})
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
-        tg.start_soon(app, _scope("/v1/chat/completions"), client.receive, client.send)
-        await client.first_event.wait()
+        tg.start_soon(app, asgi_scope("/v1/chat/completions"), client.receive, client.send)
+        await client.first.wait()
         await drain(state)
-        await client.finished.wait()
+        await client.leave.wait()
         engine.close()
     return state, client
 
