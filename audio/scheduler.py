@@ -234,7 +234,8 @@ class WhisperScheduler:
         counting one. Paced: units sized to the limit (at least one). Returns the work done."""
         self.counters.encoder_steps += 1
         n_ctx = pending[0].loaded.model.dims.n_audio_ctx
-        units = None if paced else max(1, self.budget.encoder_positions // pending[0].encoder.chunk)
+        full = max(1, self.budget.encoder_positions // pending[0].encoder.chunk)  # window-units of the full budget
+        units = None if paced else full
         work = 0
         ran = False
         while pending and (units is None or units > 0):
@@ -248,7 +249,7 @@ class WhisperScheduler:
                 group = group[:units]
                 units -= len(group)
                 if units <= 0 and time.perf_counter() - t0 < self._min_step():
-                    units = max(1, self.budget.encoder_positions // pending[0].encoder.chunk)  # another round
+                    units = full  # another round
             else:
                 left = None if limit is None else limit - (time.perf_counter() - t0)
                 plan = size_unit(self.costs[kind], group, kind in CHUNKED, head.encoder.left(n_ctx), left, ran)
