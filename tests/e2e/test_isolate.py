@@ -86,7 +86,7 @@ def test_the_engine_process_killed_mid_stream(isolated_server: TandemServer) -> 
     after = isolated_server.stats()["isolate"]
     assert after["restarts"] == before["restarts"] + 1 and after["pid"] != before["pid"]
     answer = httpx.post(f"{isolated_server.base_url}/chat/completions", timeout=60,
-                        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+                        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "logit_bias": NO_EOS})
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
     files = {"file": ("tone.raw", s16(1.0), "audio/pcm;rate=16000;encoding=s16le")}
     again = httpx.post(f"{isolated_server.base_url}/audio/transcriptions", files=files, data={"model": "whisper-1"},
