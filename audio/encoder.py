@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from audio import cpu_math
+
 __all__ = ["EncoderJob", "Unit", "run_unit", "mel_window", "cross_kv", "CHUNKED", "N_SAMPLES", "N_FRAMES"]
 
 SAMPLE_RATE = 16000
@@ -51,10 +53,17 @@ class EncoderJob:
     fp16: bool
     unit: Unit = ("mel",)
     x: Any = None  # (1, T, C): input of the current stage (mel, conv1 output, layer input)
-    kv: Any = None  # (normed x, keys, values) of the current layer
+    kv: Any = None  # (normed x, keys, values) of the current layer; keys/values by head on the numpy path
     parts: list[Any] = field(default_factory=list)  # finished chunks of the current chunked stage
     features: Any = None
     cross_kv: list[tuple[Any, Any]] | None = None
+    # Softmax and GELU in numpy (MLX's CPU backend only, where they dominate the pass); decided when the job
+    # is made, so every unit of a window computes the same way. None: chosen by the backend MLX runs on.
+    numpy_math: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.numpy_math is None:
+            self.numpy_math = cpu_math.numpy_math_pays()
 
     @property
     def done(self) -> bool:
@@ -81,7 +90,7 @@ class EncoderJob:
         return n_ctx - int(self.unit[-1]) if self.unit[0] in CHUNKED else 0
 
 
-def _conv(conv: Any, x: Any, start: int, end: int, stride: int) -> Any:
+def _conv(conv: Any, x: Any, start: int, end: int, stride: int, numpy_math: bool) -> Any:
     """gelu(conv(x)) at output positions [start, end) of a kernel-3, padding-1 convolution: the inputs it
     needs, zero padded at the signal's edges as the full convolution pads them."""
     import mlx.core as mx
@@ -95,7 +104,7 @@ def _conv(conv: Any, x: Any, start: int, end: int, stride: int) -> Any:
     y = mx.conv1d(xs, conv.weight, stride=stride, padding=0)
     if "bias" in conv:
         y = y + conv.bias
-    return nn.gelu(y)
+    return cpu_math.gelu_(y) if numpy_math else nn.gelu(y)
 
 
 def _stack(jobs: list[EncoderJob], pick: Any) -> Any:
@@ -123,19 +132,25 @@ def _chunked(model: Any, jobs: list[EncoderJob], kind: str, start: int, end: int
     enc = model.encoder
     n_ctx = model.dims.n_audio_ctx
     if kind == "conv1":  # output frames [2·start, 2·end) of the 2·n_ctx conv1 frames
-        y = _conv(enc.conv1, _stack(jobs, lambda j: j.x), 2 * start, 2 * end, 1)
+        x = _stack(jobs, lambda j: j.x)
+        y = _conv(enc.conv1, x, 2 * start, 2 * end, 1, _numpy_math(jobs, x))
     elif kind == "conv2":
-        y = _conv(enc.conv2, _stack(jobs, lambda j: j.x), start, end, 2) + enc._positional_embedding[start:end]
+        x = _stack(jobs, lambda j: j.x)
+        y = _conv(enc.conv2, x, start, end, 2, _numpy_math(jobs, x)) + enc._positional_embedding[start:end]
     else:
         import mlx.nn as nn
 
         block = enc.blocks[jobs[0].unit[1]]
         h = _stack(jobs, lambda j: j.kv[0][:, start:end])
         x = _stack(jobs, lambda j: j.x[:, start:end])
-        wv, _ = block.attn.qkv_attention(block.attn.query(h), _stack(jobs, lambda j: j.kv[1]),
-                                         _stack(jobs, lambda j: j.kv[2]))
-        y = x + block.attn.out(wv)
-        y = y + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(y))))
+        k, v = _stack(jobs, lambda j: j.kv[1]), _stack(jobs, lambda j: j.kv[2])
+        if _numpy_math(jobs, x):
+            y = x + block.attn.out(_cpu_attention(block.attn, block.attn.query(h), k, v))
+            y = y + block.mlp2(cpu_math.gelu_(block.mlp1(block.mlp_ln(y))))
+        else:
+            wv, _ = block.attn.qkv_attention(block.attn.query(h), k, v)
+            y = x + block.attn.out(wv)
+            y = y + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(y))))
     mx.eval(y)
     for j, part in zip(jobs, _spread(jobs, y)):
         j.parts.append(part)
@@ -154,13 +169,43 @@ def _chunked(model: Any, jobs: list[EncoderJob], kind: str, start: int, end: int
             j.unit = ("kv", layer + 1) if layer + 1 < len(enc.blocks) else ("post",)
 
 
+def _numpy_math(jobs: list[EncoderJob], x: Any) -> bool:
+    """Whether these jobs' layer units take the numpy path: the backend says so and the model is float32."""
+    import mlx.core as mx
+
+    return bool(jobs[0].numpy_math) and x.dtype == mx.float32
+
+
+def _heads(attn: Any, k: Any, v: Any) -> tuple[Any, Any]:
+    """Keys (scaled, (B, H, d, T)) and values ((B, H, T, d)) laid out by head as qkv_attention lays them out
+    (same values), made contiguous once per layer instead of once per query chunk."""
+    import mlx.core as mx
+
+    b, t, d = k.shape
+    scale = (d // attn.n_head) ** -0.25
+    kh = k.reshape(b, t, attn.n_head, -1).transpose(0, 2, 3, 1) * scale
+    return mx.contiguous(kh), mx.contiguous(v.reshape(b, t, attn.n_head, -1).transpose(0, 2, 1, 3))
+
+
+def _cpu_attention(attn: Any, q: Any, kh: Any, vh: Any) -> Any:
+    """qkv_attention's output with the softmax in numpy (audio/cpu_math.py), given `_heads`' keys/values."""
+    b, n, d = q.shape
+    scale = (d // attn.n_head) ** -0.25
+    qh = q.reshape(b, n, attn.n_head, -1).transpose(0, 2, 1, 3) * scale
+    w = cpu_math.softmax_(qh @ kh)
+    return (w @ vh).transpose(0, 2, 1, 3).reshape(b, n, d)
+
+
 def _kv(model: Any, jobs: list[EncoderJob], layer: int) -> None:
-    """A layer's normed input and its keys/values over all positions, once per window."""
+    """A layer's normed input and its keys/values over all positions, once per window (by head on the numpy
+    path)."""
     import mlx.core as mx
 
     block = model.encoder.blocks[layer]
     h = block.attn_ln(_stack(jobs, lambda j: j.x))
     k, v = block.attn.key(h), block.attn.value(h)
+    if _numpy_math(jobs, h):
+        k, v = _heads(block.attn, k, v)
     mx.eval(h, k, v)
     for j, hh, kk, vv in zip(jobs, _spread(jobs, h), _spread(jobs, k), _spread(jobs, v)):
         j.kv, j.unit = (hh, kk, vv), ("layer", layer, 0)
@@ -205,7 +250,7 @@ def run_unit(model: Any, jobs: list[EncoderJob], positions: int | None = None) -
     cost lands in this step. A chunked unit covers `positions` (default: the first job's chunk), cut at the
     stage's end. Engine thread only. Raises what MLX raises, ValueError for a finished job."""
     unit = jobs[0].unit
-    assert all(j.unit == unit for j in jobs), "jobs must share their unit"
+    assert all(j.unit == unit and j.numpy_math == jobs[0].numpy_math for j in jobs), "jobs must share their unit"
     kind = unit[0]
     if kind in CHUNKED:
         start = int(unit[-1])
