@@ -42,13 +42,17 @@ RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded ag
 
 @dataclass(frozen=True)
 class LiveConfig:
-    """`redecode_s`: new speech before the open audio is decoded again. `trim_s`: open audio kept as context
+    """`redecode_s`: new speech before the open audio is decoded again. `first_redecode_s`: the same before an
+    utterance's first guess, while it has no text yet (None: `redecode_s`; never more than it). `trim_s`: open audio kept as context
     before finished segments are trimmed off. `tokens_per_second`: sampled tokens allowed per second of
     window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
     `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
 
     redecode_s: float = 1.0
+    # The first word's latency is this wait plus one decode (a full 30 s encoder pass): 0.5 s of speech
+    # already gives tiny.en a word or two, and LocalAgreement commits only what the next guess repeats.
+    first_redecode_s: float | None = 0.5
     trim_s: float = 15.0
     tokens_per_second: float = 10.0
     max_session_s: float = 3600.0
@@ -201,10 +205,15 @@ class LiveTranscription:
             return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
-        if length - self._probed_at >= self.config.redecode_s * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
+        if length - self._probed_at >= self._redecode_s() * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
         return None
+
+    def _redecode_s(self) -> float:
+        """New speech before the next probe: shorter before the open utterance's first text. Raises nothing."""
+        first, again = self.config.first_redecode_s, self.config.redecode_s
+        return again if first is None or self._utterance or self.tentative else min(first, again)
 
     def _room_samples(self) -> float:
         """Audio whose text fits what a decode may still sample after the forced prefix (at the rate

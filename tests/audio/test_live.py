@@ -174,3 +174,28 @@ async def test_a_final_decode_that_stops_short_is_decoded_again_from_where_its_t
     closed = [(e.item, e.text) for e in events if e.type == "utterance"]
     assert closed == [(0, live.committed_text())] and live.committed_text() == live._text([1000, 1002, 1004])
     assert live.next_action(True) is None
+
+
+async def test_an_utterances_first_guess_comes_after_first_redecode_s(tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
+    live, scheduler, _ = await live_text(tiny_whisper, [[ts], [ts, hello], [hello, there, ts + 50], [ts, there]],
+                                         redecode_s=1.0, first_redecode_s=0.5)
+    live.add_speech(speech(0.4), 0)
+    assert await run_due(live) == 0
+    live.add_speech(speech(0.1), int(0.4 * SR))
+    assert await run_due(live) == 1  # 0.5 s: a first guess, with no text
+    live.add_speech(speech(0.5), int(0.5 * SR))
+    assert await run_due(live) == 1  # still no text: the next guess after 0.5 s more
+    assert live.tentative == " hello"
+    live.add_speech(speech(0.5), SR)
+    assert await run_due(live) == 0  # the utterance has text: guesses every redecode_s
+    live.add_pause()
+    assert await run_due(live) == 1
+    assert live.committed_text() == " hello there" and live.tentative == ""
+    live.add_speech(speech(0.5), int(1.5 * SR))
+    assert await run_due(live) == 1  # the next utterance's first guess comes early again
+    assert [len(r.audio) for r in scheduler.requests][:2] == [SR // 2, SR]

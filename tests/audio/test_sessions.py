@@ -68,7 +68,7 @@ async def test_only_speech_is_decoded_and_speech_events_mark_it(tiny_whisper_dir
 
     monkeypatch.setattr(WhisperScheduler, "decode", spy)
     async with running_tasks() as tasks:
-        s = session(tasks, tiny_whisper_dir, redecode_s=100.0)
+        s = session(tasks, tiny_whisper_dir, redecode_s=100.0, first_redecode_s=None)
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.pump)
             s.append(f32(np.concatenate([silence(10), voiced(2), silence(10), voiced(1), silence(3)])), F32)
@@ -199,7 +199,7 @@ def items(s: LiveSession, kind: str) -> list[int]:
 async def test_a_commit_closes_the_utterance_where_it_was_called(tiny_whisper_dir: Path) -> None:
     decoded: list[int] = []
     async with running_tasks() as tasks:
-        s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0)
+        s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0, first_redecode_s=None)
         real = s.live._scheduler.decode
 
         async def spy(loaded: object, request: WindowRequest, scope: object = None) -> object:
@@ -225,7 +225,7 @@ async def test_a_commit_closes_the_utterance_where_it_was_called(tiny_whisper_di
 
 async def test_clear_drops_the_open_audio_without_committed_text(tiny_whisper_dir: Path) -> None:
     async with running_tasks() as tasks:
-        s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0)  # no probes: nothing is committed early
+        s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0, first_redecode_s=None)  # no probes: nothing is committed early
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.pump)
             s.append(f32(voiced(2.0)), F32)
