@@ -50,9 +50,11 @@ class LiveConfig:
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
 
     redecode_s: float = 1.0
-    # The first word's latency is this wait plus one decode (a full 30 s encoder pass): 0.5 s of speech
-    # already gives tiny.en a word or two, and LocalAgreement commits only what the next guess repeats.
-    first_redecode_s: float | None = 0.5
+    # The first word comes one decode (~1 s on a 2-core CPU, tiny.en) after this much speech. Measured over
+    # the wire with the shared clips (bench/RESULTS.md): 1.0 s → first word p50 1.7–1.8 s; 0.75 s → 1.4–1.5 s;
+    # 0.5–0.6 s → 2.0–2.1 s (the VAD's padding is most of it, the guess comes back empty and costs a decode).
+    # A wrong early guess is harmless: LocalAgreement commits only what the next guess repeats.
+    first_redecode_s: float | None = 0.75
     trim_s: float = 15.0
     tokens_per_second: float = 10.0
     max_session_s: float = 3600.0
