@@ -6,8 +6,11 @@ A convolution output position needs only three inputs around it, and encoder sel
 only the layer's keys/values (computed once, in their own unit), so positions [a, b) of a conv or a layer
 can be computed alone. How many positions a unit covers is chosen when it runs (the scheduler sizes units
 to its time budget); the result is the same whatever the sizes and whoever shares a unit (measured bitwise
-equal to mlx-whisper's one-call encoder on CPU). Windows at the same unit and start are stacked on the batch
-axis. MLX is imported inside the functions: importing audio/ must not import mlx before the fast BLAS.
+equal to mlx-whisper's one-call encoder with MLX's math). On MLX's CPU backend the softmax and GELUs run in
+numpy (audio/cpu_math.py: 2.1× faster per 30 s window with tiny.en), equal to the one-call encoder to
+rounding, and still bitwise the same whatever the sizes and stacking. Windows at the same unit and start are
+stacked on the batch axis. MLX is imported inside the functions: importing audio/ must not import mlx before
+the fast BLAS.
 """
 
 from __future__ import annotations
