@@ -26,6 +26,7 @@ import numpy as np
 
 from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
+from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 
 if TYPE_CHECKING:
@@ -140,6 +141,8 @@ class WhisperScheduler:
         self._seq = itertools.count()
         self._leading = False
         self._progress = anyio.Event()
+        self._mels_pending = 0  # windows whose log-mel a worker thread is computing
+        self._mel_done = anyio.Event()
         self._last_kind = ""
 
     @property
@@ -154,14 +157,27 @@ class WhisperScheduler:
         what the window's steps raise (MLX errors, ValueError for options mlx-whisper refuses), TaskRejected
         at shutdown."""
         chunk = min(self.budget.encoder_positions, loaded.model.dims.n_audio_ctx)  # the full-budget unit
-        window = _Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16),
+        # The log-mel is host work (tens of ms): on a worker thread it no longer holds the engine thread.
+        self._mels_pending += 1
+        try:
+            mel = await anyio.to_thread.run_sync(log_mel, request.audio, loaded.model.dims.n_mels, request.frames)
+        finally:
+            self._mels_pending -= 1
+            self._mel_done.set()
+            self._mel_done = anyio.Event()
+        window = _Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel),
                          next(self._seq), scope=cancellation)
         self._windows.append(window)
         try:
+            waited = False
             while not window.finished:
                 if self._leading:
                     await self._progress.wait()
+                elif self._mels_pending and not waited:  # windows arriving together start together (units
+                    waited = True                         # stack); once per step, so arrivals never starve it
+                    await self._mel_done.wait()
                 else:
+                    waited = False
                     await self._lead()
         except BaseException:
             window.cancelled = True
