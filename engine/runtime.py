@@ -211,6 +211,7 @@ class Engine:
             pacer = group.pacer  # what prefill pacing has learned (engine/pacing.py)
             out["pacing"] = {"decode_ms": _ms(pacer.decode_seconds), "fixed_ms": _ms(pacer.fixed_seconds),
                              "token_us": _ms(pacer.token_seconds, 1e6)}
+            out["iteration_times"] = group.iteration_times.snapshot()
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}

@@ -94,6 +94,7 @@ async def test_stats_report_rows_tokens_and_plan(tiny_loaded) -> None:
     assert stats["prompt_tokens"] == 10 and stats["generation_tokens"] >= 1
     assert stats["iterations"] >= 2 and stats["generation_tokens_per_second"] > 0
     assert stats["mixed_iterations"] == 0  # one row never decodes and prefills at once
+    assert stats["iteration_times"]["mixed"] == {"n": 0} and stats["iteration_times"]["decode"]["n"] >= 1
     assert stats["recent"]["generation_tokens_per_second"] > 0
     assert stats["plan"]["method"] == "packed-mixed" and stats["plan"]["reasons"]
     assert stats["active_rows"] == 0 and stats["queued_rows"] == 0 and stats["kv_bytes"] == 0
