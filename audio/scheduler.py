@@ -403,9 +403,25 @@ class WhisperScheduler:
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
-                "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats()}
+                "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
+                "recent_steps": _step_summary(c.steps)}
 
 
 def _unfed(w: _Window) -> int:
     row = w.row
     return 0 if row is None else int(row.tokens.shape[1]) - row.fed
+
+
+def _step_summary(steps: list[StepRecord]) -> dict[str, Any]:
+    """Recent steps' seconds by kind, paced (limit set) or not: n, p50/p99/max ms, and how many passed their
+    limit. Raises nothing."""
+    out: dict[str, Any] = {}
+    for key in sorted({(s.kind, s.limit is not None) for s in steps if s.kind != "idle"}):
+        picked = [s for s in steps if (s.kind, s.limit is not None) == key]
+        ms = np.asarray([s.seconds for s in picked]) * 1e3
+        p50, p99 = np.percentile(ms, [50, 99])
+        out[f"{key[0]}{'_paced' if key[1] else ''}"] = {
+            "n": len(picked), "p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
+            "max_ms": round(float(ms.max()), 3),
+            "over_limit": sum(1 for s in picked if s.limit is not None and s.seconds > s.limit)}
+    return out

@@ -130,9 +130,9 @@ async def _run_service(state: AppState, stop: anyio.Event, *,
                 with loading_models():
                     for hook in state.lifespan_hooks:
                         await hooks.enter_async_context(hook(state))
-                GC_PAUSES.install()
                 if state.config.freeze_gc:
                     _log.info("gc: %d objects from startup frozen out of collections", freeze_startup())
+                GC_PAUSES.install()  # after the freeze's own collection: /stats counts serving's
                 state.ready = True
                 _log.info("%s", READY_LINE)
                 task_status.started()

@@ -135,9 +135,9 @@ async def _host(conn: Connection, config: Any) -> None:
             ref, aliases = objects.register(state.speech), sorted(state.speech_aliases)
         conn.send(Ready(engine.model_name, engine.context_length, engine.vocab_size, _tokenizer_dir(engine),
                         list(engine.plan.reasons) if engine.plan is not None else [], os.getpid(), ref, aliases))
-        GC_PAUSES.install()
         if config.freeze_gc:
             freeze_startup()
+        GC_PAUSES.install()
         threading.Thread(target=read, name="tandem-isolate-read", daemon=True).start()
         tg.start_soon(snapshots)
         async for message in inbox:

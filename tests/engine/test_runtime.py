@@ -282,6 +282,12 @@ async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loa
         async with engine.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=12)) as stream:
             async for delta in stream:
                 paces.append(engine.chat_pace())
+        # A second row still in its prompt: steps planned now are paced too (its first gaps follow).
+        async with engine.submit(GenerationRequest(prompt_of(6, 2), GREEDY, max_tokens=2)) as stream:
+            queued_pace = engine.chat_pace()
+            async for _ in stream:
+                pass
         engine.close()
     assert any(p is not None and p > 0 for p in paces)
+    assert queued_pace is not None and queued_pace > 0
     assert engine.chat_pace() is None
