@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from audio import cpu_math
+from audio.mel import log_mel
 
 __all__ = ["EncoderJob", "Unit", "run_unit", "mel_window", "cross_kv", "CHUNKED", "N_SAMPLES", "N_FRAMES"]
 
@@ -35,14 +36,14 @@ CHUNKED = frozenset({"conv1", "conv2", "layer"})  # kinds that cover a range of 
 _STAGES = {"mel": 0, "conv1": 1, "conv2": 2, "kv": 3, "layer": 3, "post": 4, "cross": 5, "done": 6}
 
 
-def mel_window(model: Any, audio: np.ndarray, frames: int, fp16: bool) -> Any:
-    """Log-mel of ≤ 30 s, zero padded to a full window and cut to `frames` of content, as transcribe() does.
-    Engine thread only. Raises nothing of its own."""
+def mel_window(model: Any, audio: np.ndarray, frames: int, fp16: bool, mel: np.ndarray | None = None) -> Any:
+    """Log-mel of ≤ 30 s, zero padded to a full window and cut to `frames` of content, as transcribe() does
+    (`mel`: that log-mel, computed already by audio.mel.log_mel). Engine thread only. Raises nothing of its own."""
     import mlx.core as mx
-    from mlx_whisper.audio import log_mel_spectrogram, pad_or_trim
 
-    mel = log_mel_spectrogram(audio[:N_SAMPLES], n_mels=model.dims.n_mels, padding=max(0, N_SAMPLES - len(audio)))
-    return pad_or_trim(mel[:frames], N_FRAMES, axis=-2).astype(mx.float16 if fp16 else mx.float32)
+    if mel is None:
+        mel = log_mel(audio, model.dims.n_mels, frames)
+    return mx.array(mel).astype(mx.float16 if fp16 else mx.float32)
 
 
 @dataclass(eq=False)
@@ -54,6 +55,7 @@ class EncoderJob:
     frames: int
     chunk: int
     fp16: bool
+    mel: np.ndarray | None = None  # the window's log-mel, computed off the engine thread (None: at its unit)
     unit: Unit = ("mel",)
     x: Any = None  # (1, T, C): input of the current stage (mel, conv1 output, layer input)
     kv: Any = None  # (normed x, keys, values) of the current layer; keys/values by head on the numpy path
@@ -123,10 +125,10 @@ def _spread(jobs: list[EncoderJob], y: Any) -> list[Any]:
 def _mel(model: Any, jobs: list[EncoderJob]) -> None:
     import mlx.core as mx
 
-    mels = [mel_window(model, j.audio, j.frames, j.fp16)[None] for j in jobs]
+    mels = [mel_window(model, j.audio, j.frames, j.fp16, j.mel)[None] for j in jobs]
     mx.eval(mels)
     for j, mel in zip(jobs, mels):
-        j.x, j.unit = mel, ("conv1", 0)
+        j.x, j.mel, j.unit = mel, None, ("conv1", 0)
 
 
 def _chunked(model: Any, jobs: list[EncoderJob], kind: str, start: int, end: int) -> None:

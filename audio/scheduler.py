@@ -26,6 +26,7 @@ import numpy as np
 
 from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
+from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 
 if TYPE_CHECKING:
@@ -140,6 +141,8 @@ class WhisperScheduler:
         self._seq = itertools.count()
         self._leading = False
         self._progress = anyio.Event()
+        self._mels_pending = 0  # windows whose log-mel a worker thread is computing
+        self._mel_done = anyio.Event()
         self._last_kind = ""
 
     @property
@@ -154,14 +157,27 @@ class WhisperScheduler:
         what the window's steps raise (MLX errors, ValueError for options mlx-whisper refuses), TaskRejected
         at shutdown."""
         chunk = min(self.budget.encoder_positions, loaded.model.dims.n_audio_ctx)  # the full-budget unit
-        window = _Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16),
+        # The log-mel is host work (tens of ms): on a worker thread it no longer holds the engine thread.
+        self._mels_pending += 1
+        try:
+            mel = await anyio.to_thread.run_sync(log_mel, request.audio, loaded.model.dims.n_mels, request.frames)
+        finally:
+            self._mels_pending -= 1
+            self._mel_done.set()
+            self._mel_done = anyio.Event()
+        window = _Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel),
                          next(self._seq), scope=cancellation)
         self._windows.append(window)
         try:
+            waited = False
             while not window.finished:
                 if self._leading:
                     await self._progress.wait()
+                elif self._mels_pending and not waited:  # windows arriving together start together (units
+                    waited = True                         # stack); once per step, so arrivals never starve it
+                    await self._mel_done.wait()
                 else:
+                    waited = False
                     await self._lead()
         except BaseException:
             window.cancelled = True
@@ -387,9 +403,25 @@ class WhisperScheduler:
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
-                "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats()}
+                "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
+                "recent_steps": _step_summary(c.steps)}
 
 
 def _unfed(w: _Window) -> int:
     row = w.row
     return 0 if row is None else int(row.tokens.shape[1]) - row.fed
+
+
+def _step_summary(steps: list[StepRecord]) -> dict[str, Any]:
+    """Recent steps' seconds by kind, paced (limit set) or not: n, p50/p99/max ms, and how many passed their
+    limit. Raises nothing."""
+    out: dict[str, Any] = {}
+    for key in sorted({(s.kind, s.limit is not None) for s in steps if s.kind != "idle"}):
+        picked = [s for s in steps if (s.kind, s.limit is not None) == key]
+        ms = np.asarray([s.seconds for s in picked]) * 1e3
+        p50, p99 = np.percentile(ms, [50, 99])
+        out[f"{key[0]}{'_paced' if key[1] else ''}"] = {
+            "n": len(picked), "p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
+            "max_ms": round(float(ms.max()), 3),
+            "over_limit": sum(1 for s in picked if s.limit is not None and s.seconds > s.limit)}
+    return out

@@ -110,7 +110,9 @@ async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int
         stop.set()
     stats = {}
     async with httpx.AsyncClient(timeout=10, headers=headers) as http:
-        stats = ((await http.get(f"{root}/stats")).json().get("speech") or {}).get("scheduler") or {}
+        doc = (await http.get(f"{root}/stats")).json()
+        stats = {**((doc.get("speech") or {}).get("scheduler") or {}),
+                 "chat_iteration_times": doc.get("iteration_times"), "gc": doc.get("gc")}
     a50, a99, s50, s99 = pct(alone, 50), pct(alone, 99), pct(shared, 50), pct(shared, 99)
     return {"sessions": sessions, "tokens_alone": n_alone, "tokens_with_sessions": n_shared,
             "itl_alone_ms": {"p50": round(a50 * 1e3, 1) if a50 else None, "p99": round(a99 * 1e3, 1) if a99 else None},

@@ -30,6 +30,7 @@ import anyio
 from engine.admission import KVAdmission
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import ContextTooLong, EngineClosed, InvalidRequest, QueueFull
+from engine.iteration_times import IterationTimes
 from engine.memory import MemoryBudget, release_free_memory
 from engine.pacing import PrefillPacer
 from engine.pipeline import DecodePipeline
@@ -96,6 +97,7 @@ class LLMBatchGroup:
             "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
         }
         self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens)
+        self.iteration_times = IterationTimes()
         self.step = BatchStep(model, self.plan, context_length=context_length, prefix_cache=prefix_cache,
                               counters=self.counters)
         slots = self.step.slots
@@ -313,8 +315,11 @@ class LLMBatchGroup:
         self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
         start = time.perf_counter()
-        if self._last_step_end is not None and start - self._last_step_end < 1.0:
-            self.counters["loop_gap_seconds"] += start - self._last_step_end  # event-loop time between steps
+        gap = start - self._last_step_end if self._last_step_end is not None else None
+        if gap is not None and gap < 1.0:
+            self.counters["loop_gap_seconds"] += gap  # event-loop time between steps
+        else:
+            gap = None
         try:
             outputs = await self.context.run(self.step.run, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop
@@ -324,10 +329,13 @@ class LLMBatchGroup:
             self._last_step_end = time.perf_counter()
         self.consecutive_failures = 0
         prompted = self.counters["prompt_tokens"] - before[0]
+        generated = self.counters["generation_tokens"] - before[1]
         if self.step.last_cost is not None:
+            _, n_prompt, n_decode = self.step.last_cost
+            self.iteration_times.record(n_prompt, n_decode, self._last_step_end - start, gap)
             self.pacer.record(*self.step.last_cost)
             self.step.last_cost = None
-        self._recent.append((time.monotonic(), prompted, self.counters["generation_tokens"] - before[1]))
+        self._recent.append((time.monotonic(), prompted, generated))
         for row, delta in outputs:
             self._publish(row, delta)
             if row.finished and row in self._active:

@@ -211,6 +211,7 @@ class Engine:
             pacer = group.pacer  # what prefill pacing has learned (engine/pacing.py)
             out["pacing"] = {"decode_ms": _ms(pacer.decode_seconds), "fixed_ms": _ms(pacer.fixed_seconds),
                              "token_us": _ms(pacer.token_seconds, 1e6)}
+            out["iteration_times"] = group.iteration_times.snapshot()
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}
@@ -224,10 +225,11 @@ class Engine:
         return out
 
     def chat_pace(self) -> float | None:
-        """Seconds a decode-only chat iteration takes now (a moving average), or None while no chat row is
-        decoding: what other work on the loop (Whisper steps) should stay well below. Raises nothing."""
+        """Seconds a decode-only chat iteration takes (a moving average), or None while chat has no row,
+        active or queued: what other work on the loop (Whisper steps) should stay well below. A row still in
+        its prompt counts: a full-budget step planned then would land on its first token gaps. Raises nothing."""
         group = self.group
-        if not isinstance(group, LLMBatchGroup) or group.running_tokens() == 0:
+        if not isinstance(group, LLMBatchGroup) or (group.active_rows() == 0 and group.queued_rows() == 0):
             return None
         return group.pacer.decode_seconds
 

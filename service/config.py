@@ -56,6 +56,9 @@ class ServiceConfig:
     # The engine and its models in a supervised child process (service/isolate/): the API stays up
     # through an engine crash, and HTTP work never shares a GIL with the engine.
     isolate: bool = False
+    # Freeze what startup built out of Python's collections at ready (service/process/gc_pauses.py); the CLI
+    # turns it on. Off by default: a test process starts many apps and should not pin their objects.
+    freeze_gc: bool = False
     host: str = "127.0.0.1"
     port: int = 8080
     # Loaded-model name shown in /v1/models; default: what engine.model_name says.

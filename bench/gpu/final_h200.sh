@@ -14,18 +14,21 @@ ARGS="--max-active 128 --no-whisper"
 COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout 90 --log-dir "$OUT")
 step "build"
 [ -d "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" ${BUILD_ARGS:-} | tail -1
-# Knobs: OURS_SCENARIOS, PEER_SCENARIOS, SKIP_ISOLATE=1, SKIP_LIVE=1 (speech in its own call).
+# Knobs: OURS_SCENARIOS, PEER_SCENARIOS, SKIP_ISOLATE=1, SKIP_LIVE=1 (speech in its own call), OURS_S and
+# PEER_S (seconds per server, start included; default 110 and 100).
+OURS_S=${OURS_S:-110}
+PEER_S=${PEER_S:-100}
 step "ours (default)"
-timeout 130 python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios "${OURS_SCENARIOS:-c1,c64,poisson8,c128}" \
-  --ours-args "$ARGS" --server-budget 110 --out "$OUT/ours.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+timeout $((OURS_S + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios "${OURS_SCENARIOS:-c1,c64,poisson8,c128}" \
+  --ours-args "$ARGS" --server-budget "$OURS_S" --out "$OUT/ours.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
 if [ -z "${SKIP_ISOLATE:-}" ]; then
   step "ours --isolate"
   timeout 100 python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios c64,poisson8 --ours-args "$ARGS --isolate" \
     --server-budget 80 --out "$OUT/isolate.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
 fi
 step "peer"
-timeout 120 python3 -m bench.serve --only peer "${COMMON[@]}" --scenarios "${PEER_SCENARIOS:-c1,c64,poisson8}" \
-  --server-budget 100 --out "$OUT/peer.json" 2>&1 | grep -E "peer (c|p|:)" | grep -v starting
+timeout $((PEER_S + 20)) python3 -m bench.serve --only peer "${COMMON[@]}" --scenarios "${PEER_SCENARIOS:-c1,c64,poisson8}" \
+  --server-budget "$PEER_S" --out "$OUT/peer.json" 2>&1 | grep -E "peer (c|p|:)" | grep -v starting
 if [ -f bench/gpu/live_h200.sh ] && [ -z "${SKIP_LIVE:-}" ]; then  # SKIP_LIVE=1: speech in its own call
   step "speech (bench/gpu/live_h200.sh)"
   OUT="$OUT" BUDGET_S=140 timeout 150 bash bench/gpu/live_h200.sh 2>&1 | tail -25

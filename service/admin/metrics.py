@@ -14,6 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from service.process.gc_pauses import GC_PAUSES
+
 if TYPE_CHECKING:
     from service.state import AppState
 
@@ -105,6 +107,7 @@ class _EngineCollector(Collector):
             except Exception:  # noqa: BLE001 — a scrape never fails over diagnostics
                 stats = {}
         yield _gauge("tandem_ready", "1 when the server accepts requests", 1.0 if self.state.ready else 0.0)
+        yield from _gc(GC_PAUSES.snapshot())
         for key, text in _ENGINE_GAUGES.items():
             if _number(stats.get(key)):
                 yield _gauge(f"tandem_{key}", text, stats[key])
@@ -131,6 +134,18 @@ class _EngineCollector(Collector):
                 yield _gauge("tandem_whisper_sessions_open", "Live sessions open", sp["sessions_open"])
             if _number(sp.get("loads")):
                 yield _counter("tandem_whisper_loads", "Whisper model loads", sp["loads"])
+
+
+def _gc(snapshot: dict[str, Any]) -> Iterator[Metric]:
+    count = CounterMetricFamily("tandem_gc_collections", "Python garbage collections in this process",
+                                labels=["generation"])
+    pause = CounterMetricFamily("tandem_gc_pause_seconds", "Seconds this process spent paused in garbage "
+                                "collections (every thread waits)", labels=["generation"])
+    for g, gen in enumerate(snapshot["generations"]):
+        count.add_metric([str(g)], float(gen["collections"]))
+        pause.add_metric([str(g)], gen["pause_ms_total"] / 1e3)
+    yield count
+    yield pause
 
 
 def _memory(memory: dict[str, Any]) -> Iterator[Metric]:

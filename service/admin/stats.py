@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+from service.process.gc_pauses import GC_PAUSES
 from service.state import AppState
 
 __all__ = ["stats_payload", "limits_payload"]
@@ -37,6 +38,7 @@ def stats_payload(state: AppState) -> dict[str, Any]:
         "phase": state.phase,
         "pid": os.getpid(),
         "limits": limits_payload(state),
+        "gc": GC_PAUSES.snapshot(),
     }
     engine = state.engine
     if engine is not None:

@@ -44,6 +44,9 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="run internal generations at start so kernels compile before clients wait (default: on a "
                         "GPU, off on CPU)")
+    p.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                   help="at ready, move what startup built out of Python's garbage collections, whose full passes "
+                        "over it pause every stream (default: on)")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds streams get to finish on Ctrl-C/SIGTERM before they end with an error event")
     add_serve_limit_args(p)
@@ -72,6 +75,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         memory_budget=args.memory_budget,
         warmup=args.warmup,
         isolate=args.isolate,
+        freeze_gc=args.gc_freeze,
         log_level=args.log_level,
         shutdown_timeout=args.shutdown_timeout,
     )

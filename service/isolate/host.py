@@ -36,6 +36,7 @@ from service.isolate.messages import (
     Submit,
 )
 from service.isolate.objects import Call, ObjectServer
+from service.process.gc_pauses import GC_PAUSES, freeze_startup
 
 __all__ = ["main", "SNAPSHOT_SECONDS"]
 
@@ -119,7 +120,7 @@ async def _host(conn: Connection, config: Any) -> None:
 
     async def snapshots() -> None:
         while True:
-            conn.send(Snapshot(engine.stats(), engine.health()))
+            conn.send(Snapshot({**engine.stats(), "gc_engine_process": GC_PAUSES.snapshot()}, engine.health()))
             await anyio.sleep(SNAPSHOT_SECONDS)
 
     async with anyio.create_task_group() as tg, contextlib.AsyncExitStack() as speech:
@@ -134,6 +135,9 @@ async def _host(conn: Connection, config: Any) -> None:
             ref, aliases = objects.register(state.speech), sorted(state.speech_aliases)
         conn.send(Ready(engine.model_name, engine.context_length, engine.vocab_size, _tokenizer_dir(engine),
                         list(engine.plan.reasons) if engine.plan is not None else [], os.getpid(), ref, aliases))
+        if config.freeze_gc:
+            freeze_startup()
+        GC_PAUSES.install()
         threading.Thread(target=read, name="tandem-isolate-read", daemon=True).start()
         tg.start_soon(snapshots)
         async for message in inbox:

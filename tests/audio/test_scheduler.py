@@ -103,6 +103,9 @@ async def test_a_minimum_step_time_runs_more_units_and_rows_per_step(tiny_whispe
     assert plain.counters.encoder_steps >= 22 and long.counters.encoder_steps <= 2
     assert long.counters.decoder_steps < plain.counters.decoder_steps
     assert long.stats()["min_step_ms"] == 1000.0 and plain.stats()["min_step_ms"] == 0.0
+    recent = plain.stats()["recent_steps"]  # durations by kind; no limit was set, so nothing counts as over it
+    assert recent["encode"]["n"] == min(256, plain.counters.encoder_steps) and recent["decode"]["n"] > 0
+    assert all(r["over_limit"] == 0 and 0 < r["p50_ms"] <= r["max_ms"] for r in recent.values())
 
 
 def test_the_minimum_step_time_defaults_by_device() -> None:

@@ -191,3 +191,8 @@ def test_disconnect_during_non_stream_request_frees_the_row(model_id: str, tiny_
 
 def test_server_log_has_no_traceback(tiny_server: TandemServer) -> None:
     assert "Traceback" not in "".join(tiny_server.log), tiny_server.output()
+
+
+def test_startup_objects_are_frozen_out_of_collections(tiny_server: TandemServer) -> None:
+    gc_stats = tiny_server.stats()["gc"]  # `tandem serve` freezes by default (--gc-freeze)
+    assert gc_stats["frozen_objects"] > 10_000 and len(gc_stats["generations"]) == 3

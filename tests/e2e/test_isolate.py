@@ -48,6 +48,7 @@ def test_speech_runs_in_the_engine_process(isolated_server: TandemServer) -> Non
                           headers={"content-type": "audio/pcm;rate=16000;encoding=s16le"}, timeout=30)
     assert appended.status_code == 200 and appended.json()["received_seconds"] == 1.0
     OPEN_SESSIONS.append(session["id"])  # the next test kills the process holding it
+    assert isolated_server.stats()["gc_engine_process"]["frozen_objects"] > 10_000  # frozen there too
 
 
 def test_the_engine_process_killed_mid_stream(isolated_server: TandemServer) -> None:

@@ -121,6 +121,9 @@ async def test_four_rows_joining_at_different_iterations_match_mlx_lm(tiny_loade
     mixed = [it for it in group.runner.iterations if any(w and n == 1 for n, w in it) and any(n > 1 for n, _ in it)]
     assert mixed, "a joining prompt must share an iteration with decoding rows"
     assert group.counters["mixed_iterations"] == len(mixed)
+    times = group.iteration_times.snapshot()  # /stats: iteration wall times by kind
+    assert times["mixed"]["n"] == len(mixed) and times["decode"]["n"] > 0 and times["prefill"]["n"] > 0
+    assert 0 < times["decode"]["p50_ms"] <= times["decode"]["p99_ms"] <= times["decode"]["max_ms"]
 
 
 async def test_prefill_split_into_budgeted_chunks_matches_mlx_lm(tiny_loaded) -> None:

@@ -94,6 +94,7 @@ async def test_stats_report_rows_tokens_and_plan(tiny_loaded) -> None:
     assert stats["prompt_tokens"] == 10 and stats["generation_tokens"] >= 1
     assert stats["iterations"] >= 2 and stats["generation_tokens_per_second"] > 0
     assert stats["mixed_iterations"] == 0  # one row never decodes and prefills at once
+    assert stats["iteration_times"]["mixed"] == {"n": 0} and stats["iteration_times"]["decode"]["n"] >= 1
     assert stats["recent"]["generation_tokens_per_second"] > 0
     assert stats["plan"]["method"] == "packed-mixed" and stats["plan"]["reasons"]
     assert stats["active_rows"] == 0 and stats["queued_rows"] == 0 and stats["kv_bytes"] == 0
@@ -281,6 +282,12 @@ async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loa
         async with engine.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=12)) as stream:
             async for delta in stream:
                 paces.append(engine.chat_pace())
+        # A second row still in its prompt: steps planned now are paced too (its first gaps follow).
+        async with engine.submit(GenerationRequest(prompt_of(6, 2), GREEDY, max_tokens=2)) as stream:
+            queued_pace = engine.chat_pace()
+            async for _ in stream:
+                pass
         engine.close()
     assert any(p is not None and p > 0 for p in paces)
+    assert queued_pace is not None and queued_pace > 0
     assert engine.chat_pace() is None

@@ -56,3 +56,16 @@ def test_requests_are_counted_by_route_template_and_status(client: TestClient[An
     assert not any("fake-model" in s.labels.get("route", "") for s in requests.samples)
     durations = _families(client)["tandem_request_duration_seconds"]
     assert durations.type == "histogram"
+
+
+def test_garbage_collections_are_counters_by_generation() -> None:
+    import gc
+
+    with TestClient(create_app(AppState(engine=FakeEngine()))) as client:  # startup installs the counting
+        gc.collect(2)
+        families = _families(client)
+        stats = client.get("/stats").json()["gc"]
+    assert families["tandem_gc_collections"].type == "counter"
+    assert _value(families["tandem_gc_collections"], generation="2") >= 1
+    assert _value(families["tandem_gc_pause_seconds"], generation="2") > 0
+    assert stats["generations"][2]["collections"] >= 1

@@ -1,0 +1,46 @@
+"""service/process/gc_pauses.py: collections are counted with their pauses by generation, and startup's objects
+are frozen out of later collections."""
+
+from __future__ import annotations
+
+import gc
+from typing import Iterator
+
+import pytest
+
+from service.process.gc_pauses import GcPauses, freeze_startup
+
+
+@pytest.fixture
+def pauses() -> Iterator[GcPauses]:
+    p = GcPauses()
+    p.install()
+    yield p
+    gc.callbacks.remove(p._callback)
+
+
+def test_counts_each_collection_with_its_pause(pauses: GcPauses) -> None:
+    gc.collect(0)
+    gc.collect(2)
+    gc.collect(2)
+    snap = pauses.snapshot()
+    gens = snap["generations"]
+    assert gens[0]["collections"] >= 1 and gens[2]["collections"] >= 2
+    assert 0 < gens[2]["pause_ms_max"] <= gens[2]["pause_ms_total"]
+    assert snap["recent_full_pause_ms_max"] == gens[2]["pause_ms_max"]
+
+
+def test_installing_twice_counts_once(pauses: GcPauses) -> None:
+    pauses.install()
+    gc.collect(2)
+    assert pauses.snapshot()["generations"][2]["collections"] == 1
+
+
+def test_freeze_moves_what_is_alive_out_of_collections() -> None:
+    keep = [[i] for i in range(1000)]
+    try:
+        frozen = freeze_startup()
+        assert frozen >= len(keep) and gc.get_freeze_count() == frozen
+        assert not any(gc.is_tracked(x) and x in gc.get_objects(generation=2) for x in keep[:3])
+    finally:
+        gc.unfreeze()
