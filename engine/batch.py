@@ -32,7 +32,7 @@ from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import ContextTooLong, EngineClosed, InvalidRequest, QueueFull
 from engine.iteration_times import IterationTimes
 from engine.memory import MemoryBudget, release_free_memory
-from engine.pacing import PrefillPacer
+from engine.pacing import STALL, PrefillPacer
 from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
@@ -61,6 +61,7 @@ class LLMBatchGroup:
         max_active: int = 16,
         max_iteration_tokens: int = 512,
         minimum_preparation_tokens: int = 32,
+        prefill_stall: float = STALL,
         prefix_cache: PrefixCache | None = None,
         plan: ExecutionPlan | None = None,
         max_kv_tokens: int | None = None,
@@ -96,7 +97,7 @@ class LLMBatchGroup:
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
             "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
         }
-        self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens)
+        self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens, prefill_stall)
         self.iteration_times = IterationTimes()
         self.step = BatchStep(model, self.plan, context_length=context_length, prefix_cache=prefix_cache,
                               counters=self.counters)

@@ -4,7 +4,7 @@ Every decoding row waits for the whole iteration, so a large prompt chunk shows 
 running stream. The pacer measures, on this machine and model, what a decode-only iteration costs and what
 a mixed iteration adds on top — a fixed part (on a GPU the decode pipeline stops for it: the host's graph
 building is no longer hidden) plus a part per prompt token — and gives prompt chunks what keeps a mixed
-iteration within `STALL` decode iterations (never less than the group's minimum, never more than its
+iteration within `stall` decode iterations (default STALL) (never less than the group's minimum, never more than its
 budget). When the fixed part alone passes that bound, small chunks would pay it again and again for little
 progress, so prompts get the whole budget. With no row decoding there is no gap to protect: prompts get the
 whole budget. Before anything is measured the budget is used as configured.
@@ -27,9 +27,12 @@ _SPREAD = 1.5  # the fit needs prompt-token counts at least this far apart to te
 class PrefillPacer:
     """Running estimates of iteration costs (seconds) and the prompt-token allowance they imply."""
 
-    def __init__(self, max_tokens: int, min_tokens: int) -> None:
+    def __init__(self, max_tokens: int, min_tokens: int, stall: float = STALL) -> None:
+        if stall <= 1.0:
+            raise ValueError(f"stall must be > 1 (a mixed iteration includes a decode iteration), got {stall}")
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
+        self.stall = stall
         self.decode_seconds: float | None = None  # one decode-only iteration
         self.token_seconds: float | None = None  # what one prompt token adds to a mixed iteration
         self.fixed_seconds: float | None = None  # what a mixed iteration adds whatever its prompt tokens
@@ -67,7 +70,7 @@ class PrefillPacer:
         room = max(self.max_tokens - decode_rows, self.min_tokens)
         if decode_rows == 0 or self.decode_seconds is None or self.token_seconds is None:
             return room
-        allowance = (STALL - 1.0) * self.decode_seconds
+        allowance = (self.stall - 1.0) * self.decode_seconds
         if self.fixed_seconds is None:
             # Fixed and per-token cost not told apart yet: pace as if all were per token, and every other
             # time offer twice that, so the counts spread and the fit can separate the two.

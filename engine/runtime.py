@@ -25,6 +25,7 @@ from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
 from engine.memory import MemoryBudget, configure_allocator, process_rss
+from engine.pacing import STALL
 from engine.errors import EngineClosed, NoChatModel
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
@@ -48,6 +49,7 @@ class Engine:
         max_active: int = 16,
         max_iteration_tokens: int = 512,
         minimum_preparation_tokens: int = 32,
+        prefill_stall: float = STALL,
         prefix_cache: Any = None,
         backend: Any = None,
         max_kv_tokens: int | None = None,
@@ -91,6 +93,7 @@ class Engine:
                 max_active=max_active,
                 max_iteration_tokens=max_iteration_tokens,
                 minimum_preparation_tokens=minimum_preparation_tokens,
+                prefill_stall=prefill_stall,
                 prefix_cache=prefix_cache,
                 plan=self.plan,
                 max_kv_tokens=max_kv_tokens,
@@ -209,7 +212,8 @@ class Engine:
             )
             out["memory"] = self.memory_stats()
             pacer = group.pacer  # what prefill pacing has learned (engine/pacing.py)
-            out["pacing"] = {"decode_ms": _ms(pacer.decode_seconds), "fixed_ms": _ms(pacer.fixed_seconds),
+            out["pacing"] = {"stall": pacer.stall, "decode_ms": _ms(pacer.decode_seconds),
+                             "fixed_ms": _ms(pacer.fixed_seconds),
                              "token_us": _ms(pacer.token_seconds, 1e6)}
             out["iteration_times"] = group.iteration_times.snapshot()
             recent_prompt, recent_generation = group.recent_rates()

@@ -48,6 +48,8 @@ class ServiceConfig:
     model: str | None = None
     max_active: int = 16
     max_iteration_tokens: int = 512
+    # A mixed iteration (decoding rows + a prompt chunk) may last this many decode-only iterations.
+    prefill_stall: float = 2.0
     prompt_cache_bytes: int | None = None
     # Bytes for weights, KV, prefix cache and MLX's buffer cache; None: the machine's default.
     memory_budget: int | None = None

@@ -30,6 +30,9 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
     p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per scheduler iteration")
+    p.add_argument("--prefill-stall", type=float, default=2.0, metavar="X",
+                   help="while rows decode, an iteration carrying a prompt chunk may last X decode-only iterations "
+                        "(the prompt chunk is sized from measured costs; larger X: faster prompts, longer token gaps)")
     p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models (default: the model's name)")
     p.add_argument("--prompt-cache-bytes", type=byte_size, default=None,
                    help="prefix-cache byte budget, e.g. 2GiB; 0 disables (default: a quarter of the memory budget "
@@ -56,6 +59,8 @@ def add_serve(sub: Any) -> None:
 
 def serve_config(args: argparse.Namespace) -> ServiceConfig:
     """ServiceConfig from parsed `serve` arguments (others extend it via config.extra). Raises CLIError."""
+    if not args.prefill_stall > 1:
+        raise CLIError(f"--prefill-stall must be > 1, got {args.prefill_stall}")
     if args.max_active < 1 or args.max_iteration_tokens < 1:
         raise CLIError("--max-active and --max-iteration-tokens must be >= 1")
     if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:
@@ -68,6 +73,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         model=args.model,
         max_active=args.max_active,
         max_iteration_tokens=args.max_iteration_tokens,
+        prefill_stall=args.prefill_stall,
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,

@@ -3,6 +3,8 @@ decode iterations; with nothing measured, or nothing decoding, prompts get the w
 
 from __future__ import annotations
 
+import pytest
+
 from engine.pacing import STALL, PrefillPacer
 
 
@@ -33,6 +35,14 @@ def test_prompt_tokens_keep_a_mixed_iteration_within_the_stall() -> None:
     allowed = _simulate(pacer, decode=0.004, fixed=0.0, per_token=0.0001, iterations=12)[-1]
     assert allowed == int((STALL - 1) * 0.004 / 0.0001)
     assert 0.004 + allowed * 0.0001 <= STALL * 0.004 + 1e-9
+
+
+def test_a_larger_stall_gives_longer_chunks_within_it() -> None:
+    pacer = PrefillPacer(max_tokens=4096, min_tokens=32, stall=3.0)
+    allowed = _simulate(pacer, decode=0.004, fixed=0.005, per_token=0.00001, iterations=16)[-1]
+    assert allowed == int((2.0 * 0.004 - 0.005) / 0.00001)  # at the default stall the fixed part alone passes
+    with pytest.raises(ValueError, match="stall"):
+        PrefillPacer(max_tokens=512, min_tokens=32, stall=1.0)
 
 
 def test_a_fixed_cost_per_mixed_iteration_is_not_charged_per_token() -> None:
