@@ -164,13 +164,16 @@ class PackedRunner:
         pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
         h = self.inner.embed_tokens((fed if shared and fed is not None else _token_ids(order, flat, bounds))[None])
         rest = order[len(slotted):]
+        # One causal mask per prompt chunk for every layer: the attention fallback (no fused prefill kernel
+        # on CUDA without cuDNN) otherwise builds it again in each layer, three kernels each time.
+        masks = {id(seg): _causal_mask(seg.layer(0).offset, len(seg.tokens)) for seg in rest if len(seg.tokens) > 1}
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv = self.qkv[li](layer.input_layernorm(h))
             if batch is None or slots is None:
-                o = self._attention(attn, qkv, rest, bounds, pos, li, T)
+                o = self._attention(attn, qkv, rest, bounds, pos, li, T, masks)
             else:
-                o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch)
+                o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch, masks)
             h = h + attn.o_proj(o)
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
         if slotted and slots is not None:
@@ -181,7 +184,8 @@ class PackedRunner:
         return self.lm_head(self.inner.norm(h))[0]
 
     def _attention(self, attn: Any, qkv: list[mx.array], segments: Sequence[Segment],
-                   bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int) -> mx.array:
+                   bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
+                   masks: dict[int, mx.array]) -> mx.array:
         if len(segments) == 1:
             return self._attention_one(attn, qkv, segments[0].layer(li), T)
         nh, nkv = attn.n_heads, attn.n_kv_heads
@@ -206,15 +210,14 @@ class PackedRunner:
                 qs = attn.rope(qs, offset=cache.offset)
                 ks = attn.rope(ks, offset=cache.offset)
             ks, vs = cache.update_and_fetch(ks, vs)
-            outs.append(
-                mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None)
-            )
+            outs.append(mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=attn.scale,
+                                                             mask=_chunk_mask(masks, seg, e - s, ks)))
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
     def _attention_slots(self, slots: SlotKV, attn: Any, qkv: list[mx.array], rest: Sequence[Segment],
                          bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
-                         batch: DecodeBatch) -> mx.array:
+                         batch: DecodeBatch, masks: dict[int, mx.array]) -> mx.array:
         # Tokens 0..B-1 are the decode rows (one slot each); the rest are per-row prefill chunks.
         nh, nkv, B = attn.n_heads, attn.n_kv_heads, batch.rows
         q = qkv[0].reshape(T, nh, 1, -1)
@@ -240,7 +243,7 @@ class PackedRunner:
                 a, b = s - B, e - B
                 ks, vs = seg.layer(li).update_and_fetch(kr[:, :, a:b], vr[:, :, a:b])
                 outs.append(mx.fast.scaled_dot_product_attention(
-                    qr[:, :, a:b], ks, vs, scale=attn.scale, mask="causal" if e - s > 1 else None))
+                    qr[:, :, a:b], ks, vs, scale=attn.scale, mask=_chunk_mask(masks, seg, e - s, ks)))
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
@@ -258,6 +261,20 @@ class PackedRunner:
         k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal" if T > 1 else None)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
+
+
+def _causal_mask(offset: int, n: int) -> mx.array:
+    """(n, offset + n) bool: query i (at position offset + i) sees keys 0..offset + i, as mask="causal"."""
+    return mx.arange(offset, offset + n)[:, None] >= mx.arange(offset + n)[None]
+
+
+def _chunk_mask(masks: dict[int, mx.array], seg: Segment, n: int, keys: mx.array) -> mx.array | str | None:
+    """The chunk's precomputed mask when it matches the keys the cache returned (else "causal"); None for one
+    token, which sees every key."""
+    if n <= 1:
+        return None
+    mask = masks.get(id(seg))
+    return mask if mask is not None and mask.shape[-1] == keys.shape[2] else "causal"
 
 
 def _token_ids(order: Sequence[Segment], flat: list[int], bounds: list[tuple[int, int]]) -> mx.array:
