@@ -294,13 +294,17 @@ class LiveSession:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            while True:
-                await self._wake.wait()
-                self._wake = anyio.Event()
-                if finished:
-                    break
-                await self._gate_pending(decoding=True)
-                self.live.drop_closed_probe()
+            try:
+                while True:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    if finished:
+                        break
+                    await self._gate_pending(decoding=True)
+                    self.live.drop_closed_probe()
+            except Exception as exc:  # the session ends with it; the decode is of no use any more
+                failure.append(exc)
+                tg.cancel_scope.cancel()
         if failure:
             raise failure[0]
 

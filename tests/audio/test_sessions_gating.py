@@ -39,8 +39,8 @@ class Held:
     """A scheduler whose decodes number `hold` wait for `release` (or their cancellation); the others return
     TEXT at once. `log` records each decode's start, end and cancellation, in order."""
 
-    def __init__(self, hold: set[int]) -> None:
-        self.hold = hold
+    def __init__(self, hold: set[int], fail: set[int] | None = None) -> None:
+        self.hold, self.fail = hold, fail or set()
         self.log: list[tuple[str, int]] = []
         self.scopes: list[Any] = []
         self.held = anyio.Event()
@@ -58,6 +58,8 @@ class Held:
                 self.log.append(("cancelled", i))
                 raise
             self.log.append(("end", i))
+        if i in self.fail:
+            raise ValueError(f"decode {i} failed")
         tokens = list(request.prefix) + TEXT
         return WindowResult(RowResult(tokens, TEXT, "", -0.1, 0.01, 0.0, 1.0), "en")
 
@@ -123,3 +125,14 @@ async def test_a_pause_seen_during_a_final_decode_waits_for_it(tiny_whisper_dir:
     assert [e.item for e in s.events_log if e.type == "utterance"] == [0, 1]
     committed = [e.item for e in s.events_log if e.type == "committed"]
     assert committed == sorted(committed) and s.committed_text()
+
+
+async def test_a_failed_decode_reaches_finish_as_its_own_error(tiny_whisper_dir: Path) -> None:
+    scheduler = Held(set(), fail={0})
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, scheduler)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            s.append(f32(voiced(2.0)), F32)
+            with pytest.raises(ValueError, match="decode 0 failed"):  # not wrapped in an ExceptionGroup
+                await s.finish()
