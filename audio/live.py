@@ -3,9 +3,9 @@ committed once it is stable.
 
 After about `redecode_s` of new speech the open audio (after the seek) is decoded again with the committed
 text forced as a prefix (audio/agreement.py): what two consecutive decodes agree on is committed, the rest is
-tentative. A pause (VAD or commit()) commits everything before it; 30 s of open speech is decoded as one
-seek-loop window; a session that fell behind finishes all its pending utterances that fit a window with one
-decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
+tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
+final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
+behind finishes all its pending utterances that fit a window with one decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
 longer than `trim_s`; until then earlier speech stays as context for the next decode.
 
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
@@ -247,11 +247,6 @@ class LiveTranscription:
         tr.seek += max(1, min(frames, shift * self._stride()))
         live.trim(j, shift)
         self._open.discard_before(self._seek())
-
-    @property
-    def probing(self) -> bool:
-        """A probe (a tentative re-decode of the open utterance) is in flight. Raises nothing."""
-        return self._probe_scope is not None
 
     def drop_closed_probe(self) -> bool:
         """Cancel the probe in flight once a pause has closed the utterance it decodes: the final decode due

@@ -1,7 +1,8 @@
 """Live sessions: audio appended as it arrives, passed through the VAD gate, transcribed as it grows.
 
 A LiveSession owns capture (PCM decoding, the received audio not yet through the gate), the caps, the event
-log clients read, and the pump that runs the decodes (audio/live.py). Audio is never dropped silently: a
+log clients read, and the pump that runs the decodes (audio/live.py) and keeps gating the audio that arrives
+while one runs, so a pause is seen when its audio comes. Audio is never dropped silently: a
 session that cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was
 accepted; only clear() drops audio, on request. commit() and clear() act at the point of the received audio
 where they were called, whatever arrives after them.
