@@ -3,9 +3,9 @@ committed once it is stable.
 
 After about `redecode_s` of new speech the open audio (after the seek) is decoded again with the committed
 text forced as a prefix (audio/agreement.py): what two consecutive decodes agree on is committed, the rest is
-tentative. A pause (VAD or commit()) commits everything before it; 30 s of open speech is decoded as one
-seek-loop window; a session that fell behind finishes all its pending utterances that fit a window with one
-decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
+tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
+final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
+behind finishes all its pending utterances that fit a window with one decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
 longer than `trim_s`; until then earlier speech stays as context for the next decode.
 
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
@@ -17,8 +17,7 @@ utterance not yet closed. `clear()` drops the open utterance's audio that has no
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable, Literal
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import anyio
 import numpy as np
@@ -26,6 +25,7 @@ import numpy as np
 from audio.agreement import LiveText
 from audio.buffers import AudioBuffer
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
+from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
 from audio.scheduler import WindowResult
 from audio.timeline import Timeline
@@ -38,48 +38,6 @@ if TYPE_CHECKING:
 __all__ = ["LiveConfig", "SessionEvent", "LiveTranscription", "RETRY_TAIL_S"]
 
 RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
-
-
-@dataclass(frozen=True)
-class LiveConfig:
-    """`redecode_s`: new speech before the open audio is decoded again. `first_redecode_s`: the same before an
-    utterance's first guess, while it has no text yet (None: `redecode_s`; never more than it). `trim_s`: open audio kept as context
-    before finished segments are trimmed off. `tokens_per_second`: sampled tokens allowed per second of
-    window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
-    `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
-    `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
-
-    redecode_s: float = 1.0
-    # The first word comes one decode (~1 s on a 2-core CPU, tiny.en) after this much speech. Measured over
-    # the wire with the shared clips (bench/RESULTS.md): 1.0 s → first word p50 1.7–1.8 s; 0.75 s → 1.4–1.5 s;
-    # 0.5–0.6 s → 2.0–2.1 s (the VAD's padding is most of it, the guess comes back empty and costs a decode).
-    # A wrong early guess is harmless: LocalAgreement commits only what the next guess repeats.
-    first_redecode_s: float | None = 0.75
-    trim_s: float = 15.0
-    tokens_per_second: float = 10.0
-    max_session_s: float = 3600.0
-    max_lag_s: float | None = 120.0
-    gate_in_thread_s: float = 2.0
-
-
-EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",
-                    "cleared"]
-
-
-@dataclass(frozen=True)
-class SessionEvent:
-    """What a client of a live session hears about, for utterance `item`: speech_started / speech_stopped
-    (`audio_ms` into the received audio), audio_committed (the utterance's audio ended: a VAD pause, commit()
-    or finish), committed (new text that never changes), tentative (the current guess after it, which
-    replaces the previous one), utterance (all text of the utterance, once it is transcribed), cleared (the
-    open audio without committed text was dropped). `ref`: what the caller passed to the commit() that closed
-    the utterance."""
-
-    type: EventType
-    text: str = ""
-    audio_ms: int | None = None
-    item: int = 0
-    ref: str | None = None
 
 
 class LiveTranscription:
@@ -103,6 +61,7 @@ class LiveTranscription:
         self._decoded_to = 0  # compact samples covered by the latest decode
         self._final_to = 0  # compact samples whose text is all committed
         self._last_result: WindowResult | None = None
+        self._probe_scope: anyio.CancelScope | None = None  # the probe in flight
         self._committed: list[str] = []
         self._utterance: list[str] = []
         self.tentative = ""
@@ -229,15 +188,17 @@ class LiveTranscription:
         return self._live is not None and self._tr is not None and \
             len(self._live.prefix) > self._tr.loaded.model.dims.n_text_ctx // 4
 
-    async def _decode(self, count: int, probe: bool = False) -> WindowResult | None:
-        """Decode the open audio from the seek, the committed prefix forced. A probe tries one temperature
-        and gives None when its text fails the thresholds (a guess that loops or rambles is no guess)."""
+    async def _decode(self, count: int, probe: bool = False,
+                      scope: "anyio.CancelScope | None" = None) -> WindowResult | None:
+        """Decode the open audio from the seek, the committed prefix forced (its window leaves the scheduler
+        once `scope`, else the session's scope, is cancelled). A probe tries one temperature and gives None
+        when its text fails the thresholds (a guess that loops or rambles is no guess)."""
         assert self._tr is not None and self._live is not None and self._loaded is not None
         seek = self._seek()
         audio = self._open.view(seek, count)
         request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
                                    tokens_per_second=self.config.tokens_per_second, fallback=not probe)
-        result = await self._scheduler.decode(self._loaded, request, self._scope)
+        result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
         if probe and request.needs_fallback(result.decoded):
@@ -267,31 +228,53 @@ class LiveTranscription:
         assert self._tr is not None
         return N_FRAMES // self._tr.loaded.model.dims.n_audio_ctx
 
-    def _trim(self, result: WindowResult, force: bool = False) -> None:
+    def _trim(self, result: WindowResult, end: int) -> None:
         """Finish the complete segments of the committed prefix once the open audio is longer than trim_s
-        (kept until then: earlier speech is context for the next decode)."""
+        (kept until then: earlier speech is context for the next decode). `end`: where `result`'s audio ended
+        (speech may have arrived since, while it was decoded)."""
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
         seek = self._seek()
-        if not force and self.timeline.length - seek <= self.config.trim_s * SAMPLE_RATE:
+        if self.timeline.length - seek <= self.config.trim_s * SAMPLE_RATE:
             return
         j = live.boundary()
         if not j:
             return
         shift = live.prefix[j - 1] - tr.tokenizer.timestamp_begin
-        frames = (self.timeline.length - seek) // HOP_LENGTH
+        frames = (end - seek) // HOP_LENGTH
         current, _, _ = tr.split(live.prefix[:j], result, seek / SAMPLE_RATE, frames)
         tr.commit(current, result)
         tr.seek += max(1, min(frames, shift * self._stride()))
         live.trim(j, shift)
         self._open.discard_before(self._seek())
 
+    def drop_closed_probe(self) -> bool:
+        """Cancel the probe in flight once a pause has closed the utterance it decodes: the final decode due
+        next gives all that text, so waiting for the probe only delays it. Returns whether one was cancelled.
+        Raises nothing."""
+        if self._probe_scope is None or not self._pauses:
+            return False
+        self._probe_scope.cancel()
+        return True
+
+    def cancel_probe(self) -> None:
+        """Cancel the probe in flight, if any (its window leaves the scheduler before the next step). Raises
+        nothing."""
+        if self._probe_scope is not None:
+            self._probe_scope.cancel()
+
     async def _probe(self) -> None:
-        """Re-decode the open audio; commit what agrees with the previous decode."""
+        """Re-decode the open audio; commit what agrees with the previous decode. Cancelled (drop_closed_probe,
+        cancel_probe) it changes nothing: no text, no tentative."""
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
-        self._probed_at = self.timeline.length
-        result = await self._decode(self.timeline.length - self._seek(), probe=True)
+        end = self._probed_at = self.timeline.length
+        result = None
+        try:
+            with anyio.CancelScope() as self._probe_scope:
+                result = await self._decode(end - self._seek(), probe=True, scope=self._probe_scope)
+        finally:
+            self._probe_scope = None
         if result is None:
             return
         if tr.silent(result) and not live.prefix:
@@ -301,7 +284,7 @@ class LiveTranscription:
         n = live.agree(continuation)
         self._commit_text(continuation[:n])
         self._set_tentative(continuation[n:])
-        self._trim(result)
+        self._trim(result, end)
 
     async def _full_window(self) -> None:
         """30 s of open speech: the seek loop's window, with the committed prefix forced."""
@@ -355,7 +338,7 @@ class LiveTranscription:
         if not live.prefix or self._prefix_full():
             self._finish_all(limit)
         elif result is not None:
-            self._trim(result)
+            self._trim(result, limit)
         self._close(sum(1 for p in self._pauses if p <= limit))
 
     def _stopped_short(self, tokens: list[int], seek: int, limit: int) -> int | None:

@@ -1,7 +1,8 @@
 """Live sessions: audio appended as it arrives, passed through the VAD gate, transcribed as it grows.
 
 A LiveSession owns capture (PCM decoding, the received audio not yet through the gate), the caps, the event
-log clients read, and the pump that runs the decodes (audio/live.py). Audio is never dropped silently: a
+log clients read, and the pump that runs the decodes (audio/live.py) and keeps gating the audio that arrives
+while one runs, so a pause is seen when its audio comes. Audio is never dropped silently: a
 session that cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was
 accepted; only clear() drops audio, on request. commit() and clear() act at the point of the received audio
 where they were called, whatever arrives after them.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator, Literal
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Literal
 
 import anyio
 import numpy as np
@@ -199,6 +200,7 @@ class LiveSession:
     def cancel(self) -> None:
         """Drop the session: its windows leave the scheduler before the next step; finish raises SessionClosed."""
         self.scope.cancel()
+        self.live.cancel_probe()  # a probe's window is bound to its own scope
         self._pool.forget(self)
 
     # ---- reading (event loop) ---------------------------------------------------------------
@@ -260,7 +262,7 @@ class LiveSession:
                         loaded = await self._residency.take()
                         taken = True
                         await self.live.start(loaded)
-                    await action()
+                    await self._run_gating(action)
                     self._pool.update(self)
                     self.windows_done += 1
                     self._signal()
@@ -274,9 +276,46 @@ class LiveSession:
             self._done.set()
             self._signal()
 
-    async def _gate_pending(self) -> None:
-        """Audio through the gate into the transcription, commits and clears at their points in it."""
+    async def _run_gating(self, action: Callable[[], Awaitable[None]]) -> None:
+        """Run the decode `action` while the gate goes on taking the audio that arrives, so the end of an
+        utterance is seen when its audio comes, not when the decode ends; a pause that closes the utterance a
+        probe is decoding cancels that probe (the final decode runs next). Raises what `action` raises."""
+        failure: list[BaseException] = []
+        finished = False
+
+        async def run() -> None:
+            nonlocal finished
+            try:
+                await action()
+            except Exception as exc:  # kept, so the pump sees the window's own error, not an ExceptionGroup
+                failure.append(exc)
+            finally:
+                finished = True
+                self._wake.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run)
+            try:
+                while True:
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    if finished:
+                        break
+                    await self._gate_pending(decoding=True)
+                    self.live.drop_closed_probe()
+            except Exception as exc:  # the session ends with it; the decode is of no use any more
+                failure.append(exc)
+                tg.cancel_scope.cancel()
+        if failure:
+            raise failure[0]
+
+    async def _gate_pending(self, decoding: bool = False) -> None:
+        """Audio through the gate into the transcription, commits and clears at their points in it. While a
+        decode runs (`decoding`) a clear waits for it to end (it drops audio the decode may be reading), and
+        so does the audio after it."""
         while self._controls:
+            if decoding and self._controls[0][0] == "clear":
+                return
             what, at, ref = self._controls.popleft()
             if what == "commit":
                 if not await self._gate_to(at, flush=True, ref=ref):  # a flushed VAD pause is the commit itself

@@ -76,7 +76,8 @@ async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, 
             "finish_after_last_chunk_s_max": round(max(tails), 2) if tails else None,
             "max_lag_s": round(max(lags, default=0.0), 2), "sustained": bool(tails) and max(tails) <= 3.0,
             "first_word_after_onset_s": {"p50": pct(words, 50), "max": pct(words, 100), "n": len(words)},
-            "final_after_speech_end_s": {"p50": pct(finals, 50), "max": pct(finals, 100), "n": len(finals)}}
+            "final_after_speech_end_s": {"p50": pct(finals, 50), "max": pct(finals, 100), "n": len(finals)},
+            "clips": lat if n == 1 else None}  # one speaker: per clip, to see which utterance makes a maximum
 
 
 async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int, tokens: int, rounds: int,

@@ -1,0 +1,50 @@
+"""What a live session is configured with (LiveConfig) and what it tells its clients (SessionEvent)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["LiveConfig", "SessionEvent", "EventType"]
+
+
+@dataclass(frozen=True)
+class LiveConfig:
+    """`redecode_s`: new speech before the open audio is decoded again. `first_redecode_s`: the same before an
+    utterance's first guess, while it has no text yet (None: `redecode_s`; never more than it). `trim_s`: open audio kept as context
+    before finished segments are trimmed off. `tokens_per_second`: sampled tokens allowed per second of
+    window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
+    `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
+    `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
+
+    redecode_s: float = 1.0
+    # The first word comes one decode (~1 s on a 2-core CPU, tiny.en) after this much speech. Measured over
+    # the wire with the shared clips (bench/RESULTS.md): 1.0 s → first word p50 1.7–1.8 s; 0.75 s → 1.4–1.5 s;
+    # 0.5–0.6 s → 2.0–2.1 s (the VAD's padding is most of it, the guess comes back empty and costs a decode).
+    # A wrong early guess is harmless: LocalAgreement commits only what the next guess repeats.
+    first_redecode_s: float | None = 0.75
+    trim_s: float = 15.0
+    tokens_per_second: float = 10.0
+    max_session_s: float = 3600.0
+    max_lag_s: float | None = 120.0
+    gate_in_thread_s: float = 2.0
+
+
+EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",
+                    "cleared"]
+
+
+@dataclass(frozen=True)
+class SessionEvent:
+    """What a client of a live session hears about, for utterance `item`: speech_started / speech_stopped
+    (`audio_ms` into the received audio), audio_committed (the utterance's audio ended: a VAD pause, commit()
+    or finish), committed (new text that never changes), tentative (the current guess after it, which
+    replaces the previous one), utterance (all text of the utterance, once it is transcribed), cleared (the
+    open audio without committed text was dropped). `ref`: what the caller passed to the commit() that closed
+    the utterance."""
+
+    type: EventType
+    text: str = ""
+    audio_ms: int | None = None
+    item: int = 0
+    ref: str | None = None
