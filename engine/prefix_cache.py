@@ -1,5 +1,9 @@
 """Prefix cache: a token trie of KV snapshots under a byte budget.
 
+The trie is path-compressed: a node's edge holds the run of tokens from its parent, so nodes exist only where
+entries sit or prompts branch. A node per token (with its children dict) made every cached token two objects
+Python's collector walks in each full collection: 27–51 ms pauses of the whole server under 64 streams.
+
 A row's KV state is a list (one per layer) of mlx-lm cache objects. `put` stores a compact,
 materialized snapshot under the exact token sequence it covers; `take` finds the longest cached
 prefix of a new prompt (trimming a longer trimmable entry) and hands back caches the caller may
@@ -36,13 +40,24 @@ def default_prompt_cache_bytes() -> int:
 
 
 class _Node:
-    __slots__ = ("children", "parent", "token", "entry")
+    __slots__ = ("children", "parent", "edge", "entry")
 
-    def __init__(self, parent: "_Node | None", token: int) -> None:
-        self.children: dict[int, _Node] = {}
+    def __init__(self, parent: "_Node | None", edge: tuple[int, ...]) -> None:
+        self.children: dict[int, _Node] = {}  # keyed by the first token of the child's edge
         self.parent = parent
-        self.token = token
+        self.edge = edge  # the tokens from the parent to this node (empty for a root)
         self.entry: _Entry | None = None
+
+
+def _common(a: tuple[int, ...], b: Sequence[int], start: int, limit: int) -> int:
+    """How many leading tokens of edge `a` equal b[start:limit]."""
+    n = min(len(a), limit - start)
+    if tuple(b[start:start + n]) == a[:n]:
+        return n
+    i = 0
+    while i < n and a[i] == b[start + i]:
+        i += 1
+    return i
 
 
 @dataclass(eq=False)
@@ -162,16 +177,21 @@ class PrefixCache:
                 return 0, None
             node, depth = self._walk_start(root, namespace, tokens, limit, session_id)
             best: _Entry | None = node.entry
+            inside: _Node | None = None  # the child whose edge the walk stopped inside of
             while depth < limit:
                 child = node.children.get(tokens[depth])
                 if child is None:
                     break
-                node, depth = child, depth + 1
+                matched = _common(child.edge, tokens, depth, limit)
+                if matched < len(child.edge):
+                    inside, depth = child, depth + matched
+                    break
+                node, depth = child, depth + matched
                 if node.entry is not None:
                     best = node.entry
             best_len = len(best.tokens) if best is not None else 0
             if depth > best_len:
-                longer = self._first_trimmable_below(node)
+                longer = self._first_trimmable_below(node) if inside is None else self._first_trimmable_at(inside)
                 if longer is not None:
                     best, best_len = longer, depth
             if best is None or best_len == 0:
@@ -200,7 +220,15 @@ class PrefixCache:
     @staticmethod
     def _first_trimmable_below(node: _Node) -> _Entry | None:
         # Deterministic depth-first order (children in insertion order): independent of sessions.
-        stack = list(reversed(node.children.values()))
+        return PrefixCache._first_trimmable_of(list(reversed(node.children.values())))
+
+    @staticmethod
+    def _first_trimmable_at(node: _Node) -> _Entry | None:
+        """The first trimmable entry at `node` or below it (the walk stopped inside its edge)."""
+        return PrefixCache._first_trimmable_of([node])
+
+    @staticmethod
+    def _first_trimmable_of(stack: list[_Node]) -> _Entry | None:
         while stack:
             current = stack.pop()
             if current.entry is not None and current.entry.trimmable:
@@ -274,12 +302,24 @@ class PrefixCache:
             self.reclaim()
 
     def _node_for(self, namespace: str, tokens: tuple[int, ...]) -> _Node:
-        node = self._roots.setdefault(namespace, _Node(None, -1))
-        for token in tokens:
-            child = node.children.get(token)
+        """The node at exactly `tokens`: made, and an edge split there, when needed."""
+        node = self._roots.setdefault(namespace, _Node(None, ()))
+        depth = 0
+        while depth < len(tokens):
+            child = node.children.get(tokens[depth])
             if child is None:
-                child = node.children[token] = _Node(node, token)
-            node = child
+                leaf = node.children[tokens[depth]] = _Node(node, tokens[depth:])
+                return leaf
+            matched = _common(child.edge, tokens, depth, len(tokens))
+            if matched < len(child.edge):
+                # Split the edge where the tokens end or part: the new node takes the child's place (and its
+                # position among the parent's children, so walk order stays insertion order).
+                mid = _Node(node, child.edge[:matched])
+                node.children[tokens[depth]] = mid
+                child.edge, child.parent = child.edge[matched:], mid
+                mid.children[child.edge[0]] = child
+                child = mid
+            node, depth = child, depth + matched
         return node
 
     def _drop_dominated_ancestors(self, node: _Node) -> None:
@@ -362,8 +402,13 @@ class PrefixCache:
         self._prune_path(entry.node)
 
     def _prune_path(self, node: _Node) -> None:
-        # Remove now-empty leaves up to the first node that still holds an entry or children.
+        # Remove now-empty leaves up to the first node that still holds an entry or children, then fold a
+        # node left with no entry and one child into that child (the trie stays path-compressed).
         while node.parent is not None and node.entry is None and not node.children:
             parent = node.parent
-            del parent.children[node.token]
+            del parent.children[node.edge[0]]
             node = parent
+        if node.parent is not None and node.entry is None and len(node.children) == 1:
+            (child,) = node.children.values()
+            child.edge, child.parent = node.edge + child.edge, node.parent
+            node.parent.children[node.edge[0]] = child

@@ -243,3 +243,39 @@ def test_stats_count_hits_and_tokens():
     stats = cache.stats()
     assert (stats["hits"], stats["misses"], stats["hit_tokens"], stats["entries"]) == (1, 1, 3, 1)
     assert stats["bytes"] == entry_bytes(3)
+
+
+def _nodes(cache: PrefixCache) -> int:
+    stack, count = list(cache._roots.values()), 0
+    while stack:
+        node = stack.pop()
+        count += 1
+        stack.extend(node.children.values())
+    return count
+
+
+def test_the_trie_has_nodes_where_entries_sit_or_prompts_part_not_per_token():
+    # A node per cached token made each token two objects the garbage collector walks on every full pass.
+    cache = PrefixCache(1 << 30)
+    shared = list(range(1, 301))
+    prompts = [shared + [1000 + i] * 200 for i in range(10)]
+    for p in prompts:
+        cache.put("m", p, kv_for(p, layers=1))
+    assert _nodes(cache) == 1 + 1 + 10  # root, the shared prefix's branch point, one leaf per prompt
+    for i, p in enumerate(prompts):  # every entry still found, and a prompt parting inside an edge trims one
+        n, kv = cache.take("m", p + [7])
+        assert n == len(p) and contents(kv) == [p]
+    n, kv = cache.take("m", shared[:150] + [5, 5])
+    assert n == 150 and contents(kv) == [shared[:150]]
+
+
+def test_removing_entries_folds_the_nodes_they_leave_behind():
+    cache = PrefixCache(entry_bytes(12) + entry_bytes(8) - 1)
+    cache.put("m", list(range(1, 9)), kv_for(list(range(1, 9))))
+    cache.put("m", list(range(1, 5)) + [50] * 4, kv_for(list(range(1, 5)) + [50] * 4))
+    assert _nodes(cache) == 4  # root, the split at 4 tokens, two leaves
+    cache.put("m", list(range(1, 13)), kv_for(list(range(1, 13))))  # evicts the LRU entry, dominates the first
+    assert cache.stats()["entries"] == 1
+    assert _nodes(cache) == 2  # root and the one entry: the split node folded away
+    n, kv = cache.take("m", list(range(1, 13)) + [3])
+    assert n == 12 and contents(kv) == [list(range(1, 13))] * LAYERS
