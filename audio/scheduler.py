@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -28,6 +28,7 @@ from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_ro
 from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
+from audio.step_records import StepCounters, StepRecord, step_summary
 
 if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
@@ -96,31 +97,6 @@ class _Window:
         return not (self.cancelled or self.finished or (self.scope is not None and self.scope.cancel_called))
 
 
-@dataclass
-class _Counters:
-    encoder_steps: int = 0
-    decoder_steps: int = 0
-    paced_steps: int = 0
-    windows: int = 0
-    fallbacks: int = 0
-    max_rows: int = 0
-    kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
-    steps: list["StepRecord"] = field(default_factory=list)  # recent steps, newest last (bounded)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One step: its kind, time limit (None: the full budget), the rows decoding when it began, the work it
-    did (encoder: window-positions of chunked units plus windows of the others; decoder: tokens fed, 0 with
-    the full budget) and its seconds."""
-
-    kind: str
-    limit: float | None
-    rows: int
-    work: int
-    seconds: float
-
-
 class WhisperScheduler:
     """Windows from every session and file request, advanced together. `decode` is the only entry point;
     whoever awaits a window drives the steps while no one else does. An encoder step runs units of the
@@ -132,7 +108,7 @@ class WhisperScheduler:
         self.budget = budget or StepBudget()
         self.pace = pace
         self.costs = StepCosts()
-        self.counters = _Counters()
+        self.counters = StepCounters()
         self._limit: float | None = None  # the next step's time limit, set on the event loop
         self._paced = False
         self._min_step_seconds: float | None = None  # resolved on the engine thread at the first step
@@ -404,24 +380,9 @@ class WhisperScheduler:
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
                 "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
-                "recent_steps": _step_summary(c.steps)}
+                "recent_steps": step_summary(c.steps)}
 
 
 def _unfed(w: _Window) -> int:
     row = w.row
     return 0 if row is None else int(row.tokens.shape[1]) - row.fed
-
-
-def _step_summary(steps: list[StepRecord]) -> dict[str, Any]:
-    """Recent steps' seconds by kind, paced (limit set) or not: n, p50/p99/max ms, and how many passed their
-    limit. Raises nothing."""
-    out: dict[str, Any] = {}
-    for key in sorted({(s.kind, s.limit is not None) for s in steps if s.kind != "idle"}):
-        picked = [s for s in steps if (s.kind, s.limit is not None) == key]
-        ms = np.asarray([s.seconds for s in picked]) * 1e3
-        p50, p99 = np.percentile(ms, [50, 99])
-        out[f"{key[0]}{'_paced' if key[1] else ''}"] = {
-            "n": len(picked), "p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
-            "max_ms": round(float(ms.max()), 3),
-            "over_limit": sum(1 for s in picked if s.limit is not None and s.seconds > s.limit)}
-    return out

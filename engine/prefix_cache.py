@@ -13,22 +13,18 @@ returns. All methods are meant to run on the engine thread.
 
 from __future__ import annotations
 
-import copy
 import itertools
 import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+from engine.kv_snapshot import arrays_of, restore_layer, snapshot_layer
 
 __all__ = ["PrefixCache", "default_prompt_cache_bytes"]
-
-# Layer types whose arrays hold positions [0, offset) on axis 2 and which we can re-slice freely.
-_COMPACTABLE = (KVCache, QuantizedKVCache)
-
 
 def default_prompt_cache_bytes() -> int:
     """The budget when none is configured: an eighth of physical memory, at most 4 GiB. Never raises."""
@@ -71,68 +67,6 @@ class _Entry:
     system: bool
     key: int
     sessions: set[str] = field(default_factory=set)
-
-
-def _arrays(obj: Any) -> Iterator[mx.array]:
-    if isinstance(obj, mx.array):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _arrays(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _arrays(item)
-    elif hasattr(obj, "__dict__"):
-        for item in vars(obj).values():
-            yield from _arrays(item)
-
-
-def _map_arrays(obj: Any, fn: Any) -> Any:
-    """A structural copy of obj (caches, lists, tuples, dicts) with every mx.array replaced by fn(a)."""
-    if isinstance(obj, mx.array):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_arrays(item, fn) for item in obj)
-    if isinstance(obj, dict):
-        return {k: _map_arrays(v, fn) for k, v in obj.items()}
-    if hasattr(obj, "__dict__") and not isinstance(obj, type):
-        clone = copy.copy(obj)
-        for name, value in vars(obj).items():
-            setattr(clone, name, _map_arrays(value, fn))
-        return clone
-    return obj
-
-
-def _snapshot_layer(layer: Any, length: int) -> Any:
-    """An independent, materialized copy of one layer's cache covering `length` tokens."""
-    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
-        # mx.array(view) copies into a fresh buffer: the snapshot neither pins the row's
-        # step-padded buffer nor blocks in-place KV updates of the live row.
-        clone = copy.copy(layer)
-        clone.keys, clone.values = _map_arrays(
-            (layer.keys, layer.values), lambda a: mx.array(a[..., :length, :])
-        )
-        clone.offset = length
-        return clone
-    clone = _map_arrays(layer, mx.array)
-    offset = getattr(clone, "offset", None)
-    if isinstance(offset, int) and offset > length:
-        clone.trim(offset - length)
-    return clone
-
-
-def _restore_layer(layer: Any, stored_length: int, length: int) -> Any:
-    """Fresh cache objects for the caller; shared buffers are copy-on-write in MLX."""
-    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
-        clone = copy.copy(layer)
-        # Slicing yields new array objects, so the caller's in-place updates never reach the entry.
-        clone.keys, clone.values = _map_arrays((layer.keys, layer.values), lambda a: a[..., :length, :])
-        clone.offset = length
-        return clone
-    clone = _map_arrays(layer, mx.array)
-    if stored_length > length:
-        clone.trim(stored_length - length)
-    return clone
 
 
 class PrefixCache:
@@ -200,7 +134,7 @@ class PrefixCache:
             self._touch(best)
             if session_id is not None:
                 self._bind_session(session_id, best)
-            kv = [_restore_layer(layer, len(best.tokens), best_len) for layer in best.layers]
+            kv = [restore_layer(layer, len(best.tokens), best_len) for layer in best.layers]
             self._hits += 1
             self._hit_tokens += best_len
             return best_len, kv
@@ -284,8 +218,8 @@ class PrefixCache:
                     if session_id is not None:
                         self._bind_session(session_id, dominating)
                     return
-            layers = [_snapshot_layer(layer, len(tokens)) for layer in kv]
-            arrays = list(_arrays(layers))
+            layers = [snapshot_layer(layer, len(tokens)) for layer in kv]
+            arrays = list(arrays_of(layers))
             mx.eval(arrays)
             nbytes = sum(a.nbytes for a in arrays)
             if nbytes > self.max_bytes:

@@ -1,0 +1,53 @@
+"""What the Whisper scheduler counts: steps by kind, windows, fallbacks, and a bounded record of recent steps
+(kind, limit, rows, work, seconds) summarised for /stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["StepCounters", "StepRecord", "step_summary"]
+
+
+@dataclass
+class StepCounters:
+    """Totals since start and a bounded history of recent steps (newest last)."""
+
+    encoder_steps: int = 0
+    decoder_steps: int = 0
+    paced_steps: int = 0
+    windows: int = 0
+    fallbacks: int = 0
+    max_rows: int = 0
+    kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
+    steps: list["StepRecord"] = field(default_factory=list)  # recent steps, newest last (bounded)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step: its kind, time limit (None: the full budget), the rows decoding when it began, the work it
+    did (encoder: window-positions of chunked units plus windows of the others; decoder: tokens fed, 0 with
+    the full budget) and its seconds."""
+
+    kind: str
+    limit: float | None
+    rows: int
+    work: int
+    seconds: float
+
+
+def step_summary(steps: list[StepRecord]) -> dict[str, Any]:
+    """Recent steps' seconds by kind, paced (limit set) or not: n, p50/p99/max ms, and how many passed their
+    limit. Raises nothing."""
+    out: dict[str, Any] = {}
+    for key in sorted({(s.kind, s.limit is not None) for s in steps if s.kind != "idle"}):
+        picked = [s for s in steps if (s.kind, s.limit is not None) == key]
+        ms = np.asarray([s.seconds for s in picked]) * 1e3
+        p50, p99 = np.percentile(ms, [50, 99])
+        out[f"{key[0]}{'_paced' if key[1] else ''}"] = {
+            "n": len(picked), "p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
+            "max_ms": round(float(ms.max()), 3),
+            "over_limit": sum(1 for s in picked if s.limit is not None and s.seconds > s.limit)}
+    return out

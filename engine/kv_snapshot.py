@@ -1,0 +1,82 @@
+"""Snapshots of a row's per-layer KV caches for the prefix cache: a compact, materialized copy covering a
+number of tokens, and fresh cache objects handed back from one (mlx-lm cache layouts)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterator
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
+
+__all__ = ["arrays_of", "snapshot_layer", "restore_layer"]
+
+# Layer types whose arrays hold positions [0, offset) on axis 2 and which we can re-slice freely.
+_COMPACTABLE = (KVCache, QuantizedKVCache)
+
+
+def arrays_of(obj: Any) -> Iterator[mx.array]:
+    """Every mx.array inside obj (caches, lists, tuples, dicts). Raises nothing."""
+    yield from _arrays(obj)
+
+
+def _arrays(obj: Any) -> Iterator[mx.array]:
+    if isinstance(obj, mx.array):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _arrays(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _arrays(item)
+    elif hasattr(obj, "__dict__"):
+        for item in vars(obj).values():
+            yield from _arrays(item)
+
+
+def _map_arrays(obj: Any, fn: Any) -> Any:
+    """A structural copy of obj (caches, lists, tuples, dicts) with every mx.array replaced by fn(a)."""
+    if isinstance(obj, mx.array):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_arrays(item, fn) for item in obj)
+    if isinstance(obj, dict):
+        return {k: _map_arrays(v, fn) for k, v in obj.items()}
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        clone = copy.copy(obj)
+        for name, value in vars(obj).items():
+            setattr(clone, name, _map_arrays(value, fn))
+        return clone
+    return obj
+
+
+def snapshot_layer(layer: Any, length: int) -> Any:
+    """An independent, materialized copy of one layer's cache covering `length` tokens."""
+    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
+        # mx.array(view) copies into a fresh buffer: the snapshot neither pins the row's
+        # step-padded buffer nor blocks in-place KV updates of the live row.
+        clone = copy.copy(layer)
+        clone.keys, clone.values = _map_arrays(
+            (layer.keys, layer.values), lambda a: mx.array(a[..., :length, :])
+        )
+        clone.offset = length
+        return clone
+    clone = _map_arrays(layer, mx.array)
+    offset = getattr(clone, "offset", None)
+    if isinstance(offset, int) and offset > length:
+        clone.trim(offset - length)
+    return clone
+
+
+def restore_layer(layer: Any, stored_length: int, length: int) -> Any:
+    """Fresh cache objects for the caller; shared buffers are copy-on-write in MLX."""
+    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
+        clone = copy.copy(layer)
+        # Slicing yields new array objects, so the caller's in-place updates never reach the entry.
+        clone.keys, clone.values = _map_arrays((layer.keys, layer.values), lambda a: a[..., :length, :])
+        clone.offset = length
+        return clone
+    clone = _map_arrays(layer, mx.array)
+    if stored_length > length:
+        clone.trim(stored_length - length)
+    return clone
