@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from engine.percentiles import ms_summary
 
 __all__ = ["StepCounters", "StepRecord", "step_summary"]
 
@@ -44,10 +44,7 @@ def step_summary(steps: list[StepRecord]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in sorted({(s.kind, s.limit is not None) for s in steps if s.kind != "idle"}):
         picked = [s for s in steps if (s.kind, s.limit is not None) == key]
-        ms = np.asarray([s.seconds for s in picked]) * 1e3
-        p50, p99 = np.percentile(ms, [50, 99])
         out[f"{key[0]}{'_paced' if key[1] else ''}"] = {
-            "n": len(picked), "p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
-            "max_ms": round(float(ms.max()), 3),
+            **ms_summary(s.seconds for s in picked),
             "over_limit": sum(1 for s in picked if s.limit is not None and s.seconds > s.limit)}
     return out

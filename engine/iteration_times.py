@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-import numpy as np
+from engine.percentiles import ms_summary
 
 __all__ = ["IterationTimes"]
 
@@ -30,15 +30,6 @@ class IterationTimes:
 
     def snapshot(self) -> dict[str, Any]:
         """{kind: {n, p50_ms, p99_ms, max_ms}} plus "gap" the same way. Raises nothing."""
-        out = {k: _summary(v) for k, v in self._times.items()}
-        out["gap"] = _summary(self._gaps)
+        out = {k: ms_summary(v) for k, v in self._times.items()}
+        out["gap"] = ms_summary(self._gaps)
         return out
-
-
-def _summary(samples: deque[float]) -> dict[str, Any]:
-    if not samples:
-        return {"n": 0}
-    ms = np.asarray(samples) * 1e3
-    p50, p99 = np.percentile(ms, [50, 99])
-    return {"n": len(ms), "p50_ms": round(float(p50), 3), "p99_ms": round(float(p99), 3),
-            "max_ms": round(float(ms.max()), 3)}
