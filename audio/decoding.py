@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
+from audio.mel import HOP_LENGTH, N_FRAMES, N_SAMPLES
 from audio.pcm import SAMPLE_RATE
 from audio.scheduler import WindowRequest, WindowResult
 from audio.timeline import Timeline
@@ -27,9 +28,6 @@ if TYPE_CHECKING:
 
 __all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "tokenizer_for", "segment_end"]
 
-HOP_LENGTH = 160
-N_SAMPLES = 30 * SAMPLE_RATE
-N_FRAMES = N_SAMPLES // HOP_LENGTH
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH
 
 

@@ -21,13 +21,9 @@ from typing import Any
 import numpy as np
 
 from audio import cpu_math
-from audio.mel import log_mel
+from audio.mel import N_FRAMES, N_SAMPLES, log_mel
 
 __all__ = ["EncoderJob", "Unit", "run_unit", "mel_window", "cross_kv", "CHUNKED", "N_SAMPLES", "N_FRAMES"]
-
-SAMPLE_RATE = 16000
-N_SAMPLES = 30 * SAMPLE_RATE
-N_FRAMES = 3000
 
 # ("mel",) | ("conv1", start) | ("conv2", start) | ("kv", layer) | ("layer", layer, start) | ("post",)
 # | ("cross", decoder_layer) | ("done",)
@@ -220,13 +216,7 @@ def cross_kv(attn: Any, features: Any) -> tuple[Any, Any]:
     """A decoder layer's cross-attention keys (scaled, laid out as q @ k wants them) and values (by head),
     made contiguous once per window: qkv_attention redoes this reshaping for every token otherwise.
     Same values as mlx-whisper's. Raises nothing."""
-    import mlx.core as mx
-
-    b, t, d = features.shape
-    scale = (d // attn.n_head) ** -0.25
-    k = attn.key(features).reshape(b, t, attn.n_head, -1).transpose(0, 2, 3, 1) * scale
-    v = attn.value(features).reshape(b, t, attn.n_head, -1).transpose(0, 2, 1, 3)
-    return mx.contiguous(k), mx.contiguous(v)
+    return _heads(attn, attn.key(features), attn.value(features))
 
 
 def _post(model: Any, jobs: list[EncoderJob]) -> None:

@@ -12,9 +12,11 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["log_mel", "N_FFT", "HOP_LENGTH"]
+from audio.pcm import SAMPLE_RATE
 
-SAMPLE_RATE = 16000
+__all__ = ["log_mel", "N_FFT", "HOP_LENGTH", "N_SAMPLES", "N_FRAMES"]
+
+# Whisper's window geometry (defined here only): 30 s windows, a 10 ms hop, 3000 mel frames.
 N_FFT = 400
 HOP_LENGTH = 160
 N_SAMPLES = 30 * SAMPLE_RATE
