@@ -5,8 +5,9 @@ After about `redecode_s` of new speech the open audio (after the seek) is decode
 text forced as a prefix (audio/agreement.py): what two consecutive decodes agree on is committed, the rest is
 tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
-behind finishes all its pending utterances that fit a window with one decode. Committed text never changes. Finished segments are trimmed off the open audio once it is
-longer than `trim_s`; until then earlier speech stays as context for the next decode.
+behind finishes all its pending utterances that fit a window with one decode. Committed text never changes.
+Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
+stays as context for the next decode.
 
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
 every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none (a
@@ -248,14 +249,11 @@ class LiveTranscription:
         live.trim(j, shift)
         self._open.discard_before(self._seek())
 
-    def drop_closed_probe(self) -> bool:
+    def drop_closed_probe(self) -> None:
         """Cancel the probe in flight once a pause has closed the utterance it decodes: the final decode due
-        next gives all that text, so waiting for the probe only delays it. Returns whether one was cancelled.
-        Raises nothing."""
-        if self._probe_scope is None or not self._pauses:
-            return False
-        self._probe_scope.cancel()
-        return True
+        next gives all that text, so waiting for the probe only delays it. Raises nothing."""
+        if self._pauses:
+            self.cancel_probe()
 
     def cancel_probe(self) -> None:
         """Cancel the probe in flight, if any (its window leaves the scheduler before the next step). Raises

@@ -316,11 +316,11 @@ class LLMBatchGroup:
         self._idle_released = False
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
         start = time.perf_counter()
+        # Event-loop time since the previous step; none after an idle pause.
         gap = start - self._last_step_end if self._last_step_end is not None else None
-        if gap is not None and gap < 1.0:
-            self.counters["loop_gap_seconds"] += gap  # event-loop time between steps
-        else:
-            gap = None
+        gap = gap if gap is not None and gap < 1.0 else None
+        if gap is not None:
+            self.counters["loop_gap_seconds"] += gap
         try:
             outputs = await self.context.run(self.step.run, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop

@@ -17,21 +17,17 @@ _COMPACTABLE = (KVCache, QuantizedKVCache)
 
 def arrays_of(obj: Any) -> Iterator[mx.array]:
     """Every mx.array inside obj (caches, lists, tuples, dicts). Raises nothing."""
-    yield from _arrays(obj)
-
-
-def _arrays(obj: Any) -> Iterator[mx.array]:
     if isinstance(obj, mx.array):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for item in obj:
-            yield from _arrays(item)
+            yield from arrays_of(item)
     elif isinstance(obj, dict):
         for item in obj.values():
-            yield from _arrays(item)
+            yield from arrays_of(item)
     elif hasattr(obj, "__dict__"):
         for item in vars(obj).values():
-            yield from _arrays(item)
+            yield from arrays_of(item)
 
 
 def _map_arrays(obj: Any, fn: Any) -> Any:

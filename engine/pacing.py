@@ -4,8 +4,8 @@ Every decoding row waits for the whole iteration, so a large prompt chunk shows 
 running stream. The pacer measures, on this machine and model, what a decode-only iteration costs and what
 a mixed iteration adds on top — a fixed part (on a GPU the decode pipeline stops for it: the host's graph
 building is no longer hidden) plus a part per prompt token — and gives prompt chunks what keeps a mixed
-iteration within `stall` decode iterations (default STALL) (never less than the group's minimum, never more than its
-budget). When the fixed part alone passes that bound, small chunks would pay it again and again for little
+iteration within `stall` decode iterations (STALL unless configured), never less than the group's minimum
+and never more than its budget. When the fixed part alone passes that bound, small chunks would pay it again and again for little
 progress, so prompts get the whole budget. With no row decoding there is no gap to protect: prompts get the
 whole budget. Before anything is measured the budget is used as configured.
 """

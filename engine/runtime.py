@@ -25,8 +25,8 @@ from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
 from engine.memory import MemoryBudget, configure_allocator, process_rss
-from engine.pacing import STALL
 from engine.errors import EngineClosed, NoChatModel
+from engine.pacing import STALL
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
