@@ -12,7 +12,7 @@ exports cut the slot to the row's fed tokens, and draining a running row's token
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, cast
 
 import mlx.core as mx
@@ -26,10 +26,16 @@ __all__ = ["DecodePipeline", "InFlight"]
 
 @dataclass
 class InFlight:
-    """A launched, unread decode step: `tokens[i]` is the next token of `rows[i]` (slot order)."""
+    """A launched, unread step: `tokens[i]` is the next token of `rows[i]`. A decode step's rows are in slot
+    order (`mixed` False: the next decode step may feed `tokens` whole); a mixed step also carried prompt
+    chunks, and its rows that completed a prompt come last."""
 
     rows: list[Row]
-    tokens: mx.array
+    tokens: mx.array | None  # None only for a launched step that sampled nothing (engine/step.py lands it)
+    mixed: bool = False
+    prompt_tokens: int = 0  # prompt tokens the step carried
+    decode_rows: int = 0  # rows that decoded in it (the rest sampled a first token)
+    touched: list[mx.array] = field(default_factory=list)  # caches written without logits, to wait for
 
 
 class DecodePipeline:
@@ -53,6 +59,13 @@ class DecodePipeline:
         """Whether the in-flight step was launched for exactly these rows. Raises nothing."""
         return self.inflight is not None and {id(r) for r in rows} == {id(r) for r in self.inflight.rows}
 
+    def feeds(self, ordered: Sequence[Row]) -> bool:
+        """Whether the in-flight step's tokens are, in order, the next inputs of `ordered` (slot order).
+        Raises nothing."""
+        flight = self.inflight
+        return (flight is not None and not flight.mixed and len(flight.rows) == len(ordered)
+                and all(a is b for a, b in zip(flight.rows, ordered)))
+
     def eligible(self, rows: Sequence[Row]) -> bool:
         """Every row decodes from a slot and samples without history-dependent processing. Raises nothing."""
         return self.enabled and bool(rows) and all(
@@ -70,17 +83,19 @@ class DecodePipeline:
         if flight is None:
             return []
         ids = self.read(flight.tokens)
+        for r in flight.rows:
+            r.token_in_flight = False
         return [(r, t) for r, t in zip(flight.rows, ids) if not r.ended]
 
     def step(self, rows: Sequence[Row]) -> tuple[list[Row], list[int]]:
         """Launch the next step and read the current one: returns rows (slot order) and their tokens.
         The rows must be `eligible`. Raises whatever the forward or its evaluation raises."""
         ordered = sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
-        current = self.inflight.tokens if self.inflight is not None and self.continues(ordered) else None
+        current = self.inflight.tokens if self.inflight is not None and self.feeds(ordered) else None
         self.inflight = None
         if current is None:
             current = self.launch(ordered, None)
-        self.inflight = InFlight(ordered, self.launch(ordered, current))
+        self.inflight = InFlight(ordered, self.launch(ordered, current), decode_rows=len(ordered))
         return ordered, self.read(current)
 
     def launch(self, rows: Sequence[Row], fed: mx.array | None) -> mx.array:
@@ -95,6 +110,6 @@ class DecodePipeline:
         return tokens
 
     @staticmethod
-    def read(tokens: mx.array) -> list[int]:
-        """Wait for `tokens` and return them as ints. Raises whatever the evaluation raises."""
-        return [int(t) for t in cast(list[int], tokens.tolist())]
+    def read(tokens: mx.array | None) -> list[int]:
+        """Wait for `tokens` and return them as ints ([] for none). Raises whatever the evaluation raises."""
+        return [] if tokens is None else [int(t) for t in cast(list[int], tokens.tolist())]

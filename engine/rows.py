@@ -41,6 +41,8 @@ class Row:
     prefilled: int = 0
     cached_tokens: int = 0
     last_token: int | None = None  # sampled but not yet fed: the next decode input
+    # Its next token is sampled by a launched step not read yet (engine/pipeline.py): it decodes next, fed lazily.
+    token_in_flight: bool = False
     generated: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
@@ -65,7 +67,7 @@ class Row:
 
     @property
     def decoding(self) -> bool:
-        return not self.ended and self.last_token is not None
+        return not self.ended and (self.last_token is not None or self.token_in_flight)
 
     def finish(self) -> None:
         """Mark the row ended by the engine (a cancelled row stays cancelled). Raises nothing."""
@@ -84,11 +86,13 @@ class Row:
 
 def plan_iteration(rows: list[Row], budget: int, decode: bool,
                    prefill: bool) -> list[tuple[Row, list[int], bool]]:
-    """(row, tokens, wants logits) per segment: every decoding row's token first, then prompt chunks (oldest
-    row first) filling the rest of `budget`. Raises nothing."""
+    """(row, tokens, wants logits) per segment: every decoding row's token first (slot order, so a step's
+    sampled tokens line up with the slots), then prompt chunks (oldest row first) filling the rest of `budget`.
+    A row whose token is still in flight gets a placeholder the caller feeds lazily. Raises nothing."""
     plan: list[tuple[Row, list[int], bool]] = []
     if decode:
-        plan += [(r, [r.last_token], True) for r in rows if r.decoding and r.last_token is not None]
+        decoders = sorted((r for r in rows if r.decoding), key=lambda r: -1 if r.slot is None else r.slot)
+        plan += [(r, [0 if r.last_token is None else r.last_token], True) for r in decoders]
     if prefill:
         left = budget - len(plan)
         for r in rows:

@@ -18,7 +18,7 @@ from typing import Any, cast
 import mlx.core as mx
 
 from engine.contracts import Delta, FinishReason
-from engine.pipeline import DecodePipeline
+from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
 from engine.prefix_cache import PrefixCache
 from engine.rows import Row, plan_iteration
@@ -59,11 +59,17 @@ class BatchStep:
         the forward or its evaluation raises (the group fails the rows it touched)."""
         t0 = time.perf_counter()
         outputs: list[tuple[Row, Delta | None]] = []
-        # A mixed iteration goes on from the in-flight decode step (its tokens fed lazily) instead of waiting
-        # for it: building this iteration's forward overlaps the device's work on that step.
-        chain = decode and prefill and self.pipeline.inflight is not None and not self.pipeline.continues(rows)
-        if self.pipeline.inflight is not None and not chain and not (decode and self.pipeline.continues(rows)):
-            outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]  # rows changed: no speculation
+        flight = self.pipeline.inflight
+        # Decode-only over the rows of an in-flight decode step: it feeds the next step whole (pipeline.step).
+        ordered = sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
+        whole = flight is not None and decode and not prefill and self.pipeline.feeds(ordered)
+        # Otherwise an iteration with decoding rows goes on from the in-flight step (its tokens fed lazily):
+        # building this forward overlaps the device's work on that step. After a decode step only a mixed
+        # iteration does so; a decode-only one whose rows changed reads it first (the slots may compact then).
+        chain = (flight is not None and not whole and decode and (prefill or flight.mixed)
+                 and all(r.sampler.plain for r in flight.rows if not r.ended))
+        if flight is not None and not whole and not chain:
+            outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]
             rows = [r for r in rows if not r.ended]
         self._size_slots(rows)
         for row in rows:
@@ -72,7 +78,7 @@ class BatchStep:
             elif self.slots is not None and row.decoding and row.slot is None:
                 row.slot, row.cache = self.slots.adopt(row.cache or []), None
         if chain:
-            return self._chained(t0, rows, budget)
+            return self._chained(t0, rows, budget, prefill)
         if decode and self.pipeline.eligible(rows):
             ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
             outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
@@ -81,35 +87,43 @@ class BatchStep:
         if not (plan := plan_iteration(rows, budget, decode, prefill)):
             return self._finish(t0, outputs, 0, 0)
         t_forward = time.perf_counter()
-        launched = self._launch(plan, {})
-        landed, n_prompt, n_decode = self._land(plan, *launched)
-        self.last_cost = (time.perf_counter() - t_forward, n_prompt, n_decode)
-        return self._finish(t0, outputs + landed, n_prompt, n_decode)
+        launch = self._launch(plan, {})
+        if self._keep(launch):
+            return self._finish(t0, outputs, 0, 0)  # read by the next iteration, which goes on from it
+        landed = self._land(launch)
+        self.last_cost = (time.perf_counter() - t_forward, launch.prompt_tokens, launch.decode_rows)
+        return self._finish(t0, outputs + landed, launch.prompt_tokens, launch.decode_rows)
 
-    def _chained(self, t0: float, rows: list[Row], budget: int) -> list[tuple[Row, Delta]]:
-        """A mixed iteration launched on top of the in-flight decode step: its rows' next tokens enter the
-        forward unread; that step is read (and its tokens accepted) while the device runs this one. Rows that
-        finish on the in-flight token drop the token computed after it. Raises what the forward raises."""
+    def _chained(self, t0: float, rows: list[Row], budget: int, prefill: bool) -> list[tuple[Row, Delta]]:
+        """An iteration launched on top of the in-flight step: its rows' next tokens enter the forward unread;
+        that step is read (and its tokens accepted) while the device runs this one, which then stays in flight
+        for the next iteration (or is read here when its rows' samplers need their history). Rows that finish
+        on the in-flight token drop the token computed after it. Raises what the forward raises."""
         flight = self.pipeline.take()
-        assert flight is not None
-        lazy = {id(r): flight.tokens[i:i + 1] for i, r in enumerate(flight.rows)}
-        t_forward = time.perf_counter()
-        plan = plan_iteration(rows, budget, True, True)
-        launched = self._launch(plan, lazy) if plan else None
+        assert flight is not None and flight.tokens is not None  # a kept step always sampled
+        lazy = {id(r): flight.tokens[i:i + 1] for i, r in enumerate(flight.rows) if not r.ended}
+        plan = plan_iteration(rows, budget, True, prefill)
+        launch = self._launch(plan, lazy) if plan else None
         t_wait = time.perf_counter()
-        ids_before = self.pipeline.read(flight.tokens)
-        waited = time.perf_counter() - t_wait  # the in-flight step's own time: not this iteration's cost
-        outputs: list[tuple[Row, Delta | None]] = [
-            (r, self.accept(r, t)) for r, t in zip(flight.rows, ids_before) if not r.ended]
-        if launched is None:
-            return self._finish(t0, outputs, 0, 0)
-        landed, n_prompt, n_decode = self._land(plan, *launched)
-        self.last_cost = (time.perf_counter() - t_forward - waited, n_prompt, n_decode)
-        return self._finish(t0, outputs + landed, n_prompt, n_decode)
+        ids = self.pipeline.read(flight.tokens)
+        waited = time.perf_counter() - t_wait  # the in-flight step's own time
+        for r in flight.rows:
+            r.token_in_flight = False
+        outputs: list[tuple[Row, Delta | None]] = [(r, self.accept(r, t)) for r, t in zip(flight.rows, ids)
+                                                   if not r.ended]
+        if launch is None or self._keep(launch):
+            # This iteration's time is the gap the streams of the step just read saw.
+            self.last_cost = (time.perf_counter() - t0, flight.prompt_tokens, flight.decode_rows)
+            return self._finish(t0, outputs, flight.prompt_tokens, flight.decode_rows)
+        landed = self._land(launch)
+        self.last_cost = (time.perf_counter() - t0 - waited, launch.prompt_tokens, launch.decode_rows)
+        return self._finish(t0, outputs + landed, launch.prompt_tokens, launch.decode_rows)
 
-    def _launch(self, plan: list[tuple[Row, list[int], bool]], lazy: dict[int, Any]) -> tuple[Any, list[Any]]:
-        """Build the planned forward and start it: (sampled tokens or None, caches written without logits).
-        `lazy`: unread tokens by id(row), fed in place of those rows' last token. Raises what the forward raises."""
+    def _launch(self, plan: list[tuple[Row, list[int], bool]], lazy: dict[int, Any]) -> InFlight:
+        """Build the planned forward and start it; prompt chunks count as fed from here on. `lazy`: unread
+        tokens by id(row), fed in place of those rows' last token. Raises what the forward raises."""
+        if any(r.last_token is None and r.decoding and id(r) not in lazy for r, _, _ in plan):
+            raise RuntimeError("a row's next token is in flight but no step feeds it")
         segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)))
                     for r, tokens, want in plan]
         logits = self.runner.forward(segments)
@@ -118,21 +132,36 @@ class BatchStep:
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         mx.async_eval(([tokens] if tokens is not None else []) + touched)
-        return tokens, touched
-
-    def _land(self, plan: list[tuple[Row, list[int], bool]], tokens: Any,
-              touched: list[Any]) -> tuple[list[tuple[Row, Delta | None]], int, int]:
-        """Wait for a launched forward; advance prompts and accept sampled tokens (rows that ended meanwhile
-        drop theirs). Returns (outputs, prompt tokens, decode rows). Raises what the evaluation raises."""
-        mx.eval(([tokens] if tokens is not None else []) + touched)
-        ids = cast(list[int], tokens.tolist()) if tokens is not None else []
-        n_prompt, n_decode = 0, sum(1 for r, _, _ in plan if not r.preparing)
+        n_decode = sum(1 for r, _, _ in plan if r.decoding)
+        n_prompt = 0
         for r, chunk, _ in plan:
-            if r.preparing:
+            if not r.decoding:
                 r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
                 self._boundary_puts(r, r.prefilled - len(chunk))
-        sampled = [r for r, _, want in plan if want]
-        return [(r, self.accept(r, t)) for r, t in zip(sampled, ids) if not r.ended], n_prompt, n_decode
+        # Only decode rows, in slot order (plan_iteration's): the next decode step may take the tokens whole.
+        mixed = n_prompt > 0 or any(r.slot is None for r in sampled)
+        return InFlight(sampled, tokens, mixed=mixed, prompt_tokens=n_prompt, decode_rows=n_decode, touched=touched)
+
+    def _keep(self, launch: InFlight) -> bool:
+        """Leave a launched step unread, for the next iteration to go on from (the pipeline's slot path): only
+        with decoding rows whose samplers need no history, so the next step samples before this one is read.
+        Raises nothing."""
+        if not (self.pipeline.enabled and launch.decode_rows and launch.tokens is not None
+                and all(r.sampler.plain for r in launch.rows)):
+            return False
+        launch.touched = []
+        self.pipeline.inflight = launch
+        for r in launch.rows:
+            r.token_in_flight = True
+        return True
+
+    def _land(self, launch: InFlight) -> list[tuple[Row, Delta | None]]:
+        """Wait for a launched forward and accept its sampled tokens (rows that ended meanwhile drop theirs).
+        Raises what the evaluation raises."""
+        tokens = launch.tokens
+        mx.eval(([tokens] if tokens is not None else []) + launch.touched)
+        ids = cast(list[int], tokens.tolist()) if tokens is not None else []
+        return [(r, self.accept(r, t)) for r, t in zip(launch.rows, ids) if not r.ended]
 
     def reset(self) -> None:
         """Forget the in-flight step and every slot (the group closed). Raises nothing."""

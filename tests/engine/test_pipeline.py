@@ -168,3 +168,91 @@ async def test_chained_mixed_iterations_hand_the_same_kv_to_the_prefix_cache(tin
                                                                       for d in b]
     # FakePrefixCache.put checks every layer's offset equals the tokens stored.
     assert sorted(t for t, _ in piped_cache.entries) == sorted(t for t, _ in plain_cache.entries)
+
+
+def spy_launches(group) -> list[tuple[str, int, int]]:
+    """Record ("launch", id(tokens), prompt tokens) for each general launch and ("read", id(tokens), 0) in call
+    order."""
+    events: list[tuple[str, int, int]] = []
+    step, pipe = group.step, group.pipeline
+    launch, read = step._launch, pipe.read
+
+    def launch_spy(plan, lazy):
+        out = launch(plan, lazy)
+        events.append(("launch", id(out.tokens), out.prompt_tokens))
+        return out
+
+    def read_spy(tokens):
+        events.append(("read", id(tokens), 0))
+        return read(tokens)
+
+    step._launch, pipe.read = launch_spy, read_spy
+    return events
+
+
+async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(tiny_loaded) -> None:
+    # A long prompt is prefilled in chunks beside decoding rows: each mixed step is read only after the next
+    # one is launched (fed its tokens lazily), the row whose prompt completes decodes next from its unread first
+    # token, and every row still gives mlx-lm's tokens.
+    group = make_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
+    events = spy_launches(group)
+    prompts = [prompt_of(n, i) for i, n in enumerate((5, 7, 60, 41))]
+    limits = (30, 25, 12, 9)
+    requests = [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)]
+    deltas = await run_rows(group, requests, [0, 0, 3, 5])
+    for i, p in enumerate(prompts):
+        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
+    mixed = {t for kind, t, n in events if kind == "launch" and n > 0}
+    reads = [i for i, (kind, t, _) in enumerate(events) if kind == "read" and t in mixed]
+    assert len(reads) >= 4, "mixed steps were not kept in flight"
+    for i in reads:
+        at = next(j for j, (kind, t, _) in enumerate(events) if kind == "launch" and t == events[i][1])
+        assert any(kind == "launch" for kind, _, _ in events[at + 1 : i]), "a mixed step was read before the next launch"
+    group.prune()
+    assert group.pipeline.inflight is None
+
+
+async def test_a_row_whose_first_token_is_in_flight_goes_on_after_its_batch_mates_leave(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
+    mate = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=60))
+    for _ in range(3):
+        await iterate(group)
+    late_prompt = prompt_of(20, 4)
+    late = group.submit(GenerationRequest(late_prompt, GREEDY, max_tokens=10))
+    row = group._queue[-1]
+    for _ in range(20):
+        await iterate(group)
+        if row.token_in_flight and not row.generated:
+            break
+    assert row.token_in_flight and not row.generated, "the completing step was not kept in flight"
+    assert group.has_decoding() and not group.has_preparing()
+    await mate.aclose()
+    got: list[int] = []
+    for _ in range(30):
+        await iterate(group)
+        got += tokens_of(drain(late))
+        if not group.has_work():
+            break
+    assert not group.has_work()
+    assert_matches_reference(tiny_loaded, late_prompt, got, 10)
+
+
+async def test_rows_with_history_dependent_sampling_read_each_mixed_step_at_once(tiny_loaded) -> None:
+    # A repetition penalty samples from the row's history: a step must be read before the next one samples.
+    penalty = SamplingParams(temperature=0.0, repetition_penalty=1.3)
+    requests = [GenerationRequest(prompt_of(6, 1), penalty, max_tokens=20),
+                GenerationRequest(prompt_of(40, 2), GREEDY, max_tokens=6)]
+    group = make_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
+    kept: list[bool] = []
+    keep = group.step._keep
+
+    def keep_spy(launch):
+        kept.append(keep(launch))
+        return kept[-1]
+
+    group.step._keep = keep_spy
+    together = await run_rows(group, requests, [0, 2])
+    assert kept and not any(kept)
+    alone = await run_rows(make_group(tiny_loaded), requests[:1], [0])
+    assert tokens_of(together[0]) == tokens_of(alone[0])
+    assert_matches_reference(tiny_loaded, requests[1].prompt_tokens, tokens_of(together[1]), 6)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Before/after on the H200 in ONE device call (after install-c.sh): this tree's server, the server of an
+# older tree (OLD_TREE, an untracked copy such as `git archive REV | tar -x -C _old`), then mlx_lm.server,
+# each on the same scenarios and chat shape. Results: $OUT/new.json, $OUT/old.json, $OUT/peer.json.
+#   OLD_TREE=_old SCENARIOS=poisson8,c64,c1 NEW_S=150 OLD_S=150 PEER_S=150 OUT=$OUT bash bench/gpu/ab_h200.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/ab-out}
+mkdir -p "$OUT"
+SECONDS=0
+step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+ARGS="--max-active 128 --no-whisper ${EXTRA_ARGS:-}"
+SCEN=${SCENARIOS:-poisson8,c64,c1}
+COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout 90 --log-dir "$OUT" --scenarios "$SCEN")
+step "build"
+[ -d "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" | tail -1
+step "new"
+timeout $((${NEW_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \
+  --server-budget "${NEW_S:-150}" --out "$OUT/new.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+if [ -n "${OLD_TREE:-}" ] && [ -d "$OLD_TREE" ]; then
+  step "old ($OLD_TREE)"
+  OLD=$(cd "$OLD_TREE" && pwd)
+  timeout $((${OLD_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \
+    --ours-cmd "sh -c 'cd $OLD && PYTHONPATH=\$HOME/mlx-site:$OLD exec {python} -m service.cli serve {model} --host 127.0.0.1 --port {port} {args}'" \
+    --server-budget "${OLD_S:-150}" --out "$OUT/old.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+fi
+if [ -z "${SKIP_PEER:-}" ]; then
+  step "peer"
+  timeout $((${PEER_S:-150} + 20)) python3 -m bench.serve --only peer "${COMMON[@]}" --server-budget "${PEER_S:-150}" \
+    --out "$OUT/peer.json" 2>&1 | grep -E "peer (c|p|:)" | grep -v starting
+fi
+step "done"
