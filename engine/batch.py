@@ -331,10 +331,9 @@ class LLMBatchGroup:
         self.consecutive_failures = 0
         prompted = self.counters["prompt_tokens"] - before[0]
         generated = self.counters["generation_tokens"] - before[1]
-        if self.step.last_cost is not None:
-            _, n_prompt, n_decode = self.step.last_cost
-            self.iteration_times.record(n_prompt, n_decode, self._last_step_end - start, gap)
-            self.pacer.record(*self.step.last_cost)
+        if (cost := self.step.last_cost) is not None:
+            self.iteration_times.record(cost, self._last_step_end - start, gap)
+            self.pacer.record(cost.seconds, cost.prompt_tokens, cost.decode_rows)
             self.step.last_cost = None
         self._recent.append((time.monotonic(), prompted, generated))
         for row, delta in outputs:

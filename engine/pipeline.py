@@ -12,6 +12,7 @@ exports cut the slot to the row's fed tokens, and draining a running row's token
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, cast
 
@@ -45,6 +46,7 @@ class DecodePipeline:
         self.forward = forward  # the group's runner.forward (looked up per call)
         self.enabled = enabled  # the runner has a SlotKV (packed path with per-token RoPE)
         self.inflight: InFlight | None = None
+        self.waited = 0.0  # seconds blocked in `read` (the engine step resets it; /stats iteration_times)
 
     def reset(self) -> None:
         """Forget the in-flight step (its rows failed or the group closed). Raises nothing."""
@@ -109,7 +111,11 @@ class DecodePipeline:
         mx.async_eval(tokens)
         return tokens
 
-    @staticmethod
-    def read(tokens: mx.array | None) -> list[int]:
+    def read(self, tokens: mx.array | None) -> list[int]:
         """Wait for `tokens` and return them as ints ([] for none). Raises whatever the evaluation raises."""
-        return [] if tokens is None else [int(t) for t in cast(list[int], tokens.tolist())]
+        if tokens is None:
+            return []
+        t0 = time.perf_counter()
+        ids = cast(list[int], tokens.tolist())
+        self.waited += time.perf_counter() - t0
+        return [int(t) for t in ids]

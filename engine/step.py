@@ -18,6 +18,7 @@ from typing import Any, cast
 import mlx.core as mx
 
 from engine.contracts import Delta, FinishReason
+from engine.iteration_times import StepCost
 from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
 from engine.prefix_cache import PrefixCache
@@ -52,12 +53,13 @@ class BatchStep:
         self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
         # The last iteration's own cost — (seconds, prompt tokens, decode rows) without draining a pipelined
         # step first — for the group's prefill pacing.
-        self.last_cost: tuple[float, int, int] | None = None
+        self.last_cost: StepCost | None = None
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what
         the forward or its evaluation raises (the group fails the rows it touched)."""
         t0 = time.perf_counter()
+        self.pipeline.waited = 0.0
         outputs: list[tuple[Row, Delta | None]] = []
         flight = self.pipeline.inflight
         # Decode-only over the rows of an in-flight decode step: it feeds the next step whole (pipeline.step).
@@ -82,7 +84,7 @@ class BatchStep:
         if decode and self.pipeline.eligible(rows):
             ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
             outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
-            self.last_cost = (time.perf_counter() - t0, 0, len(ordered))
+            self.last_cost = self._cost(time.perf_counter() - t0, 0, len(ordered))
             return self._finish(t0, outputs, 0, len(ordered))
         if not (plan := plan_iteration(rows, budget, decode, prefill)):
             return self._finish(t0, outputs, 0, 0)
@@ -91,7 +93,7 @@ class BatchStep:
         if self._keep(launch):
             return self._finish(t0, outputs, 0, 0)  # read by the next iteration, which goes on from it
         landed = self._land(launch)
-        self.last_cost = (time.perf_counter() - t_forward, launch.prompt_tokens, launch.decode_rows)
+        self.last_cost = self._cost(time.perf_counter() - t_forward, launch.prompt_tokens, launch.decode_rows)
         return self._finish(t0, outputs + landed, launch.prompt_tokens, launch.decode_rows)
 
     def _chained(self, t0: float, rows: list[Row], budget: int, prefill: bool) -> list[tuple[Row, Delta]]:
@@ -113,10 +115,11 @@ class BatchStep:
                                                    if not r.ended]
         if launch is None or self._keep(launch):
             # This iteration's time is the gap the streams of the step just read saw.
-            self.last_cost = (time.perf_counter() - t0, flight.prompt_tokens, flight.decode_rows)
+            self.last_cost = self._cost(time.perf_counter() - t0, flight.prompt_tokens, flight.decode_rows)
             return self._finish(t0, outputs, flight.prompt_tokens, flight.decode_rows)
+        self.pipeline.waited -= waited
         landed = self._land(launch)
-        self.last_cost = (time.perf_counter() - t0 - waited, launch.prompt_tokens, launch.decode_rows)
+        self.last_cost = self._cost(time.perf_counter() - t0 - waited, launch.prompt_tokens, launch.decode_rows)
         return self._finish(t0, outputs + landed, launch.prompt_tokens, launch.decode_rows)
 
     def _launch(self, plan: list[tuple[Row, list[int], bool]], lazy: dict[int, Any]) -> InFlight:
@@ -142,6 +145,9 @@ class BatchStep:
         mixed = n_prompt > 0 or any(r.slot is None for r in sampled)
         return InFlight(sampled, tokens, mixed=mixed, prompt_tokens=n_prompt, decode_rows=n_decode, touched=touched)
 
+    def _cost(self, seconds: float, prompt_tokens: int, decode_rows: int) -> StepCost:
+        return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds))
+
     def _keep(self, launch: InFlight) -> bool:
         """Leave a launched step unread, for the next iteration to go on from (the pipeline's slot path): only
         with decoding rows whose samplers need no history, so the next step samples before this one is read.
@@ -158,9 +164,10 @@ class BatchStep:
     def _land(self, launch: InFlight) -> list[tuple[Row, Delta | None]]:
         """Wait for a launched forward and accept its sampled tokens (rows that ended meanwhile drop theirs).
         Raises what the evaluation raises."""
-        tokens = launch.tokens
-        mx.eval(([tokens] if tokens is not None else []) + launch.touched)
-        ids = cast(list[int], tokens.tolist()) if tokens is not None else []
+        t0 = time.perf_counter()
+        mx.eval(([launch.tokens] if launch.tokens is not None else []) + launch.touched)
+        self.pipeline.waited += time.perf_counter() - t0
+        ids = cast(list[int], launch.tokens.tolist()) if launch.tokens is not None else []
         return [(r, self.accept(r, t)) for r, t in zip(launch.rows, ids) if not r.ended]
 
     def reset(self) -> None:

@@ -3,6 +3,7 @@
 # older tree (OLD_TREE, an untracked copy such as `git archive REV | tar -x -C _old`), then mlx_lm.server,
 # each on the same scenarios and chat shape. Results: $OUT/new.json, $OUT/old.json, $OUT/peer.json.
 #   OLD_TREE=_old SCENARIOS=poisson8,c64,c1 NEW_S=150 OLD_S=150 PEER_S=150 OUT=$OUT bash bench/gpu/ab_h200.sh
+# VARIANTS="name|server flags|scenarios;..." adds runs of this tree with other flags ($OUT/name.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/ab-out}
 mkdir -p "$OUT"
@@ -16,6 +17,13 @@ step "build"
 step "new"
 timeout $((${NEW_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \
   --server-budget "${NEW_S:-150}" --out "$OUT/new.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+IFS=';' read -ra VARS <<< "${VARIANTS:-}"
+for v in "${VARS[@]}"; do
+  IFS='|' read -r name flags scen <<< "$v"
+  step "variant $name: $flags"
+  timeout $((${VAR_S:-100} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios "${scen:-$SCEN}" \
+    --ours-args "$ARGS $flags" --server-budget "${VAR_S:-100}" --out "$OUT/$name.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+done
 if [ -n "${OLD_TREE:-}" ] && [ -d "$OLD_TREE" ]; then
   step "old ($OLD_TREE)"
   OLD=$(cd "$OLD_TREE" && pwd)

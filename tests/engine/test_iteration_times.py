@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from engine.iteration_times import IterationTimes
+from engine.iteration_times import IterationTimes, StepCost
 
 
 def test_kinds_percentiles_and_gaps() -> None:
     times = IterationTimes(window=200)
     for i in range(100):
-        times.record(0, 8, 0.004 + (0.02 if i == 99 else 0.0), 0.001)
-    times.record(512, 8, 0.012, None)  # after an idle pause: no gap sample
-    times.record(64, 0, 0.003, 0.002)
+        times.record(StepCost(0.003, 0, 8, 0.002), 0.004 + (0.02 if i == 99 else 0.0), 0.001)
+    times.record(StepCost(0.010, 512, 8, 0.006), 0.012, None)  # after an idle pause: no gap sample
+    times.record(StepCost(0.003, 64, 0), 0.003, 0.002)
     snap = times.snapshot()
     assert snap["decode"]["n"] == 100 and snap["decode"]["p50_ms"] == 4.0 and snap["decode"]["max_ms"] == 24.0
-    assert snap["mixed"] == {"n": 1, "p50_ms": 12.0, "p99_ms": 12.0, "max_ms": 12.0}
+    assert snap["decode"]["engine"]["p50_ms"] == 3.0 and snap["decode"]["wait"]["max_ms"] == 2.0
+    assert snap["mixed"] == {"n": 1, "p50_ms": 12.0, "p99_ms": 12.0, "max_ms": 12.0,
+                             "engine": {"n": 1, "p50_ms": 10.0, "p99_ms": 10.0, "max_ms": 10.0},
+                             "wait": {"n": 1, "p50_ms": 6.0, "p99_ms": 6.0, "max_ms": 6.0}}
     assert snap["prefill"]["n"] == 1 and snap["gap"]["n"] == 101
 
 
 def test_the_window_keeps_the_latest() -> None:
     times = IterationTimes(window=3)
     for s in (1.0, 0.001, 0.001, 0.001):
-        times.record(0, 1, s, None)
+        times.record(StepCost(s, 0, 1), s, None)
     assert times.snapshot()["decode"]["max_ms"] == 1.0 and times.snapshot()["gap"] == {"n": 0}
