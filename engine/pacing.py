@@ -17,7 +17,7 @@ from statistics import median
 
 __all__ = ["PrefillPacer", "STALL"]
 
-STALL = 2.0  # a mixed iteration may last this many decode-only iterations
+STALL = 1.5  # a mixed iteration may last this many decode-only iterations (H200: 1.5 beat 2.0 and 1.25)
 _WEIGHT = 0.2  # exponential moving average: recent iterations count most
 _SAMPLES = 32  # mixed iterations the fit looks at
 _MIN_SAMPLES = 6

@@ -66,9 +66,10 @@ class BatchStep:
         ordered = sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
         whole = flight is not None and decode and not prefill and self.pipeline.feeds(ordered)
         # Otherwise an iteration with decoding rows goes on from the in-flight step (its tokens fed lazily):
-        # building this forward overlaps the device's work on that step. After a decode step only a mixed
-        # iteration does so; a decode-only one whose rows changed reads it first (the slots may compact then).
-        chain = (flight is not None and not whole and decode and (prefill or flight.mixed)
+        # building this forward overlaps the device's work on that step, also when rows joined or left. A
+        # decode-only iteration reads it first when the slot buffers are due to shrink (they compact then).
+        compact = not prefill and self.slots is not None and self.slots.oversized()
+        chain = (flight is not None and not whole and decode and not compact
                  and all(r.sampler.plain for r in flight.rows if not r.ended))
         if flight is not None and not whole and not chain:
             outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from engine.pacing import STALL
 from service.limits import Limits
 
 __all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "split_list"]
@@ -49,7 +50,7 @@ class ServiceConfig:
     max_active: int = 16
     max_iteration_tokens: int = 512
     # A mixed iteration (decoding rows + a prompt chunk) may last this many decode-only iterations.
-    prefill_stall: float = 2.0
+    prefill_stall: float = STALL
     prompt_cache_bytes: int | None = None
     # Bytes for weights, KV, prefix cache and MLX's buffer cache; None: the machine's default.
     memory_budget: int | None = None

@@ -7,6 +7,7 @@ import logging
 import socket
 from typing import Any
 
+from engine.pacing import STALL
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command, byte_size
 from service.cli.resolve import resolve_chat_model
@@ -30,9 +31,10 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
     p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per scheduler iteration")
-    p.add_argument("--prefill-stall", type=float, default=2.0, metavar="X",
+    p.add_argument("--prefill-stall", type=float, default=STALL, metavar="X",
                    help="while rows decode, an iteration carrying a prompt chunk may last X decode-only iterations "
-                        "(the prompt chunk is sized from measured costs; larger X: faster prompts, longer token gaps)")
+                        "(the prompt chunk is sized from measured costs; larger X: faster prompts, longer token gaps; "
+                        f"default {STALL})")
     p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models (default: the model's name)")
     p.add_argument("--prompt-cache-bytes", type=byte_size, default=None,
                    help="prefix-cache byte budget, e.g. 2GiB; 0 disables (default: a quarter of the memory budget "

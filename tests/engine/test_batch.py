@@ -423,7 +423,7 @@ async def test_a_task_enqueued_while_the_group_goes_idle_wakes_it(tiny_loaded) -
 
 
 async def test_prompt_chunks_beside_decoding_rows_are_paced(tiny_loaded) -> None:
-    group = make_group(tiny_loaded, max_iteration_tokens=256, minimum_preparation_tokens=8)
+    group = make_group(tiny_loaded, max_iteration_tokens=256, minimum_preparation_tokens=8, prefill_stall=2.0)
     first = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=40))
     await iterate(group)  # its prompt: it decodes from now on
     pacer = group.pacer  # measured: 20 prompt tokens fit

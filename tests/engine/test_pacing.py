@@ -31,16 +31,16 @@ def _simulate(pacer: PrefillPacer, decode: float, fixed: float, per_token: float
 
 
 def test_prompt_tokens_keep_a_mixed_iteration_within_the_stall() -> None:
-    pacer = PrefillPacer(max_tokens=2048, min_tokens=32)
+    pacer = PrefillPacer(max_tokens=2048, min_tokens=32, stall=2.0)
     allowed = _simulate(pacer, decode=0.004, fixed=0.0, per_token=0.0001, iterations=12)[-1]
-    assert allowed == int((STALL - 1) * 0.004 / 0.0001)
-    assert 0.004 + allowed * 0.0001 <= STALL * 0.004 + 1e-9
+    assert allowed == int((2.0 - 1) * 0.004 / 0.0001)
+    assert 0.004 + allowed * 0.0001 <= 2.0 * 0.004 + 1e-9
 
 
 def test_a_larger_stall_gives_longer_chunks_within_it() -> None:
     pacer = PrefillPacer(max_tokens=4096, min_tokens=32, stall=3.0)
     allowed = _simulate(pacer, decode=0.004, fixed=0.005, per_token=0.00001, iterations=16)[-1]
-    assert allowed == int((2.0 * 0.004 - 0.005) / 0.00001)  # at the default stall the fixed part alone passes
+    assert allowed == int((2.0 * 0.004 - 0.005) / 0.00001)  # at a stall of 2 the fixed part alone passes
     with pytest.raises(ValueError, match="stall"):
         PrefillPacer(max_tokens=512, min_tokens=32, stall=1.0)
 
@@ -49,11 +49,11 @@ def test_a_fixed_cost_per_mixed_iteration_is_not_charged_per_token() -> None:
     # An H200 serving a 1B model: a mixed iteration stops the decode pipeline (~5 ms) whatever its size, and
     # each prompt token adds ~9 us. Charged per token, the 5 ms shrank the allowance to the minimum: prompts
     # arrived faster than 32-token chunks could take them in, and TTFT grew to seconds.
-    pacer = PrefillPacer(max_tokens=4096, min_tokens=32)
+    pacer = PrefillPacer(max_tokens=4096, min_tokens=32, stall=2.0)
     allowed = _simulate(pacer, decode=0.008, fixed=0.005, per_token=0.000009, iterations=16)[-1]
     assert pacer.fixed_seconds is not None and abs(pacer.fixed_seconds - 0.005) < 1e-4
-    assert allowed == int(((STALL - 1) * 0.008 - 0.005) / 0.000009)
-    assert 0.008 + 0.005 + allowed * 0.000009 <= STALL * 0.008 + 1e-9
+    assert allowed == int(((2.0 - 1) * 0.008 - 0.005) / 0.000009)
+    assert 0.008 + 0.005 + allowed * 0.000009 <= 2.0 * 0.008 + 1e-9
 
 
 def test_a_fixed_cost_beyond_the_stall_gets_the_whole_budget() -> None:

@@ -256,3 +256,44 @@ async def test_rows_with_history_dependent_sampling_read_each_mixed_step_at_once
     alone = await run_rows(make_group(tiny_loaded), requests[:1], [0])
     assert tokens_of(together[0]) == tokens_of(alone[0])
     assert_matches_reference(tiny_loaded, requests[1].prompt_tokens, tokens_of(together[1]), 6)
+
+
+async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(tiny_loaded) -> None:
+    # A row that finishes changes the decode rows; the next step is still launched before the last one is read,
+    # and the slot buffers still shrink as rows leave.
+    group = make_group(tiny_loaded)
+    unread: set[int] = set()
+    exposed: list[int] = []
+    pipe, step, slots = group.pipeline, group.step, group.slots
+    launch, launch_plan, read, compact = pipe.launch, step._launch, pipe.read, slots.compact
+    compactions: list[int] = []
+
+    def launch_spy(rows, fed):
+        out = launch(rows, fed)
+        unread.add(id(out))
+        return out
+
+    def launch_plan_spy(plan, lazy):
+        out = launch_plan(plan, lazy)
+        unread.add(id(out.tokens))
+        return out
+
+    def read_spy(tokens):
+        unread.discard(id(tokens))
+        if not unread:
+            exposed.append(1)
+        return read(tokens)
+
+    def compact_spy():
+        compactions.append(1)
+        return compact()
+
+    pipe.launch, step._launch, pipe.read, slots.compact = launch_spy, launch_plan_spy, read_spy, compact_spy
+    prompts = [prompt_of(n, i) for i, n in enumerate((5, 6, 7, 8))]
+    limits = (6, 11, 16, 40)
+    deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)],
+                            [0, 0, 0, 0])
+    for i, p in enumerate(prompts):
+        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
+    assert compactions, "the slot buffers never shrank"
+    assert not exposed, f"{len(exposed)} step(s) read with nothing launched after them"

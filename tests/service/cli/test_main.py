@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine.pacing import STALL
+
 from pathlib import Path
 
 import pytest
@@ -141,7 +143,7 @@ def test_serve_flags_become_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.api_keys == ["a", "b", "c", "from-env"] and config.allowed_origins == ["http://x.example"]
     assert config.allow_request_templates and config.prefill_stall == 2.5 and not config.freeze_gc
     defaults = serve_config(build_parser().parse_args(["serve"]))
-    assert defaults.prefill_stall == 2.0 and defaults.freeze_gc
+    assert defaults.prefill_stall == STALL and defaults.freeze_gc
     with pytest.raises(CLIError, match="--prefill-stall"):
         serve_config(build_parser().parse_args(["serve", "--prefill-stall", "1"]))
     assert serve_config(build_parser().parse_args(["serve", "--max-active", "3"])).queue_limit == 12
