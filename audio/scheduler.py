@@ -109,7 +109,7 @@ class WhisperScheduler:
         self.pace = pace
         self.costs = StepCosts()
         self.counters = StepCounters()
-        self._limit: float | None = None  # the next step's time limit, set on the event loop
+        self._limit: float | None = None  # the running step's time limit, set as it starts
         self._paced = False
         self._min_step_seconds: float | None = None  # resolved on the engine thread at the first step
         self._rotation = 0
@@ -166,15 +166,15 @@ class WhisperScheduler:
         return window.result
 
     def _plan_limit(self) -> None:
-        """The next step's time limit: a share of a chat iteration while chat decodes, else None (the full
-        budget, counted in units and tokens). Event loop."""
+        """The step's time limit: a share of a chat iteration while chat has rows, else None (the full budget,
+        counted in units and tokens). Read as the step starts on the engine thread, not when it was queued: a
+        step queued while chat was idle must not run unpaced once chat has begun. Raises nothing."""
         pace = self.pace() if self.pace is not None else None
         self._paced = pace is not None and pace > 0
         self._limit = self.budget.chat_share * pace if pace is not None and pace > 0 else None
 
     async def _lead(self) -> None:
         self._leading = True
-        self._plan_limit()
         scope = anyio.CancelScope()
         handle = self.tasks.enqueue(self._step, cancellation=scope, label="whisper.step")
         try:
@@ -200,6 +200,7 @@ class WhisperScheduler:
 
     # ---- one step (engine thread) ---------------------------------------------------------
     def _step(self) -> str:
+        self._plan_limit()
         live = [w for w in list(self._windows) if w.live]
         encoding = [w for w in live if not w.encoder.done]
         decoding = [w for w in live if w.row is not None]

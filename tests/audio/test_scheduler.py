@@ -201,3 +201,28 @@ async def test_while_chat_decodes_each_step_does_what_its_share_allows(tiny_whis
     # with the full budget, conv and layer units cover 375 positions
     assert 375 in {s.work for s in full.counters.steps if s.kind == "encode"}
     assert full.counters.encoder_steps + full.counters.decoder_steps < c.encoder_steps + c.decoder_steps
+
+
+async def test_a_step_queued_while_chat_was_idle_is_paced_once_chat_has_begun(tiny_whisper: LoadedWhisper) -> None:
+    # The step's limit is read when it starts: chat that arrived while the step waited in the queue is protected.
+    chat: list[float | None] = [None]
+    tasks, thread = ExecutionTasks(), EngineThread("test-scheduler")
+    scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375), pace=lambda: chat[0])
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(decode_all, scheduler, tiny_whisper, [request(3, 1)])
+            await anyio.wait_all_tasks_blocked()
+            assert tasks.labels() == ["whisper.step"]  # queued while chat had no row
+            chat[0] = 1e-9  # a chat row arrives before the step runs
+            assert await tasks.advance(thread)
+            first = scheduler.counters.steps[0]
+            chat[0] = None
+            while True:
+                await anyio.wait_all_tasks_blocked()
+                if not tasks.pending:
+                    break
+                assert await tasks.advance(thread)
+    finally:
+        thread.close()
+    assert first.limit is not None and scheduler.counters.paced_steps >= 1
+    assert scheduler.counters.steps[-1].limit is None
