@@ -67,6 +67,7 @@ class LLMBatchGroup:
         max_kv_tokens: int | None = None,
         budget: MemoryBudget | None = None,
         max_queued: int | None = None,
+        keep_mixed_in_flight: bool | None = None,
     ) -> None:
         if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1:
             raise ValueError("max_active, max_iteration_tokens and minimum_preparation_tokens must be >= 1")
@@ -100,7 +101,7 @@ class LLMBatchGroup:
         self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens, prefill_stall)
         self.iteration_times = IterationTimes()
         self.step = BatchStep(model, self.plan, context_length=context_length, prefix_cache=prefix_cache,
-                              counters=self.counters)
+                              counters=self.counters, keep_mixed_in_flight=keep_mixed_in_flight)
         slots = self.step.slots
         self.admission = KVAdmission(budget, slots.step if slots is not None else 256) if budget else None
         # Health: steps failed in a row (reset by any success) and the last failure, for /health.

@@ -43,7 +43,7 @@ class BatchStep:
     """One iteration's model work over the group's rows (see module doc). `counters` is the group's."""
 
     def __init__(self, model: Any, plan: ExecutionPlan, *, context_length: int, prefix_cache: PrefixCache | None,
-                 counters: dict[str, float]) -> None:
+                 counters: dict[str, float], keep_mixed_in_flight: bool | None = None) -> None:
         self.model = model
         self.context_length = context_length
         self.prefix_cache = prefix_cache
@@ -51,6 +51,11 @@ class BatchStep:
         self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
         self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
+        # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
+        # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
+        # then misreads a mixed step's cost (measured: whole-budget chunks, token gaps of seconds); default: GPU.
+        self.keep_mixed = (mx.default_device().type == mx.DeviceType.gpu if keep_mixed_in_flight is None
+                           else keep_mixed_in_flight)
         # The last iteration's own cost — (seconds, prompt tokens, decode rows) without draining a pipelined
         # step first — for the group's prefill pacing.
         self.last_cost: StepCost | None = None
@@ -153,7 +158,7 @@ class BatchStep:
         """Leave a launched step unread, for the next iteration to go on from (the pipeline's slot path): only
         with decoding rows whose samplers need no history, so the next step samples before this one is read.
         Raises nothing."""
-        if not (self.pipeline.enabled and launch.decode_rows and launch.tokens is not None
+        if not (self.keep_mixed and self.pipeline.enabled and launch.decode_rows and launch.tokens is not None
                 and all(r.sampler.plain for r in launch.rows)):
             return False
         launch.touched = []

@@ -9,20 +9,27 @@ OUT=${OUT:-/tmp/prof-out}
 OURS_ARGS=${OURS_ARGS:---max-active 128 --no-whisper}
 mkdir -p "$OUT"
 SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+if [ ! -x "$SPY" ] && ls ${SPY_WHEEL_DIR:-_spy}/py_spy-*.whl >/dev/null 2>&1; then  # an untracked wheel carried along
+  python3 -c "import zipfile,glob,sys; zipfile.ZipFile(glob.glob(sys.argv[1]+'/py_spy-*.whl')[0]).extractall('/tmp/spy')" "${SPY_WHEEL_DIR:-_spy}"
+  SPY=$(find /tmp/spy -name py-spy -type f | head -1) && chmod +x "$SPY"
+fi
 record() {  # $1: name, $2: seconds
   local pid
   pid=$(pgrep -f "spawn_main" | head -1)
   [ -n "$pid" ] && timeout $(($2 + 15)) "$SPY" record -p "$pid" -d "$2" -r 250 --threads --native -f raw \
     -o "$OUT/prof-$1.raw" > "$OUT/spy-$1.log" 2>&1 &
 }
-timeout 280 python3 -m bench.serve --only ours --model "$MODEL" --profile quick --scenarios c8,c64,poisson8 \
+# HOOKS: "after=name:seconds ...": when scenario `after` ends, sample `seconds` of the next one as `name`.
+SCENARIOS=${SCENARIOS:-c8,c64,poisson8}
+HOOKS=${HOOKS:-c8=c64:5 c64=poisson8:10}
+timeout 280 python3 -m bench.serve --only ours --model "$MODEL" --profile quick --scenarios "$SCENARIOS" \
   --ours-args "$OURS_ARGS" --server-budget 250 --timeout 60 --ready-timeout 120 --out "$OUT/ours.json" \
   --log-dir "$OUT" 2>&1 | while IFS= read -r line; do
     echo "$line"
-    case "$line" in
-      *"tandem c8:"*) record c64 5 ;;
-      *"tandem c64:"*) record poisson8 10 ;;
-    esac
+    for hook in $HOOKS; do
+      after=${hook%%=*} rest=${hook#*=}
+      case "$line" in *"tandem $after:"*) record "${rest%%:*}" "${rest##*:}" ;; esac
+    done
   done
 wait
 ls -la "$OUT"

@@ -16,6 +16,17 @@ pytestmark = pytest.mark.anyio
 GREEDY = SamplingParams(temperature=0.0)
 
 
+def pipelined_group(loaded, **kw):
+    """A group that keeps mixed steps in flight as it does on a GPU (the default there; tests run on a CPU)."""
+    return make_group(loaded, keep_mixed_in_flight=True, **kw)
+
+
+def test_mixed_steps_stay_in_flight_by_default_only_on_a_gpu(tiny_loaded) -> None:
+    import mlx.core as mx
+
+    assert make_group(tiny_loaded).step.keep_mixed == (mx.default_device().type == mx.DeviceType.gpu)
+
+
 def spy(group) -> list[tuple[str, int]]:
     """Record ("launch", id(tokens)) and ("read", id(tokens)) in call order."""
     events: list[tuple[str, int]] = []
@@ -36,7 +47,7 @@ def spy(group) -> list[tuple[str, int]]:
 
 
 async def test_next_step_is_launched_before_the_current_tokens_are_read(tiny_loaded) -> None:
-    group = make_group(tiny_loaded)
+    group = pipelined_group(tiny_loaded)
     events = spy(group)
     streams = [group.submit(GenerationRequest(prompt_of(n, n), GREEDY, max_tokens=12)) for n in (5, 8)]
     for _ in range(6):
@@ -52,7 +63,7 @@ async def test_next_step_is_launched_before_the_current_tokens_are_read(tiny_loa
 
 
 async def test_rows_of_different_lengths_match_mlx_lm_with_the_pipeline(tiny_loaded) -> None:
-    group = make_group(tiny_loaded)
+    group = pipelined_group(tiny_loaded)
     events = spy(group)
     prompts = [prompt_of(n, i) for i, n in enumerate((5, 9, 14, 3))]
     limits = (7, 12, 20, 4)
@@ -93,7 +104,7 @@ async def test_a_row_stopping_mid_pipeline_gives_the_same_output_and_kv_length(t
 
 async def test_second_turn_from_a_pipelined_first_turn_matches_cold(tiny_loaded) -> None:
     cache = FakePrefixCache()
-    group = make_group(tiny_loaded, prefix_cache=cache)
+    group = pipelined_group(tiny_loaded, prefix_cache=cache)
     first = prompt_of(10, 3)
     d = await run_rows(group, [GenerationRequest(first, GREEDY, max_tokens=5, namespace="m", session_id="s"),
                                GenerationRequest(prompt_of(4, 9), GREEDY, max_tokens=30)], [0, 0])
@@ -107,7 +118,7 @@ async def test_second_turn_from_a_pipelined_first_turn_matches_cold(tiny_loaded)
 
 async def test_cancel_mid_pipeline_frees_the_row_and_stores_only_fed_kv(tiny_loaded) -> None:
     cache = FakePrefixCache()
-    group = make_group(tiny_loaded, prefix_cache=cache)
+    group = pipelined_group(tiny_loaded, prefix_cache=cache)
     prompts = [prompt_of(7, 1), prompt_of(4, 2)]
     victim, other = (group.submit(GenerationRequest(p, GREEDY, max_tokens=30)) for p in prompts)
     got: list[int] = []
@@ -130,7 +141,7 @@ async def test_cancel_mid_pipeline_frees_the_row_and_stores_only_fed_kv(tiny_loa
 async def test_a_mixed_iteration_goes_on_from_the_in_flight_step(tiny_loaded) -> None:
     # Rows decode with a step in flight; new prompts arrive. The mixed iteration's forward is built before the
     # in-flight tokens are read, and every row still gives mlx-lm's tokens (one stops on an in-flight token).
-    group = make_group(tiny_loaded, max_iteration_tokens=24, minimum_preparation_tokens=8)
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=24, minimum_preparation_tokens=8)
     events = spy(group)
     forward = group.runner.forward
 
@@ -155,7 +166,7 @@ async def test_a_mixed_iteration_goes_on_from_the_in_flight_step(tiny_loaded) ->
 async def test_chained_mixed_iterations_hand_the_same_kv_to_the_prefix_cache(tiny_loaded) -> None:
     async def run(pipelined: bool) -> tuple[dict[int, list[Any]], FakePrefixCache]:
         cache = FakePrefixCache()
-        group = make_group(tiny_loaded, prefix_cache=cache, max_iteration_tokens=16, minimum_preparation_tokens=8)
+        group = pipelined_group(tiny_loaded, prefix_cache=cache, max_iteration_tokens=16, minimum_preparation_tokens=8)
         group.pipeline.enabled = pipelined
         requests = [GenerationRequest(prompt_of(n, i), GREEDY, max_tokens=m, namespace="m", session_id=str(i))
                     for i, (n, m) in enumerate(((6, 5), (7, 20), (30, 6), (25, 4)))]
@@ -194,7 +205,7 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
     # A long prompt is prefilled in chunks beside decoding rows: each mixed step is read only after the next
     # one is launched (fed its tokens lazily), the row whose prompt completes decodes next from its unread first
     # token, and every row still gives mlx-lm's tokens.
-    group = make_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
     events = spy_launches(group)
     prompts = [prompt_of(n, i) for i, n in enumerate((5, 7, 60, 41))]
     limits = (30, 25, 12, 9)
@@ -213,7 +224,7 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
 
 
 async def test_a_row_whose_first_token_is_in_flight_goes_on_after_its_batch_mates_leave(tiny_loaded) -> None:
-    group = make_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
     mate = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=60))
     for _ in range(3):
         await iterate(group)
@@ -242,7 +253,7 @@ async def test_rows_with_history_dependent_sampling_read_each_mixed_step_at_once
     penalty = SamplingParams(temperature=0.0, repetition_penalty=1.3)
     requests = [GenerationRequest(prompt_of(6, 1), penalty, max_tokens=20),
                 GenerationRequest(prompt_of(40, 2), GREEDY, max_tokens=6)]
-    group = make_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
     kept: list[bool] = []
     keep = group.step._keep
 
@@ -253,7 +264,7 @@ async def test_rows_with_history_dependent_sampling_read_each_mixed_step_at_once
     group.step._keep = keep_spy
     together = await run_rows(group, requests, [0, 2])
     assert kept and not any(kept)
-    alone = await run_rows(make_group(tiny_loaded), requests[:1], [0])
+    alone = await run_rows(pipelined_group(tiny_loaded), requests[:1], [0])
     assert tokens_of(together[0]) == tokens_of(alone[0])
     assert_matches_reference(tiny_loaded, requests[1].prompt_tokens, tokens_of(together[1]), 6)
 
@@ -261,7 +272,7 @@ async def test_rows_with_history_dependent_sampling_read_each_mixed_step_at_once
 async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(tiny_loaded) -> None:
     # A row that finishes changes the decode rows; the next step is still launched before the last one is read,
     # and the slot buffers still shrink as rows leave.
-    group = make_group(tiny_loaded)
+    group = pipelined_group(tiny_loaded)
     unread: set[int] = set()
     exposed: list[int] = []
     pipe, step, slots = group.pipeline, group.step, group.slots
