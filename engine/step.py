@@ -109,8 +109,8 @@ class BatchStep:
         on the in-flight token drop the token computed after it. Raises what the forward raises."""
         flight = self.pipeline.take()
         assert flight is not None and flight.tokens is not None  # a kept step always sampled
-        lazy = {id(r): flight.tokens[i:i + 1] for i, r in enumerate(flight.rows) if not r.ended}
         plan = plan_iteration(rows, budget, True, prefill)
+        lazy = self._lazy_tokens(flight, plan)
         launch = self._launch(plan, lazy) if plan else None
         t_wait = time.perf_counter()
         ids = self.pipeline.read(flight.tokens)
@@ -127,6 +127,19 @@ class BatchStep:
         landed = self._land(launch)
         self.last_cost = self._cost(time.perf_counter() - t0 - waited, launch.prompt_tokens, launch.decode_rows)
         return self._finish(t0, outputs + landed, launch.prompt_tokens, launch.decode_rows)
+
+    @staticmethod
+    def _lazy_tokens(flight: InFlight, plan: list[tuple[Row, list[int], bool]]) -> dict[int, Any]:
+        """The in-flight step's unread tokens by id(row). When every decoding row of the plan comes from that
+        step, they share one array in the plan's (slot) order: one gather instead of a slice per row."""
+        assert flight.tokens is not None
+        where = {id(r): i for i, r in enumerate(flight.rows) if not r.ended}
+        decoders = [r for r, _, _ in plan if r.decoding]
+        if decoders and all(id(r) in where for r in decoders):
+            picks = [where[id(r)] for r in decoders]
+            block = flight.tokens if picks == list(range(len(flight.rows))) else flight.tokens[mx.array(picks)]
+            return {id(r): block for r in decoders}
+        return {key: flight.tokens[i:i + 1] for key, i in where.items()}
 
     def _launch(self, plan: list[tuple[Row, list[int], bool]], lazy: dict[int, Any]) -> InFlight:
         """Build the planned forward and start it; prompt chunks count as fed from here on. `lazy`: unread

@@ -12,6 +12,7 @@ from audio.scheduler import StepBudget, WhisperScheduler, WindowRequest, WindowR
 from audio.whisper import LoadedWhisper
 from engine.context import EngineThread
 from engine.tasks import ExecutionTasks
+from tests.fixtures.settle import settle
 from tests.audio.conftest import running_tasks
 
 pytestmark = pytest.mark.anyio
@@ -56,10 +57,10 @@ async def test_one_step_is_queued_at_a_time_and_the_kinds_alternate(tiny_whisper
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(decode_all, scheduler, tiny_whisper, [request(3, 1), request(4, 2)])
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             tg.start_soon(decode_all, scheduler, tiny_whisper, [request(6, 3)])
             while True:
-                await anyio.wait_all_tasks_blocked()
+                await settle()
                 queued.append(tasks.labels())
                 if not tasks.pending:
                     break
@@ -137,16 +138,16 @@ async def test_a_cancelled_window_leaves_before_the_next_step(tiny_whisper: Load
 
             tg.start_soon(doomed)
             tg.start_soon(keeper)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert await tasks.advance(thread)  # one encoder step: both windows' fronts, stacked
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert scheduler.in_flight == 2
             scope.cancel()
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert scheduler.in_flight == 1  # gone at once; the queued step will not see it
             while tasks.pending:
                 assert await tasks.advance(thread)
-                await anyio.wait_all_tasks_blocked()
+                await settle()
     finally:
         thread.close()
     assert len(kept) == 1 and scheduler.counters.windows == 1 and scheduler.in_flight == 0
@@ -211,14 +212,14 @@ async def test_a_step_queued_while_chat_was_idle_is_paced_once_chat_has_begun(ti
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(decode_all, scheduler, tiny_whisper, [request(3, 1)])
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert tasks.labels() == ["whisper.step"]  # queued while chat had no row
             chat[0] = 1e-9  # a chat row arrives before the step runs
             assert await tasks.advance(thread)
             first = scheduler.counters.steps[0]
             chat[0] = None
             while True:
-                await anyio.wait_all_tasks_blocked()
+                await settle()
                 if not tasks.pending:
                     break
                 assert await tasks.advance(thread)

@@ -21,6 +21,7 @@ from audio.whisper import WhisperResidency
 from engine.context import EngineThread
 from engine.tasks import ExecutionTasks
 from tests.audio.conftest import SR, running_tasks, voiced
+from tests.fixtures.settle import settle
 
 pytestmark = pytest.mark.anyio
 FAST = TranscribeOptions(temperatures=(0.0,))
@@ -107,12 +108,12 @@ async def test_a_session_behind_reports_its_lag_and_keeps_its_audio(tiny_whisper
             tg.start_soon(s.pump)
             for _ in range(8):  # 8 s arrive while the loop runs nothing
                 s.append(f32(voiced(1.0)), F32)
-                await anyio.wait_all_tasks_blocked()
+                await settle()
             assert s.lag_seconds >= 7.0 and s.received_seconds == 8.0
             assert s.held_samples >= 7 * SR  # nothing dropped
             while tasks.pending:  # the loop catches up
                 assert await tasks.advance(thread)
-                await anyio.wait_all_tasks_blocked()
+                await settle()
             assert s.lag_seconds < 1.0 and s.windows_done >= 2
             s.cancel()
     finally:
@@ -127,10 +128,10 @@ async def test_cancel_drops_queued_work_before_the_next_step(tiny_whisper_dir: P
         async with anyio.create_task_group() as tg:
             tg.start_soon(s.pump)
             s.append(f32(voiced(3)), F32)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert tasks.labels() == ["whisper.load"]
             await tasks.advance(thread)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             assert tasks.labels() == ["whisper.step"] and scheduler.in_flight == 1
             s.cancel()
             assert scheduler.in_flight == 0  # at once: the queued step will find nothing of it

@@ -20,6 +20,7 @@ from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from audio.whisper import WhisperResidency
 from tests.audio.conftest import SR, running_tasks, voiced
+from tests.fixtures.settle import settle
 
 pytestmark = pytest.mark.anyio
 FAST = TranscribeOptions(temperatures=(0.0,))
@@ -84,7 +85,7 @@ async def pause_during_the_probe(whisper_dir: Path, close: str) -> tuple[LiveSes
                 s.append(f32(silence(1.0)), F32)
             else:
                 s.commit()
-            await anyio.wait_all_tasks_blocked()  # the pump did all it could before the probe's end
+            await settle()  # the pump did all it could before the probe's end
             scheduler.release.set()
             await s.finish()
     return s, scheduler
@@ -114,7 +115,7 @@ async def test_a_pause_seen_during_a_final_decode_waits_for_it(tiny_whisper_dir:
             s.append(f32(np.concatenate([voiced(0.5), silence(1.0)])), F32)  # too short for a probe: a final
             await scheduler.held.wait()
             s.append(f32(np.concatenate([voiced(1.0), silence(1.0)])), F32)  # the next utterance, ended
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             # seen while the first utterance's final decode runs: its pause is there, nothing is cancelled
             assert [(e.type, e.item) for e in s.events_log if e.type == "speech_stopped"] == [
                 ("speech_stopped", 0), ("speech_stopped", 1)]

@@ -19,6 +19,7 @@ from engine.batch import LLMBatchGroup
 from engine.step import BatchStep
 from engine.contracts import GenerationRequest, SamplingParams
 from engine.runtime import Engine
+from tests.fixtures.settle import settle
 from tests.fixtures.tiny_llm import SPECIAL_TOKENS
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 
@@ -122,7 +123,7 @@ async def test_deleting_a_session_drops_its_queued_work(whisper_dir: Path) -> No
         a, b = speech.create_session(options), speech.create_session(options)
         a.append(voiced(3, 150), PcmFormat())
         b.append(voiced(3, 200), PcmFormat())
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         assert speech.scheduler.in_flight == 2 and engine.tasks.labels() == ["whisper.step"]
         speech.delete_session(b.id)
         assert speech.scheduler.in_flight == 1  # gone before the next step runs

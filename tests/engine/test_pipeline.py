@@ -33,12 +33,16 @@ def spy(group) -> list[tuple[str, int]]:
     pipe = group.pipeline
     launch, read = pipe.launch, pipe.read
 
+    alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
+
     def launch_spy(rows, fed):
         out = launch(rows, fed)
+        alive.append(out)
         events.append(("launch", id(out)))
         return out
 
     def read_spy(tokens):
+        alive.append(tokens)
         events.append(("read", id(tokens)))
         return read(tokens)
 
@@ -146,7 +150,7 @@ async def test_a_mixed_iteration_goes_on_from_the_in_flight_step(tiny_loaded) ->
     forward = group.runner.forward
 
     def forward_spy(segments):
-        events.append(("forward-lazy" if any(s.fed is not None and s.fed.size == 1 for s in segments)
+        events.append(("forward-lazy" if any(s.fed is not None for s in segments)
                        and any(s.slot is None for s in segments) else "forward", 0))
         return forward(segments)
 
@@ -187,13 +191,16 @@ def spy_launches(group) -> list[tuple[str, int, int]]:
     events: list[tuple[str, int, int]] = []
     step, pipe = group.step, group.pipeline
     launch, read = step._launch, pipe.read
+    alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
 
     def launch_spy(plan, lazy):
         out = launch(plan, lazy)
+        alive.append(out.tokens)
         events.append(("launch", id(out.tokens), out.prompt_tokens))
         return out
 
     def read_spy(tokens):
+        alive.append(tokens)
         events.append(("read", id(tokens), 0))
         return read(tokens)
 
@@ -207,6 +214,16 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
     # token, and every row still gives mlx-lm's tokens.
     group = pipelined_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
     events = spy_launches(group)
+    shared: list[bool] = []  # per mixed forward with lazy decode rows: one array feeds them all
+    forward = group.runner.forward
+
+    def forward_spy(segments):
+        fed = [s.fed for s in segments if s.fed is not None]
+        if len(fed) > 1 and any(s.slot is None for s in segments):
+            shared.append(all(f is fed[0] for f in fed))
+        return forward(segments)
+
+    group.step.runner.forward = forward_spy
     prompts = [prompt_of(n, i) for i, n in enumerate((5, 7, 60, 41))]
     limits = (30, 25, 12, 9)
     requests = [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)]
@@ -219,6 +236,7 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
     for i in reads:
         at = next(j for j, (kind, t, _) in enumerate(events) if kind == "launch" and t == events[i][1])
         assert any(kind == "launch" for kind, _, _ in events[at + 1 : i]), "a mixed step was read before the next launch"
+    assert any(shared), "decode rows of a chained mixed step were fed one slice each"
     group.prune()
     assert group.pipeline.inflight is None
 
@@ -270,26 +288,35 @@ async def test_rows_with_history_dependent_sampling_read_each_mixed_step_at_once
 
 
 async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(tiny_loaded) -> None:
-    # A row that finishes changes the decode rows; the next step is still launched before the last one is read,
-    # and the slot buffers still shrink as rows leave.
+    # A row that finishes changes the decode rows; the next step is still launched before the last one is read
+    # (rows leave three times here), and the slot buffers still shrink as rows leave.
     group = pipelined_group(tiny_loaded)
     unread: set[int] = set()
     exposed: list[int] = []
     pipe, step, slots = group.pipeline, group.step, group.slots
-    launch, launch_plan, read, compact = pipe.launch, step._launch, pipe.read, slots.compact
+    launch, launch_plan, land, read, compact = pipe.launch, step._launch, step._land, pipe.read, slots.compact
     compactions: list[int] = []
+    alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
 
     def launch_spy(rows, fed):
         out = launch(rows, fed)
+        alive.append(out)
         unread.add(id(out))
         return out
 
     def launch_plan_spy(plan, lazy):
         out = launch_plan(plan, lazy)
-        unread.add(id(out.tokens))
+        if out.tokens is not None:
+            alive.append(out.tokens)
+            unread.add(id(out.tokens))
         return out
 
+    def land_spy(launched):  # waited for at once: not a step in flight
+        unread.discard(id(launched.tokens))
+        return land(launched)
+
     def read_spy(tokens):
+        alive.append(tokens)
         unread.discard(id(tokens))
         if not unread:
             exposed.append(1)
@@ -299,7 +326,8 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
         compactions.append(1)
         return compact()
 
-    pipe.launch, step._launch, pipe.read, slots.compact = launch_spy, launch_plan_spy, read_spy, compact_spy
+    pipe.launch, step._launch, step._land, pipe.read, slots.compact = (launch_spy, launch_plan_spy, land_spy, read_spy,
+                                                                       compact_spy)
     prompts = [prompt_of(n, i) for i, n in enumerate((5, 6, 7, 8))]
     limits = (6, 11, 16, 40)
     deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)],
@@ -307,4 +335,5 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
     for i, p in enumerate(prompts):
         assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
     assert compactions, "the slot buffers never shrank"
-    assert not exposed, f"{len(exposed)} step(s) read with nothing launched after them"
+    # Only a step that compacts the slots reads first; the row that left without one did not stop the pipeline.
+    assert len(exposed) <= len(compactions) < 3, f"{len(exposed)} step(s) read with nothing launched after them"

@@ -128,3 +128,29 @@ def test_packed_support_names_the_reason(tiny_loaded) -> None:
     assert not ok and "gpt2" in reason and "separate passes" in reason
     with pytest.raises(ValueError):
         PackedRunner(Odd())
+
+
+def test_slot_rows_fed_one_lazy_array_beside_a_prompt_chunk_match_given_tokens(tiny_loaded) -> None:
+    # A mixed step chained onto a step in flight feeds its decode rows one unread (rows,) array, slot order.
+    model = tiny_loaded.model
+
+    def run(feed: str) -> mx.array:
+        runner = PackedRunner(model)
+        slots = []
+        for p in PROMPTS[:3]:
+            cache = make_cache(model)
+            mx.eval(runner.forward([Segment(p, cache, True)]))
+            slots.append(runner.slots.adopt(cache))
+        tokens = [31, 32, 33]
+        block = mx.array(tokens, mx.uint32) + 0  # lazy, the dtype argmax gives
+        segments = [Segment([0] if feed != "ints" else [t], None, True, s,
+                            block if feed == "block" else block[i:i + 1] if feed == "rows" else None)
+                    for i, (t, s) in enumerate(zip(tokens, slots))]
+        segments.append(Segment(PROMPTS[3], make_cache(model), True))
+        return runner.forward(segments)
+
+    given = run("ints")
+    assert_close(run("block"), given)
+    assert_close(run("rows"), given)
+    with pytest.raises(ValueError, match="lazy tokens need slot segments"):
+        PackedRunner(model).forward([Segment([1, 2], make_cache(model), True, None, mx.array([1]))])
