@@ -56,8 +56,8 @@ class BatchStep:
         # then misreads a mixed step's cost (measured: whole-budget chunks, token gaps of seconds); default: GPU.
         self.keep_mixed = (mx.default_device().type == mx.DeviceType.gpu if keep_mixed_in_flight is None
                            else keep_mixed_in_flight)
-        # The last iteration's own cost — (seconds, prompt tokens, decode rows) without draining a pipelined
-        # step first — for the group's prefill pacing.
+        # The last iteration's cost, counted for the step whose tokens it delivered: for the group's prefill
+        # pacing and /stats iteration_times.
         self.last_cost: StepCost | None = None
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
