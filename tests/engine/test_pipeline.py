@@ -337,3 +337,39 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
     assert compactions, "the slot buffers never shrank"
     # Only a step that compacts the slots reads first; the row that left without one did not stop the pipeline.
     assert len(exposed) <= len(compactions) < 3, f"{len(exposed)} step(s) read with nothing launched after them"
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_random_joins_and_cancels_with_steps_in_flight_keep_every_survivor_exact(tiny_loaded, seed) -> None:
+    # The GPU's default (mixed steps kept in flight) under rows joining, prefilling in chunks, stopping and being
+    # cancelled at random iterations: every row that runs to its end gives mlx-lm's tokens, and nothing is left.
+    import random
+
+    rnd = random.Random(seed)
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=rnd.choice((12, 24)), minimum_preparation_tokens=4)
+    n = 6
+    prompts = [prompt_of(rnd.randint(3, 40), 10 * seed + i) for i in range(n)]
+    limits = [rnd.randint(2, 24) for _ in range(n)]
+    join_at = sorted(rnd.randint(0, 12) for _ in range(n))
+    cancel_at = {i: rnd.randint(join_at[i] + 1, join_at[i] + 10) for i in rnd.sample(range(n), 2)}
+    streams: dict[int, Any] = {}
+    got: dict[int, list[int]] = {i: [] for i in range(n)}
+    for it in range(300):
+        for i in range(n):
+            if join_at[i] == it:
+                streams[i] = group.submit(GenerationRequest(prompts[i], GREEDY, max_tokens=limits[i]))
+            if cancel_at.get(i) == it and i in streams:
+                streams[i].cancel()
+        await iterate(group)
+        for i, s in streams.items():
+            if i not in cancel_at or it < cancel_at[i]:
+                got[i] += tokens_of(drain(s))
+        if len(streams) == n and not group.has_work():
+            break
+    assert not group.has_work()
+    group.prune()  # the driver's next prune drops a step whose rows all ended
+    assert group.pipeline.inflight is None
+    assert group.slots is not None and not group.slots.lengths  # every slot given back
+    for i in range(n):
+        if i not in cancel_at:
+            assert_matches_reference(tiny_loaded, prompts[i], got[i], limits[i])
