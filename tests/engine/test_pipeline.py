@@ -343,10 +343,13 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
 async def test_random_joins_and_cancels_with_steps_in_flight_keep_every_survivor_exact(tiny_loaded, seed) -> None:
     # The GPU's default (mixed steps kept in flight) under rows joining, prefilling in chunks, stopping and being
     # cancelled at random iterations: every row that runs to its end gives mlx-lm's tokens, and nothing is left.
+    # Half the seeds keep a prefix cache, whose puts check that each stored KV holds exactly the fed tokens.
     import random
 
     rnd = random.Random(seed)
-    group = pipelined_group(tiny_loaded, max_iteration_tokens=rnd.choice((12, 24)), minimum_preparation_tokens=4)
+    cache = FakePrefixCache() if seed % 2 else None
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=rnd.choice((12, 24)), minimum_preparation_tokens=4,
+                            prefix_cache=cache)
     n = 6
     prompts = [prompt_of(rnd.randint(3, 40), 10 * seed + i) for i in range(n)]
     limits = [rnd.randint(2, 24) for _ in range(n)]
@@ -357,7 +360,8 @@ async def test_random_joins_and_cancels_with_steps_in_flight_keep_every_survivor
     for it in range(300):
         for i in range(n):
             if join_at[i] == it:
-                streams[i] = group.submit(GenerationRequest(prompts[i], GREEDY, max_tokens=limits[i]))
+                streams[i] = group.submit(GenerationRequest(prompts[i], GREEDY, max_tokens=limits[i], namespace="m",
+                                                            session_id=str(i)))
             if cancel_at.get(i) == it and i in streams:
                 streams[i].cancel()
         await iterate(group)
@@ -367,6 +371,7 @@ async def test_random_joins_and_cancels_with_steps_in_flight_keep_every_survivor
         if len(streams) == n and not group.has_work():
             break
     assert not group.has_work()
+    assert cache is None or cache.entries  # finished and cancelled rows handed their KV on
     group.prune()  # the driver's next prune drops a step whose rows all ended
     assert group.pipeline.inflight is None
     assert group.slots is not None and not group.slots.lengths  # every slot given back
