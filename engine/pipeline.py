@@ -1,13 +1,14 @@
-"""DecodePipeline — keep one decode step in flight while the host reads the previous step's tokens.
+"""DecodePipeline — keep one step in flight while the host reads the previous step's tokens.
 
-In an iteration where every row decodes from a slot and samples without processors, step N+1 is built
-from step N's still-lazy sampled tokens and launched (`mx.async_eval`) before the host reads step N's
-tokens; detokenization and stop matching then overlap the device's work. The launched step is carried
-between iterations (all on the one engine thread). It is only reused while the row set is unchanged. A
-mixed iteration `take`s it unread and feeds its tokens lazily into its own forward (engine/step.py); any
-other iteration first `drain`s it — reads its tokens for rows still running and drops those of rows that
-finished or were cancelled. A speculative step writes one KV position past what its row has fed;
-exports cut the slot to the row's fed tokens, and draining a running row's token makes them equal again.
+Step N+1 is built from step N's still-lazy sampled tokens and launched (`mx.async_eval`) before the host
+reads step N's tokens; detokenization and stop matching then overlap the device's work. The launched step is
+carried between iterations (all on the one engine thread). A decode step over unchanged rows, in slot order,
+feeds the next decode step whole (`step`). Any other iteration with decoding rows `take`s it unread and feeds
+its tokens lazily into its own forward, which may then stay in flight itself (engine/step.py: mixed steps on
+a GPU); an iteration that cannot go on from it first `drain`s it — reads its tokens for rows still running
+and drops those of rows that finished or were cancelled. A speculative step writes one KV position past what
+its row has fed; exports cut the slot to the row's fed tokens, and reading a running row's token makes them
+equal again.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class InFlight:
 
 
 class DecodePipeline:
-    """One step of lookahead for decode-only slot iterations (see module doc)."""
+    """One step of lookahead for slot iterations (see module doc)."""
 
     def __init__(self, forward: Callable[[list[Segment]], Any], enabled: bool) -> None:
         self.forward = forward  # the group's runner.forward (looked up per call)
@@ -57,10 +58,6 @@ class DecodePipeline:
         if self.inflight is not None and all(r.ended for r in self.inflight.rows):
             self.inflight = None
 
-    def continues(self, rows: Sequence[Row]) -> bool:
-        """Whether the in-flight step was launched for exactly these rows. Raises nothing."""
-        return self.inflight is not None and {id(r) for r in rows} == {id(r) for r in self.inflight.rows}
-
     def feeds(self, ordered: Sequence[Row]) -> bool:
         """Whether the in-flight step's tokens are, in order, the next inputs of `ordered` (slot order).
         Raises nothing."""
@@ -74,7 +71,7 @@ class DecodePipeline:
             r.decoding and r.slot is not None and r.sampler.plain for r in rows)
 
     def take(self) -> InFlight | None:
-        """Hand the in-flight step over unread (a mixed iteration goes on from it). Raises nothing."""
+        """Hand the in-flight step over unread (the next iteration goes on from it). Raises nothing."""
         flight, self.inflight = self.inflight, None
         return flight
 

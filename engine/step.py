@@ -2,9 +2,10 @@
 
 `run(rows, budget, decode, prefill)` is called once per iteration through the ExecutionContext (on the
 engine thread) and returns plain Python: (row, delta) pairs for the event loop to publish. Inside it:
-the in-flight pipelined step is drained when the rows changed, the slot buffers are sized, new rows get
-their KV (a prefix-cache hit or a fresh cache), rows whose prompt is done move into decode slots, then
-one forward over the planned segments, sampling, detokenization and stop matching. Rows that finish hand
+the step in flight is gone on from (its tokens fed lazily) or, when that cannot be, read first; the slot
+buffers are sized, new rows get their KV (a prefix-cache hit or a fresh cache), rows whose prompt is done
+move into decode slots, then one forward over the planned segments, sampling, detokenization and stop
+matching. Rows that finish hand
 their KV to the prefix cache here, before their slot is freed. Nothing here touches the row lists the
 event loop owns (engine/batch.py).
 """

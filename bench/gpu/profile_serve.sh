@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profile ours under load on the GPU host: bench/serve.py runs the scenarios while py-spy samples the server
 # worker (Python stacks of every thread, native frames too) during c64 and during poisson8.
-# Needs py-spy (carry its wheel in .whl) and a model dir ($1). Writes $OUT/prof-c64.raw, $OUT/prof-poisson8.raw,
+# Needs py-spy (its wheel in _spy/, git-ignored: pass carry ["_spy"] to the device call) and a model dir ($1). Writes $OUT/prof-c64.raw, $OUT/prof-poisson8.raw,
 # $OUT/ours.json. Example, after install-c.sh:  bash bench/gpu/profile_serve.sh $HOME/shape/plain
 set -uo pipefail
 MODEL=$1
@@ -9,7 +9,7 @@ OUT=${OUT:-/tmp/prof-out}
 OURS_ARGS=${OURS_ARGS:---max-active 128 --no-whisper}
 mkdir -p "$OUT"
 SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
-if [ ! -x "$SPY" ] && ls ${SPY_WHEEL_DIR:-_spy}/py_spy-*.whl >/dev/null 2>&1; then  # an untracked wheel carried along
+if [ ! -x "$SPY" ] && ls ${SPY_WHEEL_DIR:-_spy}/py_spy-*.whl >/dev/null 2>&1; then  # the git-ignored wheel, carried along
   python3 -c "import zipfile,glob,sys; zipfile.ZipFile(glob.glob(sys.argv[1]+'/py_spy-*.whl')[0]).extractall('/tmp/spy')" "${SPY_WHEEL_DIR:-_spy}"
   SPY=$(find /tmp/spy -name py-spy -type f | head -1) && chmod +x "$SPY"
 fi
