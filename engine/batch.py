@@ -19,20 +19,25 @@ row lists between steps.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+import threading
 import time
 from collections import deque
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from engine.admission import KVAdmission
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import ContextTooLong, EngineClosed, InvalidRequest, QueueFull
-from engine.iteration_times import IterationTimes
+from engine.iteration_times import IterationTimes, StepCost
 from engine.memory import MemoryBudget, release_free_memory
-from engine.pacing import STALL, PrefillPacer
+from engine.pacing import DECODE_BURST, STALL, PrefillPacer
 from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
@@ -68,9 +73,11 @@ class LLMBatchGroup:
         budget: MemoryBudget | None = None,
         max_queued: int | None = None,
         keep_mixed_in_flight: bool | None = None,
+        decode_burst: int = DECODE_BURST,
     ) -> None:
-        if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1:
-            raise ValueError("max_active, max_iteration_tokens and minimum_preparation_tokens must be >= 1")
+        if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1 or decode_burst < 1:
+            raise ValueError("max_active, max_iteration_tokens, minimum_preparation_tokens and decode_burst "
+                             "must be >= 1")
         if max_queued is not None and max_queued < 0:
             raise ValueError("max_queued must be >= 0 (None: unbounded)")
         self.model = model
@@ -80,6 +87,7 @@ class LLMBatchGroup:
         self.max_active = max_active
         self.max_queued = max_queued  # rows waiting for admission beyond this are refused (QueueFull)
         self._max_iteration_tokens = max_iteration_tokens
+        self.decode_burst = decode_burst
         self._minimum_preparation_tokens = minimum_preparation_tokens
         self.prefix_cache = prefix_cache
         self.max_kv_tokens = max_kv_tokens
@@ -275,6 +283,14 @@ class LLMBatchGroup:
 
     # -- stats ------------------------------------------------------------------------------------
 
+    def forget_measurements(self) -> None:
+        """Zero the counters and drop the iteration times and the pacer's estimates (after a warm-up, whose
+        compiles are not serving costs). Event loop, between iterations. Raises nothing."""
+        for key in self.counters:
+            self.counters[key] = type(self.counters[key])()
+        self.iteration_times = IterationTimes()
+        self.pacer = PrefillPacer(self.pacer.max_tokens, self.pacer.min_tokens, self.pacer.stall)
+
     def kv_bytes(self) -> int:
         """Bytes held by active rows' KV caches. Raises nothing."""
         return self.row_cache_bytes() + (self.slots.used_nbytes if self.slots is not None else 0)
@@ -315,7 +331,6 @@ class LLMBatchGroup:
         if not rows:
             return
         self._idle_released = False
-        before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
         start = time.perf_counter()
         # Event-loop time since the previous step; none after an idle pause.
         gap = start - self._last_step_end if self._last_step_end is not None else None
@@ -323,25 +338,59 @@ class LLMBatchGroup:
         if gap is not None:
             self.counters["loop_gap_seconds"] += gap
         try:
-            outputs = await self.context.run(self.step.run, rows, budget, decode, prefill)
+            if decode and not prefill and self.decode_burst > 1:
+                done = await self.context.run(self._burst, rows, _poster(self._landed))
+            else:
+                done = await self.context.run(self._step, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop
             self._fail_step(rows, exc)
             return
         finally:
             self._last_step_end = time.perf_counter()
         self.consecutive_failures = 0
-        prompted = self.counters["prompt_tokens"] - before[0]
-        generated = self.counters["generation_tokens"] - before[1]
-        if (cost := self.step.last_cost) is not None:
-            self.iteration_times.record(cost, self._last_step_end - start, gap)
-            self.pacer.record(cost.seconds, cost.prompt_tokens, cost.decode_rows)
-            self.step.last_cost = None
-        self._recent.append((time.monotonic(), prompted, generated))
-        for row, delta in outputs:
+        # As the event loop saw it, hand-off included (less a burst's earlier steps, recorded as they ran).
+        done.seconds = self._last_step_end - start - done.earlier
+        self._landed(done, gap)
+
+    def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> "_Landed":
+        """Engine thread: one iteration, with what the event loop records and publishes for it."""
+        before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
+        t0 = time.perf_counter()
+        outputs = self.step.run(rows, budget, decode, prefill)
+        cost, self.step.last_cost = self.step.last_cost, None
+        return _Landed(outputs, cost, time.perf_counter() - t0, self.counters["prompt_tokens"] - before[0],
+                       self.counters["generation_tokens"] - before[1])
+
+    def _burst(self, rows: list[Row], post: Callable[["_Landed"], None]) -> "_Landed":
+        """Engine thread: decode steps back to back over the same rows, each one's tokens posted to the event
+        loop while the next runs, so publishing and HTTP writes overlap the model work instead of taking turns
+        with it. Ends (the last step returned) when a row ends, anything waits for the loop (a queued row, a
+        task such as a Whisper step, a closing group) or after `decode_burst` steps."""
+        earlier = 0.0
+        for _ in range(self.decode_burst - 1):
+            landed = self._step(rows, 0, True, False)
+            landed.earlier = earlier
+            # A cancelled row (of this burst or not yet pruned) ends it too: its KV is freed between steps.
+            if self._closed or self.tasks.pending or self._queue or any(r.ended for r in self._active):
+                return landed
+            post(landed)
+            earlier += landed.seconds
+        landed = self._step(rows, 0, True, False)
+        landed.earlier = earlier
+        return landed
+
+    def _landed(self, done: "_Landed", gap: float | None = None) -> None:
+        """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""
+        if done.cost is not None:
+            self.iteration_times.record(done.cost, done.seconds, gap)
+            self.pacer.record(done.cost.seconds, done.cost.prompt_tokens, done.cost.decode_rows)
+        self._recent.append((time.monotonic(), done.prompted, done.generated))
+        t0 = time.perf_counter()
+        for row, delta in done.outputs:
             self._publish(row, delta)
             if row.finished and row in self._active:
                 self._active.remove(row)
-        self.counters["publish_seconds"] += time.perf_counter() - self._last_step_end
+        self.counters["publish_seconds"] += time.perf_counter() - t0
 
     def _fail_step(self, rows: list[Row], exc: Exception) -> None:
         _log.exception("engine step failed for %d row(s)", len(rows), exc_info=exc)
@@ -387,3 +436,37 @@ class LLMBatchGroup:
     def _wake_up(self) -> None:
         self._wake.set()
         self._wake = anyio.Event()
+
+
+@dataclass
+class _Landed:
+    """One step's results for the event loop: deltas, the engine's cost and the tokens it counted."""
+
+    outputs: list[tuple[Row, Delta]]
+    cost: StepCost | None
+    seconds: float  # wall time of the step (the event loop's view when it awaited it)
+    prompted: float  # the group's counters are floats
+    generated: float
+    earlier: float = 0.0  # engine seconds of the burst's steps before this one
+
+
+def _poster(land: Callable[[_Landed], None]) -> Callable[[_Landed], None]:
+    """`land` made callable from the engine thread: it runs on the event loop, in posting order, before the
+    awaited step returns (asyncio's thread-safe callbacks are FIFO; off asyncio the post blocks until run).
+    Called on the event loop's own thread (an inline context), it lands at once."""
+    loop_thread = threading.get_ident()
+    try:
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        loop = None
+    token = anyio.lowlevel.current_token()
+
+    def post(done: _Landed) -> None:
+        if threading.get_ident() == loop_thread:
+            land(done)
+        elif loop is not None:
+            loop.call_soon_threadsafe(land, done)
+        else:
+            anyio.from_thread.run_sync(land, done, token=token)
+
+    return post

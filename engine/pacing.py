@@ -15,13 +15,16 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-__all__ = ["PrefillPacer", "STALL"]
+__all__ = ["DECODE_BURST", "PrefillPacer", "STALL"]
 
+# Decode steps the engine thread may run back to back while nothing else waits for the loop (engine/batch.py).
+DECODE_BURST = 32
 STALL = 1.5  # a mixed iteration may last this many decode-only iterations (H200: 1.5 beat 2.0 and 1.25)
 _WEIGHT = 0.2  # exponential moving average: recent iterations count most
 _SAMPLES = 32  # mixed iterations the fit looks at
 _MIN_SAMPLES = 6
 _SPREAD = 1.5  # the fit needs prompt-token counts at least this far apart to tell fixed from per-token cost
+_REGIME = 2.0  # a decode cost this many times above or below the one the fit was made beside: learn again
 
 
 class PrefillPacer:
@@ -38,6 +41,7 @@ class PrefillPacer:
         self.fixed_seconds: float | None = None  # what a mixed iteration adds whatever its prompt tokens
         self._mixed: deque[tuple[int, float]] = deque(maxlen=_SAMPLES)  # (prompt tokens, seconds over decode)
         self._probe = False  # offer twice the paced tokens next, to learn the fixed cost
+        self._beside: deque[float] = deque(maxlen=_SAMPLES)  # the decode cost each mixed sample was taken beside
 
     def record(self, seconds: float, prompt_tokens: int, decode_rows: int) -> None:
         """Learn from one finished iteration. Raises nothing."""
@@ -45,10 +49,18 @@ class PrefillPacer:
             return
         if prompt_tokens == 0 and decode_rows > 0:
             self.decode_seconds = _ema(self.decode_seconds, seconds)
+            if self._beside and not 1 / _REGIME <= self.decode_seconds / median(self._beside) <= _REGIME:
+                # The decoding load changed (64 rows left, a lone stream went on): what prompt tokens add
+                # beside it changed too. Paced chunks of one size would never spread the samples again, so
+                # the old fit would stand for good: probe and fit afresh, from the old per-token guess.
+                self._mixed.clear()
+                self._beside.clear()
+                self.fixed_seconds = None
         elif prompt_tokens > 0 and decode_rows > 0 and self.decode_seconds is not None:
             # Only mixed iterations: a prompt-only iteration's fixed cost (reading the weights once) is not
             # what prompt tokens add beside decoding rows.
             self._mixed.append((prompt_tokens, max(seconds - self.decode_seconds, 0.0)))
+            self._beside.append(self.decode_seconds)
             self._fit()
 
     def _fit(self) -> None:

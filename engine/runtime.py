@@ -26,7 +26,7 @@ from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
 from engine.memory import MemoryBudget, configure_allocator, process_rss
 from engine.errors import EngineClosed, NoChatModel
-from engine.pacing import STALL
+from engine.pacing import DECODE_BURST, STALL
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
@@ -56,12 +56,14 @@ class Engine:
         thread: EngineThread | None = None,
         memory_budget: int | None = None,
         max_queued: int | None = None,
+        decode_burst: int = DECODE_BURST,
     ) -> None:
         """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
         `thread`: the engine thread to run on (the one the model was loaded on; see `open`).
         `memory_budget`: bytes for weights, KV, the prefix cache and MLX's buffer cache (None: the
         machine's default, engine.memory). `max_queued`: rows that may wait for admission before submit
-        raises QueueFull (None: unbounded). Raises ValueError for non-positive limits or a budget that
+        raises QueueFull (None: unbounded). `decode_burst`: decode steps the engine thread may run back to back
+        while nothing else waits (1: return to the event loop after every step). Raises ValueError for non-positive limits or a budget that
         leaves no room for KV."""
         apply_serving_defaults()
         self.thread = thread or EngineThread()
@@ -99,6 +101,7 @@ class Engine:
                 max_kv_tokens=max_kv_tokens,
                 budget=self.budget,
                 max_queued=max_queued,
+                decode_burst=decode_burst,
             )
         self.tasks: ExecutionTasks = self.group.tasks
 

@@ -34,8 +34,8 @@ def _prompt(length: int, salt: int, vocab: int) -> list[int]:
 
 async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LLMBatchGroup, report: Callable[[str], None] | None = None) -> float:
     """Run the warm-up rows through `submit` on a serving engine whose LLM group is `group` (its `serve()`
-    must be running); returns the seconds it took. The group's counters are reset afterwards, so /stats shows
-    client work only. Raises RuntimeError when a warm-up row fails (the engine cannot serve)."""
+    must be running); returns the seconds it took. The group's counters, iteration times and pacer are reset
+    afterwards (compiles are not serving costs), so /stats and the pacing see client work only. Raises RuntimeError when a warm-up row fails (the engine cannot serve)."""
     vocab = int(group.vocab_size)
     chunk = int(group.max_iteration_tokens)
     t0 = time.perf_counter()
@@ -60,6 +60,5 @@ async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LL
         async with anyio.create_task_group() as tg:
             for prompt, sampling, n in rows:
                 tg.start_soon(run, prompt, sampling, n)
-    for key in group.counters:
-        group.counters[key] = type(group.counters[key])()
+    group.forget_measurements()
     return time.perf_counter() - t0

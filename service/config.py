@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from engine.pacing import STALL
+from engine.pacing import DECODE_BURST, STALL
 from service.limits import Limits
 
 __all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "split_list"]
@@ -51,6 +51,8 @@ class ServiceConfig:
     max_iteration_tokens: int = 512
     # A mixed iteration (decoding rows + a prompt chunk) may last this many decode-only iterations.
     prefill_stall: float = STALL
+    # Decode steps the engine thread runs back to back while nothing else waits (1: one per loop turn).
+    decode_burst: int = DECODE_BURST
     prompt_cache_bytes: int | None = None
     # Bytes for weights, KV, prefix cache and MLX's buffer cache; None: the machine's default.
     memory_budget: int | None = None

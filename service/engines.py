@@ -18,6 +18,7 @@ async def open_engine(config: ServiceConfig) -> ChatEngine:
     # The model loads on the engine's own thread (MLX streams are per thread), off the event loop.
     return await Engine.open(config.model, max_active=config.max_active, max_queued=config.queue_limit,
                              max_iteration_tokens=config.max_iteration_tokens, prefill_stall=config.prefill_stall,
+                             decode_burst=config.decode_burst,
                              prompt_cache_bytes=config.prompt_cache_bytes, memory_budget=config.memory_budget)
 
 

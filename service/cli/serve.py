@@ -7,7 +7,7 @@ import logging
 import socket
 from typing import Any
 
-from engine.pacing import STALL
+from engine.pacing import DECODE_BURST, STALL
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command, byte_size
 from service.cli.resolve import resolve_chat_model
@@ -35,6 +35,10 @@ def add_serve(sub: Any) -> None:
                    help="while rows decode, an iteration carrying a prompt chunk may last X decode-only iterations "
                         "(the prompt chunk is sized from measured costs; larger X: faster prompts, longer token gaps; "
                         f"default {STALL})")
+    p.add_argument("--decode-burst", type=int, default=DECODE_BURST, metavar="N",
+                   help="decode steps the engine thread may run back to back, each one's tokens streamed while the "
+                        "next runs, as long as no request, speech step or cancel waits (1: hand every step back to "
+                        f"the event loop; default {DECODE_BURST})")
     p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models (default: the model's name)")
     p.add_argument("--prompt-cache-bytes", type=byte_size, default=None,
                    help="prefix-cache byte budget, e.g. 2GiB; 0 disables (default: a quarter of the memory budget "
@@ -63,8 +67,8 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
     """ServiceConfig from parsed `serve` arguments (others extend it via config.extra). Raises CLIError."""
     if not args.prefill_stall > 1:
         raise CLIError(f"--prefill-stall must be > 1, got {args.prefill_stall}")
-    if args.max_active < 1 or args.max_iteration_tokens < 1:
-        raise CLIError("--max-active and --max-iteration-tokens must be >= 1")
+    if args.max_active < 1 or args.max_iteration_tokens < 1 or args.decode_burst < 1:
+        raise CLIError("--max-active, --max-iteration-tokens and --decode-burst must be >= 1")
     if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:
         raise CLIError("--prompt-cache-bytes must be >= 0")
     if not 0 < args.port < 65536:
@@ -76,6 +80,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         max_active=args.max_active,
         max_iteration_tokens=args.max_iteration_tokens,
         prefill_stall=args.prefill_stall,
+        decode_burst=args.decode_burst,
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,

@@ -39,6 +39,8 @@ class RecordingRunner:
 
 
 def make_group(loaded, **kw) -> LLMBatchGroup:
+    """A group stepped by hand: one step per `iterate` (no decode bursts) unless a test asks for them."""
+    kw.setdefault("decode_burst", 1)
     group = LLMBatchGroup(loaded.model, loaded.tokenizer, InlineContext(), context_length=loaded.context_length, **kw)
     group.runner = RecordingRunner(group.runner)
     return group

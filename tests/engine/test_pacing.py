@@ -89,3 +89,14 @@ def test_estimates_follow_recent_iterations() -> None:
     for _ in range(40):
         pacer.record(0.002, prompt_tokens=0, decode_rows=1)
     assert abs((pacer.decode_seconds or 0) - 0.002) < 1e-4
+
+
+def test_a_new_decoding_load_is_learned_again() -> None:
+    # Beside 64 streams' long decode steps prompt tokens looked expensive. Once 8 streams decode in 3 ms, chunks
+    # paced from that fit are all the minimum: with one chunk size the samples never spread, the old fit stood
+    # for good, and minimum-size chunks starved Poisson arrivals (TTFT of seconds on the H200).
+    pacer = PrefillPacer(max_tokens=512, min_tokens=32)
+    _simulate(pacer, decode=0.0105, fixed=0.0, per_token=0.0003, iterations=24)
+    allowed = _simulate(pacer, decode=0.003, fixed=0.0003, per_token=0.000007, iterations=60)[-1]
+    want = int(((STALL - 1) * 0.003 - 0.0003) / 0.000007)
+    assert abs(allowed - want) <= 0.1 * want

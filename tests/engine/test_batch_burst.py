@@ -1,0 +1,140 @@
+"""Decode bursts (engine/batch.py `_burst`): the engine thread runs decode steps back to back while nothing
+else waits, streams each step's tokens meanwhile, and hands the loop back within one step when a request,
+a task (a Whisper step) or a cancel arrives. Real engine thread, tiny llama."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import anyio
+import pytest
+
+from engine.contracts import GenerationRequest
+from engine.runtime import Engine
+from tests.engine.test_runtime import GREEDY, prompt_of, reference
+
+pytestmark = pytest.mark.anyio
+
+
+class StepLog:
+    """Counts the engine's steps and its hand-offs from the event loop; `check` runs at each step's start."""
+
+    def __init__(self, engine: Engine, check: Callable[[list[Any]], None] = lambda rows: None) -> None:
+        self.steps = 0
+        self.handoffs = 0
+        step_run, thread_run = engine.group.step.run, engine.thread.run
+
+        def step(rows: list[Any], *args: Any) -> Any:
+            self.steps += 1
+            check(rows)
+            return step_run(rows, *args)
+
+        async def handoff(fn: Any, *args: Any) -> Any:
+            self.handoffs += 1
+            return await thread_run(fn, *args)
+
+        engine.group.step.run = step  # type: ignore[method-assign]
+        engine.thread.run = handoff  # type: ignore[method-assign]
+
+
+async def generate(engine: Engine, prompt: list[int], n: int, on_delta: Callable[[], None] = lambda: None) -> list[int]:
+    got: list[int] = []
+    async with engine.submit(GenerationRequest(prompt, GREEDY, max_tokens=n)) as stream:
+        async for delta in stream:
+            got += delta.token_ids
+            on_delta()
+    return got
+
+
+@pytest.mark.parametrize("burst", [1, 16])
+async def test_a_lone_stream_decodes_in_bursts_and_matches_mlx_lm(tiny_loaded, burst: int) -> None:
+    engine = Engine(tiny_loaded, decode_burst=burst)
+    log = StepLog(engine)
+    prompt = prompt_of(7, 3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        got = await generate(engine, prompt, 48)
+        engine.close()
+    assert got == reference(tiny_loaded.model, prompt, 48)
+    if burst == 1:
+        assert log.handoffs >= log.steps  # every step handed back to the event loop
+    else:  # 48 tokens: the prefill, then decode steps in bursts of up to 16 per hand-off
+        assert log.steps >= 47 and log.handoffs <= 2 + log.steps // 8
+
+
+async def test_a_burst_yields_to_a_new_request_within_one_step(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, decode_burst=64)
+    queued: list[Any] = []  # the second request's row, once submitted
+    late: list[int] = []  # steps started while it waited (it was queued and not in the step)
+
+    def check(rows: list[Any]) -> None:
+        if queued and queued[0] in engine.group._queue:
+            late.append(1)
+
+    StepLog(engine, check)
+    first, second = prompt_of(6, 1), prompt_of(9, 2)
+    results: dict[str, list[int]] = {}
+
+    def submit_second() -> None:
+        if not queued and len(results.get("first-progress", [])) >= 4:
+            queued.append(None)
+            stream = engine.submit(GenerationRequest(second, GREEDY, max_tokens=8))
+            queued[0] = stream._row
+            tg.start_soon(collect, stream)
+
+    async def collect(stream: Any) -> None:
+        got: list[int] = []
+        async with stream:
+            async for delta in stream:
+                got += delta.token_ids
+        results["second"] = got
+
+    def progress() -> None:
+        results.setdefault("first-progress", []).append(1)
+        submit_second()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        results["first"] = await generate(engine, first, 40, progress)
+        while "second" not in results:
+            await anyio.wait_all_tasks_blocked()
+        engine.close()
+    assert queued and len(late) <= 1
+    assert results["first"] == reference(tiny_loaded.model, first, 40)
+    assert results["second"] == reference(tiny_loaded.model, second, 8)
+
+
+async def test_a_burst_yields_to_a_task_within_one_step(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, decode_burst=64)
+    waiting: list[bool] = []  # True while the task is queued and has not run
+    late: list[int] = []
+
+    def check(rows: list[Any]) -> None:
+        if waiting and waiting[0]:
+            late.append(1)
+
+    StepLog(engine, check)
+    ran = anyio.Event()
+
+    def task() -> str:
+        waiting[0] = False
+        return "done"
+
+    async def run_task() -> None:
+        waiting.append(True)  # enqueued below in this same turn of the loop
+        assert await engine.tasks.run(task, label="whisper-like") == "done"
+        ran.set()
+
+    seen = [0]
+
+    def progress() -> None:
+        seen[0] += 1
+        if seen[0] == 4:
+            tg.start_soon(run_task)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        await generate(engine, prompt_of(5, 4), 40, progress)
+        await ran.wait()
+        engine.close()
+    assert waiting == [False] and len(late) <= 1
