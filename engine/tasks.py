@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Generic, TypeVar
@@ -54,6 +55,7 @@ class ExecutionTasks:
         self._changed = anyio.Event()
         self._rejected: str | None = None  # set by reject_all: nothing queues any more
         self.completed = 0
+        self.last_run: dict[str, float] = {}  # label → time.monotonic() its latest task finished
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -115,6 +117,7 @@ class ExecutionTasks:
             handle._error = exc
         finally:
             self.completed += 1
+            self.last_run[handle.label] = time.monotonic()
             handle.done.set()
         return True
 

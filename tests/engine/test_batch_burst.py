@@ -138,3 +138,47 @@ async def test_a_burst_yields_to_a_task_within_one_step(tiny_loaded) -> None:
         await ran.wait()
         engine.close()
     assert waiting == [False] and len(late) <= 1
+
+
+async def test_a_burst_runs_at_most_one_step_ahead_of_a_busy_loop(tiny_loaded) -> None:
+    import time
+
+    engine = Engine(tiny_loaded, decode_burst=64)
+    log = StepLog(engine)
+    ahead: list[int] = []  # steps started when each step's deltas were published
+    published = [0]
+    land = engine.group._landed
+
+    def slow_landed(done: Any, gap: float | None = None) -> None:
+        published[0] += 1
+        ahead.append(log.steps - published[0])
+        time.sleep(0.01)  # the event loop busy with other work (websocket frames, HTTP parsing)
+        land(done, gap)
+
+    engine.group._landed = slow_landed  # type: ignore[method-assign]
+    prompt = prompt_of(6, 5)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        got = await generate(engine, prompt, 30)
+        engine.close()
+    assert got == reference(tiny_loaded.model, prompt, 30)
+    # The step published, the one after it, and the one whose check found the loop behind: never more.
+    assert max(ahead) <= 2
+
+
+@pytest.mark.parametrize("label", ["whisper.step", "prefix-cache put"])
+async def test_no_bursts_while_another_subsystem_shares_the_loop(tiny_loaded, label: str) -> None:
+    engine = Engine(tiny_loaded, decode_burst=16)
+    engine.group.task_quiet_seconds = 3600.0  # "lately" spans the whole test, however slow the machine
+    log = StepLog(engine)
+    prompt = prompt_of(8, 6)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        await engine.tasks.run(lambda: None, label=label)
+        got = await generate(engine, prompt, 40)
+        engine.close()
+    assert got == reference(tiny_loaded.model, prompt, 40)
+    if label == "whisper.step":  # live speech on the loop: every step goes back to it
+        assert log.handoffs >= log.steps
+    else:  # the group's own prefix-cache puts do not count
+        assert log.handoffs <= 2 + log.steps // 8
