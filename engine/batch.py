@@ -375,8 +375,8 @@ class LLMBatchGroup:
     def _burst(self, rows: list[Row], post: Callable[["_Landed"], None]) -> "_Landed":
         """Engine thread: decode steps back to back over the same rows, each one's tokens posted to the event
         loop while the next runs, so publishing and HTTP writes overlap the model work instead of taking turns
-        with it. Ends (the last step returned) when a row ends, anything waits for the loop (a queued row, a
-        task such as a Whisper step, a closing group), the loop has not yet published the step posted before
+        with it. Ends (the last step returned) when a row ends, anything waits for the loop (a queued row with
+        room to join, a task such as a Whisper step, a closing group), the loop has not yet published the step posted before
         (it is busy: running further ahead would only batch tokens up and take its GIL time) or after
         `decode_burst` steps."""
         earlier = 0.0
@@ -384,9 +384,10 @@ class LLMBatchGroup:
         for _ in range(self.decode_burst - 1):
             landed = self._step(rows, 0, True, False)
             landed.earlier = earlier
-            # A cancelled row (of this burst or not yet pruned) ends it too: its KV is freed between steps.
-            if (self._closed or self.tasks.pending or self._queue or any(r.ended for r in self._active)
-                    or (posted and not posted[-1].published)):
+            # A cancelled row (of this burst or not yet pruned) ends it too: its KV is freed between steps. A
+            # queued row ends it only when it could be admitted (with every row busy, only a finish frees one).
+            if (self._closed or self.tasks.pending or (self._queue and len(self._active) < self.max_active)
+                    or any(r.ended for r in self._active) or (posted and not posted[-1].published)):
                 return landed
             post(landed)
             posted.append(landed)

@@ -41,6 +41,7 @@ class PrefillPacer:
         self.fixed_seconds: float | None = None  # what a mixed iteration adds whatever its prompt tokens
         self._mixed: deque[tuple[int, float]] = deque(maxlen=_SAMPLES)  # (prompt tokens, seconds over decode)
         self._probe = False  # offer twice the paced tokens next, to learn the fixed cost
+        self._paced: int | None = None  # the last paced allowance (probes aside)
         self._beside: deque[float] = deque(maxlen=_SAMPLES)  # the decode cost each mixed sample was taken beside
 
     def record(self, seconds: float, prompt_tokens: int, decode_rows: int) -> None:
@@ -56,6 +57,7 @@ class PrefillPacer:
                 self._mixed.clear()
                 self._beside.clear()
                 self.fixed_seconds = None
+                self.decode_seconds = seconds  # the average still lags the change: new samples need today's cost
         elif prompt_tokens > 0 and decode_rows > 0 and self.decode_seconds is not None:
             # Only mixed iterations: a prompt-only iteration's fixed cost (reading the weights once) is not
             # what prompt tokens add beside decoding rows.
@@ -86,13 +88,21 @@ class PrefillPacer:
         if self.fixed_seconds is None:
             # Fixed and per-token cost not told apart yet: pace as if all were per token, and every other
             # time offer twice that, so the counts spread and the fit can separate the two.
-            paced = max(self.min_tokens, int(allowance / self.token_seconds) if self.token_seconds > 0 else room)
+            paced = self._grown(max(self.min_tokens, int(allowance / self.token_seconds)
+                                    if self.token_seconds > 0 else room))
             self._probe = not self._probe
             return min(room, 2 * paced if self._probe else paced)
         if self.fixed_seconds >= allowance or self.token_seconds <= 0:
-            return room  # any mixed iteration passes the bound: make each one count
-        paced = int((allowance - self.fixed_seconds) / self.token_seconds)
-        return max(self.min_tokens, min(room, paced))
+            return self._grown(room)  # any mixed iteration passes the bound: make each one count
+        return self._grown(max(self.min_tokens, min(room, int((allowance - self.fixed_seconds) / self.token_seconds))))
+
+    def _grown(self, paced: int) -> int:
+        # At most twice the last allowance: a fit made while the decode estimate still lags a change of load
+        # can read prompt tokens as free, and the whole budget at once is a gap of seconds on a CPU.
+        if self._paced is not None:
+            paced = min(paced, 2 * self._paced)
+        self._paced = paced
+        return paced
 
 
 def _ema(current: float | None, sample: float) -> float:

@@ -46,16 +46,23 @@ async def generate(engine: Engine, prompt: list[int], n: int, on_delta: Callable
     return got
 
 
+async def serve_one(engine: Engine, tiny_loaded: Any, prompt: list[int], n: int,
+                    before: Callable[[], Any] | None = None) -> None:
+    """Serve `engine`, run `before` (awaited) and one greedy generation, close; the tokens must be mlx-lm's."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        if before is not None:
+            await before()
+        got = await generate(engine, prompt, n)
+        engine.close()
+    assert got == reference(tiny_loaded.model, prompt, n)
+
+
 @pytest.mark.parametrize("burst", [1, 16])
 async def test_a_lone_stream_decodes_in_bursts_and_matches_mlx_lm(tiny_loaded, burst: int) -> None:
     engine = Engine(tiny_loaded, decode_burst=burst)
     log = StepLog(engine)
-    prompt = prompt_of(7, 3)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(engine.serve)
-        got = await generate(engine, prompt, 48)
-        engine.close()
-    assert got == reference(tiny_loaded.model, prompt, 48)
+    await serve_one(engine, tiny_loaded, prompt_of(7, 3), 48)
     if burst == 1:
         assert log.handoffs >= log.steps  # every step handed back to the event loop
     else:  # 48 tokens: the prefill, then decode steps in bursts of up to 16 per hand-off
@@ -156,12 +163,7 @@ async def test_a_burst_runs_at_most_one_step_ahead_of_a_busy_loop(tiny_loaded) -
         land(done, gap)
 
     engine.group._landed = slow_landed  # type: ignore[method-assign]
-    prompt = prompt_of(6, 5)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(engine.serve)
-        got = await generate(engine, prompt, 30)
-        engine.close()
-    assert got == reference(tiny_loaded.model, prompt, 30)
+    await serve_one(engine, tiny_loaded, prompt_of(6, 5), 30)
     # The step published, the one after it, and the one whose check found the loop behind: never more.
     assert max(ahead) <= 2
 
@@ -171,14 +173,37 @@ async def test_no_bursts_while_another_subsystem_shares_the_loop(tiny_loaded, la
     engine = Engine(tiny_loaded, decode_burst=16)
     engine.group.task_quiet_seconds = 3600.0  # "lately" spans the whole test, however slow the machine
     log = StepLog(engine)
-    prompt = prompt_of(8, 6)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(engine.serve)
-        await engine.tasks.run(lambda: None, label=label)
-        got = await generate(engine, prompt, 40)
-        engine.close()
-    assert got == reference(tiny_loaded.model, prompt, 40)
+    await serve_one(engine, tiny_loaded, prompt_of(8, 6), 40,
+                    before=lambda: engine.tasks.run(lambda: None, label=label))
     if label == "whisper.step":  # live speech on the loop: every step goes back to it
         assert log.handoffs >= log.steps
     else:  # the group's own prefix-cache puts do not count
         assert log.handoffs <= 2 + log.steps // 8
+
+
+async def test_a_request_waiting_for_a_free_row_does_not_end_bursts(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, max_active=1, decode_burst=16)  # every row busy: the next waits for a finish
+    log = StepLog(engine)
+    second: dict[str, list[int]] = {}
+    at_submit: list[tuple[int, int]] = []  # (steps, hand-offs) when the second request was queued
+
+    async def collect(prompt: list[int]) -> None:
+        second["got"] = await generate(engine, prompt, 6)
+
+    def progress() -> None:
+        if not at_submit and log.steps >= 4:
+            at_submit.append((log.steps, log.handoffs))
+            tg.start_soon(collect, prompt_of(5, 8))
+
+    first = prompt_of(6, 7)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        got = await generate(engine, first, 48, progress)
+        steps, handoffs = log.steps - at_submit[0][0], log.handoffs - at_submit[0][1]
+        while "got" not in second:
+            await anyio.wait_all_tasks_blocked()
+        engine.close()
+    assert got == reference(tiny_loaded.model, first, 48)
+    assert second["got"] == reference(tiny_loaded.model, prompt_of(5, 8), 6)
+    # While the first row decoded its last ~44 tokens beside a queued request, it still went in bursts.
+    assert steps >= 40 and handoffs <= 2 + steps // 8
