@@ -7,7 +7,9 @@ building is no longer hidden) plus a part per prompt token — and gives prompt 
 iteration within `stall` decode iterations (STALL unless configured), never less than the group's minimum
 and never more than its budget. When the fixed part alone passes that bound, small chunks would pay it again and again for little
 progress, so prompts get the whole budget. With no row decoding there is no gap to protect: prompts get the
-whole budget. Before anything is measured the budget is used as configured.
+whole budget. Before anything is measured the budget is used as configured. When the decode cost moves 2×
+(many rows left or joined) the mixed samples no longer describe the load: they are dropped and learned again.
+An allowance grows at most 2× from one mixed iteration to the next.
 """
 
 from __future__ import annotations
