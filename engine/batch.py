@@ -111,6 +111,7 @@ class LLMBatchGroup:
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
             "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
+            "bursts": 0, "burst_steps": 0,
         }
         self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens, prefill_stall)
         self.iteration_times = IterationTimes()
@@ -381,7 +382,9 @@ class LLMBatchGroup:
         `decode_burst` steps."""
         earlier = 0.0
         posted: list[_Landed] = []
+        self.counters["bursts"] += 1
         for _ in range(self.decode_burst - 1):
+            self.counters["burst_steps"] += 1
             landed = self._step(rows, 0, True, False)
             landed.earlier = earlier
             # A cancelled row (of this burst or not yet pruned) ends it too: its KV is freed between steps. A
@@ -392,6 +395,7 @@ class LLMBatchGroup:
             post(landed)
             posted.append(landed)
             earlier += landed.seconds
+        self.counters["burst_steps"] += 1
         landed = self._step(rows, 0, True, False)
         landed.earlier = earlier
         return landed

@@ -219,6 +219,10 @@ class Engine:
                              "fixed_ms": _ms(pacer.fixed_seconds),
                              "token_us": _ms(pacer.token_seconds, 1e6)}
             out["iteration_times"] = group.iteration_times.snapshot()
+            # Decode steps the engine thread ran back to back (engine/batch.py `_burst`): steps / bursts is how far
+            # one went before a request, a task, a finish or a busy loop ended it.
+            out["decode_bursts"] = {"limit": group.decode_burst, "bursts": int(c["bursts"]),
+                                    "steps": int(c["burst_steps"])}
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}

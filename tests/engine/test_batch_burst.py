@@ -63,10 +63,13 @@ async def test_a_lone_stream_decodes_in_bursts_and_matches_mlx_lm(tiny_loaded, b
     engine = Engine(tiny_loaded, decode_burst=burst)
     log = StepLog(engine)
     await serve_one(engine, tiny_loaded, prompt_of(7, 3), 48)
+    bursts = engine.stats()["decode_bursts"]  # what /stats shows
     if burst == 1:
         assert log.handoffs >= log.steps  # every step handed back to the event loop
+        assert bursts == {"limit": 1, "bursts": 0, "steps": 0}
     else:  # 48 tokens: the prefill, then decode steps in bursts of up to 16 per hand-off
         assert log.steps >= 47 and log.handoffs <= 2 + log.steps // 8
+        assert bursts["limit"] == 16 and 3 <= bursts["bursts"] <= 6 and bursts["steps"] >= 40
 
 
 async def test_a_burst_yields_to_a_new_request_within_one_step(tiny_loaded) -> None:
