@@ -12,7 +12,8 @@ rest. A prompt larger than any budget simply takes several iterations; it is nev
 
 Threading: the model work of an iteration — prefix-cache take/put, the forward, sampling,
 detokenization — is one `context.run(step.run, ...)` call on the engine thread (engine/step.py), which
-returns plain Python results. This half runs on the event loop: it owns the row lists, publishes deltas
+returns plain Python results. A decode-only iteration may be a burst of such steps (`_burst`): the engine
+thread posts each step's results to the event loop, which publishes them while the next step runs. This half runs on the event loop: it owns the row lists, publishes deltas
 with `send_nowait` into unbounded streams (a slow consumer never blocks the loop) and only mutates the
 row lists between steps.
 """
@@ -376,29 +377,27 @@ class LLMBatchGroup:
     def _burst(self, rows: list[Row], post: Callable[["_Landed"], None]) -> "_Landed":
         """Engine thread: decode steps back to back over the same rows, each one's tokens posted to the event
         loop while the next runs, so publishing and HTTP writes overlap the model work instead of taking turns
-        with it. Ends (the last step returned) when a row ends, anything waits for the loop (a queued row with
-        room to join, a task such as a Whisper step, a closing group), the loop has not yet published the step posted before
-        (it is busy: running further ahead would only batch tokens up and take its GIL time) or after
-        `decode_burst` steps."""
+        with it. Returns the last step: after `decode_burst` steps, or earlier when `_burst_ends`."""
         earlier = 0.0
-        posted: list[_Landed] = []
+        last: _Landed | None = None  # the step posted before
         self.counters["bursts"] += 1
-        for _ in range(self.decode_burst - 1):
+        for i in range(self.decode_burst):
             self.counters["burst_steps"] += 1
             landed = self._step(rows, 0, True, False)
             landed.earlier = earlier
-            # A cancelled row (of this burst or not yet pruned) ends it too: its KV is freed between steps. A
-            # queued row ends it only when it could be admitted (with every row busy, only a finish frees one).
-            if (self._closed or self.tasks.pending or (self._queue and len(self._active) < self.max_active)
-                    or any(r.ended for r in self._active) or (posted and not posted[-1].published)):
+            if i == self.decode_burst - 1 or self._burst_ends(last):
                 return landed
             post(landed)
-            posted.append(landed)
-            earlier += landed.seconds
-        self.counters["burst_steps"] += 1
-        landed = self._step(rows, 0, True, False)
-        landed.earlier = earlier
-        return landed
+            last, earlier = landed, earlier + landed.seconds
+        raise AssertionError("unreachable: the last step returns")
+
+    def _burst_ends(self, posted: "_Landed | None") -> bool:
+        """Whether something waits for the loop: the group closes, a task (a Whisper step) or a request with room
+        to join is queued (with every row busy only a finish frees one), a row ended (its KV is freed between
+        steps, cancelled ones too), or the loop has not yet published the step posted before (it is busy:
+        running further ahead would only batch tokens up and take its GIL time)."""
+        return bool(self._closed or self.tasks.pending or (self._queue and len(self._active) < self.max_active)
+                    or any(r.ended for r in self._active) or (posted is not None and not posted.published))
 
     def _landed(self, done: "_Landed", gap: float | None = None) -> None:
         """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""
