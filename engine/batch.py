@@ -20,31 +20,28 @@ row lists between steps.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
-import math
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 
 from engine.admission import KVAdmission
+from engine.burst import StepResult, run_burst
+from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
-from engine.errors import ContextTooLong, EngineClosed, InvalidRequest, QueueFull
-from engine.iteration_times import IterationTimes, StepCost
+from engine.errors import EngineClosed, QueueFull
+from engine.iteration_times import IterationTimes, RecentRates
 from engine.memory import MemoryBudget, release_free_memory
 from engine.pacing import DECODE_BURST, STALL, PrefillPacer
 from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
+from engine.request_checks import check_request
 from engine.rows import LLMRowStream, Row, RowState
 from engine.runner import Runner
-from engine.sampling import RowSampler, StopMatcher, validate_sampling
 from engine.slots import SlotKV
 from engine.step import BatchStep, row_delta
 from engine.tasks import ExecutionTasks
@@ -107,7 +104,7 @@ class LLMBatchGroup:
         self._active: list[Row] = []
         self._wake = anyio.Event()
         self._closed = False
-        self._recent: deque[tuple[float, float, float]] = deque()  # (time, prompt, generated) per iteration
+        self._recent = RecentRates(window=10.0)
         self.counters: dict[str, float] = {
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
@@ -130,39 +127,17 @@ class LLMBatchGroup:
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; returns its delta stream.
 
-        Raises InvalidRequest for an empty prompt, token ids outside the vocabulary or max_tokens < 1,
-        ContextTooLong when prompt + max_tokens exceeds the context, InvalidSampling for invalid sampling
-        settings, EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
+        Raises what engine/request_checks.py raises (InvalidRequest, ContextTooLong, InvalidSampling),
+        EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
         if self._closed:
             raise EngineClosed("engine is shutting down")
         if self.max_queued is not None and (queued := self.queued_rows()) >= self.max_queued:
             raise QueueFull(f"{queued} requests are already waiting (limit {self.max_queued}); retry later",
                             queued=queued, limit=self.max_queued)
-        prompt = [int(t) for t in request.prompt_tokens]
-        if not prompt:
-            raise InvalidRequest("the prompt is empty", param="prompt")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise InvalidRequest(f"prompt token ids must be in 0..{self.vocab_size - 1}", param="prompt")
-        if request.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be >= 1", param="max_tokens")
-        if len(prompt) + request.max_tokens > self.context_length:
-            raise ContextTooLong(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({request.max_tokens}) exceeds the context "
-                f"length of {self.context_length} tokens"
-            )
-        validate_sampling(request.sampling, self.vocab_size)
+        prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))
-        send, receive = anyio.create_memory_object_stream[Delta](math.inf)
-        row = Row(
-            request=request,
-            send=send,
-            sampler=RowSampler(request.sampling, prompt, self.vocab_size),
-            stopper=StopMatcher(self.tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
-                                max_tokens=request.max_tokens),
-            prompt=prompt,
-            boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)),
-        )
+        row, receive = Row.start(request, prompt, vocab_size=self.vocab_size, tokenizer=self.tokenizer)
         self._queue.append(row)
         self._wake_up()
         return LLMRowStream(row, receive, self._wake_up)
@@ -315,16 +290,9 @@ class LLMBatchGroup:
         """The active rows' projected KV bytes: what admission counts as taken. Raises nothing."""
         return self.admission.projected_bytes(list(self._active)) if self.admission is not None else 0
 
-    def recent_rates(self, window: float = 10.0) -> tuple[float, float]:
-        """Wall-clock (prompt, generation) tokens/s over the last `window` seconds. Raises nothing."""
-        now = time.monotonic()
-        while self._recent and self._recent[0][0] < now - window:
-            self._recent.popleft()
-        if not self._recent:
-            return 0.0, 0.0
-        span = max(now - self._recent[0][0], 1e-3)
-        return (round(sum(p for _, p, _ in self._recent) / span, 2),
-                round(sum(g for _, _, g in self._recent) / span, 2))
+    def recent_rates(self) -> tuple[float, float]:
+        """Wall-clock (prompt, generation) tokens/s over the last 10 seconds. Raises nothing."""
+        return self._recent.rates()
 
     def active_rows(self) -> int:
         return len(self._active)
@@ -347,7 +315,7 @@ class LLMBatchGroup:
             self.counters["loop_gap_seconds"] += gap
         try:
             if decode and not prefill and self.decode_burst > 1 and not self._shared_loop():
-                done = await self.context.run(self._burst, rows, _poster(self._landed))
+                done = await self.context.run(self._burst, rows, functools.partial(loop_caller(), self._landed))
             else:
                 done = await self.context.run(self._step, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop
@@ -365,33 +333,23 @@ class LLMBatchGroup:
         now = time.monotonic()
         return any(now - at < self.task_quiet_seconds for label, at in self.tasks.last_run.items() if label != _PUT)
 
-    def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> "_Landed":
+    def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> StepResult:
         """Engine thread: one iteration, with what the event loop records and publishes for it."""
         before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
         t0 = time.perf_counter()
         outputs = self.step.run(rows, budget, decode, prefill)
         cost, self.step.last_cost = self.step.last_cost, None
-        return _Landed(outputs, cost, time.perf_counter() - t0, self.counters["prompt_tokens"] - before[0],
+        return StepResult(outputs, cost, time.perf_counter() - t0, self.counters["prompt_tokens"] - before[0],
                        self.counters["generation_tokens"] - before[1])
 
-    def _burst(self, rows: list[Row], post: Callable[["_Landed"], None]) -> "_Landed":
-        """Engine thread: decode steps back to back over the same rows, each one's tokens posted to the event
-        loop while the next runs, so publishing and HTTP writes overlap the model work instead of taking turns
-        with it. Returns the last step: after `decode_burst` steps, or earlier when `_burst_ends`."""
-        earlier = 0.0
-        last: _Landed | None = None  # the step posted before
+    def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
+        """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_ends`."""
+        done, steps = run_burst(lambda: self._step(rows, 0, True, False), self._burst_ends, post, self.decode_burst)
         self.counters["bursts"] += 1
-        for i in range(self.decode_burst):
-            self.counters["burst_steps"] += 1
-            landed = self._step(rows, 0, True, False)
-            landed.earlier = earlier
-            if i == self.decode_burst - 1 or self._burst_ends(last):
-                return landed
-            post(landed)
-            last, earlier = landed, earlier + landed.seconds
-        raise AssertionError("unreachable: the last step returns")
+        self.counters["burst_steps"] += steps
+        return done
 
-    def _burst_ends(self, posted: "_Landed | None") -> bool:
+    def _burst_ends(self, posted: StepResult | None) -> bool:
         """Whether something waits for the loop: the group closes, a task (a Whisper step) or a request with room
         to join is queued (with every row busy only a finish frees one), a row ended (its KV is freed between
         steps, cancelled ones too), or the loop has not yet published the step posted before (it is busy:
@@ -399,12 +357,12 @@ class LLMBatchGroup:
         return bool(self._closed or self.tasks.pending or (self._queue and len(self._active) < self.max_active)
                     or any(r.ended for r in self._active) or (posted is not None and not posted.published))
 
-    def _landed(self, done: "_Landed", gap: float | None = None) -> None:
+    def _landed(self, done: StepResult, gap: float | None = None) -> None:
         """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""
         if done.cost is not None:
             self.iteration_times.record(done.cost, done.seconds, gap)
             self.pacer.record(done.cost.seconds, done.cost.prompt_tokens, done.cost.decode_rows)
-        self._recent.append((time.monotonic(), done.prompted, done.generated))
+        self._recent.add(done.prompted, done.generated)
         t0 = time.perf_counter()
         for row, delta in done.outputs:
             self._publish(row, delta)
@@ -458,37 +416,3 @@ class LLMBatchGroup:
         self._wake.set()
         self._wake = anyio.Event()
 
-
-@dataclass
-class _Landed:
-    """One step's results for the event loop: deltas, the engine's cost and the tokens it counted."""
-
-    outputs: list[tuple[Row, Delta]]
-    cost: StepCost | None
-    seconds: float  # wall time of the step (the event loop's view when it awaited it)
-    prompted: float  # the group's counters are floats
-    generated: float
-    earlier: float = 0.0  # engine seconds of the burst's steps before this one
-    published: bool = False  # set on the event loop once its deltas went out
-
-
-def _poster(land: Callable[[_Landed], None]) -> Callable[[_Landed], None]:
-    """`land` made callable from the engine thread: it runs on the event loop, in posting order, before the
-    awaited step returns (asyncio's thread-safe callbacks are FIFO; off asyncio the post blocks until run).
-    Called on the event loop's own thread (an inline context), it lands at once."""
-    loop_thread = threading.get_ident()
-    try:
-        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        loop = None
-    token = anyio.lowlevel.current_token()
-
-    def post(done: _Landed) -> None:
-        if threading.get_ident() == loop_thread:
-            land(done)
-        elif loop is not None:
-            loop.call_soon_threadsafe(land, done)
-        else:
-            anyio.from_thread.run_sync(land, done, token=token)
-
-    return post

@@ -11,7 +11,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-__all__ = ["EngineThread"]
+__all__ = ["EngineThread", "loop_caller"]
 
 
 class EngineThread:
@@ -82,31 +82,40 @@ class EngineThread:
             _wait_for_os_exit(self._thread, join_timeout)
 
 
-def _waker(event: anyio.Event) -> Callable[[], None]:
-    """A thread-safe `event.set` that does not wait for the event loop to run it (the engine thread goes
-    straight on to its next job). Falls back to anyio's blocking hand-off off asyncio."""
+def loop_caller() -> Callable[..., None]:
+    """Bound to the running event loop: `call(fn, *args)` runs fn(*args) on it from any thread, in calling order,
+    without waiting for it (asyncio's thread-safe callbacks are FIFO; off asyncio the call waits until it ran).
+    From the loop's own thread (an inline context) fn runs at once. Raises RuntimeError once the loop closed."""
+    loop_thread = threading.get_ident()
     try:
-        loop = asyncio.get_running_loop()
+        loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
     except RuntimeError:
         loop = None
-    if loop is not None:
-
-        def wake() -> None:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # event loop already closed (shutdown)
-                pass
-
-        return wake
     token = anyio.lowlevel.current_token()
 
-    def wake_blocking() -> None:
+    def call(fn: Callable[..., Any], *args: Any) -> None:
+        if threading.get_ident() == loop_thread:
+            fn(*args)
+        elif loop is not None:
+            loop.call_soon_threadsafe(fn, *args)
+        else:
+            anyio.from_thread.run_sync(fn, *args, token=token)
+
+    return call
+
+
+def _waker(event: anyio.Event) -> Callable[[], None]:
+    """A thread-safe `event.set` that does not wait for the event loop to run it (the engine thread goes
+    straight on to its next job)."""
+    call = loop_caller()
+
+    def wake() -> None:
         try:
-            anyio.from_thread.run_sync(event.set, token=token)
-        except RuntimeError:  # event loop already gone (shutdown)
+            call(event.set)
+        except RuntimeError:  # event loop already closed (shutdown)
             pass
 
-    return wake_blocking
+    return wake
 
 
 def _wait_for_os_exit(thread: threading.Thread, timeout: float | None) -> None:

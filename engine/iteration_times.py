@@ -6,13 +6,14 @@ the host's own work (graph building, sampling, detokenization)."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from engine.percentiles import ms_summary
 
-__all__ = ["IterationTimes", "StepCost"]
+__all__ = ["IterationTimes", "RecentRates", "StepCost"]
 
 KINDS = ("decode", "mixed", "prefill")
 
@@ -56,3 +57,32 @@ class IterationTimes:
                 out[k] |= {"engine": ms_summary(self._engine[k]), "wait": ms_summary(self._wait[k])}
         out["gap"] = ms_summary(self._gaps)
         return out
+
+
+class RecentRates:
+    """Wall-clock prompt and generation tokens/s over the last `window` seconds. Samples older than that are
+    dropped as new ones arrive, so memory stays bounded whether or not anyone reads the rates. Event loop only."""
+
+    def __init__(self, window: float = 10.0) -> None:
+        self.window = window
+        self._samples: deque[tuple[float, float, float]] = deque()  # (time, prompt tokens, generated tokens)
+
+    def add(self, prompted: float, generated: float) -> None:
+        """One iteration's tokens. Raises nothing."""
+        now = time.monotonic()
+        self._samples.append((now, prompted, generated))
+        self._trim(now)
+
+    def rates(self) -> tuple[float, float]:
+        """(prompt, generation) tokens/s over the window. Raises nothing."""
+        now = time.monotonic()
+        self._trim(now)
+        if not self._samples:
+            return 0.0, 0.0
+        span = max(now - self._samples[0][0], 1e-3)
+        return (round(sum(p for _, p, _ in self._samples) / span, 2),
+                round(sum(g for _, _, g in self._samples) / span, 2))
+
+    def _trim(self, now: float) -> None:
+        while self._samples and self._samples[0][0] < now - self.window:
+            self._samples.popleft()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence, cast
 
 import mlx.core as mx
 
-from engine.rows import Row
+from engine.rows import Row, slot_order
 from engine.runner import Segment
 from engine.sampling import sample_rows
 
@@ -81,15 +81,12 @@ class DecodePipeline:
         flight, self.inflight = self.inflight, None
         if flight is None:
             return []
-        ids = self.read(flight.tokens)
-        for r in flight.rows:
-            r.token_in_flight = False
-        return [(r, t) for r, t in zip(flight.rows, ids) if not r.ended]
+        return [(r, t) for r, t in zip(flight.rows, self.read_step(flight)) if not r.ended]
 
     def step(self, rows: Sequence[Row]) -> tuple[list[Row], list[int]]:
         """Launch the next step and read the current one: returns rows (slot order) and their tokens.
         The rows must be `eligible`. Raises whatever the forward or its evaluation raises."""
-        ordered = sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
+        ordered = slot_order(rows)
         current = self.inflight.tokens if self.inflight is not None and self.feeds(ordered) else None
         self.inflight = None
         if current is None:
@@ -107,6 +104,14 @@ class DecodePipeline:
         tokens = sample_rows(logits, [r.sampler for r in rows])
         mx.async_eval(tokens)
         return tokens
+
+    def read_step(self, flight: InFlight) -> list[int]:
+        """Wait for a step taken from the pipeline and return its tokens; its rows' next tokens are known from
+        here on. Raises whatever the evaluation raises."""
+        ids = self.read(flight.tokens)
+        for r in flight.rows:
+            r.token_in_flight = False
+        return ids
 
     def read(self, tokens: mx.array | None) -> list[int]:
         """Wait for `tokens` and return them as ints ([] for none). Raises whatever the evaluation raises."""

@@ -3,9 +3,10 @@ stream cancels the row)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -47,6 +48,18 @@ class Row:
     unsent_ids: list[int] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
 
+    @classmethod
+    def start(cls, request: GenerationRequest, prompt: list[int], *, vocab_size: int,
+              tokenizer: Any) -> tuple["Row", MemoryObjectReceiveStream[Delta]]:
+        """A queued row for a checked request (engine/request_checks.py) and the receiving end of its deltas,
+        unbounded so a slow consumer never blocks the loop. Raises nothing of its own."""
+        send, receive = anyio.create_memory_object_stream[Delta](math.inf)
+        row = cls(request=request, send=send, sampler=RowSampler(request.sampling, prompt, vocab_size),
+                  stopper=StopMatcher(tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
+                                      max_tokens=request.max_tokens),
+                  prompt=prompt, boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)))
+        return row, receive
+
     @property
     def finished(self) -> bool:
         """Ended by the engine (stop, length, error, close)."""
@@ -84,6 +97,11 @@ class Row:
         return self.prompt[: self.prefilled] + self.generated[:-1]
 
 
+def slot_order(rows: Iterable[Row]) -> list[Row]:
+    """Rows with a decode slot in slot order, the others first. Raises nothing."""
+    return sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
+
+
 def plan_iteration(rows: list[Row], budget: int, decode: bool,
                    prefill: bool) -> list[tuple[Row, list[int], bool]]:
     """(row, tokens, wants logits) per segment: every decoding row's token first (slot order, so a step's
@@ -91,7 +109,7 @@ def plan_iteration(rows: list[Row], budget: int, decode: bool,
     A row whose token is still in flight gets a placeholder the caller feeds lazily. Raises nothing."""
     plan: list[tuple[Row, list[int], bool]] = []
     if decode:
-        decoders = sorted((r for r in rows if r.decoding), key=lambda r: -1 if r.slot is None else r.slot)
+        decoders = slot_order(r for r in rows if r.decoding)
         plan += [(r, [0 if r.last_token is None else r.last_token], True) for r in decoders]
     if prefill:
         left = budget - len(plan)

@@ -23,7 +23,7 @@ from engine.iteration_times import StepCost
 from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
 from engine.prefix_cache import PrefixCache
-from engine.rows import Row, plan_iteration
+from engine.rows import Row, plan_iteration, slot_order
 from engine.runner import PackedRunner, Runner, Segment, SeparateRunner, make_cache
 from engine.sampling import sample_rows
 from engine.slots import SlotKV
@@ -69,7 +69,7 @@ class BatchStep:
         outputs: list[tuple[Row, Delta | None]] = []
         flight = self.pipeline.inflight
         # Decode-only over the rows of an in-flight decode step: it feeds the next step whole (pipeline.step).
-        ordered = sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
+        ordered = slot_order(rows)
         whole = flight is not None and decode and not prefill and self.pipeline.feeds(ordered)
         # Otherwise an iteration with decoding rows goes on from the in-flight step (its tokens fed lazily):
         # building this forward overlaps the device's work on that step, also when rows joined or left. A
@@ -114,10 +114,8 @@ class BatchStep:
         lazy = self._lazy_tokens(flight, plan)
         launch = self._launch(plan, lazy) if plan else None
         t_wait = time.perf_counter()
-        ids = self.pipeline.read(flight.tokens)
+        ids = self.pipeline.read_step(flight)
         waited = time.perf_counter() - t_wait  # the in-flight step's own time
-        for r in flight.rows:
-            r.token_in_flight = False
         outputs: list[tuple[Row, Delta | None]] = [(r, self.accept(r, t)) for r, t in zip(flight.rows, ids)
                                                    if not r.ended]
         if launch is None or self._keep(launch):

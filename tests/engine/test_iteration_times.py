@@ -25,3 +25,17 @@ def test_the_window_keeps_the_latest() -> None:
     for s in (1.0, 0.001, 0.001, 0.001):
         times.record(StepCost(s, 0, 1), s, None)
     assert times.snapshot()["decode"]["max_ms"] == 1.0 and times.snapshot()["gap"] == {"n": 0}
+
+
+def test_recent_rates_keep_only_the_window_even_when_never_read(monkeypatch) -> None:
+    import engine.iteration_times as it
+
+    clock = [0.0]
+    monkeypatch.setattr(it.time, "monotonic", lambda: clock[0])
+    rates = it.RecentRates(window=10.0)
+    for _ in range(10_000):  # 1,000 s of iterations at 10 a second, nobody polling /stats
+        clock[0] += 0.1
+        rates.add(prompted=5, generated=2)
+    assert len(rates._samples) <= 101  # bounded by the window, not by the uptime
+    prompt, generated = rates.rates()
+    assert abs(prompt - 50) < 1 and abs(generated - 20) < 1

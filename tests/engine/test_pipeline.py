@@ -21,6 +21,17 @@ def pipelined_group(loaded, **kw):
     return make_group(loaded, keep_mixed_in_flight=True, **kw)
 
 
+async def run_checked(group, loaded, sizes: tuple[int, ...], limits: tuple[int, ...], starts: list[int]):
+    """Greedy rows with prompts of `sizes` and `limits` tokens, each joining at its start iteration; every row
+    must give mlx-lm's tokens. Returns their deltas."""
+    prompts = [prompt_of(n, i) for i, n in enumerate(sizes)]
+    deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)],
+                            starts)
+    for i, p in enumerate(prompts):
+        assert_matches_reference(loaded, p, tokens_of(deltas[i]), limits[i])
+    return deltas
+
+
 def test_mixed_steps_stay_in_flight_by_default_only_on_a_gpu(tiny_loaded) -> None:
     import mlx.core as mx
 
@@ -69,13 +80,8 @@ async def test_next_step_is_launched_before_the_current_tokens_are_read(tiny_loa
 async def test_rows_of_different_lengths_match_mlx_lm_with_the_pipeline(tiny_loaded) -> None:
     group = pipelined_group(tiny_loaded)
     events = spy(group)
-    prompts = [prompt_of(n, i) for i, n in enumerate((5, 9, 14, 3))]
-    limits = (7, 12, 20, 4)
-    requests = [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)]
-    deltas = await run_rows(group, requests, [0, 0, 0, 0])
+    await run_checked(group, tiny_loaded, (5, 9, 14, 3), (7, 12, 20, 4), [0, 0, 0, 0])
     assert sum(kind == "read" for kind, _ in events) >= 10
-    for i, p in enumerate(prompts):
-        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
     group.prune()
     assert group.pipeline.inflight is None  # nothing left to read: the old step is not kept
 
@@ -155,12 +161,7 @@ async def test_a_mixed_iteration_goes_on_from_the_in_flight_step(tiny_loaded) ->
         return forward(segments)
 
     group.step.runner.forward = forward_spy
-    prompts = [prompt_of(n, i) for i, n in enumerate((5, 9, 40, 33))]
-    limits = (6, 30, 12, 9)
-    requests = [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)]
-    deltas = await run_rows(group, requests, [0, 0, 4, 7])
-    for i, p in enumerate(prompts):
-        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
+    await run_checked(group, tiny_loaded, (5, 9, 40, 33), (6, 30, 12, 9), [0, 0, 4, 7])
     chained = [i for i, (kind, _) in enumerate(events) if kind == "forward-lazy"]
     assert chained, "no mixed iteration went on from an in-flight step"
     for i in chained:  # the in-flight tokens are read after the forward that consumes them lazily
@@ -224,12 +225,7 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
         return forward(segments)
 
     group.step.runner.forward = forward_spy
-    prompts = [prompt_of(n, i) for i, n in enumerate((5, 7, 60, 41))]
-    limits = (30, 25, 12, 9)
-    requests = [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)]
-    deltas = await run_rows(group, requests, [0, 0, 3, 5])
-    for i, p in enumerate(prompts):
-        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
+    await run_checked(group, tiny_loaded, (5, 7, 60, 41), (30, 25, 12, 9), [0, 0, 3, 5])
     mixed = {t for kind, t, n in events if kind == "launch" and n > 0}
     reads = [i for i, (kind, t, _) in enumerate(events) if kind == "read" and t in mixed]
     assert len(reads) >= 4, "mixed steps were not kept in flight"
@@ -328,12 +324,7 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
 
     pipe.launch, step._launch, step._land, pipe.read, slots.compact = (launch_spy, launch_plan_spy, land_spy, read_spy,
                                                                        compact_spy)
-    prompts = [prompt_of(n, i) for i, n in enumerate((5, 6, 7, 8))]
-    limits = (6, 11, 16, 40)
-    deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=m) for p, m in zip(prompts, limits)],
-                            [0, 0, 0, 0])
-    for i, p in enumerate(prompts):
-        assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), limits[i])
+    await run_checked(group, tiny_loaded, (5, 6, 7, 8), (6, 11, 16, 40), [0, 0, 0, 0])
     assert compactions, "the slot buffers never shrank"
     # Only a step that compacts the slots reads first; the row that left without one did not stop the pipeline.
     assert len(exposed) <= len(compactions) < 3, f"{len(exposed)} step(s) read with nothing launched after them"
