@@ -108,12 +108,12 @@ async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int
             tg.start_soon(stream_session, ws_url, pcm, headers, run, stop)
         await anyio.sleep(3.0)  # let the sessions reach steady decoding
         shared, n_shared = await gaps()
+        # Read while the sessions still stream: their last windows, decoded once chat is idle, stay out.
+        async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+            doc = (await http.get(f"{root}/stats")).json()
         stop.set()
-    stats = {}
-    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
-        doc = (await http.get(f"{root}/stats")).json()
-        stats = {**((doc.get("speech") or {}).get("scheduler") or {}),
-                 "chat_iteration_times": doc.get("iteration_times"), "gc": doc.get("gc")}
+    stats = {**((doc.get("speech") or {}).get("scheduler") or {}),
+             "chat_iteration_times": doc.get("iteration_times"), "gc": doc.get("gc")}
     a50, a99, s50, s99 = pct(alone, 50), pct(alone, 99), pct(shared, 50), pct(shared, 99)
     return {"sessions": sessions, "tokens_alone": n_alone, "tokens_with_sessions": n_shared,
             "itl_alone_ms": {"p50": round(a50 * 1e3, 1) if a50 else None, "p99": round(a99 * 1e3, 1) if a99 else None},

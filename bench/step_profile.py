@@ -3,7 +3,7 @@ graph construction), evaluating it (dispatch + device), and the same with one st
 engine/pipeline.py does), for decode-only steps of 1/8/64 rows and mixed steps (64 decode rows + a 128-token
 prefill chunk). Figures for deciding what to optimise, not a comparison.
 
-    python -m bench.step_profile MODEL_DIR [--rows 1,8,64] [--steps 30] [--out FILE]
+    python -m bench.step_profile MODEL_DIR [--rows 1,8,64] [--context 64,2048] [--steps 30] [--out FILE]
 """
 
 from __future__ import annotations
@@ -37,12 +37,13 @@ def _decode_segments(slots: list[int], tokens: list[int]) -> list[Any]:
     return [Segment([t], None, True, s) for t, s in zip(tokens, slots)]
 
 
-def profile(model: Any, rows: int, steps: int, vocab: int, prefill: int = 0) -> dict[str, float]:
-    """ms per step: build (host graph), eval (after build), total, and total with one step of lookahead."""
+def profile(model: Any, rows: int, steps: int, vocab: int, prefill: int = 0, context: int = 64) -> dict[str, float]:
+    """ms per step: build (host graph), eval (after build), total, and total with one step of lookahead;
+    each decode row starts with `context` tokens of KV."""
     from engine.runner import PackedRunner, Segment, make_cache
 
     runner = PackedRunner(model)
-    slots = _fill(runner, model, rows, 64, vocab)
+    slots = _fill(runner, model, rows, context, vocab)
     tokens = [7] * rows
     build = evaluate = 0.0
     for i in range(steps + 3):
@@ -82,16 +83,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help="an HF-layout model directory")
     p.add_argument("--rows", default="1,8,64", help="decode rows per step, comma-separated (default 1,8,64)")
     p.add_argument("--steps", type=int, default=30, help="timed steps per case (default 30)")
+    p.add_argument("--context", default="64", help="KV tokens each decode row holds, comma-separated (default 64)")
     p.add_argument("--out", default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
+    from engine.accelerator import apply_serving_defaults
     from engine.models import load_model
+
+    apply_serving_defaults()  # the server's MLX settings (no cuDNN attention, no CUDA graphs)
 
     loaded = load_model(args.model)
     vocab = int(loaded.model.args.vocab_size)
     results: dict[str, Any] = {"device": str(mx.default_device())}
-    for rows in (int(r) for r in args.rows.split(",")):
-        results[f"decode_{rows}"] = profile(loaded.model, rows, args.steps, vocab)
-        print(f"decode {rows:3d} rows: {results[f'decode_{rows}']}", flush=True)
+    for context in (int(c) for c in args.context.split(",")):
+        for rows in (int(r) for r in args.rows.split(",")):
+            key = f"decode_{rows}" + (f"@{context}" if context != 64 else "")
+            results[key] = profile(loaded.model, rows, args.steps, vocab, context=context)
+            print(f"decode {rows:3d} rows, {context} tokens of context: {results[key]}", flush=True)
     rows = max(int(r) for r in args.rows.split(","))
     results[f"mixed_{rows}+128"] = profile(loaded.model, rows, args.steps, vocab, prefill=128)
     print(f"mixed {rows} rows + 128-token chunk: {results[f'mixed_{rows}+128']}", flush=True)

@@ -125,7 +125,8 @@ class PackedRunner:
         tied = getattr(args, "tie_word_embeddings", not hasattr(model, "lm_head"))
         self.lm_head = self.inner.embed_tokens.as_linear if tied or not hasattr(model, "lm_head") else model.lm_head
         # Batched decode needs one RoPE offset per token; other RoPE kinds keep per-row caches.
-        self.slots: SlotKV | None = SlotKV(len(self.layers)) if self.vector_rope else None
+        self.slots: SlotKV | None = SlotKV(len(self.layers), heads_per_kv=attn.n_heads // attn.n_kv_heads) \
+            if self.vector_rope else None
         # One matmul for q/k/v and one for gate/up per layer (same weight memory; see engine/fused.py).
         self.qkv = [FusedLinear([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
         self.mlps = [fused_mlp(la.mlp) for la in self.layers]

@@ -4,10 +4,11 @@ Each layer holds keys and values as one (slots, kv_heads, capacity, head_dim) ar
 A row owns one slot from the moment its prompt is complete until it finishes. One decode iteration
 writes every row's new token with one scatter per array and runs one `scaled_dot_product_attention`
 over (slots, heads, 1, head_dim) queries, with a boolean mask hiding positions at or beyond each row's
-length; so the op count per layer is independent of the number of rows. Prompt chunks keep per-row
-mlx-lm `KVCache`s (`adopt` copies them into a slot), and `export` hands a slot back as per-row
-`KVCache`s for the prefix cache. Freed slots keep their room until the group `compact`s the buffers
-(when they hold twice what the remaining rows need) or every slot is free.
+length; so the op count per layer is independent of the number of rows. On CUDA the attention is
+engine/decode_attention.py's kernel instead: it takes each row's own slot and length (no mask, no gather).
+Prompt chunks keep per-row mlx-lm `KVCache`s (`adopt` copies them into a slot), and `export` hands a slot
+back as per-row `KVCache`s for the prefix cache. Freed slots keep their room until the group `compact`s
+the buffers (when they hold twice what the remaining rows need) or every slot is free.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import mlx.core as mx
+
+from engine import decode_attention
 
 __all__ = ["SlotKV", "DecodeBatch"]
 
@@ -35,14 +38,18 @@ class DecodeBatch:
     out_take: mx.array | None  # decode row → slot
     offsets: mx.array  # (B,) RoPE offset of each row's token
     first_offset: int
+    row_slots: mx.array | None = None  # (B,) int32 slot of each row: set when the decode kernel attends
+    row_lengths: mx.array | None = None  # (B,) int32 keys each row attends (its length after this token)
 
 
 class SlotKV:
     """Slot-based KV storage for a llama-family model's decode rows (see module doc)."""
 
-    def __init__(self, n_layers: int, step: int = 256) -> None:
+    def __init__(self, n_layers: int, step: int = 256, heads_per_kv: int = 1) -> None:
         self.n_layers = n_layers
         self.step = step
+        self.heads_per_kv = heads_per_kv  # query heads sharing one kv head (the decode kernel's shape)
+        self._kernel: bool | None = None  # whether decode_attention serves these buffers (decided once)
         # The most positions any row may reach (its prompt + max_tokens): growth never goes past it.
         self.ceiling: int | None = None
         self.reset()
@@ -176,23 +183,28 @@ class SlotKV:
         h = self.heads
         scatter_slot = [s for s in slots for _ in range(h)]
         scatter_pos = [n for n in lens for _ in range(h)]
+        batch = DecodeBatch(
+            rows=len(slots), span=span, length=length,
+            scatter_slot=mx.array(scatter_slot), scatter_head=mx.array(list(range(h)) * len(slots)),
+            scatter_pos=mx.array(scatter_pos), mask=None, query_take=None, out_take=None,  # one slot: all valid
+            offsets=mx.array(lens), first_offset=lens[0],
+        )
+        if span == 1:
+            return batch
+        if self._use_kernel():  # each row's slot and length: no mask, rows stay in their order
+            batch.row_slots = mx.array(list(slots), dtype=mx.int32)
+            batch.row_lengths = mx.array([n + 1 for n in lens], dtype=mx.int32)
+            return batch
         slot_len = [1] * span  # slots not decoding now: keep one key so softmax stays finite
         for s, n in zip(slots, lens):
             slot_len[s] = n + 1
-        mask = mx.arange(length)[None] < mx.array(slot_len)[:, None]
-        in_order = list(slots) == list(range(span))
-        row_of = [0] * span
-        for i, s in enumerate(slots):
-            row_of[s] = i
-        return DecodeBatch(
-            rows=len(slots), span=span, length=length,
-            scatter_slot=mx.array(scatter_slot), scatter_head=mx.array(list(range(h)) * len(slots)),
-            scatter_pos=mx.array(scatter_pos),
-            mask=None if span == 1 else mask[:, None, None, :],  # one slot: every position is valid
-            query_take=None if in_order else mx.array(row_of),
-            out_take=None if in_order else mx.array(list(slots)),
-            offsets=mx.array(lens), first_offset=lens[0],
-        )
+        batch.mask = (mx.arange(length)[None] < mx.array(slot_len)[:, None])[:, None, None, :]
+        if list(slots) != list(range(span)):
+            row_of = [0] * span
+            for i, s in enumerate(slots):
+                row_of[s] = i
+            batch.query_take, batch.out_take = mx.array(row_of), mx.array(list(slots))
+        return batch
 
     def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float, batch: DecodeBatch) -> mx.array:
         """Write k/v (B, kv_heads, 1, d) into layer `li` and attend with q (B, heads, 1, d) → (B, heads, 1, d).
@@ -201,12 +213,19 @@ class SlotKV:
         at = (batch.scatter_slot, batch.scatter_head, batch.scatter_pos)
         self.keys[li][at] = k.reshape(-1, d)
         self.values[li][at] = v.reshape(-1, d)
+        if batch.row_slots is not None and batch.row_lengths is not None:
+            return decode_attention.attend(q, self.keys[li], self.values[li], batch.row_slots, batch.row_lengths, scale)
         keys = self.keys[li][: batch.span, :, : batch.length]
         values = self.values[li][: batch.span, :, : batch.length]
         if batch.query_take is not None:
             q = q[batch.query_take]
         o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=batch.mask)
         return o[batch.out_take] if batch.out_take is not None else o
+
+    def _use_kernel(self) -> bool:
+        if self._kernel is None:
+            self._kernel = decode_attention.available(self.keys[0].dtype, self.head_dim, self.heads_per_kv)
+        return self._kernel
 
     def commit(self, slots: Sequence[int]) -> None:
         """Count the token each slot just wrote. Raises KeyError for a free slot."""

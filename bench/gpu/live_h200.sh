@@ -13,7 +13,8 @@
 # (a random-init Whisper transcribes noise either way: the figures are compute, not accuracy).
 # Writes to $OUT: steps.log live.json live.server.log.
 # Knobs (environment): BUDGET_S, OURS_ARGS (extra `tandem serve` flags), SPEAKERS (default 1,4,8,16), AUDIO_S
-# (seconds of audio per speaker, default 20), TOKENS (chat tokens per answer, default 128), WHISPER_SHAPE
+# (seconds of audio per speaker, default 20), TOKENS (chat tokens per answer, default 128), ROUNDS (chat answers
+# timed alone and beside the sessions, default 2), WHISPER_SHAPE
 # (large-v3-turbo | tiny), WHISPER_DTYPE (default float16), TOK_DIR, BUILD_ARGS (--tiny: toy chat model, to check
 # this script on a CPU: WHISPER_SHAPE=tiny WHISPER_DTYPE=float32 BUILD_ARGS=--tiny SPEAKERS=1 AUDIO_S=8).
 set -uo pipefail
@@ -51,7 +52,7 @@ L=$(left)
 step "2+3. serve both, measure (${L}s left)"
 timeout -k 20 $((L - 10)) python3 -m bench.live_serve --server "http://127.0.0.1:$PORT" \
   --serve "$SHAPE/plain --whisper-model $WSHAPE --whisper-resident --preload --max-sessions 40 $OURS_ARGS" \
-  --ready-timeout 150 --itl-sessions 4 --tokens "$TOKENS" --rounds 2 --speakers "$SPEAKERS" --seconds "$AUDIO_S" \
+  --ready-timeout 150 --itl-sessions 4 --tokens "$TOKENS" --rounds "${ROUNDS:-2}" --speakers "$SPEAKERS" --seconds "$AUDIO_S" \
   ${SAMPLES:+--samples "$SAMPLES"} --out "$OUT/live.json" > /dev/null
 rc=$?
 python3 -c "
