@@ -7,6 +7,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.utils import load
 
+from engine import decode_attention
 from engine.runner import PackedRunner, Segment, SeparateRunner, make_cache
 from engine.slots import SlotKV
 from tests.fixtures.tiny_llm import build_tiny_llm
@@ -24,15 +25,19 @@ def prefill(runner, model, prompt):
 
 
 class CountingSDPA:
+    """Counts attention calls: MLX's, and on CUDA the decode kernel's (engine/decode_attention.py)."""
+
     def __init__(self, monkeypatch) -> None:
         self.calls = 0
-        real = mx.fast.scaled_dot_product_attention
+        for owner, name in ((mx.fast, "scaled_dot_product_attention"), (decode_attention, "attend")):
+            monkeypatch.setattr(owner, name, self._counted(getattr(owner, name)))
 
+    def _counted(self, real):
         def counted(*args, **kw):
             self.calls += 1
             return real(*args, **kw)
 
-        monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", counted)
+        return counted
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8])
