@@ -25,13 +25,15 @@ class StepBudget:
     `chat_share`: while chat decodes, a step lasts at most this share of a chat iteration.
     `min_step_seconds`: with the full budget, a step goes on with more of the same work until it has taken
     this long — on a GPU one unit is far shorter than a round trip through the loop; None: 5 ms on a GPU,
-    0 on a CPU (see `resolved_min_step`)."""
+    0 on a CPU (see `resolved_min_step`). `catch_up_seconds`: while chat decodes, a step's share doubles
+    for each such span the oldest window has waited (up to 8×), so speech that falls behind catches up."""
 
     encoder_positions: int = 375
     decode_tokens: int = 4
     max_rows: int = 32
     chat_share: float = 0.3
     min_step_seconds: float | None = None
+    catch_up_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         if self.encoder_positions < 1 or self.decode_tokens < 1 or self.max_rows < 1:
@@ -40,6 +42,15 @@ class StepBudget:
             raise ValueError("chat_share must be in (0, 10]")
         if self.min_step_seconds is not None and not 0 <= self.min_step_seconds <= 1:
             raise ValueError("min_step_seconds must be in [0, 1]")
+        if not self.catch_up_seconds > 0:
+            raise ValueError("catch_up_seconds must be > 0")
+
+    def share(self, waited: float) -> float:
+        """The share of a chat iteration a step may take when the oldest window in flight has waited
+        `waited` seconds: `chat_share`, doubled per `catch_up_seconds` waited. On the H200, four live
+        sessions of a large-v3-turbo shape beside one chat stream finished no window in 6 s at a fixed
+        0.3 (steps that small are mostly launch overhead). Raises nothing."""
+        return self.chat_share * 2.0 ** min(max(waited, 0.0) / self.catch_up_seconds, _MAX_DOUBLINGS)
 
     def resolved_min_step(self) -> float:
         """`min_step_seconds`, its default chosen by the device MLX runs on. Engine thread (imports MLX).
@@ -51,6 +62,7 @@ class StepBudget:
         return GPU_MIN_STEP_SECONDS if mx.default_device().type == mx.DeviceType.gpu else 0.0
 
 
+_MAX_DOUBLINGS = 3.0  # a step's share grows to 8× at most: 2.4 chat iterations at the default 0.3
 GPU_MIN_STEP_SECONDS = 0.005  # a few decode iterations of a 1B chat model on an H200
 
 # Paced encoder chunks cover a multiple of this many positions: on CPU these sizes give the same bits as the

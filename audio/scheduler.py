@@ -8,7 +8,8 @@ a time, so the driver runs it between two LLM iterations and a chat stream waits
 iteration.
 
 How long a step may run: while chat rows decode (the `pace` callable gives a chat iteration's seconds), at
-most `chat_share` of a chat iteration — units and forwards are sized from their measured costs
+most `chat_share` of a chat iteration (doubled for each `catch_up_seconds` the oldest window has waited, up
+to 8×, so speech that falls behind catches up) — units and forwards are sized from their measured costs
 (audio/step_costs.py), prompts are fed in chunks, and at least one unit or one forward of one row runs so
 speech always moves. Otherwise the full budget: `encoder_positions` per chunked unit, steps as long as one
 such unit, and `decode_tokens` forwards of every row.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -86,6 +87,7 @@ class _Window:
     error: BaseException | None = None
     cancelled: bool = False
     scope: anyio.CancelScope | None = None
+    since: float = field(default_factory=time.perf_counter)  # joined the scheduler (its wait for a share)
 
     @property
     def finished(self) -> bool:
@@ -171,7 +173,12 @@ class WhisperScheduler:
         step queued while chat was idle must not run unpaced once chat has begun. Raises nothing."""
         pace = self.pace() if self.pace is not None else None
         self._paced = pace is not None and pace > 0
-        self._limit = self.budget.chat_share * pace if pace is not None and pace > 0 else None
+        if pace is None or pace <= 0:
+            self._limit = None
+            return
+        now = time.perf_counter()
+        waited = max((now - w.since for w in list(self._windows) if w.live), default=0.0)
+        self._limit = self.budget.share(waited) * pace
 
     async def _lead(self) -> None:
         self._leading = True
@@ -379,6 +386,7 @@ class WhisperScheduler:
                 "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks, "max_rows_per_step": c.max_rows,
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
+                "catch_up_s": self.budget.catch_up_seconds,
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
                 "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
                 "recent_steps": step_summary(c.steps)}

@@ -48,6 +48,9 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
                    help="tokens each Whisper row decodes per step when chat is idle")
     g.add_argument("--whisper-chat-share", type=float, default=0.3, metavar="F",
                    help="while chat decodes, a Whisper step lasts at most this share of a chat iteration")
+    g.add_argument("--whisper-catch-up", type=float, default=1.0, metavar="SEC",
+                   help="while chat decodes, a Whisper step's share doubles for each SEC the oldest window has "
+                        "waited (up to 8x), so speech that falls behind catches up")
     g.add_argument("--whisper-min-step-ms", type=float, default=None, metavar="MS",
                    help="when chat is idle, a Whisper step goes on until it took this long (default: 5 on a "
                         "GPU, where one unit is shorter than a trip through the loop; 0 on a CPU)")
@@ -71,6 +74,8 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
         raise CLIError("--max-session-seconds, --max-buffered-audio and --max-session-lag must be > 0")
     if not 0 < args.whisper_chat_share <= 10:
         raise CLIError("--whisper-chat-share must be in (0, 10]")
+    if not args.whisper_catch_up > 0:
+        raise CLIError("--whisper-catch-up must be > 0")
     only = False
     spec = args.whisper_model
     if args.model is not None and spec is None:
@@ -92,7 +97,8 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
                  vad=not args.no_vad, max_sessions=args.max_sessions, max_session_sec=args.max_session_seconds,
                  max_buffered_sec=args.max_buffered_audio, max_lag_sec=args.max_session_lag,
                  step_positions=args.whisper_step_positions, step_tokens=args.whisper_step_tokens,
-                 chat_share=args.whisper_chat_share, min_step_ms=args.whisper_min_step_ms).store(config)
+                 chat_share=args.whisper_chat_share, catch_up_sec=args.whisper_catch_up,
+                 min_step_ms=args.whisper_min_step_ms).store(config)
     if only:
         config.model = None
     return ServeSpeech(only, f"whisper {spec or DEMO_MODEL} ({path}){' — transcription only' if only else ''}")

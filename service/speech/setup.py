@@ -47,6 +47,7 @@ class SpeechConfig:
     step_positions: int = 375  # StepBudget.encoder_positions
     step_tokens: int = 4  # StepBudget.decode_tokens
     chat_share: float = 0.3  # StepBudget.chat_share
+    catch_up_sec: float = 1.0  # StepBudget.catch_up_seconds
     min_step_ms: float | None = None  # StepBudget.min_step_seconds × 1000 (None: by device)
 
     def store(self, config: ServiceConfig) -> None:
@@ -74,7 +75,7 @@ async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
         raise RuntimeError("speech needs the engine's task queue; the app started no engine")
     options = speech_config(state.config) or SpeechConfig()
     budget = StepBudget(encoder_positions=options.step_positions, decode_tokens=options.step_tokens,
-                        chat_share=options.chat_share,
+                        chat_share=options.chat_share, catch_up_seconds=options.catch_up_sec,
                         min_step_seconds=None if options.min_step_ms is None else options.min_step_ms / 1000)
     live = LiveConfig(max_session_s=options.max_session_sec, max_lag_s=options.max_lag_sec)
     # Whisper steps shrink to a share of a chat iteration while chat rows decode (Engine.chat_pace).

@@ -62,7 +62,17 @@ def test_a_paced_forward_takes_sampling_rows_then_prompt_chunks() -> None:
     assert size_forward(cost, list(unfed), unfed.__getitem__, 0.001, ran=False) == (["a"], 8)
 
 
+def test_a_step_share_doubles_per_catch_up_span_waited_up_to_8x() -> None:
+    budget = StepBudget(chat_share=0.3, catch_up_seconds=1.0)
+    assert budget.share(0.0) == pytest.approx(0.3)
+    assert budget.share(1.0) == pytest.approx(0.6) and budget.share(2.0) == pytest.approx(1.2)
+    assert budget.share(30.0) == pytest.approx(2.4)  # 8x at most
+    assert StepBudget(catch_up_seconds=2.0).share(1.0) == pytest.approx(0.3 * 2 ** 0.5)
+
+
 def test_budgets_are_checked() -> None:
+    with pytest.raises(ValueError):
+        StepBudget(catch_up_seconds=0)
     with pytest.raises(ValueError):
         StepBudget(chat_share=0)
     with pytest.raises(ValueError):
