@@ -26,7 +26,8 @@ class StepBudget:
     `min_step_seconds`: with the full budget, a step goes on with more of the same work until it has taken
     this long — on a GPU one unit is far shorter than a round trip through the loop; None: 5 ms on a GPU,
     0 on a CPU (see `resolved_min_step`). `catch_up_seconds`: while chat decodes, a step's share doubles
-    for each such span the oldest window has waited (up to 8×), so speech that falls behind catches up."""
+    for each such span the oldest live session's window has waited (up to 8×), so live speech that falls
+    behind catches up."""
 
     encoder_positions: int = 375
     decode_tokens: int = 4
@@ -46,8 +47,8 @@ class StepBudget:
             raise ValueError("catch_up_seconds must be > 0")
 
     def share(self, waited: float) -> float:
-        """The share of a chat iteration a step may take when the oldest window in flight has waited
-        `waited` seconds: `chat_share`, doubled per `catch_up_seconds` waited. On the H200, four live
+        """The share of a chat iteration a step may take when the oldest live session's window in flight has
+        waited `waited` seconds: `chat_share`, doubled per `catch_up_seconds` waited. On the H200, four live
         sessions of a large-v3-turbo shape beside one chat stream finished no window in 6 s at a fixed
         0.3 (steps that small are mostly launch overhead). Raises nothing."""
         return self.chat_share * 2.0 ** min(max(waited, 0.0) / self.catch_up_seconds, _MAX_DOUBLINGS)

@@ -8,9 +8,9 @@ a time, so the driver runs it between two LLM iterations and a chat stream waits
 iteration.
 
 How long a step may run: while chat rows decode (the `pace` callable gives a chat iteration's seconds), at
-most `chat_share` of a chat iteration (doubled for each `catch_up_seconds` the oldest window has waited, up
-to 8×, so speech that falls behind catches up) — units and forwards are sized from their measured costs
-(audio/step_costs.py), prompts are fed in chunks, and at least one unit or one forward of one row runs so
+most `chat_share` of a chat iteration (doubled for each `catch_up_seconds` the oldest live session's window
+has waited, up to 8×, so live speech that falls behind catches up) — units and forwards are sized from their
+measured costs (audio/step_costs.py), prompts are fed in chunks, and at least one unit or one forward of one row runs so
 speech always moves. Otherwise the full budget: `encoder_positions` per chunked unit, steps as long as one
 such unit, and `decode_tokens` forwards of every row.
 """
@@ -56,6 +56,7 @@ class WindowRequest:
     keep_features: bool = False  # word timestamps re-read the encoder output
     sample_len: int | None = None  # most tokens to sample (None: n_text_ctx / 2)
     seed: int = 0  # keys the draws of temperature-fallback rows
+    realtime: bool = False  # a live session's window: its steps' share grows while it waits (catch-up)
 
     def needs_fallback(self, r: RowResult) -> bool:
         """Too repetitive or too improbable, unless it is silence. Raises nothing."""
@@ -177,7 +178,8 @@ class WhisperScheduler:
             self._limit = None
             return
         now = time.perf_counter()
-        waited = max((now - w.since for w in list(self._windows) if w.live), default=0.0)
+        # Only live sessions' windows catch up: a file's transcript has no deadline that chat should pay for.
+        waited = max((now - w.since for w in list(self._windows) if w.live and w.request.realtime), default=0.0)
         self._limit = self.budget.share(waited) * pace
 
     async def _lead(self) -> None:

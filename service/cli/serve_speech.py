@@ -49,8 +49,8 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--whisper-chat-share", type=float, default=0.3, metavar="F",
                    help="while chat decodes, a Whisper step lasts at most this share of a chat iteration")
     g.add_argument("--whisper-catch-up", type=float, default=1.0, metavar="SEC",
-                   help="while chat decodes, a Whisper step's share doubles for each SEC the oldest window has "
-                        "waited (up to 8x), so speech that falls behind catches up")
+                   help="while chat decodes, a Whisper step's share doubles for each SEC the oldest live "
+                        "session's window has waited (up to 8x), so live speech that falls behind catches up")
     g.add_argument("--whisper-min-step-ms", type=float, default=None, metavar="MS",
                    help="when chat is idle, a Whisper step goes on until it took this long (default: 5 on a "
                         "GPU, where one unit is shorter than a trip through the loop; 0 on a CPU)")

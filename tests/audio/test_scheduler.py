@@ -230,16 +230,19 @@ async def test_a_step_queued_while_chat_was_idle_is_paced_once_chat_has_begun(ti
 
 
 def test_the_step_limit_grows_with_the_oldest_live_windows_wait() -> None:
-    # Speech that falls behind chat catches up: the share doubles per second the oldest live window waited.
+    # Live speech that falls behind chat catches up: the share doubles per second the oldest live session's
+    # window waited; a file's windows and finished ones do not count.
     import time
     from types import SimpleNamespace
 
     scheduler = WhisperScheduler(ExecutionTasks(), StepBudget(chat_share=0.3, catch_up_seconds=1.0), pace=lambda: 0.01)
     now = time.perf_counter()
-    scheduler._windows = [SimpleNamespace(live=True, since=now)]  # type: ignore[list-item]
+    live, file = SimpleNamespace(realtime=True), SimpleNamespace(realtime=False)
+    scheduler._windows = [SimpleNamespace(live=True, since=now, request=live),  # type: ignore[list-item]
+                          SimpleNamespace(live=True, since=now - 30.0, request=file)]  # a file's: no deadline
     scheduler._plan_limit()
     assert scheduler._limit == pytest.approx(0.003, rel=0.05)
-    scheduler._windows += [SimpleNamespace(live=True, since=now - 2.0),  # type: ignore[list-item]
-                           SimpleNamespace(live=False, since=now - 60.0)]  # finished: no longer waits
+    scheduler._windows += [SimpleNamespace(live=True, since=now - 2.0, request=live),  # type: ignore[list-item]
+                           SimpleNamespace(live=False, since=now - 60.0, request=live)]  # finished: no longer waits
     scheduler._plan_limit()
     assert scheduler._limit == pytest.approx(0.012, rel=0.05)
