@@ -27,6 +27,9 @@ SHAPES = {
                      intermediate_size=8192, rope_theta=500000.0),
     "llama-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                      intermediate_size=14336, rope_theta=500000.0),
+    # bench/gpu/build_shape.py --tiny: compute next to nothing, so serving overhead shows on a CPU
+    "toy": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, head_dim=16, rope_theta=500000.0),
     "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          intermediate_size=1536, rope_theta=100000.0),
 }
