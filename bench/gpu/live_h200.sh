@@ -58,8 +58,11 @@ rc=$?
 python3 -c "
 import json; d = json.load(open('$OUT/live.json'))
 c = d.get('chat_itl') or {}
+s = c.get('scheduler') or {}
 print('chat ITL alone', c.get('itl_alone_ms'), '| with', c.get('sessions'), 'sessions', c.get('itl_with_sessions_ms'),
-      '| ratio p50', c.get('p50_ratio'), 'p99', c.get('p99_ratio'), '| session errors', c.get('session_errors'))
+      '| ratio p50', c.get('p50_ratio'), 'p99', c.get('p99_ratio'), '| session errors', c.get('session_errors'),
+      '| Whisper windows done by then', s.get('windows_done'), '(encoder/decoder steps', s.get('encoder_steps'),
+      '/', s.get('decoder_steps'), ')')
 for r in d.get('speakers', []):
     print('speakers', r['speakers'], '| sustained', r['sustained'], '| finish after', r['finish_after_last_chunk_s_max'],
           's | max lag', r['max_lag_s'], 's | first word', r['first_word_after_onset_s'], '| final', r['final_after_speech_end_s'],
