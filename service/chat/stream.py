@@ -119,12 +119,8 @@ class RowReader:
             raise _timed_out()
         # A delta already waiting (the loop fell behind the engine) is taken at once: no timer, no checkpoint.
         # The per-token timeout scope was 15 % of the event loop's samples at 64 streams (bench/RESULTS.md).
-        try:
-            return self._stream.receive_nowait()
-        except anyio.WouldBlock:
-            pass
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            raise StopAsyncIteration from None
+        if (delta := self._ready()) is not None:
+            return delta
         if deadline is None:
             return await self._deltas.__anext__()
         with anyio.move_on_after(max(0.0, deadline - time.monotonic())):
