@@ -185,8 +185,9 @@ def _scale(scale: float) -> mx.array:
     return arr
 
 
-def _launch(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array,
-            scale: float) -> mx.array:
+def attend(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array, scale: float) -> mx.array:
+    """q (rows, heads, 1, D) attends to the first lens[r] positions of slot slots[r] in keys/values (slots,
+    kv_heads, capacity, D) → (rows, heads, 1, D). Lazy. Raises nothing of its own."""
     rows, heads, _, d = q.shape
     kv_heads = keys.shape[1]
     return _get_kernel()(inputs=[q, keys, values, slots, lens, _scale(scale)],
@@ -205,7 +206,7 @@ def _self_test(dtype: Any, d: int, g: int) -> bool:
         v = mx.random.normal((6, kv_heads, cap, d), key=kv).astype(dtype)
         q = mx.random.normal((len(slots), kv_heads * g, 1, d), key=kq).astype(dtype)
         scale = 1.0 / float(d) ** 0.5
-        got = _launch(q, k, v, mx.array(slots, dtype=mx.int32), mx.array(lengths, dtype=mx.int32), scale)
+        got = attend(q, k, v, mx.array(slots, dtype=mx.int32), mx.array(lengths, dtype=mx.int32), scale)
         want = reference(q, k, v, slots, lengths, scale)
         err = cast(float, mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max().item())
         ok = err <= 2e-2
@@ -228,11 +229,6 @@ def available(dtype: Any, head_dim: int, heads_per_kv: int) -> bool:
         _checked[key] = _self_test(dtype, head_dim, heads_per_kv)
     return _checked[key]
 
-
-def attend(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array, scale: float) -> mx.array:
-    """q (rows, heads, 1, D) attends to the first lens[r] positions of slot slots[r] in keys/values (slots,
-    kv_heads, capacity, D) → (rows, heads, 1, D). Lazy. Raises nothing of its own."""
-    return _launch(q, keys, values, slots, lens, scale)
 
 
 def reference(q: mx.array, keys: mx.array, values: mx.array, slots: list[int], lengths: list[int],
