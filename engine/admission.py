@@ -15,7 +15,7 @@ from engine.errors import MemoryAdmission
 from engine.memory import MemoryBudget
 from engine.rows import Row
 
-__all__ = ["KVAdmission"]
+__all__ = ["KVAdmission", "may_join"]
 
 _PREFILL_STEP = 256  # mlx-lm's KVCache grows in steps of 256 positions
 
@@ -60,3 +60,14 @@ class KVAdmission:
                 f"budget holds ({kv // token} tokens of KV in {kv >> 20} MiB); {fits}",
                 code="context_over_budget", param="max_tokens")
         return request
+
+
+def may_join(row: Row, active: Sequence[Row], *, max_kv_tokens: int | None, admission: KVAdmission | None) -> bool:
+    """Whether a queued row may join the active ones: a lone row always may; otherwise the rows' prompt +
+    max_tokens must stay within `max_kv_tokens` and their projected KV within the memory budget. Raises nothing."""
+    if not active:
+        return True
+    rows = [*active, row]
+    if max_kv_tokens is not None and sum(len(r.prompt) + r.request.max_tokens for r in rows) > max_kv_tokens:
+        return False
+    return admission is None or admission.fits(rows)

@@ -13,9 +13,9 @@ rest. A prompt larger than any budget simply takes several iterations; it is nev
 Threading: the model work of an iteration — prefix-cache take/put, the forward, sampling,
 detokenization — is one `context.run(step.run, ...)` call on the engine thread (engine/step.py), which
 returns plain Python results. A decode-only iteration may be a burst of such steps (`_burst`): the engine
-thread posts each step's results to the event loop, which publishes them while the next step runs. This half runs on the event loop: it owns the row lists, publishes deltas
-with `send_nowait` into unbounded streams (a slow consumer never blocks the loop) and only mutates the
-row lists between steps.
+thread posts each step's results to the event loop, which publishes them while the next step runs. This
+half runs on the event loop: it owns the row lists, publishes deltas with `send_nowait` into unbounded
+streams (a slow consumer never blocks the loop) and only mutates the row lists between steps.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import anyio
 
-from engine.admission import KVAdmission
+from engine.admission import KVAdmission, may_join
 from engine.burst import StepResult, run_burst
 from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
@@ -36,13 +36,10 @@ from engine.errors import EngineClosed, QueueFull
 from engine.iteration_times import IterationTimes, RecentRates
 from engine.memory import MemoryBudget, release_free_memory
 from engine.pacing import DECODE_BURST, STALL, PrefillPacer
-from engine.pipeline import DecodePipeline
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
 from engine.request_checks import check_request
 from engine.rows import LLMRowStream, Row, RowState
-from engine.runner import Runner
-from engine.slots import SlotKV
 from engine.step import BatchStep, row_delta
 from engine.tasks import ExecutionTasks
 
@@ -142,24 +139,6 @@ class LLMBatchGroup:
         self._wake_up()
         return LLMRowStream(row, receive, self._wake_up)
 
-    # -- the engine-thread half, for tests and stats ---------------------------------------------
-
-    @property
-    def runner(self) -> Runner:
-        return self.step.runner
-
-    @runner.setter
-    def runner(self, runner: Runner) -> None:
-        self.step.runner = runner
-
-    @property
-    def slots(self) -> SlotKV | None:
-        return self.step.slots
-
-    @property
-    def pipeline(self) -> DecodePipeline:
-        return self.step.pipeline
-
     # -- ExecutionGroup ---------------------------------------------------------------------------
 
     @property
@@ -178,7 +157,7 @@ class LLMBatchGroup:
         """Drop cancelled rows and queued tasks. A cancelled row's KV is released now, or handed to the
         prefix cache by a task the next iteration runs first. Raises nothing."""
         self.tasks.prune()
-        self.pipeline.forget_if_done()
+        self.step.pipeline.forget_if_done()
         for row in [r for r in self._queue if r.cancelled]:
             self._queue.remove(row)
             self._end(row, cancelled=True)
@@ -216,11 +195,7 @@ class LLMBatchGroup:
                 self._queue.popleft()
                 self._end(row, cancelled=True)
                 continue
-            if self.max_kv_tokens is not None and self._active:
-                reserved = sum(len(r.prompt) + r.request.max_tokens for r in self._active)
-                if reserved + len(row.prompt) + row.request.max_tokens > self.max_kv_tokens:
-                    break
-            if self.admission is not None and self._active and not self.admission.fits([*self._active, row]):
+            if not may_join(row, self._active, max_kv_tokens=self.max_kv_tokens, admission=self.admission):
                 break  # its KV does not fit next to the running rows: it waits for one to leave
             row.state = RowState.ACTIVE
             self._active.append(self._queue.popleft())
@@ -276,7 +251,8 @@ class LLMBatchGroup:
 
     def kv_bytes(self) -> int:
         """Bytes held by active rows' KV caches. Raises nothing."""
-        return self.row_cache_bytes() + (self.slots.used_nbytes if self.slots is not None else 0)
+        slots = self.step.slots
+        return self.row_cache_bytes() + (slots.used_nbytes if slots is not None else 0)
 
     def row_cache_bytes(self) -> int:
         """Bytes of the per-row (prefill) KV caches. Raises nothing."""
@@ -284,7 +260,7 @@ class LLMBatchGroup:
 
     def slot_bytes(self) -> int:
         """Bytes allocated for the decode slots, free ones included. Raises nothing."""
-        return self.slots.nbytes if self.slots is not None else 0
+        return self.step.slots.nbytes if self.step.slots is not None else 0
 
     def reserved_kv_bytes(self) -> int:
         """The active rows' projected KV bytes: what admission counts as taken. Raises nothing."""
@@ -314,7 +290,9 @@ class LLMBatchGroup:
         if gap is not None:
             self.counters["loop_gap_seconds"] += gap
         try:
-            if decode and not prefill and self.decode_burst > 1 and not self._shared_loop():
+            # Another subsystem's task ran lately (not the group's own prefix-cache puts): the loop is shared.
+            shared = self.tasks.ran_within(self.task_quiet_seconds, besides=_PUT)
+            if decode and not prefill and self.decode_burst > 1 and not shared:
                 done = await self.context.run(self._burst, rows, functools.partial(loop_caller(), self._landed))
             else:
                 done = await self.context.run(self._step, rows, budget, decode, prefill)
@@ -327,11 +305,6 @@ class LLMBatchGroup:
         # As the event loop saw it, hand-off included (less a burst's earlier steps, recorded as they ran).
         done.seconds = self._last_step_end - start - done.earlier
         self._landed(done, gap)
-
-    def _shared_loop(self) -> bool:
-        """Whether another subsystem's task (not the group's own prefix-cache puts) ran lately."""
-        now = time.monotonic()
-        return any(now - at < self.task_quiet_seconds for label, at in self.tasks.last_run.items() if label != _PUT)
 
     def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> StepResult:
         """Engine thread: one iteration, with what the event loop records and publishes for it."""

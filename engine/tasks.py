@@ -55,7 +55,7 @@ class ExecutionTasks:
         self._changed = anyio.Event()
         self._rejected: str | None = None  # set by reject_all: nothing queues any more
         self.completed = 0
-        self.last_run: dict[str, float] = {}  # label → time.monotonic() its latest task finished
+        self._last_run: dict[str, float] = {}  # label → time.monotonic() its latest task finished
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -117,9 +117,14 @@ class ExecutionTasks:
             handle._error = exc
         finally:
             self.completed += 1
-            self.last_run[handle.label] = time.monotonic()
+            self._last_run[handle.label] = time.monotonic()
             handle.done.set()
         return True
+
+    def ran_within(self, seconds: float, *, besides: str) -> bool:
+        """Whether a task labelled other than `besides` finished in the last `seconds`. Raises nothing."""
+        now = time.monotonic()
+        return any(now - at < seconds for label, at in self._last_run.items() if label != besides)
 
     def reject_all(self, reason: str = "shutting down") -> None:
         """Fail every queued task and every later one (used at shutdown), and wake the waiters. Raises nothing."""

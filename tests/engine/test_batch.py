@@ -42,7 +42,7 @@ def make_group(loaded, **kw) -> LLMBatchGroup:
     """A group stepped by hand: one step per `iterate` (no decode bursts) unless a test asks for them."""
     kw.setdefault("decode_burst", 1)
     group = LLMBatchGroup(loaded.model, loaded.tokenizer, InlineContext(), context_length=loaded.context_length, **kw)
-    group.runner = RecordingRunner(group.runner)
+    group.step.runner = RecordingRunner(group.step.runner)
     return group
 
 
@@ -120,7 +120,7 @@ async def test_four_rows_joining_at_different_iterations_match_mlx_lm(tiny_loade
     deltas = await run_rows(group, reqs, [0, 2, 5, 9])
     for p, d in zip(prompts, deltas.values()):
         assert_matches_reference(tiny_loaded, p, tokens_of(d), 16)
-    mixed = [it for it in group.runner.iterations if any(w and n == 1 for n, w in it) and any(n > 1 for n, _ in it)]
+    mixed = [it for it in group.step.runner.iterations if any(w and n == 1 for n, w in it) and any(n > 1 for n, _ in it)]
     assert mixed, "a joining prompt must share an iteration with decoding rows"
     assert group.counters["mixed_iterations"] == len(mixed)
     times = group.iteration_times.snapshot()  # /stats: iteration wall times by kind
@@ -132,7 +132,7 @@ async def test_prefill_split_into_budgeted_chunks_matches_mlx_lm(tiny_loaded) ->
     group = make_group(tiny_loaded, max_iteration_tokens=8, minimum_preparation_tokens=4)
     prompt = prompt_of(45, 7)
     deltas = (await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=10)], [0]))[0]
-    chunks = [it[0][0] for it in group.runner.iterations[:6]]
+    chunks = [it[0][0] for it in group.step.runner.iterations[:6]]
     assert chunks == [8, 8, 8, 8, 8, 5]  # a prompt larger than the budget runs in chunks, never rejected
     assert_matches_reference(tiny_loaded, prompt, tokens_of(deltas), 10)
 
@@ -157,7 +157,7 @@ async def test_budget_below_one_token_per_row_still_makes_progress(tiny_loaded) 
     for p, d in zip(prompts, deltas.values()):
         assert_matches_reference(tiny_loaded, p, tokens_of(d), 12)
     # With 4 rows decoding, every one of them decodes and the late prompt still gets 3 tokens per iteration.
-    mixed = [it for it in group.runner.iterations if len(it) == 5]
+    mixed = [it for it in group.step.runner.iterations if len(it) == 5]
     assert mixed and all(sorted(n for n, _ in it)[:4] == [1, 1, 1, 1] and max(n for n, _ in it) == 3
                          for it in mixed[:5])
 
@@ -252,18 +252,18 @@ def test_submit_rejects_what_cannot_run(tiny_loaded) -> None:
 
 async def test_a_failing_step_fails_its_rows_not_the_group(tiny_loaded) -> None:
     group = make_group(tiny_loaded)
-    real = group.runner
+    real = group.step.runner
 
     class Boom:
         def forward(self, segments):
             raise RuntimeError("kaboom")
 
-    group.runner = Boom()
+    group.step.runner = Boom()
     stream = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=4))
     await iterate(group)
     (delta,) = drain(stream)
     assert delta.finish_reason == "error" and "kaboom" in (delta.error or "")
-    group.runner = real
+    group.step.runner = real
     deltas = (await run_rows(group, [GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=4)], [0]))[0]
     assert deltas[-1].finish_reason in ("length", "stop")
 
@@ -290,20 +290,20 @@ async def test_a_rows_own_fault_ends_only_that_row(tiny_loaded) -> None:
 
 async def test_steps_failing_in_a_row_make_the_group_unhealthy_until_one_succeeds(tiny_loaded) -> None:
     group = make_group(tiny_loaded)
-    real = group.runner
+    real = group.step.runner
 
     class Boom:
         def forward(self, segments):
             raise RuntimeError("device lost")
 
-    group.runner = Boom()
+    group.step.runner = Boom()
     streams = []  # held: a dropped stream cancels its row
     for i in range(3):
         streams.append(group.submit(GenerationRequest(prompt_of(5, i), GREEDY, max_tokens=2)))
         await iterate(group)
         assert drain(streams[-1])[-1].finish_reason == "error"
     assert not group.healthy() and "device lost" in (group.last_error or "")
-    group.runner = real
+    group.step.runner = real
     await run_rows(group, [GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=2)], [0])
     assert group.healthy()
 
@@ -432,5 +432,5 @@ async def test_prompt_chunks_beside_decoding_rows_are_paced(tiny_loaded) -> None
     pacer.decode_seconds, pacer.token_seconds, pacer.fixed_seconds = 0.004, 0.0002, 0.0
     second = group.submit(GenerationRequest(prompt_of(120, 2), GREEDY, max_tokens=4))
     await iterate(group)
-    assert group.runner.iterations[-1] == [(1, True), (20, False)]  # one decode token, a 20-token chunk
+    assert group.step.runner.iterations[-1] == [(1, True), (20, False)]  # one decode token, a 20-token chunk
     drain(first), drain(second)

@@ -77,7 +77,7 @@ async def test_a_row_waits_while_its_kv_does_not_fit_and_runs_when_room_is_made(
 
 async def test_slot_buffers_shrink_when_rows_leave_and_the_rest_keep_their_kv(tiny_loaded) -> None:
     group = make_group(tiny_loaded)
-    group.slots.step = 8
+    group.step.slots.step = 8
     lengths = [(30, 4), (12, 5), (20, 6), (9, 40)]  # the last row outlives the others
     streams = [group.submit(GenerationRequest(prompt_of(p, i), GREEDY, max_tokens=m))
                for i, (p, m) in enumerate(lengths)]
@@ -91,7 +91,7 @@ async def test_slot_buffers_shrink_when_rows_leave_and_the_rest_keep_their_kv(ti
         if all(g and g[-1].finish_reason for g in got.values()):
             break
         if all(got[i] and got[i][-1].finish_reason for i in range(3)) and len(tokens_of(got[3])) >= 30:
-            assert group.slots.slots == 1  # compacted to the one row left
+            assert group.step.slots.slots == 1  # compacted to the one row left
             assert group.slot_bytes() < peak
             checked = True
     for i, (p, m) in enumerate(lengths):

@@ -41,7 +41,7 @@ def test_mixed_steps_stay_in_flight_by_default_only_on_a_gpu(tiny_loaded) -> Non
 def spy(group) -> list[tuple[str, int]]:
     """Record ("launch", id(tokens)) and ("read", id(tokens)) in call order."""
     events: list[tuple[str, int]] = []
-    pipe = group.pipeline
+    pipe = group.step.pipeline
     launch, read = pipe.launch, pipe.read
 
     alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
@@ -83,13 +83,13 @@ async def test_rows_of_different_lengths_match_mlx_lm_with_the_pipeline(tiny_loa
     await run_checked(group, tiny_loaded, (5, 9, 14, 3), (7, 12, 20, 4), [0, 0, 0, 0])
     assert sum(kind == "read" for kind, _ in events) >= 10
     group.prune()
-    assert group.pipeline.inflight is None  # nothing left to read: the old step is not kept
+    assert group.step.pipeline.inflight is None  # nothing left to read: the old step is not kept
 
 
 async def run_pair(loaded, pipelined: bool, stop: list[str] | None = None) -> tuple[Any, FakePrefixCache]:
     cache = FakePrefixCache()
     group = make_group(loaded, prefix_cache=cache)
-    group.pipeline.enabled = pipelined
+    group.step.pipeline.enabled = pipelined
     prompt = loaded.tokenizer.encode("The quick brown fox")
     requests = [GenerationRequest(prompt, GREEDY, max_tokens=9, namespace="m", session_id="a", stop=stop or []),
                 GenerationRequest(prompt_of(6, 2), GREEDY, max_tokens=25, namespace="m", session_id="b")]
@@ -136,7 +136,7 @@ async def test_cancel_mid_pipeline_frees_the_row_and_stores_only_fed_kv(tiny_loa
         await iterate(group)
         got += tokens_of(drain(other))
     row = group._active[0]
-    assert group.pipeline.inflight is not None and row in group.pipeline.inflight.rows
+    assert group.step.pipeline.inflight is not None and row in group.step.pipeline.inflight.rows
     n_generated = len(row.generated)
     await victim.aclose()
     await iterate(group)
@@ -153,7 +153,7 @@ async def test_a_mixed_iteration_goes_on_from_the_in_flight_step(tiny_loaded) ->
     # in-flight tokens are read, and every row still gives mlx-lm's tokens (one stops on an in-flight token).
     group = pipelined_group(tiny_loaded, max_iteration_tokens=24, minimum_preparation_tokens=8)
     events = spy(group)
-    forward = group.runner.forward
+    forward = group.step.runner.forward
 
     def forward_spy(segments):
         events.append(("forward-lazy" if any(s.fed is not None for s in segments)
@@ -172,7 +172,7 @@ async def test_chained_mixed_iterations_hand_the_same_kv_to_the_prefix_cache(tin
     async def run(pipelined: bool) -> tuple[dict[int, list[Any]], FakePrefixCache]:
         cache = FakePrefixCache()
         group = pipelined_group(tiny_loaded, prefix_cache=cache, max_iteration_tokens=16, minimum_preparation_tokens=8)
-        group.pipeline.enabled = pipelined
+        group.step.pipeline.enabled = pipelined
         requests = [GenerationRequest(prompt_of(n, i), GREEDY, max_tokens=m, namespace="m", session_id=str(i))
                     for i, (n, m) in enumerate(((6, 5), (7, 20), (30, 6), (25, 4)))]
         return await run_rows(group, requests, [0, 0, 3, 5]), cache
@@ -190,7 +190,7 @@ def spy_launches(group) -> list[tuple[str, int, int]]:
     """Record ("launch", id(tokens), prompt tokens) for each general launch and ("read", id(tokens), 0) in call
     order."""
     events: list[tuple[str, int, int]] = []
-    step, pipe = group.step, group.pipeline
+    step, pipe = group.step, group.step.pipeline
     launch, read = step._launch, pipe.read
     alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
 
@@ -216,7 +216,7 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
     group = pipelined_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
     events = spy_launches(group)
     shared: list[bool] = []  # per mixed forward with lazy decode rows: one array feeds them all
-    forward = group.runner.forward
+    forward = group.step.runner.forward
 
     def forward_spy(segments):
         fed = [s.fed for s in segments if s.fed is not None]
@@ -234,7 +234,7 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
         assert any(kind == "launch" for kind, _, _ in events[at + 1 : i]), "a mixed step was read before the next launch"
     assert any(shared), "decode rows of a chained mixed step were fed one slice each"
     group.prune()
-    assert group.pipeline.inflight is None
+    assert group.step.pipeline.inflight is None
 
 
 async def test_a_row_whose_first_token_is_in_flight_goes_on_after_its_batch_mates_leave(tiny_loaded) -> None:
@@ -289,7 +289,7 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
     group = pipelined_group(tiny_loaded)
     unread: set[int] = set()
     exposed: list[int] = []
-    pipe, step, slots = group.pipeline, group.step, group.slots
+    pipe, step, slots = group.step.pipeline, group.step, group.step.slots
     launch, launch_plan, land, read, compact = pipe.launch, step._launch, step._land, pipe.read, slots.compact
     compactions: list[int] = []
     alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
@@ -364,8 +364,8 @@ async def test_random_joins_and_cancels_with_steps_in_flight_keep_every_survivor
     assert not group.has_work()
     assert cache is None or cache.entries  # finished and cancelled rows handed their KV on
     group.prune()  # the driver's next prune drops a step whose rows all ended
-    assert group.pipeline.inflight is None
-    assert group.slots is not None and not group.slots.lengths  # every slot given back
+    assert group.step.pipeline.inflight is None
+    assert group.step.slots is not None and not group.step.slots.lengths  # every slot given back
     for i in range(n):
         if i not in cancel_at:
             assert_matches_reference(tiny_loaded, prompts[i], got[i], limits[i])

@@ -149,8 +149,8 @@ async def test_group_rows_join_leave_and_cancel_through_slots(tiny_loaded) -> No
             await streams.pop(victim).aclose()
         await iterate(group)
         if it == 8:
-            assert row.slot is None and row.slot not in group.slots.lengths
-            assert len(group.slots.lengths) == group.running_tokens()
+            assert row.slot is None and row.slot not in group.step.slots.lengths
+            assert len(group.step.slots.lengths) == group.running_tokens()
         for i, s in streams.items():
             deltas[i] += drain(s)
         if all(deltas[i] and deltas[i][-1].finish_reason for i in streams):
@@ -158,4 +158,4 @@ async def test_group_rows_join_leave_and_cancel_through_slots(tiny_loaded) -> No
     for i, p in enumerate(prompts):
         if i != victim:
             assert_matches_reference(tiny_loaded, p, tokens_of(deltas[i]), 12 + i)
-    assert group.active_rows() == 0 and group.kv_bytes() == 0 and group.slots.nbytes == 0
+    assert group.active_rows() == 0 and group.kv_bytes() == 0 and group.step.slots.nbytes == 0

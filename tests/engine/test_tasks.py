@@ -143,3 +143,15 @@ async def test_work_queued_after_reject_all_fails_at_once() -> None:
     with pytest.raises(TaskRejected):
         await tasks.run(lambda: 2)
     assert tasks.labels() == [] and not tasks.pending
+
+
+async def test_ran_within_tells_other_labels_apart_and_ages() -> None:
+    tasks = ExecutionTasks()
+    assert not tasks.ran_within(60.0, besides="own")
+    tasks.enqueue(lambda: None, label="own")
+    assert await tasks.advance(InlineContext())
+    assert not tasks.ran_within(60.0, besides="own")  # the group's own label does not count
+    tasks.enqueue(lambda: None, label="whisper.step")
+    assert await tasks.advance(InlineContext())
+    assert tasks.ran_within(60.0, besides="own")
+    assert not tasks.ran_within(0.0, besides="own")  # older than the window

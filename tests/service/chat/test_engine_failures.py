@@ -44,7 +44,7 @@ def chat(client: TestClient[Any], **body: Any) -> Any:
 
 
 def test_a_step_failing_before_the_first_token_is_a_500_streamed_or_not(client: Any, engine: Engine) -> None:
-    engine.group.runner = FailingForward(engine.group.runner, 1)
+    engine.group.step.runner = FailingForward(engine.group.step.runner, 1)
     for stream in (True, False):
         response = chat(client, stream=stream)
         assert response.status_code == 500
@@ -55,7 +55,7 @@ def test_a_step_failing_before_the_first_token_is_a_500_streamed_or_not(client: 
 
 def test_a_step_failing_after_the_first_token_ends_the_stream_with_an_error_event(client: Any,
                                                                                    engine: Engine) -> None:
-    engine.group.runner = FailingForward(engine.group.runner, 6)  # a few tokens out, then the failure
+    engine.group.step.runner = FailingForward(engine.group.step.runner, 6)  # a few tokens out, then the failure
     response = chat(client, stream=True, temperature=0)
     assert response.status_code == 200
     events = sse_events(response.text)
@@ -66,12 +66,12 @@ def test_a_step_failing_after_the_first_token_ends_the_stream_with_an_error_even
 
 
 def test_health_turns_failing_while_every_step_fails_and_recovers(client: Any, engine: Engine) -> None:
-    real = engine.group.runner
-    engine.group.runner = FailingForward(real, 1)
+    real = engine.group.step.runner
+    engine.group.step.runner = FailingForward(real, 1)
     for _ in range(3):
         assert chat(client, stream=True).status_code == 500
     health = client.get("/health")
     assert health.status_code == 503 and health.json()["status"] == "failing"
-    engine.group.runner = real
+    engine.group.step.runner = real
     assert chat(client).status_code == 200
     assert client.get("/health").json()["status"] == "ok"
