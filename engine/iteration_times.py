@@ -2,14 +2,16 @@
 loop's gaps between them, as percentiles for /stats: what a stream's token gaps are made of under load. Each
 kind also splits its engine-thread time: `engine` (the step itself) and `wait` (blocked reading the device's
 results); wall minus engine is the hand-off between the event loop and the engine thread, engine minus wait
-the host's own work (graph building, sampling, detokenization)."""
+the host's own work (graph building, sampling, detokenization). Each step also names the one-off work it did
+(`StepCost.events`: slot growth, rows adopted into slots, prefix-cache puts, a drained pipeline, a collection),
+and /stats counts those names among the iterations slower than twice their kind's median: what a tail is made of."""
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass
-from typing import Any
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import AbstractSet, Any
 
 from engine.percentiles import ms_summary
 
@@ -26,6 +28,7 @@ class StepCost:
     prompt_tokens: int
     decode_rows: int
     wait_seconds: float = 0.0  # of which blocked on the device's results
+    events: AbstractSet[str] = field(default_factory=frozenset)  # one-off work the step did (see module doc)
 
 
 class IterationTimes:
@@ -35,6 +38,7 @@ class IterationTimes:
         self._times: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
         self._engine: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
         self._wait: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
+        self._events: dict[str, deque[AbstractSet[str]]] = {k: deque(maxlen=window) for k in KINDS}
         self._gaps: deque[float] = deque(maxlen=window)
 
     def record(self, cost: StepCost, seconds: float, gap: float | None) -> None:
@@ -44,19 +48,28 @@ class IterationTimes:
         self._times[kind].append(seconds)
         self._engine[kind].append(cost.seconds)
         self._wait[kind].append(cost.wait_seconds)
+        self._events[kind].append(cost.events)
         if gap is not None:
             self._gaps.append(gap)
 
     def snapshot(self) -> dict[str, Any]:
-        """{kind: {n, p50_ms, p99_ms, max_ms, engine: {...}, wait: {...}}} plus "gap" ({n, p50_ms, ...}).
-        Raises nothing."""
+        """{kind: {n, p50_ms, p99_ms, max_ms, engine: {...}, wait: {...}, slow: {...}}} plus "gap" ({n, p50_ms,
+        ...}). `slow`: how many iterations took over twice the kind's median, and how often each event occurred
+        among them and among all. Raises nothing."""
         out: dict[str, Any] = {}
         for k, v in self._times.items():
             out[k] = ms_summary(v)
             if v:
-                out[k] |= {"engine": ms_summary(self._engine[k]), "wait": ms_summary(self._wait[k])}
+                out[k] |= {"engine": ms_summary(self._engine[k]), "wait": ms_summary(self._wait[k]),
+                           "slow": _slow(list(v), list(self._events[k]), 2e-3 * out[k]["p50_ms"])}
         out["gap"] = ms_summary(self._gaps)
         return out
+
+
+def _slow(times: list[float], events: list[AbstractSet[str]], over: float) -> dict[str, Any]:
+    slow = [e for t, e in zip(times, events) if t > over]
+    return {"n": len(slow), "over_ms": round(over * 1e3, 3), "events": dict(Counter(x for e in slow for x in e)),
+            "events_all": dict(Counter(x for e in events for x in e))}
 
 
 class RecentRates:

@@ -276,14 +276,18 @@ class PrefixCache:
             if not entry.sessions and not entry.system and entry.node.entry is entry:
                 self._lru.move_to_end(entry.key, last=False)
 
-    def reclaim(self) -> None:
-        """Evict entries until the byte budget holds: LRU first, system prefixes last. Never raises."""
+    def reclaim(self) -> int:
+        """Evict entries until the byte budget holds: LRU first, system prefixes last; returns how many went.
+        Never raises."""
+        evicted = 0
         with self._lock:
             while self._bytes > self.max_bytes and (self._lru or self._system):
                 queue = self._lru if self._lru else self._system
                 _, entry = queue.popitem(last=False)
                 self._evictions += 1
+                evicted += 1
                 self._remove(entry, queued=False)
+        return evicted
 
     def clear(self) -> None:
         """Drop every entry (e.g. when the model is unloaded). Never raises."""

@@ -12,6 +12,7 @@ event loop owns (engine/batch.py).
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any, cast
@@ -60,12 +61,18 @@ class BatchStep:
         # The last iteration's cost, counted for the step whose tokens it delivered: for the group's prefill
         # pacing and /stats iteration_times.
         self.last_cost: StepCost | None = None
+        # One-off work the current step did, named for /stats (engine/iteration_times.py: what a slow step carried).
+        self.events: set[str] = set()
+        self._shape: tuple[int, int] = (0, 0)  # the slot buffers' (slots, capacity) as the step began
+        self._collections = 0
+        self._decode_rows = 0  # the previous step's decode rows
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what
         the forward or its evaluation raises (the group fails the rows it touched)."""
         t0 = time.perf_counter()
         self.pipeline.waited = 0.0
+        self._begin_events()
         outputs: list[tuple[Row, Delta | None]] = []
         flight = self.pipeline.inflight
         # Decode-only over the rows of an in-flight decode step: it feeds the next step whole (pipeline.step).
@@ -78,6 +85,7 @@ class BatchStep:
         chain = (flight is not None and not whole and decode and not compact
                  and all(r.sampler.plain for r in flight.rows if not r.ended))
         if flight is not None and not whole and not chain:
+            self.events.add("drain")
             outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]
             rows = [r for r in rows if not r.ended]
         self._size_slots(rows)
@@ -85,6 +93,7 @@ class BatchStep:
             if row.cache is None and row.slot is None:
                 self._attach_cache(row)
             elif self.slots is not None and row.decoding and row.slot is None:
+                self.events.add("adopt")
                 row.slot, row.cache = self.slots.adopt(row.cache or []), None
         if chain:
             return self._chained(t0, rows, budget, prefill)
@@ -164,7 +173,21 @@ class BatchStep:
         return InFlight(sampled, tokens, mixed=mixed, prompt_tokens=n_prompt, decode_rows=n_decode, touched=touched)
 
     def _cost(self, seconds: float, prompt_tokens: int, decode_rows: int) -> StepCost:
-        return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds))
+        if decode_rows != self._decode_rows:
+            self.events.add("rows")
+        self._decode_rows = decode_rows
+        if self.slots is not None and (self.slots.slots, self.slots.capacity) > self._shape:
+            self.events.add("grow")
+        collections = _collections()
+        if collections != self._collections:
+            self.events.add("gc")
+        # The set itself, not a copy: what _finish does after (prefix-cache reclaim) is the same step's.
+        return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds), self.events)
+
+    def _begin_events(self) -> None:
+        self.events = set()
+        self._shape = (self.slots.slots, self.slots.capacity) if self.slots is not None else (0, 0)
+        self._collections = _collections()
 
     def _keep(self, launch: InFlight) -> bool:
         """Leave a launched step unread, for the next iteration to go on from (the pipeline's slot path): only
@@ -223,8 +246,8 @@ class BatchStep:
         return row_delta(row, step.text, ids, step.finish_reason)
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
-        if self.prefix_cache is not None:
-            self.prefix_cache.reclaim()
+        if self.prefix_cache is not None and self.prefix_cache.reclaim():
+            self.events.add("evict")
         dt, n_gen = time.perf_counter() - t0, len(outputs)
         total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)
         for key, add in (("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
@@ -244,10 +267,12 @@ class BatchStep:
         slots.ceiling = max((len(r.prompt) + r.request.max_tokens + 1 for r in rows), default=None)
         holders = {r.slot: r for r in rows if r.slot is not None}
         if slots.oversized() and set(holders) == set(slots.lengths):  # every slot's row is here to renumber
+            self.events.add("compact")
             for old, new in slots.compact().items():
                 holders[old].slot = new
 
     def _attach_cache(self, row: Row) -> None:
+        self.events.add("attach")
         if self.prefix_cache is not None:
             try:
                 n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
@@ -264,6 +289,7 @@ class BatchStep:
             return
         for b in row.boundaries:
             if before < b <= row.prefilled:
+                self.events.add("put")
                 self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache, row.request.session_id,
                                       system_prefix=True)
 
@@ -275,6 +301,7 @@ class BatchStep:
                 fed = row.fed_tokens()  # a speculative step may have written one more position: cut it
                 kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
                 if kv is not None:
+                    self.events.add("put")
                     self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
@@ -289,3 +316,8 @@ class BatchStep:
     def keeps_kv(self, row: Row) -> bool:
         """Whether a departing row's KV is worth a prefix-cache put. Raises nothing."""
         return self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.prefilled > 0
+
+
+def _collections() -> int:
+    """Python's collections so far, all generations (a step that ran one names it). Raises nothing."""
+    return sum(s["collections"] for s in gc.get_stats())

@@ -126,6 +126,11 @@ async def test_four_rows_joining_at_different_iterations_match_mlx_lm(tiny_loade
     times = group.iteration_times.snapshot()  # /stats: iteration wall times by kind
     assert times["mixed"]["n"] == len(mixed) and times["decode"]["n"] > 0 and times["prefill"]["n"] > 0
     assert 0 < times["decode"]["p50_ms"] <= times["decode"]["p99_ms"] <= times["decode"]["max_ms"]
+    # What each step did once is named, so a slow one can be told apart: four rows attached a cache, moved
+    # into decode slots (growing them) and finished.
+    seen = {k: sum(times[kind]["slow"]["events_all"].get(k, 0) for kind in ("decode", "mixed", "prefill"))
+            for k in ("attach", "adopt", "grow", "rows")}
+    assert seen["attach"] >= 1 and seen["adopt"] >= 1 and seen["grow"] >= 1 and seen["rows"] >= 2, seen
 
 
 async def test_prefill_split_into_budgeted_chunks_matches_mlx_lm(tiny_loaded) -> None:
