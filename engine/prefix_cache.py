@@ -220,7 +220,10 @@ class PrefixCache:
                     return
             layers = [snapshot_layer(layer, len(tokens)) for layer in kv]
             arrays = list(arrays_of(layers))
-            mx.eval(arrays)
+            # Started, not waited for: a put comes mid-step, with the next step already in flight; waiting here
+            # held the engine thread for that whole step (H200: half the puts made a decode iteration slow).
+            # The copies run in stream order, and the sizes are known from the shapes.
+            mx.async_eval(arrays)
             nbytes = sum(a.nbytes for a in arrays)
             if nbytes > self.max_bytes:
                 self._prune_path(node)

@@ -46,6 +46,11 @@ class RowStream(Protocol):
 
     async def aclose(self) -> None: ...
 
+    def cancel(self) -> None:
+        """Cancel the row now, from a plain callback (a deadline's timer); a read waiting then ends. Raises
+        nothing."""
+        ...
+
 
 class EnginePlan(Protocol):
     """How the engine runs the model, in words for the startup banner."""

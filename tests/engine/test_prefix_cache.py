@@ -279,3 +279,22 @@ def test_removing_entries_folds_the_nodes_they_leave_behind():
     assert _nodes(cache) == 2  # root and the one entry: the split node folded away
     n, kv = cache.take("m", list(range(1, 13)) + [3])
     assert n == 12 and contents(kv) == [list(range(1, 13))] * LAYERS
+
+
+def test_a_put_starts_its_copies_without_waiting_and_they_survive_later_writes(monkeypatch):
+    import engine.prefix_cache as module
+
+    def no_wait(*_arrays):
+        raise AssertionError("a put waited for the device")
+
+    monkeypatch.setattr(module.mx, "eval", no_wait)  # mid-step, the next step is in flight: never block
+    cache = PrefixCache(1 << 20)
+    live = kv_for([1, 2, 3])
+    cache.put("m", [1, 2, 3], live)
+    assert cache.stats()["bytes"] == entry_bytes(3)  # counted from the shapes, before the copies ran
+    for layer in live:  # the live row writes on, in place where MLX can: the snapshot must not see it
+        layer.keys[..., :1, :] = -1.0
+        layer.values[..., :1, :] = -1.0
+    monkeypatch.undo()
+    n, kv = cache.take("m", [1, 2, 3, 4])
+    assert (n, contents(kv)) == (3, [[1, 2, 3]] * LAYERS)

@@ -56,6 +56,7 @@ class FakeStream:
     closed: bool = False
     gate: anyio.Event | None = None
     _sent: int = field(default=0)
+    _stop: anyio.Event = field(default_factory=anyio.Event)  # set by cancel: a stalled read ends, as a real one does
 
     def __aiter__(self) -> AsyncIterator[Delta]:
         return self._deltas()
@@ -67,7 +68,9 @@ class FakeStream:
             if self.closed:
                 return
             if i == 1 and self.gate is not None:
-                await self.gate.wait()  # a stream that stalls after its first token until released
+                await _first_of(self.gate, self._stop)  # stalls after its first token until released or cancelled
+                if self.closed:
+                    return
             await anyio.sleep(0)
             self._sent += 1
             last = self._sent >= budget or i == len(self.pieces) - 1
@@ -89,9 +92,24 @@ class FakeStream:
         raise anyio.WouldBlock  # scripted deltas are produced as they are read, never waiting
 
     async def aclose(self) -> None:
+        self.cancel()
+
+    def cancel(self) -> None:
+        if not self.closed:
+            self.engine.closed_streams += 1
         self.closed = True
+        self._stop.set()
         self.engine.active.discard(id(self))
-        self.engine.closed_streams += 1
+
+
+async def _first_of(*events: anyio.Event) -> None:
+    async with anyio.create_task_group() as tg:
+        async def until(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(until, event)
 
 
 class FakeEngine:

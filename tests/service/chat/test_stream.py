@@ -40,6 +40,9 @@ class Deltas:
         return self.receive.receive_nowait()
 
     async def aclose(self) -> None:
+        self.cancel()
+
+    def cancel(self) -> None:
         self.closed = True
         self.receive.close()
 
@@ -90,4 +93,40 @@ async def test_past_the_deadline_a_waiting_reader_gives_504() -> None:
     now = time.monotonic()
     with pytest.raises(APIError) as err:
         await read_all(RowReader(rows, UsageCounter(), StreamTiming(now, now + 0.05)))
+    assert err.value.status == 504 and rows.closed
+
+
+async def test_a_waiting_reader_arms_one_timer_for_the_request_not_a_scope_per_delta(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_scope(*_args: object, **_kw: object) -> None:
+        raise AssertionError("a timeout scope per read")
+
+    monkeypatch.setattr(stream_module.anyio, "move_on_after", no_scope)
+    rows = Deltas(end=False)
+    now = time.monotonic()
+    reader = RowReader(rows, UsageCounter(), StreamTiming(now, now + 60.0))
+
+    async def produce() -> None:
+        for i in range(5):  # each delta arrives while the reader waits
+            await anyio.sleep(0.001)
+            rows.send.send_nowait(Delta(text=str(i), token_ids=[i], finish_reason="stop" if i == 4 else None))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(produce)
+        items = await read_all(reader)
+    assert "".join(t for t, _ in items) == "01234"
+    assert reader._timer is not None and reader._timer.cancelled()  # disarmed when the stream ended
+
+
+async def test_the_deadline_timer_cancels_the_row_and_the_waiting_reader_gives_504(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stream_module.anyio, "move_on_after", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    rows = Deltas(Delta(text="a", token_ids=[1]), end=False)
+    now = time.monotonic()
+    reader = RowReader(rows, UsageCounter(), StreamTiming(now, now + 0.05))
+    await reader.start()
+    items = reader.items()
+    assert await items.__anext__() == ("a", None)
+    with pytest.raises(APIError) as err:
+        await items.__anext__()  # nothing more comes: the timer ends the wait
     assert err.value.status == 504 and rows.closed
