@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any
+from typing import AbstractSet, Any, Iterable, Mapping
 
 from engine.percentiles import ms_summary
 
@@ -29,6 +29,7 @@ class StepCost:
     decode_rows: int
     wait_seconds: float = 0.0  # of which blocked on the device's results
     events: AbstractSet[str] = field(default_factory=frozenset)  # one-off work the step did (see module doc)
+    phases: Mapping[str, float] = field(default_factory=dict)  # seconds by part of the step (engine/step.py)
 
 
 class IterationTimes:
@@ -39,6 +40,7 @@ class IterationTimes:
         self._engine: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
         self._wait: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
         self._events: dict[str, deque[AbstractSet[str]]] = {k: deque(maxlen=window) for k in KINDS}
+        self._phases: dict[str, deque[Mapping[str, float]]] = {k: deque(maxlen=window) for k in KINDS}
         self._gaps: deque[float] = deque(maxlen=window)
 
     def record(self, cost: StepCost, seconds: float, gap: float | None) -> None:
@@ -49,6 +51,7 @@ class IterationTimes:
         self._engine[kind].append(cost.seconds)
         self._wait[kind].append(cost.wait_seconds)
         self._events[kind].append(cost.events)
+        self._phases[kind].append(cost.phases)
         if gap is not None:
             self._gaps.append(gap)
 
@@ -61,9 +64,22 @@ class IterationTimes:
             out[k] = ms_summary(v)
             if v:
                 out[k] |= {"engine": ms_summary(self._engine[k]), "wait": ms_summary(self._wait[k]),
-                           "slow": _slow(list(v), list(self._events[k]), 2e-3 * out[k]["p50_ms"])}
+                           "slow": _slow(list(v), list(self._events[k]), 2e-3 * out[k]["p50_ms"]),
+                           "phases": _phases(self._phases[k])}
         out["gap"] = ms_summary(self._gaps)
         return out
+
+
+def _phases(samples: Iterable[Mapping[str, float]]) -> dict[str, Any]:
+    """{phase: {p50_ms, p99_ms, mean_ms}} over the steps, a step without the phase counting 0."""
+    rows = list(samples)
+    names = sorted({name for phases in rows for name in phases})
+    out: dict[str, Any] = {}
+    for name in names:
+        summary = ms_summary(phases.get(name, 0.0) for phases in rows)
+        out[name] = {"p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"],
+                     "mean_ms": round(1e3 * sum(phases.get(name, 0.0) for phases in rows) / len(rows), 3)}
+    return out
 
 
 def _slow(times: list[float], events: list[AbstractSet[str]], over: float) -> dict[str, Any]:

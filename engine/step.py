@@ -66,6 +66,9 @@ class BatchStep:
         self._shape: tuple[int, int] = (0, 0)  # the slot buffers' (slots, capacity) as the step began
         self._collections = 0
         self._decode_rows = 0  # the previous step's decode rows
+        # Seconds the current step spent in each part (prepare, forward, sample, launch, pipeline, accept, put):
+        # /stats splits each kind's engine time by them.
+        self.phases: dict[str, float] = {}
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what
@@ -95,10 +98,13 @@ class BatchStep:
             elif self.slots is not None and row.decoding and row.slot is None:
                 self.events.add("adopt")
                 row.slot, row.cache = self.slots.adopt(row.cache or []), None
+        self.phases["prepare"] = time.perf_counter() - t0
         if chain:
             return self._chained(t0, rows, budget, prefill)
         if decode and self.pipeline.eligible(rows):
+            t_step = time.perf_counter()
             ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
+            self._tick("pipeline", t_step)
             outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
             self.last_cost = self._cost(time.perf_counter() - t0, 0, len(ordered))
             return self._finish(t0, outputs, 0, len(ordered))
@@ -154,14 +160,18 @@ class BatchStep:
         tokens by id(row), fed in place of those rows' last token. Raises what the forward raises."""
         if any(r.last_token is None and r.decoding and id(r) not in lazy for r, _, _ in plan):
             raise RuntimeError("a row's next token is in flight but no step feeds it")
+        t = time.perf_counter()
         segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)))
                     for r, tokens, want in plan]
         logits = self.runner.forward(segments)
+        t = self._tick("forward", t)
         sampled = [r for r, _, want in plan if want]
         tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
+        t = self._tick("sample", t)
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         mx.async_eval(([tokens] if tokens is not None else []) + touched)
+        self._tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
         n_prompt = 0
         for r, chunk, _ in plan:
@@ -181,11 +191,19 @@ class BatchStep:
         collections = _collections()
         if collections != self._collections:
             self.events.add("gc")
+        self.phases["read"] = self.pipeline.waited
         # The set itself, not a copy: what _finish does after (prefix-cache reclaim) is the same step's.
-        return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds), self.events)
+        return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds), self.events,
+                        self.phases)
+
+    def _tick(self, phase: str, since: float) -> float:
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
+        return now
 
     def _begin_events(self) -> None:
         self.events = set()
+        self.phases = {}
         self._shape = (self.slots.slots, self.slots.capacity) if self.slots is not None else (0, 0)
         self._collections = _collections()
 
@@ -222,6 +240,7 @@ class BatchStep:
     def accept(self, row: Row, token: int) -> Delta | None:
         """Take one sampled token: the delta to publish (None while text is held back). A row's own fault
         (detokenizer, stop matcher) ends only that row, with an error delta. Raises nothing."""
+        t = time.perf_counter()
         try:
             return self._take_token(row, token)
         except Exception as exc:  # this row's own fault: only it ends
@@ -229,6 +248,8 @@ class BatchStep:
             row.finish()
             self.release(row)
             return row_delta(row, finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._tick("accept", t)
 
     def _take_token(self, row: Row, token: int) -> Delta | None:
         row.sampler.accept(token)
@@ -297,6 +318,7 @@ class BatchStep:
         """Hand a row's KV to the prefix cache (cut to the tokens it fed), then free its cache or slot.
         Raises nothing: a cache problem never fails the request."""
         if self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.prefilled > 0:
+            t = time.perf_counter()
             try:
                 fed = row.fed_tokens()  # a speculative step may have written one more position: cut it
                 kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
@@ -305,6 +327,7 @@ class BatchStep:
                     self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
+            self._tick("put", t)
         self.release(row)
 
     def release(self, row: Row) -> None:

@@ -131,6 +131,8 @@ async def test_four_rows_joining_at_different_iterations_match_mlx_lm(tiny_loade
     seen = {k: sum(times[kind]["slow"]["events_all"].get(k, 0) for kind in ("decode", "mixed", "prefill"))
             for k in ("attach", "adopt", "grow", "rows")}
     assert seen["attach"] >= 1 and seen["adopt"] >= 1 and seen["grow"] >= 1 and seen["rows"] >= 2, seen
+    # ... and where each kind's engine time went: a mixed step built a forward, sampled, launched, accepted tokens.
+    assert {"prepare", "forward", "sample", "launch", "accept", "read"} <= set(times["mixed"]["phases"])
 
 
 async def test_prefill_split_into_budgeted_chunks_matches_mlx_lm(tiny_loaded) -> None:

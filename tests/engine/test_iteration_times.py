@@ -17,7 +17,7 @@ def test_kinds_percentiles_and_gaps() -> None:
     assert snap["mixed"] == {"n": 1, "p50_ms": 12.0, "p99_ms": 12.0, "max_ms": 12.0,
                              "engine": {"n": 1, "p50_ms": 10.0, "p99_ms": 10.0, "max_ms": 10.0},
                              "wait": {"n": 1, "p50_ms": 6.0, "p99_ms": 6.0, "max_ms": 6.0},
-                             "slow": {"n": 0, "over_ms": 24.0, "events": {}, "events_all": {}}}
+                             "slow": {"n": 0, "over_ms": 24.0, "events": {}, "events_all": {}}, "phases": {}}
     assert snap["prefill"]["n"] == 1 and snap["gap"]["n"] == 101
 
 
@@ -31,6 +31,16 @@ def test_slow_iterations_name_what_they_did() -> None:
     assert slow["n"] == 3 and slow["over_ms"] == 8.0
     assert slow["events"] == {"grow": 2, "put": 3}
     assert slow["events_all"] == {"grow": 5, "put": 30}
+
+
+def test_phases_split_a_kinds_engine_time() -> None:
+    times = IterationTimes()
+    for i in range(10):  # one step in ten puts; the rest never do (counted as 0)
+        phases = {"forward": 0.002, "accept": 0.001} | ({"put": 0.010} if i == 0 else {})
+        times.record(StepCost(0.003, 0, 8, phases=phases), 0.004, None)
+    phases = times.snapshot()["decode"]["phases"]
+    assert phases["forward"] == {"p50_ms": 2.0, "p99_ms": 2.0, "mean_ms": 2.0}
+    assert phases["put"]["p50_ms"] == 0.0 and phases["put"]["mean_ms"] == 1.0
 
 
 def test_the_window_keeps_the_latest() -> None:
