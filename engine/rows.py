@@ -102,12 +102,10 @@ def slot_order(rows: Iterable[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
 
 
-def plan_iteration(rows: list[Row], budget: int, decode: bool, prefill: bool,
-                   align: int = 1) -> list[tuple[Row, list[int], bool]]:
+def plan_iteration(rows: list[Row], budget: int, decode: bool,
+                   prefill: bool) -> list[tuple[Row, list[int], bool]]:
     """(row, tokens, wants logits) per segment: every decoding row's token first (slot order, so a step's
     sampled tokens line up with the slots), then prompt chunks (oldest row first) filling the rest of `budget`.
-    With `align` > 1 a chunk that leaves part of its prompt ends on a multiple of `align` positions when it can,
-    so chunk and key lengths repeat from prompt to prompt (on CUDA each new shape costs the host milliseconds).
     A row whose token is still in flight gets a placeholder the caller feeds lazily. Raises nothing."""
     plan: list[tuple[Row, list[int], bool]] = []
     if decode:
@@ -120,9 +118,6 @@ def plan_iteration(rows: list[Row], budget: int, decode: bool, prefill: bool,
                 break
             if r.preparing:
                 n = min(left, len(r.prompt) - r.prefilled)
-                end = (r.prefilled + n) // align * align
-                if r.prefilled + n < len(r.prompt) and end > r.prefilled:
-                    n = end - r.prefilled
                 plan.append((r, r.prompt[r.prefilled : r.prefilled + n], r.prefilled + n == len(r.prompt)))
                 left -= n
     return plan

@@ -112,14 +112,11 @@ def _vector_rope(rope: Any) -> bool:
 class PackedRunner:
     """One packed forward for mixed decode + prefill rows of a llama-family model."""
 
-    def __init__(self, model: nn.Module, token_bucket: int = 1) -> None:
+    def __init__(self, model: nn.Module) -> None:
         ok, reason = packed_support(model)
         if not ok:
             raise ValueError(reason)
         self.model = model
-        # Iterations with a prompt chunk run a multiple of this many token rows (padding rows attend nothing
-        # and write no KV): the dense layers' shapes then repeat across iterations (engine/step.py says why).
-        self.token_bucket = max(1, token_bucket)
         self.inner = _inner(model)
         self.layers = list(self.inner.layers)
         attn = self.layers[0].self_attn
@@ -166,15 +163,12 @@ class PackedRunner:
             last[id(seg)] = len(flat) - 1
         picks = [last[id(seg)] for seg in segments if seg.logits]
         T = len(flat)
-        pad = (-T) % self.token_bucket if len(slotted) < len(order) else 0
         pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
         if shared and fed is not None:
             rest_ids = flat[len(slotted):]
             ids = fed if not rest_ids else mx.concatenate([fed.astype(mx.int32), mx.array(rest_ids, mx.int32)])
         else:
             ids = _token_ids(order, flat, bounds)
-        if pad:
-            ids = mx.concatenate([ids.astype(mx.int32), mx.zeros((pad,), mx.int32)])
         h = self.inner.embed_tokens(ids[None])
         rest = order[len(slotted):]
         # One causal mask per prompt chunk for every layer: the attention fallback (no fused prefill kernel
@@ -183,21 +177,17 @@ class PackedRunner:
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv = self.qkv[li](layer.input_layernorm(h))
-            if pad:
-                qkv = [x[:, :T] for x in qkv]
             if batch is None or slots is None:
                 o = self._attention(attn, qkv, rest, bounds, pos, li, T, masks)
             else:
                 o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch, masks)
-            if pad:
-                o = mx.concatenate([o, mx.zeros((1, pad, o.shape[-1]), o.dtype)], axis=1)
             h = h + attn.o_proj(o)
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
         if slotted and slots is not None:
             slots.commit([seg.slot_index for seg in slotted])
         if not picks:
             return None
-        h = h[:, mx.array(picks)] if pad or picks != list(range(T)) else h
+        h = h[:, mx.array(picks)] if picks != list(range(T)) else h
         return self.lm_head(self.inner.norm(h))[0]
 
     def _attention(self, attn: Any, qkv: list[mx.array], segments: Sequence[Segment],

@@ -33,8 +33,6 @@ __all__ = ["BatchStep", "row_delta"]
 
 _log = logging.getLogger(__name__)
 
-TOKEN_BUCKET = 64
-
 
 def row_delta(row: Row, text: str = "", token_ids: list[int] | None = None,
               finish_reason: FinishReason | None = None, error: str | None = None) -> Delta:
@@ -52,18 +50,14 @@ class BatchStep:
         self.context_length = context_length
         self.prefix_cache = prefix_cache
         self.counters = counters
-        gpu = mx.default_device().type == mx.DeviceType.gpu
-        # On a GPU every new token count or chunk length costs the host milliseconds (MLX prepares each matmul
-        # shape once: bench/shape_launch.py, +3.5 ms a forward on the H200), so packed token counts are padded
-        # to a multiple of TOKEN_BUCKET and prompt chunks end on one. On a CPU shapes are free and padding is not.
-        self.bucket = TOKEN_BUCKET if gpu else 1
-        self.runner: Runner = PackedRunner(model, token_bucket=self.bucket) if plan.packed else SeparateRunner(model)
+        self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
         self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
         # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
         # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
         # then misreads a mixed step's cost (measured: whole-budget chunks, token gaps of seconds); default: GPU.
-        self.keep_mixed = gpu if keep_mixed_in_flight is None else keep_mixed_in_flight
+        self.keep_mixed = (mx.default_device().type == mx.DeviceType.gpu if keep_mixed_in_flight is None
+                           else keep_mixed_in_flight)
         # The last iteration's cost, counted for the step whose tokens it delivered: for the group's prefill
         # pacing and /stats iteration_times.
         self.last_cost: StepCost | None = None
@@ -114,7 +108,7 @@ class BatchStep:
             outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
             self.last_cost = self._cost(time.perf_counter() - t0, 0, len(ordered))
             return self._finish(t0, outputs, 0, len(ordered))
-        if not (plan := plan_iteration(rows, budget, decode, prefill, self.bucket)):
+        if not (plan := plan_iteration(rows, budget, decode, prefill)):
             return self._finish(t0, outputs, 0, 0)
         t_forward = time.perf_counter()
         launch = self._launch(plan, {})
@@ -131,7 +125,7 @@ class BatchStep:
         on the in-flight token drop the token computed after it. Raises what the forward raises."""
         flight = self.pipeline.take()
         assert flight is not None and flight.tokens is not None  # a kept step always sampled
-        plan = plan_iteration(rows, budget, True, prefill, self.bucket)
+        plan = plan_iteration(rows, budget, True, prefill)
         lazy = self._lazy_tokens(flight, plan)
         launch = self._launch(plan, lazy) if plan else None
         t_wait = time.perf_counter()
@@ -187,15 +181,6 @@ class BatchStep:
         # Only decode rows, in slot order (plan_iteration's): the next decode step may take the tokens whole.
         mixed = n_prompt > 0 or any(r.slot is None for r in sampled)
         return InFlight(sampled, tokens, mixed=mixed, prompt_tokens=n_prompt, decode_rows=n_decode, touched=touched)
-
-    def warm_token_counts(self, most: int, vocab: int) -> int:
-        """Engine thread, before serving: one prompt forward at each multiple of the token bucket up to `most`
-        tokens, so each padded count's shapes are met once; returns how many ran. Raises what a forward raises."""
-        counts = range(self.bucket, most + 1, self.bucket) if self.bucket > 1 else range(0)
-        for n in counts:
-            logits = self.runner.forward([Segment([1 + i % (vocab - 2) for i in range(n)], make_cache(self.model), True)])
-            mx.eval(logits)
-        return len(counts)
 
     def _cost(self, seconds: float, prompt_tokens: int, decode_rows: int) -> StepCost:
         if decode_rows != self._decode_rows:

@@ -2,8 +2,7 @@
 
 MLX on CUDA compiles a kernel the first time it meets an op, dtype or fused graph, and builds a CUDA graph
 the first time it meets an iteration's op sequence: left to the first clients, that costs seconds of
-time-to-first-token; on CUDA each new token count also costs milliseconds once (engine/step.py pads
-them to a bucket, and each bucket is run here first). The rows below cover one row alone, concurrent rows, chunked prefill beside decode
+time-to-first-token. The rows below cover one row alone, concurrent rows, chunked prefill beside decode
 (packed mixed iterations), the pipelined decode, each sampler kind and a prefix-cache hit.
 """
 
@@ -55,10 +54,6 @@ async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LL
           for i, n in enumerate((3, 17, 70, chunk + chunk // 2))]),
         ("prefix-cache hit", [(_prompt(5, 0, vocab) + _prompt(9, 9, vocab), _SAMPLERS[0], 4)]),
     ]
-    if group.step.bucket > 1:  # each padded token count once: new shapes cost the host milliseconds on CUDA
-        if report is not None:
-            report(f"warm-up: token counts {group.step.bucket} to {chunk}, step {group.step.bucket}")
-        await group.context.run(group.step.warm_token_counts, chunk, vocab)
     for label, rows in stages:
         if report is not None:
             report(f"warm-up: {label}")

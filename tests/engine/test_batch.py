@@ -441,13 +441,3 @@ async def test_prompt_chunks_beside_decoding_rows_are_paced(tiny_loaded) -> None
     await iterate(group)
     assert group.step.runner.iterations[-1] == [(1, True), (20, False)]  # one decode token, a 20-token chunk
     drain(first), drain(second)
-
-
-def test_warm_up_meets_each_padded_token_count_once(tiny_loaded) -> None:
-    group = make_group(tiny_loaded)
-    assert group.step.bucket == 1 and group.step.warm_token_counts(512, 400) == 0  # CPU: shapes are free
-    group.step.bucket = group.step.runner.token_bucket = 8  # as on CUDA (64)
-    counts: list[int] = []
-    forward = group.step.runner.forward
-    group.step.runner.forward = lambda segments: (counts.append(len(segments[0].tokens)), forward(segments))[1]
-    assert group.step.warm_token_counts(32, 400) == 4 and counts == [8, 16, 24, 32]
