@@ -3,6 +3,7 @@
 # older tree (OLD_TREE, an untracked copy such as `git archive REV | tar -x -C _old`), then mlx_lm.server,
 # each on the same scenarios and chat shape. Results: $OUT/new.json, $OUT/old.json, $OUT/peer.json.
 #   OLD_TREE=_old SCENARIOS=poisson8,c64,c1 NEW_S=150 OLD_S=150 PEER_S=150 OUT=$OUT bash bench/gpu/ab_h200.sh
+# OLD_FIRST=1 runs the old tree's server before this tree's (see run_new).
 # VARIANTS="name|server flags|scenarios;..." adds runs of this tree with other flags ($OUT/name.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/ab-out}
@@ -14,9 +15,14 @@ SCEN=${SCENARIOS:-poisson8,c64,c1}
 COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout 90 --log-dir "$OUT" --scenarios "$SCEN")
 step "build"
 [ -d "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" | tail -1
-step "new"
-timeout $((${NEW_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \
-  --server-budget "${NEW_S:-150}" --out "$OUT/new.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+run_new() {
+  step "new"
+  timeout $((${NEW_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \
+    --server-budget "${NEW_S:-150}" --out "$OUT/new.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+}
+# OLD_FIRST=1: the old tree's server runs first. A fresh host's first server compiles MLX's kernels (cached on
+# disk for the next ones): the first server measured pays stalls the later ones do not.
+[ -n "${OLD_FIRST:-}" ] || run_new
 IFS=';' read -ra VARS <<< "${VARIANTS:-}"
 for v in "${VARS[@]}"; do
   IFS='|' read -r name flags scen <<< "$v"
@@ -31,6 +37,7 @@ if [ -n "${OLD_TREE:-}" ] && [ -d "$OLD_TREE" ]; then
     --ours-cmd "sh -c 'cd $OLD && PYTHONPATH=\$HOME/mlx-site:$OLD exec {python} -m service.cli serve {model} --host 127.0.0.1 --port {port} {args}'" \
     --server-budget "${OLD_S:-150}" --out "$OUT/old.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
 fi
+[ -z "${OLD_FIRST:-}" ] || run_new
 if [ -z "${SKIP_PEER:-}" ]; then
   step "peer"
   timeout $((${PEER_S:-150} + 20)) python3 -m bench.serve --only peer "${COMMON[@]}" --server-budget "${PEER_S:-150}" \
