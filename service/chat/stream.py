@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
@@ -149,7 +150,8 @@ class RowReader:
             loop = asyncio.get_running_loop()
         except (sniffio.AsyncLibraryNotFoundError, RuntimeError):
             return False
-        self._timer = loop.call_later(max(0.0, deadline - time.monotonic()), self._expire)
+        # A weak reference: a reader dropped unread (its client left before the body) is not kept to the deadline.
+        self._timer = loop.call_later(max(0.0, deadline - time.monotonic()), _expire, weakref.ref(self))
         return True
 
     def _expire(self) -> None:
@@ -215,6 +217,11 @@ class RowReader:
             return self._stream.receive_nowait()
         except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
             return None
+
+
+def _expire(reader: "weakref.ref[RowReader]") -> None:
+    if (alive := reader()) is not None:
+        alive._expire()
 
 
 def _timed_out() -> APIError:

@@ -130,3 +130,25 @@ async def test_the_deadline_timer_cancels_the_row_and_the_waiting_reader_gives_5
     with pytest.raises(APIError) as err:
         await items.__anext__()  # nothing more comes: the timer ends the wait
     assert err.value.status == 504 and rows.closed
+
+
+async def test_a_reader_dropped_before_its_body_is_not_kept_until_the_deadline() -> None:
+    import gc
+    import weakref
+
+    rows = Deltas(end=False)
+    now = time.monotonic()
+    reader = RowReader(rows, UsageCounter(), StreamTiming(now, now + 600.0))
+
+    async def produce() -> None:
+        await anyio.sleep(0)
+        rows.send.send_nowait(Delta(text="a", token_ids=[1]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(produce)
+        await reader.start()  # waited for its first delta: the deadline's timer is armed
+    timer, ref = reader._timer, weakref.ref(reader)
+    assert timer is not None and not timer.cancelled()
+    del reader  # the client left before the body: items() never runs
+    gc.collect()
+    assert ref() is None  # the armed timer does not hold it for the next ten minutes
