@@ -12,7 +12,6 @@ event loop owns (engine/batch.py).
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
 from typing import Any, cast
@@ -28,6 +27,7 @@ from engine.rows import Row, plan_iteration, slot_order
 from engine.runner import PackedRunner, Runner, Segment, SeparateRunner, make_cache
 from engine.sampling import sample_rows
 from engine.slots import SlotKV
+from engine.step_record import StepRecord
 
 __all__ = ["BatchStep", "row_delta"]
 
@@ -61,21 +61,14 @@ class BatchStep:
         # The last iteration's cost, counted for the step whose tokens it delivered: for the group's prefill
         # pacing and /stats iteration_times.
         self.last_cost: StepCost | None = None
-        # One-off work the current step did, named for /stats (engine/iteration_times.py: what a slow step carried).
-        self.events: set[str] = set()
-        self._shape: tuple[int, int] = (0, 0)  # the slot buffers' (slots, capacity) as the step began
-        self._collections = 0
-        self._decode_rows = 0  # the previous step's decode rows
-        # Seconds the current step spent in each part (prepare, forward, sample, launch, pipeline, accept, put):
-        # /stats splits each kind's engine time by them.
-        self.phases: dict[str, float] = {}
+        self.record = StepRecord()  # what the current step did and where its time went, for /stats
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what
         the forward or its evaluation raises (the group fails the rows it touched)."""
         t0 = time.perf_counter()
         self.pipeline.waited = 0.0
-        self._begin_events()
+        self.record.begin(self.slots)
         outputs: list[tuple[Row, Delta | None]] = []
         flight = self.pipeline.inflight
         # Decode-only over the rows of an in-flight decode step: it feeds the next step whole (pipeline.step).
@@ -88,7 +81,7 @@ class BatchStep:
         chain = (flight is not None and not whole and decode and not compact
                  and all(r.sampler.plain for r in flight.rows if not r.ended))
         if flight is not None and not whole and not chain:
-            self.events.add("drain")
+            self.record.note("drain")
             outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]
             rows = [r for r in rows if not r.ended]
         self._size_slots(rows)
@@ -96,15 +89,15 @@ class BatchStep:
             if row.cache is None and row.slot is None:
                 self._attach_cache(row)
             elif self.slots is not None and row.decoding and row.slot is None:
-                self.events.add("adopt")
+                self.record.note("adopt")
                 row.slot, row.cache = self.slots.adopt(row.cache or []), None
-        self.phases["prepare"] = time.perf_counter() - t0
+        self.record.tick("prepare", t0)
         if chain:
             return self._chained(t0, rows, budget, prefill)
         if decode and self.pipeline.eligible(rows):
             t_step = time.perf_counter()
             ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
-            self._tick("pipeline", t_step)
+            self.record.tick("pipeline", t_step)
             outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
             self.last_cost = self._cost(time.perf_counter() - t0, 0, len(ordered))
             return self._finish(t0, outputs, 0, len(ordered))
@@ -164,14 +157,14 @@ class BatchStep:
         segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)))
                     for r, tokens, want in plan]
         logits = self.runner.forward(segments)
-        t = self._tick("forward", t)
+        t = self.record.tick("forward", t)
         sampled = [r for r, _, want in plan if want]
         tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
-        t = self._tick("sample", t)
+        t = self.record.tick("sample", t)
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         mx.async_eval(([tokens] if tokens is not None else []) + touched)
-        self._tick("launch", t)
+        self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
         n_prompt = 0
         for r, chunk, _ in plan:
@@ -183,29 +176,8 @@ class BatchStep:
         return InFlight(sampled, tokens, mixed=mixed, prompt_tokens=n_prompt, decode_rows=n_decode, touched=touched)
 
     def _cost(self, seconds: float, prompt_tokens: int, decode_rows: int) -> StepCost:
-        if decode_rows != self._decode_rows:
-            self.events.add("rows")
-        self._decode_rows = decode_rows
-        if self.slots is not None and (self.slots.slots, self.slots.capacity) > self._shape:
-            self.events.add("grow")
-        collections = _collections()
-        if collections != self._collections:
-            self.events.add("gc")
-        self.phases["read"] = self.pipeline.waited
-        # The set itself, not a copy: what _finish does after (prefix-cache reclaim) is the same step's.
-        return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds), self.events,
-                        self.phases)
-
-    def _tick(self, phase: str, since: float) -> float:
-        now = time.perf_counter()
-        self.phases[phase] = self.phases.get(phase, 0.0) + now - since
-        return now
-
-    def _begin_events(self) -> None:
-        self.events = set()
-        self.phases = {}
-        self._shape = (self.slots.slots, self.slots.capacity) if self.slots is not None else (0, 0)
-        self._collections = _collections()
+        events, phases = self.record.close(decode_rows, self.slots, self.pipeline.waited)
+        return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds), events, phases)
 
     def _keep(self, launch: InFlight) -> bool:
         """Leave a launched step unread, for the next iteration to go on from (the pipeline's slot path): only
@@ -249,7 +221,7 @@ class BatchStep:
             self.release(row)
             return row_delta(row, finish_reason="error", error=f"{type(exc).__name__}: {exc}")
         finally:
-            self._tick("accept", t)
+            self.record.tick("accept", t)
 
     def _take_token(self, row: Row, token: int) -> Delta | None:
         row.sampler.accept(token)
@@ -268,7 +240,7 @@ class BatchStep:
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
         if self.prefix_cache is not None and self.prefix_cache.reclaim():
-            self.events.add("evict")
+            self.record.note("evict")
         dt, n_gen = time.perf_counter() - t0, len(outputs)
         total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)
         for key, add in (("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
@@ -288,12 +260,12 @@ class BatchStep:
         slots.ceiling = max((len(r.prompt) + r.request.max_tokens + 1 for r in rows), default=None)
         holders = {r.slot: r for r in rows if r.slot is not None}
         if slots.oversized() and set(holders) == set(slots.lengths):  # every slot's row is here to renumber
-            self.events.add("compact")
+            self.record.note("compact")
             for old, new in slots.compact().items():
                 holders[old].slot = new
 
     def _attach_cache(self, row: Row) -> None:
-        self.events.add("attach")
+        self.record.note("attach")
         if self.prefix_cache is not None:
             try:
                 n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
@@ -310,7 +282,7 @@ class BatchStep:
             return
         for b in row.boundaries:
             if before < b <= row.prefilled:
-                self.events.add("put")
+                self.record.note("put")
                 self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache, row.request.session_id,
                                       system_prefix=True)
 
@@ -323,11 +295,11 @@ class BatchStep:
                 fed = row.fed_tokens()  # a speculative step may have written one more position: cut it
                 kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
                 if kv is not None:
-                    self.events.add("put")
+                    self.record.note("put")
                     self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
-            self._tick("put", t)
+            self.record.tick("put", t)
         self.release(row)
 
     def release(self, row: Row) -> None:
@@ -340,7 +312,3 @@ class BatchStep:
         """Whether a departing row's KV is worth a prefix-cache put. Raises nothing."""
         return self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.prefilled > 0
 
-
-def _collections() -> int:
-    """Python's collections so far, all generations (a step that ran one names it). Raises nothing."""
-    return sum(s["collections"] for s in gc.get_stats())
