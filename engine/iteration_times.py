@@ -64,7 +64,8 @@ class IterationTimes:
             out[k] = ms_summary(v)
             if v:
                 out[k] |= {"engine": ms_summary(self._engine[k]), "wait": ms_summary(self._wait[k]),
-                           "slow": _slow(list(v), list(self._events[k]), 2e-3 * out[k]["p50_ms"]),
+                           "slow": _slow(list(v), list(self._events[k]), list(self._phases[k]),
+                                         2e-3 * out[k]["p50_ms"]),
                            "phases": _phases(self._phases[k])}
         out["gap"] = ms_summary(self._gaps)
         return out
@@ -82,10 +83,15 @@ def _phases(samples: Iterable[Mapping[str, float]]) -> dict[str, Any]:
     return out
 
 
-def _slow(times: list[float], events: list[AbstractSet[str]], over: float) -> dict[str, Any]:
-    slow = [e for t, e in zip(times, events) if t > over]
-    return {"n": len(slow), "over_ms": round(over * 1e3, 3), "events": dict(Counter(x for e in slow for x in e)),
-            "events_all": dict(Counter(x for e in events for x in e))}
+def _slow(times: list[float], events: list[AbstractSet[str]], phases: list[Mapping[str, float]],
+          over: float) -> dict[str, Any]:
+    """The iterations over `over` seconds: their events (and all iterations'), and their mean ms by phase."""
+    slow = [i for i, t in enumerate(times) if t > over]
+    names = sorted({name for i in slow for name in phases[i]})
+    return {"n": len(slow), "over_ms": round(over * 1e3, 3), "events": dict(Counter(x for i in slow for x in events[i])),
+            "events_all": dict(Counter(x for e in events for x in e)),
+            "phases_mean_ms": {name: round(1e3 * sum(phases[i].get(name, 0.0) for i in slow) / len(slow), 3)
+                               for name in names}}
 
 
 class RecentRates:

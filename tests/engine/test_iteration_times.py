@@ -17,7 +17,8 @@ def test_kinds_percentiles_and_gaps() -> None:
     assert snap["mixed"] == {"n": 1, "p50_ms": 12.0, "p99_ms": 12.0, "max_ms": 12.0,
                              "engine": {"n": 1, "p50_ms": 10.0, "p99_ms": 10.0, "max_ms": 10.0},
                              "wait": {"n": 1, "p50_ms": 6.0, "p99_ms": 6.0, "max_ms": 6.0},
-                             "slow": {"n": 0, "over_ms": 24.0, "events": {}, "events_all": {}}, "phases": {}}
+                             "slow": {"n": 0, "over_ms": 24.0, "events": {}, "events_all": {},
+                                      "phases_mean_ms": {}}, "phases": {}}
     assert snap["prefill"]["n"] == 1 and snap["gap"]["n"] == 101
 
 
@@ -26,11 +27,13 @@ def test_slow_iterations_name_what_they_did() -> None:
     for i in range(50):  # every tenth step grew the slots; two of those and one plain step were slow
         events = frozenset({"grow", "put"}) if i % 10 == 0 else frozenset({"put"}) if i % 2 else frozenset()
         slow = i in (0, 10, 7)
-        times.record(StepCost(0.003, 0, 8, events=events), 0.010 if slow else 0.004, None)
+        phases = {"launch": 0.006 if slow else 0.001, "accept": 0.001}
+        times.record(StepCost(0.003, 0, 8, events=events, phases=phases), 0.010 if slow else 0.004, None)
     slow = times.snapshot()["decode"]["slow"]
     assert slow["n"] == 3 and slow["over_ms"] == 8.0
     assert slow["events"] == {"grow": 2, "put": 3}
     assert slow["events_all"] == {"grow": 5, "put": 30}
+    assert slow["phases_mean_ms"] == {"accept": 1.0, "launch": 6.0}  # where the slow ones' time went
 
 
 def test_phases_split_a_kinds_engine_time() -> None:
