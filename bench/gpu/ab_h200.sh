@@ -3,7 +3,8 @@
 # older tree (OLD_TREE, an untracked copy such as `git archive REV | tar -x -C _old`), then mlx_lm.server,
 # each on the same scenarios and chat shape. Results: $OUT/new.json, $OUT/old.json, $OUT/peer.json.
 #   OLD_TREE=_old SCENARIOS=poisson8,c64,c1 NEW_S=150 OLD_S=150 PEER_S=150 OUT=$OUT bash bench/gpu/ab_h200.sh
-# OLD_FIRST=1 runs the old tree's server before this tree's (see run_new).
+# OLD_FIRST=1 runs the old tree's server before this tree's (see run_new). ENGINE=1 adds this tree's engine without
+# HTTP at 64 streams (bench/engine_compare.py), for c64's share of it within the same call.
 # VARIANTS="name|server flags|scenarios;..." adds runs of this tree with other flags ($OUT/name.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/ab-out}
@@ -42,5 +43,10 @@ if [ -z "${SKIP_PEER:-}" ]; then
   step "peer"
   timeout $((${PEER_S:-150} + 20)) python3 -m bench.serve --only peer "${COMMON[@]}" --server-budget "${PEER_S:-150}" \
     --out "$OUT/peer.json" 2>&1 | grep -E "peer (c|p|:)" | grep -v starting
+fi
+if [ -n "${ENGINE:-}" ]; then  # the engine without HTTP on the same host: what c64 over HTTP is a share of
+  step "engine"
+  timeout 120 python3 -m bench.engine_compare --tokenizer .gpu/tok --shape llama-1b --streams 64 --tokens 128 \
+    --prompt-len 128 --max-iteration-tokens 512 2>&1 | tail -1 | tee "$OUT/engine.json"
 fi
 step "done"
