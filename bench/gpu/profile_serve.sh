@@ -3,7 +3,8 @@
 # worker (Python stacks of every thread, native frames too) during c64 and during poisson8.
 # Needs py-spy (its wheel in _spy/, git-ignored: pass carry ["_spy"] to the device call) and a model dir ($1).
 # Writes $OUT/prof-c64.raw, $OUT/prof-poisson8.raw, $OUT/ours.json. SPY_RATE: samples a second (default 100; at
-# 250 with native frames py-spy fell seconds behind, and its poisson8 profile was never written). Example, after install-c.sh:  bash bench/gpu/profile_serve.sh $HOME/shape/plain
+# 250 with native frames py-spy fell seconds behind, and its poisson8 profile was never written).
+# Example, after install-c.sh:  bash bench/gpu/profile_serve.sh $HOME/shape/plain
 set -uo pipefail
 MODEL=$1
 OUT=${OUT:-/tmp/prof-out}
