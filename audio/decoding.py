@@ -105,11 +105,12 @@ class WindowedTranscription:
 
     def request(self, audio: np.ndarray, frames: int, *, prefix: list[int] | tuple[int, ...] = (),
                 conditioned: bool = True, tokens_per_second: float | None = None,
-                fallback: bool = True) -> WindowRequest:
+                fallback: bool = True, realtime: bool = False) -> WindowRequest:
         """The decode request for the window at the seek: prompt = previous text since the last reset (or only
         the initial prompt when not `conditioned`), cut to what fits beside `prefix`. `tokens_per_second`
         caps the sampled tokens by the window's length (a looping decode stops early); without `fallback`
-        only the first temperature is tried. Raises nothing."""
+        only the first temperature is tried; `realtime` marks a live session's window (its wait makes speech catch
+        up: audio/scheduler.py). Raises nothing."""
         o = self.options
         prompt = self.all_tokens[self.prompt_reset_since:] if conditioned else self.initial_prompt_tokens
         # mlx-whisper keeps the last n_ctx/2 - 1 prompt tokens; a forced prefix takes its room first.
@@ -126,7 +127,7 @@ class WindowedTranscription:
                              without_timestamps=o.without_timestamps,
                              compression_ratio_threshold=o.compression_ratio_threshold,
                              logprob_threshold=o.logprob_threshold, no_speech_threshold=o.no_speech_threshold,
-                             keep_features=o.word_timestamps)
+                             keep_features=o.word_timestamps, realtime=realtime)
 
     def adopt(self, result: WindowResult) -> None:
         """Take the language a window detected. Raises nothing."""

@@ -18,7 +18,6 @@ utterance not yet closed. `clear()` drops the open utterance's audio that has no
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 import anyio
@@ -198,9 +197,8 @@ class LiveTranscription:
         assert self._tr is not None and self._live is not None and self._loaded is not None
         seek = self._seek()
         audio = self._open.view(seek, count)
-        request = replace(self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
-                                           tokens_per_second=self.config.tokens_per_second, fallback=not probe),
-                          realtime=True)
+        request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
+                                   tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True)
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))

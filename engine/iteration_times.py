@@ -78,8 +78,7 @@ def _phases(samples: Iterable[Mapping[str, float]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         summary = ms_summary(phases.get(name, 0.0) for phases in rows)
-        out[name] = {"p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"],
-                     "mean_ms": round(1e3 * sum(phases.get(name, 0.0) for phases in rows) / len(rows), 3)}
+        out[name] = {"p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"], "mean_ms": _mean_ms(rows, name)}
     return out
 
 
@@ -87,11 +86,16 @@ def _slow(times: list[float], events: list[AbstractSet[str]], phases: list[Mappi
           over: float) -> dict[str, Any]:
     """The iterations over `over` seconds: their events (and all iterations'), and their mean ms by phase."""
     slow = [i for i, t in enumerate(times) if t > over]
-    names = sorted({name for i in slow for name in phases[i]})
+    slow_phases = [phases[i] for i in slow]
+    names = sorted({name for p in slow_phases for name in p})
     return {"n": len(slow), "over_ms": round(over * 1e3, 3), "events": dict(Counter(x for i in slow for x in events[i])),
             "events_all": dict(Counter(x for e in events for x in e)),
-            "phases_mean_ms": {name: round(1e3 * sum(phases[i].get(name, 0.0) for i in slow) / len(slow), 3)
-                               for name in names}}
+            "phases_mean_ms": {name: _mean_ms(slow_phases, name) for name in names}}
+
+
+def _mean_ms(steps: list[Mapping[str, float]], phase: str) -> float:
+    """Mean ms of `phase` over `steps` (a step without it counts 0)."""
+    return round(1e3 * sum(p.get(phase, 0.0) for p in steps) / len(steps), 3)
 
 
 class RecentRates:

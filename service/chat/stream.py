@@ -158,9 +158,11 @@ class RowReader:
         self._expired = True
         self._stream.cancel()
 
-    def _disarm(self) -> None:
+    async def _close(self) -> None:
+        """The reader is done: disarm the deadline's timer and close the row. Raises nothing."""
         if self._timer is not None:
             self._timer.cancel()
+        await close_stream(self._stream)
 
     async def start(self) -> None:
         """Wait for the row's first delta (call before any response header goes out). Raises APIError 500,
@@ -169,12 +171,10 @@ class RowReader:
             delta = await self._next()
             self._check(delta)
         except StopAsyncIteration:
-            self._disarm()
-            await close_stream(self._stream)
+            await self._close()
             raise APIError(500, _UNFINISHED, type="server_error") from None
         except BaseException:
-            self._disarm()
-            await close_stream(self._stream)
+            await self._close()
             raise
         self._first = delta
 
@@ -199,8 +199,7 @@ class RowReader:
                 if finish is not None:
                     return
         finally:
-            self._disarm()
-            await close_stream(self._stream)
+            await self._close()
         raise APIError(500, _UNFINISHED, type="server_error")
 
     def _check(self, delta: Delta) -> None:
