@@ -53,12 +53,13 @@ def test_decode_attention_is_one_call_per_layer_whatever_the_rows(tiny_loaded, m
     assert counter.calls == len(runner.layers)
 
 
-def check_schedule(model, monkeypatch=None) -> None:
-    """Rows of different lengths decode through slots, join late, leave (holes), and a prefill chunk rides
+def check_schedule(model, monkeypatch=None, prefill_kernel: bool = False) -> None:
+    """Rows of different lengths decode through slots, join late, leave (holes), and a prompt's two chunks ride
     along; every logit row must equal mlx-lm's per-row forward."""
     packed, ref = PackedRunner(model), SeparateRunner(model)
+    packed.prefill_kernel = prefill_kernel
     packed.slots.step = 8  # several capacity steps while rows of different lengths decode
-    prompts = [prompt_of(n, i) for i, n in enumerate((5, 1, 12, 7, 20, 3))]
+    prompts = [prompt_of(n, i) for i, n in enumerate((5, 1, 12, 7, 20, 9))]
     ref_caches = [make_cache(model) for _ in prompts]
     slot_of: dict[int, int] = {}
 
@@ -66,13 +67,13 @@ def check_schedule(model, monkeypatch=None) -> None:
         slot_of[i] = packed.slots.adopt(prefill(packed, model, prompts[i]))
         mx.eval(ref.forward([Segment(prompts[i], ref_caches[i], True)]))
 
-    def step(live: list[int], salt: int, chunk: tuple[int, list] | None = None) -> None:
+    def step(live: list[int], salt: int, chunk: tuple[int, list, int] | None = None) -> None:
         segs = [Segment([10 + salt + i], None, True, slot_of[i]) for i in live]
         ref_segs = [Segment([10 + salt + i], ref_caches[i], True) for i in live]
         if chunk is not None:  # a prefill chunk between decode rows: per-row path in the same forward
-            j, cache = chunk
-            segs.insert(1, Segment(prompts[j][:4], cache, True))
-            ref_segs.insert(1, Segment(prompts[j][:4], ref_caches[j], True))
+            j, cache, start = chunk
+            segs.insert(1, Segment(prompts[j][start:start + 4], cache, True))
+            ref_segs.insert(1, Segment(prompts[j][start:start + 4], ref_caches[j], True))
         got, want = packed.forward(segs), ref.forward(ref_segs)
         mx.eval(got, want)
         assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item(), float(mx.abs(got - want).max())
@@ -85,8 +86,10 @@ def check_schedule(model, monkeypatch=None) -> None:
     step([0, 2], 2)
     join(3)  # reuses the hole
     join(4)
-    step([4, 3, 0, 2], 3, chunk=(5, make_cache(model)))
-    for s in range(5):
+    chunked = make_cache(model)
+    step([4, 3, 0, 2], 3, chunk=(5, chunked, 0))
+    step([0, 2, 3, 4], 4, chunk=(5, chunked, 4))  # the prompt's second chunk sees its first
+    for s in range(1, 5):
         step([0, 2, 3, 4], 4 + s)
     packed.slots.release(slot_of.pop(0))
     step([3], 9)  # one row alone (scalar RoPE offset)
