@@ -1,7 +1,6 @@
 """What a mixed iteration costs the host and the device: decode rows in slots plus one prompt chunk, built, launched
-(`mx.async_eval`) and waited for, with the chunk's attention through MLX (matmul, mask, softmax, matmul) or
-through the decode kernel (one kernel row a prompt token). Each trial's chunk starts at a new offset, as a served
-prompt does, unless --same. Figures for deciding how mixed iterations attend, not a comparison.
+(`mx.async_eval`) and waited for; beside decode-only steps for comparison. Each trial's chunk starts at a new
+offset, as a served prompt does, unless --same. Figures for deciding how mixed iterations attend, not a comparison.
 
     python -m bench.mixed_launch MODEL_DIR [--rows 32] [--chunk 512] [--offsets 0,512,1024,1536] [--trials 12]
 """
@@ -42,7 +41,8 @@ def trial(runner: Any, model: Any, slots: list[int], chunk: int, offset: int, vo
 
     cache = _prompt_cache(model, offset)
     segments = [Segment([5 + (s * 13) % (vocab - 10)], None, True, s) for s in slots]
-    segments.append(Segment([5 + (offset + j) % (vocab - 10) for j in range(chunk)], cache, chunk > 0))
+    if chunk:
+        segments.append(Segment([5 + (offset + j) % (vocab - 10) for j in range(chunk)], cache, True))
     t0 = time.perf_counter()
     logits = runner.forward(segments)
     t1 = time.perf_counter()
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--offsets", default="0,512,1024,1536")
     p.add_argument("--trials", type=int, default=12)
-    p.add_argument("--modes", default="decode,mlx,kernel")
+    p.add_argument("--modes", default="decode,mixed")
     p.add_argument("--same", action="store_true", help="every trial at the same offset (shapes seen before)")
     args = p.parse_args(argv)
     from bench.step_profile import _fill
@@ -79,10 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = model.args.vocab_size
     runner = PackedRunner(model)
     slots = _fill(runner, model, args.rows, args.context, vocab)
-    out: dict[str, Any] = {"device": str(mx.default_device()), "rows": args.rows, "chunk": args.chunk,
-                           "kernel": bool(runner.slots and runner.slots._use_kernel())}
+    out: dict[str, Any] = {"device": str(mx.default_device()), "rows": args.rows, "chunk": args.chunk}
     for mode in args.modes.split(","):
-        runner.prefill_kernel = mode == "kernel"
         chunk = 0 if mode == "decode" else args.chunk
         for base in [int(o) for o in args.offsets.split(",")]:
             trial(runner, model, slots, chunk, base, vocab)  # kernels compiled once

@@ -15,7 +15,6 @@ iteration over the sampled tokens and the touched caches.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -134,8 +133,7 @@ class PackedRunner:
         self.mlps = [fused_mlp(la.mlp) for la in self.layers]
         # Prompt chunks beside decode rows attend through the decode kernel (one query token a kernel row) when
         # it serves the slots: MLX's fallback there is four kernels a layer, two of them matmuls of a new shape.
-        # TANDEM_PREFILL_ATTENTION=mlx keeps MLX's call (to compare the two on a device).
-        self.prefill_kernel = os.environ.get("TANDEM_PREFILL_ATTENTION", "kernel") != "mlx"
+        self.prefill_kernel = False
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
         """Packed forward; see module doc. Raises ValueError on an empty segment list."""

@@ -41,19 +41,9 @@ def test_the_kernel_is_off_without_cuda() -> None:
 def test_kernel_path_rows_match_per_row_caches(tiny_loaded, monkeypatch) -> None:
     # Holes, rows in any order, a prefill chunk alongside: a wrong slot or an off-by-one length changes logits.
     calls = through_reference(monkeypatch)
-    check_schedule(tiny_loaded.model, prefill_kernel=False)  # decode rows only (prompt chunks: the test below)
+    check_schedule(tiny_loaded.model)
     assert calls, "the kernel path was not taken"
     assert any(sorted(s) != s for s, _ in calls) or any(len(set(n)) > 1 for _, n in calls)
-
-
-def test_prompt_chunks_beside_decode_rows_attend_through_the_kernel_path(tiny_loaded, monkeypatch) -> None:
-    # Each prompt token is a kernel row of its own cache (slot 0), seeing keys up to its own position: a wrong
-    # length is a wrong causal mask and changes the logits against mlx-lm's per-row forward.
-    calls = through_reference(monkeypatch)
-    check_schedule(tiny_loaded.model, prefill_kernel=True)
-    prompt_calls = [n for s, n in calls if len(s) == 4 and set(s) == {0} and n == list(range(n[0], n[0] + 4))]
-    assert {n[0] for n in prompt_calls} == {1, 5}  # the first chunk from position 0, the second from 4
-    assert len(prompt_calls) == 2 * len(tiny_loaded.model.model.layers)
 
 
 def test_kernel_path_attends_each_row_to_its_length_after_the_new_token(tiny_loaded, monkeypatch) -> None:

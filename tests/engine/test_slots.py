@@ -53,12 +53,10 @@ def test_decode_attention_is_one_call_per_layer_whatever_the_rows(tiny_loaded, m
     assert counter.calls == len(runner.layers)
 
 
-def check_schedule(model, monkeypatch=None, prefill_kernel: bool | None = None) -> None:
+def check_schedule(model, monkeypatch=None) -> None:
     """Rows of different lengths decode through slots, join late, leave (holes), and a prompt's two chunks ride
     along; every logit row must equal mlx-lm's per-row forward."""
     packed, ref = PackedRunner(model), SeparateRunner(model)
-    if prefill_kernel is not None:
-        packed.prefill_kernel = prefill_kernel
     packed.slots.step = 8  # several capacity steps while rows of different lengths decode
     prompts = [prompt_of(n, i) for i, n in enumerate((5, 1, 12, 7, 20, 9))]
     ref_caches = [make_cache(model) for _ in prompts]
