@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections import deque
 from typing import Any, Callable
@@ -30,7 +31,7 @@ import anyio
 
 from engine.admission import KVAdmission, may_join
 from engine.burst import StepResult, run_burst
-from engine.context import loop_caller
+from engine.context import EngineThread, loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import EngineClosed, QueueFull
 from engine.iteration_times import IterationTimes, RecentRates
@@ -71,6 +72,7 @@ class LLMBatchGroup:
         max_queued: int | None = None,
         keep_mixed_in_flight: bool | None = None,
         decode_burst: int = DECODE_BURST,
+        prefill_lane: bool | None = None,
     ) -> None:
         if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1 or decode_burst < 1:
             raise ValueError("max_active, max_iteration_tokens, minimum_preparation_tokens and decode_burst "
@@ -106,7 +108,7 @@ class LLMBatchGroup:
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
             "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
-            "bursts": 0, "burst_steps": 0,
+            "bursts": 0, "burst_steps": 0, "lane_chunks": 0, "lane_seconds": 0.0,
         }
         self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens, prefill_stall)
         self.iteration_times = IterationTimes()
@@ -114,6 +116,16 @@ class LLMBatchGroup:
                               counters=self.counters, keep_mixed_in_flight=keep_mixed_in_flight)
         slots = self.step.slots
         self.admission = KVAdmission(budget, slots.step if slots is not None else 256) if budget else None
+        # The prefill lane: prompt chunks run on a second engine thread (its own MLX stream) while the decode
+        # thread goes on, so a chunk's launch no longer stalls every decoding row (H200, 32 rows + 512-token
+        # chunks: decode step p99 10.6 ms packed together, 5.8 ms beside the lane). Default: on a GPU; a CPU's
+        # cores are shared by both threads anyway, so there the chunk rides in the decode step.
+        use_lane = _lane_default() if prefill_lane is None else prefill_lane
+        self.lane: EngineThread | None = EngineThread("tandem-prefill") if use_lane and self.plan.packed else None
+        self._lane_rows: list[Row] = []  # the rows of the lane's job in flight
+        self._lane_landed = anyio.Event()
+        self._lane_finished = False  # set by the lane thread as a job ends, so a decode burst hands back
+        self._to_loop: Callable[..., None] | None = None  # bound on the event loop at the first feed
         # Health: steps failed in a row (reset by any success) and the last failure, for /health.
         self.consecutive_failures = 0
         self.last_error: str | None = None
@@ -161,7 +173,7 @@ class LLMBatchGroup:
         for row in [r for r in self._queue if r.cancelled]:
             self._queue.remove(row)
             self._end(row, cancelled=True)
-        for row in [r for r in self._active if r.cancelled]:
+        for row in [r for r in self._active if r.cancelled and not r.in_lane]:  # a lane row waits for its job
             self._active.remove(row)
             self._end(row, cancelled=True)
 
@@ -201,10 +213,10 @@ class LLMBatchGroup:
             self._active.append(self._queue.popleft())
 
     def has_decoding(self) -> bool:
-        return any(r.decoding for r in self._active)
+        return any(r.decoding and not r.in_lane for r in self._active)
 
     def has_preparing(self) -> bool:
-        return any(r.preparing for r in self._active)
+        return any(r.preparing or r.in_lane for r in self._active)
 
     def supports_mixed(self) -> bool:
         return self.plan.packed
@@ -217,11 +229,25 @@ class LLMBatchGroup:
         return self.pacer.prompt_tokens(self.running_tokens())
 
     async def advance_mixed(self, budget: int) -> None:
-        """One packed iteration: every decoding row plus prompt chunks filling the rest of `budget`."""
+        """One packed iteration: every decoding row plus prompt chunks filling the rest of `budget`. With the
+        prefill lane: the lane takes the next prompt chunks while this iteration decodes."""
+        if self.lane is not None:
+            self._to_loop = self._to_loop or loop_caller()
+            self._feed_lane()
+            await self._iterate(0, decode=True, prefill=False)
+            return
         await self._iterate(budget, decode=True, prefill=True)
 
     async def advance_preparation(self) -> None:
-        """Prompt chunks (oldest row first) within max_iteration_tokens."""
+        """Prompt chunks (oldest row first) within max_iteration_tokens (with the prefill lane: on the lane,
+        waited for, since nothing decodes)."""
+        if self.lane is not None:
+            self._to_loop = self._to_loop or loop_caller()
+            landed = self._lane_landed
+            self._feed_lane()
+            if self._lane_rows:
+                await landed.wait()
+            return
         await self._iterate(max(self._max_iteration_tokens, 1), decode=False, prefill=True)
 
     async def advance(self) -> None:
@@ -237,6 +263,8 @@ class LLMBatchGroup:
         self._active.clear()
         self.step.reset()
         self.tasks.reject_all()
+        if self.lane is not None:
+            self.lane.close()  # after the job in flight, if any: its rows were ended above
         self._wake_up()
 
     # -- stats ------------------------------------------------------------------------------------
@@ -279,7 +307,8 @@ class LLMBatchGroup:
     # -- the iteration ----------------------------------------------------------------------------
 
     async def _iterate(self, budget: int, *, decode: bool, prefill: bool) -> None:
-        rows = [r for r in self._active if not r.ended]
+        # With the prefill lane, prompts are the lane's alone: a row joins these steps once its prompt is done.
+        rows = [r for r in self._active if not r.ended and not r.in_lane and (self.lane is None or not r.preparing)]
         if not rows:
             return
         self._idle_released = False
@@ -308,12 +337,12 @@ class LLMBatchGroup:
 
     def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> StepResult:
         """Engine thread: one iteration, with what the event loop records and publishes for it."""
-        before = (self.counters["prompt_tokens"], self.counters["generation_tokens"])
         t0 = time.perf_counter()
+        self.step.record.counts = (0, 0)
         outputs = self.step.run(rows, budget, decode, prefill)
         cost, self.step.last_cost = self.step.last_cost, None
-        return StepResult(outputs, cost, time.perf_counter() - t0, self.counters["prompt_tokens"] - before[0],
-                       self.counters["generation_tokens"] - before[1])
+        prompted, generated = self.step.record.counts
+        return StepResult(outputs, cost, time.perf_counter() - t0, prompted, generated)
 
     def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
         """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_ends`."""
@@ -328,7 +357,8 @@ class LLMBatchGroup:
         steps, cancelled ones too), or the loop has not yet published the step posted before (it is busy:
         running further ahead would only batch tokens up and take its GIL time)."""
         return bool(self._closed or self.tasks.pending or (self._queue and len(self._active) < self.max_active)
-                    or any(r.ended for r in self._active) or (posted is not None and not posted.published))
+                    or any(r.ended for r in self._active) or (posted is not None and not posted.published)
+                    or self._lane_finished)
 
     def _landed(self, done: StepResult, gap: float | None = None) -> None:
         """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""
@@ -344,12 +374,75 @@ class LLMBatchGroup:
         done.published = True
         self.counters["publish_seconds"] += time.perf_counter() - t0
 
+    # -- the prefill lane ---------------------------------------------------------------------------
+
+    def _feed_lane(self) -> None:
+        """Event loop: hand the next prompt chunks (oldest rows first, max_iteration_tokens) to the idle lane.
+        Raises nothing."""
+        call = self._to_loop
+        if self.lane is None or call is None or self._lane_rows or self._closed:
+            return
+        rows, left = [], self._max_iteration_tokens
+        for r in self._active:
+            if left <= 0:
+                break
+            if r.preparing and not r.cancelled:
+                rows.append(r)
+                left -= len(r.prompt) - r.prefilled
+        if not rows:
+            return
+        for r in rows:
+            r.in_lane = True
+        self._lane_rows = rows
+
+        def done(result: Any, error: BaseException | None) -> None:  # on the lane thread
+            self._lane_finished = True
+            try:
+                call(self._lane_done, rows, result, error)
+            except RuntimeError:  # the event loop is gone (shutdown)
+                pass
+
+        self.lane.submit(functools.partial(self._lane_job, rows, self._max_iteration_tokens), done)
+
+    def _lane_job(self, rows: list[Row], budget: int) -> tuple[list[tuple[Row, Delta]], int, float]:
+        t0 = time.perf_counter()
+        outputs, prompted = self.step.prefill(rows, budget)
+        return outputs, prompted, time.perf_counter() - t0
+
+    def _lane_done(self, rows: list[Row], result: Any, error: BaseException | None) -> None:
+        """Event loop: a lane job ended; its rows come back (first tokens published, or failed), and the lane
+        takes the next chunks. Raises nothing."""
+        self._lane_rows, self._lane_finished = [], False
+        for r in rows:
+            r.in_lane = False
+        if self._closed:
+            return
+        if error is not None:
+            self._fail_rows(rows, error if isinstance(error, Exception) else RuntimeError(repr(error)))
+        else:
+            self.consecutive_failures = 0
+            outputs, prompted, seconds = result
+            self.counters["lane_seconds"] += seconds
+            self._recent.add(prompted, len(outputs))
+            for row, delta in outputs:
+                self._publish(row, delta)
+                if row.finished and row in self._active:
+                    self._active.remove(row)
+        self._lane_landed.set()
+        self._lane_landed = anyio.Event()
+        self._feed_lane()
+        self._wake_up()
+
     def _fail_step(self, rows: list[Row], exc: Exception) -> None:
+        self.step.pipeline.reset()
+        self._fail_rows(rows, exc)
+
+    def _fail_rows(self, rows: list[Row], exc: Exception) -> None:
+        """The rows a failed step or lane job touched end with an error delta; others go on. Raises nothing."""
         _log.exception("engine step failed for %d row(s)", len(rows), exc_info=exc)
         self.counters["failed_steps"] += 1
         self.consecutive_failures += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
-        self.step.pipeline.reset()
         for row in rows:
             self.step.release(row)
             self._publish(row, row_delta(row, finish_reason="error", error=self.last_error))
@@ -389,3 +482,10 @@ class LLMBatchGroup:
         self._wake.set()
         self._wake = anyio.Event()
 
+
+def _lane_default() -> bool:
+    # TANDEM_PREFILL_LANE=on|off overrides (to compare the two on one device); auto: on a GPU.
+    import mlx.core as mx
+
+    choice = os.environ.get("TANDEM_PREFILL_LANE", "auto").lower()
+    return choice == "on" or (choice != "off" and mx.default_device().type == mx.DeviceType.gpu)

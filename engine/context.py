@@ -1,4 +1,5 @@
-"""The single engine thread: all MLX work runs here, since MLX streams belong to the thread that made them."""
+"""Engine threads: MLX work runs on them, since MLX streams belong to the thread that made them (the decode thread,
+and on a GPU a second one for prompt chunks: engine/batch.py's prefill lane)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ class EngineThread:
         if error is not None:
             raise error
         return result
+
+    def submit(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        """Queue fn() without waiting for it; done(result, error) is then called on this thread (hop to the
+        event loop with `loop_caller`). Raises nothing."""
+        self._jobs.put((fn, done))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Blocking variant for non-async callers (CLI); must not be used from the event loop."""

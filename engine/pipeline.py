@@ -102,7 +102,7 @@ class DecodePipeline:
         segments = [Segment(t, None, True, r.slot, fed) for t, r in zip(ids, rows)]
         logits = self.forward(segments)
         tokens = sample_rows(logits, [r.sampler for r in rows])
-        mx.async_eval(tokens)
+        mx.async_eval(tokens, mx.random.state)  # the global key too, for the prefill lane's next draw (engine/step.py)
         return tokens
 
     def read_step(self, flight: InFlight) -> list[int]:

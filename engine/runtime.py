@@ -57,13 +57,15 @@ class Engine:
         memory_budget: int | None = None,
         max_queued: int | None = None,
         decode_burst: int = DECODE_BURST,
+        prefill_lane: bool | None = None,
     ) -> None:
         """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
         `thread`: the engine thread to run on (the one the model was loaded on; see `open`).
         `memory_budget`: bytes for weights, KV, the prefix cache and MLX's buffer cache (None: the
         machine's default, engine.memory). `max_queued`: rows that may wait for admission before submit
         raises QueueFull (None: unbounded). `decode_burst`: decode steps the engine thread may run back to back
-        while nothing else waits (1: return to the event loop after every step). Raises ValueError for non-positive limits or a budget that
+        while nothing else waits (1: return to the event loop after every step). `prefill_lane`: prompt chunks on a
+        second engine thread beside the decode steps (None: on a GPU; engine/batch.py). Raises ValueError for non-positive limits or a budget that
         leaves no room for KV."""
         apply_serving_defaults()
         self.thread = thread or EngineThread()
@@ -102,6 +104,7 @@ class Engine:
                 budget=self.budget,
                 max_queued=max_queued,
                 decode_burst=decode_burst,
+                prefill_lane=prefill_lane,
             )
         self.tasks: ExecutionTasks = self.group.tasks
 
@@ -223,6 +226,10 @@ class Engine:
             # one went before a request, a task, a finish or a busy loop ended it.
             out["decode_bursts"] = {"limit": group.decode_burst, "bursts": int(c["bursts"]),
                                     "steps": int(c["burst_steps"])}
+            # Prompt chunks on their own engine thread beside the decode steps (engine/batch.py), where on.
+            out["prefill_lane"] = {"on": group.lane is not None, "chunks": int(c["lane_chunks"]),
+                                   "seconds": round(c["lane_seconds"], 3),
+                                   "busy_seconds": round(group.lane.busy_seconds, 3) if group.lane else 0.0}
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}

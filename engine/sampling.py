@@ -105,6 +105,11 @@ class RowSampler:
             return mx.random.categorical(x, key=sub)
         return mx.random.categorical(x)
 
+    def arrays(self) -> list[mx.array]:
+        """The arrays this sampler keeps between tokens (a seeded row's random key), to evaluate on the thread
+        that sampled before another thread samples next. Raises nothing."""
+        return [self._key] if self._key is not None else []
+
     def accept(self, token: int) -> None:
         """Record a sampled token so the penalties see it. Raises nothing."""
         if self.params.repetition_penalty != 1.0 and token not in self._seen:

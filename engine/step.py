@@ -13,6 +13,7 @@ event loop owns (engine/batch.py).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, cast
 
@@ -61,7 +62,52 @@ class BatchStep:
         # The last iteration's cost, counted for the step whose tokens it delivered: for the group's prefill
         # pacing and /stats iteration_times.
         self.last_cost: StepCost | None = None
-        self.record = StepRecord()  # what the current step did and where its time went, for /stats
+        # What the current step did and where its time went, for /stats: one record per engine thread (the
+        # prefill lane's steps run beside the decode thread's; engine/batch.py).
+        self._records = threading.local()
+        self._counting = threading.Lock()  # both engine threads add to the group's token counters
+
+    @property
+    def record(self) -> StepRecord:
+        """This thread's step record. Raises nothing."""
+        record = getattr(self._records, "record", None)
+        if record is None:
+            record = self._records.record = StepRecord()
+        return record
+
+    def prefill(self, rows: list[Row], budget: int) -> tuple[list[tuple[Row, Delta]], int]:
+        """Prefill lane (a second engine thread, beside the decode thread's steps): prompt chunks of `rows`, oldest
+        first within `budget`, evaluated before this returns, so nothing lazy leaves this thread's stream. Rows whose
+        prompt completes sample and accept their first token. Touches no slot and no in-flight step: the rows are
+        the lane's alone until the event loop takes them back. Returns (deltas, prompt tokens). Raises what the
+        forward or its evaluation raises."""
+        self.record.begin(None)
+        for row in rows:
+            if row.cache is None and row.slot is None:
+                self._attach_cache(row)
+        plan = plan_iteration(rows, budget, False, True)
+        if not plan:
+            return [], 0
+        logits = self.runner.forward([Segment(tokens, r.cache, want) for r, tokens, want in plan])
+        sampled = [r for r, _, want in plan if want]
+        tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
+        touched = [a for r, _, _ in plan for c in r.cache or () for a in (c.keys, c.values)]
+        mx.eval(([tokens] if tokens is not None else []) + touched + [a for r in sampled for a in r.sampler.arrays()],
+                mx.random.state)  # the global key too: the decode thread's next draw splits it
+        n_prompt = 0
+        for r, chunk, _ in plan:
+            r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
+            self._boundary_puts(r, r.prefilled - len(chunk))
+        ids = cast(list[int], tokens.tolist()) if tokens is not None else []
+        outputs = [(r, self.accept(r, t)) for r, t in zip(sampled, ids)]
+        self._count((("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("lane_chunks", 1)))
+        return [(r, d) for r, d in outputs if d is not None], n_prompt
+
+    def _count(self, adds: tuple[tuple[str, float], ...]) -> None:
+        with self._counting:
+            for key, add in adds:
+                if add:
+                    self.counters[key] = self.counters.get(key, 0) + add
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what
@@ -163,7 +209,8 @@ class BatchStep:
         t = self.record.tick("sample", t)
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
-        mx.async_eval(([tokens] if tokens is not None else []) + touched)
+        # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
+        mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
         self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
         n_prompt = 0
@@ -242,11 +289,11 @@ class BatchStep:
         if self.prefix_cache is not None and self.prefix_cache.reclaim():
             self.record.note("evict")
         dt, n_gen = time.perf_counter() - t0, len(outputs)
+        self.record.counts = (n_prompt, n_gen)
         total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)
-        for key, add in (("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
-                         ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
-                         ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)):
-            self.counters[key] += add
+        self._count((("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
+                     ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
+                     ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)))
         return [(r, d) for r, d in outputs if d is not None]
 
     # -- KV: slots and the prefix cache -----------------------------------------------------------

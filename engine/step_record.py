@@ -24,6 +24,7 @@ class StepRecord:
         self._shape: tuple[int, int] = (0, 0)  # the slot buffers' (slots, capacity) as the step began
         self._collections = 0
         self._decode_rows = 0  # the previous step's
+        self.counts: tuple[int, int] = (0, 0)  # the step's (prompt, generated) tokens, as the group counted them
 
     def begin(self, slots: Any) -> None:
         """A new step over `slots` (the runner's SlotKV, or None). Raises nothing."""

@@ -1,0 +1,156 @@
+"""The prefill lane (engine/batch.py): prompt chunks on a second engine thread while the decode steps go on. Output
+equals mlx-lm's own generation; a chunk held on the lane holds no decoding row; a lane failure or a cancel there
+touches only the lane's rows."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from engine.contracts import GenerationRequest, SamplingParams
+from engine.runtime import Engine
+from tests.engine.test_batch import (GREEDY, assert_matches_reference, drain, iterate, make_group, prompt_of, run_rows,
+                                     tokens_of)
+
+pytestmark = pytest.mark.anyio
+
+
+class GatedPrompts:
+    """Wraps the group's runner: a forward over prompt chunks (no slot rows) waits for `open`, or raises `fail`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.open = threading.Event()
+        self.entered = threading.Event()
+        self.fail: str | None = None
+        self.iterations = inner.iterations
+
+    def forward(self, segments):
+        if all(s.slot is None for s in segments) and any(len(s.tokens) > 1 for s in segments):
+            self.entered.set()
+            if self.fail:
+                raise RuntimeError(self.fail)
+            assert self.open.wait(30), "the test never opened the gate"
+        return self.inner.forward(segments)
+
+
+async def iterate_until(group, done, limit: int = 400) -> None:
+    for _ in range(limit):
+        if done():
+            return
+        await iterate(group)
+    raise AssertionError("not reached")
+
+
+async def test_rows_prefilled_on_the_lane_match_mlx_lm_and_no_step_mixes(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True, max_iteration_tokens=16, minimum_preparation_tokens=4)
+    try:
+        prompts = [prompt_of(n, i) for i, n in enumerate((3, 11, 25, 40))]
+        reqs = [GenerationRequest(p, GREEDY, max_tokens=16) for p in prompts]
+        deltas = await run_rows(group, reqs, [0, 2, 5, 9])
+        for p, d in zip(prompts, deltas.values()):
+            assert_matches_reference(tiny_loaded, p, tokens_of(d), 16)
+        # No decode step carried a prompt chunk: the chunks ran on the lane.
+        assert group.counters["lane_chunks"] >= 1 and group.counters["mixed_iterations"] == 0
+        assert group.iteration_times.snapshot()["mixed"]["n"] == 0
+        assert group.counters["prompt_tokens"] == sum(len(p) for p in prompts)
+        assert group.active_rows() == 0 and group.kv_bytes() == 0
+    finally:
+        group.close()
+
+
+async def test_decoding_rows_go_on_while_a_prompt_chunk_is_held_on_the_lane(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True)
+    gate = group.step.runner = GatedPrompts(group.step.runner)
+    gate.open.set()
+    try:
+        first = group.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=30))
+        await iterate_until(group, lambda: first._row.decoding and not first._row.in_lane)
+        gate.open.clear()
+        gate.entered.clear()
+        second = group.submit(GenerationRequest(prompt_of(20, 2), GREEDY, max_tokens=8))
+        await iterate(group)  # admitted; its chunk goes to the lane, which waits at the gate
+        assert await anyio.to_thread.run_sync(gate.entered.wait, 30)
+        assert second._row.in_lane
+        before = len(first._row.generated)
+        for _ in range(5):
+            await iterate(group)
+        assert len(first._row.generated) == before + 5  # one token an iteration while the chunk was held
+        assert second._row.prefilled == 0 and not second._row.generated
+        gate.open.set()
+        await iterate_until(group, lambda: first._row.finished and second._row.finished)
+        got = {s: tokens_of(drain(s)) for s in (first, second)}
+        assert_matches_reference(tiny_loaded, prompt_of(6, 1), got[first], 30)
+        assert_matches_reference(tiny_loaded, prompt_of(20, 2), got[second], 8)
+    finally:
+        gate.open.set()
+        group.close()
+
+
+async def test_a_failing_lane_job_fails_its_rows_and_decoding_goes_on(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True)
+    gate = group.step.runner = GatedPrompts(group.step.runner)
+    gate.open.set()
+    try:
+        first = group.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=12))
+        await iterate_until(group, lambda: first._row.decoding and not first._row.in_lane)
+        gate.fail = "lane kaboom"
+        second = group.submit(GenerationRequest(prompt_of(20, 2), GREEDY, max_tokens=8))
+        await iterate_until(group, lambda: second._row.finished)
+        (failed,) = drain(second)
+        assert failed.finish_reason == "error" and "lane kaboom" in (failed.error or "")
+        gate.fail = None
+        await iterate_until(group, lambda: first._row.finished)
+        assert_matches_reference(tiny_loaded, prompt_of(6, 1), tokens_of(drain(first)), 12)
+        assert group.counters["failed_steps"] == 1 and group.healthy()
+    finally:
+        group.close()
+
+
+async def test_a_row_cancelled_on_the_lane_leaves_when_its_job_lands(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True)
+    gate = group.step.runner = GatedPrompts(group.step.runner)
+    try:
+        stream = group.submit(GenerationRequest(prompt_of(20, 3), GREEDY, max_tokens=8))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(iterate, group)  # waits for the lane job, held at the gate
+            assert await anyio.to_thread.run_sync(gate.entered.wait, 30)
+            stream.cancel()
+            group.prune()
+            assert group.active_rows() == 1  # the lane still owns it: its cache is in use there
+            gate.open.set()
+        await iterate_until(group, lambda: group.active_rows() == 0)
+        assert group.counters["cancelled_rows"] == 1 and group.row_cache_bytes() == 0
+    finally:
+        gate.open.set()
+        group.close()
+
+
+async def test_a_seeded_row_samples_the_same_through_the_lane(tiny_loaded) -> None:
+    seeded = SamplingParams(temperature=0.9, seed=7)
+    outs = []
+    for lane in (False, True):
+        group = make_group(tiny_loaded, prefill_lane=lane)
+        try:
+            deltas = (await run_rows(group, [GenerationRequest(prompt_of(9, 4), seeded, max_tokens=12)], [0]))[0]
+            outs.append(tokens_of(deltas))
+        finally:
+            group.close()
+    assert outs[0] == outs[1] and len(outs[0]) >= 1
+
+
+async def test_the_engine_serves_through_the_lane_on_its_threads(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, prefill_lane=True, memory_budget=1 << 30)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        prompts = [prompt_of(n, i) for i, n in enumerate((30, 7, 50))]
+        streams = [engine.submit(GenerationRequest(p, GREEDY, max_tokens=10)) for p in prompts]
+        for p, s in zip(prompts, streams):
+            assert_matches_reference(tiny_loaded, p, [t async for d in s for t in d.token_ids], 10)
+        lane = engine.stats()["prefill_lane"]
+        assert lane["on"] and lane["chunks"] >= 1
+        engine.close()
