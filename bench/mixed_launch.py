@@ -69,16 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="decode,mixed")
     p.add_argument("--same", action="store_true", help="every trial at the same offset (shapes seen before)")
     args = p.parse_args(argv)
-    from bench.step_profile import _fill
-    from engine.accelerator import apply_serving_defaults
-    from engine.models import load_model
-    from engine.runner import PackedRunner
+    from bench.step_profile import slot_rows
 
-    apply_serving_defaults()
-    model = load_model(args.model).model
-    vocab = model.args.vocab_size
-    runner = PackedRunner(model)
-    slots = _fill(runner, model, args.rows, args.context, vocab)
+    model, vocab, runner, slots = slot_rows(args.model, args.rows, args.context)
     out: dict[str, Any] = {"device": str(mx.default_device()), "rows": args.rows, "chunk": args.chunk}
     for mode in args.modes.split(","):
         chunk = 0 if mode == "decode" else args.chunk

@@ -102,16 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=8)
     p.add_argument("--gap-ms", type=float, default=40.0, help="the second thread's pause between chunks")
     args = p.parse_args(argv)
-    from bench.step_profile import _fill
-    from engine.accelerator import apply_serving_defaults
-    from engine.models import load_model
-    from engine.runner import PackedRunner, Segment, make_cache
+    from bench.step_profile import slot_rows
+    from engine.runner import Segment, make_cache
 
-    apply_serving_defaults()
-    model = load_model(args.model).model
-    vocab = model.args.vocab_size
-    runner = PackedRunner(model)
-    slots = _fill(runner, model, args.rows, args.context, vocab)
+    model, vocab, runner, slots = slot_rows(args.model, args.rows, args.context)
     out: dict[str, Any] = {"device": str(mx.default_device()), "rows": args.rows, "chunk": args.chunk}
     _decode(runner, model, slots, 20, vocab, args.chunk, 4)  # warm: kernels compiled, shapes seen
     out["decode_alone"] = _pcts(_decode(runner, model, slots, args.steps, vocab))

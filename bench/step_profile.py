@@ -31,6 +31,20 @@ def _fill(runner: Any, model: Any, rows: int, length: int, vocab: int) -> list[i
     return slots
 
 
+def slot_rows(model_dir: str, rows: int, context: int) -> tuple[Any, int, Any, list[int]]:
+    """(model, vocab, runner, slots): the model loaded with the server's MLX settings and `rows` decode rows of
+    `context` tokens in its packed runner's slots. Raises what loading raises."""
+    from engine.accelerator import apply_serving_defaults
+    from engine.models import load_model
+    from engine.runner import PackedRunner
+
+    apply_serving_defaults()
+    model = load_model(model_dir).model
+    vocab = int(model.args.vocab_size)
+    runner = PackedRunner(model)
+    return model, vocab, runner, _fill(runner, model, rows, context, vocab)
+
+
 def _decode_segments(slots: list[int], tokens: list[int]) -> list[Any]:
     from engine.runner import Segment
 

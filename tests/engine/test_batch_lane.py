@@ -38,6 +38,16 @@ class GatedPrompts:
         return self.inner.forward(segments)
 
 
+async def decoding_beside_gate(loaded, max_tokens: int):
+    """A lane group whose runner is gated (open) and one row already decoding: (group, gate, that row's stream)."""
+    group = make_group(loaded, prefill_lane=True)
+    gate = group.step.runner = GatedPrompts(group.step.runner)
+    gate.open.set()
+    first = group.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=max_tokens))
+    await iterate_until(group, lambda: first._row.decoding and not first._row.in_lane)
+    return group, gate, first
+
+
 async def iterate_until(group, done, limit: int = 400) -> None:
     for _ in range(limit):
         if done():
@@ -64,12 +74,8 @@ async def test_rows_prefilled_on_the_lane_match_mlx_lm_and_no_step_mixes(tiny_lo
 
 
 async def test_decoding_rows_go_on_while_a_prompt_chunk_is_held_on_the_lane(tiny_loaded) -> None:
-    group = make_group(tiny_loaded, prefill_lane=True)
-    gate = group.step.runner = GatedPrompts(group.step.runner)
-    gate.open.set()
+    group, gate, first = await decoding_beside_gate(tiny_loaded, 30)
     try:
-        first = group.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=30))
-        await iterate_until(group, lambda: first._row.decoding and not first._row.in_lane)
         gate.open.clear()
         gate.entered.clear()
         second = group.submit(GenerationRequest(prompt_of(20, 2), GREEDY, max_tokens=8))
@@ -92,12 +98,8 @@ async def test_decoding_rows_go_on_while_a_prompt_chunk_is_held_on_the_lane(tiny
 
 
 async def test_a_failing_lane_job_fails_its_rows_and_decoding_goes_on(tiny_loaded) -> None:
-    group = make_group(tiny_loaded, prefill_lane=True)
-    gate = group.step.runner = GatedPrompts(group.step.runner)
-    gate.open.set()
+    group, gate, first = await decoding_beside_gate(tiny_loaded, 12)
     try:
-        first = group.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=12))
-        await iterate_until(group, lambda: first._row.decoding and not first._row.in_lane)
         gate.fail = "lane kaboom"
         second = group.submit(GenerationRequest(prompt_of(20, 2), GREEDY, max_tokens=8))
         await iterate_until(group, lambda: second._row.finished)
