@@ -78,7 +78,7 @@ class _Prefiller(threading.Thread):
         try:
             i = 0
             cache = make_cache(self.model)
-            while not self.stop.is_set():
+            while i == 0 or not self.stop.is_set():  # one chunk at least, however short the decode run
                 if cache[0].offset >= 4 * self.chunk:
                     cache = make_cache(self.model)
                 t0 = time.perf_counter()
