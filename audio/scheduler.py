@@ -30,6 +30,7 @@ from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
+from engine.context import EngineThread
 
 if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
@@ -123,6 +124,9 @@ class WhisperScheduler:
         self._mels_pending = 0  # windows whose log-mel a worker thread is computing
         self._mel_done = anyio.Event()
         self._last_kind = ""
+        # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
+        # (SpeechService.run sets it on a GPU), beside the chat steps instead of between them.
+        self.thread: EngineThread | None = None
 
     @property
     def in_flight(self) -> int:
@@ -184,6 +188,14 @@ class WhisperScheduler:
 
     async def _lead(self) -> None:
         self._leading = True
+        if self.thread is not None:
+            try:
+                await self.thread.run(self._step)  # shielded: a cancelled caller waits for its step to end
+            finally:
+                self._leading = False
+                self._progress.set()
+                self._progress = anyio.Event()
+            return
         scope = anyio.CancelScope()
         handle = self.tasks.enqueue(self._step, cancellation=scope, label="whisper.step")
         try:
@@ -391,7 +403,7 @@ class WhisperScheduler:
                 "catch_up_s": self.budget.catch_up_seconds,
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
                 "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
-                "recent_steps": step_summary(c.steps)}
+                "recent_steps": step_summary(c.steps), "own_thread": self.thread is not None}
 
 
 def _unfed(w: _Window) -> int:

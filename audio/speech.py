@@ -8,6 +8,7 @@ step on the shared driver loop; the caller only sees numpy and text.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncGenerator, cast, get_args
@@ -26,6 +27,7 @@ from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import speech_pieces
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
+from engine.context import EngineThread
 
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
@@ -77,10 +79,12 @@ class SpeechService:
                  dtype: str | None = None, idle_unload_sec: float = 0.0, resident: bool = False,
                  session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
                  live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0,
-                 pace: Pace | None = None, vad: bool = True) -> None:
+                 pace: Pace | None = None, vad: bool = True, step_thread: bool | None = None) -> None:
         """`pace`: seconds of a chat iteration while chat rows decode, else None (Engine.chat_pace): Whisper
         steps then take at most `budget.chat_share` of it. `vad`: the default of options() when a request
-        does not say. Raises nothing."""
+        does not say. `step_thread`: while `run()` runs, Whisper steps run on a thread of their own beside the chat
+        steps (None: on a GPU, or as TANDEM_SPEECH_THREAD=on|off says). Raises nothing."""
+        self.step_thread = step_thread
         self.vad_default = vad
         self.tasks = tasks
         self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
@@ -191,22 +195,31 @@ class SpeechService:
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled.
         Raises WhisperCheckpointError when `preload` fails."""
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            try:
-                if preload:  # stays loaded until the first take ends, then the idle policy applies
-                    await self.residency.preload()
-                task_status.started()
-                while True:
-                    await anyio.sleep(tick)
-                    now = time.monotonic()
-                    self._expire(now)
-                    self.residency.unload_if_due(now)
-            finally:
-                self._tg = None
-                for s in list(self.sessions.values()):
-                    s.cancel()
-                tg.cancel_scope.cancel()
+        if _step_thread(self.step_thread):
+            # On a GPU a step's launch costs the host as much as a chat iteration: on its own thread (and MLX
+            # stream) it no longer sits between two chat steps. Everything a step builds stays on that thread.
+            self.scheduler.thread = EngineThread("tandem-speech")
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                try:
+                    if preload:  # stays loaded until the first take ends, then the idle policy applies
+                        await self.residency.preload()
+                    task_status.started()
+                    while True:
+                        await anyio.sleep(tick)
+                        now = time.monotonic()
+                        self._expire(now)
+                        self.residency.unload_if_due(now)
+                finally:
+                    self._tg = None
+                    for s in list(self.sessions.values()):
+                        s.cancel()
+                    tg.cancel_scope.cancel()
+        finally:
+            thread, self.scheduler.thread = self.scheduler.thread, None
+            if thread is not None:
+                thread.close()
 
     def stats(self) -> dict[str, Any]:
         """Plain numbers for /stats. Raises nothing."""
@@ -221,3 +234,12 @@ class SpeechService:
                 "max_buffered_audio_s": None if self.pool.max_samples is None else self.pool.max_samples / SAMPLE_RATE,
                 "max_session_s": self.live.max_session_s, "max_session_lag_s": self.live.max_lag_s,
                 "vad_default": self.vad_default, "scheduler": self.scheduler.stats()}
+
+
+def _step_thread(choice: bool | None) -> bool:
+    if choice is not None:
+        return choice
+    import mlx.core as mx
+
+    env = os.environ.get("TANDEM_SPEECH_THREAD", "auto").lower()
+    return env == "on" or (env != "off" and mx.default_device().type == mx.DeviceType.gpu)

@@ -246,3 +246,49 @@ def test_the_step_limit_grows_with_the_oldest_live_windows_wait() -> None:
                            SimpleNamespace(live=False, since=now - 60.0, request=live)]  # finished: no longer waits
     scheduler._plan_limit()
     assert scheduler._limit == pytest.approx(0.012, rel=0.05)
+
+
+async def test_steps_on_a_thread_of_their_own_decode_what_tasks_decode(tiny_whisper: LoadedWhisper) -> None:
+    requests = [request(s, seed=s, without_timestamps=s % 2 == 0) for s in (3, 9, 20)]
+    async with running_tasks() as tasks:
+        queued = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        want = await decode_all(queued, tiny_whisper, requests)
+        own = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        own.thread = EngineThread("test-speech")
+        before = tasks.completed
+        try:
+            got = await decode_all(own, tiny_whisper, requests)
+        finally:
+            own.thread.close()
+        assert tasks.completed == before  # no step went through the engine's task queue
+    assert [r.decoded.tokens for r in got] == [r.decoded.tokens for r in want]
+    assert own.counters.encoder_steps > 0 and own.counters.decoder_steps > 0
+
+
+async def test_a_step_held_on_its_own_thread_holds_no_engine_task(tiny_whisper: LoadedWhisper, monkeypatch) -> None:
+    # What chat steps need (the engine's loop and its lease) stays free while a Whisper step runs on its thread.
+    import threading
+
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        scheduler.thread = EngineThread("test-speech")
+        entered, release = threading.Event(), threading.Event()
+        step = scheduler._step
+
+        def held() -> str:
+            entered.set()
+            assert release.wait(30), "never released"
+            return step()
+
+        monkeypatch.setattr(scheduler, "_step", held)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(decode_all, scheduler, tiny_whisper, [request(4, seed=1)])
+                assert await anyio.to_thread.run_sync(entered.wait, 30)
+                assert await tasks.run(lambda: "chat's turn") == "chat's turn"  # ran while the step was held
+                assert not release.is_set()
+                release.set()
+        finally:
+            release.set()
+            scheduler.thread.close()
+    assert scheduler.counters.encoder_steps > 0

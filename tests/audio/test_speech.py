@@ -163,3 +163,18 @@ async def test_buffered_audio_is_capped_across_sessions(tiny_whisper_dir: Path) 
             speech.delete_session(a.id)  # its audio leaves the pool
             b.append(voiced(1.5).tobytes(), PcmFormat())
             tg.cancel_scope.cancel()
+
+
+async def test_with_a_step_thread_the_service_transcribes_the_same_and_closes_it(tiny_whisper_dir: Path) -> None:
+    texts = []
+    for own_thread in (False, True):
+        async with running_tasks() as tasks:
+            speech = service(tasks, tiny_whisper_dir, step_thread=own_thread, resident=True)
+            async with anyio.create_task_group() as tg:
+                await tg.start(speech.run)
+                assert speech.stats()["scheduler"]["own_thread"] == own_thread  # what /stats shows
+                options = speech.options(temperatures=(0.0,), without_timestamps=True)
+                texts.append((await speech.transcribe(voiced(12), options)).text)
+                tg.cancel_scope.cancel()
+            assert speech.scheduler.thread is None  # closed with run()
+    assert texts[0] == texts[1]
