@@ -125,7 +125,7 @@ class WhisperScheduler:
         self._mel_done = anyio.Event()
         self._last_kind = ""
         # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
-        # (SpeechService.run sets it on a GPU), beside the chat steps instead of between them.
+        # (SpeechService.run, TANDEM_SPEECH_THREAD=on), beside the chat steps instead of between them.
         self.thread: EngineThread | None = None
 
     @property
