@@ -264,7 +264,8 @@ class LLMBatchGroup:
         self.step.reset()
         self.tasks.reject_all()
         if self.lane is not None:
-            self.lane.close()  # after the job in flight, if any: its rows were ended above
+            # It stops after the job in flight, if any (its rows were ended above); joined by Engine.serve's end.
+            self.lane.close(join_timeout=0)
         self._wake_up()
 
     # -- stats ------------------------------------------------------------------------------------
@@ -415,7 +416,8 @@ class LLMBatchGroup:
         self._lane_rows, self._lane_finished = [], False
         for r in rows:
             r.in_lane = False
-        if self._closed:
+        if self._closed:  # its rows were ended by close(); a driver waiting for the lane goes on to see that
+            self._lane_landed.set()
             return
         if error is not None:
             self._fail_rows(rows, error if isinstance(error, Exception) else RuntimeError(repr(error)))

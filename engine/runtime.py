@@ -158,6 +158,8 @@ class Engine:
             sys.setswitchinterval(switch)
             self._serving = False
             self.thread.close()
+            if isinstance(self.group, LLMBatchGroup) and self.group.lane is not None:
+                self.group.lane.close()  # the prefill lane's thread used MLX too: joined before the process ends
 
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; iterate the returned stream for deltas, `aclose()` it to cancel.

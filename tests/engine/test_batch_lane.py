@@ -156,3 +156,17 @@ async def test_the_engine_serves_through_the_lane_on_its_threads(tiny_loaded) ->
         lane = engine.stats()["prefill_lane"]
         assert lane["on"] and lane["chunks"] >= 1
         engine.close()
+
+
+async def test_closing_while_a_chunk_is_on_the_lane_frees_a_driver_waiting_for_it(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True)
+    gate = group.step.runner = GatedPrompts(group.step.runner)
+    stream = group.submit(GenerationRequest(prompt_of(20, 5), GREEDY, max_tokens=8))
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(iterate, group)  # nothing decodes: it waits for the lane's job
+            assert await anyio.to_thread.run_sync(gate.entered.wait, 30)
+            group.close()
+            gate.open.set()
+    (delta,) = drain(stream)
+    assert delta.finish_reason == "cancelled" and group.closed
