@@ -170,3 +170,27 @@ async def test_closing_while_a_chunk_is_on_the_lane_frees_a_driver_waiting_for_i
             gate.open.set()
     (delta,) = drain(stream)
     assert delta.finish_reason == "cancelled" and group.closed
+
+
+async def test_a_prefix_cache_hit_and_segment_puts_go_through_the_lane(tiny_loaded) -> None:
+    # The real PrefixCache shared by both threads: the lane takes a hit and stores a segment boundary mid-prompt, the
+    # decode thread stores the finished row; the answer equals a cold run's.
+    from engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(1 << 26)
+    group = make_group(tiny_loaded, prefill_lane=True, prefix_cache=cache, max_iteration_tokens=8,
+                       minimum_preparation_tokens=4)
+    try:
+        first = prompt_of(12, 2)
+        d1 = (await run_rows(group, [GenerationRequest(first, GREEDY, max_tokens=6, namespace="m")], [0]))[0]
+        second = first + tokens_of(d1) + prompt_of(9, 8)
+        request = GenerationRequest(second, GREEDY, max_tokens=8, namespace="m", segment_boundaries=(len(second) - 4,))
+        d2 = (await run_rows(group, [request], [0]))[0]
+        assert d2[-1].cached_tokens == len(first) + len(tokens_of(d1)) - 1  # the hit, taken on the lane
+        stats = cache.stats()
+        assert stats["hits"] == 1 and stats["system_entries"] == 1  # the boundary, stored mid-prompt by the lane
+        assert group.counters["mixed_iterations"] == 0
+    finally:
+        group.close()
+    cold = make_group(tiny_loaded)
+    assert tokens_of(d2) == tokens_of((await run_rows(cold, [GenerationRequest(second, GREEDY, max_tokens=8)], [0]))[0])
