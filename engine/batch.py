@@ -1,28 +1,22 @@
 """LLMBatchGroup — the LLM ExecutionGroup's event-loop half: rows, admission, one token budget, publishing.
 
-Row lifecycle (engine/rows.py RowState): `submit` queues a row → `admit` makes it active (at most
-`max_active`, and while the memory budget's KV room allows: engine/admission.py) → prefill chunks fill
-the iteration budget left after the decoding rows' reserved tokens → the chunk that completes the prompt
-samples the first token → one decode token per iteration → finished (stop / length / error) or
-cancelled, after which the row and its KV leave the group.
+Row lifecycle (engine/rows.py RowState): `submit` queues a row → `admit` makes it active (`max_active`, and the
+memory budget's KV room: engine/admission.py) → prompt chunks (oldest row first) → the chunk that completes the
+prompt samples the first token → one decode token per iteration → finished (stop / length / error) or cancelled,
+after which the row and its KV leave the group. Every decoding row gets its token first; prompt chunks fill the
+rest of the budget the driver passes (a prompt larger than any budget takes several iterations), or, on a GPU,
+run on the prefill lane beside the decode steps (engine/lane.py).
 
-Budget rule (the driver passes `max(max_iteration_tokens, running + minimum_preparation_tokens)` to
-`advance_mixed`): every decoding row gets its token first; prompt chunks, oldest row first, fill the
-rest. A prompt larger than any budget simply takes several iterations; it is never rejected for size.
-
-Threading: the model work of an iteration — prefix-cache take/put, the forward, sampling,
-detokenization — is one `context.run(step.run, ...)` call on the engine thread (engine/step.py), which
-returns plain Python results. A decode-only iteration may be a burst of such steps (`_burst`): the engine
-thread posts each step's results to the event loop, which publishes them while the next step runs. This
-half runs on the event loop: it owns the row lists, publishes deltas with `send_nowait` into unbounded
-streams (a slow consumer never blocks the loop) and only mutates the row lists between steps.
+Threading: an iteration's model work is one `context.run(step.run, ...)` on the engine thread (engine/step.py),
+which returns plain Python. A decode-only iteration may be a burst of steps (`_burst`) whose results the loop
+publishes while the next one runs. This half runs on the event loop: it owns the row lists, publishes deltas with
+`send_nowait` into unbounded streams (a slow consumer never blocks the loop) and only mutates rows between steps.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import time
 from collections import deque
 from typing import Any, Callable
@@ -31,10 +25,11 @@ import anyio
 
 from engine.admission import KVAdmission, may_join
 from engine.burst import StepResult, run_burst
-from engine.context import EngineThread, loop_caller
+from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import EngineClosed, QueueFull
 from engine.iteration_times import IterationTimes, RecentRates
+from engine.lane import PrefillLane, lane_default
 from engine.memory import MemoryBudget, release_free_memory
 from engine.pacing import DECODE_BURST, STALL, PrefillPacer
 from engine.plan import ExecutionPlan, resolve_execution
@@ -108,7 +103,7 @@ class LLMBatchGroup:
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
             "decode_seconds": 0.0, "loop_gap_seconds": 0.0, "publish_seconds": 0.0, "failed_steps": 0,
-            "bursts": 0, "burst_steps": 0, "lane_chunks": 0, "lane_seconds": 0.0,
+            "bursts": 0, "burst_steps": 0, "lane_chunks": 0,
         }
         self.pacer = PrefillPacer(max_iteration_tokens, minimum_preparation_tokens, prefill_stall)
         self.iteration_times = IterationTimes()
@@ -116,16 +111,9 @@ class LLMBatchGroup:
                               counters=self.counters, keep_mixed_in_flight=keep_mixed_in_flight)
         slots = self.step.slots
         self.admission = KVAdmission(budget, slots.step if slots is not None else 256) if budget else None
-        # The prefill lane: prompt chunks run on a second engine thread (its own MLX stream) while the decode
-        # thread goes on, so a chunk's launch no longer stalls every decoding row (H200, 32 rows + 512-token
-        # chunks: decode step p99 10.6 ms packed together, 5.8 ms beside the lane). Default: on a GPU; a CPU's
-        # cores are shared by both threads anyway, so there the chunk rides in the decode step.
-        use_lane = _lane_default() if prefill_lane is None else prefill_lane
-        self.lane: EngineThread | None = EngineThread("tandem-prefill") if use_lane and self.plan.packed else None
-        self._lane_rows: list[Row] = []  # the rows of the lane's job in flight
-        self._lane_landed = anyio.Event()
-        self._lane_finished = False  # set by the lane thread as a job ends, so a decode burst hands back
-        self._to_loop: Callable[..., None] | None = None  # bound on the event loop at the first feed
+        # Prompt chunks on a second engine thread beside the decode steps (engine/lane.py); else packed into them.
+        use_lane = lane_default() if prefill_lane is None else prefill_lane
+        self.lane = PrefillLane() if use_lane and self.plan.packed else None
         # Health: steps failed in a row (reset by any success) and the last failure, for /health.
         self.consecutive_failures = 0
         self.last_error: str | None = None
@@ -232,7 +220,6 @@ class LLMBatchGroup:
         """One packed iteration: every decoding row plus prompt chunks filling the rest of `budget`. With the
         prefill lane: the lane takes the next prompt chunks while this iteration decodes."""
         if self.lane is not None:
-            self._to_loop = self._to_loop or loop_caller()
             self._feed_lane()
             await self._iterate(0, decode=True, prefill=False)
             return
@@ -242,11 +229,8 @@ class LLMBatchGroup:
         """Prompt chunks (oldest row first) within max_iteration_tokens (with the prefill lane: on the lane,
         waited for, since nothing decodes)."""
         if self.lane is not None:
-            self._to_loop = self._to_loop or loop_caller()
-            landed = self._lane_landed
             self._feed_lane()
-            if self._lane_rows:
-                await landed.wait()
+            await self.lane.wait()
             return
         await self._iterate(max(self._max_iteration_tokens, 1), decode=False, prefill=True)
 
@@ -359,7 +343,7 @@ class LLMBatchGroup:
         running further ahead would only batch tokens up and take its GIL time)."""
         return bool(self._closed or self.tasks.pending or (self._queue and len(self._active) < self.max_active)
                     or any(r.ended for r in self._active) or (posted is not None and not posted.published)
-                    or self._lane_finished)
+                    or (self.lane is not None and self.lane.finished))
 
     def _landed(self, done: StepResult, gap: float | None = None) -> None:
         """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""
@@ -368,70 +352,33 @@ class LLMBatchGroup:
             self.pacer.record(done.cost.seconds, done.cost.prompt_tokens, done.cost.decode_rows)
         self._recent.add(done.prompted, done.generated)
         t0 = time.perf_counter()
-        for row, delta in done.outputs:
-            self._publish(row, delta)
-            if row.finished and row in self._active:
-                self._active.remove(row)
+        self._publish_all(done.outputs)
         done.published = True
         self.counters["publish_seconds"] += time.perf_counter() - t0
 
     # -- the prefill lane ---------------------------------------------------------------------------
 
     def _feed_lane(self) -> None:
-        """Event loop: hand the next prompt chunks (oldest rows first, max_iteration_tokens) to the idle lane.
-        Raises nothing."""
-        call = self._to_loop
-        if self.lane is None or call is None or self._lane_rows or self._closed:
-            return
-        rows, left = [], self._max_iteration_tokens
-        for r in self._active:
-            if left <= 0:
-                break
-            if r.preparing and not r.cancelled:
-                rows.append(r)
-                left -= len(r.prompt) - r.prefilled
-        if not rows:
-            return
-        for r in rows:
-            r.in_lane = True
-        self._lane_rows = rows
-
-        def done(result: Any, error: BaseException | None) -> None:  # on the lane thread
-            self._lane_finished = True
-            try:
-                call(self._lane_done, rows, result, error)
-            except RuntimeError:  # the event loop is gone (shutdown)
-                pass
-
-        self.lane.submit(functools.partial(self._lane_job, rows, self._max_iteration_tokens), done)
-
-    def _lane_job(self, rows: list[Row], budget: int) -> tuple[list[tuple[Row, Delta]], int, float]:
-        t0 = time.perf_counter()
-        outputs, prompted = self.step.prefill(rows, budget)
-        return outputs, prompted, time.perf_counter() - t0
+        """Event loop: the idle lane takes the next prompt chunks. Raises nothing."""
+        if self.lane is not None and not self._closed:
+            self.lane.feed(self._active, self._max_iteration_tokens, self.step.prefill, self._lane_done)
 
     def _lane_done(self, rows: list[Row], result: Any, error: BaseException | None) -> None:
         """Event loop: a lane job ended; its rows come back (first tokens published, or failed), and the lane
         takes the next chunks. Raises nothing."""
-        self._lane_rows, self._lane_finished = [], False
-        for r in rows:
-            r.in_lane = False
+        assert self.lane is not None
+        self.lane.take_back(rows)
         if self._closed:  # its rows were ended by close(); a driver waiting for the lane goes on to see that
-            self._lane_landed.set()
+            self.lane.wake()
             return
         if error is not None:
             self._fail_rows(rows, error if isinstance(error, Exception) else RuntimeError(repr(error)))
         else:
             self.consecutive_failures = 0
-            outputs, prompted, seconds = result
-            self.counters["lane_seconds"] += seconds
+            outputs, prompted = result
             self._recent.add(prompted, len(outputs))
-            for row, delta in outputs:
-                self._publish(row, delta)
-                if row.finished and row in self._active:
-                    self._active.remove(row)
-        self._lane_landed.set()
-        self._lane_landed = anyio.Event()
+            self._publish_all(outputs)
+        self.lane.wake()
         self._feed_lane()
         self._wake_up()
 
@@ -456,6 +403,12 @@ class LLMBatchGroup:
         return self.consecutive_failures < 3
 
     # -- event-loop side --------------------------------------------------------------------------
+
+    def _publish_all(self, outputs: list[tuple[Row, Delta]]) -> None:
+        for row, delta in outputs:
+            self._publish(row, delta)
+            if row.finished and row in self._active:
+                self._active.remove(row)
 
     def _publish(self, row: Row, delta: Delta) -> None:
         if delta.finish_reason is not None:
@@ -483,11 +436,3 @@ class LLMBatchGroup:
     def _wake_up(self) -> None:
         self._wake.set()
         self._wake = anyio.Event()
-
-
-def _lane_default() -> bool:
-    # TANDEM_PREFILL_LANE=on|off overrides (to compare the two on one device); auto: on a GPU.
-    import mlx.core as mx
-
-    choice = os.environ.get("TANDEM_PREFILL_LANE", "auto").lower()
-    return choice == "on" or (choice != "off" and mx.default_device().type == mx.DeviceType.gpu)

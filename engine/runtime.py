@@ -230,8 +230,7 @@ class Engine:
                                     "steps": int(c["burst_steps"])}
             # Prompt chunks on their own engine thread beside the decode steps (engine/batch.py), where on.
             out["prefill_lane"] = {"on": group.lane is not None, "chunks": int(c["lane_chunks"]),
-                                   "seconds": round(c["lane_seconds"], 3),
-                                   "busy_seconds": round(group.lane.busy_seconds, 3) if group.lane else 0.0}
+                                   "busy_seconds": round(group.lane.thread.busy_seconds, 3) if group.lane else 0.0}
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}
