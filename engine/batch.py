@@ -330,20 +330,29 @@ class LLMBatchGroup:
         return StepResult(outputs, cost, time.perf_counter() - t0, prompted, generated)
 
     def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
-        """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_ends`."""
-        done, steps = run_burst(lambda: self._step(rows, 0, True, False), self._burst_ends, post, self.decode_burst)
+        """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_end`."""
+        done, steps = run_burst(lambda: self._step(rows, 0, True, False), lambda posted: bool(self._burst_end(posted)),
+                                post, self.decode_burst)
         self.counters["bursts"] += 1
         self.counters["burst_steps"] += steps
         return done
 
-    def _burst_ends(self, posted: StepResult | None) -> bool:
-        """Whether something waits for the loop: the group closes, a task (a Whisper step) or a request with room
+    def _burst_end(self, posted: StepResult | None) -> str | None:
+        """What waits for the loop, if anything: the group closes, a task (a Whisper step) or a request with room
         to join is queued (with every row busy only a finish frees one), a row ended (its KV is freed between
-        steps, cancelled ones too), or the loop has not yet published the step posted before (it is busy:
-        running further ahead would only batch tokens up and take its GIL time)."""
-        return bool(self._closed or self.tasks.pending or (self._queue and len(self._active) < self.max_active)
-                    or any(r.ended for r in self._active) or (posted is not None and not posted.published)
-                    or (self.lane is not None and self.lane.finished))
+        steps, cancelled ones too), the loop has not yet published the step posted before (it is busy: running
+        further ahead would only batch tokens up and take its GIL time), or a lane job ended (new rows join)."""
+        if self._closed:
+            return "closed"
+        if self.tasks.pending:
+            return "task"
+        if self._queue and len(self._active) < self.max_active:
+            return "join"
+        if any(r.ended for r in self._active):
+            return "ended"
+        if posted is not None and not posted.published:
+            return "behind"
+        return "lane" if self.lane is not None and self.lane.finished else None
 
     def _landed(self, done: StepResult, gap: float | None = None) -> None:
         """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""

@@ -17,12 +17,14 @@ pytestmark = pytest.mark.anyio
 
 
 class StepLog:
-    """Counts the engine's steps and its hand-offs from the event loop; `check` runs at each step's start."""
+    """Counts the engine's steps and its hand-offs from the event loop, and records why each burst step ended its
+    burst or not (`ends`); `check` runs at each step's start."""
 
     def __init__(self, engine: Engine, check: Callable[[list[Any]], None] = lambda rows: None) -> None:
         self.steps = 0
         self.handoffs = 0
-        step_run, thread_run = engine.group.step.run, engine.thread.run
+        self.ends: list[str | None] = []
+        step_run, thread_run, why = engine.group.step.run, engine.thread.run, engine.group._burst_end
 
         def step(rows: list[Any], *args: Any) -> Any:
             self.steps += 1
@@ -33,8 +35,18 @@ class StepLog:
             self.handoffs += 1
             return await thread_run(fn, *args)
 
+        def burst_end(posted: Any) -> str | None:
+            self.ends.append(reason := why(posted))
+            return reason
+
         engine.group.step.run = step  # type: ignore[method-assign]
         engine.thread.run = handoff  # type: ignore[method-assign]
+        engine.group._burst_end = burst_end  # type: ignore[method-assign]
+
+    @property
+    def planned_handoffs(self) -> int:
+        """Hand-offs less the bursts that ended because the loop had not yet published (this machine's load)."""
+        return self.handoffs - self.ends.count("behind")
 
 
 async def generate(engine: Engine, prompt: list[int], n: int, on_delta: Callable[[], None] = lambda: None) -> list[int]:
@@ -68,7 +80,7 @@ async def test_a_lone_stream_decodes_in_bursts_and_matches_mlx_lm(tiny_loaded, b
         assert log.handoffs >= log.steps  # every step handed back to the event loop
         assert bursts == {"limit": 1, "bursts": 0, "steps": 0}
     else:  # 48 tokens: the prefill, then decode steps in bursts of up to 16 per hand-off
-        assert log.steps >= 47 and log.handoffs <= 2 + log.steps // 8
+        assert log.steps >= 47 and log.planned_handoffs <= 2 + log.steps // 8
         assert bursts["limit"] == 16 and 3 <= bursts["bursts"] <= 6 and bursts["steps"] >= 40
 
 
@@ -181,7 +193,7 @@ async def test_no_bursts_while_another_subsystem_shares_the_loop(tiny_loaded, la
     if label == "whisper.step":  # live speech on the loop: every step goes back to it
         assert log.handoffs >= log.steps
     else:  # the group's own prefix-cache puts do not count
-        assert log.handoffs <= 2 + log.steps // 8
+        assert log.planned_handoffs <= 2 + log.steps // 8
 
 
 async def test_a_request_waiting_for_a_free_row_does_not_end_bursts(tiny_loaded) -> None:
@@ -195,18 +207,18 @@ async def test_a_request_waiting_for_a_free_row_does_not_end_bursts(tiny_loaded)
 
     def progress() -> None:
         if not at_submit and log.steps >= 4:
-            at_submit.append((log.steps, log.handoffs))
+            at_submit.append((log.steps, log.planned_handoffs))
             tg.start_soon(collect, prompt_of(5, 8))
 
     first = prompt_of(6, 7)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
         got = await generate(engine, first, 48, progress)
-        steps, handoffs = log.steps - at_submit[0][0], log.handoffs - at_submit[0][1]
+        steps, handoffs = log.steps - at_submit[0][0], log.planned_handoffs - at_submit[0][1]
         while "got" not in second:
             await anyio.wait_all_tasks_blocked()
         engine.close()
     assert got == reference(tiny_loaded.model, first, 48)
     assert second["got"] == reference(tiny_loaded.model, prompt_of(5, 8), 6)
     # While the first row decoded its last ~44 tokens beside a queued request, it still went in bursts.
-    assert steps >= 40 and handoffs <= 2 + steps // 8
+    assert steps >= 40 and handoffs <= 2 + steps // 8 and "join" not in log.ends
