@@ -15,7 +15,7 @@ import numpy as np
 
 from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription, segment_end
 from audio.pcm import SAMPLE_RATE
-from audio.scheduler import WindowResult
+from audio.window import WindowResult
 from audio.transcript import Segment
 from audio.vad import speech_segments
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from audio.mel import HOP_LENGTH, N_FRAMES, N_SAMPLES
 from audio.pcm import SAMPLE_RATE
-from audio.scheduler import WindowRequest, WindowResult
+from audio.window import WindowRequest, WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
 from audio.whisper import LoadedWhisper

@@ -28,7 +28,7 @@ from audio.buffers import AudioBuffer
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
-from audio.scheduler import WindowResult
+from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
 

@@ -19,87 +19,23 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import numpy as np
 
-from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row, step_rows
+from audio.decoder import DecodeRow, advance_rows, finish_row, new_row, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
+from audio.window import Window, WindowRequest, WindowResult, unfed
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
     from engine.tasks import ExecutionTasks
 
-__all__ = ["StepBudget", "WindowRequest", "WindowResult", "WhisperScheduler", "Pace", "StepRecord"]
-
-@dataclass(frozen=True)
-class WindowRequest:
-    """One ≤ 30 s window to decode: `frames` of content in `audio` (16 kHz), mlx-whisper's decoding
-    settings, and the fallback thresholds of openai-whisper's transcribe()."""
-
-    audio: np.ndarray
-    frames: int
-    task: str = "transcribe"
-    language: str | None = None  # None: detected from this window
-    temperatures: tuple[float, ...] = (0.0,)
-    prompt: tuple[int, ...] = ()
-    prefix: tuple[int, ...] = ()  # forced start of the sampled text (committed live text)
-    without_timestamps: bool = False
-    compression_ratio_threshold: float | None = 2.4
-    logprob_threshold: float | None = -1.0
-    no_speech_threshold: float | None = 0.6
-    keep_features: bool = False  # word timestamps re-read the encoder output
-    sample_len: int | None = None  # most tokens to sample (None: n_text_ctx / 2)
-    seed: int = 0  # keys the draws of temperature-fallback rows
-    realtime: bool = False  # a live session's window: its steps' share grows while it waits (catch-up)
-
-    def needs_fallback(self, r: RowResult) -> bool:
-        """Too repetitive or too improbable, unless it is silence. Raises nothing."""
-        if self.no_speech_threshold is not None and r.no_speech_prob > self.no_speech_threshold:
-            return False
-        cr, lp = self.compression_ratio_threshold, self.logprob_threshold
-        repetitive = cr is not None and r.compression_ratio > cr
-        improbable = lp is not None and r.avg_logprob < lp
-        return bool(repetitive or improbable)
-
-
-@dataclass
-class WindowResult:
-    decoded: RowResult
-    language: str
-    features: Any = None  # (1, n_audio_ctx, D) when keep_features
-
-
-@dataclass(eq=False)
-class _Window:
-    loaded: "LoadedWhisper"
-    request: WindowRequest
-    encoder: EncoderJob
-    seq: int
-    row: DecodeRow | None = None
-    rung: int = 0  # index into request.temperatures
-    language: str | None = None
-    result: WindowResult | None = None
-    error: BaseException | None = None
-    cancelled: bool = False
-    scope: anyio.CancelScope | None = None
-    since: float = field(default_factory=time.perf_counter)  # joined the scheduler (its wait for a share)
-
-    @property
-    def finished(self) -> bool:
-        return self.result is not None or self.error is not None
-
-    @property
-    def live(self) -> bool:
-        """Neither finished nor given up (read on the engine thread too). Raises nothing."""
-        return not (self.cancelled or self.finished or (self.scope is not None and self.scope.cancel_called))
-
+__all__ = ["StepBudget", "WhisperScheduler", "Pace", "StepRecord"]
 
 class WhisperScheduler:
     """Windows from every session and file request, advanced together. `decode` is the only entry point;
@@ -117,7 +53,7 @@ class WhisperScheduler:
         self._paced = False
         self._min_step_seconds: float | None = None  # resolved on the engine thread at the first step
         self._rotation = 0
-        self._windows: list[_Window] = []
+        self._windows: list[Window] = []
         self._seq = itertools.count()
         self._leading = False
         self._progress = anyio.Event()
@@ -148,7 +84,7 @@ class WhisperScheduler:
             self._mels_pending -= 1
             self._mel_done.set()
             self._mel_done = anyio.Event()
-        window = _Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel),
+        window = Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel),
                          next(self._seq), scope=cancellation)
         self._windows.append(window)
         try:
@@ -213,7 +149,7 @@ class WhisperScheduler:
             self._progress = anyio.Event()
         handle.result()  # TaskRejected at shutdown; step errors are recorded per window
 
-    def _forget(self, window: _Window) -> None:
+    def _forget(self, window: Window) -> None:
         try:
             self._windows.remove(window)
         except ValueError:
@@ -243,7 +179,7 @@ class WhisperScheduler:
         c.steps = (c.steps + [StepRecord(kind, limit, len(decoding), work, time.perf_counter() - t0)])[-256:]
         return kind
 
-    def _encode(self, pending: list[_Window], limit: float | None, paced: bool, t0: float) -> int:
+    def _encode(self, pending: list[Window], limit: float | None, paced: bool, t0: float) -> int:
         """Full budget: encoder_positions // chunk window-units (at least one), each unit of every kind
         counting one. Paced: units sized to the limit (at least one). Returns the work done."""
         self.counters.encoder_steps += 1
@@ -287,7 +223,7 @@ class WhisperScheduler:
             pending = [w for w in pending if not w.encoder.done and w.error is None]
         return work
 
-    def _decode(self, windows: list[_Window], limit: float | None, t0: float) -> int:
+    def _decode(self, windows: list[Window], limit: float | None, t0: float) -> int:
         """Full budget (`limit` None): decode_tokens forwards of every row, prompts fed whole. Paced: forwards
         of the rows in turn (a rotating start), prompts fed in chunks, until the limit would pass. Returns
         the tokens fed."""
@@ -317,7 +253,7 @@ class WhisperScheduler:
             start = self._rotation % len(live)
             ordered = live[start:] + live[:start]
             ordered = [w for w in ordered if w.loaded is ordered[0].loaded][: self.budget.max_rows]
-            plan = size_forward(self.costs["forward"], ordered, _unfed, limit - (time.perf_counter() - t0), ran)
+            plan = size_forward(self.costs["forward"], ordered, unfed, limit - (time.perf_counter() - t0), ran)
             if plan is None:
                 break
             group, feed = plan
@@ -342,26 +278,26 @@ class WhisperScheduler:
         return self._min_step_seconds
 
     @staticmethod
-    def _by_model(windows: list[_Window]) -> list[list[_Window]]:
+    def _by_model(windows: list[Window]) -> list[list[Window]]:
         # Rows of different model objects (a reload) never share a forward.
-        groups: dict[int, list[_Window]] = {}
+        groups: dict[int, list[Window]] = {}
         for w in windows:
             groups.setdefault(id(w.loaded.model), []).append(w)
         return list(groups.values())
 
-    def _finish_rows(self, windows: list[_Window]) -> None:
+    def _finish_rows(self, windows: list[Window]) -> None:
         for w in windows:
             if w.row is not None and w.row.done and w.error is None:
                 self._guarded(w, self._finish)
 
     @staticmethod
-    def _guarded(w: _Window, fn: Any) -> None:
+    def _guarded(w: Window, fn: Any) -> None:
         try:
             fn(w)
         except Exception as exc:  # this window fails; the step goes on
             w.error = exc
 
-    def _start_decoding(self, w: _Window) -> None:
+    def _start_decoding(self, w: Window) -> None:
         model = w.loaded.model
         w.language = w.request.language or ("en" if not model.is_multilingual else None)
         if w.language is None:
@@ -369,7 +305,7 @@ class WhisperScheduler:
             w.language = max(probs[0], key=probs[0].get)
         w.row = self._row(w)
 
-    def _row(self, w: _Window) -> DecodeRow:
+    def _row(self, w: Window) -> DecodeRow:
         from mlx_whisper.decoding import DecodingOptions
 
         r = w.request
@@ -379,7 +315,7 @@ class WhisperScheduler:
         assert w.encoder.cross_kv is not None
         return new_row(w.loaded.model, options, w.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + w.rung)
 
-    def _finish(self, w: _Window) -> None:
+    def _finish(self, w: Window) -> None:
         assert w.row is not None
         decoded = finish_row(w.row)
         if w.request.needs_fallback(decoded) and w.rung + 1 < len(w.request.temperatures):
@@ -404,8 +340,3 @@ class WhisperScheduler:
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
                 "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
                 "recent_steps": step_summary(c.steps), "own_thread": self.thread is not None}
-
-
-def _unfed(w: _Window) -> int:
-    row = w.row
-    return 0 if row is None else int(row.tokens.shape[1]) - row.fed

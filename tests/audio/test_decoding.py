@@ -68,7 +68,7 @@ async def test_split_clamps_to_the_window(tiny_whisper: LoadedWhisper) -> None:
     tr = await WindowedTranscription.start(tiny_whisper, FAST)
     ts = tr.tokenizer.timestamp_begin
     from audio.decoder import RowResult
-    from audio.scheduler import WindowResult
+    from audio.window import WindowResult
 
     result = WindowResult(RowResult([], [], "", -0.1, 0.0, 0.0, 1.0), "en")
     tokens = [ts, 1000, 1001, ts + 100, ts + 100, 1002, ts + 1500]  # 0.0–2.0 s, then 2.0–30.0 s

@@ -10,7 +10,7 @@ import pytest
 
 from audio.decoder import RowResult
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
-from audio.scheduler import WindowRequest, WindowResult
+from audio.window import WindowRequest, WindowResult
 from audio.transcript import TranscribeOptions
 from audio.whisper import LoadedWhisper
 

@@ -11,7 +11,8 @@ from mlx_whisper.audio import log_mel_spectrogram, pad_or_trim
 
 from audio import scheduler as scheduler_module
 from audio.mel import N_FRAMES, log_mel
-from audio.scheduler import WhisperScheduler, WindowRequest
+from audio.scheduler import WhisperScheduler
+from audio.window import WindowRequest
 from audio.whisper import LoadedWhisper
 from tests.audio.conftest import running_tasks, voiced
 

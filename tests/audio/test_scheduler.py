@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from audio import scheduler as scheduler_module
-from audio.scheduler import StepBudget, WhisperScheduler, WindowRequest, WindowResult
+from audio.scheduler import StepBudget, WhisperScheduler
+from audio.window import WindowRequest, WindowResult
 from audio.whisper import LoadedWhisper
 from engine.context import EngineThread
 from engine.tasks import ExecutionTasks

@@ -14,7 +14,8 @@ from audio.buffers import AudioLimitExceeded
 from audio.live import LiveConfig
 from audio.errors import AudioInputError, InvalidOption, SessionClosed
 from audio.pcm import PcmFormat
-from audio.scheduler import WhisperScheduler, WindowRequest
+from audio.scheduler import WhisperScheduler
+from audio.window import WindowRequest
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from audio.whisper import WhisperResidency

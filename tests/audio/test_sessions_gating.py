@@ -15,7 +15,7 @@ import pytest
 from audio.decoder import RowResult
 from audio.live import LiveConfig
 from audio.pcm import PcmFormat
-from audio.scheduler import WindowRequest, WindowResult
+from audio.window import WindowRequest, WindowResult
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from audio.whisper import WhisperResidency

@@ -1,0 +1,88 @@
+"""A Whisper window in flight: what to decode (`WindowRequest`), what came out (`WindowResult`), and the scheduler's
+state for it between steps (`Window`: its encoder job, its decoding row, its rung of the fallback ladder)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import numpy as np
+
+from audio.decoder import DecodeRow, RowResult
+from audio.encoder import EncoderJob
+
+if TYPE_CHECKING:
+    from audio.whisper import LoadedWhisper
+
+__all__ = ["WindowRequest", "WindowResult", "Window", "unfed"]
+
+
+@dataclass(frozen=True)
+class WindowRequest:
+    """One ≤ 30 s window to decode: `frames` of content in `audio` (16 kHz), mlx-whisper's decoding
+    settings, and the fallback thresholds of openai-whisper's transcribe()."""
+
+    audio: np.ndarray
+    frames: int
+    task: str = "transcribe"
+    language: str | None = None  # None: detected from this window
+    temperatures: tuple[float, ...] = (0.0,)
+    prompt: tuple[int, ...] = ()
+    prefix: tuple[int, ...] = ()  # forced start of the sampled text (committed live text)
+    without_timestamps: bool = False
+    compression_ratio_threshold: float | None = 2.4
+    logprob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    keep_features: bool = False  # word timestamps re-read the encoder output
+    sample_len: int | None = None  # most tokens to sample (None: n_text_ctx / 2)
+    seed: int = 0  # keys the draws of temperature-fallback rows
+    realtime: bool = False  # a live session's window: its steps' share grows while it waits (catch-up)
+
+    def needs_fallback(self, r: RowResult) -> bool:
+        """Too repetitive or too improbable, unless it is silence. Raises nothing."""
+        if self.no_speech_threshold is not None and r.no_speech_prob > self.no_speech_threshold:
+            return False
+        cr, lp = self.compression_ratio_threshold, self.logprob_threshold
+        repetitive = cr is not None and r.compression_ratio > cr
+        improbable = lp is not None and r.avg_logprob < lp
+        return bool(repetitive or improbable)
+
+
+@dataclass
+class WindowResult:
+    decoded: RowResult
+    language: str
+    features: Any = None  # (1, n_audio_ctx, D) when keep_features
+
+
+@dataclass(eq=False)
+class Window:
+    loaded: "LoadedWhisper"
+    request: WindowRequest
+    encoder: EncoderJob
+    seq: int
+    row: DecodeRow | None = None
+    rung: int = 0  # index into request.temperatures
+    language: str | None = None
+    result: WindowResult | None = None
+    error: BaseException | None = None
+    cancelled: bool = False
+    scope: anyio.CancelScope | None = None
+    since: float = field(default_factory=time.perf_counter)  # joined the scheduler (its wait for a share)
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None
+
+    @property
+    def live(self) -> bool:
+        """Neither finished nor given up (read on the engine thread too). Raises nothing."""
+        return not (self.cancelled or self.finished or (self.scope is not None and self.scope.cancel_called))
+
+
+
+def unfed(w: Window) -> int:
+    row = w.row
+    return 0 if row is None else int(row.tokens.shape[1]) - row.fed
