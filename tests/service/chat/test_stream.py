@@ -47,6 +47,13 @@ class Deltas:
         self.receive.close()
 
 
+def waiting_reader(seconds: float, *deltas: Delta) -> tuple[Deltas, RowReader]:
+    """A reader of a row that stays open (the test sends the rest) and has its deadline `seconds` away."""
+    rows = Deltas(*deltas, end=False)
+    now = time.monotonic()
+    return rows, RowReader(rows, UsageCounter(), StreamTiming(now, now + seconds))
+
+
 async def read_all(reader: RowReader) -> list[tuple[str, str | None]]:
     await reader.start()
     return [item async for item in reader.items()]
@@ -65,9 +72,7 @@ async def test_deltas_already_waiting_are_read_without_a_timeout_scope(monkeypat
 
 
 async def test_a_reader_waits_for_the_next_delta_within_the_deadline() -> None:
-    rows = Deltas(end=False)
-    now = time.monotonic()
-    reader = RowReader(rows, UsageCounter(), StreamTiming(now, now + 60.0))
+    rows, reader = waiting_reader(60.0)
 
     async def produce() -> None:
         await anyio.sleep(0)
@@ -102,9 +107,7 @@ async def test_a_waiting_reader_arms_one_timer_for_the_request_not_a_scope_per_d
         raise AssertionError("a timeout scope per read")
 
     monkeypatch.setattr(stream_module.anyio, "move_on_after", no_scope)
-    rows = Deltas(end=False)
-    now = time.monotonic()
-    reader = RowReader(rows, UsageCounter(), StreamTiming(now, now + 60.0))
+    rows, reader = waiting_reader(60.0)
 
     async def produce() -> None:
         for i in range(5):  # each delta arrives while the reader waits
@@ -121,9 +124,7 @@ async def test_a_waiting_reader_arms_one_timer_for_the_request_not_a_scope_per_d
 async def test_the_deadline_timer_cancels_the_row_and_the_waiting_reader_gives_504(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stream_module.anyio, "move_on_after", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
-    rows = Deltas(Delta(text="a", token_ids=[1]), end=False)
-    now = time.monotonic()
-    reader = RowReader(rows, UsageCounter(), StreamTiming(now, now + 0.05))
+    rows, reader = waiting_reader(0.05, Delta(text="a", token_ids=[1]))
     await reader.start()
     items = reader.items()
     assert await items.__anext__() == ("a", None)
@@ -136,9 +137,7 @@ async def test_a_reader_dropped_before_its_body_is_not_kept_until_the_deadline()
     import gc
     import weakref
 
-    rows = Deltas(end=False)
-    now = time.monotonic()
-    reader = RowReader(rows, UsageCounter(), StreamTiming(now, now + 600.0))
+    rows, reader = waiting_reader(600.0)
 
     async def produce() -> None:
         await anyio.sleep(0)
