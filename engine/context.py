@@ -1,5 +1,5 @@
 """Engine threads: MLX work runs on them, since MLX streams belong to the thread that made them (the decode thread,
-and on a GPU a second one for prompt chunks: engine/batch.py's prefill lane)."""
+and on a GPU a second one for prompt chunks: engine/lane.py's prefill lane)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ class Row:
     last_token: int | None = None  # sampled but not yet fed: the next decode input
     # Its next token is sampled by a launched step not read yet (engine/pipeline.py): it decodes next, fed lazily.
     token_in_flight: bool = False
-    # Its prompt chunk runs on the prefill lane now (engine/batch.py): no other thread touches it until it lands.
+    # Its prompt chunk runs on the prefill lane now (engine/lane.py): no other thread touches it until it lands.
     in_lane: bool = False
     generated: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)

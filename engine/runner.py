@@ -21,7 +21,6 @@ from typing import Any, Protocol, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import decode_attention
 from engine.fused import FusedLinear, fused_mlp
 from engine.slots import DecodeBatch, SlotKV
 
@@ -131,9 +130,6 @@ class PackedRunner:
         # One matmul for q/k/v and one for gate/up per layer (same weight memory; see engine/fused.py).
         self.qkv = [FusedLinear([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
         self.mlps = [fused_mlp(la.mlp) for la in self.layers]
-        # Prompt chunks beside decode rows attend through the decode kernel (one query token a kernel row) when
-        # it serves the slots: MLX's fallback there is four kernels a layer, two of them matmuls of a new shape.
-        self.prefill_kernel = False
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
         """Packed forward; see module doc. Raises ValueError on an empty segment list."""
@@ -177,20 +173,14 @@ class PackedRunner:
         rest = order[len(slotted):]
         # One causal mask per prompt chunk for every layer: the attention fallback (no fused prefill kernel
         # on CUDA without cuDNN) otherwise builds it again in each layer, three kernels each time.
-        kernel = self.prefill_kernel and batch is not None and batch.row_slots is not None
-        masks = {} if kernel else {id(seg): _causal_mask(seg.layer(0).offset, len(seg.tokens))
-                                   for seg in rest if len(seg.tokens) > 1}
-        # With the kernel, each prompt token is a row of its own cache (slot 0) seeing keys up to its position.
-        rows = {id(seg): (mx.zeros((len(seg.tokens),), mx.int32),
-                          mx.arange(seg.layer(0).offset + 1, seg.layer(0).offset + len(seg.tokens) + 1, dtype=mx.int32))
-                for seg in rest} if kernel else {}
+        masks = {id(seg): _causal_mask(seg.layer(0).offset, len(seg.tokens)) for seg in rest if len(seg.tokens) > 1}
         for li, layer in enumerate(self.layers):
             attn = layer.self_attn
             qkv = self.qkv[li](layer.input_layernorm(h))
             if batch is None or slots is None:
                 o = self._attention(attn, qkv, rest, bounds, pos, li, T, masks)
             else:
-                o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch, masks, rows)
+                o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch, masks)
             h = h + attn.o_proj(o)
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
         if slotted and slots is not None:
@@ -234,8 +224,7 @@ class PackedRunner:
 
     def _attention_slots(self, slots: SlotKV, attn: Any, qkv: list[mx.array], rest: Sequence[Segment],
                          bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
-                         batch: DecodeBatch, masks: dict[int, mx.array],
-                         rows: dict[int, tuple[mx.array, mx.array]]) -> mx.array:
+                         batch: DecodeBatch, masks: dict[int, mx.array]) -> mx.array:
         # Tokens 0..B-1 are the decode rows (one slot each); the rest are per-row prefill chunks.
         nh, nkv, B = attn.n_heads, attn.n_kv_heads, batch.rows
         q = qkv[0].reshape(T, nh, 1, -1)
@@ -253,8 +242,6 @@ class PackedRunner:
         qb, kb, vb = (q, k, v) if B == T else (q[:B], k[:B], v[:B])
         o = slots.attend(li, qb, kb, vb, attn.scale, batch)
         outs = [o.transpose(2, 1, 0, 3)]
-        if rest and rows:
-            return self._prompt_kernel(attn, q, k, v, o, rest, bounds[B:], li, T, rows)
         if rest:
             qr = q[B:].transpose(2, 1, 0, 3)
             kr = k[B:].transpose(2, 1, 0, 3)
@@ -268,19 +255,6 @@ class PackedRunner:
                     qs, ks, vs, scale=attn.scale, mask=_chunk_mask(masks, seg, e - s, ks)))
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
-
-    def _prompt_kernel(self, attn: Any, q: mx.array, k: mx.array, v: mx.array, o: mx.array,
-                       rest: Sequence[Segment], bounds: list[tuple[int, int]], li: int, T: int,
-                       rows: dict[int, tuple[mx.array, mx.array]]) -> mx.array:
-        # q/k/v: (T, heads, 1, d), decode rows first; o: the decode rows' (B, heads, 1, d). Each prompt token is
-        # a kernel row over its own cache buffer, seeing keys up to its own position (causal without a mask).
-        outs = [o]
-        for seg, (s, e) in zip(rest, bounds):
-            cache = seg.layer(li)
-            cache.update_and_fetch(k[s:e].transpose(2, 1, 0, 3), v[s:e].transpose(2, 1, 0, 3))
-            slot0, lens = rows[id(seg)]
-            outs.append(decode_attention.attend(q[s:e], cache.keys, cache.values, slot0, lens, attn.scale))
-        return mx.concatenate(outs, axis=0).reshape(1, T, -1)
 
     @staticmethod
     def _attention_one(attn: Any, qkv: list[mx.array], cache: Any, T: int) -> mx.array:

@@ -94,10 +94,7 @@ class BatchStep:
         touched = [a for r, _, _ in plan for c in r.cache or () for a in (c.keys, c.values)]
         mx.eval(([tokens] if tokens is not None else []) + touched + [a for r in sampled for a in r.sampler.arrays()],
                 mx.random.state)  # the global key too: the decode thread's next draw splits it
-        n_prompt = 0
-        for r, chunk, _ in plan:
-            r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
-            self._boundary_puts(r, r.prefilled - len(chunk))
+        n_prompt = self._fed_prompts(plan)
         ids = cast(list[int], tokens.tolist()) if tokens is not None else []
         outputs = [(r, self.accept(r, t)) for r, t in zip(sampled, ids)]
         self._count((("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("lane_chunks", 1)))
@@ -213,14 +210,20 @@ class BatchStep:
         mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
         self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
+        n_prompt = self._fed_prompts(plan)
+        # Only decode rows, in slot order (plan_iteration's): the next decode step may take the tokens whole.
+        mixed = n_prompt > 0 or any(r.slot is None for r in sampled)
+        return InFlight(sampled, tokens, mixed=mixed, prompt_tokens=n_prompt, decode_rows=n_decode, touched=touched)
+
+    def _fed_prompts(self, plan: list[tuple[Row, list[int], bool]]) -> int:
+        """The planned prompt chunks count as fed (segment boundaries they passed go to the prefix cache); returns
+        their tokens. Raises nothing."""
         n_prompt = 0
         for r, chunk, _ in plan:
             if not r.decoding:
                 r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
                 self._boundary_puts(r, r.prefilled - len(chunk))
-        # Only decode rows, in slot order (plan_iteration's): the next decode step may take the tokens whole.
-        mixed = n_prompt > 0 or any(r.slot is None for r in sampled)
-        return InFlight(sampled, tokens, mixed=mixed, prompt_tokens=n_prompt, decode_rows=n_decode, touched=touched)
+        return n_prompt
 
     def _cost(self, seconds: float, prompt_tokens: int, decode_rows: int) -> StepCost:
         events, phases = self.record.close(decode_rows, self.slots, self.pipeline.waited)
