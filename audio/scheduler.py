@@ -5,7 +5,8 @@ of the fallback ladder, re-decoded at the next temperature while the thresholds 
 an encoder step (units of the oldest window, each stacked with every window at the same unit) or a decoder
 step (packed forwards of the rows); the kinds alternate while both have work. Exactly one step is queued at
 a time, so the driver runs it between two LLM iterations and a chat stream waits for at most one step per
-iteration.
+iteration (or, with `thread` set: TANDEM_SPEECH_THREAD=on, audio/speech.py, on a thread of its own beside them).
+The windows themselves are audio/window.py's.
 
 How long a step may run: while chat rows decode (the `pace` callable gives a chat iteration's seconds), at
 most `chat_share` of a chat iteration (doubled for each `catch_up_seconds` the oldest live session's window
