@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ import anyio
 import httpx
 
 from bench.realtime_client import SR, SessionRun, realtime_url, signals, stream_session
+from bench.serve_procs import exit_on_sigterm
 
 __all__ = ["main", "signals", "SessionRun"]
 
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="chat model id (default: the served one)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)  # `timeout` ends the run: the server it started stops too
     root = args.server.rstrip("/")
     ws_url = realtime_url(root)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}

@@ -32,7 +32,7 @@ import anyio
 
 from bench.serve_client import chat_body, make_client, stream_chat
 from bench.serve_mixed import drive_mixed, summarize_mixed
-from bench.serve_procs import Server
+from bench.serve_procs import Server, exit_on_sigterm
 from bench.serve_prompts import PromptMaker
 from bench.serve_report import markdown, ratio_lines
 from bench.serve_scenarios import DEFAULT_SET, PROFILES, SCENARIOS, Request, Scenario, run_scenario, scenarios_for
@@ -358,14 +358,9 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _exit_on_sigterm(signum: int, frame: Any) -> None:
-    # `timeout` sends SIGTERM: unwind through the `finally`s so the servers (own sessions) are stopped too.
-    raise SystemExit(128 + signum)
-
-
 def cli(argv: list[str] | None = None) -> int:
     """`tandem benchmark serve` / `python3 -m bench.serve`. Raises SystemExit on bad options or SIGTERM."""
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     p = parser()
     a = p.parse_args(argv)
     bad = [n for n in a.scenarios.split(",") if n.strip() and n.strip() not in SCENARIOS]

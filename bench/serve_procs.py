@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import httpx
 
-__all__ = ["Server", "session_pids", "session_rss", "kill_in_session"]
+__all__ = ["Server", "exit_on_sigterm", "session_pids", "session_rss", "kill_in_session"]
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -97,6 +98,22 @@ def session_rss(sid: int) -> int:
     return sum(_rss(pid) for pid in session_pids(sid))
 
 
+def _answers(base_url: str) -> bool:
+    """Whether a TCP connection to base_url's host and port is accepted. Raises nothing."""
+    url = httpx.URL(base_url)
+    try:
+        with socket.create_connection((url.host, url.port or 80), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    """A SIGTERM handler (`timeout` sends one): unwind through the `finally`s, so the servers, each in a session of
+    its own that the signal does not reach, are stopped too. Raises SystemExit."""
+    raise SystemExit(128 + signum)
+
+
 class Server:
     """One server under test: `start()`, `wait_ready()`, RSS samples while it runs, `stop()`."""
 
@@ -111,7 +128,11 @@ class Server:
         self._sampler: threading.Thread | None = None
 
     def start(self) -> None:
-        """Spawn the server (stdout+stderr into the log file). Raises OSError when it cannot be spawned."""
+        """Spawn the server (stdout+stderr into the log file). Raises OSError when it cannot be spawned, and
+        RuntimeError when something already answers at base_url: a server left over from an earlier run would
+        pass wait_ready and be measured in place of this one."""
+        if _answers(self.base_url):
+            raise RuntimeError(f"{self.name}: something already listens at {self.base_url} (a leftover server?)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         self._log.write(("$ " + " ".join(self.argv) + "\n").encode())
