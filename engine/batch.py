@@ -35,6 +35,7 @@ from engine.pacing import DECODE_BURST, STALL, PrefillPacer
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
 from engine.request_checks import check_request
+from engine.runner import PackedRunner
 from engine.rows import LLMRowStream, Row, RowState
 from engine.step import BatchStep, row_delta
 from engine.tasks import ExecutionTasks
@@ -114,6 +115,8 @@ class LLMBatchGroup:
         # Prompt chunks on a second engine thread beside the decode steps (engine/lane.py); else packed into them.
         use_lane = lane_default() if prefill_lane is None else prefill_lane
         self.lane = PrefillLane() if use_lane and self.plan.packed else None
+        if self.lane is not None and isinstance(self.step.runner, PackedRunner):
+            self.step.runner.turns = self.lane.turns
         # Health: steps failed in a row (reset by any success) and the last failure, for /health.
         self.consecutive_failures = 0
         self.last_error: str | None = None

@@ -26,6 +26,10 @@ class EngineThread:
         self._thread.start()
         self.busy_seconds = 0.0
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on this thread. Raises nothing."""
+        return threading.current_thread() is self._thread
+
     def _main(self) -> None:
         import time
 

@@ -16,13 +16,16 @@ iteration over the sampled tokens and the touched caches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from engine.fused import FusedLinear, fused_mlp
 from engine.slots import DecodeBatch, SlotKV
+
+if TYPE_CHECKING:
+    from engine.lane import DecodeFirst
 
 __all__ = ["Segment", "Runner", "PackedRunner", "SeparateRunner", "packed_support", "make_cache", "PACKED_MODEL_TYPES"]
 
@@ -130,9 +133,17 @@ class PackedRunner:
         # One matmul for q/k/v and one for gate/up per layer (same weight memory; see engine/fused.py).
         self.qkv = [FusedLinear([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
         self.mlps = [fused_mlp(la.mlp) for la in self.layers]
+        self.turns: DecodeFirst | None = None  # set by a group with a prefill lane (engine/lane.py)
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
-        """Packed forward; see module doc. Raises ValueError on an empty segment list."""
+        """Packed forward; see module doc. With `turns` (the prefill lane's DecodeFirst), a decode thread's build
+        goes first and the lane's waits between layers. Raises ValueError on an empty segment list."""
+        if self.turns is None:
+            return self._forward(segments)
+        with self.turns.decoding():
+            return self._forward(segments)
+
+    def _forward(self, segments: Sequence[Segment]) -> mx.array | None:
         if not segments:
             raise ValueError("no segments")
         # Slot order: with no free slot in between, attention needs no gather (logits keep segment order).
@@ -175,6 +186,8 @@ class PackedRunner:
         # on CUDA without cuDNN) otherwise builds it again in each layer, three kernels each time.
         masks = {id(seg): _causal_mask(seg.layer(0).offset, len(seg.tokens)) for seg in rest if len(seg.tokens) > 1}
         for li, layer in enumerate(self.layers):
+            if self.turns is not None:
+                self.turns.yield_to_decode()
             attn = layer.self_attn
             qkv = self.qkv[li](layer.input_layernorm(h))
             if batch is None or slots is None:

@@ -229,8 +229,12 @@ class Engine:
             out["decode_bursts"] = {"limit": group.decode_burst, "bursts": int(c["bursts"]),
                                     "steps": int(c["burst_steps"])}
             # Prompt chunks on their own engine thread beside the decode steps (engine/batch.py), where on.
-            out["prefill_lane"] = {"on": group.lane is not None, "chunks": int(c["lane_chunks"]),
-                                   "busy_seconds": round(group.lane.thread.busy_seconds, 3) if group.lane else 0.0}
+            # waits_for_decode: the lane's pauses while a decode step was being built (engine/lane.py DecodeFirst).
+            lane = group.lane
+            out["prefill_lane"] = {"on": lane is not None, "chunks": int(c["lane_chunks"]),
+                                   "busy_seconds": round(lane.thread.busy_seconds, 3) if lane else 0.0,
+                                   "waits_for_decode": lane.turns.waits if lane else 0,
+                                   "waited_for_decode_seconds": round(lane.turns.waited_seconds, 3) if lane else 0.0}
             recent_prompt, recent_generation = group.recent_rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}

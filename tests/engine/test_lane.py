@@ -1,0 +1,97 @@
+"""engine/lane.py's DecodeFirst: while the decode thread builds a step, the prefill lane waits at its next layer
+instead of taking turns with it on the GIL; its wait is capped, so the lane always goes on."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from engine.context import EngineThread
+from engine.lane import DecodeFirst
+from engine.runner import Segment, make_cache
+from tests.engine.test_batch import make_group, prompt_of
+
+pytestmark = pytest.mark.anyio
+
+
+def on_thread(thread: EngineThread, fn: Any) -> tuple[threading.Event, list[Any]]:
+    """Submit fn to `thread`; returns (done, box): box holds (result, error) once done is set."""
+    done, box = threading.Event(), []
+
+    def landed(result: Any, error: BaseException | None) -> None:
+        box.extend((result, error))
+        done.set()
+
+    thread.submit(fn, landed)
+    return done, box
+
+
+def test_the_lane_waits_while_decode_builds_and_goes_on_after() -> None:
+    lane = EngineThread("test-lane")
+    turns = DecodeFirst(lane, patience=30.0)
+    try:
+        with turns.decoding():  # this thread is the decode thread, mid-build
+            done, _ = on_thread(lane, turns.yield_to_decode)
+            assert turns.waiting.wait(30), "the lane never waited for the decode build"
+            assert not done.is_set()  # still held: it goes on only once the build ends
+        assert done.wait(30)
+        assert turns.waits == 1
+        done, _ = on_thread(lane, turns.yield_to_decode)  # no build now: no wait
+        assert done.wait(30) and turns.waits == 1
+    finally:
+        lane.close()
+
+
+def test_a_decode_thread_that_never_stops_building_does_not_starve_the_lane() -> None:
+    lane = EngineThread("test-lane")
+    turns = DecodeFirst(lane, patience=0.001)
+    try:
+        with turns.decoding():
+            done, _ = on_thread(lane, lambda: [turns.yield_to_decode() for _ in range(3)])
+            assert done.wait(30)  # each wait ends at its cap while the build goes on
+        assert turns.waits == 3
+    finally:
+        lane.close()
+
+
+def test_decoding_on_the_lane_itself_marks_no_build() -> None:
+    lane = EngineThread("test-lane")
+    turns = DecodeFirst(lane, patience=30.0)
+    try:
+        def lane_forward_then_yield() -> None:
+            with turns.decoding():  # the lane's own forward: not a decode build
+                turns.yield_to_decode()
+
+        done, box = on_thread(lane, lane_forward_then_yield)
+        assert done.wait(30) and box[1] is None and turns.waits == 0
+    finally:
+        lane.close()
+
+
+async def test_a_lane_forward_waits_at_a_layer_while_a_decode_step_builds(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True)
+    assert group.lane is not None
+    runner, turns = group.step.runner.inner, group.lane.turns
+    assert runner.turns is turns  # the group hands its runner the lane's turns
+    turns.patience = 30.0
+    prompt = prompt_of(12, 2)
+
+    def prefill() -> list[float]:  # evaluated on the thread that built it
+        logits = runner.forward([Segment(prompt, make_cache(tiny_loaded.model), True)])
+        mx.eval(logits)
+        return logits.tolist()
+
+    expected = prefill()
+    try:
+        with turns.decoding():
+            done, box = on_thread(group.lane.thread, prefill)
+            assert turns.waiting.wait(30), "the lane's forward never waited at a layer"
+            assert not done.is_set()
+        assert done.wait(30) and box[1] is None
+        assert box[0] == expected  # the same forward, only later
+        assert turns.waits >= 1
+    finally:
+        group.close()
