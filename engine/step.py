@@ -118,10 +118,9 @@ class BatchStep:
         ordered = slot_order(rows)
         whole = flight is not None and decode and not prefill and self.pipeline.feeds(ordered)
         # Otherwise an iteration with decoding rows goes on from the in-flight step (its tokens fed lazily):
-        # building this forward overlaps the device's work on that step, also when rows joined or left. A
-        # decode-only iteration reads it first when the slot buffers are due to shrink (they compact then).
-        compact = not prefill and self.slots is not None and self.slots.oversized()
-        chain = (flight is not None and not whole and decode and not compact
+        # building this forward overlaps the device's work on that step, also when rows joined or left, and when
+        # the slot buffers shrink (the compaction's copies queue behind the in-flight step's writes).
+        chain = (flight is not None and not whole and decode
                  and all(r.sampler.plain for r in flight.rows if not r.ended))
         if flight is not None and not whole and not chain:
             self.record.note("drain")
@@ -302,10 +301,11 @@ class BatchStep:
     # -- KV: slots and the prefix cache -----------------------------------------------------------
 
     def _size_slots(self, rows: list[Row]) -> None:
-        """No step in flight: cap slot growth at what the rows reserved, and shrink the buffers to the rows
-        left once they hold twice what those need."""
+        """Cap slot growth at what the rows reserved, and shrink the buffers to the rows left once they hold twice
+        what those need. With a step in flight too: its rows have their slots and lengths already (a forward
+        commits them as it is built), and renumbering keeps their order, so its tokens still feed the next step."""
         slots = self.slots
-        if slots is None or self.pipeline.inflight is not None:
+        if slots is None:
             return
         slots.ceiling = max((len(r.prompt) + r.request.max_tokens + 1 for r in rows), default=None)
         holders = {r.slot: r for r in rows if r.slot is not None}
