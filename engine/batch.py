@@ -232,6 +232,11 @@ class LLMBatchGroup:
         """Prompt chunks (oldest row first) within max_iteration_tokens (with the prefill lane: on the lane,
         waited for, since nothing decodes)."""
         if self.lane is not None:
+            cache = self.step.prefix_cache
+            if cache is not None and cache.has_pending() and not self.lane.rows:
+                # The decode thread's last puts (a finished turn) become takeable by the lane: nothing decodes now,
+                # so their copies are done and this costs one hop (on CUDA another thread cannot wait for them).
+                await self.context.run(cache.settle)
             self._feed_lane()
             await self.lane.wait()
             return

@@ -67,6 +67,13 @@ class _Entry:
     system: bool
     key: int
     sessions: set[str] = field(default_factory=set)
+    # The thread whose stream still owes this entry's copies (started by `put`, not yet waited for), else None.
+    # MLX's per-thread streams (CUDA) let no other thread evaluate on top of them until that thread `settle`s.
+    owner: int | None = None
+
+
+def _usable(entry: _Entry | None) -> bool:
+    return entry is not None and (entry.owner is None or entry.owner == threading.get_ident())
 
 
 class PrefixCache:
@@ -88,6 +95,9 @@ class PrefixCache:
         self._keys = itertools.count()
         self._sessions: dict[str, _Entry] = {}
         self._lock = threading.RLock()
+        # Entries whose copies a thread started and has not waited for, by thread: [put since its last settle,
+        # put before that] (see `settle`).
+        self._pending: dict[int, list[list[_Entry]]] = {}
         self._bytes = 0
         self._hits = 0
         self._misses = 0
@@ -110,7 +120,7 @@ class PrefixCache:
                 self._misses += 1
                 return 0, None
             node, depth = self._walk_start(root, namespace, tokens, limit, session_id)
-            best: _Entry | None = node.entry
+            best: _Entry | None = node.entry if _usable(node.entry) else None
             inside: _Node | None = None  # the child whose edge the walk stopped inside of
             while depth < limit:
                 child = node.children.get(tokens[depth])
@@ -121,7 +131,7 @@ class PrefixCache:
                     inside, depth = child, depth + matched
                     break
                 node, depth = child, depth + matched
-                if node.entry is not None:
+                if _usable(node.entry):
                     best = node.entry
             best_len = len(best.tokens) if best is not None else 0
             if depth > best_len:
@@ -138,6 +148,34 @@ class PrefixCache:
             self._hits += 1
             self._hit_tokens += best_len
             return best_len, kv
+
+    def settle(self, *, keep_latest: bool = False) -> int:
+        """Wait for the copies this thread's puts started, so any thread may take those entries (until then
+        `take` passes over them on other threads). `keep_latest`: only those put before the last call; a pipelined
+        engine thread settles once a step later, when the step its copies queued behind has been read anyway.
+        Returns the entries settled. Raises what evaluating them raises."""
+        me = threading.get_ident()
+        with self._lock:
+            lists = self._pending.get(me)
+            if lists is None:
+                return 0
+            latest, older = lists
+            due = older + ([] if keep_latest else latest)
+            if keep_latest:
+                lists[:] = [[], latest]
+            else:
+                del self._pending[me]
+        if due:
+            mx.eval([a for e in due for a in arrays_of(e.layers)])
+        with self._lock:
+            for e in due:
+                e.owner = None
+        return len(due)
+
+    def has_pending(self) -> bool:
+        """Whether some thread has entries to settle. Raises nothing."""
+        with self._lock:
+            return any(latest or older for latest, older in self._pending.values())
 
     def _walk_start(
         self, root: _Node, namespace: str, tokens: tuple[int, ...], limit: int, session_id: str | None
@@ -165,7 +203,7 @@ class PrefixCache:
     def _first_trimmable_of(stack: list[_Node]) -> _Entry | None:
         while stack:
             current = stack.pop()
-            if current.entry is not None and current.entry.trimmable:
+            if current.entry is not None and current.entry.trimmable and _usable(current.entry):
                 return current.entry
             stack.extend(reversed(current.children.values()))
         return None
@@ -228,7 +266,9 @@ class PrefixCache:
             if nbytes > self.max_bytes:
                 self._prune_path(node)
                 return
-            entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys))
+            me = threading.get_ident()
+            entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys), owner=me)
+            self._pending.setdefault(me, [[], []])[0].append(entry)
             node.entry = entry
             self._bytes += nbytes
             self._requeue(entry)

@@ -97,6 +97,8 @@ class BatchStep:
         n_prompt = self._fed_prompts(plan)
         ids = cast(list[int], tokens.tolist()) if tokens is not None else []
         outputs = [(r, self.accept(r, t)) for r, t in zip(sampled, ids)]
+        if self.prefix_cache is not None:
+            self.prefix_cache.settle()  # the boundary puts' copies, just behind the chunk: the decode thread may take them
         self._count((("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("lane_chunks", 1)))
         return [(r, d) for r, d in outputs if d is not None], n_prompt
 
@@ -288,8 +290,12 @@ class BatchStep:
         return row_delta(row, step.text, ids, step.finish_reason)
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
-        if self.prefix_cache is not None and self.prefix_cache.reclaim():
-            self.record.note("evict")
+        if self.prefix_cache is not None:
+            if self.prefix_cache.reclaim():
+                self.record.note("evict")
+            # This thread's puts, for the lane to take: with a step in flight, those of the iteration before (their
+            # copies queued behind the step this one read), else all (nothing runs ahead of them).
+            self.prefix_cache.settle(keep_latest=self.pipeline.inflight is not None)
         dt, n_gen = time.perf_counter() - t0, len(outputs)
         self.record.counts = (n_prompt, n_gen)
         total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)

@@ -338,6 +338,12 @@ class FakePrefixCache:
     def reclaim(self):
         self.reclaims += 1
 
+    def settle(self, *, keep_latest=False):
+        return 0  # its entries are the caches themselves: nothing started, nothing to wait for
+
+    def has_pending(self):
+        return False
+
 
 async def test_prefix_cache_seam_reuses_kv_and_changes_nothing(tiny_loaded) -> None:
     cache = FakePrefixCache()

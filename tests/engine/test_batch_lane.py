@@ -174,7 +174,9 @@ async def test_closing_while_a_chunk_is_on_the_lane_frees_a_driver_waiting_for_i
 
 async def test_a_prefix_cache_hit_and_segment_puts_go_through_the_lane(tiny_loaded) -> None:
     # The real PrefixCache shared by both threads: the lane takes a hit and stores a segment boundary mid-prompt, the
-    # decode thread stores the finished row; the answer equals a cold run's.
+    # decode thread stores the finished row; the answer equals a cold run's. The finished row's put is still unsettled
+    # when the group goes idle (its row ended with the next step in flight): on CUDA the lane may not evaluate on top
+    # of the decode thread's stream, so the group has the decode thread settle it before the lane takes it.
     from engine.prefix_cache import PrefixCache
 
     cache = PrefixCache(1 << 26)
@@ -183,6 +185,7 @@ async def test_a_prefix_cache_hit_and_segment_puts_go_through_the_lane(tiny_load
     try:
         first = prompt_of(12, 2)
         d1 = (await run_rows(group, [GenerationRequest(first, GREEDY, max_tokens=6, namespace="m")], [0]))[0]
+        assert cache.has_pending()  # the turn's put, not yet waited for by the thread that started it
         second = first + tokens_of(d1) + prompt_of(9, 8)
         request = GenerationRequest(second, GREEDY, max_tokens=8, namespace="m", segment_boundaries=(len(second) - 4,))
         d2 = (await run_rows(group, [request], [0]))[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from engine.prefix_cache import PrefixCache  # first: engine picks the BLAS before mlx loads
 
 import mlx.core as mx  # noqa: E402
@@ -298,3 +300,41 @@ def test_a_put_starts_its_copies_without_waiting_and_they_survive_later_writes(m
     monkeypatch.undo()
     n, kv = cache.take("m", [1, 2, 3, 4])
     assert (n, contents(kv)) == (3, [[1, 2, 3]] * LAYERS)
+
+
+def on_another_thread(fn):
+    """fn() on a fresh thread (as the prefill lane takes what the decode thread put); returns its result."""
+    box = []
+    thread = threading.Thread(target=lambda: box.append(fn()))
+    thread.start()
+    thread.join()
+    return box[0]
+
+
+def test_another_thread_takes_an_entry_only_once_the_thread_that_put_it_settled_it():
+    # On CUDA each thread has its own MLX stream: an entry whose copies its thread started and never waited for
+    # cannot be evaluated on by another thread, so that thread is handed the next shorter entry until then.
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2], kv_for([1, 2]), system_prefix=True)
+    assert cache.settle() == 1
+    cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3, 4]))
+    assert cache.has_pending()
+    n, kv = on_another_thread(lambda: cache.take("m", [1, 2, 3, 4, 5]))
+    assert (n, contents(kv)) == (2, [[1, 2]] * LAYERS)  # the settled shorter entry
+    assert cache.take("m", [1, 2, 3, 4, 9])[0] == 4  # its own thread may take it at once
+    assert on_another_thread(cache.settle) == 0  # only the thread that put it can settle it
+    assert cache.settle() == 1 and not cache.has_pending()
+    n, kv = on_another_thread(lambda: cache.take("m", [1, 2, 3, 4, 5]))
+    assert (n, contents(kv)) == (4, [[1, 2, 3, 4]] * LAYERS)
+
+
+def test_keep_latest_settles_a_put_one_call_later():
+    # A pipelined engine thread settles its puts an iteration later, once the step their copies queued behind is read.
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2, 3], kv_for([1, 2, 3]))
+    assert cache.settle(keep_latest=True) == 0 and cache.has_pending()
+    cache.put("m", [7, 8, 9], kv_for([7, 8, 9]))
+    assert cache.settle(keep_latest=True) == 1  # [1, 2, 3]; [7, 8, 9] waits for the next call
+    assert on_another_thread(lambda: cache.take("m", [1, 2, 3, 4]))[0] == 3
+    assert on_another_thread(lambda: cache.take("m", [7, 8, 9, 4]))[0] == 0
+    assert cache.settle() == 1 and not cache.has_pending()
