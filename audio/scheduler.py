@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 
 from audio.decoder import DecodeRow, advance_rows, finish_row, new_row, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
@@ -132,6 +133,9 @@ class WhisperScheduler:
                 self._leading = False
                 self._progress.set()
                 self._progress = anyio.Event()
+            # The step's wait was shielded: a caller cancelled meanwhile (a live probe dropped) learns it here, or
+            # its window, no longer live, would lead empty steps forever.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             return
         scope = anyio.CancelScope()
         handle = self.tasks.enqueue(self._step, cancellation=scope, label="whisper.step")

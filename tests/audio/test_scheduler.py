@@ -293,3 +293,48 @@ async def test_a_step_held_on_its_own_thread_holds_no_engine_task(tiny_whisper: 
             release.set()
             scheduler.thread.close()
     assert scheduler.counters.encoder_steps > 0
+
+
+async def test_a_window_cancelled_during_a_step_on_its_own_thread_leaves(tiny_whisper: LoadedWhisper, monkeypatch) -> None:
+    # A live probe is dropped by cancelling its scope while its step runs on the speech thread (whose wait is
+    # shielded). The window must leave at once: it spun, leading empty steps, on the CPU with 4 live speakers.
+    import threading
+
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        scheduler.thread = EngineThread("test-speech")
+        entered, release = threading.Event(), threading.Event()
+        steps_after_cancel = 0
+        step = scheduler._step
+
+        def held() -> str:
+            nonlocal steps_after_cancel
+            if release.is_set():
+                steps_after_cancel += 1
+                if steps_after_cancel > 20:
+                    raise RuntimeError("a cancelled window kept leading steps")
+            entered.set()
+            assert release.wait(30), "never released"
+            return step()
+
+        monkeypatch.setattr(scheduler, "_step", held)
+        scope = anyio.CancelScope()
+        outcome: list[str] = []
+
+        async def doomed() -> None:
+            with scope:
+                await scheduler.decode(tiny_whisper, request(4, seed=3))
+                outcome.append("finished")
+            outcome.append("left" if scope.cancelled_caught else "not cancelled")
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(doomed)
+                assert await anyio.to_thread.run_sync(entered.wait, 30)
+                scope.cancel()  # while its step is held on the speech thread
+                release.set()
+        finally:
+            release.set()
+            scheduler.thread.close()
+    assert outcome == ["left"] and scheduler.in_flight == 0
+    assert steps_after_cancel == 0  # no step led after the one it was cancelled in

@@ -4,7 +4,7 @@ instead of taking turns with it on the GIL; its wait is capped, so the lane alwa
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 import mlx.core as mx
 import pytest
@@ -29,46 +29,42 @@ def on_thread(thread: EngineThread, fn: Any) -> tuple[threading.Event, list[Any]
     return done, box
 
 
-def test_the_lane_waits_while_decode_builds_and_goes_on_after() -> None:
-    lane = EngineThread("test-lane")
+@pytest.fixture
+def lane() -> Iterator[EngineThread]:
+    thread = EngineThread("test-lane")
+    yield thread
+    thread.close()
+
+
+def test_the_lane_waits_while_decode_builds_and_goes_on_after(lane: EngineThread) -> None:
     turns = DecodeFirst(lane, patience=30.0)
-    try:
-        with turns.decoding():  # this thread is the decode thread, mid-build
-            done, _ = on_thread(lane, turns.yield_to_decode)
-            assert turns.waiting.wait(30), "the lane never waited for the decode build"
-            assert not done.is_set()  # still held: it goes on only once the build ends
-        assert done.wait(30)
-        assert turns.waits == 1
-        done, _ = on_thread(lane, turns.yield_to_decode)  # no build now: no wait
-        assert done.wait(30) and turns.waits == 1
-    finally:
-        lane.close()
+    with turns.decoding():  # this thread is the decode thread, mid-build
+        done, _ = on_thread(lane, turns.yield_to_decode)
+        assert turns.waiting.wait(30), "the lane never waited for the decode build"
+        assert not done.is_set()  # still held: it goes on only once the build ends
+    assert done.wait(30)
+    assert turns.waits == 1
+    done, _ = on_thread(lane, turns.yield_to_decode)  # no build now: no wait
+    assert done.wait(30) and turns.waits == 1
 
 
-def test_a_decode_thread_that_never_stops_building_does_not_starve_the_lane() -> None:
-    lane = EngineThread("test-lane")
+def test_a_decode_thread_that_never_stops_building_does_not_starve_the_lane(lane: EngineThread) -> None:
     turns = DecodeFirst(lane, patience=0.001)
-    try:
-        with turns.decoding():
-            done, _ = on_thread(lane, lambda: [turns.yield_to_decode() for _ in range(3)])
-            assert done.wait(30)  # each wait ends at its cap while the build goes on
-        assert turns.waits == 3
-    finally:
-        lane.close()
+    with turns.decoding():
+        done, _ = on_thread(lane, lambda: [turns.yield_to_decode() for _ in range(3)])
+        assert done.wait(30)  # each wait ends at its cap while the build goes on
+    assert turns.waits == 3
 
 
-def test_decoding_on_the_lane_itself_marks_no_build() -> None:
-    lane = EngineThread("test-lane")
+def test_decoding_on_the_lane_itself_marks_no_build(lane: EngineThread) -> None:
     turns = DecodeFirst(lane, patience=30.0)
-    try:
-        def lane_forward_then_yield() -> None:
-            with turns.decoding():  # the lane's own forward: not a decode build
-                turns.yield_to_decode()
 
-        done, box = on_thread(lane, lane_forward_then_yield)
-        assert done.wait(30) and box[1] is None and turns.waits == 0
-    finally:
-        lane.close()
+    def lane_forward_then_yield() -> None:
+        with turns.decoding():  # the lane's own forward: not a decode build
+            turns.yield_to_decode()
+
+    done, box = on_thread(lane, lane_forward_then_yield)
+    assert done.wait(30) and box[1] is None and turns.waits == 0
 
 
 async def test_a_lane_forward_waits_at_a_layer_while_a_decode_step_builds(tiny_loaded) -> None:
