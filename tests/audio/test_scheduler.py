@@ -53,7 +53,7 @@ async def test_windows_together_decode_what_they_decode_alone(tiny_whisper: Load
 
 async def test_one_step_is_queued_at_a_time_and_the_kinds_alternate(tiny_whisper: LoadedWhisper) -> None:
     tasks, thread = ExecutionTasks(), EngineThread("test-scheduler")
-    scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, decode_tokens=2))
+    scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, decode_tokens=2, min_step_seconds=0.0))
     queued: list[list[str]] = []
     try:
         async with anyio.create_task_group() as tg:
@@ -83,9 +83,9 @@ async def test_one_step_is_queued_at_a_time_and_the_kinds_alternate(tiny_whisper
 
 async def test_the_encoder_budget_sets_units_per_step(tiny_whisper: LoadedWhisper) -> None:
     async with running_tasks() as tasks:
-        small = WhisperScheduler(tasks, StepBudget(encoder_positions=375))
+        small = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0))
         await decode_all(small, tiny_whisper, [request(3, 1)])
-        big = WhisperScheduler(tasks, StepBudget(encoder_positions=12000))
+        big = WhisperScheduler(tasks, StepBudget(encoder_positions=12000, min_step_seconds=0.0))
         await decode_all(big, tiny_whisper, [request(3, 1), request(3, 2)])
     assert small.counters.encoder_steps == 22  # mel, 2 convs × 4 chunks of 375, 2 layers × 5, norm, 2 cross
     # 10 units of 1500 positions each, both windows stacked in every unit: 8 window-units a step
@@ -188,9 +188,9 @@ async def test_a_failing_step_fails_its_windows_and_the_loop_goes_on(tiny_whispe
 async def test_while_chat_decodes_each_step_does_what_its_share_allows(tiny_whisper: LoadedWhisper) -> None:
     # a chat iteration so short that no unit fits its share: every step does the least that moves speech
     async with running_tasks() as tasks:
-        paced = WhisperScheduler(tasks, StepBudget(encoder_positions=375), pace=lambda: 1e-9)
+        paced = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0), pace=lambda: 1e-9)
         results = await decode_all(paced, tiny_whisper, [request(3, 1, prompt=tuple(range(400, 430))), request(4, 2)])
-        full = WhisperScheduler(tasks, StepBudget(encoder_positions=375), pace=lambda: None)
+        full = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0), pace=lambda: None)
         await decode_all(full, tiny_whisper, [request(3, 1, prompt=tuple(range(400, 430))), request(4, 2)])
     c = paced.counters
     assert len(results) == 2 and c.paced_steps == c.encoder_steps + c.decoder_steps
