@@ -5,7 +5,7 @@ of the fallback ladder, re-decoded at the next temperature while the thresholds 
 an encoder step (units of the oldest window, each stacked with every window at the same unit) or a decoder
 step (packed forwards of the rows); the kinds alternate while both have work. Exactly one step is queued at
 a time, so the driver runs it between two LLM iterations and a chat stream waits for at most one step per
-iteration (or, with `thread` set: on a GPU by default, audio/speech.py, on a thread of its own beside them).
+iteration (or, with `thread` set: by default, audio/speech.py, on a thread of its own beside them).
 The windows themselves are audio/window.py's.
 
 How long a step may run: while chat rows decode (the `pace` callable gives a chat iteration's seconds), at
@@ -63,7 +63,7 @@ class WhisperScheduler:
         self._mel_done = anyio.Event()
         self._last_kind = ""
         # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
-        # (SpeechService.run; on a GPU by default), beside the chat steps instead of between them.
+        # (SpeechService.run; by default), beside the chat steps instead of between them.
         self.thread: EngineThread | None = None
 
     @property

@@ -109,6 +109,8 @@ async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int
         for (pcm, _), run in zip(voices, runs):
             tg.start_soon(stream_session, ws_url, pcm, headers, run, stop)
         await anyio.sleep(3.0)  # let the sessions reach steady decoding
+        lags: list[float] = []  # whether speech keeps up while chat runs, not only chat's gaps
+        tg.start_soon(sample_lag, root, headers, lags, stop)
         shared, n_shared = await gaps()
         # Read while the sessions still stream: their last windows, decoded once chat is idle, stay out.
         async with httpx.AsyncClient(timeout=10, headers=headers) as http:
@@ -123,6 +125,7 @@ async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int
                                      "p99": round(s99 * 1e3, 1) if s99 else None},
             "p50_ratio": round(s50 / a50, 2) if a50 and s50 else None,
             "p99_ratio": round(s99 / a99, 2) if a99 and s99 else None,
+            "session_lag_s_max": round(max(lags, default=0.0), 2),
             "session_errors": [r.error for r in runs if r.error], "scheduler": stats}
 
 

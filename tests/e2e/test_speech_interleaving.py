@@ -1,10 +1,12 @@
-"""Chat and speech on one loop: with a chat stream and four live sessions running, the chat stream never
-waits more than one Whisper step per iteration; Whisper steps shrink to their share of a chat iteration
+"""Chat and speech on one loop: with a chat stream and four live sessions running, Whisper steps run on a thread
+of their own (the default) and never on the engine thread; with them between chat steps instead, the chat stream
+never waits more than one Whisper step per iteration; Whisper steps shrink to their share of a chat iteration
 while chat decodes; a deleted session's queued work never runs. The order of what the engine thread ran
 and the work each step did are observed, never time."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,36 +58,62 @@ def record(engine: Engine, order: list[str]) -> None:
     engine.thread.run = spy  # type: ignore[method-assign]
 
 
-async def test_chat_waits_at_most_one_whisper_step_per_iteration(tiny_loaded: Any, whisper_dir: Path) -> None:
+@dataclass
+class Beside:
+    """What a chat streaming beside 4 live sessions left: the engine thread's work while it streamed, the service."""
+    during: list[str]
+    speech: SpeechService
+    finished: list[Any]
+    own_thread: bool
+    steps: int  # Whisper steps while the chat streamed
+
+
+async def chat_beside_four_sessions(tiny_loaded: Any, whisper_dir: Path, step_thread: bool | None) -> Beside:
     engine = Engine(tiny_loaded, max_active=2)
-    speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True)
+    speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True, step_thread=step_thread)
     options = speech.options(temperatures=(0.0,))
     order: list[str] = []
     record(engine, order)
+    c = speech.scheduler.counters
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
         await tg.start(speech.run)
         await speech.residency.preload()
         sessions = [speech.create_session(options) for _ in range(4)]
-        start = len(order)
+        start, steps_before = len(order), c.encoder_steps + c.decoder_steps
         finished = await chat_while_sessions_speak(engine, tiny_loaded, tg, sessions, 3.0, lambda k: 110 + 40 * k)
         order.append("chat-end")
+        own_thread = speech.stats()["scheduler"]["own_thread"]  # while run() runs
         tg.cancel_scope.cancel()
     engine.close()
-    during = order[start:order.index("chat-end")]
-    assert during.count("whisper") >= 20 and during.count("llm") >= 20
+    assert [t.duration for t in finished] == pytest.approx([3.0] * 4)
+    assert all(s.windows_done >= 1 for s in sessions), [s.windows_done for s in sessions]
+    return Beside(order[start:order.index("chat-end")], speech, finished, own_thread,
+                  c.encoder_steps + c.decoder_steps - steps_before)
+
+
+async def test_chat_waits_at_most_one_whisper_step_per_iteration(tiny_loaded: Any, whisper_dir: Path) -> None:
+    run = await chat_beside_four_sessions(tiny_loaded, whisper_dir, step_thread=False)
+    during = run.during
+    assert not run.own_thread and during.count("whisper") >= 20 and during.count("llm") >= 20
     first_llm = during.index("llm")
     work = ",".join(during[first_llm:])
     # between two LLM iterations at most one task ran: never two Whisper steps (or any tasks) back to back
     assert "whisper,whisper" not in work and "whisper,task" not in work and "task,whisper" not in work, work
-    assert speech.scheduler.counters.max_rows >= 2  # the sessions' rows shared decoder steps
-    assert all(t.duration == pytest.approx(3.0) for t in finished)
+    assert run.speech.scheduler.counters.max_rows >= 2  # the sessions' rows shared decoder steps
+
+
+async def test_by_default_whisper_steps_run_beside_chat_never_between_its_iterations(tiny_loaded: Any,
+                                                                                     whisper_dir: Path) -> None:
+    run = await chat_beside_four_sessions(tiny_loaded, whisper_dir, step_thread=None)  # None: the default
+    assert run.during.count("llm") >= 20 and "whisper" not in run.during, run.during  # chat's thread: chat only
+    assert run.own_thread and run.steps >= 20  # speech went on, on its own thread
 
 
 async def test_whisper_steps_shrink_while_chat_decodes(tiny_loaded: Any, whisper_dir: Path) -> None:
     engine = Engine(tiny_loaded, max_active=2)
     # a share no unit fits: every step while chat decodes does the least that still moves speech
-    speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True,
+    speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True, step_thread=False,
                            budget=StepBudget(chat_share=1e-6), pace=engine.chat_pace)
     options = speech.options(temperatures=(0.0,))
     async with anyio.create_task_group() as tg:
@@ -113,7 +141,7 @@ async def test_whisper_steps_shrink_while_chat_decodes(tiny_loaded: Any, whisper
 
 async def test_deleting_a_session_drops_its_queued_work(whisper_dir: Path) -> None:
     engine = Engine(None)  # stepped by hand below, then served
-    speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True)
+    speech = SpeechService(engine.tasks, whisper_dir, dtype="float32", resident=True, step_thread=False)
     options = speech.options(temperatures=(0.0,))
     async with anyio.create_task_group() as tg:
         await tg.start(speech.run)
