@@ -196,7 +196,7 @@ class SpeechService:
         """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled.
         Raises WhisperCheckpointError when `preload` fails."""
         if _step_thread(self.step_thread):
-            # On a GPU a step's launch costs the host as much as a chat iteration (H200: ~4.5 ms a turbo decoder
+            # A step's launch can cost the host as much as a chat iteration (H200: ~4.5 ms a turbo decoder
             # forward): on its own thread and MLX stream it no longer sits between two chat steps. Everything a
             # step builds stays on that thread.
             self.scheduler.thread = EngineThread("tandem-speech")
