@@ -40,7 +40,8 @@ def test_freeze_moves_what_is_alive_out_of_collections() -> None:
     keep = [[i] for i in range(1000)]
     try:
         frozen = freeze_startup()
-        assert frozen >= len(keep) and gc.get_freeze_count() == frozen
+        # Another thread may free frozen objects meanwhile (the count fell by 2 once in CI): `keep` stays alive.
+        assert frozen >= len(keep) and len(keep) <= gc.get_freeze_count() <= frozen
         assert not any(gc.is_tracked(x) and x in gc.get_objects(generation=2) for x in keep[:3])
     finally:
         gc.unfreeze()
