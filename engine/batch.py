@@ -7,7 +7,7 @@ after which the row and its KV leave the group. Every decoding row gets its toke
 rest of the budget the driver passes (a prompt larger than any budget takes several iterations), or, on a GPU,
 run on the prefill lane beside the decode steps (engine/lane.py).
 
-Threading: an iteration's model work is one `context.run(step.run, ...)` on the engine thread (engine/step.py),
+Threading: an iteration's model work is one `context.run(step.measured, ...)` on the engine thread (engine/step.py),
 which returns plain Python. A decode-only iteration may be a burst of steps (`_burst`) whose results the loop
 publishes while the next one runs. This half runs on the event loop: it owns the row lists, publishes deltas with
 `send_nowait` into unbounded streams (a slow consumer never blocks the loop) and only mutates rows between steps.
@@ -28,6 +28,7 @@ from engine.burst import StepResult, run_burst
 from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import EngineClosed, QueueFull
+from engine.health import StepHealth
 from engine.iteration_times import IterationTimes, RecentRates
 from engine.lane import PrefillLane, lane_default
 from engine.memory import MemoryBudget, release_free_memory
@@ -81,13 +82,13 @@ class LLMBatchGroup:
         self.context_length = context_length
         self.max_active = max_active
         self.max_queued = max_queued  # rows waiting for admission beyond this are refused (QueueFull)
-        self._max_iteration_tokens = max_iteration_tokens
+        self.max_iteration_tokens = max_iteration_tokens  # read-only, as engine/driver.py's ExecutionGroup says
         self.decode_burst = decode_burst
         # No bursts for this long after another subsystem's task ran (live speech): a burst keeps the engine
         # thread in Python, and a loop busy with audio then gets less GIL time (H200: chat p99 beside 4 live
         # sessions 19.2 ms with bursts, 15.0 ms without, one call).
         self.task_quiet_seconds = 1.0
-        self._minimum_preparation_tokens = minimum_preparation_tokens
+        self.minimum_preparation_tokens = minimum_preparation_tokens
         self.prefix_cache = prefix_cache
         self.max_kv_tokens = max_kv_tokens
         self.budget = budget
@@ -99,7 +100,7 @@ class LLMBatchGroup:
         self._active: list[Row] = []
         self._wake = anyio.Event()
         self._closed = False
-        self._recent = RecentRates(window=10.0)
+        self.recent = RecentRates(window=10.0)  # wall-clock tokens/s over the last 10 s
         self.counters: dict[str, float] = {
             "iterations": 0, "mixed_iterations": 0, "prompt_tokens": 0, "generation_tokens": 0,
             "finished_rows": 0, "cancelled_rows": 0, "step_seconds": 0.0, "prompt_seconds": 0.0,
@@ -114,12 +115,11 @@ class LLMBatchGroup:
         self.admission = KVAdmission(budget, slots.step if slots is not None else 256) if budget else None
         # Prompt chunks on a second engine thread beside the decode steps (engine/lane.py); else packed into them.
         use_lane = lane_default() if prefill_lane is None else prefill_lane
-        self.lane = PrefillLane() if use_lane and self.plan.packed else None
+        self.lane = PrefillLane(self.step.prefill, max_iteration_tokens, lambda: self._active, self._lane_landed) \
+            if use_lane and self.plan.packed else None
         if self.lane is not None and isinstance(self.step.runner, PackedRunner):
             self.step.runner.turns = self.lane.turns
-        # Health: steps failed in a row (reset by any success) and the last failure, for /health.
-        self.consecutive_failures = 0
-        self.last_error: str | None = None
+        self.health = StepHealth()
         self._last_step_end: float | None = None
 
     # -- submission -------------------------------------------------------------------------------
@@ -147,14 +147,6 @@ class LLMBatchGroup:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    @property
-    def max_iteration_tokens(self) -> int:
-        return self._max_iteration_tokens
-
-    @property
-    def minimum_preparation_tokens(self) -> int:
-        return self._minimum_preparation_tokens
 
     def prune(self) -> None:
         """Drop cancelled rows and queued tasks. A cancelled row's KV is released now, or handed to the
@@ -223,7 +215,7 @@ class LLMBatchGroup:
         """One packed iteration: every decoding row plus prompt chunks filling the rest of `budget`. With the
         prefill lane: the lane takes the next prompt chunks while this iteration decodes."""
         if self.lane is not None:
-            self._feed_lane()
+            self.lane.feed()
             await self._iterate(0, decode=True, prefill=False)
             return
         await self._iterate(budget, decode=True, prefill=True)
@@ -237,10 +229,10 @@ class LLMBatchGroup:
                 # The decode thread's last puts (a finished turn) become takeable by the lane: nothing decodes now,
                 # so their copies are done and this costs one hop (on CUDA another thread cannot wait for them).
                 await self.context.run(cache.settle)
-            self._feed_lane()
+            self.lane.feed()
             await self.lane.wait()
             return
-        await self._iterate(max(self._max_iteration_tokens, 1), decode=False, prefill=True)
+        await self._iterate(max(self.max_iteration_tokens, 1), decode=False, prefill=True)
 
     async def advance(self) -> None:
         """One decode token for every decoding row."""
@@ -262,14 +254,6 @@ class LLMBatchGroup:
 
     # -- stats ------------------------------------------------------------------------------------
 
-    def forget_measurements(self) -> None:
-        """Zero the counters and drop the iteration times and the pacer's estimates (after a warm-up, whose
-        compiles are not serving costs). Event loop, between iterations. Raises nothing."""
-        for key in self.counters:
-            self.counters[key] = type(self.counters[key])()
-        self.iteration_times = IterationTimes()
-        self.pacer = PrefillPacer(self.pacer.max_tokens, self.pacer.min_tokens, self.pacer.stall)
-
     def kv_bytes(self) -> int:
         """Bytes held by active rows' KV caches. Raises nothing."""
         slots = self.step.slots
@@ -286,10 +270,6 @@ class LLMBatchGroup:
     def reserved_kv_bytes(self) -> int:
         """The active rows' projected KV bytes: what admission counts as taken. Raises nothing."""
         return self.admission.projected_bytes(list(self._active)) if self.admission is not None else 0
-
-    def recent_rates(self) -> tuple[float, float]:
-        """Wall-clock (prompt, generation) tokens/s over the last 10 seconds. Raises nothing."""
-        return self._recent.rates()
 
     def active_rows(self) -> int:
         return len(self._active)
@@ -317,29 +297,21 @@ class LLMBatchGroup:
             if decode and not prefill and self.decode_burst > 1 and not shared:
                 done = await self.context.run(self._burst, rows, functools.partial(loop_caller(), self._landed))
             else:
-                done = await self.context.run(self._step, rows, budget, decode, prefill)
+                done = await self.context.run(self.step.measured, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop
-            self._fail_step(rows, exc)
+            self.step.pipeline.reset()
+            self._fail_rows(rows, exc)
             return
         finally:
             self._last_step_end = time.perf_counter()
-        self.consecutive_failures = 0
+        self.health.succeeded()
         # As the event loop saw it, hand-off included (less a burst's earlier steps, recorded as they ran).
         done.seconds = self._last_step_end - start - done.earlier
         self._landed(done, gap)
 
-    def _step(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> StepResult:
-        """Engine thread: one iteration, with what the event loop records and publishes for it."""
-        t0 = time.perf_counter()
-        self.step.record.counts = (0, 0)
-        outputs = self.step.run(rows, budget, decode, prefill)
-        cost, self.step.last_cost = self.step.last_cost, None
-        prompted, generated = self.step.record.counts
-        return StepResult(outputs, cost, time.perf_counter() - t0, prompted, generated)
-
     def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
         """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_end`."""
-        done, steps = run_burst(lambda: self._step(rows, 0, True, False), lambda posted: bool(self._burst_end(posted)),
+        done, steps = run_burst(lambda: self.step.measured(rows, 0, True, False), lambda posted: bool(self._burst_end(posted)),
                                 post, self.decode_burst)
         self.counters["bursts"] += 1
         self.counters["burst_steps"] += steps
@@ -367,7 +339,7 @@ class LLMBatchGroup:
         if done.cost is not None:
             self.iteration_times.record(done.cost, done.seconds, gap)
             self.pacer.record(done.cost.seconds, done.cost.prompt_tokens, done.cost.decode_rows)
-        self._recent.add(done.prompted, done.generated)
+        self.recent.add(done.prompted, done.generated)
         t0 = time.perf_counter()
         self._publish_all(done.outputs)
         done.published = True
@@ -375,49 +347,26 @@ class LLMBatchGroup:
 
     # -- the prefill lane ---------------------------------------------------------------------------
 
-    def _feed_lane(self) -> None:
-        """Event loop: the idle lane takes the next prompt chunks. Raises nothing."""
-        if self.lane is not None and not self._closed:
-            self.lane.feed(self._active, self._max_iteration_tokens, self.step.prefill, self._lane_done)
-
-    def _lane_done(self, rows: list[Row], result: Any, error: BaseException | None) -> None:
-        """Event loop: a lane job ended; its rows come back (first tokens published, or failed), and the lane
-        takes the next chunks. Raises nothing."""
-        assert self.lane is not None
-        self.lane.take_back(rows)
-        if self._closed:  # its rows were ended by close(); a driver waiting for the lane goes on to see that
-            self.lane.wake()
-            return
+    def _lane_landed(self, rows: list[Row], result: Any, error: BaseException | None) -> None:
+        """Event loop: a lane job ended (engine/lane.py hands its rows back first): first tokens published, or
+        its rows failed. Raises nothing."""
         if error is not None:
             self._fail_rows(rows, error if isinstance(error, Exception) else RuntimeError(repr(error)))
         else:
-            self.consecutive_failures = 0
+            self.health.succeeded()
             outputs, prompted = result
-            self._recent.add(prompted, len(outputs))
-            self._publish_all(outputs)
-        self.lane.wake()
-        self._feed_lane()
+            self._landed(StepResult(outputs, None, 0.0, prompted, len(outputs)))
         self._wake_up()
-
-    def _fail_step(self, rows: list[Row], exc: Exception) -> None:
-        self.step.pipeline.reset()
-        self._fail_rows(rows, exc)
 
     def _fail_rows(self, rows: list[Row], exc: Exception) -> None:
         """The rows a failed step or lane job touched end with an error delta; others go on. Raises nothing."""
         _log.exception("engine step failed for %d row(s)", len(rows), exc_info=exc)
         self.counters["failed_steps"] += 1
-        self.consecutive_failures += 1
-        self.last_error = f"{type(exc).__name__}: {exc}"
+        error = self.health.failed(exc)
         for row in rows:
             self.step.release(row)
-            self._publish(row, row_delta(row, finish_reason="error", error=self.last_error))
+            self._publish(row, row_delta(row, finish_reason="error", error=error))
         self._active = [r for r in self._active if r not in rows]
-
-    def healthy(self) -> bool:
-        """False once several steps in a row failed with no success since (the engine cannot run rows).
-        Raises nothing."""
-        return self.consecutive_failures < 3
 
     # -- event-loop side --------------------------------------------------------------------------
 
@@ -428,20 +377,11 @@ class LLMBatchGroup:
                 self._active.remove(row)
 
     def _publish(self, row: Row, delta: Delta) -> None:
-        if delta.finish_reason is not None:
-            row.finish()
-        if not row.cancelled:
-            try:
-                row.send.send_nowait(delta)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                row.cancel()  # nobody is listening any more
-        if delta.finish_reason is not None:
-            row.send.close()
+        if row.deliver(delta):
             self.counters["finished_rows"] += 1
 
     def _end(self, row: Row, *, cancelled: bool) -> None:
-        row.finish()
-        row.send.close()
+        row.end()
         if cancelled:
             self.counters["cancelled_rows"] += 1
         if self.step.keeps_kv(row):

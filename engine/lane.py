@@ -75,24 +75,29 @@ class DecodeFirst:
 
 class PrefillLane:
     """The lane's thread and its job in flight (one at a time). Event loop only, but for `finished`, which the
-    lane thread sets as a job ends so that a decode burst on the other thread hands back at once."""
+    lane thread sets as a job ends so that a decode burst on the other thread hands back at once.
+    `job(rows, budget)` runs on the lane; `landed(rows, result, error)` then runs on the loop, once the rows are
+    the group's again, and the lane takes the next chunks of `active()`'s preparing rows."""
 
-    def __init__(self) -> None:
+    def __init__(self, job: Callable[[list[Row], int], Any], budget: int, active: Callable[[], Sequence[Row]],
+                 landed: Landed) -> None:
         self.thread = EngineThread("tandem-prefill")
         self.turns = DecodeFirst(self.thread)  # the runner's forward builds decode first (engine/runner.py)
         self.rows: list[Row] = []  # the rows of the job in flight
         self.finished = False
+        self._job, self._budget, self._active, self._handler = job, budget, active, landed
+        self._closed = False
         self._landed = anyio.Event()
         self._to_loop: Callable[..., None] | None = None
 
-    def feed(self, active: Sequence[Row], budget: int, job: Callable[[list[Row], int], Any], landed: Landed) -> None:
-        """When idle, run job(rows, budget) on the lane for the oldest preparing rows whose prompts `budget` tokens
-        reach; landed(rows, result, error) then runs on the event loop. Call on the loop. Raises nothing."""
+    def feed(self) -> None:
+        """When idle, run the job on the lane for the oldest preparing rows whose prompts the budget reaches.
+        Call on the loop. Raises nothing."""
         self._to_loop = self._to_loop or loop_caller()
-        if self.rows:
+        if self.rows or self._closed:
             return
-        rows, left = [], budget
-        for r in active:
+        rows, left = [], self._budget
+        for r in self._active():
             if left <= 0:
                 break
             if r.preparing and not r.cancelled:
@@ -102,22 +107,27 @@ class PrefillLane:
             return
         for r in rows:
             r.in_lane = True
-        self.rows, call = rows, self._to_loop
+        self.rows, call, job, budget = rows, self._to_loop, self._job, self._budget
 
         def done(result: Any, error: BaseException | None) -> None:  # on the lane thread
             self.finished = True
             try:
-                call(landed, rows, result, error)
+                call(self._land, rows, result, error)
             except RuntimeError:  # the event loop is gone (shutdown)
                 pass
 
         self.thread.submit(lambda: job(rows, budget), done)
 
-    def take_back(self, rows: Sequence[Row]) -> None:
-        """Event loop, as a job's `landed` begins: its rows are the group's again. Raises nothing."""
+    def _land(self, rows: list[Row], result: Any, error: BaseException | None) -> None:
+        """Event loop: the job's rows are the group's again; the group handles the result (unless it closed, which
+        ended them), then the next chunks go out and a driver waiting for the lane goes on. Raises nothing."""
         self.rows, self.finished = [], False
         for r in rows:
             r.in_lane = False
+        if not self._closed:
+            self._handler(rows, result, error)
+            self.feed()
+        self.wake()
 
     def wake(self) -> None:
         """Event loop, once a landed job was handled: frees `wait`. Raises nothing."""
@@ -130,5 +140,7 @@ class PrefillLane:
             await self._landed.wait()
 
     def close(self, join_timeout: float | None = 5.0) -> None:
-        """Stop the thread after the job in flight. Raises nothing."""
+        """Stop the thread after the job in flight (its rows are not handed back to a closed group). Raises
+        nothing."""
+        self._closed = True
         self.thread.close(join_timeout)

@@ -94,6 +94,26 @@ class Row:
         if self.state is not RowState.FINISHED:
             self.state = RowState.CANCELLED
 
+    def deliver(self, delta: Delta) -> bool:
+        """Send `delta` to the consumer (gone: the row is cancelled); a final one finishes the row and closes its
+        stream. Returns whether it was final. Event loop. Raises nothing."""
+        final = delta.finish_reason is not None
+        if final:
+            self.finish()
+        if not self.cancelled:
+            try:
+                self.send.send_nowait(delta)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self.cancel()  # nobody is listening any more
+        if final:
+            self.send.close()
+        return final
+
+    def end(self) -> None:
+        """Finish the row without a delta (cancelled, or dropped) and close its stream. Raises nothing."""
+        self.finish()
+        self.send.close()
+
     def fed_tokens(self) -> list[int]:
         """The tokens whose KV the cache holds (the last sampled token is never fed)."""
         return self.prompt[: self.prefilled] + self.generated[:-1]

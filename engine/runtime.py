@@ -235,7 +235,7 @@ class Engine:
                                    "busy_seconds": round(lane.thread.busy_seconds, 3) if lane else 0.0,
                                    "waits_for_decode": lane.turns.waits if lane else 0,
                                    "waited_for_decode_seconds": round(lane.turns.waited_seconds, 3) if lane else 0.0}
-            recent_prompt, recent_generation = group.recent_rates()
+            recent_prompt, recent_generation = group.recent.rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}
         else:
@@ -260,8 +260,8 @@ class Engine:
         """{"ok": False, "error": ...} once several engine steps in a row failed with no success since
         (the engine cannot run rows); {"ok": True} otherwise. Raises nothing."""
         group = self.group
-        if isinstance(group, LLMBatchGroup) and not group.healthy():
-            return {"ok": False, "error": group.last_error, "failed_steps_in_a_row": group.consecutive_failures}
+        if isinstance(group, LLMBatchGroup) and not group.health.ok:
+            return {"ok": False, "error": group.health.last_error, "failed_steps_in_a_row": group.health.in_a_row}
         return {"ok": True}
 
     def memory_stats(self) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from engine.burst import StepResult
 from engine.contracts import Delta, FinishReason
 from engine.iteration_times import StepCost
 from engine.pipeline import DecodePipeline, InFlight
@@ -107,6 +108,16 @@ class BatchStep:
             for key, add in adds:
                 if add:
                     self.counters[key] = self.counters.get(key, 0) + add
+
+    def measured(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> StepResult:
+        """Engine thread: `run`, with what the event loop records and publishes for it (its deltas, cost and the
+        tokens it counted). Raises what `run` raises."""
+        t0 = time.perf_counter()
+        self.record.counts = (0, 0)
+        outputs = self.run(rows, budget, decode, prefill)
+        cost, self.last_cost = self.last_cost, None
+        prompted, generated = self.record.counts
+        return StepResult(outputs, cost, time.perf_counter() - t0, prompted, generated)
 
     def run(self, rows: list[Row], budget: int, decode: bool, prefill: bool) -> list[tuple[Row, Delta]]:
         """Engine thread: one forward over the planned segments, sampling, detokenization. Raises what

@@ -15,6 +15,8 @@ import anyio
 
 from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.contracts import GenerationRequest, SamplingParams
+from engine.iteration_times import IterationTimes
+from engine.pacing import PrefillPacer
 
 __all__ = ["warm_up", "WARMUP_NAMESPACE"]
 
@@ -60,5 +62,14 @@ async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LL
         async with anyio.create_task_group() as tg:
             for prompt, sampling, n in rows:
                 tg.start_soon(run, prompt, sampling, n)
-    group.forget_measurements()
+    forget_measurements(group)
     return time.perf_counter() - t0
+
+
+def forget_measurements(group: LLMBatchGroup) -> None:
+    """Zero the group's counters and drop its iteration times and the pacer's estimates: a warm-up's compiles are
+    not serving costs. Event loop, between iterations. Raises nothing."""
+    for key in group.counters:
+        group.counters[key] = type(group.counters[key])()
+    group.iteration_times = IterationTimes()
+    group.pacer = PrefillPacer(group.pacer.max_tokens, group.pacer.min_tokens, group.pacer.stall)

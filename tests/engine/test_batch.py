@@ -292,7 +292,7 @@ async def test_a_rows_own_fault_ends_only_that_row(tiny_loaded) -> None:
     assert got[1][-1].finish_reason == "error" and "bad byte" in (got[1][-1].error or "")
     for i in (0, 2):
         assert_matches_reference(tiny_loaded, prompt_of(5, i), tokens_of(got[i]), 6)
-    assert group.healthy()
+    assert group.health.ok
 
 
 async def test_steps_failing_in_a_row_make_the_group_unhealthy_until_one_succeeds(tiny_loaded) -> None:
@@ -309,10 +309,10 @@ async def test_steps_failing_in_a_row_make_the_group_unhealthy_until_one_succeed
         streams.append(group.submit(GenerationRequest(prompt_of(5, i), GREEDY, max_tokens=2)))
         await iterate(group)
         assert drain(streams[-1])[-1].finish_reason == "error"
-    assert not group.healthy() and "device lost" in (group.last_error or "")
+    assert not group.health.ok and "device lost" in (group.health.last_error or "")
     group.step.runner = real
     await run_rows(group, [GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=2)], [0])
-    assert group.healthy()
+    assert group.health.ok
 
 
 class FakePrefixCache:

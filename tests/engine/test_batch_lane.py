@@ -108,7 +108,7 @@ async def test_a_failing_lane_job_fails_its_rows_and_decoding_goes_on(tiny_loade
         gate.fail = None
         await iterate_until(group, lambda: first._row.finished)
         assert_matches_reference(tiny_loaded, prompt_of(6, 1), tokens_of(drain(first)), 12)
-        assert group.counters["failed_steps"] == 1 and group.healthy()
+        assert group.counters["failed_steps"] == 1 and group.health.ok
     finally:
         group.close()
 
