@@ -18,6 +18,7 @@ utterance not yet closed. `clear()` drops the open utterance's audio that has no
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 import anyio
@@ -26,6 +27,7 @@ import numpy as np
 from audio.agreement import LiveText
 from audio.buffers import AudioBuffer
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
+from audio.encoder import fitted_context
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
 from audio.window import WindowResult
@@ -199,6 +201,9 @@ class LiveTranscription:
         audio = self._open.view(seek, count)
         request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
                                    tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True)
+        if self.config.context_min_s is not None:
+            request = replace(request, audio_ctx=fitted_context(self._loaded.model.dims.n_audio_ctx, len(audio),
+                                                                self.config.context_min_s))
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))

@@ -15,7 +15,9 @@ class LiveConfig:
     before finished segments are trimmed off. `tokens_per_second`: sampled tokens allowed per second of
     window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
     `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
-    `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread."""
+    `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread. `context_min_s`: a decode's
+    encoder covers the open audio plus 1 s, in steps of 5 s, at least this long (None: the whole 30 s window,
+    as mlx-whisper); a decode whose text fails the thresholds is redone over the whole window."""
 
     redecode_s: float = 1.0
     # The first word comes one decode (~1 s on a 2-core CPU, tiny.en) after this much speech. Measured over
@@ -28,6 +30,9 @@ class LiveConfig:
     max_session_s: float = 3600.0
     max_lag_s: float | None = 120.0
     gate_in_thread_s: float = 2.0
+    # Whisper encodes a 30 s window whatever the audio's length; live decodes hold a few seconds, so most of the
+    # encoder's work (~0.64 s a window on a 2-core CPU with tiny.en) went on padding. 10 s: audio/encoder.py.
+    context_min_s: float | None = 10.0
 
 
 EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",

@@ -86,8 +86,10 @@ class WhisperScheduler:
             self._mels_pending -= 1
             self._mel_done.set()
             self._mel_done = anyio.Event()
-        window = Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel),
-                         next(self._seq), scope=cancellation)
+        full = int(loaded.model.dims.n_audio_ctx)
+        n_ctx = request.audio_ctx if request.audio_ctx is not None and 0 < request.audio_ctx < full else None
+        window = Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel, n_ctx=n_ctx),
+                        next(self._seq), scope=cancellation, mel=mel if n_ctx is not None else None)
         self._windows.append(window)
         try:
             waited = False
@@ -188,7 +190,6 @@ class WhisperScheduler:
         """Full budget: encoder_positions // chunk window-units (at least one), each unit of every kind
         counting one. Paced: units sized to the limit (at least one). Returns the work done."""
         self.counters.encoder_steps += 1
-        n_ctx = pending[0].loaded.model.dims.n_audio_ctx
         full = max(1, self.budget.encoder_positions // pending[0].encoder.chunk)  # window-units of the full budget
         units = None if paced else full
         work = 0
@@ -197,7 +198,8 @@ class WhisperScheduler:
             # Oldest first, and every other step the least advanced: windows catch up with each other, so
             # their units stack and their rows decode together, and the oldest still moves at half speed.
             head = pending[0] if self.counters.encoder_steps % 2 else min(pending, key=lambda w: w.encoder.progress)
-            group = [w for w in pending if w.encoder.unit == head.encoder.unit and w.loaded is head.loaded]
+            group = [w for w in pending if w.encoder.unit == head.encoder.unit and w.loaded is head.loaded
+                     and w.encoder.n_ctx == head.encoder.n_ctx]
             kind = head.encoder.kind
             positions: int | None = None  # the window's chunk
             if units is not None:
@@ -207,7 +209,7 @@ class WhisperScheduler:
                     units = full  # another round
             else:
                 left = None if limit is None else limit - (time.perf_counter() - t0)
-                plan = size_unit(self.costs[kind], group, kind in CHUNKED, head.encoder.left(n_ctx), left, ran)
+                plan = size_unit(self.costs[kind], group, kind in CHUNKED, head.encoder.left(head.loaded.model), left, ran)
                 if plan is None:
                     break
                 group, positions = list(plan[0]), plan[1]
@@ -218,7 +220,8 @@ class WhisperScheduler:
                 for w in group:
                     w.error = exc
             chunked = kind in CHUNKED
-            size = len(group) * (min(positions or head.encoder.chunk, n_ctx) if chunked else 1)
+            size = len(group) * (min(positions or head.encoder.chunk, head.encoder.context(head.loaded.model))
+                                 if chunked else 1)
             self.costs[kind].record(size, time.perf_counter() - t)
             work += size
             ran = True
@@ -323,6 +326,13 @@ class WhisperScheduler:
     def _finish(self, w: Window) -> None:
         assert w.row is not None
         decoded = finish_row(w.row)
+        if w.request.needs_fallback(decoded) and w.mel is not None:
+            # Over a cut context Whisper can loop where the whole window would not: redo it whole first.
+            e = w.encoder
+            w.encoder = EncoderJob(e.audio, e.frames, e.chunk, e.fp16, w.mel, numpy_math=e.numpy_math)
+            w.mel, w.row = None, None
+            self.counters.whole_window_redos += 1
+            return
         if w.request.needs_fallback(decoded) and w.rung + 1 < len(w.request.temperatures):
             w.rung += 1
             self.counters.fallbacks += 1
@@ -338,7 +348,8 @@ class WhisperScheduler:
         """Plain numbers for /stats. Raises nothing."""
         c = self.counters
         return {"windows_in_flight": self.in_flight, "windows_done": c.windows, "encoder_steps": c.encoder_steps,
-                "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks, "max_rows_per_step": c.max_rows,
+                "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks,
+                "whole_window_redos": c.whole_window_redos, "max_rows_per_step": c.max_rows,
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
                 "catch_up_s": self.budget.catch_up_seconds,

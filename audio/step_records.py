@@ -20,6 +20,7 @@ class StepCounters:
     paced_steps: int = 0
     windows: int = 0
     fallbacks: int = 0
+    whole_window_redos: int = 0  # windows over a cut encoder context redone over the whole window
     max_rows: int = 0
     kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
     steps: list["StepRecord"] = field(default_factory=list)  # recent steps, newest last (bounded)

@@ -39,6 +39,9 @@ class WindowRequest:
     sample_len: int | None = None  # most tokens to sample (None: n_text_ctx / 2)
     seed: int = 0  # keys the draws of temperature-fallback rows
     realtime: bool = False  # a live session's window: its steps' share grows while it waits (catch-up)
+    # Encoder positions to compute (None: the whole 30 s window; fewer: audio/encoder.fitted_context). A result
+    # that fails the thresholds is redone over the whole window before the fallback ladder is climbed.
+    audio_ctx: int | None = None
 
     def needs_fallback(self, r: RowResult) -> bool:
         """Too repetitive or too improbable, unless it is silence. Raises nothing."""
@@ -71,6 +74,7 @@ class Window:
     cancelled: bool = False
     scope: anyio.CancelScope | None = None
     since: float = field(default_factory=time.perf_counter)  # joined the scheduler (its wait for a share)
+    mel: np.ndarray | None = None  # kept while the encoder context is cut short: the whole window's redo needs it
 
     @property
     def finished(self) -> bool:

@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from audio.encoder import EncoderJob, cross_kv, mel_window, run_unit
+from audio.encoder import EncoderJob, cross_kv, fitted_context, mel_window, run_unit
 from audio.whisper import LoadedWhisper
 from engine.backend import blas_info
 
@@ -124,3 +124,54 @@ def test_a_unit_refuses_jobs_at_different_units(tiny_whisper: LoadedWhisper) -> 
     run_unit(tiny_whisper.model, [c])
     with pytest.raises(AssertionError):  # one stacked call computes one way
         run_unit(tiny_whisper.model, [a, c])
+
+
+def one_call_over(model: object, mel: mx.array, n_ctx: int) -> mx.array:
+    """mlx-whisper's encoder over the first 2·n_ctx mel frames, its positional embedding cut to match."""
+    import mlx.nn as nn
+
+    enc = model.encoder  # type: ignore[attr-defined]
+    x = nn.gelu(enc.conv2(nn.gelu(enc.conv1(mel[:, : 2 * n_ctx])))) + enc._positional_embedding[:n_ctx]
+    for block in enc.blocks:
+        x, _, _ = block(x)
+    return enc.ln_post(x)
+
+
+@MATH
+@pytest.mark.parametrize("chunk", [375, 64])
+def test_a_cut_context_equals_the_one_call_encoder_over_its_first_positions(tiny_whisper: LoadedWhisper,
+                                                                             chunk: int, numpy_math: bool) -> None:
+    model = tiny_whisper.model
+    audio = noise(4, seed=3)
+    mel = mel_window(model, audio, 400, fp16=False)[None]
+    assert same(one_call_over(model, mel, 1500), model.encoder(mel))  # the reference is the encoder's math
+    job = EncoderJob(audio, 400, chunk, fp16=False, numpy_math=numpy_math, n_ctx=500)
+    encode(model, [job])
+    assert job.features.shape == (1, 500, model.dims.n_audio_state)
+    assert same_as_one_call(job.features, one_call_over(model, mel, 500), numpy_math)
+    for k, _ in job.cross_kv:
+        assert k.shape[-1] == 500  # the decoder attends to the cut context only
+
+
+def test_windows_of_different_contexts_never_share_a_unit(tiny_whisper: LoadedWhisper) -> None:
+    a = EncoderJob(noise(1, 0), 100, 375, False, n_ctx=500)
+    b = EncoderJob(noise(1, 1), 100, 375, False, n_ctx=750)
+    c = EncoderJob(noise(1, 2), 100, 375, False)
+    with pytest.raises(AssertionError):
+        run_unit(tiny_whisper.model, [a, b])
+    with pytest.raises(AssertionError):
+        run_unit(tiny_whisper.model, [a, c])
+    run_unit(tiny_whisper.model, [a, EncoderJob(noise(1, 3), 100, 375, False, n_ctx=500)])
+
+
+@pytest.mark.parametrize(("seconds", "min_s", "positions"), [
+    (2.0, 10.0, 500),   # short speech: the 10 s floor
+    (9.0, 10.0, 500),   # 9 s + 1 s of padding fits exactly
+    (9.5, 10.0, 750),   # 10.5 s rounds up to the next 5 s
+    (20.0, 10.0, 1250),
+    (29.5, 10.0, 1500),  # never more than the model's window
+    (1.0, 0.0, 250),    # no floor: 2 s rounds up to 5 s
+])
+def test_a_fitted_context_covers_the_audio_and_a_second_in_steps_of_five(seconds: float, min_s: float,
+                                                                        positions: int) -> None:
+    assert fitted_context(1500, int(seconds * 16000), min_s) == positions

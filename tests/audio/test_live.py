@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from audio.decoder import RowResult
+from audio.encoder import fitted_context
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.window import WindowRequest, WindowResult
 from audio.transcript import TranscribeOptions
@@ -123,6 +124,23 @@ async def test_thirty_seconds_without_a_pause_is_decoded_as_one_window(tiny_whis
     await action()
     assert scheduler.requests[0].frames == 3000
     assert live.committed_text() != "" and live._tr.seek == 3000
+
+
+async def test_decodes_encode_the_open_audio_not_the_whole_window(tiny_whisper: LoadedWhisper) -> None:
+    live, scheduler, _ = await live_text(tiny_whisper, [[1000]] * 20)
+    at = 0
+    for seconds in (1.2, 11.0, 31.0):
+        live.add_speech(speech(seconds), at)
+        at += int(seconds * SR)
+        await run_due(live)
+    # the open audio plus 1 s, in steps of 5 s, at least 10 s: 1.2 s → 500 positions, 12.2 s → 750, 30 s → 1500
+    contexts = [(len(r.audio) / SR, r.audio_ctx) for r in scheduler.requests]
+    assert (1.2, 500) in contexts and (30.0, 1500) in contexts and any(c == 750 for _, c in contexts)
+    assert all(c == fitted_context(1500, int(s * SR), 10.0) for s, c in contexts)
+    whole, scripted, _ = await live_text(tiny_whisper, [[1000]], context_min_s=None)  # type: ignore[arg-type]
+    whole.add_speech(speech(1.2), 0)
+    await run_due(whole)
+    assert scripted.requests[0].audio_ctx is None
 
 
 async def test_finishing_commits_the_rest(tiny_whisper: LoadedWhisper) -> None:

@@ -167,6 +167,34 @@ async def test_rows_fall_back_one_rung_at_a_time_with_keyed_draws(tiny_whisper: 
     assert scheduler.counters.fallbacks == 2 * 3
 
 
+async def test_a_cut_context_decodes_its_own_features_and_stacks_only_with_its_kind(tiny_whisper: LoadedWhisper) -> None:
+    plain = dict(without_timestamps=True, logprob_threshold=None, compression_ratio_threshold=None)
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        cut, whole, other = await decode_all(scheduler, tiny_whisper, [
+            request(3, 1, audio_ctx=500, keep_features=True, **plain), request(3, 1, keep_features=True, **plain),
+            request(5, 2, audio_ctx=750, keep_features=True, **plain)])
+        again = await decode_all(scheduler, tiny_whisper, [request(3, 1, audio_ctx=500, keep_features=True, **plain)])
+    assert cut.features.shape[1] == 500 and other.features.shape[1] == 750 and whole.features.shape[1] == 1500
+    assert again[0].decoded.tokens == cut.decoded.tokens  # the same alone as beside windows of other contexts
+    assert scheduler.counters.whole_window_redos == 0
+
+
+async def test_a_cut_context_whose_text_fails_the_thresholds_is_redone_over_the_whole_window(
+        tiny_whisper: LoadedWhisper) -> None:
+    # logprob_threshold 0 fails every attempt: the cut window is redone whole once, then climbs the ladder
+    ladder = dict(temperatures=(0.0, 0.5), logprob_threshold=0.0, no_speech_threshold=None, without_timestamps=True,
+                  keep_features=True)
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks)
+        cut = await decode_all(scheduler, tiny_whisper, [request(4, 1, audio_ctx=500, **ladder)])
+        redos, fallbacks = scheduler.counters.whole_window_redos, scheduler.counters.fallbacks
+        whole = await decode_all(scheduler, tiny_whisper, [request(4, 1, **ladder)])
+    assert redos == 1 and fallbacks == 1 and scheduler.counters.whole_window_redos == 1
+    assert cut[0].features.shape[1] == 1500 and cut[0].decoded.temperature == 0.5
+    assert cut[0].decoded.tokens == whole[0].decoded.tokens  # what the whole window decodes, rung for rung
+
+
 async def test_a_failing_step_fails_its_windows_and_the_loop_goes_on(tiny_whisper: LoadedWhisper,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     real = scheduler_module.run_unit
