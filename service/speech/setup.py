@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import AsyncIterator
 
 import anyio
@@ -78,8 +78,9 @@ async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
     budget = StepBudget(encoder_positions=options.step_positions, decode_tokens=options.step_tokens,
                         chat_share=options.chat_share, catch_up_seconds=options.catch_up_sec,
                         min_step_seconds=None if options.min_step_ms is None else options.min_step_ms / 1000)
-    live = LiveConfig(max_session_s=options.max_session_sec, max_lag_s=options.max_lag_sec,
-                      **({"context_min_s": None} if options.whole_window else {}))
+    live = LiveConfig(max_session_s=options.max_session_sec, max_lag_s=options.max_lag_sec)
+    if options.whole_window:
+        live = replace(live, context_min_s=None)
     # Whisper steps shrink to a share of a chat iteration while chat rows decode (Engine.chat_pace).
     speech = SpeechService.from_spec(state.engine.tasks, options.model, idle_unload_sec=options.idle_unload_sec,
                                      resident=options.resident, session_ttl_sec=options.session_ttl_sec,
