@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance_rows", "finish_row"]
+__all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance_rows", "finish_row", "detect_language"]
 
 
 @dataclass
@@ -93,6 +93,23 @@ def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: l
     row.kv = [None] * len(model.decoder.blocks)
     row.sum_logprobs = mx.zeros(1)
     return row
+
+
+def detect_language(model: Any, features: Any) -> str:
+    """The most probable language of a window from its encoder output (1, n_ctx, D), as mlx-whisper's
+    detect_language computes it; that one re-encodes features whose context is not the model's whole window.
+    Engine thread only. Raises ValueError for a model without language tokens."""
+    import mlx.core as mx
+
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer(model.is_multilingual, num_languages=model.num_languages)
+    if tokenizer.language is None or tokenizer.language_token not in tokenizer.sot_sequence:
+        raise ValueError("This model doesn't have language tokens so it can't perform lang id")
+    logits = model.logits(mx.array([[tokenizer.sot]]), features)[0, 0]
+    codes = dict(zip(tokenizer.all_language_tokens, tokenizer.all_language_codes))
+    tokens = list(codes)
+    return codes[tokens[int(mx.argmax(logits[mx.array(tokens)]).item())]]
 
 
 def _cross_attention(attn: Any, q: Any, k: Any, v: Any) -> Any:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from audio.decoder import DecodeRow, advance_rows, finish_row, new_row, step_rows
+from audio.decoder import DecodeRow, advance_rows, detect_language, finish_row, new_row, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
@@ -309,8 +309,7 @@ class WhisperScheduler:
         model = w.loaded.model
         w.language = w.request.language or ("en" if not model.is_multilingual else None)
         if w.language is None:
-            _, probs = model.detect_language(w.encoder.features)
-            w.language = max(probs[0], key=probs[0].get)
+            w.language = detect_language(model, w.encoder.features)
         w.row = self._row(w)
 
     def _row(self, w: Window) -> DecodeRow:

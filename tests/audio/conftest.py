@@ -16,9 +16,9 @@ from engine.context import EngineThread
 from engine.driver import drive_execution_group
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
-from tests.fixtures.tiny_whisper import build_tiny_whisper
+from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, build_tiny_whisper
 
-__all__ = ["tiny_whisper_dir", "tiny_whisper", "running_tasks", "voiced", "SR"]
+__all__ = ["tiny_whisper_dir", "tiny_whisper", "multilingual_whisper", "running_tasks", "voiced", "SR"]
 
 SR = 16000
 
@@ -32,6 +32,13 @@ def tiny_whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_whisper(tiny_whisper_dir: Path) -> LoadedWhisper:
     """The tiny Whisper loaded in float32 (load_whisper is engine-thread work; tests call it directly)."""
     return load_whisper(tiny_whisper_dir, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def multilingual_whisper(tmp_path_factory: pytest.TempPathFactory) -> LoadedWhisper:
+    """The tiny Whisper with a multilingual vocabulary (99 language tokens), so windows detect their language."""
+    dims = {**TINY_WHISPER_DIMS, "n_vocab": 51865}
+    return load_whisper(build_tiny_whisper(tmp_path_factory.mktemp("multilingual_whisper"), dims), dtype="float32")
 
 
 @contextlib.asynccontextmanager

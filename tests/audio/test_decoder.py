@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from mlx_whisper.decoding import DecodingOptions
 
-from audio.decoder import DecodeRow, advance_rows, finish_row, new_row, step_rows
+from audio.decoder import DecodeRow, advance_rows, detect_language, finish_row, new_row, step_rows
 from audio.encoder import EncoderJob, mel_window, run_unit
 from audio.whisper import LoadedWhisper
 
@@ -119,3 +119,12 @@ def test_sampled_rows_draw_the_same_tokens_alone_and_packed(tiny_whisper: Loaded
     run(tiny_whisper, packed)
     assert finish_row(packed[1]).sampled == finish_row(alone).sampled
     assert finish_row(packed[0]).sampled != finish_row(packed[2]).sampled  # other keys, other draws
+
+
+def test_the_language_detected_from_features_is_mlx_whispers(multilingual_whisper: LoadedWhisper) -> None:
+    model = multilingual_whisper.model
+    assert model.is_multilingual
+    for seed in range(3):
+        job, _ = encoded(multilingual_whisper, 3, seed)
+        _, probs = model.detect_language(job.features)
+        assert detect_language(model, job.features) == max(probs[0], key=probs[0].get)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.anyio
 
 def request(seconds: float, seed: int, **kw: object) -> WindowRequest:
     audio = np.random.default_rng(seed).normal(0, 0.1, int(seconds * 16000)).astype(np.float32)
-    return WindowRequest(audio=audio, frames=int(seconds * 100), language="en", **kw)  # type: ignore[arg-type]
+    return WindowRequest(audio=audio, frames=int(seconds * 100), **{"language": "en", **kw})  # type: ignore[arg-type]
 
 
 async def decode_all(scheduler: WhisperScheduler, loaded: LoadedWhisper,
@@ -178,6 +178,17 @@ async def test_a_cut_context_decodes_its_own_features_and_stacks_only_with_its_k
     assert cut.features.shape[1] == 500 and other.features.shape[1] == 750 and whole.features.shape[1] == 1500
     assert again[0].decoded.tokens == cut.decoded.tokens  # the same alone as beside windows of other contexts
     assert scheduler.counters.whole_window_redos == 0
+
+
+async def test_a_cut_context_detects_its_language_from_its_own_features(multilingual_whisper: LoadedWhisper) -> None:
+    from audio.decoder import detect_language
+
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks)
+        (cut,) = await decode_all(scheduler, multilingual_whisper,
+                                  [request(3, 1, audio_ctx=500, language=None, keep_features=True)])
+    assert cut.features.shape[1] == 500
+    assert cut.language == detect_language(multilingual_whisper.model, cut.features)
 
 
 async def test_a_cut_context_whose_text_fails_the_thresholds_is_redone_over_the_whole_window(
