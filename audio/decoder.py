@@ -109,7 +109,8 @@ def detect_language(model: Any, features: Any) -> str:
     logits = model.logits(mx.array([[tokenizer.sot]]), features)[0, 0]
     codes = dict(zip(tokenizer.all_language_tokens, tokenizer.all_language_codes))
     tokens = list(codes)
-    return codes[tokens[int(mx.argmax(logits[mx.array(tokens)]).item())]]
+    best = mx.argmax(logits[mx.array(tokens)]).item()
+    return codes[tokens[int(best)]]  # type: ignore[arg-type]
 
 
 def _cross_attention(attn: Any, q: Any, k: Any, v: Any) -> Any:
