@@ -201,7 +201,7 @@ class LiveTranscription:
         audio = self._open.view(seek, count)
         request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
                                    tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True)
-        if self.config.context_min_s is not None:
+        if self.config.fits(len(audio)):
             request = replace(request, audio_ctx=fitted_context(self._loaded.model.dims.n_audio_ctx, len(audio),
                                                                 self.config.context_min_s))
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)

@@ -51,9 +51,10 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--whisper-catch-up", type=float, default=1.0, metavar="SEC",
                    help="while chat decodes, a Whisper step's share doubles for each SEC the oldest live "
                         "session's window has waited (up to 8x), so live speech that falls behind catches up")
-    g.add_argument("--live-whole-window", action="store_true",
-                   help="live decodes encode Whisper's whole 30 s window, as mlx-whisper does (default: the open "
-                        "audio plus 1 s, at least 10 s, redone whole when its text fails the thresholds)")
+    g.add_argument("--live-context", choices=("auto", "fit", "whole"), default="auto",
+                   help="what a live decode encodes: fit, the open audio plus 1 s (at least 10 s; redone whole when its "
+                        "text fails the thresholds); whole, Whisper's 30 s window, as mlx-whisper; auto (default): fit "
+                        "on a CPU, whole on a GPU")
     g.add_argument("--whisper-min-step-ms", type=float, default=None, metavar="MS",
                    help="when chat is idle, a Whisper step goes on until it took this long (default: 5 on a "
                         "GPU, where one unit is shorter than a trip through the loop; 0 on a CPU)")
@@ -101,7 +102,7 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
                  max_buffered_sec=args.max_buffered_audio, max_lag_sec=args.max_session_lag,
                  step_positions=args.whisper_step_positions, step_tokens=args.whisper_step_tokens,
                  chat_share=args.whisper_chat_share, catch_up_sec=args.whisper_catch_up,
-                 min_step_ms=args.whisper_min_step_ms, whole_window=args.live_whole_window).store(config)
+                 min_step_ms=args.whisper_min_step_ms, live_context=args.live_context).store(config)
     if only:
         config.model = None
     return ServeSpeech(only, f"whisper {spec or DEMO_MODEL} ({path}){' — transcription only' if only else ''}")

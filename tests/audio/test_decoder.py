@@ -23,9 +23,15 @@ def encoded(loaded: LoadedWhisper, seconds: float, seed: int) -> tuple[EncoderJo
     return job, mel_window(loaded.model, audio, int(seconds * 100), fp16=False)
 
 
+# On a GPU the encoder in units equals mlx-whisper's one call only to rounding (tests/audio/test_encoder.py), and
+# so do the probabilities decoded from it; on the CPU they are bitwise the same.
+EXACT = mx.default_device().type == mx.DeviceType.cpu
+
+
 def same(a: float, b: float) -> bool:
-    """Equal, NaN included (a random model's masked logits make mlx-whisper's avg_logprob NaN too)."""
-    return a == b or (np.isnan(a) and np.isnan(b))
+    """Equal (to rounding on a GPU), NaN included (a random model's masked logits make mlx-whisper's avg_logprob
+    NaN too)."""
+    return a == b or (np.isnan(a) and np.isnan(b)) or (not EXACT and bool(np.isclose(a, b, rtol=1e-4, atol=0)))
 
 
 def run(loaded: LoadedWhisper, rows: list[DecodeRow], tokens: int = 4) -> None:
@@ -46,7 +52,7 @@ def test_a_row_alone_is_mlx_whispers_decode(tiny_whisper: LoadedWhisper, options
     run(tiny_whisper, [row])
     got = finish_row(row)
     assert got.sampled == reference.tokens and got.text == reference.text
-    assert same(got.avg_logprob, reference.avg_logprob) and got.no_speech_prob == reference.no_speech_prob
+    assert same(got.avg_logprob, reference.avg_logprob) and same(got.no_speech_prob, reference.no_speech_prob)
     assert got.compression_ratio == reference.compression_ratio and got.temperature == 0.0
 
 

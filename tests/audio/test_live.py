@@ -127,20 +127,30 @@ async def test_thirty_seconds_without_a_pause_is_decoded_as_one_window(tiny_whis
 
 
 async def test_decodes_encode_the_open_audio_not_the_whole_window(tiny_whisper: LoadedWhisper) -> None:
-    live, scheduler, _ = await live_text(tiny_whisper, [[1000]] * 20)
+    live, scheduler, _ = await live_text(tiny_whisper, [[1000]] * 20, context="fit")  # type: ignore[arg-type]
     at = 0
-    for seconds in (1.2, 11.0, 31.0):
+    for seconds in (1.2, 3.0, 8.0, 31.0):
         live.add_speech(speech(seconds), at)
         at += int(seconds * SR)
         await run_due(live)
-    # the open audio plus 1 s, in steps of 5 s, at least 10 s: 1.2 s → 500 positions, 12.2 s → 750, 30 s → 1500
+    # the open audio plus 1 s, in steps of 5 s, at least 10 s: 4.2 s → 500 positions, 12.2 s → 750, 30 s → 1500;
+    # under 2.5 s the whole window
     contexts = [(len(r.audio) / SR, r.audio_ctx) for r in scheduler.requests]
-    assert (1.2, 500) in contexts and (30.0, 1500) in contexts and any(c == 750 for _, c in contexts)
-    assert all(c == fitted_context(1500, int(s * SR), 10.0) for s, c in contexts)
-    whole, scripted, _ = await live_text(tiny_whisper, [[1000]], context_min_s=None)  # type: ignore[arg-type]
-    whole.add_speech(speech(1.2), 0)
+    assert (1.2, None) in contexts and (30.0, 1500) in contexts and any(c == 750 for _, c in contexts)
+    assert any(c == 500 for _, c in contexts)
+    assert all(c == (fitted_context(1500, int(s * SR), 10.0) if s >= 2.5 else None) for s, c in contexts)
+    whole, scripted, _ = await live_text(tiny_whisper, [[1000]], context="whole")  # type: ignore[arg-type]
+    whole.add_speech(speech(4.0), 0)
     await run_due(whole)
     assert scripted.requests[0].audio_ctx is None
+
+
+def test_auto_fits_the_context_on_a_cpu_only() -> None:
+    import mlx.core as mx
+
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu
+    assert LiveConfig().fits(5 * SR) is on_cpu and LiveConfig(context="fit").fits(5 * SR)
+    assert not LiveConfig(context="fit").fits(2 * SR) and not LiveConfig(context="whole").fits(5 * SR)
 
 
 async def test_finishing_commits_the_rest(tiny_whisper: LoadedWhisper) -> None:
