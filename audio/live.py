@@ -203,7 +203,7 @@ class LiveTranscription:
                                    tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True)
         if self.config.fits(len(audio)):
             request = replace(request, audio_ctx=fitted_context(self._loaded.model.dims.n_audio_ctx, len(audio),
-                                                                self.config.context_min_s))
+                                                                self.config.context_min_s), redo_whole=not probe)
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))

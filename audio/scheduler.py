@@ -89,7 +89,7 @@ class WhisperScheduler:
         full = int(loaded.model.dims.n_audio_ctx)
         n_ctx = request.audio_ctx if request.audio_ctx is not None and 0 < request.audio_ctx < full else None
         window = Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel, n_ctx=n_ctx),
-                        next(self._seq), scope=cancellation, mel=mel if n_ctx is not None else None)
+                        next(self._seq), scope=cancellation, mel=mel if n_ctx is not None and request.redo_whole else None)
         self._windows.append(window)
         try:
             waited = False

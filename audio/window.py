@@ -40,8 +40,10 @@ class WindowRequest:
     seed: int = 0  # keys the draws of temperature-fallback rows
     realtime: bool = False  # a live session's window: its steps' share grows while it waits (catch-up)
     # Encoder positions to compute (None: the whole 30 s window; fewer: audio/encoder.fitted_context). A result
-    # that fails the thresholds is redone over the whole window before the fallback ladder is climbed.
+    # that fails the thresholds is redone over the whole window before the fallback ladder is climbed, unless
+    # `redo_whole` is off (a live guess: the next one comes a second later, a redo would only delay it).
     audio_ctx: int | None = None
+    redo_whole: bool = True
 
     def needs_fallback(self, r: RowResult) -> bool:
         """Too repetitive or too improbable, unless it is silence. Raises nothing."""

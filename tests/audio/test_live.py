@@ -139,6 +139,9 @@ async def test_decodes_encode_the_open_audio_not_the_whole_window(tiny_whisper: 
     assert (1.2, None) in contexts and (30.0, 1500) in contexts and any(c == 750 for _, c in contexts)
     assert any(c == 500 for _, c in contexts)
     assert all(c == (fitted_context(1500, int(s * SR), 10.0) if s >= 2.5 else None) for s, c in contexts)
+    # a guess (probe) over a cut context is not redone whole when it fails: the next guess comes a second later
+    assert {r.redo_whole for r in scheduler.requests if r.audio_ctx is not None and r.temperatures == (0.0,)} == {False}
+    assert all(r.redo_whole for r in scheduler.requests if len(r.temperatures) > 1)
     whole, scripted, _ = await live_text(tiny_whisper, [[1000]], context="whole")  # type: ignore[arg-type]
     whole.add_speech(speech(4.0), 0)
     await run_due(whole)

@@ -201,9 +201,11 @@ async def test_a_cut_context_whose_text_fails_the_thresholds_is_redone_over_the_
         cut = await decode_all(scheduler, tiny_whisper, [request(4, 1, audio_ctx=500, **ladder)])
         redos, fallbacks = scheduler.counters.whole_window_redos, scheduler.counters.fallbacks
         whole = await decode_all(scheduler, tiny_whisper, [request(4, 1, **ladder)])
+        guess = await decode_all(scheduler, tiny_whisper, [request(4, 1, audio_ctx=500, redo_whole=False, **ladder)])
     assert redos == 1 and fallbacks == 1 and scheduler.counters.whole_window_redos == 1
     assert cut[0].features.shape[1] == 1500 and cut[0].decoded.temperature == 0.5
     assert cut[0].decoded.tokens == whole[0].decoded.tokens  # what the whole window decodes, rung for rung
+    assert guess[0].features.shape[1] == 500  # a guess is not redone: it climbs the ladder over its cut context
 
 
 async def test_a_failing_step_fails_its_windows_and_the_loop_goes_on(tiny_whisper: LoadedWhisper,
