@@ -201,6 +201,13 @@ class LiveTranscription:
         audio = self._open.view(seek, count)
         request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
                                    tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True)
+        if probe and request.sample_len is not None:
+            # A guess writes only the speech after the last final (earlier text is forced): a guess that loops
+            # stops after what that speech could hold instead of what the whole open audio could (3 s of a looping
+            # "8 8 8" held one clip's guesses on this CPU).
+            fresh = seek + len(audio) - max(seek, self._final_to)
+            request = replace(request, sample_len=min(request.sample_len,
+                                                      16 + int(self.config.tokens_per_second * fresh / SAMPLE_RATE)))
         if self.config.fits(len(audio)):
             request = replace(request, audio_ctx=fitted_context(self._loaded.model.dims.n_audio_ctx, len(audio),
                                                                 self.config.context_min_s), redo_whole=not probe)

@@ -148,6 +148,21 @@ async def test_decodes_encode_the_open_audio_not_the_whole_window(tiny_whisper: 
     assert scripted.requests[0].audio_ctx is None
 
 
+async def test_a_guess_samples_no_more_than_the_speech_after_the_last_final_could_hold(
+        tiny_whisper: LoadedWhisper) -> None:
+    live, scheduler, _ = await live_text(tiny_whisper, [[1000, 1002], [1004], [1004]],
+                                         tokens_per_second=2.0)  # type: ignore[arg-type]
+    live.add_speech(speech(3.0), 0)
+    live.add_pause()
+    await run_due(live)  # the first utterance's final: its text is forced from now on
+    live.add_speech(speech(1.0), 4 * SR)
+    await run_due(live)
+    final, guess = scheduler.requests[-2], scheduler.requests[-1]
+    assert guess.temperatures == (0.0,) and len(guess.audio) == 4 * SR  # the open audio: both utterances
+    assert guess.sample_len == 16 + 2  # 1 s of fresh speech at 2 tokens a second, not 4 s of open audio
+    assert final.sample_len == 16 + 6  # a final writes all of its audio
+
+
 def test_auto_fits_the_context_on_a_cpu_only() -> None:
     import mlx.core as mx
 

@@ -39,8 +39,10 @@ class RecordingRunner:
 
 
 def make_group(loaded, **kw) -> LLMBatchGroup:
-    """A group stepped by hand: one step per `iterate` (no decode bursts) unless a test asks for them."""
+    """A group stepped by hand: one step per `iterate` (no decode bursts), prompts mixed into the iterations (no
+    prefill lane, which a GPU turns on by default: on the H200 these tests saw no mixed step) unless a test asks."""
     kw.setdefault("decode_burst", 1)
+    kw.setdefault("prefill_lane", False)
     group = LLMBatchGroup(loaded.model, loaded.tokenizer, InlineContext(), context_length=loaded.context_length, **kw)
     group.step.runner = RecordingRunner(group.step.runner)
     return group

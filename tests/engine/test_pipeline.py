@@ -17,9 +17,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def pipelined_group(loaded, **kw):
-    """A group that keeps mixed steps in flight, as it does on a GPU with the prefill lane off (these tests are about
-    mixed steps: a GPU would otherwise prefill on the lane and mix none)."""
-    kw.setdefault("prefill_lane", False)
+    """A group that keeps mixed steps in flight, as it does on a GPU with the prefill lane off (make_group's)."""
     return make_group(loaded, keep_mixed_in_flight=True, **kw)
 
 

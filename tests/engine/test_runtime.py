@@ -259,7 +259,9 @@ async def test_open_loads_on_the_thread_that_serves(llama3_dir) -> None:
 async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_loaded) -> None:
     from engine.prefix_cache import PrefixCache
 
-    engine = Engine(tiny_loaded, max_active=8, max_iteration_tokens=32, prefix_cache=PrefixCache(1 << 24))
+    # The inline paths (decode, prefill, mixed): a GPU's default prefill lane would prefill beside them instead.
+    engine = Engine(tiny_loaded, max_active=8, max_iteration_tokens=32, prefix_cache=PrefixCache(1 << 24),
+                    prefill_lane=False)
     seen: list[str] = []
     paths: set[str] = set()
     original = engine.group.step.run
