@@ -163,11 +163,8 @@ async def test_a_guess_samples_no_more_than_the_speech_after_the_last_final_coul
     assert final.sample_len == 16 + 6  # a final writes all of its audio
 
 
-def test_auto_fits_the_context_on_a_cpu_only() -> None:
-    import mlx.core as mx
-
-    on_cpu = mx.default_device().type == mx.DeviceType.cpu
-    assert LiveConfig().fits(5 * SR) is on_cpu and LiveConfig(context="fit").fits(5 * SR)
+def test_whole_windows_unless_asked_and_short_audio_whole_either_way() -> None:
+    assert not LiveConfig().fits(5 * SR) and LiveConfig(context="fit").fits(5 * SR)
     assert not LiveConfig(context="fit").fits(2 * SR) and not LiveConfig(context="whole").fits(5 * SR)
 
 
