@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,8 +18,9 @@ class LiveConfig:
     `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread. `context`: "whole", the
     whole 30 s window, as mlx-whisper; "fit", a decode of at least `context_from_s` of audio encodes that audio
-    plus 1 s, in steps of 5 s, at least `context_min_s` (a final whose text fails the thresholds is redone over
-    the whole window)."""
+    plus 1 s, in steps of 5 s, at least `context_min_s` (a final whose text fails the thresholds or loops is
+    redone over the whole window, a guess that loops is no guess); "auto", fit where MLX computes on the CPU,
+    whole on a GPU (see `fits`)."""
 
     redecode_s: float = 1.0
     # The first word comes one decode (~1 s on a 2-core CPU, tiny.en) after this much speech. Measured over
@@ -33,9 +35,7 @@ class LiveConfig:
     gate_in_thread_s: float = 2.0
     # Whisper encodes a 30 s window whatever the audio's length; live decodes hold a few seconds, so most of the
     # encoder's work (~0.64 s a window on a 2-core CPU with tiny.en) went on padding. 10 s: audio/encoder.py.
-    # Opt-in: on this CPU it sustained 4 speakers where whole windows did not, but over the Realtime socket at 4×
-    # real time its guesses looped ("Five. Five. …") into committed text (bench/RESULTS.md, eleventh session).
-    context: Literal["fit", "whole"] = "whole"
+    context: Literal["auto", "fit", "whole"] = "auto"
     context_min_s: float = 10.0
     # Over a cut context Whisper is less sure of a second or two of speech: first guesses of 0.75–1.75 s failed
     # the logprob threshold where the whole window passed them (tiny.en, the shared clips); from 2.25 s on, none.
@@ -43,8 +43,20 @@ class LiveConfig:
 
 
     def fits(self, samples: int) -> bool:
-        """Whether a decode of `samples` (16 kHz) encodes a fitted context. Raises nothing."""
-        return self.context == "fit" and samples >= self.context_from_s * 16_000
+        """Whether a decode of `samples` (16 kHz) encodes a fitted context. "auto" fits on MLX's CPU backend only:
+        there the encoder bounds how many speakers keep up (4 on 2 cores with it, not without); on the H200 they
+        keep up with whole windows, and fitted ones raised chat's token gaps beside them (bench/RESULTS.md,
+        eleventh session). Raises nothing."""
+        if self.context == "whole" or samples < self.context_from_s * 16_000:
+            return False
+        return self.context == "fit" or not _on_gpu()
+
+
+@functools.lru_cache(maxsize=1)
+def _on_gpu() -> bool:
+    import mlx.core as mx
+
+    return bool(mx.default_device().type == mx.DeviceType.gpu)
 
 
 EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",

@@ -30,7 +30,7 @@ from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
-from audio.window import Window, WindowRequest, WindowResult, unfed
+from audio.window import Window, WindowRequest, WindowResult, loops, unfed
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
@@ -324,9 +324,11 @@ class WhisperScheduler:
 
     def _finish(self, w: Window) -> None:
         assert w.row is not None
+        eot = w.row.task.tokenizer.eot
         decoded = finish_row(w.row)
-        if w.request.needs_fallback(decoded) and w.mel is not None:
-            # Over a cut context Whisper can loop where the whole window would not: redo it whole first.
+        if w.mel is not None and (w.request.needs_fallback(decoded) or loops([t for t in decoded.sampled if t < eot])):
+            # Over a cut context Whisper can loop where the whole window would not (in short runs too, which pass
+            # the compression threshold): redo it whole first.
             e = w.encoder
             w.encoder = EncoderJob(e.audio, e.frames, e.chunk, e.fp16, w.mel, numpy_math=e.numpy_math)
             w.mel, w.row = None, None

@@ -16,7 +16,18 @@ from audio.encoder import EncoderJob
 if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
 
-__all__ = ["WindowRequest", "WindowResult", "Window", "unfed"]
+__all__ = ["WindowRequest", "WindowResult", "Window", "unfed", "loops"]
+
+
+def loops(tokens: list[int], times: int = 3, longest: int = 6) -> bool:
+    """Whether `tokens` hold one run of 1..`longest` tokens repeated `times` times in a row ("Five. Five. Five."):
+    over a cut encoder context Whisper loops in short runs that pass the compression threshold. Raises nothing."""
+    for n in range(1, longest + 1):
+        for start in range(0, len(tokens) - n * times + 1):
+            run = tokens[start:start + n]
+            if all(tokens[start + k * n:start + (k + 1) * n] == run for k in range(1, times)):
+                return True
+    return False
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,10 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--whisper-catch-up", type=float, default=1.0, metavar="SEC",
                    help="while chat decodes, a Whisper step's share doubles for each SEC the oldest live "
                         "session's window has waited (up to 8x), so live speech that falls behind catches up")
-    g.add_argument("--live-context", choices=("whole", "fit"), default="whole",
-                   help="what a live decode encodes: whole (default), Whisper's 30 s window, as mlx-whisper; fit, the "
-                        "open audio plus 1 s, at least 10 s (a third of the encoder's work; guesses loop more readily)")
+    g.add_argument("--live-context", choices=("auto", "fit", "whole"), default="auto",
+                   help="what a live decode encodes: whole, Whisper's 30 s window, as mlx-whisper; fit, the open audio "
+                        "plus 1 s, at least 10 s (a third of the encoder's work; a final that fails the thresholds or "
+                        "loops is redone whole); auto (default): fit on a CPU, whole on a GPU")
     g.add_argument("--whisper-min-step-ms", type=float, default=None, metavar="MS",
                    help="when chat is idle, a Whisper step goes on until it took this long (default: 5 on a "
                         "GPU, where one unit is shorter than a trip through the loop; 0 on a CPU)")

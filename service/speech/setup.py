@@ -49,7 +49,7 @@ class SpeechConfig:
     chat_share: float = 0.3  # StepBudget.chat_share
     catch_up_sec: float = 1.0  # StepBudget.catch_up_seconds
     min_step_ms: float | None = None  # StepBudget.min_step_seconds × 1000 (None: by device)
-    live_context: str = "whole"  # LiveConfig.context: whole | fit
+    live_context: str = "auto"  # LiveConfig.context: auto | fit | whole
 
     def store(self, config: ServiceConfig) -> None:
         """Put these options into config.extra (travels to the granian worker). Raises nothing."""
@@ -79,7 +79,7 @@ async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
                         chat_share=options.chat_share, catch_up_seconds=options.catch_up_sec,
                         min_step_seconds=None if options.min_step_ms is None else options.min_step_ms / 1000)
     live = LiveConfig(max_session_s=options.max_session_sec, max_lag_s=options.max_lag_sec,
-                      context=cast(Literal["fit", "whole"], options.live_context))
+                      context=cast(Literal["auto", "fit", "whole"], options.live_context))
     # Whisper steps shrink to a share of a chat iteration while chat rows decode (Engine.chat_pace).
     speech = SpeechService.from_spec(state.engine.tasks, options.model, idle_unload_sec=options.idle_unload_sec,
                                      resident=options.resident, session_ttl_sec=options.session_ttl_sec,

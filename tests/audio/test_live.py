@@ -163,8 +163,22 @@ async def test_a_guess_samples_no_more_than_the_speech_after_the_last_final_coul
     assert final.sample_len == 16 + 6  # a final writes all of its audio
 
 
-def test_whole_windows_unless_asked_and_short_audio_whole_either_way() -> None:
-    assert not LiveConfig().fits(5 * SR) and LiveConfig(context="fit").fits(5 * SR)
+async def test_a_looping_guess_over_a_cut_context_is_no_guess(tiny_whisper: LoadedWhisper) -> None:
+    shown = {}
+    for context in ("fit", "whole"):
+        live, scheduler, _ = await live_text(tiny_whisper, [[1000, 1000, 1000]], context=context)  # type: ignore[arg-type]
+        live.add_speech(speech(3.0), 0)
+        await run_due(live)
+        assert scheduler.requests[0].temperatures == (0.0,)  # a guess
+        shown[context] = live.tentative
+    assert shown["fit"] == "" and shown["whole"] != ""  # over the whole window a short repeat may be speech
+
+
+def test_auto_fits_the_context_on_a_cpu_only_and_short_audio_is_whole_either_way() -> None:
+    import mlx.core as mx
+
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu
+    assert LiveConfig().fits(5 * SR) is on_cpu and LiveConfig(context="fit").fits(5 * SR)
     assert not LiveConfig(context="fit").fits(2 * SR) and not LiveConfig(context="whole").fits(5 * SR)
 
 

@@ -168,7 +168,8 @@ async def test_rows_fall_back_one_rung_at_a_time_with_keyed_draws(tiny_whisper: 
 
 
 async def test_a_cut_context_decodes_its_own_features_and_stacks_only_with_its_kind(tiny_whisper: LoadedWhisper) -> None:
-    plain = dict(without_timestamps=True, logprob_threshold=None, compression_ratio_threshold=None)
+    # two tokens: too few to loop (a looping cut window is redone whole, below)
+    plain = dict(without_timestamps=True, logprob_threshold=None, compression_ratio_threshold=None, sample_len=2)
     async with running_tasks() as tasks:
         scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
         cut, whole, other = await decode_all(scheduler, tiny_whisper, [
@@ -186,7 +187,7 @@ async def test_a_cut_context_detects_its_language_from_its_own_features(multilin
     async with running_tasks() as tasks:
         scheduler = WhisperScheduler(tasks)
         (cut,) = await decode_all(scheduler, multilingual_whisper,
-                                  [request(3, 1, audio_ctx=500, language=None, keep_features=True)])
+                                  [request(3, 1, audio_ctx=500, language=None, keep_features=True, sample_len=2)])
     assert cut.features.shape[1] == 500
     assert cut.language == detect_language(multilingual_whisper.model, cut.features)
 
@@ -206,6 +207,23 @@ async def test_a_cut_context_whose_text_fails_the_thresholds_is_redone_over_the_
     assert cut[0].features.shape[1] == 1500 and cut[0].decoded.temperature == 0.5
     assert cut[0].decoded.tokens == whole[0].decoded.tokens  # what the whole window decodes, rung for rung
     assert guess[0].features.shape[1] == 500  # a guess is not redone: it climbs the ladder over its cut context
+
+
+async def test_a_cut_final_whose_text_loops_is_redone_whole_though_it_passes_the_thresholds(
+        tiny_whisper: LoadedWhisper) -> None:
+    from audio.window import loops
+
+    plain = dict(without_timestamps=True, logprob_threshold=None, compression_ratio_threshold=None,
+                 keep_features=True, sample_len=16)
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks)
+        (guess,) = await decode_all(scheduler, tiny_whisper, [request(3, 1, audio_ctx=500, redo_whole=False, **plain)])
+        (final,) = await decode_all(scheduler, tiny_whisper, [request(3, 1, audio_ctx=500, **plain)])
+        (whole,) = await decode_all(scheduler, tiny_whisper, [request(3, 1, **plain)])
+    eot = 50256
+    assert loops([t for t in guess.decoded.sampled if t < eot])  # the random model loops over the cut context
+    assert scheduler.counters.whole_window_redos == 1 and final.features.shape[1] == 1500
+    assert final.decoded.tokens == whole.decoded.tokens
 
 
 async def test_a_failing_step_fails_its_windows_and_the_loop_goes_on(tiny_whisper: LoadedWhisper,

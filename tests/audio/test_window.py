@@ -21,3 +21,13 @@ def test_a_repetitive_or_improbable_window_falls_back_unless_it_is_silence() -> 
     off = WindowRequest(audio=np.zeros(16000, np.float32), frames=100, compression_ratio_threshold=None,
                         logprob_threshold=None)
     assert not off.needs_fallback(result(avg_logprob=-3.0, compression_ratio=9.0))
+
+
+def test_a_short_run_repeated_three_times_loops() -> None:
+    from audio.window import loops
+
+    five, dot, comma, of, clubs = 2154, 13, 11, 286, 9435
+    assert loops([five, dot] * 3) and loops([7] * 3) and loops([1, 2, 3, of, clubs, 9] * 3 + [4])
+    assert not loops([five, comma, five, dot])  # "Five, five." as said
+    assert not loops([7, of, clubs, dot, 10, of, clubs, dot])  # a pattern, no run
+    assert not loops([five, dot] * 2) and not loops(list(range(1, 8)) * 3)  # a run longer than six tokens

@@ -177,14 +177,14 @@ def test_speech_flags_become_the_speech_config(tmp_path: Path) -> None:
         "serve", "--whisper-model", str(whisper), "--no-vad", "--max-sessions", "7", "--max-session-seconds", "60",
         "--max-buffered-audio", "300", "--max-session-lag", "20", "--whisper-step-positions", "128",
         "--whisper-step-tokens", "2", "--whisper-chat-share", "0.5", "--whisper-min-step-ms", "8",
-        "--whisper-catch-up", "2.5", "--live-context", "fit"])
+        "--whisper-catch-up", "2.5", "--live-context", "whole"])
     config = serve_config(args)
     configure_serve_speech(args, config)
     speech = speech_config(config)
     assert speech is not None and not speech.vad and speech.max_sessions == 7
     assert (speech.max_session_sec, speech.max_buffered_sec, speech.max_lag_sec) == (60, 300, 20)
     assert (speech.step_positions, speech.step_tokens, speech.chat_share) == (128, 2, 0.5)
-    assert speech.min_step_ms == 8 and speech.catch_up_sec == 2.5 and speech.live_context == "fit"
+    assert speech.min_step_ms == 8 and speech.catch_up_sec == 2.5 and speech.live_context == "whole"
 
 
 def test_speech_flags_that_cannot_work_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -283,13 +283,13 @@ def test_a_full_house_is_refused_never_evicted(client: TestClient[Any], state: A
 def test_a_live_config_reaches_the_sessions(state: AppState) -> None:
     speech = state.speech
     assert speech is not None and isinstance(speech.live, LiveConfig)  # type: ignore[attr-defined]
-    assert speech.live.context == "whole"  # type: ignore[attr-defined]  # mlx-whisper's windows unless asked
+    assert speech.live.context == "auto"  # type: ignore[attr-defined]  # fitted on a CPU, whole on a GPU
 
 
-def test_fitted_live_decodes_reach_the_sessions(whisper_dir: Path) -> None:
-    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), live_context="fit"))
+def test_whole_window_live_decodes_reach_the_sessions(whisper_dir: Path) -> None:
+    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), live_context="whole"))
     with TestClient(create_app(state)):
-        assert state.speech is not None and state.speech.live.context == "fit"  # type: ignore[attr-defined]
+        assert state.speech is not None and state.speech.live.context == "whole"  # type: ignore[attr-defined]
 
 
 def test_stats_show_the_caps_and_the_step_budget(client: TestClient[Any]) -> None:
