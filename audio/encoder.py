@@ -23,6 +23,7 @@ import numpy as np
 
 from audio import cpu_math
 from audio.mel import N_FRAMES, N_SAMPLES, log_mel
+from audio.pcm import SAMPLE_RATE
 
 __all__ = ["EncoderJob", "Unit", "run_unit", "mel_window", "cross_kv", "fitted_context", "CHUNKED", "N_SAMPLES",
            "N_FRAMES"]
@@ -39,9 +40,9 @@ def fitted_context(full: int, samples: int, min_s: float, margin_s: float = 1.0,
     after it, rounded up to `step_s` (few shapes, so windows stack and a GPU compiles each once), at least
     `min_s`, at most the model's `full` context (whisper.cpp's audio_ctx). Below ~10 s tiny.en loops on
     short clips (measured on the shared samples: 8 s failed one clip, 10 s none). Raises nothing."""
-    per_s = full / (N_SAMPLES / 16_000)
+    per_s = full / (N_SAMPLES / SAMPLE_RATE)
     step = max(1, round(step_s * per_s))
-    want = max(samples / 16_000 + margin_s, min_s) * per_s
+    want = max(samples / SAMPLE_RATE + margin_s, min_s) * per_s
     return min(full, -(-int(math.ceil(want)) // step) * step)
 
 

@@ -30,7 +30,7 @@ from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscriptio
 from audio.encoder import fitted_context
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
-from audio.window import WindowResult, loops
+from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
 
@@ -214,11 +214,10 @@ class LiveTranscription:
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
-        if probe and request.needs_fallback(result.decoded):
+        # A looping guess over a cut context is no guess either: two of them would agree, and commit the loop.
+        if probe and (request.needs_fallback(result.decoded)
+                      or request.loops_over_cut_context(result.decoded, self._tr.tokenizer.eot)):
             return None
-        if probe and request.audio_ctx is not None and loops([t for t in result.decoded.sampled
-                                                                if t < self._tr.tokenizer.eot]):
-            return None  # a guess looping over a cut context: two of them would agree, and commit the loop
         self._last_result = result
         return result
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Literal
+
+from audio.pcm import SAMPLE_RATE
 
 __all__ = ["LiveConfig", "SessionEvent", "EventType"]
 
@@ -41,22 +42,18 @@ class LiveConfig:
     # the logprob threshold where the whole window passed them (tiny.en, the shared clips); from 2.25 s on, none.
     context_from_s: float = 2.5
 
-
     def fits(self, samples: int) -> bool:
         """Whether a decode of `samples` (16 kHz) encodes a fitted context. "auto" fits on MLX's CPU backend only:
         there the encoder bounds how many speakers keep up (4 on 2 cores with it, not without); on the H200 they
         keep up with whole windows, and fitted ones raised chat's token gaps beside them (bench/RESULTS.md,
         eleventh session). Raises nothing."""
-        if self.context == "whole" or samples < self.context_from_s * 16_000:
+        if self.context == "whole" or samples < self.context_from_s * SAMPLE_RATE:
             return False
-        return self.context == "fit" or not _on_gpu()
+        if self.context == "fit":
+            return True
+        import mlx.core as mx
 
-
-@functools.lru_cache(maxsize=1)
-def _on_gpu() -> bool:
-    import mlx.core as mx
-
-    return bool(mx.default_device().type == mx.DeviceType.gpu)
+        return bool(mx.default_device().type == mx.DeviceType.cpu)
 
 
 EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",

@@ -30,7 +30,7 @@ from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
-from audio.window import Window, WindowRequest, WindowResult, loops, unfed
+from audio.window import Window, WindowRequest, WindowResult, unfed
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
@@ -88,8 +88,9 @@ class WhisperScheduler:
             self._mel_done = anyio.Event()
         full = int(loaded.model.dims.n_audio_ctx)
         n_ctx = request.audio_ctx if request.audio_ctx is not None and 0 < request.audio_ctx < full else None
-        window = Window(loaded, request, EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel, n_ctx=n_ctx),
-                        next(self._seq), scope=cancellation, mel=mel if n_ctx is not None and request.redo_whole else None)
+        job = EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel, n_ctx=n_ctx)
+        keep = n_ctx is not None and request.redo_whole  # the whole window's redo needs the log-mel
+        window = Window(loaded, request, job, next(self._seq), scope=cancellation, mel=mel if keep else None)
         self._windows.append(window)
         try:
             waited = False
@@ -200,7 +201,7 @@ class WhisperScheduler:
             head = pending[0] if self.counters.encoder_steps % 2 else min(pending, key=lambda w: w.encoder.progress)
             group = [w for w in pending if w.encoder.unit == head.encoder.unit and w.loaded is head.loaded
                      and w.encoder.n_ctx == head.encoder.n_ctx]
-            kind = head.encoder.kind
+            kind, model = head.encoder.kind, head.loaded.model
             positions: int | None = None  # the window's chunk
             if units is not None:
                 group = group[:units]
@@ -209,19 +210,18 @@ class WhisperScheduler:
                     units = full  # another round
             else:
                 left = None if limit is None else limit - (time.perf_counter() - t0)
-                plan = size_unit(self.costs[kind], group, kind in CHUNKED, head.encoder.left(head.loaded.model), left, ran)
+                plan = size_unit(self.costs[kind], group, kind in CHUNKED, head.encoder.left(model), left, ran)
                 if plan is None:
                     break
                 group, positions = list(plan[0]), plan[1]
             t = time.perf_counter()
             try:
-                run_unit(head.loaded.model, [w.encoder for w in group], positions)
+                run_unit(model, [w.encoder for w in group], positions)
             except Exception as exc:
                 for w in group:
                     w.error = exc
             chunked = kind in CHUNKED
-            size = len(group) * (min(positions or head.encoder.chunk, head.encoder.context(head.loaded.model))
-                                 if chunked else 1)
+            size = len(group) * (min(positions or head.encoder.chunk, head.encoder.context(model)) if chunked else 1)
             self.costs[kind].record(size, time.perf_counter() - t)
             work += size
             ran = True
@@ -326,7 +326,7 @@ class WhisperScheduler:
         assert w.row is not None
         eot = w.row.task.tokenizer.eot
         decoded = finish_row(w.row)
-        if w.mel is not None and (w.request.needs_fallback(decoded) or loops([t for t in decoded.sampled if t < eot])):
+        if w.mel is not None and (w.request.needs_fallback(decoded) or w.request.loops_over_cut_context(decoded, eot)):
             # Over a cut context Whisper can loop where the whole window would not (in short runs too, which pass
             # the compression threshold): redo it whole first.
             e = w.encoder

@@ -56,6 +56,11 @@ class WindowRequest:
     audio_ctx: int | None = None
     redo_whole: bool = True
 
+    def loops_over_cut_context(self, r: RowResult, eot: int) -> bool:
+        """Over a cut encoder context, text tokens (below `eot`) repeating a short run: a failure that passes the
+        compression threshold when the run is short. Raises nothing."""
+        return self.audio_ctx is not None and loops([t for t in r.sampled if t < eot])
+
     def needs_fallback(self, r: RowResult) -> bool:
         """Too repetitive or too improbable, unless it is silence. Raises nothing."""
         if self.no_speech_threshold is not None and r.no_speech_prob > self.no_speech_threshold:

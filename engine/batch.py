@@ -311,8 +311,8 @@ class LLMBatchGroup:
 
     def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
         """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_end`."""
-        done, steps = run_burst(lambda: self.step.measured(rows, 0, True, False), lambda posted: bool(self._burst_end(posted)),
-                                post, self.decode_burst)
+        done, steps = run_burst(lambda: self.step.measured(rows, 0, True, False),
+                                lambda posted: bool(self._burst_end(posted)), post, self.decode_burst)
         self.counters["bursts"] += 1
         self.counters["burst_steps"] += steps
         return done
