@@ -35,7 +35,7 @@ from service.logs import configure_logging
 from service.pi.route import pi_provider
 from service.process.cleanup import loading_models
 from service.process.drain import install_drain
-from service.process.gc_pauses import GC_PAUSES, freeze_startup
+from service.process.gc_pauses import ready_for_serving
 from service.process.parent import exit_with_parent
 from service.process.restarts import EXIT_STARTUP_FAILED
 from service.process.supervisor import worker_generation
@@ -130,9 +130,8 @@ async def _run_service(state: AppState, stop: anyio.Event, *,
                 with loading_models():
                     for hook in state.lifespan_hooks:
                         await hooks.enter_async_context(hook(state))
-                if state.config.freeze_gc:
-                    _log.info("gc: %d objects from startup frozen out of collections", freeze_startup())
-                GC_PAUSES.install()  # after the freeze's own collection: /stats counts serving's
+                if frozen := ready_for_serving(state.config.freeze_gc, state.config.gc_thresholds):
+                    _log.info("gc: %d objects from startup frozen out of collections", frozen)
                 state.ready = True
                 _log.info("%s", READY_LINE)
                 task_status.started()

@@ -64,6 +64,8 @@ class ServiceConfig:
     # Freeze what startup built out of Python's collections at ready (service/process/gc_pauses.py); the CLI
     # turns it on. Off by default: a test process starts many apps and should not pin their objects.
     freeze_gc: bool = False
+    # Python's collection thresholds from ready on (gc.set_threshold); None: Python's own (700, 10, 10).
+    gc_thresholds: tuple[int, int, int] | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     # Loaded-model name shown in /v1/models; default: what engine.model_name says.

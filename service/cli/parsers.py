@@ -9,7 +9,7 @@ from typing import Any
 
 from service.logs import LOG_LEVELS
 
-__all__ = ["add_command", "common_options", "HelpFormatter", "byte_size"]
+__all__ = ["add_command", "common_options", "HelpFormatter", "byte_size", "gc_thresholds"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
@@ -21,6 +21,16 @@ def byte_size(text: str) -> int:
     if not m or m.group(2).lower() not in _UNITS:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 12GiB, 800M or a byte count)")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def gc_thresholds(text: str) -> tuple[int, int, int]:
+    """'20000' or '20000,20,20' → Python's three collection thresholds (the ones not given keep Python's
+    defaults, 10). Raises argparse.ArgumentTypeError."""
+    parts = [p.strip() for p in text.split(",")]
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"not gc thresholds: {text!r} (use e.g. 20000 or 20000,20,20; each > 0)")
+    values = [int(p) for p in parts] + [10] * (3 - len(parts))
+    return values[0], values[1], values[2]
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

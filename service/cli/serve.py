@@ -9,7 +9,7 @@ from typing import Any
 
 from engine.pacing import DECODE_BURST, STALL
 from service.cli.errors import CLIError
-from service.cli.parsers import add_command, byte_size
+from service.cli.parsers import add_command, byte_size, gc_thresholds
 from service.cli.resolve import resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
@@ -56,6 +56,10 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                    help="at ready, move what startup built out of Python's garbage collections, whose full passes "
                         "over it pause every stream (default: on)")
+    p.add_argument("--gc-thresholds", type=gc_thresholds, default=None, metavar="N[,N1[,N2]]",
+                   help="Python's collection thresholds while serving (gc.set_threshold): allocations between young "
+                        "collections, then young collections per older one; fewer, larger collections pause the "
+                        "streams less often (default: Python's 700,10,10)")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds streams get to finish on Ctrl-C/SIGTERM before they end with an error event")
     add_serve_limit_args(p)
@@ -89,6 +93,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         warmup=args.warmup,
         isolate=args.isolate,
         freeze_gc=args.gc_freeze,
+        gc_thresholds=args.gc_thresholds,
         log_level=args.log_level,
         shutdown_timeout=args.shutdown_timeout,
     )

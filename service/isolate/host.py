@@ -36,7 +36,7 @@ from service.isolate.messages import (
     Submit,
 )
 from service.isolate.objects import Call, ObjectServer
-from service.process.gc_pauses import GC_PAUSES, freeze_startup
+from service.process.gc_pauses import GC_PAUSES, ready_for_serving
 
 __all__ = ["main", "SNAPSHOT_SECONDS"]
 
@@ -135,9 +135,7 @@ async def _host(conn: Connection, config: Any) -> None:
             ref, aliases = objects.register(state.speech), sorted(state.speech_aliases)
         conn.send(Ready(engine.model_name, engine.context_length, engine.vocab_size, _tokenizer_dir(engine),
                         list(engine.plan.reasons) if engine.plan is not None else [], os.getpid(), ref, aliases))
-        if config.freeze_gc:
-            freeze_startup()
-        GC_PAUSES.install()
+        ready_for_serving(config.freeze_gc, config.gc_thresholds)
         threading.Thread(target=read, name="tandem-isolate-read", daemon=True).start()
         tg.start_soon(snapshots)
         async for message in inbox:

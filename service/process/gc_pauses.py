@@ -10,7 +10,7 @@ import time
 from collections import deque
 from typing import Any
 
-__all__ = ["GcPauses", "GC_PAUSES", "freeze_startup"]
+__all__ = ["GcPauses", "GC_PAUSES", "freeze_startup", "ready_for_serving"]
 
 
 class GcPauses:
@@ -65,3 +65,13 @@ def freeze_startup() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def ready_for_serving(freeze: bool, thresholds: tuple[int, int, int] | None) -> int:
+    """At ready: freeze startup's objects when asked, set the collection thresholds when given, then count
+    serving's pauses. Returns the frozen object count (0: not frozen). Raises nothing."""
+    frozen = freeze_startup() if freeze else 0
+    if thresholds is not None:
+        gc.set_threshold(*thresholds)
+    GC_PAUSES.install()  # after the freeze's own collection: /stats counts serving's
+    return frozen

@@ -135,15 +135,19 @@ def test_serve_flags_become_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
         "serve", "--max-active", "2", "--max-queued", "5", "--max-tokens-cap", "99", "--request-timeout", "0",
         "--max-body-bytes", "1MiB", "--max-ws-frame-bytes", "64k", "--body-timeout", "3", "--max-json-depth", "8",
         "--api-key", "a,b", "--api-key", "c", "--allowed-origins", "http://x.example", "--allow-request-templates",
-        "--prefill-stall", "2.5", "--no-gc-freeze"])
+        "--prefill-stall", "2.5", "--no-gc-freeze", "--gc-thresholds", "20000,20"])
     config = serve_config(args)
     assert (config.max_queued, config.queue_limit, config.max_tokens_cap, config.request_timeout) == (5, 5, 99, 0)
     assert (config.limits.max_body_bytes, config.limits.max_ws_frame_bytes) == (1 << 20, 64 << 10)
     assert (config.limits.body_timeout, config.limits.max_json_depth) == (3, 8)
     assert config.api_keys == ["a", "b", "c", "from-env"] and config.allowed_origins == ["http://x.example"]
     assert config.allow_request_templates and config.prefill_stall == 2.5 and not config.freeze_gc
+    assert config.gc_thresholds == (20000, 20, 10)
     defaults = serve_config(build_parser().parse_args(["serve"]))
-    assert defaults.prefill_stall == STALL and defaults.freeze_gc
+    assert defaults.prefill_stall == STALL and defaults.freeze_gc and defaults.gc_thresholds is None
+    for bad in ("0", "a,b", "1,2,3,4", ""):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--gc-thresholds", bad])
     with pytest.raises(CLIError, match="--prefill-stall"):
         serve_config(build_parser().parse_args(["serve", "--prefill-stall", "1"]))
     assert serve_config(build_parser().parse_args(["serve", "--max-active", "3"])).queue_limit == 12

@@ -8,7 +8,7 @@ from typing import Iterator
 
 import pytest
 
-from service.process.gc_pauses import GcPauses, freeze_startup
+from service.process.gc_pauses import GC_PAUSES, GcPauses, freeze_startup, ready_for_serving
 
 
 @pytest.fixture
@@ -45,3 +45,15 @@ def test_freeze_moves_what_is_alive_out_of_collections() -> None:
         assert not any(gc.is_tracked(x) and x in gc.get_objects(generation=2) for x in keep[:3])
     finally:
         gc.unfreeze()
+
+
+def test_ready_sets_the_serving_thresholds_and_counts_pauses() -> None:
+    before = gc.get_threshold()
+    try:
+        assert ready_for_serving(False, (20000, 20, 30)) == 0
+        assert gc.get_threshold() == (20000, 20, 30)
+        assert GC_PAUSES._callback in gc.callbacks
+        ready_for_serving(False, None)  # none given: left as they are
+        assert gc.get_threshold() == (20000, 20, 30)
+    finally:
+        gc.set_threshold(*before)
