@@ -1,5 +1,4 @@
-"""The Whisper encoder's elementwise-heavy math, and the decoder's vocabulary projection of a row or two, in
-numpy, for MLX's CPU backend only.
+"""The Whisper encoder's elementwise-heavy math in numpy, for MLX's CPU backend only.
 
 On the CPU backend MLX's elementwise kernels are single-threaded and its `exp` costs ~13–16 ns an element
 against numpy's ~3 ns (SIMD), so the encoder's self-attention softmax (6×1500×1500 per layer for a 30 s
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["numpy_math_pays", "softmax_", "gelu_", "GEMV_ROWS", "vocab_logits"]
+__all__ = ["numpy_math_pays", "softmax_", "gelu_"]
 
 _SQRT1_2 = np.float32(0.7071067811865476)
 _ERF_P = np.float32(0.3275911)
@@ -86,24 +85,3 @@ def gelu_(x: Any) -> Any:
     a *= r
     a *= 0.5
     return x
-
-
-# Up to this many positions a step's vocabulary projection runs as one GEMV each. MLX's CPU matmul is a BLAS GEMM,
-# which OpenBLAS runs ~3x slower than a GEMV for one or two rows (tiny.en: 51,864 x 384 float32, 80 MB read per
-# call; 10 ms against 3.3 ms a row on this 2-core machine); from three rows on the GEMM is the faster.
-GEMV_ROWS = 2
-
-
-def vocab_logits(x: Any, weight: Any) -> Any:
-    """`x @ weight.T` for the P ≤ GEMV_ROWS positions of x (P, D), one GEMV each: float32 logits (P, V). Differs
-    from MLX's matmul by rounding only. Raises TypeError (not float32), what MLX raises while evaluating x."""
-    import mlx.core as mx
-
-    if x.dtype != mx.float32 or weight.dtype != mx.float32:
-        raise TypeError(f"numpy logits run on float32 arrays, got {x.dtype} and {weight.dtype}")
-    mx.eval(x, weight)
-    w, h = np.asarray(weight), np.asarray(x)
-    out = np.empty((h.shape[0], w.shape[0]), np.float32)
-    for i in range(h.shape[0]):
-        np.dot(w, h[i], out=out[i])
-    return mx.array(out)

@@ -41,7 +41,6 @@ class DecodeRow:
     no_speech_prob: float = float("nan")
     sampled: int = 0
     done: bool = False
-    numpy_math: bool = False  # a step of one or two positions projects onto the vocabulary in numpy (CPU backend)
 
     @property
     def temperature(self) -> float:
@@ -73,16 +72,11 @@ class _KeyedSampler:
         return tokens, mx.all(tokens[:, -1] == self.eot), sum_logprobs
 
 
-def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: list[int], seed: int = 0,
-            numpy_math: bool | None = None) -> DecodeRow:
+def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: list[int], seed: int = 0) -> DecodeRow:
     """A row for mlx-whisper DecodingOptions `options` (greedy or sampled; no beams); sampled draws are keyed
     by `seed`. A non-empty `prefix` is forced: the timestamp rules then see it as already sampled, so a prefix
-    may end mid-segment. `numpy_math` (None: on MLX's CPU backend) projects a step's last position or two onto
-    the vocabulary in numpy (audio/cpu_math.py; rounding differs from mlx-whisper's). Engine thread only.
-    Raises ValueError for options mlx-whisper refuses."""
+    may end mid-segment. Engine thread only. Raises ValueError for options mlx-whisper refuses."""
     from dataclasses import replace
-
-    from audio import cpu_math
 
     import mlx.core as mx
 
@@ -95,8 +89,7 @@ def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: l
         for f in task.logit_filters:
             if isinstance(f, (ApplyTimestampRules, SuppressBlank)):
                 f.sample_begin = start
-    row = DecodeRow(task, cross_kv, list(prefix), mx.array([list(task.initial_tokens)]),
-                    numpy_math=cpu_math.numpy_math_pays() if numpy_math is None else numpy_math)
+    row = DecodeRow(task, cross_kv, list(prefix), mx.array([list(task.initial_tokens)]))
     row.kv = [None] * len(model.decoder.blocks)
     row.sum_logprobs = mx.zeros(1)
     return row
@@ -160,8 +153,6 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[
     import mlx.core as mx
     import mlx.nn as nn
 
-    from audio import cpu_math
-
     dec = model.decoder
     total = [int(r.tokens.shape[1]) for r in rows]
     sizes = [t - r.fed if feed is None else min(feed, t - r.fed) for r, t in zip(rows, total)]
@@ -205,11 +196,7 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[
     if picks:
         x = dec.ln(x)
         x = x if picks == list(range(at)) else x[:, mx.array(picks)]
-        weight = dec.token_embedding.weight
-        if len(picks) <= cpu_math.GEMV_ROWS and all(r.numpy_math for r in rows) and weight.dtype == mx.float32:
-            logits = cpu_math.vocab_logits(x[0], weight)
-        else:
-            logits = dec.token_embedding.as_linear(x).astype(mx.float32)[0]
+        logits = dec.token_embedding.as_linear(x).astype(mx.float32)[0]
         for n, i in enumerate(ending):
             last[i] = logits[n:n + 1]
         for n, i in enumerate(at_sot):

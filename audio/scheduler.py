@@ -320,8 +320,7 @@ class WhisperScheduler:
                                   prompt=list(r.prompt), without_timestamps=r.without_timestamps, fp16=w.loaded.fp16,
                                   sample_len=r.sample_len)
         assert w.encoder.cross_kv is not None
-        return new_row(w.loaded.model, options, w.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + w.rung,
-                       numpy_math=w.encoder.numpy_math)
+        return new_row(w.loaded.model, options, w.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + w.rung)
 
     def _finish(self, w: Window) -> None:
         assert w.row is not None

@@ -1,6 +1,5 @@
-"""audio/decoder.py: a row alone decodes exactly as mlx-whisper's decode loop (and, with the CPU's numpy vocabulary
-projection, to rounding); rows packed together pick the same tokens as rows alone; a forced prefix starts every
-hypothesis; sampling is keyed per row."""
+"""audio/decoder.py: a row alone decodes exactly as mlx-whisper's decode loop; rows packed together pick the
+same tokens as rows alone; a forced prefix starts every hypothesis; sampling is keyed per row."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import numpy as np
 import pytest
 from mlx_whisper.decoding import DecodingOptions
 
-from audio import cpu_math
 from audio.decoder import DecodeRow, advance_rows, detect_language, finish_row, new_row, step_rows
 from audio.encoder import EncoderJob, mel_window, run_unit
 from audio.whisper import LoadedWhisper
@@ -50,47 +48,12 @@ OPTIONS = [DecodingOptions(language="en", fp16=False, without_timestamps=True),
 def test_a_row_alone_is_mlx_whispers_decode(tiny_whisper: LoadedWhisper, options: DecodingOptions) -> None:
     job, mel = encoded(tiny_whisper, 6, seed=3)
     reference = tiny_whisper.model.decode(mel, options)
-    row = new_row(tiny_whisper.model, options, job.cross_kv, [], numpy_math=False)
+    row = new_row(tiny_whisper.model, options, job.cross_kv, [])
     run(tiny_whisper, [row])
     got = finish_row(row)
     assert got.sampled == reference.tokens and got.text == reference.text
     assert same(got.avg_logprob, reference.avg_logprob) and same(got.no_speech_prob, reference.no_speech_prob)
     assert got.compression_ratio == reference.compression_ratio and got.temperature == 0.0
-
-
-@pytest.mark.parametrize("options", OPTIONS, ids=["no-timestamps", "timestamps", "prompt"])
-def test_numpy_logits_decode_what_mlx_logits_decode(tiny_whisper: LoadedWhisper, options: DecodingOptions) -> None:
-    job, _ = encoded(tiny_whisper, 6, seed=3)
-    rows = [new_row(tiny_whisper.model, options, job.cross_kv, [], numpy_math=m) for m in (False, True)]
-    for row in rows:
-        run(tiny_whisper, [row])
-    mlx_math, numpy_math = (finish_row(r) for r in rows)
-    assert numpy_math.sampled == mlx_math.sampled and numpy_math.text == mlx_math.text
-    assert numpy_math.avg_logprob == pytest.approx(mlx_math.avg_logprob, rel=1e-5, nan_ok=True)
-    assert numpy_math.no_speech_prob == pytest.approx(mlx_math.no_speech_prob, rel=1e-4, nan_ok=True)
-
-
-def test_numpy_logits_serve_one_or_two_positions_on_the_cpu(tiny_whisper: LoadedWhisper,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[int] = []
-    original = cpu_math.vocab_logits
-
-    def counted(x: mx.array, weight: mx.array) -> mx.array:
-        calls.append(int(x.shape[0]))
-        return original(x, weight)
-
-    monkeypatch.setattr(cpu_math, "vocab_logits", counted)
-    job, _ = encoded(tiny_whisper, 2, seed=1)
-    assert new_row(tiny_whisper.model, OPTIONS[0], job.cross_kv, []).numpy_math is EXACT  # the CPU's default
-    one = [new_row(tiny_whisper.model, OPTIONS[0], job.cross_kv, [], numpy_math=True)]
-    step_rows(tiny_whisper.model, one)  # the prompt: its last position and the SOT position
-    step_rows(tiny_whisper.model, one)
-    assert calls == [2, 1]
-    calls.clear()
-    three = [new_row(tiny_whisper.model, OPTIONS[0], job.cross_kv, [], numpy_math=True) for _ in range(3)]
-    step_rows(tiny_whisper.model, three, 1)
-    step_rows(tiny_whisper.model, three)  # three positions or more: MLX's matmul is the faster
-    assert calls == []
 
 
 def test_packed_rows_pick_the_tokens_rows_alone_pick(tiny_whisper: LoadedWhisper) -> None:
