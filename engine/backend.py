@@ -8,6 +8,9 @@ loaded wins symbol resolution. Routes, first match wins:
 2. a system OpenBLAS (Debian `libopenblas0-pthread`);
 3. `scipy-openblas32` from PyPI: its exports carry a `scipy_` prefix, so a copy with the prefix removed
    (`patchelf --rename-dynamic-symbols`) is made once in the user cache dir.
+
+In front of an OpenBLAS, a `cblas_sgemm` that runs one- and two-row products as GEMVs (engine/gemv_shim.py;
+`TANDEM_BLAS_GEMV=off` leaves OpenBLAS's GEMM alone).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine import gemv_shim
+
 __all__ = ["BlasInfo", "blas_info", "ensure_fast_blas", "user_cache_dir"]
 
 _log = logging.getLogger(__name__)
@@ -36,8 +41,8 @@ _REQUIRED_SYMBOLS = ("cblas_sgemm", "sgetrf_", "sgesdd_")
 _SCIPY_PREFIX = "scipy_"
 
 _info: BlasInfo | None = None
-# Keeps the loaded library alive for the life of the process.
-_handle: ctypes.CDLL | None = None
+# Keep the loaded libraries (OpenBLAS, the GEMV shim) alive for the life of the process.
+_handles: list[ctypes.CDLL] = []
 
 
 @dataclass(frozen=True)
@@ -49,12 +54,14 @@ class BlasInfo:
     path: str | None
     reason: str
     threads: int | None = None
+    gemv_rows: int = 0  # products of up to this many rows run as GEMVs (engine/gemv_shim.py); 0: none
 
     def describe(self) -> str:
         """One line for logs and `tandem serve`'s banner. Raises nothing."""
         where = f" ({self.path})" if self.path else ""
         threads = f", {self.threads} thread{'s' if self.threads != 1 else ''}" if self.threads else ""
-        return f"BLAS: {self.name}{where} — {self.reason}{threads}"
+        gemv = f", products of up to {self.gemv_rows} rows as GEMVs" if self.gemv_rows else ""
+        return f"BLAS: {self.name}{where} — {self.reason}{threads}{gemv}"
 
 
 def user_cache_dir() -> Path:
@@ -131,20 +138,45 @@ def _default_threads() -> int:
 
 
 def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
-    global _handle
     # OpenBLAS reads this once, when the library initialises; child processes inherit the same choice.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(_default_threads()))
     try:
-        lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+        # Local first: checked, and the GEMV shim's cblas_sgemm goes into the global scope before it.
+        lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)
     except OSError as exc:
         _log.warning("BLAS candidate %s failed to load: %s", path, exc)
         return None
     if not all(hasattr(lib, symbol) for symbol in _REQUIRED_SYMBOLS):
         _log.warning("BLAS candidate %s lacks %s", path, ", ".join(_REQUIRED_SYMBOLS))
         return None
-    _handle = lib
+    shim = _gemv_shim(lib) if name == "openblas" else None
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)  # promoted: libmlx takes the rest of BLAS and LAPACK from it
+    except OSError as exc:  # cannot happen for a library already loaded; kept for the type checker's sake
+        _log.warning("BLAS candidate %s failed to load globally: %s", path, exc)
+        return None
+    _handles.extend([lib] + ([shim] if shim is not None else []))
     threads = getattr(lib, "openblas_get_num_threads", None)
-    return BlasInfo(name, path, reason, int(threads()) if threads is not None else None)
+    return BlasInfo(name, path, reason, int(threads()) if threads is not None else None,
+                    gemv_shim.GEMV_ROWS if shim is not None else 0)
+
+
+def _gemv_shim(openblas: ctypes.CDLL) -> ctypes.CDLL | None:
+    """The GEMV shim in front of `openblas`, unless TANDEM_BLAS_GEMV=off or it cannot be built. Raises nothing."""
+    if os.environ.get("TANDEM_BLAS_GEMV", "").strip().lower() in ("off", "0", "false", "no"):
+        return None
+    built = gemv_shim.build(_writable(user_cache_dir() / "blas")
+                            or Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas")
+    return gemv_shim.install(built, openblas) if built is not None else None
+
+
+def _writable(directory: Path) -> Path | None:
+    """`directory`, created if needed, when this process may write there; else None. Raises nothing."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return directory if os.access(directory, os.W_OK) else None
 
 
 def _renamed_scipy_openblas() -> Path:

@@ -57,7 +57,7 @@ def test_renamed_library_is_cached_and_reused(tmp_path) -> None:
     first = _probe(tmp_path)
     if "scipy-openblas32" not in first["reason"]:
         pytest.skip(f"a system OpenBLAS was chosen: {first['reason']}")
-    cached = list((tmp_path / "mlx-tandem" / "blas").glob("*.so"))
+    cached = list((tmp_path / "mlx-tandem" / "blas").glob("libopenblas*.so"))
     assert [str(p) for p in cached] == [first["path"]]
     mtime = cached[0].stat().st_mtime_ns
     second = _probe(tmp_path)
