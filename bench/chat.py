@@ -41,13 +41,13 @@ def _free_port() -> int:
 
 
 def _blas_env() -> dict[str, str]:
-    """Give the peer the same BLAS we run on (LD_PRELOAD of the library engine.backend chose)."""
+    """Give the peer the same BLAS we run on (LD_PRELOAD of what engine.backend chose, GEMV shim included)."""
     from engine.backend import blas_info
 
     env = dict(os.environ)
     info = blas_info()
-    if info.path and sys.platform == "linux":
-        env["LD_PRELOAD"] = info.path
+    if (preload := info.preload()) and sys.platform == "linux":
+        env["LD_PRELOAD"] = preload
     return env
 
 

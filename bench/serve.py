@@ -60,7 +60,8 @@ def _log(msg: str) -> None:
 
 
 def _peer_env() -> dict[str, str]:
-    """The peer runs on the BLAS our engine chose (LD_PRELOAD), so the CPU comparison is like for like."""
+    """The peer runs on the BLAS our engine chose, GEMV shim included (LD_PRELOAD), so the CPU comparison is like
+    for like."""
     env = dict(os.environ)
     if os.environ.get("TANDEM_BLAS", "").strip() == "reference" or sys.platform != "linux":
         return env
@@ -70,8 +71,8 @@ def _peer_env() -> dict[str, str]:
         info = blas_info()
     except Exception:  # no engine here (a bare client host): the peer keeps its own BLAS
         return env
-    if info.path:
-        env["LD_PRELOAD"] = info.path
+    if (preload := info.preload()):
+        env["LD_PRELOAD"] = preload
     return env
 
 

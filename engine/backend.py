@@ -55,6 +55,11 @@ class BlasInfo:
     reason: str
     threads: int | None = None
     gemv_rows: int = 0  # products of up to this many rows run as GEMVs (engine/gemv_shim.py); 0: none
+    gemv_path: str | None = None  # that shim's library
+
+    def preload(self) -> str | None:
+        """LD_PRELOAD that gives another process this BLAS (the shim first), or None. Raises nothing."""
+        return " ".join(p for p in (self.gemv_path, self.path) if p) or None
 
     def describe(self) -> str:
         """One line for logs and `tandem serve`'s banner. Raises nothing."""
@@ -149,7 +154,7 @@ def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
     if not all(hasattr(lib, symbol) for symbol in _REQUIRED_SYMBOLS):
         _log.warning("BLAS candidate %s lacks %s", path, ", ".join(_REQUIRED_SYMBOLS))
         return None
-    shim = _gemv_shim(lib) if name == "openblas" else None
+    shim, shim_path = _gemv_shim(lib) if name == "openblas" else (None, None)
     try:
         lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)  # promoted: libmlx takes the rest of BLAS and LAPACK from it
     except OSError as exc:  # cannot happen for a library already loaded; kept for the type checker's sake
@@ -158,16 +163,19 @@ def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
     _handles.extend([lib] + ([shim] if shim is not None else []))
     threads = getattr(lib, "openblas_get_num_threads", None)
     return BlasInfo(name, path, reason, int(threads()) if threads is not None else None,
-                    gemv_shim.GEMV_ROWS if shim is not None else 0)
+                    gemv_shim.GEMV_ROWS if shim is not None else 0, shim_path if shim is not None else None)
 
 
-def _gemv_shim(openblas: ctypes.CDLL) -> ctypes.CDLL | None:
-    """The GEMV shim in front of `openblas`, unless TANDEM_BLAS_GEMV=off or it cannot be built. Raises nothing."""
+def _gemv_shim(openblas: ctypes.CDLL) -> tuple[ctypes.CDLL | None, str | None]:
+    """The GEMV shim in front of `openblas` and its path, unless TANDEM_BLAS_GEMV=off or it cannot be built.
+    Raises nothing."""
     if os.environ.get("TANDEM_BLAS_GEMV", "").strip().lower() in ("off", "0", "false", "no"):
-        return None
+        return None, None
     built = gemv_shim.build(_writable(user_cache_dir() / "blas")
                             or Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas")
-    return gemv_shim.install(built, openblas) if built is not None else None
+    if built is None:
+        return None, None
+    return gemv_shim.install(built, openblas), str(built)
 
 
 def _writable(directory: Path) -> Path | None:

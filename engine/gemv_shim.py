@@ -31,13 +31,15 @@ _loaded: ctypes.CDLL | None = None  # the shim this process installed
 GEMV_ROWS = 2
 
 SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                          float *, int);
 typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
 enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
 static sgemm_fn real_sgemm;
 static sgemv_fn real_sgemv;
-static int gemv_rows;
+static int gemv_rows = 2; /* GEMV_ROWS, for a shim preloaded without tandem_gemv_shim_init */
 static long gemv_products; /* products run as GEMVs, for tests and /stats */
 
 __attribute__((visibility("default"))) long tandem_gemv_shim_products(void) {
@@ -50,10 +52,19 @@ __attribute__((visibility("default"))) void tandem_gemv_shim_init(sgemm_fn gemm,
     gemv_rows = rows;
 }
 
+/* Preloaded in front of an OpenBLAS (LD_PRELOAD="shim openblas", as bench/ gives the peer), the next library's
+   functions serve; racing first calls store the same pointers. */
+static void resolve_next(void) {
+    real_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+    real_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
+}
+
 /* C = alpha op(A) op(B) + beta C, row-major: row i of C is op(B)^T times row i of op(A). */
 __attribute__((visibility("default"))) void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha,
                                                         const float *a, int lda, const float *b, int ldb, float beta,
                                                         float *c, int ldc) {
+    if (real_sgemm == 0 || real_sgemv == 0)
+        resolve_next();
     if (order == ROW_MAJOR && m >= 1 && m <= gemv_rows && n >= 1 && k >= 1 && (ta == NO_TRANS || ta == TRANS)
         && (tb == NO_TRANS || tb == TRANS)) {
         for (int i = 0; i < m; ++i) {
@@ -92,7 +103,7 @@ def build(cache_dir: Path) -> Path | None:
         src = tmp[:-3] + ".c"
         try:
             Path(src).write_text(SOURCE, encoding="ascii")
-            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", tmp, src],
+            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", tmp, src, "-ldl"],
                            check=True, capture_output=True, timeout=60)
             os.replace(tmp, target)
         finally:

@@ -98,3 +98,28 @@ def test_without_a_compiler_or_when_turned_off_nothing_changes(tmp_path: Path) -
     for result in (no_compiler, off):
         assert (result["name"], result["gemv_rows"], result["right"], result["products"]) == ("openblas", 0, True, None)
     assert not list(tmp_path.glob("*/mlx-tandem/blas/libtandem-gemv-*.so"))
+
+
+@needs_shim
+def test_preloaded_in_front_of_openblas_it_serves_a_process_without_tandem() -> None:
+    # How bench/ gives mlx_lm.server the same BLAS: no init call, the next library's functions found by the shim.
+    code = textwrap.dedent(
+        """
+        import ctypes, json, sys
+        import mlx.core as mx
+        import numpy as np
+        shim = ctypes.CDLL(sys.argv[1])
+        shim.tandem_gemv_shim_products.restype = ctypes.c_long
+        a, w = np.ones((1, 8), np.float32), np.arange(24, dtype=np.float32).reshape(3, 8)
+        big = np.ones((4, 8), np.float32)
+        right = np.allclose(np.array(mx.array(a) @ mx.array(w).T), a @ w.T)
+        right = right and np.allclose(np.array(mx.array(big) @ mx.array(w).T), big @ w.T)
+        print(json.dumps({"right": bool(right), "products": shim.tandem_gemv_shim_products()}))
+        """
+    )
+    info = blas_info()
+    env = {**os.environ, "LD_PRELOAD": info.preload() or ""}
+    done = subprocess.run([sys.executable, "-c", code, str(info.gemv_path)], env=env, capture_output=True, text=True,
+                          check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"right": True, "products": 1}
+    assert (info.preload() or "").split() == [info.gemv_path, info.path]
