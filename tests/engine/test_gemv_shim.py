@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Iterator
 
 import mlx.core as mx
 import numpy as np
@@ -20,6 +21,15 @@ from engine.backend import blas_info
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BLAS route is Linux-only")
 needs_shim = pytest.mark.skipif(blas_info().gemv_rows == 0, reason="no GEMV shim here (no C compiler, or no OpenBLAS)")
+
+
+@pytest.fixture(autouse=True)
+def on_the_cpu() -> Iterator[None]:
+    # The shim is the CPU backend's BLAS: on a GPU host MLX would run these products on the device instead.
+    before = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(before)
 
 
 def products(fn: object) -> int:
@@ -66,6 +76,7 @@ _PROBE = textwrap.dedent(
     import mlx.core as mx
     import numpy as np
     from engine import gemv_shim
+    mx.set_default_device(mx.cpu)
     a, w = np.ones((1, 8), np.float32), np.arange(24, dtype=np.float32).reshape(3, 8)
     out = np.array(mx.array(a) @ mx.array(w).T)
     print(json.dumps({"name": blas_info().name, "gemv_rows": blas_info().gemv_rows,
@@ -108,6 +119,7 @@ def test_preloaded_in_front_of_openblas_it_serves_a_process_without_tandem() -> 
         import ctypes, json, sys
         import mlx.core as mx
         import numpy as np
+        mx.set_default_device(mx.cpu)
         shim = ctypes.CDLL(sys.argv[1])
         shim.tandem_gemv_shim_products.restype = ctypes.c_long
         a, w = np.ones((1, 8), np.float32), np.arange(24, dtype=np.float32).reshape(3, 8)
