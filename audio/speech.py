@@ -32,7 +32,7 @@ from engine.context import EngineThread
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
 
-__all__ = ["SpeechService", "step_thread_default", "transcribe_stream"]
+__all__ = ["SpeechService", "SPEECH_NICE", "speech_nice_default", "step_thread_default", "transcribe_stream"]
 
 
 async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
@@ -199,7 +199,7 @@ class SpeechService:
             # A step's launch can cost the host as much as a chat iteration (H200: ~4.5 ms a turbo decoder
             # forward): on its own thread and MLX stream it no longer sits between two chat steps. Everything a
             # step builds stays on that thread.
-            self.scheduler.thread = EngineThread("tandem-speech")
+            self.scheduler.thread = EngineThread("tandem-speech", nice=speech_nice_default())
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -243,6 +243,25 @@ def step_thread_default() -> bool:
     a 2-core CPU chat's p99 beside them went from 2.2-2.7x its p99 alone to 1.2-1.6x, and the sessions fell less
     behind (lag 9.3 s against 17.1 s). Raises nothing."""
     return os.environ.get("TANDEM_SPEECH_THREAD", "on").lower() != "off"
+
+
+SPEECH_NICE = 10  # on MLX's CPU backend; a GPU is shared by launching work, which a CPU priority does not order
+
+
+def speech_nice_default() -> int:
+    """How much lower the Whisper step thread's CPU priority is than the chat threads': TANDEM_SPEECH_NICE, else 10
+    where MLX computes on the CPU and 0 on a GPU. On this 2-core CPU beside 4 live sessions chat's token gap p99
+    went from 1.65-1.91x its p99 alone to 1.38-1.44x, while speech finished ~30 % fewer windows during chat and
+    as many without it (bench/RESULTS.md, twelfth session). Engine side (imports MLX). Raises nothing."""
+    chosen = os.environ.get("TANDEM_SPEECH_NICE", "").strip()
+    if chosen:
+        try:
+            return min(19, max(0, int(chosen)))
+        except ValueError:
+            pass
+    import mlx.core as mx
+
+    return SPEECH_NICE if mx.default_device().type == mx.DeviceType.cpu else 0
 
 
 def _step_thread(choice: bool | None) -> bool:

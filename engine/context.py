@@ -4,7 +4,9 @@ and on a GPU a second one for prompt chunks: engine/lane.py's prefill lane)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import sys
 import threading
 from typing import Any, Callable
 
@@ -18,10 +20,13 @@ __all__ = ["EngineThread", "loop_caller"]
 class EngineThread:
     """Runs callables one at a time on one dedicated daemon thread; `run` is awaited from the event loop."""
 
-    def __init__(self, name: str = "tandem-engine") -> None:
+    def __init__(self, name: str = "tandem-engine", nice: int = 0) -> None:
+        """`nice`: how much lower this thread's CPU priority is than the process's (Linux, where threads have
+        their own; MLX's stream worker, which this thread's first MLX op starts, inherits it)."""
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]] | None] = (
             queue.SimpleQueue()
         )
+        self.nice = nice
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self.busy_seconds = 0.0
@@ -33,6 +38,12 @@ class EngineThread:
     def _main(self) -> None:
         import time
 
+        if self.nice > 0 and sys.platform.startswith("linux"):
+            try:  # before any job: the threads this one starts (MLX's stream worker) inherit the priority
+                me = threading.get_native_id()
+                os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + self.nice)
+            except OSError:
+                pass
         while (job := self._jobs.get()) is not None:
             fn, done = job
             t0 = time.perf_counter()

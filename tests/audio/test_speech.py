@@ -7,13 +7,14 @@ import threading
 from pathlib import Path
 
 import anyio
+import mlx.core as mx
 import numpy as np
 import pytest
 
 from audio.buffers import AudioLimitExceeded
 from audio.pcm import PcmFormat
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
-from audio.speech import SpeechService, step_thread_default
+from audio.speech import SPEECH_NICE, SpeechService, speech_nice_default, step_thread_default
 from audio.transcript import MAX_PROMPT_CHARS, PromptTooLong, Segment, Transcript
 from tests.audio.conftest import SR, running_tasks, voiced
 
@@ -178,6 +179,25 @@ async def test_with_a_step_thread_the_service_transcribes_the_same_and_closes_it
                 tg.cancel_scope.cancel()
             assert speech.scheduler.thread is None  # closed with run()
     assert texts[0] == texts[1]
+
+
+def test_whisper_steps_run_at_a_lower_cpu_priority_on_the_cpu_unless_told(monkeypatch) -> None:
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu
+    monkeypatch.delenv("TANDEM_SPEECH_NICE", raising=False)
+    assert speech_nice_default() == (SPEECH_NICE if on_cpu else 0)
+    for env, expected in [("0", 0), ("5", 5), ("50", 19), ("-3", 0), ("x", SPEECH_NICE if on_cpu else 0)]:
+        monkeypatch.setenv("TANDEM_SPEECH_NICE", env)
+        assert speech_nice_default() == expected, env
+
+
+async def test_the_step_thread_takes_the_default_priority(tiny_whisper_dir, monkeypatch) -> None:
+    monkeypatch.setenv("TANDEM_SPEECH_NICE", "3")
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir, step_thread=True, resident=True)
+        async with anyio.create_task_group() as tg:
+            await tg.start(speech.run)
+            assert speech.scheduler.thread is not None and speech.scheduler.thread.nice == 3
+            tg.cancel_scope.cancel()
 
 
 def test_whisper_steps_get_their_own_thread_unless_told_off(monkeypatch) -> None:
