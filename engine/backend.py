@@ -41,8 +41,8 @@ _REQUIRED_SYMBOLS = ("cblas_sgemm", "sgetrf_", "sgesdd_")
 _SCIPY_PREFIX = "scipy_"
 
 _info: BlasInfo | None = None
-# Keep the loaded libraries (OpenBLAS, the GEMV shim) alive for the life of the process.
-_handles: list[ctypes.CDLL] = []
+# Keeps the loaded library alive for the life of the process (gemv_shim keeps its own).
+_handle: ctypes.CDLL | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,7 @@ def _default_threads() -> int:
 
 
 def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
+    global _handle
     # OpenBLAS reads this once, when the library initialises; child processes inherit the same choice.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", str(_default_threads()))
     try:
@@ -154,28 +155,26 @@ def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
     if not all(hasattr(lib, symbol) for symbol in _REQUIRED_SYMBOLS):
         _log.warning("BLAS candidate %s lacks %s", path, ", ".join(_REQUIRED_SYMBOLS))
         return None
-    shim, shim_path = _gemv_shim(lib) if name == "openblas" else (None, None)
+    shim = _gemv_shim(lib) if name == "openblas" else None
     try:
         lib = ctypes.CDLL(path, mode=os.RTLD_GLOBAL)  # promoted: libmlx takes the rest of BLAS and LAPACK from it
-    except OSError as exc:  # cannot happen for a library already loaded; kept for the type checker's sake
+    except OSError as exc:
         _log.warning("BLAS candidate %s failed to load globally: %s", path, exc)
         return None
-    _handles.extend([lib] + ([shim] if shim is not None else []))
+    _handle = lib
     threads = getattr(lib, "openblas_get_num_threads", None)
     return BlasInfo(name, path, reason, int(threads()) if threads is not None else None,
-                    gemv_shim.GEMV_ROWS if shim is not None else 0, shim_path if shim is not None else None)
+                    gemv_shim.GEMV_ROWS if shim else 0, shim)
 
 
-def _gemv_shim(openblas: ctypes.CDLL) -> tuple[ctypes.CDLL | None, str | None]:
-    """The GEMV shim in front of `openblas` and its path, unless TANDEM_BLAS_GEMV=off or it cannot be built.
-    Raises nothing."""
+def _gemv_shim(openblas: ctypes.CDLL) -> str | None:
+    """The path of the GEMV shim installed in front of `openblas`, or None (TANDEM_BLAS_GEMV=off, or it cannot be
+    built or loaded). Raises nothing."""
     if os.environ.get("TANDEM_BLAS_GEMV", "").strip().lower() in ("off", "0", "false", "no"):
-        return None, None
+        return None
     built = gemv_shim.build(_writable(user_cache_dir() / "blas")
                             or Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas")
-    if built is None:
-        return None, None
-    return gemv_shim.install(built, openblas), str(built)
+    return str(built) if built is not None and gemv_shim.install(built, openblas) is not None else None
 
 
 def _writable(directory: Path) -> Path | None:

@@ -36,20 +36,18 @@ SOURCE = r"""
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
                          float *, int);
 typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const float *, int, float, float *, int);
-enum { ROW_MAJOR = 101, COL_MAJOR = 102, NO_TRANS = 111, TRANS = 112 };
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112, GEMV_ROWS = @GEMV_ROWS@ };
 static sgemm_fn real_sgemm;
 static sgemv_fn real_sgemv;
-static int gemv_rows = 2; /* GEMV_ROWS, for a shim preloaded without tandem_gemv_shim_init */
-static long gemv_products; /* products run as GEMVs, for tests and /stats */
+static long gemv_products; /* products run as GEMVs, for tests */
 
 __attribute__((visibility("default"))) long tandem_gemv_shim_products(void) {
     return __atomic_load_n(&gemv_products, __ATOMIC_RELAXED);
 }
 
-__attribute__((visibility("default"))) void tandem_gemv_shim_init(sgemm_fn gemm, sgemv_fn gemv, int rows) {
+__attribute__((visibility("default"))) void tandem_gemv_shim_init(sgemm_fn gemm, sgemv_fn gemv) {
     real_sgemm = gemm;
     real_sgemv = gemv;
-    gemv_rows = rows;
 }
 
 /* Preloaded in front of an OpenBLAS (LD_PRELOAD="shim openblas", as bench/ gives the peer), the next library's
@@ -65,7 +63,7 @@ __attribute__((visibility("default"))) void cblas_sgemm(int order, int ta, int t
                                                         float *c, int ldc) {
     if (real_sgemm == 0 || real_sgemv == 0)
         resolve_next();
-    if (order == ROW_MAJOR && m >= 1 && m <= gemv_rows && n >= 1 && k >= 1 && (ta == NO_TRANS || ta == TRANS)
+    if (order == ROW_MAJOR && m >= 1 && m <= GEMV_ROWS && n >= 1 && k >= 1 && (ta == NO_TRANS || ta == TRANS)
         && (tb == NO_TRANS || tb == TRANS)) {
         for (int i = 0; i < m; ++i) {
             const float *x = ta == NO_TRANS ? a + (long)i * lda : a + i;
@@ -80,7 +78,7 @@ __attribute__((visibility("default"))) void cblas_sgemm(int order, int ta, int t
     }
     real_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-"""
+""".replace("@GEMV_ROWS@", str(GEMV_ROWS))
 
 
 def build(cache_dir: Path) -> Path | None:
@@ -116,7 +114,7 @@ def build(cache_dir: Path) -> Path | None:
     return target
 
 
-def install(shim_path: Path, openblas: ctypes.CDLL, rows: int = GEMV_ROWS) -> ctypes.CDLL | None:
+def install(shim_path: Path, openblas: ctypes.CDLL) -> ctypes.CDLL | None:
     """Load the shim into the global symbol scope and point it at `openblas` (loaded, not yet global: the caller
     makes it global afterwards, so the shim's `cblas_sgemm` comes first). Returns the shim's handle, or None when
     it cannot be loaded. Raises nothing."""
@@ -127,7 +125,7 @@ def install(shim_path: Path, openblas: ctypes.CDLL, rows: int = GEMV_ROWS) -> ct
     except (OSError, AttributeError) as exc:
         _log.warning("GEMV shim %s not loaded: %s", shim_path, exc)
         return None
-    shim.tandem_gemv_shim_init(ctypes.c_void_p(gemm), ctypes.c_void_p(gemv), ctypes.c_int(rows))
+    shim.tandem_gemv_shim_init(ctypes.c_void_p(gemm), ctypes.c_void_p(gemv))
     shim.tandem_gemv_shim_products.restype = ctypes.c_long
     global _loaded
     _loaded = shim
