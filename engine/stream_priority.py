@@ -36,8 +36,6 @@ SOURCE = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 typedef int CUresult;
@@ -58,14 +56,6 @@ static create_prio_fn real_create_prio;
 static range_fn real_range;
 static __thread int thread_raised;
 static long raised_streams, plain_streams;
-static int trace = -1; /* TANDEM_STREAM_PRIORITY_TRACE=1: every driver lookup on stderr */
-
-static void traced(const char *what, const char *sym, int version, uint64_t flags) {
-    if (trace < 0)
-        trace = getenv("TANDEM_STREAM_PRIORITY_TRACE") != 0;
-    if (trace)
-        fprintf(stderr, "tandem-stream-priority: %s %s %d %llu\n", what, sym, version, (unsigned long long)flags);
-}
 
 EXPORT void tandem_stream_priority_raise(int on) { thread_raised = on; }
 EXPORT long tandem_stream_priority_raised(void) { return __atomic_load_n(&raised_streams, __ATOMIC_RELAXED); }
@@ -94,10 +84,7 @@ static CUresult hooked_create(CUstream *s, unsigned int flags) {
     return real_create(s, flags);
 }
 
-/* Our own lookups: both functions appeared in CUDA 5.5, later than the version a caller may ask for. */
 static CUresult lookup(const char *sym, void **pfn, int version, uint64_t flags) {
-    if (version < 5050)
-        version = 5050;
     if (real_gpa2 != 0)
         return real_gpa2(sym, pfn, version, flags, 0);
     return real_gpa1 != 0 ? real_gpa1(sym, pfn, version, flags) : 1;
@@ -135,7 +122,6 @@ static void swap(const char *sym, void **pfn, int version, uint64_t flags) {
 
 static CUresult hooked_gpa2(const char *sym, void **pfn, int version, uint64_t flags, void *status) {
     CUresult r = real_gpa2(sym, pfn, version, flags, status);
-    traced("lookup2", sym, version, flags);
     if (r == 0 && sym != 0 && pfn != 0 && *pfn != 0)
         swap(sym, pfn, version, flags);
     return r;
@@ -143,7 +129,6 @@ static CUresult hooked_gpa2(const char *sym, void **pfn, int version, uint64_t f
 
 static CUresult hooked_gpa1(const char *sym, void **pfn, int version, uint64_t flags) {
     CUresult r = real_gpa1(sym, pfn, version, flags);
-    traced("lookup1", sym, version, flags);
     if (r == 0 && sym != 0 && pfn != 0 && *pfn != 0)
         swap(sym, pfn, version, flags);
     return r;
@@ -166,9 +151,8 @@ EXPORT void *dlsym(void *handle, const char *name) {
     dlsym_fn next = next_dlsym;
     if (next == 0)
         next_dlsym = next = find_next_dlsym();
-    if (name != 0 && name[0] == 'c' && name[1] == 'u') {
+    if (name != 0 && name[0] == 'c' && name[1] == 'u' && name[2] == 'G') {
         void *p = next(handle, name);
-        traced("dlsym", name, 0, 0);
         if (p != 0 && strcmp(name, "cuGetProcAddress_v2") == 0) {
             real_gpa2 = (gpa2_fn)p;
             return (void *)hooked_gpa2;

@@ -6,7 +6,6 @@
 #           the main thread's stream raised, then not, then raised (the same library loaded each time)
 #   ab      `tandem serve` on poisson8 and c1 ($SCENARIOS), priorities on (the default), off, on
 #   live    bench/gpu/live_h200.sh's chat ITL alone vs beside 4 live sessions, on, off, on (no speaker rounds)
-# AB_VARIANTS / LIVE_VARIANTS (default "on off on2"; "off" runs with TANDEM_STREAM_PRIORITY=off) split them over calls.
 #   OUT=$OUT PHASES=verify,prefill bash bench/gpu/priority_h200.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/prio-out}
@@ -44,7 +43,7 @@ sys.exit(main(['$HOME/shape/rope', '--rows', '32', '--steps', '${STEPS:-200}']))
   done
 fi
 if has ab; then
-  for v in ${AB_VARIANTS:-on off on2}; do
+  for v in on off on2; do
     step "ab: priorities $v"
     if [ "$v" = off ]; then export TANDEM_STREAM_PRIORITY=off; else unset TANDEM_STREAM_PRIORITY; fi
     OUT="$OUT/ab-$v" SKIP_PEER=1 SCENARIOS=${SCENARIOS:-poisson8,c1} NEW_S=${AB_S:-110} timeout $((${AB_S:-110} + 60)) \
@@ -54,7 +53,7 @@ if has ab; then
   unset TANDEM_STREAM_PRIORITY
 fi
 if has live; then
-  for v in ${LIVE_VARIANTS:-on off on2}; do
+  for v in on off on2; do
     step "live: priorities $v"
     if [ "$v" = off ]; then export TANDEM_STREAM_PRIORITY=off; else unset TANDEM_STREAM_PRIORITY; fi
     OUT="$OUT/live-$v" SPEAKERS="" ROUNDS=${ROUNDS:-6} AUDIO_S=10 BUDGET_S=${LIVE_S:-170} \

@@ -40,9 +40,8 @@ static int gpa1(const char *sym, void **pfn, int version, unsigned long long fla
 int cuGetProcAddress_v2(const char *sym, void **pfn, int version, unsigned long long flags, void *status) {
     (void)version; (void)flags; (void)status;
     if (strcmp(sym, "cuStreamCreate") == 0) *pfn = (void *)create;
-    /* As the real driver: a function is found only at a version that has it (these two came with 5.5). */
-    else if (strcmp(sym, "cuStreamCreateWithPriority") == 0 && version >= 5050) *pfn = (void *)create_prio;
-    else if (strcmp(sym, "cuCtxGetStreamPriorityRange") == 0 && version >= 5050) *pfn = (void *)range;
+    else if (strcmp(sym, "cuStreamCreateWithPriority") == 0) *pfn = (void *)create_prio;
+    else if (strcmp(sym, "cuCtxGetStreamPriorityRange") == 0) *pfn = (void *)range;
     else if (strcmp(sym, "cuGetProcAddress") == 0) *pfn = version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)gpa1;
     else { *pfn = 0; return 500; }
     return 0;
@@ -70,10 +69,9 @@ PROBE = textwrap.dedent(
     GPA = CFUNCTYPE(c_int, c_char_p, POINTER(c_void_p), c_int, c_uint64, c_void_p)
     gpa = GPA(ctypes.cast(drv.cuGetProcAddress_v2, c_void_p).value)
 
-    def stream(name, via=None):
+    def stream(name, version=13000, via=None):
         lookup = via or gpa
         p = c_void_p()
-        version = 2000 if name == b"cuStreamCreate" else 5050  # what the CUDA runtime asks for
         assert lookup(name, byref(p), version, 0, None) == 0
         s = c_void_p()
         if name == b"cuStreamCreate":
