@@ -20,16 +20,13 @@ __all__ = ["EngineThread", "loop_caller"]
 class EngineThread:
     """Runs callables one at a time on one dedicated daemon thread; `run` is awaited from the event loop."""
 
-    def __init__(self, name: str = "tandem-engine", nice: int = 0, gpu_first: bool = False) -> None:
+    def __init__(self, name: str = "tandem-engine", nice: int = 0) -> None:
         """`nice`: how much lower this thread's CPU priority is than the process's (Linux, where threads have
-        their own; MLX's stream worker, which this thread's first MLX op starts, inherits it). `gpu_first`: the
-        CUDA stream this thread's first MLX op creates gets the greatest priority (engine/stream_priority.py;
-        the decode thread, so prompt chunks and Whisper steps on other threads wait for its blocks)."""
+        their own; MLX's stream worker, which this thread's first MLX op starts, inherits it)."""
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]] | None] = (
             queue.SimpleQueue()
         )
         self.nice = nice
-        self.gpu_first = gpu_first
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self.busy_seconds = 0.0
@@ -47,10 +44,6 @@ class EngineThread:
                 os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + self.nice)
             except OSError:
                 pass
-        if self.gpu_first:
-            from engine import stream_priority
-
-            stream_priority.raise_this_thread()
         while (job := self._jobs.get()) is not None:
             fn, done = job
             t0 = time.perf_counter()

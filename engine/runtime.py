@@ -21,7 +21,6 @@ import anyio
 
 from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.accelerator import apply_serving_defaults
-from engine import stream_priority
 from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
@@ -69,7 +68,7 @@ class Engine:
         second engine thread beside the decode steps (None: on a GPU; engine/batch.py). Raises ValueError for non-positive limits or a budget that
         leaves no room for KV."""
         apply_serving_defaults()
-        self.thread = thread or EngineThread(gpu_first=True)
+        self.thread = thread or EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
         self.prefix_cache = prefix_cache
@@ -126,7 +125,7 @@ class Engine:
         from engine.prefix_cache import PrefixCache
 
         apply_serving_defaults()  # some are read when MLX first touches the device, i.e. during the load
-        thread = EngineThread(gpu_first=True)
+        thread = EngineThread()
         try:
             loaded = await thread.run(load_model, spec)
             if prompt_cache_bytes is None:
@@ -194,7 +193,6 @@ class Engine:
             "engine_busy_seconds": round(self.thread.busy_seconds, 3),
             "tasks": {"queued": len(self.tasks), "completed": self.tasks.completed, "labels": self.tasks.labels()},
             "plan": self.plan.as_dict() if self.plan else None,
-            "cuda_stream_priority": stream_priority.counts(),
         }
         group = self.group
         if isinstance(group, LLMBatchGroup):

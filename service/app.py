@@ -171,10 +171,6 @@ def _log_banner(state: AppState) -> None:
     blas = blas_info().describe()
     if not any(blas in line for line in lines):  # the plan may already list it among its reasons
         lines.append(blas)
-    from engine.stream_priority import describe
-
-    if (streams := describe()) is not None:
-        lines.append(streams)
     for line in lines:
         _log.info("%s", line)
 

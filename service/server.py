@@ -13,13 +13,12 @@ import math
 import multiprocessing
 import os
 import resource
-from typing import MutableMapping
 
 from service.config import CONFIG_ENV, ServiceConfig
 from service.process.cleanup import remove_interrupted_conversions
 from service.process.parent import PARENT_PID_ENV
 
-__all__ = ["serve", "APP_FACTORY", "raise_open_files_limit", "preload_for_worker"]
+__all__ = ["serve", "APP_FACTORY", "raise_open_files_limit"]
 
 APP_FACTORY = "service.app:app_from_env"
 
@@ -43,19 +42,6 @@ def raise_open_files_limit(wanted: int) -> int:
         return 1024
 
 
-def preload_for_worker(environ: MutableMapping[str, str]) -> str | None:
-    """On a CUDA build of MLX, the stream-priority library in `environ`'s LD_PRELOAD, so the worker's decode steps
-    go first on the GPU (engine/stream_priority.py); returns its path, or None where it does not apply.
-    Raises nothing."""
-    from engine import stream_priority
-    from engine.backend import user_cache_dir
-
-    if not stream_priority.wanted(environ):
-        return None
-    built = stream_priority.preload_for_children(environ, user_cache_dir() / "native")
-    return str(built) if built is not None else None
-
-
 def serve(config: ServiceConfig) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code (0 after a graceful stop). On a signal the
     worker drains for `config.shutdown_timeout` seconds (service/process/drain.py). Raises granian's errors
@@ -73,9 +59,6 @@ def serve(config: ServiceConfig) -> int:
     connections = max(64, min(limits.max_connections, files - 256))
     os.environ[CONFIG_ENV] = config.to_json()
     os.environ[PARENT_PID_ENV] = str(os.getpid())
-    if (preloaded := preload_for_worker(os.environ)) is not None:
-        _log.info("CUDA: the decode thread's stream goes first on the GPU (%s preloaded; %s=off to leave it out)",
-                  preloaded, "TANDEM_STREAM_PRIORITY")
     # A fresh interpreter for the worker: MLX and BLAS thread pools must not be inherited through fork.
     multiprocessing.set_start_method("spawn", force=True)
     _log.info("serving on http://%s:%d/v1 (granian, ASGI, 1 worker, up to %d connections)", config.host,
