@@ -21,7 +21,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/bench-out}
 BUDGET_S=${BUDGET_S:-290}
 OURS_ARGS=${OURS_ARGS:---max-active 64}
-SPEAKERS=${SPEAKERS:-1,4,8,16}
+SPEAKERS=${SPEAKERS-1,4,8,16}  # empty: no speaker rounds
 AUDIO_S=${AUDIO_S:-20}
 TOKENS=${TOKENS:-128}
 WHISPER_SHAPE=${WHISPER_SHAPE:-large-v3-turbo}
