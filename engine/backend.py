@@ -32,7 +32,7 @@ from pathlib import Path
 
 from engine import gemv_shim
 
-__all__ = ["BlasInfo", "blas_info", "ensure_fast_blas", "user_cache_dir"]
+__all__ = ["BlasInfo", "blas_info", "ensure_fast_blas", "user_cache_dir", "cap_other_blas"]
 
 _log = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ def blas_info() -> BlasInfo:
 
 
 def ensure_fast_blas() -> BlasInfo:
-    """Load an optimised BLAS into the global symbol scope before MLX is imported. Idempotent.
+    """Load an optimised BLAS into the global symbol scope before MLX is imported, and cap numpy's own BLAS
+    (`cap_other_blas`). Idempotent.
 
     Raises nothing: every failure falls back to MLX's reference BLAS with a warning and a reason.
     """
@@ -89,7 +90,39 @@ def ensure_fast_blas() -> BlasInfo:
     if _info is None:
         _info = _choose()
         _log.debug(_info.describe())
+        cap_other_blas()
     return _info
+
+
+def cap_other_blas(threads: int = 1) -> list[str]:
+    """Cap every BLAS thread pool loaded in this process except MLX's (numpy's bundled OpenBLAS, scipy's when
+    loaded) at `threads`; returns the file names of the pools it capped. Their work here is small (the log-mel's
+    filterbank product), and an OpenBLAS pool spins on every core for a while after each call: on a 16-core GPU
+    host 15 spinning threads per Whisper window took the cores from the event loop and the engine threads.
+    TANDEM_NUMPY_BLAS_THREADS=N sets N instead (0: leave them). Raises nothing."""
+    chosen = os.environ.get("TANDEM_NUMPY_BLAS_THREADS", "").strip()
+    if chosen:
+        try:
+            threads = int(chosen)
+        except ValueError:
+            pass
+    if threads < 1:
+        return []
+    try:
+        import numpy  # noqa: F401  (its OpenBLAS is loaded with it)
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return []
+    mlx_blas = os.path.realpath(_info.path) if _info is not None and _info.path else None
+    capped = []
+    try:
+        for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
+            if os.path.realpath(lib.filepath) != mlx_blas and lib.num_threads > threads:
+                lib.set_num_threads(threads)
+                capped.append(os.path.basename(lib.filepath))
+    except Exception as exc:  # a foreign library's controller must not stop the process
+        _log.debug("could not cap BLAS pools: %s", exc)
+    return capped
 
 
 def _choose() -> BlasInfo:

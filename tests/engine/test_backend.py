@@ -28,8 +28,12 @@ _PROBE = textwrap.dedent(
     m = rng.standard_normal((16, 16), dtype=np.float32) + 8 * np.eye(16, dtype=np.float32)
     inverse = np.array(mx.linalg.inv(mx.array(m), stream=mx.cpu))
     info = blas_info()
+    from threadpoolctl import ThreadpoolController
+    import os
+    pools = {("mlx" if info.path and os.path.realpath(c.filepath) == os.path.realpath(info.path) else "other"):
+             c.num_threads for c in ThreadpoolController().select(user_api="blas").lib_controllers}
     print(json.dumps({
-        "name": info.name, "path": info.path, "reason": info.reason, "threads": info.threads,
+        "name": info.name, "path": info.path, "reason": info.reason, "threads": info.threads, "pools": pools,
         "matmul_err": float(np.abs(product - a @ b).max()),
         "inv_err": float(np.abs(inverse @ m - np.eye(16)).max()),
     }))
@@ -107,6 +111,13 @@ def test_threads_leave_a_core_free_unless_chosen(tmp_path) -> None:
     assert _probe(tmp_path)["threads"] == max(1, cores - 1)
     if cores >= 2:
         assert _probe(tmp_path, OPENBLAS_NUM_THREADS="2")["threads"] == 2
+
+
+def test_numpys_blas_runs_one_thread_beside_mlxs(tmp_path) -> None:
+    # numpy's bundled OpenBLAS spins on every core after each call; MLX's keeps the threads it was given.
+    assert _probe(tmp_path, OPENBLAS_NUM_THREADS="2")["pools"] == {"mlx": 2, "other": 1}
+    assert _probe(tmp_path, OPENBLAS_NUM_THREADS="2", TANDEM_NUMPY_BLAS_THREADS="0")["pools"] == {"mlx": 2, "other": 2}
+    assert _probe(tmp_path, OPENBLAS_NUM_THREADS="2", TANDEM_BLAS="reference")["pools"] == {"other": 1}  # a GPU host
 
 
 _NO_WORK = textwrap.dedent(
