@@ -101,7 +101,13 @@ async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int
         return out, tokens_seen
 
     await gaps()  # warm-up: first-call costs stay out
-    alone, n_alone = await gaps()
+    # /stats is sampled at the same period alone as beside the sessions: both sides carry the same polling.
+    polled: list[float] = []
+    stop_alone = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sample_lag, root, headers, polled, stop_alone)
+        alone, n_alone = await gaps()
+        stop_alone.set()
     voices = signals(sessions, 30.0, samples)
     stop = anyio.Event()
     runs = [SessionRun() for _ in voices]
