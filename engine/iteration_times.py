@@ -11,7 +11,9 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Iterable, Mapping
+from typing import AbstractSet, Any, Mapping
+
+import numpy as np
 
 from engine.percentiles import ms_summary
 
@@ -32,70 +34,77 @@ class StepCost:
     phases: Mapping[str, float] = field(default_factory=dict)  # seconds by part of the step (engine/step.py)
 
 
+class _Window:
+    """One kind's last `size` iterations in preallocated columns (a ring: the order of samples does not matter to
+    percentiles and means), each phase a column of its own, aligned with the rest."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.n, self.next = size, 0, 0
+        self.times, self.engine, self.wait = np.zeros(size), np.zeros(size), np.zeros(size)
+        self.events: list[AbstractSet[str]] = [frozenset()] * size
+        self.phases: dict[str, np.ndarray] = {}  # a phase first seen late: the steps before it count 0
+
+    def add(self, cost: StepCost, seconds: float) -> None:
+        i = self.next
+        self.times[i], self.engine[i], self.wait[i], self.events[i] = seconds, cost.seconds, cost.wait_seconds, cost.events
+        for name in cost.phases.keys() - self.phases.keys():
+            self.phases[name] = np.zeros(self.size)
+        for name, column in self.phases.items():
+            column[i] = cost.phases.get(name, 0.0)
+        self.next, self.n = (i + 1) % self.size, min(self.n + 1, self.size)
+
+
 class IterationTimes:
-    """The last `window` samples of each kind. Event loop only."""
+    """The last `window` samples of each kind, each measure (and each phase) a numpy column, so a /stats snapshot
+    is a few reductions on the event loop rather than a walk over every step's record. Event loop only."""
 
     def __init__(self, window: int = 2048) -> None:
-        self._times: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
-        self._engine: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
-        self._wait: dict[str, deque[float]] = {k: deque(maxlen=window) for k in KINDS}
-        self._events: dict[str, deque[AbstractSet[str]]] = {k: deque(maxlen=window) for k in KINDS}
-        self._phases: dict[str, deque[Mapping[str, float]]] = {k: deque(maxlen=window) for k in KINDS}
-        self._gaps: deque[float] = deque(maxlen=window)
+        self._kinds = {k: _Window(window) for k in KINDS}
+        self._gaps = _Window(window)
 
     def record(self, cost: StepCost, seconds: float, gap: float | None) -> None:
         """One iteration: its engine step, its wall seconds on the event loop, and the event loop's time since
         the previous one ended (None after an idle pause). Raises nothing."""
         kind = "prefill" if not cost.decode_rows else "mixed" if cost.prompt_tokens else "decode"
-        self._times[kind].append(seconds)
-        self._engine[kind].append(cost.seconds)
-        self._wait[kind].append(cost.wait_seconds)
-        self._events[kind].append(cost.events)
-        self._phases[kind].append(cost.phases)
+        self._kinds[kind].add(cost, seconds)
         if gap is not None:
-            self._gaps.append(gap)
+            self._gaps.add(_NO_COST, gap)
 
     def snapshot(self) -> dict[str, Any]:
         """{kind: {n, p50_ms, p99_ms, max_ms, engine: {...}, wait: {...}, slow: {...}}} plus "gap" ({n, p50_ms,
         ...}). `slow`: how many iterations took over twice the kind's median, and how often each event occurred
         among them and among all. Raises nothing."""
         out: dict[str, Any] = {}
-        for k, v in self._times.items():
-            out[k] = ms_summary(v)
-            if v:
-                out[k] |= {"engine": ms_summary(self._engine[k]), "wait": ms_summary(self._wait[k]),
-                           "slow": _slow(list(v), list(self._events[k]), list(self._phases[k]),
-                                         2e-3 * out[k]["p50_ms"]),
-                           "phases": _phases(self._phases[k])}
-        out["gap"] = ms_summary(self._gaps)
+        for k, w in self._kinds.items():
+            n = w.n
+            out[k] = ms_summary(w.times[:n])
+            if n:
+                phases = {name: column[:n] for name, column in sorted(w.phases.items())}
+                out[k] |= {"engine": ms_summary(w.engine[:n]), "wait": ms_summary(w.wait[:n]),
+                           "slow": _slow(w.times[:n], w.events[:n], phases, 2e-3 * out[k]["p50_ms"]),
+                           "phases": {name: _phase_summary(column) for name, column in phases.items()}}
+        out["gap"] = ms_summary(self._gaps.times[: self._gaps.n])
         return out
 
 
-def _phases(samples: Iterable[Mapping[str, float]]) -> dict[str, Any]:
-    """{phase: {p50_ms, p99_ms, mean_ms}} over the steps, a step without the phase counting 0."""
-    rows = list(samples)
-    names = sorted({name for phases in rows for name in phases})
-    out: dict[str, Any] = {}
-    for name in names:
-        summary = ms_summary(phases.get(name, 0.0) for phases in rows)
-        out[name] = {"p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"], "mean_ms": _mean_ms(rows, name)}
-    return out
+_NO_COST = StepCost(0.0, 0, 0)
 
 
-def _slow(times: list[float], events: list[AbstractSet[str]], phases: list[Mapping[str, float]],
+def _phase_summary(seconds: np.ndarray) -> dict[str, Any]:
+    summary = ms_summary(seconds)
+    return {"p50_ms": summary["p50_ms"], "p99_ms": summary["p99_ms"], "mean_ms": round(1e3 * float(seconds.mean()), 3)}
+
+
+def _slow(times: np.ndarray, events: list[AbstractSet[str]], phases: dict[str, np.ndarray],
           over: float) -> dict[str, Any]:
     """The iterations over `over` seconds: their events (and all iterations'), and their mean ms by phase."""
-    slow = [i for i, t in enumerate(times) if t > over]
-    slow_phases = [phases[i] for i in slow]
-    names = sorted({name for p in slow_phases for name in p})
-    return {"n": len(slow), "over_ms": round(over * 1e3, 3), "events": dict(Counter(x for i in slow for x in events[i])),
-            "events_all": dict(Counter(x for e in events for x in e)),
-            "phases_mean_ms": {name: _mean_ms(slow_phases, name) for name in names}}
-
-
-def _mean_ms(steps: list[Mapping[str, float]], phase: str) -> float:
-    """Mean ms of `phase` over `steps` (a step without it counts 0)."""
-    return round(1e3 * sum(p.get(phase, 0.0) for p in steps) / len(steps), 3)
+    slow = np.flatnonzero(times > over)
+    slow_events = [events[i] for i in slow]
+    return {"n": int(slow.size), "over_ms": round(over * 1e3, 3),
+            "events": dict(Counter(x for e in slow_events for x in e)),
+            "events_all": dict(Counter(x for e in events if e for x in e)),
+            "phases_mean_ms": {name: round(1e3 * float(column[slow].mean()), 3) for name, column in phases.items()
+                               if slow.size and column[slow].any()}}
 
 
 class RecentRates:
