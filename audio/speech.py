@@ -252,7 +252,8 @@ def speech_nice_default() -> int:
     """How much lower the Whisper step thread's CPU priority is than the chat threads': TANDEM_SPEECH_NICE, else 19
     where MLX computes on the CPU and 0 on a GPU. On a 2-core CPU beside 4 live sessions chat's token gap p99 was
     1.65-1.91x its p99 alone at nice 0, 1.44-1.69x at 10 and 1.34-1.57x at 19, speech finishing fewer windows while
-    chat ran and as many without it (bench/RESULTS.md, twelfth and thirteenth sessions). Engine side (imports MLX). Raises nothing."""
+    chat ran and as many without it (bench/RESULTS.md, twelfth and thirteenth sessions). Engine side (imports MLX).
+    Raises nothing."""
     chosen = os.environ.get("TANDEM_SPEECH_NICE", "").strip()
     if chosen:
         try:

@@ -97,8 +97,8 @@ def ensure_fast_blas() -> BlasInfo:
 def cap_other_blas(threads: int = 1) -> list[str]:
     """Cap every BLAS thread pool loaded in this process except MLX's (numpy's bundled OpenBLAS, scipy's when
     loaded) at `threads`; returns the file names of the pools it capped. Their work here is small (the log-mel's
-    filterbank product), and an OpenBLAS pool spins on every core for a while after each call: on a 16-core GPU
-    host 15 spinning threads per Whisper window took the cores from the event loop and the engine threads.
+    filterbank product), and an OpenBLAS pool spins on every core for a while after each call: on 2 cores, 20
+    log-mels in 1.2 s cost 1.36 s of CPU with a pool of 2 against 0.17 s with 1; a 16-core GPU host would spin 15.
     TANDEM_NUMPY_BLAS_THREADS=N sets N instead (0: leave them). Raises nothing."""
     chosen = os.environ.get("TANDEM_NUMPY_BLAS_THREADS", "").strip()
     if chosen:

@@ -46,7 +46,8 @@ class _Window:
 
     def add(self, cost: StepCost, seconds: float) -> None:
         i = self.next
-        self.times[i], self.engine[i], self.wait[i], self.events[i] = seconds, cost.seconds, cost.wait_seconds, cost.events
+        self.times[i], self.engine[i], self.wait[i] = seconds, cost.seconds, cost.wait_seconds
+        self.events[i] = cost.events
         for name in cost.phases.keys() - self.phases.keys():
             self.phases[name] = np.zeros(self.size)
         for name, column in self.phases.items():
