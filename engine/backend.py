@@ -94,9 +94,9 @@ def ensure_fast_blas() -> BlasInfo:
     return _info
 
 
-def cap_other_blas(threads: int = 1) -> list[str]:
+def cap_other_blas(threads: int = 1) -> None:
     """Cap every BLAS thread pool loaded in this process except MLX's (numpy's bundled OpenBLAS, scipy's when
-    loaded) at `threads`; returns the file names of the pools it capped. Their work here is small (the log-mel's
+    loaded) at `threads`. Their work here is small (the log-mel's
     filterbank product), and an OpenBLAS pool spins on every core for a while after each call: on 2 cores, 20
     log-mels in 1.2 s cost 1.36 s of CPU with a pool of 2 against 0.17 s with 1; a 16-core GPU host would spin 15.
     TANDEM_NUMPY_BLAS_THREADS=N sets N instead (0: leave them). Raises nothing."""
@@ -107,22 +107,19 @@ def cap_other_blas(threads: int = 1) -> list[str]:
         except ValueError:
             pass
     if threads < 1:
-        return []
+        return
     try:
         import numpy  # noqa: F401  (its OpenBLAS is loaded with it)
         from threadpoolctl import ThreadpoolController
     except ImportError:
-        return []
+        return
     mlx_blas = os.path.realpath(_info.path) if _info is not None and _info.path else None
-    capped = []
     try:
         for lib in ThreadpoolController().select(user_api="blas").lib_controllers:
             if os.path.realpath(lib.filepath) != mlx_blas and lib.num_threads > threads:
                 lib.set_num_threads(threads)
-                capped.append(os.path.basename(lib.filepath))
     except Exception as exc:  # a foreign library's controller must not stop the process
         _log.debug("could not cap BLAS pools: %s", exc)
-    return capped
 
 
 def _choose() -> BlasInfo:
@@ -205,9 +202,13 @@ def _gemv_shim(openblas: ctypes.CDLL) -> str | None:
     built or loaded). Raises nothing."""
     if os.environ.get("TANDEM_BLAS_GEMV", "").strip().lower() in ("off", "0", "false", "no"):
         return None
-    built = gemv_shim.build(_writable(user_cache_dir() / "blas")
-                            or Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas")
+    built = gemv_shim.build(_writable(user_cache_dir() / "blas") or _temp_blas_dir())
     return str(built) if built is not None and gemv_shim.install(built, openblas) is not None else None
+
+
+def _temp_blas_dir() -> Path:
+    """The per-user temp dir where a read-only home's BLAS files go. Raises nothing."""
+    return Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas"
 
 
 def _writable(directory: Path) -> Path | None:
@@ -235,7 +236,7 @@ def _renamed_scipy_openblas() -> Path:
         return _write_renamed(source, primary)
     except OSError:
         # A read-only home still gets fast BLAS: fall back to a per-user temp dir.
-        fallback = Path(tempfile.gettempdir()) / f"mlx-tandem-{os.getuid()}" / "blas" / name
+        fallback = _temp_blas_dir() / name
         return fallback if fallback.exists() else _write_renamed(source, fallback)
 
 

@@ -61,7 +61,7 @@ class IterationTimes:
 
     def __init__(self, window: int = 2048) -> None:
         self._kinds = {k: _Window(window) for k in KINDS}
-        self._gaps = _Window(window)
+        self._gaps: deque[float] = deque(maxlen=window)
 
     def record(self, cost: StepCost, seconds: float, gap: float | None) -> None:
         """One iteration: its engine step, its wall seconds on the event loop, and the event loop's time since
@@ -69,7 +69,7 @@ class IterationTimes:
         kind = "prefill" if not cost.decode_rows else "mixed" if cost.prompt_tokens else "decode"
         self._kinds[kind].add(cost, seconds)
         if gap is not None:
-            self._gaps.add(_NO_COST, gap)
+            self._gaps.append(gap)
 
     def snapshot(self) -> dict[str, Any]:
         """{kind: {n, p50_ms, p99_ms, max_ms, engine: {...}, wait: {...}, slow: {...}}} plus "gap" ({n, p50_ms,
@@ -84,11 +84,8 @@ class IterationTimes:
                 out[k] |= {"engine": ms_summary(w.engine[:n]), "wait": ms_summary(w.wait[:n]),
                            "slow": _slow(w.times[:n], w.events[:n], phases, 2e-3 * out[k]["p50_ms"]),
                            "phases": {name: _phase_summary(column) for name, column in phases.items()}}
-        out["gap"] = ms_summary(self._gaps.times[: self._gaps.n])
+        out["gap"] = ms_summary(self._gaps)
         return out
-
-
-_NO_COST = StepCost(0.0, 0, 0)
 
 
 def _phase_summary(seconds: np.ndarray) -> dict[str, Any]:
