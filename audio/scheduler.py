@@ -345,6 +345,12 @@ class WhisperScheduler:
         w.result = WindowResult(decoded, w.language or "en", features)
         self.counters.windows += 1
 
+    def forget_measurements(self) -> None:
+        """Zero the counters and drop the measured step costs: a warm-up's compiles are not serving costs, and
+        paced steps are sized from these costs. Event loop, with no window in flight. Raises nothing."""
+        self.costs = StepCosts()
+        self.counters = StepCounters()
+
     def stats(self) -> dict[str, Any]:
         """Plain numbers for /stats. Raises nothing."""
         c = self.counters

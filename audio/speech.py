@@ -8,6 +8,7 @@ step on the shared driver loop; the caller only sees numpy and text.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import time
 from pathlib import Path
@@ -26,11 +27,14 @@ from audio.sessions import LiveConfig, LiveSession
 from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import speech_pieces
+from audio.warmup import compiles_kernels, warm_up_speech
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["SpeechService", "SPEECH_NICE", "speech_nice_default", "step_thread_default", "transcribe_stream"]
 
@@ -191,10 +195,16 @@ class SpeechService:
             self.expired += 1
 
     # ---- lifetime ----------------------------------------------------------------------------
-    async def run(self, *, preload: bool = False, tick: float = 1.0,
+    async def warm_up(self) -> float:
+        """Compile Whisper's kernels before clients come (audio/warmup.py); run() must be running. Returns the
+        seconds taken. Raises WhisperCheckpointError, what a window raises."""
+        return await warm_up_speech(self)
+
+    async def run(self, *, preload: bool = False, warm_up: bool | None = None, tick: float = 1.0,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled.
-        Raises WhisperCheckpointError when `preload` fails."""
+        """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled. With
+        `preload`, `warm_up` (None: on a GPU only, where MLX compiles per kernel) runs warm_up() before started().
+        Raises WhisperCheckpointError when `preload` fails, what warm_up() raises."""
         if _step_thread(self.step_thread):
             # A step's launch can cost the host as much as a chat iteration (H200: ~4.5 ms a turbo decoder
             # forward): on its own thread and MLX stream it no longer sits between two chat steps. Everything a
@@ -206,6 +216,9 @@ class SpeechService:
                 try:
                     if preload:  # stays loaded until the first take ends, then the idle policy applies
                         await self.residency.preload()
+                        if warm_up or (warm_up is None and compiles_kernels()):
+                            took = await self.warm_up()
+                            _log.info("speech warm-up done in %.1f s (Whisper's kernels compiled)", took)
                     task_status.started()
                     while True:
                         await anyio.sleep(tick)

@@ -95,7 +95,7 @@ async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
         residency = "resident" if options.resident else f"idle unload after {options.idle_unload_sec:g} s"
         _log.info("speech: %s (%s, %s, %s)", speech.model_name, speech.residency.path, speech.residency.dtype,
                   residency)
-        await tg.start(functools.partial(speech.run, preload=options.preload))
+        await tg.start(functools.partial(speech.run, preload=options.preload, warm_up=state.config.warmup))
         try:
             yield
         finally:

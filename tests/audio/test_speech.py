@@ -3,6 +3,7 @@ times, the prompt cap, and a session registry that refuses instead of evicting."
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 
@@ -207,3 +208,51 @@ def test_whisper_steps_get_their_own_thread_unless_told_off(monkeypatch) -> None
         else:
             monkeypatch.setenv("TANDEM_SPEECH_THREAD", env)
         assert step_thread_default() is expected, env
+
+
+async def test_a_warm_up_runs_each_step_kind_before_started_and_forgets_their_costs(tiny_whisper_dir, monkeypatch) -> None:
+    import audio.speech as speech_module
+
+    monkeypatch.setattr(speech_module, "compiles_kernels", lambda: True)  # as on a GPU: warm up unless told not to
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir, resident=True)
+        seen: list[tuple[bool, tuple[float, ...]]] = []
+        in_flight = peak = 0
+        decode = speech.scheduler.decode
+
+        async def spy(loaded, request, cancellation=None):
+            nonlocal in_flight, peak
+            seen.append((request.realtime, tuple(request.temperatures)))
+            in_flight += 1
+            peak = max(peak, in_flight)
+            try:
+                return await decode(loaded, request, cancellation)
+            finally:
+                in_flight -= 1
+
+        monkeypatch.setattr(speech.scheduler, "decode", spy)
+        async with anyio.create_task_group() as tg:
+            await tg.start(functools.partial(speech.run, preload=True))
+            # all before started(): a live session's windows, files' windows, greedy and sampled, some at once
+            assert any(realtime for realtime, _ in seen) and any(not realtime for realtime, _ in seen)
+            assert {(0.0,), (0.6,)} <= {temps for _, temps in seen} and peak >= 2
+            stats = speech.stats()
+            assert stats["scheduler"]["windows_done"] == 0 and stats["scheduler"]["costs"] == {}
+            assert stats["sessions_open"] == 0 and speech.residency.takes == 0 and speech.residency.loaded is not None
+            n = len(seen)
+            text = (await speech.transcribe(voiced(2), speech.options(vad=False, temperatures=(0.0,)))).text
+            assert isinstance(text, str) and len(seen) == n + 1
+            tg.cancel_scope.cancel()
+
+
+async def test_no_warm_up_where_nothing_compiles_or_when_told_not_to(tiny_whisper_dir, monkeypatch) -> None:
+    import audio.speech as speech_module
+
+    for compiles, flag in [(False, None), (True, False)]:
+        monkeypatch.setattr(speech_module, "compiles_kernels", lambda: compiles)
+        async with running_tasks() as tasks:
+            speech = service(tasks, tiny_whisper_dir, resident=True)
+            async with anyio.create_task_group() as tg:
+                await tg.start(functools.partial(speech.run, preload=True, warm_up=flag))
+                assert speech.residency.loaded is not None and speech.scheduler.counters.encoder_steps == 0
+                tg.cancel_scope.cancel()
