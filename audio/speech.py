@@ -27,7 +27,7 @@ from audio.sessions import LiveConfig, LiveSession
 from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import speech_pieces
-from audio.warmup import compiles_kernels, warm_up_speech
+from audio.warmup import compiles_kernels, warm_up_signal
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
 from engine.context import EngineThread
 
@@ -196,14 +196,41 @@ class SpeechService:
 
     # ---- lifetime ----------------------------------------------------------------------------
     async def warm_up(self) -> float:
-        """Compile Whisper's kernels before clients come (audio/warmup.py); run() must be running. Returns the
-        seconds taken. Raises WhisperCheckpointError, what a window raises."""
-        return await warm_up_speech(self)
+        """Each kind of Whisper step once, before clients come (why: audio/warmup.py): two files at once (stacked
+        encoder units, batched decoder rows, a greedy and a sampled decode, language detection on a multilingual
+        model) and a live session fed half a second at a time (its guesses and its final); then the scheduler's
+        counters and measured step costs are reset (compiles are not serving costs). run() must be running.
+        Returns the seconds taken. Raises WhisperCheckpointError, SpeechNotRunning, what a window raises."""
+        t0 = time.perf_counter()
+        signal = warm_up_signal(3.0)
+        greedy = self.options(vad=False, temperatures=(0.0,))
+        sampled = self.options(vad=False, temperatures=(0.6,), language=None if self.multilingual else "en")
+
+        async def live() -> None:
+            session = self.create_session(greedy, expires=False)
+            try:
+                for piece in np.array_split(signal, 6):
+                    session.append_samples(piece)
+                    await session.caught_up()
+                await session.finish()
+            finally:
+                self.delete_session(session.id)
+
+        await self.residency.take()  # loaded through the warm-up, whatever the idle policy
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.transcribe, signal[: len(signal) * 2 // 3], greedy)
+                tg.start_soon(self.transcribe, signal, sampled)
+                tg.start_soon(live)
+        finally:
+            self.residency.release()
+        self.scheduler.forget_measurements()
+        return time.perf_counter() - t0
 
     async def run(self, *, preload: bool = False, warm_up: bool | None = None, tick: float = 1.0,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled. With
-        `preload`, `warm_up` (None: on a GPU only, where MLX compiles per kernel) runs warm_up() before started().
+        """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled. `warm_up`
+        (None: on a GPU only, where MLX compiles per kernel) runs warm_up() before started(), after `preload`.
         Raises WhisperCheckpointError when `preload` fails, what warm_up() raises."""
         if _step_thread(self.step_thread):
             # A step's launch can cost the host as much as a chat iteration (H200: ~4.5 ms a turbo decoder
@@ -216,9 +243,10 @@ class SpeechService:
                 try:
                     if preload:  # stays loaded until the first take ends, then the idle policy applies
                         await self.residency.preload()
-                        if warm_up or (warm_up is None and compiles_kernels()):
-                            took = await self.warm_up()
-                            _log.info("speech warm-up done in %.1f s (Whisper's kernels compiled)", took)
+                    if warm_up or (warm_up is None and compiles_kernels()):
+                        # Without `preload` too: the model is loaded for it, then the idle policy applies.
+                        took = await self.warm_up()
+                        _log.info("speech warm-up done in %.1f s (Whisper's kernels compiled)", took)
                     task_status.started()
                     while True:
                         await anyio.sleep(tick)

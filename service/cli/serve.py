@@ -51,8 +51,8 @@ def add_serve(sub: Any) -> None:
                         "stay up through an engine crash (it is restarted) and HTTP work never shares the engine's "
                         "GIL; Whisper runs there too")
     p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
-                   help="run internal generations at start so kernels compile before clients wait (default: on a "
-                        "GPU, off on CPU)")
+                   help="run internal generations and transcriptions at start so kernels compile before clients "
+                        "wait: a kernel compiled while serving stalls every stream (default: on a GPU, off on CPU)")
     p.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                    help="at ready, move what startup built out of Python's garbage collections, whose full passes "
                         "over it pause every stream (default: on)")

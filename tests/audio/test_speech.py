@@ -256,3 +256,14 @@ async def test_no_warm_up_where_nothing_compiles_or_when_told_not_to(tiny_whispe
                 await tg.start(functools.partial(speech.run, preload=True, warm_up=flag))
                 assert speech.residency.loaded is not None and speech.scheduler.counters.encoder_steps == 0
                 tg.cancel_scope.cancel()
+
+
+async def test_without_preload_the_warm_up_loads_whisper_then_the_idle_policy_unloads_it(tiny_whisper_dir) -> None:
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir)  # idle unload after 0 s, not resident
+        async with anyio.create_task_group() as tg:
+            await tg.start(functools.partial(speech.run, warm_up=True))
+            assert speech.residency.loads == 1 and speech.scheduler.counters.windows == 0
+            await tasks.run(lambda: None)  # the unload queued at the warm-up's release runs first
+            assert speech.residency.loaded is None and speech.residency.unloads == 1
+            tg.cancel_scope.cancel()

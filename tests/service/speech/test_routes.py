@@ -202,3 +202,15 @@ def test_websocket_live_partials_and_done(client: TestClient[Any]) -> None:
 def test_no_speech_server_says_so() -> None:
     with TestClient(create_app(AppState())) as c:
         assert_error(transcribe(c), 404, "model_not_found")
+
+
+@pytest.mark.parametrize("warmup", [True, False])
+def test_the_server_warms_whisper_up_before_ready_when_told(whisper_dir: Path, warmup: bool) -> None:
+    from service.config import ServiceConfig
+
+    state = install_speech(AppState(config=ServiceConfig(warmup=warmup)), SpeechConfig(model=str(whisper_dir)))
+    with TestClient(create_app(state)) as c:
+        assert c.get("/health").status_code == 200
+        speech = c.get("/stats").json()["speech"]
+        assert speech["loads"] == (1 if warmup else 0)  # not preloaded: loaded for the warm-up only
+        assert speech["scheduler"]["windows_done"] == 0 and speech["scheduler"]["costs"] == {}
