@@ -2,8 +2,9 @@
 
 MLX on CUDA compiles a kernel the first time it meets an op, dtype or fused graph, and builds a CUDA graph
 the first time it meets an iteration's op sequence: left to the first clients, that costs seconds of
-time-to-first-token. The rows below cover one row alone, concurrent rows, chunked prefill beside decode
-(packed mixed iterations), the pipelined decode, each sampler kind and a prefix-cache hit.
+time-to-first-token, and a module compiled while serving stalls every stream (one process-wide lock). The rows
+below cover one row alone, concurrent rows, chunked prefill beside decode (packed mixed iterations), the
+pipelined decode and rows leaving it, each sampler kind and a prefix-cache hit.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LL
          [(_prompt(n, i + 1, vocab), _SAMPLERS[i % len(_SAMPLERS)], 8)
           for i, n in enumerate((3, 17, 70, chunk + chunk // 2))]),
         ("prefix-cache hit", [(_prompt(5, 0, vocab) + _prompt(9, 9, vocab), _SAMPLERS[0], 4)]),
+        # Rows that decode together and finish one after another: the next step takes the tokens in flight of the
+        # rows left (a gather of sampled ids). Missed here, it compiled while serving (H200: a 3 s stall, c8).
+        ("rows leaving a pipelined decode", [(_prompt(4, 20, vocab), _SAMPLERS[0], n) for n in (3, 6, 9)]),
     ]
     for label, rows in stages:
         if report is not None:

@@ -276,7 +276,7 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
         tg.start_soon(engine.serve)
         seconds = await engine.warm_up(seen.append, force=True)
         engine.close()
-    assert seconds > 0 and len(seen) == 3
+    assert seconds > 0 and len(seen) == 4
     assert {"mixed", "prefill", "decode"} <= paths
     assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0
     # Its compiles are not serving costs: /stats iteration times and the pacer start from clients' work.
@@ -284,6 +284,28 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
     assert all(times[k]["n"] == 0 for k in ("decode", "mixed", "prefill", "gap"))
     assert engine.group.pacer.decode_seconds is None
     assert engine.prefix_cache.stats()["hits"] >= 1  # the last stage continued a cached prefix
+
+
+@pytest.mark.parametrize("lane", [False, True])
+async def test_warm_up_takes_the_tokens_in_flight_of_the_rows_left_when_one_finishes(tiny_loaded, lane) -> None:
+    # That gather (sampled ids by the rows left) was compiled only once clients came: a 3 s stall on the H200.
+    engine = Engine(tiny_loaded, max_active=8, max_iteration_tokens=32, prefill_lane=lane)
+    subsets: list[tuple[int, int]] = []
+    original = engine.group.step._lazy_tokens
+
+    def spy(flight, plan):
+        decoders = [r for r, _, _ in plan if r.decoding]
+        live = [r for r in flight.rows if not r.ended]
+        if decoders and len(live) < len(flight.rows) and all(any(r is d for d in live) for r in decoders):
+            subsets.append((len(flight.rows), len(decoders)))
+        return original(flight, plan)
+
+    engine.group.step._lazy_tokens = spy  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        await engine.warm_up(force=True)
+        engine.close()
+    assert subsets, "no warm-up step went on from a step in flight after one of its rows finished"
 
 
 async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loaded) -> None:
