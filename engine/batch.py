@@ -167,6 +167,7 @@ class LLMBatchGroup:
         """Return when a row or a task arrives, or the group closes. Raises nothing but cancellation."""
         if self.has_work() or self._closed:
             return
+        self._last_step_end = None  # idle time is not the event loop's gap between two iterations
         if not self._idle_released:  # nothing runs: hand freed buffers back before sleeping
             self._idle_released = True
             await self.context.run(release_free_memory)
@@ -231,6 +232,7 @@ class LLMBatchGroup:
                 await self.context.run(cache.settle)
             self.lane.feed()
             await self.lane.wait()
+            self._last_step_end = None  # nothing decoded meanwhile: waiting for a prompt is no loop gap
             return
         await self._iterate(max(self.max_iteration_tokens, 1), decode=False, prefill=True)
 

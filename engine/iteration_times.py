@@ -1,5 +1,6 @@
 """Recent iterations' wall times by kind (decode only, mixed with a prompt chunk, prompt only) and the event
-loop's gaps between them, as percentiles for /stats: what a stream's token gaps are made of under load. Each
+loop's gaps between them (idle time and waits for the prefill lane with nothing decoding are not gaps), as
+percentiles for /stats: what a stream's token gaps are made of under load. Each
 kind also splits its engine-thread time: `engine` (the step itself) and `wait` (blocked reading the device's
 results); wall minus engine is the hand-off between the event loop and the engine thread, engine minus wait
 the host's own work (graph building, sampling, detokenization). Each step also names the one-off work it did

@@ -308,6 +308,33 @@ async def test_warm_up_takes_the_tokens_in_flight_of_the_rows_left_when_one_fini
     assert subsets, "no warm-up step went on from a step in flight after one of its rows finished"
 
 
+async def test_idle_time_between_requests_is_not_counted_as_a_loop_gap(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, max_active=2)
+    group = engine.group
+    since: list[float | None] = []  # at each iteration: the previous step's end its gap would count from
+    iterate = group._iterate
+
+    async def spy(*args: Any, **kwargs: Any) -> None:
+        since.append(group._last_step_end)
+        await iterate(*args, **kwargs)
+
+    group._iterate = spy  # type: ignore[method-assign]
+
+    async def run(salt: int) -> None:
+        async with engine.submit(GenerationRequest(prompt_of(6, salt), GREEDY, max_tokens=5)) as stream:
+            async for _ in stream:
+                pass
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        await run(1)
+        first_of_second = len(since)
+        await run(2)
+        engine.close()
+    # The wait for the second request is idle time, not the event loop's: no gap is counted across it.
+    assert since[first_of_second] is None and any(t is not None for t in since[first_of_second:])
+
+
 async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loaded) -> None:
     engine = Engine(tiny_loaded, max_active=2)
     assert engine.chat_pace() is None
