@@ -12,12 +12,9 @@ OUT=${OUT:-/tmp/jit-out}
 SCEN=${SCENARIOS:-c1,c8,poisson8,c64}
 ROUNDS=${ROUNDS:-4}
 PORT=${PORT:-8093}
-SHAPE=/tmp/shape
-WSHAPE=/tmp/whisper-shape
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/steps.log") 2>&1
-SECONDS=0
-step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+source bench/gpu/shapes.sh
 
 watch() {  # $1 run name, $2 port (0: none): a fresh PTX cache and its watcher, which stamps /health's first 200
   local dir=/tmp/ptx-$1
@@ -30,10 +27,7 @@ watch() {  # $1 run name, $2 port (0: none): a fresh PTX cache and its watcher, 
 unwatch() { kill "$WATCHER" 2>/dev/null; wait "$WATCHER" 2>/dev/null; unset MLX_PTX_CACHE_DIR; }
 
 step "build the chat shape and the Whisper shape"
-timeout 120 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$SHAPE" | tail -1 || { step "FAILED: build"; exit 1; }
-rm -rf "$WSHAPE"
-timeout 90 python3 -m bench.speech_shape --build-only "$WSHAPE" --shape large-v3-turbo --dtype float16 \
-  || { step "FAILED: Whisper build"; exit 1; }
+build_shapes || exit 1
 
 live() {  # $1 run name, $2 tree
   step "live $1 ($2)"

@@ -24,16 +24,10 @@ OURS_ARGS=${OURS_ARGS:---max-active 64}
 SPEAKERS=${SPEAKERS-1,4,8,16}  # empty: no speaker rounds
 AUDIO_S=${AUDIO_S:-20}
 TOKENS=${TOKENS:-128}
-WHISPER_SHAPE=${WHISPER_SHAPE:-large-v3-turbo}
-WHISPER_DTYPE=${WHISPER_DTYPE:-float16}
-TOK_DIR=${TOK_DIR:-.gpu/tok}
 PORT=${PORT:-8093}
-SHAPE=/tmp/shape
-WSHAPE=/tmp/whisper-shape
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/steps.log") 2>&1
-SECONDS=0
-step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
+source bench/gpu/shapes.sh
 left() { echo $((BUDGET_S - SECONDS)); }
 
 step "host: $(nproc) CPUs; OURS_ARGS='$OURS_ARGS' SPEAKERS=$SPEAKERS AUDIO_S=$AUDIO_S WHISPER=$WHISPER_SHAPE/$WHISPER_DTYPE"
@@ -42,11 +36,7 @@ timeout 90 python3 -c "import mlx.core as mx, websockets; print('mlx', mx.__vers
   '| websockets', websockets.__version__)" || { step "FAILED: mlx or websockets does not import"; exit 1; }
 
 step "1. build the chat shape ($SHAPE/plain) and the Whisper shape ($WSHAPE)"
-timeout 120 python3 -m bench.gpu.build_shape --tokenizer "$TOK_DIR" --out "$SHAPE" ${BUILD_ARGS:-} \
-  || { step "FAILED: chat model build"; exit 1; }
-rm -rf "$WSHAPE"
-timeout 90 python3 -m bench.speech_shape --build-only "$WSHAPE" --shape "$WHISPER_SHAPE" --dtype "$WHISPER_DTYPE" \
-  || { step "FAILED: Whisper build"; exit 1; }
+build_shapes || exit 1
 
 L=$(left)
 step "2+3. serve both, measure (${L}s left)"

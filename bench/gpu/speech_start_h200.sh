@@ -6,13 +6,9 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/start-out}
 PORT=${PORT:-8094}
-SHAPE=${SHAPE:-/tmp/shape}
-WSHAPE=${WSHAPE:-/tmp/whisper-shape}
 mkdir -p "$OUT"
-SECONDS=0
-step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
-[ -d "$SHAPE/plain" ] || timeout 120 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$SHAPE" | tail -1
-[ -f "$WSHAPE/config.json" ] || timeout 90 python3 -m bench.speech_shape --build-only "$WSHAPE" --shape large-v3-turbo --dtype float16
+source bench/gpu/shapes.sh
+build_shapes || exit 1
 step "serve $SHAPE/plain --whisper-model $WSHAPE"
 python3 -m service.cli serve "$SHAPE/plain" --whisper-model "$WSHAPE" --port "$PORT" ${SERVE_ARGS:-} > "$OUT/server.log" 2>&1 &
 SERVER=$!
