@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import anyio
 import anyio.lowlevel
@@ -65,6 +65,10 @@ class WhisperScheduler:
         # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
         # (SpeechService.run; by default), beside the chat steps instead of between them.
         self.thread: EngineThread | None = None
+        # With a thread of their own: awaited before each step, it returns once chat's next step has landed (at
+        # once while chat has no row), so steps take turns with chat's instead of running back to back beside
+        # them (on a CPU both share the cores: SpeechService.run).
+        self.turn: Callable[[], Awaitable[None]] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -131,6 +135,8 @@ class WhisperScheduler:
         self._leading = True
         if self.thread is not None:
             try:
+                if self.turn is not None:
+                    await self.turn()
                 await self.thread.run(self._step)  # shielded: a cancelled caller waits for its step to end
             finally:
                 self._leading = False

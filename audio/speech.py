@@ -12,7 +12,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, cast, get_args
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, cast, get_args
 
 import anyio
 import numpy as np
@@ -36,7 +36,8 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["SpeechService", "SPEECH_NICE", "speech_nice_default", "step_thread_default", "transcribe_stream"]
+__all__ = ["SpeechService", "SPEECH_NICE", "speech_nice_default", "speech_turns_default", "step_thread_default",
+           "transcribe_stream"]
 
 
 async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
@@ -83,12 +84,15 @@ class SpeechService:
                  dtype: str | None = None, idle_unload_sec: float = 0.0, resident: bool = False,
                  session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
                  live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0,
-                 pace: Pace | None = None, vad: bool = True, step_thread: bool | None = None) -> None:
+                 pace: Pace | None = None, vad: bool = True, step_thread: bool | None = None,
+                 turn: Callable[[], Awaitable[None]] | None = None) -> None:
         """`pace`: seconds of a chat iteration while chat rows decode, else None (Engine.chat_pace): Whisper
         steps then take at most `budget.chat_share` of it. `vad`: the default of options() when a request
         does not say. `step_thread`: while `run()` runs, Whisper steps run on a thread of their own beside the chat
-        steps (None: step_thread_default()). Raises nothing."""
+        steps (None: step_thread_default()). `turn`: returns once chat's next step has landed (Engine.chat_turn);
+        with the step thread and speech_turns_default(), each Whisper step waits for it. Raises nothing."""
         self.step_thread = step_thread
+        self.turn = turn
         self.vad_default = vad
         self.tasks = tasks
         self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
@@ -238,6 +242,7 @@ class SpeechService:
             # forward): on its own thread and MLX stream it no longer sits between two chat steps. Everything a
             # step builds stays on that thread.
             self.scheduler.thread = EngineThread("tandem-speech", nice=speech_nice_default())
+            self.scheduler.turn = self.turn if speech_turns_default() else None
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -262,6 +267,7 @@ class SpeechService:
                     tg.cancel_scope.cancel()
         finally:
             thread, self.scheduler.thread = self.scheduler.thread, None
+            self.scheduler.turn = None
             if thread is not None:
                 thread.close()
 
@@ -306,6 +312,18 @@ def speech_nice_default() -> int:
     import mlx.core as mx
 
     return SPEECH_NICE if mx.default_device().type == mx.DeviceType.cpu else 0
+
+
+def speech_turns_default() -> bool:
+    """Whether Whisper steps on their own thread take turns with chat's (one step per chat step while chat has rows):
+    TANDEM_SPEECH_TURNS on/off, else on where MLX computes on the CPU, where both share the cores; on a GPU the steps
+    run beside chat's on their own stream. Engine side (imports MLX). Raises nothing."""
+    chosen = os.environ.get("TANDEM_SPEECH_TURNS", "").strip().lower()
+    if chosen in ("on", "off"):
+        return chosen == "on"
+    import mlx.core as mx
+
+    return bool(mx.default_device().type == mx.DeviceType.cpu)
 
 
 def _step_thread(choice: bool | None) -> bool:

@@ -99,6 +99,7 @@ class LLMBatchGroup:
         self._queue: deque[Row] = deque()
         self._active: list[Row] = []
         self._wake = anyio.Event()
+        self._turn = anyio.Event()  # set (and replaced) as each chat step lands, and as chat goes idle or closes
         self._closed = False
         self.recent = RecentRates(window=10.0)  # wall-clock tokens/s over the last 10 s
         self.counters: dict[str, float] = {
@@ -167,6 +168,7 @@ class LLMBatchGroup:
         """Return when a row or a task arrives, or the group closes. Raises nothing but cancellation."""
         if self.has_work() or self._closed:
             return
+        self._turn_over()  # nothing left to take turns with
         self._last_step_end = None  # idle time is not the event loop's gap between two iterations
         if not self._idle_released:  # nothing runs: hand freed buffers back before sleeping
             self._idle_released = True
@@ -243,6 +245,7 @@ class LLMBatchGroup:
     def close(self) -> None:
         """Stop accepting work, end every row with finish_reason "cancelled", reject queued tasks."""
         self._closed = True
+        self._turn_over()
         for row in list(self._queue) + self._active:
             self._publish(row, row_delta(row, finish_reason="cancelled"))
         self._queue.clear()
@@ -346,6 +349,18 @@ class LLMBatchGroup:
         self._publish_all(done.outputs)
         done.published = True
         self.counters["publish_seconds"] += time.perf_counter() - t0
+        self._turn_over()
+
+    def _turn_over(self) -> None:
+        self._turn.set()
+        self._turn = anyio.Event()
+
+    async def next_turn(self) -> None:
+        """Return once the next chat step has landed, or at once while no row is active or queued (also when
+        chat goes idle or the group closes meanwhile). Event loop. Raises nothing but cancellation."""
+        if self._closed or not (self._active or self._queue):
+            return
+        await self._turn.wait()
 
     # -- the prefill lane ---------------------------------------------------------------------------
 

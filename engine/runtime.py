@@ -256,6 +256,12 @@ class Engine:
             return None
         return group.pacer.decode_seconds
 
+    async def chat_turn(self) -> None:
+        """Return once the next chat step has landed, or at once while chat has no row (Whisper steps on a CPU
+        take turns with chat's: audio/scheduler.py). Event loop. Raises nothing but cancellation."""
+        if isinstance(self.group, LLMBatchGroup):
+            await self.group.next_turn()
+
     def health(self) -> dict[str, Any]:
         """{"ok": False, "error": ...} once several engine steps in a row failed with no success since
         (the engine cannot run rows); {"ok": True} otherwise. Raises nothing."""

@@ -397,3 +397,35 @@ async def test_a_window_cancelled_during_a_step_on_its_own_thread_leaves(tiny_wh
             scheduler.thread.close()
     assert outcome == ["left"] and scheduler.in_flight == 0
     assert steps_after_cancel == 0  # no step led after the one it was cancelled in
+
+
+async def test_with_turns_each_step_on_its_own_thread_waits_for_chats_next_step(tiny_whisper: LoadedWhisper) -> None:
+    # On a CPU chat and Whisper share the cores: one Whisper step per chat step, not steps back to back beside them.
+    turns = 0
+    granted = anyio.Event()
+    asked = anyio.Event()
+
+    async def turn() -> None:
+        nonlocal turns, granted
+        asked.set()
+        await granted.wait()
+        granted = anyio.Event()
+        turns += 1
+
+    async with running_tasks() as tasks:
+        own = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        own.thread, own.turn = EngineThread("test-speech"), turn
+        try:
+            with anyio.fail_after(60):  # without turns nothing asks: this would wait for ever
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(own.decode, tiny_whisper, request(3, seed=1))
+                    for n in range(3):
+                        await asked.wait()
+                        asked = anyio.Event()
+                        steps = own.counters.encoder_steps + own.counters.decoder_steps
+                        assert steps == n  # nothing ran while its turn was not given
+                        granted.set()
+                    tg.cancel_scope.cancel()
+        finally:
+            own.thread.close()
+    assert turns == 3

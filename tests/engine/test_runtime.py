@@ -335,6 +335,26 @@ async def test_idle_time_between_requests_is_not_counted_as_a_loop_gap(tiny_load
     assert since[first_of_second] is None and any(t is not None for t in since[first_of_second:])
 
 
+async def test_a_chat_turn_ends_when_chats_next_step_lands_and_at_once_without_chat(tiny_loaded) -> None:
+    engine = Engine(tiny_loaded, max_active=2)
+    with anyio.fail_after(30):
+        await engine.chat_turn()  # nothing is served yet: no chat to wait for
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(engine.serve)
+            await engine.chat_turn()  # serving, but no row
+            steps: list[int] = []
+            async with engine.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=40)) as stream:
+                first = await stream.__anext__()
+                assert first.error is None
+                for _ in range(3):
+                    before = engine.group.counters["iterations"] + engine.group.counters["burst_steps"]
+                    await engine.chat_turn()
+                    steps.append(engine.group.counters["iterations"] + engine.group.counters["burst_steps"] - before)
+            engine.close()
+            await engine.chat_turn()  # closed: at once
+    assert all(n >= 1 for n in steps), steps
+
+
 async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loaded) -> None:
     engine = Engine(tiny_loaded, max_active=2)
     assert engine.chat_pace() is None
