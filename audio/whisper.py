@@ -223,8 +223,8 @@ def prepare_whisper(path: str | Path) -> None:
     """Import mlx-whisper (4-5 s on a 2-core CPU: its package imports scipy and numba) and build the checkpoint's
     tokenizer, without loading weights. Done at startup, before the server freezes what startup built out of
     Python's collections: left to the first load, the import held the engine thread (and chat) that long, and
-    its ~93,000 objects made every later full collection pause all streams ~80 ms. Any thread. Raises nothing
-    (a config it cannot read only skips the tokenizer)."""
+    its ~93,000 objects made every later full collection pause all streams ~80 ms. Any thread. Raises ImportError
+    without mlx-whisper (a config it cannot read only skips the tokenizer)."""
     import mlx_whisper.decoding  # noqa: F401  (the package, with what transcription and word timings import)
     from mlx_whisper.tokenizer import get_tokenizer
 
