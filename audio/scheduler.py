@@ -67,7 +67,7 @@ class WhisperScheduler:
         self.thread: EngineThread | None = None
         # With a thread of their own: awaited before each step, it returns once chat's next step has landed (at
         # once while chat has no row), so steps take turns with chat's instead of running back to back beside
-        # them (on a CPU both share the cores: SpeechService.run).
+        # them (opt-in: speech_turns_default in audio/speech.py says what it costs).
         self.turn: Callable[[], Awaitable[None]] | None = None
 
     @property

@@ -316,14 +316,10 @@ def speech_nice_default() -> int:
 
 def speech_turns_default() -> bool:
     """Whether Whisper steps on their own thread take turns with chat's (one step per chat step while chat has rows):
-    TANDEM_SPEECH_TURNS on/off, else on where MLX computes on the CPU, where both share the cores; on a GPU the steps
-    run beside chat's on their own stream. Engine side (imports MLX). Raises nothing."""
-    chosen = os.environ.get("TANDEM_SPEECH_TURNS", "").strip().lower()
-    if chosen in ("on", "off"):
-        return chosen == "on"
-    import mlx.core as mx
-
-    return bool(mx.default_device().type == mx.DeviceType.cpu)
+    TANDEM_SPEECH_TURNS=on; off by default. On a 2-core CPU beside 4 live sessions turns took chat's p99 from 118 to
+    110 ms, but one speaker dictating beside a streaming chat saw its first words 5.5-7.1 s after speech onset
+    instead of 2.0-2.3 s (bench/RESULTS.md, fourteenth session): for chat-first deployments only. Raises nothing."""
+    return os.environ.get("TANDEM_SPEECH_TURNS", "").strip().lower() == "on"
 
 
 def _step_thread(choice: bool | None) -> bool:

@@ -257,8 +257,8 @@ class Engine:
         return group.pacer.decode_seconds
 
     async def chat_turn(self) -> None:
-        """Return once the next chat step has landed, or at once while chat has no row (Whisper steps on a CPU
-        take turns with chat's: audio/scheduler.py). Event loop. Raises nothing but cancellation."""
+        """Return once the next chat step has landed, or at once while chat has no row (with TANDEM_SPEECH_TURNS=on
+        Whisper steps take turns with chat's: audio/scheduler.py). Event loop. Raises nothing but cancellation."""
         if isinstance(self.group, LLMBatchGroup):
             await self.group.next_turn()
 

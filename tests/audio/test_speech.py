@@ -293,3 +293,13 @@ async def test_run_imports_whisper_and_builds_its_tokenizer_before_started_witho
             assert built == [(multilingual, n_vocab - 51765 - int(multilingual))]
             assert speech.residency.loads == 0
             tg.cancel_scope.cancel()
+
+
+def test_whisper_steps_take_turns_with_chat_only_when_told(monkeypatch) -> None:
+    from audio.speech import speech_turns_default
+
+    monkeypatch.delenv("TANDEM_SPEECH_TURNS", raising=False)
+    assert speech_turns_default() is False  # a dictation beside a streaming chat waited 3-5 s longer with turns
+    for env, expected in [("on", True), ("ON", True), ("off", False), ("x", False)]:
+        monkeypatch.setenv("TANDEM_SPEECH_TURNS", env)
+        assert speech_turns_default() is expected, env
