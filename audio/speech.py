@@ -28,7 +28,7 @@ from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import speech_pieces
 from audio.warmup import compiles_kernels, warm_up_signal
-from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, resolve_whisper_checkpoint
+from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, prepare_whisper, resolve_whisper_checkpoint
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
@@ -234,7 +234,8 @@ class SpeechService:
     async def run(self, *, preload: bool = False, warm_up: bool | None = None, tick: float = 1.0,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Host session pumps; expire idle sessions and unload an idle model. Runs until cancelled. Before
-        started(): `preload`, then `warm_up` (None: on a GPU only, where MLX compiles per kernel).
+        started(): prepare_whisper (imports, the tokenizer), `preload`, then `warm_up` (None: on a GPU only, where
+        MLX compiles per kernel).
         Raises WhisperCheckpointError when `preload` fails, what warm_up() raises."""
         if _step_thread(self.step_thread):
             # A step's launch can cost the host as much as a chat iteration (H200: ~4.5 ms a turbo decoder
@@ -246,6 +247,7 @@ class SpeechService:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 try:
+                    await anyio.to_thread.run_sync(prepare_whisper, self.residency.path)
                     if preload:  # stays loaded until the first take ends, then the idle policy applies
                         await self.residency.preload()
                     if warm_up or (warm_up is None and compiles_kernels()):

@@ -28,6 +28,7 @@ __all__ = [
     "resolve_whisper_checkpoint",
     "is_whisper_checkpoint",
     "load_whisper",
+    "prepare_whisper",
     "default_dtype",
     "WhisperResidency",
 ]
@@ -216,6 +217,24 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
     _ = get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language="en",
                       task="transcribe").non_speech_tokens
     return LoadedWhisper(model, p, name or p.name, dtype)
+
+
+def prepare_whisper(path: str | Path) -> None:
+    """Import mlx-whisper (4-5 s on a 2-core CPU: its package imports scipy and numba) and build the checkpoint's
+    tokenizer, without loading weights. Done at startup, before the server freezes what startup built out of
+    Python's collections: left to the first load, the import held the engine thread (and chat) that long, and
+    its ~93,000 objects made every later full collection pause all streams ~80 ms. Any thread. Raises ImportError
+    without mlx-whisper (a config it cannot read only skips the tokenizer)."""
+    import mlx_whisper.decoding  # noqa: F401  (the package, with what transcription and word timings import)
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    try:
+        n_vocab = int(json.loads((Path(path) / "config.json").read_text())["n_vocab"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    multilingual = n_vocab >= 51865  # as mlx-whisper's Whisper.is_multilingual / num_languages
+    get_tokenizer(multilingual, num_languages=n_vocab - 51765 - int(multilingual), language="en",
+                  task="transcribe").non_speech_tokens
 
 
 class WhisperResidency:

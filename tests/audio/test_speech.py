@@ -269,6 +269,32 @@ async def test_without_preload_the_warm_up_loads_whisper_then_the_idle_policy_un
             tg.cancel_scope.cancel()
 
 
+async def test_run_imports_whisper_and_builds_its_tokenizer_before_started_without_loading(tiny_whisper_dir,
+                                                                                           monkeypatch) -> None:
+    # Left to the first load, the import held the engine thread 4-5 s and its objects stayed in every collection.
+    import json
+
+    import mlx_whisper.tokenizer
+
+    built: list[tuple[bool, int]] = []
+    original = mlx_whisper.tokenizer.get_tokenizer
+
+    def spy(multilingual, *args, **kwargs):
+        built.append((multilingual, kwargs.get("num_languages")))
+        return original(multilingual, *args, **kwargs)
+
+    monkeypatch.setattr(mlx_whisper.tokenizer, "get_tokenizer", spy)
+    n_vocab = json.loads((tiny_whisper_dir / "config.json").read_text())["n_vocab"]
+    multilingual = n_vocab >= 51865
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir)
+        async with anyio.create_task_group() as tg:
+            await tg.start(functools.partial(speech.run, warm_up=False))
+            assert built == [(multilingual, n_vocab - 51765 - int(multilingual))]
+            assert speech.residency.loads == 0
+            tg.cancel_scope.cancel()
+
+
 def test_whisper_steps_take_turns_with_chat_only_when_told(monkeypatch) -> None:
     from audio.speech import speech_turns_default
 
