@@ -19,9 +19,10 @@ if TYPE_CHECKING:
 __all__ = ["WindowRequest", "WindowResult", "Window", "unfed", "loops"]
 
 
-def loops(tokens: list[int], times: int = 3, longest: int = 6) -> bool:
-    """Whether `tokens` hold one run of 1..`longest` tokens repeated `times` times in a row ("Five. Five. Five."):
-    over a cut encoder context Whisper loops in short runs that pass the compression threshold. Raises nothing."""
+def loops(tokens: list[int], times: int = 3, longest: int = 16) -> bool:
+    """Whether `tokens` hold one run of 1..`longest` tokens repeated `times` times in a row ("Five. Five. Five.",
+    or a sentence: "He was not an ill-disposed young man." thrice, seen at 4× real time): over a cut encoder context
+    Whisper loops in runs that pass the compression threshold. Raises nothing."""
     for n in range(1, longest + 1):
         for start in range(0, len(tokens) - n * times + 1):
             run = tokens[start:start + n]

@@ -30,4 +30,6 @@ def test_a_short_run_repeated_three_times_loops() -> None:
     assert loops([five, dot] * 3) and loops([7] * 3) and loops([1, 2, 3, of, clubs, 9] * 3 + [4])
     assert not loops([five, comma, five, dot])  # "Five, five." as said
     assert not loops([7, of, clubs, dot, 10, of, clubs, dot])  # a pattern, no run
-    assert not loops([five, dot] * 2) and not loops(list(range(1, 8)) * 3)  # a run longer than six tokens
+    assert not loops([five, dot] * 2) and not loops(list(range(1, 18)) * 3)  # a run longer than sixteen tokens
+    sentence = [679, 373, 407, 281, 4450, 12, 6381, 1775, 1862, 582, 13]  # " He was not an ill-disposed young man."
+    assert loops(sentence * 3) and not loops(sentence * 2 + [679, 373])
