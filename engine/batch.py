@@ -35,6 +35,7 @@ from engine.memory import MemoryBudget, release_free_memory
 from engine.pacing import DECODE_BURST, STALL, PrefillPacer
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
+from engine.pulse import Pulse
 from engine.request_checks import check_request
 from engine.runner import PackedRunner
 from engine.rows import LLMRowStream, Row, RowState
@@ -98,8 +99,8 @@ class LLMBatchGroup:
         self.tasks = ExecutionTasks()
         self._queue: deque[Row] = deque()
         self._active: list[Row] = []
-        self._wake = anyio.Event()
-        self._turn = anyio.Event()  # set (and replaced) as each chat step lands, and as chat goes idle or closes
+        self._wake = Pulse()
+        self.landed = Pulse()  # fires as each chat step lands, and as chat goes idle or closes (Engine.chat_turn)
         self._closed = False
         self.recent = RecentRates(window=10.0)  # wall-clock tokens/s over the last 10 s
         self.counters: dict[str, float] = {
@@ -140,8 +141,8 @@ class LLMBatchGroup:
             request = self.admission.fit(request, len(prompt))
         row, receive = Row.start(request, prompt, vocab_size=self.vocab_size, tokenizer=self.tokenizer)
         self._queue.append(row)
-        self._wake_up()
-        return LLMRowStream(row, receive, self._wake_up)
+        self._wake.fire()
+        return LLMRowStream(row, receive, self._wake.fire)
 
     # -- ExecutionGroup ---------------------------------------------------------------------------
 
@@ -168,7 +169,7 @@ class LLMBatchGroup:
         """Return when a row or a task arrives, or the group closes. Raises nothing but cancellation."""
         if self.has_work() or self._closed:
             return
-        self._turn_over()  # nothing left to take turns with
+        self.landed.fire()  # nothing left to take turns with
         self._last_step_end = None  # idle time is not the event loop's gap between two iterations
         if not self._idle_released:  # nothing runs: hand freed buffers back before sleeping
             self._idle_released = True
@@ -181,7 +182,7 @@ class LLMBatchGroup:
                 await wait()
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(watch, self._wake.wait)
+            tg.start_soon(watch, self._wake.current().wait)
             # Bind the current event now: a task enqueued before `watch` starts must still wake us.
             tg.start_soon(watch, self.tasks.changed().wait)
 
@@ -245,7 +246,7 @@ class LLMBatchGroup:
     def close(self) -> None:
         """Stop accepting work, end every row with finish_reason "cancelled", reject queued tasks."""
         self._closed = True
-        self._turn_over()
+        self.landed.fire()
         for row in list(self._queue) + self._active:
             self._publish(row, row_delta(row, finish_reason="cancelled"))
         self._queue.clear()
@@ -255,7 +256,7 @@ class LLMBatchGroup:
         if self.lane is not None:
             # It stops after the job in flight, if any (its rows were ended above); joined by Engine.serve's end.
             self.lane.close(join_timeout=0)
-        self._wake_up()
+        self._wake.fire()
 
     # -- stats ------------------------------------------------------------------------------------
 
@@ -349,18 +350,7 @@ class LLMBatchGroup:
         self._publish_all(done.outputs)
         done.published = True
         self.counters["publish_seconds"] += time.perf_counter() - t0
-        self._turn_over()
-
-    def _turn_over(self) -> None:
-        self._turn.set()
-        self._turn = anyio.Event()
-
-    async def next_turn(self) -> None:
-        """Return once the next chat step has landed, or at once while no row is active or queued (also when
-        chat goes idle or the group closes meanwhile). Event loop. Raises nothing but cancellation."""
-        if self._closed or not (self._active or self._queue):
-            return
-        await self._turn.wait()
+        self.landed.fire()
 
     # -- the prefill lane ---------------------------------------------------------------------------
 
@@ -373,7 +363,7 @@ class LLMBatchGroup:
             self.health.succeeded()
             outputs, prompted = result
             self._landed(StepResult(outputs, None, 0.0, prompted, len(outputs)))
-        self._wake_up()
+        self._wake.fire()
 
     def _fail_rows(self, rows: list[Row], exc: Exception) -> None:
         """The rows a failed step or lane job touched end with an error delta; others go on. Raises nothing."""
@@ -406,7 +396,3 @@ class LLMBatchGroup:
             self.tasks.enqueue(lambda: self.step.put(row), label=_PUT)
         else:
             self.step.release(row)
-
-    def _wake_up(self) -> None:
-        self._wake.set()
-        self._wake = anyio.Event()

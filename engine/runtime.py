@@ -259,8 +259,9 @@ class Engine:
     async def chat_turn(self) -> None:
         """Return once the next chat step has landed, or at once while chat has no row (with TANDEM_SPEECH_TURNS=on
         Whisper steps take turns with chat's: audio/scheduler.py). Event loop. Raises nothing but cancellation."""
-        if isinstance(self.group, LLMBatchGroup):
-            await self.group.next_turn()
+        group = self.group
+        if isinstance(group, LLMBatchGroup) and not group.closed and (group.active_rows() or group.queued_rows()):
+            await group.landed.wait()  # it also fires when chat goes idle or the group closes meanwhile
 
     def health(self) -> dict[str, Any]:
         """{"ok": False, "error": ...} once several engine steps in a row failed with no success since

@@ -12,6 +12,7 @@ from anyio import CancelScope
 
 from engine.contracts import ExecutionContext
 from engine.errors import TaskRejected
+from engine.pulse import Pulse
 
 __all__ = ["ExecutionTasks", "TaskHandle", "TaskRejected"]
 
@@ -52,7 +53,7 @@ class ExecutionTasks:
 
     def __init__(self) -> None:
         self._queue: deque[TaskHandle[Any]] = deque()
-        self._changed = anyio.Event()
+        self._changed = Pulse()
         self._rejected: str | None = None  # set by reject_all: nothing queues any more
         self.completed = 0
         self._last_run: dict[str, float] = {}  # label → time.monotonic() its latest task finished
@@ -142,7 +143,7 @@ class ExecutionTasks:
     def changed(self) -> anyio.Event:
         """The event the next enqueue or notify sets: bind it now to not miss one that happens before
         you wait. Raises nothing."""
-        return self._changed
+        return self._changed.current()
 
     def notify(self) -> None:
         """Wake whoever waits for a change (e.g. a closing group's driver). Raises nothing."""
@@ -155,5 +156,4 @@ class ExecutionTasks:
             pass
 
     def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._changed.fire()
