@@ -40,12 +40,15 @@ class StepRecord:
 
 
 def step_summary(steps: list[StepRecord]) -> dict[str, Any]:
-    """Recent steps' seconds by kind, paced (limit set) or not: n, p50/p99/max ms, and how many passed their
-    limit. Raises nothing."""
+    """Recent steps' seconds by kind, paced (limit set) or not: n, p50/p99/max ms, how many passed their
+    limit, and the rows decoding as they began (p50, max). Raises nothing."""
     out: dict[str, Any] = {}
     for key in sorted({(s.kind, s.limit is not None) for s in steps if s.kind != "idle"}):
         picked = [s for s in steps if (s.kind, s.limit is not None) == key]
+        rows = sorted(s.rows for s in picked)
         out[f"{key[0]}{'_paced' if key[1] else ''}"] = {
             **ms_summary(s.seconds for s in picked),
-            "over_limit": sum(1 for s in picked if s.limit is not None and s.seconds > s.limit)}
+            "over_limit": sum(1 for s in picked if s.limit is not None and s.seconds > s.limit),
+            # how many windows decoded together: many speakers' rows should share a step, not queue for one
+            "rows_p50": rows[len(rows) // 2], "rows_max": rows[-1]}
     return out

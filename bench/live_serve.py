@@ -56,6 +56,15 @@ async def sample_lag(root: str, headers: dict[str, str], lags: list[float], stop
             await anyio.sleep(0.5)  # sampling period
 
 
+COUNTED = ("windows_done", "encoder_steps", "decoder_steps", "fallbacks", "whole_window_redos", "paced_steps")
+
+
+async def scheduler_stats(root: str, headers: dict[str, str]) -> dict[str, Any]:
+    """The speech scheduler's part of /stats ({} when the server has none). Raises httpx.HTTPError."""
+    async with httpx.AsyncClient(timeout=10, headers=headers) as http:
+        return dict(((await http.get(f"{root}/stats")).json().get("speech") or {}).get("scheduler") or {})
+
+
 async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, seconds: float,
                        samples: Path | None) -> dict[str, Any]:
     voices = signals(n, seconds, samples)
@@ -63,12 +72,14 @@ async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, 
     lags: list[float] = []
     stop = anyio.Event()
     t0 = time.perf_counter()
+    before = await scheduler_stats(root, headers)
     async with anyio.create_task_group() as tg:
         tg.start_soon(sample_lag, root, headers, lags, stop)
         async with anyio.create_task_group() as sessions:
             for (pcm, _), run in zip(voices, runs):
                 sessions.start_soon(stream_session, ws_url, pcm, headers, run)
         stop.set()
+    after = await scheduler_stats(root, headers)
     tails = [r.done - r.last_chunk for r in runs if r.error is None]
     lat = [row for (_, marks), r in zip(voices, runs) for row in r.latencies(marks)]
     words = [x["first_word_s"] for x in lat if x["first_word_s"] is not None]
@@ -79,7 +90,12 @@ async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, 
             "max_lag_s": round(max(lags, default=0.0), 2), "sustained": bool(tails) and max(tails) <= 3.0,
             "first_word_after_onset_s": {"p50": pct(words, 50), "max": pct(words, 100), "n": len(words)},
             "final_after_speech_end_s": {"p50": pct(finals, 50), "max": pct(finals, 100), "n": len(finals)},
-            "clips": lat if n == 1 else None}  # one speaker: per clip, to see which utterance makes a maximum
+            "clips": lat if n == 1 else None,
+            # what the Whisper scheduler did for this round: steps by kind, rows per decoder step, step times
+            "scheduler": {**{k: after.get(k, 0) - before.get(k, 0) for k in COUNTED},
+                          "recent_steps": after.get("recent_steps"), "costs": after.get("costs"),
+                          "encoder_positions_per_step": after.get("encoder_positions_per_step"),
+                          "decode_tokens_per_step": after.get("decode_tokens_per_step")}}  # one speaker: per clip, to see which utterance makes a maximum
 
 
 async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int, tokens: int, rounds: int,

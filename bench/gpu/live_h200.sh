@@ -12,7 +12,8 @@
 # Audio: the WAVs in $SAMPLES when set (e.g. the shared samples), else a synthetic voiced signal the VAD passes
 # (a random-init Whisper transcribes noise either way: the figures are compute, not accuracy).
 # Writes to $OUT: steps.log live.json live.server.log.
-# Knobs (environment): BUDGET_S, OURS_ARGS (extra `tandem serve` flags), SPEAKERS (default 1,4,8,16), AUDIO_S
+# Knobs (environment): BUDGET_S, ITL_SESSIONS (0: no chat round), SPY (py-spy's path: a profile, $OUT/spy.txt),
+# SPY_AFTER_S, SPY_S, OURS_ARGS (extra `tandem serve` flags), SPEAKERS (default 1,4,8,16), AUDIO_S
 # (seconds of audio per speaker, default 20), TOKENS (chat tokens per answer, default 128), ROUNDS (chat answers
 # timed alone and beside the sessions, default 2), WHISPER_SHAPE
 # (large-v3-turbo | tiny), WHISPER_DTYPE (default float16), TOK_DIR, BUILD_ARGS (--tiny: toy chat model, to check
@@ -42,8 +43,18 @@ L=$(left)
 step "2+3. serve both, measure (${L}s left)"
 timeout -k 20 $((L - 10)) python3 -m bench.live_serve --server "http://127.0.0.1:$PORT" \
   --serve "$SHAPE/plain --whisper-model $WSHAPE --whisper-resident --preload --max-sessions 40 $OURS_ARGS" \
-  --ready-timeout 150 --itl-sessions 4 --tokens "$TOKENS" --rounds "${ROUNDS:-2}" --speakers "$SPEAKERS" --seconds "$AUDIO_S" \
-  ${SAMPLES:+--samples "$SAMPLES"} --out "$OUT/live.json" > /dev/null
+  --ready-timeout 150 --itl-sessions "${ITL_SESSIONS:-4}" --tokens "$TOKENS" --rounds "${ROUNDS:-2}" \
+  --speakers "$SPEAKERS" --seconds "$AUDIO_S" ${SAMPLES:+--samples "$SAMPLES"} --out "$OUT/live.json" > /dev/null &
+LOAD=$!
+if [ -n "${SPY:-}" ]; then  # SPY=path/to/py-spy: every thread of the server, SPY_S s from SPY_AFTER_S s after ready
+  for _ in $(seq 1 600); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null && break; sleep 0.5; done
+  sleep "${SPY_AFTER_S:-5}"
+  pid=$(pgrep -f "service.cli serve" | head -1)
+  step "py-spy on $pid"
+  timeout $((${SPY_S:-15} + 10)) "$SPY" record --pid "$pid" --subprocesses --threads --rate 200 --duration "${SPY_S:-15}" \
+    --format raw --output "$OUT/spy.txt" --nonblocking > "$OUT/spy.log" 2>&1 || { step "py-spy failed:"; tail -3 "$OUT/spy.log"; }
+fi
+wait $LOAD
 rc=$?
 python3 -c "
 import json; d = json.load(open('$OUT/live.json'))
@@ -57,5 +68,6 @@ for r in d.get('speakers', []):
     print('speakers', r['speakers'], '| sustained', r['sustained'], '| finish after', r['finish_after_last_chunk_s_max'],
           's | max lag', r['max_lag_s'], 's | first word', r['first_word_after_onset_s'], '| final', r['final_after_speech_end_s'],
           '| errors', r['errors'][:2])
+    print('  scheduler', json.dumps(r.get('scheduler')))
 " || echo "no live.json (rc $rc)"
 step "done: rc=$rc (files in \$OUT: $(ls "$OUT" | tr '\n' ' '))"

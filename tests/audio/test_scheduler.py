@@ -108,6 +108,8 @@ async def test_a_minimum_step_time_runs_more_units_and_rows_per_step(tiny_whispe
     recent = plain.stats()["recent_steps"]  # durations by kind; no limit was set, so nothing counts as over it
     assert recent["encode"]["n"] == min(256, plain.counters.encoder_steps) and recent["decode"]["n"] > 0
     assert all(r["over_limit"] == 0 and 0 < r["p50_ms"] <= r["max_ms"] for r in recent.values())
+    assert recent["decode"]["rows_max"] == 2  # both windows' rows shared a step
+    assert long.stats()["recent_steps"]["decode"]["rows_p50"] == 2
 
 
 def test_the_minimum_step_time_defaults_by_device() -> None:
