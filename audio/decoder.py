@@ -4,7 +4,8 @@ Each row is one decoding attempt of one window at one temperature: mlx-whisper's
 initial tokens, logit filters and token selection; the row holds its own self-attention KV and its
 window's cross-attention KV (computed once per window by the encoder). A forward packs every row's new
 tokens into one matrix, so each linear layer runs once for all rows; attention runs per row against its
-own KV. A row alone computes exactly what mlx-whisper's decode loop computes for a batch of one. MLX is
+own KV, or, once every row only feeds its last sampled token, batched over stacked caches (audio/decode_batch.py;
+on a GPU by default). A row alone computes exactly what mlx-whisper's decode loop computes for a batch of one. MLX is
 imported inside the functions: importing audio/ must not import mlx before the fast BLAS is loaded.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from audio.decode_batch import RowBatch, batch_enabled, own_kv
 
 __all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance_rows", "finish_row", "detect_language"]
 
@@ -41,6 +44,7 @@ class DecodeRow:
     no_speech_prob: float = float("nan")
     sampled: int = 0
     done: bool = False
+    batch: Any = None  # (RowBatch, slot) while its keys/values live in a batch (audio/decode_batch.py)
 
     @property
     def temperature(self) -> float:
@@ -156,6 +160,11 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[
     dec = model.decoder
     total = [int(r.tokens.shape[1]) for r in rows]
     sizes = [t - r.fed if feed is None else min(feed, t - r.fed) for r, t in zip(rows, total)]
+    if len(rows) > 1 and all(t - r.fed == 1 and r.task.sot_index < r.fed for r, t in zip(rows, total)) \
+            and batch_enabled():
+        return _forward_batched(model, rows)
+    for r in rows:
+        own_kv(r)
     inputs = [r.tokens[:, r.fed:r.fed + n] for r, n in zip(rows, sizes)]
     embeds = [dec.token_embedding(t) + dec.positional_embedding[r.fed:r.fed + n]
               for r, t, n in zip(rows, inputs, sizes)]
@@ -204,6 +213,25 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[
     for r, n in zip(rows, sizes):
         r.fed += n
     return last, sot
+
+
+def _forward_batched(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
+    """_forward for rows that each feed only their last sampled token: attention batched over a RowBatch
+    (kept while the same rows go on together). Raises what MLX raises."""
+    import mlx.core as mx
+
+    dec = model.decoder
+    placed = rows[0].batch
+    batch = placed[0] if placed is not None else None
+    if batch is None or len(batch.rows) != len(rows) or any(a is not b for a, b in zip(batch.rows, rows)):
+        batch = RowBatch.build(rows, int(dec.positional_embedding.shape[0]), dec._mask.dtype)
+    tokens = mx.concatenate([r.tokens[:, r.fed:r.fed + 1] for r in rows], axis=1)
+    x = dec.token_embedding(tokens) + dec.positional_embedding[mx.array([r.fed for r in rows])]
+    x = dec.ln(batch.forward_attention(dec, x))
+    logits = dec.token_embedding.as_linear(x).astype(mx.float32)[0]
+    for r in rows:
+        r.fed += 1
+    return [logits[i:i + 1] for i in range(len(rows))], [None] * len(rows)
 
 
 def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None) -> Forward:

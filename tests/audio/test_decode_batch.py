@@ -1,0 +1,111 @@
+"""audio/decode_batch.py: rows that only feed their last token decode over stacked caches and pick the tokens
+they pick with attention per row (rows finishing apart, joining mid-way, encoded over other contexts); the
+batch is kept while the same rows go on, and used by default on a GPU only."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx_whisper.decoding import DecodingOptions
+
+import audio.decode_batch as decode_batch
+from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row, step_rows
+from audio.encoder import EncoderJob, fitted_context, run_unit
+from audio.whisper import LoadedWhisper
+
+OPTIONS = [DecodingOptions(language="en", fp16=False, without_timestamps=True),
+           DecodingOptions(language="en", fp16=False),
+           DecodingOptions(language="en", fp16=False, prompt=[400, 401, 402, 403]),
+           DecodingOptions(language="en", fp16=False, temperature=0.8)]
+
+
+def encoded(loaded: LoadedWhisper, seconds: float, seed: int, fitted: bool = False) -> EncoderJob:
+    samples = int(seconds * 16000)
+    audio = np.random.default_rng(seed).normal(0, 0.1, samples).astype(np.float32)
+    n_ctx = fitted_context(1500, samples, 5.0) if fitted else None
+    job = EncoderJob(audio, int(seconds * 100), 1500, fp16=False, numpy_math=False, n_ctx=n_ctx)
+    while not job.done:
+        run_unit(loaded.model, [job])
+    return job
+
+
+def decode(loaded: LoadedWhisper, jobs: list[EncoderJob], join_after: int | None = None,
+           sample_len: int | None = None) -> list[RowResult]:
+    """Every job's row decoded together (the last one joins after `join_after` forwards when set)."""
+    rows = [new_row(loaded.model, OPTIONS[i % len(OPTIONS)], j.cross_kv, [], seed=i) for i, j in enumerate(jobs)]
+    for i, r in enumerate(rows):  # rows finishing at different forwards: the batch is rebuilt without them
+        r.task.sample_len = sample_len + 3 * i if sample_len else r.task.sample_len
+    waiting = rows[-1:] if join_after is not None else []
+    active = rows[:-1] if join_after is not None else rows
+    forwards = 0
+    while not all(r.done for r in rows):
+        if waiting and forwards >= (join_after or 0):
+            active, waiting = active + waiting, []
+        step_rows(loaded.model, active)
+        forwards += 1
+    return [finish_row(r) for r in rows]
+
+
+def alone(loaded: LoadedWhisper, jobs: list[EncoderJob], sample_len: int | None = None) -> list[RowResult]:
+    out = []
+    for i, j in enumerate(jobs):
+        row = new_row(loaded.model, OPTIONS[i % len(OPTIONS)], j.cross_kv, [], seed=i)
+        row.task.sample_len = sample_len + 3 * i if sample_len else row.task.sample_len
+        while not row.done:
+            advance_rows(loaded.model, [row], 4)
+        out.append(finish_row(row))
+    return out
+
+
+@pytest.fixture
+def batched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The batch on (as on a GPU); counts its builds."""
+    monkeypatch.setenv("TANDEM_WHISPER_BATCH", "on")
+    builds: list[int] = []
+    build = decode_batch.RowBatch.build.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type, rows: list[DecodeRow], *args: object) -> decode_batch.RowBatch:
+        builds.append(len(rows))
+        return build(cls, rows, *args)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(decode_batch.RowBatch, "build", classmethod(counting))
+    return builds
+
+
+def same_tokens(a: list[RowResult], b: list[RowResult]) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.sampled == y.sampled and x.text == y.text
+        assert (np.isnan(x.avg_logprob) and np.isnan(y.avg_logprob)) or x.avg_logprob == pytest.approx(y.avg_logprob,
+                                                                                                      abs=1e-5)
+
+
+def test_batched_rows_pick_the_tokens_rows_alone_pick(tiny_whisper: LoadedWhisper, batched: list[int]) -> None:
+    jobs = [encoded(tiny_whisper, s, seed=s) for s in (2, 9, 17, 30, 5)]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TANDEM_WHISPER_BATCH", "off")
+        reference = alone(tiny_whisper, jobs, sample_len=6)
+    assert not batched
+    same_tokens(reference, decode(tiny_whisper, jobs, sample_len=6))
+    # built once, then again each time a row finished (6, 9, 12, 15 tokens): never once a forward
+    assert batched == [5, 4, 3, 2]
+
+
+def test_a_row_joining_mid_way_and_other_contexts_pick_the_same_tokens(tiny_whisper: LoadedWhisper,
+                                                                       batched: list[int]) -> None:
+    # fitted contexts of 5 and 10 s: the cross-attention keys past a row's own context are masked
+    jobs = [encoded(tiny_whisper, s, seed=s, fitted=True) for s in (3, 8, 2)]
+    assert len({j.cross_kv[0][1].shape[2] for j in jobs}) == 2
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TANDEM_WHISPER_BATCH", "off")
+        reference = alone(tiny_whisper, jobs, sample_len=10)
+    # the third row's prompt forward runs per row; the others' keys come back out of their batch for it
+    same_tokens(reference, decode(tiny_whisper, jobs, join_after=3, sample_len=10))
+    assert batched[:2] == [2, 3]
+
+
+def test_the_batch_is_on_by_default_on_a_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TANDEM_WHISPER_BATCH", raising=False)
+    assert decode_batch.batch_enabled() == (mx.default_device().type == mx.DeviceType.gpu)
+    monkeypatch.setenv("TANDEM_WHISPER_BATCH", "off")
+    assert not decode_batch.batch_enabled()
