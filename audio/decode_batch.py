@@ -78,10 +78,28 @@ class RowBatch:
             r.batch = (batch, i)
         return batch
 
-    def forward_attention(self, dec: Any, x: Any) -> Any:
-        """Every layer of decoder `dec` for x (1, R, D): row i's one new token at position rows[i].fed. Writes the
-        new keys/values into the rows' slots; returns the last block's output (before the final norm). The caller
-        advances each row's `fed`. Raises what MLX raises."""
+    def serves(self, rows: list[Any]) -> bool:
+        """Whether a forward of `rows` can run over this batch: each is in it, and every member still only has
+        its last token to feed and none finished (members outside `rows` are computed too and not advanced:
+        their slot is written again, the same way, when their turn comes; paced steps take the rows in turns).
+        Raises nothing."""
+        if not all(r.batch is not None and r.batch[0] is self for r in rows):
+            return False
+        return all(m.batch is not None and m.batch[0] is self and not m.done and int(m.tokens.shape[1]) - m.fed == 1
+                   for m in self.rows)
+
+    def logits(self, dec: Any) -> Any:
+        """Decoder `dec` over every member's one unfed token (at its position `fed`): writes the new keys/values
+        into the members' slots and returns float32 logits (R, vocabulary), in member order. The caller advances
+        `fed` of the rows it samples. Raises what MLX raises."""
+        import mlx.core as mx
+
+        tokens = mx.concatenate([r.tokens[:, r.fed:r.fed + 1] for r in self.rows], axis=1)
+        x = dec.token_embedding(tokens) + dec.positional_embedding[mx.array([r.fed for r in self.rows])]
+        x = dec.ln(self._layers(dec, x))
+        return dec.token_embedding.as_linear(x).astype(mx.float32)[0]
+
+    def _layers(self, dec: Any, x: Any) -> Any:
         import mlx.core as mx
         import mlx.nn as nn
 

@@ -11,9 +11,11 @@ imported inside the functions: importing audio/ must not import mlx before the f
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from audio.batch_sampling import can_sample_together, sample_together
 from audio.decode_batch import RowBatch, batch_enabled, own_kv
 
 __all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance_rows", "finish_row", "detect_language"]
@@ -150,10 +152,12 @@ class Forward:
     logits: bool
 
 
-def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[Any], list[Any]]:
+def _forward(model: Any, rows: list[DecodeRow], feed: int | None,
+             company: Sequence[DecodeRow] = ()) -> tuple[list[Any], list[Any], Any]:
     """Feed every row its next unfed tokens (at most `feed` each; None: all); returns each row's last-position
     logits (None for a row still feeding its prompt) and, for rows whose chunk holds their SOT position, the
-    logits there (for the no-speech probability)."""
+    logits there (for the no-speech probability), and, after a batched forward, all rows' logits stacked
+    (rows × vocabulary, in `rows` order; else None)."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -162,7 +166,7 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[
     sizes = [t - r.fed if feed is None else min(feed, t - r.fed) for r, t in zip(rows, total)]
     if len(rows) > 1 and all(t - r.fed == 1 and r.task.sot_index < r.fed for r, t in zip(rows, total)) \
             and batch_enabled():
-        return _forward_batched(model, rows)
+        return _forward_batched(model, rows, company)
     for r in rows:
         own_kv(r)
     inputs = [r.tokens[:, r.fed:r.fed + n] for r, n in zip(rows, sizes)]
@@ -212,29 +216,33 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None) -> tuple[list[
             sot[i] = logits[len(ending) + n: len(ending) + n + 1]
     for r, n in zip(rows, sizes):
         r.fed += n
-    return last, sot
+    return last, sot, None
 
 
-def _forward_batched(model: Any, rows: list[DecodeRow]) -> tuple[list[Any], list[Any]]:
+def _forward_batched(model: Any, rows: list[DecodeRow],
+                     company: Sequence[DecodeRow]) -> tuple[list[Any], list[Any], Any]:
     """_forward for rows that each feed only their last sampled token: attention batched over a RowBatch
-    (kept while the same rows go on together). Raises what MLX raises."""
-    import mlx.core as mx
-
+    (kept while its rows go on together, in turns or all at once). Raises what MLX raises."""
     dec = model.decoder
     placed = rows[0].batch
     batch = placed[0] if placed is not None else None
-    if batch is None or len(batch.rows) != len(rows) or any(a is not b for a, b in zip(batch.rows, rows)):
-        batch = RowBatch.build(rows, int(dec.positional_embedding.shape[0]), dec._mask.dtype)
-    tokens = mx.concatenate([r.tokens[:, r.fed:r.fed + 1] for r in rows], axis=1)
-    x = dec.token_embedding(tokens) + dec.positional_embedding[mx.array([r.fed for r in rows])]
-    x = dec.ln(batch.forward_attention(dec, x))
-    logits = dec.token_embedding.as_linear(x).astype(mx.float32)[0]
+    if batch is None or not batch.serves(rows):
+        # Rows of `company` that will take turns with these join the batch now, or each turn would rebuild it.
+        others = [c for c in company if c not in rows and not c.done and int(c.tokens.shape[1]) - c.fed == 1
+                  and c.task.sot_index < c.fed]
+        batch = RowBatch.build(rows + others, int(dec.positional_embedding.shape[0]), dec._mask.dtype)
+    import mlx.core as mx
+
+    logits = batch.logits(dec)
+    slots = [r.batch[1] for r in rows]
     for r in rows:
         r.fed += 1
-    return [logits[i:i + 1] for i in range(len(rows))], [None] * len(rows)
+    mine = logits if slots == list(range(len(batch.rows))) else logits[mx.array(slots)]
+    return [logits[s:s + 1] for s in slots], [None] * len(rows), mine
 
 
-def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None) -> Forward:
+def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
+              company: Sequence[DecodeRow] = ()) -> Forward:
     """One packed forward of every unfinished row: each feeds its unfed tokens (at most `feed`; None: all) and
     the rows fed to their end sample one token. Evaluates it here. Engine thread only. Raises what MLX raises."""
     import mlx.core as mx
@@ -243,15 +251,18 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None) -> For
     if not live:
         return Forward(0, 0, False)
     before = sum(r.fed for r in live)
-    last, sot = _forward(model, live, feed)
+    last, sot, together = _forward(model, live, feed, company)
     fed = sum(r.fed for r in live) - before
     sampling = [(r, logits) for r, logits in zip(live, last) if logits is not None]
-    completed = []
-    for r, logits in sampling:
-        for f in r.task.logit_filters:
-            logits = f.apply(logits, r.tokens)
-        r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, logits, r.sum_logprobs)
-        completed.append(done)
+    completed = []  # each row's done flag, or all rows' at once when they sampled together
+    if together is not None and can_sample_together(live, _KeyedSampler):
+        completed.append(sample_together(live, together))
+    else:
+        for r, logits in sampling:
+            for f in r.task.logit_filters:
+                logits = f.apply(logits, r.tokens)
+            r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, logits, r.sum_logprobs)
+            completed.append(done)
     no_speech: dict[int, Any] = {id(r): mx.softmax(s, axis=-1)[0, r.task.tokenizer.no_speech]
                                  for r, s in zip(live, sot) if s is not None and r.task.tokenizer.no_speech is not None}
     mx.eval([r.tokens for r, _ in sampling], [r.sum_logprobs for r, _ in sampling], completed,
@@ -259,9 +270,10 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None) -> For
     for r in live:
         if id(r) in no_speech:
             r.no_speech_prob = float(no_speech[id(r)].item())
-    for (r, _), done in zip(sampling, completed):
+    flags = completed[0].tolist() if len(completed) == 1 and completed[0].ndim == 1 else [d.item() for d in completed]
+    for (r, _), done in zip(sampling, flags):
         r.sampled += 1
-        r.done = bool(done.item()) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
+        r.done = bool(done) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
     return Forward(fed, len(sampling), bool(sampling) or bool(no_speech))
 
 

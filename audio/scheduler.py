@@ -275,7 +275,8 @@ class WhisperScheduler:
             self.counters.max_rows = max(self.counters.max_rows, len(group))
             t = time.perf_counter()
             try:
-                forward = step_rows(group[0].loaded.model, [w.row for w in group if w.row is not None], feed)
+                forward = step_rows(group[0].loaded.model, [w.row for w in group if w.row is not None], feed,
+                                    company=[w.row for w in ordered if w.row is not None])
             except Exception as exc:
                 for w in group:
                     w.error = exc

@@ -10,6 +10,8 @@ import pytest
 from mlx_whisper.decoding import DecodingOptions
 
 import audio.decode_batch as decode_batch
+import audio.decoder as decoder
+from audio.batch_sampling import sample_together
 from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row, step_rows
 from audio.encoder import EncoderJob, fitted_context, run_unit
 from audio.whisper import LoadedWhisper
@@ -80,13 +82,18 @@ def same_tokens(a: list[RowResult], b: list[RowResult]) -> None:
                                                                                                       abs=1e-5)
 
 
-def test_batched_rows_pick_the_tokens_rows_alone_pick(tiny_whisper: LoadedWhisper, batched: list[int]) -> None:
+def test_batched_rows_pick_the_tokens_rows_alone_pick(tiny_whisper: LoadedWhisper, batched: list[int],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = [encoded(tiny_whisper, s, seed=s) for s in (2, 9, 17, 30, 5)]
     with pytest.MonkeyPatch.context() as m:
         m.setenv("TANDEM_WHISPER_BATCH", "off")
         reference = alone(tiny_whisper, jobs, sample_len=6)
     assert not batched
+    together: list[int] = []  # the batch's rows also pick their tokens together (audio/batch_sampling.py)
+    monkeypatch.setattr(decoder, "sample_together", lambda rows, logits: together.append(len(rows))
+                        or sample_together(rows, logits))
     same_tokens(reference, decode(tiny_whisper, jobs, sample_len=6))
+    assert together and max(together) == 5
     # built once, then again each time a row finished (6, 9, 12, 15 tokens): never once a forward
     assert batched == [5, 4, 3, 2]
 
@@ -109,3 +116,25 @@ def test_the_batch_is_on_by_default_on_a_gpu_only(monkeypatch: pytest.MonkeyPatc
     assert decode_batch.batch_enabled() == (mx.default_device().type == mx.DeviceType.gpu)
     monkeypatch.setenv("TANDEM_WHISPER_BATCH", "off")
     assert not decode_batch.batch_enabled()
+
+
+def test_rows_taking_turns_share_one_batch_and_pick_the_same_tokens(tiny_whisper: LoadedWhisper,
+                                                                    batched: list[int]) -> None:
+    # Paced steps forward the rows in turns (a rotating start, as many as fit): the rows that take turns with
+    # the first ones (`company`) join their batch, which then serves any of its rows.
+    jobs = [encoded(tiny_whisper, s, seed=s) for s in (4, 7, 11, 6)]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TANDEM_WHISPER_BATCH", "off")
+        reference = alone(tiny_whisper, jobs, sample_len=8)
+    rows = [new_row(tiny_whisper.model, OPTIONS[i % len(OPTIONS)], j.cross_kv, [], seed=i) for i, j in enumerate(jobs)]
+    for i, r in enumerate(rows):
+        r.task.sample_len = 8 + 3 * i
+    step_rows(tiny_whisper.model, rows)  # prompts, per row
+    turn = 0
+    while not all(r.done for r in rows):
+        live = [r for r in rows if not r.done]
+        start = turn % len(live)
+        step_rows(tiny_whisper.model, (live[start:] + live[:start])[:2], company=live)  # two at a time, in turns
+        turn += 2
+    same_tokens(reference, [finish_row(r) for r in rows])
+    assert batched == [4, 3, 2]  # all four from the first turn; rebuilt as rows finish, not at every turn

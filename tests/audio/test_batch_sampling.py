@@ -1,0 +1,74 @@
+"""audio/batch_sampling.py: rows sampling together pick, score and append what each row's own mlx-whisper
+filters and keyed sampler would (timestamps in pairs, the first sample, blanks, sampled rows, ended rows)."""
+
+from __future__ import annotations
+
+import copy
+
+import mlx.core as mx
+import numpy as np
+from mlx_whisper.decoding import DecodingOptions
+
+from audio.batch_sampling import can_sample_together, sample_together
+from audio.decoder import DecodeRow, _KeyedSampler, new_row
+from audio.whisper import LoadedWhisper
+
+OPTIONS = [DecodingOptions(language="en", fp16=False, without_timestamps=True),
+           DecodingOptions(language="en", fp16=False),
+           DecodingOptions(language="en", fp16=False, prompt=[400, 401, 402, 403]),
+           DecodingOptions(language="en", fp16=False, temperature=0.8),
+           DecodingOptions(language="en", fp16=False, max_initial_timestamp=0.5)]
+
+
+def rows_with_histories(loaded: LoadedWhisper) -> list[DecodeRow]:
+    """Rows at their first sample, after text, after one and two timestamps, and after the end of text."""
+    rows = []
+    for i, options in enumerate(OPTIONS * 2):
+        row = new_row(loaded.model, options, [], [], seed=i)
+        t = row.task.tokenizer
+        begin = t.timestamp_begin
+        tails = [[], [300, 301], [begin + 3], [begin + 1, 320, begin + 4], [begin + 2, begin + 2], [t.eot]]
+        tail = tails[i % len(tails)]
+        if tail:
+            row.tokens = mx.concatenate([row.tokens, mx.array([tail])], axis=-1)
+        row.sum_logprobs = mx.array([-0.5 * i], dtype=mx.float32)
+        rows.append(row)
+    return rows
+
+
+def test_rows_sampled_together_pick_what_each_row_picks_alone(tiny_whisper: LoadedWhisper) -> None:
+    rows = rows_with_histories(tiny_whisper)
+    vocab = tiny_whisper.model.dims.n_vocab
+    logits = mx.array(np.random.default_rng(0).normal(0, 3, (len(rows), vocab)).astype(np.float32))
+    # rows after text: a timestamp far ahead, so the "timestamps beat text" rule decides; the first sample of
+    # a row without timestamps: end of text ahead, which SuppressBlank forbids there
+    boost = np.zeros((len(rows), vocab), np.float32)
+    boost[[1, 7], rows[0].task.tokenizer.timestamp_begin + 5] = 40.0
+    boost[0, rows[0].task.tokenizer.eot] = 40.0
+    logits = logits + mx.array(boost)
+    alone = copy.deepcopy(rows)
+    done_alone = []
+    for i, r in enumerate(alone):
+        one = logits[i:i + 1]
+        for f in r.task.logit_filters:
+            one = f.apply(one, r.tokens)
+        r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, one, r.sum_logprobs)
+        done_alone.append(bool(done.item()))
+    assert can_sample_together(rows, _KeyedSampler)
+    done_together = sample_together(rows, logits).tolist()
+    assert done_together == done_alone and any(done_alone)
+    for a, b in zip(alone, rows):
+        assert a.tokens.tolist() == b.tokens.tolist()
+        # an ended row scores -inf * 0 (NaN), alone as together
+        np.testing.assert_array_equal(np.array(a.sum_logprobs), np.array(b.sum_logprobs))
+        assert a.task.decoder.index == b.task.decoder.index == 1
+    picked = {r.tokens.tolist()[0][-1] for r in rows}
+    assert len(picked) > 3  # the filters and samplers made different rows pick differently
+
+
+def test_rows_with_other_filters_or_samplers_sample_alone(tiny_whisper: LoadedWhisper) -> None:
+    rows = rows_with_histories(tiny_whisper)[:3]
+    assert can_sample_together(rows, _KeyedSampler)
+    assert not can_sample_together(rows, object)  # another sampler type
+    rows[1].task.logit_filters = list(reversed(rows[1].task.logit_filters))  # another order
+    assert not can_sample_together(rows, _KeyedSampler)
