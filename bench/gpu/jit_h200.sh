@@ -6,6 +6,8 @@
 # $OUT/<run>.modules.log lists each module with the time it landed and the time /health said ready.
 #   live-old / live-new: chat beside 4 live sessions (bench/live_serve.py, no speaker rounds), OLD_TREE's server
 #     then this tree's (its speech warm-up); serve: this tree's chat server under SCENARIOS (bench/serve.py).
+# Knobs: SPEAKERS (speaker rounds in the live runs, e.g. 10; default none), ITL_SESSIONS (default 4; 0: no chat),
+# AUDIO_S, LIVE_S, SKIP_SERVE=1 (the live runs only).
 # Carry .gpu/c, .gpu/tok and OLD_TREE (an untracked copy: `git archive REV | tar -x -C _old`).
 set -uo pipefail
 OUT=${OUT:-/tmp/jit-out}
@@ -35,18 +37,24 @@ live() {  # $1 run name, $2 tree
   (cd "$2" && PYTHONPATH=$HOME/mlx-site:$PWD timeout -k 10 ${LIVE_S:-170} python3 -m bench.live_serve \
     --server "http://127.0.0.1:$PORT" --ready-timeout 150 \
     --serve "$SHAPE/plain --whisper-model $WSHAPE --whisper-resident --preload --max-sessions 40 --max-active 64" \
-    --itl-sessions 4 --tokens 128 --rounds "$ROUNDS" --speakers "" --out "$OUT/$1.json" > /dev/null)
+    --itl-sessions "${ITL_SESSIONS:-4}" --tokens 128 --rounds "$ROUNDS" --speakers "${SPEAKERS:-}" --seconds "${AUDIO_S:-10}" \
+    --out "$OUT/$1.json" > /dev/null)
   unwatch
   python3 -c "
 import json; d = json.load(open('$OUT/$1.json')); c = d.get('chat_itl') or {}; s = c.get('scheduler') or {}
 t = ((s.get('chat_iteration_times') or {}).get('decode') or {})
 print('$1: chat ITL alone', c.get('itl_alone_ms'), '| beside', c.get('itl_with_sessions_ms'), '| p99 ratio', c.get('p99_ratio'),
-      '| chat decode max', t.get('max_ms'), '| windows', s.get('windows_done'))" || echo "$1: no result"
+      '| chat decode max', t.get('max_ms'), '| windows', s.get('windows_done'))
+for r in d.get('speakers', []):
+    steps = (r.get('scheduler') or {}).get('recent_steps') or {}
+    print('$1: speakers', r['speakers'], '| finish after', r['finish_after_last_chunk_s_max'], 's | Whisper steps max ms',
+          {k: v.get('max_ms') for k, v in steps.items()})" || echo "$1: no result"
   echo "$1: modules after READY:"; awk '/READY/{r=1; next} r' "$OUT/$1.modules.log" | head -40
 }
 [ -n "${OLD_TREE:-}" ] && [ -d "$OLD_TREE" ] && { cp bench/live_serve.py "$OLD_TREE/bench/"; live live-old "$OLD_TREE"; }
 live live-new .
 
+[ -z "${SKIP_SERVE:-}" ] || { step "done"; exit 0; }
 step "serve ($SCEN)"
 watch serve 0  # bench/serve.py picks its own port: no ready stamp (its own warm-up round comes first)
 timeout -k 10 ${SERVE_S:-200} python3 -m bench.serve --only ours --model "$SHAPE/rope" --profile quick --timeout 60 \
