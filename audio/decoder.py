@@ -274,6 +274,8 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
     for (r, _), done in zip(sampling, flags):
         r.sampled += 1
         r.done = bool(done) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
+        if r.done:  # a finished row's keys are never read again: its batch (or its own cache) can go
+            r.batch, r.kv = None, [None] * len(r.kv)
     return Forward(fed, len(sampling), bool(sampling) or bool(no_speech))
 
 

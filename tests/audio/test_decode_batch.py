@@ -4,6 +4,8 @@ batch is kept while the same rows go on, and used by default on a GPU only."""
 
 from __future__ import annotations
 
+import weakref
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -96,6 +98,21 @@ def test_batched_rows_pick_the_tokens_rows_alone_pick(tiny_whisper: LoadedWhispe
     assert together and max(together) == 5
     # built once, then again each time a row finished (6, 9, 12, 15 tokens): never once a forward
     assert batched == [5, 4, 3, 2]
+
+
+def test_finished_rows_let_their_batch_go(tiny_whisper: LoadedWhisper, batched: list[int]) -> None:
+    jobs = [encoded(tiny_whisper, s, seed=s) for s in (3, 6)]
+    rows = [new_row(tiny_whisper.model, OPTIONS[0], j.cross_kv, [], seed=i) for i, j in enumerate(jobs)]
+    for r in rows:
+        r.task.sample_len = 5
+    step_rows(tiny_whisper.model, rows)
+    step_rows(tiny_whisper.model, rows)
+    assert rows[0].batch is not None
+    first = weakref.ref(rows[0].batch[0])
+    while not all(r.done for r in rows):
+        step_rows(tiny_whisper.model, rows)
+    # the rows live on (their windows read their results) but hold neither the stacked caches nor their own
+    assert first() is None and all(r.batch is None and r.kv == [None, None] for r in rows)
 
 
 def test_a_row_joining_mid_way_and_other_contexts_pick_the_same_tokens(tiny_whisper: LoadedWhisper,
