@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.accelerator import on_gpu
+
 __all__ = ["numpy_math_pays", "softmax_", "gelu_"]
 
 _SQRT1_2 = np.float32(0.7071067811865476)
@@ -25,9 +27,7 @@ _ERF_A = [np.float32(c) for c in (1.061405429, -1.453152027, 1.421413741, -0.284
 def numpy_math_pays() -> bool:
     """True when MLX runs on its CPU backend, where numpy's elementwise math is several times faster.
     Engine thread (imports MLX). Raises nothing."""
-    import mlx.core as mx
-
-    return bool(mx.default_device().type == mx.DeviceType.cpu)
+    return not on_gpu()
 
 
 def _owned(x: Any) -> np.ndarray:

@@ -11,19 +11,18 @@ MLX is imported inside the functions (see audio/decoder.py)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
+
+from engine.accelerator import gpu_default
 
 __all__ = ["RowBatch", "batch_enabled", "own_kv"]
 
 
 def batch_enabled() -> bool:
-    """Whether pure decode forwards of several rows use a RowBatch. Raises nothing."""
-    import mlx.core as mx
-
-    choice = os.environ.get("TANDEM_WHISPER_BATCH", "auto")
-    return choice == "on" or (choice != "off" and mx.default_device().type == mx.DeviceType.gpu)
+    """Whether pure decode forwards of several rows use a RowBatch (TANDEM_WHISPER_BATCH=on|off, else on a GPU).
+    Raises nothing."""
+    return gpu_default("TANDEM_WHISPER_BATCH")
 
 
 @dataclass(eq=False)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from audio.pcm import SAMPLE_RATE
+from engine.accelerator import on_gpu
 
 __all__ = ["LiveConfig", "SessionEvent", "EventType"]
 
@@ -51,9 +52,7 @@ class LiveConfig:
             return False
         if self.context == "fit":
             return True
-        import mlx.core as mx
-
-        return bool(mx.default_device().type == mx.DeviceType.cpu)
+        return not on_gpu()
 
 
 EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
+from engine.accelerator import on_gpu
+
 __all__ = ["StepBudget", "GPU_MIN_STEP_SECONDS", "Pace", "LinearCost", "StepCosts", "GRANULE", "size_unit", "size_forward"]
 
 Pace = Callable[[], "float | None"]  # seconds of a chat iteration while chat rows decode, else None
@@ -58,9 +60,7 @@ class StepBudget:
         Raises nothing."""
         if self.min_step_seconds is not None:
             return self.min_step_seconds
-        import mlx.core as mx
-
-        return GPU_MIN_STEP_SECONDS if mx.default_device().type == mx.DeviceType.gpu else 0.0
+        return GPU_MIN_STEP_SECONDS if on_gpu() else 0.0
 
 
 _MAX_DOUBLINGS = 3.0  # a step's share grows to 8× at most: 2.4 chat iterations at the default 0.3

@@ -29,6 +29,7 @@ from audio.transcript import Segment, Task, TranscribeOptions, Transcript, norma
 from audio.vad import speech_pieces
 from audio.warmup import compiles_kernels, warm_up_signal
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, prepare_whisper, resolve_whisper_checkpoint
+from engine.accelerator import on_gpu
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
@@ -309,9 +310,7 @@ def speech_nice_default() -> int:
             return min(19, max(0, int(chosen)))
         except ValueError:
             pass
-    import mlx.core as mx
-
-    return SPEECH_NICE if mx.default_device().type == mx.DeviceType.cpu else 0
+    return 0 if on_gpu() else SPEECH_NICE
 
 
 def speech_turns_default() -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from audio.pcm import SAMPLE_RATE
+from engine.accelerator import on_gpu
 
 __all__ = ["compiles_kernels", "warm_up_signal"]
 
@@ -17,9 +18,7 @@ __all__ = ["compiles_kernels", "warm_up_signal"]
 def compiles_kernels() -> bool:
     """Whether MLX computes on a GPU here (it compiles per kernel there; the CPU backend has nothing to warm).
     Raises nothing."""
-    import mlx.core as mx
-
-    return bool(mx.default_device().type == mx.DeviceType.gpu)
+    return on_gpu()
 
 
 def warm_up_signal(seconds: float) -> np.ndarray:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SERVING_DEFAULTS", "apply_serving_defaults"]
+__all__ = ["SERVING_DEFAULTS", "apply_serving_defaults", "on_gpu", "gpu_default"]
 
 SERVING_DEFAULTS = {
     # cuDNN builds an attention graph per exact (query, key) shape, 20-400 ms each: prefill chunks of varied
@@ -22,6 +22,21 @@ SERVING_DEFAULTS = {
     # directly measured 1.9x the tokens/s at 64 streams and 1/20 the Poisson TTFT (bench/RESULTS.md).
     "MLX_USE_CUDA_GRAPHS": "0",
 }
+
+
+def on_gpu() -> bool:
+    """Whether MLX computes on a GPU here (its default device; else its CPU backend). Imports MLX. Raises
+    nothing."""
+    import mlx.core as mx
+
+    return bool(mx.default_device().type == mx.DeviceType.gpu)
+
+
+def gpu_default(variable: str) -> bool:
+    """A switch whose default follows the device: environment `variable` = on | off | auto (unset: auto, which
+    is on where MLX computes on a GPU). Raises nothing."""
+    choice = os.environ.get(variable, "auto").lower()
+    return choice == "on" or (choice != "off" and on_gpu())
 
 
 def apply_serving_defaults() -> dict[str, str]:

@@ -18,6 +18,8 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from engine.accelerator import on_gpu
+
 __all__ = ["available", "attend", "reference", "WARPS"]
 
 _log = logging.getLogger(__name__)
@@ -166,7 +168,7 @@ def _enabled() -> bool:
     # TANDEM_DECODE_ATTENTION=mlx keeps MLX's masked call (to compare the two on a device).
     if os.environ.get("TANDEM_DECODE_ATTENTION", "kernel") == "mlx":
         return False
-    return mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
+    return on_gpu() and mx.cuda.is_available()
 
 
 def _get_kernel() -> Any:

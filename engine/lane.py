@@ -10,7 +10,6 @@ Both threads build their graphs in Python under one GIL; `DecodeFirst` lets a de
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import anyio
 
+from engine.accelerator import gpu_default
 from engine.context import EngineThread, loop_caller
 from engine.rows import Row
 
@@ -28,10 +28,7 @@ Landed = Callable[[list[Row], Any, "BaseException | None"], None]
 
 def lane_default() -> bool:
     """Whether a group gets a lane when not told: TANDEM_PREFILL_LANE=on|off, else on a GPU. Raises nothing."""
-    import mlx.core as mx
-
-    choice = os.environ.get("TANDEM_PREFILL_LANE", "auto").lower()
-    return choice == "on" or (choice != "off" and mx.default_device().type == mx.DeviceType.gpu)
+    return gpu_default("TANDEM_PREFILL_LANE")
 
 
 class DecodeFirst:

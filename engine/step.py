@@ -19,6 +19,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from engine.accelerator import on_gpu
 from engine.burst import StepResult
 from engine.contracts import Delta, FinishReason
 from engine.iteration_times import StepCost
@@ -58,8 +59,7 @@ class BatchStep:
         # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
         # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
         # then misreads a mixed step's cost (measured: whole-budget chunks, token gaps of seconds); default: GPU.
-        self.keep_mixed = (mx.default_device().type == mx.DeviceType.gpu if keep_mixed_in_flight is None
-                           else keep_mixed_in_flight)
+        self.keep_mixed = on_gpu() if keep_mixed_in_flight is None else keep_mixed_in_flight
         # The last iteration's cost, counted for the step whose tokens it delivered: for the group's prefill
         # pacing and /stats iteration_times.
         self.last_cost: StepCost | None = None
