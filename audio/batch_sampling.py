@@ -1,9 +1,10 @@
-"""Rows of a batched forward (audio/decode_batch.py) pick their next tokens together: mlx-whisper's logit
-filters (SuppressBlank, SuppressTokens, ApplyTimestampRules) and the keyed token selection, as one set of ops
-over the rows' logits instead of ~25 small ops a row.
+"""Rows of one forward that all sample pick their next tokens together: mlx-whisper's logit filters
+(SuppressBlank, SuppressTokens, ApplyTimestampRules) and the keyed token selection, as one set of ops over the
+rows' logits instead of ~25 small ops a row.
 
-Hand-written rather than mlx-whisper's filters called per row: those take one task's rows at a time, and on a GPU
-each of their ops is a kernel launch the host pays for (a row's sampling cost ~0.26 ms on the H200). Same
+Hand-written rather than mlx-whisper's filters called per row: those take one task's rows at a time, and each of
+their ops costs a dispatch (on a GPU a kernel launch: a row's sampling cost ~0.26 ms on the H200; on this 2-core
+CPU, tiny.en, 4 rows sampled in 6.6 ms one by one and 3.3 ms together). Same
 operations in the same order per row: ApplyTimestampRules' host mask is its code for one row (including its
 use of positions where OpenAI's Whisper uses token values), and a row without a filter adds zeros
 (x + 0 is x). MLX is imported inside the functions (see audio/decoder.py)."""

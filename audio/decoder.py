@@ -156,8 +156,8 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None,
              company: Sequence[DecodeRow] = ()) -> tuple[list[Any], list[Any], Any]:
     """Feed every row its next unfed tokens (at most `feed` each; None: all); returns each row's last-position
     logits (None for a row still feeding its prompt) and, for rows whose chunk holds their SOT position, the
-    logits there (for the no-speech probability), and, after a batched forward, all rows' logits stacked
-    (rows × vocabulary, in `rows` order; else None)."""
+    logits there (for the no-speech probability), and, when every row of several samples, all their logits
+    stacked (rows × vocabulary, in `rows` order; else None)."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -216,7 +216,9 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None,
             sot[i] = logits[len(ending) + n: len(ending) + n + 1]
     for r, n in zip(rows, sizes):
         r.fed += n
-    return last, sot, None
+    # Every row samples and none is at its SOT: the logits are the rows', in order, to sample together.
+    together = logits if picks and len(rows) > 1 and not at_sot and len(ending) == len(rows) else None
+    return last, sot, together
 
 
 def _forward_batched(model: Any, rows: list[DecodeRow],

@@ -1,5 +1,6 @@
 """audio/batch_sampling.py: rows sampling together pick, score and append what each row's own mlx-whisper
-filters and keyed sampler would (timestamps in pairs, the first sample, blanks, sampled rows, ended rows)."""
+filters and keyed sampler would (timestamps in pairs, the first sample, blanks, sampled rows, ended rows), also
+after a forward with attention per row."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import copy
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from mlx_whisper.decoding import DecodingOptions
 
+import audio.decoder as decoder
 from audio.batch_sampling import can_sample_together, sample_together
-from audio.decoder import DecodeRow, _KeyedSampler, new_row
+from audio.decoder import DecodeRow, _KeyedSampler, finish_row, new_row, step_rows
+from audio.encoder import EncoderJob, run_unit
 from audio.whisper import LoadedWhisper
 
 OPTIONS = [DecodingOptions(language="en", fp16=False, without_timestamps=True),
@@ -72,3 +76,32 @@ def test_rows_with_other_filters_or_samplers_sample_alone(tiny_whisper: LoadedWh
     assert not can_sample_together(rows, object)  # another sampler type
     rows[1].task.logit_filters = list(reversed(rows[1].task.logit_filters))  # another order
     assert not can_sample_together(rows, _KeyedSampler)
+
+
+def test_rows_of_a_packed_forward_sample_together_without_the_batch(tiny_whisper: LoadedWhisper,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Attention per row (the CPU's way), sampling together: the same tokens and scores as each row alone.
+    monkeypatch.setenv("TANDEM_WHISPER_BATCH", "off")
+    jobs = []
+    for seed, seconds in enumerate((3, 7, 5)):
+        audio = np.random.default_rng(seed).normal(0, 0.1, seconds * 16000).astype(np.float32)
+        job = EncoderJob(audio, seconds * 100, 1500, fp16=False, numpy_math=False)
+        while not job.done:
+            run_unit(tiny_whisper.model, [job])
+        jobs.append(job)
+    alone = []
+    for i, job in enumerate(jobs):
+        row = new_row(tiny_whisper.model, OPTIONS[i], job.cross_kv, [], seed=i)
+        while not row.done:
+            step_rows(tiny_whisper.model, [row])
+        alone.append(finish_row(row))
+    together: list[int] = []
+    monkeypatch.setattr(decoder, "sample_together", lambda rows, logits: together.append(len(rows))
+                        or sample_together(rows, logits))
+    rows = [new_row(tiny_whisper.model, OPTIONS[i], job.cross_kv, [], seed=i) for i, job in enumerate(jobs)]
+    while not all(r.done for r in rows):
+        step_rows(tiny_whisper.model, rows)
+    assert together and max(together) == 3
+    for a, r in zip(alone, rows):
+        b = finish_row(r)
+        assert a.sampled == b.sampled and (a.avg_logprob == b.avg_logprob or np.isnan(a.avg_logprob))
