@@ -67,6 +67,7 @@ class LiveTranscription:
         self._probe_scope: anyio.CancelScope | None = None  # the probe in flight
         self._committed: list[str] = []
         self._utterance: list[str] = []
+        self._empty_guess = False  # the open utterance's last guess had no text
         self.tentative = ""
 
     @property
@@ -177,7 +178,10 @@ class LiveTranscription:
     def _redecode_s(self) -> float:
         """New speech before the next probe: shorter before the open utterance's first text. Raises nothing."""
         first, again = self.config.first_redecode_s, self.config.redecode_s
-        return again if first is None or self._utterance or self.tentative else min(first, again)
+        if first is None or self._utterance or self.tentative:
+            return again
+        retry = self.config.retry_redecode_s
+        return min(first, again, retry) if self._empty_guess and retry is not None else min(first, again)
 
     def _room_samples(self) -> float:
         """Audio whose text fits what a decode may still sample after the forced prefix (at the rate
@@ -288,14 +292,17 @@ class LiveTranscription:
         finally:
             self._probe_scope = None
         if result is None:
+            self._empty_guess = True
             return
         if tr.silent(result) and not live.prefix:
+            self._empty_guess = True
             self._set_tentative([])
             return
         continuation = result.decoded.tokens[len(live.prefix):]
         n = live.agree(continuation)
         self._commit_text(continuation[:n])
         self._set_tentative(continuation[n:])
+        self._empty_guess = not self.tentative and not self._utterance
         self._trim(result, end)
 
     async def _full_window(self) -> None:
@@ -329,6 +336,7 @@ class LiveTranscription:
         their utterances."""
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
+        self._empty_guess = False  # the next utterance's guesses start afresh
         seek = self._seek()
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):

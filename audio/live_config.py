@@ -30,6 +30,8 @@ class LiveConfig:
     # 0.5–0.6 s → 2.0–2.1 s (the VAD's padding is most of it, the guess comes back empty and costs a decode).
     # A wrong early guess is harmless: LocalAgreement commits only what the next guess repeats.
     first_redecode_s: float | None = 0.75
+    # After a first guess that came back empty (too little of the word yet, or no guess), the next comes sooner.
+    retry_redecode_s: float | None = 0.5
     trim_s: float = 15.0
     tokens_per_second: float = 10.0
     max_session_s: float = 3600.0
@@ -41,7 +43,8 @@ class LiveConfig:
     context_min_s: float = 10.0
     # Over a cut context Whisper is less sure of a second or two of speech: first guesses of 0.75–1.75 s failed
     # the logprob threshold where the whole window passed them (tiny.en, the shared clips); from 2.25 s on, none.
-    context_from_s: float = 2.5
+    # (2.5 s made the second clip's first guess, over 2.46 s, a whole-window decode: 0.82 s against 0.25 s here.)
+    context_from_s: float = 2.25
 
     def fits(self, samples: int) -> bool:
         """Whether a decode of `samples` (16 kHz) encodes a fitted context. "auto" fits on MLX's CPU backend only:

@@ -180,6 +180,8 @@ def test_auto_fits_the_context_on_a_cpu_only_and_short_audio_is_whole_either_way
     on_cpu = mx.default_device().type == mx.DeviceType.cpu
     assert LiveConfig().fits(5 * SR) is on_cpu and LiveConfig(context="fit").fits(5 * SR)
     assert not LiveConfig(context="fit").fits(2 * SR) and not LiveConfig(context="whole").fits(5 * SR)
+    # a second utterance's first guess over ~2.4 s of open audio is fitted (a whole window cost it 0.8 s here)
+    assert LiveConfig(context="fit").fits(int(2.3 * SR)) and not LiveConfig(context="fit").fits(int(2.2 * SR))
 
 
 async def test_finishing_commits_the_rest(tiny_whisper: LoadedWhisper) -> None:
@@ -256,3 +258,48 @@ async def test_an_utterances_first_guess_comes_after_first_redecode_s(tiny_whisp
     live.add_speech(speech(0.5), int(1.5 * SR))
     assert await run_due(live) == 1  # the next utterance's first guess comes early again
     assert [len(r.audio) for r in scheduler.requests][:2] == [SR // 2, SR]
+
+
+async def test_after_an_empty_first_guess_the_next_comes_after_retry_redecode_s(tiny_whisper: LoadedWhisper) -> None:
+    # On this CPU an utterance's first guess at 0.75 s often has no word yet: waiting another 0.75 s for the next
+    # made its first word 1.5-1.6 s late (the shared clips); after an empty guess the next comes 0.5 s later.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
+    live, scheduler, _ = await live_text(tiny_whisper, [[ts], [ts, hello], [hello, there, ts + 100], [ts]],
+                                         redecode_s=1.0, first_redecode_s=0.75, retry_redecode_s=0.5)
+    live.add_speech(speech(0.75), 0)
+    assert await run_due(live) == 1  # 0.75 s: a first guess, with no text
+    live.add_speech(speech(0.5), int(0.75 * SR))
+    assert await run_due(live) == 1  # 0.5 s more, not 0.75: the next guess
+    assert live.tentative == " hello"
+    live.add_speech(speech(0.75), int(1.25 * SR))
+    assert await run_due(live) == 0  # the utterance has text: guesses every redecode_s
+    live.add_pause()
+    assert await run_due(live) == 1
+    live.add_speech(speech(0.5), 2 * SR)
+    assert await run_due(live) == 0  # the next utterance starts afresh: its first guess after 0.75 s
+    live.add_speech(speech(0.25), int(2.5 * SR))
+    assert await run_due(live) == 1
+    assert [len(r.audio) for r in scheduler.requests][:2] == [int(0.75 * SR), int(1.25 * SR)]
+
+
+async def test_an_empty_guess_before_a_pause_does_not_hurry_the_next_utterance(tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    hello = tok.encode(" hello")[0]
+    live, scheduler, _ = await live_text(tiny_whisper, [[ts], [ts, hello, ts + 50], [ts]],
+                                         redecode_s=1.0, first_redecode_s=0.75, retry_redecode_s=0.5)
+    live.add_speech(speech(0.75), 0)
+    assert await run_due(live) == 1  # a first guess, with no text
+    live.add_speech(speech(0.25), int(0.75 * SR))
+    live.add_pause()
+    assert await run_due(live) == 1  # the final
+    live.add_speech(speech(0.5), SR)
+    assert await run_due(live) == 0  # a new utterance: its first guess after 0.75 s, not 0.5
+    live.add_speech(speech(0.25), int(1.5 * SR))
+    assert await run_due(live) == 1
