@@ -84,7 +84,7 @@ class RowBatch:
         Raises nothing."""
         if not all(r.batch is not None and r.batch[0] is self for r in rows):
             return False
-        return all(m.batch is not None and m.batch[0] is self and not m.done and int(m.tokens.shape[1]) - m.fed == 1
+        return all(m.batch is not None and m.batch[0] is self and not m.done and m.feeds_last_token
                    for m in self.rows)
 
     def logits(self, dec: Any) -> Any:
@@ -141,7 +141,7 @@ class RowBatch:
 def own_kv(row: Any) -> list[Any]:
     """Row's self-attention keys/values per layer, each (1, fed, D): its own, or its slot of its batch (the row
     then leaves the batch). Raises nothing."""
-    placed = getattr(row, "batch", None)
+    placed = row.batch
     if placed is None:
         return list(row.kv)
     batch, i = placed

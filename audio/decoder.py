@@ -49,6 +49,11 @@ class DecodeRow:
     batch: Any = None  # (RowBatch, slot) while its keys/values live in a batch (audio/decode_batch.py)
 
     @property
+    def feeds_last_token(self) -> bool:
+        """Only its last sampled token is unfed (its prompt and SOT are in its keys): it may decode in a batch."""
+        return int(self.tokens.shape[1]) - self.fed == 1 and self.task.sot_index < self.fed
+
+    @property
     def temperature(self) -> float:
         return float(self.task.options.temperature)
 
@@ -164,8 +169,7 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None,
     dec = model.decoder
     total = [int(r.tokens.shape[1]) for r in rows]
     sizes = [t - r.fed if feed is None else min(feed, t - r.fed) for r, t in zip(rows, total)]
-    if len(rows) > 1 and all(t - r.fed == 1 and r.task.sot_index < r.fed for r, t in zip(rows, total)) \
-            and batch_enabled():
+    if len(rows) > 1 and all(r.feeds_last_token for r in rows) and batch_enabled():
         return _forward_batched(model, rows, company)
     for r in rows:
         own_kv(r)
@@ -225,16 +229,15 @@ def _forward_batched(model: Any, rows: list[DecodeRow],
                      company: Sequence[DecodeRow]) -> tuple[list[Any], list[Any], Any]:
     """_forward for rows that each feed only their last sampled token: attention batched over a RowBatch
     (kept while its rows go on together, in turns or all at once). Raises what MLX raises."""
+    import mlx.core as mx
+
     dec = model.decoder
     placed = rows[0].batch
     batch = placed[0] if placed is not None else None
     if batch is None or not batch.serves(rows):
         # Rows of `company` that will take turns with these join the batch now, or each turn would rebuild it.
-        others = [c for c in company if c not in rows and not c.done and int(c.tokens.shape[1]) - c.fed == 1
-                  and c.task.sot_index < c.fed]
+        others = [c for c in company if c not in rows and not c.done and c.feeds_last_token]
         batch = RowBatch.build(rows + others, int(dec.positional_embedding.shape[0]), dec._mask.dtype)
-    import mlx.core as mx
-
     logits = batch.logits(dec)
     slots = [r.batch[1] for r in rows]
     for r in rows:
@@ -256,9 +259,10 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
     last, sot, together = _forward(model, live, feed, company)
     fed = sum(r.fed for r in live) - before
     sampling = [(r, logits) for r, logits in zip(live, last) if logits is not None]
-    completed = []  # each row's done flag, or all rows' at once when they sampled together
+    completed = []  # each row's done flag
+    together_done = None  # or all rows' at once, when they sampled together
     if together is not None and can_sample_together(live, _KeyedSampler):
-        completed.append(sample_together(live, together))
+        together_done = sample_together(live, together)
     else:
         for r, logits in sampling:
             for f in r.task.logit_filters:
@@ -268,11 +272,11 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
     no_speech: dict[int, Any] = {id(r): mx.softmax(s, axis=-1)[0, r.task.tokenizer.no_speech]
                                  for r, s in zip(live, sot) if s is not None and r.task.tokenizer.no_speech is not None}
     mx.eval([r.tokens for r, _ in sampling], [r.sum_logprobs for r, _ in sampling], completed,
-            list(no_speech.values()))
+            [] if together_done is None else [together_done], list(no_speech.values()))
     for r in live:
         if id(r) in no_speech:
             r.no_speech_prob = float(no_speech[id(r)].item())
-    flags = completed[0].tolist() if len(completed) == 1 and completed[0].ndim == 1 else [d.item() for d in completed]
+    flags = together_done.tolist() if together_done is not None else [d.item() for d in completed]
     for (r, _), done in zip(sampling, flags):
         r.sampled += 1
         r.done = bool(done) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
