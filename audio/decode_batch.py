@@ -12,11 +12,13 @@ MLX is imported inside the functions (see audio/decoder.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+import weakref
+from functools import partial
 from typing import Any
 
 from engine.accelerator import gpu_default
 
-__all__ = ["RowBatch", "batch_enabled", "own_kv"]
+__all__ = ["RowBatch", "batch_enabled", "batched_forward", "compile_enabled", "own_kv"]
 
 
 def batch_enabled() -> bool:
@@ -29,7 +31,7 @@ def batch_enabled() -> bool:
 class RowBatch:
     """Stacked caches of `rows` (in this order): per layer, self keys/values (R, capacity, D) with row i's first
     `rows[i].fed` positions valid, and cross keys (R, H, D/H, C) / values (R, H, C, D/H) with `cross_mask`
-    (R, 1, 1, C; None when every row has the same C) hiding the positions past each row's own context."""
+    (R, 1, 1, C) hiding the positions past each row's own context."""
 
     rows: list[Any]
     mask_dtype: Any  # the decoder's own causal mask's dtype: its additive masks add the same way
@@ -66,12 +68,11 @@ class RowBatch:
                    else r.cross_kv[layer][1] for r, c in zip(rows, contexts)]
             cross_keys.append(mx.concatenate(cks, axis=0))
             cross_values.append(mx.concatenate(cvs, axis=0))
-        mask = None
-        if min(contexts) < longest:
-            mask = mx.where(mx.arange(longest)[None] < mx.array(contexts)[:, None], 0.0, -mx.inf)
-            mask = mask.astype(cross_keys[0].dtype)[:, None, None, :]
+        # Always a mask (zeros where contexts agree: adding 0 changes no bit), so one traced graph serves all.
+        mask = mx.where(mx.arange(longest)[None] < mx.array(contexts)[:, None], 0.0, -mx.inf)
+        mask = mask.astype(cross_keys[0].dtype)[:, None, None, :]
         batch = cls(list(rows), mask_dtype, keys, values, cross_keys, cross_values, mask)
-        mx.eval(batch.keys, batch.values, batch.cross_keys, batch.cross_values, *([mask] if mask is not None else []))
+        mx.eval(batch.keys, batch.values, batch.cross_keys, batch.cross_values, mask)
         for i, r in enumerate(rows):
             r.kv = [None] * layers
             r.batch = (batch, i)
@@ -93,49 +94,100 @@ class RowBatch:
         `fed` of the rows it samples. Raises what MLX raises."""
         import mlx.core as mx
 
-        tokens = mx.concatenate([r.tokens[:, r.fed:r.fed + 1] for r in self.rows], axis=1)
-        x = dec.token_embedding(tokens) + dec.positional_embedding[mx.array([r.fed for r in self.rows])]
-        x = dec.ln(self._layers(dec, x))
-        return dec.token_embedding.as_linear(x).astype(mx.float32)[0]
-
-    def _layers(self, dec: Any, x: Any) -> Any:
-        import mlx.core as mx
-        import mlx.nn as nn
-
-        n = len(self.rows)
-        capacity = int(self.keys[0].shape[1])
+        tokens = mx.concatenate([r.tokens[0, r.fed:r.fed + 1] for r in self.rows])
         at = mx.array([r.fed for r in self.rows])
-        slots = mx.arange(n)
-        # Keys past a row's position are zeros of an empty slot or stale: -inf gives them weight exactly 0.
-        mask = mx.where(mx.arange(capacity)[None] <= at[:, None], 0.0, -mx.inf).astype(self.mask_dtype)[:, None, None, :]
-        for layer, block in enumerate(dec.blocks):
-            attn = block.attn
-            head = attn.n_head
-            width = x.shape[-1]
-            scale = (width // head) ** -0.25
-            h = block.attn_ln(x)
-            q, k, v = attn.query(h)[0], attn.key(h)[0], attn.value(h)[0]  # (R, D) each
-            keys = self.keys[layer]
-            values = self.values[layer]
-            keys[slots, at] = k
-            values[slots, at] = v
-            self.keys[layer], self.values[layer] = keys, values
-            qh = q.reshape(n, 1, head, -1).transpose(0, 2, 1, 3) * scale
-            kh = keys.reshape(n, capacity, head, -1).transpose(0, 2, 3, 1) * scale
-            vh = values.reshape(n, capacity, head, -1).transpose(0, 2, 1, 3)
-            w = mx.softmax(qh @ kh + mask, axis=-1, precise=True)
-            out = (w @ vh).transpose(0, 2, 1, 3).reshape(1, n, width)
-            x = x + attn.out(out)
-            cross = block.cross_attn
-            qc = cross.query(block.cross_attn_ln(x))[0].reshape(n, 1, head, -1).transpose(0, 2, 1, 3) * scale
-            logits = qc @ self.cross_keys[layer]
-            if self.cross_mask is not None:
-                logits = logits + self.cross_mask
-            w = mx.softmax(logits, axis=-1, precise=True)
-            out = (w @ self.cross_values[layer]).transpose(0, 2, 1, 3).reshape(1, n, width)
-            x = x + cross.out(out)
-            x = x + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(x))))
-        return x
+        args = (tokens, at, self.keys, self.values, self.cross_keys, self.cross_values)
+        forward = _compiled(dec, self.mask_dtype).forward if compile_enabled() else partial(batched_forward, dec,
+                                                                                             self.mask_dtype)
+        out = forward(*args, self.cross_mask)
+        logits, self.keys, self.values = out
+        return logits
+
+
+def batched_forward(dec: Any, mask_dtype: Any, tokens: Any, at: Any, keys: list[Any],
+                    values: list[Any], cross_keys: list[Any], cross_values: list[Any],
+                    cross_mask: Any) -> tuple[Any, list[Any], list[Any]]:
+    """The decoder over R rows' one token each (`tokens` (R,) at positions `at` (R,)),
+    attending over stacked slots: returns float32 logits (R, vocabulary) and the slots with the new keys/values
+    written. A pure function of its arrays whose ops name no row count or context length (axes split and joined,
+    never reshaped to a recorded shape), so one shapeless mx.compile trace serves every batch. Raises what MLX
+    raises."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    capacity = int(keys[0].shape[1])
+    # Keys past a row's position are zeros of an empty slot or stale: -inf gives them weight exactly 0.
+    position = mx.expand_dims(mx.arange(capacity), 0)
+    mask = mx.where(position <= mx.expand_dims(at, 1), 0.0, -mx.inf)
+    mask = mx.expand_dims(mask.astype(mask_dtype), (1, 2))
+    here = mx.expand_dims(position == mx.expand_dims(at, 1), 2)  # (R, capacity, 1): where each row writes
+    x = dec.token_embedding(tokens) + dec.positional_embedding[at]  # (R, D): rows as a matrix's rows
+    keys, values = list(keys), list(values)
+    for layer, block in enumerate(dec.blocks):
+        attn = block.attn
+        head = attn.n_head
+        scale = (int(x.shape[-1]) // head) ** -0.25
+        h = block.attn_ln(x)
+        q, k, v = attn.query(h), attn.key(h), attn.value(h)  # (R, D) each
+        # A select, not a scatter: MLX cannot trace a scatter shapeless (the same bits either way).
+        keys[layer] = mx.where(here, mx.expand_dims(k, 1), keys[layer])
+        values[layer] = mx.where(here, mx.expand_dims(v, 1), values[layer])
+        qh = _heads(mx.expand_dims(q, 1), head) * scale  # (R, H, 1, D/H)
+        kh = _heads(keys[layer], head).swapaxes(2, 3) * scale  # (R, H, D/H, capacity)
+        w = mx.softmax(qh @ kh + mask, axis=-1, precise=True)
+        x = x + attn.out(_joined(w @ _heads(values[layer], head)))
+        cross = block.cross_attn
+        qc = _heads(mx.expand_dims(cross.query(block.cross_attn_ln(x)), 1), head) * scale
+        w = mx.softmax(qc @ cross_keys[layer] + cross_mask, axis=-1, precise=True)
+        x = x + cross.out(_joined(w @ cross_values[layer]))
+        x = x + block.mlp2(nn.gelu(block.mlp1(block.mlp_ln(x))))
+    x = dec.ln(x)
+    return dec.token_embedding.as_linear(x).astype(mx.float32), keys, values
+
+
+def _heads(x: Any, head: int) -> Any:
+    """(R, T, D) as (R, H, T, D/H). Raises nothing."""
+    import mlx.core as mx
+
+    return mx.unflatten(x, -1, (head, -1)).swapaxes(1, 2)
+
+
+def _joined(x: Any) -> Any:
+    """(R, H, 1, D/H) as (R, D): the heads joined again. Raises nothing."""
+    import mlx.core as mx
+
+    return mx.flatten(x, 1, 3)
+
+
+def compile_enabled() -> bool:
+    """Whether batched forwards run mx.compile'd (TANDEM_WHISPER_COMPILE=on|off, else on a GPU): replaying a
+    traced graph skips building ~150 ops in Python each token and fuses the elementwise ones. Raises nothing."""
+    return gpu_default("TANDEM_WHISPER_COMPILE")
+
+
+class _Compiled:
+    """One decoder's compiled batched forward (traced once, shapeless: row counts and context lengths vary). Kept on the decoder and holding it weakly, so the traced graphs, which hold its weights, go when the
+    model is unloaded."""
+
+    def __init__(self, dec: Any, mask_dtype: Any) -> None:
+        import mlx.core as mx
+
+        ref = weakref.ref(dec)
+        self.mask_dtype = mask_dtype
+
+        def forward(*args: Any) -> Any:
+            return batched_forward(ref(), mask_dtype, *args)
+
+        self.forward = mx.compile(forward)
+
+
+def _compiled(dec: Any, mask_dtype: Any) -> _Compiled:
+    """`dec`'s compiled forwards, made on first use. Raises nothing."""
+    held = dec.__dict__.get("_tandem_compiled")
+    if held is None or held.mask_dtype != mask_dtype:
+        held = _Compiled(dec, mask_dtype)
+        object.__setattr__(dec, "_tandem_compiled", held)
+    return held
 
 
 def own_kv(row: Any) -> list[Any]:

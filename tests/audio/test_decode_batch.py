@@ -1,10 +1,12 @@
 """audio/decode_batch.py: rows that only feed their last token decode over stacked caches and pick the tokens
 they pick with attention per row (rows finishing apart, joining mid-way, encoded over other contexts); the
-batch is kept while the same rows go on, and used by default on a GPU only."""
+batch is kept while the same rows go on, its forward compiled, and both used by default on a GPU only."""
 
 from __future__ import annotations
 
+import gc
 import weakref
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -16,7 +18,7 @@ import audio.decoder as decoder
 from audio.batch_sampling import sample_together
 from audio.decoder import DecodeRow, RowResult, advance_rows, finish_row, new_row, step_rows
 from audio.encoder import EncoderJob, fitted_context, run_unit
-from audio.whisper import LoadedWhisper
+from audio.whisper import LoadedWhisper, load_whisper
 
 OPTIONS = [DecodingOptions(language="en", fp16=False, without_timestamps=True),
            DecodingOptions(language="en", fp16=False),
@@ -62,10 +64,11 @@ def alone(loaded: LoadedWhisper, jobs: list[EncoderJob], sample_len: int | None 
     return out
 
 
-@pytest.fixture
-def batched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The batch on (as on a GPU); counts its builds."""
+@pytest.fixture(params=["off", "on"], ids=["plain", "compiled"])
+def batched(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> list[int]:
+    """The batch on (as on a GPU), its forward run as built or mx.compile'd (as on a GPU); counts its builds."""
     monkeypatch.setenv("TANDEM_WHISPER_BATCH", "on")
+    monkeypatch.setenv("TANDEM_WHISPER_COMPILE", request.param)
     builds: list[int] = []
     build = decode_batch.RowBatch.build.__func__  # type: ignore[attr-defined]
 
@@ -128,11 +131,47 @@ def test_a_row_joining_mid_way_and_other_contexts_pick_the_same_tokens(tiny_whis
     assert batched[:2] == [2, 3]
 
 
-def test_the_batch_is_on_by_default_on_a_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_batch_and_its_compiled_forward_are_on_by_default_on_a_gpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TANDEM_WHISPER_BATCH", raising=False)
-    assert decode_batch.batch_enabled() == (mx.default_device().type == mx.DeviceType.gpu)
+    monkeypatch.delenv("TANDEM_WHISPER_COMPILE", raising=False)
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    assert decode_batch.batch_enabled() == on_gpu and decode_batch.compile_enabled() == on_gpu
     monkeypatch.setenv("TANDEM_WHISPER_BATCH", "off")
-    assert not decode_batch.batch_enabled()
+    monkeypatch.setenv("TANDEM_WHISPER_COMPILE", "off")
+    assert not decode_batch.batch_enabled() and not decode_batch.compile_enabled()
+
+
+def test_the_compiled_forward_gives_the_same_bits_and_goes_with_its_model(tiny_whisper_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its own copy of the model: the traced graphs hold the weights, and must let them go with the model (Whisper's
+    # idle unload) by reference counts alone: a model loaded before the server's gc.freeze is never collected.
+    loaded = load_whisper(tiny_whisper_dir, dtype="float32")
+    jobs = [encoded(loaded, s, seed=s, fitted=True) for s in (3, 8, 4)]  # two contexts: masked cross keys
+    monkeypatch.setenv("TANDEM_WHISPER_BATCH", "on")
+    rows = [new_row(loaded.model, OPTIONS[0], j.cross_kv, [], seed=i) for i, j in enumerate(jobs)]
+    step_rows(loaded.model, rows)  # prompts, per row
+    step_rows(loaded.model, rows)  # builds the batch
+    batch = rows[0].batch[0]
+    dec = loaded.model.decoder
+    slots = (list(batch.keys), list(batch.values))
+    outs = {}
+    for mode in ("off", "on"):
+        monkeypatch.setenv("TANDEM_WHISPER_COMPILE", mode)
+        batch.keys, batch.values = list(slots[0]), list(slots[1])
+        logits = batch.logits(dec)
+        mx.eval(logits, batch.keys, batch.values)
+        outs[mode] = [np.array(a) for a in (logits, *batch.keys, *batch.values)]
+    assert all(np.array_equal(a, b) for a, b in zip(outs["off"], outs["on"], strict=True))
+    held = weakref.ref(dec.__dict__["_tandem_compiled"])
+    gone = weakref.ref(dec)
+    del rows, batch, jobs, slots  # made while serving (collectable); the model is older than the freeze:
+    gc.collect()
+    gc.disable()
+    try:
+        del loaded, dec
+        assert held() is None and gone() is None
+    finally:
+        gc.enable()
 
 
 def test_rows_taking_turns_share_one_batch_and_pick_the_same_tokens(tiny_whisper: LoadedWhisper,
