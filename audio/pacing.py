@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
-from engine.accelerator import on_gpu
+from engine.accelerator import gpu_default, on_gpu
 
 __all__ = ["StepBudget", "GPU_MIN_STEP_SECONDS", "Pace", "LinearCost", "StepCosts", "GRANULE", "size_unit", "size_forward"]
 
@@ -29,7 +29,11 @@ class StepBudget:
     this long — on a GPU one unit is far shorter than a round trip through the loop; None: 5 ms on a GPU,
     0 on a CPU (see `resolved_min_step`). `catch_up_seconds`: while chat decodes, a step's share doubles
     for each such span the oldest live session's window has waited (up to 8×), so live speech that falls
-    behind catches up."""
+    behind catches up. `even_steps`: with the full budget, an encoder step that follows a decoder step goes on
+    as long as that one took, so the two kinds share the time evenly (H200, 16 live speakers of a turbo shape:
+    decoder steps of ~17 ms alternated with encoder steps of ~5.5 ms, and windows waited for their encoding while
+    the few rows decoding paid a forward's fixed cost each); None: on a GPU (TANDEM_WHISPER_EVEN=on|off
+    overrides), not on a CPU."""
 
     encoder_positions: int = 375
     decode_tokens: int = 4
@@ -37,6 +41,7 @@ class StepBudget:
     chat_share: float = 0.3
     min_step_seconds: float | None = None
     catch_up_seconds: float = 1.0
+    even_steps: bool | None = None
 
     def __post_init__(self) -> None:
         if self.encoder_positions < 1 or self.decode_tokens < 1 or self.max_rows < 1:
@@ -61,6 +66,11 @@ class StepBudget:
         if self.min_step_seconds is not None:
             return self.min_step_seconds
         return GPU_MIN_STEP_SECONDS if on_gpu() else 0.0
+
+    def resolved_even(self) -> bool:
+        """`even_steps`, its default chosen by the device MLX runs on. Engine thread (imports MLX). Raises
+        nothing."""
+        return gpu_default("TANDEM_WHISPER_EVEN") if self.even_steps is None else self.even_steps
 
 
 _MAX_DOUBLINGS = 3.0  # a step's share grows to 8× at most: 2.4 chat iterations at the default 0.3

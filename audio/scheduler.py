@@ -62,6 +62,8 @@ class WhisperScheduler:
         self._mels_pending = 0  # windows whose log-mel a worker thread is computing
         self._mel_done = anyio.Event()
         self._last_kind = ""
+        self._last_decode_s = 0.0  # the last full-budget decoder step's seconds (StepBudget.even_steps)
+        self._even: bool | None = None  # resolved on the engine thread at the first encoder step
         # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
         # (SpeechService.run; by default), beside the chat steps instead of between them.
         self.thread: EngineThread | None = None
@@ -212,7 +214,7 @@ class WhisperScheduler:
             if units is not None:
                 group = group[:units]
                 units -= len(group)
-                if units <= 0 and time.perf_counter() - t0 < self._min_step():
+                if units <= 0 and time.perf_counter() - t0 < self._encode_for():
                     units = full  # another round
             else:
                 left = None if limit is None else limit - (time.perf_counter() - t0)
@@ -257,6 +259,7 @@ class WhisperScheduler:
                 if time.perf_counter() - t0 >= self._min_step():
                     break
                 picked = [w for w in picked if w.row is not None and not w.row.done and w.error is None]
+            self._last_decode_s = time.perf_counter() - t0
             return 0
         fed = 0
         ran = False
@@ -286,6 +289,13 @@ class WhisperScheduler:
             ran = True
             self._finish_rows(group)
         return fed
+
+    def _encode_for(self) -> float:
+        """How long a full-budget encoder step goes on: the minimum step, or with `even_steps` after a decoder
+        step, as long as that one took. Raises nothing."""
+        if self._even is None:
+            self._even = self.budget.resolved_even()
+        return max(self._min_step(), self._last_decode_s) if self._even and self._last_kind == "decode" else self._min_step()
 
     def _min_step(self) -> float:
         if self._min_step_seconds is None:

@@ -53,7 +53,7 @@ async def test_windows_together_decode_what_they_decode_alone(tiny_whisper: Load
 
 async def test_one_step_is_queued_at_a_time_and_the_kinds_alternate(tiny_whisper: LoadedWhisper) -> None:
     tasks, thread = ExecutionTasks(), EngineThread("test-scheduler")
-    scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, decode_tokens=2, min_step_seconds=0.0))
+    scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, decode_tokens=2, min_step_seconds=0.0, even_steps=False))
     queued: list[list[str]] = []
     try:
         async with anyio.create_task_group() as tg:
@@ -83,9 +83,9 @@ async def test_one_step_is_queued_at_a_time_and_the_kinds_alternate(tiny_whisper
 
 async def test_the_encoder_budget_sets_units_per_step(tiny_whisper: LoadedWhisper) -> None:
     async with running_tasks() as tasks:
-        small = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0))
+        small = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0, even_steps=False))
         await decode_all(small, tiny_whisper, [request(3, 1)])
-        big = WhisperScheduler(tasks, StepBudget(encoder_positions=12000, min_step_seconds=0.0))
+        big = WhisperScheduler(tasks, StepBudget(encoder_positions=12000, min_step_seconds=0.0, even_steps=False))
         await decode_all(big, tiny_whisper, [request(3, 1), request(3, 2)])
     assert small.counters.encoder_steps == 22  # mel, 2 convs × 4 chunks of 375, 2 layers × 5, norm, 2 cross
     # 10 units of 1500 positions each, both windows stacked in every unit: 8 window-units a step
@@ -96,7 +96,7 @@ async def test_a_minimum_step_time_runs_more_units_and_rows_per_step(tiny_whispe
     # On a GPU one unit is far shorter than a trip through the loop: a step goes on until its minimum time.
     requests = [request(3, 1), request(4, 2)]
     async with running_tasks() as tasks:
-        plain = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0))
+        plain = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0, even_steps=False))
         alone = await decode_all(plain, tiny_whisper, requests)
         long = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=1.0))
         together = await decode_all(long, tiny_whisper, requests)
@@ -122,6 +122,58 @@ def test_the_minimum_step_time_defaults_by_device() -> None:
     assert StepBudget(min_step_seconds=0.002).resolved_min_step() == 0.002
     with pytest.raises(ValueError):
         StepBudget(min_step_seconds=-1)
+
+
+def test_even_steps_default_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mlx.core as mx
+
+    monkeypatch.delenv("TANDEM_WHISPER_EVEN", raising=False)
+    assert StepBudget().resolved_even() == (mx.default_device().type == mx.DeviceType.gpu)
+    assert StepBudget(even_steps=True).resolved_even() and not StepBudget(even_steps=False).resolved_even()
+    monkeypatch.setenv("TANDEM_WHISPER_EVEN", "on")
+    assert StepBudget().resolved_even()
+
+
+class SteppedClock:
+    """The scheduler's clock, moved only by decoder forwards (`forward_s` each): encoder units take no time."""
+
+    def __init__(self, forward_s: float) -> None:
+        self.now, self.forward_s = 0.0, forward_s
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("even", [False, True])
+async def test_even_steps_give_the_encoder_as_long_as_the_decoder_step_before(
+        tiny_whisper: LoadedWhisper, monkeypatch: pytest.MonkeyPatch, even: bool) -> None:
+    # Two windows decode while a third, longer one is still encoding: with even steps an encoder step after a
+    # decoder step of 20 ms (on this clock) goes on with more units until 20 ms, i.e. here until its window is
+    # encoded; without, it stops after its budget's units, as before.
+    clock = SteppedClock(0.010)
+    monkeypatch.setattr(scheduler_module, "time", clock)
+    advance = scheduler_module.advance_rows
+
+    def timed(model: object, rows: list, tokens: int) -> None:  # type: ignore[type-arg]
+        clock.now += clock.forward_s * tokens
+        advance(model, rows, tokens)
+
+    monkeypatch.setattr(scheduler_module, "advance_rows", timed)
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, decode_tokens=2, min_step_seconds=0.0,
+                                                       even_steps=even))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(decode_all, scheduler, tiny_whisper, [request(2, 1), request(3, 2)])
+            while not scheduler.counters.decoder_steps:
+                await settle()
+            tg.start_soon(decode_all, scheduler, tiny_whisper, [request(30, 3)])
+    steps = scheduler.counters.steps
+    after_decode = [b.work for a, b in zip(steps, steps[1:]) if a.kind == "decode" and b.kind == "encode"]
+    assert after_decode
+    if even:  # the whole window's remaining units in one step (positions of its 22 units, minus the first ones)
+        assert max(after_decode) > 4 * 375
+    else:
+        assert max(after_decode) <= 375
 
 
 async def test_a_cancelled_window_leaves_before_the_next_step(tiny_whisper: LoadedWhisper) -> None:
@@ -249,9 +301,9 @@ async def test_a_failing_step_fails_its_windows_and_the_loop_goes_on(tiny_whispe
 async def test_while_chat_decodes_each_step_does_what_its_share_allows(tiny_whisper: LoadedWhisper) -> None:
     # a chat iteration so short that no unit fits its share: every step does the least that moves speech
     async with running_tasks() as tasks:
-        paced = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0), pace=lambda: 1e-9)
+        paced = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0, even_steps=False), pace=lambda: 1e-9)
         results = await decode_all(paced, tiny_whisper, [request(3, 1, prompt=tuple(range(400, 430))), request(4, 2)])
-        full = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0), pace=lambda: None)
+        full = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0, even_steps=False), pace=lambda: None)
         await decode_all(full, tiny_whisper, [request(3, 1, prompt=tuple(range(400, 430))), request(4, 2)])
     c = paced.counters
     assert len(results) == 2 and c.paced_steps == c.encoder_steps + c.decoder_steps
