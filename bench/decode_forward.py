@@ -11,12 +11,12 @@ built), `compiled` (the same forward mx.compile'd, the GPU default). A forward i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
+from bench.json_lines import JsonLines
 from engine.backend import ensure_fast_blas
 
 ensure_fast_blas()  # a script entry point: the fast BLAS must be loaded before mlx is imported below
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         while not job.done:
             run_unit(loaded.model, [job])
         jobs.append(job)
-    results = []
+    results = JsonLines(args.out)
     for _ in range(args.rounds):
         for mode in args.modes.split(","):
             os.environ["TANDEM_WHISPER_BATCH"], os.environ["TANDEM_WHISPER_COMPILE"] = MODES[mode]
@@ -81,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 line = {"mode": mode, "rows": n, "forwards": len(times),
                         "ms_p50": round(statistics.median(times), 3) if times else None,
                         "ms_min": round(min(times), 3) if times else None}
-                print(json.dumps(line), flush=True)
-                results.append(line)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+                results.add(line)
     return 0
 
 

@@ -12,10 +12,10 @@ recording ends). Modes: `default` (mlx-whisper's own defaults: the temperature f
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
+from bench.json_lines import JsonLines
 from engine.backend import ensure_fast_blas
 
 ensure_fast_blas()  # a script entry point: the fast BLAS must be loaded before mlx is imported below
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     voices = [pcm for pcm, _ in signals(max(counts), args.seconds, args.samples)]
     # One untimed pass: loading the model and compiling kernels are not a session's cost.
     mlx_whisper.transcribe(voices[0][: SR * 2], path_or_hf_repo=str(args.whisper), fp16=args.fp16, language="en")
-    results = []
+    results = JsonLines(args.out)
     for mode in args.modes.split(","):
         kw = {"temperature": 0.0} if mode == "greedy" else {}
         for n in counts:
@@ -58,10 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             audio = max(len(v) for v in voices[:n]) / SR
             line = {"mode": mode, "speakers": n, "audio_s_each": round(audio, 1), "seconds": round(took, 2),
                     "x_real_time": round(took / audio, 2), "tokens": tokens}
-            print(json.dumps(line), flush=True)
-            results.append(line)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+            results.add(line)
     return 0
 
 
