@@ -11,8 +11,8 @@ MLX is imported inside the functions (see audio/decoder.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import weakref
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -107,11 +107,9 @@ class RowBatch:
 def batched_forward(dec: Any, mask_dtype: Any, tokens: Any, at: Any, keys: list[Any],
                     values: list[Any], cross_keys: list[Any], cross_values: list[Any],
                     cross_mask: Any) -> tuple[Any, list[Any], list[Any]]:
-    """The decoder over R rows' one token each (`tokens` (R,) at positions `at` (R,)),
-    attending over stacked slots: returns float32 logits (R, vocabulary) and the slots with the new keys/values
-    written. A pure function of its arrays whose ops name no row count or context length (axes split and joined,
-    never reshaped to a recorded shape), so one shapeless mx.compile trace serves every batch. Raises what MLX
-    raises."""
+    """The decoder over R rows' one token each (`tokens` (R,) at positions `at` (R,)), attending over stacked
+    slots: returns float32 logits (R, vocabulary) and the slots with the new keys/values written. A pure function of its arrays (the rows are a matrix's rows, heads split and joined along their own
+    axes), so mx.compile can trace it: once per row count and context length. Raises what MLX raises."""
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -129,7 +127,7 @@ def batched_forward(dec: Any, mask_dtype: Any, tokens: Any, at: Any, keys: list[
         scale = (int(x.shape[-1]) // head) ** -0.25
         h = block.attn_ln(x)
         q, k, v = attn.query(h), attn.key(h), attn.value(h)  # (R, D) each
-        # A select, not a scatter: MLX cannot trace a scatter shapeless (the same bits either way).
+        # Written by a select over the slot (the variant measured on the H200; the same bits as a scatter).
         keys[layer] = mx.where(here, mx.expand_dims(k, 1), keys[layer])
         values[layer] = mx.where(here, mx.expand_dims(v, 1), values[layer])
         qh = _heads(mx.expand_dims(q, 1), head) * scale  # (R, H, 1, D/H)
@@ -166,8 +164,9 @@ def compile_enabled() -> bool:
 
 
 class _Compiled:
-    """One decoder's compiled batched forward (traced once, shapeless: row counts and context lengths vary). Kept on the decoder and holding it weakly, so the traced graphs, which hold its weights, go when the
-    model is unloaded."""
+    """One decoder's compiled batched forward (traced again per row count and context length; a shapeless trace
+    crashed MLX's CPU backend). Kept on the decoder and holding it weakly, so the traced graphs, which hold its
+    weights, go when the model is unloaded."""
 
     def __init__(self, dec: Any, mask_dtype: Any) -> None:
         import mlx.core as mx
@@ -182,7 +181,7 @@ class _Compiled:
 
 
 def _compiled(dec: Any, mask_dtype: Any) -> _Compiled:
-    """`dec`'s compiled forwards, made on first use. Raises nothing."""
+    """`dec`'s compiled forward, made on first use. Raises nothing."""
     held = dec.__dict__.get("_tandem_compiled")
     if held is None or held.mask_dtype != mask_dtype:
         held = _Compiled(dec, mask_dtype)

@@ -295,7 +295,9 @@ class WhisperScheduler:
         step, as long as that one took. Raises nothing."""
         if self._even is None:
             self._even = self.budget.resolved_even()
-        return max(self._min_step(), self._last_decode_s) if self._even and self._last_kind == "decode" else self._min_step()
+        if self._even and self._last_kind == "decode":
+            return max(self._min_step(), self._last_decode_s)
+        return self._min_step()
 
     def _min_step(self) -> float:
         if self._min_step_seconds is None:

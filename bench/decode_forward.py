@@ -1,8 +1,9 @@
 """What one Whisper decoder forward of R live rows costs, with each way of running it, in one process.
 
 Rows come from random audio encoded over fitted contexts (two lengths, so the batch masks cross keys), each
-decoding without end (end-of-text suppressed, so rows stay for the whole count, as random-init weights do). Modes: `rows` (attention per row, the CPU default), `batch` (audio/decode_batch.py as
-built), `compiled` (the same forward mx.compile'd, the GPU default). A forward is timed whole as serving runs it
+decoding without end (end-of-text suppressed, so rows stay for the whole count, as random-init weights do).
+Modes: `rows` (attention per row, the CPU default), `batch` (audio/decode_batch.py as built), `compiled` (the
+same forward mx.compile'd, the GPU default). A forward is timed whole as serving runs it
 (`step_rows`: forward, sampling, the one evaluation), median of `--forwards` after `--warm` untimed ones.
 
     python -m bench.decode_forward --whisper DIR --rows 1,4,8,16 --out FILE
