@@ -1,13 +1,14 @@
-"""Rows of one forward that all sample pick their next tokens together: mlx-whisper's logit filters
-(SuppressBlank, SuppressTokens, ApplyTimestampRules) and the keyed token selection, as one set of ops over the
-rows' logits instead of ~25 small ops a row.
+"""How decoding rows pick their next tokens: the keyed sampler each row's task selects with, and rows of one
+forward that all sample picking together — mlx-whisper's logit filters (SuppressBlank, SuppressTokens,
+ApplyTimestampRules) and the keyed selection as one set of ops over the rows' logits instead of ~25 small ops a row.
 
 Hand-written rather than mlx-whisper's filters called per row: those take one task's rows at a time, and each of
 their ops costs a dispatch (on a GPU a kernel launch: a row's sampling cost ~0.26 ms on the H200; on this 2-core
 CPU, tiny.en, 4 rows sampled in 6.6 ms one by one and 3.3 ms together). Same
 operations in the same order per row: ApplyTimestampRules' host mask is its code for one row (including its
-use of positions where OpenAI's Whisper uses token values), and a row without a filter adds zeros
-(x + 0 is x). MLX is imported inside the functions (see audio/decoder.py)."""
+use of positions where OpenAI's Whisper uses token values), a row without a filter adds zeros (x + 0 is x), and a
+row alone and rows together select through the same `_select`. MLX is imported inside the functions (see
+audio/decoder.py)."""
 
 from __future__ import annotations
 
@@ -15,21 +16,36 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["can_sample_together", "sample_together"]
+__all__ = ["KeyedSampler", "can_sample_together", "sample_together"]
 
 _ORDER = ("SuppressBlank", "SuppressTokens", "ApplyTimestampRules")  # as DecodingTask appends them
 
 
-def can_sample_together(rows: list[Any], sampler: type) -> bool:
-    """Whether `rows` (DecodeRows) can sample together: each selects with `sampler` (audio/decoder's keyed
-    sampler), its filters are mlx-whisper's usual ones in their usual order, and all share one tokenizer's
+class KeyedSampler:
+    """mlx-whisper's GreedyDecoder with the sampled (temperature > 0) draw keyed by (seed, token index)
+    instead of the global RNG: a row samples the same tokens whoever shares its steps."""
+
+    def __init__(self, temperature: float, eot: int, seed: int) -> None:
+        self.temperature, self.eot, self.seed, self.index = temperature, eot, seed, 0
+
+    def update(self, tokens: Any, logits: Any, sum_logprobs: Any) -> tuple[Any, Any, Any]:
+        """One row's step, as GreedyDecoder.update: (tokens with the next one appended, done, sum_logprobs)."""
+        import mlx.core as mx
+
+        next_tokens, sum_logprobs = _select(logits, [self], tokens[:, -1], sum_logprobs, self.eot)
+        tokens = mx.concatenate([tokens, next_tokens[:, None]], axis=-1)
+        return tokens, mx.all(tokens[:, -1] == self.eot), sum_logprobs
+
+
+def can_sample_together(rows: list[Any]) -> bool:
+    """Whether `rows` (DecodeRows) can sample together: each selects with a KeyedSampler, its filters are mlx-whisper's usual ones in their usual order, and all share one tokenizer's
     special tokens. Raises nothing."""
     from mlx_whisper.decoding import ApplyTimestampRules, SuppressBlank, SuppressTokens
 
     known = (SuppressBlank, SuppressTokens, ApplyTimestampRules)
     specials = set()
     for r in rows:
-        if type(r.task.decoder) is not sampler:
+        if type(r.task.decoder) is not KeyedSampler:
             return False
         kinds = [type(f) for f in r.task.logit_filters]
         if any(k not in known for k in kinds) or [k.__name__ for k in kinds] != sorted(
@@ -74,30 +90,38 @@ def sample_together(rows: list[Any], logits: Any) -> Any:
         ruled = mx.array([[f is not None] for f in rules])
         mask[:, :begin] = mx.where((timestamp_logprob > max_text_token_logprob) & ruled, -mx.inf, mask[:, :begin])
         logits = logits + mask
-    eot = tokenizer.eot
+    last = mx.array([seq[-1] for seq in histories])
+    sums = mx.concatenate([r.sum_logprobs for r in rows])
+    next_tokens, sums = _select(logits, [r.task.decoder for r in rows], last, sums, tokenizer.eot)
+    for i, r in enumerate(rows):
+        r.tokens = mx.concatenate([r.tokens, next_tokens[i:i + 1][:, None]], axis=-1)
+        r.sum_logprobs = sums[i:i + 1]
+    return next_tokens == tokenizer.eot
+
+
+def _select(logits: Any, samplers: list[KeyedSampler], last: Any, sums: Any, eot: int) -> tuple[Any, Any]:
+    """Each row's next token as its sampler picks it from `logits` (rows × vocabulary), and `sums` (rows,) with
+    its log-probability added, except after an end-of-text (`last` (rows,): each row's last token), where the
+    next token is end-of-text again; advances each sampler's index. Raises what MLX raises."""
+    import mlx.core as mx
+
     next_tokens = logits.argmax(axis=-1)
-    if any(r.task.decoder.temperature != 0 for r in rows):
+    if any(s.temperature != 0 for s in samplers):
         picks = []
-        for i, r in enumerate(rows):
-            s = r.task.decoder
+        for i, s in enumerate(samplers):
             if s.temperature == 0:
                 picks.append(next_tokens[i:i + 1])
             else:
                 key = mx.random.key(s.seed * 1_000_003 + s.index)
                 picks.append(mx.random.categorical(logits[i:i + 1] / s.temperature, key=key))
         next_tokens = mx.concatenate(picks)
-    for r in rows:
-        r.task.decoder.index += 1
+    for s in samplers:
+        s.index += 1
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    current = logprobs[mx.arange(n), next_tokens]
-    last = mx.array([seq[-1] for seq in histories])
-    sums = mx.concatenate([r.sum_logprobs for r in rows]) + current * (last != eot)
+    current = logprobs[mx.arange(int(logits.shape[0])), next_tokens]
+    sums = sums + current * (last != eot)
     eot_mask = last == eot
-    next_tokens = next_tokens * (1 - eot_mask) + eot * eot_mask
-    for i, r in enumerate(rows):
-        r.tokens = mx.concatenate([r.tokens, next_tokens[i:i + 1][:, None]], axis=-1)
-        r.sum_logprobs = sums[i:i + 1]
-    return next_tokens == eot
+    return next_tokens * (1 - eot_mask) + eot * eot_mask, sums
 
 
 def _timestamp_mask(rule: Any, tokens: list[int], out: np.ndarray) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from audio.batch_sampling import can_sample_together, sample_together
+from audio.batch_sampling import KeyedSampler, can_sample_together, sample_together
 from audio.decode_batch import RowBatch, batch_enabled, own_kv
 
 __all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance_rows", "finish_row", "detect_language"]
@@ -58,31 +58,6 @@ class DecodeRow:
         return float(self.task.options.temperature)
 
 
-class _KeyedSampler:
-    """mlx-whisper's GreedyDecoder with the sampled (temperature > 0) draw keyed by (seed, token index)
-    instead of the global RNG: a row samples the same tokens whoever shares its steps."""
-
-    def __init__(self, temperature: float, eot: int, seed: int) -> None:
-        self.temperature, self.eot, self.seed, self.index = temperature, eot, seed, 0
-
-    def update(self, tokens: Any, logits: Any, sum_logprobs: Any) -> tuple[Any, Any, Any]:
-        import mlx.core as mx
-
-        if self.temperature == 0:
-            next_tokens = logits.argmax(axis=-1)
-        else:
-            key = mx.random.key(self.seed * 1_000_003 + self.index)
-            next_tokens = mx.random.categorical(logits / self.temperature, key=key)
-        self.index += 1
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        current = logprobs[mx.arange(logprobs.shape[0]), next_tokens]
-        sum_logprobs += current * (tokens[:, -1] != self.eot)
-        eot_mask = tokens[:, -1] == self.eot
-        next_tokens = next_tokens * (1 - eot_mask) + self.eot * eot_mask
-        tokens = mx.concatenate([tokens, next_tokens[:, None]], axis=-1)
-        return tokens, mx.all(tokens[:, -1] == self.eot), sum_logprobs
-
-
 def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: list[int], seed: int = 0) -> DecodeRow:
     """A row for mlx-whisper DecodingOptions `options` (greedy or sampled; no beams); sampled draws are keyed
     by `seed`. A non-empty `prefix` is forced: the timestamp rules then see it as already sampled, so a prefix
@@ -94,7 +69,7 @@ def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: l
     from mlx_whisper.decoding import ApplyTimestampRules, DecodingTask, SuppressBlank
 
     task = DecodingTask(model, replace(options, prefix=list(prefix) or None))
-    task.decoder = _KeyedSampler(options.temperature, task.tokenizer.eot, seed)
+    task.decoder = KeyedSampler(options.temperature, task.tokenizer.eot, seed)
     if prefix:
         start = task.sample_begin - len(prefix)
         for f in task.logit_filters:
@@ -261,7 +236,7 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
     sampling = [(r, logits) for r, logits in zip(live, last) if logits is not None]
     completed = []  # each row's done flag
     together_done = None  # or all rows' at once, when they sampled together
-    if together is not None and can_sample_together(live, _KeyedSampler):
+    if together is not None and can_sample_together(live):
         together_done = sample_together(live, together)
     else:
         for r, logits in sampling:

@@ -12,8 +12,8 @@ import pytest
 from mlx_whisper.decoding import DecodingOptions
 
 import audio.decoder as decoder
-from audio.batch_sampling import can_sample_together, sample_together
-from audio.decoder import DecodeRow, _KeyedSampler, finish_row, new_row, step_rows
+from audio.batch_sampling import KeyedSampler, can_sample_together, sample_together
+from audio.decoder import DecodeRow, finish_row, new_row, step_rows
 from audio.encoder import EncoderJob, run_unit
 from audio.whisper import LoadedWhisper
 
@@ -58,7 +58,7 @@ def test_rows_sampled_together_pick_what_each_row_picks_alone(tiny_whisper: Load
             one = f.apply(one, r.tokens)
         r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, one, r.sum_logprobs)
         done_alone.append(bool(done.item()))
-    assert can_sample_together(rows, _KeyedSampler)
+    assert can_sample_together(rows)
     done_together = sample_together(rows, logits).tolist()
     assert done_together == done_alone and any(done_alone)
     for a, b in zip(alone, rows):
@@ -72,10 +72,13 @@ def test_rows_sampled_together_pick_what_each_row_picks_alone(tiny_whisper: Load
 
 def test_rows_with_other_filters_or_samplers_sample_alone(tiny_whisper: LoadedWhisper) -> None:
     rows = rows_with_histories(tiny_whisper)[:3]
-    assert can_sample_together(rows, _KeyedSampler)
-    assert not can_sample_together(rows, object)  # another sampler type
+    assert can_sample_together(rows) and all(type(r.task.decoder) is KeyedSampler for r in rows)
+    keyed = rows[2].task.decoder
+    rows[2].task.decoder = object()  # another sampler type
+    assert not can_sample_together(rows)
+    rows[2].task.decoder = keyed
     rows[1].task.logit_filters = list(reversed(rows[1].task.logit_filters))  # another order
-    assert not can_sample_together(rows, _KeyedSampler)
+    assert not can_sample_together(rows)
 
 
 def test_rows_of_a_packed_forward_sample_together_without_the_batch(tiny_whisper: LoadedWhisper,
