@@ -34,7 +34,6 @@ class RowBatch:
     (R, 1, 1, C) hiding the positions past each row's own context."""
 
     rows: list[Any]
-    mask_dtype: Any  # the decoder's own causal mask's dtype: its additive masks add the same way
     keys: list[Any]
     values: list[Any]
     cross_keys: list[Any]
@@ -42,10 +41,12 @@ class RowBatch:
     cross_mask: Any
 
     @classmethod
-    def build(cls, rows: list[Any], capacity: int, mask_dtype: Any) -> "RowBatch":
-        """Stack the rows' caches (each row's own, or its slot of the batch it was in). Raises nothing."""
+    def build(cls, rows: list[Any], dec: Any) -> "RowBatch":
+        """Stack the rows' caches (each row's own, or its slot of the batch it was in) in slots of decoder `dec`'s
+        whole text context. Raises nothing."""
         import mlx.core as mx
 
+        capacity = int(dec.positional_embedding.shape[0])
         layers = len(rows[0].cross_kv)
         own = [own_kv(r) for r in rows]
         keys, values = [], []
@@ -71,7 +72,7 @@ class RowBatch:
         # Always a mask (zeros where contexts agree: adding 0 changes no bit), so one traced graph serves all.
         mask = mx.where(mx.arange(longest)[None] < mx.array(contexts)[:, None], 0.0, -mx.inf)
         mask = mask.astype(cross_keys[0].dtype)[:, None, None, :]
-        batch = cls(list(rows), mask_dtype, keys, values, cross_keys, cross_values, mask)
+        batch = cls(list(rows), keys, values, cross_keys, cross_values, mask)
         mx.eval(batch.keys, batch.values, batch.cross_keys, batch.cross_values, mask)
         for i, r in enumerate(rows):
             r.kv = [None] * layers
@@ -96,15 +97,13 @@ class RowBatch:
 
         tokens = mx.concatenate([r.tokens[0, r.fed:r.fed + 1] for r in self.rows])
         at = mx.array([r.fed for r in self.rows])
-        args = (tokens, at, self.keys, self.values, self.cross_keys, self.cross_values)
-        forward = _compiled(dec, self.mask_dtype).forward if compile_enabled() else partial(batched_forward, dec,
-                                                                                             self.mask_dtype)
-        out = forward(*args, self.cross_mask)
-        logits, self.keys, self.values = out
+        forward = _compiled(dec) if compile_enabled() else partial(batched_forward, dec)
+        logits, self.keys, self.values = forward(tokens, at, self.keys, self.values, self.cross_keys,
+                                                 self.cross_values, self.cross_mask)
         return logits
 
 
-def batched_forward(dec: Any, mask_dtype: Any, tokens: Any, at: Any, keys: list[Any],
+def batched_forward(dec: Any, tokens: Any, at: Any, keys: list[Any],
                     values: list[Any], cross_keys: list[Any], cross_values: list[Any],
                     cross_mask: Any) -> tuple[Any, list[Any], list[Any]]:
     """The decoder over R rows' one token each (`tokens` (R,) at positions `at` (R,)), attending over stacked
@@ -117,7 +116,7 @@ def batched_forward(dec: Any, mask_dtype: Any, tokens: Any, at: Any, keys: list[
     # Keys past a row's position are zeros of an empty slot or stale: -inf gives them weight exactly 0.
     position = mx.expand_dims(mx.arange(capacity), 0)
     mask = mx.where(position <= mx.expand_dims(at, 1), 0.0, -mx.inf)
-    mask = mx.expand_dims(mask.astype(mask_dtype), (1, 2))
+    mask = mx.expand_dims(mask.astype(dec._mask.dtype), (1, 2))  # added as the decoder's own causal mask is
     here = mx.expand_dims(position == mx.expand_dims(at, 1), 2)  # (R, capacity, 1): where each row writes
     x = dec.token_embedding(tokens) + dec.positional_embedding[at]  # (R, D): rows as a matrix's rows
     keys, values = list(keys), list(values)
@@ -163,28 +162,16 @@ def compile_enabled() -> bool:
     return gpu_default("TANDEM_WHISPER_COMPILE")
 
 
-class _Compiled:
-    """One decoder's compiled batched forward (traced again per row count and context length; a shapeless trace
-    crashed MLX's CPU backend). Kept on the decoder and holding it weakly, so the traced graphs, which hold its
-    weights, go when the model is unloaded."""
+def _compiled(dec: Any) -> Any:
+    """Decoder `dec`'s batched_forward, mx.compile'd (traced again per row count and context length; a shapeless
+    trace crashed MLX's CPU backend), made on first use and kept on the decoder. It holds the decoder weakly, so
+    the traced graphs, which hold its weights, go when the model is unloaded. Raises nothing."""
+    import mlx.core as mx
 
-    def __init__(self, dec: Any, mask_dtype: Any) -> None:
-        import mlx.core as mx
-
-        ref = weakref.ref(dec)
-        self.mask_dtype = mask_dtype
-
-        def forward(*args: Any) -> Any:
-            return batched_forward(ref(), mask_dtype, *args)
-
-        self.forward = mx.compile(forward)
-
-
-def _compiled(dec: Any, mask_dtype: Any) -> _Compiled:
-    """`dec`'s compiled forward, made on first use. Raises nothing."""
     held = dec.__dict__.get("_tandem_compiled")
-    if held is None or held.mask_dtype != mask_dtype:
-        held = _Compiled(dec, mask_dtype)
+    if held is None:
+        ref = weakref.ref(dec)
+        held = mx.compile(lambda *args: batched_forward(ref(), *args))
         object.__setattr__(dec, "_tandem_compiled", held)
     return held
 

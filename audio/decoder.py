@@ -212,7 +212,7 @@ def _forward_batched(model: Any, rows: list[DecodeRow],
     if batch is None or not batch.serves(rows):
         # Rows of `company` that will take turns with these join the batch now, or each turn would rebuild it.
         others = [c for c in company if c not in rows and not c.done and c.feeds_last_token]
-        batch = RowBatch.build(rows + others, int(dec.positional_embedding.shape[0]), dec._mask.dtype)
+        batch = RowBatch.build(rows + others, dec)
     logits = batch.logits(dec)
     slots = [r.batch[1] for r in rows]
     for r in rows:

@@ -9,6 +9,7 @@ import weakref
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 import numpy as np
 import pytest
 from mlx_whisper.decoding import DecodingOptions
@@ -162,14 +163,17 @@ def test_the_compiled_forward_gives_the_same_bits_and_goes_with_its_model(tiny_w
         mx.eval(logits, batch.keys, batch.values)
         outs[mode] = [np.array(a) for a in (logits, *batch.keys, *batch.values)]
     assert all(np.array_equal(a, b) for a, b in zip(outs["off"], outs["on"], strict=True))
-    held = weakref.ref(dec.__dict__["_tandem_compiled"])
+    assert "_tandem_compiled" in dec.__dict__  # the compiled forward, kept on the decoder
+    weights = sum(v.nbytes for _, v in tree_flatten(loaded.model.parameters()))
     gone = weakref.ref(dec)
     del rows, batch, jobs, slots  # made while serving (collectable); the model is older than the freeze:
     gc.collect()
     gc.disable()
     try:
+        before = mx.get_active_memory()
         del loaded, dec
-        assert held() is None and gone() is None
+        # the decoder went, and with it the traced graphs: every weight's memory is free again
+        assert gone() is None and before - mx.get_active_memory() >= weights
     finally:
         gc.enable()
 
