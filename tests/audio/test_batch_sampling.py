@@ -4,8 +4,6 @@ after a forward with attention per row."""
 
 from __future__ import annotations
 
-import copy
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -50,7 +48,7 @@ def test_rows_sampled_together_pick_what_each_row_picks_alone(tiny_whisper: Load
     boost[[1, 7], rows[0].task.tokenizer.timestamp_begin + 5] = 40.0
     boost[0, rows[0].task.tokenizer.eot] = 40.0
     logits = logits + mx.array(boost)
-    alone = copy.deepcopy(rows)
+    alone = rows_with_histories(tiny_whisper)  # the same rows again (a deepcopy copied the model; it fails on a GPU)
     done_alone = []
     for i, r in enumerate(alone):
         one = logits[i:i + 1]
@@ -108,3 +106,19 @@ def test_rows_of_a_packed_forward_sample_together_without_the_batch(tiny_whisper
     for a, r in zip(alone, rows):
         b = finish_row(r)
         assert a.sampled == b.sampled and (a.avg_logprob == b.avg_logprob or np.isnan(a.avg_logprob))
+
+
+@pytest.mark.parametrize("last", ["text", "end"])
+def test_the_keyed_sampler_picks_and_scores_as_mlx_whispers_greedy_decoder(last: str) -> None:
+    # A row alone and rows together select through the same code: this checks that code against mlx-whisper's
+    # own GreedyDecoder (after text: the pick's log-probability counts; after end of text: nothing counts, end again).
+    from mlx_whisper.decoding import GreedyDecoder
+
+    eot, vocab = 50256, 51864
+    tokens = mx.array([[50257, 300, 301 if last == "text" else eot]])
+    logits = mx.array(np.random.default_rng(1).normal(0, 3, (1, vocab)).astype(np.float32))
+    theirs = GreedyDecoder(0.0, eot).update(tokens, logits, mx.array([-1.5], dtype=mx.float32))
+    ours = KeyedSampler(0.0, eot, seed=3).update(tokens, logits, mx.array([-1.5], dtype=mx.float32))
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert (float(ours[2][0]) == -1.5) == (last == "end")
