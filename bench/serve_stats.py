@@ -123,7 +123,11 @@ def summarize(results: Sequence[RequestResult], wall: float) -> dict[str, Any]:
     failed = [r for r in sent if r.error is not None]
     reasons = Counter((r.error or "").split(":")[0] for r in failed)
     ttfts = [r.ttft for r in ok if r.ttft is not None]
-    itls = [x for r in ok for x in token_itls(r.chunk_times, r.chunk_tokens)]
+    per_request = [token_itls(r.chunk_times, r.chunk_tokens) for r in ok]
+    itls = [x for gaps in per_request for x in gaps]
+    # The gap after a stream's first token (its row moves from prefill into the decode batch) against the others.
+    firsts = [gaps[0] for gaps in per_request if gaps]
+    later = [x for gaps in per_request for x in gaps[1:]]
     e2e = [r.t_end - r.t_start for r in answered]
     delivered = sum(r.output_tokens for r in sent)
     chunks = sum(len(r.chunk_times) for r in ok)
@@ -150,6 +154,8 @@ def summarize(results: Sequence[RequestResult], wall: float) -> dict[str, Any]:
         "tokens_per_chunk": round(sum(sum(r.chunk_tokens) for r in ok) / chunks, 3) if chunks else None,
         "ttft_ms": {f"p{p}": _ms(percentile(ttfts, p)) for p in (50, 90, 99)} | {"max": _ms(max(ttfts, default=math.nan))},
         "itl_ms": {f"p{p}": _ms(percentile(itls, p)) for p in (50, 90, 99)} | {"max": _ms(max(itls, default=math.nan))},
+        "itl_first_ms": {f"p{p}": _ms(percentile(firsts, p)) for p in (50, 99)} | {"max": _ms(max(firsts, default=math.nan))},
+        "itl_later_ms": {f"p{p}": _ms(percentile(later, p)) for p in (50, 99)} | {"max": _ms(max(later, default=math.nan))},
         "e2e_ms": {f"p{p}": _ms(percentile(e2e, p)) for p in (50, 99)},
         "decode_tok_s_per_stream": round(sum(decode_rates) / len(decode_rates), 2) if decode_rates else None,
     }

@@ -88,6 +88,8 @@ def profile(model: Any, rows: int, steps: int, vocab: int, prefill: int = 0, con
             pending = nxt
         out["pipelined_ms"] = 1000 * (time.perf_counter() - t0) / steps
     out["tokens_per_s"] = (rows + prefill) * 1000 / out.get("pipelined_ms", out["total_ms"])
+    if runner.compiled is not None:  # engine/compiled_decode.py: shapes traced and the steps that traced them
+        out["traces"], out["trace_ms"] = runner.compiled.traces, 1000 * runner.compiled.trace_seconds
     return {k: round(v, 2) for k, v in out.items()}
 
 

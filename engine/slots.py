@@ -191,7 +191,7 @@ class SlotKV:
         )
         if span == 1:
             return batch
-        if self._use_kernel():  # each row's slot and length: no mask, rows stay in their order
+        if self.uses_kernel():  # each row's slot and length: no mask, rows stay in their order
             batch.row_slots = mx.array(list(slots), dtype=mx.int32)
             batch.row_lengths = mx.array([n + 1 for n in lens], dtype=mx.int32)
             return batch
@@ -222,7 +222,9 @@ class SlotKV:
         o = mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=batch.mask)
         return o[batch.out_take] if batch.out_take is not None else o
 
-    def _use_kernel(self) -> bool:
+    def uses_kernel(self) -> bool:
+        """Whether decode attention runs engine/decode_attention.py's kernel on these buffers (decided once, after
+        the first adopt). Raises nothing."""
         if self._kernel is None:
             self._kernel = decode_attention.available(self.keys[0].dtype, self.head_dim, self.heads_per_kv)
         return self._kernel

@@ -3,7 +3,7 @@
 # older tree (OLD_TREE, an untracked copy such as `git archive REV | tar -x -C _old`), then mlx_lm.server,
 # each on the same scenarios and chat shape. Results: $OUT/new.json, $OUT/old.json, $OUT/peer.json.
 #   OLD_TREE=_old SCENARIOS=poisson8,c64,c1 NEW_S=150 OLD_S=150 PEER_S=150 OUT=$OUT bash bench/gpu/ab_h200.sh
-# OLD_FIRST=1 runs the old tree's server before this tree's (see run_new). ENGINE=1 adds this tree's engine without
+# OLD_FIRST=1 runs the old tree's server before this tree's (see run_new); SKIP_NEW=1 runs no server of this tree. ENGINE=1 adds this tree's engine without
 # HTTP at 64 streams (bench/engine_compare.py), for c64's share of it within the same call.
 # VARIANTS="name|server flags|scenarios;..." adds runs of this tree with other flags ($OUT/name.json).
 set -uo pipefail
@@ -23,7 +23,7 @@ run_new() {
 }
 # OLD_FIRST=1: the old tree's server runs first. A fresh host's first server compiles MLX's kernels (cached on
 # disk for the next ones): the first server measured pays stalls the later ones do not.
-[ -n "${OLD_FIRST:-}" ] || run_new
+[ -n "${OLD_FIRST:-}" ] || [ -n "${SKIP_NEW:-}" ] || run_new
 IFS=';' read -ra VARS <<< "${VARIANTS:-}"
 for v in "${VARS[@]}"; do
   IFS='|' read -r name flags scen <<< "$v"

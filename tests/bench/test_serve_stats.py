@@ -77,3 +77,14 @@ def test_summary_counts_tokens_failures_and_latencies() -> None:
     assert s["ttft_ms"]["p50"] == pytest.approx(550.0)  # the answered one (500) and the hung-up one (600)
     assert s["itl_ms"]["max"] == pytest.approx(500.0)
     assert s["e2e_ms"]["p50"] == pytest.approx(2000.0)
+
+
+def test_the_first_gap_of_each_stream_is_reported_apart() -> None:
+    slow_start = RequestResult(t_start=0.0, t_end=1.0, chunk_times=[0.1, 0.4, 0.41, 0.42], chunk_texts=list("abcd"))
+    steady = RequestResult(t_start=0.0, t_end=1.0, chunk_times=[0.2, 0.21, 0.22], chunk_texts=list("abc"))
+    for r in (slow_start, steady):
+        r.count_tokens(len)
+    s = summarize([slow_start, steady], 1.0)
+    assert s["itl_first_ms"]["max"] == pytest.approx(300.0)
+    assert s["itl_first_ms"]["p50"] == pytest.approx(155.0)
+    assert s["itl_later_ms"]["max"] == pytest.approx(10.0)

@@ -19,7 +19,9 @@ CUDA = mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
 
 
 def through_reference(monkeypatch) -> list[tuple[list[int], list[int]]]:
-    """Route SlotKV's kernel path to `reference`; returns the (slots, lengths) of each call."""
+    """Route SlotKV's kernel path to `reference`; returns the (slots, lengths) of each call. Steps run built, not
+    compiled: `reference` reads the lengths on the host."""
+    monkeypatch.setenv("TANDEM_DECODE_COMPILE", "off")
     calls: list[tuple[list[int], list[int]]] = []
 
     def attend(q, keys, values, slots, lens, scale):
@@ -27,7 +29,7 @@ def through_reference(monkeypatch) -> list[tuple[list[int], list[int]]]:
         calls.append((s, n))
         return decode_attention.reference(q, keys, values, s, n, scale)
 
-    monkeypatch.setattr(SlotKV, "_use_kernel", lambda self: True)
+    monkeypatch.setattr(SlotKV, "uses_kernel", lambda self: True)
     monkeypatch.setattr(decode_attention, "attend", attend)
     return calls
 

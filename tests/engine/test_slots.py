@@ -45,7 +45,7 @@ def test_decode_attention_is_one_call_per_layer_whatever_the_rows(tiny_loaded, m
     model = tiny_loaded.model
     runner = PackedRunner(model)
     slots = [runner.slots.adopt(prefill(runner, model, prompt_of(3 + 2 * i, i))) for i in range(rows)]
-    runner.slots._use_kernel()  # decided first: on CUDA the kernel's self-test calls both attentions once
+    runner.slots.uses_kernel()  # decided first: on CUDA the kernel's self-test calls both attentions once
     counter = CountingSDPA(monkeypatch)
     logits = runner.forward([Segment([7 + i], None, True, s) for i, s in enumerate(slots)])
     mx.eval(logits)

@@ -1,0 +1,132 @@
+"""Decode-only steps over slot rows as one `mx.compile`d function per shape.
+
+A decode step of a small model is host work: at one row on the H200 the device needs ~0.5 ms for the weights
+and the engine spends ~2.4 ms building and launching ~270 kernels a token. Compiled, the step is a tape replayed
+in C++ with its elementwise chains fused. MLX traces a compiled function per input shape, and a decode step's
+shapes are its rows, the slot buffers' slots and their capacity: fixed between row changes and buffer growths
+when the step attends through each row's own length (engine/decode_attention.py's kernel; elsewhere a mask over
+the whole capacity). The slot writes are part of the function: its inputs are the buffers, its outputs the
+buffers written. A shape is compiled the second step in a row it is seen (rows that join and leave at once
+would each cost a trace) and the last `KEEP` shapes stay compiled. On by default on a GPU
+(`TANDEM_DECODE_COMPILE` = on | off | auto).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+import mlx.core as mx
+
+from engine import decode_attention
+from engine.accelerator import gpu_default
+
+if TYPE_CHECKING:
+    from engine.slots import DecodeBatch, SlotKV
+
+__all__ = ["CompiledDecode", "compile_enabled", "KEEP"]
+
+KEEP = 32  # compiled shapes kept (each holds a trace of the step; evicting one frees it)
+
+Shape = tuple[int, int, int]  # (rows, slots, capacity)
+
+
+class ModelParts(Protocol):
+    """What the step reads of engine/runner.py's PackedRunner: the model's modules and its fused projections."""
+
+    inner: Any  # the model's inner module: embed_tokens, norm
+    layers: list[Any]
+    qkv: list[Any]  # per layer: x → [q, k, v]
+    mlps: list[Any]  # per layer: x → MLP(x)
+    lm_head: Any
+
+
+def compile_enabled() -> bool:
+    """Whether decode-only steps run compiled (TANDEM_DECODE_COMPILE=on|off, else on a GPU). Raises nothing."""
+    return gpu_default("TANDEM_DECODE_COMPILE")
+
+
+class CompiledDecode:
+    """The runner's decode-only step, compiled per shape (see module doc). Used on the engine thread only: MLX keeps
+    compiled traces per thread."""
+
+    def __init__(self, runner: ModelParts, slots: SlotKV) -> None:
+        self.runner = runner
+        self.slots = slots
+        self._compiled: OrderedDict[Shape, Callable[..., Any]] = OrderedDict()
+        self._last: Shape | None = None  # the previous decode step's shape
+        self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
+        self.trace_seconds = 0.0  # host time of the steps that traced a new shape
+
+    def release(self) -> None:
+        """Drop every compiled shape (their traces hold the weights). Raises nothing."""
+        self._compiled.clear()
+        self._last = None
+
+    def run(self, ids: mx.array, slot_list: Sequence[int], batch: DecodeBatch) -> mx.array:
+        """(rows, vocab) logits for the tokens `ids` (rows,) of the slots in `slot_list` (slot order, as planned in
+        `batch`), writing their KV; compiled once the shape repeats. Raises what MLX raises."""
+        slots = self.slots
+        lens = [slots.length(s) for s in slot_list]
+        row_slots = batch.row_slots if batch.row_slots is not None else mx.array(list(slot_list), dtype=mx.int32)
+        row_lengths = batch.row_lengths if batch.row_lengths is not None else \
+            mx.array([n + 1 for n in lens], dtype=mx.int32)
+        offsets = mx.array(lens, dtype=mx.int32)
+        shape = (len(slot_list), slots.slots, slots.capacity)
+        traces = self.traces
+        fn = self._function(shape)
+        t0 = time.perf_counter()
+        out = fn(ids.astype(mx.int32), offsets, batch.scatter_slot, batch.scatter_head, batch.scatter_pos,
+                 row_slots, row_lengths, *slots.keys, *slots.values)
+        if self.traces > traces:
+            self.trace_seconds += time.perf_counter() - t0
+        n = slots.n_layers
+        slots.keys, slots.values = list(out[1:1 + n]), list(out[1 + n:])
+        return out[0]
+
+    def _function(self, shape: Shape) -> Callable[..., Any]:
+        fn = self._compiled.get(shape)
+        if fn is not None:
+            self._compiled.move_to_end(shape)
+        elif shape == self._last:
+            fn = self._compiled[shape] = mx.compile(self._step)
+            self.traces += 1
+            while len(self._compiled) > KEEP:
+                self._compiled.popitem(last=False)
+        self._last = shape
+        return fn if fn is not None else self._step
+
+    def _step(self, ids: mx.array, offsets: mx.array, s_slot: mx.array, s_head: mx.array, s_pos: mx.array,
+              row_slots: mx.array, row_lengths: mx.array, *kv: mx.array) -> list[mx.array]:
+        """The pure step: [logits, keys of every layer..., values of every layer...]. Raises what MLX raises."""
+        run = self.runner
+        n = len(run.layers)
+        keys, values = list(kv[:n]), list(kv[n:])
+        rows = ids.shape[0]
+        kernel = self.slots.uses_kernel()
+        h = run.inner.embed_tokens(ids[None])
+        for li, layer in enumerate(run.layers):
+            attn = layer.self_attn
+            q, k, v = run.qkv[li](layer.input_layernorm(h))
+            q = q.reshape(rows, attn.n_heads, 1, -1)
+            k = k.reshape(rows, attn.n_kv_heads, 1, -1)
+            v = v.reshape(rows, attn.n_kv_heads, 1, -1)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q = attn.rope(q, offset=offsets)
+            k = attn.rope(k, offset=offsets)
+            d = k.shape[-1]
+            at = (s_slot, s_head, s_pos)
+            keys[li][at] = k.reshape(-1, d)
+            values[li][at] = v.reshape(-1, d)
+            if kernel:
+                o = decode_attention.attend(q, keys[li], values[li], row_slots, row_lengths, attn.scale)
+            else:  # each row's slot, gathered, with the positions past its length masked
+                cap = keys[li].shape[2]
+                mask = (mx.arange(cap)[None] < row_lengths[:, None])[:, None, None, :]
+                o = mx.fast.scaled_dot_product_attention(q, keys[li][row_slots], values[li][row_slots],
+                                                         scale=attn.scale, mask=mask)
+            h = h + attn.o_proj(o.reshape(1, rows, -1))
+            h = h + run.mlps[li](layer.post_attention_layernorm(h))
+        return [run.lm_head(run.inner.norm(h))[0], *keys, *values]

@@ -1,0 +1,91 @@
+"""Compiled decode steps: the same logits and KV as the built step, across buffer growth, holes, rows joining and
+leaving; a shape is compiled only once it repeats, and only `KEEP` shapes stay compiled."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.utils import load
+
+from engine import compiled_decode
+from engine.runner import PackedRunner, Segment, SeparateRunner
+from tests.engine.test_slots import check_schedule, prefill, prompt_of
+from tests.fixtures.tiny_llm import build_tiny_llm
+
+
+@pytest.fixture
+def compiled_on(monkeypatch):
+    monkeypatch.setenv("TANDEM_DECODE_COMPILE", "on")
+
+
+def test_off_by_default_on_a_cpu(tiny_loaded, monkeypatch) -> None:
+    monkeypatch.delenv("TANDEM_DECODE_COMPILE", raising=False)
+    assert (PackedRunner(tiny_loaded.model).compiled is not None) == compiled_decode.gpu_default("X_UNSET_SWITCH")
+
+
+def test_compiled_schedule_matches_per_row_caches_llama(tiny_loaded, compiled_on, monkeypatch) -> None:
+    runners: list[PackedRunner] = []
+    real_init = PackedRunner.__init__
+
+    def init(self, model):
+        real_init(self, model)
+        runners.append(self)
+
+    monkeypatch.setattr(PackedRunner, "__init__", init)
+    check_schedule(tiny_loaded.model)
+    assert runners[0].compiled is not None and runners[0].compiled.traces >= 1  # the repeated steps ran compiled
+
+
+def test_compiled_schedule_matches_per_row_caches_qwen3(tmp_path, compiled_on) -> None:
+    model, _ = load(str(build_tiny_llm(tmp_path, model_type="qwen3")))  # q/k norms inside the compiled step
+    check_schedule(model)
+
+
+def test_compiled_steps_write_the_same_kv_across_growth(tiny_loaded, compiled_on) -> None:
+    model = tiny_loaded.model
+    runner = PackedRunner(model)
+    runner.slots.step = 4  # the capacity grows every few tokens: new shapes, compiled once each repeats
+    prompts = [prompt_of(6, 1), prompt_of(3, 2)]
+    slots = [runner.slots.adopt(prefill(runner, model, p)) for p in prompts]
+    fed = [[], []]
+    for t in range(11):
+        ids = [[30 + t], [50 + t]]
+        mx.eval(runner.forward([Segment(ids[i], None, True, s) for i, s in enumerate(slots)]))
+        for i in range(2):
+            fed[i] += ids[i]
+    assert runner.compiled is not None and runner.compiled.traces >= 2
+    for i, s in enumerate(slots):
+        ref = prefill(SeparateRunner(model), model, prompts[i] + fed[i])
+        n = len(prompts[i]) + len(fed[i])
+        for a, b in zip(runner.slots.export(s), ref):
+            assert a.offset == b.offset == n
+            assert mx.allclose(a.keys, b.keys[..., :n, :], atol=1e-4).item()
+            assert mx.allclose(a.values, b.values[..., :n, :], atol=1e-4).item()
+
+
+def test_a_shape_is_compiled_once_it_repeats_and_only_keep_stay(tiny_loaded, compiled_on, monkeypatch) -> None:
+    model = tiny_loaded.model
+    runner = PackedRunner(model)
+    compiled = runner.compiled
+    assert compiled is not None
+    slots = [runner.slots.adopt(prefill(runner, model, prompt_of(4 + i, i))) for i in range(3)]
+    traced: list[tuple] = []
+    real_compile = mx.compile
+    monkeypatch.setattr(compiled_decode.mx, "compile", lambda fn: traced.append(1) or real_compile(fn))
+
+    def step(live: list[int], t: int) -> None:
+        mx.eval(runner.forward([Segment([9 + t], None, True, slots[i]) for i in live]))
+
+    for t in range(4):  # the row count alternates: no shape repeats, so nothing is compiled
+        step([0, 1] if t % 2 else [0], t)
+    assert compiled.traces == 0 and not traced
+    step([0, 1, 2], 4)
+    step([0, 1, 2], 5)  # the second step in a row of this shape compiles it
+    step([0, 1, 2], 6)  # and the third reuses it
+    assert compiled.traces == 1 and len(traced) == 1
+    monkeypatch.setattr(compiled_decode, "KEEP", 1)
+    step([0, 1], 7)
+    step([0, 1], 8)
+    assert compiled.traces == 2 and len(compiled._compiled) == 1  # the older shape was let go
+    compiled.release()
+    assert not compiled._compiled
