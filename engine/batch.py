@@ -317,17 +317,19 @@ class LLMBatchGroup:
 
     def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
         """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_end`."""
+        jobs = self.lane.jobs_done if self.lane is not None else 0
         done, steps = run_burst(lambda: self.step.measured(rows, 0, True, False),
-                                lambda posted: bool(self._burst_end(posted)), post, self.decode_burst)
+                                lambda posted: bool(self._burst_end(posted, jobs)), post, self.decode_burst)
         self.counters["bursts"] += 1
         self.counters["burst_steps"] += steps
         return done
 
-    def _burst_end(self, posted: StepResult | None) -> str | None:
+    def _burst_end(self, posted: StepResult | None, lane_jobs: int = 0) -> str | None:
         """What waits for the loop, if anything: the group closes, a task (a Whisper step) or a request with room
         to join is queued (with every row busy only a finish frees one), a row ended (its KV is freed between
         steps, cancelled ones too), the loop has not yet published the step posted before (it is busy: running
-        further ahead would only batch tokens up and take its GIL time), or a lane job ended (new rows join)."""
+        further ahead would only batch tokens up and take its GIL time), or a lane job ended since the burst began
+        (`lane_jobs`: the count then; its rows join the decode steps)."""
         if self._closed:
             return "closed"
         if self.tasks.pending:
@@ -338,7 +340,7 @@ class LLMBatchGroup:
             return "ended"
         if posted is not None and not posted.published:
             return "behind"
-        return "lane" if self.lane is not None and self.lane.finished else None
+        return "lane" if self.lane is not None and self.lane.jobs_done != lane_jobs else None
 
     def _landed(self, done: StepResult, gap: float | None = None) -> None:
         """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""

@@ -71,8 +71,8 @@ class DecodeFirst:
 
 
 class PrefillLane:
-    """The lane's thread and its job in flight (one at a time). Event loop only, but for `finished`, which the
-    lane thread sets as a job ends so that a decode burst on the other thread hands back at once.
+    """The lane's thread and its job in flight (one at a time). Event loop only, but for `jobs_done`, which the
+    lane thread counts up as a job ends so that a decode burst on the other thread hands back at once.
     `job(rows, budget)` runs on the lane; `landed(rows, result, error)` then runs on the loop, once the rows are
     the group's again, and the lane takes the next chunks of `active()`'s preparing rows."""
 
@@ -81,7 +81,9 @@ class PrefillLane:
         self.thread = EngineThread("tandem-prefill")
         self.turns = DecodeFirst(self.thread)  # the runner's forward builds decode first (engine/runner.py)
         self.rows: list[Row] = []  # the rows of the job in flight
-        self.finished = False
+        # Jobs ended, counted on the lane thread and never reset: a burst compares it with its count at the start. (A flag
+        # the loop cleared on landing was often cleared before the burst looked: new rows waited out whole bursts.)
+        self.jobs_done = 0
         self._job, self._budget, self._active, self._handler = job, budget, active, landed
         self._closed = False
         self._landed = anyio.Event()
@@ -107,7 +109,7 @@ class PrefillLane:
         self.rows, call, job, budget = rows, self._to_loop, self._job, self._budget
 
         def done(result: Any, error: BaseException | None) -> None:  # on the lane thread
-            self.finished = True
+            self.jobs_done += 1
             try:
                 call(self._land, rows, result, error)
             except RuntimeError:  # the event loop is gone (shutdown)
@@ -118,7 +120,7 @@ class PrefillLane:
     def _land(self, rows: list[Row], result: Any, error: BaseException | None) -> None:
         """Event loop: the job's rows are the group's again; the group handles the result (unless it closed, which
         ended them), then the next chunks go out and a driver waiting for the lane goes on. Raises nothing."""
-        self.rows, self.finished = [], False
+        self.rows = []
         for r in rows:
             r.in_lane = False
         if not self._closed:

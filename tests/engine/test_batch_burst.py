@@ -35,8 +35,8 @@ class StepLog:
             self.handoffs += 1
             return await thread_run(fn, *args)
 
-        def burst_end(posted: Any) -> str | None:
-            self.ends.append(reason := why(posted))
+        def burst_end(posted: Any, *lane_jobs: int) -> str | None:
+            self.ends.append(reason := why(posted, *lane_jobs))
             return reason
 
         engine.group.step.run = step  # type: ignore[method-assign]
@@ -222,3 +222,55 @@ async def test_a_request_waiting_for_a_free_row_does_not_end_bursts(tiny_loaded)
     assert second["got"] == reference(tiny_loaded.model, prompt_of(5, 8), 6)
     # While the first row decoded its last ~44 tokens beside a queued request, it still went in bursts.
     assert steps >= 40 and handoffs <= 2 + steps // 8 and "join" not in log.ends
+
+
+async def test_a_burst_hands_back_within_one_step_when_a_lane_job_lands(tiny_loaded) -> None:
+    # The loop takes a landed job's rows back at once (it idles while a burst runs): each step here waits for that, so
+    # the burst must learn of the job from the lane itself. A flag the loop cleared on landing kept the new row out
+    # of the whole burst (H200: 140 ms before a stream's second token at 8 streams).
+    import threading
+
+    engine = Engine(tiny_loaded, decode_burst=64, prefill_lane=True, memory_budget=1 << 30)
+    lane = engine.group.lane
+    assert lane is not None
+    landed = threading.Event()
+    land = lane._land
+
+    def land_and_tell(rows: list[Any], *args: Any) -> None:
+        land(rows, *args)
+        if second and second[0] in rows:
+            landed.set()
+
+    lane._land = land_and_tell  # type: ignore[method-assign]
+    second: list[Any] = []
+    left_out: list[int] = []  # steps that began while the second row could decode but was not among their rows
+
+    def check(rows: list[Any]) -> None:
+        if second and lane.rows and second[0] in lane.rows:
+            assert landed.wait(30), "the lane job never landed"
+        elif second and second[0].decoding and not second[0].in_lane and second[0] not in rows:
+            left_out.append(1)
+
+    StepLog(engine, check)
+    first, later = prompt_of(6, 9), prompt_of(11, 10)
+    results: dict[str, list[int]] = {}
+
+    async def collect() -> None:
+        stream = engine.submit(GenerationRequest(later, GREEDY, max_tokens=6))
+        second.append(stream._row)
+        results["second"] = [t async for d in stream for t in d.token_ids]
+
+    def progress() -> None:
+        if not second and len(results.setdefault("seen", [])) >= 4:
+            tg.start_soon(collect)
+        results["seen"].append(1)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        results["first"] = await generate(engine, first, 40, progress)
+        while "second" not in results:
+            await anyio.wait_all_tasks_blocked()
+        engine.close()
+    assert results["first"] == reference(tiny_loaded.model, first, 40)
+    assert results["second"] == reference(tiny_loaded.model, later, 6)
+    assert landed.is_set() and len(left_out) <= 1
