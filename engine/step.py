@@ -169,8 +169,8 @@ class BatchStep:
     def _chained(self, t0: float, rows: list[Row], budget: int, prefill: bool) -> list[tuple[Row, Delta]]:
         """An iteration launched on top of the in-flight step: its rows' next tokens enter the forward unread;
         that step is read (and its tokens accepted) while the device runs this one, which then stays in flight
-        for the next iteration (or is read here when its rows' samplers need their history). Rows that finish
-        on the in-flight token drop the token computed after it. Raises what the forward raises."""
+        for the next iteration (or is read here when a row joined in it, or its rows' samplers need their history).
+        Rows that finish on the in-flight token drop the token computed after it. Raises what the forward raises."""
         flight = self.pipeline.take()
         assert flight is not None and flight.tokens is not None  # a kept step always sampled
         plan = plan_iteration(rows, budget, True, prefill)
@@ -181,7 +181,10 @@ class BatchStep:
         waited = time.perf_counter() - t_wait  # the in-flight step's own time
         outputs: list[tuple[Row, Delta | None]] = [(r, self.accept(r, t)) for r, t in zip(flight.rows, ids)
                                                    if not r.ended]
-        if launch is None or self._keep(launch):
+        # A row that joins here (back from the lane, or its prompt done in this step) has had one token so far: its
+        # next is read now, not an iteration later (kept in flight, its second token came ~3.4 steps after its first).
+        joined = launch is not None and any(id(r) not in lazy for r in launch.rows)
+        if launch is None or (not joined and self._keep(launch)):
             # This iteration's time is the gap the streams of the step just read saw.
             self.last_cost = self._cost(time.perf_counter() - t0, flight.prompt_tokens, flight.decode_rows)
             return self._finish(t0, outputs, flight.prompt_tokens, flight.decode_rows)

@@ -197,3 +197,27 @@ async def test_a_prefix_cache_hit_and_segment_puts_go_through_the_lane(tiny_load
         group.close()
     cold = make_group(tiny_loaded)
     assert tokens_of(d2) == tokens_of((await run_rows(cold, [GenerationRequest(second, GREEDY, max_tokens=8)], [0]))[0])
+
+
+async def test_a_row_back_from_the_lane_has_its_second_token_from_the_step_it_joins(tiny_loaded) -> None:
+    # Steps stay in flight across iterations (as on a GPU), but the one a row joins is read at once: kept in flight,
+    # the row's second token came an iteration later (the H200: ~3.4 steps after its first under Poisson arrivals).
+    group, gate, first = await decoding_beside_gate(tiny_loaded, 60)
+    group.step.keep_mixed = True
+    try:
+        await iterate(group)  # the first row's next step in flight
+        gate.open.clear()
+        second = group.submit(GenerationRequest(prompt_of(9, 3), GREEDY, max_tokens=8))
+        await iterate(group)  # admitted: its prompt goes to the lane, which waits at the gate
+        gate.open.set()
+        await group.lane.wait()  # landed: the second row has its first token and is the group's again
+        assert len(second._row.generated) == 1 and not second._row.in_lane and not first._row.finished
+        assert group.step.pipeline.inflight is not None  # the first row's step is in flight as the second joins
+        await iterate(group)
+        assert len(second._row.generated) == 2
+        await iterate_until(group, lambda: first._row.finished and second._row.finished)
+        got = {s: tokens_of(drain(s)) for s in (first, second)}
+        assert_matches_reference(tiny_loaded, prompt_of(6, 1), got[first], 60)
+        assert_matches_reference(tiny_loaded, prompt_of(9, 3), got[second], 8)
+    finally:
+        group.close()
