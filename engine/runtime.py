@@ -228,6 +228,11 @@ class Engine:
             # one went before a request, a task, a finish or a busy loop ended it.
             out["decode_bursts"] = {"limit": group.decode_burst, "bursts": int(c["bursts"]),
                                     "steps": int(c["burst_steps"])}
+            # Decode-only steps run mx.compile'd per shape (engine/compiled_decode.py): shapes traced, and what those
+            # traces cost the steps that made them.
+            compiled = getattr(group.step.runner, "compiled", None)
+            out["compiled_decode"] = {"on": compiled is not None, "traces": compiled.traces if compiled else 0,
+                                      "trace_seconds": round(compiled.trace_seconds, 3) if compiled else 0.0}
             # Prompt chunks on their own engine thread beside the decode steps (engine/batch.py), where on.
             # waits_for_decode: the lane's pauses while a decode step was being built (engine/lane.py DecodeFirst).
             lane = group.lane

@@ -89,3 +89,23 @@ def test_a_shape_is_compiled_once_it_repeats_and_only_keep_stay(tiny_loaded, com
     assert compiled.traces == 2 and len(compiled._compiled) == 1  # the older shape was let go
     compiled.release()
     assert not compiled._compiled
+
+
+@pytest.mark.anyio
+async def test_the_engine_serves_compiled_steps_and_stats_count_their_traces(tiny_loaded, compiled_on) -> None:
+    import anyio
+
+    from engine.contracts import GenerationRequest
+    from engine.runtime import Engine
+    from tests.engine.test_runtime import GREEDY, reference
+
+    engine = Engine(tiny_loaded, memory_budget=1 << 30)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        prompt = prompt_of(7, 4)
+        async with engine.submit(GenerationRequest(prompt, GREEDY, max_tokens=24)) as stream:
+            got = [t async for d in stream for t in d.token_ids]
+        stats = engine.stats()["compiled_decode"]
+        engine.close()
+    assert got == reference(tiny_loaded.model, prompt, 24)
+    assert stats["on"] and stats["traces"] >= 1 and stats["trace_seconds"] > 0
