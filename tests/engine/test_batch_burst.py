@@ -70,6 +70,35 @@ async def serve_one(engine: Engine, tiny_loaded: Any, prompt: list[int], n: int,
     assert got == reference(tiny_loaded.model, prompt, n)
 
 
+async def with_a_second_request(engine: Engine, tiny_loaded: Any, first: list[int], second: list[int], n: int,
+                                submitted: Callable[[Any], None]) -> list[int]:
+    """Serve `engine`: 40 greedy tokens of `first`, and after its fourth delta a request for `n` tokens of `second`
+    (its row handed to `submitted` as it is queued); both must be mlx-lm's tokens. Returns the second's tokens."""
+    seen: list[int] = []
+    got: dict[str, list[int]] = {}
+
+    async def collect() -> None:
+        stream = engine.submit(GenerationRequest(second, GREEDY, max_tokens=n))
+        submitted(stream._row)  # queued: steps from here on see it
+        async with stream:
+            got["second"] = [t async for d in stream for t in d.token_ids]
+
+    def progress() -> None:
+        seen.append(1)
+        if len(seen) == 4:
+            tg.start_soon(collect)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        got["first"] = await generate(engine, first, 40, progress)
+        while "second" not in got:
+            await anyio.wait_all_tasks_blocked()
+        engine.close()
+    assert got["first"] == reference(tiny_loaded.model, first, 40)
+    assert got["second"] == reference(tiny_loaded.model, second, n)
+    return got["second"]
+
+
 @pytest.mark.parametrize("burst", [1, 16])
 async def test_a_lone_stream_decodes_in_bursts_and_matches_mlx_lm(tiny_loaded, burst: int) -> None:
     engine = Engine(tiny_loaded, decode_burst=burst)
@@ -94,36 +123,8 @@ async def test_a_burst_yields_to_a_new_request_within_one_step(tiny_loaded) -> N
             late.append(1)
 
     StepLog(engine, check)
-    first, second = prompt_of(6, 1), prompt_of(9, 2)
-    results: dict[str, list[int]] = {}
-
-    def submit_second() -> None:
-        if not queued and len(results.get("first-progress", [])) >= 4:
-            queued.append(None)
-            stream = engine.submit(GenerationRequest(second, GREEDY, max_tokens=8))
-            queued[0] = stream._row
-            tg.start_soon(collect, stream)
-
-    async def collect(stream: Any) -> None:
-        got: list[int] = []
-        async with stream:
-            async for delta in stream:
-                got += delta.token_ids
-        results["second"] = got
-
-    def progress() -> None:
-        results.setdefault("first-progress", []).append(1)
-        submit_second()
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(engine.serve)
-        results["first"] = await generate(engine, first, 40, progress)
-        while "second" not in results:
-            await anyio.wait_all_tasks_blocked()
-        engine.close()
+    await with_a_second_request(engine, tiny_loaded, prompt_of(6, 1), prompt_of(9, 2), 8, queued.append)
     assert queued and len(late) <= 1
-    assert results["first"] == reference(tiny_loaded.model, first, 40)
-    assert results["second"] == reference(tiny_loaded.model, second, 8)
 
 
 async def test_a_burst_yields_to_a_task_within_one_step(tiny_loaded) -> None:
@@ -252,25 +253,5 @@ async def test_a_burst_hands_back_within_one_step_when_a_lane_job_lands(tiny_loa
             left_out.append(1)
 
     StepLog(engine, check)
-    first, later = prompt_of(6, 9), prompt_of(11, 10)
-    results: dict[str, list[int]] = {}
-
-    async def collect() -> None:
-        stream = engine.submit(GenerationRequest(later, GREEDY, max_tokens=6))
-        second.append(stream._row)
-        results["second"] = [t async for d in stream for t in d.token_ids]
-
-    def progress() -> None:
-        if not second and len(results.setdefault("seen", [])) >= 4:
-            tg.start_soon(collect)
-        results["seen"].append(1)
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(engine.serve)
-        results["first"] = await generate(engine, first, 40, progress)
-        while "second" not in results:
-            await anyio.wait_all_tasks_blocked()
-        engine.close()
-    assert results["first"] == reference(tiny_loaded.model, first, 40)
-    assert results["second"] == reference(tiny_loaded.model, later, 6)
+    await with_a_second_request(engine, tiny_loaded, prompt_of(6, 9), prompt_of(11, 10), 6, second.append)
     assert landed.is_set() and len(left_out) <= 1
