@@ -59,11 +59,6 @@ class CompiledDecode:
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
 
-    def release(self) -> None:
-        """Drop every compiled shape (their traces hold the weights). Raises nothing."""
-        self._compiled.clear()
-        self._last = None
-
     def run(self, ids: mx.array, slot_list: Sequence[int], batch: DecodeBatch) -> mx.array:
         """(rows, vocab) logits for the tokens `ids` (rows,) of the slots in `slot_list` (slot order, as planned in
         `batch`), writing their KV; compiled once the shape repeats. Raises what MLX raises."""
