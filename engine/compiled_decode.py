@@ -7,12 +7,13 @@ shapes are its rows, the slot buffers' slots and their capacity: fixed between r
 when the step attends through each row's own length (engine/decode_attention.py's kernel; elsewhere a mask over
 the whole capacity). The slot writes are part of the function: its inputs are the buffers, its outputs the
 buffers written. A shape is compiled the second step in a row it is seen (rows that join and leave at once
-would each cost a trace) and the last `KEEP` shapes stay compiled. On by default on a GPU
+would each cost a trace) and the last `KEEP` shapes stay compiled. On by default on CUDA
 (`TANDEM_DECODE_COMPILE` = on | off | auto).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
@@ -20,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import mlx.core as mx
 
 from engine import decode_attention
-from engine.accelerator import gpu_default
+from engine.accelerator import on_gpu
 
 if TYPE_CHECKING:
     from engine.slots import DecodeBatch, SlotKV
 
-__all__ = ["CompiledDecode", "compile_enabled", "KEEP"]
+__all__ = ["CompiledDecode", "compile_enabled", "compile_forced", "KEEP"]
 
 KEEP = 32  # compiled shapes kept (each holds a trace of the step; evicting one frees it)
 
@@ -42,22 +43,38 @@ class ModelParts(Protocol):
     lm_head: Any
 
 
+def compile_forced() -> bool:
+    """Whether TANDEM_DECODE_COMPILE=on asks for compiled steps also without the decode kernel. Raises nothing."""
+    return os.environ.get("TANDEM_DECODE_COMPILE", "auto").lower() == "on"
+
+
 def compile_enabled() -> bool:
-    """Whether decode-only steps run compiled (TANDEM_DECODE_COMPILE=on|off, else on a GPU). Raises nothing."""
-    return gpu_default("TANDEM_DECODE_COMPILE")
+    """Whether decode-only steps run compiled: TANDEM_DECODE_COMPILE=on|off, else on CUDA, where the decode kernel
+    reads each row's own length. Elsewhere (Metal, a CPU) the compiled step would gather every row's whole slot
+    a layer, where the built one attends slices of the buffers. Raises nothing."""
+    choice = os.environ.get("TANDEM_DECODE_COMPILE", "auto").lower()
+    if choice in ("on", "off"):
+        return choice == "on"
+    return on_gpu() and mx.cuda.is_available()
 
 
 class CompiledDecode:
     """The runner's decode-only step, compiled per shape (see module doc). Used on the engine thread only: MLX keeps
     compiled traces per thread."""
 
-    def __init__(self, runner: ModelParts, slots: SlotKV) -> None:
+    def __init__(self, runner: ModelParts, slots: SlotKV, gather: bool = False) -> None:
         self.runner = runner
         self.slots = slots
+        self.gather = gather  # serve without the decode kernel too (rows' slots gathered: TANDEM_DECODE_COMPILE=on)
         self._compiled: OrderedDict[Shape, Callable[..., Any]] = OrderedDict()
         self._last: Shape | None = None  # the previous decode step's shape
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
+
+    def serves(self) -> bool:
+        """Whether decode steps run compiled here: with the decode kernel (its self-test passed on CUDA), or when
+        forced on. Raises nothing."""
+        return self.gather or self.slots.uses_kernel()
 
     def run(self, ids: mx.array, slot_list: Sequence[int], batch: DecodeBatch) -> mx.array:
         """(rows, vocab) logits for the tokens `ids` (rows,) of the slots in `slot_list` (slot order, as planned in

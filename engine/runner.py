@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine.compiled_decode import CompiledDecode, compile_enabled
+from engine.compiled_decode import CompiledDecode, compile_enabled, compile_forced
 from engine.fused import FusedLinear, fused_mlp
 from engine.slots import DecodeBatch, SlotKV
 
@@ -135,7 +135,8 @@ class PackedRunner:
         self.qkv = [FusedLinear([la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj]) for la in self.layers]
         self.mlps = [fused_mlp(la.mlp) for la in self.layers]
         # Decode-only steps, compiled per shape (engine/compiled_decode.py).
-        self.compiled = CompiledDecode(self, self.slots) if self.slots is not None and compile_enabled() else None
+        self.compiled = CompiledDecode(self, self.slots, gather=compile_forced()) \
+            if self.slots is not None and compile_enabled() else None
         self.turns: DecodeFirst | None = None  # set by a group with a prefill lane (engine/lane.py)
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
@@ -183,7 +184,8 @@ class PackedRunner:
             ids = fed if not rest_ids else mx.concatenate([fed.astype(mx.int32), mx.array(rest_ids, mx.int32)])
         else:
             ids = _token_ids(order, flat, bounds)
-        if self.compiled is not None and batch is not None and slots is not None and len(slotted) == len(segments):
+        if (self.compiled is not None and batch is not None and slots is not None and len(slotted) == len(segments)
+                and self.compiled.serves()):
             logits = self.compiled.run(ids, [seg.slot_index for seg in slotted], batch)
             slots.commit([seg.slot_index for seg in slotted])
             return logits if picks == list(range(T)) else logits[mx.array(picks)]

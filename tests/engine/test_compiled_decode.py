@@ -18,9 +18,29 @@ def compiled_on(monkeypatch):
     monkeypatch.setenv("TANDEM_DECODE_COMPILE", "on")
 
 
-def test_off_by_default_on_a_cpu(tiny_loaded, monkeypatch) -> None:
+def test_on_by_default_only_on_cuda(tiny_loaded, monkeypatch) -> None:
     monkeypatch.delenv("TANDEM_DECODE_COMPILE", raising=False)
-    assert (PackedRunner(tiny_loaded.model).compiled is not None) == compiled_decode.gpu_default("X_UNSET_SWITCH")
+    cuda = mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
+    assert (PackedRunner(tiny_loaded.model).compiled is not None) == cuda
+    monkeypatch.setenv("TANDEM_DECODE_COMPILE", "off")
+    assert PackedRunner(tiny_loaded.model).compiled is None
+
+
+def test_without_the_decode_kernel_steps_are_built_unless_forced(tiny_loaded, monkeypatch) -> None:
+    # Without the kernel a compiled step gathers each row's whole slot a layer: only when asked for by name.
+    from engine.slots import SlotKV
+
+    model = tiny_loaded.model
+    monkeypatch.setattr(compiled_decode, "compile_enabled", lambda: True)  # as on CUDA
+    monkeypatch.setattr("engine.runner.compile_enabled", lambda: True)
+    monkeypatch.setattr(SlotKV, "uses_kernel", lambda self: False)  # its self-test failed
+    for forced, compiled in (("auto", False), ("on", True)):
+        monkeypatch.setenv("TANDEM_DECODE_COMPILE", forced)
+        runner = PackedRunner(model)
+        s = runner.slots.adopt(prefill(runner, model, prompt_of(5, 1)))
+        for t in range(3):
+            mx.eval(runner.forward([Segment([9 + t], None, True, s)]))
+        assert runner.compiled is not None and (runner.compiled.traces > 0) == compiled
 
 
 def test_compiled_schedule_matches_per_row_caches_llama(tiny_loaded, compiled_on, monkeypatch) -> None:
