@@ -324,7 +324,7 @@ class LLMBatchGroup:
         self.counters["burst_steps"] += steps
         return done
 
-    def _burst_end(self, posted: StepResult | None, lane_jobs: int = 0) -> str | None:
+    def _burst_end(self, posted: StepResult | None, lane_jobs: int) -> str | None:
         """What waits for the loop, if anything: the group closes, a task (a Whisper step) or a request with room
         to join is queued (with every row busy only a finish frees one), a row ended (its KV is freed between
         steps, cancelled ones too), the loop has not yet published the step posted before (it is busy: running

@@ -35,8 +35,8 @@ class StepLog:
             self.handoffs += 1
             return await thread_run(fn, *args)
 
-        def burst_end(posted: Any, *lane_jobs: int) -> str | None:
-            self.ends.append(reason := why(posted, *lane_jobs))
+        def burst_end(posted: Any, lane_jobs: int) -> str | None:
+            self.ends.append(reason := why(posted, lane_jobs))
             return reason
 
         engine.group.step.run = step  # type: ignore[method-assign]
