@@ -337,6 +337,14 @@ async def test_idle_time_between_requests_is_not_counted_as_a_loop_gap(tiny_load
 
 async def test_a_chat_turn_ends_when_chats_next_step_lands_and_at_once_without_chat(tiny_loaded) -> None:
     engine = Engine(tiny_loaded, max_active=2)
+    landings = [0]  # chat steps landed on the loop (a step's counters move on the engine thread, before it lands)
+    land = engine.group._landed
+
+    def counted(*args: Any) -> None:
+        landings[0] += 1
+        land(*args)
+
+    engine.group._landed = counted  # type: ignore[method-assign]
     with anyio.fail_after(30):
         await engine.chat_turn()  # nothing is served yet: no chat to wait for
         async with anyio.create_task_group() as tg:
@@ -347,9 +355,9 @@ async def test_a_chat_turn_ends_when_chats_next_step_lands_and_at_once_without_c
                 first = await stream.__anext__()
                 assert first.error is None
                 for _ in range(3):
-                    before = engine.group.counters["iterations"] + engine.group.counters["burst_steps"]
+                    before = landings[0]
                     await engine.chat_turn()
-                    steps.append(engine.group.counters["iterations"] + engine.group.counters["burst_steps"] - before)
+                    steps.append(landings[0] - before)
             engine.close()
             await engine.chat_turn()  # closed: at once
     assert all(n >= 1 for n in steps), steps
