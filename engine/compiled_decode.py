@@ -43,16 +43,20 @@ class ModelParts(Protocol):
     lm_head: Any
 
 
+def _choice() -> str:
+    return os.environ.get("TANDEM_DECODE_COMPILE", "auto").lower()
+
+
 def compile_forced() -> bool:
     """Whether TANDEM_DECODE_COMPILE=on asks for compiled steps also without the decode kernel. Raises nothing."""
-    return os.environ.get("TANDEM_DECODE_COMPILE", "auto").lower() == "on"
+    return _choice() == "on"
 
 
 def compile_enabled() -> bool:
     """Whether decode-only steps run compiled: TANDEM_DECODE_COMPILE=on|off, else on CUDA, where the decode kernel
     reads each row's own length. Elsewhere (Metal, a CPU) the compiled step would gather every row's whole slot
     a layer, where the built one attends slices of the buffers. Raises nothing."""
-    choice = os.environ.get("TANDEM_DECODE_COMPILE", "auto").lower()
+    choice = _choice()
     if choice in ("on", "off"):
         return choice == "on"
     return on_gpu() and mx.cuda.is_available()
@@ -80,17 +84,13 @@ class CompiledDecode:
         """(rows, vocab) logits for the tokens `ids` (rows,) of the slots in `slot_list` (slot order, as planned in
         `batch`), writing their KV; compiled once the shape repeats. Raises what MLX raises."""
         slots = self.slots
-        lens = [slots.length(s) for s in slot_list]
         row_slots = batch.row_slots if batch.row_slots is not None else mx.array(list(slot_list), dtype=mx.int32)
-        row_lengths = batch.row_lengths if batch.row_lengths is not None else \
-            mx.array([n + 1 for n in lens], dtype=mx.int32)
-        offsets = mx.array(lens, dtype=mx.int32)
         shape = (len(slot_list), slots.slots, slots.capacity)
         traces = self.traces
         fn = self._function(shape)
         t0 = time.perf_counter()
-        out = fn(ids.astype(mx.int32), offsets, batch.scatter_slot, batch.scatter_head, batch.scatter_pos,
-                 row_slots, row_lengths, *slots.keys, *slots.values)
+        out = fn(ids.astype(mx.int32), batch.offsets, batch.scatter_slot, batch.scatter_head, batch.scatter_pos,
+                 row_slots, *slots.keys, *slots.values)
         if self.traces > traces:
             self.trace_seconds += time.perf_counter() - t0
         n = slots.n_layers
@@ -110,13 +110,16 @@ class CompiledDecode:
         return fn if fn is not None else self._step
 
     def _step(self, ids: mx.array, offsets: mx.array, s_slot: mx.array, s_head: mx.array, s_pos: mx.array,
-              row_slots: mx.array, row_lengths: mx.array, *kv: mx.array) -> list[mx.array]:
-        """The pure step: [logits, keys of every layer..., values of every layer...]. Raises what MLX raises."""
+              row_slots: mx.array, *kv: mx.array) -> list[mx.array]:
+        """The pure step: [logits, keys of every layer..., values of every layer...]; `offsets` (rows,): each row's
+        length before this token. Raises what MLX raises."""
         run = self.runner
         n = len(run.layers)
         keys, values = list(kv[:n]), list(kv[n:])
         rows = ids.shape[0]
         kernel = self.slots.uses_kernel()
+        row_lengths = (offsets + 1).astype(mx.int32)  # keys each row attends, its new one included
+        at = (s_slot, s_head, s_pos)
         h = run.inner.embed_tokens(ids[None])
         for li, layer in enumerate(run.layers):
             attn = layer.self_attn
@@ -129,7 +132,6 @@ class CompiledDecode:
             q = attn.rope(q, offset=offsets)
             k = attn.rope(k, offset=offsets)
             d = k.shape[-1]
-            at = (s_slot, s_head, s_pos)
             keys[li][at] = k.reshape(-1, d)
             values[li][at] = v.reshape(-1, d)
             if kernel:

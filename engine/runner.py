@@ -178,7 +178,6 @@ class PackedRunner:
             last[id(seg)] = len(flat) - 1
         picks = [last[id(seg)] for seg in segments if seg.logits]
         T = len(flat)
-        pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
         if shared and fed is not None:
             rest_ids = flat[len(slotted):]
             ids = fed if not rest_ids else mx.concatenate([fed.astype(mx.int32), mx.array(rest_ids, mx.int32)])
@@ -189,6 +188,7 @@ class PackedRunner:
             logits = self.compiled.run(ids, [seg.slot_index for seg in slotted], batch)
             slots.commit([seg.slot_index for seg in slotted])
             return logits if picks == list(range(T)) else logits[mx.array(picks)]
+        pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None
         h = self.inner.embed_tokens(ids[None])
         rest = order[len(slotted):]
         # One causal mask per prompt chunk for every layer: the attention fallback (no fused prefill kernel

@@ -31,8 +31,7 @@ def test_without_the_decode_kernel_steps_are_built_unless_forced(tiny_loaded, mo
     from engine.slots import SlotKV
 
     model = tiny_loaded.model
-    monkeypatch.setattr(compiled_decode, "compile_enabled", lambda: True)  # as on CUDA
-    monkeypatch.setattr("engine.runner.compile_enabled", lambda: True)
+    monkeypatch.setattr("engine.runner.compile_enabled", lambda: True)  # as on CUDA
     monkeypatch.setattr(SlotKV, "uses_kernel", lambda self: False)  # its self-test failed
     for forced, compiled in (("auto", False), ("on", True)):
         monkeypatch.setenv("TANDEM_DECODE_COMPILE", forced)
