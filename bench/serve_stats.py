@@ -107,6 +107,11 @@ def token_itls(chunk_times: Sequence[float], chunk_tokens: Sequence[int]) -> lis
     return out
 
 
+def _spread(xs: Sequence[float], ps: tuple[int, ...]) -> dict[str, float | None]:
+    """Percentiles `ps` and the max of `xs` (seconds) in ms. Raises nothing."""
+    return {f"p{p}": _ms(percentile(xs, p)) for p in ps} | {"max": _ms(max(xs, default=math.nan))}
+
+
 def _ms(x: float) -> float | None:
     return None if math.isnan(x) else round(x * 1000.0, 2)
 
@@ -152,10 +157,10 @@ def summarize(results: Sequence[RequestResult], wall: float) -> dict[str, Any]:
         "mean_prompt_tokens": round(sum(prompts) / len(prompts), 1) if prompts else None,
         "usage_reported": sum(r.completion_tokens is not None for r in answered),
         "tokens_per_chunk": round(sum(sum(r.chunk_tokens) for r in ok) / chunks, 3) if chunks else None,
-        "ttft_ms": {f"p{p}": _ms(percentile(ttfts, p)) for p in (50, 90, 99)} | {"max": _ms(max(ttfts, default=math.nan))},
-        "itl_ms": {f"p{p}": _ms(percentile(itls, p)) for p in (50, 90, 99)} | {"max": _ms(max(itls, default=math.nan))},
-        "itl_first_ms": {f"p{p}": _ms(percentile(firsts, p)) for p in (50, 99)} | {"max": _ms(max(firsts, default=math.nan))},
-        "itl_later_ms": {f"p{p}": _ms(percentile(later, p)) for p in (50, 99)} | {"max": _ms(max(later, default=math.nan))},
+        "ttft_ms": _spread(ttfts, (50, 90, 99)),
+        "itl_ms": _spread(itls, (50, 90, 99)),
+        "itl_first_ms": _spread(firsts, (50, 99)),
+        "itl_later_ms": _spread(later, (50, 99)),
         "e2e_ms": {f"p{p}": _ms(percentile(e2e, p)) for p in (50, 99)},
         "decode_tok_s_per_stream": round(sum(decode_rates) / len(decode_rates), 2) if decode_rates else None,
     }
