@@ -38,8 +38,8 @@ class KeyedSampler:
 
 
 def can_sample_together(rows: list[Any]) -> bool:
-    """Whether `rows` (DecodeRows) can sample together: each selects with a KeyedSampler, its filters are mlx-whisper's usual ones in their usual order, and all share one tokenizer's
-    special tokens. Raises nothing."""
+    """Whether `rows` (DecodeRows) can sample together: each selects with a KeyedSampler, its filters are
+    mlx-whisper's usual ones in their usual order, and all share one tokenizer's special tokens. Raises nothing."""
     from mlx_whisper.decoding import ApplyTimestampRules, SuppressBlank, SuppressTokens
 
     known = (SuppressBlank, SuppressTokens, ApplyTimestampRules)

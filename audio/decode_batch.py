@@ -107,8 +107,9 @@ def batched_forward(dec: Any, tokens: Any, at: Any, keys: list[Any],
                     values: list[Any], cross_keys: list[Any], cross_values: list[Any],
                     cross_mask: Any) -> tuple[Any, list[Any], list[Any]]:
     """The decoder over R rows' one token each (`tokens` (R,) at positions `at` (R,)), attending over stacked
-    slots: returns float32 logits (R, vocabulary) and the slots with the new keys/values written. A pure function of its arrays (the rows are a matrix's rows, heads split and joined along their own
-    axes), so mx.compile can trace it: once per row count and context length. Raises what MLX raises."""
+    slots: returns float32 logits (R, vocabulary) and the slots with the new keys/values written. A pure function
+    of its arrays (the rows are a matrix's rows, heads split and joined along their own axes), so mx.compile can
+    trace it: once per row count and context length. Raises what MLX raises."""
     import mlx.core as mx
     import mlx.nn as nn
 

@@ -81,8 +81,8 @@ class PrefillLane:
         self.thread = EngineThread("tandem-prefill")
         self.turns = DecodeFirst(self.thread)  # the runner's forward builds decode first (engine/runner.py)
         self.rows: list[Row] = []  # the rows of the job in flight
-        # Jobs ended, counted on the lane thread and never reset: a burst compares it with its count at the start. (A flag
-        # the loop cleared on landing was often cleared before the burst looked: new rows waited out whole bursts.)
+        # Jobs ended, counted on the lane thread and never reset: a burst compares it with its count at the start.
+        # (A flag the loop cleared on landing was often cleared before the burst looked: new rows waited out bursts.)
         self.jobs_done = 0
         self._job, self._budget, self._active, self._handler = job, budget, active, landed
         self._closed = False
