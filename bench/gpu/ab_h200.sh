@@ -5,7 +5,8 @@
 #   OLD_TREE=_old SCENARIOS=poisson8,c64,c1 NEW_S=150 OLD_S=150 PEER_S=150 OUT=$OUT bash bench/gpu/ab_h200.sh
 # OLD_FIRST=1 runs the old tree's server before this tree's (see run_new); SKIP_NEW=1 runs no server of this tree. ENGINE=1 adds this tree's engine without
 # HTTP at 64 streams (bench/engine_compare.py), for c64's share of it within the same call.
-# VARIANTS="name|server flags|scenarios;..." adds runs of this tree with other flags ($OUT/name.json).
+# VARIANTS="name|server flags|scenarios|VAR=value ...;..." adds runs of this tree with other flags or environment
+# ($OUT/name.json).
 set -uo pipefail
 OUT=${OUT:-/tmp/ab-out}
 mkdir -p "$OUT"
@@ -26,9 +27,9 @@ run_new() {
 [ -n "${OLD_FIRST:-}" ] || [ -n "${SKIP_NEW:-}" ] || run_new
 IFS=';' read -ra VARS <<< "${VARIANTS:-}"
 for v in "${VARS[@]}"; do
-  IFS='|' read -r name flags scen <<< "$v"
-  step "variant $name: $flags"
-  timeout $((${VAR_S:-100} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios "${scen:-$SCEN}" \
+  IFS='|' read -r name flags scen vars <<< "$v"
+  step "variant $name: $flags $vars"
+  env $vars timeout $((${VAR_S:-100} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios "${scen:-$SCEN}" \
     --ours-args "$ARGS $flags" --server-budget "${VAR_S:-100}" --out "$OUT/$name.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
 done
 if [ -n "${OLD_TREE:-}" ] && [ -d "$OLD_TREE" ]; then
