@@ -6,7 +6,8 @@ in C++ with its elementwise chains fused. MLX traces a compiled function per inp
 shapes are its rows, the slot buffers' slots and their capacity: fixed between row changes and buffer growths
 when the step attends through each row's own length (engine/decode_attention.py's kernel; elsewhere a mask over
 the whole capacity). The slot writes are part of the function: its inputs are the buffers, its outputs the
-buffers written. A shape is compiled the second step in a row it is seen (rows that join and leave at once
+buffers written. Rows in the free slots fill a step to all the slots (SlotKV.plan(pad=True)), so rows joining
+and leaving keep its shape: under Poisson arrivals each new row count was a new trace. A shape is compiled the second step in a row it is seen (rows that join and leave at once
 would each cost a trace) and the last `KEEP` shapes stay compiled. On by default on CUDA
 (`TANDEM_DECODE_COMPILE` = on | off | auto).
 """
@@ -85,17 +86,21 @@ class CompiledDecode:
         `batch`), writing their KV; compiled once the shape repeats. Raises what MLX raises."""
         slots = self.slots
         row_slots = batch.row_slots if batch.row_slots is not None else mx.array(list(slot_list), dtype=mx.int32)
-        shape = (len(slot_list), slots.slots, slots.capacity)
+        rows = len(slot_list)
+        ids = ids.astype(mx.int32)
+        if batch.padded:  # rows standing in free slots: token 0 (their outputs are dropped below)
+            ids = mx.concatenate([ids, mx.zeros((batch.padded,), mx.int32)])
+        shape = (rows + batch.padded, slots.slots, slots.capacity)
         traces = self.traces
         fn = self._function(shape)
         t0 = time.perf_counter()
-        out = fn(ids.astype(mx.int32), batch.offsets, batch.scatter_slot, batch.scatter_head, batch.scatter_pos,
+        out = fn(ids, batch.offsets, batch.scatter_slot, batch.scatter_head, batch.scatter_pos,
                  row_slots, *slots.keys, *slots.values)
         if self.traces > traces:
             self.trace_seconds += time.perf_counter() - t0
         n = slots.n_layers
         slots.keys, slots.values = list(out[1:1 + n]), list(out[1 + n:])
-        return out[0]
+        return out[0][:rows] if batch.padded else out[0]
 
     def _function(self, shape: Shape) -> Callable[..., Any]:
         fn = self._compiled.get(shape)

@@ -40,6 +40,7 @@ class DecodeBatch:
     first_offset: int
     row_slots: mx.array | None = None  # (B,) int32 slot of each row: set when the decode kernel attends
     row_lengths: mx.array | None = None  # (B,) int32 keys each row attends (its length after this token)
+    padded: int = 0  # of the B rows, the last `padded` stand in free slots (`plan(pad=True)`): outputs to drop
 
 
 class SlotKV:
@@ -174,12 +175,19 @@ class SlotKV:
             out.append(c)
         return out
 
-    def plan(self, slots: Sequence[int]) -> DecodeBatch:
-        """Prepare one decode token for each slot in `slots` (grows capacity). Raises KeyError for a free slot."""
+    def plan(self, slots: Sequence[int], pad: bool = False) -> DecodeBatch:
+        """Prepare one decode token for each slot in `slots` (grows capacity). `pad`: when `slots` are every held
+        slot, rows in the free slots (token 0 at position 0, attending only it) fill the batch to all the buffers'
+        slots, so rows joining and leaving keep a compiled step's shape (engine/compiled_decode.py). Raises
+        KeyError for a free slot."""
         lens = [self.lengths[s] for s in slots]
-        span = max(slots) + 1
         length = max(lens) + 1
         self._grow(self.slots, length)
+        padded = 0
+        if pad and len(slots) == len(self.lengths) < self.slots:
+            free = [s for s in range(self.slots) if s not in self.lengths]
+            slots, lens, padded = [*slots, *free], lens + [0] * len(free), len(free)
+        span = max(slots) + 1
         h = self.heads
         scatter_slot = [s for s in slots for _ in range(h)]
         scatter_pos = [n for n in lens for _ in range(h)]
@@ -187,11 +195,11 @@ class SlotKV:
             rows=len(slots), span=span, length=length,
             scatter_slot=mx.array(scatter_slot), scatter_head=mx.array(list(range(h)) * len(slots)),
             scatter_pos=mx.array(scatter_pos), mask=None, query_take=None, out_take=None,  # one slot: all valid
-            offsets=mx.array(lens), first_offset=lens[0],
+            offsets=mx.array(lens), first_offset=lens[0], padded=padded,
         )
         if span == 1:
             return batch
-        if self.uses_kernel():  # each row's slot and length: no mask, rows stay in their order
+        if self.uses_kernel() or padded:  # each row's slot and length: no mask, rows stay in their order
             batch.row_slots = mx.array(list(slots), dtype=mx.int32)
             batch.row_lengths = mx.array([n + 1 for n in lens], dtype=mx.int32)
             return batch
