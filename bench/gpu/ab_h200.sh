@@ -50,4 +50,6 @@ if [ -n "${ENGINE:-}" ]; then  # the engine without HTTP on the same host: what 
   timeout 120 python3 -m bench.engine_compare --tokenizer .gpu/tok --shape llama-1b --streams 64 --tokens 128 \
     --prompt-len 128 --max-iteration-tokens 512 2>&1 | tail -1 | tee "$OUT/engine.json"
 fi
+# PTX_SAVE=1: MLX's compiled kernels into $OUT for the next fresh host (bench/gpu/ptx_cache.sh; one more file back).
+[ -z "${PTX_SAVE:-}" ] || bash bench/gpu/ptx_cache.sh save "$OUT"
 step "done"
