@@ -32,13 +32,16 @@ from pathlib import Path
 
 from engine import gemv_shim
 
-__all__ = ["BlasInfo", "blas_info", "ensure_fast_blas", "user_cache_dir", "cap_other_blas"]
+__all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "ensure_fast_blas", "user_cache_dir", "cap_other_blas"]
 
 _log = logging.getLogger(__name__)
 
 # Symbols libmlx.so takes from BLAS/LAPACK; a candidate must export at least these.
 _REQUIRED_SYMBOLS = ("cblas_sgemm", "sgetrf_", "sgesdd_")
 _SCIPY_PREFIX = "scipy_"
+
+# Set beside OPENBLAS_NUM_THREADS when the thread count is this module's default rather than the user's choice.
+DEFAULTED_THREADS = "TANDEM_BLAS_THREADS_DEFAULTED"
 
 _info: BlasInfo | None = None
 # Keeps the loaded library alive for the life of the process (gemv_shim keeps its own).
@@ -165,17 +168,24 @@ def _default_threads() -> int:
     Measured on 2 cores: a second BLAS thread gains ~15-20 % when the machine is idle, but any competing
     process makes OpenBLAS threads wait on each other and decode falls 4x (prefill 13x).
     """
+    return max(1, cores() - 1)
+
+
+def cores() -> int:
+    """The cores this process may run on. Raises nothing."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+        return os.cpu_count() or 1
 
 
 def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
     global _handle
-    # OpenBLAS reads this once, when the library initialises; child processes inherit the same choice.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", str(_default_threads()))
+    # OpenBLAS reads this once, when the library initialises; child processes inherit the same choice. Ours, not
+    # the user's, is marked so: engine/blas_threads.py may then adapt it while the process runs.
+    if "OPENBLAS_NUM_THREADS" not in os.environ:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(_default_threads())
+        os.environ[DEFAULTED_THREADS] = "1"
     try:
         # Local first: checked, and the GEMV shim's cblas_sgemm goes into the global scope before it.
         lib = ctypes.CDLL(path, mode=os.RTLD_LOCAL)

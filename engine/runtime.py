@@ -21,6 +21,7 @@ import anyio
 
 from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.accelerator import apply_serving_defaults
+from engine.blas_threads import threads_now
 from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
@@ -219,6 +220,7 @@ class Engine:
                 generation_tokens_per_second=_rate(c["generation_tokens"], c["decode_seconds"]),
             )
             out["memory"] = self.memory_stats()
+            out["blas_threads"] = threads_now()  # OpenBLAS's threads now: they follow chat (engine/blas_threads.py)
             pacer = group.pacer  # what prefill pacing has learned (engine/pacing.py)
             out["pacing"] = {"stall": pacer.stall, "decode_ms": _ms(pacer.decode_seconds),
                              "fixed_ms": _ms(pacer.fixed_seconds),

@@ -1,0 +1,90 @@
+"""OpenBLAS's thread count follows chat (engine/blas_threads.py): every core while no chat row runs, all but one
+while chat decodes; a user's OPENBLAS_NUM_THREADS stands."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from engine import backend, blas_threads
+from engine.contracts import GenerationRequest
+from tests.engine.test_batch import GREEDY, drain, iterate, make_group, prompt_of
+
+
+class FakeOpenBLAS:
+    """The two calls blas_threads makes, recorded."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.set: list[int] = []
+
+    def openblas_set_num_threads(self, n) -> None:
+        self.threads = n.value
+        self.set.append(n.value)
+
+    def openblas_get_num_threads(self) -> int:
+        return self.threads
+
+
+@pytest.fixture
+def fake_blas(monkeypatch) -> FakeOpenBLAS:
+    fake = FakeOpenBLAS(1)
+    monkeypatch.setattr(backend, "_handle", fake)
+    monkeypatch.setattr(backend, "cores", lambda: 2)
+    monkeypatch.setenv(backend.DEFAULTED_THREADS, "1")
+    monkeypatch.setattr(blas_threads, "_current", None)
+    return fake
+
+
+def test_every_core_without_chat_and_one_left_to_the_loop_with_it(fake_blas) -> None:
+    blas_threads.follow_chat(False)
+    assert blas_threads.threads_now() == 2
+    blas_threads.follow_chat(False)  # unchanged: no call
+    blas_threads.follow_chat(True)
+    assert blas_threads.threads_now() == 1 and fake_blas.set == [2, 1]
+
+
+def test_a_users_thread_count_stands(fake_blas, monkeypatch) -> None:
+    monkeypatch.delenv(backend.DEFAULTED_THREADS)  # OPENBLAS_NUM_THREADS came from the user
+    blas_threads.follow_chat(False)
+    assert fake_blas.set == [] and blas_threads.threads_now() == 1
+
+
+def test_without_openblas_nothing_happens(monkeypatch) -> None:
+    monkeypatch.setattr(backend, "_handle", None)
+    blas_threads.follow_chat(False)
+    assert blas_threads.threads_now() is None
+
+
+@pytest.mark.anyio
+async def test_the_group_takes_a_core_back_for_chat_and_frees_it_when_idle(tiny_loaded, fake_blas) -> None:
+    group = make_group(tiny_loaded)
+    try:
+        stream = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=6))
+        for _ in range(50):
+            if stream._row.finished:
+                break
+            await iterate(group)
+            assert fake_blas.threads == 1  # chat steps ran with one core left to the loop
+        assert len(drain(stream)) > 0 and fake_blas.set == [1]
+        async with anyio.create_task_group() as tg:  # idle, it sleeps until work comes: the count changes first
+            tg.start_soon(group.wait_for_work)
+            await anyio.wait_all_tasks_blocked()
+            tg.cancel_scope.cancel()
+        assert fake_blas.set == [1, 2] and fake_blas.threads == 2
+    finally:
+        group.close()
+
+
+def test_the_real_openblas_follows_when_ours_and_defaulted() -> None:
+    import os
+
+    if backend._handle is None or os.environ.get(backend.DEFAULTED_THREADS) != "1" or backend.cores() < 2:
+        pytest.skip("needs our OpenBLAS with its default thread count on 2+ cores")
+    try:
+        blas_threads.follow_chat(False)
+        assert blas_threads.threads_now() == backend.cores()
+        blas_threads.follow_chat(True)
+        assert blas_threads.threads_now() == backend.cores() - 1
+    finally:
+        blas_threads.follow_chat(True)
