@@ -32,7 +32,8 @@ from pathlib import Path
 
 from engine import gemv_shim
 
-__all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "ensure_fast_blas", "user_cache_dir", "cap_other_blas"]
+__all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "ensure_fast_blas", "user_cache_dir",
+           "cap_other_blas"]
 
 _log = logging.getLogger(__name__)
 

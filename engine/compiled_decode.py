@@ -7,9 +7,9 @@ shapes are its rows, the slot buffers' slots and their capacity: fixed between r
 when the step attends through each row's own length (engine/decode_attention.py's kernel; elsewhere a mask over
 the whole capacity). The slot writes are part of the function: its inputs are the buffers, its outputs the
 buffers written. Rows in the free slots fill a step to all the slots (SlotKV.plan(pad=True)), so rows joining
-and leaving keep its shape: under Poisson arrivals each new row count was a new trace. A shape is compiled the second step in a row it is seen (rows that join and leave at once
-would each cost a trace) and the last `KEEP` shapes stay compiled. On by default on CUDA
-(`TANDEM_DECODE_COMPILE` = on | off | auto).
+and leaving keep its shape: under Poisson arrivals each new row count was a new trace. A shape is compiled the
+second step in a row it is seen (rows that join and leave at once would each cost a trace) and the last `KEEP`
+shapes stay compiled. On by default on CUDA (`TANDEM_DECODE_COMPILE` = on | off | auto).
 """
 
 from __future__ import annotations
