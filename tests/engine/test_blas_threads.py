@@ -88,3 +88,15 @@ def test_the_real_openblas_follows_when_ours_and_defaulted() -> None:
         assert blas_threads.threads_now() == backend.cores() - 1
     finally:
         blas_threads.follow_chat(True)
+
+
+@pytest.mark.anyio
+async def test_an_engine_without_a_chat_model_gives_its_tasks_every_core(fake_blas) -> None:
+    from engine.runtime import Engine
+
+    engine = Engine(None)  # speech only (`tandem transcribe`)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        await anyio.wait_all_tasks_blocked()
+        engine.close()
+    assert fake_blas.set == [2]
