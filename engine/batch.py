@@ -24,7 +24,6 @@ from typing import Any, Callable
 import anyio
 
 from engine.admission import KVAdmission, may_join
-from engine.blas_threads import follow_chat
 from engine.burst import StepResult, run_burst
 from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
@@ -177,7 +176,6 @@ class LLMBatchGroup:
             await self.context.run(release_free_memory)
             if self.has_work() or self._closed:
                 return
-        follow_chat(False)  # no chat row: speech may take every core (engine/blas_threads.py)
         async with anyio.create_task_group() as tg:
 
             async def watch(wait: Any) -> None:
@@ -292,8 +290,6 @@ class LLMBatchGroup:
         rows = [r for r in self._active if not r.ended and not r.in_lane and (self.lane is None or not r.preparing)]
         if not rows:
             return
-        if self._idle_released:  # the first step since chat was idle: a core back to the event loop
-            follow_chat(True)
         self._idle_released = False
         start = time.perf_counter()
         # Event-loop time since the previous step; none after an idle pause.

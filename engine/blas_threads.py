@@ -22,8 +22,8 @@ _current: int | None = None  # the count last set here (None: OpenBLAS's own fro
 
 
 def follow_chat(chat_running: bool) -> None:
-    """Set OpenBLAS's threads for whether chat rows run now (any thread; a product already running keeps its
-    count). Raises nothing."""
+    """Set OpenBLAS's threads for whether chat rows run now (engine/driver.py, each iteration; a product already
+    running keeps its count). Raises nothing."""
     global _current
     handle = backend._handle
     setter = getattr(handle, "openblas_set_num_threads", None) if handle is not None else None
@@ -31,6 +31,8 @@ def follow_chat(chat_running: bool) -> None:
         return
     cores = backend.cores()
     want = max(1, cores - 1) if chat_running else cores
+    if want == _current:  # the driver asks every iteration: unchanged is the usual answer
+        return
     with _lock:
         if want != _current:
             setter(ctypes.c_int(want))

@@ -6,6 +6,7 @@ from typing import Protocol
 
 import anyio
 
+from engine.blas_threads import follow_chat
 from engine.contracts import ExecutionContext
 from engine.tasks import ExecutionTasks
 
@@ -75,17 +76,20 @@ async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, contex
     while not group.closed:
         group.prune()
         if not group.has_work():
+            follow_chat(False)  # nothing runs but what may come: speech alone may take every core
             await group.wait_for_work()
             continue
         async with lease:
             if group.tasks.pending:
                 await group.tasks.advance(context)
             group.admit()
-            if group.has_decoding() and group.has_preparing() and group.supports_mixed():
+            decoding, preparing = group.has_decoding(), group.has_preparing()
+            follow_chat(decoding or preparing)  # OpenBLAS's threads: a core for the event loop while chat runs
+            if decoding and preparing and group.supports_mixed():
                 await group.advance_mixed(iteration_budget(group))
-            elif group.has_preparing():
+            elif preparing:
                 await group.advance_preparation()
-            elif group.has_decoding():
+            elif decoding:
                 await group.advance()
         # Let SSE writers and HTTP handlers run between iterations.
         await anyio.sleep(0)

@@ -21,7 +21,7 @@ import anyio
 
 from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.accelerator import apply_serving_defaults
-from engine.blas_threads import follow_chat, threads_now
+from engine.blas_threads import threads_now
 from engine.context import EngineThread
 from engine.contracts import Delta, GenerationRequest
 from engine.driver import drive_execution_group
@@ -154,8 +154,6 @@ class Engine:
         try:
             if self.budget is not None:
                 await self.thread.run(configure_allocator, self.budget)
-            if not isinstance(self.group, LLMBatchGroup):
-                follow_chat(False)  # no chat model: the tasks (speech) may take every core (engine/blas_threads.py)
             await drive_execution_group(self.group, self.lease, self.thread)
         finally:
             sys.setswitchinterval(switch)

@@ -8,7 +8,7 @@ import pytest
 
 from engine import backend, blas_threads
 from engine.contracts import GenerationRequest
-from tests.engine.test_batch import GREEDY, drain, iterate, make_group, prompt_of
+from tests.engine.test_batch import GREEDY, prompt_of
 
 
 class FakeOpenBLAS:
@@ -17,10 +17,18 @@ class FakeOpenBLAS:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self.set: list[int] = []
+        self.changed = anyio.Event()  # set at each change (the driver calls from the event loop)
 
     def openblas_set_num_threads(self, n) -> None:
         self.threads = n.value
         self.set.append(n.value)
+        self.changed.set()
+
+    async def change(self) -> None:
+        """Until the next change (at most 10 s)."""
+        with anyio.fail_after(10):
+            await self.changed.wait()
+        self.changed = anyio.Event()
 
     def openblas_get_num_threads(self) -> int:
         return self.threads
@@ -57,23 +65,22 @@ def test_without_openblas_nothing_happens(monkeypatch) -> None:
 
 
 @pytest.mark.anyio
-async def test_the_group_takes_a_core_back_for_chat_and_frees_it_when_idle(tiny_loaded, fake_blas) -> None:
-    group = make_group(tiny_loaded)
-    try:
-        stream = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=6))
-        for _ in range(50):
-            if stream._row.finished:
-                break
-            await iterate(group)
-            assert fake_blas.threads == 1  # chat steps ran with one core left to the loop
-        assert len(drain(stream)) > 0 and fake_blas.set == [1]
-        async with anyio.create_task_group() as tg:  # idle, it sleeps until work comes: the count changes first
-            tg.start_soon(group.wait_for_work)
-            await anyio.wait_all_tasks_blocked()
-            tg.cancel_scope.cancel()
-        assert fake_blas.set == [1, 2] and fake_blas.threads == 2
-    finally:
-        group.close()
+async def test_the_driver_takes_a_core_back_for_chat_and_frees_it_when_idle(tiny_loaded, fake_blas) -> None:
+    from engine.runtime import Engine
+
+    engine = Engine(tiny_loaded, memory_budget=1 << 30)
+    seen: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        await fake_blas.change()
+        assert fake_blas.set == [2]  # idle: every core
+        async with engine.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=6)) as stream:
+            async for _ in stream:
+                seen.append(fake_blas.threads)  # chat steps ran with one core left to the loop
+        while fake_blas.threads != 2:  # idle again: the driver gives the core back before it sleeps
+            await fake_blas.change()
+        engine.close()
+    assert seen and set(seen) == {1} and fake_blas.set == [2, 1, 2]
 
 
 def test_the_real_openblas_follows_when_ours_and_defaulted() -> None:
@@ -97,6 +104,6 @@ async def test_an_engine_without_a_chat_model_gives_its_tasks_every_core(fake_bl
     engine = Engine(None)  # speech only (`tandem transcribe`)
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
-        await anyio.wait_all_tasks_blocked()
+        await fake_blas.change()
         engine.close()
     assert fake_blas.set == [2]
