@@ -13,6 +13,7 @@ between LLM iterations. With `loaded=None` the group is a TasksOnlyGroup (a spee
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -35,9 +36,30 @@ from engine.tasks import ExecutionTasks
 if TYPE_CHECKING:
     from engine.models import LoadedModel
 
-__all__ = ["Engine", "GenerationResult", "generate_stream", "GIL_SWITCH_SECONDS"]
+__all__ = [
+    "Engine", "GenerationResult", "generate_stream", "GIL_SWITCH_SECONDS", "GIL_SWITCH_VARIABLE", "gil_switch_seconds",
+]
 
-GIL_SWITCH_SECONDS = 0.0005
+# The GIL switch interval while serving (Python's own default). 0.5 ms made the event loop take the GIL from the
+# engine thread in the middle of building each step: on the H200, 14 % of its time over HTTP went waiting for the
+# GIL (1 % with no HTTP), and 64 streams gave 5,737 tok/s against 7,103 at 5 ms (bench/RESULTS.md).
+GIL_SWITCH_SECONDS = 0.005
+GIL_SWITCH_VARIABLE = "TANDEM_GIL_SWITCH_MS"
+
+
+def gil_switch_seconds() -> float:
+    """The GIL switch interval to serve with: TANDEM_GIL_SWITCH_MS (milliseconds) or GIL_SWITCH_SECONDS.
+    Raises ValueError naming the variable for a value that is not a positive number."""
+    raw = os.environ.get(GIL_SWITCH_VARIABLE)
+    if raw is None:
+        return GIL_SWITCH_SECONDS
+    try:
+        ms = float(raw)
+    except ValueError:
+        ms = float("nan")
+    if not 0 < ms < 1e6:
+        raise ValueError(f"{GIL_SWITCH_VARIABLE} must be a positive number of milliseconds, not {raw!r}")
+    return ms / 1e3
 
 
 class Engine:
@@ -66,9 +88,10 @@ class Engine:
         machine's default, engine.memory). `max_queued`: rows that may wait for admission before submit
         raises QueueFull (None: unbounded). `decode_burst`: decode steps the engine thread may run back to back
         while nothing else waits (1: return to the event loop after every step). `prefill_lane`: prompt chunks on a
-        second engine thread beside the decode steps (None: on a GPU; engine/batch.py). Raises ValueError for non-positive limits or a budget that
-        leaves no room for KV."""
+        second engine thread beside the decode steps (None: on a GPU; engine/batch.py). Raises ValueError for
+        non-positive limits, a budget that leaves no room for KV, or a bad TANDEM_GIL_SWITCH_MS."""
         apply_serving_defaults()
+        self.gil_switch = gil_switch_seconds()
         self.thread = thread or EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
@@ -146,11 +169,10 @@ class Engine:
         if self._closed:
             raise EngineClosed("engine is closed")
         self._serving = True
-        # The engine thread shares the GIL with the event loop: each time a step comes back from MLX (which
-        # releases the GIL while it waits for the device) it waits for the loop to yield the GIL, by
-        # default up to 5 ms, several times a step. A shorter interval bounds that wait.
+        # The engine thread shares the GIL with the event loop; the interval is how long either waits before it
+        # makes the other let go (GIL_SWITCH_SECONDS says why this one).
         switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(switch, GIL_SWITCH_SECONDS))
+        sys.setswitchinterval(self.gil_switch)
         try:
             if self.budget is not None:
                 await self.thread.run(configure_allocator, self.budget)

@@ -3,7 +3,8 @@
 # worker (Python stacks of every thread, native frames too) during c64 and during poisson8.
 # Needs py-spy (its wheel in _spy/, git-ignored: pass carry ["_spy"] to the device call) and a model dir ($1).
 # Writes $OUT/prof-c64.raw, $OUT/prof-poisson8.raw, $OUT/ours.json. SPY_RATE: samples a second (default 100; at
-# 250 with native frames py-spy fell seconds behind, and its poisson8 profile was never written).
+# 250 with native frames py-spy fell seconds behind, and its poisson8 profile was never written). SPY_FLAGS: more
+# py-spy options (--idle: threads waiting, e.g. for the GIL, are sampled too).
 # Example, after install-c.sh:  bash bench/gpu/profile_serve.sh $HOME/shape/plain
 set -uo pipefail
 MODEL=$1
@@ -18,7 +19,7 @@ fi
 record() {  # $1: name, $2: seconds
   local pid
   pid=$(pgrep -f "spawn_main" | head -1)
-  [ -n "$pid" ] && timeout $(($2 + 30)) "$SPY" record -p "$pid" -d "$2" -r "${SPY_RATE:-100}" --threads --native -f raw \
+  [ -n "$pid" ] && timeout $(($2 + 30)) "$SPY" record -p "$pid" -d "$2" -r "${SPY_RATE:-100}" --threads --native ${SPY_FLAGS:-} -f raw \
     -o "$OUT/prof-$1.raw" > "$OUT/spy-$1.log" 2>&1 &
 }
 # HOOKS: "after=name:seconds ...": when scenario `after` ends, sample `seconds` of the next one as `name`.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import threading
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from engine.contracts import GenerationRequest, SamplingParams
-from engine.runtime import Engine, generate_stream
+from engine.runtime import GIL_SWITCH_SECONDS, Engine, generate_stream
 from engine.tasks import TaskRejected
 
 pytestmark = pytest.mark.anyio
@@ -381,3 +382,39 @@ async def test_chat_pace_is_the_decode_iteration_time_while_rows_decode(tiny_loa
     assert any(p is not None and p > 0 for p in paces)
     assert queued_pace is not None and queued_pace > 0
     assert engine.chat_pace() is None
+
+
+async def _switch_interval_while_serving(loaded) -> float:
+    engine = Engine(loaded, max_active=2)
+    seen: list[float] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        request = GenerationRequest(prompt_tokens=prompt_of(4, 0), sampling=GREEDY, max_tokens=2)
+        async with engine.submit(request) as stream:
+            async for _ in stream:
+                seen.append(sys.getswitchinterval())
+        engine.close()
+    assert seen and len(set(seen)) == 1
+    return seen[0]
+
+
+async def test_serving_switches_the_gil_every_5_ms_and_gives_the_interval_back(tiny_loaded) -> None:
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.001)
+        assert await _switch_interval_while_serving(tiny_loaded) == pytest.approx(GIL_SWITCH_SECONDS) == 0.005
+        assert sys.getswitchinterval() == pytest.approx(0.001)
+    finally:
+        sys.setswitchinterval(before)
+
+
+async def test_tandem_gil_switch_ms_sets_the_interval(tiny_loaded, monkeypatch) -> None:
+    monkeypatch.setenv("TANDEM_GIL_SWITCH_MS", "0.5")
+    assert await _switch_interval_while_serving(tiny_loaded) == pytest.approx(0.0005)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "fast", "nan", ""])
+def test_a_bad_tandem_gil_switch_ms_is_refused_naming_it(tiny_loaded, monkeypatch, value) -> None:
+    monkeypatch.setenv("TANDEM_GIL_SWITCH_MS", value)
+    with pytest.raises(ValueError, match="TANDEM_GIL_SWITCH_MS"):
+        Engine(tiny_loaded, max_active=2)
