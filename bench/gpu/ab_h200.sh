@@ -15,6 +15,9 @@ step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 ARGS="--max-active 128 --no-whisper ${EXTRA_ARGS:-}"
 SCEN=${SCENARIOS:-poisson8,c64,c1}
 COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout 90 --log-dir "$OUT" --scenarios "$SCEN")
+# A fresh host compiles MLX's kernels while its first server serves; kernels saved from an earlier host (PTX_SAVE=1,
+# carried as .gpu/ptx) are restored first (nineteenth session: the first server then served c8 with no failure).
+[ -f .gpu/ptx/mlx-ptx.tgz ] && bash bench/gpu/ptx_cache.sh restore .gpu/ptx
 step "build"
 [ -d "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" | tail -1
 run_new() {
