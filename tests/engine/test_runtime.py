@@ -14,7 +14,8 @@ import pytest
 from mlx_lm.generate import generate_step
 
 from engine.contracts import GenerationRequest, SamplingParams
-from engine.runtime import GIL_SWITCH_SECONDS, Engine, generate_stream
+from engine.gil import GIL_SWITCH_SECONDS
+from engine.runtime import Engine, generate_stream
 from engine.tasks import TaskRejected
 
 pytestmark = pytest.mark.anyio
@@ -413,8 +414,7 @@ async def test_tandem_gil_switch_ms_sets_the_interval(tiny_loaded, monkeypatch) 
     assert await _switch_interval_while_serving(tiny_loaded) == pytest.approx(0.0005)
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "fast", "nan", ""])
-def test_a_bad_tandem_gil_switch_ms_is_refused_naming_it(tiny_loaded, monkeypatch, value) -> None:
-    monkeypatch.setenv("TANDEM_GIL_SWITCH_MS", value)
+def test_an_engine_is_not_built_with_a_bad_tandem_gil_switch_ms(tiny_loaded, monkeypatch) -> None:
+    monkeypatch.setenv("TANDEM_GIL_SWITCH_MS", "fast")
     with pytest.raises(ValueError, match="TANDEM_GIL_SWITCH_MS"):
         Engine(tiny_loaded, max_active=2)
