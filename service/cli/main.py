@@ -9,6 +9,7 @@ import argparse
 import sys
 from typing import Any, Callable
 
+from engine.gil import gil_switch_seconds
 from service.cli.benchmark import add_benchmark
 from service.cli.dictate import add_dictate
 from service.cli.errors import CLIError
@@ -50,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ensure_fast_blas()  # before any command imports mlx (a no-op where MLX brings its own BLAS)
     try:
+        try:
+            gil_switch_seconds()  # every command that runs an engine reads it: a bad value is one line, up front
+        except ValueError as exc:
+            raise CLIError(str(exc)) from None
         return int(args.func(args) or 0)
     except CLIError as exc:
         print(f"tandem: {exc}", file=sys.stderr)

@@ -7,7 +7,6 @@ import logging
 import socket
 from typing import Any
 
-from engine.gil import gil_switch_seconds
 from engine.pacing import DECODE_BURST, STALL
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command, byte_size, gc_thresholds
@@ -121,10 +120,6 @@ def _serve(args: argparse.Namespace) -> int:
     from service.server import serve
 
     config = serve_config(args)
-    try:
-        gil_switch_seconds()  # read again by the worker's engine: a bad value is one line here, not a dead worker
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
     speech = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
     _check_port(config.host, config.port)

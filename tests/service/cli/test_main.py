@@ -72,10 +72,11 @@ def test_serve_on_a_busy_port_is_a_clear_error(tiny_llm_dir: Path, capsys: pytes
     assert code == 2 and "cannot listen on" in err and "Traceback" not in err
 
 
-def test_serve_with_a_bad_gil_switch_interval_is_one_line_naming_it(tiny_llm_dir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("command", [["serve", "--no-whisper"], ["generate", "hi", "--model"]])
+def test_a_bad_gil_switch_interval_is_one_line_naming_it(tiny_llm_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
     monkeypatch.setenv("TANDEM_GIL_SWITCH_MS", "fast")
-    assert main(["serve", str(tiny_llm_dir), "--no-whisper"]) == 2
+    assert main(command + [str(tiny_llm_dir)]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "TANDEM_GIL_SWITCH_MS" in err and "Traceback" not in err
 
