@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Engine", "GenerationResult", "generate_stream"]
 
+
 class Engine:
     """Owns the engine thread, the execution lease and the group the driver loop advances."""
 
@@ -146,7 +147,7 @@ class Engine:
             raise EngineClosed("engine is closed")
         self._serving = True
         # The engine thread shares the GIL with the event loop; the interval is how long either waits before it
-        # makes the other let go (GIL_SWITCH_SECONDS says why this one).
+        # makes the other let go (engine/gil.py says why this one).
         switch = sys.getswitchinterval()
         sys.setswitchinterval(self.gil_switch)
         try:
