@@ -32,8 +32,8 @@ from pathlib import Path
 
 from engine import gemv_shim
 
-__all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "ensure_fast_blas", "user_cache_dir",
-           "cap_other_blas"]
+__all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "default_threads", "ensure_fast_blas",
+           "user_cache_dir", "cap_other_blas"]
 
 _log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _choose() -> BlasInfo:
     return BlasInfo("reference", None, "no loadable OpenBLAS found")
 
 
-def _default_threads() -> int:
+def default_threads() -> int:
     """OpenBLAS threads unless the user chose: one core is left to the event loop and other processes.
 
     Measured on 2 cores: a second BLAS thread gains ~15-20 % when the machine is idle, but any competing
@@ -185,7 +185,7 @@ def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:
     # OpenBLAS reads this once, when the library initialises; child processes inherit the same choice. Ours, not
     # the user's, is marked so: engine/blas_threads.py may then adapt it while the process runs.
     if "OPENBLAS_NUM_THREADS" not in os.environ:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(_default_threads())
+        os.environ["OPENBLAS_NUM_THREADS"] = str(default_threads())
         os.environ[DEFAULTED_THREADS] = "1"
     try:
         # Local first: checked, and the GEMV shim's cblas_sgemm goes into the global scope before it.

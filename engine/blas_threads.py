@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from typing import Any
 
 from engine import backend
 
@@ -22,17 +23,13 @@ _current: int | None = None  # the count last set here (None: OpenBLAS's own fro
 
 
 def follow_chat(chat_running: bool) -> None:
-    """Set OpenBLAS's threads for whether chat rows run now (engine/driver.py, each iteration; a product already
+    """Set OpenBLAS's threads for whether chat rows run now (engine/driver.py, when that changes; a product already
     running keeps its count). Raises nothing."""
     global _current
-    handle = backend._handle
-    setter = getattr(handle, "openblas_set_num_threads", None) if handle is not None else None
+    setter = _openblas("openblas_set_num_threads")
     if setter is None or os.environ.get(backend.DEFAULTED_THREADS) != "1":
         return
-    cores = backend.cores()
-    want = max(1, cores - 1) if chat_running else cores
-    if want == _current:  # the driver asks every iteration: unchanged is the usual answer
-        return
+    want = backend.default_threads() if chat_running else backend.cores()
     with _lock:
         if want != _current:
             setter(ctypes.c_int(want))
@@ -41,6 +38,10 @@ def follow_chat(chat_running: bool) -> None:
 
 def threads_now() -> int | None:
     """OpenBLAS's thread count now, or None without our OpenBLAS. Raises nothing."""
-    handle = backend._handle
-    getter = getattr(handle, "openblas_get_num_threads", None) if handle is not None else None
+    getter = _openblas("openblas_get_num_threads")
     return int(getter()) if getter is not None else None
+
+
+def _openblas(symbol: str) -> Any:
+    handle = backend._handle
+    return getattr(handle, symbol, None) if handle is not None else None

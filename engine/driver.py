@@ -73,10 +73,13 @@ def iteration_budget(group: ExecutionGroup) -> int:
 
 async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, context: ExecutionContext) -> None:
     """Advance `group` until it closes: one task, admission, one model step, then yield, per iteration."""
+    chat: bool | None = None  # whether chat ran at the last iteration: OpenBLAS's threads follow its changes
     while not group.closed:
         group.prune()
         if not group.has_work():
-            follow_chat(False)  # nothing runs but what may come: speech alone may take every core
+            if chat is not False:
+                chat = False
+                follow_chat(False)  # nothing runs but what may come: speech alone may take every core
             await group.wait_for_work()
             continue
         async with lease:
@@ -84,7 +87,9 @@ async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, contex
                 await group.tasks.advance(context)
             group.admit()
             decoding, preparing = group.has_decoding(), group.has_preparing()
-            follow_chat(decoding or preparing)  # OpenBLAS's threads: a core for the event loop while chat runs
+            if chat != (decoding or preparing):
+                chat = decoding or preparing
+                follow_chat(chat)  # OpenBLAS's threads: a core for the event loop while chat runs
             if decoding and preparing and group.supports_mixed():
                 await group.advance_mixed(iteration_budget(group))
             elif preparing:

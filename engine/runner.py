@@ -164,9 +164,10 @@ class PackedRunner:
             raise ValueError("lazy tokens need slot segments")
         if not shared and any(seg.fed is not None and seg.fed.size != 1 for seg in slotted):
             raise ValueError("lazy tokens: one array of all slot segments' tokens, or a (1,) array each")
-        compiled = (self.compiled is not None and slots is not None and bool(slotted)
-                    and len(slotted) == len(segments) and self.compiled.serves())
-        batch = slots.plan([seg.slot_index for seg in slotted], pad=compiled) \
+        # A decode-only step over slots runs compiled where that serves (planned with stand-in rows).
+        compiled = self.compiled if (self.compiled is not None and bool(slotted) and len(slotted) == len(segments)
+                                     and self.compiled.serves()) else None
+        batch = slots.plan([seg.slot_index for seg in slotted], pad=compiled is not None) \
             if slotted and slots is not None else None
         flat: list[int] = []
         bounds: list[tuple[int, int]] = []
@@ -186,8 +187,8 @@ class PackedRunner:
             ids = fed if not rest_ids else mx.concatenate([fed.astype(mx.int32), mx.array(rest_ids, mx.int32)])
         else:
             ids = _token_ids(order, flat, bounds)
-        if compiled and self.compiled is not None and batch is not None and slots is not None:
-            logits = self.compiled.run(ids, [seg.slot_index for seg in slotted], batch)
+        if compiled is not None and batch is not None and slots is not None:
+            logits = compiled.run(ids, [seg.slot_index for seg in slotted], batch)
             slots.commit([seg.slot_index for seg in slotted])
             return logits if picks == list(range(T)) else logits[mx.array(picks)]
         pos = mx.array(positions) if self.vector_rope and len(segments) > 1 else None

@@ -51,13 +51,18 @@ def main(argv: list[str] | None = None) -> int:
 
     ensure_fast_blas()  # before any command imports mlx (a no-op where MLX brings its own BLAS)
     try:
-        try:
-            gil_switch_seconds()  # every command that runs an engine reads it: a bad value is one line, up front
-        except ValueError as exc:
-            raise CLIError(str(exc)) from None
+        _check_environment()
         return int(args.func(args) or 0)
     except CLIError as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130
+
+
+def _check_environment() -> None:
+    """Raise CLIError for a tuning variable every engine reads (one line up front, not a traceback mid-command)."""
+    try:
+        gil_switch_seconds()
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
