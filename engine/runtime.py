@@ -240,7 +240,11 @@ class Engine:
             out["prefill_lane"] = {"on": lane is not None, "chunks": int(c["lane_chunks"]),
                                    "busy_seconds": round(lane.thread.busy_seconds, 3) if lane else 0.0,
                                    "waits_for_decode": lane.turns.waits if lane else 0,
-                                   "waited_for_decode_seconds": round(lane.turns.waited_seconds, 3) if lane else 0.0}
+                                   "waited_for_decode_seconds": round(lane.turns.waited_seconds, 3) if lane else 0.0,
+                                   "launch_gate": lane.turns.gate if lane else False,
+                                   "waits_for_decode_launch": lane.turns.launch_waits if lane else 0,
+                                   "phase_seconds": {k: round(v, 6) for k, v in group.step.lane_phases.seconds.items()}
+                                   if lane else {}}
             recent_prompt, recent_generation = group.recent.rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, cast
+from typing import Any, Callable, cast
 
 import mlx.core as mx
 
@@ -23,6 +23,7 @@ from engine.accelerator import on_gpu
 from engine.burst import StepResult
 from engine.contracts import Delta, FinishReason
 from engine.iteration_times import StepCost
+from engine.lane import DecodeFirst
 from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
 from engine.prefix_cache import PrefixCache
@@ -30,7 +31,7 @@ from engine.rows import Row, plan_iteration, slot_order
 from engine.runner import PackedRunner, Runner, Segment, SeparateRunner, make_cache
 from engine.sampling import sample_rows
 from engine.slots import SlotKV
-from engine.step_record import StepRecord
+from engine.step_record import LanePhases, StepRecord
 
 __all__ = ["BatchStep", "row_delta"]
 
@@ -55,7 +56,8 @@ class BatchStep:
         self.counters = counters
         self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
-        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
+        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None,
+                                       self.launch_turn)
         # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
         # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
         # then misreads a mixed step's cost (measured: whole-budget chunks, token gaps of seconds); default: GPU.
@@ -66,6 +68,7 @@ class BatchStep:
         # What the current step did and where its time went, for /stats: one record per engine thread (the
         # prefill lane's steps run beside the decode thread's; engine/batch.py).
         self._records = threading.local()
+        self.lane_phases = LanePhases()  # where the lane's job is, named in the decode steps' events
         self._counting = threading.Lock()  # both engine threads add to the group's token counters
 
     @property
@@ -73,7 +76,7 @@ class BatchStep:
         """This thread's step record. Raises nothing."""
         record = getattr(self._records, "record", None)
         if record is None:
-            record = self._records.record = StepRecord()
+            record = self._records.record = StepRecord(self.lane_phases)
         return record
 
     def prefill(self, rows: list[Row], budget: int) -> tuple[list[tuple[Row, Delta]], int]:
@@ -83,18 +86,26 @@ class BatchStep:
         the lane's alone until the event loop takes them back. Returns (deltas, prompt tokens). Raises what the
         forward or its evaluation raises."""
         self.record.begin(None)
-        for row in rows:
-            if row.cache is None and row.slot is None:
-                self._attach_cache(row)
-        plan = plan_iteration(rows, budget, False, True)
-        if not plan:
-            return [], 0
-        logits = self.runner.forward([Segment(tokens, r.cache, want) for r, tokens, want in plan])
-        sampled = [r for r, _, want in plan if want]
-        tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
-        touched = [a for r, _, _ in plan for c in r.cache or () for a in (c.keys, c.values)]
-        mx.eval(([tokens] if tokens is not None else []) + touched + [a for r in sampled for a in r.sampler.arrays()],
-                mx.random.state)  # the global key too: the decode thread's next draw splits it
+        phases = self.lane_phases
+        phases.enter("lane_build")
+        try:
+            for row in rows:
+                if row.cache is None and row.slot is None:
+                    self._attach_cache(row)
+            plan = plan_iteration(rows, budget, False, True)
+            if not plan:
+                return [], 0
+            logits = self.runner.forward([Segment(tokens, r.cache, want) for r, tokens, want in plan])
+            sampled = [r for r, _, want in plan if want]
+            tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
+            touched = [a for r, _, _ in plan for c in r.cache or () for a in (c.keys, c.values)]
+            wanted = ([tokens] if tokens is not None else []) + touched + [a for r in sampled for a in r.sampler.arrays()]
+            phases.enter("lane_launch")
+            self.launch_turn(lambda: mx.async_eval(wanted, mx.random.state))  # the global key too (see _launch)
+            phases.enter("lane_device")
+            mx.eval(wanted, mx.random.state)
+        finally:
+            phases.enter(None)
         n_prompt = self._fed_prompts(plan)
         ids = cast(list[int], tokens.tolist()) if tokens is not None else []
         outputs = [(r, self.accept(r, t)) for r, t in zip(sampled, ids)]
@@ -102,6 +113,12 @@ class BatchStep:
             self.prefix_cache.settle()  # the boundary puts' copies, just behind the chunk: the decode thread may take them
         self._count((("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("lane_chunks", 1)))
         return [(r, d) for r, d in outputs if d is not None], n_prompt
+
+    def launch_turn(self, start: Callable[[], Any]) -> Any:
+        """Run `start` (a kernel launch) in turn with the other engine thread's, where the lane's gate is on
+        (engine/lane.py DecodeFirst.launch). Returns what `start` returns. Raises what it raises."""
+        turns: DecodeFirst | None = getattr(self.runner, "turns", None)
+        return start() if turns is None else turns.launch(start)
 
     def _count(self, adds: tuple[tuple[str, float], ...]) -> None:
         with self._counting:
@@ -222,7 +239,7 @@ class BatchStep:
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
-        mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
+        self.launch_turn(lambda: mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state))
         self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
         n_prompt = self._fed_prompts(plan)

@@ -1,7 +1,7 @@
 """What one engine step did, for /stats iteration_times: the one-off work it named (`events`: a prefix-cache put,
 rows adopted into slots, a cache attached, slot growth, a compaction, a drained pipeline, rows changed, a garbage
-collection) and its seconds by part (`phases`). A slow iteration's events say what it carried, not why it was
-slow. Its time is filed under the step whose tokens it delivered (engine/step.py), so an iteration that read a
+collection, the prefill lane's phases it overlapped) and its seconds by part (`phases`). A slow iteration's events
+say what it carried, not why it was slow. Its time is filed under the step whose tokens it delivered (engine/step.py), so an iteration that read a
 decode step and launched a new row's first prompt chunk counts as "decode", carrying that row's `attach`."""
 
 from __future__ import annotations
@@ -10,7 +10,41 @@ import gc
 import time
 from typing import Any
 
-__all__ = ["StepRecord"]
+__all__ = ["LANE_PHASES", "LanePhases", "StepRecord"]
+
+LANE_PHASES = ("lane_build", "lane_launch", "lane_device")
+
+
+class LanePhases:
+    """Where the prefill lane's job is (building its graph, launching its kernels, waiting for the device), for the
+    decode thread's step records: a step that overlapped a phase names it among its events, so /stats tells which
+    of the lane's phases the slow decode steps shared the host or the device with. The lane thread writes, the
+    decode thread reads (a str and ints, each read whole under the GIL); `seconds` sums each phase's time."""
+
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.began = dict.fromkeys(LANE_PHASES, 0)
+        self.seconds = dict.fromkeys(LANE_PHASES, 0.0)
+        self._since = 0.0
+
+    def enter(self, phase: str | None) -> None:
+        """The lane moves to `phase` (None: its job ended). Raises KeyError for an unknown phase."""
+        now = time.perf_counter()
+        if self.current is not None:
+            self.seconds[self.current] += now - self._since
+        if phase is not None:
+            self.began[phase] += 1
+        self.current, self._since = phase, now
+
+    def mark(self) -> tuple[str | None, tuple[int, ...]]:
+        """Where the lane is now, for `overlapped` at the step's end. Raises nothing."""
+        return self.current, tuple(self.began.values())
+
+    def overlapped(self, mark: tuple[str | None, tuple[int, ...]]) -> set[str]:
+        """The phases the lane was in at some point since `mark`. Raises nothing."""
+        current, began = mark
+        seen = {p for p, before, now in zip(LANE_PHASES, began, self.began.values()) if now != before}
+        return seen | ({current} if current is not None else set()) | ({self.current} if self.current else set())
 
 
 class StepRecord:
@@ -18,7 +52,9 @@ class StepRecord:
     seen by comparing with its start and hands both over (the objects themselves: work after `close`, such as a
     prefix-cache reclaim, still counts for the same step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lane: LanePhases | None = None) -> None:
+        self.lane = lane  # the prefill lane's phases, where there is a lane (named in the step's events)
+        self._lane_mark: tuple[str | None, tuple[int, ...]] | None = None
         self.events: set[str] = set()
         self.phases: dict[str, float] = {}
         self._shape: tuple[int, int] = (0, 0)  # the slot buffers' (slots, capacity) as the step began
@@ -31,6 +67,7 @@ class StepRecord:
         self.events, self.phases = set(), {}
         self._shape = (slots.slots, slots.capacity) if slots is not None else (0, 0)
         self._collections = _collections()
+        self._lane_mark = self.lane.mark() if self.lane is not None else None
 
     def note(self, event: str) -> None:
         self.events.add(event)
@@ -51,6 +88,8 @@ class StepRecord:
             self.events.add("grow")
         if _collections() != self._collections:
             self.events.add("gc")
+        if self.lane is not None and self._lane_mark is not None:
+            self.events |= self.lane.overlapped(self._lane_mark)
         self.phases["read"] = waited
         return self.events, self.phases
 

@@ -155,6 +155,9 @@ async def test_the_engine_serves_through_the_lane_on_its_threads(tiny_loaded) ->
             assert_matches_reference(tiny_loaded, p, [t async for d in s for t in d.token_ids], 10)
         lane = engine.stats()["prefill_lane"]
         assert lane["on"] and lane["chunks"] >= 1
+        # Each job built its graph, launched its kernels and waited for them (the decode steps name what they met).
+        assert set(lane["phase_seconds"]) == {"lane_build", "lane_launch", "lane_device"}
+        assert all(v > 0 for v in lane["phase_seconds"].values())
         engine.close()
 
 

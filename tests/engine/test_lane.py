@@ -91,3 +91,64 @@ async def test_a_lane_forward_waits_at_a_layer_while_a_decode_step_builds(tiny_l
         assert turns.waits >= 1
     finally:
         group.close()
+
+
+def test_with_the_gate_the_lane_launches_after_the_decode_threads_launch(lane: EngineThread) -> None:
+    turns = DecodeFirst(lane, gate=True, launch_patience=30.0)
+    order: list[str] = []
+    started = threading.Event()
+
+    def decode_launch() -> None:
+        started.set()
+        assert turns.waiting.wait(30), "the lane never waited for the decode launch"
+        order.append("decode")
+
+    done, _ = on_thread(lane, lambda: (started.wait(30), turns.launch(lambda: order.append("lane"))))
+    turns.launch(decode_launch)  # this thread is the decode thread
+    assert done.wait(30)
+    assert order == ["decode", "lane"] and turns.launch_waits == 1
+
+
+def test_without_the_gate_launches_do_not_wait(lane: EngineThread) -> None:
+    turns = DecodeFirst(lane, gate=False, launch_patience=30.0)
+    inside = threading.Event()
+
+    def decode_launch() -> None:
+        done, _ = on_thread(lane, lambda: turns.launch(inside.set))
+        assert done.wait(30) and inside.is_set()  # the lane launched during the decode thread's launch
+
+    turns.launch(decode_launch)
+    assert turns.launch_waits == 0
+
+
+def test_the_gate_is_off_unless_asked(lane: EngineThread, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TANDEM_LANE_GATE", raising=False)
+    assert not DecodeFirst(lane).gate
+    monkeypatch.setenv("TANDEM_LANE_GATE", "on")
+    assert DecodeFirst(lane).gate
+
+
+async def test_a_gated_lane_forward_launches_by_layers_and_computes_the_same(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True)
+    assert group.lane is not None
+    runner, turns = group.step.runner.inner, group.lane.turns
+    prompt = prompt_of(12, 2)
+    launched: list[int] = []
+
+    def prefill() -> list[float]:
+        logits = runner.forward([Segment(prompt, make_cache(tiny_loaded.model), True)])
+        mx.eval(logits)
+        return logits.tolist()
+
+    try:
+        done, box = on_thread(group.lane.thread, prefill)
+        assert done.wait(30) and box[1] is None
+        turns.gate, turns.gate_layers = True, 1
+        real_launch = turns.launch
+        turns.launch = lambda start: (launched.append(1), real_launch(start))[1]  # type: ignore[method-assign]
+        done, gated = on_thread(group.lane.thread, prefill)
+        assert done.wait(30) and gated[1] is None
+        assert gated[0] == box[0]
+        assert len(launched) == len(runner.layers)  # one launch after each layer's graph
+    finally:
+        group.close()

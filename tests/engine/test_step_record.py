@@ -6,7 +6,7 @@ import gc
 import time
 from types import SimpleNamespace
 
-from engine.step_record import StepRecord
+from engine.step_record import LanePhases, StepRecord
 
 
 def test_a_step_names_what_it_did_and_splits_its_time() -> None:
@@ -36,3 +36,27 @@ def test_the_next_step_starts_clean_and_compares_with_its_own_start() -> None:
         gc.enable()
     assert events == set() and phases == {"read": 0.0}  # same rows, same buffers, no collection
     assert first is not events  # the first step's set is the one /stats keeps: never reused
+
+
+def test_a_step_names_the_lane_phases_it_overlapped() -> None:
+    lane = LanePhases()
+    record = StepRecord(lane)
+    gc.disable()
+    try:
+        lane.enter("lane_build")  # the lane was building as the step began
+        record.begin(None)
+        lane.enter("lane_launch")
+        lane.enter("lane_device")
+        lane.enter(None)  # and its job ended before the step did
+        events, _ = record.close(decode_rows=0, slots=None, waited=0.0)
+        assert events == {"lane_build", "lane_launch", "lane_device"}
+        record.begin(None)  # the lane idle throughout
+        events, _ = record.close(decode_rows=0, slots=None, waited=0.0)
+        assert events == set()
+        lane.enter("lane_device")  # a job waiting for the device as the next step begins and ends
+        record.begin(None)
+        events, _ = record.close(decode_rows=0, slots=None, waited=0.0)
+        assert events == {"lane_device"}
+    finally:
+        gc.enable()
+    assert lane.seconds["lane_build"] > 0 and lane.began == {"lane_build": 1, "lane_launch": 1, "lane_device": 2}
