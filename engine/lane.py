@@ -10,28 +10,20 @@ Both threads build their graphs in Python under one GIL; `DecodeFirst` lets a de
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import anyio
-import mlx.core as mx
 
 from engine.accelerator import gpu_default
 from engine.context import EngineThread, loop_caller
 from engine.rows import Row
 
-__all__ = ["DecodeFirst", "PrefillLane", "gate_default", "lane_default"]
+__all__ = ["DecodeFirst", "PrefillLane", "lane_default"]
 
 Landed = Callable[[list[Row], Any, "BaseException | None"], None]
-
-
-def gate_default() -> bool:
-    """Whether the lane's launches wait for the decode thread's: TANDEM_LANE_GATE=on (default off). Raises
-    nothing."""
-    return os.environ.get("TANDEM_LANE_GATE", "off").lower() == "on"
 
 
 def lane_default() -> bool:
@@ -46,22 +38,13 @@ class DecodeFirst:
     lane waits at its next layer (`yield_to_decode`: a lock wait frees the GIL) and builds while decode's kernels
     run. Its wait is capped (`patience`) so a busy decode thread never starves the lane."""
 
-    def __init__(self, lane: EngineThread, patience: float = 0.01, gate: bool | None = None,
-                 launch_patience: float = 0.003) -> None:
+    def __init__(self, lane: EngineThread, patience: float = 0.01) -> None:
         self.lane = lane
         self.patience = patience
         self._free = threading.Event()  # set while no decode build runs
         self._free.set()
-        # The launch gate (TANDEM_LANE_GATE): the lane launches its kernels a few layers at a time, never while
-        # the decode thread launches its own (two threads launching at once share the driver and MLX's locks).
-        self.gate = gate_default() if gate is None else gate
-        self.launch_patience = launch_patience
-        self.gate_layers = 4  # layers the lane builds between two launches
-        self._launch_free = threading.Event()  # set while the decode thread launches nothing
-        self._launch_free.set()
         self.waits = 0  # the lane's waits for a decode build (its thread only)
         self.waited_seconds = 0.0
-        self.launch_waits = 0  # the lane's waits for a decode launch (its thread only; with the gate on)
         self.waiting = threading.Event()  # set as the lane begins a wait (tests order events by it)
 
     @contextmanager
@@ -75,32 +58,6 @@ class DecodeFirst:
             yield
         finally:
             self._free.set()
-
-    def launch(self, start: Callable[[], Any]) -> Any:
-        """Run `start` (an `mx.async_eval`: kernel launches). With the gate on: on the decode thread it marks the
-        launch, on the lane it first waits while the decode thread launches (at most `launch_patience`). Returns
-        what `start` returns. Raises what it raises."""
-        if not self.gate:
-            return start()
-        if self.lane.is_current():
-            if not self._launch_free.is_set():
-                t0 = time.perf_counter()
-                self.waiting.set()
-                self._launch_free.wait(self.launch_patience)
-                self.launch_waits += 1
-                self.waited_seconds += time.perf_counter() - t0
-            return start()
-        self._launch_free.clear()
-        try:
-            return start()
-        finally:
-            self._launch_free.set()
-
-    def layer_built(self, index: int, h: Any) -> None:
-        """On the lane, after layer `index`'s graph: with the gate on, launch every `gate_layers` layers' kernels
-        (so a decode launch overlaps a few layers', not a whole chunk's). Raises what evaluation raises."""
-        if self.gate and (index + 1) % self.gate_layers == 0 and self.lane.is_current():
-            self.launch(lambda: mx.async_eval(h))
 
     def yield_to_decode(self) -> None:
         """On the lane, between layers: wait while the decode thread builds (a no-op elsewhere). Raises nothing."""

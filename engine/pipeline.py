@@ -43,10 +43,8 @@ class InFlight:
 class DecodePipeline:
     """One step of lookahead for slot iterations (see module doc)."""
 
-    def __init__(self, forward: Callable[[list[Segment]], Any], enabled: bool,
-                 launch_turn: Callable[[Callable[[], Any]], Any] = lambda start: start()) -> None:
+    def __init__(self, forward: Callable[[list[Segment]], Any], enabled: bool) -> None:
         self.forward = forward  # the group's runner.forward (looked up per call)
-        self.launch_turn = launch_turn  # runs a kernel launch in turn with the prefill lane's (engine/lane.py)
         self.enabled = enabled  # the runner has a SlotKV (packed path with per-token RoPE)
         self.inflight: InFlight | None = None
         self.waited = 0.0  # seconds blocked in `read` (the engine step resets it; /stats iteration_times)
@@ -104,7 +102,7 @@ class DecodePipeline:
         segments = [Segment(t, None, True, r.slot, fed) for t, r in zip(ids, rows)]
         logits = self.forward(segments)
         tokens = sample_rows(logits, [r.sampler for r in rows])
-        self.launch_turn(lambda: mx.async_eval(tokens, mx.random.state))  # the global key too, for the prefill lane's next draw (engine/step.py)
+        mx.async_eval(tokens, mx.random.state)  # the global key too, for the prefill lane's next draw (engine/step.py)
         return tokens
 
     def read_step(self, flight: InFlight) -> list[int]:

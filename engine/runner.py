@@ -208,8 +208,6 @@ class PackedRunner:
                 o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch, masks)
             h = h + attn.o_proj(o)
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
-            if self.turns is not None:
-                self.turns.layer_built(li, h)
         if slotted and slots is not None:
             slots.commit([seg.slot_index for seg in slotted])
         if not picks:

@@ -241,8 +241,6 @@ class Engine:
                                    "busy_seconds": round(lane.thread.busy_seconds, 3) if lane else 0.0,
                                    "waits_for_decode": lane.turns.waits if lane else 0,
                                    "waited_for_decode_seconds": round(lane.turns.waited_seconds, 3) if lane else 0.0,
-                                   "launch_gate": lane.turns.gate if lane else False,
-                                   "waits_for_decode_launch": lane.turns.launch_waits if lane else 0,
                                    "phase_seconds": {k: round(v, 6) for k, v in group.step.lane_phases.seconds.items()}
                                    if lane else {}}
             recent_prompt, recent_generation = group.recent.rates()

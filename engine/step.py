@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -23,7 +23,6 @@ from engine.accelerator import on_gpu
 from engine.burst import StepResult
 from engine.contracts import Delta, FinishReason
 from engine.iteration_times import StepCost
-from engine.lane import DecodeFirst
 from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
 from engine.prefix_cache import PrefixCache
@@ -56,8 +55,7 @@ class BatchStep:
         self.counters = counters
         self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
-        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None,
-                                       self.launch_turn)
+        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
         # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
         # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
         # then misreads a mixed step's cost (measured: whole-budget chunks, token gaps of seconds); default: GPU.
@@ -99,9 +97,10 @@ class BatchStep:
             sampled = [r for r, _, want in plan if want]
             tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
             touched = [a for r, _, _ in plan for c in r.cache or () for a in (c.keys, c.values)]
-            wanted = ([tokens] if tokens is not None else []) + touched + [a for r in sampled for a in r.sampler.arrays()]
+            keys = [a for r in sampled for a in r.sampler.arrays()]
+            wanted = ([tokens] if tokens is not None else []) + touched + keys
             phases.enter("lane_launch")
-            self.launch_turn(lambda: mx.async_eval(wanted, mx.random.state))  # the global key too (see _launch)
+            mx.async_eval(wanted, mx.random.state)  # the global key too: the decode thread's next draw splits it
             phases.enter("lane_device")
             mx.eval(wanted, mx.random.state)
         finally:
@@ -113,12 +112,6 @@ class BatchStep:
             self.prefix_cache.settle()  # the boundary puts' copies, just behind the chunk: the decode thread may take them
         self._count((("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("lane_chunks", 1)))
         return [(r, d) for r, d in outputs if d is not None], n_prompt
-
-    def launch_turn(self, start: Callable[[], Any]) -> Any:
-        """Run `start` (a kernel launch) in turn with the other engine thread's, where the lane's gate is on
-        (engine/lane.py DecodeFirst.launch). Returns what `start` returns. Raises what it raises."""
-        turns: DecodeFirst | None = getattr(self.runner, "turns", None)
-        return start() if turns is None else turns.launch(start)
 
     def _count(self, adds: tuple[tuple[str, float], ...]) -> None:
         with self._counting:
@@ -239,7 +232,7 @@ class BatchStep:
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
-        self.launch_turn(lambda: mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state))
+        mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
         self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
         n_prompt = self._fed_prompts(plan)

@@ -1,8 +1,9 @@
 """What one engine step did, for /stats iteration_times: the one-off work it named (`events`: a prefix-cache put,
 rows adopted into slots, a cache attached, slot growth, a compaction, a drained pipeline, rows changed, a garbage
 collection, the prefill lane's phases it overlapped) and its seconds by part (`phases`). A slow iteration's events
-say what it carried, not why it was slow. Its time is filed under the step whose tokens it delivered (engine/step.py), so an iteration that read a
-decode step and launched a new row's first prompt chunk counts as "decode", carrying that row's `attach`."""
+say what it carried, not why it was slow. Its time is filed under the step whose tokens it delivered
+(engine/step.py), so an iteration that read a decode step and launched a new row's first prompt chunk counts as
+"decode", carrying that row's `attach`."""
 
 from __future__ import annotations
 
