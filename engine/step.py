@@ -201,7 +201,10 @@ class BatchStep:
         self.pipeline.waited -= waited
         landed = self._land(launch)
         self.last_cost = self._cost(time.perf_counter() - t0 - waited, launch.prompt_tokens, launch.decode_rows)
-        return self._finish(t0, outputs + landed, launch.prompt_tokens, launch.decode_rows)
+        # The step read here delivered its own prompt chunks (a mixed step): they count with this one's.
+        mixed = sum(int(s.prompt_tokens > 0 and s.decode_rows > 0) for s in (flight, launch))
+        return self._finish(t0, outputs + landed, flight.prompt_tokens + launch.prompt_tokens, launch.decode_rows,
+                            mixed)
 
     @staticmethod
     def _lazy_tokens(flight: InFlight, plan: list[tuple[Row, list[int], bool]]) -> dict[int, Any]:
@@ -313,7 +316,10 @@ class BatchStep:
         ids, row.unsent_ids = row.unsent_ids, []
         return row_delta(row, step.text, ids, step.finish_reason)
 
-    def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int) -> list[tuple[Row, Delta]]:
+    def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int,
+                mixed: int | None = None) -> list[tuple[Row, Delta]]:
+        """Count the iteration (`mixed`: its mixed steps, if not one when it has both prompt and decode tokens) and
+        return its deltas. Raises nothing."""
         if self.prefix_cache is not None:
             if self.prefix_cache.reclaim():
                 self.record.note("evict")
@@ -323,7 +329,8 @@ class BatchStep:
         dt, n_gen = time.perf_counter() - t0, len(outputs)
         self.record.counts = (n_prompt, n_gen)
         total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)
-        self._count((("iterations", 1), ("mixed_iterations", int(n_prompt > 0 and n_decode > 0)),
+        mixed = int(n_prompt > 0 and n_decode > 0) if mixed is None else mixed
+        self._count((("iterations", 1), ("mixed_iterations", mixed),
                      ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
                      ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)))
         return [(r, d) for r, d in outputs if d is not None]

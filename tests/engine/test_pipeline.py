@@ -370,3 +370,15 @@ async def test_random_joins_and_cancels_with_steps_in_flight_keep_every_survivor
     for i in range(n):
         if i not in cancel_at:
             assert_matches_reference(tiny_loaded, prompts[i], got[i], limits[i])
+
+
+async def test_prompt_tokens_and_mixed_steps_count_once_each_with_steps_in_flight(tiny_loaded) -> None:
+    # A mixed step kept in flight and read by an iteration whose own step is read at once (a row joined in it)
+    # delivers two steps' prompt chunks in one iteration: /stats must count both.
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=8, minimum_preparation_tokens=4)
+    sizes = (3, 11, 25, 40)
+    await run_checked(group, tiny_loaded, sizes, (16, 16, 16, 16), [0, 2, 5, 9])
+    mixed = [it for it in group.step.runner.iterations if any(w and n == 1 for n, w in it) and any(n > 1 for n, _ in it)]
+    assert len(mixed) >= 2
+    assert group.counters["prompt_tokens"] == sum(sizes)
+    assert group.counters["mixed_iterations"] == len(mixed)
