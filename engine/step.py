@@ -318,8 +318,8 @@ class BatchStep:
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int,
                 mixed: int | None = None) -> list[tuple[Row, Delta]]:
-        """Count the iteration (`mixed`: its mixed steps, if not one when it has both prompt and decode tokens) and
-        return its deltas. Raises nothing."""
+        """Count the iteration and return its deltas. `mixed`: how many mixed steps it delivered (default: one when
+        it has both prompt and decode tokens). Raises nothing."""
         if self.prefix_cache is not None:
             if self.prefix_cache.reclaim():
                 self.record.note("evict")
