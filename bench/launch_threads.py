@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--size", type=int, default=4096, help="elements per array (small: the launch is the cost)")
     a = p.parse_args(argv)
+    from engine.accelerator import apply_serving_defaults
+
+    apply_serving_defaults()  # the server's MLX settings (no CUDA graphs)
     launch_us_per_op(a.ops, 3, a.size)  # compile the kernels once, outside the figures
     result = {"device": str(mx.default_device()), "ops": 2 * a.ops,
               "alone": _summary(launch_us_per_op(a.ops, a.rounds, a.size)),
