@@ -373,7 +373,7 @@ class LLMBatchGroup:
         self.counters["failed_steps"] += 1
         error = self.health.failed(exc)
         for row in rows:
-            self.step.release(row)
+            self.step.kv.release(row)
             self._publish(row, row_delta(row, finish_reason="error", error=error))
         self._active = [r for r in self._active if r not in rows]
 
@@ -393,8 +393,8 @@ class LLMBatchGroup:
         row.end()
         if cancelled:
             self.counters["cancelled_rows"] += 1
-        if self.step.keeps_kv(row):
+        if self.step.kv.keeps(row):
             # Its KV still helps the next turn: stored by a task on the engine thread before the next step.
-            self.tasks.enqueue(lambda: self.step.put(row), label=_PUT)
+            self.tasks.enqueue(lambda: self.step.kv.put(row), label=_PUT)
         else:
-            self.step.release(row)
+            self.step.kv.release(row)

@@ -5,9 +5,8 @@ engine thread) and returns plain Python: (row, delta) pairs for the event loop t
 the step in flight is gone on from (its tokens fed lazily) or, when that cannot be, read first; the slot
 buffers are sized, new rows get their KV (a prefix-cache hit or a fresh cache), rows whose prompt is done
 move into decode slots, then one forward over the planned segments, sampling, detokenization and stop
-matching. Rows that finish hand
-their KV to the prefix cache here, before their slot is freed. Nothing here touches the row lists the
-event loop owns (engine/batch.py).
+matching. Rows that finish hand their KV to the prefix cache here, before their slot is freed (where KV lives:
+engine/row_kv.py). Nothing here touches the row lists the event loop owns (engine/batch.py).
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
 from engine.prefix_cache import PrefixCache
 from engine.rows import Row, plan_iteration, slot_order
-from engine.runner import PackedRunner, Runner, Segment, SeparateRunner, make_cache
+from engine.row_kv import RowKV
+from engine.runner import PackedRunner, Runner, Segment, SeparateRunner
 from engine.sampling import sample_rows
 from engine.slots import SlotKV
 from engine.step_record import LanePhases, StepRecord
@@ -49,13 +49,13 @@ class BatchStep:
 
     def __init__(self, model: Any, plan: ExecutionPlan, *, context_length: int, prefix_cache: PrefixCache | None,
                  counters: dict[str, float], keep_mixed_in_flight: bool | None = None) -> None:
-        self.model = model
         self.context_length = context_length
         self.prefix_cache = prefix_cache
         self.counters = counters
         self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
         self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
+        self.kv = RowKV(model, self.slots, prefix_cache, lambda: self.record)  # the rows' caches, slots and puts
         # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
         # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
         # then misreads a mixed step's cost (measured: whole-budget chunks, token gaps of seconds); default: GPU.
@@ -89,7 +89,7 @@ class BatchStep:
         try:
             for row in rows:
                 if row.cache is None and row.slot is None:
-                    self._attach_cache(row)
+                    self.kv.attach(row)
             plan = plan_iteration(rows, budget, False, True)
             if not plan:
                 return [], 0
@@ -149,10 +149,10 @@ class BatchStep:
             self.record.note("drain")
             outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]
             rows = [r for r in rows if not r.ended]
-        self._size_slots(rows)
+        self.kv.size_slots(rows)
         for row in rows:
             if row.cache is None and row.slot is None:
-                self._attach_cache(row)
+                self.kv.attach(row)
             elif self.slots is not None and row.decoding and row.slot is None:
                 self.record.note("adopt")
                 row.slot, row.cache = self.slots.adopt(row.cache or []), None
@@ -250,7 +250,7 @@ class BatchStep:
         for r, chunk, _ in plan:
             if not r.decoding:
                 r.prefilled, n_prompt = r.prefilled + len(chunk), n_prompt + len(chunk)
-                self._boundary_puts(r, r.prefilled - len(chunk))
+                self.kv.boundary_puts(r, r.prefilled - len(chunk))
         return n_prompt
 
     def _cost(self, seconds: float, prompt_tokens: int, decode_rows: int) -> StepCost:
@@ -296,7 +296,7 @@ class BatchStep:
         except Exception as exc:  # this row's own fault: only it ends
             _log.exception("row failed on token %d", token)
             row.finish()
-            self.release(row)
+            self.kv.release(row)
             return row_delta(row, finish_reason="error", error=f"{type(exc).__name__}: {exc}")
         finally:
             self.record.tick("accept", t)
@@ -310,7 +310,7 @@ class BatchStep:
         step = row.stopper.add(token, at_context_limit=at_limit)
         if step.finish_reason is not None:
             row.finish()
-            self.put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
+            self.kv.put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
         elif not step.text:
             return None  # held back (partial character or possible stop string): nothing to show yet
         ids, row.unsent_ids = row.unsent_ids, []
@@ -334,68 +334,3 @@ class BatchStep:
                      ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
                      ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)))
         return [(r, d) for r, d in outputs if d is not None]
-
-    # -- KV: slots and the prefix cache -----------------------------------------------------------
-
-    def _size_slots(self, rows: list[Row]) -> None:
-        """Cap slot growth at what the rows reserved, and shrink the buffers to the rows left once they hold twice
-        what those need. With a step in flight too: its rows have their slots and lengths already (a forward
-        commits them as it is built), and renumbering keeps their order, so its tokens still feed the next step."""
-        slots = self.slots
-        if slots is None:
-            return
-        slots.ceiling = max((len(r.prompt) + r.request.max_tokens + 1 for r in rows), default=None)
-        holders = {r.slot: r for r in rows if r.slot is not None}
-        if slots.oversized() and set(holders) == set(slots.lengths):  # every slot's row is here to renumber
-            self.record.note("compact")
-            for old, new in slots.compact().items():
-                holders[old].slot = new
-
-    def _attach_cache(self, row: Row) -> None:
-        self.record.note("attach")
-        if self.prefix_cache is not None:
-            try:
-                n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
-            except Exception:  # a cache problem costs a cold prefill, never the request
-                _log.exception("prefix cache take failed")
-                n, kv = 0, None
-            if kv is not None and 0 < n < len(row.prompt):
-                row.cache, row.prefilled, row.cached_tokens = list(kv), n, n
-                return
-        row.cache = make_cache(self.model)
-
-    def _boundary_puts(self, row: Row, before: int) -> None:
-        if self.prefix_cache is None or row.cache is None:
-            return
-        for b in row.boundaries:
-            if before < b <= row.prefilled:
-                self.record.note("put")
-                self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache, row.request.session_id,
-                                      system_prefix=True)
-
-    def put(self, row: Row) -> None:
-        """Hand a row's KV to the prefix cache (cut to the tokens it fed), then free its cache or slot.
-        Raises nothing: a cache problem never fails the request."""
-        if self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.prefilled > 0:
-            t = time.perf_counter()
-            try:
-                fed = row.fed_tokens()  # a speculative step may have written one more position: cut it
-                kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
-                if kv is not None:
-                    self.record.note("put")
-                    self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
-            except Exception:  # a cache problem must never fail the request
-                _log.exception("prefix cache put failed")
-            self.record.tick("put", t)
-        self.release(row)
-
-    def release(self, row: Row) -> None:
-        """Free a row's per-row cache or slot. Raises nothing."""
-        if row.slot is not None and self.slots is not None:
-            self.slots.release(row.slot)
-        row.cache, row.slot = None, None
-
-    def keeps_kv(self, row: Row) -> bool:
-        """Whether a departing row's KV is worth a prefix-cache put. Raises nothing."""
-        return self.prefix_cache is not None and (row.cache is not None or row.slot is not None) and row.prefilled > 0
-

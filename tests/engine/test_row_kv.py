@@ -1,0 +1,55 @@
+"""engine/row_kv.py: a new row's cache is a prefix-cache hit or a fresh one; a departing row's KV goes to the prefix
+cache cut to the tokens it fed, then its cache is freed; the record names what each call did."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from engine.contracts import GenerationRequest, SamplingParams
+from engine.row_kv import RowKV
+from engine.rows import Row
+from engine.runner import make_cache
+from engine.step_record import StepRecord
+from tests.engine.test_batch import FakePrefixCache
+
+
+def row_of(loaded, prompt: list[int]) -> Row:
+    row, _ = Row.start(GenerationRequest(prompt, SamplingParams(temperature=0.0), max_tokens=4), prompt,
+                       vocab_size=400, tokenizer=loaded.tokenizer)
+    return row
+
+
+def filled(loaded, n: int) -> list:
+    cache = make_cache(loaded.model)
+    for layer in cache:
+        layer.update_and_fetch(mx.zeros((1, 2, n, 16)), mx.zeros((1, 2, n, 16)))
+    return cache
+
+
+def test_a_row_takes_a_prefix_hit_or_a_fresh_cache_and_leaves_its_fed_kv(tiny_loaded) -> None:
+    prefix, record = FakePrefixCache(), StepRecord()
+    kv = RowKV(tiny_loaded.model, None, prefix, lambda: record)
+    record.begin(None)
+    cold = row_of(tiny_loaded, [5, 6, 7, 8])
+    kv.attach(cold)
+    assert cold.prefilled == 0 and cold.cache is not None and cold.cache[0].offset == 0
+    # The row fed its prompt and sampled two tokens: the KV holds the prompt and the first of them.
+    cold.cache, cold.prefilled, cold.generated = filled(tiny_loaded, 5), 4, [9, 10]
+    assert kv.keeps(cold)
+    kv.put(cold)
+    assert prefix.entries[0][0] == (5, 6, 7, 8, 9) and cold.cache is None and cold.slot is None
+    warm = row_of(tiny_loaded, [5, 6, 7, 8, 9, 11, 12])
+    kv.attach(warm)
+    assert (warm.prefilled, warm.cached_tokens) == (5, 5) and prefix.entries == []
+    events, _ = record.close(decode_rows=0, slots=None, waited=0.0)
+    assert {"attach", "put"} <= events
+
+
+def test_without_a_prefix_cache_a_row_leaves_nothing_behind(tiny_loaded) -> None:
+    kv = RowKV(tiny_loaded.model, None, None, StepRecord)
+    row = row_of(tiny_loaded, [1, 2, 3])
+    kv.attach(row)
+    row.prefilled = 3
+    assert not kv.keeps(row)
+    kv.put(row)
+    assert row.cache is None
