@@ -66,7 +66,8 @@ class BatchStep:
         # What the current step did and where its time went, for /stats: one record per engine thread (the
         # prefill lane's steps run beside the decode thread's; engine/batch.py).
         self._records = threading.local()
-        self.lane_phases = LanePhases()  # where the lane's job is, named in the decode steps' events
+        # Where the prefill lane's job is, named in the decode steps' events: set by a group with a lane (batch.py).
+        self.lane_phases: LanePhases | None = None
         self._counting = threading.Lock()  # both engine threads add to the group's token counters
 
     @property
@@ -84,7 +85,7 @@ class BatchStep:
         the lane's alone until the event loop takes them back. Returns (deltas, prompt tokens). Raises what the
         forward or its evaluation raises."""
         self.record.begin(None)
-        phases = self.lane_phases
+        phases = self.lane_phases = self.lane_phases or LanePhases()  # set with the lane (a bare call: its own)
         phases.enter("lane_build")
         try:
             for row in rows:

@@ -224,3 +224,13 @@ async def test_a_row_back_from_the_lane_has_its_second_token_from_the_step_it_jo
         assert_matches_reference(tiny_loaded, prompt_of(9, 3), got[second], 8)
     finally:
         group.close()
+
+
+def test_only_a_group_with_a_lane_has_its_decode_steps_watch_the_lanes_phases(tiny_loaded) -> None:
+    without, with_lane = make_group(tiny_loaded), make_group(tiny_loaded, prefill_lane=True)
+    try:
+        assert without.step.lane_phases is None and without.step.record.lane is None
+        assert with_lane.step.lane_phases is not None and with_lane.step.record.lane is with_lane.step.lane_phases
+    finally:
+        without.close()
+        with_lane.close()
