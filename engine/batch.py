@@ -37,10 +37,8 @@ from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
 from engine.pulse import Pulse
 from engine.request_checks import check_request
-from engine.runner import PackedRunner
 from engine.rows import LLMRowStream, Row, RowState
 from engine.step import BatchStep, row_delta
-from engine.step_record import LanePhases
 from engine.tasks import ExecutionTasks
 
 __all__ = ["LLMBatchGroup", "LLMRowStream", "Row"]
@@ -121,9 +119,7 @@ class LLMBatchGroup:
         self.lane = PrefillLane(self.step.prefill, max_iteration_tokens, lambda: self._active, self._lane_landed) \
             if use_lane and self.plan.packed else None
         if self.lane is not None:
-            self.step.lane_phases = LanePhases()  # before any step record exists: the decode steps watch it
-            if isinstance(self.step.runner, PackedRunner):
-                self.step.runner.turns = self.lane.turns
+            self.step.beside_lane(self.lane.turns)
         self.health = StepHealth()
         self._last_step_end: float | None = None
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import mlx.core as mx
 
@@ -31,6 +31,9 @@ from engine.runner import PackedRunner, Runner, Segment, SeparateRunner
 from engine.sampling import sample_rows
 from engine.slots import SlotKV
 from engine.step_record import LanePhases, StepRecord
+
+if TYPE_CHECKING:
+    from engine.lane import DecodeFirst
 
 __all__ = ["BatchStep", "row_delta"]
 
@@ -66,9 +69,17 @@ class BatchStep:
         # What the current step did and where its time went, for /stats: one record per engine thread (the
         # prefill lane's steps run beside the decode thread's; engine/batch.py).
         self._records = threading.local()
-        # Where the prefill lane's job is, named in the decode steps' events: set by a group with a lane (batch.py).
+        # Where the prefill lane's job is, named in the decode steps' events (`beside_lane`).
         self.lane_phases: LanePhases | None = None
         self._counting = threading.Lock()  # both engine threads add to the group's token counters
+
+    def beside_lane(self, turns: DecodeFirst) -> None:
+        """A prefill lane runs `prefill` beside this step's decode steps: the runner's builds go decode first
+        (engine/lane.py) and the decode steps' records name the lane's phases. Call before the first step. Raises
+        nothing."""
+        self.lane_phases = LanePhases()
+        if isinstance(self.runner, PackedRunner):
+            self.runner.turns = turns
 
     @property
     def record(self) -> StepRecord:
