@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KeyedSampler", "can_sample_together", "sample_together"]
+__all__ = ["Drawn", "KeyedSampler", "apply_timestamp_rules", "can_sample_together", "sample_together"]
 
 _ORDER = ("SuppressBlank", "SuppressTokens", "ApplyTimestampRules")  # as DecodingTask appends them
 
@@ -35,6 +35,21 @@ class KeyedSampler:
         next_tokens, sum_logprobs = _select(logits, [self], tokens[:, -1], sum_logprobs, self.eot)
         tokens = mx.concatenate([tokens, next_tokens[:, None]], axis=-1)
         return tokens, mx.all(tokens[:, -1] == self.eot), sum_logprobs
+
+
+class Drawn:
+    """Tokens rows sampled together in one step, (rows,) lazy, read from the device once for all of them (the
+    rows append theirs from `ids`: audio/decoder.py's DecodeRow.draw)."""
+
+    def __init__(self, tokens: Any) -> None:
+        self.tokens = tokens
+        self._ids: list[int] | None = None
+
+    def ids(self) -> list[int]:
+        """The tokens on the host (evaluates them the first time). Raises what MLX raises."""
+        if self._ids is None:
+            self._ids = [int(t) for t in self.tokens.tolist()]
+        return self._ids
 
 
 def can_sample_together(rows: list[Any]) -> bool:
@@ -56,15 +71,16 @@ def can_sample_together(rows: list[Any]) -> bool:
     return len(specials) == 1
 
 
-def sample_together(rows: list[Any], logits: Any) -> Any:
+def sample_together(rows: list[Any], logits: Any) -> Drawn:
     """Filter `logits` (rows × vocabulary, float32, in `rows` order) as each row's filters would, select each
     row's next token as its sampler would, and append it: updates each row's tokens, sum_logprobs and sampler
-    index. Returns the rows' done flags (rows,), lazy. Raises what MLX raises."""
+    index. Returns the tokens drawn (lazy; a row after its end of text draws end of text again). Raises what MLX
+    raises."""
     import mlx.core as mx
     from mlx_whisper.decoding import ApplyTimestampRules, SuppressBlank, SuppressTokens
 
-    n, vocab = int(logits.shape[0]), int(logits.shape[1])
-    histories = [r.tokens.tolist()[0] for r in rows]  # evaluated by the step that appended their last token
+    vocab = int(logits.shape[1])
+    histories = [r.context for r in rows]  # on the host: the step that drew their last tokens read them once
     zero = None
     for kind in (SuppressBlank, SuppressTokens):
         masks = []
@@ -78,25 +94,41 @@ def sample_together(rows: list[Any], logits: Any) -> Any:
     rules = [next((f for f in r.task.logit_filters if isinstance(f, ApplyTimestampRules)), None) for r in rows]
     tokenizer = rows[0].task.tokenizer
     if any(f is not None for f in rules):
-        host = np.zeros((n, vocab), np.float32)
-        for i, (f, seq) in enumerate(zip(rules, histories)):
-            if f is not None:
-                _timestamp_mask(f, seq, host[i])
-        mask = mx.array(host)
-        begin = tokenizer.timestamp_begin
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        timestamp_logprob = logprobs[:, begin:].logsumexp(axis=-1, keepdims=True)
-        max_text_token_logprob = logprobs[:, :begin].max(axis=-1, keepdims=True)
-        ruled = mx.array([[f is not None] for f in rules])
-        mask[:, :begin] = mx.where((timestamp_logprob > max_text_token_logprob) & ruled, -mx.inf, mask[:, :begin])
-        logits = logits + mask
+        logits = apply_timestamp_rules(logits, rules, histories)
     last = mx.array([seq[-1] for seq in histories])
     sums = mx.concatenate([r.sum_logprobs for r in rows])
     next_tokens, sums = _select(logits, [r.task.decoder for r in rows], last, sums, tokenizer.eot)
+    drawn = Drawn(next_tokens)
     for i, r in enumerate(rows):
-        r.tokens = mx.concatenate([r.tokens, next_tokens[i:i + 1][:, None]], axis=-1)
+        r.draw(drawn, i)
         r.sum_logprobs = sums[i:i + 1]
-    return next_tokens == tokenizer.eot
+    return drawn
+
+
+def apply_timestamp_rules(logits: Any, rules: list[Any], histories: list[list[int]]) -> Any:
+    """`logits` (rows × vocabulary, float32) as each row's mlx-whisper ApplyTimestampRules (None: none) leaves
+    them after its whole context `histories[i]`. Raises what MLX raises."""
+    import mlx.core as mx
+
+    n, vocab = int(logits.shape[0]), int(logits.shape[1])
+    # Each row's rules forbid a few ranges of the vocabulary: their bounds go to the device, not a rows ×
+    # vocabulary host mask (on a GPU a managed buffer of 3.3 MB at 16 rows of large-v3, copied every token).
+    bounds = np.zeros((n, 2, _RANGES), np.int32)  # [lo, hi) pairs; (0, 0) forbids nothing
+    for i, (f, seq) in enumerate(zip(rules, histories)):
+        if f is not None:
+            for j, (lo, hi) in enumerate(_timestamp_ranges(f, seq, vocab)):
+                bounds[i, :, j] = lo, hi
+    where = mx.array(bounds)
+    index = mx.arange(vocab)[None, None]
+    forbidden = ((index >= where[:, 0, :, None]) & (index < where[:, 1, :, None])).any(axis=1)
+    mask = mx.where(forbidden, -mx.inf, 0.0).astype(mx.float32)
+    begin = next(f for f in rules if f is not None).tokenizer.timestamp_begin
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    timestamp_logprob = logprobs[:, begin:].logsumexp(axis=-1, keepdims=True)
+    max_text_token_logprob = logprobs[:, :begin].max(axis=-1, keepdims=True)
+    ruled = mx.array([[f is not None] for f in rules])
+    mask[:, :begin] = mx.where((timestamp_logprob > max_text_token_logprob) & ruled, -mx.inf, mask[:, :begin])
+    return logits + mask
 
 
 def _select(logits: Any, samplers: list[KeyedSampler], last: Any, sums: Any, eot: int) -> tuple[Any, Any]:
@@ -124,27 +156,32 @@ def _select(logits: Any, samplers: list[KeyedSampler], last: Any, sums: Any, eot
     return next_tokens * (1 - eot_mask) + eot * eot_mask, sums
 
 
-def _timestamp_mask(rule: Any, tokens: list[int], out: np.ndarray) -> None:
-    """mlx-whisper's ApplyTimestampRules.apply host mask for one row (`tokens`: its whole context). Raises
-    nothing."""
+def _timestamp_ranges(rule: Any, tokens: list[int], vocab: int) -> list[tuple[int, int]]:
+    """The [lo, hi) ranges of the vocabulary that mlx-whisper's ApplyTimestampRules.apply host mask forbids for
+    one row (`tokens`: its whole context): its code, each slice written as its bounds. Raises nothing."""
     t = rule.tokenizer
+    out: list[tuple[int, int]] = []
     if t.no_timestamps is not None:
-        out[t.no_timestamps] = -np.inf
+        out.append((t.no_timestamps, t.no_timestamps + 1))
     seq = tokens[rule.sample_begin:]
     last_was_timestamp = len(seq) >= 1 and seq[-1] >= t.timestamp_begin
     penultimate_was_timestamp = len(seq) < 2 or seq[-2] >= t.timestamp_begin
     if last_was_timestamp:
         if penultimate_was_timestamp:
-            out[t.timestamp_begin:] = -np.inf
+            out.append((t.timestamp_begin, vocab))
         else:
-            out[: t.eot] = -np.inf
+            out.append((0, t.eot))
     timestamps = [i for i, v in enumerate(seq) if v > t.timestamp_begin]
     if timestamps:
         last_timestamp = timestamps[-1]
         if not last_timestamp or penultimate_was_timestamp:
             last_timestamp += 1
-        out[t.timestamp_begin:last_timestamp] = -np.inf
+        out.append((t.timestamp_begin, last_timestamp))
     if len(tokens) == rule.sample_begin:
-        out[: t.timestamp_begin] = -np.inf
+        out.append((0, t.timestamp_begin))
         if rule.max_initial_timestamp_index is not None:
-            out[t.timestamp_begin + rule.max_initial_timestamp_index + 1:] = -np.inf
+            out.append((t.timestamp_begin + rule.max_initial_timestamp_index + 1, vocab))
+    return out
+
+
+_RANGES = 5  # the most ranges _timestamp_ranges gives a row

@@ -95,7 +95,7 @@ class RowBatch:
         `fed` of the rows it samples. Raises what MLX raises."""
         import mlx.core as mx
 
-        tokens = mx.concatenate([r.tokens[0, r.fed:r.fed + 1] for r in self.rows])
+        tokens = mx.array([r.context[r.fed] for r in self.rows])  # one copy to the device, not a slice a row
         at = mx.array([r.fed for r in self.rows])
         forward = _compiled(dec) if compile_enabled() else partial(batched_forward, dec)
         logits, self.keys, self.values = forward(tokens, at, self.keys, self.values, self.cross_keys,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from audio.batch_sampling import KeyedSampler, can_sample_together, sample_together
+from audio.batch_sampling import Drawn, KeyedSampler, can_sample_together, sample_together
 from audio.decode_batch import RowBatch, batch_enabled, own_kv
 
 __all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance_rows", "finish_row", "detect_language"]
@@ -36,10 +36,15 @@ class RowResult:
 
 @dataclass(eq=False)
 class DecodeRow:
+    """One decoding attempt. Its context so far (prompt, SOT sequence, prefix, sampled) is held on the host
+    (`context`) and as a (1, L) array (`tokens`), each made from the other when asked for: rows sampling
+    together append their tokens from one read of the step (`Drawn`) instead of one device read each, which on
+    a GPU costs a managed-memory copy a row per token."""
+
     task: Any  # mlx_whisper.decoding.DecodingTask
     cross_kv: list[tuple[Any, Any]]
     prefix: list[int]
-    tokens: Any  # (1, L) context so far: prompt, SOT sequence, prefix, sampled
+    _context: list[int] | None  # the context on the host (None: only `_array` holds it)
     fed: int = 0  # tokens already in the self-attention KV
     kv: list[Any] = field(default_factory=list)
     sum_logprobs: Any = None
@@ -47,11 +52,54 @@ class DecodeRow:
     sampled: int = 0
     done: bool = False
     batch: Any = None  # (RowBatch, slot) while its keys/values live in a batch (audio/decode_batch.py)
+    _array: Any = None  # the context as a (1, L) array (None: made from `_context` when asked for)
+    _drawn: tuple[Drawn, int] | None = None  # its newest token, sampled together with other rows', not read yet
+
+    @property
+    def tokens(self) -> Any:
+        """The context as a (1, L) array. Raises what MLX raises."""
+        import mlx.core as mx
+
+        if self._array is None:
+            self._array = mx.array([self.context])
+        elif self._drawn is not None:
+            drawn, i = self._drawn
+            self._array = mx.concatenate([self._array, drawn.tokens[i:i + 1][:, None]], axis=-1)
+            if self._context is not None:
+                self._context.append(drawn.ids()[i])
+            self._drawn = None
+        return self._array
+
+    @tokens.setter
+    def tokens(self, value: Any) -> None:
+        self._array, self._context, self._drawn = value, None, None
+
+    @property
+    def context(self) -> list[int]:
+        """The context on the host (read from the device once after `tokens` was set). Raises what MLX raises."""
+        if self._context is None:
+            self._context = [int(t) for t in self.tokens.tolist()[0]]
+        if self._drawn is not None:
+            drawn, i = self._drawn
+            self._context.append(drawn.ids()[i])
+            self._drawn, self._array = None, None
+        return self._context
+
+    @property
+    def length(self) -> int:
+        """Tokens in the context, read from neither the device nor a pending draw. Raises nothing."""
+        held = len(self._context) if self._context is not None else int(self._array.shape[1])
+        return held + (self._drawn is not None)
+
+    def draw(self, drawn: Drawn, i: int) -> None:
+        """Append row `i` of `drawn` (a token sampled together with other rows', lazy). Raises nothing."""
+        self.context  # a pending draw settles first (noqa: B018: a read with an effect)
+        self._drawn = (drawn, i)
 
     @property
     def feeds_last_token(self) -> bool:
         """Only its last sampled token is unfed (its prompt and SOT are in its keys): it may decode in a batch."""
-        return int(self.tokens.shape[1]) - self.fed == 1 and self.task.sot_index < self.fed
+        return self.length - self.fed == 1 and self.task.sot_index < self.fed
 
     @property
     def temperature(self) -> float:
@@ -75,7 +123,7 @@ def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: l
         for f in task.logit_filters:
             if isinstance(f, (ApplyTimestampRules, SuppressBlank)):
                 f.sample_begin = start
-    row = DecodeRow(task, cross_kv, list(prefix), mx.array([list(task.initial_tokens)]))
+    row = DecodeRow(task, cross_kv, list(prefix), [int(t) for t in task.initial_tokens])
     row.kv = [None] * len(model.decoder.blocks)
     row.sum_logprobs = mx.zeros(1)
     return row
@@ -142,7 +190,7 @@ def _forward(model: Any, rows: list[DecodeRow], feed: int | None,
     import mlx.nn as nn
 
     dec = model.decoder
-    total = [int(r.tokens.shape[1]) for r in rows]
+    total = [r.length for r in rows]
     sizes = [t - r.fed if feed is None else min(feed, t - r.fed) for r, t in zip(rows, total)]
     if len(rows) > 1 and all(r.feeds_last_token for r in rows) and batch_enabled():
         return _forward_batched(model, rows, company)
@@ -235,9 +283,9 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
     fed = sum(r.fed for r in live) - before
     sampling = [(r, logits) for r, logits in zip(live, last) if logits is not None]
     completed = []  # each row's done flag
-    together_done = None  # or all rows' at once, when they sampled together
+    drawn = None  # or all rows' tokens at once, when they sampled together
     if together is not None and can_sample_together(live):
-        together_done = sample_together(live, together)
+        drawn = sample_together(live, together)
     else:
         for r, logits in sampling:
             for f in r.task.logit_filters:
@@ -246,15 +294,16 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
             completed.append(done)
     no_speech: dict[int, Any] = {id(r): mx.softmax(s, axis=-1)[0, r.task.tokenizer.no_speech]
                                  for r, s in zip(live, sot) if s is not None and r.task.tokenizer.no_speech is not None}
-    mx.eval([r.tokens for r, _ in sampling], [r.sum_logprobs for r, _ in sampling], completed,
-            [] if together_done is None else [together_done], list(no_speech.values()))
+    mx.eval([r.tokens for r, _ in sampling] if drawn is None else [drawn.tokens],
+            [r.sum_logprobs for r, _ in sampling], completed, list(no_speech.values()))
     for r in live:
         if id(r) in no_speech:
             r.no_speech_prob = float(no_speech[id(r)].item())
-    flags = together_done.tolist() if together_done is not None else [d.item() for d in completed]
+    flags = [t == live[0].task.tokenizer.eot for t in drawn.ids()] if drawn is not None \
+        else [d.item() for d in completed]
     for (r, _), done in zip(sampling, flags):
         r.sampled += 1
-        r.done = bool(done) or r.sampled >= r.task.sample_len or r.tokens.shape[1] > r.task.n_ctx
+        r.done = bool(done) or r.sampled >= r.task.sample_len or r.length > r.task.n_ctx
         if r.done:  # a finished row's keys are never read again: its batch (or its own cache) can go
             r.batch, r.kv = None, [None] * len(r.kv)
     return Forward(fed, len(sampling), bool(sampling) or bool(no_speech))
@@ -274,7 +323,7 @@ def finish_row(row: DecodeRow) -> RowResult:
 
     task = row.task
     eot = task.tokenizer.eot
-    sampled = [int(t) for t in row.tokens[0, task.sample_begin:].tolist()]
+    sampled = list(row.context[task.sample_begin:])
     if eot in sampled:
         sampled = sampled[: sampled.index(eot)]
     text = task.tokenizer.decode(sampled).strip()

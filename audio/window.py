@@ -108,4 +108,4 @@ class Window:
 
 def unfed(w: Window) -> int:
     row = w.row
-    return 0 if row is None else int(row.tokens.shape[1]) - row.fed
+    return 0 if row is None else row.length - row.fed

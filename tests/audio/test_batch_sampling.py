@@ -7,10 +7,12 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_whisper.decoding import DecodingOptions
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mlx_whisper.decoding import ApplyTimestampRules, DecodingOptions
 
 import audio.decoder as decoder
-from audio.batch_sampling import KeyedSampler, can_sample_together, sample_together
+from audio.batch_sampling import KeyedSampler, apply_timestamp_rules, can_sample_together, sample_together
 from audio.decoder import DecodeRow, finish_row, new_row, step_rows
 from audio.encoder import EncoderJob, run_unit
 from audio.whisper import LoadedWhisper
@@ -57,7 +59,8 @@ def test_rows_sampled_together_pick_what_each_row_picks_alone(tiny_whisper: Load
         r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, one, r.sum_logprobs)
         done_alone.append(bool(done.item()))
     assert can_sample_together(rows)
-    done_together = sample_together(rows, logits).tolist()
+    eot = rows[0].task.tokenizer.eot
+    done_together = [t == eot for t in sample_together(rows, logits).ids()]
     assert done_together == done_alone and any(done_alone)
     for a, b in zip(alone, rows):
         assert a.tokens.tolist() == b.tokens.tolist()
@@ -122,3 +125,26 @@ def test_the_keyed_sampler_picks_and_scores_as_mlx_whispers_greedy_decoder(last:
     for a, b in zip(ours, theirs, strict=True):
         np.testing.assert_array_equal(np.array(a), np.array(b))
     assert (float(ours[2][0]) == -1.5) == (last == "end")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tails=st.lists(st.lists(st.sampled_from(["text", "eot", "ts", "ts0", "ts_late"]), max_size=7),
+                      min_size=1, max_size=6),
+       seed=st.integers(0, 2**16))
+def test_timestamp_rules_of_rows_together_mask_what_mlx_whisper_masks_per_row(tiny_whisper: LoadedWhisper,
+                                                                             tails: list[list[str]],
+                                                                             seed: int) -> None:
+    # Any row history (text, end of text, timestamps in and out of pairs, the first sample, a max initial
+    # timestamp or none): the ranges sent to the device forbid exactly what ApplyTimestampRules' host mask does.
+    rows = [new_row(tiny_whisper.model, OPTIONS[1 + 3 * (i % 2)], [], []) for i in range(len(tails))]
+    t = rows[0].task.tokenizer
+    begin = t.timestamp_begin
+    kinds = {"text": 300, "eot": t.eot, "ts": begin + 7, "ts0": begin, "ts_late": begin + 40}
+    histories = [r.context + [kinds[k] for k in tail] for r, tail in zip(rows, tails)]
+    rules = [next(f for f in r.task.logit_filters if isinstance(f, ApplyTimestampRules)) for r in rows]
+    vocab = tiny_whisper.model.dims.n_vocab
+    logits = mx.array(np.random.default_rng(seed).normal(0, 3, (len(rows), vocab)).astype(np.float32))
+    got = np.array(apply_timestamp_rules(logits, rules, histories))
+    want = np.concatenate([np.array(f.apply(logits[i:i + 1], mx.array([h])))
+                           for i, (f, h) in enumerate(zip(rules, histories))])
+    np.testing.assert_array_equal(got, want)

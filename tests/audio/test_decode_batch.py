@@ -198,3 +198,22 @@ def test_rows_taking_turns_share_one_batch_and_pick_the_same_tokens(tiny_whisper
         turn += 2
     same_tokens(reference, [finish_row(r) for r in rows])
     assert batched == [4, 3, 2]  # all four from the first turn; rebuilt as rows finish, not at every turn
+
+
+def test_rows_in_a_batch_keep_their_context_on_the_host(tiny_whisper: LoadedWhisper, batched: list[int]) -> None:
+    # A batch's rows feed their last token and append the next from one read of the step's draws: none of them
+    # builds its context as an array of its own (on a GPU one managed copy a row per token), and the context they
+    # keep is the tokens a row alone holds.
+    jobs = [encoded(tiny_whisper, s, seed=s) for s in (3, 11, 6)]
+    rows = [new_row(tiny_whisper.model, OPTIONS[1], j.cross_kv, [], seed=i) for i, j in enumerate(jobs)]
+    for _ in range(2):  # the prompts (SOT sequences), fed per row
+        step_rows(tiny_whisper.model, rows)
+    for _ in range(4):
+        step_rows(tiny_whisper.model, rows)
+        assert all(r._array is None for r in rows if not r.done)
+    assert batched  # they decoded in a batch
+    for i, (r, j) in enumerate(zip(rows, jobs)):
+        own = new_row(tiny_whisper.model, OPTIONS[1], j.cross_kv, [], seed=i)
+        for _ in range(r.sampled):
+            step_rows(tiny_whisper.model, [own])
+        assert r.context == own.tokens.tolist()[0] and r.length == len(r.context)
