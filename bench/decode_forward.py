@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                     r.task.n_ctx = 10 ** 6
                 times = []
                 for k in range(args.warm + args.forwards):
-                    if any(r.tokens.shape[1] >= 440 for r in rows):
+                    if any(r.length >= 440 for r in rows):
                         break  # the text context's end
                     t = time.perf_counter()
                     step_rows(loaded.model, rows)
