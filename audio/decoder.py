@@ -60,14 +60,9 @@ class DecodeRow:
         """The context as a (1, L) array. Raises what MLX raises."""
         import mlx.core as mx
 
+        self._settle()
         if self._array is None:
-            self._array = mx.array([self.context])
-        elif self._drawn is not None:
-            drawn, i = self._drawn
-            self._array = mx.concatenate([self._array, drawn.tokens[i:i + 1][:, None]], axis=-1)
-            if self._context is not None:
-                self._context.append(drawn.ids()[i])
-            self._drawn = None
+            self._array = mx.array([self._context])
         return self._array
 
     @tokens.setter
@@ -77,12 +72,9 @@ class DecodeRow:
     @property
     def context(self) -> list[int]:
         """The context on the host (read from the device once after `tokens` was set). Raises what MLX raises."""
+        self._settle()
         if self._context is None:
-            self._context = [int(t) for t in self.tokens.tolist()[0]]
-        if self._drawn is not None:
-            drawn, i = self._drawn
-            self._context.append(drawn.ids()[i])
-            self._drawn, self._array = None, None
+            self._context = [int(t) for t in self._array.tolist()[0]]
         return self._context
 
     @property
@@ -92,9 +84,25 @@ class DecodeRow:
         return held + (self._drawn is not None)
 
     def draw(self, drawn: Drawn, i: int) -> None:
-        """Append row `i` of `drawn` (a token sampled together with other rows', lazy). Raises nothing."""
-        self.context  # a pending draw settles first (noqa: B018: a read with an effect)
+        """Append row `i` of `drawn` (a token sampled together with other rows', lazy: read when the context is
+        next asked for). Raises what MLX raises (settling an earlier draw)."""
+        self._settle()
         self._drawn = (drawn, i)
+
+    def _settle(self) -> None:
+        """A pending draw joins the context: on the host from the draw's one read where the context is there
+        (the array, now behind, goes), else unread onto the array. Raises what MLX raises."""
+        if self._drawn is None:
+            return
+        drawn, i = self._drawn
+        self._drawn = None
+        if self._context is not None:
+            self._context.append(drawn.ids()[i])
+            self._array = None
+        else:
+            import mlx.core as mx
+
+            self._array = mx.concatenate([self._array, drawn.tokens[i:i + 1][:, None]], axis=-1)
 
     @property
     def feeds_last_token(self) -> bool:
