@@ -71,10 +71,6 @@ class WhisperScheduler:
         # once while chat has no row), so steps take turns with chat's instead of running back to back beside
         # them (opt-in: speech_turns_default in audio/speech.py says what it costs).
         self.turn: Callable[[], Awaitable[None]] | None = None
-        # With a thread of their own: called before each unit and forward, it waits while the chat decode thread
-        # builds a step (at most a few ms; returns the seconds waited), so the two builds do not take turns
-        # with the GIL (engine/lane.py DecodeFirst; where chat has a prefill lane, i.e. on a GPU).
-        self.chat_build: Callable[[], float] | None = None
 
     @property
     def in_flight(self) -> int:
@@ -226,7 +222,6 @@ class WhisperScheduler:
                 if plan is None:
                     break
                 group, positions = list(plan[0]), plan[1]
-            self._after_chat_build()
             t = time.perf_counter()
             try:
                 run_unit(model, [w.encoder for w in group], positions)
@@ -281,7 +276,6 @@ class WhisperScheduler:
             group, feed = plan
             self._rotation += len(group)
             self.counters.max_rows = max(self.counters.max_rows, len(group))
-            self._after_chat_build()
             t = time.perf_counter()
             try:
                 forward = step_rows(group[0].loaded.model, [w.row for w in group if w.row is not None], feed,
@@ -295,14 +289,6 @@ class WhisperScheduler:
             ran = True
             self._finish_rows(group)
         return fed
-
-    def _after_chat_build(self) -> None:
-        """Before a unit or forward on the step thread: wait out a chat decode step's build. Raises nothing."""
-        if self.chat_build is not None and self.thread is not None:
-            waited = self.chat_build()
-            if waited > 0:
-                self.counters.chat_build_waits += 1
-                self.counters.chat_build_wait_s += waited
 
     def _encode_for(self) -> float:
         """How long a full-budget encoder step goes on: the minimum step, or with `even_steps` after a decoder
@@ -395,5 +381,4 @@ class WhisperScheduler:
                 "catch_up_s": self.budget.catch_up_seconds,
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
                 "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
-                "recent_steps": step_summary(c.steps), "own_thread": self.thread is not None,
-                "chat_build_waits": c.chat_build_waits, "chat_build_wait_s": round(c.chat_build_wait_s, 3)}
+                "recent_steps": step_summary(c.steps), "own_thread": self.thread is not None}

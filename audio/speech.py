@@ -86,18 +86,14 @@ class SpeechService:
                  session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
                  live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0,
                  pace: Pace | None = None, vad: bool = True, step_thread: bool | None = None,
-                 turn: Callable[[], Awaitable[None]] | None = None,
-                 chat_build: Callable[[], float] | None = None) -> None:
+                 turn: Callable[[], Awaitable[None]] | None = None) -> None:
         """`pace`: seconds of a chat iteration while chat rows decode, else None (Engine.chat_pace): Whisper
         steps then take at most `budget.chat_share` of it. `vad`: the default of options() when a request
         does not say. `step_thread`: while `run()` runs, Whisper steps run on a thread of their own beside the chat
         steps (None: step_thread_default()). `turn`: returns once chat's next step has landed (Engine.chat_turn);
-        with the step thread and speech_turns_default(), each Whisper step waits for it. `chat_build`: waits while
-        chat's decode thread builds a step (Engine.chat_build_wait); the step thread calls it before each unit and
-        forward. Raises nothing."""
+        with the step thread and speech_turns_default(), each Whisper step waits for it. Raises nothing."""
         self.step_thread = step_thread
         self.turn = turn
-        self.chat_build = chat_build
         self.vad_default = vad
         self.tasks = tasks
         self.residency = WhisperResidency(Path(checkpoint), tasks, dtype=dtype, name=name,
@@ -248,7 +244,6 @@ class SpeechService:
             # step builds stays on that thread.
             self.scheduler.thread = EngineThread("tandem-speech", nice=speech_nice_default())
             self.scheduler.turn = self.turn if speech_turns_default() else None
-            self.scheduler.chat_build = self.chat_build
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
@@ -274,7 +269,6 @@ class SpeechService:
         finally:
             thread, self.scheduler.thread = self.scheduler.thread, None
             self.scheduler.turn = None
-            self.scheduler.chat_build = None
             if thread is not None:
                 thread.close()
 

@@ -22,8 +22,6 @@ class StepCounters:
     fallbacks: int = 0
     whole_window_redos: int = 0  # windows over a cut encoder context redone over the whole window
     max_rows: int = 0
-    chat_build_waits: int = 0  # waits for a chat decode step's build before a unit (own thread, GPU)
-    chat_build_wait_s: float = 0.0
     kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
     steps: list["StepRecord"] = field(default_factory=list)  # recent steps, newest last (bounded)
 

@@ -36,18 +36,16 @@ class DecodeFirst:
     beside a prompt chunk a decode step's graph build took turns with the chunk's and ran about twice as long (H200
     poisson8: 9.3 ms pipelined steps against 4.4 at p50). While the decode thread builds a forward (`decoding`), the
     lane waits at its next layer (`yield_to_decode`: a lock wait frees the GIL) and builds while decode's kernels
-    run; Whisper's step thread waits the same way before its next unit (`wait_for_decode`). A wait is capped
-    (`patience`) so a busy decode thread never starves the others."""
+    run. Its wait is capped (`patience`) so a busy decode thread never starves the lane."""
 
     def __init__(self, lane: EngineThread, patience: float = 0.01) -> None:
         self.lane = lane
         self.patience = patience
         self._free = threading.Event()  # set while no decode build runs
         self._free.set()
-        self._decoder: int | None = None  # the thread that builds decode steps (set by its first `decoding`)
         self.waits = 0  # the lane's waits for a decode build (its thread only)
         self.waited_seconds = 0.0
-        self.waiting = threading.Event()  # set as a thread begins a wait (tests order events by it)
+        self.waiting = threading.Event()  # set as the lane begins a wait (tests order events by it)
 
     @contextmanager
     def decoding(self) -> Iterator[None]:
@@ -55,7 +53,6 @@ class DecodeFirst:
         if self.lane.is_current():
             yield
             return
-        self._decoder = threading.get_ident()
         self._free.clear()
         try:
             yield
@@ -66,18 +63,11 @@ class DecodeFirst:
         """On the lane, between layers: wait while the decode thread builds (a no-op elsewhere). Raises nothing."""
         if self._free.is_set() or not self.lane.is_current():
             return
-        self.waits += 1
-        self.waited_seconds += self.wait_for_decode()
-
-    def wait_for_decode(self) -> float:
-        """On a thread other than the decode thread: wait while it builds a forward (at most `patience`); returns
-        the seconds waited (0 on the decode thread itself). Raises nothing."""
-        if self._free.is_set() or threading.get_ident() == self._decoder:
-            return 0.0
         t0 = time.perf_counter()
         self.waiting.set()
         self._free.wait(self.patience)
-        return time.perf_counter() - t0
+        self.waits += 1
+        self.waited_seconds += time.perf_counter() - t0
 
 
 class PrefillLane:

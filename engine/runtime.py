@@ -271,14 +271,6 @@ class Engine:
         if isinstance(group, LLMBatchGroup) and not group.closed and (group.active_rows() or group.queued_rows()):
             await group.landed.wait()  # it also fires when chat goes idle or the group closes meanwhile
 
-    def chat_build_wait(self) -> float:
-        """On another thread (Whisper's steps): wait while the chat decode thread builds a step, at most a few ms,
-        where chat has a prefill lane (engine/lane.py DecodeFirst); returns the seconds waited. Raises nothing."""
-        group = self.group
-        if isinstance(group, LLMBatchGroup) and group.lane is not None:
-            return group.lane.turns.wait_for_decode()
-        return 0.0
-
     def health(self) -> dict[str, Any]:
         """{"ok": False, "error": ...} once several engine steps in a row failed with no success since
         (the engine cannot run rows); {"ok": True} otherwise. Raises nothing."""

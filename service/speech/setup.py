@@ -85,8 +85,7 @@ async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
                                      resident=options.resident, session_ttl_sec=options.session_ttl_sec,
                                      max_sessions=options.max_sessions, budget=budget, live=live,
                                      max_buffered_sec=options.max_buffered_sec, pace=state.engine.chat_pace,
-                                     vad=options.vad, turn=getattr(state.engine, "chat_turn", None),
-                                     chat_build=getattr(state.engine, "chat_build_wait", None))
+                                     vad=options.vad, turn=getattr(state.engine, "chat_turn", None))
     aliases = {a for a in (options.model, str(speech.residency.path)) if a}
     if options.model is None or options.model in DEMO_ALIASES:
         aliases |= DEMO_ALIASES

@@ -483,35 +483,3 @@ async def test_with_turns_each_step_on_its_own_thread_waits_for_chats_next_step(
         finally:
             own.thread.close()
     assert turns == 3
-
-
-async def test_steps_on_their_own_thread_wait_out_a_chat_build_before_each_unit_and_forward(
-        tiny_whisper: LoadedWhisper) -> None:
-    # Beside chat (a pace: forwards one at a time), the step thread asks before every encoder unit and every
-    # decoder forward whether chat's decode thread is building a step; what it waited is counted. Steps run as
-    # tasks between chat iterations never ask: they are on the decode thread's side already.
-    import threading
-
-    asked: list[str] = []
-
-    def chat_build() -> float:
-        asked.append(threading.current_thread().name)
-        return 0.001
-
-    async with running_tasks() as tasks:
-        queued = WhisperScheduler(tasks, StepBudget(encoder_positions=375), pace=lambda: 0.05)
-        queued.chat_build = chat_build
-        want = await decode_all(queued, tiny_whisper, [request(3, seed=2)])
-        assert asked == []
-        own = WhisperScheduler(tasks, StepBudget(encoder_positions=375), pace=lambda: 0.05)
-        own.thread, own.chat_build = EngineThread("test-speech"), chat_build
-        try:
-            got = await decode_all(own, tiny_whisper, [request(3, seed=2)])
-        finally:
-            own.thread.close()
-    assert [r.decoded.tokens for r in got] == [r.decoded.tokens for r in want]
-    c = own.counters
-    units_and_forwards = sum(s.work > 0 for s in c.steps)
-    assert set(asked) == {"test-speech"} and len(asked) >= units_and_forwards > 0
-    assert c.chat_build_waits == len(asked) and own.stats()["chat_build_wait_s"] == pytest.approx(len(asked) / 1000,
-                                                                                                  abs=1e-3)

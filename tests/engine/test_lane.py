@@ -91,21 +91,3 @@ async def test_a_lane_forward_waits_at_a_layer_while_a_decode_step_builds(tiny_l
         assert turns.waits >= 1
     finally:
         group.close()
-
-
-def test_another_thread_waits_for_a_decode_build_and_the_decode_thread_never_waits_on_itself(lane: EngineThread) -> None:
-    # Whisper's step thread waits like the lane (wait_for_decode), without counting as the lane's waits.
-    turns = DecodeFirst(lane, patience=30.0)
-    speech = EngineThread("test-speech")
-    try:
-        with turns.decoding():  # this thread is the decode thread, mid-build
-            assert turns.wait_for_decode() == 0.0  # on itself: at once
-            done, box = on_thread(speech, turns.wait_for_decode)
-            assert turns.waiting.wait(30), "the other thread never waited for the decode build"
-            assert not done.is_set()  # held while the build goes on
-        assert done.wait(30) and box[0] > 0 and box[1] is None
-        assert turns.waits == 0  # not the lane's
-        done, box = on_thread(speech, turns.wait_for_decode)  # no build now: no wait
-        assert done.wait(30) and box[0] == 0.0
-    finally:
-        speech.close()

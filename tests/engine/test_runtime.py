@@ -13,7 +13,6 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
-from engine.batch import LLMBatchGroup
 from engine.contracts import GenerationRequest, SamplingParams
 from engine.gil import GIL_SWITCH_SECONDS
 from engine.runtime import Engine, generate_stream
@@ -419,23 +418,3 @@ def test_an_engine_is_not_built_with_a_bad_tandem_gil_switch_ms(tiny_loaded, mon
     monkeypatch.setenv("TANDEM_GIL_SWITCH_MS", "fast")
     with pytest.raises(ValueError, match="TANDEM_GIL_SWITCH_MS"):
         Engine(tiny_loaded, max_active=2)
-
-
-def test_another_thread_waits_for_a_chat_build_only_where_chat_has_a_prefill_lane(tiny_loaded) -> None:
-    plain = Engine(tiny_loaded, max_active=2, prefill_lane=False)
-    assert plain.chat_build_wait() == 0.0  # no lane, no gate (a CPU's default): at once
-    plain.close()
-    engine = Engine(tiny_loaded, max_active=2, prefill_lane=True)
-    try:
-        assert isinstance(engine.group, LLMBatchGroup) and engine.group.lane is not None
-        turns = engine.group.lane.turns
-        waited: list[float] = []
-        with turns.decoding():  # this thread builds a chat step
-            other = threading.Thread(target=lambda: waited.append(engine.chat_build_wait()))
-            other.start()
-            assert turns.waiting.wait(30), "the other thread never waited for the chat build"
-            assert other.is_alive()
-        other.join(30)
-        assert waited and waited[0] > 0
-    finally:
-        engine.close()
