@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
     from audio.whisper import LoadedWhisper
 
-__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription", "RETRY_TAIL_S"]
+__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription", "RETRY_TAIL_S", "stopped_short"]
 
 RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
 
@@ -341,10 +341,14 @@ class LiveTranscription:
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
             tokens = result.decoded.tokens
+            stop = self._stopped_short(tokens, seek, limit) if result.decoded.sampled else None
+            if stop is not None and stop[1] <= len(live.prefix):
+                stop = None  # the text sampled has no timestamp: where it ends is not known, and it is all kept
+            short, keep = stop if stop is not None else (None, len(tokens))
+            tokens = tokens[:keep]  # an unclosed last segment is decoded again from its start, not kept
             self._commit_text(tokens[len(live.prefix):])
             live.reset()
             live.prefix = list(tokens)
-            short = self._stopped_short(tokens, seek, limit) if result.decoded.sampled else None
             if short is not None:
                 # Whisper ended its text well before the speech did (it does near a window's end): what it said
                 # stays, and the rest is decoded again from where its text ended.
@@ -361,16 +365,9 @@ class LiveTranscription:
             self._trim(result, limit)
         self._close(sum(1 for p in self._pauses if p <= limit))
 
-    def _stopped_short(self, tokens: list[int], seek: int, limit: int) -> int | None:
-        """Where the decoded text ends (its last timestamp, as a compact position) when that is more than
-        RETRY_TAIL_S of speech before `limit` and past the seek, else None. Raises nothing."""
+    def _stopped_short(self, tokens: list[int], seek: int, limit: int) -> tuple[int, int] | None:
         assert self._tr is not None
-        begin = self._tr.tokenizer.timestamp_begin
-        stamps = [t for t in tokens if t >= begin]
-        if not stamps:
-            return None
-        end = seek + (stamps[-1] - begin) * self._stride() * HOP_LENGTH
-        return end if seek + HOP_LENGTH < end <= limit - RETRY_TAIL_S * SAMPLE_RATE else None
+        return stopped_short(tokens, self._tr.tokenizer.timestamp_begin, self._stride() * HOP_LENGTH, seek, limit)
 
     def _finish_all(self, limit: int) -> None:
         """All committed text up to `limit` joins the transcript and the open audio before it goes."""
@@ -393,3 +390,20 @@ class LiveTranscription:
         t = self._tr.transcript(duration)
         t.text = self.committed_text()
         return t
+
+
+def stopped_short(tokens: list[int], timestamp_begin: int, samples_per_timestamp: int, seek: int,
+                  limit: int) -> tuple[int, int] | None:
+    """(where a final decode's text ends, as a compact position, and how many of `tokens` that text is) when it
+    ends more than RETRY_TAIL_S of speech before `limit` and past the seek, else None. A text ending on a timestamp
+    ends there, all of it kept. After text with no closing timestamp the last timestamp opened that text: it is
+    where the text is known to end, and the open segment is left out, to be decoded again from there (kept, the
+    same sentence was committed again by each decode from its start: three times in one CI run). Raises nothing."""
+    stamps = [i for i, t in enumerate(tokens) if t >= timestamp_begin]
+    if not stamps:
+        return None
+    last = stamps[-1]
+    end = seek + (tokens[last] - timestamp_begin) * samples_per_timestamp
+    if not seek + HOP_LENGTH < end <= limit - RETRY_TAIL_S * SAMPLE_RATE:
+        return None
+    return end, last + 1
