@@ -30,6 +30,7 @@ from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscriptio
 from audio.encoder import fitted_context
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
+from audio.text_end import stopped_short
 from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
@@ -38,9 +39,7 @@ if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
     from audio.whisper import LoadedWhisper
 
-__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription", "RETRY_TAIL_S", "stopped_short"]
-
-RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
+__all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
 
 
 class LiveTranscription:
@@ -341,9 +340,8 @@ class LiveTranscription:
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
             tokens = result.decoded.tokens
-            stop = self._stopped_short(tokens, seek, limit) if result.decoded.sampled else None
-            if stop is not None and stop[1] <= len(live.prefix):
-                stop = None  # the text sampled has no timestamp: where it ends is not known, and it is all kept
+            stop = stopped_short(tokens, tr.tokenizer.timestamp_begin, self._stride() * HOP_LENGTH, seek, limit,
+                                 len(live.prefix)) if result.decoded.sampled else None
             short, keep = stop if stop is not None else (None, len(tokens))
             tokens = tokens[:keep]  # an unclosed last segment is decoded again from its start, not kept
             self._commit_text(tokens[len(live.prefix):])
@@ -364,10 +362,6 @@ class LiveTranscription:
         elif result is not None:
             self._trim(result, limit)
         self._close(sum(1 for p in self._pauses if p <= limit))
-
-    def _stopped_short(self, tokens: list[int], seek: int, limit: int) -> tuple[int, int] | None:
-        assert self._tr is not None
-        return stopped_short(tokens, self._tr.tokenizer.timestamp_begin, self._stride() * HOP_LENGTH, seek, limit)
 
     def _finish_all(self, limit: int) -> None:
         """All committed text up to `limit` joins the transcript and the open audio before it goes."""
@@ -391,19 +385,3 @@ class LiveTranscription:
         t.text = self.committed_text()
         return t
 
-
-def stopped_short(tokens: list[int], timestamp_begin: int, samples_per_timestamp: int, seek: int,
-                  limit: int) -> tuple[int, int] | None:
-    """(where a final decode's text ends, as a compact position, and how many of `tokens` that text is) when it
-    ends more than RETRY_TAIL_S of speech before `limit` and past the seek, else None. A text ending on a timestamp
-    ends there, all of it kept. After text with no closing timestamp the last timestamp opened that text: it is
-    where the text is known to end, and the open segment is left out, to be decoded again from there (kept, the
-    same sentence was committed again by each decode from its start: three times in one CI run). Raises nothing."""
-    stamps = [i for i, t in enumerate(tokens) if t >= timestamp_begin]
-    if not stamps:
-        return None
-    last = stamps[-1]
-    end = seek + (tokens[last] - timestamp_begin) * samples_per_timestamp
-    if not seek + HOP_LENGTH < end <= limit - RETRY_TAIL_S * SAMPLE_RATE:
-        return None
-    return end, last + 1

@@ -1,0 +1,30 @@
+"""Where a final live decode's text ends, when Whisper stopped writing well before the speech did (it does near a
+window's end): the text up to there is kept and the rest of the speech is decoded again from there
+(audio/live.py's `_final`)."""
+
+from __future__ import annotations
+
+from audio.decoding import HOP_LENGTH
+from audio.pcm import SAMPLE_RATE
+
+__all__ = ["RETRY_TAIL_S", "stopped_short"]
+
+RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
+
+
+def stopped_short(tokens: list[int], timestamp_begin: int, samples_per_timestamp: int, seek: int, limit: int,
+                  forced: int = 0) -> tuple[int, int] | None:
+    """(where a final decode's text ends, as a compact position, and how many of `tokens` that text is) when it
+    ends more than RETRY_TAIL_S of speech before `limit` and past the seek, else None. A text ending on a timestamp
+    ends there, all of it kept. After text with no closing timestamp the last timestamp opened that text: it is
+    where the text is known to end, and the open segment is left out, to be decoded again from there (kept, the
+    same sentence was committed again by each decode from its start: three times in one CI run). Only the sampled
+    tokens, after the `forced` prefix (committed already), can say so. Raises nothing."""
+    stamps = [i for i, t in enumerate(tokens) if t >= timestamp_begin]
+    if not stamps or stamps[-1] < forced:
+        return None
+    last = stamps[-1]
+    end = seek + (tokens[last] - timestamp_begin) * samples_per_timestamp
+    if not seek + HOP_LENGTH < end <= limit - RETRY_TAIL_S * SAMPLE_RATE:
+        return None
+    return end, last + 1

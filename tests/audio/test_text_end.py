@@ -1,0 +1,22 @@
+"""audio/text_end.py: where a final live decode's text ends when it stopped short of the speech."""
+
+from __future__ import annotations
+
+from audio.text_end import stopped_short
+
+
+def test_a_final_text_stopped_short_ends_at_its_closing_timestamp_or_before_its_open_segment() -> None:
+    # A text ending on a timestamp is kept whole and ends there; after an open segment (text with no closing
+    # timestamp) the text is known to end where that segment began: it is left out and decoded again from there,
+    # never committed twice. Too near the limit or the seek, nothing is decoded again.
+    begin, per = 50000, 640  # timestamp tokens from 50000; 0.04 s (640 samples) a timestamp step
+    closed = [7, begin, 11, 12, begin + 50]  # <|0.00|> a b <|1.00|>
+    assert stopped_short(closed, begin, per, 0, 10 * 16000) == (50 * per, len(closed))
+    opened = closed + [begin + 50, 13, 14]  # ... <|1.00|> c d (no closing timestamp)
+    assert stopped_short(opened, begin, per, 0, 10 * 16000) == (50 * per, len(closed) + 1)
+    assert stopped_short(opened, begin, per, 16000 * 5, 16000 * 8) == (16000 * 5 + 50 * per, len(closed) + 1)
+    assert stopped_short(closed, begin, per, 0, 50 * per + 16000 // 2) is None  # less than RETRY_TAIL_S left
+    assert stopped_short([7, begin, 11], begin, per, 0, 10 * 16000) is None  # it ends at the seek itself
+    assert stopped_short([7, 11], begin, per, 0, 10 * 16000) is None  # no timestamp at all
+    # the sampled text (after a forced prefix) has no timestamp: where it ends is not known, and it is all kept
+    assert stopped_short(closed + [13, 14], begin, per, 0, 10 * 16000, forced=len(closed)) is None
