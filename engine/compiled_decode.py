@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mlx.core as mx
 
+from engine import add_norm as add_norm_kernel
 from engine import decode_attention
 from engine.accelerator import on_gpu
+from engine.add_norm import add_norm
 
 if TYPE_CHECKING:
     from engine.slots import DecodeBatch, SlotKV
@@ -75,6 +77,7 @@ class CompiledDecode:
         self._last: Shape | None = None  # the previous decode step's shape
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
+        self._add_norm: bool | None = None  # residual adds and norms as one kernel (decided at the first step)
 
     def serves(self) -> bool:
         """Whether decode steps run compiled here: with the decode kernel (its self-test passed on CUDA), or when
@@ -91,6 +94,8 @@ class CompiledDecode:
         if batch.padded:  # rows standing in free slots: token 0 (their outputs are dropped below)
             ids = mx.concatenate([ids, mx.zeros((batch.padded,), mx.int32)])
         shape = (rows + batch.padded, slots.slots, slots.capacity)
+        if self._add_norm is None:  # its self-test evaluates: outside any trace
+            self._add_norm = self._fuses_norms()
         traces = self.traces
         fn = self._function(shape)
         t0 = time.perf_counter()
@@ -101,6 +106,17 @@ class CompiledDecode:
         n = slots.n_layers
         slots.keys, slots.values = list(out[1:1 + n]), list(out[1 + n:])
         return out[0][:rows] if batch.padded else out[0]
+
+    def _fuses_norms(self) -> bool:
+        """Whether every residual add and the norm after it run as engine/add_norm.py's kernel: plain RMSNorms of
+        the activations' dtype, on a device where the kernel passed its self-test. Raises nothing."""
+        run = self.runner
+        norms = [run.inner.norm] + [n for la in run.layers for n in (la.input_layernorm, la.post_attention_layernorm)]
+        if not all(add_norm_kernel.fusable(n) for n in norms):
+            return False
+        dtype = self.slots.keys[0].dtype
+        weight = run.inner.norm.weight
+        return all(n.weight.dtype == dtype for n in norms) and add_norm_kernel.available(dtype, weight.shape[0])
 
     def _function(self, shape: Shape) -> Callable[..., Any]:
         fn = self._compiled.get(shape)
@@ -123,29 +139,45 @@ class CompiledDecode:
         keys, values = list(kv[:n]), list(kv[n:])
         rows = ids.shape[0]
         kernel = self.slots.uses_kernel()
+        fused = bool(self._add_norm)
         row_lengths = (offsets + 1).astype(mx.int32)  # keys each row attends, its new one included
         at = (s_slot, s_head, s_pos)
+        at2 = tuple(a.reshape(rows, -1) for a in at)  # (row, kv head): k and v scatter from strided views
         h = run.inner.embed_tokens(ids[None])
+        x = run.layers[0].input_layernorm(h)
         for li, layer in enumerate(run.layers):
             attn = layer.self_attn
-            q, k, v = run.qkv[li](layer.input_layernorm(h))
-            q = q.reshape(rows, attn.n_heads, 1, -1)
-            k = k.reshape(rows, attn.n_kv_heads, 1, -1)
-            v = v.reshape(rows, attn.n_kv_heads, 1, -1)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q = attn.rope(q, offset=offsets)
-            k = attn.rope(k, offset=offsets)
-            d = k.shape[-1]
-            keys[li][at] = k.reshape(-1, d)
-            values[li][at] = v.reshape(-1, d)
+            hq, hk = attn.n_heads, attn.n_kv_heads
+            qkv = run.qkv[li]
+            if qkv.fused and not hasattr(attn, "q_norm"):
+                # One RoPE launch for q's and k's heads (same rows, same offsets); k and v are written and q is
+                # read as views of the projection: no reshape copies.
+                y = qkv.project(x)
+                y = y.reshape(rows, hq + 2 * hk, 1, -1)
+                qk = attn.rope(y[:, : hq + hk], offset=offsets)
+                keys[li][at2] = qk[:, hq:, 0]
+                values[li][at2] = y[:, hq + hk :, 0]
+                q = qk
+            else:
+                q, k, v = qkv(x)
+                q = q.reshape(rows, hq, 1, -1)
+                k = k.reshape(rows, hk, 1, -1)
+                v = v.reshape(rows, hk, 1, -1)
+                if hasattr(attn, "q_norm"):
+                    q, k = attn.q_norm(q), attn.k_norm(k)
+                q = attn.rope(q, offset=offsets)
+                k = attn.rope(k, offset=offsets)
+                d = k.shape[-1]
+                keys[li][at] = k.reshape(-1, d)
+                values[li][at] = v.reshape(-1, d)
             if kernel:
-                o = decode_attention.attend(q, keys[li], values[li], row_slots, row_lengths, attn.scale)
+                o = decode_attention.attend(q, keys[li], values[li], row_slots, row_lengths, attn.scale, hq)
             else:  # each row's slot, gathered, with the positions past its length masked
                 cap = keys[li].shape[2]
                 mask = (mx.arange(cap)[None] < row_lengths[:, None])[:, None, None, :]
-                o = mx.fast.scaled_dot_product_attention(q, keys[li][row_slots], values[li][row_slots],
+                o = mx.fast.scaled_dot_product_attention(q[:, :hq], keys[li][row_slots], values[li][row_slots],
                                                          scale=attn.scale, mask=mask)
-            h = h + attn.o_proj(o.reshape(1, rows, -1))
-            h = h + run.mlps[li](layer.post_attention_layernorm(h))
-        return [run.lm_head(run.inner.norm(h))[0], *keys, *values]
+            h, x = add_norm(h, attn.o_proj(o.reshape(1, rows, -1)), layer.post_attention_layernorm, fused)
+            after = run.layers[li + 1].input_layernorm if li + 1 < n else run.inner.norm
+            h, x = add_norm(h, run.mlps[li](x), after, fused)
+        return [run.lm_head(x)[0], *keys, *values]

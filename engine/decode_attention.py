@@ -53,8 +53,8 @@ _SOURCE = r"""
     const int lane = threadIdx.x % 32;
     const int grp = lane / LPK;
     const int sub = lane % LPK;
-    const int H = q_shape[1];
     const int KVH = keys_shape[1];
+    const int H = KVH * G;                // query heads out; q may hold more (a q/k array, k's heads after q's)
     const int CAP = keys_shape[2];
     const int slot = slots[row];
     const int L = lens[row];
@@ -65,7 +65,7 @@ _SOURCE = r"""
     float m[G], s[G], acc[G][8];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        const T* qp = q + ((size_t)row * H + (size_t)kvh * G + g) * D + sub * 8;
+        const T* qp = q + (size_t)row * q_strides[0] + ((size_t)kvh * G + g) * q_strides[1] + sub * 8;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             qv[g][i] = static_cast<float>(qp[i]) * sc;
@@ -174,9 +174,12 @@ def _enabled() -> bool:
 def _get_kernel() -> Any:
     global _kernel
     if _kernel is None:
+        # Inputs as they are: q may be a strided view (its heads read through q_strides); the slot buffers, the
+        # slots and the lengths are always whole contiguous arrays of the engine's own.
         _kernel = mx.fast.cuda_kernel(name="tandem_decode_attention",
                                       input_names=["q", "keys", "values", "slots", "lens", "scale"],
-                                      output_names=["out"], source=_SOURCE, header=_HEADER)
+                                      output_names=["out"], source=_SOURCE, header=_HEADER,
+                                      ensure_row_contiguous=False)
     return _kernel
 
 
@@ -187,15 +190,18 @@ def _scale(scale: float) -> mx.array:
     return arr
 
 
-def attend(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array, scale: float) -> mx.array:
-    """q (rows, heads, 1, D) attends to the first lens[r] positions of slot slots[r] in keys/values (slots,
-    kv_heads, capacity, D) → (rows, heads, 1, D). Lazy. Raises nothing of its own."""
-    rows, heads, _, d = q.shape
+def attend(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array, scale: float,
+           heads: int | None = None) -> mx.array:
+    """The first `heads` (default: all) heads of q (rows, ≥heads, 1, D; any strides, each head's D elements
+    contiguous) attend to the first lens[r] positions of slot slots[r] in keys/values (slots, kv_heads, capacity,
+    D) → (rows, heads, 1, D). Lazy. Raises nothing of its own."""
+    rows, _, _, d = q.shape
+    heads = q.shape[1] if heads is None else heads
     kv_heads = keys.shape[1]
     return _get_kernel()(inputs=[q, keys, values, slots, lens, _scale(scale)],
                          template=[("T", q.dtype), ("D", d), ("G", heads // kv_heads), ("NW", WARPS)],
                          grid=(WARPS * 32, kv_heads, rows), threadgroup=(WARPS * 32, 1, 1),
-                         output_shapes=[q.shape], output_dtypes=[q.dtype])[0]
+                         output_shapes=[(rows, heads, 1, d)], output_dtypes=[q.dtype])[0]
 
 
 def _self_test(dtype: Any, d: int, g: int) -> bool:
@@ -206,11 +212,16 @@ def _self_test(dtype: Any, d: int, g: int) -> bool:
         kk, kv, kq = mx.random.split(mx.random.key(0), 3)  # own keys: the sampling's random state stays as it was
         k = mx.random.normal((6, kv_heads, cap, d), key=kk).astype(dtype)
         v = mx.random.normal((6, kv_heads, cap, d), key=kv).astype(dtype)
-        q = mx.random.normal((len(slots), kv_heads * g, 1, d), key=kq).astype(dtype)
+        heads = kv_heads * g
+        # q as the compiled step passes it: the first heads of a strided view holding k's and v's heads too.
+        qkv = mx.random.normal((len(slots), heads + 2 * kv_heads, 1, d), key=kq).astype(dtype)
+        q = qkv[:, : heads + kv_heads]
         scale = 1.0 / float(d) ** 0.5
-        got = attend(q, k, v, mx.array(slots, dtype=mx.int32), mx.array(lengths, dtype=mx.int32), scale)
-        want = reference(q, k, v, slots, lengths, scale)
-        err = cast(float, mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max().item())
+        rows, lens = mx.array(slots, dtype=mx.int32), mx.array(lengths, dtype=mx.int32)
+        want = reference(mx.contiguous(q[:, :heads]), k, v, slots, lengths, scale)
+        err = max(cast(float, mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max().item())
+                  for got in (attend(q, k, v, rows, lens, scale, heads), attend(mx.contiguous(q[:, :heads]), k, v,
+                                                                               rows, lens, scale)))
         ok = err <= 2e-2
         _log.info("decode attention kernel (%s, head_dim %d, %d heads a kv head): self-test max error %.2g, %s",
                  dtype, d, g, err, "in use" if ok else "NOT used")

@@ -56,6 +56,11 @@ class FusedLinear:
     def __call__(self, x: mx.array) -> list[mx.array]:
         if not self.fused:
             return [layer(x) for layer in self.layers]
+        return list(mx.split(self.project(x), self.splits, axis=-1))
+
+    def project(self, x: mx.array) -> mx.array:
+        """The fused layers' outputs side by side on the last axis, one matmul (only when `fused`). Raises what
+        MLX raises."""
         p = self.params
         if self.quantized:
             y = mx.quantized_matmul(x, p["weight"], scales=p["scales"], biases=p.get("biases"), transpose=True,
@@ -66,7 +71,7 @@ class FusedLinear:
             y = mx.addmm(p["bias"], x, p["weight"].T)
         else:
             y = x @ p["weight"].T
-        return list(mx.split(y, self.splits, axis=-1))
+        return y
 
 
 def fused_mlp(mlp: nn.Module) -> Callable[[mx.array], mx.array]:
