@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mlx.core as mx
 
-from engine import add_norm as add_norm_kernel
 from engine import decode_attention
 from engine.accelerator import on_gpu
 from engine.add_norm import add_norm
@@ -44,6 +43,12 @@ class ModelParts(Protocol):
     qkv: list[Any]  # per layer: x → [q, k, v]
     mlps: list[Any]  # per layer: x → MLP(x)
     lm_head: Any
+
+    def norm_after(self, li: int) -> Any:
+        """The norm after layer `li`'s MLP."""
+
+    def fuses_norms(self, dtype: Any) -> bool:
+        """Whether adds and norms run as one kernel (decided outside any trace)."""
 
 
 def _choice() -> str:
@@ -95,7 +100,7 @@ class CompiledDecode:
             ids = mx.concatenate([ids, mx.zeros((batch.padded,), mx.int32)])
         shape = (rows + batch.padded, slots.slots, slots.capacity)
         if self._add_norm is None:  # its self-test evaluates: outside any trace
-            self._add_norm = self._fuses_norms()
+            self._add_norm = self.runner.fuses_norms(slots.keys[0].dtype)
         traces = self.traces
         fn = self._function(shape)
         t0 = time.perf_counter()
@@ -106,17 +111,6 @@ class CompiledDecode:
         n = slots.n_layers
         slots.keys, slots.values = list(out[1:1 + n]), list(out[1 + n:])
         return out[0][:rows] if batch.padded else out[0]
-
-    def _fuses_norms(self) -> bool:
-        """Whether every residual add and the norm after it run as engine/add_norm.py's kernel: plain RMSNorms of
-        the activations' dtype, on a device where the kernel passed its self-test. Raises nothing."""
-        run = self.runner
-        norms = [run.inner.norm] + [n for la in run.layers for n in (la.input_layernorm, la.post_attention_layernorm)]
-        if not all(add_norm_kernel.fusable(n) for n in norms):
-            return False
-        dtype = self.slots.keys[0].dtype
-        weight = run.inner.norm.weight
-        return all(n.weight.dtype == dtype for n in norms) and add_norm_kernel.available(dtype, weight.shape[0])
 
     def _function(self, shape: Shape) -> Callable[..., Any]:
         fn = self._compiled.get(shape)
@@ -178,6 +172,5 @@ class CompiledDecode:
                 o = mx.fast.scaled_dot_product_attention(q[:, :hq], keys[li][row_slots], values[li][row_slots],
                                                          scale=attn.scale, mask=mask)
             h, x = add_norm(h, attn.o_proj(o.reshape(1, rows, -1)), layer.post_attention_layernorm, fused)
-            after = run.layers[li + 1].input_layernorm if li + 1 < n else run.inner.norm
-            h, x = add_norm(h, run.mlps[li](x), after, fused)
+            h, x = add_norm(h, run.mlps[li](x), run.norm_after(li), fused)
         return [run.lm_head(x)[0], *keys, *values]

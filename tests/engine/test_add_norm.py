@@ -59,9 +59,10 @@ def through_ops(monkeypatch) -> list[tuple[int, ...]]:
     return calls
 
 
-def test_compiled_steps_take_every_add_and_norm_through_the_kernel(tiny_loaded, monkeypatch) -> None:
+def test_every_forward_takes_every_add_and_norm_through_the_kernel(tiny_loaded, monkeypatch) -> None:
     # Each layer's two adds: the one after attention with its MLP's norm, the one after the MLP with the next
-    # layer's input norm (the last with the model's final norm); logits still equal mlx-lm's per row.
+    # layer's input norm (the last with the model's final norm), in compiled decode steps and in built forwards
+    # (prompts, mixed steps); logits still equal mlx-lm's per row.
     calls = through_ops(monkeypatch)
     runners: list[PackedRunner] = []
     init = PackedRunner.__init__
@@ -76,6 +77,8 @@ def test_compiled_steps_take_every_add_and_norm_through_the_kernel(tiny_loaded, 
     assert compiled is not None and compiled._add_norm
     layers = len(runners[0].layers)
     assert calls and len(calls) % (2 * layers) == 0
+    assert compiled.traces >= 1  # compiled steps ran
+    assert max(shape[1] for shape in calls) == 20  # and the longest prompt's forward
 
 
 def test_a_model_with_another_norm_keeps_the_two_ops(tmp_path, monkeypatch) -> None:
