@@ -23,7 +23,6 @@ import mlx.core as mx
 
 from engine import decode_attention
 from engine.accelerator import on_gpu
-from engine.add_norm import add_norm
 
 if TYPE_CHECKING:
     from engine.slots import DecodeBatch, SlotKV
@@ -43,12 +42,6 @@ class ModelParts(Protocol):
     qkv: list[Any]  # per layer: x → [q, k, v]
     mlps: list[Any]  # per layer: x → MLP(x)
     lm_head: Any
-
-    def norm_after(self, li: int) -> Any:
-        """The norm after layer `li`'s MLP."""
-
-    def fuses_norms(self, dtype: Any) -> bool:
-        """Whether adds and norms run as one kernel (decided outside any trace)."""
 
 
 def _choice() -> str:
@@ -82,7 +75,6 @@ class CompiledDecode:
         self._last: Shape | None = None  # the previous decode step's shape
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
-        self._add_norm: bool | None = None  # residual adds and norms as one kernel (decided at the first step)
 
     def serves(self) -> bool:
         """Whether decode steps run compiled here: with the decode kernel (its self-test passed on CUDA), or when
@@ -99,8 +91,6 @@ class CompiledDecode:
         if batch.padded:  # rows standing in free slots: token 0 (their outputs are dropped below)
             ids = mx.concatenate([ids, mx.zeros((batch.padded,), mx.int32)])
         shape = (rows + batch.padded, slots.slots, slots.capacity)
-        if self._add_norm is None:  # its self-test evaluates: outside any trace
-            self._add_norm = self.runner.fuses_norms(slots.keys[0].dtype)
         traces = self.traces
         fn = self._function(shape)
         t0 = time.perf_counter()
@@ -133,16 +123,15 @@ class CompiledDecode:
         keys, values = list(kv[:n]), list(kv[n:])
         rows = ids.shape[0]
         kernel = self.slots.uses_kernel()
-        fused = bool(self._add_norm)
         row_lengths = (offsets + 1).astype(mx.int32)  # keys each row attends, its new one included
         at = (s_slot, s_head, s_pos)
         at2 = tuple(a.reshape(rows, -1) for a in at)  # (row, kv head): k and v scatter from strided views
         h = run.inner.embed_tokens(ids[None])
-        x = run.layers[0].input_layernorm(h)
         for li, layer in enumerate(run.layers):
             attn = layer.self_attn
             hq, hk = attn.n_heads, attn.n_kv_heads
             qkv = run.qkv[li]
+            x = layer.input_layernorm(h)
             if qkv.fused and not hasattr(attn, "q_norm"):
                 # One RoPE launch for q's and k's heads (same rows, same offsets); k and v are written and q is
                 # read as views of the projection: no reshape copies.
@@ -171,6 +160,6 @@ class CompiledDecode:
                 mask = (mx.arange(cap)[None] < row_lengths[:, None])[:, None, None, :]
                 o = mx.fast.scaled_dot_product_attention(q[:, :hq], keys[li][row_slots], values[li][row_slots],
                                                          scale=attn.scale, mask=mask)
-            h, x = add_norm(h, attn.o_proj(o.reshape(1, rows, -1)), layer.post_attention_layernorm, fused)
-            h, x = add_norm(h, run.mlps[li](x), run.norm_after(li), fused)
-        return [run.lm_head(x)[0], *keys, *values]
+            h = h + attn.o_proj(o.reshape(1, rows, -1))
+            h = h + run.mlps[li](layer.post_attention_layernorm(h))
+        return [run.lm_head(run.inner.norm(h))[0], *keys, *values]

@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from engine import add_norm as add_norm_kernel
-from engine.add_norm import add_norm
 from engine.compiled_decode import CompiledDecode, compile_enabled, compile_forced
 from engine.fused import FusedLinear, fused_mlp
 from engine.slots import DecodeBatch, SlotKV
@@ -140,7 +138,6 @@ class PackedRunner:
         self.compiled = CompiledDecode(self, self.slots, gather=compile_forced()) \
             if self.slots is not None and compile_enabled() else None
         self.turns: DecodeFirst | None = None  # set by a group with a prefill lane (engine/lane.py)
-        self._fused_norms: bool | None = None  # residual adds and norms as one kernel (see fuses_norms)
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
         """Packed forward; see module doc. With `turns` (the prefill lane's DecodeFirst), a decode thread's build
@@ -200,40 +197,23 @@ class PackedRunner:
         # One causal mask per prompt chunk for every layer: the attention fallback (no fused prefill kernel
         # on CUDA without cuDNN) otherwise builds it again in each layer, three kernels each time.
         masks = {id(seg): _causal_mask(seg.layer(0).offset, len(seg.tokens)) for seg in rest if len(seg.tokens) > 1}
-        fused = self.fuses_norms(h.dtype)
-        x = self.layers[0].input_layernorm(h)
         for li, layer in enumerate(self.layers):
             if self.turns is not None:
                 self.turns.yield_to_decode()
             attn = layer.self_attn
-            qkv = self.qkv[li](x)
+            qkv = self.qkv[li](layer.input_layernorm(h))
             if batch is None or slots is None:
                 o = self._attention(attn, qkv, rest, bounds, pos, li, T, masks)
             else:
                 o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch, masks)
-            h, x = add_norm(h, attn.o_proj(o), layer.post_attention_layernorm, fused)
-            h, x = add_norm(h, self.mlps[li](x), self.norm_after(li), fused)
+            h = h + attn.o_proj(o)
+            h = h + self.mlps[li](layer.post_attention_layernorm(h))
         if slotted and slots is not None:
             slots.commit([seg.slot_index for seg in slotted])
         if not picks:
             return None
-        x = x[:, mx.array(picks)] if picks != list(range(T)) else x
-        return self.lm_head(x)[0]
-
-    def norm_after(self, li: int) -> Any:
-        """The norm that follows layer `li`'s MLP: the next layer's input norm, or the model's final norm."""
-        return self.layers[li + 1].input_layernorm if li + 1 < len(self.layers) else self.inner.norm
-
-    def fuses_norms(self, dtype: Any) -> bool:
-        """Whether residual adds and the norms after them run as engine/add_norm.py's kernel for activations of
-        `dtype`: plain RMSNorms of that dtype, on a device where the kernel passed its self-test (decided once; the
-        self-test evaluates, so this is called outside any compiled trace). Raises nothing."""
-        if self._fused_norms is None:
-            norms = [self.inner.norm] + [n for la in self.layers for n in (la.input_layernorm,
-                                                                           la.post_attention_layernorm)]
-            self._fused_norms = (all(add_norm_kernel.fusable(n) and n.weight.dtype == dtype for n in norms)
-                                 and add_norm_kernel.available(dtype, self.inner.norm.weight.shape[0]))
-        return self._fused_norms
+        h = h[:, mx.array(picks)] if picks != list(range(T)) else h
+        return self.lm_head(self.inner.norm(h))[0]
 
     def _attention(self, attn: Any, qkv: list[mx.array], segments: Sequence[Segment],
                    bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
