@@ -5,6 +5,8 @@
 #   OLD_TREE=_old SCENARIOS=poisson8,c64,c1 NEW_S=150 OLD_S=150 PEER_S=150 OUT=$OUT bash bench/gpu/ab_h200.sh
 # OLD_FIRST=1 runs the old tree's server before this tree's (see run_new); SKIP_NEW=1 runs no server of this tree. ENGINE=1 adds this tree's engine without
 # HTTP at 64 streams (bench/engine_compare.py), for c64's share of it within the same call.
+# READY_S (default 180): how long a server may take to be ready; a fresh host's first server compiles its warm-up
+# kernels (twenty-second session: not ready within 90 s when the carried kernel cache predated a change).
 # VARIANTS="name|server flags|scenarios|VAR=value ...;..." adds runs of this tree with other flags or environment
 # ($OUT/name.json).
 set -uo pipefail
@@ -14,7 +16,7 @@ SECONDS=0
 step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 ARGS="--max-active 128 --no-whisper ${EXTRA_ARGS:-}"
 SCEN=${SCENARIOS:-poisson8,c64,c1}
-COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout 90 --log-dir "$OUT" --scenarios "$SCEN")
+COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout ${READY_S:-180} --log-dir "$OUT" --scenarios "$SCEN")
 # A fresh host compiles MLX's kernels while its first server serves; kernels saved from an earlier host (PTX_SAVE=1,
 # carried as .gpu/ptx) are restored first (nineteenth session: the first server then served c8 with no failure).
 [ -f .gpu/ptx/mlx-ptx.tgz ] && bash bench/gpu/ptx_cache.sh restore .gpu/ptx

@@ -1,0 +1,100 @@
+"""What one kernel launch costs on a device, by kind: chains of launches that cannot fuse (each op's output feeds the
+next), inside one `mx.compile`d function and built op by op, timed per launch. Kinds: MLX's RMSNorm primitive, MLX's
+RoPE primitive, and an `mx.fast.cuda_kernel` that does a norm's memory traffic (on CUDA only). A decode step of a
+small model is bound by launches (bench/RESULTS.md, twenty-second session: a custom add+norm kernel that took two
+launches out of every layer made the step slower); this says whether a custom kernel's launch costs more than a
+built-in one's. Prints one JSON line per kind and mode: host µs a launch (`mx.async_eval` returning) and wall µs a
+launch (through the device), medians over the steps.
+
+    python -m bench.launch_cost [--launches 64] [--steps 100] [--size 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any, Callable
+
+import engine  # noqa: F401  (fast BLAS before mlx on Linux CPU)
+import mlx.core as mx
+
+__all__ = ["main", "chains"]
+
+_COPY = r"""
+    const int row = blockIdx.x;
+    const int N = x_shape[x_ndim - 1];
+    for (int i = threadIdx.x; i < N; i += 256) {
+        out[(size_t)row * N + i] = static_cast<T>(static_cast<float>(x[(size_t)row * N + i]) * static_cast<float>(w[i]));
+    }
+"""
+
+
+def chains(size: int, launches: int) -> dict[str, Callable[[mx.array], mx.array]]:
+    """The chains by kind, each `launches` long over a (1, 1, size) activation. Raises nothing."""
+    w = mx.ones((size,), mx.bfloat16)
+    out: dict[str, Callable[[mx.array], mx.array]] = {}
+
+    def norms(x: mx.array) -> mx.array:
+        for _ in range(launches):
+            x = mx.fast.rms_norm(x, w, 1e-5)
+        return x
+
+    offset = mx.array([5], mx.int32)
+
+    def ropes(x: mx.array) -> mx.array:
+        x = x.reshape(1, size // 64, 1, 64)
+        for _ in range(launches):
+            x = mx.fast.rope(x, 64, traditional=False, base=10000.0, scale=1.0, offset=offset)
+        return x.reshape(1, 1, size)
+
+    out["rms_norm"], out["rope"] = norms, ropes
+    if mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available():
+        kernel = mx.fast.cuda_kernel(name="bench_scale", input_names=["x", "w"], output_names=["out"], source=_COPY)
+
+        def customs(x: mx.array) -> mx.array:
+            for _ in range(launches):
+                x = kernel(inputs=[x, w], template=[("T", x.dtype)], grid=(256, 1, 1), threadgroup=(256, 1, 1),
+                           output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+            return x
+
+        out["cuda_kernel"] = customs
+    return out
+
+
+def _time(fn: Callable[[mx.array], Any], x: mx.array, steps: int, launches: int) -> dict[str, float]:
+    for _ in range(5):  # traces, JIT compiles, allocator warm
+        mx.eval(fn(x))
+    host: list[float] = []
+    wall: list[float] = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        y = fn(x)
+        mx.async_eval(y)
+        t1 = time.perf_counter()
+        mx.eval(y)
+        t2 = time.perf_counter()
+        host.append((t1 - t0) / launches * 1e6)
+        wall.append((t2 - t0) / launches * 1e6)
+    return {"host_us_per_launch": round(statistics.median(host), 2),
+            "wall_us_per_launch": round(statistics.median(wall), 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints JSON lines. Raises SystemExit on bad options."""
+    ap = argparse.ArgumentParser(prog="python -m bench.launch_cost")
+    ap.add_argument("--launches", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--size", type=int, default=2048, help="activation width (a multiple of 64)")
+    a = ap.parse_args(argv)
+    x = mx.random.normal((1, 1, a.size)).astype(mx.bfloat16)
+    print(json.dumps({"device": str(mx.default_device()), "launches": a.launches, "size": a.size}), flush=True)
+    for kind, fn in chains(a.size, a.launches).items():
+        for mode, f in (("compiled", mx.compile(fn)), ("built", fn)):
+            print(json.dumps({"kind": kind, "mode": mode, **_time(f, x, a.steps, a.launches)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
