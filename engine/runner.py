@@ -201,11 +201,12 @@ class PackedRunner:
             if self.turns is not None:
                 self.turns.yield_to_decode()
             attn = layer.self_attn
-            qkv = self.qkv[li](layer.input_layernorm(h))
+            x = layer.input_layernorm(h)
             if batch is None or slots is None:
-                o = self._attention(attn, qkv, rest, bounds, pos, li, T, masks)
+                o = self._attention(attn, self.qkv[li](x), rest, bounds, pos, li, T, masks)
             else:
-                o = self._attention_slots(slots, attn, qkv, rest, bounds, pos, li, T, batch, masks)
+                q, k, v = self._heads(attn, self.qkv[li], x, T, pos if pos is not None else batch.first_offset)
+                o = self._attention_slots(slots, attn, q, k, v, rest, bounds, li, T, batch, masks)
             h = h + attn.o_proj(o)
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
         if slotted and slots is not None:
@@ -247,23 +248,26 @@ class PackedRunner:
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
-    def _attention_slots(self, slots: SlotKV, attn: Any, qkv: list[mx.array], rest: Sequence[Segment],
-                         bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
+    @staticmethod
+    def _heads(attn: Any, proj: FusedLinear, x: mx.array, T: int, offset: mx.array | int) -> list[mx.array]:
+        """q, k, v as (T, heads, 1, head_dim), q and k rotated by RoPE at `offset` (one per token, or the first
+        token's). With a fused projection they are views of it and one RoPE call rotates q's and k's heads (on a
+        CPU, where RoPE is a dozen ops, that is a dozen fewer a layer). Lazy. Raises what MLX raises."""
+        nh, nkv = attn.n_heads, attn.n_kv_heads
+        if proj.fused and not hasattr(attn, "q_norm"):
+            y = proj.project(x).reshape(T, nh + 2 * nkv, 1, -1)
+            qk = attn.rope(y[:, : nh + nkv], offset=offset)
+            return [qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]]
+        q, k, v = (a.reshape(T, n, 1, -1) for a, n in zip(proj(x), (nh, nkv, nkv)))
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        return [attn.rope(q, offset=offset), attn.rope(k, offset=offset), v]
+
+    def _attention_slots(self, slots: SlotKV, attn: Any, q: mx.array, k: mx.array, v: mx.array,
+                         rest: Sequence[Segment], bounds: list[tuple[int, int]], li: int, T: int,
                          batch: DecodeBatch, masks: dict[int, mx.array]) -> mx.array:
         # Tokens 0..B-1 are the decode rows (one slot each); the rest are per-row prefill chunks.
-        nh, nkv, B = attn.n_heads, attn.n_kv_heads, batch.rows
-        q = qkv[0].reshape(T, nh, 1, -1)
-        k = qkv[1].reshape(T, nkv, 1, -1)
-        v = qkv[2].reshape(T, nkv, 1, -1)
-        if hasattr(attn, "q_norm"):
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
-        if pos is not None:
-            q = attn.rope(q, offset=pos)
-            k = attn.rope(k, offset=pos)
-        else:  # one decode row alone
-            q = attn.rope(q, offset=batch.first_offset)
-            k = attn.rope(k, offset=batch.first_offset)
+        B = batch.rows
         qb, kb, vb = (q, k, v) if B == T else (q[:B], k[:B], v[:B])
         o = slots.attend(li, qb, kb, vb, attn.scale, batch)
         outs = [o.transpose(2, 1, 0, 3)]

@@ -217,10 +217,10 @@ class SlotKV:
     def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float, batch: DecodeBatch) -> mx.array:
         """Write k/v (B, kv_heads, 1, d) into layer `li` and attend with q (B, heads, 1, d) → (B, heads, 1, d).
         Raises nothing of its own."""
-        d = self.head_dim
-        at = (batch.scatter_slot, batch.scatter_head, batch.scatter_pos)
-        self.keys[li][at] = k.reshape(-1, d)
-        self.values[li][at] = v.reshape(-1, d)
+        # Indexed (row, kv head): k and v may be strided views of the projection, written without a copy.
+        at = tuple(a.reshape(k.shape[0], -1) for a in (batch.scatter_slot, batch.scatter_head, batch.scatter_pos))
+        self.keys[li][at] = k[:, :, 0]
+        self.values[li][at] = v[:, :, 0]
         if batch.row_slots is not None and batch.row_lengths is not None:
             return decode_attention.attend(q, self.keys[li], self.values[li], batch.row_slots, batch.row_lengths, scale)
         keys = self.keys[li][: batch.span, :, : batch.length]
