@@ -203,7 +203,7 @@ class PackedRunner:
             attn = layer.self_attn
             x = layer.input_layernorm(h)
             if batch is None or slots is None:
-                o = self._attention(attn, self.qkv[li](x), rest, bounds, pos, li, T, masks)
+                o = self._attention(attn, self.qkv[li], x, rest, bounds, pos, li, T, masks)
             else:
                 q, k, v = self._heads(attn, self.qkv[li], x, T, pos if pos is not None else batch.first_offset)
                 o = self._attention_slots(slots, attn, q, k, v, rest, bounds, li, T, batch, masks)
@@ -216,11 +216,12 @@ class PackedRunner:
         h = h[:, mx.array(picks)] if picks != list(range(T)) else h
         return self.lm_head(self.inner.norm(h))[0]
 
-    def _attention(self, attn: Any, qkv: list[mx.array], segments: Sequence[Segment],
+    def _attention(self, attn: Any, proj: FusedLinear, x: mx.array, segments: Sequence[Segment],
                    bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
                    masks: dict[int, mx.array]) -> mx.array:
         if len(segments) == 1:
-            return self._attention_one(attn, qkv, segments[0].layer(li), T)
+            return self._attention_one(attn, proj, x, segments[0].layer(li), T)
+        qkv = proj(x)
         nh, nkv = attn.n_heads, attn.n_kv_heads
         # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token.
         q = qkv[0].reshape(T, nh, 1, -1)
@@ -286,16 +287,24 @@ class PackedRunner:
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
     @staticmethod
-    def _attention_one(attn: Any, qkv: list[mx.array], cache: Any, T: int) -> mx.array:
-        # One row: mlx-lm's own layout and op count (no per-token RoPE, no slicing).
-        q = qkv[0].reshape(1, T, attn.n_heads, -1)
-        k = qkv[1].reshape(1, T, attn.n_kv_heads, -1)
-        v = qkv[2].reshape(1, T, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        if hasattr(attn, "q_norm"):
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
-        q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
-        k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
+    def _attention_one(attn: Any, proj: FusedLinear, x: mx.array, cache: Any, T: int) -> mx.array:
+        # One row: mlx-lm's own layout and op count (no per-token RoPE, no slicing); with a fused projection, q's
+        # and k's heads are views of it rotated by one RoPE call.
+        nh, nkv = attn.n_heads, attn.n_kv_heads
+        if proj.fused and not hasattr(attn, "q_norm"):
+            y = proj.project(x).reshape(1, T, nh + 2 * nkv, -1).transpose(0, 2, 1, 3)
+            qk = attn.rope(y[:, : nh + nkv], offset=cache.offset)
+            q, k, v = qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]
+        else:
+            qkv = proj(x)
+            q = qkv[0].reshape(1, T, nh, -1)
+            k = qkv[1].reshape(1, T, nkv, -1)
+            v = qkv[2].reshape(1, T, nkv, -1).transpose(0, 2, 1, 3)
+            if hasattr(attn, "q_norm"):
+                q = attn.q_norm(q)
+                k = attn.k_norm(k)
+            q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+            k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal" if T > 1 else None)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
