@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from engine import decode_attention
 from engine.accelerator import on_gpu
+from engine.fused import heads
 
 if TYPE_CHECKING:
     from engine.slots import DecodeBatch, SlotKV
@@ -124,41 +125,19 @@ class CompiledDecode:
         rows = ids.shape[0]
         kernel = self.slots.uses_kernel()
         row_lengths = (offsets + 1).astype(mx.int32)  # keys each row attends, its new one included
-        at = (s_slot, s_head, s_pos)
-        at2 = tuple(a.reshape(rows, -1) for a in at)  # (row, kv head): k and v scatter from strided views
+        at = tuple(a.reshape(rows, -1) for a in (s_slot, s_head, s_pos))  # (row, kv head)
         h = run.inner.embed_tokens(ids[None])
         for li, layer in enumerate(run.layers):
             attn = layer.self_attn
-            hq, hk = attn.n_heads, attn.n_kv_heads
-            qkv = run.qkv[li]
-            x = layer.input_layernorm(h)
-            if qkv.fused and not hasattr(attn, "q_norm"):
-                # One RoPE launch for q's and k's heads (same rows, same offsets); k and v are written and q is
-                # read as views of the projection: no reshape copies.
-                y = qkv.project(x)
-                y = y.reshape(rows, hq + 2 * hk, 1, -1)
-                qk = attn.rope(y[:, : hq + hk], offset=offsets)
-                keys[li][at2] = qk[:, hq:, 0]
-                values[li][at2] = y[:, hq + hk :, 0]
-                q = qk
-            else:
-                q, k, v = qkv(x)
-                q = q.reshape(rows, hq, 1, -1)
-                k = k.reshape(rows, hk, 1, -1)
-                v = v.reshape(rows, hk, 1, -1)
-                if hasattr(attn, "q_norm"):
-                    q, k = attn.q_norm(q), attn.k_norm(k)
-                q = attn.rope(q, offset=offsets)
-                k = attn.rope(k, offset=offsets)
-                d = k.shape[-1]
-                keys[li][at] = k.reshape(-1, d)
-                values[li][at] = v.reshape(-1, d)
+            q, k, v = heads(attn, run.qkv[li], layer.input_layernorm(h), rows, offsets)
+            keys[li][at] = k[:, :, 0]  # views of the projection: written without a copy
+            values[li][at] = v[:, :, 0]
             if kernel:
-                o = decode_attention.attend(q, keys[li], values[li], row_slots, row_lengths, attn.scale, hq)
+                o = decode_attention.attend(q, keys[li], values[li], row_slots, row_lengths, attn.scale)
             else:  # each row's slot, gathered, with the positions past its length masked
                 cap = keys[li].shape[2]
                 mask = (mx.arange(cap)[None] < row_lengths[:, None])[:, None, None, :]
-                o = mx.fast.scaled_dot_product_attention(q[:, :hq], keys[li][row_slots], values[li][row_slots],
+                o = mx.fast.scaled_dot_product_attention(q, keys[li][row_slots], values[li][row_slots],
                                                          scale=attn.scale, mask=mask)
             h = h + attn.o_proj(o.reshape(1, rows, -1))
             h = h + run.mlps[li](layer.post_attention_layernorm(h))

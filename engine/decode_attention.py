@@ -54,7 +54,7 @@ _SOURCE = r"""
     const int grp = lane / LPK;
     const int sub = lane % LPK;
     const int KVH = keys_shape[1];
-    const int H = KVH * G;                // query heads out; q may hold more (a q/k array, k's heads after q's)
+    const int H = KVH * G;
     const int CAP = keys_shape[2];
     const int slot = slots[row];
     const int L = lens[row];
@@ -190,13 +190,11 @@ def _scale(scale: float) -> mx.array:
     return arr
 
 
-def attend(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array, scale: float,
-           heads: int | None = None) -> mx.array:
-    """The first `heads` (default: all) heads of q (rows, ≥heads, 1, D; any strides, each head's D elements
-    contiguous) attend to the first lens[r] positions of slot slots[r] in keys/values (slots, kv_heads, capacity,
-    D) → (rows, heads, 1, D). Lazy. Raises nothing of its own."""
-    rows, _, _, d = q.shape
-    heads = q.shape[1] if heads is None else heads
+def attend(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array, scale: float) -> mx.array:
+    """q (rows, heads, 1, D; any strides, each head's D elements contiguous, e.g. a view of the q/k/v projection)
+    attends to the first lens[r] positions of slot slots[r] in keys/values (slots, kv_heads, capacity, D) → (rows,
+    heads, 1, D). Lazy. Raises nothing of its own."""
+    rows, heads, _, d = q.shape
     kv_heads = keys.shape[1]
     return _get_kernel()(inputs=[q, keys, values, slots, lens, _scale(scale)],
                          template=[("T", q.dtype), ("D", d), ("G", heads // kv_heads), ("NW", WARPS)],
@@ -213,15 +211,14 @@ def _self_test(dtype: Any, d: int, g: int) -> bool:
         k = mx.random.normal((6, kv_heads, cap, d), key=kk).astype(dtype)
         v = mx.random.normal((6, kv_heads, cap, d), key=kv).astype(dtype)
         heads = kv_heads * g
-        # q as the compiled step passes it: the first heads of a strided view holding k's and v's heads too.
+        # q as the steps pass it: a strided view of a projection that holds k's and v's heads too.
         qkv = mx.random.normal((len(slots), heads + 2 * kv_heads, 1, d), key=kq).astype(dtype)
-        q = qkv[:, : heads + kv_heads]
+        q = qkv[:, :heads]
         scale = 1.0 / float(d) ** 0.5
         rows, lens = mx.array(slots, dtype=mx.int32), mx.array(lengths, dtype=mx.int32)
-        want = reference(mx.contiguous(q[:, :heads]), k, v, slots, lengths, scale)
+        want = reference(mx.contiguous(q), k, v, slots, lengths, scale)
         err = max(cast(float, mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max().item())
-                  for got in (attend(q, k, v, rows, lens, scale, heads), attend(mx.contiguous(q[:, :heads]), k, v,
-                                                                               rows, lens, scale)))
+                  for got in (attend(q, k, v, rows, lens, scale), attend(mx.contiguous(q), k, v, rows, lens, scale)))
         ok = err <= 2e-2
         _log.info("decode attention kernel (%s, head_dim %d, %d heads a kv head): self-test max error %.2g, %s",
                  dtype, d, g, err, "in use" if ok else "NOT used")

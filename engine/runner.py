@@ -22,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from engine.compiled_decode import CompiledDecode, compile_enabled, compile_forced
-from engine.fused import FusedLinear, fused_mlp
+from engine.fused import FusedLinear, fused_mlp, heads
 from engine.slots import DecodeBatch, SlotKV
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ class PackedRunner:
             if batch is None or slots is None:
                 o = self._attention(attn, self.qkv[li], x, rest, bounds, pos, li, T, masks)
             else:
-                q, k, v = self._heads(attn, self.qkv[li], x, T, pos if pos is not None else batch.first_offset)
+                q, k, v = heads(attn, self.qkv[li], x, T, pos if pos is not None else batch.first_offset)
                 o = self._attention_slots(slots, attn, q, k, v, rest, bounds, li, T, batch, masks)
             h = h + attn.o_proj(o)
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
@@ -248,21 +248,6 @@ class PackedRunner:
                                                              mask=_chunk_mask(masks, seg, e - s, ks)))
         o = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
-
-    @staticmethod
-    def _heads(attn: Any, proj: FusedLinear, x: mx.array, T: int, offset: mx.array | int) -> list[mx.array]:
-        """q, k, v as (T, heads, 1, head_dim), q and k rotated by RoPE at `offset` (one per token, or the first
-        token's). With a fused projection they are views of it and one RoPE call rotates q's and k's heads (on a
-        CPU, where RoPE is a dozen ops, that is a dozen fewer a layer). Lazy. Raises what MLX raises."""
-        nh, nkv = attn.n_heads, attn.n_kv_heads
-        if proj.fused and not hasattr(attn, "q_norm"):
-            y = proj.project(x).reshape(T, nh + 2 * nkv, 1, -1)
-            qk = attn.rope(y[:, : nh + nkv], offset=offset)
-            return [qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]]
-        q, k, v = (a.reshape(T, n, 1, -1) for a, n in zip(proj(x), (nh, nkv, nkv)))
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        return [attn.rope(q, offset=offset), attn.rope(k, offset=offset), v]
 
     def _attention_slots(self, slots: SlotKV, attn: Any, q: mx.array, k: mx.array, v: mx.array,
                          rest: Sequence[Segment], bounds: list[tuple[int, int]], li: int, T: int,
