@@ -33,3 +33,15 @@ def test_a_short_run_repeated_three_times_loops() -> None:
     assert not loops([five, dot] * 2) and not loops(list(range(1, 18)) * 3)  # a run longer than sixteen tokens
     sentence = [679, 373, 407, 281, 4450, 12, 6381, 1775, 1862, 582, 13]  # " He was not an ill-disposed young man."
     assert loops(sentence * 3) and not loops(sentence * 2 + [679, 373])
+
+
+def test_a_run_said_twice_then_mostly_again_loops() -> None:
+    # The decode stopped in its third copy: " ill-disposed young man, unless to be" twice, then " ill-disposed young
+    # man." (a CI run at 4× real time). A short run or a sentence said twice with a few words of a third does not.
+    from audio.window import loops
+
+    run = [4450, 12, 6381, 1775, 1862, 582, 11, 4556, 284, 307]  # " ill-disposed young man, unless to be"
+    assert loops([679, 373, 407, 281] + run * 2 + run[:6] + [13])
+    assert not loops([679, 373, 407, 281] + run * 2 + run[:4] + [13])  # less than half of a third copy
+    assert not loops([2154, 11, 2154, 13, 2154])  # "Five, five. Five": a short run
+    assert not loops(run + [13] + run[:5] + [13])  # once, then part of it once more
