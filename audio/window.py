@@ -24,7 +24,7 @@ def loops(tokens: list[int], times: int = 3, longest: int = 16, cut_from: int = 
     or a sentence: "He was not an ill-disposed young man." thrice, seen at 4× real time): over a cut encoder context
     Whisper loops in runs that pass the compression threshold. The last copy of a run of at least `cut_from` tokens
     counts when at least half of it is there (the decode stopped mid-loop: "ill-disposed young man, unless to be"
-    twice, then "ill-disposed young man.", seen in a CI run). Raises nothing."""
+    twice, then "ill-disposed young man.", seen at 4× real time on this CPU). Raises nothing."""
     for n in range(1, longest + 1):
         for start in range(0, len(tokens) - n * (times - 1) + 1):
             run = tokens[start:start + n]

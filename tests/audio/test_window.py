@@ -37,7 +37,7 @@ def test_a_short_run_repeated_three_times_loops() -> None:
 
 def test_a_run_said_twice_then_mostly_again_loops() -> None:
     # The decode stopped in its third copy: " ill-disposed young man, unless to be" twice, then " ill-disposed young
-    # man." (a CI run at 4× real time). A short run or a sentence said twice with a few words of a third does not.
+    # man." (seen at 4× real time on this CPU). A short run or a sentence said twice with a few words of a third does not.
     from audio.window import loops
 
     run = [4450, 12, 6381, 1775, 1862, 582, 11, 4556, 284, 307]  # " ill-disposed young man, unless to be"
