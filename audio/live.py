@@ -384,4 +384,3 @@ class LiveTranscription:
         t = self._tr.transcript(duration)
         t.text = self.committed_text()
         return t
-

@@ -3,6 +3,7 @@ state for it between steps (`Window`: its encoder job, its decoding row, its run
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -31,17 +32,9 @@ def loops(tokens: list[int], times: int = 3, longest: int = 16, cut_from: int = 
             if not all(tokens[start + k * n:start + (k + 1) * n] == run for k in range(1, times - 1)):
                 continue
             last = tokens[start + (times - 1) * n:start + times * n]
-            if last == run or (n >= cut_from and 2 * _shared(last, run) >= n):
+            if last == run or (n >= cut_from and 2 * len(os.path.commonprefix([last, run])) >= n):
                 return True
     return False
-
-
-def _shared(a: list[int], b: list[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 @dataclass(frozen=True)

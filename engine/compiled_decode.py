@@ -125,7 +125,7 @@ class CompiledDecode:
         rows = ids.shape[0]
         kernel = self.slots.uses_kernel()
         row_lengths = (offsets + 1).astype(mx.int32)  # keys each row attends, its new one included
-        at = tuple(a.reshape(rows, -1) for a in (s_slot, s_head, s_pos))  # (row, kv head)
+        at = (s_slot, s_head, s_pos)  # (row, kv head), broadcast
         h = run.inner.embed_tokens(ids[None])
         for li, layer in enumerate(run.layers):
             attn = layer.self_attn

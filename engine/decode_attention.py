@@ -215,10 +215,10 @@ def _self_test(dtype: Any, d: int, g: int) -> bool:
         qkv = mx.random.normal((len(slots), heads + 2 * kv_heads, 1, d), key=kq).astype(dtype)
         q = qkv[:, :heads]
         scale = 1.0 / float(d) ** 0.5
-        rows, lens = mx.array(slots, dtype=mx.int32), mx.array(lengths, dtype=mx.int32)
+        at, lens = mx.array(slots, dtype=mx.int32), mx.array(lengths, dtype=mx.int32)
         want = reference(mx.contiguous(q), k, v, slots, lengths, scale)
         err = max(cast(float, mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max().item())
-                  for got in (attend(q, k, v, rows, lens, scale), attend(mx.contiguous(q), k, v, rows, lens, scale)))
+                  for got in (attend(q, k, v, at, lens, scale), attend(mx.contiguous(q), k, v, at, lens, scale)))
         ok = err <= 2e-2
         _log.info("decode attention kernel (%s, head_dim %d, %d heads a kv head): self-test max error %.2g, %s",
                  dtype, d, g, err, "in use" if ok else "NOT used")

@@ -92,17 +92,19 @@ def fused_mlp(mlp: nn.Module) -> Callable[[mx.array], mx.array]:
     return forward
 
 
-def heads(attn: Any, proj: FusedLinear, x: mx.array, rows: int, offset: mx.array | int) -> list[mx.array]:
+def heads(attn: Any, proj: FusedLinear, x: mx.array, rows: int, offset: mx.array | int | None) -> list[mx.array]:
     """q, k, v of mlx-lm attention module `attn` as (rows, heads, 1, head_dim) for one token a row, q and k rotated
-    by RoPE at `offset` (one per row, or one for all). With a fused projection they are views of it and one RoPE call
-    rotates q's and k's heads (same rows, same offsets): a decode step is bound by its launches on a GPU, and on a
-    CPU RoPE is a dozen ops. Lazy. Raises what MLX raises."""
+    by RoPE at `offset` (one per row, or one for all; None: not rotated). With a fused projection they are views of
+    it and one RoPE call rotates q's and k's heads (same rows, same offsets): a decode step is bound by its launches
+    on a GPU, and on a CPU RoPE is a dozen ops. Lazy. Raises what MLX raises."""
     nh, nkv = attn.n_heads, attn.n_kv_heads
     if proj.fused and not hasattr(attn, "q_norm"):
         y = proj.project(x).reshape(rows, nh + 2 * nkv, 1, -1)
-        qk = attn.rope(y[:, : nh + nkv], offset=offset)
+        qk = y[:, : nh + nkv] if offset is None else attn.rope(y[:, : nh + nkv], offset=offset)
         return [qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]]
     q, k, v = (a.reshape(rows, n, 1, -1) for a, n in zip(proj(x), (nh, nkv, nkv)))
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
+    if offset is None:
+        return [q, k, v]
     return [attn.rope(q, offset=offset), attn.rope(k, offset=offset), v]

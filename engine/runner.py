@@ -221,21 +221,9 @@ class PackedRunner:
                    masks: dict[int, mx.array]) -> mx.array:
         if len(segments) == 1:
             return self._attention_one(attn, proj, x, segments[0].layer(li), T)
-        qkv = proj(x)
-        nh, nkv = attn.n_heads, attn.n_kv_heads
-        # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token.
-        q = qkv[0].reshape(T, nh, 1, -1)
-        k = qkv[1].reshape(T, nkv, 1, -1)
-        v = qkv[2].reshape(1, T, nkv, -1).transpose(0, 2, 1, 3)
-        if hasattr(attn, "q_norm"):
-            q = attn.q_norm(q)
-            k = attn.k_norm(k)
-        if pos is not None:
-            q = attn.rope(q, offset=pos).transpose(2, 1, 0, 3)
-            k = attn.rope(k, offset=pos).transpose(2, 1, 0, 3)
-        else:
-            q = q.transpose(2, 1, 0, 3)
-            k = k.transpose(2, 1, 0, 3)
+        # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token (without `pos`,
+        # a RoPE kind that takes no per-token offsets, each segment is rotated below); then (1, heads, T, hd).
+        q, k, v = (a.transpose(2, 1, 0, 3) for a in heads(attn, proj, x, T, pos))
         outs = []
         for seg, (s, e) in zip(segments, bounds):
             cache = seg.layer(li)

@@ -30,9 +30,11 @@ class DecodeBatch:
     rows: int  # B decode rows, in the order their tokens sit in the packed matrix
     span: int  # slots 0..span-1 take part in attention
     length: int  # key positions attended (max row length after this token)
-    scatter_slot: mx.array  # (B*H,) slot of each written (head) vector
-    scatter_head: mx.array  # (B*H,) its head
-    scatter_pos: mx.array  # (B*H,) its position
+    # Where each row's new key and value go, indexed (row, kv head) by broadcasting: k and v are written from
+    # (B, H, head_dim) views of the projection, no copy.
+    scatter_slot: mx.array  # (B, 1) each row's slot
+    scatter_head: mx.array  # (1, H) the kv heads
+    scatter_pos: mx.array  # (B, 1) each row's position (its length before this token)
     mask: mx.array | None  # (span, 1, 1, length) bool: True where a slot's position holds a key
     query_take: mx.array | None  # slot → decode row (None when slots 0..B-1 are the rows in order)
     out_take: mx.array | None  # decode row → slot
@@ -189,13 +191,12 @@ class SlotKV:
             slots, lens, padded = [*slots, *free], lens + [0] * len(free), len(free)
         span = max(slots) + 1
         h = self.heads
-        scatter_slot = [s for s in slots for _ in range(h)]
-        scatter_pos = [n for n in lens for _ in range(h)]
+        offsets = mx.array(lens)
         batch = DecodeBatch(
             rows=len(slots), span=span, length=length,
-            scatter_slot=mx.array(scatter_slot), scatter_head=mx.array(list(range(h)) * len(slots)),
-            scatter_pos=mx.array(scatter_pos), mask=None, query_take=None, out_take=None,  # one slot: all valid
-            offsets=mx.array(lens), first_offset=lens[0], padded=padded,
+            scatter_slot=mx.array(list(slots))[:, None], scatter_head=mx.arange(h)[None],
+            scatter_pos=offsets[:, None], mask=None, query_take=None, out_take=None,  # one slot: all valid
+            offsets=offsets, first_offset=lens[0], padded=padded,
         )
         if span == 1:
             return batch
@@ -217,8 +218,7 @@ class SlotKV:
     def attend(self, li: int, q: mx.array, k: mx.array, v: mx.array, scale: float, batch: DecodeBatch) -> mx.array:
         """Write k/v (B, kv_heads, 1, d) into layer `li` and attend with q (B, heads, 1, d) → (B, heads, 1, d).
         Raises nothing of its own."""
-        # Indexed (row, kv head): k and v may be strided views of the projection, written without a copy.
-        at = tuple(a.reshape(k.shape[0], -1) for a in (batch.scatter_slot, batch.scatter_head, batch.scatter_pos))
+        at = (batch.scatter_slot, batch.scatter_head, batch.scatter_pos)
         self.keys[li][at] = k[:, :, 0]
         self.values[li][at] = v[:, :, 0]
         if batch.row_slots is not None and batch.row_lengths is not None:

@@ -2,7 +2,7 @@
 # The engine without HTTP (bench/engine_compare.py --ours-only, random-init Llama-3.2-1B shape), this tree against
 # an older one (OLD_TREE, e.g. `git archive REV | tar -x -C _old`) and environment variants of this tree, in turn,
 # ROUNDS times, in ONE device call (after install-c.sh). Each run's rows go to $OUT/engine_ab.jsonl.
-#   OLD_TREE=_old STREAMS=1,8,64 ROUNDS=2 VARIANTS="mlxnorm|TANDEM_ADD_NORM=mlx" OUT=$OUT bash bench/gpu/engine_ab_h200.sh
+#   OLD_TREE=_old STREAMS=1,8,64 ROUNDS=2 VARIANTS="built|TANDEM_DECODE_COMPILE=off" OUT=$OUT bash bench/gpu/engine_ab_h200.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/engine-ab}
 mkdir -p "$OUT"
