@@ -48,6 +48,9 @@ class DecodePipeline:
         self.enabled = enabled  # the runner has a SlotKV (packed path with per-token RoPE)
         self.inflight: InFlight | None = None
         self.waited = 0.0  # seconds blocked in `read` (the engine step resets it; /stats iteration_times)
+        # Seconds of this step's `launch`es by part, wall and this thread's CPU (reset with `waited`): a launch whose
+        # wall time is not CPU time waited (for the GIL or a lock), which a slow step beside the lane tells apart.
+        self.parts: dict[str, float] = {}
 
     def reset(self) -> None:
         """Forget the in-flight step (its rows failed or the group closed). Raises nothing."""
@@ -98,11 +101,16 @@ class DecodePipeline:
         """Build one decode step (fed: lazy tokens, else each row's last_token) and start it. Raises
         whatever building the forward raises."""
         # With `fed` only each segment's length counts; eligible rows always have a last token.
+        t0, c0 = time.perf_counter(), time.thread_time()
         ids = [[0] if fed is not None or r.last_token is None else [r.last_token] for r in rows]
         segments = [Segment(t, None, True, r.slot, fed) for t, r in zip(ids, rows)]
         logits = self.forward(segments)
         tokens = sample_rows(logits, [r.sampler for r in rows])
+        t1, c1 = time.perf_counter(), time.thread_time()
         mx.async_eval(tokens, mx.random.state)  # the global key too, for the prefill lane's next draw (engine/step.py)
+        t2, c2 = time.perf_counter(), time.thread_time()
+        for part, seconds in (("build", t1 - t0), ("build_cpu", c1 - c0), ("launch", t2 - t1), ("launch_cpu", c2 - c1)):
+            self.parts[part] = self.parts.get(part, 0.0) + seconds
         return tokens
 
     def read_step(self, flight: InFlight) -> list[int]:

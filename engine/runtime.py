@@ -242,7 +242,9 @@ class Engine:
                                    "waits_for_decode": lane.turns.waits if lane else 0,
                                    "waited_for_decode_seconds": round(lane.turns.waited_seconds, 3) if lane else 0.0,
                                    "phase_seconds": {k: round(v, 6) for k, v in phases.seconds.items()}
-                                   if (phases := group.step.lane_phases) is not None else {}}
+                                   if (phases := group.step.lane_phases) is not None else {},
+                                   "phase_cpu_seconds": {k: round(v, 6) for k, v in phases.cpu_seconds.items()}
+                                   if phases is not None else {}}
             recent_prompt, recent_generation = group.recent.rates()
             out["recent"] = {"window_seconds": 10.0, "prompt_tokens_per_second": recent_prompt,
                              "generation_tokens_per_second": recent_generation}

@@ -146,6 +146,7 @@ class BatchStep:
         the forward or its evaluation raises (the group fails the rows it touched)."""
         t0 = time.perf_counter()
         self.pipeline.waited = 0.0
+        self.pipeline.parts.clear()
         self.record.begin(self.slots)
         outputs: list[tuple[Row, Delta | None]] = []
         flight = self.pipeline.inflight
@@ -267,6 +268,7 @@ class BatchStep:
 
     def _cost(self, seconds: float, prompt_tokens: int, decode_rows: int) -> StepCost:
         events, phases = self.record.close(decode_rows, self.slots, self.pipeline.waited)
+        phases.update((f"pipeline_{part}", seconds) for part, seconds in self.pipeline.parts.items())
         return StepCost(seconds, prompt_tokens, decode_rows, min(self.pipeline.waited, seconds), events, phases)
 
     def _keep(self, launch: InFlight) -> bool:

@@ -26,16 +26,18 @@ class LanePhases:
         self.current: str | None = None
         self.began = dict.fromkeys(LANE_PHASES, 0)
         self.seconds = dict.fromkeys(LANE_PHASES, 0.0)
-        self._since = 0.0
+        self.cpu_seconds = dict.fromkeys(LANE_PHASES, 0.0)  # the lane thread's CPU time in each: the rest waited
+        self._since = self._cpu_since = 0.0
 
     def enter(self, phase: str | None) -> None:
         """The lane moves to `phase` (None: its job ended). Raises KeyError for an unknown phase."""
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         if self.current is not None:
             self.seconds[self.current] += now - self._since
+            self.cpu_seconds[self.current] += cpu - self._cpu_since
         if phase is not None:
             self.began[phase] += 1
-        self.current, self._since = phase, now
+        self.current, self._since, self._cpu_since = phase, now, cpu
 
     def mark(self) -> tuple[str | None, tuple[int, ...]]:
         """Where the lane is now, for `overlapped` at the step's end. Raises nothing."""

@@ -158,6 +158,9 @@ async def test_the_engine_serves_through_the_lane_on_its_threads(tiny_loaded) ->
         # Each job built its graph, launched its kernels and waited for them (the decode steps name what they met).
         assert set(lane["phase_seconds"]) == {"lane_build", "lane_launch", "lane_device"}
         assert all(v > 0 for v in lane["phase_seconds"].values())
+        # and the lane thread's CPU time in each, never more than its wall time (the rest it waited)
+        assert lane["phase_cpu_seconds"].keys() == lane["phase_seconds"].keys()
+        assert all(0 <= lane["phase_cpu_seconds"][k] <= v + 1e-4 for k, v in lane["phase_seconds"].items())
         engine.close()
 
 

@@ -382,3 +382,29 @@ async def test_prompt_tokens_and_mixed_steps_count_once_each_with_steps_in_fligh
     assert len(mixed) >= 2
     assert group.counters["prompt_tokens"] == sum(sizes)
     assert group.counters["mixed_iterations"] == len(mixed)
+
+
+async def test_a_pipelined_steps_record_splits_its_launches_into_build_and_launch_by_wall_and_cpu(tiny_loaded) -> None:
+    # Wall time a thread did not spend on its CPU was a wait (the GIL, a lock): /stats tells the two apart per step.
+    group = pipelined_group(tiny_loaded)
+    costs: list[Any] = []
+    record_cost = group.step._cost
+
+    def capture(*args: Any) -> Any:
+        costs.append(record_cost(*args))
+        return costs[-1]
+
+    group.step._cost = capture
+    streams = [group.submit(GenerationRequest(prompt_of(n, n), GREEDY, max_tokens=8)) for n in (5, 8)]
+    for _ in range(6):
+        await iterate(group)
+    parts = ("pipeline_build", "pipeline_build_cpu", "pipeline_launch", "pipeline_launch_cpu")
+    pipelined = [c.phases for c in costs if "pipeline" in c.phases]
+    assert pipelined
+    for phases in pipelined:
+        assert set(parts) <= phases.keys()
+        for part in ("pipeline_build", "pipeline_launch"):
+            assert 0 <= phases[f"{part}_cpu"] <= phases[part] + 1e-4
+        assert phases["pipeline_build"] + phases["pipeline_launch"] <= phases["pipeline"] + 1e-6
+    for s in streams:
+        s.cancel()
