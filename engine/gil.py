@@ -4,8 +4,12 @@ go. The engine thread, the prefill lane, the speech thread and the event loop al
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator
 
-__all__ = ["GIL_SWITCH_SECONDS", "GIL_SWITCH_VARIABLE", "gil_switch_seconds"]
+__all__ = ["GIL_RETURN_SECONDS", "GIL_RETURN_VARIABLE", "GIL_SWITCH_SECONDS", "GIL_SWITCH_VARIABLE", "QuickReturn",
+           "gil_return_seconds", "gil_switch_seconds"]
 
 # The GIL switch interval while serving (Python's own default). 0.5 ms made the event loop take the GIL from the
 # engine thread in the middle of building each step: on the H200, 14 % of its time over HTTP went waiting for the
@@ -27,3 +31,42 @@ def gil_switch_seconds() -> float:
     if not 0 < ms < 1e6:
         raise ValueError(f"{GIL_SWITCH_VARIABLE} must be a positive number of milliseconds, not {raw!r}")
     return ms / 1e3
+
+
+# While the decode thread launches a step (mx.async_eval frees the GIL), other threads' turns are this short. A
+# decode step beside the prefill lane then waited 2.5 ms off its CPU on average to get the GIL back from a thread
+# running Python (the lane's graph build, the event loop), up to a whole switch interval (H200, bench/RESULTS.md).
+GIL_RETURN_SECONDS = 0.0002
+GIL_RETURN_VARIABLE = "TANDEM_GIL_RETURN"  # on | off | auto (unset: on where MLX computes on a GPU)
+
+
+def gil_return_seconds() -> float | None:
+    """The switch interval while the decode thread launches (GIL_RETURN_SECONDS), or None where TANDEM_GIL_RETURN
+    turns it off (its default: off on a CPU, where a launch only queues work for MLX's own thread). Imports MLX.
+    Raises nothing."""
+    from engine.accelerator import gpu_default
+
+    return GIL_RETURN_SECONDS if gpu_default(GIL_RETURN_VARIABLE) else None
+
+
+class QuickReturn:
+    """Around a call on the decode thread that frees the GIL: other threads' switch interval is `interval` while
+    it runs, so this thread has the GIL back within about that much once the call returns (a thread that waits
+    that long makes the holder let go), and the serving interval is back as soon as it does. One thread only:
+    two threads saving and restoring the interval at once could leave it short. `interval` None: a no-op."""
+
+    def __init__(self, interval: float | None) -> None:
+        self.interval = interval
+
+    @contextmanager
+    def around(self) -> Iterator[None]:
+        """Raises what the body raises (the interval restored first)."""
+        if self.interval is None:
+            yield
+            return
+        before = sys.getswitchinterval()
+        sys.setswitchinterval(self.interval)
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(before)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence, cast
 
 import mlx.core as mx
 
+from engine.gil import QuickReturn
 from engine.rows import Row, slot_order
 from engine.runner import Segment
 from engine.sampling import sample_rows
@@ -43,9 +44,12 @@ class InFlight:
 class DecodePipeline:
     """One step of lookahead for slot iterations (see module doc)."""
 
-    def __init__(self, forward: Callable[[list[Segment]], Any], enabled: bool) -> None:
+    def __init__(self, forward: Callable[[list[Segment]], Any], enabled: bool,
+                 quick_return: QuickReturn | None = None) -> None:
         self.forward = forward  # the group's runner.forward (looked up per call)
         self.enabled = enabled  # the runner has a SlotKV (packed path with per-token RoPE)
+        # The decode thread's launches take the GIL back quickly (engine/gil.py); a no-op unless given.
+        self.quick_return = quick_return or QuickReturn(None)
         self.inflight: InFlight | None = None
         self.waited = 0.0  # seconds blocked in `read` (the engine step resets it; /stats iteration_times)
         # Seconds of this step's `launch`es by part, wall and this thread's CPU (reset with `waited`): a launch whose
@@ -107,7 +111,8 @@ class DecodePipeline:
         logits = self.forward(segments)
         tokens = sample_rows(logits, [r.sampler for r in rows])
         t1, c1 = time.perf_counter(), time.thread_time()
-        mx.async_eval(tokens, mx.random.state)  # the global key too, for the prefill lane's next draw (engine/step.py)
+        with self.quick_return.around():
+            mx.async_eval(tokens, mx.random.state)  # the global key too, for the prefill lane's next draw (engine/step.py)
         t2, c2 = time.perf_counter(), time.thread_time()
         for part, seconds in (("build", t1 - t0), ("build_cpu", c1 - c0), ("launch", t2 - t1), ("launch_cpu", c2 - c1)):
             self.parts[part] = self.parts.get(part, 0.0) + seconds

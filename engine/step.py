@@ -21,6 +21,7 @@ import mlx.core as mx
 from engine.accelerator import on_gpu
 from engine.burst import StepResult
 from engine.contracts import Delta, FinishReason
+from engine.gil import QuickReturn, gil_return_seconds
 from engine.iteration_times import StepCost
 from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
@@ -57,7 +58,8 @@ class BatchStep:
         self.counters = counters
         self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
-        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None)
+        self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None,
+                                       QuickReturn(gil_return_seconds()))
         self.kv = RowKV(model, self.slots, prefix_cache, lambda: self.record)  # the rows' caches, slots and puts
         # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
         # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
@@ -248,7 +250,8 @@ class BatchStep:
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
-        mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
+        with self.pipeline.quick_return.around():  # the decode thread's launch: the GIL back quickly (engine/gil.py)
+            mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
         self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
         n_prompt = self._fed_prompts(plan)

@@ -408,3 +408,32 @@ async def test_a_pipelined_steps_record_splits_its_launches_into_build_and_launc
         assert phases["pipeline_build"] + phases["pipeline_launch"] <= phases["pipeline"] + 1e-6
     for s in streams:
         s.cancel()
+
+
+@pytest.mark.parametrize("keep_mixed", [True, False])
+async def test_the_decode_threads_launches_run_with_the_short_switch_interval(tiny_loaded, monkeypatch, keep_mixed) -> None:
+    # Other threads give the GIL back quickly while a step launches (engine/gil.py), and only then.
+    import sys
+
+    import mlx.core as mx
+
+    from engine.gil import QuickReturn
+
+    group = make_group(tiny_loaded, keep_mixed_in_flight=keep_mixed)
+    group.step.pipeline.quick_return = QuickReturn(0.0002)
+    seen: list[float] = []
+    launch = mx.async_eval
+
+    def spy(*args: Any) -> None:
+        seen.append(sys.getswitchinterval())
+        launch(*args)
+
+    monkeypatch.setattr(mx, "async_eval", spy)
+    before = sys.getswitchinterval()
+    streams = [group.submit(GenerationRequest(prompt_of(n, n), GREEDY, max_tokens=6)) for n in (5, 9)]
+    for _ in range(8):
+        await iterate(group)
+    assert len(seen) >= 4 and all(s == pytest.approx(0.0002) for s in seen), seen
+    assert sys.getswitchinterval() == before
+    for s in streams:
+        s.cancel()
