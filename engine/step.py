@@ -250,7 +250,7 @@ class BatchStep:
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
-        with self.pipeline.quick_return.around():  # the decode thread's launch: the GIL back quickly (engine/gil.py)
+        with self.pipeline.quick_return.around():  # the GIL back quickly, where asked (engine/gil.py)
             mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
         self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)

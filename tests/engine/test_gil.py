@@ -54,9 +54,8 @@ def test_the_quick_return_follows_its_variable(monkeypatch: pytest.MonkeyPatch, 
     assert gil_return_seconds() == (GIL_RETURN_SECONDS if on else None)
 
 
-def test_the_quick_return_is_on_by_default_where_mlx_computes_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.accelerator import on_gpu
-    from engine.gil import GIL_RETURN_SECONDS, gil_return_seconds
+def test_the_quick_return_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.gil import gil_return_seconds
 
     monkeypatch.delenv("TANDEM_GIL_RETURN", raising=False)
-    assert gil_return_seconds() == (GIL_RETURN_SECONDS if on_gpu() else None)
+    assert gil_return_seconds() is None
