@@ -33,18 +33,18 @@ def gil_switch_seconds() -> float:
     return ms / 1e3
 
 
-# While the decode thread launches a step or waits for one (calls that free the GIL), other threads' turns can be
-# this short: a decode step beside the prefill lane waited 2.5 ms off its CPU on average to get the GIL back from a
-# thread running Python, up to a whole switch interval (H200, bench/RESULTS.md, twenty-third session). Off unless
-# asked for: on this CPU, chat beside 4 live sessions got worse with it in 3 rounds of 3 (the speech thread and the
-# event loop then hand the GIL to each other every 0.2 ms through each step); not yet measured on a GPU.
+# While the decode thread launches a step (mx.async_eval frees the GIL), other threads' turns can be this short: a
+# decode step beside the prefill lane waited 2.5 ms off its CPU on average to get the GIL back from a thread running
+# Python, up to a whole switch interval (H200, bench/RESULTS.md, twenty-third session). Off unless asked for: not yet
+# measured on a GPU. (Around the step's read as well, on this CPU chat beside 4 live sessions got worse, 3 rounds of
+# 3: the read lasts the whole step there, and the speech thread and event loop swapped the GIL every 0.2 ms.)
 GIL_RETURN_SECONDS = 0.0002
 GIL_RETURN_VARIABLE = "TANDEM_GIL_RETURN"  # on | off (unset: off)
 
 
 def gil_return_seconds() -> float | None:
-    """The switch interval while the decode thread launches or waits (GIL_RETURN_SECONDS) where TANDEM_GIL_RETURN
-    is "on"; else None (off). Raises nothing."""
+    """The switch interval while the decode thread launches a step (GIL_RETURN_SECONDS) where TANDEM_GIL_RETURN is
+    "on"; else None (off). Raises nothing."""
     return GIL_RETURN_SECONDS if os.environ.get(GIL_RETURN_VARIABLE, "off").lower() == "on" else None
 
 

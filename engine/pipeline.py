@@ -48,7 +48,7 @@ class DecodePipeline:
                  quick_return: QuickReturn | None = None) -> None:
         self.forward = forward  # the group's runner.forward (looked up per call)
         self.enabled = enabled  # the runner has a SlotKV (packed path with per-token RoPE)
-        # The decode thread's launches and reads take the GIL back quickly where asked (engine/gil.py).
+        # The decode thread's launches take the GIL back quickly where asked (engine/gil.py).
         self.quick_return = quick_return or QuickReturn(None)
         self.inflight: InFlight | None = None
         self.waited = 0.0  # seconds blocked in `read` (the engine step resets it; /stats iteration_times)
@@ -131,7 +131,6 @@ class DecodePipeline:
         if tokens is None:
             return []
         t0 = time.perf_counter()
-        with self.quick_return.around():  # the wait frees the GIL too: have it back as soon as the step is done
-            ids = cast(list[int], tokens.tolist())
+        ids = cast(list[int], tokens.tolist())
         self.waited += time.perf_counter() - t0
         return [int(t) for t in ids]
