@@ -7,7 +7,8 @@ tentative. A pause (VAD or commit()) commits everything before it, and cancels a
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
 behind finishes all its pending utterances that fit a window with one decode. Committed text never changes.
 Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
-stays as context for the next decode.
+stays as context for the next decode. A sampled timestamp past the decoded audio is clamped to its end before it
+is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once (audio/repeats.py).
 
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
 every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none (a
@@ -30,7 +31,8 @@ from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscriptio
 from audio.encoder import fitted_context
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
-from audio.text_end import stopped_short
+from audio.repeats import without_repeats
+from audio.text_end import clamped_timestamps, stopped_short
 from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
@@ -230,7 +232,7 @@ class LiveTranscription:
         return self._tr.tokenizer.decode([t for t in tokens if t < eot])
 
     def _commit_text(self, tokens: list[int]) -> None:
-        text = self._text(tokens)
+        text = without_repeats("".join(self._utterance), self._text(tokens))
         if text:
             self._committed.append(text)
             self._utterance.append(text)
@@ -245,6 +247,12 @@ class LiveTranscription:
     def _stride(self) -> int:
         assert self._tr is not None
         return N_FRAMES // self._tr.loaded.model.dims.n_audio_ctx
+
+    def _clamped(self, tokens: list[int], seek: int, end: int, forced: int) -> list[int]:
+        """`tokens` with no sampled timestamp past `end` (the decoded audio's end) (text_end.clamped_timestamps)."""
+        assert self._tr is not None
+        return clamped_timestamps(tokens, self._tr.tokenizer.timestamp_begin,
+                                  (end - seek) // (self._stride() * HOP_LENGTH), forced)
 
     def _trim(self, result: WindowResult, end: int) -> None:
         """Finish the complete segments of the committed prefix once the open audio is longer than trim_s
@@ -284,6 +292,7 @@ class LiveTranscription:
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
         end = self._probed_at = self.timeline.length
+        seek = self._seek()
         result = None
         try:
             with anyio.CancelScope() as self._probe_scope:
@@ -297,7 +306,7 @@ class LiveTranscription:
             self._empty_guess = True
             self._set_tentative([])
             return
-        continuation = result.decoded.tokens[len(live.prefix):]
+        continuation = self._clamped(result.decoded.tokens[len(live.prefix):], seek, end, 0)
         n = live.agree(continuation)
         self._commit_text(continuation[:n])
         self._set_tentative(continuation[n:])
@@ -339,7 +348,7 @@ class LiveTranscription:
         seek = self._seek()
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
-            tokens = result.decoded.tokens
+            tokens = self._clamped(result.decoded.tokens, seek, limit, len(live.prefix))
             stop = stopped_short(tokens, tr.tokenizer.timestamp_begin, self._stride() * HOP_LENGTH, seek, limit,
                                  len(live.prefix)) if result.decoded.sampled else None
             short, keep = stop if stop is not None else (None, len(tokens))

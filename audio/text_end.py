@@ -7,7 +7,7 @@ from __future__ import annotations
 from audio.decoding import HOP_LENGTH
 from audio.pcm import SAMPLE_RATE
 
-__all__ = ["RETRY_TAIL_S", "stopped_short"]
+__all__ = ["RETRY_TAIL_S", "clamped_timestamps", "stopped_short"]
 
 RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
 
@@ -28,3 +28,12 @@ def stopped_short(tokens: list[int], timestamp_begin: int, samples_per_timestamp
     if not seek + HOP_LENGTH < end <= limit - RETRY_TAIL_S * SAMPLE_RATE:
         return None
     return end, last + 1
+
+
+def clamped_timestamps(tokens: list[int], timestamp_begin: int, last: int, forced: int = 0) -> list[int]:
+    """`tokens` with every sampled timestamp (after the `forced` prefix) past `last` (the timestamp of the decoded
+    audio's end) set to `last`. Over a cut context tiny.en closed a 4.8 s text at <|10.00|>, the context's end: forced
+    as the next decode's prefix, that claim made Whisper write nothing for the speech after it (two utterances lost
+    in one run). Raises nothing."""
+    cap = timestamp_begin + max(0, last)
+    return tokens[:forced] + [min(t, cap) if t >= timestamp_begin else t for t in tokens[forced:]]

@@ -235,6 +235,38 @@ async def test_a_final_decode_that_stops_short_is_decoded_again_from_where_its_t
     assert live.next_action(True) is None
 
 
+async def test_a_final_text_closed_past_the_audio_is_forced_as_ending_at_the_audio(
+        tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    ts = tokenizer_for(tiny_whisper, "en", "transcribe").timestamp_begin
+    # 2 s of speech whose text Whisper closes at 10 s (the cut context's end): the next decode's forced prefix
+    # closes it at 2 s, where the speech after it begins
+    live, scheduler, events = await live_text(tiny_whisper, [[ts, 1000, ts + 500], [ts + 100, 1002, ts + 150]])
+    live.add_speech(speech(2.0), 0)
+    live.add_pause()
+    await run_due(live)
+    live.add_speech(speech(1.0), 3 * SR)
+    live.add_pause()
+    await run_due(live)
+    assert [r.frames for r in scheduler.requests] == [200, 300]
+    assert list(scheduler.requests[1].prefix) == [ts, 1000, ts + 100]
+
+
+async def test_a_sentence_a_decode_writes_twice_is_committed_once(tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    said = tok.encode(" Ten of clubs.")
+    live, scheduler, events = await live_text(tiny_whisper, [[ts, *said, ts + 100, ts + 100, *said, ts + 150]])
+    live.add_speech(speech(3.0), 0)
+    live.add_pause()
+    await run_due(live)
+    assert live.committed_text() == " Ten of clubs."
+    assert [(e.item, e.text) for e in events if e.type == "utterance"] == [(0, " Ten of clubs.")]
+
+
 async def test_an_utterances_first_guess_comes_after_first_redecode_s(tiny_whisper: LoadedWhisper) -> None:
     from audio.decoding import tokenizer_for
 

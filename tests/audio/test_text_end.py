@@ -20,3 +20,14 @@ def test_a_final_text_stopped_short_ends_at_its_closing_timestamp_or_before_its_
     assert stopped_short([7, 11], begin, per, 0, 10 * 16000) is None  # no timestamp at all
     # the sampled text (after a forced prefix) has no timestamp: where it ends is not known, and it is all kept
     assert stopped_short(closed + [13, 14], begin, per, 0, 10 * 16000, forced=len(closed)) is None
+
+
+def test_sampled_timestamps_past_the_audio_are_clamped_to_its_end() -> None:
+    # tiny.en closed a 4.8 s text at the cut context's end (10 s): forced as the next prefix, nothing more was written
+    from audio.text_end import clamped_timestamps
+
+    begin = 50000
+    tokens = [begin, 7, begin + 500, begin + 500, 8, begin + 600]
+    assert clamped_timestamps(tokens, begin, 240) == [begin, 7, begin + 240, begin + 240, 8, begin + 240]
+    assert clamped_timestamps(tokens, begin, 240, forced=3) == tokens[:3] + [begin + 240, 8, begin + 240]
+    assert clamped_timestamps([7, begin + 3], begin, 240) == [7, begin + 3]  # within the audio: unchanged

@@ -1,0 +1,56 @@
+"""Text Whisper writes twice at a live decode's boundary: a decode that ends in silence or padding, or one run
+again from a timestamp that came early, repeats the sentence just before (" Ten of clubs. Ten of clubs.",
+" He was not an ill-disposed young man. Ill-disposed young man.") or starts again a few words back (" how much
+there might be. Much there might be prudently ..."). The repeat is left out of the committed text; the decoder's
+prefix keeps it, as that text matches the audio the next decode reads. whisper_streaming drops such overlaps the
+same way (n-grams at the start of new text equal to the end of committed text)."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "without_repeats"]
+
+MIN_WORDS = 2  # a repeated single word ("five. five.") may be speech: only longer sentences are dropped
+MIN_OVERLAP_WORDS = 3  # words a sentence at the boundary must share with the end of the one before to lose them
+_SENTENCE = re.compile(r"\s*[^.!?]*[.!?]+|\s*[^.!?]+$")
+_ENDS = (".", "!", "?")
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in (re.sub(r"[^a-z0-9']", "", raw.lower()) for raw in text.split()) if w]
+
+
+def _without_words(chunk: str, count: int) -> str:
+    """`chunk` without its first `count` whitespace-separated words, its leading space kept."""
+    raw = chunk.split()
+    return (" " if chunk[:1].isspace() else "") + " ".join(raw[count:])
+
+
+def without_repeats(before: str, new: str) -> str:
+    """`new` (text that follows `before` in one utterance) without each complete sentence of it whose words are the
+    end of the sentence just before it — the same sentence again, or its tail — and at least MIN_WORDS long; the
+    first sentence of `new` also loses leading words (at least MIN_OVERLAP_WORDS) that end the last sentence of
+    `before`. A sentence begun in `before` and ended in `new` is never touched. Raises nothing."""
+    chunks = _SENTENCE.findall(new)
+    if "".join(chunks) != new:  # not a split this function understands: keep the text as it is
+        return new
+    tail = _SENTENCE.findall(before)
+    previous = _words(tail[-1]) if tail else []
+    open_sentence = bool(before.strip()) and not before.rstrip().endswith(_ENDS)
+    kept: list[str] = []
+    for i, chunk in enumerate(chunks):
+        words = _words(chunk)
+        if i == 0 and open_sentence:
+            previous = previous + words
+        elif chunk.rstrip().endswith(_ENDS) and len(words) >= MIN_WORDS and previous[-len(words):] == words:
+            continue  # a repeat: `previous` stays the sentence it repeats
+        else:
+            if i == 0 and len(chunk.split()) == len(words):
+                overlap = max((k for k in range(MIN_OVERLAP_WORDS, len(words)) if previous[-k:] == words[:k]),
+                              default=0)
+                chunk = _without_words(chunk, overlap) if overlap else chunk
+                words = words[overlap:]
+            previous = words
+        kept.append(chunk)
+    return "".join(kept)

@@ -1,0 +1,30 @@
+"""audio/repeats.py: text Whisper writes twice at a live decode's boundary is committed once."""
+
+from __future__ import annotations
+
+from audio.repeats import without_repeats
+
+
+def test_a_sentence_said_again_right_after_itself_is_dropped() -> None:
+    assert without_repeats(" to be ill-disposed.", " Ten of clubs. Ten of clubs.") == " Ten of clubs."
+    # a decode run again from an early timestamp: its first sentence is the last one committed
+    assert without_repeats(" Four queen of clubs. Seven of clubs.", " Seven of clubs.") == ""
+    # again and again, and a tail of the sentence before
+    assert without_repeats("", " Five, five. Five, five. Five, five. Eight of spades.") == " Five, five. Eight of spades."
+    assert without_repeats("", " He was not an ill-disposed young man. He was not an ill-disposed young man."
+                               " Ill-disposed young man. Unless.") == " He was not an ill-disposed young man. Unless."
+
+
+def test_a_sentence_started_again_a_few_words_back_loses_those_words() -> None:
+    before = " And Mr. John Dashwood had then leisure to consider how much there might be."
+    assert without_repeats(before, " Much there might be prudently in his power.") == " prudently in his power."
+
+
+def test_speech_that_only_looks_alike_is_kept() -> None:
+    # one repeated word may be speech; a sentence begun before is not a repeat; different sentences stay
+    assert without_repeats(" Five.", " Five.") == " Five."
+    assert without_repeats(" Unless to be", " to be.") == " to be."
+    assert without_repeats(" Ten of clubs.", " Ten of spades. Ten of hearts.") == " Ten of spades. Ten of hearts."
+    assert without_repeats(" Ten of clubs.", " Of clubs and") == " Of clubs and"  # not a complete sentence
+    assert without_repeats(" It was red.", " Red and blue.") == " Red and blue."  # fewer than 3 words shared
+    assert without_repeats("", "") == ""
