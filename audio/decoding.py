@@ -74,6 +74,7 @@ class WindowedTranscription:
         self.prompt_reset_since = 0
         self.last_speech_timestamp = 0.0
         self.windows = 0
+        self.mel_ceiling: float | None = None  # the whole signal's log-mel peak, where it is known (a file)
         self.language: str | None = options.language or (None if loaded.model.is_multilingual else "en")
 
     @classmethod
@@ -127,7 +128,7 @@ class WindowedTranscription:
                              without_timestamps=o.without_timestamps,
                              compression_ratio_threshold=o.compression_ratio_threshold,
                              logprob_threshold=o.logprob_threshold, no_speech_threshold=o.no_speech_threshold,
-                             keep_features=o.word_timestamps, realtime=realtime)
+                             keep_features=o.word_timestamps, realtime=realtime, mel_ceiling=self.mel_ceiling)
 
     def adopt(self, result: WindowResult) -> None:
         """Take the language a window detected. Raises nothing."""

@@ -87,7 +87,8 @@ class WhisperScheduler:
         # The log-mel is host work (tens of ms): on a worker thread it no longer holds the engine thread.
         self._mels_pending += 1
         try:
-            mel = await anyio.to_thread.run_sync(log_mel, request.audio, loaded.model.dims.n_mels, request.frames)
+            mel = await anyio.to_thread.run_sync(log_mel, request.audio, loaded.model.dims.n_mels, request.frames,
+                                                 request.mel_ceiling)
         finally:
             self._mels_pending -= 1
             self._mel_done.set()

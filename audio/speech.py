@@ -21,6 +21,7 @@ from audio.batching import batched_windows
 from audio.buffers import AudioPool
 from audio.decoding import N_SAMPLES, WindowedTranscription
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
+from audio.mel import signal_ceiling
 from audio.pcm import SAMPLE_RATE
 from audio.scheduler import Pace, StepBudget, WhisperScheduler
 from audio.sessions import LiveConfig, LiveSession
@@ -63,6 +64,8 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     loaded = await residency.take()
     try:
         tr = await WindowedTranscription.start(loaded, options, timeline=timeline)
+        # transcribe() floors every window's log-mel below the whole signal's peak (audio/mel.py)
+        tr.mel_ceiling = await anyio.to_thread.run_sync(signal_ceiling, pcm, loaded.model.dims.n_mels)
         if options.batch_size > 1:
             async for new in batched_windows(tr, pcm, options.batch_size, scheduler, tasks):
                 yield new

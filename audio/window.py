@@ -62,6 +62,9 @@ class WindowRequest:
     # `redo_whole` is off (a live guess: the next one comes a second later, a redo would only delay it).
     audio_ctx: int | None = None
     redo_whole: bool = True
+    # The log10 mel peak the window's log-mel is floored 8 below (audio/mel.signal_ceiling: the whole file's, as
+    # transcribe() floors; None: the window's own, all a live session can know).
+    mel_ceiling: float | None = None
 
     def loops_over_cut_context(self, r: RowResult, eot: int) -> bool:
         """Over a cut encoder context, text tokens (below `eot`) repeating a short run: a failure that passes the

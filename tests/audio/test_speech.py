@@ -39,6 +39,27 @@ async def test_file_transcription_streams_windows_then_the_transcript(tiny_whisp
         assert speech.residency.loaded is None  # idle_unload 0
 
 
+async def test_every_window_of_a_file_is_floored_below_the_whole_files_peak(tiny_whisper_dir: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # transcribe()'s log-mel: a quiet first window before a loud second one is floored as mlx-whisper floors it
+    from audio import scheduler as scheduler_module
+    from audio.mel import log_mel, signal_ceiling
+
+    audio = voiced(45) * np.where(np.arange(45 * SR) < 30 * SR, 0.05, 1.0).astype(np.float32)
+    ceilings: list[float | None] = []
+
+    def spy(pcm: np.ndarray, n_mels: int, frames: int, ceiling: float | None = None) -> np.ndarray:
+        ceilings.append(ceiling)
+        return log_mel(pcm, n_mels, frames, ceiling)
+
+    monkeypatch.setattr(scheduler_module, "log_mel", spy)
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir)
+        options = speech.options(temperatures=(0.0,), without_timestamps=True, vad=False)
+        [item async for item in speech.transcribe_stream(audio, options)]
+    assert len(ceilings) >= 2 and ceilings == [pytest.approx(signal_ceiling(audio, 80))] * len(ceilings)
+
+
 async def test_vad_is_on_by_default_and_silence_never_reaches_whisper(tiny_whisper_dir: Path) -> None:
     faint = np.random.default_rng(0).normal(0, 0.003, 65 * SR).astype(np.float32)
     async with running_tasks() as tasks:
