@@ -1,9 +1,11 @@
 """Speech benchmark: `tandem transcribe`'s path vs `mlx_whisper.transcribe` on the same file and model in one
 run, and a live session's finish latency after the last chunk vs one window's decode time.
 
-    uv run python -m bench.speech [--model tiny.en] [--samples DIR] [--gap 6] [--pace 1.0]
+    uv run python -m bench.speech [--model tiny.en] [--samples DIR] [--gap 6] [--pace 1.0] [--no-vad]
+    uv run python -m bench.speech --audio FILE.wav --reference FILE.txt --no-vad   # any file, as mlx_whisper hears it
 
-The test file is the shared speech clips joined with `--gap` seconds of silence (~73 s, three windows).
+The test file is the shared speech clips joined with `--gap` seconds of silence (~73 s, three windows), or `--audio`
+with its reference text. `--no-vad`: tandem hears the whole signal, as mlx_whisper does (by default only the speech).
 mlx_whisper.transcribe gets the converted MLX dir of the same checkpoint (fp16=False on CPU). The session
 is fed 250 ms float32 chunks, paced at `--pace`× real time (0 = as fast as possible), as a microphone would.
 Prints one JSON document.
@@ -20,6 +22,10 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from engine.backend import ensure_fast_blas
+
+ensure_fast_blas()  # a script entry point: the fast BLAS must be loaded before mlx is imported below
 
 import anyio
 import numpy as np
@@ -133,7 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pace", type=float, default=1.0, help="session feed speed × real time (0: no pacing)")
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds per implementation (median reported)")
     p.add_argument("--batch-size", type=int, default=8, help="chunks per batched call for the batched row")
+    p.add_argument("--audio", type=Path, default=None, help="an audio file instead of the joined clips")
+    p.add_argument("--reference", type=Path, default=None, help="the reference text of --audio (required with it)")
+    p.add_argument("--no-vad", action="store_true", help="tandem hears the whole signal, as mlx_whisper does")
     args = p.parse_args(argv)
+    if (args.audio is None) != (args.reference is None):
+        p.error("--audio and --reference go together")
 
     from audio.speech import SpeechService
     from audio.whisper import default_dtype, resolve_whisper_checkpoint
@@ -141,7 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.runtime import Engine
     from bench.wer import wer
 
-    pcm, reference = _joined(Path(args.samples), args.gap)
+    if args.audio is not None:
+        from audio.pcm import load_audio_file
+
+        pcm, reference = load_audio_file(args.audio), args.reference.read_text().strip()
+    else:
+        pcm, reference = _joined(Path(args.samples), args.gap)
     dtype = default_dtype()
     path = resolve_whisper_checkpoint(args.model, dtype)
     audio_s = len(pcm) / SR
@@ -149,18 +165,18 @@ def main(argv: list[str] | None = None) -> int:
 
     engine = Engine(None)
     speech = SpeechService(engine.tasks, path, dtype=dtype, resident=True)
-    options = speech.options(language="en")
+    options = speech.options(language="en", vad=not args.no_vad)
     rounds = _file_rounds(engine, speech, path, pcm, options, dtype == "float16", args.repeats, args.batch_size)
     tandem_s, ref_s = statistics.median(rounds["ours"]), statistics.median(rounds["theirs"])
     tandem_text, ref_text = rounds["texts"]["ours"], rounds["texts"]["theirs"]
 
     engine2 = Engine(None)
     speech2 = SpeechService(engine2.tasks, path, dtype=dtype, resident=True)
-    session = _session(engine2, speech2, pcm, speech2.options(language="en"), args.pace)
+    session = _session(engine2, speech2, pcm, speech2.options(language="en", vad=not args.no_vad), args.pace)
 
     print(json.dumps({
         "machine": {"blas": blas_info().describe(), "dtype": dtype, "cpu_count": os.cpu_count()},
-        "audio_s": round(audio_s, 2),
+        "audio_s": round(audio_s, 2), "audio": str(args.audio or "joined clips"), "vad": not args.no_vad,
         "file": {
             "tandem_s": round(tandem_s, 3), "tandem_rtf": round(tandem_s / audio_s, 3),
             "mlx_whisper_s": round(ref_s, 3), "mlx_whisper_rtf": round(ref_s / audio_s, 3),
