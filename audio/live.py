@@ -31,7 +31,7 @@ from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscriptio
 from audio.encoder import fitted_context
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
-from audio.repeats import without_repeats
+from audio.repeats import as_committed, without_repeats
 from audio.text_end import clamped_timestamps, stopped_short
 from audio.window import WindowResult
 from audio.timeline import Timeline
@@ -392,4 +392,8 @@ class LiveTranscription:
         self._finish_all(self.timeline.length)
         t = self._tr.transcript(duration)
         t.text = self.committed_text()
+        # the segments come from the decoder's prefix, repeats included: each as the committed text holds it
+        texts = as_committed([s.text for s in t.segments], t.text)
+        kept = [(s, x) for s, x in zip(t.segments, texts) if x]
+        t.segments = [replace(s, id=i, text=x) for i, (s, x) in enumerate(kept)]
         return t

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "without_repeats"]
+__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "without_repeats"]
 
 MIN_WORDS = 2  # a repeated single word ("five. five.") may be speech: only longer sentences are dropped
 MIN_OVERLAP_WORDS = 3  # words a sentence at the boundary must share with the end of the one before to lose them
@@ -54,3 +54,29 @@ def without_repeats(before: str, new: str) -> str:
             previous = words
         kept.append(chunk)
     return "".join(kept)
+
+
+def as_committed(pieces: list[str], committed: str) -> list[str]:
+    """Each of `pieces` (a live transcript's segment texts in order, repeats included) as `committed` (the text
+    committed from the same decodes, repeats left out) holds it: unchanged where the committed text goes on with it,
+    without its repeats (`without_repeats` against the piece before) where it goes on with that, "" where that is
+    nothing. A piece the committed text does not go on with either way is kept as it is. Raises nothing."""
+    out: list[str] = []
+    cursor, before = 0, ""
+    for piece in pieces:
+        rest = committed[cursor:]
+        trimmed = without_repeats(before, piece)
+        before = piece
+        if rest.startswith(piece):
+            out.append(piece)
+            cursor += len(piece)
+        elif not trimmed.strip():
+            out.append("")
+        elif rest.startswith(trimmed):
+            out.append(trimmed)
+            cursor += len(trimmed)
+        else:
+            out.append(piece)
+            found = rest.find(piece)
+            cursor += found + len(piece) if found >= 0 else 0
+    return out

@@ -265,6 +265,10 @@ async def test_a_sentence_a_decode_writes_twice_is_committed_once(tiny_whisper: 
     await run_due(live)
     assert live.committed_text() == " Ten of clubs."
     assert [(e.item, e.text) for e in events if e.type == "utterance"] == [(0, " Ten of clubs.")]
+    # the transcript's segments (from the decoder's prefix, which keeps the repeat) say what the text says
+    transcript = live.transcript(3.0)
+    assert transcript.text == " Ten of clubs." and [s.text for s in transcript.segments] == [" Ten of clubs."]
+    assert [s.id for s in transcript.segments] == [0]
 
 
 async def test_an_utterances_first_guess_comes_after_first_redecode_s(tiny_whisper: LoadedWhisper) -> None:

@@ -28,3 +28,17 @@ def test_speech_that_only_looks_alike_is_kept() -> None:
     assert without_repeats(" Ten of clubs.", " Of clubs and") == " Of clubs and"  # not a complete sentence
     assert without_repeats(" It was red.", " Red and blue.") == " Red and blue."  # fewer than 3 words shared
     assert without_repeats("", "") == ""
+
+
+def test_a_live_transcripts_segments_are_held_as_the_committed_text_holds_them() -> None:
+    from audio.repeats import as_committed
+
+    # a segment that only repeats goes; one that holds a repeat loses it; a repeat the text kept (across
+    # utterances) stays; segments the text does not go on with are kept as they are
+    assert as_committed([" Ten of clubs.", " Ten of clubs.", " Four queen."], " Ten of clubs. Four queen.") == [
+        " Ten of clubs.", "", " Four queen."]
+    assert as_committed([" He was a man. He was a man.", " Unless."], " He was a man. Unless.") == [
+        " He was a man.", " Unless."]
+    assert as_committed([" Seven of clubs.", " Seven of clubs."], " Seven of clubs. Seven of clubs.") == [
+        " Seven of clubs.", " Seven of clubs."]
+    assert as_committed([" a b", " c d."], " other") == [" a b", " c d."]
