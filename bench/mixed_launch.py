@@ -13,7 +13,10 @@ import statistics
 import time
 from typing import Any
 
-import engine  # noqa: F401  (fast BLAS before mlx on Linux CPU)
+from engine.backend import ensure_fast_blas
+
+ensure_fast_blas()  # a script entry point: the fast BLAS must be loaded before mlx is imported below
+
 import mlx.core as mx
 
 __all__ = ["main", "trial"]

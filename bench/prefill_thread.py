@@ -16,7 +16,10 @@ import threading
 import time
 from typing import Any
 
-import engine  # noqa: F401  (fast BLAS before mlx on Linux CPU)
+from engine.backend import ensure_fast_blas
+
+ensure_fast_blas()  # a script entry point: the fast BLAS must be loaded before mlx is imported below
+
 import mlx.core as mx
 
 __all__ = ["main"]
