@@ -8,7 +8,7 @@ from bench import prefill_chunk
 
 
 def test_measures_both_modes_at_each_offset(tiny_llm_dir, tmp_path, monkeypatch) -> None:
-    monkeypatch.delenv("TANDEM_PREFILL_ATTENTION", raising=False)
+    monkeypatch.setenv("TANDEM_PREFILL_ATTENTION", "sdpa")  # the bench sets it: undone after the test
     out = tmp_path / "rows.json"
     assert prefill_chunk.main([str(tiny_llm_dir), "--chunk", "4", "--offsets", "0,8", "--repeats", "1",
                                "--rounds", "2", "--out", str(out)]) == 0
