@@ -23,7 +23,6 @@ import mlx.nn as nn
 
 from engine.compiled_decode import CompiledDecode, compile_enabled, compile_forced
 from engine.fused import FusedLinear, fused_mlp, heads
-from engine.prefill_attention import grouped_attention, grouped_causal_mask, grouped_enabled
 from engine.slots import DecodeBatch, SlotKV
 
 if TYPE_CHECKING:
@@ -139,7 +138,6 @@ class PackedRunner:
         self.compiled = CompiledDecode(self, self.slots, gather=compile_forced()) \
             if self.slots is not None and compile_enabled() else None
         self.turns: DecodeFirst | None = None  # set by a group with a prefill lane (engine/lane.py)
-        self.grouped = grouped_enabled()  # one row's prompt chunks attend as strided batches (prefill_attention.py)
 
     def forward(self, segments: Sequence[Segment]) -> mx.array | None:
         """Packed forward; see module doc. With `turns` (the prefill lane's DecodeFirst), a decode thread's build
@@ -220,9 +218,9 @@ class PackedRunner:
 
     def _attention(self, attn: Any, proj: FusedLinear, x: mx.array, segments: Sequence[Segment],
                    bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
-                   masks: dict[Any, mx.array]) -> mx.array:
+                   masks: dict[int, mx.array]) -> mx.array:
         if len(segments) == 1:
-            return self._attention_one(attn, proj, x, segments[0].layer(li), T, masks if self.grouped else None)
+            return self._attention_one(attn, proj, x, segments[0].layer(li), T)
         # (T, heads, 1, hd): each token its own "batch" entry, so RoPE takes one offset per token (without `pos`,
         # a RoPE kind that takes no per-token offsets, each segment is rotated below); then (1, heads, T, hd).
         q, k, v = (a.transpose(2, 1, 0, 3) for a in heads(attn, proj, x, T, pos))
@@ -241,7 +239,7 @@ class PackedRunner:
 
     def _attention_slots(self, slots: SlotKV, attn: Any, q: mx.array, k: mx.array, v: mx.array,
                          rest: Sequence[Segment], bounds: list[tuple[int, int]], li: int, T: int,
-                         batch: DecodeBatch, masks: dict[Any, mx.array]) -> mx.array:
+                         batch: DecodeBatch, masks: dict[int, mx.array]) -> mx.array:
         # Tokens 0..B-1 are the decode rows (one slot each); the rest are per-row prefill chunks.
         B = batch.rows
         qb, kb, vb = (q, k, v) if B == T else (q[:B], k[:B], v[:B])
@@ -262,11 +260,9 @@ class PackedRunner:
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
     @staticmethod
-    def _attention_one(attn: Any, proj: FusedLinear, x: mx.array, cache: Any, T: int,
-                       grouped: dict[Any, mx.array] | None = None) -> mx.array:
+    def _attention_one(attn: Any, proj: FusedLinear, x: mx.array, cache: Any, T: int) -> mx.array:
         # One row: mlx-lm's own layout and op count (no per-token RoPE, no slicing); with a fused projection, q's
-        # and k's heads are views of it rotated by one RoPE call. `grouped`: a prompt chunk attends as one strided
-        # batch (engine/prefill_attention.py), its mask kept there for the forward's other layers.
+        # and k's heads are views of it rotated by one RoPE call.
         nh, nkv = attn.n_heads, attn.n_kv_heads
         if proj.fused and not hasattr(attn, "q_norm"):
             y = proj.project(x).reshape(1, T, nh + 2 * nkv, -1).transpose(0, 2, 1, 3)
@@ -283,13 +279,7 @@ class PackedRunner:
             q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
             k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        if grouped is not None and T > 1:
-            key = ("grouped", T, k.shape[2])
-            if key not in grouped:
-                grouped[key] = grouped_causal_mask(T, k.shape[2], nh // nkv)
-            o = grouped_attention(q, k, v, attn.scale, grouped[key])
-        else:
-            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal" if T > 1 else None)
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask="causal" if T > 1 else None)
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
 
@@ -298,7 +288,7 @@ def _causal_mask(offset: int, n: int) -> mx.array:
     return mx.arange(offset, offset + n)[:, None] >= mx.arange(offset + n)[None]
 
 
-def _chunk_mask(masks: dict[Any, mx.array], seg: Segment, n: int, keys: mx.array) -> mx.array | str | None:
+def _chunk_mask(masks: dict[int, mx.array], seg: Segment, n: int, keys: mx.array) -> mx.array | str | None:
     """The chunk's precomputed mask when it matches the keys the cache returned (else "causal"); None for one
     token, which sees every key."""
     if n <= 1:
