@@ -3,7 +3,8 @@
 The open audio (after the transcription's seek) is re-decoded as it grows. Tokens already committed in it
 are forced at the start of the next decode (a decoder prefix), so every hypothesis starts with the committed
 text and the rest — the continuation — is all that can change. Two consecutive continuations' longest common
-prefix, cut back to a word boundary, is committed. Once committed tokens hold a complete segment (a pair of
+prefix, cut back to a word boundary, is committed — less its last word when it is all the newer decode wrote (a word
+at the audio's edge, often given a sentence end it does not have). Once committed tokens hold a complete segment (a pair of
 timestamps), the audio up to that segment's end is finished: the caller trims there and the prefix moves with
 it (its timestamps shifted to the new window start).
 """
@@ -66,6 +67,12 @@ class LiveText:
             while n > 0 and not (n < len(continuation) and n < len(previous)
                                  and self.starts_word(continuation[n]) and self.starts_word(previous[n])):
                 n -= 1
+            eot = self.tokenizer.eot
+            if n and not any(t < eot for t in continuation[n:]):
+                # The agreed text is all the newer decode wrote: its last word, at the audio's edge, waits for a
+                # decode that writes on after it (two guesses ending "might be." committed a period mid-sentence).
+                n = max((j for j in range(n) if continuation[j] < eot and self.starts_word(continuation[j])),
+                        default=0)
         self.prefix.extend(continuation[:n])
         self.previous = continuation[n:]
         return n

@@ -47,6 +47,19 @@ def test_agreement_commits_only_what_two_decodes_share_up_to_a_word_start() -> N
     assert live.agree([4, 5, 8]) == 2 and live.prefix == [TS, 2, 3, 4, 5] and live.previous == [8]
 
 
+def test_agreed_text_that_is_all_the_newer_decode_wrote_keeps_its_last_word_tentative() -> None:
+    # two guesses both ending " w2 w4-5" (a sentence end at the audio's edge): " w4-5" waits for a decode that
+    # writes on after it, and that decode commits it
+    live = LiveText(Words())
+    assert live.agree([TS, 2, 4, 5, TS + 30]) == 0
+    assert live.agree([TS, 2, 4, 5, TS + 30]) == 2 and live.prefix == [TS, 2] and live.previous == [4, 5, TS + 30]
+    assert live.agree([4, 5, 6, TS + 40]) == 2 and live.prefix == [TS, 2, 4, 5] and live.previous == [6, TS + 40]
+    # with only its first word agreed and nothing after it, nothing is committed
+    live = LiveText(Words())
+    live.agree([2, 3])
+    assert live.agree([2, 3]) == 0 and live.prefix == []
+
+
 def test_trim_drops_finished_tokens_and_shifts_timestamps() -> None:
     live = LiveText(Words())
     live.prefix, live.previous = [TS, 2, TS + 40, TS + 40, 4], [6, TS + 60]
