@@ -50,19 +50,23 @@ def _log10_mel(x: np.ndarray, n_frames: int, n_mels: int) -> np.ndarray:
 def signal_ceiling(audio: np.ndarray, n_mels: int) -> float:
     """The peak log10 mel power of the whole signal, as mlx-whisper's transcribe() computes it (the signal and 30 s
     of zeros, reflect padded): it floors every window 8 below this peak, not below the window's own. Computed a
-    window's frames at a time (memory stays one window's). Thread-safe. Raises ValueError as log_mel does."""
+    window's frames at a time from slices of `audio` (memory stays one window's; no copy of the signal). Thread-safe.
+    Raises ValueError as log_mel does."""
     if n_mels not in (80, 128):
         raise ValueError(f"no mel filterbank for n_mels={n_mels}")
     a = np.asarray(audio, np.float32)
     pad = N_FFT // 2
     start = np.zeros(pad + 1, np.float32)
     start[: min(len(a), pad + 1)] = a[: pad + 1]
-    x = np.concatenate([start[1:][::-1], a, np.zeros(N_FFT, np.float32)])  # zeros after: frames past them are silent
+    lead = start[1:][::-1]  # the reflection before sample 0 (samples -pad..-1)
     frames = (len(a) + pad) // HOP_LENGTH + 1  # every frame that reads a sample of the signal
     top = -10.0  # log10 of the power floor
     for f0 in range(0, frames, N_FRAMES):
         f1 = min(frames, f0 + N_FRAMES)
-        top = max(top, float(_log10_mel(x[f0 * HOP_LENGTH: (f1 - 1) * HOP_LENGTH + N_FFT], f1 - f0, n_mels).max()))
+        lo, hi = f0 * HOP_LENGTH - pad, (f1 - 1) * HOP_LENGTH + N_FFT - pad  # the samples these frames read
+        x = np.concatenate([lead[max(0, lo + pad):], a[max(0, lo):min(hi, len(a))],
+                            np.zeros(max(0, hi - max(lo, len(a))), np.float32)])  # zeros after the signal
+        top = max(top, float(_log10_mel(x, f1 - f0, n_mels).max()))
     return top
 
 
