@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence, Union
 
 __all__ = [
@@ -59,6 +59,18 @@ class OutputMarkers:
     @property
     def has_thinking(self) -> bool:
         return self.think_start is not None
+
+    def with_json_tool_calls(self) -> "OutputMarkers":
+        """These markers with tool calls as <tool_call> JSON (mlx-lm's json_tools parser): for a model told of its
+        tools in the prompt because its chat template takes none. Raises nothing."""
+        from mlx_lm.tool_parsers import json_tools
+
+        return replace(self, tool_call_start=json_tools.tool_call_start, tool_call_end=json_tools.tool_call_end,
+                       tool_parser=json_tools.parse_tool_call)
+
+    def without_tool_calls(self) -> "OutputMarkers":
+        """These markers with no tool calls: what would be one is content (tool_choice "none"). Raises nothing."""
+        return replace(self, tool_call_start=None, tool_call_end=None, tool_parser=None)
 
 
 def starts_in_reasoning(tokenizer: Any, prompt_tokens: Sequence[int]) -> bool:

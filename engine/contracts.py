@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 
 __all__ = [
     "SamplingParams",
+    "TokenLogprob",
     "GenerationRequest",
     "Delta",
     "FinishReason",
@@ -35,6 +36,18 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None
+    # None: no log probabilities; k: each sampled token's, with the k likeliest (0..20) beside it.
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log probability under the model (its raw logits, before any sampling setting), and the
+    likeliest tokens' as (token id, log probability), likeliest first."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -66,6 +79,8 @@ class Delta:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    # Rows that asked for log probabilities: one per token that produced text here (not a stop token's).
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class ExecutionContext(Protocol):

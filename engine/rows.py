@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.contracts import Delta, GenerationRequest
+from engine.contracts import Delta, GenerationRequest, TokenLogprob
 from engine.sampling import RowSampler, StopMatcher
 
 __all__ = ["Row", "RowState", "LLMRowStream", "plan_iteration"]
@@ -48,6 +48,7 @@ class Row:
     in_lane: bool = False
     generated: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)
+    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
 
     @classmethod

@@ -3,7 +3,9 @@
 `RowSampler` turns one row's logits into a token (lazily: nothing is evaluated here) applying, in order:
 logit_bias, repetition penalty (prompt + generated tokens), presence/frequency penalties (generated
 tokens), temperature, then top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the
-row's own PRNG key when seeded, so a seeded row reproduces whatever its batch mates are.
+row's own PRNG key when seeded, so a seeded row reproduces whatever its batch mates are. A row that asked for
+log probabilities also gets, lazily beside its token, the token's log probability under the raw logits and the
+k likeliest tokens' (`take_logprob` reads them once the token is read).
 
 `StopMatcher` turns sampled tokens into text: streaming detokenization through mlx-lm's detokenizers
 (never splits a UTF-8 character), stop token ids, stop strings with hold-back, and max_tokens.
@@ -13,15 +15,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from engine.contracts import FinishReason, SamplingParams
+from engine.contracts import FinishReason, SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
 
-__all__ = ["RowSampler", "StopMatcher", "StepText", "sample_rows", "validate_sampling"]
+__all__ = ["RowSampler", "StopMatcher", "StepText", "sample_rows", "validate_sampling", "MAX_TOP_LOGPROBS"]
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
 
 def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
@@ -36,6 +40,8 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
         raise InvalidSampling("min_p must be in [0, 1]", param="min_p")
     if params.repetition_penalty <= 0:
         raise InvalidSampling("repetition_penalty must be > 0", param="repetition_penalty")
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidSampling(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
     for tok in (params.logit_bias or {}):
         if not 0 <= int(tok) < vocab_size:
             raise InvalidSampling(f"logit_bias token id {tok} is outside the vocabulary (0..{vocab_size - 1})",
@@ -54,6 +60,8 @@ class RowSampler:
         self._seen: set[int] = set(prompt_tokens) if params.repetition_penalty != 1.0 else set()
         self._seen_arr: mx.array | None = None
         self._counts: Counter[int] = Counter()
+        # The last sampled token's (log probability, top ids, top log probabilities), lazy until read.
+        self._logprob: tuple[mx.array, mx.array, mx.array] | None = None
         top_k = params.top_k if 0 < params.top_k < vocab_size else 0
         self._filters = []
         if params.temperature > 0:
@@ -66,20 +74,28 @@ class RowSampler:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no logits processing: batch mates can share one argmax."""
+        """Greedy with no logits processing: batch mates can share one argmax. (A row that wants log
+        probabilities samples on its own and is read before it samples again: never plain.)"""
         p = self.params
-        return (p.temperature == 0 and self._bias is None and p.repetition_penalty == 1.0
+        return (p.temperature == 0 and p.logprobs is None and self._bias is None and p.repetition_penalty == 1.0
                 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
 
     @property
     def plain(self) -> bool:
         """Greedy or plain temperature, unseeded, no processors: batch mates share one draw."""
-        return self.plain_greedy or (self.params.temperature > 0 and self._key is None and not self._filters
+        return self.plain_greedy or (self.params.temperature > 0 and self.params.logprobs is None
+                                     and self._key is None and not self._filters
                                      and self._bias is None and self.params.repetition_penalty == 1.0
                                      and self.params.presence_penalty == 0.0 and self.params.frequency_penalty == 0.0)
 
     def sample(self, logits: mx.array) -> mx.array:
         """Sample from one row's logits, shape (1, vocab) → (1,) token array, unevaluated. Raises nothing."""
+        token = self._draw(logits)
+        if self.params.logprobs is not None:
+            self._logprob = _logprobs(logits, token, self.params.logprobs)
+        return token
+
+    def _draw(self, logits: mx.array) -> mx.array:
         p = self.params
         if self._bias is not None:
             logits = logits.at[:, self._bias[0]].add(self._bias[1])
@@ -106,9 +122,21 @@ class RowSampler:
         return mx.random.categorical(x)
 
     def arrays(self) -> list[mx.array]:
-        """The arrays this sampler keeps between tokens (a seeded row's random key), to evaluate on the thread
-        that sampled before another thread samples next. Raises nothing."""
-        return [self._key] if self._key is not None else []
+        """The arrays this sampler keeps between tokens (a seeded row's random key, the last token's log
+        probabilities), to evaluate on the thread that sampled before another thread samples next. Raises nothing."""
+        return ([self._key] if self._key is not None else []) + list(self._logprob or ())
+
+    def take_logprob(self, token: int) -> TokenLogprob | None:
+        """The log probabilities computed beside `token` (the one just read), once; None when not asked for.
+        Blocks until they are evaluated. Raises nothing of its own."""
+        if self._logprob is None:
+            return None
+        chosen, ids, values = self._logprob
+        self._logprob = None
+        top_ids = cast(list[int], ids.tolist())
+        top_values = cast(list[float], values.tolist())
+        return TokenLogprob(token, float(cast(float, chosen.item())),
+                            tuple((int(i), float(v)) for i, v in zip(top_ids, top_values)))
 
     def accept(self, token: int) -> None:
         """Record a sampled token so the penalties see it. Raises nothing."""
@@ -117,6 +145,21 @@ class RowSampler:
             self._seen_arr = None
         if self.params.presence_penalty or self.params.frequency_penalty:
             self._counts[token] += 1
+
+
+def _logprobs(logits: mx.array, token: mx.array, k: int) -> tuple[mx.array, mx.array, mx.array]:
+    """(the token's log probability, the k likeliest ids, their log probabilities), lazily, from one row's raw
+    logits (1, vocab) as mlx-lm's server reports them. Raises nothing."""
+    x = logits[0].astype(mx.float32)
+    logp = x - mx.logsumexp(x)
+    chosen = logp[token[0]]
+    k = min(k, x.shape[-1])
+    if k == 0:
+        return chosen, mx.zeros((0,), mx.int32), mx.zeros((0,), mx.float32)
+    ids = mx.argpartition(-logp, k - 1)[:k]
+    values = logp[ids]
+    order = mx.argsort(-values)
+    return chosen, ids[order], values[order]
 
 
 def sample_rows(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:

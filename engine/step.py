@@ -250,8 +250,10 @@ class BatchStep:
         # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
+        # Rows that asked for log probabilities: computed in the same launch as their tokens.
+        extra = [a for r in sampled if r.sampler.params.logprobs is not None for a in r.sampler.arrays()]
         with self.pipeline.quick_return.around():  # the GIL back quickly, where asked (engine/gil.py)
-            mx.async_eval(([tokens] if tokens is not None else []) + touched, mx.random.state)
+            mx.async_eval(([tokens] if tokens is not None else []) + touched + extra, mx.random.state)
         self.record.tick("launch", t)
         n_decode = sum(1 for r, _, _ in plan if r.decoding)
         n_prompt = self._fed_prompts(plan)
@@ -323,15 +325,21 @@ class BatchStep:
         row.generated.append(token)
         row.last_token = token
         row.unsent_ids.append(token)
+        logprob = row.sampler.take_logprob(token)
         at_limit = len(row.prompt) + len(row.generated) >= self.context_length
         step = row.stopper.add(token, at_context_limit=at_limit)
+        if logprob is not None and token not in row.stopper.stop_ids:  # a stop token is no part of the text
+            row.unsent_logprobs.append(logprob)
         if step.finish_reason is not None:
             row.finish()
             self.kv.put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
         elif not step.text:
             return None  # held back (partial character or possible stop string): nothing to show yet
         ids, row.unsent_ids = row.unsent_ids, []
-        return row_delta(row, step.text, ids, step.finish_reason)
+        delta = row_delta(row, step.text, ids, step.finish_reason)
+        if row.unsent_logprobs:
+            delta.logprobs, row.unsent_logprobs = row.unsent_logprobs, []
+        return delta
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int,
                 mixed: int | None = None) -> list[tuple[Row, Delta]]:

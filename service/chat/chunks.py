@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from service.chat.schemas import ChatCompletionChunk, ChoiceDelta, ChunkChoice, FinishReason
+from service.chat.schemas import ChatCompletionChunk, ChoiceDelta, ChoiceLogprobs, ChunkChoice, FinishReason
 from service.chat.stream import ResponseMeta
 from service.http.sse import sse_data
 
@@ -23,16 +23,18 @@ class ChunkEncoder:
         self._head = b"data: " + head[:-1].encode() + b',"choices":[{"index":0,"delta":{"'
         self._tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 
-    def encode(self, delta: ChoiceDelta, finish: FinishReason | None = None) -> bytes:
+    def encode(self, delta: ChoiceDelta, finish: FinishReason | None = None,
+               logprobs: ChoiceLogprobs | None = None) -> bytes:
         """One event; the same JSON object ChatCompletionChunk would give. Raises nothing."""
-        if finish is None and delta.role is None and delta.tool_calls is None:
+        if finish is None and delta.role is None and delta.tool_calls is None and logprobs is None:
             if delta.reasoning_content is None and delta.content is not None:
                 return self._text(b"content", delta.content)
             if delta.content is None and delta.reasoning_content is not None:
                 return self._text(b"reasoning_content", delta.reasoning_content)
         meta = self.meta
         return sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
-                                            choices=[ChunkChoice(delta=delta, finish_reason=finish)]))
+                                            choices=[ChunkChoice(delta=delta, finish_reason=finish,
+                                                                 logprobs=logprobs)]))
 
     def _text(self, field: bytes, text: str) -> bytes:
         return self._head + field + b'":' + json.dumps(text, ensure_ascii=False).encode() + self._tail

@@ -14,10 +14,11 @@ from litestar import Request, Response, post
 
 from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
-from service.chat.schemas import Completion, CompletionChoice, CompletionRequest, FinishReason
+from service.chat.logprobs import TokenPieces, completion_logprobs, requested_logprobs, token_pieces
+from service.chat.schemas import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, FinishReason
 from service.chat.respond import respond
-from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, row_texts
-from service.http.access_log import record_tokens
+from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
+from service.http.access_log import record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
@@ -50,27 +51,33 @@ async def _prompt_tokens(state: AppState, engine: ChatEngine, body: CompletionRe
     return [int(t) for t in encoded], text
 
 
-def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None) -> bytes:
+def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None,
+           logprobs: CompletionLogprobs | None = None) -> bytes:
     return sse_data(
         Completion(
             id=meta.id,
             created=meta.created,
             model=meta.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish)],
+            choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)],
         )
     )
 
 
 async def _events(
-    reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str
+    reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str,
+    pieces: TokenPieces | None = None,
 ) -> AsyncGenerator[bytes, None]:
     try:
         if echo:
             yield _chunk(meta, echo)
         finish: str | None = None
+        offset = len(echo)
         async for text, finish in reader.items():
-            if text:
-                yield _chunk(meta, text)
+            tokens = reader.take_logprobs() if pieces is not None else []
+            if text or tokens:
+                logprobs = completion_logprobs(pieces, tokens, offset) if pieces is not None else None
+                offset += sum(len(token) for token in logprobs.tokens) if logprobs is not None else 0
+                yield _chunk(meta, text, logprobs=logprobs)
         yield _chunk(meta, "", "length" if finish == "length" else "stop")
         if include_usage:
             yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage()))
@@ -81,15 +88,18 @@ async def _events(
 
 
 async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str,
-                   timing: StreamTiming) -> Completion:
+                   timing: StreamTiming, pieces: TokenPieces | None = None) -> Completion:
     parts, finish = [echo], None
-    async for text, finish in row_texts(stream, counter, timing):
+    reader = RowReader(stream, counter, timing)
+    async for text, finish in reader.items():
         parts.append(text)
+    logprobs = completion_logprobs(pieces, reader.take_logprobs(), len(echo)) if pieces is not None else None
     return Completion(
         id=meta.id,
         created=meta.created,
         model=meta.model,
-        choices=[CompletionChoice(text="".join(parts), finish_reason="length" if finish == "length" else "stop")],
+        choices=[CompletionChoice(text="".join(parts), finish_reason="length" if finish == "length" else "stop",
+                                  logprobs=logprobs)],
         usage=counter.usage(),
     )
 
@@ -112,13 +122,19 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl")
     counter = UsageCounter()
     record_tokens(request, counter.totals)
+    record_user(request, data.user or data.safety_identifier)
     echoes: list[str] = []
+    if data.echo and data.logprobs is not None:
+        raise APIError(400, "logprobs: the prompt's log probabilities are not computed, so logprobs cannot be given "
+                            "with echo", param="logprobs", code="unsupported_value")
+    logprobs = requested_logprobs(data.logprobs)
+    pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
 
     async def submit_row() -> RowStream:
         prompt, prompt_text = await _prompt_tokens(state, engine, data)
         counter.prompt_tokens = len(prompt)
         generation = generation_request(engine, data, prompt, data.max_tokens or 16, param="prompt",
-                                        tenant=client_key(request))
+                                        tenant=client_key(request), logprobs=logprobs)
         echoes.append(prompt_text if data.echo else "")
         stream = submit(engine, generation, param="prompt")
         observe_queue_wait(state, timing)
@@ -127,5 +143,6 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0])) if data.stream else None,
-        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing))
+        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces))
+        if data.stream else None,
+        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces))

@@ -44,27 +44,38 @@ class PlainSplitter:
 class ChatTranslator:
     """One reply's translator: feed() engine text, finish() once; `message()` gives the whole reply."""
 
-    def __init__(self, splitter: Splitter | None = None) -> None:
+    def __init__(self, splitter: Splitter | None = None, *, one_call: bool = False) -> None:
         self._splitter: Splitter = splitter or PlainSplitter()
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, tuple[str, str, list[str]]] = {}
+        self._one_call = one_call
+        # True once the reply has said all it may (parallel_tool_calls false: a second call began): stop the row.
+        self.done = False
 
     @classmethod
-    def for_request(cls, tokenizer: Any, prompt_tokens: Sequence[int], tools: Any = None) -> "ChatTranslator":
-        """The translator for a reply of `tokenizer`'s model family. Raises nothing."""
+    def for_request(cls, tokenizer: Any, prompt_tokens: Sequence[int], tools: Any = None, *,
+                    calls: bool = True, one_call: bool = False, json_calls: bool = False) -> "ChatTranslator":
+        """The translator for a reply of `tokenizer`'s model family. `calls` false (tool_choice "none"): tool-call
+        markers are content; `one_call` (parallel_tool_calls false): the reply ends after its first call;
+        `json_calls`: the tools were described in the prompt (service/chat/prompt.py with_tool_prompt), so calls
+        are <tool_call> JSON, parsed with mlx-lm's json_tools. Raises nothing."""
         try:
             from engine.chat_output import ChatOutputSplitter, OutputMarkers, starts_in_reasoning
 
             markers = OutputMarkers.from_tokenizer(tokenizer)
+            if json_calls:
+                markers = markers.with_json_tool_calls()
+            if not calls:
+                markers = markers.without_tool_calls()
             if markers.has_thinking or markers.tool_call_start:
                 splitter = ChatOutputSplitter(
                     markers, tools=tools, in_reasoning=starts_in_reasoning(tokenizer, prompt_tokens)
                 )
-                return cls(splitter)
+                return cls(splitter, one_call=one_call)
         except Exception:  # a tokenizer without the attributes: plain content
             pass
-        return cls()
+        return cls(one_call=one_call)
 
     @property
     def has_tool_calls(self) -> bool:
@@ -99,6 +110,11 @@ class ChatTranslator:
     def _translate(self, events: list[OutputEvent]) -> list[ChoiceDelta]:
         deltas: list[ChoiceDelta] = []
         for event in events:
+            if self.done:
+                break
+            if self._one_call and isinstance(event, ToolCallStart) and self._calls:
+                self.done = True  # a second call: the reply ends with the first
+                break
             if isinstance(event, ContentText):
                 if event.text:
                     self._content.append(event.text)

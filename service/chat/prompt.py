@@ -16,7 +16,9 @@ __all__ = [
     "has_chat_template",
     "template_messages",
     "template_kwargs",
+    "template_variables",
     "request_tools",
+    "with_tool_prompt",
     "render_text",
     "encode_rendered",
     "render_prompt",
@@ -73,18 +75,79 @@ def _arguments(arguments: str | dict[str, Any]) -> Any:
     return arguments
 
 
-def template_kwargs(body: ChatCompletionRequest) -> dict[str, Any]:
-    """Extra template variables of a request (`chat_template_kwargs`; reasoning_effort "none" switches
-    thinking off where the template reads `enable_thinking`). Raises nothing."""
+def template_kwargs(body: ChatCompletionRequest, variables: frozenset[str] | None = None,
+                    thinks: bool = False) -> dict[str, Any]:
+    """Extra template variables of a request: `chat_template_kwargs`, and `reasoning_effort` where the template
+    reads it (else "none" sets `enable_thinking` false, another effort sets it true). `variables`: what the
+    template reads (None: unknown, nothing refused); `thinks`: the model writes thinking blocks.
+
+    Raises ValueError naming the field when the template reads neither variable and the effort cannot be had:
+    thinking that cannot be switched off, or an effort for a model that does not think."""
     kwargs = dict(body.chat_template_kwargs or {})
-    if body.reasoning_effort == "none":
-        kwargs.setdefault("enable_thinking", False)
+    effort = body.reasoning_effort
+    if effort is None:
+        return kwargs
+    reads = (lambda name: True) if variables is None else variables.__contains__
+    if variables is not None and "reasoning_effort" in variables:
+        kwargs.setdefault("reasoning_effort", effort)
+    elif reads("enable_thinking"):
+        kwargs.setdefault("enable_thinking", effort != "none")
+    elif effort == "none" and thinks:
+        raise ValueError("reasoning_effort: this model thinks and its chat template has no switch to turn that off")
+    elif effort != "none" and not thinks:
+        raise ValueError("reasoning_effort: this model does not reason (its chat template has no reasoning setting)")
     return kwargs
 
 
+def template_variables(tokenizer: Any) -> frozenset[str] | None:
+    """The variables the tokenizer's chat template reads (every named template's, for several), or None when
+    there is no template or it cannot be parsed. Raises nothing."""
+    source = getattr(tokenizer, "chat_template", None)
+    if source is None:
+        source = getattr(getattr(tokenizer, "_tokenizer", None), "chat_template", None)
+    found = list(source.values()) if isinstance(source, dict) else [source]
+    sources = [text for text in found if isinstance(text, str) and text]
+    if not sources or len(sources) != len(found):
+        return None
+    try:
+        from jinja2 import meta
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
+        names: set[str] = set()
+        for text in sources:
+            names |= meta.find_undeclared_variables(env.parse(text))
+        return frozenset(names)
+    except Exception:  # noqa: BLE001 — an unparsable template: nothing can be refused by name
+        return None
+
+
 def request_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
-    """The request's tool definitions as plain dicts for the template, or None. Raises nothing."""
-    return [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
+    """The request's tool definitions as plain dicts for the template, or None (also for tool_choice "none":
+    the model is not shown tools it may not call). Raises nothing."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    return [tool.model_dump(exclude_none=True) for tool in body.tools]
+
+
+# How a model whose chat template takes no tools is told of them (the widely trained <tool_call> JSON format);
+# its calls are then parsed with mlx-lm's json_tools parser (service/chat/output.py).
+_TOOL_PROMPT = (
+    "# Tools\n\nYou may call one or more functions to help with the user's request. The functions are described "
+    "below in JSON Schema, inside <tools></tools>:\n<tools>\n{tools}\n</tools>\n\nTo call a function, write a JSON "
+    'object with its name and arguments inside <tool_call></tool_call> tags:\n<tool_call>\n{{"name": '
+    '<function-name>, "arguments": <arguments-json-object>}}\n</tool_call>'
+)
+
+
+def with_tool_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation with the tools described in its system message (added first when there is none), for a
+    chat template that does not take tools itself. Raises nothing."""
+    block = _TOOL_PROMPT.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
+    if messages and messages[0]["role"] == "system":
+        first = dict(messages[0], content=f"{messages[0]['content']}\n\n{block}" if messages[0]["content"] else block)
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
 
 
 def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

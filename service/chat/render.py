@@ -26,13 +26,15 @@ from service.chat.prompt import (
     system_probe,
     template_kwargs,
     template_messages,
+    template_variables,
+    with_tool_prompt,
 )
 from service.chat.schemas import ChatCompletionRequest
 from service.http.errors import APIError, context_length_exceeded
 from service.seams import ChatEngine
 from service.state import AppState
 
-__all__ = ["RenderedPrompt", "render_chat", "check_template_kwargs", "char_bound", "check_text_fits",
+__all__ = ["RenderedPrompt", "render_chat", "check_template_kwargs", "request_kwargs", "char_bound", "check_text_fits",
            "TEMPLATE_KWARGS", "RESERVED_KWARGS"]
 
 # Template variables that carry a template of their own.
@@ -45,6 +47,7 @@ RESERVED_KWARGS = frozenset({
 })
 
 _LONGEST: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
+_VARIABLES: "weakref.WeakKeyDictionary[Any, frozenset[str] | None]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,13 @@ class RenderedPrompt:
 
     tokens: list[int]
     boundaries: tuple[int, ...]
+    # The tools were described in the system message (the template takes none): calls come as <tool_call> JSON.
+    json_tool_calls: bool = False
 
 
 def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None:
-    """Raises APIError 400 naming the chat_template_kwargs field a request may not set."""
+    """Raises APIError 400 naming the chat_template_kwargs field a request may not set. (A variable the template
+    does not read is passed all the same: pi sends `preserve_thinking` to every Qwen-style template.)"""
     for key in kwargs:
         if key in TEMPLATE_KWARGS and not allow_templates:
             raise APIError(400, f"chat_template_kwargs.{key}: this server renders only its own chat template "
@@ -65,6 +71,35 @@ def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None
         if key in RESERVED_KWARGS:
             raise APIError(400, f"chat_template_kwargs.{key} is not a template variable",
                            param=f"chat_template_kwargs.{key}", code="invalid_value")
+
+
+def _variables(tokenizer: Any) -> frozenset[str] | None:
+    """template_variables, parsed once per tokenizer. Raises nothing."""
+    try:
+        return _VARIABLES[tokenizer]
+    except (KeyError, TypeError):
+        found = template_variables(tokenizer)
+        try:
+            _VARIABLES[tokenizer] = found
+        except TypeError:  # not weakly referenceable: parse each time
+            pass
+        return found
+
+
+def _thinks(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "think_start", None) and getattr(tokenizer, "think_end", None))
+
+
+def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates: bool) -> dict[str, Any]:
+    """The template variables a request sets. Raises APIError 400 naming the field (chat_template_kwargs.KEY,
+    reasoning_effort) that cannot be honoured."""
+    variables = _variables(tokenizer)
+    try:
+        kwargs = template_kwargs(body, variables, _thinks(tokenizer))
+    except ValueError as exc:
+        raise APIError(400, str(exc), param="reasoning_effort", code="unsupported_value") from None
+    check_template_kwargs(kwargs, allow_templates)
+    return kwargs
 
 
 def _longest_token(tokenizer: Any) -> int | None:
@@ -118,10 +153,14 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
 
     Raises APIError 400: a refused template kwarg, text that cannot fit (context_length_exceeded), a
     template that rejects the messages (invalid_messages) or takes longer than render_timeout."""
-    messages, tools, kwargs = template_messages(body.messages), request_tools(body), template_kwargs(body)
-    check_template_kwargs(kwargs, state.config.allow_request_templates)
-    check_text_fits(_content_chars(messages, tools), engine, "messages")
     tokenizer = engine.tokenizer
+    messages, tools = template_messages(body.messages), request_tools(body)
+    kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates)
+    variables = _variables(tokenizer)
+    json_calls = bool(tools) and variables is not None and "tools" not in variables
+    if json_calls and tools:
+        messages, tools = with_tool_prompt(messages, tools), None
+    check_text_fits(_content_chars(messages, tools), engine, "messages")
     timeout = state.config.limits.render_timeout
     async with state.tokenize_limiter or anyio.CapacityLimiter(1):
         text, special = await _render(tokenizer, messages, tools, kwargs, timeout)
@@ -136,7 +175,7 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
                 boundaries = common_prefix_boundary(probe_tokens, tokens)
             except APIError:  # a template that insists on a full conversation: no boundary, no harm
                 pass
-    return RenderedPrompt(tokens, boundaries)
+    return RenderedPrompt(tokens, boundaries, json_calls)
 
 
 async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -42,8 +42,9 @@ def vocab_size(engine: ChatEngine) -> int | None:
     return engine.vocab_size
 
 
-def sampling_params(body: SamplingFields, vocab: int | None) -> SamplingParams:
-    """SamplingParams from the OpenAI fields (None → engine defaults).
+def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | None = None) -> SamplingParams:
+    """SamplingParams from the OpenAI fields (None → engine defaults); `logprobs`: how many likeliest tokens to
+    report beside each sampled one (None: no log probabilities).
 
     Raises APIError 400 for a logit_bias token id outside the vocabulary."""
     bias: dict[int, float] | None = None
@@ -64,6 +65,7 @@ def sampling_params(body: SamplingFields, vocab: int | None) -> SamplingParams:
         presence_penalty=defaults.presence_penalty if body.presence_penalty is None else body.presence_penalty,
         frequency_penalty=defaults.frequency_penalty if body.frequency_penalty is None else body.frequency_penalty,
         logit_bias=bias,
+        logprobs=logprobs,
     )
 
 
@@ -78,6 +80,7 @@ def generation_request(
     segment_boundaries: Sequence[int] = (),
     default_max_tokens: int | None = None,
     tenant: str | None = None,
+    logprobs: int | None = None,
 ) -> GenerationRequest:
     """Build the engine request. max_tokens defaults to `default_max_tokens` (the server's cap; None: no
     cap) and is capped at what the context has left. `tenant` (the API key's id) gets its own prefix-cache
@@ -98,7 +101,7 @@ def generation_request(
         room = min(room, left)
     return GenerationRequest(
         prompt_tokens=list(prompt),
-        sampling=sampling_params(body, vocab_size(engine)),
+        sampling=sampling_params(body, vocab_size(engine), logprobs),
         max_tokens=room,
         stop=tuple(body.stop_list()),
         session_id=session_id,

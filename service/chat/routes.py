@@ -8,11 +8,14 @@ A failure after the headers went out is sent as `data: {"error": ...}` followed 
 from __future__ import annotations
 
 import logging
+from contextlib import aclosing
 from typing import Any, AsyncGenerator
 
 import anyio
 from litestar import Request, Response, post
 
+from engine.contracts import TokenLogprob
+from service.chat.logprobs import TokenPieces, chat_logprobs, requested_logprobs, token_pieces
 from service.chat.output import ChatTranslator
 from service.chat.prompt import request_tools
 from service.chat.render import render_chat
@@ -26,10 +29,10 @@ from service.chat.schemas import (
 )
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
-from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, row_texts
-from service.http.access_log import record_tokens
+from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
+from service.http.access_log import record_tokens, record_user
 from service.http.auth import client_key
-from service.http.errors import in_band_error
+from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
@@ -57,18 +60,32 @@ def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) 
 
 
 async def _chat_events(
-    reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool
+    reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool,
+    pieces: TokenPieces | None = None,
 ) -> AsyncGenerator[bytes, None]:
     chunk = ChunkEncoder(meta).encode
+    held: list[TokenLogprob] = []  # log probabilities of tokens whose text has not shown in a chunk yet
     try:
         yield chunk(ChoiceDelta(role="assistant", content=""))
         finish: str | None = None
-        async for text, finish in reader.items():
-            for choice_delta in translator.feed(text):
-                yield chunk(choice_delta)
+        async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
+            async for text, finish in items:
+                if pieces is None:
+                    for choice_delta in translator.feed(text):
+                        yield chunk(choice_delta)
+                else:
+                    held += reader.take_logprobs()
+                    for choice_delta in translator.feed(text):
+                        yield chunk(choice_delta, logprobs=chat_logprobs(pieces, held) if held else None)
+                        held = []
+                if translator.done:
+                    finish = None
+                    break
         for choice_delta in translator.finish():
-            yield chunk(choice_delta)
-        yield chunk(ChoiceDelta(), translator.finish_reason(finish))
+            yield chunk(choice_delta, logprobs=chat_logprobs(pieces, held) if held and pieces else None)
+            held = []
+        last = chat_logprobs(pieces, held) if held and pieces else None
+        yield chunk(ChoiceDelta(), translator.finish_reason(finish), logprobs=last)
         if include_usage:
             usage = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage())
             yield sse_data(usage)
@@ -79,16 +96,25 @@ async def _chat_events(
 
 
 async def _collect(stream: RowStream, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter,
-                   timing: StreamTiming) -> ChatCompletion:
+                   timing: StreamTiming, pieces: TokenPieces | None = None) -> ChatCompletion:
     finish = None
-    async for text, finish in row_texts(stream, counter, timing):
-        translator.feed(text)
+    reader = RowReader(stream, counter, timing)
+    tokens: list[TokenLogprob] = []
+    async with aclosing(reader.items()) as items:
+        async for text, finish in items:
+            translator.feed(text)
+            tokens += reader.take_logprobs()
+            if translator.done:
+                finish = None
+                break
     translator.finish()
+    logprobs = chat_logprobs(pieces, tokens) if pieces is not None else None
     return ChatCompletion(
         id=meta.id,
         created=meta.created,
         model=meta.model,
-        choices=[ChatChoice(message=translator.message(), finish_reason=translator.finish_reason(finish))],
+        choices=[ChatChoice(message=translator.message(), finish_reason=translator.finish_reason(finish),
+                            logprobs=logprobs)],
         usage=counter.usage(),
     )
 
@@ -112,7 +138,12 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     meta = ResponseMeta(model=state.chat_model_name or "")
     counter = UsageCounter()
     record_tokens(request, counter.totals)
+    record_user(request, data.user or data.safety_identifier)
     translators: list[ChatTranslator] = []
+    if data.top_logprobs and not data.logprobs:
+        raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs", code="invalid_value")
+    logprobs = requested_logprobs(data.logprobs, data.top_logprobs)
+    pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
 
     async def submit_row() -> RowStream:
         rendered = await render_chat(state, engine, data)
@@ -121,8 +152,12 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
         generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens,
                                         param="messages", session_id=_session_hint(request, data),
                                         segment_boundaries=rendered.boundaries,
-                                        default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request))
-        translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data)))
+                                        default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
+                                        logprobs=logprobs)
+        translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data),
+                                                      calls=data.tool_choice != "none",
+                                                      one_call=data.parallel_tool_calls is False,
+                                                      json_calls=rendered.json_tool_calls))
         stream = submit(engine, generation, param="messages")
         observe_queue_wait(state, timing)
         return stream
@@ -130,6 +165,6 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage))
+        events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage, pieces))
         if data.stream else None,
-        collect=lambda stream: _collect(stream, translators[0], meta, counter, timing))
+        collect=lambda stream: _collect(stream, translators[0], meta, counter, timing, pieces))

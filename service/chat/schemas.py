@@ -1,14 +1,17 @@
 """Pydantic models of chat and text completions (OpenAI's shapes) — the OpenAPI source for /v1/*completions.
 
-Requests accept unknown OpenAI fields (extra="allow") so a newer client never gets a 4xx for a harmless
-field; what we cannot honour (n > 1, non-text content parts) is rejected with a clear message.
+Every field a request carries is honoured or refused with a 400 naming it, never silently ignored: an unknown
+top-level field is refused as OpenAI refuses it ("Unrecognized request argument supplied"), a nested object may
+carry unknown fields only while they are empty (the SDK's own message objects echo `refusal: null`,
+`annotations: []`), and a known field's values that cannot be honoured (n > 1, JSON output, a forced tool
+choice, stored completions) are refused by name.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "TextPart",
@@ -21,6 +24,10 @@ __all__ = [
     "SamplingFields",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "TopLogprob",
+    "LogprobEntry",
+    "ChoiceLogprobs",
+    "CompletionLogprobs",
     "PromptTokensDetails",
     "Usage",
     "ToolCallDelta",
@@ -41,8 +48,27 @@ def _omit_none(value: Any) -> bool:
     return value is None
 
 
+def _empty(value: Any) -> bool:
+    return value is None or value == [] or value == {} or value == ""
+
+
 class _Request(BaseModel):
+    """A nested object of a request: unknown fields pass only while empty (nothing there to honour)."""
+
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _no_unhonoured_extras(self) -> "_Request":
+        for key, value in (self.model_extra or {}).items():
+            if not _empty(value):
+                raise ValueError(f"{key!r} is not supported by this server")
+        return self
+
+
+class _Body(_Request):
+    """A request body: unknown top-level fields are refused (service/http/handlers.py words it as OpenAI does)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 # ---------------------------------------------------------------- requests
@@ -90,13 +116,29 @@ class ChatMessage(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(None, description="Only false: chunks are not padded.")
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _no_obfuscation(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("chunks are never padded here: only false is supported")
+        return value
 
 
 class FunctionDefinition(_Request):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: bool | None = Field(None, description="Only false: arguments are not constrained to the schema.")
+
+    @field_validator("strict")
+    @classmethod
+    def _not_strict(cls, strict: bool | None) -> bool | None:
+        if strict:
+            raise ValueError("strict function calling is not supported: the arguments a model writes are not "
+                             "constrained to the schema")
+        return strict
 
 
 class Tool(_Request):
@@ -104,7 +146,7 @@ class Tool(_Request):
     function: FunctionDefinition
 
 
-class SamplingFields(_Request):
+class SamplingFields(_Body):
     """Fields shared by chat and text completions."""
 
     model: str | None = Field(None, description="Model id from GET /v1/models; omitted means the loaded model.")
@@ -122,7 +164,8 @@ class SamplingFields(_Request):
     repetition_penalty: float | None = Field(None, gt=0.0)
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) → bias in [-100, 100].")
     n: int = Field(1, description="Only 1 is supported.")
-    user: str | None = None
+    user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
+    safety_identifier: str | None = Field(None, description="As `user`.")
 
     @field_validator("n")
     @classmethod
@@ -162,19 +205,43 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens.")
     tools: list[Tool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: str | None = Field(None, description='"none" switches thinking off where the template can.')
-    response_format: dict[str, Any] | None = None
-    store: bool | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    priority: str | int | None = None
-    service_tier: str | None = None
-    metadata: dict[str, Any] | None = None
+    tool_choice: Literal["auto", "none"] | None = Field(
+        None, description='"auto" (the default with tools) or "none" (the tools are not shown to the model and its '
+                          'reply is all content); a forced call ("required", a named function) is refused.')
+    parallel_tool_calls: bool | None = Field(None, description="false: the reply ends after its first tool call.")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Variables passed to the model's chat template as they are.")
+    reasoning_effort: str | None = Field(
+        None, description='"none" switches thinking off; any other value passes to a template that reads '
+                          '`reasoning_effort` or switches thinking on where it reads `enable_thinking`. Refused '
+                          'for a template with neither.')
+    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}: output is not '
+                                                                      'constrained to JSON.')
+    store: bool | None = Field(None, description="Only false: this server keeps no completions.")
+    prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint; results are "
+                                                           "the same either way).")
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
+        None, description="Accepted: cached prefixes stay in memory while the memory budget has room for them.")
+    service_tier: Literal["auto", "default"] | None = Field(None, description="This server has one tier.")
+    modalities: list[Literal["text"]] | None = Field(None, description='Only ["text"].')
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value != {"type": "text"}:
+            kind = value.get("type") if isinstance(value, dict) else value
+            raise ValueError(f"{kind!r} is not supported: output is not constrained to JSON here; only "
+                             '{"type": "text"} is')
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _not_stored(cls, store: bool | None) -> bool | None:
+        if store:
+            raise ValueError("this server keeps no completions: only false is supported")
+        return store
 
 
 class CompletionRequest(SamplingFields):
@@ -182,7 +249,16 @@ class CompletionRequest(SamplingFields):
 
     prompt: str | list[str] | list[int] = Field(..., description="A string, a list of one string, or token ids.")
     echo: bool = False
-    suffix: str | None = None
+    suffix: str | None = Field(None, description="Only empty: the model writes no text to fit before a suffix.")
+    logprobs: int | None = Field(None, ge=0, le=5, description="The sampled token's log probability and this many "
+                                                              "of the likeliest, per token.")
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, suffix: str | None) -> str | None:
+        if suffix:
+            raise ValueError("insertion before a suffix is not supported: only an empty suffix is")
+        return suffix
 
     @field_validator("prompt")
     @classmethod
@@ -198,6 +274,36 @@ class CompletionRequest(SamplingFields):
 
 
 # ---------------------------------------------------------------- responses
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class LogprobEntry(BaseModel):
+    """One sampled token: its text, log probability (raw logits, before sampling settings), UTF-8 bytes and the
+    likeliest tokens at its position."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[LogprobEntry] | None = None
+    refusal: list[LogprobEntry] | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """A text completion's legacy log probabilities: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
 
 
 class PromptTokensDetails(BaseModel):
@@ -236,7 +342,7 @@ FinishReason = Literal["stop", "length", "tool_calls"]
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: ChoiceDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 
@@ -262,7 +368,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason
 
 
@@ -280,7 +386,7 @@ class ChatCompletion(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
 
 

@@ -8,17 +8,17 @@ import time
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Protocol
+from typing import AsyncGenerator, Protocol
 
 import anyio
 import sniffio
 
-from engine.contracts import Delta
+from engine.contracts import Delta, TokenLogprob
 from service.chat.schemas import PromptTokensDetails, Usage
 from service.http.errors import APIError
 from service.seams import RowStream
 
-__all__ = ["RowReader", "row_texts", "UsageCounter", "ResponseMeta", "StreamTiming", "close_stream",
+__all__ = ["RowReader", "UsageCounter", "ResponseMeta", "StreamTiming", "close_stream",
            "stream_failure"]
 
 
@@ -117,6 +117,7 @@ class RowReader:
         self._first: Delta | None = None
         self._timer: asyncio.TimerHandle | None = None  # the request's deadline, armed at the first wait
         self._expired = False
+        self._logprobs: list[TokenLogprob] = []
 
     async def _next(self) -> Delta:
         deadline = self._timing.deadline if self._timing is not None else None
@@ -178,7 +179,7 @@ class RowReader:
             raise
         self._first = delta
 
-    async def items(self) -> AsyncIterator[tuple[str, str | None]]:
+    async def items(self) -> AsyncGenerator[tuple[str, str | None], None]:
         """(text, finish_reason) until the item that carries the finish reason. Raises APIError 500 when the
         row fails or never finishes."""
         try:
@@ -202,8 +203,16 @@ class RowReader:
             await self._close()
         raise APIError(500, _UNFINISHED, type="server_error")
 
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The log probabilities of the tokens read since the last call (rows that asked for them). Raises
+        nothing."""
+        taken, self._logprobs = self._logprobs, []
+        return taken
+
     def _check(self, delta: Delta) -> None:
         self._counter.add(delta)
+        if delta.logprobs:
+            self._logprobs.extend(delta.logprobs)
         if self._timing is not None and (delta.token_ids or delta.text):
             self._timing.delivered()
         if failure := stream_failure(delta.error, delta.finish_reason):
@@ -230,13 +239,6 @@ def _timed_out() -> APIError:
 
 _UNFINISHED = "The generation ended without finishing (the engine stopped)."
 _CANCELLED = "The generation was cancelled (the server is shutting down)."
-
-
-def row_texts(stream: RowStream, counter: UsageCounter,
-              timing: StreamTiming | None = None) -> AsyncIterator[tuple[str, str | None]]:
-    """`RowReader(stream, counter, timing).items()`: a row's (text, finish_reason) items. Raises APIError
-    500 when the row failed or never finished, 504 past the deadline."""
-    return RowReader(stream, counter, timing).items()
 
 
 def stream_failure(delta_error: str | None, finish_reason: str | None) -> str | None:

@@ -4,6 +4,7 @@ so 404s, CORS preflights and the guard's refusals are logged and counted too."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Any, Callable, Protocol
@@ -11,11 +12,13 @@ from typing import Any, Callable, Protocol
 from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["AccessLog", "RequestMetrics", "record_tokens", "arrival_time", "ACCESS_LOGGER"]
+__all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "arrival_time", "ACCESS_LOGGER"]
 
 ACCESS_LOGGER = "tandem.access"
 # Where a route leaves a callable giving (prompt, completion) tokens; read once the response has ended.
 _TOKENS_KEY = "tandem.tokens"
+# The end user a request names (OpenAI's `user` / `safety_identifier`), for abuse monitoring.
+_USER_KEY = "tandem.user"
 # When the request arrived (time.monotonic()): deadlines and time-to-first-token count from here.
 _ARRIVAL_KEY = "tandem.arrival"
 
@@ -26,6 +29,12 @@ def record_tokens(connection: ASGIConnection[Any, Any, Any, Any], tokens: Callab
     """Let the access log report this request's (prompt, completion) tokens, read after the response
     (a stream's last event) went out. Raises nothing."""
     connection.scope.setdefault("state", {})[_TOKENS_KEY] = tokens
+
+
+def record_user(connection: ASGIConnection[Any, Any, Any, Any], user: str | None) -> None:
+    """Write `user` (an end-user id the client sent) on this request's log line. Raises nothing."""
+    if user:
+        connection.scope.setdefault("state", {})[_USER_KEY] = user
 
 
 def arrival_time(connection: ASGIConnection[Any, Any, Any, Any]) -> float:
@@ -84,4 +93,6 @@ def _line(scope: Scope, status: int | None, seconds: float) -> str:
             line += f" tokens {prompt}+{completion}"
         except Exception:  # noqa: BLE001 — the log line must never fail the request
             pass
+    if (user := scope.get("state", {}).get(_USER_KEY)) is not None:
+        line += f" user {json.dumps(user, ensure_ascii=True)}"  # quoted and escaped: a client's text on one line
     return line

@@ -19,8 +19,9 @@ _log = logging.getLogger("tandem.service")
 
 
 # pydantic puts union members and validator kinds into error locations ("content.str",
-# "content.list[TextPart].0.text"); field names here are snake_case, so anything else is a tag.
-_LOC_TAG = re.compile(r"^(str|int|float|bool|none|.*\[.*\].*|[A-Z]\w*)$")
+# "content.list[TextPart].0.text"); field names here are snake_case (form arrays end in "[]": `include[]`),
+# so anything else is a tag.
+_LOC_TAG = re.compile(r"^(str|int|float|bool|none|.*\[.+\].*|[A-Z]\w*)$")
 
 
 def _field_path(key: Any) -> str | None:
@@ -40,6 +41,9 @@ def _validation_error(exc: ValidationException) -> APIError:
     first = max(problems, key=lambda e: len((_field_path(e.get("key")) or "").split(".")))
     message = str(first.get("message", exc.detail)).removeprefix("Value error, ")
     param = _field_path(first.get("key"))
+    if message == "Extra inputs are not permitted" and param:  # a top-level field we do not know: as OpenAI words it
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
+                        code="unknown_parameter")
     others = {_field_path(e.get("key")) for e in problems} - {param}
     more = f" (and {len(others)} more fields)" if others else ""
     text = f"{param}: {message}{more}" if param else f"{message}{more}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from litestar.datastructures import UploadFile
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from audio.formats import ResponseFormat
 from audio.pcm import SAMPLE_RATE
@@ -34,9 +34,10 @@ def _segments_only() -> list[Granularity]:
 
 
 class TranscriptionForm(BaseModel):
-    """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields)."""
+    """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields). A field we do not know
+    (`include[]`, `known_speaker_names[]`, …) is refused by name, as every value we cannot honour."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True, extra="allow")
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True, extra="forbid")
 
     file: UploadFile = Field(description="Audio: wav, mp3, m4a, flac, ogg, webm … (decoded with PyAV).")
     model: str = Field("whisper-1", description="The Whisper model served here (any alias of it).")
@@ -53,12 +54,36 @@ class TranscriptionForm(BaseModel):
                                                "out and times are mapped back. Default: on, unless the server runs "
                                                "with --no-vad.")
     vad_trim: bool = Field(False, description="Extension: with vad off, cut leading/trailing silence before decoding.")
+    chunking_strategy: Literal["auto"] | None = Field(
+        None, description='"auto": the audio is cut at pauses found by voice activity detection (as vad on).')
 
     @field_validator("timestamp_granularities", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         # A form with one `timestamp_granularities[]` field arrives as a plain string.
         return [value] if isinstance(value, str) else value
+
+    @field_validator("timestamp_granularities")
+    @classmethod
+    def _words_in_verbose_json(cls, value: list[Granularity], info: ValidationInfo) -> list[Granularity]:
+        fmt = info.data.get("response_format", "json")
+        if "word" in value and fmt != "verbose_json":
+            raise ValueError(f"word timestamps are given only with response_format verbose_json, not {fmt}")
+        return value
+
+    @field_validator("stream")
+    @classmethod
+    def _streams_text(cls, stream: bool, info: ValidationInfo) -> bool:
+        fmt = info.data.get("response_format", "json")
+        if stream and fmt not in ("json", "text"):
+            raise ValueError(f"a streamed transcription sends text events: response_format {fmt} cannot be streamed")
+        return stream
+
+    @model_validator(mode="after")
+    def _chunking_is_vad(self) -> "TranscriptionForm":
+        if self.chunking_strategy == "auto" and self.vad is False:
+            raise ValueError("chunking_strategy auto cuts at voice activity: it cannot be had with vad false")
+        return self
 
 
 class TranscriptionWord(BaseModel):
@@ -112,9 +137,9 @@ class TranscriptTextDone(BaseModel):
 
 
 class SessionCreateRequest(BaseModel):
-    """POST /v1/audio/sessions: options for a live dictation session."""
+    """POST /v1/audio/sessions: options for a live dictation session (an unknown field is refused by name)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = Field(None, description="The Whisper model served here; default: it.")
     language: str | None = None

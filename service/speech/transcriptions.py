@@ -66,7 +66,7 @@ async def create_transcription(
     words = "word" in data.timestamp_granularities
     options = transcribe_options(speech, language=data.language, task=data.task, prompt=data.prompt or None,
                                  temperatures=TranscribeOptions.ladder(data.temperature), word_timestamps=words,
-                                 vad=data.vad, vad_trim=data.vad_trim)
+                                 vad=True if data.chunking_strategy == "auto" else data.vad, vad_trim=data.vad_trim)
     content_type = part_content_type(data.file)
     pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, content_type, param="file"))
     started = time.perf_counter()

@@ -236,6 +236,29 @@ async def test_seeded_row_is_reproducible_regardless_of_batch_mates(tiny_loaded)
     assert tokens_of(other[0]) != tokens_of(alone[0])
 
 
+async def test_logprobs_match_a_direct_forward_and_leave_batch_mates_alone(tiny_loaded) -> None:
+    prompt = prompt_of(9, 5)
+    asked = SamplingParams(temperature=0.0, logprobs=3)
+    mates = [GenerationRequest(prompt_of(n, n), GREEDY, max_tokens=12) for n in (4, 17)]
+    alone = await run_rows(make_group(tiny_loaded), mates, [0, 0])
+    crowd = await run_rows(make_group(tiny_loaded, keep_mixed_in_flight=True),
+                           [mates[0], GenerationRequest(prompt, asked, max_tokens=12), mates[1]], [0, 1, 3])
+    assert [tokens_of(crowd[0]), tokens_of(crowd[2])] == [tokens_of(alone[0]), tokens_of(alone[1])]
+    assert all(not d.logprobs for i in (0, 2) for d in crowd[i])
+    tokens = tokens_of(crowd[1])
+    reported = [lp for d in crowd[1] for lp in d.logprobs]
+    eos = set(tiny_loaded.tokenizer.eos_token_ids)
+    assert [lp.token for lp in reported] == [t for t in tokens if t not in eos]  # a stop token has none
+    # The model's own distribution over the whole sequence, in one forward.
+    logits = tiny_loaded.model(mx.array([prompt + tokens]))[0].astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    for i, lp in enumerate(reported):
+        row = logp[len(prompt) - 1 + i]
+        assert lp.logprob == pytest.approx(float(row[lp.token]), abs=2e-3)
+        assert [t for t, _ in lp.top] == [int(t) for t in mx.argsort(-row)[:3].tolist()]
+        assert lp.top[0] == (lp.token, pytest.approx(lp.logprob))  # greedy: the likeliest
+
+
 async def test_max_active_limits_admission(tiny_loaded) -> None:
     group = make_group(tiny_loaded, max_active=2)
     streams = [group.submit(GenerationRequest(prompt_of(4, i), GREEDY, max_tokens=3 + i)) for i in range(3)]

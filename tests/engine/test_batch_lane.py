@@ -73,6 +73,23 @@ async def test_rows_prefilled_on_the_lane_match_mlx_lm_and_no_step_mixes(tiny_lo
         group.close()
 
 
+async def test_a_row_prefilled_on_the_lane_reports_its_first_tokens_logprob(tiny_loaded) -> None:
+    # The lane samples the first token on its own thread: the log probabilities beside it are evaluated there.
+    group = make_group(tiny_loaded, prefill_lane=True)
+    try:
+        prompt = prompt_of(12, 2)
+        asked = GenerationRequest(prompt, SamplingParams(temperature=0.0, logprobs=2), max_tokens=6)
+        deltas = (await run_rows(group, [GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=6), asked],
+                                 [0, 2]))[1]
+        assert group.counters["lane_chunks"] >= 1
+        tokens = tokens_of(deltas)
+        reported = [lp for d in deltas for lp in d.logprobs]
+        assert reported and reported[0].token == tokens[0] and reported[0].top[0][0] == tokens[0]
+        assert len(reported) == len([t for t in tokens if t not in set(tiny_loaded.tokenizer.eos_token_ids)])
+    finally:
+        group.close()
+
+
 async def test_decoding_rows_go_on_while_a_prompt_chunk_is_held_on_the_lane(tiny_loaded) -> None:
     group, gate, first = await decoding_beside_gate(tiny_loaded, 30)
     try:

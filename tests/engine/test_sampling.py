@@ -110,9 +110,37 @@ def test_plain_and_processed_rows_keep_their_order(monkeypatch) -> None:
     assert len(calls) == 2  # the three plain rows together, the seeded row alone
 
 
+def test_logprobs_are_the_raw_logits_log_softmax_beside_any_sampling() -> None:
+    logits = logits_with({2: 3.0, 5: 2.0, 7: 1.0})
+    expected = logits[0] - mx.logsumexp(logits[0])
+    # Temperature, bias and filters change the draw, never the reported distribution.
+    s = RowSampler(SamplingParams(temperature=0.7, top_k=2, logit_bias={7: 50.0}, seed=1, logprobs=3), [], V)
+    assert not s.plain and not s.plain_greedy  # read before it samples again: never pipelined
+    token = s.sample(logits)
+    mx.eval(token, *s.arrays())
+    got = s.take_logprob(int(token.item()))
+    assert got is not None and got.token == 7  # the bias chose it
+    assert got.logprob == pytest.approx(float(expected[7]), abs=1e-5)
+    assert [t for t, _ in got.top] == [2, 5, 7]
+    assert [v for _, v in got.top] == pytest.approx([float(expected[i]) for i in (2, 5, 7)], abs=1e-5)
+    assert s.take_logprob(7) is None  # once per token
+
+
+def test_logprobs_zero_gives_the_token_only_and_k_past_the_vocabulary_gives_it_all() -> None:
+    s = RowSampler(SamplingParams(temperature=0.0, logprobs=0), [], V)
+    got = s.take_logprob(int(s.sample(logits_with({4: 2.0})).item()))
+    assert got is not None and got.token == 4 and got.top == ()
+    wide = RowSampler(SamplingParams(temperature=0.0, logprobs=20), [], V)
+    got = wide.take_logprob(int(wide.sample(logits_with({4: 2.0})).item()))
+    assert got is not None and len(got.top) == V and got.top[0][0] == 4
+    plain = RowSampler(SamplingParams(temperature=0.0), [], V)
+    assert plain.take_logprob(int(plain.sample(logits_with({4: 2.0})).item())) is None
+
+
 def test_validate_sampling_rejects_out_of_range_values() -> None:
     for bad in (SamplingParams(temperature=-1), SamplingParams(top_p=0), SamplingParams(min_p=2),
-                SamplingParams(repetition_penalty=0), SamplingParams(logit_bias={V: 1.0})):
+                SamplingParams(repetition_penalty=0), SamplingParams(logit_bias={V: 1.0}),
+                SamplingParams(logprobs=21), SamplingParams(logprobs=-1)):
         with pytest.raises(ValueError):
             validate_sampling(bad, V)
 

@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator
 
 import anyio
 
-from engine.contracts import Delta, GenerationRequest
+from engine.contracts import Delta, GenerationRequest, TokenLogprob
 from engine.errors import ContextTooLong
 from engine.tasks import ExecutionTasks
 
@@ -78,6 +78,7 @@ class FakeStream:
             yield Delta(
                 text=piece,
                 token_ids=[i + 1],
+                logprobs=_logprobs(piece, i, self.request.sampling.logprobs),
                 finish_reason=finish,  # type: ignore[arg-type]
                 prompt_tokens=prompt,
                 completion_tokens=self._sent,
@@ -100,6 +101,15 @@ class FakeStream:
         self.closed = True
         self._stop.set()
         self.engine.active.discard(id(self))
+
+
+def _logprobs(piece: str, i: int, k: int | None) -> list[TokenLogprob]:
+    """Scripted log probabilities of a piece's token (its first character's id), the i-th: -(i + 1) / 10, and k
+    alternatives after it, each 1 lower."""
+    if k is None or not piece:
+        return []
+    value = -(i + 1) / 10
+    return [TokenLogprob(ord(piece[0]), value, tuple((ord(piece[0]) + j, value - j) for j in range(k)))]
 
 
 async def _first_of(*events: anyio.Event) -> None:

@@ -96,13 +96,13 @@ def test_prompt_building(client: Any, fake_engine: FakeEngine) -> None:
          "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
     ]
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": False}}]
     before = len(fake_engine.tokenizer.template_calls)
     response = client.post("/v1/chat/completions", json={
         "model": "fake-model", "messages": messages, "tools": tools, "reasoning_effort": "none",
         "chat_template_kwargs": {"preserve_thinking": True}, "store": False, "prompt_cache_key": "k",
-        "prompt_cache_retention": "24h", "priority": "auto", "parallel_tool_calls": False,
-        "some_future_field": {"ignored": True},
+        "prompt_cache_retention": "24h", "parallel_tool_calls": False, "service_tier": "auto",
+        "modalities": ["text"], "response_format": {"type": "text"}, "user": "u-1",
     })
     assert response.status_code == 200, response.text
     call = fake_engine.tokenizer.template_calls[before]  # the prompt itself (later calls may probe segments)

@@ -116,6 +116,33 @@ def test_transcription_bad_input(client: TestClient[Any], audio: bytes | None, f
     assert_error(transcribe(client, audio or b"", **fields), status, code)
 
 
+@pytest.mark.parametrize("fields, param, code", [
+    ({"include[]": "logprobs"}, "include[]", "unknown_parameter"),
+    ({"known_speaker_names[]": "ann"}, "known_speaker_names[]", "unknown_parameter"),
+    ({"some_future_field": "1"}, "some_future_field", "unknown_parameter"),
+    ({"timestamp_granularities[]": "word"}, "timestamp_granularities[]", "invalid_value"),  # only in verbose_json
+    ({"stream": "true", "response_format": "srt"}, "stream", "invalid_value"),
+    ({"chunking_strategy": "auto", "vad": "false"}, None, "invalid_value"),
+    ({"chunking_strategy": "server_vad"}, "chunking_strategy", "invalid_value"),
+])
+def test_a_transcription_field_that_cannot_be_honoured_is_refused_by_name(
+        client: TestClient[Any], fields: dict[str, str], param: str | None, code: str) -> None:
+    err = assert_error(transcribe(client, **fields), 400, code)
+    assert err["param"] == param, err
+
+
+def test_chunking_strategy_auto_is_voice_activity_cutting(client: TestClient[Any],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.speech.transcriptions as routes
+
+    asked: list[Any] = []
+    real = routes.transcribe_options
+    monkeypatch.setattr(routes, "transcribe_options", lambda *a, **kw: asked.append(kw["vad"]) or real(*a, **kw))
+    assert transcribe(client, chunking_strategy="auto").status_code == 200
+    assert transcribe(client).status_code == 200
+    assert asked == [True, None]  # auto: on whatever the server's default; without it, the default
+
+
 def test_missing_file_and_empty_file(client: TestClient[Any]) -> None:
     assert_error(client.post("/v1/audio/transcriptions", data={"model": "whisper-1"}, files={"x": ("a", b"1")}), 400)
     r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1"}, files={"file": ("a.wav", b"", "audio/wav")})
@@ -175,6 +202,8 @@ def test_unknown_session_and_bad_session_options(client: TestClient[Any]) -> Non
     assert_error(client.delete("/v1/audio/sessions/sess_nope"), 404)
     assert_error(client.post("/v1/audio/sessions", json={"language": "xx-nope"}), 400)
     assert_error(client.post("/v1/audio/sessions", json={"vad_min_speech_ms": 1}), 400)
+    err = assert_error(client.post("/v1/audio/sessions", json={"vad_min_silence": 300}), 400, "unknown_parameter")
+    assert err["param"] == "vad_min_silence"
 
 
 def test_deleted_session_refuses_audio(client: TestClient[Any]) -> None:

@@ -1,0 +1,51 @@
+"""A token's text as the tokenizer writes it: the bytes of its piece (what log probabilities name each token by).
+Detokenizing a stream (engine/sampling.py) joins pieces; this gives one piece alone, partial characters included."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+__all__ = ["TokenPieces"]
+
+
+class TokenPieces:
+    """Each token id's bytes as the tokenizer writes it: a byte-level BPE piece mapped back to its bytes, a
+    SentencePiece piece with its "▁" as a space, else the id decoded alone."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        detokenizer = getattr(tokenizer, "_detokenizer", None)  # mlx-lm's TokenizerWrapper keeps one
+        tokenmap = getattr(detokenizer, "tokenmap", None)
+        self._map: Sequence[Any] | None = tokenmap if isinstance(tokenmap, list) and tokenmap else None
+        self._byte_level = self._map is not None and isinstance(self._map[0], str)
+        self._bytes: dict[int, bytes] = {}
+
+    def bytes(self, token: int) -> bytes:
+        """Raises nothing (an id outside the tokenizer's map is decoded alone)."""
+        if (known := self._bytes.get(token)) is not None:
+            return known
+        piece = self._map[token] if self._map is not None and 0 <= token < len(self._map) else None
+        if isinstance(piece, bytes):
+            raw = piece.replace("\u2581".encode(), b" ")
+        elif isinstance(piece, str) and self._byte_level:
+            decoder = _byte_decoder()
+            raw = b"".join(bytes([decoder[c]]) if c in decoder else c.encode() for c in piece)
+        else:
+            try:
+                raw = str(self._tokenizer.decode([token])).encode()
+            except Exception:  # noqa: BLE001 — an undecodable id still gets an entry
+                raw = b""
+        if len(self._bytes) < 1 << 16:
+            self._bytes[token] = raw
+        return raw
+
+    def text(self, token: int) -> str:
+        """The token's bytes as text (a partial UTF-8 character as U+FFFD). Raises nothing."""
+        return self.bytes(token).decode("utf-8", "replace")
+
+
+def _byte_decoder() -> dict[str, int]:
+    # GPT-2's byte ↔ printable-character table, as mlx-lm's BPE detokenizer reads pieces (cached there).
+    from mlx_lm.tokenizer_utils import _byte_decoder as table
+
+    return table()

@@ -1,0 +1,71 @@
+"""Log probabilities in OpenAI's shapes: a chat choice's `logprobs.content` (each token's text, UTF-8 bytes and
+log probability, with the likeliest alternatives) and a text completion's legacy lists. The engine gives token
+ids and numbers (engine/contracts.py TokenLogprob); the text of one token is its tokenizer piece's bytes."""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Any, Sequence
+
+from engine.contracts import TokenLogprob
+from engine.token_pieces import TokenPieces
+from service.chat.schemas import ChoiceLogprobs, CompletionLogprobs, LogprobEntry, TopLogprob
+
+__all__ = ["token_pieces", "chat_logprobs", "completion_logprobs", "requested_logprobs"]
+
+# OpenAI writes this for a probability too small to show (JSON has no -Infinity).
+_FLOOR = -9999.0
+_PIECES: "weakref.WeakKeyDictionary[Any, TokenPieces]" = weakref.WeakKeyDictionary()
+
+
+def requested_logprobs(logprobs: bool | int | None, top_logprobs: int | None = None) -> int | None:
+    """How many likeliest tokens the engine should report beside each sampled one (None: no log probabilities):
+    chat's `logprobs: true` with `top_logprobs`, or a text completion's `logprobs: k`. Raises nothing."""
+    if isinstance(logprobs, bool) or logprobs is None:
+        return (top_logprobs or 0) if logprobs else None
+    return logprobs
+
+
+def token_pieces(tokenizer: Any) -> TokenPieces:
+    """The tokenizer's TokenPieces, built once. Raises nothing."""
+    try:
+        return _PIECES[tokenizer]
+    except (KeyError, TypeError):
+        pieces = TokenPieces(tokenizer)
+        try:
+            _PIECES[tokenizer] = pieces
+        except TypeError:  # not weakly referenceable
+            pass
+        return pieces
+
+
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else _FLOOR
+
+
+def chat_logprobs(pieces: TokenPieces, tokens: Sequence[TokenLogprob]) -> ChoiceLogprobs:
+    """A chat choice's `logprobs` for these tokens. Raises nothing."""
+    content = []
+    for t in tokens:
+        raw = pieces.bytes(t.token)
+        top = [TopLogprob(token=pieces.text(i), logprob=_finite(v), bytes=list(pieces.bytes(i))) for i, v in t.top]
+        content.append(LogprobEntry(token=raw.decode("utf-8", "replace"), logprob=_finite(t.logprob), bytes=list(raw),
+                                    top_logprobs=top))
+    return ChoiceLogprobs(content=content)
+
+
+def completion_logprobs(pieces: TokenPieces, tokens: Sequence[TokenLogprob], offset: int) -> CompletionLogprobs:
+    """A text completion's legacy `logprobs` for these tokens, the first at character `offset` of the choice's
+    text. Raises nothing."""
+    texts = [pieces.text(t.token) for t in tokens]
+    offsets = []
+    for text in texts:
+        offsets.append(offset)
+        offset += len(text)
+    return CompletionLogprobs(
+        tokens=texts,
+        token_logprobs=[_finite(t.logprob) for t in tokens],
+        top_logprobs=[{pieces.text(i): _finite(v) for i, v in t.top} for t in tokens],
+        text_offset=offsets,
+    )

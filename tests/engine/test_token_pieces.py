@@ -1,0 +1,33 @@
+"""engine/token_pieces.py: one token's bytes as its tokenizer writes it — byte-level BPE pieces mapped back to
+bytes, SentencePiece pieces with their "▁" as a space, else the id decoded alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.token_pieces import TokenPieces
+
+
+class _Detokenizer:
+    def __init__(self, tokenmap: list[Any]) -> None:
+        self.tokenmap = tokenmap
+
+
+class _Tokenizer:
+    def __init__(self, tokenmap: list[Any] | None) -> None:
+        self._detokenizer = _Detokenizer(tokenmap) if tokenmap is not None else None
+
+    def decode(self, tokens: list[int]) -> str:
+        return f"<{tokens[0]}>"
+
+
+def test_token_pieces_map_byte_level_and_sentencepiece_pieces_to_their_bytes() -> None:
+    # Byte-level BPE writes a space as "Ġ" and each byte of "é" as its own printable character.
+    byte_level = TokenPieces(_Tokenizer(["Ġcaf", "Ã©", "Ã", "<|im_end|>"]))
+    assert byte_level.bytes(0) == b" caf" and byte_level.bytes(1) == "é".encode()
+    assert byte_level.bytes(2) == b"\xc3" and byte_level.text(2) == "\ufffd"  # half a character
+    assert byte_level.text(3) == "<|im_end|>"
+    spm = TokenPieces(_Tokenizer([b"\xe2\x96\x81hello", b"\xc3"]))
+    assert spm.bytes(0) == b" hello" and spm.bytes(1) == b"\xc3"
+    assert TokenPieces(_Tokenizer(None)).text(7) == "<7>"  # no map: the id decoded alone
+    assert byte_level.text(99) == "<99>"

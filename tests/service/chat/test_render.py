@@ -1,0 +1,143 @@
+"""service/chat/render.py with the routes: tools reach a model whose template takes none (described in the system
+message, calls parsed as <tool_call> JSON), tool_choice "none" and parallel_tool_calls false are honoured, and
+reasoning_effort maps onto what the template reads or is refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import pytest
+from litestar.testing import TestClient
+from mlx_lm.tool_parsers import json_tools
+
+from service.app import create_app
+from service.state import AppState
+from tests.service.conftest import sse_events
+from tests.service.fake_engine import FakeEngine, FakeTokenizer
+
+USER = [{"role": "user", "content": "weather?"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+SECOND = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+
+
+class TemplateTokenizer(FakeTokenizer):
+    """The fake tokenizer with a real chat-template source (what the server reads variables from) and, when
+    asked, a model family's tool-call markers and thinking markers."""
+
+    def __init__(self, template: str, *, markers: bool = False, thinks: bool = False) -> None:
+        super().__init__()
+        self.chat_template = template
+        if markers:
+            self.tool_call_start, self.tool_call_end = json_tools.tool_call_start, json_tools.tool_call_end
+            self.tool_parser = json_tools.parse_tool_call
+        if thinks:
+            self.think_start, self.think_end = "<think>", "</think>"
+
+
+PLAIN = "{% for m in messages %}{{ m.content }}{% endfor %}"
+WITH_TOOLS = "{% if tools %}{{ tools | tojson }}{% endif %}" + PLAIN
+WITH_SWITCH = "{% if enable_thinking %}think{% endif %}" + PLAIN
+WITH_EFFORT = "Reasoning: {{ reasoning_effort }}" + PLAIN
+
+
+def _client(tokenizer: FakeTokenizer, pieces: list[str]) -> Iterator[tuple[TestClient[Any], FakeEngine]]:
+    engine = FakeEngine(pieces, context_length=4096)
+    engine.tokenizer = tokenizer
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        yield client, engine
+
+
+@pytest.fixture
+def plain_model() -> Iterator[tuple[TestClient[Any], FakeEngine]]:
+    yield from _client(TemplateTokenizer(PLAIN), ["I will check. ", CALL])
+
+
+def _chat(client: TestClient[Any], **body: Any) -> Any:
+    response = client.post("/v1/chat/completions", json={"messages": USER, **body})
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message_and_calls_are_parsed(plain_model) -> None:
+    client, engine = plain_model
+    reply = _chat(client, tools=TOOLS, messages=[{"role": "system", "content": "Be brief."}, *USER])
+    call = engine.tokenizer.template_calls[0]
+    assert call["tools"] is None
+    system = call["messages"][0]
+    assert system["role"] == "system" and system["content"].startswith("Be brief.\n\n# Tools")
+    assert json.dumps(TOOLS[0]) in system["content"] and "<tool_call>" in system["content"]
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "I will check. "
+    (tool_call,) = choice["message"]["tool_calls"]
+    assert tool_call["function"]["name"] == "get_weather"
+    assert json.loads(tool_call["function"]["arguments"]) == {"city": "Paris"}
+    # Without a system message one is added first; without tools nothing is.
+    _chat(client, tools=TOOLS)
+    assert engine.tokenizer.template_calls[-1]["messages"][0]["content"].startswith("# Tools")
+    plain = _chat(client)
+    assert engine.tokenizer.template_calls[-1]["messages"] == [{"role": "user", "content": "weather?"}]
+    assert plain["choices"][0]["message"]["content"] == "I will check. " + CALL  # no tools: no call parsing
+
+
+def test_a_template_with_tools_renders_them_itself() -> None:
+    for client, engine in _client(TemplateTokenizer(WITH_TOOLS, markers=True), ["ok"]):
+        _chat(client, tools=TOOLS)
+        call = engine.tokenizer.template_calls[0]
+        assert call["tools"] == TOOLS and call["messages"] == [{"role": "user", "content": "weather?"}]
+
+
+def test_tool_choice_none_shows_no_tools_and_parses_no_calls() -> None:
+    for client, engine in _client(TemplateTokenizer(WITH_TOOLS, markers=True), ["I will check. ", CALL]):
+        reply = _chat(client, tools=TOOLS, tool_choice="none")
+        assert engine.tokenizer.template_calls[0]["tools"] is None
+        choice = reply["choices"][0]
+        assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+        assert choice["message"]["content"] == "I will check. " + CALL
+        with_auto = _chat(client, tools=TOOLS, tool_choice="auto")["choices"][0]
+        assert with_auto["finish_reason"] == "tool_calls"
+
+
+def test_parallel_tool_calls_false_ends_the_reply_after_the_first_call() -> None:
+    pieces = [CALL, SECOND, " and more text", " that never comes"]
+    for client, engine in _client(TemplateTokenizer(WITH_TOOLS, markers=True), pieces):
+        both = _chat(client, tools=TOOLS)["choices"][0]["message"]["tool_calls"]
+        assert [c["function"]["name"] for c in both] == ["get_weather", "get_time"]
+        closed = engine.closed_streams
+        one = _chat(client, tools=TOOLS, parallel_tool_calls=False)["choices"][0]
+        assert one["finish_reason"] == "tool_calls"
+        assert [c["function"]["name"] for c in one["message"]["tool_calls"]] == ["get_weather"]
+        assert engine.closed_streams == closed + 1  # the row was stopped, not read to its end
+        events = sse_events(client.post("/v1/chat/completions", json={
+            "messages": USER, "tools": TOOLS, "parallel_tool_calls": False, "stream": True}).text)
+        assert events[-1] == "[DONE]"
+        names = [c["function"].get("name") for e in events[:-1] for c in e["choices"][0]["delta"].get("tool_calls", [])]
+        assert [n for n in names if n] == ["get_weather"]
+        assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"][0]["finish_reason"]] == ["tool_calls"]
+
+
+@pytest.mark.parametrize("template, thinks, effort, expected", [
+    (WITH_SWITCH, False, "low", {"enable_thinking": True}),
+    (WITH_SWITCH, True, "none", {"enable_thinking": False}),
+    (WITH_EFFORT, False, "high", {"reasoning_effort": "high"}),
+    (PLAIN, False, "none", {}),  # nothing thinks: off already
+    (PLAIN, True, "medium", {}),  # it always thinks
+])
+def test_reasoning_effort_sets_what_the_template_reads(template: str, thinks: bool, effort: str,
+                                                       expected: dict[str, Any]) -> None:
+    for client, engine in _client(TemplateTokenizer(template, thinks=thinks), ["ok"]):
+        _chat(client, reasoning_effort=effort)
+        call = engine.tokenizer.template_calls[0]
+        assert {k: call[k] for k in ("enable_thinking", "reasoning_effort") if k in call} == expected
+
+
+@pytest.mark.parametrize("thinks, effort, words", [(False, "high", "does not reason"),
+                                                   (True, "none", "no switch to turn that off")])
+def test_reasoning_effort_that_cannot_be_had_is_refused(thinks: bool, effort: str, words: str) -> None:
+    for client, engine in _client(TemplateTokenizer(PLAIN, thinks=thinks), ["ok"]):
+        response = client.post("/v1/chat/completions", json={"messages": USER, "reasoning_effort": effort})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["param"] == "reasoning_effort" and words in error["message"]
+        assert not engine.requests

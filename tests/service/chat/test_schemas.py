@@ -1,0 +1,90 @@
+"""service/chat/schemas.py: every field a request carries is honoured or refused with a 400 naming it — an unknown
+top-level field as OpenAI words it, a nested unknown field unless empty, a known field's values we cannot honour."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.service.fake_engine import FakeEngine
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+def _chat(client: Any, **body: Any) -> Any:
+    return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": USER, **body})
+
+
+def _refused(response: Any, param: str, *words: str) -> dict[str, Any]:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    assert all(word in error["message"] for word in words), error
+    return error
+
+
+@pytest.mark.parametrize("field, value", [("metadata", {"a": "b"}), ("prediction", {"type": "content", "content": "x"}),
+                                          ("audio", {"voice": "alloy"}), ("functions", [{"name": "f"}]),
+                                          ("web_search_options", {}), ("some_future_field", True)])
+def test_an_unknown_field_is_refused_by_name_as_openai_refuses_it(client: Any, fake_engine: FakeEngine,
+                                                                  field: str, value: Any) -> None:
+    before = len(fake_engine.requests)
+    error = _refused(_chat(client, **{field: value}), field, f"Unrecognized request argument supplied: {field}")
+    assert error["code"] == "unknown_parameter"
+    assert len(fake_engine.requests) == before  # nothing reached the engine
+    _refused(client.post("/v1/completions", json={"prompt": "x", field: value}), field, "Unrecognized")
+
+
+def test_nested_unknown_fields_pass_while_empty_and_are_refused_otherwise(client: Any) -> None:
+    # What the openai SDK's own message objects carry when a reply is sent back as history.
+    echoed = {"role": "assistant", "content": "hello", "refusal": None, "annotations": [], "audio": None,
+              "function_call": None}
+    assert _chat(client, messages=[*USER, echoed, *USER]).status_code == 200
+    _refused(_chat(client, messages=[{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}]),
+             "messages.0", "'cache_control' is not supported")
+    _refused(_chat(client, stream=True, stream_options={"include_usage": True, "include_obfuscation": True}),
+             "stream_options.include_obfuscation", "only false")
+    assert _chat(client, stream=True, stream_options={"include_obfuscation": False}).status_code == 200
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"response_format": {"type": "json_object"}}, "response_format", ("'json_object' is not supported",)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format",
+     ("'json_schema'",)),
+    ({"tool_choice": "required"}, "tool_choice", ()),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", ()),
+    ({"store": True}, "store", ("keeps no completions",)),
+    ({"service_tier": "flex"}, "service_tier", ()),
+    ({"modalities": ["text", "audio"]}, "modalities.1", ()),
+    ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools.0.function.strict",
+     ("strict function calling is not supported",)),
+    ({"top_logprobs": 2}, "top_logprobs", ("needs logprobs",)),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", ()),
+])
+def test_a_value_that_cannot_be_honoured_is_refused_by_name(client: Any, body: dict[str, Any], param: str,
+                                                            words: tuple[str, ...]) -> None:
+    _refused(_chat(client, **body), param, *words)
+
+
+def test_values_that_are_honoured_pass(client: Any, fake_engine: FakeEngine) -> None:
+    response = _chat(client, response_format={"type": "text"}, store=False, service_tier="default",
+                     modalities=["text"], tool_choice="auto", prompt_cache_retention="in_memory",
+                     safety_identifier="end-user-7")
+    assert response.status_code == 200, response.text
+
+
+def test_completions_refuse_a_suffix_and_logprobs_of_an_echoed_prompt(client: Any) -> None:
+    _refused(client.post("/v1/completions", json={"prompt": "x", "suffix": "end"}), "suffix", "suffix")
+    assert client.post("/v1/completions", json={"prompt": "x", "suffix": ""}).status_code == 200
+    _refused(client.post("/v1/completions", json={"prompt": "x", "echo": True, "logprobs": 1}), "logprobs", "echo")
+    _refused(client.post("/v1/completions", json={"prompt": "x", "logprobs": 6}), "logprobs")
+
+
+def test_the_end_user_goes_on_the_access_log_line(client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="tandem.access"):
+        assert _chat(client, user='u-"1"').status_code == 200
+        assert client.post("/v1/completions", json={"prompt": "x", "safety_identifier": "s-2"}).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "tandem.access"]
+    assert any(line.startswith("POST /v1/chat/completions 200") and line.endswith('user "u-\\"1\\""') for line in lines)
+    assert any(line.startswith("POST /v1/completions 200") and line.endswith('user "s-2"') for line in lines)
