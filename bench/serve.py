@@ -95,7 +95,9 @@ class Bench:
 
     def body(self, req: Request, tag: str) -> dict[str, Any]:
         system, user = self.maker.make(req.index, req.prompt_tokens, tag)
-        return chat_body(system, user, req.max_tokens, self.a.model_name)
+        # BENCH_BODY_EXTRA: JSON fields added to every chat request (e.g. {"logprobs":true}), to price a feature.
+        return {**chat_body(system, user, req.max_tokens, self.a.model_name),
+                **json.loads(os.environ.get("BENCH_BODY_EXTRA") or "{}")}
 
     async def scenario(self, base: str, s: Scenario, deadline: float) -> tuple[list[RequestResult], float]:
         url = base + "/v1/chat/completions"
