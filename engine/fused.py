@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-__all__ = ["FusedLinear", "fused_mlp", "heads"]
+__all__ = ["FusedLinear", "fused_mlp", "heads", "rope_rows"]
 
 
 def _quant_key(layer: nn.Module) -> tuple[Any, ...] | None:
@@ -100,11 +100,29 @@ def heads(attn: Any, proj: FusedLinear, x: mx.array, rows: int, offset: mx.array
     nh, nkv = attn.n_heads, attn.n_kv_heads
     if proj.fused and not hasattr(attn, "q_norm"):
         y = proj.project(x).reshape(rows, nh + 2 * nkv, 1, -1)
-        qk = y[:, : nh + nkv] if offset is None else attn.rope(y[:, : nh + nkv], offset=offset)
+        qk = y[:, : nh + nkv] if offset is None else rope_rows(attn.rope, y[:, : nh + nkv], offset)
         return [qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]]
     q, k, v = (a.reshape(rows, n, 1, -1) for a, n in zip(proj(x), (nh, nkv, nkv)))
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     if offset is None:
         return [q, k, v]
-    return [attn.rope(q, offset=offset), attn.rope(k, offset=offset), v]
+    return [rope_rows(attn.rope, q, offset), rope_rows(attn.rope, k, offset), v]
+
+
+# MLX's CUDA RoPE over (rows, heads, 1, head_dim) launches (head_dim / 2, 1, rows x ceil(heads / 4)) threads as one
+# block shape; at head_dim 16 and 32+ rows of 6 heads the block's z passes CUDA's 64 and no kernel launches
+# ("invalid argument", mlx 0.32.4, whatever the offsets). Rows in groups that keep z within 64; others in one call.
+_ROPE_Z_LIMIT = 64
+
+
+def rope_rows(rope: Any, x: mx.array, offset: mx.array | int) -> mx.array:
+    """`rope(x, offset=offset)` for x (rows, heads, 1, head_dim) with one offset a row (or one for all), in row
+    groups where the whole call would not launch on CUDA (comment above). Lazy. Raises what MLX raises."""
+    rows, n_heads, head_dim = x.shape[0], x.shape[1], x.shape[-1]
+    group = max(1, _ROPE_Z_LIMIT // -(-n_heads // 4))
+    if head_dim > 16 or rows <= group:
+        return rope(x, offset=offset)
+    if isinstance(offset, mx.array) and offset.ndim > 0:
+        return mx.concatenate([rope(x[i:i + group], offset=offset[i:i + group]) for i in range(0, rows, group)])
+    return mx.concatenate([rope(x[i:i + group], offset=offset) for i in range(0, rows, group)])

@@ -7,7 +7,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from engine.fused import FusedLinear, fused_mlp
+from engine.fused import FusedLinear, fused_mlp, rope_rows
 
 
 def layers(bias: bool, quantize: bool) -> list[nn.Module]:
@@ -52,3 +52,17 @@ def test_the_fused_mlp_matches_mlx_lms_and_the_model_is_unchanged(tiny_loaded) -
     want = mlp(x)
     assert mx.allclose(fused_mlp(mlp)(x), want, atol=1e-5).item()
     assert mx.allclose(model(tokens), before, atol=1e-5).item()
+
+
+@pytest.mark.parametrize("rows, n_heads, head_dim", [(200, 6, 16), (64, 16, 16), (200, 6, 64), (5, 6, 16)])
+def test_rope_rows_rotates_each_row_at_its_offset(rows: int, n_heads: int, head_dim: int) -> None:
+    # At head_dim 16 and 64+ rows MLX's CUDA RoPE (one offset a row) did not launch: the rows go in groups.
+    rope = nn.RoPE(head_dim, base=10000.0)
+    x = mx.random.normal((rows, n_heads, 1, head_dim), key=mx.random.key(3))
+    offsets = (mx.arange(rows) * 7) % 301
+    got = rope_rows(rope, x, offsets)
+    one_by_one = mx.concatenate([rope(x[i:i + 1], offset=int(offsets[i].item())) for i in range(rows)])
+    assert got.shape == x.shape
+    assert mx.allclose(got, one_by_one, atol=1e-5).item()
+    same = mx.concatenate([rope(x[i:i + 1], offset=5) for i in range(rows)])
+    assert mx.allclose(rope_rows(rope, x, 5), same, atol=1e-5).item()  # one offset for all (in groups too)
