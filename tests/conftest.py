@@ -14,8 +14,7 @@ from engine.backend import ensure_fast_blas
 # our packed forwards with mlx-lm's at 1e-4, a check of the batching, not of TF32's rounding. Read once by MLX.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
 # MLX reads its CUDA settings once, when it first touches the device (in a test process, long before an Engine
-# applies them): set the server's here, so the tests run MLX as `tandem serve` does (CUDA graphs off: with them
-# on, a lane job's launch beside the decode thread failed in cudaGraphAddKernelNode on the H200).
+# applies them): set the server's here, so the tests on a GPU run MLX as `tandem serve` does (CUDA graphs off).
 for _name, _value in SERVING_DEFAULTS.items():
     os.environ.setdefault(_name, _value)
 
