@@ -5,18 +5,18 @@ ids and numbers (engine/contracts.py TokenLogprob); the text of one token is its
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Any, Sequence
 
 from engine.contracts import TokenLogprob
 from engine.token_pieces import TokenPieces
+from service.chat.per_tokenizer import PerTokenizer
 from service.chat.schemas import ChoiceLogprobs, CompletionLogprobs, LogprobEntry, TopLogprob
 
 __all__ = ["token_pieces", "chat_logprobs", "completion_logprobs", "requested_logprobs"]
 
 # OpenAI writes this for a probability too small to show (JSON has no -Infinity).
 _FLOOR = -9999.0
-_PIECES: "weakref.WeakKeyDictionary[Any, TokenPieces]" = weakref.WeakKeyDictionary()
+_PIECES = PerTokenizer(TokenPieces)
 
 
 def requested_logprobs(logprobs: bool | int | None, top_logprobs: int | None = None) -> int | None:
@@ -29,15 +29,7 @@ def requested_logprobs(logprobs: bool | int | None, top_logprobs: int | None = N
 
 def token_pieces(tokenizer: Any) -> TokenPieces:
     """The tokenizer's TokenPieces, built once. Raises nothing."""
-    try:
-        return _PIECES[tokenizer]
-    except (KeyError, TypeError):
-        pieces = TokenPieces(tokenizer)
-        try:
-            _PIECES[tokenizer] = pieces
-        except TypeError:  # not weakly referenceable
-            pass
-        return pieces
+    return _PIECES.get(tokenizer)
 
 
 def _finite(value: float) -> float:

@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import json
-import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import anyio
 
 from service.abortable import run_abortable
+from service.chat.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
     common_prefix_boundary,
     encode_rendered,
@@ -46,8 +46,7 @@ RESERVED_KWARGS = frozenset({
     "processor_kwargs",
 })
 
-_LONGEST: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()
-_VARIABLES: "weakref.WeakKeyDictionary[Any, frozenset[str] | None]" = weakref.WeakKeyDictionary()
+_VARIABLES = PerTokenizer(template_variables)
 
 
 @dataclass(frozen=True)
@@ -73,19 +72,6 @@ def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None
                            param=f"chat_template_kwargs.{key}", code="invalid_value")
 
 
-def _variables(tokenizer: Any) -> frozenset[str] | None:
-    """template_variables, parsed once per tokenizer. Raises nothing."""
-    try:
-        return _VARIABLES[tokenizer]
-    except (KeyError, TypeError):
-        found = template_variables(tokenizer)
-        try:
-            _VARIABLES[tokenizer] = found
-        except TypeError:  # not weakly referenceable: parse each time
-            pass
-        return found
-
-
 def _thinks(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "think_start", None) and getattr(tokenizer, "think_end", None))
 
@@ -93,7 +79,7 @@ def _thinks(tokenizer: Any) -> bool:
 def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates: bool) -> dict[str, Any]:
     """The template variables a request sets. Raises APIError 400 naming the field (chat_template_kwargs.KEY,
     reasoning_effort) that cannot be honoured."""
-    variables = _variables(tokenizer)
+    variables = _VARIABLES.get(tokenizer)
     try:
         kwargs = template_kwargs(body, variables, _thinks(tokenizer))
     except ValueError as exc:
@@ -102,24 +88,17 @@ def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates:
     return kwargs
 
 
-def _longest_token(tokenizer: Any) -> int | None:
-    try:
-        return _LONGEST[tokenizer]
-    except (KeyError, TypeError):
-        pass
+def _longest_token_of(tokenizer: Any) -> int | None:
     get_vocab = getattr(tokenizer, "get_vocab", None)
     try:
         vocab = get_vocab() if callable(get_vocab) else None
         longest = max((len(piece) for piece in vocab), default=0) if vocab else 0
     except Exception:  # noqa: BLE001 — a tokenizer that cannot list its vocabulary gets no bound
         return None
-    if longest <= 0:
-        return None
-    try:
-        _LONGEST[tokenizer] = longest
-    except TypeError:  # not weak-referenceable: computed again next time
-        pass
-    return longest
+    return longest if longest > 0 else None
+
+
+_LONGEST = PerTokenizer(_longest_token_of)
 
 
 def char_bound(engine: ChatEngine) -> int | None:
@@ -127,7 +106,7 @@ def char_bound(engine: ChatEngine) -> int | None:
     are written one character per byte or longer, so each token covers at most the longest entry's
     length in characters. Raises nothing."""
     context = engine.context_length
-    longest = _longest_token(engine.tokenizer) if engine.tokenizer is not None else None
+    longest = _LONGEST.get(engine.tokenizer) if engine.tokenizer is not None else None
     if not isinstance(context, int) or context <= 0 or longest is None:
         return None
     return context * longest
@@ -156,7 +135,7 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     tokenizer = engine.tokenizer
     messages, tools = template_messages(body.messages), request_tools(body)
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates)
-    variables = _variables(tokenizer)
+    variables = _VARIABLES.get(tokenizer)
     json_calls = bool(tools) and variables is not None and "tools" not in variables
     if json_calls and tools:
         messages, tools = with_tool_prompt(messages, tools), None
