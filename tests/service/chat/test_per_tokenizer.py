@@ -13,8 +13,8 @@ class Tokenizer:
 
 
 def test_built_once_per_tokenizer_and_dropped_with_it() -> None:
-    built: list[Any] = []
-    cache = PerTokenizer(lambda tok: built.append(tok) or len(built))
+    built: list[str] = []
+    cache = PerTokenizer(lambda tok: built.append(type(tok).__name__) or len(built))
     a, b = Tokenizer(), Tokenizer()
     assert [cache.get(a), cache.get(a), cache.get(b)] == [1, 1, 2]
     assert len(cache._values) == 2
