@@ -75,7 +75,7 @@ class DecodePipeline:
     def eligible(self, rows: Sequence[Row]) -> bool:
         """Every row decodes from a slot and samples without history-dependent processing. Raises nothing."""
         return self.enabled and bool(rows) and all(
-            r.decoding and r.slot is not None and r.sampler.plain for r in rows)
+            r.decoding and r.slot is not None and r.sampler.pipelines for r in rows)
 
     def take(self) -> InFlight | None:
         """Hand the in-flight step over unread (the next iteration goes on from it). Raises nothing."""

@@ -74,19 +74,23 @@ class RowSampler:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no logits processing: batch mates can share one argmax. (A row that wants log
-        probabilities samples on its own and is read before it samples again: never plain.)"""
+        """Greedy with no logits processing: batch mates can share one argmax."""
         p = self.params
-        return (p.temperature == 0 and p.logprobs is None and self._bias is None and p.repetition_penalty == 1.0
+        return (p.temperature == 0 and self._bias is None and p.repetition_penalty == 1.0
                 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
 
     @property
     def plain(self) -> bool:
         """Greedy or plain temperature, unseeded, no processors: batch mates share one draw."""
-        return self.plain_greedy or (self.params.temperature > 0 and self.params.logprobs is None
-                                     and self._key is None and not self._filters
+        return self.plain_greedy or (self.params.temperature > 0 and self._key is None and not self._filters
                                      and self._bias is None and self.params.repetition_penalty == 1.0
                                      and self.params.presence_penalty == 0.0 and self.params.frequency_penalty == 0.0)
+
+    @property
+    def pipelines(self) -> bool:
+        """Plain, and nothing kept beside its token: its next step may sample before this one's token is read
+        (engine/pipeline.py). A row that wants log probabilities is read before it samples again."""
+        return self.plain and self.params.logprobs is None
 
     def sample(self, logits: mx.array) -> mx.array:
         """Sample from one row's logits, shape (1, vocab) → (1,) token array, unevaluated. Raises nothing."""
@@ -168,10 +172,14 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(samplers)} samplers")
     if all(s.plain_greedy for s in samplers):
-        return mx.argmax(logits, axis=-1)
+        tokens = mx.argmax(logits, axis=-1)
+        _shared_logprobs(logits, tokens, samplers, range(len(samplers)))
+        return tokens
     plain = [i for i, s in enumerate(samplers) if s.plain]
     if len(plain) == len(samplers):
-        return _sample_plain(logits, samplers)
+        tokens = _sample_plain(logits, samplers)
+        _shared_logprobs(logits, tokens, samplers, plain)
+        return tokens
     if len(plain) < 2:
         picks = [s.sample(logits[i : i + 1]) for i, s in enumerate(samplers)]
         return picks[0] if len(picks) == 1 else mx.concatenate(picks)
@@ -180,7 +188,31 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
     parts = [_sample_plain(logits[mx.array(plain)], [samplers[i] for i in plain])]
     parts += [samplers[i].sample(logits[i : i + 1]) for i in rest]
     where = {row: n for n, row in enumerate(plain + rest)}
-    return mx.concatenate(parts)[mx.array([where[i] for i in range(len(samplers))])]
+    tokens = mx.concatenate(parts)[mx.array([where[i] for i in range(len(samplers))])]
+    _shared_logprobs(logits, tokens, samplers, plain)
+    return tokens
+
+
+def _shared_logprobs(logits: mx.array, tokens: mx.array, samplers: Sequence[RowSampler], rows: Iterable[int]) -> None:
+    """Log probabilities for the rows among `rows` that want them, in one set of ops over all of them (rows
+    sampled in a shared draw; a row sampled alone computed its own). Lazy. Raises nothing."""
+    want = [i for i in rows if samplers[i].params.logprobs is not None]
+    if not want:
+        return
+    pick = mx.array(want)
+    x = logits[pick].astype(mx.float32)
+    logp = x - mx.logsumexp(x, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logp, tokens[pick][:, None], axis=-1)[:, 0]
+    k = min(max(cast(int, samplers[i].params.logprobs) for i in want), logp.shape[-1])
+    if k:
+        ids = mx.argpartition(-logp, k - 1, axis=-1)[:, :k]
+        values = mx.take_along_axis(logp, ids, axis=-1)
+        order = mx.argsort(-values, axis=-1)
+        ids, values = mx.take_along_axis(ids, order, axis=-1), mx.take_along_axis(values, order, axis=-1)
+    for j, i in enumerate(want):
+        n = min(cast(int, samplers[i].params.logprobs), k)
+        top = (ids[j, :n], values[j, :n]) if n else (mx.zeros((0,), mx.int32), mx.zeros((0,), mx.float32))
+        samplers[i]._logprob = (chosen[j], *top)
 
 
 def _sample_plain(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:

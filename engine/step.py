@@ -159,7 +159,7 @@ class BatchStep:
         # building this forward overlaps the device's work on that step, also when rows joined or left, and when
         # the slot buffers shrink (the compaction's copies queue behind the in-flight step's writes).
         chain = (flight is not None and not whole and decode
-                 and all(r.sampler.plain for r in flight.rows if not r.ended))
+                 and all(r.sampler.pipelines for r in flight.rows if not r.ended))
         if flight is not None and not whole and not chain:
             self.record.note("drain")
             outputs = [(r, self.accept(r, t)) for r, t in self.pipeline.drain()]
@@ -281,7 +281,7 @@ class BatchStep:
         with decoding rows whose samplers need no history, so the next step samples before this one is read.
         Raises nothing."""
         if not (self.keep_mixed and self.pipeline.enabled and launch.decode_rows and launch.tokens is not None
-                and all(r.sampler.plain for r in launch.rows)):
+                and all(r.sampler.pipelines for r in launch.rows)):
             return False
         launch.touched = []
         self.pipeline.inflight = launch

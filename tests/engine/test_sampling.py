@@ -115,7 +115,7 @@ def test_logprobs_are_the_raw_logits_log_softmax_beside_any_sampling() -> None:
     expected = logits[0] - mx.logsumexp(logits[0])
     # Temperature, bias and filters change the draw, never the reported distribution.
     s = RowSampler(SamplingParams(temperature=0.7, top_k=2, logit_bias={7: 50.0}, seed=1, logprobs=3), [], V)
-    assert not s.plain and not s.plain_greedy  # read before it samples again: never pipelined
+    assert not s.plain and not s.pipelines  # samples alone, and is read before it samples again
     token = s.sample(logits)
     mx.eval(token, *s.arrays())
     got = s.take_logprob(int(token.item()))
@@ -135,6 +135,34 @@ def test_logprobs_zero_gives_the_token_only_and_k_past_the_vocabulary_gives_it_a
     assert got is not None and len(got.top) == V and got.top[0][0] == 4
     plain = RowSampler(SamplingParams(temperature=0.0), [], V)
     assert plain.take_logprob(int(plain.sample(logits_with({4: 2.0})).item())) is None
+
+
+def test_rows_sharing_a_draw_get_their_logprobs_from_one_set_of_ops(monkeypatch) -> None:
+    # Greedy rows share one argmax whatever they ask; their log probabilities are computed together, each row's k
+    # its own. Such a row is read before it samples again (never pipelined).
+    logits = mx.stack([logits_with({1: 2.0, 3: 1.0})[0], logits_with({5: 4.0, 6: 3.5, 7: 3.0})[0],
+                       logits_with({9: 1.0})[0]])
+    samplers = [RowSampler(SamplingParams(temperature=0.0, logprobs=k), [], V) for k in (2, 3, None)]
+    assert all(s.plain_greedy for s in samplers) and [s.pipelines for s in samplers] == [False, False, True]
+    alone = []
+    monkeypatch.setattr(RowSampler, "sample", lambda self, x: alone.append(self) or mx.argmax(x, axis=-1))
+    tokens = sample_rows(logits, samplers)
+    mx.eval(tokens, *[a for s in samplers for a in s.arrays()])
+    assert not alone and tokens.tolist() == [1, 5, 9]
+    expected = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    first, second = samplers[0].take_logprob(1), samplers[1].take_logprob(5)
+    assert first is not None and second is not None and samplers[2].take_logprob(9) is None
+    assert [t for t, _ in first.top] == [1, 3] and [t for t, _ in second.top] == [5, 6, 7]
+    assert first.logprob == pytest.approx(float(expected[0, 1]), abs=1e-5)
+    assert [v for _, v in second.top] == pytest.approx([float(expected[1, i]) for i in (5, 6, 7)], abs=1e-5)
+    # Beside a row that samples alone (a seeded one), the shared rows still get theirs.
+    mixed = [RowSampler(SamplingParams(temperature=0.0, logprobs=1), [], V),
+             RowSampler(SamplingParams(temperature=0.0, logprobs=0), [], V),
+             RowSampler(SamplingParams(temperature=1.0, seed=4), [], V)]
+    tokens = sample_rows(logits, mixed)
+    assert len(alone) == 1 and alone[0] is mixed[2]
+    got = mixed[0].take_logprob(int(tokens[0].item()))
+    assert got is not None and got.top[0][0] == 1 and mixed[1].take_logprob(5) is not None
 
 
 def test_validate_sampling_rejects_out_of_range_values() -> None:
