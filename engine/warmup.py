@@ -4,7 +4,7 @@ MLX on CUDA compiles a kernel the first time it meets an op, dtype or fused grap
 the first time it meets an iteration's op sequence: left to the first clients, that costs seconds of
 time-to-first-token, and a module compiled while serving stalls every stream (one process-wide lock). The rows
 below cover one row alone, concurrent rows, chunked prefill beside decode (packed mixed iterations), the
-pipelined decode and rows leaving it, each sampler kind and a prefix-cache hit.
+pipelined decode and rows leaving it, each sampler kind (log probabilities too) and a prefix-cache hit.
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ _SAMPLERS = (
     SamplingParams(temperature=0.8, top_p=0.9),
     SamplingParams(temperature=0.7, top_k=20, min_p=0.05),
     SamplingParams(temperature=0.6, repetition_penalty=1.1, presence_penalty=0.2, logit_bias={1: -1.0}),
+)
+
+
+_LOGPROBS = (
+    SamplingParams(temperature=0.0, logprobs=5),
+    SamplingParams(temperature=0.0, logprobs=0),
+    SamplingParams(temperature=0.7, top_k=20, logprobs=2),
 )
 
 
@@ -59,6 +66,9 @@ async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LL
         # Rows that decode together and finish one after another: the next step takes the tokens in flight of the
         # rows left (a gather of sampled ids). Missed here, it compiled while serving (H200: a 3 s stall, c8).
         ("rows leaving a pipelined decode", [(_prompt(4, 20, vocab), _SAMPLERS[0], n) for n in (3, 6, 9)]),
+        # Log probabilities: rows in the shared draw (one set of ops over them) and one sampled alone. Missed here,
+        # their ops compiled under the first client that asked (H200: 8 of 64 requests past their budget, c8).
+        ("log probabilities", [(_prompt(6, 30 + i, vocab), sampling, 5) for i, sampling in enumerate(_LOGPROBS)]),
     ]
     for label, rows in stages:
         if report is not None:

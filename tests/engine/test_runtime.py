@@ -258,8 +258,26 @@ async def test_open_loads_on_the_thread_that_serves(llama3_dir) -> None:
     assert len(result.token_ids) == 4 and result.error is None
 
 
-async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_loaded) -> None:
+async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_loaded, monkeypatch) -> None:
+    import engine.sampling as sampling
     from engine.prefix_cache import PrefixCache
+
+    # Both ways log probabilities are computed: over the rows of a shared draw, and beside a row sampled alone.
+    logprob_paths: set[str] = set()
+    shared, alone = sampling._shared_logprobs, sampling._logprobs
+
+    def spy_shared(logits, tokens, samplers, rows):
+        rows = list(rows)
+        if any(samplers[i].params.logprobs is not None for i in rows):
+            logprob_paths.add("shared")
+        return shared(logits, tokens, samplers, rows)
+
+    def spy_alone(*args):
+        logprob_paths.add("alone")
+        return alone(*args)
+
+    monkeypatch.setattr(sampling, "_shared_logprobs", spy_shared)
+    monkeypatch.setattr(sampling, "_logprobs", spy_alone)
 
     # The inline paths (decode, prefill, mixed): a GPU's default prefill lane would prefill beside them instead.
     engine = Engine(tiny_loaded, max_active=8, max_iteration_tokens=32, prefix_cache=PrefixCache(1 << 24),
@@ -278,8 +296,9 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
         tg.start_soon(engine.serve)
         seconds = await engine.warm_up(seen.append, force=True)
         engine.close()
-    assert seconds > 0 and len(seen) == 4
+    assert seconds > 0 and len(seen) == 5
     assert {"mixed", "prefill", "decode"} <= paths
+    assert logprob_paths == {"shared", "alone"}
     assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0
     # Its compiles are not serving costs: /stats iteration times and the pacer start from clients' work.
     times = engine.group.iteration_times.snapshot()
