@@ -66,14 +66,22 @@ def is_raw_pcm(content_type: str | None) -> bool:
     return mime in RAW_PCM_TYPES
 
 
+_PCM_PARAMETERS = frozenset({"rate", "encoding", "channels"})
+
+
 def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     """`audio/pcm;rate=48000;encoding=s16le` → PcmFormat (rate defaults to 16000, encoding to f32le;
-    `audio/L16` means s16). Raises AudioInputError for a bad rate, encoding or channel count."""
+    `audio/L16` means s16). Raises AudioInputError for a bad rate, encoding or channel count, or a parameter it
+    does not know (never silently read as the default)."""
     mime, *params = (content_type or "audio/pcm").split(";")
     values: dict[str, str] = {}
     for part in params:
         key, _, value = part.partition("=")
-        values[key.strip().lower()] = value.strip().strip('"').lower()
+        if key.strip():
+            values[key.strip().lower()] = value.strip().strip('"').lower()
+    if unknown := sorted(set(values) - _PCM_PARAMETERS):
+        raise AudioInputError(f"content-type parameter {unknown[0]!r} is not supported (rate, encoding, channels)",
+                              param=unknown[0], code="invalid_content_type")
     default_encoding = "s16le" if mime.strip().lower() == "audio/l16" else "f32le"
     try:
         rate = int(values.get("rate", SAMPLE_RATE))

@@ -31,6 +31,13 @@ async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception) -> None:
     await socket.close(code=close_code(err))
 
 
+def _known_query(socket: WebSocket[Any, Any, Any], known: set[str]) -> None:
+    """Raises APIError 400 naming a query parameter the route does not read (a typo must not pass as a default)."""
+    if unknown := sorted(set(socket.query_params) - known):
+        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} (this socket reads {', '.join(sorted(known))})",
+                       param=unknown[0], code="unknown_parameter")
+
+
 @websocket("/v1/audio/live")
 async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, rate: int = SAMPLE_RATE,
                encoding: str = "f32le", interval: float = 0.25, vad: bool | None = None) -> None:
@@ -42,6 +49,7 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
     await socket.accept()
     state = get_state(socket)
     try:
+        _known_query(socket, {"language", "rate", "encoding", "interval", "vad"})
         speech = served_speech(state, None)
         fmt = parse_pcm_content_type(f"audio/pcm;rate={rate};encoding={encoding}")
         if not 0 <= interval <= 60:
@@ -69,6 +77,7 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
     await socket.accept()
     state = get_state(socket)
     try:
+        _known_query(socket, {"intent", "model"})
         if intent != "transcription":
             raise APIError(400, "only transcription sessions are served here: connect with ?intent=transcription",
                            param="intent", code="invalid_value")

@@ -35,6 +35,7 @@ def test_parse_content_type_defaults_and_params() -> None:
     assert parse_pcm_content_type("audio/pcm;rate=48000;encoding=s16le") == PcmFormat(48000, "s16le", 1)
     assert parse_pcm_content_type("audio/pcm; rate=8000; channels=2").channels == 2
     assert parse_pcm_content_type("audio/L16;rate=22050").encoding == "s16le"
+    assert parse_pcm_content_type("audio/pcm;rate=8000;").rate == 8000  # a trailing ";" names nothing
     assert is_raw_pcm("audio/pcm;rate=16000") and not is_raw_pcm("audio/wav")
 
 
@@ -43,6 +44,7 @@ def test_parse_content_type_defaults_and_params() -> None:
     ("audio/pcm;rate=96000", "unsupported_sample_rate"),
     ("audio/pcm;rate=abc", "invalid_content_type"),
     ("audio/pcm;encoding=u8", "invalid_content_type"),
+    ("audio/pcm;rate=16000;samplerate=48000", "invalid_content_type"),  # not read as 16 kHz in silence
 ])
 def test_parse_content_type_rejects(ct: str, code: str) -> None:
     with pytest.raises(AudioInputError) as err:

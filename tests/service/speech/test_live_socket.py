@@ -75,6 +75,16 @@ def test_realtime_needs_the_transcription_intent(client: TestClient[Any]) -> Non
     assert event["type"] == "error" and event["error"]["param"] == "intent"
 
 
+@pytest.mark.parametrize("path, param", [("/v1/realtime?intent=transcription&modle=whisper-1", "modle"),
+                                         ("/v1/audio/live?rate=48000&encodng=s16le", "encodng")])
+def test_a_query_parameter_the_socket_does_not_read_is_refused_by_name(client: TestClient[Any], path: str,
+                                                                       param: str) -> None:
+    with client.websocket_connect(path) as ws:
+        event = ws.receive_json(timeout=30)
+    assert event["type"] == "error" and event["error"]["param"] == param
+    assert event["error"]["code"] == "unknown_parameter"
+
+
 def test_a_beta_session_is_created_and_updated(client: TestClient[Any], whisper_dir: Path) -> None:
     with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
         created = ws.receive_json(timeout=30)
