@@ -22,6 +22,7 @@ from service.chat.render import render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
 from service.chat.schemas import (
     ChatChoice,
+    ChoiceLogprobs,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -65,27 +66,31 @@ async def _chat_events(
 ) -> AsyncGenerator[bytes, None]:
     chunk = ChunkEncoder(meta).encode
     held: list[TokenLogprob] = []  # log probabilities of tokens whose text has not shown in a chunk yet
+
+    def shown() -> ChoiceLogprobs | None:  # the held tokens' entries, for the chunk going out now
+        nonlocal held
+        entries = chat_logprobs(pieces, held) if held and pieces is not None else None
+        held = []
+        return entries
+
     try:
         yield chunk(ChoiceDelta(role="assistant", content=""))
         finish: str | None = None
         async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
             async for text, finish in items:
-                if pieces is None:
+                if pieces is None:  # the common case, kept to the text alone
                     for choice_delta in translator.feed(text):
                         yield chunk(choice_delta)
                 else:
                     held += reader.take_logprobs()
                     for choice_delta in translator.feed(text):
-                        yield chunk(choice_delta, logprobs=chat_logprobs(pieces, held) if held else None)
-                        held = []
+                        yield chunk(choice_delta, logprobs=shown())
                 if translator.done:
                     finish = None
                     break
         for choice_delta in translator.finish():
-            yield chunk(choice_delta, logprobs=chat_logprobs(pieces, held) if held and pieces else None)
-            held = []
-        last = chat_logprobs(pieces, held) if held and pieces else None
-        yield chunk(ChoiceDelta(), translator.finish_reason(finish), logprobs=last)
+            yield chunk(choice_delta, logprobs=shown())
+        yield chunk(ChoiceDelta(), translator.finish_reason(finish), logprobs=shown())
         if include_usage:
             usage = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage())
             yield sse_data(usage)
