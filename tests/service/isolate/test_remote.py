@@ -48,6 +48,15 @@ def test_chat_runs_in_another_process(isolated: TestClient[Any]) -> None:
     assert chat(isolated, logit_bias=NO_EOS).json()["usage"]["completion_tokens"] == 6  # EOS banned: exactly 6
 
 
+def test_log_probabilities_cross_the_process_boundary(isolated: TestClient[Any]) -> None:
+    body = chat(isolated, logit_bias=NO_EOS, logprobs=True, top_logprobs=2, temperature=0).json()
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == 6 and all(len(e["top_logprobs"]) == 2 and e["logprob"] <= 0 for e in content)
+    # Greedy: each token is its own likeliest (the bias moved no token the model would pick here).
+    assert all(e["top_logprobs"][0]["token"] == e["token"] for e in content)
+    assert "".join(e["token"] for e in content) == body["choices"][0]["message"]["content"]
+
+
 @pytest.mark.parametrize("error", [ContextTooLong("too long", param="prompt"),
                                    MemoryAdmission("no room", code="context_over_budget", param="max_tokens"),
                                    EngineRestarting("later", retry_after=7),
