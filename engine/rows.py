@@ -48,7 +48,8 @@ class Row:
     in_lane: bool = False
     generated: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)
-    unsent_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Log probabilities not yet sent, each with where its token's text starts (engine/sampling.py StopMatcher).
+    unsent_logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
 
     @classmethod

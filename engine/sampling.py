@@ -248,6 +248,22 @@ class StopMatcher:
         self.generated = 0
         self._pending = ""  # decoded text not yet emitted (could be the start of a stop string)
         self.finish_reason: FinishReason | None = None
+        # With stop strings: characters emitted so far, and where a stop string cut the text (None: it did not).
+        self.shown = 0
+        self._cut_at: int | None = None
+
+    def position(self) -> int:
+        """Where the next token's text starts in the row's text (with stop strings; 0 without). Raises nothing."""
+        return self.shown + len(self._pending)
+
+    def shown_before(self) -> float:
+        """Text starting before this position has been emitted (a token's whose text starts there was shown);
+        everything when there are no stop strings or the row ended without a cut. Raises nothing."""
+        if self._cut_at is not None:
+            return self._cut_at
+        if not self.stop_strings or self.finish_reason is not None:
+            return float("inf")
+        return self.shown
 
     def add(self, token: int, *, at_context_limit: bool = False) -> StepText:
         """Feed one sampled token. Raises RuntimeError if the row already finished."""
@@ -267,12 +283,14 @@ class StopMatcher:
         if cut is not None:
             text, self._pending = self._pending[:cut], ""
             self.finish_reason = "stop"
+            self.shown = self._cut_at = self.shown + cut
             return StepText(text, "stop")
         if self.generated >= self.max_tokens or at_context_limit:
             return self._finish("length")
         keep = self._holdback()
         text = self._pending[: len(self._pending) - keep]
         self._pending = self._pending[len(text):]
+        self.shown += len(text)
         return StepText(text, None)
 
     def _finish(self, reason: FinishReason) -> StepText:
@@ -282,8 +300,10 @@ class StopMatcher:
         if cut is not None:
             reason = "stop"
             text = self._pending[:cut]
+            self._cut_at = self.shown + cut
         else:
             text = self._pending
+        self.shown += len(text)
         self._pending = ""
         self.finish_reason = reason
         return StepText(text, reason)

@@ -327,9 +327,10 @@ class BatchStep:
         row.unsent_ids.append(token)
         logprob = row.sampler.take_logprob(token)
         at_limit = len(row.prompt) + len(row.generated) >= self.context_length
+        start = row.stopper.position()
         step = row.stopper.add(token, at_context_limit=at_limit)
         if logprob is not None and token not in row.stopper.stop_ids:  # a stop token is no part of the text
-            row.unsent_logprobs.append(logprob)
+            row.unsent_logprobs.append((start, logprob))
         if step.finish_reason is not None:
             row.finish()
             self.kv.put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
@@ -338,7 +339,11 @@ class BatchStep:
         ids, row.unsent_ids = row.unsent_ids, []
         delta = row_delta(row, step.text, ids, step.finish_reason)
         if row.unsent_logprobs:
-            delta.logprobs, row.unsent_logprobs = row.unsent_logprobs, []
+            # Tokens whose text has begun to show; those still held wait, and those a stop string cut off never go.
+            limit = row.stopper.shown_before()
+            delta.logprobs = [lp for start, lp in row.unsent_logprobs if start < limit]
+            row.unsent_logprobs = [] if step.finish_reason else \
+                [(start, lp) for start, lp in row.unsent_logprobs if start >= limit]
         return delta
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int,

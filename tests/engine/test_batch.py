@@ -223,6 +223,35 @@ async def test_stop_string_ends_the_row_and_is_not_emitted(tiny_loaded) -> None:
     assert tokens_of(deltas) == tokens_of(free)[: len(tokens_of(deltas))]
 
 
+async def test_logprobs_go_with_the_text_shown_and_not_past_a_stop_string(tiny_loaded) -> None:
+    # Each token's log probability is sent once its text begins to show: held while it may begin a stop string,
+    # never when the stop string cut it off.
+    prompt = tiny_loaded.tokenizer.encode("The quick brown fox")
+    asked = SamplingParams(temperature=0.0, logprobs=1)
+    free = (await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, asked, max_tokens=24)], [0]))[0]
+    tokens, full = tokens_of(free), "".join(d.text for d in free)
+    detok = tiny_loaded.tokenizer.detokenizer
+    starts = []
+    for t in tokens:  # where each token's text starts in the reply
+        starts.append(len(detok.text))
+        detok.add_token(t)
+    cut = next(i for i in range(6, len(full) - 3) if full[i:i + 3].isalpha() and full.find(full[i:i + 3]) == i)
+    stop = full[cut:cut + 3]
+    deltas = (await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, asked, max_tokens=24, stop=[stop])],
+                             [0]))[0]
+    assert "".join(d.text for d in deltas) == full[:cut]
+    sent = [lp.token for d in deltas for lp in d.logprobs]
+    assert sent == [t for t, at in zip(tokens, starts) if at < cut]
+    assert len(sent) < len(tokens_of(deltas))  # the stop string's own tokens had none sent
+    # Sent with the delta that shows their text: never ahead of it.
+    sent_so_far, shown = 0, 0
+    for d in deltas:
+        shown += len(d.text)
+        for _ in d.logprobs:
+            assert starts[sent_so_far] < shown
+            sent_so_far += 1
+
+
 async def test_seeded_row_is_reproducible_regardless_of_batch_mates(tiny_loaded) -> None:
     seeded = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
     prompt = prompt_of(8, 3)
