@@ -79,7 +79,8 @@ class Delta:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
-    # Rows that asked for log probabilities: one per token that produced text here (not a stop token's).
+    # Rows that asked for log probabilities: one per token whose text begins to show here (never a stop token's,
+    # nor one a stop string cut off).
     logprobs: list[TokenLogprob] = field(default_factory=list)
 
 

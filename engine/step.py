@@ -325,9 +325,9 @@ class BatchStep:
         row.generated.append(token)
         row.last_token = token
         row.unsent_ids.append(token)
-        logprob = row.sampler.take_logprob(token)
+        logprob = row.sampler.take_logprob(token)  # None unless the row asked
         at_limit = len(row.prompt) + len(row.generated) >= self.context_length
-        start = row.stopper.position()
+        start = row.stopper.position() if logprob is not None else 0
         step = row.stopper.add(token, at_context_limit=at_limit)
         if logprob is not None and token not in row.stopper.stop_ids:  # a stop token is no part of the text
             row.unsent_logprobs.append((start, logprob))
