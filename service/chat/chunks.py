@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from service.chat.schemas import ChatCompletionChunk, ChoiceDelta, ChoiceLogprobs, ChunkChoice, FinishReason
+from service.chat.replies import ChatCompletionChunk, ChoiceDelta, ChoiceLogprobs, ChunkChoice, FinishReason
 from service.chat.stream import ResponseMeta
 from service.http.sse import sse_data
 

@@ -10,15 +10,8 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 from engine.chat_output import ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart
-from service.chat.schemas import (
-    AssistantMessage,
-    ChoiceDelta,
-    FinishReason,
-    FunctionCall,
-    FunctionCallDelta,
-    ToolCall,
-    ToolCallDelta,
-)
+from service.chat.replies import AssistantMessage, ChoiceDelta, FinishReason, FunctionCallDelta, ToolCallDelta
+from service.chat.schemas import FunctionCall, ToolCall
 
 __all__ = ["Splitter", "PlainSplitter", "ChatTranslator"]
 

@@ -20,14 +20,8 @@ from service.chat.output import ChatTranslator
 from service.chat.prompt import request_tools
 from service.chat.render import render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
-from service.chat.schemas import (
-    ChatChoice,
-    ChoiceLogprobs,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatCompletionRequest,
-    ChoiceDelta,
-)
+from service.chat.replies import ChatChoice, ChoiceLogprobs, ChatCompletion, ChatCompletionChunk, ChoiceDelta
+from service.chat.schemas import ChatCompletionRequest
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter

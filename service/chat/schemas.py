@@ -1,4 +1,5 @@
-"""Pydantic models of chat and text completions (OpenAI's shapes) — the OpenAPI source for /v1/*completions.
+"""Pydantic models of chat and text completion requests (OpenAI's shapes) — the OpenAPI source for the
+/v1/*completions bodies; the replies are service/chat/replies.py.
 
 Every field a request carries is honoured or refused with a 400 naming it, never silently ignored: an unknown
 top-level field is refused as OpenAI refuses it ("Unrecognized request argument supplied"), a nested object may
@@ -24,28 +25,14 @@ __all__ = [
     "SamplingFields",
     "ChatCompletionRequest",
     "CompletionRequest",
-    "TopLogprob",
-    "LogprobEntry",
-    "ChoiceLogprobs",
-    "CompletionLogprobs",
-    "PromptTokensDetails",
-    "Usage",
-    "ToolCallDelta",
-    "FunctionCallDelta",
-    "ChoiceDelta",
-    "ChunkChoice",
-    "ChatCompletionChunk",
-    "AssistantMessage",
-    "ChatChoice",
-    "ChatCompletion",
-    "FinishReason",
-    "CompletionChoice",
-    "Completion",
 ]
 
 
-def _omit_none(value: Any) -> bool:
-    return value is None
+def _only_false(value: bool | None, why: str) -> bool | None:
+    """A switch whose `true` this server cannot honour. Raises ValueError saying `why`."""
+    if value:
+        raise ValueError(why)
+    return value
 
 
 def _empty(value: Any) -> bool:
@@ -69,9 +56,6 @@ class _Body(_Request):
     """A request body: unknown top-level fields are refused (service/http/handlers.py words it as OpenAI does)."""
 
     model_config = ConfigDict(extra="forbid")
-
-
-# ---------------------------------------------------------------- requests
 
 
 class TextPart(_Request):
@@ -121,9 +105,7 @@ class StreamOptions(_Request):
     @field_validator("include_obfuscation")
     @classmethod
     def _no_obfuscation(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("chunks are never padded here: only false is supported")
-        return value
+        return _only_false(value, "chunks are never padded here: only false is supported")
 
 
 class FunctionDefinition(_Request):
@@ -135,10 +117,8 @@ class FunctionDefinition(_Request):
     @field_validator("strict")
     @classmethod
     def _not_strict(cls, strict: bool | None) -> bool | None:
-        if strict:
-            raise ValueError("strict function calling is not supported: the arguments a model writes are not "
-                             "constrained to the schema")
-        return strict
+        return _only_false(strict, "strict function calling is not supported: the arguments a model writes are not "
+                                   "constrained to the schema")
 
 
 class Tool(_Request):
@@ -239,9 +219,7 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("store")
     @classmethod
     def _not_stored(cls, store: bool | None) -> bool | None:
-        if store:
-            raise ValueError("this server keeps no completions: only false is supported")
-        return store
+        return _only_false(store, "this server keeps no completions: only false is supported")
 
 
 class CompletionRequest(SamplingFields):
@@ -271,131 +249,3 @@ class CompletionRequest(SamplingFields):
             if isinstance(prompt[0], int) and any(t < 0 for t in prompt):
                 raise ValueError("token ids must be non-negative")
         return prompt
-
-
-# ---------------------------------------------------------------- responses
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class LogprobEntry(BaseModel):
-    """One sampled token: its text, log probability (raw logits, before sampling settings), UTF-8 bytes and the
-    likeliest tokens at its position."""
-
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-    top_logprobs: list[TopLogprob] = Field(default_factory=list)
-
-
-class ChoiceLogprobs(BaseModel):
-    content: list[LogprobEntry] | None = None
-    refusal: list[LogprobEntry] | None = None
-
-
-class CompletionLogprobs(BaseModel):
-    """A text completion's legacy log probabilities: parallel lists, one entry per token."""
-
-    tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
-    text_offset: list[int]
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
-
-
-class FunctionCallDelta(BaseModel):
-    name: str | None = Field(None, exclude_if=_omit_none)
-    arguments: str | None = Field(None, exclude_if=_omit_none)
-
-
-class ToolCallDelta(BaseModel):
-    index: int
-    id: str | None = Field(None, exclude_if=_omit_none)
-    type: Literal["function"] | None = Field(None, exclude_if=_omit_none)
-    function: FunctionCallDelta | None = Field(None, exclude_if=_omit_none)
-
-
-class ChoiceDelta(BaseModel):
-    role: Literal["assistant"] | None = Field(None, exclude_if=_omit_none)
-    content: str | None = Field(None, exclude_if=_omit_none)
-    reasoning_content: str | None = Field(None, exclude_if=_omit_none)
-    tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_omit_none)
-
-
-FinishReason = Literal["stop", "length", "tool_calls"]
-
-
-class ChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChoiceDelta
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    """One SSE `data:` event of a streamed chat completion; the usage chunk has `choices: []`."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str | None = Field(None, exclude_if=_omit_none)
-    choices: list[ChunkChoice]
-    usage: Usage | None = Field(None, exclude_if=_omit_none)
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-    reasoning_content: str | None = Field(None, exclude_if=_omit_none)
-    tool_calls: list[ToolCall] | None = Field(None, exclude_if=_omit_none)
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReason
-
-
-class ChatCompletion(BaseModel):
-    """Non-streamed chat completion (with `stream: true` the body is SSE of ChatCompletionChunk)."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class CompletionChoice(BaseModel):
-    index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: FinishReason | None = None
-
-
-class Completion(BaseModel):
-    """Text completion, or (streamed) one SSE event of it."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = Field(None, exclude_if=_omit_none)

@@ -14,7 +14,7 @@ import anyio
 import sniffio
 
 from engine.contracts import Delta, TokenLogprob
-from service.chat.schemas import PromptTokensDetails, Usage
+from service.chat.replies import PromptTokensDetails, Usage
 from service.http.errors import APIError
 from service.seams import RowStream
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from service.chat.chunks import ChunkEncoder
-from service.chat.schemas import ChatCompletionChunk, ChoiceDelta, ChunkChoice, ToolCallDelta
+from service.chat.replies import ChatCompletionChunk, ChoiceDelta, ChunkChoice, ToolCallDelta
 from service.chat.stream import ResponseMeta
 
 TEXTS = ["", "Hello", ' "quoted" \\ back\\slash', "line\nbreak\ttab\r", "日本語 café 🙂", "\u2028\u0000\x1f", "}]{["]
