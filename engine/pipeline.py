@@ -22,7 +22,7 @@ import mlx.core as mx
 from engine.gil import QuickReturn
 from engine.rows import Row, slot_order
 from engine.runner import Segment
-from engine.sampling import sample_rows
+from engine.sampling import newest_logprobs, sample_rows
 
 __all__ = ["DecodePipeline", "InFlight"]
 
@@ -112,7 +112,8 @@ class DecodePipeline:
         tokens = sample_rows(logits, [r.sampler for r in rows])
         t1, c1 = time.perf_counter(), time.thread_time()
         with self.quick_return.around():
-            mx.async_eval(tokens, mx.random.state)  # the global key too, for the prefill lane's next draw (engine/step.py)
+            # The global key too, for the prefill lane's next draw (engine/step.py); log probabilities with their tokens.
+            mx.async_eval(tokens, mx.random.state, *newest_logprobs(rows))
         t2, c2 = time.perf_counter(), time.thread_time()
         for part, seconds in (("build", t1 - t0), ("build_cpu", c1 - c0), ("launch", t2 - t1), ("launch_cpu", c2 - c1)):
             self.parts[part] = self.parts.get(part, 0.0) + seconds

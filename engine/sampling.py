@@ -5,7 +5,8 @@ logit_bias, repetition penalty (prompt + generated tokens), presence/frequency p
 tokens), temperature, then top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the
 row's own PRNG key when seeded, so a seeded row reproduces whatever its batch mates are. A row that asked for
 log probabilities also gets, lazily beside its token, the token's log probability under the raw logits and the
-k likeliest tokens' (`take_logprob` reads them once the token is read).
+k likeliest tokens' (`take_logprob` reads them once the token is read). They queue in sampling order, so a row may
+sample again before its last token is read (a pipelined step, engine/pipeline.py).
 
 `StopMatcher` turns sampled tokens into text: streaming detokenization through mlx-lm's detokenizers
 (never splits a UTF-8 character), stop token ids, stop strings with hold-back, and max_tokens.
@@ -13,7 +14,7 @@ k likeliest tokens' (`take_logprob` reads them once the token is read).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence, cast
 
@@ -23,7 +24,8 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from engine.contracts import FinishReason, SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
 
-__all__ = ["RowSampler", "StopMatcher", "StepText", "sample_rows", "validate_sampling", "MAX_TOP_LOGPROBS"]
+__all__ = ["RowSampler", "StopMatcher", "StepText", "LogprobBlock", "newest_logprobs", "sample_rows",
+           "validate_sampling", "MAX_TOP_LOGPROBS"]
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound
 
@@ -60,8 +62,8 @@ class RowSampler:
         self._seen: set[int] = set(prompt_tokens) if params.repetition_penalty != 1.0 else set()
         self._seen_arr: mx.array | None = None
         self._counts: Counter[int] = Counter()
-        # The last sampled token's (log probability, top ids, top log probabilities), lazy until read.
-        self._logprob: tuple[mx.array, mx.array, mx.array] | None = None
+        # Sampled tokens' log probabilities not yet read, oldest first: (their draw's block, this row's index in it).
+        self._logprobs: deque[tuple[LogprobBlock, int]] = deque()
         top_k = params.top_k if 0 < params.top_k < vocab_size else 0
         self._filters = []
         if params.temperature > 0:
@@ -88,15 +90,15 @@ class RowSampler:
 
     @property
     def pipelines(self) -> bool:
-        """Plain, and nothing kept beside its token: its next step may sample before this one's token is read
-        (engine/pipeline.py). A row that wants log probabilities is read before it samples again."""
-        return self.plain and self.params.logprobs is None
+        """Plain: its next step may sample before this one's token is read (engine/pipeline.py); log
+        probabilities queue beside the tokens. Raises nothing."""
+        return self.plain
 
     def sample(self, logits: mx.array) -> mx.array:
         """Sample from one row's logits, shape (1, vocab) → (1,) token array, unevaluated. Raises nothing."""
         token = self._draw(logits)
         if self.params.logprobs is not None:
-            self._logprob = _logprobs(logits, token, self.params.logprobs)
+            self._logprobs.append((_logprobs(logits, token, self.params.logprobs), 0))
         return token
 
     def _draw(self, logits: mx.array) -> mx.array:
@@ -126,21 +128,22 @@ class RowSampler:
         return mx.random.categorical(x)
 
     def arrays(self) -> list[mx.array]:
-        """The arrays this sampler keeps between tokens (a seeded row's random key, the last token's log
-        probabilities), to evaluate on the thread that sampled before another thread samples next. Raises nothing."""
-        return ([self._key] if self._key is not None else []) + list(self._logprob or ())
+        """The arrays this sampler keeps between tokens (a seeded row's random key, unread log probabilities), to
+        evaluate on the thread that sampled before another thread samples next. Raises nothing."""
+        return ([self._key] if self._key is not None else []) + [a for b, _ in self._logprobs for a in b.arrays]
+
+    def newest_logprobs(self) -> LogprobBlock | None:
+        """The block holding the last sampled token's log probabilities (None when not asked for), to launch
+        with that token. Raises nothing."""
+        return self._logprobs[-1][0] if self._logprobs else None
 
     def take_logprob(self, token: int) -> TokenLogprob | None:
-        """The log probabilities computed beside `token` (the one just read), once; None when not asked for.
-        Blocks until they are evaluated. Raises nothing of its own."""
-        if self._logprob is None:
+        """The log probabilities computed beside `token` (the oldest sampled token not yet read), once; None
+        when not asked for. Blocks until they are evaluated. Raises nothing of its own."""
+        if not self._logprobs:
             return None
-        chosen, ids, values = self._logprob
-        self._logprob = None
-        top_ids = cast(list[int], ids.tolist())
-        top_values = cast(list[float], values.tolist())
-        return TokenLogprob(token, float(cast(float, chosen.item())),
-                            tuple((int(i), float(v)) for i, v in zip(top_ids, top_values)))
+        block, index = self._logprobs.popleft()
+        return block.row(index, token, cast(int, self.params.logprobs))
 
     def accept(self, token: int) -> None:
         """Record a sampled token so the penalties see it. Raises nothing."""
@@ -151,19 +154,46 @@ class RowSampler:
             self._counts[token] += 1
 
 
-def _logprobs(logits: mx.array, token: mx.array, k: int) -> tuple[mx.array, mx.array, mx.array]:
-    """(the token's log probability, the k likeliest ids, their log probabilities), lazily, from one row's raw
-    logits (1, vocab) as mlx-lm's server reports them. Raises nothing."""
-    x = logits[0].astype(mx.float32)
-    logp = x - mx.logsumexp(x)
-    chosen = logp[token[0]]
-    k = min(k, x.shape[-1])
-    if k == 0:
-        return chosen, mx.zeros((0,), mx.int32), mx.zeros((0,), mx.float32)
-    ids = mx.argpartition(-logp, k - 1)[:k]
-    values = logp[ids]
-    order = mx.argsort(-values)
-    return chosen, ids[order], values[order]
+class LogprobBlock:
+    """One draw's log probabilities for the rows that asked: lazy arrays (each row's token's, and the k likeliest
+    ids and theirs, k the largest asked), read into Python lists once, by the first of those rows to take its own."""
+
+    def __init__(self, logits: mx.array, tokens: mx.array, k: int) -> None:
+        """`logits` (rows, vocab) raw, as mlx-lm's server reports them; `tokens` (rows,) the tokens drawn."""
+        logp = logits.astype(mx.float32)
+        logp = logp - mx.logsumexp(logp, axis=-1, keepdims=True)
+        chosen = mx.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+        self.k = min(k, logp.shape[-1])
+        if self.k:
+            ids = mx.argpartition(-logp, self.k - 1, axis=-1)[:, :self.k]
+            values = mx.take_along_axis(logp, ids, axis=-1)
+            order = mx.argsort(-values, axis=-1)
+            self.arrays: tuple[mx.array, ...] = (chosen, mx.take_along_axis(ids, order, axis=-1),
+                                                 mx.take_along_axis(values, order, axis=-1))
+        else:
+            self.arrays = (chosen,)
+        self._lists: tuple[list[Any], ...] | None = None
+
+    def row(self, index: int, token: int, k: int) -> TokenLogprob:
+        """Row `index`'s entry (its k likeliest of the block's). Blocks until evaluated. Raises nothing of its own."""
+        if self._lists is None:
+            self._lists = tuple(cast(list[Any], a.tolist()) for a in self.arrays)
+            self.arrays = ()  # read: the arrays are done with
+        chosen = self._lists[0][index]
+        top = tuple(zip(self._lists[1][index][:k], self._lists[2][index][:k])) if self.k and k else ()
+        return TokenLogprob(token, float(chosen), tuple((int(i), float(v)) for i, v in top))
+
+
+def newest_logprobs(rows: Iterable[Any]) -> list[mx.array]:
+    """The arrays of the log probabilities the rows' samplers (`row.sampler`) just computed, each block once: to
+    launch with the tokens they belong to. Raises nothing."""
+    blocks = {id(b): b for r in rows if (b := r.sampler.newest_logprobs()) is not None}
+    return [a for b in blocks.values() for a in b.arrays]
+
+
+def _logprobs(logits: mx.array, token: mx.array, k: int) -> LogprobBlock:
+    """A block of one row, sampled alone: `logits` (1, vocab), `token` (1,). Lazy. Raises nothing."""
+    return LogprobBlock(logits, token, k)
 
 
 def sample_rows(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
@@ -199,20 +229,11 @@ def _shared_logprobs(logits: mx.array, tokens: mx.array, samplers: Sequence[RowS
     want = [i for i in rows if samplers[i].params.logprobs is not None]
     if not want:
         return
-    pick = mx.array(want)
-    x = logits[pick].astype(mx.float32)
-    logp = x - mx.logsumexp(x, axis=-1, keepdims=True)
-    chosen = mx.take_along_axis(logp, tokens[pick][:, None], axis=-1)[:, 0]
-    k = min(max(cast(int, samplers[i].params.logprobs) for i in want), logp.shape[-1])
-    if k:
-        ids = mx.argpartition(-logp, k - 1, axis=-1)[:, :k]
-        values = mx.take_along_axis(logp, ids, axis=-1)
-        order = mx.argsort(-values, axis=-1)
-        ids, values = mx.take_along_axis(ids, order, axis=-1), mx.take_along_axis(values, order, axis=-1)
+    pick = None if len(want) == logits.shape[0] else mx.array(want)
+    block = LogprobBlock(logits if pick is None else logits[pick], tokens if pick is None else tokens[pick],
+                         max(cast(int, samplers[i].params.logprobs) for i in want))
     for j, i in enumerate(want):
-        n = min(cast(int, samplers[i].params.logprobs), k)
-        top = (ids[j, :n], values[j, :n]) if n else (mx.zeros((0,), mx.int32), mx.zeros((0,), mx.float32))
-        samplers[i]._logprob = (chosen[j], *top)
+        samplers[i]._logprobs.append((block, j))
 
 
 def _sample_plain(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:

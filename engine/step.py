@@ -29,7 +29,7 @@ from engine.prefix_cache import PrefixCache
 from engine.rows import Row, plan_iteration, slot_order
 from engine.row_kv import RowKV
 from engine.runner import PackedRunner, Runner, Segment, SeparateRunner
-from engine.sampling import sample_rows
+from engine.sampling import newest_logprobs, sample_rows
 from engine.slots import SlotKV
 from engine.step_record import LanePhases, StepRecord
 
@@ -251,7 +251,7 @@ class BatchStep:
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
         # Rows that asked for log probabilities: computed in the same launch as their tokens.
-        extra = [a for r in sampled if r.sampler.params.logprobs is not None for a in r.sampler.arrays()]
+        extra = newest_logprobs(sampled)
         with self.pipeline.quick_return.around():  # the GIL back quickly, where asked (engine/gil.py)
             mx.async_eval(([tokens] if tokens is not None else []) + touched + extra, mx.random.state)
         self.record.tick("launch", t)

@@ -69,6 +69,8 @@ async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LL
         # Log probabilities: rows in the shared draw (one set of ops over them) and one sampled alone. Missed here,
         # their ops compiled under the first client that asked (H200: 8 of 64 requests past their budget, c8).
         ("log probabilities", [(_prompt(6, 30 + i, vocab), sampling, 5) for i, sampling in enumerate(_LOGPROBS)]),
+        # Every row asking, pipelined (one block over all the rows, no pick), then one leaving.
+        ("log probabilities, pipelined", [(_prompt(5, 40 + i, vocab), _LOGPROBS[i], n) for i, n in ((0, 8), (1, 5))]),
     ]
     for label, rows in stages:
         if report is not None:

@@ -296,7 +296,7 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
         tg.start_soon(engine.serve)
         seconds = await engine.warm_up(seen.append, force=True)
         engine.close()
-    assert seconds > 0 and len(seen) == 5
+    assert seconds > 0 and len(seen) == 6
     assert {"mixed", "prefill", "decode"} <= paths
     assert logprob_paths == {"shared", "alone"}
     assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0

@@ -139,11 +139,11 @@ def test_logprobs_zero_gives_the_token_only_and_k_past_the_vocabulary_gives_it_a
 
 def test_rows_sharing_a_draw_get_their_logprobs_from_one_set_of_ops(monkeypatch) -> None:
     # Greedy rows share one argmax whatever they ask; their log probabilities are computed together, each row's k
-    # its own. Such a row is read before it samples again (never pipelined).
+    # its own. Such a row still pipelines: its log probabilities queue beside its tokens.
     logits = mx.stack([logits_with({1: 2.0, 3: 1.0})[0], logits_with({5: 4.0, 6: 3.5, 7: 3.0})[0],
                        logits_with({9: 1.0})[0]])
     samplers = [RowSampler(SamplingParams(temperature=0.0, logprobs=k), [], V) for k in (2, 3, None)]
-    assert all(s.plain_greedy for s in samplers) and [s.pipelines for s in samplers] == [False, False, True]
+    assert all(s.plain_greedy for s in samplers) and all(s.pipelines for s in samplers)
     alone = []
     monkeypatch.setattr(RowSampler, "sample", lambda self, x: alone.append(self) or mx.argmax(x, axis=-1))
     tokens = sample_rows(logits, samplers)
@@ -163,6 +163,20 @@ def test_rows_sharing_a_draw_get_their_logprobs_from_one_set_of_ops(monkeypatch)
     assert len(alone) == 1 and alone[0] is mixed[2]
     got = mixed[0].take_logprob(int(tokens[0].item()))
     assert got is not None and got.top[0][0] == 1 and mixed[1].take_logprob(5) is not None
+
+
+def test_a_row_that_samples_again_before_reading_gets_each_tokens_logprobs_in_order() -> None:
+    # A pipelined row samples step N+1 before step N's token is read: the entries queue, oldest taken first.
+    samplers = [RowSampler(SamplingParams(temperature=0.0, logprobs=1), [], V) for _ in range(2)]
+    first = sample_rows(mx.stack([logits_with({2: 3.0})[0], logits_with({4: 3.0})[0]]), samplers)
+    second = sample_rows(mx.stack([logits_with({6: 1.0})[0], logits_with({8: 5.0})[0]]), samplers)
+    mx.eval(first, second, *[a for s in samplers for a in s.arrays()])
+    firsts = [s.take_logprob(t) for s, t in zip(samplers, first.tolist())]
+    seconds = [s.take_logprob(t) for s, t in zip(samplers, second.tolist())]
+    assert [lp.token for lp in firsts if lp] == [2, 4] and [lp.token for lp in seconds if lp] == [6, 8]
+    assert [lp.top[0][0] for lp in firsts + seconds if lp] == [2, 4, 6, 8]
+    assert firsts[1] is not None and seconds[1] is not None and seconds[1].logprob > firsts[1].logprob
+    assert samplers[0].take_logprob(6) is None and samplers[0].arrays() == []  # nothing left, nothing kept
 
 
 def test_validate_sampling_rejects_out_of_range_values() -> None:
