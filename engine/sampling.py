@@ -160,16 +160,18 @@ class LogprobBlock:
 
     def __init__(self, logits: mx.array, tokens: mx.array, k: int) -> None:
         """`logits` (rows, vocab) raw, as mlx-lm's server reports them; `tokens` (rows,) the tokens drawn."""
-        logp = logits.astype(mx.float32)
-        logp = logp - mx.logsumexp(logp, axis=-1, keepdims=True)
-        chosen = mx.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-        self.k = min(k, logp.shape[-1])
+        # The raw logits rank as their log probabilities do: the log-sum-exp is taken off only the values read
+        # (H200, bench/logprob_ops.py, 64 rows: 0.13 ms to launch and 0.59 ms a step against 0.21 and 0.81).
+        x = logits.astype(mx.float32)
+        lse = mx.logsumexp(x, axis=-1, keepdims=True)
+        chosen = (mx.take_along_axis(x, tokens[:, None], axis=-1) - lse)[:, 0]
+        self.k = min(k, x.shape[-1])
         if self.k:
-            ids = mx.argpartition(-logp, self.k - 1, axis=-1)[:, :self.k]
-            values = mx.take_along_axis(logp, ids, axis=-1)
-            order = mx.argsort(-values, axis=-1)
+            ids = mx.argpartition(-x, self.k - 1, axis=-1)[:, :self.k]
+            top = mx.take_along_axis(x, ids, axis=-1)
+            order = mx.argsort(-top, axis=-1)
             self.arrays: tuple[mx.array, ...] = (chosen, mx.take_along_axis(ids, order, axis=-1),
-                                                 mx.take_along_axis(values, order, axis=-1))
+                                                 mx.take_along_axis(top, order, axis=-1) - lse)
         else:
             self.arrays = (chosen,)
         self._lists: tuple[list[Any], ...] | None = None
