@@ -1,12 +1,16 @@
 """ChatCompletionChunk events, encoded once per response where they can be: one reply streams hundreds of
 chunks that differ only in their text, so the JSON around the text is built once and each content or
-reasoning chunk is that frame around one escaped string. Anything else goes through the pydantic model."""
+reasoning chunk is that frame around one escaped string; log probabilities beside text are written by
+service/chat/logprobs.py's LogprobJson. Anything else goes through the pydantic model."""
 
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
-from service.chat.replies import ChatCompletionChunk, ChoiceDelta, ChoiceLogprobs, ChunkChoice, FinishReason
+from engine.contracts import TokenLogprob
+from service.chat.logprobs import LogprobJson, chat_logprobs
+from service.chat.replies import ChatCompletionChunk, ChoiceDelta, ChunkChoice, FinishReason
 from service.chat.stream import ResponseMeta
 from service.http.sse import sse_data
 
@@ -16,25 +20,34 @@ __all__ = ["ChunkEncoder"]
 class ChunkEncoder:
     """SSE `data:` events of one streamed chat completion (`meta` gives id, created and model)."""
 
-    def __init__(self, meta: ResponseMeta) -> None:
+    def __init__(self, meta: ResponseMeta, logprobs: LogprobJson | None = None) -> None:
+        """`logprobs`: how the stream's log probabilities are written (None: it asked for none)."""
         self.meta = meta
+        self.logprobs = logprobs
         head = json.dumps({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
                            "model": meta.model}, ensure_ascii=False, separators=(",", ":"))
         self._head = b"data: " + head[:-1].encode() + b',"choices":[{"index":0,"delta":{"'
         self._tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
 
     def encode(self, delta: ChoiceDelta, finish: FinishReason | None = None,
-               logprobs: ChoiceLogprobs | None = None) -> bytes:
-        """One event; the same JSON object ChatCompletionChunk would give. Raises nothing."""
-        if finish is None and delta.role is None and delta.tool_calls is None and logprobs is None:
+               logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        """One event; the same JSON object ChatCompletionChunk would give (`logprobs`: the tokens whose entries
+        go with it; none without a LogprobJson). Raises nothing."""
+        writer = self.logprobs if logprobs else None
+        if finish is None and delta.role is None and delta.tool_calls is None:
             if delta.reasoning_content is None and delta.content is not None:
-                return self._text(b"content", delta.content)
+                return self._text(b"content", delta.content, writer.encode(logprobs) if writer else None)
             if delta.content is None and delta.reasoning_content is not None:
-                return self._text(b"reasoning_content", delta.reasoning_content)
+                return self._text(b"reasoning_content", delta.reasoning_content,
+                                  writer.encode(logprobs) if writer else None)
         meta = self.meta
+        entries = chat_logprobs(writer.pieces, logprobs) if writer else None
         return sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
                                             choices=[ChunkChoice(delta=delta, finish_reason=finish,
-                                                                 logprobs=logprobs)]))
+                                                                 logprobs=entries)]))
 
-    def _text(self, field: bytes, text: str) -> bytes:
-        return self._head + field + b'":' + json.dumps(text, ensure_ascii=False).encode() + self._tail
+    def _text(self, field: bytes, text: str, logprobs: bytes | None) -> bytes:
+        body = self._head + field + b'":' + json.dumps(text, ensure_ascii=False).encode()
+        if logprobs is None:
+            return body + self._tail
+        return body + b'},"logprobs":' + logprobs + b',"finish_reason":null}]}\n\n'

@@ -4,6 +4,7 @@ ids and numbers (engine/contracts.py TokenLogprob); the text of one token is its
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any, Sequence
 
@@ -12,7 +13,7 @@ from engine.token_pieces import TokenPieces
 from service.chat.per_tokenizer import PerTokenizer
 from service.chat.replies import ChoiceLogprobs, CompletionLogprobs, LogprobEntry, TopLogprob
 
-__all__ = ["token_pieces", "chat_logprobs", "completion_logprobs", "requested_logprobs"]
+__all__ = ["token_pieces", "chat_logprobs", "completion_logprobs", "requested_logprobs", "LogprobJson", "logprob_json"]
 
 # OpenAI writes this for a probability too small to show (JSON has no -Infinity).
 _FLOOR = -9999.0
@@ -34,6 +35,44 @@ def token_pieces(tokenizer: Any) -> TokenPieces:
 
 def _finite(value: float) -> float:
     return value if math.isfinite(value) else _FLOOR
+
+
+class LogprobJson:
+    """A chat choice's `logprobs` written straight to JSON, the same object `chat_logprobs(...).model_dump_json()`
+    gives: each token's `"token"` and `"bytes"` fields are encoded once and kept (at most the vocabulary's), so a
+    streamed chunk costs a join, not seven pydantic models (the event loop writes one for every token of every
+    stream that asked)."""
+
+    def __init__(self, pieces: TokenPieces) -> None:
+        self.pieces = pieces
+        self._parts: dict[int, tuple[bytes, bytes]] = {}
+
+    def _part(self, token: int) -> tuple[bytes, bytes]:
+        if (known := self._parts.get(token)) is not None:
+            return known
+        raw = self.pieces.bytes(token)
+        part = (b'{"token":' + json.dumps(raw.decode("utf-8", "replace"), ensure_ascii=False).encode() + b',"logprob":',
+                b',"bytes":' + json.dumps(list(raw)).encode())
+        self._parts[token] = part
+        return part
+
+    def _entry(self, token: int, logprob: float) -> bytes:
+        name, tail = self._part(token)
+        return name + repr(_finite(logprob)).encode() + tail
+
+    def encode(self, tokens: Sequence[TokenLogprob]) -> bytes:
+        """`{"content":[...],"refusal":null}` for these tokens. Raises nothing."""
+        entries = [self._entry(t.token, t.logprob) + b',"top_logprobs":['
+                   + b",".join(self._entry(i, v) + b"}" for i, v in t.top) + b"]}" for t in tokens]
+        return b'{"content":[' + b",".join(entries) + b'],"refusal":null}'
+
+
+_JSON = PerTokenizer(lambda tokenizer: LogprobJson(token_pieces(tokenizer)))
+
+
+def logprob_json(tokenizer: Any) -> LogprobJson:
+    """The tokenizer's LogprobJson, built once. Raises nothing."""
+    return _JSON.get(tokenizer)
 
 
 def chat_logprobs(pieces: TokenPieces, tokens: Sequence[TokenLogprob]) -> ChoiceLogprobs:

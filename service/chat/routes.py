@@ -15,12 +15,12 @@ import anyio
 from litestar import Request, Response, post
 
 from engine.contracts import TokenLogprob
-from service.chat.logprobs import TokenPieces, chat_logprobs, requested_logprobs, token_pieces
+from service.chat.logprobs import LogprobJson, TokenPieces, chat_logprobs, logprob_json, requested_logprobs, token_pieces
 from service.chat.output import ChatTranslator
 from service.chat.prompt import request_tools
 from service.chat.render import render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
-from service.chat.replies import ChatChoice, ChoiceLogprobs, ChatCompletion, ChatCompletionChunk, ChoiceDelta
+from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta
 from service.chat.schemas import ChatCompletionRequest
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
@@ -56,23 +56,22 @@ def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) 
 
 async def _chat_events(
     reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool,
-    pieces: TokenPieces | None = None,
+    writer: LogprobJson | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    chunk = ChunkEncoder(meta).encode
+    chunk = ChunkEncoder(meta, writer).encode
     held: list[TokenLogprob] = []  # log probabilities of tokens whose text has not shown in a chunk yet
 
-    def shown() -> ChoiceLogprobs | None:  # the held tokens' entries, for the chunk going out now
+    def shown() -> list[TokenLogprob]:  # the held tokens, whose entries go with the chunk going out now
         nonlocal held
-        entries = chat_logprobs(pieces, held) if held and pieces is not None else None
-        held = []
-        return entries
+        taken, held = held, []
+        return taken
 
     try:
         yield chunk(ChoiceDelta(role="assistant", content=""))
         finish: str | None = None
         async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
             async for text, finish in items:
-                if pieces is None:  # the common case, kept to the text alone
+                if writer is None:  # the common case, kept to the text alone
                     for choice_delta in translator.feed(text):
                         yield chunk(choice_delta)
                 else:
@@ -164,6 +163,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage, pieces))
+        events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage,
+                                            logprob_json(engine.tokenizer) if pieces is not None else None))
         if data.stream else None,
         collect=lambda stream: _collect(stream, translators[0], meta, counter, timing, pieces))
