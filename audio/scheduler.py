@@ -27,6 +27,7 @@ import anyio.lowlevel
 
 from audio.decoder import DecodeRow, advance_rows, detect_language, finish_row, new_row, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
+from audio.handoff import settle
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
@@ -67,6 +68,12 @@ class WhisperScheduler:
         # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
         # (SpeechService.run; by default), beside the chat steps instead of between them.
         self.thread: EngineThread | None = None
+        # With `thread` at a lower CPU priority (a CPU's default): the thread steps run on while chat has no row, at
+        # the process's priority. A niced thread yields the cores to chat, but also to every other program: a clip
+        # took 22-24 s instead of 0.5 beside two busy processes on 2 cores, and 2.2-2.5 s at nice 0. A thread's
+        # priority cannot be raised back without privileges, so two threads (speech state is evaluated between steps).
+        self.alone_thread: EngineThread | None = None
+        self._stepped_on: EngineThread | None = None  # the thread of the last step (its windows' arrays are its)
         # With a thread of their own: awaited before each step, it returns once chat's next step has landed (at
         # once while chat has no row), so steps take turns with chat's instead of running back to back beside
         # them (opt-in: speech_turns_default in audio/speech.py says what it costs).
@@ -134,13 +141,29 @@ class WhisperScheduler:
         waited = max((now - w.since for w in list(self._windows) if w.live and w.request.realtime), default=0.0)
         self._limit = self.budget.share(waited) * pace
 
+    def step_thread(self) -> EngineThread | None:
+        """The thread the next step runs on: `alone_thread` while chat has no row, else `thread`. Raises nothing."""
+        if self.alone_thread is not None and not self.chat_running():
+            return self.alone_thread
+        return self.thread
+
+    def chat_running(self) -> bool:
+        """Whether chat rows decode now (the pace says so). Raises nothing of its own."""
+        pace = self.pace() if self.pace is not None else None
+        return pace is not None and pace > 0
+
     async def _lead(self) -> None:
         self._leading = True
-        if self.thread is not None:
+        if (thread := self.step_thread()) is not None:
             try:
                 if self.turn is not None:
                     await self.turn()
-                await self.thread.run(self._step)  # shielded: a cancelled caller waits for its step to end
+                if self._stepped_on is not None and self._stepped_on is not thread and self._windows:
+                    # The windows' lazy state is the other thread's: evaluated there before this one steps them.
+                    await self._stepped_on.run(settle, list(self._windows))
+                    self.counters.handoffs += 1
+                self._stepped_on = thread
+                await thread.run(self._step)  # shielded: a cancelled caller waits for its step to end
             finally:
                 self._leading = False
                 self._progress.set()
@@ -376,10 +399,11 @@ class WhisperScheduler:
         c = self.counters
         return {"windows_in_flight": self.in_flight, "windows_done": c.windows, "encoder_steps": c.encoder_steps,
                 "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks,
-                "whole_window_redos": c.whole_window_redos, "max_rows_per_step": c.max_rows,
+                "whole_window_redos": c.whole_window_redos, "max_rows_per_step": c.max_rows, "handoffs": c.handoffs,
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
                 "catch_up_s": self.budget.catch_up_seconds,
                 "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
                 "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
-                "recent_steps": step_summary(c.steps), "own_thread": self.thread is not None}
+                "recent_steps": step_summary(c.steps), "own_thread": self.thread is not None,
+                "alone_thread": self.alone_thread is not None}

@@ -245,7 +245,10 @@ class SpeechService:
             # A step's launch can cost the host as much as a chat iteration (H200: ~4.5 ms a turbo decoder
             # forward): on its own thread and MLX stream it no longer sits between two chat steps. Everything a
             # step builds stays on that thread.
-            self.scheduler.thread = EngineThread("tandem-speech", nice=speech_nice_default())
+            nice = speech_nice_default()
+            self.scheduler.thread = EngineThread("tandem-speech", nice=nice)
+            if nice > 0:  # niced beside chat only: alone, steps keep the process's priority (audio/scheduler.py)
+                self.scheduler.alone_thread = EngineThread("tandem-speech-alone")
             self.scheduler.turn = self.turn if speech_turns_default() else None
         try:
             async with anyio.create_task_group() as tg:
@@ -270,10 +273,12 @@ class SpeechService:
                         s.cancel()
                     tg.cancel_scope.cancel()
         finally:
-            thread, self.scheduler.thread = self.scheduler.thread, None
+            threads = (self.scheduler.thread, self.scheduler.alone_thread)
+            self.scheduler.thread = self.scheduler.alone_thread = None
             self.scheduler.turn = None
-            if thread is not None:
-                thread.close()
+            for thread in threads:
+                if thread is not None:
+                    thread.close()
 
     def stats(self) -> dict[str, Any]:
         """Plain numbers for /stats. Raises nothing."""

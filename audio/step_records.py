@@ -22,6 +22,7 @@ class StepCounters:
     fallbacks: int = 0
     whole_window_redos: int = 0  # windows over a cut encoder context redone over the whole window
     max_rows: int = 0
+    handoffs: int = 0  # times the windows in flight moved to another step thread (chat came or went)
     kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
     steps: list["StepRecord"] = field(default_factory=list)  # recent steps, newest last (bounded)
 

@@ -379,6 +379,39 @@ async def test_steps_on_a_thread_of_their_own_decode_what_tasks_decode(tiny_whis
     assert own.counters.encoder_steps > 0 and own.counters.decoder_steps > 0
 
 
+async def test_steps_run_on_the_alone_thread_while_chat_has_no_row_and_decode_the_same(tiny_whisper: LoadedWhisper,
+                                                                                       monkeypatch) -> None:
+    # A CPU's speech thread is niced (it yields to chat, but to every other program too): while chat has no row the
+    # steps run on a thread at the process's priority. Windows move between the two threads from step to step.
+    import threading
+
+    requests = [request(s, seed=s, without_timestamps=s % 2 == 0) for s in (3, 9, 20)]
+    chat = {"running": False}
+    async with running_tasks() as tasks:
+        want = await decode_all(WhisperScheduler(tasks, StepBudget(encoder_positions=24000)), tiny_whisper, requests)
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000),
+                                     pace=lambda: 0.5 if chat["running"] else None)
+        scheduler.thread, scheduler.alone_thread = EngineThread("test-beside-chat"), EngineThread("test-alone")
+        ran: list[tuple[str, bool]] = []
+        step = scheduler._step
+
+        def recorded() -> str:
+            ran.append((threading.current_thread().name, chat["running"]))
+            chat["running"] = not chat["running"]  # chat comes and goes between steps
+            return step()
+
+        monkeypatch.setattr(scheduler, "_step", recorded)
+        try:
+            got = await decode_all(scheduler, tiny_whisper, requests)
+        finally:
+            scheduler.thread.close()
+            scheduler.alone_thread.close()
+    assert [r.decoded.tokens for r in got] == [r.decoded.tokens for r in want]
+    assert {name for name, _ in ran} == {"test-beside-chat", "test-alone"}
+    assert all(name == ("test-beside-chat" if running else "test-alone") for name, running in ran), ran
+    assert scheduler.counters.handoffs >= len(ran) // 2  # windows in flight settled on the thread that built them
+
+
 async def test_a_step_held_on_its_own_thread_holds_no_engine_task(tiny_whisper: LoadedWhisper, monkeypatch) -> None:
     # What chat steps need (the engine's loop and its lease) stays free while a Whisper step runs on its thread.
     import threading

@@ -219,6 +219,17 @@ async def test_the_step_thread_takes_the_default_priority(tiny_whisper_dir, monk
         async with anyio.create_task_group() as tg:
             await tg.start(speech.run)
             assert speech.scheduler.thread is not None and speech.scheduler.thread.nice == 3
+            # Alone (chat has no row), steps keep the process's priority: a niced thread yields to every program.
+            alone = speech.scheduler.alone_thread
+            assert alone is not None and alone.nice == 0 and speech.stats()["scheduler"]["alone_thread"]
+            tg.cancel_scope.cancel()
+        assert speech.scheduler.thread is None and speech.scheduler.alone_thread is None  # closed with run()
+    monkeypatch.setenv("TANDEM_SPEECH_NICE", "0")  # not niced: one thread does
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir, step_thread=True, resident=True)
+        async with anyio.create_task_group() as tg:
+            await tg.start(speech.run)
+            assert speech.scheduler.thread is not None and speech.scheduler.alone_thread is None
             tg.cancel_scope.cancel()
 
 
