@@ -385,7 +385,10 @@ async def test_steps_run_on_the_alone_thread_while_chat_has_no_row_and_decode_th
     # steps run on a thread at the process's priority. Windows move between the two threads from step to step.
     import threading
 
-    requests = [request(s, seed=s, without_timestamps=s % 2 == 0) for s in (3, 9, 20)]
+    ladder = dict(temperatures=(0.0, 0.5, 1.0), logprob_threshold=0.0, no_speech_threshold=None)
+    requests = [request(s, seed=s, without_timestamps=s % 2 == 0) for s in (3, 9, 20)] + [
+        request(5, 7, prompt=(400, 401), **ladder),  # timestamps, a prompt and every rung of the fallback ladder
+        request(4, 1, audio_ctx=500, without_timestamps=True, keep_features=True, **ladder)]  # cut, redone whole
     chat = {"running": False}
     async with running_tasks() as tasks:
         want = await decode_all(WhisperScheduler(tasks, StepBudget(encoder_positions=24000)), tiny_whisper, requests)
