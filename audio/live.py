@@ -200,7 +200,7 @@ class LiveTranscription:
                       scope: "anyio.CancelScope | None" = None) -> WindowResult | None:
         """Decode the open audio from the seek, the committed prefix forced (its window leaves the scheduler
         once `scope`, else the session's scope, is cancelled). A probe tries one temperature and gives None
-        when its text fails the thresholds (a guess that loops or rambles is no guess)."""
+        when its text loops (over the compression threshold, or a short run over a cut context): no guess."""
         assert self._tr is not None and self._live is not None and self._loaded is not None
         seek = self._seek()
         audio = self._open.view(seek, count)
@@ -219,8 +219,10 @@ class LiveTranscription:
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
-        # A looping guess over a cut context is no guess either: two of them would agree, and commit the loop.
-        if probe and (request.needs_fallback(result.decoded)
+        # A looping guess over a cut context is no guess either: two of them would agree, and commit the loop. An
+        # improbable one still is: cut mid-speech, a guess of a word or two ends uncertain (its end token's log
+        # probability is most of its average), and only what the next guess repeats is committed.
+        if probe and (request.repetitive(result.decoded)
                       or request.loops_over_cut_context(result.decoded, self._tr.tokenizer.eot)):
             return None
         self._last_result = result

@@ -75,10 +75,13 @@ class WindowRequest:
         """Too repetitive or too improbable, unless it is silence. Raises nothing."""
         if self.no_speech_threshold is not None and r.no_speech_prob > self.no_speech_threshold:
             return False
-        cr, lp = self.compression_ratio_threshold, self.logprob_threshold
-        repetitive = cr is not None and r.compression_ratio > cr
-        improbable = lp is not None and r.avg_logprob < lp
-        return bool(repetitive or improbable)
+        lp = self.logprob_threshold
+        return self.repetitive(r) or (lp is not None and r.avg_logprob < lp)
+
+    def repetitive(self, r: RowResult) -> bool:
+        """Over the compression threshold (a decode that loops). Raises nothing."""
+        cr = self.compression_ratio_threshold
+        return cr is not None and r.compression_ratio > cr
 
 
 @dataclass

@@ -174,6 +174,40 @@ async def test_a_looping_guess_over_a_cut_context_is_no_guess(tiny_whisper: Load
     assert shown["fit"] == "" and shown["whole"] != ""  # over the whole window a short repeat may be speech
 
 
+class Scored(Scripted):
+    """Scripted decodes with the scores a threshold reads: (continuation, avg_logprob, compression_ratio)."""
+
+    def __init__(self, scored: list[tuple[list[int], float, float]]) -> None:
+        super().__init__([c for c, _, _ in scored])
+        self.scores = [(lp, cr) for _, lp, cr in scored]
+
+    async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
+        result = await super().decode(loaded, request, cancellation)
+        lp, cr = self.scores.pop(0)
+        d = result.decoded
+        return WindowResult(RowResult(d.tokens, d.sampled, "", lp, 0.01, 0.0, cr), "en")
+
+
+async def test_an_improbable_guess_shows_as_tentative_and_a_repetitive_one_does_not(tiny_whisper: LoadedWhisper) -> None:
+    # Cut mid-speech, a guess of a word or two ends uncertain: under the logprob threshold (-1.0) it still shows
+    # (on this CPU such first guesses, " 4" for "four queen of clubs", held first words back ~1.2 s a clip), and
+    # only what a later guess repeats is committed. A guess over the compression threshold (2.4) is a loop: no guess.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    four = tok.encode(" four")[0]
+    for (lp, cr), shown in [((-1.6, 1.0), " four"), ((-0.2, 3.0), ""), ((-0.2, 1.0), " four")]:
+        events: list[SessionEvent] = []
+        scheduler = Scored([([four], lp, cr)])
+        live = LiveTranscription(TranscribeOptions(), LiveConfig(context="whole"), scheduler,  # type: ignore[arg-type]
+                                 events.append)
+        await live.start(tiny_whisper)
+        live.add_speech(speech(1.0), 0)
+        assert await run_due(live) == 1
+        assert live.tentative == shown and live.committed_text() == "", (lp, cr)
+        assert [e.text for e in events if e.type == "tentative"] == ([shown] if shown else [])
+
+
 def test_auto_fits_the_context_on_a_cpu_only_and_short_audio_is_whole_either_way() -> None:
     import mlx.core as mx
 
