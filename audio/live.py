@@ -6,7 +6,7 @@ text forced as a prefix (audio/agreement.py): what two consecutive decodes agree
 tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
 behind finishes all its pending utterances that fit a window with one decode. Committed text never changes.
-Finished segments are trimmed off the open audio once it is longer than `trim_s` (10 s); until then earlier speech
+Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
 stays as context for the next decode. A sampled timestamp past the decoded audio is clamped to its end before it
 is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once (audio/repeats.py).
 

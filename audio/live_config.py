@@ -32,10 +32,7 @@ class LiveConfig:
     first_redecode_s: float | None = 0.75
     # After a first guess that came back empty (too little of the word yet, or no guess), the next comes sooner.
     retry_redecode_s: float | None = 0.5
-    # Closed utterances' audio kept as context for the next decode: at 15 s a 7 s sentence after 13 s of earlier
-    # speech got three empty first guesses (Whisper ended after the forced text), its first word 2.3 s after onset;
-    # at 10 s one speaker's first word max 0.91 s and the 4x real-time WER 0.05-0.08 (0.05-0.12 at 15 s).
-    trim_s: float = 10.0
+    trim_s: float = 15.0
     tokens_per_second: float = 10.0
     max_session_s: float = 3600.0
     max_lag_s: float | None = 120.0

@@ -116,25 +116,6 @@ async def test_finished_segments_are_trimmed_and_the_prefix_moves_with_them(tiny
     assert t.text == live.committed_text()
 
 
-async def test_a_new_utterance_after_more_than_trim_s_of_speech_decodes_its_own_audio(tiny_whisper: LoadedWhisper) -> None:
-    # Closed utterances stay as context for trim_s (10 s by default). At 15 s, a sentence after 13 s of earlier speech
-    # had its first guesses decode all of it with its text forced, and write nothing new (first word 2.3 s late).
-    from audio.decoding import tokenizer_for
-
-    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
-    ts = tok.timestamp_begin
-    one, two = tok.encode(" one")[0], tok.encode(" two")[0]
-    live, scheduler, _ = await live_text(tiny_whisper, [[ts, one, ts + 550, ts + 550], [two]])
-    live.add_speech(speech(11.0), 0)
-    live.add_pause()
-    assert await run_due(live) == 1  # the pause's final: " one" over 0-11 s
-    assert live.committed_text() == " one"
-    live.add_speech(speech(1.0), 11 * SR)
-    assert await run_due(live) == 1  # the new utterance's first guess
-    assert scheduler.requests[-1].frames == 100 and scheduler.requests[-1].prefix == (ts,)  # its 1 s alone
-    assert live.committed_text() == " one" and live.tentative == " two"
-
-
 async def test_thirty_seconds_without_a_pause_is_decoded_as_one_window(tiny_whisper: LoadedWhisper) -> None:
     live, scheduler, _ = await live_text(tiny_whisper, [[1000, 1002]])
     live.add_speech(speech(31), 0)
