@@ -16,7 +16,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-__all__ = ["held_arrays", "settle"]
+from engine.context import EngineThread
+
+__all__ = ["held_arrays", "settle", "hand_over"]
 
 _LEAVES = (str, bytes, int, float, bool, type(None), np.ndarray, nn.Module)  # hold no lazy array of a window's
 
@@ -54,3 +56,12 @@ def settle(windows: Iterable[Any]) -> int:
     if arrays:
         mx.eval(arrays)
     return len(arrays)
+
+
+async def hand_over(previous: EngineThread | None, thread: EngineThread, windows: list[Any]) -> bool:
+    """Before `thread` steps `windows`: settle them on `previous`, the thread of their last step, when it is another
+    one; returns whether it did. Raises what settling raises."""
+    if previous is None or previous is thread or not windows:
+        return False
+    await previous.run(settle, windows)
+    return True

@@ -219,9 +219,8 @@ class LiveTranscription:
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
-        # A looping guess over a cut context is no guess either: two of them would agree, and commit the loop. An
-        # improbable one still is: cut mid-speech, a guess of a word or two ends uncertain (its end token's log
-        # probability is most of its average), and only what the next guess repeats is committed.
+        # A looping guess (over a cut context too) is no guess: two would agree and commit the loop. An improbable one
+        # still is: cut mid-speech, a short guess ends uncertain, and only what the next repeats is committed.
         if probe and (request.repetitive(result.decoded)
                       or request.loops_over_cut_context(result.decoded, self._tr.tokenizer.eot)):
             return None

@@ -27,7 +27,7 @@ import anyio.lowlevel
 
 from audio.decoder import DecodeRow, advance_rows, detect_language, finish_row, new_row, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
-from audio.handoff import settle
+from audio.handoff import hand_over
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
@@ -68,10 +68,8 @@ class WhisperScheduler:
         # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
         # (SpeechService.run; by default), beside the chat steps instead of between them.
         self.thread: EngineThread | None = None
-        # With `thread` at a lower CPU priority (a CPU's default): the thread steps run on while chat has no row, at
-        # the process's priority. A niced thread yields the cores to chat, but also to every other program: a clip
-        # took 22-24 s instead of 0.5 beside two busy processes on 2 cores, and 2.2-2.5 s at nice 0. A thread's
-        # priority cannot be raised back without privileges, so two threads (speech state is evaluated between steps).
+        # With `thread` niced (a CPU's default), steps run here while chat has no row: a niced thread yields to every
+        # program, not only chat, and cannot take its priority back unprivileged (audio/handoff.py moves the windows).
         self.alone_thread: EngineThread | None = None
         self._stepped_on: EngineThread | None = None  # the thread of the last step (its windows' arrays are its)
         # With a thread of their own: awaited before each step, it returns once chat's next step has landed (at
@@ -142,15 +140,9 @@ class WhisperScheduler:
         self._limit = self.budget.share(waited) * pace
 
     def step_thread(self) -> EngineThread | None:
-        """The thread the next step runs on: `alone_thread` while chat has no row, else `thread`. Raises nothing."""
-        if self.alone_thread is not None and not self.chat_running():
-            return self.alone_thread
-        return self.thread
-
-    def chat_running(self) -> bool:
-        """Whether chat rows decode now (the pace says so). Raises nothing of its own."""
+        """The thread the next step runs on: `alone_thread` while chat has no row (no pace), else `thread`."""
         pace = self.pace() if self.pace is not None else None
-        return pace is not None and pace > 0
+        return self.alone_thread if self.alone_thread is not None and not (pace and pace > 0) else self.thread
 
     async def _lead(self) -> None:
         self._leading = True
@@ -158,9 +150,7 @@ class WhisperScheduler:
             try:
                 if self.turn is not None:
                     await self.turn()
-                if self._stepped_on is not None and self._stepped_on is not thread and self._windows:
-                    # The windows' lazy state is the other thread's: evaluated there before this one steps them.
-                    await self._stepped_on.run(settle, list(self._windows))
+                if await hand_over(self._stepped_on, thread, list(self._windows)):
                     self.counters.handoffs += 1
                 self._stepped_on = thread
                 await thread.run(self._step)  # shielded: a cancelled caller waits for its step to end
