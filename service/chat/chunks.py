@@ -35,11 +35,10 @@ class ChunkEncoder:
         go with it; none without a LogprobJson). Raises nothing."""
         writer = self.logprobs if logprobs else None
         if finish is None and delta.role is None and delta.tool_calls is None:
-            if delta.reasoning_content is None and delta.content is not None:
-                return self._text(b"content", delta.content, writer.encode(logprobs) if writer else None)
-            if delta.content is None and delta.reasoning_content is not None:
-                return self._text(b"reasoning_content", delta.reasoning_content,
-                                  writer.encode(logprobs) if writer else None)
+            field, text = ((b"content", delta.content) if delta.reasoning_content is None
+                           else (b"reasoning_content", delta.reasoning_content) if delta.content is None else (b"", None))
+            if text is not None:  # one text field alone: the frame built once
+                return self._text(field, text, writer.encode(logprobs) if writer else None)
         meta = self.meta
         entries = chat_logprobs(writer.pieces, logprobs) if writer else None
         return sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
