@@ -7,8 +7,11 @@ tentative. A pause (VAD or commit()) commits everything before it, and cancels a
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
 behind finishes all its pending utterances that fit a window with one decode. Committed text never changes.
 Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
-stays as context for the next decode. A sampled timestamp past the decoded audio is clamped to its end before it
-is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once (audio/repeats.py).
+stays as context for the next decode, unless an utterance's first guess over it comes back empty: then it is
+finished and the guess tried again at once over the utterance alone. A guess that loops ends the conditioning on
+earlier text, as a fallback does in the seek loop. A sampled timestamp past the decoded audio is clamped to its
+end before it is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once
+(audio/repeats.py).
 
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
 every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none (a
@@ -301,7 +304,11 @@ class LiveTranscription:
         finally:
             self._probe_scope = None
         if result is None:
+            # Sampled hot, a final's fallback would have reset the prompt (decoding.commit): so does a guess that
+            # loops. After cards read aloud, a sentence's guesses looped on more cards five times over.
+            tr.prompt_reset_since = len(tr.all_tokens)
             self._empty_guess = True
+            self._guess_alone()
             return
         if tr.silent(result) and not live.prefix:
             self._empty_guess = True
@@ -312,7 +319,20 @@ class LiveTranscription:
         self._commit_text(continuation[:n])
         self._set_tentative(continuation[n:])
         self._empty_guess = not self.tentative and not self._utterance
+        if self._empty_guess:
+            self._guess_alone()
         self._trim(result, end)
+
+    def _guess_alone(self) -> None:
+        """After an empty first guess over earlier utterances' text, finish that text and guess again at once
+        over the open utterance alone: forced after 13 s of kept text, Whisper opened a segment and ended for four
+        guesses in a row (a new sentence's first word 2.9 s late on this CPU); without it, at the next guess."""
+        live = self._live
+        assert live is not None
+        if self._pauses or self._utterance or not live.prefix or not self._seek() < self._open_from <= self._final_to:
+            return
+        self._finish_all(self._open_from)
+        self._probed_at = self._open_from
 
     async def _full_window(self) -> None:
         """30 s of open speech: the seek loop's window, with the committed prefix forced."""

@@ -338,7 +338,7 @@ async def test_after_an_empty_first_guess_the_next_comes_after_retry_redecode_s(
     tok = tokenizer_for(tiny_whisper, "en", "transcribe")
     ts = tok.timestamp_begin
     hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
-    live, scheduler, _ = await live_text(tiny_whisper, [[ts], [ts, hello], [hello, there, ts + 100], [ts]],
+    live, scheduler, _ = await live_text(tiny_whisper, [[ts], [ts, hello], [hello, there, ts + 100], [ts, there]],
                                          redecode_s=1.0, first_redecode_s=0.75, retry_redecode_s=0.5)
     live.add_speech(speech(0.75), 0)
     assert await run_due(live) == 1  # 0.75 s: a first guess, with no text
@@ -362,7 +362,7 @@ async def test_an_empty_guess_before_a_pause_does_not_hurry_the_next_utterance(t
     tok = tokenizer_for(tiny_whisper, "en", "transcribe")
     ts = tok.timestamp_begin
     hello = tok.encode(" hello")[0]
-    live, scheduler, _ = await live_text(tiny_whisper, [[ts], [ts, hello, ts + 50], [ts]],
+    live, scheduler, _ = await live_text(tiny_whisper, [[ts], [ts, hello, ts + 50], [ts, hello]],
                                          redecode_s=1.0, first_redecode_s=0.75, retry_redecode_s=0.5)
     live.add_speech(speech(0.75), 0)
     assert await run_due(live) == 1  # a first guess, with no text
@@ -374,3 +374,58 @@ async def test_an_empty_guess_before_a_pause_does_not_hurry_the_next_utterance(t
     live.add_speech(speech(0.25), int(1.5 * SR))
     assert await run_due(live) == 1
 
+
+
+async def test_an_empty_first_guess_over_earlier_text_is_guessed_again_at_once_alone(
+        tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
+    # the final of "hello"; a guess that opens a segment after it and ends; the same audio without the context
+    live, scheduler, _ = await live_text(tiny_whisper, [[ts, hello, ts + 25], [ts + 25], [ts, there], [ts]],
+                                         first_redecode_s=0.75, retry_redecode_s=0.5)
+    live.add_speech(speech(0.5), 0)
+    live.add_pause()
+    assert await run_due(live) == 1
+    live.add_speech(speech(0.75), SR // 2)
+    assert await run_due(live) == 2  # the empty guess over " hello", then one over this utterance alone
+    first, again = scheduler.requests[1:3]
+    assert first.prefix == (ts, hello, ts + 25) and len(first.audio) == int(1.25 * SR)
+    assert again.prefix == () and len(again.audio) == int(0.75 * SR)
+    assert live.tentative == " there" and live._tr.seek == 50
+    segments = live.transcript(1.25).segments
+    assert [(s.text, s.start, s.end) for s in segments] == [(" hello", 0.0, 0.5)]
+    # an empty first guess with no earlier text waits for retry_redecode_s as before
+    live2, scheduler2, _ = await live_text(tiny_whisper, [[ts + 25], [ts, there]],
+                                           first_redecode_s=0.75, retry_redecode_s=0.5)
+    live2.add_speech(speech(0.75), 0)
+    assert await run_due(live2) == 1
+
+
+async def test_a_looping_guess_ends_the_conditioning_on_earlier_text(tiny_whisper: LoadedWhisper) -> None:
+    # As the seek loop does after text sampled hot: on this CPU a sentence after cards read aloud looped on more
+    # cards for five guesses in a row, each conditioned on the cards.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    four, clubs, john = (tok.encode(" " + word)[0] for word in ("four", "clubs", "John"))
+    scheduler = Scored([([ts, four, clubs, ts + 25], -0.2, 1.0), ([ts, four, four, four], -0.2, 3.0),
+                        ([ts, john], -0.2, 1.0), ([ts, john], -0.2, 1.0)])
+    live = LiveTranscription(TranscribeOptions(), LiveConfig(context="whole", trim_s=0.1), scheduler,  # type: ignore[arg-type]
+                             lambda e: None)
+    await live.start(tiny_whisper)
+    live.add_speech(speech(0.5), 0)
+    live.add_pause()
+    assert await run_due(live) == 1
+    assert live.committed_text() == " four clubs" and live._tr.seek == 50  # trimmed: the cards are the prompt
+    live.add_speech(speech(1.0), SR // 2)
+    assert await run_due(live) == 1  # a guess that loops: no guess
+    assert live.tentative == ""
+    live.add_speech(speech(0.5), int(1.5 * SR))
+    assert await run_due(live) == 1
+    prompts = [r.prompt for r in scheduler.requests[1:]]
+    assert prompts[0] == (ts, four, clubs, ts + 25) and prompts[1] == ()
+    assert live.tentative == " John"
