@@ -52,8 +52,10 @@ class LiveTranscription:
     it returns None. Not thread-safe; event loop only."""
 
     def __init__(self, options: TranscribeOptions, config: LiveConfig, scheduler: "WhisperScheduler",
-                 emit: Callable[[SessionEvent], None], scope: "anyio.CancelScope | None" = None) -> None:
-        self.options, self.config, self._scope = options, config, scope
+                 emit: Callable[[SessionEvent], None], scope: "anyio.CancelScope | None" = None,
+                 clock: Callable[[], float] = anyio.current_time) -> None:
+        self.options, self.config, self._scope, self._clock = options, config, scope, clock
+        self._decode_s = 0.0  # how long the latest decode took, queue included
         self.timeline = Timeline()
         self._scheduler, self._emit = scheduler, emit
         self._open = AudioBuffer()  # speech (compact samples); trimmed at the seek
@@ -174,6 +176,9 @@ class LiveTranscription:
             return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
+        slow = self.config.guess_slow_s
+        if slow is not None and self._decode_s > slow:
+            return None  # behind: no guesses, decodes go to finals until one comes back sooner
         if length - self._probed_at >= self._redecode_s() * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
@@ -219,7 +224,9 @@ class LiveTranscription:
         if self.config.fits(len(audio)):
             request = replace(request, audio_ctx=fitted_context(self._loaded.model.dims.n_audio_ctx, len(audio),
                                                                 self.config.context_min_s), redo_whole=not probe)
+        began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
+        self._decode_s = self._clock() - began
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
         # A looping guess (over a cut context too) is no guess: two would agree and commit the loop. An improbable one

@@ -429,3 +429,40 @@ async def test_a_looping_guess_ends_the_conditioning_on_earlier_text(tiny_whispe
     prompts = [r.prompt for r in scheduler.requests[1:]]
     assert prompts[0] == (ts, four, clubs, ts + 25) and prompts[1] == ()
     assert live.tentative == " John"
+
+
+
+class Timed(Scripted):
+    """Scripted decodes that each take the given seconds of a fake clock (`now`)."""
+
+    def __init__(self, continuations: list[list[int]], seconds: list[float]) -> None:
+        super().__init__(continuations)
+        self.seconds, self.now = seconds, 0.0
+
+    async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
+        self.now += self.seconds.pop(0)
+        return await super().decode(loaded, request, cancellation)
+
+
+async def test_after_a_slow_decode_no_guess_runs_until_a_final_comes_back_sooner(tiny_whisper: LoadedWhisper) -> None:
+    # 8 speakers on 2 cores fell 8-11 s behind, each session guessing over all its open audio again and again.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
+    for slow, due in ((2.0, 0), (None, 1)):
+        script = [[ts, hello], [ts, hello, there], [ts, hello, there, ts + 50], [ts, hello]]
+        scheduler = Timed(script, [2.5, 0.5, 0.5, 0.5])
+        live = LiveTranscription(TranscribeOptions(), LiveConfig(guess_slow_s=slow), scheduler,  # type: ignore[arg-type]
+                                 lambda e: None, clock=lambda: scheduler.now)
+        await live.start(tiny_whisper)
+        live.add_speech(speech(0.75), 0)
+        assert await run_due(live) == 1  # a first guess, 2.5 s in the scheduler
+        live.add_speech(speech(1.0), int(0.75 * SR))
+        assert await run_due(live) == due, slow
+        live.add_pause()
+        assert await run_due(live) == 1  # the final, back in 0.5 s
+        assert live.committed_text() == " hello there"
+        live.add_speech(speech(0.75), int(1.75 * SR))
+        assert await run_due(live) == 1  # guesses again
