@@ -221,7 +221,7 @@ class LiveTranscription:
             fresh = seek + len(audio) - max(seek, self._final_to)
             request = replace(request, sample_len=min(request.sample_len,
                                                       16 + int(self.config.tokens_per_second * fresh / SAMPLE_RATE)))
-        if self.config.fits(len(audio), guess=probe):
+        if self.config.fits(len(audio)):
             request = replace(request, audio_ctx=fitted_context(self._loaded.model.dims.n_audio_ctx, len(audio),
                                                                 self.config.context_min_s), redo_whole=not probe)
         began = self._clock()

@@ -21,9 +21,9 @@ class LiveConfig:
     early. `max_session_s`: audio one session may receive.
     `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread. `context`: "whole", the
-    whole 30 s window, as mlx-whisper; "fit", a guess, or a final of at least `context_from_s` of audio, encodes
-    that audio plus 1 s, in steps of 5 s, at least `context_min_s` (a final whose text fails the thresholds or
-    loops is redone over the whole window, a guess that loops is no guess); "auto", fit where MLX computes on the CPU,
+    whole 30 s window, as mlx-whisper; "fit", a decode of at least `context_from_s` of audio encodes that audio
+    plus 1 s, in steps of 5 s, at least `context_min_s` (a final whose text fails the thresholds or loops is
+    redone over the whole window, a guess that loops is no guess); "auto", fit where MLX computes on the CPU,
     whole on a GPU (see `fits`)."""
 
     redecode_s: float = 1.0
@@ -48,16 +48,15 @@ class LiveConfig:
     context_min_s: float = 10.0
     # Over a cut context Whisper is less sure of a second or two of speech: first guesses of 0.75–1.75 s failed
     # the logprob threshold where the whole window passed them (tiny.en, the shared clips); from 2.25 s on, none.
-    # Finals only: guesses no longer face that threshold, and a whole-window guess took 1.0-1.5 s on a slow 2-core
-    # host (an utterance's first word up to 2.4 s late; 1.1-1.2 s fitted: bench/RESULTS.md, twenty-seventh session).
+    # (2.5 s made the second clip's first guess, over 2.46 s, a whole-window decode: 0.82 s against 0.25 s here.)
     context_from_s: float = 2.25
 
-    def fits(self, samples: int, guess: bool = False) -> bool:
-        """Whether a decode of `samples` (16 kHz) encodes a fitted context (a `guess` at any length, a final from
-        `context_from_s`). "auto" fits on MLX's CPU backend only: there the encoder bounds how many speakers keep
-        up (4 on 2 cores with it, not without); on the H200 they keep up with whole windows, and fitted ones raised
-        chat's token gaps beside them (bench/RESULTS.md, eleventh session). Raises nothing."""
-        if self.context == "whole" or (not guess and samples < self.context_from_s * SAMPLE_RATE):
+    def fits(self, samples: int) -> bool:
+        """Whether a decode of `samples` (16 kHz) encodes a fitted context. "auto" fits on MLX's CPU backend only:
+        there the encoder bounds how many speakers keep up (4 on 2 cores with it, not without); on the H200 they
+        keep up with whole windows, and fitted ones raised chat's token gaps beside them (bench/RESULTS.md,
+        eleventh session). Raises nothing."""
+        if self.context == "whole" or samples < self.context_from_s * SAMPLE_RATE:
             return False
         if self.context == "fit":
             return True
