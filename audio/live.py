@@ -12,16 +12,12 @@ finished and the guess tried again at once over the utterance alone. A guess tha
 earlier text, as a fallback does in the seek loop. A sampled timestamp past the decoded audio is clamped to its
 end before it is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once
 (audio/repeats.py).
-
-Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
-every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none (a
-session behind decodes several at once: the first gets their text). Text is attributed to the oldest
-utterance not yet closed. `clear()` drops the open utterance's audio that has no committed text yet.
+Utterances are numbered and closed as audio/utterances.py says. `clear()` drops the open utterance's audio that
+has no committed text yet.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -31,7 +27,6 @@ import numpy as np
 from audio.agreement import LiveText
 from audio.buffers import AudioBuffer
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
-from audio.encoder import fitted_context
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
 from audio.repeats import as_committed, without_repeats
@@ -39,6 +34,7 @@ from audio.text_end import clamped_timestamps, stopped_short
 from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
+from audio.utterances import Utterances
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -59,10 +55,7 @@ class LiveTranscription:
         self.timeline = Timeline()
         self._scheduler, self._emit = scheduler, emit
         self._open = AudioBuffer()  # speech (compact samples); trimmed at the seek
-        self._pauses: deque[int] = deque()  # compact positions where an utterance ended, not yet closed
-        self.opened = 0  # utterances whose audio ended (pauses added); the open one's index
-        self.closed = 0  # utterances transcribed and closed; the oldest open one's index
-        self._open_from = 0  # compact position where the open utterance began
+        self.utterances = Utterances(emit)
         self._tr: WindowedTranscription | None = None
         self._live: LiveText | None = None
         self._loaded: "LoadedWhisper | None" = None
@@ -72,7 +65,6 @@ class LiveTranscription:
         self._last_result: WindowResult | None = None
         self._probe_scope: anyio.CancelScope | None = None  # the probe in flight
         self._committed: list[str] = []
-        self._utterance: list[str] = []
         self._empty_guess = False  # the open utterance's last guess had no text
         self.tentative = ""
 
@@ -103,29 +95,16 @@ class LiveTranscription:
     def add_pause(self) -> int:
         """The open utterance ended here (even an empty one: every pause closes one utterance). Returns its
         index. Raises nothing."""
-        self._pauses.append(self.timeline.length)
-        self._open_from = self.timeline.length
-        self.opened += 1
-        return self.opened - 1
+        return self.utterances.pause(self.timeline.length)
 
     @property
     def has_open_text(self) -> bool:
-        """Committed text belongs to the open utterance (none is behind it). Raises nothing."""
-        return not self._pauses and bool(self._utterance)
+        return self.utterances.open_text
 
     @property
     def has_open(self) -> bool:
         """The open utterance has audio or committed text. Raises nothing."""
-        return self.timeline.length > self._open_from or self.has_open_text
-
-    def _close(self, count: int) -> None:
-        """The `count` oldest pauses are done: their utterances close, the first with the text so far."""
-        for _ in range(count):
-            self._pauses.popleft()
-            text = "".join(self._utterance)
-            self._utterance = []
-            self._emit(SessionEvent("utterance", text=text, item=self.closed))
-            self.closed += 1
+        return self.timeline.length > self.utterances.open_from or self.has_open_text
 
     def clear(self) -> None:
         """Drop the open utterance's audio not yet transcribed into committed text: behind (pauses pending)
@@ -134,20 +113,21 @@ class LiveTranscription:
         tr, live = self._tr, self._live
         if live is not None:
             live.previous = None
-        if self._pauses or not self._utterance:
-            cut = self._pauses[-1] if self._pauses else max(self._final_to, self._seek(), self._open_from)
+        if self.utterances.pauses or not self.utterances.text:
+            u = self.utterances
+            cut = u.pauses[-1] if u.pauses else max(self._final_to, self._seek(), u.open_from)
             self.timeline.truncate(cut)
             self._open.truncate(cut)
             self._probed_at = min(self._probed_at, cut)
             self._decoded_to = min(self._decoded_to, cut)
-            self._open_from = cut
+            self.utterances.open_from = cut
         else:
             length = self.timeline.length
             if tr is not None and live is not None:
                 self._finish_all(length)
             self._final_to = self._probed_at = self._decoded_to = length
             self.add_pause()
-            self._close(len(self._pauses))
+            self.utterances.close(len(self.utterances.pauses))
         self._set_tentative([])
 
     def committed_text(self) -> str:
@@ -161,18 +141,18 @@ class LiveTranscription:
         Pauses whose audio is already all committed close their utterances here."""
         seek = self._seek()
         done = 0
-        while done < len(self._pauses) and self._pauses[done] <= max(seek, self._final_to):
+        while done < len(self.utterances.pauses) and self.utterances.pauses[done] <= max(seek, self._final_to):
             done += 1
-        self._close(done)
+        self.utterances.close(done)
         length = self.timeline.length
-        limit = self._pauses[0] if self._pauses else length
+        limit = self.utterances.pauses[0] if self.utterances.pauses else length
         if limit - seek >= N_SAMPLES:
             return self._full_window
-        if self._pauses:
+        if self.utterances.pauses:
             # Behind: the pauses already here that fit one decode are finished by it — within one window, and
             # within the text the decoder has room for (more would be cut off at its token cap, and lost).
             fit = min(N_SAMPLES, self._room_samples())
-            last = max((p for p in self._pauses if p - seek <= fit), default=self._pauses[0])
+            last = max((p for p in self.utterances.pauses if p - seek <= fit), default=self.utterances.pauses[0])
             return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
@@ -187,7 +167,7 @@ class LiveTranscription:
     def _redecode_s(self) -> float:
         """New speech before the next probe: shorter before the open utterance's first text. Raises nothing."""
         first, again = self.config.first_redecode_s, self.config.redecode_s
-        if first is None or self._utterance or self.tentative:
+        if first is None or self.utterances.text or self.tentative:
             return again
         retry = self.config.retry_redecode_s
         return min(first, again, retry) if self._empty_guess and retry is not None else min(first, again)
@@ -212,18 +192,10 @@ class LiveTranscription:
         assert self._tr is not None and self._live is not None and self._loaded is not None
         seek = self._seek()
         audio = self._open.view(seek, count)
-        request = self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
-                                   tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True)
-        if probe and request.sample_len is not None:
-            # A guess writes only the speech after the last final (earlier text is forced): a guess that loops
-            # stops after what that speech could hold instead of what the whole open audio could (3 s of a looping
-            # "8 8 8" held one clip's guesses on this CPU).
-            fresh = seek + len(audio) - max(seek, self._final_to)
-            request = replace(request, sample_len=min(request.sample_len,
-                                                      16 + int(self.config.tokens_per_second * fresh / SAMPLE_RATE)))
-        if self.config.fits(len(audio)):
-            request = replace(request, audio_ctx=fitted_context(self._loaded.model.dims.n_audio_ctx, len(audio),
-                                                                self.config.context_min_s), redo_whole=not probe)
+        request = self.config.shape(
+            self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
+                             tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True),
+            probe, fresh=seek + len(audio) - max(seek, self._final_to), n_audio_ctx=self._loaded.model.dims.n_audio_ctx)
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._decode_s = self._clock() - began
@@ -243,17 +215,17 @@ class LiveTranscription:
         return self._tr.tokenizer.decode([t for t in tokens if t < eot])
 
     def _commit_text(self, tokens: list[int]) -> None:
-        text = without_repeats("".join(self._utterance), self._text(tokens))
+        text = without_repeats("".join(self.utterances.text), self._text(tokens))
         if text:
             self._committed.append(text)
-            self._utterance.append(text)
-            self._emit(SessionEvent("committed", text=text, item=self.closed))
+            self.utterances.text.append(text)
+            self._emit(SessionEvent("committed", text=text, item=self.utterances.closed))
 
     def _set_tentative(self, tokens: list[int]) -> None:
         text = self._text(tokens) if self._tr is not None else ""
         if text != self.tentative:
             self.tentative = text
-            self._emit(SessionEvent("tentative", text=text, item=self.closed))
+            self._emit(SessionEvent("tentative", text=text, item=self.utterances.closed))
 
     def _stride(self) -> int:
         assert self._tr is not None
@@ -288,7 +260,7 @@ class LiveTranscription:
     def drop_closed_probe(self) -> None:
         """Cancel the probe in flight once a pause has closed the utterance it decodes: the final decode due
         next gives all that text, so waiting for the probe only delays it. Raises nothing."""
-        if self._pauses:
+        if self.utterances.pauses:
             self.cancel_probe()
 
     def cancel_probe(self) -> None:
@@ -325,7 +297,7 @@ class LiveTranscription:
         n = live.agree(continuation)
         self._commit_text(continuation[:n])
         self._set_tentative(continuation[n:])
-        self._empty_guess = not self.tentative and not self._utterance
+        self._empty_guess = not self.tentative and not self.utterances.text
         if self._empty_guess:
             self._guess_alone()
         self._trim(result, end)
@@ -336,10 +308,11 @@ class LiveTranscription:
         guesses in a row (a new sentence's first word 2.9 s late on this CPU); without it, at the next guess."""
         live = self._live
         assert live is not None
-        if self._pauses or self._utterance or not live.prefix or not self._seek() < self._open_from <= self._final_to:
+        u = self.utterances
+        if u.pauses or u.text or not live.prefix or not self._seek() < u.open_from <= self._final_to:
             return
-        self._finish_all(self._open_from)
-        self._probed_at = self._open_from
+        self._finish_all(self.utterances.open_from)
+        self._probed_at = self.utterances.open_from
 
     async def _full_window(self) -> None:
         """30 s of open speech: the seek loop's window, with the committed prefix forced."""
@@ -390,7 +363,7 @@ class LiveTranscription:
                 self._finish_all(short)
                 self._probed_at = max(self._probed_at, short)
                 self._set_tentative([])
-                self._close(sum(1 for p in self._pauses if p <= short))
+                self.utterances.close_through(short)
                 return
         self._final_to = self._probed_at = max(self._probed_at, limit)
         self._set_tentative([])
@@ -398,7 +371,7 @@ class LiveTranscription:
             self._finish_all(limit)
         elif result is not None:
             self._trim(result, limit)
-        self._close(sum(1 for p in self._pauses if p <= limit))
+        self.utterances.close_through(limit)
 
     def _finish_all(self, limit: int) -> None:
         """All committed text up to `limit` joins the transcript and the open audio before it goes."""

@@ -1,11 +1,14 @@
-"""What a live session is configured with (LiveConfig) and what it tells its clients (SessionEvent)."""
+"""What a live session is configured with (LiveConfig, which also shapes each decode it asks for) and what it tells
+its clients (SessionEvent)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from audio.encoder import fitted_context
 from audio.pcm import SAMPLE_RATE
+from audio.window import WindowRequest
 from engine.accelerator import on_gpu
 
 __all__ = ["LiveConfig", "SessionEvent", "EventType"]
@@ -50,6 +53,20 @@ class LiveConfig:
     # the logprob threshold where the whole window passed them (tiny.en, the shared clips); from 2.25 s on, none.
     # (2.5 s made the second clip's first guess, over 2.46 s, a whole-window decode: 0.82 s against 0.25 s here.)
     context_from_s: float = 2.25
+
+    def shape(self, request: WindowRequest, guess: bool, fresh: int, n_audio_ctx: int) -> WindowRequest:
+        """`request` (a live decode's) with a guess's sampled tokens capped by its `fresh` samples (those after the
+        last final) and a fitted context where `fits`. Raises nothing."""
+        if guess and request.sample_len is not None:
+            # A guess writes only the speech after the last final (earlier text is forced): a guess that loops
+            # stops after what that speech could hold instead of what the whole open audio could (3 s of a looping
+            # "8 8 8" held one clip's guesses on this CPU).
+            request = replace(request, sample_len=min(request.sample_len,
+                                                      16 + int(self.tokens_per_second * fresh / SAMPLE_RATE)))
+        if self.fits(len(request.audio)):
+            request = replace(request, audio_ctx=fitted_context(n_audio_ctx, len(request.audio), self.context_min_s),
+                              redo_whole=not guess)
+        return request
 
     def fits(self, samples: int) -> bool:
         """Whether a decode of `samples` (16 kHz) encodes a fitted context. "auto" fits on MLX's CPU backend only:

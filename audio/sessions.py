@@ -348,12 +348,14 @@ class LiveSession:
             if isinstance(ev, Speech):
                 a, b = ev.start + origin, ev.end + origin
                 if ev.first:
-                    self._emit(SessionEvent("speech_started", audio_ms=a * 1000 // SAMPLE_RATE, item=self.live.opened))
+                    self._emit(SessionEvent("speech_started", audio_ms=a * 1000 // SAMPLE_RATE,
+                                               item=self.live.utterances.opened))
                 self.live.add_speech(self._raw.view(a, b - a), a)
             else:
                 at = ev.at + origin
                 self._boundary = max(self._boundary, at)
-                self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.opened))
+                self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE,
+                                       item=self.live.utterances.opened))
                 self._pause(at, ref if ev in flushed else None)
         return bool(flushed) and not isinstance(flushed[-1], Speech)
 
@@ -367,6 +369,7 @@ class LiveSession:
         self._origin = at
         self._gate = speech_gate(self.options)
         if self.live.has_open_text:  # its committed text stays: the utterance closes with it
-            self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.opened))
+            self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE,
+                                   item=self.live.utterances.opened))
         self.live.clear()
-        self._emit(SessionEvent("cleared", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.opened))
+        self._emit(SessionEvent("cleared", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.utterances.opened))
