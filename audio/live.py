@@ -195,7 +195,8 @@ class LiveTranscription:
         request = self.config.shape(
             self._tr.request(audio, len(audio) // HOP_LENGTH, prefix=self._live.prefix,
                              tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True),
-            probe, fresh=seek + len(audio) - max(seek, self._final_to), n_audio_ctx=self._loaded.model.dims.n_audio_ctx)
+            probe, fresh=seek + len(audio) - max(seek, self._final_to), n_audio_ctx=self._loaded.model.dims.n_audio_ctx,
+            chat_active=self._scheduler.chat_active())
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._decode_s = self._clock() - began

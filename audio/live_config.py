@@ -26,8 +26,8 @@ class LiveConfig:
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread. `context`: "whole", the
     whole 30 s window, as mlx-whisper; "fit", a decode of at least `context_from_s` of audio encodes that audio
     plus 1 s, in steps of 5 s, at least `context_min_s` (a final whose text fails the thresholds or loops is
-    redone over the whole window, a guess that loops is no guess); "auto", fit where MLX computes on the CPU,
-    whole on a GPU (see `fits`)."""
+    redone over the whole window, a guess that loops is no guess; while chat has no rows a guess is fitted at any
+    length: `fit_guesses_alone`); "auto", fit where MLX computes on the CPU, whole on a GPU (see `fits`)."""
 
     redecode_s: float = 1.0
     # The first word comes one decode (~1 s on a 2-core CPU, tiny.en) after this much speech. Measured over
@@ -53,27 +53,34 @@ class LiveConfig:
     # the logprob threshold where the whole window passed them (tiny.en, the shared clips); from 2.25 s on, none.
     # (2.5 s made the second clip's first guess, over 2.46 s, a whole-window decode: 0.82 s against 0.25 s here.)
     context_from_s: float = 2.25
+    # While chat has no rows, a guess is fitted at any length (where `fits` would fit a longer one): a whole-window
+    # guess took 1.0-1.5 s on a slow 2-core host (first words 1.6-2.7 s late against 1.1-1.2 s fitted). Beside chat
+    # guesses stay whole: fitted ones there raised chat's p99 beside 4 sessions (bench/RESULTS.md, 27th session).
+    fit_guesses_alone: bool = True
 
-    def shape(self, request: WindowRequest, guess: bool, fresh: int, n_audio_ctx: int) -> WindowRequest:
+    def shape(self, request: WindowRequest, guess: bool, fresh: int, n_audio_ctx: int,
+              chat_active: bool = True) -> WindowRequest:
         """`request` (a live decode's) with a guess's sampled tokens capped by its `fresh` samples (those after the
-        last final) and a fitted context where `fits`. Raises nothing."""
+        last final) and a fitted context where `fits` (for a guess while not `chat_active`, at any length). Raises
+        nothing."""
         if guess and request.sample_len is not None:
             # A guess writes only the speech after the last final (earlier text is forced): a guess that loops
             # stops after what that speech could hold instead of what the whole open audio could (3 s of a looping
             # "8 8 8" held one clip's guesses on this CPU).
             request = replace(request, sample_len=min(request.sample_len,
                                                       16 + int(self.tokens_per_second * fresh / SAMPLE_RATE)))
-        if self.fits(len(request.audio)):
+        if self.fits(len(request.audio), any_length=guess and self.fit_guesses_alone and not chat_active):
             request = replace(request, audio_ctx=fitted_context(n_audio_ctx, len(request.audio), self.context_min_s),
                               redo_whole=not guess)
         return request
 
-    def fits(self, samples: int) -> bool:
-        """Whether a decode of `samples` (16 kHz) encodes a fitted context. "auto" fits on MLX's CPU backend only:
+    def fits(self, samples: int, any_length: bool = False) -> bool:
+        """Whether a decode of `samples` (16 kHz) encodes a fitted context (from `context_from_s`, or at
+        `any_length`). "auto" fits on MLX's CPU backend only:
         there the encoder bounds how many speakers keep up (4 on 2 cores with it, not without); on the H200 they
         keep up with whole windows, and fitted ones raised chat's token gaps beside them (bench/RESULTS.md,
         eleventh session). Raises nothing."""
-        if self.context == "whole" or samples < self.context_from_s * SAMPLE_RATE:
+        if self.context == "whole" or (samples < self.context_from_s * SAMPLE_RATE and not any_length):
             return False
         if self.context == "fit":
             return True

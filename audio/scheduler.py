@@ -139,10 +139,14 @@ class WhisperScheduler:
         waited = max((now - w.since for w in list(self._windows) if w.live and w.request.realtime), default=0.0)
         self._limit = self.budget.share(waited) * pace
 
+    def chat_active(self) -> bool:
+        """Whether chat has rows now (its pace is known): speech then shares the machine with it. Raises nothing."""
+        pace = self.pace() if self.pace is not None else None
+        return bool(pace and pace > 0)
+
     def step_thread(self) -> EngineThread | None:
         """The thread the next step runs on: `alone_thread` while chat has no row (no pace), else `thread`."""
-        pace = self.pace() if self.pace is not None else None
-        return self.alone_thread if self.alone_thread is not None and not (pace and pace > 0) else self.thread
+        return self.alone_thread if self.alone_thread is not None and not self.chat_active() else self.thread
 
     async def _lead(self) -> None:
         self._leading = True

@@ -25,6 +25,10 @@ class Scripted:
     def __init__(self, continuations: list[list[int]]) -> None:
         self.continuations = continuations
         self.requests: list[WindowRequest] = []
+        self.chat = True  # whether chat has rows (WhisperScheduler.chat_active)
+
+    def chat_active(self) -> bool:
+        return self.chat
 
     async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
         self.requests.append(request)
@@ -206,6 +210,29 @@ async def test_an_improbable_guess_shows_as_tentative_and_a_repetitive_one_does_
         assert await run_due(live) == 1
         assert live.tentative == shown and live.committed_text() == "", (lp, cr)
         assert [e.text for e in events if e.type == "tentative"] == ([shown] if shown else [])
+
+
+async def test_guesses_are_fitted_at_any_length_only_while_chat_has_no_rows(tiny_whisper: LoadedWhisper) -> None:
+    # A whole-window guess cost a first word 1.0-1.5 s on a slow 2-core CPU; fitted it is cheap, but beside chat
+    # fitted guesses raised chat's token gaps, so they stay whole there. Finals under 2.25 s stay whole either way.
+    contexts = {}
+    for chat in (False, True):
+        live, scheduler, _ = await live_text(tiny_whisper, [[1000], [1000]], context="fit")  # type: ignore[arg-type]
+        scheduler.chat = chat
+        live.add_speech(speech(1.2), 0)
+        await run_due(live)  # a guess
+        live.add_pause()
+        await run_due(live)  # the utterance's final
+        assert [r.temperatures == (0.0,) for r in scheduler.requests] == [True, False]
+        contexts[chat] = [r.audio_ctx for r in scheduler.requests]
+    assert contexts == {False: [fitted_context(1500, int(1.2 * SR), 10.0), None], True: [None, None]}
+    assert LiveConfig(context="fit").fits(SR, any_length=True) and not LiveConfig(context="fit").fits(SR)
+    assert not LiveConfig(context="whole").fits(5 * SR, any_length=True)
+    off, scripted, _ = await live_text(tiny_whisper, [[1000]], context="fit", fit_guesses_alone=False)  # type: ignore[arg-type]
+    scripted.chat = False
+    off.add_speech(speech(1.2), 0)
+    await run_due(off)
+    assert scripted.requests[0].audio_ctx is None
 
 
 def test_auto_fits_the_context_on_a_cpu_only_and_short_audio_is_whole_either_way() -> None:

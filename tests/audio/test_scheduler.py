@@ -413,6 +413,9 @@ async def test_steps_run_on_the_alone_thread_while_chat_has_no_row_and_decode_th
     assert {name for name, _ in ran} == {"test-beside-chat", "test-alone"}
     assert all(name == ("test-beside-chat" if running else "test-alone") for name, running in ran), ran
     assert scheduler.counters.handoffs >= len(ran) // 2  # windows in flight settled on the thread that built them
+    for running in (True, False):  # what live sessions read to shape their guesses (audio/live_config.py)
+        chat["running"] = running
+        assert scheduler.chat_active() is running
 
 
 async def test_a_step_held_on_its_own_thread_holds_no_engine_task(tiny_whisper: LoadedWhisper, monkeypatch) -> None:

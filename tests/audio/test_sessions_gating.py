@@ -47,6 +47,9 @@ class Held:
         self.held = anyio.Event()
         self.release = anyio.Event()
 
+    def chat_active(self) -> bool:
+        return True
+
     async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
         i = len(self.scopes)
         self.scopes.append(cancellation)
