@@ -157,9 +157,12 @@ class LiveTranscription:
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
         slow = self.config.guess_slow_s
+        every: float | None = self._redecode_s()
         if slow is not None and self._decode_s > slow:
-            return None  # behind: no guesses, decodes go to finals until one comes back sooner
-        if length - self._probed_at >= self._redecode_s() * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
+            # Behind: decodes go to finals until one comes back sooner; a long utterance still gets a guess now and
+            # then, or it would show nothing until its pause (or 30 s).
+            every = self.config.slow_redecode_s
+        if every is not None and length - self._probed_at >= every * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
         return None

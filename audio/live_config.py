@@ -19,9 +19,9 @@ class LiveConfig:
     """`redecode_s`: new speech before the open audio is decoded again. `first_redecode_s`: the same before an
     utterance's first guess, while it has no text yet (None: `redecode_s`; never more than it). `trim_s`: open audio
     kept as context before finished segments are trimmed off. `guess_slow_s`: after a decode that took longer (its
-    wait for the scheduler included) no guess runs until a final comes back sooner (None: guesses whatever the
-    load). `tokens_per_second`: sampled tokens allowed per second of window (plus 16), so a decode that loops stops
-    early. `max_session_s`: audio one session may receive.
+    wait for the scheduler included) guesses run only every `slow_redecode_s` of new speech (None: none) until a
+    final comes back sooner (None: guesses whatever the load). `tokens_per_second`: sampled tokens allowed per
+    second of window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
     `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread. `context`: "whole", the
     whole 30 s window, as mlx-whisper; "fit", a decode of at least `context_from_s` of audio encodes that audio
@@ -41,6 +41,9 @@ class LiveConfig:
     # 8 speakers on 2 cores fell 8-11 s behind, each guessing over all its open audio again and again (a guess
     # of one speaker here takes 0.2-0.6 s, a final up to ~1.5 s).
     guess_slow_s: float | None = 2.0
+    # While behind, a guess still runs once this much new speech came since the last (None: none until a final
+    # comes back sooner): 4 sessions beside a busy chat on 2 cores showed one 25 s utterance nothing for 37 s.
+    slow_redecode_s: float | None = 5.0
     tokens_per_second: float = 10.0
     max_session_s: float = 3600.0
     max_lag_s: float | None = 120.0

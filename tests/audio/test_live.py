@@ -493,3 +493,25 @@ async def test_after_a_slow_decode_no_guess_runs_until_a_final_comes_back_sooner
         assert live.committed_text() == " hello there"
         live.add_speech(speech(0.75), int(1.75 * SR))
         assert await run_due(live) == 1  # guesses again
+
+
+async def test_while_behind_a_long_utterance_still_gets_a_guess_every_few_seconds(tiny_whisper: LoadedWhisper) -> None:
+    # 4 sessions beside a busy chat on 2 cores: one 25 s utterance without a pause showed nothing for 37 s.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
+    for every, due in ((5.0, 1), (None, 0)):
+        scheduler = Timed([[ts, hello], [ts, hello, there]], [2.5, 2.5])
+        live = LiveTranscription(TranscribeOptions(), LiveConfig(slow_redecode_s=every), scheduler,  # type: ignore[arg-type]
+                                 lambda e: None, clock=lambda: scheduler.now)
+        await live.start(tiny_whisper)
+        live.add_speech(speech(0.75), 0)
+        assert await run_due(live) == 1  # a first guess, 2.5 s in the scheduler: behind from here on
+        live.add_speech(speech(4.0), int(0.75 * SR))
+        assert await run_due(live) == 0  # 4 s of new speech: not yet
+        live.add_speech(speech(1.0), int(4.75 * SR))
+        assert await run_due(live) == due, every  # 5 s: one guess
+        if due:
+            assert live.tentative == " hello there" and scheduler.requests[-1].temperatures == (0.0,)
