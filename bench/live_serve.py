@@ -11,6 +11,9 @@ transcription sessions streaming audio in real time, and streamed chat beside th
   session's last chunk to its last transcript ("finish after"), the largest lag /stats reported, and whether
   every session kept up (finish after ≤ 3 s).
 - **chat ITL**: a streamed chat answer's inter-token gaps alone, then while `--itl-sessions` sessions stream.
+- **speakers beside chat** (`--speakers-beside-chat TOKENS`): the speaker rounds while a chat client streams
+  answers back to back; with `--gap-s 0` each speaker is one long utterance (`first_text_s`: its first text after its
+  first chunk).
 
 Audio: the WAV clips in `--samples` (16 kHz mono 16-bit, e.g. the shared samples), joined with 1.5 s pauses;
 without them a synthetic voiced signal (bursts of a buzzing vowel) that the VAD takes for speech. Prints one
@@ -65,32 +68,71 @@ async def scheduler_stats(root: str, headers: dict[str, str]) -> dict[str, Any]:
         return dict(((await http.get(f"{root}/stats")).json().get("speech") or {}).get("scheduler") or {})
 
 
+async def chat_answers(root: str, headers: dict[str, str], tokens: int, model: str | None, gaps: list[float],
+                       rounds: int | None = None, stop: anyio.Event | None = None) -> int:
+    """Streamed chat answers back to back (`rounds` of them, or until `stop`), their token gaps into `gaps`;
+    returns the chunks seen. Raises SystemExit when an answer fails."""
+    from bench.serve_client import chat_body, stream_chat
+
+    body = chat_body("You are a storyteller.", "Tell me a long story about a lighthouse keeper and the sea.",
+                     tokens, model)
+    seen, done = 0, 0
+    async with httpx.AsyncClient(timeout=None, headers=headers) as http:
+        while (rounds is None or done < rounds) and not (stop is not None and stop.is_set()):
+            res = await stream_chat(http, f"{root}/v1/chat/completions", body, timeout=600)
+            if res.error:
+                raise SystemExit(f"chat failed: {res.error}")
+            gaps += [b - a for a, b in zip(res.chunk_times, res.chunk_times[1:])]
+            seen, done = seen + len(res.chunk_times), done + 1
+    return seen
+
+
 async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, seconds: float,
-                       samples: Path | None) -> dict[str, Any]:
-    voices = signals(n, seconds, samples)
+                       samples: Path | None, gap_s: float = 1.5, chat_tokens: int = 0,
+                       model: str | None = None) -> dict[str, Any]:
+    """`chat_tokens` > 0: a chat client streams answers of that many tokens back to back while the sessions run
+    (speech beside a busy chat, from the sessions' side). Raises what the sessions' and chat's clients raise."""
+    voices = signals(n, seconds, samples, gap_s)
     runs = [SessionRun() for _ in voices]
     lags: list[float] = []
-    stop = anyio.Event()
+    chat_gaps: list[float] = []
+    stop, chat_stop = anyio.Event(), anyio.Event()
     t0 = time.perf_counter()
     before = await scheduler_stats(root, headers)
     async with anyio.create_task_group() as tg:
         tg.start_soon(sample_lag, root, headers, lags, stop)
+        if chat_tokens > 0:
+            tg.start_soon(chat_answers, root, headers, chat_tokens, model, chat_gaps, None, chat_stop)
         async with anyio.create_task_group() as sessions:
             for (pcm, _), run in zip(voices, runs):
                 sessions.start_soon(stream_session, ws_url, pcm, headers, run)
         stop.set()
+        chat_stop.set()
     after = await scheduler_stats(root, headers)
     tails = [r.done - r.last_chunk for r in runs if r.error is None]
     lat = [row for (_, marks), r in zip(voices, runs) for row in r.latencies(marks)]
     words = [x["first_word_s"] for x in lat if x["first_word_s"] is not None]
     finals = [x["final_s"] for x in lat if x["final_s"] is not None]
-    return {"speakers": n, "audio_s_each": round(max(len(p) for p, _ in voices) / SR, 1),
+    # When each session showed new text (a guess, a delta or a transcript), from its first chunk on.
+    shown = [[t for t, e in r.events if e.get("type", "").endswith(("transcription.tentative", "transcription.delta",
+                                                                    "transcription.completed"))
+              and (e.get("text") or e.get("delta") or e.get("transcript"))] for r in runs]
+    first_text = [ts[0] - r.sent_at[0] for ts, r in zip(shown, runs) if ts and r.sent_at]
+    # The longest a session's speaker waited for new text while their audio went out (and after, until the end).
+    waits = [max(b - a for a, b in zip([r.sent_at[0], *ts], ts)) for ts, r in zip(shown, runs) if ts and r.sent_at]
+    return {"speakers": n, "audio_s_each": round(max(len(p) for p, _ in voices) / SR, 1), "gap_s": gap_s,
             "wall_s": round(time.perf_counter() - t0, 1), "errors": [r.error for r in runs if r.error],
             "finish_after_last_chunk_s_max": round(max(tails), 2) if tails else None,
             "max_lag_s": round(max(lags, default=0.0), 2), "sustained": bool(tails) and max(tails) <= 3.0,
             "first_word_after_onset_s": {"p50": pct(words, 50), "max": pct(words, 100), "n": len(words)},
             "final_after_speech_end_s": {"p50": pct(finals, 50), "max": pct(finals, 100), "n": len(finals)},
             "clips": lat if n == 1 else None,
+            # each session's first text after its first chunk was sent: with gap_s 0, all one utterance
+            "first_text_s": {"p50": pct(first_text, 50), "max": pct(first_text, 100), "n": len(first_text)},
+            "longest_wait_for_text_s": {"p50": pct(waits, 50), "max": pct(waits, 100), "n": len(waits)},
+            "chat_beside": {"tokens": chat_tokens, "gaps": len(chat_gaps),
+                            "itl_ms": {"p50": round(1e3 * (pct(chat_gaps, 50) or 0), 1),
+                                       "p99": round(1e3 * (pct(chat_gaps, 99) or 0), 1)}} if chat_tokens > 0 else None,
             # what the Whisper scheduler did for this round: steps by kind, rows per decoder step, step times
             "scheduler": {**{k: after.get(k, 0) - before.get(k, 0) for k in COUNTED},
                           "recent_steps": after.get("recent_steps"), "costs": after.get("costs"),
@@ -100,21 +142,9 @@ async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, 
 
 async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int, tokens: int, rounds: int,
                   samples: Path | None, model: str | None) -> dict[str, Any]:
-    from bench.serve_client import chat_body, stream_chat
-
-    body = chat_body("You are a storyteller.", "Tell me a long story about a lighthouse keeper and the sea.",
-                     tokens, model)
-
     async def gaps() -> tuple[list[float], int]:
-        out, tokens_seen = [], 0
-        async with httpx.AsyncClient(timeout=None, headers=headers) as http:
-            for _ in range(rounds):
-                res = await stream_chat(http, f"{root}/v1/chat/completions", body, timeout=600)
-                if res.error:
-                    raise SystemExit(f"chat failed: {res.error}")
-                out += [b - a for a, b in zip(res.chunk_times, res.chunk_times[1:])]
-                tokens_seen += len(res.chunk_times)
-        return out, tokens_seen
+        out: list[float] = []
+        return out, await chat_answers(root, headers, tokens, model, out, rounds)
 
     await gaps()  # warm-up: first-call costs stay out
     # /stats is sampled at the same period alone as beside the sessions: both sides carry the same polling.
@@ -164,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--speakers", default="1,4,8,16", help="comma-separated; empty: skip")
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--latency", action="store_true", help="one speaker, per-utterance latencies (first)")
+    p.add_argument("--gap-s", type=float, default=1.5,
+                   help="silence between the clips of a speaker's signal (0: one utterance the VAD never closes)")
+    p.add_argument("--speakers-beside-chat", type=int, default=0, metavar="TOKENS",
+                   help="during the speaker rounds a chat client streams answers of TOKENS tokens back to back")
     p.add_argument("--itl-sessions", type=int, default=4, help="0: skip the chat measurement")
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="chat answers per ITL measurement")
@@ -192,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.itl_sessions > 0:
             report["chat_itl"] = anyio.run(run_itl, root, ws_url, headers, args.itl_sessions, args.tokens, args.rounds,
                                            samples, args.model)
-        report["speakers"] = [anyio.run(run_speakers, root, ws_url, headers, int(n), args.seconds, samples)
+        report["speakers"] = [anyio.run(run_speakers, root, ws_url, headers, int(n), args.seconds, samples,
+                                        args.gap_s, args.speakers_beside_chat, args.model)
                               for n in args.speakers.split(",") if n.strip()]
     finally:
         if server is not None:

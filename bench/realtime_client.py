@@ -45,17 +45,20 @@ def _synthetic(k: int) -> list[np.ndarray]:
     return out
 
 
-def signals(n: int, seconds: float, samples: Path | None) -> list[tuple[np.ndarray, list[tuple[int, int]]]]:
-    """n speaker signals of about `seconds`, each starting at another clip, and where each clip lies in it
-    (start, end samples). Raises SystemExit for a samples folder without WAVs."""
+def signals(n: int, seconds: float, samples: Path | None,
+            gap_s: float = GAP_S) -> list[tuple[np.ndarray, list[tuple[int, int]]]]:
+    """n speaker signals of about `seconds`, each starting at another clip, clips `gap_s` apart (0: one utterance
+    the VAD never closes), and where each clip lies in it (start, end samples). Raises SystemExit for a samples
+    folder without WAVs."""
     clips = [_wav(w) for w in sorted(samples.glob("*.wav"))] if samples is not None else None
     if clips is not None and not clips:
         raise SystemExit(f"no .wav files in {samples}")
-    gap = np.zeros(int(GAP_S * SR), np.float32)
+    gap = np.zeros(int(gap_s * SR), np.float32)
     out = []
     for k in range(n):
         pool = clips if clips is not None else _synthetic(k)
-        parts, marks, total, i = [gap[: SR // 2]], [], SR // 2, k
+        lead = np.zeros(SR // 2, np.float32)
+        parts, marks, total, i = [lead], [], SR // 2, k
         while total < seconds * SR:
             x = pool[i % len(pool)]
             marks.append((total, total + len(x)))
