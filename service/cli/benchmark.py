@@ -15,6 +15,8 @@ BENCHMARKS = {
     "chat": ("bench.chat", "cli", "HTTP tokens/s, TTFT, ITL at 1/4/8 streams vs mlx-lm generate and mlx_lm.server"),
     "agent": ("bench.agent_turns", "main", "10-turn agent conversation: TTFT per turn, prefix cache vs cold"),
     "speech": ("bench.speech", "main", "tandem transcribe vs mlx_whisper.transcribe; session finish latency"),
+    "live": ("bench.live_serve", "main", "live speech over the wire: first word and final after speech, 1/4/8/16 "
+             "speakers, chat ITL beside live sessions, speakers beside a busy chat"),
     "serve": ("bench.serve", "cli", "HTTP load (c1/c8/c64/Poisson/c128/soak) vs mlx_lm.server: tok/s, TTFT, ITL, RSS"),
     "engine": ("bench.engine_compare", "main", "engine-level vs mlx-lm BatchGenerator on a random-init shape"),
 }

@@ -27,6 +27,10 @@ def test_every_benchmark_entry_exists() -> None:
         assert callable(getattr(importlib.import_module(module), entry))
 
 
+def test_live_speech_has_a_benchmark_name() -> None:
+    assert BENCHMARKS["live"][:2] == ("bench.live_serve", "main")
+
+
 def test_unknown_benchmark_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["benchmark", "nope"])
