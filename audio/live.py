@@ -162,7 +162,8 @@ class LiveTranscription:
             # Behind: decodes go to finals until one comes back sooner; a long utterance still gets a guess now and
             # then, or it would show nothing until its pause (or 30 s).
             every = self.config.slow_redecode_s
-        if every is not None and length - self._probed_at >= every * SAMPLE_RATE and length - self._final_to >= HOP_LENGTH:
+        due = every is not None and length - self._probed_at >= every * SAMPLE_RATE
+        if due and length - self._final_to >= HOP_LENGTH:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
         return None

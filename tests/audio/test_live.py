@@ -228,7 +228,8 @@ async def test_guesses_are_fitted_at_any_length_only_while_chat_has_no_rows(tiny
     assert contexts == {False: [fitted_context(1500, int(1.2 * SR), 10.0), None], True: [None, None]}
     assert LiveConfig(context="fit").fits(SR, any_length=True) and not LiveConfig(context="fit").fits(SR)
     assert not LiveConfig(context="whole").fits(5 * SR, any_length=True)
-    off, scripted, _ = await live_text(tiny_whisper, [[1000]], context="fit", fit_guesses_alone=False)  # type: ignore[arg-type]
+    off, scripted, _ = await live_text(tiny_whisper, [[1000]], context="fit",  # type: ignore[arg-type]
+                                       fit_guesses_alone=False)
     scripted.chat = False
     off.add_speech(speech(1.2), 0)
     await run_due(off)
@@ -504,8 +505,8 @@ async def test_while_behind_a_long_utterance_still_gets_a_guess_every_few_second
     hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
     for every, due in ((5.0, 1), (None, 0)):
         scheduler = Timed([[ts, hello], [ts, hello, there]], [2.5, 2.5])
-        live = LiveTranscription(TranscribeOptions(), LiveConfig(slow_redecode_s=every), scheduler,  # type: ignore[arg-type]
-                                 lambda e: None, clock=lambda: scheduler.now)
+        live = LiveTranscription(TranscribeOptions(), LiveConfig(slow_redecode_s=every),
+                                 scheduler, lambda e: None, clock=lambda: scheduler.now)  # type: ignore[arg-type]
         await live.start(tiny_whisper)
         live.add_speech(speech(0.75), 0)
         assert await run_due(live) == 1  # a first guess, 2.5 s in the scheduler: behind from here on
