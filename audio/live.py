@@ -159,8 +159,8 @@ class LiveTranscription:
         slow = self.config.guess_slow_s
         every: float | None = self._redecode_s()
         if slow is not None and self._decode_s > slow:
-            # Behind: decodes go to finals until one comes back sooner; a long utterance still gets a guess now and
-            # then, or it would show nothing until its pause (or 30 s).
+            # Behind: decodes go to finals until one (or a guess) comes back sooner; a long utterance still gets a guess
+            # now and then, or it would show nothing until its pause (or 30 s).
             every = self.config.slow_redecode_s
         due = every is not None and length - self._probed_at >= every * SAMPLE_RATE
         if due and length - self._final_to >= HOP_LENGTH:

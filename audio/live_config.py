@@ -20,7 +20,7 @@ class LiveConfig:
     utterance's first guess, while it has no text yet (None: `redecode_s`; never more than it). `trim_s`: open audio
     kept as context before finished segments are trimmed off. `guess_slow_s`: after a decode that took longer (its
     wait for the scheduler included) guesses run only every `slow_redecode_s` of new speech (None: none) until a
-    final comes back sooner (None: guesses whatever the load). `tokens_per_second`: sampled tokens allowed per
+    decode comes back sooner (None: guesses whatever the load). `tokens_per_second`: sampled tokens allowed per
     second of window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
     `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread. `context`: "whole", the
@@ -41,7 +41,7 @@ class LiveConfig:
     # 8 speakers on 2 cores fell 8-11 s behind, each guessing over all its open audio again and again (a guess
     # of one speaker here takes 0.2-0.6 s, a final up to ~1.5 s).
     guess_slow_s: float | None = 2.0
-    # While behind, a guess still runs once this much new speech came since the last (None: none until a final
+    # While behind, a guess still runs once this much new speech came since the last (None: none until a decode
     # comes back sooner): 4 sessions beside a busy chat on 2 cores showed one 25 s utterance nothing for 37 s.
     slow_redecode_s: float | None = 5.0
     tokens_per_second: float = 10.0
