@@ -504,7 +504,7 @@ async def test_while_behind_a_long_utterance_still_gets_a_guess_every_few_second
     ts = tok.timestamp_begin
     hello, there = (tok.encode(" " + word)[0] for word in ("hello", "there"))
     for every, due in ((5.0, 1), (None, 0)):
-        scheduler = Timed([[ts, hello], [ts, hello, there]], [2.5, 2.5])
+        scheduler = Timed([[ts, hello], [ts, hello, there], [ts, hello, there]], [2.5, 0.5, 0.5])
         live = LiveTranscription(TranscribeOptions(), LiveConfig(slow_redecode_s=every),
                                  scheduler, lambda e: None, clock=lambda: scheduler.now)  # type: ignore[arg-type]
         await live.start(tiny_whisper)
@@ -516,3 +516,5 @@ async def test_while_behind_a_long_utterance_still_gets_a_guess_every_few_second
         assert await run_due(live) == due, every  # 5 s: one guess
         if due:
             assert live.tentative == " hello there" and scheduler.requests[-1].temperatures == (0.0,)
+            live.add_speech(speech(1.0), int(5.75 * SR))
+            assert await run_due(live) == 1  # that guess came back in 0.5 s: not behind any more, one a second
