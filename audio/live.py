@@ -31,7 +31,7 @@ from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
 from audio.repeats import as_committed, without_repeats
 from audio.text_end import clamped_timestamps, stopped_short
-from audio.window import WindowResult
+from audio.window import WindowResult, loop_at
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
 from audio.utterances import Utterances
@@ -66,6 +66,7 @@ class LiveTranscription:
         self._probe_scope: anyio.CancelScope | None = None  # the probe in flight
         self._committed: list[str] = []
         self._empty_guess = False  # the open utterance's last guess had no text
+        self._looped: list[int] = []  # the text tokens of the last guess that looped (dropped as a guess)
         self.tentative = ""
 
     @property
@@ -210,6 +211,9 @@ class LiveTranscription:
         # still is: cut mid-speech, a short guess ends uncertain, and only what the next repeats is committed.
         if probe and (request.repetitive(result.decoded)
                       or request.loops_over_cut_context(result.decoded, self._tr.tokenizer.eot)):
+            # Its head may show, when no earlier text conditioned it (that is the loop of a repeated word).
+            alone = not request.prompt and not request.prefix
+            self._looped = [t for t in result.decoded.sampled if t < self._tr.tokenizer.eot] if alone else []
             return None
         self._last_result = result
         return result
@@ -292,7 +296,12 @@ class LiveTranscription:
             # loops. After cards read aloud, a sentence's guesses looped on more cards five times over.
             tr.prompt_reset_since = len(tr.all_tokens)
             self._empty_guess = True
-            self._guess_alone()
+            if not self._guess_alone():
+                # A guess with no earlier text that loops shows what came before the loop and its first copy (never
+                # committed): " 5, 5." said once came back as " 5, 5. 5, 5. 5, 5." guess after guess, and its first
+                # word waited for the final (2.2-3.3 s on this CPU). One conditioned on earlier text shows nothing.
+                if (at := loop_at(self._looped)) is not None:
+                    self._set_tentative(self._looped[:at[0] + at[1]])
             return
         if tr.silent(result) and not live.prefix:
             self._empty_guess = True
@@ -307,17 +316,19 @@ class LiveTranscription:
             self._guess_alone()
         self._trim(result, end)
 
-    def _guess_alone(self) -> None:
+    def _guess_alone(self) -> bool:
         """After an empty first guess over earlier utterances' text, finish that text and guess again at once
         over the open utterance alone: forced after 13 s of kept text, Whisper opened a segment and ended for four
-        guesses in a row (a new sentence's first word 2.9 s late on this CPU); without it, at the next guess."""
+        guesses in a row (a new sentence's first word 2.9 s late on this CPU); without it, at the next guess.
+        Returns whether it did. Raises nothing."""
         live = self._live
         assert live is not None
         u = self.utterances
         if u.pauses or u.text or not live.prefix or not self._seek() < u.open_from <= self._final_to:
-            return
+            return False
         self._finish_all(self.utterances.open_from)
         self._probed_at = self.utterances.open_from
+        return True
 
     async def _full_window(self) -> None:
         """30 s of open speech: the seek loop's window, with the committed prefix forced."""

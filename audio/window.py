@@ -17,7 +17,7 @@ from audio.encoder import EncoderJob
 if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
 
-__all__ = ["WindowRequest", "WindowResult", "Window", "unfed", "loops"]
+__all__ = ["WindowRequest", "WindowResult", "Window", "unfed", "loops", "loop_at"]
 
 
 def loops(tokens: list[int], times: int = 3, longest: int = 16, cut_from: int = 4) -> bool:
@@ -26,6 +26,12 @@ def loops(tokens: list[int], times: int = 3, longest: int = 16, cut_from: int = 
     Whisper loops in runs that pass the compression threshold. The last copy of a run of at least `cut_from` tokens
     counts when at least half of it is there (the decode stopped mid-loop: "ill-disposed young man, unless to be"
     twice, then "ill-disposed young man.", seen at 4× real time on this CPU). Raises nothing."""
+    return loop_at(tokens, times, longest, cut_from) is not None
+
+
+def loop_at(tokens: list[int], times: int = 3, longest: int = 16, cut_from: int = 4) -> tuple[int, int] | None:
+    """(start, length) of the shortest run `loops` finds in `tokens` (the earliest of that length), else None.
+    Raises nothing."""
     for n in range(1, longest + 1):
         for start in range(0, len(tokens) - n * (times - 1) + 1):
             run = tokens[start:start + n]
@@ -33,8 +39,8 @@ def loops(tokens: list[int], times: int = 3, longest: int = 16, cut_from: int = 
                 continue
             last = tokens[start + (times - 1) * n:start + times * n]
             if last == run or (n >= cut_from and 2 * len(os.path.commonprefix([last, run])) >= n):
-                return True
-    return False
+                return start, n
+    return None
 
 
 @dataclass(frozen=True)

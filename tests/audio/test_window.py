@@ -45,3 +45,13 @@ def test_a_run_said_twice_then_mostly_again_loops() -> None:
     assert not loops([679, 373, 407, 281] + run * 2 + run[:4] + [13])  # less than half of a third copy
     assert not loops([2154, 11, 2154, 13, 2154])  # "Five, five. Five": a short run
     assert not loops(run + [13] + run[:5] + [13])  # once, then part of it once more
+
+
+def test_where_a_loop_starts_and_how_long_its_run_is() -> None:
+    # What a live guess that loops still shows: the text before the loop and one copy of its run.
+    from audio.window import loop_at
+
+    five, dot, comma = 2154, 13, 11
+    assert loop_at([five, comma, five, dot] * 3) == (0, 4)  # " 5, 5." said once, looped
+    assert loop_at([40, 41] + [five] * 5) == (2, 1)
+    assert loop_at([five, comma, five, dot]) is None
