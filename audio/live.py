@@ -12,8 +12,8 @@ finished and the guess tried again at once over the utterance alone. A guess tha
 earlier text, as a fallback does in the seek loop. A sampled timestamp past the decoded audio is clamped to its
 end before it is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once
 (audio/repeats.py).
-Utterances are numbered and closed as audio/utterances.py says. `clear()` drops the open utterance's audio that
-has no committed text yet.
+How much new speech comes before the next guess: audio/guess_cadence.py. Utterances are numbered and closed as
+audio/utterances.py says. `clear()` drops the open utterance's audio that has no committed text yet.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import numpy as np
 
 from audio.agreement import LiveText
 from audio.buffers import AudioBuffer
+from audio.guess_cadence import GuessCadence
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
@@ -51,7 +52,7 @@ class LiveTranscription:
                  emit: Callable[[SessionEvent], None], scope: "anyio.CancelScope | None" = None,
                  clock: Callable[[], float] = anyio.current_time) -> None:
         self.options, self.config, self._scope, self._clock = options, config, scope, clock
-        self._decode_s = 0.0  # how long the latest decode took, queue included
+        self._cadence = GuessCadence(config)  # how much new speech before the next guess
         self.timeline = Timeline()
         self._scheduler, self._emit = scheduler, emit
         self._open = AudioBuffer()  # speech (compact samples); trimmed at the seek
@@ -65,8 +66,7 @@ class LiveTranscription:
         self._last_result: WindowResult | None = None
         self._probe_scope: anyio.CancelScope | None = None  # the probe in flight
         self._committed: list[str] = []
-        self._empty_guess = False  # the open utterance's last guess had no text
-        self._looped: list[int] = []  # the text tokens of the last guess that looped (dropped as a guess)
+        self._loop_head: list[int] | None = None  # what the last guess showed before it looped (see _probe)
         self.tentative = ""
 
     @property
@@ -99,13 +99,9 @@ class LiveTranscription:
         return self.utterances.pause(self.timeline.length)
 
     @property
-    def has_open_text(self) -> bool:
-        return self.utterances.open_text
-
-    @property
     def has_open(self) -> bool:
         """The open utterance has audio or committed text. Raises nothing."""
-        return self.timeline.length > self.utterances.open_from or self.has_open_text
+        return self.timeline.length > self.utterances.open_from or self.utterances.open_text
 
     def clear(self) -> None:
         """Drop the open utterance's audio not yet transcribed into committed text: behind (pauses pending)
@@ -157,25 +153,12 @@ class LiveTranscription:
             return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
-        slow = self.config.guess_slow_s
-        every: float | None = self._redecode_s()
-        if slow is not None and self._decode_s > slow:
-            # Behind: decodes go to finals until one (or a guess) comes back sooner; a long utterance still gets a guess
-            # now and then, or it would show nothing until its pause (or 30 s).
-            every = self.config.slow_redecode_s
+        every = self._cadence.every(bool(self.utterances.text or self.tentative))
         due = every is not None and length - self._probed_at >= every * SAMPLE_RATE
         if due and length - self._final_to >= HOP_LENGTH:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
         return None
-
-    def _redecode_s(self) -> float:
-        """New speech before the next probe: shorter before the open utterance's first text. Raises nothing."""
-        first, again = self.config.first_redecode_s, self.config.redecode_s
-        if first is None or self.utterances.text or self.tentative:
-            return again
-        retry = self.config.retry_redecode_s
-        return min(first, again, retry) if self._empty_guess and retry is not None else min(first, again)
 
     def _room_samples(self) -> float:
         """Audio whose text fits what a decode may still sample after the forced prefix (at the rate
@@ -204,7 +187,7 @@ class LiveTranscription:
             chat_active=self._scheduler.chat_active())
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
-        self._decode_s = self._clock() - began
+        self._cadence.decode_s = self._clock() - began
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
         # A looping guess (over a cut context too) is no guess: two would agree and commit the loop. An improbable one
@@ -212,8 +195,9 @@ class LiveTranscription:
         if probe and (request.repetitive(result.decoded)
                       or request.loops_over_cut_context(result.decoded, self._tr.tokenizer.eot)):
             # Its head may show, when no earlier text conditioned it (that is the loop of a repeated word).
-            alone = not request.prompt and not request.prefix
-            self._looped = [t for t in result.decoded.sampled if t < self._tr.tokenizer.eot] if alone else []
+            text = [t for t in result.decoded.sampled if t < self._tr.tokenizer.eot]
+            at = loop_at(text) if not request.prompt and not request.prefix else None
+            self._loop_head = text[:at[0] + at[1]] if at is not None else None
             return None
         self._last_result = result
         return result
@@ -295,24 +279,23 @@ class LiveTranscription:
             # Sampled hot, a final's fallback would have reset the prompt (decoding.commit): so does a guess that
             # loops. After cards read aloud, a sentence's guesses looped on more cards five times over.
             tr.prompt_reset_since = len(tr.all_tokens)
-            self._empty_guess = True
-            if not self._guess_alone():
+            self._cadence.empty = True
+            if not self._guess_alone() and self._loop_head is not None:
                 # A guess with no earlier text that loops shows what came before the loop and its first copy (never
                 # committed): " 5, 5." said once came back as " 5, 5. 5, 5. 5, 5." guess after guess, and its first
                 # word waited for the final (2.2-3.3 s on this CPU). One conditioned on earlier text shows nothing.
-                if (at := loop_at(self._looped)) is not None:
-                    self._set_tentative(self._looped[:at[0] + at[1]])
+                self._set_tentative(self._loop_head)
             return
         if tr.silent(result) and not live.prefix:
-            self._empty_guess = True
+            self._cadence.empty = True
             self._set_tentative([])
             return
         continuation = self._clamped(result.decoded.tokens[len(live.prefix):], seek, end, 0)
         n = live.agree(continuation)
         self._commit_text(continuation[:n])
         self._set_tentative(continuation[n:])
-        self._empty_guess = not self.tentative and not self.utterances.text
-        if self._empty_guess:
+        self._cadence.empty = not self.tentative and not self.utterances.text
+        if self._cadence.empty:
             self._guess_alone()
         self._trim(result, end)
 
@@ -361,7 +344,7 @@ class LiveTranscription:
         their utterances."""
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
-        self._empty_guess = False  # the next utterance's guesses start afresh
+        self._cadence.empty = False  # the next utterance's guesses start afresh
         seek = self._seek()
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):

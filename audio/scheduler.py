@@ -11,8 +11,8 @@ The windows themselves are audio/window.py's.
 How long a step may run: while chat rows decode (the `pace` callable gives a chat iteration's seconds), at
 most `chat_share` of a chat iteration (doubled for each `catch_up_seconds` the oldest live session's window
 has waited, up to 8×, so live speech that falls behind catches up) — units and forwards are sized from their
-measured costs (audio/step_costs.py), prompts are fed in chunks, and at least one unit or one forward of one row runs so
-speech always moves. Otherwise the full budget: `encoder_positions` per chunked unit, steps as long as one
+measured costs (audio/pacing.py), prompts are fed in chunks, and at least one unit or one forward of one row
+runs so speech always moves. Otherwise the full budget: `encoder_positions` per chunked unit, steps as long as one
 such unit, and `decode_tokens` forwards of every row.
 """
 
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import anyio
 import anyio.lowlevel
 
-from audio.decoder import DecodeRow, advance_rows, detect_language, finish_row, new_row, step_rows
+from audio.decoder import advance_rows, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.handoff import hand_over
 from audio.mel import log_mel
@@ -129,9 +129,9 @@ class WhisperScheduler:
         """The step's time limit: a share of a chat iteration while chat has rows, else None (the full budget,
         counted in units and tokens). Read as the step starts on the engine thread, not when it was queued: a
         step queued while chat was idle must not run unpaced once chat has begun. Raises nothing."""
-        pace = self.pace() if self.pace is not None else None
-        self._paced = pace is not None and pace > 0
-        if pace is None or pace <= 0:
+        pace = self._chat_pace()
+        self._paced = pace is not None
+        if pace is None:
             self._limit = None
             return
         now = time.perf_counter()
@@ -139,10 +139,14 @@ class WhisperScheduler:
         waited = max((now - w.since for w in list(self._windows) if w.live and w.request.realtime), default=0.0)
         self._limit = self.budget.share(waited) * pace
 
-    def chat_active(self) -> bool:
-        """Whether chat has rows now (its pace is known): speech then shares the machine with it. Raises nothing."""
+    def _chat_pace(self) -> float | None:
+        """A chat iteration's seconds while chat has rows, else None. Raises nothing."""
         pace = self.pace() if self.pace is not None else None
-        return bool(pace and pace > 0)
+        return pace if pace is not None and pace > 0 else None
+
+    def chat_active(self) -> bool:
+        """Whether chat has rows now: speech then shares the machine with it. Raises nothing."""
+        return self._chat_pace() is not None
 
     def step_thread(self) -> EngineThread | None:
         """The thread the next step runs on: `alone_thread` while chat has no row (no pace), else `thread`."""
@@ -253,7 +257,7 @@ class WhisperScheduler:
             ran = True
             for w in group:
                 if w.encoder.done and w.error is None:
-                    self._guarded(w, self._start_decoding)
+                    self._guarded(w, Window.start_decoding)
             pending = [w for w in pending if not w.encoder.done and w.error is None]
         return work
 
@@ -342,45 +346,14 @@ class WhisperScheduler:
         except Exception as exc:  # this window fails; the step goes on
             w.error = exc
 
-    def _start_decoding(self, w: Window) -> None:
-        model = w.loaded.model
-        w.language = w.request.language or ("en" if not model.is_multilingual else None)
-        if w.language is None:
-            w.language = detect_language(model, w.encoder.features)
-        w.row = self._row(w)
-
-    def _row(self, w: Window) -> DecodeRow:
-        from mlx_whisper.decoding import DecodingOptions
-
-        r = w.request
-        options = DecodingOptions(task=r.task, language=w.language, temperature=r.temperatures[w.rung],
-                                  prompt=list(r.prompt), without_timestamps=r.without_timestamps, fp16=w.loaded.fp16,
-                                  sample_len=r.sample_len)
-        assert w.encoder.cross_kv is not None
-        return new_row(w.loaded.model, options, w.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + w.rung)
-
     def _finish(self, w: Window) -> None:
-        assert w.row is not None
-        eot = w.row.task.tokenizer.eot
-        decoded = finish_row(w.row)
-        if w.mel is not None and (w.request.needs_fallback(decoded) or w.request.loops_over_cut_context(decoded, eot)):
-            # Over a cut context Whisper can loop where the whole window would not (in short runs too, which pass
-            # the compression threshold): redo it whole first.
-            e = w.encoder
-            w.encoder = EncoderJob(e.audio, e.frames, e.chunk, e.fp16, w.mel, numpy_math=e.numpy_math)
-            w.mel, w.row = None, None
+        outcome = w.finish_row()
+        if outcome == "redo":
             self.counters.whole_window_redos += 1
-            return
-        if w.request.needs_fallback(decoded) and w.rung + 1 < len(w.request.temperatures):
-            w.rung += 1
+        elif outcome == "fallback":
             self.counters.fallbacks += 1
-            w.row = self._row(w)
-            return
-        w.row = None
-        features = w.encoder.features if w.request.keep_features else None
-        w.encoder.features = w.encoder.cross_kv = None
-        w.result = WindowResult(decoded, w.language or "en", features)
-        self.counters.windows += 1
+        else:
+            self.counters.windows += 1
 
     def forget_measurements(self) -> None:
         """Zero the counters and drop the measured step costs: a warm-up's compiles are not serving costs, and

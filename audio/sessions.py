@@ -368,7 +368,7 @@ class LiveSession:
         self._gated = max(self._gated, at)
         self._origin = at
         self._gate = speech_gate(self.options)
-        if self.live.has_open_text:  # its committed text stays: the utterance closes with it
+        if self.live.utterances.open_text:  # its committed text stays: the utterance closes with it
             self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE,
                                    item=self.live.utterances.opened))
         self.live.clear()

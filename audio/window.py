@@ -1,5 +1,6 @@
 """A Whisper window in flight: what to decode (`WindowRequest`), what came out (`WindowResult`), and the scheduler's
-state for it between steps (`Window`: its encoder job, its decoding row, its rung of the fallback ladder)."""
+state for it between steps (`Window`: its encoder job, its decoding row, its rung of the fallback ladder, and what a
+finished row means for it: the whole window redone, the next rung, or its result)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
-from audio.decoder import DecodeRow, RowResult
+from audio.decoder import DecodeRow, RowResult, detect_language, finish_row, new_row
 from audio.encoder import EncoderJob
 
 if TYPE_CHECKING:
@@ -121,6 +122,49 @@ class Window:
     def live(self) -> bool:
         """Neither finished nor given up (read on the engine thread too). Raises nothing."""
         return not (self.cancelled or self.finished or (self.scope is not None and self.scope.cancel_called))
+
+    def start_decoding(self) -> None:
+        """Its encoder is done: the language (given, English for an English-only model, else detected from its
+        features) and the first row. Raises what MLX raises."""
+        model = self.loaded.model
+        self.language = self.request.language or ("en" if not model.is_multilingual else None)
+        if self.language is None:
+            self.language = detect_language(model, self.encoder.features)
+        self.row = self._new_row()
+
+    def _new_row(self) -> DecodeRow:
+        from mlx_whisper.decoding import DecodingOptions
+
+        r = self.request
+        options = DecodingOptions(task=r.task, language=self.language, temperature=r.temperatures[self.rung],
+                                  prompt=list(r.prompt), without_timestamps=r.without_timestamps, fp16=self.loaded.fp16,
+                                  sample_len=r.sample_len)
+        assert self.encoder.cross_kv is not None
+        return new_row(self.loaded.model, options, self.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + self.rung)
+
+    def finish_row(self) -> str:
+        """Its row is done: "redo" (a cut context failed: encode the whole window), "fallback" (the next rung's
+        row) or "done" (`result` set). Raises what MLX raises."""
+        assert self.row is not None
+        eot = self.row.task.tokenizer.eot
+        decoded = finish_row(self.row)
+        if self.mel is not None and (self.request.needs_fallback(decoded)
+                                     or self.request.loops_over_cut_context(decoded, eot)):
+            # Over a cut context Whisper can loop where the whole window would not (in short runs too, which pass
+            # the compression threshold): redo it whole first.
+            e = self.encoder
+            self.encoder = EncoderJob(e.audio, e.frames, e.chunk, e.fp16, self.mel, numpy_math=e.numpy_math)
+            self.mel, self.row = None, None
+            return "redo"
+        if self.request.needs_fallback(decoded) and self.rung + 1 < len(self.request.temperatures):
+            self.rung += 1
+            self.row = self._new_row()
+            return "fallback"
+        self.row = None
+        features = self.encoder.features if self.request.keep_features else None
+        self.encoder.features = self.encoder.cross_kv = None
+        self.result = WindowResult(decoded, self.language or "en", features)
+        return "done"
 
 
 

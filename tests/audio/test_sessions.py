@@ -250,7 +250,7 @@ async def test_clear_keeps_committed_text_and_closes_its_utterance(tiny_whisper:
     live.add_speech(speech(1.0), int(1.5 * SR))
     await run_due(live)  # two decodes agreed: text committed in the open utterance
     committed = live.committed_text()
-    assert committed and live.has_open_text
+    assert committed and live.utterances.open_text
     live.clear()
     assert live.committed_text() == committed and live.tentative == "" and not live.has_open
     assert [(e.type, e.item, e.text) for e in events if e.type == "utterance"] == [("utterance", 0, committed)]
