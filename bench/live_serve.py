@@ -96,18 +96,17 @@ async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, 
     runs = [SessionRun() for _ in voices]
     lags: list[float] = []
     chat_gaps: list[float] = []
-    stop, chat_stop = anyio.Event(), anyio.Event()
+    stop = anyio.Event()  # the sessions are done: the /stats sampling and the chat client stop
     t0 = time.perf_counter()
     before = await scheduler_stats(root, headers)
     async with anyio.create_task_group() as tg:
         tg.start_soon(sample_lag, root, headers, lags, stop)
         if chat_tokens > 0:
-            tg.start_soon(chat_answers, root, headers, chat_tokens, model, chat_gaps, None, chat_stop)
+            tg.start_soon(chat_answers, root, headers, chat_tokens, model, chat_gaps, None, stop)
         async with anyio.create_task_group() as sessions:
             for (pcm, _), run in zip(voices, runs):
                 sessions.start_soon(stream_session, ws_url, pcm, headers, run)
         stop.set()
-        chat_stop.set()
     after = await scheduler_stats(root, headers)
     tails = [r.done - r.last_chunk for r in runs if r.error is None]
     lat = [row for (_, marks), r in zip(voices, runs) for row in r.latencies(marks)]
