@@ -1,6 +1,6 @@
 """What one kernel launch costs on a device, by kind: chains of launches that cannot fuse (each op's output feeds the
 next), inside one `mx.compile`d function and built op by op, timed per launch. Kinds: MLX's RMSNorm primitive, MLX's
-RoPE primitive, and an `mx.fast.cuda_kernel` that does a norm's memory traffic (on CUDA only). A decode step of a
+RoPE primitive, matrix products by row count, and an `mx.fast.cuda_kernel` that does a norm's memory traffic (on CUDA only). A decode step of a
 small model is bound by launches (bench/RESULTS.md, twenty-second session: a custom add+norm kernel that took two
 launches out of every layer made the step slower); this says whether a custom kernel's launch costs more than a
 built-in one's. Prints one JSON line per kind and mode: host µs a launch (`mx.async_eval` returning) and wall µs a
@@ -34,8 +34,9 @@ _COPY = r"""
 """
 
 
-def chains(size: int, launches: int) -> dict[str, Callable[[mx.array], mx.array]]:
-    """The chains by kind, each `launches` long over a (1, 1, size) activation. Raises nothing."""
+def chains(size: int, launches: int, matmul_rows: tuple[int, ...] = ()) -> dict[str, Callable[[mx.array], mx.array]]:
+    """The chains by kind, each `launches` long over a (1, 1, size) activation; `matmul_rows`: a chain of (rows,
+    size) @ (size, size) products for each row count (cuBLASLt past one row on CUDA). Raises nothing."""
     w = mx.ones((size,), mx.bfloat16)
     out: dict[str, Callable[[mx.array], mx.array]] = {}
 
@@ -53,6 +54,15 @@ def chains(size: int, launches: int) -> dict[str, Callable[[mx.array], mx.array]
         return x.reshape(1, 1, size)
 
     out["rms_norm"], out["rope"] = norms, ropes
+    weight = (mx.random.normal((size, size)) * size ** -0.5).astype(mx.bfloat16)
+    for rows in matmul_rows:
+        def matmuls(x: mx.array, rows: int = rows) -> mx.array:
+            x = mx.broadcast_to(x.reshape(1, size), (rows, size)) + 0  # a row count MLX's gemv does not take past 1
+            for _ in range(launches):
+                x = x @ weight.T
+            return x[:1].reshape(1, 1, size)
+
+        out[f"matmul_rows{rows}"] = matmuls
     if mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available():
         kernel = mx.fast.cuda_kernel(name="bench_scale", input_names=["x", "w"], output_names=["out"], source=_COPY)
 
@@ -90,10 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=64)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--size", type=int, default=2048, help="activation width (a multiple of 64)")
+    ap.add_argument("--matmul-rows", default="1,2,8,64,512", help="row counts of the matmul chains ('' for none)")
     a = ap.parse_args(argv)
     x = mx.random.normal((1, 1, a.size)).astype(mx.bfloat16)
     print(json.dumps({"device": str(mx.default_device()), "launches": a.launches, "size": a.size}), flush=True)
-    for kind, fn in chains(a.size, a.launches).items():
+    rows = tuple(int(r) for r in a.matmul_rows.split(",") if r)
+    for kind, fn in chains(a.size, a.launches, rows).items():
         for mode, f in (("compiled", mx.compile(fn)), ("built", fn)):
             print(json.dumps({"kind": kind, "mode": mode, **_time(f, x, a.steps, a.launches)}), flush=True)
     return 0

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mlx.core as mx
 
-from engine import decode_attention
+from engine import decode_attention, fused_gemv
 from engine.accelerator import on_gpu
 from engine.fused import heads
 
@@ -74,6 +74,8 @@ class CompiledDecode:
         self.gather = gather  # serve without the decode kernel too (rows' slots gathered: TANDEM_DECODE_COMPILE=on)
         self._compiled: OrderedDict[Shape, Callable[..., Any]] = OrderedDict()
         self._last: Shape | None = None  # the previous decode step's shape
+        self._plain = _plain_llama(runner)  # (hidden, intermediate) when the fused matrix-vector kernels fit its layers
+        self._lm_weight = _lm_weight(runner)  # the output projection's weight when its norm folds into it too
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
 
@@ -92,6 +94,7 @@ class CompiledDecode:
         if batch.padded:  # rows standing in free slots: token 0 (their outputs are dropped below)
             ids = mx.concatenate([ids, mx.zeros((batch.padded,), mx.int32)])
         shape = (rows + batch.padded, slots.slots, slots.capacity)
+        self._folds(shape[0])  # its self-test runs here, outside any trace
         traces = self.traces
         fn = self._function(shape)
         t0 = time.perf_counter()
@@ -115,6 +118,14 @@ class CompiledDecode:
         self._last = shape
         return fn if fn is not None else self._step
 
+    def _folds(self, rows: int) -> bool:
+        """Whether a step of `rows` rows runs its norms, residual adds and SwiGLU inside the matrix-vector kernels
+        (engine/fused_gemv.py). Raises nothing."""
+        if self._plain is None:
+            return False
+        hidden, intermediate = self._plain
+        return fused_gemv.available(self.runner.qkv[0].params["weight"].dtype, hidden, intermediate, rows)
+
     def _step(self, ids: mx.array, offsets: mx.array, s_slot: mx.array, s_head: mx.array, s_pos: mx.array,
               row_slots: mx.array, *kv: mx.array) -> list[mx.array]:
         """The pure step: [logits, keys of every layer..., values of every layer...]; `offsets` (rows,): each row's
@@ -127,9 +138,15 @@ class CompiledDecode:
         row_lengths = (offsets + 1).astype(mx.int32)  # keys each row attends, its new one included
         at = (s_slot, s_head, s_pos)  # (row, kv head), broadcast
         h = run.inner.embed_tokens(ids[None])
+        folds = self._folds(rows)
         for li, layer in enumerate(run.layers):
             attn = layer.self_attn
-            q, k, v = heads(attn, run.qkv[li], layer.input_layernorm(h), rows, offsets)
+            if folds:
+                norm = layer.input_layernorm
+                y = fused_gemv.norm_project(h[0], norm.weight, norm.eps, run.qkv[li].params["weight"])
+                q, k, v = heads(attn, run.qkv[li], None, rows, offsets, projected=y)
+            else:
+                q, k, v = heads(attn, run.qkv[li], layer.input_layernorm(h), rows, offsets)
             keys[li][at] = k[:, :, 0]  # views of the projection: written without a copy
             values[li][at] = v[:, :, 0]
             if kernel:
@@ -139,6 +156,51 @@ class CompiledDecode:
                 mask = (mx.arange(cap)[None] < row_lengths[:, None])[:, None, None, :]
                 o = mx.fast.scaled_dot_product_attention(q, keys[li][row_slots], values[li][row_slots],
                                                          scale=attn.scale, mask=mask)
+            if folds:
+                mlp, norm = run.mlps[li], layer.post_attention_layernorm
+                h1 = fused_gemv.project_add(o.reshape(rows, -1), attn.o_proj.weight, h[0])
+                a = fused_gemv.norm_swiglu(h1, norm.weight, norm.eps, mlp.gate_up.params["weight"])
+                h = fused_gemv.project_add(a, mlp.down.weight, h1)[None]
+                continue
             h = h + attn.o_proj(o.reshape(1, rows, -1))
             h = h + run.mlps[li](layer.post_attention_layernorm(h))
+        if folds and self._lm_weight is not None:
+            norm = run.inner.norm
+            return [fused_gemv.norm_project(h[0], norm.weight, norm.eps, self._lm_weight), *keys, *values]
         return [run.lm_head(run.inner.norm(h))[0], *keys, *values]
+
+
+def _lm_weight(runner: ModelParts) -> mx.array | None:
+    """The output projection's weight, (vocab, hidden), when the final norm and it fold into one kernel: the tied
+    embedding's or a plain Linear's, after an RMSNorm. Raises nothing."""
+    import mlx.nn as nn
+
+    inner, head = runner.inner, runner.lm_head
+    if type(getattr(inner, "norm", None)) is not nn.RMSNorm:
+        return None
+    if type(inner.embed_tokens) is nn.Embedding and head == inner.embed_tokens.as_linear:
+        return inner.embed_tokens.weight
+    if type(head) is nn.Linear and "bias" not in head:
+        return head.weight
+    return None
+
+
+def _plain_llama(runner: ModelParts) -> tuple[int, int] | None:
+    """(hidden, intermediate) when every layer is what the fused matrix-vector kernels fold: RMSNorms, fused q/k/v
+    and gate/up projections and plain o/down projections, none quantized or biased, no q/k norms. Raises nothing."""
+    import mlx.nn as nn
+
+    def plain(layer: Any) -> bool:
+        return type(layer) is nn.Linear and "bias" not in layer
+
+    dims: set[tuple[int, int]] = set()
+    for layer, qkv, mlp in zip(runner.layers, runner.qkv, runner.mlps):
+        attn, gate_up, down = layer.self_attn, getattr(mlp, "gate_up", None), getattr(mlp, "down", None)
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if not (qkv.fused and not qkv.quantized and "bias" not in qkv.params and not hasattr(attn, "q_norm")
+                and gate_up is not None and gate_up.fused and not gate_up.quantized and "bias" not in gate_up.params
+                and plain(attn.o_proj) and plain(down) and all(type(n) is nn.RMSNorm for n in norms)):
+            return None
+        assert down is not None
+        dims.add((int(down.weight.shape[0]), int(down.weight.shape[1])))
+    return dims.pop() if len(dims) == 1 else None

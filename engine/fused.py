@@ -89,19 +89,26 @@ def fused_mlp(mlp: nn.Module) -> Callable[[mx.array], mx.array]:
         gate, up = gate_up(x)
         return down(swiglu(gate, up))
 
+    forward.gate_up, forward.down = gate_up, down  # type: ignore[attr-defined]  # for kernels that fold the MLP in
     return forward
 
 
-def heads(attn: Any, proj: FusedLinear, x: mx.array, rows: int, offset: mx.array | int | None) -> list[mx.array]:
+def heads(attn: Any, proj: FusedLinear, x: mx.array | None, rows: int, offset: mx.array | int | None,
+          projected: mx.array | None = None) -> list[mx.array]:
     """q, k, v of mlx-lm attention module `attn` as (rows, heads, 1, head_dim) for one token a row, q and k rotated
     by RoPE at `offset` (one per row, or one for all; None: not rotated). With a fused projection they are views of
     it and one RoPE call rotates q's and k's heads (same rows, same offsets): a decode step is bound by its launches
-    on a GPU, and on a CPU RoPE is a dozen ops. Lazy. Raises what MLX raises."""
+    on a GPU, and on a CPU RoPE is a dozen ops. `projected`: the fused projection of x, computed already (x unused).
+    Lazy. Raises what MLX raises."""
     nh, nkv = attn.n_heads, attn.n_kv_heads
-    if proj.fused and not hasattr(attn, "q_norm"):
-        y = proj.project(x).reshape(rows, nh + 2 * nkv, 1, -1)
+    if projected is not None or (proj.fused and not hasattr(attn, "q_norm")):
+        if projected is None:
+            assert x is not None
+            projected = proj.project(x)
+        y = projected.reshape(rows, nh + 2 * nkv, 1, -1)
         qk = y[:, : nh + nkv] if offset is None else rope_rows(attn.rope, y[:, : nh + nkv], offset)
         return [qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]]
+    assert x is not None
     q, k, v = (a.reshape(rows, n, 1, -1) for a, n in zip(proj(x), (nh, nkv, nkv)))
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)

@@ -3,6 +3,8 @@ leaving; a shape is compiled only once it repeats, and only `KEEP` shapes stay c
 
 from __future__ import annotations
 
+from collections import Counter
+
 import mlx.core as mx
 import pytest
 from mlx_lm.utils import load
@@ -149,3 +151,70 @@ async def test_the_engine_serves_compiled_steps_and_stats_count_their_traces(tin
         engine.close()
     assert got == reference(tiny_loaded.model, prompt, 24)
     assert stats["on"] and stats["traces"] >= 1 and stats["trace_seconds"] > 0
+
+
+def test_steps_of_few_rows_fold_norms_adds_and_swiglu_into_the_kernels(tmp_path, compiled_on, monkeypatch) -> None:
+    # The kernels run on CUDA only; here MLX's own ops stand in for them, so what this checks is the wiring (which
+    # norm, weight and residual each kernel gets): every logit still equals mlx-lm's per-row forward.
+    from mlx_lm.models.activations import swiglu
+
+    from engine import fused_gemv
+
+    model, _ = load(str(build_tiny_llm(tmp_path)))
+    norms = [n for la in model.model.layers for n in (la.input_layernorm, la.post_attention_layernorm)]
+    for i, norm in enumerate([*norms, model.model.norm]):  # norms as trained ones are: no two alike (init: ones)
+        norm.weight = 1 + 0.5 * mx.random.normal(norm.weight.shape, key=mx.random.key(i))
+
+    calls: list[tuple[str, int]] = []
+
+    def norm_project(x, g, eps, w):
+        calls.append(("norm_project", x.shape[0]))
+        return mx.fast.rms_norm(x, g, eps) @ w.T
+
+    def norm_swiglu(x, g, eps, w):
+        calls.append(("norm_swiglu", x.shape[0]))
+        return swiglu(*mx.split(mx.fast.rms_norm(x, g, eps) @ w.T, 2, axis=-1))
+
+    def project_add(x, w, h):
+        calls.append(("project_add", x.shape[0]))
+        return h + x @ w.T
+
+    monkeypatch.setattr(fused_gemv, "available", lambda dtype, hidden, inter, rows: rows <= fused_gemv.MAX_ROWS)
+    for fn in (norm_project, norm_swiglu, project_add):
+        monkeypatch.setattr(fused_gemv, fn.__name__, fn)
+    check_schedule(model)
+    kinds = Counter(name for name, _ in calls)
+    layers = len(model.model.layers)
+    assert kinds["norm_swiglu"] and kinds["project_add"] == 2 * kinds["norm_swiglu"]
+    assert kinds["norm_project"] == kinds["norm_swiglu"] * (layers + 1) // layers  # the output projection's too
+    assert max(rows for _, rows in calls) <= fused_gemv.MAX_ROWS
+
+
+def test_models_the_kernels_cannot_fold_keep_the_built_layers(tmp_path) -> None:
+    model, _ = load(str(build_tiny_llm(tmp_path, model_type="qwen3")))  # q/k norms between projection and RoPE
+    assert compiled_decode._plain_llama(PackedRunner(model)) is None
+
+
+def test_a_llama_model_is_folded_with_its_widths_and_output_projection(tiny_loaded) -> None:
+    model = tiny_loaded.model
+    runner = PackedRunner(model)
+    assert compiled_decode._plain_llama(runner) == (model.args.hidden_size, model.args.intermediate_size)
+    want = model.model.embed_tokens.weight if model.args.tie_word_embeddings else model.lm_head.weight
+    assert compiled_decode._lm_weight(runner) is want
+
+
+def test_the_fused_kernels_serve_only_when_asked_for(monkeypatch) -> None:
+    # Measured on the H200 they read weights slower than MLX's gemv (bench/RESULTS.md): a switch, not a default.
+    from engine import fused_gemv
+
+    monkeypatch.setattr(fused_gemv, "on_gpu", lambda: True)
+    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    assert not fused_gemv._enabled()
+    monkeypatch.setenv("TANDEM_FUSED_GEMV", "on")
+    assert fused_gemv._enabled()
+    monkeypatch.setattr(fused_gemv, "_checked", {(fused_gemv.mx.bfloat16, 2048, 8192, 1): True})
+    assert fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, 1)
+    assert not fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, fused_gemv.MAX_ROWS + 1)
+    assert not fused_gemv.available(fused_gemv.mx.float32, 2048, 8192, 1)  # 16-byte loads of 2-byte floats
+    assert not fused_gemv.available(fused_gemv.mx.bfloat16, 576, 1536, 1)  # widths in whole 256s only
