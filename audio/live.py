@@ -18,6 +18,7 @@ audio/utterances.py says. `clear()` drops the open utterance's audio that has no
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
 
 __all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
+
+_log = logging.getLogger(__name__)
 
 
 class LiveTranscription:
@@ -188,6 +191,12 @@ class LiveTranscription:
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._cadence.decode_s = self._clock() - began
+        if _log.isEnabledFor(logging.DEBUG):  # each decode's shape, time and text (`tandem serve --log-level debug`)
+            _log.debug("live %s: %.2f s of audio from %.2f s (utterance from %.2f s), prompt %d + prefix %d tokens, "
+                       "context %s: %.3f s, %r", "guess" if probe else "final", len(audio) / SAMPLE_RATE,
+                       seek / SAMPLE_RATE, self.utterances.open_from / SAMPLE_RATE, len(request.prompt),
+                       len(request.prefix), request.audio_ctx or "whole", self._cadence.decode_s,
+                       self._text(list(result.decoded.sampled)))
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
         # A looping guess (over a cut context too) is no guess: two would agree and commit the loop. An improbable one
