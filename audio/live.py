@@ -31,7 +31,7 @@ from audio.guess_cadence import GuessCadence
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
-from audio.repeats import as_committed, without_repeats
+from audio.repeats import as_committed, copies, without_repeats
 from audio.text_end import clamped_timestamps, stopped_short
 from audio.window import WindowResult, loop_at
 from audio.timeline import Timeline
@@ -181,6 +181,7 @@ class LiveTranscription:
         once `scope`, else the session's scope, is cancelled). A probe tries one temperature and gives None
         when its text loops (over the compression threshold, or a short run over a cut context): no guess."""
         assert self._tr is not None and self._live is not None and self._loaded is not None
+        self._loop_head = None
         seek = self._seek()
         audio = self._open.view(seek, count)
         request = self.config.shape(
@@ -203,10 +204,16 @@ class LiveTranscription:
         # still is: cut mid-speech, a short guess ends uncertain, and only what the next repeats is committed.
         if probe and (request.repetitive(result.decoded)
                       or request.loops_over_cut_context(result.decoded, self._tr.tokenizer.eot)):
-            # Its head may show, when no earlier text conditioned it (that is the loop of a repeated word).
-            text = [t for t in result.decoded.sampled if t < self._tr.tokenizer.eot]
-            at = loop_at(text) if not request.prompt and not request.prefix else None
-            self._loop_head = text[:at[0] + at[1]] if at is not None else None
+            # Its head may show: the text before the loop (" Ten of" of " Ten of f***ing f***ing …"), or one copy of
+            # a loop from the start (" 5, 5." of " 5, 5. 5, 5. …") — unless it copies the earlier text that
+            # conditioned it (" 10 of clubs" of " 10 of clubs 7 of clubs 7 of clubs …" after cards read aloud).
+            eot = self._tr.tokenizer.eot
+            text = [t for t in result.decoded.sampled if t < eot]
+            at = loop_at(text)
+            head = (text[:at[0]] if at[0] else text[:at[1]]) if at is not None else None
+            if head is not None and copies(self._text(head), self._text([*request.prompt, *request.prefix])):
+                head = None
+            self._loop_head = head
             return None
         self._last_result = result
         return result
@@ -273,7 +280,8 @@ class LiveTranscription:
 
     async def _probe(self) -> None:
         """Re-decode the open audio; commit what agrees with the previous decode. Cancelled (drop_closed_probe,
-        cancel_probe) it changes nothing: no text, no tentative."""
+        cancel_probe) it shows and commits nothing, and ends the conditioning on earlier text as a looping guess does
+        (kept: without it the 4x real-time WER of the shared clips rose from 0.087 to 0.115, bench/RESULTS.md)."""
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
         end = self._probed_at = self.timeline.length
@@ -289,10 +297,12 @@ class LiveTranscription:
             # loops. After cards read aloud, a sentence's guesses looped on more cards five times over.
             tr.prompt_reset_since = len(tr.all_tokens)
             self._cadence.empty = True
-            if not self._guess_alone() and self._loop_head is not None:
-                # A guess with no earlier text that loops shows what came before the loop and its first copy (never
-                # committed): " 5, 5." said once came back as " 5, 5. 5, 5. 5, 5." guess after guess, and its first
-                # word waited for the final (2.2-3.3 s on this CPU). One conditioned on earlier text shows nothing.
+            first = not self.utterances.text and not self.tentative
+            self._guess_alone()
+            if first and self._loop_head is not None:
+                # An utterance's first guess that loops shows its head (never committed): " 5, 5." said once came
+                # back as " 5, 5. 5, 5. 5, 5." guess after guess, and its first word waited for the final (2.0-3.3 s
+                # on this CPU); the guess over the utterance alone, if one follows, replaces it.
                 self._set_tentative(self._loop_head)
             return
         if tr.silent(result) and not live.prefix:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "without_repeats"]
+__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "copies", "without_repeats"]
 
 MIN_WORDS = 2  # a repeated single word ("five. five.") may be speech: only longer sentences are dropped
 MIN_OVERLAP_WORDS = 3  # words a sentence at the boundary must share with the end of the one before to lose them
@@ -54,6 +54,15 @@ def without_repeats(before: str, new: str) -> str:
             previous = words
         kept.append(chunk)
     return "".join(kept)
+
+
+def copies(text: str, context: str) -> bool:
+    """Whether `text`'s words (case and punctuation aside) run, in order, somewhere in `context`: a decode that
+    loops on text it was conditioned on ("10 of clubs 7 of clubs 7 of clubs …" after cards read aloud) writes what
+    it read, not what it heard. Text without words copies nothing. Raises nothing."""
+    words, seen = _words(text), _words(context)
+    n = len(words)
+    return n > 0 and any(seen[i:i + n] == words for i in range(len(seen) - n + 1))
 
 
 def as_committed(pieces: list[str], committed: str) -> list[str]:

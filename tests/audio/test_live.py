@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -525,3 +526,80 @@ async def test_while_behind_a_long_utterance_still_gets_a_guess_every_few_second
             assert live.tentative == " hello there" and scheduler.requests[-1].temperatures == (0.0,)
             live.add_speech(speech(1.0), int(5.75 * SR))
             assert await run_due(live) == 1  # that guess came back in 0.5 s: not behind any more, one a second
+
+
+class Blocking(Scripted):
+    """Scripted decodes; once `block` is set, a decode waits until it is cancelled."""
+
+    def __init__(self, continuations: list[list[int]]) -> None:
+        super().__init__(continuations)
+        self.block, self.started = False, anyio.Event()
+
+    async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
+        if self.block:
+            self.started.set()
+            await anyio.sleep_forever()
+        return await super().decode(loaded, request, cancellation)
+
+
+async def test_a_cancelled_guess_shows_nothing_and_ends_the_conditioning(tiny_whisper: LoadedWhisper) -> None:
+    # A pause that closes the utterance cancels its guess in flight: nothing an earlier looping guess left may show,
+    # and, as after a loop, the earlier text no longer conditions the next decode (keeping it raised the 4x
+    # real-time WER from 0.087 to 0.115).
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    hello = tok.encode(" hello")[0]
+    scheduler = Blocking([[ts, hello, ts + 25]])
+    live = LiveTranscription(TranscribeOptions(), LiveConfig(trim_s=0.1), scheduler,  # type: ignore[arg-type]
+                             lambda e: None)
+    await live.start(tiny_whisper)
+    live.add_speech(speech(0.5), 0)
+    live.add_pause()
+    assert await run_due(live) == 1  # the final of " hello", trimmed: now the prompt
+    live._loop_head = [hello]  # what a looping guess left behind
+    live.add_speech(speech(0.75), SR // 2)
+    reset = live._tr.prompt_reset_since
+    action = live.next_action(False)
+    assert action is not None
+    scheduler.block = True
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(action)
+        await scheduler.started.wait()
+        live.add_pause()
+        live.drop_closed_probe()
+    assert live.tentative == "" and live.committed_text() == " hello"
+    assert live._tr.prompt_reset_since > reset
+
+
+async def test_a_looping_first_guess_shows_its_head_unless_it_copies_its_context(tiny_whisper: LoadedWhisper) -> None:
+    # " 5, 5. 5, 5. …" over earlier cards is what was said ("five five"): one copy shows while the guess over the
+    # utterance alone runs; after " 5, 5." the same loop copies the text that conditioned it and shows nothing; a
+    # loop after other words shows the words before it.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    four, clubs, ten, of, hats = (tok.encode(" " + word)[0] for word in ("four", "clubs", "ten", "of", "hats"))
+    five, dot, comma = tok.encode(" 5")[0], tok.encode(".")[0], tok.encode(",")[0]
+    fives = [ts] + [five, comma, five, dot] * 4
+    hatted = [ts, ten, of] + [hats] * 8  # what Whisper wrote for "ten of clubs" over earlier cards (another word)
+    for said, loop, shown in (([four, clubs], fives, " 5, 5."), ([five, comma, five, dot], fives, ""),
+                              ([four, clubs], hatted, " ten of")):
+        events: list[SessionEvent] = []
+        scheduler = Scored([([ts, *said, ts + 25], -0.2, 1.0), (loop, -0.2, 3.0)])  # the second over 2.4: a loop
+        live = LiveTranscription(TranscribeOptions(), LiveConfig(context="whole"), scheduler,  # type: ignore[arg-type]
+                                 events.append)
+        await live.start(tiny_whisper)
+        live.add_speech(speech(0.5), 0)
+        live.add_pause()
+        assert await run_due(live) == 1
+        live.add_speech(speech(0.75), SR // 2)
+        action = live.next_action(False)
+        assert action is not None
+        await action()  # the conditioned first guess loops
+        assert scheduler.requests[-1].prefix == (ts, *said, ts + 25)
+        assert live.tentative == shown, said
+        assert live._tr.seek == 50  # the earlier text finished: the next guess is over the utterance alone
+        assert live.committed_text() == live._text(said)  # the head is never committed

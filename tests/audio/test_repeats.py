@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audio.repeats import without_repeats
+from audio.repeats import without_repeats, copies
 
 
 def test_a_sentence_said_again_right_after_itself_is_dropped() -> None:
@@ -42,3 +42,12 @@ def test_a_live_transcripts_segments_are_held_as_the_committed_text_holds_them()
     assert as_committed([" Seven of clubs.", " Seven of clubs."], " Seven of clubs. Seven of clubs.") == [
         " Seven of clubs.", " Seven of clubs."]
     assert as_committed([" a b", " c d."], " other") == [" a b", " c d."]
+
+
+def test_copies_finds_text_whose_words_run_in_the_context() -> None:
+    cards = " 4 of clubs. 7 of hearts. 10 of clubs, 7 of clubs."
+    assert copies(" 10 of clubs 7 of clubs", cards)  # case and punctuation aside
+    assert copies(" Seven of Hearts", " seven of hearts")
+    assert not copies(" 5, 5.", cards)
+    assert not copies(" clubs 4", cards)  # the words, in their order
+    assert not copies(" ...", cards) and not copies(" 5", "")
