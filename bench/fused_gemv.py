@@ -21,6 +21,7 @@ from typing import Any, Callable, cast
 import mlx.core as mx
 from mlx_lm.models.activations import swiglu
 
+from bench.launch_cost import host_and_wall
 from engine import fused_gemv
 
 __all__ = ["main"]
@@ -47,19 +48,8 @@ def _chains(layers: list[dict[str, mx.array]], eps: float) -> dict[str, Callable
 
 
 def _time(fn: Callable[[mx.array], Any], x: mx.array, steps: int, layers: int) -> dict[str, float]:
-    for _ in range(5):
-        mx.eval(fn(x))
-    host, wall = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        y = fn(x)
-        mx.async_eval(y)
-        t1 = time.perf_counter()
-        mx.eval(y)
-        t2 = time.perf_counter()
-        host.append((t1 - t0) / layers * 1e6)
-        wall.append((t2 - t0) / layers * 1e6)
-    return {"host_us_a_layer": round(statistics.median(host), 2), "wall_us_a_layer": round(statistics.median(wall), 2)}
+    host, wall = host_and_wall(fn, x, steps, layers)
+    return {"host_us_a_layer": host, "wall_us_a_layer": wall}
 
 
 def _folded(kind: str, x: mx.array, g: mx.array, h: mx.array, split: int,

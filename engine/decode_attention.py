@@ -19,6 +19,7 @@ from typing import Any, cast
 import mlx.core as mx
 
 from engine.accelerator import on_gpu
+from engine.device_scalars import float32_scalar
 
 __all__ = ["available", "attend", "reference", "WARPS"]
 
@@ -161,7 +162,6 @@ _SOURCE = r"""
 
 _kernel: Any = None
 _checked: dict[tuple[Any, int, int], bool] = {}  # (dtype, head_dim, heads per kv head) → passed the self-test
-_scales: dict[float, mx.array] = {}
 
 
 def _enabled() -> bool:
@@ -183,20 +183,13 @@ def _get_kernel() -> Any:
     return _kernel
 
 
-def _scale(scale: float) -> mx.array:
-    arr = _scales.get(scale)
-    if arr is None:
-        arr = _scales[scale] = mx.array(scale, dtype=mx.float32)
-    return arr
-
-
 def attend(q: mx.array, keys: mx.array, values: mx.array, slots: mx.array, lens: mx.array, scale: float) -> mx.array:
     """q (rows, heads, 1, D; any strides, each head's D elements contiguous, e.g. a view of the q/k/v projection)
     attends to the first lens[r] positions of slot slots[r] in keys/values (slots, kv_heads, capacity, D) → (rows,
     heads, 1, D). Lazy. Raises nothing of its own."""
     rows, heads, _, d = q.shape
     kv_heads = keys.shape[1]
-    return _get_kernel()(inputs=[q, keys, values, slots, lens, _scale(scale)],
+    return _get_kernel()(inputs=[q, keys, values, slots, lens, float32_scalar(scale)],
                          template=[("T", q.dtype), ("D", d), ("G", heads // kv_heads), ("NW", WARPS)],
                          grid=(WARPS * 32, kv_heads, rows), threadgroup=(WARPS * 32, 1, 1),
                          output_shapes=[(rows, heads, 1, d)], output_dtypes=[q.dtype])[0]

@@ -18,6 +18,7 @@ from typing import Any, cast
 import mlx.core as mx
 
 from engine.accelerator import on_gpu
+from engine.device_scalars import float32_scalar
 
 __all__ = ["MAX_ROWS", "available", "layout", "norm_project", "norm_swiglu", "project_add", "reference"]
 
@@ -184,7 +185,6 @@ def _source(pieces: dict[str, str]) -> str:
 
 _kernels: dict[str, Any] = {}
 _checked: dict[tuple[Any, int, int, int], bool] = {}  # (dtype, hidden, intermediate, rows) → passed the self-test
-_eps: dict[float, mx.array] = {}
 
 
 def _enabled() -> bool:
@@ -206,13 +206,6 @@ def _kernel(name: str) -> Any:
                                     output_names=["out"], source=_source(_NORM_PIECES), header=_HEADER)
         _kernels[name] = k
     return k
-
-
-def _eps_array(eps: float) -> mx.array:
-    arr = _eps.get(eps)
-    if arr is None:
-        arr = _eps[eps] = mx.array(eps, dtype=mx.float32)
-    return arr
 
 
 def layout(k: int, n: int, split: int | None = None, nr: int | None = None) -> tuple[int, int]:
@@ -244,7 +237,7 @@ def norm_project(x: mx.array, g: mx.array, eps: float, w: mx.array, split: int |
     Raises nothing of its own."""
     rows, k = x.shape
     n = w.shape[0]
-    return _launch("norm", [x, g, w, _eps_array(eps)], rows, k, n, False, split, nr, (rows, n), x.dtype)
+    return _launch("norm", [x, g, w, float32_scalar(eps)], rows, k, n, False, split, nr, (rows, n), x.dtype)
 
 
 def norm_swiglu(x: mx.array, g: mx.array, eps: float, w: mx.array, split: int | None = None,
@@ -253,7 +246,7 @@ def norm_swiglu(x: mx.array, g: mx.array, eps: float, w: mx.array, split: int | 
     Lazy. Raises nothing of its own."""
     rows, k = x.shape
     n = w.shape[0] // 2
-    return _launch("norm", [x, g, w, _eps_array(eps)], rows, k, n, True, split, nr, (rows, n), x.dtype)
+    return _launch("norm", [x, g, w, float32_scalar(eps)], rows, k, n, True, split, nr, (rows, n), x.dtype)
 
 
 def project_add(x: mx.array, w: mx.array, h: mx.array, split: int | None = None,
