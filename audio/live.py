@@ -12,13 +12,13 @@ finished and the guess tried again at once over the utterance alone. A guess tha
 earlier text, as a fallback does in the seek loop. A sampled timestamp past the decoded audio is clamped to its
 end before it is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once
 (audio/repeats.py).
-How much new speech comes before the next guess: audio/guess_cadence.py. Utterances are numbered and closed as
+How much new speech comes before the next guess: audio/guess_cadence.py; what a looping first guess still shows:
+audio/loop_head.py. Utterances are numbered and closed as
 audio/utterances.py says. `clear()` drops the open utterance's audio that has no committed text yet.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Awaitable, Callable
 
@@ -31,9 +31,10 @@ from audio.guess_cadence import GuessCadence
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
-from audio.repeats import as_committed, copies, without_repeats
+from audio.loop_head import loop_head
+from audio.repeats import as_committed, without_repeats
 from audio.text_end import clamped_timestamps, stopped_short
-from audio.window import WindowResult, loop_at
+from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
 from audio.utterances import Utterances
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
     from audio.whisper import LoadedWhisper
 
 __all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
-
-_log = logging.getLogger(__name__)
 
 
 class LiveTranscription:
@@ -192,28 +191,14 @@ class LiveTranscription:
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._cadence.decode_s = self._clock() - began
-        if _log.isEnabledFor(logging.DEBUG):  # each decode's shape, time and text (`tandem serve --log-level debug`)
-            _log.debug("live %s: %.2f s of audio from %.2f s (utterance from %.2f s), prompt %d + prefix %d tokens, "
-                       "context %s: %.3f s, %r", "guess" if probe else "final", len(audio) / SAMPLE_RATE,
-                       seek / SAMPLE_RATE, self.utterances.open_from / SAMPLE_RATE, len(request.prompt),
-                       len(request.prefix), request.audio_ctx or "whole", self._cadence.decode_s,
-                       self._text(list(result.decoded.sampled)))
         self._tr.adopt(result)
         self._decoded_to = max(self._decoded_to, seek + len(audio))
         # A looping guess (over a cut context too) is no guess: two would agree and commit the loop. An improbable one
         # still is: cut mid-speech, a short guess ends uncertain, and only what the next repeats is committed.
         if probe and (request.repetitive(result.decoded)
                       or request.loops_over_cut_context(result.decoded, self._tr.tokenizer.eot)):
-            # Its head may show: the text before the loop (" Ten of" of " Ten of f***ing f***ing …"), or one copy of
-            # a loop from the start (" 5, 5." of " 5, 5. 5, 5. …") — unless it copies the earlier text that
-            # conditioned it (" 10 of clubs" of " 10 of clubs 7 of clubs 7 of clubs …" after cards read aloud).
-            eot = self._tr.tokenizer.eot
-            text = [t for t in result.decoded.sampled if t < eot]
-            at = loop_at(text)
-            head = (text[:at[0]] if at[0] else text[:at[1]]) if at is not None else None
-            if head is not None and copies(self._text(head), self._text([*request.prompt, *request.prefix])):
-                head = None
-            self._loop_head = head
+            self._loop_head = loop_head(list(result.decoded.sampled), self._tr.tokenizer.eot,
+                                        [*request.prompt, *request.prefix], self._text)  # what it may still show
             return None
         self._last_result = result
         return result
@@ -299,11 +284,8 @@ class LiveTranscription:
             self._cadence.empty = True
             first = not self.utterances.text and not self.tentative
             self._guess_alone()
-            if first and self._loop_head is not None:
-                # An utterance's first guess that loops shows its head (never committed): " 5, 5." said once came
-                # back as " 5, 5. 5, 5. 5, 5." guess after guess, and its first word waited for the final (2.0-3.3 s
-                # on this CPU); the guess over the utterance alone, if one follows, replaces it.
-                self._set_tentative(self._loop_head)
+            if first and self._loop_head is not None:  # never committed; a guess alone, if one follows, replaces it
+                self._set_tentative(self._loop_head)  # (first words had waited for the final: 2.0-3.3 s on this CPU)
             return
         if tr.silent(result) and not live.prefix:
             self._cadence.empty = True

@@ -19,6 +19,7 @@ such unit, and `decode_tokens` forwards of every row.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -28,6 +29,7 @@ import anyio.lowlevel
 from audio.decoder import advance_rows, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
 from audio.handoff import hand_over
+from audio.pcm import SAMPLE_RATE
 from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
@@ -39,6 +41,9 @@ if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
 
 __all__ = ["StepBudget", "WhisperScheduler", "Pace", "StepRecord"]
+
+_log = logging.getLogger(__name__)
+
 
 class WhisperScheduler:
     """Windows from every session and file request, advanced together. `decode` is the only entry point;
@@ -88,6 +93,7 @@ class WhisperScheduler:
         at once): the window leaves before the next step (a step already running finishes first). Raises
         what the window's steps raise (MLX errors, ValueError for options mlx-whisper refuses), TaskRejected
         at shutdown."""
+        began = time.perf_counter()
         chunk = min(self.budget.encoder_positions, loaded.model.dims.n_audio_ctx)  # the full-budget unit
         # The log-mel is host work (tens of ms): on a worker thread it no longer holds the engine thread.
         self._mels_pending += 1
@@ -123,6 +129,11 @@ class WhisperScheduler:
         if window.error is not None:
             raise window.error
         assert window.result is not None
+        if _log.isEnabledFor(logging.DEBUG):  # each window's shape, time and text (`tandem serve --log-level debug`)
+            _log.debug("window: %.2f s of audio, %d temperature(s), prompt %d + prefix %d tokens, context %s: %.3f s, "
+                       "%r", len(request.audio) / SAMPLE_RATE, len(request.temperatures), len(request.prompt),
+                       len(request.prefix), request.audio_ctx or "whole", time.perf_counter() - began,
+                       window.result.decoded.text)
         return window.result
 
     def _plan_limit(self) -> None:

@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from engine import decode_attention, fused_gemv
 from engine.accelerator import on_gpu
-from engine.fused import heads
+from engine.fused import heads, projected_heads
 
 if TYPE_CHECKING:
     from engine.slots import DecodeBatch, SlotKV
@@ -74,7 +74,8 @@ class CompiledDecode:
         self.gather = gather  # serve without the decode kernel too (rows' slots gathered: TANDEM_DECODE_COMPILE=on)
         self._compiled: OrderedDict[Shape, Callable[..., Any]] = OrderedDict()
         self._last: Shape | None = None  # the previous decode step's shape
-        self._plain = _plain_llama(runner)  # (hidden, intermediate) when the fused matrix-vector kernels fit its layers
+        # (hidden, intermediate) when the fused matrix-vector kernels are asked for and fit its layers
+        self._plain = _plain_llama(runner) if fused_gemv.enabled() else None
         self._lm_weight = _lm_weight(runner)  # the output projection's weight when its norm folds into it too
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
@@ -144,7 +145,7 @@ class CompiledDecode:
             if folds:
                 norm = layer.input_layernorm
                 y = fused_gemv.norm_project(h[0], norm.weight, norm.eps, run.qkv[li].params["weight"])
-                q, k, v = heads(attn, run.qkv[li], None, rows, offsets, projected=y)
+                q, k, v = projected_heads(attn, y, rows, offsets)
             else:
                 q, k, v = heads(attn, run.qkv[li], layer.input_layernorm(h), rows, offsets)
             keys[li][at] = k[:, :, 0]  # views of the projection: written without a copy

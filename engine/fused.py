@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-__all__ = ["FusedLinear", "fused_mlp", "heads", "rope_rows"]
+__all__ = ["FusedLinear", "fused_mlp", "heads", "projected_heads", "rope_rows"]
 
 
 def _quant_key(layer: nn.Module) -> tuple[Any, ...] | None:
@@ -93,28 +93,29 @@ def fused_mlp(mlp: nn.Module) -> Callable[[mx.array], mx.array]:
     return forward
 
 
-def heads(attn: Any, proj: FusedLinear, x: mx.array | None, rows: int, offset: mx.array | int | None,
-          projected: mx.array | None = None) -> list[mx.array]:
+def heads(attn: Any, proj: FusedLinear, x: mx.array, rows: int, offset: mx.array | int | None) -> list[mx.array]:
     """q, k, v of mlx-lm attention module `attn` as (rows, heads, 1, head_dim) for one token a row, q and k rotated
     by RoPE at `offset` (one per row, or one for all; None: not rotated). With a fused projection they are views of
-    it and one RoPE call rotates q's and k's heads (same rows, same offsets): a decode step is bound by its launches
-    on a GPU, and on a CPU RoPE is a dozen ops. `projected`: the fused projection of x, computed already (x unused).
-    Lazy. Raises what MLX raises."""
+    it (`projected_heads`). Lazy. Raises what MLX raises."""
     nh, nkv = attn.n_heads, attn.n_kv_heads
-    if projected is not None or (proj.fused and not hasattr(attn, "q_norm")):
-        if projected is None:
-            assert x is not None
-            projected = proj.project(x)
-        y = projected.reshape(rows, nh + 2 * nkv, 1, -1)
-        qk = y[:, : nh + nkv] if offset is None else rope_rows(attn.rope, y[:, : nh + nkv], offset)
-        return [qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]]
-    assert x is not None
+    if proj.fused and not hasattr(attn, "q_norm"):
+        return projected_heads(attn, proj.project(x), rows, offset)
     q, k, v = (a.reshape(rows, n, 1, -1) for a, n in zip(proj(x), (nh, nkv, nkv)))
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     if offset is None:
         return [q, k, v]
     return [rope_rows(attn.rope, q, offset), rope_rows(attn.rope, k, offset), v]
+
+
+def projected_heads(attn: Any, y: mx.array, rows: int, offset: mx.array | int | None) -> list[mx.array]:
+    """q, k, v as `heads` gives them, as views of `y`, the fused q/k/v projection of one token a row; one RoPE call
+    rotates q's and k's heads (same rows, same offsets): a decode step is bound by its launches on a GPU, and on a
+    CPU RoPE is a dozen ops. Lazy. Raises what MLX raises."""
+    nh, nkv = attn.n_heads, attn.n_kv_heads
+    y = y.reshape(rows, nh + 2 * nkv, 1, -1)
+    qk = y[:, : nh + nkv] if offset is None else rope_rows(attn.rope, y[:, : nh + nkv], offset)
+    return [qk[:, :nh], qk[:, nh:], y[:, nh + nkv :]]
 
 
 # MLX's CUDA RoPE over (rows, heads, 1, head_dim) launches (head_dim / 2, 1, rows x ceil(heads / 4)) threads as one

@@ -20,7 +20,7 @@ import mlx.core as mx
 from engine.accelerator import on_gpu
 from engine.device_scalars import float32_scalar
 
-__all__ = ["MAX_ROWS", "available", "layout", "norm_project", "norm_swiglu", "project_add", "reference"]
+__all__ = ["MAX_ROWS", "available", "enabled", "layout", "norm_project", "norm_swiglu", "project_add", "reference"]
 
 _log = logging.getLogger(__name__)
 
@@ -187,7 +187,8 @@ _kernels: dict[str, Any] = {}
 _checked: dict[tuple[Any, int, int, int], bool] = {}  # (dtype, hidden, intermediate, rows) → passed the self-test
 
 
-def _enabled() -> bool:
+def enabled() -> bool:
+    """Whether the kernels may serve here: TANDEM_FUSED_GEMV=on and a CUDA device. Raises nothing."""
     # Off unless TANDEM_FUSED_GEMV=on: on the H200 each kernel still reads its weights 10-40 % slower than MLX's gemv
     # (so a step's device time is about even, its host time lower); not yet measured over HTTP (bench/RESULTS.md).
     if os.environ.get("TANDEM_FUSED_GEMV", "off").lower() != "on":
@@ -298,7 +299,7 @@ def available(dtype: Any, hidden: int, intermediate: int, rows: int) -> bool:
     """Whether the kernels serve a step of `rows` rows here: a CUDA device, a 2-byte float dtype, widths that are
     multiples of 256 (whole 16-byte loads a lane), at most MAX_ROWS rows, and a passed self-test (once per shape;
     evaluates on the calling thread, the engine thread). Raises nothing."""
-    if not _enabled() or not 1 <= rows <= MAX_ROWS or hidden % 256 or intermediate % 256 \
+    if not enabled() or not 1 <= rows <= MAX_ROWS or hidden % 256 or intermediate % 256 \
             or dtype not in (mx.bfloat16, mx.float16):
         return False
     key = (dtype, hidden, intermediate, rows)

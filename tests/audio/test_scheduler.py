@@ -522,3 +522,17 @@ async def test_with_turns_each_step_on_its_own_thread_waits_for_chats_next_step(
         finally:
             own.thread.close()
     assert turns == 3
+
+
+async def test_each_window_is_logged_at_debug_level(tiny_whisper: LoadedWhisper, caplog) -> None:
+    # `tandem serve --log-level debug` traces every decode (live guesses and finals, file windows): how the slow
+    # first words of live speech were found.
+    import logging
+
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        with caplog.at_level(logging.DEBUG, logger="audio.scheduler"):
+            result, = await decode_all(scheduler, tiny_whisper, [request(2, seed=1, prompt=(400, 401))])
+    lines = [r.getMessage() for r in caplog.records if r.name == "audio.scheduler"]
+    assert len(lines) == 1 and lines[0].startswith("window: 2.00 s of audio, 1 temperature(s), prompt 2 + prefix 0")
+    assert lines[0].endswith(repr(result.decoded.text))

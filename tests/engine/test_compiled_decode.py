@@ -179,6 +179,7 @@ def test_steps_of_few_rows_fold_norms_adds_and_swiglu_into_the_kernels(tmp_path,
         calls.append(("project_add", x.shape[0]))
         return h + x @ w.T
 
+    monkeypatch.setattr(fused_gemv, "enabled", lambda: True)  # as on CUDA with TANDEM_FUSED_GEMV=on
     monkeypatch.setattr(fused_gemv, "available", lambda dtype, hidden, inter, rows: rows <= fused_gemv.MAX_ROWS)
     for fn in (norm_project, norm_swiglu, project_add):
         monkeypatch.setattr(fused_gemv, fn.__name__, fn)
@@ -210,9 +211,9 @@ def test_the_fused_kernels_serve_only_when_asked_for(monkeypatch) -> None:
     monkeypatch.setattr(fused_gemv, "on_gpu", lambda: True)
     monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: True)
     monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
-    assert not fused_gemv._enabled()
+    assert not fused_gemv.enabled()
     monkeypatch.setenv("TANDEM_FUSED_GEMV", "on")
-    assert fused_gemv._enabled()
+    assert fused_gemv.enabled()
     monkeypatch.setattr(fused_gemv, "_checked", {(fused_gemv.mx.bfloat16, 2048, 8192, 1): True})
     assert fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, 1)
     assert not fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, fused_gemv.MAX_ROWS + 1)
