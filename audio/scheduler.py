@@ -222,10 +222,13 @@ class WhisperScheduler:
         elif kind == "decode":
             work = self._decode(decoding, limit, t0)
         self._last_kind = kind
+        seconds = time.perf_counter() - t0
         c = self.counters
         c.paced_steps += paced and kind != "idle"
+        c.encode_s += seconds if kind == "encode" else 0.0
+        c.decode_s += seconds if kind == "decode" else 0.0
         c.kinds = (c.kinds + [kind])[-256:]
-        c.steps = (c.steps + [StepRecord(kind, limit, len(decoding), work, time.perf_counter() - t0)])[-256:]
+        c.steps = (c.steps + [StepRecord(kind, limit, len(decoding), work, seconds)])[-256:]
         return kind
 
     def _encode(self, pending: list[Window], limit: float | None, paced: bool, t0: float) -> int:
@@ -236,10 +239,14 @@ class WhisperScheduler:
         units = None if paced else full
         work = 0
         ran = False
+        # Where a step may run several window-units (a GPU's minimum step, a large budget), every other step the
+        # least advanced windows go: they catch up with the oldest, so their units stack and their rows decode
+        # together. Where it runs one (a CPU), they never caught up: the encoder was shared among every window in
+        # flight (16 CPU speakers: 10-16 at once, each ~6 s), and stacking is no faster there. Oldest first.
+        catch_up = full > 1 or self._min_step() > 0
         while pending and (units is None or units > 0):
-            # Oldest first, and every other step the least advanced: windows catch up with each other, so
-            # their units stack and their rows decode together, and the oldest still moves at half speed.
-            head = pending[0] if self.counters.encoder_steps % 2 else min(pending, key=lambda w: w.encoder.progress)
+            head = pending[0] if self.counters.encoder_steps % 2 or not catch_up \
+                else min(pending, key=lambda w: w.encoder.progress)
             group = [w for w in pending if w.encoder.unit == head.encoder.unit and w.loaded is head.loaded
                      and w.encoder.n_ctx == head.encoder.n_ctx]
             kind, model = head.encoder.kind, head.loaded.model
@@ -376,7 +383,8 @@ class WhisperScheduler:
         """Plain numbers for /stats. Raises nothing."""
         c = self.counters
         return {"windows_in_flight": self.in_flight, "windows_done": c.windows, "encoder_steps": c.encoder_steps,
-                "decoder_steps": c.decoder_steps, "fallbacks": c.fallbacks,
+                "decoder_steps": c.decoder_steps, "encode_s": round(c.encode_s, 3), "decode_s": round(c.decode_s, 3),
+                "fallbacks": c.fallbacks,
                 "whole_window_redos": c.whole_window_redos, "max_rows_per_step": c.max_rows, "handoffs": c.handoffs,
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,

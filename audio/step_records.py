@@ -23,6 +23,8 @@ class StepCounters:
     whole_window_redos: int = 0  # windows over a cut encoder context redone over the whole window
     max_rows: int = 0
     handoffs: int = 0  # times the windows in flight moved to another step thread (chat came or went)
+    encode_s: float = 0.0  # seconds spent in encoder steps since start (what bounds how many speakers keep up)
+    decode_s: float = 0.0  # seconds spent in decoder steps since start
     kinds: list[str] = field(default_factory=list)  # recent step kinds, newest last (bounded)
     steps: list["StepRecord"] = field(default_factory=list)  # recent steps, newest last (bounded)
 

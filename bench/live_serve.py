@@ -59,7 +59,8 @@ async def sample_lag(root: str, headers: dict[str, str], lags: list[float], stop
             await anyio.sleep(0.5)  # sampling period
 
 
-COUNTED = ("windows_done", "encoder_steps", "decoder_steps", "fallbacks", "whole_window_redos", "paced_steps")
+COUNTED = ("windows_done", "encoder_steps", "decoder_steps", "encode_s", "decode_s", "fallbacks", "whole_window_redos",
+           "paced_steps")
 
 
 async def scheduler_stats(root: str, headers: dict[str, str]) -> dict[str, Any]:
@@ -133,7 +134,7 @@ async def run_speakers(root: str, ws_url: str, headers: dict[str, str], n: int, 
                             "itl_ms": {"p50": round(1e3 * (pct(chat_gaps, 50) or 0), 1),
                                        "p99": round(1e3 * (pct(chat_gaps, 99) or 0), 1)}} if chat_tokens > 0 else None,
             # what the Whisper scheduler did for this round: steps by kind, rows per decoder step, step times
-            "scheduler": {**{k: after.get(k, 0) - before.get(k, 0) for k in COUNTED},
+            "scheduler": {**{k: round(after.get(k, 0) - before.get(k, 0), 3) for k in COUNTED},
                           "recent_steps": after.get("recent_steps"), "costs": after.get("costs"),
                           "encoder_positions_per_step": after.get("encoder_positions_per_step"),
                           "decode_tokens_per_step": after.get("decode_tokens_per_step")}}  # one speaker: per clip, to see which utterance makes a maximum

@@ -134,6 +134,14 @@ class _EngineCollector(Collector):
                 yield _gauge("tandem_whisper_sessions_open", "Live sessions open", sp["sessions_open"])
             if _number(sp.get("loads")):
                 yield _counter("tandem_whisper_loads", "Whisper model loads", sp["loads"])
+            scheduler = sp.get("scheduler")
+            if isinstance(scheduler, dict) and all(_number(scheduler.get(f"{k}_s")) for k in ("encode", "decode")):
+                busy = CounterMetricFamily("tandem_whisper_step_seconds", "Seconds of Whisper encoder and decoder "
+                                           "steps (against wall time: how near live speech is to falling behind)",
+                                           labels=["kind"])
+                for kind in ("encode", "decode"):
+                    busy.add_metric([kind], float(scheduler[f"{kind}_s"]))
+                yield busy
 
 
 def _gc(snapshot: dict[str, Any]) -> Iterator[Metric]:

@@ -108,7 +108,10 @@ async def test_a_minimum_step_time_runs_more_units_and_rows_per_step(tiny_whispe
     recent = plain.stats()["recent_steps"]  # durations by kind; no limit was set, so nothing counts as over it
     assert recent["encode"]["n"] == min(256, plain.counters.encoder_steps) and recent["decode"]["n"] > 0
     assert all(r["over_limit"] == 0 and 0 < r["p50_ms"] <= r["max_ms"] for r in recent.values())
-    assert recent["decode"]["rows_max"] == 2  # both windows' rows shared a step
+    # seconds by kind since start: every step's, summed (fewer than 256 steps here, so all are still recorded)
+    for kind in ("encode", "decode"):
+        held = sum(s.seconds for s in long.counters.steps if s.kind == kind)
+        assert long.stats()[f"{kind}_s"] == pytest.approx(held, abs=2e-3) and held > 0
     assert long.stats()["recent_steps"]["decode"]["rows_p50"] == 2
 
 
@@ -536,3 +539,36 @@ async def test_each_window_is_logged_at_debug_level(tiny_whisper: LoadedWhisper,
     lines = [r.getMessage() for r in caplog.records if r.name == "audio.scheduler"]
     assert len(lines) == 1 and lines[0].startswith("window: 2.00 s of audio, 1 temperature(s), prompt 2 + prefix 0")
     assert lines[0].endswith(repr(result.decoded.text))
+
+
+async def test_one_unit_steps_encode_the_oldest_window_first(tiny_whisper: LoadedWhisper,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # A CPU's budget runs one window-unit a step: a window that came later waits for the older one's encoder
+    # instead of taking every other step (which shared the encoder among every window in flight).
+    ran: list[set[int]] = []
+    real = scheduler_module.run_unit
+
+    def logged(model: object, jobs: list, positions: int | None = None) -> None:  # type: ignore[type-arg]
+        ran.append({len(j.audio) for j in jobs})
+        real(model, jobs, positions)
+
+    monkeypatch.setattr(scheduler_module, "run_unit", logged)
+    first, later = request(3, 1), request(4, 2)
+    tasks, thread = ExecutionTasks(), EngineThread("test-scheduler")
+    scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0, even_steps=False))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(decode_all, scheduler, tiny_whisper, [first])
+            await settle()
+            assert await tasks.advance(thread)  # the first window's first unit
+            tg.start_soon(decode_all, scheduler, tiny_whisper, [later])
+            await settle()
+            assert scheduler.in_flight == 2
+            while tasks.pending:
+                assert await tasks.advance(thread)
+                await settle()
+    finally:
+        thread.close()
+    a, b = len(first.audio), len(later.audio)
+    assert len([u for u in ran if a in u]) == 22 and len([u for u in ran if b in u]) == 22
+    assert max(i for i, u in enumerate(ran) if a in u) < min(i for i, u in enumerate(ran) if b in u)

@@ -110,6 +110,9 @@ def test_transcribed_audio_is_counted_in_the_metrics(client: TestClient[Any]) ->
     samples = {s.name: s.value for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples}
     assert samples["tandem_whisper_audio_seconds_total"] >= 2.0
     assert samples["tandem_whisper_real_time_factor_count"] >= 1
+    steps = {s.labels["kind"]: s.value for f in text_string_to_metric_families(client.get("/metrics").text)
+             for s in f.samples if s.name == "tandem_whisper_step_seconds_total"}
+    assert steps.keys() == {"encode", "decode"} and all(v > 0 for v in steps.values())
 
 
 def test_session_ids_are_unguessable(client: TestClient[Any]) -> None:
