@@ -103,6 +103,9 @@ def measure_server(name: str, cmd: list[str], port: int, model: str, levels: lis
 def main(model_spec: str | None = None, levels: tuple[int, ...] = (1, 4, 8), max_tokens: int = 64,
          out: str | None = None, peer: bool = True) -> dict:
     """Run the whole comparison; print a table and return (and optionally write) the JSON result."""
+    from engine.backend import ensure_fast_blas
+
+    ensure_fast_blas()  # before hf_dir_for imports MLX: else both sides fall back to MLX's reference BLAS
     from engine.models import hf_dir_for
 
     model_dir = str(hf_dir_for(model_spec))

@@ -30,6 +30,16 @@ from typing import Any
 
 import anyio
 
+try:
+    from engine.backend import ensure_fast_blas
+except ImportError:  # a bare client host: no engine, the peer keeps its own BLAS
+    pass
+else:
+    # A script entry point: the fast BLAS is loaded before anything imports MLX (the demo model's conversion does),
+    # and the peer is given the same one (`_peer_env`); chosen after, it fell back to MLX's reference BLAS and the
+    # CPU peer ran ~10x slower than it does.
+    ensure_fast_blas()
+
 from bench.serve_client import chat_body, make_client, stream_chat
 from bench.serve_mixed import drive_mixed, summarize_mixed
 from bench.serve_procs import Server, exit_on_sigterm

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,3 +34,16 @@ def test_start_spawns_when_the_port_is_free(tmp_path: Path) -> None:
             assert server.proc is not None and server.proc.wait(timeout=30) == 0
         finally:
             server.stop()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="LD_PRELOAD is how the peer gets the BLAS on Linux")
+def test_the_cpu_peer_gets_the_fast_blas_even_when_mlx_is_imported_after_the_bench() -> None:
+    from engine.backend import blas_info
+
+    if blas_info().name != "openblas":
+        pytest.skip("no OpenBLAS on this machine: the peer keeps MLX's own BLAS either way")
+    # A fresh process, as `python -m bench.serve` runs: the demo model's conversion imports MLX before the peer starts.
+    code = ("import bench.serve as s, mlx.core, engine.models; "
+            "print(s._peer_env().get('LD_PRELOAD', ''))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert blas_info().path is not None and blas_info().path in out.stdout
