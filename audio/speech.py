@@ -21,6 +21,7 @@ from audio.batching import batched_windows
 from audio.buffers import AudioPool
 from audio.decoding import N_SAMPLES, WindowedTranscription
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
+from audio.idle_release import IdleRelease
 from audio.mel import signal_ceiling
 from audio.pcm import SAMPLE_RATE
 from audio.scheduler import Pace, StepBudget, WhisperScheduler
@@ -32,6 +33,7 @@ from audio.warmup import compiles_kernels, warm_up_signal
 from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, prepare_whisper, resolve_whisper_checkpoint
 from engine.accelerator import on_gpu
 from engine.context import EngineThread
+from engine.memory import release_free_memory
 
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
@@ -108,6 +110,7 @@ class SpeechService:
         self.max_sessions = max_sessions
         self.sessions: dict[str, LiveSession] = {}
         self.expired = 0
+        self.idle_release = IdleRelease()
         self._tg: anyio.abc.TaskGroup | None = None
 
     @classmethod
@@ -267,6 +270,9 @@ class SpeechService:
                         now = time.monotonic()
                         self._expire(now)
                         self.residency.unload_if_due(now)
+                        sch = self.scheduler
+                        if self.idle_release.due(now, sch.in_flight, sch.counters.windows, sch.chat_active()):
+                            await anyio.to_thread.run_sync(release_free_memory)
                 finally:
                     self._tg = None
                     for s in list(self.sessions.values()):
@@ -286,7 +292,7 @@ class SpeechService:
         return {"model": r.name, "loaded": r.loaded is not None, "resident": r.resident,
                 "idle_unload_sec": r.idle_unload_sec, "loads": r.loads, "unloads": r.unloads,
                 "sessions_open": len(self.sessions), "max_sessions": self.max_sessions,
-                "sessions_expired": self.expired,
+                "sessions_expired": self.expired, "idle_releases": self.idle_release.releases,
                 "session_windows_done": sum(s.windows_done for s in self.sessions.values()),
                 "session_lag_s_max": max((s.lag_seconds for s in self.sessions.values()), default=0.0),
                 "buffered_audio_s": round(self.pool.total / SAMPLE_RATE, 3),

@@ -335,3 +335,21 @@ def test_whisper_steps_take_turns_with_chat_only_when_told(monkeypatch) -> None:
     for env, expected in [("on", True), ("ON", True), ("off", False), ("x", False)]:
         monkeypatch.setenv("TANDEM_SPEECH_TURNS", env)
         assert speech_turns_default() is expected, env
+
+
+async def test_freed_buffers_go_back_once_the_windows_stop(tiny_whisper_dir: Path) -> None:
+    from audio.transcript import TranscribeOptions
+
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir, resident=True)
+        speech.idle_release.after_s = 0.0
+        async with anyio.create_task_group() as tg:
+            await tg.start(functools.partial(speech.run, preload=True, warm_up=False, tick=0.01))
+            await speech.transcribe(voiced(2.0), TranscribeOptions(language="en"))
+            mx.eval(mx.zeros((1 << 20,)) + 1)  # a freed buffer, as Whisper's steps leave them
+            assert mx.get_cache_memory() > 0
+            with anyio.fail_after(10):
+                while speech.stats()["idle_releases"] == 0:
+                    await anyio.sleep(0.01)  # the service's next ticks
+            assert mx.get_cache_memory() == 0
+            tg.cancel_scope.cancel()
