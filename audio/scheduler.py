@@ -241,9 +241,10 @@ class WhisperScheduler:
         ran = False
         # Where a step may run several window-units (a GPU's minimum step, a large budget), every other step the
         # least advanced windows go: they catch up with the oldest, so their units stack and their rows decode
-        # together. Where it runs one (a CPU), they never caught up: the encoder was shared among every window in
-        # flight (16 CPU speakers: 10-16 at once, each ~6 s), and stacking is no faster there. Oldest first.
-        catch_up = full > 1 or self._min_step() > 0
+        # together. Where it runs one (a CPU), live windows never caught up: the encoder was shared among every
+        # window in flight (16 CPU speakers: 10-16 at once, each ~6 s). There the oldest goes first while it is a
+        # live session's; a file's windows have no deadline and still overlap (their rows then decode together).
+        catch_up = full > 1 or self._min_step() > 0 or not pending[0].request.realtime
         while pending and (units is None or units > 0):
             head = pending[0] if self.counters.encoder_steps % 2 or not catch_up \
                 else min(pending, key=lambda w: w.encoder.progress)

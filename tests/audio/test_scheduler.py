@@ -108,6 +108,7 @@ async def test_a_minimum_step_time_runs_more_units_and_rows_per_step(tiny_whispe
     recent = plain.stats()["recent_steps"]  # durations by kind; no limit was set, so nothing counts as over it
     assert recent["encode"]["n"] == min(256, plain.counters.encoder_steps) and recent["decode"]["n"] > 0
     assert all(r["over_limit"] == 0 and 0 < r["p50_ms"] <= r["max_ms"] for r in recent.values())
+    assert recent["decode"]["rows_max"] == 2  # a file's windows overlap: both rows shared a step
     # seconds by kind since start: every step's, summed (fewer than 256 steps here, so all are still recorded)
     for kind in ("encode", "decode"):
         held = sum(s.seconds for s in long.counters.steps if s.kind == kind)
@@ -543,7 +544,7 @@ async def test_each_window_is_logged_at_debug_level(tiny_whisper: LoadedWhisper,
 
 async def test_one_unit_steps_encode_the_oldest_window_first(tiny_whisper: LoadedWhisper,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    # A CPU's budget runs one window-unit a step: a window that came later waits for the older one's encoder
+    # A CPU's budget runs one window-unit a step: a live window that came later waits for the older one's encoder
     # instead of taking every other step (which shared the encoder among every window in flight).
     ran: list[set[int]] = []
     real = scheduler_module.run_unit
@@ -553,7 +554,7 @@ async def test_one_unit_steps_encode_the_oldest_window_first(tiny_whisper: Loade
         real(model, jobs, positions)
 
     monkeypatch.setattr(scheduler_module, "run_unit", logged)
-    first, later = request(3, 1), request(4, 2)
+    first, later = request(3, 1, realtime=True), request(4, 2, realtime=True)
     tasks, thread = ExecutionTasks(), EngineThread("test-scheduler")
     scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, min_step_seconds=0.0, even_steps=False))
     try:
