@@ -76,7 +76,8 @@ class CompiledDecode:
         self._last: Shape | None = None  # the previous decode step's shape
         # (hidden, intermediate) when the fused matrix-vector kernels are asked for and fit its layers
         self._plain = _plain_llama(runner) if fused_gemv.enabled() else None
-        self._lm_weight = _lm_weight(runner)  # the output projection's weight when its norm folds into it too
+        # the output projection's weight when its norm folds into it too (only looked up where the layers fold)
+        self._lm_weight = _lm_weight(runner) if self._plain is not None else None
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
 
