@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SERVING_DEFAULTS", "apply_serving_defaults", "on_gpu", "gpu_default"]
+__all__ = ["SERVING_DEFAULTS", "apply_serving_defaults", "on_gpu", "gpu_default", "cpu_default"]
 
 SERVING_DEFAULTS = {
     # cuDNN builds an attention graph per exact (query, key) shape, 20-400 ms each: prefill chunks of varied
@@ -37,6 +37,13 @@ def gpu_default(variable: str) -> bool:
     is on where MLX computes on a GPU). Raises nothing."""
     choice = os.environ.get(variable, "auto").lower()
     return choice == "on" or (choice != "off" and on_gpu())
+
+
+def cpu_default(variable: str) -> bool:
+    """A switch that is on by default where MLX computes on its CPU backend: `variable` = on | off | auto (unset:
+    auto). Raises nothing."""
+    choice = os.environ.get(variable, "auto").lower()
+    return choice == "on" or (choice != "off" and not on_gpu())
 
 
 def apply_serving_defaults() -> dict[str, str]:

@@ -122,6 +122,7 @@ class LLMBatchGroup:
             self.step.beside_lane(self.lane.turns)
         self.health = StepHealth()
         self._last_step_end: float | None = None
+        self._left: list[Row] = []  # finished rows whose last delta went out early: they leave as their step lands
 
     # -- submission -------------------------------------------------------------------------------
 
@@ -184,6 +185,12 @@ class LLMBatchGroup:
             tg.start_soon(watch, self._wake.current().wait)
             # Bind the current event now: a task enqueued before `watch` starts must still wake us.
             tg.start_soon(watch, self.tasks.changed().wait)
+
+    async def settled(self) -> None:
+        """Return once no finished row waits for its step to land (its last delta may go out from inside the step,
+        engine/step.py). Event loop. Raises nothing but cancellation."""
+        while not self._closed and any(r.finished for r in self._active):
+            await self.landed.wait()  # fires as each step lands, and as the group closes
 
     def admit(self) -> None:
         """Move queued rows into the active set while `max_active` and the KV budget allow."""
@@ -277,7 +284,7 @@ class LLMBatchGroup:
         return self.admission.projected_bytes(list(self._active)) if self.admission is not None else 0
 
     def active_rows(self) -> int:
-        return len(self._active)
+        return sum(1 for r in self._active if not r.finished)  # a finished row whose step has not landed is done
 
     def queued_rows(self) -> int:
         return sum(1 for r in self._queue if not r.cancelled)
@@ -299,8 +306,11 @@ class LLMBatchGroup:
         try:
             # Another subsystem's task ran lately (not the group's own prefix-cache puts): the loop is shared.
             shared = self.tasks.ran_within(self.task_quiet_seconds, besides=_PUT)
+            call = loop_caller()
+            if self.step.pipeline.read_first:  # tokens read inside the step are published at once (engine/step.py)
+                self.step.early = functools.partial(call, self._publish_early)
             if decode and not prefill and self.decode_burst > 1 and not shared:
-                done = await self.context.run(self._burst, rows, functools.partial(loop_caller(), self._landed))
+                done = await self.context.run(self._burst, rows, functools.partial(call, self._landed))
             else:
                 done = await self.context.run(self.step.measured, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop
@@ -349,9 +359,22 @@ class LLMBatchGroup:
         self.recent.add(done.prompted, done.generated)
         t0 = time.perf_counter()
         self._publish_all(done.outputs)
+        if self._left:  # rows whose last delta went out from inside a step (`_publish_early`) leave now it landed
+            left, self._left = self._left, []
+            self._active = [r for r in self._active if r not in left]
         done.published = True
         self.counters["publish_seconds"] += time.perf_counter() - t0
         self.landed.fire()
+
+    def _publish_early(self, outputs: list[tuple[Row, Delta]]) -> None:
+        """Event loop: deltas a step read before its iteration ended; rows they finish leave as it lands. Raises
+        nothing."""
+        t0 = time.perf_counter()
+        for row, delta in outputs:
+            self._publish(row, delta)
+            if row.finished:
+                self._left.append(row)
+        self.counters["publish_seconds"] += time.perf_counter() - t0
 
     # -- the prefill lane ---------------------------------------------------------------------------
 

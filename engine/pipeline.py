@@ -45,11 +45,14 @@ class DecodePipeline:
     """One step of lookahead for slot iterations (see module doc)."""
 
     def __init__(self, forward: Callable[[list[Segment]], Any], enabled: bool,
-                 quick_return: QuickReturn | None = None) -> None:
+                 quick_return: QuickReturn | None = None, read_first: bool = False) -> None:
         self.forward = forward  # the group's runner.forward (looked up per call)
         self.enabled = enabled  # the runner has a SlotKV (packed path with per-token RoPE)
         # The decode thread's launches take the GIL back quickly where asked (engine/gil.py).
         self.quick_return = quick_return or QuickReturn(None)
+        # Read a step's tokens before starting the next: on a CPU `mx.async_eval` returns only once the step it
+        # starts is nearly done (MLX waits while over 10 tasks are queued), so tokens read after it came a step late.
+        self.read_first = read_first
         self.inflight: InFlight | None = None
         self.waited = 0.0  # seconds blocked in `read` (the engine step resets it; /stats iteration_times)
         # Seconds of this step's `launch`es by part, wall and this thread's CPU (reset with `waited`): a launch whose
@@ -90,34 +93,55 @@ class DecodePipeline:
             return []
         return [(r, t) for r, t in zip(flight.rows, self.read_step(flight)) if not r.ended]
 
-    def step(self, rows: Sequence[Row]) -> tuple[list[Row], list[int]]:
-        """Launch the next step and read the current one: returns rows (slot order) and their tokens.
-        The rows must be `eligible`. Raises whatever the forward or its evaluation raises."""
+    def step(self, rows: Sequence[Row], take: Callable[[list[Row], list[int]], None]) -> list[Row]:
+        """Launch the next step and read the current one; `take(rows, tokens)` gets the current step's tokens (rows in
+        slot order) as soon as they are read: before the next step starts where `read_first`, else after. Returns
+        the rows. The rows must be `eligible`. Raises whatever the forward or its evaluation raises."""
         ordered = slot_order(rows)
         current = self.inflight.tokens if self.inflight is not None and self.feeds(ordered) else None
         self.inflight = None
         if current is None:
             current = self.launch(ordered, None)
-        self.inflight = InFlight(ordered, self.launch(ordered, current), decode_rows=len(ordered))
-        return ordered, self.read(current)
+        wanted = self.build(ordered, current)
+        if self.read_first:
+            take(ordered, self.read(current))
+            self.start(wanted)
+        else:
+            self.start(wanted)
+            take(ordered, self.read(current))
+        self.inflight = InFlight(ordered, wanted[0], decode_rows=len(ordered))
+        return ordered
 
     def launch(self, rows: Sequence[Row], fed: mx.array | None) -> mx.array:
         """Build one decode step (fed: lazy tokens, else each row's last_token) and start it. Raises
         whatever building the forward raises."""
+        wanted = self.build(rows, fed)
+        self.start(wanted)
+        return wanted[0]
+
+    def build(self, rows: Sequence[Row], fed: mx.array | None) -> list[mx.array]:
+        """Build one decode step, unstarted: [its tokens, the log probabilities sampled with them]. Raises whatever
+        building the forward raises."""
         # With `fed` only each segment's length counts; eligible rows always have a last token.
         t0, c0 = time.perf_counter(), time.thread_time()
         ids = [[0] if fed is not None or r.last_token is None else [r.last_token] for r in rows]
         segments = [Segment(t, None, True, r.slot, fed) for t, r in zip(ids, rows)]
         logits = self.forward(segments)
         tokens = sample_rows(logits, [r.sampler for r in rows])
-        t1, c1 = time.perf_counter(), time.thread_time()
+        self._add("build", time.perf_counter() - t0, time.thread_time() - c0)
+        return [tokens, *newest_logprobs(rows)]
+
+    def start(self, wanted: list[mx.array]) -> None:
+        """Start a built step on the device. Raises nothing of its own."""
+        t0, c0 = time.perf_counter(), time.thread_time()
         with self.quick_return.around():
             # The global key too, for the prefill lane's next draw (engine/step.py); log probabilities with their tokens.
-            mx.async_eval(tokens, mx.random.state, *newest_logprobs(rows))
-        t2, c2 = time.perf_counter(), time.thread_time()
-        for part, seconds in (("build", t1 - t0), ("build_cpu", c1 - c0), ("launch", t2 - t1), ("launch_cpu", c2 - c1)):
-            self.parts[part] = self.parts.get(part, 0.0) + seconds
-        return tokens
+            mx.async_eval(*wanted, mx.random.state)
+        self._add("launch", time.perf_counter() - t0, time.thread_time() - c0)
+
+    def _add(self, part: str, wall: float, cpu: float) -> None:
+        self.parts[part] = self.parts.get(part, 0.0) + wall
+        self.parts[part + "_cpu"] = self.parts.get(part + "_cpu", 0.0) + cpu
 
     def read_step(self, flight: InFlight) -> list[int]:
         """Wait for a step taken from the pipeline and return its tokens; its rows' next tokens are known from

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import mlx.core as mx
 
-from engine.accelerator import on_gpu
+from engine.accelerator import cpu_default, on_gpu
 from engine.burst import StepResult
 from engine.contracts import Delta, FinishReason
 from engine.gil import QuickReturn, gil_return_seconds
@@ -59,7 +59,11 @@ class BatchStep:
         self.runner: Runner = PackedRunner(model) if plan.packed else SeparateRunner(model)
         self.slots: SlotKV | None = getattr(self.runner, "slots", None)  # decode rows' KV, one buffer per layer
         self.pipeline = DecodePipeline(lambda segments: self.runner.forward(segments), self.slots is not None,
-                                       QuickReturn(gil_return_seconds()))
+                                       QuickReturn(gil_return_seconds()), cpu_default("TANDEM_READ_FIRST"))
+        # Where the pipeline reads a step's tokens before starting the next (a CPU), their deltas go to the event loop
+        # from inside the iteration (`early`, set by the group), not a step later when it returns.
+        self.early: Callable[[list[tuple[Row, Delta]]], None] | None = None
+        self._posted = 0  # tokens of this iteration already handed to `early`
         self.kv = RowKV(model, self.slots, prefix_cache, lambda: self.record)  # the rows' caches, slots and puts
         # Keep steps launched by the general path (mixed ones, decode after rows changed) in flight: on a GPU the
         # host builds the next forward while the device runs them. On a CPU both share the cores and the pacer
@@ -149,6 +153,7 @@ class BatchStep:
         t0 = time.perf_counter()
         self.pipeline.waited = 0.0
         self.pipeline.parts.clear()
+        self._posted = 0
         self.record.begin(self.slots)
         outputs: list[tuple[Row, Delta | None]] = []
         flight = self.pipeline.inflight
@@ -176,9 +181,8 @@ class BatchStep:
             return self._chained(t0, rows, budget, prefill)
         if decode and self.pipeline.eligible(rows):
             t_step = time.perf_counter()
-            ordered, ids = self.pipeline.step(rows)  # step N+1 launched before step N's tokens are read
+            ordered = self.pipeline.step(rows, lambda read, ids: self._take(outputs, read, ids))
             self.record.tick("pipeline", t_step)
-            outputs += [(r, self.accept(r, t)) for r, t in zip(ordered, ids)]
             self.last_cost = self._cost(time.perf_counter() - t0, 0, len(ordered))
             return self._finish(t0, outputs, 0, len(ordered))
         if not (plan := plan_iteration(rows, budget, decode, prefill)):
@@ -190,6 +194,19 @@ class BatchStep:
         landed = self._land(launch)
         self.last_cost = self._cost(time.perf_counter() - t_forward, launch.prompt_tokens, launch.decode_rows)
         return self._finish(t0, outputs + landed, launch.prompt_tokens, launch.decode_rows)
+
+    def _take(self, outputs: list[tuple[Row, Delta | None]], rows: list[Row], ids: list[int]) -> None:
+        """The pipeline read a step's tokens: accept them into `outputs`, and hand every delta so far to the event loop
+        at once where the next step has not started yet (`early`; a row that finished leaves the group when the
+        iteration lands). Raises nothing."""
+        outputs += [(r, self.accept(r, t)) for r, t in zip(rows, ids)]
+        if self.early is None or not self.pipeline.read_first:
+            return
+        deltas = [(r, d) for r, d in outputs if d is not None]
+        if deltas:
+            self.early(deltas)
+        self._posted += len(outputs)
+        outputs.clear()
 
     def _chained(self, t0: float, rows: list[Row], budget: int, prefill: bool) -> list[tuple[Row, Delta]]:
         """An iteration launched on top of the in-flight step: its rows' next tokens enter the forward unread;
@@ -356,7 +373,7 @@ class BatchStep:
             # This thread's puts, for the lane to take: with a step in flight, those of the iteration before (their
             # copies queued behind the step this one read), else all (nothing runs ahead of them).
             self.prefix_cache.settle(keep_latest=self.pipeline.inflight is not None)
-        dt, n_gen = time.perf_counter() - t0, len(outputs)
+        dt, n_gen = time.perf_counter() - t0, len(outputs) + self._posted
         self.record.counts = (n_prompt, n_gen)
         total = max(n_prompt + n_gen, 1)  # the step's time is split by token share (prompt vs generation rates)
         mixed = int(n_prompt > 0 and n_decode > 0) if mixed is None else mixed

@@ -276,13 +276,13 @@ async def test_logprobs_match_a_direct_forward_and_leave_batch_mates_alone(tiny_
     alone = await run_rows(make_group(tiny_loaded), mates, [0, 0])
     group = make_group(tiny_loaded, keep_mixed_in_flight=True)
     # The row's steps are pipelined like its mates': launched on tokens not yet read (the values queue beside them).
-    launch, on_unread = group.step.pipeline.launch, []
+    build, on_unread = group.step.pipeline.build, []
 
     def spy(rows, fed):
         on_unread.append(fed is not None and any(r.sampler.params.logprobs for r in rows))
-        return launch(rows, fed)
+        return build(rows, fed)
 
-    group.step.pipeline.launch = spy  # type: ignore[method-assign]
+    group.step.pipeline.build = spy  # type: ignore[method-assign]
     crowd = await run_rows(group, [mates[0], GenerationRequest(prompt, asked, max_tokens=12), mates[1]], [0, 1, 3])
     assert sum(on_unread) >= 5
     assert [tokens_of(crowd[0]), tokens_of(crowd[2])] == [tokens_of(alone[0]), tokens_of(alone[1])]

@@ -39,30 +39,44 @@ def test_mixed_steps_stay_in_flight_by_default_only_on_a_gpu(tiny_loaded) -> Non
 
 
 def spy(group) -> list[tuple[str, int]]:
-    """Record ("launch", id(tokens)) and ("read", id(tokens)) in call order."""
+    """Record ("launch", id(tokens)) as a step starts (built and started in one call, or started after its build) and
+    ("build", id(tokens)) and ("read", id(tokens)), in call order."""
     events: list[tuple[str, int]] = []
     pipe = group.step.pipeline
-    launch, read = pipe.launch, pipe.read
+    launch, build, start, read = pipe.launch, pipe.build, pipe.start, pipe.read
 
     alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
 
     def launch_spy(rows, fed):
-        out = launch(rows, fed)
-        alive.append(out)
-        events.append(("launch", id(out)))
+        out = build(rows, fed)  # the unspied build and start: one launch event
+        start(out)
+        alive.append(out[0])
+        events.append(("launch", id(out[0])))
+        return out[0]
+
+    def build_spy(rows, fed):
+        out = build(rows, fed)
+        alive.append(out[0])
+        events.append(("build", id(out[0])))
         return out
+
+    def start_spy(wanted):
+        start(wanted)
+        events.append(("launch", id(wanted[0])))
 
     def read_spy(tokens):
         alive.append(tokens)
         events.append(("read", id(tokens)))
         return read(tokens)
 
-    pipe.launch, pipe.read = launch_spy, read_spy
+    pipe.launch, pipe.build, pipe.start, pipe.read = launch_spy, build_spy, start_spy, read_spy
     return events
 
 
-async def test_next_step_is_launched_before_the_current_tokens_are_read(tiny_loaded) -> None:
+@pytest.mark.parametrize("read_first", [False, True])
+async def test_next_step_is_built_before_the_current_tokens_are_read(tiny_loaded, read_first: bool) -> None:
     group = pipelined_group(tiny_loaded)
+    group.step.pipeline.read_first = read_first
     events = spy(group)
     streams = [group.submit(GenerationRequest(prompt_of(n, n), GREEDY, max_tokens=12)) for n in (5, 8)]
     for _ in range(6):
@@ -71,10 +85,40 @@ async def test_next_step_is_launched_before_the_current_tokens_are_read(tiny_loa
     assert len(reads) >= 3
     for i in reads:
         launched = [t for kind, t in events[:i] if kind == "launch"]
-        # the array read now was launched earlier, and a later step (fed from it) is already launched
-        assert events[i][1] in launched[:-1] and launched[-1] != events[i][1]
+        assert events[i][1] in launched  # the array read now was started earlier
+        kind, later = events[i - 1]
+        assert kind == ("build" if read_first else "launch") and later != events[i][1]  # the step fed from it
+        if read_first:  # a CPU starts the next step only after the read (its start returns once it is nearly done)
+            assert events[i + 1] == ("launch", later)
     for s in streams:
         s.cancel()
+
+
+async def test_tokens_read_first_reach_the_stream_before_the_next_step_starts(tiny_loaded) -> None:
+    group = make_group(tiny_loaded)
+    group.step.pipeline.read_first = True
+    pipe = group.step.pipeline
+    start = pipe.start
+    stream = group.submit(GenerationRequest(prompt_of(6, 1), GREEDY, max_tokens=24))
+    got: list[int] = []
+    lag: list[int] = []
+
+    def start_spy(wanted):
+        got.extend(t for d in drain(stream) for t in d.token_ids)
+        row = stream._row
+        lag.append(len(row.generated) - len(row.unsent_ids) - len(got))  # shown but not yet in the stream
+        start(wanted)
+
+    pipe.start = start_spy  # type: ignore[method-assign]
+    while not row_done(stream):
+        await iterate(group)
+        got.extend(t for d in drain(stream) for t in d.token_ids)
+    assert len(lag) >= 10 and lag == [0] * len(lag)
+    assert len(got) == 24 and group.counters["generation_tokens"] == 24
+
+
+def row_done(stream) -> bool:
+    return stream._row.finished
 
 
 async def test_rows_of_different_lengths_match_mlx_lm_with_the_pipeline(tiny_loaded) -> None:
@@ -290,14 +334,14 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
     unread: set[int] = set()
     exposed: list[int] = []
     pipe, step, slots = group.step.pipeline, group.step, group.step.slots
-    launch, launch_plan, land, read, compact = pipe.launch, step._launch, step._land, pipe.read, slots.compact
+    build, launch_plan, land, read, compact = pipe.build, step._launch, step._land, pipe.read, slots.compact
     compactions: list[int] = []
     alive: list[object] = []  # arrays seen stay referenced, so no later array reuses their id
 
-    def launch_spy(rows, fed):
-        out = launch(rows, fed)
-        alive.append(out)
-        unread.add(id(out))
+    def build_spy(rows, fed):  # built counts as launched: a CPU reads first and starts the next step right after
+        out = build(rows, fed)
+        alive.append(out[0])
+        unread.add(id(out[0]))
         return out
 
     def launch_plan_spy(plan, lazy):
@@ -322,8 +366,8 @@ async def test_rows_leaving_do_not_stop_the_pipeline_and_the_slots_still_shrink(
         compactions.append(1)
         return compact()
 
-    pipe.launch, step._launch, step._land, pipe.read, slots.compact = (launch_spy, launch_plan_spy, land_spy, read_spy,
-                                                                       compact_spy)
+    pipe.build, step._launch, step._land, pipe.read, slots.compact = (build_spy, launch_plan_spy, land_spy, read_spy,
+                                                                      compact_spy)
     await run_checked(group, tiny_loaded, (5, 6, 7, 8), (6, 11, 16, 40), [0, 0, 0, 0])
     assert compactions, "the slot buffers never shrank"
     assert len(compactions) < 3

@@ -349,6 +349,8 @@ async def test_idle_time_between_requests_is_not_counted_as_a_loop_gap(tiny_load
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
         await run(1)
+        await group.settled()  # its last delta may go out before its step lands
+        await anyio.wait_all_tasks_blocked()  # the driver waits for work: idle
         first_of_second = len(since)
         await run(2)
         engine.close()
