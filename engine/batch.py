@@ -325,10 +325,12 @@ class LLMBatchGroup:
         self._landed(done, gap)
 
     def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
-        """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_end`."""
+        """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_end`, or one of
+        its rows ended (a row whose last delta went out early may have left `_active` already, with a lane landing)."""
         jobs = self.lane.jobs_done if self.lane is not None else 0
         done, steps = run_burst(lambda: self.step.measured(rows, 0, True, False),
-                                lambda posted: bool(self._burst_end(posted, jobs)), post, self.decode_burst)
+                                lambda posted: bool(self._burst_end(posted, jobs)) or any(r.ended for r in rows),
+                                post, self.decode_burst)
         self.counters["bursts"] += 1
         self.counters["burst_steps"] += steps
         return done
