@@ -34,6 +34,7 @@ from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
 from audio.window import Window, WindowRequest, WindowResult, unfed
+from engine.blas_threads import follow_speech
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ class WhisperScheduler:
         keep = n_ctx is not None and request.redo_whole  # the whole window's redo needs the log-mel
         window = Window(loaded, request, job, next(self._seq), scope=cancellation, mel=mel if keep else None)
         self._windows.append(window)
+        follow_speech(True)  # OpenBLAS keeps a core for the event loop while chat runs beside Whisper
         try:
             waited = False
             while not window.finished:
@@ -203,6 +205,8 @@ class WhisperScheduler:
             self._windows.remove(window)
         except ValueError:
             pass
+        if not self._windows:
+            follow_speech(False)
 
     # ---- one step (engine thread) ---------------------------------------------------------
     def _step(self) -> str:

@@ -6,8 +6,9 @@ from typing import Protocol
 
 import anyio
 
-from engine.blas_threads import follow_chat
+from engine.blas_threads import follow_chat, recheck
 from engine.contracts import ExecutionContext
+from engine.gemv_shim import GEMV_ROWS
 from engine.tasks import ExecutionTasks
 
 __all__ = ["ExecutionGroup", "drive_execution_group", "iteration_budget"]
@@ -73,12 +74,12 @@ def iteration_budget(group: ExecutionGroup) -> int:
 
 async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, context: ExecutionContext) -> None:
     """Advance `group` until it closes: one task, admission, one model step, then yield, per iteration."""
-    chat: bool | None = None  # whether chat ran at the last iteration: OpenBLAS's threads follow its changes
+    chat: tuple[bool, bool] | None = None  # whether chat ran at the last iteration, and wide: OpenBLAS's threads follow
     while not group.closed:
         group.prune()
         if not group.has_work():
-            if chat is not False:
-                chat = False
+            if chat != (False, False):
+                chat = (False, False)
                 follow_chat(False)  # nothing runs but what may come: speech alone may take every core
             await group.wait_for_work()
             continue
@@ -87,9 +88,12 @@ async def drive_execution_group(group: ExecutionGroup, lease: anyio.Lock, contex
                 await group.tasks.advance(context)
             group.admit()
             decoding, preparing = group.has_decoding(), group.has_preparing()
-            if chat != (decoding or preparing):
-                chat = decoding or preparing
-                follow_chat(chat)  # OpenBLAS's threads: a core for the event loop while chat runs
+            # GEMV_ROWS: narrower products are GEMVs (engine/gemv_shim.py), which a second BLAS thread does not speed up.
+            now = (decoding or preparing, preparing or group.running_tokens() > GEMV_ROWS)
+            if chat != now:
+                chat = now
+                follow_chat(*now)  # OpenBLAS's threads: a core for the event loop while chat shares the machine
+            recheck()  # ...and whether it does: the rest of the machine's load, sampled once a second
             if decoding and preparing and group.supports_mixed():
                 await group.advance_mixed(iteration_budget(group))
             elif preparing:

@@ -1,5 +1,6 @@
 """OpenBLAS's thread count follows chat (engine/blas_threads.py): every core while no chat row runs, all but one
-while chat decodes; a user's OPENBLAS_NUM_THREADS stands."""
+while chat decodes beside other work (Whisper windows, another busy process), every core again while chat has a
+quiet machine to itself; a user's OPENBLAS_NUM_THREADS stands."""
 
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ def fake_blas(monkeypatch) -> FakeOpenBLAS:
     monkeypatch.setattr(backend, "cores", lambda: 2)
     monkeypatch.setenv(backend.DEFAULTED_THREADS, "1")
     monkeypatch.setattr(blas_threads, "_current", None)
+    monkeypatch.setattr(blas_threads, "_chat", False)
+    monkeypatch.setattr(blas_threads, "_speech", False)
+    monkeypatch.setattr(blas_threads, "_speech_ended", -1e9)
+    monkeypatch.setattr(blas_threads, "others", blas_threads.OtherLoad(machine=lambda: None))  # never quiet
     return fake
 
 
@@ -107,3 +112,80 @@ async def test_an_engine_without_a_chat_model_gives_its_tasks_every_core(fake_bl
         await fake_blas.change()
         engine.close()
     assert fake_blas.set == [2]
+
+
+class Clock:
+    """Seconds of the machine's busy time and of this process's own, moved by hand."""
+
+    def __init__(self) -> None:
+        self.machine = 100.0
+        self.own = 10.0
+
+    def spend(self, machine: float, own: float) -> None:
+        self.machine += machine
+        self.own += own
+
+
+def test_other_load_is_the_machines_busy_time_less_this_processs_own() -> None:
+    clock = Clock()
+    load = blas_threads.OtherLoad(interval=1.0, machine=lambda: clock.machine, own=lambda: clock.own)
+    assert not load.sample(0.0) and not load.quiet  # a first reading: nothing to compare yet
+    clock.spend(1.9, 1.85)  # both cores busy, all of it ours
+    assert not load.sample(0.5)  # within the interval: no sample
+    assert load.sample(1.0) and load.quiet and load.cores == pytest.approx(0.05)
+    clock.spend(2.0, 1.0)  # another process took a core
+    assert load.sample(2.0) and not load.quiet and load.cores == pytest.approx(1.0)
+    assert not blas_threads.OtherLoad(machine=lambda: None).sample(5.0)  # no /proc: never quiet
+
+
+def test_chat_gets_every_core_only_on_a_quiet_machine_without_speech(fake_blas, monkeypatch) -> None:
+    clock = Clock()
+    load = blas_threads.OtherLoad(interval=1.0, machine=lambda: clock.machine, own=lambda: clock.own)
+    monkeypatch.setattr(blas_threads, "others", load)
+    times = iter(float(t) for t in range(100))
+    monkeypatch.setattr(blas_threads.time, "monotonic", lambda: next(times))
+    blas_threads.follow_chat(True)
+    assert fake_blas.threads == 1  # not yet known to be quiet
+    blas_threads.recheck()  # first reading
+    clock.spend(1.0, 0.98)
+    blas_threads.recheck()
+    assert fake_blas.threads == 2  # quiet: chat takes both cores
+    blas_threads.follow_chat(True, wide=False)
+    assert fake_blas.threads == 1  # one or two rows decoding: GEMVs, which a second thread does not speed up
+    blas_threads.follow_chat(True)
+    blas_threads.follow_speech(True)
+    assert fake_blas.threads == 1  # a Whisper window: a core back for the loop
+    blas_threads.follow_speech(False)
+    assert fake_blas.threads == 1  # speech still counts for a while after its last window
+    for _ in range(6):
+        clock.spend(1.0, 0.98)
+        blas_threads.recheck()
+    assert fake_blas.threads == 2
+    clock.spend(1.0, 0.2)  # another process got busy
+    blas_threads.recheck()
+    assert fake_blas.threads == 1 and fake_blas.set == [1, 2, 1, 2, 1, 2, 1]
+
+
+@pytest.mark.anyio
+async def test_the_driver_gives_chat_every_core_on_a_quiet_machine(tiny_loaded, fake_blas, monkeypatch) -> None:
+    from engine.runtime import Engine
+
+    # The rest of the machine uses nothing: every sample finds it quiet (no interval, so each iteration samples).
+    monkeypatch.setattr(blas_threads, "others", blas_threads.OtherLoad(interval=0.0, machine=lambda: 1.0,
+                                                                        own=lambda: 1.0))
+    engine = Engine(tiny_loaded, memory_budget=1 << 30)
+    seen: list[int] = []
+
+    async def one(salt: int) -> None:
+        async with engine.submit(GenerationRequest(prompt_of(5, salt), GREEDY, max_tokens=12)) as stream:
+            async for _ in stream:
+                seen.append(fake_blas.threads)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with anyio.create_task_group() as rows:  # three rows: wider than the GEMV shim's two
+            for salt in (1, 2, 3):
+                rows.start_soon(one, salt)
+        engine.close()
+    # One core back as chat began (the machine not yet sampled), both once it read quiet.
+    assert seen[0] == 1 and 2 in seen
