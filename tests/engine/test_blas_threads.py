@@ -88,11 +88,12 @@ async def test_the_driver_takes_a_core_back_for_chat_and_frees_it_when_idle(tiny
     assert seen and set(seen) == {1} and fake_blas.set == [2, 1, 2]
 
 
-def test_the_real_openblas_follows_when_ours_and_defaulted() -> None:
+def test_the_real_openblas_follows_when_ours_and_defaulted(monkeypatch) -> None:
     import os
 
     if backend._handle is None or os.environ.get(backend.DEFAULTED_THREADS) != "1" or backend.cores() < 2:
         pytest.skip("needs our OpenBLAS with its default thread count on 2+ cores")
+    monkeypatch.setattr(blas_threads, "others", blas_threads.OtherLoad(machine=lambda: None))  # chat shares it
     try:
         blas_threads.follow_chat(False)
         assert blas_threads.threads_now() == backend.cores()
