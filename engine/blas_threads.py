@@ -72,6 +72,7 @@ _chat = False
 _wide = False  # chat's products have more rows than the GEMV shim takes (a prompt, or > GEMV_ROWS rows decoding)
 _speech = False
 _speech_ended = -1e9  # monotonic time speech's last window ended
+_next_check = 0.0  # when `recheck` next samples and applies
 others = OtherLoad()
 
 
@@ -97,9 +98,13 @@ def follow_speech(computing: bool) -> None:
 
 def recheck() -> None:
     """While chat runs (engine/driver.py, each iteration): sample the machine's other load at most once a second
-    and apply what changed. Raises nothing."""
-    if _chat:
-        others.sample(time.monotonic())
+    and apply what changed (the speech hold's end too), nothing more per iteration than a clock read. Raises
+    nothing."""
+    global _next_check
+    now = time.monotonic()
+    if _chat and now >= _next_check:
+        _next_check = now + others.interval
+        others.sample(now)
         _apply()
 
 

@@ -45,6 +45,7 @@ def fake_blas(monkeypatch) -> FakeOpenBLAS:
     monkeypatch.setattr(blas_threads, "_chat", False)
     monkeypatch.setattr(blas_threads, "_speech", False)
     monkeypatch.setattr(blas_threads, "_speech_ended", -1e9)
+    monkeypatch.setattr(blas_threads, "_next_check", 0.0)
     monkeypatch.setattr(blas_threads, "others", blas_threads.OtherLoad(machine=lambda: None))  # never quiet
     return fake
 
