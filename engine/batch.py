@@ -8,8 +8,8 @@ rest of the budget the driver passes (a prompt larger than any budget takes seve
 run on the prefill lane beside the decode steps (engine/lane.py).
 
 Threading: an iteration's model work is one `context.run(step.measured, ...)` on the engine thread (engine/step.py),
-which returns plain Python. A decode-only iteration may be a burst of steps (`_burst`) whose results the loop
-publishes while the next one runs. This half runs on the event loop: it owns the row lists, publishes deltas with
+which returns plain Python. A decode-only iteration may be a burst of steps (engine/burst.py) whose results the
+loop publishes while the next one runs. This half runs on the event loop: it owns the row lists, publishes deltas with
 `send_nowait` into unbounded streams (a slow consumer never blocks the loop) and only mutates rows between steps.
 """
 
@@ -19,12 +19,12 @@ import functools
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any
 
 import anyio
 
 from engine.admission import KVAdmission, may_join
-from engine.burst import StepResult, run_burst
+from engine.burst import PREFIX_PUT, DecodeBursts, StepResult
 from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import EngineClosed, QueueFull
@@ -44,9 +44,6 @@ from engine.tasks import ExecutionTasks
 __all__ = ["LLMBatchGroup", "LLMRowStream", "Row"]
 
 _log = logging.getLogger(__name__)
-
-_PUT = "prefix-cache put"  # the group's own task; any other (a Whisper step) means the loop is shared
-
 
 class LLMBatchGroup:
     """Continuous batching over an mlx-lm model; implements engine.driver.ExecutionGroup."""
@@ -83,11 +80,7 @@ class LLMBatchGroup:
         self.max_active = max_active
         self.max_queued = max_queued  # rows waiting for admission beyond this are refused (QueueFull)
         self.max_iteration_tokens = max_iteration_tokens  # read-only, as engine/driver.py's ExecutionGroup says
-        self.decode_burst = decode_burst
-        # No bursts for this long after another subsystem's task ran (live speech): a burst keeps the engine
-        # thread in Python, and a loop busy with audio then gets less GIL time (H200: chat p99 beside 4 live
-        # sessions 19.2 ms with bursts, 15.0 ms without, one call).
-        self.task_quiet_seconds = 1.0
+        self.bursts = DecodeBursts(self, decode_burst)
         self.minimum_preparation_tokens = minimum_preparation_tokens
         self.prefix_cache = prefix_cache
         self.max_kv_tokens = max_kv_tokens
@@ -205,6 +198,12 @@ class LLMBatchGroup:
             row.state = RowState.ACTIVE
             self._active.append(self._queue.popleft())
 
+    def may_join(self) -> bool:
+        return bool(self._queue) and len(self._active) < self.max_active
+
+    def any_ended(self) -> bool:
+        return any(r.ended for r in self._active)
+
     def has_decoding(self) -> bool:
         return any(r.decoding and not r.in_lane for r in self._active)
 
@@ -304,13 +303,12 @@ class LLMBatchGroup:
         if gap is not None:
             self.counters["loop_gap_seconds"] += gap
         try:
-            # Another subsystem's task ran lately (not the group's own prefix-cache puts): the loop is shared.
-            shared = self.tasks.ran_within(self.task_quiet_seconds, besides=_PUT)
             call = loop_caller()
             if self.step.pipeline.read_first:  # tokens read inside the step are published at once (engine/step.py)
                 self.step.early = functools.partial(call, self._publish_early)
-            if decode and not prefill and self.decode_burst > 1 and not shared:
-                done = await self.context.run(self._burst, rows, functools.partial(call, self._landed))
+            if decode and not prefill and self.bursts.may_run():
+                step = functools.partial(self.step.measured, rows, 0, True, False)
+                done = await self.context.run(self.bursts.run, rows, step, functools.partial(call, self._landed))
             else:
                 done = await self.context.run(self.step.measured, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop
@@ -323,35 +321,6 @@ class LLMBatchGroup:
         # As the event loop saw it, hand-off included (less a burst's earlier steps, recorded as they ran).
         done.seconds = self._last_step_end - start - done.earlier
         self._landed(done, gap)
-
-    def _burst(self, rows: list[Row], post: Callable[[StepResult], None]) -> StepResult:
-        """Engine thread: decode steps back to back over the same rows (engine/burst.py) until `_burst_end`, or one of
-        its rows ended (a row whose last delta went out early may have left `_active` already, with a lane landing)."""
-        jobs = self.lane.jobs_done if self.lane is not None else 0
-        done, steps = run_burst(lambda: self.step.measured(rows, 0, True, False),
-                                lambda posted: bool(self._burst_end(posted, jobs)) or any(r.ended for r in rows),
-                                post, self.decode_burst)
-        self.counters["bursts"] += 1
-        self.counters["burst_steps"] += steps
-        return done
-
-    def _burst_end(self, posted: StepResult | None, lane_jobs: int) -> str | None:
-        """What waits for the loop, if anything: the group closes, a task (a Whisper step) or a request with room
-        to join is queued (with every row busy only a finish frees one), a row ended (its KV is freed between
-        steps, cancelled ones too), the loop has not yet published the step posted before (it is busy: running
-        further ahead would only batch tokens up and take its GIL time), or a lane job ended since the burst began
-        (`lane_jobs`: the count then; its rows join the decode steps)."""
-        if self._closed:
-            return "closed"
-        if self.tasks.pending:
-            return "task"
-        if self._queue and len(self._active) < self.max_active:
-            return "join"
-        if any(r.ended for r in self._active):
-            return "ended"
-        if posted is not None and not posted.published:
-            return "behind"
-        return "lane" if self.lane is not None and self.lane.jobs_done != lane_jobs else None
 
     def _landed(self, done: StepResult, gap: float | None = None) -> None:
         """Event loop: record one step's cost and publish its deltas (rows that finished leave)."""
@@ -419,6 +388,6 @@ class LLMBatchGroup:
             self.counters["cancelled_rows"] += 1
         if self.step.kv.keeps(row):
             # Its KV still helps the next turn: stored by a task on the engine thread before the next step.
-            self.tasks.enqueue(lambda: self.step.kv.put(row), label=_PUT)
+            self.tasks.enqueue(lambda: self.step.kv.put(row), label=PREFIX_PUT)
         else:
             self.step.kv.release(row)

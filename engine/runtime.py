@@ -225,9 +225,9 @@ class Engine:
                              "fixed_ms": _ms(pacer.fixed_seconds),
                              "token_us": _ms(pacer.token_seconds, 1e6)}
             out["iteration_times"] = group.iteration_times.snapshot()
-            # Decode steps the engine thread ran back to back (engine/batch.py `_burst`): steps / bursts is how far
+            # Decode steps the engine thread ran back to back (engine/burst.py): steps / bursts is how far
             # one went before a request, a task, a finish or a busy loop ended it.
-            out["decode_bursts"] = {"limit": group.decode_burst, "bursts": int(c["bursts"]),
+            out["decode_bursts"] = {"limit": group.bursts.limit, "bursts": int(c["bursts"]),
                                     "steps": int(c["burst_steps"])}
             # Decode-only steps run mx.compile'd per shape (engine/compiled_decode.py): shapes traced, and what those
             # traces cost the steps that made them.

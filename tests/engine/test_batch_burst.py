@@ -1,4 +1,4 @@
-"""Decode bursts (engine/batch.py `_burst`): the engine thread runs decode steps back to back while nothing
+"""Decode bursts (engine/burst.py `DecodeBursts`): the engine thread runs decode steps back to back while nothing
 else waits, streams each step's tokens meanwhile, and hands the loop back within one step when a request,
 a task (a Whisper step) or a cancel arrives. Real engine thread, tiny llama."""
 
@@ -24,7 +24,7 @@ class StepLog:
         self.steps = 0
         self.handoffs = 0
         self.ends: list[str | None] = []
-        step_run, thread_run, why = engine.group.step.run, engine.thread.run, engine.group._burst_end
+        step_run, thread_run, why = engine.group.step.run, engine.thread.run, engine.group.bursts.end
 
         def step(rows: list[Any], *args: Any) -> Any:
             self.steps += 1
@@ -41,7 +41,7 @@ class StepLog:
 
         engine.group.step.run = step  # type: ignore[method-assign]
         engine.thread.run = handoff  # type: ignore[method-assign]
-        engine.group._burst_end = burst_end  # type: ignore[method-assign]
+        engine.group.bursts.end = burst_end  # type: ignore[method-assign]
 
     @property
     def planned_handoffs(self) -> int:
@@ -187,7 +187,7 @@ async def test_a_burst_runs_at_most_one_step_ahead_of_a_busy_loop(tiny_loaded) -
 @pytest.mark.parametrize("label", ["whisper.step", "prefix-cache put"])
 async def test_no_bursts_while_another_subsystem_shares_the_loop(tiny_loaded, label: str) -> None:
     engine = Engine(tiny_loaded, decode_burst=16)
-    engine.group.task_quiet_seconds = 3600.0  # "lately" spans the whole test, however slow the machine
+    engine.group.bursts.task_quiet_seconds = 3600.0  # "lately" spans the whole test, however slow the machine
     log = StepLog(engine)
     await serve_one(engine, tiny_loaded, prompt_of(8, 6), 40,
                     before=lambda: engine.tasks.run(lambda: None, label=label))
