@@ -79,6 +79,7 @@ class CompiledDecode:
         # the output projection's weight when its norm folds into it too (only looked up where the layers fold)
         self._lm_weight = _lm_weight(runner) if self._plain is not None else None
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)
+        self.fused_steps = 0  # steps run through the fused matrix-vector kernels (/stats: whether they serve here)
         self.trace_seconds = 0.0  # host time of the steps that traced a new shape
 
     def serves(self) -> bool:
@@ -96,7 +97,8 @@ class CompiledDecode:
         if batch.padded:  # rows standing in free slots: token 0 (their outputs are dropped below)
             ids = mx.concatenate([ids, mx.zeros((batch.padded,), mx.int32)])
         shape = (rows + batch.padded, slots.slots, slots.capacity)
-        self._folds(shape[0])  # its self-test runs here, outside any trace
+        if self._folds(shape[0]):  # its self-test runs here, outside any trace
+            self.fused_steps += 1
         traces = self.traces
         fn = self._function(shape)
         t0 = time.perf_counter()

@@ -233,7 +233,8 @@ class Engine:
             # traces cost the steps that made them.
             compiled = getattr(group.step.runner, "compiled", None)
             out["compiled_decode"] = {"on": compiled is not None, "traces": compiled.traces if compiled else 0,
-                                      "trace_seconds": round(compiled.trace_seconds, 3) if compiled else 0.0}
+                                      "trace_seconds": round(compiled.trace_seconds, 3) if compiled else 0.0,
+                                      "fused_steps": compiled.fused_steps if compiled else 0}
             # Prompt chunks on their own engine thread beside the decode steps (engine/batch.py), where on.
             # waits_for_decode: the lane's pauses while a decode step was being built (engine/lane.py DecodeFirst).
             lane = group.lane

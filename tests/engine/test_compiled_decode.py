@@ -20,6 +20,20 @@ def compiled_on(monkeypatch):
     monkeypatch.setenv("TANDEM_DECODE_COMPILE", "on")
 
 
+@pytest.fixture
+def runners(monkeypatch) -> list[PackedRunner]:
+    """Every PackedRunner built during the test (check_schedule builds its own)."""
+    built: list[PackedRunner] = []
+    real_init = PackedRunner.__init__
+
+    def init(self, model):
+        real_init(self, model)
+        built.append(self)
+
+    monkeypatch.setattr(PackedRunner, "__init__", init)
+    return built
+
+
 def test_on_by_default_only_on_cuda(tiny_loaded, monkeypatch) -> None:
     monkeypatch.delenv("TANDEM_DECODE_COMPILE", raising=False)
     cuda = mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
@@ -44,15 +58,7 @@ def test_without_the_decode_kernel_steps_are_built_unless_forced(tiny_loaded, mo
         assert runner.compiled is not None and (runner.compiled.traces > 0) == compiled
 
 
-def test_compiled_schedule_matches_per_row_caches_llama(tiny_loaded, compiled_on, monkeypatch) -> None:
-    runners: list[PackedRunner] = []
-    real_init = PackedRunner.__init__
-
-    def init(self, model):
-        real_init(self, model)
-        runners.append(self)
-
-    monkeypatch.setattr(PackedRunner, "__init__", init)
+def test_compiled_schedule_matches_per_row_caches_llama(tiny_loaded, compiled_on, runners) -> None:
     check_schedule(tiny_loaded.model)
     assert runners[0].compiled is not None and runners[0].compiled.traces >= 1  # the repeated steps ran compiled
 
@@ -151,9 +157,11 @@ async def test_the_engine_serves_compiled_steps_and_stats_count_their_traces(tin
         engine.close()
     assert got == reference(tiny_loaded.model, prompt, 24)
     assert stats["on"] and stats["traces"] >= 1 and stats["trace_seconds"] > 0
+    assert stats["fused_steps"] == 0  # the fused kernels are CUDA's: none served here
 
 
-def test_steps_of_few_rows_fold_norms_adds_and_swiglu_into_the_kernels(tmp_path, compiled_on, monkeypatch) -> None:
+def test_steps_of_few_rows_fold_norms_adds_and_swiglu_into_the_kernels(tmp_path, compiled_on, runners,
+                                                                       monkeypatch) -> None:
     # The kernels run on CUDA only; here MLX's own ops stand in for them, so what this checks is the wiring (which
     # norm, weight and residual each kernel gets): every logit still equals mlx-lm's per-row forward.
     from mlx_lm.models.activations import swiglu
@@ -179,13 +187,16 @@ def test_steps_of_few_rows_fold_norms_adds_and_swiglu_into_the_kernels(tmp_path,
         calls.append(("project_add", x.shape[0]))
         return h + x @ w.T
 
-    monkeypatch.setattr(fused_gemv, "enabled", lambda: True)  # as on CUDA with TANDEM_FUSED_GEMV=on
+    monkeypatch.setattr(fused_gemv, "enabled", lambda: True)  # as on CUDA
     monkeypatch.setattr(fused_gemv, "available", lambda dtype, hidden, inter, rows: rows <= fused_gemv.MAX_ROWS)
     for fn in (norm_project, norm_swiglu, project_add):
         monkeypatch.setattr(fused_gemv, fn.__name__, fn)
     check_schedule(model)
     kinds = Counter(name for name, _ in calls)
     layers = len(model.model.layers)
+    compiled = runners[0].compiled
+    # Python runs the step on a shape's first step and as it traces: every such call is a fused step, compiled ones too.
+    assert compiled is not None and compiled.fused_steps >= kinds["norm_swiglu"] // layers
     assert kinds["norm_swiglu"] and kinds["project_add"] == 2 * kinds["norm_swiglu"]
     assert kinds["norm_project"] == kinds["norm_swiglu"] * (layers + 1) // layers  # the output projection's too
     assert max(rows for _, rows in calls) <= fused_gemv.MAX_ROWS
@@ -204,16 +215,21 @@ def test_a_llama_model_is_folded_with_its_widths_and_output_projection(tiny_load
     assert compiled_decode._lm_weight(runner) is want
 
 
-def test_the_fused_kernels_serve_only_when_asked_for(monkeypatch) -> None:
-    # Measured on the H200 they read weights slower than MLX's gemv (bench/RESULTS.md): a switch, not a default.
+def test_the_fused_kernels_serve_by_default_on_cuda_only(monkeypatch) -> None:
+    # Over HTTP on the H200 they served every scenario faster (bench/RESULTS.md): on by default, off by the switch.
     from engine import fused_gemv
 
     monkeypatch.setattr(fused_gemv, "on_gpu", lambda: True)
     monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: True)
     monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    assert fused_gemv.enabled()
+    monkeypatch.setenv("TANDEM_FUSED_GEMV", "off")
     assert not fused_gemv.enabled()
     monkeypatch.setenv("TANDEM_FUSED_GEMV", "on")
     assert fused_gemv.enabled()
+    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: False)  # no CUDA: never, whatever the switch
+    assert not fused_gemv.enabled()
+    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: True)
     monkeypatch.setattr(fused_gemv, "_checked", {(fused_gemv.mx.bfloat16, 2048, 8192, 1): True})
     assert fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, 1)
     assert not fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, fused_gemv.MAX_ROWS + 1)
