@@ -26,7 +26,8 @@ fi
 if [ -z "${SKIP_TESTS:-}" ]; then
   step "tests"
   timeout ${TESTS_S:-120} python3 -m pytest -q -p no:cacheprovider tests/engine/test_compiled_decode.py \
-    tests/engine/test_slots.py tests/engine/test_decode_attention.py tests/engine/test_pipeline.py > "$OUT/tests.log" 2>&1
+    tests/engine/test_slots.py tests/engine/test_decode_attention.py tests/engine/test_pipeline.py \
+    tests/engine/test_fused_gemv.py > "$OUT/tests.log" 2>&1
   tail -5 "$OUT/tests.log"
 fi
 for mode in ${ORDER:-off on}; do

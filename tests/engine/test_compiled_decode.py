@@ -214,24 +214,3 @@ def test_a_llama_model_is_folded_with_its_widths_and_output_projection(tiny_load
     want = model.model.embed_tokens.weight if model.args.tie_word_embeddings else model.lm_head.weight
     assert compiled_decode._lm_weight(runner) is want
 
-
-def test_the_fused_kernels_serve_by_default_on_cuda_only(monkeypatch) -> None:
-    # Over HTTP on the H200 they served every scenario faster (bench/RESULTS.md): on by default, off by the switch.
-    from engine import fused_gemv
-
-    monkeypatch.setattr(fused_gemv, "on_gpu", lambda: True)
-    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: True)
-    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
-    assert fused_gemv.enabled()
-    monkeypatch.setenv("TANDEM_FUSED_GEMV", "off")
-    assert not fused_gemv.enabled()
-    monkeypatch.setenv("TANDEM_FUSED_GEMV", "on")
-    assert fused_gemv.enabled()
-    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: False)  # no CUDA: never, whatever the switch
-    assert not fused_gemv.enabled()
-    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(fused_gemv, "_checked", {(fused_gemv.mx.bfloat16, 2048, 8192, 1): True})
-    assert fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, 1)
-    assert not fused_gemv.available(fused_gemv.mx.bfloat16, 2048, 8192, fused_gemv.MAX_ROWS + 1)
-    assert not fused_gemv.available(fused_gemv.mx.float32, 2048, 8192, 1)  # 16-byte loads of 2-byte floats
-    assert not fused_gemv.available(fused_gemv.mx.bfloat16, 576, 1536, 1)  # widths in whole 256s only

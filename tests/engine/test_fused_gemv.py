@@ -1,0 +1,102 @@
+"""The fused matrix-vector kernels (engine/fused_gemv.py): where they may serve, and on CUDA what they compute and
+that a served engine runs its few-row decode steps through them (their default there). The CUDA tests skip
+elsewhere; bench/gpu/compile_h200.sh runs them on the H200."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from engine import fused_gemv
+from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+ON_CUDA = mx.default_device().type == mx.DeviceType.gpu and mx.cuda.is_available()
+cuda_only = pytest.mark.skipif(not ON_CUDA, reason="the kernels run on CUDA only")
+
+
+@pytest.mark.parametrize("gpu", [True, False])  # Metal's GPU, a CPU
+def test_never_served_without_cuda_whatever_the_switch(monkeypatch, gpu: bool) -> None:
+    monkeypatch.setattr(fused_gemv, "on_gpu", lambda: gpu)
+    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: False)
+    for choice in ("on", "auto", "off"):
+        monkeypatch.setenv("TANDEM_FUSED_GEMV", choice)
+        assert not fused_gemv.enabled()
+        assert not fused_gemv.available(mx.bfloat16, 2048, 8192, 1)
+
+
+def test_the_fused_kernels_serve_by_default_on_cuda_only(monkeypatch) -> None:
+    # Over HTTP on the H200 they served every scenario faster (bench/RESULTS.md): on by default, off by the switch.
+    monkeypatch.setattr(fused_gemv, "on_gpu", lambda: True)
+    monkeypatch.setattr(fused_gemv.mx.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    assert fused_gemv.enabled()
+    monkeypatch.setenv("TANDEM_FUSED_GEMV", "off")
+    assert not fused_gemv.enabled()
+    monkeypatch.setenv("TANDEM_FUSED_GEMV", "on")
+    assert fused_gemv.enabled()
+    monkeypatch.setattr(fused_gemv, "_checked", {(mx.bfloat16, 2048, 8192, 1): True})
+    assert fused_gemv.available(mx.bfloat16, 2048, 8192, 1)
+    assert not fused_gemv.available(mx.bfloat16, 2048, 8192, fused_gemv.MAX_ROWS + 1)
+    assert not fused_gemv.available(mx.float32, 2048, 8192, 1)  # 16-byte loads of 2-byte floats
+    assert not fused_gemv.available(mx.bfloat16, 576, 1536, 1)  # widths in whole 256s only
+
+
+def test_the_reference_is_the_llama_layer_ops() -> None:
+    from mlx_lm.models.activations import swiglu
+
+    keys = mx.random.split(mx.random.key(3), 6)
+    x, h = (mx.random.normal((2, 32), key=keys[i]) for i in (0, 1))
+    g = 1 + 0.1 * mx.random.normal((32,), key=keys[2])
+    w_qkv, w_gu, w_down = (mx.random.normal(s, key=keys[3 + i]) for i, s in enumerate([(24, 32), (96, 32), (32, 48)]))
+    got = fused_gemv.reference(x, g, 1e-5, w_qkv, w_gu, w_down, h)
+    n = mx.fast.rms_norm(x, g, 1e-5)
+    a = swiglu(n @ w_gu[:48].T, n @ w_gu[48:].T)
+    for u, v in zip(got, [n @ w_qkv.T, a, h + a @ w_down.T]):
+        assert mx.allclose(u, v, rtol=1e-5, atol=1e-5).item()
+
+
+@cuda_only
+@pytest.mark.parametrize("rows", range(1, fused_gemv.MAX_ROWS + 1))
+@pytest.mark.parametrize("widths", [(2048, 8192), (256, 768)])
+def test_the_kernels_match_mlx_ops_on_cuda(monkeypatch, rows: int, widths: tuple[int, int]) -> None:
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)  # the default
+    hidden, inter = widths
+    assert fused_gemv.available(mx.bfloat16, hidden, inter, rows)  # its self-test passed
+    keys = mx.random.split(mx.random.key(rows), 6)
+    s = hidden ** -0.5
+    x = (mx.random.normal((rows, hidden), key=keys[0]) * 2).astype(mx.bfloat16)
+    g = (1 + 0.1 * mx.random.normal((hidden,), key=keys[1])).astype(mx.bfloat16)
+    w_qkv = (mx.random.normal((3 * hidden, hidden), key=keys[2]) * s).astype(mx.bfloat16)
+    w_gu = (mx.random.normal((2 * inter, hidden), key=keys[3]) * s).astype(mx.bfloat16)
+    w_down = (mx.random.normal((hidden, inter), key=keys[4]) * inter ** -0.5).astype(mx.bfloat16)
+    h = mx.random.normal((rows, hidden), key=keys[5]).astype(mx.bfloat16)
+    want = fused_gemv.reference(x, g, 1e-5, w_qkv, w_gu, w_down, h)
+    a = fused_gemv.norm_swiglu(x, g, 1e-5, w_gu)
+    got = [fused_gemv.norm_project(x, g, 1e-5, w_qkv), a, fused_gemv.project_add(a, w_down, h)]
+    for u, v in zip(got, want):
+        u, v = u.astype(mx.float32), v.astype(mx.float32)
+        assert (mx.abs(u - v).max() / mx.abs(v).max()).item() <= 2e-2
+
+
+@cuda_only
+@pytest.mark.anyio
+async def test_a_served_bf16_llama_decodes_through_the_kernels_by_default(tmp_path, monkeypatch) -> None:
+    import anyio
+
+    from engine.contracts import GenerationRequest
+    from engine.runtime import Engine
+    from tests.engine.test_runtime import GREEDY, prompt_of
+
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    loaded = load_tiny_llm(build_tiny_llm(tmp_path, hidden_size=256, intermediate_size=768, num_heads=4,
+                                          num_kv_heads=2))
+    loaded.model.set_dtype(mx.bfloat16)  # the kernels read 2-byte floats, as real checkpoints hold them
+    engine = Engine(loaded, memory_budget=1 << 30)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with engine.submit(GenerationRequest(prompt_of(7, 4), GREEDY, max_tokens=16)) as stream:
+            deltas = [d async for d in stream]
+        stats = engine.stats()["compiled_decode"]
+        engine.close()
+    assert sum(len(d.token_ids) for d in deltas) == 16 and deltas[-1].finish_reason == "length"
+    assert stats["on"] and stats["fused_steps"] >= 10  # the decode steps after the first few ran through them
