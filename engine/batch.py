@@ -198,7 +198,7 @@ class LLMBatchGroup:
             row.state = RowState.ACTIVE
             self._active.append(self._queue.popleft())
 
-    def may_join(self) -> bool:
+    def room_to_join(self) -> bool:
         return bool(self._queue) and len(self._active) < self.max_active
 
     def any_ended(self) -> bool:

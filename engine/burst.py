@@ -59,7 +59,7 @@ class BurstHost(Protocol):
     @property
     def closed(self) -> bool: ...
 
-    def may_join(self) -> bool:
+    def room_to_join(self) -> bool:
         """A queued request has a free row to join (with every row busy only a finish frees one)."""
         ...
 
@@ -104,7 +104,7 @@ class DecodeBursts:
             return "closed"
         if host.tasks.pending:
             return "task"
-        if host.may_join():
+        if host.room_to_join():
             return "join"
         if host.any_ended():
             return "ended"
