@@ -189,8 +189,8 @@ _checked: dict[tuple[Any, int, int, int], bool] = {}  # (dtype, hidden, intermed
 
 def enabled() -> bool:
     """Whether the kernels may serve here: a CUDA device, unless TANDEM_FUSED_GEMV=off. Raises nothing."""
-    # Each kernel reads its weights 10-40 % slower than MLX's gemv, but saves launches: over HTTP on the H200 c1 +14-30 %,
-    # c8 +12-20 %, poisson8's ITL p99 -19-32 %, c64 +4-7 %, nothing slower (bench/RESULTS.md, thirty-second session).
+    # Each kernel reads its weights 10-40 % slower than MLX's gemv, but saves launches: over HTTP on the H200 c1
+    # +14-30 %, c8 +12-20 %, poisson8's ITL p99 -19-32 %, c64 +4-7 %, nothing slower (bench/RESULTS.md, 32nd session).
     if os.environ.get("TANDEM_FUSED_GEMV", "auto").lower() == "off":
         return False
     return on_gpu() and mx.cuda.is_available()
