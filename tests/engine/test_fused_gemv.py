@@ -83,18 +83,20 @@ def test_the_kernels_match_mlx_ops_on_cuda(monkeypatch, rows: int, widths: tuple
 async def test_a_served_bf16_llama_decodes_through_the_kernels_by_default(tmp_path, monkeypatch) -> None:
     import anyio
 
-    from engine.contracts import GenerationRequest
+    from engine.contracts import GenerationRequest, SamplingParams
     from engine.runtime import Engine
-    from tests.engine.test_runtime import GREEDY, prompt_of
+    from tests.engine.test_runtime import prompt_of
 
     monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
     loaded = load_tiny_llm(build_tiny_llm(tmp_path, hidden_size=256, intermediate_size=768, num_heads=4,
                                           num_kv_heads=2))
     loaded.model.set_dtype(mx.bfloat16)  # the kernels read 2-byte floats, as real checkpoints hold them
+    mx.eval(loaded.model.parameters())  # cast here: lazy casts would belong to this thread's stream, not the engine's
     engine = Engine(loaded, memory_budget=1 << 30)
+    greedy = SamplingParams(temperature=0.0, logit_bias={loaded.tokenizer.eos_token_id: -100.0})  # all 16 tokens
     async with anyio.create_task_group() as tg:
         tg.start_soon(engine.serve)
-        async with engine.submit(GenerationRequest(prompt_of(7, 4), GREEDY, max_tokens=16)) as stream:
+        async with engine.submit(GenerationRequest(prompt_of(7, 4), greedy, max_tokens=16)) as stream:
             deltas = [d async for d in stream]
         stats = engine.stats()["compiled_decode"]
         engine.close()
