@@ -161,36 +161,17 @@ async def test_the_engine_serves_compiled_steps_and_stats_count_their_traces(tin
 
 
 def test_steps_of_few_rows_fold_norms_adds_and_swiglu_into_the_kernels(tmp_path, compiled_on, runners,
-                                                                       monkeypatch) -> None:
+                                                                       stand_in_kernels) -> None:
     # The kernels run on CUDA only; here MLX's own ops stand in for them, so what this checks is the wiring (which
     # norm, weight and residual each kernel gets): every logit still equals mlx-lm's per-row forward.
-    from mlx_lm.models.activations import swiglu
-
     from engine import fused_gemv
 
+    calls = stand_in_kernels
     model, _ = load(str(build_tiny_llm(tmp_path)))
     norms = [n for la in model.model.layers for n in (la.input_layernorm, la.post_attention_layernorm)]
     for i, norm in enumerate([*norms, model.model.norm]):  # norms as trained ones are: no two alike (init: ones)
         norm.weight = 1 + 0.5 * mx.random.normal(norm.weight.shape, key=mx.random.key(i))
 
-    calls: list[tuple[str, int]] = []
-
-    def norm_project(x, g, eps, w):
-        calls.append(("norm_project", x.shape[0]))
-        return mx.fast.rms_norm(x, g, eps) @ w.T
-
-    def norm_swiglu(x, g, eps, w):
-        calls.append(("norm_swiglu", x.shape[0]))
-        return swiglu(*mx.split(mx.fast.rms_norm(x, g, eps) @ w.T, 2, axis=-1))
-
-    def project_add(x, w, h):
-        calls.append(("project_add", x.shape[0]))
-        return h + x @ w.T
-
-    monkeypatch.setattr(fused_gemv, "enabled", lambda: True)  # as on CUDA
-    monkeypatch.setattr(fused_gemv, "available", lambda dtype, hidden, inter, rows: rows <= fused_gemv.MAX_ROWS)
-    for fn in (norm_project, norm_swiglu, project_add):
-        monkeypatch.setattr(fused_gemv, fn.__name__, fn)
     check_schedule(model)
     kinds = Counter(name for name, _ in calls)
     layers = len(model.model.layers)

@@ -78,16 +78,15 @@ def test_the_kernels_match_mlx_ops_on_cuda(monkeypatch, rows: int, widths: tuple
         assert (mx.abs(u - v).max() / mx.abs(v).max()).item() <= 2e-2
 
 
-@cuda_only
-@pytest.mark.anyio
-async def test_a_served_bf16_llama_decodes_through_the_kernels_by_default(tmp_path, monkeypatch) -> None:
+async def serve_bf16_llama(tmp_path) -> tuple[int, str | None, dict]:
+    """A tiny llama cast to bf16 with widths in 256s, served (TANDEM_FUSED_GEMV unset): 16 greedy tokens. Returns
+    (tokens, the last finish reason, /stats compiled_decode)."""
     import anyio
 
     from engine.contracts import GenerationRequest, SamplingParams
     from engine.runtime import Engine
     from tests.engine.test_runtime import prompt_of
 
-    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
     loaded = load_tiny_llm(build_tiny_llm(tmp_path, hidden_size=256, intermediate_size=768, num_heads=4,
                                           num_kv_heads=2))
     loaded.model.set_dtype(mx.bfloat16)  # the kernels read 2-byte floats, as real checkpoints hold them
@@ -100,5 +99,23 @@ async def test_a_served_bf16_llama_decodes_through_the_kernels_by_default(tmp_pa
             deltas = [d async for d in stream]
         stats = engine.stats()["compiled_decode"]
         engine.close()
-    assert sum(len(d.token_ids) for d in deltas) == 16 and deltas[-1].finish_reason == "length"
+    return sum(len(d.token_ids) for d in deltas), deltas[-1].finish_reason, stats
+
+
+@pytest.mark.anyio
+async def test_a_served_engine_counts_the_steps_the_kernels_ran(tmp_path, monkeypatch, stand_in_kernels) -> None:
+    # Any machine: compiled steps forced on, MLX's ops standing in for the kernels (the wiring to /stats).
+    monkeypatch.setenv("TANDEM_DECODE_COMPILE", "on")
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    tokens, finish, stats = await serve_bf16_llama(tmp_path)
+    assert (tokens, finish) == (16, "length")
+    assert stats["on"] and stats["fused_steps"] >= 15  # every decode step after the prompt's
+
+
+@cuda_only
+@pytest.mark.anyio
+async def test_a_served_bf16_llama_decodes_through_the_kernels_by_default(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    tokens, finish, stats = await serve_bf16_llama(tmp_path)
+    assert (tokens, finish) == (16, "length")
     assert stats["on"] and stats["fused_steps"] >= 10  # the decode steps after the first few ran through them
