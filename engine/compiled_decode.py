@@ -75,7 +75,8 @@ class CompiledDecode:
         self._compiled: OrderedDict[Shape, Callable[..., Any]] = OrderedDict()
         self._last: Shape | None = None  # the previous decode step's shape
         # (hidden, intermediate) when the fused matrix-vector kernels are asked for and fit its layers
-        self._plain = _plain_llama(runner) if fused_gemv.enabled() else None
+        plain = _plain_llama(runner) if fused_gemv.enabled() else None
+        self._plain = plain if plain is not None and fused_gemv.suits(plain[0]) else None
         # the output projection's weight when its norm folds into it too (only looked up where the layers fold)
         self._lm_weight = _lm_weight(runner) if self._plain is not None else None
         self.traces = 0  # shapes compiled so far (tests, bench/step_profile.py)

@@ -6,7 +6,7 @@ Five of them are norms, residual adds and the SwiGLU product that only feed or f
 these kernels do them inside it. `norm_project`: rms_norm(x) @ W.T — the norm's scale factors out of each dot product, so every warp sums x's
 squares as it reads x for its own row, no second pass. `norm_swiglu`: silu(n @ Wg.T) * (n @ Wu.T) from the fused
 gate/up weight. `project_add`: h + x @ W.T. Each warp a few output rows, 16-byte loads, float32 sums. Used on CUDA
-only (by default; TANDEM_FUSED_GEMV=off turns them off), and only after a self-test on the device against MLX's ops.
+only (by default for models up to 2,048 wide; TANDEM_FUSED_GEMV=off | on), after a self-test against MLX's ops.
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ import mlx.core as mx
 from engine.accelerator import on_gpu
 from engine.device_scalars import float32_scalar
 
-__all__ = ["MAX_ROWS", "available", "enabled", "layout", "norm_project", "norm_swiglu", "project_add", "reference"]
+__all__ = ["AUTO_MAX_HIDDEN", "MAX_ROWS", "available", "enabled", "layout", "norm_project", "norm_swiglu",
+           "project_add", "reference", "suits"]
 
 _log = logging.getLogger(__name__)
 
 MAX_ROWS = 4  # decode rows these kernels serve (each row's sums are registers of every lane)
+# Unasked, models up to this hidden width only: measured faster there (the 1B shape). A wider model's decode step waits
+# on the device more than on launches, and there the kernels' slower reads may cost more than the launches they save.
+AUTO_MAX_HIDDEN = 2048
 WARPS = 8  # warps a block
 
 _HEADER = r"""
@@ -194,6 +198,12 @@ def enabled() -> bool:
     if os.environ.get("TANDEM_FUSED_GEMV", "auto").lower() == "off":
         return False
     return on_gpu() and mx.cuda.is_available()
+
+
+def suits(hidden: int) -> bool:
+    """Whether a model `hidden` wide gets the kernels: up to AUTO_MAX_HIDDEN unless TANDEM_FUSED_GEMV=on asks for them
+    at any width (`enabled` says whether they may serve at all). Raises nothing."""
+    return hidden <= AUTO_MAX_HIDDEN or os.environ.get("TANDEM_FUSED_GEMV", "auto").lower() == "on"
 
 
 def _kernel(name: str) -> Any:

@@ -41,6 +41,28 @@ def test_the_fused_kernels_serve_by_default_on_cuda_only(monkeypatch) -> None:
     assert not fused_gemv.available(mx.bfloat16, 576, 1536, 1)  # widths in whole 256s only
 
 
+def test_unasked_only_models_up_to_the_measured_width_get_them(monkeypatch) -> None:
+    # Measured faster on the 1B shape (2,048 wide); an 8B one (4,096) waits on the device, where the kernels read slower.
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    assert fused_gemv.suits(576) and fused_gemv.suits(2048) and not fused_gemv.suits(4096)
+    monkeypatch.setenv("TANDEM_FUSED_GEMV", "on")  # asked for: any width
+    assert fused_gemv.suits(4096)
+
+
+def test_a_wide_model_keeps_mlx_ops_unless_asked(tmp_path, monkeypatch, stand_in_kernels) -> None:
+    from engine.runner import PackedRunner
+
+    monkeypatch.setenv("TANDEM_DECODE_COMPILE", "on")
+    monkeypatch.delenv("TANDEM_FUSED_GEMV", raising=False)
+    monkeypatch.setattr(fused_gemv, "AUTO_MAX_HIDDEN", 128)  # the tiny llama (256 wide) stands for an 8B one
+    model = load_tiny_llm(build_tiny_llm(tmp_path, hidden_size=256, intermediate_size=768)).model
+    unasked = PackedRunner(model).compiled
+    assert unasked is not None and unasked._plain is None
+    monkeypatch.setenv("TANDEM_FUSED_GEMV", "on")
+    asked = PackedRunner(model).compiled
+    assert asked is not None and asked._plain == (256, 768)
+
+
 def test_the_reference_is_the_llama_layer_ops() -> None:
     from mlx_lm.models.activations import swiglu
 
