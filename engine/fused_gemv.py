@@ -195,7 +195,7 @@ def enabled() -> bool:
     """Whether the kernels may serve here: a CUDA device, unless TANDEM_FUSED_GEMV=off. Raises nothing."""
     # Each kernel reads its weights 10-40 % slower than MLX's gemv, but saves launches: over HTTP on the H200 c1
     # +14-30 %, c8 +12-20 %, poisson8's ITL p99 -19-32 %, c64 +4-7 %, nothing slower (bench/RESULTS.md, 32nd session).
-    if os.environ.get("TANDEM_FUSED_GEMV", "auto").lower() == "off":
+    if _choice() == "off":
         return False
     return on_gpu() and mx.cuda.is_available()
 
@@ -203,7 +203,11 @@ def enabled() -> bool:
 def suits(hidden: int) -> bool:
     """Whether a model `hidden` wide gets the kernels: up to AUTO_MAX_HIDDEN unless TANDEM_FUSED_GEMV=on asks for them
     at any width (`enabled` says whether they may serve at all). Raises nothing."""
-    return hidden <= AUTO_MAX_HIDDEN or os.environ.get("TANDEM_FUSED_GEMV", "auto").lower() == "on"
+    return hidden <= AUTO_MAX_HIDDEN or _choice() == "on"
+
+
+def _choice() -> str:
+    return os.environ.get("TANDEM_FUSED_GEMV", "auto").lower()
 
 
 def _kernel(name: str) -> Any:
