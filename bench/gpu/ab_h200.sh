@@ -8,7 +8,7 @@
 # READY_S (default 180): how long a server may take to be ready; a fresh host's first server compiles its warm-up
 # kernels (twenty-second session: not ready within 90 s when the carried kernel cache predated a change).
 # VARIANTS="name|server flags|scenarios|VAR=value ...;..." adds runs of this tree with other flags or environment
-# ($OUT/name.json).
+# ($OUT/name.json). MODEL (default $HOME/shape/rope, built here when missing): another model directory.
 set -uo pipefail
 OUT=${OUT:-/tmp/ab-out}
 mkdir -p "$OUT"
@@ -16,12 +16,13 @@ SECONDS=0
 step() { echo "[$(date +%T) +${SECONDS}s] $*"; }
 ARGS="--max-active 128 --no-whisper ${EXTRA_ARGS:-}"
 SCEN=${SCENARIOS:-poisson8,c64,c1}
-COMMON=(--model "$HOME/shape/rope" --profile quick --timeout 60 --ready-timeout ${READY_S:-180} --log-dir "$OUT" --scenarios "$SCEN")
+MODEL=${MODEL:-$HOME/shape/rope}
+COMMON=(--model "$MODEL" --profile quick --timeout 60 --ready-timeout ${READY_S:-180} --log-dir "$OUT" --scenarios "$SCEN")
 # A fresh host compiles MLX's kernels while its first server serves; kernels saved from an earlier host (PTX_SAVE=1,
 # carried as .gpu/ptx) are restored first (nineteenth session: the first server then served c8 with no failure).
 [ -f .gpu/ptx/mlx-ptx.tgz ] && bash bench/gpu/ptx_cache.sh restore .gpu/ptx
 step "build"
-[ -d "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" | tail -1
+[ -d "$MODEL" ] || [ "$MODEL" != "$HOME/shape/rope" ] || timeout 90 python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out "$HOME/shape" | tail -1
 run_new() {
   step "new"
   timeout $((${NEW_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \

@@ -1,10 +1,13 @@
 """A random-init Llama-3.2-1B-shape checkpoint (bf16) in the HF layout, twice: plain and with Llama 3.2's
-`rope_scaling` block, sharing one weights file. For a host that gets no model files (the H200).
+`rope_scaling` block, sharing one weights file. For a host that gets no model files (the H200). `--shape 3b` / `8b`
+build Llama-3.2-3B's and Llama-3.1-8B's shapes instead (3,072 and 4,096 wide: the widths the fused kernels' bound
+in engine/fused_gemv.py is to be measured at).
 
 Llama-3.2-1B has vocab 128256; the only tokenizer we can carry is the demo SmolLM2 one (49152 entries), so
 the embedding (tied, as in Llama-3.2-1B) has 49152 rows: 2.1 GB of bf16 weights instead of 2.5 GB.
 
     python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out /tmp/shape   # → /tmp/shape/{plain,rope}
+    python3 -m bench.gpu.build_shape --tokenizer .gpu/tok --out /tmp/shape-8b --shape 8b
 """
 
 from __future__ import annotations
@@ -17,13 +20,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LLAMA_32_1B", "LLAMA3_ROPE_SCALING", "build", "main"]
+__all__ = ["LLAMA_32_1B", "LLAMA3_ROPE_SCALING", "SHAPES", "build", "main"]
 
 LLAMA_32_1B: dict[str, Any] = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
                                    num_key_value_heads=8, intermediate_size=8192, head_dim=64, rms_norm_eps=1e-5,
                                    rope_theta=500000.0, tie_word_embeddings=True)
 LLAMA3_ROPE_SCALING = {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                        "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+# The larger public checkpoints' configs (their head_dim 128; 8B's embedding untied and its rope factor 8).
+SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "1b": (LLAMA_32_1B, LLAMA3_ROPE_SCALING),
+    "3b": (LLAMA_32_1B | dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, head_dim=128),
+           LLAMA3_ROPE_SCALING),
+    "8b": (LLAMA_32_1B | dict(hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, head_dim=128,
+                              tie_word_embeddings=False), LLAMA3_ROPE_SCALING | {"factor": 8.0}),
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -47,7 +58,8 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
             head_dim=16)
 
 
-def build(tokenizer_dir: Path, out: Path, dtype: str = "bfloat16", seed: int = 0, tiny: bool = False) -> dict[str, Path]:
+def build(tokenizer_dir: Path, out: Path, dtype: str = "bfloat16", seed: int = 0, tiny: bool = False,
+          shape: str = "1b") -> dict[str, Path]:
     """Write out/plain and out/rope (config.json, tokenizer files, model.safetensors shared by a link).
 
     Raises FileNotFoundError when a tokenizer file is missing.
@@ -59,11 +71,12 @@ def build(tokenizer_dir: Path, out: Path, dtype: str = "bfloat16", seed: int = 0
         if not (tokenizer_dir / name).is_file():
             raise FileNotFoundError(f"{tokenizer_dir / name} missing (write it with bench/gpu/export_tokenizer.py)")
     vocab, special = _special_ids(tokenizer_dir)
-    base = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **LLAMA_32_1B, **(TINY if tiny else {}),
+    dims, rope_scaling = SHAPES[shape]
+    base = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], **dims, **(TINY if tiny else {}),
             "vocab_size": vocab, "torch_dtype": dtype, **special}
     configs = {
         "plain": base | {"max_position_embeddings": 8192},
-        "rope": base | {"max_position_embeddings": 131072, "rope_scaling": dict(LLAMA3_ROPE_SCALING)},
+        "rope": base | {"max_position_embeddings": 131072, "rope_scaling": dict(rope_scaling)},
     }
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(configs["plain"]))
@@ -92,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--tiny", action="store_true", help="toy size, to check the scripts on a CPU")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="1b", help="which public checkpoint's shape")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
-    dirs = build(a.tokenizer, a.out, a.dtype, tiny=a.tiny)
+    dirs = build(a.tokenizer, a.out, a.dtype, tiny=a.tiny, shape=a.shape)
     size = (dirs["plain"] / "model.safetensors").stat().st_size
     print(f"built {', '.join(str(d) for d in dirs.values())}: {size / 1e9:.2f} GB {a.dtype}, "
-          f"{time.perf_counter() - t0:.1f} s ({'TINY test size' if a.tiny else 'Llama-3.2-1B shape'}, vocab of the "
+          f"{time.perf_counter() - t0:.1f} s ({'TINY test size' if a.tiny else a.shape + ' Llama shape'}, vocab of the "
           "SmolLM2 tokenizer)", flush=True)
     return 0
 
