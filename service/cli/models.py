@@ -1,4 +1,4 @@
-"""`tandem models ls | get REPO | import CT2_DIR OUT`: what is on this machine, download, convert."""
+"""`tandem models [ls] | get REPO | import CT2_DIR OUT`: what is on this machine, download, convert."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ __all__ = ["add_models"]
 
 def add_models(sub: Any) -> None:
     """Register `tandem models` and its subcommands. Raises nothing."""
-    p = add_command(sub, "models", "list, download or import models")
-    msub = p.add_subparsers(dest="models_command", required=True)
+    p = add_command(sub, "models", "list (the default), download or import models")
+    p.set_defaults(func=_models_ls)  # `tandem models` alone lists, as `ls` does
+    msub = p.add_subparsers(dest="models_command")
     ls = add_command(msub, "ls", "chat and Whisper models on this machine (HF cache, demo, imports)")
     ls.set_defaults(func=_models_ls)
     get = add_command(msub, "get", "download a model repo into the Hugging Face cache")

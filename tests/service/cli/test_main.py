@@ -46,6 +46,12 @@ def test_models_ls_with_an_empty_cache(tmp_path: Path, monkeypatch: pytest.Monke
     assert "no models in the Hugging Face cache" in capsys.readouterr().out
 
 
+def test_models_alone_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    assert main(["models"]) == 0
+    assert "no models in the Hugging Face cache" in capsys.readouterr().out
+
+
 def test_generate_streams_to_the_terminal(tiny_llm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["generate", "hello", "--model", str(tiny_llm_dir), "--max-tokens", "6", "--system", "be brief"])
     out, err = capsys.readouterr()
