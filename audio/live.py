@@ -5,7 +5,8 @@ After about `redecode_s` of new speech the open audio (after the seek) is decode
 text forced as a prefix (audio/agreement.py): what two consecutive decodes agree on is committed, the rest is
 tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
-behind finishes all its pending utterances that fit a window with one decode. Committed text never changes.
+behind finishes all its pending utterances that fit a window with one decode, its text split among them by
+timestamps. Committed text never changes.
 Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
 stays as context for the next decode, unless an utterance's first guess over it comes back empty: then it is
 finished and the guess tried again at once over the utterance alone. A guess that loops ends the conditioning on
@@ -37,7 +38,7 @@ from audio.text_end import clamped_timestamps, stopped_short
 from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
-from audio.utterances import Utterances
+from audio.utterances import Utterances, by_utterance
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -346,7 +347,7 @@ class LiveTranscription:
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
         self._cadence.empty = False  # the next utterance's guesses start afresh
-        seek = self._seek()
+        seek, closed_before = self._seek(), self.utterances.closed
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
             tokens = self._clamped(result.decoded.tokens, seek, limit, len(live.prefix))
@@ -354,7 +355,13 @@ class LiveTranscription:
                                  len(live.prefix)) if result.decoded.sampled else None
             short, keep = stop if stop is not None else (None, len(tokens))
             tokens = tokens[:keep]  # an unclosed last segment is decoded again from its start, not kept
-            self._commit_text(tokens[len(live.prefix):])
+            pauses = [p for p in self.utterances.pauses if p <= limit] or [limit]
+            groups = by_utterance(tokens, len(live.prefix), tr.tokenizer.timestamp_begin,
+                                  self._stride() * HOP_LENGTH, seek, pauses)
+            for i, group in enumerate(groups):  # a session behind: each utterance its own text
+                if group and i:
+                    self.utterances.close(i - (self.utterances.closed - closed_before))
+                self._commit_text(group)
             live.reset()
             live.prefix = list(tokens)
             if short is not None:

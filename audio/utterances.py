@@ -1,9 +1,9 @@
 """Utterances — where a live session's utterances end and which of them are closed.
 
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
-every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none (a
-session behind decodes several at once: the first gets their text). Text is attributed to the oldest
-utterance not yet closed.
+every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none. Text is
+attributed to the oldest utterance not yet closed; a session behind decodes several at once, and
+`by_utterance` splits that decode's text among them by its segments' timestamps.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable
 
 from audio.live_config import SessionEvent
 
-__all__ = ["Utterances"]
+__all__ = ["Utterances", "by_utterance"]
 
 
 class Utterances:
@@ -52,3 +52,42 @@ class Utterances:
     def close_through(self, limit: int) -> None:
         """Close the utterances whose pauses are at or before `limit`. Raises nothing."""
         self.close(sum(1 for p in self.pauses if p <= limit))
+
+
+def by_utterance(tokens: list[int], first: int, timestamp_begin: int, unit: int, seek: int,
+                 pauses: list[int]) -> list[list[int]]:
+    """`tokens[first:]` (a decode from compact sample `seek`, timestamp tokens from `timestamp_begin` counting
+    `unit` samples each) in one group a pause of `pauses` (ascending compact positions, at least one): a
+    segment goes to the first pause after its middle, never to one before an earlier segment's. Text with no
+    timestamp around it stays with the group before it (all of it in the first when none has any). Raises
+    nothing."""
+    groups: list[list[int]] = [[] for _ in pauses]
+    k = 0
+    start: int | None = None  # the timestamp that opened the current segment
+    held: list[int] = []  # the current segment's tokens at or after `first`, until its end places them
+    text = False  # the current segment has text
+
+    def place(end: int | None) -> None:
+        nonlocal k
+        if start is not None:
+            middle = seek + (start + (end if end is not None else start)) * unit / 2
+            while k < len(pauses) - 1 and middle > pauses[k]:
+                k += 1
+        groups[k].extend(held)
+        held.clear()
+
+    for i, t in enumerate(tokens):
+        if t >= timestamp_begin:
+            if text:  # closes the segment
+                if i >= first:
+                    held.append(t)
+                place(t - timestamp_begin)
+                start, text = None, False
+                continue
+            start = t - timestamp_begin  # opens one (a repeated timestamp opens it again)
+        else:
+            text = True
+        if i >= first:
+            held.append(t)
+    place(None)
+    return groups

@@ -265,17 +265,33 @@ async def test_finishing_commits_the_rest(tiny_whisper: LoadedWhisper) -> None:
 
 
 async def test_a_session_behind_finishes_its_pending_utterances_with_one_decode(tiny_whisper: LoadedWhisper) -> None:
-    # a slow speaker (1 token a second): the tiny model's 32 sampled tokens cover all three utterances
-    live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]], tokens_per_second=1.0)
+    from audio.decoding import tokenizer_for
+
+    ts = tokenizer_for(tiny_whisper, "en", "transcribe").timestamp_begin
+    # a slow speaker (1 token a second): the tiny model's 32 sampled tokens cover all three utterances, each its
+    # own segment (0-1 s, 1-2 s, 2-3 s: timestamps count 20 ms)
+    one = [ts, 1000, ts + 50], [ts + 50, 1002, ts + 100], [ts + 100, 1004, ts + 150]
+    live, scheduler, events = await live_text(tiny_whisper, [[*one[0], *one[1], *one[2]]], tokens_per_second=1.0)
     for k in range(3):  # three utterances arrive before the pump gets to run
         live.add_speech(speech(1.0), k * 2 * SR)
         live.add_pause()
     assert await run_due(live) == 1
-    assert scheduler.requests[0].frames == 300 and live.committed_text() != ""
-    # every pause closes its utterance; the one decode's text goes to the first
+    assert scheduler.requests[0].frames == 300
+    # every pause closes its utterance with its own text (they used to all go to the first)
     closed = [(e.item, e.text) for e in events if e.type == "utterance"]
-    assert [i for i, _ in closed] == [0, 1, 2] and closed[0][1] == live.committed_text() and closed[1][1] == ""
-    assert {e.item for e in events if e.type == "committed"} == {0}
+    assert closed == [(0, live._text([1000])), (1, live._text([1002])), (2, live._text([1004]))]
+    assert [(e.item, e.text) for e in events if e.type == "committed"] == closed
+    assert live.committed_text() == live._text([1000, 1002, 1004])
+
+
+async def test_text_with_no_timestamps_goes_to_the_first_pending_utterance(tiny_whisper: LoadedWhisper) -> None:
+    live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]], tokens_per_second=1.0)
+    for k in range(3):
+        live.add_speech(speech(1.0), k * 2 * SR)
+        live.add_pause()
+    assert await run_due(live) == 1
+    closed = [(e.item, e.text) for e in events if e.type == "utterance"]
+    assert closed == [(0, live.committed_text()), (1, ""), (2, "")]
 
 
 async def test_a_session_behind_merges_no_more_than_the_decoder_can_write(tiny_whisper: LoadedWhisper) -> None:

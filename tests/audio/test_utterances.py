@@ -1,0 +1,38 @@
+"""audio/utterances.py: which pending utterance a decode's text belongs to."""
+
+from __future__ import annotations
+
+from audio.utterances import by_utterance
+
+TS = 50000  # timestamp_begin; a timestamp counts UNIT samples
+UNIT = 320
+
+
+def at(seconds: float) -> int:
+    return TS + round(seconds * 16000 / UNIT)
+
+
+def test_each_segment_goes_to_the_pause_after_its_middle() -> None:
+    tokens = [at(0), 1, 2, at(1.0), at(1.2), 3, at(2.0), at(2.1), 4, 5, at(3.0)]
+    groups = by_utterance(tokens, 0, TS, UNIT, 0, [16000 * 1.1, 16000 * 2.05, 16000 * 3])
+    assert [[t for t in g if t < TS] for g in groups] == [[1, 2], [3], [4, 5]]
+
+
+def test_only_tokens_after_the_forced_prefix_are_grouped_and_the_seek_shifts_times() -> None:
+    tokens = [at(0), 1, at(1.0), at(1.0), 2, at(2.0), at(2.0), 3, at(3.0)]
+    seek = 16000 * 10
+    groups = by_utterance(tokens, 3, TS, UNIT, seek, [seek + 16000 * 1.5, seek + 16000 * 3])
+    assert [[t for t in g if t < TS] for g in groups] == [[2], [3]]
+
+
+def test_a_segment_never_goes_back_to_an_earlier_pause() -> None:
+    # Whisper's second timestamp pair goes back in time: its text still follows the first segment's
+    tokens = [at(2.0), 1, at(2.5), at(0.2), 2, at(0.4)]
+    groups = by_utterance(tokens, 0, TS, UNIT, 0, [16000 * 1, 16000 * 3])
+    assert [[t for t in g if t < TS] for g in groups] == [[], [1, 2]]
+
+
+def test_an_unclosed_last_segment_goes_by_its_start_and_text_without_timestamps_to_the_first() -> None:
+    groups = by_utterance([at(0), 1, at(1), at(1.6), 2, 3], 0, TS, UNIT, 0, [16000 * 1.5, 16000 * 3])
+    assert [[t for t in g if t < TS] for g in groups] == [[1], [2, 3]]
+    assert by_utterance([1, 2, 3], 0, TS, UNIT, 0, [100, 200]) == [[1, 2, 3], []]
