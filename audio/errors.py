@@ -11,6 +11,7 @@ __all__ = [
     "SessionError",
     "SessionNotFound",
     "SessionClosed",
+    "SessionActive",
     "SessionLimit",
     "SpeechNotRunning",
     "AudioLimitExceeded",
@@ -109,6 +110,12 @@ class SessionClosed(SessionError):
     """Audio arrived after finish, or the session was deleted/expired."""
 
     code = "session_closed"
+
+
+class SessionActive(SessionError):
+    """Options only a session that has received no audio may change (its decoding has begun with the old)."""
+
+    code = "session_active"
 
 
 class SessionLimit(SessionError):

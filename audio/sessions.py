@@ -19,7 +19,7 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
-from audio.errors import CommitEmpty, SessionClosed, SessionError, SessionLimit, SessionNotFound
+from audio.errors import CommitEmpty, SessionActive, SessionClosed, SessionError, SessionLimit, SessionNotFound
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.transcript import TranscribeOptions, Transcript
@@ -147,12 +147,12 @@ class LiveSession:
         self._wake.set()
 
     def reconfigure(self, options: TranscribeOptions) -> None:
-        """New options for a session that has received no audio yet. Raises SessionClosed, SessionError
-        (audio already received)."""
+        """New options for a session that has received no audio yet (a clear of nothing changes nothing). Raises
+        SessionClosed, SessionActive (audio already received)."""
         self._check_open()
-        if self._raw.total or self.live.started or self.events_log:
-            raise SessionError(f"session {self.id} has audio already; its options can no longer change",
-                               code="session_active")
+        if self._raw.total or self.live.started:
+            raise SessionActive(f"session {self.id} has received audio: its language, prompt, keywords and turn "
+                                "detection are fixed now; open a new session to change them")
         self.options = options
         self._gate = speech_gate(options)
         self.live = LiveTranscription(options, self.config, self._scheduler, self._emit, self.scope)
@@ -162,6 +162,9 @@ class LiveSession:
         event carrying `ref` follows; audio appended later opens the next utterance). Raises SessionClosed,
         CommitEmpty (less than MIN_COMMIT_MS since the last commit, clear or VAD pause)."""
         self._check_open()
+        if self._stream is not None:  # the resampler's held-back tail is audio sent before the commit
+            self._take(self._stream.flush())
+            self._stream = None
         if self._raw.total - self._boundary < MIN_COMMIT_MS * SAMPLE_RATE // 1000:
             raise CommitEmpty(f"the audio buffer holds less than {MIN_COMMIT_MS} ms since the last commit; "
                               "nothing to commit")

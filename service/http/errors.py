@@ -4,6 +4,7 @@ place a typed engine or audio error becomes an HTTP status, type and code (by ty
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -13,6 +14,7 @@ from audio.buffers import AudioBufferFull, SessionAudioLimit, SessionBacklogFull
 from audio.errors import (
     AudioInputError,
     InvalidOption,
+    SessionActive,
     SessionClosed,
     SessionLimit,
     SessionNotFound,
@@ -38,6 +40,9 @@ __all__ = [
     "ERROR_TABLE",
     "api_error",
     "error_body",
+    "error_event",
+    "event_id",
+    "frames_error_event",
     "error_response",
     "in_band_error",
     "model_not_found",
@@ -131,6 +136,23 @@ def error_body(error: APIError) -> dict[str, Any]:
     return {"error": {"message": error.message, "type": error.type, "param": error.param, "code": error.code}}
 
 
+def event_id() -> str:
+    return f"event_{uuid.uuid4().hex[:20]}"
+
+
+def error_event(error: APIError, client_event_id: str | None = None) -> dict[str, Any]:
+    """An `error` server event of a Realtime socket for `error` (OpenAI's shape). Raises nothing."""
+    return {"type": "error", "event_id": event_id(),
+            "error": {"type": error.type, "code": error.code, "message": error.message, "param": error.param,
+                      "event_id": client_event_id}}
+
+
+def frames_error_event(error: APIError) -> dict[str, Any]:
+    """error_event with the binary-frame clients' flat fields too (message, code, param): what a socket says
+    before it knows which kind of client it serves. Raises nothing."""
+    return error_event(error) | {"message": error.message, "code": error.code, "param": error.param}
+
+
 def error_response(error: APIError, headers: Mapping[str, str] | None = None) -> Response[dict[str, Any]]:
     """A Litestar response for an error (with Retry-After when it carries one, and `headers`, e.g. a 405's
     Allow). Raises nothing."""
@@ -176,6 +198,7 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     InvalidOption: ErrorRule(400),
     SessionNotFound: ErrorRule(404),
     SessionClosed: ErrorRule(409),
+    SessionActive: ErrorRule(400),  # options a session with audio can no longer change
     SessionLimit: ErrorRule(429),  # full house: retry later (Retry-After), never an eviction
     SpeechNotRunning: ErrorRule(503),
     WhisperCheckpointError: ErrorRule(503, type="server_error", message="The Whisper model could not be loaded: {exc}"),

@@ -17,7 +17,7 @@ import anyio
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.http.auth import KeyRing, header, origin_allowed, set_client_key
-from service.http.errors import APIError, error_body, unavailable
+from service.http.errors import APIError, error_body, frames_error_event, unavailable
 from service.limits import Limits
 from service.state import AppState
 
@@ -170,9 +170,9 @@ class _FrameLimit:
         if message["type"] == "websocket.receive":
             size = len(message.get("bytes") or b"") + len((message.get("text") or "").encode())
             if size > self._limit:
-                await self._send({"type": "websocket.send", "text": json.dumps({
-                    "type": "error", "code": "message_too_large", "param": None,
-                    "message": f"A websocket message of {size} bytes is over the limit of {self._limit} bytes."})})
+                err = APIError(400, f"A websocket message of {size} bytes is over the limit of {self._limit} bytes.",
+                               code="message_too_large")
+                await self._send({"type": "websocket.send", "text": json.dumps(frames_error_event(err))})
                 await self._send({"type": "websocket.close", "code": 1009})
                 self._closed = True
                 return {"type": "websocket.disconnect", "code": 1009}

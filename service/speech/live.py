@@ -9,10 +9,9 @@ from typing import Any
 from litestar import WebSocket, websocket
 
 from audio.pcm import SAMPLE_RATE, parse_pcm_content_type
-from service.http.errors import APIError, api_error
+from service.http.errors import APIError, api_error, frames_error_event
 from service.speech.live_socket import LiveSocket, Mode, close_code
 from service.speech.realtime_config import Dialect, RealtimeConfig
-from service.speech.realtime_events import error_event
 from service.speech.served import served_speech
 from service.state import get_state
 
@@ -27,7 +26,7 @@ def _dialect(socket: WebSocket[Any, Any, Any]) -> Dialect:
 
 async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception) -> None:
     err = api_error(exc)
-    await socket.send_json(error_event(err) | {"message": err.message, "code": err.code, "param": err.param})
+    await socket.send_json(frames_error_event(err))
     await socket.close(code=close_code(err))
 
 
@@ -38,9 +37,29 @@ def _known_query(socket: WebSocket[Any, Any, Any], known: set[str]) -> None:
                        param=unknown[0], code="unknown_parameter")
 
 
+def _number(text: str | None, name: str, kind: type[int] | type[float], default: float) -> float:
+    """A numeric query parameter. Raises APIError 400 naming it."""
+    if text is None:
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise APIError(400, f"{name} must be {'an integer' if kind is int else 'a number'}, not {text[:40]!r}",
+                       param=name, code="invalid_value") from None
+
+
+def _flag(text: str, name: str) -> bool:
+    """A true/false query parameter (true/false, 1/0, yes/no, on/off). Raises APIError 400 naming it."""
+    value = {"true": True, "1": True, "yes": True, "on": True,
+             "false": False, "0": False, "no": False, "off": False}.get(text.strip().lower())
+    if value is None:
+        raise APIError(400, f"{name} must be true or false, not {text[:40]!r}", param=name, code="invalid_value")
+    return value
+
+
 @websocket("/v1/audio/live")
-async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, rate: int = SAMPLE_RATE,
-               encoding: str = "f32le", interval: float = 0.25, vad: bool | None = None) -> None:
+async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, rate: str | None = None,
+               encoding: str = "f32le", interval: str | None = None, vad: str | None = None) -> None:
     """Binary messages: PCM frames (`rate`, `encoding`); text `{"type":"finish"}` ends capture. The server
     sends `session.created` (with the session `id`), `transcript.partial` {committed, tentative} after each
     change (at most one per `interval` s), then `transcript.done` {text}. A first text message that is a
@@ -51,11 +70,13 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
     try:
         _known_query(socket, {"language", "rate", "encoding", "interval", "vad"})
         speech = served_speech(state, None)
-        fmt = parse_pcm_content_type(f"audio/pcm;rate={rate};encoding={encoding}")
-        if not 0 <= interval <= 60:
+        # Read as text here: a value the framework failed to convert refused the handshake with a bare 403.
+        fmt = parse_pcm_content_type(f"audio/pcm;rate={_number(rate, 'rate', int, SAMPLE_RATE)};encoding={encoding}")
+        seconds = _number(interval, "interval", float, 0.25)
+        if not 0 <= seconds <= 60:
             raise APIError(400, "interval must be 0–60 seconds", param="interval", code="invalid_value")
         # A property of the service, so under --isolate a call that fails while the engine process restarts.
-        vad_on = speech.vad_default if vad is None else vad
+        vad_on = speech.vad_default if vad is None else _flag(vad, "vad")
     except Exception as exc:
         await _refuse(socket, exc)
         return
@@ -63,7 +84,7 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
     mode: Mode = "realtime" if socket.headers.get("openai-beta") else "undecided"
     config = RealtimeConfig(language=language, turn_detection=RealtimeConfig().turn_detection if vad_on else None)
     await LiveSocket(socket, state, speech, config=config, mode=mode, dialect=dialect, frame_format=fmt,
-                     interval=interval).run()
+                     interval=seconds).run()
 
 
 @websocket("/v1/realtime")

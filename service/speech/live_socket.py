@@ -23,6 +23,7 @@ import base64
 import binascii
 import contextlib
 import json
+import logging
 from typing import Any, Literal
 
 import anyio
@@ -33,7 +34,8 @@ from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from engine.errors import EngineRestarting
-from service.http.errors import APIError, api_error
+from service.http.errors import APIError, api_error, frames_error_event
+from service.http.json_body import json_depth
 from service.seams import SpeechBackend
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
 from service.speech.realtime_events import Items, error_event, event_id, server_events
@@ -77,7 +79,7 @@ class LiveSocket:
         try:
             self.session = self.speech.create_session(self._options(self.config), expires=False)
         except Exception as exc:
-            err = api_error(exc)
+            err = _as_api_error(exc)
             await self._send_error(err)
             await self._close(close_code(err))
             return
@@ -110,7 +112,11 @@ class LiveSocket:
             return {"type": "transcription_session.created",
                     "session": self.config.session_object("beta", sid, model)}
         # GA shape; `id` is what binary-frame clients read
-        return {"type": "session.created", "id": sid, "session": self.config.session_object("ga", sid, model)}
+        session = self.config.session_object("ga", sid, model)
+        if self.mode != "realtime":  # what binary frames are read as (JSON appends keep the Realtime format)
+            fmt = self.frame_format
+            session["audio"]["input"]["format"] = {"type": "audio/pcm", "rate": fmt.rate, "encoding": fmt.encoding}
+        return {"type": "session.created", "id": sid, "session": session}
 
     # ---- reading -------------------------------------------------------------------------------
     async def _read(self, tg: anyio.abc.TaskGroup) -> None:
@@ -141,14 +147,21 @@ class LiveSocket:
         if len(data) > MAX_EVENT_AUDIO_BYTES:
             raise APIError(413, f"{len(data)} bytes of audio in one message; at most {MAX_EVENT_AUDIO_BYTES}",
                            param="audio", code="audio_too_large")
-        self.session.append(data, fmt)
+        try:
+            self.session.append(data, fmt)
+        except AudioError as exc:  # the PCM checks name an HTTP body; here the audio is the event's `audio`
+            raise api_error(exc, params={"body": "audio"} if self.mode == "realtime" else None) from None
 
     async def _text(self, text: str, tg: anyio.abc.TaskGroup) -> None:
         """Handle one text message. Raises APIError, ConfigError or an audio error for what cannot be done
         (the session goes on)."""
+        limit = self.state.config.limits.max_json_depth
+        if (depth := json_depth(text.encode())) > limit:
+            raise APIError(400, f"The message nests {depth} levels deep; at most {limit} are accepted.",
+                           code="json_too_deep")
         try:
             event = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise APIError(400, "a text message must be a JSON object", code="invalid_json") from None
         if not isinstance(event, dict):
             raise APIError(400, "a text message must be a JSON object", code="invalid_event")
@@ -218,7 +231,7 @@ class LiveSocket:
         try:
             t = await self.session.finish()
         except Exception as exc:
-            await self._send_error(api_error(exc))
+            await self._send_error(_as_api_error(exc))
             await self._close(1011)
             return
         self._partial_due.set()
@@ -279,9 +292,7 @@ class LiveSocket:
         if self.mode == "realtime":
             await self._send(error_event(err, self._event_id if reply else None))
             return
-        body = error_event(err)
-        body.update(message=err.message, code=err.code, param=err.param)  # the binary-frame clients' fields
-        await self._send(body)
+        await self._send(frames_error_event(err))
 
     async def _close(self, code: int) -> None:
         if self._closed:
@@ -297,6 +308,9 @@ def close_code(err: APIError) -> int:
     """The close code for a session refused or ended by `err`: 1013 (try again later) for a full house (429)
     or an engine process restarting (503), 1008 for the client's fault, else 1011. Raises nothing."""
     return 1013 if err.status in (429, 503) else 1008 if err.status < 500 else 1011
+
+
+_log = logging.getLogger("tandem.speech")
 
 
 def _base64_audio(audio: Any) -> bytes:
@@ -316,6 +330,11 @@ def _typed(exc: BaseException) -> bool:
 
 
 def _as_api_error(exc: BaseException) -> APIError:
+    """The error event's error for `exc`; one the tables do not know is a server fault, logged with its traceback
+    (the client sees only "server_error"). Raises nothing."""
     if isinstance(exc, ConfigError):
         return APIError(400, exc.message, param=exc.param, code=exc.code)
-    return api_error(exc)
+    err = api_error(exc)
+    if err.status >= 500 and not _typed(exc):
+        _log.error("live socket: unhandled error", exc_info=exc)
+    return err

@@ -16,20 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audio.live import SessionEvent
-from service.http.errors import APIError
+from service.http.errors import error_event, event_id
 
 __all__ = ["Items", "server_events", "error_event", "event_id"]
-
-
-def event_id() -> str:
-    return f"event_{uuid.uuid4().hex[:20]}"
-
-
-def error_event(error: APIError, client_event_id: str | None = None) -> dict[str, Any]:
-    """An `error` server event for `error` (OpenAI's shape). Raises nothing."""
-    return {"type": "error", "event_id": event_id(),
-            "error": {"type": error.type, "code": error.code, "message": error.message, "param": error.param,
-                      "event_id": client_event_id}}
 
 
 @dataclass

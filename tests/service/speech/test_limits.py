@@ -82,6 +82,8 @@ def test_a_websocket_message_over_the_limit_gets_an_error_event_then_1009(client
         socket.send_bytes(b"\0" * 200_000)
         event = socket.receive_json()
         assert event["type"] == "error" and event["code"] == "message_too_large"
+        # the Realtime error shape as well: a Realtime client reads `error`
+        assert event["error"]["code"] == "message_too_large" and event["event_id"].startswith("event_")
         with pytest.raises(WebSocketDisconnect) as closed:
             socket.receive_json()
         assert closed.value.code == 1009

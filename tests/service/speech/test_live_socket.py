@@ -204,6 +204,103 @@ def test_a_bad_frame_gets_an_error_event_and_the_audio_is_kept(client: TestClien
         assert session.received_seconds == pytest.approx(0.75, abs=0.03)  # soxr holds a few ms
 
 
+def test_an_update_after_audio_is_refused_by_name_and_one_after_an_empty_clear_is_taken(
+        client: TestClient[Any]) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
+        until(ws, "input_audio_buffer.cleared")
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_transcription": {"language": "en"}}}))
+        assert until(ws, "transcription_session.updated")[-1]["session"]["input_audio_transcription"]["language"] == "en"
+        append(ws, voiced(0.2))
+        ws.send_text(json.dumps({"type": "transcription_session.update", "event_id": "u2", "session": {
+            "input_audio_transcription": {"prompt": "Dashwood"}}}))
+        error = until(ws, "error")[-1]["error"]
+        assert (error["type"], error["code"], error["event_id"]) == ("invalid_request_error", "session_active", "u2")
+        assert error["param"] == "session.input_audio_transcription.prompt" and "new session" in error["message"]
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
+        assert until(ws, "error")[-1]["error"]["param"] == "session.turn_detection"
+
+
+def test_a_fault_inside_the_socket_is_logged_and_a_server_error_event(client: TestClient[Any], state: AppState,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from audio.sessions import LiveSession
+
+    def broken(self: LiveSession) -> None:
+        raise RuntimeError("a bug in clear")
+
+    monkeypatch.setattr(LiveSession, "clear", broken)
+    with caplog.at_level("ERROR", logger="tandem.speech"), \
+            client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "input_audio_buffer.clear", "event_id": "c1"}))
+        error = until(ws, "error")[-1]["error"]
+        assert (error["type"], error["event_id"]) == ("server_error", "c1") and "a bug" not in error["message"]
+        append(ws, voiced(0.5))  # the session goes on
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        until(ws, "input_audio_buffer.committed")
+    (record,) = [r for r in caplog.records if r.exc_info]
+    assert "a bug in clear" in str(record.exc_info[1])  # type: ignore[index]
+
+
+@pytest.mark.parametrize("text, code", [("[" * 200_000 + "]" * 200_000, "json_too_deep"),
+                                        ('{"type": "input_audio_buffer.clear", "x": ' + "[" * 100 + "]" * 100 + "}",
+                                         "json_too_deep")])
+def test_a_message_nested_too_deep_is_refused_and_the_session_goes_on(client: TestClient[Any], text: str,
+                                                                      code: str) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(text)
+        error = until(ws, "error")[-1]["error"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", code)
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {}}))
+        until(ws, "transcription_session.updated")
+
+
+def test_a_realtime_append_error_names_the_audio_field(client: TestClient[Any]) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        for audio, code in ((base64.b64encode(b"\x01\x02\x03").decode(), "invalid_pcm_length"), ("", "empty_audio")):
+            ws.send_text(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+            error = until(ws, "error")[-1]["error"]
+            assert (error["code"], error["param"]) == (code, "audio")
+
+
+@pytest.mark.parametrize("rate", [24000, 44100, 48000])
+def test_a_commit_takes_all_the_audio_sent_before_it(client: TestClient[Any], rate: int) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": rate}, "turn_detection": None}}}}))
+        until(ws, "session.updated")
+        for chunk in np.array_split(voiced(2.0, rate), 8):
+            append(ws, chunk)
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+    # soxr held back its last ~20 ms until the commit flushed it (1.987 s at 24 kHz before)
+    assert done["usage"]["seconds"] == pytest.approx(2.0, abs=0.002)
+
+
+@pytest.mark.parametrize("query, param", [("rate=abc", "rate"), ("vad=maybe", "vad"), ("interval=x", "interval"),
+                                          ("rate=16000.5", "rate")])
+def test_a_query_value_that_is_no_value_is_an_error_event_naming_it(client: TestClient[Any], query: str,
+                                                                    param: str) -> None:
+    with client.websocket_connect(f"/v1/audio/live?{query}") as ws:  # was a bare 403 at the handshake
+        event = ws.receive_json(timeout=30)
+    assert event["type"] == "error" and (event["param"], event["code"]) == (param, "invalid_value")
+
+
+@pytest.mark.parametrize("query, rate, encoding", [("", 16000, "f32le"), ("?rate=48000&encoding=s16le", 48000, "s16le"),
+                                                   ("?vad=off", 16000, "f32le")])
+def test_binary_frames_are_announced_in_the_format_they_are_read(client: TestClient[Any], query: str, rate: int,
+                                                                 encoding: str) -> None:
+    with client.websocket_connect(f"/v1/audio/live{query}") as ws:
+        created = ws.receive_json(timeout=30)
+    assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": rate, "encoding": encoding}
+
+
 def test_commit_clear_and_an_empty_commit(client: TestClient[Any]) -> None:
     with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
         ws.receive_json(timeout=30)
