@@ -66,6 +66,8 @@ class GenerationRequest:
     segment_boundaries: Sequence[int] = ()
     # False when the client set no limit: the engine may lower max_tokens to fit its memory budget.
     max_tokens_requested: bool = True
+    # A text completion continues its prompt: the first token's leading space is part of its text.
+    continuation: bool = False
 
 
 @dataclass

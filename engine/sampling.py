@@ -263,8 +263,10 @@ class StopMatcher:
     """Incremental detokenization plus stop conditions for one row."""
 
     def __init__(self, tokenizer: Any, *, stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (),
-                 max_tokens: int) -> None:
+                 max_tokens: int, keep_leading_space: bool = False) -> None:
         self._detok = tokenizer.detokenizer
+        if keep_leading_space:
+            _keep_leading_space(self._detok)
         self.stop_strings = [s for s in stop if s]
         self.stop_ids = set(stop_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.max_tokens = max_tokens
@@ -277,7 +279,9 @@ class StopMatcher:
 
     def position(self) -> int:
         """Where the next token's text starts in the row's text (with stop strings; 0 without). Raises nothing."""
-        return self.shown + len(self._pending)
+        if not self.stop_strings:
+            return 0
+        return self.shown + len(self._pending) + _held(self._detok)
 
     def shown_before(self) -> float:
         """Text starting before this position has been emitted (a token's whose text starts there was shown);
@@ -346,3 +350,28 @@ class StopMatcher:
                     best = n
                     break
         return best
+
+
+def _keep_leading_space(detok: Any) -> None:
+    """Keep the space mlx-lm's detokenizers trim off a reply's first token: a completion continues its prompt
+    (" 4" after "1, 2, 3,"), and its text must match its tokens. Raises nothing."""
+    if hasattr(detok, "trim_space"):  # SentencePiece
+        detok.trim_space = False
+    elif hasattr(detok, "_maybe_trim_space"):  # byte-level BPE: the instance's own method shadows the class's
+        detok._maybe_trim_space = lambda text: text
+
+
+def _held(detok: Any) -> int:
+    """Whole characters the detokenizer holds back: mlx-lm's BPE one keeps a lone space until the next token
+    says whether it is trimmed (a partial character counts nothing yet). Raises nothing."""
+    unflushed = getattr(detok, "_unflushed", None)
+    if not unflushed:
+        return 0
+    if isinstance(unflushed, str) and hasattr(detok, "_decode_bytes"):
+        return len(detok._maybe_trim_space(detok._decode_bytes(unflushed).rstrip("\ufffd")))
+    if isinstance(unflushed, bytes):
+        text = unflushed.replace("\u2581".encode(), b" ").decode("utf-8", "ignore")
+        if not detok.text and getattr(detok, "trim_space", False) and text.startswith(" "):
+            text = text[1:]
+        return len(text)
+    return 0

@@ -81,6 +81,7 @@ def generation_request(
     default_max_tokens: int | None = None,
     tenant: str | None = None,
     logprobs: int | None = None,
+    continuation: bool = False,
 ) -> GenerationRequest:
     """Build the engine request. max_tokens defaults to `default_max_tokens` (the server's cap; None: no
     cap) and is capped at what the context has left. `tenant` (the API key's id) gets its own prefix-cache
@@ -108,6 +109,7 @@ def generation_request(
         namespace=(engine.model_name or "") + (f"#{tenant}" if tenant else ""),
         segment_boundaries=tuple(segment_boundaries),
         max_tokens_requested=max_tokens is not None,
+        continuation=continuation,
     )
 
 

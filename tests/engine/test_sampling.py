@@ -267,3 +267,30 @@ def test_a_finished_matcher_refuses_more_tokens(tiny_loaded) -> None:
     m.add(5)
     with pytest.raises(RuntimeError):
         m.add(6)
+
+
+def test_a_continuation_keeps_its_first_tokens_leading_space(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode(" 4, 5,")
+    assert tok.decode(ids[:1]).startswith(" ")
+    for stop in ((), ("6",)):
+        reply, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)
+        continued, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids), keep_leading_space=True), ids)
+        assert ("".join(reply), "".join(continued)) == ("4, 5,", " 4, 5,")
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_tokens_position_counts_a_space_the_detokenizer_holds(tiny_loaded, keep: bool) -> None:
+    # "1, 2, 3": the lone " " before "3" waits in the detokenizer; "3" starts after it, where "3, 4" cuts the text
+    tok = tiny_loaded.tokenizer
+    text = "1, 2, 3, 4"
+    ids = tok.encode(text)
+    m = StopMatcher(tok, stop=["3, 4"], max_tokens=len(ids), keep_leading_space=keep)
+    starts = []
+    for t in ids:
+        starts.append(m.position())
+        if m.add(t).finish_reason:
+            break
+    pieces = [tok.decode([t]) for t in ids]
+    assert starts == [sum(len(p) for p in pieces[:i]) for i in range(len(starts))]
+    assert m.shown_before() == len("1, 2, ")

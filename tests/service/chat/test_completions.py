@@ -48,3 +48,11 @@ def test_stream_error_after_headers(client: Any, fake_engine: FakeEngine) -> Non
     fake_engine.fail_with = "bad step"
     events = sse_events(client.post("/v1/completions", json={"prompt": "abc", "stream": True}).text)
     assert events[-1] == "[DONE]" and events[-2]["error"]["message"] == "bad step"
+
+
+def test_a_completion_continues_its_prompt_and_a_chat_reply_does_not(client: Any, fake_engine: FakeEngine) -> None:
+    # the engine keeps the first token's leading space for a continuation: "1, 2, 3," + " 4, 5,"
+    assert client.post("/v1/completions", json={"prompt": "1, 2, 3,"}).status_code == 200
+    assert fake_engine.requests[-1].continuation
+    assert client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+    assert not fake_engine.requests[-1].continuation
