@@ -3,7 +3,8 @@
 The splitter is fed decoded text deltas (special marker tokens included) and emits ordered events.
 Reasoning lies between the model's think markers; tool calls between its tool-call markers and are
 parsed with mlx-lm's parser for the model family. Text that might be the start of a marker is held
-back until it can no longer be one, so no marker or raw tool-call block ever reaches content.
+back until it can no longer be one, so no marker or tool-call block reaches content — unless the block cannot
+be parsed (bad JSON, cut off by max_tokens): then it is content as the model wrote it, never an empty answer.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class ChatOutputSplitter:
         self._reasoning_opened = self._state == "reasoning"
         self._new_call_id = new_call_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
         self.tool_calls = 0
-        self.dropped_tool_text: list[str] = []
+        self.unparsed_tool_text: list[str] = []
 
     def feed(self, text: str) -> list[OutputEvent]:
         """Consume a text delta; return the events it completes. Never raises."""
@@ -171,11 +172,11 @@ class ChatOutputSplitter:
         return events
 
     def finish(self) -> list[OutputEvent]:
-        """Flush held text at the end of the reply; an unterminated tool call is parsed or dropped. Never raises."""
+        """Flush held text at the end of the reply; an unterminated tool call is parsed, or content. Never raises."""
         events: list[OutputEvent] = []
         rest, self._buffer = self._buffer, ""
         if self._state == "tool":
-            self._emit_tool_calls(rest, events)
+            self._emit_tool_calls(rest, events, closed=False)
         elif self._state == "reasoning":
             self._emit_reasoning(rest, events)
         else:
@@ -193,8 +194,8 @@ class ChatOutputSplitter:
             if i < 0:
                 return False
             self._buffer = buf[i + len(m.tool_call_end) :]
-            self._emit_tool_calls(buf[:i], events)
-            self._state, self._strip_leading = "content", True
+            parsed = self._emit_tool_calls(buf[:i], events, closed=True)
+            self._state, self._strip_leading = "content", parsed
             return True
         if self._state == "reasoning":
             assert m.think_end is not None
@@ -251,21 +252,25 @@ class ChatOutputSplitter:
         if text:
             events.append(ContentText(text))
 
-    def _emit_tool_calls(self, block: str, events: list[OutputEvent]) -> None:
-        parser = self._m.tool_parser
+    def _emit_tool_calls(self, block: str, events: list[OutputEvent], closed: bool) -> bool:
+        """Tool-call events for `block`, or the block as content; returns whether it parsed."""
+        m = self._m
         try:
-            parsed = parser(block, self._tools) if parser is not None else None
+            parsed = m.tool_parser(block, self._tools) if m.tool_parser is not None else None
             calls = parsed if isinstance(parsed, list) else [parsed]
             normalized = [_normalize_call(c) for c in calls]
         except Exception as exc:  # parsers raise anything from ValueError to KeyError
-            log.warning("dropping unparsable tool call (%s: %s)", type(exc).__name__, exc)
-            self.dropped_tool_text.append(block)
-            return
+            log.info("a tool call that does not parse is content (%s: %s)", type(exc).__name__, exc)
+            self.unparsed_tool_text.append(block)
+            self._strip_leading = False
+            self._emit_content(f"{m.tool_call_start or ''}{block}{m.tool_call_end or '' if closed else ''}", events)
+            return False
         for name, arguments in normalized:
             index = self.tool_calls
             self.tool_calls += 1
             events.append(ToolCallStart(index, self._new_call_id(), name))
             events.append(ToolCallArguments(index, arguments))
+        return True
 
 
 def _normalize_call(call: Any) -> tuple[str, str]:

@@ -43,7 +43,7 @@ class ChatTranslator:
         self._reasoning: list[str] = []
         self._calls: dict[int, tuple[str, str, list[str]]] = {}
         self._one_call = one_call
-        # True once the reply has said all it may (parallel_tool_calls false: a second call began): stop the row.
+        # True once the reply has said all it may (parallel_tool_calls false: its first call ended): stop the row.
         self.done = False
 
     @classmethod
@@ -105,9 +105,6 @@ class ChatTranslator:
         for event in events:
             if self.done:
                 break
-            if self._one_call and isinstance(event, ToolCallStart) and self._calls:
-                self.done = True  # a second call: the reply ends with the first
-                break
             if isinstance(event, ContentText):
                 if event.text:
                     self._content.append(event.text)
@@ -140,4 +137,6 @@ class ChatTranslator:
                         ]
                     )
                 )
+                # parallel_tool_calls false: the reply ends with its first call (the row stops before a second)
+                self.done = self._one_call
         return deltas

@@ -153,8 +153,19 @@ def test_partial_marker_is_held_back_until_resolved():
     assert splitter.feed("box>") == [ContentText("<toolbox>")]
     assert splitter.feed("<tool_") == []
     assert splitter.feed("call>") == []
-    assert splitter.finish() == []  # an unterminated, unparsable call is dropped, never leaked
-    assert splitter.dropped_tool_text == [""]
+    assert splitter.finish() == [ContentText("<tool_call>")]  # unterminated and unparsable: content as written
+    assert splitter.unparsed_tool_text == [""]
+
+
+@pytest.mark.parametrize("pieces, content", [
+    (['Sure. <tool_call>{"name": "f", "argu', "ments: {bad}</tool_call>"],
+     'Sure. <tool_call>{"name": "f", "arguments: {bad}</tool_call>'),
+    (['<tool_call>{"name": "f", "arguments": {"x": 1'], '<tool_call>{"name": "f", "arguments": {"x": 1'),
+])
+def test_a_tool_call_that_does_not_parse_is_content_as_the_model_wrote_it(pieces: list[str], content: str) -> None:
+    # cut off by max_tokens, or bad JSON: the reply was empty, its text only in the server's log
+    events = run(QWEN, pieces)
+    assert reassemble(events) == {"content": content, "reasoning": "", "tool_calls": []}
 
 
 def test_name_event_precedes_arguments_and_ids_are_stable():
@@ -179,9 +190,10 @@ def test_unterminated_valid_call_is_parsed_at_finish():
     assert result["tool_calls"] == [{"id": "call_0", "name": "f", "arguments": {"a": 1}}]
 
 
-def test_broken_call_is_dropped_not_leaked():
+def test_broken_call_is_content_as_written():
     events = run(QWEN, ["ok <tool_call>{not json}</tool_call> after"])
-    assert reassemble(events) == {"content": "ok after", "reasoning": "", "tool_calls": []}
+    assert reassemble(events) == {"content": "ok <tool_call>{not json}</tool_call> after", "reasoning": "",
+                                  "tool_calls": []}
 
 
 def test_unterminated_reasoning_is_flushed_as_reasoning():

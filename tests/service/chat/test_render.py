@@ -105,8 +105,10 @@ def test_parallel_tool_calls_false_ends_the_reply_after_the_first_call() -> None
         both = _chat(client, tools=TOOLS)["choices"][0]["message"]["tool_calls"]
         assert [c["function"]["name"] for c in both] == ["get_weather", "get_time"]
         closed = engine.closed_streams
-        one = _chat(client, tools=TOOLS, parallel_tool_calls=False)["choices"][0]
+        reply = _chat(client, tools=TOOLS, parallel_tool_calls=False)
+        one = reply["choices"][0]
         assert one["finish_reason"] == "tool_calls"
+        assert reply["usage"]["completion_tokens"] == 1  # stopped as its first call ended: no second one generated
         assert [c["function"]["name"] for c in one["message"]["tool_calls"]] == ["get_weather"]
         assert engine.closed_streams == closed + 1  # the row was stopped, not read to its end
         events = sse_events(client.post("/v1/chat/completions", json={
