@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ServiceMetrics", "CONTENT_TYPE"]
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Litestar adds "; charset=utf-8" to a text/* type itself (written here too, it came twice).
+CONTENT_TYPE = "text/plain; version=0.0.4"
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)

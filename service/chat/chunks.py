@@ -12,7 +12,7 @@ from engine.contracts import TokenLogprob
 from service.chat.logprobs import LogprobJson, chat_logprobs
 from service.chat.replies import ChatCompletionChunk, ChoiceDelta, ChunkChoice, FinishReason
 from service.chat.stream import ResponseMeta
-from service.http.sse import sse_data
+from service.http.sse import null_usage, sse_data
 
 __all__ = ["ChunkEncoder"]
 
@@ -20,14 +20,17 @@ __all__ = ["ChunkEncoder"]
 class ChunkEncoder:
     """SSE `data:` events of one streamed chat completion (`meta` gives id, created and model)."""
 
-    def __init__(self, meta: ResponseMeta, logprobs: LogprobJson | None = None) -> None:
-        """`logprobs`: how the stream's log probabilities are written (None: it asked for none)."""
+    def __init__(self, meta: ResponseMeta, logprobs: LogprobJson | None = None, usage: bool = False) -> None:
+        """`logprobs`: how the stream's log probabilities are written (None: it asked for none); `usage`: a usage
+        chunk ends the stream, so each of these says `"usage": null`."""
         self.meta = meta
         self.logprobs = logprobs
+        self._usage = usage
+        self._end = b',"usage":null}\n\n' if usage else b"}\n\n"
         head = json.dumps({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
                            "model": meta.model}, ensure_ascii=False, separators=(",", ":"))
         self._head = b"data: " + head[:-1].encode() + b',"choices":[{"index":0,"delta":{"'
-        self._tail = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+        self._tail = b'},"logprobs":null,"finish_reason":null}]' + self._end
 
     def encode(self, delta: ChoiceDelta, finish: FinishReason | None = None,
                logprobs: Sequence[TokenLogprob] = ()) -> bytes:
@@ -41,12 +44,13 @@ class ChunkEncoder:
                 return self._text(field, text, writer.encode(logprobs) if writer else None)
         meta = self.meta
         entries = chat_logprobs(writer.pieces, logprobs) if writer else None
-        return sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
-                                            choices=[ChunkChoice(delta=delta, finish_reason=finish,
-                                                                 logprobs=entries)]))
+        event = sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
+                                             choices=[ChunkChoice(delta=delta, finish_reason=finish,
+                                                                  logprobs=entries)]))
+        return null_usage(event) if self._usage else event
 
     def _text(self, field: bytes, text: str, logprobs: bytes | None) -> bytes:
         body = self._head + field + b'":' + json.dumps(text, ensure_ascii=False).encode()
         if logprobs is None:
             return body + self._tail
-        return body + b'},"logprobs":' + logprobs + b',"finish_reason":null}]}\n\n'
+        return body + b'},"logprobs":' + logprobs + b',"finish_reason":null}]' + self._end

@@ -23,7 +23,7 @@ from service.http.access_log import record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
-from service.http.sse import DONE, sse_data, sse_error
+from service.http.sse import DONE, null_usage, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -53,8 +53,9 @@ async def _prompt_tokens(state: AppState, engine: ChatEngine, body: CompletionRe
 
 
 def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None,
-           logprobs: CompletionLogprobs | None = None) -> bytes:
-    return sse_data(
+           logprobs: CompletionLogprobs | None = None, usage: bool = False) -> bytes:
+    """`usage`: a usage chunk ends the stream, so this one says `"usage": null`."""
+    event = sse_data(
         Completion(
             id=meta.id,
             created=meta.created,
@@ -62,6 +63,7 @@ def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None,
             choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)],
         )
     )
+    return null_usage(event) if usage else event
 
 
 async def _events(
@@ -70,7 +72,7 @@ async def _events(
 ) -> AsyncGenerator[bytes, None]:
     try:
         if echo:
-            yield _chunk(meta, echo)
+            yield _chunk(meta, echo, usage=include_usage)
         finish: str | None = None
         offset = len(echo)
         async for text, finish in reader.items():
@@ -78,8 +80,8 @@ async def _events(
             if text or tokens:
                 logprobs = completion_logprobs(pieces, tokens, offset) if pieces is not None else None
                 offset += sum(len(token) for token in logprobs.tokens) if logprobs is not None else 0
-                yield _chunk(meta, text, logprobs=logprobs)
-        yield _chunk(meta, "", "length" if finish == "length" else "stop")
+                yield _chunk(meta, text, logprobs=logprobs, usage=include_usage)
+        yield _chunk(meta, "", "length" if finish == "length" else "stop", usage=include_usage)
         if include_usage:
             yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage()))
     except Exception as exc:  # headers are out: report in-band, then end the stream properly

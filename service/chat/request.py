@@ -54,9 +54,10 @@ def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | Non
             raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})",
                            param="logit_bias", code="invalid_value")
     defaults = SamplingParams()
+    greedy = body.top_p == 0  # a nucleus of nothing but the likeliest token
     return SamplingParams(
-        temperature=defaults.temperature if body.temperature is None else body.temperature,
-        top_p=defaults.top_p if body.top_p is None else body.top_p,
+        temperature=0.0 if greedy else defaults.temperature if body.temperature is None else body.temperature,
+        top_p=defaults.top_p if body.top_p is None or greedy else body.top_p,
         top_k=defaults.top_k if body.top_k is None else body.top_k,
         min_p=defaults.min_p if body.min_p is None else body.min_p,
         # OpenAI seeds are any integer; MLX keys take uint64: fold, so every seed is valid and stable.

@@ -58,7 +58,7 @@ async def _chat_events(
     reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool,
     writer: LogprobJson | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    chunk = ChunkEncoder(meta, writer).encode
+    chunk = ChunkEncoder(meta, writer, usage=include_usage).encode
     held: list[TokenLogprob] = []  # log probabilities of tokens whose text has not shown in a chunk yet
 
     def shown() -> list[TokenLogprob]:  # the held tokens, whose entries go with the chunk going out now

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = [
     "TextPart",
@@ -61,7 +61,7 @@ class _Body(_Request):
 class TextPart(_Request):
     """A text content part; other part types (images, audio) are not served by a text model."""
 
-    type: Literal["text", "input_text"] = "text"
+    type: Literal["text", "input_text"]
     text: str
 
 
@@ -75,19 +75,40 @@ class ToolCall(_Request):
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
+    # The openai SDK's stream helper leaves each streamed call's `index` on the message it assembles, and
+    # clients send that message back as it is; the calls' order in the list is what counts.
+    index: int | None = None
 
 
 class ChatMessage(_Request):
     """One conversation message. `developer` is treated as `system` when the prompt is built."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart] | None = Field(None, validate_default=True)
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(None, validate_default=True)
     # Prior assistant thinking, passed back to the chat template.
     reasoning_content: str | None = None
     reasoning: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _has_content(cls, content: Any, info: ValidationInfo) -> Any:
+        # As OpenAI refuses them: a message with nothing to say.
+        role = info.data.get("role")
+        if content is None and role not in (None, "assistant"):
+            raise ValueError(f"a {role} message needs content")
+        if isinstance(content, list) and not content:
+            raise ValueError("an empty array; give at least one content part")
+        return content
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _names_its_call(cls, tool_call_id: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("role") == "tool" and not tool_call_id:
+            raise ValueError("a tool message names the call it answers")
+        return tool_call_id
 
     def text(self) -> str:
         """The content as one string (parts joined). Raises nothing."""
@@ -134,7 +155,7 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0, description="0: only the likeliest token (greedy).")
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = None
@@ -146,6 +167,13 @@ class SamplingFields(_Body):
     n: int = Field(1, description="Only 1 is supported.")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
     safety_identifier: str | None = Field(None, description="As `user`.")
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_streamed(cls, options: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("only allowed when stream is true")
+        return options
 
     @field_validator("n")
     @classmethod

@@ -93,7 +93,7 @@ class APIError(Exception):
 
     def __init__(
         self, status: int, message: str, *, type: str | None = None, param: str | None = None, code: str | None = None,
-        retry_after: int | None = None,
+        retry_after: int | None = None, close: bool = False,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -103,11 +103,14 @@ class APIError(Exception):
         self.code = code or DEFAULT_CODES.get(status, "server_error" if status >= 500 else "invalid_request")
         # Seconds a client should wait before retrying (429, 503): sent as the Retry-After header.
         self.retry_after = retry_after
+        # The request's body was left unread: the connection cannot carry another request (Connection: close).
+        self.close = close
 
     @property
     def headers(self) -> dict[str, str]:
-        """Response headers the error carries (Retry-After). Raises nothing."""
-        return {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
+        """Response headers the error carries (Retry-After, Connection). Raises nothing."""
+        return ({"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}) | \
+            ({"Connection": "close"} if self.close else {})
 
 
 def unavailable(message: str, *, code: str = "unavailable", retry_after: int = 5) -> APIError:

@@ -113,7 +113,7 @@ def _preflight(scope: Scope) -> bool:
 
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"The request body is larger than this route's limit of {limit} bytes.",
-                    code="request_too_large")
+                    code="request_too_large", close=True)
 
 
 async def _send_error(send: Any, error: APIError) -> None:
@@ -153,7 +153,7 @@ class _BodyReader:
                     raise APIError(499, "The client closed the connection before sending its body.",
                                    code="client_closed_request")
             return message
-        raise APIError(408, f"No request body bytes arrived for {self._timeout:g} s.", code="body_timeout")
+        raise APIError(408, f"No request body bytes arrived for {self._timeout:g} s.", code="body_timeout", close=True)
 
 
 class _FrameLimit:

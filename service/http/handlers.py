@@ -41,6 +41,9 @@ def _validation_error(exc: ValidationException) -> APIError:
     first = max(problems, key=lambda e: len((_field_path(e.get("key")) or "").split(".")))
     message = str(first.get("message", exc.detail)).removeprefix("Value error, ")
     param = _field_path(first.get("key"))
+    if param == "data":  # Litestar's name for the whole body (no request has a `data` field): it was empty or null
+        return APIError(400, "We could not parse the JSON body of your request: it is empty or null (send a JSON "
+                             "object).", code="invalid_json")
     if message == "Extra inputs are not permitted" and param:  # a top-level field we do not know: as OpenAI words it
         return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
                         code="unknown_parameter")

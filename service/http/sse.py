@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from service.http.errors import APIError, error_body
 
-__all__ = ["DONE", "SSE_HEADERS", "sse_data", "sse_error", "EventSource", "SSEStream"]
+__all__ = ["DONE", "SSE_HEADERS", "sse_data", "null_usage", "sse_error", "EventSource", "SSEStream"]
 
 DONE = b"data: [DONE]\n\n"
 
@@ -29,6 +29,12 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def sse_data(payload: BaseModel) -> bytes:
     """One `data: <json>` event. Raises nothing for valid models."""
     return b"data: " + payload.model_dump_json().encode() + b"\n\n"
+
+
+def null_usage(event: bytes) -> bytes:
+    """A `data: {...}` chunk with `"usage": null` last: with stream_options.include_usage OpenAI's chunks before
+    the usage chunk carry it so. Raises nothing."""
+    return event[:-3] + b',"usage":null}\n\n'
 
 
 def sse_error(error: APIError) -> bytes:

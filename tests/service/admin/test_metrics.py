@@ -15,7 +15,8 @@ from tests.service.fake_engine import FakeEngine
 
 def _families(client: TestClient[Any]) -> dict[str, Any]:
     response = client.get("/metrics")
-    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"  # the charset once
     return {family.name: family for family in text_string_to_metric_families(response.text)}
 
 

@@ -39,6 +39,7 @@ def test_stream_grammar(client: Any) -> None:
     usage = events[-2]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5
     chunks = events[:-2]
+    assert all("usage" in c and c["usage"] is None for c in chunks)
     finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["finish_reason"]]
     assert finishes == ["stop"] and chunks[-1]["choices"][0]["finish_reason"] == "stop"
     assert "".join(c["choices"][0]["text"] for c in chunks) == "abcHello world!"

@@ -33,6 +33,7 @@ def test_stream_grammar_with_usage(client: Any) -> None:
     assert len(finishes) == 1 and finishes[0]["choices"][0]["finish_reason"] == "stop"
     usage_chunk = chunks[-1]
     assert usage_chunk["choices"] == [] and chunks[-2] is finishes[0]
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1])  # as OpenAI's: null before the usage chunk
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == "Hello world!"
     assert usage_chunk["usage"]["completion_tokens"] == 5

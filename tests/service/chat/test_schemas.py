@@ -88,3 +88,44 @@ def test_the_end_user_goes_on_the_access_log_line(client: Any, caplog: pytest.Lo
     lines = [r.getMessage() for r in caplog.records if r.name == "tandem.access"]
     assert any(line.startswith("POST /v1/chat/completions 200") and line.endswith('user "u-\\"1\\""') for line in lines)
     assert any(line.startswith("POST /v1/completions 200") and line.endswith('user "s-2"') for line in lines)
+
+
+@pytest.mark.parametrize("messages, param, words", [
+    ([{"role": "user"}], "messages.0.content", ("a user message needs content",)),
+    ([{"role": "system", "content": None}, *USER], "messages.0.content", ("needs content",)),
+    ([{"role": "user", "content": []}], "messages.0.content", ("empty array",)),
+    ([{"role": "user", "content": [{"text": "hi"}]}], "messages.0.content.0.type", ("required",)),
+    ([*USER, {"role": "tool", "content": "42"}], "messages.1.tool_call_id", ("names the call",)),
+])
+def test_a_message_openai_refuses_is_refused_by_name(client: Any, fake_engine: FakeEngine,
+                                                     messages: list[dict[str, Any]], param: str,
+                                                     words: tuple[str, ...]) -> None:
+    before = len(fake_engine.requests)
+    _refused(_chat(client, messages=messages), param, *words)
+    assert len(fake_engine.requests) == before
+
+
+def test_stream_options_need_a_stream(client: Any) -> None:
+    _refused(_chat(client, stream_options={"include_usage": True}), "stream_options", "only allowed when stream")
+
+
+def test_a_streamed_reply_sent_back_as_the_sdk_assembles_it_is_taken(client: Any) -> None:
+    # the openai SDK's stream helper leaves each call's `index` on the message it assembles
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [*USER, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    assert _chat(client, messages=history).status_code == 200
+
+
+def test_top_p_zero_is_the_likeliest_token_only(client: Any, fake_engine: FakeEngine) -> None:
+    assert _chat(client, top_p=0, temperature=1.5).status_code == 200
+    sampling = fake_engine.requests[-1].sampling
+    assert (sampling.temperature, sampling.top_p) == (0.0, 1.0)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_empty_body_is_unparsable_json(client: Any, path: str) -> None:
+    response = client.post(path, content=b"", headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_json", None) and "empty" in error["message"]

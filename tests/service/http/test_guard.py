@@ -121,8 +121,10 @@ def _scope(path: str, headers: list[tuple[bytes, bytes]] | None = None) -> dict[
     }
 
 
-async def _call(app: Any, scope: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-    """Run one request whose receive() yields `messages`, then waits forever (a stalled client)."""
+async def _call(app: Any, scope: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any],
+                                                                                          dict[bytes, bytes]]:
+    """Run one request whose receive() yields `messages`, then waits forever (a stalled client): its status, body
+    and headers."""
     sent: list[dict[str, Any]] = []
     queue = list(messages)
 
@@ -136,17 +138,19 @@ async def _call(app: Any, scope: dict[str, Any], messages: list[dict[str, Any]])
         sent.append(message)
 
     await app(scope, receive, send)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, json.loads(body)
+    return start["status"], json.loads(body), dict(start["headers"])
 
 
 @pytest.mark.anyio
 async def test_a_chunked_body_is_cut_once_it_passes_the_limit() -> None:
     app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig(limits=Limits(max_body_bytes=100))))
     chunks = [{"type": "http.request", "body": b"x" * 60, "more_body": True} for _ in range(5)]
-    status, body = await _call(app, _scope("/v1/chat/completions"), chunks)
+    status, body, headers = await _call(app, _scope("/v1/chat/completions"), chunks)
     assert status == 413 and body["error"]["code"] == "request_too_large"
+    # the rest of the body was never read: the connection cannot carry the client's next request
+    assert headers[b"connection"] == b"close"
 
 
 @pytest.mark.anyio
@@ -154,8 +158,8 @@ async def test_a_stalled_body_is_answered_408() -> None:
     limits = Limits(body_timeout=0.05)  # the only wait here is the one under test
     app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig(limits=limits)))
     start = [{"type": "http.request", "body": b'{"messages": ', "more_body": True}]
-    status, body = await _call(app, _scope("/v1/chat/completions"), start)
-    assert status == 408 and body["error"]["code"] == "body_timeout"
+    status, body, headers = await _call(app, _scope("/v1/chat/completions"), start)
+    assert status == 408 and body["error"]["code"] == "body_timeout" and headers[b"connection"] == b"close"
 
 
 def test_routes_have_their_own_size_limits() -> None:
