@@ -1,6 +1,7 @@
 """One access-log line per HTTP request: method, path, status, duration, and tokens where a route knows
 them (`record_tokens`); the same request counted in the metrics by route template. Wraps the whole app,
-so 404s, CORS preflights and the guard's refusals are logged and counted too."""
+so 404s, CORS preflights and the guard's refusals are logged and counted too. A websocket gets its line
+when it ends."""
 
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ class AccessLog:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._socket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -81,11 +85,35 @@ class AccessLog:
                 self.metrics.observe_request(str(route), str(scope.get("method", "-")), code, seconds)
 
 
-def _line(scope: Scope, status: int | None, seconds: float) -> str:
+    async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One line when a websocket ends: 101 (accepted) or 403 (refused at the handshake), how long it lasted
+        and who closed it (the server's close code). Not counted in the request metrics: its duration is a
+        session's."""
+        start = time.perf_counter()
+        status: list[int] = []
+        closed: list[int] = []
+
+        async def watch(message: Message) -> None:
+            if message["type"] == "websocket.accept":
+                status.append(101)
+            elif message["type"] == "websocket.close":
+                closed.append(int(message.get("code", 1000)))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            code = status[0] if status else 403 if closed else None
+            line = _line(scope, code, time.perf_counter() - start, method="WS")
+            end = "refused" if not status else f"closed {closed[0]}" if closed else "closed by the client"
+            _log.info("%s %s", line, end)
+
+
+def _line(scope: Scope, status: int | None, seconds: float, method: str | None = None) -> str:
     path = scope.get("path", "")
     if query := scope.get("query_string", b""):
         path += "?" + query.decode("latin-1")
-    line = f"{scope.get('method', '-')} {path} {status if status is not None else '-'} {seconds * 1000:.1f} ms"
+    line = f"{method or scope.get('method', '-')} {path} {status if status is not None else '-'} {seconds * 1000:.1f} ms"
     tokens = scope.get("state", {}).get(_TOKENS_KEY)
     if tokens is not None:
         try:

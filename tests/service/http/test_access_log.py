@@ -44,3 +44,20 @@ def test_unrouted_and_failed_requests_are_logged(client: Any, capsys: pytest.Cap
     lines = _lines(capsys.readouterr().err)
     assert [line.split(" ms")[0].rsplit(" ", 1)[0] for line in lines] == [
         "tandem: GET /nowhere?x=1 404", "tandem: POST /v1/chat/completions 400"]
+
+
+def test_a_websocket_is_logged_when_it_ends(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from litestar.exceptions import WebSocketDisconnect
+
+    capsys.readouterr()
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:  # no Whisper model here
+        assert ws.receive_json()["type"] == "error"
+        with pytest.raises(WebSocketDisconnect):
+            ws.receive_json()
+    with pytest.raises(WebSocketDisconnect), \
+            client.websocket_connect("/v1/audio/live", headers={"origin": "http://elsewhere.example"}):
+        pass
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tandem: WS ")]
+    assert len(lines) == 2, lines
+    assert re.fullmatch(r"tandem: WS /v1/realtime\?intent=transcription 101 \d+\.\d ms closed 10\d\d", lines[0])
+    assert re.fullmatch(r"tandem: WS /v1/audio/live 403 \d+\.\d ms refused", lines[1]), lines[1]
