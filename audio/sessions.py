@@ -321,7 +321,7 @@ class LiveSession:
                 return
             what, at, ref = self._controls.popleft()
             if what == "commit":
-                if not await self._gate_to(at, flush=True, ref=ref):  # a flushed VAD pause is the commit itself
+                if not await self._gate_to(at, flush=True, ref=ref, commit=True):  # a flushed VAD pause is the commit
                     self._pause(at, ref)
             else:
                 self._clear_at(at)
@@ -331,9 +331,10 @@ class LiveSession:
         self._raw.discard_before(self._settled())
         self._pool.update(self)
 
-    async def _gate_to(self, end: int, flush: bool, ref: str | None = None) -> bool:
+    async def _gate_to(self, end: int, flush: bool, ref: str | None = None, commit: bool = False) -> bool:
         """Gate raw audio up to `end`; with `flush` close an open speech region there (its pause carries
-        `ref`). Returns whether the last thing gated was a pause."""
+        `ref`; a client's `commit` ends it, with no speech_stopped, as OpenAI's server VAD does). Returns whether
+        the last thing gated was a pause."""
         pending = self._raw.view(self._gated, end - self._gated)
         start = self._gated
         self._gated += len(pending)
@@ -357,8 +358,9 @@ class LiveSession:
             else:
                 at = ev.at + origin
                 self._boundary = max(self._boundary, at)
-                self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE,
-                                       item=self.live.utterances.opened))
+                if not (commit and ev in flushed):
+                    self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE,
+                                           item=self.live.utterances.opened))
                 self._pause(at, ref if ev in flushed else None)
         return bool(flushed) and not isinstance(flushed[-1], Speech)
 

@@ -107,6 +107,8 @@ async def test_a_pause_during_a_probe_cancels_it_and_the_final_decode_starts_at_
     assert kinds.index(("audio_committed", 0)) < kinds.index(("committed", 0)) < kinds.index(("utterance", 0))
     assert [e.type for e in s.events_log if e.item == 0 and e.type in ("tentative", "committed")][0] == "committed"
     assert s.committed_text() == [e.text for e in s.events_log if e.type == "utterance"][0]
+    # a client's commit ends the speech itself: OpenAI's server VAD then sends no speech_stopped
+    assert [e.item for e in s.events_log if e.type == "speech_stopped"] == ([] if close == "commit" else [0])
 
 
 async def test_a_pause_seen_during_a_final_decode_waits_for_it(tiny_whisper_dir: Path) -> None:
