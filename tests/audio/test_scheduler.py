@@ -113,7 +113,9 @@ async def test_a_minimum_step_time_runs_more_units_and_rows_per_step(tiny_whispe
     for kind in ("encode", "decode"):
         held = sum(s.seconds for s in long.counters.steps if s.kind == kind)
         assert long.stats()[f"{kind}_s"] == pytest.approx(held, abs=2e-3) and held > 0
-    assert long.stats()["recent_steps"]["decode"]["rows_p50"] == 2
+    # both windows' rows decode together (not always: on a loaded machine one window's encoding may take a step
+    # more, and the other's rows decode alone meanwhile — a CI run beside other work saw rows_p50 1)
+    assert long.stats()["recent_steps"]["decode"]["rows_max"] == 2
 
 
 def test_the_minimum_step_time_defaults_by_device() -> None:
