@@ -85,7 +85,9 @@ class WindowedTranscription:
 
         def prepare() -> tuple[Any, list[int]]:
             tok = tokenizer_for(loaded, options.language, options.task)
-            prompt = tok.encode(" " + options.prompt.strip()) if options.prompt and options.prompt.strip() else []
+            # a prompt is text: "<|endoftext|>" in it is those characters, never the special token (tiktoken refuses)
+            prompt = tok.encode(" " + options.prompt.strip(), disallowed_special=()) \
+                if options.prompt and options.prompt.strip() else []
             return tok, prompt
 
         tok, prompt = await anyio.to_thread.run_sync(prepare)

@@ -99,6 +99,14 @@ async def test_prompt_tokens_prefix_but_do_not_appear_in_text(tiny_whisper: Load
     assert len(tr.request(noise(1), 100, prefix=long_prefix).prompt) == 64 // 2 - 1 - 30
 
 
+async def test_a_prompt_naming_a_special_token_is_plain_text(tiny_whisper: LoadedWhisper) -> None:
+    # tiktoken refused "<|endoftext|>" in the text (a 500 for the request); it is those characters, never the token
+    options = TranscribeOptions(temperatures=(0.0,), prompt="see <|endoftext|> and <|0.00|>")
+    tr = await WindowedTranscription.start(tiny_whisper, options)
+    assert tr.initial_prompt_tokens and all(t < tr.tokenizer.eot for t in tr.initial_prompt_tokens)
+    assert tr.tokenizer.decode(tr.initial_prompt_tokens) == " see <|endoftext|> and <|0.00|>"
+
+
 async def test_word_timestamps_attach_words(tiny_whisper: LoadedWhisper) -> None:
     options = TranscribeOptions(temperatures=(0.0,), word_timestamps=True)
     async with running_tasks() as tasks:
