@@ -6,7 +6,7 @@ from typing import Any, Literal, get_args
 
 from audio.transcript import Transcript
 
-__all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp"]
+__all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp", "language_name"]
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
@@ -41,24 +41,38 @@ def _vtt(t: Transcript) -> str:
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
+def _usage(t: Transcript) -> dict[str, Any]:
+    """OpenAI's usage of a Whisper transcription: the audio's seconds."""
+    return {"type": "duration", "seconds": round(t.duration, 3)}
+
+
+def language_name(code: str) -> str:
+    """Whisper's name for a language code ("en" → "english"), as OpenAI's verbose_json gives it; an unknown code as
+    it is. Raises nothing."""
+    from mlx_whisper.tokenizer import LANGUAGES
+
+    return LANGUAGES.get(code, code)
+
+
 def _verbose(t: Transcript, words: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "task": t.task,
-        "language": t.language,
+        "language": language_name(t.language),
         "duration": round(t.duration, 3),
-        "text": t.text,
+        "text": t.text.strip(),
         "segments": [s.as_dict(with_words=False) for s in t.segments],
     }
     if words:
         body["words"] = [w.as_dict() for w in t.words]
+    body["usage"] = _usage(t)
     return body
 
 
 def render(t: Transcript, fmt: str, *, words: bool = False) -> str | dict[str, Any]:
     """The response body: a dict for json/verbose_json, a string otherwise. `words` adds the flat word
     list to verbose_json (timestamp_granularities=["word"]). Raises ValueError for an unknown format."""
-    if fmt == "json":
-        return {"text": t.text}
+    if fmt == "json":  # the text as OpenAI gives it: no leading space (its segments keep theirs)
+        return {"text": t.text.strip(), "usage": _usage(t)}
     if fmt == "verbose_json":
         return _verbose(t, words)
     if fmt == "text":

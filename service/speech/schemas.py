@@ -105,21 +105,30 @@ class TranscriptionSegment(BaseModel):
     no_speech_prob: float
 
 
+class DurationUsage(BaseModel):
+    """What a Whisper transcription used: seconds of audio."""
+
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
 class Transcription(BaseModel):
     """response_format=json."""
 
     text: str
+    usage: DurationUsage
 
 
 class VerboseTranscription(BaseModel):
     """response_format=verbose_json."""
 
     task: Literal["transcribe", "translate"] = "transcribe"
-    language: str
+    language: str = Field(description='Whisper\'s name for it, as OpenAI gives it ("english").')
     duration: float
     text: str
     segments: list[TranscriptionSegment] = Field(default_factory=list)
     words: list[TranscriptionWord] | None = None
+    usage: DurationUsage
 
 
 class TranscriptTextDelta(BaseModel):

@@ -108,13 +108,15 @@ async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options:
                                 metrics: Any) -> AsyncGenerator[bytes, None]:
     started = time.perf_counter()
     stream = speech.transcribe_stream(pcm, options)
+    sent = ""  # the deltas so far, which add up to the done event's text (no leading space, as OpenAI's)
     try:
         async for item in stream:
             if isinstance(item, Transcript):
                 if metrics is not None:
                     metrics.observe_transcription(len(pcm) / SAMPLE_RATE, time.perf_counter() - started)
-                yield sse_data(TranscriptTextDone(text=item.text))
-            elif delta := "".join(s.text for s in item):
+                yield sse_data(TranscriptTextDone(text=item.text.strip()))
+            elif delta := "".join(s.text for s in item).lstrip() if not sent else "".join(s.text for s in item):
+                sent += delta
                 yield sse_data(TranscriptTextDelta(delta=delta))
     except Exception as exc:  # headers are out: report in-band
         yield sse_error(in_band_error(exc))

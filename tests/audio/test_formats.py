@@ -43,13 +43,16 @@ def test_vtt_golden_and_well_formed() -> None:
 
 def test_text_and_json() -> None:
     assert render(T, "text") == "Hello there. General Kenobi.\n"
-    assert render(T, "json") == {"text": " Hello there. General Kenobi."}
+    # OpenAI's text has no leading space (its segments keep theirs); usage is the audio's seconds
+    assert render(T, "json") == {"text": "Hello there. General Kenobi.", "usage": {"type": "duration", "seconds": 3725.5}}
 
 
 def test_verbose_json_fields() -> None:
     body = render(T, "verbose_json", words=True)
     assert isinstance(body, dict)
-    assert {k: body[k] for k in ("task", "language", "duration")} == {"task": "transcribe", "language": "en", "duration": 3725.5}
+    assert {k: body[k] for k in ("task", "language", "duration", "text", "usage")} == {
+        "task": "transcribe", "language": "english", "duration": 3725.5, "text": "Hello there. General Kenobi.",
+        "usage": {"type": "duration", "seconds": 3725.5}}
     seg = body["segments"][0]
     assert set(seg) == {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                         "compression_ratio", "no_speech_prob"}

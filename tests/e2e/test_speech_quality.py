@@ -75,7 +75,7 @@ def file_text(server: TandemServer, pcm: np.ndarray) -> str:
                    data={"model": "whisper-1", "response_format": "verbose_json"})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert body["duration"] == pytest.approx(len(pcm) / SR, abs=0.05) and body["language"] == "en"
+    assert body["duration"] == pytest.approx(len(pcm) / SR, abs=0.05) and body["language"] == "english"
     return str(body["text"])
 
 
