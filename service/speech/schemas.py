@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from litestar.datastructures import UploadFile
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -56,6 +56,33 @@ class TranscriptionForm(BaseModel):
     vad_trim: bool = Field(False, description="Extension: with vad off, cut leading/trailing silence before decoding.")
     chunking_strategy: Literal["auto"] | None = Field(
         None, description='"auto": the audio is cut at pauses found by voice activity detection (as vad on).')
+    include: list[str] | None = Field(None, alias="include[]", description="Nothing: log probabilities are not given "
+                                                                           "for transcriptions here.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _objects_in_brackets(cls, data: Any) -> Any:
+        # The SDK sends an object field as `name[key]` parts: gathered under its name, so its refusal names it.
+        if isinstance(data, dict) and any(isinstance(k, str) and k.startswith("chunking_strategy[") for k in data):
+            data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("chunking_strategy["))} \
+                | {"chunking_strategy": {k[18:-1]: v for k, v in data.items()
+                                         if isinstance(k, str) and k.startswith("chunking_strategy[")}}
+        return data
+
+    @field_validator("chunking_strategy", mode="before")
+    @classmethod
+    def _auto_only(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            raise ValueError(f'{value.get("type", "an object")!r} with its own settings is not supported: "auto" is '
+                             "(the audio cut at pauses this server's voice activity detection finds)")
+        return value
+
+    @field_validator("include", mode="before")
+    @classmethod
+    def _nothing_included(cls, value: Any) -> Any:
+        if value:
+            raise ValueError(f"{value!r} is not supported: transcriptions here give no log probabilities")
+        return value
 
     @field_validator("timestamp_granularities", mode="before")
     @classmethod
@@ -79,11 +106,12 @@ class TranscriptionForm(BaseModel):
             raise ValueError(f"a streamed transcription sends text events: response_format {fmt} cannot be streamed")
         return stream
 
-    @model_validator(mode="after")
-    def _chunking_is_vad(self) -> "TranscriptionForm":
-        if self.chunking_strategy == "auto" and self.vad is False:
-            raise ValueError("chunking_strategy auto cuts at voice activity: it cannot be had with vad false")
-        return self
+    @field_validator("chunking_strategy")
+    @classmethod
+    def _chunking_is_vad(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value == "auto" and info.data.get("vad") is False:
+            raise ValueError("auto cuts at voice activity: it cannot be had with vad false")
+        return value
 
 
 class TranscriptionWord(BaseModel):

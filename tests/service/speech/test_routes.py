@@ -118,13 +118,16 @@ def test_transcription_bad_input(client: TestClient[Any], audio: bytes | None, f
 
 
 @pytest.mark.parametrize("fields, param, code", [
-    ({"include[]": "logprobs"}, "include[]", "unknown_parameter"),
+    ({"include[]": "logprobs"}, "include[]", "invalid_value"),  # OpenAI's field: not supported, not unknown
     ({"known_speaker_names[]": "ann"}, "known_speaker_names[]", "unknown_parameter"),
     ({"some_future_field": "1"}, "some_future_field", "unknown_parameter"),
     ({"timestamp_granularities[]": "word"}, "timestamp_granularities[]", "invalid_value"),  # only in verbose_json
     ({"stream": "true", "response_format": "srt"}, "stream", "invalid_value"),
-    ({"chunking_strategy": "auto", "vad": "false"}, None, "invalid_value"),
+    ({"chunking_strategy": "auto", "vad": "false"}, "chunking_strategy", "invalid_value"),
     ({"chunking_strategy": "server_vad"}, "chunking_strategy", "invalid_value"),
+    # the openai SDK's server_vad object, as form parts
+    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[silence_duration_ms]": "300"}, "chunking_strategy",
+     "invalid_value"),
 ])
 def test_a_transcription_field_that_cannot_be_honoured_is_refused_by_name(
         client: TestClient[Any], fields: dict[str, str], param: str | None, code: str) -> None:
