@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "tokenizer_for", "segment_end"]
 
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH
+# How far past a cut in the speech-only signal a segment time may run and still be taken for the speech before it
+# (Whisper's segment ends run 0.1-0.3 s long): see Timeline.span.
+SPAN_GRACE_S = 0.5
 
 
 def tokenizer_for(loaded: LoadedWhisper, language: str | None, task: str) -> Any:
@@ -250,9 +253,17 @@ class WindowedTranscription:
     def _time(self, t: float, end: bool = False) -> float:
         return round(self.timeline.seconds(t, end=end) if self.timeline is not None else t, 3)
 
+    def _span(self, start: float, end: float) -> tuple[float, float]:
+        """A segment's source times: kept out of a speech piece it reaches less than half a second into."""
+        if self.timeline is None:
+            return round(start, 3), round(end, 3)
+        a, b = self.timeline.span(start * SAMPLE_RATE, end * SAMPLE_RATE, SPAN_GRACE_S * SAMPLE_RATE)
+        return round(a / SAMPLE_RATE, 3), round(b / SAMPLE_RATE, 3)
+
     def _to_segment(self, i: int, s: dict[str, Any]) -> Segment:
+        start, end = self._span(float(s["start"]), float(s["end"]))
         return Segment(
-            id=i, seek=int(s["seek"]), start=self._time(float(s["start"])), end=self._time(float(s["end"]), True),
+            id=i, seek=int(s["seek"]), start=start, end=end,
             text=s["text"], tokens=list(s["tokens"]), temperature=float(s["temperature"]),
             avg_logprob=float(s["avg_logprob"]), compression_ratio=float(s["compression_ratio"]),
             no_speech_prob=float(s["no_speech_prob"]),

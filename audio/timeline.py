@@ -65,6 +65,26 @@ class Timeline:
         offset = min(max(0.0, sample - self._compact[i]), self._length[i])
         return self._source[i] + offset
 
+    def span(self, start: float, end: float, grace: float) -> tuple[float, float]:
+        """Source samples of the compact span [start, end]. A span reaching less than `grace` samples into the
+        first or the last piece it crosses is kept out of that piece: Whisper's segment times run a few tenths of
+        a second past a cut, and mapped as they are, a sentence's end lands in the next speech, however far
+        away. Raises nothing."""
+        if not self._compact or end <= start:
+            return self.to_source(start), self.to_source(end, end=True)
+        lo = max(0, bisect.bisect_right(self._compact, start) - 1)
+        hi = max(0, bisect.bisect_left(self._compact, end) - 1)
+        if hi > lo:
+            tail, head = end - self._compact[hi], self._compact[lo] + self._length[lo] - start
+            both = tail < grace and head < grace and hi == lo + 1  # keep the piece it reaches further into
+            if tail < grace and not (both and tail > head):
+                hi -= 1
+            if head < grace and hi > lo:
+                lo += 1
+        a = min(max(start, self._compact[lo]), self._compact[lo] + self._length[lo])
+        b = min(max(end, self._compact[hi]), self._compact[hi] + self._length[hi])
+        return self._source[lo] + a - self._compact[lo], self._source[hi] + b - self._compact[hi]
+
     def seconds(self, t: float, *, end: bool = False) -> float:
         """to_source in seconds. Raises nothing."""
         return self.to_source(t * SAMPLE_RATE, end=end) / SAMPLE_RATE

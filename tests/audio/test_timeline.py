@@ -35,3 +35,20 @@ def test_contiguous_pieces_merge_and_going_back_is_refused() -> None:
 def test_no_pieces_is_empty() -> None:
     out, timeline = compact(np.ones(100, np.float32), [])
     assert len(out) == 0 and timeline.length == 0 and timeline.seconds(1.0) == 1.0
+
+
+def test_a_span_reaching_just_past_a_cut_stays_in_the_speech_before_it() -> None:
+    # speech at 0-3 s and 23-26 s (20 s of silence cut out): compact 0-3 | 3-6
+    t = Timeline()
+    t.add(0, 3 * SR)
+    t.add(23 * SR, 3 * SR)
+    grace = 0.5 * SR
+    # a segment ending 0.17 s into the second piece was mapped to 23.17 s
+    assert t.span(0, 3.17 * SR, grace) == (0, 3 * SR)
+    # one starting 0.2 s before the cut, its words in the second piece, starts where that speech does
+    assert t.span(2.8 * SR, 5 * SR, grace) == (23 * SR, 25 * SR)
+    # a segment well into both pieces spans the cut, as it says
+    assert t.span(2 * SR, 4 * SR, grace) == (2 * SR, 24 * SR)
+    # all of it within the grace on both sides: the side it reaches further into
+    assert t.span(2.9 * SR, 3.2 * SR, grace) == (23 * SR, 23.2 * SR)
+    assert t.span(1 * SR, 2 * SR, grace) == (1 * SR, 2 * SR)  # within one piece: as it is
