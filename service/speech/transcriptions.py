@@ -49,6 +49,9 @@ _OK_CONTENT: dict[str, dict[str, Any]] = {
 }
 
 
+MIN_AUDIO_S = 0.1  # OpenAI's shortest file
+
+
 @post("/v1/audio/transcriptions", status_code=200, tags=["audio"],
       summary="Transcribe an audio file", responses=SPEECH_ERRORS,
       operation_class=ok_content_operation(_OK_CONTENT, "TranscriptionOperation"),
@@ -71,6 +74,9 @@ async def create_transcription(
     pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, content_type, param="file"))
     started = time.perf_counter()
     audio_seconds = len(pcm) / SAMPLE_RATE
+    if audio_seconds < MIN_AUDIO_S:  # as OpenAI refuses it: too short to hold a word
+        raise APIError(400, f"The audio is {audio_seconds:.3f} s long; at least {MIN_AUDIO_S} s is needed.",
+                       param="file", code="audio_too_short")
     if data.stream:
         return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics)))
     try:

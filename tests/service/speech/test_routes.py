@@ -111,6 +111,7 @@ def test_raw_pcm_upload(client: TestClient[Any]) -> None:
     (None, {"language": "de"}, 400, "invalid_value"),
     (None, {"response_format": "docx"}, 400, None),
     (None, {"temperature": "3"}, 400, None),
+    (wav_bytes(voiced(0.006)), {}, 400, "audio_too_short"),  # 6 ms: under OpenAI's 0.1 s
 ])
 def test_transcription_bad_input(client: TestClient[Any], audio: bytes | None, fields: dict[str, str], status: int,
                                  code: str | None) -> None:
