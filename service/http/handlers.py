@@ -45,6 +45,11 @@ def _validation_error(exc: ValidationException) -> APIError:
         return APIError(400, "We could not parse the JSON body of your request: it is empty or null (send a JSON "
                              "object).", code="invalid_json")
     if message == "Extra inputs are not permitted" and param:  # a top-level field we do not know: as OpenAI words it
+        unknown = sorted({p for e in problems if str(e.get("message", "")).endswith("Extra inputs are not permitted")
+                          and (p := _field_path(e.get("key")))})
+        if len(unknown) > 1:  # OpenAI names them all
+            return APIError(400, f"Unrecognized request arguments supplied: {', '.join(unknown)}", param=unknown[0],
+                            code="unknown_parameter")
         return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
                         code="unknown_parameter")
     others = {_field_path(e.get("key")) for e in problems} - {param}

@@ -129,3 +129,8 @@ def test_an_empty_body_is_unparsable_json(client: Any, path: str) -> None:
     assert response.status_code == 400
     error = response.json()["error"]
     assert (error["code"], error["param"]) == ("invalid_json", None) and "empty" in error["message"]
+
+
+def test_several_unknown_fields_are_all_named_as_openai_names_them(client: Any) -> None:
+    error = _refused(_chat(client, foo=1, baz=2), "baz", "Unrecognized request arguments supplied: baz, foo")
+    assert error["code"] == "unknown_parameter"
