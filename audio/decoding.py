@@ -17,6 +17,7 @@ import numpy as np
 
 from audio.mel import HOP_LENGTH, N_FRAMES, N_SAMPLES
 from audio.pcm import SAMPLE_RATE
+from audio.repeats import copied_words
 from audio.window import WindowRequest, WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
@@ -32,6 +33,8 @@ FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH
 # How far past a cut in the speech-only signal a segment time may run and still be taken for the speech before it
 # (Whisper's segment ends run 0.1-0.3 s long): see Timeline.span.
 SPAN_GRACE_S = 0.5
+# A window whose text runs this many words of its prompt in order copied it (see step).
+COPIED_PROMPT_WORDS = 8
 
 
 def tokenizer_for(loaded: LoadedWhisper, language: str | None, task: str) -> Any:
@@ -152,7 +155,16 @@ class WindowedTranscription:
                    tasks: "ExecutionTasks") -> list[Segment]:
         """Decode the window at the seek (`audio` = samples from there) and advance. Raises what the
         scheduler raises."""
-        result = await scheduler.decode(self.loaded, self.request(audio, frames))
+        request = self.request(audio, frames)
+        result = await scheduler.decode(self.loaded, request)
+        # the earlier windows' text in its prompt (a client's own prompt may well be said in the audio)
+        earlier = self.all_tokens[max(self.prompt_reset_since, len(self.initial_prompt_tokens)):]
+        if request.prompt and earlier and copied_words(self._plain(result.decoded.sampled),
+                                                       self._plain(earlier[-len(request.prompt):])) >= COPIED_PROMPT_WORDS:
+            # It wrote its conditioning text again, not what it heard (over speech with its pauses cut out, a
+            # window read the previous sentences back for 37 s): decoded again without it, as a fallback resets it.
+            self.prompt_reset_since = len(self.all_tokens)
+            result = await scheduler.decode(self.loaded, self.request(audio, frames))
         self.adopt(result)
         self.windows += 1
         if self.silent(result):
@@ -269,6 +281,9 @@ class WindowedTranscription:
             no_speech_prob=float(s["no_speech_prob"]),
             words=[Word(w["word"], self._time(float(w["start"])), self._time(float(w["end"]), True),
                         float(w.get("probability", 0.0))) for w in s.get("words", [])])
+
+    def _plain(self, tokens: Any) -> str:
+        return self.tokenizer.decode([int(t) for t in tokens if t < self.tokenizer.eot])
 
     def text(self) -> str:
         """All committed text so far. Raises nothing."""

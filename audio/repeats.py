@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "copies", "without_repeats"]
+__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "copies", "copied_words", "without_repeats"]
 
 MIN_WORDS = 2  # a repeated single word ("five. five.") may be speech: only longer sentences are dropped
 MIN_OVERLAP_WORDS = 3  # words a sentence at the boundary must share with the end of the one before to lose them
@@ -63,6 +63,21 @@ def copies(text: str, context: str) -> bool:
     words, seen = _words(text), _words(context)
     n = len(words)
     return n > 0 and any(seen[i:i + n] == words for i in range(len(seen) - n + 1))
+
+
+def copied_words(text: str, context: str) -> int:
+    """The longest run of `text`'s words (case and punctuation aside) that `context` holds in the same order.
+    Raises nothing."""
+    words, seen = _words(text), _words(context)
+    best, row = 0, [0] * (len(seen) + 1)
+    for w in words:  # longest common run, one row of the table at a time
+        new = [0] * (len(seen) + 1)
+        for j, v in enumerate(seen, start=1):
+            if v == w:
+                new[j] = row[j - 1] + 1
+                best = max(best, new[j])
+        row = new
+    return best
 
 
 def as_committed(pieces: list[str], committed: str) -> list[str]:

@@ -51,3 +51,12 @@ def test_copies_finds_text_whose_words_run_in_the_context() -> None:
     assert not copies(" 5, 5.", cards)
     assert not copies(" clubs 4", cards)  # the words, in their order
     assert not copies(" ...", cards) and not copies(" 5", "")
+
+
+def test_copied_words_is_the_longest_run_the_context_holds_in_order() -> None:
+    from audio.repeats import copied_words
+
+    context = "He was not an ill-disposed young man. Unless to be rather cold-hearted"
+    assert copied_words("rather cold-hearted. He was not an ill-disposed young man.", context) == 7  # "illdisposed"
+    assert copied_words("Ten of clubs.", context) == 0
+    assert copied_words("man unless", context) == 2 and copied_words("", context) == 0
