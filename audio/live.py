@@ -14,8 +14,7 @@ earlier text, as a fallback does in the seek loop. A sampled timestamp past the 
 end before it is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once
 (audio/repeats.py).
 How much new speech comes before the next guess: audio/guess_cadence.py; what a looping first guess still shows:
-audio/loop_head.py. Utterances are numbered and closed as
-audio/utterances.py says. `clear()` drops the open utterance's audio that has no committed text yet.
+audio/loop_head.py. Utterances are numbered and closed as audio/utterances.py says. `clear()` drops the open utterance's audio that has no committed text yet.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from audio.text_end import clamped_timestamps, stopped_short
 from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
-from audio.utterances import Utterances, by_utterance
+from audio.utterances import Utterances
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -338,7 +337,6 @@ class LiveTranscription:
             live.prefix = rest
             live.trim(0, advance // self._stride())
         self._open.discard_before(self._seek())
-
         self._set_tentative([])
 
     async def _final(self, limit: int) -> None:
@@ -347,7 +345,7 @@ class LiveTranscription:
         tr, live = self._tr, self._live
         assert tr is not None and live is not None
         self._cadence.empty = False  # the next utterance's guesses start afresh
-        seek, closed_before = self._seek(), self.utterances.closed
+        seek = self._seek()
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
             tokens = self._clamped(result.decoded.tokens, seek, limit, len(live.prefix))
@@ -355,13 +353,8 @@ class LiveTranscription:
                                  len(live.prefix)) if result.decoded.sampled else None
             short, keep = stop if stop is not None else (None, len(tokens))
             tokens = tokens[:keep]  # an unclosed last segment is decoded again from its start, not kept
-            pauses = [p for p in self.utterances.pauses if p <= limit] or [limit]
-            groups = by_utterance(tokens, len(live.prefix), tr.tokenizer.timestamp_begin,
-                                  self._stride() * HOP_LENGTH, seek, pauses)
-            for i, group in enumerate(groups):  # a session behind: each utterance its own text
-                if group and i:
-                    self.utterances.close(i - (self.utterances.closed - closed_before))
-                self._commit_text(group)
+            self.utterances.commit_by_pause(tokens, len(live.prefix), tr.tokenizer.timestamp_begin,
+                                            self._stride() * HOP_LENGTH, seek, limit, self._commit_text)
             live.reset()
             live.prefix = list(tokens)
             if short is not None:

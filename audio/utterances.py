@@ -49,6 +49,19 @@ class Utterances:
             self._emit(SessionEvent("utterance", text=text, item=self.closed))
             self.closed += 1
 
+    def commit_by_pause(self, tokens: list[int], first: int, timestamp_begin: int, unit: int, seek: int, limit: int,
+                        commit: Callable[[list[int]], None]) -> None:
+        """Commit `tokens[first:]` (a decode from `seek` through `limit`) utterance by utterance: by_utterance's
+        groups over the pauses up to `limit`, the utterances before a group closed first. Raises what `commit`
+        raises."""
+        pauses = [p for p in self.pauses if p <= limit] or [limit]
+        done = 0
+        for i, group in enumerate(by_utterance(tokens, first, timestamp_begin, unit, seek, pauses)):
+            if group and i > done:
+                self.close(i - done)
+                done = i
+            commit(group)
+
     def close_through(self, limit: int) -> None:
         """Close the utterances whose pauses are at or before `limit`. Raises nothing."""
         self.close(sum(1 for p in self.pauses if p <= limit))

@@ -34,11 +34,11 @@ from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from engine.errors import EngineRestarting
-from service.http.errors import APIError, api_error, frames_error_event
+from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event
 from service.http.json_body import json_depth
 from service.seams import SpeechBackend
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
-from service.speech.realtime_events import Items, error_event, event_id, server_events
+from service.speech.realtime_events import Items, server_events
 from service.speech.served import served_speech
 from service.state import AppState
 

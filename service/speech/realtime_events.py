@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from audio.live import SessionEvent
-from service.http.errors import error_event, event_id
 
-__all__ = ["Items", "server_events", "error_event", "event_id"]
+__all__ = ["Items", "server_events"]
 
 
 @dataclass
