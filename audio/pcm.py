@@ -20,6 +20,8 @@ __all__ = [
     "RAW_PCM_TYPES",
     "MIN_RATE",
     "MAX_RATE",
+    "MIN_FILE_RATE",
+    "MAX_FILE_RATE",
     "AudioInputError",
     "PcmFormat",
     "PcmStream",
@@ -35,6 +37,9 @@ SAMPLE_RATE = 16000
 # Content types of raw sample bodies (rate, encoding and channels ride as parameters).
 RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw")
 MIN_RATE, MAX_RATE = 8000, 48000
+# A container's own rate: what real files carry (4 kHz telephony to 384 kHz studio). A file claiming 1 Hz would
+# be resampled 16,000-fold in memory (a 300 KB upload grew a worker past its RAM).
+MIN_FILE_RATE, MAX_FILE_RATE = 4000, 384000
 
 Encoding = Literal["f32le", "s16le"]
 _ENCODING_ALIASES: dict[str, Encoding] = {
@@ -130,9 +135,14 @@ def resample(x: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.nda
         np.float32, copy=False)
 
 
-def decode_raw_pcm(body: bytes, fmt: PcmFormat) -> np.ndarray:
-    """One complete raw body → 16 kHz mono float32. Raises AudioInputError (empty, odd length, NaN/Inf)."""
-    return resample(_samples(body, fmt), fmt.rate)
+def decode_raw_pcm(body: bytes, fmt: PcmFormat, *, param: str = "body",
+                   max_seconds: float | None = None) -> np.ndarray:
+    """One complete raw body → 16 kHz mono float32. Raises AudioInputError (empty, odd length, NaN/Inf, longer
+    than `max_seconds`)."""
+    x = _samples(body, fmt)
+    if max_seconds is not None and x.size > max_seconds * fmt.rate:
+        raise _too_long(max_seconds, param)
+    return resample(x, fmt.rate)
 
 
 class PcmStream:
@@ -158,9 +168,11 @@ class PcmStream:
         return self._resampler.resample_chunk(np.zeros(0, np.float32), last=True)
 
 
-def decode_container(data: bytes | Path | str, *, param: str = "file") -> np.ndarray:
+def decode_container(data: bytes | Path | str, *, param: str = "file",
+                     max_seconds: float | None = None) -> np.ndarray:
     """Any container/codec PyAV (FFmpeg's libraries, bundled in the wheel) reads → 16 kHz mono float32.
-    Raises AudioInputError for empty, unreadable, corrupt or audio-less input."""
+    `max_seconds`: longer audio is refused as it decodes (a few MB of compressed silence can be hours).
+    Raises AudioInputError for empty, unreadable, corrupt, audio-less, too long or oddly sampled input."""
     import av  # deferred: PyAV's import costs ~100 ms and raw-PCM-only callers never need it
 
     if isinstance(data, (bytes, bytearray, memoryview)):
@@ -176,16 +188,24 @@ def decode_container(data: bytes | Path | str, *, param: str = "file") -> np.nda
                 raise AudioInputError("the file has no audio stream", param=param, code="no_audio_stream")
             stream = container.streams.audio[0]
             rate = stream.rate or SAMPLE_RATE
+            if not MIN_FILE_RATE <= rate <= MAX_FILE_RATE:
+                raise AudioInputError(f"the file's sample rate {rate} Hz is outside {MIN_FILE_RATE}–"
+                                      f"{MAX_FILE_RATE} Hz", param=param, code="unsupported_sample_rate")
+            most = None if max_seconds is None else int(max_seconds * rate)
+            decoded = 0
             # Down-mix only; the rate change is soxr's job (proper band-limited resampling).
             mixer = av.AudioResampler(format="flt", layout="mono", rate=rate)
             for frame in container.decode(stream):
                 for out in mixer.resample(frame):
                     chunks.append(out.to_ndarray().reshape(-1))
+                    decoded += chunks[-1].size
+                if most is not None and decoded > most:
+                    raise _too_long(max_seconds or 0.0, param)
             for out in mixer.resample(None):
                 chunks.append(out.to_ndarray().reshape(-1))
-    except AudioInputError:
+    except (AudioInputError, MemoryError):
         raise
-    except (av.error.FFmpegError, UnicodeDecodeError, ValueError, IndexError) as exc:
+    except Exception as exc:  # whatever PyAV raises on a file is the file's fault (a bad header: AttributeError)
         raise AudioInputError(f"could not decode the audio file: {exc}", param=param,
                               code="unsupported_or_corrupt_audio") from None
     if not chunks:
@@ -195,6 +215,12 @@ def decode_container(data: bytes | Path | str, *, param: str = "file") -> np.nda
         raise AudioInputError("decoded audio contains NaN or infinite samples", param=param,
                               code="invalid_samples")
     return resample(x, rate)
+
+
+def _too_long(max_seconds: float, param: str) -> AudioInputError:
+    return AudioInputError(f"the audio is longer than {max_seconds:g} s, the most this server transcribes in one "
+                           "request (split it, or stream it through a live session)", param=param,
+                           code="audio_too_long")
 
 
 def load_audio_file(path: str | Path) -> np.ndarray:

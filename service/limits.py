@@ -25,6 +25,9 @@ class Limits:
     # A multipart upload as a whole (/v1/audio/transcriptions), and any one part of it (OpenAI: 25 MB files).
     max_upload_bytes: int = 26 * MiB
     max_part_bytes: int = 25 * MiB
+    # The longest audio one transcription request or session chunk may decode to (2 h is ~460 MB at 16 kHz;
+    # a few MB of compressed silence can claim days).
+    max_audio_seconds: float = 7200.0
     # One raw audio chunk appended to a live session over HTTP.
     max_pcm_chunk_bytes: int = 8 * MiB
     # One websocket message (/v1/audio/live): 1 s of 48 kHz float32 is 192 KB.

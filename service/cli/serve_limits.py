@@ -41,6 +41,9 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                      help="largest multipart upload to /v1/audio/transcriptions")
     lim.add_argument("--max-part-bytes", type=byte_size, default=_DEFAULT.max_part_bytes,
                      help="largest single part of a multipart upload")
+    lim.add_argument("--max-audio-seconds", type=float, default=_DEFAULT.max_audio_seconds, metavar="SEC",
+                     help="longest audio one transcription request (or one file appended to a session) may hold; "
+                          "longer is refused with a 400 audio_too_long")
     lim.add_argument("--max-pcm-chunk-bytes", type=byte_size, default=_DEFAULT.max_pcm_chunk_bytes,
                      help="largest audio chunk appended to a live session")
     lim.add_argument("--max-ws-frame-bytes", type=byte_size, default=_DEFAULT.max_ws_frame_bytes,
@@ -85,7 +88,8 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
         raise CLIError("--request-timeout must be >= 0 (0: no deadline)")
     limits = Limits(
         max_body_bytes=args.max_body_bytes, max_upload_bytes=args.max_upload_bytes,
-        max_part_bytes=args.max_part_bytes, max_pcm_chunk_bytes=args.max_pcm_chunk_bytes,
+        max_part_bytes=args.max_part_bytes, max_audio_seconds=args.max_audio_seconds,
+        max_pcm_chunk_bytes=args.max_pcm_chunk_bytes,
         max_ws_frame_bytes=args.max_ws_frame_bytes, header_timeout=args.header_timeout,
         body_timeout=args.body_timeout, max_json_depth=args.max_json_depth, render_timeout=args.render_timeout,
         max_connections=args.max_connections)

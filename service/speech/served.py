@@ -40,12 +40,12 @@ def transcribe_options(speech: SpeechBackend, **kwargs: Any) -> TranscribeOption
     return speech.options(**kwargs)
 
 
-def decode_audio_body(raw: bytes, content_type: str | None, *, param: str) -> np.ndarray:
-    """A whole request body → 16 kHz mono float32, by the module's content-type rule. Blocking (PyAV):
-    run it in a worker thread. Raises audio.errors.AudioInputError with `param` (a 400)."""
+def decode_audio_body(raw: bytes, content_type: str | None, *, param: str, max_seconds: float) -> np.ndarray:
+    """A whole request body → 16 kHz mono float32, by the module's content-type rule, at most `max_seconds`
+    long. Blocking (PyAV): run it in a worker thread. Raises audio.errors.AudioInputError with `param` (a 400)."""
     if is_raw_pcm(content_type):
-        return decode_raw_pcm(raw, parse_pcm_content_type(content_type))
-    return decode_container(raw, param=param)
+        return decode_raw_pcm(raw, parse_pcm_content_type(content_type), param=param, max_seconds=max_seconds)
+    return decode_container(raw, param=param, max_seconds=max_seconds)
 
 
 def response_segments(transcript: Transcript) -> list[TranscriptionSegment]:

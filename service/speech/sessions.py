@@ -85,8 +85,9 @@ async def append_session_audio(request: Request[Any, Any, Any], session_id: str)
     else:
         if session.closed:  # refuse before spending a worker thread decoding a whole file
             raise SessionClosed(f"session {session.id} is closed; no more audio accepted")
+        most = get_state(request).config.limits.max_audio_seconds
         session.append_samples(await anyio.to_thread.run_sync(
-            lambda: decode_audio_body(body, content_type, param="body")))
+            lambda: decode_audio_body(body, content_type, param="body", max_seconds=most)))
     return SessionAudioAccepted(id=session.id, received_seconds=round(session.received_seconds, 3),
                                 windows_done=session.windows_done)
 

@@ -71,7 +71,12 @@ async def create_transcription(
                                  temperatures=TranscribeOptions.ladder(data.temperature), word_timestamps=words,
                                  vad=True if data.chunking_strategy == "auto" else data.vad, vad_trim=data.vad_trim)
     content_type = part_content_type(data.file)
-    pcm = await anyio.to_thread.run_sync(lambda: decode_audio_body(raw, content_type, param="file"))
+    most = state.config.limits.max_audio_seconds
+    try:  # a client that leaves during the decode is not kept waiting on (the thread's result is dropped)
+        pcm = await run_while_connected(request, lambda: anyio.to_thread.run_sync(
+            lambda: decode_audio_body(raw, content_type, param="file", max_seconds=most), abandon_on_cancel=True))
+    except ClientDisconnected:
+        return Response(None, status_code=499)
     started = time.perf_counter()
     audio_seconds = len(pcm) / SAMPLE_RATE
     if audio_seconds < MIN_AUDIO_S:  # as OpenAI refuses it: too short to hold a word

@@ -160,3 +160,42 @@ def test_corrupt_or_empty_files_are_rejected(data: bytes, code: str) -> None:
     with pytest.raises(AudioInputError) as err:
         decode_container(data)
     assert err.value.code in (code, "empty_audio", "no_audio_stream")
+
+
+def _wav(rate: int, samples: np.ndarray, bits: int = 16, channels: int = 1) -> bytes:
+    """A canonical PCM WAV with whatever header values a client may write."""
+    import struct
+
+    data = samples.astype("<i2").tobytes()
+    block = channels * bits // 8
+    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt "
+            + struct.pack("<IHHIIHH", 16, 1, channels, rate, rate * block, block, bits)
+            + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def test_a_file_claiming_an_absurd_sample_rate_is_refused_before_resampling() -> None:
+    # 20,000 samples "at 1 Hz" would be resampled to 5.5 hours at 16 kHz (the probe's 300 KB upload killed a worker).
+    with pytest.raises(AudioInputError) as err:
+        decode_container(_wav(1, np.zeros(20000)))
+    assert (err.value.code, err.value.param) == ("unsupported_sample_rate", "file")
+    assert decode_container(_wav(8000, np.zeros(8000))).size == SR  # a real low rate still decodes
+
+
+def test_audio_longer_than_the_limit_is_refused_while_it_decodes() -> None:
+    wav = _wav(16000, np.zeros(16000 * 5))
+    assert decode_container(wav, max_seconds=5.0).size == 5 * SR
+    with pytest.raises(AudioInputError) as err:
+        decode_container(wav, max_seconds=2.0, param="body")
+    assert (err.value.code, err.value.param) == ("audio_too_long", "body")
+    raw = np.zeros(16000 * 3, "<f4").tobytes()
+    assert decode_raw_pcm(raw, PcmFormat(), max_seconds=3.0).size == 3 * SR
+    with pytest.raises(AudioInputError) as err:
+        decode_raw_pcm(raw, PcmFormat(), max_seconds=2.5)
+    assert err.value.code == "audio_too_long"
+
+
+def test_a_header_pyav_cannot_describe_is_a_corrupt_file() -> None:
+    # 36-bit samples in three channels: PyAV opens it and then fails on the stream (an AttributeError, once a 500).
+    with pytest.raises(AudioInputError) as err:
+        decode_container(_wav(8000, np.zeros(60), bits=36, channels=3))
+    assert err.value.code in ("unsupported_or_corrupt_audio", "empty_audio", "no_audio_stream")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import wave
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from litestar.testing import TestClient
 
 from service.app import create_app
-from service.state import AppState
+from service.state import STATE_KEY, AppState
 from service.speech.setup import SpeechConfig, install_speech
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.conftest import sse_events
@@ -116,6 +117,27 @@ def test_raw_pcm_upload(client: TestClient[Any]) -> None:
 def test_transcription_bad_input(client: TestClient[Any], audio: bytes | None, fields: dict[str, str], status: int,
                                  code: str | None) -> None:
     assert_error(transcribe(client, audio or b"", **fields), status, code)
+
+
+def _claiming(rate: int, samples: int) -> bytes:
+    """A 16-bit WAV whose header says `rate` (wave refuses to write absurd ones)."""
+    import struct
+
+    data = np.zeros(samples, "<i2").tobytes()
+    return (b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+            + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def test_audio_past_the_servers_bounds_is_a_400_not_a_blown_worker(client: TestClient[Any],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 40 KB file "at 1 Hz" once grew the worker by 3.6 GB (resampled to 5.5 h); 300 KB killed it.
+    err = assert_error(transcribe(client, _claiming(1, 20000)), 400, "unsupported_sample_rate")
+    assert err["param"] == "file"
+    config = client.app.state[STATE_KEY].config
+    monkeypatch.setattr(config, "limits", dataclasses.replace(config.limits, max_audio_seconds=1.5))
+    err = assert_error(transcribe(client, wav_bytes(voiced(2))), 400, "audio_too_long")
+    assert err["param"] == "file" and "1.5 s" in err["message"]
+    assert transcribe(client, wav_bytes(voiced(1))).status_code == 200
 
 
 @pytest.mark.parametrize("fields, param, code", [
