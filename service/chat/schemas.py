@@ -40,9 +40,10 @@ def _empty(value: Any) -> bool:
 
 
 class _Request(BaseModel):
-    """A nested object of a request: unknown fields pass only while empty (nothing there to honour)."""
+    """A nested object of a request: unknown fields pass only while empty (nothing there to honour). Strict, as
+    OpenAI's: `"5"` is not a number, `true` not a count, `1` not a flag (lax parsing streamed for `stream: "yes"`)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     @model_validator(mode="after")
     def _no_unhonoured_extras(self) -> "_Request":
@@ -55,7 +56,13 @@ class _Request(BaseModel):
 class _Body(_Request):
     """A request body: unknown top-level fields are refused (service/http/handlers.py words it as OpenAI does)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @classmethod
+    def model_validate(cls, obj: Any, *, strict: bool | None = None, **kwargs: Any) -> Any:
+        """Strict whatever the caller asks: Litestar validates request bodies with `strict=False`, which
+        overrides the models' own configuration."""
+        return super().model_validate(obj, strict=True, **kwargs)
 
 
 class TextPart(_Request):

@@ -134,3 +134,21 @@ def test_an_empty_body_is_unparsable_json(client: Any, path: str) -> None:
 def test_several_unknown_fields_are_all_named_as_openai_names_them(client: Any) -> None:
     error = _refused(_chat(client, foo=1, baz=2), "baz", "Unrecognized request arguments supplied: baz, foo")
     assert error["code"] == "unknown_parameter"
+
+
+@pytest.mark.parametrize("path, field, value", [
+    ("/v1/chat/completions", "max_tokens", "5"), ("/v1/chat/completions", "max_tokens", True),
+    ("/v1/chat/completions", "stream", "yes"), ("/v1/chat/completions", "stream", 1),
+    ("/v1/chat/completions", "temperature", "0.5"), ("/v1/chat/completions", "logprobs", 1),
+    ("/v1/completions", "logprobs", True), ("/v1/completions", "echo", "true"),
+])
+def test_a_value_of_the_wrong_json_type_is_refused_not_coerced(client: Any, fake_engine: FakeEngine, path: str,
+                                                                field: str, value: Any) -> None:
+    # As OpenAI's API: "5" is not a number and true is not a count (lax parsing streamed for stream: "yes").
+    before = len(fake_engine.requests)
+    body = {"model": "fake-model", **({"messages": USER} if "chat" in path else {"prompt": "x"}), field: value}
+    _refused(client.post(path, json=body), field)
+    assert len(fake_engine.requests) == before
+    assert client.post(path, json={**body, field: {"max_tokens": 5, "stream": False, "temperature": 0.5,
+                                                   "logprobs": False if "chat" in path else 1,
+                                                   "echo": True}[field]}).status_code == 200
