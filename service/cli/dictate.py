@@ -87,12 +87,14 @@ async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
         ws = await websockets.connect(url, additional_headers=headers, max_size=None)
+    except websockets.InvalidStatus as exc:
+        raise _refused(args, exc.response.status_code) from None
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         raise CLIError(f"cannot reach {args.server}: {exc}", code=1) from None
     session = DictateSession(ws, LiveLine(sys.stdout))
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(session.receive, ws)
+            tg.start_soon(_receive_until_closed, session, ws)
             try:
                 with anyio.fail_after(60):  # the server answers at once; only a wedged one takes longer
                     await session.configure(rate=rate, language=args.language, prompt=args.prompt,
@@ -103,11 +105,67 @@ async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
                 raise CLIError("the server did not answer the session settings", code=1) from None
             await feed(session)
             tg.cancel_scope.cancel()
+    except BaseExceptionGroup as group:  # a task of the group failed: report its first cause as one line
+        raise _one_error(group, session) from None
     except websockets.ConnectionClosed as exc:
-        raise CLIError(f"the server closed the connection: {exc}", code=1) from None
+        raise _closed(exc, session) from None
     finally:
         await ws.close()
     return 0
+
+
+async def _receive_until_closed(session: Any, ws: Any) -> None:
+    """The session's events until the connection ends; an end the client did not ask for (the server's
+    close, even a normal one) is an error: nothing else would wake a take waiting for its transcripts."""
+    await session.receive(ws)
+    raise _closed(ws.close_exc, session)
+
+
+def _refused(args: argparse.Namespace, status: int) -> CLIError:
+    """The handshake was answered with an HTTP error: say why in words (403 is the server's answer to a
+    missing or wrong API key, and to a browser Origin it does not allow)."""
+    if status in (401, 403):
+        if not args.api_key:
+            return CLIError(f"the server {args.server} refused the connection (HTTP {status}): it needs an API key "
+                            "(pass --api-key or set TANDEM_API_KEY)", code=1)
+        return CLIError(f"the server {args.server} refused the API key (HTTP {status}): check --api-key / "
+                        "TANDEM_API_KEY", code=1)
+    return CLIError(f"the server {args.server} refused the connection (HTTP {status})", code=1)
+
+
+def _closed(exc: Any, session: Any) -> CLIError:
+    """The server closed the websocket before the run ended: its last error event, else the close frame."""
+    if session.errors:
+        return CLIError(f"the server ended the session: {session.errors[-1].get('message')}", code=1)
+    if exc is None or exc.rcvd is None:
+        return CLIError("the server dropped the connection (no close frame)", code=1)
+    reason = exc.rcvd.reason
+    return CLIError(f"the server closed the connection (code {exc.rcvd.code}{': ' + reason if reason else ''})",
+                    code=1)
+
+
+def _one_error(group: BaseExceptionGroup[Any], session: Any) -> BaseException:
+    """The exception to report for a failed task group: a CLIError in it, else a closed connection as a
+    CLIError; anything else unchanged (a real bug keeps its traceback)."""
+    import websockets
+
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for exc in leaves:
+        if isinstance(exc, (CLIError, KeyboardInterrupt)):
+            return exc
+    for exc in leaves:
+        if isinstance(exc, websockets.ConnectionClosed):
+            return _closed(exc, session)
+    return group
 
 
 async def _stream_file(session: Any, pcm: Any, rate: int, speed: float) -> None:

@@ -175,6 +175,8 @@ class DictateSession:
                     self._acked.set()  # nothing left to commit
                     continue
                 self.errors.append(error)
-                self._updated.set()  # a refused update ends the wait too
+                if not self._updated.is_set():  # a refused update: the caller reports it, once
+                    self._updated.set()  # it ends the wait too
+                    continue
                 self.log.write(f"\nserver: {error.get('message')} ({error.get('code')})\n")
                 self.log.flush()
