@@ -4,6 +4,7 @@ as the server: service/chat/prompt.py)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from typing import Any
@@ -18,24 +19,59 @@ __all__ = ["add_generate"]
 def add_generate(sub: Any) -> None:
     """Register `tandem generate`. Raises nothing."""
     p = add_command(sub, "generate", "stream one chat reply to the terminal (no server)")
-    p.add_argument("prompt", help="the user message")
+    p.add_argument("prompt", help="the user message; - reads it from stdin")
     p.add_argument("--model", default=None,
                    help="chat model: dir, .gguf, cached repo id, or the id /v1/models shows (default: the demo)")
-    p.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate")
-    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    p.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate")
+    p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--seed", type=_seed, default=None, help="sampling seed, 0..2^64-1 (default: random)")
     p.add_argument("--system", default=None, help="system prompt (default: none)")
     p.set_defaults(func=_generate)
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1. Raises argparse.ArgumentTypeError."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    """argparse type: a finite number >= 0 (nan and inf sample garbage). Raises argparse.ArgumentTypeError."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """argparse type: an integer the sampler's PRNG key takes (0..2^64-1). Raises argparse.ArgumentTypeError."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"must be in 0..2^64-1, got {value}")
+    return value
+
+
 def _generate(args: argparse.Namespace) -> int:
-    if args.max_tokens < 1:
-        raise CLIError("--max-tokens must be >= 1")
+    if args.prompt == "-":
+        args.prompt = sys.stdin.read().strip()
+        if not args.prompt:
+            raise CLIError("the prompt read from stdin is empty")
     resolve_chat_model(args.model)  # a bad name fails here, before MLX loads anything
     import anyio
 
     from engine.contracts import GenerationRequest, SamplingParams
-    from engine.errors import EngineError
+    from engine.errors import EngineClosed, EngineError
     from engine.models import load_model
     from engine.runtime import Engine, generate_stream
     from service.chat.prompt import render_prompt
@@ -61,6 +97,13 @@ def _generate(args: argparse.Namespace) -> int:
         result = anyio.run(generate_stream, engine, request, show)
     except EngineError as exc:
         raise CLIError(str(exc)) from None
+    except BaseExceptionGroup as group:  # the engine's task group wraps what the request raised
+        matched, _ = group.split(EngineError)
+        if matched is None:
+            raise
+        causes = _leaves(matched)  # the request's own error first, the engine closing after it last
+        causes.sort(key=lambda exc: isinstance(exc, EngineClosed))
+        raise CLIError(str(causes[0])) from None
     seconds = time.perf_counter() - start
     sys.stdout.write("\n")
     rate = result.completion_tokens / seconds if seconds > 0 else 0.0
@@ -70,3 +113,9 @@ def _generate(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _leaves(group: BaseException) -> list[BaseException]:
+    if isinstance(group, BaseExceptionGroup):
+        return [leaf for inner in group.exceptions for leaf in _leaves(inner)]
+    return [group]

@@ -1,0 +1,54 @@
+"""`tandem generate`: sampling values are checked up front (argparse, exit 2, before any model loads),
+an engine refusal is one line, and `-` reads the prompt from stdin."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from service.cli.main import main
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--temperature", "-1"), ("--temperature", "nan"), ("--temperature", "inf"), ("--seed", "-5"),
+    ("--seed", str(2**64)), ("--max-tokens", "0"),
+])
+def test_bad_sampling_values_stop_before_the_model_loads(flag: str, value: str, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import engine.models
+
+    def no_load(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model must not load")
+
+    monkeypatch.setattr(engine.models, "load_model", no_load)
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "hi", flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert f"argument {flag}:" in err and "Traceback" not in err
+
+
+def test_an_engine_refusal_is_one_line(tiny_llm_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    long = "hello " * 3000  # past the tiny model's 2,048 context
+    assert main(["generate", long, "--model", str(tiny_llm_dir), "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tandem: ") and err.count("\n") == 1, err
+
+
+def test_a_dash_reads_the_prompt_from_stdin(tiny_llm_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    def prompt_tokens(prompt: str) -> int:
+        assert main(["generate", prompt, "--model", str(tiny_llm_dir), "--max-tokens", "1"]) == 0
+        return int(capsys.readouterr().err.rsplit("[", 1)[1].split(" prompt")[0])
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("What is 2+2?\n"))
+    assert prompt_tokens("-") == prompt_tokens("What is 2+2?")
+
+
+def test_an_empty_stdin_prompt_is_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
+    assert main(["generate", "-"]) == 2
+    assert "empty" in capsys.readouterr().err
