@@ -46,7 +46,7 @@ def serve(config: ServiceConfig) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code (0 after a graceful stop). On a signal the
     worker drains for `config.shutdown_timeout` seconds (service/process/drain.py). Raises granian's errors
     for invalid settings and SystemExit(1) when the worker cannot start or keeps dying."""
-    from granian.constants import Interfaces
+    from granian.constants import HTTPModes, Interfaces
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
@@ -76,6 +76,10 @@ def serve(config: ServiceConfig) -> int:
         # Requests served at once: a stalled client holds one, so there must be many more than workers.
         backpressure=connections,
         backlog=max(1024, min(connections, 65535)),
+        # HTTP/1 only: in "auto" mode granian sniffs the first bytes itself, so a connection that never sends one
+        # was never timed out (2,000 of them took every descriptor). Now the header timeout also ends it, and
+        # a kept-alive connection idle that long.
+        http=HTTPModes.http1,
         http1_settings=HTTP1Settings(header_read_timeout=max(1, int(limits.header_timeout * 1000))),
         workers_kill_timeout=math.ceil(config.shutdown_timeout) + _KILL_MARGIN_SECONDS,
     )

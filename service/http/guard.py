@@ -3,7 +3,7 @@
 In order: the API key (every route but /health, websockets included), the browser origin, readiness
 (503 with Retry-After while the models load, the worker restarts or the server drains), then the body:
 its size by route (413 from Content-Length, or as soon as a streamed body passes the limit) and its pace
-(408 when no byte arrives for `body_timeout`). Websocket messages over `max_ws_frame_bytes` get an error
+(408 when no byte arrives for `body_timeout`, or the body averages under MIN_BODY_RATE past it). Websocket messages over `max_ws_frame_bytes` get an error
 event and close 1009. Errors come out in OpenAI's shape.
 """
 
@@ -27,6 +27,10 @@ __all__ = ["Guard", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit"]
 OPEN_PATHS = frozenset({"/health"})
 # Served while the models load or the server drains (everything else answers 503 then).
 ALWAYS_SERVED = ("/health", "/stats", "/metrics", "/v1/models", "/docs")
+
+# Past the body timeout a body must have averaged this (Apache's mod_reqtimeout MinRate idea): a trickle of a byte
+# every few seconds never trips the silence timeout, yet holds a connection and its buffer for good.
+MIN_BODY_RATE = 1024
 
 _SESSION_AUDIO = re.compile(r"^/v1/audio/sessions/[^/]+/audio/?$")
 
@@ -127,8 +131,10 @@ async def _send_error(send: Any, error: APIError) -> None:
 
 
 class _BodyReader:
-    """receive() that counts body bytes against the limit and bounds the wait for each body message.
-    Raises APIError 413 / 408 into whichever route is reading the body (its handlers answer them)."""
+    """receive() that counts body bytes against the limit and bounds the wait for each body message, and the
+    body as a whole: past `timeout` it must have kept MIN_BODY_RATE on average (one byte every 29 s once held a
+    request open for good). Raises APIError 413 / 408 into whichever route is reading the body (its handlers
+    answer them)."""
 
     def __init__(self, receive: Any, limit: int, timeout: float) -> None:
         self._receive = receive
@@ -136,11 +142,14 @@ class _BodyReader:
         self._timeout = timeout
         self._seen = 0
         self._complete = False
+        self._start = anyio.current_time()
 
     async def __call__(self) -> Any:
         if self._complete:
             return await self._receive()  # after the body: only the disconnect is left, however late
-        with anyio.move_on_after(self._timeout):
+        deadline = self._start + self._timeout + self._seen / MIN_BODY_RATE
+        wait = min(self._timeout, deadline - anyio.current_time())
+        with anyio.move_on_after(max(0.0, wait)):
             message = await self._receive()
             if message["type"] == "http.request":
                 self._seen += len(message.get("body", b""))
@@ -149,10 +158,14 @@ class _BodyReader:
                 self._complete = not message.get("more_body", False)
             else:
                 self._complete = True
-                if message["type"] == "http.disconnect":  # gone mid-body: nobody reads the answer
-                    raise APIError(499, "The client closed the connection before sending its body.",
+                if message["type"] == "http.disconnect":  # gone mid-body (or its chunked framing broke)
+                    raise APIError(499, "The connection ended before the request body was complete (the client "
+                                        "closed it, or its chunked encoding was malformed).",
                                    code="client_closed_request")
             return message
+        if self._seen and wait < self._timeout:
+            raise APIError(408, f"The request body arrived slower than {MIN_BODY_RATE} bytes/s on average.",
+                           code="body_too_slow", close=True)
         raise APIError(408, f"No request body bytes arrived for {self._timeout:g} s.", code="body_timeout", close=True)
 
 

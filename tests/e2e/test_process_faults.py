@@ -130,3 +130,19 @@ def test_stalled_clients_do_not_make_health_wait(tiny_server: TandemServer) -> N
         for sock in stalled:
             sock.close()
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(tiny_server: TandemServer) -> None:
+    # Granian's protocol sniffing once kept such sockets forever: 2,000 of them took every descriptor. A kept-alive
+    # connection idle after its request is closed the same way.
+    silent = socket.create_connection(("127.0.0.1", tiny_server.port), timeout=HANG)
+    kept = socket.create_connection(("127.0.0.1", tiny_server.port), timeout=HANG)
+    try:
+        kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert kept.recv(4096).startswith(b"HTTP/1.1 200")
+        for sock in (silent, kept):
+            ready, _, _ = select.select([sock], [], [], HANG)  # the default header timeout is 10 s
+            assert ready and sock.recv(1) == b"", "the server kept an idle connection open"
+    finally:
+        silent.close()
+        kept.close()

@@ -162,6 +162,32 @@ async def test_a_stalled_body_is_answered_408() -> None:
     assert status == 408 and body["error"]["code"] == "body_timeout" and headers[b"connection"] == b"close"
 
 
+@pytest.mark.anyio
+async def test_a_body_that_trickles_in_is_answered_408_once_it_falls_under_the_minimum_rate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A byte now and then never trips the silence timeout (a byte every 29 s once held a request open for good).
+    import service.http.guard as guard
+
+    monkeypatch.setattr(guard, "MIN_BODY_RATE", 10**9)  # every byte buys a nanosecond past the timeout
+    app = create_app(AppState(engine=FakeEngine(), ready=True,
+                              config=ServiceConfig(limits=Limits(body_timeout=0.1))))
+    sent: list[dict[str, Any]] = []
+
+    async def trickle() -> dict[str, Any]:
+        await anyio.lowlevel.checkpoint()  # one byte per scheduling turn: never silent for the timeout
+        return {"type": "http.request", "body": b" ", "more_body": True}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with anyio.fail_after(30):  # without the rate bound the request never ends
+        await app(_scope("/v1/chat/completions"), trickle, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body = json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    assert start["status"] == 408 and body["error"]["code"] == "body_too_slow"
+    assert dict(start["headers"])[b"connection"] == b"close"
+
+
 def test_routes_have_their_own_size_limits() -> None:
     from service.http.guard import body_limit
 
