@@ -49,7 +49,7 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-ws-frame-bytes", type=byte_size, default=_DEFAULT.max_ws_frame_bytes,
                      help="largest websocket message; bigger ones get an error event and close 1009")
     lim.add_argument("--header-timeout", type=float, default=_DEFAULT.header_timeout, metavar="SEC",
-                     help="seconds a connection has to send its request headers")
+                     help="seconds a connection has to send its request headers; also how long an idle connection is kept")
     lim.add_argument("--body-timeout", type=float, default=_DEFAULT.body_timeout, metavar="SEC",
                      help="seconds a request body may send nothing before the request is answered 408")
     lim.add_argument("--max-json-depth", type=int, default=_DEFAULT.max_json_depth,
