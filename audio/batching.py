@@ -3,7 +3,7 @@
 The sequential seek loop (audio/decoding.py) must finish a window before it knows where the next starts;
 chunks cut at VAD silences are independent, so B of them are in flight together and share the scheduler's
 encoder and decoder steps — the accelerator's speed path (cf. faster-whisper's BatchedInferencePipeline).
-The price: no conditioning on the previous chunk's text.
+The price: no conditioning on the previous chunk's text (nor on a chunk's own earlier windows).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 import numpy as np
 
-from audio.decoding import HOP_LENGTH, N_SAMPLES, WindowedTranscription, segment_end
+from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription, segment_end
 from audio.pcm import SAMPLE_RATE
 from audio.window import WindowResult
 from audio.transcript import Segment
@@ -48,34 +48,45 @@ def plan_chunks(pcm: np.ndarray, *, max_samples: int = N_SAMPLES, min_speech_ms:
 async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size: int, scheduler: "WhisperScheduler",
                           tasks: "ExecutionTasks") -> AsyncIterator[list[Segment]]:
     """Decode `pcm` as VAD-cut chunks, `batch_size` of them in flight together (the scheduler batches their
-    steps); yields each batch's segments in order. Raises what the windows raise."""
+    steps); yields each batch's segments in order. Within a chunk the seek loop is Whisper's: a decode that stops
+    before the chunk's end (its last segment unfinished, or its text ended early) is followed by one from its last
+    complete segment, until the chunk is consumed (decoded once, a chunk lost the speech after the last complete
+    segment: a whole sentence of the probe's 31 s file). Raises what the windows raise."""
     chunks = [(pcm[a:b], (b - a) // HOP_LENGTH, a // HOP_LENGTH) for a, b in
               plan_chunks(pcm, min_speech_ms=tr.options.vad_min_speech_ms)]
     chunks = [c for c in chunks if c[1] > 0]
     for i in range(0, len(chunks), batch_size):
         batch = chunks[i:i + batch_size]
-        results: list[WindowResult | None] = [None] * len(batch)
+        # per chunk: (frames into the chunk, frames in the window, result) of each window decoded
+        windows: list[list[tuple[int, int, WindowResult]]] = [[] for _ in batch]
 
         async def decode(k: int, audio: np.ndarray, frames: int) -> None:
-            results[k] = await scheduler.decode(tr.loaded, tr.request(audio, frames, conditioned=False))
+            local = 0
+            while local < frames:
+                n = min(N_FRAMES, frames - local)
+                piece = audio[local * HOP_LENGTH: local * HOP_LENGTH + N_SAMPLES]
+                result = await scheduler.decode(tr.loaded, tr.request(piece, n, conditioned=False))
+                windows[k].append((local, n, result))
+                advance = n if tr.silent(result) else tr.split(result.decoded.tokens, result, 0.0, n)[1]
+                local += advance if advance > 0 else n  # never the same window twice
 
         async with anyio.create_task_group() as tg:
             for k, (audio, frames, _) in enumerate(batch):
                 tg.start_soon(decode, k, audio, frames)
         new: list[Segment] = []
-        for (_, frames, start), result in zip(batch, results):
-            assert result is not None
-            tr.adopt(result)
-            tr.windows += 1
-            if tr.silent(result):
-                continue
-            tr.seek = start  # segments record the chunk they came from
-            offset = start * HOP_LENGTH / SAMPLE_RATE
-            current, _, _ = tr.split(result.decoded.tokens, result, offset, frames, whole=True)
-            if tr.options.word_timestamps and current:
-                await tr.align(current, result, frames, tasks)
-                tr.last_speech_timestamp = segment_end(current) or tr.last_speech_timestamp
-            new.extend(tr.commit(current))
+        for (_, _, start), decoded in zip(batch, windows):
+            for local, frames, result in decoded:
+                tr.adopt(result)
+                tr.windows += 1
+                if tr.silent(result):
+                    continue
+                tr.seek = start + local  # segments record the window they came from
+                offset = tr.seek * HOP_LENGTH / SAMPLE_RATE
+                current, _, _ = tr.split(result.decoded.tokens, result, offset, frames)
+                if tr.options.word_timestamps and current:
+                    await tr.align(current, result, frames, tasks)
+                    tr.last_speech_timestamp = segment_end(current) or tr.last_speech_timestamp
+                new.extend(tr.commit(current))
         tr.seek = max(start + frames for _, frames, start in batch)
         if new:
             yield new
