@@ -81,6 +81,9 @@ class WindowedTranscription:
         self.last_speech_timestamp = 0.0
         self.windows = 0
         self.mel_ceiling: float | None = None  # the whole signal's log-mel peak, where it is known (a file)
+        # Every conditioned window gets the client's prompt, also after a reset (a live session: see request).
+        # Off, as in Whisper's transcribe(): the prompt conditions the windows until the first reset.
+        self.carry_prompt = False
         self.language: str | None = options.language or (None if loaded.model.is_multilingual else "en")
 
     @classmethod
@@ -116,14 +119,24 @@ class WindowedTranscription:
                 conditioned: bool = True, tokens_per_second: float | None = None,
                 fallback: bool = True, realtime: bool = False) -> WindowRequest:
         """The decode request for the window at the seek: prompt = previous text since the last reset (or only
-        the initial prompt when not `conditioned`), cut to what fits beside `prefix`. `tokens_per_second`
+        the initial prompt when not `conditioned`; with `carry_prompt`, the initial prompt and then the text since
+        the last reset), cut to what fits beside `prefix`. `tokens_per_second`
         caps the sampled tokens by the window's length (a looping decode stops early); without `fallback`
         only the first temperature is tried; `realtime` marks a live session's window (its wait makes speech catch
         up: audio/scheduler.py). Raises nothing."""
         o = self.options
-        prompt = self.all_tokens[self.prompt_reset_since:] if conditioned else self.initial_prompt_tokens
         # mlx-whisper keeps the last n_ctx/2 - 1 prompt tokens; a forced prefix takes its room first.
         room = self.loaded.model.dims.n_text_ctx // 2 - 1 - len(prefix)
+        initial = self.initial_prompt_tokens
+        if not conditioned:
+            prompt = initial
+        elif self.carry_prompt and initial:
+            # openai-whisper's carry_initial_prompt: the client's prompt before every window, the earlier text
+            # since the last reset after it, cut from the left to fit
+            earlier = self.all_tokens[max(self.prompt_reset_since, len(initial)):]
+            prompt = initial + earlier[max(0, len(earlier) - max(0, room - len(initial))):]
+        else:
+            prompt = self.all_tokens[self.prompt_reset_since:]
         prompt = prompt[-room:] if room > 0 else []
         sample_len = None
         if tokens_per_second is not None:

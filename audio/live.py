@@ -88,6 +88,9 @@ class LiveTranscription:
         """Bind the model (tokenizes the prompt in a worker thread). Raises nothing of its own."""
         self._loaded = loaded
         self._tr = await WindowedTranscription.start(loaded, self.options, timeline=self.timeline)
+        # A looping or cancelled guess ends the conditioning on earlier text (see _probe); the client's prompt and
+        # vocabulary stay (reset with it, the first guess's reset took them from every decode: "Queen of Cloves").
+        self._tr.carry_prompt = True
         self._live = LiveText(self._tr.tokenizer)
 
     def add_speech(self, pcm: np.ndarray, source_start: int) -> None:

@@ -484,6 +484,40 @@ async def test_a_looping_guess_ends_the_conditioning_on_earlier_text(tiny_whispe
 
 
 
+async def test_the_clients_prompt_conditions_every_decode_also_after_a_looping_guess(tiny_whisper: LoadedWhisper) -> None:
+    # dictate --prompt "Queen of Clubs. ..." and --vocabulary Clubs gave "Queen of Cloves": the first guess looped (or was
+    # cancelled by the pause), its reset took the prompt with the earlier text, and every decode after had prompt 0.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    four, clubs, john = (tok.encode(" " + word)[0] for word in ("four", "clubs", "John"))
+    initial = tuple(tok.encode(" Queen of Clubs."))
+    scheduler = Scored([([ts, four, four, four], -0.2, 3.0), ([ts, four, clubs, ts + 25], -0.2, 1.0),
+                        ([ts, four, four, four], -0.2, 3.0), ([ts, john], -0.2, 1.0)])
+    live = LiveTranscription(TranscribeOptions(prompt="Queen of Clubs."), LiveConfig(context="whole", trim_s=0.1),
+                             scheduler, lambda e: None)  # type: ignore[arg-type]
+    await live.start(tiny_whisper)
+    live.add_speech(speech(1.0), 0)
+    assert await run_due(live) == 1  # the utterance's first guess loops: the conditioning resets
+    live.add_pause()
+    assert await run_due(live) == 1
+    assert live.committed_text() == " four clubs"
+    live.add_speech(speech(1.0), SR)
+    assert await run_due(live) == 1  # loops again, after earlier text
+    live.add_speech(speech(0.5), 2 * SR)
+    assert await run_due(live) == 1
+    prompts = [r.prompt for r in scheduler.requests]
+    assert prompts[0] == initial and prompts[1] == initial  # the final after the looping first guess
+    assert prompts[2] == (*initial, ts, four, clubs, ts + 25)  # the client's prompt, then the earlier text
+    assert prompts[3] == initial  # reset again: the earlier text goes, the client's prompt stays
+    # a file's seek loop stays Whisper's: after a reset the prompt is gone
+    tr = live._tr
+    assert tr is not None
+    tr.carry_prompt = False
+    assert tr.request(speech(1.0), 100).prompt == ()
+
+
 class Timed(Scripted):
     """Scripted decodes that each take the given seconds of a fake clock (`now`)."""
 
