@@ -190,9 +190,12 @@ class WindowedTranscription:
         if self.options.word_timestamps and current:
             await self.align(current, result, frames, tasks)
             if not single_ending:
+                # Whisper seeks to the last word's end; never past the window's last timestamp, the decoder's own
+                # end of its text: an aligned end 0.22 s past it skipped the next word ("rather", the probe's file
+                # with VAD), which the next window would have written.
                 last_word_end = segment_end(current)
                 if last_word_end is not None and last_word_end > time_offset:
-                    self.seek = min(previous_seek + frames, round(last_word_end * FRAMES_PER_SECOND))
+                    self.seek = min(previous_seek + advance, round(last_word_end * FRAMES_PER_SECOND))
             last_word_end = segment_end(current)
             if last_word_end is not None:
                 self.last_speech_timestamp = last_word_end

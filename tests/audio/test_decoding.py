@@ -151,3 +151,22 @@ async def test_a_window_that_writes_its_conditioning_again_is_decoded_without_it
     scheduler = _Scripted(copy)
     await tr.step(noise(10), 1000, scheduler, None)  # type: ignore[arg-type]
     assert len(scheduler.requests) == 1
+
+
+async def test_word_timestamps_never_seek_past_the_windows_last_timestamp(tiny_whisper: LoadedWhisper) -> None:
+    # With VAD the probe's file lost "rather": its window ended on "... cold-hearted and<|24.88|><|24.88|>", the aligned
+    # "and" ended at 25.10, and the next window began after "rather". Before the last timestamp Whisper's seek stays.
+    options = TranscribeOptions(temperatures=(0.0,), word_timestamps=True)
+    for word_end, seek in ((10.22, 1000), (9.8, 980)):
+        tr = await WindowedTranscription.start(tiny_whisper, options)
+        tok, ts = tr.tokenizer, tr.tokenizer.timestamp_begin
+        tokens = [ts, *tok.encode(" cold-hearted"), ts + 250, ts + 250, *tok.encode(" and"), ts + 500, ts + 500]
+
+        async def align(current: list[dict], result: object, frames: int, tasks: object, end: float = word_end) -> None:
+            for s in current:
+                s["words"] = [{"word": s["text"], "start": s["start"], "end": s["end"], "probability": 0.9}]
+            current[-1]["words"][-1]["end"] = end
+
+        tr.align = align  # type: ignore[method-assign]
+        await tr.step(noise(20), 2000, _Scripted(tokens), None)  # type: ignore[arg-type]
+        assert tr.seek == seek, (word_end, tr.seek)
