@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import socket
+import sys
 from typing import Any
 
 from engine.pacing import DECODE_BURST, STALL
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command, byte_size, gc_thresholds
 from service.cli.resolve import resolve_chat_model
-from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits
+from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
 from service.config import ServiceConfig
 
@@ -33,12 +34,11 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per scheduler iteration")
     p.add_argument("--prefill-stall", type=float, default=STALL, metavar="X",
                    help="while rows decode, an iteration carrying a prompt chunk may last X decode-only iterations "
-                        "(the prompt chunk is sized from measured costs; larger X: faster prompts, longer token gaps; "
-                        f"default {STALL})")
+                        "(the prompt chunk is sized from measured costs; larger X: faster prompts, longer token gaps)")
     p.add_argument("--decode-burst", type=int, default=DECODE_BURST, metavar="N",
                    help="decode steps the engine thread may run back to back, each one's tokens streamed while the "
                         "next runs, as long as no request, speech step or cancel waits (1: hand every step back to "
-                        f"the event loop; default {DECODE_BURST})")
+                        "the event loop)")
     p.add_argument("--served-model-name", default=None, help="model id shown in /v1/models (default: the model's name)")
     p.add_argument("--prompt-cache-bytes", type=byte_size, default=None,
                    help="prefix-cache byte budget, e.g. 2GiB; 0 disables (default: a quarter of the memory budget "
@@ -124,6 +124,10 @@ def _serve(args: argparse.Namespace) -> int:
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
     _check_port(config.host, config.port)
     # Only once every check passed, so a bad name or a busy port is the one line printed.
+    warn_if_open(config)
+    if not logging.getLogger("tandem.service").isEnabledFor(logging.INFO):
+        # The info line that names the address is not shown at this level; the address always is.
+        print(f"tandem serve: serving on http://{config.host}:{config.port}/v1", file=sys.stderr, flush=True)
     if source is not None:
         _log.info("model %s (%s: %s)", source.name, source.kind, source.path)
     _log.info("%s", speech.note)

@@ -13,7 +13,7 @@ from service.cli.parsers import byte_size
 from service.config import API_KEY_ENV, ServiceConfig, split_list
 from service.limits import Limits
 
-__all__ = ["add_serve_limit_args", "configure_serve_limits", "is_loopback"]
+__all__ = ["add_serve_limit_args", "configure_serve_limits", "is_loopback", "warn_if_open"]
 
 _log = logging.getLogger("tandem.cli")
 
@@ -24,8 +24,8 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     """Register the flags. Raises nothing."""
     a = p.add_argument_group("admission")
     a.add_argument("--max-queued", type=int, default=None,
-                   help="requests that may wait for a free row; more are answered 429 with Retry-After "
-                        "(default: 4 x --max-active)")
+                   help="requests that may wait for a free row; more are answered 429 with Retry-After; at "
+                        "least 1, as every request passes the queue on its way to a row (default: 4 x --max-active)")
     a.add_argument("--max-tokens-cap", type=int, default=4096,
                    help="max_tokens of chat requests that set none (the memory budget may lower it further)")
     a.add_argument("--request-timeout", type=float, default=600.0, metavar="SEC",
@@ -49,7 +49,7 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--max-ws-frame-bytes", type=byte_size, default=_DEFAULT.max_ws_frame_bytes,
                      help="largest websocket message; bigger ones get an error event and close 1009")
     lim.add_argument("--header-timeout", type=float, default=_DEFAULT.header_timeout, metavar="SEC",
-                     help="seconds a connection has to send its request headers; also how long an idle connection is kept")
+                     help="seconds a connection has to send its request headers")
     lim.add_argument("--body-timeout", type=float, default=_DEFAULT.body_timeout, metavar="SEC",
                      help="seconds a request body may send nothing before the request is answered 408")
     lim.add_argument("--max-json-depth", type=int, default=_DEFAULT.max_json_depth,
@@ -78,10 +78,15 @@ def is_loopback(host: str) -> bool:
 
 
 def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> None:
-    """Copy the flags into `config`, checked. Warns when the server is reachable from other machines
-    without a key. Raises CLIError naming a flag whose value cannot work."""
-    if args.max_queued is not None and args.max_queued < 0:
-        raise CLIError("--max-queued must be >= 0")
+    """Copy the flags into `config`, checked. Raises CLIError naming a flag whose value cannot work."""
+    if args.max_queued is not None and args.max_queued < 1:
+        # The engine counts a request as queued until its next pass admits it, even into a free row, so a
+        # bound of 0 answers every request 429 (engine/batch.py: LLMBatchGroup.submit).
+        raise CLIError("--max-queued must be >= 1: every request waits in the queue until the scheduler's next "
+                       "pass, so 0 would refuse them all")
+    if args.api_key is not None and any(not split_list(value) for value in args.api_key):
+        raise CLIError("--api-key is empty (an unset variable?): give a key, or leave --api-key out to serve "
+                       "without one")
     if args.max_tokens_cap < 1:
         raise CLIError("--max-tokens-cap must be >= 1")
     if args.request_timeout < 0:
@@ -104,6 +109,11 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
     config.limits = limits
     config.api_keys = list(dict.fromkeys(split_list(args.api_key) + split_list(os.environ.get(API_KEY_ENV))))
     config.allowed_origins = split_list(args.allowed_origins)
+
+
+def warn_if_open(config: ServiceConfig) -> None:
+    """Warn when the server is reachable from other machines without a key (once the address is known to
+    work: a bad --host is one error line, not a warning first). Raises nothing."""
     if not config.api_keys and not is_loopback(config.host):
         _log.warning("listening on %s without an API key: anyone who can reach this address can use the server "
                      "(set --api-key or %s)", config.host, API_KEY_ENV)

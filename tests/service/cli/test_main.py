@@ -171,12 +171,13 @@ def test_serve_flags_become_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_serve_warns_when_reachable_without_a_key(caplog: pytest.LogCaptureFixture,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from service.cli.serve import serve_config
+    from service.cli.serve_limits import warn_if_open
 
     monkeypatch.delenv("TANDEM_API_KEY", raising=False)
     with caplog.at_level("WARNING", logger="tandem.cli"):
-        serve_config(build_parser().parse_args(["serve", "--host", "127.0.0.1"]))
+        warn_if_open(serve_config(build_parser().parse_args(["serve", "--host", "127.0.0.1"])))
         assert not caplog.records
-        serve_config(build_parser().parse_args(["serve", "--host", "0.0.0.0"]))
+        warn_if_open(serve_config(build_parser().parse_args(["serve", "--host", "0.0.0.0"])))
     assert any("without an API key" in r.getMessage() for r in caplog.records)
 
 
