@@ -3,11 +3,12 @@
 The sequential seek loop (audio/decoding.py) must finish a window before it knows where the next starts;
 chunks cut at VAD silences are independent, so B of them are in flight together and share the scheduler's
 encoder and decoder steps — the accelerator's speed path (cf. faster-whisper's BatchedInferencePipeline).
-The price: no conditioning on the previous chunk's text (nor on a chunk's own earlier windows).
+The price: no conditioning on the previous chunk's text (a chunk's later windows are conditioned on its own).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
@@ -62,12 +63,24 @@ async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size
 
         async def decode(k: int, audio: np.ndarray, frames: int) -> None:
             local = 0
+            context = list(tr.initial_prompt_tokens)  # a chunk's later windows are conditioned on its own text
+            room = tr.loaded.model.dims.n_text_ctx // 2 - 1
             while local < frames:
                 n = min(N_FRAMES, frames - local)
                 piece = audio[local * HOP_LENGTH: local * HOP_LENGTH + N_SAMPLES]
-                result = await scheduler.decode(tr.loaded, tr.request(piece, n, conditioned=False))
+                request = tr.request(piece, n, conditioned=False)
+                if local > 0:
+                    request = replace(request, prompt=tuple(context[-room:]) if room > 0 else ())
+                result = await scheduler.decode(tr.loaded, request)
                 windows[k].append((local, n, result))
-                advance = n if tr.silent(result) else tr.split(result.decoded.tokens, result, 0.0, n)[1]
+                if tr.silent(result):
+                    advance = n
+                else:
+                    segments, advance, _ = tr.split(result.decoded.tokens, result, 0.0, n)
+                    context.extend(t for s in segments if s["start"] != s["end"] and s["text"].strip()
+                                   for t in s["tokens"])
+                    if not tr.options.condition_on_previous_text or result.decoded.temperature > 0.5:
+                        context = []  # as the seek loop: no conditioning on text sampled hot
                 local += advance if advance > 0 else n  # never the same window twice
 
         async with anyio.create_task_group() as tg:

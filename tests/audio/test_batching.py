@@ -83,3 +83,5 @@ async def test_a_chunk_decoded_short_of_its_end_goes_on_from_its_last_segment(ti
     assert [s.text for s in segments] == [" And Mr. John Dashwood", " his power.", " He was not an ill-disposed young man."]
     assert segments[2].start == pytest.approx(10.0 + segments[0].start, abs=0.25) and segments[2].seek == 1000 + segments[0].seek
     assert tr.text().endswith("his power. He was not an ill-disposed young man.")
+    assert not scheduler.requests[0].prompt  # the chunk's second window is conditioned on its first's text
+    assert tok.decode(list(scheduler.requests[1].prompt)) == " And Mr. John Dashwood his power."
