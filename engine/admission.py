@@ -44,21 +44,41 @@ class KVAdmission:
         """Whether `rows` may run together. Raises nothing."""
         return self.projected_bytes(rows) <= self.budget.kv
 
+    def room(self, prompt: int) -> int:
+        """New tokens that fit after a `prompt`-token prompt running alone: one slot of (prompt + max_tokens + 1)
+        step-rounded positions, plus its prefill cache. Raises nothing."""
+        positions = (self.budget.kv // self.budget.kv_token_bytes - _round(prompt, _PREFILL_STEP)) \
+            // self.slot_step * self.slot_step - 1
+        return positions - prompt
+
+    def longest_prompt(self) -> int:
+        """The longest prompt that can run alone with one new token (its KV is held twice while it is read: the
+        prefill cache and the slot). Raises nothing."""
+        lo, hi = 0, self.budget.kv // self.budget.kv_token_bytes
+        while lo < hi:  # room() falls as the prompt grows
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.room(mid) >= 1 else (lo, mid - 1)
+        return lo
+
     def fit(self, request: GenerationRequest, prompt: int) -> GenerationRequest:
         """`request` as it can run alone: a defaulted max_tokens lowered to what fits after the prompt.
-        Raises MemoryAdmission (code context_over_budget) when even that cannot fit."""
-        token, kv = self.budget.kv_token_bytes, self.budget.kv
-        # Alone: one slot of (prompt + max_tokens + 1) step-rounded positions, plus its prefill cache.
-        positions = (kv // token - _round(prompt, _PREFILL_STEP)) // self.slot_step * self.slot_step - 1
-        room = positions - prompt
+        Raises MemoryAdmission (code context_over_budget) when even that cannot fit: naming `max_tokens` when a
+        smaller one would fit, `prompt` when the prompt alone does not."""
+        room = self.room(prompt)
         if not request.max_tokens_requested and room >= 1:
             return replace(request, max_tokens=room) if request.max_tokens > room else request
         if request.max_tokens > room:
-            fits = f"at most {room} new tokens fit after this prompt" if room > 0 else "the prompt alone does not fit"
+            kv = self.budget.kv
+            holds = f"the server's budget holds {kv // self.budget.kv_token_bytes} tokens of KV in {kv >> 20} MiB"
+            if room > 0:
+                raise MemoryAdmission(
+                    f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) needs more KV memory than "
+                    f"{holds}; at most {room} new tokens fit after this prompt", code="context_over_budget",
+                    param="max_tokens")
             raise MemoryAdmission(
-                f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) needs more KV memory than the server's "
-                f"budget holds ({kv // token} tokens of KV in {kv >> 20} MiB); {fits}",
-                code="context_over_budget", param="max_tokens")
+                f"the prompt ({prompt} tokens) does not fit the memory budget: {holds}, and a prompt's KV is held "
+                f"twice while it is read (its prefill cache and its decode slot), so at most {self.longest_prompt()} "
+                "prompt tokens fit", code="context_over_budget", param="prompt")
         return request
 
 

@@ -3,7 +3,9 @@
 `RowSampler` turns one row's logits into a token (lazily: nothing is evaluated here) applying, in order:
 logit_bias, repetition penalty (prompt + generated tokens), presence/frequency penalties (generated
 tokens), temperature, then top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the
-row's own PRNG key when seeded, so a seeded row reproduces whatever its batch mates are. A row that asked for
+row's own PRNG key when seeded, so a seeded row's draws are its own whatever its batch mates are (its logits are
+not: forwards of different batch sizes differ in the last bits, ~3e-5 for the demo model on CPU, so a draw near a
+boundary can part a seeded reply from a copy that ran in another batch). A row that asked for
 log probabilities also gets, lazily beside its token, the token's log probability under the raw logits and the
 k likeliest tokens' (`take_logprob` reads them once the token is read). They queue in sampling order, so a row may
 sample again before its last token is read (a pipelined step, engine/pipeline.py).

@@ -45,6 +45,23 @@ def test_a_row_that_can_never_fit_is_refused_with_its_code(tiny_loaded) -> None:
     group.submit(GenerationRequest(prompt_of(100, 1), GREEDY, max_tokens=200))  # this one fits
 
 
+def test_a_prompt_that_alone_cannot_fit_is_named_with_the_longest_that_can(tiny_loaded) -> None:
+    # 1,024 positions: a prompt holds its prefill cache and its slot while it is read, so ~500 prompt tokens fit,
+    # not the 1,024 the budget holds (the message once quoted only that, and named max_tokens).
+    group = make_group(tiny_loaded, budget=budget_for(tiny_loaded, 1024))
+    longest = group.admission.longest_prompt()
+    with pytest.raises(MemoryAdmission, match=f"at most {longest} prompt tokens fit") as info:
+        group.submit(GenerationRequest(prompt_of(700, 1), GREEDY, max_tokens=1))
+    assert info.value.param == "prompt" and 256 < longest < 1024 // 2 + 1
+    group.submit(GenerationRequest(prompt_of(longest, 1), GREEDY, max_tokens=1))  # the longest does fit
+    with pytest.raises(MemoryAdmission) as info:
+        group.submit(GenerationRequest(prompt_of(longest + 1, 1), GREEDY, max_tokens=1))
+    assert info.value.param == "prompt"
+    with pytest.raises(MemoryAdmission) as info:
+        group.submit(GenerationRequest(prompt_of(100, 1), GREEDY, max_tokens=1000))
+    assert info.value.param == "max_tokens"  # a smaller max_tokens would fit
+
+
 async def test_a_defaulted_max_tokens_is_lowered_to_what_fits(tiny_loaded) -> None:
     group = make_group(tiny_loaded, budget=budget_for(tiny_loaded, 1024))
     stream = group.submit(GenerationRequest(prompt_of(100, 1), GREEDY, max_tokens=1900, max_tokens_requested=False))
