@@ -26,6 +26,9 @@ def add_pi(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the server's address")
     p.add_argument("--port", type=int, default=8080, help="the server's port (or $TANDEM_PORT)")
     p.add_argument("--serve-model", default=None, help="chat model for a server started here (default: the demo)")
+    p.add_argument("--api-key", default=None,
+                   help="key the server asks for, written into pi's provider entry; a server started here "
+                        "requires it (default: the first of $TANDEM_API_KEY; none)")
     p.add_argument("pi_args", nargs=argparse.REMAINDER, help="passed to pi unchanged (e.g. -p \"question\")")
 
 

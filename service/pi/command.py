@@ -1,4 +1,4 @@
-"""`tandem pi [--host H] [--port P] [--serve-model M] [--] [pi args...]`: merge the provider entry into
+"""`tandem pi [--host H] [--port P] [--serve-model M] [--api-key K] [--] [pi args...]`: merge the provider entry into
 pi's agent dir, start `tandem serve` in the background when nothing answers on the port, exec pi.
 """
 
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from service.config import API_KEY_ENV, split_list
 from service.pi.agent_files import agent_dir, fit_compaction, merge_provider
 from service.pi.provider import PROVIDER_NAME, provider_entry
 
@@ -23,10 +24,10 @@ INSTALL_HINT = "npm install -g @mariozechner/pi-coding-agent"
 # ---------------------------------------------------------------- the server
 
 
-def _get_json(url: str, timeout: float = 2.0) -> tuple[int, Any]:
+def _get_json(url: str, timeout: float = 2.0, key: str | None = None) -> tuple[int, Any]:
     import httpx
 
-    response = httpx.get(url, timeout=timeout)
+    response = httpx.get(url, timeout=timeout, headers={"Authorization": f"Bearer {key}"} if key else None)
     try:
         return response.status_code, response.json()
     except ValueError:
@@ -43,13 +44,14 @@ def _answers(base: str) -> bool:
         return False
 
 
-def _start_server(host: str, port: int, model: str | None, log_path: Path) -> subprocess.Popen[bytes]:
+def _start_server(host: str, port: int, model: str | None, log_path: Path,
+                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "service.cli", "serve", *([model] if model else []), "--host", host, "--port", str(port)]
     with open(log_path, "ab") as log:
         # Its own session: Ctrl-C in pi must not stop the server, which outlives this command.
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
 
 
 def _wait_ready(base: str, process: subprocess.Popen[bytes] | None, log_path: Path, timeout: float) -> None:
@@ -70,17 +72,34 @@ def _wait_ready(base: str, process: subprocess.Popen[bytes] | None, log_path: Pa
     raise RuntimeError(f"no ready server on {base} after {timeout:.0f} s (log: {log_path})")
 
 
-def _provider_from_server(base: str) -> dict[str, Any]:
-    status, doc = _get_json(f"{base}/v1/pi/provider", timeout=10)
+def _provider_from_server(base: str, key: str | None = None) -> dict[str, Any]:
+    """The provider entry for the server's chat model, with `key` as its apiKey when given. Raises
+    RuntimeError when the server refuses the key or serves no chat model."""
+    status, doc = _get_json(f"{base}/v1/pi/provider", timeout=10, key=key)
+    _check_key(base, status, key)
     if status == 200 and isinstance(doc, dict) and doc.get("providers", {}).get(PROVIDER_NAME, {}).get("models"):
-        return doc["providers"][PROVIDER_NAME]
-    # Another OpenAI-compatible server (or an older tandem): build the entry from /v1/models.
-    status, models = _get_json(f"{base}/v1/models", timeout=10)
-    cards = models.get("data", []) if isinstance(models, dict) else []
-    chat = next((c for c in cards if c.get("kind", "chat") == "chat"), None)
-    if status != 200 or chat is None:
-        raise RuntimeError(f"the server on {base} serves no chat model")
-    return provider_entry(chat["id"], f"{base}/v1", chat.get("context_length") or 4096, reasoning=False)
+        entry = dict(doc["providers"][PROVIDER_NAME])
+    else:
+        # Another OpenAI-compatible server (or an older tandem): build the entry from /v1/models.
+        status, models = _get_json(f"{base}/v1/models", timeout=10, key=key)
+        _check_key(base, status, key)
+        cards = models.get("data", []) if isinstance(models, dict) else []
+        chat = next((c for c in cards if c.get("kind", "chat") == "chat"), None)
+        if status != 200 or chat is None:
+            raise RuntimeError(f"the server on {base} serves no chat model")
+        entry = provider_entry(chat["id"], f"{base}/v1", chat.get("context_length") or 4096, reasoning=False)
+    if key:
+        entry["apiKey"] = key  # pi sends it with every request
+    return entry
+
+
+def _check_key(base: str, status: int, key: str | None) -> None:
+    if status in (401, 403):
+        if key:
+            raise RuntimeError(f"the server on {base} refused the API key (HTTP {status}): check --api-key / "
+                               f"{API_KEY_ENV}")
+        raise RuntimeError(f"the server on {base} needs an API key (HTTP {status}): pass --api-key or set "
+                           f"{API_KEY_ENV}")
 
 
 def find_pi(environ: dict[str, str] | None = None) -> str | None:
@@ -95,10 +114,11 @@ def find_pi(environ: dict[str, str] | None = None) -> str | None:
 
 
 def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """Our leading options (--host, --port, --serve-model), then pi's arguments (after an optional --)."""
+    """Our leading options (--host, --port, --serve-model, --api-key), then pi's arguments (after an
+    optional --). Raises ValueError for an option without its value."""
     ours: dict[str, str] = {}
     args = list(argv)
-    while args and args[0] in ("--host", "--port", "--serve-model"):
+    while args and args[0] in ("--host", "--port", "--serve-model", "--api-key"):
         if len(args) < 2:
             raise ValueError(f"{args[0]} needs a value")
         ours[args[0][2:]] = args[1]
@@ -106,6 +126,17 @@ def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     if args[:1] == ["--"]:
         args = args[1:]
     return ours, args
+
+
+def _port(text: str, name: str) -> int:
+    """A port number from --port or TANDEM_PORT. Raises ValueError naming where it came from."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {text!r}") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"{name} must be in 1..65535, got {port}")
+    return port
 
 
 def pi_command(
@@ -121,10 +152,16 @@ def pi_command(
     env = dict(os.environ if environ is None else environ)
     try:
         ours, pi_args = split_args(argv)
-        port = int(ours.get("port", env.get("TANDEM_PORT", "8080")))
+        port = _port(ours["port"] if "port" in ours else env.get("TANDEM_PORT", "8080"),
+                     "--port" if "port" in ours else "TANDEM_PORT")
     except ValueError as exc:
         print(f"tandem pi: {exc}", file=sys.stderr)
         return 2
+    if "api-key" in ours and not ours["api-key"].strip():
+        print("tandem pi: --api-key is empty (an unset variable?)", file=sys.stderr)
+        return 2
+    keys = split_list(ours.get("api-key")) or split_list(env.get(API_KEY_ENV))
+    key = keys[0] if keys else None
     host = ours.get("host", "127.0.0.1")
     pi = find_pi(env)
     if pi is None:
@@ -132,16 +169,22 @@ def pi_command(
         return 127
     base = f"http://{host}:{port}"
     log_path = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlx-tandem" / f"serve-{port}.log"
+    process = None
     try:
-        process = None
         if not _answers(base):
-            process = _start_server(host, port, ours.get("serve-model"), log_path)
+            # A key given here is the key of the server started here too (through the environment, not argv).
+            process = _start_server(host, port, ours.get("serve-model"), log_path,
+                                    {**env, API_KEY_ENV: key} if key else env)
             print(f"tandem pi: started tandem serve (pid {process.pid}) on {base}; log: {log_path}", file=sys.stderr)
         _wait_ready(base, process, log_path, ready_timeout)
-        entry = _provider_from_server(base)
+        entry = _provider_from_server(base, key)
     except RuntimeError as exc:
         print(f"tandem pi: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        still = f"; tandem serve (pid {process.pid}) goes on starting in the background" if process else ""
+        print(f"\ntandem pi: interrupted{still}", file=sys.stderr)
+        return 130
     directory = agent_dir(env)
     try:
         path = merge_provider(directory, PROVIDER_NAME, entry)
