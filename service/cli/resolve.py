@@ -9,7 +9,7 @@ from service.cli.errors import CLIError
 if TYPE_CHECKING:
     from engine.models import ModelSource
 
-__all__ = ["resolve_chat_model"]
+__all__ = ["resolve_chat_model", "whisper_spec", "check_audio_path"]
 
 
 def resolve_chat_model(spec: str | None) -> ModelSource:
@@ -22,3 +22,25 @@ def resolve_chat_model(spec: str | None) -> ModelSource:
         return resolve_model(spec)
     except ModelNotFound as exc:
         raise CLIError(f"no model: {exc}") from None
+
+
+def whisper_spec(spec: str | None) -> str | None:
+    """A Whisper model as given, or the directory of the local checkpoint `tandem models ls` lists under
+    that name (an import in the user cache, e.g. tiny.en-float32) when no file of that name exists.
+    Raises nothing."""
+    from pathlib import Path
+
+    if spec is None or Path(spec).expanduser().exists():
+        return spec
+    from audio.whisper import local_whisper_models
+
+    match = next((w for w in local_whisper_models() if w.name == spec and w.note == "imported"), None)
+    return str(match.path) if match is not None else spec
+
+
+def check_audio_path(path: str) -> None:
+    """Raise CLIError for a path that names a directory (the audio loader calls it missing)."""
+    from pathlib import Path
+
+    if Path(path).expanduser().is_dir():
+        raise CLIError(f"{path} is a directory, not an audio file")

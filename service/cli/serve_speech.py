@@ -66,6 +66,7 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
     a Whisper checkpoint or bad numbers."""
     from audio.errors import WhisperCheckpointError
     from audio.whisper import DEMO_MODEL, resolve_whisper_checkpoint
+    from service.cli.resolve import whisper_spec
     from service.speech.setup import SpeechConfig
 
     if args.whisper_idle_unload < 0 or args.session_ttl <= 0:
@@ -81,7 +82,7 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
     if not args.whisper_catch_up > 0:
         raise CLIError("--whisper-catch-up must be > 0")
     only = False
-    spec = args.whisper_model
+    spec = whisper_spec(args.whisper_model)
     if args.model is not None and spec is None:
         try:
             resolve_whisper_checkpoint(args.model)

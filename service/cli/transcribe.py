@@ -11,6 +11,7 @@ from typing import Any
 from audio.formats import RESPONSE_FORMATS
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command
+from service.cli.resolve import check_audio_path, whisper_spec
 
 __all__ = ["add_transcribe"]
 
@@ -20,8 +21,8 @@ def add_transcribe(sub: Any) -> None:
     p = add_command(sub, "transcribe", "transcribe an audio file (no server)")
     p.add_argument("file", help="audio file (wav, mp3, m4a, flac, ogg, webm, ...)")
     p.add_argument("model", nargs="?", default=None,
-                   help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, or tiny.en "
-                        "(default: the demo tiny.en)")
+                   help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, a name `tandem models ls` "
+                        "lists, or tiny.en (default: the demo tiny.en)")
     p.add_argument("--language", default=None, help="ISO-639-1 code or name (default: detected)")
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
                    help="translate: into English (multilingual models)")
@@ -56,13 +57,16 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CLIError("--temperature must be in 0..1")
     if args.batch_size < 1:
         raise CLIError("--batch-size must be >= 1")
+    if args.vad_trim and args.vad:
+        raise CLIError("--vad-trim works with --no-vad only (VAD, the default, already leaves silence out)")
+    check_audio_path(args.file)
     try:
         pcm = load_audio_file(args.file)
     except (FileNotFoundError, AudioInputError) as exc:
         raise CLIError(str(exc)) from None
     engine = Engine(None)
     try:
-        speech = SpeechService.from_spec(engine.tasks, args.model, resident=True)
+        speech = SpeechService.from_spec(engine.tasks, whisper_spec(args.model), resident=True)
         options = speech.options(
             language=args.language, task=args.task, prompt=args.prompt,
             temperatures=TranscribeOptions.ladder(args.temperature, fallback=not args.no_fallback),

@@ -1,0 +1,64 @@
+"""`tandem transcribe` arguments: the names `tandem models ls` shows for imports, a directory given as
+the audio file, and --vad-trim without --no-vad."""
+
+from __future__ import annotations
+
+import shutil
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.cli.main import build_parser, main
+from service.cli.serve_speech import configure_serve_speech
+from service.config import ServiceConfig
+from service.speech.setup import speech_config
+from tests.fixtures.tiny_whisper import build_tiny_whisper
+
+
+@pytest.fixture
+def imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    """A Whisper checkpoint imported into the user cache; returns the name `models ls` lists it under."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    build_tiny_whisper(tmp_path / "cache" / "mlx-tandem" / "whisper" / "tiny-float32")
+    assert main(["models", "ls"]) == 0
+    assert "tiny-float32 (imported)" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # no file of that name here
+    return "tiny-float32"
+
+
+@pytest.fixture
+def wav(tmp_path: Path) -> Path:
+    path = tmp_path / "noise.wav"
+    x = np.random.default_rng(0).normal(0, 0.1, 16000)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((x * 32767).astype("<i2").tobytes())
+    return path
+
+
+def test_transcribe_takes_the_name_models_ls_shows(imported: str, wav: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["transcribe", str(wav), imported, "--no-fallback", "--no-timestamps", "--no-vad"])
+    assert code == 0, capsys.readouterr().err
+
+
+def test_serve_takes_the_name_models_ls_shows(imported: str) -> None:
+    args = build_parser().parse_args(["serve", "--whisper-model", imported])
+    config = ServiceConfig()
+    configure_serve_speech(args, config)
+    speech = speech_config(config)
+    assert speech is not None and Path(str(speech.model)).name == imported
+
+
+def test_a_directory_is_not_called_missing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["transcribe", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory" in err and "no such" not in err
+
+
+def test_vad_trim_needs_no_vad(wav: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["transcribe", str(wav), "--vad-trim"]) == 2
+    assert "--vad-trim works with --no-vad only" in capsys.readouterr().err
