@@ -126,9 +126,11 @@ class LLMBatchGroup:
         EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
         if self._closed:
             raise EngineClosed("engine is shutting down")
-        if self.max_queued is not None and (queued := self.queued_rows()) >= self.max_queued:
-            raise QueueFull(f"{queued} requests are already waiting (limit {self.max_queued}); retry later",
-                            queued=queued, limit=self.max_queued)
+        # Queued rows a free row takes at the next pass do not wait (so max_queued 0 still serves an idle server).
+        waiting = self.queued_rows() - max(0, self.max_active - len(self._active))
+        if self.max_queued is not None and waiting >= self.max_queued:
+            raise QueueFull(f"{waiting} requests are already waiting for a row (limit {self.max_queued}); retry later",
+                            queued=waiting, limit=self.max_queued)
         prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))

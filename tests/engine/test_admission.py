@@ -14,17 +14,34 @@ GREEDY = SamplingParams(temperature=0.0)
 
 async def test_rows_beyond_max_queued_are_refused_until_one_is_admitted(tiny_loaded) -> None:
     group = make_group(tiny_loaded, max_active=1, max_queued=2)
-    first, second = (group.submit(GenerationRequest(prompt_of(4, i), GREEDY, max_tokens=2)) for i in range(2))
+    # The first takes the free row at the next pass; two more may wait for it.
+    first, second, third = (group.submit(GenerationRequest(prompt_of(4, i), GREEDY, max_tokens=2)) for i in range(3))
     with pytest.raises(QueueFull) as refused:
         group.submit(GenerationRequest(prompt_of(4, 3), GREEDY, max_tokens=2))
     assert (refused.value.queued, refused.value.limit) == (2, 2)
-    await iterate(group)  # the first row is admitted: one place in the queue frees up
-    assert (group.active_rows(), group.queued_rows()) == (1, 1)
-    third = group.submit(GenerationRequest(prompt_of(4, 3), GREEDY, max_tokens=2))
+    await iterate(group)  # the first row is admitted: the other two still wait
+    assert (group.active_rows(), group.queued_rows()) == (1, 2)
+    with pytest.raises(QueueFull):
+        group.submit(GenerationRequest(prompt_of(4, 3), GREEDY, max_tokens=2))
     await second.aclose()  # a cancelled row no longer counts as waiting
-    group.submit(GenerationRequest(prompt_of(4, 4), GREEDY, max_tokens=2))
-    for stream in (first, third):
+    fourth = group.submit(GenerationRequest(prompt_of(4, 4), GREEDY, max_tokens=2))
+    for stream in (first, third, fourth):
         await stream.aclose()
+
+
+async def test_no_queue_serves_an_idle_engine_and_refuses_only_while_every_row_is_busy(tiny_loaded) -> None:
+    # max_queued 0 once refused even the one request of an idle server (it counted itself as waiting).
+    group = make_group(tiny_loaded, max_active=1, max_queued=0)
+    first = group.submit(GenerationRequest(prompt_of(4, 1), GREEDY, max_tokens=2))
+    with pytest.raises(QueueFull):
+        group.submit(GenerationRequest(prompt_of(4, 2), GREEDY, max_tokens=2))
+    await iterate(group)
+    with pytest.raises(QueueFull):  # its row is busy
+        group.submit(GenerationRequest(prompt_of(4, 2), GREEDY, max_tokens=2))
+    await first.aclose()
+    await iterate(group)
+    second = group.submit(GenerationRequest(prompt_of(4, 2), GREEDY, max_tokens=2))  # the row is free again
+    await second.aclose()
 
 
 def test_no_limit_by_default_and_a_negative_limit_is_refused(tiny_loaded) -> None:
