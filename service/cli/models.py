@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ def add_models(sub: Any) -> None:
     imp.add_argument("output", help="new mlx-whisper dir (config.json + weights.safetensors)")
     imp.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                      help="stored weight type (float32 suits the CPU backend)")
+    imp.add_argument("--force", action="store_true", help="replace an OUTPUT dir that is not empty (everything in it is removed)")
     imp.set_defaults(func=_models_import)
 
 
@@ -55,6 +57,8 @@ def _models_get(args: argparse.Namespace) -> int:
     from engine.errors import ModelNotFound
     from engine.hub import ModelDownloadError, download_model
 
+    _check_repo_id(args.repo)
+    _check_hub_reachable()
     try:
         path = download_model(args.repo)
     except (ModelNotFound, ModelDownloadError) as exc:
@@ -63,12 +67,66 @@ def _models_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_repo_id(repo: str) -> None:
+    """Raise CLIError (exit 2) for text that is no repo id: the hub would call it 'not found'."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    parts = repo.strip().strip("/").split("/")
+    if not repo.strip():
+        raise CLIError("give a repo id: org/name, or org/name/file.gguf")
+    gguf = len(parts) == 3 and parts[2].lower().endswith(".gguf")
+    if len(parts) > 2 and not gguf:
+        raise CLIError(f"not a repo id: {repo!r} (use org/name, or org/name/file.gguf)")
+    try:
+        validate_repo_id("/".join(parts[:2]))
+    except HFValidationError as exc:
+        raise CLIError(f"not a repo id: {repo!r} ({exc})") from None
+
+
+def _check_hub_reachable(timeout: float = 5.0) -> None:
+    """One quick request to the hub before downloading: unreachable, huggingface_hub retries each file
+    with backoff for ~40 s, printing each retry. Raises CLIError (exit 1) when nothing answers; skipped
+    when HF_HUB_OFFLINE asks for the cache only."""
+    import httpx
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return
+    try:
+        httpx.head(constants.ENDPOINT, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise CLIError(f"could not reach the Hugging Face hub ({constants.ENDPOINT}): {exc or type(exc).__name__}",
+                       code=1) from None
+
+
 def _models_import(args: argparse.Namespace) -> int:
     from audio.ctranslate2_import import CheckpointFormatError, import_ct2_whisper
 
+    output = Path(args.output)
+    if not (Path(args.source) / "model.bin").is_file():
+        raise CLIError(f"{args.source} has no model.bin (not a CTranslate2 checkpoint)")
+    if output.is_dir() and any(output.iterdir()) and not args.force:
+        raise CLIError(f"{output} exists and is not empty: choose a new dir, or pass --force to replace its files")
+    if output.exists() and not output.is_dir():
+        raise CLIError(f"{output} exists and is not a directory")
     try:
-        out = import_ct2_whisper(Path(args.source), Path(args.output), dtype=args.dtype)
+        out = import_ct2_whisper(Path(args.source), output, dtype=args.dtype)
     except (CheckpointFormatError, FileNotFoundError) as exc:
         raise CLIError(str(exc)) from None
+    _usual_modes(Path(out))
     print(out)
     return 0
+
+
+def _usual_modes(directory: Path) -> None:
+    """Give the files written the mode a plain write gets (the weights came out 0600: written through a
+    private temporary file). Raises nothing."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in directory.iterdir():
+        if path.is_file():
+            try:
+                path.chmod(0o666 & ~mask)
+            except OSError:
+                pass

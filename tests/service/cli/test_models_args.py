@@ -1,0 +1,77 @@
+"""`tandem models get` checks the repo id and that the hub answers before downloading; `models import`
+leaves a non-empty OUTPUT alone unless --force, and writes its files with the usual modes."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from service.cli.main import main
+
+
+@pytest.fixture
+def no_download(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.hub
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("nothing may be downloaded")
+
+    monkeypatch.setattr(engine.hub, "download_model", fail)
+
+
+@pytest.mark.parametrize("repo, words", [("", "give a repo id"), ("  ", "give a repo id"),
+                                         ("a b/c", "not a repo id"), ("a/b/c", "not a repo id")])
+def test_text_that_is_no_repo_id_is_a_usage_error(repo: str, words: str, no_download: None,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "get", repo]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "not found" not in err, err
+
+
+def test_an_unreachable_hub_is_one_quick_line(no_download: None, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:1")  # nothing listens there
+    assert main(["models", "get", "org/name/file.gguf"]) == 1
+    assert "could not reach the Hugging Face hub" in capsys.readouterr().err
+
+
+def _fake_import(src: Path, dst: Path, dtype: str = "float32") -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text("{}")
+    weights = dst / "weights.safetensors"
+    weights.write_bytes(b"x")
+    weights.chmod(0o600)  # what the real import's temporary file gets
+    return dst
+
+
+def test_import_refuses_a_dir_that_is_not_empty_without_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import audio.ctranslate2_import
+
+    monkeypatch.setattr(audio.ctranslate2_import, "import_ct2_whisper", _fake_import)
+    (tmp_path / "model.bin").write_bytes(b"")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    assert main(["models", "import", str(tmp_path), str(out)]) == 2
+    assert "--force" in capsys.readouterr().err and (out / "mine.txt").exists()
+    assert main(["models", "import", str(tmp_path), str(out), "--force"]) == 0
+
+
+def test_import_writes_the_weights_with_the_usual_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import audio.ctranslate2_import
+
+    monkeypatch.setattr(audio.ctranslate2_import, "import_ct2_whisper", _fake_import)
+    (tmp_path / "model.bin").write_bytes(b"")
+    old = os.umask(0o022)
+    try:
+        assert main(["models", "import", str(tmp_path), str(tmp_path / "new")]) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "new" / "weights.safetensors").stat().st_mode) == 0o644
