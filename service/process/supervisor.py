@@ -3,13 +3,16 @@ worker that died (RestartPolicy: not after a startup failure, not in a crash loo
 worker it is a respawn (WORKER_GENERATION_ENV), so /health says "restarting" until its models are back.
 
 granian 2.8's main loop respawns without telling a startup failure from a kill and only stops a crash
-loop when deaths are under 5.5 s apart; `_serve_loop` is replaced here (granian's version is pinned).
+loop when deaths are under 5.5 s apart; `_serve_loop` is replaced here (granian's version is pinned). Its signal
+handlers set a threading.Event, whose lock a second signal arriving inside that set() waited on forever (`uv run`
+forwards SIGTERM, so `pkill` delivers two): `wake` never blocks in a handler.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from typing import Any
 
@@ -17,7 +20,7 @@ from granian.server.mp import MPServer
 
 from service.process.restarts import RestartPolicy
 
-__all__ = ["SupervisedGranian", "WORKER_GENERATION_ENV", "worker_generation"]
+__all__ = ["SupervisedGranian", "WORKER_GENERATION_ENV", "worker_generation", "wake"]
 
 # 0 for the first worker, n for the n-th respawn (read by the worker at startup).
 WORKER_GENERATION_ENV = "TANDEM_WORKER_GENERATION"
@@ -31,6 +34,21 @@ def worker_generation(environ: Any = None) -> int:
     return int(raw) if str(raw).isdigit() else 0
 
 
+def wake(event: threading.Event) -> None:
+    """Set `event` from a signal handler. A handler runs on the main thread between two bytecodes, possibly while
+    that thread holds the event's lock (inside set() or wait()): then a helper thread sets it once the lock is
+    free, instead of this thread waiting for itself. Raises nothing."""
+    cond = getattr(event, "_cond", None)
+    if cond is not None and cond.acquire(blocking=False):
+        try:
+            event._flag = True  # type: ignore[attr-defined]  # Event.set's own two lines, lock already held
+            cond.notify_all()
+        finally:
+            cond.release()
+        return
+    threading.Thread(target=event.set, name="tandem-signal-wake", daemon=True).start()
+
+
 class SupervisedGranian(MPServer):
     """granian's multiprocess server (worker processes, not threads), worker deaths through a RestartPolicy."""
 
@@ -39,6 +57,14 @@ class SupervisedGranian(MPServer):
         self.policy = policy or RestartPolicy()
         self.generation = 0
         self.exit_code = 0
+
+    def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
+        self.interrupt_signal = True
+        wake(self.main_loop_interrupt)
+
+    def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
+        self.reload_signal = True
+        wake(self.main_loop_interrupt)
 
     def _serve(self, spawn_target: Any, target_loader: Any) -> None:
         os.environ[WORKER_GENERATION_ENV] = "0"

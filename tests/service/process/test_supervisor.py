@@ -1,0 +1,42 @@
+"""service/process/supervisor.py: the main process's signal handlers never wait on a lock their own thread holds."""
+
+from __future__ import annotations
+
+import threading
+
+from service.process.supervisor import SupervisedGranian, wake
+
+
+def _handler_inside_set(event: threading.Event, handler: object) -> threading.Thread:
+    """On a thread of its own: hold the event's lock, as Event.set does when a second signal interrupts it, and
+    run the handler there. Returns the thread (a deadlocked one never ends; it is a daemon)."""
+    def run() -> None:
+        with event._cond:  # type: ignore[attr-defined]
+            handler()  # type: ignore[operator]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_signal_arriving_while_the_event_lock_is_held_does_not_deadlock() -> None:
+    # `pkill -f "tandem serve"` under `uv run` delivers SIGTERM twice; the second arrived inside the first
+    # handler's Event.set and the main process hung in Condition.__enter__ with the port held.
+    server = object.__new__(SupervisedGranian)
+    server.main_loop_interrupt = threading.Event()
+    server.interrupt_signal = server.reload_signal = False
+    thread = _handler_inside_set(server.main_loop_interrupt, server.signal_handler_interrupt)
+    thread.join(30)
+    assert not thread.is_alive(), "the handler waited for a lock its own thread holds"
+    assert server.interrupt_signal and server.main_loop_interrupt.wait(30)
+
+
+def test_wake_sets_the_event_at_once_when_the_lock_is_free() -> None:
+    event = threading.Event()
+    wake(event)
+    assert event.is_set()
+    server = object.__new__(SupervisedGranian)
+    server.main_loop_interrupt, server.reload_signal = threading.Event(), False
+    thread = _handler_inside_set(server.main_loop_interrupt, server.signal_handler_reload)
+    thread.join(30)
+    assert not thread.is_alive() and server.reload_signal and server.main_loop_interrupt.wait(30)
