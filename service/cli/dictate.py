@@ -91,7 +91,7 @@ async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
     try:
         ws = await websockets.connect(url, additional_headers=headers, max_size=None)
     except websockets.InvalidStatus as exc:
-        raise _refused(args, exc.response.status_code) from None
+        raise _refused(args, url, headers, exc.response.status_code) from None
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         raise CLIError(f"cannot reach {args.server}: {exc}", code=1) from None
     session = DictateSession(ws, LiveLine(sys.stdout))
@@ -124,15 +124,26 @@ async def _receive_until_closed(session: Any, ws: Any) -> None:
     raise _closed(ws.close_exc, session)
 
 
-def _refused(args: argparse.Namespace, status: int) -> CLIError:
-    """The handshake was answered with an HTTP error: say why in words (403 is the server's answer to a
-    missing or wrong API key, and to a browser Origin it does not allow)."""
-    if status in (401, 403):
+def _refused(args: argparse.Namespace, url: str, headers: dict[str, str], status: int) -> CLIError:
+    """The handshake was answered with an HTTP error, which says no more than 403 whatever the cause (a
+    missing or wrong API key, a server still starting, a browser Origin it does not allow): an HTTP request
+    with the same key tells them apart."""
+    import httpx
+
+    base = url.split("/realtime?", 1)[0].replace("ws://", "http://", 1).replace("wss://", "https://", 1)
+    try:
+        response = httpx.get(f"{base}/models", headers=headers, timeout=5)
+        answer, message = response.status_code, str(response.json().get("error", {}).get("message") or "")
+    except (httpx.HTTPError, ValueError, AttributeError):
+        answer, message = 0, ""
+    if answer == 401:
         if not args.api_key:
-            return CLIError(f"the server {args.server} refused the connection (HTTP {status}): it needs an API key "
-                            "(pass --api-key or set TANDEM_API_KEY)", code=1)
+            return CLIError(f"the server {args.server} needs an API key (HTTP {status}): pass --api-key or set "
+                            "TANDEM_API_KEY", code=1)
         return CLIError(f"the server {args.server} refused the API key (HTTP {status}): check --api-key / "
                         "TANDEM_API_KEY", code=1)
+    if answer == 503:
+        return CLIError(f"the server {args.server} is not ready: {message or 'retry shortly'}", code=1)
     return CLIError(f"the server {args.server} refused the connection (HTTP {status})", code=1)
 
 

@@ -107,18 +107,26 @@ def test_a_refused_or_ended_session_is_one_line(handler: Handler, words: str, wa
     assert "Traceback" not in err and err.count("\n") <= 2, err
 
 
-def _forbidden(connection: Any, request: Any) -> Any:
-    return connection.respond(403, "")
+def _forbidden(http_status: int, message: str) -> Any:
+    """The handshake answered 403, as the server does for any refusal; plain HTTP answers `http_status`."""
+    def process_request(connection: Any, request: Any) -> Any:
+        if "Upgrade" not in request.headers:
+            return connection.respond(http_status, json.dumps({"error": {"message": message}}))
+        return connection.respond(403, "")
+    return process_request
 
 
-@pytest.mark.parametrize("key, words", [
-    (None, "needs an API key (pass --api-key or set TANDEM_API_KEY)"),
-    ("wrong", "refused the API key"),
+@pytest.mark.parametrize("key, http_status, words", [
+    (None, 401, "needs an API key (HTTP 403): pass --api-key or set TANDEM_API_KEY"),
+    ("wrong", 401, "refused the API key"),
+    ("k1", 503, "is not ready: The server is loading; retry shortly."),
 ])
-def test_a_refused_key_is_named(key: str | None, words: str, wav: Path, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_refused_handshake_names_its_cause(key: str | None, http_status: int, words: str, wav: Path,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("TANDEM_API_KEY", raising=False)
-    with _Server(_close_at_once, process_request=_forbidden) as server:
+    refusal = _forbidden(http_status, "The server is loading; retry shortly.")
+    with _Server(_close_at_once, process_request=refusal) as server:
         code = main(_dictate(server, wav, *(["--api-key", key] if key else [])))
     err = capsys.readouterr().err
     assert code == 1 and words in err and "cannot reach" not in err, err
