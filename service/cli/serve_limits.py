@@ -24,8 +24,8 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     """Register the flags. Raises nothing."""
     a = p.add_argument_group("admission")
     a.add_argument("--max-queued", type=int, default=None,
-                   help="requests that may wait for a free row; more are answered 429 with Retry-After; at "
-                        "least 1, as every request passes the queue on its way to a row (default: 4 x --max-active)")
+                   help="requests that may wait for a free row; more are answered 429 with Retry-After (0: none "
+                        "wait, a free row still serves) (default: 4 x --max-active)")
     a.add_argument("--max-tokens-cap", type=int, default=4096,
                    help="max_tokens of chat requests that set none (the memory budget may lower it further)")
     a.add_argument("--request-timeout", type=float, default=600.0, metavar="SEC",
@@ -79,11 +79,8 @@ def is_loopback(host: str) -> bool:
 
 def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> None:
     """Copy the flags into `config`, checked. Raises CLIError naming a flag whose value cannot work."""
-    if args.max_queued is not None and args.max_queued < 1:
-        # The engine counts a request as queued until its next pass admits it, even into a free row, so a
-        # bound of 0 answers every request 429 (engine/batch.py: LLMBatchGroup.submit).
-        raise CLIError("--max-queued must be >= 1: every request waits in the queue until the scheduler's next "
-                       "pass, so 0 would refuse them all")
+    if args.max_queued is not None and args.max_queued < 0:
+        raise CLIError("--max-queued must be >= 0")
     if args.api_key is not None and any(not split_list(value) for value in args.api_key):
         raise CLIError("--api-key is empty (an unset variable?): give a key, or leave --api-key out to serve "
                        "without one")
