@@ -120,7 +120,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its JSON. Raises ModelNotFound when the model cannot be found."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tandem benchmark agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model spec (default: the demo model)")
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--system-tokens", type=int, default=2000)

@@ -185,7 +185,7 @@ async def run_itl(root: str, ws_url: str, headers: dict[str, str], sessions: int
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark against a server and print JSON. Raises SystemExit for bad arguments."""
-    p = argparse.ArgumentParser(prog="bench.live_serve", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tandem benchmark live", description=__doc__.split("\n\n")[0])
     p.add_argument("--server", default="http://127.0.0.1:8080")
     p.add_argument("--serve", default=None, help="start `tandem serve <ARGS>` on the --server port first")
     p.add_argument("--ready-timeout", type=float, default=240.0)

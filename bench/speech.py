@@ -132,7 +132,7 @@ def _session(engine: Any, speech: Any, pcm: np.ndarray, options: Any, pace: floa
 
 def main(argv: list[str] | None = None) -> int:
     """Run the speech benchmark and print JSON. Raises SystemExit for missing samples or model."""
-    p = argparse.ArgumentParser(prog="bench.speech", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tandem benchmark speech", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="Whisper checkpoint (default: demo tiny.en)")
     p.add_argument("--samples", default=os.environ.get("TANDEM_AUDIO_SAMPLES", "../shared/audio"))
     p.add_argument("--gap", type=float, default=6.0, help="seconds of silence between clips")

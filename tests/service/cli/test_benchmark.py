@@ -35,3 +35,11 @@ def test_unknown_benchmark_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         main(["benchmark", "nope"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_each_benchmarks_help_names_it_as_the_user_typed_it(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["benchmark", name, "--help"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: tandem benchmark {name} ")
