@@ -7,7 +7,7 @@ building is no longer hidden) plus a part per prompt token — and gives prompt 
 iteration within `stall` decode iterations (STALL unless configured), never less than the group's minimum
 and never more than its budget. When the fixed part alone passes that bound, small chunks would pay it again and again for little
 progress, so prompts get the whole budget. With no row decoding there is no gap to protect: prompts get the
-whole budget. Before anything is measured the budget is used as configured. When the decode cost moves 2×
+whole budget. Before anything is measured beside decoding rows, chunks start at the minimum and double. When the decode cost moves 2×
 (many rows left or joined) the mixed samples no longer describe the load: they are dropped and learned again.
 An allowance grows at most 2× from one mixed iteration to the next.
 """
@@ -84,8 +84,12 @@ class PrefillPacer:
     def prompt_tokens(self, decode_rows: int) -> int:
         """Prompt tokens the next iteration may carry beside `decode_rows` decoding rows. Raises nothing."""
         room = max(self.max_tokens - decode_rows, self.min_tokens)
-        if decode_rows == 0 or self.decode_seconds is None or self.token_seconds is None:
+        if decode_rows == 0:
             return room
+        if self.decode_seconds is None or self.token_seconds is None:
+            # Nothing measured beside decoding rows yet: the minimum, doubling from there (the whole budget at once
+            # was a 6.8 s gap in every stream on a 2-core CPU, the first long prompt after a start).
+            return min(room, self._grown(room if self._paced is not None else self.min_tokens))
         allowance = (self.stall - 1.0) * self.decode_seconds
         if self.fixed_seconds is None:
             # Fixed and per-token cost not told apart yet: pace as if all were per token, and every other

@@ -283,8 +283,9 @@ async def test_mixed_iterations_stay_in_flight_and_the_next_goes_on_from_them(ti
 
 async def test_a_row_whose_first_token_is_in_flight_goes_on_after_its_batch_mates_leave(tiny_loaded) -> None:
     # Both at once: the mate completes its prompt first, then decodes beside the late row's last chunk, a mixed step
-    # launched with no step in flight and kept (a row joining a step in flight has it read at once).
-    group = pipelined_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=8)
+    # launched with no step in flight and kept (a row joining a step in flight has it read at once). Chunks of 15 from
+    # the start (an unmeasured pacer begins at the minimum): 15 + 5 for the late row.
+    group = pipelined_group(tiny_loaded, max_iteration_tokens=16, minimum_preparation_tokens=15)
     mate = group.submit(GenerationRequest(prompt_of(5, 1), GREEDY, max_tokens=60))
     late_prompt = prompt_of(20, 4)
     late = group.submit(GenerationRequest(late_prompt, GREEDY, max_tokens=10))
