@@ -7,7 +7,7 @@ import argparse
 import math
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command
@@ -29,37 +29,23 @@ def add_generate(sub: Any) -> None:
     p.set_defaults(func=_generate)
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1. Raises argparse.ArgumentTypeError."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _checked(kind: type[int] | type[float], ok: Callable[[float], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)`, refused unless `ok` (saying it must be `what`). Raises nothing."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
 
 
-def _temperature(text: str) -> float:
-    """argparse type: a finite number >= 0 (nan and inf sample garbage). Raises argparse.ArgumentTypeError."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _seed(text: str) -> int:
-    """argparse type: an integer the sampler's PRNG key takes (0..2^64-1). Raises argparse.ArgumentTypeError."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 0 <= value < 2**64:
-        raise argparse.ArgumentTypeError(f"must be in 0..2^64-1, got {value}")
-    return value
+_positive_int = _checked(int, lambda v: v >= 1, ">= 1")
+# nan and inf sample garbage
+_temperature = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+_seed = _checked(int, lambda v: 0 <= v < 2**64, "in 0..2^64-1 (the sampler's PRNG key)")
 
 
 def _generate(args: argparse.Namespace) -> int:

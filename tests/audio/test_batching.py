@@ -13,6 +13,7 @@ from audio.scheduler import StepBudget
 from audio.speech import SpeechService
 from audio.whisper import LoadedWhisper
 from tests.audio.conftest import SR, running_tasks, voiced
+from tests.fixtures.scripted_scheduler import ScriptedScheduler
 
 
 def test_chunks_are_cut_in_silence_and_never_exceed_a_window() -> None:
@@ -48,21 +49,6 @@ async def test_a_batch_of_chunks_decodes_side_by_side(tiny_whisper_dir: Path) ->
         assert [s.id for s in t.segments] == list(range(len(t.segments)))
 
 
-class _Scripted:
-    """A scheduler whose decodes return scripted tokens, one list a decode; it keeps the requests."""
-
-    def __init__(self, *decodes: list[int]) -> None:
-        self.decodes, self.requests = list(decodes), []  # type: ignore[var-annotated]
-
-    async def decode(self, loaded: object, request: object, cancellation: object = None) -> object:
-        from audio.decoder import RowResult
-        from audio.window import WindowResult
-
-        self.requests.append(request)
-        tokens = self.decodes.pop(0)
-        return WindowResult(RowResult(tokens, tokens, "", -0.2, 0.01, 0.0, 1.2), "en")
-
-
 @pytest.mark.anyio
 async def test_a_chunk_decoded_short_of_its_end_goes_on_from_its_last_segment(tiny_whisper: LoadedWhisper) -> None:
     # a 25.6 s chunk whose decode stopped at 22.78 s lost "He was not an ill-disposed young man." (probe, batch 2)
@@ -76,7 +62,7 @@ async def test_a_chunk_decoded_short_of_its_end_goes_on_from_its_last_segment(ti
     first = [ts, *tok.encode(" And Mr. John Dashwood"), ts + 250, ts + 250, *tok.encode(" his power."), ts + 500,
              ts + 500, *tok.encode(" He was not")]  # ends inside its third segment: that one is redone
     second = [ts, *tok.encode(" He was not an ill-disposed young man."), ts + 300]
-    scheduler = _Scripted(first, second, [ts, ts + 100])
+    scheduler = ScriptedScheduler(first, second, [ts, ts + 100])
     segments = [s async for new in batched_windows(tr, pcm, 2, scheduler, None) for s in new]  # type: ignore[arg-type]
     frames = [r.frames for r in scheduler.requests]
     assert len(frames) == 2 and frames[1] == frames[0] - 1000  # the second window starts at the last timestamp, 10 s

@@ -12,6 +12,7 @@ from audio.timeline import compact
 from audio.transcript import TranscribeOptions
 from audio.whisper import LoadedWhisper
 from tests.audio.conftest import running_tasks
+from tests.fixtures.scripted_scheduler import ScriptedScheduler
 
 FAST = TranscribeOptions(temperatures=(0.0,), without_timestamps=True)
 pytestmark = pytest.mark.anyio
@@ -117,21 +118,6 @@ async def test_word_timestamps_attach_words(tiny_whisper: LoadedWhisper) -> None
     assert words and all(0 <= w.start <= w.end <= 4.0 for w in words) and tr.seek > 0
 
 
-class _Scripted:
-    """A scheduler whose decodes return scripted tokens, one list a decode; it keeps the requests."""
-
-    def __init__(self, *decodes: list[int]) -> None:
-        self.decodes, self.requests = list(decodes), []  # type: ignore[var-annotated]
-
-    async def decode(self, loaded: object, request: object, cancellation: object = None) -> object:
-        from audio.decoder import RowResult
-        from audio.window import WindowResult
-
-        self.requests.append(request)
-        tokens = self.decodes.pop(0)
-        return WindowResult(RowResult(tokens, tokens, "", -0.2, 0.01, 0.0, 1.2), "en")
-
-
 async def test_a_window_that_writes_its_conditioning_again_is_decoded_without_it(tiny_whisper: LoadedWhisper) -> None:
     # over speech with its pauses cut out a window read the previous sentences back for 37 s (WER 0.446 → 0.146)
     tr = await WindowedTranscription.start(tiny_whisper, TranscribeOptions(temperatures=(0.0,)))
@@ -140,7 +126,7 @@ async def test_a_window_that_writes_its_conditioning_again_is_decoded_without_it
     tr.all_tokens += [ts, *said, ts + 100]
     copy = [ts, *tok.encode(" rather cold hearted. He was not an ill disposed young man. Unless to be"), ts + 400]
     heard = [ts, *tok.encode(" Ten of clubs."), ts + 100]
-    scheduler = _Scripted(copy, heard)
+    scheduler = ScriptedScheduler(copy, heard)
     await tr.step(noise(10), 1000, scheduler, None)  # type: ignore[arg-type]
     first, second = scheduler.requests
     assert first.prompt and not second.prompt
@@ -148,7 +134,7 @@ async def test_a_window_that_writes_its_conditioning_again_is_decoded_without_it
     # a client's own prompt said in the audio is no copy
     tr = await WindowedTranscription.start(tiny_whisper, TranscribeOptions(
         temperatures=(0.0,), prompt="He was not an ill disposed young man. Unless to be rather cold hearted"))
-    scheduler = _Scripted(copy)
+    scheduler = ScriptedScheduler(copy)
     await tr.step(noise(10), 1000, scheduler, None)  # type: ignore[arg-type]
     assert len(scheduler.requests) == 1
 
@@ -168,5 +154,5 @@ async def test_word_timestamps_never_seek_past_the_windows_last_timestamp(tiny_w
             current[-1]["words"][-1]["end"] = end
 
         tr.align = align  # type: ignore[method-assign]
-        await tr.step(noise(20), 2000, _Scripted(tokens), None)  # type: ignore[arg-type]
+        await tr.step(noise(20), 2000, ScriptedScheduler(tokens), None)  # type: ignore[arg-type]
         assert tr.seek == seek, (word_end, tr.seek)

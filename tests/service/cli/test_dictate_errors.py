@@ -6,27 +6,22 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import wave
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from service.cli.main import main
+from tests.service.cli.conftest import write_wav
 
 Handler = Callable[[Any], Awaitable[None]]
 
 
 @pytest.fixture
 def wav(tmp_path: Path) -> Path:
-    path = tmp_path / "a.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(b"\0\0" * 16000)
-    return path
+    return write_wav(tmp_path / "a.wav", np.zeros(16000))
 
 
 class _Server:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +14,7 @@ from service.config import ServiceConfig
 from service.speech.setup import speech_config
 from service.cli.serve_speech import configure_serve_speech
 from tests.fixtures.tiny_whisper import build_tiny_whisper
+from tests.service.cli.conftest import write_wav
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +24,7 @@ def whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def wav(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("audio") / "noise.wav"
-    x = np.random.default_rng(0).normal(0, 0.1, 16000 * 2)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
-        w.writeframes((x * 32767).astype("<i2").tobytes())
-    return path
+    return write_wav(tmp_path_factory.mktemp("audio") / "noise.wav", np.random.default_rng(0).normal(0, 0.1, 16000 * 2))
 
 
 def test_transcribe_prints_the_format_and_verbose_speed(whisper_dir: Path, wav: Path,

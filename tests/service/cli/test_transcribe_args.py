@@ -3,8 +3,6 @@ the audio file, and --vad-trim without --no-vad."""
 
 from __future__ import annotations
 
-import shutil
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +13,7 @@ from service.cli.serve_speech import configure_serve_speech
 from service.config import ServiceConfig
 from service.speech.setup import speech_config
 from tests.fixtures.tiny_whisper import build_tiny_whisper
+from tests.service.cli.conftest import write_wav
 
 
 @pytest.fixture
@@ -31,12 +30,7 @@ def imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
 
 @pytest.fixture
 def wav(tmp_path: Path) -> Path:
-    path = tmp_path / "noise.wav"
-    x = np.random.default_rng(0).normal(0, 0.1, 16000)
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
-        w.writeframes((x * 32767).astype("<i2").tobytes())
-    return path
+    return write_wav(tmp_path / "noise.wav", np.random.default_rng(0).normal(0, 0.1, 16000))
 
 
 def test_transcribe_takes_the_name_models_ls_shows(imported: str, wav: Path,
