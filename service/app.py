@@ -204,6 +204,9 @@ def create_app(state: AppState | None = None) -> Litestar:
             path="/docs",
         ),
         debug=False,
+        # Our loggers only (service/logs.py): Litestar's default adds a queue listener thread writing to whatever
+        # stderr was when the first app was built (in tests, a capture closed long before it writes).
+        logging_config=None,
     )
     # Around everything Litestar does (routing, 404s, CORS): the guard (keys, origins, readiness, body
     # limits), and outside it one log line and the request metrics per request, whatever answered it.

@@ -65,3 +65,16 @@ def test_load_engine_runs_at_startup() -> None:
         assert client.get("/v1/models").json()["data"][0]["id"] == "fake-model"
         assert client.post("/v1/completions", json={"model": "m", "prompt": "a"}).status_code == 200
     assert [c.model for c in built] == ["m"]
+
+
+def test_the_app_adds_no_logging_handlers_of_its_own() -> None:
+    # Litestar's default logging config starts a queue listener thread bound to the stderr of the moment (a test's
+    # capture, closed when a later test's record arrived: "I/O operation on closed file" from its _monitor thread).
+    import logging
+
+    from service.app import create_app
+    from service.state import AppState
+
+    before = {name: list(logging.getLogger(name).handlers) for name in ("", "litestar")}
+    create_app(AppState())
+    assert {name: list(logging.getLogger(name).handlers) for name in ("", "litestar")} == before
