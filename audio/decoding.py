@@ -68,7 +68,7 @@ class WindowedTranscription:
     engine thread). Not thread-safe: one window at a time."""
 
     def __init__(self, loaded: LoadedWhisper, options: TranscribeOptions, tokenizer: Any,
-                 prompt_tokens: list[int], *, timeline: Timeline | None = None) -> None:
+                 prompt_tokens: list[int], *, timeline: Timeline | None = None, carry_prompt: bool = False) -> None:
         self.loaded = loaded
         self.options = options
         self.tokenizer = tokenizer
@@ -83,12 +83,12 @@ class WindowedTranscription:
         self.mel_ceiling: float | None = None  # the whole signal's log-mel peak, where it is known (a file)
         # Every conditioned window gets the client's prompt, also after a reset (a live session: see request).
         # Off, as in Whisper's transcribe(): the prompt conditions the windows until the first reset.
-        self.carry_prompt = False
+        self.carry_prompt = carry_prompt
         self.language: str | None = options.language or (None if loaded.model.is_multilingual else "en")
 
     @classmethod
     async def start(cls, loaded: LoadedWhisper, options: TranscribeOptions, *,
-                    timeline: Timeline | None = None) -> "WindowedTranscription":
+                    timeline: Timeline | None = None, carry_prompt: bool = False) -> "WindowedTranscription":
         """Tokenizer and prompt tokens are built in a worker thread: a long prompt never holds the engine
         thread or the event loop. Raises nothing of its own."""
 
@@ -100,7 +100,12 @@ class WindowedTranscription:
             return tok, prompt
 
         tok, prompt = await anyio.to_thread.run_sync(prepare)
-        return cls(loaded, options, tok, prompt, timeline=timeline)
+        return cls(loaded, options, tok, prompt, timeline=timeline, carry_prompt=carry_prompt)
+
+    @property
+    def input_stride(self) -> int:
+        """Mel frames per encoder position (a timestamp token's step is this many hops). Raises nothing."""
+        return N_FRAMES // self.loaded.model.dims.n_audio_ctx
 
     # ---- planning ---------------------------------------------------------------------------
     def next_window(self, total_samples: int, final: bool) -> tuple[int, int] | None:
@@ -220,8 +225,7 @@ class WindowedTranscription:
         `whole`. Times are clamped to the window's audio. Raises nothing."""
         tokens = np.asarray(tokens, dtype=np.int64)
         tok = self.tokenizer
-        input_stride = N_FRAMES // self.loaded.model.dims.n_audio_ctx
-        precision = input_stride * HOP_LENGTH / SAMPLE_RATE
+        precision = self.input_stride * HOP_LENGTH / SAMPLE_RATE
         window_end = time_offset + frames * HOP_LENGTH / SAMPLE_RATE
 
         def segment(start: float, end: float, sliced: np.ndarray) -> dict[str, Any]:
@@ -248,7 +252,7 @@ class WindowedTranscription:
             if whole and last_slice < len(tokens):
                 current.append(segment(time_offset + last_ts * precision, window_end, tokens[last_slice:]))
                 return current, frames, False
-            return current, min(frames, last_ts * input_stride), False
+            return current, min(frames, last_ts * self.input_stride), False
         duration = frames * HOP_LENGTH / SAMPLE_RATE
         timestamps = tokens[is_ts.nonzero()[0]]
         if len(timestamps) > 0 and int(timestamps[-1]) != tok.timestamp_begin:

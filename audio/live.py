@@ -87,10 +87,9 @@ class LiveTranscription:
     async def start(self, loaded: "LoadedWhisper") -> None:
         """Bind the model (tokenizes the prompt in a worker thread). Raises nothing of its own."""
         self._loaded = loaded
-        self._tr = await WindowedTranscription.start(loaded, self.options, timeline=self.timeline)
-        # A looping or cancelled guess ends the conditioning on earlier text (see _probe); the client's prompt and
-        # vocabulary stay (reset with it, the first guess's reset took them from every decode: "Queen of Cloves").
-        self._tr.carry_prompt = True
+        # A looping guess's reset ends the conditioning on earlier text (_probe), never the client's prompt and
+        # vocabulary (reset with it, the first guess's reset took them from every decode: "Queen of Cloves").
+        self._tr = await WindowedTranscription.start(loaded, self.options, timeline=self.timeline, carry_prompt=True)
         self._live = LiveText(self._tr.tokenizer)
 
     def add_speech(self, pcm: np.ndarray, source_start: int) -> None:
@@ -224,15 +223,11 @@ class LiveTranscription:
             self.tentative = text
             self._emit(SessionEvent("tentative", text=text, item=self.utterances.closed))
 
-    def _stride(self) -> int:
-        assert self._tr is not None
-        return N_FRAMES // self._tr.loaded.model.dims.n_audio_ctx
-
     def _clamped(self, tokens: list[int], seek: int, end: int, forced: int) -> list[int]:
         """`tokens` with no sampled timestamp past `end` (the decoded audio's end) (text_end.clamped_timestamps)."""
         assert self._tr is not None
         return clamped_timestamps(tokens, self._tr.tokenizer.timestamp_begin,
-                                  (end - seek) // (self._stride() * HOP_LENGTH), forced)
+                                  (end - seek) // (self._tr.input_stride * HOP_LENGTH), forced)
 
     def _trim(self, result: WindowResult, end: int) -> None:
         """Finish the complete segments of the committed prefix once the open audio is longer than trim_s
@@ -250,7 +245,7 @@ class LiveTranscription:
         frames = (end - seek) // HOP_LENGTH
         current, _, _ = tr.split(live.prefix[:j], result, seek / SAMPLE_RATE, frames)
         tr.commit(current, result)
-        tr.seek += max(1, min(frames, shift * self._stride()))
+        tr.seek += max(1, min(frames, shift * tr.input_stride))
         live.trim(j, shift)
         self._open.discard_before(self._seek())
 
@@ -338,7 +333,7 @@ class LiveTranscription:
             tr.seek += max(1, advance)
             live.reset()
             live.prefix = rest
-            live.trim(0, advance // self._stride())
+            live.trim(0, advance // tr.input_stride)
         self._open.discard_before(self._seek())
         self._set_tentative([])
 
@@ -352,12 +347,12 @@ class LiveTranscription:
         result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
             tokens = self._clamped(result.decoded.tokens, seek, limit, len(live.prefix))
-            stop = stopped_short(tokens, tr.tokenizer.timestamp_begin, self._stride() * HOP_LENGTH, seek, limit,
+            stop = stopped_short(tokens, tr.tokenizer.timestamp_begin, tr.input_stride * HOP_LENGTH, seek, limit,
                                  len(live.prefix)) if result.decoded.sampled else None
             short, keep = stop if stop is not None else (None, len(tokens))
             tokens = tokens[:keep]  # an unclosed last segment is decoded again from its start, not kept
             self.utterances.commit_by_pause(tokens, len(live.prefix), tr.tokenizer.timestamp_begin,
-                                            self._stride() * HOP_LENGTH, seek, limit, self._commit_text)
+                                            tr.input_stride * HOP_LENGTH, seek, limit, self._commit_text)
             live.reset()
             live.prefix = list(tokens)
             if short is not None:
