@@ -224,8 +224,11 @@ def _too_long(max_seconds: float, param: str) -> AudioInputError:
 
 
 def load_audio_file(path: str | Path) -> np.ndarray:
-    """A file on disk → 16 kHz mono float32. Raises FileNotFoundError, AudioInputError."""
+    """A file on disk → 16 kHz mono float32. Raises FileNotFoundError (IsADirectoryError for a directory),
+    AudioInputError."""
     p = Path(path)
+    if p.is_dir():
+        raise IsADirectoryError(f"{p} is a directory, not an audio file")
     if not p.is_file():
         raise FileNotFoundError(f"no such audio file: {p}")
     return decode_container(p, param="file")

@@ -57,12 +57,9 @@ def _dictate(args: argparse.Namespace) -> int:
         from audio.errors import AudioInputError
         from audio.pcm import SAMPLE_RATE, load_audio_file
 
-        from service.cli.resolve import check_audio_path
-
-        check_audio_path(path)
         try:
             pcm = load_audio_file(path)
-        except (FileNotFoundError, AudioInputError) as exc:
+        except (OSError, AudioInputError) as exc:
             raise CLIError(str(exc)) from None
         return anyio.run(_run, args, url, lambda s: _stream_file(s, pcm, SAMPLE_RATE, args.speed), SAMPLE_RATE)
     sd = _sounddevice()

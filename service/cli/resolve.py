@@ -9,7 +9,7 @@ from service.cli.errors import CLIError
 if TYPE_CHECKING:
     from engine.models import ModelSource
 
-__all__ = ["resolve_chat_model", "whisper_spec", "check_audio_path"]
+__all__ = ["resolve_chat_model", "whisper_spec"]
 
 
 def resolve_chat_model(spec: str | None) -> ModelSource:
@@ -37,10 +37,3 @@ def whisper_spec(spec: str | None) -> str | None:
     match = next((w for w in local_whisper_models() if w.name == spec and w.note == "imported"), None)
     return str(match.path) if match is not None else spec
 
-
-def check_audio_path(path: str) -> None:
-    """Raise CLIError for a path that names a directory (the audio loader calls it missing)."""
-    from pathlib import Path
-
-    if Path(path).expanduser().is_dir():
-        raise CLIError(f"{path} is a directory, not an audio file")

@@ -11,7 +11,7 @@ from typing import Any
 from audio.formats import RESPONSE_FORMATS
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command
-from service.cli.resolve import check_audio_path, whisper_spec
+from service.cli.resolve import whisper_spec
 
 __all__ = ["add_transcribe"]
 
@@ -59,10 +59,9 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CLIError("--batch-size must be >= 1")
     if args.vad_trim and args.vad:
         raise CLIError("--vad-trim works with --no-vad only (VAD, the default, already leaves silence out)")
-    check_audio_path(args.file)
     try:
         pcm = load_audio_file(args.file)
-    except (FileNotFoundError, AudioInputError) as exc:
+    except (OSError, AudioInputError) as exc:
         raise CLIError(str(exc)) from None
     engine = Engine(None)
     try:
