@@ -19,6 +19,9 @@ __all__ = [
     "template_variables",
     "request_tools",
     "with_tool_prompt",
+    "template_source",
+    "reads_tool_calls",
+    "calls_as_text",
     "render_text",
     "encode_rendered",
     "render_prompt",
@@ -99,15 +102,30 @@ def template_kwargs(body: ChatCompletionRequest, variables: frozenset[str] | Non
     return kwargs
 
 
-def template_variables(tokenizer: Any) -> frozenset[str] | None:
-    """The variables the tokenizer's chat template reads (every named template's, for several), or None when
-    there is no template or it cannot be parsed. Raises nothing."""
+def template_source(tokenizer: Any) -> list[str] | None:
+    """The tokenizer's chat template text (every named template's, for several), or None when it has none or one
+    is not text. Raises nothing."""
     source = getattr(tokenizer, "chat_template", None)
     if source is None:
         source = getattr(getattr(tokenizer, "_tokenizer", None), "chat_template", None)
     found = list(source.values()) if isinstance(source, dict) else [source]
     sources = [text for text in found if isinstance(text, str) and text]
-    if not sources or len(sources) != len(found):
+    return sources if sources and len(sources) == len(found) else None
+
+
+def reads_tool_calls(tokenizer: Any) -> bool:
+    """Whether the chat template renders an assistant message's `tool_calls` (a template that does also renders
+    tool results). Without a template, or one that never names them, calls and results must be written as text
+    (`calls_as_text`). Raises nothing."""
+    sources = template_source(tokenizer)
+    return bool(sources) and all("tool_calls" in text for text in sources)
+
+
+def template_variables(tokenizer: Any) -> frozenset[str] | None:
+    """The variables the tokenizer's chat template reads (every named template's, for several), or None when
+    there is no template or it cannot be parsed. Raises nothing."""
+    sources = template_source(tokenizer)
+    if sources is None:
         return None
     try:
         from jinja2 import meta
@@ -148,6 +166,31 @@ def with_tool_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
         first = dict(messages[0], content=f"{messages[0]['content']}\n\n{block}" if messages[0]["content"] else block)
         return [first, *messages[1:]]
     return [{"role": "system", "content": block}, *messages]
+
+
+def calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation for a template that does not render tool calls: an assistant's calls written into its
+    content as the <tool_call> JSON it was told to write, and tool results as a user turn of <tool_response>
+    blocks (consecutive results in one turn, as Qwen's and Hermes' templates put them), so the model still sees
+    what it called and what came back. Raises nothing."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            calls = "\n".join(
+                "<tool_call>\n" + json.dumps({"name": call["function"]["name"],
+                                              "arguments": call["function"]["arguments"]}, ensure_ascii=False)
+                + "\n</tool_call>" for call in message["tool_calls"])
+            content = f"{message['content']}\n{calls}" if message["content"] else calls
+            out.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": content})
+        elif message["role"] == "tool":
+            block = f"<tool_response>\n{message['content']}\n</tool_response>"
+            if out and out[-1].get("_tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool_results": True})
+        else:
+            out.append(message)
+    return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
 
 
 def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

@@ -19,8 +19,10 @@ import anyio
 from service.abortable import run_abortable
 from service.chat.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
+    calls_as_text,
     common_prefix_boundary,
     encode_rendered,
+    reads_tool_calls,
     render_text,
     request_tools,
     system_probe,
@@ -47,6 +49,7 @@ RESERVED_KWARGS = frozenset({
 })
 
 _VARIABLES = PerTokenizer(template_variables)
+_READS_CALLS = PerTokenizer(reads_tool_calls)
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     json_calls = bool(tools) and variables is not None and "tools" not in variables
     if json_calls and tools:
         messages, tools = with_tool_prompt(messages, tools), None
+    if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        messages = calls_as_text(messages)  # else the template drops the calls and their results say nothing
     check_text_fits(_content_chars(messages, tools), engine, "messages")
     timeout = state.config.limits.render_timeout
     async with state.tokenize_limiter or anyio.CapacityLimiter(1):

@@ -88,6 +88,41 @@ def test_a_template_with_tools_renders_them_itself() -> None:
         assert call["tools"] == TOOLS and call["messages"] == [{"role": "user", "content": "weather?"}]
 
 
+ROUND_TRIP = [
+    *USER,
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
+    {"role": "tool", "tool_call_id": "c2", "content": "noon"},
+]
+WITH_CALLS = "{% for m in messages %}{{ m.content }}{% for c in m.tool_calls or [] %}{{ c.function.name }}" \
+             "{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize("tools", [TOOLS, [], None])
+def test_earlier_calls_and_results_reach_a_template_that_does_not_render_calls(plain_model, tools) -> None:
+    # An agent's next turn (pi sends `tools: []` with its history too): the calls were the template's to drop.
+    client, engine = plain_model
+    _chat(client, messages=ROUND_TRIP, **({} if tools is None else {"tools": tools}))
+    # The conversation's rendering (with tools a system-block probe follows it).
+    messages = max((c["messages"] for c in engine.tokenizer.template_calls), key=len)
+    assistant, results = messages[-2:]
+    assert assistant["role"] == "assistant" and "tool_calls" not in assistant
+    assert assistant["content"] == ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+                                    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert results == {"role": "user", "content": "<tool_response>\nSunny\n</tool_response>\n"
+                                                  "<tool_response>\nnoon\n</tool_response>"}
+
+
+def test_a_template_that_renders_calls_gets_them_as_they_came() -> None:
+    for client, engine in _client(TemplateTokenizer(WITH_CALLS), ["ok"]):
+        _chat(client, messages=ROUND_TRIP)
+        messages = engine.tokenizer.template_calls[-1]["messages"]
+        assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool"]
+        assert [c["function"]["name"] for c in messages[1]["tool_calls"]] == ["get_weather", "get_time"]
+
+
 def test_tool_choice_none_shows_no_tools_and_parses_no_calls() -> None:
     for client, engine in _client(TemplateTokenizer(WITH_TOOLS, markers=True), ["I will check. ", CALL]):
         reply = _chat(client, tools=TOOLS, tool_choice="none")
