@@ -116,9 +116,11 @@ def template_source(tokenizer: Any) -> list[str] | None:
 def reads_tool_calls(tokenizer: Any) -> bool:
     """Whether the chat template renders an assistant message's `tool_calls` (a template that does also renders
     tool results). Without a template, or one that never names them, calls and results must be written as text
-    (`calls_as_text`). Raises nothing."""
+    (`calls_as_text`); a template whose text cannot be read is trusted to. Raises nothing."""
     sources = template_source(tokenizer)
-    return bool(sources) and all("tool_calls" in text for text in sources)
+    if sources is None:
+        return has_chat_template(tokenizer)
+    return all("tool_calls" in text for text in sources)
 
 
 def template_variables(tokenizer: Any) -> frozenset[str] | None:

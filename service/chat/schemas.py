@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 __all__ = [
     "TextPart",
+    "RefusalPart",
     "FunctionCall",
     "ToolCall",
     "ChatMessage",
@@ -72,6 +73,18 @@ class TextPart(_Request):
     text: str
 
 
+class RefusalPart(_Request):
+    """A refusal part of an earlier assistant message (the SDK echoes them back): its text goes to the prompt."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+# Part types a text model cannot read: refused with a sentence naming them (not pydantic's union listing).
+_UNREAD_PARTS = {"image_url": "images", "input_image": "images", "input_audio": "audio", "file": "files",
+                 "input_file": "files"}
+
+
 class FunctionCall(_Request):
     name: str
     # OpenAI sends a JSON string; some clients send the object itself.
@@ -91,13 +104,23 @@ class ChatMessage(_Request):
     """One conversation message. `developer` is treated as `system` when the prompt is built."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = Field(None, validate_default=True)
+    content: str | list[TextPart | RefusalPart] | None = Field(None, validate_default=True)
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = Field(None, validate_default=True)
     # Prior assistant thinking, passed back to the chat template.
     reasoning_content: str | None = None
     reasoning: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _readable_parts(cls, content: Any) -> Any:
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in _UNREAD_PARTS:
+                raise ValueError(f"{kind!r} content parts are not supported: this server's model reads text only, "
+                                 f"not {_UNREAD_PARTS[kind]}")
+        return content
 
     @field_validator("content")
     @classmethod
@@ -123,7 +146,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text if isinstance(part, TextPart) else part.refusal for part in self.content)
 
 
 class StreamOptions(_Request):
@@ -158,7 +181,7 @@ class SamplingFields(_Body):
     """Fields shared by chat and text completions."""
 
     model: str | None = Field(None, description="Model id from GET /v1/models; omitted means the loaded model.")
-    stream: bool = False
+    stream: bool | None = Field(False, description="null: false.")
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -171,7 +194,7 @@ class SamplingFields(_Body):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) → bias in [-100, 100].")
-    n: int = Field(1, description="Only 1 is supported.")
+    n: int | None = Field(1, description="Only 1 is supported (null: 1).")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
     safety_identifier: str | None = Field(None, description="As `user`.")
 
@@ -184,8 +207,8 @@ class SamplingFields(_Body):
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
+    def _only_one_choice(cls, n: int | None) -> int | None:
+        if n not in (1, None):
             raise ValueError("only n=1 is supported")
         return n
 
@@ -200,8 +223,9 @@ class SamplingFields(_Body):
     @classmethod
     def _token_id_keys(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for key, value in (bias or {}).items():
-            if not key.lstrip("-").isdigit() or int(key) < 0:
-                raise ValueError(f"logit_bias keys must be token ids, got {key!r}")
+            # ASCII digits only ("٣" is a digit to Python) and no longer than any vocabulary's ids.
+            if not (key.isascii() and key.isdigit()) or len(key) > 10:
+                raise ValueError(f"logit_bias keys must be token ids, got {key[:40]!r}")
             if not -100.0 <= value <= 100.0:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
         return bias
@@ -218,7 +242,7 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions body."""
 
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="Preferred over max_tokens.")
+    max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens (not both).")
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none"] | None = Field(
         None, description='"auto" (the default with tools) or "none" (the tools are not shown to the model and its '
@@ -242,6 +266,29 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
+    # OpenAI fields this server has nothing to honour with: null (or empty) passes, as it asks for nothing.
+    metadata: dict[str, str] | None = Field(None, description="Only null: this server keeps no completions.")
+    audio: dict[str, Any] | None = Field(None, description="Only null: replies are text.")
+    prediction: dict[str, Any] | None = Field(None, description="Only null: no predicted outputs.")
+    web_search_options: dict[str, Any] | None = Field(None, description="Only null: no web search.")
+    functions: list[dict[str, Any]] | None = Field(None, description="Only null: give `tools`.")
+    function_call: str | dict[str, Any] | None = Field(None, description="Only null: give `tool_choice`.")
+
+    @field_validator("metadata", "audio", "prediction", "web_search_options", "functions", "function_call")
+    @classmethod
+    def _nothing_asked(cls, value: Any, info: ValidationInfo) -> Any:
+        if not _empty(value):
+            hint = {"functions": "; give tools", "function_call": "; give tool_choice"}.get(str(info.field_name), "")
+            raise ValueError(f"not supported by this server (only null){hint}")
+        return value
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _not_both_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_tokens") is not None:
+            raise ValueError("max_tokens and max_completion_tokens at the same time are not supported; give one")
+        return value
+
     @field_validator("response_format")
     @classmethod
     def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -260,8 +307,10 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions body: one prompt, as text or token ids."""
 
-    prompt: str | list[str] | list[int] = Field(..., description="A string, a list of one string, or token ids.")
-    echo: bool = False
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ..., description="A string, a list of one string, token ids, or a list of one list of token ids.")
+    echo: bool | None = Field(False, description="null: false.")
+    best_of: int | None = Field(None, description="Only 1 (one completion is generated per request).")
     suffix: str | None = Field(None, description="Only empty: the model writes no text to fit before a suffix.")
     logprobs: int | None = Field(None, ge=0, le=5, description="The sampled token's log probability and this many "
                                                               "of the likeliest, per token.")
@@ -273,14 +322,25 @@ class CompletionRequest(SamplingFields):
             raise ValueError("insertion before a suffix is not supported: only an empty suffix is")
         return suffix
 
+    @field_validator("best_of")
+    @classmethod
+    def _one_candidate(cls, best_of: int | None) -> int | None:
+        if best_of not in (1, None):
+            raise ValueError("only best_of=1 is supported")
+        return best_of
+
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[str] | list[int]) -> str | list[str] | list[int]:
+    def _one_prompt(cls, prompt: Any) -> str | list[str] | list[int]:
         if isinstance(prompt, list):
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            if isinstance(prompt[0], str) and len(prompt) != 1:
+            if isinstance(prompt[0], (str, list)) and len(prompt) != 1:
                 raise ValueError("only one prompt per request is supported")
+            if isinstance(prompt[0], list):  # a batch of one token list: that list
+                prompt = prompt[0]
+                if not prompt:
+                    raise ValueError("prompt must not be empty")
             if isinstance(prompt[0], int) and any(t < 0 for t in prompt):
                 raise ValueError("token ids must be non-negative")
         return prompt

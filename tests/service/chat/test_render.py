@@ -115,6 +115,16 @@ def test_earlier_calls_and_results_reach_a_template_that_does_not_render_calls(p
                                                   "<tool_response>\nnoon\n</tool_response>"}
 
 
+def test_without_a_template_the_calls_are_written_as_text_too() -> None:
+    tokenizer = FakeTokenizer()
+    tokenizer.has_chat_template = False  # mlx-lm's plain "role: content" lines
+    for client, engine in _client(tokenizer, ["ok"]):
+        _chat(client, messages=ROUND_TRIP)
+        prompt = tokenizer.decode(engine.requests[-1].prompt_tokens)
+        assert '"name": "get_weather", "arguments": {"city": "Paris"}' in prompt
+        assert "user: <tool_response>\nSunny\n</tool_response>" in prompt and "tool:" not in prompt
+
+
 def test_a_template_that_renders_calls_gets_them_as_they_came() -> None:
     for client, engine in _client(TemplateTokenizer(WITH_CALLS), ["ok"]):
         _chat(client, messages=ROUND_TRIP)

@@ -67,11 +67,6 @@ def test_non_stream_completion_with_usage(client: Any) -> None:
     assert body["usage"]["prompt_tokens"] == len("<user>hi<assistant>")
 
 
-def test_max_completion_tokens_preferred_over_max_tokens(client: Any, fake_engine: FakeEngine) -> None:
-    _post(client, max_tokens=3, max_completion_tokens=4)
-    assert fake_engine.requests[-1].max_tokens == 4
-
-
 def test_max_tokens_defaults_to_remaining_context(client: Any, fake_engine: FakeEngine) -> None:
     _post(client)
     prompt = len(fake_engine.requests[-1].prompt_tokens)
