@@ -29,6 +29,7 @@ from service.engines import open_engine
 from service.admin.metrics import ServiceMetrics
 from service.http.access_log import AccessLog
 from service.http.guard import Guard
+from service.http.head import HeadAsGet
 from service.http.handlers import EXCEPTION_HANDLERS
 from service.http.json_body import MAX_JSON_DEPTH_KEY, DepthLimitedRequest
 from service.logs import configure_logging
@@ -190,7 +191,8 @@ def create_app(state: AppState | None = None) -> Litestar:
         exception_handlers=EXCEPTION_HANDLERS,
         # Browsers may call the server only from the origins it was started with (none by default).
         cors_config=CORSConfig(allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
-                               allow_headers=["authorization", "x-api-key", "content-type"],
+                               # Any header: the openai SDK sends x-stainless-*, pi session-affinity headers.
+                               allow_headers=["*"],
                                expose_headers=["retry-after"]) if origins else None,
         # Body sizes are checked by the guard, per route and as the body arrives.
         request_max_body_size=None,
@@ -210,7 +212,7 @@ def create_app(state: AppState | None = None) -> Litestar:
     )
     # Around everything Litestar does (routing, 404s, CORS): the guard (keys, origins, readiness, body
     # limits), and outside it one log line and the request metrics per request, whatever answered it.
-    app.asgi_handler = AccessLog(Guard(app.asgi_handler, state), state.metrics)
+    app.asgi_handler = AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics)
     return app
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from urllib.parse import quote
 from typing import Any, Callable, Protocol
 
 from litestar.connection import ASGIConnection
@@ -110,9 +111,10 @@ class AccessLog:
 
 
 def _line(scope: Scope, status: int | None, seconds: float, method: str | None = None) -> str:
-    path = scope.get("path", "")
+    # As sent (percent-encoded): a decoded path could carry a newline and forge a line of its own.
+    path = quote(scope.get("path", ""), safe="/:@!$&'()*+,;=~")
     if query := scope.get("query_string", b""):
-        path += "?" + query.decode("latin-1")
+        path += "?" + quote(query.decode("latin-1"), safe="/:@!$&'()*+,;=~?%")
     line = f"{method or scope.get('method', '-')} {path} {status if status is not None else '-'} {seconds * 1000:.1f} ms"
     tokens = scope.get("state", {}).get(_TOKENS_KEY)
     if tokens is not None:

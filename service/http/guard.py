@@ -26,7 +26,9 @@ __all__ = ["Guard", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit"]
 # Served without a key (liveness probes).
 OPEN_PATHS = frozenset({"/health"})
 # Served while the models load or the server drains (everything else answers 503 then).
-ALWAYS_SERVED = ("/health", "/stats", "/metrics", "/v1/models", "/docs")
+# (/v1/models is not: while loading it would list nothing, and a client probing at startup would conclude the
+# model is not served.)
+ALWAYS_SERVED = ("/health", "/stats", "/metrics", "/docs")
 
 # Past the body timeout a body must have averaged this (Apache's mod_reqtimeout MinRate idea): a trickle of a byte
 # every few seconds never trips the silence timeout, yet holds a connection and its buffer for good.
@@ -87,16 +89,33 @@ class Guard:
         return None
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cors = self._cors_headers(scope)
         if (refusal := self._refusal(scope)) is not None:
-            await _send_error(send, refusal)
+            await _send_error(send, refusal, cors)
             return
         limit = body_limit(scope.get("path", ""), self.state.config.limits)
         length = header(scope, b"content-length")
         if length is not None and length.strip().isdigit() and int(length) > limit:
-            await _send_error(send, _too_large(limit))
+            await _send_error(send, _too_large(limit), cors)
+            return
+        encoding = header(scope, b"content-encoding")
+        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+            await _send_error(send, APIError(415, f"Content-Encoding {encoding[:40]!r} is not supported: send the "
+                                                  "body uncompressed.", code="unsupported_content_encoding",
+                                             close=True), cors)
             return
         reader = _BodyReader(receive, limit, self.state.config.limits.body_timeout)
         await self.app(scope, cast(Receive, reader), send)
+
+    def _cors_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        """What Litestar's CORS adds to its own responses, for the guard's: a browser reads an error (a 401, a 503
+        while loading) only when it names the origin. Raises nothing."""
+        origin = header(scope, b"origin")
+        allowed = self.state.config.allowed_origins
+        if not allowed or origin is None or not origin_allowed(origin, scope, allowed):
+            return []
+        return [(b"access-control-allow-origin", origin.encode("latin-1", "replace")), (b"vary", b"Origin"),
+                (b"access-control-expose-headers", b"retry-after")]
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = self._refusal(scope)
@@ -120,9 +139,9 @@ def _too_large(limit: int) -> APIError:
                     code="request_too_large", close=True)
 
 
-async def _send_error(send: Any, error: APIError) -> None:
+async def _send_error(send: Any, error: APIError, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(error_body(error)).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))

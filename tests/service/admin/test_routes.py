@@ -86,6 +86,27 @@ def test_cors_only_for_the_allowed_origins(fake_engine: FakeEngine) -> None:
         assert other.status_code == 403 and other.json()["error"]["code"] == "origin_not_allowed"
 
 
+def test_a_browser_sdk_passes_the_preflight_and_reads_the_guards_errors(fake_engine: FakeEngine) -> None:
+    from service.config import ServiceConfig
+
+    config = ServiceConfig(allowed_origins=["http://ui.example"], api_keys=["k1"])
+    with TestClient(create_app(AppState(engine=fake_engine, config=config))) as client:
+        # What the openai JS SDK and pi send beside the key.
+        asked = "authorization,content-type,x-stainless-lang,x-stainless-retry-count,session_id"
+        preflight = client.options("/v1/chat/completions", headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": asked})
+        assert preflight.status_code == 204, preflight.text
+        allowed = {h.strip().lower() for h in preflight.headers["access-control-allow-headers"].split(",")}
+        assert set(asked.split(",")) <= allowed
+        unkeyed = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                              headers={"Origin": "http://ui.example"})
+        assert unkeyed.status_code == 401 and unkeyed.headers["access-control-allow-origin"] == "http://ui.example"
+        other = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]},
+                            headers={"Origin": "http://evil.example", "authorization": "Bearer k1"})
+        assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+
+
 def test_no_cors_by_default_and_cross_origin_requests_are_refused(client: Any) -> None:
     # A text/plain POST needs no preflight: without an origin check any web page could drive the server.
     answer = client.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "x"}]}',

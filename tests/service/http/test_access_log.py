@@ -46,6 +46,22 @@ def test_unrouted_and_failed_requests_are_logged(client: Any, capsys: pytest.Cap
         "tandem: GET /nowhere?x=1 404", "tandem: POST /v1/chat/completions 400"]
 
 
+def test_a_path_cannot_forge_a_line_of_its_own(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    client.get("/v1/x%0Atandem:%20POST%20/v1/fake%20200?q=%0A")
+    err = capsys.readouterr().err
+    assert "tandem: POST /v1/fake" not in err
+    (line,) = _lines(err)
+    assert line.startswith("tandem: GET /v1/x%0Atandem:%20POST%20/v1/fake%20200?q=%0A 404 "), line
+
+
+def test_a_head_request_is_logged_as_head(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    client.head("/health")
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tandem: HEAD")]
+    assert line.startswith("tandem: HEAD /health 200 "), line
+
+
 def test_a_websocket_is_logged_when_it_ends(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from litestar.exceptions import WebSocketDisconnect
 

@@ -188,6 +188,21 @@ async def test_a_body_that_trickles_in_is_answered_408_once_it_falls_under_the_m
     assert dict(start["headers"])[b"connection"] == b"close"
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate, gzip"])
+def test_a_compressed_body_is_refused_by_its_encoding_not_read_as_bad_json(fake_engine: FakeEngine,
+                                                                           encoding: str) -> None:
+    import gzip
+
+    with _client(fake_engine) as client:
+        body = gzip.compress(json.dumps({"messages": USER}).encode())
+        response = client.post("/v1/chat/completions", content=body,
+                               headers={"content-type": "application/json", "content-encoding": encoding})
+        assert response.status_code == 415, response.text
+        assert response.json()["error"]["code"] == "unsupported_content_encoding"
+        plain = client.post("/v1/chat/completions", json={"messages": USER}, headers={"content-encoding": "identity"})
+        assert plain.status_code == 200
+
+
 def test_routes_have_their_own_size_limits() -> None:
     from service.http.guard import body_limit
 
@@ -216,6 +231,8 @@ def test_requests_get_503_with_retry_after_while_the_engine_loads() -> None:
         assert waiting.json()["error"]["code"] == "loading"
         health = client.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "loading"
+        models = client.get("/v1/models")  # not an empty list: a client probing would think the model absent
+        assert models.status_code == 503 and models.json()["error"]["code"] == "loading"
         client.blocking_portal.call(release[0].set)
         client.blocking_portal.call(_until_ready, state)
         assert client.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
