@@ -19,7 +19,7 @@ import anyio
 
 from engine.accelerator import gpu_default
 from engine.context import EngineThread, loop_caller
-from engine.rows import Row
+from engine.rows import Row, prefill_shares
 
 __all__ = ["DecodeFirst", "PrefillLane", "lane_default"]
 
@@ -90,18 +90,12 @@ class PrefillLane:
         self._to_loop: Callable[..., None] | None = None
 
     def feed(self) -> None:
-        """When idle, run the job on the lane for the oldest preparing rows whose prompts the budget reaches.
-        Call on the loop. Raises nothing."""
+        """When idle, run the job on the lane for the preparing rows that get a share of the budget (the job plans
+        the same shares: engine/rows.py prefill_shares). Call on the loop. Raises nothing."""
         self._to_loop = self._to_loop or loop_caller()
         if self.rows or self._closed:
             return
-        rows, left = [], self._budget
-        for r in self._active():
-            if left <= 0:
-                break
-            if r.preparing and not r.cancelled:
-                rows.append(r)
-                left -= len(r.prompt) - r.prefilled
+        rows = [r for r, _ in prefill_shares(self._active(), self._budget)]
         if not rows:
             return
         for r in rows:

@@ -14,7 +14,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from engine.contracts import Delta, GenerationRequest, TokenLogprob
 from engine.sampling import RowSampler, StopMatcher
 
-__all__ = ["Row", "RowState", "LLMRowStream", "plan_iteration"]
+__all__ = ["Row", "RowState", "LLMRowStream", "plan_iteration", "prefill_shares"]
 
 
 class RowState(Enum):
@@ -126,24 +126,50 @@ def slot_order(rows: Iterable[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: -1 if r.slot is None else r.slot)
 
 
+def prefill_shares(rows: Iterable[Row], room: int) -> list[tuple[Row, int]]:
+    """How many prompt tokens each preparing row gets of `room` this iteration. Oldest first, except that prompts
+    shorter than what the oldest still needs go first, shortest first, within half the room (the oldest always
+    gets the other half). Oldest first alone, a short prompt behind an 8,000-token one waited out its whole
+    prefill (minutes on a CPU); prompts as long as the oldest still wait behind it (sharing would only delay
+    both). Raises nothing."""
+    preparing = [r for r in rows if r.preparing]
+    if not preparing or room <= 0:
+        return []
+    need = lambda r: len(r.prompt) - r.prefilled  # noqa: E731
+    oldest, others = preparing[0], preparing[1:]
+    quick = sorted((r for r in others if need(r) < need(oldest)), key=need)  # stable: equal needs by age
+    first = min(need(oldest), max(1, room // 2) if quick else room)
+    shares: list[tuple[Row, int]] = []
+    left = room - first
+    for r in quick:
+        if left <= 0:
+            break
+        shares.append((r, min(left, need(r))))
+        left -= shares[-1][1]
+    more = min(need(oldest) - first, left)  # the quick prompts left room over: the oldest takes it
+    left -= more
+    taken = {id(r) for r, _ in shares}
+    for r in others:  # then the rest, oldest first
+        if left <= 0:
+            break
+        if id(r) not in taken:
+            shares.append((r, min(left, need(r))))
+            left -= shares[-1][1]
+    return [(oldest, first + more), *shares]
+
+
 def plan_iteration(rows: list[Row], budget: int, decode: bool,
                    prefill: bool) -> list[tuple[Row, list[int], bool]]:
     """(row, tokens, wants logits) per segment: every decoding row's token first (slot order, so a step's
-    sampled tokens line up with the slots), then prompt chunks (oldest row first) filling the rest of `budget`.
+    sampled tokens line up with the slots), then prompt chunks filling the rest of `budget` (`prefill_shares`).
     A row whose token is still in flight gets a placeholder the caller feeds lazily. Raises nothing."""
     plan: list[tuple[Row, list[int], bool]] = []
     if decode:
         decoders = slot_order(r for r in rows if r.decoding)
         plan += [(r, [0 if r.last_token is None else r.last_token], True) for r in decoders]
     if prefill:
-        left = budget - len(plan)
-        for r in rows:
-            if left <= 0:
-                break
-            if r.preparing:
-                n = min(left, len(r.prompt) - r.prefilled)
-                plan.append((r, r.prompt[r.prefilled : r.prefilled + n], r.prefilled + n == len(r.prompt)))
-                left -= n
+        for r, n in prefill_shares(rows, budget - len(plan)):
+            plan.append((r, r.prompt[r.prefilled : r.prefilled + n], r.prefilled + n == len(r.prompt)))
     return plan
 
 

@@ -152,6 +152,17 @@ async def test_prefill_split_into_budgeted_chunks_matches_mlx_lm(tiny_loaded) ->
     assert_matches_reference(tiny_loaded, prompt, tokens_of(deltas), 10)
 
 
+async def test_a_short_prompt_behind_a_long_one_is_read_in_the_next_iteration(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, max_iteration_tokens=8, minimum_preparation_tokens=4)
+    prompts = [prompt_of(45, 1), prompt_of(3, 2)]
+    reqs = [GenerationRequest(p, GREEDY, max_tokens=6) for p in prompts]
+    deltas = await run_rows(group, reqs, [0, 1])
+    for p, d in zip(prompts, deltas.values()):
+        assert_matches_reference(tiny_loaded, p, tokens_of(d), 6)
+    # Beside the long prompt's chunk, not after its 45 tokens (engine/rows.py prefill_shares).
+    assert group.step.runner.iterations[1] == [(5, False), (3, True)]
+
+
 async def test_packed_and_separate_passes_agree(tiny_loaded) -> None:
     prompts = [prompt_of(n, i) for i, n in enumerate((5, 19, 2))]
     reqs = lambda: [GenerationRequest(p, GREEDY, max_tokens=12) for p in prompts]  # noqa: E731

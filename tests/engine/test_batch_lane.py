@@ -73,6 +73,22 @@ async def test_rows_prefilled_on_the_lane_match_mlx_lm_and_no_step_mixes(tiny_lo
         group.close()
 
 
+async def test_the_lane_reads_a_short_prompt_beside_a_long_ones_chunk(tiny_loaded) -> None:
+    group = make_group(tiny_loaded, prefill_lane=True, max_iteration_tokens=8, minimum_preparation_tokens=4)
+    try:
+        long, short = prompt_of(45, 1), prompt_of(3, 2)
+        first = group.submit(GenerationRequest(long, GREEDY, max_tokens=4))
+        await iterate_until(group, lambda: first._row.prefilled > 0)
+        second = group.submit(GenerationRequest(short, GREEDY, max_tokens=4))
+        await iterate_until(group, lambda: second._row.prefilled == len(short))
+        assert first._row.prefilled < len(long)  # not after the long prompt's whole prefill
+        await iterate_until(group, lambda: first._row.finished and second._row.finished)
+        assert_matches_reference(tiny_loaded, short, tokens_of(drain(second)), 4)
+        assert_matches_reference(tiny_loaded, long, tokens_of(drain(first)), 4)
+    finally:
+        group.close()
+
+
 async def test_a_row_prefilled_on_the_lane_reports_its_first_tokens_logprob(tiny_loaded) -> None:
     # The lane samples the first token on its own thread: the log probabilities beside it are evaluated there.
     group = make_group(tiny_loaded, prefill_lane=True)
