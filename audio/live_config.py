@@ -91,7 +91,7 @@ class LiveConfig:
 
 
 EventType = Literal["speech_started", "speech_stopped", "audio_committed", "committed", "tentative", "utterance",
-                    "cleared"]
+                    "cleared", "mark"]
 
 
 @dataclass(frozen=True)
@@ -100,8 +100,8 @@ class SessionEvent:
     (`audio_ms` into the received audio), audio_committed (the utterance's audio ended: a VAD pause, commit()
     or finish), committed (new text that never changes), tentative (the current guess after it, which
     replaces the previous one), utterance (all text of the utterance, once it is transcribed), cleared (the
-    open audio without committed text was dropped). `ref`: what the caller passed to the commit() that closed
-    the utterance."""
+    open audio without committed text was dropped), mark (LiveSession.mark: a caller's place in the log). `ref`:
+    what the caller passed to the commit() that closed the utterance, or to mark()."""
 
     type: EventType
     text: str = ""

@@ -41,16 +41,19 @@ MIN_RATE, MAX_RATE = 8000, 48000
 # be resampled 16,000-fold in memory (a 300 KB upload grew a worker past its RAM).
 MIN_FILE_RATE, MAX_FILE_RATE = 4000, 384000
 
-Encoding = Literal["f32le", "s16le"]
+Encoding = Literal["f32le", "s16le", "s16be"]
 _ENCODING_ALIASES: dict[str, Encoding] = {
     "f32le": "f32le", "float32": "f32le", "f32": "f32le", "pcm_f32le": "f32le", "float": "f32le",
     "s16le": "s16le", "s16": "s16le", "int16": "s16le", "pcm_s16le": "s16le",
+    "s16be": "s16be", "pcm_s16be": "s16be",
 }
+_DTYPES = {"f32le": "<f4", "s16le": "<i2", "s16be": ">i2"}
 
 
 @dataclass(frozen=True)
 class PcmFormat:
-    """Raw little-endian PCM: sample rate, sample encoding and interleaved channel count."""
+    """Raw PCM: sample rate, sample encoding (little-endian, or big-endian 16-bit: audio/L16's network order)
+    and interleaved channel count."""
 
     rate: int = SAMPLE_RATE
     encoding: Encoding = "f32le"
@@ -76,8 +79,9 @@ _PCM_PARAMETERS = frozenset({"rate", "encoding", "channels"})
 
 def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     """`audio/pcm;rate=48000;encoding=s16le` → PcmFormat (rate defaults to 16000, encoding to f32le;
-    `audio/L16` means s16). Raises AudioInputError for a bad rate, encoding or channel count, or a parameter it
-    does not know (never silently read as the default)."""
+    `audio/L16` means big-endian s16, as RFC 2586 and 3551 define it, unless `encoding` says otherwise). Raises
+    AudioInputError for a bad rate, encoding or channel count, or a parameter it does not know (never silently
+    read as the default)."""
     mime, *params = (content_type or "audio/pcm").split(";")
     values: dict[str, str] = {}
     for part in params:
@@ -87,7 +91,7 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     if unknown := sorted(set(values) - _PCM_PARAMETERS):
         raise AudioInputError(f"content-type parameter {unknown[0]!r} is not supported (rate, encoding, channels)",
                               param=unknown[0], code="invalid_content_type")
-    default_encoding = "s16le" if mime.strip().lower() == "audio/l16" else "f32le"
+    default_encoding = "s16be" if mime.strip().lower() == "audio/l16" else "f32le"
     try:
         rate = int(values.get("rate", SAMPLE_RATE))
         channels = int(values.get("channels", 1))
@@ -102,26 +106,26 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
                               code="invalid_content_type")
     encoding = _ENCODING_ALIASES.get(values.get("encoding", default_encoding))
     if encoding is None:
-        raise AudioInputError(f"PCM encoding {values.get('encoding')!r} is not supported (use f32le or s16le)",
+        raise AudioInputError(f"PCM encoding {values.get('encoding')!r} is not supported (use f32le, s16le or s16be)",
                               param="encoding", code="invalid_content_type")
     return PcmFormat(rate, encoding, channels)
 
 
-def _samples(body: bytes, fmt: PcmFormat) -> np.ndarray:
-    """Validate and interpret a raw body as mono float32 at fmt.rate. Raises AudioInputError."""
+def _samples(body: bytes, fmt: PcmFormat, param: str = "body") -> np.ndarray:
+    """Validate and interpret a raw body as mono float32 at fmt.rate. Raises AudioInputError naming `param`."""
     if not body:
-        raise AudioInputError("empty audio body", param="body", code="empty_audio")
+        raise AudioInputError("empty audio body", param=param, code="empty_audio")
     frame = fmt.sample_bytes * fmt.channels
     if len(body) % frame:
         raise AudioInputError(
             f"{len(body)} bytes is not a whole number of {fmt.encoding} frames ({frame} bytes each)",
-            param="body", code="invalid_pcm_length")
+            param=param, code="invalid_pcm_length")
+    x = np.frombuffer(body, dtype=_DTYPES[fmt.encoding]).astype(np.float32)
     if fmt.encoding == "f32le":
-        x = np.frombuffer(body, dtype="<f4").astype(np.float32)
         if not np.isfinite(x).all():
-            raise AudioInputError("PCM contains NaN or infinite samples", param="body", code="invalid_samples")
+            raise AudioInputError("PCM contains NaN or infinite samples", param=param, code="invalid_samples")
     else:
-        x = np.frombuffer(body, dtype="<i2").astype(np.float32) / 32768.0
+        x /= 32768.0
     if fmt.channels > 1:
         x = x.reshape(-1, fmt.channels).mean(axis=1, dtype=np.float32)
     return x
@@ -137,9 +141,9 @@ def resample(x: np.ndarray, rate_in: int, rate_out: int = SAMPLE_RATE) -> np.nda
 
 def decode_raw_pcm(body: bytes, fmt: PcmFormat, *, param: str = "body",
                    max_seconds: float | None = None) -> np.ndarray:
-    """One complete raw body → 16 kHz mono float32. Raises AudioInputError (empty, odd length, NaN/Inf, longer
-    than `max_seconds`)."""
-    x = _samples(body, fmt)
+    """One complete raw body → 16 kHz mono float32. Raises AudioInputError naming `param` (empty, odd length,
+    NaN/Inf, longer than `max_seconds`)."""
+    x = _samples(body, fmt, param)
     if max_seconds is not None and x.size > max_seconds * fmt.rate:
         raise _too_long(max_seconds, param)
     return resample(x, fmt.rate)

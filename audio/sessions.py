@@ -73,7 +73,7 @@ class LiveSession:
         self._gated = 0  # raw samples through the gate
         self._boundary = 0  # raw sample of the last commit, clear or VAD pause
         # (what, raw sample, the commit's ref), in the order they were asked for
-        self._controls: deque[tuple[Literal["commit", "clear"], int, str | None]] = deque()
+        self._controls: deque[tuple[Literal["commit", "clear", "mark"], int, str | None]] = deque()
         self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
         self._finishing = False
         self._idle = False
@@ -138,7 +138,13 @@ class LiveSession:
         """Add already-decoded 16 kHz mono float32 audio. Raises AudioLimitExceeded, SessionClosed."""
         self._check_open()
         self._admit(len(pcm16k))
+        self._flush_stream()  # raw chunks' held-back tail was sent before this audio: it goes first
         self._take(np.asarray(pcm16k, np.float32))
+
+    def _flush_stream(self) -> None:
+        if self._stream is not None:
+            self._take(self._stream.flush())
+            self._stream = None
 
     def _take(self, pcm: np.ndarray) -> None:
         self._raw.append(pcm)
@@ -162,9 +168,7 @@ class LiveSession:
         event carrying `ref` follows; audio appended later opens the next utterance). Raises SessionClosed,
         CommitEmpty (less than MIN_COMMIT_MS since the last commit, clear or VAD pause)."""
         self._check_open()
-        if self._stream is not None:  # the resampler's held-back tail is audio sent before the commit
-            self._take(self._stream.flush())
-            self._stream = None
+        self._flush_stream()  # the resampler's held-back tail is audio sent before the commit
         if self._raw.total - self._boundary < MIN_COMMIT_MS * SAMPLE_RATE // 1000:
             raise CommitEmpty(f"the audio buffer holds less than {MIN_COMMIT_MS} ms since the last commit; "
                               "nothing to commit")
@@ -181,6 +185,16 @@ class LiveSession:
         self._boundary = self._raw.total
         self._controls.append(("clear", self._raw.total, None))
         self._wake.set()
+
+    def mark(self, ref: str) -> None:
+        """Put a `mark` event carrying `ref` into the event log after the events of every commit and clear asked
+        for before it (at once when none waits): a caller's replies to its requests keep their order with those
+        events. Raises nothing."""
+        if self._controls and not self._done.is_set():
+            self._controls.append(("mark", self._raw.total, ref))
+            self._wake.set()
+        else:
+            self._emit(SessionEvent("mark", ref=ref))
 
     async def finish(self) -> Transcript:
         """Stop capture and wait for the rest to be decoded. Idempotent. Raises SessionClosed if cancelled,
@@ -276,6 +290,10 @@ class LiveSession:
             if taken:
                 self._residency.release()
             self._pool.forget(self)
+            for what, _, ref in self._controls:  # marks still waiting are owed to their callers all the same
+                if what == "mark" and ref is not None:
+                    self._emit(SessionEvent("mark", ref=ref))
+            self._controls.clear()
             self._done.set()
             self._signal()
 
@@ -317,14 +335,17 @@ class LiveSession:
         decode runs (`decoding`) a clear waits for it to end (it drops audio the decode may be reading), and
         so does the audio after it."""
         while self._controls:
-            if decoding and self._controls[0][0] == "clear":
+            what, at, ref = self._controls[0]  # left queued while it runs: a mark() meanwhile comes after it
+            if decoding and what == "clear":
                 return
-            what, at, ref = self._controls.popleft()
             if what == "commit":
                 if not await self._gate_to(at, flush=True, ref=ref, commit=True):  # a flushed VAD pause is the commit
                     self._pause(at, ref)
-            else:
+            elif what == "clear":
                 self._clear_at(at)
+            elif ref is not None:
+                self._emit(SessionEvent("mark", ref=ref))
+            self._controls.popleft()
         await self._gate_to(self._raw.total, flush=self._finishing)
         if self._finishing and self.live.has_open:
             self._pause(self._raw.total)

@@ -30,8 +30,11 @@ class Limits:
     max_audio_seconds: float = 7200.0
     # One raw audio chunk appended to a live session over HTTP.
     max_pcm_chunk_bytes: int = 8 * MiB
-    # One websocket message (/v1/audio/live): 1 s of 48 kHz float32 is 192 KB.
-    max_ws_frame_bytes: int = 1 * MiB
+    # One websocket message (/v1/realtime, /v1/audio/live). OpenAI allows an input_audio_buffer.append of 15 MiB,
+    # and granian drops a connection on a frame over 16 MiB, so every frame it carries is taken here. A larger
+    # (fragmented) message is dropped unread with an error event; the session stays. What an append may cost after
+    # this: its ≤12 MiB of PCM, refused before decoding when past the session's backlog cap (120 s by default).
+    max_ws_frame_bytes: int = 16 * MiB
     # A connection must finish its request headers in this time (granian's HTTP/1 header read timeout).
     header_timeout: float = 10.0
     # A request body may go this long without a byte arriving before the request is answered 408.

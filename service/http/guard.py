@@ -3,8 +3,9 @@
 In order: the API key (every route but /health, websockets included), the browser origin, readiness
 (503 with Retry-After while the models load, the worker restarts or the server drains), then the body:
 its size by route (413 from Content-Length, or as soon as a streamed body passes the limit) and its pace
-(408 when no byte arrives for `body_timeout`, or the body averages under MIN_BODY_RATE past it). Websocket messages over `max_ws_frame_bytes` get an error
-event and close 1009. Errors come out in OpenAI's shape.
+(408 when no byte arrives for `body_timeout`, or the body averages under MIN_BODY_RATE past it). A websocket message
+over `max_ws_frame_bytes` is dropped and handed on as a refusal the socket answers with an error event (the
+connection and its session stay). Errors come out in OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import anyio
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.http.auth import KeyRing, header, origin_allowed, set_client_key
-from service.http.errors import APIError, error_body, frames_error_event, unavailable
+from service.http.errors import APIError, error_body, unavailable
 from service.limits import Limits
 from service.state import AppState
 
-__all__ = ["Guard", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit"]
+__all__ = ["Guard", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit", "FRAME_REFUSED"]
 
 # Served without a key (liveness probes).
 OPEN_PATHS = frozenset({"/health"})
@@ -125,8 +126,8 @@ class Guard:
             if message["type"] == "websocket.connect":
                 await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
             return
-        frames = _FrameLimit(receive, send, self.state.config.limits.max_ws_frame_bytes)
-        await self.app(scope, cast(Receive, frames.receive), cast(Send, frames.send))
+        frames = _FrameLimit(receive, self.state.config.limits.max_ws_frame_bytes)
+        await self.app(scope, cast(Receive, frames.receive), send)
 
 
 def _preflight(scope: Scope) -> bool:
@@ -188,29 +189,28 @@ class _BodyReader:
         raise APIError(408, f"No request body bytes arrived for {self._timeout:g} s.", code="body_timeout", close=True)
 
 
-class _FrameLimit:
-    """Websocket messages above `limit` bytes: an error event, close 1009, and a disconnect for the app."""
+# The key of a `websocket.receive` message _FrameLimit refused: its APIError (the message's data is gone).
+FRAME_REFUSED = "tandem.frame_refused"
 
-    def __init__(self, receive: Any, send: Any, limit: int) -> None:
+
+class _FrameLimit:
+    """Websocket messages above `limit` bytes: dropped, their bytes freed before anything decodes them, and
+    handed to the app as a `websocket.receive` without data carrying the error under FRAME_REFUSED. The socket
+    answers it in turn, as any bad message, and goes on (service/speech/live_socket.py): closing lost the
+    session and its audio."""
+
+    def __init__(self, receive: Any, limit: int) -> None:
         self._receive = receive
-        self._send = send
         self._limit = limit
-        self._closed = False
 
     async def receive(self) -> Any:
         message = await self._receive()
         if message["type"] == "websocket.receive":
-            size = len(message.get("bytes") or b"") + len((message.get("text") or "").encode())
+            text = message.get("text") or ""
+            # isascii() is a flag check: a JSON append is ASCII, so its size needs no encoded copy
+            size = len(message.get("bytes") or b"") + (len(text) if text.isascii() else len(text.encode()))
             if size > self._limit:
-                err = APIError(400, f"A websocket message of {size} bytes is over the limit of {self._limit} bytes.",
-                               code="message_too_large")
-                await self._send({"type": "websocket.send", "text": json.dumps(frames_error_event(err))})
-                await self._send({"type": "websocket.close", "code": 1009})
-                self._closed = True
-                return {"type": "websocket.disconnect", "code": 1009}
+                err = APIError(400, f"A websocket message of {size} bytes is over the limit of {self._limit} bytes; "
+                                    "it was dropped (send the audio in smaller appends).", code="message_too_large")
+                return {"type": "websocket.receive", "bytes": None, "text": None, FRAME_REFUSED: err}
         return message
-
-    async def send(self, message: Any) -> None:
-        if self._closed:
-            return  # the guard closed the socket; the app's late sends go nowhere
-        await self._send(message)

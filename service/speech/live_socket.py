@@ -15,6 +15,10 @@ object, an unknown type, bad base64, an odd byte count, over the size limit, a r
 `error` event and the audio received so far is kept. Audio refused by a cap (the session's backlog, all
 sessions' buffer, the session's length) is an error event too, never a silent drop. When the socket closes
 the session is cancelled: its queued Whisper work leaves before the next step.
+
+Replies go out in the order the client's events were handled: a reply (an error, `session.updated`) is queued
+in the session's event log behind the events of the commits and clears before it (LiveSession.mark), and one
+task writes that log, so `committed` and its `conversation.item.created` are never split.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import itertools
 import json
 import logging
 from typing import Any, Literal
@@ -35,6 +40,7 @@ from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from engine.errors import EngineRestarting
 from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event
+from service.http.guard import FRAME_REFUSED
 from service.http.json_body import json_depth
 from service.seams import SpeechBackend
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
@@ -71,6 +77,9 @@ class LiveSocket:
         self._finishing = False
         self._closed = False
         self._event_id: str | None = None  # the client event being handled (errors name it)
+        self._replies: dict[str, dict[str, Any]] = {}  # replies waiting for their mark in the session's log
+        self._reply_ids = itertools.count()
+        self._writer_done = False  # the log's writer has ended: replies go out directly
 
     # ---- lifetime -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -127,6 +136,8 @@ class LiveSocket:
             data, text = message.get("bytes"), message.get("text")
             self._event_id = None
             try:
+                if isinstance(refused := message.get(FRAME_REFUSED), APIError):  # over the guard's limit, dropped
+                    raise refused
                 if isinstance(data, bytes):
                     self._frame(data)
                 elif isinstance(text, str):
@@ -149,8 +160,8 @@ class LiveSocket:
                            param="audio", code="audio_too_large")
         try:
             self.session.append(data, fmt)
-        except AudioError as exc:  # the PCM checks name an HTTP body; here the audio is the event's `audio`
-            raise api_error(exc, params={"body": "audio"} if self.mode == "realtime" else None) from None
+        except AudioError as exc:  # the PCM checks name an HTTP body; here the audio is the event's `audio`, or
+            raise api_error(exc, params={"body": "audio"}) from None  # a binary frame's (no body on a socket)
 
     async def _text(self, text: str, tg: anyio.abc.TaskGroup) -> None:
         """Handle one text message. Raises APIError, ConfigError or an audio error for what cannot be done
@@ -177,7 +188,7 @@ class LiveSocket:
                            param="type", code="unknown_event")
         assert self.session is not None
         if kind in ("session.update", "transcription_session.update"):
-            await self._send(self._update(kind, event.get("session")))
+            await self._reply(self._update(kind, event.get("session")))
         elif kind == "input_audio_buffer.append":
             self._audio(_base64_audio(event.get("audio")), self.config.pcm_format)
         elif kind == "input_audio_buffer.commit":
@@ -231,7 +242,7 @@ class LiveSocket:
         try:
             t = await self.session.finish()
         except Exception as exc:
-            await self._send_error(_as_api_error(exc))
+            await self._send_error(_as_api_error(exc), reply=False)  # sent before the close, not queued behind it
             await self._close(1011)
             return
         self._partial_due.set()
@@ -245,7 +256,10 @@ class LiveSocket:
         assert session is not None
         try:
             async for ev in session.events():
-                if self.mode == "realtime":
+                if ev.type == "mark":
+                    if (reply := self._replies.pop(ev.ref or "", None)) is not None:
+                        await self._send(reply)
+                elif self.mode == "realtime":
                     for out in server_events(ev, self.items, self.config.tentative):
                         await self._send(out)
                 elif ev.type in ("committed", "tentative"):
@@ -255,6 +269,9 @@ class LiveSocket:
             await self._send_error(err, reply=False)
             await self._close(close_code(err))  # 1013: a new session works once the engine is back
             return
+        while self._replies:  # the log is over: what is still owed goes out now, in order (a reply meanwhile too)
+            await self._send(self._replies.pop(next(iter(self._replies))))
+        self._writer_done = True
         if session.error is not None and self.mode == "realtime":
             await self._send_error(api_error(session.error) if _typed(session.error) else
                                    APIError(500, f"transcription failed: {session.error}", type="server_error"),
@@ -287,12 +304,27 @@ class LiveSocket:
                 self._closed = True
                 raise _ClientGone() from None
 
-    async def _send_error(self, err: APIError, reply: bool = True) -> None:
-        """`reply`: the error answers the client event being handled (it names its event_id)."""
-        if self.mode == "realtime":
-            await self._send(error_event(err, self._event_id if reply else None))
+    async def _reply(self, event: dict[str, Any]) -> None:
+        """Send `event`, a reply to the client event being handled, after the session's events for the client
+        events before it (their commits and clears are still being carried out). Raises _ClientGone."""
+        session = self.session
+        if session is None or self._writer_done:
+            await self._send(event)
             return
-        await self._send(frames_error_event(err))
+        key = f"reply_{next(self._reply_ids)}"
+        self._replies[key] = event
+        try:
+            session.mark(key)
+        except Exception:  # --isolate: the session may be gone with its engine process; nothing to wait for
+            if self._replies.pop(key, None) is not None:
+                await self._send(event)
+
+    async def _send_error(self, err: APIError, reply: bool = True) -> None:
+        """`reply`: the error answers the client event being handled (it names its event_id) and keeps its place
+        among the replies; otherwise it is the writer's own and goes out at once."""
+        event = error_event(err, self._event_id if reply else None) if self.mode == "realtime" else \
+            frames_error_event(err)
+        await (self._reply(event) if reply else self._send(event))
 
     async def _close(self, code: int) -> None:
         if self._closed:

@@ -59,9 +59,9 @@ def _session(request: Request[Any, Any, Any], session_id: str) -> tuple[SpeechBa
 
 
 _CHUNK_BODY = raw_body_operation({
-    "audio/pcm": f"Raw little-endian PCM. Parameters: rate=8000..48000 (default {SAMPLE_RATE}), encoding=f32le "
-                 "(default) or s16le, channels=1..8 (averaged to mono); e.g. `audio/pcm;rate=48000;encoding=s16le`.",
-    "audio/l16": "Raw 16-bit PCM (`audio/L16;rate=N`), same parameters.",
+    "audio/pcm": f"Raw PCM. Parameters: rate=8000..48000 (default {SAMPLE_RATE}), encoding=f32le (default), s16le "
+                 "or s16be, channels=1..8 (averaged to mono); e.g. `audio/pcm;rate=48000;encoding=s16le`.",
+    "audio/l16": "Raw 16-bit big-endian PCM (`audio/L16;rate=N`, RFC 2586), same parameters.",
     "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads).",
     "application/octet-stream": "A whole audio file, identified from its own header.",
 }, "One chunk of captured audio (raw PCM described by the content type's parameters, or a whole file).",

@@ -34,7 +34,8 @@ def test_parse_content_type_defaults_and_params() -> None:
     assert parse_pcm_content_type("audio/pcm") == PcmFormat(16000, "f32le", 1)
     assert parse_pcm_content_type("audio/pcm;rate=48000;encoding=s16le") == PcmFormat(48000, "s16le", 1)
     assert parse_pcm_content_type("audio/pcm; rate=8000; channels=2").channels == 2
-    assert parse_pcm_content_type("audio/L16;rate=22050").encoding == "s16le"
+    assert parse_pcm_content_type("audio/L16;rate=22050").encoding == "s16be"  # RFC 2586: network byte order
+    assert parse_pcm_content_type("audio/L16;rate=22050;encoding=s16le").encoding == "s16le"
     assert parse_pcm_content_type("audio/pcm;rate=8000;").rate == 8000  # a trailing ";" names nothing
     assert is_raw_pcm("audio/pcm;rate=16000") and not is_raw_pcm("audio/wav")
 
@@ -60,6 +61,14 @@ def test_f32_and_s16_bodies_decode_to_the_same_signal() -> None:
     np.testing.assert_allclose(s16, x, atol=1e-4)
 
 
+def test_l16_bodies_are_big_endian() -> None:
+    x = sine(440, 0.5, SR)
+    big = (x * 32767).astype(">i2").tobytes()
+    np.testing.assert_allclose(decode_raw_pcm(big, parse_pcm_content_type("audio/L16")), x, atol=1e-4)
+    stream = PcmStream(parse_pcm_content_type("audio/L16;rate=16000"))  # chunks of a live session too
+    np.testing.assert_allclose(stream.push(big), x, atol=1e-4)
+
+
 def test_stereo_is_downmixed() -> None:
     x = sine(440, 0.1, SR)
     stereo = np.stack([x, x], axis=1).reshape(-1)
@@ -77,6 +86,9 @@ def test_bad_raw_bodies(body: bytes, fmt: PcmFormat, code: str) -> None:
     with pytest.raises(AudioInputError) as err:
         decode_raw_pcm(body, fmt)
     assert err.value.code == code
+    with pytest.raises(AudioInputError) as named:  # an upload's part names itself, not "body"
+        decode_raw_pcm(body, fmt, param="file")
+    assert named.value.param == "file"
 
 
 @pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000])

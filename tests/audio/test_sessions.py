@@ -102,6 +102,20 @@ async def test_caps_refuse_a_chunk_and_keep_the_audio(tiny_whisper_dir: Path) ->
         s.cancel()
 
 
+async def test_decoded_audio_after_raw_chunks_comes_after_their_resampler_tail(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir)
+        rate48 = np.arange(int(0.5 * 48000)) / 48000
+        s.append((0.3 * np.sin(2 * np.pi * 220 * rate48) * 32767).astype("<i2").tobytes(), PcmFormat(48000, "s16le"))
+        marker = np.full(1600, 0.5, np.float32)  # a WAV chunk, decoded: sent after the raw audio
+        s.append_samples(marker)
+        s.commit()  # flushes whatever the resampler still holds
+        assert s.received_seconds == pytest.approx(0.6, abs=0.002)
+        received = s._raw.view(0, s._raw.total)  # the session's audio in arrival order (no public reader)
+        np.testing.assert_array_equal(received[-1600:], marker)
+        s.cancel()
+
+
 async def test_a_session_behind_reports_its_lag_and_keeps_its_audio(tiny_whisper_dir: Path) -> None:
     tasks, thread = ExecutionTasks(), EngineThread("test-sessions")
     s = session(tasks, tiny_whisper_dir, redecode_s=1.0)

@@ -250,3 +250,24 @@ def test_a_respawned_worker_says_restarting() -> None:
     assert state.phase == "ready"
     state.draining = True
     assert state.phase == "stopping"
+
+
+@pytest.mark.anyio
+async def test_a_websocket_message_over_the_limit_reaches_the_app_as_a_refusal_and_an_openai_append_fits() -> None:
+    from service.http.guard import FRAME_REFUSED, _FrameLimit
+
+    most = Limits().max_ws_frame_bytes
+    append = {"type": "websocket.receive", "text": '{"type": "input_audio_buffer.append", "audio": "'
+                                                   + "A" * (15 * 2**20 - 64) + '"}'}  # OpenAI's largest
+    over = {"type": "websocket.receive", "bytes": b"\0" * (most + 1)}
+    messages = iter([append, over, {"type": "websocket.disconnect", "code": 1000}])
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    frames = _FrameLimit(receive, most)
+    assert await frames.receive() is append
+    refused = await frames.receive()  # the app is told, and the connection is not closed under it
+    assert refused["type"] == "websocket.receive" and not refused["bytes"] and not refused["text"]
+    assert refused[FRAME_REFUSED].code == "message_too_large"
+    assert (await frames.receive())["type"] == "websocket.disconnect"

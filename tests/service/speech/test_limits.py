@@ -3,6 +3,8 @@ sizes, sessions reachable only with the key that created them, and fuzzed multip
 
 from __future__ import annotations
 
+import base64
+import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -76,17 +78,38 @@ def test_sessions_answer_only_the_key_that_opened_them(client: TestClient[Any]) 
     assert client.delete(f"/v1/audio/sessions/{sid}").status_code == 200
 
 
-def test_a_websocket_message_over_the_limit_gets_an_error_event_then_1009(client: TestClient[Any]) -> None:
+def test_a_websocket_message_over_the_limit_gets_an_error_event_and_the_session_goes_on(
+        client: TestClient[Any]) -> None:
+    chunk = voiced(0.25).astype("<f4").tobytes()  # 16 kB of 16 kHz float32
     with client.websocket_connect("/v1/audio/live", headers={"x-api-key": KEYS[0]}) as socket:
         assert socket.receive_json()["type"] == "session.created"
+        socket.send_bytes(chunk)
         socket.send_bytes(b"\0" * 200_000)
         event = socket.receive_json()
         assert event["type"] == "error" and event["code"] == "message_too_large"
         # the Realtime error shape as well: a Realtime client reads `error`
         assert event["error"]["code"] == "message_too_large" and event["event_id"].startswith("event_")
-        with pytest.raises(WebSocketDisconnect) as closed:
-            socket.receive_json()
-        assert closed.value.code == 1009
+        socket.send_bytes(chunk)
+        socket.send_text('{"type": "finish"}')
+        while (done := socket.receive_json(timeout=120))["type"] != "transcript.done":
+            assert done["type"] == "transcript.partial", done
+    assert done["received_seconds"] == pytest.approx(0.5)  # the audio on both sides of the dropped message
+
+
+def test_an_append_over_the_limit_is_a_realtime_error_and_the_buffer_stays(client: TestClient[Any]) -> None:
+    audio = base64.b64encode((voiced(0.5) * 32767).astype("<i2").tobytes()).decode()  # 16 kB of base64
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers={"x-api-key": KEYS[0]}) as socket:
+        assert socket.receive_json()["type"] == "session.created"
+        socket.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": 16000}, "turn_detection": None}}}}))
+        assert socket.receive_json()["type"] == "session.updated"
+        socket.send_text(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+        socket.send_text(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 200_000}))
+        error = socket.receive_json()
+        assert error["type"] == "error" and error["error"]["code"] == "message_too_large", error
+        socket.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}))
+        committed = socket.receive_json(timeout=120)
+        assert committed["type"] == "input_audio_buffer.committed" and committed["client_event_id"] == "c1"
 
 
 _FIELD_NAMES = st.sampled_from(["file", "model", "language", "prompt", "response_format", "temperature", "stream",

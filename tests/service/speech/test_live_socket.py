@@ -321,6 +321,27 @@ def test_commit_clear_and_an_empty_commit(client: TestClient[Any]) -> None:
     assert events[-1]["usage"]["seconds"] == pytest.approx(0.5, abs=0.05)
 
 
+def test_replies_come_in_the_order_the_client_events_were_handled(client: TestClient[Any]) -> None:
+    shown = {"input_audio_buffer.cleared", "input_audio_buffer.committed", "conversation.item.created", "error"}
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
+        until(ws, "transcription_session.updated")
+        append(ws, voiced(0.5))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}))
+        # the commit came after the clear: its error after the clear's event
+        assert [e["type"] for e in until(ws, "error") if e["type"] in shown] == ["input_audio_buffer.cleared", "error"]
+        append(ws, voiced(0.5))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c2"}))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c3"}))
+        events = until(ws, "error")
+    kinds = [e["type"] for e in events]
+    committed = kinds.index("input_audio_buffer.committed")
+    assert kinds[committed + 1] == "conversation.item.created"  # nothing between them
+    assert events[-1]["error"]["event_id"] == "c3" and "error" not in kinds[:-1]
+
+
 def test_a_session_that_cannot_keep_up_gets_an_error_event(whisper_dir: Path) -> None:
     state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True, max_lag_sec=1.0))
     with TestClient(create_app(state)) as c, c.websocket_connect("/v1/realtime?intent=transcription") as ws:
@@ -365,7 +386,8 @@ def test_binary_frames_bad_text_and_a_late_transcript(client: TestClient[Any]) -
             error = until(ws, "error")[-1]
             assert error["code"] and error["message"] and error["error"]["code"] == error["code"]
         ws.send_bytes(b"\x00" * 7)  # not whole f32 samples
-        assert until(ws, "error")[-1]["code"] == "invalid_pcm_length"
+        error = until(ws, "error")[-1]
+        assert (error["code"], error["param"]) == ("invalid_pcm_length", "audio")  # a socket has no "body"
         ws.send_text('{"type": "finish"}')
         ws.send_text('{"type": "finish"}')  # read after finish: answered, not ignored
         events = until(ws, "transcript.done")

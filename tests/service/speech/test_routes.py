@@ -105,6 +105,25 @@ def test_raw_pcm_upload(client: TestClient[Any]) -> None:
     assert r.status_code == 200, r.text
 
 
+def test_an_l16_upload_is_read_big_endian(client: TestClient[Any]) -> None:
+    x = (voiced(1.5) * 32767).astype("<i2")
+
+    def upload(body: bytes, content_type: str) -> Any:
+        r = client.post("/v1/audio/transcriptions", data={"temperature": "0", "response_format": "verbose_json"},
+                        files={"file": ("a.pcm", body, content_type)})
+        assert r.status_code == 200, r.text
+        return r.json()["segments"]
+
+    little = upload(x.tobytes(), "audio/pcm;rate=16000;encoding=s16le")
+    assert upload(x.astype(">i2").tobytes(), "audio/L16;rate=16000") == little  # RFC 2586: network byte order
+
+
+def test_a_bad_raw_pcm_upload_names_the_file(client: TestClient[Any]) -> None:
+    r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
+                    files={"file": ("a.pcm", b"\x00" * 5, "audio/pcm;rate=16000")})
+    assert assert_error(r, 400, "invalid_pcm_length")["param"] == "file"
+
+
 @pytest.mark.parametrize("audio, fields, status, code", [
     (b"not audio" * 50, {}, 400, "unsupported_or_corrupt_audio"),
     (None, {"model": "gpt-4o"}, 404, "model_not_found"),
