@@ -33,8 +33,9 @@ class PrefillPacer:
     """Running estimates of iteration costs (seconds) and the prompt-token allowance they imply."""
 
     def __init__(self, max_tokens: int, min_tokens: int, stall: float = STALL) -> None:
-        if stall <= 1.0:
-            raise ValueError(f"stall must be > 1 (a mixed iteration includes a decode iteration), got {stall}")
+        if not 1.0 < stall < float("inf"):  # nan and inf too: int(inf / cost) raised mid-serving
+            raise ValueError(f"stall must be a finite number > 1 (a mixed iteration includes a decode iteration), "
+                             f"got {stall}")
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
         self.stall = stall

@@ -38,7 +38,7 @@ from service.process.cleanup import loading_models
 from service.process.drain import install_drain
 from service.process.gc_pauses import ready_for_serving
 from service.process.parent import exit_with_parent
-from service.process.restarts import EXIT_STARTUP_FAILED
+from service.process.restarts import EXIT_SERVING_FAILED, EXIT_STARTUP_FAILED
 from service.process.supervisor import worker_generation
 from service.seams import ChatEngine
 from service.speech.live import live, realtime
@@ -93,12 +93,15 @@ def _lifespan(state: AppState) -> Callable[[Litestar], contextlib.AbstractAsyncC
 
 
 async def _run_in_background(state: AppState, stop: anyio.Event) -> None:
+    served = False
     try:
-        await _run_service(state, stop)
-    except Exception as exc:  # a model or hook that cannot start: the worker's fatal handler decides
+        async with anyio.create_task_group() as tg:
+            await tg.start(_run_service, state, stop)
+            served = True  # what fails from here failed while serving, not at startup
+    except Exception as exc:  # the worker's fatal handler decides
         if state.on_fatal is None:
             raise
-        state.on_fatal(exc)
+        state.on_fatal(exc, served)
 
 
 async def _run_service(state: AppState, stop: anyio.Event, *,
@@ -229,7 +232,7 @@ def app_from_env() -> Litestar:
     configure_logging(config.log_level)
     ensure_fast_blas()  # the worker is a fresh interpreter: fast BLAS before the model load imports mlx
     state = AppState(config=config, load_engine=_open_engine_or_exit, load_in_background=True,
-                     drain_on_signals=True, restarting=worker_generation() > 0, on_fatal=_exit_startup_failed)
+                     drain_on_signals=True, restarting=worker_generation() > 0, on_fatal=_exit_fatal)
     if speech_config(config) is not None:
         if config.isolate:  # speech runs in the engine process, beside its engine; the routes use it there
             from service.isolate.speech import remote_speech_lifespan
@@ -240,8 +243,12 @@ def app_from_env() -> Litestar:
     return create_app(state)
 
 
-def _exit_startup_failed(exc: BaseException) -> None:
-    _log.error("could not start: %s: %s", type(exc).__name__, exc)
+def _exit_fatal(exc: BaseException, served: bool) -> None:
+    if served:  # a crash while serving: the supervisor respawns the worker (any exit code but startup's)
+        _log.error("the service failed while serving; the worker exits to be respawned", exc_info=exc)
+        os._exit(EXIT_SERVING_FAILED)
+    # The cause, not "unhandled errors in a TaskGroup": the traceback of what the group held.
+    _log.error("could not start: %s: %s", type(exc).__name__, exc, exc_info=exc if isinstance(exc, BaseExceptionGroup) else None)
     os._exit(EXIT_STARTUP_FAILED)
 
 

@@ -46,7 +46,8 @@ class AppState:
     # Load the engine after startup, answering 503 meanwhile (the granian worker); tests load first.
     load_in_background: bool = False
     # What a background start does with a model or hook that fails (the worker exits; None: re-raise).
-    on_fatal: Callable[[BaseException], None] | None = None
+    # What a background start does with a failure: (the error, whether it came after the service was ready).
+    on_fatal: Callable[[BaseException, bool], None] | None = None
     # Non-chat models shown in /v1/models (e.g. the Whisper model), keyed by id.
     extra_models: dict[str, ModelCard] = field(default_factory=dict)
     # Other names a client may use for the chat model (CLI spec, file name, repo id).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import logging
 import socket
 import sys
@@ -69,8 +70,8 @@ def add_serve(sub: Any) -> None:
 
 def serve_config(args: argparse.Namespace) -> ServiceConfig:
     """ServiceConfig from parsed `serve` arguments (others extend it via config.extra). Raises CLIError."""
-    if not args.prefill_stall > 1:
-        raise CLIError(f"--prefill-stall must be > 1, got {args.prefill_stall}")
+    if not 1 < args.prefill_stall < math.inf:
+        raise CLIError(f"--prefill-stall must be a finite number > 1, got {args.prefill_stall}")
     if args.max_active < 1 or args.max_iteration_tokens < 1 or args.decode_burst < 1:
         raise CLIError("--max-active, --max-iteration-tokens and --decode-burst must be >= 1")
     if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:

@@ -83,7 +83,7 @@ class AccessLog:
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
                 route = scope.get("path_template") or ("unrouted" if code == 404 else "guard")
-                self.metrics.observe_request(str(route), str(scope.get("method", "-")), code, seconds)
+                self.metrics.observe_request(str(route), _method_label(scope.get("method")), code, seconds)
 
 
     async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -108,6 +108,14 @@ class AccessLog:
             line = _line(scope, code, time.perf_counter() - start, method="WS")
             end = "refused" if not status else f"closed {closed[0]}" if closed else "closed by the client"
             _log.info("%s %s", line, end)
+
+
+# The methods a metrics label names; any other is "other": a client inventing methods must not create series.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _method_label(method: Any) -> str:
+    return method if method in _METHODS else "other"
 
 
 def _line(scope: Scope, status: int | None, seconds: float, method: str | None = None) -> str:

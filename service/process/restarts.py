@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["RestartPolicy", "Restart", "EXIT_STARTUP_FAILED"]
+__all__ = ["RestartPolicy", "Restart", "EXIT_STARTUP_FAILED", "EXIT_SERVING_FAILED"]
 
 # Exit code of a child that could not start (the model did not load, a hook failed at startup).
 EXIT_STARTUP_FAILED = 3
+# Exit code of a child whose service failed after it was ready: respawned like any other death.
+EXIT_SERVING_FAILED = 4
 
 
 @dataclass(frozen=True)

@@ -53,8 +53,9 @@ def test_a_larger_stall_gives_longer_chunks_within_it() -> None:
     pacer = PrefillPacer(max_tokens=4096, min_tokens=32, stall=3.0)
     allowed = _simulate(pacer, decode=0.004, fixed=0.005, per_token=0.00001, iterations=16)[-1]
     assert abs(allowed - (2.0 * 0.004 - 0.005) / 0.00001) <= 1  # the fit's last bits  # at a stall of 2 the fixed part alone passes
-    with pytest.raises(ValueError, match="stall"):
-        PrefillPacer(max_tokens=512, min_tokens=32, stall=1.0)
+    for stall in (1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="stall"):
+            PrefillPacer(max_tokens=512, min_tokens=32, stall=stall)
 
 
 def test_a_fixed_cost_per_mixed_iteration_is_not_charged_per_token() -> None:

@@ -78,3 +78,80 @@ def test_the_app_adds_no_logging_handlers_of_its_own() -> None:
     before = {name: list(logging.getLogger(name).handlers) for name in ("", "litestar")}
     create_app(AppState())
     assert {name: list(logging.getLogger(name).handlers) for name in ("", "litestar")} == before
+
+
+class _FailingEngine(FakeEngine):
+    """A fake engine whose loop fails when the test says, as a step error the loop could not contain would."""
+
+    async def serve(self) -> None:
+        import anyio
+
+        self.fail = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(super().serve)
+            await self.fail.wait()
+            raise OverflowError("cannot convert float infinity to integer")
+
+
+def test_a_failure_while_serving_is_not_called_a_startup_failure() -> None:
+    import anyio
+
+    seen: list[tuple[type[BaseException], bool]] = []
+    told = anyio.Event()
+    engine = _FailingEngine()
+
+    def fatal(exc: BaseException, served: bool) -> None:
+        seen.append((type(_leaves(exc)[0]), served))
+        told.set()
+
+    async def load(_: ServiceConfig) -> FakeEngine:
+        return engine
+
+    state = AppState(load_engine=load, load_in_background=True, on_fatal=fatal)
+    with TestClient(create_app(state)) as client:
+        client.blocking_portal.call(_until_ready, state)
+        client.blocking_portal.call(engine.fail.set)
+        client.blocking_portal.call(told.wait)
+    # The worker's handler exits to be respawned (service/app.py _exit_fatal), not "could not start".
+    assert seen == [(OverflowError, True)]
+
+
+def test_a_model_that_does_not_load_is_a_startup_failure() -> None:
+    import anyio
+
+    seen: list[tuple[type[BaseException], bool]] = []
+    told = anyio.Event()
+
+    def fatal(exc: BaseException, served: bool) -> None:
+        seen.append((type(_leaves(exc)[0]), served))
+        told.set()
+
+    async def load(_: ServiceConfig) -> FakeEngine:
+        raise FileNotFoundError("no such model")
+
+    with TestClient(create_app(AppState(load_engine=load, load_in_background=True, on_fatal=fatal))) as client:
+        client.blocking_portal.call(told.wait)
+    assert seen == [(FileNotFoundError, False)]
+
+
+async def _until_ready(state: AppState) -> None:
+    import anyio
+
+    while not state.ready:
+        await anyio.sleep(0)  # a checkpoint: lets the background start run until it reports ready
+
+
+def test_the_workers_fatal_handler_respawns_a_serving_failure_and_names_a_startup_ones_cause(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from service import app as app_module
+    from service.process.restarts import EXIT_STARTUP_FAILED, RestartPolicy
+
+    codes: list[int] = []
+    monkeypatch.setattr(app_module.os, "_exit", codes.append)
+    caplog.set_level(logging.ERROR, logger="tandem")
+    app_module._exit_fatal(OverflowError("inf"), True)
+    app_module._exit_fatal(ExceptionGroup("unhandled errors in a TaskGroup", [KeyError("hook")]), False)
+    assert codes[1] == EXIT_STARTUP_FAILED and RestartPolicy().decide(codes[0], 0.0).respawn
+    assert "OverflowError: inf" in caplog.text and "KeyError: 'hook'" in caplog.text  # tracebacks, causes named

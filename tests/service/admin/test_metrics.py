@@ -59,6 +59,14 @@ def test_requests_are_counted_by_route_template_and_status(client: TestClient[An
     assert durations.type == "histogram"
 
 
+def test_invented_methods_share_one_label(client: TestClient[Any]) -> None:
+    for method in ("FOO1", "FOO2", "BAR19683"):
+        client.request(method, "/v1/models")
+    requests = _families(client)["tandem_requests"]
+    methods = {s.labels.get("method") for s in requests.samples}
+    assert not methods & {"FOO1", "FOO2", "BAR19683"} and "other" in methods
+
+
 def test_garbage_collections_are_counters_by_generation() -> None:
     import gc
 

@@ -163,8 +163,9 @@ def test_serve_flags_become_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("0", "a,b", "1,2,3,4", ""):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--gc-thresholds", bad])
-    with pytest.raises(CLIError, match="--prefill-stall"):
-        serve_config(build_parser().parse_args(["serve", "--prefill-stall", "1"]))
+    for stall in ("1", "inf", "nan"):  # inf was taken and failed the engine mid-serving (int(inf / cost))
+        with pytest.raises(CLIError, match="--prefill-stall"):
+            serve_config(build_parser().parse_args(["serve", "--prefill-stall", stall]))
     assert serve_config(build_parser().parse_args(["serve", "--max-active", "3"])).queue_limit == 12
 
 
