@@ -246,7 +246,7 @@ class LiveSocket:
             await self._close(1011)
             return
         self._partial_due.set()
-        await self._send({"type": "transcript.done", "id": self.session.id, "text": t.text,
+        await self._send({"type": "transcript.done", "id": self.session.id, "text": t.text.lstrip(),
                           "received_seconds": round(t.duration, 3), "windows_done": self.session.windows_done})
         await self._close(1000)
 
@@ -286,8 +286,10 @@ class LiveSocket:
             session = self.session
             if self.mode != "frames" or session is None:
                 continue
-            await self._send({"type": "transcript.partial", "id": session.id, "committed": session.committed_text(),
-                              "tentative": await session.tentative(),
+            # without Whisper's leading space, as the final text: committed grows into it, the guess follows it
+            committed, guess = session.committed_text().lstrip(), await session.tentative()
+            await self._send({"type": "transcript.partial", "id": session.id, "committed": committed,
+                              "tentative": guess if committed else guess.lstrip(),
                               "received_seconds": round(session.received_seconds, 3),
                               "windows_done": session.windows_done})
             if self.interval > 0:

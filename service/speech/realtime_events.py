@@ -6,7 +6,8 @@ Items: each utterance of the session is one user message item. Its id is announc
 when its audio ends (a VAD pause or a client commit); `conversation.item.input_audio_transcription.completed`
 carries its final text. Live text: `conversation.item.input_audio_transcription.delta` events carry text as
 it is committed (LocalAgreement-2), so they may come before the item's `committed` — with the id
-`speech_started` announced. The deltas of an item add up to its `completed` transcript.
+`speech_started` announced. The deltas of an item add up to its `completed` transcript, which comes without
+Whisper's leading space, as a transcription's text does (so the item's first delta has none either).
 """
 
 from __future__ import annotations
@@ -80,9 +81,12 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[
                           "role": "user", "content": [{"type": "input_audio", "transcript": None}]}}]
     if ev.type == "committed":
         item = items.get(k)
-        item.text.append(ev.text)
+        delta = ev.text if "".join(item.text) else ev.text.lstrip()
+        if not delta:
+            return []
+        item.text.append(delta)
         return [{"type": "conversation.item.input_audio_transcription.delta", "item_id": item.id,
-                 "content_index": 0, "delta": ev.text}]
+                 "content_index": 0, "delta": delta}]
     if ev.type == "tentative":
         if not tentative:
             return []
@@ -93,7 +97,7 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[
         seconds = max(0, item.end_ms - item.start_ms) / 1000
         items.forget(k)
         return [{"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
-                 "content_index": 0, "transcript": ev.text,
+                 "content_index": 0, "transcript": ev.text.lstrip(),
                  "usage": {"type": "duration", "seconds": round(seconds, 3)}}]
     if ev.type == "cleared":
         items.renew(k, ev.audio_ms or 0)

@@ -98,7 +98,8 @@ async def finish_session(request: Request[Any, Any, Any], session_id: str) -> Se
     """Raises APIError (404 unknown session, 409 deleted/expired, 503 load failure)."""
     _, session = _session(request, session_id)
     t = await session.finish()
-    return SessionFinished(id=session.id, text=t.text, language=t.language, duration=round(t.duration, 3),
+    # without Whisper's leading space, as /v1/audio/transcriptions gives a text
+    return SessionFinished(id=session.id, text=t.text.lstrip(), language=t.language, duration=round(t.duration, 3),
                            segments=response_segments(t))
 
 

@@ -234,6 +234,27 @@ def test_session_lifecycle(client: TestClient[Any]) -> None:
     assert_error(client.post(f"/v1/audio/sessions/{sid}/finish"), 404, "session_not_found")
 
 
+def test_a_live_text_has_no_leading_space(client: TestClient[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from audio.live import LiveTranscription
+
+    real = LiveTranscription.transcript
+
+    def spoken(self: LiveTranscription, duration: float) -> Any:
+        t = real(self, duration)
+        t.text = " And Mr. Dashwood"  # as Whisper writes it
+        return t
+
+    monkeypatch.setattr(LiveTranscription, "transcript", spoken)
+    sid = client.post("/v1/audio/sessions", json={}).json()["id"]
+    assert client.post(f"/v1/audio/sessions/{sid}/finish").json()["text"] == "And Mr. Dashwood"
+    with client.websocket_connect("/v1/audio/live?interval=0") as ws:
+        ws.receive_json()
+        ws.send_text('{"type": "finish"}')
+        while (m := ws.receive_json())["type"] != "transcript.done":
+            pass
+    assert m["text"] == "And Mr. Dashwood"
+
+
 def test_session_accepts_a_wav_chunk(client: TestClient[Any]) -> None:
     sid = client.post("/v1/audio/sessions", json={}).json()["id"]
     r = client.post(f"/v1/audio/sessions/{sid}/audio", content=wav_bytes(voiced(0.5), 8000),  # 8000 samples at 8 kHz
