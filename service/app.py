@@ -45,6 +45,7 @@ from service.speech.live import live, realtime
 from service.speech.sessions import append_session_audio, create_session, delete_session, finish_session
 from service.speech.setup import install_speech, speech_config
 from service.speech.transcriptions import create_transcription
+from service.speech.translations import create_translation
 from service.state import STATE_KEY, AppState
 
 __all__ = ["create_app", "app_from_env", "route_handlers", "API_VERSION", "READY_LINE"]
@@ -61,7 +62,8 @@ def route_handlers() -> list[ControllerRouterHandler]:
     return [
         chat_completions, completions,
         list_models, retrieve_model, health, stats, metrics,
-        create_transcription, create_session, append_session_audio, finish_session, delete_session, live, realtime,
+        create_transcription, create_translation,
+        create_session, append_session_audio, finish_session, delete_session, live, realtime,
         pi_provider,
     ]
 

@@ -40,7 +40,7 @@ _SESSION_AUDIO = re.compile(r"^/v1/audio/sessions/[^/]+/audio/?$")
 
 def body_limit(path: str, limits: Limits) -> int:
     """Largest request body `path` accepts: uploads and audio chunks have their own. Raises nothing."""
-    if path.rstrip("/") == "/v1/audio/transcriptions":
+    if path.rstrip("/") in ("/v1/audio/transcriptions", "/v1/audio/translations"):
         return limits.max_upload_bytes
     if _SESSION_AUDIO.match(path):
         return limits.max_pcm_chunk_bytes

@@ -11,6 +11,7 @@ from audio.formats import ResponseFormat
 from audio.pcm import SAMPLE_RATE
 
 __all__ = [
+    "TranslationForm",
     "TranscriptionForm",
     "TranscriptionWord",
     "TranscriptionSegment",
@@ -33,18 +34,24 @@ def _segments_only() -> list[Granularity]:
     return ["segment"]
 
 
-class TranscriptionForm(BaseModel):
-    """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields). A field we do not know
-    (`include[]`, `known_speaker_names[]`, …) is refused by name, as every value we cannot honour."""
+class TranslationForm(BaseModel):
+    """multipart/form-data body of POST /v1/audio/translations (OpenAI's fields): the speech in English. A field
+    we do not know is refused by name, as every value we cannot honour. Its fields open the transcription's too."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True, extra="forbid")
 
     file: UploadFile = Field(description="Audio: wav, mp3, m4a, flac, ogg, webm … (decoded with PyAV).")
     model: str = Field("whisper-1", description="The Whisper model served here (any alias of it).")
-    language: str | None = Field(None, description="ISO-639-1 code (or name); detected when omitted.")
     prompt: str | None = Field(None, description="Text to condition the first window on (spelling, vocabulary).")
     response_format: ResponseFormat = "json"
     temperature: float = Field(0.0, ge=0.0, le=1.0, description="Start of the fallback ladder (0 → 0, 0.2 … 1.0).")
+
+
+class TranscriptionForm(TranslationForm):
+    """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields). A field we do not know
+    (`known_speaker_names[]`, …) is refused by name, as every value we cannot honour."""
+
+    language: str | None = Field(None, description="ISO-639-1 code (or name); detected when omitted.")
     timestamp_granularities: list[Granularity] = Field(
         default_factory=_segments_only, alias="timestamp_granularities[]",
         description="`word` adds word timestamps (verbose_json).")

@@ -1,4 +1,5 @@
-"""POST /v1/audio/transcriptions: an uploaded file → a Transcript in the asked format, or an SSE stream.
+"""POST /v1/audio/transcriptions: an uploaded file → a Transcript in the asked format, or an SSE stream; and
+`respond_to_upload`, what it shares with /v1/audio/translations (translations.py).
 
 The route parses and validates, hands numpy PCM to the SpeechService (audio/speech.py) and renders its
 Transcript; every model touch happens there, as tasks on the shared driver loop.
@@ -7,7 +8,7 @@ Transcript; every model touch happens there, as tasks on the shared driver loop.
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, AsyncGenerator
+from typing import Annotated, Any, AsyncGenerator, Mapping
 
 import anyio
 import numpy as np
@@ -16,11 +17,12 @@ from litestar.datastructures import UploadFile
 from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
+from audio.errors import AudioError
 from audio.formats import media_type, render
 from audio.pcm import SAMPLE_RATE
 from audio.transcript import TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
-from service.http.errors import APIError, in_band_error
+from service.http.errors import APIError, api_error, in_band_error
 from service.http.openapi import error_responses, inline_json_schema, ok_content_operation, sse_event_schema
 from service.http.sse import EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
@@ -29,24 +31,26 @@ from service.speech.schemas import (
     TranscriptionForm,
     TranscriptTextDelta,
     TranscriptTextDone,
+    TranslationForm,
     VerboseTranscription,
 )
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
 from service.state import get_state
 
-__all__ = ["create_transcription", "SPEECH_ERRORS", "part_content_type"]
+__all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "part_content_type"]
 
 SPEECH_ERRORS = error_responses({400: "Bad audio or parameters (OpenAI error shape)", 404: "Unknown model or session",
                                  409: "Session finished, deleted or expired", 413: "Body over the size limit"})
 
 _TEXT = {"type": "string"}
-# What the 200 carries, by response_format (json / verbose_json, text / srt, vtt) and with stream=true.
-_OK_CONTENT: dict[str, dict[str, Any]] = {
+# What the 200 carries, by response_format (json / verbose_json, text / srt, vtt), and with stream=true.
+FILE_CONTENT: dict[str, dict[str, Any]] = {
     "application/json": {"oneOf": [inline_json_schema(Transcription), inline_json_schema(VerboseTranscription)]},
     "text/plain": {**_TEXT, "description": "response_format text or srt"},
     "text/vtt": {**_TEXT, "description": "response_format vtt"},
-    "text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone, done=False),
 }
+_OK_CONTENT = FILE_CONTENT | {"text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone,
+                                                                    done=False)}
 
 
 MIN_AUDIO_S = 0.1  # OpenAI's shortest file
@@ -62,14 +66,27 @@ async def create_transcription(
     data: Annotated[TranscriptionForm, Body(media_type=RequestEncodingType.MULTI_PART)],
 ) -> Response[Any]:
     """Raises APIError (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
+    words = "word" in data.timestamp_granularities
+    return await respond_to_upload(request, data, {
+        "language": data.language, "task": data.task, "word_timestamps": words, "vad_trim": data.vad_trim,
+        "vad": True if data.chunking_strategy == "auto" else data.vad}, stream=data.stream)
+
+
+async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationForm, asked: Mapping[str, Any], *,
+                            stream: bool = False, renamed: Mapping[str, str] | None = None) -> Response[Any]:
+    """Transcribe the form's file with the options `asked` (its prompt and temperature besides), answered in its
+    response_format, or as SSE events with `stream`. `renamed`: the request's names for the options' fields (a
+    refused option may be another field's fault). Raises APIError (400 bad audio/params, 404 model, 413 size,
+    503 load failure)."""
     state = get_state(request)
     speech = served_speech(state, data.model)
     raw = await data.file.read()
     _check_parts(data, raw, state.config.limits.max_part_bytes)  # sizes first: nothing else reads a huge part
-    words = "word" in data.timestamp_granularities
-    options = transcribe_options(speech, language=data.language, task=data.task, prompt=data.prompt or None,
-                                 temperatures=TranscribeOptions.ladder(data.temperature), word_timestamps=words,
-                                 vad=True if data.chunking_strategy == "auto" else data.vad, vad_trim=data.vad_trim)
+    try:
+        options = transcribe_options(speech, prompt=data.prompt or None,
+                                     temperatures=TranscribeOptions.ladder(data.temperature), **asked)
+    except AudioError as exc:
+        raise api_error(exc, params=renamed) from None
     content_type = part_content_type(data.file)
     most = state.config.limits.max_audio_seconds
     try:  # a client that leaves during the decode is not kept waiting on (the thread's result is dropped)
@@ -82,7 +99,7 @@ async def create_transcription(
     if audio_seconds < MIN_AUDIO_S:  # as OpenAI refuses it: too short to hold a word
         raise APIError(400, f"The audio is {audio_seconds:.3f} s long; at least {MIN_AUDIO_S} s is needed.",
                        param="file", code="audio_too_short")
-    if data.stream:
+    if stream:
         return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics)))
     try:
         transcript = await run_while_connected(request, lambda: speech.transcribe(pcm, options))
@@ -90,7 +107,7 @@ async def create_transcription(
         return Response(None, status_code=499)
     if state.metrics is not None:
         state.metrics.observe_transcription(audio_seconds, time.perf_counter() - started)
-    body = render(transcript, data.response_format, words=words)
+    body = render(transcript, data.response_format, words=options.word_timestamps)
     return Response(body, media_type=media_type(data.response_format), status_code=200)
 
 
@@ -103,7 +120,7 @@ def part_content_type(upload: UploadFile) -> str | None:
     return upload.content_type
 
 
-def _check_parts(data: TranscriptionForm, file: bytes, limit: int) -> None:
+def _check_parts(data: TranslationForm, file: bytes, limit: int) -> None:
     """Raises APIError 413 naming the first part (the file or a form field) over `limit` bytes."""
     fields = {"file": len(file)}
     for name, value in [*data.model_dump(exclude={"file"}).items(), *(data.model_extra or {}).items()]:

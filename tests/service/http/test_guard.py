@@ -208,7 +208,7 @@ def test_routes_have_their_own_size_limits() -> None:
 
     limits = Limits(max_body_bytes=1, max_upload_bytes=2, max_pcm_chunk_bytes=3)
     assert body_limit("/v1/chat/completions", limits) == 1
-    assert body_limit("/v1/audio/transcriptions", limits) == 2
+    assert body_limit("/v1/audio/transcriptions", limits) == body_limit("/v1/audio/translations", limits) == 2
     assert body_limit("/v1/audio/sessions/sess_abc/audio", limits) == 3
 
 
