@@ -258,7 +258,8 @@ class LLMBatchGroup:
             self._publish(row, row_delta(row, finish_reason="cancelled"))
         self._queue.clear()
         self._active.clear()
-        self.step.reset()
+        # The step's state (slots, the pipeline) is the engine thread's: a step in flight there would read slots
+        # reset under it. `Engine.serve` resets it once the driver has stopped; a group never served has none.
         self.tasks.reject_all()
         if self.lane is not None:
             # It stops after the job in flight, if any (its rows were ended above); joined by Engine.serve's end.

@@ -155,6 +155,8 @@ class Engine:
                 await self.thread.run(configure_allocator, self.budget)
             await drive_execution_group(self.group, self.lease, self.thread)
         finally:
+            if isinstance(self.group, LLMBatchGroup):
+                self.group.step.reset()  # nothing runs on the engine thread now: its slots and pipeline go
             sys.setswitchinterval(switch)
             self._serving = False
             self.thread.close()

@@ -439,3 +439,38 @@ def test_an_engine_is_not_built_with_a_bad_tandem_gil_switch_ms(tiny_loaded, mon
     monkeypatch.setenv("TANDEM_GIL_SWITCH_MS", "fast")
     with pytest.raises(ValueError, match="TANDEM_GIL_SWITCH_MS"):
         Engine(tiny_loaded, max_active=2)
+
+
+class _GatedDecode:
+    """Wraps the engine's runner: once `armed`, the next forward over decoding rows waits (on the engine thread)
+    for `open`, so the test can close the engine while that step is in flight."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.armed, self.entered, self.open = inner, threading.Event(), threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def forward(self, segments: Any) -> Any:
+        if self.armed.is_set() and any(s.slot is not None for s in segments):
+            self.armed.clear()
+            self.entered.set()
+            assert self.open.wait(30), "the test never opened the gate"
+        return self.inner.forward(segments)
+
+
+async def test_closing_while_a_step_is_in_flight_leaves_its_slots_to_it(tiny_loaded, caplog) -> None:
+    # The step reads the slots it planned with; close() on the loop reset them under it (KeyError in slots.plan,
+    # "engine step failed" at shutdown).
+    engine = Engine(tiny_loaded, memory_budget=1 << 30)
+    gate = engine.group.step.runner = _GatedDecode(engine.group.step.runner)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        stream = engine.submit(GenerationRequest([5, 6, 7, 8], SamplingParams(temperature=0.0), max_tokens=400))
+        await stream.__anext__()  # decoding
+        gate.armed.set()
+        await anyio.to_thread.run_sync(gate.entered.wait, 30)
+        engine.close()
+        gate.open.set()
+    assert "engine step failed" not in caplog.text, caplog.text
+    assert engine.group.step.slots is None or engine.group.step.slots.nbytes == 0  # reset once the driver stopped
