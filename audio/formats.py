@@ -6,7 +6,7 @@ from typing import Any, Literal, get_args
 
 from audio.transcript import Transcript
 
-__all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp", "language_name"]
+__all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp", "language_name", "usage"]
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
@@ -41,7 +41,7 @@ def _vtt(t: Transcript) -> str:
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
-def _usage(t: Transcript) -> dict[str, Any]:
+def usage(t: Transcript) -> dict[str, Any]:
     """OpenAI's usage of a Whisper transcription: the audio's seconds."""
     return {"type": "duration", "seconds": round(t.duration, 3)}
 
@@ -64,7 +64,7 @@ def _verbose(t: Transcript, words: bool) -> dict[str, Any]:
     }
     if words:
         body["words"] = [w.as_dict() for w in t.words]
-    body["usage"] = _usage(t)
+    body["usage"] = usage(t)
     return body
 
 
@@ -72,7 +72,7 @@ def render(t: Transcript, fmt: str, *, words: bool = False) -> str | dict[str, A
     """The response body: a dict for json/verbose_json, a string otherwise. `words` adds the flat word
     list to verbose_json (timestamp_granularities=["word"]). Raises ValueError for an unknown format."""
     if fmt == "json":  # the text as OpenAI gives it: no leading space (its segments keep theirs)
-        return {"text": t.text.strip(), "usage": _usage(t)}
+        return {"text": t.text.strip(), "usage": usage(t)}
     if fmt == "verbose_json":
         return _verbose(t, words)
     if fmt == "text":

@@ -89,14 +89,15 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
         if key.strip():
             values[key.strip().lower()] = value.strip().strip('"').lower()
     if unknown := sorted(set(values) - _PCM_PARAMETERS):
-        raise AudioInputError(f"content-type parameter {unknown[0]!r} is not supported (rate, encoding, channels)",
-                              param=unknown[0], code="invalid_content_type")
+        raise AudioInputError(f"content-type parameter {_shown(unknown[0])} is not supported (rate, encoding, "
+                              "channels)",
+                              param=unknown[0][:60], code="invalid_content_type")
     default_encoding = "s16be" if mime.strip().lower() == "audio/l16" else "f32le"
     try:
         rate = int(values.get("rate", SAMPLE_RATE))
         channels = int(values.get("channels", 1))
     except ValueError:
-        raise AudioInputError(f"bad PCM parameters in content-type {content_type!r}", param="content-type",
+        raise AudioInputError(f"bad PCM parameters in content-type {_shown(content_type or '')}", param="content-type",
                               code="invalid_content_type") from None
     if not MIN_RATE <= rate <= MAX_RATE:
         raise AudioInputError(f"sample rate {rate} Hz is outside {MIN_RATE}–{MAX_RATE} Hz", param="rate",
@@ -106,9 +107,15 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
                               code="invalid_content_type")
     encoding = _ENCODING_ALIASES.get(values.get("encoding", default_encoding))
     if encoding is None:
-        raise AudioInputError(f"PCM encoding {values.get('encoding')!r} is not supported (use f32le, s16le or s16be)",
+        raise AudioInputError(f"PCM encoding {_shown(values.get('encoding', ''))} is not supported (use f32le, s16le "
+                              "or s16be)",
                               param="encoding", code="invalid_content_type")
     return PcmFormat(rate, encoding, channels)
+
+
+def _shown(value: str) -> str:
+    # a header may be 100 kB: echoed whole, each bad request answered with as much
+    return repr(value) if len(value) <= 60 else repr(value[:60]) + "…"
 
 
 def _samples(body: bytes, fmt: PcmFormat, param: str = "body") -> np.ndarray:

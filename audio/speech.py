@@ -143,10 +143,14 @@ class SpeechService:
         """TranscribeOptions checked against this model; `vad` None (or absent) takes the service's default.
         Raises InvalidOption naming `language`, `task`, `prompt` or a vad setting (unknown language, a
         non-English language / translate on an English-only model, a prompt longer than Whisper can use:
-        PromptTooLong)."""
+        PromptTooLong, vad_trim with vad on)."""
         code = normalize_language(language, multilingual=self.multilingual)
         if kwargs.get("vad") is None:
             kwargs["vad"] = self.vad_default
+        if kwargs.get("vad_trim") and kwargs["vad"]:  # accepted, it would change nothing: VAD keeps only speech
+            raise InvalidOption("vad_trim cuts leading and trailing silence with vad off only; with vad on (this "
+                                "server's default unless it runs with --no-vad) only the speech is decoded already",
+                                param="vad_trim")
         if task not in get_args(Task):
             raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
         if task == "translate" and not self.multilingual:

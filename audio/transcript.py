@@ -134,10 +134,12 @@ def normalize_language(language: str | None, *, multilingual: bool = True) -> st
 
     key = language.strip().lower()
     code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
+    # a long value is shown cut: echoed whole, a 1 MB language made a 1 MB error
+    shown = repr(language) if len(language) <= 40 else repr(language[:40]) + "…"
     if code is None:
-        raise InvalidOption(f"unsupported language {language!r}; use an ISO-639-1 code such as 'en' or 'de'",
+        raise InvalidOption(f"unsupported language {shown}; use an ISO-639-1 code such as 'en' or 'de'",
                             param="language")
     if not multilingual and code != "en":
-        raise InvalidOption(f"this Whisper model is English-only; language {language!r} is not available",
+        raise InvalidOption(f"this Whisper model is English-only; language {shown} is not available",
                             param="language")
     return code

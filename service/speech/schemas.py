@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from litestar.datastructures import UploadFile
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -19,6 +19,7 @@ __all__ = [
     "VerboseTranscription",
     "TranscriptTextDelta",
     "TranscriptTextDone",
+    "DurationUsage",
     "SessionCreateRequest",
     "SessionCreated",
     "SessionAudioAccepted",
@@ -32,6 +33,12 @@ Granularity = Literal["segment", "word"]
 
 def _segments_only() -> list[Granularity]:
     return ["segment"]
+
+
+def _shown(value: object) -> str:
+    # a form value may be megabytes: echoed whole, the 400 was as large
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "…"
 
 
 class TranslationForm(BaseModel):
@@ -60,11 +67,12 @@ class TranscriptionForm(TranslationForm):
     vad: bool | None = Field(None, description="Extension: Whisper sees only the speech (webrtcvad); silence is cut "
                                                "out and times are mapped back. Default: on, unless the server runs "
                                                "with --no-vad.")
-    vad_trim: bool = Field(False, description="Extension: with vad off, cut leading/trailing silence before decoding.")
+    vad_trim: bool = Field(False, description="Extension: with vad off, cut leading/trailing silence before decoding "
+                                              "(refused with vad on, which decodes only the speech already).")
     chunking_strategy: Literal["auto"] | None = Field(
         None, description='"auto": the audio is cut at pauses found by voice activity detection (as vad on).')
-    include: list[str] | None = Field(None, alias="include[]", description="Nothing: log probabilities are not given "
-                                                                           "for transcriptions here.")
+    include: list[str] | None = Field(None, alias="include[]", description="No value is supported: log probabilities "
+                                                                           "are not given for transcriptions here.")
 
     @model_validator(mode="before")
     @classmethod
@@ -87,15 +95,22 @@ class TranscriptionForm(TranslationForm):
     @field_validator("include", mode="before")
     @classmethod
     def _nothing_included(cls, value: Any) -> Any:
-        if value:
-            raise ValueError(f"{value!r} is not supported: transcriptions here give no log probabilities")
-        return value
+        if value is None or value == []:
+            return value
+        values = value if isinstance(value, list) else [value]  # one form field arrives as a plain string
+        raise ValueError(f"{', '.join(_shown(v) for v in values[:3])} cannot be included: no include value is "
+                         "supported here (OpenAI's logprobs: transcriptions here give no log probabilities)")
 
     @field_validator("timestamp_granularities", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
-        # A form with one `timestamp_granularities[]` field arrives as a plain string.
-        return [value] if isinstance(value, str) else value
+        # A form with one `timestamp_granularities[]` field arrives as a plain string; each value is checked here,
+        # so a refusal names the field, not its `.0`.
+        values = [value] if isinstance(value, str) else value
+        for v in values if isinstance(values, list) else []:
+            if v not in get_args(Granularity):
+                raise ValueError(f"{_shown(v)} is not a timestamp granularity: use segment or word")
+        return values
 
     @field_validator("timestamp_granularities")
     @classmethod
@@ -174,10 +189,11 @@ class TranscriptTextDelta(BaseModel):
 
 
 class TranscriptTextDone(BaseModel):
-    """The last SSE event of a streamed transcription."""
+    """The last SSE event of a streamed transcription (its usage as the JSON answer's)."""
 
     type: Literal["transcript.text.done"] = "transcript.text.done"
     text: str
+    usage: DurationUsage
 
 
 class SessionCreateRequest(BaseModel):

@@ -18,7 +18,7 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from audio.errors import AudioError
-from audio.formats import media_type, render
+from audio.formats import media_type, render, usage
 from audio.pcm import SAMPLE_RATE
 from audio.transcript import TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
@@ -27,6 +27,7 @@ from service.http.openapi import error_responses, inline_json_schema, ok_content
 from service.http.sse import EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
 from service.speech.schemas import (
+    DurationUsage,
     Transcription,
     TranscriptionForm,
     TranscriptTextDelta,
@@ -142,7 +143,7 @@ async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options:
             if isinstance(item, Transcript):
                 if metrics is not None:
                     metrics.observe_transcription(len(pcm) / SAMPLE_RATE, time.perf_counter() - started)
-                yield sse_data(TranscriptTextDone(text=item.text.strip()))
+                yield sse_data(TranscriptTextDone(text=item.text.strip(), usage=DurationUsage(**usage(item))))
             elif delta := "".join(s.text for s in item).lstrip() if not sent else "".join(s.text for s in item):
                 sent += delta
                 yield sse_data(TranscriptTextDelta(delta=delta))

@@ -97,6 +97,7 @@ def test_streamed_transcription_ends_with_done(client: TestClient[Any]) -> None:
     assert all(e["type"] == "transcript.text.delta" for e in events[:-1])
     assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
     assert not events[-1]["text"][:1].isspace()  # as OpenAI's: no leading space
+    assert events[-1]["usage"] == {"type": "duration", "seconds": 2.0}  # as the JSON answer's
 
 
 def test_raw_pcm_upload(client: TestClient[Any]) -> None:
@@ -161,6 +162,10 @@ def test_audio_past_the_servers_bounds_is_a_400_not_a_blown_worker(client: TestC
 
 @pytest.mark.parametrize("fields, param, code", [
     ({"include[]": "logprobs"}, "include[]", "invalid_value"),  # OpenAI's field: not supported, not unknown
+    ({"include[]": ""}, "include[]", "invalid_value"),
+    ({"timestamp_granularities[]": "sentence"}, "timestamp_granularities[]", "invalid_value"),  # not `…[].0`
+    ({"vad_trim": "true"}, "vad_trim", "invalid_value"),  # VAD is on here: only the speech is decoded already
+    ({"vad_trim": "true", "chunking_strategy": "auto"}, "vad_trim", "invalid_value"),
     ({"known_speaker_names[]": "ann"}, "known_speaker_names[]", "unknown_parameter"),
     ({"some_future_field": "1"}, "some_future_field", "unknown_parameter"),
     ({"timestamp_granularities[]": "word"}, "timestamp_granularities[]", "invalid_value"),  # only in verbose_json
@@ -175,6 +180,28 @@ def test_a_transcription_field_that_cannot_be_honoured_is_refused_by_name(
         client: TestClient[Any], fields: dict[str, str], param: str | None, code: str) -> None:
     err = assert_error(transcribe(client, **fields), 400, code)
     assert err["param"] == param, err
+
+
+def test_include_says_what_it_takes_and_vad_trim_works_with_vad_off(client: TestClient[Any]) -> None:
+    err = assert_error(transcribe(client, **{"include[]": ""}), 400, "invalid_value")
+    assert "no include value is supported" in err["message"]
+    assert transcribe(client, vad_trim="true", vad="false").status_code == 200
+
+
+@pytest.mark.parametrize("field", ["model", "language", "include[]", "timestamp_granularities[]"])
+def test_a_huge_value_is_not_echoed_whole(client: TestClient[Any], field: str) -> None:
+    answer = transcribe(client, **{field: "x" * 100_000})
+    assert answer.status_code in (400, 404) and len(answer.content) < 1000, answer.text[:200]
+    assert "…" in answer.json()["error"]["message"]
+
+
+def test_a_huge_content_type_is_not_echoed_whole(client: TestClient[Any]) -> None:
+    sid = client.post("/v1/audio/sessions", json={}).json()["id"]
+    for content_type in ("audio/pcm;encoding=" + "x" * 20_000, "audio/pcm;rate=" + "9" * 20_000):
+        answer = client.post(f"/v1/audio/sessions/{sid}/audio", content=b"\0" * 4,
+                             headers={"content-type": content_type})
+        assert answer.status_code == 400 and len(answer.content) < 1000
+    client.delete(f"/v1/audio/sessions/{sid}")
 
 
 def test_chunking_strategy_auto_is_voice_activity_cutting(client: TestClient[Any],
