@@ -22,6 +22,8 @@ __all__ = [
     "MAX_RATE",
     "MIN_FILE_RATE",
     "MAX_FILE_RATE",
+    "MIN_FILE_SECONDS",
+    "check_file_length",
     "AudioInputError",
     "PcmFormat",
     "PcmStream",
@@ -40,6 +42,7 @@ MIN_RATE, MAX_RATE = 8000, 48000
 # A container's own rate: what real files carry (4 kHz telephony to 384 kHz studio). A file claiming 1 Hz would
 # be resampled 16,000-fold in memory (a 300 KB upload grew a worker past its RAM).
 MIN_FILE_RATE, MAX_FILE_RATE = 4000, 384000
+MIN_FILE_SECONDS = 0.1  # OpenAI's shortest file to transcribe: too short to hold a word
 
 Encoding = Literal["f32le", "s16le", "s16be"]
 _ENCODING_ALIASES: dict[str, Encoding] = {
@@ -226,6 +229,15 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
         raise AudioInputError("decoded audio contains NaN or infinite samples", param=param,
                               code="invalid_samples")
     return resample(x, rate)
+
+
+def check_file_length(pcm: np.ndarray, param: str = "file") -> None:
+    """Raises AudioInputError audio_too_short for decoded audio under MIN_FILE_SECONDS, as OpenAI refuses it
+    (the server and `tandem transcribe` alike)."""
+    seconds = len(pcm) / SAMPLE_RATE
+    if seconds < MIN_FILE_SECONDS:
+        raise AudioInputError(f"The audio is {seconds:.3f} s long; at least {MIN_FILE_SECONDS} s is needed.",
+                              param=param, code="audio_too_short")
 
 
 def _too_long(max_seconds: float, param: str) -> AudioInputError:

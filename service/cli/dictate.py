@@ -6,6 +6,7 @@ guess after it is shown in place on a terminal."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import queue
 import sys
@@ -45,8 +46,8 @@ def _dictate(args: argparse.Namespace) -> int:
     from service.cli.dictate_client import realtime_url
 
     path = args.file or args.legacy_file
-    if args.speed <= 0:
-        raise CLIError("--speed must be > 0")
+    if not math.isfinite(args.speed) or args.speed <= 0:  # nan passes `<= 0`; inf made every wait zero
+        raise CLIError(f"--speed must be a finite number > 0, not {args.speed}")
     try:
         url = realtime_url(args.server)
     except ValueError as exc:
@@ -195,7 +196,7 @@ async def _stream_file(session: Any, pcm: Any, rate: int, speed: float) -> None:
     await session.finish_take()
     first = "" if session.first_text_at is None else f"first text {session.first_text_at - start:.2f} s after the start; "
     print(f"\n{len(pcm) / rate:.1f} s of audio; {first}done {time.perf_counter() - end:.2f} s after the last chunk; "
-          f"{session.completed} utterances", file=sys.stderr)
+          f"{session.spoken} utterance{'' if session.spoken == 1 else 's'}", file=sys.stderr)
 
 
 async def _takes(session: Any, sd: Any) -> None:

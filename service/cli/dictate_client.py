@@ -106,6 +106,7 @@ class DictateSession:
     log: TextIO = sys.stderr
     pending: set[str] = field(default_factory=set)  # items committed, not yet completed
     completed: int = 0
+    spoken: int = 0  # completed utterances with text (a pause in silence completes an empty one)
     errors: list[dict[str, Any]] = field(default_factory=list)
     _acked: anyio.Event = field(default_factory=anyio.Event)
     _drained: anyio.Event = field(default_factory=anyio.Event)
@@ -165,6 +166,8 @@ class DictateSession:
             elif kind == "conversation.item.input_audio_transcription.completed":
                 self.completed += 1
                 self.pending.discard(event["item_id"])
+                if (event.get("transcript") or "").strip():
+                    self.spoken += 1
                 if event.get("transcript"):
                     self.display.end_utterance()
                 if not self.pending:

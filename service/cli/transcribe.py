@@ -48,7 +48,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
     from audio.errors import AudioInputError, InvalidOption, WhisperCheckpointError
     from audio.formats import render
-    from audio.pcm import SAMPLE_RATE, load_audio_file
+    from audio.pcm import SAMPLE_RATE, check_file_length, load_audio_file
     from audio.speech import SpeechService
     from audio.transcript import TranscribeOptions, Transcript
     from engine.runtime import Engine
@@ -63,6 +63,10 @@ def _transcribe(args: argparse.Namespace) -> int:
         pcm = load_audio_file(args.file)
     except (OSError, AudioInputError) as exc:
         raise CLIError(str(exc)) from None
+    try:
+        check_file_length(pcm)  # as the server refuses it: an empty answer would look like silence
+    except AudioInputError as exc:
+        raise CLIError(f"{args.file}: {exc}", code=1) from None
     engine = Engine(None)
     try:
         speech = SpeechService.from_spec(engine.tasks, whisper_spec(args.model), resident=True)

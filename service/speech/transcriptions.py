@@ -19,7 +19,7 @@ from litestar.params import Body
 
 from audio.errors import AudioError
 from audio.formats import media_type, render, usage
-from audio.pcm import SAMPLE_RATE
+from audio.pcm import SAMPLE_RATE, check_file_length
 from audio.transcript import TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, api_error, in_band_error
@@ -53,8 +53,6 @@ FILE_CONTENT: dict[str, dict[str, Any]] = {
 _OK_CONTENT = FILE_CONTENT | {"text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone,
                                                                     done=False)}
 
-
-MIN_AUDIO_S = 0.1  # OpenAI's shortest file
 
 
 @post("/v1/audio/transcriptions", status_code=200, tags=["audio"],
@@ -97,9 +95,7 @@ async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationFo
         return Response(None, status_code=499)
     started = time.perf_counter()
     audio_seconds = len(pcm) / SAMPLE_RATE
-    if audio_seconds < MIN_AUDIO_S:  # as OpenAI refuses it: too short to hold a word
-        raise APIError(400, f"The audio is {audio_seconds:.3f} s long; at least {MIN_AUDIO_S} s is needed.",
-                       param="file", code="audio_too_short")
+    check_file_length(pcm)
     if stream:
         return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics)))
     try:

@@ -4,12 +4,17 @@ once, the tentative guess rewritten in place on a terminal and left out of a pip
 from __future__ import annotations
 
 import io
+import json
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from service.cli.dictate_client import LiveLine, pcm16_chunks, realtime_url
+from service.cli.dictate_client import FINAL_COMMIT, LiveLine, pcm16_chunks, realtime_url
 from service.cli.main import main
+from tests.service.cli.conftest import write_wav
+from tests.service.cli.test_dictate_errors import _Server
 
 
 @pytest.mark.parametrize("server, url", [
@@ -69,6 +74,39 @@ def test_dictate_refuses_a_bad_speed_and_a_missing_file(capsys: pytest.CaptureFi
     assert main(["dictate", "--file", "x.wav", "--speed", "0"]) != 0
     assert main(["dictate", "--file", "/nonexistent.wav"]) != 0
     assert "speed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("speed", ["nan", "inf", "-inf", "-1"])
+def test_a_speed_must_be_a_finite_number_over_zero(speed: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dictate", "--file", "x.wav", f"--speed={speed}"]) == 2
+    err = capsys.readouterr().err
+    assert "--speed must be a finite number > 0" in err and len(err.strip().splitlines()) == 1
+
+
+def _answering(transcripts: list[str]) -> Any:
+    """A Realtime server whose take's commit completes one item per transcript."""
+    async def handler(ws: Any) -> None:
+        await ws.recv()  # session.update
+        await ws.send(json.dumps({"type": "session.updated", "session": {}}))
+        async for message in ws:
+            if json.loads(message).get("type") != "input_audio_buffer.commit":
+                continue
+            for i, text in enumerate(transcripts):
+                await ws.send(json.dumps({"type": "input_audio_buffer.committed", "item_id": f"item_{i}",
+                                          "client_event_id": FINAL_COMMIT if i == len(transcripts) - 1 else None}))
+                await ws.send(json.dumps({"type": "conversation.item.input_audio_transcription.completed",
+                                          "item_id": f"item_{i}", "transcript": text}))
+    return handler
+
+
+@pytest.mark.parametrize("transcripts, summary", [([""], "; 0 utterances"), (["Hello.", ""], "; 1 utterance\n"),
+                                                  (["Hello.", "Again."], "; 2 utterances")])
+def test_the_summary_counts_the_utterances_with_text(transcripts: list[str], summary: str, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    wav = write_wav(tmp_path / "silence.wav", np.zeros(1600))
+    with _Server(_answering(transcripts)) as server:
+        assert main(["dictate", str(wav), "--server", server, "--speed", "50"]) == 0
+    assert summary in capsys.readouterr().err
 
 
 def test_without_a_microphone_dictate_says_what_to_install(monkeypatch: pytest.MonkeyPatch,

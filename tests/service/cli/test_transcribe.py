@@ -52,6 +52,14 @@ def test_cli_errors_are_one_line(argv: list[str], message: str, whisper_dir: Pat
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_file_too_short_to_transcribe_is_an_error_as_on_the_server(whisper_dir: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    short = write_wav(tmp_path / "short.wav", np.full(800, 0.1))  # 0.05 s
+    assert main(["transcribe", str(short), str(whisper_dir)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "at least 0.1 s" in err and len(err.strip().splitlines()) == 1
+
+
 def _serve_args(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(["serve", *argv])
 
