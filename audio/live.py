@@ -92,6 +92,16 @@ class LiveTranscription:
         self._tr = await WindowedTranscription.start(loaded, self.options, timeline=self.timeline, carry_prompt=True)
         self._live = LiveText(self._tr.tokenizer)
 
+    def unbind(self) -> None:
+        """Let go of the model once the session's decoding is over (its take released): a session's objects hold
+        each other in cycles (its utterances call back into it), so only a full collection, rare in a serving
+        process, would free them and the model they reach: one model copy kept per ended session. The committed
+        text stays. Raises nothing."""
+        self.cancel_probe()
+        self._tr = None
+        self._loaded = None
+        self._last_result = None
+
     def add_speech(self, pcm: np.ndarray, source_start: int) -> None:
         """Speech from `source_start` (samples into the received audio). Raises ValueError going back in time."""
         self.timeline.add(source_start, len(pcm))

@@ -289,6 +289,7 @@ class LiveSession:
         finally:
             if taken:
                 self._residency.release()
+            self.live.unbind()
             self._pool.forget(self)
             for what, _, ref in self._controls:  # marks still waiting are owed to their callers all the same
                 if what == "mark" and ref is not None:
