@@ -4,6 +4,7 @@ options all commands share (--log-level)."""
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from typing import Any
 
@@ -23,12 +24,39 @@ def byte_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+# Longest duration a seconds flag takes (11.6 days): larger ones overflow timers (1e300 s failed at shutdown).
+MAX_SECONDS = 1e6
+
+
+def finite(text: str) -> float:
+    """A finite number (nan and inf are not: they passed `> 0` checks and failed later). Raises
+    argparse.ArgumentTypeError."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds: finite, 0 to MAX_SECONDS (each flag says whether 0 is allowed). Raises
+    argparse.ArgumentTypeError."""
+    value = finite(text)
+    if not 0 <= value <= MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"not a duration in seconds from 0 to {MAX_SECONDS:g}: {text!r}")
+    return value
+
+
 def gc_thresholds(text: str) -> tuple[int, int, int]:
     """'20000' or '20000,20,20' → Python's three collection thresholds (the ones not given keep Python's
     defaults, 10). Raises argparse.ArgumentTypeError."""
     parts = [p.strip() for p in text.split(",")]
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"not gc thresholds: {text!r} (use e.g. 20000 or 20000,20,20; each > 0)")
+    # gc.set_threshold takes C ints: a larger count was accepted here and failed the worker at ready.
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() and 0 < int(p) <= 10**9 for p in parts):
+        raise argparse.ArgumentTypeError(f"not gc thresholds: {text!r} (use e.g. 20000 or 20000,20,20; each "
+                                         "from 1 to 1000000000)")
     values = [int(p) for p in parts] + [10] * (3 - len(parts))
     return values[0], values[1], values[2]
 

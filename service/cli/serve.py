@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.pacing import DECODE_BURST, STALL
 from service.cli.errors import CLIError
-from service.cli.parsers import add_command, byte_size, gc_thresholds
+from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, seconds
 from service.cli.resolve import resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
@@ -33,7 +33,7 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
     p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per scheduler iteration")
-    p.add_argument("--prefill-stall", type=float, default=STALL, metavar="X",
+    p.add_argument("--prefill-stall", type=finite, default=STALL, metavar="X",
                    help="while rows decode, an iteration carrying a prompt chunk may last X decode-only iterations "
                         "(the prompt chunk is sized from measured costs; larger X: faster prompts, longer token gaps)")
     p.add_argument("--decode-burst", type=int, default=DECODE_BURST, metavar="N",
@@ -61,7 +61,7 @@ def add_serve(sub: Any) -> None:
                    help="Python's collection thresholds while serving (gc.set_threshold): allocations between young "
                         "collections, then young collections per older one; fewer, larger collections pause the "
                         "streams less often (default: Python's 700,10,10)")
-    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+    p.add_argument("--shutdown-timeout", type=seconds, default=5.0,
                    help="seconds streams get to finish on Ctrl-C/SIGTERM before they end with an error event")
     add_serve_limit_args(p)
     add_serve_speech_args(p)

@@ -9,7 +9,7 @@ import logging
 import os
 
 from service.cli.errors import CLIError
-from service.cli.parsers import byte_size
+from service.cli.parsers import byte_size, seconds
 from service.config import API_KEY_ENV, ServiceConfig, split_list
 from service.limits import Limits
 
@@ -28,7 +28,7 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                         "wait, a free row still serves) (default: 4 x --max-active)")
     a.add_argument("--max-tokens-cap", type=int, default=4096,
                    help="max_tokens of chat requests that set none (the memory budget may lower it further)")
-    a.add_argument("--request-timeout", type=float, default=600.0, metavar="SEC",
+    a.add_argument("--request-timeout", type=seconds, default=600.0, metavar="SEC",
                    help="a generation still running this long after its request arrived is stopped and the "
                         "client gets a request_timeout error (0: no deadline)")
     a.add_argument("--allow-request-templates", action="store_true",
@@ -41,7 +41,7 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                      help="largest multipart upload to /v1/audio/transcriptions")
     lim.add_argument("--max-part-bytes", type=byte_size, default=_DEFAULT.max_part_bytes,
                      help="largest single part of a multipart upload")
-    lim.add_argument("--max-audio-seconds", type=float, default=_DEFAULT.max_audio_seconds, metavar="SEC",
+    lim.add_argument("--max-audio-seconds", type=seconds, default=_DEFAULT.max_audio_seconds, metavar="SEC",
                      help="longest audio one transcription request (or one file appended to a session) may hold; "
                           "longer is refused with a 400 audio_too_long")
     lim.add_argument("--max-pcm-chunk-bytes", type=byte_size, default=_DEFAULT.max_pcm_chunk_bytes,
@@ -50,13 +50,13 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                      help="largest websocket message (default 16MiB: OpenAI's 15 MiB Realtime append fits, and "
                           "granian itself drops a connection on a single frame over 16 MiB); a bigger one is dropped "
                           "with an error event, the session and its audio stay")
-    lim.add_argument("--header-timeout", type=float, default=_DEFAULT.header_timeout, metavar="SEC",
+    lim.add_argument("--header-timeout", type=seconds, default=_DEFAULT.header_timeout, metavar="SEC",
                      help="seconds a connection has to send its request headers")
-    lim.add_argument("--body-timeout", type=float, default=_DEFAULT.body_timeout, metavar="SEC",
+    lim.add_argument("--body-timeout", type=seconds, default=_DEFAULT.body_timeout, metavar="SEC",
                      help="seconds a request body may send nothing before the request is answered 408")
     lim.add_argument("--max-json-depth", type=int, default=_DEFAULT.max_json_depth,
                      help="deepest array/object nesting accepted in a JSON body")
-    lim.add_argument("--render-timeout", type=float, default=_DEFAULT.render_timeout, metavar="SEC",
+    lim.add_argument("--render-timeout", type=seconds, default=_DEFAULT.render_timeout, metavar="SEC",
                      help="seconds the chat template may take to render one request")
     lim.add_argument("--max-connections", type=int, default=_DEFAULT.max_connections,
                      help="connections served at once; more wait in the listen backlog")

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass
 
 from service.cli.errors import CLIError
+from service.cli.parsers import finite, seconds
 from service.config import ServiceConfig
 
 __all__ = ["add_serve_speech_args", "configure_serve_speech", "ServeSpeech"]
@@ -27,35 +28,35 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
                    help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, or tiny.en "
                         "(default: the demo tiny.en when installed)")
     g.add_argument("--no-whisper", action="store_true", help="serve no Whisper model")
-    g.add_argument("--whisper-idle-unload", type=float, default=0.0, metavar="SEC",
+    g.add_argument("--whisper-idle-unload", type=seconds, default=0.0, metavar="SEC",
                    help="unload Whisper after SEC idle seconds (0: after every request)")
     g.add_argument("--whisper-resident", action="store_true", help="keep Whisper loaded")
     g.add_argument("--preload", action="store_true", help="load Whisper at startup")
-    g.add_argument("--session-ttl", type=float, default=300.0, metavar="SEC",
+    g.add_argument("--session-ttl", type=seconds, default=300.0, metavar="SEC",
                    help="drop live sessions idle this long (websocket sessions live as long as their socket)")
     g.add_argument("--no-vad", action="store_true",
                    help="requests that do not say get no VAD: Whisper hears silence too (default: only speech)")
     g.add_argument("--max-sessions", type=int, default=64, help="live sessions open at once (more get 429)")
-    g.add_argument("--max-session-seconds", type=float, default=3600.0, metavar="SEC",
+    g.add_argument("--max-session-seconds", type=seconds, default=3600.0, metavar="SEC",
                    help="audio one live session may receive")
-    g.add_argument("--max-buffered-audio", type=float, default=1800.0, metavar="SEC",
+    g.add_argument("--max-buffered-audio", type=seconds, default=1800.0, metavar="SEC",
                    help="untranscribed audio all live sessions may hold together (more is refused: 429)")
-    g.add_argument("--max-session-lag", type=float, default=120.0, metavar="SEC",
+    g.add_argument("--max-session-lag", type=seconds, default=120.0, metavar="SEC",
                    help="untranscribed audio one live session may hold (a faster sender is refused: 429)")
     g.add_argument("--whisper-step-positions", type=int, default=375, metavar="N",
                    help="encoder positions a Whisper unit covers when chat is idle (a 30 s window is 1500)")
     g.add_argument("--whisper-step-tokens", type=int, default=4, metavar="N",
                    help="tokens each Whisper row decodes per step when chat is idle")
-    g.add_argument("--whisper-chat-share", type=float, default=0.3, metavar="F",
+    g.add_argument("--whisper-chat-share", type=finite, default=0.3, metavar="F",
                    help="while chat decodes, a Whisper step lasts at most this share of a chat iteration")
-    g.add_argument("--whisper-catch-up", type=float, default=1.0, metavar="SEC",
+    g.add_argument("--whisper-catch-up", type=seconds, default=1.0, metavar="SEC",
                    help="while chat decodes, a Whisper step's share doubles for each SEC the oldest live "
                         "session's window has waited (up to 8x), so live speech that falls behind catches up")
     g.add_argument("--live-context", choices=("auto", "fit", "whole"), default="auto",
                    help="what a live decode encodes: whole, Whisper's 30 s window, as mlx-whisper; fit, the open audio "
                         "plus 1 s, at least 10 s (a third of the encoder's work; a final that fails the thresholds or "
                         "loops is redone whole); auto (default): fit on a CPU, whole on a GPU")
-    g.add_argument("--whisper-min-step-ms", type=float, default=None, metavar="MS",
+    g.add_argument("--whisper-min-step-ms", type=finite, default=None, metavar="MS",
                    help="when chat is idle, a Whisper step goes on until it took this long (default: 5 on a "
                         "GPU, where one unit is shorter than a trip through the loop; 0 on a CPU)")
 

@@ -163,9 +163,17 @@ def test_serve_flags_become_the_config(monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in ("0", "a,b", "1,2,3,4", ""):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "--gc-thresholds", bad])
-    for stall in ("1", "inf", "nan"):  # inf was taken and failed the engine mid-serving (int(inf / cost))
-        with pytest.raises(CLIError, match="--prefill-stall"):
-            serve_config(build_parser().parse_args(["serve", "--prefill-stall", stall]))
+    with pytest.raises(CLIError, match="--prefill-stall"):
+        serve_config(build_parser().parse_args(["serve", "--prefill-stall", "1"]))
+    # Numbers that passed `> 0` checks and failed later: inf stalls the engine mid-serving (int(inf / cost)), timers
+    # overflow at shutdown, a gc threshold past a C int fails the worker at ready. Refused as arguments (exit 2).
+    for flag, value in [("--prefill-stall", "inf"), ("--prefill-stall", "nan"), ("--shutdown-timeout", "nan"),
+                        ("--shutdown-timeout", "1e300"), ("--header-timeout", "inf"), ("--request-timeout", "nan"),
+                        ("--session-ttl", "nan"), ("--whisper-idle-unload", "inf"), ("--max-session-seconds", "-1"),
+                        ("--whisper-chat-share", "nan"), ("--gc-thresholds", "99999999999999999999")]:
+        with pytest.raises(SystemExit) as exited:
+            build_parser().parse_args(["serve", flag, value])
+        assert exited.value.code == 2, (flag, value)
     assert serve_config(build_parser().parse_args(["serve", "--max-active", "3"])).queue_limit == 12
 
 
