@@ -22,7 +22,9 @@ CONFIG_ENV = "TANDEM_SERVE_CONFIG"
 # API keys, comma-separated (read by `tandem serve` and by the worker; --api-key adds to them).
 API_KEY_ENV = "TANDEM_API_KEY"
 
-# Single-variable overrides: env name → (field, type).
+# Single variables for an app started without the CLI (`granian service.app:app_from_env`): env name → (field,
+# type). Under `tandem serve` the flags are the config (CONFIG_ENV): these were applied over them, so a leftover
+# TANDEM_MAX_ACTIVE silently beat --max-active.
 _OVERRIDES: dict[str, tuple[str, type]] = {
     "TANDEM_MODEL": ("model", str),
     "TANDEM_MAX_ACTIVE": ("max_active", int),
@@ -103,7 +105,8 @@ class ServiceConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "ServiceConfig":
-        """Read CONFIG_ENV (JSON) then the single-variable overrides. Unknown JSON keys are ignored.
+        """Read CONFIG_ENV (JSON, what `tandem serve` writes from its flags), or without it the single variables
+        (_OVERRIDES). Unknown JSON keys are ignored.
 
         Raises ValueError for malformed JSON or a non-integer numeric override."""
         env = os.environ if environ is None else environ
@@ -115,7 +118,7 @@ class ServiceConfig:
                 raise ValueError(f"{CONFIG_ENV} is not valid JSON: {exc}") from exc
             known = {f.name for f in dataclasses.fields(cls)}
             values = {k: v for k, v in loaded.items() if k in known}
-        for name, (key, kind) in _OVERRIDES.items():
+        for name, (key, kind) in _OVERRIDES.items() if not raw else ():
             if (raw_value := env.get(name)) not in (None, ""):
                 try:
                     values[key] = kind(raw_value)

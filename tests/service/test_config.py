@@ -12,11 +12,17 @@ def test_round_trip_through_the_environment() -> None:
     assert ServiceConfig.from_env({CONFIG_ENV: config.to_json()}) == config
 
 
-def test_single_variables_override_and_unknown_keys_are_ignored() -> None:
+def test_the_clis_config_wins_over_single_variables_and_unknown_keys_are_ignored() -> None:
+    # A leftover TANDEM_MAX_ACTIVE beat --max-active, TANDEM_MODEL the model the CLI had resolved and announced.
     env = {CONFIG_ENV: '{"model": "a", "max_active": 2, "from_the_future": 1}', "TANDEM_MODEL": "b",
-           "TANDEM_MAX_ITERATION_TOKENS": "128"}
+           "TANDEM_MAX_ACTIVE": "8"}
     config = ServiceConfig.from_env(env)
-    assert (config.model, config.max_active, config.max_iteration_tokens) == ("b", 2, 128)
+    assert (config.model, config.max_active) == ("a", 2)
+
+
+def test_single_variables_configure_an_app_started_without_the_cli() -> None:
+    config = ServiceConfig.from_env({"TANDEM_MODEL": "b", "TANDEM_MAX_ITERATION_TOKENS": "128"})
+    assert (config.model, config.max_iteration_tokens) == ("b", 128)
 
 
 @pytest.mark.parametrize("env", [{CONFIG_ENV: "{nope"}, {"TANDEM_MAX_ACTIVE": "many"}])
