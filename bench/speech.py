@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="alternating rounds per implementation (median reported)")
     p.add_argument("--batch-size", type=int, default=8, help="chunks per batched call for the batched row")
     p.add_argument("--audio", type=Path, default=None, help="an audio file instead of the joined clips")
-    p.add_argument("--reference", type=Path, default=None, help="the reference text of --audio (required with it)")
+    p.add_argument("--reference", type=Path, default=None, metavar="FILE",
+                   help="a file holding the reference text of --audio (required with it)")
     p.add_argument("--no-vad", action="store_true", help="tandem hears the whole signal, as mlx_whisper does")
     args = p.parse_args(argv)
     if (args.audio is None) != (args.reference is None):
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.audio is not None:
         from audio.pcm import load_audio_file
 
+        if not args.reference.is_file():  # a traceback before: the text itself was given
+            p.error(f"--reference names a file holding the reference text; {str(args.reference)[:60]!r} is not one")
         pcm, reference = load_audio_file(args.audio), args.reference.read_text().strip()
     else:
         pcm, reference = _joined(Path(args.samples), args.gap)
