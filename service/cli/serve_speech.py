@@ -82,6 +82,13 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
         raise CLIError("--whisper-chat-share must be in (0, 10]")
     if not args.whisper_catch_up > 0:
         raise CLIError("--whisper-catch-up must be > 0")
+    # Flags that would be dropped without a word: speech off with speech settings, a resident model told to unload.
+    given = [flag for flag, on in (("--whisper-model", args.whisper_model is not None), ("--preload", args.preload),
+                                   ("--whisper-resident", args.whisper_resident)) if on]
+    if args.no_whisper and given:
+        raise CLIError(f"--no-whisper serves no Whisper model: {', '.join(given)} cannot apply")
+    if args.whisper_resident and args.whisper_idle_unload > 0:
+        raise CLIError("--whisper-resident keeps Whisper loaded: --whisper-idle-unload cannot apply")
     only = False
     spec = whisper_spec(args.whisper_model)
     if args.model is not None and spec is None:

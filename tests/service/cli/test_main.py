@@ -224,3 +224,14 @@ def test_speech_flags_that_cannot_work_are_refused(capsys: pytest.CaptureFixture
     assert main(["serve", "--whisper-min-step-ms", "-1"]) != 0
     assert "--whisper-min-step-ms" in capsys.readouterr().err
     assert main(["serve", "--max-session-lag", "0"]) != 0
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--no-whisper", "--whisper-model", "tiny.en"], "--whisper-model cannot apply"),
+    (["--no-whisper", "--preload", "--whisper-resident"], "--preload, --whisper-resident cannot apply"),
+    (["--whisper-resident", "--whisper-idle-unload", "30"], "--whisper-idle-unload cannot apply"),
+])
+def test_speech_flags_that_contradict_are_refused_not_dropped(capsys: pytest.CaptureFixture[str], flags: list[str],
+                                                               words: str) -> None:
+    assert main(["serve", *flags]) != 0
+    assert words in capsys.readouterr().err
