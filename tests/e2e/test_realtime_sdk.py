@@ -163,7 +163,7 @@ def test_dictate_streams_a_file_over_the_realtime_protocol(speech_server: Tandem
                           speech_server.root, "--speed", "4", "--language", "en", "--vocabulary", "Dashwood"],
                          capture_output=True, text=True, timeout=LIMIT)
     assert out.returncode == 0, out.stderr
-    assert "3.5 s of audio" in out.stderr and "utterances" in out.stderr
+    assert "3.5 s of audio" in out.stderr and "utterance" in out.stderr
     assert speech_server.stats()["speech"]["scheduler"]["windows_done"] > before  # the server transcribed it
     refused = subprocess.run([sys.executable, "-m", "service.cli", "dictate", "--file", str(wav), "--server",
                               speech_server.root, "--language", "xx-nope"], capture_output=True, text=True, timeout=LIMIT)

@@ -222,4 +222,4 @@ def test_dictate_a_file_end_to_end(server: TandemServer) -> None:
                           "--speed", "2", "--language", "en"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert wer([wav.with_suffix(".txt").read_text()], [out.stdout]) <= MAX_WER, out.stdout
-    assert "7.1 s of audio" in out.stderr and "1 utterances" in out.stderr
+    assert "7.1 s of audio" in out.stderr and "; 1 utterance\n" in out.stderr
