@@ -182,6 +182,8 @@ class SpeechService:
         if len(self.sessions) >= self.max_sessions:
             self._expire(time.monotonic())
         if len(self.sessions) >= self.max_sessions:
+            self._reap_ended()
+        if len(self.sessions) >= self.max_sessions:
             raise SessionLimit(f"too many open audio sessions ({self.max_sessions}); finish or delete one, "
                                       "or retry later")
         session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool,
@@ -201,6 +203,15 @@ class SpeechService:
         """Cancel and forget a session; its queued windows never run. Raises SessionNotFound."""
         self.get_session(session_id).cancel()
         del self.sessions[session_id]
+
+    def _reap_ended(self) -> None:
+        # A full house makes room with the longest-idle ended session (finished and not deleted) before it refuses
+        # a new one: "finish or delete one" said so, yet a finished session counted until its TTL.
+        ended = [s for s in self.sessions.values() if s.expires and s.over]
+        if ended:
+            oldest = min(ended, key=lambda s: s.last_active)
+            self.sessions.pop(oldest.id, None)
+            self.expired += 1
 
     def _expire(self, now: float) -> None:
         stale = [s for s in self.sessions.values() if s.expires and now - s.last_active > self.session_ttl_sec]

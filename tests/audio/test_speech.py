@@ -172,6 +172,20 @@ async def test_sessions_are_refused_never_evicted_and_idle_ones_expire(tiny_whis
             tg.cancel_scope.cancel()
 
 
+async def test_a_full_house_makes_room_with_a_finished_session_not_a_running_one(tiny_whisper_dir: Path) -> None:
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir, session_ttl_sec=600, max_sessions=2)
+        async with anyio.create_task_group() as tg:
+            await tg.start(speech.run)
+            finished, running = speech.create_session(speech.options()), speech.create_session(speech.options())
+            await finished.finish()  # its transcript was read; the client never deleted it
+            new = speech.create_session(speech.options())  # was SessionLimit until the TTL passed
+            assert set(speech.sessions) == {running.id, new.id} and not running.closed
+            with pytest.raises(SessionLimit):  # running sessions are never evicted
+                speech.create_session(speech.options())
+            tg.cancel_scope.cancel()
+
+
 async def test_buffered_audio_is_capped_across_sessions(tiny_whisper_dir: Path) -> None:
     async with running_tasks() as tasks:
         speech = service(tasks, tiny_whisper_dir, max_buffered_sec=3.0)
