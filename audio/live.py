@@ -93,14 +93,9 @@ class LiveTranscription:
         self._live = LiveText(self._tr.tokenizer)
 
     def unbind(self) -> None:
-        """Let go of the model once the session's decoding is over (its take released): a session's objects hold
-        each other in cycles (its utterances call back into it), so only a full collection, rare in a serving
-        process, would free them and the model they reach: one model copy kept per ended session. The committed
-        text stays. Raises nothing."""
+        """Drop the model once decoding is over: the session's cycles kept it until a (rare) full collection."""
         self.cancel_probe()
-        self._tr = None
-        self._loaded = None
-        self._last_result = None
+        self._tr = self._loaded = self._last_result = None
 
     def add_speech(self, pcm: np.ndarray, source_start: int) -> None:
         """Speech from `source_start` (samples into the received audio). Raises ValueError going back in time."""

@@ -102,11 +102,6 @@ class LiveSession:
         return self._finishing or self.scope.cancel_called
 
     @property
-    def over(self) -> bool:
-        """Its pump is over (finished, failed or cancelled): it holds only its result. Raises nothing."""
-        return self._done.is_set()
-
-    @property
     def held_samples(self) -> int:
         """Samples this session holds in memory (not yet transcribed). Raises nothing."""
         return self._raw.held + self.live.held_samples

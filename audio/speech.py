@@ -205,9 +205,9 @@ class SpeechService:
         del self.sessions[session_id]
 
     def _reap_ended(self) -> None:
-        # A full house makes room with the longest-idle ended session (finished and not deleted) before it refuses
-        # a new one: "finish or delete one" said so, yet a finished session counted until its TTL.
-        ended = [s for s in self.sessions.values() if s.expires and s.over]
+        # A full house makes room with the longest-idle closed session (finished: it takes no audio; a finish in
+        # progress keeps its object) before it refuses a new one: "finish or delete one" said so.
+        ended = [s for s in self.sessions.values() if s.expires and s.closed]
         if ended:
             oldest = min(ended, key=lambda s: s.last_active)
             self.sessions.pop(oldest.id, None)
