@@ -30,7 +30,7 @@ from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import EngineClosed, QueueFull
 from engine.health import StepHealth
 from engine.iteration_times import IterationTimes, RecentRates
-from engine.lane import PrefillLane, lane_default
+from engine.lane import PrefillLane, lane_default, lane_tail_default
 from engine.memory import MemoryBudget, release_free_memory
 from engine.pacing import DECODE_BURST, STALL, PrefillPacer
 from engine.plan import ExecutionPlan, resolve_execution
@@ -113,6 +113,7 @@ class LLMBatchGroup:
             if use_lane and self.plan.packed else None
         if self.lane is not None:
             self.step.beside_lane(self.lane.turns)
+        self._lane_tail = lane_tail_default()
         self.health = StepHealth()
         self._last_step_end: float | None = None
         self._left: list[Row] = []  # finished rows whose last delta went out early: they leave as their step lands
@@ -134,7 +135,8 @@ class LLMBatchGroup:
         prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))
-        row, receive = Row.start(request, prompt, vocab_size=self.vocab_size, tokenizer=self.tokenizer)
+        row, receive = Row.start(request, prompt, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
+                                 decode_tail=self.lane is not None and self._lane_tail)
         self._queue.append(row)
         self._wake.fire()
         return LLMRowStream(row, receive, self._wake.fire)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, cast
 
 import mlx.core as mx
@@ -199,6 +200,7 @@ def _self_test(dtype: Any, d: int, g: int) -> bool:
     """The kernel against MLX's attention row by row on this device: rows in scattered slots, lengths from 1
     past a warp step's reach. Raises nothing (a compile or launch error disables the kernel)."""
     kv_heads, cap, lengths, slots = 2, 600, [1, 37, 300, 513], [3, 0, 5, 1]
+    t0 = time.perf_counter()
     try:
         kk, kv, kq = mx.random.split(mx.random.key(0), 3)  # own keys: the sampling's random state stays as it was
         k = mx.random.normal((6, kv_heads, cap, d), key=kk).astype(dtype)
@@ -213,8 +215,8 @@ def _self_test(dtype: Any, d: int, g: int) -> bool:
         err = max(cast(float, mx.abs(got.astype(mx.float32) - want.astype(mx.float32)).max().item())
                   for got in (attend(q, k, v, at, lens, scale), attend(mx.contiguous(q), k, v, at, lens, scale)))
         ok = err <= 2e-2
-        _log.info("decode attention kernel (%s, head_dim %d, %d heads a kv head): self-test max error %.2g, %s",
-                 dtype, d, g, err, "in use" if ok else "NOT used")
+        _log.info("decode attention kernel (%s, head_dim %d, %d heads a kv head): self-test max error %.2g, %s "
+                  "(%.1f s)", dtype, d, g, err, "in use" if ok else "NOT used", time.perf_counter() - t0)
         return ok
     except Exception as exc:  # NVRTC or launch failure: MLX's masked call serves instead
         _log.warning("decode attention kernel unavailable (%s): %s", type(exc).__name__, exc)

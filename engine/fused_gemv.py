@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any, cast
 
 import mlx.core as mx
@@ -286,6 +287,7 @@ def reference(x: mx.array, g: mx.array, eps: float, w_qkv: mx.array, w_gate_up: 
 def _self_test(dtype: Any, hidden: int, intermediate: int, rows: int) -> bool:
     """The kernels against MLX's ops on this device at this model's widths. Raises nothing (a compile or launch
     error disables them)."""
+    t0 = time.perf_counter()
     try:
         keys = mx.random.split(mx.random.key(1), 6)  # own keys: the sampling's random state stays as it was
         x = (mx.random.normal((rows, hidden), key=keys[0]) * 3).astype(dtype)
@@ -301,8 +303,9 @@ def _self_test(dtype: Any, hidden: int, intermediate: int, rows: int) -> bool:
         err = max(cast(float, (mx.abs(u.astype(mx.float32) - v.astype(mx.float32)).max()
                                / (mx.abs(v.astype(mx.float32)).max() + 1e-6)).item()) for u, v in zip(got, want))
         ok = err <= 2e-2
-        _log.info("fused matrix-vector kernels (%s, %d/%d wide, %d rows): self-test max relative error %.2g, %s",
-                  dtype, hidden, intermediate, rows, err, "in use" if ok else "NOT used")
+        _log.info("fused matrix-vector kernels (%s, %d/%d wide, %d rows): self-test max relative error %.2g, %s "
+                  "(%.1f s)", dtype, hidden, intermediate, rows, err, "in use" if ok else "NOT used",
+                  time.perf_counter() - t0)
         return ok
     except Exception as exc:  # NVRTC or launch failure: MLX's ops serve instead
         _log.warning("fused matrix-vector kernels unavailable (%s): %s", type(exc).__name__, exc)

@@ -10,6 +10,7 @@ Both threads build their graphs in Python under one GIL; `DecodeFirst` lets a de
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from engine.accelerator import gpu_default
 from engine.context import EngineThread, loop_caller
 from engine.rows import Row, prefill_shares
 
-__all__ = ["DecodeFirst", "PrefillLane", "lane_default"]
+__all__ = ["DecodeFirst", "PrefillLane", "lane_default", "lane_tail_default"]
 
 Landed = Callable[[list[Row], Any, "BaseException | None"], None]
 
@@ -29,6 +30,13 @@ Landed = Callable[[list[Row], Any, "BaseException | None"], None]
 def lane_default() -> bool:
     """Whether a group gets a lane when not told: TANDEM_PREFILL_LANE=on|off, else on a GPU. Raises nothing."""
     return gpu_default("TANDEM_PREFILL_LANE")
+
+
+def lane_tail_default() -> bool:
+    """Whether a lane leaves each prompt's last token to the row's first decode step (engine/rows.py `decode_tail`):
+    TANDEM_LANE_TAIL=on|off, default on. Sampled on the lane, a first token waited for the row to join the decode
+    steps before its second came (~2.4 steps: poisson8's ITL p99 was mostly those gaps). Raises nothing."""
+    return os.environ.get("TANDEM_LANE_TAIL", "on").lower() != "off"
 
 
 class DecodeFirst:

@@ -51,17 +51,22 @@ class Row:
     # Log probabilities not yet sent, each with where its token's text starts (engine/sampling.py StopMatcher).
     unsent_logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
+    # Its prompt's last token is fed by its first decode step, not the prefill lane (engine/lane.py): the lane's
+    # join wait then comes before its first token, and its second follows one decode step later.
+    decode_tail: bool = False
 
     @classmethod
-    def start(cls, request: GenerationRequest, prompt: list[int], *, vocab_size: int,
-              tokenizer: Any) -> tuple["Row", MemoryObjectReceiveStream[Delta]]:
+    def start(cls, request: GenerationRequest, prompt: list[int], *, vocab_size: int, tokenizer: Any,
+              decode_tail: bool = False) -> tuple["Row", MemoryObjectReceiveStream[Delta]]:
         """A queued row for a checked request (engine/request_checks.py) and the receiving end of its deltas,
-        unbounded so a slow consumer never blocks the loop. Raises nothing of its own."""
+        unbounded so a slow consumer never blocks the loop. `decode_tail`: see the field (prompts of 2+ tokens).
+        Raises nothing of its own."""
         send, receive = anyio.create_memory_object_stream[Delta](math.inf)
         row = cls(request=request, send=send, sampler=RowSampler(request.sampling, prompt, vocab_size),
                   stopper=StopMatcher(tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
                                       max_tokens=request.max_tokens, keep_leading_space=request.continuation),
-                  prompt=prompt, boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)))
+                  prompt=prompt, boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)),
+                  decode_tail=decode_tail and len(prompt) > 1)
         return row, receive
 
     @property
@@ -79,8 +84,27 @@ class Row:
         return self.state in (RowState.FINISHED, RowState.CANCELLED)
 
     @property
+    def prompt_end(self) -> int:
+        """Where its prefill stops: before the last token when a decode step feeds that (`decode_tail`)."""
+        return len(self.prompt) - 1 if self.decode_tail else len(self.prompt)
+
+    @property
     def preparing(self) -> bool:
-        return not self.ended and self.prefilled < len(self.prompt)
+        return not self.ended and self.prefilled < self.prompt_end
+
+    def hand_tail(self) -> None:
+        """Once the prefill reached `prompt_end`, the prompt's last token becomes the next decode input (a no-op
+        for other rows). Raises nothing."""
+        if self.decode_tail and self.last_token is None and not self.generated and self.prefilled == self.prompt_end:
+            self.last_token = self.prompt[-1]
+
+    def tail_fed(self) -> bool:
+        """At its first token: the decode step that sampled it fed the prompt's last token (now counted as
+        prefilled). Returns whether it did here. Raises nothing."""
+        if self.prefilled >= len(self.prompt):
+            return False
+        self.prefilled = len(self.prompt)
+        return True
 
     @property
     def decoding(self) -> bool:
@@ -117,7 +141,8 @@ class Row:
         self.send.close()
 
     def fed_tokens(self) -> list[int]:
-        """The tokens whose KV the cache holds (the last sampled token is never fed)."""
+        """The tokens whose KV the cache holds (the last sampled token is never fed; nor, before its first decode
+        step, a `decode_tail` row's last prompt token)."""
         return self.prompt[: self.prefilled] + self.generated[:-1]
 
 
@@ -135,7 +160,7 @@ def prefill_shares(rows: Iterable[Row], room: int) -> list[tuple[Row, int]]:
     preparing = [r for r in rows if r.preparing]
     if not preparing or room <= 0:
         return []
-    need = lambda r: len(r.prompt) - r.prefilled  # noqa: E731
+    need = lambda r: r.prompt_end - r.prefilled  # noqa: E731
     oldest, others = preparing[0], preparing[1:]
     quick = sorted((r for r in others if need(r) < need(oldest)), key=need)  # stable: equal needs by age
     first = min(need(oldest), max(1, room // 2) if quick else room)

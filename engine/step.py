@@ -108,6 +108,7 @@ class BatchStep:
             for row in rows:
                 if row.cache is None and row.slot is None:
                     self.kv.attach(row)
+                row.hand_tail()  # a prefix hit may have left only the last token
             plan = plan_iteration(rows, budget, False, True)
             if not plan:
                 return [], 0
@@ -124,6 +125,8 @@ class BatchStep:
         finally:
             phases.enter(None)
         n_prompt = self._fed_prompts(plan)
+        for row, _, _ in plan:
+            row.hand_tail()
         ids = cast(list[int], tokens.tolist()) if tokens is not None else []
         outputs = [(r, self.accept(r, t)) for r, t in zip(sampled, ids)]
         if self.prefix_cache is not None:
@@ -225,7 +228,8 @@ class BatchStep:
                                                    if not r.ended]
         # A row that joins here (back from the lane, or its prompt done in this step) has had one token so far: its
         # next is read now, not an iteration later (kept in flight, its second token came ~3.4 steps after its first).
-        joined = launch is not None and any(id(r) not in lazy for r in launch.rows)
+        # (A `decode_tail` row's first token is sampled here: it stays in flight like its batch mates' tokens.)
+        joined = launch is not None and any(id(r) not in lazy and r.generated for r in launch.rows)
         if launch is None or (not joined and self._keep(launch)):
             # This iteration's time is the gap the streams of the step just read saw.
             self.last_cost = self._cost(time.perf_counter() - t0, flight.prompt_tokens, flight.decode_rows)
@@ -338,6 +342,8 @@ class BatchStep:
             self.record.tick("accept", t)
 
     def _take_token(self, row: Row, token: int) -> Delta | None:
+        if row.tail_fed():
+            self._count((("prompt_tokens", 1),))
         row.sampler.accept(token)
         row.generated.append(token)
         row.last_token = token

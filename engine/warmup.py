@@ -75,9 +75,12 @@ async def warm_up(submit: Callable[[GenerationRequest], LLMRowStream], group: LL
     for label, rows in stages:
         if report is not None:
             report(f"warm-up: {label}")
+        t_stage = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for prompt, sampling, n in rows:
                 tg.start_soon(run, prompt, sampling, n)
+        if report is not None:  # where a start's time goes (a GPU host compiles kernels in most stages)
+            report(f"warm-up: {label}: {time.perf_counter() - t_stage:.1f} s")
     await group.settled()  # the last rows' final step lands first: its counts belong to the warm-up
     forget_measurements(group)
     return time.perf_counter() - t0

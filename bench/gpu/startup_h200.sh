@@ -3,6 +3,7 @@
 # — a fresh host's first start (MLX's kernel cache empty), then a second (cache warm) — each log line stamped with
 # seconds since start, and py-spy dumps of the serving worker every DUMP_S seconds until /health says ready.
 # py-spy is carried as a binary (.gpu/spy/py-spy: `cp .venv/bin/py-spy .gpu/spy/` after `uv pip install py-spy`).
+# NATIVE=1 adds C/C++ frames to the dumps (NVRTC compiles, module loads).
 #   carry [".gpu/c", ".gpu/tok", ".gpu/spy"]: OUT=$OUT bash bench/gpu/startup_h200.sh   → $OUT/start{1,2}.log, dumps{1,2}.txt
 set -uo pipefail
 OUT=${OUT:-/tmp/start-out}
@@ -21,7 +22,7 @@ for n in ${STARTS:-1 2}; do
     sleep "${DUMP_S:-4}"
     curl -sf "localhost:$port/health" >/dev/null && break
     pid=$(grep -o "worker-1 with PID: [0-9]*" "$OUT/start$n.log" | grep -o "[0-9]*$" | tail -1)
-    [ -n "$pid" ] && { echo "=== +$((SECONDS - t0)) s"; timeout 10 "$SPY" dump --pid "$pid" 2>&1 | head -60; } >> "$OUT/dumps$n.txt"
+    [ -n "$pid" ] && { echo "=== +$((SECONDS - t0)) s"; timeout 10 "$SPY" dump ${NATIVE:+--native} --pid "$pid" 2>&1 | head -${DUMP_LINES:-60}; } >> "$OUT/dumps$n.txt"
   done
   echo "start $n: ready after $((SECONDS - t0)) s"
   pkill -f "port $port"; wait

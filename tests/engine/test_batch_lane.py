@@ -238,9 +238,63 @@ async def test_a_prefix_cache_hit_and_segment_puts_go_through_the_lane(tiny_load
     assert tokens_of(d2) == tokens_of((await run_rows(cold, [GenerationRequest(second, GREEDY, max_tokens=8)], [0]))[0])
 
 
-async def test_a_row_back_from_the_lane_has_its_second_token_from_the_step_it_joins(tiny_loaded) -> None:
-    # Steps stay in flight across iterations (as on a GPU), but the one a row joins is read at once: kept in flight,
-    # the row's second token came an iteration later (the H200: ~3.4 steps after its first under Poisson arrivals).
+async def test_a_row_back_from_the_lane_feeds_its_last_prompt_token_to_the_decode_steps(tiny_loaded) -> None:
+    # The lane stops before the prompt's last token; the row's first decode step feeds it and samples the first
+    # token, kept in flight like its batch mates' (no read that stalls the pipeline), and the second token comes the
+    # very next iteration. Sampled on the lane, the first token waited ~2.4 steps for the second (poisson8's tail).
+    group, gate, first = await decoding_beside_gate(tiny_loaded, 60)
+    group.step.keep_mixed = True
+    prompt = prompt_of(9, 3)
+    try:
+        await iterate(group)  # the first row's next step in flight
+        gate.open.clear()
+        second = group.submit(GenerationRequest(prompt, GREEDY, max_tokens=8))
+        await iterate(group)  # admitted: its prompt goes to the lane, which waits at the gate
+        gate.open.set()
+        await group.lane.wait()
+        row = second._row
+        assert (row.generated, row.last_token, row.prefilled) == ([], prompt[-1], len(prompt) - 1)
+        assert row.decoding and not row.preparing and not row.in_lane and group.step.pipeline.inflight is not None
+        await iterate(group)  # the step it joins stays in flight: its first token is not read yet
+        flight = group.step.pipeline.inflight
+        assert flight is not None and row in flight.rows and row.generated == [] and len(first._row.generated) > 1
+        await iterate(group)
+        assert len(row.generated) == 1 and row.prefilled == len(prompt)
+        await iterate(group)
+        assert len(row.generated) == 2
+        await iterate_until(group, lambda: first._row.finished and row.finished)
+        got = {s: tokens_of(drain(s)) for s in (first, second)}
+        assert_matches_reference(tiny_loaded, prompt_of(6, 1), got[first], 60)
+        assert_matches_reference(tiny_loaded, prompt, got[second], 8)
+        assert group.counters["prompt_tokens"] == 6 + len(prompt)  # the last token counted when its step landed
+    finally:
+        group.close()
+
+
+async def test_a_prefix_hit_that_leaves_only_the_last_token_goes_straight_to_the_decode_steps(tiny_loaded) -> None:
+    # A turn whose prompt is the previous one's whole text: the hit covers all but the last token, which the row's
+    # first decode step feeds (the lane has nothing to compute); the answer equals a cold run's.
+    from engine.prefix_cache import PrefixCache
+
+    group = make_group(tiny_loaded, prefill_lane=True, prefix_cache=PrefixCache(1 << 26))
+    try:
+        first = prompt_of(12, 2)
+        d1 = (await run_rows(group, [GenerationRequest(first, GREEDY, max_tokens=6, namespace="m")], [0]))[0]
+        again = first + tokens_of(d1)
+        chunks = group.counters["lane_chunks"]
+        d2 = (await run_rows(group, [GenerationRequest(again, GREEDY, max_tokens=8, namespace="m")], [0]))[0]
+        assert d2[-1].cached_tokens == len(again) - 1 and d2[-1].prompt_tokens == len(again)
+        assert group.counters["lane_chunks"] == chunks  # no prompt chunk was computed for it
+    finally:
+        group.close()
+    cold = make_group(tiny_loaded)
+    assert tokens_of(d2) == tokens_of((await run_rows(cold, [GenerationRequest(again, GREEDY, max_tokens=8)], [0]))[0])
+
+
+async def test_a_row_back_from_the_lane_has_its_second_token_from_the_step_it_joins(tiny_loaded, monkeypatch) -> None:
+    # TANDEM_LANE_TAIL=off: the lane samples the first token. Steps stay in flight across iterations (as on a GPU),
+    # but the one a row joins is read at once: kept in flight, its second token came an iteration later.
+    monkeypatch.setenv("TANDEM_LANE_TAIL", "off")
     group, gate, first = await decoding_beside_gate(tiny_loaded, 60)
     group.step.keep_mixed = True
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sys
 import threading
 from typing import Any
@@ -296,7 +297,10 @@ async def test_warm_up_runs_every_path_and_leaves_no_trace_in_the_counters(tiny_
         tg.start_soon(engine.serve)
         seconds = await engine.warm_up(seen.append, force=True)
         engine.close()
-    assert seconds > 0 and len(seen) == 6
+    # Each of the six stages says when it starts and what it took (a GPU start's time is mostly these stages).
+    starts, took = seen[0::2], seen[1::2]
+    assert seconds > 0 and len(starts) == len(took) == 6
+    assert all(re.fullmatch(re.escape(a) + r": \d+\.\d s", b) for a, b in zip(starts, took))
     assert {"mixed", "prefill", "decode"} <= paths
     assert logprob_paths == {"shared", "alone"}
     assert engine.group.counters["iterations"] == 0 and engine.group.counters["finished_rows"] == 0
