@@ -59,11 +59,15 @@ __device__ inline float fg_warp_sum(float v) {
 _BODY = r"""
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
+    // K and N from w's shape, not template arguments: every width of a model shares one compile (NVRTC, ~2.3 s a
+    // kernel in every process on the H100: MLX keeps custom kernels out of its disk cache).
+    const int K = w_shape[1];
+    const int N = SWIGLU ? w_shape[0] / 2 : w_shape[0];
     constexpr int GROUPS = NW / SPLIT;
     const int n0 = (blockIdx.x * GROUPS + warp / SPLIT) * NR;
     const int part = warp % SPLIT;
     constexpr int ROWS = SWIGLU ? 2 : 1;
-    constexpr int ITERS = K / 256 / SPLIT;
+    const int ITERS = K / 256 / SPLIT;
     float acc[ROWS][NR][R], ss[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -241,8 +245,8 @@ def _launch(name: str, inputs: list[mx.array], rows: int, k: int, n: int, swiglu
     sp, r = layout(k, n, split, nr)
     blocks = -(-(-(-n // r)) // (WARPS // sp))
     return _kernel(name)(inputs=inputs,
-                         template=[("T", dtype), ("R", rows), ("K", k), ("N", n), ("NW", WARPS), ("SPLIT", sp),
-                                   ("NR", r), ("SWIGLU", swiglu)],
+                         template=[("T", dtype), ("R", rows), ("NW", WARPS), ("SPLIT", sp), ("NR", r),
+                                   ("SWIGLU", swiglu)],
                          grid=(blocks * WARPS * 32, 1, 1), threadgroup=(WARPS * 32, 1, 1),
                          output_shapes=[out_shape], output_dtypes=[dtype])[0]
 
@@ -293,7 +297,8 @@ def _self_test(dtype: Any, hidden: int, intermediate: int, rows: int) -> bool:
         x = (mx.random.normal((rows, hidden), key=keys[0]) * 3).astype(dtype)
         g = (1 + 0.1 * mx.random.normal((hidden,), key=keys[1])).astype(dtype)
         s = hidden ** -0.5
-        w_qkv = (mx.random.normal((3 * 64 + 8, hidden), key=keys[2]) * s).astype(dtype)
+        # Output rows as a model's q/k/v stack has them (4 a warp: the serving compile), the last warp's part-filled.
+        w_qkv = (mx.random.normal((3 * 1024 + 6, hidden), key=keys[2]) * s).astype(dtype)
         w_gu = (mx.random.normal((2 * intermediate, hidden), key=keys[3]) * s).astype(dtype)
         w_down = (mx.random.normal((hidden, intermediate), key=keys[4]) * intermediate ** -0.5).astype(dtype)
         h = mx.random.normal((rows, hidden), key=keys[5]).astype(dtype)
