@@ -8,7 +8,7 @@
 # READY_S (default 180): how long a server may take to be ready; a fresh host's first server compiles its warm-up
 # kernels (twenty-second session: not ready within 90 s when the carried kernel cache predated a change).
 # VARIANTS="name|server flags|scenarios|VAR=value ...;..." adds runs of this tree with other flags or environment
-# ($OUT/name.json). MODEL (default $HOME/shape/rope, built here when missing): another model directory.
+# ($OUT/name.json). Each server's log is kept as $OUT/<name>.log (new, old, variants). MODEL (default $HOME/shape/rope, built here when missing): another model directory.
 set -uo pipefail
 OUT=${OUT:-/tmp/ab-out}
 mkdir -p "$OUT"
@@ -27,6 +27,7 @@ run_new() {
   step "new"
   timeout $((${NEW_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \
     --server-budget "${NEW_S:-150}" --out "$OUT/new.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+  cp "$OUT/tandem.log" "$OUT/new.log" 2>/dev/null
 }
 # OLD_FIRST=1: the old tree's server runs first. A fresh host's first server compiles MLX's kernels (cached on
 # disk for the next ones): the first server measured pays stalls the later ones do not.
@@ -37,6 +38,7 @@ for v in "${VARS[@]}"; do
   step "variant $name: $flags $vars"
   env $vars timeout $((${VAR_S:-100} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --scenarios "${scen:-$SCEN}" \
     --ours-args "$ARGS $flags" --server-budget "${VAR_S:-100}" --out "$OUT/$name.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+  cp "$OUT/tandem.log" "$OUT/$name.log" 2>/dev/null
 done
 if [ -n "${OLD_TREE:-}" ] && [ -d "$OLD_TREE" ]; then
   step "old ($OLD_TREE)"
@@ -44,6 +46,7 @@ if [ -n "${OLD_TREE:-}" ] && [ -d "$OLD_TREE" ]; then
   timeout $((${OLD_S:-150} + 20)) python3 -m bench.serve --only ours "${COMMON[@]}" --ours-args "$ARGS" \
     --ours-cmd "sh -c 'cd $OLD && PYTHONPATH=\$HOME/mlx-site:$OLD exec {python} -m service.cli serve {model} --host 127.0.0.1 --port {port} {args}'" \
     --server-budget "${OLD_S:-150}" --out "$OUT/old.json" 2>&1 | grep -E "tandem (c|p|:)" | grep -v starting
+  cp "$OUT/tandem.log" "$OUT/old.log" 2>/dev/null
 fi
 [ -z "${OLD_FIRST:-}" ] || run_new
 if [ -z "${SKIP_PEER:-}" ]; then
