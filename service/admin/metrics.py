@@ -167,9 +167,12 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
     if isinstance(budget, dict):
         parts = GaugeMetricFamily("tandem_memory_budget_bytes", "The memory budget, by part", labels=["part"])
         for key, value in budget.items():
-            if _number(value):
+            if _number(value) and key != "kv_token_bytes":  # a rate, not a part: summing parts must give bytes
                 parts.add_metric([key], float(value))
         yield parts
+        per_token = budget.get("kv_token_bytes")
+        if _number(per_token):
+            yield _gauge("tandem_kv_bytes_per_token", "KV cache bytes one token takes (all layers)", float(per_token))
 
 
 def _number(value: Any) -> bool:
