@@ -170,7 +170,7 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
             if _number(value) and key != "kv_token_bytes":  # a rate, not a part: summing parts must give bytes
                 parts.add_metric([key], float(value))
         yield parts
-        per_token = budget.get("kv_token_bytes")
+        per_token = budget.get("kv_token_bytes", 0)
         if _number(per_token):
             yield _gauge("tandem_kv_bytes_per_token", "KV cache bytes one token takes (all layers)", float(per_token))
 
