@@ -12,7 +12,7 @@ from urllib.parse import quote
 from typing import Any, Callable, Protocol
 
 from litestar.connection import ASGIConnection
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 __all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "arrival_time", "ACCESS_LOGGER"]
 
@@ -68,18 +68,31 @@ class AccessLog:
         start = time.perf_counter()
         scope.setdefault("state", {})[_ARRIVAL_KEY] = time.monotonic()
         status: list[int] = []
+        ended: list[bool] = []  # the response's last body message went out
+        left: list[bool] = []  # the server saw the client disconnect
 
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status.append(int(message["status"]))
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended.append(True)
             await send(message)
 
+        async def listen() -> ReceiveMessage:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                left.append(True)
+            return message
+
         try:
-            await self.app(scope, receive, watch)
+            await self.app(scope, listen, watch)
         finally:
             seconds = time.perf_counter() - start
             code = status[0] if status else None
-            _log.info("%s", _line(scope, code, seconds))
+            line = _line(scope, code, seconds)
+            if status and not ended:  # a 200 whose stream was cut short must not read as a whole answer
+                line += " incomplete: the client left" if left else " incomplete"
+            _log.info("%s", line)
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
                 route = scope.get("path_template") or ("unrouted" if code == 404 else "guard")

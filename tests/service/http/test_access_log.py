@@ -77,3 +77,35 @@ def test_a_websocket_is_logged_when_it_ends(client: Any, capsys: pytest.CaptureF
     assert len(lines) == 2, lines
     assert re.fullmatch(r"tandem: WS /v1/realtime\?intent=transcription 101 \d+\.\d ms closed 10\d\d", lines[0])
     assert re.fullmatch(r"tandem: WS /v1/audio/live 403 \d+\.\d ms refused", lines[1]), lines[1]
+
+
+@pytest.mark.anyio
+async def test_a_stream_the_client_left_is_logged_as_incomplete(capsys: pytest.CaptureFixture[str]) -> None:
+    # The status line went out as 200; the client then left mid-stream. The line says so, where it read like a whole
+    # answer before.
+    from service.http.access_log import AccessLog
+
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": True})
+        if (await receive())["type"] == "http.disconnect":
+            return  # as a streaming response stops once the client is gone
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def whole(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    async def gone() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def sink(message: Any) -> None:
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b""}
+    capsys.readouterr()
+    await AccessLog(streaming)(dict(scope), gone, sink)
+    await AccessLog(whole)(dict(scope), gone, sink)
+    left, answered = _lines(capsys.readouterr().err)
+    assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms incomplete: the client left", left), left
+    assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms", answered), answered
