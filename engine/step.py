@@ -110,12 +110,12 @@ class BatchStep:
                     self.kv.attach(row)
                 row.hand_tail()  # a prefix hit may have left only the last token
             plan = plan_iteration(rows, budget, False, True)
-            if not plan:
-                return [], 0
-            logits = self.runner.forward([Segment(tokens, r.cache, want) for r, tokens, want in plan])
+            logits = self.runner.forward([Segment(tokens, r.cache, want) for r, tokens, want in plan]) if plan else None
             sampled = [r for r, _, want in plan if want]
             tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
-            touched = [a for r, _, _ in plan for c in r.cache or () for a in (c.keys, c.values)]
+            # Every row's cache, with a chunk or not: a prefix hit's cut was built here, and a row whose hit left only
+            # its last token has no chunk (the decode thread cannot evaluate this thread's arrays).
+            touched = [a for r in rows for c in r.cache or () for a in (c.keys, c.values) if a is not None]
             keys = [a for r in sampled for a in r.sampler.arrays()]
             wanted = ([tokens] if tokens is not None else []) + touched + keys
             phases.enter("lane_launch")
@@ -131,7 +131,7 @@ class BatchStep:
         outputs = [(r, self.accept(r, t)) for r, t in zip(sampled, ids)]
         if self.prefix_cache is not None:
             self.prefix_cache.settle()  # the boundary puts' copies, just behind the chunk: the decode thread may take them
-        self._count((("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("lane_chunks", 1)))
+        self._count((("prompt_tokens", n_prompt), ("generation_tokens", len(ids)), ("lane_chunks", int(bool(plan)))))
         return [(r, d) for r, d in outputs if d is not None], n_prompt
 
     def _count(self, adds: tuple[tuple[str, float], ...]) -> None:

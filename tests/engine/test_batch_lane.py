@@ -291,6 +291,23 @@ async def test_a_prefix_hit_that_leaves_only_the_last_token_goes_straight_to_the
     assert tokens_of(d2) == tokens_of((await run_rows(cold, [GenerationRequest(again, GREEDY, max_tokens=8)], [0]))[0])
 
 
+async def test_the_same_prompt_again_decodes_from_a_cut_prefix_hit(tiny_loaded) -> None:
+    # The second ask of a prompt hits the first turn's entry (its prompt and answer) at all but the prompt's last token:
+    # the lane cuts the entry's KV to the hit and computes nothing, and the cut, built on the lane's thread, must be
+    # evaluated there (the decode thread failed every such request: "There is no Stream(cpu, 2) in current thread").
+    from engine.prefix_cache import PrefixCache
+
+    group = make_group(tiny_loaded, prefill_lane=True, prefix_cache=PrefixCache(1 << 26))
+    prompt = prompt_of(12, 5)
+    try:
+        first = (await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=6, namespace="m")], [0]))[0]
+        again = (await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=6, namespace="m")], [0]))[0]
+        assert again[-1].error is None and again[-1].cached_tokens == len(prompt) - 1
+        assert tokens_of(again) == tokens_of(first)
+    finally:
+        group.close()
+
+
 async def test_a_row_back_from_the_lane_has_its_second_token_from_the_step_it_joins(tiny_loaded, monkeypatch) -> None:
     # TANDEM_LANE_TAIL=off: the lane samples the first token. Steps stay in flight across iterations (as on a GPU),
     # but the one a row joins is read at once: kept in flight, its second token came an iteration later.
