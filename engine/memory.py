@@ -73,23 +73,56 @@ def weight_bytes(model: Any) -> int:
 
 
 def kv_token_bytes(model: Any) -> int:
-    """KV bytes one token takes across all layers (keys + values), from the model's attention layers.
-    Raises ValueError when the model has no recognisable attention layers."""
+    """KV bytes one token takes across all layers (keys + values): from the first layer's `k_proj` where the model
+    has one, else from its config (fused q/k/v projections as Phi-3's, DeepSeek's latent attention, attention under
+    another name, hybrid stacks: counted as if every layer attended, which only over-reserves). Raises ValueError
+    when neither says."""
     inner = getattr(model, "model", model)
     layers = list(getattr(inner, "layers", None) or getattr(model, "layers", []))
     attn = getattr(layers[0], "self_attn", None) if layers else None
-    if attn is None:
-        raise ValueError("no attention layers to size the KV cache from")
-    n_kv = int(getattr(attn, "n_kv_heads", 0) or getattr(attn, "num_key_value_heads", 0))
-    proj = attn.k_proj
-    # Quantized projections keep their activations' dtype in `scales`; plain ones in `weight`.
-    dtype = getattr(proj, "scales", None)
-    dtype = (dtype if dtype is not None else proj.weight).dtype
-    out_features = int(getattr(proj, "scales", proj.weight).shape[0])
-    head_dim = out_features // n_kv if n_kv else 0
-    if not n_kv or not head_dim:
-        raise ValueError("attention layers without kv heads")
-    return 2 * len(layers) * n_kv * head_dim * dtype.size
+    proj = getattr(attn, "k_proj", None)
+    n_kv = int(getattr(attn, "n_kv_heads", 0) or getattr(attn, "num_key_value_heads", 0)) if attn is not None else 0
+    if proj is not None and n_kv:
+        # Quantized projections keep their activations' dtype in `scales`; plain ones in `weight`.
+        dtype = getattr(proj, "scales", None)
+        dtype = (dtype if dtype is not None else proj.weight).dtype
+        out_features = int(getattr(proj, "scales", proj.weight).shape[0])
+        if head_dim := out_features // n_kv:
+            return 2 * len(layers) * n_kv * head_dim * dtype.size
+    per_layer = _kv_width(getattr(model, "args", None))
+    if not per_layer:
+        raise ValueError("neither attention layers nor a config to size the KV cache from")
+    return per_layer * (len(layers) or int(getattr(model.args, "num_hidden_layers", 0))) * _float_size(model)
+
+
+def _kv_width(args: Any) -> int:
+    """Keys' plus values' elements a token takes in one layer, from a model config (0 when it does not say)."""
+    def get(*names: str) -> int:
+        for name in names:
+            value = getattr(args, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return 0
+
+    heads = get("num_attention_heads", "n_heads", "num_heads", "n_head")
+    if (nope := get("qk_nope_head_dim")) and (v := get("v_head_dim")):  # latent attention: mlx-lm caches every head
+        return heads * (nope + get("qk_rope_head_dim") + v)
+    kv = get("num_key_value_heads", "n_kv_heads", "num_kv_heads") or heads
+    head_dim = get("head_dim") or (get("hidden_size", "d_model", "n_embd") // heads if heads else 0)
+    return 2 * kv * head_dim
+
+
+def _float_size(model: Any) -> int:
+    """Bytes of the model's activations' float type: its most common floating parameter dtype (2 when none)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    counts: dict[Any, int] = {}
+    leaves: list[Any] = [pair[1] for pair in tree_flatten(model.parameters())]
+    for leaf in leaves:
+        if isinstance(leaf, mx.array) and mx.issubdtype(leaf.dtype, mx.floating):
+            counts[leaf.dtype] = counts.get(leaf.dtype, 0) + leaf.size
+    return max(counts, key=lambda d: counts[d]).size if counts else 2
 
 
 @dataclass(frozen=True)

@@ -249,9 +249,11 @@ def to_float32(model: nn.Module) -> None:
         if not isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             return layer
         biases = layer.get("biases")
+        # Affine scales are floats; the microscaling modes' (mxfp4, mxfp8, nvfp4) are uint8 exponents, kept as they are.
+        scales = layer.scales.astype(mx.float32) if mx.issubdtype(layer.scales.dtype, mx.floating) else layer.scales
         weight = mx.dequantize(
             layer.weight,
-            layer.scales.astype(mx.float32),
+            scales,
             None if biases is None else biases.astype(mx.float32),
             group_size=layer.group_size,
             bits=layer.bits,

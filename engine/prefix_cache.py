@@ -223,8 +223,9 @@ class PrefixCache:
 
         If the KV covers more positions than `tokens` (a chunk ran past a segment boundary), the
         snapshot is cut to len(tokens); if it covers fewer (the last sampled token was never fed),
-        it is stored under the tokens it covers. An entry larger than the whole budget is skipped.
-        Raises ValueError when kv covers more tokens but cannot be trimmed.
+        it is stored under the tokens it covers. An entry larger than the whole budget is skipped, and so is KV
+        that covers more tokens but cannot be cut (a hybrid model's recurrent state past them). Raises nothing of
+        its own.
         """
         with self._lock:
             if self.max_bytes == 0 or not kv:
@@ -238,7 +239,7 @@ class PrefixCache:
                 return
             trimmable = all(layer.is_trimmable() for layer in kv)
             if covered > len(tokens) and not trimmable:
-                raise ValueError("KV covers more tokens than given and cannot be trimmed")
+                return  # a state past the tokens would answer for them wrongly (a row that left mid-step)
             node = self._node_for(namespace, tokens)
             existing = node.entry
             if existing is not None:

@@ -23,6 +23,7 @@ from engine.burst import StepResult
 from engine.contracts import Delta, FinishReason
 from engine.gil import QuickReturn, gil_return_seconds
 from engine.iteration_times import StepCost
+from engine.kv_snapshot import arrays_of
 from engine.pipeline import DecodePipeline, InFlight
 from engine.plan import ExecutionPlan
 from engine.prefix_cache import PrefixCache
@@ -115,7 +116,7 @@ class BatchStep:
             tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
             # Every row's cache, with a chunk or not: a prefix hit's cut was built here, and a row whose hit left only
             # its last token has no chunk (the decode thread cannot evaluate this thread's arrays).
-            touched = [a for r in rows for c in r.cache or () for a in (c.keys, c.values) if a is not None]
+            touched = [a for r in rows for c in r.cache or () for a in arrays_of(c)]
             keys = [a for r in sampled for a in r.sampler.arrays()]
             wanted = ([tokens] if tokens is not None else []) + touched + keys
             phases.enter("lane_launch")
@@ -268,8 +269,9 @@ class BatchStep:
         sampled = [r for r, _, want in plan if want]
         tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
         t = self.record.tick("sample", t)
-        # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming.
-        touched = [a for s in segments if not s.logits for c in s.cache or () for a in (c.keys, c.values)]
+        # Sampled rows' KV updates are ancestors of their tokens; only chunks without logits need naming (every
+        # array of their caches: a hybrid model's recurrent layers keep state, not keys and values).
+        touched = [a for s in segments if not s.logits for c in s.cache or () for a in arrays_of(c)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
         # Rows that asked for log probabilities: computed in the same launch as their tokens.
         extra = newest_logprobs(sampled)

@@ -501,6 +501,23 @@ async def test_an_architecture_without_a_packed_runner_runs_separate_passes(tmp_
         assert_matches_reference(gemma, p, tokens_of(d), 10)
 
 
+async def test_a_hybrid_model_whose_layers_keep_state_prefills_in_chunks(tmp_path) -> None:
+    # LFM2-style: a convolution layer (recurrent state, no keys or values) before an attention layer. A prompt longer
+    # than the iteration's budget runs chunks without logits, whose caches a step names to evaluate: it read
+    # `.keys` off every layer's cache and failed each such request (500, "'ArraysCache' object has no attribute").
+    from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+    lfm2 = load_tiny_llm(build_tiny_llm(tmp_path, model_type="lfm2", extra_config={
+        "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": 64, "block_ff_dim": 128,
+        "block_multiple_of": 32, "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True,
+        "full_attn_idxs": [1], "layer_types": ["conv", "full_attention"]}))
+    group = make_group(lfm2, max_iteration_tokens=8, minimum_preparation_tokens=4)
+    prompt = prompt_of(30, 2)
+    deltas = await run_rows(group, [GenerationRequest(prompt, GREEDY, max_tokens=8)], [0])
+    assert deltas[0][-1].error is None
+    assert_matches_reference(lfm2, prompt, tokens_of(deltas[0]), 8)
+
+
 async def test_a_task_enqueued_while_the_group_goes_idle_wakes_it(tiny_loaded) -> None:
     group = make_group(tiny_loaded)
     woke = anyio.Event()

@@ -4,6 +4,7 @@ that never fits refused, a defaulted max_tokens lowered to fit, and slot buffers
 from __future__ import annotations
 
 import anyio
+import mlx.core as mx
 import pytest
 
 from engine.contracts import GenerationRequest, SamplingParams
@@ -26,6 +27,38 @@ def test_kv_token_bytes_follow_the_attention_shape(tiny_loaded) -> None:
     args = tiny_loaded.model.args
     head_dim = args.hidden_size // args.num_attention_heads
     assert kv_token_bytes(tiny_loaded.model) == 2 * args.num_hidden_layers * args.num_key_value_heads * head_dim * 4
+
+
+def test_kv_token_bytes_of_attention_without_a_k_proj_come_from_the_config(tmp_path) -> None:
+    # Phi-3 fuses q, k and v into one qkv_proj: sizing the KV from `k_proj` failed the whole start-up
+    # ("could not load model: AttributeError"), though mlx-lm serves the model.
+    from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+    phi3 = load_tiny_llm(build_tiny_llm(tmp_path, model_type="phi3", num_heads=4, num_kv_heads=2))
+    assert not hasattr(phi3.model.model.layers[0].self_attn, "k_proj")
+    assert kv_token_bytes(phi3.model) == 2 * 2 * 2 * 16 * 4  # keys and values, 2 layers, 2 kv heads of 16, float32
+
+
+def test_kv_token_bytes_of_latent_or_renamed_attention_come_from_the_config() -> None:
+    # DeepSeek's latent attention (mlx-lm caches every head's keys and values), and attention under another name
+    # (GPT-NeoX's `attention`), sized from the config; bf16 parameters: 2 bytes.
+    from types import SimpleNamespace
+
+    import mlx.nn as nn
+
+    class Stub(nn.Module):
+        def __init__(self, args: SimpleNamespace) -> None:
+            super().__init__()
+            self.args = args
+            self.layers = [nn.Linear(4, 4) for _ in range(3)]
+            self.set_dtype(mx.bfloat16)
+
+    mla = Stub(SimpleNamespace(num_attention_heads=4, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16))
+    assert kv_token_bytes(mla) == 3 * 4 * (16 + 8 + 16) * 2
+    neox = Stub(SimpleNamespace(num_attention_heads=4, hidden_size=64))
+    assert kv_token_bytes(neox) == 3 * 2 * 4 * 16 * 2
+    with pytest.raises(ValueError, match="size the KV"):
+        kv_token_bytes(Stub(SimpleNamespace()))
 
 
 def test_the_budget_counts_weights_and_refuses_one_without_room_for_kv(tiny_loaded) -> None:

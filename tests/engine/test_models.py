@@ -134,15 +134,19 @@ def test_bf16_weights_become_float32_on_cpu(tiny_llm_dir, tmp_path) -> None:
         assert mx.array_equal(cast[name], value.astype(mx.float32)), name
 
 
-def test_quantized_hf_dir_is_dequantized_on_cpu(tiny_llm_dir, tmp_path) -> None:
+# mlx-lm's affine modes and a microscaling one (mxfp4, as mlx-community's gpt-oss checkpoints carry: its scales are
+# uint8 exponents, which the dequantization refused as float32 — "could not load model").
+@pytest.mark.parametrize("mode,bits", [("affine", 8), ("mxfp4", 4)])
+def test_quantized_hf_dir_is_dequantized_on_cpu(tiny_llm_dir, tmp_path, mode: str, bits: int) -> None:
     from mlx_lm.utils import load, save_config
 
-    quantized_dir = tmp_path / "q8"
+    quantized_dir = tmp_path / mode
     shutil.copytree(tiny_llm_dir, quantized_dir)
     model, _, config = load(str(tiny_llm_dir), return_config=True)
-    nn.quantize(model, group_size=32, bits=8)
+    nn.quantize(model, group_size=32, bits=bits, mode=mode)
     mx.save_safetensors(str(quantized_dir / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    save_config({**config, "quantization": {"group_size": 32, "bits": 8}}, quantized_dir / "config.json")
+    quantization = {"group_size": 32, "bits": bits} | ({"mode": mode} if mode != "affine" else {})
+    save_config({**config, "quantization": quantization}, quantized_dir / "config.json")
 
     dense = load_model(str(quantized_dir), float32=True)
     kept = load_model(str(quantized_dir), float32=False)

@@ -237,6 +237,17 @@ def test_untrimmable_cache_is_used_only_as_an_exact_prefix():
     assert kv[0] is not state and mx.array_equal(kv[0][0], state[0])
 
 
+def test_a_hybrid_state_past_the_tokens_is_not_stored_and_raises_nothing():
+    # A row that left mid-step wrote a position past what it fed; an attention layer can be cut back to it, a
+    # recurrent state cannot: no entry (it would answer for those tokens wrongly), and no error either (it was
+    # logged as a failed put with a traceback each time).
+    cache = PrefixCache(1 << 20)
+    state = ArraysCache(1)
+    state[0] = mx.ones((1, 3))
+    cache.put("hybrid", [1, 2, 3], [kv_for([1, 2, 3, 4])[0], state])
+    assert cache.take("hybrid", [1, 2, 3, 4, 5]) == (0, None) and cache.stats()["entries"] == 0
+
+
 def test_stats_count_hits_and_tokens():
     cache = PrefixCache(1 << 20)
     cache.put("m", [1, 2, 3], kv_for([1, 2, 3]))
