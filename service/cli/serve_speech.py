@@ -91,13 +91,16 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
         raise CLIError("--whisper-resident keeps Whisper loaded: --whisper-idle-unload cannot apply")
     only = False
     spec = whisper_spec(args.whisper_model)
-    if args.model is not None and spec is None:
+    # "demo" names both demos; as the model to serve it is the chat one (it served Whisper alone: chat 404).
+    if args.model is not None and spec is None and args.model != "demo":
         try:
             resolve_whisper_checkpoint(args.model)
             spec, only = args.model, True
         except WhisperCheckpointError:
             pass  # a chat model
-    if args.no_whisper and not only:
+    if args.no_whisper and only:
+        raise CLIError(f"--no-whisper: {args.model} is a Whisper model, and with speech off nothing would be served")
+    if args.no_whisper:
         return ServeSpeech(False, "speech off (--no-whisper)")
     try:
         path = resolve_whisper_checkpoint(spec)

@@ -72,6 +72,17 @@ def test_serve_positional_whisper_model_is_transcription_only(whisper_dir: Path)
     assert speech.transcription_only and speech.resident and speech.model == str(whisper_dir)
 
 
+def test_serve_demo_is_the_chat_demo_and_a_whisper_model_with_no_whisper_is_refused(whisper_dir: Path) -> None:
+    # "demo" names both demos; `serve demo --no-whisper` served Whisper alone (chat 404, --no-whisper dropped).
+    from service.cli.errors import CLIError
+
+    config = ServiceConfig(model="demo")
+    assert not configure_serve_speech(_serve_args("demo", "--no-whisper"), config).transcription_only
+    assert config.model == "demo" and speech_config(config) is None
+    with pytest.raises(CLIError, match="is a Whisper model, and with speech off nothing would be served"):
+        configure_serve_speech(_serve_args(str(whisper_dir), "--no-whisper"), ServiceConfig(model=str(whisper_dir)))
+
+
 def test_serve_whisper_model_beside_a_chat_model(whisper_dir: Path, tmp_path: Path) -> None:
     config = ServiceConfig(model="some-chat-model")
     args = _serve_args("some-chat-model", "--whisper-model", str(whisper_dir), "--whisper-idle-unload", "30")
