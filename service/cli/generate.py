@@ -62,12 +62,23 @@ def _generate(args: argparse.Namespace) -> int:
     from engine.runtime import Engine, generate_stream
     from service.chat.prompt import render_prompt
 
-    engine = Engine(load_model(args.model), max_active=1)
+    # One line for what the model or its template refuses, as `serve` gives it (these were tracebacks).
+    try:
+        loaded = load_model(args.model)
+    except Exception as exc:  # noqa: BLE001 — any loader failure is the user's model, not a crash
+        raise CLIError(f"could not load model {args.model}: {type(exc).__name__}: {exc}") from None
+    engine = Engine(loaded, max_active=1)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
-    prompt = render_prompt(engine.tokenizer, messages)
-    room = max(1, min(args.max_tokens, (engine.context_length or 0) - len(prompt)))
+    try:
+        prompt = render_prompt(engine.tokenizer, messages)
+    except Exception as exc:  # noqa: BLE001 — e.g. a template that raises on a system message
+        raise CLIError(f"the model's chat template refused the messages: {exc}") from None
+    context = engine.context_length or 0
+    if context and len(prompt) >= context:
+        raise CLIError(f"the prompt ({len(prompt)} tokens) leaves no room in the model's context of {context} tokens")
+    room = max(1, min(args.max_tokens, context - len(prompt) if context else args.max_tokens))
     request = GenerationRequest(
         prompt_tokens=prompt,
         sampling=SamplingParams(temperature=args.temperature, seed=args.seed),

@@ -38,6 +38,31 @@ def test_an_engine_refusal_is_one_line(tiny_llm_dir: Path, monkeypatch: pytest.M
     assert err.startswith("tandem: ") and err.count("\n") == 1, err
 
 
+def test_a_model_or_template_that_fails_is_one_line(tiny_llm_dir: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # A weights file missing, and a template that raises on a system message (as Mistral's and Gemma's do): these
+    # printed Python tracebacks. The prompt past the context names the context, not a clamped max_tokens of 1.
+    import json
+    import shutil
+
+    broken = tmp_path / "no-weights"
+    shutil.copytree(tiny_llm_dir, broken)
+    (broken / "model.safetensors").unlink()
+    strict = tmp_path / "strict"
+    shutil.copytree(tiny_llm_dir, strict)
+    config = json.loads((strict / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+                               "supported') }}{% endif %}" + config["chat_template"])
+    (strict / "tokenizer_config.json").write_text(json.dumps(config))
+    cases = [(["generate", "hi", "--model", str(broken)], "could not load model"),
+             (["generate", "hi", "--model", str(strict), "--system", "be brief"], "System role not supported"),
+             (["generate", "hello " * 3000, "--model", str(tiny_llm_dir)], "leaves no room in the model's context")]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
 def test_a_dash_reads_the_prompt_from_stdin(tiny_llm_dir: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     def prompt_tokens(prompt: str) -> int:
