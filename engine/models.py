@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+_log = logging.getLogger(__name__)
+
 __all__ = [
     "DEMO_MODEL_ID",
     "LoadedModel",
@@ -32,6 +35,7 @@ __all__ = [
     "load_tokenizer",
     "materialize",
     "resolve_model",
+    "check_directory",
     "to_float32",
 ]
 
@@ -165,12 +169,16 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
     directory = _directory(source, float32)
+    check_directory(directory)
     # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.
     model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]",
                                     load(str(directory), return_config=True))
     if float32:
         to_float32(model)
     materialize(model)
+    if not getattr(tokenizer, "eos_token_ids", None):
+        _log.warning("%s declares no end-of-sequence token (config.json, generation_config.json or the tokenizer's "
+                     "eos_token): answers run until max_tokens or a stop string", source.name)
     return LoadedModel(
         name=source.name,
         model=model,
@@ -205,6 +213,28 @@ def materialize(model: nn.Module) -> None:
     # A Module is a dict of everything it holds; parameters() skips "_"-prefixed keys, tree_flatten does not.
     flat = cast("list[tuple[str, Any]]", tree_flatten(model))
     mx.eval([v for _, v in flat if isinstance(v, mx.array)])
+
+
+# Files one of which a tokenizer needs: fast (tokenizer.json), sentencepiece, GPT-2 style BPE, tiktoken.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken", "tiktoken.model")
+
+
+def check_directory(directory: Path) -> None:
+    """What mlx-lm's loader would misname, said plainly: weight shards an index names but the directory lacks (it
+    said "Missing N parameters"), no tokenizer file at all (transformers blamed a missing sentencepiece). Raises
+    ModelNotFound."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        except (OSError, ValueError, AttributeError):
+            shards = set()
+        missing = sorted(name for name in shards if not (directory / name).is_file())
+        if missing:
+            raise ModelNotFound(f"{directory}: {', '.join(missing)} named by {index.name} "
+                                f"{'is' if len(missing) == 1 else 'are'} missing (an incomplete download?)")
+    if not any((directory / name).is_file() for name in _TOKENIZER_FILES) and not any(directory.glob("*.tiktoken")):
+        raise ModelNotFound(f"{directory} has no tokenizer file (one of {', '.join(_TOKENIZER_FILES)})")
 
 
 def _directory(source: ModelSource, float32: bool) -> Path:

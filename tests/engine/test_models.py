@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -156,6 +157,42 @@ def test_quantized_hf_dir_is_dequantized_on_cpu(tiny_llm_dir, tmp_path, mode: st
     assert {p.dtype for _, p in tree_flatten(dense.model.parameters())} == {mx.float32}
     ids = dense.tokenizer.encode("Hello world! This is a tiny language model.")
     np.testing.assert_allclose(_logits(dense.model, ids), _logits(kept.model, ids), atol=1e-3)
+
+
+def test_a_missing_shard_or_tokenizer_is_named(tiny_llm_dir, tmp_path) -> None:
+    # mlx-lm said "Missing 10 parameters: ..." for a shard an index names, and transformers blamed sentencepiece for
+    # a directory without any tokenizer file.
+    sharded = tmp_path / "sharded"
+    shutil.copytree(tiny_llm_dir, sharded)
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    weights = {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+               "model.norm.weight": "model-00002-of-00002.safetensors"}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weights}))
+    with pytest.raises(ModelNotFound, match="model-00002-of-00002.safetensors named by model.safetensors.index.json "
+                                            "is missing"):
+        load_model(str(sharded))
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_llm_dir, bare)
+    (bare / "tokenizer.json").unlink()
+    with pytest.raises(ModelNotFound, match="has no tokenizer file"):
+        load_model(str(bare))
+
+
+def test_a_model_without_an_end_token_is_warned_about(tiny_llm_dir, tmp_path, caplog) -> None:
+    quiet = tmp_path / "no-eos"
+    shutil.copytree(tiny_llm_dir, quiet)
+    for name in ("config.json", "tokenizer_config.json"):
+        config = json.loads((quiet / name).read_text())
+        config.pop("eos_token_id", None)
+        config.pop("eos_token", None)
+        (quiet / name).write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="engine.models"):
+        load_model(str(quiet))
+    assert "declares no end-of-sequence token" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="engine.models"):
+        load_model(str(tiny_llm_dir))
+    assert "end-of-sequence" not in caplog.text
 
 
 def test_cached_gguf_repo_resolves_to_its_file(hub_cache, tmp_path) -> None:
