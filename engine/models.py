@@ -36,6 +36,7 @@ __all__ = [
     "materialize",
     "resolve_model",
     "check_directory",
+    "sampling_defaults",
     "to_float32",
 ]
 
@@ -70,6 +71,8 @@ class LoadedModel:
     float32: bool = field(default=False)
     # The HF-layout directory the weights and tokenizer were read from (a GGUF's converted copy).
     directory: Path | None = None
+    # What generation_config.json recommends for fields a request leaves out (`sampling_defaults`).
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
 def demo_model_path() -> Path | None:
@@ -189,6 +192,7 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
         context_length=_context_length(config, tokenizer),
         kind=source.kind,
         float32=float32,
+        sampling_defaults=sampling_defaults(directory),
     )
 
 
@@ -213,6 +217,37 @@ def materialize(model: nn.Module) -> None:
     # A Module is a dict of everything it holds; parameters() skips "_"-prefixed keys, tree_flatten does not.
     flat = cast("list[tuple[str, Any]]", tree_flatten(model))
     mx.eval([v for _, v in flat if isinstance(v, mx.array)])
+
+
+# generation_config.json's sampling keys, with the values each may take; a request's own field always wins.
+_SAMPLING_KEYS: dict[str, Any] = {
+    "temperature": lambda v: 0 <= v <= 100, "top_p": lambda v: 0 < v <= 1, "top_k": lambda v: v >= 0 and v == int(v),
+    "min_p": lambda v: 0 <= v <= 1, "repetition_penalty": lambda v: 0 < v <= 100,
+}
+
+
+def sampling_defaults(directory: Path | None) -> dict[str, float]:
+    """The sampling settings a model's generation_config.json recommends (Llama 3: temperature 0.6, top_p 0.9; Qwen3
+    adds top_k 20), as vLLM applies them to requests that leave those fields out. Values outside their range are
+    dropped with a warning. Raises nothing."""
+    path = directory / "generation_config.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        _log.warning("%s is not readable JSON: its sampling defaults are not used", path)
+        return {}
+    out: dict[str, float] = {}
+    for key, valid in _SAMPLING_KEYS.items():
+        value = config.get(key) if isinstance(config, dict) else None
+        if value is None:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and valid(value):
+            out[key] = int(value) if key == "top_k" else float(value)
+        else:
+            _log.warning("%s: %s %r is out of range and not used", path, key, value)
+    return out
 
 
 # Files one of which a tokenizer needs: fast (tokenizer.json), sentencepiece, GPT-2 style BPE, tiktoken.

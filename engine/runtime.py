@@ -110,6 +110,12 @@ class Engine:
         self.tasks: ExecutionTasks = self.group.tasks
 
     @property
+    def sampling_defaults(self) -> dict[str, float]:
+        """The model's recommended sampling settings (its generation_config.json) for fields a request leaves out;
+        empty without a chat model or a recommendation. Raises nothing."""
+        return dict(getattr(self.loaded, "sampling_defaults", None) or {})
+
+    @property
     def vocab_size(self) -> int | None:
         """Token ids the model accepts (its embedding may be larger than the tokenizer); None without a
         chat model. Raises nothing."""

@@ -172,6 +172,9 @@ def _log_banner(state: AppState) -> None:
     lines = [f"model: {state.chat_model_name} (context {engine.context_length or '?'} tokens)"]
     if engine.plan is not None:
         lines += [f"plan: {reason}" for reason in engine.plan.reasons]
+    if defaults := engine.sampling_defaults:  # requests that leave these fields out get them
+        lines.append("sampling defaults (generation_config.json): "
+                     + ", ".join(f"{k} {v:g}" for k, v in sorted(defaults.items())))
     from engine.backend import blas_info
 
     blas = blas_info().describe()

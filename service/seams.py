@@ -80,6 +80,11 @@ class ChatEngine(Protocol):
         ...
 
     @property
+    def sampling_defaults(self) -> dict[str, float]:
+        """Sampling settings the model recommends (generation_config.json) for fields a request leaves out."""
+        ...
+
+    @property
     def plan(self) -> EnginePlan | None: ...
 
     @property

@@ -6,7 +6,8 @@ Every check that can fail does so here, before response headers go out, so it be
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any, Mapping, Sequence
 
 from litestar import Request
 
@@ -42,9 +43,11 @@ def vocab_size(engine: ChatEngine) -> int | None:
     return engine.vocab_size
 
 
-def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | None = None) -> SamplingParams:
-    """SamplingParams from the OpenAI fields (None → engine defaults); `logprobs`: how many likeliest tokens to
-    report beside each sampled one (None: no log probabilities).
+def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | None = None,
+                    model_defaults: Mapping[str, float] | None = None) -> SamplingParams:
+    """SamplingParams from the OpenAI fields (None → the model's recommendation in `model_defaults`, from its
+    generation_config.json, else the engine's defaults); `logprobs`: how many likeliest tokens to report beside
+    each sampled one (None: no log probabilities).
 
     Raises APIError 400 for a logit_bias token id outside the vocabulary."""
     bias: dict[int, float] | None = None
@@ -53,7 +56,8 @@ def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | Non
         if vocab is not None and (bad := [t for t in bias if t >= vocab]):
             raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})",
                            param="logit_bias", code="invalid_value")
-    defaults = SamplingParams()
+    defaults = replace(SamplingParams(), **{k: type(getattr(SamplingParams(), k))(v)
+                                             for k, v in (model_defaults or {}).items() if hasattr(SamplingParams, k)})
     greedy = body.top_p == 0  # a nucleus of nothing but the likeliest token
     return SamplingParams(
         temperature=0.0 if greedy else defaults.temperature if body.temperature is None else body.temperature,
@@ -103,7 +107,7 @@ def generation_request(
         room = min(room, left)
     return GenerationRequest(
         prompt_tokens=list(prompt),
-        sampling=sampling_params(body, vocab_size(engine), logprobs),
+        sampling=sampling_params(body, vocab_size(engine), logprobs, engine.sampling_defaults),
         max_tokens=room,
         stop=tuple(body.stop_list()),
         session_id=session_id,

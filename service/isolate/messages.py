@@ -96,6 +96,8 @@ class Ready:
     # The engine process's SpeechService, served by reference (service/isolate/objects.py), and its names.
     speech: Any = None
     speech_aliases: list[str] = field(default_factory=list)
+    # The model's recommended sampling (generation_config.json) for fields a request leaves out.
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

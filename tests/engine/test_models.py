@@ -195,6 +195,18 @@ def test_a_model_without_an_end_token_is_warned_about(tiny_llm_dir, tmp_path, ca
     assert "end-of-sequence" not in caplog.text
 
 
+def test_generation_config_gives_the_sampling_defaults(tiny_llm_dir, tmp_path, caplog) -> None:
+    recommended = tmp_path / "recommended"
+    shutil.copytree(tiny_llm_dir, recommended)
+    (recommended / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 2.5, "eos_token_id": [1, 2]}))
+    with caplog.at_level("WARNING", logger="engine.models"):
+        loaded = load_model(str(recommended))
+    assert loaded.sampling_defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20}  # min_p 2.5 is no probability
+    assert "min_p 2.5 is out of range" in caplog.text
+    assert load_model(str(tiny_llm_dir)).sampling_defaults == {}
+
+
 def test_cached_gguf_repo_resolves_to_its_file(hub_cache, tmp_path) -> None:
     files = tmp_path / "files"
     files.mkdir()

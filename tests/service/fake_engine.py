@@ -136,6 +136,7 @@ class FakeEngine:
         self.tasks = ExecutionTasks()
         self.tokenizer: Any = FakeTokenizer()
         self.vocab_size: int | None = len(self.tokenizer)
+        self.sampling_defaults: dict[str, float] = {}  # a model's generation_config.json recommendation
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
         self.failing: str | None = None  # set: health() reports the engine cannot run rows
         self.requests: list[GenerationRequest] = []

@@ -84,6 +84,22 @@ def test_sampling_and_stop_are_passed_to_the_engine(client: Any, fake_engine: Fa
     assert list(request.stop) == ["wor"]
 
 
+def test_fields_left_out_take_the_models_recommended_sampling(client: Any, fake_engine: FakeEngine) -> None:
+    # generation_config.json's recommendation (Qwen3: temperature 0.6, top_p 0.95, top_k 20) fills what a request
+    # leaves out, as vLLM does; a request's own value wins, and top_p 0 still means greedy.
+    fake_engine.sampling_defaults = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    _post(client)
+    s = fake_engine.requests[-1].sampling
+    assert (s.temperature, s.top_p, s.top_k, s.min_p) == (0.6, 0.95, 20, 0.0)
+    _post(client, temperature=1.0, top_k=0)
+    s = fake_engine.requests[-1].sampling
+    assert (s.temperature, s.top_p, s.top_k) == (1.0, 0.95, 0)
+    _post(client, top_p=0)
+    assert fake_engine.requests[-1].sampling.temperature == 0.0
+    client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2})
+    assert fake_engine.requests[-1].sampling.top_k == 20
+
+
 def test_prompt_building(client: Any, fake_engine: FakeEngine) -> None:
     messages = [
         {"role": "developer", "content": "be brief"},
