@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class CachedModel:
     path: Path
 
 
+_log = logging.getLogger(__name__)
+
+
 def hub_cache_dir() -> Path:
     """The Hugging Face hub cache, read from the environment at call time. Raises nothing."""
     if os.environ.get("HF_HUB_CACHE"):
@@ -69,12 +73,17 @@ def snapshot_dir(repo_id: str) -> Path | None:
     except HFValidationError:  # not a valid repo id, so nothing of that name can be cached
         return None
     ref = repo_dir / "refs" / "main"
-    if ref.is_file():
-        snapshot = repo_dir / "snapshots" / ref.read_text().strip()
-        if snapshot.is_dir():
-            return snapshot
+    named = ref.read_text().strip() if ref.is_file() else None
+    if named and (repo_dir / "snapshots" / named).is_dir():
+        return repo_dir / "snapshots" / named
     snapshots = [p for p in (repo_dir / "snapshots").glob("*") if p.is_dir()]
-    return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
+    if not snapshots:
+        return None
+    newest = max(snapshots, key=lambda p: p.stat().st_mtime)
+    if named:  # an interrupted download: say which snapshot serves instead, or its errors look unrelated
+        _log.warning("%s: refs/main names snapshot %s, which is not in the cache; using %s", repo_id, named,
+                     newest.name)
+    return newest
 
 
 def list_cached_models() -> list[CachedModel]:

@@ -62,3 +62,15 @@ def test_download_uses_the_hub_cache_and_maps_errors(hub_cache, monkeypatch) -> 
         download_model("missing/repo", progress=False)
     with pytest.raises(ModelDownloadError, match="could not reach"):
         download_model("offline/repo", progress=False)
+
+
+def test_a_ref_naming_a_missing_snapshot_says_which_one_serves(tiny_llm_dir, hub_cache, caplog) -> None:
+    # An interrupted download: refs/main names a snapshot the cache lacks. The newest one present serves, and the
+    # log says so (its errors, e.g. a snapshot without weights, looked unrelated to the ref).
+    from engine.hub import snapshot_dir
+
+    snapshot = put_in_hub_cache(hub_cache, "org/tiny", tiny_llm_dir)
+    (snapshot.parent.parent / "refs" / "main").write_text("f" * 40)
+    with caplog.at_level("WARNING", logger="engine.hub"):
+        assert snapshot_dir("org/tiny") == snapshot
+    assert f"refs/main names snapshot {'f' * 40}, which is not in the cache; using {snapshot.name}" in caplog.text
