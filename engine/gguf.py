@@ -22,7 +22,7 @@ from typing import Any, cast
 from engine.backend import user_cache_dir
 from engine.progress import progress
 
-__all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf", "tensor_types"]
+__all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "check_readable", "read_gguf", "tensor_types"]
 
 # Bump when the written layout changes, so stale cache entries are never reused.
 _FORMAT_VERSION = 1
@@ -64,6 +64,7 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     target = root / f"{source.stem}-{key[:16]}{'-f32' if dequantize else ''}"
     if (target / "config.json").is_file():
         return target
+    check_readable(source)  # before announcing a conversion of a file that is not one
     root.mkdir(parents=True, exist_ok=True)
     # The first start writes the whole model again (float32 is several times the GGUF): say so, and where.
     _log.info("first use of %s: converting it%s into %s (once; later starts reuse it)", source.name,
@@ -155,13 +156,8 @@ def tensor_types(path: str | os.PathLike[str]) -> dict[str, int]:
         return types
 
 
-def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Tensors and metadata of a GGUF file, metadata scalars as Python values.
-
-    Raises GGUFError when the file is not GGUF or holds a tensor type MLX does not read right (`_READ_RIGHT`).
-    """
-    import mlx.core as mx
-
+def check_readable(path: str | os.PathLike[str]) -> None:
+    """Raise GGUFError unless `path` is a GGUF whose tensors MLX's reader gives right (`_READ_RIGHT`)."""
     wrong = {name: kind for name, kind in tensor_types(path).items() if kind not in _READ_RIGHT}
     if wrong:
         kinds = sorted({_TYPE_NAMES.get(k, f"type {k}") for k in wrong.values()})
@@ -169,6 +165,16 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
             f"{path} holds {', '.join(kinds)} tensors ({len(wrong)}, e.g. {next(iter(wrong))}), which MLX's GGUF "
             f"reader does not load correctly: use a GGUF of F16, BF16, Q8_0, Q4_0 or Q4_1 tensors (Q6_K too), or "
             f"the model's safetensors")
+
+
+def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Tensors and metadata of a GGUF file, metadata scalars as Python values.
+
+    Raises GGUFError when the file is not GGUF or holds a tensor type MLX does not read right (`_READ_RIGHT`).
+    """
+    import mlx.core as mx
+
+    check_readable(path)
     try:
         tensors, raw = cast("tuple[dict[str, Any], dict[str, Any]]", mx.load(str(path), return_metadata=True))
     except (RuntimeError, ValueError) as exc:

@@ -396,3 +396,7 @@ def test_first_conversion_says_what_it_writes_and_where(tiny_llm_dir, tmp_path, 
     assert "converted tiny.gguf in" in err and " MB)" in err
     convert_gguf(path, dequantize=True)
     assert "first use" not in capsys.readouterr().err  # the next start reuses the conversion silently
+    (tmp_path / "text.gguf").write_text("not a model")
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        convert_gguf(tmp_path / "text.gguf")
+    assert "first use" not in capsys.readouterr().err  # no conversion announced for a file that is not one
