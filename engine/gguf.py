@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.backend import user_cache_dir
+from engine.gguf_header import GGUFError, check_readable
 from engine.progress import progress
 
-__all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "check_readable", "read_gguf", "tensor_types"]
+__all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
 
 # Bump when the written layout changes, so stale cache entries are never reused.
 _FORMAT_VERSION = 1
@@ -42,10 +43,6 @@ _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm"
 _TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$")
 
 _log = logging.getLogger(__name__)
-
-
-class GGUFError(ValueError):
-    """The GGUF file describes something this importer cannot load (architecture, tensor, tokenizer)."""
 
 
 def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cache_root: Path | None = None) -> Path:
@@ -104,73 +101,10 @@ def _write_model_dir(source: Path, out: Path, dequantize: bool) -> None:
     gguf_tokenizer(metadata).save_pretrained(str(out))
 
 
-# ggml tensor types whose values MLX's GGUF reader gives as the file means them: its own F32/F16, the affine
-# Q4_0/Q4_1/Q8_0, and BF16 and Q6_K (converted to float16; checked against ggml's reference dequantization). Q4_K came
-# back wrong (each 64-value block's second half scaled by the first half's scale: half the values off, mlx 0.32.4),
-# so the other K-quants and the IQ types are refused until checked too.
-_READ_RIGHT = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 14: "Q6_K", 30: "BF16"}
-_TYPE_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 15: "Q8_K"}
-
-
-def tensor_types(path: str | os.PathLike[str]) -> dict[str, int]:
-    """Each tensor's ggml type, from the GGUF header (version 2 or 3). Raises GGUFError for a file that is not a
-    readable GGUF header."""
-    import struct
-
-    scalars = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-    with open(path, "rb") as f:
-        def read(fmt: str) -> Any:
-            size = struct.calcsize(fmt)
-            raw = f.read(size)
-            if len(raw) != size:
-                raise GGUFError(f"{path}: the GGUF header ends early")
-            return struct.unpack(fmt, raw)[0]
-
-        def skip_value(kind: int) -> None:
-            if kind == 8:
-                f.seek(read("<Q"), os.SEEK_CUR)
-            elif kind == 9:
-                inner, count = read("<I"), read("<Q")
-                if inner in scalars:
-                    f.seek(struct.calcsize("<" + scalars[inner]) * count, os.SEEK_CUR)
-                else:
-                    for _ in range(count):
-                        skip_value(inner)
-            elif kind in scalars:
-                f.seek(struct.calcsize("<" + scalars[kind]), os.SEEK_CUR)
-            else:
-                raise GGUFError(f"{path}: unknown GGUF value type {kind}")
-
-        if f.read(4) != b"GGUF" or read("<I") not in (2, 3):
-            raise GGUFError(f"{path} is not a GGUF file (version 2 or 3)")
-        n_tensors, n_values = read("<Q"), read("<Q")
-        for _ in range(n_values):
-            f.seek(read("<Q"), os.SEEK_CUR)  # the key
-            skip_value(read("<I"))
-        types: dict[str, int] = {}
-        for _ in range(n_tensors):
-            name = f.read(read("<Q")).decode("utf-8", "replace")
-            f.seek(8 * read("<I"), os.SEEK_CUR)  # the dimensions
-            types[name] = read("<I")
-            f.seek(8, os.SEEK_CUR)  # the data offset
-        return types
-
-
-def check_readable(path: str | os.PathLike[str]) -> None:
-    """Raise GGUFError unless `path` is a GGUF whose tensors MLX's reader gives right (`_READ_RIGHT`)."""
-    wrong = {name: kind for name, kind in tensor_types(path).items() if kind not in _READ_RIGHT}
-    if wrong:
-        kinds = sorted({_TYPE_NAMES.get(k, f"type {k}") for k in wrong.values()})
-        raise GGUFError(
-            f"{path} holds {', '.join(kinds)} tensors ({len(wrong)}, e.g. {next(iter(wrong))}), which MLX's GGUF "
-            f"reader does not load correctly: use a GGUF of F16, BF16, Q8_0, Q4_0 or Q4_1 tensors (Q6_K too), or "
-            f"the model's safetensors")
-
-
 def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Tensors and metadata of a GGUF file, metadata scalars as Python values.
 
-    Raises GGUFError when the file is not GGUF or holds a tensor type MLX does not read right (`_READ_RIGHT`).
+    Raises GGUFError when the file is not GGUF or holds a tensor type MLX does not read right (engine/gguf_header.py).
     """
     import mlx.core as mx
 
