@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.backend import user_cache_dir
-from engine.gguf_header import GGUFError, check_readable
+from engine.gguf_header import Q4_K, GGUFError, check_readable, tensor_infos
+from engine.gguf_kquants import read_q4_k
 from engine.progress import progress
 
 __all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
@@ -104,7 +105,9 @@ def _write_model_dir(source: Path, out: Path, dequantize: bool) -> None:
 def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Tensors and metadata of a GGUF file, metadata scalars as Python values.
 
-    Raises GGUFError when the file is not GGUF or holds a tensor type MLX does not read right (engine/gguf_header.py).
+    Q4_K tensors, which MLX reads wrong, are dequantized from the file's bytes (float16, as MLX gives the other
+    K-quants). Raises GGUFError when the file is not GGUF or holds a tensor type MLX does not read right and we do
+    not either (engine/gguf_header.py).
     """
     import mlx.core as mx
 
@@ -113,6 +116,9 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
         tensors, raw = cast("tuple[dict[str, Any], dict[str, Any]]", mx.load(str(path), return_metadata=True))
     except (RuntimeError, ValueError) as exc:
         raise GGUFError(f"cannot read {path} as GGUF: {exc}") from exc
+    for name, info in tensor_infos(path).items():
+        if info.kind == Q4_K:
+            tensors[name] = mx.array(read_q4_k(path, info)).astype(mx.float16)
     metadata = {key: _plain(value) for key, value in raw.items()}
     return tensors, metadata
 

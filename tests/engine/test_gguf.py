@@ -21,7 +21,7 @@ from engine.models import demo_model_path, load_model
 
 # --- a minimal GGUF v3 writer (F32 and the Q4_0/Q4_1/Q8_0 block formats) -------------------------------
 
-_F32, _Q4_0, _Q4_1, _Q8_0 = 0, 2, 3, 8
+_F32, _Q4_0, _Q4_1, _Q8_0, _Q4_K = 0, 2, 3, 8, 12
 _ALIGN = 32
 
 
@@ -48,10 +48,55 @@ def _blocks(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32).reshape(-1, 32)
 
 
+def _quantize_q4_k(x: np.ndarray) -> bytes:
+    """llama.cpp's Q4_K: 256 values a block, eight 32-value groups each with a 6-bit scale and minimum."""
+    out = b""
+    for block in x.astype(np.float32).reshape(-1, 256):
+        groups = block.reshape(8, 32)
+        mins = np.maximum(-groups.min(1), 0.0)
+        spans = (groups.max(1) + mins) / 15
+        d, dmin = np.float16(max(spans.max() / 63, 1e-8)), np.float16(max(mins.max() / 63, 1e-8))
+        sc = np.clip(np.round(spans / np.float32(d)), 1, 63).astype(np.uint8)
+        mq = np.clip(np.round(mins / np.float32(dmin)), 0, 63).astype(np.uint8)
+        q = np.clip(np.round((groups + np.float32(dmin) * mq[:, None]) / (np.float32(d) * sc[:, None])), 0, 15)
+        q = q.astype(np.uint8).reshape(4, 2, 32)
+        packed = bytearray(12)
+        for j in range(4):
+            packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6)
+            packed[j + 4] = mq[j] | ((mq[j + 4] >> 4) << 6)
+            packed[j + 8] = (sc[j + 4] & 0xF) | ((mq[j + 4] & 0xF) << 4)
+        out += d.tobytes() + dmin.tobytes() + bytes(packed) + (q[:, 0] | (q[:, 1] << 4)).tobytes()
+    return out
+
+
+def _dequantize_q4_k(raw: bytes) -> np.ndarray:
+    """ggml's dequantize_row_q4_K, loop for loop (independent of engine/gguf_kquants.py)."""
+    values: list[float] = []
+    for at in range(0, len(raw), 144):
+        b = raw[at:at + 144]
+        d = float(np.frombuffer(b[0:2], np.float16)[0])
+        dmin = float(np.frombuffer(b[2:4], np.float16)[0])
+        sc, qs = b[4:16], b[16:144]
+
+        def scale_min(j: int) -> tuple[int, int]:
+            if j < 4:
+                return sc[j] & 63, sc[j + 4] & 63
+            return (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
+
+        for k in range(4):
+            (s1, m1), (s2, m2) = scale_min(2 * k), scale_min(2 * k + 1)
+            chunk = qs[32 * k:32 * k + 32]
+            values += [d * s1 * (q & 0xF) - dmin * m1 for q in chunk]
+            values += [d * s2 * (q >> 4) - dmin * m2 for q in chunk]
+    return np.array(values, np.float32)
+
+
 def quantize(x: np.ndarray, kind: int) -> bytes:
-    """Blocks of 32 in llama.cpp's layouts: Q8_0 (d, 32×i8), Q4_0 (d, 16 nibble bytes), Q4_1 (d, m, 16)."""
+    """Blocks of 32 in llama.cpp's layouts: Q8_0 (d, 32×i8), Q4_0 (d, 16 nibble bytes), Q4_1 (d, m, 16); Q4_K."""
     if kind == _F32:
         return x.astype("<f4").tobytes()
+    if kind == _Q4_K:
+        return _quantize_q4_k(x)
     b = _blocks(x)
     if kind == _Q8_0:
         d = (np.abs(b).max(1, keepdims=True) / 127).astype(np.float16)
@@ -73,6 +118,8 @@ def dequantize(raw: bytes, kind: int, shape: tuple[int, ...]) -> np.ndarray:
     """The reference decoding of `quantize`'s blocks, independent of MLX."""
     if kind == _F32:
         return np.frombuffer(raw, "<f4").reshape(shape)
+    if kind == _Q4_K:
+        return _dequantize_q4_k(raw).reshape(shape)
     size = {_Q8_0: 34, _Q4_0: 18, _Q4_1: 20}[kind]
     blocks = np.frombuffer(raw, np.uint8).reshape(-1, size)
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
@@ -228,6 +275,19 @@ def test_quantized_tensors_dequantize_exactly_and_stay_quantized_on_request(tiny
     ids = dense.tokenizer.encode("Hello world! This is a tiny language model.")
     # The quantized model runs in float16 (its scales' dtype): close, not equal.
     np.testing.assert_allclose(_logits(dense.model, ids), _logits(quantized.model, ids), atol=0.1)
+
+
+def test_q4_k_tensors_load_as_the_file_means_them(tiny_llm_dir, tmp_path, cache_home) -> None:
+    # Most "Q4_K_M" downloads are Q4_K tensors; MLX's reader scaled half of each block with the other half's scale
+    # (49 % of the values off) and the server answered with those weights. They are dequantized from the file now.
+    kinds = {"blk.0.ffn_down.weight": _Q4_K, "blk.1.ffn_up.weight": _Q4_K, "blk.0.attn_q.weight": _Q4_K}
+    stored = gguf_from_hf(tiny_llm_dir, tmp_path / "q4k.gguf", kinds)
+    tensors, _ = read_gguf(tmp_path / "q4k.gguf")
+    for name in kinds:
+        np.testing.assert_allclose(np.array(tensors[name].astype(mx.float32)), stored[name], atol=2e-3, rtol=2e-3)
+    params = dict(tree_flatten(load_model(str(tmp_path / "q4k.gguf"), float32=True).model.parameters()))
+    np.testing.assert_allclose(np.array(params["model.layers.0.mlp.down_proj.weight"]), stored["blk.0.ffn_down.weight"],
+                               atol=2e-3, rtol=2e-3)
 
 
 def test_hf_dir_for_gives_mlx_lm_tools_the_same_weights(tiny_llm_dir, tmp_path, cache_home) -> None:
