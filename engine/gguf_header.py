@@ -18,7 +18,8 @@ class GGUFError(ValueError):
 # ggml tensor types whose values MLX's GGUF reader gives as the file means them: its own F32/F16, the affine
 # Q4_0/Q4_1/Q8_0, and BF16 and Q6_K (converted to float16; checked against ggml's reference dequantization). Q4_K came
 # back wrong (each 64-value block's second half scaled by the first half's scale: half the values off, mlx 0.32.4)
-# and is dequantized by us; the other K-quants and the IQ types are refused until checked too.
+# and is dequantized by us; the other K-quants and the IQ types are refused until checked too (Q5_K fails MLX's whole
+# read, "gguf_tensor_to_f16 failed": reading it needs every tensor read by us).
 Q4_K = 12  # read wrong by MLX: engine/gguf_kquants.py dequantizes it from the file instead
 _READ_RIGHT = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", Q4_K: "Q4_K", 14: "Q6_K", 30: "BF16"}
 _TYPE_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K"}
