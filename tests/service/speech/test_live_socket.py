@@ -53,6 +53,13 @@ def until(ws: Any, kind: str, limit: int = 400) -> list[dict[str, Any]]:
     raise AssertionError(f"no {kind} in {[e['type'] for e in seen]}")
 
 
+def manual_turns(ws: Any) -> None:
+    """After the session's creation: server VAD off, so only the client's commits end an item."""
+    ws.receive_json(timeout=30)
+    ws.send_text(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
+    until(ws, "transcription_session.updated")
+
+
 @pytest.fixture(scope="module")
 def whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
@@ -303,9 +310,7 @@ def test_binary_frames_are_announced_in_the_format_they_are_read(client: TestCli
 
 def test_commit_clear_and_an_empty_commit(client: TestClient[Any]) -> None:
     with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
-        ws.receive_json(timeout=30)
-        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
-        until(ws, "transcription_session.updated")
+        manual_turns(ws)
         append(ws, voiced(1.0))
         ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
         until(ws, "input_audio_buffer.cleared")
@@ -324,9 +329,7 @@ def test_commit_clear_and_an_empty_commit(client: TestClient[Any]) -> None:
 def test_replies_come_in_the_order_the_client_events_were_handled(client: TestClient[Any]) -> None:
     shown = {"input_audio_buffer.cleared", "input_audio_buffer.committed", "conversation.item.created", "error"}
     with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
-        ws.receive_json(timeout=30)
-        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
-        until(ws, "transcription_session.updated")
+        manual_turns(ws)
         append(ws, voiced(0.5))
         ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
         ws.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "c1"}))
