@@ -109,7 +109,6 @@ class BatchStep:
             for row in rows:
                 if row.cache is None and row.slot is None:
                     self.kv.attach(row)
-                row.hand_tail()  # a prefix hit may have left only the last token
             plan = plan_iteration(rows, budget, False, True)
             logits = self.runner.forward([Segment(tokens, r.cache, want) for r, tokens, want in plan]) if plan else None
             sampled = [r for r, _, want in plan if want]
@@ -126,7 +125,7 @@ class BatchStep:
         finally:
             phases.enter(None)
         n_prompt = self._fed_prompts(plan)
-        for row, _, _ in plan:
+        for row in rows:  # those whose chunk reached the tail, and those a prefix hit left only the last token
             row.hand_tail()
         ids = cast(list[int], tokens.tolist()) if tokens is not None else []
         outputs = [(r, self.accept(r, t)) for r, t in zip(sampled, ids)]
