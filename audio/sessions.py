@@ -38,10 +38,7 @@ MIN_COMMIT_MS = 100  # OpenAI's least audio a commit needs
 
 def speech_gate(options: TranscribeOptions) -> SpeechGate | None:
     """The session's VAD gate for `options` (None with vad off). Raises nothing."""
-    if not options.vad:
-        return None
-    return SpeechGate(min_speech_ms=options.vad_min_speech_ms, min_silence_ms=options.vad_min_silence_ms,
-                      padding_ms=options.vad_padding_ms, aggressiveness=options.vad_aggressiveness)
+    return SpeechGate(**options.gate_settings) if options.vad else None
 
 
 class LiveSession:

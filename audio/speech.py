@@ -54,9 +54,7 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     empty = Transcript("", options.language or "en", duration, options.task)
     timeline = None
     if options.vad or options.vad_trim:
-        pieces = await anyio.to_thread.run_sync(functools.partial(
-            speech_pieces, pcm, min_speech_ms=options.vad_min_speech_ms, min_silence_ms=options.vad_min_silence_ms,
-            padding_ms=options.vad_padding_ms, aggressiveness=options.vad_aggressiveness))
+        pieces = await anyio.to_thread.run_sync(functools.partial(speech_pieces, pcm, **options.gate_settings))
         if pieces and not options.vad:
             pieces = [(pieces[0][0], pieces[-1][1])]
         pcm, timeline = compact(pcm, pieces)

@@ -65,6 +65,12 @@ class TranscribeOptions:
             if not 0 <= getattr(self, name) <= 10_000:
                 raise InvalidOption(f"{name} must be 0-10000", param=name)
 
+    @property
+    def gate_settings(self) -> dict[str, int]:
+        """The VAD gate's settings (audio/vad.py SpeechGate's keywords), for files and live sessions alike."""
+        return {"min_speech_ms": self.vad_min_speech_ms, "min_silence_ms": self.vad_min_silence_ms,
+                "padding_ms": self.vad_padding_ms, "aggressiveness": self.vad_aggressiveness}
+
     @staticmethod
     def ladder(temperature: float | None, fallback: bool = True) -> tuple[float, ...]:
         """The temperatures to try: from `temperature` up to 1.0 in 0.2 steps, or just it without fallback."""
