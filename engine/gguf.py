@@ -1,9 +1,10 @@
 """Import a llama-family GGUF file as an mlx-lm model directory (config, weights, tokenizer).
 
 `mx.load` reads GGUF: F32/F16 tensors come back as arrays and Q4_0/Q4_1/Q8_0 ones as MLX affine-quantized
-triples (weight, scales, biases; group 32); BF16 and Q6_K as float16. Other types are refused (`read_gguf`). The conversion writes config.json, model.safetensors and the
-tokenizer files once into the user cache dir, keyed by the file's path, size and mtime, so the next start
-loads a plain Hugging Face layout directory with `mlx_lm.utils.load`.
+triples (weight, scales, biases; group 32); BF16 and Q6_K as float16. Q4_K, which it reads wrong, is dequantized
+from the file's bytes; other types are refused (engine/gguf_header.py). The conversion writes config.json,
+model.safetensors and the tokenizer files once into the user cache dir, keyed by the file's path, size and mtime,
+so the next start loads a plain Hugging Face layout directory with `mlx_lm.utils.load`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.backend import user_cache_dir
-from engine.gguf_header import Q4_K, GGUFError, check_readable, tensor_infos
+from engine.gguf_header import Q4_K, GGUFError, check_readable
 from engine.gguf_kquants import read_q4_k
 from engine.progress import progress
 
@@ -111,12 +112,12 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
     """
     import mlx.core as mx
 
-    check_readable(path)
+    infos = check_readable(path)
     try:
         tensors, raw = cast("tuple[dict[str, Any], dict[str, Any]]", mx.load(str(path), return_metadata=True))
     except (RuntimeError, ValueError) as exc:
         raise GGUFError(f"cannot read {path} as GGUF: {exc}") from exc
-    for name, info in tensor_infos(path).items():
+    for name, info in infos.items():
         if info.kind == Q4_K:
             tensors[name] = mx.array(read_q4_k(path, info)).astype(mx.float16)
     metadata = {key: _plain(value) for key, value in raw.items()}

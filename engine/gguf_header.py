@@ -87,12 +87,15 @@ def tensor_types(path: str | os.PathLike[str]) -> dict[str, int]:
     return {name: info.kind for name, info in tensor_infos(path).items()}
 
 
-def check_readable(path: str | os.PathLike[str]) -> None:
-    """Raise GGUFError unless `path` is a GGUF whose tensors MLX's reader gives right (`_READ_RIGHT`)."""
-    wrong = {name: kind for name, kind in tensor_types(path).items() if kind not in _READ_RIGHT}
+def check_readable(path: str | os.PathLike[str]) -> dict[str, TensorInfo]:
+    """The tensors of `path` (`tensor_infos`). Raises GGUFError unless it is a GGUF whose tensors are loaded right
+    (`_READ_RIGHT`)."""
+    infos = tensor_infos(path)
+    wrong = {name: info.kind for name, info in infos.items() if info.kind not in _READ_RIGHT}
     if wrong:
         kinds = sorted({_TYPE_NAMES.get(k, f"type {k}") for k in wrong.values()})
         raise GGUFError(
             f"{path} holds {', '.join(kinds)} tensors ({len(wrong)}, e.g. {next(iter(wrong))}), which MLX's GGUF "
             f"reader does not load correctly: use a GGUF of F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K tensors "
             f"(Q4_K_M files), or the model's safetensors")
+    return infos
