@@ -56,8 +56,8 @@ def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | Non
         if vocab is not None and (bad := [t for t in bias if t >= vocab]):
             raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})",
                            param="logit_bias", code="invalid_value")
-    defaults = replace(SamplingParams(), **{k: type(getattr(SamplingParams(), k))(v)
-                                             for k, v in (model_defaults or {}).items() if hasattr(SamplingParams, k)})
+    recommended: dict[str, Any] = dict(model_defaults or {})  # engine/models.py sampling_defaults: field names
+    defaults = replace(SamplingParams(), **recommended)
     greedy = body.top_p == 0  # a nucleus of nothing but the likeliest token
     return SamplingParams(
         temperature=0.0 if greedy else defaults.temperature if body.temperature is None else body.temperature,
