@@ -78,7 +78,7 @@ def _generate(args: argparse.Namespace) -> int:
     context = engine.context_length or 0
     if context and len(prompt) >= context:
         raise CLIError(f"the prompt ({len(prompt)} tokens) leaves no room in the model's context of {context} tokens")
-    room = max(1, min(args.max_tokens, context - len(prompt) if context else args.max_tokens))
+    room = min(args.max_tokens, context - len(prompt)) if context else args.max_tokens
     request = GenerationRequest(
         prompt_tokens=prompt,
         sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
