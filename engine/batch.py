@@ -113,7 +113,7 @@ class LLMBatchGroup:
             if use_lane and self.plan.packed else None
         if self.lane is not None:
             self.step.beside_lane(self.lane.turns)
-        self._lane_tail = lane_tail_default()
+        self._decode_tail = self.lane is not None and lane_tail_default()  # rows leave their last token to decode
         self.health = StepHealth()
         self._last_step_end: float | None = None
         self._left: list[Row] = []  # finished rows whose last delta went out early: they leave as their step lands
@@ -136,7 +136,7 @@ class LLMBatchGroup:
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))
         row, receive = Row.start(request, prompt, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
-                                 decode_tail=self.lane is not None and self._lane_tail)
+                                 decode_tail=self._decode_tail)
         self._queue.append(row)
         self._wake.fire()
         return LLMRowStream(row, receive, self._wake.fire)
