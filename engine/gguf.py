@@ -1,8 +1,8 @@
 """Import a llama-family GGUF file as an mlx-lm model directory (config, weights, tokenizer).
 
-`mx.load` reads GGUF: F32/F16 tensors come back as arrays and Q4_0/Q4_1/Q8_0 ones as MLX affine-quantized
-triples (weight, scales, biases; group 32); BF16 and Q6_K as float16. Q4_K, which it reads wrong, is dequantized
-from the file's bytes; other types are refused (engine/gguf_header.py). The conversion writes config.json,
+Every tensor is read from the file's bytes (engine/gguf_header.py, engine/gguf_tensors.py): F32/F16/BF16 as they
+are, Q4_0/Q4_1/Q8_0/Q4_K/Q5_K as MLX affine-quantized triples (weight, scales, biases; group 32) with the file's
+codes, every other type as float16 from llama.cpp's own reference dequantization (the `gguf` package). The conversion writes config.json,
 model.safetensors and the tokenizer files once into the user cache dir, keyed by the file's path, size and mtime,
 so the next start loads a plain Hugging Face layout directory with `mlx_lm.utils.load`.
 """
@@ -18,17 +18,16 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from engine.backend import user_cache_dir
-from engine.gguf_header import Q4_K, GGUFError, check_readable
-from engine.gguf_kquants import read_q4_k
-from engine.progress import progress
+from engine.gguf_header import GGUFError, read_header
+from engine.gguf_tensors import check_types, read_tensors
 
 __all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
 
 # Bump when the written layout changes, so stale cache entries are never reused.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: K-quants kept as affine triples, types read by the gguf package
 _SUPPORTED_ARCHITECTURES = ("llama",)
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -63,7 +62,7 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     target = root / f"{source.stem}-{key[:16]}{'-f32' if dequantize else ''}"
     if (target / "config.json").is_file():
         return target
-    check_readable(source)  # before announcing a conversion of a file that is not one
+    check_types(read_header(source)[1], source)  # before announcing a conversion of a file that is not one
     root.mkdir(parents=True, exist_ok=True)
     # The first start writes the whole model again (float32 is several times the GGUF): say so, and where.
     _log.info("first use of %s: converting it%s into %s (once; later starts reuse it)", source.name,
@@ -88,52 +87,27 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
 def _write_model_dir(source: Path, out: Path, dequantize: bool) -> None:
     import mlx.core as mx
 
-    tensors, metadata = read_gguf(source)
+    metadata, infos = read_header(source)
+    tensors = read_tensors(source, infos, f"converting {source.name}")
     config = gguf_config(metadata, tensors)
     weights = gguf_weights(tensors)
     if dequantize:
         weights = _dequantized(weights)
     elif any(name.endswith(".scales") for name in weights):
-        # Per-layer bits (e.g. Q8_0 embeddings beside Q4_1 layers) are inferred by mlx-lm from the shapes.
+        # Per-layer bits (e.g. Q8_0 embeddings beside Q4_K layers) are inferred by mlx-lm from the shapes.
         config["quantization"] = {"group_size": 32, "bits": _common_bits(weights)}
+        # Float16 scales, as the model computes: a K-quant's product of two scales rounds here (~2e-4 relative).
+        weights = {n: v.astype(mx.float16) if n.endswith((".scales", ".biases")) else v for n, v in weights.items()}
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    for name in progress(list(weights), f"converting {source.name}"):
-        mx.eval(weights[name])  # one tensor at a time, so the bar moves as the work is done
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     gguf_tokenizer(metadata).save_pretrained(str(out))
 
 
 def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Tensors and metadata of a GGUF file, metadata scalars as Python values.
-
-    Q4_K tensors, which MLX reads wrong, are dequantized from the file's bytes (float16, as MLX gives the other
-    K-quants). Raises GGUFError when the file is not GGUF or holds a tensor type MLX does not read right and we do
-    not either (engine/gguf_header.py).
-    """
-    import mlx.core as mx
-
-    infos = check_readable(path)
-    try:
-        tensors, raw = cast("tuple[dict[str, Any], dict[str, Any]]", mx.load(str(path), return_metadata=True))
-    except (RuntimeError, ValueError) as exc:
-        raise GGUFError(f"cannot read {path} as GGUF: {exc}") from exc
-    for name, info in infos.items():
-        if info.kind == Q4_K:
-            tensors[name] = mx.array(read_q4_k(path, info)).astype(mx.float16)
-    metadata = {key: _plain(value) for key, value in raw.items()}
-    return tensors, metadata
-
-
-def _plain(value: Any) -> Any:
-    import mlx.core as mx
-
-    if isinstance(value, mx.array):
-        if value.ndim == 0:
-            item = value.item()
-            # GGUF stores float32; 7 significant digits give back the number that was written.
-            return float(f"{item:.7g}") if isinstance(item, float) else item
-        return value.tolist()
-    return value
+    """Tensors (MLX arrays; affine types as triples with float32 scales) and metadata (plain Python values) of a
+    GGUF file. Raises GGUFError when the file is not a whole GGUF or holds a type nothing here reads."""
+    metadata, infos = read_header(path)
+    return read_tensors(path, infos), metadata
 
 
 def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:

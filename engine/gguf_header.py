@@ -1,28 +1,20 @@
-"""The GGUF header, read by us: each tensor's ggml type, and whether MLX's GGUF reader gives those tensors right
-(its conversion of some types is wrong, and `mx.load` does not say which type a tensor had)."""
+"""The GGUF header, read by us: the metadata's values and each tensor's ggml type, shape and place in the file
+(llama.cpp's own `gguf.GGUFReader` takes ~13 s over a 49,152-token vocabulary: it maps every string as an array)."""
 
 from __future__ import annotations
 
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
-__all__ = ["GGUFError", "Q4_K", "TensorInfo", "check_readable", "tensor_infos", "tensor_types"]
+import numpy as np
+
+__all__ = ["GGUFError", "TensorInfo", "read_header"]
 
 
 class GGUFError(ValueError):
     """The GGUF file describes something this importer cannot load (architecture, tensor, tokenizer)."""
-
-
-# ggml tensor types whose values MLX's GGUF reader gives as the file means them: its own F32/F16, the affine
-# Q4_0/Q4_1/Q8_0, and BF16 and Q6_K (converted to float16; checked against ggml's reference dequantization). Q4_K came
-# back wrong (each 64-value block's second half scaled by the first half's scale: half the values off, mlx 0.32.4)
-# and is dequantized by us; the other K-quants and the IQ types are refused until checked too (Q5_K fails MLX's whole
-# read, "gguf_tensor_to_f16 failed": reading it needs every tensor read by us).
-Q4_K = 12  # read wrong by MLX: engine/gguf_kquants.py dequantizes it from the file instead
-_READ_RIGHT = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", Q4_K: "Q4_K", 14: "Q6_K", 30: "BF16"}
-_TYPE_NAMES = {6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 13: "Q5_K", 15: "Q8_K"}
 
 
 @dataclass(frozen=True)
@@ -35,67 +27,59 @@ class TensorInfo:
     start: int
 
 
-def tensor_infos(path: str | os.PathLike[str]) -> dict[str, TensorInfo]:
-    """Each tensor's type, shape and file position, from the GGUF header (version 2 or 3). Raises GGUFError for a
-    file that is not a readable GGUF header."""
-    scalars = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_ARRAYS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
+
+
+def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    """The metadata (plain Python values; float32 to 7 significant digits, what was written) and each tensor's
+    type, shape and file position, from a GGUF header (version 2 or 3). Raises GGUFError for a file that is not
+    one or whose header stops early."""
     with open(path, "rb") as f:
-        def read(fmt: str) -> Any:
-            size = struct.calcsize(fmt)
-            raw = f.read(size)
-            if len(raw) != size:
-                raise GGUFError(f"{path}: the GGUF header ends early")
-            return struct.unpack(fmt, raw)[0]
-
-        def skip_value(kind: int) -> None:
-            if kind == 8:
-                f.seek(read("<Q"), os.SEEK_CUR)
-            elif kind == 9:
-                inner, count = read("<I"), read("<Q")
-                if inner in scalars:
-                    f.seek(struct.calcsize("<" + scalars[inner]) * count, os.SEEK_CUR)
-                else:
-                    for _ in range(count):
-                        skip_value(inner)
-            elif kind in scalars:
-                f.seek(struct.calcsize("<" + scalars[kind]), os.SEEK_CUR)
-            else:
-                raise GGUFError(f"{path}: unknown GGUF value type {kind}")
-
-        if f.read(4) != b"GGUF" or read("<I") not in (2, 3):
-            raise GGUFError(f"{path} is not a GGUF file (version 2 or 3)")
-        n_tensors, n_values = read("<Q"), read("<Q")
-        alignment = 32
-        for _ in range(n_values):
-            key = f.read(read("<Q"))
-            kind = read("<I")
-            if key == b"general.alignment" and kind == 4:
-                alignment = read("<I") or 32
-            else:
-                skip_value(kind)
+        if f.read(4) != b"GGUF":
+            raise GGUFError(f"{path} is not a GGUF file")
+        reader = _Reader(f, path)
+        if reader.scalar(4) not in (2, 3):
+            raise GGUFError(f"{path} is not a GGUF file of version 2 or 3")
+        n_tensors, n_values = reader.scalar(10), reader.scalar(10)
+        metadata = {reader.string(): reader.value(reader.scalar(4)) for _ in range(n_values)}
         found: list[tuple[str, int, tuple[int, ...], int]] = []
         for _ in range(n_tensors):
-            name = f.read(read("<Q")).decode("utf-8", "replace")
-            dims = tuple(read("<Q") for _ in range(read("<I")))
-            found.append((name, read("<I"), dims[::-1], read("<Q")))
+            name = reader.string()
+            dims = tuple(reader.scalar(10) for _ in range(reader.scalar(4)))
+            found.append((name, reader.scalar(4), dims[::-1], reader.scalar(10)))  # ggml lists the fastest first
+        alignment = int(metadata.get("general.alignment") or 32)
         data = f.tell() + (-f.tell() % alignment)
-        return {name: TensorInfo(kind, shape, data + offset) for name, kind, shape, offset in found}
+        return metadata, {name: TensorInfo(kind, shape, data + offset) for name, kind, shape, offset in found}
 
 
-def tensor_types(path: str | os.PathLike[str]) -> dict[str, int]:
-    """Each tensor's ggml type. Raises GGUFError for a file that is not a readable GGUF header."""
-    return {name: info.kind for name, info in tensor_infos(path).items()}
+class _Reader:
+    def __init__(self, f: BinaryIO, path: str | os.PathLike[str]) -> None:
+        self.f, self.path = f, path
 
+    def raw(self, size: int) -> bytes:
+        got = self.f.read(size)
+        if len(got) != size:
+            raise GGUFError(f"{self.path}: the GGUF header ends early")
+        return got
 
-def check_readable(path: str | os.PathLike[str]) -> dict[str, TensorInfo]:
-    """The tensors of `path` (`tensor_infos`). Raises GGUFError unless it is a GGUF whose tensors are loaded right
-    (`_READ_RIGHT`)."""
-    infos = tensor_infos(path)
-    wrong = {name: info.kind for name, info in infos.items() if info.kind not in _READ_RIGHT}
-    if wrong:
-        kinds = sorted({_TYPE_NAMES.get(k, f"type {k}") for k in wrong.values()})
-        raise GGUFError(
-            f"{path} holds {', '.join(kinds)} tensors ({len(wrong)}, e.g. {next(iter(wrong))}), which MLX's GGUF "
-            f"reader does not load correctly: use a GGUF of F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K tensors "
-            f"(Q4_K_M files), or the model's safetensors")
-    return infos
+    def scalar(self, kind: int) -> Any:
+        fmt = "<" + _SCALARS[kind]
+        value = struct.unpack(fmt, self.raw(struct.calcsize(fmt)))[0]
+        return float(f"{value:.7g}") if kind == 6 else value
+
+    def string(self) -> str:
+        return self.raw(self.scalar(10)).decode("utf-8", "replace")
+
+    def value(self, kind: int) -> Any:
+        if kind == 8:
+            return self.string()
+        if kind in _SCALARS:
+            return self.scalar(kind)
+        if kind != 9:
+            raise GGUFError(f"{self.path}: unknown GGUF value type {kind}")
+        inner, count = self.scalar(4), self.scalar(10)
+        if inner in _ARRAYS:
+            values = np.frombuffer(self.raw(np.dtype(_ARRAYS[inner]).itemsize * count), _ARRAYS[inner]).tolist()
+            return [float(f"{v:.7g}") for v in values] if inner == 6 else values
+        return [self.value(inner) for _ in range(count)]

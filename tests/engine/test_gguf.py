@@ -19,9 +19,9 @@ from mlx.utils import tree_flatten
 from engine.gguf import GGUFError, convert_gguf, read_gguf
 from engine.models import demo_model_path, load_model
 
-# --- a minimal GGUF v3 writer (F32 and the Q4_0/Q4_1/Q8_0 block formats) -------------------------------
+# --- a minimal GGUF v3 writer (F32, the Q4_0/Q4_1/Q8_0 block formats, Q4_K and Q5_K; raw blocks of others) ---
 
-_F32, _Q4_0, _Q4_1, _Q8_0, _Q4_K = 0, 2, 3, 8, 12
+_F32, _Q4_0, _Q4_1, _Q8_0, _Q4_K, _Q5_K = 0, 2, 3, 8, 12, 13
 _ALIGN = 32
 
 
@@ -48,55 +48,98 @@ def _blocks(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32).reshape(-1, 32)
 
 
-def _quantize_q4_k(x: np.ndarray) -> bytes:
-    """llama.cpp's Q4_K: 256 values a block, eight 32-value groups each with a 6-bit scale and minimum."""
+def _quantize_k(x: np.ndarray, bits: int) -> bytes:
+    """llama.cpp's Q4_K (bits 4) or Q5_K (bits 5): 256 values a block, eight 32-value groups each with a 6-bit scale
+    and minimum; Q5_K's fifth bits in 32 bytes `qh` (bit g of each byte for group g)."""
+    top = 2**bits - 1
     out = b""
     for block in x.astype(np.float32).reshape(-1, 256):
         groups = block.reshape(8, 32)
         mins = np.maximum(-groups.min(1), 0.0)
-        spans = (groups.max(1) + mins) / 15
-        d, dmin = np.float16(max(spans.max() / 63, 1e-8)), np.float16(max(mins.max() / 63, 1e-8))
+        spans = (groups.max(1) + mins) / top
+        d, dmin = np.float16(max(spans.max() / 63, 1e-4)), np.float16(max(mins.max() / 63, 1e-4))
         sc = np.clip(np.round(spans / np.float32(d)), 1, 63).astype(np.uint8)
         mq = np.clip(np.round(mins / np.float32(dmin)), 0, 63).astype(np.uint8)
-        q = np.clip(np.round((groups + np.float32(dmin) * mq[:, None]) / (np.float32(d) * sc[:, None])), 0, 15)
+        q = np.clip(np.round((groups + np.float32(dmin) * mq[:, None]) / (np.float32(d) * sc[:, None])), 0, top)
         q = q.astype(np.uint8).reshape(4, 2, 32)
         packed = bytearray(12)
         for j in range(4):
             packed[j] = sc[j] | ((sc[j + 4] >> 4) << 6)
             packed[j + 4] = mq[j] | ((mq[j + 4] >> 4) << 6)
             packed[j + 8] = (sc[j + 4] & 0xF) | ((mq[j + 4] & 0xF) << 4)
-        out += d.tobytes() + dmin.tobytes() + bytes(packed) + (q[:, 0] | (q[:, 1] << 4)).tobytes()
+        qh = b""
+        if bits == 5:
+            high = np.zeros(32, np.uint8)
+            for g in range(8):
+                high |= ((q[g // 2, g % 2] >> 4) & 1) << g
+            qh = high.tobytes()
+        low = q & 0xF
+        out += d.tobytes() + dmin.tobytes() + bytes(packed) + qh + (low[:, 0] | (low[:, 1] << 4)).tobytes()
     return out
 
 
+def _scale_min(sc: bytes, j: int) -> tuple[int, int]:
+    # ggml's get_scale_min_k4
+    if j < 4:
+        return sc[j] & 63, sc[j + 4] & 63
+    return (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
+
+
 def _dequantize_q4_k(raw: bytes) -> np.ndarray:
-    """ggml's dequantize_row_q4_K, loop for loop (independent of engine/gguf_kquants.py)."""
+    """ggml's dequantize_row_q4_K, loop for loop (independent of engine/gguf_tensors.py)."""
     values: list[float] = []
     for at in range(0, len(raw), 144):
         b = raw[at:at + 144]
         d = float(np.frombuffer(b[0:2], np.float16)[0])
         dmin = float(np.frombuffer(b[2:4], np.float16)[0])
         sc, qs = b[4:16], b[16:144]
-
-        def scale_min(j: int) -> tuple[int, int]:
-            if j < 4:
-                return sc[j] & 63, sc[j + 4] & 63
-            return (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
-
         for k in range(4):
-            (s1, m1), (s2, m2) = scale_min(2 * k), scale_min(2 * k + 1)
+            (s1, m1), (s2, m2) = _scale_min(sc, 2 * k), _scale_min(sc, 2 * k + 1)
             chunk = qs[32 * k:32 * k + 32]
             values += [d * s1 * (q & 0xF) - dmin * m1 for q in chunk]
             values += [d * s2 * (q >> 4) - dmin * m2 for q in chunk]
     return np.array(values, np.float32)
 
 
+def _dequantize_q5_k(raw: bytes) -> np.ndarray:
+    """ggml's dequantize_row_q5_K, loop for loop."""
+    values: list[float] = []
+    for at in range(0, len(raw), 176):
+        b = raw[at:at + 176]
+        d = float(np.frombuffer(b[0:2], np.float16)[0])
+        dmin = float(np.frombuffer(b[2:4], np.float16)[0])
+        sc, qh, qs = b[4:16], b[16:48], b[48:176]
+        u1, u2 = 1, 2
+        for k in range(4):
+            (s1, m1), (s2, m2) = _scale_min(sc, 2 * k), _scale_min(sc, 2 * k + 1)
+            chunk = qs[32 * k:32 * k + 32]
+            values += [d * s1 * ((q & 0xF) + (16 if h & u1 else 0)) - dmin * m1 for q, h in zip(chunk, qh)]
+            values += [d * s2 * ((q >> 4) + (16 if h & u2 else 0)) - dmin * m2 for q, h in zip(chunk, qh)]
+            u1, u2 = u1 << 2, u2 << 2
+    return np.array(values, np.float32)
+
+
+def random_blocks(kind: int, count: int, seed: int = 0) -> bytes:
+    """`count` values of ggml type `kind` as random blocks whose float16 scales are finite (every other bit is a
+    valid code), for types this file cannot quantize."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType(kind)
+    values, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(seed).integers(0, 256, (count // values, size), dtype=np.uint8)
+    half = np.frombuffer(np.float16(0.0123).tobytes(), np.uint8)
+    at = {"Q6_K": [size - 2], "Q3_K": [size - 2], "Q2_K": [size - 4, size - 2]}.get(qtype.name, [0])
+    for i in at:
+        raw[:, i:i + 2] = half
+    return raw.tobytes()
+
+
 def quantize(x: np.ndarray, kind: int) -> bytes:
     """Blocks of 32 in llama.cpp's layouts: Q8_0 (d, 32×i8), Q4_0 (d, 16 nibble bytes), Q4_1 (d, m, 16); Q4_K."""
     if kind == _F32:
         return x.astype("<f4").tobytes()
-    if kind == _Q4_K:
-        return _quantize_q4_k(x)
+    if kind in (_Q4_K, _Q5_K):
+        return _quantize_k(x, 4 if kind == _Q4_K else 5)
     b = _blocks(x)
     if kind == _Q8_0:
         d = (np.abs(b).max(1, keepdims=True) / 127).astype(np.float16)
@@ -118,8 +161,17 @@ def dequantize(raw: bytes, kind: int, shape: tuple[int, ...]) -> np.ndarray:
     """The reference decoding of `quantize`'s blocks, independent of MLX."""
     if kind == _F32:
         return np.frombuffer(raw, "<f4").reshape(shape)
-    if kind == _Q4_K:
-        return _dequantize_q4_k(raw).reshape(shape)
+    if kind in (_Q4_K, _Q5_K):
+        return (_dequantize_q4_k if kind == _Q4_K else _dequantize_q5_k)(raw).reshape(shape)
+    if kind not in (_Q8_0, _Q4_0, _Q4_1):  # raw blocks of another type: llama.cpp's own reference
+        import gguf
+
+        qtype = gguf.GGMLQuantizationType(kind)
+        blocks = np.frombuffer(raw, np.uint8).reshape(shape[0], -1)
+        try:
+            return gguf.quants.dequantize(blocks, qtype).reshape(shape)
+        except NotImplementedError:  # a type nobody reads (the refusal tests)
+            return np.full(shape, np.nan, np.float32)
     size = {_Q8_0: 34, _Q4_0: 18, _Q4_1: 20}[kind]
     blocks = np.frombuffer(raw, np.uint8).reshape(-1, size)
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
@@ -136,10 +188,12 @@ def dequantize(raw: bytes, kind: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def write_gguf(path: Path, metadata: dict, tensors: dict[str, tuple[np.ndarray, int]]) -> dict[str, np.ndarray]:
-    """Write a GGUF v3 file; returns each tensor as the file stores it (dequantized reference values)."""
+    """Write a GGUF v3 file; returns each tensor as the file stores it (dequantized reference values). A kind that
+    `quantize` does not make is written as random blocks of that type in the array's shape."""
     infos, data, stored = [], b"", {}
     for name, (array, kind) in tensors.items():
-        raw = quantize(array, kind)
+        raw = quantize(array, kind) if kind in (_F32, _Q8_0, _Q4_0, _Q4_1, _Q4_K, _Q5_K) else random_blocks(
+            kind, array.size, seed=len(infos))
         stored[name] = dequantize(raw, kind, array.shape)
         data += b"\0" * (-len(data) % _ALIGN)
         dims = array.shape[::-1]  # GGUF lists the fastest-moving dimension first
@@ -277,17 +331,63 @@ def test_quantized_tensors_dequantize_exactly_and_stay_quantized_on_request(tiny
     np.testing.assert_allclose(_logits(dense.model, ids), _logits(quantized.model, ids), atol=0.1)
 
 
-def test_q4_k_tensors_load_as_the_file_means_them(tiny_llm_dir, tmp_path, cache_home) -> None:
+@pytest.fixture(scope="module")
+def wide_llm_dir(tmp_path_factory) -> Path:
+    """The tiny llama with rows of 256 values: whole blocks of the K- and IQ-quants."""
+    from tests.fixtures.tiny_llm import build_tiny_llm
+
+    return build_tiny_llm(tmp_path_factory.mktemp("wide_llm"), hidden_size=256, intermediate_size=512)
+
+
+def test_k_quants_stay_quantized_with_the_files_codes(wide_llm_dir, tmp_path, cache_home) -> None:
     # Most "Q4_K_M" downloads are Q4_K tensors; MLX's reader scaled half of each block with the other half's scale
-    # (49 % of the values off) and the server answered with those weights. They are dequantized from the file now.
-    kinds = {"blk.0.ffn_down.weight": _Q4_K, "blk.1.ffn_up.weight": _Q4_K, "blk.0.attn_q.weight": _Q4_K}
-    stored = gguf_from_hf(tiny_llm_dir, tmp_path / "q4k.gguf", kinds)
-    tensors, _ = read_gguf(tmp_path / "q4k.gguf")
+    # (49 % of the values off), and a single Q5_K tensor ("Q5_K_M") failed its whole read. Both are read from the
+    # file's bytes as affine triples of 4 and 5 bits: the 8B model stays ~5 bits a weight, not float16.
+    kinds = {"blk.0.ffn_down.weight": _Q4_K, "blk.1.ffn_up.weight": _Q5_K, "blk.0.attn_q.weight": _Q5_K,
+             "token_embd.weight": _Q4_K}
+    stored = gguf_from_hf(wide_llm_dir, tmp_path / "qk.gguf", kinds)
+    tensors, _ = read_gguf(tmp_path / "qk.gguf")
+    for name, kind in kinds.items():
+        bits = 4 if kind == _Q4_K else 5
+        values = mx.dequantize(tensors[name], tensors[name.replace("weight", "scales")],
+                               tensors[name.replace("weight", "biases")], group_size=32, bits=bits)
+        np.testing.assert_allclose(np.array(values), stored[name], atol=1e-5, rtol=1e-5)
+
+    quantized = load_model(str(tmp_path / "qk.gguf"), float32=False)
+    layers = quantized.model.model.layers
+    assert (layers[0].mlp.down_proj.bits, layers[1].mlp.up_proj.bits, layers[0].self_attn.q_proj.bits) == (4, 5, 5)
+    assert quantized.model.model.embed_tokens.bits == 4 and layers[0].mlp.down_proj.group_size == 32
+    dense = load_model(str(tmp_path / "qk.gguf"), float32=True)
+    params = dict(tree_flatten(dense.model.parameters()))
+    np.testing.assert_allclose(np.array(params["model.layers.1.mlp.up_proj.weight"]), stored["blk.1.ffn_up.weight"],
+                               atol=1e-5, rtol=1e-5)
+    ids = dense.tokenizer.encode("Hello world! This is a tiny language model.")
+    # The quantized model runs in float16 (its scales' dtype): close, not equal.
+    np.testing.assert_allclose(_logits(dense.model, ids), _logits(quantized.model, ids), atol=0.1)
+
+
+def test_other_quant_types_load_as_llama_cpp_dequantizes_them(wide_llm_dir, tmp_path, cache_home) -> None:
+    # Q6_K (in every Q4_K_M/Q5_K_M file), Q3_K and Q2_K ("Q3_K_M", "Q2_K"), IQ4_XS and Q5_0: no MLX layout, so float16
+    # values from llama.cpp's reference dequantization; MLX failed the whole file for all but Q6_K and Q2_K.
+    kinds = {"blk.0.ffn_up.weight": 14, "blk.1.attn_v.weight": 11,
+             "blk.0.attn_k.weight": 23, "blk.1.ffn_gate.weight": 10, "blk.0.attn_output.weight": 6}
+    stored = gguf_from_hf(wide_llm_dir, tmp_path / "mixed.gguf", kinds)
+    tensors, _ = read_gguf(tmp_path / "mixed.gguf")
     for name in kinds:
-        np.testing.assert_allclose(np.array(tensors[name].astype(mx.float32)), stored[name], atol=2e-3, rtol=2e-3)
-    params = dict(tree_flatten(load_model(str(tmp_path / "q4k.gguf"), float32=True).model.parameters()))
-    np.testing.assert_allclose(np.array(params["model.layers.0.mlp.down_proj.weight"]), stored["blk.0.ffn_down.weight"],
-                               atol=2e-3, rtol=2e-3)
+        assert tensors[name].dtype == mx.float16 and name.replace("weight", "scales") not in tensors
+        np.testing.assert_allclose(np.array(tensors[name].astype(mx.float32)), stored[name], rtol=1e-3, atol=1e-3)
+    loaded = load_model(str(tmp_path / "mixed.gguf"), float32=False)
+    params = dict(tree_flatten(loaded.model.parameters()))
+    np.testing.assert_allclose(np.array(params["model.layers.0.self_attn.k_proj.weight"].astype(mx.float32)),
+                               stored["blk.0.attn_k.weight"], rtol=1e-3, atol=1e-3)
+    assert np.isfinite(_logits(loaded.model, [1, 2, 3])).all()
+
+
+def test_a_type_nothing_reads_is_refused_by_name_before_any_conversion(wide_llm_dir, tmp_path, cache_home) -> None:
+    gguf_from_hf(wide_llm_dir, tmp_path / "q8k.gguf", {"blk.0.ffn_up.weight": 15})  # Q8_K: llama.cpp's own scratch type
+    with pytest.raises(GGUFError, match=r"holds Q8_K tensors \(1, e\.g\. blk\.0\.ffn_up\.weight\)"):
+        load_model(str(tmp_path / "q8k.gguf"))
+    assert not (cache_home / "mlx-tandem" / "gguf").exists() or not any((cache_home / "mlx-tandem" / "gguf").iterdir())
 
 
 def test_hf_dir_for_gives_mlx_lm_tools_the_same_weights(tiny_llm_dir, tmp_path, cache_home) -> None:
