@@ -1,4 +1,4 @@
-"""Import a llama-family GGUF file as an mlx-lm model directory (config, weights, tokenizer).
+"""Import a llama, qwen2 or qwen3 GGUF file as an mlx-lm model directory (config, weights, tokenizer).
 
 Every tensor is read from the file's bytes (engine/gguf_header.py, engine/gguf_tensors.py): F32/F16/BF16 as they
 are, Q4_0/Q4_1/Q8_0/Q4_K/Q5_K as MLX affine-quantized triples (weight, scales, biases; group 32) with the file's
@@ -28,7 +28,9 @@ __all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_w
 
 # Bump when the written layout changes, so stale cache entries are never reused.
 _FORMAT_VERSION = 2  # 2: K-quants kept as affine triples, types read by the gguf package
-_SUPPORTED_ARCHITECTURES = ("llama",)
+# llama.cpp architectures whose layers are mlx-lm's model of the same name. Only "llama" files carry Q/K rows
+# permuted for llama.cpp's interleaved RoPE; qwen2/qwen3 keep Hugging Face's halves (llama.cpp's NEOX RoPE).
+_SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -39,6 +41,8 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$")
@@ -111,9 +115,9 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
 
 
 def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
-    """An mlx-lm llama config.json dict built from GGUF metadata.
+    """An mlx-lm config.json dict (llama, qwen2 or qwen3) built from GGUF metadata.
 
-    Raises GGUFError for a non-llama architecture, missing hyperparameters or an unsupported RoPE scaling.
+    Raises GGUFError for another architecture, missing hyperparameters or an unsupported RoPE scaling.
     """
     arch = metadata.get("general.architecture")
     if arch not in _SUPPORTED_ARCHITECTURES:
@@ -132,8 +136,8 @@ def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
         raise GGUFError("GGUF with a per-layer KV head count is not supported")
     tokens = metadata.get("tokenizer.ggml.tokens") or []
     config: dict[str, Any] = {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
+        "model_type": arch,
+        "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]],
         "hidden_size": hidden,
         "num_hidden_layers": int(get("block_count")),
         "intermediate_size": int(get("feed_forward_length")),
@@ -144,8 +148,8 @@ def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, 
         "vocab_size": int(get("vocab_size", len(tokens) or tensors["token_embd.weight"].shape[0])),
         "max_position_embeddings": int(get("context_length", 4096)),
         "rope_theta": float(get("rope.freq_base", 10000.0)),
-        # llama.cpp permutes Q/K rows for its interleaved RoPE, so the pairs are adjacent here.
-        "rope_traditional": True,
+        # llama.cpp permutes a llama's Q/K rows for its interleaved RoPE, so the pairs are adjacent there.
+        "rope_traditional": arch == "llama",
         "tie_word_embeddings": "output.weight" not in tensors,
     }
     scaling = get("rope.scaling.type", "none")
@@ -205,9 +209,9 @@ def _eos_ids(metadata: dict[str, Any]) -> list[int]:
 
 
 def gguf_weights(tensors: dict[str, Any]) -> dict[str, Any]:
-    """GGUF tensors renamed to mlx-lm llama parameter names (quantized triples kept as they are).
+    """GGUF tensors renamed to mlx-lm parameter names (quantized triples kept as they are).
 
-    Raises GGUFError for a tensor name outside the llama layout.
+    Raises GGUFError for a tensor name outside the llama/qwen layout.
     """
     renamed = {}
     for name, value in tensors.items():

@@ -211,7 +211,7 @@ _GGUF_NAMES = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
+    "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }
 
 
@@ -240,11 +240,11 @@ def gguf_from_hf(
             gguf = "output_norm.weight"
         else:
             _, _, layer, rest = name.split(".", 3)
-            module = rest.rsplit(".", 1)[0]
-            gguf = f"blk.{layer}.{_GGUF_NAMES[module]}.weight"
-            if module == "self_attn.q_proj":
+            module, suffix = rest.rsplit(".", 1)
+            gguf = f"blk.{layer}.{_GGUF_NAMES[module]}.{suffix}"
+            if arch == "llama" and module == "self_attn.q_proj":  # qwen2/qwen3 keep Hugging Face's RoPE halves
                 value = _llama_cpp_permute(value, config["num_attention_heads"])
-            elif module == "self_attn.k_proj":
+            elif arch == "llama" and module == "self_attn.k_proj":
                 value = _llama_cpp_permute(value, config["num_key_value_heads"])
         tensors[gguf] = (value, (kinds or {}).get(gguf, _F32))
     tensors.update({name: (value, _F32) for name, value in (extra or {}).items()})
@@ -472,6 +472,23 @@ def test_sentencepiece_vocab_gets_bos_like_llama_cpp() -> None:
     assert ids[:2] == [1, tokens.index("\u2581hello")]
     assert tokenizer.decode(ids, skip_special_tokens=True) == "hello world"
     assert gguf_tokenizer({**metadata, "tokenizer.ggml.add_bos_token": False}).encode("hello")[0] != 1
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_ggufs_import_to_the_model_they_were_made_from(arch, tmp_path, cache_home) -> None:
+    # Qwen2.5 and Qwen3 GGUFs were refused ("architecture 'qwen2' is not supported"): q/k/v biases (qwen2), q/k
+    # norms (qwen3), and Q/K rows as Hugging Face writes them (llama.cpp's NEOX RoPE: no permutation to undo).
+    from tests.fixtures.tiny_llm import build_tiny_llm
+
+    hf = build_tiny_llm(tmp_path / arch, model_type=arch)
+    gguf_from_hf(hf, tmp_path / f"{arch}.gguf", arch=arch)
+    loaded, reference = load_model(str(tmp_path / f"{arch}.gguf")), load_model(str(hf))
+    assert loaded.config["model_type"] == arch and loaded.config["rope_traditional"] is False
+    names = dict(tree_flatten(reference.model.parameters())).keys()
+    assert any(n.endswith("q_proj.bias") for n in names) == (arch == "qwen2")
+    assert any(n.endswith("q_norm.weight") for n in names) == (arch == "qwen3")
+    ids = loaded.tokenizer.encode("Continuous batching packs decode rows and prefill chunks into one forward pass.")
+    np.testing.assert_allclose(_logits(loaded.model, ids), _logits(reference.model, ids), atol=1e-4)
 
 
 def test_unsupported_architecture_is_a_clear_error(tiny_llm_dir, tmp_path, cache_home) -> None:
