@@ -36,7 +36,8 @@ class ChatTokenizer(Protocol):
 
 
 class RowStream(Protocol):
-    """One generation's deltas; `aclose()` cancels the row and frees its KV."""
+    """One generation's deltas; `aclose()` cancels the row and frees its KV. A read (`__anext__`) cancelled
+    while it waits gives nothing up: the next read gets the delta (service/chat/stream.py waits with a timeout)."""
 
     def __aiter__(self) -> AsyncIterator[Delta]: ...
 

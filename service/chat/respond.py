@@ -1,21 +1,29 @@
 """How chat and text completions answer: everything before the first header — the prompt's rendering, the
 engine's queue, and the row's first delta (streaming) or its whole reply — runs under one disconnect
-watcher, so a client that leaves stops it wherever it is. Then an SSE stream (only after the first delta, so
-a row that fails first is a 5xx, never an empty 200) or the collected JSON body; 499 with no body for a
-client that left first."""
+watcher, so a client that leaves stops it wherever it is. Then an SSE stream (after the first delta, so a row
+that fails first is a 5xx, never an empty 200; or, when the first delta is slow — a queue, a long prompt — after
+FIRST_BYTE_WAIT with SSE comments until it comes, a failure then in-band) or the collected JSON body; 499 with no
+body for a client that left first."""
 
 from __future__ import annotations
 
+from contextlib import aclosing
 from typing import Any, AsyncGenerator, Awaitable, Callable
 
 from litestar import Request, Response
 
 from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
 from service.http.disconnect import ClientDisconnected, run_while_connected
-from service.http.sse import EventSource, SSEStream
+from service.http.errors import APIError, in_band_error
+from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_error
 from service.seams import RowStream
 
-__all__ = ["respond"]
+__all__ = ["FIRST_BYTE_WAIT", "KEEPALIVE_EVERY", "respond"]
+
+# A stream's headers wait this long for its first delta (a failure until then is a status code). Nothing sent for
+# longer, clients with read timeouts (httpx's default is 5 s) and proxies' idle timeouts cut a queued stream.
+FIRST_BYTE_WAIT = 2.0
+KEEPALIVE_EVERY = 2.0  # then an SSE comment this often until the first delta
 
 
 async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing: StreamTiming, *,
@@ -34,7 +42,7 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
         if events is None:
             return await collect(row)
         reader = RowReader(row, counter, timing)
-        await reader.start()
+        await reader.start(FIRST_BYTE_WAIT)
         return reader
 
     try:
@@ -44,5 +52,21 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
     if isinstance(answer, RowReader) and events is not None:
         row = opened[0]
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-        return SSEStream(EventSource(events(answer), lambda: close_stream(row)))
+        return SSEStream(EventSource(_kept_alive(answer, events), lambda: close_stream(row)))
     return Response(answer)
+
+
+async def _kept_alive(reader: RowReader,
+                      events: Callable[[RowReader], AsyncGenerator[bytes, None]]) -> AsyncGenerator[bytes, None]:
+    """SSE comments until the row's first delta (at once when it came before the headers), then its events; a
+    failure or the deadline before it ends the stream in-band."""
+    try:
+        while not await reader.start(KEEPALIVE_EVERY):
+            yield KEEPALIVE
+    except APIError as exc:
+        yield sse_error(in_band_error(exc))
+        yield DONE
+        return
+    async with aclosing(events(reader)) as stream:
+        async for event in stream:
+            yield event

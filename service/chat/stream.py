@@ -165,11 +165,20 @@ class RowReader:
             self._timer.cancel()
         await close_stream(self._stream)
 
-    async def start(self) -> None:
-        """Wait for the row's first delta (call before any response header goes out). Raises APIError 500,
-        the row closed, when the row failed or ended before producing anything, 504 past the deadline."""
+    async def start(self, wait: float | None = None) -> bool:
+        """Wait for the row's first delta (call before any response header goes out), at most `wait` seconds
+        when given: True once it is held, False while it is still to come (the row stays open; call again).
+        Raises APIError 500, the row closed, when the row failed or ended before producing anything, 504 past
+        the deadline."""
+        if self._first is not None:
+            return True
         try:
-            delta = await self._next()
+            delta: Delta | None = None
+            # A row stream's read gives nothing up when cancelled (a memory stream's receive: service/seams.py).
+            with anyio.CancelScope() if wait is None else anyio.move_on_after(wait):
+                delta = await self._next()
+            if delta is None:
+                return False
             self._check(delta)
         except StopAsyncIteration:
             await self._close()
@@ -178,6 +187,7 @@ class RowReader:
             await self._close()
             raise
         self._first = delta
+        return True
 
     async def items(self) -> AsyncGenerator[tuple[str, str | None], None]:
         """(text, finish_reason) until the item that carries the finish reason. Raises APIError 500 when the

@@ -19,9 +19,10 @@ from pydantic import BaseModel
 
 from service.http.errors import APIError, error_body
 
-__all__ = ["DONE", "SSE_HEADERS", "sse_data", "null_usage", "sse_error", "EventSource", "SSEStream"]
+__all__ = ["DONE", "KEEPALIVE", "SSE_HEADERS", "sse_data", "null_usage", "sse_error", "EventSource", "SSEStream"]
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every client ignores it, every idle timer restarts
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

@@ -28,10 +28,11 @@ def client(fake_engine: FakeEngine) -> Iterator[TestClient[Any]]:
 
 
 def sse_events(body: str) -> list[Any]:
-    """Parse an SSE body into JSON payloads, with "[DONE]" kept as the string. Fails on malformed framing."""
+    """Parse an SSE body into JSON payloads, with "[DONE]" kept as the string; comments (keep-alives) skipped.
+    Fails on malformed framing."""
     events: list[Any] = []
     for block in body.split("\n\n"):
-        if not block.strip():
+        if not block.strip() or block.startswith(":"):
             continue
         assert block.startswith("data: "), f"not an SSE data event: {block!r}"
         payload = block[len("data: "):]

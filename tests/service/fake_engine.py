@@ -4,7 +4,7 @@ fixed text pieces."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 
@@ -54,40 +54,43 @@ class FakeStream:
     request: GenerationRequest
     pieces: list[str]
     closed: bool = False
-    gate: anyio.Event | None = None
+    gate: anyio.Event | None = None  # the second token waits for it
+    first_gate: anyio.Event | None = None  # the first token waits for it
     _sent: int = field(default=0)
+    _ended: bool = False
     _stop: anyio.Event = field(default_factory=anyio.Event)  # set by cancel: a stalled read ends, as a real one does
 
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._deltas()
+    def __aiter__(self) -> "FakeStream":
+        return self
 
-    async def _deltas(self) -> AsyncIterator[Delta]:
-        prompt = len(self.request.prompt_tokens)
-        budget = self.request.max_tokens
-        for i, piece in enumerate(self.pieces):
+    async def __anext__(self) -> Delta:
+        # Cancel-safe, as a real row's read (a memory stream's receive): every wait comes before any state changes.
+        i = self._sent
+        if self.closed or i >= len(self.pieces) or self._ended:
+            raise StopAsyncIteration
+        gate = self.first_gate if i == 0 else self.gate if i == 1 else None
+        if gate is not None:
+            await _first_of(gate, self._stop)  # stalls before the first or second token until released or cancelled
             if self.closed:
-                return
-            if i == 1 and self.gate is not None:
-                await _first_of(self.gate, self._stop)  # stalls after its first token until released or cancelled
-                if self.closed:
-                    return
-            await anyio.sleep(0)
-            self._sent += 1
-            last = self._sent >= budget or i == len(self.pieces) - 1
-            finish = ("length" if self._sent >= budget and i < len(self.pieces) - 1 else "stop") if last else None
-            yield Delta(
-                text=piece,
-                token_ids=[i + 1],
-                logprobs=_logprobs(piece, i, self.request.sampling.logprobs),
-                finish_reason=finish,  # type: ignore[arg-type]
-                prompt_tokens=prompt,
-                completion_tokens=self._sent,
-                cached_tokens=self.engine.cached_tokens,
-                error=self.engine.fail_with if i == self.engine.fail_at else None,
-            )
-            if last:
-                self.engine.active.discard(id(self))
-                return
+                raise StopAsyncIteration
+        await anyio.sleep(0)
+        piece, budget = self.pieces[i], self.request.max_tokens
+        self._sent += 1
+        last = self._sent >= budget or i == len(self.pieces) - 1
+        finish = ("length" if self._sent >= budget and i < len(self.pieces) - 1 else "stop") if last else None
+        if last:
+            self._ended = True
+            self.engine.active.discard(id(self))
+        return Delta(
+            text=piece,
+            token_ids=[i + 1],
+            logprobs=_logprobs(piece, i, self.request.sampling.logprobs),
+            finish_reason=finish,  # type: ignore[arg-type]
+            prompt_tokens=len(self.request.prompt_tokens),
+            completion_tokens=self._sent,
+            cached_tokens=self.engine.cached_tokens,
+            error=self.engine.fail_with if i == self.engine.fail_at else None,
+        )
 
     def receive_nowait(self) -> Delta:
         raise anyio.WouldBlock  # scripted deltas are produced as they are read, never waiting
@@ -146,6 +149,7 @@ class FakeEngine:
         self.fail_with: str | None = None
         self.fail_at = 1  # the delta (0-based) that carries fail_with
         self.gate: anyio.Event | None = None
+        self.first_gate: anyio.Event | None = None
         self.serving = False
         self._closed: anyio.Event | None = None
 
@@ -175,7 +179,7 @@ class FakeEngine:
         if self.context_length is not None and len(request.prompt_tokens) >= self.context_length:
             raise ContextTooLong(f"prompt of {len(request.prompt_tokens)} tokens does not fit the context")
         self.requests.append(request)
-        stream = FakeStream(self, request, list(self.pieces), gate=self.gate)
+        stream = FakeStream(self, request, list(self.pieces), gate=self.gate, first_gate=self.first_gate)
         self.active.add(id(stream))
         return stream
 

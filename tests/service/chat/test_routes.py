@@ -220,3 +220,52 @@ async def test_disconnect_during_non_stream_request_frees_the_row() -> None:
 def test_any_integer_seed_is_accepted(client: Any, fake_engine: FakeEngine, seed: int, expected: int) -> None:
     assert _post(client, seed=seed).status_code == 200
     assert fake_engine.requests[-1].sampling.seed == expected
+
+
+# -------------------------------------------------------------- a slow first token
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", {"messages": USER}), ("/v1/completions", {"prompt": "hi"})])
+async def test_a_slow_first_token_gets_headers_and_keep_alives_meanwhile(monkeypatch, path: str, body: dict) -> None:
+    # A queued or long prompt sent nothing, not even headers, until its first token (92 s on a busy CPU): clients
+    # with a read timeout (httpx's default: 5 s) and proxies with an idle timeout cut the stream.
+    from service.chat import respond
+
+    monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
+    monkeypatch.setattr(respond, "KEEPALIVE_EVERY", 0.01)
+    engine = FakeEngine(pieces=["a", "b"])
+    engine.first_gate = anyio.Event()
+    app = create_app(AppState(engine=engine, ready=True))
+    client = ASGIClient({**body, "stream": True, "max_tokens": 2}, marker=b": keep-alive\n\n")
+    with anyio.fail_after(30):  # without keep-alives nothing is sent before the gate opens: fail, do not hang
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, asgi_scope(path), client.receive, client.send)
+            await client.first.wait()  # headers and a comment went out while the first token waited
+            assert not any(b"data:" in chunk for chunk in client.chunks)
+            engine.first_gate.set()
+            await client.leave.wait()
+    events = client.events()
+    assert events[-1] == "[DONE]"
+    text = "".join((c.get("delta", {}).get("content") or c.get("text") or "") for e in events[:-1] for c in e["choices"])
+    assert text == "ab"
+
+
+@pytest.mark.anyio
+async def test_a_failure_after_keep_alives_is_an_error_event_then_done(monkeypatch) -> None:
+    from service.chat import respond
+
+    monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
+    monkeypatch.setattr(respond, "KEEPALIVE_EVERY", 0.01)
+    engine = FakeEngine(pieces=["a", "b"])
+    engine.first_gate, engine.fail_with, engine.fail_at = anyio.Event(), "the step failed", 0
+    app = create_app(AppState(engine=engine, ready=True))
+    client = ASGIClient({"messages": USER, "stream": True}, marker=b": keep-alive\n\n")
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, asgi_scope("/v1/chat/completions"), client.receive, client.send)
+            await client.first.wait()
+            engine.first_gate.set()
+            await client.leave.wait()
+    events = client.events()
+    assert events[-1] == "[DONE]" and events[-2]["error"]["message"] == "the step failed"
+    assert engine.active == set()
