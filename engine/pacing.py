@@ -6,7 +6,7 @@ a mixed iteration adds on top — a fixed part (on a GPU the decode pipeline sto
 building is no longer hidden) plus a part per prompt token — and gives prompt chunks what keeps a mixed
 iteration within `stall` decode iterations (STALL unless configured), never less than the group's minimum
 and never more than its budget. When the fixed part alone passes that bound, small chunks would pay it again and again for little
-progress, so prompts get the whole budget. With no row decoding there is no gap to protect: prompts get the
+progress, so prompts get as many tokens as the fixed part costs (at most the budget). With no row decoding there is no gap to protect: prompts get the
 whole budget. Before anything is measured beside decoding rows, chunks start at the minimum and double. When the decode cost moves 2×
 (many rows left or joined) the mixed samples no longer describe the load: they are dropped and learned again.
 An allowance grows at most 2× from one mixed iteration to the next.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import deque
 from statistics import median
 
-__all__ = ["DECODE_BURST", "PrefillPacer", "STALL"]
+__all__ = ["DECODE_BURST", "PrefillPacer", "STALL", "minimum_chunk_default"]
 
 # Decode steps the engine thread may run back to back while nothing else waits for the loop (engine/batch.py).
 DECODE_BURST = 32
@@ -27,6 +27,15 @@ _SAMPLES = 32  # mixed iterations the fit looks at
 _MIN_SAMPLES = 6
 _SPREAD = 1.5  # the fit needs prompt-token counts at least this far apart to tell fixed from per-token cost
 _REGIME = 2.0  # a decode cost this many times above or below the one the fit was made beside: learn again
+
+
+def minimum_chunk_default() -> int:
+    """The fewest prompt tokens a mixed iteration carries when prompts wait: 32 on a GPU (prompt tokens are nearly
+    free beside a decode step), 4 on a CPU, where each costs ~10 ms beside a ~80 ms decode step of the demo model
+    (2 cores): 32 made every mixed iteration ~5 decode steps long, far past the stall bound. Raises nothing."""
+    from engine.accelerator import on_gpu
+
+    return 32 if on_gpu() else 4
 
 
 class PrefillPacer:
@@ -99,8 +108,13 @@ class PrefillPacer:
                                     if self.token_seconds > 0 else room))
             self._probe = not self._probe
             return min(room, 2 * paced if self._probe else paced)
-        if self.fixed_seconds >= allowance or self.token_seconds <= 0:
-            return self._grown(room)  # any mixed iteration passes the bound: make each one count
+        if self.token_seconds <= 0:
+            return self._grown(room)
+        if self.fixed_seconds >= allowance:
+            # Any mixed iteration passes the bound: make each one count, with prompt work as long as the fixed part
+            # (a GPU's 5 ms pipeline stop buys hundreds of tokens). The whole budget at once was a 6.8 s gap on a CPU
+            # where small chunks' noise read as a 107 ms fixed part.
+            return self._grown(max(self.min_tokens, min(room, int(self.fixed_seconds / self.token_seconds))))
         return self._grown(max(self.min_tokens, min(room, int((allowance - self.fixed_seconds) / self.token_seconds))))
 
     def _grown(self, paced: int) -> int:

@@ -28,7 +28,7 @@ from engine.driver import drive_execution_group
 from engine.memory import MemoryBudget, configure_allocator, process_rss
 from engine.errors import EngineClosed, NoChatModel
 from engine.gil import gil_switch_seconds
-from engine.pacing import DECODE_BURST, STALL
+from engine.pacing import DECODE_BURST, STALL, minimum_chunk_default
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
@@ -48,7 +48,7 @@ class Engine:
         *,
         max_active: int = 16,
         max_iteration_tokens: int = 512,
-        minimum_preparation_tokens: int = 32,
+        minimum_preparation_tokens: int | None = None,
         prefill_stall: float = STALL,
         prefix_cache: Any = None,
         backend: Any = None,
@@ -65,7 +65,8 @@ class Engine:
         machine's default, engine.memory). `max_queued`: rows that may wait for admission before submit
         raises QueueFull (None: unbounded). `decode_burst`: decode steps the engine thread may run back to back
         while nothing else waits (1: return to the event loop after every step). `prefill_lane`: prompt chunks on a
-        second engine thread beside the decode steps (None: on a GPU; engine/batch.py). Raises ValueError for
+        second engine thread beside the decode steps (None: on a GPU; engine/batch.py). `minimum_preparation_tokens`:
+        the fewest prompt tokens a mixed iteration carries (None: engine/pacing.py's default). Raises ValueError for
         non-positive limits, a budget that leaves no room for KV, or a bad TANDEM_GIL_SWITCH_MS."""
         apply_serving_defaults()
         self.gil_switch = gil_switch_seconds()
@@ -97,7 +98,8 @@ class Engine:
                 context_length=self.context_length,
                 max_active=max_active,
                 max_iteration_tokens=max_iteration_tokens,
-                minimum_preparation_tokens=minimum_preparation_tokens,
+                minimum_preparation_tokens=(minimum_chunk_default() if minimum_preparation_tokens is None
+                                            else minimum_preparation_tokens),
                 prefill_stall=prefill_stall,
                 prefix_cache=prefix_cache,
                 plan=self.plan,

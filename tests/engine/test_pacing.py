@@ -117,3 +117,26 @@ def test_a_new_decoding_load_is_learned_again() -> None:
     # once, which on a CPU is a gap of seconds for every stream.
     assert all(b <= 4 * a for a, b in zip(allowances, allowances[1:]))
     assert max(allowances) < 512 - 8
+
+
+def test_on_a_cpu_the_smallest_chunk_keeps_a_mixed_iteration_within_the_stall() -> None:
+    # The demo model on 2 cores: a decode step ~80 ms, a prompt token ~9 ms beside it. A 32-token floor made every
+    # mixed iteration ~380 ms (4.8 decode steps against the 1.5 promised): running streams stalled whenever a
+    # prompt arrived, for seconds at long contexts.
+    from engine.accelerator import on_gpu
+    from engine.pacing import minimum_chunk_default
+
+    if on_gpu():
+        pytest.skip("the CPU's floor")
+    pacer = PrefillPacer(max_tokens=512, min_tokens=minimum_chunk_default())
+    allowances = _simulate(pacer, decode=0.080, fixed=0.0, per_token=0.0093, iterations=24)
+    assert all(0.080 + 0.0093 * n <= STALL * 0.080 + 1e-9 for n in allowances[-8:])
+
+
+def test_a_fixed_cost_beyond_the_stall_buys_prompt_work_of_its_own_size_not_the_whole_budget() -> None:
+    # A CPU: a fit over small, noisy chunks read a 107 ms fixed part beside 95 ms decode steps; the whole budget
+    # (512 tokens at ~15 ms) then made one mixed iteration 6.8 s long.
+    pacer = PrefillPacer(max_tokens=512, min_tokens=4)
+    allowances = _simulate(pacer, decode=0.095, fixed=0.107, per_token=0.0156, iterations=32)
+    assert pacer.fixed_seconds is not None and pacer.fixed_seconds >= 0.5 * 0.095
+    assert max(allowances[-8:]) <= int(0.107 / 0.0156) + 1
