@@ -127,8 +127,8 @@ class LLMBatchGroup:
         EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
         if self._closed:
             raise EngineClosed("engine is shutting down")
-        # Queued rows a free row takes at the next pass do not wait (so max_queued 0 still serves an idle server).
-        waiting = self.queued_rows() - max(0, self.max_active - len(self._active))
+        # Queued rows the next admission pass takes do not wait (so max_queued 0 still serves an idle server).
+        waiting = self.queued_rows() - self._joining_next()
         if self.max_queued is not None and waiting >= self.max_queued:
             raise QueueFull(f"{waiting} requests are already waiting for a row (limit {self.max_queued}); retry later",
                             queued=waiting, limit=self.max_queued)
@@ -201,6 +201,22 @@ class LLMBatchGroup:
                 break  # its KV does not fit next to the running rows: it waits for one to leave
             row.state = RowState.ACTIVE
             self._active.append(self._queue.popleft())
+
+    def _joining_next(self) -> int:
+        """Queued rows the next `admit` would take, free rows and KV allowing, plus one for a newcomer when a row
+        is left free after them (counting free rows alone, a budget that fit one row let max_queued + max_active - 1
+        wait). Raises nothing."""
+        active, taken = list(self._active), 0
+        for row in self._queue:
+            if len(active) >= self.max_active:
+                return taken
+            if row.cancelled:
+                continue
+            if not may_join(row, active, max_kv_tokens=self.max_kv_tokens, admission=self.admission):
+                return taken
+            active.append(row)
+            taken += 1
+        return taken + (len(active) < self.max_active)
 
     def room_to_join(self) -> bool:
         return bool(self._queue) and len(self._active) < self.max_active

@@ -50,3 +50,16 @@ def test_no_limit_by_default_and_a_negative_limit_is_refused(tiny_loaded) -> Non
     assert group.queued_rows() == len(streams)
     with pytest.raises(ValueError, match="max_queued"):
         make_group(tiny_loaded, max_queued=-1)
+
+
+async def test_rows_the_kv_budget_keeps_waiting_count_as_waiting(tiny_loaded) -> None:
+    # Four free rows but KV for one: free rows were counted as taking queued requests, so 9 waited under a limit of 6.
+    group = make_group(tiny_loaded, max_active=4, max_queued=2, max_kv_tokens=30)
+    streams = [group.submit(GenerationRequest(prompt_of(4, i), GREEDY, max_tokens=20)) for i in range(3)]
+    with pytest.raises(QueueFull) as refused:
+        group.submit(GenerationRequest(prompt_of(4, 3), GREEDY, max_tokens=20))
+    assert (refused.value.queued, refused.value.limit) == (2, 2)
+    await iterate(group)
+    assert (group.active_rows(), group.queued_rows()) == (1, 2)
+    for stream in streams:
+        await stream.aclose()
