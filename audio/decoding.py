@@ -10,6 +10,7 @@ the speech pieces. Not ported: beam search (mlx-whisper has none) and hallucinat
 from __future__ import annotations
 
 import functools
+import secrets
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -68,7 +69,8 @@ class WindowedTranscription:
     engine thread). Not thread-safe: one window at a time."""
 
     def __init__(self, loaded: LoadedWhisper, options: TranscribeOptions, tokenizer: Any,
-                 prompt_tokens: list[int], *, timeline: Timeline | None = None, carry_prompt: bool = False) -> None:
+                 prompt_tokens: list[int], *, timeline: Timeline | None = None, carry_prompt: bool = False,
+                 seed: int | None = None) -> None:
         self.loaded = loaded
         self.options = options
         self.tokenizer = tokenizer
@@ -85,12 +87,16 @@ class WindowedTranscription:
         # Off, as in Whisper's transcribe(): the prompt conditions the windows until the first reset.
         self.carry_prompt = carry_prompt
         self.language: str | None = options.language or (None if loaded.model.is_multilingual else "en")
+        # Keys the sampled (temperature > 0) draws of all its windows: fresh a transcription (None), else a request
+        # at temperature 1 gave the same text every time. Greedy rows never read it: temperature 0 stays exact.
+        self.seed = secrets.randbits(32) if seed is None else seed
 
     @classmethod
     async def start(cls, loaded: LoadedWhisper, options: TranscribeOptions, *,
-                    timeline: Timeline | None = None, carry_prompt: bool = False) -> "WindowedTranscription":
+                    timeline: Timeline | None = None, carry_prompt: bool = False,
+                    seed: int | None = None) -> "WindowedTranscription":
         """Tokenizer and prompt tokens are built in a worker thread: a long prompt never holds the engine
-        thread or the event loop. Raises nothing of its own."""
+        thread or the event loop. `seed`: the sampled draws' key (None: a fresh one). Raises nothing of its own."""
 
         def prepare() -> tuple[Any, list[int]]:
             tok = tokenizer_for(loaded, options.language, options.task)
@@ -100,7 +106,7 @@ class WindowedTranscription:
             return tok, prompt
 
         tok, prompt = await anyio.to_thread.run_sync(prepare)
-        return cls(loaded, options, tok, prompt, timeline=timeline, carry_prompt=carry_prompt)
+        return cls(loaded, options, tok, prompt, timeline=timeline, carry_prompt=carry_prompt, seed=seed)
 
     @property
     def input_stride(self) -> int:
@@ -154,7 +160,8 @@ class WindowedTranscription:
                              without_timestamps=o.without_timestamps,
                              compression_ratio_threshold=o.compression_ratio_threshold,
                              logprob_threshold=o.logprob_threshold, no_speech_threshold=o.no_speech_threshold,
-                             keep_features=o.word_timestamps, realtime=realtime, mel_ceiling=self.mel_ceiling)
+                             keep_features=o.word_timestamps, realtime=realtime, mel_ceiling=self.mel_ceiling,
+                             seed=self.seed)
 
     def adopt(self, result: WindowResult) -> None:
         """Take the language a window detected. Raises nothing."""

@@ -63,7 +63,8 @@ def _verbose(t: Transcript, words: bool) -> dict[str, Any]:
         "segments": [s.as_dict(with_words=False) for s in t.segments],
     }
     if words:
-        body["words"] = [w.as_dict() for w in t.words]
+        # OpenAI's words carry no leading space (Whisper's tokens do: " And").
+        body["words"] = [{**w.as_dict(), "word": w.word.strip()} for w in t.words]
     body["usage"] = usage(t)
     return body
 

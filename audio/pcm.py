@@ -8,12 +8,15 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import soxr
 
 from audio.errors import AudioInputError
+
+if TYPE_CHECKING:
+    from av import AudioFrame
 
 __all__ = [
     "SAMPLE_RATE",
@@ -207,21 +210,23 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
                                       f"{MAX_FILE_RATE} Hz", param=param, code="unsupported_sample_rate")
             most = None if max_seconds is None else int(max_seconds * rate)
             decoded = 0
-            # Down-mix only; the rate change is soxr's job (proper band-limited resampling).
-            mixer = av.AudioResampler(format="flt", layout="mono", rate=rate)
+            # Planar float in the source's own layout, mixed down below; the rate change is soxr's job (proper
+            # band-limited resampling). FFmpeg's own down-mix keeps power, not level: stereo came out x1.41.
+            planar = av.AudioResampler(format="fltp", rate=rate)
             for frame in container.decode(stream):
-                for out in mixer.resample(frame):
-                    chunks.append(out.to_ndarray().reshape(-1))
+                for out in planar.resample(frame):
+                    chunks.append(_mono(out))
                     decoded += chunks[-1].size
                 if most is not None and decoded > most:
                     raise _too_long(max_seconds or 0.0, param)
-            for out in mixer.resample(None):
-                chunks.append(out.to_ndarray().reshape(-1))
+            for out in planar.resample(None):
+                if out is not None:  # a pass-through resampler (the file was fltp already) "flushes" None
+                    chunks.append(_mono(out))
     except (AudioInputError, MemoryError):
         raise
     except Exception as exc:  # whatever PyAV raises on a file is the file's fault (a bad header: AttributeError)
-        raise AudioInputError(f"could not decode the audio file: {exc}", param=param,
-                              code="unsupported_or_corrupt_audio") from None
+        raise AudioInputError(f"could not decode the audio file{_reason(exc)}: it is corrupt or not an audio "
+                              "format this server reads", param=param, code="unsupported_or_corrupt_audio") from None
     if not chunks:
         raise AudioInputError("the file contains no audio samples", param=param, code="empty_audio")
     x = np.concatenate(chunks).astype(np.float32, copy=False)
@@ -229,6 +234,21 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
         raise AudioInputError("decoded audio contains NaN or infinite samples", param=param,
                               code="invalid_samples")
     return resample(x, rate)
+
+
+def _reason(exc: Exception) -> str:
+    """FFmpeg's own words for a decode failure, without the errno and '<none>' file name str() adds
+    ("[Errno 1094995529] Invalid data found when processing input: '<none>'")."""
+    strerror = getattr(exc, "strerror", None)
+    if isinstance(strerror, str) and strerror.strip():
+        return f" ({strerror.strip().rstrip('.').lower()})"
+    return ""  # a Python error inside PyAV (a header it cannot describe) says nothing a client can act on
+
+
+def _mono(frame: AudioFrame) -> np.ndarray:
+    """One planar float frame (channels × samples) → its channels' mean, as raw PCM bodies are mixed down."""
+    planes = np.asarray(frame.to_ndarray(), dtype=np.float32)
+    return planes.reshape(-1) if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
 
 
 def check_file_length(pcm: np.ndarray, param: str = "file") -> None:
@@ -248,10 +268,12 @@ def _too_long(max_seconds: float, param: str) -> AudioInputError:
 
 def load_audio_file(path: str | Path) -> np.ndarray:
     """A file on disk → 16 kHz mono float32. Raises FileNotFoundError (IsADirectoryError for a directory),
-    AudioInputError."""
+    AudioInputError (empty_audio for a zero-byte file)."""
     p = Path(path)
     if p.is_dir():
         raise IsADirectoryError(f"{p} is a directory, not an audio file")
     if not p.is_file():
         raise FileNotFoundError(f"no such audio file: {p}")
+    if p.stat().st_size == 0:  # as an empty upload is told: FFmpeg would call it invalid data
+        raise AudioInputError("the file is empty", param="file", code="empty_audio")
     return decode_container(p, param="file")

@@ -61,8 +61,10 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CLIError("--vad-trim works with --no-vad only (VAD, the default, already leaves silence out)")
     try:
         pcm = load_audio_file(args.file)
-    except (OSError, AudioInputError) as exc:
+    except OSError as exc:  # its message names the path already
         raise CLIError(str(exc)) from None
+    except AudioInputError as exc:
+        raise CLIError(f"{args.file}: {exc}") from None
     try:
         check_file_length(pcm)  # as the server refuses it: an empty answer would look like silence
     except AudioInputError as exc:

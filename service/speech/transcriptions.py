@@ -68,14 +68,17 @@ async def create_transcription(
     words = "word" in data.timestamp_granularities
     return await respond_to_upload(request, data, {
         "language": data.language, "task": data.task, "word_timestamps": words, "vad_trim": data.vad_trim,
-        "vad": True if data.chunking_strategy == "auto" else data.vad}, stream=data.stream)
+        "vad": True if data.chunking_strategy == "auto" else data.vad}, stream=data.stream,
+        segments="segment" in data.timestamp_granularities)
 
 
 async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationForm, asked: Mapping[str, Any], *,
-                            stream: bool = False, renamed: Mapping[str, str] | None = None) -> Response[Any]:
+                            stream: bool = False, renamed: Mapping[str, str] | None = None,
+                            segments: bool = True) -> Response[Any]:
     """Transcribe the form's file with the options `asked` (its prompt and temperature besides), answered in its
     response_format, or as SSE events with `stream`. `renamed`: the request's names for the options' fields (a
-    refused option may be another field's fault). Raises APIError (400 bad audio/params, 404 model, 413 size,
+    refused option may be another field's fault). `segments`: verbose_json lists them (False: words only, as
+    OpenAI answers timestamp_granularities=["word"]). Raises APIError (400 bad audio/params, 404 model, 413 size,
     503 load failure)."""
     state = get_state(request)
     speech = served_speech(state, data.model)
@@ -105,7 +108,17 @@ async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationFo
     if state.metrics is not None:
         state.metrics.observe_transcription(audio_seconds, time.perf_counter() - started)
     body = render(transcript, data.response_format, words=options.word_timestamps)
+    if isinstance(body, dict) and data.response_format == "verbose_json":
+        body = _as_openai(body, segments=segments)
     return Response(body, media_type=media_type(data.response_format), status_code=200)
+
+
+def _as_openai(body: dict[str, Any], *, segments: bool) -> dict[str, Any]:
+    """A verbose_json body as OpenAI shapes it: segments only when asked for. Raises nothing."""
+    shaped = dict(body)
+    if not segments:
+        shaped.pop("segments", None)
+    return shaped
 
 
 def part_content_type(upload: UploadFile) -> str | None:

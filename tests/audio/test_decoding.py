@@ -156,3 +156,16 @@ async def test_word_timestamps_never_seek_past_the_windows_last_timestamp(tiny_w
         tr.align = align  # type: ignore[method-assign]
         await tr.step(noise(20), 2000, ScriptedScheduler(tokens), None)  # type: ignore[arg-type]
         assert tr.seek == seek, (word_end, tr.seek)
+
+
+async def test_sampled_windows_draw_anew_each_transcription_and_greedy_ones_stay_exact(
+        tiny_whisper: LoadedWhisper) -> None:
+    # Every request keyed its draws with seed 0: temperature 1 gave the same text on every call.
+    pcm = noise(3, seed=2)
+    hot = TranscribeOptions(temperatures=(1.0,), without_timestamps=True)
+    sampled = [(await transcribe(tiny_whisper, pcm, hot))[0].all_tokens for _ in range(3)]
+    assert len({tuple(t) for t in sampled}) > 1
+    seeded = [(await transcribe(tiny_whisper, pcm, hot, seed=7))[0].all_tokens for _ in range(2)]
+    assert seeded[0] == seeded[1]  # a given seed draws the same (the draws are keyed, not the global RNG's)
+    greedy = [(await transcribe(tiny_whisper, pcm, FAST))[0].all_tokens for _ in range(2)]
+    assert greedy[0] == greedy[1]

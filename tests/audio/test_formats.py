@@ -56,7 +56,7 @@ def test_verbose_json_fields() -> None:
     seg = body["segments"][0]
     assert set(seg) == {"id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
                         "compression_ratio", "no_speech_prob"}
-    assert [w["word"] for w in body["words"]] == [" Hello", " there.", " General"]
+    assert [w["word"] for w in body["words"]] == ["Hello", "there.", "General"]  # no leading space, as OpenAI's
     assert "words" not in render(T, "verbose_json")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from audio.pcm import (
     decode_container,
     decode_raw_pcm,
     is_raw_pcm,
+    load_audio_file,
     parse_pcm_content_type,
     resample,
 )
@@ -211,3 +213,47 @@ def test_a_header_pyav_cannot_describe_is_a_corrupt_file() -> None:
     with pytest.raises(AudioInputError) as err:
         decode_container(_wav(8000, np.zeros(60), bits=36, channels=3))
     assert err.value.code in ("unsupported_or_corrupt_audio", "empty_audio", "no_audio_stream")
+
+
+def _multichannel_wav(x: np.ndarray, layout: str, rate: int = 44100) -> bytes:
+    """A pcm_s16le WAV whose every channel holds `x`."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="wav") as out:
+        stream = out.add_stream("pcm_s16le", rate=rate)
+        stream.layout = layout
+        channels = stream.codec_context.layout.nb_channels
+        pcm = np.repeat((x * 32767).astype(np.int16), channels).reshape(1, -1)  # packed: frame by frame
+        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout=layout)
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("layout", ["stereo", "5.1"])
+def test_multichannel_files_decode_as_loud_as_the_mono_file(layout: str) -> None:
+    # FFmpeg's down-mix kept power: identical channels came out x1.41 (stereo) and x3.41 (5.1), past full scale.
+    x = sine(440, 1.0, 44100) * 0.9
+    mono = decode_container(_multichannel_wav(x, "mono"))
+    mixed = decode_container(_multichannel_wav(x, layout))
+    assert mixed.shape == mono.shape
+    np.testing.assert_allclose(mixed, mono, atol=1e-4)
+    assert np.abs(mixed).max() < 1.0
+
+
+def test_an_undecodable_file_is_named_in_plain_words() -> None:
+    with pytest.raises(AudioInputError) as err:
+        decode_container(b"this is not audio at all" * 20)
+    message = str(err.value)
+    assert "could not decode the audio file" in message
+    assert "Errno" not in message and "<none>" not in message and "1094995529" not in message
+
+
+def test_an_empty_file_on_disk_is_called_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "zero.wav"
+    empty.write_bytes(b"")
+    with pytest.raises(AudioInputError) as err:
+        load_audio_file(empty)
+    assert (err.value.code, str(err.value)) == ("empty_audio", "the file is empty")

@@ -97,3 +97,13 @@ def test_serve_with_a_bad_whisper_model_fails_clearly(tmp_path: Path) -> None:
     with pytest.raises(CLIError, match="--whisper-model"):
         configure_serve_speech(_serve_args("--whisper-model", str(tmp_path)), ServiceConfig())
     assert not configure_serve_speech(_serve_args("--no-whisper"), ServiceConfig()).transcription_only
+
+
+def test_an_empty_file_is_called_empty_not_undecodable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # FFmpeg's answer was "[Errno 1094995529] Invalid data found when processing input"; the server says "empty".
+    empty = tmp_path / "zero.wav"
+    empty.write_bytes(b"")
+    assert main(["transcribe", str(empty)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"{empty}: the file is empty" in err and "decode" not in err
+    assert len(err.strip().splitlines()) == 1

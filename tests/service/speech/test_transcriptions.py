@@ -1,0 +1,81 @@
+"""service/speech/transcriptions.py: a verbose_json answer shaped as OpenAI's (words without Whisper's leading space,
+segments only when asked for), over a tiny random Whisper whose transcript is replaced by a known one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+from litestar.testing import TestClient
+
+from audio.speech import SpeechService
+from audio.transcript import Segment, TranscribeOptions, Transcript, Word
+from service.app import create_app
+from service.speech.setup import SpeechConfig, install_speech
+from service.state import AppState
+from tests.fixtures.tiny_whisper import build_tiny_whisper
+from tests.service.speech.test_routes import voiced, wav_bytes
+
+SPOKEN = Transcript(" And Mr. Dashwood", "en", 2.0, segments=[Segment(
+    0, 0, 0.0, 1.5, " And Mr. Dashwood", words=[Word(" And", 0.0, 0.4, 0.9), Word(" Mr.", 0.4, 0.8, 0.9),
+                                                 Word(" Dashwood", 0.8, 1.5, 0.9)])])
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient[Any]]:
+    whisper_dir: Path = build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True))
+    with TestClient(create_app(state)) as c:
+        yield c
+
+
+@pytest.fixture
+def spoken(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def transcribe(self: SpeechService, pcm: np.ndarray, options: TranscribeOptions) -> Transcript:
+        return SPOKEN  # as Whisper writes it: each word after a space
+
+    monkeypatch.setattr(SpeechService, "transcribe", transcribe)
+
+
+def _verbose(client: TestClient[Any], fields: list[tuple[str, str]]) -> dict[str, Any]:
+    data: dict[str, Any] = {"model": "whisper-1", "response_format": "verbose_json"}
+    for name, value in fields:  # a repeated name is sent as repeated parts
+        data[name] = [*data.get(name, []), value]
+    r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(2)), "audio/wav")},
+                    data=data)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_words_have_no_leading_space(client: TestClient[Any], spoken: None) -> None:
+    body = _verbose(client, [("timestamp_granularities[]", "word")])
+    assert [w["word"] for w in body["words"]] == ["And", "Mr.", "Dashwood"]
+    assert body["text"] == "And Mr. Dashwood"
+
+
+@pytest.mark.parametrize("fields, keys", [
+    ([], {"segments"}),  # no granularity: segments, as OpenAI's default
+    ([("timestamp_granularities[]", "segment")], {"segments"}),
+    ([("timestamp_granularities[]", "word")], {"words"}),  # words alone: no segments
+    ([("timestamp_granularities", "word")], {"words"}),  # the field's own name
+    ([("timestamp_granularities[]", "word"), ("timestamp_granularities[]", "segment")], {"segments", "words"}),
+])
+def test_segments_and_words_come_as_asked(client: TestClient[Any], spoken: None,
+                                          fields: list[tuple[str, str]], keys: set[str]) -> None:
+    body = _verbose(client, fields)
+    assert {"segments", "words"} & set(body) == keys
+    if "segments" in keys:
+        assert body["segments"][0]["text"] == " And Mr. Dashwood"  # OpenAI's segments keep Whisper's space
+
+
+def test_an_undecodable_upload_is_told_in_plain_words(client: TestClient[Any]) -> None:
+    r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio at all" * 40, "audio/wav")},
+                    data={"model": "whisper-1"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("unsupported_or_corrupt_audio", "file")
+    assert err["message"].startswith("could not decode the audio file")
+    assert "Errno" not in err["message"] and "<none>" not in err["message"]
