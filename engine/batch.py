@@ -117,6 +117,7 @@ class LLMBatchGroup:
         self.health = StepHealth()
         self._last_step_end: float | None = None
         self._left: list[Row] = []  # finished rows whose last delta went out early: they leave as their step lands
+        self._refusing = False  # shutting down: no new rows, running ones finish (`refuse_queued`)
 
     # -- submission -------------------------------------------------------------------------------
 
@@ -125,7 +126,7 @@ class LLMBatchGroup:
 
         Raises what engine/request_checks.py raises (InvalidRequest, ContextTooLong, InvalidSampling),
         EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
-        if self._closed:
+        if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
         # Queued rows the next admission pass takes do not wait (so max_queued 0 still serves an idle server).
         waiting = self.queued_rows() - self._joining_next()
@@ -267,6 +268,18 @@ class LLMBatchGroup:
     async def advance(self) -> None:
         """One decode token for every decoding row."""
         await self._iterate(0, decode=True, prefill=False)
+
+    def refuse_queued(self) -> int:
+        """Shutting down: rows still waiting for admission end now with finish_reason "cancelled" (they would only
+        wait out the grace period for that answer), running rows go on, later submits raise EngineClosed. Returns
+        how many were waiting. Raises nothing."""
+        self._refusing = True
+        waiting = [r for r in self._queue if not r.cancelled]
+        for row in self._queue:
+            self._publish(row, row_delta(row, finish_reason="cancelled"))
+        self._queue.clear()
+        self._wake.fire()
+        return len(waiting)
 
     def close(self) -> None:
         """Stop accepting work, end every row with finish_reason "cancelled", reject queued tasks."""

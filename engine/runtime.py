@@ -311,6 +311,12 @@ class Engine:
                    mlx_peak_bytes=mx.get_peak_memory(), process_rss_bytes=process_rss())
         return out
 
+    def refuse_queued(self) -> int:
+        """Shutting down: chat rows still queued end now as cancelled, running ones go on, new ones are refused
+        (engine/batch.py). Returns how many were waiting. Raises nothing."""
+        group = self.group
+        return group.refuse_queued() if isinstance(group, LLMBatchGroup) else 0
+
     def close(self) -> None:
         """Stop the loop: rows end with finish_reason "cancelled", queued tasks are rejected. Idempotent."""
         if self._closed:

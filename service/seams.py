@@ -97,6 +97,11 @@ class ChatEngine(Protocol):
 
     async def serve(self) -> None: ...
 
+    def refuse_queued(self) -> int:
+        """Shutting down: requests not yet running end now as cancelled, new ones are refused, running ones go
+        on. Returns how many were waiting (as far as this side knows). Raises nothing."""
+        ...
+
     def close(self) -> None: ...
 
     def health(self) -> dict[str, Any]:

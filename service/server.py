@@ -61,8 +61,9 @@ def serve(config: ServiceConfig) -> int:
     os.environ[PARENT_PID_ENV] = str(os.getpid())
     # A fresh interpreter for the worker: MLX and BLAS thread pools must not be inherited through fork.
     multiprocessing.set_start_method("spawn", force=True)
-    _log.info("serving on http://%s:%d/v1 (granian, ASGI, 1 worker, up to %d connections)", config.host,
-              config.port, connections)
+    # "Starting": the worker loads the model after this (503 meanwhile); a failed load must not read as served.
+    _log.info("starting on http://%s:%d/v1 (granian, ASGI, 1 worker, up to %d connections; ready once the model "
+              "loads)", config.host, config.port, connections)
     server = SupervisedGranian(
         APP_FACTORY,
         address=config.host,

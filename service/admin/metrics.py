@@ -1,6 +1,6 @@
 """Prometheus metrics (prometheus-client), one registry per app.
 
-Observed by the service as requests run: requests by route and status, end-to-end duration, time to
+Observed by the service as requests run: requests (and websocket sessions) by route and status, end-to-end duration, time to
 first token, inter-token latency, time a request waited before it reached the engine, Whisper audio seconds
 and real-time factor. Read from the engine at scrape time: active/queued rows, KV, prefix-cache and
 memory-budget bytes (gauges), and the engine's own running totals (counters).
@@ -26,6 +26,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4"
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _TOKEN_GAP = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+_SESSION = (1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600)
 _RTF = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8)
 
 # engine.stats() keys that only grow: exported as counters (prometheus-client appends `_total`).
@@ -67,7 +68,12 @@ class ServiceMetrics:
         self.queue_wait = Histogram("tandem_queue_wait_seconds",
                                     "Arrival to submission to the engine (waiting for the tokenizer and rendering)",
                                     buckets=_LATENCY, registry=r)
-        self.audio_seconds = Counter("tandem_whisper_audio_seconds", "Seconds of audio transcribed from files",
+        # Websocket sessions (live transcription) are counted here too, once each as it ends: method "WS", status
+        # 101 (accepted) or 403 (refused at the handshake); their length goes to the session histogram instead.
+        self.sessions = Histogram("tandem_session_duration_seconds", "Websocket session length, by route", ["route"],
+                                  buckets=_SESSION, registry=r)
+        self.audio_seconds = Counter("tandem_whisper_audio_seconds",
+                                     "Seconds of audio received for transcription: files and live sessions",
                                      registry=r)
         self.real_time_factor = Histogram("tandem_whisper_real_time_factor",
                                           "Transcription wall time over audio duration, per file",
@@ -78,6 +84,16 @@ class ServiceMetrics:
         """Count one answered request. Raises nothing."""
         self.requests.labels(route, method, str(status) if status is not None else "none").inc()
         self.duration.labels(route).observe(seconds)
+
+    def observe_session(self, route: str, status: int | None, seconds: float) -> None:
+        """Count one websocket session as it ends. Raises nothing."""
+        self.requests.labels(route, "WS", str(status) if status is not None else "none").inc()
+        self.sessions.labels(route).observe(seconds)
+
+    def observe_live_audio(self, seconds: float) -> None:
+        """Add audio a live session took in (counted as it arrives, as a file's is once read). Raises nothing."""
+        if seconds > 0:
+            self.audio_seconds.inc(seconds)
 
     def observe_transcription(self, audio_seconds: float, wall_seconds: float) -> None:
         """Record one transcribed file. Raises nothing."""

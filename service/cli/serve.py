@@ -7,6 +7,7 @@ import math
 import logging
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from engine.pacing import DECODE_BURST, STALL
@@ -16,6 +17,7 @@ from service.cli.resolve import resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
 from service.config import ServiceConfig
+from service.process.port_lock import PortBusy, PortLock, lock_port
 
 __all__ = ["add_serve", "serve_config"]
 
@@ -102,6 +104,22 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
+def _claim_port(host: str, port: int) -> PortLock:
+    """Take the port's lock, then check the port binds; the caller holds the lock while it serves. Raises
+    CLIError when another tandem server holds the lock or host:port cannot be bound."""
+    try:
+        # granian binds with SO_REUSEPORT: a bind check alone lets a server starting beside this one share the port.
+        lock = lock_port(port)
+    except PortBusy:
+        raise CLIError(f"cannot listen on {host}:{port}: Address already in use (is another server running?)") from None
+    try:
+        _check_port(host, port)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
 def _check_port(host: str, port: int) -> None:
     """Raise CLIError when host:port cannot be bound (granian would fail later with a Rust backtrace)."""
     try:
@@ -123,13 +141,24 @@ def _serve(args: argparse.Namespace) -> int:
     config = serve_config(args)
     speech = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
-    _check_port(config.host, config.port)
+    if source is not None and source.kind == "hf_dir":
+        from service.engines import broken_model_file
+
+        # Headers only: an empty or truncated download is one line here, not a worker that starts and fails.
+        if (problem := broken_model_file(Path(source.path))) is not None:
+            raise CLIError(f"cannot load model {source.name}: {problem}")
+    lock = _claim_port(config.host, config.port)
     # Only once every check passed, so a bad name or a busy port is the one line printed.
     warn_if_open(config)
     if not logging.getLogger("tandem.service").isEnabledFor(logging.INFO):
-        # The info line that names the address is not shown at this level; the address always is.
-        print(f"tandem serve: serving on http://{config.host}:{config.port}/v1", file=sys.stderr, flush=True)
+        # The info line that names the address is not shown at this level; the address always is. "Starting":
+        # the model loads after this, and a load that fails must not follow a claim that the server is serving.
+        print(f"tandem serve: starting on http://{config.host}:{config.port}/v1 (ready once the model loads)",
+              file=sys.stderr, flush=True)
     if source is not None:
         _log.info("model %s (%s: %s)", source.name, source.kind, source.path)
     _log.info("%s", speech.note)
-    return serve(config)
+    try:
+        return serve(config)
+    finally:
+        lock.release()

@@ -49,6 +49,8 @@ def arrival_time(connection: ASGIConnection[Any, Any, Any, Any]) -> float:
 class RequestMetrics(Protocol):
     def observe_request(self, route: str, method: str, status: int | None, seconds: float) -> None: ...
 
+    def observe_session(self, route: str, status: int | None, seconds: float) -> None: ...
+
 
 class AccessLog:
     """ASGI wrapper logging (and counting) each HTTP request once it has been answered (streams: once
@@ -101,8 +103,8 @@ class AccessLog:
 
     async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """One line when a websocket ends: 101 (accepted) or 403 (refused at the handshake), how long it lasted
-        and who closed it (the server's close code). Not counted in the request metrics: its duration is a
-        session's."""
+        and who closed it (the server's close code). Counted once in the metrics as it ends, its length apart
+        from the request durations (a session's, not a response's)."""
         start = time.perf_counter()
         status: list[int] = []
         closed: list[int] = []
@@ -118,9 +120,13 @@ class AccessLog:
             await self.app(scope, receive, watch)
         finally:
             code = status[0] if status else 403 if closed else None
-            line = _line(scope, code, time.perf_counter() - start, method="WS")
+            seconds = time.perf_counter() - start
+            line = _line(scope, code, seconds, method="WS")
             end = "refused" if not status else f"closed {closed[0]}" if closed else "closed by the client"
             _log.info("%s %s", line, end)
+            if self.metrics is not None:
+                route = scope.get("path_template") or ("unrouted" if code is None or code == 403 else "guard")
+                self.metrics.observe_session(str(route), code, seconds)
 
 
 # The methods a metrics label names; any other is "other": a client inventing methods must not create series.

@@ -26,6 +26,7 @@ from service.isolate.messages import (
     ADDRESS_ENV,
     AUTHKEY_ENV,
     Cancel,
+    RefuseQueued,
     Deltas,
     ErrorInfo,
     Failed,
@@ -150,6 +151,8 @@ async def _host(conn: Connection, config: Any) -> None:
             elif isinstance(message, Cancel):
                 if (stream := streams.pop(message.rid, None)) is not None:
                     stream.cancel()
+            elif isinstance(message, RefuseQueued):
+                engine.refuse_queued()
             elif isinstance(message, Call):
                 tg.start_soon(objects.handle, message)
             elif isinstance(message, Shutdown):

@@ -15,7 +15,7 @@ import audio.errors as audio_errors
 import engine.errors as engine_errors
 from engine.contracts import Delta, GenerationRequest
 
-__all__ = ["Submit", "Cancel", "Shutdown", "Ready", "Deltas", "Rejected", "Snapshot", "Failed", "ErrorInfo",
+__all__ = ["Submit", "Cancel", "RefuseQueued", "Shutdown", "Ready", "Deltas", "Rejected", "Snapshot", "Failed", "ErrorInfo",
            "AUTHKEY_ENV", "ADDRESS_ENV"]
 
 # The engine process finds its way back to the API process through these (set by the supervisor).
@@ -73,6 +73,11 @@ class Submit:
 @dataclass
 class Cancel:
     rid: int
+
+
+@dataclass
+class RefuseQueued:
+    """Shutting down: end the rows still queued, refuse new ones (engine.runtime.Engine.refuse_queued)."""
 
 
 @dataclass

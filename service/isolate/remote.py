@@ -35,6 +35,7 @@ from service.isolate.messages import (
     ADDRESS_ENV,
     AUTHKEY_ENV,
     Cancel,
+    RefuseQueued,
     Deltas,
     Failed,
     Ready,
@@ -126,6 +127,7 @@ class RemoteEngine:
         self.restarts = 0
         self._state = "starting"
         self._closed = False
+        self._refusing = False  # shutting down: submit refuses (refuse_queued)
         self._rids = itertools.count(1)
         self._streams: dict[int, RemoteRowStream] = {}
         self._conn: Connection | None = None
@@ -207,13 +209,20 @@ class RemoteEngine:
         self._exited.set()
         self._fail_streams("The server is shutting down.", reason="cancelled")
 
+    def refuse_queued(self) -> int:
+        """Shutting down: the engine process ends its queued rows (their streams get "cancelled") and refuses
+        new ones; so does this side. Returns 0: the count is the engine process's. Raises nothing."""
+        self._refusing = True
+        self._send(RefuseQueued())
+        return 0
+
     # -- ChatEngine -------------------------------------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> RemoteRowStream:
         """Send the request to the engine process; refusals arrive as the stream's first item (the typed
         engine error). Raises EngineRestarting while the engine process (re)starts, EngineClosed after
         close()."""
-        if self._closed:
+        if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
         if self._state == "failed":
             raise EngineClosed(self._failure)

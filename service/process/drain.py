@@ -2,8 +2,9 @@
 shutdown timeout, end what is left with its final events, then let granian stop the worker.
 
 Admission stops at once (`state.draining`: new requests get 503 with Retry-After, /health says
-"stopping"). After `shutdown_timeout` the engine is closed: every running generation ends, and each
-stream sends an error event (code shutting_down) and `[DONE]` before the worker goes.
+"stopping"), and requests queued in the engine but not yet running are refused then too (503 shutting_down,
+where the engine offers `refuse_queued`). After `shutdown_timeout` the engine is closed: every running
+generation ends, and each stream sends an error event (code shutting_down) and `[DONE]` before the worker goes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ async def drain(state: "AppState") -> None:
     """Stop admission, wait up to shutdown_timeout for requests in flight, then close the engine so the
     rest end with their final events, and wait briefly for them. Raises nothing."""
     state.draining = True
+    _refuse_queued(state)
     timeout = state.config.shutdown_timeout
     _log.info("stopping: %d requests in flight get %g s to finish", state.inflight.count, timeout)
     with anyio.move_on_after(timeout):
@@ -41,6 +43,21 @@ async def drain(state: "AppState") -> None:
             state.engine.close()
         with anyio.move_on_after(_FINAL_EVENTS_SECONDS):
             await state.inflight.wait_idle()
+
+
+def _refuse_queued(state: "AppState") -> None:
+    """End the generations still queued (not yet running) now, each with finish_reason "cancelled" (503
+    shutting_down): they would only wait out the grace period to get that answer. Running ones keep it. Raises
+    nothing."""
+    if state.engine is None:
+        return
+    try:
+        refused = state.engine.refuse_queued()
+    except Exception:  # the drain must go on; the close after the timeout still ends them
+        _log.warning("stopping: could not refuse the queued requests", exc_info=True)
+        return
+    if refused:
+        _log.info("stopping: refused %d queued requests", refused)
 
 
 def install_drain(state: "AppState") -> bool:

@@ -5,7 +5,8 @@ worker it is a respawn (WORKER_GENERATION_ENV), so /health says "restarting" unt
 granian 2.8's main loop respawns without telling a startup failure from a kill and only stops a crash
 loop when deaths are under 5.5 s apart; `_serve_loop` is replaced here (granian's version is pinned). Its signal
 handlers set a threading.Event, whose lock a second signal arriving inside that set() waited on forever (`uv run`
-forwards SIGTERM, so `pkill` delivers two): `wake` never blocks in a handler.
+forwards SIGTERM, so `pkill` delivers two): `wake` never blocks in a handler. A second SIGINT/SIGTERM a moment
+after the first kills the worker instead of waiting out its drain (the second Ctrl-C convention).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ __all__ = ["SupervisedGranian", "WORKER_GENERATION_ENV", "worker_generation", "w
 WORKER_GENERATION_ENV = "TANDEM_WORKER_GENERATION"
 
 _log = logging.getLogger("tandem.service")
+
+# A second SIGINT/SIGTERM at least this long after the first kills the worker at once (streams are cut). Closer
+# together they are one request: `uv run` forwards the SIGTERM that `pkill` also delivered itself.
+FORCE_AFTER_SECONDS = 0.5
 
 
 def worker_generation(environ: Any = None) -> int:
@@ -57,10 +62,27 @@ class SupervisedGranian(MPServer):
         self.policy = policy or RestartPolicy()
         self.generation = 0
         self.exit_code = 0
+        self.interrupted_at: float | None = None  # monotonic time of the first SIGINT/SIGTERM
 
     def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
+        now = time.monotonic()
+        first: float | None = getattr(self, "interrupted_at", None)
+        if first is None:
+            self.interrupted_at = now
+        elif now - first >= FORCE_AFTER_SECONDS:
+            self.force_stop()
         self.interrupt_signal = True
         wake(self.main_loop_interrupt)
+
+    def force_stop(self) -> None:
+        """Kill the workers now (the convention for a second Ctrl-C): the drain's wait ends and the main
+        process exits; open streams are cut. Runs in a signal handler: kill() is one os.kill. Raises nothing."""
+        _log.warning("second interrupt: stopping now; open streams are cut")
+        for worker in list(getattr(self, "wrks", ())):
+            try:
+                worker.kill()
+            except (OSError, AttributeError, ValueError):  # not started yet, or already reaped
+                pass
 
     def signal_handler_reload(self, *args: Any, **kwargs: Any) -> None:
         self.reload_signal = True

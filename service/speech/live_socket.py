@@ -162,6 +162,9 @@ class LiveSocket:
             self.session.append(data, fmt)
         except AudioError as exc:  # the PCM checks name an HTTP body; here the audio is the event's `audio`, or
             raise api_error(exc, params={"body": "audio"}) from None  # a binary frame's (no body on a socket)
+        # Counted as it is taken (refused audio raised above): /metrics shows live audio while sessions run.
+        if (metrics := self.state.metrics) is not None:
+            metrics.observe_live_audio(len(data) / (fmt.rate * fmt.sample_bytes * max(1, fmt.channels)))
 
     async def _text(self, text: str, tg: anyio.abc.TaskGroup) -> None:
         """Handle one text message. Raises APIError, ConfigError or an audio error for what cannot be done

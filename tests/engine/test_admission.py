@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from engine.contracts import GenerationRequest, SamplingParams
-from engine.errors import QueueFull
-from tests.engine.test_batch import iterate, make_group, prompt_of
+from engine.errors import EngineClosed, QueueFull
+from tests.engine.test_batch import drain, iterate, make_group, prompt_of
 
 pytestmark = pytest.mark.anyio
 GREEDY = SamplingParams(temperature=0.0)
@@ -63,3 +63,20 @@ async def test_rows_the_kv_budget_keeps_waiting_count_as_waiting(tiny_loaded) ->
     assert (group.active_rows(), group.queued_rows()) == (1, 2)
     for stream in streams:
         await stream.aclose()
+
+
+async def test_refusing_the_queue_ends_waiting_rows_and_new_ones_while_running_rows_finish(tiny_loaded) -> None:
+    # On shutdown, queued requests waited out the whole grace period for the 503 they were always going to get.
+    group = make_group(tiny_loaded, max_active=1)
+    running = group.submit(GenerationRequest(prompt_of(4, 0), GREEDY, max_tokens=3))
+    await iterate(group)
+    waiting = group.submit(GenerationRequest(prompt_of(4, 1), GREEDY, max_tokens=3))
+    assert group.refuse_queued() == 1
+    assert [d.finish_reason for d in drain(waiting)] == ["cancelled"]
+    with pytest.raises(EngineClosed):
+        group.submit(GenerationRequest(prompt_of(4, 2), GREEDY, max_tokens=3))
+    got: list = []
+    while not got or got[-1].finish_reason is None:
+        await iterate(group)
+        got += drain(running)
+    assert got[-1].finish_reason == "length" and sum(len(d.token_ids) for d in got) == 3

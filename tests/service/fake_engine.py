@@ -169,6 +169,10 @@ class FakeEngine:
                 self._tasks_engine.close()
         self.serving = False
 
+    def refuse_queued(self) -> int:
+        self.refused_queued = True  # the scripted rows never queue: nothing waits
+        return 0
+
     def close(self) -> None:
         if self._closed is not None:
             self._closed.set()

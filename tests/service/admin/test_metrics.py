@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -82,3 +83,15 @@ def test_garbage_collections_are_counters_by_generation() -> None:
     assert _value(families["tandem_gc_collections"], generation="2") >= 1
     assert _value(families["tandem_gc_pause_seconds"], generation="2") > 0
     assert stats["generations"][2]["collections"] >= 1
+
+
+def test_websocket_sessions_are_counted_by_route() -> None:
+    from litestar.exceptions import WebSocketDisconnect
+
+    with TestClient(create_app(AppState(engine=FakeEngine()))) as client:
+        with client.websocket_connect("/v1/realtime?intent=transcription") as ws:  # no Whisper: refused in-band
+            assert ws.receive_json()["type"] == "error"
+            with pytest.raises(WebSocketDisconnect):
+                ws.receive_json()
+        requests = _families(client)["tandem_requests"]
+    assert _value(requests, route="/v1/realtime", method="WS", status="101") == 1

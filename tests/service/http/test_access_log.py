@@ -109,3 +109,41 @@ async def test_a_stream_the_client_left_is_logged_as_incomplete(capsys: pytest.C
     left, answered = _lines(capsys.readouterr().err)
     assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms incomplete: the client left", left), left
     assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms", answered), answered
+
+
+@pytest.mark.anyio
+async def test_a_websocket_session_is_counted_once_as_it_ends() -> None:
+    # /metrics left websocket sessions out: Realtime and /v1/audio/live never appeared in tandem_requests_total.
+    from service.http.access_log import AccessLog
+
+    class Metrics:
+        def __init__(self) -> None:
+            self.requests: list[tuple[str, str, int | None]] = []
+            self.sessions: list[tuple[str, int | None]] = []
+
+        def observe_request(self, route: str, method: str, status: int | None, seconds: float) -> None:
+            self.requests.append((route, method, status))
+
+        def observe_session(self, route: str, status: int | None, seconds: float) -> None:
+            self.sessions.append((route, status))
+
+    async def session(scope: Any, receive: Any, send: Any) -> None:
+        scope["path_template"] = "/v1/realtime"  # as the router sets it
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": 1000})
+
+    async def refused(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "websocket.close", "code": 1008})
+
+    async def nothing() -> dict[str, Any]:
+        return {"type": "websocket.disconnect"}
+
+    async def sink(message: Any) -> None:
+        pass
+
+    metrics = Metrics()
+    scope = {"type": "websocket", "path": "/v1/realtime", "query_string": b"intent=transcription"}
+    await AccessLog(session, metrics)(dict(scope), nothing, sink)
+    await AccessLog(refused, metrics)(dict(scope, path="/v1/audio/live"), nothing, sink)
+    assert metrics.sessions == [("/v1/realtime", 101), ("unrouted", 403)]
+    assert metrics.requests == []  # a session's length is not a response time

@@ -64,3 +64,24 @@ def test_while_draining_new_requests_get_503_and_health_says_stopping(tiny_loade
         assert refused.json()["error"]["code"] == "shutting_down"
         health = client.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "stopping"
+
+
+async def test_queued_requests_are_refused_when_the_drain_starts() -> None:
+    # Queued (not running) requests waited the whole grace period for the 503 they were always going to get.
+    from tests.service.fake_engine import FakeEngine
+
+    class Queueing(FakeEngine):
+        refused = 0
+
+        def refuse_queued(self) -> int:
+            self.refused += 1
+            return 2
+
+    engine = Queueing()
+    state = AppState(engine=engine, ready=True, config=ServiceConfig(shutdown_timeout=60))
+    state.inflight.enter()  # a running stream: it keeps its grace period
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(drain, state)
+        await anyio.wait_all_tasks_blocked()
+        assert engine.refused == 1 and state.inflight.count == 1
+        state.inflight.exit()

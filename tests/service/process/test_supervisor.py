@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from service.process.supervisor import SupervisedGranian, wake
 
 
@@ -40,3 +42,44 @@ def test_wake_sets_the_event_at_once_when_the_lock_is_free() -> None:
     thread = _handler_inside_set(server.main_loop_interrupt, server.signal_handler_reload)
     thread.join(30)
     assert not thread.is_alive() and server.reload_signal and server.main_loop_interrupt.wait(30)
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.killed = 0
+
+    def kill(self) -> None:
+        self.killed += 1
+
+
+def _server_at(clock: list[float], monkeypatch: pytest.MonkeyPatch) -> tuple[SupervisedGranian, _Worker]:
+    import service.process.supervisor as supervisor
+
+    monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
+    server = object.__new__(SupervisedGranian)
+    server.main_loop_interrupt = threading.Event()
+    server.interrupt_signal = server.reload_signal = False
+    worker = _Worker()
+    server.wrks = [worker]  # type: ignore[list-item]
+    return server, worker
+
+
+def test_a_second_interrupt_kills_the_worker_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With --shutdown-timeout 30, Ctrl-C twice still waited the whole drain: the second one must end it.
+    clock = [100.0]
+    server, worker = _server_at(clock, monkeypatch)
+    server.signal_handler_interrupt()
+    assert worker.killed == 0 and server.interrupt_signal  # the first drains
+    clock[0] += 1.0
+    server.signal_handler_interrupt()
+    assert worker.killed == 1
+
+
+def test_a_signal_delivered_twice_at_once_still_drains(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `uv run` forwards the SIGTERM pkill also sent: the pair is one request to stop, not two.
+    clock = [100.0]
+    server, worker = _server_at(clock, monkeypatch)
+    server.signal_handler_interrupt()
+    clock[0] += 0.01
+    server.signal_handler_interrupt()
+    assert worker.killed == 0

@@ -449,3 +449,25 @@ def test_a_session_opened_while_the_engine_process_restarts_gets_an_error_and_tr
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json(timeout=30)
     assert closed.value.code == 1013
+
+
+def _audio_seconds(state: AppState) -> float:
+    return float(state.metrics.registry.get_sample_value("tandem_whisper_audio_seconds_total") or 0.0)
+
+
+def test_live_audio_is_counted_in_the_audio_seconds(client: TestClient[Any], state: AppState) -> None:
+    # Only file audio reached tandem_whisper_audio_seconds_total; live sessions' audio was left out.
+    before = _audio_seconds(state)
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        manual_turns(ws)
+        append(ws, voiced(1.0))  # 24 kHz PCM16
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        until(ws, "input_audio_buffer.committed")  # the append before it was taken
+    realtime = _audio_seconds(state)
+    assert realtime - before == pytest.approx(1.0, abs=1e-6)
+    with client.websocket_connect("/v1/audio/live?rate=16000&encoding=f32le") as ws:
+        ws.receive_json(timeout=30)
+        ws.send_bytes(voiced(0.5, 16000).tobytes())
+        ws.send_text(json.dumps({"type": "finish"}))
+        until(ws, "transcript.done")
+    assert _audio_seconds(state) - realtime == pytest.approx(0.5, abs=1e-6)

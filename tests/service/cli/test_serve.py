@@ -1,0 +1,67 @@
+"""`tandem serve` start-up: one server per port, and what it prints before the model loads."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from service.cli.main import main
+from service.process.port_lock import lock_port
+
+
+@pytest.fixture
+def no_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """service.server.serve returns at once, and port locks live under tmp_path."""
+    import service.server
+
+    monkeypatch.setattr(service.server, "serve", lambda config: 0)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_second_server_on_a_port_is_refused_before_it_binds(tiny_llm_dir: Path, no_server: None, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    # The first server holds the port's lock but granian has not bound yet: a bind check alone would pass.
+    port = _free_port()
+    first = lock_port(port, tmp_path / "mlx-tandem" / "ports")
+    try:
+        assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(port)]) == 2
+    finally:
+        first.release()
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"cannot listen on 127.0.0.1:{port}: Address already in use" in err, err
+
+
+def test_the_port_is_free_again_after_a_server_stops(tiny_llm_dir: Path, no_server: None) -> None:
+    port = _free_port()
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(port)]) == 0
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(port)]) == 0
+
+
+def test_the_address_is_announced_as_starting_not_serving(tiny_llm_dir: Path, no_server: None,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # The model loads after this line: "serving on" followed by a load failure misled (bad_*.log).
+    port = _free_port()
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(port), "--log-level", "warning"]) == 0
+    err = capsys.readouterr().err
+    assert f"starting on http://127.0.0.1:{port}/v1" in err and "serving on" not in err, err
+
+
+def test_a_broken_weights_file_is_one_line_before_any_worker(tiny_llm_dir: Path, no_server: None, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # An empty model.safetensors started a worker that failed with "[read] Unable to read 8 bytes from file."
+    import shutil
+
+    model = Path(shutil.copytree(tiny_llm_dir, tmp_path / "model"))
+    weights = sorted(model.glob("*.safetensors"))[0]
+    weights.write_bytes(b"")
+    assert main(["serve", str(model), "--no-whisper", "--port", str(_free_port())]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{weights} is empty (0 bytes)" in err and "starting on" not in err, err
