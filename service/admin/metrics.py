@@ -141,6 +141,10 @@ class _EngineCollector(Collector):
         memory = stats.get("memory")
         if isinstance(memory, dict):
             yield from _memory(memory)
+        isolate = stats.get("isolate")
+        if isinstance(isolate, dict) and _number(isolate.get("restarts")):
+            # --isolate: the engine process's counters above start again from 0 after each of these.
+            yield _counter("tandem_engine_restarts", "Restarts of the --isolate engine process", isolate["restarts"])
         speech = self.state.speech
         if speech is not None:
             try:

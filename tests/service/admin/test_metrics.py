@@ -49,6 +49,16 @@ def test_engine_totals_are_counters_and_keep_their_precision() -> None:
     assert _value(families["tandem_memory_bytes"], part="process_rss") == 123_456_789
 
 
+def test_isolate_restarts_are_a_counter() -> None:
+    # --isolate: the engine's counters start again from 0 after a restart; only /stats said how many there were.
+    engine = FakeEngine()
+    engine.stats = lambda: {"active_rows": 0, "isolate": {"state": "ready", "pid": 1, "restarts": 2}}  # type: ignore[method-assign]
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        families = _families(client)
+    assert families["tandem_engine_restarts"].type == "counter"
+    assert _value(families["tandem_engine_restarts"]) == 2
+
+
 def test_requests_are_counted_by_route_template_and_status(client: TestClient[Any]) -> None:
     client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     client.get("/v1/models/fake-model")
