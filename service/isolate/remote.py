@@ -298,6 +298,7 @@ class RemoteEngine:
 
     async def _restart(self) -> None:
         self._state = "restarting"
+        self.pid = None  # the dead process's pid is nobody's now; the new one's comes with its Ready
         started = time.monotonic()
         try:
             await self.start()

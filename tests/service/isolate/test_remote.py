@@ -96,3 +96,18 @@ async def test_once_the_relay_sees_the_engine_process_gone_requests_get_503_and_
         await waiting.__anext__()
     assert (await answering.__anext__()).text == "Hi"
     assert (await answering.__anext__()).error == "The engine process exited (status -9); it is restarting."
+
+
+@pytest.mark.anyio
+async def test_stats_name_no_pid_while_the_engine_process_restarts(tiny_llm_dir: Any, monkeypatch: Any) -> None:
+    # /stats went on naming the killed process while its successor started.
+    engine = RemoteEngine(ServiceConfig(model=str(tiny_llm_dir), isolate=True, warmup=False))
+    engine.pid, engine._state = 1234, "ready"
+    seen: dict[str, Any] = {}
+
+    async def start() -> None:  # the new process is still loading
+        seen.update(engine.stats()["isolate"])
+
+    monkeypatch.setattr(engine, "start", start)
+    await engine._restart()
+    assert (seen["state"], seen["pid"]) == ("restarting", None)
