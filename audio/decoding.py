@@ -90,6 +90,9 @@ class WindowedTranscription:
         # Keys the sampled (temperature > 0) draws of all its windows: fresh a transcription (None), else a request
         # at temperature 1 gave the same text every time. Greedy rows never read it: temperature 0 stays exact.
         self.seed = secrets.randbits(32) if seed is None else seed
+        # Seconds of removed silence a window may not span (files): one window read the speech on both sides of
+        # 45 s of silence as one segment, an SRT cue over the silence. None: windows span any gap (live sessions).
+        self.break_gap: float | None = None
 
     @classmethod
     async def start(cls, loaded: LoadedWhisper, options: TranscribeOptions, *,
@@ -116,11 +119,17 @@ class WindowedTranscription:
     # ---- planning ---------------------------------------------------------------------------
     def next_window(self, total_samples: int, final: bool) -> tuple[int, int] | None:
         """(start sample, content frames) of the next window, or None. Before `final` only full 30 s
-        windows are ready. Raises nothing."""
+        windows are ready. With `break_gap`, a window ends where speech resumes after a removed silence that long,
+        as Whisper's clip_timestamps end windows. Raises nothing."""
         remaining = total_samples // HOP_LENGTH - self.seek
         if remaining <= 0 or (not final and remaining < N_FRAMES):
             return None
-        return self.seek * HOP_LENGTH, min(N_FRAMES, remaining)
+        frames = min(N_FRAMES, remaining)
+        if self.break_gap is not None and self.timeline is not None:
+            cut = self.timeline.next_break(self.seek * HOP_LENGTH, self.break_gap * SAMPLE_RATE)
+            if cut is not None:
+                frames = min(frames, max(1, cut // HOP_LENGTH - self.seek))
+        return self.seek * HOP_LENGTH, frames
 
     def skip(self, segment_frames: int) -> None:
         """Advance past a window without decoding it. Raises nothing."""

@@ -40,7 +40,11 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["SpeechService", "SPEECH_NICE", "speech_nice_default", "speech_turns_default", "step_thread_default",
+# A file's windows end where speech resumes after this much removed silence (audio/decoding.py `break_gap`): a
+# segment, and so a subtitle, never spans it. Each such gap costs at most one more window.
+BREAK_GAP_S = 2.0
+
+__all__ = ["BREAK_GAP_S", "SpeechService", "SPEECH_NICE", "speech_nice_default", "speech_turns_default", "step_thread_default",
            "transcribe_stream"]
 
 
@@ -64,6 +68,7 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     loaded = await residency.take()
     try:
         tr = await WindowedTranscription.start(loaded, options, timeline=timeline)
+        tr.break_gap = BREAK_GAP_S
         # transcribe() floors every window's log-mel below the whole signal's peak (audio/mel.py)
         tr.mel_ceiling = await anyio.to_thread.run_sync(signal_ceiling, pcm, loaded.model.dims.n_mels)
         if options.batch_size > 1:

@@ -85,6 +85,14 @@ class Timeline:
         b = min(max(end, self._compact[hi]), self._compact[hi] + self._length[hi])
         return self._source[lo] + a - self._compact[lo], self._source[hi] + b - self._compact[hi]
 
+    def next_break(self, sample: float, gap: float) -> int | None:
+        """The compact start of the first piece after `sample` that follows a removed silence of at least `gap`
+        source samples, or None. Raises nothing."""
+        for j in range(max(1, bisect.bisect_right(self._compact, sample)), len(self._compact)):
+            if self._source[j] - (self._source[j - 1] + self._length[j - 1]) >= gap:
+                return self._compact[j]
+        return None
+
     def seconds(self, t: float, *, end: bool = False) -> float:
         """to_source in seconds. Raises nothing."""
         return self.to_source(t * SAMPLE_RATE, end=end) / SAMPLE_RATE

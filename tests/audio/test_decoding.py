@@ -169,3 +169,17 @@ async def test_sampled_windows_draw_anew_each_transcription_and_greedy_ones_stay
     assert seeded[0] == seeded[1]  # a given seed draws the same (the draws are keyed, not the global RNG's)
     greedy = [(await transcribe(tiny_whisper, pcm, FAST))[0].all_tokens for _ in range(2)]
     assert greedy[0] == greedy[1]
+
+
+async def test_a_window_ends_where_speech_resumes_after_a_long_removed_silence(tiny_whisper: LoadedWhisper) -> None:
+    # With VAD, one window read the speech on both sides of 45 s of removed silence as one segment: its SRT cue
+    # stayed on screen through the silence. Windows now end at such a gap, as Whisper's clip_timestamps do.
+    second = 16000
+    pcm = np.zeros(60 * second, np.float32)
+    speech, timeline = compact(pcm, [(0, 5 * second), (6 * second, 10 * second), (50 * second, 60 * second)])
+    tr = await WindowedTranscription.start(tiny_whisper, FAST, timeline=timeline)
+    assert tr.next_window(len(speech), final=True) == (0, 1900)  # one 19 s window: no gap counted
+    tr.break_gap = 2.0
+    assert tr.next_window(len(speech), final=True) == (0, 900)  # the 1 s gap is kept, the 40 s one ends it
+    tr.skip(900)
+    assert tr.next_window(len(speech), final=True) == (9 * second, 1000)

@@ -52,3 +52,10 @@ def test_a_span_reaching_just_past_a_cut_stays_in_the_speech_before_it() -> None
     # all of it within the grace on both sides: the side it reaches further into
     assert t.span(2.9 * SR, 3.2 * SR, grace) == (23 * SR, 23.2 * SR)
     assert t.span(1 * SR, 2 * SR, grace) == (1 * SR, 2 * SR)  # within one piece: as it is
+
+
+def test_the_next_break_is_the_first_piece_after_a_long_enough_gap() -> None:
+    _, timeline = compact(np.zeros(100, np.float32), [(0, 10), (12, 20), (40, 50), (53, 60)])
+    assert timeline.next_break(0, 5) == 18  # the piece from 40 (compact 18) follows a gap of 20
+    assert timeline.next_break(0, 2) == 10 and timeline.next_break(10, 2) == 18  # strictly after the position
+    assert timeline.next_break(18, 5) is None and timeline.next_break(0, 30) is None
