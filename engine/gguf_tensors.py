@@ -113,9 +113,12 @@ def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     elif bits == 4:
         pairs = codes.reshape(rows, cols // 2, 2)
         packed = (pairs[..., 0] | (pairs[..., 1] << 4)).astype(np.uint8)
-    else:
-        stream = ((codes[..., None] >> np.arange(bits, dtype=np.uint8)) & 1).astype(np.uint8)
-        packed = np.packbits(stream.reshape(rows, cols * bits), axis=1, bitorder="little")
+    else:  # a bit per byte on the way: rows a slice at a time (an 8B model's 5-bit embedding is 525 M codes)
+        packed = np.empty((rows, cols * bits // 8), np.uint8)
+        shifts = np.arange(bits, dtype=np.uint8)
+        for r in range(0, rows, 1024):
+            stream = (codes[r:r + 1024, :, None] >> shifts) & 1
+            packed[r:r + 1024] = np.packbits(stream.reshape(-1, cols * bits), axis=1, bitorder="little")
     return np.ascontiguousarray(packed).view("<u4").reshape(rows, cols * bits // 32)
 
 

@@ -17,10 +17,11 @@ from tests.engine.test_gguf import (_Q4_0, _Q4_1, _Q4_K, _Q5_K, _Q8_0, _dequanti
 
 @pytest.mark.parametrize("bits", [4, 5, 8])
 def test_codes_pack_as_mlx_unpacks_them(bits: int) -> None:
-    codes = np.random.default_rng(bits).integers(0, 2**bits, (6, 96), dtype=np.uint8)
+    rows = 2100  # past one 1,024-row slice of the 5-bit path
+    codes = np.random.default_rng(bits).integers(0, 2**bits, (rows, 96), dtype=np.uint8)
     packed = mx.array(pack_codes(codes, bits))
-    assert packed.shape == (6, 96 * bits // 32) and packed.dtype == mx.uint32
-    values = mx.dequantize(packed, mx.ones((6, 3)), mx.zeros((6, 3)), group_size=32, bits=bits)
+    assert packed.shape == (rows, 96 * bits // 32) and packed.dtype == mx.uint32
+    values = mx.dequantize(packed, mx.ones((rows, 3)), mx.zeros((rows, 3)), group_size=32, bits=bits)
     np.testing.assert_array_equal(np.array(values).astype(np.uint8), codes)
 
 
