@@ -8,14 +8,14 @@ prefilling also holds a per-row cache of its prompt (mlx-lm's KVCache, 256-posit
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from engine.contracts import GenerationRequest
 from engine.errors import MemoryAdmission
 from engine.memory import MemoryBudget
 from engine.rows import Row
 
-__all__ = ["KVAdmission", "may_join"]
+__all__ = ["KVAdmission", "admissible", "may_join"]
 
 _PREFILL_STEP = 256  # mlx-lm's KVCache grows in steps of 256 positions
 
@@ -91,3 +91,20 @@ def may_join(row: Row, active: Sequence[Row], *, max_kv_tokens: int | None, admi
     if max_kv_tokens is not None and sum(len(r.prompt) + r.request.max_tokens for r in rows) > max_kv_tokens:
         return False
     return admission is None or admission.fits(rows)
+
+
+def admissible(queue: Iterable[Row], active: Sequence[Row], *, max_active: int, max_kv_tokens: int | None,
+               admission: KVAdmission | None) -> list[Row]:
+    """The queued rows the next admission pass takes, in order: while a row is free and each one's KV fits beside
+    the rows before it (`may_join`); cancelled rows are passed over. Raises nothing."""
+    running, taken = list(active), []
+    for row in queue:
+        if len(running) >= max_active:
+            break
+        if row.cancelled:
+            continue
+        if not may_join(row, running, max_kv_tokens=max_kv_tokens, admission=admission):
+            break  # its KV does not fit next to the running rows: it and those behind it wait for one to leave
+        running.append(row)
+        taken.append(row)
+    return taken

@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from engine.admission import KVAdmission, may_join
+from engine.admission import KVAdmission, admissible
 from engine.burst import PREFIX_PUT, DecodeBursts, StepResult
 from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
@@ -128,8 +128,11 @@ class LLMBatchGroup:
         EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
         if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
-        # Queued rows the next admission pass takes do not wait (so max_queued 0 still serves an idle server).
-        waiting = self.queued_rows() - self._joining_next()
+        # Queued rows the next admission pass takes do not wait, nor a newcomer a row is left free for (so
+        # max_queued 0 still serves an idle server); free rows alone let max_queued + max_active - 1 wait.
+        joining = self._admissible()
+        room = len(joining) == self.queued_rows() and len(self._active) + len(joining) < self.max_active
+        waiting = self.queued_rows() - len(joining) - room
         if self.max_queued is not None and waiting >= self.max_queued:
             raise QueueFull(f"{waiting} requests are already waiting for a row (limit {self.max_queued}); retry later",
                             queued=waiting, limit=self.max_queued)
@@ -192,32 +195,14 @@ class LLMBatchGroup:
 
     def admit(self) -> None:
         """Move queued rows into the active set while `max_active` and the KV budget allow."""
-        while self._queue and len(self._active) < self.max_active:
-            row = self._queue[0]
-            if row.cancelled:
-                self._queue.popleft()
-                self._end(row, cancelled=True)
-                continue
-            if not may_join(row, self._active, max_kv_tokens=self.max_kv_tokens, admission=self.admission):
-                break  # its KV does not fit next to the running rows: it waits for one to leave
+        for row in self._admissible():
+            self._queue.remove(row)
             row.state = RowState.ACTIVE
-            self._active.append(self._queue.popleft())
+            self._active.append(row)
 
-    def _joining_next(self) -> int:
-        """Queued rows the next `admit` would take, free rows and KV allowing, plus one for a newcomer when a row
-        is left free after them (counting free rows alone, a budget that fit one row let max_queued + max_active - 1
-        wait). Raises nothing."""
-        active, taken = list(self._active), 0
-        for row in self._queue:
-            if len(active) >= self.max_active:
-                return taken
-            if row.cancelled:
-                continue
-            if not may_join(row, active, max_kv_tokens=self.max_kv_tokens, admission=self.admission):
-                return taken
-            active.append(row)
-            taken += 1
-        return taken + (len(active) < self.max_active)
+    def _admissible(self) -> list[Row]:
+        return admissible(self._queue, self._active, max_active=self.max_active, max_kv_tokens=self.max_kv_tokens,
+                          admission=self.admission)
 
     def room_to_join(self) -> bool:
         return bool(self._queue) and len(self._active) < self.max_active
@@ -285,9 +270,9 @@ class LLMBatchGroup:
         """Stop accepting work, end every row with finish_reason "cancelled", reject queued tasks."""
         self._closed = True
         self.landed.fire()
-        for row in list(self._queue) + self._active:
+        self.refuse_queued()
+        for row in self._active:
             self._publish(row, row_delta(row, finish_reason="cancelled"))
-        self._queue.clear()
         self._active.clear()
         # The step's state (slots, the pipeline) is the engine thread's: a step in flight there would read slots
         # reset under it. `Engine.serve` resets it once the driver has stopped; a group never served has none.
