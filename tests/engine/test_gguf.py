@@ -85,38 +85,29 @@ def _scale_min(sc: bytes, j: int) -> tuple[int, int]:
     return (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4)
 
 
-def _dequantize_q4_k(raw: bytes) -> np.ndarray:
-    """ggml's dequantize_row_q4_K, loop for loop (independent of engine/gguf_tensors.py)."""
-    values: list[float] = []
-    for at in range(0, len(raw), 144):
-        b = raw[at:at + 144]
+def _dequantize_k(raw: bytes, bits: int) -> np.ndarray:
+    """ggml's dequantize_row_q4_K (bits 4) and dequantize_row_q5_K (bits 5), loop for loop (independent of
+    engine/gguf_tensors.py): Q5_K's fifth bit of group g is bit g of each of its 32 `qh` bytes."""
+    size, values = (144, []) if bits == 4 else (176, [])
+    for at in range(0, len(raw), size):
+        b = raw[at:at + size]
         d = float(np.frombuffer(b[0:2], np.float16)[0])
         dmin = float(np.frombuffer(b[2:4], np.float16)[0])
-        sc, qs = b[4:16], b[16:144]
+        sc, qh, qs = b[4:16], (b[16:48] if bits == 5 else bytes(32)), b[size - 128:size]
         for k in range(4):
             (s1, m1), (s2, m2) = _scale_min(sc, 2 * k), _scale_min(sc, 2 * k + 1)
             chunk = qs[32 * k:32 * k + 32]
-            values += [d * s1 * (q & 0xF) - dmin * m1 for q in chunk]
-            values += [d * s2 * (q >> 4) - dmin * m2 for q in chunk]
+            values += [d * s1 * ((q & 0xF) + 16 * (h >> 2 * k & 1)) - dmin * m1 for q, h in zip(chunk, qh)]
+            values += [d * s2 * ((q >> 4) + 16 * (h >> (2 * k + 1) & 1)) - dmin * m2 for q, h in zip(chunk, qh)]
     return np.array(values, np.float32)
+
+
+def _dequantize_q4_k(raw: bytes) -> np.ndarray:
+    return _dequantize_k(raw, 4)
 
 
 def _dequantize_q5_k(raw: bytes) -> np.ndarray:
-    """ggml's dequantize_row_q5_K, loop for loop."""
-    values: list[float] = []
-    for at in range(0, len(raw), 176):
-        b = raw[at:at + 176]
-        d = float(np.frombuffer(b[0:2], np.float16)[0])
-        dmin = float(np.frombuffer(b[2:4], np.float16)[0])
-        sc, qh, qs = b[4:16], b[16:48], b[48:176]
-        u1, u2 = 1, 2
-        for k in range(4):
-            (s1, m1), (s2, m2) = _scale_min(sc, 2 * k), _scale_min(sc, 2 * k + 1)
-            chunk = qs[32 * k:32 * k + 32]
-            values += [d * s1 * ((q & 0xF) + (16 if h & u1 else 0)) - dmin * m1 for q, h in zip(chunk, qh)]
-            values += [d * s2 * ((q >> 4) + (16 if h & u2 else 0)) - dmin * m2 for q, h in zip(chunk, qh)]
-            u1, u2 = u1 << 2, u2 << 2
-    return np.array(values, np.float32)
+    return _dequantize_k(raw, 5)
 
 
 def random_blocks(kind: int, count: int, seed: int = 0) -> bytes:
