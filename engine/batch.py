@@ -18,16 +18,15 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections import deque
 from typing import Any
 
 import anyio
 
-from engine.admission import KVAdmission, admissible
+from engine.admission import KVAdmission
 from engine.burst import PREFIX_PUT, DecodeBursts, StepResult
 from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
-from engine.errors import EngineClosed, QueueFull
+from engine.errors import EngineClosed
 from engine.health import StepHealth
 from engine.iteration_times import IterationTimes, RecentRates
 from engine.lane import PrefillLane, lane_default, lane_tail_default
@@ -37,9 +36,10 @@ from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
 from engine.pulse import Pulse
 from engine.request_checks import check_request
-from engine.rows import LLMRowStream, Row, RowState
+from engine.rows import LLMRowStream, Row
 from engine.step import BatchStep, row_delta
 from engine.tasks import ExecutionTasks
+from engine.waiting_rows import WaitingRows
 
 __all__ = ["LLMBatchGroup", "LLMRowStream", "Row"]
 
@@ -71,25 +71,20 @@ class LLMBatchGroup:
         if max_active < 1 or max_iteration_tokens < 1 or minimum_preparation_tokens < 1 or decode_burst < 1:
             raise ValueError("max_active, max_iteration_tokens, minimum_preparation_tokens and decode_burst "
                              "must be >= 1")
-        if max_queued is not None and max_queued < 0:
-            raise ValueError("max_queued must be >= 0 (None: unbounded)")
         self.model = model
         self.tokenizer = tokenizer
         self.context = context
         self.context_length = context_length
         self.max_active = max_active
-        self.max_queued = max_queued  # rows waiting for admission beyond this are refused (QueueFull)
         self.max_iteration_tokens = max_iteration_tokens  # read-only, as engine/driver.py's ExecutionGroup says
         self.bursts = DecodeBursts(self, decode_burst)
         self.minimum_preparation_tokens = minimum_preparation_tokens
         self.prefix_cache = prefix_cache
-        self.max_kv_tokens = max_kv_tokens
         self.budget = budget
         self._idle_released = True  # freed memory was given back since the last row ran
         self.plan = plan or resolve_execution(model)
         self.vocab_size = int(getattr(getattr(model, "args", None), "vocab_size", 0) or len(tokenizer))
         self.tasks = ExecutionTasks()
-        self._queue: deque[Row] = deque()
         self._active: list[Row] = []
         self._wake = Pulse()
         self.landed = Pulse()  # fires as each chat step lands, and as chat goes idle or closes (Engine.chat_turn)
@@ -107,6 +102,8 @@ class LLMBatchGroup:
                               counters=self.counters, keep_mixed_in_flight=keep_mixed_in_flight)
         slots = self.step.slots
         self.admission = KVAdmission(budget, slots.step if slots is not None else 256) if budget else None
+        self._queue = WaitingRows(max_active=max_active, max_queued=max_queued, max_kv_tokens=max_kv_tokens,
+                                  admission=self.admission)
         # Prompt chunks on a second engine thread beside the decode steps (engine/lane.py); else packed into them.
         use_lane = lane_default() if prefill_lane is None else prefill_lane
         self.lane = PrefillLane(self.step.prefill, max_iteration_tokens, lambda: self._active, self._lane_landed) \
@@ -128,14 +125,7 @@ class LLMBatchGroup:
         EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
         if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
-        # Queued rows the next admission pass takes do not wait, nor a newcomer a row is left free for (so
-        # max_queued 0 still serves an idle server); free rows alone let max_queued + max_active - 1 wait.
-        joining = self._admissible()
-        room = len(joining) == self.queued_rows() and len(self._active) + len(joining) < self.max_active
-        waiting = self.queued_rows() - len(joining) - room
-        if self.max_queued is not None and waiting >= self.max_queued:
-            raise QueueFull(f"{waiting} requests are already waiting for a row (limit {self.max_queued}); retry later",
-                            queued=waiting, limit=self.max_queued)
+        self._queue.check_room(self._active)
         prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))
@@ -156,15 +146,14 @@ class LLMBatchGroup:
         prefix cache by a task the next iteration runs first. Raises nothing."""
         self.tasks.prune()
         self.step.pipeline.forget_if_done()
-        for row in [r for r in self._queue if r.cancelled]:
-            self._queue.remove(row)
+        for row in self._queue.drop_cancelled():
             self._end(row, cancelled=True)
         for row in [r for r in self._active if r.cancelled and not r.in_lane]:  # a lane row waits for its job
             self._active.remove(row)
             self._end(row, cancelled=True)
 
     def has_work(self) -> bool:
-        return bool(self._active or any(not r.cancelled for r in self._queue) or self.tasks.pending)
+        return bool(self._active or self._queue.count() or self.tasks.pending)
 
     async def wait_for_work(self) -> None:
         """Return when a row or a task arrives, or the group closes. Raises nothing but cancellation."""
@@ -195,17 +184,10 @@ class LLMBatchGroup:
 
     def admit(self) -> None:
         """Move queued rows into the active set while `max_active` and the KV budget allow."""
-        for row in self._admissible():
-            self._queue.remove(row)
-            row.state = RowState.ACTIVE
-            self._active.append(row)
-
-    def _admissible(self) -> list[Row]:
-        return admissible(self._queue, self._active, max_active=self.max_active, max_kv_tokens=self.max_kv_tokens,
-                          admission=self.admission)
+        self._queue.admit(self._active)
 
     def room_to_join(self) -> bool:
-        return bool(self._queue) and len(self._active) < self.max_active
+        return self._queue.room_to_join(self._active)
 
     def any_ended(self) -> bool:
         return any(r.ended for r in self._active)
@@ -259,12 +241,11 @@ class LLMBatchGroup:
         wait out the grace period for that answer), running rows go on, later submits raise EngineClosed. Returns
         how many were waiting. Raises nothing."""
         self._refusing = True
-        waiting = [r for r in self._queue if not r.cancelled]
-        for row in self._queue:
+        waiting = self._queue.count()
+        for row in self._queue.take_all():
             self._publish(row, row_delta(row, finish_reason="cancelled"))
-        self._queue.clear()
         self._wake.fire()
-        return len(waiting)
+        return waiting
 
     def close(self) -> None:
         """Stop accepting work, end every row with finish_reason "cancelled", reject queued tasks."""
@@ -305,7 +286,7 @@ class LLMBatchGroup:
         return sum(1 for r in self._active if not r.finished)  # a finished row whose step has not landed is done
 
     def queued_rows(self) -> int:
-        return sum(1 for r in self._queue if not r.cancelled)
+        return self._queue.count()
 
     # -- the iteration ----------------------------------------------------------------------------
 

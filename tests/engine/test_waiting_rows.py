@@ -1,0 +1,64 @@
+"""WaitingRows on its own: the queue limit counts only rows that really wait; admission takes rows in order."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from engine.errors import QueueFull
+from engine.rows import RowState
+from engine.waiting_rows import WaitingRows
+
+
+def row(prompt: int = 4, max_tokens: int = 4, cancelled: bool = False) -> Any:
+    return SimpleNamespace(prompt=[0] * prompt, request=SimpleNamespace(max_tokens=max_tokens), cancelled=cancelled,
+                           state=RowState.QUEUED)
+
+
+def test_the_limit_counts_neither_rows_the_next_pass_takes_nor_a_newcomer_a_free_row_is_left_for() -> None:
+    waiting = WaitingRows(max_active=2, max_queued=1, max_kv_tokens=None, admission=None)
+    active: list[Any] = []
+    for _ in range(2):  # both take the free rows at the next pass
+        waiting.check_room(active)
+        waiting.append(row())
+    waiting.check_room(active)  # one may wait beyond them
+    waiting.append(row())
+    with pytest.raises(QueueFull) as refused:
+        waiting.check_room(active)
+    assert (refused.value.queued, refused.value.limit) == (1, 1)
+
+
+def test_a_kv_limit_keeps_rows_waiting_and_they_count() -> None:
+    waiting = WaitingRows(max_active=4, max_queued=1, max_kv_tokens=30, admission=None)
+    active: list[Any] = []
+    for _ in range(2):  # 4 + 20 each: the second does not fit beside the first
+        waiting.append(row(max_tokens=20))
+    with pytest.raises(QueueFull):
+        waiting.check_room(active)
+    waiting.admit(active)
+    assert len(active) == 1 and active[0].state is RowState.ACTIVE and waiting.count() == 1
+
+
+def test_admission_keeps_order_passes_over_cancelled_rows_and_stops_at_max_active() -> None:
+    waiting = WaitingRows(max_active=2, max_queued=None, max_kv_tokens=None, admission=None)
+    first, gone, second, third = row(), row(cancelled=True), row(), row()
+    for r in (first, gone, second, third):
+        waiting.append(r)
+    assert waiting.count() == 3 and len(waiting) == 4
+    active: list[Any] = []
+    waiting.admit(active)
+    assert active == [first, second]
+    assert waiting.drop_cancelled() == [gone]
+    assert list(waiting) == [third] and not waiting.room_to_join(active)
+    assert waiting.take_all() == [third] and waiting.count() == 0
+
+
+def test_no_limit_queues_everything_and_a_negative_limit_is_refused() -> None:
+    waiting = WaitingRows(max_active=1, max_queued=None, max_kv_tokens=None, admission=None)
+    for _ in range(50):
+        waiting.check_room([])
+        waiting.append(row())
+    with pytest.raises(ValueError, match="max_queued"):
+        WaitingRows(max_active=1, max_queued=-1, max_kv_tokens=None, admission=None)
