@@ -9,6 +9,12 @@ materialized snapshot under the exact token sequence it covers; `take` finds the
 prefix of a new prompt (trimming a longer trimmable entry) and hands back caches the caller may
 mutate freely. Session ids only choose where the trie walk starts; they never change what `take`
 returns. All methods are meant to run on the engine thread.
+
+Segmented LRU: a new entry is on probation, in a segment of at most `PROBATION_SHARE` of the budget (it always holds
+the newest entry); a hit promotes it to the protected rest. One-shot prompts (a script's requests, a soak) thus churn
+through the small segment instead of filling the whole budget and pushing out the conversations that come back. A put
+by a session (an affinity header, `prompt_cache_key`) or one extending a protected entry (a conversation's next turn)
+starts protected.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ import mlx.core as mx
 
 from engine.kv_snapshot import arrays_of, restore_layer, snapshot_layer
 
-__all__ = ["PrefixCache", "default_prompt_cache_bytes"]
+__all__ = ["PROBATION_SHARE", "PrefixCache", "default_prompt_cache_bytes"]
+
+PROBATION_SHARE = 0.125  # of the budget, for entries never hit yet
 
 def default_prompt_cache_bytes() -> int:
     """The budget when none is configured: an eighth of physical memory, at most 4 GiB. Never raises."""
@@ -67,6 +75,7 @@ class _Entry:
     system: bool
     key: int
     sessions: set[str] = field(default_factory=set)
+    protected: bool = False  # hit since its put, or put by a session or a protected entry's continuation
     # The thread whose stream still owes this entry's copies (started by `put`, not yet waited for), else None.
     # MLX's per-thread streams (CUDA) let no other thread evaluate on top of them until that thread `settle`s.
     owner: int | None = None
@@ -77,20 +86,25 @@ def _usable(entry: _Entry | None) -> bool:
 
 
 class PrefixCache:
-    """Token trie of KV snapshots per namespace (model + adapter), LRU under a byte budget.
+    """Token trie of KV snapshots per namespace (model + adapter), segmented LRU under a byte budget.
 
     System-prefix entries are evicted only after every other entry. A `max_bytes` of 0 disables
     the cache (`take` always misses, `put` stores nothing).
     """
 
-    def __init__(self, max_bytes: int) -> None:
-        """Raises ValueError when max_bytes is negative."""
+    def __init__(self, max_bytes: int, probation_share: float = PROBATION_SHARE) -> None:
+        """Raises ValueError when max_bytes is negative or probation_share is outside (0, 1]."""
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
+        if not 0 < probation_share <= 1:
+            raise ValueError("probation_share must be in (0, 1]")
         self.max_bytes = max_bytes
+        self.probation_max_bytes = int(max_bytes * probation_share)
         self._roots: dict[str, _Node] = {}
-        # Eviction order: closed-session entries first, then LRU entries, then system prefixes.
-        self._lru: OrderedDict[int, _Entry] = OrderedDict()
+        # Eviction order: probation (closed sessions' entries first), then protected entries, then system prefixes.
+        self._probation: OrderedDict[int, _Entry] = OrderedDict()
+        self._probation_bytes = 0
+        self._lru: OrderedDict[int, _Entry] = OrderedDict()  # the protected segment
         self._system: OrderedDict[int, _Entry] = OrderedDict()
         self._keys = itertools.count()
         self._sessions: dict[str, _Entry] = {}
@@ -103,6 +117,7 @@ class PrefixCache:
         self._misses = 0
         self._hit_tokens = 0
         self._evictions = 0
+        self._promotions = 0
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -141,7 +156,7 @@ class PrefixCache:
             if best is None or best_len == 0:
                 self._misses += 1
                 return 0, None
-            self._touch(best)
+            self._touch(best, promote=True)
             if session_id is not None:
                 self._bind_session(session_id, best)
             kv = [restore_layer(layer, len(best.tokens), best_len) for layer in best.layers]
@@ -268,7 +283,8 @@ class PrefixCache:
                 self._prune_path(node)
                 return
             me = threading.get_ident()
-            entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys), owner=me)
+            entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys), owner=me,
+                           protected=session_id is not None or self._continues_protected(node))
             self._pending.setdefault(me, [[], []])[0].append(entry)
             node.entry = entry
             self._bytes += nbytes
@@ -300,6 +316,17 @@ class PrefixCache:
             node, depth = child, depth + matched
         return node
 
+    @staticmethod
+    def _continues_protected(node: _Node) -> bool:
+        """Whether the nearest entry above `node` (system prefixes aside) is protected: a conversation's next turn."""
+        current = node.parent
+        while current is not None:
+            entry = current.entry
+            if entry is not None and not entry.system:
+                return entry.protected
+            current = current.parent
+        return False
+
     def _drop_dominated_ancestors(self, node: _Node) -> None:
         current = node.parent
         while current is not None:
@@ -318,25 +345,35 @@ class PrefixCache:
                 return
             entry.sessions.discard(session_id)
             if not entry.sessions and not entry.system and entry.node.entry is entry:
-                self._lru.move_to_end(entry.key, last=False)
+                self._dequeue(entry)
+                entry.protected = False
+                self._enqueue(entry)
+                self._probation.move_to_end(entry.key, last=False)
 
     def reclaim(self) -> int:
-        """Evict entries until the byte budget holds: LRU first, system prefixes last; returns how many went.
+        """Evict entries until the byte budget and the probation segment's share hold: probation first (its
+        newest entry last of all), then protected entries, system prefixes last; returns how many went.
         Never raises."""
         evicted = 0
         with self._lock:
-            while self._bytes > self.max_bytes and (self._lru or self._system):
-                queue = self._lru if self._lru else self._system
-                _, entry = queue.popitem(last=False)
+            while True:
+                over = self._bytes > self.max_bytes
+                if len(self._probation) > 1 and (over or self._probation_bytes > self.probation_max_bytes):
+                    queue = self._probation
+                elif over and (self._lru or self._system or self._probation):
+                    queue = self._lru or self._system or self._probation
+                else:
+                    break
+                entry = next(iter(queue.values()))
                 self._evictions += 1
                 evicted += 1
-                self._remove(entry, queued=False)
+                self._remove(entry)
         return evicted
 
     def clear(self) -> None:
         """Drop every entry (e.g. when the model is unloaded). Never raises."""
         with self._lock:
-            for entry in list(self._lru.values()) + list(self._system.values()):
+            for entry in [*self._probation.values(), *self._lru.values(), *self._system.values()]:
                 self._remove(entry)
 
     def stats(self) -> dict:
@@ -348,20 +385,42 @@ class PrefixCache:
                 "hit_tokens": self._hit_tokens,
                 "bytes": self._bytes,
                 "max_bytes": self.max_bytes,
-                "entries": len(self._lru) + len(self._system),
+                "entries": len(self._probation) + len(self._lru) + len(self._system),
                 "system_entries": len(self._system),
                 "evictions": self._evictions,
+                "probation_bytes": self._probation_bytes,
+                "promotions": self._promotions,
             }
 
     # -- bookkeeping --------------------------------------------------------------------------
 
-    def _requeue(self, entry: _Entry) -> None:
+    def _queue_of(self, entry: _Entry) -> OrderedDict[int, _Entry]:
+        return self._system if entry.system else self._lru if entry.protected else self._probation
+
+    def _dequeue(self, entry: _Entry) -> None:
+        if self._probation.pop(entry.key, None) is not None:
+            self._probation_bytes -= entry.nbytes
         self._lru.pop(entry.key, None)
         self._system.pop(entry.key, None)
-        (self._system if entry.system else self._lru)[entry.key] = entry
 
-    def _touch(self, entry: _Entry) -> None:
-        (self._system if entry.system else self._lru).move_to_end(entry.key)
+    def _enqueue(self, entry: _Entry) -> None:
+        queue = self._queue_of(entry)
+        queue[entry.key] = entry
+        if queue is self._probation:
+            self._probation_bytes += entry.nbytes
+
+    def _requeue(self, entry: _Entry) -> None:
+        self._dequeue(entry)
+        self._enqueue(entry)
+
+    def _touch(self, entry: _Entry, *, promote: bool = False) -> None:
+        """Most recently used; `promote` (a hit): out of probation into the protected segment."""
+        if promote and not entry.system and not entry.protected:
+            entry.protected = True
+            self._promotions += 1
+            self._requeue(entry)
+        else:
+            self._queue_of(entry).move_to_end(entry.key)
 
     def _bind_session(self, session_id: str, entry: _Entry) -> None:
         previous = self._sessions.get(session_id)
@@ -370,10 +429,8 @@ class PrefixCache:
         self._sessions[session_id] = entry
         entry.sessions.add(session_id)
 
-    def _remove(self, entry: _Entry, *, queued: bool = True) -> None:
-        if queued:
-            self._lru.pop(entry.key, None)
-            self._system.pop(entry.key, None)
+    def _remove(self, entry: _Entry) -> None:
+        self._dequeue(entry)
         for session_id in entry.sessions:
             if self._sessions.get(session_id) is entry:
                 del self._sessions[session_id]

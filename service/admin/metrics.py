@@ -45,7 +45,8 @@ _ENGINE_GAUGES = {
     "kv_bytes": "Bytes of KV held by running generations",
 }
 _PREFIX_TOTALS = {"hits": "Prefix-cache lookups that hit", "misses": "Prefix-cache lookups that missed",
-                  "hit_tokens": "Prompt tokens served from the prefix cache", "evictions": "Prefix-cache evictions"}
+                  "hit_tokens": "Prompt tokens served from the prefix cache", "evictions": "Prefix-cache evictions",
+                  "promotions": "Prefix-cache entries a hit moved out of probation"}
 
 
 class ServiceMetrics:
@@ -138,6 +139,9 @@ class _EngineCollector(Collector):
                     yield _counter(f"tandem_prefix_cache_{key}", text, prefix[key])
             if _number(prefix.get("bytes")):
                 yield _gauge("tandem_prefix_cache_bytes", "Bytes of KV held by the prefix cache", prefix["bytes"])
+            if _number(prefix.get("probation_bytes")):
+                yield _gauge("tandem_prefix_cache_probation_bytes", "Bytes of prefix-cache entries never hit yet",
+                             prefix["probation_bytes"])
         memory = stats.get("memory")
         if isinstance(memory, dict):
             yield from _memory(memory)

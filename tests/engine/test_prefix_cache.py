@@ -141,7 +141,7 @@ def test_longer_entry_replaces_its_trimmable_prefixes():
 
 def test_byte_budget_evicts_least_recently_used_first():
     size = entry_bytes(3)
-    cache = PrefixCache(2 * size)
+    cache = PrefixCache(2 * size, probation_share=1.0)  # one segment as large as the budget: plain LRU
     cache.put("m", [1, 1, 1], kv_for([1, 1, 1]))
     cache.put("m", [2, 2, 2], kv_for([2, 2, 2]))
     assert cache.take("m", [1, 1, 1, 0])[0] == 3  # touch 1: 2 is now the oldest
@@ -155,7 +155,7 @@ def test_byte_budget_evicts_least_recently_used_first():
 
 def test_system_prefixes_are_evicted_last():
     size = entry_bytes(3)
-    cache = PrefixCache(2 * size)
+    cache = PrefixCache(2 * size, probation_share=1.0)
     cache.put("m", [9, 9, 9], kv_for([9, 9, 9]), system_prefix=True)
     cache.put("m", [1, 1, 1], kv_for([1, 1, 1]))
     cache.put("m", [2, 2, 2], kv_for([2, 2, 2]))
@@ -191,6 +191,56 @@ def test_closed_session_entries_are_evicted_first():
     assert cache.take("m", [2, 2, 2, 0]) == (0, None)
     assert cache.take("m", [1, 1, 1, 0])[0] == 3
     cache.close_session("never-opened")
+
+
+def test_one_shot_prompts_churn_through_probation_and_leave_hit_entries_alone():
+    # Plain LRU filled the whole budget with prompts never seen again (a 10-minute soak: RSS 1.66x its first
+    # minute) and pushed out the conversations that come back.
+    size = entry_bytes(3)
+    cache = PrefixCache(10 * size, probation_share=0.25)
+    cache.put("m", [1, 1, 1], kv_for([1, 1, 1]))
+    assert cache.take("m", [1, 1, 1, 0])[0] == 3  # a hit: promoted
+    for t in range(2, 12):
+        cache.put("m", [t] * 3, kv_for([t] * 3))
+    stats = cache.stats()
+    assert stats["probation_bytes"] <= 2.5 * size and stats["bytes"] == size + stats["probation_bytes"]
+    assert stats["promotions"] == 1
+    assert cache.take("m", [1, 1, 1, 0])[0] == 3
+    assert cache.take("m", [11, 11, 11, 0])[0] == 3  # the newest one-shot entries are still there
+    assert cache.take("m", [2, 2, 2, 0]) == (0, None)
+
+
+def test_probation_keeps_its_newest_entry_even_past_its_share():
+    # A long agent prompt's first turn must survive until its second turn hits it.
+    cache = PrefixCache(4 * entry_bytes(8))  # probation: half an 8-token entry
+    cache.put("m", [1] * 8, kv_for([1] * 8))
+    assert cache.take("m", [1] * 8 + [2])[0] == 8
+    cache.put("m", [3] * 8, kv_for([3] * 8))
+    cache.put("m", [4] * 8, kv_for([4] * 8))
+    assert cache.take("m", [3] * 8 + [0]) == (0, None)
+    assert cache.take("m", [4] * 8 + [0])[0] == 8
+    assert cache.take("m", [1] * 8 + [2])[0] == 8
+
+
+def test_sessions_and_a_protected_entrys_next_turn_start_protected():
+    cache = PrefixCache(100 * entry_bytes(5))
+    cache.put("m", [1, 1, 1], kv_for([1, 1, 1]), session_id="a")
+    cache.put("m", [5, 5, 5], kv_for([5, 5, 5]))
+    assert cache.stats()["probation_bytes"] == entry_bytes(3)
+    assert cache.take("m", [5, 5, 5, 6])[0] == 3  # turn 2 hits turn 1: promoted
+    cache.put("m", [5, 5, 5, 6, 7], kv_for([5, 5, 5, 6, 7]))  # turn 2's put extends it
+    cache.put("m", [9, 9, 9], kv_for([9, 9, 9]), system_prefix=True)
+    cache.put("m", [9, 9, 9, 8], kv_for([9, 9, 9, 8]))  # below a system prefix alone: on probation
+    stats = cache.stats()
+    assert stats["entries"] == 4 and stats["probation_bytes"] == entry_bytes(4)
+    cache.close_session("a")  # a closed session's entry goes back on probation, first to leave
+    assert cache.stats()["probation_bytes"] == entry_bytes(4) + entry_bytes(3)
+
+
+def test_probation_share_must_be_a_fraction():
+    for share in (0.0, 1.5):
+        with pytest.raises(ValueError, match="probation_share"):
+            PrefixCache(100, probation_share=share)
 
 
 def _populate(cache: PrefixCache, with_sessions: bool) -> None:
@@ -283,7 +333,7 @@ def test_the_trie_has_nodes_where_entries_sit_or_prompts_part_not_per_token():
 
 
 def test_removing_entries_folds_the_nodes_they_leave_behind():
-    cache = PrefixCache(entry_bytes(12) + entry_bytes(8) - 1)
+    cache = PrefixCache(entry_bytes(12) + entry_bytes(8) - 1, probation_share=1.0)
     cache.put("m", list(range(1, 9)), kv_for(list(range(1, 9))))
     cache.put("m", list(range(1, 5)) + [50] * 4, kv_for(list(range(1, 5)) + [50] * 4))
     assert _nodes(cache) == 4  # root, the split at 4 tokens, two leaves

@@ -30,7 +30,8 @@ def test_engine_totals_are_counters_and_keep_their_precision() -> None:
     engine = FakeEngine()
     totals = {"prompt_tokens": 123_456_789_012, "generation_tokens": 987_654_321, "finished_rows": 7}
     engine.stats = lambda: {"active_rows": 3, "queued_rows": 2, "kv_bytes": 4_294_967_297, **totals,  # type: ignore[method-assign]
-                            "prefix_cache": {"hit_tokens": 555, "bytes": 1024, "hits": 1, "misses": 2},
+                            "prefix_cache": {"hit_tokens": 555, "bytes": 1024, "hits": 1, "misses": 2,
+                                             "promotions": 4, "probation_bytes": 512},
                             "memory": {"budget": {"total": 8_589_934_592, "kv": 1_000_000, "kv_token_bytes": 36_864},
                                        "slot_bytes": 4096,
                                        "process_rss_bytes": 123_456_789}}
@@ -40,6 +41,8 @@ def test_engine_totals_are_counters_and_keep_their_precision() -> None:
     assert _value(families["tandem_engine_prompt_tokens"]) == 123_456_789_012  # `:g` printed 1.23457e+11
     assert families["tandem_prefix_cache_hit_tokens"].type == "counter"
     assert _value(families["tandem_prefix_cache_hit_tokens"]) == 555
+    assert _value(families["tandem_prefix_cache_promotions"]) == 4
+    assert _value(families["tandem_prefix_cache_probation_bytes"]) == 512
     assert families["tandem_active_rows"].type == "gauge" and _value(families["tandem_active_rows"]) == 3
     assert _value(families["tandem_kv_bytes"]) == 4_294_967_297
     assert _value(families["tandem_memory_budget_bytes"], part="total") == 8_589_934_592
