@@ -17,6 +17,7 @@ __all__ = [
     "template_messages",
     "template_kwargs",
     "template_variables",
+    "takes_tools",
     "request_tools",
     "with_tool_prompt",
     "template_source",
@@ -142,6 +143,15 @@ def template_variables(tokenizer: Any) -> frozenset[str] | None:
         return None
 
 
+def takes_tools(tokenizer: Any, variables: frozenset[str] | None) -> bool:
+    """Whether the chat template renders `tools` itself (`variables`: what it reads, None when unknown). Without a
+    template (plain lines) or with one that never reads them, tools go in the prompt (`with_tool_prompt`); an
+    unparsable template is trusted to take them. Raises nothing."""
+    if not has_chat_template(tokenizer):
+        return False
+    return variables is None or "tools" in variables
+
+
 def request_tools(body: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     """The request's tool definitions as plain dicts for the template, or None (also for tool_choice "none":
     the model is not shown tools it may not call). Raises nothing."""
@@ -160,14 +170,28 @@ _TOOL_PROMPT = (
 )
 
 
-def with_tool_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def with_tool_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]], *,
+                     in_user_turn: bool = False) -> list[dict[str, Any]]:
     """The conversation with the tools described in its system message (added first when there is none), for a
-    chat template that does not take tools itself. Raises nothing."""
+    chat template that does not take tools itself; `in_user_turn`: without a system message, at the start of the
+    first user turn instead (added first when there is none), for a template that refuses a system turn.
+    Raises nothing."""
     block = _TOOL_PROMPT.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
     if messages and messages[0]["role"] == "system":
-        first = dict(messages[0], content=f"{messages[0]['content']}\n\n{block}" if messages[0]["content"] else block)
-        return [first, *messages[1:]]
+        return [_joined(messages[0], block, first=False), *messages[1:]]
+    if in_user_turn:
+        at = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
+        if at is not None:
+            return [*messages[:at], _joined(messages[at], block, first=True), *messages[at + 1:]]
+        return [{"role": "user", "content": block}, *messages]
     return [{"role": "system", "content": block}, *messages]
+
+
+def _joined(message: dict[str, Any], block: str, *, first: bool) -> dict[str, Any]:
+    # The block before or after the message's own text, a blank line between them.
+    if not message["content"]:
+        return dict(message, content=block)
+    return dict(message, content=f"{block}\n\n{message['content']}" if first else f"{message['content']}\n\n{block}")
 
 
 def calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -198,11 +222,13 @@ def calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                 kwargs: dict[str, Any] | None = None) -> tuple[str, bool]:
     """The conversation as the model's prompt text, with the generation prompt appended, and whether its
-    encoding adds the tokenizer's special tokens (only without a template; a template writes its own).
+    encoding adds the tokenizer's special tokens (only without a template; a template writes its own; without
+    one, `tools` are described in the system line).
     Blocking, pure Python (jinja). Raises what the template raises (TemplateError, raise_exception, a bad
     kwarg)."""
     if not has_chat_template(tokenizer):
-        # No template: plain "role: content" lines, as mlx-lm does.
+        # No template: plain "role: content" lines, as mlx-lm does; tools go in a system line, never dropped.
+        messages = with_tool_prompt(messages, tools) if tools else messages
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ", True
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
                                          **(kwargs or {}))

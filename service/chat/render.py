@@ -26,6 +26,7 @@ from service.chat.prompt import (
     render_text,
     request_tools,
     system_probe,
+    takes_tools,
     template_kwargs,
     template_messages,
     template_variables,
@@ -138,16 +139,24 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     tokenizer = engine.tokenizer
     messages, tools = template_messages(body.messages), request_tools(body)
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates)
-    variables = _VARIABLES.get(tokenizer)
-    json_calls = bool(tools) and variables is not None and "tools" not in variables
-    if json_calls and tools:
-        messages, tools = with_tool_prompt(messages, tools), None
     if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = calls_as_text(messages)  # else the template drops the calls and their results say nothing
+    json_calls, user_turn_tools = False, None
+    if tools and not takes_tools(tokenizer, _VARIABLES.get(tokenizer)):
+        if not messages or messages[0]["role"] != "system":
+            # The system turn is ours: should the template refuse it, the tools open the first user turn instead.
+            user_turn_tools = with_tool_prompt(messages, tools, in_user_turn=True)
+        messages, tools, json_calls = with_tool_prompt(messages, tools), None, True
     check_text_fits(_content_chars(messages, tools), engine, "messages")
     timeout = state.config.limits.render_timeout
     async with state.tokenize_limiter or anyio.CapacityLimiter(1):
-        text, special = await _render(tokenizer, messages, tools, kwargs, timeout)
+        try:
+            text, special = await _render(tokenizer, messages, tools, kwargs, timeout)
+        except APIError as exc:
+            if user_turn_tools is None or exc.code != "invalid_messages":
+                raise
+            messages = user_turn_tools  # what the template rejects now is the client's own
+            text, special = await _render(tokenizer, messages, tools, kwargs, timeout)
         check_text_fits(len(text), engine, "messages")
         # Encoding is not aborted midway (a fast tokenizer keeps state across it); the text is bounded.
         tokens = await anyio.to_thread.run_sync(encode_rendered, tokenizer, text, special)

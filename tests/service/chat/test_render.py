@@ -88,6 +88,55 @@ def test_a_template_with_tools_renders_them_itself() -> None:
         assert call["tools"] == TOOLS and call["messages"] == [{"role": "user", "content": "weather?"}]
 
 
+def test_without_a_template_tools_are_described_in_a_system_line_and_calls_are_parsed() -> None:
+    tokenizer = FakeTokenizer()
+    tokenizer.has_chat_template = False  # mlx-lm's plain "role: content" lines
+    for client, engine in _client(tokenizer, ["I will check. ", CALL]):
+        choice = _chat(client, tools=TOOLS)["choices"][0]
+        prompt = tokenizer.decode(engine.requests[-1].prompt_tokens)
+        assert prompt.startswith("system: # Tools") and json.dumps(TOOLS[0]) in prompt
+        assert prompt.endswith("user: weather?\nassistant: ")
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "I will check. "
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
+
+
+REFUSES_SYSTEM = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}" \
+                 "{% endif %}" + PLAIN
+
+
+class RefusesSystemTokenizer(TemplateTokenizer):
+    """A Gemma-style template: a system turn is an error (the fake renders no jinja, so it raises itself)."""
+
+    def __init__(self) -> None:
+        super().__init__(REFUSES_SYSTEM)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, *, tokenize: bool = True,
+                            **kwargs: Any) -> list[int] | str:
+        if messages and messages[0]["role"] == "system":
+            raise ValueError("System role not supported")
+        return super().apply_chat_template(messages, tools, tokenize=tokenize, **kwargs)
+
+
+def test_a_template_that_refuses_our_system_turn_gets_the_tools_in_the_first_user_turn() -> None:
+    for client, engine in _client(RefusesSystemTokenizer(), ["I will check. ", CALL]):
+        choice = _chat(client, tools=TOOLS)["choices"][0]
+        (user,) = engine.tokenizer.template_calls[-1]["messages"]
+        assert user["role"] == "user" and user["content"].startswith("# Tools")
+        assert json.dumps(TOOLS[0]) in user["content"] and user["content"].endswith("</tool_call>\n\nweather?")
+        assert choice["finish_reason"] == "tool_calls"
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
+
+
+def test_a_system_message_the_template_refuses_is_still_the_clients_error() -> None:
+    for client, engine in _client(RefusesSystemTokenizer(), ["ok"]):
+        response = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "system", "content": "Be brief."}, *USER], "tools": TOOLS})
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["code"] == "invalid_messages" and "System role not supported" in error["message"]
+        assert not engine.requests
+
+
 ROUND_TRIP = [
     *USER,
     {"role": "assistant", "content": None, "tool_calls": [
