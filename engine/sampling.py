@@ -10,8 +10,9 @@ log probabilities also gets, lazily beside its token, the token's log probabilit
 k likeliest tokens' (`take_logprob` reads them once the token is read). They queue in sampling order, so a row may
 sample again before its last token is read (a pipelined step, engine/pipeline.py).
 
-`StopMatcher` turns sampled tokens into text: streaming detokenization through mlx-lm's detokenizers
-(never splits a UTF-8 character), stop token ids, stop strings with hold-back, and max_tokens.
+`StopMatcher` turns sampled tokens into text: streaming detokenization through mlx-lm's detokenizers, or the
+tokenizer's own decode where mlx-lm has only its generic one (never splits a UTF-8 character), stop token ids, stop
+strings with hold-back, and max_tokens.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Iterable, Sequence, cast
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
 
 from engine.contracts import FinishReason, SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
@@ -267,7 +269,9 @@ class StopMatcher:
     def __init__(self, tokenizer: Any, *, stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (),
                  max_tokens: int, keep_leading_space: bool = False) -> None:
         self._detok = tokenizer.detokenizer
-        if keep_leading_space:
+        if isinstance(self._detok, NaiveStreamingDetokenizer):  # no tokenizer.json: a plain `decode` (see the class)
+            self._detok = _ContextDetokenizer(tokenizer, getattr(self._detok, "_clean_spaces", True), keep_leading_space)
+        elif keep_leading_space:
             _keep_leading_space(self._detok)
         self.stop_strings = [s for s in stop if s]
         self.stop_ids = set(stop_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()) or ())
@@ -363,9 +367,54 @@ def _keep_leading_space(detok: Any) -> None:
         detok._maybe_trim_space = lambda text: text
 
 
+class _ContextDetokenizer:
+    """Streams a tokenizer's own `decode` for checkpoints mlx-lm gives its NaiveStreamingDetokenizer (no
+    tokenizer.json, e.g. a SentencePiece tokenizer.model alone). The tokens since the last emitted text are decoded
+    after a context ("a"), whose text is cut off: `decode` drops a first piece's leading space, which the naive
+    detokenizer then lost between lines, and its trimmed-then-restored trailing space came out twice."""
+
+    def __init__(self, tokenizer: Any, clean_spaces: bool, keep_leading_space: bool) -> None:
+        """`clean_spaces`: `decode` may drop a space before punctuation, so a trailing space waits for the next token.
+        `keep_leading_space`: the first token's text starts after the context too. Raises what `decode` raises."""
+        self._decode = tokenizer.decode
+        self._clean_spaces = clean_spaces
+        self._context: list[int] = list(tokenizer.encode("a", add_special_tokens=False))
+        self._context_chars = len(self._decode(self._context))
+        self._window = list(self._context) if keep_leading_space else []
+        self._shown = self._context_chars if keep_leading_space else 0  # the window's text before this is emitted
+        self._segment = ""
+        self.held = 0  # whole characters decoded but not emitted (a space that cleaning up may drop)
+
+    def add_token(self, token: int) -> None:
+        self._window.append(token)
+        text = self._decode(self._window)
+        ready = text.rstrip("\ufffd")  # a partial UTF-8 character waits for its other bytes
+        if self._clean_spaces and ready.endswith(" "):
+            ready = ready[:-1]
+        if len(ready) > self._shown:
+            self._segment += ready[self._shown:]
+            self._shown = len(ready)
+        self.held = max(0, len(text.rstrip("\ufffd")) - self._shown)
+        if self._shown >= len(text):  # all shown: the next token is decoded after the context alone (O(1) a token)
+            self._window, self._shown = list(self._context), self._context_chars
+
+    def finalize(self) -> None:
+        text = self._decode(self._window)
+        self._segment += text[self._shown:]  # a character never completed stays U+FFFD, as in a full decode
+        self._window, self._shown, self.held = list(self._context), self._context_chars, 0
+
+    @property
+    def last_segment(self) -> str:
+        """The text emitted since the last read. Raises nothing."""
+        segment, self._segment = self._segment, ""
+        return segment
+
+
 def _held(detok: Any) -> int:
     """Whole characters the detokenizer holds back: mlx-lm's BPE one keeps a lone space until the next token
     says whether it is trimmed (a partial character counts nothing yet). Raises nothing."""
+    if isinstance(detok, _ContextDetokenizer):
+        return detok.held
     unflushed = getattr(detok, "_unflushed", None)
     if not unflushed:
         return 0

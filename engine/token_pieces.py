@@ -3,6 +3,7 @@ Detokenizing a stream (engine/sampling.py) joins pieces; this gives one piece al
 
 from __future__ import annotations
 
+import re
 from typing import Any, Sequence
 
 __all__ = ["TokenPieces"]
@@ -10,7 +11,7 @@ __all__ = ["TokenPieces"]
 
 class TokenPieces:
     """Each token id's bytes as the tokenizer writes it: a byte-level BPE piece mapped back to its bytes, a
-    SentencePiece piece with its "▁" as a space, else the id decoded alone."""
+    SentencePiece piece with its "▁" as a space and "<0xNN>" as that byte, else the id decoded alone."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
@@ -18,6 +19,9 @@ class TokenPieces:
         tokenmap = getattr(detokenizer, "tokenmap", None)
         self._map: Sequence[Any] | None = tokenmap if isinstance(tokenmap, list) and tokenmap else None
         self._byte_level = self._map is not None and isinstance(self._map[0], str)
+        # Without a map (mlx-lm's naive detokenizer: no tokenizer.json) a SentencePiece vocabulary's pieces are read
+        # from the tokenizer: an id decoded alone loses its leading space and turns a byte into U+FFFD.
+        self._sentencepiece = self._map is None and _is_sentencepiece(tokenizer)
         self._bytes: dict[int, bytes] = {}
 
     def bytes(self, token: int) -> bytes:
@@ -30,6 +34,8 @@ class TokenPieces:
         elif isinstance(piece, str) and self._byte_level:
             decoder = _byte_decoder()
             raw = b"".join(bytes([decoder[c]]) if c in decoder else c.encode() for c in piece)
+        elif self._sentencepiece and (own := _sentencepiece_bytes(self._tokenizer, token)) is not None:
+            raw = own
         else:
             try:
                 raw = str(self._tokenizer.decode([token])).encode()
@@ -49,3 +55,28 @@ def _byte_decoder() -> dict[str, int]:
     from mlx_lm.tokenizer_utils import _byte_decoder as table
 
     return table()
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _is_sentencepiece(tokenizer: Any) -> bool:
+    """Whether the vocabulary writes a word's leading space as "▁" (SentencePiece's pieces). Raises nothing."""
+    try:
+        return any(piece.startswith("\u2581") for piece in tokenizer.get_vocab())
+    except Exception:  # noqa: BLE001 — no readable vocabulary: ids are decoded alone
+        return False
+
+
+def _sentencepiece_bytes(tokenizer: Any, token: int) -> bytes | None:
+    """The piece's bytes: "▁" a space, a byte-fallback piece "<0xNN>" that byte; None for an unknown id. Raises
+    nothing."""
+    try:
+        piece = tokenizer.convert_ids_to_tokens(token)
+    except Exception:  # noqa: BLE001 — an id outside the vocabulary
+        return None
+    if not isinstance(piece, str):
+        return None
+    if match := _BYTE_PIECE.fullmatch(piece):
+        return bytes([int(match.group(1), 16)])
+    return piece.replace("\u2581", " ").encode()

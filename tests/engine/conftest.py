@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import mlx.core as mx
 import pytest
 
@@ -33,3 +36,23 @@ def stand_in_kernels(monkeypatch) -> list[tuple[str, int]]:
     for fn in (norm_project, norm_swiglu, project_add):
         monkeypatch.setattr(fused_gemv, fn.__name__, fn)
     return calls
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny SentencePiece tokenizer.model (BPE, byte fallback) and no tokenizer.json, loaded by mlx-lm: it gets
+    the generic NaiveStreamingDetokenizer. "▁hello" and "▁world" are pieces; any other byte ("😀"'s, "é"'s, a lone
+    " ") a byte piece "<0xNN>". Skips without the sentencepiece package."""
+    spm = pytest.importorskip("sentencepiece")
+    from mlx_lm.tokenizer_utils import load
+
+    path = tmp_path_factory.mktemp("sentencepiece")
+    lines = [" ".join(["hello world", "how are you", "world hello"][(i + j) % 3] for j in range(4)) for i in range(60)]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(path / "tokenizer"), vocab_size=300, model_type="bpe",
+        byte_fallback=True, bos_id=1, eos_id=2, unk_id=0, pad_id=-1, add_dummy_prefix=True,
+        normalization_rule_name="identity", minloglevel=2)
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "LlamaTokenizer", "legacy": False, "add_bos_token": True, "bos_token": "<s>",
+        "eos_token": "</s>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False}))
+    return load(path)

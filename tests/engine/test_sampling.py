@@ -294,3 +294,43 @@ def test_a_tokens_position_counts_a_space_the_detokenizer_holds(tiny_loaded, kee
     pieces = [tok.decode([t]) for t in ids]
     assert starts == [sum(len(p) for p in pieces[:i]) for i in range(len(starts))]
     assert m.shown_before() == len("1, 2, ")
+
+
+# SentencePiece pieces mlx-lm's naive detokenizer streams (no tokenizer.json): "hello😀 world é" with its " " and
+# both characters as byte pieces.
+SPM_REPLY = ["\u2581hello", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>", "\u2581world", "<0x20>", "<0xC3>", "<0xA9>"]
+
+
+def test_a_sentencepiece_only_continuation_keeps_its_first_tokens_leading_space(sentencepiece_tokenizer) -> None:
+    tok = sentencepiece_tokenizer
+    prompt, ids = tok.encode("how are you"), tok.convert_tokens_to_ids(SPM_REPLY)
+    continued = tok.decode(prompt + ids)[len(tok.decode(prompt)):]
+    assert continued == " hello😀 world é"
+    for stop in ((), ("zz",)):
+        pieces, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids), keep_leading_space=True), ids)
+        assert "".join(pieces) == continued
+
+
+def test_a_sentencepiece_only_stream_is_its_full_decode(sentencepiece_tokenizer) -> None:
+    # mlx-lm's naive detokenizer trims the decoded text's trailing space, then emits it again: "world  é"
+    tok = sentencepiece_tokenizer
+    ids = tok.convert_tokens_to_ids(SPM_REPLY)
+    for stop in ((), ("zz",)):
+        pieces, reason = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)
+        assert ("".join(pieces), reason) == (tok.decode(ids), "length")
+        assert all("\ufffd" not in p for p in pieces)
+    pieces, reason = feed(StopMatcher(tok, stop=[" é"], max_tokens=len(ids)), ids)
+    assert ("".join(pieces), reason) == ("hello😀 world", "stop")
+
+
+def test_a_sentencepiece_only_position_counts_a_space_held_for_cleaning_up(sentencepiece_tokenizer, monkeypatch) -> None:
+    # A tokenizer that cleans up " ," may drop a trailing space: it waits for the next token, which starts after it
+    tok = sentencepiece_tokenizer
+    monkeypatch.setattr(tok._detokenizer, "_clean_spaces", True)
+    ids = tok.convert_tokens_to_ids(["\u2581hello", "<0x20>", "\u2581world"])
+    m = StopMatcher(tok, stop=["zz"], max_tokens=len(ids), keep_leading_space=True)
+    starts, pieces = [], []
+    for t in ids:
+        starts.append(m.position())
+        pieces.append(m.add(t).text)
+    assert (starts, pieces) == ([0, 6, 7], [" hello", "", "  world"])

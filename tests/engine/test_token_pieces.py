@@ -31,3 +31,33 @@ def test_token_pieces_map_byte_level_and_sentencepiece_pieces_to_their_bytes() -
     assert spm.bytes(0) == b" hello" and spm.bytes(1) == b"\xc3"
     assert TokenPieces(_Tokenizer(None)).text(7) == "<7>"  # no map: the id decoded alone
     assert byte_level.text(99) == "<99>"
+
+
+class _SentencePieceOnly(_Tokenizer):
+    """mlx-lm's naive detokenizer (no tokenmap) over SentencePiece pieces: decoding an id alone drops its "▁"."""
+
+    pieces = ["<unk>", "\u2581world", "<0xF0>", "<0x20>", "</s>"]
+
+    def __init__(self) -> None:
+        super().__init__(None)
+
+    def get_vocab(self) -> dict[str, int]:
+        return {p: i for i, p in enumerate(self.pieces)}
+
+    def convert_ids_to_tokens(self, token: int) -> str | None:
+        return self.pieces[token] if 0 <= token < len(self.pieces) else None
+
+
+def test_sentencepiece_pieces_without_a_map_are_read_from_the_tokenizer() -> None:
+    pieces = TokenPieces(_SentencePieceOnly())
+    assert [pieces.bytes(t) for t in range(5)] == [b"<unk>", b" world", b"\xf0", b" ", b"</s>"]
+    assert pieces.text(99) == "<99>"  # unknown to the vocabulary: decoded alone
+
+
+def test_a_sentencepiece_only_checkpoints_pieces_keep_their_space_and_bytes(sentencepiece_tokenizer) -> None:
+    tok = sentencepiece_tokenizer
+    assert not hasattr(tok._detokenizer, "tokenmap")  # mlx-lm's naive detokenizer
+    pieces = TokenPieces(tok)
+    ids = tok.convert_tokens_to_ids(["\u2581world", "<0xF0>", "<0x20>", "<0xC3>"])
+    assert [pieces.bytes(t) for t in ids] == [b" world", b"\xf0", b" ", b"\xc3"]
+    assert pieces.text(ids[0]) == " world"
