@@ -12,11 +12,12 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from engine.errors import ModelNotFound
-from engine.hub import hub_cache_dir, snapshot_dir
+from engine.hub import MODEL_FILE_PATTERNS, cached_repo_id, hub_cache_dir, snapshot_dir
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -30,6 +31,7 @@ __all__ = [
     "ModelNotFound",
     "ModelSource",
     "demo_model_path",
+    "generation_eos_ids",
     "hf_dir_for",
     "load_model",
     "load_tokenizer",
@@ -124,13 +126,20 @@ def _local_source(path: Path, spec: str) -> ModelSource:
         if path.suffix.lower() != ".gguf":
             raise ModelNotFound(f"{spec!r} is a file but not a .gguf model: {_how_to_get(None)}")
         return ModelSource(name=path.stem, kind="gguf", path=path.resolve())
+    repo = _cached_repo_id(path.resolve())
     if (path / "config.json").is_file():
-        return ModelSource(name=path.resolve().name, kind="hf_dir", path=path.resolve())
+        return ModelSource(name=repo or path.resolve().name, kind="hf_dir", path=path.resolve(), repo=repo)
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return ModelSource(name=ggufs[0].stem, kind="gguf", path=ggufs[0].resolve())
+        return ModelSource(name=repo or ggufs[0].stem, kind="gguf", path=ggufs[0].resolve(), repo=repo)
     found = f" (it holds {len(ggufs)} .gguf files: name one)" if ggufs else ""
     raise ModelNotFound(f"{spec!r} has no config.json{found}: {_how_to_get(None)}")
+
+
+def _cached_repo_id(directory: Path) -> str | None:
+    """"org/name" for a snapshot of the HF cache (…/models--org--name/snapshots/<commit>), whose own name is only the
+    commit; None for any other directory. Raises nothing."""
+    return cached_repo_id(directory.parent.parent) if directory.parent.name == "snapshots" else None
 
 
 def _cached_source(spec: str) -> ModelSource | None:
@@ -176,6 +185,10 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.
     model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]",
                                     load(str(directory), return_config=True))
+    if (eos := generation_eos_ids(directory)) is not None:
+        # mlx-lm skips a falsy eos_token_id (`0`) there and keeps config.json's: every id it names stops a reply.
+        config["eos_token_id"] = eos
+        tokenizer.eos_token_ids = set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
     if float32:
         to_float32(model)
     materialize(model)
@@ -203,7 +216,44 @@ def load_tokenizer(directory: str | Path) -> TokenizerWrapper:
 
     path = Path(directory)
     config = json.loads((path / "config.json").read_text())
-    return cast("TokenizerWrapper", mlx_lm_load_tokenizer(path, eos_token_ids=config.get("eos_token_id")))
+    eos = generation_eos_ids(path)
+    return cast("TokenizerWrapper", mlx_lm_load_tokenizer(path, eos_token_ids=config.get("eos_token_id")
+                                                          if eos is None else eos))
+
+
+def _generation_config(directory: Path | None, *, quiet: bool = False) -> tuple[Path, dict[str, Any]] | None:
+    """generation_config.json of `directory` and its fields; None when it has none (or it is not a JSON object: a
+    warning unless `quiet`, so that one load warns once). Raises nothing."""
+    path = directory / "generation_config.json" if directory is not None else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        if not quiet:
+            _log.warning("%s is not a readable JSON object: its recommendations are not used", path)
+        return None
+    return path, config
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def generation_eos_ids(directory: Path | None) -> list[int] | None:
+    """The end-of-sequence ids generation_config.json names (an int or a list; 0 is an id like any other), which
+    replace config.json's as in transformers and mlx-lm; None when it names none usable. Raises nothing."""
+    found = _generation_config(directory, quiet=True)
+    if found is None or found[1].get("eos_token_id") is None:
+        return None
+    path, value = found[0], found[1]["eos_token_id"]
+    ids = value if isinstance(value, list) else [value]
+    if all(_is_token_id(i) for i in ids):
+        return list(ids) or None  # [] names none: config.json's stand, as in mlx-lm
+    _log.warning("%s: eos_token_id %r is not a token id or a list of them and is not used", path, value)
+    return None
 
 
 def materialize(model: nn.Module) -> None:
@@ -223,30 +273,35 @@ def materialize(model: nn.Module) -> None:
 _SAMPLING_KEYS: dict[str, Any] = {
     "temperature": lambda v: 0 <= v <= 100, "top_p": lambda v: 0 < v <= 1, "top_k": lambda v: v >= 0 and v == int(v),
     "min_p": lambda v: 0 <= v <= 1, "repetition_penalty": lambda v: 0 < v <= 100,
+    "max_new_tokens": lambda v: v >= 1 and v == int(v),
 }
+# generation_config.json's names that differ from the request fields they fill (vLLM reads max_new_tokens so).
+_FIELD_NAMES = {"max_new_tokens": "max_tokens"}
 
 
 def sampling_defaults(directory: Path | None) -> dict[str, float]:
-    """The sampling settings a model's generation_config.json recommends (Llama 3: temperature 0.6, top_p 0.9; Qwen3
-    adds top_k 20), as vLLM applies them to requests that leave those fields out. Values outside their range are
-    dropped with a warning. Raises nothing."""
-    path = directory / "generation_config.json" if directory is not None else None
-    if path is None or not path.is_file():
+    """The settings a model's generation_config.json recommends for request fields left out, by field name (Llama 3:
+    temperature 0.6, top_p 0.9; Qwen3 adds top_k 20; max_new_tokens becomes max_tokens), as vLLM applies them. Values
+    outside their range are dropped with a warning; max_length (prompt + reply) is not used, and the log says so.
+    Raises nothing."""
+    found = _generation_config(directory)
+    if found is None:
         return {}
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError):
-        _log.warning("%s is not readable JSON: its sampling defaults are not used", path)
-        return {}
+    path, config = found
     out: dict[str, float] = {}
     for key, valid in _SAMPLING_KEYS.items():
-        value = config.get(key) if isinstance(config, dict) else None
+        value = config.get(key)
         if value is None:
             continue
         if isinstance(value, (int, float)) and not isinstance(value, bool) and valid(value):
-            out[key] = int(value) if key == "top_k" else float(value)
+            out[_FIELD_NAMES.get(key, key)] = int(value) if key in ("top_k", "max_new_tokens") else float(value)
         else:
             _log.warning("%s: %s %r is out of range and not used", path, key, value)
+    if config.get("max_length") is not None:
+        # A bound on prompt + reply has no request field to fill; the server's --max-tokens-cap and the context apply.
+        bound = "max_new_tokens" if "max_tokens" in out else "--max-tokens-cap"
+        _log.info("%s: max_length %r (prompt + reply) is not used: a request without max_tokens stops at %s or the "
+                  "context's end", path, config["max_length"], bound)
     return out
 
 
@@ -255,9 +310,17 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenize
 
 
 def check_directory(directory: Path) -> None:
-    """What mlx-lm's loader would misname, said plainly: weight shards an index names but the directory lacks (it
+    """What mlx-lm's loader would misname, said plainly: files of an HF cache snapshot whose blobs are missing (a
+    dangling tokenizer.json read as "no tokenizer file"), weight shards an index names but the directory lacks (it
     said "Missing N parameters"), no tokenizer file at all (transformers blamed a missing sentencepiece). Raises
     ModelNotFound."""
+    dangling = sorted(p.name for p in directory.iterdir() if p.is_symlink() and not p.exists()
+                      and any(fnmatch(p.name, pattern) for pattern in MODEL_FILE_PATTERNS))
+    if dangling:
+        repo = _cached_repo_id(directory.resolve())
+        again = f": `tandem models get {repo}` fetches {'it' if len(dangling) == 1 else 'them'} again" if repo else ""
+        raise ModelNotFound(f"{directory}: {', '.join(dangling)} {'links' if len(dangling) == 1 else 'link'} to a "
+                            f"missing file (an incomplete download){again}")
     index = directory / "model.safetensors.index.json"
     if index.is_file():
         try:

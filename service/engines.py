@@ -4,6 +4,7 @@ transcription-only server). The factory (service/app.py) runs these at startup a
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -66,15 +67,80 @@ def model_file_problem(spec: str | None, error: BaseException) -> str | None:
     directory = Path(source.path)
     if (problem := broken_model_file(directory)) is not None:
         return problem
+    config = directory / "config.json"
+    try:
+        described = json.loads(config.read_text())
+    except (OSError, ValueError):  # changed since it was checked
+        described = {}
+    kind = described.get("model_type", "?") if isinstance(described, dict) else "?"
+    if isinstance(error, ValueError) and (problem := _weights_problem(directory, described, str(error))) is not None:
+        return problem
     if isinstance(error, (TypeError, KeyError, ValueError, AttributeError)):
         # The files read, so the model could not be built from what config.json says.
-        config = directory / "config.json"
-        try:
-            kind = json.loads(config.read_text()).get("model_type", "?")
-        except (OSError, ValueError):  # changed since it was checked
-            kind = "?"
         return f"{config} does not describe a usable {kind!s} model: {type(error).__name__}: {error}"
     return None
+
+
+# mlx's Module.load_weights, when the weights and the model config.json describes differ (its words, one name a line).
+_EXTRA = re.compile(r"Received (\d+) parameters not in model:\s*(.*?)\.?\s*$", re.S)
+_MISSING = re.compile(r"Missing (\d+) parameters:\s*(.*?)\.?\s*$", re.S)
+_SHAPE = re.compile(r"Expected shape (\(.*?\)) but received shape (\(.*?\)) for parameter (\S+)")
+
+
+def _weights_problem(directory: Path, config: dict[str, object], error: str) -> str | None:
+    """mlx's complaint that the weights and the model config.json describes differ, put as what is wrong with which
+    weights file: tensors it holds that the model has no place for, tensors the model needs that no file holds, a
+    tensor of the wrong shape. None for any other error. Raises nothing."""
+    files = sorted(directory.glob("model*.safetensors"))  # the files mlx-lm loads
+    kind = config.get("model_type", "?")
+    if extra := _EXTRA.search(error):
+        names = _names(extra.group(2))
+        holders = [f for f in files if set(names) & _tensor_names(f)] or files
+        return (f"{_files(directory, holders)} {'holds' if len(holders) == 1 else 'hold'} {extra.group(1)} "
+                f"tensor{'s' if extra.group(1) != '1' else ''} that the {kind} model of config.json has no place for: "
+                f"{_listed(names)}")
+    if missing := _MISSING.search(error):
+        names = _names(missing.group(2))
+        untied = "lm_head.weight" in names and config.get("tie_word_embeddings") is False
+        why = (" (config.json has tie_word_embeddings: false, so the output layer needs its own lm_head)"
+               if untied else "")
+        return (f"{_files(directory, files)} {'lacks' if len(files) == 1 else 'lack'} {missing.group(1)} "
+                f"tensor{'s' if missing.group(1) != '1' else ''} that the {kind} model of config.json needs: "
+                f"{_listed(names)}{why}")
+    if shape := _SHAPE.search(error):
+        name = shape.group(3)
+        holders = [f for f in files if name in _tensor_names(f)] or files
+        return (f"{_files(directory, holders)}: tensor {name} has shape {shape.group(2)}, but the {kind} model of "
+                f"config.json needs {shape.group(1)}")
+    return None
+
+
+def _names(listing: str) -> list[str]:
+    return [n.strip() for n in listing.replace("\n", "").split(",") if n.strip()]
+
+
+def _listed(names: list[str], most: int = 5) -> str:
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def _files(directory: Path, files: list[Path]) -> str:
+    if not files:
+        return f"{directory} (no model*.safetensors)"
+    if len(files) <= 3:
+        return ", ".join(str(f) for f in files)
+    return f"{directory}/model*.safetensors ({len(files)} files)"
+
+
+def _tensor_names(path: Path) -> set[str]:
+    """The tensor names a safetensors file's header lists; empty when it does not read. Raises nothing."""
+    try:
+        with path.open("rb") as f:
+            length = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(min(length, _MAX_HEADER_BYTES)))
+    except (OSError, ValueError, struct.error):
+        return set()
+    return {k for k in header if k != "__metadata__"} if isinstance(header, dict) else set()
 
 
 def broken_model_file(directory: Path) -> str | None:

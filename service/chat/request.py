@@ -56,7 +56,8 @@ def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | Non
         if vocab is not None and (bad := [t for t in bias if t >= vocab]):
             raise APIError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary (size {vocab})",
                            param="logit_bias", code="invalid_value")
-    recommended: dict[str, Any] = dict(model_defaults or {})  # engine/models.py sampling_defaults: field names
+    # engine/models.py sampling_defaults, by field name; max_tokens is generation_request's.
+    recommended: dict[str, Any] = {k: v for k, v in (model_defaults or {}).items() if k != "max_tokens"}
     defaults = replace(SamplingParams(), **recommended)
     greedy = body.top_p == 0  # a nucleus of nothing but the likeliest token
     return SamplingParams(
@@ -88,14 +89,17 @@ def generation_request(
     logprobs: int | None = None,
     continuation: bool = False,
 ) -> GenerationRequest:
-    """Build the engine request. max_tokens defaults to `default_max_tokens` (the server's cap; None: no
-    cap) and is capped at what the context has left. `tenant` (the API key's id) gets its own prefix-cache
+    """Build the engine request. max_tokens defaults to the model's recommendation (generation_config.json's
+    max_new_tokens) within `default_max_tokens` (the server's cap; None: no cap), and is capped at what the
+    context has left. `tenant` (the API key's id) gets its own prefix-cache
     namespace, so one client's cached prefixes never show in another's `cached_tokens`.
 
     Raises APIError 400 context_length_exceeded when the prompt leaves no room to generate."""
     context = engine.context_length
     if not prompt:
         raise APIError(400, "The prompt is empty after tokenization.", param=param, code="empty_prompt")
+    if max_tokens is None and (recommended := engine.sampling_defaults.get("max_tokens")):
+        default_max_tokens = min(int(recommended), default_max_tokens or int(recommended))
     room = max_tokens or default_max_tokens or 1 << 30
     if isinstance(context, int) and context > 0:
         left = context - len(prompt)

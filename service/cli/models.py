@@ -32,8 +32,9 @@ def add_models(sub: Any) -> None:
     imp.set_defaults(func=_models_import)
 
 
-def _row(name: str, kind: str, size_bytes: int, path: Path | str) -> str:
-    return f"{name:50s} {kind:8s} {size_bytes / 1e6:10.1f} MB  {path}"
+def _row(name: str, kind: str, size_bytes: int, path: Path | str, problem: str | None = None) -> str:
+    row = f"{name:50s} {kind:8s} {size_bytes / 1e6:10.1f} MB  {path}"
+    return f"{row}  [{problem}]" if problem else row
 
 
 def _models_ls(_: argparse.Namespace) -> int:
@@ -45,7 +46,7 @@ def _models_ls(_: argparse.Namespace) -> int:
     if not models:
         print(f"no models in the Hugging Face cache ({hub_cache_dir()}); `tandem models get ORG/NAME` downloads one")
     for m in models:
-        print(_row(m.repo_id, m.kind, m.size_bytes, m.path))
+        print(_row(m.repo_id, m.kind, m.size_bytes, m.path, m.problem))
     if (demo := demo_model_path()) is not None:
         print(_row(f"{DEMO_MODEL_ID} (demo)", "llm", demo.stat().st_size, demo))
     for w in local_whisper_models():

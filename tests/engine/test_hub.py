@@ -74,3 +74,21 @@ def test_a_ref_naming_a_missing_snapshot_says_which_one_serves(tiny_llm_dir, hub
     with caplog.at_level("WARNING", logger="engine.hub"):
         assert snapshot_dir("org/tiny") == snapshot
     assert f"refs/main names snapshot {'f' * 40}, which is not in the cache; using {snapshot.name}" in caplog.text
+
+
+def test_damaged_repos_are_listed_with_what_is_wrong(tiny_llm_dir, hub_cache) -> None:
+    # The cache scan leaves out repos it finds damaged, and `tandem models ls` hid them, though `tandem serve`
+    # serves one whose ref names a missing commit.
+    put_in_hub_cache(hub_cache, "org/sound", tiny_llm_dir)
+    ref = put_in_hub_cache(hub_cache, "org/bad-ref", tiny_llm_dir).parent.parent / "refs" / "main"
+    ref.write_text("f" * 40)
+    (put_in_hub_cache(hub_cache, "org/no-blob", tiny_llm_dir) / "tokenizer.json").resolve().unlink()
+
+    listed = {m.repo_id: m for m in list_cached_models()}
+    assert list(listed) == ["org/bad-ref", "org/no-blob", "org/sound"]
+    assert listed["org/sound"].problem is None
+    assert listed["org/bad-ref"].problem == f"broken: refs/main names commit {'f' * 40}, which is not in the cache"
+    assert listed["org/no-blob"].problem == "incomplete: tokenizer.json missing (the blob is not in the cache)"
+    assert {m.kind for m in listed.values()} == {"llm"}
+    tokenizer_bytes = (tiny_llm_dir / "tokenizer.json").stat().st_size
+    assert listed["org/no-blob"].size_bytes == listed["org/sound"].size_bytes - tokenizer_bytes

@@ -228,3 +228,47 @@ def test_a_missing_path_or_bad_id_is_model_not_found(spec: str, monkeypatch, tmp
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ModelNotFound, match="tandem models get"):
         resolve_model(spec)
+
+
+def _with_generation_config(tiny_llm_dir: Path, tmp_path: Path, generation: dict, **config: object) -> Path:
+    model = tmp_path / "model"
+    shutil.copytree(tiny_llm_dir, model)
+    (model / "config.json").write_text(json.dumps(json.loads((model / "config.json").read_text()) | config))
+    (model / "generation_config.json").write_text(json.dumps(generation))
+    return model
+
+
+@pytest.mark.parametrize("eos", [0, [0, 7]])
+def test_generation_config_eos_ids_stop_replies_zero_included(tiny_llm_dir, tmp_path, eos) -> None:
+    # mlx-lm read generation_config.json's eos_token_id only when truthy: a model whose only end token is id 0 ran
+    # past it, the token's text leaking into the reply.
+    model = _with_generation_config(tiny_llm_dir, tmp_path, {"eos_token_id": eos}, eos_token_id=None)
+    wanted = {0, 7} if isinstance(eos, list) else {0}
+    assert wanted <= load_model(str(model)).tokenizer.eos_token_ids
+    assert wanted <= models.load_tokenizer(model).eos_token_ids  # the service's copy (--isolate) agrees
+
+
+def test_generation_config_max_new_tokens_is_the_default_max_tokens(tiny_llm_dir, tmp_path, caplog) -> None:
+    # vLLM takes max_new_tokens as the default max_tokens; max_length (prompt + reply) is not used, and the log says so.
+    model = _with_generation_config(tiny_llm_dir, tmp_path, {"max_new_tokens": 5, "max_length": 40})
+    with caplog.at_level("INFO", logger="engine.models"):
+        assert load_model(str(model)).sampling_defaults == {"max_tokens": 5}
+    assert "max_length 40 (prompt + reply) is not used: a request without max_tokens stops at max_new_tokens" \
+        in caplog.text
+
+
+def test_a_snapshot_path_is_named_by_its_repo(tiny_llm_dir, hub_cache) -> None:
+    # /v1/models named a model served from its snapshot directory by the commit hash.
+    snapshot = put_in_hub_cache(hub_cache, "tiny-org/tiny-llm", tiny_llm_dir)
+    source = resolve_model(str(snapshot))
+    assert (source.name, source.repo, source.path) == ("tiny-org/tiny-llm", "tiny-org/tiny-llm", snapshot)
+    assert resolve_model(str(tiny_llm_dir)).name == tiny_llm_dir.name  # any other directory keeps its own name
+
+
+def test_a_cached_file_whose_blob_is_missing_is_an_incomplete_download(tiny_llm_dir, hub_cache) -> None:
+    # A dangling tokenizer.json link was reported as "has no tokenizer file".
+    snapshot = put_in_hub_cache(hub_cache, "tiny-org/tiny-llm", tiny_llm_dir)
+    (snapshot / "tokenizer.json").resolve().unlink()
+    with pytest.raises(ModelNotFound, match=r"tokenizer.json links to a missing file \(an incomplete download\): "
+                                            r"`tandem models get tiny-org/tiny-llm` fetches it again"):
+        load_model("tiny-org/tiny-llm")

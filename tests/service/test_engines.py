@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import pytest
 
 from service.config import ServiceConfig
 from service.engines import ModelFileError, open_engine
+
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 pytestmark = pytest.mark.anyio
 
@@ -55,3 +59,43 @@ async def test_a_truncated_weights_file_is_named(tiny_llm_dir: Path, tmp_path: P
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) // 2])
     assert f"{weights} is truncated" in await _load_error(model)
+
+
+def _rewrite_weights(model: Path, change: Callable[[dict[str, mx.array]], dict[str, mx.array]]) -> Path:
+    import mlx.core as mx
+
+    weights = model / "model.safetensors"
+    mx.save_safetensors(str(weights), change(dict(mx.load(str(weights)))), metadata={"format": "mlx"})
+    return weights
+
+
+async def test_an_extra_tensor_names_the_weights_file_and_the_tensor(tiny_llm_dir: Path, tmp_path: Path) -> None:
+    # The message blamed config.json: "config.json does not describe a usable llama model: ValueError: Received 1
+    # parameters not in model: unused.foo".
+    import mlx.core as mx
+
+    model = _copy(tiny_llm_dir, tmp_path)
+    weights = _rewrite_weights(model, lambda w: w | {"unused.foo": mx.zeros((2,))})
+    message = await _load_error(model)
+    assert message == (f"{weights} holds 1 tensor that the llama model of config.json has no place for: unused.foo"), \
+        message
+
+
+async def test_untied_weights_without_lm_head_name_the_file_and_the_tensor(tiny_llm_dir: Path, tmp_path: Path) -> None:
+    model = _copy(tiny_llm_dir, tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": False}))
+    weights = _rewrite_weights(model, lambda w: {k: v for k, v in w.items() if not k.startswith("lm_head")})
+    message = await _load_error(model)
+    assert message.startswith(f"{weights} lacks 1 tensor that the llama model of config.json needs: lm_head.weight "
+                              "(config.json has tie_word_embeddings: false"), message
+
+
+async def test_a_tensor_of_the_wrong_shape_is_named_with_its_file(tiny_llm_dir: Path, tmp_path: Path) -> None:
+    import mlx.core as mx
+
+    model = _copy(tiny_llm_dir, tmp_path)
+    weights = _rewrite_weights(model, lambda w: w | {"model.norm.weight": mx.ones((3,))})
+    message = await _load_error(model)
+    assert message.startswith(f"{weights}: tensor model.norm.weight has shape (3,), but the llama model of config.json "
+                              "needs ("), message

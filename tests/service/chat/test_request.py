@@ -1,0 +1,30 @@
+"""service/chat/request.py: the engine request a chat body becomes, its defaults from the model's recommendation."""
+
+from __future__ import annotations
+
+from service.chat.request import generation_request
+from service.chat.schemas import ChatCompletionRequest
+from tests.service.fake_engine import FakeEngine
+
+
+def _max_tokens(engine: FakeEngine, max_tokens: int | None, cap: int | None = 100) -> int:
+    body = ChatCompletionRequest.model_validate({"model": "fake-model",
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+    request = generation_request(engine, body, [1, 2, 3], max_tokens, param="messages", default_max_tokens=cap)
+    assert request.sampling.temperature == engine.sampling_defaults.get("temperature", 1.0)  # the rest still apply
+    return request.max_tokens
+
+
+def test_a_request_without_max_tokens_takes_max_new_tokens_within_the_cap() -> None:
+    # generation_config.json's max_new_tokens (engine/models.py sampling_defaults' max_tokens) was ignored: replies
+    # ran to the server's --max-tokens-cap. As in vLLM it is the default; a request's own max_tokens wins.
+    engine = FakeEngine(context_length=256)
+    engine.sampling_defaults = {"max_tokens": 5, "temperature": 0.6}
+    assert _max_tokens(engine, None) == 5
+    assert _max_tokens(engine, 50) == 50
+    assert _max_tokens(engine, None, cap=3) == 3  # the server's cap still bounds it
+    assert _max_tokens(engine, None, cap=None) == 5
+    engine.sampling_defaults = {"max_tokens": 1000}
+    assert _max_tokens(engine, None, cap=None) == 256 - 3  # and the context
+    engine.sampling_defaults = {}
+    assert _max_tokens(engine, None) == 100
