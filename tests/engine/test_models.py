@@ -200,7 +200,7 @@ def test_generation_config_gives_the_sampling_defaults(tiny_llm_dir, tmp_path, c
     shutil.copytree(tiny_llm_dir, recommended)
     (recommended / "generation_config.json").write_text(json.dumps(
         {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 2.5, "eos_token_id": [1, 2]}))
-    with caplog.at_level("WARNING", logger="engine.models"):
+    with caplog.at_level("WARNING", logger="engine.generation_config"):
         loaded = load_model(str(recommended))
     assert loaded.sampling_defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20}  # min_p 2.5 is no probability
     assert "min_p 2.5 is out of range" in caplog.text
@@ -251,7 +251,7 @@ def test_generation_config_eos_ids_stop_replies_zero_included(tiny_llm_dir, tmp_
 def test_generation_config_max_new_tokens_is_the_default_max_tokens(tiny_llm_dir, tmp_path, caplog) -> None:
     # vLLM takes max_new_tokens as the default max_tokens; max_length (prompt + reply) is not used, and the log says so.
     model = _with_generation_config(tiny_llm_dir, tmp_path, {"max_new_tokens": 5, "max_length": 40})
-    with caplog.at_level("INFO", logger="engine.models"):
+    with caplog.at_level("INFO", logger="engine.generation_config"):
         assert load_model(str(model)).sampling_defaults == {"max_tokens": 5}
     assert "max_length 40 (prompt + reply) is not used: a request without max_tokens stops at max_new_tokens" \
         in caplog.text
