@@ -191,6 +191,7 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     if float32:
         to_float32(model)
     materialize(model)
+    _chat_template_of(tokenizer, directory, source.name)
     if not getattr(tokenizer, "eos_token_ids", None):
         _log.warning("%s declares no end-of-sequence token (config.json, generation_config.json or the tokenizer's "
                      "eos_token): answers run until max_tokens or a stop string", source.name)
@@ -216,8 +217,27 @@ def load_tokenizer(directory: str | Path) -> TokenizerWrapper:
     path = Path(directory)
     config = json.loads((path / "config.json").read_text())
     eos = generation_eos_ids(path)
-    return cast("TokenizerWrapper", mlx_lm_load_tokenizer(path, eos_token_ids=config.get("eos_token_id")
-                                                          if eos is None else eos))
+    tokenizer = cast("TokenizerWrapper", mlx_lm_load_tokenizer(path, eos_token_ids=config.get("eos_token_id")
+                                                               if eos is None else eos))
+    _chat_template_of(tokenizer, path, path.name, quiet=True)
+    return tokenizer
+
+
+def _chat_template_of(tokenizer: Any, directory: Path, name: str, *, quiet: bool = False) -> None:
+    """A template only in chat_template.json (a processor's file, which a tokenizer does not read) becomes the
+    tokenizer's; without any, a warning (unless `quiet`): chats are then plain "role: content" lines. Raises nothing."""
+    if getattr(tokenizer, "has_chat_template", False):
+        return
+    try:
+        template = json.loads((directory / "chat_template.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        template = None
+    if isinstance(template, str) and template.strip():
+        tokenizer._tokenizer.chat_template = template
+        tokenizer.has_chat_template = True
+    elif not quiet:
+        _log.warning("%s has no chat template: chat requests are rendered as plain \"role: content\" lines, which "
+                     "the model was not trained on", name)
 
 
 def materialize(model: nn.Module) -> None:

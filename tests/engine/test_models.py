@@ -272,3 +272,26 @@ def test_a_cached_file_whose_blob_is_missing_is_an_incomplete_download(tiny_llm_
     with pytest.raises(ModelNotFound, match=r"tokenizer.json links to a missing file \(an incomplete download\): "
                                             r"`tandem models get tiny-org/tiny-llm` fetches it again"):
         load_model("tiny-org/tiny-llm")
+
+
+def test_a_template_only_in_chat_template_json_is_used_and_none_at_all_is_warned_of(tiny_llm_dir, tmp_path,
+                                                                                       caplog) -> None:
+    # A processor's chat_template.json is not read by a tokenizer: chats were plain "role: content" lines, unsaid.
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_llm_dir, bare)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    with caplog.at_level("WARNING", logger="engine.models"):
+        assert not load_model(str(bare)).tokenizer.has_chat_template
+    assert "has no chat template" in caplog.text
+    caplog.clear()
+    (bare / "chat_template.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"}))
+    with caplog.at_level("WARNING", logger="engine.models"):
+        tokenizer = load_model(str(bare)).tokenizer
+    assert "has no chat template" not in caplog.text
+    messages = [{"role": "user", "content": "hi"}]
+    assert tokenizer.apply_chat_template(messages, tokenize=False) == "<user>hi<assistant>"
+    assert models.load_tokenizer(bare).has_chat_template  # the service's copy (--isolate) agrees
