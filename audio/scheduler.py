@@ -34,7 +34,7 @@ from audio.mel import log_mel
 from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
 from audio.window import Window, WindowRequest, WindowResult, unfed
-from engine.blas_threads import follow_speech
+from engine.blas_threads import follow_speech, recheck
 from engine.context import EngineThread
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ class WhisperScheduler:
         keep = n_ctx is not None and request.redo_whole  # the whole window's redo needs the log-mel
         window = Window(loaded, request, job, next(self._seq), scope=cancellation, mel=mel if keep else None)
         self._windows.append(window)
-        follow_speech(True)  # OpenBLAS keeps a core for the event loop while chat runs beside Whisper
+        follow_speech(True)  # OpenBLAS keeps a core while chat runs beside Whisper or another process is busy
         try:
             waited = False
             while not window.finished:
@@ -166,6 +166,9 @@ class WhisperScheduler:
         return self.alone_thread if self.alone_thread is not None and not self.chat_active() else self.thread
 
     async def _lead(self) -> None:
+        # Speech alone must see another process get busy too (OpenBLAS's threads then wait on each other), and no
+        # chat iteration samples the machine while the steps run on their own thread: here, on the event loop.
+        recheck()
         self._leading = True
         if (thread := self.step_thread()) is not None:
             try:

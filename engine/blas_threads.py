@@ -1,12 +1,16 @@
-"""OpenBLAS's thread count follows chat: every core while chat has the machine to itself, all but one while it shares it.
+"""OpenBLAS's thread count follows the machine: every core while this process has it to itself, all but one while it
+shares it.
 
-On a CPU MLX's products run on OpenBLAS, whose thread count holds for the whole process. One core is kept for
+On a CPU MLX's products run on OpenBLAS, whose thread count holds for the whole process (a pthreads build: one
+global count, so it may be set from any thread; a product already running keeps its count). One core is kept for
 the event loop while chat streams beside other work: on 2 cores a second BLAS thread made a chat stream's p99 token
 gap beside 4 live sessions 7.1x its gap alone, against 1.2x with one, and beside one other busy process decode fell
 to a tenth (OpenBLAS's threads wait on each other whenever one is descheduled). With chat alone on a quiet machine
 the second thread served 8 streams 35 % faster. So chat gets every core only while its products are wider than GEMVs, no Whisper window ran for 5 s
 and the rest of the machine used under a fifth of a core over the last second (`OtherLoad`, from /proc; elsewhere
-never). With no chat row, live speech is all that computes, and every core let 8 speakers keep up on 2 cores.
+never). Whisper's products wait the same way beside a busy process (one live speaker's first words 7.7 s after
+onset with two threads, 1.0 s with one, another process using a core of 2), so speech, with or without chat, gets
+every core only while the rest of the machine is quiet: then every core let 8 speakers keep up on 2 cores.
 Only the default count changes: a user's OPENBLAS_NUM_THREADS stands, and nothing changes without our OpenBLAS.
 """
 
@@ -87,8 +91,8 @@ def follow_chat(chat_running: bool, wide: bool = True) -> None:
 
 
 def follow_speech(computing: bool) -> None:
-    """Whisper windows are in flight (True) or none is left (False; speech still counts for SPEECH_HOLD_S). Raises
-    nothing."""
+    """Whisper windows are in flight (True) or none is left (False; speech still counts for SPEECH_HOLD_S); while
+    they are, `recheck` samples the machine's other load too (audio/scheduler.py, before each step). Raises nothing."""
     global _speech, _speech_ended
     if not computing and _speech:
         _speech_ended = time.monotonic()
@@ -97,12 +101,12 @@ def follow_speech(computing: bool) -> None:
 
 
 def recheck() -> None:
-    """While chat runs (engine/driver.py, each iteration): sample the machine's other load at most once a second
-    and apply what changed (the speech hold's end too), nothing more per iteration than a clock read. Raises
-    nothing."""
+    """While chat or speech computes (engine/driver.py each iteration, audio/scheduler.py before each Whisper step):
+    sample the machine's other load at most once a second and apply what changed (the speech hold's end too),
+    nothing more per call than a clock read. Raises nothing."""
     global _next_check
     now = time.monotonic()
-    if _chat and now >= _next_check:
+    if (_chat or _speech) and now >= _next_check:
         _next_check = now + others.interval
         others.sample(now)
         _apply()
@@ -114,7 +118,8 @@ def _apply() -> None:
     if setter is None or os.environ.get(backend.DEFAULTED_THREADS) != "1":
         return
     speech = _speech or time.monotonic() - _speech_ended < SPEECH_HOLD_S
-    shared = _chat and (speech or not others.quiet or not _wide)
+    # Speech alone shares too while another process is busy: its threads wait on each other there as chat's do.
+    shared = (_chat and (speech or not _wide)) or ((_chat or speech) and not others.quiet)
     want = backend.default_threads() if shared else backend.cores()
     with _lock:
         if want != _current:

@@ -3,6 +3,8 @@ steps alternating — and decode what they decode alone; a cancelled window leav
 
 from __future__ import annotations
 
+import itertools
+
 import anyio
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from engine.context import EngineThread
 from engine.tasks import ExecutionTasks
 from tests.fixtures.settle import settle
 from tests.audio.conftest import running_tasks
+from tests.engine.test_blas_threads import fake_blas  # noqa: F401  (a fixture: OpenBLAS's two calls, recorded)
 
 pytestmark = pytest.mark.anyio
 
@@ -422,6 +425,35 @@ async def test_steps_run_on_the_alone_thread_while_chat_has_no_row_and_decode_th
     for running in (True, False):  # what live sessions read to shape their guesses (audio/live_config.py)
         chat["running"] = running
         assert scheduler.chat_active() is running
+
+
+async def test_speech_alone_on_its_own_thread_gives_a_core_back_once_another_process_is_busy(
+        tiny_whisper: LoadedWhisper, fake_blas, monkeypatch) -> None:
+    # No chat row, so no chat iteration samples the machine: the scheduler must, or two BLAS threads wait on each
+    # other beside the busy process (a live speaker's first words came 7.7 s after onset instead of 1 s).
+    from engine import blas_threads
+
+    others = itertools.count(0.0, 1e6)  # each reading finds the rest of the machine a million seconds busier
+    load = blas_threads.OtherLoad(interval=0.0, machine=lambda: next(others), own=lambda: 0.0)
+    load.quiet = True  # quiet until speech began
+    monkeypatch.setattr(blas_threads, "others", load)
+    seen: list[int] = []
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=375, decode_tokens=2, min_step_seconds=0.0,
+                                                       even_steps=False))
+        scheduler.thread = EngineThread("test-speech")
+        step = scheduler._step
+
+        def recorded() -> str:
+            seen.append(fake_blas.threads)
+            return step()
+
+        monkeypatch.setattr(scheduler, "_step", recorded)
+        try:
+            await scheduler.decode(tiny_whisper, request(3, 1))
+        finally:
+            scheduler.thread.close()
+    assert seen[0] == 2 and seen[-1] == 1, seen  # every core on a quiet machine, one once another process was busy
 
 
 async def test_a_step_held_on_its_own_thread_holds_no_engine_task(tiny_whisper: LoadedWhisper, monkeypatch) -> None:

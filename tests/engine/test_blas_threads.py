@@ -1,6 +1,6 @@
-"""OpenBLAS's thread count follows chat (engine/blas_threads.py): every core while no chat row runs, all but one
-while chat decodes beside other work (Whisper windows, another busy process), every core again while chat has a
-quiet machine to itself; a user's OPENBLAS_NUM_THREADS stands."""
+"""OpenBLAS's thread count follows the machine (engine/blas_threads.py): every core while nothing computes, all but
+one while chat decodes beside other work (Whisper windows, another busy process) or speech runs beside another busy
+process, every core again while chat or speech has a quiet machine to itself; a user's OPENBLAS_NUM_THREADS stands."""
 
 from __future__ import annotations
 
@@ -166,6 +166,26 @@ def test_chat_gets_every_core_only_on_a_quiet_machine_without_speech(fake_blas, 
     clock.spend(1.0, 0.2)  # another process got busy
     blas_threads.recheck()
     assert fake_blas.threads == 1 and fake_blas.set == [1, 2, 1, 2, 1, 2, 1]
+
+
+def test_speech_alone_leaves_a_core_while_another_process_is_busy(fake_blas, monkeypatch) -> None:
+    # No chat row: speech's products wait on a descheduled BLAS thread as chat's do (live first words 7.7 s, not 1 s).
+    clock = Clock()
+    load = blas_threads.OtherLoad(interval=1.0, machine=lambda: clock.machine, own=lambda: clock.own)
+    monkeypatch.setattr(blas_threads, "others", load)
+    times = iter(float(t) for t in range(100))
+    monkeypatch.setattr(blas_threads.time, "monotonic", lambda: next(times))
+    blas_threads.follow_chat(False)
+    assert fake_blas.threads == 2  # nothing computes
+    blas_threads.follow_speech(True)
+    assert fake_blas.threads == 1  # a Whisper window, the machine not yet known to be quiet
+    blas_threads.recheck()  # first reading, sampled though no chat row runs
+    clock.spend(1.0, 0.98)
+    blas_threads.recheck()
+    assert fake_blas.threads == 2  # quiet: speech takes both cores
+    clock.spend(2.0, 1.0)  # another process took a core
+    blas_threads.recheck()
+    assert fake_blas.threads == 1 and fake_blas.set == [2, 1, 2, 1]
 
 
 @pytest.mark.anyio
