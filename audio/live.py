@@ -6,7 +6,8 @@ text forced as a prefix (audio/agreement.py): what two consecutive decodes agree
 tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
 behind finishes all its pending utterances that fit a window with one decode, its text split among them by
-timestamps. Committed text never changes.
+timestamps. A client's commit is a hard pause: no decode crosses it, and the next starts there (a file's window
+ends at a long silence so). Committed text never changes.
 Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
 stays as context for the next decode, unless an utterance's first guess over it comes back empty: then it is
 finished and the guess tried again at once over the utterance alone. A guess that loops ends the conditioning on
@@ -19,7 +20,6 @@ audio/loop_head.py. Utterances are numbered and closed as audio/utterances.py sa
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 import anyio
@@ -32,7 +32,7 @@ from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscriptio
 from audio.live_config import LiveConfig, SessionEvent
 from audio.pcm import SAMPLE_RATE
 from audio.loop_head import loop_head
-from audio.repeats import as_committed, without_repeats
+from audio.repeats import committed_segments, without_repeats
 from audio.text_end import clamped_timestamps, stopped_short
 from audio.window import WindowResult
 from audio.timeline import Timeline
@@ -102,10 +102,10 @@ class LiveTranscription:
         self.timeline.add(source_start, len(pcm))
         self._open.append(pcm)
 
-    def add_pause(self) -> int:
-        """The open utterance ended here (even an empty one: every pause closes one utterance). Returns its
-        index. Raises nothing."""
-        return self.utterances.pause(self.timeline.length)
+    def add_pause(self, hard: bool = False) -> int:
+        """The open utterance ended here (even an empty one: every pause closes one utterance; `hard`: a client's
+        commit). Returns its index. Raises nothing."""
+        return self.utterances.pause(self.timeline.length, hard)
 
     @property
     def has_open(self) -> bool:
@@ -157,8 +157,7 @@ class LiveTranscription:
         if self.utterances.pauses:
             # Behind: the pauses already here that fit one decode are finished by it — within one window, and
             # within the text the decoder has room for (more would be cut off at its token cap, and lost).
-            fit = min(N_SAMPLES, self._room_samples())
-            last = max((p for p in self.utterances.pauses if p - seek <= fit), default=self.utterances.pauses[0])
+            last = self.utterances.reach(seek + min(N_SAMPLES, self._room_samples()))
             return lambda: self._final(last)
         if finishing:
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
@@ -370,8 +369,8 @@ class LiveTranscription:
                 return
         self._final_to = self._probed_at = max(self._probed_at, limit)
         self._set_tentative([])
-        if not live.prefix or self._prefix_full():
-            self._finish_all(limit)
+        if not live.prefix or self._prefix_full() or self.utterances.hard_at(limit):
+            self._finish_all(limit)  # after a commit the next decode starts there: its audio is not context
         elif result is not None:
             self._trim(result, limit)
         self.utterances.close_through(limit)
@@ -396,8 +395,5 @@ class LiveTranscription:
         self._finish_all(self.timeline.length)
         t = self._tr.transcript(duration)
         t.text = self.committed_text()
-        # the segments come from the decoder's prefix, repeats included: each as the committed text holds it
-        texts = as_committed([s.text for s in t.segments], t.text)
-        kept = [(s, x) for s, x in zip(t.segments, texts) if x]
-        t.segments = [replace(s, id=i, text=x) for i, (s, x) in enumerate(kept)]
+        t.segments = committed_segments(t.segments, t.text)  # the decoder's prefix kept repeats the text left out
         return t

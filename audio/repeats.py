@@ -1,15 +1,20 @@
 """Text Whisper writes twice at a live decode's boundary: a decode that ends in silence or padding, or one run
 again from a timestamp that came early, repeats the sentence just before (" Ten of clubs. Ten of clubs.",
 " He was not an ill-disposed young man. Ill-disposed young man.") or starts again a few words back (" how much
-there might be. Much there might be prudently ..."). The repeat is left out of the committed text; the decoder's
-prefix keeps it, as that text matches the audio the next decode reads. whisper_streaming drops such overlaps the
-same way (n-grams at the start of new text equal to the end of committed text)."""
+there might be. Much there might be prudently ..."), or from its start, cut short. The repeat is left out of the
+committed text; the decoder's prefix keeps it, as that text matches the audio the next decode reads.
+whisper_streaming drops such overlaps the same way (n-grams at the start of new text equal to the end of committed
+text)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
-__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "copies", "copied_words", "without_repeats"]
+from audio.transcript import Segment
+
+__all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "committed_segments", "copies", "copied_words",
+           "without_repeats"]
 
 MIN_WORDS = 2  # a repeated single word ("five. five.") may be speech: only longer sentences are dropped
 MIN_OVERLAP_WORDS = 3  # words a sentence at the boundary must share with the end of the one before to lose them
@@ -31,7 +36,8 @@ def without_repeats(before: str, new: str) -> str:
     """`new` (text that follows `before` in one utterance) without each complete sentence of it whose words are the
     end of the sentence just before it — the same sentence again, or its tail — and at least MIN_WORDS long; the
     first sentence of `new` also loses leading words (at least MIN_OVERLAP_WORDS) that end the last sentence of
-    `before`. A sentence begun in `before` and ended in `new` is never touched. Raises nothing."""
+    `before`. A complete sentence that is the start of the one before (at least MIN_OVERLAP_WORDS) is dropped too.
+    A sentence begun in `before` and ended in `new` is never touched. Raises nothing."""
     chunks = _SENTENCE.findall(new)
     if "".join(chunks) != new:  # not a split this function understands: keep the text as it is
         return new
@@ -43,8 +49,11 @@ def without_repeats(before: str, new: str) -> str:
         words = _words(chunk)
         if i == 0 and open_sentence:
             previous = previous + words
-        elif chunk.rstrip().endswith(_ENDS) and len(words) >= MIN_WORDS and previous[-len(words):] == words:
-            continue  # a repeat: `previous` stays the sentence it repeats
+        elif chunk.rstrip().endswith(_ENDS) and len(words) >= MIN_WORDS and (previous[-len(words):] == words or (
+                len(words) >= MIN_OVERLAP_WORDS and previous[:len(words)] == words)):
+            # a repeat, or the sentence begun again and cut short: a stopped-short final's tail, re-decoded over
+            # little speech, wrote its utterance's first words again ("...seven of Hearts. Eight of spades.")
+            continue  # `previous` stays the sentence it repeats
         else:
             if i == 0 and len(chunk.split()) == len(words):
                 overlap = max((k for k in range(MIN_OVERLAP_WORDS, len(words)) if previous[-k:] == words[:k]),
@@ -104,3 +113,10 @@ def as_committed(pieces: list[str], committed: str) -> list[str]:
             found = rest.find(piece)
             cursor += found + len(piece) if found >= 0 else 0
     return out
+
+
+def committed_segments(segments: list[Segment], committed: str) -> list[Segment]:
+    """`segments` (a live transcript's, from the decoder's prefix, which keeps repeats) each as `committed` holds
+    it (`as_committed`), those left with no text dropped and the rest numbered again. Raises nothing."""
+    texts = as_committed([s.text for s in segments], committed)
+    return [replace(s, id=i, text=x) for i, (s, x) in enumerate((s, x) for s, x in zip(segments, texts) if x)]

@@ -338,7 +338,7 @@ class LiveSession:
                 return
             if what == "commit":
                 if not await self._gate_to(at, flush=True, ref=ref, commit=True):  # a flushed VAD pause is the commit
-                    self._pause(at, ref)
+                    self._pause(at, ref, hard=True)
             elif what == "clear":
                 self._clear_at(at)
             elif ref is not None:
@@ -380,11 +380,11 @@ class LiveSession:
                 if not (commit and ev in flushed):
                     self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE,
                                            item=self.live.utterances.opened))
-                self._pause(at, ref if ev in flushed else None)
+                self._pause(at, ref if ev in flushed else None, hard=commit and ev in flushed)
         return bool(flushed) and not isinstance(flushed[-1], Speech)
 
-    def _pause(self, at: int, ref: str | None = None) -> None:
-        item = self.live.add_pause()
+    def _pause(self, at: int, ref: str | None = None, hard: bool = False) -> None:
+        item = self.live.add_pause(hard)  # hard: a client's commit, which no decode crosses
         self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE, item=item, ref=ref))
 
     def _clear_at(self, at: int) -> None:

@@ -3,7 +3,8 @@
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
 every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none. Text is
 attributed to the oldest utterance not yet closed; a session behind decodes several at once, and
-`by_utterance` splits that decode's text among them by its segments' timestamps.
+`by_utterance` splits that decode's text among them by its segments' timestamps — never across a client's commit
+(a hard pause): that audio is one item, transcribed on its own, as OpenAI's commit makes it.
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ class Utterances:
     def __init__(self, emit: Callable[[SessionEvent], None]) -> None:
         self._emit = emit
         self.pauses: deque[int] = deque()  # compact positions where an utterance ended, not yet closed
+        self.hard: deque[bool] = deque()  # for each of `pauses`: a client's commit, which no decode crosses
         self.opened = 0  # utterances whose audio ended (pauses added); the open one's index
         self.closed = 0  # utterances transcribed and closed; the oldest open one's index
         self.open_from = 0  # compact position where the open utterance began
         self.text: list[str] = []  # committed text of the oldest utterance not yet closed
 
-    def pause(self, at: int) -> int:
-        """The open utterance ended at `at` (even an empty one). Returns its index. Raises nothing."""
+    def pause(self, at: int, hard: bool = False) -> int:
+        """The open utterance ended at `at` (even an empty one; `hard`: a client's commit). Returns its index.
+        Raises nothing."""
         self.pauses.append(at)
+        self.hard.append(hard)
         self.open_from = at
         self.opened += 1
         return self.opened - 1
@@ -44,6 +48,7 @@ class Utterances:
         """The `count` oldest pauses are done: their utterances close, the first with the text so far."""
         for _ in range(count):
             self.pauses.popleft()
+            self.hard.popleft()
             text = "".join(self.text)
             self.text = []
             self._emit(SessionEvent("utterance", text=text, item=self.closed))
@@ -61,6 +66,23 @@ class Utterances:
                 self.close(i - done)
                 done = i
             commit(group)
+
+    def reach(self, end: float) -> int:
+        """The furthest pending pause (at least the first) a decode from the seek may end at: at or before `end`,
+        and never past a hard one. Merged across a commit, Whisper wrote one segment over both items and the
+        first completed as ''. Raises IndexError with no pause pending."""
+        last = self.pauses[0]
+        for p, hard in zip(self.pauses, self.hard):
+            if p > end:
+                break
+            last = p
+            if hard:
+                break
+        return last
+
+    def hard_at(self, at: int) -> bool:
+        """Whether a client's commit is pending at `at`. Raises nothing."""
+        return any(p == at and hard for p, hard in zip(self.pauses, self.hard))
 
     def close_through(self, limit: int) -> None:
         """Close the utterances whose pauses are at or before `limit`. Raises nothing."""

@@ -2,12 +2,16 @@
 (audio/live.py SessionEvent), with OpenAI's shapes (openai-python's types/realtime and types/beta/realtime).
 
 Items: each utterance of the session is one user message item. Its id is announced by
-`input_audio_buffer.speech_started`; `input_audio_buffer.committed` and `conversation.item.created` follow
-when its audio ends (a VAD pause or a client commit); `conversation.item.input_audio_transcription.completed`
-carries its final text. Live text: `conversation.item.input_audio_transcription.delta` events carry text as
-it is committed (LocalAgreement-2), so they may come before the item's `committed` — with the id
-`speech_started` announced. The deltas of an item add up to its `completed` transcript, which comes without
-Whisper's leading space, as a transcription's text does (so the item's first delta has none either).
+`input_audio_buffer.speech_started` (server VAD), else by `input_audio_buffer.committed`, which comes with
+`conversation.item.created` when its audio ends (a VAD pause or a client commit);
+`conversation.item.input_audio_transcription.completed` carries its final text. Live text:
+`conversation.item.input_audio_transcription.delta` events carry text as it is committed (LocalAgreement-2), so
+with server VAD they may come before the item's `committed`, under the id `speech_started` announced. No event
+names an item before it is announced: with manual commits (no speech_started) text is held until `committed`,
+then sent as one delta, as OpenAI transcribes a buffer once it is committed; guesses before it are not shown. A
+client that asked for our `tentative` extension knows items early: its text and guesses flow as they come.
+The deltas of an item add up to its `completed` transcript, which comes without Whisper's leading space, as a
+transcription's text does (so the item's first delta has none either).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class _Item:
     start_ms: int = 0
     end_ms: int = 0
     text: list[str] = field(default_factory=list)
+    announced: bool = False  # the client was told of its id (speech_started or committed); until then text waits
 
 
 class Items:
@@ -51,6 +56,7 @@ class Items:
 
     def created(self, k: int, end_ms: int) -> tuple[_Item, str | None]:
         item = self.get(k)
+        item.announced = True
         previous, self.last_created = self.last_created, item.id
         item.end_ms = self._boundary_ms = end_ms
         return item, previous
@@ -64,12 +70,13 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[
     k = ev.item
     if ev.type == "speech_started":
         item = items.get(k)
-        item.start_ms = ev.audio_ms or 0
+        item.start_ms, item.announced = ev.audio_ms or 0, True
         return [{"type": "input_audio_buffer.speech_started", "audio_start_ms": ev.audio_ms or 0, "item_id": item.id}]
     if ev.type == "speech_stopped":
         return [{"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ev.audio_ms or 0,
                  "item_id": items.get(k).id}]
     if ev.type == "audio_committed":
+        held = "" if items.get(k).announced else "".join(items.get(k).text)
         item, previous = items.created(k, ev.audio_ms or 0)
         committed: dict[str, Any] = {"type": "input_audio_buffer.committed", "item_id": item.id,
                                      "previous_item_id": previous}
@@ -78,15 +85,18 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[
         return [committed,
                 {"type": "conversation.item.created", "previous_item_id": previous,
                  "item": {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed",
-                          "role": "user", "content": [{"type": "input_audio", "transcript": None}]}}]
+                          "role": "user", "content": [{"type": "input_audio", "transcript": None}]}},
+                *([_delta(item.id, held)] if held else [])]
     if ev.type == "committed":
         item = items.get(k)
         delta = ev.text if "".join(item.text) else ev.text.lstrip()
         if not delta:
             return []
         item.text.append(delta)
-        return [{"type": "conversation.item.input_audio_transcription.delta", "item_id": item.id,
-                 "content_index": 0, "delta": delta}]
+        if not item.announced and not tentative:  # an id the client has not heard of yet: sent once `committed` is
+            return []
+        item.announced = True  # (our extension's clients: `tandem dictate --no-vad` shows text as it comes)
+        return [_delta(item.id, delta)]
     if ev.type == "tentative":
         if not tentative:
             return []
@@ -103,3 +113,8 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[
         items.renew(k, ev.audio_ms or 0)
         return [{"type": "input_audio_buffer.cleared"}]
     return []
+
+
+def _delta(item_id: str, text: str) -> dict[str, Any]:
+    return {"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id, "content_index": 0,
+            "delta": text}

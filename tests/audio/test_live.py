@@ -284,6 +284,25 @@ async def test_a_session_behind_finishes_its_pending_utterances_with_one_decode(
     assert live.committed_text() == live._text([1000, 1002, 1004])
 
 
+async def test_a_session_behind_never_decodes_across_a_client_commit(tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    ts = tokenizer_for(tiny_whisper, "en", "transcribe").timestamp_begin
+    # two VAD pauses, then two client commits (hard pauses), all pending: one decode finishes the first three
+    # utterances, up to the first commit and split by timestamps; the fourth is decoded alone from that commit
+    # (its audio is one item, as OpenAI's commit makes it), no earlier audio or text forced before it
+    merged = [ts, 1000, ts + 50, ts + 50, 1002, ts + 100, ts + 100, 1004, ts + 150]
+    live, scheduler, events = await live_text(tiny_whisper, [merged, [ts, 1006, ts + 50]], tokens_per_second=1.0)
+    for k, hard in enumerate((False, False, True, True)):
+        live.add_speech(speech(1.0), k * 2 * SR)
+        live.add_pause(hard)
+    assert await run_due(live) == 2
+    assert [(len(r.audio), r.prefix) for r in scheduler.requests] == [(3 * SR, ()), (SR, ())]
+    closed = [(e.item, e.text) for e in events if e.type == "utterance"]
+    assert closed == [(k, live._text([1000 + 2 * k])) for k in range(4)]
+    assert live.next_action(True) is None
+
+
 async def test_text_with_no_timestamps_goes_to_the_first_pending_utterance(tiny_whisper: LoadedWhisper) -> None:
     live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]], tokens_per_second=1.0)
     for k in range(3):
@@ -319,6 +338,23 @@ async def test_a_final_decode_that_stops_short_is_decoded_again_from_where_its_t
     closed = [(e.item, e.text) for e in events if e.type == "utterance"]
     assert closed == [(0, live.committed_text())] and live.committed_text() == live._text([1000, 1002, 1004])
     assert live.next_action(True) is None
+
+
+async def test_a_stopped_short_tail_that_begins_the_utterance_again_is_committed_once(
+        tiny_whisper: LoadedWhisper) -> None:
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    # the final's text closes at 1.0 s of 3 s (tiny.en's coarse timestamps); the tail, decoded again over little
+    # speech and conditioned on that text, restarts it (rt_manual_1x: "... seven of Hearts. Eight of spades.")
+    said = tok.encode(" Eight of spades, four of clubs, seven of hearts.")
+    live, scheduler, events = await live_text(tiny_whisper, [[ts, *said, ts + 50],
+                                                             [ts, *tok.encode(" Eight of spades."), ts + 100]])
+    live.add_speech(speech(3.0), 0)
+    live.add_pause(hard=True)
+    assert await run_due(live) == 2
+    assert [(e.item, e.text) for e in events if e.type == "utterance"] == [(0, tok.decode(said))]
 
 
 async def test_a_final_text_closed_past_the_audio_is_forced_as_ending_at_the_audio(

@@ -15,6 +15,15 @@ def test_a_sentence_said_again_right_after_itself_is_dropped() -> None:
                                " Ill-disposed young man. Unless.") == " He was not an ill-disposed young man. Unless."
 
 
+def test_a_sentence_begun_again_and_cut_short_is_dropped() -> None:
+    # a final stopped short of the commit; its tail, decoded again over little speech, restarted the utterance
+    before = " Eight of spades, four of Clothes, seven of Hearts."
+    assert without_repeats(before, " Eight of spades.") == ""
+    assert without_repeats(before, " Eight of spades. Ten of clubs.") == " Ten of clubs."
+    assert without_repeats(before, " Eight of hearts.") == " Eight of hearts."  # not its start: speech
+    assert without_repeats(" Ten of clubs, ten of hearts.", " Ten of.") == " Ten of."  # under 3 words
+
+
 def test_a_sentence_started_again_a_few_words_back_loses_those_words() -> None:
     before = " And Mr. John Dashwood had then leisure to consider how much there might be."
     assert without_repeats(before, " Much there might be prudently in his power.") == " prudently in his power."

@@ -240,6 +240,29 @@ async def test_a_commit_closes_the_utterance_where_it_was_called(tiny_whisper_di
     assert order.index(("audio_committed", 0)) < order.index(("utterance", 0))
 
 
+async def test_no_decode_crosses_a_client_commit_even_behind(tiny_whisper_dir: Path) -> None:
+    # three committed utterances arrive before the pump runs, as for a session behind: each is decoded alone, over
+    # its own audio (merged, Whisper wrote one segment across a commit and one item completed as '')
+    decoded: list[int] = []
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0, first_redecode_s=None, tokens_per_second=1.0)
+        real = s.live._scheduler.decode
+
+        async def spy(loaded: object, request: WindowRequest, scope: object = None) -> object:
+            decoded.append(len(request.audio))
+            return await real(loaded, request, scope)  # type: ignore[arg-type]
+
+        s.live._scheduler.decode = spy  # type: ignore[method-assign]
+        for _ in range(3):
+            s.append(f32(voiced(1.0)), F32)
+            s.commit()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            await s.finish()
+    assert decoded == [SR, SR, SR]  # not one decode of 3 s, nor 2 s and 3 s with the earlier audio as context
+    assert items(s, "audio_committed") == [0, 1, 2] and items(s, "utterance") == [0, 1, 2]
+
+
 async def test_clear_drops_the_open_audio_without_committed_text(tiny_whisper_dir: Path) -> None:
     async with running_tasks() as tasks:
         s = session(tasks, tiny_whisper_dir, NO_VAD, redecode_s=100.0, first_redecode_s=None)  # no probes: nothing is committed early

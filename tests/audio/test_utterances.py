@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from audio.utterances import by_utterance
+from audio.live_config import SessionEvent
+from audio.utterances import Utterances, by_utterance
 
 TS = 50000  # timestamp_begin; a timestamp counts UNIT samples
 UNIT = 320
@@ -36,3 +37,15 @@ def test_an_unclosed_last_segment_goes_by_its_start_and_text_without_timestamps_
     groups = by_utterance([at(0), 1, at(1), at(1.6), 2, 3], 0, TS, UNIT, 0, [16000 * 1.5, 16000 * 3])
     assert [[t for t in g if t < TS] for g in groups] == [[1], [2, 3]]
     assert by_utterance([1, 2, 3], 0, TS, UNIT, 0, [100, 200]) == [[1, 2, 3], []]
+
+
+def test_a_decode_reaches_the_pauses_it_can_hold_but_never_past_a_clients_commit() -> None:
+    events: list[SessionEvent] = []
+    u = Utterances(events.append)
+    for at, hard in ((100, False), (200, True), (300, False)):
+        u.pause(at, hard)
+    assert u.reach(250) == 200 and u.reach(1000) == 200  # the commit ends it, however far the decode could go
+    assert u.reach(150) == 100 and u.reach(50) == 100  # at least the first pause
+    assert u.hard_at(200) and not u.hard_at(100) and not u.hard_at(150)
+    u.close(2)
+    assert u.reach(1000) == 300 and not u.hard_at(200) and list(u.hard) == [False]

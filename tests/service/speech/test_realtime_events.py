@@ -3,13 +3,16 @@ without Whisper's leading space."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from audio.live import SessionEvent
 from service.speech.realtime_events import Items, server_events
 
 
 def test_an_items_text_has_no_leading_space_and_its_deltas_add_up_to_it() -> None:
     items = Items()
-    out = [e for ev in [SessionEvent("committed", text=" ", item=0), SessionEvent("committed", text=" And Mr.", item=0),
+    out = [e for ev in [SessionEvent("speech_started", item=0), SessionEvent("speech_started", item=1),
+                        SessionEvent("committed", text=" ", item=0), SessionEvent("committed", text=" And Mr.", item=0),
                         SessionEvent("committed", text=" Dashwood", item=0),
                         SessionEvent("utterance", text="  And Mr. Dashwood", item=0),
                         SessionEvent("committed", text=" Then", item=1), SessionEvent("utterance", text=" Then", item=1)]
@@ -18,3 +21,46 @@ def test_an_items_text_has_no_leading_space_and_its_deltas_add_up_to_it() -> Non
     done = [e["transcript"] for e in out if e["type"].endswith(".completed")]
     assert deltas == ["And Mr.", " Dashwood", "Then"]  # a blank first delta is no delta
     assert done == ["And Mr. Dashwood", "Then"] == ["".join(deltas[:2]), deltas[2]]
+
+
+def item_of(e: dict[str, Any]) -> str | None:
+    return e.get("item_id") or (e.get("item") or {}).get("id")
+
+
+def test_no_event_names_an_item_before_the_client_was_told_of_it() -> None:
+    # manual commits (no speech_started): text LocalAgreement committed before the client's commit is held, and
+    # comes as one delta right after committed / conversation.item.created, as OpenAI transcribes a committed buffer
+    items = Items()
+    script = [SessionEvent("tentative", text=" Eight of", item=0), SessionEvent("committed", text=" Eight of", item=0),
+              SessionEvent("committed", text=" spades,", item=0), SessionEvent("tentative", text=" four", item=0),
+              SessionEvent("audio_committed", audio_ms=3000, item=0, ref="c1"),
+              SessionEvent("committed", text=" four of clubs.", item=0), SessionEvent("tentative", text="", item=0),
+              SessionEvent("utterance", text=" Eight of spades, four of clubs.", item=0)]
+    out = [e for ev in script for e in server_events(ev, items, tentative=False)]  # a plain OpenAI client
+    assert [e["type"].rsplit(".", 1)[-1] for e in out] == ["committed", "created", "delta", "delta", "completed"]
+    told: set[str] = set()
+    for e in out:
+        if e["type"] == "input_audio_buffer.committed":
+            told.add(e["item_id"])
+        assert item_of(e) in told, e
+    deltas = [e["delta"] for e in out if e["type"].endswith(".delta")]
+    assert deltas == ["Eight of spades,", " four of clubs."] and "".join(deltas) == out[-1]["transcript"]
+
+
+def test_a_client_of_our_tentative_extension_gets_manual_commit_text_as_it_comes() -> None:
+    # `tandem dictate --no-vad` asks for guesses: it knows items early, so its live text is not held to the commit.
+    items = Items()
+    script = [SessionEvent("committed", text=" Eight of", item=0), SessionEvent("tentative", text=" spades", item=0),
+              SessionEvent("audio_committed", audio_ms=3000, item=0, ref="c1")]
+    out = [e for ev in script for e in server_events(ev, items, tentative=True)]
+    assert [e["type"].rsplit(".", 1)[-1] for e in out] == ["delta", "tentative", "committed", "created"]
+    assert {item_of(e) for e in out} == {out[0]["item_id"]}
+
+
+def test_with_server_vad_speech_started_announces_the_item_and_text_streams_at_once() -> None:
+    items = Items()
+    script = [SessionEvent("speech_started", audio_ms=500, item=0), SessionEvent("committed", text=" Ten of", item=0),
+              SessionEvent("tentative", text=" clubs.", item=0)]
+    out = [e for ev in script for e in server_events(ev, items, tentative=True)]
+    assert [e["type"].rsplit(".", 1)[-1] for e in out] == ["speech_started", "delta", "tentative"]
+    assert {item_of(e) for e in out} == {out[0]["item_id"]}
