@@ -15,10 +15,11 @@ import os
 import resource
 
 from service.config import CONFIG_ENV, ServiceConfig
+from service.limits import Limits
 from service.process.cleanup import remove_interrupted_conversions
 from service.process.parent import PARENT_PID_ENV
 
-__all__ = ["serve", "APP_FACTORY", "raise_open_files_limit"]
+__all__ = ["serve", "APP_FACTORY", "raise_open_files_limit", "GRANIAN_WS_FRAME_BYTES", "ws_frame_warning"]
 
 APP_FACTORY = "service.app:app_from_env"
 
@@ -26,6 +27,19 @@ APP_FACTORY = "service.app:app_from_env"
 _KILL_MARGIN_SECONDS = 15
 
 _log = logging.getLogger("tandem.service")
+
+# Granian reads websockets with tungstenite's defaults and offers no setting (2.8.9): a frame over 16 MiB closes
+# the connection before the app sees it, so no error event can answer it. Larger messages arrive only fragmented.
+GRANIAN_WS_FRAME_BYTES = 16 << 20
+
+
+def ws_frame_warning(limits: Limits) -> str | None:
+    """What to tell the operator when `--max-ws-frame-bytes` promises more than granian carries in one frame.
+    Raises nothing."""
+    if limits.max_ws_frame_bytes <= GRANIAN_WS_FRAME_BYTES:
+        return None
+    return (f"--max-ws-frame-bytes {limits.max_ws_frame_bytes} is over granian's {GRANIAN_WS_FRAME_BYTES}-byte "
+            "websocket frame: a larger message sent in one frame closes its connection with no error event")
 
 
 def raise_open_files_limit(wanted: int) -> int:
@@ -54,6 +68,8 @@ def serve(config: ServiceConfig) -> int:
 
     remove_interrupted_conversions()
     limits = config.limits
+    if (warning := ws_frame_warning(limits)) is not None:
+        _log.warning("%s", warning)
     # Every connection holds a descriptor; stalled clients must not exhaust them before the limit applies.
     files = raise_open_files_limit(limits.max_connections + 1024)
     connections = max(64, min(limits.max_connections, files - 256))

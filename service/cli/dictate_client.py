@@ -56,6 +56,7 @@ class LiveLine:
     def commit(self, text: str) -> None:
         """New committed text (never changes once shown). Raises nothing."""
         self.text.append(text)
+        self.tentative = _after(self.tentative, text)  # the guess's words now committed must not show twice
         if not self.tty:
             self.out.write(text)
             self.out.flush()
@@ -97,6 +98,16 @@ class LiveLine:
         self.out.flush()
 
 
+def _after(guess: str, committed: str) -> str:
+    """What of `guess` follows `committed`, when the guess began with it; else nothing, as a guess cut mid-word
+    or one the commit did not follow is stale (the next guess comes with the next decode). Raises nothing."""
+    head, words = guess.lstrip(), committed.strip()
+    if not words:
+        return guess
+    rest = head[len(words):] if head.startswith(words) else ""
+    return "" if rest[:1].isalnum() else rest
+
+
 @dataclass
 class DictateSession:
     """One Realtime transcription session: configure, send audio, commit, and display what comes back."""
@@ -112,6 +123,7 @@ class DictateSession:
     _drained: anyio.Event = field(default_factory=anyio.Event)
     _updated: anyio.Event = field(default_factory=anyio.Event)
     first_text_at: float | None = None
+    _last_shown: tuple[Any, Any] | None = None  # the last error written (code, message)
 
     async def configure(self, *, rate: int, language: str | None, prompt: str | None, keywords: list[str],
                         vad: bool) -> None:
@@ -181,5 +193,8 @@ class DictateSession:
                 if not self._updated.is_set():  # a refused update: the caller reports it, once
                     self._updated.set()  # it ends the wait too
                     continue
-                self.log.write(f"\nserver: {error.get('message')} ({error.get('code')})\n")
-                self.log.flush()
+                shown = (error.get("code"), error.get("message"))
+                if shown != self._last_shown:  # a drain refuses every append after it: said once, not per chunk
+                    self.log.write(f"\nserver: {error.get('message')} ({error.get('code')})\n")
+                    self.log.flush()
+                self._last_shown = shown

@@ -197,7 +197,8 @@ class _FrameLimit:
     """Websocket messages above `limit` bytes: dropped, their bytes freed before anything decodes them, and
     handed to the app as a `websocket.receive` without data carrying the error under FRAME_REFUSED. The socket
     answers it in turn, as any bad message, and goes on (service/speech/live_socket.py): closing lost the
-    session and its audio."""
+    session and its audio. The one size rule for a message, in its bytes; a single frame over granian's 16 MiB
+    never gets here (service/server.py GRANIAN_WS_FRAME_BYTES), so the default limit is exactly that."""
 
     def __init__(self, receive: Any, limit: int) -> None:
         self._receive = receive

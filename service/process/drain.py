@@ -3,8 +3,10 @@ shutdown timeout, end what is left with its final events, then let granian stop 
 
 Admission stops at once (`state.draining`: new requests get 503 with Retry-After, /health says
 "stopping"), and requests queued in the engine but not yet running are refused then too (503 shutting_down,
-where the engine offers `refuse_queued`). After `shutdown_timeout` the engine is closed: every running
-generation ends, and each stream sends an error event (code shutting_down) and `[DONE]` before the worker goes.
+where the engine offers `refuse_queued`). Live websockets are told at once (`InFlight.stop`): each takes no
+more audio, sends the transcript of what it received, an error event (shutting_down) and closes with 1001
+(service/speech/live_socket.py). After `shutdown_timeout` the engine is closed: every running generation
+ends, and each stream sends an error event (code shutting_down) and `[DONE]` before the worker goes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ async def drain(state: "AppState") -> None:
     rest end with their final events, and wait briefly for them. Raises nothing."""
     state.draining = True
     _refuse_queued(state)
+    state.inflight.stop()  # live sockets never end by themselves: they wind up within the timeout below
     timeout = state.config.shutdown_timeout
     _log.info("stopping: %d requests in flight get %g s to finish", state.inflight.count, timeout)
     with anyio.move_on_after(timeout):

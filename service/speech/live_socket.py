@@ -4,7 +4,7 @@ Two ways to talk, one session underneath:
 - **Realtime** (OpenAI's transcription events, realtime_config.py and realtime_events.py): JSON client events
   `transcription_session.update` / `session.update`, `input_audio_buffer.append` (base64 PCM16 at the session's
   rate, 24 kHz unless declared), `.commit`, `.clear`; server events driven by the session's own events.
-  `/v1/realtime` always talks this way; `/v1/audio/live` does once the client's first message is one of these.
+  `/v1/realtime` always talks this way; `/v1/audio/live` does once one comes before any PCM frame or finish.
 - **Binary frames** (simple clients of `/v1/audio/live`): raw PCM frames in the query's format, text
   `{"type": "finish"}` to end; `transcript.partial` snapshots (committed + tentative text, at most one per
   `interval` s) and a final `transcript.done`.
@@ -14,7 +14,8 @@ and the transcript is delivered — and nothing a client sends ends the session:
 object, an unknown type, bad base64, an odd byte count, over the size limit, a refused option) gets an
 `error` event and the audio received so far is kept. Audio refused by a cap (the session's backlog, all
 sessions' buffer, the session's length) is an error event too, never a silent drop. When the socket closes
-the session is cancelled: its queued Whisper work leaves before the next step.
+the session is cancelled: its queued Whisper work leaves before the next step. A server drain takes no more
+audio, sends the text of what came within the shutdown timeout, then an `error` (shutting_down) and close 1001.
 
 Replies go out in the order the client's events were handled: a reply (an error, `session.updated`) is queued
 in the session's event log behind the events of the commits and clears before it (LiveSession.mark), and one
@@ -39,7 +40,7 @@ from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from engine.errors import EngineRestarting
-from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event
+from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event, unavailable
 from service.http.guard import FRAME_REFUSED
 from service.http.json_body import json_depth
 from service.seams import SpeechBackend
@@ -48,10 +49,9 @@ from service.speech.realtime_events import Items, server_events
 from service.speech.served import served_speech
 from service.state import AppState
 
-__all__ = ["LiveSocket", "Mode", "MAX_EVENT_AUDIO_BYTES", "REALTIME_CLIENT_EVENTS", "close_code"]
+__all__ = ["LiveSocket", "Mode", "REALTIME_CLIENT_EVENTS", "close_code"]
 
 Mode = Literal["undecided", "frames", "realtime"]
-MAX_EVENT_AUDIO_BYTES = 15 * 1024 * 1024  # OpenAI's limit for one input_audio_buffer.append
 REALTIME_CLIENT_EVENTS = frozenset({"session.update", "transcription_session.update", "input_audio_buffer.append",
                                     "input_audio_buffer.commit", "input_audio_buffer.clear"})
 _UNSUPPORTED = ("conversation.", "response.", "output_audio_buffer.")
@@ -80,6 +80,8 @@ class LiveSocket:
         self._replies: dict[str, dict[str, Any]] = {}  # replies waiting for their mark in the session's log
         self._reply_ids = itertools.count()
         self._writer_done = False  # the log's writer has ended: replies go out directly
+        self._stopping = False  # the server drains: nothing more is taken
+        self._ended = anyio.Event()  # the socket was closed (by us)
 
     # ---- lifetime -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -97,6 +99,7 @@ class LiveSocket:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_events, tg.cancel_scope)
                 tg.start_soon(self._partials)
+                tg.start_soon(self._on_drain, tg, self.session)
                 try:
                     await self._read(tg)
                 finally:
@@ -138,6 +141,8 @@ class LiveSocket:
             try:
                 if isinstance(refused := message.get(FRAME_REFUSED), APIError):  # over the guard's limit, dropped
                     raise refused
+                if self._stopping:
+                    raise _shutting_down()
                 if isinstance(data, bytes):
                     self._frame(data)
                 elif isinstance(text, str):
@@ -155,9 +160,6 @@ class LiveSocket:
 
     def _audio(self, data: bytes, fmt: PcmFormat) -> None:
         assert self.session is not None
-        if len(data) > MAX_EVENT_AUDIO_BYTES:
-            raise APIError(413, f"{len(data)} bytes of audio in one message; at most {MAX_EVENT_AUDIO_BYTES}",
-                           param="audio", code="audio_too_large")
         try:
             self.session.append(data, fmt)
         except AudioError as exc:  # the PCM checks name an HTTP body; here the audio is the event's `audio`, or
@@ -181,13 +183,14 @@ class LiveSocket:
             raise APIError(400, "a text message must be a JSON object", code="invalid_event")
         kind = event.get("type")
         self._event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
-        if self.mode == "undecided":
-            self.mode = "realtime" if kind in REALTIME_CLIENT_EVENTS else "frames"
-        if self.mode == "frames":
+        if self.mode == "undecided" and (kind in REALTIME_CLIENT_EVENTS or kind == "finish"):
+            self.mode = "realtime" if kind in REALTIME_CLIENT_EVENTS else "frames"  # an unknown type decides nothing
+        if self.mode != "realtime":
             if kind == "finish":
                 self._finish(tg)
                 return
-            raise APIError(400, f"unknown message type {kind!r}; send binary PCM frames and {{\"type\": \"finish\"}}",
+            raise APIError(400, f"unknown message type {kind!r}; send binary PCM frames and {{\"type\": \"finish\"}}"
+                           + (", or Realtime client events" if self.mode == "undecided" else ""),
                            param="type", code="unknown_event")
         assert self.session is not None
         if kind in ("session.update", "transcription_session.update"):
@@ -244,14 +247,30 @@ class LiveSocket:
         assert self.session is not None
         try:
             t = await self.session.finish()
-        except Exception as exc:
-            await self._send_error(_as_api_error(exc), reply=False)  # sent before the close, not queued behind it
-            await self._close(1011)
+        except Exception as exc:  # sent before the close, not queued behind it (draining: cancelled past the timeout)
+            await self._send_error(_shutting_down() if self._stopping else _as_api_error(exc), reply=False)
+            await self._close(1001 if self._stopping else 1011)
             return
         self._partial_due.set()
         await self._send({"type": "transcript.done", "id": self.session.id, "text": t.text.lstrip(),
                           "received_seconds": round(t.duration, 3), "windows_done": self.session.windows_done})
-        await self._close(1000)
+        if self._stopping:
+            await self._send_error(_shutting_down(), reply=False)
+        await self._close(1001 if self._stopping else 1000)
+
+    async def _on_drain(self, tg: anyio.abc.TaskGroup, session: LiveSession) -> None:
+        """On a drain: finish the session within the shutdown timeout; the writer or _finish_frames then closes."""
+        await self.state.inflight.wait_stopping()
+        self._stopping = True
+        with anyio.move_on_after(self.state.config.shutdown_timeout) as grace, contextlib.suppress(Exception):
+            await session.finish()  # a failure reaches the writer as session.error
+        if grace.cancelled_caught:
+            with contextlib.suppress(EngineRestarting):  # --isolate: gone with its engine process
+                session.cancel()
+        if self.mode != "realtime" and not self._finishing:
+            self._finish(tg)
+        await self._ended.wait()
+        tg.cancel_scope.cancel()
 
     # ---- writing -------------------------------------------------------------------------------
     async def _write_events(self, scope: anyio.CancelScope) -> None:
@@ -275,7 +294,10 @@ class LiveSocket:
         while self._replies:  # the log is over: what is still owed goes out now, in order (a reply meanwhile too)
             await self._send(self._replies.pop(next(iter(self._replies))))
         self._writer_done = True
-        if session.error is not None and self.mode == "realtime":
+        if self._stopping and self.mode == "realtime":  # the server drains: the transcript above was the last
+            await self._send_error(_shutting_down(), reply=False)
+            await self._close(1001)
+        elif session.error is not None and self.mode == "realtime":
             await self._send_error(api_error(session.error) if _typed(session.error) else
                                    APIError(500, f"transcription failed: {session.error}", type="server_error"),
                                    reply=False)
@@ -335,10 +357,9 @@ class LiveSocket:
         if self._closed:
             return
         self._closed = True
-        try:
+        with contextlib.suppress(Exception):  # the client left first
             await self.socket.close(code=code)
-        except Exception:  # the client left first
-            pass
+        self._ended.set()
 
 
 def close_code(err: APIError) -> int:
@@ -353,13 +374,14 @@ _log = logging.getLogger("tandem.speech")
 def _base64_audio(audio: Any) -> bytes:
     if not isinstance(audio, str):
         raise APIError(400, "`audio` must be a base64 string", param="audio", code="invalid_value")
-    if len(audio) * 3 // 4 > MAX_EVENT_AUDIO_BYTES:
-        raise APIError(413, f"one append may carry at most {MAX_EVENT_AUDIO_BYTES} bytes of audio", param="audio",
-                       code="audio_too_large")
     try:
         return base64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError):
         raise APIError(400, "`audio` is not valid base64", param="audio", code="invalid_base64") from None
+
+
+def _shutting_down() -> APIError:
+    return unavailable("The server is shutting down.", code="shutting_down")
 
 
 def _typed(exc: BaseException) -> bool:

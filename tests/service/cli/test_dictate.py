@@ -54,10 +54,35 @@ def test_a_terminal_sees_the_guess_rewritten_in_place() -> None:
     line.guess("wor")
     assert out.getvalue().endswith("\r\x1b[K Hello\x1b[2m wor\x1b[0m")
     line.guess("world is")
-    line.commit(" world")
-    assert out.getvalue().endswith("\r\x1b[K Hello world\x1b[2m world is\x1b[0m")
+    line.commit(" world")  # the guess's committed words are not shown twice, even for a moment
+    assert out.getvalue().endswith("\r\x1b[K Hello world\x1b[2m is\x1b[0m")
     line.end_utterance()
     assert out.getvalue().endswith("\r\x1b[K Hello world\n")
+
+
+@pytest.mark.parametrize("guess, delta, shown", [
+    (" Mr. John Dashwood had then", " Mr. John Dashwood had then", ""),  # the probe's line: all of it committed
+    (" Mr. John Dashwood had then", " Mr. John", " Dashwood had then"),
+    (" Mr. John Dashwood", " Mr. Jo", ""),  # cut mid-word: the rest is no word of its own
+    (" Mr. John Dashwood", " Mrs. Dashwood", ""),  # the commit did not follow the guess: stale
+])
+def test_a_delta_takes_its_words_out_of_the_guess(guess: str, delta: str, shown: str) -> None:
+    out = io.StringIO()
+    line = LiveLine(out, tty=True, width=200)
+    line.commit("And")
+    line.guess(guess)
+    line.commit(delta)
+    dim = f"\x1b[2m {shown.strip()}\x1b[0m" if shown else ""
+    assert out.getvalue().endswith("\r\x1b[KAnd" + delta + dim)
+
+
+def test_a_wrapped_line_shows_no_stale_guess() -> None:
+    out = io.StringIO()
+    line = LiveLine(out, tty=True, width=20)
+    line.commit("And Mr. John")
+    line.guess(" Dashwood had then")
+    line.commit(" Dashwood had then")  # wraps: "And Mr. John" is printed, the rest stays on the live line
+    assert out.getvalue().endswith("\r\x1b[KDashwood had then")
 
 
 def test_a_long_utterance_wraps_without_rewriting_finished_lines() -> None:
@@ -123,3 +148,23 @@ def test_without_a_microphone_dictate_says_what_to_install(monkeypatch: pytest.M
     monkeypatch.setattr(builtins, "__import__", no_sounddevice)
     assert main(["dictate"]) != 0
     assert "mic extra" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+async def test_an_error_repeated_for_every_append_is_written_once() -> None:
+    # A draining server refuses each append after it: dictate wrote one line per 100 ms chunk.
+    from service.cli.dictate_client import DictateSession
+
+    log = io.StringIO()
+    session = DictateSession(ws=None, display=LiveLine(io.StringIO(), tty=False), log=log)
+    session._updated.set()  # configured
+    draining = json.dumps({"type": "error", "error": {"code": "shutting_down", "message": "Shutting down."}})
+    other = json.dumps({"type": "error", "error": {"code": "invalid_value", "message": "Bad."}})
+
+    async def messages() -> Any:
+        for raw in (draining, draining, draining, other, draining):
+            yield raw
+
+    await session.receive(messages())
+    assert log.getvalue().count("shutting_down") == 2 and log.getvalue().count("invalid_value") == 1
+    assert len(session.errors) == 5

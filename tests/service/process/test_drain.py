@@ -1,20 +1,27 @@
 """Draining on SIGTERM with the real engine: admission stops at once, streams that finish in time finish
-normally, the rest end with an error event (code shutting_down) and [DONE]."""
+normally, the rest end with an error event (code shutting_down) and [DONE]; a live socket sends the text of the
+audio it received, then an error event (shutting_down) and closes with 1001."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from litestar.exceptions import WebSocketDisconnect
 from litestar.testing import TestClient
 
 from engine.runtime import Engine
 from service.app import create_app
 from service.config import ServiceConfig
 from service.process.drain import drain
+from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
+from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.asgi import ASGIClient, asgi_scope
+from tests.service.speech.test_live_socket import BETA, append, until, voiced
 
 pytestmark = pytest.mark.anyio
 USER = [{"role": "user", "content": "Hello there"}]
@@ -85,3 +92,50 @@ async def test_queued_requests_are_refused_when_the_drain_starts() -> None:
         await anyio.wait_all_tasks_blocked()
         assert engine.refused == 1 and state.inflight.count == 1
         state.inflight.exit()
+
+
+@pytest.fixture(scope="module")
+def whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+
+
+def _speech_app(whisper_dir: Path) -> tuple[AppState, TestClient[Any]]:
+    config = ServiceConfig(shutdown_timeout=60)  # ample: the socket ends as soon as its text is out
+    state = install_speech(AppState(config=config), SpeechConfig(model=str(whisper_dir), resident=True))
+    return state, TestClient(create_app(state))
+
+
+def test_a_realtime_session_sends_the_text_of_its_audio_then_shutting_down_and_1001(whisper_dir: Path) -> None:
+    # The socket was cut with no close frame and the audio already sent was never transcribed.
+    state, client = _speech_app(whisper_dir)
+    with client, client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        append(ws, voiced(1.0))  # speech with no pause after it: only the drain ends the utterance
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {}}))
+        until(ws, "transcription_session.updated")  # handled after the append: the audio is in the session
+        client.blocking_portal.call(drain, state)
+        events = until(ws, "error")
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json(timeout=30)
+    kinds = [e["type"] for e in events]
+    assert "input_audio_buffer.committed" in kinds
+    done = events[kinds.index("conversation.item.input_audio_transcription.completed")]
+    assert done["usage"]["seconds"] > 0.5  # the received speech was transcribed
+    assert events[-1]["error"]["code"] == "shutting_down" and closed.value.code == 1001
+    assert state.inflight.count == 0
+
+
+def test_a_binary_frame_session_sends_its_transcript_then_shutting_down_and_1001(whisper_dir: Path) -> None:
+    state, client = _speech_app(whisper_dir)
+    with client, client.websocket_connect("/v1/audio/live?rate=16000&encoding=f32le&interval=0") as ws:
+        ws.receive_json(timeout=30)
+        ws.send_bytes(voiced(1.0, 16000).astype("<f4").tobytes())
+        ws.send_text('{"type": "bogus"}')
+        until(ws, "error")  # answered after the frame was taken
+        client.blocking_portal.call(drain, state)
+        done = until(ws, "transcript.done")[-1]
+        error = until(ws, "error")[-1]
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json(timeout=30)
+    assert done["received_seconds"] == pytest.approx(1.0)
+    assert error["code"] == "shutting_down" and closed.value.code == 1001
