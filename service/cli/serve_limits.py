@@ -48,8 +48,8 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                      help="largest audio chunk appended to a live session")
     lim.add_argument("--max-ws-frame-bytes", type=byte_size, default=_DEFAULT.max_ws_frame_bytes,
                      help="largest websocket message (default 16MiB: OpenAI's 15 MiB Realtime append fits, and "
-                          "granian itself drops a connection on a single frame over 16 MiB); a bigger one is dropped "
-                          "with an error event, the session and its audio stay")
+                          "granian itself drops a connection on a single frame over 16 MiB); a bigger fragmented one "
+                          "is dropped with an error event, the session and its audio stay")
     lim.add_argument("--header-timeout", type=seconds, default=_DEFAULT.header_timeout, metavar="SEC",
                      help="seconds a connection has to send its request headers")
     lim.add_argument("--body-timeout", type=seconds, default=_DEFAULT.body_timeout, metavar="SEC",
