@@ -282,7 +282,7 @@ class LiveSocket:
                     if (reply := self._replies.pop(ev.ref or "", None)) is not None:
                         await self._send(reply)
                 elif self.mode == "realtime":
-                    for out in server_events(ev, self.items, self.config.tentative):
+                    for out in server_events(ev, self.items, self.config.tentative, lambda: session.lag_seconds):
                         await self._send(out)
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()
@@ -316,7 +316,7 @@ class LiveSocket:
             await self._send({"type": "transcript.partial", "id": session.id, "committed": committed,
                               "tentative": guess if committed else guess.lstrip(),
                               "received_seconds": round(session.received_seconds, 3),
-                              "windows_done": session.windows_done})
+                              "windows_done": session.windows_done, "lag_seconds": session.lag_seconds})
             if self.interval > 0:
                 await anyio.sleep(self.interval)  # pacing of snapshots, not synchronisation
 

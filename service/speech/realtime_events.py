@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from audio.live import SessionEvent
 
@@ -65,7 +65,8 @@ class Items:
         self._items.pop(k, None)
 
 
-def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[str, Any]]:
+def server_events(ev: SessionEvent, items: Items, tentative: bool,
+                  lag: Callable[[], float] = lambda: 0.0) -> list[dict[str, Any]]:
     """The Realtime server events for one session event (event ids added by the sender). Raises nothing."""
     k = ev.item
     if ev.type == "speech_started":
@@ -100,8 +101,9 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool) -> list[dict[
     if ev.type == "tentative":
         if not tentative:
             return []
+        # Our extension also says how far behind the session is (`lag`: received audio not yet transcribed).
         return [{"type": "conversation.item.input_audio_transcription.tentative", "item_id": items.get(k).id,
-                 "content_index": 0, "text": ev.text}]
+                 "content_index": 0, "text": ev.text, "lag_seconds": lag()}]
     if ev.type == "utterance":
         item = items.get(k)
         seconds = max(0, item.end_ms - item.start_ms) / 1000

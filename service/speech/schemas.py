@@ -222,11 +222,13 @@ class SessionCreated(BaseModel):
 
 
 class SessionAudioAccepted(BaseModel):
-    """After each chunk: total audio received and how many 30 s windows are already decoded."""
+    """After each chunk: total audio received, how many 30 s windows are already decoded, and how far behind the
+    transcription is (received audio not yet transcribed: a client sending faster than real time sees it grow)."""
 
     id: str
     received_seconds: float
     windows_done: int
+    lag_seconds: float = 0.0
 
 
 class SessionFinished(BaseModel):
@@ -254,4 +256,5 @@ class LiveEvent(BaseModel):
     text: str | None = None
     received_seconds: float | None = None
     windows_done: int | None = None
+    lag_seconds: float | None = None
     message: str | None = None

@@ -89,7 +89,7 @@ async def append_session_audio(request: Request[Any, Any, Any], session_id: str)
         session.append_samples(await anyio.to_thread.run_sync(
             lambda: decode_audio_body(body, content_type, param="body", max_seconds=most)))
     return SessionAudioAccepted(id=session.id, received_seconds=round(session.received_seconds, 3),
-                                windows_done=session.windows_done)
+                                windows_done=session.windows_done, lag_seconds=session.lag_seconds)
 
 
 @post("/v1/audio/sessions/{session_id:str}/finish", status_code=200, tags=["audio"],

@@ -52,8 +52,9 @@ def test_a_client_of_our_tentative_extension_gets_manual_commit_text_as_it_comes
     items = Items()
     script = [SessionEvent("committed", text=" Eight of", item=0), SessionEvent("tentative", text=" spades", item=0),
               SessionEvent("audio_committed", audio_ms=3000, item=0, ref="c1")]
-    out = [e for ev in script for e in server_events(ev, items, tentative=True)]
+    out = [e for ev in script for e in server_events(ev, items, tentative=True, lag=lambda: 2.5)]
     assert [e["type"].rsplit(".", 1)[-1] for e in out] == ["delta", "tentative", "committed", "created"]
+    assert out[1]["lag_seconds"] == 2.5  # the guess says how far behind the session is
     assert {item_of(e) for e in out} == {out[0]["item_id"]}
 
 

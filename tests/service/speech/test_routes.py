@@ -238,6 +238,7 @@ def test_session_lifecycle(client: TestClient[Any]) -> None:
                         headers={"content-type": "audio/pcm;rate=16000"})
         assert r.status_code == 200, r.text
     assert r.json()["received_seconds"] == pytest.approx(1.5) and r.json()["windows_done"] == 0
+    assert 0.0 <= r.json()["lag_seconds"] <= 1.5  # how far behind: the backlog a fast sender watches
     # a bad chunk is refused, the audio before it is kept
     assert_error(client.post(f"/v1/audio/sessions/{sid}/audio", content=b"\x00" * 5,
                              headers={"content-type": "audio/pcm"}), 400, "invalid_pcm_length")
@@ -319,7 +320,7 @@ def test_websocket_live_partials_and_done(client: TestClient[Any]) -> None:
         while (m := ws.receive_json())["type"] != "transcript.done":
             messages.append(m)
         assert m["received_seconds"] == pytest.approx(1.0)
-        assert all(x["type"] == "transcript.partial" for x in messages)
+        assert all(x["type"] == "transcript.partial" and 0.0 <= x["lag_seconds"] <= 1.0 for x in messages)
 
 
 def test_no_speech_server_says_so() -> None:
