@@ -68,6 +68,8 @@ class GenerationRequest:
     max_tokens_requested: bool = True
     # A text completion continues its prompt: the first token's leading space is part of its text.
     continuation: bool = False
+    # False: special tokens written mid-reply show in its text (engine/special_tokens.py hides them by default).
+    skip_special_tokens: bool = True
 
 
 @dataclass

@@ -64,7 +64,8 @@ class Row:
         send, receive = anyio.create_memory_object_stream[Delta](math.inf)
         row = cls(request=request, send=send, sampler=RowSampler(request.sampling, prompt, vocab_size),
                   stopper=StopMatcher(tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
-                                      max_tokens=request.max_tokens, keep_leading_space=request.continuation),
+                                      max_tokens=request.max_tokens, keep_leading_space=request.continuation,
+                                      skip_special_tokens=request.skip_special_tokens),
                   prompt=prompt, boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)),
                   decode_tail=decode_tail and len(prompt) > 1)
         return row, receive

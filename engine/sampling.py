@@ -27,6 +27,7 @@ from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
 
 from engine.contracts import FinishReason, SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
+from engine.special_tokens import hidden_special_ids
 
 __all__ = ["RowSampler", "StopMatcher", "StepText", "LogprobBlock", "newest_logprobs", "sample_rows",
            "validate_sampling", "MAX_TOP_LOGPROBS"]
@@ -267,7 +268,7 @@ class StopMatcher:
     """Incremental detokenization plus stop conditions for one row."""
 
     def __init__(self, tokenizer: Any, *, stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (),
-                 max_tokens: int, keep_leading_space: bool = False) -> None:
+                 max_tokens: int, keep_leading_space: bool = False, skip_special_tokens: bool = True) -> None:
         self._detok = tokenizer.detokenizer
         if isinstance(self._detok, NaiveStreamingDetokenizer):  # no tokenizer.json: a plain `decode` (see the class)
             self._detok = _ContextDetokenizer(tokenizer, getattr(self._detok, "_clean_spaces", True), keep_leading_space)
@@ -275,6 +276,8 @@ class StopMatcher:
             _keep_leading_space(self._detok)
         self.stop_strings = [s for s in stop if s]
         self.stop_ids = set(stop_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()) or ())
+        # Special tokens written mid-reply are markup, not text (engine/special_tokens.py); they still count.
+        self._hidden = hidden_special_ids(tokenizer) if skip_special_tokens else frozenset()
         self.max_tokens = max_tokens
         self.generated = 0
         self._pending = ""  # decoded text not yet emitted (could be the start of a stop string)
@@ -305,6 +308,10 @@ class StopMatcher:
         self.generated += 1
         if token in self.stop_ids:
             return self._finish("stop")
+        if token in self._hidden:
+            if self.generated >= self.max_tokens or at_context_limit:
+                return self._finish("length")
+            return StepText("", None)
         self._detok.add_token(token)
         if not self.stop_strings:  # nothing to hold back: the common case, kept cheap (once per row per token)
             if self.generated >= self.max_tokens or at_context_limit:

@@ -119,6 +119,7 @@ def generation_request(
         segment_boundaries=tuple(segment_boundaries),
         max_tokens_requested=max_tokens is not None,
         continuation=continuation,
+        skip_special_tokens=body.skip_special_tokens is not False,
     )
 
 

@@ -197,6 +197,8 @@ class SamplingFields(_Body):
     n: int | None = Field(1, description="Only 1 is supported (null: 1).")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
     safety_identifier: str | None = Field(None, description="As `user`.")
+    skip_special_tokens: bool | None = Field(None, description="vLLM's field: false keeps the special tokens a model "
+                                             "writes mid-reply in its text (default: left out, as vLLM does).")
 
     @field_validator("stream_options")
     @classmethod

@@ -334,3 +334,27 @@ def test_a_sentencepiece_only_position_counts_a_space_held_for_cleaning_up(sente
         starts.append(m.position())
         pieces.append(m.add(t).text)
     assert (starts, pieces) == ([0, 6, 7], [" hello", "", "  world"])
+
+
+def test_special_tokens_written_mid_reply_are_left_out_of_its_text_unless_asked_for(tiny_loaded) -> None:
+    # SmolLM2 ends with <|im_end|> but may write <|endoftext|> or <|im_start|> before it: markup, shown as content.
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Hi", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|endoftext|>")] + \
+        tok.encode(" there", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_start|>")]
+    pieces, reason = feed(StopMatcher(tok, max_tokens=len(ids)), ids)
+    assert ("".join(pieces), reason) == ("Hi there", "length")
+    pieces, _ = feed(StopMatcher(tok, stop=["zz"], max_tokens=len(ids)), ids)  # the path that holds text back
+    assert "".join(pieces) == "Hi there"
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids), skip_special_tokens=False), ids)
+    assert "".join(pieces) == "Hi<|endoftext|> there<|im_start|>"
+
+
+def test_the_tokens_a_replys_markers_are_made_of_are_never_hidden(tiny_loaded, monkeypatch) -> None:
+    from engine import special_tokens
+
+    tok = tiny_loaded.tokenizer
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert start in special_tokens._hidden(tok)
+    monkeypatch.setattr(type(tok), "think_start", "<|im_start|>", raising=False)  # a model whose think tag is special
+    monkeypatch.setattr(type(tok), "think_end", "</x>", raising=False)
+    assert start not in special_tokens._hidden(tok)

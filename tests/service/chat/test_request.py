@@ -28,3 +28,14 @@ def test_a_request_without_max_tokens_takes_max_new_tokens_within_the_cap() -> N
     assert _max_tokens(engine, None, cap=None) == 256 - 3  # and the context
     engine.sampling_defaults = {}
     assert _max_tokens(engine, None) == 100
+
+
+def test_skip_special_tokens_reaches_the_engine_request() -> None:
+    # vLLM's field was refused as unknown; special tokens written mid-reply are left out unless it is false.
+    engine = FakeEngine(context_length=256)
+    for sent, wanted in ((None, True), (True, True), (False, False)):
+        extra = {} if sent is None else {"skip_special_tokens": sent}
+        body = ChatCompletionRequest.model_validate({"model": "fake-model", **extra,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+        request = generation_request(engine, body, [1, 2, 3], None, param="messages", default_max_tokens=10)
+        assert request.skip_special_tokens is wanted

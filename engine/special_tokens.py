@@ -1,0 +1,51 @@
+"""Special tokens a reply's text leaves out, as transformers' `decode(skip_special_tokens=True)` and vLLM do.
+
+A model may write a special token mid-reply (SmolLM2's `<|endoftext|>` when its eos is `<|im_end|>`, a stray
+`<|im_start|>`): its text is markup, not content. The tokens a reply's markers are made of (think and tool-call
+tags the output splitter reads, engine/chat_output.py) stay, as do end-of-sequence ids, which stop the row anyway.
+A request may keep them all (`skip_special_tokens: false`, vLLM's field).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+__all__ = ["hidden_special_ids"]
+
+# Tags some templates and our tool prompt use whether or not the tokenizer names them (service/chat/prompt.py).
+_KEPT_TEXTS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
+_CACHE: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
+
+
+def hidden_special_ids(tokenizer: Any) -> frozenset[int]:
+    """The special token ids whose text a reply leaves out (computed once per tokenizer). Raises nothing."""
+    try:
+        return _CACHE[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    hidden = _hidden(tokenizer)
+    try:
+        _CACHE[tokenizer] = hidden
+    except TypeError:  # not weak-referenceable: computed again next time
+        pass
+    return hidden
+
+
+def _hidden(tokenizer: Any) -> frozenset[int]:
+    from engine.chat_output import OutputMarkers
+
+    try:
+        special = {int(i) for i in getattr(tokenizer, "all_special_ids", None) or ()}
+        markers = OutputMarkers.from_tokenizer(tokenizer)
+        kept_texts = [t for t in (markers.think_start, markers.think_end, markers.tool_call_start,
+                                  markers.tool_call_end, *_KEPT_TEXTS) if t]
+        stops = set(getattr(tokenizer, "eos_token_ids", None) or ())
+        hidden = set()
+        for token in special - stops:
+            text = tokenizer.convert_ids_to_tokens(token)
+            if isinstance(text, str) and text and not any(text in marker for marker in kept_texts):
+                hidden.add(token)
+        return frozenset(hidden)
+    except Exception:  # noqa: BLE001 — a tokenizer without these attributes: nothing is hidden
+        return frozenset()
