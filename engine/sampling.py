@@ -278,6 +278,9 @@ class StopMatcher:
         self.stop_ids = set(stop_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()) or ())
         # Special tokens written mid-reply are markup, not text (engine/special_tokens.py); they still count.
         self._hidden = hidden_special_ids(tokenizer) if skip_special_tokens else frozenset()
+        # Ids past the tokenizer's vocabulary (a vocab_size padded to a multiple of 64) have no text: mlx-lm's BPE
+        # detokenizer wrote them as "!".
+        self._text_vocab = _text_vocab(tokenizer)
         self.max_tokens = max_tokens
         self.generated = 0
         self._pending = ""  # decoded text not yet emitted (could be the start of a stop string)
@@ -308,7 +311,7 @@ class StopMatcher:
         self.generated += 1
         if token in self.stop_ids:
             return self._finish("stop")
-        if token in self._hidden:
+        if token in self._hidden or token >= self._text_vocab:
             if self.generated >= self.max_tokens or at_context_limit:
                 return self._finish("length")
             return StepText("", None)
@@ -415,6 +418,14 @@ class _ContextDetokenizer:
         """The text emitted since the last read. Raises nothing."""
         segment, self._segment = self._segment, ""
         return segment
+
+
+def _text_vocab(tokenizer: Any) -> int:
+    """How many ids the tokenizer can write (added tokens included); unbounded when it cannot say. Raises nothing."""
+    try:
+        return len(tokenizer) or 1 << 62
+    except Exception:  # noqa: BLE001 — no length: every id is decoded
+        return 1 << 62
 
 
 def _held(detok: Any) -> int:

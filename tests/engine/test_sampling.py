@@ -358,3 +358,11 @@ def test_the_tokens_a_replys_markers_are_made_of_are_never_hidden(tiny_loaded, m
     monkeypatch.setattr(type(tok), "think_start", "<|im_start|>", raising=False)  # a model whose think tag is special
     monkeypatch.setattr(type(tok), "think_end", "</x>", raising=False)
     assert start not in special_tokens._hidden(tok)
+
+
+def test_ids_past_the_tokenizers_vocabulary_have_no_text(tiny_loaded) -> None:
+    # A vocab_size padded past the tokenizer (Qwen's 151,936 for 151,665 tokens): mlx-lm's detokenizer wrote "!".
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Hi", add_special_tokens=False) + [len(tok) + 5] + tok.encode(" there", add_special_tokens=False)
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids)), ids)
+    assert "".join(pieces) == "Hi there"
