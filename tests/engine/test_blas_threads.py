@@ -140,12 +140,18 @@ def test_other_load_is_the_machines_busy_time_less_this_processs_own() -> None:
     assert not blas_threads.OtherLoad(machine=lambda: None).sample(5.0)  # no /proc: never quiet
 
 
-def test_chat_gets_every_core_only_on_a_quiet_machine_without_speech(fake_blas, monkeypatch) -> None:
+def _fake_machine(monkeypatch) -> "Clock":
+    """The machine's load read from a Clock the test moves, and a monotonic clock ticking a second a call."""
     clock = Clock()
     load = blas_threads.OtherLoad(interval=1.0, machine=lambda: clock.machine, own=lambda: clock.own)
     monkeypatch.setattr(blas_threads, "others", load)
     times = iter(float(t) for t in range(100))
     monkeypatch.setattr(blas_threads.time, "monotonic", lambda: next(times))
+    return clock
+
+
+def test_chat_gets_every_core_only_on_a_quiet_machine_without_speech(fake_blas, monkeypatch) -> None:
+    clock = _fake_machine(monkeypatch)
     blas_threads.follow_chat(True)
     assert fake_blas.threads == 1  # not yet known to be quiet
     blas_threads.recheck()  # first reading
@@ -170,11 +176,7 @@ def test_chat_gets_every_core_only_on_a_quiet_machine_without_speech(fake_blas, 
 
 def test_speech_alone_leaves_a_core_while_another_process_is_busy(fake_blas, monkeypatch) -> None:
     # No chat row: speech's products wait on a descheduled BLAS thread as chat's do (live first words 7.7 s, not 1 s).
-    clock = Clock()
-    load = blas_threads.OtherLoad(interval=1.0, machine=lambda: clock.machine, own=lambda: clock.own)
-    monkeypatch.setattr(blas_threads, "others", load)
-    times = iter(float(t) for t in range(100))
-    monkeypatch.setattr(blas_threads.time, "monotonic", lambda: next(times))
+    clock = _fake_machine(monkeypatch)
     blas_threads.follow_chat(False)
     assert fake_blas.threads == 2  # nothing computes
     blas_threads.follow_speech(True)
