@@ -8,13 +8,16 @@ mlx-lm's plain "role: content" lines) turns them into token ids with the generat
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from service.chat.schemas import ChatCompletionRequest, ChatMessage
 
 __all__ = [
     "has_chat_template",
+    "MessageError",
     "template_messages",
+    "named_roles",
+    "results_in_call_order",
     "template_kwargs",
     "template_variables",
     "takes_tools",
@@ -41,15 +44,27 @@ def has_chat_template(tokenizer: Any) -> bool:
     return bool(flag)
 
 
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+class MessageError(ValueError):
+    """A conversation OpenAI refuses; `param` names the field (`messages.N.…`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def template_messages(messages: Sequence[ChatMessage],
+                      named_roles: Collection[str] | None = None) -> list[dict[str, Any]]:
     """OpenAI messages → the dicts chat templates expect (`developer` → `system`, parts joined,
-    tool-call arguments as objects, prior thinking under `reasoning_content`). Raises nothing."""
+    tool-call arguments as objects, prior thinking under `reasoning_content`). `named_roles`: the roles whose `name`
+    the template writes (`named_roles()`; None: every role's); another role's speaker name opens its text
+    ("alice: hi"). A tool's `name` (its function's) is never written: results pair with calls by id. Raises nothing."""
     out: list[dict[str, Any]] = []
     for message in messages:
-        item: dict[str, Any] = {
-            "role": "system" if message.role == "developer" else message.role,
-            "content": message.text(),
-        }
+        role, text = "system" if message.role == "developer" else message.role, message.text()
+        if message.name and text and role != "tool" and named_roles is not None and role not in named_roles:
+            # As multi-speaker chat logs put it, so the model still sees who said what.
+            text = f"{message.name}: {text}"
+        item: dict[str, Any] = {"role": role, "content": text}
         if message.name:
             item["name"] = message.name
         if message.tool_call_id:
@@ -67,6 +82,54 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
             item["reasoning_content"] = reasoning
         out.append(item)
     return out
+
+
+def results_in_call_order(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation (`template_messages`' dicts) with each run of tool results in the order of the calls they
+    answer: OpenAI pairs them by `tool_call_id`, templates and <tool_response> blocks by position.
+
+    Raises MessageError where OpenAI refuses the conversation: a tool message that answers no call of the assistant
+    message right before its run of results (or answers one twice), a call without an id, a call left unanswered."""
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        message = messages[i]
+        if message["role"] == "tool":
+            raise MessageError(f"messages.{i}.tool_call_id", "messages with role 'tool' must be a response to a "
+                                                               "preceding message with 'tool_calls'")
+        out.append(message)
+        end = i + 1
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            while end < len(messages) and messages[end]["role"] == "tool":
+                end += 1
+            out.extend(_answers(message["tool_calls"], messages[i + 1:end], at=i))
+        i = end
+    return out
+
+
+def _answers(calls: list[dict[str, Any]], results: list[dict[str, Any]], at: int) -> list[dict[str, Any]]:
+    # `results` (messages at+1…) in the order of `calls` (message at's); each takes the first unanswered call with
+    # its id, so calls that share an id are answered in turn.
+    for k, call in enumerate(calls):
+        if not call["id"]:
+            raise MessageError(f"messages.{at}.tool_calls.{k}.id", "a tool call needs an id: its result names it")
+    answered: dict[int, dict[str, Any]] = {}
+    for n, result in enumerate(results, start=at + 1):
+        wanted = result.get("tool_call_id")
+        slot = next((k for k, call in enumerate(calls) if call["id"] == wanted and k not in answered), None)
+        if slot is None:
+            again = any(call["id"] == wanted for call in calls)
+            raise MessageError(f"messages.{n}.tool_call_id",
+                               f"'tool_call_id' of '{wanted}' answers a call an earlier tool message answered" if again
+                               else f"Invalid parameter: 'tool_call_id' of '{wanted}' not found in 'tool_calls' of "
+                                    "previous message.")
+        answered[slot] = result
+    if missing := [call["id"] for k, call in enumerate(calls) if k not in answered]:
+        raise MessageError(f"messages.{at}.tool_calls",
+                           "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+                           "each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+                           f"{', '.join(missing)}")
+    return [answered[k] for k in sorted(answered)]
 
 
 def _arguments(arguments: str | dict[str, Any]) -> Any:
@@ -233,6 +296,23 @@ def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
                                          **(kwargs or {}))
     return str(text), False
+
+
+def named_roles(tokenizer: Any) -> frozenset[str]:
+    """The roles whose `name` the chat template writes into the prompt (Kimi's header does; most templates never read
+    it, and Gemma 4's only for tool results), found by rendering short named conversations; none without a
+    template. Blocking (jinja): once per tokenizer. Raises nothing."""
+    if not has_chat_template(tokenizer):
+        return frozenset()
+    named: set[str] = set()
+    # A template that refuses a system turn fails only the second conversation.
+    for roles in (("user", "assistant", "user"), ("system", "user")):
+        try:
+            text, _ = render_text(tokenizer, [{"role": r, "content": "hi", "name": f"zq{r}probe"} for r in roles])
+        except Exception:  # noqa: BLE001 — a conversation the template rejects shows no names
+            continue
+        named |= {r for r in roles if f"zq{r}probe" in text}
+    return frozenset(named)
 
 
 def encode_rendered(tokenizer: Any, text: str, special: bool) -> list[int]:

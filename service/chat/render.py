@@ -19,12 +19,15 @@ import anyio
 from service.abortable import run_abortable
 from service.chat.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
+    MessageError,
     calls_as_text,
     common_prefix_boundary,
     encode_rendered,
+    named_roles,
     reads_tool_calls,
     render_text,
     request_tools,
+    results_in_call_order,
     system_probe,
     takes_tools,
     template_kwargs,
@@ -37,8 +40,8 @@ from service.http.errors import APIError, context_length_exceeded
 from service.seams import ChatEngine
 from service.state import AppState
 
-__all__ = ["RenderedPrompt", "render_chat", "check_template_kwargs", "request_kwargs", "char_bound", "check_text_fits",
-           "TEMPLATE_KWARGS", "RESERVED_KWARGS"]
+__all__ = ["RenderedPrompt", "render_chat", "check_template_kwargs", "request_kwargs", "request_messages", "char_bound",
+           "check_text_fits", "TEMPLATE_KWARGS", "RESERVED_KWARGS"]
 
 # Template variables that carry a template of their own.
 TEMPLATE_KWARGS = frozenset({"chat_template"})
@@ -51,6 +54,7 @@ RESERVED_KWARGS = frozenset({
 
 _VARIABLES = PerTokenizer(template_variables)
 _READS_CALLS = PerTokenizer(reads_tool_calls)
+_NAMED_ROLES = PerTokenizer(named_roles)
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,20 @@ def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None
         if key in RESERVED_KWARGS:
             raise APIError(400, f"chat_template_kwargs.{key} is not a template variable",
                            param=f"chat_template_kwargs.{key}", code="invalid_value")
+
+
+def request_messages(tokenizer: Any, body: ChatCompletionRequest, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages for the template: speaker names the template does not write put in the text, tool
+    results in the order of the calls they answer. Raises APIError 400 naming the message field OpenAI refuses (a
+    tool result that answers no call of the assistant message before it, a call left without a result)."""
+    named = None
+    # A client's own template reads what it reads; the server's is probed (a render) only once a name comes.
+    if "chat_template" not in kwargs and any(m.name and m.role != "tool" for m in body.messages):
+        named = _NAMED_ROLES.get(tokenizer)
+    try:
+        return results_in_call_order(template_messages(body.messages, named))
+    except MessageError as exc:
+        raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
 
 
 def _thinks(tokenizer: Any) -> bool:
@@ -134,11 +152,13 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     """The request's prompt, rendered and tokenized within the limits (module docstring). Cancelling the
     caller aborts the rendering.
 
-    Raises APIError 400: a refused template kwarg, text that cannot fit (context_length_exceeded), a
-    template that rejects the messages (invalid_messages) or takes longer than render_timeout."""
+    Raises APIError 400: a refused template kwarg, tool results that do not answer their calls (invalid_value),
+    text that cannot fit (context_length_exceeded), a template that rejects the messages (invalid_messages) or
+    takes longer than render_timeout."""
     tokenizer = engine.tokenizer
-    messages, tools = template_messages(body.messages), request_tools(body)
+    tools = request_tools(body)
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates)
+    messages = request_messages(tokenizer, body, kwargs)
     if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = calls_as_text(messages)  # else the template drops the calls and their results say nothing
     json_calls, user_turn_tools = False, None

@@ -182,6 +182,70 @@ def test_a_template_that_renders_calls_gets_them_as_they_came() -> None:
         assert [c["function"]["name"] for c in messages[1]["tool_calls"]] == ["get_weather", "get_time"]
 
 
+REVERSED = [*ROUND_TRIP[:2], ROUND_TRIP[3], ROUND_TRIP[2]]  # valid for OpenAI: results pair with calls by id
+
+
+def test_results_sent_out_of_order_reach_the_template_in_the_order_of_their_calls(plain_model) -> None:
+    for client, engine in _client(TemplateTokenizer(WITH_CALLS), ["ok"]):
+        _chat(client, messages=REVERSED)
+        messages = engine.tokenizer.template_calls[-1]["messages"]
+        assert [(m["role"], m.get("tool_call_id")) for m in messages[2:]] == [("tool", "c1"), ("tool", "c2")]
+    # As text (<tool_response> blocks carry no id): each in its call's place.
+    client, engine = plain_model
+    _chat(client, messages=REVERSED)
+    assert engine.tokenizer.template_calls[-1]["messages"][-1]["content"] == (
+        "<tool_response>\nSunny\n</tool_response>\n<tool_response>\nnoon\n</tool_response>")
+
+
+@pytest.mark.parametrize("messages, param, words", [
+    ([*ROUND_TRIP[:3], {"role": "tool", "tool_call_id": "c9", "content": "noon"}], "messages.3.tool_call_id",
+     "'tool_call_id' of 'c9' not found in 'tool_calls' of previous message"),
+    ([*USER, {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}], "messages.1.tool_call_id",
+     "must be a response to a preceding message with 'tool_calls'"),
+    (ROUND_TRIP[:3], "messages.1.tool_calls", "did not have response messages: c2"),
+])
+def test_tool_results_that_answer_no_call_or_calls_left_unanswered_are_refused(plain_model, messages, param,
+                                                                               words) -> None:
+    client, engine = plain_model
+    response = client.post("/v1/chat/completions", json={"messages": messages})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == (param, "invalid_value") and words in error["message"]
+    assert not engine.requests
+
+
+class NamesTokenizer(TemplateTokenizer):
+    """A Kimi-style template that writes the speaker's name in place of the role (the fake renders no jinja)."""
+
+    def __init__(self) -> None:
+        super().__init__("{% for m in messages %}{{ m.get('name') or m.role }}{{ m.content }}{% endfor %}")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, *, tokenize: bool = True,
+                            **kwargs: Any) -> list[int] | str:
+        named = [dict(m, role=m.get("name") or m["role"]) for m in messages]
+        rendered = super().apply_chat_template(named, tools, tokenize=tokenize, **kwargs)
+        self.template_calls[-1]["messages"] = messages  # recorded as they came
+        return rendered
+
+
+NAMED = [{"role": "system", "content": "Be brief.", "name": "rules"},
+         {"role": "user", "content": "hi", "name": "alice"}]
+
+
+def _conversation(engine: FakeEngine) -> list[dict[str, Any]]:
+    # The conversation's rendering, not the system-block probe after it (an empty user turn).
+    return next(c["messages"] for c in reversed(engine.tokenizer.template_calls) if c["messages"][-1]["content"])
+
+
+def test_a_name_the_template_does_not_write_opens_the_message(plain_model) -> None:
+    client, engine = plain_model
+    _chat(client, messages=NAMED)
+    assert [m["content"] for m in _conversation(engine)] == ["rules: Be brief.", "alice: hi"]
+    for client, engine in _client(NamesTokenizer(), ["ok"]):
+        _chat(client, messages=NAMED)
+        assert _conversation(engine) == NAMED  # the template writes them itself
+
+
 def test_tool_choice_none_shows_no_tools_and_parses_no_calls() -> None:
     for client, engine in _client(TemplateTokenizer(WITH_TOOLS, markers=True), ["I will check. ", CALL]):
         reply = _chat(client, tools=TOOLS, tool_choice="none")
