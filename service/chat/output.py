@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 from engine.chat_output import ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart
-from service.chat.replies import AssistantMessage, ChoiceDelta, FinishReason, FunctionCallDelta, ToolCallDelta
-from service.chat.schemas import FunctionCall, ToolCall
+from service.chat.replies import (AssistantMessage, ChoiceDelta, FinishReason, FunctionCallDelta, MessageFunctionCall,
+                                  MessageToolCall, ToolCallDelta)
 
 __all__ = ["Splitter", "PlainSplitter", "ChatTranslator"]
 
@@ -91,7 +91,7 @@ class ChatTranslator:
     def message(self) -> AssistantMessage:
         """The accumulated assistant message (non-streamed replies). Raises nothing."""
         calls = [
-            ToolCall(id=call_id, function=FunctionCall(name=name, arguments="".join(args)))
+            MessageToolCall(id=call_id, function=MessageFunctionCall(name=name, arguments="".join(args)))
             for _, (call_id, name, args) in sorted(self._calls.items())
         ]
         return AssistantMessage(

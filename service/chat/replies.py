@@ -7,8 +7,6 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from service.chat.schemas import ToolCall
-
 __all__ = [
     "TopLogprob",
     "LogprobEntry",
@@ -19,6 +17,8 @@ __all__ = [
     "FunctionCallDelta",
     "ToolCallDelta",
     "ChoiceDelta",
+    "MessageFunctionCall",
+    "MessageToolCall",
     "ChunkChoice",
     "ChatCompletionChunk",
     "AssistantMessage",
@@ -116,11 +116,25 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = Field(None, exclude_if=_omit_none)
 
 
+class MessageFunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(BaseModel):
+    """A whole tool call of a non-streamed reply (OpenAI's ChatCompletionMessageToolCall): no `index`, which only
+    streamed deltas carry; the request's ToolCall keeps one for messages the SDK's stream helper assembled."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: MessageFunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     reasoning_content: str | None = Field(None, exclude_if=_omit_none)
-    tool_calls: list[ToolCall] | None = Field(None, exclude_if=_omit_none)
+    tool_calls: list[MessageToolCall] | None = Field(None, exclude_if=_omit_none)
 
 
 class ChatChoice(BaseModel):

@@ -1,7 +1,8 @@
 """POST /v1/chat/completions: chat template → engine row → ChatCompletion or an SSE chunk stream.
 
-Stream grammar: a role delta, content/reasoning/tool-call deltas, exactly one chunk carrying
-finish_reason, the usage chunk (`choices: []`) when stream_options.include_usage, then `data: [DONE]`.
+Stream grammar: a role delta (with the first tool call or reasoning, else alone), content/reasoning/tool-call
+deltas, exactly one chunk carrying finish_reason, the usage chunk (`choices: []`) when
+stream_options.include_usage, then `data: [DONE]`.
 A failure after the headers went out is sent as `data: {"error": ...}` followed by `[DONE]`.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, Sequence
 
 import anyio
 from litestar import Request, Response, post
@@ -20,7 +21,7 @@ from service.chat.output import ChatTranslator
 from service.chat.prompt import request_tools
 from service.chat.render import render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
-from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta
+from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason
 from service.chat.schemas import ChatCompletionRequest
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
@@ -54,11 +55,48 @@ def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) 
     return body.prompt_cache_key
 
 
+_ROLE = b'"delta":{"role":"assistant"'  # how an opening delta's JSON begins (role is its first field)
+
+
+class _Opening:
+    """A streamed reply's chunks, the first once the reply's first delta is known, opened as OpenAI opens one: a
+    role chunk with `content: ""` before text; the role with `content: null` on a first tool call's chunk (or
+    reasoning's, which may end in calls), so the SDK's stream helper assembles the non-streamed reply's message."""
+
+    def __init__(self, encode: ChunkEncoder) -> None:
+        self._encode = encode.encode
+        self._opened = False
+        self._null_content = False  # opened with `content: null`: no chunk has said the content since
+
+    def __call__(self, delta: ChoiceDelta, finish: FinishReason | None = None,
+                 logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        """The events for `delta` (two for the first of a text reply). Raises nothing."""
+        if self._opened:
+            return self._encode(delta, finish, logprobs)
+        self._opened = True
+        if delta.content is None and (delta.tool_calls or delta.reasoning_content is not None):
+            self._null_content = True
+            event = self._encode(delta.model_copy(update={"role": "assistant"}), finish, logprobs)
+            # A delta leaves a null content out; the opening one says it (the SDK's helper assembles from it).
+            return event.replace(_ROLE, _ROLE + b',"content":null', 1)
+        return self._encode(ChoiceDelta(role="assistant", content="")) + self._encode(delta, finish, logprobs)
+
+    def closing(self, translator: ChatTranslator) -> bytes:
+        """What goes before the finish chunk: the role chunk of a reply that said nothing, or `content: ""` where
+        the stream left content null and the non-streamed reply has "" (reasoning alone). Raises nothing."""
+        if not self._opened:
+            self._opened = True
+            return self._encode(ChoiceDelta(role="assistant", content=""))
+        if self._null_content and translator.message().content == "":
+            return self._encode(ChoiceDelta(content=""))
+        return b""
+
+
 async def _chat_events(
     reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool,
     writer: LogprobJson | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    chunk = ChunkEncoder(meta, writer, usage=include_usage).encode
+    chunk = _Opening(ChunkEncoder(meta, writer, usage=include_usage))
     held: list[TokenLogprob] = []  # log probabilities of tokens whose text has not shown in a chunk yet
 
     def shown() -> list[TokenLogprob]:  # the held tokens, whose entries go with the chunk going out now
@@ -67,7 +105,6 @@ async def _chat_events(
         return taken
 
     try:
-        yield chunk(ChoiceDelta(role="assistant", content=""))
         finish: str | None = None
         async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
             async for text, finish in items:
@@ -83,6 +120,8 @@ async def _chat_events(
                     break
         for choice_delta in translator.finish():
             yield chunk(choice_delta, logprobs=shown())
+        if owed := chunk.closing(translator):
+            yield owed
         yield chunk(ChoiceDelta(), translator.finish_reason(finish), logprobs=shown())
         if include_usage:
             usage = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage())

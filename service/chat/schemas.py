@@ -104,9 +104,10 @@ class ChatMessage(_Request):
     """One conversation message. `developer` is treated as `system` when the prompt is built."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
+    # Before content, whose check reads it: an assistant message may leave content null only beside tool calls.
+    tool_calls: list[ToolCall] | None = None
     content: str | list[TextPart | RefusalPart] | None = Field(None, validate_default=True)
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = Field(None, validate_default=True)
     # Prior assistant thinking, passed back to the chat template.
     reasoning_content: str | None = None
@@ -127,6 +128,8 @@ class ChatMessage(_Request):
     def _has_content(cls, content: Any, info: ValidationInfo) -> Any:
         # As OpenAI refuses them: a message with nothing to say.
         role = info.data.get("role")
+        if content is None and role == "assistant" and not info.data.get("tool_calls"):
+            raise ValueError("an assistant message needs content or tool_calls")
         if content is None and role not in (None, "assistant"):
             raise ValueError(f"a {role} message needs content")
         if isinstance(content, list) and not content:
@@ -160,7 +163,8 @@ class StreamOptions(_Request):
 
 
 class FunctionDefinition(_Request):
-    name: str
+    # OpenAI's rule for tool names (a name it would refuse could not be sent on to it either).
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = Field(None, description="Only false: arguments are not constrained to the schema.")
@@ -282,6 +286,14 @@ class ChatCompletionRequest(SamplingFields):
         if not _empty(value):
             hint = {"functions": "; give tools", "function_call": "; give tool_choice"}.get(str(info.field_name), "")
             raise ValueError(f"not supported by this server (only null){hint}")
+        return value
+
+    @field_validator("tool_choice", "parallel_tool_calls")
+    @classmethod
+    def _needs_tools(cls, value: Any, info: ValidationInfo) -> Any:
+        # As OpenAI refuses them. `tools: []` counts as tools: pi sends it beside an agent's history.
+        if value is not None and info.data.get("tools") is None:
+            raise ValueError(f"{info.field_name!r} is only allowed when 'tools' are specified")
         return value
 
     @field_validator("max_completion_tokens")

@@ -243,8 +243,9 @@ def _expire(reader: "weakref.ref[RowReader]") -> None:
 
 
 def _timed_out() -> APIError:
+    # x-should-retry false: the same request runs past the same deadline again (the SDKs retry a 504 twice).
     return APIError(504, "The request took longer than the server's request timeout; the generation was stopped.",
-                    type="server_error", code="request_timeout")
+                    type="server_error", code="request_timeout", should_retry=False)
 
 
 _UNFINISHED = "The generation ended without finishing (the engine stopped)."

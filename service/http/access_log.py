@@ -1,13 +1,14 @@
 """One access-log line per HTTP request: method, path, status, duration, and tokens where a route knows
 them (`record_tokens`); the same request counted in the metrics by route template. Wraps the whole app,
-so 404s, CORS preflights and the guard's refusals are logged and counted too. A websocket gets its line
-when it ends."""
+so 404s, CORS preflights and the guard's refusals are logged and counted too, and each gets an
+`x-request-id` header (the openai SDKs read it into `_request_id`). A websocket gets its line when it ends."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+import uuid
 from urllib.parse import quote
 from typing import Any, Callable, Protocol
 
@@ -69,6 +70,8 @@ class AccessLog:
             return
         start = time.perf_counter()
         scope.setdefault("state", {})[_ARRIVAL_KEY] = time.monotonic()
+        # Fresh per request, as OpenAI's, never the client's own (which could collide with another client's).
+        id_header = (b"x-request-id", f"req_{uuid.uuid4().hex}".encode())
         status: list[int] = []
         ended: list[bool] = []  # the response's last body message went out
         left: list[bool] = []  # the server saw the client disconnect
@@ -76,6 +79,7 @@ class AccessLog:
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status.append(int(message["status"]))
+                message = {**message, "headers": [*message.get("headers", ()), id_header]}
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 ended.append(True)
             await send(message)

@@ -93,7 +93,7 @@ class APIError(Exception):
 
     def __init__(
         self, status: int, message: str, *, type: str | None = None, param: str | None = None, code: str | None = None,
-        retry_after: int | None = None, close: bool = False,
+        retry_after: int | None = None, close: bool = False, should_retry: bool | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -105,12 +105,16 @@ class APIError(Exception):
         self.retry_after = retry_after
         # The request's body was left unread: the connection cannot carry another request (Connection: close).
         self.close = close
+        # x-should-retry, which the openai SDKs obey over their status rules (which retry 408, 409, 429 and every
+        # 5xx): False where the same request fails the same way again; None leaves it to those rules.
+        self.should_retry = should_retry
 
     @property
     def headers(self) -> dict[str, str]:
-        """Response headers the error carries (Retry-After, Connection). Raises nothing."""
+        """Response headers the error carries (Retry-After, Connection, x-should-retry). Raises nothing."""
         return ({"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}) | \
-            ({"Connection": "close"} if self.close else {})
+            ({"Connection": "close"} if self.close else {}) | \
+            ({"x-should-retry": "true" if self.should_retry else "false"} if self.should_retry is not None else {})
 
 
 def unavailable(message: str, *, code: str = "unavailable", retry_after: int = 5) -> APIError:
@@ -179,6 +183,7 @@ class ErrorRule:
     param: str | None = None
     message: str = "{exc}"
     retry_after: int | None = None
+    should_retry: bool | None = None  # False: a retry fails the same way (see APIError.should_retry)
 
 
 # Every typed error of the layers below, and its HTTP answer. A subclass not listed uses its nearest base.
@@ -202,11 +207,12 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     SessionBacklogFull: ErrorRule(429),  # this session sends faster than it is transcribed
     InvalidOption: ErrorRule(400),
     SessionNotFound: ErrorRule(404),
-    SessionClosed: ErrorRule(409),
+    SessionClosed: ErrorRule(409, should_retry=False),  # closed for good; the SDKs retry a 409 otherwise
     SessionActive: ErrorRule(400),  # options a session with audio can no longer change
     SessionLimit: ErrorRule(429),  # full house: retry later (Retry-After), never an eviction
     SpeechNotRunning: ErrorRule(503),
-    WhisperCheckpointError: ErrorRule(503, type="server_error", message="The Whisper model could not be loaded: {exc}"),
+    WhisperCheckpointError: ErrorRule(503, type="server_error", message="The Whisper model could not be loaded: {exc}",
+                                      should_retry=False),  # the checkpoint stays unloadable
 }
 
 
@@ -232,7 +238,8 @@ def api_error(exc: BaseException, *, params: Mapping[str, str] | None = None) ->
     # The exception's own retry_after (EngineRestarting knows how long) wins over the table's.
     retry_after = getattr(exc, "retry_after", None)
     return APIError(rule.status, rule.message.format(exc=exc), type=rule.type, param=param, code=code,
-                    retry_after=retry_after if isinstance(retry_after, int) else rule.retry_after)
+                    retry_after=retry_after if isinstance(retry_after, int) else rule.retry_after,
+                    should_retry=rule.should_retry)
 
 
 def in_band_error(exc: BaseException) -> APIError:

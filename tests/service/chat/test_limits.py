@@ -132,6 +132,7 @@ def test_past_max_queued_the_answer_is_429_with_retry_after(fake_engine: FakeEng
         for stream in (False, True):
             refused = client.post("/v1/chat/completions", json={"messages": USER, "stream": stream})
             assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+            assert "x-should-retry" not in refused.headers  # retried once the queue has room
             error = refused.json()["error"]
             assert error["code"] == "queue_full" and error["type"] == "rate_limit_error"
 
@@ -141,6 +142,7 @@ def test_a_request_past_its_deadline_is_stopped_and_told(fake_engine: FakeEngine
     with TestClient(_app(fake_engine, request_timeout=0.2)) as client:
         late = client.post("/v1/chat/completions", json={"messages": USER})
         assert late.status_code == 504 and late.json()["error"]["code"] == "request_timeout"
+        assert late.headers["x-should-retry"] == "false"  # the SDKs retried it twice, each to its deadline
         events = sse_events(client.post("/v1/chat/completions", json={"messages": USER, "stream": True}).text)
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
     assert fake_engine.active == set()  # both rows were cancelled

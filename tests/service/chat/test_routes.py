@@ -7,11 +7,16 @@ from typing import Any
 import anyio
 import pytest
 
+from litestar.testing import TestClient
+from mlx_lm.tool_parsers import json_tools
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletionChunk as SDKChunk
+
 from service.app import create_app
 from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.conftest import sse_events
-from tests.service.fake_engine import FakeEngine
+from tests.service.fake_engine import FakeEngine, FakeTokenizer
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -138,6 +143,71 @@ def test_affinity_header_is_the_session_hint(client: Any, fake_engine: FakeEngin
 def test_empty_tools_list_is_accepted(client: Any, fake_engine: FakeEngine) -> None:
     assert _post(client, tools=[]).status_code == 200
     assert fake_engine.tokenizer.template_calls[-1]["tools"] is None
+
+
+# -------------------------------------------------------------- tool-call replies, streamed and not
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+class CallingTokenizer(FakeTokenizer):
+    """The fake tokenizer with <tool_call> JSON markers and <think> markers, as a model family declares them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tool_call_start, self.tool_call_end = json_tools.tool_call_start, json_tools.tool_call_end
+        self.tool_parser = json_tools.parse_tool_call
+        self.think_start, self.think_end = "<think>", "</think>"
+
+
+def _replies(pieces: list[str]) -> tuple[dict[str, Any], list[Any], Any, list[str]]:
+    """The non-streamed message, the streamed events, and the message and event types the openai SDK's stream
+    helper assembles from those events."""
+    engine = FakeEngine(pieces)
+    engine.tokenizer = CallingTokenizer()
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        whole = _post(client, tools=TOOLS).json()["choices"][0]["message"]
+        events = sse_events(_post(client, tools=TOOLS, stream=True).text)
+    state = ChatCompletionStreamState()
+    kinds = [event.type for chunk in events[:-1] for event in state.handle_chunk(SDKChunk.model_validate(chunk))]
+    return whole, events, state.get_final_completion().choices[0].message, kinds
+
+
+def test_a_non_streamed_tool_call_has_no_index(fake_engine: FakeEngine) -> None:
+    # OpenAI's ChatCompletionMessageToolCall has none; only streamed deltas carry `index` (it was "index": null).
+    whole, events, _, _ = _replies([CALL])
+    (call,) = whole["tool_calls"]
+    assert set(call) == {"id", "type", "function"} and set(call["function"]) == {"name", "arguments"}
+    streamed = [d for e in events[:-1] for d in e["choices"][0]["delta"].get("tool_calls", [])]
+    assert streamed and all(d["index"] == 0 for d in streamed)
+
+
+@pytest.mark.parametrize("pieces, content", [
+    ([CALL], None),  # a tool-only reply
+    (["<think>", "hmm", "</think>", CALL], None),  # thinking, then a call
+    (["<think>", "hmm", "</think>"], ""),  # thinking alone: the non-streamed content is ""
+    (["<think>", "hmm", "</think>", "Sunny."], "Sunny."),
+])
+def test_a_streamed_reply_assembles_to_the_non_streamed_message(pieces: list[str], content: str | None) -> None:
+    whole, events, assembled, kinds = _replies(pieces)
+    assert whole["content"] == assembled.content == content
+    assert [c.function.name for c in assembled.tool_calls or []] == [c["function"]["name"] for c in
+                                                                      whole.get("tool_calls", [])]
+    first = events[0]["choices"][0]["delta"]
+    # As OpenAI opens a reply of calls: content null (after thinking too, not yet known to be text)
+    assert first["role"] == "assistant" and first["content"] is None
+    if content is None:  # no spurious empty text event beside the calls
+        assert "content.delta" not in kinds
+
+
+def test_a_streamed_text_reply_opens_with_empty_content_as_openai_does(client: Any) -> None:
+    events = sse_events(_post(client, stream=True).text)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert set(events[1]["choices"][0]["delta"]) == {"content"}
+    with TestClient(create_app(AppState(engine=FakeEngine([""])))) as silent:  # a reply that says nothing
+        empty = sse_events(_post(silent, stream=True).text)
+    assert [e["choices"][0]["delta"] for e in empty[:-1]] == [{"role": "assistant", "content": ""}, {}]
 
 
 def test_error_after_headers_is_an_sse_error_then_done(client: Any, fake_engine: FakeEngine) -> None:

@@ -122,8 +122,39 @@ def test_a_value_that_cannot_be_honoured_is_refused_by_name(client: Any, body: d
 def test_values_that_are_honoured_pass(client: Any, fake_engine: FakeEngine) -> None:
     response = _chat(client, response_format={"type": "text"}, store=False, service_tier="default",
                      modalities=["text"], tool_choice="auto", prompt_cache_retention="in_memory",
-                     safety_identifier="end-user-7")
+                     safety_identifier="end-user-7", tools=TOOLS)
     assert response.status_code == 200, response.text
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather-2", "parameters": {"type": "object"}}}]
+NULL_REPLY = {"role": "assistant", "content": None}
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"tool_choice": "auto"}, "tool_choice", ("only allowed when 'tools' are specified",)),
+    ({"tool_choice": "none", "tools": None}, "tool_choice", ("only allowed when 'tools'",)),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls", ("only allowed when 'tools' are specified",)),
+    ({"tools": [{"type": "function", "function": {"name": "get weather"}}]}, "tools.0.function.name", ("pattern",)),
+    ({"tools": [{"type": "function", "function": {"name": "f" * 65}}]}, "tools.0.function.name", ("pattern",)),
+    ({"messages": [*USER, NULL_REPLY, *USER]}, "messages.1.content", ("needs content or tool_calls",)),
+    ({"messages": [*USER, {**NULL_REPLY, "tool_calls": []}, *USER]}, "messages.1.content", ("tool_calls",)),
+])
+def test_what_openai_refuses_is_refused_by_name(client: Any, fake_engine: FakeEngine, body: dict[str, Any],
+                                                param: str, words: tuple[str, ...]) -> None:
+    # These were answered 200 where OpenAI answers 400.
+    _refused(_chat(client, **body), param, *words)
+    assert fake_engine.requests == []
+
+
+@pytest.mark.parametrize("body", [
+    {"tools": [], "tool_choice": "auto"},  # pi sends `tools: []` beside an agent's history; OpenAI would refuse it
+    {"tools": TOOLS, "tool_choice": "none", "parallel_tool_calls": False},
+    {"tools": [{"type": "function", "function": {"name": "a" * 64}}]},
+    {"messages": [*USER, {**NULL_REPLY, "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "ok"}]},
+])
+def test_tool_fields_openai_takes_pass(client: Any, body: dict[str, Any]) -> None:
+    assert _chat(client, **body).status_code == 200
 
 
 def test_completions_refuse_a_suffix_and_logprobs_of_an_echoed_prompt(client: Any) -> None:

@@ -91,6 +91,8 @@ async def test_past_the_deadline_the_reader_gives_504_even_with_deltas_waiting()
     with pytest.raises(APIError) as err:
         await read_all(RowReader(rows, UsageCounter(), StreamTiming(now - 2.0, now - 1.0)))
     assert err.value.status == 504 and rows.closed
+    # The same request would run past the same deadline again: the SDKs must not retry it (they would, twice).
+    assert err.value.headers["x-should-retry"] == "false"
 
 
 async def test_past_the_deadline_a_waiting_reader_gives_504() -> None:

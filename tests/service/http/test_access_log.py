@@ -147,3 +147,18 @@ async def test_a_websocket_session_is_counted_once_as_it_ends() -> None:
     await AccessLog(refused, metrics)(dict(scope, path="/v1/audio/live"), nothing, sink)
     assert metrics.sessions == [("/v1/realtime", 101), ("unrouted", 403)]
     assert metrics.requests == []  # a session's length is not a response time
+
+
+def test_every_response_carries_its_own_request_id(client: Any) -> None:
+    # The openai SDKs read x-request-id into `_request_id`: routed, streamed, unrouted, invalid and guard-refused
+    # answers all carry one, fresh per request.
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    answers = [client.post("/v1/chat/completions", json=chat), client.get("/nowhere"), client.head("/health"),
+               client.post("/v1/chat/completions", json={"messages": []}),
+               client.post("/v1/chat/completions", content=b"x", headers={"content-encoding": "gzip"})]
+    with client.stream("POST", "/v1/chat/completions", json={**chat, "stream": True}) as streamed:
+        "".join(streamed.iter_text())
+    answers.append(streamed)
+    assert [r.status_code for r in answers] == [200, 404, 200, 400, 415, 200]
+    ids = [r.headers["x-request-id"] for r in answers]
+    assert all(re.fullmatch(r"req_[0-9a-f]{32}", i) for i in ids) and len(set(ids)) == len(ids), ids

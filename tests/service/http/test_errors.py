@@ -130,3 +130,17 @@ def test_no_chat_model_is_model_not_found() -> None:
 
     with TestClient(create_app(AppState())) as client:
         _assert_openai_error(client.post("/v1/chat/completions", json={"messages": USER}), 404, "model", "model_not_found")
+
+
+def test_only_failures_a_retry_cannot_fix_tell_the_sdks_not_to_retry() -> None:
+    # The openai SDKs retry 408, 409, 429 and every 5xx twice unless `x-should-retry` says otherwise.
+    from audio.errors import SessionClosed, WhisperCheckpointError
+    from engine.errors import EngineRestarting, QueueFull
+    from service.http.errors import api_error, error_response, unavailable
+
+    for final in (api_error(SessionClosed("finished")), api_error(WhisperCheckpointError("no such checkpoint"))):
+        assert final.headers["x-should-retry"] == "false"
+        assert error_response(final).headers["x-should-retry"] == "false"
+    # A retry may succeed once the queue drains or the server is back: the SDKs' own rule (and Retry-After) stands.
+    for passing in (api_error(QueueFull("full")), api_error(EngineRestarting("respawning")), unavailable("loading")):
+        assert "x-should-retry" not in passing.headers and "Retry-After" in passing.headers
