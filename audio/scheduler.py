@@ -5,8 +5,7 @@ of the fallback ladder, re-decoded at the next temperature while the thresholds 
 an encoder step (units of the oldest window, each stacked with every window at the same unit) or a decoder
 step (packed forwards of the rows); the kinds alternate while both have work. Exactly one step is queued at
 a time, so the driver runs it between two LLM iterations and a chat stream waits for at most one step per
-iteration (or, with `thread` set: by default, audio/speech.py, on a thread of its own beside them).
-The windows themselves are audio/window.py's.
+iteration (or, with `thread` set: by default, audio/speech.py, on a thread of its own beside them). Windows: window.py.
 
 How long a step may run: while chat rows decode (the `pace` callable gives a chat iteration's seconds), at
 most `chat_share` of a chat iteration (doubled for each `catch_up_seconds` the oldest live session's window
@@ -166,9 +165,7 @@ class WhisperScheduler:
         return self.alone_thread if self.alone_thread is not None and not self.chat_active() else self.thread
 
     async def _lead(self) -> None:
-        # Speech alone must see another process get busy too (OpenBLAS's threads then wait on each other), and no
-        # chat iteration samples the machine while the steps run on their own thread: here, on the event loop.
-        recheck()
+        recheck()  # no chat iteration samples the machine's load while speech alone runs (engine/blas_threads.py)
         self._leading = True
         if (thread := self.step_thread()) is not None:
             try:

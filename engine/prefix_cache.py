@@ -1,8 +1,6 @@
 """Prefix cache: a token trie of KV snapshots under a byte budget.
 
-The trie is path-compressed: a node's edge holds the run of tokens from its parent, so nodes exist only where
-entries sit or prompts branch. A node per token (with its children dict) made every cached token two objects
-Python's collector walks in each full collection: 27–51 ms pauses of the whole server under 64 streams.
+The trie is path-compressed (engine/token_trie.py): nodes exist only where entries sit or prompts branch.
 
 A row's KV state is a list (one per layer) of mlx-lm cache objects. `put` stores a compact,
 materialized snapshot under the exact token sequence it covers; `take` finds the longest cached
@@ -29,6 +27,7 @@ from typing import Any, Sequence
 import mlx.core as mx
 
 from engine.kv_snapshot import arrays_of, restore_layer, snapshot_layer
+from engine.token_trie import Node, common, first_at, first_below, node_at, prune_path
 
 __all__ = ["PROBATION_SHARE", "PrefixCache", "default_prompt_cache_bytes"]
 
@@ -43,32 +42,11 @@ def default_prompt_cache_bytes() -> int:
     return int(min(4 << 30, physical // 8))
 
 
-class _Node:
-    __slots__ = ("children", "parent", "edge", "entry")
-
-    def __init__(self, parent: "_Node | None", edge: tuple[int, ...]) -> None:
-        self.children: dict[int, _Node] = {}  # keyed by the first token of the child's edge
-        self.parent = parent
-        self.edge = edge  # the tokens from the parent to this node (empty for a root)
-        self.entry: _Entry | None = None
-
-
-def _common(a: tuple[int, ...], b: Sequence[int], start: int, limit: int) -> int:
-    """How many leading tokens of edge `a` equal b[start:limit]."""
-    n = min(len(a), limit - start)
-    if tuple(b[start:start + n]) == a[:n]:
-        return n
-    i = 0
-    while i < n and a[i] == b[start + i]:
-        i += 1
-    return i
-
-
 @dataclass(eq=False)
 class _Entry:
     namespace: str
     tokens: tuple[int, ...]
-    node: _Node
+    node: Node
     layers: list[Any]
     nbytes: int
     trimmable: bool
@@ -83,6 +61,11 @@ class _Entry:
 
 def _usable(entry: _Entry | None) -> bool:
     return entry is not None and (entry.owner is None or entry.owner == threading.get_ident())
+
+
+def _takeable(entry: _Entry) -> bool:
+    """A longer entry a lookup may trim to its prefix."""
+    return entry.trimmable and _usable(entry)
 
 
 class PrefixCache:
@@ -100,7 +83,7 @@ class PrefixCache:
             raise ValueError("probation_share must be in (0, 1]")
         self.max_bytes = max_bytes
         self.probation_max_bytes = int(max_bytes * probation_share)
-        self._roots: dict[str, _Node] = {}
+        self._roots: dict[str, Node] = {}
         # Eviction order: probation (closed sessions' entries first), then protected entries, then system prefixes.
         self._probation: OrderedDict[int, _Entry] = OrderedDict()
         self._probation_bytes = 0
@@ -136,12 +119,12 @@ class PrefixCache:
                 return 0, None
             node, depth = self._walk_start(root, namespace, tokens, limit, session_id)
             best: _Entry | None = node.entry if _usable(node.entry) else None
-            inside: _Node | None = None  # the child whose edge the walk stopped inside of
+            inside: Node | None = None  # the child whose edge the walk stopped inside of
             while depth < limit:
                 child = node.children.get(tokens[depth])
                 if child is None:
                     break
-                matched = _common(child.edge, tokens, depth, limit)
+                matched = common(child.edge, tokens, depth, limit)
                 if matched < len(child.edge):
                     inside, depth = child, depth + matched
                     break
@@ -150,7 +133,7 @@ class PrefixCache:
                     best = node.entry
             best_len = len(best.tokens) if best is not None else 0
             if depth > best_len:
-                longer = self._first_trimmable_below(node) if inside is None else self._first_trimmable_at(inside)
+                longer = first_below(node, _takeable) if inside is None else first_at(inside, _takeable)
                 if longer is not None:
                     best, best_len = longer, depth
             if best is None or best_len == 0:
@@ -193,8 +176,8 @@ class PrefixCache:
             return any(latest or older for latest, older in self._pending.values())
 
     def _walk_start(
-        self, root: _Node, namespace: str, tokens: tuple[int, ...], limit: int, session_id: str | None
-    ) -> tuple[_Node, int]:
+        self, root: Node, namespace: str, tokens: tuple[int, ...], limit: int, session_id: str | None
+    ) -> tuple[Node, int]:
         # Affinity: when the session's last entry is a prefix of the prompt, resume the walk at
         # its node (one C-speed tuple compare instead of a dict lookup per token). Same result.
         entry = self._sessions.get(session_id) if session_id is not None else None
@@ -203,25 +186,6 @@ class PrefixCache:
             if n <= limit and tokens[:n] == entry.tokens:
                 return entry.node, n
         return root, 0
-
-    @staticmethod
-    def _first_trimmable_below(node: _Node) -> _Entry | None:
-        # Deterministic depth-first order (children in insertion order): independent of sessions.
-        return PrefixCache._first_trimmable_of(list(reversed(node.children.values())))
-
-    @staticmethod
-    def _first_trimmable_at(node: _Node) -> _Entry | None:
-        """The first trimmable entry at `node` or below it (the walk stopped inside its edge)."""
-        return PrefixCache._first_trimmable_of([node])
-
-    @staticmethod
-    def _first_trimmable_of(stack: list[_Node]) -> _Entry | None:
-        while stack:
-            current = stack.pop()
-            if current.entry is not None and current.entry.trimmable and _usable(current.entry):
-                return current.entry
-            stack.extend(reversed(current.children.values()))
-        return None
 
     # -- insertion ----------------------------------------------------------------------------
 
@@ -255,7 +219,7 @@ class PrefixCache:
             trimmable = all(layer.is_trimmable() for layer in kv)
             if covered > len(tokens) and not trimmable:
                 return  # a state past the tokens would answer for them wrongly (a row that left mid-step)
-            node = self._node_for(namespace, tokens)
+            node = node_at(self._roots.setdefault(namespace, Node(None, ())), tokens)
             existing = node.entry
             if existing is not None:
                 existing.system = existing.system or system_prefix
@@ -264,10 +228,10 @@ class PrefixCache:
                     self._bind_session(session_id, existing)
                 return
             if trimmable and not system_prefix:
-                dominating = self._first_trimmable_below(node)
+                dominating = first_below(node, _takeable)
                 if dominating is not None:
                     # A longer trimmable entry already serves every lookup this one would.
-                    self._prune_path(node)
+                    prune_path(node)
                     self._touch(dominating)
                     if session_id is not None:
                         self._bind_session(session_id, dominating)
@@ -280,7 +244,7 @@ class PrefixCache:
             mx.async_eval(arrays)
             nbytes = sum(a.nbytes for a in arrays)
             if nbytes > self.max_bytes:
-                self._prune_path(node)
+                prune_path(node)
                 return
             me = threading.get_ident()
             entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys), owner=me,
@@ -295,29 +259,8 @@ class PrefixCache:
                 self._bind_session(session_id, entry)
             self.reclaim()
 
-    def _node_for(self, namespace: str, tokens: tuple[int, ...]) -> _Node:
-        """The node at exactly `tokens`: made, and an edge split there, when needed."""
-        node = self._roots.setdefault(namespace, _Node(None, ()))
-        depth = 0
-        while depth < len(tokens):
-            child = node.children.get(tokens[depth])
-            if child is None:
-                leaf = node.children[tokens[depth]] = _Node(node, tokens[depth:])
-                return leaf
-            matched = _common(child.edge, tokens, depth, len(tokens))
-            if matched < len(child.edge):
-                # Split the edge where the tokens end or part: the new node takes the child's place (and its
-                # position among the parent's children, so walk order stays insertion order).
-                mid = _Node(node, child.edge[:matched])
-                node.children[tokens[depth]] = mid
-                child.edge, child.parent = child.edge[matched:], mid
-                mid.children[child.edge[0]] = child
-                child = mid
-            node, depth = child, depth + matched
-        return node
-
     @staticmethod
-    def _continues_protected(node: _Node) -> bool:
+    def _continues_protected(node: Node) -> bool:
         """Whether the nearest entry above `node` (system prefixes aside) is protected: a conversation's next turn."""
         current = node.parent
         while current is not None:
@@ -327,7 +270,7 @@ class PrefixCache:
             current = current.parent
         return False
 
-    def _drop_dominated_ancestors(self, node: _Node) -> None:
+    def _drop_dominated_ancestors(self, node: Node) -> None:
         current = node.parent
         while current is not None:
             entry = current.entry
@@ -438,16 +381,4 @@ class PrefixCache:
         self._bytes -= entry.nbytes
         entry.node.entry = None
         entry.layers = []
-        self._prune_path(entry.node)
-
-    def _prune_path(self, node: _Node) -> None:
-        # Remove now-empty leaves up to the first node that still holds an entry or children, then fold a
-        # node left with no entry and one child into that child (the trie stays path-compressed).
-        while node.parent is not None and node.entry is None and not node.children:
-            parent = node.parent
-            del parent.children[node.edge[0]]
-            node = parent
-        if node.parent is not None and node.entry is None and len(node.children) == 1:
-            (child,) = node.children.values()
-            child.edge, child.parent = node.edge + child.edge, node.parent
-            node.parent.children[node.edge[0]] = child
+        prune_path(entry.node)

@@ -12,7 +12,8 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from engine.contracts import Delta, GenerationRequest, TokenLogprob
-from engine.sampling import RowSampler, StopMatcher
+from engine.sampling import RowSampler
+from engine.stop_matcher import StopMatcher
 
 __all__ = ["Row", "RowState", "LLMRowStream", "plan_iteration", "prefill_shares"]
 

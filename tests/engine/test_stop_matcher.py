@@ -1,0 +1,189 @@
+"""StopMatcher: a row's tokens as text (stop strings held back, UTF-8 never split, SentencePiece-only tokenizers,
+special tokens left out) and when the row stops."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.stop_matcher import StopMatcher
+
+
+# -- stop matching on the tiny model's byte-level tokenizer -------------------------------------------
+
+
+def feed(matcher: StopMatcher, tokens: list[int]) -> tuple[list[str], str | None]:
+    pieces: list[str] = []
+    for t in tokens:
+        step = matcher.add(t)
+        pieces.append(step.text)
+        if step.finish_reason:
+            return pieces, step.finish_reason
+    return pieces, None
+
+
+def test_stop_string_is_held_back_and_never_emitted(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Hello world! This is a tiny model")
+    m = StopMatcher(tok, stop=["world!"], max_tokens=100)
+    pieces, reason = feed(m, ids)
+    assert reason == "stop"
+    assert "".join(pieces) == "Hello "
+    assert all("w" not in p for p in pieces)  # "w" could start "world!": never shown
+
+
+def test_possible_stop_prefix_is_released_once_disambiguated(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    text = "The quick brown fox jumps over the lazy dog."
+    ids = tok.encode(text)
+    m = StopMatcher(tok, stop=["fox eats"], max_tokens=len(ids))
+    pieces, reason = feed(m, ids)
+    assert reason == "length"
+    assert "".join(pieces) == text
+    emitted = ""
+    for p in pieces:  # "fox" is withheld until " jumps" shows it is not "fox eats"
+        emitted += p
+        assert not emitted.endswith("fox")
+
+
+def test_stop_string_spanning_tokens_is_cut_mid_token(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Continuous batching packs decode rows")
+    m = StopMatcher(tok, stop=["ing pa"], max_tokens=100)
+    pieces, reason = feed(m, ids)
+    assert (reason, "".join(pieces)) == ("stop", "Continuous batch")
+
+
+def test_utf8_characters_are_never_split(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    text = "Café 日本語 🙂 naïve"
+    ids = tok.encode(text)
+    assert len(ids) > len(text.split())  # multi-byte characters span several tokens
+    m = StopMatcher(tok, max_tokens=len(ids))
+    pieces, reason = feed(m, ids)
+    assert reason == "length"
+    assert all("\ufffd" not in p for p in pieces)
+    assert "".join(pieces) == text
+
+
+def test_max_tokens_finishes_with_length(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    m = StopMatcher(tok, max_tokens=3)
+    pieces, reason = feed(m, tok.encode("The quick brown fox jumps"))
+    assert reason == "length"
+    assert len(pieces) == 3
+
+
+def test_eos_and_stop_token_ids_finish_without_their_text(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    pieces, reason = feed(StopMatcher(tok, max_tokens=50), tok.encode("Hello") + [im_end])
+    assert reason == "stop" and "".join(pieces) == "Hello"
+    fox = tok.encode(" fox")
+    pieces, reason = feed(StopMatcher(tok, stop_token_ids=fox[:1], max_tokens=50), tok.encode("The quick brown fox"))
+    assert reason == "stop" and "".join(pieces) == "The quick brown"
+
+
+def test_a_finished_matcher_refuses_more_tokens(tiny_loaded) -> None:
+    m = StopMatcher(tiny_loaded.tokenizer, max_tokens=1)
+    m.add(5)
+    with pytest.raises(RuntimeError):
+        m.add(6)
+
+
+def test_a_continuation_keeps_its_first_tokens_leading_space(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode(" 4, 5,")
+    assert tok.decode(ids[:1]).startswith(" ")
+    for stop in ((), ("6",)):
+        reply, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)
+        continued, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids), keep_leading_space=True), ids)
+        assert ("".join(reply), "".join(continued)) == ("4, 5,", " 4, 5,")
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_tokens_position_counts_a_space_the_detokenizer_holds(tiny_loaded, keep: bool) -> None:
+    # "1, 2, 3": the lone " " before "3" waits in the detokenizer; "3" starts after it, where "3, 4" cuts the text
+    tok = tiny_loaded.tokenizer
+    text = "1, 2, 3, 4"
+    ids = tok.encode(text)
+    m = StopMatcher(tok, stop=["3, 4"], max_tokens=len(ids), keep_leading_space=keep)
+    starts = []
+    for t in ids:
+        starts.append(m.position())
+        if m.add(t).finish_reason:
+            break
+    pieces = [tok.decode([t]) for t in ids]
+    assert starts == [sum(len(p) for p in pieces[:i]) for i in range(len(starts))]
+    assert m.shown_before() == len("1, 2, ")
+
+
+# SentencePiece pieces mlx-lm's naive detokenizer streams (no tokenizer.json): "hello😀 world é" with its " " and
+# both characters as byte pieces.
+SPM_REPLY = ["\u2581hello", "<0xF0>", "<0x9F>", "<0x98>", "<0x80>", "\u2581world", "<0x20>", "<0xC3>", "<0xA9>"]
+
+
+def test_a_sentencepiece_only_continuation_keeps_its_first_tokens_leading_space(sentencepiece_tokenizer) -> None:
+    tok = sentencepiece_tokenizer
+    prompt, ids = tok.encode("how are you"), tok.convert_tokens_to_ids(SPM_REPLY)
+    continued = tok.decode(prompt + ids)[len(tok.decode(prompt)):]
+    assert continued == " hello😀 world é"
+    for stop in ((), ("zz",)):
+        pieces, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids), keep_leading_space=True), ids)
+        assert "".join(pieces) == continued
+
+
+def test_a_sentencepiece_only_stream_is_its_full_decode(sentencepiece_tokenizer) -> None:
+    # mlx-lm's naive detokenizer trims the decoded text's trailing space, then emits it again: "world  é"
+    tok = sentencepiece_tokenizer
+    ids = tok.convert_tokens_to_ids(SPM_REPLY)
+    for stop in ((), ("zz",)):
+        pieces, reason = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)
+        assert ("".join(pieces), reason) == (tok.decode(ids), "length")
+        assert all("\ufffd" not in p for p in pieces)
+    pieces, reason = feed(StopMatcher(tok, stop=[" é"], max_tokens=len(ids)), ids)
+    assert ("".join(pieces), reason) == ("hello😀 world", "stop")
+
+
+def test_a_sentencepiece_only_position_counts_a_space_held_for_cleaning_up(sentencepiece_tokenizer, monkeypatch) -> None:
+    # A tokenizer that cleans up " ," may drop a trailing space: it waits for the next token, which starts after it
+    tok = sentencepiece_tokenizer
+    monkeypatch.setattr(tok._detokenizer, "_clean_spaces", True)
+    ids = tok.convert_tokens_to_ids(["\u2581hello", "<0x20>", "\u2581world"])
+    m = StopMatcher(tok, stop=["zz"], max_tokens=len(ids), keep_leading_space=True)
+    starts, pieces = [], []
+    for t in ids:
+        starts.append(m.position())
+        pieces.append(m.add(t).text)
+    assert (starts, pieces) == ([0, 6, 7], [" hello", "", "  world"])
+
+
+def test_special_tokens_written_mid_reply_are_left_out_of_its_text_unless_asked_for(tiny_loaded) -> None:
+    # SmolLM2 ends with <|im_end|> but may write <|endoftext|> or <|im_start|> before it: markup, shown as content.
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Hi", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|endoftext|>")] + \
+        tok.encode(" there", add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_start|>")]
+    pieces, reason = feed(StopMatcher(tok, max_tokens=len(ids)), ids)
+    assert ("".join(pieces), reason) == ("Hi there", "length")
+    pieces, _ = feed(StopMatcher(tok, stop=["zz"], max_tokens=len(ids)), ids)  # the path that holds text back
+    assert "".join(pieces) == "Hi there"
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids), skip_special_tokens=False), ids)
+    assert "".join(pieces) == "Hi<|endoftext|> there<|im_start|>"
+
+
+def test_the_tokens_a_replys_markers_are_made_of_are_never_hidden(tiny_loaded, monkeypatch) -> None:
+    from engine import special_tokens
+
+    tok = tiny_loaded.tokenizer
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    assert start in special_tokens._hidden(tok)
+    monkeypatch.setattr(type(tok), "think_start", "<|im_start|>", raising=False)  # a model whose think tag is special
+    monkeypatch.setattr(type(tok), "think_end", "</x>", raising=False)
+    assert start not in special_tokens._hidden(tok)
+
+
+def test_ids_past_the_tokenizers_vocabulary_have_no_text(tiny_loaded) -> None:
+    # A vocab_size padded past the tokenizer (Qwen's 151,936 for 151,665 tokens): mlx-lm's detokenizer wrote "!".
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Hi", add_special_tokens=False) + [len(tok) + 5] + tok.encode(" there", add_special_tokens=False)
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids)), ids)
+    assert "".join(pieces) == "Hi there"
