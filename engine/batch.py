@@ -308,7 +308,8 @@ class LLMBatchGroup:
                 self.step.early = functools.partial(call, self._publish_early)
             if decode and not prefill and self.bursts.may_run():
                 step = functools.partial(self.step.measured, rows, 0, True, False)
-                done = await self.context.run(self.bursts.run, rows, step, functools.partial(call, self._landed))
+                landed = self.lane.jobs_landed if self.lane is not None else 0  # as the loop saw it when planning
+                done = await self.context.run(self.bursts.run, rows, step, functools.partial(call, self._landed), landed)
             else:
                 done = await self.context.run(self.step.measured, rows, budget, decode, prefill)
         except Exception as exc:  # one bad step fails the rows it touched, never the loop

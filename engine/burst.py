@@ -83,11 +83,12 @@ class DecodeBursts:
         """Event loop: bursts are on and no other subsystem's task ran lately (the group's own puts do not count)."""
         return self.limit > 1 and not self.host.tasks.ran_within(self.task_quiet_seconds, besides=PREFIX_PUT)
 
-    def run(self, rows: list[Row], step: Callable[[], StepResult], post: Callable[[StepResult], None]) -> StepResult:
+    def run(self, rows: list[Row], step: Callable[[], StepResult], post: Callable[[StepResult], None],
+            lane_jobs: int) -> StepResult:
         """Engine thread: `step`s back to back over `rows` until `end` says something waits, or one of its rows ended
-        (a row whose last delta went out early may have left the group already, with a lane landing)."""
-        lane = self.host.lane
-        jobs = lane.jobs_done if lane is not None else 0
+        (a row whose last delta went out early may have left the group already, with a lane landing). `lane_jobs`:
+        the lane's `jobs_landed` when the loop planned the burst."""
+        jobs = lane_jobs
         done, steps = run_burst(step, lambda posted: bool(self.end(posted, jobs)) or any(r.ended for r in rows),
                                 post, self.limit)
         self.host.counters["bursts"] += 1
@@ -98,7 +99,8 @@ class DecodeBursts:
         """What waits for the loop, if anything: the group closes, a task (a Whisper step) or a request with room
         to join is queued, a row ended, the loop has not yet published the step posted before (it is busy: running
         further ahead would only batch tokens up and take its GIL time), or a lane job ended since the burst began
-        (`lane_jobs`: the count then; its rows join the decode steps)."""
+        (`lane_jobs`: the jobs landed when the burst was planned; one ended but not yet landed then ends it after its
+        first step, and its rows join the next)."""
         host = self.host
         if host.closed:
             return "closed"

@@ -89,9 +89,11 @@ class PrefillLane:
         self.thread = EngineThread("tandem-prefill")
         self.turns = DecodeFirst(self.thread)  # the runner's forward builds decode first (engine/runner.py)
         self.rows: list[Row] = []  # the rows of the job in flight
-        # Jobs ended, counted on the lane thread and never reset: a burst compares it with its count at the start.
-        # (A flag the loop cleared on landing was often cleared before the burst looked: new rows waited out bursts.)
+        # Jobs ended, counted on the lane thread, and jobs landed, counted on the loop; never reset. A burst ends once
+        # `jobs_done` passes the loop's `jobs_landed` of when it was planned: a job that ended but had not landed then
+        # was counted already when the burst began, which kept its rows out of the whole burst (CI: 19 steps).
         self.jobs_done = 0
+        self.jobs_landed = 0
         self._job, self._budget, self._active, self._handler = job, budget, active, landed
         self._closed = False
         self._landed = anyio.Event()
@@ -123,6 +125,7 @@ class PrefillLane:
         """Event loop: the job's rows are the group's again; the group handles the result (unless it closed, which
         ended them), then the next chunks go out and a driver waiting for the lane goes on. Raises nothing."""
         self.rows = []
+        self.jobs_landed += 1
         for r in rows:
             r.in_lane = False
         if not self._closed:
