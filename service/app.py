@@ -28,6 +28,7 @@ from service.config import ServiceConfig
 from service.engines import open_engine
 from service.admin.metrics import ServiceMetrics
 from service.http.access_log import AccessLog
+from service.http.auth import EXPOSED_HEADERS
 from service.http.guard import Guard
 from service.http.head import HeadAsGet
 from service.http.handlers import EXCEPTION_HANDLERS
@@ -201,7 +202,7 @@ def create_app(state: AppState | None = None) -> Litestar:
         cors_config=CORSConfig(allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
                                # Any header: the openai SDK sends x-stainless-*, pi session-affinity headers.
                                allow_headers=["*"],
-                               expose_headers=["retry-after"]) if origins else None,
+                               expose_headers=EXPOSED_HEADERS) if origins else None,
         # Body sizes are checked by the guard, per route and as the body arrives.
         request_max_body_size=None,
         request_class=DepthLimitedRequest,

@@ -87,6 +87,8 @@ class ServiceConfig:
     # Bearer / x-api-key keys; empty: no auth. Browser origins allowed for CORS and websockets.
     api_keys: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)
+    # Host names a keyless loopback server answers besides this machine's own (service/http/auth.py host_allowed).
+    allowed_hosts: list[str] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     extra: dict[str, Any] = field(default_factory=dict)
 

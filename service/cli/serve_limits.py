@@ -4,16 +4,16 @@ bound, deadlines, API keys and browser origins."""
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 
 from service.cli.errors import CLIError
 from service.cli.parsers import byte_size, seconds
 from service.config import API_KEY_ENV, ServiceConfig, split_list
+from service.http.auth import is_loopback
 from service.limits import Limits
 
-__all__ = ["add_serve_limit_args", "configure_serve_limits", "is_loopback", "warn_if_open"]
+__all__ = ["add_serve_limit_args", "configure_serve_limits", "warn_if_open"]
 
 _log = logging.getLogger("tandem.cli")
 
@@ -67,16 +67,12 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     acc.add_argument("--allowed-origins", action="append", default=None,
                      help="browser origins allowed to call the server (CORS and websocket Origin), comma-"
                           "separated, '*' for any (default: none; requests from other origins get 403)")
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses. Raises nothing."""
-    if host in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    acc.add_argument("--allowed-hosts", action="append", default=None,
+                     help="Host names a keyless server on a loopback address answers besides this machine's own "
+                          "(localhost, loopback and private addresses, *.localhost, *.local, *.internal, its "
+                          "hostname), comma-separated, '*' for any: e.g. the name a local reverse proxy forwards. "
+                          "Others get 403, so a page re-pointing its domain at 127.0.0.1 cannot use the server "
+                          "(default: none)")
 
 
 def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> None:
@@ -108,6 +104,7 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
     config.limits = limits
     config.api_keys = list(dict.fromkeys(split_list(args.api_key) + split_list(os.environ.get(API_KEY_ENV))))
     config.allowed_origins = split_list(args.allowed_origins)
+    config.allowed_hosts = split_list(args.allowed_hosts)
 
 
 def warn_if_open(config: ServiceConfig) -> None:

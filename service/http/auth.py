@@ -3,19 +3,30 @@
 Keys arrive as `Authorization: Bearer <key>` or `x-api-key: <key>` and are compared in constant time
 against every configured key. A matched key is known afterwards only by its id (a digest prefix), which
 names its prefix-cache namespace and owns the sessions it creates. Origins: a request carrying an
-`Origin` header is served only when that origin is allowed or is the server itself.
+`Origin` header is served only when that origin is allowed or is the server itself. Hosts: a keyless server on a
+loopback address answers only Host names that mean this machine (Ollama's rule), so a page whose domain an attacker
+re-points at 127.0.0.1 (DNS rebinding) is not "the server itself".
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import socket
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from litestar.connection import ASGIConnection
 
-__all__ = ["KeyRing", "client_key", "set_client_key", "origin_allowed", "header", "CLIENT_KEY"]
+__all__ = ["KeyRing", "client_key", "set_client_key", "origin_allowed", "host_allowed", "is_loopback", "header",
+           "CLIENT_KEY", "EXPOSED_HEADERS"]
+
+# Response headers a page's script may read (CORS): the SDKs act on x-should-retry and report x-request-id; hidden,
+# the openai SDK in a browser retried a 504 the server said not to retry.
+EXPOSED_HEADERS = ["retry-after", "x-request-id", "x-should-retry"]
+# Name suffixes that resolve only on this machine or network (RFC 6761 .localhost, mDNS .local, .internal).
+_LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 
 # Where the guard leaves the matched key's id in the ASGI scope's state.
 CLIENT_KEY = "tandem.client_key"
@@ -92,3 +103,40 @@ def origin_allowed(origin: str, scope: Mapping[str, Any], allowed: Iterable[str]
         return host is not None and urlsplit(origin).netloc.lower() == host.lower()
     except ValueError:
         return False
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses. Raises nothing."""
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_allowed(scope: Mapping[str, Any], listening_on: str, keyed: bool, allowed: Iterable[str]) -> bool:
+    """Whether the request's Host header may be served. Only a keyless server on a loopback address checks it (a
+    rebound page cannot guess a key; one listening elsewhere was meant to be reached by any name): the name must
+    be a loopback, private or unspecified address, localhost or a name under .localhost / .local / .internal, this
+    machine's hostname, or listed in `allowed` ("*": any). No Host (HTTP/1.0) passes. Raises nothing."""
+    if keyed or not is_loopback(listening_on):
+        return True
+    value = header(scope, b"host")
+    if value is None or not value.strip():
+        return True
+    allowed = [a.lower() for a in allowed]
+    if "*" in allowed:
+        return True
+    try:
+        name = (urlsplit("//" + value.strip()).hostname or "").lower().rstrip(".")
+    except ValueError:
+        return False
+    if name in allowed or name == "localhost" or name.endswith(_LOCAL_SUFFIXES):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+        return address.is_loopback or address.is_private or address.is_unspecified
+    except ValueError:
+        pass
+    return name == socket.gethostname().lower()

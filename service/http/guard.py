@@ -1,7 +1,8 @@
 """The ASGI guard in front of Litestar: what every connection must pass before a route sees it.
 
-In order: the API key (every route but /health, websockets included), the browser origin, readiness
-(503 with Retry-After while the models load, the worker restarts or the server drains), then the body:
+In order: the Host name (a keyless loopback server's), the browser origin, the API key (every route but /health,
+websockets included), readiness (503 with Retry-After while the models load, the worker restarts or the server
+drains; a CORS preflight is answered even then, or the page could not read the 503), then the body:
 its size by route (413 from Content-Length, or as soon as a streamed body passes the limit) and its pace
 (408 when no byte arrives for `body_timeout`, or the body averages under MIN_BODY_RATE past it). A websocket message
 over `max_ws_frame_bytes` is dropped and handed on as a refusal the socket answers with an error event (the
@@ -17,7 +18,7 @@ from typing import Any, cast
 import anyio
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from service.http.auth import KeyRing, header, origin_allowed, set_client_key
+from service.http.auth import EXPOSED_HEADERS, KeyRing, header, host_allowed, origin_allowed, set_client_key
 from service.http.errors import APIError, error_body, unavailable
 from service.limits import Limits
 from service.state import AppState
@@ -71,6 +72,11 @@ class Guard:
 
     def _refusal(self, scope: Scope) -> APIError | None:
         path = scope.get("path", "")
+        config = self.state.config
+        if not host_allowed(scope, config.host, bool(self.keys), config.allowed_hosts):
+            return APIError(403, f"Host {(header(scope, b'host') or '')[:100]!r} is not a name of this machine: a "
+                                 "server listening on loopback without a key answers only those (start it with "
+                                 "--allowed-hosts to add one, e.g. a reverse proxy's).", code="host_not_allowed")
         origin = header(scope, b"origin")
         if origin is not None and not origin_allowed(origin, scope, self.state.config.allowed_origins):
             return APIError(403, f"Origin {origin} is not allowed (start the server with --allowed-origins).",
@@ -81,7 +87,7 @@ class Guard:
                 return APIError(401, "Missing or incorrect API key (send Authorization: Bearer <key> or x-api-key).",
                                 code="invalid_api_key")
             set_client_key(scope, key_id)
-        if not path.startswith(ALWAYS_SERVED):
+        if not path.startswith(ALWAYS_SERVED) and not _preflight(scope):
             state = self.state
             if state.draining:
                 return unavailable("The server is shutting down.", code="shutting_down")
@@ -116,7 +122,7 @@ class Guard:
         if not allowed or origin is None or not origin_allowed(origin, scope, allowed):
             return []
         return [(b"access-control-allow-origin", origin.encode("latin-1", "replace")), (b"vary", b"Origin"),
-                (b"access-control-expose-headers", b"retry-after")]
+                (b"access-control-expose-headers", ", ".join(EXPOSED_HEADERS).encode())]
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = self._refusal(scope)

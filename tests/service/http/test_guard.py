@@ -116,7 +116,7 @@ def _scope(path: str, headers: list[tuple[bytes, bytes]] | None = None) -> dict[
     return {
         "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
         "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"test"), *(headers or [])],
+        "headers": [(b"content-type", b"application/json"), (b"host", b"localhost"), *(headers or [])],
         "client": ("127.0.0.1", 1), "server": ("test", 80),
     }
 
@@ -271,3 +271,59 @@ async def test_a_websocket_message_over_the_limit_reaches_the_app_as_a_refusal_a
     assert refused["type"] == "websocket.receive" and not refused["bytes"] and not refused["text"]
     assert refused[FRAME_REFUSED].code == "message_too_large"
     assert (await frames.receive())["type"] == "websocket.disconnect"
+
+
+# ------------------------------------------------------------------ browsers
+
+
+def test_a_page_rebinding_its_domain_to_loopback_is_refused(fake_engine: FakeEngine) -> None:
+    # DNS rebinding: the attacker's page is "same origin" with a Host of its own domain. A keyless server on
+    # loopback (the default) answers only names of this machine, GETs without an Origin included.
+    evil = "rebind.attacker.example:8080"
+    with _client(fake_engine) as client:
+        chat = client.post("/v1/chat/completions", json={"messages": USER},
+                           headers={"host": evil, "origin": f"http://{evil}"})
+        assert chat.status_code == 403 and chat.json()["error"]["code"] == "host_not_allowed"
+        assert client.get("/v1/models", headers={"host": evil}).status_code == 403
+        with pytest.raises(WebSocketDisconnect):
+            with client.websocket_connect("/v1/audio/live", headers={"host": evil, "origin": f"http://{evil}"}) as s:
+                s.receive_json()
+        for name in ("localhost:8080", "127.0.0.1:8080", "[::1]:8080"):
+            assert client.get("/v1/models", headers={"host": name}).status_code == 200, name
+            ok = client.post("/v1/chat/completions", json={"messages": USER},
+                             headers={"host": name, "origin": f"http://{name}"})
+            assert ok.status_code == 200, name
+    with _client(fake_engine, allowed_hosts=["rebind.attacker.example"]) as client:
+        assert client.get("/v1/models", headers={"host": evil}).status_code == 200
+
+
+def test_a_page_reads_the_request_id_and_retry_advice(fake_engine: FakeEngine) -> None:
+    # Hidden from scripts, x-should-retry: false went unseen and the openai SDK on a page retried a 504 twice.
+    with _client(fake_engine, allowed_origins=["http://ui.example"], api_keys=KEYS) as client:
+        for answer in (client.get("/v1/models", headers={"origin": "http://ui.example", "x-api-key": KEYS[0]}),
+                       client.get("/v1/models", headers={"origin": "http://ui.example"})):  # the guard's own 401
+            exposed = {h.strip() for h in answer.headers["access-control-expose-headers"].split(",")}
+            assert {"x-request-id", "x-should-retry", "retry-after"} <= exposed, answer.status_code
+
+
+def test_a_preflight_is_answered_while_the_engine_loads_so_the_page_can_read_the_503() -> None:
+    release: list[anyio.Event] = []
+
+    async def load(_: ServiceConfig) -> FakeEngine:
+        release.append(anyio.Event())
+        await release[0].wait()
+        return FakeEngine()
+
+    state = AppState(load_engine=load, load_in_background=True,
+                     config=ServiceConfig(allowed_origins=["http://ui.example"], api_keys=KEYS))
+    with TestClient(create_app(state)) as client:
+        preflight = client.options("/v1/chat/completions", headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == "http://ui.example"
+        waiting = client.post("/v1/chat/completions", json={"messages": USER},
+                              headers={"Origin": "http://ui.example", "authorization": f"Bearer {KEYS[0]}"})
+        assert waiting.status_code == 503 and waiting.json()["error"]["code"] == "loading"
+        assert waiting.headers["access-control-allow-origin"] == "http://ui.example"
+        assert "retry-after" in waiting.headers["access-control-expose-headers"]
+        client.blocking_portal.call(release[0].set)
