@@ -39,6 +39,9 @@ class Limits:
     header_timeout: float = 10.0
     # A request body may go this long without a byte arriving before the request is answered 408.
     body_timeout: float = 30.0
+    # A streamed response may wait this long for its client to read before it is ended and its generation stopped
+    # (a client that stopped reading held its row to max_tokens).
+    send_timeout: float = 60.0
     # Arrays/objects nested deeper than this are refused with a 400 before they are decoded.
     max_json_depth: int = 64
     # The chat template must render within this time (it is aborted after it, or when the client leaves).

@@ -54,6 +54,9 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                      help="seconds a connection has to send its request headers")
     lim.add_argument("--body-timeout", type=seconds, default=_DEFAULT.body_timeout, metavar="SEC",
                      help="seconds a request body may send nothing before the request is answered 408")
+    lim.add_argument("--send-timeout", type=seconds, default=_DEFAULT.send_timeout, metavar="SEC",
+                     help="seconds a streamed response may wait for its client to read before it is ended and its "
+                          "generation stopped")
     lim.add_argument("--max-json-depth", type=int, default=_DEFAULT.max_json_depth,
                      help="deepest array/object nesting accepted in a JSON body")
     lim.add_argument("--render-timeout", type=seconds, default=_DEFAULT.render_timeout, metavar="SEC",
@@ -91,7 +94,8 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
         max_part_bytes=args.max_part_bytes, max_audio_seconds=args.max_audio_seconds,
         max_pcm_chunk_bytes=args.max_pcm_chunk_bytes,
         max_ws_frame_bytes=args.max_ws_frame_bytes, header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout, max_json_depth=args.max_json_depth, render_timeout=args.render_timeout,
+        body_timeout=args.body_timeout, send_timeout=args.send_timeout, max_json_depth=args.max_json_depth,
+        render_timeout=args.render_timeout,
         max_connections=args.max_connections)
     try:
         limits.check()

@@ -2,12 +2,14 @@
 always closes its generator.
 
 The stream body is an async generator owning the engine row; whoever stops consuming it (end, error,
-client disconnect) must aclose it so its `finally` frees the row at once, not whenever GC gets to it.
+client disconnect, a client that stopped reading for the send timeout) must aclose it so its `finally` frees the
+row at once, not whenever GC gets to it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, AsyncGenerator, Awaitable, Callable
 
 import anyio
@@ -18,6 +20,7 @@ from litestar.response.streaming import ASGIStreamingResponse
 from pydantic import BaseModel
 
 from service.http.errors import APIError, error_body
+from service.state import STATE_KEY
 
 __all__ = ["DONE", "KEEPALIVE", "SSE_HEADERS", "sse_data", "null_usage", "sse_error", "EventSource", "SSEStream"]
 
@@ -25,6 +28,12 @@ DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every client ignores it, every idle timer restarts
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+_log = logging.getLogger("tandem.http")
+
+
+class ClientStalled(Exception):
+    """The client read nothing of a stream for the send timeout (granian's send waits while its socket is full)."""
 
 
 def sse_data(payload: BaseModel) -> bytes:
@@ -75,12 +84,38 @@ class _ClosingStreamingResponse(ASGIStreamingResponse):
     __slots__ = ()
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        timeout = _send_timeout(scope)
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, _bounded(send, timeout) if timeout else send)
+        except* ClientStalled as stalled:
+            # Returning mid-body makes granian close the connection without the last chunk: the client, should it
+            # read again, sees a cut response, never a whole one. The row is freed below (it generated unread).
+            _log.warning("%s %s: %s", scope.get("method"), scope.get("path"), stalled.exceptions[0])
         finally:
             if (aclose := getattr(self.iterator, "aclose", None)) is not None:
                 with anyio.CancelScope(shield=True):
                     await aclose()
+
+
+def _send_timeout(scope: Any) -> float | None:
+    """The server's --send-timeout (None in an app without tandem's state). Raises nothing."""
+    state = getattr(scope.get("app"), "state", None)
+    tandem = state.get(STATE_KEY) if state is not None else None
+    return tandem.config.limits.send_timeout if tandem is not None else None
+
+
+def _bounded(send: Any, timeout: float) -> Any:
+    """`send` that gives up after `timeout` seconds without the message going out: a client that stopped reading
+    kept its row generating to max_tokens, its events piling up in the server."""
+
+    async def bounded(message: Any) -> None:
+        with anyio.move_on_after(timeout) as waited:
+            await send(message)
+        if waited.cancelled_caught:
+            raise ClientStalled(f"the client read nothing for {timeout:g} s (--send-timeout): the stream was ended "
+                                "and its generation stopped")
+
+    return bounded
 
 
 class SSEStream(Stream):
