@@ -198,7 +198,6 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
         source: object = io.BytesIO(bytes(data))
     else:
         source = str(data)
-    chunks: list[np.ndarray] = []
     try:
         with av.open(source, mode="r") as container:
             if not container.streams.audio:
@@ -209,31 +208,68 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
                 raise AudioInputError(f"the file's sample rate {rate} Hz is outside {MIN_FILE_RATE}–"
                                       f"{MAX_FILE_RATE} Hz", param=param, code="unsupported_sample_rate")
             most = None if max_seconds is None else int(max_seconds * rate)
-            decoded = 0
+            out = _Resampled(rate, param)
             # Planar float in the source's own layout, mixed down below; the rate change is soxr's job (proper
             # band-limited resampling). FFmpeg's own down-mix keeps power, not level: stereo came out x1.41.
             planar = av.AudioResampler(format="fltp", rate=rate)
             for frame in container.decode(stream):
-                for out in planar.resample(frame):
-                    chunks.append(_mono(out))
-                    decoded += chunks[-1].size
-                if most is not None and decoded > most:
+                for piece in planar.resample(frame):
+                    out.add(_mono(piece))
+                if most is not None and out.decoded > most:
                     raise _too_long(max_seconds or 0.0, param)
-            for out in planar.resample(None):
-                if out is not None:  # a pass-through resampler (the file was fltp already) "flushes" None
-                    chunks.append(_mono(out))
+            for piece in planar.resample(None):
+                if piece is not None:  # a pass-through resampler (the file was fltp already) "flushes" None
+                    out.add(_mono(piece))
     except (AudioInputError, MemoryError):
         raise
     except Exception as exc:  # whatever PyAV raises on a file is the file's fault (a bad header: AttributeError)
         raise AudioInputError(f"could not decode the audio file{_reason(exc)}: it is corrupt or not an audio "
                               "format this server reads", param=param, code="unsupported_or_corrupt_audio") from None
-    if not chunks:
+    if not out.decoded:
         raise AudioInputError("the file contains no audio samples", param=param, code="empty_audio")
-    x = np.concatenate(chunks).astype(np.float32, copy=False)
-    if not np.isfinite(x).all():
-        raise AudioInputError("decoded audio contains NaN or infinite samples", param=param,
-                              code="invalid_samples")
-    return resample(x, rate)
+    return out.finish()
+
+
+class _Resampled:
+    """A file's 16 kHz samples, resampled frame by frame as PyAV decodes them: only 16 kHz audio is held, so a
+    small upload of 384 kHz silence no longer holds (and copies) hours at its own rate (~24 GB for 2 h).
+    ResampleStream gives soxr.resample's samples exactly (the same HQ filter, its state kept across frames)."""
+
+    def __init__(self, rate: int, param: str) -> None:
+        self._param = param
+        self._stream = None if rate == SAMPLE_RATE else soxr.ResampleStream(
+            rate, SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+        self._blocks: list[np.ndarray] = []
+        self._pending: list[np.ndarray] = []  # a few frames' samples, merged into one block every ~4 s
+        self._pending_size = 0
+        self.decoded = 0  # samples at the file's own rate
+
+    def add(self, mono: np.ndarray) -> None:
+        """One decoded frame, mixed down. Raises AudioInputError for NaN or infinite samples."""
+        if not np.isfinite(mono).all():
+            raise AudioInputError("decoded audio contains NaN or infinite samples", param=self._param,
+                                  code="invalid_samples")
+        self.decoded += mono.size
+        self._keep(mono if self._stream is None else self._stream.resample_chunk(mono, last=False))
+
+    def _keep(self, x: np.ndarray) -> None:
+        # a 384 kHz frame leaves ~200 samples at 16 kHz: an array each would add ~15 % in object headers
+        self._pending.append(x)
+        self._pending_size += x.size
+        if self._pending_size >= _BLOCK:
+            self._blocks.append(np.concatenate(self._pending).astype(np.float32, copy=False))
+            self._pending, self._pending_size = [], 0
+
+    def finish(self) -> np.ndarray:
+        """All of it, the resampler's held-back tail included (call once). Raises nothing."""
+        if self._stream is not None:
+            self._pending.append(self._stream.resample_chunk(np.zeros(0, np.float32), last=True))
+        blocks = [*self._blocks, *self._pending]
+        self._blocks, self._pending = [], []
+        return np.concatenate(blocks).astype(np.float32, copy=False)
+
+
+_BLOCK = 4 * SAMPLE_RATE
 
 
 def _reason(exc: Exception) -> str:
@@ -267,13 +303,20 @@ def _too_long(max_seconds: float, param: str) -> AudioInputError:
 
 
 def load_audio_file(path: str | Path) -> np.ndarray:
-    """A file on disk → 16 kHz mono float32. Raises FileNotFoundError (IsADirectoryError for a directory),
+    """A file on disk, or a pipe (`/dev/stdin`, a shell's `<(…)`), → 16 kHz mono float32. Raises
+    FileNotFoundError (IsADirectoryError for a directory), other OSErrors from reading it (PermissionError),
     AudioInputError (empty_audio for a zero-byte file)."""
     p = Path(path)
     if p.is_dir():
         raise IsADirectoryError(f"{p} is a directory, not an audio file")
-    if not p.is_file():
+    if not p.exists():
         raise FileNotFoundError(f"no such audio file: {p}")
+    if not p.is_file():  # a pipe is read whole first: FFmpeg cannot seek in it (an m4a's index may come last)
+        with p.open("rb") as f:
+            data = f.read()
+        if not data:
+            raise AudioInputError("the file is empty", param="file", code="empty_audio")
+        return decode_container(data, param="file")
     if p.stat().st_size == 0:  # as an empty upload is told: FFmpeg would call it invalid data
         raise AudioInputError("the file is empty", param="file", code="empty_audio")
     return decode_container(p, param="file")

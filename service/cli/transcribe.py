@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from audio.formats import RESPONSE_FORMATS
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command
 from service.cli.resolve import whisper_spec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["add_transcribe"]
 
@@ -19,7 +22,7 @@ __all__ = ["add_transcribe"]
 def add_transcribe(sub: Any) -> None:
     """Register `tandem transcribe`. Raises nothing."""
     p = add_command(sub, "transcribe", "transcribe an audio file (no server)")
-    p.add_argument("file", help="audio file (wav, mp3, m4a, flac, ogg, webm, ...)")
+    p.add_argument("file", help="audio file (wav, mp3, m4a, flac, ogg, webm, ...); - reads it from stdin")
     p.add_argument("model", nargs="?", default=None,
                    help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, a name `tandem models ls` "
                         "lists, or tiny.en (default: the demo tiny.en)")
@@ -35,7 +38,7 @@ def add_transcribe(sub: Any) -> None:
                    help="let Whisper hear silence too (default: only the speech webrtcvad finds)")
     p.add_argument("--vad", dest="vad", action="store_true", help=argparse.SUPPRESS)  # the default; kept for scripts
     p.add_argument("--vad-trim", action="store_true", help="with --no-vad, cut leading/trailing silence")
-    p.add_argument("--word-timestamps", action="store_true", help="word-level timestamps (json formats)")
+    p.add_argument("--word-timestamps", action="store_true", help="word-level timestamps (--format verbose_json)")
     p.add_argument("--format", choices=RESPONSE_FORMATS, default="text", help="output format")
     p.add_argument("--batch-size", type=int, default=1, metavar="N",
                    help="cut at silences and decode N chunks per batched call (GPU speed; no conditioning)")
@@ -48,7 +51,7 @@ def _transcribe(args: argparse.Namespace) -> int:
 
     from audio.errors import AudioInputError, InvalidOption, WhisperCheckpointError
     from audio.formats import render
-    from audio.pcm import SAMPLE_RATE, check_file_length, load_audio_file
+    from audio.pcm import SAMPLE_RATE, check_file_length
     from audio.speech import SpeechService
     from audio.transcript import TranscribeOptions, Transcript
     from engine.runtime import Engine
@@ -59,16 +62,20 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CLIError("--batch-size must be >= 1")
     if args.vad_trim and args.vad:
         raise CLIError("--vad-trim works with --no-vad only (VAD, the default, already leaves silence out)")
+    if args.word_timestamps and args.format != "verbose_json":  # as the server refuses it: never silently dropped
+        raise CLIError(f"--word-timestamps works with --format verbose_json only, not {args.format} (the other "
+                       "formats have no place for words)")
+    name = "stdin" if args.file == "-" else args.file
     try:
-        pcm = load_audio_file(args.file)
+        pcm = _read_audio(args.file)
     except OSError as exc:  # its message names the path already
         raise CLIError(str(exc)) from None
     except AudioInputError as exc:
-        raise CLIError(f"{args.file}: {exc}") from None
+        raise CLIError(f"{name}: {exc}") from None
     try:
         check_file_length(pcm)  # as the server refuses it: an empty answer would look like silence
     except AudioInputError as exc:
-        raise CLIError(f"{args.file}: {exc}", code=1) from None
+        raise CLIError(f"{name}: {exc}", code=1) from None
     engine = Engine(None)
     try:
         speech = SpeechService.from_spec(engine.tasks, whisper_spec(args.model), resident=True)
@@ -109,6 +116,22 @@ def _transcribe(args: argparse.Namespace) -> int:
         print(f"{audio_s:.1f} s audio in {run_s:.2f} s ({audio_s / max(run_s, 1e-9):.1f}× realtime; "
               f"model load {load_s:.2f} s)", file=sys.stderr)
     return 0
+
+
+def _read_audio(path: str) -> np.ndarray:
+    """The audio at `path` (a file or a pipe), or on stdin for "-", as `tandem generate` reads a prompt. Raises
+    CLIError (nothing on stdin, or a terminal), OSError, AudioInputError."""
+    from audio.pcm import decode_container, load_audio_file
+
+    if path != "-":
+        return load_audio_file(path)
+    if sys.stdin.isatty():
+        raise CLIError("- reads the audio from stdin, which is a terminal: pipe a file in "
+                       "(tandem transcribe - < talk.wav)")
+    data = sys.stdin.buffer.read()
+    if not data:
+        raise CLIError("stdin is empty: no audio arrived to transcribe")
+    return decode_container(data, param="file")
 
 
 def _clock(seconds: float) -> str:

@@ -257,3 +257,84 @@ def test_an_empty_file_on_disk_is_called_empty(tmp_path: Path) -> None:
     with pytest.raises(AudioInputError) as err:
         load_audio_file(empty)
     assert (err.value.code, str(err.value)) == ("empty_audio", "the file is empty")
+
+
+def _silent_flac(rate: int, seconds: int) -> bytes:
+    """Digital silence as FLAC, encoded a second at a time: a few kB however long and however high its rate."""
+    import av
+
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="flac") as out:
+        stream = out.add_stream("flac", rate=rate)
+        stream.layout = "mono"
+        second = np.zeros((1, rate), np.int16)
+        for i in range(seconds):
+            frame = av.AudioFrame.from_ndarray(second, format="s16", layout="mono")
+            frame.sample_rate, frame.pts = rate, i * rate
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode(None):
+            out.mux(packet)
+    return buf.getvalue()
+
+
+def test_a_high_rate_file_holds_only_its_16k_samples_while_it_decodes() -> None:
+    import tracemalloc
+
+    # 20 s at 384 kHz (a few kB of FLAC) held 61 MB at its own rate, then a copy of it, before soxr resampled it
+    # (the probe's 10 MB of 2 h silence would have needed ~24 GB); now frames are resampled as they arrive.
+    data = _silent_flac(384000, 20)
+    assert len(data) < 200_000
+    tracemalloc.start()
+    try:
+        y = decode_container(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert y.size == 20 * SR and not y.any()
+    assert peak < 2.5 * y.nbytes + 2**20, f"{peak / 1e6:.1f} MB held for {y.nbytes / 1e6:.1f} MB of output"
+
+
+@pytest.mark.parametrize("rate", [16000, 44100, 384000])
+def test_frames_resampled_as_they_arrive_match_resampling_the_whole(rate: int) -> None:
+    import av
+
+    x = sine(440, 2.0, rate) * np.linspace(0.1, 1.0, 2 * rate, dtype=np.float32)
+    try:
+        data = _encode("flac", "flac", rate, x)
+    except (av.error.FFmpegError, ValueError) as exc:
+        pytest.skip(f"this PyAV build cannot encode flac at {rate} Hz: {exc}")
+    whole = resample((x * 32767).astype(np.int16).astype(np.float32) / 32768, rate)  # the one-shot path
+    np.testing.assert_allclose(decode_container(data), whole, atol=1e-6)
+
+
+@pytest.mark.parametrize("container, codec", [("wav", "pcm_s16le"), ("ipod", "aac")])
+def test_a_pipe_is_read_as_a_file_is(container: str, codec: str, tmp_path: Path) -> None:
+    # `tandem transcribe <(cat x.wav)` and /dev/stdin are pipes: once refused as "no such audio file". An m4a's
+    # index comes after its audio, which FFmpeg cannot seek back to in a pipe: the pipe is read whole first.
+    import os
+    import threading
+
+    import av
+
+    try:
+        data = _encode(container, codec, 44100, sine(440, 10.0, 44100))  # 10 s: FFmpeg's buffer no longer holds it
+    except (av.error.FFmpegError, ValueError) as exc:
+        pytest.skip(f"this PyAV build cannot encode {codec}: {exc}")
+    fifo = tmp_path / "audio.pipe"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(data)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        y = load_audio_file(fifo)
+    finally:
+        if writer.is_alive():  # the read failed before opening: let the writer finish
+            with open(fifo, "rb") as f:
+                f.read()
+        writer.join()
+    np.testing.assert_array_equal(y, decode_container(data))

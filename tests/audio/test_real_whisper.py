@@ -97,3 +97,15 @@ async def test_a_live_session_faster_than_real_time(checkpoint: Path) -> None:
     assert [e.type for e in session.events_log].count("utterance") >= len(pieces) - 2
     assert wer([reference], [transcript.text]) <= 0.15, (reference, transcript.text)
     assert all(0 <= s.start <= s.end <= len(pcm) / SR for s in transcript.segments)
+
+
+async def test_quiet_speech_is_transcribed_with_vad_on(checkpoint: Path) -> None:
+    # peaks of -58 dBFS came back "" with VAD on (the default) while VAD off read them: VAD now judges a quiet
+    # file as if it were louder, and Whisper gets it as sent, so both read the same words
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, checkpoint, dtype="float32", resident=True)
+        for x, reference in clips():
+            quiet = x * np.float32(10 ** (-58 / 20) / np.abs(x).max())
+            on, off = [await speech.transcribe(quiet, speech.options(language="en", temperatures=(0.0,), vad=vad))
+                       for vad in (True, False)]
+            assert on.text and on.text == off.text, (reference, on.text, off.text)

@@ -74,6 +74,27 @@ async def test_vad_is_on_by_default_and_silence_never_reaches_whisper(tiny_whisp
         assert speech.residency.loads == 1 and speech.scheduler.counters.windows >= 1
 
 
+async def test_quiet_speech_reaches_whisper_at_its_own_level(tiny_whisper_dir: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # VAD judges a quiet file as if it were louder (audio/vad.py level_gain); Whisper still gets the audio as sent
+    from audio import scheduler as scheduler_module
+    from audio.mel import log_mel
+
+    quiet = np.concatenate([np.zeros(5 * SR, np.float32), voiced(3) * np.float32(0.001), np.zeros(5 * SR, np.float32)])
+    peaks: list[float] = []
+
+    def spy(pcm: np.ndarray, n_mels: int, frames: int, ceiling: float | None = None) -> np.ndarray:
+        peaks.append(float(np.abs(pcm).max()))
+        return log_mel(pcm, n_mels, frames, ceiling)
+
+    monkeypatch.setattr(scheduler_module, "log_mel", spy)
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir)
+        await speech.transcribe(quiet, speech.options(temperatures=(0.0,), without_timestamps=True))
+        assert speech.scheduler.counters.windows == 1
+    assert peaks and max(peaks) == pytest.approx(float(np.abs(quiet).max()))
+
+
 async def test_only_speech_is_decoded_and_times_land_on_it(tiny_whisper_dir: Path) -> None:
     silence = np.zeros(10 * SR, np.float32)
     pcm = np.concatenate([silence, voiced(3), silence, voiced(2), silence])

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from audio.vad import Pause, Speech, SpeechGate, has_speech, speech_pieces, speech_segments, trim_silence
+from audio.vad import Pause, Speech, SpeechGate, has_speech, level_gain, speech_pieces, speech_segments, trim_silence
 from tests.audio.conftest import SR, voiced
+
+SAMPLES = os.environ.get("TANDEM_AUDIO_SAMPLES")
 
 
 def test_silence_has_no_speech() -> None:
@@ -94,3 +99,53 @@ def test_a_pause_comes_after_min_silence_and_faint_noise_never_passes() -> None:
     quiet = SpeechGate()
     assert [*quiet.push(noise), *quiet.flush()] == []
     assert quiet.settled >= len(noise) - SR  # all of it is known silence
+
+
+def _kept(pieces: list[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in pieces)
+
+
+def test_quiet_speech_in_a_whole_signal_is_judged_as_if_it_were_louder() -> None:
+    # webrtcvad's verdict follows the absolute level: speech peaking below about -55 dBFS passed no frame, so a
+    # quiet file came back "" with VAD on while Whisper read it well with VAD off
+    loud = np.concatenate([np.zeros(SR, np.float32), voiced(2.0), np.zeros(SR, np.float32)])
+    assert level_gain(loud) == 1.0  # an ordinary level is cut as before
+    for scale in (0.01, 0.001):  # peaks of -32 and -52 dBFS (the sawtooth peaks at -12)
+        quiet = loud * np.float32(scale)
+        pieces = speech_pieces(quiet)
+        assert len(pieces) == 1 and _kept(pieces) >= 0.9 * _kept(speech_pieces(loud)), (scale, pieces)
+        assert speech_segments(quiet) and has_speech(quiet)
+    assert speech_pieces(np.zeros(3 * SR, np.float32)) == []
+
+
+@pytest.mark.parametrize("std", [0.0003, 0.003, 0.01])
+def test_faint_noise_in_a_whole_signal_stays_silence_however_quiet(std: float) -> None:
+    rng = np.random.default_rng(3)
+    white = rng.normal(0, std, 65 * SR).astype(np.float32)
+    pink = np.fft.irfft(np.fft.rfft(white) / np.sqrt(np.maximum(np.fft.rfftfreq(len(white)), 1e-4)), len(white))
+    pink = (pink * (std / pink.std())).astype(np.float32)
+    for noise in (white, pink):
+        if std < 0.01:
+            assert level_gain(noise) > 1.0  # lifted toward -40 dBFS, and still not speech
+        assert speech_pieces(noise) == [] and speech_segments(noise) == []
+
+
+def test_loud_speech_in_quiet_room_tone_keeps_its_level() -> None:
+    # the level is a high percentile of the frames, held down by the loudest: sparse speech is not over-driven
+    rng = np.random.default_rng(4)
+    pcm = rng.normal(0, 0.0005, 60 * SR).astype(np.float32)
+    pcm[30 * SR:32 * SR] += voiced(2.0)
+    assert level_gain(pcm) < 1.5
+    assert len(speech_pieces(pcm)) == 1
+
+
+@pytest.mark.skipif(not SAMPLES, reason="TANDEM_AUDIO_SAMPLES is not set (speech samples with references)")
+def test_real_speech_at_a_whisper_is_kept() -> None:
+    from audio.pcm import load_audio_file
+
+    wavs = sorted(Path(SAMPLES or ".").glob("*.wav"))
+    assert wavs, f"no .wav samples in {SAMPLES}"
+    for wav in wavs:
+        x = load_audio_file(wav)
+        quiet = x * np.float32(10 ** (-58 / 20) / np.abs(x).max())  # peak -58 dBFS: the probe's "" case
+        assert _kept(speech_pieces(quiet)) >= 0.85 * _kept(speech_pieces(x)), wav.name

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +110,46 @@ def test_an_empty_file_is_called_empty_not_undecodable(tmp_path: Path, capsys: p
     out, err = capsys.readouterr()
     assert out == "" and f"{empty}: the file is empty" in err and "decode" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def _verbose(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict:
+    code = main([*argv, "--format", "verbose_json", "--no-fallback", "--temperature", "1.0", "--no-timestamps",
+                 "--no-vad"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_a_dash_reads_the_audio_from_stdin(whisper_dir: Path, wav: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # as `tandem generate -` reads its prompt; once "no such audio file: -"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(wav.read_bytes())))
+    assert _verbose(["transcribe", "-", str(whisper_dir)], capsys)["duration"] == pytest.approx(2.0)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(["transcribe", "-", str(whisper_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "stdin is empty" in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"not audio at all" * 10)))
+    assert main(["transcribe", "-", str(whisper_dir)]) == 2
+    assert capsys.readouterr().err.startswith("tandem: stdin: could not decode the audio file")
+
+
+def test_a_pipe_is_transcribed_as_a_file_is(whisper_dir: Path, wav: Path, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # what a shell's <(cat talk.wav) or /dev/stdin names: not a regular file, once refused as "no such audio file"
+    fifo = tmp_path / "talk.pipe"
+    os.mkfifo(fifo)
+
+    def write() -> None:
+        with open(fifo, "wb") as f:
+            f.write(wav.read_bytes())
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert _verbose(["transcribe", str(fifo), str(whisper_dir)], capsys)["duration"] == pytest.approx(2.0)
+    finally:
+        if writer.is_alive():  # refused before reading: let the writer finish
+            with open(fifo, "rb") as f:
+                f.read()
+        writer.join()

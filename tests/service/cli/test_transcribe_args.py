@@ -56,3 +56,12 @@ def test_a_directory_is_not_called_missing(tmp_path: Path, capsys: pytest.Captur
 def test_vad_trim_needs_no_vad(wav: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["transcribe", str(wav), "--vad-trim"]) == 2
     assert "--vad-trim works with --no-vad only" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "srt", "vtt"])
+def test_word_timestamps_need_verbose_json(fmt: str, wav: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # silently dropped once (rc 0, no words): refused by name, as the server's 400 refuses timestamp_granularities
+    assert main(["transcribe", str(wav), "--word-timestamps", "--format", fmt]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--word-timestamps" in err and "verbose_json" in err and fmt in err
+    assert len(err.strip().splitlines()) == 1
