@@ -42,6 +42,7 @@ from service.process.parent import exit_with_parent
 from service.process.restarts import EXIT_SERVING_FAILED, EXIT_STARTUP_FAILED
 from service.process.supervisor import worker_generation
 from service.seams import ChatEngine
+from service.speech.client_secret_routes import create_client_secret, create_transcription_session
 from service.speech.live import live, realtime
 from service.speech.sessions import append_session_audio, create_session, delete_session, finish_session
 from service.speech.setup import install_speech, speech_config
@@ -65,6 +66,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
         list_models, retrieve_model, health, stats, metrics,
         create_transcription, create_translation,
         create_session, append_session_audio, finish_session, delete_session, live, realtime,
+        create_client_secret, create_transcription_session,
         pi_provider,
     ]
 

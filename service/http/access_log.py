@@ -106,18 +106,20 @@ class AccessLog:
 
 
     async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """One line when a websocket ends: 101 (accepted) or 403 (refused at the handshake), how long it lasted
-        and who closed it (the server's close code). Counted once in the metrics as it ends, its length apart
-        from the request durations (a session's, not a response's)."""
+        """One line when a websocket ends: 101 (accepted) or 403 (refused at the handshake, and why: the client
+        sees no reason), how long it lasted and who closed it (the server's close code). Counted once in the metrics
+        as it ends, its length apart from the request durations (a session's, not a response's)."""
         start = time.perf_counter()
         status: list[int] = []
         closed: list[int] = []
+        reasons: list[str] = []
 
         async def watch(message: Message) -> None:
             if message["type"] == "websocket.accept":
                 status.append(101)
             elif message["type"] == "websocket.close":
                 closed.append(int(message.get("code", 1000)))
+                reasons.append(str(message.get("reason") or ""))
             await send(message)
 
         try:
@@ -127,6 +129,8 @@ class AccessLog:
             seconds = time.perf_counter() - start
             line = _line(scope, code, seconds, method="WS")
             end = "refused" if not status else f"closed {closed[0]}" if closed else "closed by the client"
+            if not status and reasons and reasons[0]:  # quoted: an Origin or Host header's text may be in it
+                end += f": {json.dumps(reasons[0], ensure_ascii=True)}"
             _log.info("%s %s", line, end)
             if self.metrics is not None:
                 route = scope.get("path_template") or ("unrouted" if code is None or code == 403 else "guard")

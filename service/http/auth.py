@@ -1,7 +1,9 @@
 """API keys and browser origins: who may call the server.
 
-Keys arrive as `Authorization: Bearer <key>` or `x-api-key: <key>` and are compared in constant time
-against every configured key. A matched key is known afterwards only by its id (a digest prefix), which
+Keys arrive as `Authorization: Bearer <key>` or `x-api-key: <key>` (a websocket's also as the subprotocol
+`openai-insecure-api-key.<key>`, as OpenAI's browser clients send it: a browser cannot set headers on one) and are
+compared in constant time against every configured key; a websocket may present a client secret a key minted
+instead (service/speech/client_secrets.py). A matched key is known afterwards only by its id (a digest prefix), which
 names its prefix-cache namespace and owns the sessions it creates. Origins: a request carrying an
 `Origin` header is served only when that origin is allowed or is the server itself. Hosts: a keyless server on a
 loopback address answers only Host names that mean this machine (Ollama's rule), so a page whose domain an attacker
@@ -13,14 +15,18 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import logging
 import socket
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from litestar.connection import ASGIConnection
 
-__all__ = ["KeyRing", "client_key", "set_client_key", "origin_allowed", "host_allowed", "is_loopback", "header",
-           "CLIENT_KEY", "EXPOSED_HEADERS"]
+from service.speech.client_secrets import ClientSecrets
+from service.state import STATE_KEY
+
+__all__ = ["KeyRing", "client_key", "set_client_key", "offered_key", "subprotocols", "origin_allowed", "host_allowed",
+           "is_loopback", "header", "CLIENT_KEY", "KEY_PROTOCOL", "EXPOSED_HEADERS"]
 
 # Response headers a page's script may read (CORS): the SDKs act on x-should-retry and report x-request-id; hidden,
 # the openai SDK in a browser retried a 504 the server said not to retry.
@@ -30,6 +36,10 @@ _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 
 # Where the guard leaves the matched key's id in the ASGI scope's state.
 CLIENT_KEY = "tandem.client_key"
+# The websocket subprotocol OpenAI's browser clients carry their key in: `openai-insecure-api-key.<key>`.
+KEY_PROTOCOL = "openai-insecure-api-key."
+
+_log = logging.getLogger("tandem.auth")
 
 
 def header(scope: Mapping[str, Any], name: bytes) -> str | None:
@@ -45,6 +55,7 @@ class KeyRing:
 
     def __init__(self, keys: Iterable[str]) -> None:
         self._keys = [key.encode() for key in dict.fromkeys(keys) if key]
+        self._ids = {self.key_id(key) for key in self._keys}
 
     def __bool__(self) -> bool:
         return bool(self._keys)
@@ -60,24 +71,60 @@ class KeyRing:
     def match(self, scope: Mapping[str, Any]) -> str | None:
         """The id of the key the request presents, or None when it presents none that is configured.
         Every key is compared (hmac.compare_digest), so the time taken does not say which one nearly
-        matched. Raises nothing."""
-        offered = _offered_key(scope)
+        matched. A websocket may present a client secret instead: the id is then that of the key that minted
+        it. Raises nothing."""
+        offered = offered_key(scope)
         if offered is None:
             return None
         found: str | None = None
         for key in self._keys:
             if hmac.compare_digest(offered, key):
                 found = self.key_id(key)
+        if found is None and scope.get("type") == "websocket":
+            found = self._secret_owner(scope, offered)
         return found
 
+    def _secret_owner(self, scope: Mapping[str, Any], offered: bytes) -> str | None:
+        store = _client_secrets(scope)
+        if store is None:
+            return None
+        secret = store.find(offered)
+        if secret is None and store.expired(offered):  # said in the log: the handshake's 403 has no body
+            _log.info("websocket %s: the client secret offered has expired", scope.get("path", ""))
+        return secret.owner if secret is not None and secret.owner in self._ids else None
 
-def _offered_key(scope: Mapping[str, Any]) -> bytes | None:
+
+def _client_secrets(scope: Mapping[str, Any]) -> ClientSecrets | None:
+    # The guard builds its ring from the configured keys alone; minted secrets live in the state of the app serving
+    # the connection (Litestar puts itself in the scope before the guard runs).
+    state = getattr(scope.get("app"), "state", None)
+    app_state = state.get(STATE_KEY) if state is not None else None
+    store = getattr(app_state, "client_secrets", None)
+    return store if isinstance(store, ClientSecrets) else None
+
+
+def subprotocols(scope: Mapping[str, Any]) -> list[str]:
+    """The websocket subprotocols the client offered (ASGI's `subprotocols`, else its Sec-WebSocket-Protocol
+    header). Raises nothing."""
+    offered = scope.get("subprotocols")
+    if offered is None:
+        offered = (header(scope, b"sec-websocket-protocol") or "").split(",")
+    return [p.strip() for p in offered if isinstance(p, str) and p.strip()]
+
+
+def offered_key(scope: Mapping[str, Any]) -> bytes | None:
+    """The key a request presents: `Authorization: Bearer`, `x-api-key`, or on a websocket the subprotocol
+    `openai-insecure-api-key.<key>`. Raises nothing."""
     if (value := header(scope, b"authorization")) is not None:
         scheme, _, token = value.strip().partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return token.strip().encode("latin-1")
     if (value := header(scope, b"x-api-key")) is not None and value.strip():
         return value.strip().encode("latin-1")
+    if scope.get("type") == "websocket":
+        for protocol in subprotocols(scope):
+            if protocol.startswith(KEY_PROTOCOL) and len(protocol) > len(KEY_PROTOCOL):
+                return protocol[len(KEY_PROTOCOL):].encode("latin-1", "replace")
     return None
 
 
@@ -118,8 +165,8 @@ def is_loopback(host: str) -> bool:
 def host_allowed(scope: Mapping[str, Any], listening_on: str, keyed: bool, allowed: Iterable[str]) -> bool:
     """Whether the request's Host header may be served. Only a keyless server on a loopback address checks it (a
     rebound page cannot guess a key; one listening elsewhere was meant to be reached by any name): the name must
-    be a loopback, private or unspecified address, localhost or a name under .localhost / .local / .internal, this
-    machine's hostname, or listed in `allowed` ("*": any). No Host (HTTP/1.0) passes. Raises nothing."""
+    be a loopback, private or unspecified address, a dotless name (localhost), a name under .localhost / .local /
+    .internal, this machine's hostname, or listed in `allowed` ("*": any). No Host (HTTP/1.0) passes. Raises nothing."""
     if keyed or not is_loopback(listening_on):
         return True
     value = header(scope, b"host")
@@ -132,11 +179,11 @@ def host_allowed(scope: Mapping[str, Any], listening_on: str, keyed: bool, allow
         name = (urlsplit("//" + value.strip()).hostname or "").lower().rstrip(".")
     except ValueError:
         return False
-    if name in allowed or name == "localhost" or name.endswith(_LOCAL_SUFFIXES):
-        return True
     try:
         address = ipaddress.ip_address(name)
-        return address.is_loopback or address.is_private or address.is_unspecified
+        return address.is_loopback or address.is_private or address.is_unspecified or name in allowed
     except ValueError:
         pass
-    return name == socket.gethostname().lower()
+    # A dotless name (a test client's "testserver", an intranet box) is no domain an attacker's DNS answers for.
+    return (name in allowed or "." not in name or name.endswith(_LOCAL_SUFFIXES)
+            or name == socket.gethostname().lower())

@@ -1,6 +1,11 @@
 """The live-transcription websockets: `/v1/realtime?intent=transcription` (OpenAI's Realtime transcription
 events) and `/v1/audio/live` (the same events once the client speaks JSON, or binary PCM frames for simple
-clients). service/speech/live_socket.py serves each connection."""
+clients). service/speech/live_socket.py serves each connection.
+
+Browsers connect as OpenAI's clients do: subprotocols `realtime`, `openai-insecure-api-key.<key or client secret>`
+(the guard reads the key there) and, for the beta dialect, `openai-beta.realtime-v1`. The server selects `realtime`,
+without which a browser fails the connection, and never echoes the key's. A socket opened with a client secret
+starts with the session settings given when it was minted (service/speech/client_secrets.py)."""
 
 from __future__ import annotations
 
@@ -9,19 +14,43 @@ from typing import Any
 from litestar import WebSocket, websocket
 
 from audio.pcm import SAMPLE_RATE, parse_pcm_content_type
+from service.http.auth import offered_key, subprotocols
 from service.http.errors import APIError, api_error, frames_error_event
 from service.speech.live_socket import LiveSocket, Mode, close_code
-from service.speech.realtime_config import Dialect, RealtimeConfig
+from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
 from service.speech.served import served_speech
-from service.state import get_state
+from service.state import AppState, get_state
 
-__all__ = ["live", "realtime"]
+__all__ = ["live", "realtime", "REALTIME_PROTOCOL", "BETA_PROTOCOL"]
+
+REALTIME_PROTOCOL = "realtime"
+BETA_PROTOCOL = "openai-beta.realtime-v1"  # a browser's way of saying `OpenAI-Beta: realtime=v1`
 
 
 def _dialect(socket: WebSocket[Any, Any, Any]) -> Dialect:
-    # The beta SDK (client.beta.realtime) sends `OpenAI-Beta: realtime=v1`: it gets transcription_session.*
+    # The beta SDK (client.beta.realtime) sends `OpenAI-Beta: realtime=v1`, in a browser the subprotocol
+    # openai-beta.realtime-v1: it gets transcription_session.*
     beta = "realtime=v1" in (socket.headers.get("openai-beta") or "").replace(" ", "")
-    return "beta" if beta else "ga"
+    return "beta" if beta or BETA_PROTOCOL in subprotocols(socket.scope) else "ga"
+
+
+async def _accept(socket: WebSocket[Any, Any, Any]) -> None:
+    # A client that offered subprotocols fails the connection unless one of them is selected: `realtime`, as
+    # OpenAI's server does (never the key's, which would echo it).
+    await socket.accept(subprotocols=REALTIME_PROTOCOL if REALTIME_PROTOCOL in subprotocols(socket.scope) else None)
+
+
+def _minted(socket: WebSocket[Any, Any, Any], state: AppState, config: RealtimeConfig) -> RealtimeConfig:
+    """`config` with the session settings of the client secret the socket was opened with, applied as its first
+    update would be (none: `config`). Raises APIError 400 (they were checked when it was minted)."""
+    key = offered_key(socket.scope)
+    secret = state.client_secrets.find(key) if key is not None else None
+    if secret is None or secret.session is None:
+        return config
+    try:
+        return config.updated(secret.session, secret.dialect)
+    except ConfigError as exc:
+        raise APIError(400, f"the client secret's session: {exc.message}", param=exc.param, code=exc.code) from None
 
 
 async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception) -> None:
@@ -65,7 +94,7 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
     change (at most one per `interval` s), then `transcript.done` {text}. A first text message that is a
     Realtime client event (`session.update`, `input_audio_buffer.append`, ...) switches to OpenAI's Realtime
     transcription events instead. Errors arrive as `{"type": "error"}` events; the session goes on."""
-    await socket.accept()
+    await _accept(socket)
     state = get_state(socket)
     try:
         _known_query(socket, {"language", "rate", "encoding", "interval", "vad"})
@@ -77,12 +106,17 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
             raise APIError(400, "interval must be 0–60 seconds", param="interval", code="invalid_value")
         # A property of the service, so under --isolate a call that fails while the engine process restarts.
         vad_on = speech.vad_default if vad is None else _flag(vad, "vad")
+        config = _minted(socket, state, RealtimeConfig(
+            language=language, turn_detection=RealtimeConfig().turn_detection if vad_on else None))
+        speech = served_speech(state, config.model)
     except Exception as exc:
         await _refuse(socket, exc)
         return
     dialect = _dialect(socket)
-    mode: Mode = "realtime" if socket.headers.get("openai-beta") else "undecided"
-    config = RealtimeConfig(language=language, turn_detection=RealtimeConfig().turn_detection if vad_on else None)
+    # OpenAI's clients (the header, or in a browser the subprotocols) speak Realtime from the start
+    offered = subprotocols(socket.scope)
+    realtime_client = socket.headers.get("openai-beta") or REALTIME_PROTOCOL in offered or BETA_PROTOCOL in offered
+    mode: Mode = "realtime" if realtime_client else "undecided"
     await LiveSocket(socket, state, speech, config=config, mode=mode, dialect=dialect, frame_format=fmt,
                      interval=seconds).run()
 
@@ -94,8 +128,8 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
     server events `transcription_session.created` / `.updated` (beta clients, `OpenAI-Beta: realtime=v1`) or
     `session.created` / `.updated`, `input_audio_buffer.speech_started` / `speech_stopped` / `committed` /
     `cleared`, `conversation.item.created`, `conversation.item.input_audio_transcription.delta` /
-    `.completed`, and `error`."""
-    await socket.accept()
+    `.completed`, and `error`. Browsers: subprotocols as OpenAI's clients send them (the module's docstring)."""
+    await _accept(socket)
     state = get_state(socket)
     try:
         _known_query(socket, {"intent", "model"})
@@ -103,12 +137,15 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
             raise APIError(400, "only transcription sessions are served here: connect with ?intent=transcription",
                            param="intent", code="invalid_value")
         speech = served_speech(state, model)
-        vad_default = speech.vad_default  # under --isolate a call: it fails while the engine process restarts
+        config = RealtimeConfig(model=model)
+        # a server started with --no-vad: turn detection is off until asked for (vad_default: under --isolate a
+        # call, which fails while the engine process restarts)
+        if not speech.vad_default:
+            config.turn_detection = None
+        config = _minted(socket, state, config)
+        speech = served_speech(state, config.model)
     except Exception as exc:
         await _refuse(socket, exc)
         return
-    config = RealtimeConfig(model=model)
-    if not vad_default:  # a server started with --no-vad: turn detection is off until asked for
-        config.turn_detection = None
     await LiveSocket(socket, state, speech, config=config, mode="realtime", dialect=_dialect(socket),
                      frame_format=config.pcm_format).run()

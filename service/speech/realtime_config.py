@@ -103,7 +103,8 @@ class RealtimeConfig:
         if s.get("modalities") not in (None, ["text"]):
             raise ConfigError("a transcription session answers with text only", "session.modalities")
         if s.get("client_secret") is not None:
-            raise ConfigError("client secrets are not issued here", "session.client_secret")
+            raise ConfigError("a client secret is minted by POST /v1/realtime/transcription_sessions, not set by an "
+                              "update", "session.client_secret")
         if s.get("input_audio_noise_reduction") is not None:
             raise ConfigError("noise reduction is not available", "session.input_audio_noise_reduction")
         if "input_audio_transcription" in s:

@@ -26,6 +26,11 @@ __all__ = [
     "SessionFinished",
     "SessionDeleted",
     "LiveEvent",
+    "ExpiresAfter",
+    "ClientSecretCreateRequest",
+    "ClientSecretCreated",
+    "TranscriptionSessionCreateRequest",
+    "TranscriptionSessionCreated",
 ]
 
 Granularity = Literal["segment", "word"]
@@ -258,3 +263,76 @@ class LiveEvent(BaseModel):
     windows_done: int | None = None
     lag_seconds: float | None = None
     message: str | None = None
+
+
+# ---- client secrets (POST /v1/realtime/client_secrets, beta POST /v1/realtime/transcription_sessions) -------------
+
+
+class ExpiresAfter(BaseModel):
+    """How long a client secret opens sockets (OpenAI's `expires_after`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: Literal["created_at"] = "created_at"
+    seconds: int = Field(600, ge=10, le=7200, description="From its creation; 10 s to 2 h.")
+
+
+class ClientSecretCreateRequest(BaseModel):
+    """POST /v1/realtime/client_secrets (OpenAI's GA fields; an unknown one is refused by name)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expires_after: ExpiresAfter | None = Field(None, description="Default: 600 s after its creation.")
+    session: dict[str, Any] | None = Field(
+        None, description="A transcription session (`type: \"transcription\"`, `audio.input`, `include`), checked as "
+                          "`session.update` is, and applied to each socket the secret opens as if it were that "
+                          "socket's first `session.update`.")
+
+
+class ClientSecretCreated(BaseModel):
+    """A client secret: a page offers it as the websocket subprotocol `openai-insecure-api-key.<value>`."""
+
+    value: str = Field(description="The secret, `ek_...`: opens live websockets (not HTTP routes) until expires_at.")
+    expires_at: int = Field(description="Unix seconds.")
+    session: dict[str, Any] = Field(description="The session settings sockets opened with it start with, as "
+                                                "`session.created` shows them (each socket's session has its own id).")
+
+
+class BetaClientSecretOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expires_at: ExpiresAfter | None = Field(None, description="Default: 60 s after its creation.")
+
+
+class TranscriptionSessionCreateRequest(BaseModel):
+    """POST /v1/realtime/transcription_sessions (OpenAI's beta fields, as `transcription_session.update` takes
+    them, and `client_secret`; an unknown one is refused by name)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    client_secret: BetaClientSecretOptions | None = None
+    input_audio_format: str | None = None
+    input_audio_transcription: dict[str, Any] | None = None
+    turn_detection: dict[str, Any] | None = None
+    include: list[str] | None = None
+    modalities: list[str] | None = None
+    input_audio_noise_reduction: dict[str, Any] | None = None
+
+
+class BetaClientSecret(BaseModel):
+    value: str = Field(description="The secret, `ek_...`: opens live websockets (not HTTP routes) until expires_at.")
+    expires_at: int = Field(description="Unix seconds.")
+
+
+class TranscriptionSessionCreated(BaseModel):
+    """The beta transcription session object with its `client_secret`."""
+
+    id: str
+    object: Literal["realtime.transcription_session"] = "realtime.transcription_session"
+    client_secret: BetaClientSecret
+    input_audio_format: str
+    input_audio_transcription: dict[str, Any]
+    turn_detection: dict[str, Any] | None
+    modalities: list[str]
+    input_audio_noise_reduction: dict[str, Any] | None = None
+    include: list[str] | None = None

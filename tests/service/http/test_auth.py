@@ -15,7 +15,7 @@ def _scope(host: str | None) -> dict[str, object]:
 
 @pytest.mark.parametrize("host", ["localhost:8080", "127.0.0.1:8080", "127.3.4.5", "[::1]:8080", "LOCALHOST",
                                   "app.localhost:5173", "testserver.local", "box.internal", "192.168.1.20:8080",
-                                  "10.0.0.7", "0.0.0.0:8080", "localhost.:8080", None, ""])
+                                  "10.0.0.7", "0.0.0.0:8080", "localhost.:8080", "testserver", "tandem:8080", None, ""])
 def test_names_of_this_machine_pass(host: str | None) -> None:
     assert host_allowed(_scope(host), "127.0.0.1", keyed=False, allowed=[])
 
