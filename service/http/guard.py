@@ -84,7 +84,10 @@ class Guard:
         if self.keys and path not in OPEN_PATHS and not _preflight(scope):
             key_id = self.keys.match(scope)
             if key_id is None:
-                return APIError(401, "Missing or incorrect API key (send Authorization: Bearer <key> or x-api-key).",
+                how = ("Authorization: Bearer <key>, x-api-key, or from a browser the subprotocol "
+                       "openai-insecure-api-key.<key> or a minted client secret") if scope["type"] == "websocket" \
+                    else "Authorization: Bearer <key> or x-api-key"
+                return APIError(401, f"Missing or incorrect API key (send {how}).",
                                 code="invalid_api_key")
             set_client_key(scope, key_id)
         if not path.startswith(ALWAYS_SERVED) and not _preflight(scope):
