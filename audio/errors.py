@@ -13,6 +13,8 @@ __all__ = [
     "SessionClosed",
     "SessionActive",
     "SessionLimit",
+    "SessionShareLimit",
+    "SessionExpired",
     "SpeechNotRunning",
     "AudioLimitExceeded",
     "SessionAudioLimit",
@@ -112,6 +114,13 @@ class SessionClosed(SessionError):
     code = "session_closed"
 
 
+class SessionExpired(SessionClosed):
+    """The session's client sent nothing for the session TTL while it had no work in hand: it was dropped to
+    free its place (audio/speech.py SpeechService reaps it; a websocket is told with this, then closed)."""
+
+    code = "session_expired"
+
+
 class SessionActive(SessionError):
     """Options only a session that has received no audio may change (its decoding has begun with the old)."""
 
@@ -119,10 +128,22 @@ class SessionActive(SessionError):
 
 
 class SessionLimit(SessionError):
-    """max_sessions are open and none is idle enough to expire; `retry_after` seconds is a fair wait."""
+    """max_sessions are open and none is idle enough to expire. `retry_after`: the seconds until the first open
+    session can expire by itself (audio/speech.py computes it; one deleted or finished frees a place sooner)."""
 
     code = "session_unavailable"
-    retry_after = 5
+
+    def __init__(self, message: str, *, retry_after: int = 5, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+        self.retry_after = retry_after
+
+
+class SessionShareLimit(SessionLimit):
+    """The caller's API key holds its share of max_sessions (the fair-share cap); other keys may still open
+    sessions. `retry_after` as SessionLimit's, over the key's own sessions."""
+
+    code = "session_share_reached"
 
 
 class SpeechNotRunning(AudioError, RuntimeError):

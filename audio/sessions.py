@@ -19,7 +19,8 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
-from audio.errors import CommitEmpty, SessionActive, SessionClosed, SessionError, SessionLimit, SessionNotFound
+from audio.errors import (CommitEmpty, SessionActive, SessionClosed, SessionError, SessionExpired, SessionLimit,
+                          SessionNotFound)
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.transcript import TranscribeOptions, Transcript
@@ -47,15 +48,20 @@ class LiveSession:
 
     def __init__(self, options: TranscribeOptions, residency: "WhisperResidency", scheduler: "WhisperScheduler",
                  tasks: "ExecutionTasks", *, config: LiveConfig | None = None, pool: AudioPool | None = None,
-                 session_id: str | None = None, expires: bool = True) -> None:
-        """`expires`: the speech service may drop it after its idle TTL (False: its owner deletes it, e.g. a
-        websocket when it closes). Raises nothing."""
+                 session_id: str | None = None, expires: bool = True, owner: str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`expires`: the speech service may drop it once idle for its TTL (False: only its owner deletes it).
+        `owner`: the id of the API key that opened it (None without keys). `clock`: monotonic seconds, for
+        `last_active` (injectable for tests). Raises nothing."""
         self.id = session_id or f"sess_{secrets.token_urlsafe(18)}"  # unguessable: ids are capabilities
         self.options = options
         self.expires = expires
+        self.owner = owner
+        self.expired: str | None = None  # why the service dropped it for idleness (a message for its client)
+        self._clock = clock
         self._scheduler = scheduler
         self.config = config or LiveConfig()
-        self.created = self.last_active = time.monotonic()
+        self.created = self.last_active = clock()
         self.windows_done = 0
         self.scope = anyio.CancelScope()
         self.finished_at: float | None = None
@@ -74,6 +80,7 @@ class LiveSession:
         self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
         self._finishing = False
         self._idle = False
+        self._pumping = False  # the pump has started (before that, only audio or a commit waiting is work)
         self._wake = anyio.Event()
         self._changed = anyio.Event()
         self._done = anyio.Event()
@@ -99,11 +106,30 @@ class LiveSession:
         return self._finishing or self.scope.cancel_called
 
     @property
+    def busy(self) -> bool:
+        """Whether the pump has work in hand: audio not yet gated or decoded, a commit or clear waiting, a decode
+        running (its client is reading what comes). A busy session is never idle. Raises nothing."""
+        return not self._done.is_set() and (self._wake.is_set() or (self._pumping and not self._idle))
+
+    def touch(self) -> None:
+        """The client is still there (a message that carried no audio): the idle clock starts again. Raises
+        nothing."""
+        self.last_active = self._clock()
+
+    def expire(self, why: str) -> None:
+        """Drop the session for idleness: `why` is kept for its client (`expired`), then as cancel(). Raises
+        nothing."""
+        self.expired = why
+        self.cancel()
+
+    @property
     def held_samples(self) -> int:
         """Samples this session holds in memory (not yet transcribed). Raises nothing."""
         return self._raw.held + self.live.held_samples
 
     def _check_open(self) -> None:
+        if self.expired is not None:
+            raise SessionExpired(self.expired)
         if self.closed:
             raise SessionClosed(f"session {self.id} is {'finished' if self._finishing else 'closed'}; "
                                 "no more audio accepted")
@@ -146,7 +172,7 @@ class LiveSession:
     def _take(self, pcm: np.ndarray) -> None:
         self._raw.append(pcm)
         self._pool.update(self)
-        self.last_active = time.monotonic()
+        self.last_active = self._clock()
         self._wake.set()
 
     def reconfigure(self, options: TranscribeOptions) -> None:
@@ -197,10 +223,10 @@ class LiveSession:
         """Stop capture and wait for the rest to be decoded. Idempotent. Raises SessionClosed if cancelled,
         or the decode error that stopped the pump."""
         if self.scope.cancel_called and not self._done.is_set():
-            raise SessionClosed(f"session {self.id} was deleted or expired")
+            raise self._gone()
         if not self._finishing:
             self._finishing = True
-            self.finished_at = time.monotonic()
+            self.finished_at = self._clock()
             if self._stream is not None:
                 self._raw.append(self._stream.flush())
             self._wake.set()
@@ -208,8 +234,12 @@ class LiveSession:
         if self.error is not None:
             raise self.error
         if self._result is None:
-            raise SessionClosed(f"session {self.id} was deleted or expired")
+            raise self._gone()
         return self._result
+
+    def _gone(self) -> SessionClosed:
+        return SessionExpired(self.expired) if self.expired is not None else \
+            SessionClosed(f"session {self.id} was deleted or expired")
 
     def cancel(self) -> None:
         """Drop the session: its windows leave the scheduler before the next step; finish raises SessionClosed."""
@@ -258,6 +288,7 @@ class LiveSession:
     async def pump(self) -> None:
         """Gate audio, decode, commit; until finished or cancelled. Never raises: a failure is kept for finish."""
         taken = False
+        self._pumping = True
         try:
             with self.scope:
                 while True:
@@ -279,6 +310,7 @@ class LiveSession:
                     await self._run_gating(action)
                     self._pool.update(self)
                     self.windows_done += 1
+                    self.last_active = self._clock()  # its client reads what a decode sends: not idle
                     self._signal()
                 self._result = self.live.transcript(self.received_seconds)
         except Exception as exc:  # a failed window ends the session; finish reports it

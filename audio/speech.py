@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 from audio.batching import batched_windows
 from audio.buffers import AudioPool
 from audio.decoding import N_SAMPLES, WindowedTranscription
-from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
+from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SessionShareLimit, SpeechNotRunning
 from audio.idle_release import IdleRelease
 from audio.mel import signal_ceiling
 from audio.pcm import SAMPLE_RATE
@@ -94,12 +95,15 @@ class SpeechService:
                  session_ttl_sec: float = 300.0, max_sessions: int = 64, budget: StepBudget | None = None,
                  live: LiveConfig | None = None, max_buffered_sec: float | None = 1800.0,
                  pace: Pace | None = None, vad: bool = True, step_thread: bool | None = None,
-                 turn: Callable[[], Awaitable[None]] | None = None) -> None:
+                 turn: Callable[[], Awaitable[None]] | None = None, max_owner_sessions: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`pace`: seconds of a chat iteration while chat rows decode, else None (Engine.chat_pace): Whisper
         steps then take at most `budget.chat_share` of it. `vad`: the default of options() when a request
         does not say. `step_thread`: while `run()` runs, Whisper steps run on a thread of their own beside the chat
         steps (None: step_thread_default()). `turn`: returns once chat's next step has landed (Engine.chat_turn);
-        with the step thread and speech_turns_default(), each Whisper step waits for it. Raises nothing."""
+        with the step thread and speech_turns_default(), each Whisper step waits for it. `max_owner_sessions`:
+        the most sessions one owner (an API key) may hold at once (None: no cap; sessions without an owner are
+        never capped). `clock`: monotonic seconds for idleness (injectable for tests). Raises nothing."""
         self.step_thread = step_thread
         self.turn = turn
         self.vad_default = vad
@@ -111,6 +115,8 @@ class SpeechService:
         self.pool = AudioPool(max_buffered_sec)
         self.session_ttl_sec = session_ttl_sec
         self.max_sessions = max_sessions
+        self.max_owner_sessions = max_owner_sessions
+        self.clock = clock
         self.sessions: dict[str, LiveSession] = {}
         self.expired = 0
         self.idle_release = IdleRelease()
@@ -176,21 +182,35 @@ class SpeechService:
         return result
 
     # ---- live sessions -----------------------------------------------------------------------
-    def create_session(self, options: TranscribeOptions, *, expires: bool = True) -> LiveSession:
+    def create_session(self, options: TranscribeOptions, *, expires: bool = True,
+                       owner: str | None = None) -> LiveSession:
         """Open a session and start its pump. Never evicts a live session: idle-expired ones are reaped, then
-        a full house refuses. `expires` False: never reaped for idleness (its owner deletes it). Raises
-        SpeechNotRunning when run() is not running, SessionLimit when max_sessions are open."""
+        a full house refuses. `expires` False: never reaped for idleness (its owner deletes it). `owner`: the
+        API key's id (max_owner_sessions caps each one). Raises SpeechNotRunning when run() is not running,
+        SessionLimit when max_sessions are open, SessionShareLimit when `owner` holds max_owner_sessions;
+        either with the seconds until one of the sessions in the way can expire by itself as `retry_after`."""
         if self._tg is None:
             raise SpeechNotRunning("SpeechService.run() is not running")
+        now = self.clock()
         if len(self.sessions) >= self.max_sessions:
-            self._expire(time.monotonic())
+            self._expire(now)
         if len(self.sessions) >= self.max_sessions:
             self._reap_ended()
         if len(self.sessions) >= self.max_sessions:
-            raise SessionLimit(f"too many open audio sessions ({self.max_sessions}); finish or delete one, "
-                                      "or retry later")
+            raise self._refusal(list(self.sessions.values()), now, SessionLimit,
+                                f"too many open audio sessions ({self.max_sessions}, --max-sessions)")
+        cap = self.max_owner_sessions
+        if owner is not None and cap is not None:
+            mine = [s for s in self.sessions.values() if s.owner == owner]
+            if len(mine) >= cap:
+                self._expire(now)
+                mine = [s for s in mine if s.id in self.sessions]
+            if len(mine) >= cap:
+                raise self._refusal(mine, now, SessionShareLimit,
+                                    f"this API key holds {len(mine)} of the {self.max_sessions} audio sessions, its "
+                                    "share while other keys may need them (--key-session-share)")
         session = LiveSession(options, self.residency, self.scheduler, self.tasks, config=self.live, pool=self.pool,
-                              expires=expires)
+                              expires=expires, owner=owner, clock=self.clock)
         self.sessions[session.id] = session
         self._tg.start_soon(session.pump, name=f"session {session.id}")
         return session
@@ -217,11 +237,32 @@ class SpeechService:
             self.expired += 1
 
     def _expire(self, now: float) -> None:
-        stale = [s for s in self.sessions.values() if s.expires and now - s.last_active > self.session_ttl_sec]
+        # Idle: its client sent nothing for the TTL and it has no work in hand (a client reading the text of
+        # audio still being transcribed is not idle). Websocket sessions too: a silent socket held a place forever.
+        ttl = self.session_ttl_sec
+        stale = [s for s in self.sessions.values() if s.expires and now - s.last_active > ttl and not s.busy]
         for s in stale:
-            s.cancel()
+            s.expire(f"session {s.id} expired: its client sent nothing for {ttl:g} s (--session-ttl), so its place "
+                     "was given up; open a new session to go on")
             self.sessions.pop(s.id, None)
             self.expired += 1
+
+    def _refusal(self, blocking: list[LiveSession], now: float, kind: type[SessionLimit],
+                 why: str) -> SessionLimit:
+        """The refusal for a new session while `blocking` hold the places it needs: when the first of them can
+        expire by itself (Retry-After), or that none can while they are in use. Raises nothing."""
+        ttl = self.session_ttl_sec
+        due = [s.last_active + ttl - now for s in blocking if s.expires and not s.busy]
+        if due:
+            wait = max(1, math.ceil(min(due)))
+            return kind(f"{why}; the soonest one of them can free its place by itself is in {wait} s, if its client "
+                        f"stays quiet (a session with nothing from its client for {ttl:g} s is dropped, "
+                        "--session-ttl); one finished, deleted or closed frees a place sooner", retry_after=wait)
+        # Each is transcribing (or never expires): none frees by itself before it has been quiet for the TTL.
+        wait = max(1, math.ceil(ttl))
+        return kind(f"{why}; every one is in use (its audio still being transcribed), so none can free its place by "
+                    f"itself before {ttl:g} s from now (--session-ttl); one finished, deleted or closed frees a "
+                    "place sooner", retry_after=wait)
 
     # ---- lifetime ----------------------------------------------------------------------------
     async def warm_up(self) -> float:
@@ -285,8 +326,8 @@ class SpeechService:
                     task_status.started()
                     while True:
                         await anyio.sleep(tick)
+                        self._expire(self.clock())
                         now = time.monotonic()
-                        self._expire(now)
                         self.residency.unload_if_due(now)
                         sch = self.scheduler
                         if self.idle_release.due(now, sch.in_flight, sch.counters.windows, sch.chat_active()):
@@ -310,6 +351,7 @@ class SpeechService:
         return {"model": r.name, "loaded": r.loaded is not None, "resident": r.resident,
                 "idle_unload_sec": r.idle_unload_sec, "loads": r.loads, "unloads": r.unloads,
                 "sessions_open": len(self.sessions), "max_sessions": self.max_sessions,
+                "max_sessions_per_key": self.max_owner_sessions, "session_ttl_s": self.session_ttl_sec,
                 "sessions_expired": self.expired, "idle_releases": self.idle_release.releases,
                 "session_windows_done": sum(s.windows_done for s in self.sessions.values()),
                 "session_lag_s_max": max((s.lag_seconds for s in self.sessions.values()), default=0.0),

@@ -6,12 +6,13 @@ guess after it is shown in place on a terminal."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import queue
 import sys
 import time
-from typing import Any
+from typing import Any, AsyncIterator, Callable
 
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command
@@ -62,9 +63,10 @@ def _dictate(args: argparse.Namespace) -> int:
             pcm = load_audio_file(path)
         except (OSError, AudioInputError) as exc:
             raise CLIError(str(exc)) from None
-        return anyio.run(_run, args, url, lambda s: _stream_file(s, pcm, SAMPLE_RATE, args.speed), SAMPLE_RATE)
+        return anyio.run(_run, args, url, lambda connect: _stream_file(connect, pcm, SAMPLE_RATE, args.speed),
+                         SAMPLE_RATE)
     sd = _sounddevice()
-    return anyio.run(_run, args, url, lambda s: _takes(s, sd), MIC_RATE)
+    return anyio.run(_run, args, url, lambda connect: _takes(connect, sd), MIC_RATE)
 
 
 def _sounddevice() -> Any:
@@ -79,11 +81,25 @@ def _sounddevice() -> Any:
     return sounddevice
 
 
-async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
+Connect = Callable[[], contextlib.AbstractAsyncContextManager[Any]]  # a configured DictateSession, its socket open
+
+
+async def _run(args: argparse.Namespace, url: str, feed: Callable[[Connect], Any], rate: int) -> int:
+    from service.cli.dictate_client import LiveLine
+
+    display = LiveLine(sys.stdout)
+    await feed(lambda: _connected(args, url, rate, display))
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def _connected(args: argparse.Namespace, url: str, rate: int, display: Any) -> AsyncIterator[Any]:
+    """A Realtime session on a new websocket, configured, its events handled until the block ends; then the
+    socket is closed. Raises CLIError (unreachable, refused, ended by the server), as one line."""
     import anyio
     import websockets
 
-    from service.cli.dictate_client import DictateSession, LiveLine
+    from service.cli.dictate_client import DictateSession
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     try:
@@ -92,7 +108,7 @@ async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
         raise _refused(args, url, headers, exc.response.status_code) from None
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         raise CLIError(f"cannot reach {args.server}: {exc}", code=1) from None
-    session = DictateSession(ws, LiveLine(sys.stdout))
+    session = DictateSession(ws, display)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_receive_until_closed, session, ws)
@@ -104,7 +120,7 @@ async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
                 raise CLIError(f"the server refused the session: {exc}", code=1) from None
             except TimeoutError:
                 raise CLIError("the server did not answer the session settings", code=1) from None
-            await feed(session)
+            yield session
             tg.cancel_scope.cancel()
     except BaseExceptionGroup as group:  # a task of the group failed: report its first cause as one line
         raise _one_error(group, session) from None
@@ -112,7 +128,6 @@ async def _run(args: argparse.Namespace, url: str, feed: Any, rate: int) -> int:
         raise _closed(exc, session) from None
     finally:
         await ws.close()
-    return 0
 
 
 async def _receive_until_closed(session: Any, ws: Any) -> None:
@@ -180,27 +195,29 @@ def _one_error(group: BaseExceptionGroup[Any], session: Any) -> BaseException:
     return group
 
 
-async def _stream_file(session: Any, pcm: Any, rate: int, speed: float) -> None:
+async def _stream_file(connect: Connect, pcm: Any, rate: int, speed: float) -> None:
     import anyio
 
     from service.cli.dictate_client import pcm16_chunks
 
-    start = time.perf_counter()
-    sent = 0
-    for chunk in pcm16_chunks(pcm, rate, CHUNK_MS):
-        await session.append(chunk)
-        sent += len(chunk) // 2
-        # a microphone delivers audio no faster than it is spoken (× speed)
-        await anyio.sleep(max(0.0, start + sent / rate / speed - time.perf_counter()))
-    end = time.perf_counter()
-    await session.finish_take()
+    async with connect() as session:
+        start = time.perf_counter()
+        sent = 0
+        for chunk in pcm16_chunks(pcm, rate, CHUNK_MS):
+            await session.append(chunk)
+            sent += len(chunk) // 2
+            # a microphone delivers audio no faster than it is spoken (× speed)
+            await anyio.sleep(max(0.0, start + sent / rate / speed - time.perf_counter()))
+        end = time.perf_counter()
+        await session.finish_take()
     first = "" if session.first_text_at is None else f"first text {session.first_text_at - start:.2f} s after the start; "
     print(f"\n{len(pcm) / rate:.1f} s of audio; {first}done {time.perf_counter() - end:.2f} s after the last chunk; "
           f"{session.spoken} utterance{'' if session.spoken == 1 else 's'}", file=sys.stderr)
 
 
-async def _takes(session: Any, sd: Any) -> None:
-    """Enter starts a take, Enter ends it; end of input (Ctrl-D) quits."""
+async def _takes(connect: Connect, sd: Any) -> None:
+    """Enter starts a take, Enter ends it; end of input (Ctrl-D) quits. Each take is a session of its own: a
+    socket left silent between takes holds one of the server's places and is closed after its --session-ttl."""
     import anyio
 
     chunks: queue.Queue[bytes] = queue.Queue()
@@ -208,6 +225,8 @@ async def _takes(session: Any, sd: Any) -> None:
     def captured(data: Any, frames: int, when: Any, status: Any) -> None:
         chunks.put(bytes(data))  # PortAudio's thread: hand the bytes over, nothing else
 
+    async with connect():  # the server, the key and the settings are checked before the first take
+        pass
     while True:
         print("Enter starts a take (Ctrl-D quits) ", end="", file=sys.stderr, flush=True)
         if not await anyio.to_thread.run_sync(sys.stdin.readline):
@@ -218,16 +237,17 @@ async def _takes(session: Any, sd: Any) -> None:
             await anyio.to_thread.run_sync(sys.stdin.readline)
             stop.set()
 
-        print("recording — Enter ends the take", file=sys.stderr, flush=True)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(until_enter)
-            with sd.RawInputStream(samplerate=MIC_RATE, channels=1, dtype="int16", blocksize=MIC_RATE * CHUNK_MS // 1000,
-                                   callback=captured):
-                while not stop.is_set():
-                    await _drain(chunks, session)
-                    await anyio.sleep(CHUNK_MS / 2000)  # poll the capture queue at twice the chunk rate
-            await _drain(chunks, session)
-        await session.finish_take()
+        async with connect() as session:
+            print("recording — Enter ends the take", file=sys.stderr, flush=True)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(until_enter)
+                with sd.RawInputStream(samplerate=MIC_RATE, channels=1, dtype="int16",
+                                       blocksize=MIC_RATE * CHUNK_MS // 1000, callback=captured):
+                    while not stop.is_set():
+                        await _drain(chunks, session)
+                        await anyio.sleep(CHUNK_MS / 2000)  # poll the capture queue at twice the chunk rate
+                await _drain(chunks, session)
+            await session.finish_take()
 
 
 async def _drain(chunks: "queue.Queue[bytes]", session: Any) -> None:

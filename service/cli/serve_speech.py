@@ -33,10 +33,14 @@ def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--whisper-resident", action="store_true", help="keep Whisper loaded")
     g.add_argument("--preload", action="store_true", help="load Whisper at startup")
     g.add_argument("--session-ttl", type=seconds, default=300.0, metavar="SEC",
-                   help="drop live sessions idle this long (websocket sessions live as long as their socket)")
+                   help="drop live sessions whose client sent nothing this long while none of their audio was "
+                        "being transcribed; websockets included (an error event, then a normal close)")
     g.add_argument("--no-vad", action="store_true",
                    help="requests that do not say get no VAD: Whisper hears silence too (default: only speech)")
     g.add_argument("--max-sessions", type=int, default=64, help="live sessions open at once (more get 429)")
+    g.add_argument("--key-session-share", type=finite, default=0.5, metavar="F",
+                   help="with two or more --api-key keys, one key may hold at most this share of --max-sessions "
+                        "(more get 429 session_share_reached while other keys still get in; 1: no cap)")
     g.add_argument("--max-session-seconds", type=seconds, default=3600.0, metavar="SEC",
                    help="audio one live session may receive")
     g.add_argument("--max-buffered-audio", type=seconds, default=1800.0, metavar="SEC",
@@ -78,6 +82,8 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
         raise CLIError("--whisper-min-step-ms must be in [0, 1000]")
     if min(args.max_session_seconds, args.max_buffered_audio, args.max_session_lag) <= 0:
         raise CLIError("--max-session-seconds, --max-buffered-audio and --max-session-lag must be > 0")
+    if not 0 < args.key_session_share <= 1:
+        raise CLIError("--key-session-share must be in (0, 1]")
     if not 0 < args.whisper_chat_share <= 10:
         raise CLIError("--whisper-chat-share must be in (0, 10]")
     if not args.whisper_catch_up > 0:
@@ -110,7 +116,8 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
         raise CLIError(f"--whisper-model: {exc}") from None
     SpeechConfig(model=spec, idle_unload_sec=args.whisper_idle_unload, resident=args.whisper_resident,
                  preload=args.preload, session_ttl_sec=args.session_ttl, transcription_only=only,
-                 vad=not args.no_vad, max_sessions=args.max_sessions, max_session_sec=args.max_session_seconds,
+                 vad=not args.no_vad, max_sessions=args.max_sessions, key_session_share=args.key_session_share,
+                 max_session_sec=args.max_session_seconds,
                  max_buffered_sec=args.max_buffered_audio, max_lag_sec=args.max_session_lag,
                  step_positions=args.whisper_step_positions, step_tokens=args.whisper_step_tokens,
                  chat_share=args.whisper_chat_share, catch_up_sec=args.whisper_catch_up,

@@ -16,6 +16,8 @@ object, an unknown type, bad base64, an odd byte count, over the size limit, a r
 sessions' buffer, the session's length) is an error event too, never a silent drop. When the socket closes
 the session is cancelled: its queued Whisper work leaves before the next step. A server drain takes no more
 audio, sends the text of what came within the shutdown timeout, then an `error` (shutting_down) and close 1001.
+A socket whose client sends nothing for the session TTL (--session-ttl) while none of its audio is being
+transcribed gives its place up as an idle HTTP session does: an `error` (session_expired), then close 1000.
 
 Replies go out in the order the client's events were handled: a reply (an error, `session.updated`) is queued
 in the session's event log behind the events of the commits and clears before it (LiveSession.mark), and one
@@ -35,11 +37,12 @@ from typing import Any, Literal
 import anyio
 from litestar import WebSocket
 
-from audio.errors import AudioError, SessionNotFound
+from audio.errors import AudioError, SessionExpired, SessionNotFound
 from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from engine.errors import EngineRestarting
+from service.http.auth import client_key
 from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event, unavailable
 from service.http.guard import FRAME_REFUSED
 from service.http.json_body import json_depth
@@ -82,13 +85,16 @@ class LiveSocket:
         self._writer_done = False  # the log's writer has ended: replies go out directly
         self._stopping = False  # the server drains: nothing more is taken
         self._ended = anyio.Event()  # the socket was closed (by us)
+        self._took_audio = False  # the message being handled gave the session audio
 
     # ---- lifetime -----------------------------------------------------------------------------
     async def run(self) -> None:
         """Open the session, then read frames and write events until the client leaves. Raises nothing
         the client can cause."""
         try:
-            self.session = self.speech.create_session(self._options(self.config), expires=False)
+            # Reaped once idle for the session TTL, as HTTP sessions are: every client message and every decode
+            # counts as activity, so only a client that sends nothing while nothing is being transcribed is idle.
+            self.session = self.speech.create_session(self._options(self.config), owner=client_key(self.socket))
         except Exception as exc:
             err = _as_api_error(exc)
             await self._send_error(err)
@@ -138,6 +144,7 @@ class LiveSocket:
                 return
             data, text = message.get("bytes"), message.get("text")
             self._event_id = None
+            self._took_audio = False
             try:
                 if isinstance(refused := message.get(FRAME_REFUSED), APIError):  # over the guard's limit, dropped
                     raise refused
@@ -151,6 +158,14 @@ class LiveSocket:
                 raise
             except Exception as exc:
                 await self._send_error(_as_api_error(exc))
+            if not self._took_audio:  # audio taken restarted the session's idle clock already
+                self._touch()
+
+    def _touch(self) -> None:
+        """The client sent a message: its session is not idle. Raises nothing."""
+        assert self.session is not None
+        with contextlib.suppress(SessionNotFound, EngineRestarting):  # --isolate: gone with its engine process
+            self.session.touch()
 
     def _frame(self, data: bytes) -> None:
         if self.mode == "undecided":
@@ -164,6 +179,7 @@ class LiveSocket:
             self.session.append(data, fmt)
         except AudioError as exc:  # the PCM checks name an HTTP body; here the audio is the event's `audio`, or
             raise api_error(exc, params={"body": "audio"}) from None  # a binary frame's (no body on a socket)
+        self._took_audio = True
         # Counted as it is taken (refused audio raised above): /metrics shows live audio while sessions run.
         if (metrics := self.state.metrics) is not None:
             metrics.observe_live_audio(len(data) / (fmt.rate * fmt.sample_bytes * max(1, fmt.channels)))
@@ -297,6 +313,12 @@ class LiveSocket:
         if self._stopping and self.mode == "realtime":  # the server drains: the transcript above was the last
             await self._send_error(_shutting_down(), reply=False)
             await self._close(1001)
+        elif (why := _expired(session)) is not None:
+            # Idle for the session TTL, its place given up: the client is told why and the socket closes
+            # normally; the reader stops too (a client that never answers the close holds nothing).
+            await self._send_error(api_error(SessionExpired(why)), reply=False)
+            await self._close(1000)
+            scope.cancel()
         elif session.error is not None and self.mode == "realtime":
             await self._send_error(api_error(session.error) if _typed(session.error) else
                                    APIError(500, f"transcription failed: {session.error}", type="server_error"),
@@ -382,6 +404,13 @@ def _base64_audio(audio: Any) -> bytes:
 
 def _shutting_down() -> APIError:
     return unavailable("The server is shutting down.", code="shutting_down")
+
+
+def _expired(session: LiveSession) -> str | None:
+    """Why the speech service dropped `session` for idleness (None: it did not). Raises nothing."""
+    with contextlib.suppress(SessionNotFound, EngineRestarting):  # --isolate: gone with its engine process
+        return session.expired
+    return None
 
 
 def _typed(exc: BaseException) -> bool:

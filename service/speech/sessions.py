@@ -42,8 +42,9 @@ async def create_session(request: Request[Any, Any, Any], data: SessionCreateReq
     options = transcribe_options(speech, language=data.language, task=data.task, prompt=prompt or None,
                                  temperatures=TranscribeOptions.ladder(data.temperature), vad=data.vad,
                                  vad_min_speech_ms=data.vad_min_speech_ms, vad_min_silence_ms=data.vad_min_silence_ms)
-    session = speech.create_session(options)
-    state.session_owners[session] = client_key(request) or ""
+    owner = client_key(request)
+    session = speech.create_session(options, owner=owner)  # with keys, each key holds its share at most
+    state.session_owners[session] = owner or ""
     return SessionCreated(id=session.id, model=speech.model_name)
 
 

@@ -20,7 +20,7 @@ from service.config import ServiceConfig
 from service.engines import open_tasks_engine
 from service.state import AppState
 
-__all__ = ["SpeechConfig", "speech_config", "speech_lifespan", "install_speech", "CONFIG_KEY"]
+__all__ = ["SpeechConfig", "speech_config", "speech_lifespan", "install_speech", "key_session_cap", "CONFIG_KEY"]
 
 CONFIG_KEY = "speech"
 
@@ -38,6 +38,8 @@ class SpeechConfig:
     preload: bool = False
     session_ttl_sec: float = 300.0
     max_sessions: int = 64
+    # With two or more API keys, one key holds at most this share of max_sessions (1: no cap).
+    key_session_share: float = 0.5
     # `tandem serve some-whisper-model`: no chat model is loaded at all.
     transcription_only: bool = False
     vad: bool = True  # the default for requests that do not say
@@ -60,6 +62,15 @@ def speech_config(config: ServiceConfig) -> SpeechConfig | None:
     """The speech options in `config`, or None when speech is off. Raises TypeError for unknown keys."""
     raw = config.extra.get(CONFIG_KEY)
     return None if raw is None else SpeechConfig(**raw)
+
+
+def key_session_cap(options: SpeechConfig, keys: int) -> int | None:
+    """The most live sessions one API key may hold: its share of max_sessions (at least 1) once two or more keys
+    are configured, so one client cannot take every place while another waits; None (no cap) with fewer keys,
+    where there is no other client to keep places for, or a share of 1. Raises nothing."""
+    if keys < 2 or options.key_session_share >= 1:
+        return None
+    return max(1, int(options.max_sessions * options.key_session_share))
 
 
 @contextlib.asynccontextmanager
@@ -85,7 +96,8 @@ async def speech_lifespan(state: AppState) -> AsyncIterator[None]:
                                      resident=options.resident, session_ttl_sec=options.session_ttl_sec,
                                      max_sessions=options.max_sessions, budget=budget, live=live,
                                      max_buffered_sec=options.max_buffered_sec, pace=state.engine.chat_pace,
-                                     vad=options.vad, turn=getattr(state.engine, "chat_turn", None))
+                                     vad=options.vad, turn=getattr(state.engine, "chat_turn", None),
+                                     max_owner_sessions=key_session_cap(options, len(state.config.api_keys)))
     aliases = {a for a in (options.model, str(speech.residency.path)) if a}
     if options.model is None or options.model in DEMO_ALIASES:
         aliases |= DEMO_ALIASES

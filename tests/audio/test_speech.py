@@ -184,7 +184,8 @@ async def test_sessions_are_refused_never_evicted_and_idle_ones_expire(tiny_whis
             with pytest.raises(SessionNotFound):
                 speech.get_session(b.id)
             c = speech.create_session(speech.options())
-            # only a session idle past its TTL makes room
+            # only a session idle past its TTL makes room (idle: its audio through, nothing in hand)
+            await a.caught_up()
             a.last_active -= 61
             speech._expire(c.last_active + 1)
             with pytest.raises(SessionNotFound):

@@ -1,5 +1,6 @@
 """service/cli/dictate_client.py: the server URL, PCM chunks, and the live display — committed text written
-once, the tentative guess rewritten in place on a terminal and left out of a pipe."""
+once, the tentative guess rewritten in place on a terminal and left out of a pipe; `tandem dictate`'s arguments,
+its summary, and microphone takes each in a session of its own."""
 
 from __future__ import annotations
 
@@ -168,3 +169,50 @@ async def test_an_error_repeated_for_every_append_is_written_once() -> None:
     await session.receive(messages())
     assert log.getvalue().count("shutting_down") == 2 and log.getvalue().count("invalid_value") == 1
     assert len(session.errors) == 5
+
+
+class _Microphone:
+    """sounddevice as `_takes` uses it: a stream that captures one chunk as it opens."""
+
+    class RawInputStream:
+        def __init__(self, callback: Any, **kwargs: Any) -> None:
+            self.callback = callback
+
+        def __enter__(self) -> None:
+            self.callback(b"\x01\x00" * 2400, 2400, None, None)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+
+def test_each_microphone_take_is_a_session_of_its_own(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # One socket left silent between takes held a server place and was closed after the server's --session-ttl.
+    from service.cli import dictate
+
+    connections: list[list[str]] = []
+
+    async def handler(ws: Any) -> None:
+        seen: list[str] = []
+        connections.append(seen)
+        async for message in ws:
+            kind = json.loads(message)["type"]
+            seen.append(kind)
+            if kind == "session.update":
+                await ws.send(json.dumps({"type": "session.updated", "session": {}}))
+            elif kind == "input_audio_buffer.commit":
+                await ws.send(json.dumps({"type": "input_audio_buffer.committed", "item_id": "item_0",
+                                          "client_event_id": FINAL_COMMIT}))
+                await ws.send(json.dumps({"type": "conversation.item.input_audio_transcription.delta",
+                                          "item_id": "item_0", "delta": "Hello."}))
+                await ws.send(json.dumps({"type": "conversation.item.input_audio_transcription.completed",
+                                          "item_id": "item_0", "transcript": "Hello."}))
+
+    monkeypatch.setattr(dictate, "_sounddevice", lambda: _Microphone)
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n\n\n\n"))  # two takes (Enter, Enter each), then end of input
+    with _Server(handler) as server:
+        assert main(["dictate", "--server", server]) == 0
+    # the first connection checks the server and the settings; then one per take, closed when it is done
+    assert connections[0] == ["session.update"]
+    assert connections[1:] == [["session.update", "input_audio_buffer.append", "input_audio_buffer.commit"]] * 2
+    assert capsys.readouterr().out.count("Hello.") == 2

@@ -206,7 +206,7 @@ def test_speech_flags_become_the_speech_config(tmp_path: Path) -> None:
         "serve", "--whisper-model", str(whisper), "--no-vad", "--max-sessions", "7", "--max-session-seconds", "60",
         "--max-buffered-audio", "300", "--max-session-lag", "20", "--whisper-step-positions", "128",
         "--whisper-step-tokens", "2", "--whisper-chat-share", "0.5", "--whisper-min-step-ms", "8",
-        "--whisper-catch-up", "2.5", "--live-context", "whole"])
+        "--whisper-catch-up", "2.5", "--live-context", "whole", "--key-session-share", "0.25"])
     config = serve_config(args)
     configure_serve_speech(args, config)
     speech = speech_config(config)
@@ -214,6 +214,7 @@ def test_speech_flags_become_the_speech_config(tmp_path: Path) -> None:
     assert (speech.max_session_sec, speech.max_buffered_sec, speech.max_lag_sec) == (60, 300, 20)
     assert (speech.step_positions, speech.step_tokens, speech.chat_share) == (128, 2, 0.5)
     assert speech.min_step_ms == 8 and speech.catch_up_sec == 2.5 and speech.live_context == "whole"
+    assert speech.key_session_share == 0.25
 
 
 def test_speech_flags_that_cannot_work_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
@@ -224,6 +225,9 @@ def test_speech_flags_that_cannot_work_are_refused(capsys: pytest.CaptureFixture
     assert main(["serve", "--whisper-min-step-ms", "-1"]) != 0
     assert "--whisper-min-step-ms" in capsys.readouterr().err
     assert main(["serve", "--max-session-lag", "0"]) != 0
+    for share in ("0", "1.5"):
+        assert main(["serve", "--key-session-share", share]) != 0
+        assert "--key-session-share must be in (0, 1]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flags, words", [

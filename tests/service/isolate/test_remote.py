@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import pytest
 from litestar.testing import TestClient
 
-from audio.errors import InvalidOption, SessionLimit
+from audio.errors import InvalidOption, SessionExpired, SessionLimit, SessionShareLimit
 from engine.errors import ContextTooLong, EngineRestarting, MemoryAdmission
 from service.app import create_app
 from service.config import ServiceConfig
@@ -61,6 +61,8 @@ def test_log_probabilities_cross_the_process_boundary(isolated: TestClient[Any])
                                    MemoryAdmission("no room", code="context_over_budget", param="max_tokens"),
                                    EngineRestarting("later", retry_after=7),
                                    SessionLimit("too many sessions", code="session_limit"),
+                                   SessionShareLimit("this key holds its share", retry_after=37),
+                                   SessionExpired("idle for the TTL"),
                                    InvalidOption("bad language", param="language", code="invalid_value")])
 def test_engine_errors_cross_the_process_boundary_with_their_type(error: Exception) -> None:
     again = ErrorInfo.of(error).exception()

@@ -1,7 +1,7 @@
 """The live websockets over a tiny random-init Whisper: OpenAI's Realtime transcription grammar on /v1/realtime
 and /v1/audio/live, session updates honoured or refused naming the field, bad frames answered with error
-events while the audio is kept, the binary-frame mode, caps as error events, and sessions gone with their
-socket."""
+events while the audio is kept, the binary-frame mode, caps as error events, sessions gone with their
+socket, and silent sockets giving their place up after the session TTL."""
 
 from __future__ import annotations
 
@@ -413,18 +413,31 @@ def test_binary_frames_bad_text_and_a_late_transcript(client: TestClient[Any]) -
     assert events[-1]["received_seconds"] == pytest.approx(1.0)  # the audio before the bad frames was kept
 
 
-def test_a_full_house_is_refused_never_evicted(client: TestClient[Any], state: AppState) -> None:
+def test_a_full_house_is_refused_never_evicted(client: TestClient[Any], state: AppState,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     speech = state.speech
     assert speech is not None
+    monkeypatch.setattr(speech, "clock", lambda: 1000.0)  # time stands still: the sessions opened at 1000
     with contextlib.ExitStack() as stack:
         for _ in range(3):
             stack.enter_context(client.websocket_connect("/v1/realtime?intent=transcription")).receive_json(timeout=30)
+        client.blocking_portal.call(_caught_up, speech)
         with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
             event = ws.receive_json(timeout=30)
+            with pytest.raises(WebSocketDisconnect) as closed:
+                ws.receive_json(timeout=30)
         assert event["type"] == "error" and event["error"]["code"] == "session_unavailable"
+        assert "300 s" in event["error"]["message"] and closed.value.code == 1013
+        # Retry-After is when the first of them can expire (--session-ttl 300 s), not a fixed 5 s
         r = client.post("/v1/audio/sessions", json={})
-        assert r.status_code == 429 and r.headers["retry-after"] == "5"
+        assert r.status_code == 429 and r.headers["retry-after"] == "300", r.headers
+        assert "--session-ttl" in r.json()["error"]["message"]
         assert len(speech.sessions) == 3  # nobody was evicted
+
+
+async def _caught_up(speech: Any) -> None:
+    for session in list(speech.sessions.values()):
+        await session.caught_up()
 
 
 def test_a_live_config_reaches_the_sessions(state: AppState) -> None:
@@ -486,3 +499,78 @@ def test_live_audio_is_counted_in_the_audio_seconds(client: TestClient[Any], sta
         ws.send_text(json.dumps({"type": "finish"}))
         until(ws, "transcript.done")
     assert _audio_seconds(state) - realtime == pytest.approx(0.5, abs=1e-6)
+
+
+class Clock:
+    """Monotonic seconds the test moves by hand (the speech service's and its sessions' idle clock)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def idle_house(whisper_dir: Path) -> Iterator[tuple[TestClient[Any], AppState, Clock]]:
+    """One place, a TTL of 60 s, and a clock the test moves; expiry is run by hand on the app's loop."""
+    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True, max_sessions=1,
+                                                    session_ttl_sec=60))
+    clock = Clock()
+    with TestClient(create_app(state)) as c:
+        assert state.speech is not None
+        state.speech.clock = clock  # type: ignore[attr-defined]  # sessions opened from now on use it
+        yield c, state, clock
+
+
+def _expire(client: TestClient[Any], state: AppState) -> None:
+    speech = state.speech
+    assert speech is not None
+
+    async def run() -> None:  # on the app's loop: its sessions' events belong there
+        speech._expire(speech.clock())  # type: ignore[attr-defined]
+
+    client.blocking_portal.call(run)
+
+
+@pytest.mark.parametrize("path", ["/v1/realtime?intent=transcription", "/v1/audio/live"])
+def test_a_silent_socket_gives_its_place_up_after_the_session_ttl(idle_house: tuple[TestClient[Any], AppState, Clock],
+                                                                 path: str) -> None:
+    # A socket that sent nothing held its place for as long as it stayed open: 64 of them locked every client out.
+    client, state, clock = idle_house
+    with client.websocket_connect(path) as ws:
+        ws.receive_json(timeout=30)  # created
+        clock.now += 59
+        _expire(client, state)
+        ws.send_text('{"type": "bogus"}')  # any message says the client is there, even one refused
+        assert until(ws, "error")[-1]["error"]["code"] == "unknown_event"
+        clock.now += 59  # 118 s since it opened, 59 since its last message
+        _expire(client, state)
+        assert state.speech is not None and len(state.speech.sessions) == 1
+        clock.now += 2
+        _expire(client, state)
+        event = ws.receive_json(timeout=30)
+        assert event["type"] == "error" and event["error"]["code"] == "session_expired"
+        assert "--session-ttl" in event["error"]["message"] and "60 s" in event["error"]["message"]
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json(timeout=30)
+    assert closed.value.code == 1000  # a normal close: nothing went wrong
+    assert not state.speech.sessions
+    with client.websocket_connect(path) as ws:  # its place is free again
+        assert ws.receive_json(timeout=30)["type"] in ("session.created", "transcription_session.created")
+
+
+def test_a_socket_sending_audio_is_not_idle(idle_house: tuple[TestClient[Any], AppState, Clock]) -> None:
+    client, state, clock = idle_house
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        manual_turns(ws)
+        clock.now += 59
+        append(ws, voiced(0.5))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        until(ws, "conversation.item.input_audio_transcription.completed")
+        client.blocking_portal.call(_caught_up, state.speech)
+        clock.now += 59
+        _expire(client, state)
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {}}))
+        assert until(ws, "transcription_session.updated")[-1]["type"] == "transcription_session.updated"
+    assert state.speech is not None and state.speech.expired == 0  # type: ignore[attr-defined]
