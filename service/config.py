@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from engine.pacing import DECODE_BURST, STALL
 from service.limits import Limits
 
-__all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "split_list"]
+__all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "base_url", "split_list"]
 
 CONFIG_ENV = "TANDEM_SERVE_CONFIG"
 # API keys, comma-separated (read by `tandem serve` and by the worker; --api-key adds to them).
@@ -34,6 +34,13 @@ _OVERRIDES: dict[str, tuple[str, type]] = {
     "TANDEM_LOG_LEVEL": ("log_level", str),
     "TANDEM_MAX_QUEUED": ("max_queued", int),
 }
+
+
+def base_url(host: str, port: int) -> str:
+    """http://host:port, an IPv6 literal in brackets (RFC 3986: unbracketed, its colons read as the port's); a
+    host already in brackets is kept as it is. Raises nothing."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return f"http://[{bare}]:{port}" if ":" in bare else f"http://{bare}:{port}"
 
 
 def split_list(values: str | list[str] | None) -> list[str]:

@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import resource
 
-from service.config import CONFIG_ENV, ServiceConfig
+from service.config import CONFIG_ENV, ServiceConfig, base_url
 from service.limits import Limits
 from service.process.cleanup import remove_interrupted_conversions
 from service.process.parent import PARENT_PID_ENV
@@ -78,8 +78,8 @@ def serve(config: ServiceConfig) -> int:
     # A fresh interpreter for the worker: MLX and BLAS thread pools must not be inherited through fork.
     multiprocessing.set_start_method("spawn", force=True)
     # "Starting": the worker loads the model after this (503 meanwhile); a failed load must not read as served.
-    _log.info("starting on http://%s:%d/v1 (granian, ASGI, 1 worker, up to %d connections; ready once the model "
-              "loads)", config.host, config.port, connections)
+    _log.info("starting on %s/v1 (granian, ASGI, 1 worker, up to %d connections; ready once the model "
+              "loads)", base_url(config.host, config.port), connections)
     server = SupervisedGranian(
         APP_FACTORY,
         address=config.host,

@@ -266,8 +266,11 @@ def calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
             calls = "\n".join(
+                # Arguments as the object they encode (as the tool prompt asks for), not a JSON string of JSON;
+                # a string that is not JSON stays as it is.
                 "<tool_call>\n" + json.dumps({"name": call["function"]["name"],
-                                              "arguments": call["function"]["arguments"]}, ensure_ascii=False)
+                                              "arguments": _arguments(call["function"]["arguments"])},
+                                             ensure_ascii=False)
                 + "\n</tool_call>" for call in message["tool_calls"])
             content = f"{message['content']}\n{calls}" if message["content"] else calls
             out.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": content})

@@ -16,7 +16,7 @@ from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, s
 from service.cli.resolve import resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
-from service.config import ServiceConfig
+from service.config import ServiceConfig, base_url
 from service.process.port_lock import PortBusy, PortLock, lock_port
 
 __all__ = ["add_serve", "serve_config"]
@@ -153,7 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not logging.getLogger("tandem.service").isEnabledFor(logging.INFO):
         # The info line that names the address is not shown at this level; the address always is. "Starting":
         # the model loads after this, and a load that fails must not follow a claim that the server is serving.
-        print(f"tandem serve: starting on http://{config.host}:{config.port}/v1 (ready once the model loads)",
+        print(f"tandem serve: starting on {base_url(config.host, config.port)}/v1 (ready once the model loads)",
               file=sys.stderr, flush=True)
     if source is not None:
         _log.info("model %s (%s: %s)", source.name, source.kind, source.path)

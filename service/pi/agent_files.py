@@ -37,15 +37,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_json(path: Path, data: dict[str, Any], *, private: bool = False) -> None:
+    # `private`: the file may hold API keys, so it is the user's alone (0600) from its first byte on.
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tandem-tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o666)
+    with os.fdopen(fd, "w") as file:
+        if private:
+            os.fchmod(file.fileno(), 0o600)  # a temp file left by an earlier crash keeps its old mode otherwise
+        file.write(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)  # atomic: pi never reads a half-written file
 
 
 def merge_provider(directory: Path, name: str, entry: dict[str, Any]) -> Path:
-    """Set providers[name] in directory/models.json, keeping every other provider and key.
+    """Set providers[name] in directory/models.json, keeping every other provider and key; the file is written
+    0600 (it holds API keys).
 
     Raises ValueError when the existing file is not a JSON object, OSError when it cannot be written."""
     path = directory / "models.json"
@@ -56,7 +62,7 @@ def merge_provider(directory: Path, name: str, entry: dict[str, Any]) -> Path:
     if not isinstance(providers, dict):
         raise ValueError(f"{path}: 'providers' is not an object; it is left untouched")
     providers[name] = entry
-    _write_json(path, data)
+    _write_json(path, data, private=True)
     return path
 
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from service.config import API_KEY_ENV, split_list
+from service.config import API_KEY_ENV, base_url, split_list
 from service.pi.agent_files import agent_dir, fit_compaction, merge_provider
 from service.pi.provider import PROVIDER_NAME, provider_entry
 
@@ -113,15 +113,26 @@ def find_pi(environ: dict[str, str] | None = None) -> str | None:
 # ---------------------------------------------------------------- `tandem pi`
 
 
+_OPTIONS = ("--host", "--port", "--serve-model", "--api-key")
+
+
 def split_args(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """Our leading options (--host, --port, --serve-model, --api-key), then pi's arguments (after an
-    optional --). Raises ValueError for an option without its value."""
+    """Our leading options (--host, --port, --serve-model, --api-key; `--opt value` or `--opt=value`), then pi's
+    arguments (after an optional --). Raises ValueError for an option without its value."""
     ours: dict[str, str] = {}
     args = list(argv)
-    while args and args[0] in ("--host", "--port", "--serve-model", "--api-key"):
+    while args:
+        option, equals, value = args[0].partition("=")
+        if option not in _OPTIONS:
+            break
+        if equals:
+            # `--port=N` is ours too: passed on to pi, it would leave our server on the default port.
+            ours[option[2:]] = value
+            args = args[1:]
+            continue
         if len(args) < 2:
             raise ValueError(f"{args[0]} needs a value")
-        ours[args[0][2:]] = args[1]
+        ours[option[2:]] = args[1]
         args = args[2:]
     if args[:1] == ["--"]:
         args = args[1:]
@@ -163,11 +174,24 @@ def pi_command(
     keys = split_list(ours.get("api-key")) or split_list(env.get(API_KEY_ENV))
     key = keys[0] if keys else None
     host = ours.get("host", "127.0.0.1")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # brackets belong in URLs; `tandem serve --host` takes the bare address
     pi = find_pi(env)
     if pi is None:
-        print(f"tandem pi: pi is not installed; install it with: {INSTALL_HINT}", file=sys.stderr)
+        if explicit := env.get("TANDEM_PI_BIN"):
+            # The user chose this path: the fix is there, not in installing pi again.
+            print(f"tandem pi: TANDEM_PI_BIN is {explicit!r}, which does not exist", file=sys.stderr)
+        else:
+            print(f"tandem pi: pi is not installed; install it with: {INSTALL_HINT}", file=sys.stderr)
         return 127
-    base = f"http://{host}:{port}"
+    base = base_url(host, port)
+    try:
+        import httpx
+
+        httpx.URL(f"{base}/health")  # a bad --host fails here, as an error to the user, not a traceback later
+    except httpx.InvalidURL as exc:
+        print(f"tandem pi: --host {host!r} gives no valid URL ({exc})", file=sys.stderr)
+        return 2
     log_path = Path(env.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mlx-tandem" / f"serve-{port}.log"
     process = None
     try:

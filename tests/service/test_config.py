@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.config import CONFIG_ENV, ServiceConfig
+from service.config import CONFIG_ENV, ServiceConfig, base_url
 
 
 def test_round_trip_through_the_environment() -> None:
@@ -29,3 +29,13 @@ def test_single_variables_configure_an_app_started_without_the_cli() -> None:
 def test_malformed_values_raise_value_error(env: dict[str, str]) -> None:
     with pytest.raises(ValueError):
         ServiceConfig.from_env(env)
+
+
+@pytest.mark.parametrize(("host", "url"), [
+    ("127.0.0.1", "http://127.0.0.1:8080"),
+    ("localhost", "http://localhost:8080"),
+    ("::1", "http://[::1]:8080"),  # unbracketed, "::1:8080" reads as a port and httpx refuses the URL
+    ("[::1]", "http://[::1]:8080"),
+])
+def test_base_url_brackets_an_ipv6_host(host: str, url: str) -> None:
+    assert base_url(host, 8080) == url

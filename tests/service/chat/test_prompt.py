@@ -10,6 +10,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from service.chat.prompt import (
     MessageError,
+    calls_as_text,
     named_roles,
     render_text,
     results_in_call_order,
@@ -135,3 +136,19 @@ class Jinja:
 def test_named_roles_are_the_ones_the_template_writes(template: str, roles: set[str]) -> None:
     assert named_roles(Jinja(template)) == roles
     assert named_roles(NoTemplate()) == frozenset()
+
+
+def _call_text(arguments: Any) -> str:
+    message = {"role": "assistant", "content": None,
+               "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": arguments}}]}
+    return calls_as_text([message])[0]["content"]
+
+
+@pytest.mark.parametrize("arguments", ['{"path": "README.md"}', {"path": "README.md"}])
+def test_a_past_call_is_written_with_its_arguments_as_an_object(arguments: Any) -> None:
+    # As the tool prompt asks the model to write it: `"arguments": <arguments-json-object>`, not a JSON string.
+    assert _call_text(arguments) == '<tool_call>\n{"name": "read", "arguments": {"path": "README.md"}}\n</tool_call>'
+
+
+def test_a_past_call_whose_arguments_are_not_json_keeps_them_as_a_string() -> None:
+    assert _call_text("{not json") == '<tool_call>\n{"name": "read", "arguments": "{not json"}\n</tool_call>'

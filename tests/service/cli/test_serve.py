@@ -54,6 +54,15 @@ def test_the_address_is_announced_as_starting_not_serving(tiny_llm_dir: Path, no
     assert f"starting on http://127.0.0.1:{port}/v1" in err and "serving on" not in err, err
 
 
+def test_an_ipv6_address_is_announced_in_brackets(tiny_llm_dir: Path, no_server: None,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # "http://::1:PORT/v1" is no URL: copied into a client, it fails as an invalid port.
+    port = _free_port()
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--host", "::1", "--port", str(port),
+                 "--log-level", "warning"]) == 0
+    assert f"starting on http://[::1]:{port}/v1" in capsys.readouterr().err
+
+
 def test_a_broken_weights_file_is_one_line_before_any_worker(tiny_llm_dir: Path, no_server: None, tmp_path: Path,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     # An empty model.safetensors started a worker that failed with "[read] Unable to read 8 bytes from file."

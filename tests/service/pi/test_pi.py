@@ -183,3 +183,60 @@ def test_pi_command_keeps_an_explicit_model_choice(tmp_path: Path, stub_server: 
 def test_bad_arguments_are_reported(capsys: pytest.CaptureFixture[str]):
     assert command.pi_command(["--port"], environ={}, exec_fn=_never) == 2
     assert command.pi_command(["--port", "abc"], environ={}, exec_fn=_never) == 2
+
+
+def test_options_take_their_value_after_an_equals_sign_too():
+    # `--port=N` was passed on to pi: a second server started on the default port and pi refused the option.
+    ours, rest = command.split_args(["--port=9", "--api-key=k=v", "--host=::1", "--serve-model=m", "-p", "--port=1"])
+    assert ours == {"port": "9", "api-key": "k=v", "host": "::1", "serve-model": "m"}
+    assert rest == ["-p", "--port=1"]
+
+
+def test_a_bad_port_after_an_equals_sign_is_reported(capsys: pytest.CaptureFixture[str]):
+    assert command.pi_command(["--port=abc"], environ={}, exec_fn=_never) == 2
+    assert "--port must be a number" in capsys.readouterr().err
+
+
+def _fake_pi(tmp_path: Path) -> dict[str, str]:
+    fake_pi = tmp_path / "pi"
+    fake_pi.write_text("#!/bin/sh\n")
+    return {"TANDEM_PI_BIN": str(fake_pi), "PI_CODING_AGENT_DIR": str(tmp_path / "agent"), "PATH": ""}
+
+
+@pytest.mark.parametrize("host", ["::1", "[::1]"])
+def test_an_ipv6_host_is_bracketed_in_the_servers_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host: str):
+    urls: list[str] = []
+    doc = {"providers": {"mlx-tandem": {"baseUrl": "x", "models": [{"id": "m", "contextWindow": 65536}]}}}
+
+    def get_json(url: str, timeout: float = 2.0, key: str | None = None) -> tuple[int, Any]:
+        urls.append(url)
+        return 200, doc
+
+    monkeypatch.setattr(command, "_get_json", get_json)
+    assert command.pi_command(["--host", host, "--port", "9"], environ=_fake_pi(tmp_path),
+                              exec_fn=lambda *_: None) == 0
+    assert urls and all(url.startswith("http://[::1]:9/") for url in urls), urls
+
+
+def test_a_host_that_makes_no_url_is_an_error_not_a_traceback(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    assert command.pi_command(["--host", "no:such:host", "--port", "9"], environ=_fake_pi(tmp_path),
+                              exec_fn=_never) == 2
+    assert "--host 'no:such:host' gives no valid URL" in capsys.readouterr().err
+
+
+def test_a_missing_tandem_pi_bin_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    env = {"TANDEM_PI_BIN": str(tmp_path / "nowhere" / "pi"), "PATH": ""}
+    assert command.pi_command(["-p", "hi"], environ=env, exec_fn=_never) == 127
+    err = capsys.readouterr().err
+    assert f"TANDEM_PI_BIN is '{tmp_path / 'nowhere' / 'pi'}'" in err and command.INSTALL_HINT not in err
+
+
+def test_models_json_is_the_users_alone(tmp_path: Path):
+    # It holds the API key: world-readable under the default umask it leaked.
+    (tmp_path / "models.json").write_text("{}")
+    (tmp_path / "models.json").chmod(0o644)
+    (tmp_path / "models.json.tandem-tmp").write_text("left by a crash")
+    (tmp_path / "models.json.tandem-tmp").chmod(0o644)
+    path = agent_files.merge_provider(tmp_path, "mlx-tandem", {"apiKey": "secret"})
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert json.loads(path.read_text())["providers"]["mlx-tandem"] == {"apiKey": "secret"}
