@@ -4,7 +4,8 @@ decoded among all others in flight (audio/scheduler.py), and the result advances
 The decision logic is transcribe()'s own — temperature fallback, no-speech skip, segments between timestamp
 pairs, seeking to the last complete segment, conditioning on previous text — plus two changes: segment
 times are clamped to the window's audio, and times are mapped through a Timeline when Whisper sees only
-the speech pieces. Not ported: beam search (mlx-whisper has none) and hallucination_silence_threshold.
+the speech pieces. Not ported: beam search (mlx-whisper has none) and hallucination_silence_threshold; of the
+latter only its anomaly score, for the one window that word timestamps add before silence (see step).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from audio.window import WindowRequest, WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
 from audio.whisper import LoadedWhisper
+from audio.word_timing import hallucinated_tail, nest
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -81,6 +83,9 @@ class WindowedTranscription:
         self.all_tokens: list[int] = list(prompt_tokens)
         self.prompt_reset_since = 0
         self.last_speech_timestamp = 0.0
+        # The seek went to an aligned word's end before the window's last timestamp: the next window starts inside
+        # the text already written (word timestamps only; see step).
+        self.inside_text = False
         self.windows = 0
         self.mel_ceiling: float | None = None  # the whole signal's log-mel peak, where it is known (a file)
         # Every conditioned window gets the client's prompt, also after a reset (a live session: see request).
@@ -134,6 +139,7 @@ class WindowedTranscription:
     def skip(self, segment_frames: int) -> None:
         """Advance past a window without decoding it. Raises nothing."""
         self.seek += segment_frames
+        self.inside_text = False
 
     def request(self, audio: np.ndarray, frames: int, *, prefix: list[int] | tuple[int, ...] = (),
                 conditioned: bool = True, tokens_per_second: float | None = None,
@@ -201,6 +207,7 @@ class WindowedTranscription:
             result = await scheduler.decode(self.loaded, self.request(audio, frames))
         self.adopt(result)
         self.windows += 1
+        started_inside, self.inside_text = self.inside_text, False
         if self.silent(result):
             self.seek += frames
             return []
@@ -210,13 +217,19 @@ class WindowedTranscription:
         self.seek += advance
         if self.options.word_timestamps and current:
             await self.align(current, result, frames, tasks)
-            if not single_ending:
+            if started_inside and frames < N_FRAMES and (cut := hallucinated_tail(current)) < len(current):
+                # A word-end seek short of the last timestamp adds a window from inside the last words to silence
+                # (the end, a break); it wrote on, "Seven of Clothes." in words of no length: Whisper's score drops it.
+                del current[cut:]
+                self.seek = previous_seek + frames
+            elif not single_ending:
                 # Whisper seeks to the last word's end; never past the window's last timestamp, the decoder's own
                 # end of its text: an aligned end 0.22 s past it skipped the next word ("rather", the probe's file
                 # with VAD), which the next window would have written.
                 last_word_end = segment_end(current)
                 if last_word_end is not None and last_word_end > time_offset:
                     self.seek = min(previous_seek + advance, round(last_word_end * FRAMES_PER_SECOND))
+                    self.inside_text = self.seek < previous_seek + advance
             last_word_end = segment_end(current)
             if last_word_end is not None:
                 self.last_speech_timestamp = last_word_end
@@ -298,15 +311,19 @@ class WindowedTranscription:
         return [self._to_segment(i, s) for i, s in enumerate(kept, start=first_id)]
 
     # ---- results ---------------------------------------------------------------------------
-    def _time(self, t: float, end: bool = False) -> float:
-        return round(self.timeline.seconds(t, end=end) if self.timeline is not None else t, 3)
-
     def _span(self, start: float, end: float) -> tuple[float, float]:
         """A segment's source times: kept out of a speech piece it reaches less than half a second into."""
         if self.timeline is None:
             return round(start, 3), round(end, 3)
         a, b = self.timeline.span(start * SAMPLE_RATE, end * SAMPLE_RATE, SPAN_GRACE_S * SAMPLE_RATE)
         return round(a / SAMPLE_RATE, 3), round(b / SAMPLE_RATE, 3)
+
+    def _word_span(self, w: dict[str, Any], start: float, end: float) -> tuple[float, float]:
+        """A word's source times, mapped as its segment's and kept inside its `start`, `end`: a window's first word
+        starts in the pad before a removed pause, and mapped alone it began up to 1.4 s before its segment."""
+        a, b = self._span(float(w["start"]), float(w["end"]))
+        # without a timeline the times are Whisper's own, its word and segment adjustments included
+        return nest(a, b, start, end) if self.timeline is not None else (a, b)
 
     def _to_segment(self, i: int, s: dict[str, Any]) -> Segment:
         start, end = self._span(float(s["start"]), float(s["end"]))
@@ -315,8 +332,8 @@ class WindowedTranscription:
             text=s["text"], tokens=list(s["tokens"]), temperature=float(s["temperature"]),
             avg_logprob=float(s["avg_logprob"]), compression_ratio=float(s["compression_ratio"]),
             no_speech_prob=float(s["no_speech_prob"]),
-            words=[Word(w["word"], self._time(float(w["start"])), self._time(float(w["end"]), True),
-                        float(w.get("probability", 0.0))) for w in s.get("words", [])])
+            words=[Word(w["word"], *self._word_span(w, start, end), float(w.get("probability", 0.0)))
+                   for w in s.get("words", [])])
 
     def _plain(self, tokens: Any) -> str:
         return self.tokenizer.decode([int(t) for t in tokens if t < self.tokenizer.eot])

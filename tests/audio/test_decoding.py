@@ -183,3 +183,75 @@ async def test_a_window_ends_where_speech_resumes_after_a_long_removed_silence(t
     assert tr.next_window(len(speech), final=True) == (0, 900)  # the 1 s gap is kept, the 40 s one ends it
     tr.skip(900)
     assert tr.next_window(len(speech), final=True) == (9 * second, 1000)
+
+
+async def tail_window(loaded: LoadedWhisper, last_word_end: float,
+                      tail_words: list[tuple[str, float, float, float]]) -> WindowedTranscription:
+    """A 29.5 s signal: a first window writing "... Seven of Hearts." up to its last timestamp at 29.0 s (its last
+    aligned word ending at `last_word_end`), then a window from the seek to the signal's end that writes
+    " Seven of Clothes.", aligned as `tail_words`."""
+    options = TranscribeOptions(temperatures=(0.0,), word_timestamps=True)
+    tr = await WindowedTranscription.start(loaded, options)
+    tok, ts = tr.tokenizer, tr.tokenizer.timestamp_begin
+    first = [ts, *tok.encode(" Four of Clubs."), ts + 1400, ts + 1400, *tok.encode(" Seven of Hearts."), ts + 1450,
+             ts + 1450]
+    scheduler = ScriptedScheduler(first, [ts, *tok.encode(" Seven of Clothes."), ts + 50])
+    windows = iter([None, tail_words])
+
+    async def align(current: list[dict], result: object, frames: int, tasks: object) -> None:
+        tail = next(windows)
+        for s in current:
+            if tail is None:  # the said words: evenly over their segment
+                said = s["text"].split()
+                step = (s["end"] - s["start"]) / len(said)
+                s["words"] = [{"word": " " + w, "start": s["start"] + k * step, "end": s["start"] + (k + 1) * step,
+                               "probability": 0.9} for k, w in enumerate(said)]
+            else:
+                s["words"] = [{"word": w, "start": a, "end": b, "probability": p} for w, a, b, p in tail]
+        if tail is None:
+            current[-1]["words"][-1]["end"] = last_word_end
+
+    tr.align = align  # type: ignore[method-assign]
+    pcm = noise(29.5)
+    while (w := tr.next_window(len(pcm), final=True)) is not None:
+        await tr.step(pcm[w[0]: w[0] + N_SAMPLES], w[1], scheduler, None)  # type: ignore[arg-type]
+    return tr
+
+
+async def test_word_timestamps_drop_the_invented_tail_of_a_window_from_inside_the_last_words(
+        tiny_whisper: LoadedWhisper) -> None:
+    # The probe's file with word timestamps ended "... Seven of Hearts. Seven of Clothes.": the seek went to the aligned
+    # end of "Hearts." (before the last timestamp), and the 0.6 s left were read as more text, its words of no length.
+    invented = [(" Seven", 28.8, 29.5, 0.0), (" of", 29.5, 29.5, 0.02), (" Clothes.", 29.5, 29.5, 0.01)]
+    tr = await tail_window(tiny_whisper, 28.8, invented)
+    assert tr.windows == 2 and tr.text().endswith(" Seven of Hearts.") and tr.seek == 2950
+    assert tr.transcript(29.5).text == tr.text() and tr.last_speech_timestamp == 28.8
+    # words the audio holds stay
+    said = [(" Seven", 28.8, 29.1, 0.9), (" of", 29.1, 29.25, 0.9), (" Clothes.", 29.25, 29.5, 0.8)]
+    assert (await tail_window(tiny_whisper, 28.8, said)).text().endswith(" Seven of Hearts. Seven of Clothes.")
+    # a window from the last timestamp is Whisper's own (decoded without word timestamps too): kept as it is
+    invented = [(" Seven", 29.0, 29.5, 0.0), (" of", 29.5, 29.5, 0.02), (" Clothes.", 29.5, 29.5, 0.01)]
+    tr = await tail_window(tiny_whisper, 29.0, invented)
+    assert tr.windows == 2 and tr.text().endswith(" Seven of Hearts. Seven of Clothes.")
+
+
+async def test_words_mapped_through_a_timeline_stay_inside_their_segment(tiny_whisper: LoadedWhisper) -> None:
+    # With VAD a window's first word began where the previous one ended, in the pad before a removed pause: mapped
+    # alone, ('And', 31.87, 33.49) in a segment from 32.83. Words map as their segment does, inside it.
+    second = 16000
+    _, timeline = compact(np.zeros(30 * second, np.float32), [(0, 10 * second), (12 * second, 20 * second)])
+    options = TranscribeOptions(temperatures=(0.0,), word_timestamps=True)
+    tr = await WindowedTranscription.start(tiny_whisper, options, timeline=timeline)
+
+    def seg(start: float, end: float, *words: tuple[str, float, float]) -> dict:
+        return {"seek": 0, "start": start, "end": end, "text": "".join(w for w, _, _ in words), "tokens": [1],
+                "temperature": 0.0, "avg_logprob": -0.2, "compression_ratio": 1.2, "no_speech_prob": 0.1,
+                "words": [{"word": w, "start": a, "end": b, "probability": 0.9} for w, a, b in words]}
+
+    man, first = tr.commit([seg(8.0, 10.3, (" young", 8.0, 9.5), (" man.", 9.5, 10.3)),
+                            seg(9.85, 11.2, (" And", 9.85, 10.6), (" then.", 10.6, 11.2))])
+    assert (man.start, man.end) == (8.0, 10.0) and (first.start, first.end) == (12.0, 13.2)
+    assert [(w.start, w.end) for w in man.words] == [(8.0, 9.5), (9.5, 10.0)]
+    assert [(w.start, w.end) for w in first.words] == [(12.0, 12.6), (12.6, 13.2)]
+    for s in (man, first):
+        assert all(s.start <= w.start <= w.end <= s.end for w in s.words)

@@ -109,3 +109,38 @@ async def test_quiet_speech_is_transcribed_with_vad_on(checkpoint: Path) -> None
             on, off = [await speech.transcribe(quiet, speech.options(language="en", temperatures=(0.0,), vad=vad))
                        for vad in (True, False)]
             assert on.text and on.text == off.text, (reference, on.text, off.text)
+
+
+def joined(rounds: int, gap_s: float, extra: int = 0) -> np.ndarray:
+    """The samples as the probe joined them: LibriVox then cards, `rounds` times and `extra` clips more, each
+    followed by `gap_s` of silence."""
+    pieces = clips()
+    order = [x for x, _ in pieces[5:] + pieces[:5]]
+    gap = np.zeros(int(gap_s * SR), np.float32)
+    return np.concatenate([y for x in (order * rounds + order[:extra]) for y in (x, gap)])
+
+
+async def test_word_timestamps_add_no_text_at_the_end(checkpoint: Path) -> None:
+    # With word timestamps the probe's 87 s file ended "... Seven of Hearts. Seven of Clothes.", words of no length
+    # at the end: the seek to the aligned end of "Hearts." left 0.6 s that the last window read as more text.
+    pcm = joined(3, 0.5)
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, checkpoint, dtype="float32", resident=True)
+        t = await speech.transcribe(pcm, speech.options(language="en", temperatures=(0.0,), vad=True,
+                                                        word_timestamps=True))
+    words = [w for s in t.segments for w in s.words]
+    assert t.text.endswith(" Seven of Hearts.") and words[-1].word.strip() == "Hearts.", t.text[-80:]
+    assert all(w.end > w.start for w in words[-6:]), words[-6:]
+
+
+async def test_words_stay_inside_their_segments_across_removed_pauses(checkpoint: Path) -> None:
+    # With VAD a window's first word began in the pad before a removed pause, up to 1.4 s before its segment
+    # (the probe's long file: ('And', 31.87, 33.49) in a segment from 32.83). Words now map as their segments do.
+    pcm = joined(2, 1.0, extra=2)
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, checkpoint, dtype="float32", resident=True)
+        t = await speech.transcribe(pcm, speech.options(language="en", temperatures=(0.0,), vad=True,
+                                                        word_timestamps=True))
+    assert len({s.seek for s in t.segments}) > 1  # a window boundary at least
+    for s in t.segments:
+        assert all(s.start <= w.start <= w.end <= s.end for w in s.words), s
