@@ -144,3 +144,32 @@ async def test_words_stay_inside_their_segments_across_removed_pauses(checkpoint
     assert len({s.seek for s in t.segments}) > 1  # a window boundary at least
     for s in t.segments:
         assert all(s.start <= w.start <= w.end <= s.end for w in s.words), s
+
+
+async def test_a_quiet_microphone_is_transcribed_live_with_vad_on(checkpoint: Path) -> None:
+    # a live session gated speech at the audio's own level: the clips at a -60 dBFS peak, sent as 16-bit PCM, came
+    # back "" with VAD on (the default); its level is now learnt as it streams, for the gate's decision only
+    pieces = clips()
+    gap = np.zeros(int(1.5 * SR), np.float32)
+    reference = " ".join(t for _, t in pieces)
+
+    def signal(peak_dbfs: float | None) -> np.ndarray:
+        parts = [np.concatenate([x if peak_dbfs is None else x * np.float32(10 ** (peak_dbfs / 20) / np.abs(x).max()),
+                                 gap]) for x, _ in pieces]
+        return np.clip(np.round(np.concatenate([gap, *parts]) * 32767), -32768, 32767).astype("<i2")
+
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, checkpoint, dtype="float32", resident=True)
+        texts = []
+        async with anyio.create_task_group() as tg:
+            await tg.start(speech.run)
+            for peak in (None, -60.0):
+                pcm = signal(peak)
+                session = speech.create_session(speech.options(language="en", temperatures=(0.0,)))
+                for i in range(0, len(pcm), 3 * SR):
+                    session.append(pcm[i:i + 3 * SR].tobytes(), PcmFormat(encoding="s16le"))
+                    await session.caught_up()
+                texts.append((await session.finish()).text)
+            tg.cancel_scope.cancel()
+    loud, quiet = texts
+    assert quiet and wer([reference], [quiet]) <= wer([reference], [loud]) + 0.05, (reference, loud, quiet)
