@@ -1,8 +1,8 @@
 """Live sessions: audio appended as it arrives, passed through the VAD gate, transcribed as it grows.
 
-A LiveSession owns capture (PCM decoding, the received audio not yet through the gate), the caps, the event
-log clients read, and the pump that runs the decodes (audio/live.py) and keeps gating the audio that arrives
-while one runs, so a pause is seen when its audio comes. Audio is never dropped silently: a
+A LiveSession owns capture (PCM decoding, the received audio not yet through the gate), the caps, commit / clear
+requests and the event log clients read; its base, the pump (audio/session_pump.py), runs the decodes
+(audio/live.py) and keeps gating the audio that arrives while one runs, so a pause is seen when its audio comes. Audio is never dropped silently: a
 session that cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was
 accepted; only clear() drops audio, on request. commit() and clear() act at the point of the received audio
 where they were called, whatever arrives after them.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Literal
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Literal
 
 import anyio
 import numpy as np
@@ -23,8 +23,8 @@ from audio.errors import (CommitEmpty, SessionActive, SessionClosed, SessionErro
                           SessionNotFound)
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
+from audio.session_pump import SessionPump, speech_gate
 from audio.transcript import TranscribeOptions, Transcript
-from audio.vad import Speech, SpeechGate
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -37,12 +37,7 @@ __all__ = ["SessionError", "SessionNotFound", "SessionClosed", "SessionLimit", "
 MIN_COMMIT_MS = 100  # OpenAI's least audio a commit needs
 
 
-def speech_gate(options: TranscribeOptions) -> SpeechGate | None:
-    """The session's VAD gate for `options` (None with vad off). Raises nothing."""
-    return SpeechGate(**options.gate_settings) if options.vad else None
-
-
-class LiveSession:
+class LiveSession(SessionPump):
     """One dictation: `append` PCM, read `events()` or `committed_text()`, `finish` for the Transcript.
     `pump` (hosted by the speech service) does the decoding."""
 
@@ -88,18 +83,10 @@ class LiveSession:
 
     # ---- capture (event loop) --------------------------------------------------------------
     @property
-    def received_seconds(self) -> float:
-        return self._raw.total / SAMPLE_RATE
-
-    @property
     def lag_seconds(self) -> float:
         """Seconds of received audio not yet transcribed (silence counts as done once the gate passed it).
         Raises nothing."""
         return round((self._raw.total - self._settled() + self.live.pending_samples) / SAMPLE_RATE, 3)
-
-    def _settled(self) -> int:
-        gated = self._origin + self._gate.settled if self._gate is not None else self._gated
-        return min(gated, self._gated, self._raw.total)
 
     @property
     def closed(self) -> bool:
@@ -275,157 +262,3 @@ class LiveSession:
         audio), or the session ended. Raises nothing."""
         while not self._done.is_set() and not (self._idle and not self._wake.is_set()):
             await self._changed.wait()
-
-    def _emit(self, event: SessionEvent) -> None:
-        self.events_log.append(event)
-        self._signal()
-
-    def _signal(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    # ---- the pump -----------------------------------------------------------------------------
-    async def pump(self) -> None:
-        """Gate audio, decode, commit; until finished or cancelled. Never raises: a failure is kept for finish."""
-        taken = False
-        self._pumping = True
-        try:
-            with self.scope:
-                while True:
-                    await self._gate_pending()
-                    action = self.live.next_action(self._finishing)
-                    if action is None:
-                        if self._finishing:
-                            break
-                        self._idle = True
-                        self._signal()
-                        await self._wake.wait()
-                        self._wake = anyio.Event()
-                        self._idle = False
-                        continue
-                    if not self.live.started:
-                        loaded = await self._residency.take()
-                        taken = True
-                        await self.live.start(loaded)
-                    await self._run_gating(action)
-                    self._pool.update(self)
-                    self.windows_done += 1
-                    self.last_active = self._clock()  # its client reads what a decode sends: not idle
-                    self._signal()
-                self._result = self.live.transcript(self.received_seconds)
-        except Exception as exc:  # a failed window ends the session; finish reports it
-            self.error = exc
-        finally:
-            if taken:
-                self._residency.release()
-            self.live.unbind()
-            self._pool.forget(self)
-            for what, _, ref in self._controls:  # marks still waiting are owed to their callers all the same
-                if what == "mark" and ref is not None:
-                    self._emit(SessionEvent("mark", ref=ref))
-            self._controls.clear()
-            self._done.set()
-            self._signal()
-
-    async def _run_gating(self, action: Callable[[], Awaitable[None]]) -> None:
-        """Run the decode `action` while the gate goes on taking the audio that arrives, so the end of an
-        utterance is seen when its audio comes, not when the decode ends; a pause that closes the utterance a
-        probe is decoding cancels that probe (the final decode runs next). Raises what `action` raises."""
-        failure: list[BaseException] = []
-        finished = False
-
-        async def run() -> None:
-            nonlocal finished
-            try:
-                await action()
-            except Exception as exc:  # kept, so the pump sees the window's own error, not an ExceptionGroup
-                failure.append(exc)
-            finally:
-                finished = True
-                self._wake.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(run)
-            try:
-                while True:
-                    await self._wake.wait()
-                    self._wake = anyio.Event()
-                    if finished:
-                        break
-                    await self._gate_pending(decoding=True)
-                    self.live.drop_closed_probe()
-            except Exception as exc:  # the session ends with it; the decode is of no use any more
-                failure.append(exc)
-                tg.cancel_scope.cancel()
-        if failure:
-            raise failure[0]
-
-    async def _gate_pending(self, decoding: bool = False) -> None:
-        """Audio through the gate into the transcription, commits and clears at their points in it. While a
-        decode runs (`decoding`) a clear waits for it to end (it drops audio the decode may be reading), and
-        so does the audio after it."""
-        while self._controls:
-            what, at, ref = self._controls[0]  # left queued while it runs: a mark() meanwhile comes after it
-            if decoding and what == "clear":
-                return
-            if what == "commit":
-                if not await self._gate_to(at, flush=True, ref=ref, commit=True):  # a flushed VAD pause is the commit
-                    self._pause(at, ref, hard=True)
-            elif what == "clear":
-                self._clear_at(at)
-            elif ref is not None:
-                self._emit(SessionEvent("mark", ref=ref))
-            self._controls.popleft()
-        await self._gate_to(self._raw.total, flush=self._finishing)
-        if self._finishing and self.live.has_open:
-            self._pause(self._raw.total)
-        self._raw.discard_before(self._settled())
-        self._pool.update(self)
-
-    async def _gate_to(self, end: int, flush: bool, ref: str | None = None, commit: bool = False) -> bool:
-        """Gate raw audio up to `end`; with `flush` close an open speech region there (its pause carries
-        `ref`; a client's `commit` ends it, with no speech_stopped, as OpenAI's server VAD does). Returns whether
-        the last thing gated was a pause."""
-        pending = self._raw.view(self._gated, end - self._gated)
-        start = self._gated
-        self._gated += len(pending)
-        if self._gate is None:
-            if len(pending):
-                self.live.add_speech(pending, start)
-            return False
-        gate, origin = self._gate, self._origin
-        if len(pending) > self.config.gate_in_thread_s * SAMPLE_RATE:
-            events = await anyio.to_thread.run_sync(gate.push, pending)
-        else:
-            events = gate.push(pending)
-        flushed = gate.flush() if flush else []
-        for ev in events + flushed:
-            if isinstance(ev, Speech):
-                a, b = ev.start + origin, ev.end + origin
-                if ev.first:
-                    self._emit(SessionEvent("speech_started", audio_ms=a * 1000 // SAMPLE_RATE,
-                                               item=self.live.utterances.opened))
-                self.live.add_speech(self._raw.view(a, b - a), a)
-            else:
-                at = ev.at + origin
-                self._boundary = max(self._boundary, at)
-                if not (commit and ev in flushed):
-                    self._emit(SessionEvent("speech_stopped", audio_ms=at * 1000 // SAMPLE_RATE,
-                                           item=self.live.utterances.opened))
-                self._pause(at, ref if ev in flushed else None, hard=commit and ev in flushed)
-        return bool(flushed) and not isinstance(flushed[-1], Speech)
-
-    def _pause(self, at: int, ref: str | None = None, hard: bool = False) -> None:
-        item = self.live.add_pause(hard)  # hard: a client's commit, which no decode crosses
-        self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE, item=item, ref=ref))
-
-    def _clear_at(self, at: int) -> None:
-        """Drop raw audio not yet gated up to `at`, restart the gate there, and clear the open utterance."""
-        self._gated = max(self._gated, at)
-        self._origin = at
-        self._gate = speech_gate(self.options)
-        if self.live.utterances.open_text:  # its committed text stays: the utterance closes with it
-            self._emit(SessionEvent("audio_committed", audio_ms=at * 1000 // SAMPLE_RATE,
-                                   item=self.live.utterances.opened))
-        self.live.clear()
-        self._emit(SessionEvent("cleared", audio_ms=at * 1000 // SAMPLE_RATE, item=self.live.utterances.opened))

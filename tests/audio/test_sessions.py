@@ -12,7 +12,7 @@ import pytest
 
 from audio.buffers import AudioLimitExceeded
 from audio.live import LiveConfig
-from audio.errors import AudioInputError, InvalidOption, SessionClosed
+from audio.errors import AudioInputError, SessionClosed
 from audio.pcm import PcmFormat
 from audio.scheduler import WhisperScheduler
 from audio.window import WindowRequest
@@ -304,16 +304,6 @@ async def test_a_session_sending_faster_than_it_is_transcribed_is_refused_and_ke
     assert err.value.code == "session_backlog_full" and err.value.retry_after
     assert s.received_seconds == pytest.approx(2.5)
     s.cancel()
-
-
-def test_vad_settings_reach_the_gate() -> None:
-    from audio.sessions import speech_gate
-
-    gate = speech_gate(TranscribeOptions(vad_min_silence_ms=900, vad_padding_ms=300, vad_aggressiveness=3))
-    assert gate is not None and gate._gap == 30 and gate._pad == 300 * SR // 1000
-    assert speech_gate(NO_VAD) is None
-    with pytest.raises(InvalidOption):
-        TranscribeOptions(vad_aggressiveness=4)
 
 
 async def test_an_ended_session_lets_go_of_the_model_without_a_collection(tiny_whisper_dir: Path) -> None:
