@@ -16,7 +16,8 @@ from litestar import WebSocket, websocket
 from audio.pcm import SAMPLE_RATE, parse_pcm_content_type
 from service.http.auth import offered_key, subprotocols
 from service.http.errors import APIError, api_error, frames_error_event
-from service.speech.live_socket import LiveSocket, Mode, close_code
+from service.speech.live_socket import LiveSocket, Mode
+from service.speech.socket_errors import close_code
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
 from service.speech.served import served_speech
 from service.state import AppState, get_state

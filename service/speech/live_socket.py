@@ -26,12 +26,9 @@ task writes that log, so `committed` and its `conversation.item.created` are nev
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import itertools
 import json
-import logging
 from typing import Any, Literal
 
 import anyio
@@ -43,16 +40,17 @@ from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from engine.errors import EngineRestarting
 from service.http.auth import client_key
-from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event, unavailable
+from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event
 from service.http.guard import FRAME_REFUSED
 from service.http.json_body import json_depth
 from service.seams import SpeechBackend
-from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
+from service.speech.realtime_config import Dialect, RealtimeConfig
 from service.speech.realtime_events import Items, server_events
 from service.speech.served import served_speech
+from service.speech.socket_errors import as_api_error, base64_audio, close_code, expiry, shutting_down, typed
 from service.state import AppState
 
-__all__ = ["LiveSocket", "Mode", "REALTIME_CLIENT_EVENTS", "close_code"]
+__all__ = ["LiveSocket", "Mode", "REALTIME_CLIENT_EVENTS"]
 
 Mode = Literal["undecided", "frames", "realtime"]
 REALTIME_CLIENT_EVENTS = frozenset({"session.update", "transcription_session.update", "input_audio_buffer.append",
@@ -96,7 +94,7 @@ class LiveSocket:
             # counts as activity, so only a client that sends nothing while nothing is being transcribed is idle.
             self.session = self.speech.create_session(self._options(self.config), owner=client_key(self.socket))
         except Exception as exc:
-            err = _as_api_error(exc)
+            err = as_api_error(exc)
             await self._send_error(err)
             await self._close(close_code(err))
             return
@@ -149,7 +147,7 @@ class LiveSocket:
                 if isinstance(refused := message.get(FRAME_REFUSED), APIError):  # over the guard's limit, dropped
                     raise refused
                 if self._stopping:
-                    raise _shutting_down()
+                    raise shutting_down()
                 if isinstance(data, bytes):
                     self._frame(data)
                 elif isinstance(text, str):
@@ -157,7 +155,7 @@ class LiveSocket:
             except _ClientGone:
                 raise
             except Exception as exc:
-                await self._send_error(_as_api_error(exc))
+                await self._send_error(as_api_error(exc))
             if not self._took_audio:  # audio taken restarted the session's idle clock already
                 self._touch()
 
@@ -212,7 +210,7 @@ class LiveSocket:
         if kind in ("session.update", "transcription_session.update"):
             await self._reply(self._update(kind, event.get("session")))
         elif kind == "input_audio_buffer.append":
-            self._audio(_base64_audio(event.get("audio")), self.config.pcm_format)
+            self._audio(base64_audio(event.get("audio")), self.config.pcm_format)
         elif kind == "input_audio_buffer.commit":
             self.session.commit(self._event_id)
         elif kind == "input_audio_buffer.clear":
@@ -264,14 +262,14 @@ class LiveSocket:
         try:
             t = await self.session.finish()
         except Exception as exc:  # sent before the close, not queued behind it (draining: cancelled past the timeout)
-            await self._send_error(_shutting_down() if self._stopping else _as_api_error(exc), reply=False)
+            await self._send_error(shutting_down() if self._stopping else as_api_error(exc), reply=False)
             await self._close(1001 if self._stopping else 1011)
             return
         self._partial_due.set()
         await self._send({"type": "transcript.done", "id": self.session.id, "text": t.text.lstrip(),
                           "received_seconds": round(t.duration, 3), "windows_done": self.session.windows_done})
         if self._stopping:
-            await self._send_error(_shutting_down(), reply=False)
+            await self._send_error(shutting_down(), reply=False)
         await self._close(1001 if self._stopping else 1000)
 
     async def _on_drain(self, tg: anyio.abc.TaskGroup, session: LiveSession) -> None:
@@ -311,16 +309,16 @@ class LiveSocket:
             await self._send(self._replies.pop(next(iter(self._replies))))
         self._writer_done = True
         if self._stopping and self.mode == "realtime":  # the server drains: the transcript above was the last
-            await self._send_error(_shutting_down(), reply=False)
+            await self._send_error(shutting_down(), reply=False)
             await self._close(1001)
-        elif (why := _expired(session)) is not None:
+        elif (why := expiry(session)) is not None:
             # Idle for the session TTL, its place given up: the client is told why and the socket closes
             # normally; the reader stops too (a client that never answers the close holds nothing).
             await self._send_error(api_error(SessionExpired(why)), reply=False)
             await self._close(1000)
             scope.cancel()
         elif session.error is not None and self.mode == "realtime":
-            await self._send_error(api_error(session.error) if _typed(session.error) else
+            await self._send_error(api_error(session.error) if typed(session.error) else
                                    APIError(500, f"transcription failed: {session.error}", type="server_error"),
                                    reply=False)
             await self._close(1011)
@@ -382,47 +380,3 @@ class LiveSocket:
         with contextlib.suppress(Exception):  # the client left first
             await self.socket.close(code=code)
         self._ended.set()
-
-
-def close_code(err: APIError) -> int:
-    """The close code for a session refused or ended by `err`: 1013 (try again later) for a full house (429)
-    or an engine process restarting (503), 1008 for the client's fault, else 1011. Raises nothing."""
-    return 1013 if err.status in (429, 503) else 1008 if err.status < 500 else 1011
-
-
-_log = logging.getLogger("tandem.speech")
-
-
-def _base64_audio(audio: Any) -> bytes:
-    if not isinstance(audio, str):
-        raise APIError(400, "`audio` must be a base64 string", param="audio", code="invalid_value")
-    try:
-        return base64.b64decode(audio, validate=True)
-    except (binascii.Error, ValueError):
-        raise APIError(400, "`audio` is not valid base64", param="audio", code="invalid_base64") from None
-
-
-def _shutting_down() -> APIError:
-    return unavailable("The server is shutting down.", code="shutting_down")
-
-
-def _expired(session: LiveSession) -> str | None:
-    """Why the speech service dropped `session` for idleness (None: it did not). Raises nothing."""
-    with contextlib.suppress(SessionNotFound, EngineRestarting):  # --isolate: gone with its engine process
-        return session.expired
-    return None
-
-
-def _typed(exc: BaseException) -> bool:
-    return isinstance(exc, (APIError, AudioError))
-
-
-def _as_api_error(exc: BaseException) -> APIError:
-    """The error event's error for `exc`; one the tables do not know is a server fault, logged with its traceback
-    (the client sees only "server_error"). Raises nothing."""
-    if isinstance(exc, ConfigError):
-        return APIError(400, exc.message, param=exc.param, code=exc.code)
-    err = api_error(exc)
-    if err.status >= 500 and not _typed(exc):
-        _log.error("live socket: unhandled error", exc_info=exc)
-    return err
