@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 import webrtcvad
@@ -13,7 +14,7 @@ import webrtcvad
 from audio.pcm import SAMPLE_RATE
 
 __all__ = ["speech_segments", "has_speech", "trim_silence", "Speech", "Pause", "SpeechGate", "speech_pieces",
-           "level_gain", "RunningLevel"]
+           "speech_regions", "level_gain", "RunningLevel"]
 
 _FRAME_MS = 30
 _FRAME = SAMPLE_RATE * _FRAME_MS // 1000
@@ -307,8 +308,13 @@ def speech_pieces(pcm: np.ndarray, **gate: int) -> list[tuple[int, int]]:
     aggressiveness."""
     g = SpeechGate(**gate, gain=level_gain(pcm))
     events = [ev for start in range(0, len(pcm), _BLOCK) for ev in g.push(pcm[start:start + _BLOCK])]
+    return speech_regions([*events, *g.flush()])
+
+
+def speech_regions(events: Iterable[Speech | Pause]) -> list[tuple[int, int]]:
+    """A gate's Speech events as [start, end) sample ranges, touching ones joined. Raises nothing."""
     regions: list[tuple[int, int]] = []
-    for ev in [*events, *g.flush()]:
+    for ev in events:
         if isinstance(ev, Speech):
             if regions and regions[-1][1] == ev.start:
                 regions[-1] = (regions[-1][0], ev.end)

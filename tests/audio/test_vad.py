@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from audio.vad import (Pause, RunningLevel, Speech, SpeechGate, has_speech, level_gain, speech_pieces, speech_segments,
-                       trim_silence)
+from audio.vad import (Pause, RunningLevel, Speech, SpeechGate, has_speech, level_gain, speech_pieces, speech_regions,
+                       speech_segments, trim_silence)
 from tests.audio.conftest import SR, voiced
 
 SAMPLES = os.environ.get("TANDEM_AUDIO_SAMPLES")
@@ -164,14 +164,7 @@ def pcm16(x: np.ndarray) -> np.ndarray:
 def stream(gate: SpeechGate, pcm: np.ndarray, chunk: int = SR // 10) -> list[tuple[int, int]]:
     """What the gate passes on of `pcm` pushed `chunk` samples at a time, as [start, end) regions."""
     events = [ev for i in range(0, len(pcm), chunk) for ev in gate.push(pcm[i:i + chunk])]
-    regions: list[tuple[int, int]] = []
-    for ev in [*events, *gate.flush()]:
-        if isinstance(ev, Speech):
-            if regions and regions[-1][1] == ev.start:
-                regions[-1] = (regions[-1][0], ev.end)
-            else:
-                regions.append((ev.start, ev.end))
-    return regions
+    return speech_regions([*events, *gate.flush()])
 
 
 def noise(kind: str, seconds: float, dbfs: float, seed: int = 5) -> np.ndarray:
