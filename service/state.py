@@ -9,7 +9,7 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, Mapping
 
 import anyio
 from anyio.abc import TaskGroup
@@ -22,7 +22,7 @@ from service.process.inflight import InFlight
 from service.seams import ChatEngine, SpeechBackend
 from service.speech.client_secrets import ClientSecrets
 
-__all__ = ["AppState", "LifespanHook", "EngineLoader", "Phase", "get_state", "STATE_KEY"]
+__all__ = ["AppState", "LifespanHook", "EngineLoader", "Phase", "get_state", "scope_state", "STATE_KEY"]
 
 # Where create_app keeps the AppState in Litestar's app.state.
 STATE_KEY = "tandem"
@@ -107,3 +107,11 @@ def get_state(connection: Request[Any, Any, Any] | ASGIConnection[Any, Any, Any,
     Raises KeyError when the app was not built by create_app."""
     state: AppState = connection.app.state[STATE_KEY]
     return state
+
+
+def scope_state(scope: Mapping[str, Any]) -> AppState | None:
+    """The AppState of the app an ASGI scope is served by, for code that runs before or around routing (the guard's
+    key check, a streaming response's sends); None outside an app built by create_app. Raises nothing."""
+    state = getattr(scope.get("app"), "state", None)
+    found = state.get(STATE_KEY) if state is not None else None
+    return found if isinstance(found, AppState) else None

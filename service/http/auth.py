@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from litestar.connection import ASGIConnection
 
 from service.speech.client_secrets import ClientSecrets
-from service.state import STATE_KEY
+from service.state import scope_state
 
 __all__ = ["KeyRing", "client_key", "set_client_key", "offered_key", "subprotocols", "origin_allowed", "host_allowed",
            "is_loopback", "header", "CLIENT_KEY", "KEY_PROTOCOL", "EXPOSED_HEADERS"]
@@ -97,10 +97,8 @@ class KeyRing:
 def _client_secrets(scope: Mapping[str, Any]) -> ClientSecrets | None:
     # The guard builds its ring from the configured keys alone; minted secrets live in the state of the app serving
     # the connection (Litestar puts itself in the scope before the guard runs).
-    state = getattr(scope.get("app"), "state", None)
-    app_state = state.get(STATE_KEY) if state is not None else None
-    store = getattr(app_state, "client_secrets", None)
-    return store if isinstance(store, ClientSecrets) else None
+    app_state = scope_state(scope)
+    return app_state.client_secrets if app_state is not None else None
 
 
 def subprotocols(scope: Mapping[str, Any]) -> list[str]:

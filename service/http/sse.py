@@ -20,7 +20,7 @@ from litestar.response.streaming import ASGIStreamingResponse
 from pydantic import BaseModel
 
 from service.http.errors import APIError, error_body
-from service.state import STATE_KEY
+from service.state import scope_state
 
 __all__ = ["DONE", "KEEPALIVE", "SSE_HEADERS", "sse_data", "null_usage", "sse_error", "EventSource", "SSEStream"]
 
@@ -99,9 +99,8 @@ class _ClosingStreamingResponse(ASGIStreamingResponse):
 
 def _send_timeout(scope: Any) -> float | None:
     """The server's --send-timeout (None in an app without tandem's state). Raises nothing."""
-    state = getattr(scope.get("app"), "state", None)
-    tandem = state.get(STATE_KEY) if state is not None else None
-    return tandem.config.limits.send_timeout if tandem is not None else None
+    state = scope_state(scope)
+    return state.config.limits.send_timeout if state is not None else None
 
 
 def _bounded(send: Any, timeout: float) -> Any:
