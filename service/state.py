@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Literal, Mapping
 
@@ -67,8 +66,6 @@ class AppState:
     # Requests and websockets open now (the guard counts them; draining waits for zero).
     inflight: InFlight = field(default_factory=InFlight)
     started_at: float = field(default_factory=time.time)
-    # The API key (by id) that created each live session; other keys cannot reach it.
-    session_owners: "weakref.WeakKeyDictionary[Any, str]" = field(default_factory=weakref.WeakKeyDictionary)
     # Client secrets minted for browsers' live sockets (POST /v1/realtime/client_secrets); the guard accepts them.
     client_secrets: ClientSecrets = field(default_factory=ClientSecrets)
     # Prometheus metrics of this app (service/admin/metrics.py), set by the app factory.

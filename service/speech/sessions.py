@@ -44,7 +44,6 @@ async def create_session(request: Request[Any, Any, Any], data: SessionCreateReq
                                  vad_min_speech_ms=data.vad_min_speech_ms, vad_min_silence_ms=data.vad_min_silence_ms)
     owner = client_key(request)
     session = speech.create_session(options, owner=owner)  # with keys, each key holds its share at most
-    state.session_owners[session] = owner or ""
     return SessionCreated(id=session.id, model=speech.model_name)
 
 
@@ -54,7 +53,7 @@ def _session(request: Request[Any, Any, Any], session_id: str) -> tuple[SpeechBa
     state = get_state(request)
     speech = served_speech(state, None)
     session = speech.get_session(session_id)
-    if state.config.api_keys and state.session_owners.get(session) != client_key(request):
+    if state.config.api_keys and session.owner != client_key(request):
         raise SessionNotFound(f"no audio session {session_id!r} (unknown, deleted or expired)")
     return speech, session
 
