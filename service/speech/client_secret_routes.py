@@ -19,7 +19,7 @@ from service.http.errors import APIError, api_error
 from service.http.openapi import error_responses
 from service.seams import SpeechBackend
 from service.speech.client_secrets import MAX_SESSION_BYTES
-from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
+from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig, field_paths
 from service.speech.schemas import (
     BetaClientSecret,
     ClientSecretCreated,
@@ -96,14 +96,8 @@ def _checked(state: AppState, session: dict[str, Any] | None, dialect: Dialect,
         config = config.updated(session, dialect)
     except ConfigError as exc:
         raise APIError(400, exc.message, param=named(exc.param), code=exc.code) from None
-    beta = dialect == "beta" and "type" not in session
-    where = named("session.input_audio_transcription" if beta else "session.audio.input.transcription")
-    vad_where = named("session.turn_detection" if beta else "session.audio.input.turn_detection")
-    try:
-        served_speech(state, config.model)
-    except APIError as err:
-        err.param = f"{where}.model"
-        raise
+    where, vad_where = (named(path) for path in field_paths(session, dialect))
+    served_speech(state, config.model, param=f"{where}.model")
     try:
         speech.options(**config.decoding(), temperatures=TranscribeOptions.ladder(0.0))
     except AudioError as exc:

@@ -44,7 +44,7 @@ from service.http.errors import APIError, api_error, error_event, event_id, fram
 from service.http.guard import FRAME_REFUSED
 from service.http.json_body import json_depth
 from service.seams import SpeechBackend
-from service.speech.realtime_config import Dialect, RealtimeConfig
+from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
 from service.speech.realtime_events import Items, server_events
 from service.speech.served import served_speech
 from service.speech.socket_errors import as_api_error, base64_audio, close_code, expiry, shutting_down, typed
@@ -226,14 +226,9 @@ class LiveSocket:
         assert self.session is not None
         dialect: Dialect = "beta" if kind == "transcription_session.update" else "ga"
         new = self.config.updated(session, dialect)
-        where = ("session.input_audio_transcription" if dialect == "beta" else "session.audio.input.transcription")
-        vad_where = "session.turn_detection" if dialect == "beta" else "session.audio.input.turn_detection"
+        where, vad_where = field_paths(session, dialect)
         if new.model is not None:
-            try:
-                served_speech(self.state, new.model)
-            except APIError as err:
-                err.param = f"{where}.model"
-                raise
+            served_speech(self.state, new.model, param=f"{where}.model")
         if new.decoding() != self.config.decoding():
             params = {"language": f"{where}.language", "prompt": f"{where}.prompt"}
             try:

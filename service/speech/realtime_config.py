@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from audio.pcm import PcmFormat
 
-__all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE"]
+__all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE", "field_paths"]
 
 Dialect = Literal["beta", "ga"]
 DEFAULT_RATE = 24000  # what OpenAI clients send
@@ -46,6 +46,14 @@ class TurnDetection:
     @property
     def aggressiveness(self) -> int:
         return min(3, int(self.threshold * 4))
+
+
+def field_paths(session: Any, dialect: Dialect) -> tuple[str, str]:
+    """Where a session object's transcription and turn-detection settings sit, for errors naming them: the beta
+    shape unless the dialect is GA or the object carries GA's `type` (as `updated` reads it). Raises nothing."""
+    if dialect == "beta" and not (isinstance(session, dict) and "type" in session):
+        return "session.input_audio_transcription", "session.turn_detection"
+    return "session.audio.input.transcription", "session.audio.input.turn_detection"
 
 
 @dataclass

@@ -22,16 +22,19 @@ from service.state import AppState
 __all__ = ["served_speech", "transcribe_options", "decode_audio_body", "response_segments"]
 
 
-def served_speech(state: AppState, model: str | None) -> SpeechBackend:
+def served_speech(state: AppState, model: str | None, *, param: str = "model") -> SpeechBackend:
     """The speech service for `model` (None or "" = the served one; OpenAI's ids and the CLI's names work).
+    `param`: where the model sits in the request, for the error (a live session's settings nest it).
 
     Raises APIError 404 model_not_found when no Whisper model is served or `model` is not it."""
     speech = state.speech
     if speech is None:
         raise APIError(404, "This server serves no Whisper model (start it with --whisper-model).",
-                       param="model", code="model_not_found")
+                       param=param, code="model_not_found")
     if model and model not in {speech.model_name, *OPENAI_ALIASES, *state.speech_aliases}:
-        raise model_not_found(model, [speech.model_name])
+        err = model_not_found(model, [speech.model_name])
+        err.param = param
+        raise err
     return speech
 
 

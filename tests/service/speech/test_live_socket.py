@@ -142,6 +142,11 @@ def test_a_ga_session_declares_its_rate(client: TestClient[Any], state: AppState
     ({"input_audio_transcription": {"model": "gpt-4o-transcribe"}}, "session.input_audio_transcription.model"),
     ({"input_audio_transcription": {"language": "xx-nope"}}, "session.input_audio_transcription.language"),
     ({"input_audio_transcription": {"prompt": "x" * 5000}}, "session.input_audio_transcription.prompt"),
+    # a GA-shaped session (it carries `type`) sent in the beta event is named where it sits
+    ({"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}},
+     "session.audio.input.transcription.model"),
+    ({"type": "transcription", "audio": {"input": {"transcription": {"language": "xx-nope"}}}},
+     "session.audio.input.transcription.language"),
 ])
 def test_an_update_that_cannot_be_honoured_names_its_field(client: TestClient[Any], update: dict[str, Any],
                                                            param: str) -> None:
