@@ -24,6 +24,7 @@ __all__ = [
     "OutputEvent",
     "ChatOutputSplitter",
     "starts_in_reasoning",
+    "opens_reasoning",
 ]
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,21 @@ class OutputMarkers:
         return replace(self, tool_call_start=None, tool_call_end=None, tool_parser=None)
 
 
+def opens_reasoning(tokenizer: Any, generation_prompt: str) -> bool:
+    """True when the template's generation prompt (the text it appends to open the reply) leaves a think block
+    open, as a template with thinking switched on does. Only that text counts: a conversation that mentions the
+    markers opens nothing. Never raises."""
+    start = getattr(tokenizer, "think_start", None)
+    end = getattr(tokenizer, "think_end", None)
+    if not start or not end:
+        return False
+    return generation_prompt.rfind(start) > generation_prompt.rfind(end)
+
+
 def starts_in_reasoning(tokenizer: Any, prompt_tokens: Sequence[int]) -> bool:
-    """True when the prompt ends inside an open think block (a template with thinking switched on).
+    """True when the prompt ends inside an open think block (a template with thinking switched on). For templates
+    whose generation prompt cannot be told apart (`opens_reasoning` is the rule otherwise): markers the
+    conversation itself writes near its end count too.
 
     Looks at the last 16 tokens only, where templates open the block. Never raises.
     """

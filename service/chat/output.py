@@ -48,13 +48,15 @@ class ChatTranslator:
 
     @classmethod
     def for_request(cls, tokenizer: Any, prompt_tokens: Sequence[int], tools: Any = None, *,
-                    calls: bool = True, one_call: bool = False, json_calls: bool = False) -> "ChatTranslator":
+                    calls: bool = True, one_call: bool = False, json_calls: bool = False,
+                    opening: str | None = None) -> "ChatTranslator":
         """The translator for a reply of `tokenizer`'s model family. `calls` false (tool_choice "none"): tool-call
         markers are content; `one_call` (parallel_tool_calls false): the reply ends after its first call;
         `json_calls`: the tools were described in the prompt (service/chat/prompt.py with_tool_prompt), so calls
-        are <tool_call> JSON, parsed with mlx-lm's json_tools. Raises nothing."""
+        are <tool_call> JSON, parsed with mlx-lm's json_tools; `opening`: the template's generation prompt that
+        ends the prompt (None: unknown, the prompt's last tokens decide). Raises nothing."""
         try:
-            from engine.chat_output import ChatOutputSplitter, OutputMarkers, starts_in_reasoning
+            from engine.chat_output import ChatOutputSplitter, OutputMarkers, opens_reasoning, starts_in_reasoning
 
             markers = OutputMarkers.from_tokenizer(tokenizer)
             if json_calls:
@@ -62,9 +64,9 @@ class ChatTranslator:
             if not calls:
                 markers = markers.without_tool_calls()
             if markers.has_thinking or markers.tool_call_start:
-                splitter = ChatOutputSplitter(
-                    markers, tools=tools, in_reasoning=starts_in_reasoning(tokenizer, prompt_tokens)
-                )
+                reasoning = (opens_reasoning(tokenizer, opening) if opening is not None
+                             else starts_in_reasoning(tokenizer, prompt_tokens))
+                splitter = ChatOutputSplitter(markers, tools=tools, in_reasoning=reasoning)
                 return cls(splitter, one_call=one_call)
         except Exception:  # a tokenizer without the attributes: plain content
             pass

@@ -14,6 +14,8 @@ from service.chat.schemas import ChatCompletionRequest, ChatMessage
 
 __all__ = [
     "has_chat_template",
+    "generation_prompt",
+    "PROBE_TEXT",
     "MessageError",
     "template_messages",
     "named_roles",
@@ -299,6 +301,30 @@ def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
                                          **(kwargs or {}))
     return str(text), False
+
+
+# The conversations `generation_prompt` renders (a template that refuses the first may take the second).
+PROBE_TEXT = "zq-probe"
+_PROBES = ([{"role": "user", "content": PROBE_TEXT}],
+           [{"role": "system", "content": PROBE_TEXT}, {"role": "user", "content": PROBE_TEXT}])
+
+
+def generation_prompt(tokenizer: Any, kwargs: dict[str, Any] | None = None) -> str | None:
+    """The text the template appends to open the reply (`add_generation_prompt`), found by rendering a short
+    conversation with and without it; "assistant: " without a template; None when no probe renders or the two
+    renderings do not share that prefix. Blocking (jinja). Raises nothing."""
+    if not has_chat_template(tokenizer):
+        return "assistant: "
+    for probe in _PROBES:
+        try:
+            opened = str(tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False,
+                                                       **(kwargs or {})))
+            closed = str(tokenizer.apply_chat_template(probe, add_generation_prompt=False, tokenize=False,
+                                                       **(kwargs or {})))
+        except Exception:  # noqa: BLE001 — a template that refuses this conversation: try the next
+            continue
+        return opened[len(closed):] if opened.startswith(closed) else None
+    return None
 
 
 def named_roles(tokenizer: Any) -> frozenset[str]:

@@ -23,6 +23,7 @@ from service.chat.prompt import (
     calls_as_text,
     common_prefix_boundary,
     encode_rendered,
+    generation_prompt,
     named_roles,
     reads_tool_calls,
     render_text,
@@ -55,6 +56,9 @@ RESERVED_KWARGS = frozenset({
 _VARIABLES = PerTokenizer(template_variables)
 _READS_CALLS = PerTokenizer(reads_tool_calls)
 _NAMED_ROLES = PerTokenizer(named_roles)
+# Each tokenizer's generation prompt per set of template kwargs (a request's kwargs may vary; the newest kept).
+_OPENINGS: PerTokenizer[dict[str, str | None]] = PerTokenizer(lambda tokenizer: {})
+_OPENINGS_KEPT = 32
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class RenderedPrompt:
     boundaries: tuple[int, ...]
     # The tools were described in the system message (the template takes none): calls come as <tool_call> JSON.
     json_tool_calls: bool = False
+    # What the template appended to open the reply (None: not known), so that only it, never the conversation,
+    # decides whether the reply starts inside a think block.
+    generation_prompt: str | None = None
 
 
 def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None:
@@ -188,7 +195,25 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
                 boundaries = common_prefix_boundary(probe_tokens, tokens)
             except APIError:  # a template that insists on a full conversation: no boundary, no harm
                 pass
-    return RenderedPrompt(tokens, boundaries, json_calls)
+        opening = await _opening(tokenizer, kwargs, timeout)
+    return RenderedPrompt(tokens, boundaries, json_calls, opening if opening is not None and text.endswith(opening)
+                          else None)
+
+
+async def _opening(tokenizer: Any, kwargs: dict[str, Any], timeout: float) -> str | None:
+    """generation_prompt(tokenizer, kwargs), kept per tokenizer and kwargs; None when it cannot be had in
+    `timeout`. Raises nothing but cancellation."""
+    kept = _OPENINGS.get(tokenizer)
+    key = json.dumps(kwargs, sort_keys=True, default=repr)
+    if key not in kept:
+        try:
+            opening = await run_abortable(generation_prompt, tokenizer, kwargs, timeout=timeout)
+        except Exception:  # noqa: BLE001 — a slow template: not known, the token rule decides
+            return None
+        while len(kept) >= _OPENINGS_KEPT:
+            kept.pop(next(iter(kept)))
+        kept[key] = opening
+    return kept[key]
 
 
 async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,

@@ -12,7 +12,6 @@ import logging
 from contextlib import aclosing
 from typing import Any, AsyncGenerator, Sequence
 
-import anyio
 from litestar import Request, Response, post
 
 from engine.contracts import TokenLogprob
@@ -194,7 +193,8 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
         translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data),
                                                       calls=data.tool_choice != "none",
                                                       one_call=data.parallel_tool_calls is False,
-                                                      json_calls=rendered.json_tool_calls))
+                                                      json_calls=rendered.json_tool_calls,
+                                                      opening=rendered.generation_prompt))
         stream = submit(engine, generation, param="messages")
         observe_queue_wait(state, timing)
         return stream

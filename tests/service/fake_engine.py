@@ -11,6 +11,7 @@ import anyio
 from engine.contracts import Delta, GenerationRequest, TokenLogprob
 from engine.errors import ContextTooLong
 from engine.tasks import ExecutionTasks
+from service.chat.prompt import PROBE_TEXT
 
 __all__ = ["FakeTokenizer", "FakeEngine", "FakeStream"]
 
@@ -39,7 +40,8 @@ class FakeTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, *, tokenize: bool = True,
                             **kwargs: Any) -> list[int] | str:
-        self.template_calls.append({"messages": messages, "tools": tools, **kwargs})
+        if not any(m.get("content") == PROBE_TEXT for m in messages):  # the server's probe is no request's prompt
+            self.template_calls.append({"messages": messages, "tools": tools, **kwargs})
         if kwargs.get("fail"):
             raise ValueError("template says no")
         text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"

@@ -224,7 +224,8 @@ class NamesTokenizer(TemplateTokenizer):
                             **kwargs: Any) -> list[int] | str:
         named = [dict(m, role=m.get("name") or m["role"]) for m in messages]
         rendered = super().apply_chat_template(named, tools, tokenize=tokenize, **kwargs)
-        self.template_calls[-1]["messages"] = messages  # recorded as they came
+        if self.template_calls and self.template_calls[-1]["messages"] == named:
+            self.template_calls[-1]["messages"] = messages  # recorded as they came
         return rendered
 
 
