@@ -89,10 +89,26 @@ def kv_token_bytes(model: Any) -> int:
         out_features = int(getattr(proj, "scales", proj.weight).shape[0])
         if head_dim := out_features // n_kv:
             return 2 * len(layers) * n_kv * head_dim * dtype.size
-    per_layer = _kv_width(getattr(model, "args", None))
+    args = getattr(model, "args", None)
+    per_layer = _kv_width(args)
+    if not per_layer and _state_space(model):
+        # A state-space model's cache is a fixed state per row, not per token: a token is charged one width of
+        # the model, so the budget still bounds rows × length.
+        per_layer = 2 * int(getattr(args, "hidden_size", 0) or getattr(args, "d_model", 0))
     if not per_layer:
         raise ValueError("neither attention layers nor a config to size the KV cache from")
-    return per_layer * (len(layers) or int(getattr(model.args, "num_hidden_layers", 0))) * _float_size(model)
+    return per_layer * (len(layers) or int(getattr(args, "num_hidden_layers", 0))) * _float_size(model)
+
+
+def _state_space(model: Any) -> bool:
+    """True when every cache the model makes is a fixed-size state (Mamba's), none grows with tokens."""
+    from mlx_lm.models.cache import ArraysCache, make_prompt_cache
+
+    try:
+        caches = make_prompt_cache(model)
+    except Exception:  # noqa: BLE001 — a model that cannot say: not a state-space one
+        return False
+    return bool(caches) and all(isinstance(c, ArraysCache) for c in caches)
 
 
 def _kv_width(args: Any) -> int:

@@ -518,6 +518,24 @@ async def test_a_hybrid_model_whose_layers_keep_state_prefills_in_chunks(tmp_pat
     assert_matches_reference(lfm2, prompt, tokens_of(deltas[0]), 8)
 
 
+MAMBA = {"architectures": ["MambaForCausalLM"], "state_size": 8, "conv_kernel": 4, "use_bias": False,
+         "use_conv_bias": True, "time_step_rank": 4}
+
+
+async def test_a_state_space_model_runs_separate_passes_as_mlx_lm_does(tmp_path) -> None:
+    # Mamba: every layer a recurrent state, no attention. Rows of different lengths joining at different steps.
+    from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+    mamba = load_tiny_llm(build_tiny_llm(tmp_path, model_type="mamba", extra_config=MAMBA))
+    group = make_group(mamba, max_iteration_tokens=16)
+    assert group.plan.method == "separate-passes"
+    prompts = [prompt_of(n, i) for i, n in enumerate((6, 40, 3))]
+    deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=8) for p in prompts], [0, 1, 3])
+    for p, d in zip(prompts, deltas.values()):
+        assert d[-1].error is None
+        assert_matches_reference(mamba, p, tokens_of(d), 8)
+
+
 async def test_a_task_enqueued_while_the_group_goes_idle_wakes_it(tiny_loaded) -> None:
     group = make_group(tiny_loaded)
     woke = anyio.Event()
