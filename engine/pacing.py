@@ -9,7 +9,8 @@ and never more than its budget. When the fixed part alone passes that bound, sma
 progress, so prompts get as many tokens as the fixed part costs (at most the budget). With no row decoding there is no gap to protect: prompts get the
 whole budget. Before anything is measured beside decoding rows, chunks start at the minimum and double. When the decode cost moves 2×
 (many rows left or joined) the mixed samples no longer describe the load: they are dropped and learned again.
-An allowance grows at most 2× from one mixed iteration to the next.
+While paced chunks are all of one size, their cost prices the tokens anew (the fixed part kept), so a fit made on
+a noisy stretch does not stand for good. An allowance grows at most 2× from one mixed iteration to the next.
 """
 
 from __future__ import annotations
@@ -83,7 +84,12 @@ class PrefillPacer:
         if len(samples) < _MIN_SAMPLES or max(counts) < _SPREAD * min(counts):
             if self.fixed_seconds is None:  # never told apart: charge everything per token (the safe side)
                 self.token_seconds = median(extra / n for n, extra in samples)
-            return  # else the last fit stands until the counts spread again
+            elif len(samples) >= _MIN_SAMPLES:
+                # Chunks of one size cannot re-split fixed from per-token cost, but they say what such a chunk
+                # costs now: keep the fixed part, price tokens from them. A fit made on a noisy stretch (131 ms a
+                # token on a CPU another process held) otherwise stood for good, every chunk the minimum.
+                self.token_seconds = max(median((extra - self.fixed_seconds) / n for n, extra in samples), 0.0)
+            return
         # Theil–Sen (median of pairwise slopes): one compile or page-in spike does not move the estimate.
         slopes = [(e2 - e1) / (n2 - n1) for i, (n1, e1) in enumerate(samples) for n2, e2 in samples[i + 1:]
                   if n2 != n1]

@@ -140,3 +140,18 @@ def test_a_fixed_cost_beyond_the_stall_buys_prompt_work_of_its_own_size_not_the_
     allowances = _simulate(pacer, decode=0.095, fixed=0.107, per_token=0.0156, iterations=32)
     assert pacer.fixed_seconds is not None and pacer.fixed_seconds >= 0.5 * 0.095
     assert max(allowances[-8:]) <= int(0.107 / 0.0156) + 1
+
+
+def test_a_fit_made_on_a_noisy_stretch_is_made_again_from_chunks_of_one_size() -> None:
+    # A 2-core CPU another process held: mixed iterations read as 131 ms a prompt token, every chunk became the
+    # minimum, the samples (all of one size) never spread, and the fit stood for minutes (long prompts waited 2-4
+    # minutes for a first token) although a token cost ~1 ms again.
+    pacer = PrefillPacer(max_tokens=512, min_tokens=4)
+    pacer.record(0.24, prompt_tokens=0, decode_rows=3)
+    for n, extra in [(4, 0.30), (8, 0.9), (4, 0.5), (8, 1.2), (4, 0.6), (8, 1.1), (16, 2.0)]:
+        pacer.record(0.24 + extra, n, 3)
+    assert pacer.prompt_tokens(decode_rows=3) == 4
+    allowances = _simulate(pacer, decode=0.24, fixed=0.0, per_token=0.001, iterations=80)
+    want = int((STALL - 1) * 0.24 / 0.001)
+    assert abs(allowances[-1] - want) <= 0.1 * want
+    assert all(0.24 + 0.001 * n <= STALL * 0.24 + 1e-9 for n in allowances)  # never past the bound on the way
