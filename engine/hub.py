@@ -19,13 +19,15 @@ from engine.errors import ModelNotFound
 __all__ = ["MODEL_FILE_PATTERNS", "CachedModel", "ModelDownloadError", "cached_repo_id", "download_model",
            "hub_cache_dir", "list_cached_models", "snapshot_dir"]
 
-# What `tandem models get` fetches: mlx-lm's own patterns plus mlx-whisper's weight files. Never every
-# GGUF, nor duplicate checkpoints such as consolidated.safetensors.
+# What `tandem models get` fetches: mlx-lm's own patterns plus mlx-whisper's weight files and a faster-whisper
+# (CTranslate2) repo's model.bin (its vocabulary is .txt or .json). Never every GGUF, nor duplicate checkpoints
+# such as consolidated.safetensors or pytorch_model.bin.
 MODEL_FILE_PATTERNS = [
     "*.json",
     "model*.safetensors",
     "weights.safetensors",
     "weights.npz",
+    "model.bin",
     "tokenizer.model",
     "*.tiktoken",
     "tiktoken.model",

@@ -6,6 +6,7 @@ import argparse
 import importlib
 from typing import Any
 
+from service.cli.errors import CLIError
 from service.cli.parsers import HelpFormatter, common_options
 
 __all__ = ["add_benchmark", "BENCHMARKS"]
@@ -32,10 +33,21 @@ def add_benchmark(sub: Any) -> None:
                        description="\n".join(f"{k}: {v[2]}" for k, v in BENCHMARKS.items()),
                        formatter_class=_Formatter, parents=[common_options()])
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark (see the list above)")
-    p.add_argument("options", nargs=argparse.REMAINDER, help="passed to the benchmark (see NAME --help)")
+    options = p.add_argument("options", nargs=argparse.REMAINDER, help="passed to the benchmark (see NAME --help)")
+    # argparse counts a REMAINDER positional as required: with no NAME its usage error named "options" too.
+    options.required = False
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Run the named benchmark. Raises CLIError for a model that is not there (a traceback before)."""
+    from audio.errors import WhisperCheckpointError
+    from engine.errors import ModelNotFound
+
     module, entry, _ = BENCHMARKS[args.name]
-    return int(getattr(importlib.import_module(module), entry)(args.options) or 0)
+    try:
+        return int(getattr(importlib.import_module(module), entry)(args.options) or 0)
+    except ModelNotFound as exc:
+        raise CLIError(f"no model: {exc}") from None
+    except WhisperCheckpointError as exc:
+        raise CLIError(str(exc)) from None

@@ -21,7 +21,8 @@ def add_generate(sub: Any) -> None:
     p = add_command(sub, "generate", "stream one chat reply to the terminal (no server)")
     p.add_argument("prompt", help="the user message; - reads it from stdin")
     p.add_argument("--model", default=None,
-                   help="chat model: dir, .gguf, cached repo id, or the id /v1/models shows (default: the demo)")
+                   help="chat model: dir, .gguf or cached repo id, as `serve` takes it (the id /v1/models shows for a "
+                        "local dir or file is only its name: give the path) (default: the demo)")
     p.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--seed", type=_seed, default=None, help="sampling seed, 0..2^64-1 (default: random)")
@@ -50,7 +51,13 @@ _seed = _checked(int, lambda v: 0 <= v < 2**64, "in 0..2^64-1 (the sampler's PRN
 
 def _generate(args: argparse.Namespace) -> int:
     if args.prompt == "-":
-        args.prompt = sys.stdin.read().strip()
+        if sys.stdin is None:  # started with stdin closed (`<&-`): Python leaves sys.stdin None
+            raise CLIError("- reads the prompt from stdin, which is closed: pipe the prompt in (echo hi | tandem "
+                           "generate -)")
+        try:
+            args.prompt = sys.stdin.read().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"cannot read the prompt from stdin: {exc}") from None
         if not args.prompt:
             raise CLIError("the prompt read from stdin is empty")
     resolve_chat_model(args.model)  # a bad name fails here, before MLX loads anything

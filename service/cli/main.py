@@ -41,16 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tandem` console script; returns the exit code. Raises SystemExit on --help."""
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["pi"] and not is_pi_help(argv[1:]):  # pi's own options (-p, --model...) pass through
-        from service.pi.command import pi_command
-
-        return pi_command(argv[1:])
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
-    from engine.backend import ensure_fast_blas
-
-    ensure_fast_blas()  # before any command imports mlx (a no-op where MLX brings its own BLAS)
+    # Ctrl-C at any point, loading the BLAS and the command's modules included, exits 130 without a traceback.
     try:
+        if argv[:1] == ["pi"] and not is_pi_help(argv[1:]):  # pi's own options (-p, --model...) pass through
+            from service.pi.command import pi_command
+
+            return pi_command(argv[1:])
+        args = build_parser().parse_args(argv)
+        configure_logging(args.log_level)
+        from engine.backend import ensure_fast_blas
+
+        ensure_fast_blas()  # before any command imports mlx (a no-op where MLX brings its own BLAS)
         _check_environment()
         return int(args.func(args) or 0)
     except CLIError as exc:

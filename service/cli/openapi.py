@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 from typing import Any
 
+from service.cli.errors import CLIError
 from service.cli.parsers import add_command
 
 __all__ = ["add_openapi"]
+
+# Why a path cannot be written that the user can fix by naming another (others are the disk's: ENOSPC, EIO).
+_PATH_ERRORS = {errno.ENOENT, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EROFS,
+                errno.ENAMETOOLONG}
 
 
 def add_openapi(sub: Any) -> None:
@@ -31,5 +37,11 @@ def _openapi(args: argparse.Namespace) -> int:
             return 1
         print(f"{path} is up to date")
         return 0
-    print(write_openapi(path))
+    try:
+        written = write_openapi(path)
+    except OSError as exc:  # one line; exit 2 for a path that cannot be written (the user's), 1 for a failing disk
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+        raise CLIError(f"cannot write {path}: {exc.strerror or exc}{where}",
+                       code=2 if exc.errno in _PATH_ERRORS else 1) from None
+    print(written)
     return 0

@@ -13,7 +13,7 @@ __all__ = ["resolve_chat_model", "whisper_spec"]
 
 
 def resolve_chat_model(spec: str | None) -> ModelSource:
-    """Resolve a chat model spec (a dir, a .gguf, a cached repo id, "demo" or the id /v1/models shows)
+    """Resolve a chat model spec (a dir, a .gguf, a cached repo id, "demo" or the demo's id)
     without loading it. Raises CLIError with how to get a model when nothing matches."""
     from engine.errors import ModelNotFound
     from engine.models import resolve_model

@@ -28,9 +28,9 @@ def add_serve(sub: Any) -> None:
     """Register `tandem serve`. Raises nothing."""
     p = add_command(sub, "serve", "serve the OpenAI-compatible API (granian, one worker)")
     p.add_argument("model", nargs="?", default=None,
-                   help="chat model: local HF-layout dir, .gguf file, HF repo id in the local cache, or the id "
-                        "/v1/models shows; a Whisper checkpoint serves transcription only "
-                        "(default: the embedded demo, SmolLM2-135M-Instruct)")
+                   help="chat model: local HF-layout dir, .gguf file, HF repo id in the local cache, or 'demo'; a "
+                        "Whisper checkpoint serves transcription only (default: the embedded demo, "
+                        "SmolLM2-135M-Instruct)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
@@ -104,24 +104,26 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
-def _claim_port(host: str, port: int) -> PortLock:
-    """Take the port's lock, then check the port binds; the caller holds the lock while it serves. Raises
-    CLIError when another tandem server holds the lock or host:port cannot be bound."""
+def _claim_port(host: str, port: int) -> tuple[PortLock, str]:
+    """Take the port's lock, then check the port binds; the caller holds the lock while it serves. Returns it and
+    the address `host` resolved to. Raises CLIError when another tandem server holds the lock or host:port cannot
+    be bound."""
     try:
         # granian binds with SO_REUSEPORT: a bind check alone lets a server starting beside this one share the port.
         lock = lock_port(port)
     except PortBusy:
         raise CLIError(f"cannot listen on {host}:{port}: Address already in use (is another server running?)") from None
     try:
-        _check_port(host, port)
+        address = _check_port(host, port)
     except BaseException:
         lock.release()
         raise
-    return lock
+    return lock, address
 
 
-def _check_port(host: str, port: int) -> None:
-    """Raise CLIError when host:port cannot be bound (granian would fail later with a Rust backtrace)."""
+def _check_port(host: str, port: int) -> str:
+    """The IP address `host` (a name or an address) resolves to, once a socket binds there. Raises CLIError when
+    host:port cannot be resolved or bound (granian would fail later with a Rust backtrace)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
@@ -133,6 +135,7 @@ def _check_port(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as exc:
             raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running?)") from None
+    return str(address[0])
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -147,7 +150,12 @@ def _serve(args: argparse.Namespace) -> int:
         # Headers only: an empty or truncated download is one line here, not a worker that starts and fails.
         if (problem := broken_model_file(Path(source.path))) is not None:
             raise CLIError(f"cannot load model {source.name}: {problem}")
-    lock = _claim_port(config.host, config.port)
+    lock, address = _claim_port(config.host, config.port)
+    if address != config.host:
+        # granian takes IP addresses only ("localhost" failed with a traceback); the Host guard and the warning
+        # below judge the address actually bound, so `localhost` stays loopback.
+        _log.info("--host %s resolves to %s", config.host, address)
+        config.host = address
     # Only once every check passed, so a bad name or a busy port is the one line printed.
     warn_if_open(config)
     if not logging.getLogger("tandem.service").isEnabledFor(logging.INFO):

@@ -9,6 +9,7 @@ import os
 
 from service.cli.errors import CLIError
 from service.cli.parsers import byte_size, seconds
+from service.cli.serve_speech import mark_speech_only
 from service.config import API_KEY_ENV, ServiceConfig, split_list
 from service.http.auth import is_loopback
 from service.limits import Limits
@@ -37,19 +38,23 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-body-bytes", type=byte_size, default=_DEFAULT.max_body_bytes,
                      help="largest JSON request body, e.g. 8MiB")
-    lim.add_argument("--max-upload-bytes", type=byte_size, default=_DEFAULT.max_upload_bytes,
-                     help="largest multipart upload to /v1/audio/transcriptions")
-    lim.add_argument("--max-part-bytes", type=byte_size, default=_DEFAULT.max_part_bytes,
-                     help="largest single part of a multipart upload")
-    lim.add_argument("--max-audio-seconds", type=seconds, default=_DEFAULT.max_audio_seconds, metavar="SEC",
-                     help="longest audio one transcription request (or one file appended to a session) may hold; "
-                          "longer is refused with a 400 audio_too_long")
-    lim.add_argument("--max-pcm-chunk-bytes", type=byte_size, default=_DEFAULT.max_pcm_chunk_bytes,
-                     help="largest audio chunk appended to a live session")
-    lim.add_argument("--max-ws-frame-bytes", type=byte_size, default=_DEFAULT.max_ws_frame_bytes,
-                     help="largest websocket message (default 16MiB: OpenAI's 15 MiB Realtime append fits, and "
-                          "granian itself drops a connection on a single frame over 16 MiB); a bigger fragmented one "
-                          "is dropped with an error event, the session and its audio stay")
+    # These five reach only the speech routes (uploads, session audio, the live websockets).
+    speech_only = [
+        lim.add_argument("--max-upload-bytes", type=byte_size, default=_DEFAULT.max_upload_bytes,
+                         help="largest multipart upload to /v1/audio/transcriptions"),
+        lim.add_argument("--max-part-bytes", type=byte_size, default=_DEFAULT.max_part_bytes,
+                         help="largest single part of a multipart upload"),
+        lim.add_argument("--max-audio-seconds", type=seconds, default=_DEFAULT.max_audio_seconds, metavar="SEC",
+                         help="longest audio one transcription request (or one file appended to a session) may hold; "
+                              "longer is refused with a 400 audio_too_long"),
+        lim.add_argument("--max-pcm-chunk-bytes", type=byte_size, default=_DEFAULT.max_pcm_chunk_bytes,
+                         help="largest audio chunk appended to a live session"),
+        lim.add_argument("--max-ws-frame-bytes", type=byte_size, default=_DEFAULT.max_ws_frame_bytes,
+                         help="largest websocket message (default 16MiB: OpenAI's 15 MiB Realtime append fits, and "
+                              "granian itself drops a connection on a single frame over 16 MiB); a bigger fragmented "
+                              "one is dropped with an error event, the session and its audio stay"),
+    ]
+    mark_speech_only(p, *speech_only)
     lim.add_argument("--header-timeout", type=seconds, default=_DEFAULT.header_timeout, metavar="SEC",
                      help="seconds a connection has to send its request headers")
     lim.add_argument("--body-timeout", type=seconds, default=_DEFAULT.body_timeout, metavar="SEC",

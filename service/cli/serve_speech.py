@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from service.cli.errors import CLIError
 from service.cli.parsers import finite, seconds
 from service.config import ServiceConfig
 
-__all__ = ["add_serve_speech_args", "configure_serve_speech", "ServeSpeech"]
+__all__ = ["add_serve_speech_args", "configure_serve_speech", "ServeSpeech", "mark_speech_only", "speech_flags_given"]
+
+# Where the parser keeps (flag, dest, default) of every flag that only changes speech (a set_defaults entry, so
+# the parsed arguments carry it to configure_serve_speech).
+_SPEECH_ONLY = "speech_only_flags"
 
 
 @dataclass(frozen=True)
@@ -24,45 +29,66 @@ class ServeSpeech:
 def add_serve_speech_args(p: argparse.ArgumentParser) -> None:
     """--whisper-model and the residency flags of `tandem serve`. Raises nothing."""
     g = p.add_argument_group("speech")
-    g.add_argument("--whisper-model", default=None,
-                   help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, or tiny.en "
-                        "(default: the demo tiny.en when installed)")
-    g.add_argument("--no-whisper", action="store_true", help="serve no Whisper model")
-    g.add_argument("--whisper-idle-unload", type=seconds, default=0.0, metavar="SEC",
-                   help="unload Whisper after SEC idle seconds (0: after every request)")
-    g.add_argument("--whisper-resident", action="store_true", help="keep Whisper loaded")
-    g.add_argument("--preload", action="store_true", help="load Whisper at startup")
-    g.add_argument("--session-ttl", type=seconds, default=300.0, metavar="SEC",
-                   help="drop live sessions whose client sent nothing this long while none of their audio was "
-                        "being transcribed; websockets included (an error event, then a normal close)")
-    g.add_argument("--no-vad", action="store_true",
-                   help="requests that do not say get no VAD: Whisper hears silence too (default: only speech)")
-    g.add_argument("--max-sessions", type=int, default=64, help="live sessions open at once (more get 429)")
-    g.add_argument("--key-session-share", type=finite, default=0.5, metavar="F",
-                   help="with two or more --api-key keys, one key may hold at most this share of --max-sessions "
-                        "(more get 429 session_share_reached while other keys still get in; 1: no cap)")
-    g.add_argument("--max-session-seconds", type=seconds, default=3600.0, metavar="SEC",
-                   help="audio one live session may receive")
-    g.add_argument("--max-buffered-audio", type=seconds, default=1800.0, metavar="SEC",
-                   help="untranscribed audio all live sessions may hold together (more is refused: 429)")
-    g.add_argument("--max-session-lag", type=seconds, default=120.0, metavar="SEC",
-                   help="untranscribed audio one live session may hold (a faster sender is refused: 429)")
-    g.add_argument("--whisper-step-positions", type=int, default=375, metavar="N",
-                   help="encoder positions a Whisper unit covers when chat is idle (a 30 s window is 1500)")
-    g.add_argument("--whisper-step-tokens", type=int, default=4, metavar="N",
-                   help="tokens each Whisper row decodes per step when chat is idle")
-    g.add_argument("--whisper-chat-share", type=finite, default=0.3, metavar="F",
-                   help="while chat decodes, a Whisper step lasts at most this share of a chat iteration")
-    g.add_argument("--whisper-catch-up", type=seconds, default=1.0, metavar="SEC",
-                   help="while chat decodes, a Whisper step's share doubles for each SEC the oldest live "
-                        "session's window has waited (up to 8x), so live speech that falls behind catches up")
-    g.add_argument("--live-context", choices=("auto", "fit", "whole"), default="auto",
-                   help="what a live decode encodes: whole, Whisper's 30 s window, as mlx-whisper; fit, the open audio "
-                        "plus 1 s, at least 10 s (a third of the encoder's work; a final that fails the thresholds or "
-                        "loops is redone whole); auto (default): fit on a CPU, whole on a GPU")
-    g.add_argument("--whisper-min-step-ms", type=finite, default=None, metavar="MS",
-                   help="when chat is idle, a Whisper step goes on until it took this long (default: 5 on a "
-                        "GPU, where one unit is shorter than a trip through the loop; 0 on a CPU)")
+    speech_only: list[argparse.Action] = []
+
+    def add(*names: str, **kwargs: Any) -> None:  # every flag here but --no-whisper changes speech only
+        speech_only.append(g.add_argument(*names, **kwargs))
+
+    add("--whisper-model", default=None,
+        help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, or tiny.en "
+             "(default: the demo tiny.en when installed)")
+    g.add_argument("--no-whisper", action="store_true",
+                   help="serve no Whisper model (a speech-only flag given beside it is refused)")
+    add("--whisper-idle-unload", type=seconds, default=0.0, metavar="SEC",
+        help="unload Whisper after SEC idle seconds (0: after every request)")
+    add("--whisper-resident", action="store_true", help="keep Whisper loaded")
+    add("--preload", action="store_true", help="load Whisper at startup")
+    add("--session-ttl", type=seconds, default=300.0, metavar="SEC",
+        help="drop live sessions whose client sent nothing this long while none of their audio was "
+             "being transcribed; websockets included (an error event, then a normal close)")
+    add("--no-vad", action="store_true",
+        help="requests that do not say get no VAD: Whisper hears silence too (default: only speech)")
+    add("--max-sessions", type=int, default=64, help="live sessions open at once (more get 429)")
+    add("--key-session-share", type=finite, default=0.5, metavar="F",
+        help="with two or more --api-key keys, one key may hold at most this share of --max-sessions "
+             "(more get 429 session_share_reached while other keys still get in; 1: no cap)")
+    add("--max-session-seconds", type=seconds, default=3600.0, metavar="SEC",
+        help="audio one live session may receive")
+    add("--max-buffered-audio", type=seconds, default=1800.0, metavar="SEC",
+        help="untranscribed audio all live sessions may hold together (more is refused: 429)")
+    add("--max-session-lag", type=seconds, default=120.0, metavar="SEC",
+        help="untranscribed audio one live session may hold (a faster sender is refused: 429)")
+    add("--whisper-step-positions", type=int, default=375, metavar="N",
+        help="encoder positions a Whisper unit covers when chat is idle (a 30 s window is 1500)")
+    add("--whisper-step-tokens", type=int, default=4, metavar="N",
+        help="tokens each Whisper row decodes per step when chat is idle")
+    add("--whisper-chat-share", type=finite, default=0.3, metavar="F",
+        help="while chat decodes, a Whisper step lasts at most this share of a chat iteration")
+    add("--whisper-catch-up", type=seconds, default=1.0, metavar="SEC",
+        help="while chat decodes, a Whisper step's share doubles for each SEC the oldest live "
+             "session's window has waited (up to 8x), so live speech that falls behind catches up")
+    add("--live-context", choices=("auto", "fit", "whole"), default="auto",
+        help="what a live decode encodes: whole, Whisper's 30 s window, as mlx-whisper; fit, the open audio "
+             "plus 1 s, at least 10 s (a third of the encoder's work; a final that fails the thresholds or "
+             "loops is redone whole); auto (default): fit on a CPU, whole on a GPU")
+    add("--whisper-min-step-ms", type=finite, default=None, metavar="MS",
+        help="when chat is idle, a Whisper step goes on until it took this long (default: 5 on a "
+             "GPU, where one unit is shorter than a trip through the loop; 0 on a CPU)")
+    mark_speech_only(p, *speech_only)
+
+
+def mark_speech_only(p: argparse.ArgumentParser, *actions: argparse.Action) -> None:
+    """Record `actions` as flags that only change speech: given beside --no-whisper, configure_serve_speech refuses
+    them (they would be dropped unseen). Raises nothing."""
+    known: list[tuple[str, str, object]] = list(p.get_default(_SPEECH_ONLY) or [])
+    p.set_defaults(**{_SPEECH_ONLY: known + [(a.option_strings[-1], a.dest, a.default) for a in actions]})
+
+
+def speech_flags_given(args: argparse.Namespace) -> list[str]:
+    """The speech-only flags whose value differs from their default (given with another value), sorted. Raises
+    nothing."""
+    flags: list[tuple[str, str, object]] = getattr(args, _SPEECH_ONLY, [])
+    return sorted(flag for flag, dest, default in flags if getattr(args, dest) != default)
 
 
 def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> ServeSpeech:
@@ -89,9 +115,7 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
     if not args.whisper_catch_up > 0:
         raise CLIError("--whisper-catch-up must be > 0")
     # Flags that would be dropped without a word: speech off with speech settings, a resident model told to unload.
-    given = [flag for flag, on in (("--whisper-model", args.whisper_model is not None), ("--preload", args.preload),
-                                   ("--whisper-resident", args.whisper_resident)) if on]
-    if args.no_whisper and given:
+    if args.no_whisper and (given := speech_flags_given(args)):
         raise CLIError(f"--no-whisper serves no Whisper model: {', '.join(given)} cannot apply")
     if args.whisper_resident and args.whisper_idle_unload > 0:
         raise CLIError("--whisper-resident keeps Whisper loaded: --whisper-idle-unload cannot apply")

@@ -125,6 +125,8 @@ def _read_audio(path: str) -> np.ndarray:
 
     if path != "-":
         return load_audio_file(path)
+    if sys.stdin is None:  # started with stdin closed (`<&-`): Python leaves sys.stdin None
+        raise CLIError("- reads the audio from stdin, which is closed: pipe a file in (tandem transcribe - < talk.wav)")
     if sys.stdin.isatty():
         raise CLIError("- reads the audio from stdin, which is a terminal: pipe a file in "
                        "(tandem transcribe - < talk.wav)")

@@ -92,3 +92,21 @@ def test_damaged_repos_are_listed_with_what_is_wrong(tiny_llm_dir, hub_cache) ->
     assert {m.kind for m in listed.values()} == {"llm"}
     tokenizer_bytes = (tiny_llm_dir / "tokenizer.json").stat().st_size
     assert listed["org/no-blob"].size_bytes == listed["org/sound"].size_bytes - tokenizer_bytes
+
+
+def test_get_fetches_what_a_faster_whisper_repo_needs() -> None:
+    # `tandem models get Systran/faster-whisper-*` fetched the config and vocabulary but not the CTranslate2
+    # weights, model.bin: the repo was listed as whisper and failed to import.
+    from huggingface_hub.utils import filter_repo_objects
+
+    from engine.hub import MODEL_FILE_PATTERNS
+
+    def fetched(files: list[str]) -> set[str]:
+        return set(filter_repo_objects(files, allow_patterns=MODEL_FILE_PATTERNS))
+
+    tiny = [".gitattributes", "README.md", "config.json", "model.bin", "tokenizer.json", "vocabulary.txt"]
+    assert fetched(tiny) == {"config.json", "model.bin", "tokenizer.json", "vocabulary.txt"}
+    large_v3 = ["config.json", "model.bin", "preprocessor_config.json", "tokenizer.json", "vocabulary.json"]
+    assert fetched(large_v3) == set(large_v3)
+    # A PyTorch duplicate of an LLM's safetensors still stays behind.
+    assert fetched(["model.safetensors", "pytorch_model.bin", "config.json"]) == {"model.safetensors", "config.json"}

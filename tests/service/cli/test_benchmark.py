@@ -43,3 +43,34 @@ def test_each_benchmarks_help_names_it_as_the_user_typed_it(name: str, capsys: p
         main(["benchmark", name, "--help"])
     assert done.value.code == 0
     assert capsys.readouterr().out.startswith(f"usage: tandem benchmark {name} ")
+
+
+def test_an_unknown_model_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # `tandem benchmark chat --model nosuch` was an engine.errors.ModelNotFound traceback (exit 1).
+    assert main(["benchmark", "chat", "--model", "no-such-model-here", "--no-peer"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tandem: no model:") and "no-such-model-here" in err and err.count("\n") == 1, err
+
+
+def test_an_unknown_whisper_model_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from audio.errors import WhisperCheckpointError
+
+    fake = types.ModuleType("bench.chat")
+
+    def refuse(argv: list[str]) -> int:
+        raise WhisperCheckpointError("Whisper model 'nosuch' not found")
+
+    fake.cli = refuse  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "bench.chat", fake)
+    assert main(["benchmark", "chat"]) == 2
+    assert capsys.readouterr().err == "tandem: Whisper model 'nosuch' not found\n"
+
+
+def test_no_name_asks_for_the_name_only(capsys: pytest.CaptureFixture[str]) -> None:
+    # The options after NAME are optional: the usage error said "required: name, options".
+    with pytest.raises(SystemExit) as exc:
+        main(["benchmark"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "required: name" in err and "options" not in err.splitlines()[-1], err

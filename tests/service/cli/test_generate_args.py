@@ -77,3 +77,11 @@ def test_an_empty_stdin_prompt_is_refused(monkeypatch: pytest.MonkeyPatch, capsy
     monkeypatch.setattr("sys.stdin", io.StringIO("  \n"))
     assert main(["generate", "-"]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+def test_a_closed_stdin_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # `tandem generate - <&-`: Python leaves sys.stdin None, and .read() was an AttributeError traceback.
+    monkeypatch.setattr("sys.stdin", None)
+    assert main(["generate", "-"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tandem: - reads the prompt from stdin, which is closed") and err.count("\n") == 1, err

@@ -132,7 +132,7 @@ def test_models_ls_lists_whisper_models(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    build_tiny_whisper(tmp_path / "cache" / "mlx-tandem" / "whisper" / "mine-float32")
+    build_tiny_whisper(tmp_path / "cache" / "mlx-tandem" / "whisper" / "0123456789abcdef" / "mine-float32")
     assert main(["models", "ls"]) == 0
     rows = capsys.readouterr().out.splitlines()
     assert any(r.startswith("mine-float32 (imported)") and " whisper " in r for r in rows), rows

@@ -1,4 +1,4 @@
-"""`tandem serve` start-up: one server per port, and what it prints before the model loads."""
+"""`tandem serve` start-up: one server per port, host names, and what it prints before the model loads."""
 
 from __future__ import annotations
 
@@ -74,3 +74,46 @@ def test_a_broken_weights_file_is_one_line_before_any_worker(tiny_llm_dir: Path,
     assert main(["serve", str(model), "--no-whisper", "--port", str(_free_port())]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"{weights} is empty (0 bytes)" in err and "starting on" not in err, err
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[object]:
+    """The configs service.server.serve is handed (it returns at once); port locks live under tmp_path."""
+    import service.server
+
+    configs: list[object] = []
+    monkeypatch.setattr(service.server, "serve", lambda config: configs.append(config) or 0)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    return configs
+
+
+def test_a_host_name_is_served_on_the_address_it_resolves_to(tiny_llm_dir: Path, served: list[object],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    # granian takes IP addresses only: `--host localhost` failed with "ValueError: invalid IP address syntax".
+    import ipaddress
+
+    port = _free_port()
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--host", "localhost", "--port", str(port),
+                 "--log-level", "warning"]) == 0
+    host = served[0].host  # type: ignore[attr-defined]
+    assert ipaddress.ip_address(host).is_loopback, host
+    err = capsys.readouterr().err
+    assert "starting on http://" in err and "without an API key" not in err, err
+
+
+def test_the_open_server_warning_judges_the_resolved_address(tiny_llm_dir: Path, served: list[object],
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    # A name of this machine that resolves to loopback is no open server (and keeps the Host guard, which reads
+    # config.host); the name itself is not one is_loopback knows.
+    real = socket.getaddrinfo
+    port = _free_port()
+
+    def resolve(host: str, *args: object, **kwargs: object) -> object:
+        return real("127.0.0.1" if host == "box.example" else host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolve)
+    monkeypatch.delenv("TANDEM_API_KEY", raising=False)
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--host", "box.example", "--port", str(port)]) == 0
+    assert "without an API key" not in caplog.text, caplog.text
+    assert served[0].host == "127.0.0.1"  # type: ignore[attr-defined]

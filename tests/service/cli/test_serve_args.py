@@ -1,5 +1,5 @@
 """`tandem serve` arguments: an empty key, a queue bound of 0, the help's
-defaults, the address at any log level, and a bad --host reported alone."""
+defaults, the address at any log level, a bad --host reported alone, and speech flags beside --no-whisper."""
 
 from __future__ import annotations
 
@@ -70,3 +70,39 @@ def test_a_bad_host_is_the_one_line_printed(tiny_llm_dir: Path, no_server: None,
     assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--host", "bogus.invalid"]) == 2
     err = capsys.readouterr().err
     assert "cannot resolve --host" in err and "without an API key" not in err, err
+
+
+# Every flag that changes speech only, with a value other than its default.
+_SPEECH_ONLY = [
+    ["--whisper-model", "tiny.en"], ["--whisper-idle-unload", "30"], ["--whisper-resident"], ["--preload"],
+    ["--session-ttl", "5"], ["--no-vad"], ["--max-sessions", "3"], ["--key-session-share", "0.25"],
+    ["--max-session-seconds", "60"], ["--max-buffered-audio", "60"], ["--max-session-lag", "30"],
+    ["--whisper-step-positions", "100"], ["--whisper-step-tokens", "2"], ["--whisper-chat-share", "0.5"],
+    ["--whisper-catch-up", "2"], ["--live-context", "whole"], ["--whisper-min-step-ms", "3"],
+    ["--max-upload-bytes", "1MiB"], ["--max-part-bytes", "1MiB"], ["--max-audio-seconds", "60"],
+    ["--max-pcm-chunk-bytes", "64KiB"], ["--max-ws-frame-bytes", "1MiB"],
+]
+
+
+@pytest.mark.parametrize("flag", _SPEECH_ONLY, ids=lambda flag: flag[0])
+def test_a_speech_flag_beside_no_whisper_is_refused_by_name(flag: list[str], tiny_llm_dir: Path, no_server: None,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # Only --whisper-model, --preload and --whisper-resident were refused; the others were dropped unseen.
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", *flag, "--port", str(_free_port())]) == 2
+    err = capsys.readouterr().err
+    assert err == f"tandem: --no-whisper serves no Whisper model: {flag[0]} cannot apply\n", err
+
+
+def test_every_speech_flag_is_covered() -> None:
+    from service.cli.main import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    group = next(g for g in serve._action_groups if g.title == "speech")
+    flags = {a.option_strings[-1] for a in group._group_actions} - {"--no-whisper"}
+    assert flags <= {flag[0] for flag in _SPEECH_ONLY}
+
+
+def test_speech_flags_at_their_defaults_pass_beside_no_whisper(tiny_llm_dir: Path, no_server: None) -> None:
+    # Nothing is dropped when the value given is the one speech-off would have anyway.
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--session-ttl", "300", "--live-context", "auto",
+                 "--max-body-bytes", "1MiB", "--port", str(_free_port())]) == 0

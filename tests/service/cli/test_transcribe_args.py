@@ -21,7 +21,7 @@ def imported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Cap
     """A Whisper checkpoint imported into the user cache; returns the name `models ls` lists it under."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
-    build_tiny_whisper(tmp_path / "cache" / "mlx-tandem" / "whisper" / "tiny-float32")
+    build_tiny_whisper(tmp_path / "cache" / "mlx-tandem" / "whisper" / "0123456789abcdef" / "tiny-float32")
     assert main(["models", "ls"]) == 0
     assert "tiny-float32 (imported)" in capsys.readouterr().out
     monkeypatch.chdir(tmp_path)  # no file of that name here
@@ -65,3 +65,11 @@ def test_word_timestamps_need_verbose_json(fmt: str, wav: Path, capsys: pytest.C
     out, err = capsys.readouterr()
     assert out == "" and "--word-timestamps" in err and "verbose_json" in err and fmt in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_closed_stdin_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # `tandem transcribe - <&-`: Python leaves sys.stdin None, and .isatty() was an AttributeError traceback.
+    monkeypatch.setattr("sys.stdin", None)
+    assert main(["transcribe", "-"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tandem: - reads the audio from stdin, which is closed") and err.count("\n") == 1, err

