@@ -88,7 +88,8 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         max_iteration_tokens=args.max_iteration_tokens,
         prefill_stall=args.prefill_stall,
         decode_burst=args.decode_burst,
-        host=args.host,
+        # A bracketed IPv6 address (`[::1]`, as URLs write it) is the address inside the brackets.
+        host=args.host[1:-1] if args.host.startswith("[") and args.host.endswith("]") else args.host,
         port=args.port,
         served_model_name=args.served_model_name,
         prompt_cache_bytes=args.prompt_cache_bytes,

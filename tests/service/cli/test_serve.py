@@ -101,6 +101,21 @@ def test_a_host_name_is_served_on_the_address_it_resolves_to(tiny_llm_dir: Path,
     assert "starting on http://" in err and "without an API key" not in err, err
 
 
+def test_a_bracketed_ipv6_host_is_the_address_inside(tiny_llm_dir: Path, served: list[object],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # `--host [::1]`, as URLs write it, was "cannot resolve --host '[::1]'".
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = _free_port()
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--host", "[::1]", "--port", str(port),
+                 "--log-level", "warning"]) == 0
+    assert served[0].host == "::1"  # type: ignore[attr-defined]
+    assert f"starting on http://[::1]:{port}/v1" in capsys.readouterr().err
+
+
 def test_the_open_server_warning_judges_the_resolved_address(tiny_llm_dir: Path, served: list[object],
                                                              monkeypatch: pytest.MonkeyPatch,
                                                              caplog: pytest.LogCaptureFixture) -> None:
