@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -184,6 +185,11 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm and mlx_lm.server")
     p.add_argument("--out", default=None, help="also write the JSON result here")
     a = p.parse_args(argv)
+    from bench.serve_procs import exit_on_sigterm
+
+    # A SIGTERM to this process alone unwinds through measure_server's `finally`: its server stops too (it was left
+    # running, an orphan holding the model's memory).
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
     main(a.model, a.levels, a.max_tokens, a.out, not a.no_peer)
     return 0
 

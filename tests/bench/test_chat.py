@@ -32,3 +32,36 @@ def test_good_options_reach_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(bench.chat, "main", lambda *a: ran.append(a))
     assert cli(["--levels", "2,3", "--max-tokens", "5", "--no-peer"]) == 0
     assert ran == [(None, (2, 3), 5, None, False)]
+
+
+CHILD_RUN = """
+import signal, subprocess, sys
+import bench.chat
+
+def serve(cmd, port, env):  # a stand-in server: the test checks it is stopped with the benchmark
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    print(child.pid, flush=True)
+    return child
+
+bench.chat._serve = serve
+bench.chat.run_load = lambda *a: signal.pause()  # the load runs until the signal comes
+import engine.models
+engine.models.hf_dir_for = lambda spec: "/nonexistent/model"
+sys.exit(bench.chat.cli(["--no-peer", "--levels", "1"]))
+"""
+
+
+def test_a_sigterm_to_the_benchmark_alone_stops_its_server() -> None:
+    # `kill PID` of `tandem benchmark chat` left its server running (a signal to the pid, not the group).
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    bench_run = subprocess.Popen([sys.executable, "-c", CHILD_RUN], stdout=subprocess.PIPE, text=True)
+    assert bench_run.stdout is not None
+    server = next(int(line) for line in bench_run.stdout if line.strip().isdigit())  # after the run's own lines
+    bench_run.send_signal(signal.SIGTERM)
+    assert bench_run.wait(timeout=60) == 128 + signal.SIGTERM
+    with pytest.raises(ProcessLookupError):  # stopped and reaped by the benchmark before it exited
+        os.kill(server, 0)
