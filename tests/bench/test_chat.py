@@ -53,6 +53,7 @@ sys.exit(bench.chat.cli(["--no-peer", "--levels", "1"]))
 
 def test_a_sigterm_to_the_benchmark_alone_stops_its_server() -> None:
     # `kill PID` of `tandem benchmark chat` left its server running (a signal to the pid, not the group).
+    import contextlib
     import os
     import signal
     import subprocess
@@ -61,7 +62,11 @@ def test_a_sigterm_to_the_benchmark_alone_stops_its_server() -> None:
     bench_run = subprocess.Popen([sys.executable, "-c", CHILD_RUN], stdout=subprocess.PIPE, text=True)
     assert bench_run.stdout is not None
     server = next(int(line) for line in bench_run.stdout if line.strip().isdigit())  # after the run's own lines
-    bench_run.send_signal(signal.SIGTERM)
-    assert bench_run.wait(timeout=60) == 128 + signal.SIGTERM
-    with pytest.raises(ProcessLookupError):  # stopped and reaped by the benchmark before it exited
-        os.kill(server, 0)
+    try:
+        bench_run.send_signal(signal.SIGTERM)
+        assert bench_run.wait(timeout=60) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):  # stopped and reaped by the benchmark before it exited
+            os.kill(server, 0)
+    finally:  # a failing run leaves nothing behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGKILL)
