@@ -8,13 +8,14 @@ import logging
 import time
 from typing import Any, Callable
 
+from engine.contracts import GenerationRequest
 from engine.prefix_cache import PrefixCache
 from engine.rows import Row
 from engine.runner import make_cache
 from engine.slots import SlotKV
 from engine.step_record import StepRecord
 
-__all__ = ["RowKV"]
+__all__ = ["RowKV", "repeatable"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class RowKV:
         """Give a new row its cache: a prefix-cache hit (its prompt then starts after the hit) or a fresh one.
         Raises nothing from the prefix cache: a cache problem costs a cold prefill, never the request."""
         self._record().note("attach")
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and not repeatable(row.request):
             try:
                 n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
             except Exception:  # a cache problem costs a cold prefill, never the request
@@ -95,3 +96,10 @@ class RowKV:
         if row.slot is not None and self.slots is not None:
             self.slots.release(row.slot)
         row.cache, row.slot = None, None
+
+
+def repeatable(request: GenerationRequest) -> bool:
+    """A seeded sampled request, whose reply should repeat on an idle server: it prefills its whole prompt, since
+    a prefix hit changes the forward's shape and with it the logits' last bits (a probe: 1 prompt in 8 sampled
+    otherwise after an earlier prompt shared its start). Raises nothing."""
+    return request.sampling.seed is not None and request.sampling.temperature > 0

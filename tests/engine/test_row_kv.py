@@ -53,3 +53,17 @@ def test_without_a_prefix_cache_a_row_leaves_nothing_behind(tiny_loaded) -> None
     assert not kv.keeps(row)
     kv.put(row)
     assert row.cache is None
+
+
+def test_a_seeded_sampled_row_prefills_its_whole_prompt(tiny_loaded) -> None:
+    # A prefix hit changes the forward's shape and the logits' last bits: a seeded reply at temperature 1 changed on
+    # an idle server with what the cache held (1 prompt in 8). Greedy and unseeded rows still take the hit.
+    prefix = FakePrefixCache()
+    kv = RowKV(tiny_loaded.model, None, prefix, StepRecord)
+    for sampling, hit in [(SamplingParams(temperature=1.0, seed=5), 0), (SamplingParams(temperature=0.0, seed=5), 3),
+                          (SamplingParams(temperature=1.0), 3)]:
+        prefix.entries = [((5, 6, 7), filled(tiny_loaded, 3))]
+        row, _ = Row.start(GenerationRequest([5, 6, 7, 8], sampling, max_tokens=4), [5, 6, 7, 8], vocab_size=400,
+                           tokenizer=tiny_loaded.tokenizer)
+        kv.attach(row)
+        assert (row.prefilled, row.cached_tokens) == (hit, hit), sampling
