@@ -158,18 +158,12 @@ def stream_levels(text: str) -> tuple[int, ...]:
     """'1,4,8' → (1, 4, 8): concurrent streams, each a positive integer. Raises argparse.ArgumentTypeError."""
     import argparse
 
-    parts = [part.strip() for part in text.split(",")]
-    if not all(part.isdigit() and int(part) > 0 for part in parts):  # 0 streams measured nothing, then crashed
-        raise argparse.ArgumentTypeError(f"not a list of positive integers: {text!r} (use e.g. 1,4,8)")
-    return tuple(int(part) for part in parts)
+    from service.cli.parsers import positive_int
 
-
-def _positive(text: str) -> int:
-    import argparse
-
-    if not (text.strip().isdigit() and int(text) > 0):
-        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
-    return int(text)
+    try:
+        return tuple(positive_int(part.strip()) for part in text.split(","))
+    except argparse.ArgumentTypeError:  # 0 streams measured nothing, then crashed
+        raise argparse.ArgumentTypeError(f"not a list of positive integers: {text!r} (use e.g. 1,4,8)") from None
 
 
 def cli(argv: list[str] | None = None) -> int:
@@ -177,11 +171,13 @@ def cli(argv: list[str] | None = None) -> int:
     for an unknown model (`tandem benchmark` reports it as one line)."""
     import argparse
 
+    from service.cli.parsers import positive_int
+
     p = argparse.ArgumentParser(prog="tandem benchmark chat", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="model spec (default: the embedded demo)")
     p.add_argument("--levels", type=stream_levels, default=(1, 4, 8), metavar="N,N,...",
                    help="concurrent streams to measure (default: 1,4,8)")
-    p.add_argument("--max-tokens", type=_positive, default=64)
+    p.add_argument("--max-tokens", type=positive_int, default=64)
     p.add_argument("--no-peer", action="store_true", help="skip mlx-lm and mlx_lm.server")
     p.add_argument("--out", default=None, help="also write the JSON result here")
     a = p.parse_args(argv)

@@ -7,10 +7,10 @@ import argparse
 import math
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 from service.cli.errors import CLIError
-from service.cli.parsers import add_command
+from service.cli.parsers import add_command, checked, positive_int
 from service.cli.resolve import resolve_chat_model
 
 __all__ = ["add_generate"]
@@ -23,30 +23,16 @@ def add_generate(sub: Any) -> None:
     p.add_argument("--model", default=None,
                    help="chat model: dir, .gguf or cached repo id, as `serve` takes it (the id /v1/models shows for a "
                         "local dir or file is only its name: give the path) (default: the demo)")
-    p.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate")
+    p.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--seed", type=_seed, default=None, help="sampling seed, 0..2^64-1 (default: random)")
     p.add_argument("--system", default=None, help="system prompt (default: none)")
     p.set_defaults(func=_generate)
 
 
-def _checked(kind: type[int] | type[float], ok: Callable[[float], bool], what: str) -> Callable[[str], Any]:
-    """An argparse type: `kind(text)`, refused unless `ok` (saying it must be `what`). Raises nothing."""
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
-        return value
-    return parse
-
-
-_positive_int = _checked(int, lambda v: v >= 1, ">= 1")
 # nan and inf sample garbage
-_temperature = _checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
-_seed = _checked(int, lambda v: 0 <= v < 2**64, "in 0..2^64-1 (the sampler's PRNG key)")
+_temperature = checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
+_seed = checked(int, lambda v: 0 <= v < 2**64, "in 0..2^64-1 (the sampler's PRNG key)")
 
 
 def _generate(args: argparse.Namespace) -> int:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 from service.logs import LOG_LEVELS
 
-__all__ = ["add_command", "common_options", "HelpFormatter", "byte_size", "gc_thresholds"]
+__all__ = ["add_command", "common_options", "HelpFormatter", "byte_size", "gc_thresholds", "checked", "positive_int"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 10**3, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6, "mib": 1 << 20,
           "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12, "tib": 1 << 40}
@@ -71,6 +71,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
                 action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             return text
         return super()._get_help_string(action)
+
+
+def checked(kind: type[int] | type[float], ok: Callable[[float], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)`, refused unless `ok` (saying it must be `what`). Raises nothing."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+    return parse
+
+
+positive_int = checked(int, lambda v: v >= 1, ">= 1")
 
 
 def common_options() -> argparse.ArgumentParser:
