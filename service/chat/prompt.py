@@ -287,6 +287,14 @@ def calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
 
 
+# What opens the reply in a prompt rendered without a template ("role: content" lines, as mlx-lm writes them).
+_PLAIN_OPENING = "assistant: "
+# The conversations `generation_prompt` renders (a template that refuses the first may take the second).
+PROBE_TEXT = "zq-probe"
+_PROBES = ([{"role": "user", "content": PROBE_TEXT}],
+           [{"role": "system", "content": PROBE_TEXT}, {"role": "user", "content": PROBE_TEXT}])
+
+
 def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                 kwargs: dict[str, Any] | None = None) -> tuple[str, bool]:
     """The conversation as the model's prompt text, with the generation prompt appended, and whether its
@@ -297,16 +305,10 @@ def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     if not has_chat_template(tokenizer):
         # No template: plain "role: content" lines, as mlx-lm does; tools go in a system line, never dropped.
         messages = with_tool_prompt(messages, tools) if tools else messages
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ", True
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + _PLAIN_OPENING, True
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
                                          **(kwargs or {}))
     return str(text), False
-
-
-# The conversations `generation_prompt` renders (a template that refuses the first may take the second).
-PROBE_TEXT = "zq-probe"
-_PROBES = ([{"role": "user", "content": PROBE_TEXT}],
-           [{"role": "system", "content": PROBE_TEXT}, {"role": "user", "content": PROBE_TEXT}])
 
 
 def generation_prompt(tokenizer: Any, kwargs: dict[str, Any] | None = None) -> str | None:
@@ -314,7 +316,7 @@ def generation_prompt(tokenizer: Any, kwargs: dict[str, Any] | None = None) -> s
     conversation with and without it; "assistant: " without a template; None when no probe renders or the two
     renderings do not share that prefix. Blocking (jinja). Raises nothing."""
     if not has_chat_template(tokenizer):
-        return "assistant: "
+        return _PLAIN_OPENING
     for probe in _PROBES:
         try:
             opened = str(tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False,
