@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from engine.pacing import DECODE_BURST, STALL
 from service.limits import Limits
 
-__all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "base_url", "split_list"]
+__all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "base_url", "split_list", "unbracketed"]
 
 CONFIG_ENV = "TANDEM_SERVE_CONFIG"
 # API keys, comma-separated (read by `tandem serve` and by the worker; --api-key adds to them).
@@ -36,10 +36,16 @@ _OVERRIDES: dict[str, tuple[str, type]] = {
 }
 
 
+def unbracketed(host: str) -> str:
+    """`host` without the brackets a URL puts around an IPv6 literal (`[::1]` → `::1`), what binding takes. Raises
+    nothing."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 def base_url(host: str, port: int) -> str:
     """http://host:port, an IPv6 literal in brackets (RFC 3986: unbracketed, its colons read as the port's); a
     host already in brackets is kept as it is. Raises nothing."""
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bare = unbracketed(host)
     return f"http://[{bare}]:{port}" if ":" in bare else f"http://{bare}:{port}"
 
 

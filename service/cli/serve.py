@@ -16,7 +16,7 @@ from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, s
 from service.cli.resolve import resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
-from service.config import ServiceConfig, base_url
+from service.config import ServiceConfig, base_url, unbracketed
 from service.process.port_lock import PortBusy, PortLock, lock_port
 
 __all__ = ["add_serve", "serve_config"]
@@ -88,8 +88,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         max_iteration_tokens=args.max_iteration_tokens,
         prefill_stall=args.prefill_stall,
         decode_burst=args.decode_burst,
-        # A bracketed IPv6 address (`[::1]`, as URLs write it) is the address inside the brackets.
-        host=args.host[1:-1] if args.host.startswith("[") and args.host.endswith("]") else args.host,
+        host=unbracketed(args.host),  # `[::1]`, as URLs write it, is the address inside
         port=args.port,
         served_model_name=args.served_model_name,
         prompt_cache_bytes=args.prompt_cache_bytes,

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from service.config import API_KEY_ENV, base_url, split_list
+from service.config import API_KEY_ENV, base_url, split_list, unbracketed
 from service.pi.agent_files import agent_dir, fit_compaction, merge_provider
 from service.pi.provider import PROVIDER_NAME, provider_entry
 
@@ -173,9 +173,7 @@ def pi_command(
         return 2
     keys = split_list(ours.get("api-key")) or split_list(env.get(API_KEY_ENV))
     key = keys[0] if keys else None
-    host = ours.get("host", "127.0.0.1")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]  # brackets belong in URLs; `tandem serve --host` takes the bare address
+    host = unbracketed(ours.get("host", "127.0.0.1"))  # brackets belong in URLs; `tandem serve --host` takes it bare
     pi = find_pi(env)
     if pi is None:
         if explicit := env.get("TANDEM_PI_BIN"):
