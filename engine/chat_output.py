@@ -25,6 +25,7 @@ __all__ = [
     "ChatOutputSplitter",
     "starts_in_reasoning",
     "opens_reasoning",
+    "held_suffix",
 ]
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ OutputEvent = Union[ContentText, ReasoningText, ToolCallStart, ToolCallArguments
 _State = Literal["content", "reasoning", "tool"]
 
 
-def _held_suffix(text: str, markers: Sequence[str]) -> int:
+def held_suffix(text: str, markers: Sequence[str]) -> int:
     """Length of the longest suffix of text that is a proper prefix of some marker."""
     best = 0
     for marker in markers:
@@ -216,7 +217,7 @@ class ChatOutputSplitter:
             i = buf.find(m.think_end)
             if i < 0:
                 # Hold a partial end marker and trailing newlines (layout if the block ends next).
-                keep = _held_suffix(buf, [m.think_end])
+                keep = held_suffix(buf, [m.think_end])
                 emit = buf[: len(buf) - keep].rstrip("\n")
                 self._emit_reasoning(emit, events)
                 self._buffer = buf[len(emit) :]
@@ -233,7 +234,7 @@ class ChatOutputSplitter:
             self._state = state
             self._reasoning_opened = state == "reasoning"
             return True
-        keep = _held_suffix(buf, [s for s, _ in self._content_exits()])
+        keep = held_suffix(buf, [s for s, _ in self._content_exits()])
         self._emit_content(buf[: len(buf) - keep], events)
         self._buffer = buf[len(buf) - keep :]
         return False

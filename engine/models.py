@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from engine.errors import ModelNotFound
 from engine.generation_config import generation_eos_ids, sampling_defaults
+from engine.harmony import add_harmony_stops
 from engine.hub import MODEL_FILE_PATTERNS, cached_repo_id, hub_cache_dir, snapshot_dir
 
 if TYPE_CHECKING:
@@ -192,6 +193,7 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
         to_float32(model)
     materialize(model)
     _chat_template_of(tokenizer, directory, source.name)
+    add_harmony_stops(tokenizer)
     if not getattr(tokenizer, "eos_token_ids", None):
         _log.warning("%s declares no end-of-sequence token (config.json, generation_config.json or the tokenizer's "
                      "eos_token): answers run until max_tokens or a stop string", source.name)
@@ -220,6 +222,7 @@ def load_tokenizer(directory: str | Path) -> TokenizerWrapper:
     tokenizer = cast("TokenizerWrapper", mlx_lm_load_tokenizer(path, eos_token_ids=config.get("eos_token_id")
                                                                if eos is None else eos))
     _chat_template_of(tokenizer, path, path.name, quiet=True)
+    add_harmony_stops(tokenizer)
     return tokenizer
 
 

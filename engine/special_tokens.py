@@ -2,8 +2,8 @@
 
 A model may write a special token mid-reply (SmolLM2's `<|endoftext|>` when its eos is `<|im_end|>`, a stray
 `<|im_start|>`): its text is markup, not content. The tokens a reply's markers are made of (think and tool-call
-tags the output splitter reads, engine/chat_output.py) stay, as do end-of-sequence ids, which stop the row anyway.
-A request may keep them all (`skip_special_tokens: false`, vLLM's field).
+tags the output splitter reads, engine/chat_output.py; harmony's message markers, engine/harmony.py) stay, as do
+end-of-sequence ids, which stop the row anyway. A request may keep them all (`skip_special_tokens: false`, vLLM's field).
 """
 
 from __future__ import annotations
@@ -34,12 +34,15 @@ def hidden_special_ids(tokenizer: Any) -> frozenset[int]:
 
 def _hidden(tokenizer: Any) -> frozenset[int]:
     from engine.chat_output import OutputMarkers
+    from engine.harmony import MARKER_TEXTS, is_harmony
 
     try:
         special = {int(i) for i in getattr(tokenizer, "all_special_ids", None) or ()}
         markers = OutputMarkers.from_tokenizer(tokenizer)
         kept_texts = [t for t in (markers.think_start, markers.think_end, markers.tool_call_start,
                                   markers.tool_call_end, *_KEPT_TEXTS) if t]
+        if is_harmony(tokenizer):
+            kept_texts += MARKER_TEXTS
         stops = set(getattr(tokenizer, "eos_token_ids", None) or ())
         hidden = set()
         for token in special - stops:

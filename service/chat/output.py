@@ -54,10 +54,14 @@ class ChatTranslator:
         markers are content; `one_call` (parallel_tool_calls false): the reply ends after its first call;
         `json_calls`: the tools were described in the prompt (service/chat/prompt.py with_tool_prompt), so calls
         are <tool_call> JSON, parsed with mlx-lm's json_tools; `opening`: the template's generation prompt that
-        ends the prompt (None: unknown, the prompt's last tokens decide). Raises nothing."""
+        ends the prompt (None: unknown, the prompt's last tokens decide). A harmony model (gpt-oss) gets its own
+        splitter (engine/harmony.py). Raises nothing."""
         try:
             from engine.chat_output import ChatOutputSplitter, OutputMarkers, opens_reasoning, starts_in_reasoning
+            from engine.harmony import HarmonySplitter, is_harmony
 
+            if is_harmony(tokenizer) and not json_calls:
+                return cls(HarmonySplitter(tools=tools, calls=calls, opening=opening), one_call=one_call)
             markers = OutputMarkers.from_tokenizer(tokenizer)
             if json_calls:
                 markers = markers.with_json_tool_calls()

@@ -57,9 +57,10 @@ class MessageError(ValueError):
 def template_messages(messages: Sequence[ChatMessage],
                       named_roles: Collection[str] | None = None) -> list[dict[str, Any]]:
     """OpenAI messages → the dicts chat templates expect (`developer` → `system`, parts joined,
-    tool-call arguments as objects, prior thinking under `reasoning_content`). `named_roles`: the roles whose `name`
-    the template writes (`named_roles()`; None: every role's); another role's speaker name opens its text
-    ("alice: hi"). A tool's `name` (its function's) is never written: results pair with calls by id. Raises nothing."""
+    tool-call arguments as objects, prior thinking under `reasoning_content` and `thinking`). `named_roles`: the
+    roles whose `name` the template writes (`named_roles()`; None: every role's); another role's speaker name
+    opens its text ("alice: hi"). A tool's `name` (its function's) is never written: results pair with calls by
+    id. Raises nothing."""
     out: list[dict[str, Any]] = []
     for message in messages:
         role, text = "system" if message.role == "developer" else message.role, message.text()
@@ -81,7 +82,8 @@ def template_messages(messages: Sequence[ChatMessage],
                 for call in message.tool_calls
             ]
         if reasoning := (message.reasoning_content or message.reasoning):
-            item["reasoning_content"] = reasoning
+            # Qwen-style templates read `reasoning_content`; gpt-oss's (harmony) reads `thinking`.
+            item["reasoning_content"] = item["thinking"] = reasoning
         out.append(item)
     return out
 

@@ -87,7 +87,7 @@ def _provider_from_server(base: str, key: str | None = None) -> dict[str, Any]:
         chat = next((c for c in cards if c.get("kind", "chat") == "chat"), None)
         if status != 200 or chat is None:
             raise RuntimeError(f"the server on {base} serves no chat model")
-        entry = provider_entry(chat["id"], f"{base}/v1", chat.get("context_length") or 4096, reasoning=False)
+        entry = provider_entry(chat["id"], f"{base}/v1", chat.get("context_length") or 4096, thinking=None)
     if key:
         entry["apiKey"] = key  # pi sends it with every request
     return entry

@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar import Request, get
 
-from service.pi.provider import PROVIDER_NAME, has_thinking_switch, provider_entry
+from service.pi.provider import PROVIDER_NAME, provider_entry, thinking_format
 from service.state import get_state
 
 __all__ = ["pi_provider"]
@@ -20,10 +20,10 @@ async def pi_provider(request: Request[Any, Any, Any]) -> dict[str, Any]:
     base_url = str(request.base_url).rstrip("/") + "/v1"
     name = state.chat_model_name
     if name is None:
-        entry = provider_entry("none", base_url, 4096, reasoning=False)
+        entry = provider_entry("none", base_url, 4096, thinking=None)
         entry["models"] = []
     else:
         engine = state.engine
         context = getattr(engine, "context_length", None) or 4096
-        entry = provider_entry(name, base_url, context, reasoning=has_thinking_switch(getattr(engine, "tokenizer", None)))
+        entry = provider_entry(name, base_url, context, thinking=thinking_format(getattr(engine, "tokenizer", None)))
     return {"providers": {PROVIDER_NAME: entry}}

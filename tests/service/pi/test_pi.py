@@ -240,3 +240,17 @@ def test_models_json_is_the_users_alone(tmp_path: Path):
     path = agent_files.merge_provider(tmp_path, "mlx-tandem", {"apiKey": "secret"})
     assert path.stat().st_mode & 0o777 == 0o600
     assert json.loads(path.read_text())["providers"]["mlx-tandem"] == {"apiKey": "secret"}
+
+
+def test_provider_route_lets_pi_set_a_harmony_models_reasoning_effort():
+    from tests.service.chat.test_harmony_replies import HarmonyTokenizer
+
+    engine = FakeEngine(context_length=131072)
+    engine.tokenizer = HarmonyTokenizer()
+    with _client(engine) as client:
+        entry = client.get("/v1/pi/provider").json()["providers"]["mlx-tandem"]
+    # gpt-oss's template reads reasoning_effort, which pi sends as OpenAI's field (its default thinking format)
+    assert entry["compat"]["supportsReasoningEffort"] is True and "thinkingFormat" not in entry["compat"]
+    (model,) = entry["models"]
+    assert model["reasoning"] is True
+    assert model["thinkingLevelMap"]["xhigh"] == "high" and model["thinkingLevelMap"]["minimal"] == "low"

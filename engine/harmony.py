@@ -1,0 +1,217 @@
+"""OpenAI's harmony reply format (gpt-oss): content, reasoning and tool calls from its channels.
+
+A harmony reply is a run of messages. Each has a header — the role, a recipient (`to=functions.NAME` for a tool
+call), `<|channel|>` and its name (analysis, commentary, final), a content type (`<|constrain|>json`) — then
+`<|message|>` and a body ended by `<|end|>` (more messages follow), `<|call|>` (a tool call: the reply stops) or
+`<|return|>` (the answer is done). The analysis channel, and commentary without a recipient (a preamble before a
+call), are reasoning; final is content; a message to a recipient is a tool call whose arguments are its body.
+mlx-lm has no parser for it: without this the bare channel names ("analysisThe user asks…assistantfinal…", the
+markers being special tokens left out) reached `content`, and no tool call was ever parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from typing import Any, Callable, Literal
+
+from engine.chat_output import (ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart,
+                                held_suffix)
+
+__all__ = ["MARKER_TEXTS", "STOP_TEXTS", "is_harmony", "add_harmony_stops", "HarmonySplitter"]
+
+log = logging.getLogger(__name__)
+
+START, END, MESSAGE, CHANNEL, CONSTRAIN = "<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"
+CALL, RETURN = "<|call|>", "<|return|>"
+# The markers a reply's text must keep for the splitter to read (engine/special_tokens.py leaves them in).
+MARKER_TEXTS = (START, END, MESSAGE, CHANNEL, CONSTRAIN, CALL, RETURN)
+# Each ends a harmony turn; a checkpoint whose config names only <|return|> would otherwise run past a call.
+STOP_TEXTS = (RETURN, CALL)
+_BODY_ENDS = (END, CALL, RETURN, START, CHANNEL)
+# A header is one short line; text that grows past this without `<|message|>` is not one (a reply off-format).
+_MAX_HEADER = 256
+_RECIPIENT = re.compile(r"\bto=([^\s<]+)")
+_CHANNEL = re.compile(re.escape(CHANNEL) + r"\s*([A-Za-z_]+)")
+
+_Route = Literal["content", "reasoning", "tool"]
+
+
+def is_harmony(tokenizer: Any) -> bool:
+    """True when the tokenizer's vocabulary has harmony's message markers (gpt-oss's o200k_harmony). Raises
+    nothing."""
+    try:
+        vocab = tokenizer.get_vocab()
+        return all(marker in vocab for marker in (START, END, MESSAGE, CHANNEL))
+    except Exception:  # noqa: BLE001 — a tokenizer that cannot list its vocabulary is not harmony's
+        return False
+
+
+def add_harmony_stops(tokenizer: Any) -> None:
+    """Make <|return|> and <|call|> end a reply of a harmony tokenizer (as its generation_config does, which not
+    every conversion keeps). Does nothing for other tokenizers. Raises nothing."""
+    if not is_harmony(tokenizer):
+        return
+    try:
+        vocab = tokenizer.get_vocab()
+        stops = {int(vocab[text]) for text in STOP_TEXTS if text in vocab}
+        tokenizer.eos_token_ids = set(getattr(tokenizer, "eos_token_ids", None) or ()) | stops
+    except Exception as exc:  # noqa: BLE001 — a wrapper that refuses the attribute keeps its own stops
+        log.warning("could not add harmony's stop tokens: %s", exc)
+
+
+class HarmonySplitter:
+    """Streaming splitter of one harmony reply (the engine/chat_output.py Splitter interface): feed() text
+    deltas in order, then finish() once. `calls` false (tool_choice "none"): a message to a recipient is
+    content. `opening`: the template's generation prompt (`<|start|>assistant`), where the first header began."""
+
+    def __init__(self, *, tools: Any = None, calls: bool = True, opening: str | None = None,
+                 new_call_id: Callable[[], str] | None = None) -> None:
+        del tools  # harmony names the function itself; the declared tools are not needed to read a call
+        self._calls = calls
+        self._new_call_id = new_call_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
+        self._state: Literal["header", "body", "between"] = "header"
+        self._buffer = ""
+        self._route: _Route = "content"
+        self._name = ""
+        self._tool_body: list[str] = []
+        self._lead = True  # a body's leading newline is layout
+        self._seed = ""  # the part of the first header the prompt wrote (its role)
+        self._reasoned = self._fresh = False  # some reasoning was emitted; no text of this body yet
+        self.tool_calls = 0
+        if opening and START in opening:
+            tail = opening[opening.rfind(START) + len(START):]
+            if MESSAGE in tail:  # the template opened a body itself (a forced channel)
+                self._open_body(tail[: tail.find(MESSAGE)])
+            else:
+                self._seed = tail
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        """Consume a text delta; return the events it completes. Never raises."""
+        self._buffer += text
+        events: list[OutputEvent] = []
+        while self._step(events):
+            pass
+        return events
+
+    def finish(self) -> list[OutputEvent]:
+        """Flush at the end of the reply: an open tool call (ended by <|call|>, which stops the row) is parsed, a
+        header that never opened a body is content. Never raises."""
+        events: list[OutputEvent] = []
+        rest, self._buffer = self._buffer, ""
+        if self._state == "body":
+            self._emit_body(rest, events)
+            self._close_body(events)
+        elif self._state == "header" and rest.strip():
+            self._emit(ContentText, _strip_markers(rest), events)
+        self._state = "between"
+        return events
+
+    def _step(self, events: list[OutputEvent]) -> bool:
+        buf = self._buffer
+        if self._state == "between":
+            starts = [i for i in (buf.find(START), buf.find(CHANNEL)) if i >= 0]
+            if not starts:
+                keep = held_suffix(buf, (START, CHANNEL))
+                self._between_text(buf[: len(buf) - keep], events)
+                self._buffer = buf[len(buf) - keep:]
+                return False
+            i = min(starts)
+            self._between_text(buf[:i], events)
+            self._buffer = buf[i + len(START):] if buf.startswith(START, i) else buf[i:]
+            self._state = "header"
+            return True
+        if self._state == "header":
+            i = buf.find(MESSAGE)
+            if i >= 0:
+                self._buffer = buf[i + len(MESSAGE):]
+                self._open_body(self._seed + buf[:i])
+                self._seed = ""
+                return True
+            if len(buf) > _MAX_HEADER or "\n" in buf or END in buf:
+                # Not a header: the model wrote outside the format. Its text is content, as it wrote it.
+                self._route, self._state, self._lead, self._seed = "content", "body", False, ""
+                self._buffer = _strip_markers(buf)
+                return True
+            return False
+        ends = [(buf.find(m), m) for m in _BODY_ENDS if m in buf]
+        if not ends:
+            keep = held_suffix(buf, MARKER_TEXTS)  # stray markers inside a body are held too, then left out
+            self._emit_body(buf[: len(buf) - keep], events)
+            self._buffer = buf[len(buf) - keep:]
+            return False
+        i, marker = min(ends)
+        self._emit_body(buf[:i], events)
+        self._close_body(events)
+        if marker in (START, CHANNEL):  # a new message without <|end|>: its header starts here
+            self._buffer = buf[i + len(START):] if marker == START else buf[i:]
+            self._state = "header"
+        else:
+            self._buffer = buf[i + len(marker):]
+            self._state = "between"
+        return True
+
+    def _open_body(self, header: str) -> None:
+        recipient = _RECIPIENT.search(header)
+        channel = _CHANNEL.search(header)
+        if recipient and recipient.group(1) != "assistant":
+            # tool_choice "none": what would be a call is content, as the other families' splitter makes it
+            self._name = recipient.group(1).removeprefix("functions.")
+            self._route = "tool" if self._calls else "content"
+        elif channel and channel.group(1) in ("analysis", "commentary"):
+            # A commentary preamble is reasoning too: handed back beside a call's `thinking`, gpt-oss's template
+            # refuses an assistant turn with both content and thinking.
+            self._route = "reasoning"
+        else:  # final, or a header without a channel
+            self._route = "content"
+        self._state, self._lead, self._fresh, self._tool_body = "body", True, True, []
+
+    def _emit_body(self, text: str, events: list[OutputEvent]) -> None:
+        text = _strip_markers(text)
+        if self._lead:
+            text = text.lstrip("\n")
+            if not text:
+                return
+            self._lead = False
+        if self._route == "tool":
+            self._tool_body.append(text)
+        elif self._route == "reasoning":
+            # Two messages of reasoning (analysis, then a preamble) read as two paragraphs.
+            self._emit(ReasoningText, "\n\n" + text if self._reasoned and self._fresh else text, events)
+            self._reasoned, self._fresh = True, False
+        else:
+            self._emit(ContentText, text, events)
+
+    def _close_body(self, events: list[OutputEvent]) -> None:
+        if self._route != "tool":
+            return
+        body = "".join(self._tool_body).strip()
+        self._tool_body = []
+        try:
+            arguments = json.loads(body) if body else {}
+        except json.JSONDecodeError as exc:
+            log.info("a harmony tool call whose arguments do not parse is content (%s)", exc)
+            self._emit(ContentText, body, events)
+            return
+        index, self.tool_calls = self.tool_calls, self.tool_calls + 1
+        events.append(ToolCallStart(index, self._new_call_id(), self._name))
+        events.append(ToolCallArguments(index, body if body else json.dumps(arguments)))
+
+    def _between_text(self, text: str, events: list[OutputEvent]) -> None:
+        # Between messages only layout is expected; anything else the model wrote is content, never dropped.
+        text = _strip_markers(text)
+        if text.strip():
+            self._emit(ContentText, text, events)
+
+    @staticmethod
+    def _emit(kind: type[ContentText] | type[ReasoningText], text: str, events: list[OutputEvent]) -> None:
+        if text:
+            events.append(kind(text))
+
+
+def _strip_markers(text: str) -> str:
+    for marker in MARKER_TEXTS:
+        text = text.replace(marker, "")
+    return text
