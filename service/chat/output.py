@@ -55,14 +55,20 @@ class ChatTranslator:
         `json_calls`: the tools were described in the prompt (service/chat/prompt.py with_tool_prompt), so calls
         are <tool_call> JSON, parsed with mlx-lm's json_tools; `opening`: the template's generation prompt that
         ends the prompt (None: unknown, the prompt's last tokens decide). A harmony model (gpt-oss) gets its own
-        splitter (engine/harmony.py). Raises nothing."""
+        splitter (engine/harmony.py), as does one whose template asks for Llama 3's bare JSON calls
+        (engine/bare_json_calls.py). Raises nothing."""
         try:
             from engine.chat_output import ChatOutputSplitter, OutputMarkers, opens_reasoning, starts_in_reasoning
+            from engine.bare_json_calls import BareJsonCallSplitter, declared_names, writes_bare_json_calls
             from engine.harmony import HarmonySplitter, is_harmony
+            from service.chat.prompt import template_source
 
             if is_harmony(tokenizer) and not json_calls:
                 return cls(HarmonySplitter(tools=tools, calls=calls, opening=opening), one_call=one_call)
             markers = OutputMarkers.from_tokenizer(tokenizer)
+            if (tools and calls and not json_calls and markers.tool_call_start is None and not markers.has_thinking
+                    and writes_bare_json_calls(template_source(tokenizer))):
+                return cls(BareJsonCallSplitter(declared_names(tools)), one_call=one_call)
             if json_calls:
                 markers = markers.with_json_tool_calls()
             if not calls:
