@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import anyio
 
 from service.abortable import run_abortable
+from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
 from service.chat.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
     MessageError,
@@ -33,6 +34,7 @@ from service.chat.prompt import (
     takes_tools,
     template_kwargs,
     template_messages,
+    template_source,
     template_variables,
     with_tool_prompt,
 )
@@ -55,6 +57,7 @@ RESERVED_KWARGS = frozenset({
 
 _VARIABLES = PerTokenizer(template_variables)
 _READS_CALLS = PerTokenizer(reads_tool_calls)
+_NINE_CHAR_IDS = PerTokenizer(lambda tokenizer: wants_nine_char_ids(template_source(tokenizer)))
 _NAMED_ROLES = PerTokenizer(named_roles)
 # Each tokenizer's generation prompt per set of template kwargs (a request's kwargs may vary; the newest kept).
 _OPENINGS: PerTokenizer[dict[str, str | None]] = PerTokenizer(lambda tokenizer: {})
@@ -168,6 +171,8 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     messages = request_messages(tokenizer, body, kwargs)
     if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         messages = calls_as_text(messages)  # else the template drops the calls and their results say nothing
+    elif _NINE_CHAR_IDS.get(tokenizer):
+        messages = with_nine_char_ids(messages)  # Mistral's templates refuse the ids OpenAI and this server issue
     json_calls, user_turn_tools = False, None
     if tools and not takes_tools(tokenizer, _VARIABLES.get(tokenizer)):
         if not messages or messages[0]["role"] != "system":
