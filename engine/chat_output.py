@@ -51,6 +51,11 @@ class OutputMarkers:
         parser = getattr(tokenizer, "tool_parser", None)
         tool_start = getattr(tokenizer, "tool_call_start", None) if parser is not None else None
         tool_end = getattr(tokenizer, "tool_call_end", None) if parser is not None else None
+        if parser is None:
+            from engine.tool_formats import fallback_tool_format
+
+            if (found := fallback_tool_format(tokenizer)) is not None:  # a format mlx-lm does not infer
+                parser, tool_start, tool_end = found.parse, found.start, found.end
         return cls(
             think_start=think_start if think_start and think_end else None,
             think_end=think_end if think_start and think_end else None,

@@ -185,6 +185,10 @@ def reads_tool_calls(tokenizer: Any) -> bool:
     """Whether the chat template renders an assistant message's `tool_calls` (a template that does also renders
     tool results). Without a template, or one that never names them, calls and results must be written as text
     (`calls_as_text`); a template whose text cannot be read is trusted to. Raises nothing."""
+    named = getattr(tokenizer, "chat_template", None)
+    if isinstance(named, dict) and isinstance(named.get("tool_use"), str):
+        # Named templates (Hermes 2 Pro / 3): transformers renders `tool_use` for a request with tools.
+        return "tool_calls" in named["tool_use"]
     sources = template_source(tokenizer)
     if sources is None:
         return has_chat_template(tokenizer)
@@ -261,21 +265,23 @@ def _joined(message: dict[str, Any], block: str, *, first: bool) -> dict[str, An
     return dict(message, content=f"{block}\n\n{message['content']}" if first else f"{message['content']}\n\n{block}")
 
 
-def calls_as_text(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def calls_as_text(messages: list[dict[str, Any]], list_marker: str | None = None) -> list[dict[str, Any]]:
     """The conversation for a template that does not render tool calls: an assistant's calls written into its
-    content as the <tool_call> JSON it was told to write, and tool results as a user turn of <tool_response>
-    blocks (consecutive results in one turn, as Qwen's and Hermes' templates put them), so the model still sees
-    what it called and what came back. Raises nothing."""
+    content as the <tool_call> JSON it was told to write (`list_marker`: as that marker and one JSON list of the
+    calls, the format Granite's template asks for), and tool results as a user turn of <tool_response> blocks
+    (consecutive results in one turn, as Qwen's and Hermes' templates put them), so the model still sees what it
+    called and what came back. Raises nothing."""
     out: list[dict[str, Any]] = []
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
-            calls = "\n".join(
-                # Arguments as the object they encode (as the tool prompt asks for), not a JSON string of JSON;
-                # a string that is not JSON stays as it is.
-                "<tool_call>\n" + json.dumps({"name": call["function"]["name"],
-                                              "arguments": _arguments(call["function"]["arguments"])},
-                                             ensure_ascii=False)
-                + "\n</tool_call>" for call in message["tool_calls"])
+            # Arguments as the object they encode (as the tool prompt asks for), not a JSON string of JSON; a
+            # string that is not JSON stays as it is.
+            objects = [{"name": call["function"]["name"], "arguments": _arguments(call["function"]["arguments"])}
+                       for call in message["tool_calls"]]
+            if list_marker is not None:
+                calls = list_marker + json.dumps(objects, ensure_ascii=False)
+            else:
+                calls = "\n".join(f"<tool_call>\n{json.dumps(o, ensure_ascii=False)}\n</tool_call>" for o in objects)
             content = f"{message['content']}\n{calls}" if message["content"] else calls
             out.append({k: v for k, v in message.items() if k != "tool_calls"} | {"content": content})
         elif message["role"] == "tool":

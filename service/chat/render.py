@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import anyio
 
+from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
 from service.chat.per_tokenizer import PerTokenizer
@@ -57,6 +58,9 @@ RESERVED_KWARGS = frozenset({
 
 _VARIABLES = PerTokenizer(template_variables)
 _READS_CALLS = PerTokenizer(reads_tool_calls)
+# Granite's calls are `<|tool_call|>` and a JSON list: earlier calls are written back that way.
+_LIST_MARKER = PerTokenizer(lambda tokenizer: GRANITE_START if getattr(fallback_tool_format(tokenizer), "start", None)
+                            == GRANITE_START else None)
 _NINE_CHAR_IDS = PerTokenizer(lambda tokenizer: wants_nine_char_ids(template_source(tokenizer)))
 _NAMED_ROLES = PerTokenizer(named_roles)
 # Each tokenizer's generation prompt per set of template kwargs (a request's kwargs may vary; the newest kept).
@@ -170,7 +174,8 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates)
     messages = request_messages(tokenizer, body, kwargs)
     if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        messages = calls_as_text(messages)  # else the template drops the calls and their results say nothing
+        # else the template drops the calls and their results say nothing
+        messages = calls_as_text(messages, _LIST_MARKER.get(tokenizer))
     elif _NINE_CHAR_IDS.get(tokenizer):
         messages = with_nine_char_ids(messages)  # Mistral's templates refuse the ids OpenAI and this server issue
     json_calls, user_turn_tools = False, None
