@@ -48,6 +48,10 @@ class OutputMarkers:
         """Markers of an mlx-lm TokenizerWrapper (any object lacking them gives no markers). Never raises."""
         think_start = getattr(tokenizer, "think_start", None)
         think_end = getattr(tokenizer, "think_end", None)
+        if not (think_start and think_end):
+            from engine.think_markers import fallback_think_markers
+
+            think_start, think_end = fallback_think_markers(tokenizer) or (None, None)
         parser = getattr(tokenizer, "tool_parser", None)
         tool_start = getattr(tokenizer, "tool_call_start", None) if parser is not None else None
         tool_end = getattr(tokenizer, "tool_call_end", None) if parser is not None else None
