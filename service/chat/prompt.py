@@ -249,7 +249,11 @@ def with_tool_prompt(messages: list[dict[str, Any]], tools: list[dict[str, Any]]
     Raises nothing."""
     block = _TOOL_PROMPT.format(tools="\n".join(json.dumps(tool, ensure_ascii=False) for tool in tools))
     if messages and messages[0]["role"] == "system":
-        return [_joined(messages[0], block, first=False), *messages[1:]]
+        # A leading run of system turns (system then developer) becomes one: templates keep only the first
+        # (Llama's) or only the last (DeepSeek-R1's), and the tools must survive either.
+        run = next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+        merged = dict(messages[0], content="\n\n".join(str(m["content"]) for m in messages[:run] if m["content"]))
+        return [_joined(merged, block, first=False), *messages[run:]]
     if in_user_turn:
         at = next((i for i, m in enumerate(messages) if m["role"] == "user"), None)
         if at is not None:

@@ -40,6 +40,16 @@ def test_in_user_turn_opens_the_first_user_turn_unless_there_is_a_system_message
     assert system[0]["content"].startswith("Be brief.\n\n# Tools") and system[1] == USER
 
 
+@pytest.mark.parametrize("keeps", ["first", "last"])
+def test_the_tools_survive_a_template_that_keeps_one_of_several_system_turns(keeps: str) -> None:
+    # DeepSeek-R1's template keeps only the last system message: the tools went into the first and were lost.
+    history = [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Use French."}, USER]
+    out = with_tool_prompt(history, TOOLS)
+    kept = [m for m in out if m["role"] == "system"][0 if keeps == "first" else -1]
+    assert kept["content"].startswith("Be brief.\n\nUse French.\n\n# Tools") and "get_weather" in kept["content"]
+    assert out[1:] == [USER]
+
+
 def test_without_a_template_tools_are_not_dropped() -> None:
     assert not takes_tools(NoTemplate(), None)
     text, special = render_text(NoTemplate(), [USER], TOOLS)
