@@ -19,6 +19,7 @@ import anyio
 from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
+from service.chat.content_parts import as_text_parts, reads_text_parts
 from service.chat.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
     MessageError,
@@ -61,6 +62,7 @@ _READS_CALLS = PerTokenizer(reads_tool_calls)
 # Granite's calls are `<|tool_call|>` and a JSON list: earlier calls are written back that way.
 _LIST_MARKER = PerTokenizer(lambda tokenizer: GRANITE_START if getattr(fallback_tool_format(tokenizer), "start", None)
                             == GRANITE_START else None)
+_READS_PARTS = PerTokenizer(lambda tokenizer: reads_text_parts(template_source(tokenizer)))
 _NINE_CHAR_IDS = PerTokenizer(lambda tokenizer: wants_nine_char_ids(template_source(tokenizer)))
 _NAMED_ROLES = PerTokenizer(named_roles)
 # Each tokenizer's generation prompt per set of template kwargs (a request's kwargs may vary; the newest kept).
@@ -228,6 +230,8 @@ async def _opening(tokenizer: Any, kwargs: dict[str, Any], timeout: float) -> st
 
 async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   kwargs: dict[str, Any], timeout: float) -> tuple[str, bool]:
+    if _READS_PARTS.get(tokenizer):
+        messages = as_text_parts(messages)
     try:
         return await run_abortable(render_text, tokenizer, messages, tools, kwargs, timeout=timeout)
     except TimeoutError:

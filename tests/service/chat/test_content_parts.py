@@ -1,0 +1,49 @@
+"""A template that indexes into a message's content parts (early Gemma 3's `messages[0]['content'][0]['text']`)
+gets each message's text as one part: every conversation with a system message was a 400 before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+
+from service.app import create_app
+from service.chat.content_parts import as_text_parts, reads_text_parts
+from service.state import AppState
+from tests.fixtures.tiny_llm import CHATML_TEMPLATE, build_tiny_llm
+from tests.service.fake_engine import FakeEngine
+
+# Our own template in that shape: the system text read from its first part, the rest as string or parts.
+PARTS = (
+    "{%- if messages[0]['role'] == 'system' -%}{%- set prefix = messages[0]['content'][0]['text'] + ' ' -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set prefix = '' -%}{%- set loop_messages = messages -%}"
+    "{%- endif -%}{%- for m in loop_messages -%}<{{ m['role'] }}>{{ prefix if loop.first else '' }}"
+    "{%- if m['content'] is string -%}{{ m['content'] }}{%- else -%}{%- for p in m['content'] -%}{{ p['text'] }}"
+    "{%- endfor -%}{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}<assistant>{%- endif -%}"
+)
+
+
+def test_which_templates_index_into_parts() -> None:
+    assert reads_text_parts([PARTS]) and reads_text_parts(["{{ message.content[0].text }}"])
+    assert not reads_text_parts([CHATML_TEMPLATE]) and not reads_text_parts(None)
+    assert as_text_parts([{"role": "user", "content": "hi"}]) == [
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
+
+
+@pytest.fixture(scope="module")
+def parts_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from engine.models import load_tokenizer
+
+    return load_tokenizer(build_tiny_llm(Path(tmp_path_factory.mktemp("parts")), chat_template=PARTS))
+
+
+def test_a_system_message_renders(parts_tokenizer: Any) -> None:
+    engine = FakeEngine(["ok"], context_length=4096)
+    engine.tokenizer = parts_tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        response = client.post("/v1/chat/completions", json={"messages": messages})
+    assert response.status_code == 200, response.text
+    assert parts_tokenizer.decode(engine.requests[-1].prompt_tokens).endswith("<user>Be brief. hi<assistant>")
