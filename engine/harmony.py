@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal
 
 from engine.chat_output import (ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart,
                                 held_suffix)
+from engine.per_tokenizer import PerTokenizer
 
 __all__ = ["MARKER_TEXTS", "STOP_TEXTS", "is_harmony", "add_harmony_stops", "HarmonySplitter"]
 
@@ -40,13 +41,20 @@ _Route = Literal["content", "reasoning", "tool"]
 
 
 def is_harmony(tokenizer: Any) -> bool:
-    """True when the tokenizer's vocabulary has harmony's message markers (gpt-oss's o200k_harmony). Raises
-    nothing."""
+    """True when the tokenizer's vocabulary has harmony's message markers (gpt-oss's o200k_harmony); found once per
+    tokenizer (listing a vocabulary takes milliseconds, and every chat request asks). Raises nothing."""
+    return _HARMONY.get(tokenizer)
+
+
+def _has_markers(tokenizer: Any) -> bool:
     try:
         vocab = tokenizer.get_vocab()
         return all(marker in vocab for marker in (START, END, MESSAGE, CHANNEL))
     except Exception:  # noqa: BLE001 — a tokenizer that cannot list its vocabulary is not harmony's
         return False
+
+
+_HARMONY = PerTokenizer(_has_markers)
 
 
 def add_harmony_stops(tokenizer: Any) -> None:

@@ -3,33 +3,25 @@
 A model may write a special token mid-reply (SmolLM2's `<|endoftext|>` when its eos is `<|im_end|>`, a stray
 `<|im_start|>`): its text is markup, not content. The tokens a reply's markers are made of (think and tool-call
 tags the output splitter reads, engine/chat_output.py; harmony's message markers, engine/harmony.py) stay, as do
-end-of-sequence ids, which stop the row anyway. A request may keep them all (`skip_special_tokens: false`, vLLM's field).
+end-of-sequence ids, which stop the row anyway. A request may keep them all (`skip_special_tokens: false`, vLLM's
+field).
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
+
+from engine.per_tokenizer import PerTokenizer
 
 __all__ = ["hidden_special_ids"]
 
 # Tags some templates and our tool prompt use whether or not the tokenizer names them (service/chat/prompt.py).
 _KEPT_TEXTS = ("<tool_call>", "</tool_call>", "<think>", "</think>")
-_CACHE: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
 
 
 def hidden_special_ids(tokenizer: Any) -> frozenset[int]:
     """The special token ids whose text a reply leaves out (computed once per tokenizer). Raises nothing."""
-    try:
-        return _CACHE[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    hidden = _hidden(tokenizer)
-    try:
-        _CACHE[tokenizer] = hidden
-    except TypeError:  # not weak-referenceable: computed again next time
-        pass
-    return hidden
+    return _HIDDEN.get(tokenizer)
 
 
 def _hidden(tokenizer: Any) -> frozenset[int]:
@@ -52,3 +44,6 @@ def _hidden(tokenizer: Any) -> frozenset[int]:
         return frozenset(hidden)
     except Exception:  # noqa: BLE001 — a tokenizer without these attributes: nothing is hidden
         return frozenset()
+
+
+_HIDDEN = PerTokenizer(_hidden)

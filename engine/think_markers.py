@@ -4,29 +4,25 @@ thinking reached `content` (or, with special tokens left out, `content` without 
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
+
+from engine.per_tokenizer import PerTokenizer
 
 __all__ = ["fallback_think_markers"]
 
 _PAIRS = (("[THINK]", "[/THINK]"),)
-_CACHE: "weakref.WeakKeyDictionary[Any, tuple[str, str] | None]" = weakref.WeakKeyDictionary()
-
-
 def fallback_think_markers(tokenizer: Any) -> tuple[str, str] | None:
     """(start, end) of a think block whose markers are in the tokenizer's vocabulary (found once per tokenizer),
     or None. Raises nothing."""
-    try:
-        return _CACHE[tokenizer]
-    except (KeyError, TypeError):
-        pass
+    return _MARKERS.get(tokenizer)
+
+
+def _find(tokenizer: Any) -> tuple[str, str] | None:
     try:
         vocab = tokenizer.get_vocab()
-        found = next(((start, end) for start, end in _PAIRS if start in vocab and end in vocab), None)
+        return next(((start, end) for start, end in _PAIRS if start in vocab and end in vocab), None)
     except Exception:  # noqa: BLE001 — a tokenizer that cannot list its vocabulary has no markers we know
-        found = None
-    try:
-        _CACHE[tokenizer] = found
-    except TypeError:  # not weak-referenceable: found again next time
-        pass
-    return found
+        return None
+
+
+_MARKERS = PerTokenizer(_find)

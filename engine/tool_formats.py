@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from engine.per_tokenizer import PerTokenizer
 
 __all__ = ["GRANITE_START", "ToolFormat", "fallback_tool_format", "parse_json_list"]
 
@@ -39,22 +40,10 @@ def parse_json_list(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
-_CACHE: "weakref.WeakKeyDictionary[Any, ToolFormat | None]" = weakref.WeakKeyDictionary()
-
-
 def fallback_tool_format(tokenizer: Any) -> ToolFormat | None:
     """The tool-call format of a tokenizer mlx-lm gave no parser (found once per tokenizer), or None. Raises
     nothing."""
-    try:
-        return _CACHE[tokenizer]
-    except (KeyError, TypeError):
-        pass
-    found = _find(tokenizer)
-    try:
-        _CACHE[tokenizer] = found
-    except TypeError:  # not weak-referenceable: found again next time
-        pass
-    return found
+    return _FORMATS.get(tokenizer)
 
 
 def _find(tokenizer: Any) -> ToolFormat | None:
@@ -96,3 +85,6 @@ def _mlx_lm_format(tokenizer: Any, template: str) -> ToolFormat | None:
         return None
     module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
     return ToolFormat(module.tool_call_start, module.tool_call_end, module.parse_tool_call)
+
+
+_FORMATS = PerTokenizer(_find)

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from engine.contracts import TokenLogprob
 from engine.token_pieces import TokenPieces
-from service.chat.per_tokenizer import PerTokenizer
+from engine.per_tokenizer import PerTokenizer
 from service.chat.replies import ChoiceLogprobs, CompletionLogprobs, LogprobEntry, TopLogprob
 
 __all__ = ["token_pieces", "chat_logprobs", "completion_logprobs", "requested_logprobs", "LogprobJson", "logprob_json"]

@@ -20,7 +20,7 @@ from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
 from service.chat.content_parts import as_text_parts, reads_text_parts
-from service.chat.per_tokenizer import PerTokenizer
+from engine.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
     MessageError,
     calls_as_text,

@@ -1,11 +1,11 @@
-"""service/chat/per_tokenizer.py: a value built once per tokenizer, dropped with it."""
+"""engine/per_tokenizer.py: a value built once per tokenizer, dropped with it."""
 
 from __future__ import annotations
 
 import gc
 from typing import Any
 
-from service.chat.per_tokenizer import PerTokenizer
+from engine.per_tokenizer import PerTokenizer
 
 
 class Tokenizer:
