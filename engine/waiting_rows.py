@@ -44,7 +44,9 @@ class WaitingRows:
         if self.max_queued is None:
             return
         # Free rows alone let max_queued + max_active - 1 wait; the limit keeps one free row for a newcomer, so
-        # max_queued 0 still serves an idle server.
+        # max_queued 0 still serves an idle server. A finished row whose step has not landed yet is no longer busy:
+        # a client sending its next request as the last reply ends was refused (429) while nothing else ran.
+        active = [r for r in active if not r.finished]
         joining = self.admissible(active)
         queued = self.count()
         room = len(joining) == queued and len(active) + len(joining) < self.max_active

@@ -12,9 +12,9 @@ from engine.rows import RowState
 from engine.waiting_rows import WaitingRows
 
 
-def row(prompt: int = 4, max_tokens: int = 4, cancelled: bool = False) -> Any:
+def row(prompt: int = 4, max_tokens: int = 4, cancelled: bool = False, finished: bool = False) -> Any:
     return SimpleNamespace(prompt=[0] * prompt, request=SimpleNamespace(max_tokens=max_tokens), cancelled=cancelled,
-                           state=RowState.QUEUED)
+                           state=RowState.QUEUED, finished=finished)
 
 
 def test_the_limit_counts_neither_rows_the_next_pass_takes_nor_a_newcomer_a_free_row_is_left_for() -> None:
@@ -28,6 +28,14 @@ def test_the_limit_counts_neither_rows_the_next_pass_takes_nor_a_newcomer_a_free
     with pytest.raises(QueueFull) as refused:
         waiting.check_room(active)
     assert (refused.value.queued, refused.value.limit) == (1, 1)
+
+
+def test_a_finished_row_whose_step_has_not_landed_leaves_room() -> None:
+    # --max-queued 0, one row: the next request of a client that waited for the last reply was a 429.
+    waiting = WaitingRows(max_active=1, max_queued=0, max_kv_tokens=None, admission=None)
+    waiting.check_room([row(finished=True)])
+    with pytest.raises(QueueFull):
+        waiting.check_room([row()])
 
 
 def test_a_kv_limit_keeps_rows_waiting_and_they_count() -> None:
