@@ -3,6 +3,10 @@
 model.bin v6: u32 version, str spec, u32 revision, u32 n_vars, then per variable: str name, u8 rank,
 u32 dims[rank], u8 dtype, u32 nbytes, data; then u32 n_aliases, (str, str)*. Strings: u16 length
 including the NUL. Output: config.json (ModelDimensions), weights.safetensors, alignment_heads.json.
+
+Quantized checkpoints (`--quantization int8*` / `int16`) store a layer's `weight` as integers beside a float32
+`weight_scale`: CTranslate2's weight is `weight / weight_scale` (int8: one scale per output row; int16: one
+scale for the whole matrix). The import dequantizes them to floats; other quantizations are refused.
 """
 
 from __future__ import annotations
@@ -17,8 +21,13 @@ import numpy as np
 
 from engine.progress import progress
 
-__all__ = ["CheckpointFormatError", "read_ct2_model_bin", "write_ct2_model_bin", "ct2_to_mlx_weights",
-           "import_ct2_whisper", "is_ct2_whisper_dir"]
+__all__ = ["CheckpointFormatError", "read_ct2_model_bin", "write_ct2_model_bin", "dequantize", "ct2_to_mlx_weights",
+           "import_ct2_whisper", "is_ct2_whisper_dir", "FORMAT_VERSION"]
+
+# What an import holds for a given model.bin; part of the import cache's key (audio/whisper_imports.py), so an
+# import written by an older importer is never reused. 2: int8/int16 weights divided by their weight_scale
+# (1 kept them as raw integers: such an import transcribed garbage).
+FORMAT_VERSION = 2
 
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 _BF16 = 5
@@ -69,6 +78,9 @@ def read_ct2_model_bin(path: str | Path) -> tuple[str, dict[str, np.ndarray]]:
             for _ in range(n_alias):
                 alias, target = _read_str(f), _read_str(f)
                 variables[alias] = variables[target]
+                # Aliases are made before quantizing, so an alias of a quantized weight has no scale of its own.
+                if f"{target}_scale" in variables:
+                    variables.setdefault(f"{alias}_scale", variables[f"{target}_scale"])
         except (struct.error, UnicodeDecodeError) as exc:
             raise CheckpointFormatError(f"{path}: not a CTranslate2 model.bin ({exc})") from None
     return spec, variables
@@ -94,6 +106,38 @@ def write_ct2_model_bin(path: str | Path, spec: str, variables: dict[str, np.nda
         for alias, target in (aliases or {}).items():
             _write_str(f, alias)
             _write_str(f, target)
+
+
+def dequantize(v: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`v` with every integer `…/weight` divided by its `…/weight_scale` (float32) and the scales dropped; float
+    variables as they are. Raises CheckpointFormatError for a quantization this cannot read back: an integer
+    weight without a scale, a scale of another shape than CTranslate2's int8 (per row) or int16 (one) scales,
+    or zero points (AWQ)."""
+    out: dict[str, np.ndarray] = {}
+    for name, arr in v.items():
+        if name.endswith("/weight_zero"):
+            raise CheckpointFormatError(f"{name}: zero-point (AWQ) quantized CTranslate2 weights are not "
+                                        "supported; convert the model with --quantization int8, float16 or float32")
+        if name.endswith("/weight_scale"):
+            continue
+        scale = v.get(f"{name}_scale") if name.endswith("/weight") else None
+        if scale is None:
+            if name.endswith("/weight") and arr.ndim >= 2 and not np.issubdtype(arr.dtype, np.floating):
+                raise CheckpointFormatError(f"{name}: {arr.dtype} weights without a weight_scale; this is no "
+                                            "CTranslate2 quantization the importer knows")
+            out[name] = arr
+            continue
+        if arr.dtype not in (np.int8, np.int16):
+            raise CheckpointFormatError(f"{name}: a weight_scale beside {arr.dtype} weights (expected int8 or int16)")
+        if scale.size == 1:  # int16: one scale for the matrix
+            divisor = scale.astype(np.float32).reshape(())
+        elif scale.shape == arr.shape[:1]:  # int8: one scale per output row
+            divisor = scale.astype(np.float32).reshape((-1,) + (1,) * (arr.ndim - 1))
+        else:
+            raise CheckpointFormatError(f"{name}: weight_scale of shape {scale.shape} does not fit weights of "
+                                        f"shape {arr.shape}")
+        out[name] = arr.astype(np.float32) / divisor
+    return out
 
 
 def _layers(v: dict[str, np.ndarray], prefix: str) -> int:
@@ -133,7 +177,9 @@ def _block(out: dict[str, np.ndarray], v: dict[str, np.ndarray], src: str, dst: 
 
 def ct2_to_mlx_weights(v: dict[str, np.ndarray]) -> tuple[dict[str, int], dict[str, np.ndarray]]:
     """(ModelDimensions dict, mlx-whisper weight dict) from CTranslate2 WhisperSpec variables.
-    Raises CheckpointFormatError when a required variable is missing."""
+    Quantized weights come out dequantized (float32). Raises CheckpointFormatError when a required variable is
+    missing or a quantization cannot be read back (see dequantize)."""
+    v = dequantize(v)
     try:
         n_enc, n_dec = _layers(v, "encoder"), _layers(v, "decoder")
         embed = v["decoder/embeddings/weight"]

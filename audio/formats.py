@@ -6,7 +6,8 @@ from typing import Any, Literal, get_args
 
 from audio.transcript import Transcript
 
-__all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp", "language_name", "usage"]
+__all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp", "language_name", "text_language",
+           "usage"]
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
@@ -54,10 +55,16 @@ def language_name(code: str) -> str:
     return LANGUAGES.get(code, code)
 
 
+def text_language(t: Transcript) -> str:
+    """The language of `t`'s text by Whisper's name: "english" for a translation (OpenAI: a translation's
+    `language` is always english, the output's), else the spoken one. Raises nothing."""
+    return "english" if t.task == "translate" else language_name(t.language)
+
+
 def _verbose(t: Transcript, words: bool) -> dict[str, Any]:
     body: dict[str, Any] = {
         "task": t.task,
-        "language": language_name(t.language),
+        "language": text_language(t),
         "duration": round(t.duration, 3),
         "text": t.text.strip(),
         "segments": [s.as_dict(with_words=False) for s in t.segments],

@@ -31,7 +31,15 @@ from audio.timeline import compact
 from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
 from audio.vad import speech_pieces
 from audio.warmup import compiles_kernels, warm_up_signal
-from audio.whisper import DEMO_ALIASES, DEMO_MODEL, WhisperResidency, prepare_whisper, resolve_whisper_checkpoint
+from audio.whisper import (
+    DEMO_ALIASES,
+    DEMO_MODEL,
+    WhisperResidency,
+    default_dtype,
+    prepare_whisper,
+    resolve_whisper_checkpoint,
+)
+from audio.whisper_imports import import_name
 from engine.accelerator import on_gpu
 from engine.context import EngineThread
 from engine.memory import release_free_memory
@@ -126,11 +134,16 @@ class SpeechService:
     def from_spec(cls, tasks: "ExecutionTasks", spec: str | None, **kwargs: Any) -> "SpeechService":
         """Resolve a model name (dir, HF cache id, CTranslate2 dir, `tiny.en`) and build the service.
         Raises WhisperCheckpointError when it is not a Whisper checkpoint."""
-        path = resolve_whisper_checkpoint(spec, kwargs.get("dtype"))
+        dtype = kwargs.get("dtype") or default_dtype()
+        path = resolve_whisper_checkpoint(spec, dtype)
         if spec is None or spec in DEMO_ALIASES:
             name = f"whisper-{DEMO_MODEL}"
+        elif (given := Path(spec).expanduser()).exists():
+            # A CTranslate2 folder is served under its own name (the name its import goes by), not the import's
+            # `<name>-<dtype>`: a request names the folder, and this machine's dtype is no part of the model.
+            name = path.name if path.resolve() == given.resolve() else import_name(path, dtype)
         else:
-            name = path.name if Path(spec).exists() else spec
+            name = spec
         kwargs.setdefault("name", name)
         return cls(tasks, path, **kwargs)
 
@@ -139,21 +152,35 @@ class SpeechService:
         return self.residency.name
 
     @functools.cached_property
-    def multilingual(self) -> bool:
-        """From config.json, without loading weights. Raises nothing (unreadable → True)."""
+    def _n_vocab(self) -> int | None:
+        """From config.json, without loading weights. Raises nothing (unreadable → None)."""
         import json
 
         try:
-            return int(json.loads((self.residency.path / "config.json").read_text())["n_vocab"]) >= 51865
-        except (OSError, ValueError, KeyError):
-            return True
+            return int(json.loads((self.residency.path / "config.json").read_text())["n_vocab"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    @property
+    def multilingual(self) -> bool:
+        """From config.json's vocabulary size, as mlx-whisper's Whisper.is_multilingual. Raises nothing (unreadable
+        → True)."""
+        return self._n_vocab is None or self._n_vocab >= 51865
+
+    @property
+    def num_languages(self) -> int | None:
+        """How many of Whisper's languages the model has tokens for (mlx-whisper's Whisper.num_languages: 99, or
+        100 from large-v3 on). Raises nothing (unreadable → None: not checked here)."""
+        if self._n_vocab is None:
+            return None
+        return self._n_vocab - 51765 - int(self.multilingual)
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
         """TranscribeOptions checked against this model; `vad` None (or absent) takes the service's default.
         Raises InvalidOption naming `language`, `task`, `prompt` or a vad setting (unknown language, a
         non-English language / translate on an English-only model, a prompt longer than Whisper can use:
         PromptTooLong, vad_trim with vad on)."""
-        code = normalize_language(language, multilingual=self.multilingual)
+        code = normalize_language(language, multilingual=self.multilingual, num_languages=self.num_languages)
         if kwargs.get("vad") is None:
             kwargs["vad"] = self.vad_default
         if kwargs.get("vad_trim") and kwargs["vad"]:  # accepted, it would change nothing: VAD keeps only speech

@@ -131,14 +131,22 @@ class Transcript:
         return [w for s in self.segments for w in s.words]
 
 
-def normalize_language(language: str | None, *, multilingual: bool = True) -> str | None:
-    """`English`/`EN`/`en` → `en`; None stays None (detect). Raises InvalidOption (param "language") for an
-    unknown language or, on an English-only model, any language but English."""
+# ISO 639-1 codes Whisper spells otherwise: Javanese is `jw` in its tokenizer.
+_WHISPER_CODES = {"jv": "jw"}
+
+
+def normalize_language(language: str | None, *, multilingual: bool = True,
+                       num_languages: int | None = None) -> str | None:
+    """`English`/`EN`/`en` → `en` (`jv` → Whisper's `jw`); None stays None (detect). `num_languages`: how many of
+    Whisper's languages the model has tokens for (99 before large-v3, which added Cantonese; None: all). Raises
+    InvalidOption (param "language") for an unknown language, one the model has no token for, or, on an
+    English-only model, any language but English."""
     if language is None or not language.strip():
         return None
     from mlx_whisper.tokenizer import LANGUAGES, TO_LANGUAGE_CODE
 
     key = language.strip().lower()
+    key = _WHISPER_CODES.get(key, key)
     code = key if key in LANGUAGES else TO_LANGUAGE_CODE.get(key)
     # a long value is shown cut: echoed whole, a 1 MB language made a 1 MB error
     shown = repr(language) if len(language) <= 40 else repr(language[:40]) + "…"
@@ -148,4 +156,8 @@ def normalize_language(language: str | None, *, multilingual: bool = True) -> st
     if not multilingual and code != "en":
         raise InvalidOption(f"this Whisper model is English-only; language {shown} is not available",
                             param="language")
+    # The model's language tokens are the first num_languages of Whisper's list; a later one has no token.
+    if num_languages is not None and code not in tuple(LANGUAGES)[:num_languages]:
+        raise InvalidOption(f"this Whisper model knows {num_languages} languages and {LANGUAGES[code]} "
+                            f"({shown}) is not one of them (a large-v3 model has it)", param="language")
     return code

@@ -1,8 +1,9 @@
 """CTranslate2 Whisper imports in the user cache: keyed by the source's identity, named for people.
 
 Layout: `<cache>/whisper/<key>/<name>-<dtype>`, the key a hash of the source folder's resolved path and its
-model.bin's and config.json's size and mtime (as engine/gguf.py keys its conversions), so another checkpoint in a
-folder of the same name, or one changed in place, gets an import of its own. The leaf keeps a friendly name: a
+model.bin's and config.json's size and mtime (as engine/gguf.py keys its conversions) and of the importer's
+versions, so another checkpoint in a folder of the same name, one changed in place, or one an older importer read
+differently, gets an import of its own. The leaf keeps a friendly name: a
 checkpoint given by path is served under its folder's name. An import is written as
 `<cache>/whisper/<key>-<name>-<dtype>.partial` first, where the start-up cleanup looks for interrupted ones.
 """
@@ -15,10 +16,11 @@ import logging
 import shutil
 from pathlib import Path
 
-__all__ = ["is_whisper_checkpoint", "source_key", "display_name", "cached_import", "keyed_imports",
+__all__ = ["is_whisper_checkpoint", "source_key", "display_name", "import_name", "cached_import", "keyed_imports",
            "unkeyed_imports"]
 
-# Bump when the written layout changes, so older imports are never reused.
+# Bump when the written layout changes, so older imports are never reused (the importer's FORMAT_VERSION, for
+# what the weights hold, is in the key as well).
 _IMPORT_VERSION = 1
 # Folder names that say nothing about the checkpoint: the parent folder names it instead.
 _GENERIC_NAMES = frozenset({"model", "models"})
@@ -41,6 +43,8 @@ def is_whisper_checkpoint(path: str | Path) -> bool:
 def source_key(ct2_dir: Path) -> str:
     """A hex key for a CTranslate2 folder: its resolved path plus the size and mtime of the files an import reads
     (stat follows an HF cache snapshot's links to their blobs). Raises nothing."""
+    from audio import ctranslate2_import
+
     source = ct2_dir.resolve()
     parts = [str(source)]
     for file in ("model.bin", "config.json"):
@@ -49,7 +53,7 @@ def source_key(ct2_dir: Path) -> str:
             parts.append(f"{stat.st_size}:{stat.st_mtime_ns}")
         except OSError:
             parts.append("-")
-    parts.append(str(_IMPORT_VERSION))
+    parts.append(f"{_IMPORT_VERSION}.{ctranslate2_import.FORMAT_VERSION}")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:_KEY_CHARS]
 
 
@@ -64,6 +68,12 @@ def display_name(ct2_dir: Path) -> str:
     if source.name in _GENERIC_NAMES and source.parent.name:
         return source.parent.name
     return source.name
+
+
+def import_name(imported: Path, dtype: str) -> str:
+    """The name the `dtype` import at `imported` (`<key>/<name>-<dtype>`) goes by: what cached_import was given,
+    the source's display_name or the demo's. Raises nothing."""
+    return imported.name.removesuffix(f"-{dtype}")
 
 
 def cached_import(ct2_dir: Path, name: str, dtype: str, root: Path) -> Path:

@@ -9,6 +9,7 @@ import anyio
 from litestar import Request, delete, post
 
 from audio.errors import SessionClosed, SessionNotFound
+from audio.formats import text_language
 from audio.pcm import SAMPLE_RATE, is_raw_pcm, parse_pcm_content_type
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
@@ -99,8 +100,9 @@ async def finish_session(request: Request[Any, Any, Any], session_id: str) -> Se
     _, session = _session(request, session_id)
     t = await session.finish()
     # without Whisper's leading space, as /v1/audio/transcriptions gives a text
-    return SessionFinished(id=session.id, text=t.text.lstrip(), language=t.language, duration=round(t.duration, 3),
-                           segments=response_segments(t))
+    # the language by name, as verbose_json gives it ("english", not "en")
+    return SessionFinished(id=session.id, text=t.text.lstrip(), language=text_language(t),
+                           duration=round(t.duration, 3), segments=response_segments(t))
 
 
 @delete("/v1/audio/sessions/{session_id:str}", status_code=200, tags=["audio"], summary="Delete a session",

@@ -18,7 +18,7 @@ from engine.task_group import TasksOnlyGroup
 from engine.tasks import ExecutionTasks
 from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, build_tiny_whisper
 
-__all__ = ["tiny_whisper_dir", "tiny_whisper", "multilingual_whisper", "running_tasks", "voiced", "SR"]
+__all__ = ["tiny_whisper_dir", "tiny_whisper", "multilingual_whisper", "whisper_cache", "running_tasks", "voiced", "SR"]
 
 SR = 16000
 
@@ -26,6 +26,14 @@ SR = 16000
 @pytest.fixture(scope="session")
 def tiny_whisper_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
+
+
+@pytest.fixture
+def whisper_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user cache of this test's own (where CTranslate2 imports go), and no demo checkpoint installed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr("audio.whisper._demo_ct2_dir", lambda: None)
+    return tmp_path / "xdg" / "mlx-tandem" / "whisper"
 
 
 @pytest.fixture(scope="session")

@@ -120,3 +120,66 @@ def test_missing_variable(tmp_path: Path) -> None:
     write_ct2_model_bin(tmp_path / "model.bin", "WhisperSpec", {"encoder/num_heads": np.array(2, np.int16)})
     with pytest.raises(CheckpointFormatError, match="lacks variable"):
         import_ct2_whisper(tmp_path, tmp_path / "out")
+
+
+def _quantized(v: dict[str, np.ndarray], kind: str) -> dict[str, np.ndarray]:
+    """`v` as `ct2-transformers-converter --quantization int8|int16` writes it (CTranslate2's LayerSpec._quantize):
+    linear and embedding weights as integers times a float32 weight_scale, everything else untouched."""
+    q: dict[str, np.ndarray] = {}
+    for name, arr in v.items():
+        if not (name.endswith("/weight") and ("linear_" in name or name == "decoder/embeddings/weight")):
+            q[name] = arr
+            continue
+        w = arr.astype(np.float32)
+        if kind == "int16":  # one scale: 10 bits for the largest value
+            scale = np.float32(2**10 / np.abs(w).max())
+            q[name] = np.clip(np.rint(w * scale), -32768, 32767).astype(np.int16)
+            q[f"{name}_scale"] = np.array(scale, np.float32)
+        else:  # one scale per output row
+            amax = np.abs(w).max(axis=1)
+            amax[amax == 0] = 127.0
+            row_scale = (127.0 / amax).astype(np.float32)
+            q[name] = np.rint(w * row_scale[:, None]).astype(np.int8)
+            q[f"{name}_scale"] = row_scale
+    return q
+
+
+@pytest.mark.parametrize("kind", ["int8", "int16"])
+def test_quantized_weights_import_dequantized(kind: str, tmp_path: Path) -> None:
+    from safetensors.numpy import load_file
+
+    want = tiny_whisper_weights()
+    variables = _quantized(_to_ct2(want, TINY_WHISPER_DIMS), kind)
+    assert variables["decoder/layer_0/ffn/linear_0/weight"].dtype == np.dtype(kind)  # the file holds integers
+    # as in real files: the output projection is an alias of the embeddings, quantized before it was aliased
+    write_ct2_model_bin(tmp_path / "model.bin", "WhisperSpec", variables,
+                        aliases={"decoder/projection/weight": "decoder/embeddings/weight"})
+    got = load_file(str(import_ct2_whisper(tmp_path, tmp_path / "mlx") / "weights.safetensors"))
+    assert set(got) == set(want)
+    largest = max(float(np.abs(w).max()) for w in want.values())
+    for name, w in want.items():
+        if name.endswith("weight") and ("blocks" in name or "token_embedding" in name) and w.ndim == 2:
+            # within half a quantization step of each row (int8), or of the (fused) matrix (int16): at most the
+            # step of the largest weight there is
+            step = np.abs(w).max(axis=1, keepdims=True) / 127 if kind == "int8" else np.full((1, 1), largest / 2**10)
+            assert np.all(np.abs(got[name] - w) <= step / 2 + 1e-7), name
+        else:
+            tol = 1e-3 if "conv" in name and name.endswith("weight") else 0  # convs went through fp16
+            np.testing.assert_allclose(got[name], w, atol=tol, err_msg=name)
+
+
+def test_integer_weights_without_a_scale_are_refused(tmp_path: Path) -> None:
+    variables = _to_ct2(tiny_whisper_weights(), TINY_WHISPER_DIMS)
+    variables["encoder/layer_0/ffn/linear_0/weight"] = np.ones((128, 32), np.int8)
+    write_ct2_model_bin(tmp_path / "model.bin", "WhisperSpec", variables)
+    with pytest.raises(CheckpointFormatError, match="encoder/layer_0/ffn/linear_0/weight.*weight_scale"):
+        import_ct2_whisper(tmp_path, tmp_path / "out")
+
+
+def test_zero_point_quantization_is_refused(tmp_path: Path) -> None:
+    variables = _quantized(_to_ct2(tiny_whisper_weights(), TINY_WHISPER_DIMS), "int8")
+    variables["decoder/layer_0/ffn/linear_0/weight_zero"] = np.zeros(128, np.float32)
+    write_ct2_model_bin(tmp_path / "model.bin", "WhisperSpec", variables)
+    with pytest.raises(CheckpointFormatError, match="AWQ"):
+        import_ct2_whisper(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

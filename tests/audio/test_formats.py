@@ -60,6 +60,15 @@ def test_verbose_json_fields() -> None:
     assert "words" not in render(T, "verbose_json")
 
 
+def test_a_translation_is_in_english_whatever_was_spoken() -> None:
+    """OpenAI: a translation's `language` is always english, the language of its text."""
+    spoken_german = Transcript(text=" Hello.", language="de", duration=1.0, task="translate")
+    body = render(spoken_german, "verbose_json")
+    assert isinstance(body, dict) and body["task"] == "translate" and body["language"] == "english"
+    transcribed = render(Transcript(text=" Hallo.", language="de", duration=1.0), "verbose_json")
+    assert isinstance(transcribed, dict) and transcribed["language"] == "german"
+
+
 def test_unknown_format() -> None:
     with pytest.raises(ValueError):
         render(T, "docx")

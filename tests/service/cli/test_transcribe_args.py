@@ -73,3 +73,14 @@ def test_a_closed_stdin_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert main(["transcribe", "-"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tandem: - reads the audio from stdin, which is closed") and err.count("\n") == 1, err
+
+
+def test_a_language_the_model_lacks_is_refused_before_decoding(tmp_path: Path, wav: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Cantonese on a 99-language Whisper (vocab 51865): a one-line error, where decoding died in a traceback."""
+    from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS
+
+    model = build_tiny_whisper(tmp_path / "ml-v2", {**TINY_WHISPER_DIMS, "n_vocab": 51865})
+    assert main(["transcribe", str(wav), str(model), "--language", "yue"]) == 2
+    err = capsys.readouterr().err
+    assert "99 languages" in err and "cantonese" in err and "Traceback" not in err

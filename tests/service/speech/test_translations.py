@@ -46,6 +46,7 @@ def test_a_multilingual_model_translates(multilingual: TestClient[Any], monkeypa
     r = _post(multilingual, "translations", response_format="verbose_json", prompt="Dashwood")
     assert r.status_code == 200, r.text
     assert r.json()["task"] == "translate" and r.json()["duration"] == pytest.approx(1.5) and asked == ["translate"]
+    assert r.json()["language"] == "english"  # OpenAI: always english, the output's (whatever was detected)
     text = _post(multilingual, "translations", response_format="text")
     assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
 

@@ -1,0 +1,30 @@
+"""A CTranslate2 (faster-whisper) folder is served under its folder's name, as an mlx-whisper folder is: not as
+its import in the user cache (`<folder>-<dtype>`, which changed with the machine's dtype and made a request that
+names the folder a 404)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from litestar.testing import TestClient
+
+from service.app import create_app
+from service.speech.setup import SpeechConfig, install_speech
+from service.state import AppState
+from tests.audio.test_whisper_imports import _write_ct2
+from tests.service.speech.test_routes import voiced, wav_bytes
+
+
+def test_a_ctranslate2_folder_is_served_and_asked_for_by_its_name(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = _write_ct2(tmp_path / "ct2-tiny-en-f16", seed=1)
+    state = install_speech(AppState(), SpeechConfig(model=str(folder), resident=True))
+    with TestClient(create_app(state)) as client:
+        cards = client.get("/v1/models").json()["data"]
+        assert [c["id"] for c in cards if c.get("kind") == "transcription"] == ["ct2-tiny-en-f16"]
+        for model in ("ct2-tiny-en-f16", "whisper-1", str(folder)):
+            r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(1.0)), "audio/wav")},
+                            data={"model": model, "temperature": "1.0", "response_format": "json"})
+            assert r.status_code == 200, (model, r.text)
