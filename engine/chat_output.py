@@ -200,7 +200,9 @@ class ChatOutputSplitter:
         events: list[OutputEvent] = []
         rest, self._buffer = self._buffer, ""
         if self._state == "tool":
-            self._emit_tool_calls(rest, events, closed=False)
+            # A reply cut off inside the end marker (`…}\n</tool`): the call is whole, as without that part.
+            cut = held_suffix(rest, [self._m.tool_call_end]) if self._m.tool_call_end else 0
+            self._emit_tool_calls(rest[: len(rest) - cut], events, closed=False, written=rest)
         elif self._state == "reasoning":
             self._emit_reasoning(rest, events)
         else:
@@ -276,8 +278,9 @@ class ChatOutputSplitter:
         if text:
             events.append(ContentText(text))
 
-    def _emit_tool_calls(self, block: str, events: list[OutputEvent], closed: bool) -> bool:
-        """Tool-call events for `block`, or the block as content; returns whether it parsed."""
+    def _emit_tool_calls(self, block: str, events: list[OutputEvent], closed: bool, written: str | None = None) -> bool:
+        """Tool-call events for `block`, or the block as content (`written`: the text the model wrote for it, when
+        the block left part out); returns whether it parsed."""
         m = self._m
         try:
             parsed = m.tool_parser(block, self._tools) if m.tool_parser is not None else None
@@ -287,7 +290,8 @@ class ChatOutputSplitter:
             log.info("a tool call that does not parse is content (%s: %s)", type(exc).__name__, exc)
             self.unparsed_tool_text.append(block)
             self._strip_leading = False
-            self._emit_content(f"{m.tool_call_start or ''}{block}{m.tool_call_end or '' if closed else ''}", events)
+            text = block if written is None else written
+            self._emit_content(f"{m.tool_call_start or ''}{text}{m.tool_call_end or '' if closed else ''}", events)
             return False
         for name, arguments in normalized:
             index = self.tool_calls

@@ -190,6 +190,15 @@ def test_unterminated_valid_call_is_parsed_at_finish():
     assert result["tool_calls"] == [{"id": "call_0", "name": "f", "arguments": {"a": 1}}]
 
 
+@pytest.mark.parametrize("cut", ["\n</tool", "\n</tool_", "\n<", ""])
+def test_a_call_cut_off_inside_its_end_marker_is_parsed(cut: str) -> None:
+    # max_tokens ending inside `</tool_call>`: the call was content, markup and all, unlike one cut just before it.
+    result = reassemble(run(QWEN, ['<tool_call>\n{"name": "f", "arguments": {"a": 1}}' + cut]))
+    assert result["tool_calls"] == [{"id": "call_0", "name": "f", "arguments": {"a": 1}}] and not result["content"]
+    broken = reassemble(run(QWEN, ['<tool_call>\n{"name": "f", "argu' + cut]))
+    assert broken["content"] == '<tool_call>\n{"name": "f", "argu' + cut  # as written
+
+
 def test_broken_call_is_content_as_written():
     events = run(QWEN, ["ok <tool_call>{not json}</tool_call> after"])
     assert reassemble(events) == {"content": "ok <tool_call>{not json}</tool_call> after", "reasoning": "",
