@@ -10,9 +10,9 @@ choice, stored completions) are refused by name.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 __all__ = [
     "TextPart",
@@ -66,11 +66,20 @@ class _Body(_Request):
         return super().model_validate(obj, strict=True, **kwargs)
 
 
+class CacheControl(_Request):
+    """Anthropic-style prompt-caching breakpoint (LiteLLM and OpenRouter clients send it on parts and messages):
+    honoured as it is asked — prefixes are kept in the prefix cache whatever the request says."""
+
+    type: Literal["ephemeral"]
+    ttl: str | None = None
+
+
 class TextPart(_Request):
     """A text content part; other part types (images, audio) are not served by a text model."""
 
     type: Literal["text", "input_text"]
     text: str
+    cache_control: CacheControl | None = None
 
 
 class RefusalPart(_Request):
@@ -79,6 +88,21 @@ class RefusalPart(_Request):
     type: Literal["refusal"]
     refusal: str
 
+
+def _part_kind(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    if kind is None and isinstance(part, dict):
+        return "TextPart"  # which then names the missing `type`
+    return {"text": "TextPart", "input_text": "TextPart", "refusal": "RefusalPart"}.get(str(kind))
+
+
+# Picked by `type`, so an error names the part's own field, not another part type's (the tags are stripped from
+# error paths: service/http/handlers.py).
+ContentPart = Annotated[
+    Union[Annotated[TextPart, Tag("TextPart")], Annotated[RefusalPart, Tag("RefusalPart")]],
+    Discriminator(_part_kind, custom_error_type="invalid_part_type",
+                  custom_error_message="a content part's type must be 'text' (or 'input_text', 'refusal')"),
+]
 
 # Part types a text model cannot read: refused with a sentence naming them (not pydantic's union listing).
 _UNREAD_PARTS = {"image_url": "images", "input_image": "images", "input_audio": "audio", "file": "files",
@@ -106,12 +130,13 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # Before content, whose check reads it: an assistant message may leave content null only beside tool calls.
     tool_calls: list[ToolCall] | None = None
-    content: str | list[TextPart | RefusalPart] | None = Field(None, validate_default=True)
+    content: str | list[ContentPart] | None = Field(None, validate_default=True)
     name: str | None = None
     tool_call_id: str | None = Field(None, validate_default=True)
     # Prior assistant thinking, passed back to the chat template.
     reasoning_content: str | None = None
     reasoning: str | None = None
+    cache_control: CacheControl | None = None
 
     @field_validator("content", mode="before")
     @classmethod

@@ -52,7 +52,9 @@ def _validation_error(exc: ValidationException) -> APIError:
                             code="unknown_parameter")
         return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
                         code="unknown_parameter")
-    others = {_field_path(e.get("key")) for e in problems} - {param}
+    # Another branch of the same union fails at an ancestor of `param` (`content` is no string): not another field.
+    others = {p for e in problems if (p := _field_path(e.get("key"))) != param
+              and not (param or "").startswith(f"{p}.")}
     more = f" (and {len(others)} more fields)" if others else ""
     text = f"{param}: {message}{more}" if param else f"{message}{more}"
     return APIError(400, text, param=param, code="invalid_value")

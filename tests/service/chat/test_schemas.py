@@ -93,8 +93,23 @@ def test_nested_unknown_fields_pass_while_empty_and_are_refused_otherwise(client
     echoed = {"role": "assistant", "content": "hello", "refusal": None, "annotations": [], "audio": None,
               "function_call": None}
     assert _chat(client, messages=[*USER, echoed, *USER]).status_code == 200
-    _refused(_chat(client, messages=[{"role": "user", "content": "hi", "cache_control": {"type": "ephemeral"}}]),
-             "messages.0", "'cache_control' is not supported")
+    _refused(_chat(client, messages=[{"role": "user", "content": "hi", "priority": {"level": 1}}]),
+             "messages.0", "'priority' is not supported")
+    # One level down, the error names the part, not another part type's field ("type: Input should be 'refusal'").
+    error = _refused(_chat(client, messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]}]),
+                     "messages.0.content.0", "'x' is not supported")
+    assert "more fields" not in error["message"]
+
+
+def test_cache_control_breakpoints_are_accepted_and_checked(client: Any) -> None:
+    # LiteLLM's and OpenRouter-style clients mark prompt-cache breakpoints Anthropic's way; the prefix cache keeps
+    # prefixes whatever a request says, so the hint is honoured. They were a 400 naming the wrong field.
+    part = {"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}
+    messages = [{"role": "system", "content": [part]},
+                {"role": "user", "content": "hi", "cache_control": {"type": "ephemeral", "ttl": "5m"}}]
+    assert _chat(client, messages=messages).status_code == 200
+    bad = {**part, "cache_control": {"type": "forever"}}
+    _refused(_chat(client, messages=[{"role": "user", "content": [bad]}]), "messages.0.content.0.cache_control.type")
     _refused(_chat(client, stream=True, stream_options={"include_usage": True, "include_obfuscation": True}),
              "stream_options.include_obfuscation", "only false")
     assert _chat(client, stream=True, stream_options={"include_obfuscation": False}).status_code == 200
