@@ -313,6 +313,15 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError(f"not supported by this server (only null){hint}")
         return value
 
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _no_forced_call(cls, value: Any) -> Any:
+        # Said in a sentence (frameworks' structured output sends these): not pydantic's "should be 'auto' or 'none'".
+        if value == "required" or isinstance(value, dict):
+            raise ValueError("a forced tool call (\"required\" or a named function) is not supported: the model "
+                             "decides whether to call a tool; use \"auto\"")
+        return value
+
     @field_validator("tool_choice", "parallel_tool_calls")
     @classmethod
     def _needs_tools(cls, value: Any, info: ValidationInfo) -> Any:
