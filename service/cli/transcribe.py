@@ -26,6 +26,9 @@ def add_transcribe(sub: Any) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="Whisper checkpoint: mlx-whisper dir, CTranslate2 dir, cached HF repo, a name `tandem models ls` "
                         "lists, or tiny.en (default: the demo tiny.en)")
+    # `tandem serve` names its Whisper `--whisper-model`: users try the same flag here.
+    p.add_argument("--whisper-model", dest="model_flag", default=None, metavar="MODEL",
+                   help="the Whisper checkpoint, as the positional MODEL")
     p.add_argument("--language", default=None, help="ISO-639-1 code or name (default: detected)")
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
                    help="translate: into English (multilingual models)")
@@ -60,6 +63,10 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CLIError("--temperature must be in 0..1")
     if args.batch_size < 1:
         raise CLIError("--batch-size must be >= 1")
+    if args.model_flag is not None:
+        if args.model is not None and args.model != args.model_flag:
+            raise CLIError(f"two Whisper models given: {args.model!r} and --whisper-model {args.model_flag!r}")
+        args.model = args.model_flag
     if args.vad_trim and args.vad:
         raise CLIError("--vad-trim works with --no-vad only (VAD, the default, already leaves silence out)")
     if args.word_timestamps and args.format != "verbose_json":  # as the server refuses it: never silently dropped

@@ -39,6 +39,14 @@ def test_transcribe_takes_the_name_models_ls_shows(imported: str, wav: Path,
     assert code == 0, capsys.readouterr().err
 
 
+def test_transcribe_takes_the_flag_serve_takes(imported: str, wav: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--whisper-model X` (serve's flag) was "unrecognized arguments".
+    code = main(["transcribe", str(wav), "--whisper-model", imported, "--no-fallback", "--no-timestamps", "--no-vad"])
+    assert code == 0, capsys.readouterr().err
+    assert main(["transcribe", str(wav), "tiny.en", "--whisper-model", imported]) == 2
+    assert "two Whisper models given" in capsys.readouterr().err
+
+
 def test_serve_takes_the_name_models_ls_shows(imported: str) -> None:
     args = build_parser().parse_args(["serve", "--whisper-model", imported])
     config = ServiceConfig()
