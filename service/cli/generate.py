@@ -53,7 +53,8 @@ def _generate(args: argparse.Namespace) -> int:
     from engine.errors import EngineClosed, EngineError
     from engine.models import load_model
     from engine.runtime import Engine, generate_stream
-    from service.chat.prompt import render_prompt
+    from service.chat.output import ChatTranslator
+    from service.chat.prompt import generation_prompt, render_prompt
 
     # One line for what the model or its template refuses, as `serve` gives it (these were tracebacks).
     try:
@@ -78,9 +79,22 @@ def _generate(args: argparse.Namespace) -> int:
         max_tokens=room,
     )
 
+    # The reply as a client reads it: thinking (a think block, gpt-oss's analysis channel) to stderr, dimmed on a
+    # terminal, the answer to stdout, without the family's markup.
+    translator = ChatTranslator.for_request(engine.tokenizer, prompt, opening=generation_prompt(engine.tokenizer))
+    dim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
+
+    def write(deltas: list[Any]) -> None:
+        for d in deltas:
+            if d.reasoning_content:
+                sys.stderr.write(f"{dim[0]}{d.reasoning_content}{dim[1]}")
+                sys.stderr.flush()
+            if d.content:
+                sys.stdout.write(d.content)
+                sys.stdout.flush()
+
     def show(delta: Any) -> None:
-        sys.stdout.write(delta.text)
-        sys.stdout.flush()
+        write(translator.feed(delta.text))
 
     start = time.perf_counter()
     try:
@@ -94,6 +108,7 @@ def _generate(args: argparse.Namespace) -> int:
         causes = _leaves(matched)  # the request's own error first, the engine closing after it last
         causes.sort(key=lambda exc: isinstance(exc, EngineClosed))
         raise CLIError(str(causes[0])) from None
+    write(translator.finish())
     seconds = time.perf_counter() - start
     sys.stdout.write("\n")
     rate = result.completion_tokens / seconds if seconds > 0 else 0.0

@@ -85,3 +85,15 @@ def test_a_closed_stdin_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert main(["generate", "-"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tandem: - reads the prompt from stdin, which is closed") and err.count("\n") == 1, err
+
+
+def test_thinking_goes_to_stderr_and_the_answer_to_stdout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A template that opens a think block: the reply, all thinking here, was printed as the answer, markup and all.
+    from tests.fixtures.tiny_llm import CHATML_TEMPLATE, build_tiny_llm
+
+    opens = CHATML_TEMPLATE.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'")
+    model = build_tiny_llm(tmp_path / "thinks", extra_special_tokens=("<think>", "</think>"), chat_template=opens)
+    assert main(["generate", "hi", "--model", str(model), "--max-tokens", "12"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "\n" and "</think>" not in err
+    assert err.rsplit("[", 1)[0].strip(), err  # the thinking, before the token count line
