@@ -10,10 +10,9 @@ otherwise it is content exactly as written (a JSON answer stays an answer).
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any, Callable, Collection
 
-from engine.chat_output import ContentText, OutputEvent, ToolCallArguments, ToolCallStart
+from engine.chat_output import ContentText, OutputEvent, ToolCallArguments, ToolCallStart, fresh_call_id
 
 __all__ = ["BareJsonCallSplitter", "parse_bare_calls", "declared_names", "writes_bare_json_calls"]
 
@@ -56,7 +55,7 @@ class BareJsonCallSplitter:
 
     def __init__(self, tool_names: Collection[str], *, new_call_id: Callable[[], str] | None = None) -> None:
         self._names = frozenset(tool_names)
-        self._new_call_id = new_call_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
+        self._new_call_id = new_call_id or fresh_call_id
         self._state = "undecided"
         self._buffer = ""
 

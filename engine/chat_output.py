@@ -26,6 +26,8 @@ __all__ = [
     "starts_in_reasoning",
     "opens_reasoning",
     "held_suffix",
+    "fresh_call_id",
+    "BufferedSplitter",
 ]
 
 log = logging.getLogger(__name__)
@@ -166,7 +168,31 @@ def held_suffix(text: str, markers: Sequence[str]) -> int:
     return best
 
 
-class ChatOutputSplitter:
+def fresh_call_id() -> str:
+    """A fresh tool-call id in OpenAI's shape (`call_` and 24 hex digits). Raises nothing."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class BufferedSplitter:
+    """A splitter that reads its text from a buffer one transition at a time: feed() appends a delta and runs
+    `_step` until it can go no further; subclasses keep what they hold back in `_buffer`."""
+
+    _buffer: str
+
+    def feed(self, text: str) -> list[OutputEvent]:
+        """Consume a text delta; return the events it completes. Never raises."""
+        self._buffer += text
+        events: list[OutputEvent] = []
+        while self._step(events):
+            pass
+        return events
+
+    def _step(self, events: list[OutputEvent]) -> bool:
+        """One transition (or a final partial emit); True while more may follow."""
+        raise NotImplementedError
+
+
+class ChatOutputSplitter(BufferedSplitter):
     """Streaming splitter of one reply; feed() deltas in order, then finish() once."""
 
     def __init__(
@@ -183,17 +209,9 @@ class ChatOutputSplitter:
         self._buffer = ""
         self._strip_leading = False
         self._reasoning_opened = self._state == "reasoning"
-        self._new_call_id = new_call_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
+        self._new_call_id = new_call_id or fresh_call_id
         self.tool_calls = 0
         self.unparsed_tool_text: list[str] = []
-
-    def feed(self, text: str) -> list[OutputEvent]:
-        """Consume a text delta; return the events it completes. Never raises."""
-        self._buffer += text
-        events: list[OutputEvent] = []
-        while self._step(events):
-            pass
-        return events
 
     def finish(self) -> list[OutputEvent]:
         """Flush held text at the end of the reply; an unterminated tool call is parsed, or content. Never raises."""

@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import uuid
 from typing import Any, Callable, Literal
 
-from engine.chat_output import (ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart,
-                                held_suffix)
+from engine.chat_output import (BufferedSplitter, ContentText, OutputEvent, ReasoningText, ToolCallArguments,
+                                ToolCallStart, fresh_call_id, held_suffix)
 from engine.per_tokenizer import PerTokenizer
 
 __all__ = ["MARKER_TEXTS", "STOP_TEXTS", "is_harmony", "add_harmony_stops", "HarmonySplitter"]
@@ -70,7 +69,7 @@ def add_harmony_stops(tokenizer: Any) -> None:
         log.warning("could not add harmony's stop tokens: %s", exc)
 
 
-class HarmonySplitter:
+class HarmonySplitter(BufferedSplitter):
     """Streaming splitter of one harmony reply (the engine/chat_output.py Splitter interface): feed() text
     deltas in order, then finish() once. `calls` false (tool_choice "none"): a message to a recipient is
     content. `opening`: the template's generation prompt (`<|start|>assistant`), where the first header began."""
@@ -79,7 +78,7 @@ class HarmonySplitter:
                  new_call_id: Callable[[], str] | None = None) -> None:
         del tools  # harmony names the function itself; the declared tools are not needed to read a call
         self._calls = calls
-        self._new_call_id = new_call_id or (lambda: f"call_{uuid.uuid4().hex[:24]}")
+        self._new_call_id = new_call_id or fresh_call_id
         self._state: Literal["header", "body", "between"] = "header"
         self._buffer = ""
         self._route: _Route = "content"
@@ -95,14 +94,6 @@ class HarmonySplitter:
                 self._open_body(tail[: tail.find(MESSAGE)])
             else:
                 self._seed = tail
-
-    def feed(self, text: str) -> list[OutputEvent]:
-        """Consume a text delta; return the events it completes. Never raises."""
-        self._buffer += text
-        events: list[OutputEvent] = []
-        while self._step(events):
-            pass
-        return events
 
     def finish(self) -> list[OutputEvent]:
         """Flush at the end of the reply: an open tool call (ended by <|call|>, which stops the row) is parsed, a

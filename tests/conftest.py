@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ ensure_fast_blas()  # the fast CPU BLAS must be loaded before any test module im
 
 from tests.fixtures.tiny_llm import TinyLoaded, build_tiny_llm, load_tiny_llm
 
-__all__ = ["anyio_backend", "tiny_llm_dir", "tiny_loaded"]
+__all__ = ["anyio_backend", "tiny_llm_dir", "tiny_loaded", "hermes_tokenizer", "granite_tokenizer"]
 
 
 @pytest.fixture
@@ -40,3 +41,19 @@ def tiny_llm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_loaded(tiny_llm_dir: Path) -> TinyLoaded:
     """The tiny llama loaded through mlx_lm.utils.load, with LoadedModel's fields (context 2048)."""
     return load_tiny_llm(tiny_llm_dir)
+
+
+@pytest.fixture(scope="session")
+def hermes_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny checkpoint's tokenizer with Hermes' named templates (tests/fixtures/family_templates.py)."""
+    from tests.fixtures.family_templates import build_hermes
+
+    return build_hermes(tmp_path_factory.mktemp("hermes"))
+
+
+@pytest.fixture(scope="session")
+def granite_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny checkpoint's tokenizer with a template in Granite 3.x's shape."""
+    from tests.fixtures.family_templates import build_granite
+
+    return build_granite(tmp_path_factory.mktemp("granite"))

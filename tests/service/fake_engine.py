@@ -13,7 +13,7 @@ from engine.errors import ContextTooLong
 from engine.tasks import ExecutionTasks
 from service.chat.prompt import PROBE_TEXT
 
-__all__ = ["FakeTokenizer", "FakeEngine", "FakeStream"]
+__all__ = ["FakeTokenizer", "FakeEngine", "FakeStream", "rendered_prompt"]
 
 
 class FakeTokenizer:
@@ -197,3 +197,20 @@ class FakeEngine:
 
     def stats(self) -> dict[str, Any]:
         return {"active_rows": len(self.active), "queued_rows": 0, "plan": {"reasons": ["fake"]}}
+
+
+
+def rendered_prompt(tokenizer: Any, body: dict[str, Any]) -> str:
+    """The prompt the server renders for a chat request `body` with a real `tokenizer` (decoded), the engine
+    scripted. Fails the test when the request is not a 200."""
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.state import AppState
+
+    engine = FakeEngine(["ok"], context_length=4096)
+    engine.tokenizer = tokenizer
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    return str(tokenizer.decode(engine.requests[-1].prompt_tokens))

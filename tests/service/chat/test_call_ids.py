@@ -7,13 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from litestar.testing import TestClient
 
-from service.app import create_app
 from service.chat.call_ids import nine_char_id, wants_nine_char_ids, with_nine_char_ids
-from service.state import AppState
 from tests.fixtures.tiny_llm import build_tiny_llm
-from tests.service.fake_engine import FakeEngine
+from tests.service.fake_engine import rendered_prompt
 
 # Mistral's rule, in a template of our own (its ids are written into the prompt, as Mistral's are).
 STRICT = (
@@ -52,8 +49,6 @@ def strict_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_an_agents_second_turn_renders(strict_tokenizer: Any) -> None:
-    engine = FakeEngine(["Done."], context_length=4096)
-    engine.tokenizer = strict_tokenizer
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     messages = [
         {"role": "user", "content": "weather?"},
@@ -62,9 +57,6 @@ def test_an_agents_second_turn_renders(strict_tokenizer: Any) -> None:
              "function": {"name": "get_weather", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_0b0e5463bb4f4a57bb2f825d", "content": "sunny"},
     ]
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        response = client.post("/v1/chat/completions", json={"messages": messages, "tools": tools})
-    assert response.status_code == 200, response.text
-    prompt = strict_tokenizer.decode(engine.requests[-1].prompt_tokens)
+    prompt = rendered_prompt(strict_tokenizer, {"messages": messages, "tools": tools})
     short = nine_char_id("call_0b0e5463bb4f4a57bb2f825d")
     assert f"[TOOL_CALLS]{short}get_weather" in prompt and f"[TOOL_RESULTS]{short} sunny" in prompt

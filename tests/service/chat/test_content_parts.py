@@ -7,13 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from litestar.testing import TestClient
 
-from service.app import create_app
 from service.chat.content_parts import as_text_parts, reads_text_parts
-from service.state import AppState
 from tests.fixtures.tiny_llm import CHATML_TEMPLATE, build_tiny_llm
-from tests.service.fake_engine import FakeEngine
+from tests.service.fake_engine import rendered_prompt
 
 # Our own template in that shape: the system text read from its first part, the rest as string or parts.
 PARTS = (
@@ -40,10 +37,5 @@ def parts_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_a_system_message_renders(parts_tokenizer: Any) -> None:
-    engine = FakeEngine(["ok"], context_length=4096)
-    engine.tokenizer = parts_tokenizer
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        response = client.post("/v1/chat/completions", json={"messages": messages})
-    assert response.status_code == 200, response.text
-    assert parts_tokenizer.decode(engine.requests[-1].prompt_tokens).endswith("<user>Be brief. hi<assistant>")
+    assert rendered_prompt(parts_tokenizer, {"messages": messages}).endswith("<user>Be brief. hi<assistant>")
