@@ -7,6 +7,7 @@ events to OpenAI `ChoiceDelta`s and accumulates the full assistant message for n
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Protocol, Sequence
 
 from engine.chat_output import ContentText, OutputEvent, ReasoningText, ToolCallArguments, ToolCallStart
@@ -14,6 +15,8 @@ from service.chat.replies import (AssistantMessage, ChoiceDelta, FinishReason, F
                                   MessageToolCall, ToolCallDelta)
 
 __all__ = ["Splitter", "PlainSplitter", "ChatTranslator"]
+
+_log = logging.getLogger(__name__)
 
 
 class Splitter(Protocol):
@@ -78,8 +81,8 @@ class ChatTranslator:
                              else starts_in_reasoning(tokenizer, prompt_tokens))
                 splitter = ChatOutputSplitter(markers, tools=tools, in_reasoning=reasoning)
                 return cls(splitter, one_call=one_call)
-        except Exception:  # a tokenizer without the attributes: plain content
-            pass
+        except Exception:  # noqa: BLE001 — a tokenizer without the attributes: plain content, said in the log
+            _log.warning("reply read as plain content: the model's output markers could not be set up", exc_info=True)
         return cls(one_call=one_call)
 
     @property

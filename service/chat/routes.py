@@ -191,7 +191,8 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
                                         default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
                                         logprobs=logprobs)
         translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data),
-                                                      calls=data.tool_choice != "none",
+                                                      # only functions the request declared come back as calls
+                                                      calls=bool(data.tools) and data.tool_choice != "none",
                                                       one_call=data.parallel_tool_calls is False,
                                                       json_calls=rendered.json_tool_calls,
                                                       opening=rendered.generation_prompt))

@@ -81,7 +81,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     # The reply as a client reads it: thinking (a think block, gpt-oss's analysis channel) to stderr, dimmed on a
     # terminal, the answer to stdout, without the family's markup.
-    translator = ChatTranslator.for_request(engine.tokenizer, prompt, opening=generation_prompt(engine.tokenizer))
+    translator = ChatTranslator.for_request(engine.tokenizer, prompt, calls=False,  # no tools declared here
+                                            opening=generation_prompt(engine.tokenizer))
     dim = ("\x1b[2m", "\x1b[0m") if sys.stderr.isatty() else ("", "")
 
     def write(deltas: list[Any]) -> None:

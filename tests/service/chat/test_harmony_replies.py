@@ -104,6 +104,21 @@ def test_a_message_to_a_function_is_a_tool_call(engine: FakeEngine) -> None:
         assert message["tool_calls"] == {0: {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
 
 
+@pytest.mark.parametrize("tools", [None, []])
+def test_without_declared_tools_a_call_is_content(engine: FakeEngine, tools: list[Any] | None) -> None:
+    # OpenAI returns calls only to functions the request declared: this reply was finish_reason "tool_calls".
+    engine.pieces = CALL
+    for client in _client(engine):
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "weather in Paris?"}]}
+        if tools is not None:
+            body["tools"] = tools
+        choice = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        assert choice["finish_reason"] == "stop" and not choice["message"].get("tool_calls")
+        assert choice["message"]["content"] == '{"city": "Paris"}'
+        message, finish = _streamed(client, body)
+        assert finish == "stop" and message["tool_calls"] == {} and message["content"] == '{"city": "Paris"}'
+
+
 def test_earlier_thinking_reaches_the_template_as_thinking(engine: FakeEngine) -> None:
     engine.pieces = ANSWER
     for client in _client(engine):
