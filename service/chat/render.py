@@ -19,7 +19,7 @@ import anyio
 from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
-from service.chat.content_parts import as_text_parts, reads_text_parts
+from service.chat.content_parts import as_text_parts, reads_text_parts, reads_thinking_parts, with_thinking_parts
 from engine.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
     MessageError,
@@ -63,6 +63,7 @@ _READS_CALLS = PerTokenizer(reads_tool_calls)
 _LIST_MARKER = PerTokenizer(lambda tokenizer: GRANITE_START if getattr(fallback_tool_format(tokenizer), "start", None)
                             == GRANITE_START else None)
 _READS_PARTS = PerTokenizer(lambda tokenizer: reads_text_parts(template_source(tokenizer)))
+_READS_THINKING = PerTokenizer(lambda tokenizer: reads_thinking_parts(template_source(tokenizer)))
 _NINE_CHAR_IDS = PerTokenizer(lambda tokenizer: wants_nine_char_ids(template_source(tokenizer)))
 _NAMED_ROLES = PerTokenizer(named_roles)
 # Each tokenizer's generation prompt per set of template kwargs (a request's kwargs may vary; the newest kept).
@@ -230,6 +231,8 @@ async def _opening(tokenizer: Any, kwargs: dict[str, Any], timeout: float) -> st
 
 async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   kwargs: dict[str, Any], timeout: float) -> tuple[str, bool]:
+    if _READS_THINKING.get(tokenizer):
+        messages = with_thinking_parts(messages)
     if _READS_PARTS.get(tokenizer):
         messages = as_text_parts(messages)
     try:

@@ -39,3 +39,25 @@ def parts_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_a_system_message_renders(parts_tokenizer: Any) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     assert rendered_prompt(parts_tokenizer, {"messages": messages}).endswith("<user>Be brief. hi<assistant>")
+
+
+# Our own template in Mistral's reasoning shape: an assistant's earlier thinking read from `thinking` chunks only.
+THINKING_CHUNKS = (
+    "{%- for m in messages -%}{%- if m['role'] == 'assistant' -%}"
+    "{%- if m['content'] is string -%}{{ m['content'] }}{%- else -%}{%- for block in m['content'] -%}"
+    "{%- if block['type'] == 'thinking' -%}[THINK]{{ block['thinking'] }}[/THINK]"
+    "{%- elif block['type'] == 'text' -%}{{ block['text'] }}{%- endif -%}{%- endfor -%}{%- endif -%}</s>"
+    "{%- else -%}[INST]{{ m['content'] }}[/INST]{%- endif -%}{%- endfor -%}"
+)
+
+
+def test_earlier_reasoning_reaches_a_template_that_reads_thinking_chunks(tmp_path: Path) -> None:
+    # Magistral's and Ministral 3 Reasoning's templates: `reasoning_content` sent back was silently dropped.
+    from engine.models import load_tokenizer
+
+    tokenizer = load_tokenizer(build_tiny_llm(tmp_path / "m", chat_template=THINKING_CHUNKS))
+    messages = [{"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "Hello.", "reasoning_content": "Greet back."},
+                {"role": "user", "content": "bye"}]
+    prompt = rendered_prompt(tokenizer, {"messages": messages})
+    assert "[INST]hi[/INST][THINK]Greet back.[/THINK]Hello.</s>[INST]bye[/INST]" in prompt
