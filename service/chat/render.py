@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import anyio
 
+from engine.harmony import is_harmony
 from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
@@ -174,6 +175,9 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     takes longer than render_timeout."""
     tokenizer = engine.tokenizer
     tools = request_tools(body)
+    if tools and is_harmony(tokenizer):
+        # gpt-oss's template writes `"// " + tool.description`: a tool without one (OpenAI's is optional) was a 400.
+        tools = [dict(t, function={"description": "", **t["function"]}) if "function" in t else t for t in tools]
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates)
     messages = request_messages(tokenizer, body, kwargs)
     if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):

@@ -103,6 +103,8 @@ MARKERS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>"
 # A compact template in gpt-oss's shape (system, turns, earlier calls with their `thinking`, `<|start|>assistant`).
 HARMONY_TEMPLATE = (
     "{{ '<|start|>system<|message|>Reasoning: ' + (reasoning_effort or 'medium') + '<|end|>' }}"
+    "{%- for t in tools or [] %}{{ '<|start|>developer<|message|>// ' + t.function.description + '\\n'"
+    " + t.function.name + '<|end|>' }}{%- endfor %}"
     "{% for m in messages %}"
     "{% if m.role == 'assistant' and m.tool_calls %}"
     "{% if m.thinking %}{{ '<|start|>assistant<|channel|>analysis<|message|>' + m.thinking + '<|end|>' }}{% endif %}"

@@ -171,3 +171,11 @@ def test_markers_the_model_writes_never_reach_content(harmony_server: tuple[Test
     message = choice["message"]
     for text in (message.get("content") or "", message.get("reasoning_content") or ""):
         assert not any(m in text for m in MARKERS), text
+
+
+def test_a_tool_without_a_description_renders(harmony_server: tuple[TestClient[Any], dict[str, int]]) -> None:
+    # The gpt-oss-shaped template writes each tool's description, which OpenAI's tools may leave out (it was a 400).
+    client, _ = harmony_server
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 2}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
