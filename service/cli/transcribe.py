@@ -28,7 +28,7 @@ def add_transcribe(sub: Any) -> None:
                         "lists, or tiny.en (default: the demo tiny.en)")
     # `tandem serve` names its Whisper `--whisper-model`: users try the same flag here.
     p.add_argument("--whisper-model", dest="model_flag", default=None, metavar="MODEL",
-                   help="the Whisper checkpoint, as the positional MODEL")
+                   help="the Whisper checkpoint, as the positional MODEL (default: the demo tiny.en)")
     p.add_argument("--language", default=None, help="ISO-639-1 code or name (default: detected)")
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
                    help="translate: into English (multilingual models)")
