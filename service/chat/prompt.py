@@ -314,7 +314,7 @@ def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
     one, `tools` are described in the system line).
     Blocking, pure Python (jinja). Raises what the template raises (TemplateError, raise_exception, a bad
     kwarg)."""
-    if not has_chat_template(tokenizer):
+    if not has_chat_template(tokenizer) and not (kwargs or {}).get("chat_template"):
         # No template: plain "role: content" lines, as mlx-lm does; tools go in a system line, never dropped.
         messages = with_tool_prompt(messages, tools) if tools else messages
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + _PLAIN_OPENING, True

@@ -28,6 +28,7 @@ from service.chat.prompt import (
     common_prefix_boundary,
     encode_rendered,
     generation_prompt,
+    has_chat_template,
     named_roles,
     reads_tool_calls,
     render_text,
@@ -55,7 +56,7 @@ TEMPLATE_KWARGS = frozenset({"chat_template"})
 RESERVED_KWARGS = frozenset({
     "tools", "documents", "add_generation_prompt", "continue_final_message", "tokenize", "padding", "truncation",
     "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-    "processor_kwargs",
+    "processor_kwargs", "messages", "conversation",
 })
 
 _VARIABLES = PerTokenizer(template_variables)
@@ -94,7 +95,7 @@ def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None
                                 "(start it with --allow-request-templates to accept one)",
                            param=f"chat_template_kwargs.{key}", code="request_templates_disabled")
         if key in RESERVED_KWARGS:
-            raise APIError(400, f"chat_template_kwargs.{key} is not a template variable",
+            raise APIError(400, f"chat_template_kwargs.{key} is set by the server, not by a request",
                            param=f"chat_template_kwargs.{key}", code="invalid_value")
 
 
@@ -120,6 +121,16 @@ def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates:
     """The template variables a request sets. Raises APIError 400 naming the field (chat_template_kwargs.KEY,
     reasoning_effort) that cannot be honoured."""
     variables = _VARIABLES.get(tokenizer)
+    given = body.chat_template_kwargs or {}
+    if not has_chat_template(tokenizer) and "chat_template" not in given:
+        # Plain "role: content" lines read no variable: what would set one is refused, not dropped.
+        if given:
+            key = next(iter(given))
+            raise APIError(400, f"chat_template_kwargs.{key}: this model has no chat template to read it",
+                           param=f"chat_template_kwargs.{key}", code="invalid_value")
+        if body.reasoning_effort is not None:
+            raise APIError(400, "reasoning_effort: this model has no chat template to set it in",
+                           param="reasoning_effort", code="unsupported_value")
     try:
         kwargs = template_kwargs(body, variables, _thinks(tokenizer))
     except ValueError as exc:
