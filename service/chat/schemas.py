@@ -217,7 +217,8 @@ class SamplingFields(_Body):
     top_p: float | None = Field(None, ge=0.0, le=1.0, description="0: only the likeliest token (greedy).")
     top_k: int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = None
+    # OpenAI's range (a signed 64-bit integer): wider seeds wrapped onto the same draws as others.
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)

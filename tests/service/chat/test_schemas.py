@@ -101,6 +101,14 @@ def test_nested_unknown_fields_pass_while_empty_and_are_refused_otherwise(client
     assert "more fields" not in error["message"]
 
 
+def test_a_seed_outside_openais_range_is_refused(client: Any) -> None:
+    # 2**64 drew as 0 did, 2**64 - 1 as -1 did: now a 400; OpenAI's signed 64-bit range passes.
+    for seed in (2**64, 2**63, -(2**63) - 1):
+        _refused(_chat(client, seed=seed), "seed")
+    for seed in (-1, 2**63 - 1, -(2**63)):
+        assert _chat(client, seed=seed).status_code == 200
+
+
 def test_cache_control_breakpoints_are_accepted_and_checked(client: Any) -> None:
     # LiteLLM's and OpenRouter-style clients mark prompt-cache breakpoints Anthropic's way; the prefix cache keeps
     # prefixes whatever a request says, so the hint is honoured. They were a 400 naming the wrong field.
