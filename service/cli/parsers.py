@@ -99,7 +99,8 @@ def common_options() -> argparse.ArgumentParser:
 
 def add_command(sub: Any, name: str, help: str, *, description: str | None = None) -> argparse.ArgumentParser:
     """A subcommand parser whose help shows every default. Raises nothing."""
+    # No abbreviations: `--prompt 5` was taken as `--prompt-cache-bytes 5`, `--max-tokens` as `--max-tokens-cap`.
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=description or help, parents=[common_options()],
-        formatter_class=HelpFormatter)
+        formatter_class=HelpFormatter, allow_abbrev=False)
     return parser

@@ -31,6 +31,9 @@ def add_serve(sub: Any) -> None:
                    help="chat model: local HF-layout dir, .gguf file, HF repo id in the local cache, or 'demo'; a "
                         "Whisper checkpoint serves transcription only (default: the embedded demo, "
                         "SmolLM2-135M-Instruct)")
+    # mlx_lm.server's spelling: `--model DIR`
+    p.add_argument("--model", dest="model_flag", default=None, metavar="MODEL",
+                   help="the chat model, as the positional MODEL (default: the embedded demo)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
@@ -82,6 +85,10 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         raise CLIError(f"--port must be in 1..65535, got {args.port}")
     if args.shutdown_timeout < 0:
         raise CLIError("--shutdown-timeout must be >= 0")
+    if args.model_flag is not None:
+        if args.model is not None and args.model != args.model_flag:
+            raise CLIError(f"two chat models given: {args.model!r} and --model {args.model_flag!r}")
+        args.model = args.model_flag
     config = ServiceConfig(
         model=args.model,
         max_active=args.max_active,

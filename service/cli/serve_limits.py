@@ -27,7 +27,7 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--max-queued", type=int, default=None,
                    help="requests that may wait for a free row; more are answered 429 with Retry-After (0: none "
                         "wait, a free row still serves) (default: 4 x --max-active)")
-    a.add_argument("--max-tokens-cap", type=int, default=4096,
+    a.add_argument("--max-tokens-cap", "--max-tokens", type=int, default=4096,  # mlx_lm.server's name too
                    help="max_tokens of chat requests that set none (the memory budget may lower it further)")
     a.add_argument("--request-timeout", type=seconds, default=600.0, metavar="SEC",
                    help="a generation still running this long after its request arrived is stopped and the "

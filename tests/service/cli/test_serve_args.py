@@ -37,6 +37,22 @@ def test_a_queue_bound_of_zero_is_taken(capsys: pytest.CaptureFixture[str]) -> N
     assert "--max-queued must be >= 0" in capsys.readouterr().err
 
 
+def test_mlx_lm_servers_spellings_and_no_abbreviations(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli.main import build_parser
+    from service.cli.serve import serve_config
+
+    parse = build_parser().parse_args
+    # `--model DIR` and `--max-tokens N`, as mlx_lm.server takes them
+    config = serve_config(parse(["serve", "--model", "some/dir", "--max-tokens", "512"]))
+    assert config.model == "some/dir" and config.max_tokens_cap == 512
+    assert main(["serve", "a/dir", "--model", "b/dir"]) == 2
+    assert "two chat models given" in capsys.readouterr().err
+    # a prefix of another flag was taken for it: `--prompt 5` set --prompt-cache-bytes
+    with pytest.raises(SystemExit):
+        parse(["serve", "--prompt", "5"])
+    assert "unrecognized arguments: --prompt" in capsys.readouterr().err
+
+
 def test_the_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
