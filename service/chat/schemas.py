@@ -364,6 +364,15 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=5, description="The sampled token's log probability and this many "
                                                               "of the likeliest, per token.")
 
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _a_count(cls, value: Any) -> Any:
+        # Chat's `logprobs: true` (and mlx_lm.server's for completions) got only "Input should be a valid integer".
+        if isinstance(value, bool):
+            raise ValueError("on /v1/completions logprobs is a count, 0 to 5 (OpenAI's legacy field): how many of "
+                             "the likeliest tokens to give beside the sampled one")
+        return value
+
     @field_validator("suffix")
     @classmethod
     def _no_suffix(cls, suffix: str | None) -> str | None:

@@ -92,7 +92,7 @@ positive_int = checked(int, lambda v: v >= 1, ">= 1")
 def common_options() -> argparse.ArgumentParser:
     """A parent parser with the options every command takes. Raises nothing."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--log-level", default="info", choices=LOG_LEVELS,
+    common.add_argument("--log-level", default="info", choices=LOG_LEVELS, type=str.lower,  # DEBUG as mlx-lm spells it
                         help="level of tandem's own logs (engine, speech, access log)")
     return common
 

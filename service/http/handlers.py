@@ -31,6 +31,21 @@ def _field_path(key: Any) -> str | None:
     return ".".join(parts) or None
 
 
+# First path segments of /v1 routes, for a 404 of the same path without /v1.
+_V1_ROOTS = frozenset({"chat", "completions", "models", "audio", "realtime"})
+# Fields other servers take (mlx_lm.server, Ollama, llama.cpp): what to send here instead, or why not.
+_WINDOW = "mlx_lm.server's penalty window; here the penalties cover the whole reply, repetition_penalty the prompt too"
+_OTHER_SERVERS = {
+    "repetition_context_size": _WINDOW, "presence_context_size": _WINDOW, "frequency_context_size": _WINDOW,
+    "xtc_probability": "XTC sampling is not offered here", "xtc_threshold": "XTC sampling is not offered here",
+    "adapters": "LoRA adapters are not loaded per request here", "draft_model": "no speculative decoding here",
+    "num_draft_tokens": "no speculative decoding here", "role_mapping": "the model's chat template formats roles",
+    "num_predict": "send max_tokens", "repeat_penalty": "send repetition_penalty", "num_ctx": "the model's context is "
+    "fixed at load", "keep_alive": "the model stays loaded", "options": "send the sampling fields at the top level",
+    "format": "JSON output is not offered here", "think": "send reasoning_effort",
+}
+
+
 def _validation_error(exc: ValidationException) -> APIError:
     # Litestar's pydantic plugin reports [{"message", "key"}]; key is the dotted field path.
     extra = exc.extra if isinstance(exc.extra, list) else []
@@ -50,8 +65,9 @@ def _validation_error(exc: ValidationException) -> APIError:
         if len(unknown) > 1:  # OpenAI names them all
             return APIError(400, f"Unrecognized request arguments supplied: {', '.join(unknown)}", param=unknown[0],
                             code="unknown_parameter")
-        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
-                        code="unknown_parameter")
+        hint = _OTHER_SERVERS.get(param)
+        return APIError(400, f"Unrecognized request argument supplied: {param}" + (f" ({hint})" if hint else ""),
+                        param=param, code="unknown_parameter")
     # Another branch of the same union fails at an ancestor of `param` (`content` is no string): not another field.
     others = {p for e in problems if (p := _field_path(e.get("key"))) != param
               and not (param or "").startswith(f"{p}.")}
@@ -68,7 +84,11 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     if status == 400 and isinstance(exc.__cause__, SerializationException):
         return error_response(APIError(400, f"We could not parse the JSON body of your request: {detail}", code="invalid_json"))
     if status == 404:
-        return error_response(APIError(404, f"Invalid URL ({request.method} {request.url.path})", code="not_found"))
+        path = request.url.path
+        # A client whose base_url left out /v1 (mlx_lm.server answers both): say where the API is.
+        hint = (f"; the API is under /v1: {request.method} /v1{path} (a client's base_url ends in /v1)"
+                if path.lstrip("/").split("/")[0] in _V1_ROOTS else "")
+        return error_response(APIError(404, f"Invalid URL ({request.method} {path}){hint}", code="not_found"))
     if status == 405:
         # Litestar names the route's methods in the exception's Allow header: pass it on (RFC 9110).
         allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}

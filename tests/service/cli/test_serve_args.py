@@ -47,6 +47,7 @@ def test_mlx_lm_servers_spellings_and_no_abbreviations(capsys: pytest.CaptureFix
     assert config.model == "some/dir" and config.max_tokens_cap == 512
     assert main(["serve", "a/dir", "--model", "b/dir"]) == 2
     assert "two chat models given" in capsys.readouterr().err
+    assert parse(["serve", "--log-level", "DEBUG"]).log_level == "debug"  # mlx-lm's spelling
     # a prefix of another flag was taken for it: `--prompt 5` set --prompt-cache-bytes
     with pytest.raises(SystemExit):
         parse(["serve", "--prompt", "5"])

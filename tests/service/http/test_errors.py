@@ -94,6 +94,22 @@ def test_unknown_route_and_method_are_openai_errors(client: Any) -> None:
     assert "POST" in wrong_method.headers["allow"]  # RFC 9110: a 405 says which methods the route takes
 
 
+def test_what_other_servers_clients_send_gets_a_pointer(client: Any) -> None:
+    # A base_url without /v1 (mlx_lm.server answers both paths), mlx_lm.server's and Ollama's fields, chat's
+    # boolean logprobs on /v1/completions: each 4xx says where to go or why, not only what was wrong.
+    missing_v1 = client.post("/chat/completions", json={})
+    _assert_openai_error(missing_v1, 404, None, "not_found")
+    assert "POST /v1/chat/completions" in missing_v1.json()["error"]["message"]
+    assert "/v1" not in client.get("/nothing").json()["error"]["message"].split(")")[-1]
+    body = {"messages": [{"role": "user", "content": "x"}], "repetition_context_size": 20}
+    assert "penalty window" in client.post("/v1/chat/completions", json=body).json()["error"]["message"]
+    body = {"messages": [{"role": "user", "content": "x"}], "num_predict": 20}
+    assert "send max_tokens" in client.post("/v1/chat/completions", json=body).json()["error"]["message"]
+    counted = client.post("/v1/completions", json={"prompt": "x", "logprobs": True})
+    _assert_openai_error(counted, 400, "logprobs", "invalid_value")
+    assert "a count, 0 to 5" in counted.json()["error"]["message"]
+
+
 def test_json_depth_is_checked_before_decoding_and_strings_do_not_count() -> None:
     from service.http.json_body import json_depth
 
