@@ -167,10 +167,11 @@ def _cached_source(spec: str) -> ModelSource | None:
     return None
 
 
-def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
+def load_model(spec: str | None, *, float32: bool | None = None, chat_template: str | None = None) -> LoadedModel:
     """Resolve `spec` and load model + tokenizer. Must run on the engine thread (it creates MLX arrays).
 
     `float32` None means "on the CPU backend": weights are cast (bf16/fp16) or dequantized to float32.
+    `chat_template`: a template's text replacing the checkpoint's own.
     Raises ModelNotFound (nothing matches), GGUFError (unsupported GGUF), ValueError/FileNotFoundError
     from mlx-lm for a directory it cannot load.
     """
@@ -183,8 +184,10 @@ def load_model(spec: str | None, *, float32: bool | None = None) -> LoadedModel:
     directory = _directory(source, float32)
     check_directory(directory)
     # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.
+    # A replaced template goes in as the tokenizer's own, before mlx-lm infers its think and tool-call markers.
+    extra = {"chat_template": chat_template} if chat_template is not None else None
     model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]",
-                                    load(str(directory), return_config=True))
+                                    load(str(directory), tokenizer_config=extra, return_config=True))
     if (eos := generation_eos_ids(directory)) is not None:
         # mlx-lm skips a falsy eos_token_id (`0`) there and keeps config.json's: every id it names stops a reply.
         config["eos_token_id"] = eos

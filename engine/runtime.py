@@ -13,6 +13,7 @@ between LLM iterations. With `loaded=None` the group is a TasksOnlyGroup (a spee
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -124,9 +125,11 @@ class Engine:
         return self.group.vocab_size if isinstance(self.group, LLMBatchGroup) else None
 
     @classmethod
-    async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, **options: Any) -> "Engine":
+    async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, chat_template: str | None = None,
+                   **options: Any) -> "Engine":
         """Load model `spec` on a new engine thread and build the engine on that same thread, so every
-        array the model holds belongs to the thread that runs it. The prefix cache gets
+        array the model holds belongs to the thread that runs it (`chat_template` replaces the checkpoint's). The
+        prefix cache gets
         `prompt_cache_bytes` (None: its share of the memory budget; 0: no prefix cache). `options` go to
         `Engine(...)`. Raises what engine.models.load_model raises (the thread is closed then), and
         ValueError for a budget that leaves no room for KV."""
@@ -136,7 +139,7 @@ class Engine:
         apply_serving_defaults()  # some are read when MLX first touches the device, i.e. during the load
         thread = EngineThread()
         try:
-            loaded = await thread.run(load_model, spec)
+            loaded = await thread.run(functools.partial(load_model, spec, chat_template=chat_template))
             if prompt_cache_bytes is None:
                 prompt_cache_bytes = MemoryBudget.plan(
                     loaded.model, total=options.get("memory_budget"),

@@ -97,6 +97,9 @@ class ServiceConfig:
     shutdown_timeout: float = 5.0
     # Client-supplied chat templates (chat_template_kwargs.chat_template) are refused unless set.
     allow_request_templates: bool = False
+    # The chat model's template replaced (its text), and template variables every request gets unless it sets them.
+    chat_template: str | None = None
+    chat_template_args: dict[str, Any] = field(default_factory=dict)
     # Bearer / x-api-key keys; empty: no auth. Browser origins allowed for CORS and websockets.
     api_keys: list[str] = field(default_factory=list)
     allowed_origins: list[str] = field(default_factory=list)

@@ -34,7 +34,8 @@ async def open_engine(config: ServiceConfig) -> ChatEngine:
         return await Engine.open(config.model, max_active=config.max_active, max_queued=config.queue_limit,
                                  max_iteration_tokens=config.max_iteration_tokens, prefill_stall=config.prefill_stall,
                                  decode_burst=config.decode_burst,
-                                 prompt_cache_bytes=config.prompt_cache_bytes, memory_budget=config.memory_budget)
+                                 prompt_cache_bytes=config.prompt_cache_bytes, memory_budget=config.memory_budget,
+                                 chat_template=config.chat_template)
     except EngineError:
         raise  # the engine's own errors already say what and where
     except Exception as exc:

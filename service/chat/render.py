@@ -117,9 +117,10 @@ def _thinks(tokenizer: Any) -> bool:
     return bool(getattr(tokenizer, "think_start", None) and getattr(tokenizer, "think_end", None))
 
 
-def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates: bool) -> dict[str, Any]:
-    """The template variables a request sets. Raises APIError 400 naming the field (chat_template_kwargs.KEY,
-    reasoning_effort) that cannot be honoured."""
+def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates: bool,
+                   defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The template variables a request sets, over the server's `defaults` (--chat-template-args). Raises
+    APIError 400 naming the field (chat_template_kwargs.KEY, reasoning_effort) that cannot be honoured."""
     variables = _VARIABLES.get(tokenizer)
     given = body.chat_template_kwargs or {}
     if not has_chat_template(tokenizer) and "chat_template" not in given:
@@ -136,7 +137,7 @@ def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates:
     except ValueError as exc:
         raise APIError(400, str(exc), param="reasoning_effort", code="unsupported_value") from None
     check_template_kwargs(kwargs, allow_templates)
-    return kwargs
+    return {**(defaults or {}), **kwargs}
 
 
 def _longest_token_of(tokenizer: Any) -> int | None:
@@ -189,7 +190,7 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     if tools and is_harmony(tokenizer):
         # gpt-oss's template writes `"// " + tool.description`: a tool without one (OpenAI's is optional) was a 400.
         tools = [dict(t, function={"description": "", **t["function"]}) if "function" in t else t for t in tools]
-    kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates)
+    kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates, state.config.chat_template_args)
     messages = request_messages(tokenizer, body, kwargs)
     if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         # else the template drops the calls and their results say nothing

@@ -4,8 +4,11 @@ bound, deadlines, API keys and browser origins."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+from pathlib import Path
+from typing import Any
 
 from service.cli.errors import CLIError
 from service.cli.parsers import byte_size, seconds
@@ -35,6 +38,12 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--allow-request-templates", action="store_true",
                    help="accept chat_template_kwargs.chat_template from clients (off: only the model's own "
                         "template is rendered)")
+    a.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
+                   help="replace the chat model's template (a Jinja file, or its text), e.g. for a base model or a "
+                        "checkpoint whose template is broken (default: the model's own)")
+    a.add_argument("--chat-template-args", default=None, metavar="JSON",
+                   help="template variables every chat request gets unless it sets them, e.g. "
+                        "'{\"enable_thinking\": false}' (default: none)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-body-bytes", type=byte_size, default=_DEFAULT.max_body_bytes,
                      help="largest JSON request body, e.g. 8MiB")
@@ -110,6 +119,8 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
     config.max_tokens_cap = args.max_tokens_cap
     config.request_timeout = args.request_timeout
     config.allow_request_templates = args.allow_request_templates
+    config.chat_template = _template_text(args.chat_template)
+    config.chat_template_args = _template_args(args.chat_template_args)
     config.limits = limits
     config.api_keys = list(dict.fromkeys(split_list(args.api_key) + split_list(os.environ.get(API_KEY_ENV))))
     config.allowed_origins = split_list(args.allowed_origins)
@@ -122,3 +133,38 @@ def warn_if_open(config: ServiceConfig) -> None:
     if not config.api_keys and not is_loopback(config.host):
         _log.warning("listening on %s without an API key: anyone who can reach this address can use the server "
                      "(set --api-key or %s)", config.host, API_KEY_ENV)
+
+
+def _template_text(value: str | None) -> str | None:
+    """--chat-template: a file's text, or the value itself when it names no file. Raises CLIError (empty,
+    unreadable)."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if "{" not in value and path.exists():
+        try:
+            value = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"--chat-template: cannot read {path}: {exc}") from None
+    if not value.strip():
+        raise CLIError("--chat-template is empty")
+    return value
+
+
+def _template_args(value: str | None) -> dict[str, Any]:
+    """--chat-template-args: a JSON object of template variables. Raises CLIError naming what is wrong."""
+    if value is None:
+        return {}
+    try:
+        args = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise CLIError(f"--chat-template-args is not JSON: {exc}") from None
+    if not isinstance(args, dict):
+        raise CLIError("--chat-template-args must be a JSON object of template variables")
+    from service.chat.render import RESERVED_KWARGS, TEMPLATE_KWARGS
+
+    for key in args:
+        if key in RESERVED_KWARGS or key in TEMPLATE_KWARGS:
+            raise CLIError(f"--chat-template-args: {key} is not a template variable"
+                           + (" (give the template with --chat-template)" if key in TEMPLATE_KWARGS else ""))
+    return args
