@@ -16,7 +16,7 @@ from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
 from service.chat.logprobs import TokenPieces, completion_logprobs, requested_logprobs, token_pieces
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
-from service.chat.schemas import CompletionRequest
+from service.chat.completion_request import CompletionRequest
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
 from service.http.access_log import record_tokens, record_user

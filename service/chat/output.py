@@ -55,7 +55,7 @@ class ChatTranslator:
                     opening: str | None = None) -> "ChatTranslator":
         """The translator for a reply of `tokenizer`'s model family. `calls` false (tool_choice "none"): tool-call
         markers are content; `one_call` (parallel_tool_calls false): the reply ends after its first call;
-        `json_calls`: the tools were described in the prompt (service/chat/prompt.py with_tool_prompt), so calls
+        `json_calls`: the tools were described in the prompt (service/chat/tool_text.py with_tool_prompt), so calls
         are <tool_call> JSON, parsed with mlx-lm's json_tools; `opening`: the template's generation prompt that
         ends the prompt (None: unknown, the prompt's last tokens decide). A harmony model (gpt-oss) gets its own
         splitter (engine/harmony.py), as does one whose template asks for Llama 3's bare JSON calls

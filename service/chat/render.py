@@ -18,13 +18,12 @@ import anyio
 
 from engine.harmony import is_harmony
 from engine.tool_formats import GRANITE_START, fallback_tool_format
+from engine.per_tokenizer import PerTokenizer
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
 from service.chat.content_parts import as_text_parts, reads_text_parts, reads_thinking_parts, with_thinking_parts
-from engine.per_tokenizer import PerTokenizer
 from service.chat.prompt import (
     MessageError,
-    calls_as_text,
     common_prefix_boundary,
     encode_rendered,
     generation_prompt,
@@ -32,7 +31,6 @@ from service.chat.prompt import (
     named_roles,
     reads_tool_calls,
     render_text,
-    request_tools,
     results_in_call_order,
     system_probe,
     takes_tools,
@@ -40,9 +38,9 @@ from service.chat.prompt import (
     template_messages,
     template_source,
     template_variables,
-    with_tool_prompt,
 )
 from service.chat.schemas import ChatCompletionRequest
+from service.chat.tool_text import calls_as_text, request_tools, with_tool_prompt
 from service.http.errors import APIError, context_length_exceeded
 from service.seams import ChatEngine
 from service.state import AppState

@@ -17,7 +17,7 @@ from litestar import Request, Response, post
 from engine.contracts import TokenLogprob
 from service.chat.logprobs import LogprobJson, TokenPieces, chat_logprobs, logprob_json, requested_logprobs, token_pieces
 from service.chat.output import ChatTranslator
-from service.chat.prompt import request_tools
+from service.chat.tool_text import request_tools
 from service.chat.render import render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
 from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason

@@ -17,7 +17,7 @@ import pytest
 from audio.buffers import AudioLimitExceeded
 from audio.pcm import PcmFormat
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
-from audio.speech import SPEECH_NICE, SpeechService, speech_nice_default, step_thread_default
+from audio.speech import SpeechService
 from audio.transcript import MAX_PROMPT_CHARS, PromptTooLong, Segment, Transcript
 from tests.audio.conftest import SR, running_tasks, voiced
 from tests.audio.test_whisper_imports import _write_ct2
@@ -264,15 +264,6 @@ async def test_with_a_step_thread_the_service_transcribes_the_same_and_closes_it
     assert texts[0] == texts[1]
 
 
-def test_whisper_steps_run_at_a_lower_cpu_priority_on_the_cpu_unless_told(monkeypatch) -> None:
-    on_cpu = mx.default_device().type == mx.DeviceType.cpu
-    monkeypatch.delenv("TANDEM_SPEECH_NICE", raising=False)
-    assert speech_nice_default() == (SPEECH_NICE if on_cpu else 0)
-    for env, expected in [("0", 0), ("5", 5), ("50", 19), ("-3", 0), ("x", SPEECH_NICE if on_cpu else 0)]:
-        monkeypatch.setenv("TANDEM_SPEECH_NICE", env)
-        assert speech_nice_default() == expected, env
-
-
 async def test_the_step_thread_takes_the_default_priority(tiny_whisper_dir, monkeypatch) -> None:
     monkeypatch.setenv("TANDEM_SPEECH_NICE", "3")
     async with running_tasks() as tasks:
@@ -292,15 +283,6 @@ async def test_the_step_thread_takes_the_default_priority(tiny_whisper_dir, monk
             await tg.start(speech.run)
             assert speech.scheduler.thread is not None and speech.scheduler.alone_thread is None
             tg.cancel_scope.cancel()
-
-
-def test_whisper_steps_get_their_own_thread_unless_told_off(monkeypatch) -> None:
-    for env, expected in [(None, True), ("off", False), ("OFF", False), ("on", True), ("auto", True)]:
-        if env is None:
-            monkeypatch.delenv("TANDEM_SPEECH_THREAD", raising=False)
-        else:
-            monkeypatch.setenv("TANDEM_SPEECH_THREAD", env)
-        assert step_thread_default() is expected, env
 
 
 async def test_a_warm_up_runs_each_step_kind_before_started_and_forgets_their_costs(tiny_whisper_dir, monkeypatch) -> None:
@@ -386,16 +368,6 @@ async def test_run_imports_whisper_and_builds_its_tokenizer_before_started_witho
             assert built == [(multilingual, n_vocab - 51765 - int(multilingual))]
             assert speech.residency.loads == 0
             tg.cancel_scope.cancel()
-
-
-def test_whisper_steps_take_turns_with_chat_only_when_told(monkeypatch) -> None:
-    from audio.speech import speech_turns_default
-
-    monkeypatch.delenv("TANDEM_SPEECH_TURNS", raising=False)
-    assert speech_turns_default() is False  # a dictation beside a streaming chat waited 3-5 s longer with turns
-    for env, expected in [("on", True), ("ON", True), ("off", False), ("x", False)]:
-        monkeypatch.setenv("TANDEM_SPEECH_TURNS", env)
-        assert speech_turns_default() is expected, env
 
 
 async def test_freed_buffers_go_back_once_the_windows_stop(tiny_whisper_dir: Path) -> None:

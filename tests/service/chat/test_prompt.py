@@ -10,15 +10,14 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from service.chat.prompt import (
     MessageError,
-    calls_as_text,
     named_roles,
     render_text,
     results_in_call_order,
     takes_tools,
     template_messages,
-    with_tool_prompt,
 )
 from service.chat.schemas import ChatMessage
+from service.chat.tool_text import calls_as_text, with_tool_prompt
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 USER = {"role": "user", "content": "weather?"}
