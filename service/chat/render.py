@@ -17,8 +17,8 @@ from typing import Any, Sequence
 import anyio
 
 from engine.harmony import is_harmony
-from engine.tool_formats import GRANITE_START, fallback_tool_format
 from engine.per_tokenizer import PerTokenizer
+from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
 from service.chat.content_parts import as_text_parts, reads_text_parts, reads_thinking_parts, with_thinking_parts
@@ -57,14 +57,28 @@ RESERVED_KWARGS = frozenset({
     "processor_kwargs", "messages", "conversation",
 })
 
+
+@dataclass(frozen=True)
+class _Traits:
+    """What a tokenizer's chat template needs of the messages, read once from its text."""
+
+    reads_calls: bool  # it renders `tool_calls` (else calls and results go in as text)
+    list_marker: str | None  # earlier calls go back as this marker and a JSON list (Granite's)
+    reads_thinking: bool  # earlier reasoning as a `thinking` chunk (Mistral's reasoning templates)
+    reads_parts: bool  # content as a list of parts (early Gemma 3)
+    nine_char_ids: bool  # tool-call ids of nine alphanumerics (Mistral)
+
+
+def _traits(tokenizer: Any) -> _Traits:
+    sources, found = template_source(tokenizer), fallback_tool_format(tokenizer)
+    return _Traits(reads_calls=reads_tool_calls(tokenizer),
+                   list_marker=GRANITE_START if found is not None and found.start == GRANITE_START else None,
+                   reads_thinking=reads_thinking_parts(sources), reads_parts=reads_text_parts(sources),
+                   nine_char_ids=wants_nine_char_ids(sources))
+
+
 _VARIABLES = PerTokenizer(template_variables)
-_READS_CALLS = PerTokenizer(reads_tool_calls)
-# Granite's calls are `<|tool_call|>` and a JSON list: earlier calls are written back that way.
-_LIST_MARKER = PerTokenizer(lambda tokenizer: GRANITE_START if getattr(fallback_tool_format(tokenizer), "start", None)
-                            == GRANITE_START else None)
-_READS_PARTS = PerTokenizer(lambda tokenizer: reads_text_parts(template_source(tokenizer)))
-_READS_THINKING = PerTokenizer(lambda tokenizer: reads_thinking_parts(template_source(tokenizer)))
-_NINE_CHAR_IDS = PerTokenizer(lambda tokenizer: wants_nine_char_ids(template_source(tokenizer)))
+_TRAITS = PerTokenizer(_traits)
 _NAMED_ROLES = PerTokenizer(named_roles)
 # Each tokenizer's generation prompt per set of template kwargs (a request's kwargs may vary; the newest kept).
 _OPENINGS: PerTokenizer[dict[str, str | None]] = PerTokenizer(lambda tokenizer: {})
@@ -190,10 +204,11 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
         tools = [dict(t, function={"description": "", **t["function"]}) if "function" in t else t for t in tools]
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates, state.config.chat_template_args)
     messages = request_messages(tokenizer, body, kwargs)
-    if not _READS_CALLS.get(tokenizer) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+    traits = _TRAITS.get(tokenizer)
+    if not traits.reads_calls and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         # else the template drops the calls and their results say nothing
-        messages = calls_as_text(messages, _LIST_MARKER.get(tokenizer))
-    elif _NINE_CHAR_IDS.get(tokenizer):
+        messages = calls_as_text(messages, traits.list_marker)
+    elif traits.nine_char_ids:
         messages = with_nine_char_ids(messages)  # Mistral's templates refuse the ids OpenAI and this server issue
     json_calls, user_turn_tools = False, None
     if tools and not takes_tools(tokenizer, _VARIABLES.get(tokenizer)):
@@ -245,9 +260,10 @@ async def _opening(tokenizer: Any, kwargs: dict[str, Any], timeout: float) -> st
 
 async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                   kwargs: dict[str, Any], timeout: float) -> tuple[str, bool]:
-    if _READS_THINKING.get(tokenizer):
+    traits = _TRAITS.get(tokenizer)
+    if traits.reads_thinking:
         messages = with_thinking_parts(messages)
-    if _READS_PARTS.get(tokenizer):
+    if traits.reads_parts:
         messages = as_text_parts(messages)
     try:
         return await run_abortable(render_text, tokenizer, messages, tools, kwargs, timeout=timeout)
