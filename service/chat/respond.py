@@ -26,14 +26,21 @@ FIRST_BYTE_WAIT = 2.0
 KEEPALIVE_EVERY = 2.0  # then an SSE comment this often until the first delta
 
 
+def _chat_failure(error: APIError) -> bytes:
+    return sse_error(in_band_error(error)) + DONE
+
+
 async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing: StreamTiming, *,
                   submit_row: Callable[[], Awaitable[RowStream]],
                   events: Callable[[RowReader], AsyncGenerator[bytes, None]] | None,
-                  collect: Callable[[RowStream], Awaitable[Any]]) -> Response[Any]:
+                  collect: Callable[[RowStream], Awaitable[Any]],
+                  keepalive: Callable[[], bytes] = lambda: KEEPALIVE,
+                  failure: Callable[[APIError], bytes] = _chat_failure) -> Response[Any]:
     """SSE from `events(reader)` when given, else the body `collect(row)` builds, for the row `submit_row()`
-    renders and submits. Raises APIError (what rendering or the engine refuses, the row's failure before its
-    first delta or while collecting, 504 past the deadline). The row is closed by its reader however this
-    ends (RowReader.start / items)."""
+    renders and submits; `keepalive()` is sent while the first delta is awaited after the headers, `failure(error)`
+    ends a stream that fails then (chat's: an SSE comment; an error event and `[DONE]`). Raises APIError (what
+    rendering or the engine refuses, the row's failure before its first delta or while collecting, 504 past the
+    deadline). The row is closed by its reader however this ends (RowReader.start / items)."""
     opened: list[RowStream] = []
 
     async def prepare() -> Any:
@@ -52,20 +59,20 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
     if isinstance(answer, RowReader) and events is not None:
         row = opened[0]
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-        return SSEStream(EventSource(_kept_alive(answer, events), lambda: close_stream(row)))
+        return SSEStream(EventSource(_kept_alive(answer, events, keepalive, failure), lambda: close_stream(row)))
     return Response(answer)
 
 
-async def _kept_alive(reader: RowReader,
-                      events: Callable[[RowReader], AsyncGenerator[bytes, None]]) -> AsyncGenerator[bytes, None]:
-    """SSE comments until the row's first delta (at once when it came before the headers), then its events; a
+async def _kept_alive(reader: RowReader, events: Callable[[RowReader], AsyncGenerator[bytes, None]],
+                      keepalive: Callable[[], bytes],
+                      failure: Callable[[APIError], bytes]) -> AsyncGenerator[bytes, None]:
+    """Keep-alives until the row's first delta (at once when it came before the headers), then its events; a
     failure or the deadline before it ends the stream in-band."""
     try:
         while not await reader.start(KEEPALIVE_EVERY):
-            yield KEEPALIVE
+            yield keepalive()
     except APIError as exc:
-        yield sse_error(in_band_error(exc))
-        yield DONE
+        yield failure(exc)
         return
     async with aclosing(events(reader)) as stream:
         async for event in stream:

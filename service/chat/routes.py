@@ -33,12 +33,12 @@ from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
-__all__ = ["chat_completions", "render_chat_prompt"]
+__all__ = ["chat_completions", "render_chat_prompt", "session_hint"]
 
 _log = logging.getLogger("tandem.service")
 
 # Headers pi (and other agents) send to pick the prefix-cache entry to continue; a hint only.
-AFFINITY_HEADERS = ("x-session-affinity", "session_id", "x-session-id")
+AFFINITY_HEADERS = ("x-session-affinity", "session_id", "session-id", "x-session-id")
 
 
 async def render_chat_prompt(state: AppState, engine: ChatEngine, body: ChatCompletionRequest) -> list[int]:
@@ -47,7 +47,7 @@ async def render_chat_prompt(state: AppState, engine: ChatEngine, body: ChatComp
     return (await render_chat(state, engine, body)).tokens
 
 
-def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -> str | None:
+def session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -> str | None:
     for header in AFFINITY_HEADERS:
         if value := request.headers.get(header):
             return value
@@ -186,7 +186,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
         prompt = rendered.tokens
         counter.prompt_tokens = len(prompt)
         generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens,
-                                        param="messages", session_id=_session_hint(request, data),
+                                        param="messages", session_id=session_hint(request, data),
                                         segment_boundaries=rendered.boundaries,
                                         default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
                                         logprobs=logprobs)

@@ -1,0 +1,158 @@
+"""A Responses request as the chat request it asks for: `instructions` and the input items become chat messages,
+the tools chat tools, the settings chat's fields, so rendering, admission and sampling are chat's own.
+
+Custom tools are offered as functions of one string (`input`), a namespace's functions under `namespace + name`;
+`ToolNames` maps a called name back to the item the reply gives.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.chat.schemas import ChatCompletionRequest
+from service.http.errors import APIError
+from service.responses.schemas import (CustomTool, CustomToolCallItem, CustomToolCallOutput, FunctionCallItem,
+                                       FunctionCallOutput, FunctionTool, InputMessage, NamespaceTool, ReasoningItem,
+                                       ResponsesRequest, part_text)
+
+__all__ = ["ToolNames", "chat_request", "seal_reasoning", "unseal_reasoning"]
+
+# This server's `encrypted_content`: the thinking itself behind a prefix (nothing here is secret from the client).
+_SEAL = "tandem-reasoning-v1:"
+
+_CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+
+
+def seal_reasoning(text: str) -> str:
+    """The `encrypted_content` that brings `text` back on the next turn. Raises nothing."""
+    return _SEAL + text
+
+
+def unseal_reasoning(content: str | None) -> str | None:
+    """The thinking in this server's `encrypted_content`; None for another server's (unreadable). Raises nothing."""
+    return content[len(_SEAL):] if content and content.startswith(_SEAL) else None
+
+
+@dataclass
+class ToolNames:
+    """What each name offered to the model stands for: (kind, the tool's own name, its namespace)."""
+
+    offered: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
+
+    def item(self, name: str) -> tuple[str, str, str | None]:
+        """("function" or "custom", the declared name, namespace) of a called name; an undeclared name (the
+        model's mistake) is a function call of that name. Raises nothing."""
+        return self.offered.get(name, ("function", name, None))
+
+
+def _chat_tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], ToolNames]:
+    tools: list[dict[str, Any]] = []
+    names = ToolNames()
+
+    def offer(name: str, kind: str, own: str, namespace: str | None, description: str | None,
+              parameters: dict[str, Any] | None, param: str) -> None:
+        if len(name) > 64:
+            raise APIError(400, f"{param}: the namespace and the function's name together are over 64 characters",
+                           param=param, code="invalid_value")
+        if name in names.offered:
+            raise APIError(400, f"{param}: a second tool named {name!r}", param=param, code="invalid_value")
+        names.offered[name] = (kind, own, namespace)
+        function: dict[str, Any] = {"name": name}
+        if description is not None:
+            function["description"] = description
+        if parameters is not None:
+            function["parameters"] = parameters
+        tools.append({"type": "function", "function": function})
+
+    for i, tool in enumerate(body.tools or ()):
+        if isinstance(tool, FunctionTool):
+            offer(tool.name, "function", tool.name, None, tool.description, tool.parameters, f"tools[{i}].name")
+        elif isinstance(tool, CustomTool):
+            offer(tool.name, "custom", tool.name, None, tool.description, _CUSTOM_PARAMETERS, f"tools[{i}].name")
+        elif isinstance(tool, NamespaceTool):
+            for j, inner in enumerate(tool.tools):
+                offer(tool.name + inner.name, "function", inner.name, tool.name, inner.description, inner.parameters,
+                      f"tools[{i}].tools[{j}].name")
+    return tools, names
+
+
+def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if body.instructions:
+        messages.append({"role": "system", "content": body.instructions})
+    items = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    thinking: str | None = None  # a reasoning item's text, for the assistant turn after it
+
+    def assistant() -> dict[str, Any]:
+        """The assistant turn calls join: the last message when it is one without results after it."""
+        nonlocal thinking
+        if not messages or messages[-1]["role"] != "assistant":
+            messages.append({"role": "assistant", "content": None})
+        if thinking is not None:
+            messages[-1]["reasoning_content"] = thinking
+            thinking = None
+        return messages[-1]
+
+    for item in items:
+        if isinstance(item, InputMessage):
+            if item.role == "assistant":
+                turn = assistant()
+                turn["content"] = (turn["content"] or "") + part_text(item.content)
+            else:
+                messages.append({"role": item.role, "content": part_text(item.content)})
+        elif isinstance(item, ReasoningItem):
+            text = ("".join(p.text for p in item.content) if item.content
+                    else "\n\n".join(p.text for p in item.summary) if item.summary
+                    else unseal_reasoning(item.encrypted_content))
+            if text:
+                thinking = text if thinking is None else thinking + "\n\n" + text
+        elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
+            if isinstance(item, FunctionCallItem):
+                name, arguments = (item.namespace or "") + item.name, item.arguments
+            else:
+                name, arguments = item.name, json.dumps({"input": item.input})
+            assistant().setdefault("tool_calls", []).append(
+                {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+        elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": part_text(item.output)})
+    return _leading_system_joined(messages)
+
+
+def _leading_system_joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`instructions` and the developer messages right after it (Codex's permissions) as one system turn: many
+    templates take a system turn only first."""
+    lead = 0
+    while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
+        lead += 1
+    if lead < 2:
+        return messages
+    joined = "\n\n".join(m["content"] for m in messages[:lead])
+    return [{"role": "system", "content": joined}, *messages[lead:]]
+
+
+def chat_request(body: ResponsesRequest) -> tuple[ChatCompletionRequest, ToolNames]:
+    """The chat request `body` asks for, and what its tool names stand for.
+
+    Raises APIError 400 naming the field for what chat's rules refuse of the translated request."""
+    tools, names = _chat_tools(body)
+    chat: dict[str, Any] = {
+        "model": body.model, "messages": _messages(body), "stream": bool(body.stream),
+        "max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
+        "prompt_cache_key": body.prompt_cache_key, "prompt_cache_retention": body.prompt_cache_retention,
+        "user": body.user, "safety_identifier": body.safety_identifier, "service_tier": body.service_tier,
+    }
+    if body.tools is not None or body.tool_choice is not None or body.parallel_tool_calls is not None:
+        # Responses takes tool_choice without tools (Codex sends "auto" either way); chat wants a list.
+        chat.update(tools=tools, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls)
+    if body.reasoning is not None and body.reasoning.effort is not None:
+        chat["reasoning_effort"] = body.reasoning.effort
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None}), names
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        message = str(problem.get("msg", exc)).removeprefix("Value error, ")
+        raise APIError(400, f"input: {message}", param="input", code="invalid_value") from None

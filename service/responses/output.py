@@ -1,0 +1,253 @@
+"""A reply's chat deltas as Responses output items and stream events, in one place for streamed and non-streamed
+replies (a non-streamed reply drops the events).
+
+Items open as the reply's kind of text changes — thinking (`reasoning`), text (`message`), each tool call
+(`function_call`, or `custom_tool_call` for a custom tool) — and each closes before the next opens, so every
+event of an item falls between its `response.output_item.added` and `.done`, as the openai SDK's stream helper and
+Codex require. Events are `event: <type>` + `data: <json>` with a `sequence_number` counting from 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any, Callable
+
+from service.chat.replies import ChoiceDelta
+from service.http.errors import APIError
+from service.responses.history import ToolNames, seal_reasoning
+from service.responses.schemas import ResponsesRequest
+
+__all__ = ["ResponseOutput"]
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseOutput:
+    """One response's state: its id, the items so far, the stream's sequence numbers. `feed` a delta, `close` at
+    the reply's end; `completed`/`failed` give the closing event, `response()` the whole object."""
+
+    def __init__(self, body: ResponsesRequest, model: str, names: ToolNames,
+                 output_tokens: Callable[[], int] = lambda: 0) -> None:
+        self.id = _id("resp")
+        self._body = body
+        self._model = model
+        self._names = names
+        self._created = int(time.time())
+        self._summary = body.reasoning is not None and (body.reasoning.summary or body.reasoning.generate_summary
+                                                        or "none") != "none"
+        self._sealed = "reasoning.encrypted_content" in (body.include or ())
+        self._output_tokens = output_tokens  # tokens generated so far (the reasoning item's count when it closes)
+        self.reasoning_tokens = 0
+        self.items: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None  # the item being written
+        self._text: list[str] = []  # its text (a call's arguments)
+        self._calls: dict[int, int] = {}  # a chat delta's call index → the output index of its item
+        self._sequence = 0
+        self.started = False  # response.created went out
+
+    # -- events ---------------------------------------------------------------------------------------------------
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        """One framed event. Raises nothing."""
+        payload = {"type": kind, "sequence_number": self._sequence, **fields}
+        self._sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+
+    def opening(self) -> bytes:
+        """response.created then response.in_progress, once; later calls an in_progress (a keep-alive Codex's idle
+        timer counts, as it does not count SSE comments). Raises nothing."""
+        if self.started:
+            return self.event("response.in_progress", response=self.response("in_progress"))
+        self.started = True
+        return (self.event("response.created", response=self.response("in_progress"))
+                + self.event("response.in_progress", response=self.response("in_progress")))
+
+    def feed(self, delta: ChoiceDelta) -> list[bytes]:
+        """The events of one chat delta. Raises nothing."""
+        events: list[bytes] = []
+        if delta.reasoning_content:
+            events += self._into("reasoning")
+            events.append(self._text_delta(delta.reasoning_content))
+        if delta.content:
+            events += self._into("message")
+            events.append(self._text_delta(delta.content))
+        for call in delta.tool_calls or ():
+            if call.id is not None:  # a call's first delta: its name
+                events += self._close()
+                self._calls[call.index] = len(self.items)
+                events += self._open_call(call.id, call.function.name if call.function else None)
+            if call.function is not None and call.function.arguments and self._open is not None \
+                    and self._calls.get(call.index) == self._open["index"]:
+                if event := self._text_delta(call.function.arguments):
+                    events.append(event)
+        return events
+
+    def close(self, incomplete: bool = False) -> list[bytes]:
+        """Close the open item (an empty message when the reply said nothing). Raises nothing."""
+        opened = self._into("message") if not self.items and self._open is None else []
+        return opened + self._close("incomplete" if incomplete else "completed")
+
+    def final(self, finish_reason: str, usage: dict[str, Any]) -> dict[str, Any]:
+        """The finished Response: completed, or incomplete when max_output_tokens cut it. Raises nothing."""
+        if finish_reason == "length":
+            return self.response("incomplete", usage=usage, incomplete_details={"reason": "max_output_tokens"})
+        return self.response("completed", usage=usage)
+
+    def finished(self, finish_reason: str, usage: dict[str, Any]) -> bytes:
+        """response.completed, or response.incomplete for a reply cut by max_output_tokens. Raises nothing."""
+        response = self.final(finish_reason, usage)
+        return self.event(f"response.{response['status']}", response=response)
+
+    def failed(self, error: APIError) -> bytes:
+        """response.failed carrying the error (Codex retries any code but these two). Raises nothing."""
+        code = error.code if error.code in ("context_length_exceeded", "invalid_prompt") else \
+            "rate_limit_exceeded" if error.status == 429 else "server_error"
+        return self.event("response.failed", response=self.response(
+            "failed", error={"code": code, "message": error.message}))
+
+    # -- the response object ---------------------------------------------------------------------------------------
+
+    def response(self, status: str, *, usage: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
+                 incomplete_details: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The Response object as it stands (`usage` given at the end). Raises nothing."""
+        body = self._body
+        reasoning = body.reasoning
+        return {
+            "id": self.id, "object": "response", "created_at": self._created, "status": status,
+            "completed_at": int(time.time()) if status == "completed" else None,
+            "model": self._model, "output": list(self.items) if status != "in_progress" else [],
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "tool_choice": body.tool_choice or "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+            "error": error, "incomplete_details": incomplete_details,
+            "instructions": body.instructions, "metadata": body.metadata or {},
+            "temperature": body.temperature, "top_p": body.top_p,
+            "max_output_tokens": body.max_output_tokens, "previous_response_id": None,
+            "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
+            if reasoning is not None else None,
+            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False, "background": False,
+            "service_tier": "default", "user": body.user, "safety_identifier": body.safety_identifier,
+            "prompt_cache_key": body.prompt_cache_key, "usage": usage,
+        }
+
+    # -- items -----------------------------------------------------------------------------------------------------
+
+    def _into(self, kind: str) -> list[bytes]:
+        """Events opening an item of `kind` unless one is open (closing another first)."""
+        if self._open is not None and self._open["type"] == kind:
+            return []
+        events = self._close()
+        index = len(self.items)
+        if kind == "reasoning":
+            item: dict[str, Any] = {"id": _id("rs"), "type": "reasoning", "summary": []}
+            if not self._summary:
+                item["content"] = []
+            self._open = {"type": kind, "index": index, "item": item}
+            events.append(self.event("response.output_item.added", output_index=index, item=item))
+            if self._summary:
+                events.append(self._part("response.reasoning_summary_part.added", {"type": "summary_text", "text": ""}))
+        else:
+            item = {"id": _id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+            self._open = {"type": kind, "index": index, "item": item}
+            events.append(self.event("response.output_item.added", output_index=index, item=item))
+            events.append(self._part("response.content_part.added", {"type": "output_text", "text": "",
+                                                                     "annotations": []}))
+        self.items.append(item)
+        return events
+
+    def _open_call(self, call_id: str, name: str | None) -> list[bytes]:
+        kind, own, namespace = self._names.item(name or "")
+        index = len(self.items)
+        if kind == "custom":
+            item: dict[str, Any] = {"id": _id("ctc"), "type": "custom_tool_call", "status": "in_progress",
+                                    "call_id": call_id, "name": own, "input": ""}
+        else:
+            item = {"id": _id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id,
+                    "name": own, "arguments": ""}
+            if namespace is not None:
+                item["namespace"] = namespace
+        self._open = {"type": item["type"], "index": index, "item": item}
+        self.items.append(item)
+        return [self.event("response.output_item.added", output_index=index, item=item)]
+
+    def _part(self, kind: str, part: dict[str, Any]) -> bytes:
+        assert self._open is not None
+        where = {"summary_index": 0} if self._open["type"] == "reasoning" else {"content_index": 0}
+        return self.event(kind, item_id=self._open["item"]["id"], output_index=self._open["index"], **where,
+                          part=part)
+
+    def _text_delta(self, text: str) -> bytes:
+        assert self._open is not None
+        self._text.append(text)
+        kind, item_id, index = self._open["type"], self._open["item"]["id"], self._open["index"]
+        if kind == "message":
+            return self.event("response.output_text.delta", item_id=item_id, output_index=index, content_index=0,
+                              delta=text, logprobs=[])
+        if kind == "reasoning":
+            if self._summary:
+                return self.event("response.reasoning_summary_text.delta", item_id=item_id, output_index=index,
+                                  summary_index=0, delta=text)
+            return self.event("response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0,
+                              delta=text)
+        if kind == "custom_tool_call":
+            return b""  # the input is inside the call's JSON: sent whole when the call ends
+        return self.event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=text)
+
+    def _close(self, status: str = "completed") -> list[bytes]:
+        """Events closing the open item, whose final form replaces it in `items`."""
+        if self._open is None:
+            return []
+        kind, index, item = self._open["type"], self._open["index"], self._open["item"]
+        text, self._text, self._open = "".join(self._text), [], None
+        item_id = item["id"]
+        events: list[bytes] = []
+        if kind == "message":
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            events.append(self.event("response.output_text.done", item_id=item_id, output_index=index,
+                                     content_index=0, text=text, logprobs=[]))
+            events.append(self.event("response.content_part.done", item_id=item_id, output_index=index,
+                                     content_index=0, part=part))
+            item = {**item, "status": status, "content": [part]}
+        elif kind == "reasoning":
+            self.reasoning_tokens = self._output_tokens()
+            if self._summary:
+                summary = {"type": "summary_text", "text": text}
+                events.append(self.event("response.reasoning_summary_text.done", item_id=item_id,
+                                         output_index=index, summary_index=0, text=text))
+                events.append(self.event("response.reasoning_summary_part.done", item_id=item_id,
+                                         output_index=index, summary_index=0, part=summary))
+                item = {**item, "summary": [summary]}
+            else:
+                events.append(self.event("response.reasoning_text.done", item_id=item_id, output_index=index,
+                                         content_index=0, text=text))
+                item = {**item, "content": [{"type": "reasoning_text", "text": text}]}
+            item["encrypted_content"] = seal_reasoning(text) if self._sealed else None
+        elif kind == "custom_tool_call":
+            item = {**item, "status": status, "input": _custom_input(text)}
+            events.append(self.event("response.custom_tool_call_input.delta", item_id=item_id, output_index=index,
+                                     delta=item["input"]))
+            events.append(self.event("response.custom_tool_call_input.done", item_id=item_id, output_index=index,
+                                     input=item["input"]))
+        else:
+            item = {**item, "status": status, "arguments": text}
+            events.append(self.event("response.function_call_arguments.done", item_id=item_id, output_index=index,
+                                     arguments=text))
+        self.items[index] = item
+        events.append(self.event("response.output_item.done", output_index=index, item=item))
+        return events
+
+
+def _custom_input(arguments: str) -> str:
+    """A custom tool's input: the string the model put in the `input` argument it was offered (the arguments as
+    written when they are not that object). Raises nothing."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(value, dict) and isinstance(value.get("input"), str):
+        return value["input"]
+    return arguments

@@ -1,0 +1,81 @@
+"""Pydantic models of what /v1/responses answers (OpenAI's Response object and stream events), the OpenAPI source
+for its replies; the route builds them as dicts (service/responses/output.py) in these shapes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+__all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent"]
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = Field(..., description="Prompt tokens whose KV came from the prefix cache.")
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(..., description="Tokens generated while thinking (counted when the thinking "
+                                                   "ended, to the nearest step).")
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    """A model response: `output` holds `reasoning`, `message`, `function_call` and `custom_tool_call` items."""
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    completed_at: int | None = None
+    status: Literal["completed", "incomplete", "failed", "in_progress"]
+    model: str
+    output: list[dict[str, Any]]
+    parallel_tool_calls: bool
+    tool_choice: str
+    tools: list[dict[str, Any]]
+    error: dict[str, Any] | None = None
+    incomplete_details: dict[str, Any] | None = None
+    instructions: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    previous_response_id: None = None
+    reasoning: dict[str, Any] | None = None
+    text: dict[str, Any]
+    truncation: Literal["disabled"] = "disabled"
+    store: Literal[False] = False
+    background: Literal[False] = False
+    service_tier: str = "default"
+    user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    usage: ResponseUsage | None = None
+
+
+class ResponseStreamEvent(BaseModel):
+    """One event (`event: <type>`, `data: <this>`): lifecycle events carry `response`; item events `item` and
+    `output_index`; text events `item_id`, `output_index`, `content_index` (`summary_index`) and `delta` or the
+    whole `text`/`arguments`/`input`."""
+
+    type: str
+    sequence_number: int
+    response: ResponseObject | None = None
+    output_index: int | None = None
+    item: dict[str, Any] | None = None
+    item_id: str | None = None
+    content_index: int | None = None
+    summary_index: int | None = None
+    part: dict[str, Any] | None = None
+    delta: str | None = None
+    text: str | None = None
+    arguments: str | None = None
+    input: str | None = None
+    logprobs: list[Any] | None = None

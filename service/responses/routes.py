@@ -1,0 +1,170 @@
+"""POST /v1/responses: OpenAI's Responses API (what Codex CLI speaks since it dropped chat completions, and what
+the openai and openai-agents SDKs call by default), served by the chat machinery: the request becomes a chat
+request (service/responses/history.py), the reply's chat deltas become output items (service/responses/output.py).
+
+Stateless: each request carries the whole conversation (Codex sends it so); nothing is stored, so
+`previous_response_id` is refused. A stream starts with `response.created` and ends with `response.completed`,
+`response.incomplete` (max_output_tokens) or `response.failed` (an error after the headers); no `[DONE]`.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+from typing import Any, AsyncGenerator
+
+from litestar import Request, Response, post
+
+from service.chat.output import ChatTranslator
+from service.chat.render import render_chat
+from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
+from service.chat.respond import respond
+from service.chat.routes import session_hint
+from service.chat.schemas import ChatCompletionRequest
+from service.chat.stream import RowReader, UsageCounter
+from service.chat.tool_text import request_tools
+from service.http.access_log import record_tokens, record_user
+from service.http.auth import client_key
+from service.http.errors import APIError, in_band_error
+from service.http.openapi import CHAT_ERRORS, sse_operation
+from service.responses.history import chat_request
+from service.responses.output import ResponseOutput
+from service.responses.replies import ResponseObject, ResponseStreamEvent
+from service.responses.schemas import HOSTED_TOOLS, HostedTool, ResponsesRequest
+from service.seams import RowStream
+from service.state import get_state
+
+__all__ = ["create_response"]
+
+_log = logging.getLogger("tandem.service")
+
+# Chat's field names in errors about the translated request → the Responses fields they came from.
+_FIELDS = {"messages": "input", "prompt": "input", "reasoning_effort": "reasoning.effort",
+           "max_tokens": "max_output_tokens"}
+
+
+def _renamed(exc: APIError) -> APIError:
+    """`exc` naming the Responses field its chat field came from. Raises nothing."""
+    param = exc.param or ""
+    head, dot, rest = param.partition(".")
+    if head.split("[")[0] not in _FIELDS:
+        return exc
+    chat_name = head.split("[")[0]
+    new = _FIELDS[chat_name]
+    message = exc.message.replace(param, new, 1) if param else exc.message
+    renamed = APIError(exc.status, message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
+                       close=exc.close, should_retry=exc.should_retry)
+    return renamed
+
+
+def _usage(counter: UsageCounter, output: ResponseOutput) -> dict[str, Any]:
+    prompt, completion = counter.totals()
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": counter.cached_tokens},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": output.reasoning_tokens},
+            "total_tokens": prompt + completion}
+
+
+async def _events(reader: RowReader, translator: ChatTranslator, output: ResponseOutput,
+                  counter: UsageCounter) -> AsyncGenerator[bytes, None]:
+    if not output.started:
+        yield output.opening()
+    try:
+        finish: str | None = None
+        async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
+            async for text, finish in items:
+                if events := [e for delta in translator.feed(text) for e in output.feed(delta)]:
+                    yield b"".join(events)  # one write for what came together
+                if translator.done:
+                    finish = None
+                    break
+        events = [e for delta in translator.finish() for e in output.feed(delta)]
+        reason = translator.finish_reason(finish)
+        events += output.close(incomplete=reason == "length")
+        events.append(output.finished(reason, _usage(counter, output)))
+        yield b"".join(events)
+    except Exception as exc:  # headers are out: report in-band; the stream ends with it
+        _log.warning("response stream %s failed: %s", output.id, exc)
+        yield output.failed(in_band_error(exc))
+
+
+async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput,
+                   counter: UsageCounter) -> dict[str, Any]:
+    finish: str | None = None
+    async with aclosing(reader.items()) as items:
+        async for text, finish in items:
+            for delta in translator.feed(text):
+                output.feed(delta)
+            if translator.done:
+                finish = None
+                break
+    for delta in translator.finish():
+        output.feed(delta)
+    reason = translator.finish_reason(finish)
+    output.close(incomplete=reason == "length")
+    return output.final(reason, _usage(counter, output))
+
+
+def _unoffered(body: ResponsesRequest) -> list[str]:
+    return [tool.type for tool in body.tools or () if isinstance(tool, HostedTool)]
+
+
+@post(
+    "/v1/responses",
+    status_code=200,
+    summary="Create a model response",
+    description="OpenAI's Responses API, stateless: send the whole conversation as `input` (nothing is stored). "
+                "With `stream: true` the response is `text/event-stream` of `event: <type>` / `data: <json>` events "
+                "from `response.created` to `response.completed` (`response.incomplete` when max_output_tokens cut "
+                "the reply, `response.failed` for an error after the headers). Hosted tools ("
+                + ", ".join(HOSTED_TOOLS) + ") are accepted and not offered to the model. Without "
+                "`max_output_tokens` the server's --max-tokens-cap applies.",
+    responses=CHAT_ERRORS,
+    operation_class=sse_operation(ResponseStreamEvent),
+    tags=["responses"],
+)
+async def create_response(request: Request[Any, Any, Any], data: ResponsesRequest) -> Response[ResponseObject]:
+    """A model response, streamed or not. Raises APIError (4xx; 429 at capacity, 504 past the deadline) for
+    requests that cannot be served."""
+    state = get_state(request)
+    engine = chat_engine(state, data.model)
+    chat, names = chat_request(data)
+    if unoffered := _unoffered(data):
+        _log.info("hosted tools not offered to the model (none run here): %s", ", ".join(unoffered))
+    timing = request_timing(request, state)
+    counter = UsageCounter()
+    record_tokens(request, counter.totals)
+    record_user(request, data.user or data.safety_identifier)
+    output = ResponseOutput(data, state.chat_model_name or "", names, output_tokens=lambda: counter.totals()[1])
+    translators: list[ChatTranslator] = []
+
+    async def submit_row() -> RowStream:
+        try:
+            return await _submit(chat)
+        except APIError as exc:
+            raise _renamed(exc) from None
+
+    async def _submit(body: ChatCompletionRequest) -> RowStream:
+        rendered = await render_chat(state, engine, body)
+        prompt = rendered.tokens
+        counter.prompt_tokens = len(prompt)
+        generation = generation_request(engine, body, prompt, body.max_tokens, param="messages",
+                                        session_id=session_hint(request, body),
+                                        segment_boundaries=rendered.boundaries,
+                                        default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request))
+        translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),
+                                                      calls=bool(body.tools) and body.tool_choice != "none",
+                                                      one_call=body.parallel_tool_calls is False,
+                                                      json_calls=rendered.json_tool_calls,
+                                                      opening=rendered.generation_prompt))
+        stream = submit(engine, generation, param="messages")
+        observe_queue_wait(state, timing)
+        return stream
+
+    def failure(error: APIError) -> bytes:
+        return (b"" if output.started else output.opening()) + output.failed(error)
+
+    return await respond(
+        request, counter, timing, submit_row=submit_row,
+        events=(lambda reader: _events(reader, translators[0], output, counter)) if data.stream else None,
+        collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter),
+        keepalive=output.opening, failure=failure)

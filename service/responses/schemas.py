@@ -1,0 +1,392 @@
+"""Pydantic models of a POST /v1/responses body (OpenAI's Responses API), as the openai SDK, the openai-agents SDK
+and Codex send it; service/responses/history.py turns one into a chat request.
+
+As for chat, every field is honoured or refused with a 400 naming it. Two kinds of leniency, both on purpose:
+input items (the client's copy of earlier output) may carry keys this server does not read — `id`, `status`,
+Codex's `phase` — since they describe what was said and ask for nothing; hosted tools (`web_search`, …) are
+accepted and not offered to the model (this server runs none of them), as Codex declares them by default.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
+
+from service.chat.schemas import _Body, _Request, _empty, _only_false
+
+__all__ = ["TextInput", "InputMessage", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
+           "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
+           "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesRequest", "HOSTED_TOOLS"]
+
+# Tools OpenAI runs on its side: accepted (Codex declares web_search by default), never offered to the model.
+HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26", "file_search", "code_interpreter",
+                "image_generation", "computer_use_preview", "computer_use", "mcp", "local_shell", "shell",
+                "apply_patch", "tool_search")
+
+
+class _Item(BaseModel):
+    """An input item or one of its parts: earlier output echoed back; keys it carries beyond these are read as
+    description (ids, statuses), not as requests."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class TextInput(_Item):
+    """A text part: `input_text` (user, system, developer), `output_text` (an earlier assistant reply)."""
+
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class RefusalInput(_Item):
+    type: Literal["refusal"]
+    refusal: str
+
+
+_UNREAD_PARTS = {"input_image": "images", "input_file": "files", "input_audio": "audio"}
+
+
+def _part_kind(part: Any) -> str | None:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in _UNREAD_PARTS:
+        return None  # refused below with a sentence
+    return "RefusalInput" if kind == "refusal" else "TextInput"
+
+
+InputPart = Annotated[
+    Union[Annotated[TextInput, Tag("TextInput")], Annotated[RefusalInput, Tag("RefusalInput")]],
+    Discriminator(_part_kind, custom_error_type="invalid_part_type",
+                  custom_error_message="a content part's type must be 'input_text' (or 'output_text', 'refusal')"),
+]
+
+
+def _readable(content: Any) -> Any:
+    for part in content if isinstance(content, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _UNREAD_PARTS:
+            raise ValueError(f"{kind!r} content parts are not supported: this server's model reads text only, "
+                             f"not {_UNREAD_PARTS[kind]}")
+    return content
+
+
+def part_text(content: str | list[Any]) -> str:
+    """Text parts joined (refusals by their text). Raises nothing."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text if isinstance(p, TextInput) else p.refusal for p in content)
+
+
+class InputMessage(_Item):
+    """A message; `type` may be left out (the SDK's "easy" input message). `developer` is a system turn."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputPart]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _readable_parts(cls, content: Any) -> Any:
+        return _readable(content)
+
+
+class FunctionCallItem(_Item):
+    """An earlier function call of the model's (`namespace`: the namespace tool it came from)."""
+
+    type: Literal["function_call"]
+    call_id: str = Field(..., min_length=1)
+    name: str
+    arguments: str
+    namespace: str | None = None
+
+
+class FunctionCallOutput(_Item):
+    """A tool's result for `call_id`: text, or text parts."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(..., min_length=1)
+    output: str | list[InputPart]
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _readable_parts(cls, output: Any) -> Any:
+        return _readable(output)
+
+
+class CustomToolCallItem(_Item):
+    """An earlier call of a custom (free-form input) tool."""
+
+    type: Literal["custom_tool_call"]
+    call_id: str = Field(..., min_length=1)
+    name: str
+    input: str
+
+
+class CustomToolCallOutput(_Item):
+    type: Literal["custom_tool_call_output"]
+    call_id: str = Field(..., min_length=1)
+    output: str | list[InputPart]
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _readable_parts(cls, output: Any) -> Any:
+        return _readable(output)
+
+
+class SummaryText(_Item):
+    type: Literal["summary_text"]
+    text: str
+
+
+class ReasoningText(_Item):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Item):
+    """Earlier thinking: its text goes back to the chat template beside the next assistant turn. This server's own
+    `encrypted_content` is that text (with a prefix); another server's is unreadable and left out."""
+
+    type: Literal["reasoning"]
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+
+_ITEMS = {"message": "InputMessage", "function_call": "FunctionCallItem",
+          "function_call_output": "FunctionCallOutput", "custom_tool_call": "CustomToolCallItem",
+          "custom_tool_call_output": "CustomToolCallOutput", "reasoning": "ReasoningItem"}
+
+
+def _item_kind(item: Any) -> str | None:
+    if not isinstance(item, dict):
+        return None
+    kind = item.get("type", "message")  # the SDK's easy message has no type
+    return _ITEMS.get(kind) if isinstance(kind, str) else None
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[InputMessage, Tag("InputMessage")],
+        Annotated[FunctionCallItem, Tag("FunctionCallItem")],
+        Annotated[FunctionCallOutput, Tag("FunctionCallOutput")],
+        Annotated[CustomToolCallItem, Tag("CustomToolCallItem")],
+        Annotated[CustomToolCallOutput, Tag("CustomToolCallOutput")],
+        Annotated[ReasoningItem, Tag("ReasoningItem")],
+    ],
+    Discriminator(_item_kind, custom_error_type="invalid_item_type",
+                  custom_error_message="an input item's type must be one of " + ", ".join(map(repr, _ITEMS))
+                  + " (this server keeps no items: item_reference cannot be resolved)"),
+]
+
+
+class FunctionTool(_Request):
+    """A function the model may call (flat, unlike chat's `{"function": {...}}`)."""
+
+    type: Literal["function"]
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = Field(None, description="Only false: arguments are not constrained to the schema.")
+    defer_loading: bool | None = Field(None, description="Only false or null: every tool is shown at once.")
+
+    @field_validator("strict")
+    @classmethod
+    def _not_strict(cls, strict: bool | None) -> bool | None:
+        return _only_false(strict, "strict function calling is not supported: the arguments a model writes are not "
+                                   "constrained to the schema; send strict: false")
+
+    @field_validator("defer_loading")
+    @classmethod
+    def _shown(cls, value: bool | None) -> bool | None:
+        return _only_false(value, "tools are not loaded on demand here: only false is supported")
+
+
+class CustomTool(_Request):
+    """A tool whose input is free text (Codex's apply_patch): offered to the model as a function of one string,
+    `input`; its calls come back as `custom_tool_call` items."""
+
+    type: Literal["custom"]
+    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}: input is not constrained to a '
+                                                            'grammar.')
+
+    @field_validator("format")
+    @classmethod
+    def _free_text(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError(f"a {value.get('type')!r} format is not supported: a custom tool's input is not "
+                             'constrained here; only {"type": "text"} is')
+        return value
+
+
+class NamespaceTool(_Request):
+    """A group of functions (Codex's MCP servers): offered as `namespace + name`, called back with `namespace`."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[FunctionTool]
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI runs itself (web search, file search, …): accepted, not offered to the model."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+def _tool_kind(tool: Any) -> str | None:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    tags = {"function": "FunctionTool", "custom": "CustomTool", "namespace": "NamespaceTool"}
+    if isinstance(kind, str) and kind in tags:
+        return tags[kind]
+    return "HostedTool" if kind in HOSTED_TOOLS else None
+
+
+# Tags in CamelCase: error paths leave them out (service/http/handlers.py), naming `tools.0.strict`.
+ResponseTool = Annotated[
+    Union[Annotated[FunctionTool, Tag("FunctionTool")], Annotated[CustomTool, Tag("CustomTool")],
+          Annotated[NamespaceTool, Tag("NamespaceTool")], Annotated[HostedTool, Tag("HostedTool")]],
+    Discriminator(_tool_kind, custom_error_type="invalid_tool_type",
+                  custom_error_message="a tool's type must be 'function', 'custom' or 'namespace' (or a hosted "
+                                       "tool, which is not offered: " + ", ".join(HOSTED_TOOLS) + ")"),
+]
+
+
+class Reasoning(_Request):
+    effort: str | None = Field(None, description='As chat\'s reasoning_effort ("none" switches thinking off).')
+    summary: Literal["auto", "concise", "detailed", "none"] | None = Field(
+        None, description="Not null or none: the thinking is given in the reasoning item's `summary` (no shorter "
+                          "summary is written), else in its `content`.")
+    generate_summary: Literal["auto", "concise", "detailed", "none"] | None = Field(None, description="As summary.")
+
+
+class TextFormat(_Request):
+    type: Literal["text"] = Field(..., description="Only text: output is not constrained to JSON here.")
+
+
+class TextConfig(_Request):
+    format: TextFormat | None = None
+    verbosity: Literal["medium"] | None = Field(None, description="Only medium: replies are as long as the model "
+                                                                  "makes them.")
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _text_only(cls, value: Any) -> Any:
+        if isinstance(value, dict) and value.get("type") not in (None, "text"):
+            raise ValueError(f"{value.get('type')!r} is not supported: output is not constrained to JSON here; only "
+                             '{"type": "text"} is')
+        return value
+
+
+class ResponsesStreamOptions(_Request):
+    include_obfuscation: bool | None = Field(None, description="Only false: events are not padded.")
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _no_obfuscation(cls, value: bool | None) -> bool | None:
+        return _only_false(value, "events are never padded here: only false is supported")
+
+
+# `include` values this server can honour.
+INCLUDABLE = ("reasoning.encrypted_content",)
+
+
+class ResponsesRequest(_Body):
+    """POST /v1/responses body."""
+
+    model: str | None = Field(None, description="Model id from GET /v1/models; omitted means the loaded model.")
+    input: str | list[InputItem] = Field(..., description="A user message, or the conversation's items (each turn "
+                                                          "sends all of them: nothing is stored here).")
+    instructions: str | None = Field(None, description="A system message before the input.")
+    stream: bool | None = Field(False, description="true: server-sent events, `event: <type>` and `data: <json>`.")
+    stream_options: ResponsesStreamOptions | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    tools: list[ResponseTool] | None = None
+    tool_choice: Literal["auto", "none"] | None = Field(
+        None, description='"auto" or "none"; a forced call ("required", a named function) is refused.')
+    parallel_tool_calls: bool | None = Field(None, description="false: the reply ends after its first tool call.")
+    reasoning: Reasoning | None = None
+    text: TextConfig | None = None
+    include: list[str] | None = Field(None, description="Only reasoning.encrypted_content: the reasoning item's "
+                                                        "`encrypted_content` carries the thinking, to be sent back.")
+    store: bool | None = Field(None, description="Only false: this server keeps no responses.")
+    metadata: dict[str, str] | None = Field(None, description="Echoed on the response.")
+    client_metadata: dict[str, str] | None = Field(None, description="Codex's tags: accepted, kept nowhere.")
+    prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint).")
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
+        None, description="Accepted: cached prefixes stay in memory while the memory budget has room for them.")
+    service_tier: Literal["auto", "default"] | None = Field(None, description="This server has one tier.")
+    truncation: Literal["disabled"] | None = Field(None, description="Only disabled: a conversation longer than the "
+                                                                     "context is refused, never cut.")
+    user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
+    safety_identifier: str | None = Field(None, description="As `user`.")
+    background: bool | None = Field(None, description="Only false: responses are not run in the background.")
+    top_logprobs: int | None = Field(None, description="Only 0: no log probabilities here.")
+    # What needs stored state or features this server does not have: only null (or empty) passes.
+    previous_response_id: str | None = Field(None, description="Only null: this server keeps no responses; send "
+                                                               "the whole conversation as `input`.")
+    conversation: str | dict[str, Any] | None = Field(None, description="Only null: this server keeps no "
+                                                                        "conversations.")
+    prompt: dict[str, Any] | None = Field(None, description="Only null: no stored prompts.")
+    max_tool_calls: int | None = Field(None, description="Only null: the model decides how many calls it makes.")
+
+    @field_validator("previous_response_id", "conversation", "prompt", "max_tool_calls")
+    @classmethod
+    def _nothing_stored(cls, value: Any, info: ValidationInfo) -> Any:
+        if not _empty(value):
+            hint = " (this server keeps no responses: send the whole conversation as input)" if info.field_name in (
+                "previous_response_id", "conversation") else ""
+            raise ValueError(f"not supported by this server (only null){hint}")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _says_something(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty array; give at least one item")
+        return value
+
+    @field_validator("include")
+    @classmethod
+    def _includable(cls, value: list[str] | None) -> list[str] | None:
+        for entry in value or ():
+            if entry not in INCLUDABLE:
+                raise ValueError(f"{entry!r} cannot be included here; only " + ", ".join(INCLUDABLE))
+        return value
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _no_forced_call(cls, value: Any) -> Any:
+        if value == "required" or isinstance(value, dict):
+            raise ValueError("a forced tool call (\"required\" or a named tool) is not supported: the model decides "
+                             "whether to call a tool; use \"auto\"")
+        return value
+
+    @field_validator("store", "background")
+    @classmethod
+    def _not_kept(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        why = {"store": "this server keeps no responses: only false is supported",
+               "background": "responses are not run in the background here: only false is supported"}
+        return _only_false(value, why[str(info.field_name)])
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: int | None) -> int | None:
+        if value:
+            raise ValueError("log probabilities are not offered on /v1/responses here (only 0); /v1/chat/completions "
+                             "gives them")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        # OpenAI's limits: 16 pairs, keys ≤ 64 characters, values ≤ 512.
+        if value and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
+            raise ValueError("at most 16 pairs, keys of at most 64 characters and values of at most 512")
+        return value

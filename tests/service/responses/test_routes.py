@@ -1,0 +1,258 @@
+"""POST /v1/responses against a scripted engine, through the openai SDK's own client and stream helper: the
+output items, the event grammar Codex and the SDK need, errors before and after the headers, keep-alives."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import anyio
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from service.app import create_app
+from service.state import AppState
+from tests.service.asgi import ASGIClient, asgi_scope
+from tests.service.chat.test_render import PLAIN, TemplateTokenizer
+from tests.service.chat.test_routes import CALL, CallingTokenizer
+from tests.service.fake_engine import FakeEngine
+
+TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": False}]
+THINK_TEXT_CALL = ["<think>", "hmm", "</think>", "Sunny ", "today.", CALL]
+
+
+def response_events(body: str) -> list[dict[str, Any]]:
+    """The `event:` / `data:` pairs of a Responses stream; fails on malformed framing or a type that differs."""
+    events = []
+    for block in body.split("\n\n"):
+        if not block.strip() or block.startswith(":"):
+            continue
+        head, data = block.split("\n")
+        assert head.startswith("event: ") and data.startswith("data: "), block
+        event = json.loads(data[len("data: "):])
+        assert event["type"] == head[len("event: "):]
+        events.append(event)
+    return events
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    engine = FakeEngine(list(THINK_TEXT_CALL))
+    engine.tokenizer = CallingTokenizer()
+    return engine
+
+
+@pytest.fixture
+def http(engine: FakeEngine) -> Iterator[TestClient[Any]]:
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        yield client
+
+
+@pytest.fixture
+def sdk(http: TestClient[Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
+
+
+def test_a_reply_of_thinking_text_and_a_call_is_three_items(sdk: openai.OpenAI) -> None:
+    response = sdk.responses.create(model="fake-model", input="weather?", tools=TOOLS)
+    assert response.status == "completed" and response.object == "response"
+    reasoning, message, call = response.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == "hmm" and reasoning.summary == []
+    assert message.type == "message" and response.output_text == "Sunny today."
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments) == {"city": "Paris"}
+    assert call.call_id.startswith("call_") and call.status == "completed"
+    usage = response.usage
+    assert usage.output_tokens == len(THINK_TEXT_CALL)
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert 0 < usage.output_tokens_details.reasoning_tokens < usage.output_tokens
+    assert usage.input_tokens_details.cached_tokens == 0
+
+
+def test_the_sdk_stream_helper_assembles_the_non_streamed_response(sdk: openai.OpenAI) -> None:
+    whole = sdk.responses.create(model="fake-model", input="weather?", tools=TOOLS)
+    with sdk.responses.stream(model="fake-model", input="weather?", tools=TOOLS) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert final.output_text == whole.output_text
+    assert [i.type for i in final.output] == [i.type for i in whole.output]
+    assert "response.output_text.delta" in kinds and "response.function_call_arguments.delta" in kinds
+    assert "response.reasoning_text.delta" in kinds
+
+
+def test_every_item_event_falls_between_its_added_and_done(http: TestClient[Any]) -> None:
+    # What Codex needs ("OutputTextDelta without active item" drops the text) and the SDK checks.
+    events = response_events(http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "stream": True}).text)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    ids = {e["response"]["id"] for e in events if "response" in e}
+    assert len(ids) == 1
+    open_index: int | None = None
+    for event in events[2:-1]:
+        if event["type"] == "response.output_item.added":
+            assert open_index is None
+            open_index = event["output_index"]
+        elif event["type"] == "response.output_item.done":
+            assert event["output_index"] == open_index
+            open_index = None
+        else:
+            assert event["output_index"] == open_index, event
+    assert open_index is None
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert events[-1]["response"]["output"] == done  # complete: the agents SDK reads only this event's output
+    assert events[-1]["response"]["usage"]["output_tokens"] == len(THINK_TEXT_CALL)
+
+
+def test_a_summary_request_gets_the_thinking_as_summary_and_sealed_for_the_next_turn(sdk: openai.OpenAI,
+                                                                                    engine: FakeEngine) -> None:
+    with sdk.responses.stream(model="fake-model", input="weather?", tools=TOOLS, reasoning={"summary": "auto"},
+                              include=["reasoning.encrypted_content"]) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    reasoning = final.output[0]
+    assert reasoning.summary[0].text == "hmm" and "response.reasoning_summary_text.delta" in kinds
+    assert reasoning.encrypted_content
+    # Codex sends the items back with the summary left out: the sealed thinking still reaches the template.
+    echoed = {**reasoning.model_dump(exclude_none=True), "summary": []}
+    call = final.output[2]
+    sdk.responses.create(model="fake-model", tools=TOOLS, input=[
+        {"role": "user", "content": "weather?"}, echoed, call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}])
+    messages = engine.tokenizer.template_calls[-1]["messages"]
+    assert messages[1]["reasoning_content"] == "hmm"
+    assert messages[1]["tool_calls"][0]["id"] == call.call_id and messages[2]["tool_call_id"] == call.call_id
+
+
+def test_a_custom_tool_is_a_function_of_one_string_and_its_call_a_custom_tool_call(http: TestClient[Any],
+                                                                                  engine: FakeEngine) -> None:
+    patch = "*** Begin Patch\n*** End Patch"
+    arguments = json.dumps({"input": patch})
+    engine.pieces = ['<tool_call>{"name": "apply_patch", "arguments": ' + arguments + '}</tool_call>']
+    body = {"input": "fix it", "tools": [{"type": "custom", "name": "apply_patch", "description": "Edit files."}]}
+    reply = http.post("/v1/responses", json=body).json()
+    (item,) = reply["output"]
+    assert item["type"] == "custom_tool_call" and item["name"] == "apply_patch" and item["input"] == patch
+    (tool,) = engine.tokenizer.template_calls[-1]["tools"]
+    assert tool["function"]["parameters"]["required"] == ["input"]
+    events = response_events(http.post("/v1/responses", json={**body, "stream": True}).text)
+    assert [e["input"] for e in events if e["type"] == "response.custom_tool_call_input.done"] == [patch]
+
+
+def test_a_namespaced_function_is_offered_under_its_full_name_and_called_back_by_its_own(
+        http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.pieces = ['<tool_call>{"name": "mcp__git__status", "arguments": {}}</tool_call>']
+    tools = [{"type": "namespace", "name": "mcp__git__", "tools": [{"type": "function", "name": "status"}]}]
+    (item,) = http.post("/v1/responses", json={"input": "status?", "tools": tools}).json()["output"]
+    assert (item["name"], item["namespace"]) == ("status", "mcp__git__")
+    assert engine.tokenizer.template_calls[-1]["tools"][0]["function"]["name"] == "mcp__git__status"
+
+
+def test_hosted_tools_are_accepted_and_not_offered(http: TestClient[Any], engine: FakeEngine) -> None:
+    response = http.post("/v1/responses", json={"input": "hi", "tools": [*TOOLS, {"type": "web_search"}]})
+    assert response.status_code == 200
+    assert [t["function"]["name"] for t in engine.tokenizer.template_calls[-1]["tools"]] == ["get_weather"]
+    assert response.json()["tools"][1] == {"type": "web_search"}
+
+
+def test_parallel_tool_calls_false_ends_the_reply_at_its_first_call(http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.pieces = [CALL, CALL]
+    both = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS}).json()["output"]
+    one = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "parallel_tool_calls": False}).json()
+    assert len(both) == 2 and len(one["output"]) == 1 and one["parallel_tool_calls"] is False
+
+
+def test_max_output_tokens_makes_an_incomplete_response(http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.pieces = ["a", "b", "c", "d"]
+    reply = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2}).json()
+    assert reply["status"] == "incomplete" and reply["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert reply["output"][0]["content"][0]["text"] == "ab" and reply["output"][0]["status"] == "incomplete"
+    assert engine.requests[-1].max_tokens == 2
+    events = response_events(http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2,
+                                                               "stream": True}).text)
+    assert events[-1]["type"] == "response.incomplete"
+
+
+def test_a_reply_that_says_nothing_is_one_empty_message(http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.pieces = [""]
+    reply = http.post("/v1/responses", json={"input": "hi"}).json()
+    assert [(i["type"], i["content"][0]["text"]) for i in reply["output"]] == [("message", "")]
+
+
+def test_a_failure_after_the_headers_is_response_failed(http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.pieces, engine.fail_with = ["a", "b", "c"], "the step failed"
+    events = response_events(http.post("/v1/responses", json={"input": "hi", "stream": True}).text)
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"] == {"code": "server_error", "message": "the step failed"}
+    assert not any(e["type"] == "response.completed" for e in events)
+
+
+def test_a_failure_before_the_first_token_is_a_500(http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.fail_with, engine.fail_at = "the step failed", 0
+    for stream in (False, True):
+        response = http.post("/v1/responses", json={"input": "hi", "stream": stream})
+        assert response.status_code == 500 and response.json()["error"]["message"] == "the step failed"
+
+
+def test_errors_about_the_translated_request_name_the_responses_field(http: TestClient[Any],
+                                                                       engine: FakeEngine) -> None:
+    engine.context_length = 40
+    response = http.post("/v1/responses", json={"input": "x" * 100})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "input"
+    engine.tokenizer = TemplateTokenizer(PLAIN)  # a template with no thinking switch, a model that does not think
+    engine.context_length = 256
+    response = http.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "high"}})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "reasoning.effort" and error["message"].startswith("reasoning.effort: ")
+
+
+def test_settings_reach_the_engine(http: TestClient[Any], engine: FakeEngine) -> None:
+    body = {"input": "hi", "temperature": 0.3, "top_p": 0.9, "max_output_tokens": 7, "prompt_cache_key": "thread-1",
+            "metadata": {"k": "v"}, "instructions": "Be brief."}
+    reply = http.post("/v1/responses", json=body).json()
+    request = engine.requests[-1]
+    assert (request.sampling.temperature, request.sampling.top_p, request.max_tokens) == (0.3, 0.9, 7)
+    assert request.session_id == "thread-1"
+    assert reply["metadata"] == {"k": "v"} and reply["instructions"] == "Be brief." and reply["temperature"] == 0.3
+    assert engine.tokenizer.template_calls[-1]["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+@pytest.mark.anyio
+async def test_a_slow_first_token_gets_lifecycle_events_meanwhile(monkeypatch) -> None:
+    # Codex's idle timer counts events, not SSE comments: created, then in_progress while the prompt waits.
+    from service.chat import respond
+
+    monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
+    monkeypatch.setattr(respond, "KEEPALIVE_EVERY", 0.01)
+    engine = FakeEngine(pieces=["a", "b"])
+    engine.first_gate = anyio.Event()
+    app = create_app(AppState(engine=engine, ready=True))
+    client = ASGIClient({"input": "hi", "stream": True}, marker=b"event: response.in_progress")
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, asgi_scope("/v1/responses"), client.receive, client.send)
+            await client.first.wait()
+            while b"".join(client.chunks).count(b"event: response.in_progress") < 2:
+                await anyio.sleep(0.01)  # polling a list the app task fills; the gate keeps the token back
+            engine.first_gate.set()
+            await client.leave.wait()
+    events = response_events(b"".join(client.chunks).decode())
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "response.created" and kinds.count("response.created") == 1
+    assert kinds[-1] == "response.completed" and events[-1]["response"]["output"][0]["content"][0]["text"] == "ab"
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+@pytest.mark.anyio
+async def test_a_client_that_leaves_mid_stream_frees_the_row() -> None:
+    engine = FakeEngine(pieces=["a", "b", "c"])
+    engine.gate = anyio.Event()
+    app = create_app(AppState(engine=engine, ready=True))
+    client = ASGIClient({"input": "hi", "stream": True}, marker=b"response.output_text.delta")
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, asgi_scope("/v1/responses"), client.receive, client.send)
+            await client.first.wait()
+            client.leave.set()
+    assert engine.active == set() and engine.closed_streams >= 1
