@@ -33,7 +33,7 @@ from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
-__all__ = ["chat_completions", "render_chat_prompt", "session_hint"]
+__all__ = ["chat_completions", "render_chat_prompt", "session_hint", "submit_chat"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -52,6 +52,30 @@ def session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -
         if value := request.headers.get(header):
             return value
     return body.prompt_cache_key
+
+
+async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: ChatEngine,
+                      body: ChatCompletionRequest, counter: UsageCounter, timing: StreamTiming,
+                      translators: list[ChatTranslator], *, logprobs: int | None = None) -> RowStream:
+    """Render `body`, queue its row and return its stream; the reply's translator is appended to `translators`.
+    Shared by /v1/chat/completions and /v1/responses. Raises APIError (what rendering or the engine refuses)."""
+    rendered = await render_chat(state, engine, body)
+    prompt = rendered.tokens
+    counter.prompt_tokens = len(prompt)
+    generation = generation_request(engine, body, prompt, body.max_completion_tokens or body.max_tokens,
+                                    param="messages", session_id=session_hint(request, body),
+                                    segment_boundaries=rendered.boundaries,
+                                    default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
+                                    logprobs=logprobs)
+    translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),
+                                                  # only functions the request declared come back as calls
+                                                  calls=bool(body.tools) and body.tool_choice != "none",
+                                                  one_call=body.parallel_tool_calls is False,
+                                                  json_calls=rendered.json_tool_calls,
+                                                  opening=rendered.generation_prompt))
+    stream = submit(engine, generation, param="messages")
+    observe_queue_wait(state, timing)
+    return stream
 
 
 _ROLE = b'"delta":{"role":"assistant"'  # how an opening delta's JSON begins (role is its first field)
@@ -182,23 +206,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
 
     async def submit_row() -> RowStream:
-        rendered = await render_chat(state, engine, data)
-        prompt = rendered.tokens
-        counter.prompt_tokens = len(prompt)
-        generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens,
-                                        param="messages", session_id=session_hint(request, data),
-                                        segment_boundaries=rendered.boundaries,
-                                        default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
-                                        logprobs=logprobs)
-        translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(data),
-                                                      # only functions the request declared come back as calls
-                                                      calls=bool(data.tools) and data.tool_choice != "none",
-                                                      one_call=data.parallel_tool_calls is False,
-                                                      json_calls=rendered.json_tool_calls,
-                                                      opening=rendered.generation_prompt))
-        stream = submit(engine, generation, param="messages")
-        observe_queue_wait(state, timing)
-        return stream
+        return await submit_chat(request, state, engine, data, counter, timing, translators, logprobs=logprobs)
 
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(

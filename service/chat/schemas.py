@@ -25,6 +25,7 @@ __all__ = [
     "Tool",
     "SamplingFields",
     "ChatCompletionRequest",
+    "no_forced_call",
 ]
 
 
@@ -32,6 +33,15 @@ def _only_false(value: bool | None, why: str) -> bool | None:
     """A switch whose `true` this server cannot honour. Raises ValueError saying `why`."""
     if value:
         raise ValueError(why)
+    return value
+
+
+def no_forced_call(cls: Any, value: Any) -> Any:
+    """A `tool_choice` validator: a forced call refused in a sentence (frameworks' structured output sends one), not
+    pydantic's "should be 'auto' or 'none'". Raises ValueError."""
+    if value == "required" or isinstance(value, dict):
+        raise ValueError("a forced tool call (\"required\" or a named function) is not supported: the model decides "
+                         "whether to call a tool; use \"auto\"")
     return value
 
 
@@ -313,14 +323,7 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError(f"not supported by this server (only null){hint}")
         return value
 
-    @field_validator("tool_choice", mode="before")
-    @classmethod
-    def _no_forced_call(cls, value: Any) -> Any:
-        # Said in a sentence (frameworks' structured output sends these): not pydantic's "should be 'auto' or 'none'".
-        if value == "required" or isinstance(value, dict):
-            raise ValueError("a forced tool call (\"required\" or a named function) is not supported: the model "
-                             "decides whether to call a tool; use \"auto\"")
-        return value
+    _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
 
     @field_validator("tool_choice", "parallel_tool_calls")
     @classmethod

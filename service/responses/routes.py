@@ -16,15 +16,11 @@ from typing import Any, AsyncGenerator
 from litestar import Request, Response, post
 
 from service.chat.output import ChatTranslator
-from service.chat.render import render_chat
-from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
+from service.chat.request import chat_engine, request_timing
 from service.chat.respond import respond
-from service.chat.routes import session_hint
-from service.chat.schemas import ChatCompletionRequest
+from service.chat.routes import submit_chat
 from service.chat.stream import RowReader, UsageCounter
-from service.chat.tool_text import request_tools
 from service.http.access_log import record_tokens, record_user
-from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.responses.history import chat_request
@@ -139,26 +135,9 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
 
     async def submit_row() -> RowStream:
         try:
-            return await _submit(chat)
+            return await submit_chat(request, state, engine, chat, counter, timing, translators)
         except APIError as exc:
             raise _renamed(exc) from None
-
-    async def _submit(body: ChatCompletionRequest) -> RowStream:
-        rendered = await render_chat(state, engine, body)
-        prompt = rendered.tokens
-        counter.prompt_tokens = len(prompt)
-        generation = generation_request(engine, body, prompt, body.max_tokens, param="messages",
-                                        session_id=session_hint(request, body),
-                                        segment_boundaries=rendered.boundaries,
-                                        default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request))
-        translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),
-                                                      calls=bool(body.tools) and body.tool_choice != "none",
-                                                      one_call=body.parallel_tool_calls is False,
-                                                      json_calls=rendered.json_tool_calls,
-                                                      opening=rendered.generation_prompt))
-        stream = submit(engine, generation, param="messages")
-        observe_queue_wait(state, timing)
-        return stream
 
     def failure(error: APIError) -> bytes:
         return (b"" if output.started else output.opening()) + output.failed(error)

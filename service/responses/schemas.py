@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
-from service.chat.schemas import _Body, _Request, _empty, _only_false
+from service.chat.schemas import _Body, _Request, _empty, _only_false, no_forced_call
 
 __all__ = ["TextInput", "InputMessage", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
@@ -100,10 +100,9 @@ class FunctionCallItem(_Item):
     namespace: str | None = None
 
 
-class FunctionCallOutput(_Item):
+class _ToolOutput(_Item):
     """A tool's result for `call_id`: text, or text parts."""
 
-    type: Literal["function_call_output"]
     call_id: str = Field(..., min_length=1)
     output: str | list[InputPart]
 
@@ -111,6 +110,10 @@ class FunctionCallOutput(_Item):
     @classmethod
     def _readable_parts(cls, output: Any) -> Any:
         return _readable(output)
+
+
+class FunctionCallOutput(_ToolOutput):
+    type: Literal["function_call_output"]
 
 
 class CustomToolCallItem(_Item):
@@ -122,15 +125,8 @@ class CustomToolCallItem(_Item):
     input: str
 
 
-class CustomToolCallOutput(_Item):
+class CustomToolCallOutput(_ToolOutput):
     type: Literal["custom_tool_call_output"]
-    call_id: str = Field(..., min_length=1)
-    output: str | list[InputPart]
-
-    @field_validator("output", mode="before")
-    @classmethod
-    def _readable_parts(cls, output: Any) -> Any:
-        return _readable(output)
 
 
 class SummaryText(_Item):
@@ -360,13 +356,7 @@ class ResponsesRequest(_Body):
                 raise ValueError(f"{entry!r} cannot be included here; only " + ", ".join(INCLUDABLE))
         return value
 
-    @field_validator("tool_choice", mode="before")
-    @classmethod
-    def _no_forced_call(cls, value: Any) -> Any:
-        if value == "required" or isinstance(value, dict):
-            raise ValueError("a forced tool call (\"required\" or a named tool) is not supported: the model decides "
-                             "whether to call a tool; use \"auto\"")
-        return value
+    _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
 
     @field_validator("store", "background")
     @classmethod
