@@ -22,6 +22,9 @@ from service.responses.schemas import ResponsesRequest
 __all__ = ["ResponseOutput"]
 
 
+_NO_EVENT = (b"", b"", b"")  # an item whose deltas are not sent one by one
+
+
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -181,21 +184,38 @@ class ResponseOutput:
                           part=part)
 
     def _text_delta(self, text: str) -> bytes:
+        """A text delta of the open item, framed around JSON written once per item (the hot path: one per token)."""
         assert self._open is not None
         self._text.append(text)
+        frame = self._open.get("frame")
+        if frame is None:
+            frame = self._open["frame"] = self._delta_frame()
+        if frame is _NO_EVENT:
+            return b""
+        head, middle, tail = frame
+        sequence = self._sequence
+        self._sequence += 1
+        return b"".join((head, str(sequence).encode(), middle, json.dumps(text, ensure_ascii=False).encode(), tail))
+
+    def _delta_frame(self) -> tuple[bytes, bytes, bytes]:
+        """The bytes before the sequence number, between it and the delta, and after the delta."""
+        assert self._open is not None
         kind, item_id, index = self._open["type"], self._open["item"]["id"], self._open["index"]
-        if kind == "message":
-            return self.event("response.output_text.delta", item_id=item_id, output_index=index, content_index=0,
-                              delta=text, logprobs=[])
-        if kind == "reasoning":
-            if self._summary:
-                return self.event("response.reasoning_summary_text.delta", item_id=item_id, output_index=index,
-                                  summary_index=0, delta=text)
-            return self.event("response.reasoning_text.delta", item_id=item_id, output_index=index, content_index=0,
-                              delta=text)
         if kind == "custom_tool_call":
-            return b""  # the input is inside the call's JSON: sent whole when the call ends
-        return self.event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=text)
+            return _NO_EVENT  # the input is inside the call's JSON: sent whole when the call ends
+        where: dict[str, Any] = {"item_id": item_id, "output_index": index}
+        tail = b"}\n\n"
+        if kind == "message":
+            event, where["content_index"], tail = "response.output_text.delta", 0, b',"logprobs":[]}\n\n'
+        elif kind == "reasoning" and self._summary:
+            event, where["summary_index"] = "response.reasoning_summary_text.delta", 0
+        elif kind == "reasoning":
+            event, where["content_index"] = "response.reasoning_text.delta", 0
+        else:
+            event = "response.function_call_arguments.delta"
+        head = f'event: {event}\ndata: {{"type":"{event}","sequence_number":'.encode()
+        middle = ("," + json.dumps(where, separators=(",", ":"))[1:-1] + ',"delta":').encode()
+        return head, middle, tail
 
     def _close(self, status: str = "completed") -> list[bytes]:
         """Events closing the open item, whose final form replaces it in `items`."""
