@@ -40,7 +40,7 @@ else:
     # CPU peer ran ~10x slower than it does.
     ensure_fast_blas()
 
-from bench.serve_client import chat_body, make_client, stream_chat
+from bench.serve_client import chat_body, make_client, responses_body, stream_chat
 from bench.serve_mixed import drive_mixed, summarize_mixed
 from bench.serve_procs import Server, exit_on_sigterm
 from bench.serve_prompts import PromptMaker
@@ -106,11 +106,12 @@ class Bench:
     def body(self, req: Request, tag: str) -> dict[str, Any]:
         system, user = self.maker.make(req.index, req.prompt_tokens, tag)
         # BENCH_BODY_EXTRA: JSON fields added to every chat request (e.g. {"logprobs":true}), to price a feature.
-        return {**chat_body(system, user, req.max_tokens, self.a.model_name),
+        make = responses_body if self.a.api == "responses" else chat_body
+        return {**make(system, user, req.max_tokens, self.a.model_name),
                 **json.loads(os.environ.get("BENCH_BODY_EXTRA") or "{}")}
 
     async def scenario(self, base: str, s: Scenario, deadline: float) -> tuple[list[RequestResult], float]:
-        url = base + "/v1/chat/completions"
+        url = base + ("/v1/responses" if self.a.api == "responses" else "/v1/chat/completions")
         bodies: dict[int, dict[str, Any]] = {}
         async with make_client() as client:
 
@@ -333,6 +334,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="HF-layout model dir for both servers (default: the demo, converted)")
     p.add_argument("--tokenizer", default=None, help="dir with tokenizer.json for prompt lengths (default: --model)")
     p.add_argument("--model-name", default=None, help="`model` field of the requests (default: omitted, the loaded one)")
+    p.add_argument("--api", default="chat", choices=["chat", "responses"],
+                   help="what the scenarios call: /v1/chat/completions or /v1/responses (the peer has no responses: "
+                        "use --only ours) (default chat)")
     p.add_argument("--scenarios", default=",".join(DEFAULT_SET), help=f"comma list of {', '.join(SCENARIOS)}")
     p.add_argument("--profile", default="full", choices=sorted(PROFILES), help="request counts (quick: H200 call)")
     p.add_argument("--requests", default="", help="per-scenario request counts, e.g. c1=4,c8=16")

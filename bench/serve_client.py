@@ -15,7 +15,7 @@ import httpx
 
 from bench.serve_stats import RequestResult
 
-__all__ = ["make_client", "chat_body", "stream_chat"]
+__all__ = ["make_client", "chat_body", "responses_body", "stream_chat"]
 
 
 def make_client() -> httpx.AsyncClient:
@@ -36,6 +36,21 @@ def chat_body(system: str, user: str, max_tokens: int, model: str | None = None)
     if model:
         body["model"] = model
     return body
+
+
+def responses_body(system: str, user: str, max_tokens: int, model: str | None = None) -> dict[str, Any]:
+    """The same request for POST /v1/responses (usage comes in response.completed). Raises nothing."""
+    body: dict[str, Any] = {"instructions": system, "input": user, "max_output_tokens": max_tokens,
+                            "temperature": 0.0, "stream": True}
+    if model:
+        body["model"] = model
+    return body
+
+
+# A Responses stream's events: text deltas, and the events that end it.
+_RESPONSE_TEXT = ("response.output_text.delta", "response.reasoning_text.delta",
+                  "response.reasoning_summary_text.delta")
+_RESPONSE_END = ("response.completed", "response.incomplete")
 
 
 def _content(chunk: dict[str, Any]) -> str:
@@ -82,7 +97,7 @@ async def stream_chat(
         res.t_end = time.perf_counter()
     if res.error is None and not res.disconnected:
         if not done:
-            res.error = "no_done: the stream ended without data: [DONE]"
+            res.error = "no_done: the stream ended without data: [DONE] (or response.completed)"
         elif not res.chunk_times and not res.completion_tokens:
             res.error = f"empty: no content and completion_tokens={res.completion_tokens}"
     return res
@@ -107,6 +122,18 @@ async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any], res: 
             if data == "[DONE]":
                 return True
             chunk = json.loads(data)
+            kind = chunk.get("type")
+            if isinstance(kind, str) and kind.startswith("response."):  # a Responses stream: no [DONE]
+                if kind == "response.failed":
+                    res.error = f"error_event: {json.dumps(chunk['response'].get('error'))[:300]}"
+                    return False
+                if kind in _RESPONSE_END:
+                    usage = chunk["response"].get("usage") or {}
+                    res.completion_tokens, res.prompt_tokens = usage.get("output_tokens"), usage.get("input_tokens")
+                    return True
+                if kind not in _RESPONSE_TEXT or not chunk.get("delta"):
+                    continue
+                chunk = {"choices": [{"delta": {"content": chunk["delta"]}}]}
             if chunk.get("error") is not None:
                 res.error = f"error_event: {json.dumps(chunk['error'])[:300]}"
                 return False

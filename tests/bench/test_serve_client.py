@@ -11,7 +11,7 @@ import anyio
 import httpx
 import pytest
 
-from bench.serve_client import chat_body, stream_chat
+from bench.serve_client import chat_body, responses_body, stream_chat
 from bench.serve_procs import session_pids, session_rss
 from bench.serve_prompts import PromptMaker
 
@@ -64,6 +64,24 @@ async def test_every_failure_is_named() -> None:
     empty = await _run(sse_app([_chunk(None, {"completion_tokens": 0, "prompt_tokens": 0}), b"data: [DONE]\n\n"]))
     assert empty.error.startswith("empty")
     assert (await _run(sse_app([b"data: {not json\n\n"]))).error.startswith("bad_event")
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
+
+
+@pytest.mark.anyio
+async def test_a_responses_stream_is_read_to_its_completed_event() -> None:
+    usage = {"input_tokens": 9, "output_tokens": 3}
+    events = [_event("response.created", response={}), _event("response.output_text.delta", delta="Hel"),
+              _event("response.output_text.delta", delta="lo"), _event("response.completed", response={"usage": usage})]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=sse_app(events))) as client:
+        r = await stream_chat(client, "http://bench.test/v1/responses", responses_body("s", "u", 8), 30.0)
+    assert r.ok and r.chunk_texts == ["Hel", "lo"] and (r.completion_tokens, r.prompt_tokens) == (3, 9)
+    failed = [_event("response.output_text.delta", delta="a"), _event("response.failed", response={"error": {}})]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=sse_app(failed))) as client:
+        r = await stream_chat(client, "http://bench.test/v1/responses", responses_body("s", "u", 8), 30.0)
+    assert r.error is not None and r.error.startswith("error_event")
 
 
 @pytest.mark.anyio
