@@ -18,6 +18,7 @@ import anyio
 
 from engine.harmony import is_harmony
 from engine.per_tokenizer import PerTokenizer
+from engine.think_markers import fallback_think_markers
 from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
@@ -79,6 +80,10 @@ def _traits(tokenizer: Any) -> _Traits:
 
 _VARIABLES = PerTokenizer(template_variables)
 _TRAITS = PerTokenizer(_traits)
+# Templates that write a tool's description: Hermes' `tool.description` failed on a tool without one (optional in
+# OpenAI's API), gpt-oss's `"// " + tool.description` too.
+_WRITES_DESCRIPTIONS = PerTokenizer(lambda tokenizer: is_harmony(tokenizer) or any(
+    "description" in text for text in template_source(tokenizer) or ()))
 _NAMED_ROLES = PerTokenizer(named_roles)
 # Each tokenizer's generation prompt per set of template kwargs (a request's kwargs may vary; the newest kept).
 _OPENINGS: PerTokenizer[dict[str, str | None]] = PerTokenizer(lambda tokenizer: {})
@@ -126,7 +131,13 @@ def request_messages(tokenizer: Any, body: ChatCompletionRequest, kwargs: dict[s
 
 
 def _thinks(tokenizer: Any) -> bool:
-    return bool(getattr(tokenizer, "think_start", None) and getattr(tokenizer, "think_end", None))
+    # mlx-lm's markers, or ones it does not know (Magistral's [THINK]: engine/think_markers.py)
+    return bool(getattr(tokenizer, "think_start", None) and getattr(tokenizer, "think_end", None)) \
+        or fallback_think_markers(tokenizer) is not None
+
+
+# The efforts gpt-oss's template and training know ("Reasoning: low"); any other is written into its prompt as is.
+_HARMONY_EFFORTS = ("low", "medium", "high")
 
 
 def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates: bool,
@@ -144,6 +155,9 @@ def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates:
         if body.reasoning_effort is not None:
             raise APIError(400, "reasoning_effort: this model has no chat template to set it in",
                            param="reasoning_effort", code="unsupported_value")
+    if body.reasoning_effort is not None and body.reasoning_effort not in _HARMONY_EFFORTS and is_harmony(tokenizer):
+        raise APIError(400, f"reasoning_effort: gpt-oss reasons at low, medium or high effort, not "
+                            f"{body.reasoning_effort!r}", param="reasoning_effort", code="unsupported_value")
     try:
         kwargs = template_kwargs(body, variables, _thinks(tokenizer))
     except ValueError as exc:
@@ -199,8 +213,7 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     takes longer than render_timeout."""
     tokenizer = engine.tokenizer
     tools = request_tools(body)
-    if tools and is_harmony(tokenizer):
-        # gpt-oss's template writes `"// " + tool.description`: a tool without one (OpenAI's is optional) was a 400.
+    if tools and _WRITES_DESCRIPTIONS.get(tokenizer):
         tools = [dict(t, function={"description": "", **t["function"]}) if "function" in t else t for t in tools]
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates, state.config.chat_template_args)
     messages = request_messages(tokenizer, body, kwargs)

@@ -119,19 +119,24 @@ def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
                 {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": part_text(item.output)})
-    return _leading_system_joined(messages)
+    return _turns_joined(messages)
 
 
-def _leading_system_joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`instructions` and the developer messages right after it (Codex's permissions) as one system turn: many
-    templates take a system turn only first."""
-    lead = 0
-    while lead < len(messages) and messages[lead]["role"] in ("system", "developer"):
-        lead += 1
-    if lead < 2:
-        return messages
-    joined = "\n\n".join(m["content"] for m in messages[:lead])
-    return [{"role": "system", "content": joined}, *messages[lead:]]
+def _turns_joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every system and developer turn as one system turn first (`instructions`, then Codex's permissions and the
+    mode changes it sends mid-conversation, in order), and user turns in a row as one (Codex sends its environment
+    and the task apart): Mistral's and Gemma's templates refuse any other order, R1's and gpt-oss's drop all but one
+    system turn, and a one-system-turn prompt reads the same to every model."""
+    system = [m["content"] for m in messages if m["role"] in ("system", "developer") and m["content"]]
+    joined: list[dict[str, Any]] = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    for message in messages:
+        if message["role"] in ("system", "developer"):
+            continue
+        if message["role"] == "user" and joined and joined[-1]["role"] == "user":
+            joined[-1] = {"role": "user", "content": joined[-1]["content"] + "\n\n" + message["content"]}
+        else:
+            joined.append(message)
+    return joined
 
 
 def chat_request(body: ResponsesRequest) -> tuple[ChatCompletionRequest, ToolNames]:

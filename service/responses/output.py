@@ -34,7 +34,7 @@ class ResponseOutput:
     the reply's end; `completed`/`failed` give the closing event, `response()` the whole object."""
 
     def __init__(self, body: ResponsesRequest, model: str, names: ToolNames,
-                 output_tokens: Callable[[], int] = lambda: 0) -> None:
+                 count_tokens: Callable[[str], int] = lambda text: 0) -> None:
         self.id = _id("resp")
         self._body = body
         self._model = model
@@ -43,7 +43,7 @@ class ResponseOutput:
         self._summary = body.reasoning is not None and (body.reasoning.summary or body.reasoning.generate_summary
                                                         or "none") != "none"
         self._sealed = "reasoning.encrypted_content" in (body.include or ())
-        self._output_tokens = output_tokens  # tokens generated so far (the reasoning item's count when it closes)
+        self._count_tokens = count_tokens  # the thinking's tokens, for usage
         self.reasoning_tokens = 0
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written
@@ -233,7 +233,7 @@ class ResponseOutput:
                                      content_index=0, part=part))
             item = {**item, "status": status, "content": [part]}
         elif kind == "reasoning":
-            self.reasoning_tokens = self._output_tokens()
+            self.reasoning_tokens += self._count_tokens(text)
             if self._summary:
                 summary = {"type": "summary_text", "text": text}
                 events.append(self.event("response.reasoning_summary_text.done", item_id=item_id,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, Callable
 
 from litestar import Request, Response, post
 
@@ -42,21 +42,31 @@ _FIELDS = {"messages": "input", "prompt": "input", "reasoning_effort": "reasonin
 def _renamed(exc: APIError) -> APIError:
     """`exc` naming the Responses field its chat field came from. Raises nothing."""
     param = exc.param or ""
-    head, dot, rest = param.partition(".")
-    if head.split("[")[0] not in _FIELDS:
+    chat_name = param.split(".")[0].split("[")[0]
+    if chat_name not in _FIELDS:
         return exc
-    chat_name = head.split("[")[0]
     new = _FIELDS[chat_name]
-    message = exc.message.replace(param, new, 1) if param else exc.message
-    renamed = APIError(exc.status, message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
-                       close=exc.close, should_retry=exc.should_retry)
-    return renamed
+    # Only the `param:` that opens chat's messages is chat's wording to replace ("these messages" stays a sentence).
+    message = new + exc.message[len(param):] if exc.message.startswith(param + ":") else exc.message
+    return APIError(exc.status, message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
+                    close=exc.close, should_retry=exc.should_retry)
+
+
+def _token_count(tokenizer: Any) -> Callable[[str], int]:
+    """How many tokens a text is (the thinking's count in usage; 0 when the tokenizer cannot say)."""
+    def count(text: str) -> int:
+        try:
+            return len(tokenizer.encode(text, add_special_tokens=False))
+        except Exception:  # noqa: BLE001 — usage detail only; never fail a reply over it
+            return 0
+    return count
 
 
 def _usage(counter: UsageCounter, output: ResponseOutput) -> dict[str, Any]:
     prompt, completion = counter.totals()
+    reasoning = min(output.reasoning_tokens, completion)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": counter.cached_tokens},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": output.reasoning_tokens},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt + completion}
 
 
@@ -130,7 +140,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     counter = UsageCounter()
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
-    output = ResponseOutput(data, state.chat_model_name or "", names, output_tokens=lambda: counter.totals()[1])
+    output = ResponseOutput(data, state.chat_model_name or "", names, count_tokens=_token_count(engine.tokenizer))
     translators: list[ChatTranslator] = []
 
     async def submit_row() -> RowStream:

@@ -45,6 +45,7 @@ class RefusalInput(_Item):
 
 
 _UNREAD_PARTS = {"input_image": "images", "input_file": "files", "input_audio": "audio"}
+_RETURNED = {"input_image": "an image", "input_file": "a file", "input_audio": "audio"}
 
 
 def _part_kind(part: Any) -> str | None:
@@ -101,15 +102,19 @@ class FunctionCallItem(_Item):
 
 
 class _ToolOutput(_Item):
-    """A tool's result for `call_id`: text, or text parts."""
+    """A tool's result for `call_id`: text, or text parts. An image or file a tool returned (Codex's view_image) is
+    told to the model in a line: refusing it would stop an agent's session, whose history carries it every turn."""
 
     call_id: str = Field(..., min_length=1)
     output: str | list[InputPart]
 
     @field_validator("output", mode="before")
     @classmethod
-    def _readable_parts(cls, output: Any) -> Any:
-        return _readable(output)
+    def _unread_parts_said(cls, output: Any) -> Any:
+        if not isinstance(output, list):
+            return output
+        return [{"type": "input_text", "text": f"[the tool returned {_RETURNED[p['type']]}: this model reads text "
+                 "only]"} if isinstance(p, dict) and p.get("type") in _RETURNED else p for p in output]
 
 
 class FunctionCallOutput(_ToolOutput):
@@ -253,7 +258,8 @@ ResponseTool = Annotated[
 
 
 class Reasoning(_Request):
-    effort: str | None = Field(None, description='As chat\'s reasoning_effort ("none" switches thinking off).')
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description='As chat\'s reasoning_effort ("none" switches thinking off).')
     summary: Literal["auto", "concise", "detailed", "none"] | None = Field(
         None, description="Not null or none: the thinking is given in the reasoning item's `summary` (no shorter "
                           "summary is written), else in its `content`.")

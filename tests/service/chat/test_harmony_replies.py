@@ -179,3 +179,16 @@ def test_a_tool_without_a_description_renders(harmony_server: tuple[TestClient[A
     tools = [{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}]
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 2}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
+
+
+@pytest.mark.parametrize("effort, status", [("high", 200), ("low", 200), ("none", 400), ("xhigh", 400),
+                                            ("bogus", 400)])
+def test_only_the_efforts_gpt_oss_knows_are_taken(engine: FakeEngine, effort: str, status: int) -> None:
+    # "Reasoning: bogus" (or "none", which does not switch gpt-oss's thinking off) went into its prompt as is.
+    for client in _client(engine):
+        response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                             "reasoning_effort": effort})
+        assert response.status_code == status, response.text
+        if status == 400:
+            assert response.json()["error"]["param"] == "reasoning_effort" and "low, medium or high" in \
+                response.json()["error"]["message"]

@@ -302,3 +302,33 @@ def test_reasoning_effort_that_cannot_be_had_is_refused(thinks: bool, effort: st
         error = response.json()["error"]
         assert error["param"] == "reasoning_effort" and words in error["message"]
         assert not engine.requests
+
+
+class BracketThinkTokenizer(TemplateTokenizer):
+    """A Magistral-like model: [THINK] markers in its vocabulary (mlx-lm finds none), a template with no switch."""
+
+    def get_vocab(self) -> dict[str, int]:
+        return {**super().get_vocab(), "[THINK]": self.vocab, "[/THINK]": self.vocab + 1}
+
+
+def test_a_model_thinking_in_bracket_markers_takes_an_effort() -> None:
+    # It answered "this model does not reason" though its template has it think in [THINK] blocks.
+    for client, engine in _client(BracketThinkTokenizer(PLAIN), ["ok"]):
+        low = client.post("/v1/chat/completions", json={"messages": USER, "reasoning_effort": "low"})
+        assert low.status_code == 200
+        response = client.post("/v1/chat/completions", json={"messages": USER, "reasoning_effort": "none"})
+        assert response.status_code == 400 and "no switch to turn that off" in response.json()["error"]["message"]
+
+
+DESCRIBES = "{% for t in tools %}{{ t.function.description | trim }}{% endfor %}" + PLAIN
+
+
+@pytest.mark.parametrize("template, described", [(DESCRIBES, True), (WITH_TOOLS, False)])
+def test_a_tool_without_a_description_gets_an_empty_one_where_the_template_writes_descriptions(
+        template: str, described: bool) -> None:
+    # Hermes' template failed on a tool without one (optional in OpenAI's API): a 400 naming `messages`.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for client, engine in _client(TemplateTokenizer(template, markers=True), ["ok"]):
+        assert client.post("/v1/chat/completions", json={"messages": USER, "tools": tools}).status_code == 200
+        (tool,) = engine.tokenizer.template_calls[-1]["tools"]
+        assert ("description" in tool["function"]) is described

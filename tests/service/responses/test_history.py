@@ -27,14 +27,21 @@ def test_a_string_input_is_one_user_message_after_the_instructions() -> None:
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
 
 
-def test_codex_developer_turns_after_the_instructions_join_the_system_turn_and_later_ones_stay() -> None:
+def test_codex_system_and_developer_turns_become_one_system_turn_and_user_turns_in_a_row_one_user_turn() -> None:
+    # Mistral's and Gemma's templates refused Codex's first turn (roles must alternate); R1's kept only the last
+    # system turn (a mode change), dropping the instructions and the tools described in them.
     messages = _messages(instructions="You are Codex.", input=[
         {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "<permissions>"}]},
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "<env>"}], "id": "msg_1"},
-        {"type": "message", "role": "developer", "content": "mode changed"},
+        {"role": "user", "content": "list files"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a.py"}]},
+        {"type": "message", "role": "developer", "content": "<mode>plan off</mode>"},
         {"role": "user", "content": "go"}])
-    assert messages[0] == {"role": "system", "content": "You are Codex.\n\n<permissions>"}
-    assert [m["role"] for m in messages[1:]] == ["user", "developer", "user"]
+    assert messages == [
+        {"role": "system", "content": "You are Codex.\n\n<permissions>\n\n<mode>plan off</mode>"},
+        {"role": "user", "content": "<env>\n\nlist files"},
+        {"role": "assistant", "content": "a.py"},
+        {"role": "user", "content": "go"}]
 
 
 def test_calls_join_the_assistant_turn_and_results_become_tool_messages() -> None:
@@ -109,3 +116,13 @@ def test_a_namespace_name_too_long_together_is_refused_by_its_path() -> None:
     with pytest.raises(APIError) as caught:
         chat_request(body)
     assert caught.value.status == 400 and caught.value.param == "tools[0].tools[0].name"
+
+
+def test_an_image_a_tool_returned_is_told_in_a_line() -> None:
+    # Refused, it stopped Codex's session for good: its history carries view_image's output every turn.
+    messages = _messages(input=[
+        {"role": "user", "content": "look"},
+        {"type": "function_call", "call_id": "c", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "input_text", "text": "screenshot:"}, {"type": "input_image", "image_url": "data:,"}]}])
+    assert messages[2]["content"] == "screenshot:[the tool returned an image: this model reads text only]"

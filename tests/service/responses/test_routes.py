@@ -7,6 +7,7 @@ import json
 from typing import Any, Iterator
 
 import anyio
+import jinja2
 import openai
 import pytest
 from litestar.testing import TestClient
@@ -16,7 +17,7 @@ from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.chat.test_render import PLAIN, TemplateTokenizer
 from tests.service.chat.test_routes import CALL, CallingTokenizer
-from tests.service.fake_engine import FakeEngine
+from tests.service.fake_engine import FakeEngine, FakeTokenizer
 
 TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": False}]
 THINK_TEXT_CALL = ["<think>", "hmm", "</think>", "Sunny ", "today.", CALL]
@@ -66,7 +67,8 @@ def test_a_reply_of_thinking_text_and_a_call_is_three_items(sdk: openai.OpenAI) 
     usage = response.usage
     assert usage.output_tokens == len(THINK_TEXT_CALL)
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
-    assert 0 < usage.output_tokens_details.reasoning_tokens < usage.output_tokens
+    # The thinking's own tokens ("hmm": three with one token a character), not what followed before it closed.
+    assert usage.output_tokens_details.reasoning_tokens == len("hmm")
     assert usage.input_tokens_details.cached_tokens == 0
 
 
@@ -256,3 +258,15 @@ async def test_a_client_that_leaves_mid_stream_frees_the_row() -> None:
             await client.first.wait()
             client.leave.set()
     assert engine.active == set() and engine.closed_streams >= 1
+
+
+class RefusingTokenizer(FakeTokenizer):
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: Any = None, **kwargs: Any) -> Any:
+        raise jinja2.TemplateError("roles must alternate")
+
+
+def test_a_template_error_keeps_its_sentence_and_names_input(http: TestClient[Any], engine: FakeEngine) -> None:
+    # "The chat template rejected these input": the rename went into the sentence.
+    engine.tokenizer = RefusingTokenizer()
+    error = http.post("/v1/responses", json={"input": "hi"}).json()["error"]
+    assert error["param"] == "input" and "these messages: roles must alternate" in error["message"], error

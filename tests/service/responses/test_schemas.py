@@ -62,6 +62,7 @@ def test_a_codex_turn_is_served(client: TestClient[Any], fake_engine: FakeEngine
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
     ({"frequency_penalty": 1.0}, "frequency_penalty"),
+    ({"reasoning": {"effort": "bogus"}}, "reasoning.effort"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(client: TestClient[Any], fake_engine: FakeEngine,
                                                     change: dict[str, Any], param: str) -> None:
