@@ -14,7 +14,7 @@ from typing import Any, AsyncGenerator, Sequence
 
 from litestar import Request, Response, post
 
-from engine.contracts import TokenLogprob
+from engine.contracts import GenerationRequest, TokenLogprob
 from service.chat.logprobs import LogprobJson, TokenPieces, chat_logprobs, logprob_json, requested_logprobs, token_pieces
 from service.chat.output import ChatTranslator
 from service.chat.tool_text import request_tools
@@ -56,9 +56,11 @@ def session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -
 
 async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: ChatEngine,
                       body: ChatCompletionRequest, counter: UsageCounter, timing: StreamTiming,
-                      translators: list[ChatTranslator], *, logprobs: int | None = None) -> RowStream:
-    """Render `body`, queue its row and return its stream; the reply's translator is appended to `translators`.
-    Shared by /v1/chat/completions and /v1/responses. Raises APIError (what rendering or the engine refuses)."""
+                      translators: list[ChatTranslator], *,
+                      logprobs: int | None = None) -> tuple[RowStream, GenerationRequest]:
+    """Render `body`, queue its row and return its stream and the request the engine took (its limits); the
+    reply's translator is appended to `translators`. Shared by /v1/chat/completions and /v1/responses. Raises
+    APIError (what rendering or the engine refuses)."""
     rendered = await render_chat(state, engine, body)
     prompt = rendered.tokens
     counter.prompt_tokens = len(prompt)
@@ -75,7 +77,7 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
                                                   opening=rendered.generation_prompt))
     stream = submit(engine, generation, param="messages")
     observe_queue_wait(state, timing)
-    return stream
+    return stream, generation
 
 
 _ROLE = b'"delta":{"role":"assistant"'  # how an opening delta's JSON begins (role is its first field)
@@ -206,7 +208,8 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
 
     async def submit_row() -> RowStream:
-        return await submit_chat(request, state, engine, data, counter, timing, translators, logprobs=logprobs)
+        stream, _ = await submit_chat(request, state, engine, data, counter, timing, translators, logprobs=logprobs)
+        return stream
 
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(

@@ -49,6 +49,15 @@ class ToolNames:
         return self.offered.get(name, ("function", name, None))
 
 
+def _custom_description(tool: CustomTool) -> str | None:
+    """The tool's description, with the grammar its input follows when it declares one."""
+    grammar = tool.format
+    if grammar is None or grammar.type != "grammar" or not grammar.definition:
+        return tool.description
+    said = f"The `input` string follows this {grammar.syntax or ''} grammar:\n{grammar.definition}".replace("  ", " ")
+    return f"{tool.description}\n\n{said}" if tool.description else said
+
+
 def _chat_tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], ToolNames]:
     tools: list[dict[str, Any]] = []
     names = ToolNames()
@@ -72,7 +81,8 @@ def _chat_tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], ToolNames
         if isinstance(tool, FunctionTool):
             offer(tool.name, "function", tool.name, None, tool.description, tool.parameters, f"tools[{i}].name")
         elif isinstance(tool, CustomTool):
-            offer(tool.name, "custom", tool.name, None, tool.description, _CUSTOM_PARAMETERS, f"tools[{i}].name")
+            offer(tool.name, "custom", tool.name, None, _custom_description(tool), _CUSTOM_PARAMETERS,
+                  f"tools[{i}].name")
         elif isinstance(tool, NamespaceTool):
             for j, inner in enumerate(tool.tools):
                 offer(tool.name + inner.name, "function", inner.name, tool.name, inner.description, inner.parameters,

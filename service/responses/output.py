@@ -51,6 +51,9 @@ class ResponseOutput:
         self._calls: dict[int, int] = {}  # a chat delta's call index → the output index of its item
         self._sequence = 0
         self.started = False  # response.created went out
+        # The limit the server applied to a request that set none (--max-tokens-cap, the context's room): said in
+        # the response, so an `incomplete` for max_output_tokens names a number the client can see.
+        self.applied_limit: int | None = None
 
     # -- events ---------------------------------------------------------------------------------------------------
 
@@ -105,12 +108,14 @@ class ResponseOutput:
         response = self.final(finish_reason, usage)
         return self.event(f"response.{response['status']}", response=response)
 
-    def failed(self, error: APIError) -> bytes:
-        """response.failed carrying the error (Codex retries any code but these two). Raises nothing."""
-        code = error.code if error.code in ("context_length_exceeded", "invalid_prompt") else \
-            "rate_limit_exceeded" if error.status == 429 else "server_error"
-        return self.event("response.failed", response=self.response(
-            "failed", error={"code": code, "message": error.message}))
+    def failed(self, error: APIError, usage: dict[str, Any] | None = None) -> bytes:
+        """The open item closed as incomplete (what was said stays in the output), then response.failed carrying the
+        error's own code (request_timeout, …; Codex retries all but context_length_exceeded and invalid_prompt).
+        Raises nothing."""
+        events = self._close("incomplete") if self.items or self._open is not None else []
+        events.append(self.event("response.failed", response=self.response(
+            "failed", usage=usage, error={"code": error.code, "message": error.message})))
+        return b"".join(events)
 
     # -- the response object ---------------------------------------------------------------------------------------
 
@@ -129,7 +134,7 @@ class ResponseOutput:
             "error": error, "incomplete_details": incomplete_details,
             "instructions": body.instructions, "metadata": body.metadata or {},
             "temperature": body.temperature, "top_p": body.top_p,
-            "max_output_tokens": body.max_output_tokens, "previous_response_id": None,
+            "max_output_tokens": body.max_output_tokens or self.applied_limit, "previous_response_id": None,
             "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
             if reasoning is not None else None,
             "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False, "background": False,

@@ -90,7 +90,7 @@ async def _events(reader: RowReader, translator: ChatTranslator, output: Respons
         yield b"".join(events)
     except Exception as exc:  # headers are out: report in-band; the stream ends with it
         _log.warning("response stream %s failed: %s", output.id, exc)
-        yield output.failed(in_band_error(exc))
+        yield output.failed(in_band_error(exc), _usage(counter, output))
 
 
 async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput,
@@ -145,9 +145,11 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
 
     async def submit_row() -> RowStream:
         try:
-            return await submit_chat(request, state, engine, chat, counter, timing, translators)
+            stream, generation = await submit_chat(request, state, engine, chat, counter, timing, translators)
         except APIError as exc:
             raise _renamed(exc) from None
+        output.applied_limit = generation.max_tokens
+        return stream
 
     def failure(error: APIError) -> bytes:
         return (b"" if output.started else output.opening()) + output.failed(error)

@@ -203,25 +203,23 @@ class FunctionTool(_Request):
         return _only_false(value, "tools are not loaded on demand here: only false is supported")
 
 
+class CustomToolFormat(_Request):
+    """A custom tool's input format: free text, or a grammar (Codex's apply_patch declares a Lark one)."""
+
+    type: Literal["text", "grammar"]
+    syntax: Literal["lark", "regex"] | None = None
+    definition: str | None = None
+
+
 class CustomTool(_Request):
     """A tool whose input is free text (Codex's apply_patch): offered to the model as a function of one string,
-    `input`; its calls come back as `custom_tool_call` items."""
+    `input`, with its grammar, if any, written into the description (the input is not constrained to it: the
+    tool checks what it is given); its calls come back as `custom_tool_call` items."""
 
     type: Literal["custom"]
     name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
-    format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}: input is not constrained to a '
-                                                            'grammar.')
-
-    @field_validator("format")
-    @classmethod
-    def _free_text(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise ValueError(f"a {value.get('type')!r} format is not supported: a custom tool's input is not "
-                             'constrained here; only {"type": "text"} is')
-        return value
-
-
+    format: CustomToolFormat | None = Field(None, description="A grammar is shown to the model, not enforced.")
 class NamespaceTool(_Request):
     """A group of functions (Codex's MCP servers): offered as `namespace + name`, called back with `namespace`."""
 

@@ -126,3 +126,13 @@ def test_an_image_a_tool_returned_is_told_in_a_line() -> None:
         {"type": "function_call_output", "call_id": "c", "output": [
             {"type": "input_text", "text": "screenshot:"}, {"type": "input_image", "image_url": "data:,"}]}])
     assert messages[2]["content"] == "screenshot:[the tool returned an image: this model reads text only]"
+
+
+def test_a_custom_tools_grammar_is_shown_in_its_description() -> None:
+    # Codex's apply_patch declares a Lark grammar: refused, Codex could not run at all with it declared.
+    body = ResponsesRequest.model_validate({"input": "hi", "tools": [
+        {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+         "format": {"type": "grammar", "syntax": "lark", "definition": "start: begin_patch hunk+ end_patch"}}]})
+    (tool,) = chat_request(body)[0].tools or ()
+    assert tool.function.description == ("Edit files.\n\nThe `input` string follows this lark grammar:\n"
+                                         "start: begin_patch hunk+ end_patch")

@@ -181,12 +181,26 @@ def test_a_reply_that_says_nothing_is_one_empty_message(http: TestClient[Any], e
     assert [(i["type"], i["content"][0]["text"]) for i in reply["output"]] == [("message", "")]
 
 
-def test_a_failure_after_the_headers_is_response_failed(http: TestClient[Any], engine: FakeEngine) -> None:
+def test_a_failure_after_the_headers_is_response_failed_keeping_what_was_said(http: TestClient[Any],
+                                                                             engine: FakeEngine) -> None:
     engine.pieces, engine.fail_with = ["a", "b", "c"], "the step failed"
     events = response_events(http.post("/v1/responses", json={"input": "hi", "stream": True}).text)
-    assert events[-1]["type"] == "response.failed"
-    assert events[-1]["response"]["error"] == {"code": "server_error", "message": "the step failed"}
-    assert not any(e["type"] == "response.completed" for e in events)
+    failed = events[-1]["response"]
+    assert events[-1]["type"] == "response.failed" and not any(e["type"] == "response.completed" for e in events)
+    # The engine's own code (chat's in-band error has it too), not one kind for every failure.
+    assert failed["error"] == {"code": "internal_error", "message": "the step failed"}
+    # What streamed before the failure stays in the response, its item closed, with usage.
+    assert events[-2]["type"] == "response.output_item.done" and events[-2]["item"]["status"] == "incomplete"
+    assert failed["output"] == [events[-2]["item"]] and failed["output"][0]["content"][0]["text"] == "a"
+    assert failed["usage"]["output_tokens"] >= 1
+
+
+def test_the_limit_the_server_applied_is_said(http: TestClient[Any], engine: FakeEngine) -> None:
+    # Codex sends no max_output_tokens: an `incomplete` for max_output_tokens must name the cap that cut it.
+    engine.pieces = ["a"]
+    reply = http.post("/v1/responses", json={"input": "hi"}).json()
+    assert reply["max_output_tokens"] == engine.requests[-1].max_tokens
+    assert http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 5}).json()["max_output_tokens"] == 5
 
 
 def test_a_failure_before_the_first_token_is_a_500(http: TestClient[Any], engine: FakeEngine) -> None:
