@@ -334,9 +334,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="HF-layout model dir for both servers (default: the demo, converted)")
     p.add_argument("--tokenizer", default=None, help="dir with tokenizer.json for prompt lengths (default: --model)")
     p.add_argument("--model-name", default=None, help="`model` field of the requests (default: omitted, the loaded one)")
-    p.add_argument("--api", default="chat", choices=["chat", "responses"],
+    p.add_argument("--api", default=os.environ.get("BENCH_API", "chat"), choices=["chat", "responses"],
                    help="what the scenarios call: /v1/chat/completions or /v1/responses (the peer has no responses: "
-                        "use --only ours) (default chat)")
+                        "use --only ours; $BENCH_API sets it in bench/gpu/ab_h200.sh's VARIANTS) (default chat)")
     p.add_argument("--scenarios", default=",".join(DEFAULT_SET), help=f"comma list of {', '.join(SCENARIOS)}")
     p.add_argument("--profile", default="full", choices=sorted(PROFILES), help="request counts (quick: H200 call)")
     p.add_argument("--requests", default="", help="per-scenario request counts, e.g. c1=4,c8=16")
