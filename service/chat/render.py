@@ -218,13 +218,15 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     kwargs = request_kwargs(tokenizer, body, state.config.allow_request_templates, state.config.chat_template_args)
     messages = request_messages(tokenizer, body, kwargs)
     traits = _TRAITS.get(tokenizer)
-    if not traits.reads_calls and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-        # else the template drops the calls and their results say nothing
+    described = bool(tools) and not takes_tools(tokenizer, _VARIABLES.get(tokenizer))  # tools told in our own words
+    if (not traits.reads_calls or described) and any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        # else the template drops the calls and their results say nothing, or (tools in our words) writes them in
+        # its own format, unlike what the model is told to write: R1's drops the calls of a turn that has text too
         messages = calls_as_text(messages, traits.list_marker)
     elif traits.nine_char_ids:
         messages = with_nine_char_ids(messages)  # Mistral's templates refuse the ids OpenAI and this server issue
     json_calls, user_turn_tools = False, None
-    if tools and not takes_tools(tokenizer, _VARIABLES.get(tokenizer)):
+    if described:
         if not messages or messages[0]["role"] != "system":
             # The system turn is ours: should the template refuse it, the tools open the first user turn instead.
             user_turn_tools = with_tool_prompt(messages, tools, in_user_turn=True)

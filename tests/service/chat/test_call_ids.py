@@ -14,6 +14,7 @@ from tests.service.fake_engine import rendered_prompt
 
 # Mistral's rule, in a template of our own (its ids are written into the prompt, as Mistral's are).
 STRICT = (
+    "{%- if tools %}[AVAILABLE_TOOLS]{{ tools|tojson }}[/AVAILABLE_TOOLS]{%- endif %}"
     "{%- for m in messages %}"
     "{%- if m.tool_calls %}{%- for c in m.tool_calls %}"
     "{%- if c.id|length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
