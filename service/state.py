@@ -20,6 +20,7 @@ from service.config import ServiceConfig
 from service.process.inflight import InFlight
 from service.seams import ChatEngine, SpeechBackend
 from service.speech.client_secrets import ClientSecrets
+from service.responses.item_cache import IssuedItems
 
 __all__ = ["AppState", "LifespanHook", "EngineLoader", "Phase", "get_state", "scope_state", "STATE_KEY"]
 
@@ -68,6 +69,8 @@ class AppState:
     started_at: float = field(default_factory=time.time)
     # Client secrets minted for browsers' live sockets (POST /v1/realtime/client_secrets); the guard accepts them.
     client_secrets: ClientSecrets = field(default_factory=ClientSecrets)
+    # Output items /v1/responses issued lately, for requests that refer to them (item_reference).
+    issued_items: IssuedItems = field(default_factory=IssuedItems)
     # Prometheus metrics of this app (service/admin/metrics.py), set by the app factory.
     metrics: Any = None
     # HF tokenizers are not safe for concurrent use: chat templating runs in a worker thread, one at a time.

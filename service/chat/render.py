@@ -226,7 +226,7 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
     elif traits.nine_char_ids:
         messages = with_nine_char_ids(messages)  # Mistral's templates refuse the ids OpenAI and this server issue
     json_calls, user_turn_tools = False, None
-    if described:
+    if described and tools:
         if not messages or messages[0]["role"] != "system":
             # The system turn is ours: should the template refuse it, the tools open the first user turn instead.
             user_turn_tools = with_tool_prompt(messages, tools, in_user_turn=True)

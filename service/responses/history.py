@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from service.chat.schemas import ChatCompletionRequest
 from service.http.errors import APIError
 from service.responses.schemas import (CustomTool, CustomToolCallItem, CustomToolCallOutput, FunctionCallItem,
-                                       FunctionCallOutput, FunctionTool, InputMessage, NamespaceTool, ReasoningItem,
-                                       ResponsesRequest, part_text)
+                                       FunctionCallOutput, FunctionTool, InputItem, InputMessage, ItemReference,
+                                       NamespaceTool, ReasoningItem, ResponsesRequest, part_text)
 
 __all__ = ["ToolNames", "chat_request", "seal_reasoning", "unseal_reasoning"]
 
@@ -90,11 +90,37 @@ def _chat_tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], ToolNames
     return tools, names
 
 
-def _messages(body: ResponsesRequest) -> list[dict[str, Any]]:
+_ITEM = TypeAdapter(InputItem)
+
+
+def _resolved(items: list[Any], issued: Callable[[str], dict[str, Any] | None]) -> list[Any]:
+    """The items with each `item_reference` replaced by the item it names (`issued`: an id's item, or None).
+
+    Raises APIError 400 naming the reference that names no item this server still has."""
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, ItemReference):
+            found = issued(item.id)
+            try:
+                resolved = _ITEM.validate_python(found) if found is not None else None
+            except ValidationError:  # not an item this server can read back (kept in another version's shape)
+                resolved = None
+            if resolved is None or isinstance(resolved, ItemReference):
+                raise APIError(400, f"input.{i}: no item {item.id!r} is kept here (items are kept a while, and not "
+                                    "across restarts): send the item itself (`store: false` makes clients do so; "
+                                    "the Vercel AI SDK: providerOptions.openai.store = false)",
+                               param=f"input.{i}", code="item_not_found")
+            item = resolved
+        out.append(item)
+    return out
+
+
+def _messages(body: ResponsesRequest, issued: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    items = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) else body.input
+    items = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) \
+        else _resolved(body.input, issued)
     thinking: str | None = None  # a reasoning item's text, for the assistant turn after it
 
     def assistant() -> dict[str, Any]:
@@ -149,13 +175,16 @@ def _turns_joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return joined
 
 
-def chat_request(body: ResponsesRequest) -> tuple[ChatCompletionRequest, ToolNames]:
-    """The chat request `body` asks for, and what its tool names stand for.
+def chat_request(body: ResponsesRequest, issued: Callable[[str], dict[str, Any] | None] = lambda item_id: None
+                 ) -> tuple[ChatCompletionRequest, ToolNames]:
+    """The chat request `body` asks for, and what its tool names stand for; `issued` gives the item an
+    `item_reference` names (None: not kept).
 
-    Raises APIError 400 naming the field for what chat's rules refuse of the translated request."""
+    Raises APIError 400 naming the field for what chat's rules refuse of the translated request, or a reference to
+    an item that is not kept."""
     tools, names = _chat_tools(body)
     chat: dict[str, Any] = {
-        "model": body.model, "messages": _messages(body), "stream": bool(body.stream),
+        "model": body.model, "messages": _messages(body, issued), "stream": bool(body.stream),
         "max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "prompt_cache_key": body.prompt_cache_key, "prompt_cache_retention": body.prompt_cache_retention,
         "user": body.user, "safety_identifier": body.safety_identifier, "service_tier": body.service_tier,

@@ -15,7 +15,7 @@ import uuid
 from typing import Any, Callable
 
 from service.chat.replies import ChoiceDelta
-from service.http.errors import APIError
+from service.http.errors import APIError, error_body
 from service.responses.history import ToolNames, seal_reasoning
 from service.responses.schemas import ResponsesRequest
 
@@ -40,8 +40,10 @@ class ResponseOutput:
         self._model = model
         self._names = names
         self._created = int(time.time())
-        self._summary = body.reasoning is not None and (body.reasoning.summary or body.reasoning.generate_summary
-                                                        or "none") != "none"
+        # The thinking goes in the reasoning item's summary (what the Vercel AI SDK, pydantic-ai and LangChain's
+        # streams read) unless the request says summary "none", which puts it in `content`.
+        asked = body.reasoning.summary or body.reasoning.generate_summary if body.reasoning is not None else None
+        self._summary = asked != "none"
         self._sealed = "reasoning.encrypted_content" in (body.include or ())
         self._count_tokens = count_tokens  # the thinking's tokens, for usage
         self.reasoning_tokens = 0
@@ -109,12 +111,15 @@ class ResponseOutput:
         return self.event(f"response.{response['status']}", response=response)
 
     def failed(self, error: APIError, usage: dict[str, Any] | None = None) -> bytes:
-        """The open item closed as incomplete (what was said stays in the output), then response.failed carrying the
-        error's own code (request_timeout, …; Codex retries all but context_length_exceeded and invalid_prompt).
-        Raises nothing."""
+        """The open item closed as incomplete (what was said stays in the output), response.failed carrying the
+        error's own code (request_timeout, …; Codex retries all but context_length_exceeded and invalid_prompt),
+        then an `error` event as OpenAI sends one: the openai SDKs raise on it (on response.failed they do not, and
+        pydantic-ai, llama-index and LangChain JS took the cut text for a whole reply). Raises nothing."""
         events = self._close("incomplete") if self.items or self._open is not None else []
         events.append(self.event("response.failed", response=self.response(
             "failed", usage=usage, error={"code": error.code, "message": error.message})))
+        events.append(self.event("error", code=error.code, message=error.message, param=error.param,
+                                 **error_body(error)))
         return b"".join(events)
 
     # -- the response object ---------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from service.chat.respond import respond
 from service.chat.routes import submit_chat
 from service.chat.stream import RowReader, UsageCounter
 from service.http.access_log import record_tokens, record_user
+from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.responses.history import chat_request
@@ -70,8 +71,8 @@ def _usage(counter: UsageCounter, output: ResponseOutput) -> dict[str, Any]:
             "total_tokens": prompt + completion}
 
 
-async def _events(reader: RowReader, translator: ChatTranslator, output: ResponseOutput,
-                  counter: UsageCounter) -> AsyncGenerator[bytes, None]:
+async def _events(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
+                  kept: Callable[[], None]) -> AsyncGenerator[bytes, None]:
     if not output.started:
         yield output.opening()
     try:
@@ -87,14 +88,15 @@ async def _events(reader: RowReader, translator: ChatTranslator, output: Respons
         reason = translator.finish_reason(finish)
         events += output.close(incomplete=reason == "length")
         events.append(output.finished(reason, _usage(counter, output)))
+        kept()
         yield b"".join(events)
     except Exception as exc:  # headers are out: report in-band; the stream ends with it
         _log.warning("response stream %s failed: %s", output.id, exc)
         yield output.failed(in_band_error(exc), _usage(counter, output))
 
 
-async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput,
-                   counter: UsageCounter) -> dict[str, Any]:
+async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
+                   kept: Callable[[], None]) -> dict[str, Any]:
     finish: str | None = None
     async with aclosing(reader.items()) as items:
         async for text, finish in items:
@@ -107,6 +109,7 @@ async def _collect(reader: RowReader, translator: ChatTranslator, output: Respon
         output.feed(delta)
     reason = translator.finish_reason(finish)
     output.close(incomplete=reason == "length")
+    kept()
     return output.final(reason, _usage(counter, output))
 
 
@@ -133,7 +136,8 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     requests that cannot be served."""
     state = get_state(request)
     engine = chat_engine(state, data.model)
-    chat, names = chat_request(data)
+    tenant = client_key(request)
+    chat, names = chat_request(data, lambda item_id: state.issued_items.get(tenant, item_id))
     if unoffered := _unoffered(data):
         _log.info("hosted tools not offered to the model (none run here): %s", ", ".join(unoffered))
     timing = request_timing(request, state)
@@ -154,8 +158,11 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     def failure(error: APIError) -> bytes:
         return (b"" if output.started else output.opening()) + output.failed(error)
 
+    def kept() -> None:  # the reply's items, for requests that refer to them by id
+        state.issued_items.keep(tenant, output.items)
+
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _events(reader, translators[0], output, counter)) if data.stream else None,
-        collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter),
+        events=(lambda reader: _events(reader, translators[0], output, counter, kept)) if data.stream else None,
+        collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter, kept),
         keepalive=output.opening, failure=failure)

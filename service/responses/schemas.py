@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from service.chat.schemas import _Body, _Request, _empty, _only_false, no_forced_call
 
-__all__ = ["TextInput", "InputMessage", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
+__all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
            "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesRequest", "HOSTED_TOOLS"]
 
@@ -154,9 +154,18 @@ class ReasoningItem(_Item):
     encrypted_content: str | None = None
 
 
+class ItemReference(_Item):
+    """An item of an earlier response, by id: resolved from the items this server issued lately
+    (service/responses/item_cache.py)."""
+
+    type: Literal["item_reference"]
+    id: str
+
+
 _ITEMS = {"message": "InputMessage", "function_call": "FunctionCallItem",
           "function_call_output": "FunctionCallOutput", "custom_tool_call": "CustomToolCallItem",
-          "custom_tool_call_output": "CustomToolCallOutput", "reasoning": "ReasoningItem"}
+          "custom_tool_call_output": "CustomToolCallOutput", "reasoning": "ReasoningItem",
+          "item_reference": "ItemReference"}
 
 
 def _item_kind(item: Any) -> str | None:
@@ -174,10 +183,10 @@ InputItem = Annotated[
         Annotated[CustomToolCallItem, Tag("CustomToolCallItem")],
         Annotated[CustomToolCallOutput, Tag("CustomToolCallOutput")],
         Annotated[ReasoningItem, Tag("ReasoningItem")],
+        Annotated[ItemReference, Tag("ItemReference")],
     ],
     Discriminator(_item_kind, custom_error_type="invalid_item_type",
-                  custom_error_message="an input item's type must be one of " + ", ".join(map(repr, _ITEMS))
-                  + " (this server keeps no items: item_reference cannot be resolved)"),
+                  custom_error_message="an input item's type must be one of " + ", ".join(map(repr, _ITEMS))),
 ]
 
 

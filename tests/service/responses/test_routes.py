@@ -13,6 +13,7 @@ import pytest
 from litestar.testing import TestClient
 
 from service.app import create_app
+from service.config import ServiceConfig
 from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.chat.test_render import PLAIN, TemplateTokenizer
@@ -59,7 +60,8 @@ def test_a_reply_of_thinking_text_and_a_call_is_three_items(sdk: openai.OpenAI) 
     response = sdk.responses.create(model="fake-model", input="weather?", tools=TOOLS)
     assert response.status == "completed" and response.object == "response"
     reasoning, message, call = response.output
-    assert reasoning.type == "reasoning" and reasoning.content[0].text == "hmm" and reasoning.summary == []
+    # The thinking as the summary by default (what the AI SDK, pydantic-ai and LangChain's streams read).
+    assert reasoning.type == "reasoning" and reasoning.summary[0].text == "hmm" and reasoning.content is None
     assert message.type == "message" and response.output_text == "Sunny today."
     assert call.type == "function_call" and call.name == "get_weather"
     assert json.loads(call.arguments) == {"city": "Paris"}
@@ -81,7 +83,11 @@ def test_the_sdk_stream_helper_assembles_the_non_streamed_response(sdk: openai.O
     assert final.output_text == whole.output_text
     assert [i.type for i in final.output] == [i.type for i in whole.output]
     assert "response.output_text.delta" in kinds and "response.function_call_arguments.delta" in kinds
-    assert "response.reasoning_text.delta" in kinds
+    assert "response.reasoning_summary_text.delta" in kinds
+    with sdk.responses.stream(model="fake-model", input="weather?", tools=TOOLS, reasoning={"summary": "none"}) as raw:
+        raw_kinds = [event.type for event in raw]
+        thinking = raw.get_final_response().output[0]
+    assert "response.reasoning_text.delta" in raw_kinds and thinking.content[0].text == "hmm" and not thinking.summary
 
 
 def test_every_item_event_falls_between_its_added_and_done(http: TestClient[Any]) -> None:
@@ -185,14 +191,26 @@ def test_a_failure_after_the_headers_is_response_failed_keeping_what_was_said(ht
                                                                              engine: FakeEngine) -> None:
     engine.pieces, engine.fail_with = ["a", "b", "c"], "the step failed"
     events = response_events(http.post("/v1/responses", json={"input": "hi", "stream": True}).text)
-    failed = events[-1]["response"]
-    assert events[-1]["type"] == "response.failed" and not any(e["type"] == "response.completed" for e in events)
+    failed = events[-2]["response"]
+    assert events[-2]["type"] == "response.failed" and not any(e["type"] == "response.completed" for e in events)
     # The engine's own code (chat's in-band error has it too), not one kind for every failure.
     assert failed["error"] == {"code": "internal_error", "message": "the step failed"}
     # What streamed before the failure stays in the response, its item closed, with usage.
-    assert events[-2]["type"] == "response.output_item.done" and events[-2]["item"]["status"] == "incomplete"
-    assert failed["output"] == [events[-2]["item"]] and failed["output"][0]["content"][0]["text"] == "a"
+    assert events[-3]["type"] == "response.output_item.done" and events[-3]["item"]["status"] == "incomplete"
+    assert failed["output"] == [events[-3]["item"]] and failed["output"][0]["content"][0]["text"] == "a"
     assert failed["usage"]["output_tokens"] >= 1
+    # Then OpenAI's `error` event, on which the openai SDKs raise (they do not on response.failed).
+    assert events[-1]["type"] == "error" and events[-1]["error"]["message"] == "the step failed"
+    assert events[-1]["code"] == "internal_error"
+
+
+def test_a_failure_after_the_headers_raises_in_the_openai_sdk(sdk: openai.OpenAI, engine: FakeEngine) -> None:
+    # pydantic-ai, llama-index and LangChain JS returned the cut text as a whole reply.
+    engine.pieces, engine.fail_with = ["a", "b", "c"], "the step failed"
+    with pytest.raises(openai.APIError, match="the step failed"):
+        with sdk.responses.stream(model="fake-model", input="hi") as stream:
+            for _ in stream:
+                pass
 
 
 def test_the_limit_the_server_applied_is_said(http: TestClient[Any], engine: FakeEngine) -> None:
@@ -284,3 +302,33 @@ def test_a_template_error_keeps_its_sentence_and_names_input(http: TestClient[An
     engine.tokenizer = RefusingTokenizer()
     error = http.post("/v1/responses", json={"input": "hi"}).json()["error"]
     assert error["param"] == "input" and "these messages: roles must alternate" in error["message"], error
+
+
+def test_items_this_server_issued_can_be_referred_to_by_id(http: TestClient[Any], engine: FakeEngine) -> None:
+    # The Vercel AI SDK sends earlier output as item_reference unless told store: false: its second turn was a 400.
+    first = http.post("/v1/responses", json={"input": "weather?", "tools": TOOLS}).json()
+    reasoning, message, call = first["output"]
+    refs = [{"type": "item_reference", "id": item["id"]} for item in first["output"]]
+    second = http.post("/v1/responses", json={"tools": TOOLS, "input": [
+        {"role": "user", "content": "weather?"}, *refs,
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "18C"}]})
+    assert second.status_code == 200, second.text
+    assistant = engine.tokenizer.template_calls[-1]["messages"][1]
+    assert assistant["content"] == "Sunny today." and assistant["reasoning_content"] == "hmm"
+    assert assistant["tool_calls"][0]["id"] == call["call_id"]
+
+
+def test_a_reference_to_an_item_not_kept_says_what_to_send(http: TestClient[Any]) -> None:
+    response = http.post("/v1/responses", json={"input": [{"type": "item_reference", "id": "msg_elsewhere"}]})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "input.0" and error["code"] == "item_not_found"
+    assert "store: false" in error["message"]
+
+
+def test_items_are_referred_to_only_with_the_key_that_was_given_them(engine: FakeEngine) -> None:
+    state = AppState(engine=engine, config=ServiceConfig(api_keys=["k1", "k2"]))
+    with TestClient(create_app(state)) as client:
+        first = client.post("/v1/responses", json={"input": "hi"}, headers={"Authorization": "Bearer k1"}).json()
+        ref = {"input": [{"type": "item_reference", "id": first["output"][-1]["id"]}]}
+        assert client.post("/v1/responses", json=ref, headers={"Authorization": "Bearer k2"}).status_code == 400
+        assert client.post("/v1/responses", json=ref, headers={"Authorization": "Bearer k1"}).status_code == 200
