@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -19,7 +19,7 @@ from service.responses.schemas import (CustomTool, CustomToolCallItem, CustomToo
                                        FunctionCallOutput, FunctionTool, InputItem, InputMessage, ItemReference,
                                        NamespaceTool, ReasoningItem, ResponsesRequest, part_text)
 
-__all__ = ["ToolNames", "chat_request", "seal_reasoning", "unseal_reasoning"]
+__all__ = ["ToolNames", "chat_request", "input_items", "seal_reasoning", "unseal_reasoning"]
 
 # This server's `encrypted_content`: the thinking itself behind a prefix (nothing here is secret from the client).
 _SEAL = "tandem-reasoning-v1:"
@@ -115,12 +115,22 @@ def _resolved(items: list[Any], issued: Callable[[str], dict[str, Any] | None]) 
     return out
 
 
-def _messages(body: ResponsesRequest, issued: Callable[[str], dict[str, Any] | None]) -> list[dict[str, Any]]:
+def input_items(body: ResponsesRequest, issued: Callable[[str], dict[str, Any] | None] = lambda item_id: None,
+                earlier: Sequence[dict[str, Any]] = ()) -> list[Any]:
+    """The conversation's items: `earlier` (a stored conversation `previous_response_id` continues), then the
+    request's input with each `item_reference` resolved by `issued`.
+
+    Raises APIError 400 naming a reference to an item that is not kept."""
+    before = [_ITEM.validate_python(item) for item in earlier]
+    own = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) \
+        else _resolved(body.input, issued)
+    return before + own
+
+
+def _messages(body: ResponsesRequest, items: list[Any]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     if body.instructions:
         messages.append({"role": "system", "content": body.instructions})
-    items = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) \
-        else _resolved(body.input, issued)
     thinking: str | None = None  # a reasoning item's text, for the assistant turn after it
 
     def assistant() -> dict[str, Any]:
@@ -175,16 +185,16 @@ def _turns_joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return joined
 
 
-def chat_request(body: ResponsesRequest, issued: Callable[[str], dict[str, Any] | None] = lambda item_id: None
-                 ) -> tuple[ChatCompletionRequest, ToolNames]:
-    """The chat request `body` asks for, and what its tool names stand for; `issued` gives the item an
-    `item_reference` names (None: not kept).
+def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tuple[ChatCompletionRequest, ToolNames]:
+    """The chat request `body` asks for (`items`: the conversation's, `input_items`'s; None: the request's input
+    alone), and what its tool names stand for.
 
     Raises APIError 400 naming the field for what chat's rules refuse of the translated request, or a reference to
     an item that is not kept."""
     tools, names = _chat_tools(body)
     chat: dict[str, Any] = {
-        "model": body.model, "messages": _messages(body, issued), "stream": bool(body.stream),
+        "model": body.model, "stream": bool(body.stream),
+        "messages": _messages(body, input_items(body) if items is None else items),
         "max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "prompt_cache_key": body.prompt_cache_key, "prompt_cache_retention": body.prompt_cache_retention,
         "user": body.user, "safety_identifier": body.safety_identifier, "service_tier": body.service_tier,

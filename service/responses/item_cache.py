@@ -1,7 +1,8 @@
-"""Output items this server issued lately, by id, so a request that refers to one (`item_reference`: the Vercel AI
-SDK sends earlier output so unless told `store: false`) gets it back. Bounded by bytes, the least recently used
-forgotten first; kept per API key; nothing survives a restart (such a reference is then a 400 that says what to
-send instead)."""
+"""Output items and responses this server issued lately, by id: a request that refers to an item (`item_reference`:
+the Vercel AI SDK sends earlier output so unless told `store: false`) gets it back, and one that continues a response
+(`previous_response_id`) gets the conversation so far (each stored response keeps its own input and output and the
+id of the one it continued). Bounded by bytes, the least recently used forgotten first; kept per API key; nothing
+survives a restart (a reference is then a 400 that says what to send instead)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,27 @@ class IssuedItems:
         while self.bytes > self._max:
             _, (_, size) = self._items.popitem(last=False)
             self.bytes -= size
+
+    def keep_response(self, tenant: str | None, response_id: str, previous: str | None,
+                      items: list[dict[str, Any]]) -> None:
+        """Remember a response: the id it continued and its own items (its input, then its output). Raises
+        nothing."""
+        self.keep(tenant, [{"id": response_id, "type": "response", "previous": previous, "items": items}])
+
+    def conversation(self, tenant: str | None, response_id: str) -> list[dict[str, Any]] | None:
+        """Every item from the first response of the chain that ends with `response_id` up to its output, or None
+        when a response of the chain is not kept. Raises nothing."""
+        chain: list[list[dict[str, Any]]] = []
+        seen: set[str] = set()
+        at: str | None = response_id
+        while at is not None:
+            record = self.get(tenant, at)
+            if record is None or record.get("type") != "response" or at in seen:
+                return None
+            seen.add(at)
+            chain.append(record["items"])
+            at = record["previous"]
+        return [item for items in reversed(chain) for item in items]
 
     def get(self, tenant: str | None, item_id: str) -> dict[str, Any] | None:
         """The item, or None when it was never issued to this key or has been forgotten. Raises nothing."""

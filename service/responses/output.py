@@ -139,10 +139,12 @@ class ResponseOutput:
             "error": error, "incomplete_details": incomplete_details,
             "instructions": body.instructions, "metadata": body.metadata or {},
             "temperature": body.temperature, "top_p": body.top_p,
-            "max_output_tokens": body.max_output_tokens or self.applied_limit, "previous_response_id": None,
+            "max_output_tokens": body.max_output_tokens or self.applied_limit,
+            "previous_response_id": body.previous_response_id,
             "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
             if reasoning is not None else None,
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": False, "background": False,
+            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": body.store is not False,
+            "background": False,
             "service_tier": "default", "user": body.user, "safety_identifier": body.safety_identifier,
             "prompt_cache_key": body.prompt_cache_key, "usage": usage,
         }

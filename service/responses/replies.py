@@ -47,11 +47,11 @@ class ResponseObject(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     max_output_tokens: int | None = None
-    previous_response_id: None = None
+    previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any]
     truncation: Literal["disabled"] = "disabled"
-    store: Literal[False] = False
+    store: bool = Field(..., description="Whether the response is kept (for `previous_response_id`).")
     background: Literal[False] = False
     service_tier: str = "default"
     user: str | None = None

@@ -2,9 +2,10 @@
 the openai and openai-agents SDKs call by default), served by the chat machinery: the request becomes a chat
 request (service/responses/history.py), the reply's chat deltas become output items (service/responses/output.py).
 
-Stateless: each request carries the whole conversation (Codex sends it so); nothing is stored, so
-`previous_response_id` is refused. A stream starts with `response.created` and ends with `response.completed`,
-`response.incomplete` (max_output_tokens) or `response.failed` (an error after the headers); no `[DONE]`.
+A request carries the conversation's items, or continues a response kept in memory (`previous_response_id`;
+service/responses/item_cache.py). A stream starts with `response.created` and ends with `response.completed`,
+`response.incomplete` (max_output_tokens) or `response.failed` then `error` (an error after the headers); no
+`[DONE]`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from service.http.access_log import record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
-from service.responses.history import chat_request
+from service.responses.history import chat_request, input_items
 from service.responses.output import ResponseOutput
 from service.responses.replies import ResponseObject, ResponseStreamEvent
 from service.responses.schemas import HOSTED_TOOLS, HostedTool, ResponsesRequest
@@ -121,7 +122,8 @@ def _unoffered(body: ResponsesRequest) -> list[str]:
     "/v1/responses",
     status_code=200,
     summary="Create a model response",
-    description="OpenAI's Responses API, stateless: send the whole conversation as `input` (nothing is stored). "
+    description="OpenAI's Responses API: send the conversation's items as `input`, or the new ones with "
+                "`previous_response_id` (responses are kept in memory a while, per API key, not across restarts). "
                 "With `stream: true` the response is `text/event-stream` of `event: <type>` / `data: <json>` events "
                 "from `response.created` to `response.completed` (`response.incomplete` when max_output_tokens cut "
                 "the reply, `response.failed` for an error after the headers). Hosted tools ("
@@ -136,8 +138,18 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     requests that cannot be served."""
     state = get_state(request)
     engine = chat_engine(state, data.model)
-    tenant = client_key(request)
-    chat, names = chat_request(data, lambda item_id: state.issued_items.get(tenant, item_id))
+    tenant, kept_items = client_key(request), state.issued_items
+    earlier: list[dict[str, Any]] = []
+    if data.previous_response_id is not None:
+        found = kept_items.conversation(tenant, data.previous_response_id)
+        if found is None:
+            raise APIError(400, f"previous_response_id: no response {data.previous_response_id!r} is kept here "
+                                "(responses are kept a while, and not across restarts): send the conversation's "
+                                "items as input", param="previous_response_id", code="previous_response_not_found")
+        earlier = found
+    items = input_items(data, lambda item_id: kept_items.get(tenant, item_id), earlier)
+    own = [item.model_dump(exclude_none=True) for item in items[len(earlier):]]  # this turn's input, resolved
+    chat, names = chat_request(data, items)
     if unoffered := _unoffered(data):
         _log.info("hosted tools not offered to the model (none run here): %s", ", ".join(unoffered))
     timing = request_timing(request, state)
@@ -158,8 +170,10 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     def failure(error: APIError) -> bytes:
         return (b"" if output.started else output.opening()) + output.failed(error)
 
-    def kept() -> None:  # the reply's items, for requests that refer to them by id
-        state.issued_items.keep(tenant, output.items)
+    def kept() -> None:  # the reply's items, for requests that refer to them by id, and the response (store)
+        kept_items.keep(tenant, output.items)
+        if data.store is not False:
+            kept_items.keep_response(tenant, output.id, data.previous_response_id, own + output.items)
 
     return await respond(
         request, counter, timing, submit_row=submit_row,

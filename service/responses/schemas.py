@@ -308,8 +308,8 @@ class ResponsesRequest(_Body):
     """POST /v1/responses body."""
 
     model: str | None = Field(None, description="Model id from GET /v1/models; omitted means the loaded model.")
-    input: str | list[InputItem] = Field(..., description="A user message, or the conversation's items (each turn "
-                                                          "sends all of them: nothing is stored here).")
+    input: str | list[InputItem] = Field(..., description="A user message, or the conversation's items (all of "
+                                                          "them, or those after `previous_response_id`).")
     instructions: str | None = Field(None, description="A system message before the input.")
     stream: bool | None = Field(False, description="true: server-sent events, `event: <type>` and `data: <json>`.")
     stream_options: ResponsesStreamOptions | None = None
@@ -324,7 +324,9 @@ class ResponsesRequest(_Body):
     text: TextConfig | None = None
     include: list[str] | None = Field(None, description="Only reasoning.encrypted_content: the reasoning item's "
                                                         "`encrypted_content` carries the thinking, to be sent back.")
-    store: bool | None = Field(None, description="Only false: this server keeps no responses.")
+    store: bool | None = Field(None, description="true or null: the response is kept in memory a while (per API "
+                                                 "key, 16 MiB of responses and items, not across restarts) for "
+                                                 "`previous_response_id`; false: it is not.")
     metadata: dict[str, str] | None = Field(None, description="Echoed on the response.")
     client_metadata: dict[str, str] | None = Field(None, description="Codex's tags: accepted, kept nowhere.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint).")
@@ -337,20 +339,21 @@ class ResponsesRequest(_Body):
     safety_identifier: str | None = Field(None, description="As `user`.")
     background: bool | None = Field(None, description="Only false: responses are not run in the background.")
     top_logprobs: int | None = Field(None, description="Only 0: no log probabilities here.")
+    previous_response_id: str | None = Field(None, description="A response kept here (see `store`): its "
+                                                               "conversation, then `input`. Its instructions and "
+                                                               "tools are not carried over (as OpenAI's).")
     # What needs stored state or features this server does not have: only null (or empty) passes.
-    previous_response_id: str | None = Field(None, description="Only null: this server keeps no responses; send "
-                                                               "the whole conversation as `input`.")
     conversation: str | dict[str, Any] | None = Field(None, description="Only null: this server keeps no "
                                                                         "conversations.")
     prompt: dict[str, Any] | None = Field(None, description="Only null: no stored prompts.")
     max_tool_calls: int | None = Field(None, description="Only null: the model decides how many calls it makes.")
 
-    @field_validator("previous_response_id", "conversation", "prompt", "max_tool_calls")
+    @field_validator("conversation", "prompt", "max_tool_calls")
     @classmethod
     def _nothing_stored(cls, value: Any, info: ValidationInfo) -> Any:
         if not _empty(value):
-            hint = " (this server keeps no responses: send the whole conversation as input)" if info.field_name in (
-                "previous_response_id", "conversation") else ""
+            hint = " (no conversations are kept here: send the items, or previous_response_id)" if \
+                info.field_name == "conversation" else ""
             raise ValueError(f"not supported by this server (only null){hint}")
         return value
 
@@ -371,12 +374,10 @@ class ResponsesRequest(_Body):
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
 
-    @field_validator("store", "background")
+    @field_validator("background")
     @classmethod
-    def _not_kept(cls, value: bool | None, info: ValidationInfo) -> bool | None:
-        why = {"store": "this server keeps no responses: only false is supported",
-               "background": "responses are not run in the background here: only false is supported"}
-        return _only_false(value, why[str(info.field_name)])
+    def _not_in_background(cls, value: bool | None) -> bool | None:
+        return _only_false(value, "responses are not run in the background here: only false is supported")
 
     @field_validator("top_logprobs")
     @classmethod

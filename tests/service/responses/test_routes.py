@@ -332,3 +332,28 @@ def test_items_are_referred_to_only_with_the_key_that_was_given_them(engine: Fak
         ref = {"input": [{"type": "item_reference", "id": first["output"][-1]["id"]}]}
         assert client.post("/v1/responses", json=ref, headers={"Authorization": "Bearer k2"}).status_code == 400
         assert client.post("/v1/responses", json=ref, headers={"Authorization": "Bearer k1"}).status_code == 200
+
+
+def test_a_response_continues_from_a_kept_one(sdk: openai.OpenAI, engine: FakeEngine) -> None:
+    # The openai docs' way to hold a conversation; it was a 400.
+    engine.pieces = ["Paris."]
+    first = sdk.responses.create(model="fake-model", instructions="Be brief.", input="Capital of France?")
+    engine.pieces = ["Lyon."]
+    second = sdk.responses.create(model="fake-model", input="And its second city?", previous_response_id=first.id)
+    assert second.previous_response_id == first.id and second.store is True
+    messages = engine.tokenizer.template_calls[-1]["messages"]
+    # The instructions are not carried over (as OpenAI's); the conversation is.
+    assert messages == [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."},
+                        {"role": "user", "content": "And its second city?"}]
+    sdk.responses.create(model="fake-model", input="A third?", previous_response_id=second.id)
+    assert [m["content"] for m in engine.tokenizer.template_calls[-1]["messages"]] == [
+        "Capital of France?", "Paris.", "And its second city?", "Lyon.", "A third?"]
+
+
+def test_a_response_with_store_false_is_not_kept(http: TestClient[Any]) -> None:
+    first = http.post("/v1/responses", json={"input": "hi", "store": False}).json()
+    assert first["store"] is False
+    response = http.post("/v1/responses", json={"input": "more", "previous_response_id": first["id"]})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "previous_response_id"
+    assert error["code"] == "previous_response_not_found"

@@ -39,9 +39,7 @@ def test_a_codex_turn_is_served(client: TestClient[Any], fake_engine: FakeEngine
 
 
 @pytest.mark.parametrize("change, param", [
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"conversation": "conv_1"}, "conversation"),
-    ({"store": True}, "store"),
     ({"background": True}, "background"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:,"}]}]}, "input.0.content"),
