@@ -71,7 +71,9 @@ def _validation_error(exc: ValidationException) -> APIError:
     # Another branch of the same union fails at an ancestor of `param` (`content` is no string): not another field.
     others = {p for e in problems if (p := _field_path(e.get("key"))) != param
               and not (param or "").startswith(f"{p}.")}
-    more = f" (and {len(others)} more fields)" if others else ""
+    # The others by name ("(and 1 more fields)" read as part of the first's sentence).
+    named = sorted(o for o in others if o)
+    more = f" (also invalid: {', '.join(named[:3])}{', …' if len(named) > 3 else ''})" if named else ""
     text = f"{param}: {message}{more}" if param else f"{message}{more}"
     return APIError(400, text, param=param, code="invalid_value")
 
