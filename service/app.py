@@ -35,7 +35,7 @@ from service.http.handlers import EXCEPTION_HANDLERS
 from service.http.json_body import MAX_JSON_DEPTH_KEY, DepthLimitedRequest
 from service.logs import configure_logging
 from service.pi.route import pi_provider
-from service.responses.routes import create_response
+from service.responses.routes import create_response, delete_response, retrieve_response
 from service.process.cleanup import loading_models
 from service.process.drain import install_drain
 from service.process.gc_pauses import ready_for_serving
@@ -63,7 +63,7 @@ READY_LINE = "ready: serving requests"
 def route_handlers() -> list[ControllerRouterHandler]:
     """Every route of the API. A new route is one import and one entry here."""
     return [
-        chat_completions, completions, create_response,
+        chat_completions, completions, create_response, retrieve_response, delete_response,
         list_models, retrieve_model, health, stats, metrics,
         create_transcription, create_translation,
         create_session, append_session_audio, finish_session, delete_session, live, realtime,

@@ -41,10 +41,22 @@ class IssuedItems:
             self.bytes -= size
 
     def keep_response(self, tenant: str | None, response_id: str, previous: str | None,
-                      items: list[dict[str, Any]]) -> None:
-        """Remember a response: the id it continued and its own items (its input, then its output). Raises
-        nothing."""
-        self.keep(tenant, [{"id": response_id, "type": "response", "previous": previous, "items": items}])
+                      items: list[dict[str, Any]], response: dict[str, Any] | None = None) -> None:
+        """Remember a response: the id it continued, its own items (its input, then its output) and the Response
+        object it finished as (for retrieval). Raises nothing."""
+        self.keep(tenant, [{"id": response_id, "type": "response", "previous": previous, "items": items,
+                            "response": response}])
+
+    def response(self, tenant: str | None, response_id: str) -> dict[str, Any] | None:
+        """The Response object of a kept response, or None. Raises nothing."""
+        record = self.get(tenant, response_id)
+        return record.get("response") if record is not None and record.get("type") == "response" else None
+
+    def forget(self, tenant: str | None, item_id: str) -> None:
+        """Drop an item or response (a chain through it ends there). Raises nothing."""
+        found = self._items.pop((tenant, item_id), None)
+        if found is not None:
+            self.bytes -= found[1]
 
     def conversation(self, tenant: str | None, response_id: str) -> list[dict[str, Any]] | None:
         """Every item from the first response of the chain that ends with `response_id` up to its output, or None

@@ -105,11 +105,6 @@ class ResponseOutput:
             return self.response("incomplete", usage=usage, incomplete_details={"reason": "max_output_tokens"})
         return self.response("completed", usage=usage)
 
-    def finished(self, finish_reason: str, usage: dict[str, Any]) -> bytes:
-        """response.completed, or response.incomplete for a reply cut by max_output_tokens. Raises nothing."""
-        response = self.final(finish_reason, usage)
-        return self.event(f"response.{response['status']}", response=response)
-
     def failed(self, error: APIError, usage: dict[str, Any] | None = None) -> bytes:
         """The open item closed as incomplete (what was said stays in the output), response.failed carrying the
         error's own code (request_timeout, …; Codex retries all but context_length_exceeded and invalid_prompt),

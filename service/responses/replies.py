@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent"]
+__all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent", "DeletedResponse"]
 
 
 class InputTokensDetails(BaseModel):
@@ -79,3 +79,9 @@ class ResponseStreamEvent(BaseModel):
     arguments: str | None = None
     input: str | None = None
     logprobs: list[Any] | None = None
+
+
+class DeletedResponse(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    deleted: Literal[True] = True

@@ -14,7 +14,7 @@ import logging
 from contextlib import aclosing
 from typing import Any, AsyncGenerator, Callable
 
-from litestar import Request, Response, post
+from litestar import Request, Response, delete, get, post
 
 from service.chat.output import ChatTranslator
 from service.chat.request import chat_engine, request_timing
@@ -24,15 +24,15 @@ from service.chat.stream import RowReader, UsageCounter
 from service.http.access_log import record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
-from service.http.openapi import CHAT_ERRORS, sse_operation
+from service.http.openapi import CHAT_ERRORS, error_responses, sse_operation
 from service.responses.history import chat_request, input_items
 from service.responses.output import ResponseOutput
-from service.responses.replies import ResponseObject, ResponseStreamEvent
+from service.responses.replies import DeletedResponse, ResponseObject, ResponseStreamEvent
 from service.responses.schemas import HOSTED_TOOLS, HostedTool, ResponsesRequest
 from service.seams import RowStream
 from service.state import get_state
 
-__all__ = ["create_response"]
+__all__ = ["create_response", "retrieve_response", "delete_response"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -73,7 +73,7 @@ def _usage(counter: UsageCounter, output: ResponseOutput) -> dict[str, Any]:
 
 
 async def _events(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                  kept: Callable[[], None]) -> AsyncGenerator[bytes, None]:
+                  kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
     if not output.started:
         yield output.opening()
     try:
@@ -88,8 +88,9 @@ async def _events(reader: RowReader, translator: ChatTranslator, output: Respons
         events = [e for delta in translator.finish() for e in output.feed(delta)]
         reason = translator.finish_reason(finish)
         events += output.close(incomplete=reason == "length")
-        events.append(output.finished(reason, _usage(counter, output)))
-        kept()
+        final = output.final(reason, _usage(counter, output))
+        events.append(output.event(f"response.{final['status']}", response=final))
+        kept(final)
         yield b"".join(events)
     except Exception as exc:  # headers are out: report in-band; the stream ends with it
         _log.warning("response stream %s failed: %s", output.id, exc)
@@ -97,7 +98,7 @@ async def _events(reader: RowReader, translator: ChatTranslator, output: Respons
 
 
 async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                   kept: Callable[[], None]) -> dict[str, Any]:
+                   kept: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     finish: str | None = None
     async with aclosing(reader.items()) as items:
         async for text, finish in items:
@@ -110,8 +111,9 @@ async def _collect(reader: RowReader, translator: ChatTranslator, output: Respon
         output.feed(delta)
     reason = translator.finish_reason(finish)
     output.close(incomplete=reason == "length")
-    kept()
-    return output.final(reason, _usage(counter, output))
+    final = output.final(reason, _usage(counter, output))
+    kept(final)
+    return final
 
 
 def _unoffered(body: ResponsesRequest) -> list[str]:
@@ -170,13 +172,41 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     def failure(error: APIError) -> bytes:
         return (b"" if output.started else output.opening()) + output.failed(error)
 
-    def kept() -> None:  # the reply's items, for requests that refer to them by id, and the response (store)
+    def kept(final: dict[str, Any]) -> None:  # the reply's items, for references by id, and the response (store)
         kept_items.keep(tenant, output.items)
         if data.store is not False:
-            kept_items.keep_response(tenant, output.id, data.previous_response_id, own + output.items)
+            kept_items.keep_response(tenant, output.id, data.previous_response_id, own + output.items, final)
 
     return await respond(
         request, counter, timing, submit_row=submit_row,
         events=(lambda reader: _events(reader, translators[0], output, counter, kept)) if data.stream else None,
         collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter, kept),
         keepalive=output.opening, failure=failure)
+
+
+_NOT_KEPT = error_responses({404: "No such response is kept (code not_found)"})
+
+
+def _kept_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+    found = get_state(request).issued_items.response(client_key(request), response_id)
+    if found is None:
+        raise APIError(404, f"No response with id {response_id!r} is kept here (responses are kept a while unless "
+                            "created with store: false, and not across restarts).", param="response_id",
+                       code="not_found")
+    return found
+
+
+@get("/v1/responses/{response_id:str}", summary="Retrieve a kept response", tags=["responses"],
+     responses=_NOT_KEPT, description="A finished response created without `store: false`, while it is kept.")
+async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -> ResponseObject:
+    """The response as it finished. Raises APIError 404 for one not kept."""
+    return ResponseObject.model_validate(_kept_response(request, response_id))
+
+
+@delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a kept response", tags=["responses"],
+        responses=_NOT_KEPT, description="Forgets the response (its items stay resolvable while kept).")
+async def delete_response(request: Request[Any, Any, Any], response_id: str) -> DeletedResponse:
+    """Raises APIError 404 for a response not kept."""
+    _kept_response(request, response_id)
+    get_state(request).issued_items.forget(client_key(request), response_id)
+    return DeletedResponse(id=response_id)

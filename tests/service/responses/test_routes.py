@@ -357,3 +357,15 @@ def test_a_response_with_store_false_is_not_kept(http: TestClient[Any]) -> None:
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] == "previous_response_id"
     assert error["code"] == "previous_response_not_found"
+
+
+def test_a_kept_response_is_retrieved_and_deleted(sdk: openai.OpenAI, http: TestClient[Any]) -> None:
+    created = sdk.responses.create(model="fake-model", input="hi")
+    retrieved = sdk.responses.retrieve(created.id)
+    assert retrieved.id == created.id and retrieved.output_text == created.output_text
+    assert retrieved.usage is not None and retrieved.status == "completed"
+    sdk.responses.delete(created.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(created.id)
+    unkept = http.post("/v1/responses", json={"input": "hi", "store": False}).json()
+    assert http.get(f"/v1/responses/{unkept['id']}").status_code == 404
