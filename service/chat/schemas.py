@@ -207,7 +207,7 @@ class FunctionDefinition(_Request):
     @classmethod
     def _not_strict(cls, strict: bool | None) -> bool | None:
         return _only_false(strict, "strict function calling is not supported: the arguments a model writes are not "
-                                   "constrained to the schema")
+                                   "constrained to the schema; send strict: false")
 
 
 class Tool(_Request):

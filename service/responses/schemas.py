@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
-from service.chat.schemas import _Body, _Request, _empty, _only_false, no_forced_call
+from service.chat.schemas import FunctionDefinition, _Body, _Request, _empty, _only_false, no_forced_call
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
@@ -190,21 +190,11 @@ InputItem = Annotated[
 ]
 
 
-class FunctionTool(_Request):
+class FunctionTool(FunctionDefinition):
     """A function the model may call (flat, unlike chat's `{"function": {...}}`)."""
 
     type: Literal["function"]
-    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = Field(None, description="Only false: arguments are not constrained to the schema.")
     defer_loading: bool | None = Field(None, description="Only false or null: every tool is shown at once.")
-
-    @field_validator("strict")
-    @classmethod
-    def _not_strict(cls, strict: bool | None) -> bool | None:
-        return _only_false(strict, "strict function calling is not supported: the arguments a model writes are not "
-                                   "constrained to the schema; send strict: false")
 
     @field_validator("defer_loading")
     @classmethod
