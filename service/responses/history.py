@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from pydantic import TypeAdapter, ValidationError
 
 from service.chat.schemas import ChatCompletionRequest
-from service.http.errors import APIError
+from service.http.errors import APIError, context_length_exceeded
 from service.responses.schemas import (CustomTool, CustomToolCallItem, CustomToolCallOutput, FunctionCallItem,
                                        FunctionCallOutput, FunctionTool, InputItem, InputMessage, ItemReference,
                                        NamespaceTool, ReasoningItem, ResponsesRequest, part_text)
@@ -93,95 +93,132 @@ def _chat_tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], ToolNames
 _ITEM = TypeAdapter(InputItem)
 
 
-def _resolved(items: list[Any], issued: Callable[[str], dict[str, Any] | None]) -> list[Any]:
-    """The items with each `item_reference` replaced by the item it names (`issued`: an id's item, or None).
+# What `issued` gives for an id: the item and its size in characters (None: not kept).
+Issued = Callable[[str], "tuple[dict[str, Any], int] | None"]
 
-    Raises APIError 400 naming the reference that names no item this server still has."""
-    out = []
+
+def _resolved(items: list[Any], issued: Issued, limit: int | None) -> list[Any]:
+    """The items with each `item_reference` replaced by the item it names.
+
+    Raises APIError 400 naming the reference that names no item this server still has, or the one past which the
+    referenced items hold more characters than the context can (`limit`; a 7 MB body of references to one long
+    reply was a 650 MB conversation)."""
+    out, referenced = [], 0
     for i, item in enumerate(items):
         if isinstance(item, ItemReference):
             found = issued(item.id)
             try:
-                resolved = _ITEM.validate_python(found) if found is not None else None
+                resolved = _ITEM.validate_python(found[0]) if found is not None else None
             except ValidationError:  # not an item this server can read back (kept in another version's shape)
                 resolved = None
-            if resolved is None or isinstance(resolved, ItemReference):
-                raise APIError(400, f"input.{i}: no item {item.id!r} is kept here (items are kept a while, and not "
-                                    "across restarts): send the item itself (`store: false` makes clients do so; "
-                                    "the Vercel AI SDK: providerOptions.openai.store = false)",
-                               param=f"input.{i}", code="item_not_found")
+            if found is None or resolved is None or isinstance(resolved, ItemReference):
+                raise APIError(400, f"input.{i}: no item {item.id!r} is kept here (items are kept a while, unless "
+                                    "made with store: false, and not across restarts): send the item itself "
+                                    "(`store: false` makes clients do so; the Vercel AI SDK: "
+                                    "providerOptions.openai.store = false)", param=f"input.{i}", code="item_not_found")
+            referenced += found[1]
+            if limit is not None and referenced > limit:
+                raise context_length_exceeded(f"input.{i}: the items referred to hold {referenced} characters, more "
+                                              "than the model's context can", param=f"input.{i}")
             item = resolved
         out.append(item)
     return out
 
 
-def input_items(body: ResponsesRequest, issued: Callable[[str], dict[str, Any] | None] = lambda item_id: None,
-                earlier: Sequence[dict[str, Any]] = ()) -> list[Any]:
+def input_items(body: ResponsesRequest, issued: Issued = lambda item_id: None,
+                earlier: Sequence[dict[str, Any]] = (), limit: int | None = None) -> list[Any]:
     """The conversation's items: `earlier` (a stored conversation `previous_response_id` continues), then the
-    request's input with each `item_reference` resolved by `issued`.
+    request's input with each `item_reference` resolved by `issued` (within `limit` characters: see _resolved).
 
-    Raises APIError 400 naming a reference to an item that is not kept."""
+    Raises APIError 400 naming a reference to an item that is not kept, or too many characters referred to."""
     before = [_ITEM.validate_python(item) for item in earlier]
     own = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) \
-        else _resolved(body.input, issued)
+        else _resolved(body.input, issued, limit)
     return before + own
 
 
-def _messages(body: ResponsesRequest, items: list[Any]) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    if body.instructions:
-        messages.append({"role": "system", "content": body.instructions})
-    thinking: str | None = None  # a reasoning item's text, for the assistant turn after it
+class _Turn:
+    """A chat message being built: its text as parts, joined once (joining as items came was quadratic: 40,000
+    one-line user turns held the event loop for 21 s)."""
 
-    def assistant() -> dict[str, Any]:
-        """The assistant turn calls join: the last message when it is one without results after it."""
-        nonlocal thinking
-        if not messages or messages[-1]["role"] != "assistant":
-            messages.append({"role": "assistant", "content": None})
-        if thinking is not None:
-            messages[-1]["reasoning_content"] = thinking
-            thinking = None
-        return messages[-1]
+    def __init__(self, role: str, text: str | None = None) -> None:
+        self.role = role
+        self.parts: list[str] = [] if text is None else [text]
+        self.thinking: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        self.tool_call_id: str | None = None
+
+    def message(self, separator: str = "") -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": separator.join(self.parts) if self.parts else None}
+        if self.thinking:
+            message["reasoning_content"] = "\n\n".join(self.thinking)
+        if self.calls:
+            message["tool_calls"] = self.calls
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+def _messages(body: ResponsesRequest, items: list[Any]) -> list[dict[str, Any]]:
+    turns: list[_Turn] = []
+    thinking: list[str] = []  # reasoning items' text, for the assistant turn after them
+
+    def assistant() -> _Turn:
+        """The assistant turn calls join: the last turn when it is one without results after it."""
+        if not turns or turns[-1].role != "assistant":
+            turns.append(_Turn("assistant"))
+        if thinking:
+            turns[-1].thinking = thinking[:]
+            thinking.clear()
+        return turns[-1]
 
     for item in items:
         if isinstance(item, InputMessage):
             if item.role == "assistant":
-                turn = assistant()
-                turn["content"] = (turn["content"] or "") + part_text(item.content)
+                assistant().parts.append(part_text(item.content))
             else:
-                messages.append({"role": item.role, "content": part_text(item.content)})
+                turns.append(_Turn(item.role, part_text(item.content)))
         elif isinstance(item, ReasoningItem):
             text = ("".join(p.text for p in item.content) if item.content
                     else "\n\n".join(p.text for p in item.summary) if item.summary
                     else unseal_reasoning(item.encrypted_content))
             if text:
-                thinking = text if thinking is None else thinking + "\n\n" + text
+                thinking.append(text)
         elif isinstance(item, (FunctionCallItem, CustomToolCallItem)):
             if isinstance(item, FunctionCallItem):
                 name, arguments = (item.namespace or "") + item.name, item.arguments
             else:
                 name, arguments = item.name, json.dumps({"input": item.input})
-            assistant().setdefault("tool_calls", []).append(
+            assistant().calls.append(
                 {"id": item.call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": part_text(item.output)})
-    return _turns_joined(messages)
+            turn = _Turn("tool", part_text(item.output))
+            turn.tool_call_id = item.call_id
+            turns.append(turn)
+    return _turns_joined(body.instructions, turns)
 
 
-def _turns_joined(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _turns_joined(instructions: str | None, turns: list[_Turn]) -> list[dict[str, Any]]:
     """Every system and developer turn as one system turn first (`instructions`, then Codex's permissions and the
     mode changes it sends mid-conversation, in order), and user turns in a row as one (Codex sends its environment
     and the task apart): Mistral's and Gemma's templates refuse any other order, R1's and gpt-oss's drop all but one
     system turn, and a one-system-turn prompt reads the same to every model."""
-    system = [m["content"] for m in messages if m["role"] in ("system", "developer") and m["content"]]
+    system = ([instructions] if instructions else []) + [part for t in turns if t.role in ("system", "developer")
+                                                         for part in t.parts if part]
     joined: list[dict[str, Any]] = [{"role": "system", "content": "\n\n".join(system)}] if system else []
-    for message in messages:
-        if message["role"] in ("system", "developer"):
+    users: list[str] = []  # a run of user turns' texts, joined once the run ends
+    for turn in turns:
+        if turn.role in ("system", "developer"):
             continue
-        if message["role"] == "user" and joined and joined[-1]["role"] == "user":
-            joined[-1] = {"role": "user", "content": joined[-1]["content"] + "\n\n" + message["content"]}
-        else:
-            joined.append(message)
+        if turn.role == "user":
+            users += turn.parts
+            continue
+        if users:
+            joined.append({"role": "user", "content": "\n\n".join(users)})
+            users = []
+        joined.append(turn.message())
+    if users:
+        joined.append({"role": "user", "content": "\n\n".join(users)})
     return joined
 
 

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = ["IssuedItems", "ISSUED_ITEMS_BYTES"]
 
 ISSUED_ITEMS_BYTES = 16 << 20  # 16 MiB of items' JSON: hours of an agent's turns, bounded whatever clients send
+_ITEM_OVERHEAD = 256  # what Python spends on an item's dicts beyond its text
 
 
 class IssuedItems:
@@ -20,7 +21,8 @@ class IssuedItems:
 
     def __init__(self, max_bytes: int = ISSUED_ITEMS_BYTES) -> None:
         self._max = max_bytes
-        self._items: OrderedDict[tuple[str | None, str], tuple[dict[str, Any], int]] = OrderedDict()
+        # (tenant, id) → (item, bytes it counts for, characters of text it holds)
+        self._items: OrderedDict[tuple[str | None, str], tuple[dict[str, Any], int, int]] = OrderedDict()
         self.bytes = 0
 
     def keep(self, tenant: str | None, items: list[dict[str, Any]]) -> None:
@@ -29,15 +31,16 @@ class IssuedItems:
             if not isinstance(item.get("id"), str):
                 continue
             key = (tenant, item["id"])
-            size = len(json.dumps(item, ensure_ascii=False))
+            # JSON with escapes (an emoji counts 12, as the 4 bytes Python keeps it in and more) and a dict's cost
+            size = len(json.dumps(item)) + _ITEM_OVERHEAD
             if key in self._items:
                 self.bytes -= self._items.pop(key)[1]
             if size > self._max:
                 continue
-            self._items[key] = (item, size)
+            self._items[key] = (item, size, _text_chars(item))
             self.bytes += size
         while self.bytes > self._max:
-            _, (_, size) = self._items.popitem(last=False)
+            _, (_, size, _) = self._items.popitem(last=False)
             self.bytes -= size
 
     def keep_response(self, tenant: str | None, response_id: str, previous: str | None,
@@ -75,11 +78,31 @@ class IssuedItems:
 
     def get(self, tenant: str | None, item_id: str) -> dict[str, Any] | None:
         """The item, or None when it was never issued to this key or has been forgotten. Raises nothing."""
+        found = self.get_sized(tenant, item_id)
+        return found[0] if found is not None else None
+
+    def get_sized(self, tenant: str | None, item_id: str) -> tuple[dict[str, Any], int] | None:
+        """The item and the characters of text it holds, or None. Raises nothing."""
         found = self._items.get((tenant, item_id))
         if found is None:
             return None
         self._items.move_to_end((tenant, item_id))
-        return found[0]
+        return found[0], found[2]
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+# Keys whose strings label an item rather than say something to the model.
+_LABELS = frozenset({"id", "type", "status", "call_id", "role", "phase"})
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of the strings a JSON value holds (what it adds to a prompt, at most). Raises nothing."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_chars(v) for k, v in value.items() if k not in _LABELS)
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    return 0

@@ -17,6 +17,7 @@ from typing import Any, AsyncGenerator, Callable
 from litestar import Request, Response, delete, get, post
 
 from service.chat.output import ChatTranslator
+from service.chat.render import char_bound
 from service.chat.request import chat_engine, request_timing
 from service.chat.respond import respond
 from service.chat.routes import submit_chat
@@ -49,7 +50,8 @@ def _renamed(exc: APIError) -> APIError:
         return exc
     new = _FIELDS[chat_name]
     # Only the `param:` that opens chat's messages is chat's wording to replace ("these messages" stays a sentence).
-    message = new + exc.message[len(param):] if exc.message.startswith(param + ":") else exc.message
+    message = new + exc.message[len(param):] if exc.message.startswith(param + ":") else \
+        exc.message.replace(f"the {param} has", f"the {new} has")  # check_text_fits's sentence
     return APIError(exc.status, message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
                     close=exc.close, should_retry=exc.should_retry)
 
@@ -149,7 +151,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
                                 "(responses are kept a while, and not across restarts): send the conversation's "
                                 "items as input", param="previous_response_id", code="previous_response_not_found")
         earlier = found
-    items = input_items(data, lambda item_id: kept_items.get(tenant, item_id), earlier)
+    items = input_items(data, lambda item_id: kept_items.get_sized(tenant, item_id), earlier, char_bound(engine))
     own = [item.model_dump(exclude_none=True) for item in items[len(earlier):]]  # this turn's input, resolved
     chat, names = chat_request(data, items)
     if unoffered := _unoffered(data):
@@ -173,8 +175,8 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
         return (b"" if output.started else output.opening()) + output.failed(error)
 
     def kept(final: dict[str, Any]) -> None:  # the reply's items, for references by id, and the response (store)
-        kept_items.keep(tenant, output.items)
-        if data.store is not False:
+        if data.store is not False:  # store: false keeps nothing (as OpenAI: its items cannot be referred to)
+            kept_items.keep(tenant, output.items)
             kept_items.keep_response(tenant, output.id, data.previous_response_id, own + output.items, final)
 
     return await respond(

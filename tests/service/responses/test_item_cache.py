@@ -10,18 +10,19 @@ def _item(i: int, size: int = 100) -> dict[str, str]:
 
 
 def test_items_are_kept_per_key_and_the_least_recently_used_go_first() -> None:
-    cache = IssuedItems(max_bytes=450)
+    cache = IssuedItems(max_bytes=3 * 400)  # three items of ~130 characters and their dicts' cost
     cache.keep("k", [_item(1), _item(2), _item(3)])
     assert cache.get("k", "msg_1") == _item(1) and cache.get("other", "msg_1") is None
     cache.keep("k", [_item(4)])  # over the bound: msg_2, the least recently used, goes
     assert cache.get("k", "msg_2") is None and cache.get("k", "msg_1") is not None
-    assert cache.bytes <= 450 and len(cache) == 3
+    assert cache.bytes <= 3 * 400 and len(cache) == 3
+    assert cache.get_sized("k", "msg_1") == (_item(1), 100)  # the characters of its text, not its labels
 
 
 def test_an_item_larger_than_the_bound_is_not_kept_and_takes_nothing() -> None:
-    cache = IssuedItems(max_bytes=450)
+    cache = IssuedItems(max_bytes=3 * 400)
     cache.keep("k", [_item(1)])
-    cache.keep("k", [_item(2, size=1000), {"no": "id"}])
+    cache.keep("k", [_item(2, size=2000), {"no": "id"}])
     assert cache.get("k", "msg_2") is None and cache.get("k", "msg_1") is not None
 
 

@@ -369,3 +369,28 @@ def test_a_kept_response_is_retrieved_and_deleted(sdk: openai.OpenAI, http: Test
         sdk.responses.retrieve(created.id)
     unkept = http.post("/v1/responses", json={"input": "hi", "store": False}).json()
     assert http.get(f"/v1/responses/{unkept['id']}").status_code == 404
+
+
+def test_references_that_hold_more_than_the_context_are_refused_before_joining(http: TestClient[Any],
+                                                                               engine: FakeEngine) -> None:
+    # A 7 MB body of references to one long reply became a 650 MB conversation, built on the event loop.
+    engine.pieces = ["x" * 100]
+    message = http.post("/v1/responses", json={"input": "hi"}).json()["output"][0]
+    refs = [{"type": "item_reference", "id": message["id"]}] * 1000
+    response = http.post("/v1/responses", json={"input": refs})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["code"] == "context_length_exceeded"
+    assert error["param"] == "input.2"  # the third reference: 300 characters, over the 256 the context holds
+
+
+def test_store_false_keeps_no_items_either(http: TestClient[Any]) -> None:
+    # As OpenAI: "Items are not persisted when `store` is set to false."
+    message = http.post("/v1/responses", json={"input": "hi", "store": False}).json()["output"][0]
+    response = http.post("/v1/responses", json={"input": [{"type": "item_reference", "id": message["id"]}]})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "item_not_found"
+
+
+def test_a_context_error_names_the_input(http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.context_length = 40
+    error = http.post("/v1/responses", json={"input": "x" * 100}).json()["error"]
+    assert error["param"] == "input" and "the input has" in error["message"] and "messages" not in error["message"]
