@@ -89,7 +89,10 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         path = request.url.path
         # A client whose base_url left out /v1 (mlx_lm.server answers both): say where the API is.
         hint = (f"; the API is under /v1: {request.method} /v1{path} (a client's base_url ends in /v1)"
-                if path.lstrip("/").split("/")[0] in _V1_ROOTS else "")
+                if path.lstrip("/").split("/")[0] in _V1_ROOTS else
+                # the SDK's input_items.list and cancel: not a base_url mistake
+                "; of a response this server offers POST /v1/responses and GET or DELETE /v1/responses/{id}"
+                if path.startswith("/v1/responses/") else "")
         return error_response(APIError(404, f"Invalid URL ({request.method} {path}){hint}", code="not_found"))
     if status == 405:
         # Litestar names the route's methods in the exception's Allow header: pass it on (RFC 9110).

@@ -13,3 +13,9 @@ def test_a_body_with_two_bad_fields_names_both(client: Any) -> None:
     assert response.status_code == 400 and error["param"] in ("include", "top_logprobs")
     other = "top_logprobs" if error["param"] == "include" else "include"
     assert error["message"].endswith(f"(also invalid: {other})"), error["message"]
+
+
+def test_a_response_route_not_offered_says_which_are(client: Any) -> None:
+    # The SDK's input_items.list read "Invalid URL", as if the client's base_url were wrong.
+    response = client.get("/v1/responses/resp_1/input_items")
+    assert response.status_code == 404 and "GET or DELETE /v1/responses/{id}" in response.json()["error"]["message"]
