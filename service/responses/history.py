@@ -131,7 +131,11 @@ def input_items(body: ResponsesRequest, issued: Issued = lambda item_id: None,
     request's input with each `item_reference` resolved by `issued` (within `limit` characters: see _resolved).
 
     Raises APIError 400 naming a reference to an item that is not kept, or too many characters referred to."""
-    before = [_ITEM.validate_python(item) for item in earlier]
+    try:
+        before = [_ITEM.validate_python(item) for item in earlier]
+    except ValidationError:  # kept by a version of this server that wrote them otherwise
+        raise APIError(400, "previous_response_id: the kept conversation cannot be read back: send its items as "
+                            "input", param="previous_response_id", code="previous_response_not_found") from None
     own = [InputMessage(role="user", content=body.input)] if isinstance(body.input, str) \
         else _resolved(body.input, issued, limit)
     return before + own

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.http.errors import APIError
-from service.responses.history import chat_request, seal_reasoning, unseal_reasoning
+from service.responses.history import chat_request, input_items, seal_reasoning, unseal_reasoning
 from service.responses.schemas import ResponsesRequest
 
 
@@ -136,3 +136,10 @@ def test_a_custom_tools_grammar_is_shown_in_its_description() -> None:
     (tool,) = chat_request(body)[0].tools or ()
     assert tool.function.description == ("Edit files.\n\nThe `input` string follows this lark grammar:\n"
                                          "start: begin_patch hunk+ end_patch")
+
+
+def test_a_kept_conversation_that_cannot_be_read_back_is_a_400_not_a_500() -> None:
+    body = ResponsesRequest.model_validate({"input": "more"})
+    with pytest.raises(APIError) as caught:
+        input_items(body, earlier=[{"type": "message", "role": "user", "content": 5}])
+    assert caught.value.status == 400 and caught.value.param == "previous_response_id"
