@@ -195,8 +195,8 @@ def check_text_fits(chars: int, engine: ChatEngine, param: str) -> None:
     bound = char_bound(engine)
     if bound is not None and chars > bound:
         raise context_length_exceeded(
-            f"This model's maximum context length is {engine.context_length} tokens; the {param} has {chars} "
-            f"characters, more than any {engine.context_length} tokens can hold.", param=param)
+            f"This model's maximum context length is {engine.context_length} tokens; there are {chars} characters "
+            f"in the {param}, more than any {engine.context_length} tokens can hold.", param=param)
 
 
 def _content_chars(messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:

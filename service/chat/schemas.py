@@ -39,6 +39,9 @@ def _only_false(value: bool | None, why: str) -> bool | None:
 def no_forced_call(cls: Any, value: Any) -> Any:
     """A `tool_choice` validator: a forced call refused in a sentence (frameworks' structured output sends one), not
     pydantic's "should be 'auto' or 'none'". Raises ValueError."""
+    if isinstance(value, dict) and value.get("type") == "allowed_tools":
+        raise ValueError("allowed_tools is not supported: every declared tool is offered; declare only the tools "
+                         "allowed, with \"auto\"")
     if value == "required" or isinstance(value, dict):
         raise ValueError("a forced tool call (\"required\" or a named function) is not supported: the model decides "
                          "whether to call a tool; use \"auto\"")

@@ -226,6 +226,23 @@ def _turns_joined(instructions: str | None, turns: list[_Turn]) -> list[dict[str
     return joined
 
 
+def _calls_answered(items: list[Any]) -> None:
+    """Raises APIError 400 for a call without its output, or an output of no earlier call, in the Responses
+    API's words (chat's spoke of tool messages, which /v1/responses has none of)."""
+    calls: dict[str, int] = {}
+    for i, item in enumerate(items):
+        if isinstance(item, (FunctionCallItem, CustomToolCallItem)):
+            calls[item.call_id] = i
+        elif isinstance(item, (FunctionCallOutput, CustomToolCallOutput)):
+            if calls.pop(item.call_id, None) is None:
+                raise APIError(400, f"input: the output for call {item.call_id!r} answers no earlier function_call",
+                               param="input", code="invalid_value")
+    if calls:
+        call_id = next(iter(calls))
+        raise APIError(400, f"input: no output found for function call {call_id!r}: send a function_call_output "
+                            "item with its call_id", param="input", code="invalid_value")
+
+
 def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tuple[ChatCompletionRequest, ToolNames]:
     """The chat request `body` asks for (`items`: the conversation's, `input_items`'s; None: the request's input
     alone), and what its tool names stand for.
@@ -233,9 +250,10 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     Raises APIError 400 naming the field for what chat's rules refuse of the translated request, or a reference to
     an item that is not kept."""
     tools, names = _chat_tools(body)
+    items = input_items(body) if items is None else items
+    _calls_answered(items)
     chat: dict[str, Any] = {
-        "model": body.model, "stream": bool(body.stream),
-        "messages": _messages(body, input_items(body) if items is None else items),
+        "model": body.model, "stream": bool(body.stream), "messages": _messages(body, items),
         "max_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
         "prompt_cache_key": body.prompt_cache_key, "prompt_cache_retention": body.prompt_cache_retention,
         "user": body.user, "safety_identifier": body.safety_identifier, "service_tier": body.service_tier,

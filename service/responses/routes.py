@@ -51,7 +51,7 @@ def _renamed(exc: APIError) -> APIError:
     new = _FIELDS[chat_name]
     # Only the `param:` that opens chat's messages is chat's wording to replace ("these messages" stays a sentence).
     message = new + exc.message[len(param):] if exc.message.startswith(param + ":") else \
-        exc.message.replace(f"the {param} has", f"the {new} has")  # check_text_fits's sentence
+        exc.message.replace(f"in the {param},", f"in the {new},")  # check_text_fits's sentence
     return APIError(exc.status, message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
                     close=exc.close, should_retry=exc.should_retry)
 

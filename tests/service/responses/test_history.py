@@ -71,7 +71,8 @@ def test_calls_join_the_assistant_turn_and_results_become_tool_messages() -> Non
 ])
 def test_earlier_thinking_goes_back_beside_the_next_assistant_turn(item: dict[str, Any], thinking: str | None) -> None:
     messages = _messages(input=[{"role": "user", "content": "q"}, item,
-                                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])
+                                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                                {"type": "function_call_output", "call_id": "c", "output": "ok"}])
     assert messages[1].get("reasoning_content") == thinking
 
 
@@ -86,6 +87,7 @@ def test_custom_and_namespaced_tools_become_functions() -> None:
         {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": "*** Begin Patch"},
         {"type": "custom_tool_call_output", "call_id": "c1", "output": "ok"},
         {"type": "function_call", "call_id": "c2", "name": "status", "namespace": "mcp__git__", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c2", "output": "clean"},
     ], "tools": [{"type": "custom", "name": "apply_patch", "format": {"type": "text"}},
                  {"type": "namespace", "name": "mcp__git__", "tools": [{"type": "function", "name": "status"}]},
                  {"type": "web_search", "external_web_access": False}]})
@@ -143,3 +145,15 @@ def test_a_kept_conversation_that_cannot_be_read_back_is_a_400_not_a_500() -> No
     with pytest.raises(APIError) as caught:
         input_items(body, earlier=[{"type": "message", "role": "user", "content": 5}])
     assert caught.value.status == 400 and caught.value.param == "previous_response_id"
+
+
+@pytest.mark.parametrize("items, words", [
+    ([{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}, {"role": "user", "content": "ok?"}],
+     "no output found for function call 'c1'"),
+    ([{"type": "function_call_output", "call_id": "c9", "output": "x"}], "answers no earlier function_call"),
+])
+def test_calls_and_outputs_pair_or_are_refused_in_the_responses_words(items: list[Any], words: str) -> None:
+    # Chat's sentence spoke of "tool messages", which /v1/responses has none of.
+    with pytest.raises(APIError) as caught:
+        _chat(input=[{"role": "user", "content": "q"}, *items])
+    assert caught.value.status == 400 and caught.value.param == "input" and words in caught.value.message

@@ -393,4 +393,5 @@ def test_store_false_keeps_no_items_either(http: TestClient[Any]) -> None:
 def test_a_context_error_names_the_input(http: TestClient[Any], engine: FakeEngine) -> None:
     engine.context_length = 40
     error = http.post("/v1/responses", json={"input": "x" * 100}).json()["error"]
-    assert error["param"] == "input" and "the input has" in error["message"] and "messages" not in error["message"]
+    assert error["param"] == "input" and "characters in the input," in error["message"]
+    assert "messages" not in error["message"]

@@ -78,3 +78,11 @@ def test_an_unknown_model_is_a_404(client: TestClient[Any]) -> None:
 def test_responses_without_v1_points_at_it(client: TestClient[Any]) -> None:
     response = client.post("/responses", json={"input": "hi"})
     assert response.status_code == 404 and "/v1/responses" in response.json()["error"]["message"]
+
+
+def test_allowed_tools_is_refused_for_what_it_is(client: TestClient[Any]) -> None:
+    # It was refused as "a forced tool call", which mode "auto" is not.
+    choice = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "f"}]}
+    error = client.post("/v1/responses", json={"input": "hi", "tool_choice": choice}).json()["error"]
+    assert error["param"] == "tool_choice"
+    assert error["message"].startswith("tool_choice: allowed_tools is not supported")
