@@ -26,6 +26,9 @@ __all__ = [
     "SamplingFields",
     "ChatCompletionRequest",
     "no_forced_call",
+    "unread_parts_refused",
+    "UNREAD_PARTS",
+    "TOOL_NAME",
 ]
 
 
@@ -117,8 +120,21 @@ ContentPart = Annotated[
 ]
 
 # Part types a text model cannot read: refused with a sentence naming them (not pydantic's union listing).
-_UNREAD_PARTS = {"image_url": "images", "input_image": "images", "input_audio": "audio", "file": "files",
-                 "input_file": "files"}
+UNREAD_PARTS = {"image_url": "images", "input_image": "images", "input_audio": "audio", "file": "files",
+                "input_file": "files"}
+# OpenAI's rule for tool names (a name it would refuse could not be sent on to it either).
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+def unread_parts_refused(content: Any) -> Any:
+    """A content validator (before parsing): content parts a text model cannot read refused in a sentence.
+    Raises ValueError."""
+    for part in content if isinstance(content, list) else ():
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in UNREAD_PARTS:
+            raise ValueError(f"{kind!r} content parts are not supported: this server's model reads text only, "
+                             f"not {UNREAD_PARTS[kind]}")
+    return content
 
 
 class FunctionCall(_Request):
@@ -153,12 +169,7 @@ class ChatMessage(_Request):
     @field_validator("content", mode="before")
     @classmethod
     def _readable_parts(cls, content: Any) -> Any:
-        for part in content if isinstance(content, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in _UNREAD_PARTS:
-                raise ValueError(f"{kind!r} content parts are not supported: this server's model reads text only, "
-                                 f"not {_UNREAD_PARTS[kind]}")
-        return content
+        return unread_parts_refused(content)
 
     @field_validator("content")
     @classmethod
@@ -200,8 +211,7 @@ class StreamOptions(_Request):
 
 
 class FunctionDefinition(_Request):
-    # OpenAI's rule for tool names (a name it would refuse could not be sent on to it either).
-    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    name: str = Field(..., pattern=TOOL_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = Field(None, description="Only false: arguments are not constrained to the schema.")

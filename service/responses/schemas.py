@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
 
-from service.chat.schemas import FunctionDefinition, _Body, _Request, _empty, _only_false, no_forced_call
+from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, FunctionDefinition, _Body, _Request, _empty, _only_false,
+                                  no_forced_call, unread_parts_refused)
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
@@ -44,14 +45,13 @@ class RefusalInput(_Item):
     refusal: str
 
 
-_UNREAD_PARTS = {"input_image": "images", "input_file": "files", "input_audio": "audio"}
 _RETURNED = {"input_image": "an image", "input_file": "a file", "input_audio": "audio"}
 
 
 def _part_kind(part: Any) -> str | None:
     kind = part.get("type") if isinstance(part, dict) else None
-    if kind in _UNREAD_PARTS:
-        return None  # refused below with a sentence
+    if kind in UNREAD_PARTS:
+        return None  # refused by unread_parts_refused with a sentence
     return "RefusalInput" if kind == "refusal" else "TextInput"
 
 
@@ -60,15 +60,6 @@ InputPart = Annotated[
     Discriminator(_part_kind, custom_error_type="invalid_part_type",
                   custom_error_message="a content part's type must be 'input_text' (or 'output_text', 'refusal')"),
 ]
-
-
-def _readable(content: Any) -> Any:
-    for part in content if isinstance(content, list) else ():
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in _UNREAD_PARTS:
-            raise ValueError(f"{kind!r} content parts are not supported: this server's model reads text only, "
-                             f"not {_UNREAD_PARTS[kind]}")
-    return content
 
 
 def part_text(content: str | list[Any]) -> str:
@@ -88,7 +79,7 @@ class InputMessage(_Item):
     @field_validator("content", mode="before")
     @classmethod
     def _readable_parts(cls, content: Any) -> Any:
-        return _readable(content)
+        return unread_parts_refused(content)
 
 
 class FunctionCallItem(_Item):
@@ -216,9 +207,11 @@ class CustomTool(_Request):
     tool checks what it is given); its calls come back as `custom_tool_call` items."""
 
     type: Literal["custom"]
-    name: str = Field(..., pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    name: str = Field(..., pattern=TOOL_NAME)
     description: str | None = None
     format: CustomToolFormat | None = Field(None, description="A grammar is shown to the model, not enforced.")
+
+
 class NamespaceTool(_Request):
     """A group of functions (Codex's MCP servers): offered as `namespace + name`, called back with `namespace`."""
 
@@ -258,8 +251,8 @@ class Reasoning(_Request):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
         None, description='As chat\'s reasoning_effort ("none" switches thinking off).')
     summary: Literal["auto", "concise", "detailed", "none"] | None = Field(
-        None, description="Not null or none: the thinking is given in the reasoning item's `summary` (no shorter "
-                          "summary is written), else in its `content`.")
+        None, description='The thinking is given as the reasoning item\'s `summary` (no shorter summary is '
+                          'written); with "none" in its `content`.')
     generate_summary: Literal["auto", "concise", "detailed", "none"] | None = Field(None, description="As summary.")
 
 
