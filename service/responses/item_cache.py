@@ -43,12 +43,10 @@ class IssuedItems:
             _, (_, size, _) = self._items.popitem(last=False)
             self.bytes -= size
 
-    def keep_response(self, tenant: str | None, response_id: str, previous: str | None,
-                      items: list[dict[str, Any]], response: dict[str, Any] | None = None) -> None:
-        """Remember a response: the id it continued, its own items (its input, then its output) and the Response
-        object it finished as (for retrieval). Raises nothing."""
-        self.keep(tenant, [{"id": response_id, "type": "response", "previous": previous, "items": items,
-                            "response": response}])
+    def keep_response(self, tenant: str | None, input_items: list[dict[str, Any]], response: dict[str, Any]) -> None:
+        """Remember a response: its own input and the Response object it finished as (its id, output and the id
+        it continued). Raises nothing."""
+        self.keep(tenant, [{"id": response["id"], "type": "response", "input": input_items, "response": response}])
 
     def response(self, tenant: str | None, response_id: str) -> dict[str, Any] | None:
         """The Response object of a kept response, or None. Raises nothing."""
@@ -72,8 +70,9 @@ class IssuedItems:
             if record is None or record.get("type") != "response" or at in seen:
                 return None
             seen.add(at)
-            chain.append(record["items"])
-            at = record["previous"]
+            response = record["response"]
+            chain.append(record["input"] + response["output"])
+            at = response["previous_response_id"]
         return [item for items in reversed(chain) for item in items]
 
     def get(self, tenant: str | None, item_id: str) -> dict[str, Any] | None:

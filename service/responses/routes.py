@@ -177,7 +177,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     def kept(final: dict[str, Any]) -> None:  # the reply's items, for references by id, and the response (store)
         if data.store is not False:  # store: false keeps nothing (as OpenAI: its items cannot be referred to)
             kept_items.keep(tenant, output.items)
-            kept_items.keep_response(tenant, output.id, data.previous_response_id, own + output.items, final)
+            kept_items.keep_response(tenant, own, final)
 
     return await respond(
         request, counter, timing, submit_row=submit_row,

@@ -27,10 +27,13 @@ def test_an_item_larger_than_the_bound_is_not_kept_and_takes_nothing() -> None:
 
 
 def test_a_conversation_is_its_chain_of_responses_and_none_when_a_link_is_gone() -> None:
+    def response(response_id: str, previous: str | None, output: list[dict[str, str]]) -> dict[str, object]:
+        return {"id": response_id, "previous_response_id": previous, "output": output}
+
     cache = IssuedItems(max_bytes=10_000)
-    cache.keep_response("k", "resp_1", None, [_item(1, 10), _item(2, 10)])
-    cache.keep_response("k", "resp_2", "resp_1", [_item(3, 10)])
+    cache.keep_response("k", [_item(1, 10)], response("resp_1", None, [_item(2, 10)]))
+    cache.keep_response("k", [_item(3, 10)], response("resp_2", "resp_1", []))
     assert [i["id"] for i in cache.conversation("k", "resp_2") or []] == ["msg_1", "msg_2", "msg_3"]
     assert cache.conversation("other", "resp_2") is None
-    cache.keep_response("k", "resp_3", "resp_gone", [_item(4, 10)])
+    cache.keep_response("k", [_item(4, 10)], response("resp_3", "resp_gone", []))
     assert cache.conversation("k", "resp_3") is None and cache.conversation("k", "msg_1") is None
