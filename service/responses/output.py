@@ -31,15 +31,29 @@ def _id(prefix: str) -> str:
 
 class ResponseOutput:
     """One response's state: its id, the items so far, the stream's sequence numbers. `feed` a delta, `close` at
-    the reply's end; `completed`/`failed` give the closing event, `response()` the whole object."""
+    the reply's end; `final` gives the finished Response, `failed` the events ending a failed stream, `response()`
+    the object as it stands. Not `streamed`, no event is framed (the events are empty bytes)."""
 
     def __init__(self, body: ResponsesRequest, model: str, names: ToolNames,
-                 count_tokens: Callable[[str], int] = lambda text: 0) -> None:
+                 count_tokens: Callable[[str], int] = lambda text: 0, streamed: bool = True) -> None:
         self.id = _id("resp")
-        self._body = body
-        self._model = model
         self._names = names
-        self._created = int(time.time())
+        self._streamed = streamed
+        reasoning = body.reasoning
+        # What the Response says of the request, written once (a Codex request's tools are ~18 KB).
+        self._echo = {
+            "id": self.id, "object": "response", "created_at": int(time.time()), "model": model,
+            "parallel_tool_calls": body.parallel_tool_calls is not False, "tool_choice": body.tool_choice or "auto",
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+            "instructions": body.instructions, "metadata": body.metadata or {},
+            "temperature": body.temperature, "top_p": body.top_p, "previous_response_id": body.previous_response_id,
+            "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
+            if reasoning is not None else None,
+            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": body.store is not False,
+            "background": False, "service_tier": "default", "user": body.user,
+            "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
+        }
+        self._max_output_tokens = body.max_output_tokens
         # The thinking goes in the reasoning item's summary (what the Vercel AI SDK, pydantic-ai and LangChain's
         # streams read) unless the request says summary "none", which puts it in `content`.
         asked = body.reasoning.summary or body.reasoning.generate_summary if body.reasoning is not None else None
@@ -50,7 +64,6 @@ class ResponseOutput:
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written
         self._text: list[str] = []  # its text (a call's arguments)
-        self._calls: dict[int, int] = {}  # a chat delta's call index → the output index of its item
         self._sequence = 0
         self.started = False  # response.created went out
         # The limit the server applied to a request that set none (--max-tokens-cap, the context's room): said in
@@ -61,6 +74,8 @@ class ResponseOutput:
 
     def event(self, kind: str, **fields: Any) -> bytes:
         """One framed event. Raises nothing."""
+        if not self._streamed:
+            return b""
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
@@ -86,10 +101,9 @@ class ResponseOutput:
         for call in delta.tool_calls or ():
             if call.id is not None:  # a call's first delta: its name
                 events += self._close()
-                self._calls[call.index] = len(self.items)
-                events += self._open_call(call.id, call.function.name if call.function else None)
+                events += self._open_call(call.index, call.id, call.function.name if call.function else None)
             if call.function is not None and call.function.arguments and self._open is not None \
-                    and self._calls.get(call.index) == self._open["index"]:
+                    and self._open.get("call") == call.index:
                 if event := self._text_delta(call.function.arguments):
                     events.append(event)
         return events
@@ -122,26 +136,11 @@ class ResponseOutput:
     def response(self, status: str, *, usage: dict[str, Any] | None = None, error: dict[str, Any] | None = None,
                  incomplete_details: dict[str, Any] | None = None) -> dict[str, Any]:
         """The Response object as it stands (`usage` given at the end). Raises nothing."""
-        body = self._body
-        reasoning = body.reasoning
         return {
-            "id": self.id, "object": "response", "created_at": self._created, "status": status,
-            "completed_at": int(time.time()) if status == "completed" else None,
-            "model": self._model, "output": list(self.items) if status != "in_progress" else [],
-            "parallel_tool_calls": body.parallel_tool_calls is not False,
-            "tool_choice": body.tool_choice or "auto",
-            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+            **self._echo, "status": status, "completed_at": int(time.time()) if status == "completed" else None,
+            "output": list(self.items) if status != "in_progress" else [],
             "error": error, "incomplete_details": incomplete_details,
-            "instructions": body.instructions, "metadata": body.metadata or {},
-            "temperature": body.temperature, "top_p": body.top_p,
-            "max_output_tokens": body.max_output_tokens or self.applied_limit,
-            "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
-            if reasoning is not None else None,
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": body.store is not False,
-            "background": False,
-            "service_tier": "default", "user": body.user, "safety_identifier": body.safety_identifier,
-            "prompt_cache_key": body.prompt_cache_key, "usage": usage,
+            "max_output_tokens": self._max_output_tokens or self.applied_limit, "usage": usage,
         }
 
     # -- items -----------------------------------------------------------------------------------------------------
@@ -169,7 +168,7 @@ class ResponseOutput:
         self.items.append(item)
         return events
 
-    def _open_call(self, call_id: str, name: str | None) -> list[bytes]:
+    def _open_call(self, call_index: int, call_id: str, name: str | None) -> list[bytes]:
         kind, own, namespace = self._names.item(name or "")
         index = len(self.items)
         if kind == "custom":
@@ -180,7 +179,7 @@ class ResponseOutput:
                     "name": own, "arguments": ""}
             if namespace is not None:
                 item["namespace"] = namespace
-        self._open = {"type": item["type"], "index": index, "item": item}
+        self._open = {"type": item["type"], "index": index, "item": item, "call": call_index}
         self.items.append(item)
         return [self.event("response.output_item.added", output_index=index, item=item)]
 
@@ -194,6 +193,8 @@ class ResponseOutput:
         """A text delta of the open item, framed around JSON written once per item (the hot path: one per token)."""
         assert self._open is not None
         self._text.append(text)
+        if not self._streamed:
+            return b""
         frame = self._open.get("frame")
         if frame is None:
             frame = self._open["frame"] = self._delta_frame()

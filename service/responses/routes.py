@@ -38,8 +38,8 @@ __all__ = ["create_response", "retrieve_response", "delete_response"]
 _log = logging.getLogger("tandem.service")
 
 # Chat's field names in errors about the translated request → the Responses fields they came from.
-_FIELDS = {"messages": "input", "prompt": "input", "reasoning_effort": "reasoning.effort",
-           "max_tokens": "max_output_tokens"}
+# (submit names the prompt `messages`.)
+_FIELDS = {"messages": "input", "reasoning_effort": "reasoning.effort", "max_tokens": "max_output_tokens"}
 
 
 def _renamed(exc: APIError) -> APIError:
@@ -74,26 +74,35 @@ def _usage(counter: UsageCounter, output: ResponseOutput) -> dict[str, Any]:
             "total_tokens": prompt + completion}
 
 
+async def _reply(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
+                 kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+    """The reply's events, what came together in one write, the finished response's last; `kept(final)` is told
+    the finished Response. Raises what reading the row raises."""
+    finish: str | None = None
+    async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
+        async for text, finish in items:
+            if events := [e for delta in translator.feed(text) for e in output.feed(delta)]:
+                yield b"".join(events)
+            if translator.done:
+                finish = None
+                break
+    events = [e for delta in translator.finish() for e in output.feed(delta)]
+    reason = translator.finish_reason(finish)
+    events += output.close(incomplete=reason == "length")
+    final = output.final(reason, _usage(counter, output))
+    events.append(output.event(f"response.{final['status']}", response=final))
+    kept(final)
+    yield b"".join(events)
+
+
 async def _events(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
                   kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
     if not output.started:
         yield output.opening()
     try:
-        finish: str | None = None
-        async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
-            async for text, finish in items:
-                if events := [e for delta in translator.feed(text) for e in output.feed(delta)]:
-                    yield b"".join(events)  # one write for what came together
-                if translator.done:
-                    finish = None
-                    break
-        events = [e for delta in translator.finish() for e in output.feed(delta)]
-        reason = translator.finish_reason(finish)
-        events += output.close(incomplete=reason == "length")
-        final = output.final(reason, _usage(counter, output))
-        events.append(output.event(f"response.{final['status']}", response=final))
-        kept(final)
-        yield b"".join(events)
+        async with aclosing(_reply(reader, translator, output, counter, kept)) as events:
+            async for event in events:
+                yield event
     except Exception as exc:  # headers are out: report in-band; the stream ends with it
         _log.warning("response stream %s failed: %s", output.id, exc)
         yield output.failed(in_band_error(exc), _usage(counter, output))
@@ -101,21 +110,16 @@ async def _events(reader: RowReader, translator: ChatTranslator, output: Respons
 
 async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
                    kept: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    finish: str | None = None
-    async with aclosing(reader.items()) as items:
-        async for text, finish in items:
-            for delta in translator.feed(text):
-                output.feed(delta)
-            if translator.done:
-                finish = None
-                break
-    for delta in translator.finish():
-        output.feed(delta)
-    reason = translator.finish_reason(finish)
-    output.close(incomplete=reason == "length")
-    final = output.final(reason, _usage(counter, output))
-    kept(final)
-    return final
+    finals: list[dict[str, Any]] = []
+
+    def keep(final: dict[str, Any]) -> None:
+        finals.append(final)
+        kept(final)
+
+    async with aclosing(_reply(reader, translator, output, counter, keep)) as events:
+        async for _ in events:  # a non-streamed output frames no events (ResponseOutput streamed=False)
+            pass
+    return finals[0]
 
 
 def _unoffered(body: ResponsesRequest) -> list[str]:
@@ -160,7 +164,8 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     counter = UsageCounter()
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
-    output = ResponseOutput(data, state.chat_model_name or "", names, count_tokens=_token_count(engine.tokenizer))
+    output = ResponseOutput(data, state.chat_model_name or "", names, count_tokens=_token_count(engine.tokenizer),
+                            streamed=bool(data.stream))
     translators: list[ChatTranslator] = []
 
     async def submit_row() -> RowStream:
