@@ -33,7 +33,7 @@ from service.http.sse import DONE, sse_data, sse_error
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
-__all__ = ["chat_completions", "render_chat_prompt", "session_hint", "submit_chat"]
+__all__ = ["chat_completions", "render_chat_prompt", "submit_chat"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -47,7 +47,7 @@ async def render_chat_prompt(state: AppState, engine: ChatEngine, body: ChatComp
     return (await render_chat(state, engine, body)).tokens
 
 
-def session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -> str | None:
+def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) -> str | None:
     for header in AFFINITY_HEADERS:
         if value := request.headers.get(header):
             return value
@@ -65,7 +65,7 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
     prompt = rendered.tokens
     counter.prompt_tokens = len(prompt)
     generation = generation_request(engine, body, prompt, body.max_completion_tokens or body.max_tokens,
-                                    param="messages", session_id=session_hint(request, body),
+                                    param="messages", session_id=_session_hint(request, body),
                                     segment_boundaries=rendered.boundaries,
                                     default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
                                     logprobs=logprobs)

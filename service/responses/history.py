@@ -152,8 +152,8 @@ class _Turn:
         self.calls: list[dict[str, Any]] = []
         self.tool_call_id: str | None = None
 
-    def message(self, separator: str = "") -> dict[str, Any]:
-        message: dict[str, Any] = {"role": self.role, "content": separator.join(self.parts) if self.parts else None}
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": "".join(self.parts) if self.parts else None}
         if self.thinking:
             message["reasoning_content"] = "\n\n".join(self.thinking)
         if self.calls:
