@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError, error_body
@@ -35,7 +35,7 @@ class ResponseOutput:
     the object as it stands. Not `streamed`, no event is framed (the events are empty bytes)."""
 
     def __init__(self, body: ResponsesRequest, model: str, names: ToolNames,
-                 count_tokens: Callable[[str], int] = lambda text: 0, streamed: bool = True) -> None:
+                 streamed: bool = True) -> None:
         self.id = _id("resp")
         self._names = names
         self._streamed = streamed
@@ -59,8 +59,7 @@ class ResponseOutput:
         asked = body.reasoning.summary or body.reasoning.generate_summary if body.reasoning is not None else None
         self._summary = asked != "none"
         self._sealed = "reasoning.encrypted_content" in (body.include or ())
-        self._count_tokens = count_tokens  # the thinking's tokens, for usage
-        self.reasoning_tokens = 0
+        self.thinking: list[str] = []  # the reasoning items' text, counted for usage when the reply ends
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written
         self._text: list[str] = []  # its text (a call's arguments)
@@ -241,7 +240,7 @@ class ResponseOutput:
                                      content_index=0, part=part))
             item = {**item, "status": status, "content": [part]}
         elif kind == "reasoning":
-            self.reasoning_tokens += self._count_tokens(text)
+            self.thinking.append(text)
             if self._summary:
                 summary = {"type": "summary_text", "text": text}
                 events.append(self.event("response.reasoning_summary_text.done", item_id=item_id,

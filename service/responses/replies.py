@@ -15,8 +15,7 @@ class InputTokensDetails(BaseModel):
 
 
 class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = Field(..., description="Tokens generated while thinking (counted when the thinking "
-                                                   "ended, to the nearest step).")
+    reasoning_tokens: int = Field(..., description="The tokens of the thinking's text (its markers not counted).")
 
 
 class ResponseUsage(BaseModel):

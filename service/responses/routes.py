@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from typing import Any, AsyncGenerator, Callable
+from functools import partial
+from typing import Any, AsyncGenerator, Awaitable, Callable
 
+import anyio
 from litestar import Request, Response, delete, get, post
 
 from service.chat.output import ChatTranslator
@@ -31,7 +33,7 @@ from service.responses.output import ResponseOutput
 from service.responses.replies import DeletedResponse, ResponseObject, ResponseStreamEvent
 from service.responses.schemas import HOSTED_TOOLS, HostedTool, ResponsesRequest
 from service.seams import RowStream
-from service.state import get_state
+from service.state import AppState, get_state
 
 __all__ = ["create_response", "retrieve_response", "delete_response"]
 
@@ -56,26 +58,33 @@ def _renamed(exc: APIError) -> APIError:
                     close=exc.close, should_retry=exc.should_retry)
 
 
-def _token_count(tokenizer: Any) -> Callable[[str], int]:
-    """How many tokens a text is (the thinking's count in usage; 0 when the tokenizer cannot say)."""
-    def count(text: str) -> int:
-        try:
-            return len(tokenizer.encode(text, add_special_tokens=False))
-        except Exception:  # noqa: BLE001 — usage detail only; never fail a reply over it
-            return 0
-    return count
+async def _thinking_tokens(state: AppState, tokenizer: Any, thinking: list[str]) -> int:
+    """How many tokens the reply's thinking is (usage's reasoning_tokens; 0 when the tokenizer cannot say), encoded
+    in a worker thread one at a time, as every encoding is: HF tokenizers are not safe for concurrent use."""
+    if not thinking:
+        return 0
+    try:
+        encoded = await anyio.to_thread.run_sync(partial(tokenizer.encode, "".join(thinking), add_special_tokens=False),
+                                                 limiter=state.tokenize_limiter)
+    except Exception:  # noqa: BLE001 — usage detail only; never fail a reply over it
+        return 0
+    return len(encoded)
 
 
-def _usage(counter: UsageCounter, output: ResponseOutput) -> dict[str, Any]:
+def _usage(counter: UsageCounter, reasoning_tokens: int) -> dict[str, Any]:
     prompt, completion = counter.totals()
-    reasoning = min(output.reasoning_tokens, completion)
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": counter.cached_tokens},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": reasoning},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens,
+                                                                                           completion)},
             "total_tokens": prompt + completion}
 
 
+# The reply's thinking → its tokens (_thinking_tokens for the request's server and tokenizer).
+Counting = Callable[[list[str]], Awaitable[int]]
+
+
 async def _reply(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                 kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+                 count: Counting, kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
     """The reply's events, what came together in one write, the finished response's last; `kept(final)` is told
     the finished Response. Raises what reading the row raises."""
     finish: str | None = None
@@ -89,34 +98,34 @@ async def _reply(reader: RowReader, translator: ChatTranslator, output: Response
     events = [e for delta in translator.finish() for e in output.feed(delta)]
     reason = translator.finish_reason(finish)
     events += output.close(incomplete=reason == "length")
-    final = output.final(reason, _usage(counter, output))
+    final = output.final(reason, _usage(counter, await count(output.thinking)))
     events.append(output.event(f"response.{final['status']}", response=final))
     kept(final)
     yield b"".join(events)
 
 
 async def _events(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                  kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+                  count: Counting, kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
     if not output.started:
         yield output.opening()
     try:
-        async with aclosing(_reply(reader, translator, output, counter, kept)) as events:
+        async with aclosing(_reply(reader, translator, output, counter, count, kept)) as events:
             async for event in events:
                 yield event
     except Exception as exc:  # headers are out: report in-band; the stream ends with it
         _log.warning("response stream %s failed: %s", output.id, exc)
-        yield output.failed(in_band_error(exc), _usage(counter, output))
+        yield output.failed(in_band_error(exc), _usage(counter, await count(output.thinking)))
 
 
 async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                   kept: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+                   count: Counting, kept: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     finals: list[dict[str, Any]] = []
 
     def keep(final: dict[str, Any]) -> None:
         finals.append(final)
         kept(final)
 
-    async with aclosing(_reply(reader, translator, output, counter, keep)) as events:
+    async with aclosing(_reply(reader, translator, output, counter, count, keep)) as events:
         async for _ in events:  # a non-streamed output frames no events (ResponseOutput streamed=False)
             pass
     return finals[0]
@@ -164,8 +173,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     counter = UsageCounter()
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
-    output = ResponseOutput(data, state.chat_model_name or "", names, count_tokens=_token_count(engine.tokenizer),
-                            streamed=bool(data.stream))
+    output = ResponseOutput(data, state.chat_model_name or "", names, streamed=bool(data.stream))
     translators: list[ChatTranslator] = []
 
     async def submit_row() -> RowStream:
@@ -179,6 +187,9 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     def failure(error: APIError) -> bytes:
         return (b"" if output.started else output.opening()) + output.failed(error)
 
+    def count(thinking: list[str]) -> Awaitable[int]:
+        return _thinking_tokens(state, engine.tokenizer, thinking)
+
     def kept(final: dict[str, Any]) -> None:  # the reply's items, for references by id, and the response (store)
         if data.store is not False:  # store: false keeps nothing (as OpenAI: its items cannot be referred to)
             kept_items.keep(tenant, output.items)
@@ -186,8 +197,9 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
 
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _events(reader, translators[0], output, counter, kept)) if data.stream else None,
-        collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter, kept),
+        events=(lambda reader: _events(reader, translators[0], output, counter, count, kept)) if data.stream else None,
+        collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter, count,
+                                        kept),
         keepalive=output.opening, failure=failure)
 
 
