@@ -81,6 +81,8 @@ def kv_token_bytes(model: Any) -> int:
     layers = list(getattr(inner, "layers", None) or getattr(model, "layers", []))
     attn = getattr(layers[0], "self_attn", None) if layers else None
     proj = getattr(attn, "k_proj", None)
+    # A live LoRA layer (an adapter on a quantized base, engine/adapters.py) wraps the projection it adapts.
+    proj = getattr(proj, "linear", proj)
     n_kv = int(getattr(attn, "n_kv_heads", 0) or getattr(attn, "num_key_value_heads", 0)) if attn is not None else 0
     if proj is not None and n_kv:
         # Quantized projections keep their activations' dtype in `scales`; plain ones in `weight`.

@@ -16,6 +16,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from engine.adapters import AppliedAdapter, apply_adapter, check_adapter_dir
 from engine.errors import ModelNotFound
 from engine.generation_config import generation_eos_ids, sampling_defaults
 from engine.harmony import add_harmony_stops
@@ -75,6 +76,8 @@ class LoadedModel:
     directory: Path | None = None
     # What generation_config.json recommends for fields a request leaves out (`sampling_defaults`).
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    # The fine-tune's adapter applied to the weights, if one was given.
+    adapter: AppliedAdapter | None = None
 
 
 def demo_model_path() -> Path | None:
@@ -167,18 +170,22 @@ def _cached_source(spec: str) -> ModelSource | None:
     return None
 
 
-def load_model(spec: str | None, *, float32: bool | None = None, chat_template: str | None = None) -> LoadedModel:
+def load_model(spec: str | None, *, float32: bool | None = None, chat_template: str | None = None,
+               adapter_path: str | Path | None = None) -> LoadedModel:
     """Resolve `spec` and load model + tokenizer. Must run on the engine thread (it creates MLX arrays).
 
     `float32` None means "on the CPU backend": weights are cast (bf16/fp16) or dequantized to float32.
-    `chat_template`: a template's text replacing the checkpoint's own.
-    Raises ModelNotFound (nothing matches), GGUFError (unsupported GGUF), ValueError/FileNotFoundError
-    from mlx-lm for a directory it cannot load.
+    `chat_template`: a template's text replacing the checkpoint's own. `adapter_path`: an mlx-lm fine-tune's
+    adapter directory applied to the weights (engine/adapters.py).
+    Raises ModelNotFound (nothing matches), GGUFError (unsupported GGUF), AdapterError (an adapter that does not
+    fit), ValueError/FileNotFoundError from mlx-lm for a directory it cannot load.
     """
     import mlx.core as mx
     from mlx_lm.utils import load
 
     source = resolve_model(spec)
+    if adapter_path is not None:
+        check_adapter_dir(adapter_path)  # before the weights load: a wrong path is said in a moment
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
     directory = _directory(source, float32)
@@ -194,6 +201,11 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
         tokenizer.eos_token_ids = set(eos) | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
     if float32:
         to_float32(model)
+    adapter = None
+    if adapter_path is not None:
+        # After the float32 cast: a dequantized base fuses the update in float32, as the CPU serves it.
+        adapter = apply_adapter(model, adapter_path)
+        _log.info("%s", adapter.describe())
     materialize(model)
     _chat_template_of(tokenizer, directory, source.name)
     add_harmony_stops(tokenizer)
@@ -211,6 +223,7 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
         kind=source.kind,
         float32=float32,
         sampling_defaults=sampling_defaults(directory),
+        adapter=adapter,
     )
 
 

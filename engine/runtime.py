@@ -126,9 +126,10 @@ class Engine:
 
     @classmethod
     async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, chat_template: str | None = None,
-                   **options: Any) -> "Engine":
+                   adapter_path: str | None = None, **options: Any) -> "Engine":
         """Load model `spec` on a new engine thread and build the engine on that same thread, so every
-        array the model holds belongs to the thread that runs it (`chat_template` replaces the checkpoint's). The
+        array the model holds belongs to the thread that runs it (`chat_template` replaces the checkpoint's;
+        `adapter_path` applies a fine-tune's adapter). The
         prefix cache gets
         `prompt_cache_bytes` (None: its share of the memory budget; 0: no prefix cache). `options` go to
         `Engine(...)`. Raises what engine.models.load_model raises (the thread is closed then), and
@@ -139,7 +140,8 @@ class Engine:
         apply_serving_defaults()  # some are read when MLX first touches the device, i.e. during the load
         thread = EngineThread()
         try:
-            loaded = await thread.run(functools.partial(load_model, spec, chat_template=chat_template))
+            loaded = await thread.run(functools.partial(load_model, spec, chat_template=chat_template,
+                                                          adapter_path=adapter_path))
             if prompt_cache_bytes is None:
                 prompt_cache_bytes = MemoryBudget.plan(
                     loaded.model, total=options.get("memory_budget"),

@@ -97,6 +97,8 @@ class ServiceConfig:
     shutdown_timeout: float = 5.0
     # Client-supplied chat templates (chat_template_kwargs.chat_template) are refused unless set.
     allow_request_templates: bool = False
+    # A fine-tune's adapter directory (mlx_lm.lora's) applied to the chat model's weights at load.
+    adapter_path: str | None = None
     # The chat model's template replaced (its text), and template variables every request gets unless it sets them.
     chat_template: str | None = None
     chat_template_args: dict[str, Any] = field(default_factory=dict)

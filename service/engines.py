@@ -35,7 +35,7 @@ async def open_engine(config: ServiceConfig) -> ChatEngine:
                                  max_iteration_tokens=config.max_iteration_tokens, prefill_stall=config.prefill_stall,
                                  decode_burst=config.decode_burst,
                                  prompt_cache_bytes=config.prompt_cache_bytes, memory_budget=config.memory_budget,
-                                 chat_template=config.chat_template)
+                                 chat_template=config.chat_template, adapter_path=config.adapter_path)
     except EngineError:
         raise  # the engine's own errors already say what and where
     except Exception as exc:

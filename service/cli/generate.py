@@ -23,6 +23,9 @@ def add_generate(sub: Any) -> None:
     p.add_argument("--model", default=None,
                    help="chat model: dir, .gguf or cached repo id, as `serve` takes it (the id /v1/models shows for a "
                         "local dir or file is only its name: give the path) (default: the demo)")
+    p.add_argument("--adapter-path", default=None, metavar="DIR",
+                   help="a fine-tune's adapter folder as mlx_lm.lora writes it, applied to the model (as `serve`) "
+                        "(default: none)")
     p.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (0: greedy)")
     p.add_argument("--seed", type=_seed, default=None, help="sampling seed, 0..2^64-1 (default: random)")
@@ -47,6 +50,13 @@ def _generate(args: argparse.Namespace) -> int:
         if not args.prompt:
             raise CLIError("the prompt read from stdin is empty")
     resolve_chat_model(args.model)  # a bad name fails here, before MLX loads anything
+    if args.adapter_path is not None:
+        from engine.adapters import AdapterError, check_adapter_dir
+
+        try:
+            check_adapter_dir(args.adapter_path)
+        except AdapterError as exc:
+            raise CLIError(f"--adapter-path: {exc}") from None
     import anyio
 
     from engine.contracts import GenerationRequest, SamplingParams
@@ -58,7 +68,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     # One line for what the model or its template refuses, as `serve` gives it (these were tracebacks).
     try:
-        loaded = load_model(args.model)
+        loaded = load_model(args.model, adapter_path=args.adapter_path)
     except Exception as exc:  # noqa: BLE001 — any loader failure is the user's model, not a crash
         raise CLIError(f"could not load model {args.model}: {type(exc).__name__}: {exc}") from None
     engine = Engine(loaded, max_active=1)

@@ -34,6 +34,10 @@ def add_serve(sub: Any) -> None:
     # mlx_lm.server's spelling: `--model DIR`
     p.add_argument("--model", dest="model_flag", default=None, metavar="MODEL",
                    help="the chat model, as the positional MODEL (default: the embedded demo)")
+    p.add_argument("--adapter-path", default=None, metavar="DIR",
+                   help="a fine-tune's adapter folder as mlx_lm.lora writes it (adapter_config.json, "
+                        "adapters.safetensors), applied to the chat model: fused into float weights, live LoRA "
+                        "layers on a quantized model (mlx_lm.server's flag) (default: none)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8080, help="port to listen on")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
@@ -89,8 +93,18 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         if args.model is not None and args.model != args.model_flag:
             raise CLIError(f"two chat models given: {args.model!r} and --model {args.model_flag!r}")
         args.model = args.model_flag
+    adapter_path = None
+    if args.adapter_path is not None:
+        from engine.adapters import AdapterError, check_adapter_dir
+
+        try:
+            check_adapter_dir(args.adapter_path)
+        except AdapterError as exc:
+            raise CLIError(f"--adapter-path: {exc}") from None
+        adapter_path = str(Path(args.adapter_path).resolve())  # an --isolate child may start elsewhere
     config = ServiceConfig(
         model=args.model,
+        adapter_path=adapter_path,
         max_active=args.max_active,
         max_iteration_tokens=args.max_iteration_tokens,
         prefill_stall=args.prefill_stall,
@@ -150,6 +164,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = serve_config(args)
     speech = configure_serve_speech(args, config)  # a bad --whisper-model fails here, clearly
+    if speech.transcription_only and config.adapter_path is not None:
+        raise CLIError("--adapter-path applies to a chat model; this server serves transcription only")
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
     if source is not None and source.kind == "hf_dir":
         from service.engines import broken_model_file

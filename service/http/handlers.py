@@ -38,7 +38,8 @@ _WINDOW = "mlx_lm.server's penalty window; here the penalties cover the whole re
 _OTHER_SERVERS = {
     "repetition_context_size": _WINDOW, "presence_context_size": _WINDOW, "frequency_context_size": _WINDOW,
     "xtc_probability": "XTC sampling is not offered here", "xtc_threshold": "XTC sampling is not offered here",
-    "adapters": "LoRA adapters are not loaded per request here", "draft_model": "no speculative decoding here",
+    "adapters": "adapters are not loaded per request here: serve the fine-tune with --adapter-path",
+    "draft_model": "no speculative decoding here",
     "num_draft_tokens": "no speculative decoding here", "role_mapping": "the model's chat template formats roles",
     "num_predict": "send max_tokens", "repeat_penalty": "send repetition_penalty", "num_ctx": "the model's context is "
     "fixed at load", "keep_alive": "the model stays loaded", "options": "send the sampling fields at the top level",

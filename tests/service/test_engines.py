@@ -113,3 +113,19 @@ async def test_a_state_space_checkpoint_loads_with_a_budget_for_its_tokens(tmp_p
         assert engine.memory_stats()["budget"]["kv_token_bytes"] > 0  # type: ignore[attr-defined]
     finally:
         engine.close()
+
+
+async def test_the_adapter_path_is_applied_to_the_served_model(tiny_llm_dir: Path, tmp_path: Path) -> None:
+    from engine.adapters import AdapterError
+    from tests.fixtures.tiny_adapter import build_tiny_adapter
+
+    adapter = build_tiny_adapter(tiny_llm_dir, tmp_path / "lora")
+    engine = await open_engine(ServiceConfig(model=str(tiny_llm_dir), adapter_path=str(adapter)))
+    try:
+        applied = engine.loaded.adapter  # type: ignore[attr-defined]
+        assert applied is not None and applied.path == str(adapter) and applied.fused > 0
+    finally:
+        engine.close()
+    (adapter / "adapters.safetensors").unlink()
+    with pytest.raises(AdapterError, match="has no adapters.safetensors"):
+        await open_engine(ServiceConfig(model=str(tiny_llm_dir), adapter_path=str(adapter)))

@@ -97,3 +97,31 @@ def test_thinking_goes_to_stderr_and_the_answer_to_stdout(tmp_path: Path, capsys
     out, err = capsys.readouterr()
     assert out == "\n" and "</think>" not in err
     assert err.rsplit("[", 1)[0].strip(), err  # the thinking, before the token count line
+
+
+def test_an_adapter_changes_the_reply_as_mlx_lm_applies_it(tiny_llm_dir: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # mlx_lm.generate's `--adapter-path`: the fine-tune's reply, as mlx-lm's own loader gives it.
+    from mlx_lm.utils import load
+
+    from service.chat.prompt import render_prompt
+    from tests.fixtures.tiny_adapter import build_tiny_adapter
+
+    adapter = build_tiny_adapter(tiny_llm_dir, tmp_path / "lora")
+
+    def reply(*extra: str) -> str:
+        assert main(["generate", "Hello world", "--model", str(tiny_llm_dir), "--max-tokens", "8", *extra]) == 0
+        return capsys.readouterr().out
+
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = load(str(tiny_llm_dir), adapter_path=str(adapter))
+    prompt = render_prompt(tokenizer, [{"role": "user", "content": "Hello world"}])
+    tokens = [int(t) for t, _ in generate_step(mx.array(prompt), model, max_tokens=8)]
+    adapted = reply("--adapter-path", str(adapter))
+    assert adapted.strip() and adapted != reply()
+    assert tokenizer.decode(tokens).strip()[:12] in adapted
+    assert main(["generate", "hi", "--adapter-path", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "--adapter-path: adapter path" in err and "is not a directory" in err and err.count("\n") == 1

@@ -123,3 +123,23 @@ def test_speech_flags_at_their_defaults_pass_beside_no_whisper(tiny_llm_dir: Pat
     # Nothing is dropped when the value given is the one speech-off would have anyway.
     assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--session-ttl", "300", "--live-context", "auto",
                  "--max-body-bytes", "1MiB", "--port", str(_free_port())]) == 0
+
+
+def test_an_adapter_path_is_checked_before_the_model_loads(tiny_llm_dir: Path, tmp_path: Path, no_server: None,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    # mlx_lm.server's `--adapter-path`: a folder without the trainer's files is one line, and the path travels
+    # absolute (an --isolate child may start elsewhere).
+    from service.cli.main import build_parser
+    from service.cli.serve import serve_config
+    from tests.fixtures.tiny_adapter import build_tiny_adapter
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()),
+                 "--adapter-path", str(empty)]) == 2
+    assert "--adapter-path: adapter path" in capsys.readouterr().err
+    adapter = build_tiny_adapter(tiny_llm_dir, tmp_path / "lora")
+    monkeypatch.chdir(tmp_path)
+    config = serve_config(build_parser().parse_args(["serve", str(tiny_llm_dir), "--adapter-path", "lora"]))
+    assert config.adapter_path == str(adapter.resolve())
