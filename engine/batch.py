@@ -24,6 +24,7 @@ import anyio
 
 from engine.admission import KVAdmission
 from engine.burst import PREFIX_PUT, DecodeBursts, StepResult
+from engine.constraints import ConstraintTokenizer
 from engine.context import loop_caller
 from engine.contracts import Delta, ExecutionContext, GenerationRequest
 from engine.errors import EngineClosed
@@ -84,6 +85,7 @@ class LLMBatchGroup:
         self._idle_released = True  # freed memory was given back since the last row ran
         self.plan = plan or resolve_execution(model)
         self.vocab_size = int(getattr(getattr(model, "args", None), "vocab_size", 0) or len(tokenizer))
+        self.constraints = ConstraintTokenizer(tokenizer, self.vocab_size)  # built at the first grammar (or warm-up)
         self.tasks = ExecutionTasks()
         self._active: list[Row] = []
         self._wake = Pulse()
@@ -121,7 +123,8 @@ class LLMBatchGroup:
     def submit(self, request: GenerationRequest) -> LLMRowStream:
         """Queue a generation; returns its delta stream.
 
-        Raises what engine/request_checks.py raises (InvalidRequest, ContextTooLong, InvalidSampling),
+        Raises what engine/request_checks.py raises (InvalidRequest, ContextTooLong, InvalidSampling), ConstraintError
+        for a grammar this tokenizer cannot follow,
         EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
         if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
@@ -129,8 +132,10 @@ class LLMBatchGroup:
         prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))
+        grammar = request.sampling.grammar
+        constraint = self.constraints.constraint(grammar, request.sampling.grammar_after) if grammar else None
         row, receive = Row.start(request, prompt, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
-                                 decode_tail=self._decode_tail)
+                                 decode_tail=self._decode_tail, constraint=constraint)
         self._queue.append(row)
         self._wake.fire()
         return LLMRowStream(row, receive, self._wake.fire)

@@ -38,6 +38,10 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # None: no log probabilities; k: each sampled token's, with the k likeliest (0..20) beside it.
     logprobs: int | None = None
+    # A grammar the reply must follow (engine/constraints.py json_grammar), from the start or, when `grammar_after`
+    # is given, once the reply has written those tokens (a thinking block's end).
+    grammar: str | None = None
+    grammar_after: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from engine.constraints import Constraint
 from engine.contracts import Delta, GenerationRequest, TokenLogprob
 from engine.sampling import RowSampler
 from engine.stop_matcher import StopMatcher
@@ -58,12 +59,14 @@ class Row:
 
     @classmethod
     def start(cls, request: GenerationRequest, prompt: list[int], *, vocab_size: int, tokenizer: Any,
-              decode_tail: bool = False) -> tuple["Row", MemoryObjectReceiveStream[Delta]]:
+              decode_tail: bool = False, constraint: Constraint | None = None
+              ) -> tuple["Row", MemoryObjectReceiveStream[Delta]]:
         """A queued row for a checked request (engine/request_checks.py) and the receiving end of its deltas,
-        unbounded so a slow consumer never blocks the loop. `decode_tail`: see the field (prompts of 2+ tokens).
+        unbounded so a slow consumer never blocks the loop. `decode_tail`: see the field (prompts of 2+ tokens);
+        `constraint`: the grammar its reply follows (engine/constraints.py).
         Raises nothing of its own."""
         send, receive = anyio.create_memory_object_stream[Delta](math.inf)
-        row = cls(request=request, send=send, sampler=RowSampler(request.sampling, prompt, vocab_size),
+        row = cls(request=request, send=send, sampler=RowSampler(request.sampling, prompt, vocab_size, constraint),
                   stopper=StopMatcher(tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
                                       max_tokens=request.max_tokens, keep_leading_space=request.continuation,
                                       skip_special_tokens=request.skip_special_tokens),

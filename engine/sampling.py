@@ -2,7 +2,8 @@
 
 `RowSampler` turns one row's logits into a token (lazily: nothing is evaluated here) applying, in order:
 logit_bias, repetition penalty (prompt + generated tokens), presence/frequency penalties (generated
-tokens), temperature, then top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the
+tokens), a grammar's mask (engine/constraints.py: tokens that would break the JSON asked for), temperature, then
+top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the
 row's own PRNG key when seeded, so a seeded row's draws are its own whatever its batch mates are (its logits are
 not: forwards of different batch sizes differ in the last bits, ~3e-5 for the demo model on CPU, so a draw near a
 boundary can part a seeded reply from a copy that ran in another batch). A row that asked for
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Sequence, cast
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
+from engine.constraints import Constraint
 from engine.contracts import SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
 from engine.stop_matcher import StepText, StopMatcher
@@ -54,9 +56,11 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
 class RowSampler:
     """One row's sampling state: settings, PRNG key, and the token history penalties look at."""
 
-    def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int], vocab_size: int) -> None:
+    def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int], vocab_size: int,
+                 constraint: Constraint | None = None) -> None:
         self.params = params
         self.vocab_size = vocab_size
+        self._constraint = constraint
         self._key = mx.random.key(params.seed) if params.seed is not None else None
         bias = params.logit_bias or {}
         self._bias = (mx.array([int(k) for k in bias]), mx.array([float(v) for v in bias.values()])) if bias else None
@@ -80,13 +84,14 @@ class RowSampler:
         """Greedy with no logits processing: batch mates can share one argmax."""
         p = self.params
         return (p.temperature == 0 and self._bias is None and p.repetition_penalty == 1.0
-                and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+                and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 and self._constraint is None)
 
     @property
     def plain(self) -> bool:
         """Greedy or plain temperature, unseeded, no processors: batch mates share one draw."""
         return self.plain_greedy or (self.params.temperature > 0 and self._key is None and not self._filters
-                                     and self._bias is None and self.params.repetition_penalty == 1.0
+                                     and self._bias is None and self._constraint is None
+                                     and self.params.repetition_penalty == 1.0
                                      and self.params.presence_penalty == 0.0 and self.params.frequency_penalty == 0.0)
 
     @property
@@ -116,6 +121,8 @@ class RowSampler:
             ids = mx.array(list(self._counts))
             pen = mx.array([p.presence_penalty + p.frequency_penalty * c for c in self._counts.values()])
             logits = logits.at[:, ids].subtract(pen)
+        if self._constraint is not None and (allowed := self._constraint.mask()) is not None:
+            logits = mx.where(allowed[:, : logits.shape[-1]], logits, -mx.inf)
         if p.temperature == 0:
             return mx.argmax(logits, axis=-1)
         x = logits.astype(mx.float32) * (1.0 / p.temperature)
@@ -153,6 +160,8 @@ class RowSampler:
             self._seen_arr = None
         if self.params.presence_penalty or self.params.frequency_penalty:
             self._counts[token] += 1
+        if self._constraint is not None:
+            self._constraint.accept(token)
 
 
 class LogprobBlock:

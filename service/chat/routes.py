@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
+from dataclasses import replace
 from typing import Any, AsyncGenerator, Sequence
 
 from litestar import Request, Response, post
@@ -18,7 +19,8 @@ from engine.contracts import GenerationRequest, TokenLogprob
 from service.chat.logprobs import LogprobJson, TokenPieces, chat_logprobs, logprob_json, requested_logprobs, token_pieces
 from service.chat.output import ChatTranslator
 from service.chat.tool_text import request_tools
-from service.chat.render import render_chat
+from service.chat.json_output import output_grammar
+from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
 from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason
 from service.chat.schemas import ChatCompletionRequest
@@ -69,15 +71,30 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
                                     segment_boundaries=rendered.boundaries,
                                     default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
                                     logprobs=logprobs)
+    calls = bool(body.tools) and body.tool_choice != "none"
+    grammar, after = await output_grammar(body.response_format, tokenizer=engine.tokenizer, calls=calls,
+                                          opens_thinking=_opens_thinking(engine.tokenizer, rendered),
+                                          param="response_format")
+    if grammar is not None:
+        generation.sampling = replace(generation.sampling, grammar=grammar, grammar_after=after)
     translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),
                                                   # only functions the request declared come back as calls
-                                                  calls=bool(body.tools) and body.tool_choice != "none",
+                                                  calls=calls,
                                                   one_call=body.parallel_tool_calls is False,
                                                   json_calls=rendered.json_tool_calls,
                                                   opening=rendered.generation_prompt))
     stream = submit(engine, generation, param="messages")
     observe_queue_wait(state, timing)
     return stream, generation
+
+
+def _opens_thinking(tokenizer: Any, rendered: RenderedPrompt) -> bool:
+    """Whether the reply begins inside a thinking block (as ChatTranslator.for_request tells it). Raises nothing."""
+    from engine.chat_output import opens_reasoning, starts_in_reasoning
+
+    if rendered.generation_prompt is not None:
+        return opens_reasoning(tokenizer, rendered.generation_prompt)
+    return starts_in_reasoning(tokenizer, rendered.tokens)
 
 
 _ROLE = b'"delta":{"role":"assistant"'  # how an opening delta's JSON begins (role is its first field)

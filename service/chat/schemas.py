@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
+from service.chat.json_output import check_response_format
+
 __all__ = [
     "TextPart",
     "RefusalPart",
@@ -308,8 +310,11 @@ class ChatCompletionRequest(SamplingFields):
         None, description='"none" switches thinking off; any other value passes to a template that reads '
                           '`reasoning_effort` or switches thinking on where it reads `enable_thinking`. Refused '
                           'for a template with neither.')
-    response_format: dict[str, Any] | None = Field(None, description='Only {"type": "text"}: output is not '
-                                                                      'constrained to JSON.')
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "json_schema", "json_schema": {"name", "schema", "strict"}} or {"type": '
+                          '"json_object"}: the reply follows the schema (any JSON object), enforced token by token '
+                          '(after a thinking block); not beside tools the model may call. {"type": "text"}: free '
+                          'text.')
     store: bool | None = Field(None, description="Only false: this server keeps no completions.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint; results are "
                                                            "the same either way).")
@@ -353,14 +358,10 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("max_tokens and max_completion_tokens at the same time are not supported; give one")
         return value
 
-    @field_validator("response_format")
+    @field_validator("response_format", mode="before")
     @classmethod
-    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value != {"type": "text"}:
-            kind = value.get("type") if isinstance(value, dict) else value
-            raise ValueError(f"{kind!r} is not supported: output is not constrained to JSON here; only "
-                             '{"type": "text"} is')
-        return value
+    def _json_format(cls, value: Any) -> Any:
+        return check_response_format(value)
 
     @field_validator("store")
     @classmethod

@@ -263,6 +263,8 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
         chat.update(tools=tools, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls)
     if body.reasoning is not None and body.reasoning.effort is not None:
         chat["reasoning_effort"] = body.reasoning.effort
+    if body.text is not None and body.text.format is not None:
+        chat["response_format"] = body.text.format.chat_format()
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None}), names
     except ValidationError as exc:

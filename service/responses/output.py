@@ -49,7 +49,9 @@ class ResponseOutput:
             "temperature": body.temperature, "top_p": body.top_p, "previous_response_id": body.previous_response_id,
             "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
             if reasoning is not None else None,
-            "text": {"format": {"type": "text"}}, "truncation": "disabled", "store": body.store is not False,
+            "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
+                     if body.text is not None and body.text.format is not None else {"type": "text"}},
+            "truncation": "disabled", "store": body.store is not False,
             "background": False, "service_tier": "default", "user": body.user,
             "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
         }

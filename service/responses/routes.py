@@ -41,7 +41,8 @@ _log = logging.getLogger("tandem.service")
 
 # Chat's field names in errors about the translated request → the Responses fields they came from.
 # (submit names the prompt `messages`.)
-_FIELDS = {"messages": "input", "reasoning_effort": "reasoning.effort", "max_tokens": "max_output_tokens"}
+_FIELDS = {"messages": "input", "reasoning_effort": "reasoning.effort", "max_tokens": "max_output_tokens",
+           "response_format": "text.format"}
 
 
 def _renamed(exc: APIError) -> APIError:

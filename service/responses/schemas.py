@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
+from service.chat.json_output import check_response_format
 from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, FunctionDefinition, _Body, _Request, _empty, _only_false,
                                   no_forced_call, unread_parts_refused)
 
@@ -257,21 +258,31 @@ class Reasoning(_Request):
 
 
 class TextFormat(_Request):
-    type: Literal["text"] = Field(..., description="Only text: output is not constrained to JSON here.")
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        ..., description="json_schema: the reply follows `schema`, enforced token by token (after a thinking "
+                         "block); json_object: any JSON object; not beside tools the model may call.")
+    name: str | None = Field(None, description="json_schema: the schema's name (required).")
+    schema_: dict[str, Any] | None = Field(None, alias="schema", description="json_schema: the JSON Schema.")
+    strict: bool | None = Field(None, description="Either way the schema is enforced.")
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _chat_rules(self) -> "TextFormat":
+        check_response_format(self.chat_format())
+        return self
+
+    def chat_format(self) -> dict[str, Any]:
+        """Chat's response_format for this format. Raises nothing."""
+        if self.type != "json_schema":
+            return {"type": self.type}
+        spec = {"name": self.name, "schema": self.schema_, "strict": self.strict, "description": self.description}
+        return {"type": "json_schema", "json_schema": {k: v for k, v in spec.items() if v is not None}}
 
 
 class TextConfig(_Request):
     format: TextFormat | None = None
     verbosity: Literal["medium"] | None = Field(None, description="Only medium: replies are as long as the model "
                                                                   "makes them.")
-
-    @field_validator("format", mode="before")
-    @classmethod
-    def _text_only(cls, value: Any) -> Any:
-        if isinstance(value, dict) and value.get("type") not in (None, "text"):
-            raise ValueError(f"{value.get('type')!r} is not supported: output is not constrained to JSON here; only "
-                             '{"type": "text"} is')
-        return value
 
 
 class ResponsesStreamOptions(_Request):

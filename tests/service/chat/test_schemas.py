@@ -124,9 +124,13 @@ def test_cache_control_breakpoints_are_accepted_and_checked(client: Any) -> None
 
 
 @pytest.mark.parametrize("body, param, words", [
-    ({"response_format": {"type": "json_object"}}, "response_format", ("'json_object' is not supported",)),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format",
-     ("'json_schema'",)),
+    ({"response_format": {"type": "xml"}}, "response_format", ("'xml' is not one of",)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format",
+     ("json_schema.name is required",)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}}}, "response_format",
+     ("must be a JSON Schema object",)),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict_mode": True}}},
+     "response_format", ("has no field strict_mode",)),
     ({"tool_choice": "required"}, "tool_choice", ("forced tool call", "use \"auto\"")),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", ("forced tool call",)),
     ({"store": True}, "store", ("keeps no completions",)),

@@ -1,0 +1,119 @@
+"""engine.constraints: a reply asked to follow a JSON schema follows it, token by token, through the engine's
+batching (beside unconstrained rows) exactly as a one-row loop masking each step gives it; a thinking block first."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import mlx.core as mx
+import pytest
+
+from engine.constraints import ConstraintError, ConstraintTokenizer, json_grammar
+from engine.contracts import GenerationRequest, SamplingParams
+from engine.runtime import Engine
+
+pytestmark = pytest.mark.anyio
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],
+          "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "color": {"enum": ["red", "green", "blue"]}}}
+
+
+def prompt_of(length: int, salt: int) -> list[int]:
+    return [3 + (salt * 31 + i * 17) % 390 for i in range(length)]
+
+
+def reference(loaded, prompt: list[int], grammar: str, n: int, after: tuple[int, ...] = ()) -> list[int]:
+    """One row, no batching: the model's logits, masked, argmax; the matcher advanced by each token."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    constraint = ConstraintTokenizer(loaded.tokenizer, loaded.model.args.vocab_size).constraint(grammar, after)
+    cache = make_prompt_cache(loaded.model)
+    logits = loaded.model(mx.array([prompt]), cache=cache)[:, -1]
+    out: list[int] = []
+    eos = set(loaded.tokenizer.eos_token_ids)
+    while len(out) < n:
+        mask = constraint.mask()
+        if mask is not None:
+            logits = mx.where(mask, logits, -mx.inf)
+        token = int(mx.argmax(logits, axis=-1).item())
+        out.append(token)
+        if token in eos:
+            break
+        constraint.accept(token)
+        logits = loaded.model(mx.array([[token]]), cache=cache)[:, -1]
+    return out
+
+
+async def _run(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[list[int], str, str | None]]:
+    results: dict[int, tuple[list[int], str, str | None]] = {}
+
+    async def consume(i: int) -> None:
+        ids: list[int] = []
+        text = ""
+        finish = None
+        async with engine.submit(requests[i]) as stream:
+            async for delta in stream:
+                ids += delta.token_ids
+                text += delta.text
+                finish = delta.finish_reason or finish
+        results[i] = (ids, text, finish)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        async with anyio.create_task_group() as clients:
+            for i in range(len(requests)):
+                clients.start_soon(consume, i)
+        engine.close()
+    return [results[i] for i in range(len(requests))]
+
+
+async def test_a_schema_is_followed_beside_plain_rows_as_one_row_alone(tiny_loaded) -> None:
+    grammar = json_grammar(SCHEMA)
+    greedy = SamplingParams(temperature=0.0)
+    constrained = SamplingParams(temperature=0.0, grammar=grammar)
+    requests = [GenerationRequest(prompt_of(9, 1), constrained, max_tokens=60),
+                GenerationRequest(prompt_of(5, 2), greedy, max_tokens=20),
+                GenerationRequest(prompt_of(14, 3), constrained, max_tokens=60),
+                GenerationRequest(prompt_of(7, 4), SamplingParams(temperature=0.8, grammar=grammar), max_tokens=60)]
+    out = await _run(Engine(tiny_loaded, max_active=4, max_iteration_tokens=8), requests)
+    for (ids, text, finish), request in zip(out[:3:2], requests[:3:2]):
+        reply = json.loads(text)  # the random-init model writes valid JSON of the schema, and stops there
+        assert set(reply) == {"ok", "n", "color"} and reply["color"] in ("red", "green", "blue") and finish == "stop"
+        assert ids == reference(tiny_loaded, request.prompt_tokens, grammar, 60)
+    assert out[1][0] != [] and not out[1][1].startswith("{")  # the plain row is not constrained
+    assert set(json.loads(out[3][1])) == {"ok", "n", "color"}  # sampled, within the mask
+
+
+def test_json_object_mode_opens_an_object(tiny_loaded) -> None:
+    # response_format {"type": "json_object"}: any JSON object, so its first token opens one.
+    vocab = tiny_loaded.model.args.vocab_size
+    constraint = ConstraintTokenizer(tiny_loaded.tokenizer, vocab).constraint(json_grammar(None))
+    allowed = {i for i, ok in enumerate(constraint.mask()[0].tolist()) if ok}
+    texts = {tiny_loaded.tokenizer.decode([i]) for i in allowed}
+    assert "{" in texts and all(t.startswith("{") for t in texts), texts
+
+
+async def test_a_thinking_block_comes_first(tiny_loaded) -> None:
+    # Constrained only once the reply wrote its opening: before it, the model's own tokens.
+    grammar = json_grammar(SCHEMA)
+    prompt = prompt_of(9, 5)
+    free = reference(tiny_loaded, prompt, grammar, 4, after=(-1,))  # never opens: unconstrained
+    after = tuple(free[1:3])
+    ids = (await _run(Engine(tiny_loaded), [GenerationRequest(
+        prompt, SamplingParams(temperature=0.0, grammar=grammar, grammar_after=after), max_tokens=60)]))[0][0]
+    assert ids[:3] == free[:3] and ids == reference(tiny_loaded, prompt, grammar, 60, after)
+    assert ids[3:] != free[3:4]
+    text = tiny_loaded.tokenizer.decode(ids[3:], skip_special_tokens=True)
+    assert set(json.loads(text)) == {"ok", "n", "color"}
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"type": 5}, "type must be a string"),
+    ({"$ref": "#/nowhere"}, "does not exist"),
+    ({"type": "string", "format": "no-such-format"}, "Unknown format"),
+])
+def test_a_schema_that_cannot_be_enforced_is_refused(schema, words: str) -> None:
+    with pytest.raises(ConstraintError, match=words):
+        json_grammar(schema)
