@@ -133,7 +133,7 @@ class LLMBatchGroup:
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))
         grammar = request.sampling.grammar
-        constraint = self.constraints.constraint(grammar, request.sampling.grammar_after) if grammar else None
+        constraint = self.constraints.constraint(grammar) if grammar is not None else None
         row, receive = Row.start(request, prompt, vocab_size=self.vocab_size, tokenizer=self.tokenizer,
                                  decode_tail=self._decode_tail, constraint=constraint)
         self._queue.append(row)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
+from engine.contracts import GrammarSpec
 from engine.errors import InvalidRequest
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class ConstraintTokenizer:
         except Exception:  # noqa: BLE001 — said to the request that asks for JSON output
             pass
 
-    def constraint(self, grammar: str, after: Sequence[int] = ()) -> "Constraint":
+    def constraint(self, spec: GrammarSpec) -> "Constraint":
         """A fresh matcher for one row. Raises ConstraintError when the grammar does not compile for this
         tokenizer."""
         from llguidance import LLMatcher
@@ -85,30 +86,33 @@ class ConstraintTokenizer:
             raise ConstraintError(f"JSON output is not available for this model: its tokenizer cannot be read by "
                                   f"the constraint engine ({type(exc).__name__}: {exc})") from None
         try:
-            matcher = LLMatcher(tokenizer, grammar)
+            matcher = LLMatcher(tokenizer, spec.text)
         except ValueError as exc:
             raise ConstraintError(f"the schema cannot be enforced with this model's tokenizer: {exc}") from None
         if matcher.is_error():
             raise ConstraintError(f"the schema cannot be enforced: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab_size, tuple(after))
+        return Constraint(matcher, self.vocab_size, spec)
 
 
 class Constraint:
     """One row's matcher: the mask for its next token, advanced by each token it samples. Used by one thread at a
     time (the row's sampler)."""
 
-    def __init__(self, matcher: Any, vocab_size: int, after: tuple[int, ...]) -> None:
+    def __init__(self, matcher: Any, vocab_size: int, spec: GrammarSpec) -> None:
         self._matcher = matcher
         self._vocab = vocab_size
-        self._after = after  # tokens that open the constrained part (a thinking block's end); () from the start
+        self._after = spec.after  # tokens that open the constrained part (a thinking block's end); () from the start
+        self._escape = spec.escape
         self._recent: list[int] = []
+        self._started = False  # a token of the constrained part was taken
+        self._off = False  # the escape opened the constrained part: the rest is free
 
     @property
     def active(self) -> bool:
-        return not self._after
+        return not self._after and not self._off
 
     def mask(self) -> "mx.array | None":
-        """True for each token that keeps the reply valid, (1, vocab); None while not yet constrained. Raises
+        """True for each token that keeps the reply valid, (1, vocab); None while not constrained. Raises
         RuntimeError when the matcher failed (a token it refused was accepted)."""
         import mlx.core as mx
 
@@ -120,13 +124,21 @@ class Constraint:
         allowed = np.zeros(self._vocab, dtype=np.bool_)
         width = min(self._vocab, bits.shape[0])
         allowed[:width] = bits[:width]
+        if self._escape is not None and not self._started and self._escape < self._vocab:
+            allowed[self._escape] = True
         return mx.array(allowed)[None]
 
     def accept(self, token: int) -> None:
         """Advance past a sampled token (before the constrained part: watch for its opening). Raises nothing."""
-        if self.active:
-            self._matcher.consume_token(token)  # a refused token shows as is_error() at the next mask
+        if self._off:
             return
-        self._recent = (self._recent + [token])[-len(self._after):]
-        if tuple(self._recent) == self._after:
-            self._after = ()
+        if self._after:
+            self._recent = (self._recent + [token])[-len(self._after):]
+            if tuple(self._recent) == self._after:
+                self._after = ()
+            return
+        if not self._started and token == self._escape:
+            self._off = True
+            return
+        self._started = True
+        self._matcher.consume_token(token)  # a refused token shows as is_error() at the next mask

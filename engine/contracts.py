@@ -13,6 +13,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence
 
 __all__ = [
     "SamplingParams",
+    "GrammarSpec",
     "TokenLogprob",
     "GenerationRequest",
     "Delta",
@@ -21,6 +22,17 @@ __all__ = [
 ]
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A grammar a reply follows (engine/constraints.py json_grammar's text): from its first token or, when `after`
+    is given, once the reply has written those tokens (a thinking block's end); `escape`, a token that may open the
+    constrained part instead and frees the rest of the reply (a tool call's opening marker)."""
+
+    text: str
+    after: tuple[int, ...] = ()
+    escape: int | None = None
 
 
 @dataclass(frozen=True)
@@ -38,10 +50,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # None: no log probabilities; k: each sampled token's, with the k likeliest (0..20) beside it.
     logprobs: int | None = None
-    # A grammar the reply must follow (engine/constraints.py json_grammar), from the start or, when `grammar_after`
-    # is given, once the reply has written those tokens (a thinking block's end).
-    grammar: str | None = None
-    grammar_after: tuple[int, ...] = ()
+    # A grammar the reply must follow (engine/constraints.py).
+    grammar: GrammarSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 import anyio
 
 from engine.constraints import ConstraintError, json_grammar
+from engine.contracts import GrammarSpec
 from service.http.errors import APIError
 
 __all__ = ["check_response_format", "output_grammar"]
@@ -54,28 +55,48 @@ def _schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
 
 
 async def output_grammar(response_format: dict[str, Any] | None, *, tokenizer: Any, opens_thinking: bool,
-                         calls: bool, param: str) -> tuple[str | None, tuple[int, ...]]:
-    """The grammar for a response_format (None for text) and the tokens after which it applies (the thinking
-    block's end marker when the reply opens in one; the final channel's header for a harmony model). Compiled in a
-    worker thread: a large schema takes a while. Raises APIError 400 naming `param` for a schema that cannot be
-    enforced, or JSON output beside tools the model may call."""
+                         calls: bool, param: str, json_calls: bool = False) -> GrammarSpec | None:
+    """The grammar for a response_format (None for text): from the reply's first token, or after the thinking block
+    it opens in (a harmony model: in its final channel). Beside tools the model may call, the tool-call marker may
+    open the reply instead, which frees the rest (the call). Compiled in a worker thread: a large schema takes a
+    while (`json_calls`: the tools were described in the prompt, calls are <tool_call> JSON). Raises APIError 400
+    naming `param` for a schema that cannot be enforced, or tools whose calls open with more than one token (a call
+    could not be told from the JSON)."""
     if response_format is None or response_format.get("type") == "text":
-        return None, ()
-    if calls:
-        raise APIError(400, "JSON output beside tools the model may call is not offered: the reply would have to be "
-                            "both (send tool_choice \"none\", or leave the tools out)", param=param,
-                       code="unsupported_value")
+        return None
+    harmony = _is_harmony(tokenizer)
+    escape = None
+    if calls and not harmony:  # harmony's calls go to another channel than the final one
+        if (escape := _call_marker(tokenizer, json_calls)) is None:
+            raise APIError(400, "JSON output beside tools is not offered for this model: its tool calls do not open "
+                                "with one special token, so a call could not be told from the answer (send "
+                                "tool_choice \"none\", or leave the tools out)", param=param, code="unsupported_value")
     try:
         grammar = await anyio.to_thread.run_sync(json_grammar, _schema(response_format))
     except ConstraintError as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
-    return grammar, _opening_marker(tokenizer, opens_thinking)
+    return GrammarSpec(grammar, after=_opening_marker(tokenizer, opens_thinking, harmony), escape=escape)
 
 
-def _opening_marker(tokenizer: Any, opens_thinking: bool) -> tuple[int, ...]:
+def _is_harmony(tokenizer: Any) -> bool:
     from engine.harmony import is_harmony
 
-    if is_harmony(tokenizer):
+    return is_harmony(tokenizer)
+
+
+def _call_marker(tokenizer: Any, json_calls: bool) -> int | None:
+    """The one token that opens the model's tool calls, None when they open otherwise (bare JSON, several
+    tokens). Raises nothing."""
+    from engine.chat_output import OutputMarkers
+
+    markers = OutputMarkers.from_tokenizer(tokenizer)
+    start = (markers.with_json_tool_calls() if json_calls else markers).tool_call_start
+    ids = list(_encode(tokenizer, start)) if start else []
+    return ids[0] if len(ids) == 1 else None
+
+
+def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool) -> tuple[int, ...]:
+    if harmony:
         marker = "<|channel|>final<|message|>"  # the answer's channel; analysis (thinking) comes before it
     elif opens_thinking and (end := getattr(tokenizer, "think_end", None)):
         marker = end

@@ -72,11 +72,11 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
                                     default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
                                     logprobs=logprobs)
     calls = bool(body.tools) and body.tool_choice != "none"
-    grammar, after = await output_grammar(body.response_format, tokenizer=engine.tokenizer, calls=calls,
-                                          opens_thinking=_opens_thinking(engine.tokenizer, rendered),
-                                          param="response_format")
+    grammar = await output_grammar(body.response_format, tokenizer=engine.tokenizer, calls=calls,
+                                   opens_thinking=_opens_thinking(engine.tokenizer, rendered),
+                                   param="response_format", json_calls=rendered.json_tool_calls)
     if grammar is not None:
-        generation.sampling = replace(generation.sampling, grammar=grammar, grammar_after=after)
+        generation.sampling = replace(generation.sampling, grammar=grammar)
     translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),
                                                   # only functions the request declared come back as calls
                                                   calls=calls,

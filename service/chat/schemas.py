@@ -313,7 +313,7 @@ class ChatCompletionRequest(SamplingFields):
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "json_schema", "json_schema": {"name", "schema", "strict"}} or {"type": '
                           '"json_object"}: the reply follows the schema (any JSON object), enforced token by token '
-                          '(after a thinking block); not beside tools the model may call. {"type": "text"}: free '
+                          '(after a thinking block); beside tools a call may come instead. {"type": "text"}: free '
                           'text.')
     store: bool | None = Field(None, description="Only false: this server keeps no completions.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint; results are "

@@ -260,7 +260,7 @@ class Reasoning(_Request):
 class TextFormat(_Request):
     type: Literal["text", "json_object", "json_schema"] = Field(
         ..., description="json_schema: the reply follows `schema`, enforced token by token (after a thinking "
-                         "block); json_object: any JSON object; not beside tools the model may call.")
+                         "block); json_object: any JSON object; beside tools a call may come instead.")
     name: str | None = Field(None, description="json_schema: the schema's name (required).")
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="json_schema: the JSON Schema.")
     strict: bool | None = Field(None, description="Either way the schema is enforced.")

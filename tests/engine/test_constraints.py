@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 from engine.constraints import ConstraintError, ConstraintTokenizer, json_grammar
-from engine.contracts import GenerationRequest, SamplingParams
+from engine.contracts import GenerationRequest, GrammarSpec, SamplingParams
 from engine.runtime import Engine
 
 pytestmark = pytest.mark.anyio
@@ -24,11 +24,11 @@ def prompt_of(length: int, salt: int) -> list[int]:
     return [3 + (salt * 31 + i * 17) % 390 for i in range(length)]
 
 
-def reference(loaded, prompt: list[int], grammar: str, n: int, after: tuple[int, ...] = ()) -> list[int]:
+def reference(loaded, prompt: list[int], grammar: GrammarSpec, n: int) -> list[int]:
     """One row, no batching: the model's logits, masked, argmax; the matcher advanced by each token."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    constraint = ConstraintTokenizer(loaded.tokenizer, loaded.model.args.vocab_size).constraint(grammar, after)
+    constraint = ConstraintTokenizer(loaded.tokenizer, loaded.model.args.vocab_size).constraint(grammar)
     cache = make_prompt_cache(loaded.model)
     logits = loaded.model(mx.array([prompt]), cache=cache)[:, -1]
     out: list[int] = []
@@ -70,7 +70,7 @@ async def _run(engine: Engine, requests: list[GenerationRequest]) -> list[tuple[
 
 
 async def test_a_schema_is_followed_beside_plain_rows_as_one_row_alone(tiny_loaded) -> None:
-    grammar = json_grammar(SCHEMA)
+    grammar = GrammarSpec(json_grammar(SCHEMA))
     greedy = SamplingParams(temperature=0.0)
     constrained = SamplingParams(temperature=0.0, grammar=grammar)
     requests = [GenerationRequest(prompt_of(9, 1), constrained, max_tokens=60),
@@ -89,7 +89,7 @@ async def test_a_schema_is_followed_beside_plain_rows_as_one_row_alone(tiny_load
 def test_json_object_mode_opens_an_object(tiny_loaded) -> None:
     # response_format {"type": "json_object"}: any JSON object, so its first token opens one.
     vocab = tiny_loaded.model.args.vocab_size
-    constraint = ConstraintTokenizer(tiny_loaded.tokenizer, vocab).constraint(json_grammar(None))
+    constraint = ConstraintTokenizer(tiny_loaded.tokenizer, vocab).constraint(GrammarSpec(json_grammar(None)))
     allowed = {i for i, ok in enumerate(constraint.mask()[0].tolist()) if ok}
     texts = {tiny_loaded.tokenizer.decode([i]) for i in allowed}
     assert "{" in texts and all(t.startswith("{") for t in texts), texts
@@ -97,16 +97,29 @@ def test_json_object_mode_opens_an_object(tiny_loaded) -> None:
 
 async def test_a_thinking_block_comes_first(tiny_loaded) -> None:
     # Constrained only once the reply wrote its opening: before it, the model's own tokens.
-    grammar = json_grammar(SCHEMA)
+    text = json_grammar(SCHEMA)
     prompt = prompt_of(9, 5)
-    free = reference(tiny_loaded, prompt, grammar, 4, after=(-1,))  # never opens: unconstrained
-    after = tuple(free[1:3])
+    free = reference(tiny_loaded, prompt, GrammarSpec(text, after=(-1,)), 4)  # never opens: unconstrained
+    grammar = GrammarSpec(text, after=tuple(free[1:3]))
     ids = (await _run(Engine(tiny_loaded), [GenerationRequest(
-        prompt, SamplingParams(temperature=0.0, grammar=grammar, grammar_after=after), max_tokens=60)]))[0][0]
-    assert ids[:3] == free[:3] and ids == reference(tiny_loaded, prompt, grammar, 60, after)
+        prompt, SamplingParams(temperature=0.0, grammar=grammar), max_tokens=60)]))[0][0]
+    assert ids[:3] == free[:3] and ids == reference(tiny_loaded, prompt, grammar, 60)
     assert ids[3:] != free[3:4]
-    text = tiny_loaded.tokenizer.decode(ids[3:], skip_special_tokens=True)
-    assert set(json.loads(text)) == {"ok", "n", "color"}
+    reply = tiny_loaded.tokenizer.decode(ids[3:], skip_special_tokens=True)
+    assert set(json.loads(reply)) == {"ok", "n", "color"}
+
+
+async def test_a_tool_calls_marker_frees_the_reply(tiny_loaded) -> None:
+    # Beside tools the call's opening token may come instead of the JSON; once it has, the call is the model's own.
+    text = json_grammar(SCHEMA)
+    prompt = prompt_of(11, 6)
+    free = reference(tiny_loaded, prompt, GrammarSpec(text, after=(-1,)), 12)
+    escaped = GrammarSpec(text, escape=free[0])  # the model's own first token stands for the marker
+    ids = (await _run(Engine(tiny_loaded), [GenerationRequest(
+        prompt, SamplingParams(temperature=0.0, grammar=escaped), max_tokens=12)]))[0][0]
+    assert ids == free == reference(tiny_loaded, prompt, escaped, 12)
+    constrained = reference(tiny_loaded, prompt, GrammarSpec(text, escape=None), 12)
+    assert constrained[0] != free[0]  # without the escape the first token is the JSON's
 
 
 @pytest.mark.parametrize("schema, words", [
