@@ -104,10 +104,22 @@ class LiveSession(SessionPump):
         self.last_active = self._clock()
 
     def expire(self, why: str) -> None:
-        """Drop the session for idleness: `why` is kept for its client (`expired`), then as cancel(). Raises
-        nothing."""
-        self.expired = why
+        """Drop the session for idleness: `why` is kept for its client (`expired`). Audio it still holds (an utterance
+        whose client went quiet mid-word: VAD never heard it end) is transcribed first, as a finish would, so the
+        item whose deltas went out gets its text; otherwise as cancel(). Raises nothing."""
+        self.expired = why  # no more audio is taken from here on
+        if self.held_samples and not self._finishing and not self.scope.cancel_called:
+            self._begin_finish()
+            return
         self.cancel()
+
+    def _begin_finish(self) -> None:
+        """Stop capture: what was taken goes to the pump, which decodes it and ends. Raises nothing."""
+        self._finishing = True
+        self.finished_at = self._clock()
+        if self._stream is not None:
+            self._raw.append(self._stream.flush())
+        self._wake.set()
 
     @property
     def held_samples(self) -> int:
@@ -209,14 +221,10 @@ class LiveSession(SessionPump):
     async def finish(self) -> Transcript:
         """Stop capture and wait for the rest to be decoded. Idempotent. Raises SessionClosed if cancelled,
         or the decode error that stopped the pump."""
-        if self.scope.cancel_called and not self._done.is_set():
-            raise self._gone()
+        if self.expired is not None or (self.scope.cancel_called and not self._done.is_set()):
+            raise self._gone()  # an expired session's last text went to its event log, not to a caller
         if not self._finishing:
-            self._finishing = True
-            self.finished_at = self._clock()
-            if self._stream is not None:
-                self._raw.append(self._stream.flush())
-            self._wake.set()
+            self._begin_finish()
         await self._done.wait()
         if self.error is not None:
             raise self.error

@@ -196,7 +196,7 @@ def create_app(state: AppState | None = None) -> Litestar:
     state.config.limits.check()
     if state.metrics is None:
         state.metrics = ServiceMetrics(state)
-    origins = state.config.allowed_origins
+    origins = [o.rstrip("/") for o in state.config.allowed_origins]  # as browsers send an Origin (no slash)
     app = Litestar(
         route_handlers=route_handlers(),
         lifespan=[_lifespan(state)],

@@ -9,6 +9,7 @@ import logging
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from service.cli.errors import CLIError
 from service.cli.parsers import byte_size, seconds
@@ -123,8 +124,22 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
     config.chat_template_args = _template_args(args.chat_template_args)
     config.limits = limits
     config.api_keys = list(dict.fromkeys(split_list(args.api_key) + split_list(os.environ.get(API_KEY_ENV))))
-    config.allowed_origins = split_list(args.allowed_origins)
+    config.allowed_origins = [_origin(o) for o in split_list(args.allowed_origins)]
     config.allowed_hosts = split_list(args.allowed_hosts)
+
+
+def _origin(value: str) -> str:
+    """An --allowed-origins entry as browsers send an Origin: without the trailing slash an address bar shows (CORS
+    compares exactly: the slash let websockets in and failed every fetch). Raises CLIError for a path or no
+    scheme."""
+    if value == "*":
+        return value
+    origin = value.rstrip("/")
+    parts = urlsplit(origin)
+    if not parts.scheme or not parts.netloc or parts.path or parts.query or parts.fragment:
+        raise CLIError(f"--allowed-origins: {value!r} is not an origin (scheme://host[:port], as a browser sends it, "
+                       f"e.g. http://localhost:3000)")
+    return origin
 
 
 def warn_if_open(config: ServiceConfig) -> None:

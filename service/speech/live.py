@@ -3,12 +3,14 @@ events) and `/v1/audio/live` (the same events once the client speaks JSON, or bi
 clients). service/speech/live_socket.py serves each connection.
 
 Browsers connect as OpenAI's clients do: subprotocols `realtime`, `openai-insecure-api-key.<key or client secret>`
-(the guard reads the key there) and, for the beta dialect, `openai-beta.realtime-v1`. The server selects `realtime`,
-without which a browser fails the connection, and never echoes the key's. A socket opened with a client secret
-starts with the session settings given when it was minted (service/speech/client_secrets.py)."""
+(the guard reads the key there) and, for the beta dialect, `openai-beta.realtime-v1`. The server selects `realtime`
+(else the beta one), without which a browser fails the connection, and never echoes the key's. A socket opened with
+a client secret starts with the session settings given when it was minted (service/speech/client_secrets.py), and
+needs no `intent` (the JS SDK sends only `?model=`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from litestar import WebSocket, websocket
@@ -24,6 +26,8 @@ from service.state import AppState, get_state
 
 __all__ = ["live", "realtime", "REALTIME_PROTOCOL", "BETA_PROTOCOL"]
 
+_log = logging.getLogger(__name__)
+
 REALTIME_PROTOCOL = "realtime"
 BETA_PROTOCOL = "openai-beta.realtime-v1"  # a browser's way of saying `OpenAI-Beta: realtime=v1`
 
@@ -36,9 +40,28 @@ def _dialect(socket: WebSocket[Any, Any, Any]) -> Dialect:
 
 
 async def _accept(socket: WebSocket[Any, Any, Any]) -> None:
-    # A client that offered subprotocols fails the connection unless one of them is selected: `realtime`, as
-    # OpenAI's server does (never the key's, which would echo it).
-    await socket.accept(subprotocols=REALTIME_PROTOCOL if REALTIME_PROTOCOL in subprotocols(socket.scope) else None)
+    # A browser fails the connection unless one of the subprotocols it offered is selected: `realtime`, as OpenAI's
+    # server does, else the beta dialect's (never the key's, which would echo it).
+    offered = subprotocols(socket.scope)
+    chosen = next((p for p in (REALTIME_PROTOCOL, BETA_PROTOCOL) if p in offered), None)
+    if offered and chosen is None:
+        _log.warning("%s: the client offered websocket subprotocols but not %r; a browser closes such a connection "
+                     "at once (offer %r beside the key's)", socket.scope.get("path"), REALTIME_PROTOCOL,
+                     REALTIME_PROTOCOL)
+    await socket.accept(subprotocols=chosen)
+
+
+def _implied_transcription(socket: WebSocket[Any, Any, Any], state: AppState, model: str | None) -> bool:
+    """No `intent`: a transcription session all the same when opened with a client secret (they open nothing else,
+    and OpenAI prefers the secret's session type) or for a Whisper model this server serves (the JS SDK's
+    `?model=`). Raises nothing."""
+    key = offered_key(socket.scope)
+    if key is not None and state.client_secrets.find(key) is not None:
+        return True
+    try:
+        return bool(model) and served_speech(state, model) is not None
+    except Exception:  # noqa: BLE001 — not a served Whisper model: the intent stays unknown
+        return False
 
 
 def _minted(socket: WebSocket[Any, Any, Any], state: AppState, config: RealtimeConfig) -> RealtimeConfig:
@@ -134,6 +157,8 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
     state = get_state(socket)
     try:
         _known_query(socket, {"intent", "model"})
+        if intent is None and _implied_transcription(socket, state, model):
+            intent = "transcription"
         if intent != "transcription":
             raise APIError(400, "only transcription sessions are served here: connect with ?intent=transcription",
                            param="intent", code="invalid_value")

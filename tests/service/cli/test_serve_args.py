@@ -143,3 +143,16 @@ def test_an_adapter_path_is_checked_before_the_model_loads(tiny_llm_dir: Path, t
     monkeypatch.chdir(tmp_path)
     config = serve_config(build_parser().parse_args(["serve", str(tiny_llm_dir), "--adapter-path", "lora"]))
     assert config.adapter_path == str(adapter.resolve())
+
+
+def test_allowed_origins_are_taken_as_browsers_send_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli.main import build_parser
+    from service.cli.serve import serve_config
+
+    parse = build_parser().parse_args
+    config = serve_config(parse(["serve", "--allowed-origins", "http://localhost:3000/,https://ui.example",
+                                 "--allowed-origins", "*"]))
+    assert config.allowed_origins == ["http://localhost:3000", "https://ui.example", "*"]
+    assert main(["serve", "--allowed-origins", "http://localhost:3000/app"]) == 2
+    assert "is not an origin" in capsys.readouterr().err
+    assert main(["serve", "--allowed-origins", "localhost:3000"]) == 2

@@ -101,6 +101,17 @@ def test_websocket_origin_is_checked(fake_engine: FakeEngine) -> None:
             assert socket.receive_json()["type"] == "error"  # accepted; no Whisper model here
 
 
+def test_an_origin_given_with_its_trailing_slash_is_allowed_for_fetch_too(fake_engine: FakeEngine) -> None:
+    # Copied from an address bar: the websocket check took it, CORS compared exactly, so every fetch from the page
+    # failed its preflight (400 "Disallowed CORS Origin", text/plain) while its websockets worked.
+    with _client(fake_engine, allowed_origins=["http://ui.example:8911/"]) as client:
+        origin = {"origin": "http://ui.example:8911"}
+        preflight = client.options("/v1/models", headers={**origin, "access-control-request-method": "GET"})
+        assert preflight.status_code in (200, 204)
+        assert preflight.headers["access-control-allow-origin"] == "http://ui.example:8911"
+        assert client.get("/v1/models", headers=origin).headers["access-control-allow-origin"] == origin["origin"]
+
+
 # ------------------------------------------------------------------ bodies
 
 

@@ -108,6 +108,19 @@ def test_a_browser_beta_client_gets_the_beta_dialect_from_its_subprotocol(keyles
     assert updated["session"]["input_audio_transcription"]["language"] == "en"
 
 
+def test_the_beta_subprotocol_is_selected_when_realtime_is_not_offered(keyless: TestClient[Any],
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # Chrome fails a handshake that selects none of the offered subprotocols ("Sent non-empty
+    # 'Sec-WebSocket-Protocol' header but no response was received"); the server's log blamed the client.
+    with keyless.websocket_connect(RT, headers=protocols("openai-insecure-api-key.x", "openai-beta.realtime-v1")) as ws:
+        assert ws.accepted_subprotocol == "openai-beta.realtime-v1"
+        assert ws.receive_json(timeout=30)["type"] == "transcription_session.created"
+    with keyless.websocket_connect(RT, headers=protocols("openai-insecure-api-key.x")) as ws:
+        assert ws.accepted_subprotocol is None  # never the key's
+        ws.receive_json(timeout=30)
+    assert "offer 'realtime'" in caplog.text
+
+
 # ------------------------------------------------------------------ the key in a subprotocol
 
 
@@ -157,6 +170,20 @@ def test_a_minted_secret_opens_sockets_for_its_key_until_it_expires(keyed: TestC
     finally:
         store.clock = clock
     _refused(keyed, RT, ga("ek_" + minted["value"][3:][::-1]))  # not one it minted
+
+
+def test_a_secret_or_a_served_whisper_model_needs_no_intent(keyed: TestClient[Any], keyed_state: AppState) -> None:
+    # The JS SDK's OpenAIRealtimeWebSocket connects to /v1/realtime?model=M only: OpenAI takes the secret's session
+    # type when intent is omitted. Both were refused "connect with ?intent=transcription" (close 1008).
+    minted = _mint(keyed, session={"type": "transcription"})
+    with keyed.websocket_connect("/v1/realtime", headers=ga(minted["value"])) as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+    assert keyed_state.speech is not None
+    with keyed.websocket_connect(f"/v1/realtime?model={keyed_state.speech.model_name}", headers=ga(KEYS[0])) as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+    with keyed.websocket_connect("/v1/realtime?model=gpt-realtime", headers=ga(KEYS[0])) as ws:
+        event = ws.receive_json(timeout=30)
+    assert event["type"] == "error" and event["error"]["param"] == "intent"
 
 
 def test_a_secret_opens_no_http_route(keyed: TestClient[Any]) -> None:

@@ -579,3 +579,25 @@ def test_a_socket_sending_audio_is_not_idle(idle_house: tuple[TestClient[Any], A
         ws.send_text(json.dumps({"type": "transcription_session.update", "session": {}}))
         assert until(ws, "transcription_session.updated")[-1]["type"] == "transcription_session.updated"
     assert state.speech is not None and state.speech.expired == 0  # type: ignore[attr-defined]
+
+
+def test_an_utterance_open_when_its_session_expires_is_transcribed_first(
+        idle_house: tuple[TestClient[Any], AppState, Clock]) -> None:
+    # A tab gone quiet mid-word (its AudioContext suspended): VAD never heard the utterance end. Its deltas had gone
+    # out, and the expiry dropped the rest: no `.completed`, ever.
+    client, state, clock = idle_house
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        ws.receive_json(timeout=30)  # created
+        append(ws, voiced(1.5))
+        until(ws, "input_audio_buffer.speech_started")
+        client.blocking_portal.call(_caught_up, state.speech)
+        clock.now += 61
+        _expire(client, state)
+        events = until(ws, "error")
+        kinds = [e["type"] for e in events]
+        assert "conversation.item.input_audio_transcription.completed" in kinds, kinds
+        assert events[-1]["error"]["code"] == "session_expired"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json(timeout=30)
+    assert closed.value.code == 1000
+    assert state.speech is not None and not state.speech.sessions
