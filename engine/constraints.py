@@ -1,15 +1,17 @@
-"""Constrained replies: a JSON schema (or any JSON object) the reply must follow, enforced token by token.
+"""Constrained replies: a JSON schema (or any JSON object) the reply must follow, and tool calls whose arguments must
+follow their functions' schemas (OpenAI's `strict`), enforced token by token.
 
-llguidance (the constraint engine llama.cpp, vLLM and SGLang use) compiles the schema and, before each token, says
-which tokens keep the text valid; the row's sampler masks the others out (engine/sampling.py). A reply that opens in
-a thinking block is constrained only after the block's end marker, so a thinking model still thinks first.
+llguidance (the constraint engine llama.cpp, vLLM and SGLang use) compiles the grammar and, before each token, says
+which tokens keep the text valid; the row's sampler masks the others out (engine/sampling.py). A reply goes through
+phases (GrammarSpec): free until its `after` tokens (a thinking block's end, or a call's opening marker), then the
+answer's grammar, whose first token may instead be the call marker (`escape`), then the calls' grammar (or free).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 
@@ -19,7 +21,7 @@ from engine.errors import InvalidRequest
 if TYPE_CHECKING:
     import mlx.core as mx
 
-__all__ = ["ConstraintError", "Constraint", "ConstraintTokenizer", "json_grammar"]
+__all__ = ["ConstraintError", "Constraint", "ConstraintTokenizer", "json_grammar", "call_grammar"]
 
 
 class ConstraintError(InvalidRequest):
@@ -45,6 +47,32 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
     if failed:
         raise ConstraintError("the schema cannot be enforced: " + "; ".join(messages))
     return str(grammar)
+
+
+def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening: str, closing: str) -> str:
+    """The grammar of tool calls written as `{"name": ..., "arguments": {...}}` between the family's markers (the
+    <tool_call> JSON of Hermes, Qwen 2.5 and 3, and of models told their tools in the prompt), from just after the
+    first opening marker: each call's arguments follow its function's schema (None: any object), and calls may
+    follow one another. `opening`/`closing`: the markers as llguidance's Lark writes them (`marker`). Raises
+    ConstraintError naming what cannot be enforced."""
+    from llguidance import LLMatcher
+
+    calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+                        "properties": {"name": {"const": name}, "arguments": schema or {"type": "object"}}}
+                       for name, schema in functions], "x-guidance": _LAYOUT}
+    lark = (f"start: call (WS? {opening} call)*\ncall: WS? body WS? {closing}\nbody: %json {json.dumps(calls)}\n"
+            "WS: /[ \\t\\n]{1,3}/\n")  # bounded: a small model wrote whitespace until max_tokens
+    grammar = LLMatcher.grammar_from_lark(lark)
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        raise ConstraintError("the functions' parameters cannot be enforced: " + "; ".join(messages))
+    return str(grammar)
+
+
+def marker(text: str, tokens: list[int]) -> str:
+    """A marker as llguidance's Lark matches it: its token when it is one (a special token is not text to the
+    lexer), else its text. Raises nothing."""
+    return f"<[{tokens[0]}]>" if len(tokens) == 1 else json.dumps(text)
 
 
 class ConstraintTokenizer:
@@ -76,40 +104,57 @@ class ConstraintTokenizer:
             pass
 
     def constraint(self, spec: GrammarSpec) -> "Constraint":
-        """A fresh matcher for one row. Raises ConstraintError when the grammar does not compile for this
-        tokenizer."""
-        from llguidance import LLMatcher
-
+        """A fresh matcher for one row (the calls' grammar checked now, its matcher made when a call opens). Raises
+        ConstraintError when a grammar does not compile for this tokenizer."""
         try:
             tokenizer = self.get()
         except Exception as exc:  # noqa: BLE001 — e.g. a slow (Python) tokenizer llguidance cannot read
-            raise ConstraintError(f"JSON output is not available for this model: its tokenizer cannot be read by "
-                                  f"the constraint engine ({type(exc).__name__}: {exc})") from None
-        try:
-            matcher = LLMatcher(tokenizer, spec.text)
-        except ValueError as exc:
-            raise ConstraintError(f"the schema cannot be enforced with this model's tokenizer: {exc}") from None
-        if matcher.is_error():
-            raise ConstraintError(f"the schema cannot be enforced: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab_size, spec)
+            raise ConstraintError(f"constrained output is not available for this model: its tokenizer cannot be "
+                                  f"read by the constraint engine ({type(exc).__name__}: {exc})") from None
+        answer = _matcher(tokenizer, spec.text) if spec.text is not None else None
+        if spec.calls is not None:
+            _matcher(tokenizer, spec.calls)
+        return Constraint(answer, self.vocab_size, spec, lambda: _matcher(tokenizer, cast(str, spec.calls)))
+
+
+def _matcher(tokenizer: Any, grammar: str) -> Any:
+    from llguidance import LLMatcher
+
+    try:
+        matcher = LLMatcher(tokenizer, grammar)
+    except ValueError as exc:
+        raise ConstraintError(f"the schema cannot be enforced with this model's tokenizer: {exc}") from None
+    if matcher.is_error():
+        raise ConstraintError(f"the schema cannot be enforced: {matcher.get_error()}")
+    return matcher
 
 
 class Constraint:
-    """One row's matcher: the mask for its next token, advanced by each token it samples. Used by one thread at a
-    time (the row's sampler)."""
+    """One row's matcher through the reply's phases (module docstring): the mask for its next token, advanced by
+    each token it samples. Used by one thread at a time (the row's sampler)."""
 
-    def __init__(self, matcher: Any, vocab_size: int, spec: GrammarSpec) -> None:
-        self._matcher = matcher
+    def __init__(self, answer: Any, vocab_size: int, spec: GrammarSpec, calls: Callable[[], Any]) -> None:
+        self._matcher = answer  # None: the answer is free (only calls are constrained)
         self._vocab = vocab_size
-        self._after = spec.after  # tokens that open the constrained part (a thinking block's end); () from the start
+        self._after = spec.after  # tokens before which nothing is constrained
         self._escape = spec.escape
+        self._calls = calls if spec.calls is not None else None
         self._recent: list[int] = []
-        self._started = False  # a token of the constrained part was taken
-        self._off = False  # the escape opened the constrained part: the rest is free
+        self._started = False  # a token of the answer was taken
+        self._off = False  # nothing more is constrained
+        if self._matcher is None and not self._after:
+            self._enter_calls()
 
     @property
     def active(self) -> bool:
         return not self._after and not self._off
+
+    def _enter_calls(self) -> None:
+        """A call opened: its grammar from here, or nothing constrained when no function is strict."""
+        self._matcher = self._calls() if self._calls is not None else None
+        self._escape = None
+        self._started = True
+        self._off = self._matcher is None
 
     def mask(self) -> "mx.array | None":
         """True for each token that keeps the reply valid, (1, vocab); None while not constrained. Raises
@@ -136,9 +181,11 @@ class Constraint:
             self._recent = (self._recent + [token])[-len(self._after):]
             if tuple(self._recent) == self._after:
                 self._after = ()
+                if self._matcher is None:  # the opening was a call's marker
+                    self._enter_calls()
             return
         if not self._started and token == self._escape:
-            self._off = True
+            self._enter_calls()
             return
         self._started = True
         self._matcher.consume_token(token)  # a refused token shows as is_error() at the next mask

@@ -26,13 +26,15 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 @dataclass(frozen=True)
 class GrammarSpec:
-    """A grammar a reply follows (engine/constraints.py json_grammar's text): from its first token or, when `after`
-    is given, once the reply has written those tokens (a thinking block's end); `escape`, a token that may open the
-    constrained part instead and frees the rest of the reply (a tool call's opening marker)."""
+    """What a reply must follow (engine/constraints.py), in phases: nothing until it has written the `after` tokens
+    (a thinking block's end; a call's opening marker when only calls are constrained), then `text` (the answer's
+    grammar; None: free), whose first token may instead be `escape` (the call marker), then `calls` (the calls'
+    grammar; None: free)."""
 
-    text: str
+    text: str | None
     after: tuple[int, ...] = ()
     escape: int | None = None
+    calls: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,19 @@
-"""JSON output (`response_format` / the Responses API's `text.format`): the schema asked for, as a grammar the
-engine's sampler follows (engine/constraints.py), from the reply's first token or after its thinking block."""
+"""Constrained replies: JSON output (`response_format` / the Responses API's `text.format`) and strict function
+calls (`strict: true`), as the grammar the engine's sampler follows (engine/constraints.py): the answer from its first
+token or after its thinking block, a call's arguments from its opening marker."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Sequence
 
 import anyio
 
-from engine.constraints import ConstraintError, json_grammar
+from engine.constraints import ConstraintError, call_grammar, json_grammar, marker
 from engine.contracts import GrammarSpec
 from service.http.errors import APIError
 
-__all__ = ["check_response_format", "output_grammar"]
+__all__ = ["check_response_format", "reply_grammar"]
 
 _SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 
@@ -54,28 +56,56 @@ def _schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
     return response_format["json_schema"].get("schema") or {}
 
 
-async def output_grammar(response_format: dict[str, Any] | None, *, tokenizer: Any, opens_thinking: bool,
-                         calls: bool, param: str, json_calls: bool = False) -> GrammarSpec | None:
-    """The grammar for a response_format (None for text): from the reply's first token, or after the thinking block
-    it opens in (a harmony model: in its final channel). Beside tools the model may call, the tool-call marker may
-    open the reply instead, which frees the rest (the call). Compiled in a worker thread: a large schema takes a
-    while (`json_calls`: the tools were described in the prompt, calls are <tool_call> JSON). Raises APIError 400
-    naming `param` for a schema that cannot be enforced, or tools whose calls open with more than one token (a call
-    could not be told from the JSON)."""
-    if response_format is None or response_format.get("type") == "text":
+async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None, *,
+                        tokenizer: Any, opens_thinking: bool, calls: bool, json_calls: bool = False
+                        ) -> GrammarSpec | None:
+    """What the reply must follow (None: nothing). The answer follows the response_format's schema from its first
+    token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
+    may call, its one-token call marker may open the reply instead; a call's arguments follow their function's
+    parameters where any tool is `strict` (calls written as <tool_call> JSON only; `json_calls`: the tools were told
+    in the prompt). Compiled in a worker thread: a large schema takes a while. Raises APIError 400 naming the field
+    for a schema that cannot be enforced, JSON beside tools whose calls open with more than one token, or strict
+    tools of a model whose calls are written otherwise."""
+    answer = response_format is not None and response_format.get("type") != "text"
+    strict = [i for i, tool in enumerate(tools or ()) if tool.get("function", {}).get("strict")] if calls else []
+    if not answer and not strict:
         return None
     harmony = _is_harmony(tokenizer)
+    markers = _call_markers(tokenizer, json_calls) if calls and not harmony else None
+    if strict and markers is None:
+        raise APIError(400, "strict function calling is offered for models whose calls are <tool_call> JSON (Hermes, "
+                            "Qwen 2.5 and 3, and models told their tools in the prompt), not for this model's "
+                            "format; send strict: false", param=f"tools.{strict[0]}.function.strict",
+                       code="unsupported_value")
     escape = None
-    if calls and not harmony:  # harmony's calls go to another channel than the final one
-        if (escape := _call_marker(tokenizer, json_calls)) is None:
+    if answer and calls and not harmony:  # harmony's calls go to another channel than the final one
+        if markers is None or len(markers[0][1]) != 1:
             raise APIError(400, "JSON output beside tools is not offered for this model: its tool calls do not open "
                                 "with one special token, so a call could not be told from the answer (send "
-                                "tool_choice \"none\", or leave the tools out)", param=param, code="unsupported_value")
+                                "tool_choice \"none\", or leave the tools out)", param="response_format",
+                           code="unsupported_value")
+        escape = markers[0][1][0]
     try:
-        grammar = await anyio.to_thread.run_sync(json_grammar, _schema(response_format))
+        text = await anyio.to_thread.run_sync(json_grammar, _schema(response_format)) \
+            if response_format is not None and answer else None
     except ConstraintError as exc:
-        raise APIError(400, str(exc), param=param, code="invalid_value") from None
-    return GrammarSpec(grammar, after=_opening_marker(tokenizer, opens_thinking, harmony), escape=escape)
+        raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
+    call_text = None
+    if strict and markers is not None and tools:
+        (opening, open_ids), (closing, close_ids) = markers
+        functions = [(t["function"]["name"], t["function"].get("parameters") if t["function"].get("strict") else None)
+                     for t in tools]
+        try:
+            call_text = await anyio.to_thread.run_sync(partial(
+                call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids)))
+        except ConstraintError as exc:
+            raise APIError(400, str(exc), param=f"tools.{strict[0]}.function.parameters",
+                           code="invalid_value") from None
+    if text is None:  # only the calls: free text until a call opens
+        assert markers is not None
+        return GrammarSpec(None, after=tuple(markers[0][1]), calls=call_text)
+    return GrammarSpec(text, after=_opening_marker(tokenizer, opens_thinking, harmony), escape=escape,
+                       calls=call_text)
 
 
 def _is_harmony(tokenizer: Any) -> bool:
@@ -84,15 +114,20 @@ def _is_harmony(tokenizer: Any) -> bool:
     return is_harmony(tokenizer)
 
 
-def _call_marker(tokenizer: Any, json_calls: bool) -> int | None:
-    """The one token that opens the model's tool calls, None when they open otherwise (bare JSON, several
-    tokens). Raises nothing."""
+def _call_markers(tokenizer: Any, json_calls: bool) -> tuple[tuple[str, list[int]], tuple[str, list[int]]] | None:
+    """The opening and closing markers of the model's <tool_call> JSON calls, with their tokens; None when its calls
+    are written otherwise (bare JSON, another parser, no tool format). Raises nothing."""
     from engine.chat_output import OutputMarkers
 
     markers = OutputMarkers.from_tokenizer(tokenizer)
-    start = (markers.with_json_tool_calls() if json_calls else markers).tool_call_start
-    ids = list(_encode(tokenizer, start)) if start else []
-    return ids[0] if len(ids) == 1 else None
+    if json_calls:
+        markers = markers.with_json_tool_calls()
+    parser = markers.tool_parser
+    if not markers.tool_call_start or not markers.tool_call_end or parser is None \
+            or not getattr(parser, "__module__", "").endswith("json_tools"):
+        return None
+    start, end = markers.tool_call_start, markers.tool_call_end
+    return (start, list(_encode(tokenizer, start))), (end, list(_encode(tokenizer, end)))
 
 
 def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from engine.contracts import GenerationRequest, TokenLogprob
 from service.chat.logprobs import LogprobJson, TokenPieces, chat_logprobs, logprob_json, requested_logprobs, token_pieces
 from service.chat.output import ChatTranslator
 from service.chat.tool_text import request_tools
-from service.chat.json_output import output_grammar
+from service.chat.json_output import reply_grammar
 from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
 from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason
@@ -72,9 +72,9 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
                                     default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
                                     logprobs=logprobs)
     calls = bool(body.tools) and body.tool_choice != "none"
-    grammar = await output_grammar(body.response_format, tokenizer=engine.tokenizer, calls=calls,
-                                   opens_thinking=_opens_thinking(engine.tokenizer, rendered),
-                                   param="response_format", json_calls=rendered.json_tool_calls)
+    grammar = await reply_grammar(body.response_format, request_tools(body), tokenizer=engine.tokenizer, calls=calls,
+                                  opens_thinking=_opens_thinking(engine.tokenizer, rendered),
+                                  json_calls=rendered.json_tool_calls)
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
     translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),

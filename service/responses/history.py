@@ -63,7 +63,7 @@ def _chat_tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], ToolNames
     names = ToolNames()
 
     def offer(name: str, kind: str, own: str, namespace: str | None, description: str | None,
-              parameters: dict[str, Any] | None, param: str) -> None:
+              parameters: dict[str, Any] | None, param: str, strict: bool | None = None) -> None:
         if len(name) > 64:
             raise APIError(400, f"{param}: the namespace and the function's name together are over 64 characters",
                            param=param, code="invalid_value")
@@ -75,18 +75,21 @@ def _chat_tools(body: ResponsesRequest) -> tuple[list[dict[str, Any]], ToolNames
             function["description"] = description
         if parameters is not None:
             function["parameters"] = parameters
+        if strict:
+            function["strict"] = True
         tools.append({"type": "function", "function": function})
 
     for i, tool in enumerate(body.tools or ()):
         if isinstance(tool, FunctionTool):
-            offer(tool.name, "function", tool.name, None, tool.description, tool.parameters, f"tools[{i}].name")
+            offer(tool.name, "function", tool.name, None, tool.description, tool.parameters, f"tools[{i}].name",
+                  tool.strict)
         elif isinstance(tool, CustomTool):
             offer(tool.name, "custom", tool.name, None, _custom_description(tool), _CUSTOM_PARAMETERS,
                   f"tools[{i}].name")
         elif isinstance(tool, NamespaceTool):
             for j, inner in enumerate(tool.tools):
                 offer(tool.name + inner.name, "function", inner.name, tool.name, inner.description, inner.parameters,
-                      f"tools[{i}].tools[{j}].name")
+                      f"tools[{i}].tools[{j}].name", getattr(inner, "strict", None))
     return tools, names
 
 

@@ -11,6 +11,7 @@ service/responses/item_cache.py). A stream starts with `response.created` and en
 from __future__ import annotations
 
 import logging
+import re
 from contextlib import aclosing
 from functools import partial
 from typing import Any, AsyncGenerator, Awaitable, Callable
@@ -48,6 +49,11 @@ _FIELDS = {"messages": "input", "reasoning_effort": "reasoning.effort", "max_tok
 def _renamed(exc: APIError) -> APIError:
     """`exc` naming the Responses field its chat field came from. Raises nothing."""
     param = exc.param or ""
+    # Chat nests a tool's fields under `function`; Responses does not.
+    if (tool := re.fullmatch(r"tools\.(\d+)\.function\.(\w+)", param)) is not None:
+        new = f"tools.{tool[1]}.{tool[2]}"
+        return APIError(exc.status, exc.message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
+                        close=exc.close, should_retry=exc.should_retry)
     chat_name = param.split(".")[0].split("[")[0]
     if chat_name not in _FIELDS:
         return exc

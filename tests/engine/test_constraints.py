@@ -4,12 +4,13 @@ batching (beside unconstrained rows) exactly as a one-row loop masking each step
 from __future__ import annotations
 
 import json
+import re
 
 import anyio
 import mlx.core as mx
 import pytest
 
-from engine.constraints import ConstraintError, ConstraintTokenizer, json_grammar
+from engine.constraints import ConstraintError, ConstraintTokenizer, call_grammar, json_grammar, marker
 from engine.contracts import GenerationRequest, GrammarSpec, SamplingParams
 from engine.runtime import Engine
 
@@ -120,6 +121,39 @@ async def test_a_tool_calls_marker_frees_the_reply(tiny_loaded) -> None:
     assert ids == free == reference(tiny_loaded, prompt, escaped, 12)
     constrained = reference(tiny_loaded, prompt, GrammarSpec(text, escape=None), 12)
     assert constrained[0] != free[0]  # without the escape the first token is the JSON's
+
+
+async def test_strict_calls_follow_their_functions_schemas(tmp_path) -> None:
+    # OpenAI's strict function calling: once a call opens, its name is a declared function's and its arguments
+    # follow that function's parameters; calls may follow one another, then the reply ends.
+    from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+    loaded = load_tiny_llm(build_tiny_llm(tmp_path / "m", extra_special_tokens=("<tool_call>", "</tool_call>")))
+    vocab = loaded.tokenizer._tokenizer.get_vocab()
+    opening, closing = vocab["<tool_call>"], vocab["</tool_call>"]
+    weather = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+               "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1,
+                                                                            "maximum": 7}}}
+    calls = call_grammar([("get_weather", weather), ("noop", {"type": "object", "properties": {},
+                                                              "additionalProperties": False})],
+                         opening=marker("<tool_call>", [opening]), closing=marker("</tool_call>", [closing]))
+    prompt = prompt_of(10, 7)
+    free = reference(loaded, prompt, GrammarSpec(None, after=(-1,), calls=calls), 3)
+    grammar = GrammarSpec(None, after=(free[0],), calls=calls)  # the model's own first token opens the call here
+    ids = (await _run(Engine(loaded), [GenerationRequest(
+        prompt, SamplingParams(temperature=0.0, grammar=grammar), max_tokens=120)]))[0][0]
+    assert ids[0] == free[0] and ids == reference(loaded, prompt, grammar, 120)
+    text = loaded.tokenizer.decode(ids[1:])
+    bodies = re.findall(r"(?:^|<tool_call>)\s*(.*?)\s*</tool_call>", text)
+    assert bodies and re.fullmatch(r"(\s*(<tool_call>)?\s*\{.*?\}\s*</tool_call>)+\s*(<tool_call>.*)?(<\|im_end\|>)?",
+                                   text, re.S), text
+    for body in bodies:
+        call = json.loads(body)
+        assert call["name"] in ("get_weather", "noop")
+        if call["name"] == "get_weather":
+            assert call["arguments"]["city"] in ("Paris", "Oslo") and 1 <= call["arguments"]["days"] <= 7
+        else:
+            assert call["arguments"] == {}
 
 
 @pytest.mark.parametrize("schema, words", [

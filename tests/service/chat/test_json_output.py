@@ -1,5 +1,6 @@
-"""service/chat/json_output.py: which grammar a response_format asks for, and from where in the reply it applies —
-after the thinking block a reply opens in, after harmony's final-channel header, else from the first token."""
+"""service/chat/json_output.py: which grammar a response_format and strict tools ask for, and from where in the reply
+it applies — after the thinking block a reply opens in, after harmony's final-channel header, from a call's opening
+marker, else from the first token."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from typing import Any
 import pytest
 
 from engine.contracts import GrammarSpec
-from service.chat.json_output import output_grammar
+from service.chat.json_output import reply_grammar
 from service.http.errors import APIError
 
 pytestmark = pytest.mark.anyio
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
 SCHEMA = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object", "properties": {
     "ok": {"type": "boolean"}}, "required": ["ok"]}}}
 
@@ -23,7 +26,10 @@ class _Tokenizer:
     def __init__(self, vocab: dict[str, int], think_end: str | None = None, call_start: str | None = None) -> None:
         self._vocab, self.think_end = vocab, think_end
         if call_start is not None:  # mlx-lm's wrapper names a family's call markers beside its parser
-            self.tool_parser, self.tool_call_start, self.tool_call_end = (lambda text, tools: {}), call_start, ""
+            from mlx_lm.tool_parsers import json_tools
+
+            self.tool_parser, self.tool_call_start = json_tools.parse_tool_call, call_start
+            self.tool_call_end = call_start.replace("<", "</")
 
     def get_vocab(self) -> dict[str, int]:
         return self._vocab
@@ -37,9 +43,9 @@ class _Tokenizer:
         return ids
 
 
-async def _grammar(tokenizer: Any, response_format: Any, **kw: Any) -> GrammarSpec | None:
-    return await output_grammar(response_format, tokenizer=tokenizer, param="response_format",
-                                **{"opens_thinking": False, "calls": False, **kw})
+async def _grammar(tokenizer: Any, response_format: Any, tools: Any = None, **kw: Any) -> GrammarSpec | None:
+    return await reply_grammar(response_format, tools, tokenizer=tokenizer,
+                               **{"opens_thinking": False, "calls": tools is not None, **kw})
 
 
 async def test_the_grammar_applies_after_a_thinking_block_the_reply_opens_in() -> None:
@@ -52,19 +58,41 @@ async def test_the_grammar_applies_after_a_thinking_block_the_reply_opens_in() -
 
 async def test_a_harmony_reply_is_constrained_in_its_final_channel() -> None:
     harmony = _Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3, "<|channel|>": 4, "final": 9})
-    grammar = await _grammar(harmony, {"type": "json_object"}, calls=True)  # its calls go to another channel
+    grammar = await _grammar(harmony, {"type": "json_object"}, [TOOL])  # its calls go to another channel
     assert grammar is not None and grammar.after == (4, 9, 3) and grammar.escape is None
 
 
 async def test_beside_tools_a_one_token_call_marker_may_open_the_reply() -> None:
-    qwen = _Tokenizer({"<tool_call>": 7, "<": 1, "tool": 2, "_call": 3, ">": 4}, call_start="<tool_call>")
-    grammar = await _grammar(qwen, SCHEMA, calls=True)
-    assert grammar is not None and grammar.escape == 7
+    qwen = _Tokenizer({"<tool_call>": 7, "</tool_call>": 8, "<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4},
+                      call_start="<tool_call>")
+    grammar = await _grammar(qwen, SCHEMA, [TOOL])
+    assert grammar is not None and grammar.escape == 7 and grammar.calls is None  # the call itself is free
     # Told of its tools in our words, a model without the special token writes "<tool_call>" in four tokens.
-    plain = _Tokenizer({"<": 1, "tool": 2, "_call": 3, ">": 4})
+    plain = _Tokenizer({"<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4})
     with pytest.raises(APIError) as caught:
-        await _grammar(plain, SCHEMA, calls=True, json_calls=True)
+        await _grammar(plain, SCHEMA, [TOOL], json_calls=True)
     assert caught.value.status == 400 and caught.value.param == "response_format"
+
+
+async def test_strict_tools_constrain_calls_from_their_opening_marker() -> None:
+    qwen = _Tokenizer({"<tool_call>": 7, "</tool_call>": 8, "<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4},
+                      call_start="<tool_call>")
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    only_calls = await _grammar(qwen, None, [strict, TOOL])
+    assert only_calls is not None and only_calls.text is None and only_calls.after == (7,)
+    assert only_calls.calls is not None and '"city"' in only_calls.calls and "<[8]>" in only_calls.calls
+    both = await _grammar(qwen, SCHEMA, [strict])
+    assert both is not None and both.text is not None and both.escape == 7 and both.calls is not None
+    # Told in the prompt, the markers are text: the calls' grammar writes them as such.
+    plain = _Tokenizer({"<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4})
+    told = await _grammar(plain, None, [strict], json_calls=True)
+    assert told is not None and told.after == (1, 2, 3, 4) and '"</tool_call>"' in (told.calls or "")
+    for tokenizer in (_Tokenizer({"a": 1}), _Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3,
+                                                        "<|channel|>": 4})):
+        with pytest.raises(APIError) as caught:  # no <tool_call> JSON: bare JSON calls, harmony's channels
+            await _grammar(tokenizer, None, [TOOL, strict])
+        assert caught.value.param == "tools.1.function.strict"
+    assert await _grammar(qwen, None, [strict], calls=False) is None  # tool_choice "none": no call to constrain
 
 
 async def test_text_asks_for_nothing_and_an_unenforceable_schema_is_refused() -> None:

@@ -137,7 +137,7 @@ def test_cache_control_breakpoints_are_accepted_and_checked(client: Any) -> None
     ({"service_tier": "flex"}, "service_tier", ()),
     ({"modalities": ["text", "audio"]}, "modalities.1", ()),
     ({"tools": [{"type": "function", "function": {"name": "f", "strict": True}}]}, "tools.0.function.strict",
-     ("strict function calling is not supported",)),
+     ("strict function calling is offered for models whose calls are <tool_call> JSON",)),
     ({"top_logprobs": 2}, "top_logprobs", ("needs logprobs",)),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", ()),
 ])
