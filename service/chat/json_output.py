@@ -62,7 +62,8 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
     """What the reply must follow (None: nothing). The answer follows the response_format's schema from its first
     token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
     may call, its one-token call marker may open the reply instead; a call's arguments follow their function's
-    parameters where any tool is `strict` (calls written as <tool_call> JSON only; `json_calls`: the tools were told
+    parameters where any tool is `strict` (calls written as <tool_call> JSON opened by one token only: a marker
+    written as text may merge with what precedes it and the call would go unseen; `json_calls`: the tools were told
     in the prompt). Compiled in a worker thread: a large schema takes a while. Raises APIError 400 naming the field
     for a schema that cannot be enforced, JSON beside tools whose calls open with more than one token, or strict
     tools of a model whose calls are written otherwise."""
@@ -72,10 +73,10 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         return None
     harmony = _is_harmony(tokenizer)
     markers = _call_markers(tokenizer, json_calls) if calls and not harmony else None
-    if strict and markers is None:
-        raise APIError(400, "strict function calling is offered for models whose calls are <tool_call> JSON (Hermes, "
-                            "Qwen 2.5 and 3, and models told their tools in the prompt), not for this model's "
-                            "format; send strict: false", param=f"tools.{strict[0]}.function.strict",
+    if strict and (markers is None or not markers[2] or len(markers[0][1]) != 1):
+        raise APIError(400, "strict function calling is offered for models whose calls are <tool_call> JSON opened by "
+                            "one special token (Hermes, Qwen 2.5 and 3, SmolLM3), not for this model's format; send "
+                            "strict: false", param=f"tools.{strict[0]}.function.strict",
                        code="unsupported_value")
     escape = None
     if answer and calls and not harmony:  # harmony's calls go to another channel than the final one
@@ -92,7 +93,7 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
     call_text = None
     if strict and markers is not None and tools:
-        (opening, open_ids), (closing, close_ids) = markers
+        (opening, open_ids), (closing, close_ids), _ = markers
         functions = [(t["function"]["name"], t["function"].get("parameters") if t["function"].get("strict") else None)
                      for t in tools]
         try:
@@ -114,30 +115,35 @@ def _is_harmony(tokenizer: Any) -> bool:
     return is_harmony(tokenizer)
 
 
-def _call_markers(tokenizer: Any, json_calls: bool) -> tuple[tuple[str, list[int]], tuple[str, list[int]]] | None:
-    """The opening and closing markers of the model's <tool_call> JSON calls, with their tokens; None when its calls
-    are written otherwise (bare JSON, another parser, no tool format). Raises nothing."""
+def _call_markers(tokenizer: Any, json_calls: bool) -> tuple[tuple[str, list[int]], tuple[str, list[int]], bool] | None:
+    """The opening and closing markers of the model's tool calls, with their tokens, and whether its calls are
+    <tool_call> JSON (mlx-lm's json_tools format, which strict calls are written in); None when its calls have no
+    opening marker (bare JSON) or no format is known. Raises nothing."""
     from engine.chat_output import OutputMarkers
 
     markers = OutputMarkers.from_tokenizer(tokenizer)
     if json_calls:
         markers = markers.with_json_tool_calls()
-    parser = markers.tool_parser
-    if not markers.tool_call_start or not markers.tool_call_end or parser is None \
-            or not getattr(parser, "__module__", "").endswith("json_tools"):
+    if not markers.tool_call_start or markers.tool_parser is None:
         return None
-    start, end = markers.tool_call_start, markers.tool_call_end
-    return (start, list(_encode(tokenizer, start))), (end, list(_encode(tokenizer, end)))
+    start, end = markers.tool_call_start, markers.tool_call_end or ""
+    json_format = bool(end) and getattr(markers.tool_parser, "__module__", "").endswith("json_tools")
+    return (start, list(_encode(tokenizer, start))), (end, list(_encode(tokenizer, end)) if end else []), json_format
 
 
 def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool) -> tuple[int, ...]:
-    if harmony:
-        marker = "<|channel|>final<|message|>"  # the answer's channel; analysis (thinking) comes before it
-    elif opens_thinking and (end := getattr(tokenizer, "think_end", None)):
-        marker = end
-    else:
+    """The tokens after which the answer is constrained. Raises APIError 400 for a thinking block whose end is not
+    one token: written as text it may merge with what precedes it, the answer would never be seen to start."""
+    if harmony:  # the answer's channel (special tokens around its name: nothing merges); analysis comes before it
+        return tuple(_encode(tokenizer, "<|channel|>final<|message|>"))
+    if not opens_thinking or not (end := getattr(tokenizer, "think_end", None)):
         return ()
-    return tuple(_encode(tokenizer, marker))
+    ids = tuple(_encode(tokenizer, end))
+    if len(ids) != 1:
+        raise APIError(400, f"JSON output is not offered while this model thinks: its thinking block's end {end!r} is "
+                            "not one token (switch thinking off: reasoning_effort \"none\")", param="response_format",
+                       code="unsupported_value")
+    return ids
 
 
 def _encode(tokenizer: Any, text: str) -> Sequence[int]:

@@ -56,6 +56,15 @@ async def test_the_grammar_applies_after_a_thinking_block_the_reply_opens_in() -
     assert off is not None and off.after == ()
 
 
+async def test_a_thinking_end_written_as_text_is_refused() -> None:
+    # "</think>" as three tokens may merge with the thinking's last characters: the answer would never start.
+    split = _Tokenizer({"</": 1, "think": 2, ">": 3}, think_end="</think>")
+    with pytest.raises(APIError) as caught:
+        await _grammar(split, SCHEMA, opens_thinking=True)
+    assert caught.value.param == "response_format" and "reasoning_effort" in caught.value.message
+    assert await _grammar(split, SCHEMA) is not None  # thinking off: from the first token
+
+
 async def test_a_harmony_reply_is_constrained_in_its_final_channel() -> None:
     harmony = _Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3, "<|channel|>": 4, "final": 9})
     grammar = await _grammar(harmony, {"type": "json_object"}, [TOOL])  # its calls go to another channel
@@ -83,14 +92,13 @@ async def test_strict_tools_constrain_calls_from_their_opening_marker() -> None:
     assert only_calls.calls is not None and '"city"' in only_calls.calls and "<[8]>" in only_calls.calls
     both = await _grammar(qwen, SCHEMA, [strict])
     assert both is not None and both.text is not None and both.escape == 7 and both.calls is not None
-    # Told in the prompt, the markers are text: the calls' grammar writes them as such.
+    # Told in the prompt, a model without the special token writes the marker as text, which may merge with what
+    # precedes it: the call would go unseen, unconstrained. Bare JSON calls and harmony's channels have no marker.
     plain = _Tokenizer({"<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4})
-    told = await _grammar(plain, None, [strict], json_calls=True)
-    assert told is not None and told.after == (1, 2, 3, 4) and '"</tool_call>"' in (told.calls or "")
-    for tokenizer in (_Tokenizer({"a": 1}), _Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3,
-                                                        "<|channel|>": 4})):
-        with pytest.raises(APIError) as caught:  # no <tool_call> JSON: bare JSON calls, harmony's channels
-            await _grammar(tokenizer, None, [TOOL, strict])
+    for tokenizer, told in ((plain, True), (_Tokenizer({"a": 1}), False),
+                            (_Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3, "<|channel|>": 4}), False)):
+        with pytest.raises(APIError) as caught:
+            await _grammar(tokenizer, None, [TOOL, strict], json_calls=told)
         assert caught.value.param == "tools.1.function.strict"
     assert await _grammar(qwen, None, [strict], calls=False) is None  # tool_choice "none": no call to constrain
 
