@@ -37,6 +37,9 @@ __all__ = ["SessionError", "SessionNotFound", "SessionClosed", "SessionLimit", "
 MIN_COMMIT_MS = 100  # OpenAI's least audio a commit needs
 
 
+# Events a reader has read that stay in the log before they are dropped together (a list's front deletes copy).
+_READ_KEPT = 256
+
 class LiveSession(SessionPump):
     """One dictation: `append` PCM, read `events()` or `committed_text()`, `finish` for the Transcript.
     `pump` (hosted by the speech service) does the decoding."""
@@ -62,6 +65,7 @@ class LiveSession(SessionPump):
         self.finished_at: float | None = None
         self.error: BaseException | None = None
         self.events_log: list[SessionEvent] = []
+        self._log_base = 0  # the index of events_log[0] among all events: what its reader has read is dropped
         self._residency, self._tasks = residency, tasks
         self._pool = pool or AudioPool(None)
         self._stream: PcmStream | None = None
@@ -251,12 +255,17 @@ class LiveSession(SessionPump):
         return self.live.tentative
 
     async def events(self, start: int = 0) -> AsyncIterator[SessionEvent]:
-        """Events from index `start` on, as they happen, until the session ends. Raises nothing."""
-        i = start
+        """Events from index `start` on, as they happen, until the session ends. The session has one reader (its
+        socket): what it has read leaves the log, which a long session's replies (a mark each) grew without bound.
+        Raises nothing."""
+        i = max(start, self._log_base)
         while True:
-            while i < len(self.events_log):
-                yield self.events_log[i]
+            while i - self._log_base < len(self.events_log):
+                yield self.events_log[i - self._log_base]
                 i += 1
+                if i - self._log_base >= _READ_KEPT:
+                    del self.events_log[: i - self._log_base]
+                    self._log_base = i
             if self._done.is_set():
                 return
             await self._changed.wait()

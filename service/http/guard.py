@@ -73,6 +73,8 @@ class Guard:
     def _refusal(self, scope: Scope) -> APIError | None:
         path = scope.get("path", "")
         config = self.state.config
+        if scope.get("http_version") == "1.1" and header(scope, b"host") is None:
+            return APIError(400, "An HTTP/1.1 request must carry a Host header (RFC 9112).", code="missing_host")
         if not host_allowed(scope, config.host, bool(self.keys), config.allowed_hosts):
             return APIError(403, f"Host {(header(scope, b'host') or '')[:100]!r} is not a name of this machine: a "
                                  "server listening on loopback without a key answers only those (start it with "
@@ -129,14 +131,26 @@ class Guard:
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         refusal = self._refusal(scope)
+        if refusal is None and scope.get("path") not in WEBSOCKET_PATHS:
+            refusal = APIError(404, f"No websocket at {scope.get('path')!r}: live transcription is at "
+                                    "/v1/realtime?intent=transcription and /v1/audio/live.", code="not_found")
         if refusal is not None:
-            # Refused before the handshake completes: the client sees HTTP 403 and the reason in the log.
+            # Refused before the handshake completes: as an HTTP answer in OpenAI's error shape where the server
+            # offers that (ASGI's websocket.http.response), else a close the client sees as HTTP 403.
             message = await receive()
-            if message["type"] == "websocket.connect":
+            if message["type"] != "websocket.connect":
+                return
+            if "websocket.http.response" in (scope.get("extensions") or {}):
+                await _send_error(send, refusal, websocket=True)
+            else:
                 await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
             return
         frames = _FrameLimit(receive, self.state.config.limits.max_ws_frame_bytes)
         await self.app(scope, cast(Receive, frames.receive), send)
+
+
+# The routes that take a websocket (service/speech/live.py); an upgrade anywhere else is a 404, not a bare 403.
+WEBSOCKET_PATHS = frozenset({"/v1/realtime", "/v1/audio/live"})
 
 
 def _preflight(scope: Scope) -> bool:
@@ -149,14 +163,16 @@ def _too_large(limit: int) -> APIError:
                     code="request_too_large", close=True)
 
 
-async def _send_error(send: Any, error: APIError, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _send_error(send: Any, error: APIError, extra: list[tuple[bytes, bytes]] | None = None, *,
+                      websocket: bool = False) -> None:
     body = json.dumps(error_body(error)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *(extra or [])]
     headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
     if error.status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    kind = "websocket.http.response" if websocket else "http.response"
+    await send({"type": f"{kind}.start", "status": error.status, "headers": headers})
+    await send({"type": f"{kind}.body", "body": body})
 
 
 class _BodyReader:
@@ -187,10 +203,9 @@ class _BodyReader:
                 self._complete = not message.get("more_body", False)
             else:
                 self._complete = True
-                if message["type"] == "http.disconnect":  # gone mid-body (or its chunked framing broke)
-                    raise APIError(499, "The connection ended before the request body was complete (the client "
-                                        "closed it, or its chunked encoding was malformed).",
-                                   code="client_closed_request")
+                if message["type"] == "http.disconnect":  # its chunked framing broke (or the client left mid-body)
+                    raise APIError(400, "The request body ended before it was complete (its chunked encoding was "
+                                        "malformed, or the connection closed).", code="incomplete_body", close=True)
             return message
         if self._seen and wait < self._timeout:
             raise APIError(408, f"The request body arrived slower than {MIN_BODY_RATE} bytes/s on average.",

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 from typing import Any, Literal
 
 import anyio
@@ -50,12 +51,18 @@ from service.speech.served import served_speech
 from service.speech.socket_errors import as_api_error, base64_audio, close_code, expiry, shutting_down, typed
 from service.state import AppState
 
+_log = logging.getLogger(__name__)
+
 __all__ = ["LiveSocket", "Mode", "REALTIME_CLIENT_EVENTS"]
 
 Mode = Literal["undecided", "frames", "realtime"]
 REALTIME_CLIENT_EVENTS = frozenset({"session.update", "transcription_session.update", "input_audio_buffer.append",
                                     "input_audio_buffer.commit", "input_audio_buffer.clear"})
 _UNSUPPORTED = ("conversation.", "response.", "output_audio_buffer.")
+
+
+# Replies a client may have owed to it before its next message is read.
+_MAX_OWED = 256
 
 
 class _ClientGone(Exception):
@@ -74,6 +81,7 @@ class LiveSocket:
         self.items = Items()
         self.session: LiveSession | None = None
         self._send_lock = anyio.Lock()
+        self._sent = anyio.Event()  # set (and replaced) as each event goes out
         self._partial_due = anyio.Event()
         self._finishing = False
         self._closed = False
@@ -137,6 +145,10 @@ class LiveSocket:
     # ---- reading -------------------------------------------------------------------------------
     async def _read(self, tg: anyio.abc.TaskGroup) -> None:
         while True:
+            # A client that sends events without reading the replies: stop reading it (its sends wait in its own
+            # buffers) rather than queue replies without bound.
+            while len(self._replies) >= _MAX_OWED and not self._closed:
+                await self._sent.wait()
             message = await self.socket.receive()
             if message.get("type") == "websocket.disconnect":
                 return
@@ -339,12 +351,21 @@ class LiveSocket:
         if self._closed:
             raise _ClientGone()
         event.setdefault("event_id", event_id())
+        timeout = self.state.config.limits.send_timeout
         async with self._send_lock:
             try:
-                await self.socket.send_json(event)
+                # A client that reads nothing is cut off, as a stream's is (--send-timeout): its events were queued.
+                with anyio.fail_after(timeout) if timeout else contextlib.nullcontext():
+                    await self.socket.send_json(event)
+            except TimeoutError:
+                self._closed = True
+                _log.info("live socket closed: its client read nothing for %g s (--send-timeout)", timeout)
+                raise _ClientGone() from None
             except Exception:
                 self._closed = True
                 raise _ClientGone() from None
+        self._sent.set()  # a reader held back by owed replies may go on
+        self._sent = anyio.Event()
 
     async def _reply(self, event: dict[str, Any]) -> None:
         """Send `event`, a reply to the client event being handled, after the session's events for the client

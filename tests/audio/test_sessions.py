@@ -329,3 +329,28 @@ async def test_an_ended_session_lets_go_of_the_model_without_a_collection(tiny_w
         assert model() is None, "the ended session still reaches the model"
     finally:
         gc.enable()
+
+
+async def test_what_the_reader_has_read_leaves_the_log(tiny_whisper_dir: Path) -> None:
+    # A live socket answers every client event with a reply marked in the log: a million of them kept ~200 MB.
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir)
+        read: list[str | None] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+
+            async def reader() -> None:
+                async for event in s.events():
+                    read.append(event.ref)
+                    if len(read) == 2000:
+                        return
+
+            tg.start_soon(reader)
+            for i in range(2000):
+                s.mark(f"r{i}")
+                if i % 100 == 0:
+                    await anyio.sleep(0)  # the reader's turn, as the socket's writer gets it
+            await settle()
+            assert read == [f"r{i}" for i in range(2000)]  # in order, none lost to the trimming
+            assert len(s.events_log) <= 256
+            tg.cancel_scope.cancel()

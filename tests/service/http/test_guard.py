@@ -338,3 +338,50 @@ def test_a_preflight_is_answered_while_the_engine_loads_so_the_page_can_read_the
         assert waiting.headers["access-control-allow-origin"] == "http://ui.example"
         assert "retry-after" in waiting.headers["access-control-expose-headers"]
         client.blocking_portal.call(release[0].set)
+
+
+@pytest.mark.anyio
+async def test_a_body_cut_short_is_a_400_and_a_request_without_host_too() -> None:
+    # A malformed chunk size reaches the app as a disconnect mid-body: it was answered 499, nginx's private code.
+    app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig()))
+    cut = [{"type": "http.request", "body": b'{"messages": ', "more_body": True}, {"type": "http.disconnect"}]
+    status, body, headers = await _call(app, _scope("/v1/chat/completions"), cut)
+    assert status == 400 and body["error"]["code"] == "incomplete_body" and headers[b"connection"] == b"close"
+    # RFC 9112: a server MUST answer 400 to an HTTP/1.1 request without Host (HTTP/1.0 may leave it out).
+    bare = {**_scope("/health"), "method": "GET", "headers": []}
+    status, body, _ = await _call(app, bare, [{"type": "http.request", "body": b""}])
+    assert status == 400 and body["error"]["code"] == "missing_host"
+    status, _, _ = await _call(app, {**bare, "http_version": "1.0"}, [{"type": "http.request", "body": b""}])
+    assert status == 200
+
+
+@pytest.mark.anyio
+async def test_a_refused_websocket_is_answered_in_the_error_shape_where_the_server_can() -> None:
+    # A websocket upgrade on /v1/chat/completions got a bare 403, as if the key were wrong.
+    app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig(api_keys=["k1"])))
+
+    async def refuse(path: str, headers: list[tuple[bytes, bytes]], extensions: dict[str, Any]) -> list[Any]:
+        scope = {"type": "websocket", "asgi": {"version": "3.0"}, "http_version": "1.1", "scheme": "ws",
+                 "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+                 "headers": [(b"host", b"localhost"), *headers], "client": ("127.0.0.1", 1),
+                 "server": ("test", 80), "subprotocols": [], "extensions": extensions}
+        sent: list[Any] = []
+        messages = [{"type": "websocket.connect"}]
+
+        async def receive() -> dict[str, Any]:
+            return messages.pop(0) if messages else {"type": "websocket.disconnect", "code": 1000}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    key = [(b"authorization", b"Bearer k1")]
+    answer = await refuse("/v1/chat/completions", key, {"websocket.http.response": {}})
+    assert answer[0]["type"] == "websocket.http.response.start" and answer[0]["status"] == 404
+    assert json.loads(answer[1]["body"])["error"]["code"] == "not_found"
+    answer = await refuse("/v1/realtime", [], {"websocket.http.response": {}})
+    assert answer[0]["status"] == 401 and json.loads(answer[1]["body"])["error"]["code"] == "invalid_api_key"
+    answer = await refuse("/nope", key, {})  # a server without the extension: a close (HTTP 403 to the client)
+    assert answer == [{"type": "websocket.close", "code": 1008, "reason": answer[0]["reason"]}]

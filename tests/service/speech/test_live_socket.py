@@ -9,7 +9,7 @@ import base64
 import contextlib
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import anyio
 import numpy as np
@@ -601,3 +601,45 @@ def test_an_utterance_open_when_its_session_expires_is_transcribed_first(
             ws.receive_json(timeout=30)
     assert closed.value.code == 1000
     assert state.speech is not None and not state.speech.sessions
+
+
+class _DeafClient:
+    """A websocket whose client sends events as fast as it is read and reads nothing back: its sends never finish."""
+
+    def __init__(self) -> None:
+        self.scope: dict[str, Any] = {"state": {}}
+        self.received = 0
+
+    async def receive(self) -> dict[str, Any]:
+        self.received += 1
+        return {"type": "websocket.receive", "text": '{"type": "input_audio_buffer.commit"}'}  # an error reply each
+
+    async def send_json(self, event: Any) -> None:
+        await anyio.sleep_forever()
+
+    async def close(self, code: int = 1000) -> None:
+        pass
+
+
+def test_a_client_that_reads_nothing_is_cut_off_and_not_read_without_bound(whisper_dir: Path) -> None:
+    # It grew the server by ~0.7 KB a frame, never closed: replies queued behind a send that never finished.
+    from service.config import ServiceConfig
+    from service.limits import Limits
+    from service.speech.live_socket import _MAX_OWED, LiveSocket
+    from service.speech.realtime_config import RealtimeConfig
+
+    state = install_speech(AppState(config=ServiceConfig(limits=Limits(send_timeout=0.5))),
+                           SpeechConfig(model=str(whisper_dir), resident=True))
+    deaf = _DeafClient()
+    with TestClient(create_app(state)) as client:
+        assert state.speech is not None
+        socket = LiveSocket(cast(Any, deaf), state, state.speech, config=RealtimeConfig(), mode="realtime",
+                            dialect="ga", frame_format=RealtimeConfig().pcm_format)
+
+        async def serve() -> None:
+            with anyio.fail_after(30):
+                await socket.run()
+
+        client.blocking_portal.call(serve)  # returns: cut off after --send-timeout
+        assert deaf.received <= _MAX_OWED + 2  # then no more of its events were read
+        assert not state.speech.sessions
