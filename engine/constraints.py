@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
@@ -21,7 +22,8 @@ from engine.errors import InvalidRequest
 if TYPE_CHECKING:
     import mlx.core as mx
 
-__all__ = ["ConstraintError", "Constraint", "ConstraintTokenizer", "json_grammar", "call_grammar"]
+__all__ = ["ConstraintError", "ConstraintFailed", "Constraint", "ConstraintTokenizer", "json_grammar", "call_grammar",
+           "marker", "brief"]
 
 
 class ConstraintError(InvalidRequest):
@@ -33,19 +35,23 @@ class ConstraintError(InvalidRequest):
 _LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def json_grammar(schema: dict[str, Any] | None) -> str:
-    """The grammar of JSON text following `schema` (None: any JSON object), checked. Raises ConstraintError naming
-    what llguidance cannot compile (an unknown format, a dangling $ref, a type that is not one)."""
+def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str:
+    """The grammar of JSON text following `schema` (None: any JSON object), checked. `lenient`: keywords llguidance
+    does not implement (`uniqueItems`, `not`, ...) are ignored, as a schema not marked strict may be followed
+    approximately. Raises ConstraintError naming what llguidance cannot compile (an unknown format, a dangling
+    $ref, a type that is not one, an unimplemented keyword when not lenient)."""
     from llguidance import LLMatcher
 
     try:
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema if schema is not None else {"type": "object"}),
-                                                     defaults=cast(Any, _LAYOUT))
+                                                     defaults=cast(Any, {**_LAYOUT, "lenient": lenient}))
         failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     except (ValueError, TypeError, RuntimeError) as exc:
-        raise ConstraintError(f"the schema cannot be enforced: {exc}") from None
+        raise ConstraintError(f"the schema cannot be enforced: {brief(str(exc))}") from None
     if failed:
-        raise ConstraintError("the schema cannot be enforced: " + "; ".join(messages))
+        hint = "" if lenient or "Unimplemented" not in " ".join(messages) else \
+            " (with strict: false such keywords are ignored and the rest enforced)"
+        raise ConstraintError("the schema cannot be enforced: " + brief("; ".join(messages)) + hint)
     return str(grammar)
 
 
@@ -83,6 +89,7 @@ class ConstraintTokenizer:
         self._tokenizer = tokenizer
         self.vocab_size = vocab_size  # the logits' width (an embedding may be wider than the tokenizer)
         self._built: Any = None
+        self._prototypes: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self) -> Any:
@@ -103,18 +110,58 @@ class ConstraintTokenizer:
         except Exception:  # noqa: BLE001 — said to the request that asks for JSON output
             pass
 
+    def prepare(self, spec: GrammarSpec) -> None:
+        """Build the spec's matchers now (blocking: llguidance builds a large schema's lexer in seconds, so the
+        service calls this in a worker thread before it submits). Raises ConstraintError as `constraint`."""
+        for grammar in (spec.text, spec.calls):
+            if grammar is not None:
+                self._prototype(grammar)
+
     def constraint(self, spec: GrammarSpec) -> "Constraint":
-        """A fresh matcher for one row (the calls' grammar checked now, its matcher made when a call opens). Raises
-        ConstraintError when a grammar does not compile for this tokenizer."""
+        """A fresh matcher for one row, copied from the grammar's prepared one (built here when not prepared). Raises
+        ConstraintError when a grammar does not compile for this tokenizer or admits no text at all."""
+        answer = self._prototype(spec.text).deep_copy() if spec.text is not None else None
+        calls: Any = self._prototype(spec.calls) if spec.calls is not None else None
+        return Constraint(answer, self.vocab_size, spec, lambda: calls.deep_copy())
+
+    def _prototype(self, grammar: str) -> Any:
+        with self._lock:
+            if (kept := self._prototypes.get(grammar)) is not None:
+                self._prototypes.move_to_end(grammar)
+                return kept
         try:
             tokenizer = self.get()
         except Exception as exc:  # noqa: BLE001 — e.g. a slow (Python) tokenizer llguidance cannot read
             raise ConstraintError(f"constrained output is not available for this model: its tokenizer cannot be "
                                   f"read by the constraint engine ({type(exc).__name__}: {exc})") from None
-        answer = _matcher(tokenizer, spec.text) if spec.text is not None else None
-        if spec.calls is not None:
-            _matcher(tokenizer, spec.calls)
-        return Constraint(answer, self.vocab_size, spec, lambda: _matcher(tokenizer, cast(str, spec.calls)))
+        matcher = _matcher(tokenizer, grammar)
+        # Its first mask, now: a schema past the engine's limits fails here (a 400), not mid-reply, and one that admits
+        # no text at all (a $ref cycle from the root) is refused rather than answered with nothing.
+        bits = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+        if matcher.is_error():
+            raise ConstraintError(f"the schema cannot be enforced: {brief(matcher.get_error())}")
+        if not bits.any():
+            raise ConstraintError("the schema admits no JSON text (a $ref that can never end?)")
+        with self._lock:
+            self._prototypes[grammar] = matcher
+            while len(self._prototypes) > _PROTOTYPES_KEPT:
+                self._prototypes.popitem(last=False)
+        return matcher
+
+
+# Prepared matchers kept by grammar (a client's requests repeat one schema); each row works on a copy.
+_PROTOTYPES_KEPT = 32
+
+
+def brief(error: str) -> str:
+    """llguidance's error without the parser state and grammar it appends (kilobytes of a client's schema).
+    Raises nothing."""
+    head = error.split("\n<state>")[0].split("\n")[0]
+    return head if len(head) <= 300 else head[:300] + "…"
+
+
+class ConstraintFailed(RuntimeError):
+    """A row's grammar failed mid-reply (past the engine's limits, or no token continues it): that row ends."""
 
 
 def _matcher(tokenizer: Any, grammar: str) -> Any:
@@ -123,9 +170,9 @@ def _matcher(tokenizer: Any, grammar: str) -> Any:
     try:
         matcher = LLMatcher(tokenizer, grammar)
     except ValueError as exc:
-        raise ConstraintError(f"the schema cannot be enforced with this model's tokenizer: {exc}") from None
+        raise ConstraintError(f"the schema cannot be enforced with this model's tokenizer: {brief(str(exc))}") from None
     if matcher.is_error():
-        raise ConstraintError(f"the schema cannot be enforced: {matcher.get_error()}")
+        raise ConstraintError(f"the schema cannot be enforced: {brief(matcher.get_error())}")
     return matcher
 
 
@@ -138,6 +185,7 @@ class Constraint:
         self._vocab = vocab_size
         self._after = spec.after  # tokens before which nothing is constrained
         self._escape = spec.escape
+        self._think = spec.think  # the answer may open with a thinking block instead, once
         self._calls = calls if spec.calls is not None else None
         self._recent: list[int] = []
         self._started = False  # a token of the answer was taken
@@ -158,19 +206,26 @@ class Constraint:
 
     def mask(self) -> "mx.array | None":
         """True for each token that keeps the reply valid, (1, vocab); None while not constrained. Raises
-        RuntimeError when the matcher failed (a token it refused was accepted)."""
+        ConstraintFailed when the grammar failed or no token continues it."""
         import mlx.core as mx
 
         if not self.active:
             return None
         if self._matcher.is_error():
-            raise RuntimeError(f"constraint failed: {self._matcher.get_error()}")
+            raise ConstraintFailed(f"the reply's schema failed: {brief(self._matcher.get_error())}")
         bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        if self._matcher.is_error():
+            raise ConstraintFailed(f"the reply's schema passed the constraint engine's limits: "
+                                   f"{brief(self._matcher.get_error())}")
         allowed = np.zeros(self._vocab, dtype=np.bool_)
         width = min(self._vocab, bits.shape[0])
         allowed[:width] = bits[:width]
-        if self._escape is not None and not self._started and self._escape < self._vocab:
-            allowed[self._escape] = True
+        if not self._started:
+            for token in (self._escape, self._think[0] if self._think else None):
+                if token is not None and token < self._vocab:
+                    allowed[token] = True
+        if not allowed.any():
+            raise ConstraintFailed("the reply's schema admits no token here (a $ref that can never end?)")
         return mx.array(allowed)[None]
 
     def accept(self, token: int) -> None:
@@ -186,6 +241,9 @@ class Constraint:
             return
         if not self._started and token == self._escape:
             self._enter_calls()
+            return
+        if not self._started and self._think is not None and token == self._think[0]:
+            self._after, self._think = (self._think[1],), None  # free until the block ends; the answer after it
             return
         self._started = True
         self._matcher.consume_token(token)  # a refused token shows as is_error() at the next mask

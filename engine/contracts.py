@@ -28,13 +28,15 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 class GrammarSpec:
     """What a reply must follow (engine/constraints.py), in phases: nothing until it has written the `after` tokens
     (a thinking block's end; a call's opening marker when only calls are constrained), then `text` (the answer's
-    grammar; None: free), whose first token may instead be `escape` (the call marker), then `calls` (the calls'
-    grammar; None: free)."""
+    grammar; None: free), whose first token may instead be `escape` (the call marker) or `think`'s start (then free
+    until its end, and the answer after it), then `calls` (the calls' grammar; None: free)."""
 
     text: str | None
     after: tuple[int, ...] = ()
     escape: int | None = None
     calls: str | None = None
+    # A thinking block's (start, end) tokens: the answer may open with one instead (a model that decides to think).
+    think: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from engine.batch import LLMBatchGroup, LLMRowStream
 from engine.accelerator import apply_serving_defaults
 from engine.blas_threads import threads_now
 from engine.context import EngineThread
-from engine.contracts import Delta, GenerationRequest
+from engine.contracts import Delta, GenerationRequest, GrammarSpec
 from engine.driver import drive_execution_group
 from engine.memory import MemoryBudget, configure_allocator, process_rss
 from engine.errors import EngineClosed, NoChatModel
@@ -156,6 +156,11 @@ class Engine:
         except BaseException:
             thread.close()
             raise
+
+    def prepare_grammar(self, spec: GrammarSpec) -> None:
+        """Build a constrained reply's matchers now, off the event loop (service/seams.py). Raises ConstraintError."""
+        if isinstance(self.group, LLMBatchGroup):
+            self.group.constraints.prepare(spec)
 
     async def serve(self) -> None:
         """Run the driver loop until `close()`; run it inside a task group. Raises EngineClosed if the

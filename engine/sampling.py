@@ -22,7 +22,7 @@ from typing import Any, Iterable, Sequence, cast
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
-from engine.constraints import Constraint
+from engine.constraints import Constraint, ConstraintFailed
 from engine.contracts import SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
 from engine.stop_matcher import StepText, StopMatcher
@@ -61,6 +61,7 @@ class RowSampler:
         self.params = params
         self.vocab_size = vocab_size
         self._constraint = constraint
+        self._failed: ConstraintFailed | None = None
         self._key = mx.random.key(params.seed) if params.seed is not None else None
         bias = params.logit_bias or {}
         self._bias = (mx.array([int(k) for k in bias]), mx.array([float(v) for v in bias.values()])) if bias else None
@@ -121,8 +122,13 @@ class RowSampler:
             ids = mx.array(list(self._counts))
             pen = mx.array([p.presence_penalty + p.frequency_penalty * c for c in self._counts.values()])
             logits = logits.at[:, ids].subtract(pen)
-        if self._constraint is not None and (allowed := self._constraint.mask()) is not None:
-            logits = mx.where(allowed[:, : logits.shape[-1]], logits, -mx.inf)
+        if self._constraint is not None and self._failed is None:
+            try:
+                allowed = self._constraint.mask()
+            except ConstraintFailed as exc:  # this row's grammar alone: it ends as its token is taken (accept)
+                self._failed, allowed = exc, None
+            if allowed is not None:
+                logits = mx.where(allowed[:, : logits.shape[-1]], logits, -mx.inf)
         if p.temperature == 0:
             return mx.argmax(logits, axis=-1)
         x = logits.astype(mx.float32) * (1.0 / p.temperature)
@@ -154,7 +160,10 @@ class RowSampler:
         return block.row(index, token, cast(int, self.params.logprobs))
 
     def accept(self, token: int) -> None:
-        """Record a sampled token so the penalties see it. Raises nothing."""
+        """Record a sampled token so the penalties see it. Raises ConstraintFailed when the row's grammar failed as
+        the token was drawn (the step ends that row alone, its batch mates go on)."""
+        if self._failed is not None:
+            raise self._failed
         if self.params.repetition_penalty != 1.0 and token not in self._seen:
             self._seen.add(token)
             self._seen_arr = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Protocol, Sequence, runtime_checkable
 
-from engine.contracts import Delta, GenerationRequest
+from engine.contracts import Delta, GenerationRequest, GrammarSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -90,6 +90,11 @@ class ChatEngine(Protocol):
 
     @property
     def tasks(self) -> ExecutionTasks: ...
+
+    def prepare_grammar(self, spec: GrammarSpec) -> None:
+        """Build a constrained reply's matchers before its request is submitted. Blocking: call it in a worker
+        thread. Raises engine.constraints.ConstraintError for a grammar that cannot be followed."""
+        ...
 
     def submit(self, request: GenerationRequest) -> RowStream:
         """Queue a generation. Raises engine.errors.EngineError subclasses (typed, mapped to HTTP)."""

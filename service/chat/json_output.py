@@ -5,7 +5,7 @@ token or after its thinking block, a call's arguments from its opening marker.""
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import anyio
 
@@ -56,15 +56,24 @@ def _schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
     return response_format["json_schema"].get("schema") or {}
 
 
+def _compile(response_format: dict[str, Any]) -> str:
+    """The answer's grammar: a schema marked strict exactly (an unimplemented keyword refused, as OpenAI's strict mode
+    refuses it), otherwise leniently (such keywords ignored, the rest enforced). Raises ConstraintError."""
+    strict = response_format["type"] == "json_schema" and response_format["json_schema"].get("strict") is True
+    return json_grammar(_schema(response_format), lenient=not strict)
+
+
 async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None, *,
-                        tokenizer: Any, opens_thinking: bool, calls: bool, json_calls: bool = False
-                        ) -> GrammarSpec | None:
+                        tokenizer: Any, opens_thinking: bool, calls: bool, json_calls: bool = False,
+                        prepare: Callable[[GrammarSpec], None] | None = None) -> GrammarSpec | None:
     """What the reply must follow (None: nothing). The answer follows the response_format's schema from its first
     token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
     may call, its one-token call marker may open the reply instead; a call's arguments follow their function's
     parameters where any tool is `strict` (calls written as <tool_call> JSON opened by one token only: a marker
     written as text may merge with what precedes it and the call would go unseen; `json_calls`: the tools were told
-    in the prompt). Compiled in a worker thread: a large schema takes a while. Raises APIError 400 naming the field
+    in the prompt). Compiled in a worker thread: a large schema takes a while; so are its matchers (`prepare`, the
+    engine's: llguidance built a large schema's lexer in seconds on the event loop). Raises APIError 400 naming the
+    field
     for a schema that cannot be enforced, JSON beside tools whose calls open with more than one token, or strict
     tools of a model whose calls are written otherwise."""
     answer = response_format is not None and response_format.get("type") != "text"
@@ -87,8 +96,10 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
                            code="unsupported_value")
         escape = markers[0][1][0]
     try:
-        text = await anyio.to_thread.run_sync(json_grammar, _schema(response_format)) \
+        text = await anyio.to_thread.run_sync(_compile, response_format) \
             if response_format is not None and answer else None
+        if text is not None and prepare is not None:
+            await anyio.to_thread.run_sync(prepare, GrammarSpec(text))
     except ConstraintError as exc:
         raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
     call_text = None
@@ -99,6 +110,8 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         try:
             call_text = await anyio.to_thread.run_sync(partial(
                 call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids)))
+            if prepare is not None:
+                await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=call_text))
         except ConstraintError as exc:
             raise APIError(400, str(exc), param=f"tools.{strict[0]}.function.parameters",
                            code="invalid_value") from None
@@ -106,7 +119,20 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         assert markers is not None
         return GrammarSpec(None, after=tuple(markers[0][1]), calls=call_text)
     return GrammarSpec(text, after=_opening_marker(tokenizer, opens_thinking, harmony), escape=escape,
-                       calls=call_text)
+                       calls=call_text, think=None if opens_thinking or harmony else _think_tokens(tokenizer))
+
+
+def _think_tokens(tokenizer: Any) -> tuple[int, int] | None:
+    """A thinking block's start and end tokens, where each is one: a model that opens the block itself (Qwen3,
+    SmolLM3) may think before its constrained answer. Raises nothing."""
+    from engine.chat_output import OutputMarkers
+
+    markers = OutputMarkers.from_tokenizer(tokenizer)  # mlx-lm's markers, or ours for a family it infers none of
+    start, end = markers.think_start, markers.think_end
+    if not start or not end:
+        return None
+    ids = list(_encode(tokenizer, start)), list(_encode(tokenizer, end))
+    return (ids[0][0], ids[1][0]) if len(ids[0]) == 1 and len(ids[1]) == 1 else None
 
 
 def _is_harmony(tokenizer: Any) -> bool:
@@ -136,7 +162,9 @@ def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool) -> tupl
     one token: written as text it may merge with what precedes it, the answer would never be seen to start."""
     if harmony:  # the answer's channel (special tokens around its name: nothing merges); analysis comes before it
         return tuple(_encode(tokenizer, "<|channel|>final<|message|>"))
-    if not opens_thinking or not (end := getattr(tokenizer, "think_end", None)):
+    from engine.chat_output import OutputMarkers
+
+    if not opens_thinking or not (end := OutputMarkers.from_tokenizer(tokenizer).think_end):
         return ()
     ids = tuple(_encode(tokenizer, end))
     if len(ids) != 1:

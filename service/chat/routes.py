@@ -74,7 +74,7 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
     calls = bool(body.tools) and body.tool_choice != "none"
     grammar = await reply_grammar(body.response_format, request_tools(body), tokenizer=engine.tokenizer, calls=calls,
                                   opens_thinking=_opens_thinking(engine.tokenizer, rendered),
-                                  json_calls=rendered.json_tool_calls)
+                                  json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar)
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
     translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from engine.contracts import Delta, FinishReason, GenerationRequest
+from engine.contracts import Delta, FinishReason, GenerationRequest, GrammarSpec
 from engine.errors import EngineClosed, EngineRestarting
 from engine.tasks import ExecutionTasks
 from service.config import CONFIG_ENV, ServiceConfig
@@ -217,6 +217,10 @@ class RemoteEngine:
         return 0
 
     # -- ChatEngine -------------------------------------------------------------------------------
+
+    def prepare_grammar(self, spec: GrammarSpec) -> None:
+        """Nothing here: the engine process builds the matchers as the request arrives there (on its own loop: a
+        schema whose lexer takes seconds holds that process's streams meanwhile). Raises nothing."""
 
     def submit(self, request: GenerationRequest) -> RemoteRowStream:
         """Send the request to the engine process; refusals arrive as the stream's first item (the typed

@@ -59,7 +59,8 @@ def test_json_object_mode_gives_an_object(client: openai.OpenAI) -> None:
 
 
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(client: openai.OpenAI) -> None:
-    bad = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "string", "format": "nope"}}}
+    bad = {"type": "json_schema", "json_schema": {"name": "w", "strict": True,
+                                                  "schema": {"type": "string", "format": "nope"}}}
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(model="", messages=MESSAGES, response_format=bad)  # type: ignore[arg-type]
     assert caught.value.body["param"] == "response_format" and "Unknown format" in caught.value.body["message"]

@@ -164,3 +164,50 @@ async def test_strict_calls_follow_their_functions_schemas(tmp_path) -> None:
 def test_a_schema_that_cannot_be_enforced_is_refused(schema, words: str) -> None:
     with pytest.raises(ConstraintError, match=words):
         json_grammar(schema)
+
+
+async def test_a_grammar_that_fails_mid_reply_ends_its_row_alone(tiny_loaded) -> None:
+    # A schema whose every object must nest another passes its first mask, then the parser gives up: that failure
+    # failed every row of the step (and showed them the schema). Its row ends in error; the others go on.
+    nesting = GrammarSpec(json_grammar({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}))
+    requests = [GenerationRequest(prompt_of(9, 1), SamplingParams(temperature=0.0, grammar=nesting), max_tokens=40),
+                GenerationRequest(prompt_of(5, 2), SamplingParams(temperature=0.0), max_tokens=20),
+                GenerationRequest(prompt_of(7, 3), SamplingParams(temperature=0.0, grammar=GrammarSpec(
+                    json_grammar(SCHEMA))), max_tokens=60)]
+    failed, plain, fine = await _run(Engine(tiny_loaded, max_active=4), requests)
+    assert failed[2] == "error" and failed[1].startswith("{")
+    assert plain[2] == "length" and plain[0] == reference(tiny_loaded, requests[1].prompt_tokens,
+                                                          GrammarSpec(None, after=(-1,)), 20)
+    assert fine[2] == "stop" and set(json.loads(fine[1])) == {"ok", "n", "color"}
+
+
+def test_a_grammar_is_built_once_and_refused_before_any_reply_when_it_admits_nothing(
+        tiny_loaded, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Built on the event loop at submit, a large schema's lexer held every stream for seconds.
+    import engine.constraints as constraints
+
+    tokenizer = ConstraintTokenizer(tiny_loaded.tokenizer, tiny_loaded.model.args.vocab_size)
+    spec = GrammarSpec(json_grammar(SCHEMA))
+    tokenizer.prepare(spec)  # the service's worker thread: the event loop only copies what it built
+    built: list[str] = []
+    original = constraints._matcher
+    monkeypatch.setattr(constraints, "_matcher", lambda *args: built.append("x") or original(*args))
+    first, second = tokenizer.constraint(spec), tokenizer.constraint(spec)
+    assert built == [] and first._matcher is not second._matcher  # a copy a row
+    with pytest.raises(ConstraintError):  # only itself, forever: no JSON text at all
+        tokenizer.prepare(GrammarSpec(json_grammar({"$ref": "#"})))
+
+
+async def test_a_model_may_think_before_its_constrained_answer(tiny_loaded) -> None:
+    # Qwen3 and SmolLM3 open the block themselves: a schema forbade it, switching their thinking off unasked.
+    text = json_grammar(SCHEMA)
+    prompt = prompt_of(13, 8)
+    free = reference(tiny_loaded, prompt, GrammarSpec(text, after=(-1,)), 3)
+    grammar = GrammarSpec(text, think=(free[0], free[2]))  # the model's own first and third tokens stand in
+    ids = (await _run(Engine(tiny_loaded), [GenerationRequest(
+        prompt, SamplingParams(temperature=0.0, grammar=grammar), max_tokens=60)]))[0][0]
+    assert ids[:3] == free and ids == reference(tiny_loaded, prompt, grammar, 60)
+    answer = tiny_loaded.tokenizer.decode(ids[3:], skip_special_tokens=True)
+    assert set(json.loads(answer)) == {"ok", "n", "color"}
+    unthinking = reference(tiny_loaded, prompt, GrammarSpec(text), 60)
+    assert unthinking[0] != free[0]  # without it the first token is the answer's

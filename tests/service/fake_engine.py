@@ -145,6 +145,7 @@ class FakeEngine:
         self.pieces = pieces if pieces is not None else ["Hel", "lo", " wor", "ld", "!"]
         self.failing: str | None = None  # set: health() reports the engine cannot run rows
         self.requests: list[GenerationRequest] = []
+        self.prepared: list[Any] = []  # grammars built before their requests (prepare_grammar)
         self.active: set[int] = set()
         self.closed_streams = 0
         self.cached_tokens = 0
@@ -180,6 +181,9 @@ class FakeEngine:
             self._closed.set()
         elif self._tasks_engine is not None:
             self._tasks_engine.close()
+
+    def prepare_grammar(self, spec: Any) -> None:
+        self.prepared.append(spec)
 
     def submit(self, request: GenerationRequest) -> FakeStream:
         if self.context_length is not None and len(request.prompt_tokens) >= self.context_length:

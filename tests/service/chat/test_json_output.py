@@ -12,7 +12,7 @@ from engine.contracts import GrammarSpec
 from service.chat.json_output import reply_grammar
 from service.http.errors import APIError
 
-pytestmark = pytest.mark.anyio
+
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": False}}}
@@ -25,6 +25,7 @@ class _Tokenizer:
 
     def __init__(self, vocab: dict[str, int], think_end: str | None = None, call_start: str | None = None) -> None:
         self._vocab, self.think_end = vocab, think_end
+        self.think_start = think_end.replace("/", "") if think_end else None  # as mlx-lm's wrapper names both
         if call_start is not None:  # mlx-lm's wrapper names a family's call markers beside its parser
             from mlx_lm.tool_parsers import json_tools
 
@@ -48,29 +49,35 @@ async def _grammar(tokenizer: Any, response_format: Any, tools: Any = None, **kw
                                **{"opens_thinking": False, "calls": tools is not None, **kw})
 
 
+@pytest.mark.anyio
 async def test_the_grammar_applies_after_a_thinking_block_the_reply_opens_in() -> None:
     thinker = _Tokenizer({"<think>": 5, "</think>": 6}, think_end="</think>")
     grammar = await _grammar(thinker, SCHEMA, opens_thinking=True)
     assert grammar is not None and '"ok"' in grammar.text and grammar.after == (6,) and grammar.escape is None
-    off = await _grammar(thinker, SCHEMA)  # thinking switched off: from the first token
-    assert off is not None and off.after == ()
+    # Not opened by the template: constrained from the first token, which may open the block instead (Qwen3 and
+    # SmolLM3 decide to think themselves; a schema switched that off).
+    off = await _grammar(thinker, SCHEMA)
+    assert off is not None and off.after == () and off.think == (5, 6)
 
 
+@pytest.mark.anyio
 async def test_a_thinking_end_written_as_text_is_refused() -> None:
     # "</think>" as three tokens may merge with the thinking's last characters: the answer would never start.
-    split = _Tokenizer({"</": 1, "think": 2, ">": 3}, think_end="</think>")
+    split = _Tokenizer({"</": 1, "<": 4, "think": 2, ">": 3}, think_end="</think>")
     with pytest.raises(APIError) as caught:
         await _grammar(split, SCHEMA, opens_thinking=True)
     assert caught.value.param == "response_format" and "reasoning_effort" in caught.value.message
     assert await _grammar(split, SCHEMA) is not None  # thinking off: from the first token
 
 
+@pytest.mark.anyio
 async def test_a_harmony_reply_is_constrained_in_its_final_channel() -> None:
     harmony = _Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3, "<|channel|>": 4, "final": 9})
     grammar = await _grammar(harmony, {"type": "json_object"}, [TOOL])  # its calls go to another channel
     assert grammar is not None and grammar.after == (4, 9, 3) and grammar.escape is None
 
 
+@pytest.mark.anyio
 async def test_beside_tools_a_one_token_call_marker_may_open_the_reply() -> None:
     qwen = _Tokenizer({"<tool_call>": 7, "</tool_call>": 8, "<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4},
                       call_start="<tool_call>")
@@ -83,6 +90,7 @@ async def test_beside_tools_a_one_token_call_marker_may_open_the_reply() -> None
     assert caught.value.status == 400 and caught.value.param == "response_format"
 
 
+@pytest.mark.anyio
 async def test_strict_tools_constrain_calls_from_their_opening_marker() -> None:
     qwen = _Tokenizer({"<tool_call>": 7, "</tool_call>": 8, "<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4},
                       call_start="<tool_call>")
@@ -103,10 +111,36 @@ async def test_strict_tools_constrain_calls_from_their_opening_marker() -> None:
     assert await _grammar(qwen, None, [strict], calls=False) is None  # tool_choice "none": no call to constrain
 
 
+@pytest.mark.anyio
 async def test_text_asks_for_nothing_and_an_unenforceable_schema_is_refused() -> None:
     plain = _Tokenizer({"a": 1})
     assert await _grammar(plain, None) is None
     assert await _grammar(plain, {"type": "text"}) is None
+    nope = {"format": "nope", "type": "string"}
     with pytest.raises(APIError, match="Unknown format"):
-        await _grammar(plain, {"type": "json_schema", "json_schema": {"name": "x", "schema": {"format": "nope",
-                                                                                             "type": "string"}}})
+        await _grammar(plain, {"type": "json_schema", "json_schema": {"name": "x", "schema": nope, "strict": True}})
+
+
+@pytest.mark.anyio
+async def test_a_schema_not_marked_strict_is_followed_leniently() -> None:
+    # pydantic writes `uniqueItems` for a set: OpenAI's strict mode refuses it, its default mode does not.
+    plain = _Tokenizer({"a": 1})
+    tags = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                                      "uniqueItems": True}}}
+    assert await _grammar(plain, {"type": "json_schema", "json_schema": {"name": "x", "schema": tags}}) is not None
+    with pytest.raises(APIError) as caught:
+        await _grammar(plain, {"type": "json_schema", "json_schema": {"name": "x", "schema": tags, "strict": True}})
+    assert "uniqueItems" in caught.value.message and "strict: false" in caught.value.message
+
+
+def test_the_engine_builds_a_requests_matchers_off_the_event_loop(client: Any, fake_engine: Any) -> None:
+    # llguidance took 2 s to build an 8,000-property schema's lexer on the event loop: /health stalled 5 s.
+    import threading
+
+    seen: list[str] = []
+    fake_engine.prepare_grammar = lambda spec: seen.append(threading.current_thread().name)
+    reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                      "response_format": SCHEMA})
+    assert reply.status_code == 200, reply.text
+    assert len(seen) == 1 and seen[0] != threading.main_thread().name and "AnyIO worker" in seen[0]
+    assert fake_engine.requests[-1].sampling.grammar is not None
