@@ -55,18 +55,21 @@ def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str
     return str(grammar)
 
 
-def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening: str, closing: str) -> str:
+def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening: str, closing: str,
+                 opened: bool = True, lenient: bool = False) -> str:
     """The grammar of tool calls written as `{"name": ..., "arguments": {...}}` between the family's markers (the
     <tool_call> JSON of Hermes, Qwen 2.5 and 3, and of models told their tools in the prompt), from just after the
     first opening marker: each call's arguments follow its function's schema (None: any object), and calls may
-    follow one another. `opening`/`closing`: the markers as llguidance's Lark writes them (`marker`). Raises
-    ConstraintError naming what cannot be enforced."""
+    follow one another. `opening`/`closing`: the markers as llguidance's Lark writes them (`marker`); `opened`
+    false: from the reply's first token, the first marker included (a forced call); `lenient`: keywords llguidance
+    lacks are ignored (some function is not strict). Raises ConstraintError naming what cannot be enforced."""
     from llguidance import LLMatcher
 
     calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                         "properties": {"name": {"const": name}, "arguments": schema or {"type": "object"}}}
-                       for name, schema in functions], "x-guidance": _LAYOUT}
-    lark = (f"start: call (WS? {opening} call)*\ncall: WS? body WS? {closing}\nbody: %json {json.dumps(calls)}\n"
+                       for name, schema in functions], "x-guidance": {**_LAYOUT, "lenient": lenient}}
+    first = "call" if opened else f"{opening} call"
+    lark = (f"start: {first} (WS? {opening} call)*\ncall: WS? body WS? {closing}\nbody: %json {json.dumps(calls)}\n"
             "WS: /[ \\t\\n]{1,3}/\n")  # bounded: a small model wrote whitespace until max_tokens
     grammar = LLMatcher.grammar_from_lark(lark)
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)

@@ -65,7 +65,8 @@ def _compile(response_format: dict[str, Any]) -> str:
 
 async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None, *,
                         tokenizer: Any, opens_thinking: bool, calls: bool, json_calls: bool = False,
-                        prepare: Callable[[GrammarSpec], None] | None = None) -> GrammarSpec | None:
+                        prepare: Callable[[GrammarSpec], None] | None = None, forced: str | bool = False
+                        ) -> GrammarSpec | None:
     """What the reply must follow (None: nothing). The answer follows the response_format's schema from its first
     token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
     may call, its one-token call marker may open the reply instead; a call's arguments follow their function's
@@ -76,6 +77,9 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
     field
     for a schema that cannot be enforced, JSON beside tools whose calls open with more than one token, or strict
     tools of a model whose calls are written otherwise."""
+    if forced and calls:
+        return await _forced_calls(tools or [], forced, tokenizer=tokenizer, opens_thinking=opens_thinking,
+                                   json_calls=json_calls, prepare=prepare)
     answer = response_format is not None and response_format.get("type") != "text"
     strict = [i for i, tool in enumerate(tools or ()) if tool.get("function", {}).get("strict")] if calls else []
     if not answer and not strict:
@@ -105,11 +109,11 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
     call_text = None
     if strict and markers is not None and tools:
         (opening, open_ids), (closing, close_ids), _ = markers
-        functions = [(t["function"]["name"], t["function"].get("parameters") if t["function"].get("strict") else None)
-                     for t in tools]
+        functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
         try:
             call_text = await anyio.to_thread.run_sync(partial(
-                call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids)))
+                call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids),
+                lenient=not all(t["function"].get("strict") for t in tools)))
             if prepare is not None:
                 await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=call_text))
         except ConstraintError as exc:
@@ -133,6 +137,32 @@ def _think_tokens(tokenizer: Any) -> tuple[int, int] | None:
         return None
     ids = list(_encode(tokenizer, start)), list(_encode(tokenizer, end))
     return (ids[0][0], ids[1][0]) if len(ids[0]) == 1 and len(ids[1]) == 1 else None
+
+
+async def _forced_calls(tools: list[dict[str, Any]], forced: str | bool, *, tokenizer: Any, opens_thinking: bool,
+                        json_calls: bool, prepare: Callable[[GrammarSpec], None] | None) -> GrammarSpec:
+    """A reply that is calls (tool_choice "required", or the named function's, `forced` its name), from its first
+    token or after the thinking block it opens in; strict functions' arguments follow their parameters. The grammar
+    writes the opening marker itself, so a marker of several tokens serves too. Raises APIError 400 naming
+    tool_choice for a model whose calls are not <tool_call> JSON."""
+    markers = _call_markers(tokenizer, json_calls) if not _is_harmony(tokenizer) else None
+    if markers is None or not markers[2]:
+        raise APIError(400, "a forced tool call is offered for models whose calls are <tool_call> JSON (Hermes, Qwen "
+                            "2.5 and 3, SmolLM3, and models told their tools in the prompt), not for this model's "
+                            "format; use \"auto\"", param="tool_choice", code="unsupported_value")
+    (opening, open_ids), (closing, close_ids), _ = markers
+    functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools
+                 if forced is True or t["function"]["name"] == forced]
+    try:
+        grammar = await anyio.to_thread.run_sync(partial(
+            call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids),
+            opened=False, lenient=not all(t["function"].get("strict") for t in tools)))
+        spec = GrammarSpec(None, after=_opening_marker(tokenizer, opens_thinking, False), calls=grammar)
+        if prepare is not None:
+            await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), param="tools", code="invalid_value") from None
+    return spec
 
 
 def _is_harmony(tokenizer: Any) -> bool:

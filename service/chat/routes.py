@@ -23,7 +23,7 @@ from service.chat.json_output import reply_grammar
 from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
 from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason
-from service.chat.schemas import ChatCompletionRequest
+from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
@@ -74,7 +74,8 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
     calls = bool(body.tools) and body.tool_choice != "none"
     grammar = await reply_grammar(body.response_format, request_tools(body), tokenizer=engine.tokenizer, calls=calls,
                                   opens_thinking=_opens_thinking(engine.tokenizer, rendered),
-                                  json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar)
+                                  json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar,
+                                  forced=_forced(body.tool_choice))
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
     translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),
@@ -86,6 +87,13 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
     stream = submit(engine, generation, param="messages")
     observe_queue_wait(state, timing)
     return stream, generation
+
+
+def _forced(choice: Any) -> str | bool:
+    """The function a tool_choice forces (its name), True for "required", False when the model decides."""
+    if choice == "required":
+        return True
+    return choice.function.name if isinstance(choice, NamedToolChoice) else False
 
 
 def _opens_thinking(tokenizer: Any, rendered: RenderedPrompt) -> bool:

@@ -42,15 +42,13 @@ def _only_false(value: bool | None, why: str) -> bool | None:
 
 
 def no_forced_call(cls: Any, value: Any) -> Any:
-    """A `tool_choice` validator: a forced call refused in a sentence (frameworks' structured output sends one), not
-    pydantic's "should be 'auto' or 'none'". Raises ValueError."""
+    """A `tool_choice` validator: allowed_tools refused in a sentence, not pydantic's union of alternatives. Raises
+    ValueError."""
     if isinstance(value, dict) and value.get("type") == "allowed_tools":
         raise ValueError("allowed_tools is not supported: every declared tool is offered; declare only the tools "
                          "allowed, with \"auto\"")
-    if value == "required" or isinstance(value, dict):
-        raise ValueError("a forced tool call (\"required\" or a named function) is not supported: the model decides "
-                         "whether to call a tool; use \"auto\"")
     return value
+
 
 
 def _empty(value: Any) -> bool:
@@ -221,6 +219,17 @@ class FunctionDefinition(_Request):
                                                    "special token (Hermes, Qwen 2.5 and 3, SmolLM3); a 400 for others.")
 
 
+class ChosenFunction(_Request):
+    name: str = Field(..., pattern=TOOL_NAME)
+
+
+class NamedToolChoice(_Request):
+    """A call of this function, forced."""
+
+    type: Literal["function"]
+    function: ChosenFunction
+
+
 class Tool(_Request):
     type: Literal["function"] = "function"
     function: FunctionDefinition
@@ -296,9 +305,10 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens (not both).")
     tools: list[Tool] | None = None
-    tool_choice: Literal["auto", "none"] | None = Field(
-        None, description='"auto" (the default with tools) or "none" (the tools are not shown to the model and its '
-                          'reply is all content); a forced call ("required", a named function) is refused.')
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = Field(
+        None, description='"auto" (the default with tools), "none" (the tools are not shown to the model and its reply '
+                          'is all content), or a forced call ("required", or a named function: the reply is calls, '
+                          'enforced token by token, for models whose calls are <tool_call> JSON; a 400 for others).')
     parallel_tool_calls: bool | None = Field(None, description="false: the reply ends after its first tool call.")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Variables passed to the model's chat template as they are.")
@@ -345,6 +355,11 @@ class ChatCompletionRequest(SamplingFields):
         # As OpenAI refuses them. `tools: []` counts as tools: pi sends it beside an agent's history.
         if value is not None and info.data.get("tools") is None:
             raise ValueError(f"{info.field_name!r} is only allowed when 'tools' are specified")
+        named = isinstance(value, NamedToolChoice) and value.function.name
+        if named and named not in {t.function.name for t in info.data["tools"]}:
+            raise ValueError(f"tool_choice names function {value.function.name!r}, which tools does not declare")
+        if value == "required" and not info.data.get("tools"):
+            raise ValueError("tool_choice \"required\" needs at least one tool")
         return value
 
     @field_validator("max_completion_tokens")

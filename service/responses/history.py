@@ -263,7 +263,9 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     }
     if body.tools is not None or body.tool_choice is not None or body.parallel_tool_calls is not None:
         # Responses takes tool_choice without tools (Codex sends "auto" either way); chat wants a list.
-        chat.update(tools=tools, tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls)
+        choice = body.tool_choice
+        chat.update(tools=tools, parallel_tool_calls=body.parallel_tool_calls, tool_choice=choice if isinstance(
+            choice, str) or choice is None else {"type": "function", "function": {"name": choice.name}})
     if body.reasoning is not None and body.reasoning.effort is not None:
         chat["reasoning_effort"] = body.reasoning.effort
     if body.text is not None and body.text.format is not None:

@@ -43,7 +43,7 @@ class ResponseOutput:
         # What the Response says of the request, written once (a Codex request's tools are ~18 KB).
         self._echo = {
             "id": self.id, "object": "response", "created_at": int(time.time()), "model": model,
-            "parallel_tool_calls": body.parallel_tool_calls is not False, "tool_choice": body.tool_choice or "auto",
+            "parallel_tool_calls": body.parallel_tool_calls is not False, "tool_choice": _choice(body.tool_choice),
             "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
             "instructions": body.instructions, "metadata": body.metadata or {},
             "temperature": body.temperature, "top_p": body.top_p, "previous_response_id": body.previous_response_id,
@@ -280,3 +280,8 @@ def _custom_input(arguments: str) -> str:
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return value["input"]
     return arguments
+
+
+def _choice(value: Any) -> Any:
+    """The request's tool_choice as the Response echoes it (a named function as its object). Raises nothing."""
+    return value if isinstance(value, str) else value.model_dump() if value is not None else "auto"

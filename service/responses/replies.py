@@ -37,7 +37,7 @@ class ResponseObject(BaseModel):
     model: str
     output: list[dict[str, Any]]
     parallel_tool_calls: bool
-    tool_choice: str
+    tool_choice: str | dict[str, Any]
     tools: list[dict[str, Any]]
     error: dict[str, Any] | None = None
     incomplete_details: dict[str, Any] | None = None

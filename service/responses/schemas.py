@@ -285,6 +285,13 @@ class TextConfig(_Request):
                                                                   "makes them.")
 
 
+class ResponsesToolChoice(_Request):
+    """A call of this function, forced."""
+
+    type: Literal["function"]
+    name: str = Field(..., pattern=TOOL_NAME)
+
+
 class ResponsesStreamOptions(_Request):
     include_obfuscation: bool | None = Field(None, description="Only false: events are not padded.")
 
@@ -311,8 +318,8 @@ class ResponsesRequest(_Body):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     tools: list[ResponseTool] | None = None
-    tool_choice: Literal["auto", "none"] | None = Field(
-        None, description='"auto" or "none"; a forced call ("required", a named function) is refused.')
+    tool_choice: Literal["auto", "none", "required"] | ResponsesToolChoice | None = Field(
+        None, description='"auto", "none", or a forced call ("required", or a named function: as chat\'s).')
     parallel_tool_calls: bool | None = Field(None, description="false: the reply ends after its first tool call.")
     reasoning: Reasoning | None = None
     text: TextConfig | None = None

@@ -211,3 +211,24 @@ async def test_a_model_may_think_before_its_constrained_answer(tiny_loaded) -> N
     assert set(json.loads(answer)) == {"ok", "n", "color"}
     unthinking = reference(tiny_loaded, prompt, GrammarSpec(text), 60)
     assert unthinking[0] != free[0]  # without it the first token is the answer's
+
+
+async def test_a_forced_call_opens_the_reply(tmp_path) -> None:
+    # tool_choice "required" / a named function (pydantic-ai's tool output, LangChain's function_calling, instructor's
+    # TOOLS): the reply is the named function's call from its first token, the marker written by the grammar.
+    from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+    loaded = load_tiny_llm(build_tiny_llm(tmp_path / "m", extra_special_tokens=("<tool_call>", "</tool_call>")))
+    vocab = loaded.tokenizer._tokenizer.get_vocab()
+    calls = call_grammar([("answer", {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                      "additionalProperties": False})],
+                         opening=marker("<tool_call>", [vocab["<tool_call>"]]),
+                         closing=marker("</tool_call>", [vocab["</tool_call>"]]), opened=False)
+    grammar = GrammarSpec(None, calls=calls)
+    prompt = prompt_of(10, 9)
+    ids = (await _run(Engine(loaded), [GenerationRequest(
+        prompt, SamplingParams(temperature=0.0, grammar=grammar), max_tokens=80)]))[0][0]
+    assert ids[0] == vocab["<tool_call>"] and ids == reference(loaded, prompt, grammar, 80)
+    body = re.match(r"\s*(.*?)\s*</tool_call>", loaded.tokenizer.decode(ids[1:]), re.S)
+    assert body is not None and json.loads(body[1])["name"] == "answer"
+    assert isinstance(json.loads(body[1])["arguments"]["ok"], bool)

@@ -144,3 +144,18 @@ def test_the_engine_builds_a_requests_matchers_off_the_event_loop(client: Any, f
     assert reply.status_code == 200, reply.text
     assert len(seen) == 1 and seen[0] != threading.main_thread().name and "AnyIO worker" in seen[0]
     assert fake_engine.requests[-1].sampling.grammar is not None
+
+
+@pytest.mark.anyio
+async def test_a_forced_call_is_constrained_from_the_first_token() -> None:
+    qwen = _Tokenizer({"<tool_call>": 7, "</tool_call>": 8, "<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4},
+                      call_start="<tool_call>")
+    other = {"type": "function", "function": {"name": "other"}}
+    named = await _grammar(qwen, SCHEMA, [TOOL, other], forced="get_weather")  # a forced call wins over the format
+    assert named is not None and named.text is None and named.after == () and named.calls is not None
+    assert named.calls.startswith("start: <[7]> call") and "get_weather" in named.calls and "other" not in named.calls
+    anyone = await _grammar(qwen, None, [TOOL, other], forced=True)
+    assert anyone is not None and anyone.calls is not None and "other" in anyone.calls
+    with pytest.raises(APIError) as caught:  # bare JSON calls: no marker to write
+        await _grammar(_Tokenizer({"a": 1}), None, [TOOL], forced=True)
+    assert caught.value.param == "tool_choice"

@@ -12,6 +12,9 @@ from tests.service.fake_engine import FakeEngine
 USER = [{"role": "user", "content": "hi"}]
 
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather-2", "parameters": {"type": "object"}}}]
+
+
 def _chat(client: Any, **body: Any) -> Any:
     return client.post("/v1/chat/completions", json={"model": "fake-model", "messages": USER, **body})
 
@@ -131,8 +134,10 @@ def test_cache_control_breakpoints_are_accepted_and_checked(client: Any) -> None
      ("must be a JSON Schema object",)),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict_mode": True}}},
      "response_format", ("has no field strict_mode",)),
-    ({"tool_choice": "required"}, "tool_choice", ("forced tool call", "use \"auto\"")),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice", ("forced tool call",)),
+    ({"tool_choice": "required", "tools": TOOLS}, "tool_choice", ("forced tool call is offered for models whose calls",
+                                                                   "use \"auto\"")),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": TOOLS}, "tool_choice",
+     ("names function 'f', which tools does not declare",)),
     ({"store": True}, "store", ("keeps no completions",)),
     ({"service_tier": "flex"}, "service_tier", ()),
     ({"modalities": ["text", "audio"]}, "modalities.1", ()),
@@ -153,7 +158,6 @@ def test_values_that_are_honoured_pass(client: Any, fake_engine: FakeEngine) -> 
     assert response.status_code == 200, response.text
 
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather-2", "parameters": {"type": "object"}}}]
 NULL_REPLY = {"role": "assistant", "content": None}
 
 
