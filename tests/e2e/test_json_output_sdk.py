@@ -73,3 +73,19 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(client: openai.OpenAI
         client.responses.create(model="", input="hi", tools=[{"type": "function", "name": "f", "parameters": {}}],
                                 text={"format": {"type": "json_object"}})
     assert caught.value.body["param"] == "text.format"
+
+
+def test_a_forced_call_comes_back_as_the_sdk_reads_it(client: openai.OpenAI) -> None:
+    # The tiny model's template takes no tools: they are told in the prompt, its calls are <tool_call> text, which
+    # the grammar writes from the first token (pydantic-ai's tool output, LangChain's function_calling).
+    tool = openai.pydantic_function_tool(Weather, name="report")
+    reply = client.chat.completions.create(model="", messages=MESSAGES, tools=[tool], tool_choice="required",
+                                           temperature=0, max_tokens=120, parallel_tool_calls=False)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "report" and Weather.model_validate_json(call.function.arguments)
+    named = client.chat.completions.parse(model="", messages=MESSAGES, tools=[tool], max_tokens=120, temperature=0,
+                                          tool_choice={"type": "function", "function": {"name": "report"}},
+                                          parallel_tool_calls=False)
+    assert isinstance(named.choices[0].message.tool_calls[0].function.parsed_arguments, Weather)
