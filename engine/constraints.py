@@ -164,7 +164,12 @@ def brief(error: str) -> str:
 
 
 class ConstraintFailed(RuntimeError):
-    """A row's grammar failed mid-reply (past the engine's limits, or no token continues it): that row ends."""
+    """A row's grammar failed mid-reply (past the engine's limits, or no token continues it): that row ends. `param`:
+    the request field that asked for it (the answer's schema, or the tools' for a call)."""
+
+    def __init__(self, message: str, *, param: str = "response_format") -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _matcher(tokenizer: Any, grammar: str) -> Any:
@@ -193,6 +198,7 @@ class Constraint:
         self._recent: list[int] = []
         self._started = False  # a token of the answer was taken
         self._off = False  # nothing more is constrained
+        self._in_calls = False  # the calls' grammar is being followed
         if self._matcher is None and not self._after:
             self._enter_calls()
 
@@ -200,9 +206,15 @@ class Constraint:
     def active(self) -> bool:
         return not self._after and not self._off
 
+    @property
+    def _param(self) -> str:
+        """The request field whose grammar is being followed now. Raises nothing."""
+        return "tools" if self._in_calls else "response_format"
+
     def _enter_calls(self) -> None:
         """A call opened: its grammar from here, or nothing constrained when no function is strict."""
         self._matcher = self._calls() if self._calls is not None else None
+        self._in_calls = True
         self._escape = None
         self._started = True
         self._off = self._matcher is None
@@ -215,11 +227,11 @@ class Constraint:
         if not self.active:
             return None
         if self._matcher.is_error():
-            raise ConstraintFailed(f"the reply's schema failed: {brief(self._matcher.get_error())}")
+            raise ConstraintFailed(f"the reply's schema failed: {brief(self._matcher.get_error())}", param=self._param)
         bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         if self._matcher.is_error():
             raise ConstraintFailed(f"the reply's schema passed the constraint engine's limits: "
-                                   f"{brief(self._matcher.get_error())}")
+                                   f"{brief(self._matcher.get_error())}", param=self._param)
         allowed = np.zeros(self._vocab, dtype=np.bool_)
         width = min(self._vocab, bits.shape[0])
         allowed[:width] = bits[:width]
@@ -228,7 +240,8 @@ class Constraint:
                 if token is not None and token < self._vocab:
                     allowed[token] = True
         if not allowed.any():
-            raise ConstraintFailed("the reply's schema admits no token here (a $ref that can never end?)")
+            raise ConstraintFailed("the reply's schema admits no token here (a $ref that can never end?)",
+                                   param=self._param)
         return mx.array(allowed)[None]
 
     def accept(self, token: int) -> None:

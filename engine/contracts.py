@@ -101,6 +101,8 @@ class Delta:
     completion_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None
+    # The request field whose demand failed the row (a grammar it asked for), None for the server's own failure.
+    error_param: str | None = None
     # Rows that asked for log probabilities: one per token whose text begins to show here (never a stop token's,
     # nor one a stop string cut off).
     logprobs: list[TokenLogprob] = field(default_factory=list)

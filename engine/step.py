@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from engine.accelerator import cpu_default, on_gpu
 from engine.burst import StepResult
+from engine.constraints import ConstraintFailed
 from engine.contracts import Delta, FinishReason
 from engine.gil import QuickReturn, gil_return_seconds
 from engine.iteration_times import StepCost
@@ -43,9 +44,11 @@ _log = logging.getLogger(__name__)
 
 
 def row_delta(row: Row, text: str = "", token_ids: list[int] | None = None,
-              finish_reason: FinishReason | None = None, error: str | None = None) -> Delta:
+              finish_reason: FinishReason | None = None, error: str | None = None,
+              error_param: str | None = None) -> Delta:
     """A delta of `row`, with the token counts every delta carries. Raises nothing."""
     return Delta(text=text, token_ids=token_ids or [], finish_reason=finish_reason, error=error,
+                 error_param=error_param,
                  prompt_tokens=len(row.prompt), completion_tokens=len(row.generated), cached_tokens=row.cached_tokens)
 
 
@@ -334,6 +337,11 @@ class BatchStep:
         t = time.perf_counter()
         try:
             return self._take_token(row, token)
+        except ConstraintFailed as exc:  # the grammar the request asked for: its client's to hear, no server fault
+            _log.info("row ended: %s", exc)
+            row.finish()
+            self.kv.release(row)
+            return row_delta(row, finish_reason="error", error=str(exc), error_param=exc.param)
         except Exception as exc:  # this row's own fault: only it ends
             _log.exception("row failed on token %d", token)
             row.finish()

@@ -228,6 +228,8 @@ class RowReader:
         if failure := stream_failure(delta.error, delta.finish_reason):
             if failure == _CANCELLED:  # the engine closed under it: retry once the server is back
                 raise APIError(503, failure, type="server_error", code="shutting_down", retry_after=5)
+            if delta.error_param is not None:  # what the request asked for failed (its grammar): the same again would
+                raise APIError(400, failure, param=delta.error_param, code="schema_failed", should_retry=False)
             raise APIError(500, failure, type="server_error")
 
     def _ready(self) -> Delta | None:

@@ -75,3 +75,22 @@ def test_health_turns_failing_while_every_step_fails_and_recovers(client: Any, e
     engine.group.step.runner = real
     assert chat(client).status_code == 200
     assert client.get("/health").json()["status"] == "ok"
+
+
+NESTING = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+    "type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}}}
+
+
+def test_a_grammar_failing_mid_reply_is_the_requests_fault(client: TestClient[Any]) -> None:
+    # The schema's parser gives up a few tokens in: a 500 server_error said the server was at fault (and the
+    # SDKs retried it); it is the request's grammar, named, and retrying the same would fail the same.
+    body = {"messages": [{"role": "user", "content": "hi"}], "response_format": NESTING, "max_tokens": 60,
+            "temperature": 0}
+    reply = client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "response_format" and error["code"] == "schema_failed" and "<state>" not in error["message"]
+    assert reply.headers["x-should-retry"] == "false"
+    streamed = client.post("/v1/chat/completions", json={**body, "stream": True})
+    events = sse_events(streamed.text)
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "schema_failed"
