@@ -275,4 +275,8 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     except ValidationError as exc:
         problem = exc.errors()[0]
         message = str(problem.get("msg", exc)).removeprefix("Value error, ")
-        raise APIError(400, f"input: {message}", param="input", code="invalid_value") from None
+        # Fields chat checks against each other keep their name (tool_choice naming an undeclared function);
+        # anything else came from the input items.
+        field = str((problem.get("loc") or ("input",))[0])
+        param = field if field in ("tool_choice", "parallel_tool_calls") else "input"
+        raise APIError(400, f"{param}: {message}", param=param, code="invalid_value") from None

@@ -48,7 +48,7 @@ def test_a_codex_turn_is_served(client: TestClient[Any], fake_engine: FakeEngine
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"text": {"verbosity": "low"}}, "text.verbosity"),
     ({"tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}, "tool_choice"),  # the fake's format
-    ({"tool_choice": {"type": "function", "name": "g"}, "tools": [{"type": "function", "name": "f"}]}, "input"),
+    ({"tool_choice": {"type": "function", "name": "g"}, "tools": [{"type": "function", "name": "f"}]}, "tool_choice"),
     ({"tools": [{"type": "function", "name": "f", "strict": True}]}, "tools.0.strict"),
     ({"tools": [{"type": "custom", "name": "p", "format": {"type": "json"}}]}, "tools.0.format.type"),
     ({"tools": [{"type": "teleport"}]}, "tools.0"),
