@@ -157,7 +157,8 @@ async def _forced_calls(tools: list[dict[str, Any]], forced: str | bool, *, toke
         grammar = await anyio.to_thread.run_sync(partial(
             call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids),
             opened=False, lenient=not all(t["function"].get("strict") for t in tools)))
-        spec = GrammarSpec(None, after=_opening_marker(tokenizer, opens_thinking, False), calls=grammar)
+        after = _opening_marker(tokenizer, opens_thinking, False, what="A forced tool call", param="tool_choice")
+        spec = GrammarSpec(None, after=after, calls=grammar)
         if prepare is not None:
             await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
     except ConstraintError as exc:
@@ -187,9 +188,11 @@ def _call_markers(tokenizer: Any, json_calls: bool) -> tuple[tuple[str, list[int
     return (start, list(_encode(tokenizer, start))), (end, list(_encode(tokenizer, end)) if end else []), json_format
 
 
-def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool) -> tuple[int, ...]:
-    """The tokens after which the answer is constrained. Raises APIError 400 for a thinking block whose end is not
-    one token: written as text it may merge with what precedes it, the answer would never be seen to start."""
+def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool, *, what: str = "JSON output",
+                    param: str = "response_format") -> tuple[int, ...]:
+    """The tokens after which the answer (`what`, asked for by `param`) is constrained. Raises APIError 400 for a
+    thinking block whose end is not one token: written as text it may merge with what precedes it, the answer would
+    never be seen to start."""
     if harmony:  # the answer's channel (special tokens around its name: nothing merges); analysis comes before it
         return tuple(_encode(tokenizer, "<|channel|>final<|message|>"))
     from engine.chat_output import OutputMarkers
@@ -198,8 +201,8 @@ def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool) -> tupl
         return ()
     ids = tuple(_encode(tokenizer, end))
     if len(ids) != 1:
-        raise APIError(400, f"JSON output is not offered while this model thinks: its thinking block's end {end!r} is "
-                            "not one token (switch thinking off: reasoning_effort \"none\")", param="response_format",
+        raise APIError(400, f"{what} is not offered while this model thinks: its thinking block's end {end!r} is "
+                            "not one token (switch thinking off: reasoning_effort \"none\")", param=param,
                        code="unsupported_value")
     return ids
 

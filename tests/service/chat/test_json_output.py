@@ -159,3 +159,12 @@ async def test_a_forced_call_is_constrained_from_the_first_token() -> None:
     with pytest.raises(APIError) as caught:  # bare JSON calls: no marker to write
         await _grammar(_Tokenizer({"a": 1}), None, [TOOL], forced=True)
     assert caught.value.param == "tool_choice"
+
+
+@pytest.mark.anyio
+async def test_a_forced_call_while_thinking_names_tool_choice() -> None:
+    split = _Tokenizer({"</": 1, "<": 4, "think": 2, ">": 3, "tool": 5, "_call": 6}, think_end="</think>",
+                       call_start="<tool_call>")
+    with pytest.raises(APIError) as caught:
+        await _grammar(split, None, [TOOL], forced=True, opens_thinking=True)
+    assert caught.value.param == "tool_choice" and caught.value.message.startswith("A forced tool call")
