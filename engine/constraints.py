@@ -10,6 +10,7 @@ answer's grammar, whose first token may instead be the call marker (`escape`), t
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, cast
@@ -56,21 +57,27 @@ def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str
 
 
 def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening: str, closing: str,
-                 opened: bool = True, lenient: bool = False) -> str:
+                 opened: bool = True, lenient: bool = False, free_text: str | None = None) -> str:
     """The grammar of tool calls written as `{"name": ..., "arguments": {...}}` between the family's markers (the
     <tool_call> JSON of Hermes, Qwen 2.5 and 3, and of models told their tools in the prompt), from just after the
     first opening marker: each call's arguments follow its function's schema (None: any object), and calls may
     follow one another. `opening`/`closing`: the markers as llguidance's Lark writes them (`marker`); `opened`
     false: from the reply's first token, the first marker included (a forced call); `lenient`: keywords llguidance
-    lacks are ignored (some function is not strict). Raises ConstraintError naming what cannot be enforced."""
+    lacks are ignored (some function is not strict); `free_text`: the opening marker as text (several tokens): the
+    reply is free text, or free text up to that marker and calls from there, the marker found in the text whatever
+    tokens wrote it. Raises ConstraintError naming what cannot be enforced."""
     from llguidance import LLMatcher
 
     calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                         "properties": {"name": {"const": name}, "arguments": schema or {"type": "object"}}}
                        for name, schema in functions], "x-guidance": {**_LAYOUT, "lenient": lenient}}
     first = "call" if opened else f"{opening} call"
+    if free_text is not None:  # a lazy lexeme ends at the marker's first appearance: the calls' branch from there
+        first = "FREE | opening call"
+        free = f"FREE: /(?s:.*)/\nopening[lazy]: /(?s:.*){re.escape(free_text)}/\n"
     lark = (f"start: {first} (WS? {opening} call)*\ncall: WS? body WS? {closing}\nbody: %json {json.dumps(calls)}\n"
-            "WS: /[ \\t\\n]{1,3}/\n")  # bounded: a small model wrote whitespace until max_tokens
+            "WS: /[ \\t\\n]{1,3}/\n" + (free if free_text is not None else ""))  # bounded whitespace: a small
+    # model wrote it until max_tokens
     grammar = LLMatcher.grammar_from_lark(lark)
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:

@@ -86,11 +86,13 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         return None
     harmony = _is_harmony(tokenizer)
     markers = _call_markers(tokenizer, json_calls) if calls and not harmony else None
-    if strict and (markers is None or not markers[2] or len(markers[0][1]) != 1):
-        raise APIError(400, "strict function calling is offered for models whose calls are <tool_call> JSON opened by "
-                            "one special token (Hermes, Qwen 2.5 and 3, SmolLM3), not for this model's format; send "
-                            "strict: false", param=f"tools.{strict[0]}.function.strict",
+    if strict and (markers is None or not markers[2]):
+        raise APIError(400, "strict function calling is offered for models whose calls are <tool_call> JSON (Hermes, "
+                            "Qwen 2.5 and 3, SmolLM3, models told their tools in the prompt), not for this model's "
+                            "format; send strict: false", param=f"tools.{strict[0]}.function.strict",
                        code="unsupported_value")
+    # A marker of several tokens (written as text) is found in the text by the grammar itself, from the first token.
+    text_marker = markers is not None and len(markers[0][1]) != 1
     escape = None
     if answer and calls and not harmony:  # harmony's calls go to another channel than the final one
         if markers is None or len(markers[0][1]) != 1:
@@ -113,15 +115,16 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         try:
             call_text = await anyio.to_thread.run_sync(partial(
                 call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids),
-                lenient=not all(t["function"].get("strict") for t in tools)))
+                lenient=not all(t["function"].get("strict") for t in tools),
+                free_text=opening if text_marker else None))
             if prepare is not None:
                 await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=call_text))
         except ConstraintError as exc:
             raise APIError(400, str(exc), param=f"tools.{strict[0]}.function.parameters",
                            code="invalid_value") from None
-    if text is None:  # only the calls: free text until a call opens
+    if text is None:  # only the calls: free text until a call opens (told by its token, or by the grammar)
         assert markers is not None
-        return GrammarSpec(None, after=tuple(markers[0][1]), calls=call_text)
+        return GrammarSpec(None, after=() if text_marker else tuple(markers[0][1]), calls=call_text)
     return GrammarSpec(text, after=_opening_marker(tokenizer, opens_thinking, harmony), escape=escape,
                        calls=call_text, think=None if opens_thinking or harmony else _think_tokens(tokenizer))
 

@@ -215,8 +215,8 @@ class FunctionDefinition(_Request):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = Field(None, description="true: a call's arguments follow `parameters`, enforced token by "
-                                                   "token, for models whose calls are <tool_call> JSON opened by one "
-                                                   "special token (Hermes, Qwen 2.5 and 3, SmolLM3); a 400 for others.")
+                                                   "token, for models whose calls are <tool_call> JSON (Hermes, Qwen "
+                                                   "2.5 and 3, SmolLM3, tools told in the prompt); a 400 for others.")
 
 
 class ChosenFunction(_Request):

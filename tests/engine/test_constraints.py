@@ -232,3 +232,22 @@ async def test_a_forced_call_opens_the_reply(tmp_path) -> None:
     body = re.match(r"\s*(.*?)\s*</tool_call>", loaded.tokenizer.decode(ids[1:]), re.S)
     assert body is not None and json.loads(body[1])["name"] == "answer"
     assert isinstance(json.loads(body[1])["arguments"]["ok"], bool)
+
+
+def test_a_call_marker_written_as_text_is_found_in_the_text(tiny_loaded) -> None:
+    # A model told its tools in the prompt writes "<tool_call>" in several tokens that may merge with what precedes
+    # it: strict calls went unenforced. The grammar finds the marker in the text and constrains the call after it.
+    tokenizer = tiny_loaded.tokenizer
+    calls = call_grammar([("get_weather", {"type": "object", "properties": {"city": {"enum": ["Paris"]}},
+                                           "required": ["city"], "additionalProperties": False})],
+                         opening=marker("<tool_call>", [1, 2]), closing=marker("</tool_call>", [1, 2]),
+                         free_text="<tool_call>")
+    constraint = ConstraintTokenizer(tokenizer, tiny_loaded.model.args.vocab_size).constraint(GrammarSpec(None,
+                                                                                                          calls=calls))
+    free = constraint.mask()
+    assert free is not None  # free text first: any text (valid UTF-8: a lone continuation byte is not)
+    assert all(bool(free[0, t]) for t in tokenizer.encode("Hello world! This is", add_special_tokens=False))
+    for token in tokenizer.encode('Sure.<tool_call>\n{"name": "get_', add_special_tokens=False):
+        constraint.accept(token)
+    allowed = [tokenizer.decode([i]) for i, ok in enumerate(constraint.mask()[0].tolist()) if ok]
+    assert allowed and all("weather".startswith(t) or t.startswith("weather") for t in allowed), allowed

@@ -101,12 +101,15 @@ async def test_strict_tools_constrain_calls_from_their_opening_marker() -> None:
     both = await _grammar(qwen, SCHEMA, [strict])
     assert both is not None and both.text is not None and both.escape == 7 and both.calls is not None
     # Told in the prompt, a model without the special token writes the marker as text, which may merge with what
-    # precedes it: the call would go unseen, unconstrained. Bare JSON calls and harmony's channels have no marker.
+    # precedes it: the grammar finds it in the text, from the first token. Bare JSON calls and harmony's channels
+    # have no marker: refused.
     plain = _Tokenizer({"<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4})
-    for tokenizer, told in ((plain, True), (_Tokenizer({"a": 1}), False),
-                            (_Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3, "<|channel|>": 4}), False)):
+    told = await _grammar(plain, None, [strict], json_calls=True)
+    assert told is not None and told.after == () and "opening[lazy]" in (told.calls or "")
+    for tokenizer in (_Tokenizer({"a": 1}), _Tokenizer({"<|start|>": 1, "<|end|>": 2, "<|message|>": 3,
+                                                        "<|channel|>": 4})):
         with pytest.raises(APIError) as caught:
-            await _grammar(tokenizer, None, [TOOL, strict], json_calls=told)
+            await _grammar(tokenizer, None, [TOOL, strict])
         assert caught.value.param == "tools.1.function.strict"
     assert await _grammar(qwen, None, [strict], calls=False) is None  # tool_choice "none": no call to constrain
 
