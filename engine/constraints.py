@@ -92,8 +92,8 @@ def marker(text: str, tokens: list[int]) -> str:
 
 
 class ConstraintTokenizer:
-    """The model's tokenizer as llguidance reads it, built once on first use (~0.4 s for 49k tokens on a 2-core
-    CPU; `Engine.open` builds it before serving, so no request waits for it)."""
+    """The model's tokenizer as llguidance reads it, built once on first use (~0.4 s for 49k tokens on a 2-core CPU:
+    the service's first grammar builds it in a worker thread, `prepare`), and the grammars' prepared matchers."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         self._tokenizer = tokenizer
@@ -112,13 +112,6 @@ class ConstraintTokenizer:
                 eos = sorted(getattr(self._tokenizer, "eos_token_ids", None) or []) or None
                 self._built = llguidance.hf.from_tokenizer(hf, eos_token=eos)
             return self._built
-
-    def warm(self) -> None:
-        """Build the llguidance tokenizer now; a failure is left for the first grammar to report. Raises nothing."""
-        try:
-            self.get()
-        except Exception:  # noqa: BLE001 — said to the request that asks for JSON output
-            pass
 
     def prepare(self, spec: GrammarSpec) -> None:
         """Build the spec's matchers now (blocking: llguidance builds a large schema's lexer in seconds, so the

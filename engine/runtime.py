@@ -148,17 +148,14 @@ class Engine:
                     max_iteration_tokens=options.get("max_iteration_tokens", 512),
                     max_active=options.get("max_active", 16)).prefix_cache
             cache = PrefixCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
-            engine = cls(loaded, thread=thread, prefix_cache=cache, **options)
-            if isinstance(engine.group, LLMBatchGroup):
-                # Read once now (~0.4 s at 49k tokens), not on the event loop when the first JSON reply is asked for.
-                await anyio.to_thread.run_sync(engine.group.constraints.warm)
-            return engine
+            return cls(loaded, thread=thread, prefix_cache=cache, **options)
         except BaseException:
             thread.close()
             raise
 
     def prepare_grammar(self, spec: GrammarSpec) -> None:
-        """Build a constrained reply's matchers now, off the event loop (service/seams.py). Raises ConstraintError."""
+        """Build a constrained reply's matchers now, off the event loop (service/seams.py); the first also reads the
+        tokenizer into llguidance (~0.4 s at 49k tokens), which no server start pays. Raises ConstraintError."""
         if isinstance(self.group, LLMBatchGroup):
             self.group.constraints.prepare(spec)
 
