@@ -5,12 +5,14 @@ token or after its thinking block, a call's arguments from its opening marker.""
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import anyio
 
+from engine.chat_output import OutputMarkers
 from engine.constraints import ConstraintError, call_grammar, json_grammar, marker
 from engine.contracts import GrammarSpec
+from engine.harmony import is_harmony
 from service.http.errors import APIError
 
 __all__ = ["check_response_format", "reply_grammar"]
@@ -63,77 +65,101 @@ def _compile(response_format: dict[str, Any]) -> str:
     return json_grammar(_schema(response_format), lenient=not strict)
 
 
+class _Markers(NamedTuple):
+    """The model's tool-call markers with their tokens, and whether its calls are <tool_call> JSON (mlx-lm's
+    json_tools format, the one strict calls are written in)."""
+
+    opening: str
+    opening_ids: list[int]
+    closing: str
+    closing_ids: list[int]
+    json_format: bool
+
+
 async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None, *,
                         tokenizer: Any, opens_thinking: bool, calls: bool, json_calls: bool = False,
                         prepare: Callable[[GrammarSpec], None] | None = None, forced: str | bool = False
                         ) -> GrammarSpec | None:
     """What the reply must follow (None: nothing). The answer follows the response_format's schema from its first
     token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
-    may call, its one-token call marker may open the reply instead; a call's arguments follow their function's
-    parameters where any tool is `strict` (calls written as <tool_call> JSON opened by one token only: a marker
-    written as text may merge with what precedes it and the call would go unseen; `json_calls`: the tools were told
-    in the prompt). Compiled in a worker thread: a large schema takes a while; so are its matchers (`prepare`, the
-    engine's: llguidance built a large schema's lexer in seconds on the event loop). Raises APIError 400 naming the
-    field
-    for a schema that cannot be enforced, JSON beside tools whose calls open with more than one token, or strict
-    tools of a model whose calls are written otherwise."""
+    may call, its one-token call marker may open the reply instead. A call's arguments follow their function's
+    parameters where any tool is `strict` (calls written as <tool_call> JSON; `json_calls`: the tools were told in
+    the prompt), and a forced call (`forced`: tool_choice "required", True, or the function's name) is the reply.
+    Grammars are compiled, and their matchers built (`prepare`, the engine's), in worker threads: llguidance built a
+    large schema's lexer in seconds on the event loop. Raises APIError 400 naming the field for a schema that cannot
+    be enforced, JSON beside tools whose calls open with more than one token, or strict or forced calls of a model
+    whose calls are written otherwise."""
+    harmony = is_harmony(tokenizer)
+    markers = _call_markers(tokenizer, json_calls) if calls and not harmony else None
     if forced and calls:
-        return await _forced_calls(tools or [], forced, tokenizer=tokenizer, opens_thinking=opens_thinking,
-                                   json_calls=json_calls, prepare=prepare)
+        if markers is None or not markers.json_format:
+            raise APIError(400, "a forced tool call is offered for models whose calls are <tool_call> JSON (Hermes, "
+                                "Qwen 2.5 and 3, SmolLM3, and models told their tools in the prompt), not for this "
+                                "model's format; use \"auto\"", param="tool_choice", code="unsupported_value")
+        chosen = [t for t in tools or () if forced is True or t["function"]["name"] == forced]
+        # The grammar writes the opening marker itself, so one of several tokens serves too.
+        grammar = await _calls_grammar(chosen, markers, prepare, param="tools", opened=False)
+        after = _opening_marker(tokenizer, opens_thinking, False, what="A forced tool call", param="tool_choice")
+        return GrammarSpec(None, after=after, calls=grammar)
     answer = response_format is not None and response_format.get("type") != "text"
     strict = [i for i, tool in enumerate(tools or ()) if tool.get("function", {}).get("strict")] if calls else []
     if not answer and not strict:
         return None
-    harmony = _is_harmony(tokenizer)
-    markers = _call_markers(tokenizer, json_calls) if calls and not harmony else None
-    if strict and (markers is None or not markers[2]):
+    if strict and (markers is None or not markers.json_format):
         raise APIError(400, "strict function calling is offered for models whose calls are <tool_call> JSON (Hermes, "
                             "Qwen 2.5 and 3, SmolLM3, models told their tools in the prompt), not for this model's "
                             "format; send strict: false", param=f"tools.{strict[0]}.function.strict",
                        code="unsupported_value")
-    # A marker of several tokens (written as text) is found in the text by the grammar itself, from the first token.
-    text_marker = markers is not None and len(markers[0][1]) != 1
+    # A marker of several tokens (written as text, which may merge with what precedes it) is found in the text by the
+    # calls' grammar itself, from the first token.
+    text_marker = markers is not None and len(markers.opening_ids) != 1
     escape = None
     if answer and calls and not harmony:  # harmony's calls go to another channel than the final one
-        if markers is None or len(markers[0][1]) != 1:
+        if markers is None or text_marker:
             raise APIError(400, "JSON output beside tools is not offered for this model: its tool calls do not open "
                                 "with one special token, so a call could not be told from the answer (send "
                                 "tool_choice \"none\", or leave the tools out)", param="response_format",
                            code="unsupported_value")
-        escape = markers[0][1][0]
-    try:
-        text = await anyio.to_thread.run_sync(_compile, response_format) \
-            if response_format is not None and answer else None
-        if text is not None and prepare is not None:
-            await anyio.to_thread.run_sync(prepare, GrammarSpec(text))
-    except ConstraintError as exc:
-        raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
+        escape = markers.opening_ids[0]
+    text = None
+    if response_format is not None and answer:
+        try:
+            text = await anyio.to_thread.run_sync(_compile, response_format)
+            if prepare is not None:
+                await anyio.to_thread.run_sync(prepare, GrammarSpec(text))
+        except ConstraintError as exc:
+            raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
     call_text = None
     if strict and markers is not None and tools:
-        (opening, open_ids), (closing, close_ids), _ = markers
-        functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
-        try:
-            call_text = await anyio.to_thread.run_sync(partial(
-                call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids),
-                lenient=not all(t["function"].get("strict") for t in tools),
-                free_text=opening if text_marker else None))
-            if prepare is not None:
-                await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=call_text))
-        except ConstraintError as exc:
-            raise APIError(400, str(exc), param=f"tools.{strict[0]}.function.parameters",
-                           code="invalid_value") from None
+        call_text = await _calls_grammar(tools, markers, prepare, param=f"tools.{strict[0]}.function.parameters",
+                                         free_text=markers.opening if text_marker else None)
     if text is None:  # only the calls: free text until a call opens (told by its token, or by the grammar)
         assert markers is not None
-        return GrammarSpec(None, after=() if text_marker else tuple(markers[0][1]), calls=call_text)
+        return GrammarSpec(None, after=() if text_marker else tuple(markers.opening_ids), calls=call_text)
     return GrammarSpec(text, after=_opening_marker(tokenizer, opens_thinking, harmony), escape=escape,
                        calls=call_text, think=None if opens_thinking or harmony else _think_tokens(tokenizer))
+
+
+async def _calls_grammar(tools: list[dict[str, Any]], markers: _Markers, prepare: Callable[[GrammarSpec], None] | None,
+                         *, param: str, opened: bool = True, free_text: str | None = None) -> str:
+    """The calls' grammar for `tools` (engine/constraints.py call_grammar: strict functions exactly, the others
+    leniently), compiled and prepared in worker threads. Raises APIError 400 naming `param`."""
+    functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    try:
+        grammar = await anyio.to_thread.run_sync(partial(
+            call_grammar, functions, opening=marker(markers.opening, markers.opening_ids),
+            closing=marker(markers.closing, markers.closing_ids), opened=opened, free_text=free_text,
+            lenient=not all(t["function"].get("strict") for t in tools)))
+        if prepare is not None:
+            await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
+    except ConstraintError as exc:
+        raise APIError(400, str(exc), param=param, code="invalid_value") from None
+    return grammar
 
 
 def _think_tokens(tokenizer: Any) -> tuple[int, int] | None:
     """A thinking block's start and end tokens, where each is one: a model that opens the block itself (Qwen3,
     SmolLM3) may think before its constrained answer. Raises nothing."""
-    from engine.chat_output import OutputMarkers
-
     markers = OutputMarkers.from_tokenizer(tokenizer)  # mlx-lm's markers, or ours for a family it infers none of
     start, end = markers.think_start, markers.think_end
     if not start or not end:
@@ -142,45 +168,9 @@ def _think_tokens(tokenizer: Any) -> tuple[int, int] | None:
     return (ids[0][0], ids[1][0]) if len(ids[0]) == 1 and len(ids[1]) == 1 else None
 
 
-async def _forced_calls(tools: list[dict[str, Any]], forced: str | bool, *, tokenizer: Any, opens_thinking: bool,
-                        json_calls: bool, prepare: Callable[[GrammarSpec], None] | None) -> GrammarSpec:
-    """A reply that is calls (tool_choice "required", or the named function's, `forced` its name), from its first
-    token or after the thinking block it opens in; strict functions' arguments follow their parameters. The grammar
-    writes the opening marker itself, so a marker of several tokens serves too. Raises APIError 400 naming
-    tool_choice for a model whose calls are not <tool_call> JSON."""
-    markers = _call_markers(tokenizer, json_calls) if not _is_harmony(tokenizer) else None
-    if markers is None or not markers[2]:
-        raise APIError(400, "a forced tool call is offered for models whose calls are <tool_call> JSON (Hermes, Qwen "
-                            "2.5 and 3, SmolLM3, and models told their tools in the prompt), not for this model's "
-                            "format; use \"auto\"", param="tool_choice", code="unsupported_value")
-    (opening, open_ids), (closing, close_ids), _ = markers
-    functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools
-                 if forced is True or t["function"]["name"] == forced]
-    try:
-        grammar = await anyio.to_thread.run_sync(partial(
-            call_grammar, functions, opening=marker(opening, open_ids), closing=marker(closing, close_ids),
-            opened=False, lenient=not all(t["function"].get("strict") for t in tools)))
-        after = _opening_marker(tokenizer, opens_thinking, False, what="A forced tool call", param="tool_choice")
-        spec = GrammarSpec(None, after=after, calls=grammar)
-        if prepare is not None:
-            await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
-    except ConstraintError as exc:
-        raise APIError(400, str(exc), param="tools", code="invalid_value") from None
-    return spec
-
-
-def _is_harmony(tokenizer: Any) -> bool:
-    from engine.harmony import is_harmony
-
-    return is_harmony(tokenizer)
-
-
-def _call_markers(tokenizer: Any, json_calls: bool) -> tuple[tuple[str, list[int]], tuple[str, list[int]], bool] | None:
-    """The opening and closing markers of the model's tool calls, with their tokens, and whether its calls are
-    <tool_call> JSON (mlx-lm's json_tools format, which strict calls are written in); None when its calls have no
-    opening marker (bare JSON) or no format is known. Raises nothing."""
-    from engine.chat_output import OutputMarkers
-
+def _call_markers(tokenizer: Any, json_calls: bool) -> _Markers | None:
+    """The model's tool-call markers; None when its calls have no opening marker (bare JSON) or no format is known.
+    Raises nothing."""
     markers = OutputMarkers.from_tokenizer(tokenizer)
     if json_calls:
         markers = markers.with_json_tool_calls()
@@ -188,7 +178,8 @@ def _call_markers(tokenizer: Any, json_calls: bool) -> tuple[tuple[str, list[int
         return None
     start, end = markers.tool_call_start, markers.tool_call_end or ""
     json_format = bool(end) and getattr(markers.tool_parser, "__module__", "").endswith("json_tools")
-    return (start, list(_encode(tokenizer, start))), (end, list(_encode(tokenizer, end)) if end else []), json_format
+    return _Markers(start, list(_encode(tokenizer, start)), end, list(_encode(tokenizer, end)) if end else [],
+                    json_format)
 
 
 def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool, *, what: str = "JSON output",
@@ -198,8 +189,6 @@ def _opening_marker(tokenizer: Any, opens_thinking: bool, harmony: bool, *, what
     never be seen to start."""
     if harmony:  # the answer's channel (special tokens around its name: nothing merges); analysis comes before it
         return tuple(_encode(tokenizer, "<|channel|>final<|message|>"))
-    from engine.chat_output import OutputMarkers
-
     if not opens_thinking or not (end := OutputMarkers.from_tokenizer(tokenizer).think_end):
         return ()
     ids = tuple(_encode(tokenizer, end))
