@@ -20,6 +20,7 @@ from service.http.auth import offered_key, subprotocols
 from service.http.errors import APIError, api_error, frames_error_event
 from service.speech.live_socket import LiveSocket, Mode
 from service.speech.socket_errors import close_code
+from service.speech.client_secrets import ClientSecret
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig
 from service.speech.served import served_speech
 from service.state import AppState, get_state
@@ -51,12 +52,17 @@ async def _accept(socket: WebSocket[Any, Any, Any]) -> None:
     await socket.accept(subprotocols=chosen)
 
 
+def _secret(socket: WebSocket[Any, Any, Any], state: AppState) -> ClientSecret | None:
+    """The client secret the socket was opened with, None for an API key or none. Raises nothing."""
+    key = offered_key(socket.scope)
+    return state.client_secrets.find(key) if key is not None else None
+
+
 def _implied_transcription(socket: WebSocket[Any, Any, Any], state: AppState, model: str | None) -> bool:
     """No `intent`: a transcription session all the same when opened with a client secret (they open nothing else,
     and OpenAI prefers the secret's session type) or for a Whisper model this server serves (the JS SDK's
     `?model=`). Raises nothing."""
-    key = offered_key(socket.scope)
-    if key is not None and state.client_secrets.find(key) is not None:
+    if _secret(socket, state) is not None:
         return True
     try:
         return bool(model) and served_speech(state, model) is not None
@@ -67,8 +73,7 @@ def _implied_transcription(socket: WebSocket[Any, Any, Any], state: AppState, mo
 def _minted(socket: WebSocket[Any, Any, Any], state: AppState, config: RealtimeConfig) -> RealtimeConfig:
     """`config` with the session settings of the client secret the socket was opened with, applied as its first
     update would be (none: `config`). Raises APIError 400 (they were checked when it was minted)."""
-    key = offered_key(socket.scope)
-    secret = state.client_secrets.find(key) if key is not None else None
+    secret = _secret(socket, state)
     if secret is None or secret.session is None:
         return config
     try:

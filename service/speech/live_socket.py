@@ -81,7 +81,7 @@ class LiveSocket:
         self.items = Items()
         self.session: LiveSession | None = None
         self._send_lock = anyio.Lock()
-        self._sent = anyio.Event()  # set (and replaced) as each event goes out
+        self._sent = anyio.Event()  # set (and replaced) as each owed reply goes out
         self._partial_due = anyio.Event()
         self._finishing = False
         self._closed = False
@@ -302,6 +302,7 @@ class LiveSocket:
                 if ev.type == "mark":
                     if (reply := self._replies.pop(ev.ref or "", None)) is not None:
                         await self._send(reply)
+                        self._reply_sent()
                 elif self.mode == "realtime":
                     for out in server_events(ev, self.items, self.config.tentative, lambda: session.lag_seconds):
                         await self._send(out)
@@ -314,6 +315,7 @@ class LiveSocket:
             return
         while self._replies:  # the log is over: what is still owed goes out now, in order (a reply meanwhile too)
             await self._send(self._replies.pop(next(iter(self._replies))))
+            self._reply_sent()
         self._writer_done = True
         if self._stopping and self.mode == "realtime":  # the server drains: the transcript above was the last
             await self._send_error(shutting_down(), reply=False)
@@ -364,7 +366,10 @@ class LiveSocket:
             except Exception:
                 self._closed = True
                 raise _ClientGone() from None
-        self._sent.set()  # a reader held back by owed replies may go on
+
+    def _reply_sent(self) -> None:
+        """An owed reply went out: a reader held back by them may go on. Raises nothing."""
+        self._sent.set()
         self._sent = anyio.Event()
 
     async def _reply(self, event: dict[str, Any]) -> None:
