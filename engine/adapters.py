@@ -75,14 +75,15 @@ def check_adapter_dir(path: str | Path) -> dict[str, Any]:
     return config
 
 
-def apply_adapter(model: nn.Module, path: str | Path) -> AppliedAdapter:
+def apply_adapter(model: nn.Module, path: str | Path, config: dict[str, Any] | None = None) -> AppliedAdapter:
     """Load the adapter at `path` into `model` (in place) and fuse what can be fused; the model is left in eval
-    mode (a live LoRA layer's dropout off). Run on the thread that will run the model. Raises AdapterError for a
-    directory that is not an adapter or does not fit the model."""
+    mode (a live LoRA layer's dropout off). `config`: what check_adapter_dir read (None: read here). Run on the
+    thread that will run the model. Raises AdapterError for a directory that is not an adapter or does not fit the
+    model."""
     from mlx.utils import tree_unflatten
     from mlx_lm.tuner.utils import load_adapters
 
-    config = check_adapter_dir(path)
+    config = check_adapter_dir(path) if config is None else config
     kind = str(config.get("fine_tune_type", "lora"))
     try:
         load_adapters(model, str(path))

@@ -184,8 +184,8 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     from mlx_lm.utils import load
 
     source = resolve_model(spec)
-    if adapter_path is not None:
-        check_adapter_dir(adapter_path)  # before the weights load: a wrong path is said in a moment
+    # Before the weights load: a wrong path is said in a moment.
+    adapter_config = check_adapter_dir(adapter_path) if adapter_path is not None else None
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
     directory = _directory(source, float32)
@@ -204,7 +204,7 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     adapter = None
     if adapter_path is not None:
         # After the float32 cast: a dequantized base fuses the update in float32, as the CPU serves it.
-        adapter = apply_adapter(model, adapter_path)
+        adapter = apply_adapter(model, adapter_path, adapter_config)
         _log.info("%s", adapter.describe())
     materialize(model)
     _chat_template_of(tokenizer, directory, source.name)

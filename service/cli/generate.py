@@ -11,7 +11,7 @@ from typing import Any
 
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command, checked, positive_int
-from service.cli.resolve import resolve_chat_model
+from service.cli.resolve import resolve_adapter, resolve_chat_model
 
 __all__ = ["add_generate"]
 
@@ -50,13 +50,7 @@ def _generate(args: argparse.Namespace) -> int:
         if not args.prompt:
             raise CLIError("the prompt read from stdin is empty")
     resolve_chat_model(args.model)  # a bad name fails here, before MLX loads anything
-    if args.adapter_path is not None:
-        from engine.adapters import AdapterError, check_adapter_dir
-
-        try:
-            check_adapter_dir(args.adapter_path)
-        except AdapterError as exc:
-            raise CLIError(f"--adapter-path: {exc}") from None
+    adapter_path = resolve_adapter(args.adapter_path)
     import anyio
 
     from engine.contracts import GenerationRequest, SamplingParams
@@ -68,7 +62,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     # One line for what the model or its template refuses, as `serve` gives it (these were tracebacks).
     try:
-        loaded = load_model(args.model, adapter_path=args.adapter_path)
+        loaded = load_model(args.model, adapter_path=adapter_path)
     except Exception as exc:  # noqa: BLE001 — any loader failure is the user's model, not a crash
         raise CLIError(f"could not load model {args.model}: {type(exc).__name__}: {exc}") from None
     engine = Engine(loaded, max_active=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from service.cli.errors import CLIError
@@ -9,7 +10,7 @@ from service.cli.errors import CLIError
 if TYPE_CHECKING:
     from engine.models import ModelSource
 
-__all__ = ["resolve_chat_model", "whisper_spec"]
+__all__ = ["resolve_adapter", "resolve_chat_model", "whisper_spec"]
 
 
 def resolve_chat_model(spec: str | None) -> ModelSource:
@@ -37,3 +38,16 @@ def whisper_spec(spec: str | None) -> str | None:
     match = next((w for w in local_whisper_models() if w.name == spec and w.note == "imported"), None)
     return str(match.path) if match is not None else spec
 
+
+def resolve_adapter(path: str | None) -> str | None:
+    """--adapter-path checked before any model loads, as an absolute path (an --isolate child may start elsewhere);
+    None stays None. Raises CLIError naming what the folder lacks."""
+    if path is None:
+        return None
+    from engine.adapters import AdapterError, check_adapter_dir
+
+    try:
+        check_adapter_dir(path)
+    except AdapterError as exc:
+        raise CLIError(f"--adapter-path: {exc}") from None
+    return str(Path(path).resolve())

@@ -13,7 +13,7 @@ from typing import Any
 from engine.pacing import DECODE_BURST, STALL
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, seconds
-from service.cli.resolve import resolve_chat_model
+from service.cli.resolve import resolve_adapter, resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
 from service.config import ServiceConfig, base_url, unbracketed
@@ -93,18 +93,9 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         if args.model is not None and args.model != args.model_flag:
             raise CLIError(f"two chat models given: {args.model!r} and --model {args.model_flag!r}")
         args.model = args.model_flag
-    adapter_path = None
-    if args.adapter_path is not None:
-        from engine.adapters import AdapterError, check_adapter_dir
-
-        try:
-            check_adapter_dir(args.adapter_path)
-        except AdapterError as exc:
-            raise CLIError(f"--adapter-path: {exc}") from None
-        adapter_path = str(Path(args.adapter_path).resolve())  # an --isolate child may start elsewhere
     config = ServiceConfig(
         model=args.model,
-        adapter_path=adapter_path,
+        adapter_path=resolve_adapter(args.adapter_path),
         max_active=args.max_active,
         max_iteration_tokens=args.max_iteration_tokens,
         prefill_stall=args.prefill_stall,
