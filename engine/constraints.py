@@ -46,13 +46,22 @@ def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str
     try:
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema if schema is not None else {"type": "object"}),
                                                      defaults=cast(Any, {**_LAYOUT, "lenient": lenient}))
-        failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     except (ValueError, TypeError, RuntimeError) as exc:
         raise ConstraintError(f"the schema cannot be enforced: {brief(str(exc))}") from None
+    hint = "" if lenient else " (with strict: false keywords the engine lacks are ignored and the rest enforced)"
+    return _checked(grammar, "the schema", hint)
+
+
+def _checked(grammar: str, what: str, unimplemented_hint: str = "") -> str:
+    """`grammar` once llguidance has validated it. Raises ConstraintError saying why `what` cannot be enforced (with
+    the hint where a keyword is not implemented)."""
+    from llguidance import LLMatcher
+
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     if failed:
-        hint = "" if lenient or "Unimplemented" not in " ".join(messages) else \
-            " (with strict: false such keywords are ignored and the rest enforced)"
-        raise ConstraintError("the schema cannot be enforced: " + brief("; ".join(messages)) + hint)
+        said = "; ".join(messages)
+        raise ConstraintError(f"{what} cannot be enforced: {brief(said)}"
+                              + (unimplemented_hint if "Unimplemented" in said else ""))
     return str(grammar)
 
 
@@ -71,18 +80,14 @@ def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening:
     calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                         "properties": {"name": {"const": name}, "arguments": schema or {"type": "object"}}}
                        for name, schema in functions], "x-guidance": {**_LAYOUT, "lenient": lenient}}
+    rules = [f"call: WS? body WS? {closing}", f"body: %json {json.dumps(calls)}",
+             "WS: /[ \\t\\n]{1,3}/"]  # bounded: a small model wrote whitespace until max_tokens
     first = "call" if opened else f"{opening} call"
     if free_text is not None:  # a lazy lexeme ends at the marker's first appearance: the calls' branch from there
         first = "FREE | opening call"
-        free = f"FREE: /(?s:.*)/\nopening[lazy]: /(?s:.*){re.escape(free_text)}/\n"
-    lark = (f"start: {first} (WS? {opening} call)*\ncall: WS? body WS? {closing}\nbody: %json {json.dumps(calls)}\n"
-            "WS: /[ \\t\\n]{1,3}/\n" + (free if free_text is not None else ""))  # bounded whitespace: a small
-    # model wrote it until max_tokens
-    grammar = LLMatcher.grammar_from_lark(lark)
-    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    if failed:
-        raise ConstraintError("the functions' parameters cannot be enforced: " + "; ".join(messages))
-    return str(grammar)
+        rules += ["FREE: /(?s:.*)/", f"opening[lazy]: /(?s:.*){re.escape(free_text)}/"]
+    lark = "\n".join([f"start: {first} (WS? {opening} call)*", *rules]) + "\n"
+    return _checked(LLMatcher.grammar_from_lark(lark), "the functions' parameters")
 
 
 def marker(text: str, tokens: list[int]) -> str:
