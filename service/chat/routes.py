@@ -71,14 +71,14 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
                                     segment_boundaries=rendered.boundaries,
                                     default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
                                     logprobs=logprobs)
-    calls = bool(body.tools) and body.tool_choice != "none"
-    grammar = await reply_grammar(body.response_format, request_tools(body), tokenizer=engine.tokenizer, calls=calls,
+    calls, tools = bool(body.tools) and body.tool_choice != "none", request_tools(body)
+    grammar = await reply_grammar(body.response_format, tools, tokenizer=engine.tokenizer, calls=calls,
                                   opens_thinking=_opens_thinking(engine.tokenizer, rendered),
                                   json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar,
                                   forced=_forced(body.tool_choice))
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
-    translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, request_tools(body),
+    translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, tools,
                                                   # only functions the request declared come back as calls
                                                   calls=calls,
                                                   one_call=body.parallel_tool_calls is False,
