@@ -337,16 +337,16 @@ class BatchStep:
         t = time.perf_counter()
         try:
             return self._take_token(row, token)
-        except ConstraintFailed as exc:  # the grammar the request asked for: its client's to hear, no server fault
-            _log.info("row ended: %s", exc)
-            row.finish()
-            self.kv.release(row)
-            return row_delta(row, finish_reason="error", error=str(exc), error_param=exc.param)
         except Exception as exc:  # this row's own fault: only it ends
-            _log.exception("row failed on token %d", token)
+            if isinstance(exc, ConstraintFailed):  # the grammar its request asked for: the client's to hear
+                _log.info("row ended: %s", exc)
+                error, param = str(exc), exc.param
+            else:
+                _log.exception("row failed on token %d", token)
+                error, param = f"{type(exc).__name__}: {exc}", None
             row.finish()
             self.kv.release(row)
-            return row_delta(row, finish_reason="error", error=f"{type(exc).__name__}: {exc}")
+            return row_delta(row, finish_reason="error", error=error, error_param=param)
         finally:
             self.record.tick("accept", t)
 
