@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["SERVING_DEFAULTS", "apply_serving_defaults", "on_gpu", "gpu_default", "cpu_default"]
+__all__ = ["SERVING_DEFAULTS", "apply_serving_defaults", "on_gpu", "gpu_default", "cpu_default", "compiler_problem"]
 
 SERVING_DEFAULTS = {
     # cuDNN builds an attention graph per exact (query, key) shape, 20-400 ms each: prefill chunks of varied
@@ -54,3 +54,23 @@ def apply_serving_defaults() -> dict[str, str]:
             os.environ[name] = value
             applied[name] = value
     return applied
+
+
+def compiler_problem() -> str | None:
+    """Why MLX cannot compile kernels here, or None when it can. Its CPU backend builds them in the temporary
+    directory: a missing or read-only TMPDIR let a server report ready, then fail every request with a 500. Only
+    the CPU backend is tried (a GPU's first kernel build takes seconds). Imports MLX. Raises nothing."""
+    import tempfile
+
+    import mlx.core as mx
+
+    if on_gpu():
+        return None
+    try:
+        double = mx.compile(lambda x: mx.exp(x) * 2.0 + 1.0)
+        mx.eval(double(mx.ones((3,))))
+    except Exception as exc:  # noqa: BLE001 — whatever stops it, the server cannot serve
+        where = os.environ.get("TMPDIR") or tempfile.gettempdir()
+        return (f"MLX cannot compile its CPU kernels ({exc}); it builds them under the temporary directory "
+                f"(TMPDIR={where}): point TMPDIR at a writable directory")
+    return None

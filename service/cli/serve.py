@@ -164,6 +164,10 @@ def _serve(args: argparse.Namespace) -> int:
         # Headers only: an empty or truncated download is one line here, not a worker that starts and fails.
         if (problem := broken_model_file(Path(source.path))) is not None:
             raise CLIError(f"cannot load model {source.name}: {problem}")
+    from engine.accelerator import compiler_problem
+
+    if (problem := compiler_problem()) is not None:  # else ready, then a 500 for every request
+        raise CLIError(problem, code=1)
     lock, address = _claim_port(config.host, config.port)
     if address != config.host:
         # granian takes IP addresses only ("localhost" failed with a traceback); the Host guard and the warning

@@ -132,3 +132,19 @@ def test_the_open_server_warning_judges_the_resolved_address(tiny_llm_dir: Path,
     assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--host", "box.example", "--port", str(port)]) == 0
     assert "without an API key" not in caplog.text, caplog.text
     assert served[0].host == "127.0.0.1"  # type: ignore[attr-defined]
+
+
+def test_a_temporary_directory_mlx_cannot_compile_in_stops_the_start(tiny_llm_dir: Path, tmp_path: Path) -> None:
+    # MLX's CPU backend builds kernels under TMPDIR: a missing one let the server report ready, then answer every
+    # request with a 500. A fresh process: this one's kernels are compiled already.
+    import os
+    import subprocess
+    import sys
+
+    script = ("import service.server as s; s.serve = lambda config: 0; from service.cli.main import main; "
+              f"raise SystemExit(main(['serve', {str(tiny_llm_dir)!r}, '--no-whisper', '--port', '{_free_port()}']))")
+    env = {**os.environ, "TMPDIR": str(tmp_path / "gone"), "XDG_RUNTIME_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    err = done.stderr.strip()
+    assert err.count("\n") == 0 and "MLX cannot compile its CPU kernels" in err and str(tmp_path / "gone") in err, err
