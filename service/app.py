@@ -224,7 +224,8 @@ def create_app(state: AppState | None = None) -> Litestar:
     )
     # Around everything Litestar does (routing, 404s, CORS): the guard (keys, origins, readiness, body
     # limits), and outside it one log line and the request metrics per request, whatever answered it.
-    app.asgi_handler = AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics)
+    paths = frozenset(route.path for route in app.routes if "{" not in route.path)
+    app.asgi_handler = AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics, paths)
     return app
 
 

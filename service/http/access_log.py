@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 import uuid
 from urllib.parse import quote
@@ -57,9 +58,11 @@ class AccessLog:
     """ASGI wrapper logging (and counting) each HTTP request once it has been answered (streams: once
     they end)."""
 
-    def __init__(self, app: ASGIApp, metrics: RequestMetrics | None = None) -> None:
+    def __init__(self, app: ASGIApp, metrics: RequestMetrics | None = None, paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.metrics = metrics
+        # The app's fixed paths: a request the guard refused before routing is still counted under its route.
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -71,10 +74,12 @@ class AccessLog:
         start = time.perf_counter()
         scope.setdefault("state", {})[_ARRIVAL_KEY] = time.monotonic()
         # Fresh per request, as OpenAI's, never the client's own (which could collide with another client's).
-        id_header = (b"x-request-id", f"req_{uuid.uuid4().hex}".encode())
+        request_id = f"req_{uuid.uuid4().hex}"
+        id_header = (b"x-request-id", request_id.encode())
         status: list[int] = []
         ended: list[bool] = []  # the response's last body message went out
         left: list[bool] = []  # the server saw the client disconnect
+        refusal: list[str] = []  # an error answer's code and field: why, for the operator
 
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -82,6 +87,8 @@ class AccessLog:
                 message = {**message, "headers": [*message.get("headers", ()), id_header]}
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 ended.append(True)
+                if status and status[0] >= 400 and not refusal:
+                    refusal.append(_refusal(message.get("body", b"")))
             await send(message)
 
         async def listen() -> ReceiveMessage:
@@ -96,12 +103,16 @@ class AccessLog:
             seconds = time.perf_counter() - start
             code = status[0] if status else None
             line = _line(scope, code, seconds)
+            if refusal and refusal[0]:
+                line += f" error {refusal[0]}"
             if status and not ended:  # a 200 whose stream was cut short must not read as a whole answer
                 line += " incomplete: the client left" if left else " incomplete"
+            # The id the client got (x-request-id, the SDKs' `_request_id`) and its address: a report finds its line.
+            line += f" {request_id} from {_client(scope)}"
             _log.info("%s", line)
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
-                route = scope.get("path_template") or ("unrouted" if code == 404 else "guard")
+                route = scope.get("path_template") or self._route(scope, code)
                 self.metrics.observe_request(str(route), _method_label(scope.get("method")), code, seconds)
 
 
@@ -133,8 +144,17 @@ class AccessLog:
                 end += f": {json.dumps(reasons[0], ensure_ascii=True)}"
             _log.info("%s %s", line, end)
             if self.metrics is not None:
-                route = scope.get("path_template") or ("unrouted" if code is None or code == 403 else "guard")
+                route = scope.get("path_template") or ("unrouted" if code is None or code == 403
+                                                       else self._route(scope, code))
                 self.metrics.observe_session(str(route), code, seconds)
+
+    def _route(self, scope: Scope, code: int | None) -> str:
+        """The label of a request no route took: its path where that is one of the app's, else "unrouted" (a 404)
+        or "guard" (refused before routing). Raises nothing."""
+        path = scope.get("path", "")
+        if path in self.paths:
+            return str(path)
+        return "unrouted" if code == 404 else "guard"
 
 
 # The methods a metrics label names; any other is "other": a client inventing methods must not create series.
@@ -143,6 +163,29 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 
 def _method_label(method: Any) -> str:
     return method if method in _METHODS else "other"
+
+
+def _client(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "-"
+
+
+def _refusal(body: Any) -> str:
+    """`code (param)` of an OpenAI-shaped error body (its code, else its type), "" for any other. Raises nothing."""
+    if not isinstance(body, (bytes, bytearray)) or len(body) > 65536 or not body.startswith(b'{"error"'):
+        return ""
+    try:
+        error = json.loads(body)["error"]
+        what = str(error.get("code") or error.get("type") or "")
+        param = error.get("param")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+    # Codes and fields are the server's words, but a field can echo a client's key: quoted where not plain.
+    what = what if re.fullmatch(r"[\w.\-]{1,64}", what) else json.dumps(what[:64], ensure_ascii=True)
+    if isinstance(param, str) and param:
+        what += f" ({param})" if re.fullmatch(r"[\w.\[\]\-]{1,120}", param) else \
+            f" ({json.dumps(param[:120], ensure_ascii=True)})"
+    return what
 
 
 def _line(scope: Scope, status: int | None, seconds: float, method: str | None = None) -> str:

@@ -26,4 +26,9 @@ class HeadAsGet:
                 message = cast(Message, {**cast(dict[str, Any], message), "body": b""})
             await send(message)
 
-        await self.app(cast(Scope, {**scope, "method": "GET"}), receive, headers_only)
+        inner = cast(Scope, {**scope, "method": "GET"})
+        try:
+            await self.app(inner, receive, headers_only)
+        finally:
+            if "path_template" in inner:  # the route it reached, for the access log's metrics label
+                scope["path_template"] = inner["path_template"]

@@ -77,6 +77,20 @@ def test_requests_are_counted_by_route_template_and_status(client: TestClient[An
     assert durations.type == "histogram"
 
 
+def test_head_requests_and_refusals_before_routing_count_under_their_route(client: TestClient[Any]) -> None:
+    # HEAD /health (a load balancer's probe), a foreign Host's 403 and a wrong method were all route="guard".
+    client.head("/health")
+    client.head("/metrics")
+    assert client.get("/v1/models", headers={"host": "evil.example"}).status_code == 403
+    assert client.put("/v1/models").status_code == 405
+    requests = _families(client)["tandem_requests"]
+    assert _value(requests, route="/health", method="HEAD", status="200") == 1
+    assert _value(requests, route="/metrics", method="HEAD", status="200") == 1
+    assert _value(requests, route="/v1/models", method="GET", status="403") == 1
+    assert _value(requests, route="/v1/models", method="PUT", status="405") == 1
+    assert not any(s.labels.get("route") == "guard" for s in requests.samples)
+
+
 def test_invented_methods_share_one_label(client: TestClient[Any]) -> None:
     for method in ("FOO1", "FOO2", "BAR19683"):
         client.request(method, "/v1/models")

@@ -200,8 +200,8 @@ def test_the_end_user_goes_on_the_access_log_line(client: Any, caplog: pytest.Lo
         assert _chat(client, user='u-"1"').status_code == 200
         assert client.post("/v1/completions", json={"prompt": "x", "safety_identifier": "s-2"}).status_code == 200
     lines = [r.getMessage() for r in caplog.records if r.name == "tandem.access"]
-    assert any(line.startswith("POST /v1/chat/completions 200") and line.endswith('user "u-\\"1\\""') for line in lines)
-    assert any(line.startswith("POST /v1/completions 200") and line.endswith('user "s-2"') for line in lines)
+    assert any(line.startswith("POST /v1/chat/completions 200") and ' user "u-\\"1\\"" req_' in line for line in lines)
+    assert any(line.startswith("POST /v1/completions 200") and ' user "s-2" req_' in line for line in lines)
 
 
 @pytest.mark.parametrize("messages, param, words", [

@@ -15,6 +15,10 @@ def _logs_at_info() -> None:
     configure_logging("info")
 
 
+# Each line ends with the request's id (its x-request-id) and the client's address.
+_END = r" req_[0-9a-f]{32} from \S+"
+
+
 def _lines(err: str) -> list[str]:
     return [line for line in err.splitlines() if re.match(r"tandem: (GET|POST|DELETE|OPTIONS) ", line)]
 
@@ -25,7 +29,7 @@ def test_a_chat_completion_logs_its_tokens(client: Any, capsys: pytest.CaptureFi
     (line,) = _lines(capsys.readouterr().err)
     usage = body["usage"]
     assert re.fullmatch(rf"tandem: POST /v1/chat/completions 200 \d+\.\d ms tokens {usage['prompt_tokens']}"
-                        rf"\+{usage['completion_tokens']}", line), line
+                        rf"\+{usage['completion_tokens']}{_END}", line), line
 
 
 def test_a_stream_is_logged_once_it_ends(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,7 +38,7 @@ def test_a_stream_is_logged_once_it_ends(client: Any, capsys: pytest.CaptureFixt
         assert response.status_code == 200
         "".join(response.iter_text())
     (line,) = _lines(capsys.readouterr().err)
-    assert line.startswith("tandem: POST /v1/completions 200 ") and line.endswith("tokens 2+5"), line
+    assert line.startswith("tandem: POST /v1/completions 200 ") and re.search(r" tokens 2\+5" + _END + "$", line), line
 
 
 def test_unrouted_and_failed_requests_are_logged(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,8 +133,8 @@ async def test_a_stream_the_client_left_is_logged_as_incomplete(capsys: pytest.C
     await AccessLog(streaming)(dict(scope), gone, sink)
     await AccessLog(whole)(dict(scope), gone, sink)
     left, answered = _lines(capsys.readouterr().err)
-    assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms incomplete: the client left", left), left
-    assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms", answered), answered
+    assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms incomplete: the client left" + _END, left), left
+    assert re.fullmatch(r"tandem: POST /v1/chat/completions 200 \d+\.\d ms" + _END, answered), answered
 
 
 @pytest.mark.anyio
@@ -184,3 +188,23 @@ def test_every_response_carries_its_own_request_id(client: Any) -> None:
     assert [r.status_code for r in answers] == [200, 404, 200, 400, 415, 200]
     ids = [r.headers["x-request-id"] for r in answers]
     assert all(re.fullmatch(r"req_[0-9a-f]{32}", i) for i in ids) and len(set(ids)) == len(ids), ids
+
+
+def test_a_line_names_the_request_id_the_client_got(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # A user's report quotes the SDK's `_request_id`; without it in the log, no line could be matched to it.
+    capsys.readouterr()
+    answer = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.endswith(f" {answer.headers['x-request-id']} from testclient"), line
+
+
+def test_a_refusal_says_why(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # "POST /v1/chat/completions 400 1.7 ms" told the operator nothing; the error's code and field do.
+    capsys.readouterr()
+    bad = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": 9})
+    client.get("/nowhere")
+    refused, missing = _lines(capsys.readouterr().err)
+    error = bad.json()["error"]
+    assert bad.status_code == 400 and error["param"] == "n"
+    assert f" ms error {error['code'] or error['type']} (n) req_" in refused, refused
+    assert re.search(r" 404 \d+\.\d ms error \S+ req_", missing), missing
