@@ -136,8 +136,9 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     async def submit_row() -> RowStream:
         prompt, prompt_text = await _prompt_tokens(state, engine, data)
         counter.prompt_tokens = len(prompt)
-        generation = generation_request(engine, data, prompt, data.max_tokens or 16, param="prompt",
-                                        tenant=client_key(request), logprobs=logprobs, continuation=True)
+        generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens or 16,
+                                        param="prompt", tenant=client_key(request), logprobs=logprobs,
+                                        continuation=True)
         echoes.append(prompt_text if data.echo else "")
         stream = submit(engine, generation, param="prompt")
         observe_queue_wait(state, timing)

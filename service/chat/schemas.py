@@ -242,6 +242,7 @@ class SamplingFields(_Body):
     stream: bool | None = Field(False, description="null: false.")
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens (not both).")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0, description="0: only the likeliest token (greedy).")
     top_k: int | None = Field(None, ge=0)
@@ -265,6 +266,13 @@ class SamplingFields(_Body):
         if options is not None and not info.data.get("stream"):
             raise ValueError("only allowed when stream is true")
         return options
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _not_both_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("max_tokens") is not None:
+            raise ValueError("max_tokens and max_completion_tokens at the same time are not supported; give one")
+        return value
 
     @field_validator("n")
     @classmethod
@@ -303,7 +311,6 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions body."""
 
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens (not both).")
     tools: list[Tool] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = Field(
         None, description='"auto" (the default with tools), "none" (the tools are not shown to the model and its reply '
@@ -360,13 +367,6 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError(f"tool_choice names function {value.function.name!r}, which tools does not declare")
         if value == "required" and not info.data.get("tools"):
             raise ValueError("tool_choice \"required\" needs at least one tool")
-        return value
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _not_both_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and info.data.get("max_tokens") is not None:
-            raise ValueError("max_tokens and max_completion_tokens at the same time are not supported; give one")
         return value
 
     @field_validator("response_format", mode="before")

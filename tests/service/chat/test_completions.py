@@ -32,6 +32,15 @@ def test_default_max_tokens_is_16(client: Any, fake_engine: FakeEngine) -> None:
     assert fake_engine.requests[-1].max_tokens == 16
 
 
+def test_max_completion_tokens_limits_a_completion_as_on_chat(client: Any, fake_engine: FakeEngine) -> None:
+    # mlx_lm.server reads it on /v1/completions too; given with max_tokens it is a 400 naming it, as on chat.
+    assert client.post("/v1/completions", json={"prompt": "a", "max_completion_tokens": 3}).status_code == 200
+    assert fake_engine.requests[-1].max_tokens == 3
+    both = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 2, "max_completion_tokens": 3})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "max_completion_tokens", both.text
+    assert "at the same time" in both.json()["error"]["message"]
+
+
 def test_stream_grammar(client: Any) -> None:
     events = sse_events(client.post("/v1/completions", json={
         "prompt": "abc", "stream": True, "stream_options": {"include_usage": True}, "echo": True}).text)
