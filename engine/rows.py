@@ -50,8 +50,9 @@ class Row:
     in_lane: bool = False
     generated: list[int] = field(default_factory=list)
     unsent_ids: list[int] = field(default_factory=list)
-    # Log probabilities not yet sent, each with where its token's text starts (engine/sampling.py StopMatcher).
-    unsent_logprobs: list[tuple[int, TokenLogprob]] = field(default_factory=list)
+    # Log probabilities not yet sent, each with where its token's text ends (engine/stop_matcher.py's position; inf
+    # for the token a stop string cut).
+    unsent_logprobs: list[tuple[float, TokenLogprob]] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
     # Its prompt's last token is fed by its first decode step, not the prefill lane (engine/lane.py): the lane's
     # join wait then comes before its first token, and its second follows one decode step later.

@@ -12,6 +12,7 @@ engine/row_kv.py). Nothing here touches the row lists the event loop owns (engin
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, cast
@@ -359,10 +360,11 @@ class BatchStep:
         row.unsent_ids.append(token)
         logprob = row.sampler.take_logprob(token)  # None unless the row asked
         at_limit = len(row.prompt) + len(row.generated) >= self.context_length
-        start = row.stopper.position() if logprob is not None else 0
         step = row.stopper.add(token, at_context_limit=at_limit)
         if logprob is not None and token not in row.stopper.stop_ids:  # a stop token is no part of the text
-            row.unsent_logprobs.append((start, logprob))
+            # Where its text ends; a stop string's cut falls inside the token that completed it, which never goes.
+            end = row.stopper.position() if step.finish_reason is None else math.inf
+            row.unsent_logprobs.append((end, logprob))
         if step.finish_reason is not None:
             row.finish()
             self.kv.put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
@@ -371,11 +373,12 @@ class BatchStep:
         ids, row.unsent_ids = row.unsent_ids, []
         delta = row_delta(row, step.text, ids, step.finish_reason)
         if row.unsent_logprobs:
-            # Tokens whose text has begun to show; those still held wait, and those a stop string cut off never go.
+            # Tokens whose whole text has shown; those still held wait, and those a stop string cut never go (their
+            # text listed past the reply's: " Paris" for a reply cut to " " by "Paris.").
             limit = row.stopper.shown_before()
-            delta.logprobs = [lp for start, lp in row.unsent_logprobs if start < limit]
+            delta.logprobs = [lp for end, lp in row.unsent_logprobs if end <= limit]
             row.unsent_logprobs = [] if step.finish_reason else \
-                [(start, lp) for start, lp in row.unsent_logprobs if start >= limit]
+                [(end, lp) for end, lp in row.unsent_logprobs if end > limit]
         return delta
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int,

@@ -58,8 +58,8 @@ class StopMatcher:
         return self.shown + len(self._pending) + _held(self._detok)
 
     def shown_before(self) -> float:
-        """Text starting before this position has been emitted (a token's whose text starts there was shown);
-        everything when there are no stop strings or the row ended without a cut. Raises nothing."""
+        """Text before this position has been emitted (a token whose text ends by it was shown whole); everything
+        when there are no stop strings or the row ended without a cut. Raises nothing."""
         if self._cut_at is not None:
             return self._cut_at
         if not self.stop_strings or self.finish_reason is not None:

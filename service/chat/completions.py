@@ -14,7 +14,7 @@ from litestar import Request, Response, post
 
 from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
-from service.chat.logprobs import TokenPieces, completion_logprobs, requested_logprobs, token_pieces
+from service.chat.logprobs import CompletionLogprobWriter, TokenPieces, requested_logprobs, token_pieces
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
 from service.chat.completion_request import CompletionRequest
 from service.chat.respond import respond
@@ -74,12 +74,11 @@ async def _events(
         if echo:
             yield _chunk(meta, echo, usage=include_usage)
         finish: str | None = None
-        offset = len(echo)
+        writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
         async for text, finish in reader.items():
-            tokens = reader.take_logprobs() if pieces is not None else []
+            tokens = reader.take_logprobs() if writer is not None else []
             if text or tokens:
-                logprobs = completion_logprobs(pieces, tokens, offset) if pieces is not None else None
-                offset += sum(len(token) for token in logprobs.tokens) if logprobs is not None else 0
+                logprobs = writer.write(tokens) if writer is not None else None
                 yield _chunk(meta, text, logprobs=logprobs, usage=include_usage)
         yield _chunk(meta, "", "length" if finish == "length" else "stop", usage=include_usage)
         if include_usage:
@@ -96,7 +95,7 @@ async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter,
     reader = RowReader(stream, counter, timing)
     async for text, finish in reader.items():
         parts.append(text)
-    logprobs = completion_logprobs(pieces, reader.take_logprobs(), len(echo)) if pieces is not None else None
+    logprobs = CompletionLogprobWriter(pieces, len(echo)).write(reader.take_logprobs()) if pieces is not None else None
     return Completion(
         id=meta.id,
         created=meta.created,

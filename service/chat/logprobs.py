@@ -4,6 +4,7 @@ ids and numbers (engine/contracts.py TokenLogprob); the text of one token is its
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 from typing import Any, Sequence
@@ -13,7 +14,8 @@ from engine.token_pieces import TokenPieces
 from engine.per_tokenizer import PerTokenizer
 from service.chat.replies import ChoiceLogprobs, CompletionLogprobs, LogprobEntry, TopLogprob
 
-__all__ = ["token_pieces", "chat_logprobs", "completion_logprobs", "requested_logprobs", "LogprobJson", "logprob_json"]
+__all__ = ["token_pieces", "chat_logprobs", "CompletionLogprobWriter", "legacy_token", "requested_logprobs",
+           "LogprobJson", "logprob_json"]
 
 # OpenAI writes this for a probability too small to show (JSON has no -Infinity).
 _FLOOR = -9999.0
@@ -86,17 +88,40 @@ def chat_logprobs(pieces: TokenPieces, tokens: Sequence[TokenLogprob]) -> Choice
     return ChoiceLogprobs(content=content)
 
 
-def completion_logprobs(pieces: TokenPieces, tokens: Sequence[TokenLogprob], offset: int) -> CompletionLogprobs:
-    """A text completion's legacy `logprobs` for these tokens, the first at character `offset` of the choice's
-    text. Raises nothing."""
-    texts = [pieces.text(t.token) for t in tokens]
-    offsets = []
-    for text in texts:
-        offsets.append(offset)
-        offset += len(text)
-    return CompletionLogprobs(
-        tokens=texts,
-        token_logprobs=[_finite(t.logprob) for t in tokens],
-        top_logprobs=[{pieces.text(i): _finite(v) for i, v in t.top} for t in tokens],
-        text_offset=offsets,
-    )
+def legacy_token(raw: bytes) -> str:
+    """A token's name in the legacy lists: its text, or OpenAI's `bytes:\\xNN...` (printable ASCII as itself) when
+    its bytes are not whole UTF-8 characters (read as text, a split character's tokens all came out U+FFFD).
+    Raises nothing."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(chr(b) if 0x20 <= b < 0x7F and b != 0x5C else f"\\x{b:02x}" for b in raw)
+
+
+class CompletionLogprobWriter:
+    """A text completion's legacy `logprobs`, written chunk by chunk over one choice: a token's `text_offset` is the
+    characters its predecessors completed (a token inside a split character starts where that character does),
+    counted from `offset` (the echoed prompt's length), so offsets index the choice's text, streamed or not."""
+
+    def __init__(self, pieces: TokenPieces, offset: int = 0) -> None:
+        self.pieces = pieces
+        self.offset = offset
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def _name(self, token: int) -> str:
+        return legacy_token(self.pieces.bytes(token))
+
+    def write(self, tokens: Sequence[TokenLogprob]) -> CompletionLogprobs:
+        """The lists for these tokens, the next of the choice. Raises nothing."""
+        names, offsets, tops = [], [], []
+        for t in tokens:
+            raw = self.pieces.bytes(t.token)
+            names.append(legacy_token(raw))
+            offsets.append(self.offset)
+            self.offset += len(self._utf8.decode(raw))
+            top = {self._name(i): _finite(v) for i, v in t.top}
+            # "The API will always return the logprob of the sampled token": up to logprobs + 1 entries.
+            top.setdefault(names[-1], _finite(t.logprob))
+            tops.append(top)
+        return CompletionLogprobs(tokens=names, token_logprobs=[_finite(t.logprob) for t in tokens],
+                                  top_logprobs=tops, text_offset=offsets)

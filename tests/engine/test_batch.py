@@ -239,31 +239,34 @@ async def test_stop_string_ends_the_row_and_is_not_emitted(tiny_loaded) -> None:
 
 
 async def test_logprobs_go_with_the_text_shown_and_not_past_a_stop_string(tiny_loaded) -> None:
-    # Each token's log probability is sent once its text begins to show: held while it may begin a stop string,
-    # never when the stop string cut it off.
+    # Each token's log probability is sent once its whole text has shown: held while it may begin a stop string,
+    # never when the stop string cut it, even where part of its text shows (" Paris" of a reply cut to " ").
     prompt = tiny_loaded.tokenizer.encode("The quick brown fox")
     asked = SamplingParams(temperature=0.0, logprobs=1)
     free = (await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, asked, max_tokens=24)], [0]))[0]
     tokens, full = tokens_of(free), "".join(d.text for d in free)
     detok = tiny_loaded.tokenizer.detokenizer
-    starts = []
-    for t in tokens:  # where each token's text starts in the reply
-        starts.append(len(detok.text))
+    ends = []
+    for t in tokens:  # where each token's text ends in the reply
         detok.add_token(t)
-    cut = next(i for i in range(6, len(full) - 3) if full[i:i + 3].isalpha() and full.find(full[i:i + 3]) == i)
+        ends.append(len(detok.text))
+    starts = [0] + ends[:-1]
+    # A stop string that starts inside a token: that token's text shows in part.
+    cut = next(i for i in range(6, len(full) - 3) if full[i:i + 3].isalpha() and full.find(full[i:i + 3]) == i
+               and any(a < i < b for a, b in zip(starts, ends)))
     stop = full[cut:cut + 3]
     deltas = (await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, asked, max_tokens=24, stop=[stop])],
                              [0]))[0]
     assert "".join(d.text for d in deltas) == full[:cut]
     sent = [lp.token for d in deltas for lp in d.logprobs]
-    assert sent == [t for t, at in zip(tokens, starts) if at < cut]
+    assert sent == [t for t, end in zip(tokens, ends) if end <= cut]
     assert len(sent) < len(tokens_of(deltas))  # the stop string's own tokens had none sent
-    # Sent with the delta that shows their text: never ahead of it.
+    # Sent with the delta that shows the last of their text: never ahead of it.
     sent_so_far, shown = 0, 0
     for d in deltas:
         shown += len(d.text)
         for _ in d.logprobs:
-            assert starts[sent_so_far] < shown
+            assert ends[sent_so_far] <= shown
             sent_so_far += 1
 
 

@@ -4,12 +4,14 @@ with each token's text from its tokenizer piece (tests/engine/test_token_pieces.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from engine.contracts import Delta, TokenLogprob
 from tests.service.conftest import sse_events
-from tests.service.fake_engine import FakeEngine
+from tests.service.fake_engine import FakeEngine, FakeStream, FakeTokenizer
 
 USER = [{"role": "user", "content": "hi"}]
 PIECES = ["Hel", "lo", " wor", "ld", "!"]  # the fake engine's reply; each piece's token is its first character
@@ -65,3 +67,75 @@ def test_completion_logprobs_in_the_legacy_shape_with_text_offsets(client: Any, 
     events = sse_events(client.post("/v1/completions", json={"prompt": "x", "logprobs": 0, "stream": True}).text)[:-1]
     streamed = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["text"]]
     assert [lp["text_offset"] for lp in streamed] == [[0], [1], [2], [3], [4]]
+
+
+class _ByteTokenizer(FakeTokenizer):
+    """The fake tokenizer with pieces that are bytes, partial UTF-8 characters among them (engine/token_pieces.py
+    reads a detokenizer's `tokenmap` of bytes as such)."""
+
+    def __init__(self, pieces: dict[int, bytes]) -> None:
+        super().__init__()
+        self._detokenizer = SimpleNamespace(tokenmap=[pieces.get(i, chr(i).encode()) for i in range(self.vocab)])
+
+
+class _ScriptedStream(FakeStream):
+    """Deltas given whole, as the engine sends them: a token inside a character waits for the delta whose text
+    completes it."""
+
+    def __init__(self, engine: FakeEngine, request: Any, deltas: list[Delta]) -> None:
+        super().__init__(engine, request, [d.text for d in deltas])
+        self.deltas = deltas
+
+    async def __anext__(self) -> Delta:
+        if self._sent >= len(self.deltas):
+            raise StopAsyncIteration
+        self._sent += 1
+        return self.deltas[self._sent - 1]
+
+
+# " 龍, snake": 龍 is E9 BE 8D, split over three tokens (ids 0x2000 on), the space riding on the first.
+_SPLIT = {0x2000: b" \xe9", 0x2001: b"\xbe", 0x2002: b"\x8d", 0x2003: b" snake"}
+
+
+def _split_reply(engine: FakeEngine) -> None:
+    engine.tokenizer = _ByteTokenizer(_SPLIT)
+
+    def submit(request: Any) -> _ScriptedStream:
+        engine.requests.append(request)
+        ids = [0x2000, 0x2001, 0x2002, 44, 0x2003]
+        lp = [TokenLogprob(t, -0.5 - n, ((ord("x"), -0.1),)) for n, t in enumerate(ids)]
+        deltas = [Delta(text=" ", token_ids=[0x2000], logprobs=lp[:1]), Delta(text="龍", token_ids=[0x2001, 0x2002],
+                  logprobs=lp[1:3]), Delta(text=",", token_ids=[44], logprobs=lp[3:4]),
+                  Delta(text=" snake", token_ids=[0x2003], logprobs=lp[4:], finish_reason="stop")]
+        return _ScriptedStream(engine, request, deltas)
+
+    engine.submit = submit  # type: ignore[method-assign]
+
+
+def test_completion_tokens_split_inside_a_character_are_bytes_and_offsets_index_the_text(
+        client: Any, fake_engine: FakeEngine) -> None:
+    # OpenAI names a token that is no whole text `bytes:\xNN`; offsets count the characters before it, so a token
+    # inside 龍 starts where 龍 does and "," is at the index it has in the text (they drifted: each piece read '�').
+    _split_reply(fake_engine)
+    names = ["bytes: \\xe9", "bytes:\\xbe", "bytes:\\x8d", ",", " snake"]
+    choice = client.post("/v1/completions", json={"prompt": "x", "logprobs": 1}).json()["choices"][0]
+    assert choice["text"] == " 龍, snake"
+    assert choice["logprobs"]["tokens"] == names
+    assert choice["logprobs"]["text_offset"] == [0, 1, 1, 2, 3]
+    assert choice["text"][2] == ","
+    events = sse_events(client.post("/v1/completions", json={"prompt": "x", "logprobs": 1, "stream": True}).text)[:-1]
+    streamed = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["logprobs"]]
+    assert [t for lp in streamed for t in lp["tokens"]] == names
+    assert [lp["text_offset"] for lp in streamed] == [[0], [1, 1], [2], [3]]
+
+
+def test_the_sampled_token_is_always_among_top_logprobs(client: Any, fake_engine: FakeEngine) -> None:
+    # OpenAI: "The API will always return the logprob of the sampled token, so there may be up to logprobs+1
+    # elements"; `logprobs: 0` gives the sampled token alone.
+    _split_reply(fake_engine)
+    top = client.post("/v1/completions", json={"prompt": "x", "logprobs": 1}).json()["choices"][0]["logprobs"]
+    assert top["top_logprobs"][3] == {"x": pytest.approx(-0.1), ",": pytest.approx(-3.5)}
+    fake_engine.pieces = ["Hel", "lo"]
+    fake_engine.submit = FakeEngine.submit.__get__(fake_engine)  # type: ignore[method-assign]
+    alone = client.post("/v1/completions", json={"prompt": "x", "logprobs": 0}).json()["choices"][0]["logprobs"]
+    assert alone["top_logprobs"] == [{"H": pytest.approx(-0.1)}, {"l": pytest.approx(-0.2)}]
