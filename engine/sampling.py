@@ -117,6 +117,7 @@ class RowSampler:
                 self._seen_arr = mx.array(sorted(self._seen))
             sel = logits[:, self._seen_arr]
             sel = mx.where(sel < 0, sel * p.repetition_penalty, sel / p.repetition_penalty)
+            logits = logits[:]  # written into: a copy, as the caller's logits stay raw for the log probabilities
             logits[:, self._seen_arr] = sel
         if (p.presence_penalty or p.frequency_penalty) and self._counts:
             ids = mx.array(list(self._counts))

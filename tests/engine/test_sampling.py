@@ -126,6 +126,17 @@ def test_logprobs_are_the_raw_logits_log_softmax_beside_any_sampling() -> None:
     assert s.take_logprob(7) is None  # once per token
 
 
+def test_logprobs_beside_a_repetition_penalty_are_the_raw_logits() -> None:
+    # The penalty writes into the logits it penalises: into a copy, not the caller's, which the block reads.
+    logits = logits_with({2: 3.0, 5: 2.0})
+    expected = logits[0] - mx.logsumexp(logits[0])
+    s = RowSampler(SamplingParams(temperature=0.0, repetition_penalty=10.0, logprobs=2), [2], V)
+    got = s.take_logprob(int(s.sample(logits).item()))
+    assert got is not None and got.token == 5  # the penalty turned the draw away from 2
+    assert got.logprob == pytest.approx(float(expected[5]), abs=1e-5)
+    assert [t for t, _ in got.top] == [2, 5]  # 2 is still the model's likeliest
+
+
 def test_logprobs_zero_gives_the_token_only_and_k_past_the_vocabulary_gives_it_all() -> None:
     s = RowSampler(SamplingParams(temperature=0.0, logprobs=0), [], V)
     got = s.take_logprob(int(s.sample(logits_with({4: 2.0})).item()))
