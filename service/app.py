@@ -35,6 +35,7 @@ from service.http.handlers import EXCEPTION_HANDLERS
 from service.http.json_body import MAX_JSON_DEPTH_KEY, DepthLimitedRequest
 from service.logs import configure_logging
 from service.pi.route import pi_provider
+from service.tokenize.routes import detokenize, tokenize, tokenizer_info
 from service.responses.routes import create_response, delete_response, retrieve_response
 from service.process.cleanup import loading_models
 from service.process.drain import install_drain
@@ -69,6 +70,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
         create_session, append_session_audio, finish_session, delete_session, live, realtime,
         create_client_secret, create_transcription_session,
         pi_provider,
+        tokenize, detokenize, tokenizer_info,
     ]
 
 
