@@ -51,6 +51,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # mlx_lm.server's penalty windows: a penalty given one counts the last N tokens of prompt + reply (0: all), as
+    # mlx-lm's processors do (engine/penalty_window.py); None: OpenAI's (the reply; repetition_penalty the prompt too).
+    repetition_context_size: int | None = None
+    presence_context_size: int | None = None
+    frequency_context_size: int | None = None
     logit_bias: dict[int, float] | None = None
     # None: no log probabilities; k: each sampled token's, with the k likeliest (0..20) beside it.
     logprobs: int | None = None

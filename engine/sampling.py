@@ -1,15 +1,16 @@
 """Per-row samplers.
 
-`RowSampler` turns one row's logits into a token (lazily: nothing is evaluated here) applying, in order:
-logit_bias, repetition penalty (prompt + generated tokens), presence/frequency penalties (generated
-tokens), a grammar's mask (engine/constraints.py: tokens that would break the JSON asked for), temperature, then
-top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the
-row's own PRNG key when seeded, so a seeded row's draws are its own whatever its batch mates are (its logits are
-not: forwards of different batch sizes differ in the last bits, ~3e-5 for the demo model on CPU, so a draw near a
-boundary can part a seeded reply from a copy that ran in another batch). A row that asked for
-log probabilities also gets, lazily beside its token, the token's log probability under the raw logits and the
-k likeliest tokens' (`take_logprob` reads them once the token is read). They queue in sampling order, so a row may
-sample again before its last token is read (a pipelined step, engine/pipeline.py).
+`RowSampler` turns one row's logits into a token (lazily: nothing is evaluated here) applying, in order: logit_bias,
+repetition penalty (prompt + generated tokens), presence/frequency penalties (generated tokens; a penalty given a
+window, mlx_lm.server's `*_context_size`, counts the last N tokens of prompt + reply instead:
+engine/penalty_window.py), a grammar's mask (engine/constraints.py: tokens that would break the JSON asked for),
+temperature, then top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the row's own PRNG key when
+seeded, so a seeded row's draws are its own whatever its batch mates are (its logits are not: forwards of different
+batch sizes differ in the last bits, ~3e-5 for the demo model on CPU, so a draw near a boundary can part a seeded
+reply from a copy that ran in another batch). A row that asked for log probabilities also gets, lazily beside its
+token, the token's log probability under the raw logits and the k likeliest tokens' (`take_logprob` reads them once
+the token is read). They queue in sampling order, so a row may sample again before its last token is read (a
+pipelined step, engine/pipeline.py).
 
 A row's text and stop conditions are engine/stop_matcher.py's (`StopMatcher`, re-exported here).
 """
@@ -25,6 +26,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from engine.constraints import Constraint, ConstraintFailed
 from engine.contracts import SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
+from engine.penalty_window import PenaltyWindows
 from engine.stop_matcher import StepText, StopMatcher
 
 __all__ = ["RowSampler", "StopMatcher", "StepText", "LogprobBlock", "newest_logprobs", "sample_rows",
@@ -45,6 +47,9 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
         raise InvalidSampling("min_p must be in [0, 1]", param="min_p")
     if params.repetition_penalty <= 0:
         raise InvalidSampling("repetition_penalty must be > 0", param="repetition_penalty")
+    for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
+        if (size := getattr(params, name)) is not None and size < 0:
+            raise InvalidSampling(f"{name} must be >= 0", param=name)
     if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidSampling(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
     for tok in (params.logit_bias or {}):
@@ -65,7 +70,12 @@ class RowSampler:
         self._key = mx.random.key(params.seed) if params.seed is not None else None
         bias = params.logit_bias or {}
         self._bias = (mx.array([int(k) for k in bias]), mx.array([float(v) for v in bias.values()])) if bias else None
-        self._seen: set[int] = set(prompt_tokens) if params.repetition_penalty != 1.0 else set()
+        # Penalties with a window are `_windows`'; those without, OpenAI's, these below.
+        self._windows = PenaltyWindows.of(params, prompt_tokens)
+        self._repetition = params.repetition_penalty if params.repetition_context_size is None else 1.0
+        self._presence = params.presence_penalty if params.presence_context_size is None else 0.0
+        self._frequency = params.frequency_penalty if params.frequency_context_size is None else 0.0
+        self._seen: set[int] = set(prompt_tokens) if self._repetition != 1.0 else set()
         self._seen_arr: mx.array | None = None
         self._counts: Counter[int] = Counter()
         # Sampled tokens' log probabilities not yet read, oldest first: (their draw's block, this row's index in it).
@@ -112,16 +122,18 @@ class RowSampler:
         p = self.params
         if self._bias is not None:
             logits = logits.at[:, self._bias[0]].add(self._bias[1])
-        if p.repetition_penalty != 1.0 and self._seen:
+        if self._repetition != 1.0 and self._seen:
             if self._seen_arr is None:
                 self._seen_arr = mx.array(sorted(self._seen))
             sel = logits[:, self._seen_arr]
-            sel = mx.where(sel < 0, sel * p.repetition_penalty, sel / p.repetition_penalty)
+            sel = mx.where(sel < 0, sel * self._repetition, sel / self._repetition)
             logits = logits[:]  # written into: a copy, as the caller's logits stay raw for the log probabilities
             logits[:, self._seen_arr] = sel
-        if (p.presence_penalty or p.frequency_penalty) and self._counts:
+        if self._windows is not None:
+            logits = self._windows.apply(logits[:])  # mlx-lm's processors write into theirs: a copy, as above
+        if (self._presence or self._frequency) and self._counts:
             ids = mx.array(list(self._counts))
-            pen = mx.array([p.presence_penalty + p.frequency_penalty * c for c in self._counts.values()])
+            pen = mx.array([self._presence + self._frequency * c for c in self._counts.values()])
             logits = logits.at[:, ids].subtract(pen)
         if self._constraint is not None and self._failed is None:
             try:
@@ -165,11 +177,13 @@ class RowSampler:
         the token was drawn (the step ends that row alone, its batch mates go on)."""
         if self._failed is not None:
             raise self._failed
-        if self.params.repetition_penalty != 1.0 and token not in self._seen:
+        if self._repetition != 1.0 and token not in self._seen:
             self._seen.add(token)
             self._seen_arr = None
-        if self.params.presence_penalty or self.params.frequency_penalty:
+        if self._presence or self._frequency:
             self._counts[token] += 1
+        if self._windows is not None:
+            self._windows.accept(token)
         if self._constraint is not None:
             self._constraint.accept(token)
 

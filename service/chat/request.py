@@ -70,6 +70,9 @@ def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | Non
         repetition_penalty=defaults.repetition_penalty if body.repetition_penalty is None else body.repetition_penalty,
         presence_penalty=defaults.presence_penalty if body.presence_penalty is None else body.presence_penalty,
         frequency_penalty=defaults.frequency_penalty if body.frequency_penalty is None else body.frequency_penalty,
+        repetition_context_size=body.repetition_context_size,
+        presence_context_size=body.presence_context_size,
+        frequency_context_size=body.frequency_context_size,
         logit_bias=bias,
         logprobs=logprobs,
     )

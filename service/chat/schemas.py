@@ -253,6 +253,15 @@ class SamplingFields(_Body):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_context_size: int | None = Field(
+        None, ge=0, description="mlx_lm.server's: repetition_penalty counts only the last N tokens of prompt + reply "
+                                "(0: all of them); left out, the whole prompt and reply.")
+    presence_context_size: int | None = Field(
+        None, ge=0, description="mlx_lm.server's: presence_penalty counts only the last N tokens of prompt + reply "
+                                "(0: all of them); left out, the whole reply (OpenAI's).")
+    frequency_context_size: int | None = Field(
+        None, ge=0, description="mlx_lm.server's: frequency_penalty counts only the last N tokens of prompt + reply "
+                                "(0: all of them); left out, the whole reply (OpenAI's).")
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) → bias in [-100, 100].")
     n: int | None = Field(1, description="Only 1 is supported (null: 1).")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")

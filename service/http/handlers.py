@@ -34,9 +34,7 @@ def _field_path(key: Any) -> str | None:
 # First path segments of /v1 routes, for a 404 of the same path without /v1.
 _V1_ROOTS = frozenset({"chat", "completions", "responses", "models", "audio", "realtime"})
 # Fields other servers take (mlx_lm.server, Ollama, llama.cpp): what to send here instead, or why not.
-_WINDOW = "mlx_lm.server's penalty window; here the penalties cover the whole reply, repetition_penalty the prompt too"
 _OTHER_SERVERS = {
-    "repetition_context_size": _WINDOW, "presence_context_size": _WINDOW, "frequency_context_size": _WINDOW,
     "xtc_probability": "XTC sampling is not offered here", "xtc_threshold": "XTC sampling is not offered here",
     "adapters": "adapters are not loaded per request here: serve the fine-tune with --adapter-path",
     "draft_model": "no speculative decoding here",

@@ -9,6 +9,7 @@ import anyio
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
+from mlx_lm.sample_utils import make_logits_processors
 
 from engine.batch import LLMBatchGroup
 from engine.contracts import Delta, GenerationRequest, SamplingParams
@@ -281,6 +282,26 @@ async def test_seeded_row_is_reproducible_regardless_of_batch_mates(tiny_loaded)
     other_seed = SamplingParams(temperature=1.0, top_p=0.95, seed=99)
     other = await run_rows(make_group(tiny_loaded), [GenerationRequest(prompt, other_seed, max_tokens=16)], [0])
     assert tokens_of(other[0]) != tokens_of(alone[0])
+
+
+async def test_penalty_windows_match_mlx_lms_processors_beside_rows_without(tiny_loaded) -> None:
+    # mlx_lm.server's *_context_size: each windowed row's greedy reply is generate_step's under mlx-lm's own
+    # processors (penalties over the last N of prompt + reply), its batch mates' settings its own. The prompt opens
+    # with what the model would write next, so a window that leaves it out and one that takes it in answer apart.
+    start = prompt_of(9, 2)
+    prompt = reference(tiny_loaded.model, start, 12) + start
+    windowed = [dict(repetition_penalty=3.0, repetition_context_size=4),
+                dict(presence_penalty=2.0, presence_context_size=0, frequency_penalty=2.0, frequency_context_size=3)]
+    mate = GenerationRequest(prompt_of(7, 4), SamplingParams(temperature=0.0, repetition_penalty=1.6), max_tokens=16)
+    requests = [GenerationRequest(prompt, SamplingParams(temperature=0.0, **w), max_tokens=16)
+                for w in windowed]
+    deltas = await run_rows(make_group(tiny_loaded), [requests[0], mate, requests[1]], [0, 0, 1])
+    for settings, got in zip(windowed, (deltas[0], deltas[2])):
+        processors = make_logits_processors(**settings)
+        ref = [int(t) for t, _ in generate_step(mx.array(prompt), tiny_loaded.model, max_tokens=16,
+                                                logits_processors=processors)]
+        assert tokens_of(got) == ref[: len(tokens_of(got))] and len(tokens_of(got)) > 8
+        assert ref != reference(tiny_loaded.model, prompt, 16)  # the penalties changed the reply
 
 
 async def test_logprobs_match_a_direct_forward_and_leave_batch_mates_alone(tiny_loaded) -> None:

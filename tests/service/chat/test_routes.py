@@ -89,6 +89,22 @@ def test_sampling_and_stop_are_passed_to_the_engine(client: Any, fake_engine: Fa
     assert list(request.stop) == ["wor"]
 
 
+def test_mlx_lm_servers_penalty_windows_reach_the_engine_and_are_checked(client: Any, fake_engine: FakeEngine) -> None:
+    # Left out: None, OpenAI's whole-reply penalties; given (0 included: all tokens, as mlx-lm), the engine's windows.
+    _post(client, repetition_penalty=1.2)
+    s = fake_engine.requests[-1].sampling
+    assert (s.repetition_context_size, s.presence_context_size, s.frequency_context_size) == (None, None, None)
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        windows = {"repetition_context_size": 20, "presence_context_size": 0, "frequency_context_size": 64}
+        assert client.post(path, json={**body, "presence_penalty": 0.5, **windows}).status_code == 200
+        s = fake_engine.requests[-1].sampling
+        assert (s.repetition_context_size, s.presence_context_size, s.frequency_context_size) == (20, 0, 64)
+        for name in windows:
+            refused = client.post(path, json={**body, name: -1})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == name, refused.text
+
+
 def test_fields_left_out_take_the_models_recommended_sampling(client: Any, fake_engine: FakeEngine) -> None:
     # generation_config.json's recommendation (Qwen3: temperature 0.6, top_p 0.95, top_k 20) fills what a request
     # leaves out, as vLLM does; a request's own value wins, and top_p 0 still means greedy.

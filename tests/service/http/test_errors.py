@@ -101,8 +101,8 @@ def test_what_other_servers_clients_send_gets_a_pointer(client: Any) -> None:
     _assert_openai_error(missing_v1, 404, None, "not_found")
     assert "POST /v1/chat/completions" in missing_v1.json()["error"]["message"]
     assert "/v1" not in client.get("/nothing").json()["error"]["message"].split(")")[-1]
-    body = {"messages": [{"role": "user", "content": "x"}], "repetition_context_size": 20}
-    assert "penalty window" in client.post("/v1/chat/completions", json=body).json()["error"]["message"]
+    body = {"messages": [{"role": "user", "content": "x"}], "draft_model": "small"}
+    assert "no speculative decoding" in client.post("/v1/chat/completions", json=body).json()["error"]["message"]
     body = {"messages": [{"role": "user", "content": "x"}], "num_predict": 20}
     assert "send max_tokens" in client.post("/v1/chat/completions", json=body).json()["error"]["message"]
     counted = client.post("/v1/completions", json={"prompt": "x", "logprobs": True})
