@@ -16,6 +16,7 @@ __all__ = [
     "SessionShareLimit",
     "SessionExpired",
     "SpeechNotRunning",
+    "SpeechStopped",
     "AudioLimitExceeded",
     "SessionAudioLimit",
     "AudioBufferFull",
@@ -150,3 +151,10 @@ class SpeechNotRunning(AudioError, RuntimeError):
     """The SpeechService's run() loop is not running (startup not finished, or shutting down)."""
 
     code = "session_unavailable"
+
+
+class SpeechStopped(SpeechNotRunning):
+    """The server shuts down: Whisper work still in flight past the shutdown timeout was ended unfinished
+    (WhisperScheduler.stop), and later work is refused."""
+
+    code = "shutting_down"

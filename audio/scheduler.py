@@ -27,6 +27,7 @@ import anyio.lowlevel
 
 from audio.decoder import advance_rows, step_rows
 from audio.encoder import CHUNKED, EncoderJob, run_unit
+from audio.errors import SpeechStopped
 from audio.handoff import hand_over
 from audio.pcm import SAMPLE_RATE
 from audio.mel import log_mel
@@ -81,6 +82,7 @@ class WhisperScheduler:
         # once while chat has no row), so steps take turns with chat's instead of running back to back beside
         # them (opt-in: speech_turns_default in audio/speech.py says what it costs).
         self.turn: Callable[[], Awaitable[None]] | None = None
+        self._stopped: str | None = None  # why every window ends now (stop(): the server shuts down)
 
     @property
     def in_flight(self) -> int:
@@ -92,8 +94,9 @@ class WhisperScheduler:
         """Decode one window among all others in flight. Cancelled (the caller, or the `cancellation` scope
         at once): the window leaves before the next step (a step already running finishes first). Raises
         what the window's steps raise (MLX errors, ValueError for options mlx-whisper refuses), TaskRejected
-        at shutdown."""
+        at shutdown, SpeechStopped after stop()."""
         began = time.perf_counter()
+        self._check_stopped()
         chunk = min(self.budget.encoder_positions, loaded.model.dims.n_audio_ctx)  # the full-budget unit
         # The log-mel is host work (tens of ms): on a worker thread it no longer holds the engine thread.
         self._mels_pending += 1
@@ -104,6 +107,7 @@ class WhisperScheduler:
             self._mels_pending -= 1
             self._mel_done.set()
             self._mel_done = anyio.Event()
+        self._check_stopped()
         full = int(loaded.model.dims.n_audio_ctx)
         n_ctx = request.audio_ctx if request.audio_ctx is not None and 0 < request.audio_ctx < full else None
         job = EncoderJob(request.audio, request.frames, chunk, loaded.fp16, mel, n_ctx=n_ctx)
@@ -136,6 +140,21 @@ class WhisperScheduler:
                        len(request.prefix), request.audio_ctx or "whole", time.perf_counter() - began,
                        window.result.decoded.text)
         return window.result
+
+    def stop(self, why: str) -> None:
+        """End every window in flight with SpeechStopped(`why`) and refuse later ones: the server shuts down and
+        a file's or a session's windows would otherwise run on past the shutdown timeout. Their callers raise it
+        at once (a leader after its running step). Raises nothing."""
+        self._stopped = why
+        for w in list(self._windows):
+            if not w.finished:
+                w.error = SpeechStopped(why)
+        self._progress.set()  # the waiters see their windows ended
+        self._progress = anyio.Event()
+
+    def _check_stopped(self) -> None:
+        if self._stopped is not None:
+            raise SpeechStopped(self._stopped)
 
     def _plan_limit(self) -> None:
         """The step's time limit: a share of a chat iteration while chat has rows, else None (the full budget,

@@ -290,6 +290,11 @@ class SpeechService:
                     "place sooner", retry_after=wait)
 
     # ---- lifetime ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """The server shuts down and its grace period is over: Whisper work still in flight (files' windows, live
+        sessions' decodes) ends now with SpeechStopped, later work is refused. Raises nothing."""
+        self.scheduler.stop("The server is shutting down: the transcription was ended unfinished.")
+
     async def warm_up(self) -> float:
         """Each kind of Whisper step once, before clients come (why: audio/warmup.py): two files at once (stacked
         encoder units, batched decoder rows, a greedy and a sampled decode, language detection on a multilingual

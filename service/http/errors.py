@@ -19,6 +19,7 @@ from audio.errors import (
     SessionLimit,
     SessionNotFound,
     SpeechNotRunning,
+    SpeechStopped,
     WhisperCheckpointError,
 )
 from engine.errors import (
@@ -211,6 +212,7 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     SessionActive: ErrorRule(400),  # options a session with audio can no longer change
     SessionLimit: ErrorRule(429),  # full house: retry later (Retry-After), never an eviction
     SpeechNotRunning: ErrorRule(503),
+    SpeechStopped: ErrorRule(503, retry_after=5),  # shutting_down: another server (or this one restarted) may take it
     WhisperCheckpointError: ErrorRule(503, type="server_error", message="The Whisper model could not be loaded: {exc}",
                                       should_retry=False),  # the checkpoint stays unloadable
 }

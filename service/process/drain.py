@@ -5,8 +5,9 @@ Admission stops at once (`state.draining`: new requests get 503 with Retry-After
 "stopping"), and requests queued in the engine but not yet running are refused then too (503 shutting_down,
 where the engine offers `refuse_queued`). Live websockets are told at once (`InFlight.stop`): each takes no
 more audio, sends the transcript of what it received, an error event (shutting_down) and closes with 1001
-(service/speech/live_socket.py). After `shutdown_timeout` the engine is closed: every running generation
-ends, and each stream sends an error event (code shutting_down) and `[DONE]` before the worker goes.
+(service/speech/live_socket.py). After `shutdown_timeout` the speech service is stopped and the engine closed:
+every running generation and transcription ends, and each stream sends an error event (code shutting_down) and
+`[DONE]`, each file request a 503 shutting_down, before the worker goes.
 """
 
 from __future__ import annotations
@@ -42,10 +43,22 @@ async def drain(state: "AppState") -> None:
         await state.inflight.wait_idle()
     if state.inflight.count > 0:
         _log.info("stopping: ending %d requests still in flight", state.inflight.count)
+        _stop_speech(state)  # before the engine: under --isolate the speech service is reached through it
         if state.engine is not None:
             state.engine.close()
         with anyio.move_on_after(_FINAL_EVENTS_SECONDS):
             await state.inflight.wait_idle()
+
+
+def _stop_speech(state: "AppState") -> None:
+    """End the Whisper work still in flight (files' windows, sessions' decodes): the engine's close does not reach
+    it, and a long file ran on until granian killed the worker. Raises nothing."""
+    if state.speech is None:
+        return
+    try:
+        state.speech.stop()
+    except Exception:  # the drain must go on (--isolate: the engine process may be gone)
+        _log.warning("stopping: could not stop the speech service", exc_info=True)
 
 
 def _refuse_queued(state: "AppState") -> None:

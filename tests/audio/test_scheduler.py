@@ -530,6 +530,50 @@ async def test_a_window_cancelled_during_a_step_on_its_own_thread_leaves(tiny_wh
     assert steps_after_cancel == 0  # no step led after the one it was cancelled in
 
 
+async def test_stop_ends_every_window_in_flight_and_refuses_later_ones(tiny_whisper: LoadedWhisper,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # At shutdown a file's windows on the speech thread ran on past the timeout until the worker was killed.
+    import threading
+
+    from audio.errors import SpeechStopped
+
+    async with running_tasks() as tasks:
+        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+        scheduler.thread = EngineThread("test-speech")
+        entered, release = threading.Event(), threading.Event()
+        step = scheduler._step
+
+        def held() -> str:
+            entered.set()
+            assert release.wait(30), "never released"
+            return step()
+
+        monkeypatch.setattr(scheduler, "_step", held)
+        outcomes: list[str] = []
+
+        async def one(seed: int) -> None:
+            try:
+                await scheduler.decode(tiny_whisper, request(30, seed=seed))
+                outcomes.append("finished")
+            except SpeechStopped as exc:
+                outcomes.append(exc.code)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 1)
+                tg.start_soon(one, 2)
+                assert await anyio.to_thread.run_sync(entered.wait, 30)
+                scheduler.stop("shutting down")  # while a step is held on the speech thread
+                release.set()
+        finally:
+            release.set()
+            scheduler.thread.close()
+        with pytest.raises(SpeechStopped):
+            await scheduler.decode(tiny_whisper, request(1, seed=3))
+    assert outcomes == ["shutting_down", "shutting_down"] and scheduler.in_flight == 0
+    assert scheduler.counters.kinds == ["idle"]  # the held step found its windows ended; none led after it
+
+
 async def test_with_turns_each_step_on_its_own_thread_waits_for_chats_next_step(tiny_whisper: LoadedWhisper) -> None:
     # On a CPU chat and Whisper share the cores: one Whisper step per chat step, not steps back to back beside them.
     turns = 0

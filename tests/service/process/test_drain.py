@@ -5,6 +5,7 @@ audio it received, then an error event (shutting_down) and closes with 1001."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from service.state import AppState
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.speech.test_live_socket import BETA, append, until, voiced
+from tests.service.speech.test_routes import wav_bytes
 
 pytestmark = pytest.mark.anyio
 USER = [{"role": "user", "content": "Hello there"}]
@@ -139,3 +141,44 @@ def test_a_binary_frame_session_sends_its_transcript_then_shutting_down_and_1001
             ws.receive_json(timeout=30)
     assert done["received_seconds"] == pytest.approx(1.0)
     assert error["code"] == "shutting_down" and closed.value.code == 1001
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_file_transcription_past_the_timeout_ends_with_shutting_down(whisper_dir: Path, stream: bool,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its windows ran on past the timeout (a long file to its end, or until granian killed the worker: a reset).
+    state = install_speech(AppState(config=ServiceConfig(shutdown_timeout=0.1)),
+                           SpeechConfig(model=str(whisper_dir), resident=True))
+    entered, release = threading.Event(), threading.Event()
+    answers: list[Any] = []
+    with TestClient(create_app(state)) as client:
+        scheduler = state.speech.scheduler  # type: ignore[union-attr]  # the SpeechService in-process
+        step, stop = scheduler._step, scheduler.stop
+
+        def held() -> str:  # the file's first step, held on the speech thread until the speech service stops
+            entered.set()
+            assert release.wait(60), "the speech service was never stopped"
+            return step()
+
+        def stopping(why: str) -> None:
+            stop(why)
+            release.set()
+
+        monkeypatch.setattr(scheduler, "_step", held)
+        monkeypatch.setattr(scheduler, "stop", stopping)
+        post = threading.Thread(target=lambda: answers.append(client.post(
+            "/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(3.0, 16000)), "audio/wav")},
+            data={"model": str(whisper_dir), "vad": "false", "stream": str(stream).lower()})))
+        post.start()
+        assert entered.wait(60)
+        client.blocking_portal.call(drain, state)
+        post.join()
+    answer = answers[0]
+    if stream:
+        assert answer.status_code == 200 and answer.text.rstrip().endswith("}")
+        error = json.loads(answer.text.strip().splitlines()[-1].removeprefix("data: "))["error"]
+    else:
+        assert answer.status_code == 503 and answer.headers["retry-after"]
+        error = answer.json()["error"]
+    assert error["code"] == "shutting_down" and error["type"] == "server_error"
+    assert state.inflight.count == 0
