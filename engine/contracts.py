@@ -93,6 +93,9 @@ class GenerationRequest:
     continuation: bool = False
     # False: special tokens written mid-reply show in its text (engine/special_tokens.py hides them by default).
     skip_special_tokens: bool = True
+    # None: none; k: each prompt token's log probability after those before it, with the k likeliest there (0..20;
+    # vLLM's prompt_logprobs). The whole prompt is then prefilled: a prefix-cache hit would skip positions.
+    prompt_logprobs: int | None = None
 
 
 @dataclass
@@ -111,6 +114,8 @@ class Delta:
     # Rows that asked for log probabilities: one per token whose text begins to show here (never a stop token's,
     # nor one a stop string cut off).
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Rows that asked for the prompt's: on the first delta, one per prompt token after the first (which has none).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class ExecutionContext(Protocol):

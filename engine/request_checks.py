@@ -4,8 +4,8 @@ max_tokens >= 1, prompt + max_tokens within the context, valid sampling settings
 from __future__ import annotations
 
 from engine.contracts import GenerationRequest
-from engine.errors import ContextTooLong, InvalidRequest
-from engine.sampling import validate_sampling
+from engine.errors import ContextTooLong, InvalidRequest, InvalidSampling
+from engine.sampling import MAX_TOP_LOGPROBS, validate_sampling
 
 __all__ = ["check_request"]
 
@@ -27,4 +27,6 @@ def check_request(request: GenerationRequest, *, vocab_size: int, context_length
             f"length of {context_length} tokens"
         )
     validate_sampling(request.sampling, vocab_size)
+    if request.prompt_logprobs is not None and not 0 <= request.prompt_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidSampling(f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="prompt_logprobs")
     return prompt

@@ -49,7 +49,8 @@ class RowKV:
         """Give a new row its cache: a prefix-cache hit (its prompt then starts after the hit) or a fresh one.
         Raises nothing from the prefix cache: a cache problem costs a cold prefill, never the request."""
         self._record().note("attach")
-        if self.prefix_cache is not None and not repeatable(row.request):
+        # A row scoring its prompt needs every position's logits: a hit would skip them.
+        if self.prefix_cache is not None and not repeatable(row.request) and row.scores is None:
             try:
                 n, kv = self.prefix_cache.take(row.request.namespace, row.prompt, row.request.session_id)
             except Exception:  # a cache problem costs a cold prefill, never the request

@@ -13,6 +13,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from engine.constraints import Constraint
 from engine.contracts import Delta, GenerationRequest, TokenLogprob
+from engine.prompt_scores import PromptScores
 from engine.sampling import RowSampler
 from engine.stop_matcher import StopMatcher
 
@@ -57,6 +58,10 @@ class Row:
     # Its prompt's last token is fed by its first decode step, not the prefill lane (engine/lane.py): the lane's
     # join wait then comes before its first token, and its second follows one decode step later.
     decode_tail: bool = False
+    # Its prompt's log probabilities, as its chunks are fed (asked for: GenerationRequest.prompt_logprobs), then
+    # read at its first token and held until a delta carries them.
+    scores: PromptScores | None = None
+    unsent_prompt_logprobs: list[TokenLogprob] | None = None
 
     @classmethod
     def start(cls, request: GenerationRequest, prompt: list[int], *, vocab_size: int, tokenizer: Any,
@@ -73,6 +78,8 @@ class Row:
                                       skip_special_tokens=request.skip_special_tokens),
                   prompt=prompt, boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)),
                   decode_tail=decode_tail and len(prompt) > 1)
+        if request.prompt_logprobs is not None:
+            row.scores = PromptScores(prompt, request.prompt_logprobs)
         return row, receive
 
     @property

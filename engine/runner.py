@@ -9,14 +9,16 @@ update and attention per row against that row's own cache. `SeparateRunner` is t
 architecture: one `model(x, cache=...)` call per row.
 
 Both return logits only for the segments that asked for them (the last token of a decode row, and of a
-prefill chunk that completes its prompt). Nothing here evaluates: the caller runs one `mx.eval` per
+prefill chunk that completes its prompt); a chunk scoring its prompt gets every position's through its `score`
+(engine/prompt_scores.py), a block at a time. Nothing here evaluates: the caller runs one `mx.eval` per
 iteration over the sampled tokens and the touched caches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -27,6 +29,7 @@ from engine.slots import DecodeBatch, SlotKV
 
 if TYPE_CHECKING:
     from engine.lane import DecodeFirst
+    from engine.prompt_scores import LogitsOf
 
 __all__ = ["Segment", "Runner", "PackedRunner", "SeparateRunner", "packed_support", "make_cache", "PACKED_MODEL_TYPES"]
 
@@ -46,6 +49,9 @@ class Segment:
     # Lazy input tokens (not read yet). Either every slot segment shares one (slot segments,) array in slot
     # order — a decode step, or the decode rows of a mixed step — or a slot segment has its own (1,) array.
     fed: mx.array | None = None
+    # A prompt chunk whose every position's logits are asked for (engine/prompt_scores.py): given a LogitsOf over
+    # its positions, lazily, after the forward.
+    score: Callable[[LogitsOf], None] | None = None
 
     def layer(self, li: int) -> Any:
         """Layer `li` of this segment's per-row cache. Raises ValueError for a slot segment (no cache)."""
@@ -211,10 +217,17 @@ class PackedRunner:
             h = h + self.mlps[li](layer.post_attention_layernorm(h))
         if slotted and slots is not None:
             slots.commit([seg.slot_index for seg in slotted])
+        for seg, (s, _) in zip(order, bounds):
+            if seg.score is not None:  # its positions' logits a block at a time, never the chunk's at once
+                seg.score(partial(self._block_logits, h, s))
         if not picks:
             return None
         h = h[:, mx.array(picks)] if picks != list(range(T)) else h
         return self.lm_head(self.inner.norm(h))[0]
+
+    def _block_logits(self, h: mx.array, start: int, a: int, b: int) -> mx.array:
+        """The logits of positions [a, b) of the segment whose hidden states start at `start` of `h`. Lazy."""
+        return self.lm_head(self.inner.norm(h[:, start + a : start + b]))[0]
 
     def _attention(self, attn: Any, proj: FusedLinear, x: mx.array, segments: Sequence[Segment],
                    bounds: list[tuple[int, int]], pos: mx.array | None, li: int, T: int,
@@ -283,6 +296,11 @@ class PackedRunner:
         return o.transpose(0, 2, 1, 3).reshape(1, T, -1)
 
 
+def _positions(logits: mx.array, a: int, b: int) -> mx.array:
+    """Rows [a, b) of a segment's (positions, vocab) logits. Lazy. Raises nothing."""
+    return logits[a:b]
+
+
 def _causal_mask(offset: int, n: int) -> mx.array:
     """(n, offset + n) bool: query i (at position offset + i) sees keys 0..offset + i, as mask="causal"."""
     return mx.arange(offset, offset + n)[:, None] >= mx.arange(offset + n)[None]
@@ -327,6 +345,8 @@ class SeparateRunner:
         rows = []
         for seg in segments:
             out = self.model(mx.array(list(seg.tokens))[None], cache=seg.cache)
+            if seg.score is not None:
+                seg.score(partial(_positions, out[0]))
             if seg.logits:
                 rows.append(out[0, -1:])
         if not rows:

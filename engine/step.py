@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
 
 import mlx.core as mx
 
@@ -38,6 +38,7 @@ from engine.step_record import LanePhases, StepRecord
 
 if TYPE_CHECKING:
     from engine.lane import DecodeFirst
+    from engine.prompt_scores import LogitsOf
 
 __all__ = ["BatchStep", "row_delta"]
 
@@ -114,14 +115,15 @@ class BatchStep:
                 if row.cache is None and row.slot is None:
                     self.kv.attach(row)
             plan = plan_iteration(rows, budget, False, True)
-            logits = self.runner.forward([Segment(tokens, r.cache, want) for r, tokens, want in plan]) if plan else None
+            logits = self.runner.forward([Segment(tokens, r.cache, want, score=_scorer(r, tokens))
+                                          for r, tokens, want in plan]) if plan else None
             sampled = [r for r, _, want in plan if want]
             tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
             # Every row's cache, with a chunk or not: a prefix hit's cut was built here, and a row whose hit left only
             # its last token has no chunk (the decode thread cannot evaluate this thread's arrays).
             touched = [a for r in rows for c in r.cache or () for a in arrays_of(c)]
             keys = [a for r in sampled for a in r.sampler.arrays()]
-            wanted = ([tokens] if tokens is not None else []) + touched + keys
+            wanted = ([tokens] if tokens is not None else []) + touched + keys + _scored(r for r, _, _ in plan)
             phases.enter("lane_launch")
             mx.async_eval(wanted, mx.random.state)  # the global key too: the decode thread's next draw splits it
             phases.enter("lane_device")
@@ -265,8 +267,8 @@ class BatchStep:
         if any(r.last_token is None and r.decoding and id(r) not in lazy for r, _, _ in plan):
             raise RuntimeError("a row's next token is in flight but no step feeds it")
         t = time.perf_counter()
-        segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)))
-                    for r, tokens, want in plan]
+        segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)),
+                            None if r.decoding else _scorer(r, tokens)) for r, tokens, want in plan]
         logits = self.runner.forward(segments)
         t = self.record.tick("forward", t)
         sampled = [r for r, _, want in plan if want]
@@ -277,7 +279,7 @@ class BatchStep:
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in arrays_of(c)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
         # Rows that asked for log probabilities: computed in the same launch as their tokens.
-        extra = newest_logprobs(sampled)
+        extra = newest_logprobs(sampled) + _scored(r for r, _, _ in plan)
         with self.pipeline.quick_return.around():  # the GIL back quickly, where asked (engine/gil.py)
             mx.async_eval(([tokens] if tokens is not None else []) + touched + extra, mx.random.state)
         self.record.tick("launch", t)
@@ -354,6 +356,8 @@ class BatchStep:
     def _take_token(self, row: Row, token: int) -> Delta | None:
         if row.tail_fed():
             self._count((("prompt_tokens", 1),))
+        if row.scores is not None:  # its first token: the prompt's were computed by the chunks before it
+            row.unsent_prompt_logprobs, row.scores = row.scores.take(), None
         row.sampler.accept(token)
         row.generated.append(token)
         row.last_token = token
@@ -372,6 +376,7 @@ class BatchStep:
             return None  # held back (partial character or possible stop string): nothing to show yet
         ids, row.unsent_ids = row.unsent_ids, []
         delta = row_delta(row, step.text, ids, step.finish_reason)
+        delta.prompt_logprobs, row.unsent_prompt_logprobs = row.unsent_prompt_logprobs, None
         if row.unsent_logprobs:
             # Tokens whose whole text has shown; those still held wait, and those a stop string cut never go (their
             # text listed past the reply's: " Paris" for a reply cut to " " by "Paris.").
@@ -399,3 +404,17 @@ class BatchStep:
                      ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
                      ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)))
         return [(r, d) for r, d in outputs if d is not None]
+
+
+def _scorer(row: Row, tokens: list[int]) -> Callable[[LogitsOf], None] | None:
+    """A prompt chunk's `Segment.score` for a row scoring its prompt (None for others): the chunk starts at the row's
+    `prefilled` (read now, before the launch counts the chunk as fed). Raises nothing."""
+    scores, start = row.scores, row.prefilled
+    if scores is None:
+        return None
+    return lambda logits_of: scores.add(start, len(tokens), logits_of)
+
+
+def _scored(rows: Iterable[Row]) -> list[Any]:
+    """The prompt log probabilities the rows' chunks just added, to evaluate with them. Raises nothing."""
+    return [a for r in rows if r.scores is not None for a in r.scores.fresh()]

@@ -66,15 +66,37 @@ def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None,
     return null_usage(event) if usage else event
 
 
+def _prompt_logprobs(writer: CompletionLogprobWriter | None, reader: RowReader,
+                     prompt: list[int] | None) -> CompletionLogprobs | None:
+    """The echoed prompt's lists, when asked (`prompt`: its tokens); the engine sent them with the first delta.
+    Raises APIError 500 when it did not."""
+    if writer is None or prompt is None:
+        return None
+    scored = reader.take_prompt_logprobs()
+    if scored is None:  # a failure, not a successful answer without them
+        raise APIError(500, "the prompt's log probabilities did not come back", type="server_error")
+    return writer.prompt(prompt, scored)
+
+
+def _joined(first: CompletionLogprobs | None, then: CompletionLogprobs) -> CompletionLogprobs:
+    if first is None:
+        return then
+    return CompletionLogprobs(tokens=first.tokens + then.tokens,
+                              token_logprobs=first.token_logprobs + then.token_logprobs,
+                              top_logprobs=first.top_logprobs + then.top_logprobs,
+                              text_offset=first.text_offset + then.text_offset)
+
+
 async def _events(
     reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str,
-    pieces: TokenPieces | None = None,
+    pieces: TokenPieces | None = None, prompt: list[int] | None = None,
 ) -> AsyncGenerator[bytes, None]:
+    """`prompt`: the prompt's tokens when its log probabilities go with the echo."""
     try:
-        if echo:
-            yield _chunk(meta, echo, usage=include_usage)
-        finish: str | None = None
         writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
+        if echo or prompt is not None:
+            yield _chunk(meta, echo, logprobs=_prompt_logprobs(writer, reader, prompt), usage=include_usage)
+        finish: str | None = None
         async for text, finish in reader.items():
             tokens = reader.take_logprobs() if writer is not None else []
             if text or tokens:
@@ -90,12 +112,15 @@ async def _events(
 
 
 async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str,
-                   timing: StreamTiming, pieces: TokenPieces | None = None) -> Completion:
+                   timing: StreamTiming, pieces: TokenPieces | None = None,
+                   prompt: list[int] | None = None) -> Completion:
     parts, finish = [echo], None
     reader = RowReader(stream, counter, timing)
     async for text, finish in reader.items():
         parts.append(text)
-    logprobs = CompletionLogprobWriter(pieces, len(echo)).write(reader.take_logprobs()) if pieces is not None else None
+    writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
+    logprobs = _joined(_prompt_logprobs(writer, reader, prompt), writer.write(reader.take_logprobs())) \
+        if writer is not None else None
     return Completion(
         id=meta.id,
         created=meta.created,
@@ -126,9 +151,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
     echoes: list[str] = []
-    if data.echo and data.logprobs is not None:
-        raise APIError(400, "logprobs: the prompt's log probabilities are not computed, so logprobs cannot be given "
-                            "with echo", param="logprobs", code="unsupported_value")
+    prompts: list[list[int] | None] = []  # the prompt's tokens, where its log probabilities go with the echo
     logprobs = requested_logprobs(data.logprobs)
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
 
@@ -138,7 +161,11 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens or 16,
                                         param="prompt", tenant=client_key(request), logprobs=logprobs,
                                         continuation=True)
+        # Echoed with logprobs: the prompt's own too (what evaluation harnesses score text by).
+        if data.echo and logprobs is not None:
+            generation.prompt_logprobs = logprobs
         echoes.append(prompt_text if data.echo else "")
+        prompts.append(prompt if generation.prompt_logprobs is not None else None)
         stream = submit(engine, generation, param="prompt")
         observe_queue_wait(state, timing)
         return stream
@@ -146,6 +173,6 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces))
+        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces, prompts[0]))
         if data.stream else None,
-        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces))
+        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces, prompts[0]))

@@ -113,15 +113,35 @@ class CompletionLogprobWriter:
 
     def write(self, tokens: Sequence[TokenLogprob]) -> CompletionLogprobs:
         """The lists for these tokens, the next of the choice. Raises nothing."""
-        names, offsets, tops = [], [], []
+        out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         for t in tokens:
-            raw = self.pieces.bytes(t.token)
-            names.append(legacy_token(raw))
-            offsets.append(self.offset)
-            self.offset += len(self._utf8.decode(raw))
-            top = {self._name(i): _finite(v) for i, v in t.top}
-            # "The API will always return the logprob of the sampled token": up to logprobs + 1 entries.
-            top.setdefault(names[-1], _finite(t.logprob))
-            tops.append(top)
-        return CompletionLogprobs(tokens=names, token_logprobs=[_finite(t.logprob) for t in tokens],
-                                  top_logprobs=tops, text_offset=offsets)
+            self._add(out, t.token, t.logprob, t.top)
+        return out
+
+    def prompt(self, tokens: Sequence[int], scored: Sequence[TokenLogprob]) -> CompletionLogprobs:
+        """The echoed prompt's lists, from offset 0: its first token has no log probability (null, as OpenAI's and
+        vLLM's), `scored` gives the others'. The choice's own tokens go on from `offset`. Raises nothing."""
+        out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+        offset, utf8, self.offset = self.offset, self._utf8, 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        if tokens:
+            self._add(out, tokens[0], None, ())
+        for t in scored:
+            self._add(out, t.token, t.logprob, t.top)
+        self.offset, self._utf8 = offset, utf8
+        return out
+
+    def _add(self, out: CompletionLogprobs, token: int, logprob: float | None,
+             top: Sequence[tuple[int, float]]) -> None:
+        raw = self.pieces.bytes(token)
+        out.tokens.append(legacy_token(raw))
+        out.text_offset.append(self.offset)
+        self.offset += len(self._utf8.decode(raw))
+        out.token_logprobs.append(None if logprob is None else _finite(logprob))
+        if logprob is None:
+            out.top_logprobs.append(None)
+            return
+        entries = {self._name(i): _finite(v) for i, v in top}
+        # "The API will always return the logprob of the sampled token": up to logprobs + 1 entries.
+        entries.setdefault(out.tokens[-1], _finite(logprob))
+        out.top_logprobs.append(entries)

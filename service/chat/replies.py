@@ -56,11 +56,12 @@ class ChoiceLogprobs(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """A text completion's legacy log probabilities: parallel lists, one entry per token."""
+    """A text completion's legacy log probabilities: parallel lists, one entry per token (an echoed prompt's first
+    token has null ones: nothing comes before it)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 

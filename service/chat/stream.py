@@ -118,6 +118,7 @@ class RowReader:
         self._timer: asyncio.TimerHandle | None = None  # the request's deadline, armed at the first wait
         self._expired = False
         self._logprobs: list[TokenLogprob] = []
+        self._prompt_logprobs: list[TokenLogprob] | None = None
 
     async def _next(self) -> Delta:
         deadline = self._timing.deadline if self._timing is not None else None
@@ -219,10 +220,18 @@ class RowReader:
         taken, self._logprobs = self._logprobs, []
         return taken
 
+    def take_prompt_logprobs(self) -> list[TokenLogprob] | None:
+        """The prompt's log probabilities (after its first token), once they came (rows that asked: with the first
+        delta, which `start` reads); None otherwise. Raises nothing."""
+        taken, self._prompt_logprobs = self._prompt_logprobs, None
+        return taken
+
     def _check(self, delta: Delta) -> None:
         self._counter.add(delta)
         if delta.logprobs:
             self._logprobs.extend(delta.logprobs)
+        if delta.prompt_logprobs is not None:
+            self._prompt_logprobs = delta.prompt_logprobs
         if self._timing is not None and (delta.token_ids or delta.text):
             self._timing.delivered()
         if failure := stream_failure(delta.error, delta.finish_reason):

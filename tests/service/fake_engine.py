@@ -87,6 +87,7 @@ class FakeStream:
             text=piece,
             token_ids=[i + 1],
             logprobs=_logprobs(piece, i, self.request.sampling.logprobs),
+            prompt_logprobs=_prompt_logprobs(self.request) if i == 0 else None,
             finish_reason=finish,  # type: ignore[arg-type]
             prompt_tokens=len(self.request.prompt_tokens),
             completion_tokens=self._sent,
@@ -115,6 +116,16 @@ def _logprobs(piece: str, i: int, k: int | None) -> list[TokenLogprob]:
         return []
     value = -(i + 1) / 10
     return [TokenLogprob(ord(piece[0]), value, tuple((ord(piece[0]) + j, value - j) for j in range(k)))]
+
+
+def _prompt_logprobs(request: GenerationRequest) -> list[TokenLogprob] | None:
+    """Scripted prompt log probabilities when asked: the j-th token after the first -(j + 1) / 100, its k
+    alternatives the ids after it, each 1 lower."""
+    k = request.prompt_logprobs
+    if k is None:
+        return None
+    return [TokenLogprob(t, -(j + 1) / 100, tuple((t + n + 1, -(j + 1) / 100 - n - 1) for n in range(k)))
+            for j, t in enumerate(request.prompt_tokens[1:])]
 
 
 async def _first_of(*events: anyio.Event) -> None:

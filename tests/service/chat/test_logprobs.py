@@ -4,10 +4,12 @@ with each token's text from its tokenizer piece (tests/engine/test_token_pieces.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from litestar.testing import TestClient
 
 from engine.contracts import Delta, TokenLogprob
 from tests.service.conftest import sse_events
@@ -139,3 +141,72 @@ def test_the_sampled_token_is_always_among_top_logprobs(client: Any, fake_engine
     fake_engine.submit = FakeEngine.submit.__get__(fake_engine)  # type: ignore[method-assign]
     alone = client.post("/v1/completions", json={"prompt": "x", "logprobs": 0}).json()["choices"][0]["logprobs"]
     assert alone["top_logprobs"] == [{"H": pytest.approx(-0.1)}, {"l": pytest.approx(-0.2)}]
+
+
+def test_echo_with_logprobs_scores_the_prompt_in_the_legacy_shape(client: Any, fake_engine: FakeEngine) -> None:
+    # What lm-eval's loglikelihood tasks send; they read token_logprobs[ctxlen:-1] and top_logprobs[ctxlen:-1]. The
+    # first prompt token has null entries (OpenAI's, vLLM's); offsets count from the echoed prompt's start.
+    body = {"prompt": "ab c", "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0, "seed": 1234}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert fake_engine.requests[-1].prompt_logprobs == 1
+    choice = response.json()["choices"][0]
+    assert choice["text"] == "ab cHel"
+    lp = choice["logprobs"]
+    assert lp["tokens"] == ["a", "b", " ", "c", "H"]
+    assert lp["token_logprobs"][0] is None and lp["token_logprobs"][1:] == pytest.approx([-0.01, -0.02, -0.03, -0.1])
+    assert lp["top_logprobs"][0] is None
+    assert lp["top_logprobs"][1] == {"c": pytest.approx(-1.01), "b": pytest.approx(-0.01)}  # its own beside the top 1
+    assert lp["text_offset"] == [0, 1, 2, 3, 4]
+
+    events = sse_events(client.post("/v1/completions", json={**body, "stream": True}).text)[:-1]
+    first = events[0]["choices"][0]
+    assert first["text"] == "ab c" and first["logprobs"]["tokens"] == ["a", "b", " ", "c"]
+    assert first["logprobs"]["token_logprobs"][0] is None and first["logprobs"]["text_offset"] == [0, 1, 2, 3]
+    assert events[1]["choices"][0]["logprobs"]["text_offset"] == [4]
+
+
+def test_prompt_logprobs_only_with_echo_and_a_failure_when_they_do_not_come(client: Any,
+                                                                             fake_engine: FakeEngine) -> None:
+    client.post("/v1/completions", json={"prompt": "ab", "logprobs": 1})
+    assert fake_engine.requests[-1].prompt_logprobs is None
+    client.post("/v1/completions", json={"prompt": "ab", "echo": True})
+    assert fake_engine.requests[-1].prompt_logprobs is None
+    fake_engine.submit = lambda request: FakeEngine.submit(fake_engine, replace(request, prompt_logprobs=None))
+    lost = client.post("/v1/completions", json={"prompt": "ab", "logprobs": 0, "echo": True})
+    assert lost.status_code == 500 and "did not come back" in lost.json()["error"]["message"]
+    refused = client.post("/v1/completions", json={"prompt": "ab", "logprobs": 0, "echo": True, "n": 2})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+
+
+def test_echoed_prompt_scored_by_the_tiny_model_lines_up_with_its_text(tiny_loaded: Any) -> None:
+    # The real engine and app: the prompt's entries are its tokens (a split character's as bytes:), their offsets
+    # index the echoed text, and the first token's log probability follows from one forward over the prompt.
+    import mlx.core as mx
+
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.state import AppState
+
+    text = "Café, naïve, 日本語 🙂 and the"
+    prompt = tiny_loaded.tokenizer.encode(text)
+    body = {"prompt": text, "max_tokens": 2, "logprobs": 2, "echo": True, "temperature": 0}
+    with TestClient(create_app(AppState(engine=Engine(tiny_loaded, max_iteration_tokens=8)))) as client:
+        whole = client.post("/v1/completions", json=body).json()["choices"][0]
+        streamed = sse_events(client.post("/v1/completions", json={**body, "stream": True}).text)[:-1]
+    lp = whole["logprobs"]
+    assert whole["text"].startswith(text) and len(lp["tokens"]) >= len(prompt) + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert any(t.startswith("bytes:") for t in lp["tokens"][:len(prompt)])
+    for token, at in zip(lp["tokens"], lp["text_offset"]):
+        if not token.startswith("bytes:"):
+            assert whole["text"][at:at + len(token)] == token
+    logits = tiny_loaded.model(mx.array([prompt]))[0].astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    expected = [float(logp[i, t]) for i, t in enumerate(prompt[1:])]
+    assert lp["token_logprobs"][1:len(prompt)] == pytest.approx(expected, abs=2e-3)
+    assert all(len(top) in (2, 3) for top in lp["top_logprobs"][1:])
+    # Streamed: the prompt's entries come with the echo, the reply's after them, offsets going on.
+    chunks = [e["choices"][0]["logprobs"] for e in streamed if e["choices"][0]["logprobs"]]
+    assert chunks[0]["tokens"] == lp["tokens"][:len(prompt)]
+    assert [o for c in chunks for o in c["text_offset"]] == lp["text_offset"]
