@@ -56,6 +56,9 @@ class SamplingParams:
     repetition_context_size: int | None = None
     presence_context_size: int | None = None
     frequency_context_size: int | None = None
+    # XTC (engine/xtc.py, mlx-lm's): with this probability a draw drops the tokens likelier than the threshold but one.
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
     logit_bias: dict[int, float] | None = None
     # None: no log probabilities; k: each sampled token's, with the k likeliest (0..20) beside it.
     logprobs: int | None = None

@@ -16,6 +16,7 @@ from engine.contracts import Delta, GenerationRequest, TokenLogprob
 from engine.prompt_scores import PromptScores
 from engine.sampling import RowSampler
 from engine.stop_matcher import StopMatcher
+from engine.xtc import xtc_special_tokens
 
 __all__ = ["Row", "RowState", "LLMRowStream", "plan_iteration", "prefill_shares"]
 
@@ -72,7 +73,10 @@ class Row:
         `constraint`: the grammar its reply follows (engine/constraints.py).
         Raises nothing of its own."""
         send, receive = anyio.create_memory_object_stream[Delta](math.inf)
-        row = cls(request=request, send=send, sampler=RowSampler(request.sampling, prompt, vocab_size, constraint),
+        xtc = request.sampling.xtc_probability > 0 and request.sampling.temperature > 0
+        sampler = RowSampler(request.sampling, prompt, vocab_size, constraint,
+                             xtc_special=xtc_special_tokens(tokenizer) if xtc else ())
+        row = cls(request=request, send=send, sampler=sampler,
                   stopper=StopMatcher(tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
                                       max_tokens=request.max_tokens, keep_leading_space=request.continuation,
                                       skip_special_tokens=request.skip_special_tokens),

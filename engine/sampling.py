@@ -4,13 +4,13 @@
 repetition penalty (prompt + generated tokens), presence/frequency penalties (generated tokens; a penalty given a
 window, mlx_lm.server's `*_context_size`, counts the last N tokens of prompt + reply instead:
 engine/penalty_window.py), a grammar's mask (engine/constraints.py: tokens that would break the JSON asked for),
-temperature, then top_p / min_p / top_k filters (mlx-lm's), then a categorical draw with the row's own PRNG key when
-seeded, so a seeded row's draws are its own whatever its batch mates are (its logits are not: forwards of different
-batch sizes differ in the last bits, ~3e-5 for the demo model on CPU, so a draw near a boundary can part a seeded
-reply from a copy that ran in another batch). A row that asked for log probabilities also gets, lazily beside its
-token, the token's log probability under the raw logits and the k likeliest tokens' (`take_logprob` reads them once
-the token is read). They queue in sampling order, so a row may sample again before its last token is read (a
-pipelined step, engine/pipeline.py).
+temperature, then top_p / min_p / XTC / top_k filters (mlx-lm's, in its order; XTC: engine/xtc.py), then a
+categorical draw with the row's own PRNG key when seeded, so a seeded row's draws are its own whatever its batch
+mates are (its logits are not: forwards of different batch sizes differ in the last bits, ~3e-5 for the demo model
+on CPU, so a draw near a boundary can part a seeded reply from a copy that ran in another batch). A row that asked
+for log probabilities also gets, lazily beside its token, the token's log probability under the raw logits and the k
+likeliest tokens' (`take_logprob` reads them once the token is read). They queue in sampling order, so a row may
+sample again before its last token is read (a pipelined step, engine/pipeline.py).
 
 A row's text and stop conditions are engine/stop_matcher.py's (`StopMatcher`, re-exported here).
 """
@@ -18,7 +18,7 @@ A row's text and stop conditions are engine/stop_matcher.py's (`StopMatcher`, re
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Any, Iterable, Sequence, cast
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
@@ -28,6 +28,7 @@ from engine.contracts import SamplingParams, TokenLogprob
 from engine.errors import InvalidSampling
 from engine.penalty_window import PenaltyWindows
 from engine.stop_matcher import StepText, StopMatcher
+from engine.xtc import apply_xtc
 
 __all__ = ["RowSampler", "StopMatcher", "StepText", "LogprobBlock", "newest_logprobs", "sample_rows",
            "validate_sampling", "MAX_TOP_LOGPROBS"]
@@ -50,6 +51,9 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
     for name in ("repetition_context_size", "presence_context_size", "frequency_context_size"):
         if (size := getattr(params, name)) is not None and size < 0:
             raise InvalidSampling(f"{name} must be >= 0", param=name)
+    for name in ("xtc_probability", "xtc_threshold"):
+        if not 0 <= getattr(params, name) <= 1:
+            raise InvalidSampling(f"{name} must be in [0, 1]", param=name)
     if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidSampling(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
     for tok in (params.logit_bias or {}):
@@ -62,7 +66,8 @@ class RowSampler:
     """One row's sampling state: settings, PRNG key, and the token history penalties look at."""
 
     def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int], vocab_size: int,
-                 constraint: Constraint | None = None) -> None:
+                 constraint: Constraint | None = None, xtc_special: Sequence[int] = ()) -> None:
+        """`xtc_special`: the tokens XTC never drops (engine/xtc.py xtc_special_tokens)."""
         self.params = params
         self.vocab_size = vocab_size
         self._constraint = constraint
@@ -81,14 +86,20 @@ class RowSampler:
         # Sampled tokens' log probabilities not yet read, oldest first: (their draw's block, this row's index in it).
         self._logprobs: deque[tuple[LogprobBlock, int]] = deque()
         top_k = params.top_k if 0 < params.top_k < vocab_size else 0
-        self._filters = []
+        # Each filter takes the log probabilities and XTC's coin key (None: the global generator's).
+        self._filters: list[Callable[[mx.array, mx.array | None], mx.array]] = []
+        self._xtc = params.temperature > 0 and params.xtc_probability > 0.0
         if params.temperature > 0:
             if params.top_p < 1.0:
-                self._filters.append(lambda x: apply_top_p(x, params.top_p))
+                self._filters.append(lambda x, _: apply_top_p(x, params.top_p))
             if params.min_p > 0.0:
-                self._filters.append(lambda x: apply_min_p(x, params.min_p))
+                self._filters.append(lambda x, _: apply_min_p(x, params.min_p))
+            if self._xtc:
+                special = mx.array(list(xtc_special)) if xtc_special else None
+                self._filters.append(
+                    lambda x, coin: apply_xtc(x, params.xtc_probability, params.xtc_threshold, special, coin))
             if top_k:
-                self._filters.append(lambda x: apply_top_k(x, top_k))
+                self._filters.append(lambda x, _: apply_top_k(x, top_k))
 
     @property
     def plain_greedy(self) -> bool:
@@ -145,14 +156,15 @@ class RowSampler:
         if p.temperature == 0:
             return mx.argmax(logits, axis=-1)
         x = logits.astype(mx.float32) * (1.0 / p.temperature)
+        draw = coin = None
+        if self._key is not None:  # XTC's coin from a key of its own, so rows without XTC keep their draws
+            self._key, draw, *rest = mx.random.split(self._key, 3 if self._xtc else 2)
+            coin = rest[0] if rest else None
         if self._filters:
             x = x - mx.logsumexp(x, axis=-1, keepdims=True)
             for f in self._filters:
-                x = f(x)
-        if self._key is not None:
-            self._key, sub = mx.random.split(self._key)
-            return mx.random.categorical(x, key=sub)
-        return mx.random.categorical(x)
+                x = f(x, coin)
+        return mx.random.categorical(x) if draw is None else mx.random.categorical(x, key=draw)
 
     def arrays(self) -> list[mx.array]:
         """The arrays this sampler keeps between tokens (a seeded row's random key, unread log probabilities), to

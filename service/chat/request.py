@@ -73,6 +73,8 @@ def sampling_params(body: SamplingFields, vocab: int | None, logprobs: int | Non
         repetition_context_size=body.repetition_context_size,
         presence_context_size=body.presence_context_size,
         frequency_context_size=body.frequency_context_size,
+        xtc_probability=defaults.xtc_probability if body.xtc_probability is None else body.xtc_probability,
+        xtc_threshold=defaults.xtc_threshold if body.xtc_threshold is None else body.xtc_threshold,
         logit_bias=bias,
         logprobs=logprobs,
     )

@@ -262,6 +262,11 @@ class SamplingFields(_Body):
     frequency_context_size: int | None = Field(
         None, ge=0, description="mlx_lm.server's: frequency_penalty counts only the last N tokens of prompt + reply "
                                 "(0: all of them); left out, the whole reply (OpenAI's).")
+    xtc_probability: float | None = Field(
+        None, ge=0.0, le=1.0, description="mlx_lm.server's XTC: how often a draw drops the tokens likelier than "
+                                          "xtc_threshold but the least likely of them (never a newline or end of text; "
+                                          "sampled replies only). Default 0: never.")
+    xtc_threshold: float | None = Field(None, ge=0.0, le=1.0, description="XTC's threshold (default 0.1).")
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) → bias in [-100, 100].")
     n: int | None = Field(1, description="Only 1 is supported (null: 1).")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")

@@ -35,7 +35,6 @@ def _field_path(key: Any) -> str | None:
 _V1_ROOTS = frozenset({"chat", "completions", "responses", "models", "audio", "realtime"})
 # Fields other servers take (mlx_lm.server, Ollama, llama.cpp): what to send here instead, or why not.
 _OTHER_SERVERS = {
-    "xtc_probability": "XTC sampling is not offered here", "xtc_threshold": "XTC sampling is not offered here",
     "adapters": "adapters are not loaded per request here: serve the fine-tune with --adapter-path",
     "draft_model": "no speculative decoding here",
     "num_draft_tokens": "no speculative decoding here", "role_mapping": "the model's chat template formats roles",

@@ -284,6 +284,23 @@ async def test_seeded_row_is_reproducible_regardless_of_batch_mates(tiny_loaded)
     assert tokens_of(other[0]) != tokens_of(alone[0])
 
 
+async def test_an_xtc_row_is_seeded_like_any_other_and_drops_the_top_choices(tiny_loaded) -> None:
+    # XTC's coin from the row's own key: the same reply beside batch mates; at probability 1 its reply differs from
+    # the same seed's without XTC (the top choices dropped).
+    prompt = prompt_of(8, 3)
+
+    def xtc(threshold: float, probability: float = 1.0) -> GenerationRequest:
+        return GenerationRequest(prompt, SamplingParams(temperature=0.7, seed=11, xtc_probability=probability,
+                                                        xtc_threshold=threshold), max_tokens=16)
+
+    alone = await run_rows(make_group(tiny_loaded), [xtc(0.02)], [0])
+    mates = [GenerationRequest(prompt_of(n, n), SamplingParams(temperature=1.0), max_tokens=16) for n in (3, 14)]
+    crowd = await run_rows(make_group(tiny_loaded), [mates[0], xtc(0.02), mates[1]], [0, 1, 2])
+    assert tokens_of(alone[0]) == tokens_of(crowd[1])
+    without = await run_rows(make_group(tiny_loaded), [xtc(0.02, probability=0.0)], [0])
+    assert tokens_of(without[0]) != tokens_of(alone[0])
+
+
 async def test_penalty_windows_match_mlx_lms_processors_beside_rows_without(tiny_loaded) -> None:
     # mlx_lm.server's *_context_size: each windowed row's greedy reply is generate_step's under mlx-lm's own
     # processors (penalties over the last N of prompt + reply), its batch mates' settings its own. The prompt opens

@@ -105,6 +105,20 @@ def test_mlx_lm_servers_penalty_windows_reach_the_engine_and_are_checked(client:
             assert refused.status_code == 400 and refused.json()["error"]["param"] == name, refused.text
 
 
+def test_mlx_lm_servers_xtc_fields_reach_the_engine_and_are_checked(client: Any, fake_engine: FakeEngine) -> None:
+    _post(client)
+    s = fake_engine.requests[-1].sampling
+    assert (s.xtc_probability, s.xtc_threshold) == (0.0, 0.1)  # mlx_lm.server's defaults: off
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "hi"})):
+        assert client.post(path, json={**body, "xtc_probability": 0.5, "xtc_threshold": 0.2}).status_code == 200
+        s = fake_engine.requests[-1].sampling
+        assert (s.xtc_probability, s.xtc_threshold) == (0.5, 0.2)
+        for name, bad in (("xtc_probability", 1.2), ("xtc_probability", -0.5), ("xtc_threshold", 1.5)):
+            refused = client.post(path, json={**body, name: bad})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == name, refused.text
+
+
 def test_fields_left_out_take_the_models_recommended_sampling(client: Any, fake_engine: FakeEngine) -> None:
     # generation_config.json's recommendation (Qwen3: temperature 0.6, top_p 0.95, top_k 20) fills what a request
     # leaves out, as vLLM does; a request's own value wins, and top_p 0 still means greedy.
