@@ -152,7 +152,7 @@ class ObjectClient:
         self._lock = threading.Lock()
         # Set by fail_all until reopen(): a call made after the relay saw the connection end (before the event
         # loop learns it) would wait for a reply that never comes, blocking the loop for CALL_TIMEOUT.
-        self._gone: str | None = None
+        self._gone: ErrorInfo | None = None
 
     def reopen(self) -> None:
         """A new engine process is connected: calls go out again. Raises nothing."""
@@ -182,18 +182,21 @@ class ObjectClient:
             return True
         return False
 
-    def fail_all(self, reason: str) -> None:
-        """The engine process is gone: every waiting call and stream ends with EngineRestarting. Raises nothing."""
+    def fail_all(self, reason: str, kind: str = "EngineRestarting") -> None:
+        """The engine process is gone: every waiting call and stream ends, and later ones fail, with the error
+        `kind` names (engine.errors or audio.errors): EngineRestarting where it died, SpeechStopped where the
+        server shut it down. Raises nothing."""
+        gone = ErrorInfo(kind, reason, fields={"retry_after": 10} if kind == "EngineRestarting" else {})
         with self._lock:
-            self._gone = reason
+            self._gone = gone
             waiting, self._waiting = self._waiting, {}
             streams, self._streams = self._streams, {}
         for event, box in waiting.values():
-            box.append(Reply(0, error=ErrorInfo("EngineRestarting", reason)))
+            box.append(Reply(0, error=gone))
             event.set()
         for stream in streams.values():
             try:
-                stream.send_nowait(End(0, ErrorInfo("EngineRestarting", reason)))
+                stream.send_nowait(End(0, gone))
             except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
 
@@ -259,11 +262,12 @@ class ObjectClient:
             self._streams[cid] = send
 
     def _check_open(self) -> None:
-        """Under the lock. Raises EngineRestarting after fail_all until reopen()."""
-        if self._gone is not None:
-            raise EngineRestarting(self._gone, retry_after=10)
+        """Under the lock. Raises fail_all's error (EngineRestarting, SpeechStopped) after it until reopen()."""
+        if (gone := self._gone) is not None:
+            raise gone.exception()
 
     def _check_ready(self) -> None:
+        self._check_open()  # a server shut down says so, not that it restarts
         if not self.ready():
             raise EngineRestarting("The engine process is restarting; try again shortly.", retry_after=10)
 

@@ -208,6 +208,9 @@ class RemoteEngine:
             threading.Thread(target=_wait, args=(self._process, 20.0), daemon=True).start()
         self._exited.set()
         self._fail_streams("The server is shutting down.", reason="cancelled")
+        # Speech calls in flight (a file, a live session's events) end as shut down; the relay, seeing the
+        # connection end next, must not report a crash (engine_restarting, close 1013) to them.
+        self.objects.fail_all("The server is shutting down.", kind="SpeechStopped")
 
     def refuse_queued(self) -> int:
         """Shutting down: the engine process ends its queued rows (their streams get "cancelled") and refuses
@@ -317,7 +320,8 @@ class RemoteEngine:
                 message = conn.recv()
             except (EOFError, OSError):
                 self._connected = False
-                self.objects.fail_all("The engine process exited; it is restarting.")
+                if not self._closed:  # closed: close() ended the calls as shut down already
+                    self.objects.fail_all("The engine process exited; it is restarting.")
                 loop.call_soon_threadsafe(self._exited.set)
                 return
             if not self.objects.deliver(message, lambda fn: loop.call_soon_threadsafe(fn)):

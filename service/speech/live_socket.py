@@ -15,7 +15,9 @@ object, an unknown type, bad base64, an odd byte count, over the size limit, a r
 `error` event and the audio received so far is kept. Audio refused by a cap (the session's backlog, all
 sessions' buffer, the session's length) is an error event too, never a silent drop. When the socket closes
 the session is cancelled: its queued Whisper work leaves before the next step. A server drain takes no more
-audio, sends the text of what came within the shutdown timeout, then an `error` (shutting_down) and close 1001.
+audio (what the client sends meanwhile is dropped unanswered), sends the text of what came within the shutdown
+timeout, a `conversation.item.input_audio_transcription.failed` for each committed item whose text did not come
+then, one `error` (shutting_down) and close 1001.
 A socket whose client sends nothing for the session TTL (--session-ttl) while none of its audio is being
 transcribed gives its place up as an idle HTTP session does: an `error` (session_expired), then close 1000.
 
@@ -35,20 +37,19 @@ from typing import Any, Literal
 import anyio
 from litestar import WebSocket
 
-from audio.errors import AudioError, SessionExpired, SessionNotFound
+from audio.errors import AudioError, SessionExpired
 from audio.pcm import PcmFormat
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
-from engine.errors import EngineRestarting
 from service.http.auth import client_key
-from service.http.errors import APIError, api_error, error_event, event_id, frames_error_event
+from service.http.errors import APIError, api_error, error_body, error_event, event_id, frames_error_event
 from service.http.guard import FRAME_REFUSED
 from service.http.json_body import json_depth
 from service.seams import SpeechBackend
 from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
-from service.speech.realtime_events import Items, server_events
+from service.speech.realtime_events import Items, server_events, transcription_failed
 from service.speech.served import served_speech
-from service.speech.socket_errors import as_api_error, base64_audio, close_code, expiry, shutting_down, typed
+from service.speech.socket_errors import GONE, as_api_error, base64_audio, close_code, expiry, shutting_down, typed
 from service.state import AppState
 
 _log = logging.getLogger(__name__)
@@ -121,9 +122,9 @@ class LiveSocket:
         finally:
             # Method calls, so they also reach a session served by reference (--isolate), which is gone with
             # its engine process when that died.
-            with contextlib.suppress(SessionNotFound, EngineRestarting):
+            with contextlib.suppress(*GONE):
                 self.speech.delete_session(self.session.id)
-            with contextlib.suppress(EngineRestarting):
+            with contextlib.suppress(*GONE):
                 self.session.cancel()
 
     def _options(self, config: RealtimeConfig) -> TranscribeOptions:
@@ -158,8 +159,8 @@ class LiveSocket:
             try:
                 if isinstance(refused := message.get(FRAME_REFUSED), APIError):  # over the guard's limit, dropped
                     raise refused
-                if self._stopping:
-                    raise shutting_down()
+                if self._stopping:  # dropped: the one shutting_down error before the close says why
+                    continue
                 if isinstance(data, bytes):
                     self._frame(data)
                 elif isinstance(text, str):
@@ -174,7 +175,7 @@ class LiveSocket:
     def _touch(self) -> None:
         """The client sent a message: its session is not idle. Raises nothing."""
         assert self.session is not None
-        with contextlib.suppress(SessionNotFound, EngineRestarting):  # --isolate: gone with its engine process
+        with contextlib.suppress(*GONE):  # --isolate: gone with its engine process
             self.session.touch()
 
     def _frame(self, data: bytes) -> None:
@@ -286,7 +287,7 @@ class LiveSocket:
         with anyio.move_on_after(self.state.config.shutdown_timeout) as grace, contextlib.suppress(Exception):
             await session.finish()  # a failure reaches the writer as session.error
         if grace.cancelled_caught:
-            with contextlib.suppress(EngineRestarting):  # --isolate: gone with its engine process
+            with contextlib.suppress(*GONE):  # --isolate: gone with its engine process
                 session.cancel()
         if self.mode != "realtime" and not self._finishing:
             self._finish(tg)
@@ -308,29 +309,36 @@ class LiveSocket:
                         await self._send(out)
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()
-        except EngineRestarting as exc:  # --isolate: the engine process, and the session in it, died
-            err = api_error(exc)
-            await self._send_error(err, reply=False)
-            await self._close(close_code(err))  # 1013: a new session works once the engine is back
+        except GONE as exc:  # --isolate: the engine process, and the session in it, died or was shut down
+            if self._stopping:  # a graceful stop, not a crash: as without --isolate
+                await self._end(shutting_down(), 1001)
+            else:
+                err = api_error(exc)
+                await self._end(err, close_code(err))  # 1013: a new session works once the engine is back
             return
         while self._replies:  # the log is over: what is still owed goes out now, in order (a reply meanwhile too)
             await self._send(self._replies.pop(next(iter(self._replies))))
             self._reply_sent()
         self._writer_done = True
         if self._stopping and self.mode == "realtime":  # the server drains: the transcript above was the last
-            await self._send_error(shutting_down(), reply=False)
-            await self._close(1001)
+            await self._end(shutting_down(), 1001)
         elif (why := expiry(session)) is not None:
             # Idle for the session TTL, its place given up: the client is told why and the socket closes
             # normally; the reader stops too (a client that never answers the close holds nothing).
-            await self._send_error(api_error(SessionExpired(why)), reply=False)
-            await self._close(1000)
+            await self._end(api_error(SessionExpired(why)), 1000)
             scope.cancel()
         elif session.error is not None and self.mode == "realtime":
-            await self._send_error(api_error(session.error) if typed(session.error) else
-                                   APIError(500, f"transcription failed: {session.error}", type="server_error"),
-                                   reply=False)
-            await self._close(1011)
+            await self._end(api_error(session.error) if typed(session.error) else
+                            APIError(500, f"transcription failed: {session.error}", type="server_error"), 1011)
+
+    async def _end(self, err: APIError, code: int) -> None:
+        """End the socket with `err`: first each committed item whose transcript will not come gets its `failed`
+        event (OpenAI's, naming the item), then the error, then the close. Raises _ClientGone."""
+        if self.mode == "realtime":
+            for failed in transcription_failed(self.items, error_body(err)["error"]):
+                await self._send(failed)
+        await self._send_error(err, reply=False)
+        await self._close(code)
 
     async def _partials(self) -> None:
         """Binary-frame mode: a snapshot of the text after each change, at most one per `interval` s."""

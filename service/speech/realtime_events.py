@@ -11,7 +11,8 @@ names an item before it is announced: with manual commits (no speech_started) te
 then sent as one delta, as OpenAI transcribes a buffer once it is committed; guesses before it are not shown. A
 client that asked for our `tentative` extension knows items early: its text and guesses flow as they come.
 The deltas of an item add up to its `completed` transcript, which comes without Whisper's leading space, as a
-transcription's text does (so the item's first delta has none either).
+transcription's text does (so the item's first delta has none either). A committed item whose transcript will not
+come (the socket ends first: a shutdown, the engine process gone) gets `...input_audio_transcription.failed`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 from audio.live import SessionEvent
 
-__all__ = ["Items", "server_events"]
+__all__ = ["Items", "server_events", "transcription_failed"]
 
 
 @dataclass
@@ -32,6 +33,7 @@ class _Item:
     end_ms: int = 0
     text: list[str] = field(default_factory=list)
     announced: bool = False  # the client was told of its id (speech_started or committed); until then text waits
+    created: bool = False  # committed: `conversation.item.created` went out, its transcript is owed
 
 
 class Items:
@@ -56,13 +58,26 @@ class Items:
 
     def created(self, k: int, end_ms: int) -> tuple[_Item, str | None]:
         item = self.get(k)
-        item.announced = True
+        item.announced = item.created = True
         previous, self.last_created = self.last_created, item.id
         item.end_ms = self._boundary_ms = end_ms
         return item, previous
 
     def forget(self, k: int) -> None:
         self._items.pop(k, None)
+
+    def owed(self) -> list[str]:
+        """The ids of the items created whose transcript has not come (`completed` forgets an item), oldest first.
+        Raises nothing."""
+        return [item.id for _, item in sorted(self._items.items()) if item.created]
+
+
+def transcription_failed(items: Items, error: dict[str, Any]) -> list[dict[str, Any]]:
+    """OpenAI's `...input_audio_transcription.failed` for every item whose transcript will not come now (the session
+    ended first: a shutdown, an engine process gone), each carrying `error` ({type, code, message, param}). Raises
+    nothing."""
+    return [{"type": "conversation.item.input_audio_transcription.failed", "item_id": item_id, "content_index": 0,
+             "error": error} for item_id in items.owed()]
 
 
 def server_events(ev: SessionEvent, items: Items, tentative: bool,

@@ -10,13 +10,17 @@ import contextlib
 import logging
 from typing import Any
 
-from audio.errors import AudioError, SessionNotFound
+from audio.errors import AudioError, SessionNotFound, SpeechStopped
 from audio.sessions import LiveSession
 from engine.errors import EngineRestarting
 from service.http.errors import APIError, api_error, unavailable
 from service.speech.realtime_config import ConfigError
 
-__all__ = ["as_api_error", "base64_audio", "close_code", "expiry", "shutting_down", "typed"]
+__all__ = ["GONE", "as_api_error", "base64_audio", "close_code", "expiry", "shutting_down", "typed"]
+
+# What a session served by reference (--isolate) raises once its engine process is gone: it died (restarting), or
+# the server shut it down.
+GONE = (SessionNotFound, EngineRestarting, SpeechStopped)
 
 _log = logging.getLogger("tandem.speech")
 
@@ -42,7 +46,7 @@ def shutting_down() -> APIError:
 
 def expiry(session: LiveSession) -> str | None:
     """Why the speech service dropped `session` for idleness (None: it did not). Raises nothing."""
-    with contextlib.suppress(SessionNotFound, EngineRestarting):  # --isolate: gone with its engine process
+    with contextlib.suppress(*GONE):  # --isolate: gone with its engine process
         return session.expired
     return None
 

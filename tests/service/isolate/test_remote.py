@@ -101,6 +101,44 @@ async def test_once_the_relay_sees_the_engine_process_gone_requests_get_503_and_
 
 
 @pytest.mark.anyio
+async def test_speech_calls_of_a_closed_engine_end_as_shutting_down_not_restarting(tiny_llm_dir: Any) -> None:
+    # A graceful SIGTERM reached speech clients as a crash: a file got 503 engine_restarting, a live socket 1013.
+    import asyncio
+    from multiprocessing import Pipe
+
+    import anyio
+
+    from audio.errors import SpeechStopped
+    from service.http.errors import api_error
+    from service.isolate.objects import Ref
+
+    engine = RemoteEngine(ServiceConfig(model=str(tiny_llm_dir), isolate=True, warmup=False))
+    ours, theirs = Pipe()
+    engine._conn, engine._connected, engine._state = ours, True, "ready"  # as start() leaves it
+    speech = engine.objects.proxy(Ref(1, "SpeechService", {"transcribe": "await", "stats": "call"}))
+    ended: list[BaseException] = []
+
+    async def transcribe() -> None:
+        try:
+            await speech.transcribe([0.0], None)
+        except Exception as exc:
+            ended.append(exc)
+
+    with anyio.fail_after(30):  # a hang guard, not a timing assertion
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(transcribe)
+            await anyio.wait_all_tasks_blocked()  # its call went out: it waits for the reply
+            engine.close()  # the drain's end: the engine process is told to shut down
+            theirs.close()  # and exits
+            # the relay thread: returns at the end of the connection
+            await anyio.to_thread.run_sync(engine._read, ours, asyncio.get_running_loop())
+    assert len(ended) == 1 and isinstance(ended[0], SpeechStopped)
+    assert (api_error(ended[0]).status, api_error(ended[0]).code) == (503, "shutting_down")
+    with pytest.raises(SpeechStopped):  # later calls too (a live socket's cleanup)
+        speech.stats()
+
+
+@pytest.mark.anyio
 async def test_stats_name_no_pid_while_the_engine_process_restarts(tiny_llm_dir: Any, monkeypatch: Any) -> None:
     # /stats went on naming the killed process while its successor started.
     engine = RemoteEngine(ServiceConfig(model=str(tiny_llm_dir), isolate=True, warmup=False))

@@ -22,7 +22,7 @@ from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.asgi import ASGIClient, asgi_scope
-from tests.service.speech.test_live_socket import BETA, append, until, voiced
+from tests.service.speech.test_live_socket import BETA, append, manual_turns, until, voiced
 from tests.service.speech.test_routes import wav_bytes
 
 pytestmark = pytest.mark.anyio
@@ -182,3 +182,101 @@ def test_a_file_transcription_past_the_timeout_ends_with_shutting_down(whisper_d
         error = answer.json()["error"]
     assert error["code"] == "shutting_down" and error["type"] == "server_error"
     assert state.inflight.count == 0
+
+
+def _held_steps(state: AppState, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Whisper steps held on the speech thread until `release` is set, which stopping the speech service does:
+    (entered, release). Raises nothing."""
+    entered, release = threading.Event(), threading.Event()
+    scheduler = state.speech.scheduler  # type: ignore[union-attr]  # the SpeechService in-process
+    step, stop = scheduler._step, scheduler.stop
+
+    def held() -> str:
+        entered.set()
+        assert release.wait(60), "the steps were never released"
+        return step()
+
+    def stopping(why: str) -> None:
+        stop(why)
+        release.set()
+
+    monkeypatch.setattr(scheduler, "_step", held)
+    monkeypatch.setattr(scheduler, "stop", stopping)
+    return entered, release
+
+
+def test_a_committed_item_whose_text_cannot_come_in_time_gets_failed_before_the_close(
+        whisper_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Items that got committed and conversation.item.created got nothing more before the close.
+    state = install_speech(AppState(config=ServiceConfig(shutdown_timeout=0.1)),
+                           SpeechConfig(model=str(whisper_dir), resident=True))
+    with TestClient(create_app(state)) as client, \
+            client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        entered, _ = _held_steps(state, monkeypatch)
+        manual_turns(ws)
+        append(ws, voiced(1.0))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        item = until(ws, "conversation.item.created")[-1]["item"]["id"]
+        assert entered.wait(60)  # its decode is held: its text cannot come within the timeout
+        client.blocking_portal.call(drain, state)
+        events = until(ws, "error")
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json(timeout=30)
+    failed = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.failed"]
+    assert [(e["item_id"], e["content_index"], e["error"]["code"]) for e in failed] == [(item, 0, "shutting_down")]
+    assert failed[0]["error"]["type"] == "server_error" and failed[0]["error"]["message"]
+    assert not any(e["type"].endswith(".completed") for e in events)
+    assert events[-1]["error"]["code"] == "shutting_down" and closed.value.code == 1001
+
+
+def test_what_a_draining_socket_is_sent_gets_no_error_of_its_own(whisper_dir: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # One shutting_down error per append came (49 of them) before the one before the close.
+    from audio.sessions import LiveSession
+    from service.speech.live_socket import LiveSocket
+
+    finishing, read = threading.Event(), threading.Event()
+    sent, reads = 4, 0
+    finish, init = LiveSession.finish, LiveSocket.__init__
+
+    async def finishes(self: LiveSession) -> Any:  # the socket's drain began: it takes nothing more
+        finishing.set()
+        return await finish(self)
+
+    def counted(self: LiveSocket, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        receive = self.socket.receive
+
+        async def receiving() -> Any:  # asked again once the message before is handled
+            nonlocal reads
+            if finishing.is_set():
+                reads += 1
+                if reads > sent:
+                    read.set()
+            return await receive()
+
+        self.socket.receive = receiving  # type: ignore[method-assign]  # counts the reads
+
+    monkeypatch.setattr(LiveSession, "finish", finishes)
+    monkeypatch.setattr(LiveSocket, "__init__", counted)
+    state, client = _speech_app(whisper_dir)
+    with client, client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        entered, release = _held_steps(state, monkeypatch)
+        ws.receive_json(timeout=30)
+        append(ws, voiced(1.0))
+        assert entered.wait(60)
+        client.blocking_portal.start_task_soon(drain, state)
+        assert finishing.wait(60)
+        for _ in range(sent - 1):
+            append(ws, voiced(0.1))
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {}}))
+        ws.send_text("{}")  # the read after the last one counted
+        assert read.wait(60)  # every message sent while draining was handled
+        release.set()  # the session's text comes within the timeout
+        events = until(ws, "error")
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json(timeout=30)
+    kinds = [e["type"] for e in events]
+    assert kinds.count("error") == 1 and events[-1]["error"]["code"] == "shutting_down" and closed.value.code == 1001
+    assert "conversation.item.input_audio_transcription.completed" in kinds
+    assert "transcription_session.updated" not in kinds
