@@ -43,8 +43,8 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Mode
      responses={503: ResponseSpec(data_container=Health, generate_examples=False,
                                   description="loading, restarting, stopping, or failing (with the error)")})
 async def health(request: Request[Any, Any, Any]) -> Response[Health]:
-    """200 when ready; 503 while loading, restarting (a respawned worker) or stopping (with Retry-After),
-    and while the engine cannot run any row (its steps keep failing: status "failing" with the error).
+    """200 when ready; 503 while loading, restarting (a respawned worker or engine process) or stopping (with
+    Retry-After), and while the engine cannot run any row (its steps keep failing: status "failing" with the error).
     Open without an API key. Raises nothing."""
     state = get_state(request)
     if state.phase != "ready":
@@ -52,9 +52,12 @@ async def health(request: Request[Any, Any, Any]) -> Response[Health]:
                         headers={"Retry-After": "5"})
     engine_health = state.engine.health() if state.engine is not None else {"ok": True}
     if not engine_health.get("ok", True):
-        status = "restarting" if engine_health.get("status") == "restarting" else "failing"
-        body = Health(status=status, model=state.chat_model_name, error=engine_health.get("error"))
-        return Response(body, status_code=503)
+        restarting = engine_health.get("status") == "restarting"
+        body = Health(status="restarting" if restarting else "failing", model=state.chat_model_name,
+                      error=engine_health.get("error"))
+        # An engine process reloading (--isolate) is back soon, as a loading worker is; a failing engine may not be.
+        headers = {"Retry-After": str(engine_health.get("retry_after", 5))} if restarting else {}
+        return Response(body, status_code=503, headers=headers)
     return Response(Health(status="ok", model=state.chat_model_name), status_code=200)
 
 

@@ -267,7 +267,8 @@ class RemoteEngine:
         if self._state == "failed":
             return {"ok": False, "error": self._failure}
         if not self._ready():
-            return {"ok": False, "status": "restarting", "error": "the engine process is starting"}
+            return {"ok": False, "status": "restarting", "error": "the engine process is starting",
+                    "retry_after": RESTART_RETRY_AFTER}
         return self._snapshot.health
 
     # -- the connection ---------------------------------------------------------------------------

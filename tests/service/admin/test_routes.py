@@ -42,6 +42,29 @@ def test_health_is_ready_inside_the_lifespan_and_engine_serves(fake_engine: Fake
     assert not state.ready and not fake_engine.serving  # shutdown closed the engine and its loop returned
 
 
+def test_health_while_the_engine_process_restarts_says_when_to_come_back(fake_engine: FakeEngine,
+                                                                          monkeypatch: Any) -> None:
+    # --isolate: 503 restarting came without Retry-After (loading and stopping had one).
+    from service.isolate.remote import RESTART_RETRY_AFTER, RemoteEngine
+    from service.config import ServiceConfig
+
+    remote = RemoteEngine(ServiceConfig())
+    remote._state = "restarting"  # a new engine process is loading the model
+    monkeypatch.setattr(fake_engine, "health", remote.health)
+    with TestClient(create_app(AppState(engine=fake_engine))) as client:
+        response = client.get("/health")
+    assert response.status_code == 503 and response.json()["status"] == "restarting"
+    assert response.headers["retry-after"] == str(RESTART_RETRY_AFTER)
+
+
+def test_health_of_a_failing_engine_names_no_time_to_come_back(fake_engine: FakeEngine) -> None:
+    fake_engine.failing = "every step fails"
+    with TestClient(create_app(AppState(engine=fake_engine))) as client:
+        response = client.get("/health")
+    assert response.status_code == 503 and response.json()["status"] == "failing"
+    assert "retry-after" not in response.headers
+
+
 def test_stats_includes_engine_stats(client: Any) -> None:
     body = client.get("/stats").json()
     assert body["active_rows"] == 0 and body["queued_rows"] == 0
