@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from service.chat.completion_choices import MAX_CHOICES
 from service.chat.schemas import SamplingFields
 
 __all__ = ["CompletionRequest"]
 
 
 class CompletionRequest(SamplingFields):
-    """POST /v1/completions body: one prompt, as text or token ids."""
+    """POST /v1/completions body: prompts as text or token ids, `n` choices of each."""
 
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        ..., description="A string, a list of one string, token ids, or a list of one list of token ids.")
+        ..., description=f"A string, token ids, or a list of either (at most {MAX_CHOICES} choices in all, with n): "
+                         "each prompt is completed side by side, its choices indexed in order.")
+    n: int | None = Field(1, description=f"Choices of each prompt (null: 1; prompts times n at most {MAX_CHOICES}); "
+                                         "a seed gives sample j the seed + j.")
     echo: bool | None = Field(False, description="null: false.")
     best_of: int | None = Field(None, description="Only 1 (one completion is generated per request).")
     suffix: str | None = Field(None, description="Only empty: the model writes no text to fit before a suffix.")
@@ -47,16 +51,34 @@ class CompletionRequest(SamplingFields):
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: Any) -> str | list[str] | list[int]:
+    def _prompts(cls, prompt: Any, info: ValidationInfo) -> str | list[str] | list[int] | list[list[int]]:
         if isinstance(prompt, list):
+            several = len(prompt) if isinstance(prompt[0] if prompt else None, (str, list)) else 1
+            if several * (info.data.get("n") or 1) > MAX_CHOICES >= several:  # n is validated before the prompt
+                raise ValueError(f"prompts times n is at most {MAX_CHOICES} choices in one request")
             if not prompt:
                 raise ValueError("prompt must not be empty")
-            if isinstance(prompt[0], (str, list)) and len(prompt) != 1:
-                raise ValueError("only one prompt per request is supported")
-            if isinstance(prompt[0], list):  # a batch of one token list: that list
-                prompt = prompt[0]
-                if not prompt:
+            if len(prompt) > MAX_CHOICES and isinstance(prompt[0], (str, list)):
+                raise ValueError(f"at most {MAX_CHOICES} prompts in one request")
+            for item in prompt if isinstance(prompt[0], (str, list)) else [prompt]:
+                if isinstance(item, list) and not item:
                     raise ValueError("prompt must not be empty")
-            if isinstance(prompt[0], int) and any(t < 0 for t in prompt):
-                raise ValueError("token ids must be non-negative")
+                if isinstance(item, list) and any(t < 0 for t in item):
+                    raise ValueError("token ids must be non-negative")
         return prompt
+
+    @field_validator("n")
+    @classmethod
+    def _only_one_choice(cls, n: int | None) -> int | None:  # chat's check, replaced: completions take n
+        if n is not None and not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n must be 1 to {MAX_CHOICES}")
+        return n
+
+    def prompt_items(self) -> list[str | list[int]]:
+        """The prompts, each a text or token ids. Raises nothing."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if prompt and isinstance(prompt[0], int):
+            return [prompt]
+        return list(cast(list[str | list[int]], prompt))

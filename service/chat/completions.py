@@ -7,6 +7,8 @@ chunk (`choices: []`) when asked, then `data: [DONE]`.
 from __future__ import annotations
 
 import logging
+from contextlib import aclosing
+from dataclasses import replace
 from typing import Any, AsyncGenerator
 
 import anyio
@@ -16,6 +18,7 @@ from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
 from service.chat.logprobs import CompletionLogprobWriter, TokenPieces, requested_logprobs, token_pieces
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
+from service.chat.completion_choices import Choice, Choices, respond_choices
 from service.chat.completion_request import CompletionRequest
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
@@ -24,6 +27,7 @@ from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.http.sse import DONE, null_usage, sse_data, sse_error
+from engine.contracts import GenerationRequest
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -32,35 +36,33 @@ __all__ = ["completions"]
 _log = logging.getLogger("tandem.service")
 
 
-async def _prompt_tokens(state: AppState, engine: ChatEngine, body: CompletionRequest) -> tuple[list[int], str]:
+async def _prompt_tokens(state: AppState, engine: ChatEngine, prompt: str | list[int],
+                         echo: bool) -> tuple[list[int], str]:
+    """One prompt's token ids, and its text when it is echoed. Raises APIError 400 (an id outside the vocabulary,
+    text that cannot fit)."""
     tokenizer = engine.tokenizer
     assert tokenizer is not None  # chat_engine returns only an engine serving a chat model
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+    if isinstance(prompt, list):
         tokens = [int(t) for t in prompt]
         vocab = vocab_size(engine)
         if vocab is not None and (bad := [t for t in tokens if t >= vocab]):
             raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt",
                            code="invalid_value")
-        text = tokenizer.decode(tokens) if body.echo else ""
-        return tokens, text
-    first = prompt[0] if isinstance(prompt, list) else prompt
-    assert isinstance(first, str)  # the request schema allows one string or token ids only
-    text = first
-    check_text_fits(len(text), engine, "prompt")  # before tokenizing text that cannot fit
-    encoded = await anyio.to_thread.run_sync(tokenizer.encode, text, limiter=state.tokenize_limiter)
-    return [int(t) for t in encoded], text
+        return tokens, tokenizer.decode(tokens) if echo else ""
+    check_text_fits(len(prompt), engine, "prompt")  # before tokenizing text that cannot fit
+    encoded = await anyio.to_thread.run_sync(tokenizer.encode, prompt, limiter=state.tokenize_limiter)
+    return [int(t) for t in encoded], prompt
 
 
 def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None,
-           logprobs: CompletionLogprobs | None = None, usage: bool = False) -> bytes:
+           logprobs: CompletionLogprobs | None = None, usage: bool = False, index: int = 0) -> bytes:
     """`usage`: a usage chunk ends the stream, so this one says `"usage": null`."""
     event = sse_data(
         Completion(
             id=meta.id,
             created=meta.created,
             model=meta.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish, logprobs=logprobs)],
+            choices=[CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)],
         )
     )
     return null_usage(event) if usage else event
@@ -87,48 +89,59 @@ def _joined(first: CompletionLogprobs | None, then: CompletionLogprobs) -> Compl
                               text_offset=first.text_offset + then.text_offset)
 
 
+async def _choice_events(reader: RowReader, meta: ResponseMeta, include_usage: bool, echo: str,
+                         pieces: TokenPieces | None, prompt: list[int] | None,
+                         index: int = 0) -> AsyncGenerator[bytes, None]:
+    """One choice's chunks: the echo (with the prompt's log probabilities when asked), its text, its finish. Raises
+    APIError (the row failed)."""
+    writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
+    if echo or prompt is not None:
+        yield _chunk(meta, echo, logprobs=_prompt_logprobs(writer, reader, prompt), usage=include_usage, index=index)
+    finish: str | None = None
+    async for text, finish in reader.items():
+        tokens = reader.take_logprobs() if writer is not None else []
+        if text or tokens:
+            logprobs = writer.write(tokens) if writer is not None else None
+            yield _chunk(meta, text, logprobs=logprobs, usage=include_usage, index=index)
+    yield _chunk(meta, "", "length" if finish == "length" else "stop", usage=include_usage, index=index)
+
+
 async def _events(
     reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str,
     pieces: TokenPieces | None = None, prompt: list[int] | None = None,
 ) -> AsyncGenerator[bytes, None]:
     """`prompt`: the prompt's tokens when its log probabilities go with the echo."""
     try:
-        writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
-        if echo or prompt is not None:
-            yield _chunk(meta, echo, logprobs=_prompt_logprobs(writer, reader, prompt), usage=include_usage)
-        finish: str | None = None
-        async for text, finish in reader.items():
-            tokens = reader.take_logprobs() if writer is not None else []
-            if text or tokens:
-                logprobs = writer.write(tokens) if writer is not None else None
-                yield _chunk(meta, text, logprobs=logprobs, usage=include_usage)
-        yield _chunk(meta, "", "length" if finish == "length" else "stop", usage=include_usage)
+        async with aclosing(_choice_events(reader, meta, include_usage, echo, pieces, prompt)) as chunks:
+            async for chunk in chunks:
+                yield chunk
         if include_usage:
-            yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage()))
+            yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[],
+                                      usage=counter.usage()))
     except Exception as exc:  # headers are out: report in-band, then end the stream properly
         _log.warning("completion stream %s failed: %s", meta.id, exc)
         yield sse_error(in_band_error(exc))
     yield DONE
 
 
-async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str,
-                   timing: StreamTiming, pieces: TokenPieces | None = None,
-                   prompt: list[int] | None = None) -> Completion:
+async def _choice(reader: RowReader, echo: str, pieces: TokenPieces | None, prompt: list[int] | None,
+                  index: int = 0) -> CompletionChoice:
+    """One choice, read whole. Raises APIError (the row failed)."""
     parts, finish = [echo], None
-    reader = RowReader(stream, counter, timing)
     async for text, finish in reader.items():
         parts.append(text)
     writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
     logprobs = _joined(_prompt_logprobs(writer, reader, prompt), writer.write(reader.take_logprobs())) \
         if writer is not None else None
-    return Completion(
-        id=meta.id,
-        created=meta.created,
-        model=meta.model,
-        choices=[CompletionChoice(text="".join(parts), finish_reason="length" if finish == "length" else "stop",
-                                  logprobs=logprobs)],
-        usage=counter.usage(),
-    )
+    return CompletionChoice(index=index, text="".join(parts), finish_reason="length" if finish == "length" else "stop",
+                            logprobs=logprobs)
+
+
+async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str,
+                   timing: StreamTiming, pieces: TokenPieces | None = None,
+                   prompt: list[int] | None = None) -> Completion:
+    choice = await _choice(RowReader(stream, counter, timing), echo, pieces, prompt)
+    return Completion(id=meta.id, created=meta.created, model=meta.model, choices=[choice], usage=counter.usage())
 
 
 @post(
@@ -147,30 +160,62 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     engine = chat_engine(state, data.model)
     timing = request_timing(request, state)
     meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl")
-    counter = UsageCounter()
-    record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
-    echoes: list[str] = []
-    prompts: list[list[int] | None] = []  # the prompt's tokens, where its log probabilities go with the echo
     logprobs = requested_logprobs(data.logprobs)
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
+    include_usage = bool(data.stream_options and data.stream_options.include_usage)
+    items, samples = data.prompt_items(), data.n or 1
 
-    async def submit_row() -> RowStream:
-        prompt, prompt_text = await _prompt_tokens(state, engine, data)
-        counter.prompt_tokens = len(prompt)
+    def row(prompt: list[int], sample: int) -> GenerationRequest:
         generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens or 16,
                                         param="prompt", tenant=client_key(request), logprobs=logprobs,
                                         continuation=True)
         # Echoed with logprobs: the prompt's own too (what evaluation harnesses score text by).
         if data.echo and logprobs is not None:
             generation.prompt_logprobs = logprobs
+        if sample and (seed := generation.sampling.seed) is not None:  # a seed's n samples differ, and repeat
+            generation.sampling = replace(generation.sampling, seed=(seed + sample) % (1 << 64))
+        return generation
+
+    if len(items) * samples > 1:
+        choices = Choices()
+        record_tokens(request, choices.totals)
+
+        async def submit_all(into: Choices) -> None:
+            for number, item in enumerate(items):
+                prompt, prompt_text = await _prompt_tokens(state, engine, item, bool(data.echo))
+                for sample in range(samples):
+                    generation = row(prompt, sample)
+                    first = number * samples + sample == 0
+                    into.all.append(Choice(
+                        index=number * samples + sample, first_sample=sample == 0,
+                        stream=submit(engine, generation, param="prompt"),
+                        timing=timing if first else StreamTiming(timing.arrival, timing.deadline),
+                        echo=prompt_text if data.echo else "",
+                        prompt=prompt if generation.prompt_logprobs is not None else None))
+            observe_queue_wait(state, timing)
+
+        return await respond_choices(
+            request, state, choices, meta, submit_all=submit_all, include_usage=include_usage,
+            events_of=(lambda c: _choice_events(c.reader, meta, include_usage, c.echo, pieces, c.prompt, c.index))
+            if data.stream else None,
+            collect_of=lambda c: _choice(c.reader, c.echo, pieces, c.prompt, c.index))
+
+    counter = UsageCounter()
+    record_tokens(request, counter.totals)
+    echoes: list[str] = []
+    prompts: list[list[int] | None] = []  # the prompt's tokens, where its log probabilities go with the echo
+
+    async def submit_row() -> RowStream:
+        prompt, prompt_text = await _prompt_tokens(state, engine, items[0], bool(data.echo))
+        counter.prompt_tokens = len(prompt)
+        generation = row(prompt, 0)
         echoes.append(prompt_text if data.echo else "")
         prompts.append(prompt if generation.prompt_logprobs is not None else None)
         stream = submit(engine, generation, param="prompt")
         observe_queue_wait(state, timing)
         return stream
 
-    include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
         request, counter, timing, submit_row=submit_row,
         events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces, prompts[0]))

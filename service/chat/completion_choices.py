@@ -1,0 +1,188 @@
+"""Several choices in one text completion: a list of prompts (lm-eval's batches) and `n` samples of each, every
+choice its own engine row, so they run side by side in the batch. Non-streamed the answers are gathered;
+streamed their chunks interleave as they come, each naming its `index` (prompt i's sample j is choice i * n + j,
+as OpenAI numbers them). Usage counts each prompt once, however many samples it has."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Awaitable, Callable
+
+import anyio
+from anyio.abc import ObjectSendStream
+from litestar import Request, Response
+
+from service.chat.replies import Completion, CompletionChoice, PromptTokensDetails, Usage
+from service.chat.respond import FIRST_BYTE_WAIT, KEEPALIVE_EVERY
+from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, close_stream
+from service.http.disconnect import ClientDisconnected, run_while_connected
+from service.http.errors import in_band_error
+from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_data, sse_error
+from service.seams import RowStream
+from service.state import AppState
+
+__all__ = ["Choice", "Choices", "respond_choices", "MAX_CHOICES"]
+
+_log = logging.getLogger("tandem.service")
+
+# Prompts times n in one request: each is a row, and one request must not take the whole queue.
+MAX_CHOICES = 64
+
+
+@dataclass
+class Choice:
+    """One choice's row, with what its chunks need: the echoed prompt and, when its log probabilities were asked,
+    its tokens."""
+
+    index: int
+    first_sample: bool  # its prompt's tokens count in the usage (once per prompt)
+    stream: RowStream
+    timing: StreamTiming
+    echo: str
+    prompt: list[int] | None
+    counter: UsageCounter = field(default_factory=UsageCounter)
+    reader: RowReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.reader = RowReader(self.stream, self.counter, self.timing)
+
+
+class Choices:
+    """The request's choices, in submission order."""
+
+    def __init__(self) -> None:
+        self.all: list[Choice] = []
+
+    def totals(self) -> tuple[int, int]:
+        """(prompt, completion) tokens so far, for the access log. Raises nothing."""
+        usage = self.usage()
+        return usage.prompt_tokens, usage.completion_tokens
+
+    def usage(self) -> Usage:
+        """Raises nothing."""
+        prompt = sum(c.counter.prompt_tokens for c in self.all if c.first_sample)
+        cached = sum(c.counter.cached_tokens for c in self.all if c.first_sample)
+        completion = sum(c.counter.totals()[1] for c in self.all)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+
+    async def close(self) -> None:
+        """Free every row (a finished one's close is a no-op). Raises nothing."""
+        for choice in self.all:
+            await close_stream(choice.stream)
+
+
+async def respond_choices(request: Request[Any, Any, Any], state: AppState, choices: Choices, meta: ResponseMeta, *,
+                          submit_all: Callable[[Choices], Awaitable[None]],
+                          events_of: Callable[[Choice], AsyncGenerator[bytes, None]] | None,
+                          collect_of: Callable[[Choice], Awaitable[CompletionChoice]],
+                          include_usage: bool) -> Response[Any]:
+    """The Completion with every choice (`events_of` None), or an SSE stream of their chunks, for the rows
+    `submit_all` submits. Before the first byte a failure is a status code: a refused row's (every row is closed
+    then), or a row failing before its first delta within FIRST_BYTE_WAIT; after it an error event, then `[DONE]`.
+    Raises APIError."""
+
+    async def prepare() -> list[CompletionChoice] | None:
+        try:
+            await submit_all(choices)
+            if events_of is None:
+                return await _gather(choices, collect_of)
+            began = time.monotonic()
+            for choice in choices.all:
+                await choice.reader.start(max(0.0, FIRST_BYTE_WAIT - (time.monotonic() - began)))
+            return None
+        except BaseException:
+            await choices.close()
+            raise
+
+    try:
+        answer = await run_while_connected(request, prepare)
+    except ClientDisconnected:
+        return Response(None, status_code=499)
+    if answer is not None:
+        return Response(Completion(id=meta.id, created=meta.created, model=meta.model, choices=answer,
+                                   usage=choices.usage()))
+    assert events_of is not None and state.task_group is not None  # the app's lifespan runs its task group
+    return SSEStream(EventSource(_merged(state, choices, meta, events_of, include_usage), choices.close))
+
+
+async def _gather(choices: Choices,
+                  collect_of: Callable[[Choice], Awaitable[CompletionChoice]]) -> list[CompletionChoice]:
+    """Every choice collected side by side, in index order. Raises the first failure (the others are cancelled)."""
+    out: list[CompletionChoice | None] = [None] * len(choices.all)
+    failed: list[Exception] = []
+    async with anyio.create_task_group() as group:
+        async def one(position: int, choice: Choice) -> None:
+            try:
+                out[position] = await collect_of(choice)
+            except Exception as exc:  # kept, not raised: a task group would wrap it in an ExceptionGroup
+                failed.append(exc)
+                group.cancel_scope.cancel()
+
+        for position, choice in enumerate(choices.all):
+            group.start_soon(one, position, choice)
+    if failed:
+        raise failed[0]
+    return sorted((c for c in out if c is not None), key=lambda c: c.index)
+
+
+async def _merged(state: AppState, choices: Choices, meta: ResponseMeta,
+                  events_of: Callable[[Choice], AsyncGenerator[bytes, None]],
+                  include_usage: bool) -> AsyncGenerator[bytes, None]:
+    """The choices' chunks as they come (keep-alives while none does), then the usage chunk when asked and `[DONE]`;
+    a choice's failure ends the stream with an error event. Each choice is read by a task in the app's task group
+    (not one inside this generator: a cancel scope must not span a yield)."""
+    send, receive = anyio.create_memory_object_stream[bytes | Exception](64)
+    assert state.task_group is not None
+    for choice in choices.all:
+        state.task_group.start_soon(_pump, choice, events_of, send.clone())
+    send.close()
+    try:
+        async with receive:
+            while True:
+                item: bytes | Exception | None = None
+                with anyio.move_on_after(KEEPALIVE_EVERY):
+                    try:
+                        item = await receive.receive()
+                    except anyio.EndOfStream:
+                        break
+                if item is None:
+                    yield KEEPALIVE
+                elif isinstance(item, Exception):
+                    _log.warning("completion stream %s failed: %s", meta.id, item)
+                    yield sse_error(in_band_error(item))
+                    yield DONE
+                    return
+                else:
+                    yield item
+        if include_usage:
+            yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[],
+                                      usage=choices.usage()))
+        yield DONE
+    finally:
+        await choices.close()  # a client that left, or a failed choice: the others stop too
+
+
+async def _pump(choice: Choice, events_of: Callable[[Choice], AsyncGenerator[bytes, None]],
+                send: ObjectSendStream[bytes | Exception]) -> None:
+    """One choice's chunks into the merged stream, or its failure. Raises nothing: it runs in the app's task group,
+    which an exception would end."""
+    async with send:
+        try:
+            while not await choice.reader.start(KEEPALIVE_EVERY):
+                pass
+            events = events_of(choice)
+            try:
+                async for chunk in events:
+                    await send.send(chunk)
+            finally:
+                await events.aclose()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the stream ended (the client left, another choice failed)
+        except Exception as exc:  # noqa: BLE001 — reported in the stream, never raised into the app
+            try:
+                await send.send(exc)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass

@@ -1,0 +1,91 @@
+"""Several choices in one /v1/completions request: a list of prompts (lm-eval's `--batch_size`, which was a 400) and
+`n` samples of each, every choice its own row, indexed as OpenAI indexes them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from litestar.testing import TestClient
+
+from tests.service.conftest import sse_events
+from tests.service.fake_engine import FakeEngine
+
+WHOLE = "Hello world!"  # the fake engine's reply
+
+
+def test_prompts_and_samples_are_choices_in_openai_order(client: TestClient[Any], fake_engine: FakeEngine) -> None:
+    answer = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert all(c["text"] == WHOLE and c["finish_reason"] == "stop" for c in body["choices"])
+    assert [r.prompt_tokens for r in fake_engine.requests] == [[97, 98], [97, 98], [99, 100, 101], [99, 100, 101]]
+    # Each prompt counted once however many samples it has (OpenAI's n); every sample's tokens counted.
+    assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 4 * 5
+    token_lists = client.post("/v1/completions", json={"prompt": [[5, 6], [7]], "echo": True}).json()
+    assert [c["text"] for c in token_lists["choices"]] == ["\x05\x06" + WHOLE, "\x07" + WHOLE]
+
+
+def test_streamed_choices_interleave_each_naming_its_index(client: TestClient[Any]) -> None:
+    body = {"prompt": ["ab", "cde"], "n": 2, "stream": True, "stream_options": {"include_usage": True}}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200 and response.text.count("data: [DONE]") == 1
+    events = sse_events(response.text)[:-1]
+    *chunks, usage = events
+    texts: dict[int, str] = {}
+    finishes: Counter[int] = Counter()
+    for event in chunks:
+        (choice,) = event["choices"]
+        texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+        finishes[choice["index"]] += choice["finish_reason"] is not None
+    assert texts == {i: WHOLE for i in range(4)} and finishes == {i: 1 for i in range(4)}
+    assert usage["choices"] == [] and usage["usage"]["prompt_tokens"] == 5
+    assert usage["usage"]["completion_tokens"] == 20
+
+
+def test_a_seed_gives_each_sample_its_own(client: TestClient[Any], fake_engine: FakeEngine) -> None:
+    # One seed for all n samples would give n copies of one reply.
+    client.post("/v1/completions", json={"prompt": "ab", "n": 3, "seed": 7, "temperature": 1})
+    assert [r.sampling.seed for r in fake_engine.requests] == [7, 8, 9]
+    client.post("/v1/completions", json={"prompt": "ab", "n": 2, "temperature": 1})
+    assert [r.sampling.seed for r in fake_engine.requests[3:]] == [None, None]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_failing_choice_fails_the_request_and_frees_every_row(client: TestClient[Any], fake_engine: FakeEngine,
+                                                                stream: bool) -> None:
+    fake_engine.fail_with = "the device is gone"
+    response = client.post("/v1/completions", json={"prompt": ["ab", "cd"], "n": 2, "stream": stream})
+    if stream:  # failures past the first delta: an error event, then [DONE]
+        assert response.status_code == 200
+        events = sse_events(response.text)
+        assert "the device is gone" in events[-2]["error"]["message"] and events[-1] == "[DONE]"
+    else:
+        assert response.status_code >= 500 and "the device is gone" in response.json()["error"]["message"]
+    assert not fake_engine.active
+
+
+def test_a_refused_prompt_frees_the_rows_already_submitted(client: TestClient[Any], fake_engine: FakeEngine) -> None:
+    fake_engine.gate = __import__("anyio").Event()  # the first prompt's rows would wait: they must be closed
+    response = client.post("/v1/completions", json={"prompt": ["ab", "x" * 300], "n": 2})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+    assert len(fake_engine.requests) == 2 and fake_engine.closed_streams == 2 and not fake_engine.active
+
+
+def test_a_batch_of_prompts_gets_what_each_prompt_gets_alone(tiny_loaded: Any) -> None:
+    # The real engine: rows of a batch side by side give each prompt the greedy reply it gets on its own.
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.state import AppState
+
+    prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13, 14, 15, 16]]
+    body: dict[str, Any] = {"max_tokens": 5, "temperature": 0, "logprobs": 1, "echo": True}
+    with TestClient(create_app(AppState(engine=Engine(tiny_loaded, max_iteration_tokens=8)))) as client:
+        alone = [client.post("/v1/completions", json={**body, "prompt": p}).json()["choices"][0] for p in prompts]
+        batch = client.post("/v1/completions", json={**body, "prompt": prompts}).json()["choices"]
+    assert [c["text"] for c in batch] == [c["text"] for c in alone]
+    assert [c["logprobs"]["tokens"] for c in batch] == [c["logprobs"]["tokens"] for c in alone]
+    for got, want in zip(batch, alone):
+        assert got["logprobs"]["token_logprobs"][1:] == pytest.approx(want["logprobs"]["token_logprobs"][1:], abs=2e-3)
