@@ -6,10 +6,11 @@ Every field is honoured or refused with an error naming it. Honoured: the input 
 at 24 kHz, or another declared rate 8–48 kHz, our extension), the transcription's model (the served Whisper
 under any of its names), language, prompt and `keywords` (joined into the prompt), server VAD's `threshold`
 (webrtcvad aggressiveness: 0–0.25 → 0, … 0.75–1 → 3), `prefix_padding_ms` (the speech padding, both
-sides), `silence_duration_ms` (the pause that ends an utterance), `turn_detection: null` (no VAD; the client
-commits), and `include: ["item.input_audio_transcription.tentative"]` (our extension: the current guess after
-the committed text, as `conversation.item.input_audio_transcription.tentative` events). Refused: G.711,
-semantic VAD, noise reduction, logprobs, responses (`create_response`, `interrupt_response`,
+sides), `silence_duration_ms` (the pause that ends an utterance), `semantic_vad` served as server VAD whose
+`eagerness` sets the pause (`EAGERNESS_SILENCE_MS`: no model judges the turn here, a turn ends on silence),
+`turn_detection: null` (no VAD; the client commits), and `include: ["item.input_audio_transcription.tentative"]`
+(our extension: the current guess after the committed text, as `conversation.item.input_audio_transcription.tentative`
+events). Refused: G.711, noise reduction, logprobs, responses (`create_response`, `interrupt_response`,
 `idle_timeout_ms`: a transcription session creates none), audio output, and anything unknown.
 """
 
@@ -21,12 +22,18 @@ from typing import Any, Literal
 
 from audio.pcm import PcmFormat
 
-__all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE", "field_paths"]
+__all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE", "EAGERNESS_SILENCE_MS",
+           "field_paths"]
 
 Dialect = Literal["beta", "ga"]
+TurnType = Literal["server_vad", "semantic_vad"]
 DEFAULT_RATE = 24000  # what OpenAI clients send
 TENTATIVE = "item.input_audio_transcription.tentative"
 _RATES = (8000, 48000)
+# semantic_vad's eagerness as the pause that ends a turn: OpenAI's "how soon it ends a turn", `auto` its `medium`;
+# low waits twice server VAD's default, high half of it (its model would also end a turn it judges finished sooner)
+EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+_SEMANTIC_FIELDS = {"type", "eagerness", "create_response", "interrupt_response"}
 
 
 class ConfigError(ValueError):
@@ -42,6 +49,8 @@ class TurnDetection:
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    type: TurnType = "server_vad"
+    eagerness: str = "auto"  # semantic_vad's, as the client sent it; it set silence_duration_ms
 
     @property
     def aggressiveness(self) -> int:
@@ -197,15 +206,24 @@ class RealtimeConfig:
             raise ConfigError("`turn_detection` must be an object or null", where)
         _known(td, {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
                     "interrupt_response", "idle_timeout_ms", "eagerness"}, where)
-        if td.get("type", "server_vad") != "server_vad":
-            raise ConfigError(f"turn detection {td.get('type')!r} is not available; use server_vad", f"{where}.type")
+        current = self.turn_detection
+        kind = td.get("type") or (current.type if current is not None else "server_vad")
+        if kind not in ("server_vad", "semantic_vad"):
+            raise ConfigError(f"turn detection {kind!r} is not available; use server_vad or semantic_vad",
+                              f"{where}.type")
         for key in ("create_response", "interrupt_response"):
             if td.get(key):
                 raise ConfigError(f"{key} is not available for transcription sessions", f"{where}.{key}")
-        for key in ("idle_timeout_ms", "eagerness"):
-            if td.get(key) is not None:
-                raise ConfigError(f"{key} is not available", f"{where}.{key}")
-        new = copy.copy(self.turn_detection) if self.turn_detection is not None else TurnDetection()
+        if td.get("idle_timeout_ms") is not None:
+            raise ConfigError("idle_timeout_ms is not available", f"{where}.idle_timeout_ms")
+        # a change of type starts from its defaults: one type's settings mean nothing to the other
+        new = copy.copy(current) if current is not None and current.type == kind else TurnDetection(type=kind)
+        if kind == "semantic_vad":
+            self.turn_detection = _semantic(td, new, where)
+            return
+        if td.get("eagerness") is not None:
+            raise ConfigError("eagerness is semantic_vad's; server_vad takes silence_duration_ms",
+                              f"{where}.eagerness")
         if td.get("threshold") is not None:
             value = td["threshold"]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
@@ -234,9 +252,12 @@ class RealtimeConfig:
     def session_object(self, dialect: Dialect, session_id: str, served_model: str) -> dict[str, Any]:
         """The session object of a `.created` / `.updated` event. Raises nothing."""
         td = self.turn_detection
-        turn = None if td is None else {"type": "server_vad", "threshold": td.threshold,
-                                        "prefix_padding_ms": td.prefix_padding_ms,
-                                        "silence_duration_ms": td.silence_duration_ms}
+        turn: dict[str, Any] | None = None
+        if td is not None and td.type == "semantic_vad":
+            turn = {"type": "semantic_vad", "eagerness": td.eagerness}
+        elif td is not None:
+            turn = {"type": "server_vad", "threshold": td.threshold, "prefix_padding_ms": td.prefix_padding_ms,
+                    "silence_duration_ms": td.silence_duration_ms}
         transcription: dict[str, Any] = {"model": self.model or served_model, "language": self.language,
                                          "prompt": self.prompt}
         include = [TENTATIVE] if self.tentative else None
@@ -250,6 +271,21 @@ class RealtimeConfig:
                 "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate}, "transcription": transcription,
                                     "turn_detection": turn, "noise_reduction": None}},
                 "include": include}
+
+
+def _semantic(td: dict[str, Any], new: TurnDetection, where: str) -> TurnDetection:
+    """semantic_vad as server VAD: its eagerness sets the pause that ends a turn. Raises ConfigError naming a
+    server_vad field sent with it or an unknown eagerness."""
+    for key in sorted(set(td) - _SEMANTIC_FIELDS):
+        if td[key] is not None:
+            raise ConfigError(f"{key} is server_vad's; semantic_vad takes eagerness", f"{where}.{key}")
+    eagerness = td.get("eagerness")
+    if eagerness is not None:
+        if eagerness not in EAGERNESS_SILENCE_MS:
+            raise ConfigError(f"eagerness must be one of {', '.join(EAGERNESS_SILENCE_MS)}", f"{where}.eagerness")
+        new.eagerness = eagerness
+    new.silence_duration_ms = EAGERNESS_SILENCE_MS[new.eagerness]
+    return new
 
 
 def _known(obj: dict[str, Any], keys: set[str], where: str) -> None:

@@ -5,7 +5,6 @@ refusals by field name."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -116,6 +115,15 @@ def test_the_session_given_is_what_the_answer_shows(client: TestClient[Any]) -> 
     assert audio_in["turn_detection"]["silence_duration_ms"] == 700
 
 
+def test_a_minted_semantic_vad_session_is_shown_as_sent(client: TestClient[Any]) -> None:
+    minted = client.post(GA, json={"session": {"type": "transcription", "audio": {"input": {
+        "turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}}})
+    assert minted.status_code == 200, minted.text
+    assert minted.json()["session"]["audio"]["input"]["turn_detection"] == {"type": "semantic_vad", "eagerness": "low"}
+    beta = client.post(BETA, json={"turn_detection": {"type": "semantic_vad"}}).json()
+    assert beta["turn_detection"] == {"type": "semantic_vad", "eagerness": "auto"}
+
+
 @pytest.mark.parametrize("body, param", [
     ({"expires_after": {"seconds": 5}}, "expires_after.seconds"),
     ({"expires_after": {"seconds": 7201}}, "expires_after.seconds"),
@@ -128,8 +136,11 @@ def test_the_session_given_is_what_the_answer_shows(client: TestClient[Any]) -> 
      "session.audio.input.noise_reduction"),
     ({"session": {"type": "transcription", "audio": {"input": {"transcription": {"language": "xx"}}}}},
      "session.audio.input.transcription.language"),
-    ({"session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}}},
+    ({"session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "near_field_vad"}}}}},
      "session.audio.input.turn_detection.type"),
+    ({"session": {"type": "transcription", "audio": {"input": {"turn_detection": {"type": "semantic_vad",
+                                                                                  "eagerness": "eager"}}}}},
+     "session.audio.input.turn_detection.eagerness"),
     ({"session": {"type": "transcription", "include": ["item.input_audio_transcription.logprobs"]}},
      "session.include"),
     ({"session": {"type": "transcription", "audio": {"input": {"transcription": {"prompt": "p" * 70_000}}}}},
@@ -170,7 +181,8 @@ def test_a_beta_transcription_session_carries_its_client_secret(client: TestClie
     ({"input_audio_format": "g711_ulaw"}, "input_audio_format"),
     ({"modalities": ["audio", "text"]}, "modalities"),
     ({"input_audio_transcription": {"language": "en", "temperature": 0}}, "input_audio_transcription.temperature"),
-    ({"turn_detection": {"type": "semantic_vad"}}, "turn_detection.type"),
+    ({"turn_detection": {"type": "near_field_vad"}}, "turn_detection.type"),
+    ({"turn_detection": {"type": "semantic_vad", "threshold": 0.8}}, "turn_detection.threshold"),
     ({"client_secret": {"expires_at": {"seconds": 1}}}, "client_secret.expires_at.seconds"),
     ({"client_secret": {"value": "mine"}}, "client_secret.value"),
 ])

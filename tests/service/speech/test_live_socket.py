@@ -20,6 +20,7 @@ from litestar.testing import TestClient
 from audio.live import LiveConfig
 from engine.errors import EngineRestarting
 from service.app import create_app
+from service.speech.realtime_config import EAGERNESS_SILENCE_MS
 from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
 from tests.fixtures.tiny_whisper import build_tiny_whisper
@@ -132,7 +133,11 @@ def test_a_ga_session_declares_its_rate(client: TestClient[Any], state: AppState
 
 @pytest.mark.parametrize("update, param", [
     ({"input_audio_format": "g711_ulaw"}, "session.input_audio_format"),
-    ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type"),
+    ({"turn_detection": {"type": "near_field_vad"}}, "session.turn_detection.type"),
+    ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "session.turn_detection.eagerness"),
+    ({"turn_detection": {"type": "semantic_vad", "silence_duration_ms": 700}},
+     "session.turn_detection.silence_duration_ms"),
+    ({"turn_detection": {"type": "server_vad", "eagerness": "low"}}, "session.turn_detection.eagerness"),
     ({"turn_detection": {"type": "server_vad", "threshold": 1.5}}, "session.turn_detection.threshold"),
     ({"turn_detection": {"silence_duration_ms": 5}}, "session.turn_detection.silence_duration_ms"),
     ({"turn_detection": {"create_response": True}}, "session.turn_detection.create_response"),
@@ -182,6 +187,53 @@ def test_speech_becomes_one_item_with_the_realtime_grammar(client: TestClient[An
     done = events[-1]
     assert done["transcript"] == deltas and done["content_index"] == 0 and done["usage"]["type"] == "duration"
     assert all(e["event_id"].startswith("event_") for e in events)
+
+
+def test_openai_agents_streamed_stt_with_its_default_semantic_vad(client: TestClient[Any], state: AppState) -> None:
+    """What openai-agents' OpenAISTTTranscriptionSession sends by default: semantic_vad served as server VAD, a
+    transcript per utterance, then its end of input (a commit and a clear) answered without a fatal error."""
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 24000}, "transcription": {"model": "whisper-1"},
+            "turn_detection": {"type": "semantic_vad"}}}}}))
+        updated = ws.receive_json(timeout=30)
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["audio"]["input"]["turn_detection"] == {"type": "semantic_vad", "eagerness": "auto"}
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert session.options.vad and session.options.vad_min_silence_ms == EAGERNESS_SILENCE_MS["auto"]
+        silence = np.zeros(int(0.5 * SR), np.float32)
+        for chunk in np.array_split(np.concatenate([silence, voiced(1.5), silence, silence, silence]), 10):
+            append(ws, chunk)
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "final"}))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
+        events += until(ws, "input_audio_buffer.cleared")
+    kinds = [e["type"] for e in events]
+    assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped") \
+        < kinds.index("input_audio_buffer.committed") < kinds.index("conversation.item.created") \
+        < kinds.index("conversation.item.input_audio_transcription.completed")
+    # the only error the SDK does not treat as fatal: its end-of-input commit finding the buffer already committed
+    errors = [e["error"] for e in events if e["type"] == "error"]
+    assert all(e["code"] == "input_audio_buffer_commit_empty" and e["event_id"] == "final" for e in errors), errors
+
+
+@pytest.mark.parametrize("eagerness", ["low", "medium", "high", "auto"])
+def test_semantic_vad_eagerness_is_the_pause_that_ends_a_turn(client: TestClient[Any], state: AppState,
+                                                              eagerness: str) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "turn_detection": {"type": "semantic_vad", "eagerness": eagerness, "create_response": False}}}))
+        updated = ws.receive_json(timeout=30)
+        assert updated["type"] == "transcription_session.updated", updated
+        assert updated["session"]["turn_detection"] == {"type": "semantic_vad", "eagerness": eagerness}
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert session.options.vad_min_silence_ms == EAGERNESS_SILENCE_MS[eagerness]
+        # back to server VAD: its own defaults, not the eagerness's pause
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "turn_detection": {"type": "server_vad"}}}))
+        assert ws.receive_json(timeout=30)["session"]["turn_detection"]["silence_duration_ms"] == 500
 
 
 @pytest.mark.parametrize("frame, code", [
