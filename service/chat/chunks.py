@@ -20,16 +20,18 @@ __all__ = ["ChunkEncoder"]
 class ChunkEncoder:
     """SSE `data:` events of one streamed chat completion (`meta` gives id, created and model)."""
 
-    def __init__(self, meta: ResponseMeta, logprobs: LogprobJson | None = None, usage: bool = False) -> None:
+    def __init__(self, meta: ResponseMeta, logprobs: LogprobJson | None = None, usage: bool = False,
+                 index: int = 0) -> None:
         """`logprobs`: how the stream's log probabilities are written (None: it asked for none); `usage`: a usage
-        chunk ends the stream, so each of these says `"usage": null`."""
+        chunk ends the stream, so each of these says `"usage": null`; `index`: the choice's (n > 1)."""
         self.meta = meta
+        self.index = index
         self.logprobs = logprobs
         self._usage = usage
         self._end = b',"usage":null}\n\n' if usage else b"}\n\n"
         head = json.dumps({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
                            "model": meta.model}, ensure_ascii=False, separators=(",", ":"))
-        self._head = b"data: " + head[:-1].encode() + b',"choices":[{"index":0,"delta":{"'
+        self._head = b"data: " + head[:-1].encode() + b',"choices":[{"index":%d,"delta":{"' % index
         self._tail = b'},"logprobs":null,"finish_reason":null}]' + self._end
 
     def encode(self, delta: ChoiceDelta, finish: FinishReason | None = None,
@@ -45,7 +47,7 @@ class ChunkEncoder:
         meta = self.meta
         entries = chat_logprobs(writer.pieces, logprobs) if writer else None
         event = sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
-                                             choices=[ChunkChoice(delta=delta, finish_reason=finish,
+                                             choices=[ChunkChoice(index=self.index, delta=delta, finish_reason=finish,
                                                                   logprobs=entries)]))
         return null_usage(event) if self._usage else event
 

@@ -6,8 +6,7 @@ from typing import Any, cast
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from service.chat.completion_choices import MAX_CHOICES
-from service.chat.schemas import SamplingFields
+from service.chat.schemas import MAX_CHOICES, SamplingFields
 
 __all__ = ["CompletionRequest"]
 
@@ -66,13 +65,6 @@ class CompletionRequest(SamplingFields):
                 if isinstance(item, list) and any(t < 0 for t in item):
                     raise ValueError("token ids must be non-negative")
         return prompt
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, n: int | None) -> int | None:  # chat's check, replaced: completions take n
-        if n is not None and not 1 <= n <= MAX_CHOICES:
-            raise ValueError(f"n must be 1 to {MAX_CHOICES}")
-        return n
 
     def prompt_items(self) -> list[str | list[int]]:
         """The prompts, each a text or token ids. Raises nothing."""

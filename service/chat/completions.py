@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, AsyncGenerator
 
 import anyio
@@ -18,7 +18,7 @@ from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
 from service.chat.logprobs import CompletionLogprobWriter, TokenPieces, requested_logprobs, token_pieces
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
-from service.chat.completion_choices import Choice, Choices, respond_choices
+from service.chat.choices import Choice, Choices, respond_choices
 from service.chat.completion_request import CompletionRequest
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
@@ -52,6 +52,14 @@ async def _prompt_tokens(state: AppState, engine: ChatEngine, prompt: str | list
     check_text_fits(len(prompt), engine, "prompt")  # before tokenizing text that cannot fit
     encoded = await anyio.to_thread.run_sync(tokenizer.encode, prompt, limiter=state.tokenize_limiter)
     return [int(t) for t in encoded], prompt
+
+
+@dataclass
+class _Echo:
+    """A choice's echoed prompt, and the prompt's tokens when their log probabilities go with it."""
+
+    text: str
+    prompt: list[int] | None
 
 
 def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None,
@@ -178,10 +186,10 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         return generation
 
     if len(items) * samples > 1:
-        choices = Choices()
+        choices: Choices[_Echo] = Choices()
         record_tokens(request, choices.totals)
 
-        async def submit_all(into: Choices) -> None:
+        async def submit_all(into: Choices[_Echo]) -> None:
             for number, item in enumerate(items):
                 prompt, prompt_text = await _prompt_tokens(state, engine, item, bool(data.echo))
                 for sample in range(samples):
@@ -191,15 +199,19 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
                         index=number * samples + sample, first_sample=sample == 0,
                         stream=submit(engine, generation, param="prompt"),
                         timing=timing if first else StreamTiming(timing.arrival, timing.deadline),
-                        echo=prompt_text if data.echo else "",
-                        prompt=prompt if generation.prompt_logprobs is not None else None))
+                        payload=_Echo(prompt_text if data.echo else "",
+                                      prompt if generation.prompt_logprobs is not None else None)))
             observe_queue_wait(state, timing)
 
         return await respond_choices(
-            request, state, choices, meta, submit_all=submit_all, include_usage=include_usage,
-            events_of=(lambda c: _choice_events(c.reader, meta, include_usage, c.echo, pieces, c.prompt, c.index))
-            if data.stream else None,
-            collect_of=lambda c: _choice(c.reader, c.echo, pieces, c.prompt, c.index))
+            request, state, choices, submit_all=submit_all,
+            events_of=(lambda c: _choice_events(c.reader, meta, include_usage, c.payload.text, pieces,
+                                                c.payload.prompt, c.index)) if data.stream else None,
+            collect_of=lambda c: _choice(c.reader, c.payload.text, pieces, c.payload.prompt, c.index),
+            whole=lambda answers, usage: Completion(id=meta.id, created=meta.created, model=meta.model,
+                                                    choices=answers, usage=usage),
+            usage_chunk=(lambda usage: sse_data(Completion(id=meta.id, created=meta.created, model=meta.model,
+                                                           choices=[], usage=usage))) if include_usage else None)
 
     counter = UsageCounter()
     record_tokens(request, counter.totals)

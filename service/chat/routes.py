@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from contextlib import aclosing
 from dataclasses import replace
-from typing import Any, AsyncGenerator, Sequence
+from typing import Any, AsyncGenerator, Callable, Sequence
 
 from litestar import Request, Response, post
 
@@ -22,7 +22,8 @@ from service.chat.tool_text import request_tools
 from service.chat.json_output import reply_grammar
 from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
-from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason
+from service.chat.choices import Choice, Choices, respond_choices
+from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason, Usage
 from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
@@ -63,9 +64,21 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
     """Render `body`, queue its row and return its stream and the request the engine took (its limits); the
     reply's translator is appended to `translators`. Shared by /v1/chat/completions and /v1/responses. Raises
     APIError (what rendering or the engine refuses)."""
+    generation, translator = await _chat_request(request, state, engine, body, logprobs)
+    counter.prompt_tokens = len(generation.prompt_tokens)
+    translators.append(translator())
+    stream = submit(engine, generation, param="messages")
+    observe_queue_wait(state, timing)
+    return stream, generation
+
+
+async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine: ChatEngine,
+                        body: ChatCompletionRequest,
+                        logprobs: int | None) -> tuple[GenerationRequest, Callable[[], ChatTranslator]]:
+    """The engine request for `body` (rendered, its grammar prepared) and how to make a reply's translator (one per
+    choice: it keeps the reply's state). Raises APIError (what rendering refuses)."""
     rendered = await render_chat(state, engine, body)
     prompt = rendered.tokens
-    counter.prompt_tokens = len(prompt)
     generation = generation_request(engine, body, prompt, body.max_completion_tokens or body.max_tokens,
                                     param="messages", session_id=_session_hint(request, body),
                                     segment_boundaries=rendered.boundaries,
@@ -78,15 +91,12 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
                                   forced=_forced(body.tool_choice))
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
-    translators.append(ChatTranslator.for_request(engine.tokenizer, prompt, tools,
-                                                  # only functions the request declared come back as calls
-                                                  calls=calls,
-                                                  one_call=body.parallel_tool_calls is False,
-                                                  json_calls=rendered.json_tool_calls,
-                                                  opening=rendered.generation_prompt))
-    stream = submit(engine, generation, param="messages")
-    observe_queue_wait(state, timing)
-    return stream, generation
+    return generation, lambda: ChatTranslator.for_request(engine.tokenizer, prompt, tools,
+                                                          # only functions the request declared come back as calls
+                                                          calls=calls,
+                                                          one_call=body.parallel_tool_calls is False,
+                                                          json_calls=rendered.json_tool_calls,
+                                                          opening=rendered.generation_prompt)
 
 
 def _forced(choice: Any) -> str | bool:
@@ -142,11 +152,11 @@ class _Opening:
         return b""
 
 
-async def _chat_events(
-    reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool,
-    writer: LogprobJson | None = None,
-) -> AsyncGenerator[bytes, None]:
-    chunk = _Opening(ChunkEncoder(meta, writer, usage=include_usage))
+async def _choice_chunks(reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, include_usage: bool,
+                         writer: LogprobJson | None = None, index: int = 0) -> AsyncGenerator[bytes, None]:
+    """One choice's chunks: its opening, its text, reasoning and calls, its finish. Raises APIError (the row
+    failed)."""
+    chunk = _Opening(ChunkEncoder(meta, writer, usage=include_usage, index=index))
     held: list[TokenLogprob] = []  # log probabilities of tokens whose text has not shown in a chunk yet
 
     def shown() -> list[TokenLogprob]:  # the held tokens, whose entries go with the chunk going out now
@@ -154,38 +164,50 @@ async def _chat_events(
         taken, held = held, []
         return taken
 
+    finish: str | None = None
+    async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
+        async for text, finish in items:
+            if writer is None:  # the common case, kept to the text alone
+                for choice_delta in translator.feed(text):
+                    yield chunk(choice_delta)
+            else:
+                held += reader.take_logprobs()
+                for choice_delta in translator.feed(text):
+                    yield chunk(choice_delta, logprobs=shown())
+            if translator.done:
+                finish = None
+                break
+    for choice_delta in translator.finish():
+        yield chunk(choice_delta, logprobs=shown())
+    if owed := chunk.closing(translator):
+        yield owed
+    yield chunk(ChoiceDelta(), translator.finish_reason(finish), logprobs=shown())
+
+
+def _usage_chunk(meta: ResponseMeta, usage: Usage) -> bytes:
+    return sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=usage))
+
+
+async def _chat_events(
+    reader: RowReader, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter, include_usage: bool,
+    writer: LogprobJson | None = None,
+) -> AsyncGenerator[bytes, None]:
     try:
-        finish: str | None = None
-        async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
-            async for text, finish in items:
-                if writer is None:  # the common case, kept to the text alone
-                    for choice_delta in translator.feed(text):
-                        yield chunk(choice_delta)
-                else:
-                    held += reader.take_logprobs()
-                    for choice_delta in translator.feed(text):
-                        yield chunk(choice_delta, logprobs=shown())
-                if translator.done:
-                    finish = None
-                    break
-        for choice_delta in translator.finish():
-            yield chunk(choice_delta, logprobs=shown())
-        if owed := chunk.closing(translator):
-            yield owed
-        yield chunk(ChoiceDelta(), translator.finish_reason(finish), logprobs=shown())
+        async with aclosing(_choice_chunks(reader, translator, meta, include_usage, writer)) as chunks:
+            async for event in chunks:
+                yield event
         if include_usage:
-            usage = ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage())
-            yield sse_data(usage)
+            yield _usage_chunk(meta, counter.usage())
     except Exception as exc:  # headers are out: report in-band, then end the stream properly
         _log.warning("chat stream %s failed: %s", meta.id, exc)
         yield sse_error(in_band_error(exc))
     yield DONE
 
 
-async def _collect(stream: RowStream, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter,
-                   timing: StreamTiming, pieces: TokenPieces | None = None) -> ChatCompletion:
+async def _chat_choice(reader: RowReader, translator: ChatTranslator, pieces: TokenPieces | None,
+                       index: int = 0) -> ChatChoice:
+    """One choice, read whole. Raises APIError (the row failed)."""
     finish = None
-    reader = RowReader(stream, counter, timing)
     tokens: list[TokenLogprob] = []
     async with aclosing(reader.items()) as items:
         async for text, finish in items:
@@ -196,14 +218,14 @@ async def _collect(stream: RowStream, translator: ChatTranslator, meta: Response
                 break
     translator.finish()
     logprobs = chat_logprobs(pieces, tokens) if pieces is not None else None
-    return ChatCompletion(
-        id=meta.id,
-        created=meta.created,
-        model=meta.model,
-        choices=[ChatChoice(message=translator.message(), finish_reason=translator.finish_reason(finish),
-                            logprobs=logprobs)],
-        usage=counter.usage(),
-    )
+    return ChatChoice(index=index, message=translator.message(), finish_reason=translator.finish_reason(finish),
+                      logprobs=logprobs)
+
+
+async def _collect(stream: RowStream, translator: ChatTranslator, meta: ResponseMeta, counter: UsageCounter,
+                   timing: StreamTiming, pieces: TokenPieces | None = None) -> ChatCompletion:
+    choice = await _chat_choice(RowReader(stream, counter, timing), translator, pieces)
+    return ChatCompletion(id=meta.id, created=meta.created, model=meta.model, choices=[choice], usage=counter.usage())
 
 
 @post(
@@ -232,14 +254,48 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     logprobs = requested_logprobs(data.logprobs, data.top_logprobs)
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
 
+    include_usage = bool(data.stream_options and data.stream_options.include_usage)
+    if (data.n or 1) > 1:
+        return await _choices(request, state, engine, data, meta, timing, logprobs, include_usage)
+
     async def submit_row() -> RowStream:
         stream, _ = await submit_chat(request, state, engine, data, counter, timing, translators, logprobs=logprobs)
         return stream
 
-    include_usage = bool(data.stream_options and data.stream_options.include_usage)
     return await respond(
         request, counter, timing, submit_row=submit_row,
         events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage,
                                             logprob_json(engine.tokenizer) if pieces is not None else None))
         if data.stream else None,
         collect=lambda stream: _collect(stream, translators[0], meta, counter, timing, pieces))
+
+
+async def _choices(request: Request[Any, Any, Any], state: AppState, engine: ChatEngine, data: ChatCompletionRequest,
+                   meta: ResponseMeta, timing: StreamTiming, logprobs: int | None,
+                   include_usage: bool) -> Response[Any]:
+    """`n` replies to one rendered prompt, each its own row and translator (service/chat/choices.py)."""
+    choices: Choices[ChatTranslator] = Choices()
+    record_tokens(request, choices.totals)
+
+    async def submit_all(into: Choices[ChatTranslator]) -> None:
+        generation, translator = await _chat_request(request, state, engine, data, logprobs)
+        for sample in range(data.n or 1):
+            row = generation
+            if sample and (seed := generation.sampling.seed) is not None:  # n samples differ, and repeat
+                row = replace(generation, sampling=replace(generation.sampling, seed=(seed + sample) % (1 << 64)))
+            into.all.append(Choice(index=sample, first_sample=sample == 0,
+                                   stream=submit(engine, row, param="messages"),
+                                   timing=timing if sample == 0 else StreamTiming(timing.arrival, timing.deadline),
+                                   payload=translator()))
+        observe_queue_wait(state, timing)
+
+    pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
+    return await respond_choices(
+        request, state, choices, submit_all=submit_all,
+        events_of=(lambda c: _choice_chunks(c.reader, c.payload, meta, include_usage,
+                                            logprob_json(engine.tokenizer) if pieces is not None else None, c.index))
+        if data.stream else None,
+        collect_of=lambda c: _chat_choice(c.reader, c.payload, pieces, c.index),
+        whole=lambda answers, usage: ChatCompletion(id=meta.id, created=meta.created, model=meta.model,
+                                                    choices=answers, usage=usage),
+        usage_chunk=(lambda usage: _usage_chunk(meta, usage)) if include_usage else None)

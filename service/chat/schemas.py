@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from service.chat.json_output import check_response_format
 
 __all__ = [
+    "MAX_CHOICES",
     "TextPart",
     "RefusalPart",
     "FunctionCall",
@@ -32,6 +33,10 @@ __all__ = [
     "UNREAD_PARTS",
     "TOOL_NAME",
 ]
+
+# Choices in one request (n, and a text completion's prompts times n): each is a row, and one request must not take
+# the whole queue.
+MAX_CHOICES = 64
 
 
 def _only_false(value: bool | None, why: str) -> bool | None:
@@ -268,7 +273,8 @@ class SamplingFields(_Body):
                                           "sampled replies only). Default 0: never.")
     xtc_threshold: float | None = Field(None, ge=0.0, le=1.0, description="XTC's threshold (default 0.1).")
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) → bias in [-100, 100].")
-    n: int | None = Field(1, description="Only 1 is supported (null: 1).")
+    n: int | None = Field(1, description=f"Choices to generate, each its own row (null: 1; at most {MAX_CHOICES} in "
+                                         "a request); with a seed, sample j gets the seed + j.")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
     safety_identifier: str | None = Field(None, description="As `user`.")
     skip_special_tokens: bool | None = Field(None, description="vLLM's field: false keeps the special tokens a model "
@@ -290,9 +296,9 @@ class SamplingFields(_Body):
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, n: int | None) -> int | None:
-        if n not in (1, None):
-            raise ValueError("only n=1 is supported")
+    def _choices(cls, n: int | None) -> int | None:
+        if n is not None and not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"n must be 1 to {MAX_CHOICES}")
         return n
 
     @field_validator("stop")

@@ -108,7 +108,7 @@ def test_errors_reach_the_sdk_in_openai_shape(client: openai.OpenAI, model_id: s
         client.chat.completions.create(model="no-such-model", messages=MESSAGES)
     assert not_found.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model=model_id, messages=MESSAGES, n=2)
+        client.chat.completions.create(model=model_id, messages=MESSAGES, n=65)
     assert bad.value.param == "n"
     with pytest.raises(openai.BadRequestError) as too_long:
         client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "hello " * 3000}])

@@ -201,7 +201,7 @@ def test_a_line_names_the_request_id_the_client_got(client: Any, capsys: pytest.
 def test_a_refusal_says_why(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
     # "POST /v1/chat/completions 400 1.7 ms" told the operator nothing; the error's code and field do.
     capsys.readouterr()
-    bad = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": 9})
+    bad = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": 99})
     client.get("/nowhere")
     refused, missing = _lines(capsys.readouterr().err)
     error = bad.json()["error"]

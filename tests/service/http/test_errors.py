@@ -22,7 +22,7 @@ BAD_CHAT_BODIES: list[tuple[str, Any, int, str | None, str | None]] = [
     ("missing_messages", {"model": "fake-model"}, 400, "messages", "invalid_value"),
     ("empty_messages", {"messages": []}, 400, "messages", "invalid_value"),
     ("unknown_model", {"model": "gpt-9", "messages": USER}, 404, "model", "model_not_found"),
-    ("n_above_one", {"messages": USER, "n": 2}, 400, "n", "invalid_value"),
+    ("n_above_the_cap", {"messages": USER, "n": 65}, 400, "n", "invalid_value"),
     ("negative_max_tokens", {"messages": USER, "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
     ("negative_max_completion_tokens", {"messages": USER, "max_completion_tokens": -5}, 400, "max_completion_tokens", None),
     ("temperature_out_of_range", {"messages": USER, "temperature": 9}, 400, "temperature", "invalid_value"),
@@ -72,11 +72,11 @@ def test_bad_chat_request(client: Any, fake_engine: FakeEngine, case: str, body:
 
 BAD_COMPLETION_BODIES: list[tuple[str, Any, int, str | None, str | None]] = [
     ("missing_prompt", {"model": "fake-model"}, 400, "prompt", None),
-    ("two_prompts", {"prompt": ["a", "b"]}, 400, "prompt", "invalid_value"),
+    ("too_many_prompts", {"prompt": ["a"] * 65}, 400, "prompt", "invalid_value"),
     ("empty_token_list", {"prompt": []}, 400, "prompt", None),
     ("token_outside_vocab", {"prompt": [1, 10**9]}, 400, "prompt", None),
     ("unknown_model", {"model": "nope", "prompt": "a"}, 404, "model", "model_not_found"),
-    ("n_above_one", {"prompt": "a", "n": 3}, 400, "n", None),
+    ("n_above_the_cap", {"prompt": "a", "n": 65}, 400, "n", None),
     ("too_long", {"prompt": "y" * 300}, 400, "prompt", "context_length_exceeded"),
 ]
 

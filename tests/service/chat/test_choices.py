@@ -89,3 +89,56 @@ def test_a_batch_of_prompts_gets_what_each_prompt_gets_alone(tiny_loaded: Any) -
     assert [c["logprobs"]["tokens"] for c in batch] == [c["logprobs"]["tokens"] for c in alone]
     for got, want in zip(batch, alone):
         assert got["logprobs"]["token_logprobs"][1:] == pytest.approx(want["logprobs"]["token_logprobs"][1:], abs=2e-3)
+
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_n_chat_replies_render_once_and_run_side_by_side(client: TestClient[Any], fake_engine: FakeEngine) -> None:
+    answer = client.post("/v1/chat/completions", json={"messages": HI, "n": 3})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["message"]["content"] == WHOLE and c["finish_reason"] == "stop" for c in body["choices"])
+    assert len(fake_engine.tokenizer.template_calls) == 1 and len(fake_engine.requests) == 3
+    assert len({tuple(r.prompt_tokens) for r in fake_engine.requests}) == 1
+    prompt = len(fake_engine.requests[0].prompt_tokens)
+    assert body["usage"] == {**body["usage"], "prompt_tokens": prompt, "completion_tokens": 15}
+
+
+def test_n_chat_replies_stream_interleaved_each_opened_and_finished(client: TestClient[Any]) -> None:
+    body = {"messages": HI, "n": 2, "stream": True, "stream_options": {"include_usage": True}, "seed": 3}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200 and response.text.count("data: [DONE]") == 1
+    *chunks, usage = sse_events(response.text)[:-1]
+    content: dict[int, str] = {}
+    firsts: dict[int, dict[str, Any]] = {}
+    finishes: Counter[int] = Counter()
+    for event in chunks:
+        (choice,) = event["choices"]
+        firsts.setdefault(choice["index"], choice["delta"])
+        content[choice["index"]] = content.get(choice["index"], "") + (choice["delta"].get("content") or "")
+        finishes[choice["index"]] += choice["finish_reason"] is not None
+    assert content == {0: WHOLE, 1: WHOLE} and finishes == {0: 1, 1: 1}
+    assert all(first["role"] == "assistant" for first in firsts.values())  # each choice opens as OpenAI's does
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 10
+
+
+def test_a_seeded_chat_gives_each_sample_its_own_seed(client: TestClient[Any], fake_engine: FakeEngine) -> None:
+    client.post("/v1/chat/completions", json={"messages": HI, "n": 2, "seed": 41})
+    assert [r.sampling.seed for r in fake_engine.requests] == [41, 42]
+    refused = client.post("/v1/chat/completions", json={"messages": HI, "n": 65})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "n"
+
+
+def test_n_greedy_chat_replies_are_the_reply_alone(tiny_loaded: Any) -> None:
+    # The real engine: n rows of one prompt side by side, each the greedy reply the prompt gets on its own.
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.state import AppState
+
+    body: dict[str, Any] = {"messages": HI, "max_tokens": 6, "temperature": 0}
+    with TestClient(create_app(AppState(engine=Engine(tiny_loaded, max_iteration_tokens=8)))) as client:
+        alone = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+        three = client.post("/v1/chat/completions", json={**body, "n": 3}).json()["choices"]
+    assert [c["message"] for c in three] == [alone] * 3

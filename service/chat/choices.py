@@ -1,47 +1,47 @@
-"""Several choices in one text completion: a list of prompts (lm-eval's batches) and `n` samples of each, every
-choice its own engine row, so they run side by side in the batch. Non-streamed the answers are gathered;
-streamed their chunks interleave as they come, each naming its `index` (prompt i's sample j is choice i * n + j,
-as OpenAI numbers them). Usage counts each prompt once, however many samples it has."""
+"""Several choices in one request: `n` samples of a chat reply, or of each prompt of a text completion (a list of
+prompts is lm-eval's batch), every choice its own engine row, so they run side by side in the batch. Non-streamed
+the answers are gathered; streamed their chunks interleave as they come, each naming its `index` (prompt i's sample
+j is choice i * n + j, as OpenAI numbers them). Usage counts each prompt once, however many samples it has."""
 
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Awaitable, Callable
+from typing import Any, AsyncGenerator, Awaitable, Callable, Generic, TypeVar
 
 import anyio
 from anyio.abc import ObjectSendStream
 from litestar import Request, Response
+from pydantic import BaseModel
 
-from service.chat.replies import Completion, CompletionChoice, PromptTokensDetails, Usage
+from service.chat.replies import PromptTokensDetails, Usage
 from service.chat.respond import FIRST_BYTE_WAIT, KEEPALIVE_EVERY
-from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter, close_stream
+from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import in_band_error
-from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_data, sse_error
+from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_error
 from service.seams import RowStream
 from service.state import AppState
 
-__all__ = ["Choice", "Choices", "respond_choices", "MAX_CHOICES"]
+__all__ = ["Choice", "Choices", "respond_choices"]
 
 _log = logging.getLogger("tandem.service")
 
-# Prompts times n in one request: each is a row, and one request must not take the whole queue.
-MAX_CHOICES = 64
+T = TypeVar("T")
+A = TypeVar("A", bound=BaseModel)
 
 
 @dataclass
-class Choice:
-    """One choice's row, with what its chunks need: the echoed prompt and, when its log probabilities were asked,
-    its tokens."""
+class Choice(Generic[T]):
+    """One choice's row, with what its route writes it from (`payload`: the echoed prompt of a completion, the
+    translator of a chat reply)."""
 
     index: int
     first_sample: bool  # its prompt's tokens count in the usage (once per prompt)
     stream: RowStream
     timing: StreamTiming
-    echo: str
-    prompt: list[int] | None
+    payload: T
     counter: UsageCounter = field(default_factory=UsageCounter)
     reader: RowReader = field(init=False)
 
@@ -49,11 +49,11 @@ class Choice:
         self.reader = RowReader(self.stream, self.counter, self.timing)
 
 
-class Choices:
+class Choices(Generic[T]):
     """The request's choices, in submission order."""
 
     def __init__(self) -> None:
-        self.all: list[Choice] = []
+        self.all: list[Choice[T]] = []
 
     def totals(self) -> tuple[int, int]:
         """(prompt, completion) tokens so far, for the access log. Raises nothing."""
@@ -74,17 +74,18 @@ class Choices:
             await close_stream(choice.stream)
 
 
-async def respond_choices(request: Request[Any, Any, Any], state: AppState, choices: Choices, meta: ResponseMeta, *,
-                          submit_all: Callable[[Choices], Awaitable[None]],
-                          events_of: Callable[[Choice], AsyncGenerator[bytes, None]] | None,
-                          collect_of: Callable[[Choice], Awaitable[CompletionChoice]],
-                          include_usage: bool) -> Response[Any]:
-    """The Completion with every choice (`events_of` None), or an SSE stream of their chunks, for the rows
-    `submit_all` submits. Before the first byte a failure is a status code: a refused row's (every row is closed
-    then), or a row failing before its first delta within FIRST_BYTE_WAIT; after it an error event, then `[DONE]`.
-    Raises APIError."""
+async def respond_choices(request: Request[Any, Any, Any], state: AppState, choices: Choices[T], *,
+                          submit_all: Callable[[Choices[T]], Awaitable[None]],
+                          events_of: Callable[[Choice[T]], AsyncGenerator[bytes, None]] | None,
+                          collect_of: Callable[[Choice[T]], Awaitable[A]],
+                          whole: Callable[[list[A], Usage], Any],
+                          usage_chunk: Callable[[Usage], bytes] | None) -> Response[Any]:
+    """The body `whole(choices, usage)` (`events_of` None), or an SSE stream of the choices' chunks then
+    `usage_chunk(usage)` when given, for the rows `submit_all` submits. Before the first byte a failure is a status
+    code: a refused row's (every row is closed then), or a row failing before its first delta within
+    FIRST_BYTE_WAIT; after it an error event, then `[DONE]`. Raises APIError."""
 
-    async def prepare() -> list[CompletionChoice] | None:
+    async def prepare() -> list[A] | None:
         try:
             await submit_all(choices)
             if events_of is None:
@@ -102,19 +103,17 @@ async def respond_choices(request: Request[Any, Any, Any], state: AppState, choi
     except ClientDisconnected:
         return Response(None, status_code=499)
     if answer is not None:
-        return Response(Completion(id=meta.id, created=meta.created, model=meta.model, choices=answer,
-                                   usage=choices.usage()))
+        return Response(whole(answer, choices.usage()))
     assert events_of is not None and state.task_group is not None  # the app's lifespan runs its task group
-    return SSEStream(EventSource(_merged(state, choices, meta, events_of, include_usage), choices.close))
+    return SSEStream(EventSource(_merged(state, choices, events_of, usage_chunk), choices.close))
 
 
-async def _gather(choices: Choices,
-                  collect_of: Callable[[Choice], Awaitable[CompletionChoice]]) -> list[CompletionChoice]:
+async def _gather(choices: Choices[T], collect_of: Callable[[Choice[T]], Awaitable[A]]) -> list[A]:
     """Every choice collected side by side, in index order. Raises the first failure (the others are cancelled)."""
-    out: list[CompletionChoice | None] = [None] * len(choices.all)
+    out: list[A | None] = [None] * len(choices.all)
     failed: list[Exception] = []
     async with anyio.create_task_group() as group:
-        async def one(position: int, choice: Choice) -> None:
+        async def one(position: int, choice: Choice[T]) -> None:
             try:
                 out[position] = await collect_of(choice)
             except Exception as exc:  # kept, not raised: a task group would wrap it in an ExceptionGroup
@@ -125,12 +124,11 @@ async def _gather(choices: Choices,
             group.start_soon(one, position, choice)
     if failed:
         raise failed[0]
-    return sorted((c for c in out if c is not None), key=lambda c: c.index)
+    return [c for c in out if c is not None]  # submission order is index order
 
 
-async def _merged(state: AppState, choices: Choices, meta: ResponseMeta,
-                  events_of: Callable[[Choice], AsyncGenerator[bytes, None]],
-                  include_usage: bool) -> AsyncGenerator[bytes, None]:
+async def _merged(state: AppState, choices: Choices[T], events_of: Callable[[Choice[T]], AsyncGenerator[bytes, None]],
+                  usage_chunk: Callable[[Usage], bytes] | None) -> AsyncGenerator[bytes, None]:
     """The choices' chunks as they come (keep-alives while none does), then the usage chunk when asked and `[DONE]`;
     a choice's failure ends the stream with an error event. Each choice is read by a task in the app's task group
     (not one inside this generator: a cancel scope must not span a yield)."""
@@ -151,21 +149,20 @@ async def _merged(state: AppState, choices: Choices, meta: ResponseMeta,
                 if item is None:
                     yield KEEPALIVE
                 elif isinstance(item, Exception):
-                    _log.warning("completion stream %s failed: %s", meta.id, item)
+                    _log.warning("a stream of %d choices failed: %s", len(choices.all), item)
                     yield sse_error(in_band_error(item))
                     yield DONE
                     return
                 else:
                     yield item
-        if include_usage:
-            yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[],
-                                      usage=choices.usage()))
+        if usage_chunk is not None:
+            yield usage_chunk(choices.usage())
         yield DONE
     finally:
         await choices.close()  # a client that left, or a failed choice: the others stop too
 
 
-async def _pump(choice: Choice, events_of: Callable[[Choice], AsyncGenerator[bytes, None]],
+async def _pump(choice: Choice[T], events_of: Callable[[Choice[T]], AsyncGenerator[bytes, None]],
                 send: ObjectSendStream[bytes | Exception]) -> None:
     """One choice's chunks into the merged stream, or its failure. Raises nothing: it runs in the app's task group,
     which an exception would end."""
