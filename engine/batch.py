@@ -129,6 +129,8 @@ class LLMBatchGroup:
         if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
         self._queue.check_room(self._active)
+        if not self.active_rows() and not self.queued_rows():
+            self.health.waiting_from_idle()
         prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)
         if self.admission is not None:
             request = self.admission.fit(request, len(prompt))

@@ -50,6 +50,8 @@ __all__ = ["RemoteEngine", "RemoteRowStream", "open_isolated_engine"]
 _log = logging.getLogger("tandem.isolate")
 
 RESTART_RETRY_AFTER = 10  # seconds a client is told to wait while the engine process reloads the model
+# No snapshot for this long (they come every 0.5 s) and the engine process is stopped or hung: /health says so.
+SILENT_SECONDS = 15.0
 
 
 class RemoteRowStream:
@@ -136,6 +138,7 @@ class RemoteEngine:
         self._connected = False
         self._process: subprocess.Popen[bytes] | None = None
         self._snapshot: Snapshot = Snapshot({}, {"ok": True})
+        self._heard = time.monotonic()  # when the engine process last sent a snapshot (or became ready)
         self._exited = anyio.Event()
         self._policy = RestartPolicy()
         self._failure = ""
@@ -163,6 +166,7 @@ class RemoteEngine:
             from engine.models import load_tokenizer
 
             self.tokenizer = await anyio.to_thread.run_sync(load_tokenizer, ready.tokenizer_dir)
+        self._heard = time.monotonic()
         self._state = "ready"
 
     async def serve(self) -> None:
@@ -269,6 +273,9 @@ class RemoteEngine:
         if not self._ready():
             return {"ok": False, "status": "restarting", "error": "the engine process is starting",
                     "retry_after": RESTART_RETRY_AFTER}
+        # Its snapshots come every SNAPSHOT_SECONDS: silence means a stopped or hung process, which no exit reports.
+        if (silent := time.monotonic() - self._heard) > SILENT_SECONDS:
+            return {"ok": False, "error": f"the engine process (pid {self.pid}) has not answered for {silent:.0f} s"}
         return self._snapshot.health
 
     # -- the connection ---------------------------------------------------------------------------
@@ -340,7 +347,7 @@ class RemoteEngine:
             if (stream := self._streams.pop(message.rid, None)) is not None:
                 stream.deliver(message.error.exception())
         elif isinstance(message, Snapshot):
-            self._snapshot = message
+            self._snapshot, self._heard = message, time.monotonic()
 
     def _send(self, message: object) -> None:
         try:

@@ -151,3 +151,27 @@ async def test_stats_name_no_pid_while_the_engine_process_restarts(tiny_llm_dir:
     monkeypatch.setattr(engine, "start", start)
     await engine._restart()
     assert (seen["state"], seen["pid"]) == ("restarting", None)
+
+
+@pytest.mark.anyio
+async def test_health_says_when_the_engine_process_stops_answering(tiny_llm_dir: Any, monkeypatch: Any) -> None:
+    # A SIGSTOPped (or hung) engine process kept /health at 200 ok for as long as it stayed stopped: no exit to see.
+    import asyncio
+    import time
+    from multiprocessing import Pipe
+
+    import service.isolate.remote as remote
+    from service.isolate.messages import Snapshot
+
+    engine = RemoteEngine(ServiceConfig(model=str(tiny_llm_dir), isolate=True, warmup=False))
+    ours, theirs = Pipe()
+    engine._conn, engine._connected, engine._state, engine.pid = ours, True, "ready", 4321
+    theirs.send(Snapshot({}, {"ok": True}))
+    theirs.close()
+    engine._read(ours, asyncio.get_running_loop())  # the snapshot arrives; the relay returns at the connection's end
+    engine._state, engine._connected = "ready", True  # as if it were still connected
+    assert engine.health() == {"ok": True}
+    later = time.monotonic() + remote.SILENT_SECONDS + 1
+    monkeypatch.setattr(remote.time, "monotonic", lambda: later)
+    health = engine.health()
+    assert health["ok"] is False and "pid 4321" in health["error"] and "not answered" in health["error"]
