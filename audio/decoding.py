@@ -24,7 +24,7 @@ from audio.window import WindowRequest, WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
 from audio.whisper import LoadedWhisper
-from audio.word_timing import hallucinated_tail, nest
+from audio.word_timing import hallucinated_tail, nest, within
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -230,11 +230,15 @@ class WindowedTranscription:
                 if last_word_end is not None and last_word_end > time_offset:
                     self.seek = min(previous_seek + advance, round(last_word_end * FRAMES_PER_SECOND))
                     self.inside_text = self.seek < previous_seek + advance
+        if self.seek <= previous_seek:  # never loop on the same window
+            self.seek = previous_seek + frames
+        if self.options.word_timestamps and current:
+            # The next window starts at the seek: a last word aligned past the last timestamp the seek stopped at
+            # ended 0.2 s into the next window's first word, its segment too (times went backwards at the seam).
+            within(current, time_offset, self.seek * HOP_LENGTH / SAMPLE_RATE)
             last_word_end = segment_end(current)
             if last_word_end is not None:
                 self.last_speech_timestamp = last_word_end
-        if self.seek <= previous_seek:  # never loop on the same window
-            self.seek = previous_seek + frames
         return self.commit(current, result)
 
     async def align(self, current: list[dict[str, Any]], result: WindowResult, frames: int,

@@ -1,13 +1,14 @@
 """Word timestamps after mlx-whisper's alignment (mlx_whisper.timing.add_word_timestamps): openai-whisper's score
 for hallucinated words, the trailing hallucinations of a window that ends in silence, and words kept inside their
-segment once both are mapped back to the source audio.
+segment once both are mapped back to the source audio, and a window's words and segments kept inside the audio
+it consumed.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["PUNCTUATION", "word_anomaly_score", "is_segment_anomaly", "hallucinated_tail", "nest"]
+__all__ = ["PUNCTUATION", "word_anomaly_score", "is_segment_anomaly", "hallucinated_tail", "nest", "within"]
 
 # openai-whisper's transcribe(): words made of these alone are left out of the anomaly score
 PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
@@ -53,3 +54,12 @@ def nest(start: float, end: float, lo: float, hi: float) -> tuple[float, float]:
     """[start, end] moved inside [lo, hi], start <= end kept. Raises nothing."""
     start = min(max(start, lo), hi)
     return start, min(max(end, start), hi)
+
+
+def within(segments: Sequence[dict[str, Any]], lo: float, hi: float) -> None:
+    """Segments and their aligned words moved inside [lo, hi] (a window's start and its seek), in place: the
+    alignment may end a segment's last word past the seek, where the next window's words begin. Raises nothing."""
+    for s in segments:
+        s["start"], s["end"] = nest(float(s["start"]), float(s["end"]), lo, hi)
+        for w in s.get("words", []):
+            w["start"], w["end"] = nest(float(w["start"]), float(w["end"]), lo, hi)

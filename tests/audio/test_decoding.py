@@ -158,6 +158,34 @@ async def test_word_timestamps_never_seek_past_the_windows_last_timestamp(tiny_w
         assert tr.seek == seek, (word_end, tr.seek)
 
 
+async def test_word_and_segment_times_never_go_back_at_a_window_seam(tiny_whisper: LoadedWhisper) -> None:
+    # The probe's 5-min file: a window's last timestamp at 77.34 s, its last word "was" aligned to end at 77.54; the
+    # seek stopped at the timestamp and the next window's "not" began at 77.34: words and segments went back 0.2 s.
+    options = TranscribeOptions(temperatures=(0.0,), word_timestamps=True)
+    tr = await WindowedTranscription.start(tiny_whisper, options)
+    tok, ts = tr.tokenizer, tr.tokenizer.timestamp_begin
+    first = [ts, *tok.encode(" cold-hearted"), ts + 250, ts + 250, *tok.encode(" and"), ts + 500, ts + 500]
+    second = [ts, *tok.encode(" rather"), ts + 100, ts + 100, *tok.encode(" selfish."), ts + 500]
+    windows = iter([10.22, None])
+
+    async def align(current: list[dict], result: object, frames: int, tasks: object) -> None:
+        for s in current:
+            s["words"] = [{"word": s["text"], "start": s["start"], "end": s["end"], "probability": 0.9}]
+        if (end := next(windows)) is not None:  # the last word aligned past the window's last timestamp
+            current[-1]["words"][-1]["end"] = current[-1]["end"] = end
+
+    tr.align = align  # type: ignore[method-assign]
+    scheduler, pcm = ScriptedScheduler(first, second), noise(20)
+    while (w := tr.next_window(len(pcm), final=True)) is not None:
+        await tr.step(pcm[w[0]: w[0] + N_SAMPLES], w[1], scheduler, None)  # type: ignore[arg-type]
+    segments = tr.transcript(20.0).segments
+    assert [s.text for s in segments] == [" cold-hearted", " and", " rather", " selfish."]
+    words = [w for s in segments for w in s.words]
+    assert all(a.end <= b.start for a, b in zip(words, words[1:])), [(w.start, w.end) for w in words]
+    assert all(a.end <= b.start for a, b in zip(segments, segments[1:])), [(s.start, s.end) for s in segments]
+    assert (segments[1].end, segments[2].start) == (10.0, 10.0)  # "and" ends where the next window begins
+
+
 async def test_sampled_windows_draw_anew_each_transcription_and_greedy_ones_stay_exact(
         tiny_whisper: LoadedWhisper) -> None:
     # Every request keyed its draws with seed 0: temperature 1 gave the same text on every call.
