@@ -23,6 +23,7 @@ from audio.pcm import SAMPLE_RATE, check_file_length
 from audio.transcript import TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, api_error, in_band_error
+from service.http.multipart import file_parts
 from service.http.openapi import error_responses, inline_json_schema, ok_content_operation, sse_event_schema
 from service.http.sse import EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
@@ -38,7 +39,8 @@ from service.speech.schemas import (
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
 from service.state import get_state
 
-__all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "part_content_type"]
+__all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "FILE_PARTS",
+           "part_content_type"]
 
 SPEECH_ERRORS = error_responses({400: "Bad audio or parameters (OpenAI error shape)", 404: "Unknown model or session",
                                  409: "Session finished, deleted or expired", 413: "Body over the size limit"})
@@ -50,13 +52,15 @@ FILE_CONTENT: dict[str, dict[str, Any]] = {
     "text/plain": {**_TEXT, "description": "response_format text or srt"},
     "text/vtt": {**_TEXT, "description": "response_format vtt"},
 }
+# the upload routes' `file` part is the file with or without a filename (the SDK's `file=(None, data, type)`)
+FILE_PARTS = file_parts("file")
 _OK_CONTENT = FILE_CONTENT | {"text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone,
                                                                     done=False)}
 
 
 
 @post("/v1/audio/transcriptions", status_code=200, tags=["audio"],
-      summary="Transcribe an audio file", responses=SPEECH_ERRORS,
+      summary="Transcribe an audio file", responses=SPEECH_ERRORS, before_request=FILE_PARTS,
       operation_class=ok_content_operation(_OK_CONTENT, "TranscriptionOperation"),
       description="OpenAI-compatible. `stream=true` answers text/event-stream: `transcript.text.delta` events "
                   "(one per decoded window), then `transcript.text.done`.")

@@ -11,13 +11,14 @@ from litestar.params import Body
 
 from service.http.openapi import ok_content_operation
 from service.speech.schemas import TranslationForm
-from service.speech.transcriptions import FILE_CONTENT, SPEECH_ERRORS, respond_to_upload
+from service.speech.transcriptions import FILE_CONTENT, FILE_PARTS, SPEECH_ERRORS, respond_to_upload
 
 __all__ = ["create_translation"]
 
 
 @post("/v1/audio/translations", status_code=200, tags=["audio"], summary="Translate an audio file into English",
-      responses=SPEECH_ERRORS, operation_class=ok_content_operation(FILE_CONTENT, "TranslationOperation"),
+      responses=SPEECH_ERRORS, before_request=FILE_PARTS,
+      operation_class=ok_content_operation(FILE_CONTENT, "TranslationOperation"),
       description="OpenAI-compatible: the speech's text in English (Whisper's translate task; a multilingual "
                   "model only, an English-only one is a 400 naming `model`).")
 async def create_translation(

@@ -222,6 +222,19 @@ def test_missing_file_and_empty_file(client: TestClient[Any]) -> None:
     assert_error(r, 400, "empty_audio")
 
 
+def test_a_file_part_without_a_filename_is_the_file(client: TestClient[Any]) -> None:
+    # the openai SDK's `file=(None, data, "audio/wav")`: Litestar read the part as text, a 400 naming nothing
+    files = {"file": (None, wav_bytes(voiced(1.5)), "audio/wav")}
+    r = client.post("/v1/audio/transcriptions", data={"temperature": "1.0", "response_format": "verbose_json"},
+                    files=files)
+    assert r.status_code == 200, r.text
+    assert r.json()["duration"] == pytest.approx(1.5)
+    # a text field that is no text is refused naming it
+    r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(1.5)), "audio/wav"),
+                                                       "prompt": (None, b"\xff\xfe\x00audio", "text/plain")})
+    assert assert_error(r, 400, "invalid_encoding")["param"] == "prompt"
+
+
 def test_file_over_the_size_limit(client: TestClient[Any]) -> None:
     r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
                     files={"file": ("a.wav", b"\x00" * (26 * 1024 * 1024), "audio/wav")})

@@ -51,6 +51,13 @@ def test_a_multilingual_model_translates(multilingual: TestClient[Any], monkeypa
     assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain")
 
 
+def test_a_file_part_without_a_filename_is_translated(multilingual: TestClient[Any]) -> None:
+    r = multilingual.post("/v1/audio/translations", files={"file": (None, wav_bytes(voiced(1.5)), "audio/wav")},
+                          data={"temperature": "1.0", "response_format": "verbose_json"})
+    assert r.status_code == 200, r.text
+    assert r.json()["duration"] == pytest.approx(1.5)
+
+
 def test_an_english_only_model_is_refused_naming_the_model(english: TestClient[Any]) -> None:
     refused = assert_error(_post(english, "translations"), 400, "invalid_value")
     as_transcription = assert_error(_post(english, "transcriptions", task="translate"), 400, "invalid_value")

@@ -1,0 +1,108 @@
+"""A multipart form whose file parts are files even without a filename: the openai SDK sends
+`file=(None, data, "audio/wav")` so, and Litestar reads such a part as text (undecodable audio: a 400 naming
+nothing). `read_file_parts` is a route's `before_request`: it parses the form as Litestar does, but a part named
+as one of the route's file fields becomes an UploadFile whatever its disposition says, and a text part that is not
+UTF-8 is refused naming its field. Litestar's body extractor then takes the parsed form as its own.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, AsyncGenerator, Awaitable, Callable
+
+from litestar import Request
+from litestar.datastructures import UploadFile
+from litestar.enums import RequestEncodingType
+from litestar.exceptions import ClientException
+from litestar.types import Empty
+from litestar.utils.compat import async_next
+from litestar.utils.scope.state import ScopeState
+from multipart import (  # type: ignore[import-untyped]
+    MultipartSegment,
+    ParserError,
+    ParserLimitReached,
+    PushMultipartParser,
+)
+
+from service.http.errors import APIError
+
+__all__ = ["file_parts", "parse_form"]
+
+
+def file_parts(*names: str) -> Callable[[Request[Any, Any, Any]], Awaitable[None]]:
+    """A `before_request` hook that parses a multipart body with `names` read as files (see the module). Raises
+    APIError 400 naming a text field that is not UTF-8; ClientException (400) for a malformed form, as Litestar."""
+
+    async def read_file_parts(request: Request[Any, Any, Any]) -> None:
+        state = ScopeState.from_scope(request.scope)
+        content_type, options = request.content_type
+        if content_type != RequestEncodingType.MULTI_PART or state.form is not Empty or "boundary" not in options:
+            return  # not a form, already parsed, or no boundary: Litestar answers that itself
+        state.form = await parse_form(request.stream(), options["boundary"].encode(), set(names),
+                                      request.app.multipart_form_part_limit)
+
+    return read_file_parts
+
+
+async def parse_form(stream: AsyncGenerator[bytes, None], boundary: bytes, files: set[str],
+                     part_limit: int) -> dict[str, Any]:
+    """Litestar's parse_multipart_form, parts named in `files` always UploadFiles. Raises APIError 400 (a text part
+    that is not UTF-8, naming it), ClientException 400 (a malformed form, or more than `part_limit` parts)."""
+    fields: defaultdict[str, list[Any]] = defaultdict(list)
+    chunk = await async_next(stream, b"")
+    if not chunk:
+        return fields
+    data: UploadFile | bytearray = bytearray()
+    try:
+        with PushMultipartParser(boundary, max_segment_count=part_limit) as parser:
+            segment: MultipartSegment | None = None
+            while not parser.closed:
+                for part in parser.parse(chunk):
+                    if isinstance(part, MultipartSegment):
+                        segment = part
+                        if segment.filename or segment.name in files:
+                            data = UploadFile(content_type=segment.content_type or "application/octet-stream",
+                                              filename=segment.filename or "", headers=dict(segment.headerlist))
+                    elif part:
+                        if isinstance(data, UploadFile):
+                            await data.write(part)
+                        else:
+                            data.extend(part)
+                    else:
+                        if segment is None:
+                            raise ClientException("Unexpected eof in multipart/form-data")
+                        if isinstance(data, UploadFile):
+                            await data.seek(0)
+                            fields[segment.name].append(data)
+                        else:
+                            fields[segment.name].append(_text(data, segment))
+                        data, segment = bytearray(), None
+                chunk = await async_next(stream, b"")
+    except ParserError as exc:
+        await _close(data, fields)
+        raise ClientException("Invalid multipart/form-data") from exc
+    except ParserLimitReached:
+        await _close(data, fields)
+        raise ClientException("Request Entity Too Large") from None
+    except APIError:
+        await _close(data, fields)
+        raise
+    return {k: v if len(v) > 1 else v[0] for k, v in fields.items()}
+
+
+def _text(data: bytearray, segment: MultipartSegment) -> str:
+    try:
+        return data.decode(segment.charset or "utf-8")
+    except (UnicodeDecodeError, LookupError):
+        name = str(segment.name)[:64]
+        raise APIError(400, f"The `{name}` part is not valid text ({segment.charset or 'utf-8'}).", param=name,
+                       code="invalid_encoding") from None
+
+
+async def _close(data: UploadFile | bytearray, fields: dict[str, list[Any]]) -> None:
+    if isinstance(data, UploadFile):
+        await data.close()
+    for values in fields.values():
+        for value in values:
+            if isinstance(value, UploadFile):
+                await value.close()
