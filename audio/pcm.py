@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import soxr
 
+from audio.containers import container_kind
 from audio.errors import AudioInputError
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ __all__ = [
     "PcmStream",
     "parse_pcm_content_type",
     "is_raw_pcm",
+    "reads_as_raw_pcm",
     "decode_raw_pcm",
     "decode_container",
     "load_audio_file",
@@ -78,6 +80,13 @@ def is_raw_pcm(content_type: str | None) -> bool:
         return False
     mime = content_type.split(";", 1)[0].strip().lower()
     return mime in RAW_PCM_TYPES
+
+
+def reads_as_raw_pcm(content_type: str | None, body: bytes) -> bool:
+    """A whole body is raw samples when its type says so and it opens with no container's signature: a WAV uploaded
+    as `audio/L16` or `audio/pcm` is a WAV (OpenAI decides by the file; read raw it was empty text, or NaN).
+    Raises nothing."""
+    return is_raw_pcm(content_type) and container_kind(body) is None
 
 
 _PCM_PARAMETERS = frozenset({"rate", "encoding", "channels"})

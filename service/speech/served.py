@@ -1,8 +1,9 @@
 """Which Whisper model a speech request gets, its checked options, and how a request body becomes PCM.
 
 One rule for audio bodies in every route: `audio/pcm`, `audio/l16` and `audio/raw` are raw PCM described
-by the content-type's parameters; anything else — `application/octet-stream` included — is a container
-(WAV, mp3, m4a, flac, ogg, webm) that PyAV decodes and identifies itself.
+by the content-type's parameters, unless the body opens with a container's signature; anything else —
+`application/octet-stream` included — is a container (WAV, mp3, m4a, flac, ogg, webm) that PyAV decodes and
+identifies itself.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from audio.pcm import decode_container, decode_raw_pcm, is_raw_pcm, parse_pcm_content_type
+from audio.pcm import decode_container, decode_raw_pcm, parse_pcm_content_type, reads_as_raw_pcm
 from audio.transcript import Segment, TranscribeOptions, Transcript
 from audio.whisper import OPENAI_ALIASES
 from service.http.errors import APIError, model_not_found
@@ -46,7 +47,7 @@ def transcribe_options(speech: SpeechBackend, **kwargs: Any) -> TranscribeOption
 def decode_audio_body(raw: bytes, content_type: str | None, *, param: str, max_seconds: float) -> np.ndarray:
     """A whole request body → 16 kHz mono float32, by the module's content-type rule, at most `max_seconds`
     long. Blocking (PyAV): run it in a worker thread. Raises audio.errors.AudioInputError with `param` (a 400)."""
-    if is_raw_pcm(content_type):
+    if reads_as_raw_pcm(content_type, raw):
         return decode_raw_pcm(raw, parse_pcm_content_type(content_type), param=param, max_seconds=max_seconds)
     return decode_container(raw, param=param, max_seconds=max_seconds)
 

@@ -119,6 +119,22 @@ def test_an_l16_upload_is_read_big_endian(client: TestClient[Any]) -> None:
     assert upload(x.astype(">i2").tobytes(), "audio/L16;rate=16000") == little  # RFC 2586: network byte order
 
 
+def test_a_wav_uploaded_as_raw_pcm_is_read_as_the_wav(client: TestClient[Any]) -> None:
+    # The part's type switched a WAV to raw samples: audio/L16 read its header and samples big-endian (a 200 with
+    # empty text), audio/pcm as float32 (a 400 "PCM contains NaN"). OpenAI decides by the file itself.
+    wav = wav_bytes(voiced(1.5))
+
+    def upload(content_type: str) -> Any:
+        r = client.post("/v1/audio/transcriptions", data={"temperature": "0", "response_format": "verbose_json"},
+                        files={"file": ("a.wav", wav, content_type)})
+        assert r.status_code == 200, (content_type, r.text)
+        return r.json()
+
+    as_wav = upload("audio/wav")
+    for declared in ("audio/L16;rate=16000", "audio/pcm", "audio/pcm;rate=24000;encoding=s16le"):
+        assert upload(declared) == as_wav, declared
+
+
 def test_a_bad_raw_pcm_upload_names_the_file(client: TestClient[Any]) -> None:
     r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1"},
                     files={"file": ("a.pcm", b"\x00" * 5, "audio/pcm;rate=16000")})

@@ -1,0 +1,78 @@
+"""audio/containers.py: a body's container known by its signature, whatever type it was declared, and raw PCM
+(speech, silence, a sample of -1, noise) never taken for one."""
+
+from __future__ import annotations
+
+import io
+import wave
+
+import numpy as np
+import pytest
+
+from audio.containers import container_kind
+from audio.pcm import reads_as_raw_pcm
+from tests.audio.test_pcm import _encode, sine
+
+SR = 16000
+
+
+def _wav(x: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(SR)
+        w.writeframes((x * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def _without_id3(mp3: bytes) -> bytes:
+    """An mp3 as a bare stream of frames: its ID3v2 tag (size synchsafe in bytes 6-9) cut off."""
+    assert mp3[:3] == b"ID3"
+    size = (mp3[6] << 21) | (mp3[7] << 14) | (mp3[8] << 7) | mp3[9]
+    return mp3[10 + size:]
+
+
+@pytest.mark.parametrize("container, codec, rate, kind", [
+    ("flac", "flac", 48000, "flac"), ("ogg", "libopus", 48000, "ogg"), ("mp3", "libmp3lame", 44100, "mp3"),
+    ("ipod", "aac", 48000, "mp4"), ("webm", "libopus", 48000, "matroska"), ("adts", "aac", 48000, "aac"),
+    ("aiff", "pcm_s16be", 16000, "aiff"),
+])
+def test_encoded_files_are_known_by_their_signature(container: str, codec: str, rate: int, kind: str) -> None:
+    import av
+
+    try:
+        data = _encode(container, codec, rate, sine(440, 1.0, rate))
+    except (av.error.FFmpegError, ValueError) as exc:
+        pytest.skip(f"this PyAV build cannot encode {codec}: {exc}")
+    assert container_kind(data) == kind
+    if kind == "mp3":
+        assert container_kind(_without_id3(data)) == "mp3"  # by three frame headers in a row
+
+
+def test_a_wav_declared_as_raw_pcm_is_read_as_a_wav() -> None:
+    wav = _wav(sine(300, 0.5, SR))
+    assert container_kind(wav) == "wav"
+    for declared in ("audio/L16;rate=16000", "audio/pcm", "audio/pcm;rate=24000;encoding=s16le"):
+        assert not reads_as_raw_pcm(declared, wav)
+    assert reads_as_raw_pcm("audio/pcm", wav[44:])  # its samples alone are raw
+
+
+@pytest.mark.parametrize("name, body", [
+    ("speech s16le", (sine(300, 0.5, SR) * 32767).astype("<i2").tobytes()),
+    ("speech f32le", sine(300, 0.5, SR).astype("<f4").tobytes()),
+    ("speech s16be", (sine(300, 0.5, SR) * 32767).astype(">i2").tobytes()),
+    ("silence", bytes(32000)),
+    ("-1 samples, an MPEG frame sync", np.full(16000, -1, "<i2").tobytes()),
+    ("a sample of -1 then speech", np.concatenate([[-1, 0x6490 - 0x8000], (sine(300, 0.5, SR) * 9000)]).astype(
+        "<i2").tobytes()),
+])
+def test_raw_pcm_is_no_container(name: str, body: bytes) -> None:
+    assert container_kind(body) is None and reads_as_raw_pcm("audio/pcm;encoding=s16le", body), name
+
+
+def test_noise_is_no_container() -> None:
+    rng = np.random.default_rng(0)
+    heads = [rng.integers(0, 256, 4096, dtype=np.uint8).tobytes() for _ in range(2000)]
+    heads += [b"\xff\xfb" + h[2:] for h in heads[:500]]  # a frame sync first: its next header is noise
+    assert all(container_kind(h) is None for h in heads)
