@@ -19,12 +19,12 @@ from service.chat.replies import PromptTokensDetails, Usage
 from service.chat.respond import FIRST_BYTE_WAIT, KEEPALIVE_EVERY
 from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
 from service.http.disconnect import ClientDisconnected, run_while_connected
-from service.http.errors import in_band_error
+from service.http.errors import APIError, in_band_error
 from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_error
 from service.seams import RowStream
 from service.state import AppState
 
-__all__ = ["Choice", "Choices", "respond_choices"]
+__all__ = ["Choice", "Choices", "respond_choices", "check_capacity"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -72,6 +72,16 @@ class Choices(Generic[T]):
         """Free every row (a finished one's close is a no-op). Raises nothing."""
         for choice in self.all:
             await close_stream(choice.stream)
+
+
+def check_capacity(state: AppState, count: int, param: str) -> None:
+    """Refuse `count` choices this server could never hold at once (--max-active rows running, --max-queued
+    waiting): a 429 would be retried for ever. Raises APIError 400 naming `param`."""
+    room = state.config.max_active + state.config.queue_limit
+    if count > room:
+        raise APIError(400, f"{param}: {count} choices are more than this server runs and queues at once ({room}: "
+                            f"--max-active {state.config.max_active} + --max-queued {state.config.queue_limit}); send "
+                            f"fewer per request", param=param, code="too_many_choices")
 
 
 async def respond_choices(request: Request[Any, Any, Any], state: AppState, choices: Choices[T], *,

@@ -18,7 +18,7 @@ from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
 from service.chat.logprobs import CompletionLogprobWriter, TokenPieces, requested_logprobs, token_pieces
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
-from service.chat.choices import Choice, Choices, respond_choices
+from service.chat.choices import Choice, Choices, check_capacity, respond_choices
 from service.chat.completion_request import CompletionRequest
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
@@ -186,6 +186,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         return generation
 
     if len(items) * samples > 1:
+        check_capacity(state, len(items) * samples, "n" if samples > 1 else "prompt")
         choices: Choices[_Echo] = Choices()
         record_tokens(request, choices.totals)
 

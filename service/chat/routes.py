@@ -22,7 +22,7 @@ from service.chat.tool_text import request_tools
 from service.chat.json_output import reply_grammar
 from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
-from service.chat.choices import Choice, Choices, respond_choices
+from service.chat.choices import Choice, Choices, check_capacity, respond_choices
 from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason, Usage
 from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
 from service.chat.chunks import ChunkEncoder
@@ -256,6 +256,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
 
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     if (data.n or 1) > 1:
+        check_capacity(state, data.n or 1, "n")
         return await _choices(request, state, engine, data, meta, timing, logprobs, include_usage)
 
     async def submit_row() -> RowStream:

@@ -85,10 +85,16 @@ class AccessLog:
             if message["type"] == "http.response.start":
                 status.append(int(message["status"]))
                 message = {**message, "headers": [*message.get("headers", ()), id_header]}
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                ended.append(True)
-                if status and status[0] >= 400 and not refusal:
-                    refusal.append(_refusal(message.get("body", b"")))
+            elif message["type"] == "http.response.body":
+                body = message.get("body", b"")
+                if not message.get("more_body", False):
+                    ended.append(True)
+                    if status and status[0] >= 400 and not refusal:
+                        refusal.append(_refusal(body))
+                # A stream that failed after its 200: its error event's code ("error" quoted is only ever a key).
+                if status and status[0] < 400 and not refusal and b'"error"' in body:
+                    if code := _event_error(body):
+                        refusal.append(code)
             await send(message)
 
         async def listen() -> ReceiveMessage:
@@ -170,16 +176,37 @@ def _client(scope: Scope) -> str:
     return str(client[0]) if client else "-"
 
 
+def _event_error(body: Any) -> str:
+    """`code (param)` of the first SSE event in `body` that carries an OpenAI-shaped error (chat's and completions'
+    `data: {"error": ...}`, the Responses API's `error` event), "" when none does. Raises nothing."""
+    if not isinstance(body, (bytes, bytearray)) or len(body) > 65536:
+        return ""
+    for line in bytes(body).split(b"\n"):
+        if line.startswith(b"data: {") and b'"error"' in line:
+            try:
+                payload = json.loads(line[6:])
+            except ValueError:
+                continue
+            if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+                return _described(payload["error"])
+    return ""
+
+
 def _refusal(body: Any) -> str:
     """`code (param)` of an OpenAI-shaped error body (its code, else its type), "" for any other. Raises nothing."""
     if not isinstance(body, (bytes, bytearray)) or len(body) > 65536 or not body.startswith(b'{"error"'):
         return ""
     try:
         error = json.loads(body)["error"]
-        what = str(error.get("code") or error.get("type") or "")
-        param = error.get("param")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError):
         return ""
+    return _described(error) if isinstance(error, dict) else ""
+
+
+def _described(error: dict[str, Any]) -> str:
+    """`code (param)` of an error object. Raises nothing."""
+    what = str(error.get("code") or error.get("type") or "")
+    param = error.get("param")
     # Codes and fields are the server's words, but a field can echo a client's key: quoted where not plain.
     what = what if re.fullmatch(r"[\w.\-]{1,64}", what) else json.dumps(what[:64], ensure_ascii=True)
     if isinstance(param, str) and param:

@@ -142,3 +142,27 @@ def test_n_greedy_chat_replies_are_the_reply_alone(tiny_loaded: Any) -> None:
         alone = client.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
         three = client.post("/v1/chat/completions", json={**body, "n": 3}).json()["choices"]
     assert [c["message"] for c in three] == [alone] * 3
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/v1/completions", {"prompt": "ab", "n": 21}, "n"),
+    ("/v1/completions", {"prompt": ["ab"] * 21}, "prompt"),
+    ("/v1/chat/completions", {"messages": HI, "n": 21}, "n"),
+])
+def test_more_choices_than_the_server_can_hold_are_a_400_not_a_429(route: str, body: dict[str, Any],
+                                                                    param: str) -> None:
+    # --max-active 16 and --max-queued 4 hold 20 rows: a 21-choice request got 429 queue_full on an idle server, which
+    # the SDKs retried and could never pass.
+    from service.app import create_app
+    from service.config import ServiceConfig
+    from service.state import AppState
+
+    engine = FakeEngine()
+    with TestClient(create_app(AppState(engine=engine, config=ServiceConfig(max_queued=4)))) as client:
+        refused = client.post(route, json=body)
+        assert refused.status_code == 400, refused.text
+        error = refused.json()["error"]
+        assert error["param"] == param and error["code"] == "too_many_choices" and "(20:" in error["message"]
+        assert "retry-after" not in refused.headers and not engine.requests
+        fits = {**body, "n": 20} if "n" in body else {**body, "prompt": ["ab"] * 20}
+        assert client.post(route, json=fits).status_code == 200

@@ -208,3 +208,17 @@ def test_a_refusal_says_why(client: Any, capsys: pytest.CaptureFixture[str]) -> 
     assert bad.status_code == 400 and error["param"] == "n"
     assert f" ms error {error['code'] or error['type']} (n) req_" in refused, refused
     assert re.search(r" 404 \d+\.\d ms error \S+ req_", missing), missing
+
+
+def test_a_stream_that_failed_after_its_200_says_why(client: Any, fake_engine: Any,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # The client got an error event and [DONE]; the line read like a whole answer.
+    fake_engine.fail_with = "the device is gone"
+    capsys.readouterr()
+    with client.stream("POST", "/v1/chat/completions",
+                       json={"messages": [{"role": "user", "content": "hi"}], "stream": True}) as response:
+        assert response.status_code == 200
+        text = "".join(response.iter_text())
+    assert '"error"' in text
+    (line,) = _lines(capsys.readouterr().err)
+    assert re.search(r"POST /v1/chat/completions 200 \d+\.\d ms .*error \S+ req_", line), line
