@@ -19,7 +19,10 @@ class CompletionRequest(SamplingFields):
                          "each prompt is completed side by side, its choices indexed in order.")
     n: int | None = Field(1, description=f"Choices of each prompt (null: 1; prompts times n at most {MAX_CHOICES}); "
                                          "a seed gives sample j the seed + j.")
-    echo: bool | None = Field(False, description="null: false.")
+    max_tokens: int | None = Field(None, ge=0, description="0 only with echo: the prompt scored, no reply (OpenAI's "
+                                                         "scoring idiom; its log probabilities with logprobs).")
+    max_completion_tokens: int | None = Field(None, ge=0, description="The newer name of max_tokens (not both).")
+    echo: bool | None = Field(False, validate_default=True, description="null: false.")
     best_of: int | None = Field(None, description="Only 1 (one completion is generated per request).")
     suffix: str | None = Field(None, description="Only empty: the model writes no text to fit before a suffix.")
     logprobs: int | None = Field(None, ge=0, le=5, description="The sampled token's log probability and this many "
@@ -33,6 +36,13 @@ class CompletionRequest(SamplingFields):
             raise ValueError("on /v1/completions logprobs is a count, 0 to 5 (OpenAI's legacy field): how many of "
                              "the likeliest tokens to give beside the sampled one")
         return value
+
+    @field_validator("echo")
+    @classmethod
+    def _scoring_echoes(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
+        if not echo and 0 in (info.data.get("max_tokens"), info.data.get("max_completion_tokens")):
+            raise ValueError("max_tokens 0 (no reply) is only for scoring a prompt: send echo: true with it")
+        return echo
 
     @field_validator("suffix")
     @classmethod

@@ -99,28 +99,29 @@ def _joined(first: CompletionLogprobs | None, then: CompletionLogprobs) -> Compl
 
 async def _choice_events(reader: RowReader, meta: ResponseMeta, include_usage: bool, echo: str,
                          pieces: TokenPieces | None, prompt: list[int] | None,
-                         index: int = 0) -> AsyncGenerator[bytes, None]:
-    """One choice's chunks: the echo (with the prompt's log probabilities when asked), its text, its finish. Raises
-    APIError (the row failed)."""
+                         index: int = 0, scoring: bool = False) -> AsyncGenerator[bytes, None]:
+    """One choice's chunks: the echo (with the prompt's log probabilities when asked), its text, its finish
+    (`scoring`: max_tokens 0, the echo alone). Raises APIError (the row failed)."""
     writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
     if echo or prompt is not None:
         yield _chunk(meta, echo, logprobs=_prompt_logprobs(writer, reader, prompt), usage=include_usage, index=index)
     finish: str | None = None
     async for text, finish in reader.items():
         tokens = reader.take_logprobs() if writer is not None else []
-        if text or tokens:
+        if (text or tokens) and not scoring:
             logprobs = writer.write(tokens) if writer is not None else None
             yield _chunk(meta, text, logprobs=logprobs, usage=include_usage, index=index)
-    yield _chunk(meta, "", "length" if finish == "length" else "stop", usage=include_usage, index=index)
+    yield _chunk(meta, "", "length" if finish == "length" or scoring else "stop", usage=include_usage, index=index)
 
 
 async def _events(
     reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str,
-    pieces: TokenPieces | None = None, prompt: list[int] | None = None,
+    pieces: TokenPieces | None = None, prompt: list[int] | None = None, scoring: bool = False,
 ) -> AsyncGenerator[bytes, None]:
     """`prompt`: the prompt's tokens when its log probabilities go with the echo."""
     try:
-        async with aclosing(_choice_events(reader, meta, include_usage, echo, pieces, prompt)) as chunks:
+        async with aclosing(_choice_events(reader, meta, include_usage, echo, pieces, prompt,
+                                           scoring=scoring)) as chunks:
             async for chunk in chunks:
                 yield chunk
         if include_usage:
@@ -133,22 +134,24 @@ async def _events(
 
 
 async def _choice(reader: RowReader, echo: str, pieces: TokenPieces | None, prompt: list[int] | None,
-                  index: int = 0) -> CompletionChoice:
-    """One choice, read whole. Raises APIError (the row failed)."""
+                  index: int = 0, scoring: bool = False) -> CompletionChoice:
+    """One choice, read whole (`scoring`: max_tokens 0, the echo alone). Raises APIError (the row failed)."""
     parts, finish = [echo], None
     async for text, finish in reader.items():
         parts.append(text)
     writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
-    logprobs = _joined(_prompt_logprobs(writer, reader, prompt), writer.write(reader.take_logprobs())) \
-        if writer is not None else None
+    reply = reader.take_logprobs()
+    if scoring:
+        parts, reply, finish = [echo], [], "length"
+    logprobs = _joined(_prompt_logprobs(writer, reader, prompt), writer.write(reply)) if writer is not None else None
     return CompletionChoice(index=index, text="".join(parts), finish_reason="length" if finish == "length" else "stop",
                             logprobs=logprobs)
 
 
 async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str,
                    timing: StreamTiming, pieces: TokenPieces | None = None,
-                   prompt: list[int] | None = None) -> Completion:
-    choice = await _choice(RowReader(stream, counter, timing), echo, pieces, prompt)
+                   prompt: list[int] | None = None, scoring: bool = False) -> Completion:
+    choice = await _choice(RowReader(stream, counter, timing), echo, pieces, prompt, scoring=scoring)
     return Completion(id=meta.id, created=meta.created, model=meta.model, choices=[choice], usage=counter.usage())
 
 
@@ -173,9 +176,13 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     items, samples = data.prompt_items(), data.n or 1
+    # max_tokens 0 with echo (OpenAI's scoring idiom): the prompt's log probabilities alone; the one token the engine
+    # writes is not given.
+    scoring = 0 in (data.max_tokens, data.max_completion_tokens)
+    limit = 1 if scoring else data.max_completion_tokens or data.max_tokens or 16
 
     def row(prompt: list[int], sample: int) -> GenerationRequest:
-        generation = generation_request(engine, data, prompt, data.max_completion_tokens or data.max_tokens or 16,
+        generation = generation_request(engine, data, prompt, limit,
                                         param="prompt", tenant=client_key(request), logprobs=logprobs,
                                         continuation=True)
         # Echoed with logprobs: the prompt's own too (what evaluation harnesses score text by).
@@ -200,6 +207,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
                         index=number * samples + sample, first_sample=sample == 0,
                         stream=submit(engine, generation, param="prompt"),
                         timing=timing if first else StreamTiming(timing.arrival, timing.deadline),
+                        counter=UsageCounter(reply_given=not scoring),
                         payload=_Echo(prompt_text if data.echo else "",
                                       prompt if generation.prompt_logprobs is not None else None)))
             observe_queue_wait(state, timing)
@@ -207,14 +215,14 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         return await respond_choices(
             request, state, choices, submit_all=submit_all,
             events_of=(lambda c: _choice_events(c.reader, meta, include_usage, c.payload.text, pieces,
-                                                c.payload.prompt, c.index)) if data.stream else None,
-            collect_of=lambda c: _choice(c.reader, c.payload.text, pieces, c.payload.prompt, c.index),
+                                                c.payload.prompt, c.index, scoring)) if data.stream else None,
+            collect_of=lambda c: _choice(c.reader, c.payload.text, pieces, c.payload.prompt, c.index, scoring),
             whole=lambda answers, usage: Completion(id=meta.id, created=meta.created, model=meta.model,
                                                     choices=answers, usage=usage),
             usage_chunk=(lambda usage: sse_data(Completion(id=meta.id, created=meta.created, model=meta.model,
                                                            choices=[], usage=usage))) if include_usage else None)
 
-    counter = UsageCounter()
+    counter = UsageCounter(reply_given=not scoring)
     record_tokens(request, counter.totals)
     echoes: list[str] = []
     prompts: list[list[int] | None] = []  # the prompt's tokens, where its log probabilities go with the echo
@@ -231,6 +239,6 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
 
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces, prompts[0]))
+        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces, prompts[0], scoring))
         if data.stream else None,
-        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces, prompts[0]))
+        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces, prompts[0], scoring))

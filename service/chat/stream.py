@@ -39,6 +39,8 @@ class UsageCounter:
     completion_tokens: int = 0
     cached_tokens: int = 0
     _generated: int = 0
+    # False: the reply is not given (a text completion scoring its prompt, max_tokens 0), so it counts no tokens.
+    reply_given: bool = True
 
     def add(self, delta: Delta) -> None:
         """Raises nothing."""
@@ -49,11 +51,11 @@ class UsageCounter:
 
     def totals(self) -> tuple[int, int]:
         """(prompt, completion) tokens so far. Raises nothing."""
-        return self.prompt_tokens, self.completion_tokens or self._generated
+        return self.prompt_tokens, (self.completion_tokens or self._generated) if self.reply_given else 0
 
     def usage(self) -> Usage:
         """Raises nothing."""
-        completion = self.completion_tokens or self._generated
+        completion = self.totals()[1]
         return Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=completion,

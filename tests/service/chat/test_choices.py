@@ -166,3 +166,10 @@ def test_more_choices_than_the_server_can_hold_are_a_400_not_a_429(route: str, b
         assert "retry-after" not in refused.headers and not engine.requests
         fits = {**body, "n": 20} if "n" in body else {**body, "prompt": ["ab"] * 20}
         assert client.post(route, json=fits).status_code == 200
+
+
+def test_a_batch_of_prompts_scored_alone(client: TestClient[Any]) -> None:
+    # max_tokens 0 with echo over a batch: each choice its prompt, no reply, no completion tokens.
+    body = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "max_tokens": 0, "echo": True}).json()
+    assert [(c["text"], c["finish_reason"]) for c in body["choices"]] == [("ab", "length"), ("cde", "length")]
+    assert body["usage"]["completion_tokens"] == 0 and body["usage"]["prompt_tokens"] == 5

@@ -208,3 +208,28 @@ def test_echoed_prompt_scored_by_the_tiny_model_lines_up_with_its_text(tiny_load
     chunks = [e["choices"][0]["logprobs"] for e in streamed if e["choices"][0]["logprobs"]]
     assert chunks[0]["tokens"] == lp["tokens"][:len(prompt)]
     assert [o for c in chunks for o in c["text_offset"]] == lp["text_offset"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_zero_with_echo_scores_the_prompt_alone(client: Any, fake_engine: FakeEngine, stream: bool) -> None:
+    # OpenAI's scoring idiom (max_tokens 0, echo, logprobs): the prompt and its log probabilities, no reply; a 400 before.
+    body = {"prompt": "abc", "max_tokens": 0, "echo": True, "logprobs": 1, "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+    response = client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert fake_engine.requests[-1].max_tokens == 1 and fake_engine.requests[-1].prompt_logprobs == 1
+    if stream:
+        events = sse_events(response.text)[:-1]
+        *chunks, usage = events
+        text = "".join(e["choices"][0]["text"] for e in chunks)
+        tokens = [t for e in chunks if e["choices"][0]["logprobs"] for t in e["choices"][0]["logprobs"]["tokens"]]
+        finish = chunks[-1]["choices"][0]["finish_reason"]
+        usage = usage["usage"]
+    else:
+        choice = response.json()["choices"][0]
+        text, tokens, finish = choice["text"], choice["logprobs"]["tokens"], choice["finish_reason"]
+        usage = response.json()["usage"]
+    assert text == "abc" and tokens == ["a", "b", "c"] and finish == "length"
+    assert usage["completion_tokens"] == 0 and usage["prompt_tokens"] == 3
+    refused = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 0})
+    assert refused.status_code == 400 and "echo" in refused.json()["error"]["message"]
