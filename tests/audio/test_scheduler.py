@@ -4,6 +4,7 @@ steps alternating — and decode what they decode alone; a cancelled window leav
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import anyio
 import numpy as np
@@ -456,22 +457,29 @@ async def test_speech_alone_on_its_own_thread_gives_a_core_back_once_another_pro
     assert seen[0] == 2 and seen[-1] == 1, seen  # every core on a quiet machine, one once another process was busy
 
 
-async def test_a_step_held_on_its_own_thread_holds_no_engine_task(tiny_whisper: LoadedWhisper, monkeypatch) -> None:
-    # What chat steps need (the engine's loop and its lease) stays free while a Whisper step runs on its thread.
+def _held_on_its_thread(tasks: Any, monkeypatch: Any) -> tuple[WhisperScheduler, Any, Any]:
+    """A scheduler on its own speech thread whose steps wait there until `release` is set: (scheduler, entered,
+    release). Raises nothing."""
     import threading
 
+    scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
+    scheduler.thread = EngineThread("test-speech")
+    entered, release = threading.Event(), threading.Event()
+    step = scheduler._step
+
+    def held() -> str:
+        entered.set()
+        assert release.wait(30), "never released"
+        return step()
+
+    monkeypatch.setattr(scheduler, "_step", held)
+    return scheduler, entered, release
+
+
+async def test_a_step_held_on_its_own_thread_holds_no_engine_task(tiny_whisper: LoadedWhisper, monkeypatch) -> None:
+    # What chat steps need (the engine's loop and its lease) stays free while a Whisper step runs on its thread.
     async with running_tasks() as tasks:
-        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
-        scheduler.thread = EngineThread("test-speech")
-        entered, release = threading.Event(), threading.Event()
-        step = scheduler._step
-
-        def held() -> str:
-            entered.set()
-            assert release.wait(30), "never released"
-            return step()
-
-        monkeypatch.setattr(scheduler, "_step", held)
+        scheduler, entered, release = _held_on_its_thread(tasks, monkeypatch)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(decode_all, scheduler, tiny_whisper, [request(4, seed=1)])
@@ -533,22 +541,10 @@ async def test_a_window_cancelled_during_a_step_on_its_own_thread_leaves(tiny_wh
 async def test_stop_ends_every_window_in_flight_and_refuses_later_ones(tiny_whisper: LoadedWhisper,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # At shutdown a file's windows on the speech thread ran on past the timeout until the worker was killed.
-    import threading
-
     from audio.errors import SpeechStopped
 
     async with running_tasks() as tasks:
-        scheduler = WhisperScheduler(tasks, StepBudget(encoder_positions=24000))
-        scheduler.thread = EngineThread("test-speech")
-        entered, release = threading.Event(), threading.Event()
-        step = scheduler._step
-
-        def held() -> str:
-            entered.set()
-            assert release.wait(30), "never released"
-            return step()
-
-        monkeypatch.setattr(scheduler, "_step", held)
+        scheduler, entered, release = _held_on_its_thread(tasks, monkeypatch)
         outcomes: list[str] = []
 
         async def one(seed: int) -> None:

@@ -149,23 +149,9 @@ def test_a_file_transcription_past_the_timeout_ends_with_shutting_down(whisper_d
     # Its windows ran on past the timeout (a long file to its end, or until granian killed the worker: a reset).
     state = install_speech(AppState(config=ServiceConfig(shutdown_timeout=0.1)),
                            SpeechConfig(model=str(whisper_dir), resident=True))
-    entered, release = threading.Event(), threading.Event()
     answers: list[Any] = []
     with TestClient(create_app(state)) as client:
-        scheduler = state.speech.scheduler  # type: ignore[union-attr]  # the SpeechService in-process
-        step, stop = scheduler._step, scheduler.stop
-
-        def held() -> str:  # the file's first step, held on the speech thread until the speech service stops
-            entered.set()
-            assert release.wait(60), "the speech service was never stopped"
-            return step()
-
-        def stopping(why: str) -> None:
-            stop(why)
-            release.set()
-
-        monkeypatch.setattr(scheduler, "_step", held)
-        monkeypatch.setattr(scheduler, "stop", stopping)
+        entered, _ = _held_steps(state, monkeypatch)  # the file's first step, held until the speech service stops
         post = threading.Thread(target=lambda: answers.append(client.post(
             "/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(3.0, 16000)), "audio/wav")},
             data={"model": str(whisper_dir), "vad": "false", "stream": str(stream).lower()})))
