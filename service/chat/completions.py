@@ -18,7 +18,7 @@ from service.chat.render import check_text_fits
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit, vocab_size
 from service.chat.logprobs import CompletionLogprobWriter, TokenPieces, requested_logprobs, token_pieces
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
-from service.chat.choices import Choice, Choices, check_capacity, respond_choices
+from service.chat.choices import Choice, Choices, check_capacity, prime, respond_choices
 from service.chat.completion_request import CompletionRequest
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
@@ -200,6 +200,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         async def submit_all(into: Choices[_Echo]) -> None:
             for number, item in enumerate(items):
                 prompt, prompt_text = await _prompt_tokens(state, engine, item, bool(data.echo))
+                if samples > 1:
+                    await prime(engine, row(prompt, 0), timing, "prompt")
                 for sample in range(samples):
                     generation = row(prompt, sample)
                     first = number * samples + sample == 0

@@ -22,7 +22,7 @@ from service.chat.tool_text import request_tools
 from service.chat.json_output import reply_grammar
 from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
-from service.chat.choices import Choice, Choices, check_capacity, respond_choices
+from service.chat.choices import Choice, Choices, check_capacity, prime, respond_choices
 from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason, Usage
 from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
 from service.chat.chunks import ChunkEncoder
@@ -280,6 +280,7 @@ async def _choices(request: Request[Any, Any, Any], state: AppState, engine: Cha
 
     async def submit_all(into: Choices[ChatTranslator]) -> None:
         generation, translator = await _chat_request(request, state, engine, data, logprobs)
+        await prime(engine, generation, timing, "messages")
         for sample in range(data.n or 1):
             row = generation
             if sample and (seed := generation.sampling.seed) is not None:  # n samples differ, and repeat

@@ -173,3 +173,25 @@ def test_a_batch_of_prompts_scored_alone(client: TestClient[Any]) -> None:
     body = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "max_tokens": 0, "echo": True}).json()
     assert [(c["text"], c["finish_reason"]) for c in body["choices"]] == [("ab", "length"), ("cde", "length")]
     assert body["usage"]["completion_tokens"] == 0 and body["usage"]["prompt_tokens"] == 5
+
+
+def test_n_replies_to_a_long_prompt_prefill_it_once(tiny_loaded: Any) -> None:
+    # Each of the n rows prefilled the whole prompt again (n = 8 of a 3,109-token prompt took 8.3x one): the prompt is
+    # now prefilled once and the rows continue it from the prefix cache, their replies unchanged.
+    from engine.prefix_cache import PrefixCache
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.chat.choices import PRIME_MIN_TOKENS
+    from service.state import AppState
+
+    prompt = [1] + [(7 * i) % 200 + 5 for i in range(PRIME_MIN_TOKENS + 44)]
+    body: dict[str, Any] = {"prompt": prompt, "max_tokens": 4, "temperature": 0}
+    engine = Engine(tiny_loaded, max_iteration_tokens=64, prefix_cache=PrefixCache(64 << 20))
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        answer = client.post("/v1/completions", json={**body, "n": 3})
+        fed = engine.stats()["prompt_tokens"]
+        alone = client.post("/v1/completions", json=body)
+    assert answer.status_code == 200 and alone.status_code == 200, answer.text
+    assert fed < 2 * len(prompt), fed  # once, and the three rows' last tokens (three prefills: 3 x 301)
+    replies = {c["text"] for c in answer.json()["choices"]}
+    assert replies == {alone.json()["choices"][0]["text"]}  # the greedy reply, whoever prefilled the prompt
