@@ -52,7 +52,8 @@ class WaitingRows:
         room = len(joining) == queued and len(active) + len(joining) < self.max_active
         waiting = queued - len(joining) - room
         if waiting >= self.max_queued:
-            raise QueueFull(f"{waiting} requests are already waiting for a row (limit {self.max_queued}); retry later",
+            raise QueueFull(f"{waiting} replies are already waiting for a row (limit {self.max_queued}; each of a "
+                            f"request's n choices is one); retry later",
                             queued=waiting, limit=self.max_queued)
 
     def append(self, row: Row) -> None:
