@@ -99,6 +99,9 @@ class GenerationRequest:
     # None: none; k: each prompt token's log probability after those before it, with the k likeliest there (0..20;
     # vLLM's prompt_logprobs). The whole prompt is then prefilled: a prefix-cache hit would skip positions.
     prompt_logprobs: int | None = None
+    # Which of its request's choices this row is (n > 1, or a completion's several prompts): a row waits behind the
+    # waiting rows of other requests' earlier choices, so one request's many choices never hold back the others.
+    choice: int = 0
 
 
 @dataclass

@@ -18,7 +18,7 @@ __all__ = ["WaitingRows"]
 
 
 class WaitingRows:
-    """Rows waiting for admission, oldest first."""
+    """Rows waiting for admission: oldest first, a request's later choices interleaved with other requests' (append)."""
 
     def __init__(self, *, max_active: int, max_queued: int | None, max_kv_tokens: int | None,
                  admission: KVAdmission | None) -> None:
@@ -57,7 +57,15 @@ class WaitingRows:
                             queued=waiting, limit=self.max_queued)
 
     def append(self, row: Row) -> None:
-        self._rows.append(row)
+        """Queue `row` behind every waiting row of an earlier or equal choice (GenerationRequest.choice): arrival order
+        among first choices, and a request's later choices round-robin with other requests' (a 64-choice request
+        queued 48 rows ahead of a chat that came after it: 34 s to its first token). Raises nothing."""
+        choice = row.request.choice
+        if not self._rows or self._rows[-1].request.choice <= choice:
+            self._rows.append(row)
+            return
+        at = next(i for i, waiting in enumerate(self._rows) if waiting.request.choice > choice)
+        self._rows.insert(at, row)
 
     def admissible(self, active: Sequence[Row]) -> list[Row]:
         """The waiting rows the next admission pass would take beside `active`, in order. Raises nothing."""

@@ -203,7 +203,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
                 if samples > 1:
                     await prime(engine, row(prompt, 0), timing, "prompt")
                 for sample in range(samples):
-                    generation = row(prompt, sample)
+                    generation = replace(row(prompt, sample), choice=number * samples + sample)
                     first = number * samples + sample == 0
                     into.all.append(Choice(
                         index=number * samples + sample, first_sample=sample == 0,

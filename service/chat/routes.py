@@ -282,9 +282,9 @@ async def _choices(request: Request[Any, Any, Any], state: AppState, engine: Cha
         generation, translator = await _chat_request(request, state, engine, data, logprobs)
         await prime(engine, generation, timing, "messages")
         for sample in range(data.n or 1):
-            row = generation
+            row = replace(generation, choice=sample)  # waits behind other requests' earlier choices
             if sample and (seed := generation.sampling.seed) is not None:  # n samples differ, and repeat
-                row = replace(generation, sampling=replace(generation.sampling, seed=(seed + sample) % (1 << 64)))
+                row.sampling = replace(generation.sampling, seed=(seed + sample) % (1 << 64))
             into.all.append(Choice(index=sample, first_sample=sample == 0,
                                    stream=submit(engine, row, param="messages"),
                                    timing=timing if sample == 0 else StreamTiming(timing.arrival, timing.deadline),

@@ -12,9 +12,10 @@ from engine.rows import RowState
 from engine.waiting_rows import WaitingRows
 
 
-def row(prompt: int = 4, max_tokens: int = 4, cancelled: bool = False, finished: bool = False) -> Any:
-    return SimpleNamespace(prompt=[0] * prompt, request=SimpleNamespace(max_tokens=max_tokens), cancelled=cancelled,
-                           state=RowState.QUEUED, finished=finished)
+def row(prompt: int = 4, max_tokens: int = 4, cancelled: bool = False, finished: bool = False, choice: int = 0,
+        name: str = "") -> Any:
+    return SimpleNamespace(prompt=[0] * prompt, request=SimpleNamespace(max_tokens=max_tokens, choice=choice),
+                           cancelled=cancelled, state=RowState.QUEUED, finished=finished, name=name)
 
 
 def test_the_limit_counts_neither_rows_the_next_pass_takes_nor_a_newcomer_a_free_row_is_left_for() -> None:
@@ -70,3 +71,19 @@ def test_no_limit_queues_everything_and_a_negative_limit_is_refused() -> None:
         waiting.append(row())
     with pytest.raises(ValueError, match="max_queued"):
         WaitingRows(max_active=1, max_queued=-1, max_kv_tokens=None, admission=None)
+
+
+def test_a_request_s_later_choices_wait_behind_other_requests_earlier_ones() -> None:
+    # A 64-choice request queued 48 rows ahead of a chat that came after it (34 s to its first token): its later
+    # choices now take turns with other requests', each request's first in arrival order.
+    waiting = WaitingRows(max_active=1, max_queued=None, max_kv_tokens=None, admission=None)
+    for j in range(4):
+        waiting.append(row(choice=j, name=f"A{j}"))
+    waiting.append(row(name="C"))
+    for j in range(3):
+        waiting.append(row(choice=j, name=f"B{j}"))
+    waiting.append(row(name="D"))
+    assert [r.name for r in waiting] == ["A0", "C", "B0", "D", "A1", "B1", "A2", "B2", "A3"]
+    active: list[Any] = []
+    waiting.admit(active)
+    assert [r.name for r in active] == ["A0"]

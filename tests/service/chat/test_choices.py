@@ -22,6 +22,7 @@ def test_prompts_and_samples_are_choices_in_openai_order(client: TestClient[Any]
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
     assert all(c["text"] == WHOLE and c["finish_reason"] == "stop" for c in body["choices"])
     assert [r.prompt_tokens for r in fake_engine.requests] == [[97, 98], [97, 98], [99, 100, 101], [99, 100, 101]]
+    assert [r.choice for r in fake_engine.requests] == [0, 1, 2, 3]  # later choices wait behind others' first
     # Each prompt counted once however many samples it has (OpenAI's n); every sample's tokens counted.
     assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 4 * 5
     token_lists = client.post("/v1/completions", json={"prompt": [[5, 6], [7]], "echo": True}).json()
@@ -101,6 +102,7 @@ def test_n_chat_replies_render_once_and_run_side_by_side(client: TestClient[Any]
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     assert all(c["message"]["content"] == WHOLE and c["finish_reason"] == "stop" for c in body["choices"])
     assert len(fake_engine.tokenizer.template_calls) == 1 and len(fake_engine.requests) == 3
+    assert [r.choice for r in fake_engine.requests] == [0, 1, 2]
     assert len({tuple(r.prompt_tokens) for r in fake_engine.requests}) == 1
     prompt = len(fake_engine.requests[0].prompt_tokens)
     assert body["usage"] == {**body["usage"], "prompt_tokens": prompt, "completion_tokens": 15}
