@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return exc.code
+    except OSError as exc:
+        if exc.filename is None:
+            raise  # not a file the environment denies: a fault with its traceback
+        # An unwritable HOME or cache directory ended `serve` with a traceback from deep in a model import.
+        print(f"tandem: cannot use {exc.filename}: {exc.strerror or exc} (the cache is $XDG_CACHE_HOME/mlx-tandem, "
+              f"default ~/.cache/mlx-tandem: point it at a writable directory)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -239,3 +239,27 @@ def test_speech_flags_that_contradict_are_refused_not_dropped(capsys: pytest.Cap
                                                                words: str) -> None:
     assert main(["serve", *flags]) != 0
     assert words in capsys.readouterr().err
+
+
+def test_a_directory_the_environment_denies_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    # HOME=/dev/null/h ended `tandem serve` with a traceback from deep in the Whisper import (NotADirectoryError).
+    import importlib
+
+    cli = importlib.import_module("service.cli.main")  # the package's `main` attribute is the function
+
+    def denied() -> None:
+        raise NotADirectoryError(20, "Not a directory", "/dev/null/h/.cache/mlx-tandem/whisper/x.partial")
+
+    monkeypatch.setattr(cli, "_check_environment", denied)
+    assert cli.main(["models"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert "cannot use /dev/null/h/.cache/mlx-tandem/whisper/x.partial: Not a directory" in err
+
+    def fault() -> None:
+        raise OSError("no file involved")
+
+    monkeypatch.setattr(cli, "_check_environment", fault)
+    with pytest.raises(OSError):  # not the environment's: its traceback stays
+        cli.main(["models"])
