@@ -8,8 +8,8 @@ rest of the budget the driver passes (a prompt larger than any budget takes seve
 run on the prefill lane beside the decode steps (engine/lane.py).
 
 Threading: an iteration's model work is one `context.run(step.measured, ...)` on the engine thread (engine/step.py),
-which returns plain Python. A decode-only iteration may be a burst of steps (engine/burst.py) whose results the
-loop publishes while the next one runs. This half runs on the event loop: it owns the row lists, publishes deltas with
+which returns plain Python. A decode-only iteration may be a burst of steps (engine/burst.py) whose results the loop
+publishes while the next one runs. This half runs on the event loop: it owns the row lists, publishes deltas with
 `send_nowait` into unbounded streams (a slow consumer never blocks the loop) and only mutates rows between steps.
 """
 
@@ -38,7 +38,7 @@ from engine.prefix_cache import PrefixCache
 from engine.pulse import Pulse
 from engine.request_checks import check_request
 from engine.rows import LLMRowStream, Row
-from engine.step import BatchStep, row_delta
+from engine.step import BatchStep
 from engine.tasks import ExecutionTasks
 from engine.waiting_rows import WaitingRows
 
@@ -124,12 +124,12 @@ class LLMBatchGroup:
         """Queue a generation; returns its delta stream.
 
         Raises what engine/request_checks.py raises (InvalidRequest, ContextTooLong, InvalidSampling), ConstraintError
-        for a grammar this tokenizer cannot follow,
-        EngineClosed when closed, QueueFull when max_queued rows already wait (engine/errors.py)."""
+        for a grammar this tokenizer cannot follow, EngineClosed when closed, QueueFull when max_queued rows already
+        wait (engine/errors.py)."""
         if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
         self._queue.check_room(self._active)
-        if not self.active_rows() and not self.queued_rows():
+        if not (self._active or self._queue.count()):  # a stall counts from the first row after idling
             self.health.waiting_from_idle()
         prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)
         if self.admission is not None:
@@ -250,7 +250,7 @@ class LLMBatchGroup:
         self._refusing = True
         waiting = self._queue.count()
         for row in self._queue.take_all():
-            self._publish(row, row_delta(row, finish_reason="cancelled"))
+            self._publish(row, row.delta(finish_reason="cancelled"))
         self._wake.fire()
         return waiting
 
@@ -260,7 +260,7 @@ class LLMBatchGroup:
         self.landed.fire()
         self.refuse_queued()
         for row in self._active:
-            self._publish(row, row_delta(row, finish_reason="cancelled"))
+            self._publish(row, row.delta(finish_reason="cancelled"))
         self._active.clear()
         # The step's state (slots, the pipeline) is the engine thread's: a step in flight there would read slots
         # reset under it. `Engine.serve` resets it once the driver has stopped; a group never served has none.
@@ -375,7 +375,7 @@ class LLMBatchGroup:
         error = self.health.failed(exc)
         for row in rows:
             self.step.kv.release(row)
-            self._publish(row, row_delta(row, finish_reason="error", error=error))
+            self._publish(row, row.delta(finish_reason="error", error=error))
         self._active = [r for r in self._active if r not in rows]
 
     # -- event-loop side --------------------------------------------------------------------------

@@ -45,3 +45,12 @@ class StepHealth:
     @property
     def ok(self) -> bool:
         return self.in_a_row < FAILURES_IN_A_ROW
+
+    def report(self, waiting: int) -> dict[str, object]:
+        """/health's view, `waiting` rows running or queued: {"ok": True}, or why not. Raises nothing."""
+        if not self.ok:
+            return {"ok": False, "error": self.last_error, "failed_steps_in_a_row": self.in_a_row}
+        if (since := self.stalled(waiting > 0)) is not None:
+            return {"ok": False, "error": f"no engine step has finished for {since:.0f} s while {waiting} rows wait "
+                                          f"(a hung device?)"}
+        return {"ok": True}

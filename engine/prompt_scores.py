@@ -5,14 +5,14 @@ held at once (2,048 positions × a 49k vocabulary of float32 are 400 MB)."""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import mlx.core as mx
 
 from engine.contracts import TokenLogprob
 from engine.sampling import LogprobBlock
 
-__all__ = ["PromptScores", "LogitsOf", "SPAN"]
+__all__ = ["PromptScores", "LogitsOf", "SPAN", "fresh_scores"]
 
 SPAN = 128  # positions per lm-head block: (128, vocab) float32 logits, 25 MB at a 49k vocabulary
 # The logits (positions, vocab) of a chunk's positions [a, b), lazily.
@@ -52,3 +52,8 @@ class PromptScores:
         out = [block.row(i, token, self.k) for block, targets in self._blocks for i, token in enumerate(targets)]
         self._blocks, self._fresh = [], 0
         return out
+
+
+def fresh_scores(scores: Iterable[PromptScores | None]) -> list[mx.array]:
+    """The arrays the chunks just added to these rows' scores, to evaluate with the forward. Raises nothing."""
+    return [a for s in scores if s is not None for a in s.fresh()]

@@ -12,8 +12,8 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from engine.constraints import Constraint
-from engine.contracts import Delta, GenerationRequest, TokenLogprob
-from engine.prompt_scores import PromptScores
+from engine.contracts import Delta, FinishReason, GenerationRequest, TokenLogprob
+from engine.prompt_scores import LogitsOf, PromptScores
 from engine.sampling import RowSampler
 from engine.stop_matcher import StopMatcher
 from engine.xtc import xtc_special_tokens
@@ -151,6 +151,21 @@ class Row:
         if final:
             self.send.close()
         return final
+
+    def delta(self, text: str = "", token_ids: list[int] | None = None, finish_reason: FinishReason | None = None,
+              error: str | None = None, error_param: str | None = None) -> Delta:
+        """A delta of this row, with the token counts every delta carries. Raises nothing."""
+        return Delta(text=text, token_ids=token_ids or [], finish_reason=finish_reason, error=error,
+                     error_param=error_param, prompt_tokens=len(self.prompt), completion_tokens=len(self.generated),
+                     cached_tokens=self.cached_tokens)
+
+    def chunk_scorer(self, tokens: list[int]) -> Callable[[LogitsOf], None] | None:
+        """A prompt chunk's `Segment.score` while the row scores its prompt (None otherwise): the chunk starts at
+        `prefilled`, read now, before the launch counts the chunk as fed. Raises nothing."""
+        scores, start = self.scores, self.prefilled
+        if scores is None:
+            return None
+        return lambda logits_of: scores.add(start, len(tokens), logits_of)
 
     def end(self) -> None:
         """Finish the row without a delta (cancelled, or dropped) and close its stream. Raises nothing."""

@@ -300,13 +300,8 @@ class Engine:
         (the engine cannot run rows), or while rows wait and no step has landed for STALL_SECONDS (a stuck engine);
         {"ok": True} otherwise. Raises nothing."""
         group = self.group
-        if isinstance(group, LLMBatchGroup) and not group.health.ok:
-            return {"ok": False, "error": group.health.last_error, "failed_steps_in_a_row": group.health.in_a_row}
         if isinstance(group, LLMBatchGroup):
-            waiting = group.active_rows() + group.queued_rows()
-            if (since := group.health.stalled(waiting > 0)) is not None:
-                return {"ok": False, "error": f"no engine step has finished for {since:.0f} s while {waiting} rows "
-                                              f"wait (a hung device?)"}
+            return group.health.report(group.active_rows() + group.queued_rows())
         return {"ok": True}
 
     def memory_stats(self) -> dict[str, Any]:

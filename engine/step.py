@@ -15,14 +15,15 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import mlx.core as mx
 
 from engine.accelerator import cpu_default, on_gpu
 from engine.burst import StepResult
 from engine.constraints import ConstraintFailed
-from engine.contracts import Delta, FinishReason
+from engine.contracts import Delta
+from engine.prompt_scores import fresh_scores
 from engine.gil import QuickReturn, gil_return_seconds
 from engine.iteration_times import StepCost
 from engine.kv_snapshot import arrays_of
@@ -38,20 +39,10 @@ from engine.step_record import LanePhases, StepRecord
 
 if TYPE_CHECKING:
     from engine.lane import DecodeFirst
-    from engine.prompt_scores import LogitsOf
 
-__all__ = ["BatchStep", "row_delta"]
+__all__ = ["BatchStep"]
 
 _log = logging.getLogger(__name__)
-
-
-def row_delta(row: Row, text: str = "", token_ids: list[int] | None = None,
-              finish_reason: FinishReason | None = None, error: str | None = None,
-              error_param: str | None = None) -> Delta:
-    """A delta of `row`, with the token counts every delta carries. Raises nothing."""
-    return Delta(text=text, token_ids=token_ids or [], finish_reason=finish_reason, error=error,
-                 error_param=error_param,
-                 prompt_tokens=len(row.prompt), completion_tokens=len(row.generated), cached_tokens=row.cached_tokens)
 
 
 class BatchStep:
@@ -115,7 +106,7 @@ class BatchStep:
                 if row.cache is None and row.slot is None:
                     self.kv.attach(row)
             plan = plan_iteration(rows, budget, False, True)
-            logits = self.runner.forward([Segment(tokens, r.cache, want, score=_scorer(r, tokens))
+            logits = self.runner.forward([Segment(tokens, r.cache, want, score=r.chunk_scorer(tokens))
                                           for r, tokens, want in plan]) if plan else None
             sampled = [r for r, _, want in plan if want]
             tokens = sample_rows(logits, [r.sampler for r in sampled]) if sampled and logits is not None else None
@@ -123,7 +114,8 @@ class BatchStep:
             # its last token has no chunk (the decode thread cannot evaluate this thread's arrays).
             touched = [a for r in rows for c in r.cache or () for a in arrays_of(c)]
             keys = [a for r in sampled for a in r.sampler.arrays()]
-            wanted = ([tokens] if tokens is not None else []) + touched + keys + _scored(r for r, _, _ in plan)
+            scored = fresh_scores(r.scores for r, _, _ in plan)
+            wanted = ([tokens] if tokens is not None else []) + touched + keys + scored
             phases.enter("lane_launch")
             mx.async_eval(wanted, mx.random.state)  # the global key too: the decode thread's next draw splits it
             phases.enter("lane_device")
@@ -268,7 +260,7 @@ class BatchStep:
             raise RuntimeError("a row's next token is in flight but no step feeds it")
         t = time.perf_counter()
         segments = [Segment([0] if id(r) in lazy else tokens, r.cache, want, r.slot, lazy.get(id(r)),
-                            None if r.decoding else _scorer(r, tokens)) for r, tokens, want in plan]
+                            None if r.decoding else r.chunk_scorer(tokens)) for r, tokens, want in plan]
         logits = self.runner.forward(segments)
         t = self.record.tick("forward", t)
         sampled = [r for r, _, want in plan if want]
@@ -279,7 +271,7 @@ class BatchStep:
         touched = [a for s in segments if not s.logits for c in s.cache or () for a in arrays_of(c)]
         # The global random key too: left lazy, the prefill lane's next draw would build on this thread's stream.
         # Rows that asked for log probabilities: computed in the same launch as their tokens.
-        extra = newest_logprobs(sampled) + _scored(r for r, _, _ in plan)
+        extra = newest_logprobs(sampled) + fresh_scores(r.scores for r, _, _ in plan)
         with self.pipeline.quick_return.around():  # the GIL back quickly, where asked (engine/gil.py)
             mx.async_eval(([tokens] if tokens is not None else []) + touched + extra, mx.random.state)
         self.record.tick("launch", t)
@@ -349,7 +341,7 @@ class BatchStep:
                 error, param = f"{type(exc).__name__}: {exc}", None
             row.finish()
             self.kv.release(row)
-            return row_delta(row, finish_reason="error", error=error, error_param=param)
+            return row.delta(finish_reason="error", error=error, error_param=param)
         finally:
             self.record.tick("accept", t)
 
@@ -375,7 +367,7 @@ class BatchStep:
         elif not step.text:
             return None  # held back (partial character or possible stop string): nothing to show yet
         ids, row.unsent_ids = row.unsent_ids, []
-        delta = row_delta(row, step.text, ids, step.finish_reason)
+        delta = row.delta(step.text, ids, step.finish_reason)
         delta.prompt_logprobs, row.unsent_prompt_logprobs = row.unsent_prompt_logprobs, None
         if row.unsent_logprobs:
             # Tokens whose whole text has shown; those still held wait, and those a stop string cut never go (their
@@ -404,17 +396,3 @@ class BatchStep:
                      ("prompt_tokens", n_prompt), ("generation_tokens", n_gen), ("step_seconds", dt),
                      ("prompt_seconds", dt * n_prompt / total), ("decode_seconds", dt * n_gen / total)))
         return [(r, d) for r, d in outputs if d is not None]
-
-
-def _scorer(row: Row, tokens: list[int]) -> Callable[[LogitsOf], None] | None:
-    """A prompt chunk's `Segment.score` for a row scoring its prompt (None for others): the chunk starts at the row's
-    `prefilled` (read now, before the launch counts the chunk as fed). Raises nothing."""
-    scores, start = row.scores, row.prefilled
-    if scores is None:
-        return None
-    return lambda logits_of: scores.add(start, len(tokens), logits_of)
-
-
-def _scored(rows: Iterable[Row]) -> list[Any]:
-    """The prompt log probabilities the rows' chunks just added, to evaluate with them. Raises nothing."""
-    return [a for r in rows if r.scores is not None for a in r.scores.fresh()]
