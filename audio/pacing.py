@@ -9,11 +9,13 @@ work's size: window-positions for chunked encoder units, windows for the others,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+import time
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from engine.accelerator import gpu_default, on_gpu
 
-__all__ = ["StepBudget", "GPU_MIN_STEP_SECONDS", "Pace", "LinearCost", "StepCosts", "GRANULE", "size_unit", "size_forward"]
+__all__ = ["StepBudget", "StepClock", "GPU_MIN_STEP_SECONDS", "Pace", "LinearCost", "StepCosts", "GRANULE", "size_unit",
+           "size_forward"]
 
 Pace = Callable[[], "float | None"]  # seconds of a chat iteration while chat rows decode, else None
 T = TypeVar("T")
@@ -71,6 +73,58 @@ class StepBudget:
         """`even_steps`, its default chosen by the device MLX runs on. Engine thread (imports MLX). Raises
         nothing."""
         return gpu_default("TANDEM_WHISPER_EVEN") if self.even_steps is None else self.even_steps
+
+
+class StepClock:
+    """When a Whisper step ends: its time limit (a share of a chat iteration while chat has rows, else None: the
+    full budget, counted in units and tokens), how long a full-budget step goes on (the minimum step), and how long a
+    full-budget encoder step goes on after a decoder step (`even_steps`)."""
+
+    def __init__(self, budget: StepBudget, pace: Pace | None = None) -> None:
+        self.budget = budget
+        self.pace = pace
+        self.limit: float | None = None  # the running step's time limit, set as it starts
+        self.paced = False
+        self.last_decode_s = 0.0  # the last full-budget decoder step's seconds (StepBudget.even_steps)
+        self._min_step_seconds: float | None = None  # resolved on the engine thread at the first step
+        self._even: bool | None = None  # resolved on the engine thread at the first encoder step
+
+    def plan(self, live_since: Iterable[float]) -> None:
+        """Set the step's limit from chat's pace and the start times of the live sessions' windows in flight. Read as
+        the step starts on the engine thread, not when it was queued: a step queued while chat was idle must not run
+        unpaced once chat has begun. Raises nothing."""
+        pace = self.chat_pace()
+        self.paced = pace is not None
+        if pace is None:
+            self.limit = None
+            return
+        waited = max((time.perf_counter() - since for since in live_since), default=0.0)
+        self.limit = self.budget.share(waited) * pace
+
+    def chat_pace(self) -> float | None:
+        """A chat iteration's seconds while chat has rows, else None. Raises nothing."""
+        pace = self.pace() if self.pace is not None else None
+        return pace if pace is not None and pace > 0 else None
+
+    def encode_for(self, last_kind: str) -> float:
+        """How long a full-budget encoder step goes on: the minimum step, or with `even_steps` after a decoder
+        step, as long as that one took. Engine thread. Raises nothing."""
+        if self._even is None:
+            self._even = self.budget.resolved_even()
+        if self._even and last_kind == "decode":
+            return max(self.min_step(), self.last_decode_s)
+        return self.min_step()
+
+    def min_step(self) -> float:
+        """How long a full-budget step goes on with more of the same work. Engine thread. Raises nothing."""
+        if self._min_step_seconds is None:
+            self._min_step_seconds = self.budget.resolved_min_step()
+        return self._min_step_seconds
+
+    def stats(self) -> dict[str, Any]:
+        """The resolved minimum step and the running step's limit, in ms (None while unknown). Raises nothing."""
+        return {"min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
+                "step_limit_ms": None if self.limit is None else round(self.limit * 1e3, 3)}
 
 
 _MAX_DOUBLINGS = 3.0  # a step's share grows to 8× at most: 2.4 chat iterations at the default 0.3

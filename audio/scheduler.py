@@ -31,7 +31,7 @@ from audio.errors import SpeechStopped
 from audio.handoff import hand_over
 from audio.pcm import SAMPLE_RATE
 from audio.mel import log_mel
-from audio.pacing import Pace, StepBudget, StepCosts, size_forward, size_unit
+from audio.pacing import Pace, StepBudget, StepClock, StepCosts, size_forward, size_unit
 from audio.step_records import StepCounters, StepRecord, step_summary
 from audio.window import Window, WindowRequest, WindowResult, unfed
 from engine.blas_threads import follow_speech, recheck
@@ -55,12 +55,9 @@ class WhisperScheduler:
     def __init__(self, tasks: "ExecutionTasks", budget: StepBudget | None = None, pace: Pace | None = None) -> None:
         self.tasks = tasks
         self.budget = budget or StepBudget()
-        self.pace = pace
+        self.clock = StepClock(self.budget, pace)
         self.costs = StepCosts()
         self.counters = StepCounters()
-        self._limit: float | None = None  # the running step's time limit, set as it starts
-        self._paced = False
-        self._min_step_seconds: float | None = None  # resolved on the engine thread at the first step
         self._rotation = 0
         self._windows: list[Window] = []
         self._seq = itertools.count()
@@ -69,8 +66,6 @@ class WhisperScheduler:
         self._mels_pending = 0  # windows whose log-mel a worker thread is computing
         self._mel_done = anyio.Event()
         self._last_kind = ""
-        self._last_decode_s = 0.0  # the last full-budget decoder step's seconds (StepBudget.even_steps)
-        self._even: bool | None = None  # resolved on the engine thread at the first encoder step
         # Where steps run: None, as tasks on the engine thread between LLM iterations; or a thread of their own
         # (SpeechService.run; by default), beside the chat steps instead of between them.
         self.thread: EngineThread | None = None
@@ -156,28 +151,9 @@ class WhisperScheduler:
         if self._stopped is not None:
             raise SpeechStopped(self._stopped)
 
-    def _plan_limit(self) -> None:
-        """The step's time limit: a share of a chat iteration while chat has rows, else None (the full budget,
-        counted in units and tokens). Read as the step starts on the engine thread, not when it was queued: a
-        step queued while chat was idle must not run unpaced once chat has begun. Raises nothing."""
-        pace = self._chat_pace()
-        self._paced = pace is not None
-        if pace is None:
-            self._limit = None
-            return
-        now = time.perf_counter()
-        # Only live sessions' windows catch up: a file's transcript has no deadline that chat should pay for.
-        waited = max((now - w.since for w in list(self._windows) if w.live and w.request.realtime), default=0.0)
-        self._limit = self.budget.share(waited) * pace
-
-    def _chat_pace(self) -> float | None:
-        """A chat iteration's seconds while chat has rows, else None. Raises nothing."""
-        pace = self.pace() if self.pace is not None else None
-        return pace if pace is not None and pace > 0 else None
-
     def chat_active(self) -> bool:
         """Whether chat has rows now: speech then shares the machine with it. Raises nothing."""
-        return self._chat_pace() is not None
+        return self.clock.chat_pace() is not None
 
     def step_thread(self) -> EngineThread | None:
         """The thread the next step runs on: `alone_thread` while chat has no row (no pace), else `thread`."""
@@ -228,8 +204,12 @@ class WhisperScheduler:
             follow_speech(False)
 
     # ---- one step (engine thread) ---------------------------------------------------------
+    def _plan(self) -> None:
+        # Only live sessions' windows catch up: a file's transcript has no deadline that chat should pay for.
+        self.clock.plan(w.since for w in list(self._windows) if w.live and w.request.realtime)
+
     def _step(self) -> str:
-        self._plan_limit()
+        self._plan()
         live = [w for w in list(self._windows) if w.live]
         encoding = [w for w in live if not w.encoder.done]
         decoding = [w for w in live if w.row is not None]
@@ -237,7 +217,7 @@ class WhisperScheduler:
             kind = "decode" if self._last_kind == "encode" else "encode"
         else:
             kind = "encode" if encoding else "decode" if decoding else "idle"
-        limit, paced = self._limit, self._paced
+        limit, paced = self.clock.limit, self.clock.paced
         t0 = time.perf_counter()
         work = 0
         if kind == "encode":
@@ -267,7 +247,7 @@ class WhisperScheduler:
         # together. Where it runs one (a CPU), live windows never caught up: the encoder was shared among every
         # window in flight (16 CPU speakers: 10-16 at once, each ~6 s). There the oldest goes first while it is a
         # live session's; a file's windows have no deadline and still overlap (their rows then decode together).
-        catch_up = full > 1 or self._min_step() > 0 or not pending[0].request.realtime
+        catch_up = full > 1 or self.clock.min_step() > 0 or not pending[0].request.realtime
         while pending and (units is None or units > 0):
             head = pending[0] if self.counters.encoder_steps % 2 or not catch_up \
                 else min(pending, key=lambda w: w.encoder.progress)
@@ -278,7 +258,7 @@ class WhisperScheduler:
             if units is not None:
                 group = group[:units]
                 units -= len(group)
-                if units <= 0 and time.perf_counter() - t0 < self._encode_for():
+                if units <= 0 and time.perf_counter() - t0 < self.clock.encode_for(self._last_kind):
                     units = full  # another round
             else:
                 left = None if limit is None else limit - (time.perf_counter() - t0)
@@ -320,10 +300,10 @@ class WhisperScheduler:
                         for w in group:
                             w.error = exc
                 self._finish_rows(picked)
-                if time.perf_counter() - t0 >= self._min_step():
+                if time.perf_counter() - t0 >= self.clock.min_step():
                     break
                 picked = [w for w in picked if w.row is not None and not w.row.done and w.error is None]
-            self._last_decode_s = time.perf_counter() - t0
+            self.clock.last_decode_s = time.perf_counter() - t0
             return 0
         fed = 0
         ran = False
@@ -353,20 +333,6 @@ class WhisperScheduler:
             ran = True
             self._finish_rows(group)
         return fed
-
-    def _encode_for(self) -> float:
-        """How long a full-budget encoder step goes on: the minimum step, or with `even_steps` after a decoder
-        step, as long as that one took. Raises nothing."""
-        if self._even is None:
-            self._even = self.budget.resolved_even()
-        if self._even and self._last_kind == "decode":
-            return max(self._min_step(), self._last_decode_s)
-        return self._min_step()
-
-    def _min_step(self) -> float:
-        if self._min_step_seconds is None:
-            self._min_step_seconds = self.budget.resolved_min_step()
-        return self._min_step_seconds
 
     @staticmethod
     def _by_model(windows: list[Window]) -> list[list[Window]]:
@@ -413,7 +379,6 @@ class WhisperScheduler:
                 "paced_steps": c.paced_steps, "encoder_positions_per_step": self.budget.encoder_positions,
                 "decode_tokens_per_step": self.budget.decode_tokens, "chat_share": self.budget.chat_share,
                 "catch_up_s": self.budget.catch_up_seconds,
-                "min_step_ms": None if self._min_step_seconds is None else round(self._min_step_seconds * 1e3, 3),
-                "step_limit_ms": None if self._limit is None else round(self._limit * 1e3, 3), "costs": self.costs.stats(),
+                **self.clock.stats(), "costs": self.costs.stats(),
                 "recent_steps": step_summary(c.steps), "own_thread": self.thread is not None,
                 "alone_thread": self.alone_thread is not None}

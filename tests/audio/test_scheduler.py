@@ -364,12 +364,12 @@ def test_the_step_limit_grows_with_the_oldest_live_windows_wait() -> None:
     live, file = SimpleNamespace(realtime=True), SimpleNamespace(realtime=False)
     scheduler._windows = [SimpleNamespace(live=True, since=now, request=live),  # type: ignore[list-item]
                           SimpleNamespace(live=True, since=now - 30.0, request=file)]  # a file's: no deadline
-    scheduler._plan_limit()
-    assert scheduler._limit == pytest.approx(0.003, rel=0.05)
+    scheduler._plan()
+    assert scheduler.clock.limit == pytest.approx(0.003, rel=0.05)
     scheduler._windows += [SimpleNamespace(live=True, since=now - 2.0, request=live),  # type: ignore[list-item]
                            SimpleNamespace(live=False, since=now - 60.0, request=live)]  # finished: no longer waits
-    scheduler._plan_limit()
-    assert scheduler._limit == pytest.approx(0.012, rel=0.05)
+    scheduler._plan()
+    assert scheduler.clock.limit == pytest.approx(0.012, rel=0.05)
 
 
 async def test_steps_on_a_thread_of_their_own_decode_what_tasks_decode(tiny_whisper: LoadedWhisper) -> None:
