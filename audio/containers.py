@@ -25,6 +25,7 @@ _SIGNATURES: tuple[tuple[str, int, bytes, int, tuple[bytes, ...]], ...] = (
     ("matroska", 0, b"\x1a\x45\xdf\xa3", -1, ()),
     ("amr", 0, b"#!AMR", -1, ()),
     ("asf", 0, b"\x30\x26\xb2\x75\x8e\x66\xcf\x11", -1, ()),
+    ("au", 0, b".snd", -1, ()),  # Sun's .au, what `audio/basic` usually names: its header is no μ-law samples
 )
 
 # MPEG audio Layer III bitrates in kbit/s for indexes 1-14, MPEG-1 and MPEG-2/2.5; sample rates by version

@@ -1,4 +1,5 @@
-"""PCM in: containers (WAV, mp3, m4a, flac, ogg, webm) via PyAV, raw f32/s16 bodies, resampled to 16 kHz mono.
+"""PCM in: containers (WAV, mp3, m4a, flac, ogg, webm) via PyAV, raw f32/s16/G.711 bodies, resampled to 16 kHz
+mono.
 
 Everything returned is a 1-D float32 numpy array at `SAMPLE_RATE`, values finite.
 """
@@ -15,6 +16,7 @@ import soxr
 
 from audio.containers import container_kind
 from audio.errors import AudioInputError
+from audio.g711 import decode_g711
 
 if TYPE_CHECKING:
     from av import AudioFrame
@@ -41,21 +43,27 @@ __all__ = [
 ]
 
 SAMPLE_RATE = 16000
-# Content types of raw sample bodies (rate, encoding and channels ride as parameters).
-RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw")
+# Content types of raw sample bodies (rate, encoding and channels ride as parameters); audio/basic is RFC 2046's
+# 8 kHz μ-law, audio/pcmu and audio/pcma RFC 3551's G.711.
+RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw", "audio/pcmu", "audio/pcma", "audio/basic")
 MIN_RATE, MAX_RATE = 8000, 48000
 # A container's own rate: what real files carry (4 kHz telephony to 384 kHz studio). A file claiming 1 Hz would
 # be resampled 16,000-fold in memory (a 300 KB upload grew a worker past its RAM).
 MIN_FILE_RATE, MAX_FILE_RATE = 4000, 384000
 MIN_FILE_SECONDS = 0.1  # OpenAI's shortest file to transcribe: too short to hold a word
 
-Encoding = Literal["f32le", "s16le", "s16be"]
+Encoding = Literal["f32le", "s16le", "s16be", "ulaw", "alaw"]
 _ENCODING_ALIASES: dict[str, Encoding] = {
     "f32le": "f32le", "float32": "f32le", "f32": "f32le", "pcm_f32le": "f32le", "float": "f32le",
     "s16le": "s16le", "s16": "s16le", "int16": "s16le", "pcm_s16le": "s16le",
     "s16be": "s16be", "pcm_s16be": "s16be",
+    "ulaw": "ulaw", "mulaw": "ulaw", "pcm_mulaw": "ulaw", "alaw": "alaw", "pcm_alaw": "alaw",
 }
 _DTYPES = {"f32le": "<f4", "s16le": "<i2", "s16be": ">i2"}
+# what a type means without an `encoding` parameter (RFC 2586's L16 is big-endian; the G.711 types name theirs)
+_DEFAULT_ENCODINGS: dict[str, Encoding] = {"audio/l16": "s16be", "audio/pcmu": "ulaw", "audio/basic": "ulaw",
+                                           "audio/pcma": "alaw"}
+G711_RATE = 8000  # G.711's own rate: the default for its encodings
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,14 @@ class PcmFormat:
 
     @property
     def sample_bytes(self) -> int:
-        return 4 if self.encoding == "f32le" else 2
+        return {"f32le": 4, "ulaw": 1, "alaw": 1}.get(self.encoding, 2)
 
 
 def is_raw_pcm(content_type: str | None) -> bool:
-    """True for `audio/pcm…`, `audio/l16…` and `audio/raw…` bodies: raw samples the content-type's
-    parameters describe. Anything else — `application/octet-stream` too — is a container that PyAV
-    identifies from its own header (a raw guess would turn a file into noise). Raises nothing."""
+    """True for `audio/pcm…`, `audio/l16…`, `audio/raw…` and the G.711 types' (`audio/pcmu`, `audio/pcma`,
+    `audio/basic`) bodies: raw samples the content-type's parameters describe. Anything else —
+    `application/octet-stream` too — is a container that PyAV identifies from its own header (a raw guess would
+    turn a file into noise). Raises nothing."""
     if not content_type:
         return False
     mime = content_type.split(";", 1)[0].strip().lower()
@@ -94,7 +103,8 @@ _PCM_PARAMETERS = frozenset({"rate", "encoding", "channels"})
 
 def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     """`audio/pcm;rate=48000;encoding=s16le` → PcmFormat (rate defaults to 16000, encoding to f32le;
-    `audio/L16` means big-endian s16, as RFC 2586 and 3551 define it, unless `encoding` says otherwise). Raises
+    `audio/L16` means big-endian s16, as RFC 2586 and 3551 define it, `audio/pcmu` and `audio/basic` μ-law,
+    `audio/pcma` A-law, unless `encoding` says otherwise; a G.711 encoding's rate defaults to 8000). Raises
     AudioInputError for a bad rate, encoding or channel count, or a parameter it does not know (never silently
     read as the default)."""
     mime, *params = (content_type or "audio/pcm").split(";")
@@ -107,9 +117,13 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
         raise AudioInputError(f"content-type parameter {_shown(unknown[0])} is not supported (rate, encoding, "
                               "channels)",
                               param=unknown[0][:60], code="invalid_content_type")
-    default_encoding = "s16be" if mime.strip().lower() == "audio/l16" else "f32le"
+    encoding = _ENCODING_ALIASES.get(values.get("encoding", _DEFAULT_ENCODINGS.get(mime.strip().lower(), "f32le")))
+    if encoding is None:
+        raise AudioInputError(f"PCM encoding {_shown(values.get('encoding', ''))} is not supported (use f32le, s16le, "
+                              "s16be, ulaw or alaw)",
+                              param="encoding", code="invalid_content_type")
     try:
-        rate = int(values.get("rate", SAMPLE_RATE))
+        rate = int(values.get("rate", G711_RATE if encoding in ("ulaw", "alaw") else SAMPLE_RATE))
         channels = int(values.get("channels", 1))
     except ValueError:
         raise AudioInputError(f"bad PCM parameters in content-type {_shown(content_type or '')}", param="content-type",
@@ -120,11 +134,6 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     if not 1 <= channels <= 8:
         raise AudioInputError(f"{channels} channels is not supported (1–8)", param="channels",
                               code="invalid_content_type")
-    encoding = _ENCODING_ALIASES.get(values.get("encoding", default_encoding))
-    if encoding is None:
-        raise AudioInputError(f"PCM encoding {_shown(values.get('encoding', ''))} is not supported (use f32le, s16le "
-                              "or s16be)",
-                              param="encoding", code="invalid_content_type")
     return PcmFormat(rate, encoding, channels)
 
 
@@ -142,7 +151,10 @@ def _samples(body: bytes, fmt: PcmFormat, param: str = "body") -> np.ndarray:
         raise AudioInputError(
             f"{len(body)} bytes is not a whole number of {fmt.encoding} frames ({frame} bytes each)",
             param=param, code="invalid_pcm_length")
-    x = np.frombuffer(body, dtype=_DTYPES[fmt.encoding]).astype(np.float32)
+    if fmt.encoding in ("ulaw", "alaw"):
+        x = decode_g711(body, fmt.encoding).astype(np.float32)
+    else:
+        x = np.frombuffer(body, dtype=_DTYPES[fmt.encoding]).astype(np.float32)
     if fmt.encoding == "f32le":
         if not np.isfinite(x).all():
             raise AudioInputError("PCM contains NaN or infinite samples", param=param, code="invalid_samples")

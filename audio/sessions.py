@@ -152,8 +152,7 @@ class LiveSession(SessionPump):
         """Add one raw chunk. Audio accepted before a refused chunk is kept. Raises AudioInputError (bad chunk),
         AudioLimitExceeded (a cap; an AudioInputError), SessionClosed (after finish, delete or expiry)."""
         self._check_open()
-        width = 4 if fmt.encoding == "f32le" else 2
-        self._admit(len(body) // (width * max(1, fmt.channels)) * SAMPLE_RATE // max(1, fmt.rate))
+        self._admit(len(body) // (fmt.sample_bytes * max(1, fmt.channels)) * SAMPLE_RATE // max(1, fmt.rate))
         if self._stream is None or self._stream.format != fmt:
             if self._stream is not None:
                 self._take(self._stream.flush())

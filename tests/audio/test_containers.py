@@ -36,7 +36,7 @@ def _without_id3(mp3: bytes) -> bytes:
 @pytest.mark.parametrize("container, codec, rate, kind", [
     ("flac", "flac", 48000, "flac"), ("ogg", "libopus", 48000, "ogg"), ("mp3", "libmp3lame", 44100, "mp3"),
     ("ipod", "aac", 48000, "mp4"), ("webm", "libopus", 48000, "matroska"), ("adts", "aac", 48000, "aac"),
-    ("aiff", "pcm_s16be", 16000, "aiff"),
+    ("aiff", "pcm_s16be", 16000, "aiff"), ("au", "pcm_mulaw", 8000, "au"),
 ])
 def test_encoded_files_are_known_by_their_signature(container: str, codec: str, rate: int, kind: str) -> None:
     import av
@@ -56,6 +56,12 @@ def test_a_wav_declared_as_raw_pcm_is_read_as_a_wav() -> None:
     for declared in ("audio/L16;rate=16000", "audio/pcm", "audio/pcm;rate=24000;encoding=s16le"):
         assert not reads_as_raw_pcm(declared, wav)
     assert reads_as_raw_pcm("audio/pcm", wav[44:])  # its samples alone are raw
+
+
+def test_an_au_file_declared_as_audio_basic_is_read_as_a_file() -> None:
+    au = _encode("au", "pcm_mulaw", 8000, sine(300, 0.5, 8000))  # Sun's .au: `audio/basic` is its usual type
+    samples = au[int.from_bytes(au[4:8], "big"):]  # past the header, whose offset it gives
+    assert not reads_as_raw_pcm("audio/basic", au) and reads_as_raw_pcm("audio/basic", samples)
 
 
 @pytest.mark.parametrize("name, body", [

@@ -19,6 +19,8 @@ from audio.pcm import (
     parse_pcm_content_type,
     resample,
 )
+from audio.g711 import Law, decode_g711
+from tests.fixtures.g711 import encode_g711
 
 SR = 16000
 
@@ -40,6 +42,32 @@ def test_parse_content_type_defaults_and_params() -> None:
     assert parse_pcm_content_type("audio/L16;rate=22050;encoding=s16le").encoding == "s16le"
     assert parse_pcm_content_type("audio/pcm;rate=8000;").rate == 8000  # a trailing ";" names nothing
     assert is_raw_pcm("audio/pcm;rate=16000") and not is_raw_pcm("audio/wav")
+
+
+@pytest.mark.parametrize("ct, fmt", [
+    ("audio/pcmu", PcmFormat(8000, "ulaw")),  # RFC 3551's names, 8 kHz unless a rate is given
+    ("audio/PCMA", PcmFormat(8000, "alaw")),
+    ("audio/basic", PcmFormat(8000, "ulaw")),  # RFC 2046: 8 kHz μ-law
+    ("audio/pcmu;rate=16000", PcmFormat(16000, "ulaw")),
+    ("audio/pcm;encoding=ulaw", PcmFormat(8000, "ulaw")),  # G.711's own rate is the default for its encodings
+    ("audio/pcm;encoding=pcm_alaw;rate=11025", PcmFormat(11025, "alaw")),
+])
+def test_g711_content_types(ct: str, fmt: PcmFormat) -> None:
+    assert is_raw_pcm(ct) and parse_pcm_content_type(ct) == fmt
+    assert fmt.sample_bytes == 1
+
+
+@pytest.mark.parametrize("law", ["ulaw", "alaw"])
+def test_g711_bodies_decode_to_the_signal(law: Law) -> None:
+    x = sine(440, 0.5, 8000)
+    body = encode_g711(x, law)
+    fmt = parse_pcm_content_type(f"audio/pcm{law[0]}")
+    y = decode_raw_pcm(body, fmt)
+    np.testing.assert_array_equal(y, resample(decode_g711(body, law).astype(np.float32) / 32768, 8000))
+    assert abs(len(y) - SR // 2) <= 1 and abs(peak_hz(y) - 440) < 3
+    np.testing.assert_allclose(y[100:-100], resample(x, 8000)[100:-100], atol=0.02)  # within G.711's steps
+    stream = PcmStream(fmt)  # one byte a sample: any byte count is whole samples
+    assert stream.push(body[:801]).dtype == np.float32 and stream.push(body[801:1600]).size > 0
 
 
 @pytest.mark.parametrize("ct, code", [

@@ -23,6 +23,7 @@ from engine.context import EngineThread
 from engine.tasks import ExecutionTasks
 from tests.audio.conftest import SR, running_tasks, voiced
 from tests.fixtures.settle import settle
+from tests.fixtures.g711 import encode_g711
 
 pytestmark = pytest.mark.anyio
 FAST = TranscribeOptions(temperatures=(0.0,))
@@ -93,6 +94,9 @@ async def test_caps_refuse_a_chunk_and_keep_the_audio(tiny_whisper_dir: Path) ->
         s16 = (voiced(1.0) * 32767).astype("<i2").tobytes()  # the cap counts seconds, whatever the encoding
         with pytest.raises(AudioLimitExceeded):
             s.append(s16, PcmFormat(8000, "s16le"))
+        ulaw = encode_g711(voiced(0.5), "ulaw")  # 8,000 codes, one byte each: 1 s at 8 kHz, not 0.5
+        with pytest.raises(AudioLimitExceeded):
+            s.append(ulaw, PcmFormat(8000, "ulaw"))
         s.append(f32(voiced(0.5)), F32)
         assert s.received_seconds == pytest.approx(2.0)
         for bad, fmt in ((b"\x00" * 7, F32), (f32(np.array([np.nan] * 4)), F32)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 import wave
 from pathlib import Path
 from typing import Any, Iterator
@@ -15,6 +16,7 @@ from litestar.testing import TestClient
 from service.app import create_app
 from service.state import STATE_KEY, AppState
 from service.speech.setup import SpeechConfig, install_speech
+from tests.fixtures.g711 import encode_g711
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.conftest import sse_events
 
@@ -133,6 +135,25 @@ def test_a_wav_uploaded_as_raw_pcm_is_read_as_the_wav(client: TestClient[Any]) -
     as_wav = upload("audio/wav")
     for declared in ("audio/L16;rate=16000", "audio/pcm", "audio/pcm;rate=24000;encoding=s16le"):
         assert upload(declared) == as_wav, declared
+
+
+def test_a_g711_upload_is_read_by_its_type_and_an_au_file_as_the_file(client: TestClient[Any]) -> None:
+    ulaw = encode_g711(voiced(0.75), "ulaw")  # 12,000 codes: 1.5 s at G.711's 8 kHz
+
+    def upload(body: bytes, content_type: str) -> Any:
+        r = client.post("/v1/audio/transcriptions", data={"temperature": "0", "response_format": "verbose_json"},
+                        files={"file": ("a.ulaw", body, content_type)})
+        assert r.status_code == 200, (content_type, r.text)
+        return r.json()
+
+    raw = upload(ulaw, "audio/basic")
+    assert raw["duration"] == pytest.approx(1.5) and upload(ulaw, "audio/PCMU") == raw
+    pcma = upload(encode_g711(voiced(0.75), "alaw"), "audio/pcma")
+    assert pcma["duration"] == pytest.approx(1.5)
+    # Sun's .au, audio/basic's usual file (header: offset, size, 1 = 8-bit μ-law, rate, channels), decoded as the
+    # file: its header is not read as samples
+    au = b".snd" + struct.pack(">5I", 24, len(ulaw), 1, 8000, 1) + ulaw
+    assert upload(au, "audio/basic") == raw
 
 
 def test_a_bad_raw_pcm_upload_names_the_file(client: TestClient[Any]) -> None:
@@ -294,6 +315,21 @@ def test_session_lifecycle(client: TestClient[Any]) -> None:
     r = client.delete(f"/v1/audio/sessions/{sid}")
     assert r.status_code == 200 and r.json() == {"id": sid, "object": "audio.session", "deleted": True}
     assert_error(client.post(f"/v1/audio/sessions/{sid}/finish"), 404, "session_not_found")
+
+
+def test_g711_chunks_in_a_session(client: TestClient[Any]) -> None:
+    sid = client.post("/v1/audio/sessions", json={"language": "en", "temperature": 1.0}).json()["id"]
+    chunks = [(encode_g711(voiced(0.25), "ulaw"), "audio/pcmu"),  # 4,000 codes: 0.5 s at 8 kHz
+              (encode_g711(voiced(0.25), "alaw"), "audio/pcma"),
+              (encode_g711(voiced(0.125), "ulaw")[:1999], "audio/basic"),  # one byte a sample: any count is whole
+              (encode_g711(voiced(0.25), "ulaw"), "audio/pcm;encoding=ulaw;rate=16000")]
+    for body, content_type in chunks:
+        r = client.post(f"/v1/audio/sessions/{sid}/audio", content=body, headers={"content-type": content_type})
+        assert r.status_code == 200, (content_type, r.text)
+    r = client.post(f"/v1/audio/sessions/{sid}/finish")
+    assert r.status_code == 200, r.text
+    assert r.json()["duration"] == pytest.approx(0.5 + 0.5 + 1999 / 8000 + 0.25, abs=0.002)
+    client.delete(f"/v1/audio/sessions/{sid}")
 
 
 def test_a_live_text_has_no_leading_space(client: TestClient[Any], monkeypatch: pytest.MonkeyPatch) -> None:
