@@ -22,9 +22,13 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(None, ge=0, description="0 only with echo: the prompt scored, no reply (OpenAI's "
                                                          "scoring idiom; its log probabilities with logprobs).")
     max_completion_tokens: int | None = Field(None, ge=0, description="The newer name of max_tokens (not both).")
+    # Before echo, whose check reads it.
+    suffix: str | None = Field(None, description="The text after the cursor, for a code model with fill-in-the-middle "
+                                                 "tokens (Qwen2.5-Coder, CodeGemma, StarCoder, DeepSeek-Coder, "
+                                                 "CodeLlama, Codestral): the reply is the text between prompt and "
+                                                 "suffix. Text prompts only, not with echo.")
     echo: bool | None = Field(False, validate_default=True, description="null: false.")
     best_of: int | None = Field(None, description="Only 1 (one completion is generated per request).")
-    suffix: str | None = Field(None, description="Only empty: the model writes no text to fit before a suffix.")
     logprobs: int | None = Field(None, ge=0, le=5, description="The sampled token's log probability and this many "
                                                               "of the likeliest, per token.")
 
@@ -42,14 +46,9 @@ class CompletionRequest(SamplingFields):
     def _scoring_echoes(cls, echo: bool | None, info: ValidationInfo) -> bool | None:
         if not echo and 0 in (info.data.get("max_tokens"), info.data.get("max_completion_tokens")):
             raise ValueError("max_tokens 0 (no reply) is only for scoring a prompt: send echo: true with it")
+        if echo and info.data.get("suffix"):  # the reply is no continuation of the prompt to echo it before
+            raise ValueError("echo is not supported with a suffix: the reply is the text between prompt and suffix")
         return echo
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, suffix: str | None) -> str | None:
-        if suffix:
-            raise ValueError("insertion before a suffix is not supported: only an empty suffix is")
-        return suffix
 
     @field_validator("best_of")
     @classmethod

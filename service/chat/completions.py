@@ -20,6 +20,7 @@ from service.chat.logprobs import CompletionLogprobWriter, TokenPieces, requeste
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
 from service.chat.choices import Choice, Choices, check_capacity, prime, respond_choices
 from service.chat.completion_request import CompletionRequest
+from service.chat.infill import Infill, infill_tokens, requested_infill
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
 from service.http.access_log import record_tokens, record_user
@@ -37,11 +38,13 @@ _log = logging.getLogger("tandem.service")
 
 
 async def _prompt_tokens(state: AppState, engine: ChatEngine, prompt: str | list[int],
-                         echo: bool) -> tuple[list[int], str]:
-    """One prompt's token ids, and its text when it is echoed. Raises APIError 400 (an id outside the vocabulary,
-    text that cannot fit)."""
+                         echo: bool, infill: Infill | None = None) -> tuple[list[int], str]:
+    """One prompt's token ids (with `infill`, the model's fill-in-the-middle prompt around its suffix), and its text
+    when it is echoed. Raises APIError 400 (an id outside the vocabulary, text that cannot fit)."""
     tokenizer = engine.tokenizer
     assert tokenizer is not None  # chat_engine returns only an engine serving a chat model
+    if infill is not None and isinstance(prompt, str):  # never echoed: the schema refuses echo with a suffix
+        return await infill_tokens(state, engine, infill, prompt), ""
     if isinstance(prompt, list):
         tokens = [int(t) for t in prompt]
         vocab = vocab_size(engine)
@@ -176,6 +179,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     items, samples = data.prompt_items(), data.n or 1
+    infill = requested_infill(engine, data)
     # max_tokens 0 with echo (OpenAI's scoring idiom): the prompt's log probabilities alone; the one token the engine
     # writes is not given.
     scoring = 0 in (data.max_tokens, data.max_completion_tokens)
@@ -188,6 +192,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         # Echoed with logprobs: the prompt's own too (what evaluation harnesses score text by).
         if data.echo and logprobs is not None:
             generation.prompt_logprobs = logprobs
+        if infill is not None:  # a family's end of the middle that is not its eos (CodeLlama's ▁<EOT>)
+            generation.stop_token_ids = infill.format.stop_ids
         if sample and (seed := generation.sampling.seed) is not None:  # a seed's n samples differ, and repeat
             generation.sampling = replace(generation.sampling, seed=(seed + sample) % (1 << 64))
         return generation
@@ -199,7 +205,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
 
         async def submit_all(into: Choices[_Echo]) -> None:
             for number, item in enumerate(items):
-                prompt, prompt_text = await _prompt_tokens(state, engine, item, bool(data.echo))
+                prompt, prompt_text = await _prompt_tokens(state, engine, item, bool(data.echo), infill)
                 if samples > 1:
                     await prime(engine, row(prompt, 0), timing, "prompt")
                 for sample in range(samples):
@@ -230,7 +236,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     prompts: list[list[int] | None] = []  # the prompt's tokens, where its log probabilities go with the echo
 
     async def submit_row() -> RowStream:
-        prompt, prompt_text = await _prompt_tokens(state, engine, items[0], bool(data.echo))
+        prompt, prompt_text = await _prompt_tokens(state, engine, items[0], bool(data.echo), infill)
         counter.prompt_tokens = len(prompt)
         generation = row(prompt, 0)
         echoes.append(prompt_text if data.echo else "")
