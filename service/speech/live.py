@@ -118,7 +118,8 @@ def _flag(text: str, name: str) -> bool:
 @websocket("/v1/audio/live")
 async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, rate: str | None = None,
                encoding: str = "f32le", interval: str | None = None, vad: str | None = None) -> None:
-    """Binary messages: PCM frames (`rate`, `encoding`); text `{"type":"finish"}` ends capture. The server
+    """Binary messages: PCM frames (`rate`, `encoding`: f32le, s16le, s16be, or G.711's ulaw and alaw, 8 kHz
+    unless `rate` says otherwise); text `{"type":"finish"}` ends capture. The server
     sends `session.created` (with the session `id`), `transcript.partial` {committed, tentative} after each
     change (at most one per `interval` s), then `transcript.done` {text}. A first text message that is a
     Realtime client event (`session.update`, `input_audio_buffer.append`, ...) switches to OpenAI's Realtime
@@ -128,8 +129,10 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
     try:
         _known_query(socket, {"language", "rate", "encoding", "interval", "vad"})
         speech = served_speech(state, None)
-        # Read as text here: a value the framework failed to convert refused the handshake with a bare 403.
-        fmt = parse_pcm_content_type(f"audio/pcm;rate={_number(rate, 'rate', int, SAMPLE_RATE)};encoding={encoding}")
+        # Read as text here: a value the framework failed to convert refused the handshake with a bare 403. No rate
+        # given: the encoding's default (16 kHz, G.711's 8 kHz).
+        given = "" if rate is None else f";rate={_number(rate, 'rate', int, SAMPLE_RATE)}"
+        fmt = parse_pcm_content_type(f"audio/pcm;encoding={encoding}{given}")
         seconds = _number(interval, "interval", float, 0.25)
         if not 0 <= seconds <= 60:
             raise APIError(400, "interval must be 0–60 seconds", param="interval", code="invalid_value")

@@ -3,7 +3,7 @@
 Two ways to talk, one session underneath:
 - **Realtime** (OpenAI's transcription events, realtime_config.py and realtime_events.py): JSON client events
   `transcription_session.update` / `session.update`, `input_audio_buffer.append` (base64 PCM16 at the session's
-  rate, 24 kHz unless declared), `.commit`, `.clear`; server events driven by the session's own events.
+  rate, 24 kHz unless declared, or G.711 at 8 kHz), `.commit`, `.clear`; server events driven by the session's own events.
   `/v1/realtime` always talks this way; `/v1/audio/live` does once one comes before any PCM frame or finish.
 - **Binary frames** (simple clients of `/v1/audio/live`): raw PCM frames in the query's format, text
   `{"type": "finish"}` to end; `transcript.partial` snapshots (committed + tentative text, at most one per

@@ -3,14 +3,15 @@
 session object the `.created` / `.updated` events carry, in either dialect.
 
 Every field is honoured or refused with an error naming it. Honoured: the input format (`pcm16` / `audio/pcm`
-at 24 kHz, or another declared rate 8–48 kHz, our extension), the transcription's model (the served Whisper
+at 24 kHz, or another declared rate 8–48 kHz, our extension; G.711 at 8 kHz, `g711_ulaw` / `audio/pcmu` and
+`g711_alaw` / `audio/pcma`, as telephony streams it), the transcription's model (the served Whisper
 under any of its names), language, prompt and `keywords` (joined into the prompt), server VAD's `threshold`
 (webrtcvad aggressiveness: 0–0.25 → 0, … 0.75–1 → 3), `prefix_padding_ms` (the speech padding, both
 sides), `silence_duration_ms` (the pause that ends an utterance), `semantic_vad` served as server VAD whose
 `eagerness` sets the pause (`EAGERNESS_SILENCE_MS`: no model judges the turn here, a turn ends on silence),
 `turn_detection: null` (no VAD; the client commits), and `include: ["item.input_audio_transcription.tentative"]`
 (our extension: the current guess after the committed text, as `conversation.item.input_audio_transcription.tentative`
-events). Refused: G.711, noise reduction, logprobs, responses (`create_response`, `interrupt_response`,
+events). Refused: noise reduction, logprobs, responses (`create_response`, `interrupt_response`,
 `idle_timeout_ms`: a transcription session creates none), audio output, and anything unknown.
 """
 
@@ -20,14 +21,18 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from audio.pcm import PcmFormat
+from audio.pcm import G711_RATE, PcmFormat
 
 __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE", "EAGERNESS_SILENCE_MS",
            "field_paths"]
 
 Dialect = Literal["beta", "ga"]
 TurnType = Literal["server_vad", "semantic_vad"]
+InputEncoding = Literal["s16le", "ulaw", "alaw"]
 DEFAULT_RATE = 24000  # what OpenAI clients send
+# each input encoding by its beta name and its GA format type (G.711's rate is fixed: 8 kHz)
+_BETA_FORMATS: dict[str, InputEncoding] = {"pcm16": "s16le", "g711_ulaw": "ulaw", "g711_alaw": "alaw"}
+_GA_FORMATS: dict[str, InputEncoding] = {"audio/pcm": "s16le", "audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 TENTATIVE = "item.input_audio_transcription.tentative"
 _RATES = (8000, 48000)
 # semantic_vad's eagerness as the pause that ends a turn: OpenAI's "how soon it ends a turn", `auto` its `medium`;
@@ -70,6 +75,7 @@ class RealtimeConfig:
     """The effective configuration of one transcription session."""
 
     rate: int = DEFAULT_RATE
+    encoding: InputEncoding = "s16le"
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
@@ -79,7 +85,7 @@ class RealtimeConfig:
 
     @property
     def pcm_format(self) -> PcmFormat:
-        return PcmFormat(self.rate, "s16le")
+        return PcmFormat(self.rate, self.encoding)
 
     @property
     def full_prompt(self) -> str | None:
@@ -113,10 +119,12 @@ class RealtimeConfig:
         _known(s, {"input_audio_format", "input_audio_transcription", "turn_detection", "include", "modalities",
                    "input_audio_noise_reduction", "client_secret"}, "session")
         if "input_audio_format" in s and s["input_audio_format"] is not None:
-            if s["input_audio_format"] != "pcm16":
-                raise ConfigError(f"input_audio_format {s['input_audio_format']!r} is not supported; use pcm16",
-                                  "session.input_audio_format")
-            self.rate = DEFAULT_RATE
+            encoding = _BETA_FORMATS.get(s["input_audio_format"]) if isinstance(s["input_audio_format"], str) else None
+            if encoding is None:
+                raise ConfigError(f"input_audio_format {s['input_audio_format']!r} is not supported; use "
+                                  f"{', '.join(_BETA_FORMATS)}", "session.input_audio_format")
+            self.encoding = encoding
+            self.rate = DEFAULT_RATE if encoding == "s16le" else G711_RATE
         if s.get("modalities") not in (None, ["text"]):
             raise ConfigError("a transcription session answers with text only", "session.modalities")
         if s.get("client_secret") is not None:
@@ -161,12 +169,16 @@ class RealtimeConfig:
         if not isinstance(f, dict):
             raise ConfigError("`format` must be an object", where)
         _known(f, {"type", "rate"}, where)
-        if f.get("type", "audio/pcm") != "audio/pcm":
-            raise ConfigError(f"audio format {f.get('type')!r} is not supported; use audio/pcm", f"{where}.type")
-        rate = f.get("rate", DEFAULT_RATE)
+        kind = f.get("type", "audio/pcm")
+        encoding = _GA_FORMATS.get(kind) if isinstance(kind, str) else None
+        if encoding is None:
+            raise ConfigError(f"audio format {kind!r} is not supported; use {', '.join(_GA_FORMATS)}", f"{where}.type")
+        rate = f.get("rate", DEFAULT_RATE if encoding == "s16le" else G711_RATE)
+        if encoding != "s16le" and rate != G711_RATE:  # a rate beside G.711 is only ever its own
+            raise ConfigError(f"{kind} is {G711_RATE} Hz", f"{where}.rate")
         if not isinstance(rate, int) or isinstance(rate, bool) or not _RATES[0] <= rate <= _RATES[1]:
             raise ConfigError(f"rate must be an integer in {_RATES[0]}–{_RATES[1]} Hz", f"{where}.rate")
-        self.rate = rate
+        self.encoding, self.rate = encoding, rate
 
     def _transcription(self, t: Any, where: str) -> None:
         if t is None:
@@ -262,15 +274,21 @@ class RealtimeConfig:
                                          "prompt": self.prompt}
         include = [TENTATIVE] if self.tentative else None
         if dialect == "beta":
-            return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": "pcm16",
+            beta_format = next(name for name, enc in _BETA_FORMATS.items() if enc == self.encoding)
+            return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": beta_format,
                     "input_audio_transcription": transcription, "turn_detection": turn, "modalities": ["text"],
                     "input_audio_noise_reduction": None, "include": include}
         if self.keywords:
             transcription["keywords"] = list(self.keywords)
         return {"type": "transcription", "id": session_id, "object": "realtime.transcription_session",
-                "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.rate}, "transcription": transcription,
+                "audio": {"input": {"format": self._ga_format(), "transcription": transcription,
                                     "turn_detection": turn, "noise_reduction": None}},
                 "include": include}
+
+    def _ga_format(self) -> dict[str, Any]:
+        # as OpenAI's: only audio/pcm carries a rate (G.711's is fixed)
+        kind = next(name for name, enc in _GA_FORMATS.items() if enc == self.encoding)
+        return {"type": kind, "rate": self.rate} if self.encoding == "s16le" else {"type": kind}
 
 
 def _semantic(td: dict[str, Any], new: TurnDetection, where: str) -> TurnDetection:

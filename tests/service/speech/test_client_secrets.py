@@ -115,6 +115,16 @@ def test_the_session_given_is_what_the_answer_shows(client: TestClient[Any]) -> 
     assert audio_in["turn_detection"]["silence_duration_ms"] == 700
 
 
+def test_a_telephony_session_is_minted_with_g711(client: TestClient[Any]) -> None:
+    ga = client.post(GA, json={"session": {"type": "transcription", "audio": {"input": {
+        "format": {"type": "audio/pcma"}}}}})
+    assert ga.status_code == 200, ga.text
+    assert ga.json()["session"]["audio"]["input"]["format"] == {"type": "audio/pcma"}
+    beta = client.post(BETA, json={"input_audio_format": "g711_ulaw"})
+    assert beta.status_code == 200, beta.text
+    assert beta.json()["input_audio_format"] == "g711_ulaw"
+
+
 def test_a_minted_semantic_vad_session_is_shown_as_sent(client: TestClient[Any]) -> None:
     minted = client.post(GA, json={"session": {"type": "transcription", "audio": {"input": {
         "turn_detection": {"type": "semantic_vad", "eagerness": "low"}}}}})
@@ -178,7 +188,7 @@ def test_a_beta_transcription_session_carries_its_client_secret(client: TestClie
 
 @pytest.mark.parametrize("body, param", [
     ({"voice": "alloy"}, "voice"),
-    ({"input_audio_format": "g711_ulaw"}, "input_audio_format"),
+    ({"input_audio_format": "g722"}, "input_audio_format"),
     ({"modalities": ["audio", "text"]}, "modalities"),
     ({"input_audio_transcription": {"language": "en", "temperature": 0}}, "input_audio_transcription.temperature"),
     ({"turn_detection": {"type": "near_field_vad"}}, "turn_detection.type"),

@@ -18,11 +18,13 @@ from litestar.exceptions import WebSocketDisconnect
 from litestar.testing import TestClient
 
 from audio.live import LiveConfig
+from audio.pcm import PcmFormat, PcmStream, resample
 from engine.errors import EngineRestarting
 from service.app import create_app
 from service.speech.realtime_config import EAGERNESS_SILENCE_MS
 from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
+from tests.fixtures.g711 import encode_g711
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 
 SR = 24000  # what Realtime clients send
@@ -131,8 +133,78 @@ def test_a_ga_session_declares_its_rate(client: TestClient[Any], state: AppState
         assert session.received_seconds == pytest.approx(0.5, abs=0.03)
 
 
+def test_g711_is_decoded_and_echoed_and_a_format_change_mid_session_is_taken(
+        client: TestClient[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A telephony client (Twilio's media streams: base64 μ-law at 8 kHz, any byte count) after some PCM16: the
+    PCM that reaches the session is the G.711 decode, resampled from 8 kHz as other rates are."""
+    from audio.sessions import LiveSession
+
+    taken: list[np.ndarray] = []
+    take = LiveSession._take
+    monkeypatch.setattr(LiveSession, "_take", lambda self, pcm: (taken.append(np.array(pcm)), take(self, pcm)))
+    speech = voiced(1.0, 8000)
+    ulaw = encode_g711(speech, "ulaw")
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        manual_turns(ws)
+        append(ws, voiced(0.5))  # PCM16 at 24 kHz first: its resampler's tail goes before the change
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_format": "g711_ulaw"}}))
+        assert until(ws, "transcription_session.updated")[-1]["session"]["input_audio_format"] == "g711_ulaw"
+        before = len(taken)
+        for i in range(0, len(ulaw), 1601):  # odd byte counts: one byte a sample
+            ws.send_text(json.dumps({"type": "input_audio_buffer.append",
+                                     "audio": base64.b64encode(ulaw[i:i + 1601]).decode()}))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+    assert done["usage"]["seconds"] == pytest.approx(1.5, abs=0.002)
+    tail, *chunks = taken[before:]  # the change flushed the 24 kHz resampler's held-back tail first
+    assert 0 < len(tail) < 400
+    got = np.concatenate(chunks)
+    stream = PcmStream(PcmFormat(8000, "ulaw"))
+    want = np.concatenate([stream.push(ulaw[i:i + 1601]) for i in range(0, len(ulaw), 1601)] + [stream.flush()])
+    np.testing.assert_array_equal(got, want)
+    expected = resample(speech, 8000)  # and that is the speech sent, within G.711's steps
+    np.testing.assert_allclose(got[200:-200], expected[200:len(got) - 200], atol=0.02)
+
+
+@pytest.mark.parametrize("law", ["ulaw", "alaw"])
+def test_a_ga_session_takes_g711_and_echoes_it_as_openai_does(client: TestClient[Any], law: str) -> None:
+    kind = {"ulaw": "audio/pcmu", "alaw": "audio/pcma"}[law]
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": kind}, "turn_detection": None}}}}))
+        assert until(ws, "session.updated")[-1]["session"]["audio"]["input"]["format"] == {"type": kind}
+        ws.send_text(json.dumps({"type": "input_audio_buffer.append",
+                                 "audio": base64.b64encode(encode_g711(voiced(0.75, 8000), law)).decode()}))
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": 16000}}}}}))
+        assert until(ws, "session.updated")[-1]["session"]["audio"]["input"]["format"] == {
+            "type": "audio/pcm", "rate": 16000}
+        append(ws, voiced(0.25, 16000))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+    assert done["usage"]["seconds"] == pytest.approx(1.0, abs=0.002)
+
+
+@pytest.mark.parametrize("audio_format, param", [
+    ({"type": "audio/opus"}, "session.audio.input.format.type"),
+    ({"type": "g711_ulaw"}, "session.audio.input.format.type"),  # the beta name in the GA shape
+    ({"type": "audio/pcmu", "rate": 16000}, "session.audio.input.format.rate"),  # G.711 is 8 kHz
+])
+def test_a_ga_format_that_cannot_be_honoured_names_its_field(client: TestClient[Any],
+                                                             audio_format: dict[str, Any], param: str) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": audio_format}}}}))
+        error = until(ws, "error")[-1]["error"]
+    assert error["param"] == param and error["message"]
+
+
 @pytest.mark.parametrize("update, param", [
-    ({"input_audio_format": "g711_ulaw"}, "session.input_audio_format"),
+    ({"input_audio_format": "g722"}, "session.input_audio_format"),
+    ({"input_audio_format": ["g711_ulaw"]}, "session.input_audio_format"),
     ({"turn_detection": {"type": "near_field_vad"}}, "session.turn_detection.type"),
     ({"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}, "session.turn_detection.eagerness"),
     ({"turn_detection": {"type": "semantic_vad", "silence_duration_ms": 700}},
@@ -351,7 +423,8 @@ def test_a_query_value_that_is_no_value_is_an_error_event_naming_it(client: Test
 
 
 @pytest.mark.parametrize("query, rate, encoding", [("", 16000, "f32le"), ("?rate=48000&encoding=s16le", 48000, "s16le"),
-                                                   ("?vad=off", 16000, "f32le")])
+                                                   ("?vad=off", 16000, "f32le"), ("?encoding=ulaw", 8000, "ulaw"),
+                                                   ("?encoding=alaw&rate=16000", 16000, "alaw")])
 def test_binary_frames_are_announced_in_the_format_they_are_read(client: TestClient[Any], query: str, rate: int,
                                                                  encoding: str) -> None:
     with client.websocket_connect(f"/v1/audio/live{query}") as ws:
