@@ -122,6 +122,8 @@ class Delta:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     # Rows that asked for the prompt's: on the first delta, one per prompt token after the first (which has none).
     prompt_logprobs: list[TokenLogprob] | None = None
+    # The stop string that ended the row (a final delta whose finish_reason is "stop"); None for any other end.
+    stop_sequence: str | None = None
 
 
 class ExecutionContext(Protocol):

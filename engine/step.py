@@ -368,6 +368,7 @@ class BatchStep:
             return None  # held back (partial character or possible stop string): nothing to show yet
         ids, row.unsent_ids = row.unsent_ids, []
         delta = row.delta(step.text, ids, step.finish_reason)
+        delta.stop_sequence = row.stopper.stopped_by if step.finish_reason == "stop" else None
         delta.prompt_logprobs, row.unsent_prompt_logprobs = row.unsent_prompt_logprobs, None
         if row.unsent_logprobs:
             # Tokens whose whole text has shown; those still held wait, and those a stop string cut never go (their

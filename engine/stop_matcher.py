@@ -50,6 +50,8 @@ class StopMatcher:
         # With stop strings: characters emitted so far, and where a stop string cut the text (None: it did not).
         self.shown = 0
         self._cut_at: int | None = None
+        # The stop string that ended the row (Anthropic's `stop_sequence` names it); None: it ended otherwise.
+        self.stopped_by: str | None = None
 
     def position(self) -> int:
         """Where the next token's text starts in the row's text (with stop strings; 0 without). Raises nothing."""
@@ -114,10 +116,15 @@ class StopMatcher:
         return StepText(text, reason)
 
     def _find_stop(self) -> int | None:
+        """Where the earliest stop string starts in the pending text (None: none does); that string is noted in
+        `stopped_by`."""
         if not self.stop_strings:
             return None
-        hits = [i for i in (self._pending.find(s) for s in self.stop_strings) if i >= 0]
-        return min(hits) if hits else None
+        hits = [(i, s) for s in self.stop_strings if (i := self._pending.find(s)) >= 0]
+        if not hits:
+            return None
+        cut, self.stopped_by = min(hits, key=lambda hit: hit[0])
+        return cut
 
     def _holdback(self) -> int:
         """Length of the longest suffix of the pending text that could begin a stop string."""

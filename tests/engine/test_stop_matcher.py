@@ -31,6 +31,17 @@ def test_stop_string_is_held_back_and_never_emitted(tiny_loaded) -> None:
     assert all("w" not in p for p in pieces)  # "w" could start "world!": never shown
 
 
+def test_the_stop_string_that_cut_the_text_is_named(tiny_loaded) -> None:
+    # Anthropic's stop_sequence names it; the earliest in the text wins, whatever the list's order.
+    tok = tiny_loaded.tokenizer
+    m = StopMatcher(tok, stop=["tiny", "never", "This"], max_tokens=100)
+    pieces, reason = feed(m, tok.encode("Hello world! This is a tiny model"))
+    assert (reason, "".join(pieces), m.stopped_by) == ("stop", "Hello world! ", "This")
+    eos = StopMatcher(tok, stop=["never"], max_tokens=100)
+    feed(eos, [*tok.encode("Hello"), tok.eos_token_id])
+    assert eos.finish_reason == "stop" and eos.stopped_by is None
+
+
 def test_possible_stop_prefix_is_released_once_disambiguated(tiny_loaded) -> None:
     tok = tiny_loaded.tokenizer
     text = "The quick brown fox jumps over the lazy dog."
