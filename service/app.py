@@ -34,6 +34,8 @@ from service.http.head import HeadAsGet
 from service.http.handlers import EXCEPTION_HANDLERS
 from service.http.json_body import MAX_JSON_DEPTH_KEY, DepthLimitedRequest
 from service.logs import configure_logging
+from service.messages.errors import AnthropicErrors
+from service.messages.routes import count_message_tokens, create_message
 from service.pi.route import pi_provider
 from service.tokenize.routes import detokenize, tokenize, tokenizer_info
 from service.responses.routes import create_response, delete_response, retrieve_response
@@ -65,6 +67,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
     """Every route of the API. A new route is one import and one entry here."""
     return [
         chat_completions, completions, create_response, retrieve_response, delete_response,
+        create_message, count_message_tokens,
         list_models, retrieve_model, health, stats, metrics,
         create_transcription, create_translation,
         create_session, append_session_audio, finish_session, delete_session, live, realtime,
@@ -227,7 +230,8 @@ def create_app(state: AppState | None = None) -> Litestar:
     # Around everything Litestar does (routing, 404s, CORS): the guard (keys, origins, readiness, body
     # limits), and outside it one log line and the request metrics per request, whatever answered it.
     paths = frozenset(route.path for route in app.routes if "{" not in route.path)
-    app.asgi_handler = AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics, paths)
+    # Outermost: error answers on /v1/messages in Anthropic's shape (the access log still reads OpenAI's).
+    app.asgi_handler = AnthropicErrors(AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics, paths))
     return app
 
 

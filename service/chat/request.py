@@ -5,6 +5,7 @@ Every check that can fail does so here, before response headers go out, so it be
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
@@ -21,7 +22,7 @@ from service.seams import ChatEngine, RowStream
 from service.state import AppState
 
 __all__ = ["chat_engine", "vocab_size", "sampling_params", "generation_request", "submit", "request_timing",
-           "observe_queue_wait"]
+           "observe_queue_wait", "renamed"]
 
 
 def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
@@ -154,3 +155,23 @@ def observe_queue_wait(state: AppState, timing: StreamTiming) -> None:
     """Record the wait from arrival to the engine taking the row. Raises nothing."""
     if state.metrics is not None:
         state.metrics.queue_wait.observe(time.monotonic() - timing.arrival)
+
+
+def renamed(exc: APIError, fields: Mapping[str, str]) -> APIError:
+    """`exc` naming the field of a translated request (/v1/responses, /v1/messages) its chat field came from, by
+    `fields` (chat's top-level name → the API's). Raises nothing."""
+    param = exc.param or ""
+    # Chat nests a tool's fields under `function`; Responses and Messages do not.
+    if (tool := re.fullmatch(r"tools\.(\d+)\.function\.(\w+)", param)) is not None:
+        new = f"tools.{tool[1]}.{tool[2]}"
+        return APIError(exc.status, exc.message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
+                        close=exc.close, should_retry=exc.should_retry)
+    chat_name = param.split(".")[0].split("[")[0]
+    if chat_name not in fields:
+        return exc
+    new = fields[chat_name]
+    # Only the `param:` that opens chat's messages is chat's wording to replace ("these messages" stays a sentence).
+    message = new + exc.message[len(param):] if exc.message.startswith(param + ":") else \
+        exc.message.replace(f"in the {param},", f"in the {new},")  # check_text_fits's sentence
+    return APIError(exc.status, message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
+                    close=exc.close, should_retry=exc.should_retry)

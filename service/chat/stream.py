@@ -121,6 +121,8 @@ class RowReader:
         self._expired = False
         self._logprobs: list[TokenLogprob] = []
         self._prompt_logprobs: list[TokenLogprob] | None = None
+        # The stop string that ended the row, once its last delta is read (None: it ended otherwise).
+        self.stop_sequence: str | None = None
 
     async def _next(self) -> Delta:
         deadline = self._timing.deadline if self._timing is not None else None
@@ -230,6 +232,8 @@ class RowReader:
 
     def _check(self, delta: Delta) -> None:
         self._counter.add(delta)
+        if delta.stop_sequence is not None:
+            self.stop_sequence = delta.stop_sequence
         if delta.logprobs:
             self._logprobs.extend(delta.logprobs)
         if delta.prompt_logprobs is not None:

@@ -11,7 +11,6 @@ service/responses/item_cache.py). A stream starts with `response.created` and en
 from __future__ import annotations
 
 import logging
-import re
 from contextlib import aclosing
 from functools import partial
 from typing import Any, AsyncGenerator, Awaitable, Callable
@@ -21,7 +20,7 @@ from litestar import Request, Response, delete, get, post
 
 from service.chat.output import ChatTranslator
 from service.chat.render import char_bound
-from service.chat.request import chat_engine, request_timing
+from service.chat.request import chat_engine, renamed, request_timing
 from service.chat.respond import respond
 from service.chat.routes import submit_chat
 from service.chat.stream import RowReader, UsageCounter
@@ -44,25 +43,6 @@ _log = logging.getLogger("tandem.service")
 # (submit names the prompt `messages`.)
 _FIELDS = {"messages": "input", "reasoning_effort": "reasoning.effort", "max_tokens": "max_output_tokens",
            "response_format": "text.format"}
-
-
-def _renamed(exc: APIError) -> APIError:
-    """`exc` naming the Responses field its chat field came from. Raises nothing."""
-    param = exc.param or ""
-    # Chat nests a tool's fields under `function`; Responses does not.
-    if (tool := re.fullmatch(r"tools\.(\d+)\.function\.(\w+)", param)) is not None:
-        new = f"tools.{tool[1]}.{tool[2]}"
-        return APIError(exc.status, exc.message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
-                        close=exc.close, should_retry=exc.should_retry)
-    chat_name = param.split(".")[0].split("[")[0]
-    if chat_name not in _FIELDS:
-        return exc
-    new = _FIELDS[chat_name]
-    # Only the `param:` that opens chat's messages is chat's wording to replace ("these messages" stays a sentence).
-    message = new + exc.message[len(param):] if exc.message.startswith(param + ":") else \
-        exc.message.replace(f"in the {param},", f"in the {new},")  # check_text_fits's sentence
-    return APIError(exc.status, message, type=exc.type, param=new, code=exc.code, retry_after=exc.retry_after,
-                    close=exc.close, should_retry=exc.should_retry)
 
 
 async def _thinking_tokens(state: AppState, tokenizer: Any, thinking: list[str]) -> int:
@@ -187,7 +167,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
         try:
             stream, generation = await submit_chat(request, state, engine, chat, counter, timing, translators)
         except APIError as exc:
-            raise _renamed(exc) from None
+            raise renamed(exc, _FIELDS) from None
         output.applied_limit = generation.max_tokens
         return stream
 

@@ -1,0 +1,148 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API (what Claude Code and the anthropic
+SDKs speak), served by the chat machinery: the request becomes a chat request (service/messages/translate.py),
+the reply's chat deltas become content blocks (service/messages/output.py).
+
+A stream is message_start, the blocks' events, message_delta and message_stop; `ping` while the prompt waits; an
+error after the headers is an `error` event, then the stream ends. Errors before them are statuses with Anthropic's
+error body (service/messages/errors.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import aclosing
+from typing import Any, AsyncGenerator
+
+from litestar import Request, Response, post
+from litestar.openapi.datastructures import ResponseSpec
+
+from service.chat.output import ChatTranslator
+from service.chat.render import render_chat
+from service.chat.request import chat_engine, renamed, request_timing
+from service.chat.respond import respond
+from service.chat.routes import submit_chat
+from service.chat.stream import RowReader, UsageCounter
+from service.http.access_log import record_tokens, record_user
+from service.http.errors import APIError, in_band_error
+from service.http.openapi import ok_content_operation, sse_event_schema
+from service.messages.output import MessageOutput, stop_reason
+from service.messages.replies import AnthropicError, MessageObject, MessageStreamEvent, TokenCount
+from service.messages.schemas import CountTokensRequest, MessagesRequest
+from service.messages.translate import CHAT_FIELDS, chat_request
+from service.seams import RowStream
+from service.state import get_state
+
+__all__ = ["create_message", "count_message_tokens"]
+
+_log = logging.getLogger("tandem.service")
+
+_ERRORS = {status: ResponseSpec(data_container=AnthropicError, description=text, generate_examples=False)
+           for status, text in {
+               400: "Invalid request (invalid_request_error), naming the field",
+               401: "Missing or wrong x-api-key (authentication_error)",
+               404: "Unknown model (not_found_error)",
+               413: "Body over the size limit (request_too_large)",
+               429: "At capacity (rate_limit_error; Retry-After)",
+               503: "Loading, restarting or shutting down (overloaded_error; Retry-After)",
+               504: "Past --request-timeout (timeout_error)"}.items()}
+
+
+def _usage(counter: UsageCounter) -> dict[str, Any]:
+    """Anthropic's usage: input_tokens are the prompt's uncached tokens, the cached ones cache_read_input_tokens."""
+    prompt, completion = counter.totals()
+    cached = min(counter.cached_tokens, prompt)
+    return {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
+            "output_tokens": completion}
+
+
+async def _reply(reader: RowReader, translator: ChatTranslator, output: MessageOutput) -> AsyncGenerator[bytes, None]:
+    """The reply's events, what came together in one write, the end's last. Raises what reading the row raises."""
+    finish: str | None = None
+    async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
+        async for text, finish in items:
+            if events := [e for delta in translator.feed(text) for e in output.feed(delta)]:
+                yield b"".join(events)
+            if translator.done:  # disable_parallel_tool_use: the first call ended the reply
+                finish = None
+                break
+    events = [e for delta in translator.finish() for e in output.feed(delta)]
+    reason = stop_reason(translator.finish_reason(finish), reader.stop_sequence)
+    events += output.close(reason, reader.stop_sequence if reason == "stop_sequence" else None)
+    yield b"".join(events)
+
+
+async def _events(reader: RowReader, translator: ChatTranslator, output: MessageOutput) -> AsyncGenerator[bytes, None]:
+    if not output.started:
+        yield output.opening()
+    try:
+        async with aclosing(_reply(reader, translator, output)) as events:
+            async for event in events:
+                yield event
+    except Exception as exc:  # headers are out: report in-band; the stream ends with it
+        _log.warning("message stream %s failed: %s", output.id, exc)
+        yield output.failed(in_band_error(exc))
+
+
+async def _collect(reader: RowReader, translator: ChatTranslator, output: MessageOutput) -> dict[str, Any]:
+    async with aclosing(_reply(reader, translator, output)) as events:
+        async for _ in events:  # a non-streamed output frames no events
+            pass
+    return output.message()
+
+
+@post(
+    "/v1/messages",
+    status_code=200,
+    summary="Create a message (Anthropic's Messages API)",
+    description="Anthropic's Messages API, for Claude Code and the anthropic SDKs: `system`, the turns' `messages` "
+                "(text, tool_use, tool_result, thinking blocks), client `tools` and `tool_choice`, `thinking` onto "
+                "the chat template's switch. With `stream: true` the response is `text/event-stream` of `event: "
+                "<type>` / `data: <json>` events from `message_start` to `message_stop` (an `error` event for an "
+                "error after the headers). Errors are in Anthropic's shape.",
+    responses=_ERRORS,
+    operation_class=ok_content_operation({"text/event-stream": sse_event_schema(MessageStreamEvent, done=False)},
+                                         "MessageStreamOperation"),
+    tags=["messages"],
+)
+async def create_message(request: Request[Any, Any, Any], data: MessagesRequest) -> Response[MessageObject]:
+    """A message, streamed or not. Raises APIError (4xx; 429 at capacity, 504 past the deadline) for requests that
+    cannot be served."""
+    state = get_state(request)
+    engine = chat_engine(state, data.model)
+    chat = chat_request(data)
+    timing = request_timing(request, state)
+    counter = UsageCounter()
+    record_tokens(request, counter.totals)
+    record_user(request, data.metadata.user_id if data.metadata is not None else None)
+    output = MessageOutput(data.model, lambda: _usage(counter), streamed=bool(data.stream))
+    translators: list[ChatTranslator] = []
+
+    async def submit_row() -> RowStream:
+        try:
+            stream, _ = await submit_chat(request, state, engine, chat, counter, timing, translators)
+        except APIError as exc:
+            raise renamed(exc, CHAT_FIELDS) from None
+        return stream
+
+    def failure(error: APIError) -> bytes:
+        return (b"" if output.started else output.opening()) + output.failed(error)
+
+    return await respond(
+        request, counter, timing, submit_row=submit_row,
+        events=(lambda reader: _events(reader, translators[0], output)) if data.stream else None,
+        collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output),
+        keepalive=output.opening, failure=failure)
+
+
+@post("/v1/messages/count_tokens", status_code=200, summary="Count a message's prompt tokens", responses=_ERRORS,
+      description="The tokens of the prompt a Messages request with this body would have (rendered with the chat "
+                  "template, tools included).", tags=["messages"])
+async def count_message_tokens(request: Request[Any, Any, Any], data: CountTokensRequest) -> TokenCount:
+    """Raises APIError 400 (what rendering refuses) and 404 (another model)."""
+    state = get_state(request)
+    engine = chat_engine(state, data.model)
+    try:
+        rendered = await render_chat(state, engine, chat_request(data))
+    except APIError as exc:
+        raise renamed(exc, CHAT_FIELDS) from None
+    return TokenCount(input_tokens=len(rendered.tokens))

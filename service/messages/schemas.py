@@ -1,0 +1,219 @@
+"""Pydantic models of a POST /v1/messages body (Anthropic's Messages API, as Claude Code and the anthropic SDKs send
+it) and of /v1/messages/count_tokens; service/messages/translate.py turns one into a chat request.
+
+As for chat, every field is honoured or refused with a 400 naming it: unknown top-level fields are refused, nested
+objects may carry unknown fields only while they are empty, and blocks this server cannot read (images,
+documents, Anthropic's server tools) are refused by name. `cache_control` is accepted anywhere Anthropic takes it:
+the prefix cache keeps prefixes whatever a request marks.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
+
+from service.chat.schemas import TOOL_NAME, CacheControl, _Body, _Request
+
+__all__ = ["TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock", "RedactedThinkingBlock", "MessageTurn",
+           "ToolDefinition", "ToolChoice", "ThinkingConfig", "Metadata", "CountTokensRequest", "MessagesRequest"]
+
+# Blocks a text model cannot read, by type: refused with a sentence naming them (a tool's result says it in a line).
+UNREAD_BLOCKS = {"image": "images", "document": "documents", "search_result": "search results",
+                 "container_upload": "files"}
+
+
+class TextBlock(_Request):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[Any] | None = Field(None, description="Only null or empty: no citations here.")
+
+
+class ToolUseBlock(_Request):
+    """An earlier call of the assistant's: goes back to the template as a tool call."""
+
+    type: Literal["tool_use"]
+    id: str = Field(..., min_length=1)
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+def _tool_result_content(content: Any) -> Any:
+    """An image or document a tool returned is told to the model in a line (Claude Code's Read of a picture):
+    refusing it would end an agent's session, whose history carries it every turn."""
+    if not isinstance(content, list):
+        return content
+    return [{"type": "text", "text": f"[the tool returned {UNREAD_BLOCKS[b['type']]}: this model reads text only]"}
+            if isinstance(b, dict) and b.get("type") in UNREAD_BLOCKS else b for b in content]
+
+
+class ToolResultBlock(_Request):
+    """A tool's result for the call `tool_use_id`: text or text blocks; `is_error` says it failed."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(..., min_length=1)
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = Field(None, description="true: the result opens with \"Error:\" for the model.")
+    cache_control: CacheControl | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _unread_said(cls, content: Any) -> Any:
+        return _tool_result_content(content)
+
+    def text(self) -> str:
+        """The result as the model reads it. Raises nothing."""
+        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content or ())
+        return f"Error: {text}" if self.is_error else text
+
+
+class ThinkingBlock(_Request):
+    """Earlier thinking: its text goes back to the template as the turn's reasoning (where the template writes it);
+    the signature is not checked."""
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+    cache_control: CacheControl | None = None
+
+
+class RedactedThinkingBlock(_Request):
+    """Another server's sealed thinking: unreadable here, left out of the prompt."""
+
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+_BLOCKS = {"text": "TextBlock", "tool_use": "ToolUseBlock", "tool_result": "ToolResultBlock",
+           "thinking": "ThinkingBlock", "redacted_thinking": "RedactedThinkingBlock"}
+
+
+def _block_kind(block: Any) -> str | None:
+    kind = block.get("type") if isinstance(block, dict) else None
+    return _BLOCKS.get(kind) if isinstance(kind, str) else None
+
+
+ContentBlock = Annotated[
+    Union[Annotated[TextBlock, Tag("TextBlock")], Annotated[ToolUseBlock, Tag("ToolUseBlock")],
+          Annotated[ToolResultBlock, Tag("ToolResultBlock")], Annotated[ThinkingBlock, Tag("ThinkingBlock")],
+          Annotated[RedactedThinkingBlock, Tag("RedactedThinkingBlock")]],
+    Discriminator(_block_kind, custom_error_type="invalid_block_type",
+                  custom_error_message="a content block's type must be one of " + ", ".join(map(repr, _BLOCKS))),
+]
+
+# Which blocks each role's turn may carry.
+_ROLE_BLOCKS = {"user": (TextBlock, ToolResultBlock), "assistant": (TextBlock, ToolUseBlock, ThinkingBlock,
+                                                                   RedactedThinkingBlock)}
+
+
+def _unread_blocks_refused(content: Any) -> Any:
+    for block in content if isinstance(content, list) else ():
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind in UNREAD_BLOCKS:
+            raise ValueError(f"{kind!r} content blocks are not supported: this server's model reads text only, not "
+                             f"{UNREAD_BLOCKS[kind]}")
+    return content
+
+
+class MessageTurn(_Request):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _readable(cls, content: Any) -> Any:
+        return _unread_blocks_refused(content)
+
+    @model_validator(mode="after")
+    def _blocks_of_the_role(self) -> "MessageTurn":
+        if isinstance(self.content, list):
+            if not self.content:
+                raise ValueError("content: an empty array; give at least one content block")
+            for i, block in enumerate(self.content):
+                if not isinstance(block, _ROLE_BLOCKS[self.role]):
+                    raise ValueError(f"content.{i}: a {block.type!r} block cannot be in a {self.role} turn")
+        return self
+
+
+class ToolDefinition(_Request):
+    """A tool the model may call (Anthropic's client tool)."""
+
+    name: str = Field(..., pattern=TOOL_NAME)
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_server_tools(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        if kind not in (None, "custom"):
+            raise ValueError(f"type {kind!r}: Anthropic's server tools (web search, bash, text editor, code "
+                             "execution, …) are not run here; declare client tools with name and input_schema")
+        return value
+
+
+class ToolChoice(_Request):
+    type: Literal["auto", "any", "tool", "none"] = Field(
+        ..., description="auto; any: some call, enforced; tool: a call of `name`, enforced (both for models whose "
+                         "calls are <tool_call> JSON); none: no call.")
+    name: str | None = Field(None, pattern=TOOL_NAME)
+    disable_parallel_tool_use: bool | None = Field(None, description="true: the reply ends after its first call.")
+
+    @model_validator(mode="after")
+    def _name_with_tool(self) -> "ToolChoice":
+        if (self.type == "tool") != (self.name is not None):
+            raise ValueError("name: given with type \"tool\", and only then")
+        return self
+
+
+class ThinkingConfig(_Request):
+    type: Literal["enabled", "disabled", "adaptive"] = Field(
+        ..., description="enabled / adaptive: the template's thinking switch on (reasoning_effort low, medium or "
+                         "high by budget_tokens for a template that reads an effort); disabled: off.")
+    budget_tokens: int | None = Field(None, ge=1024, description="With enabled (required); picks the effort, is "
+                                                                 "not enforced: max_tokens bounds the reply.")
+
+    @model_validator(mode="after")
+    def _budget_when_enabled(self) -> "ThinkingConfig":
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise ValueError("budget_tokens: required when thinking is enabled")
+        return self
+
+
+class Metadata(_Request):
+    user_id: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
+
+
+class CountTokensRequest(_Body):
+    """POST /v1/messages/count_tokens body: a Messages request's prompt, without the reply's settings."""
+
+    model: str = Field(..., description="The served model's id (GET /v1/models) or an alias given at start.")
+    messages: list[MessageTurn] = Field(..., min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    cache_control: CacheControl | None = Field(None, description="Accepted: prefixes are cached anyway.")
+
+
+class MessagesRequest(CountTokensRequest):
+    """POST /v1/messages body."""
+
+    max_tokens: int = Field(..., ge=1)
+    stream: bool | None = Field(False, description="true: server-sent events, `event: <type>` and `data: <json>`.")
+    stop_sequences: list[str] | None = None
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    metadata: Metadata | None = None
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _few_stops(cls, stops: list[str] | None) -> list[str] | None:
+        if stops is not None and len(stops) > 16:  # chat's limit: each is matched on every token
+            raise ValueError("at most 16 stop sequences")
+        return stops

@@ -1,0 +1,107 @@
+"""A Messages request as the chat request it asks for: `system` and the turns' blocks become chat messages, the
+tools chat tools, the settings chat's fields, so rendering, admission and sampling are chat's own.
+
+A user turn's tool results become tool messages, before its text (chat pairs a result with the call of the
+assistant turn just before it); user turns in a row are one user turn, as Anthropic merges them (Mistral's and
+Gemma's templates refuse two). Earlier thinking goes back as the turn's reasoning; redacted thinking is left out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.chat.schemas import ChatCompletionRequest
+from service.http.errors import APIError
+from service.messages.schemas import (CountTokensRequest, MessagesRequest, TextBlock, ThinkingBlock, ThinkingConfig,
+                                      ToolResultBlock, ToolUseBlock)
+
+__all__ = ["chat_request", "CHAT_FIELDS"]
+
+# Chat's field names in errors about the translated request → the Messages fields they came from.
+CHAT_FIELDS = {"reasoning_effort": "thinking", "stop": "stop_sequences", "parallel_tool_calls": "tool_choice",
+               "response_format": "tool_choice"}
+
+
+def _effort(thinking: ThinkingConfig | None) -> str | None:
+    """The chat reasoning_effort `thinking` asks for: the budget picks gpt-oss's effort (Claude Code's "think",
+    "think hard" and "ultrathink" budgets are 4,000, 10,000 and 31,999 tokens); other templates read it as on."""
+    if thinking is None:
+        return None
+    if thinking.type == "disabled":
+        return "none"
+    budget = thinking.budget_tokens
+    return "medium" if budget is None else "low" if budget <= 4096 else "medium" if budget <= 16384 else "high"
+
+
+def _system(body: CountTokensRequest) -> str | None:
+    if body.system is None:
+        return None
+    return body.system if isinstance(body.system, str) else "\n\n".join(b.text for b in body.system if b.text)
+
+
+def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if system := _system(body):
+        out.append({"role": "system", "content": system})
+    for i, turn in enumerate(body.messages):
+        blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
+        text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+        if turn.role == "assistant":
+            if i == len(body.messages) - 1:
+                raise APIError(400, f"messages.{i}: a last assistant turn (a prefill for the reply to continue) is "
+                                    "not supported here: end with a user turn", param=f"messages.{i}",
+                               code="invalid_value")
+            calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
+                     for b in blocks if isinstance(b, ToolUseBlock)]
+            message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+            if calls:
+                message["tool_calls"] = calls
+            if thinking := "".join(b.thinking for b in blocks if isinstance(b, ThinkingBlock)):
+                message["reasoning_content"] = thinking
+            out.append(message)
+            continue
+        out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
+                for b in blocks if isinstance(b, ToolResultBlock)]
+        if not text:
+            continue
+        if out and out[-1]["role"] == "user":  # user turns in a row: one turn
+            out[-1]["content"] += "\n\n" + text
+        else:
+            out.append({"role": "user", "content": text})
+    return out
+
+
+def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
+    """The chat request `body` asks for (a count_tokens body: its prompt alone).
+
+    Raises APIError 400 naming the field for what chat's rules refuse of the translated request (a tool result
+    answering no call, a forced call without tools), and for a last assistant turn."""
+    chat: dict[str, Any] = {"model": body.model, "messages": _messages(body),
+                            "reasoning_effort": _effort(body.thinking)}
+    if isinstance(body, MessagesRequest):
+        chat.update(stream=bool(body.stream), max_tokens=body.max_tokens, temperature=body.temperature,
+                    top_p=body.top_p, top_k=body.top_k, stop=body.stop_sequences or None,
+                    user=body.metadata.user_id if body.metadata is not None else None)
+    if body.tools is not None or body.tool_choice is not None:
+        choice = body.tool_choice
+        chat["tools"] = [{"type": "function", "function": {
+            "name": t.name, "parameters": t.input_schema, **({"description": t.description} if t.description else {})}}
+            for t in body.tools or ()]
+        if choice is not None:
+            chat["tool_choice"] = ({"type": "function", "function": {"name": choice.name}} if choice.type == "tool"
+                                   else {"auto": "auto", "any": "required", "none": "none"}[choice.type])
+            if choice.disable_parallel_tool_use:
+                chat["parallel_tool_calls"] = False
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        message = str(problem.get("msg", exc)).removeprefix("Value error, ")
+        loc = [str(part) for part in problem.get("loc") or ("messages",)]
+        # Chat nests a tool's fields under `function`; the tools are the request's, index for index.
+        param = ("tools." + loc[1] if loc[0] == "tools" and len(loc) > 1 else
+                 CHAT_FIELDS.get(loc[0], loc[0]) if loc[0] in ("tool_choice", "parallel_tool_calls") else "messages")
+        raise APIError(400, f"{param}: {message}", param=param, code="invalid_value") from None
