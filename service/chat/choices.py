@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from engine.contracts import GenerationRequest, SamplingParams
 from service.chat.replies import PromptTokensDetails, Usage
+from service.chat.schemas import MAX_CHOICES
 from service.chat.request import submit
 from service.chat.respond import FIRST_BYTE_WAIT, KEEPALIVE_EVERY
 from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
@@ -96,12 +97,21 @@ async def prime(engine: ChatEngine, generation: GenerationRequest, timing: Strea
         pass
 
 
-def check_capacity(state: AppState, count: int, param: str) -> None:
-    """Refuse `count` choices this server could never hold at once (--max-active rows running, --max-queued
-    waiting): a 429 would be retried for ever. Raises APIError 400 naming `param`."""
+def check_capacity(state: AppState, n: int, prompts: int = 1) -> None:
+    """Refuse more than MAX_CHOICES choices in one request (`prompts` × `n`), and choices this server could never
+    hold at once (--max-active rows running, --max-queued waiting): a 429 would be retried for ever. Both name `n`
+    where a request samples several choices a prompt (fewer samples is what fits), else `prompt`.
+    Raises APIError 400."""
+    count = prompts * n
+    param = "n" if n > 1 else "prompt"
+    # The count's own words: "n: 16 choices" of a request that asked for n = 4 read as a misparsed body.
+    what = f"{prompts} prompts × n = {n}: {count} choices" if prompts > 1 and n > 1 else f"{count} choices"
+    if count > MAX_CHOICES:
+        raise APIError(400, f"{param}: {what} are more than one request may ask for ({MAX_CHOICES})", param=param,
+                       code="invalid_value")
     room = state.config.max_active + state.config.queue_limit
     if count > room:
-        raise APIError(400, f"{param}: {count} choices are more than this server runs and queues at once ({room}: "
+        raise APIError(400, f"{param}: {what} are more than this server runs and queues at once ({room}: "
                             f"--max-active {state.config.max_active} + --max-queued {state.config.queue_limit}); send "
                             f"fewer per request", param=param, code="too_many_choices")
 

@@ -57,13 +57,11 @@ class CompletionRequest(SamplingFields):
             raise ValueError("only best_of=1 is supported")
         return best_of
 
+    # Prompts times n past MAX_CHOICES is the route's to refuse (service/chat/choices.py check_capacity): it names n.
     @field_validator("prompt")
     @classmethod
-    def _prompts(cls, prompt: Any, info: ValidationInfo) -> str | list[str] | list[int] | list[list[int]]:
+    def _prompts(cls, prompt: Any) -> str | list[str] | list[int] | list[list[int]]:
         if isinstance(prompt, list):
-            several = len(prompt) if isinstance(prompt[0] if prompt else None, (str, list)) else 1
-            if several * (info.data.get("n") or 1) > MAX_CHOICES >= several:  # n is validated before the prompt
-                raise ValueError(f"prompts times n is at most {MAX_CHOICES} choices in one request")
             if not prompt:
                 raise ValueError("prompt must not be empty")
             if len(prompt) > MAX_CHOICES and isinstance(prompt[0], (str, list)):

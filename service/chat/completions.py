@@ -199,7 +199,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         return generation
 
     if len(items) * samples > 1:
-        check_capacity(state, len(items) * samples, "n" if samples > 1 else "prompt")
+        check_capacity(state, samples, len(items))
         choices: Choices[_Echo] = Choices()
         record_tokens(request, choices.totals)
 

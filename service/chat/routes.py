@@ -256,7 +256,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
 
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     if (data.n or 1) > 1:
-        check_capacity(state, data.n or 1, "n")
+        check_capacity(state, data.n or 1)
         return await _choices(request, state, engine, data, meta, timing, logprobs, include_usage)
 
     async def submit_row() -> RowStream:

@@ -170,6 +170,21 @@ def test_more_choices_than_the_server_can_hold_are_a_400_not_a_429(route: str, b
         assert client.post(route, json=fits).status_code == 200
 
 
+def test_several_prompts_times_n_are_counted_as_asked_and_name_n() -> None:
+    # 4 prompts × n = 4 on a 12-row server was refused as "n: 16 choices", naming a count the client never sent.
+    from service.app import create_app
+    from service.config import ServiceConfig
+    from service.state import AppState
+
+    config = ServiceConfig(max_active=4, max_queued=8)
+    with TestClient(create_app(AppState(engine=FakeEngine(), config=config))) as client:
+        refused = client.post("/v1/completions", json={"prompt": ["a", "b", "c", "d"], "n": 4})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "n" and error["code"] == "too_many_choices"
+    assert error["message"].startswith("n: 4 prompts × n = 4: 16 choices are more than this server runs and queues")
+
+
 def test_a_batch_of_prompts_scored_alone(client: TestClient[Any]) -> None:
     # max_tokens 0 with echo over a batch: each choice its prompt, no reply, no completion tokens.
     body = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "max_tokens": 0, "echo": True}).json()

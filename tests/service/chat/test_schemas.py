@@ -89,7 +89,9 @@ def test_completions_take_a_batch_of_one_token_list_and_best_of_one(client: Any,
     assert fake_engine.requests[-1].prompt_tokens == [5, 6, 7]
     _refused(client.post("/v1/completions", json={"prompt": [[5], []]}), "prompt", "must not be empty")
     _refused(client.post("/v1/completions", json={"prompt": ["a"] * 65}), "prompt", "at most 64 prompts")
-    _refused(client.post("/v1/completions", json={"prompt": ["a"] * 8, "n": 9}), "prompt", "at most 64 choices")
+    # Named `n`, counted as asked: the schema's check named `prompt` (and the capacity check `n`) for one request.
+    _refused(client.post("/v1/completions", json={"prompt": ["a"] * 8, "n": 9}), "n",
+             "n: 8 prompts × n = 9: 72 choices are more than one request may ask for (64)")
     _refused(client.post("/v1/completions", json={"prompt": "a", "n": 0}), "n", "n must be 1 to 64")
     _refused(client.post("/v1/completions", json={"prompt": "x", "best_of": 2}), "best_of", "only best_of=1")
 
