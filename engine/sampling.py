@@ -54,6 +54,12 @@ def validate_sampling(params: SamplingParams, vocab_size: int) -> None:
     for name in ("xtc_probability", "xtc_threshold"):
         if not 0 <= getattr(params, name) <= 1:
             raise InvalidSampling(f"{name} must be in [0, 1]", param=name)
+    # mlx-lm's sampler refuses a threshold above 0.5 where XTC runs (RowSampler's `_xtc`); its server takes up to 1,
+    # so where XTC does not run (greedy, or probability 0) such a threshold passes, as there.
+    if params.temperature > 0 and params.xtc_probability > 0 and params.xtc_threshold > 0.5:
+        raise InvalidSampling("xtc_threshold must be in [0, 0.5] when XTC applies (xtc_probability > 0 and "
+                              "temperature > 0), as mlx-lm's sampler: above 0.5 it could drop no token",
+                              param="xtc_threshold")
     if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
         raise InvalidSampling(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}]", param="top_logprobs")
     for tok in (params.logit_bias or {}):

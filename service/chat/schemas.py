@@ -271,7 +271,8 @@ class SamplingFields(_Body):
         None, ge=0.0, le=1.0, description="mlx_lm.server's XTC: how often a draw drops the tokens likelier than "
                                           "xtc_threshold but the least likely of them (never a newline or end of text; "
                                           "sampled replies only). Default 0: never.")
-    xtc_threshold: float | None = Field(None, ge=0.0, le=1.0, description="XTC's threshold (default 0.1).")
+    xtc_threshold: float | None = Field(None, ge=0.0, le=1.0, description="XTC's threshold (default 0.1); at most 0.5 "
+                                                                        "where XTC applies, as mlx-lm's sampler.")
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) → bias in [-100, 100].")
     n: int | None = Field(1, description=f"Choices to generate, each its own row (null: 1; at most {MAX_CHOICES} in "
                                          "a request); with a seed, sample j gets the seed + j.")

@@ -98,6 +98,25 @@ def test_out_of_range_settings_are_refused_by_name(name: str, value: float) -> N
     assert refused.value.param == name
 
 
+@pytest.mark.parametrize("temperature, probability, threshold, refused", [
+    (0.7, 0.5, 0.6, True), (0.7, 1.0, 1.0, True),  # mlx_lm.sample_utils.apply_xtc raises: only [0, 0.5]
+    (0.7, 0.5, 0.5, False),
+    (0.0, 1.0, 0.6, False),  # greedy: mlx-lm's greedy sampler never builds XTC, its server takes up to 1
+    (0.7, 0.0, 0.9, False),  # probability 0: never applied, as there
+])
+def test_a_threshold_above_half_is_refused_where_xtc_applies_as_mlx_lm(temperature: float, probability: float,
+                                                                       threshold: float, refused: bool) -> None:
+    params = SamplingParams(temperature=temperature, xtc_probability=probability, xtc_threshold=threshold)
+    if not refused:
+        validate_sampling(params, V)
+        return
+    with pytest.raises(InvalidSampling) as error:
+        validate_sampling(params, V)
+    assert error.value.param == "xtc_threshold" and "[0, 0.5]" in str(error.value)
+    with pytest.raises(ValueError, match="0.5"):  # what mlx-lm's own sampler does with it
+        mlx_lm_xtc(_logprobs(0), probability, threshold, [])
+
+
 def test_the_special_tokens_are_mlx_lm_servers(tiny_loaded) -> None:
     tokenizer = tiny_loaded.tokenizer
     special = xtc_special_tokens(tokenizer)
