@@ -124,11 +124,11 @@ class LLMBatchGroup:
         """Queue a generation; returns its delta stream.
 
         Raises what engine/request_checks.py raises (InvalidRequest, ContextTooLong, InvalidSampling), ConstraintError
-        for a grammar this tokenizer cannot follow, EngineClosed when closed, QueueFull when max_queued rows already
+        for a grammar this tokenizer cannot follow, EngineClosed when closed, QueueFull when max_queued requests already
         wait (engine/errors.py)."""
         if self._closed or self._refusing:
             raise EngineClosed("engine is shutting down")
-        self._queue.check_room(self._active)
+        self._queue.check_room(self._active, request)
         if not (self._active or self._queue.count()):  # a stall counts from the first row after idling
             self.health.waiting_from_idle()
         prompt = check_request(request, vocab_size=self.vocab_size, context_length=self.context_length)

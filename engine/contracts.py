@@ -102,6 +102,9 @@ class GenerationRequest:
     # Which of its request's choices this row is (n > 1, or a completion's several prompts): a row waits behind the
     # waiting rows of other requests' earlier choices, so one request's many choices never hold back the others.
     choice: int = 0
+    # The client request whose choice this row is, one key for all its rows (None: a request of its own): the queue
+    # limit counts requests, so one request's n choices hold one place (engine/waiting_rows.py).
+    origin: str | None = None
 
 
 @dataclass

@@ -74,7 +74,7 @@ class TaskRejected(EngineError):
 
 
 class QueueFull(EngineError):
-    """Admission refused: `queued` rows already wait for a slot and at most `limit` may (max_queued)."""
+    """Admission refused: `queued` requests already wait for a slot and at most `limit` may (max_queued)."""
 
     def __init__(self, message: str, *, queued: int = 0, limit: int = 0) -> None:
         super().__init__(message)

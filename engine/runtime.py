@@ -63,10 +63,11 @@ class Engine:
         """`max_kv_tokens` caps the sum of (prompt + max_tokens) over active rows (None = only max_active).
         `thread`: the engine thread to run on (the one the model was loaded on; see `open`).
         `memory_budget`: bytes for weights, KV, the prefix cache and MLX's buffer cache (None: the
-        machine's default, engine.memory). `max_queued`: rows that may wait for admission before submit
-        raises QueueFull (None: unbounded). `decode_burst`: decode steps the engine thread may run back to back
-        while nothing else waits (1: return to the event loop after every step). `prefill_lane`: prompt chunks on a
-        second engine thread beside the decode steps (None: on a GPU; engine/batch.py). `minimum_preparation_tokens`:
+        machine's default, engine.memory). `max_queued`: requests that may wait for admission before submit
+        raises QueueFull (a request's choices, one GenerationRequest.origin, count once; None: unbounded).
+        `decode_burst`: decode steps the engine thread may run back to back while nothing else waits (1: return to
+        the event loop after every step). `prefill_lane`: prompt chunks on a second engine thread beside the decode
+        steps (None: on a GPU; engine/batch.py). `minimum_preparation_tokens`:
         the fewest prompt tokens a mixed iteration carries (None: engine/pacing.py's default). Raises ValueError for
         non-positive limits, a budget that leaves no room for KV, or a bad TANDEM_GIL_SWITCH_MS."""
         apply_serving_defaults()
@@ -187,7 +188,7 @@ class Engine:
 
         Raises ContextTooLong, InvalidRequest (empty prompt, ids outside the vocabulary), InvalidSampling,
         NoChatModel when no chat model is loaded, EngineClosed when closed and QueueFull when max_queued
-        rows already wait (engine/errors.py)."""
+        requests already wait (engine/errors.py)."""
         if not isinstance(self.group, LLMBatchGroup):
             raise NoChatModel("no chat model is loaded")
         return self.group.submit(request)

@@ -1,8 +1,9 @@
 """WaitingRows — the rows submitted but not yet admitted: the `max_queued` limit, admission order, and shutdown.
 
 A row waits here until `max_active` and the memory budget's KV room let it in (engine/admission.py decides which,
-oldest first). The queue limit counts only rows that really wait: those the next admission pass takes do not, nor a
-newcomer a free row is left for. Event loop only, like the batch group that owns it (engine/batch.py).
+oldest first). The queue limit counts requests that really wait: a request's choices (GenerationRequest.origin) are
+one, rows the next admission pass takes do not count, nor a newcomer a free row is left for. Event loop only, like
+the batch group that owns it (engine/batch.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 
 from engine.admission import KVAdmission, admissible
+from engine.contracts import GenerationRequest
 from engine.errors import QueueFull
 from engine.rows import Row, RowState
 
@@ -39,21 +41,24 @@ class WaitingRows:
     def __getitem__(self, index: int) -> Row:
         return self._rows[index]
 
-    def check_room(self, active: Sequence[Row]) -> None:
-        """Raise QueueFull when `max_queued` rows already wait beside `active`; else nothing."""
-        if self.max_queued is None:
+    def check_room(self, active: Sequence[Row], request: GenerationRequest) -> None:
+        """Raise QueueFull when `max_queued` requests already wait beside `active` and `request` would be another;
+        else nothing. A request's later choice (choice > 0) is never refused: its first was let in, and the service
+        bounds how many follow (service/chat/choices.py), so they hold no other client's place."""
+        if self.max_queued is None or request.choice > 0:
             return
         # Free rows alone let max_queued + max_active - 1 wait; the limit keeps one free row for a newcomer, so
         # max_queued 0 still serves an idle server. A finished row whose step has not landed yet is no longer busy:
         # a client sending its next request as the last reply ends was refused (429) while nothing else ran.
         active = [r for r in active if not r.finished]
-        joining = self.admissible(active)
-        queued = self.count()
-        room = len(joining) == queued and len(active) + len(joining) < self.max_active
-        waiting = queued - len(joining) - room
+        joining = {id(r) for r in self.admissible(active)}
+        queued = [r for r in self._rows if not r.cancelled]
+        room = len(joining) == len(queued) and len(active) + len(joining) < self.max_active
+        # Counted by request: one n = 12 request's 8 waiting choices took every place (429 for everyone else); one
+        # whose first choice runs while later ones wait still counts once.
+        waiting = len({_request_key(r) for r in queued if id(r) not in joining}) - room
         if waiting >= self.max_queued:
-            raise QueueFull(f"{waiting} replies are already waiting for a row (limit {self.max_queued}; each of a "
-                            f"request's n choices is one); retry later",
+            raise QueueFull(f"{waiting} requests are already waiting for a row (limit {self.max_queued}); retry later",
                             queued=waiting, limit=self.max_queued)
 
     def append(self, row: Row) -> None:
@@ -98,3 +103,9 @@ class WaitingRows:
 
     def room_to_join(self, active: Sequence[Row]) -> bool:
         return bool(self._rows) and len(active) < self.max_active
+
+
+def _request_key(row: Row) -> object:
+    """The request `row` answers: its origin, shared by the request's choices, else the row itself."""
+    origin = row.request.origin
+    return origin if origin is not None else id(row)

@@ -116,7 +116,7 @@ class ServiceConfig:
 
     @property
     def queue_limit(self) -> int:
-        """Queued rows allowed before 429s (max_queued, or 4 x max_active). Raises nothing."""
+        """Waiting requests allowed before 429s (max_queued, or 4 x max_active). Raises nothing."""
         return self.max_queued if self.max_queued is not None else 4 * self.max_active
 
     def to_json(self) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncGenerator, Awaitable, Callable, Generic, TypeVar
 
@@ -53,10 +54,12 @@ class Choice(Generic[T]):
 
 
 class Choices(Generic[T]):
-    """The request's choices, in submission order."""
+    """The request's choices, in submission order; `origin` is the key their rows share (GenerationRequest.origin)."""
 
     def __init__(self) -> None:
         self.all: list[Choice[T]] = []
+        # One key for the request's rows: the engine's queue limit counts them as one request, not n.
+        self.origin = uuid.uuid4().hex
 
     def totals(self) -> tuple[int, int]:
         """(prompt, completion) tokens so far, for the access log. Raises nothing."""

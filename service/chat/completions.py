@@ -206,10 +206,11 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         async def submit_all(into: Choices[_Echo]) -> None:
             for number, item in enumerate(items):
                 prompt, prompt_text = await _prompt_tokens(state, engine, item, bool(data.echo), infill)
-                if samples > 1:
-                    await prime(engine, row(prompt, 0), timing, "prompt")
+                if samples > 1:  # a later prompt's primer is a later choice: it waits as they do, never refused
+                    await prime(engine, replace(row(prompt, 0), choice=number * samples, origin=into.origin), timing,
+                                "prompt")
                 for sample in range(samples):
-                    generation = replace(row(prompt, sample), choice=number * samples + sample)
+                    generation = replace(row(prompt, sample), choice=number * samples + sample, origin=into.origin)
                     first = number * samples + sample == 0
                     into.all.append(Choice(
                         index=number * samples + sample, first_sample=sample == 0,

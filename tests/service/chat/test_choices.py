@@ -23,6 +23,8 @@ def test_prompts_and_samples_are_choices_in_openai_order(client: TestClient[Any]
     assert all(c["text"] == WHOLE and c["finish_reason"] == "stop" for c in body["choices"])
     assert [r.prompt_tokens for r in fake_engine.requests] == [[97, 98], [97, 98], [99, 100, 101], [99, 100, 101]]
     assert [r.choice for r in fake_engine.requests] == [0, 1, 2, 3]  # later choices wait behind others' first
+    # One key for the request's rows: the queue limit counts them as one request.
+    assert len({r.origin for r in fake_engine.requests}) == 1 and fake_engine.requests[0].origin is not None
     # Each prompt counted once however many samples it has (OpenAI's n); every sample's tokens counted.
     assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 4 * 5
     token_lists = client.post("/v1/completions", json={"prompt": [[5, 6], [7]], "echo": True}).json()
@@ -103,6 +105,8 @@ def test_n_chat_replies_render_once_and_run_side_by_side(client: TestClient[Any]
     assert all(c["message"]["content"] == WHOLE and c["finish_reason"] == "stop" for c in body["choices"])
     assert len(fake_engine.tokenizer.template_calls) == 1 and len(fake_engine.requests) == 3
     assert [r.choice for r in fake_engine.requests] == [0, 1, 2]
+    client.post("/v1/chat/completions", json={"messages": HI, "n": 2})
+    assert len({r.origin for r in fake_engine.requests[:3]}) == 1 and len({r.origin for r in fake_engine.requests}) == 2
     assert len({tuple(r.prompt_tokens) for r in fake_engine.requests}) == 1
     prompt = len(fake_engine.requests[0].prompt_tokens)
     assert body["usage"] == {**body["usage"], "prompt_tokens": prompt, "completion_tokens": 15}
@@ -183,6 +187,57 @@ def test_several_prompts_times_n_are_counted_as_asked_and_name_n() -> None:
     error = refused.json()["error"]
     assert error["param"] == "n" and error["code"] == "too_many_choices"
     assert error["message"].startswith("n: 4 prompts × n = 4: 16 choices are more than this server runs and queues")
+
+
+@pytest.mark.anyio
+async def test_an_n_request_s_waiting_choices_leave_other_clients_their_queue_place(tiny_loaded: Any,
+                                                                                    monkeypatch: Any) -> None:
+    # --max-active 4 --max-queued 8: one n = 12 chat's 8 waiting choices took every place, and every other client got
+    # 429 until it ended. Here one row and 3 places: an n = 4 chat runs its first choice, 3 wait; another client's
+    # chat is queued, not refused, and runs before the n-request's later choices. The real engine, stepped by hand.
+    import json
+
+    import anyio
+
+    from engine.batch import LLMBatchGroup
+    from service.app import create_app
+    from service.config import ServiceConfig
+    from service.state import AppState
+    from tests.engine.test_batch import iterate, make_group
+    from tests.service.asgi import ASGIClient, asgi_scope
+
+    group = make_group(tiny_loaded, max_active=1, max_queued=3)
+    admitted: list[str] = []
+
+    def admit() -> None:  # records who joins, in order
+        before = list(group._active)
+        LLMBatchGroup.admit(group)
+        admitted.extend("B" if r.request.origin is None else f"A{r.request.choice}"
+                        for r in group._active if r not in before)
+
+    monkeypatch.setattr(group, "admit", admit)
+    engine = FakeEngine()
+    engine.submit = group.submit  # type: ignore[method-assign]
+    app = create_app(AppState(engine=engine, ready=True, config=ServiceConfig(max_active=1, max_queued=3)))
+    body: dict[str, Any] = {"messages": HI, "max_tokens": 3, "temperature": 0}
+    big, other = ASGIClient({**body, "n": 4}), ASGIClient(body)
+    with anyio.fail_after(60):  # a hang fails, not a timing
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(app, asgi_scope("/v1/chat/completions"), big.receive, big.send)
+            while group.queued_rows() < 4:  # each pass yields to the app task
+                await anyio.lowlevel.checkpoint()
+            await iterate(group)  # its first choice runs, the other three wait
+            assert (group.active_rows(), group.queued_rows()) == (1, 3)
+            tg.start_soon(app, asgi_scope("/v1/chat/completions"), other.receive, other.send)
+            while group.queued_rows() < 4 and not other.leave.is_set():
+                await anyio.lowlevel.checkpoint()
+            while not (big.leave.is_set() and other.leave.is_set()):
+                await iterate(group)
+                await anyio.lowlevel.checkpoint()
+    answer = json.loads(b"".join(other.chunks))
+    assert "error" not in answer, answer
+    assert len(answer["choices"]) == 1 and len(json.loads(b"".join(big.chunks))["choices"]) == 4
+    assert admitted == ["A0", "B", "A1", "A2", "A3"]
 
 
 def test_a_batch_of_prompts_scored_alone(client: TestClient[Any]) -> None:
