@@ -49,11 +49,15 @@ class MessageOutput:
     its end; `message()` then gives the finished Message); `opening()` is message_start (or a ping once it went
     out), `failed` the error event ending a stream. `usage()` gives the reply's usage as it stands."""
 
-    def __init__(self, model: str, usage: Callable[[], dict[str, Any]], streamed: bool = True) -> None:
+    def __init__(self, model: str, usage: Callable[[], dict[str, Any]], streamed: bool = True,
+                 context: dict[str, Any] | None = None, thinking_shown: bool = True) -> None:
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self._model = model
         self._usage = usage
         self._streamed = streamed
+        # The request's context_management: the reply's (on message_delta when streamed), as Anthropic's.
+        self._context = {"context_management": context} if context is not None else {}
+        self._thinking_shown = thinking_shown  # thinking.display "omitted": the blocks come empty
         self.blocks: list[dict[str, Any]] = []
         self._open: str | None = None  # the kind of the block being written ("thinking", "text", "tool_use")
         self._call: int | None = None  # the chat call index of an open tool_use block
@@ -64,7 +68,7 @@ class MessageOutput:
     def message(self) -> dict[str, Any]:
         """The Message as it stands (its blocks so far, stop_reason once closed). Raises nothing."""
         return {"id": self.id, "type": "message", "role": "assistant", "model": self._model,
-                "content": list(self.blocks), **self._end, "usage": self._usage()}
+                "content": list(self.blocks), **self._end, "usage": self._usage(), **self._context}
 
     # -- events ---------------------------------------------------------------------------------------------------
 
@@ -76,15 +80,17 @@ class MessageOutput:
         if self.started:
             return self._event("ping")
         self.started = True
-        return self._event("message_start", message={**self.message(), "content": []})
+        return self._event("message_start", message={**self.message(), "content": [],
+                                                      **({"context_management": None} if self._context else {})})
 
     def feed(self, delta: ChoiceDelta) -> list[bytes]:
         """The events of one chat delta. Raises nothing."""
         events: list[bytes] = []
         if delta.reasoning_content:
             events += self._into("thinking")
-            events.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning_content},
-                                      delta.reasoning_content))
+            if self._thinking_shown:
+                events.append(self._delta({"type": "thinking_delta", "thinking": delta.reasoning_content},
+                                          delta.reasoning_content))
         if delta.content:
             events += self._into("text")
             events.append(self._delta({"type": "text_delta", "text": delta.content}, delta.content))
@@ -103,7 +109,7 @@ class MessageOutput:
         """The events ending the reply: the open block's stop, message_delta, message_stop. Raises nothing."""
         events = self._close()
         self._end = {"stop_reason": reason, "stop_sequence": stop_sequence}
-        events.append(self._event("message_delta", delta=dict(self._end), usage=self._usage()))
+        events.append(self._event("message_delta", delta=dict(self._end), usage=self._usage(), **self._context))
         events.append(self._event("message_stop"))
         return events
 

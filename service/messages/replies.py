@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["MessageUsage", "MessageObject", "MessageStreamEvent", "TokenCount", "AnthropicError"]
+__all__ = ["MessageUsage", "AppliedEdit", "ContextManagementReply", "MessageObject", "MessageStreamEvent",
+           "OriginalTokens", "TokenCount", "AnthropicError"]
 
 
 class MessageUsage(BaseModel):
@@ -15,6 +16,17 @@ class MessageUsage(BaseModel):
     cache_creation_input_tokens: int = Field(0, description="Always 0: prefixes are cached without being asked.")
     cache_read_input_tokens: int = Field(0, description="Prompt tokens whose KV came from the prefix cache.")
     output_tokens: int
+
+
+class AppliedEdit(BaseModel):
+    type: Literal["clear_tool_uses_20250919", "clear_thinking_20251015"]
+    cleared_input_tokens: int = Field(..., description="Prompt tokens the edit cleared (rendered before and after).")
+    cleared_tool_uses: int | None = Field(None, description="clear_tool_uses: the tool uses cleared.")
+    cleared_thinking_turns: int | None = Field(None, description="clear_thinking: the turns whose thinking went.")
+
+
+class ContextManagementReply(BaseModel):
+    applied_edits: list[AppliedEdit]
 
 
 class MessageObject(BaseModel):
@@ -28,6 +40,8 @@ class MessageObject(BaseModel):
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None = None
     usage: MessageUsage
+    context_management: ContextManagementReply | None = Field(
+        None, description="With a request's context_management: the edits applied (in a stream, on message_delta).")
 
 
 class MessageStreamEvent(BaseModel):
@@ -42,11 +56,18 @@ class MessageStreamEvent(BaseModel):
     content_block: dict[str, Any] | None = None
     delta: dict[str, Any] | None = None
     usage: MessageUsage | None = None
+    context_management: ContextManagementReply | None = None
     error: dict[str, Any] | None = None
 
 
+class OriginalTokens(BaseModel):
+    original_input_tokens: int = Field(..., description="The prompt's tokens before the context edits.")
+
+
 class TokenCount(BaseModel):
-    input_tokens: int = Field(..., description="The tokens of the prompt the chat template renders.")
+    input_tokens: int = Field(..., description="The tokens of the prompt the chat template renders (context "
+                                               "edits applied).")
+    context_management: OriginalTokens | None = Field(None, description="With a request's context_management.")
 
 
 class AnthropicErrorDetail(BaseModel):

@@ -25,11 +25,13 @@ from service.chat.stream import RowReader, UsageCounter
 from service.http.access_log import record_tokens, record_user
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import ok_content_operation, sse_event_schema
+from service.messages.context_edits import PromptCounter, apply_edits
 from service.messages.output import MessageOutput, stop_reason
-from service.messages.replies import AnthropicError, MessageObject, MessageStreamEvent, TokenCount
+from service.messages.replies import AnthropicError, MessageObject, MessageStreamEvent, OriginalTokens, TokenCount
 from service.messages.schemas import CountTokensRequest, MessagesRequest
-from service.messages.translate import CHAT_FIELDS, chat_request
-from service.seams import RowStream
+from service.messages.translate import chat_fields, chat_request
+from service.seams import ChatEngine, RowStream
+from service.state import AppState
 from service.state import get_state
 
 __all__ = ["create_message", "count_message_tokens"]
@@ -90,6 +92,12 @@ async def _collect(reader: RowReader, translator: ChatTranslator, output: Messag
     return output.message()
 
 
+def _counter(state: AppState, engine: ChatEngine) -> PromptCounter:
+    async def count(body: CountTokensRequest) -> int:
+        return len((await render_chat(state, engine, chat_request(body))).tokens)
+    return PromptCounter(count)
+
+
 @post(
     "/v1/messages",
     status_code=200,
@@ -109,19 +117,26 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
     cannot be served."""
     state = get_state(request)
     engine = chat_engine(state, data.model)
-    chat = chat_request(data)
+    fields = chat_fields(data)
+    try:
+        edited, applied = await apply_edits(data, _counter(state, engine))
+    except APIError as exc:
+        raise renamed(exc, fields) from None
+    chat = chat_request(edited)
     timing = request_timing(request, state)
     counter = UsageCounter()
     record_tokens(request, counter.totals)
     record_user(request, data.metadata.user_id if data.metadata is not None else None)
-    output = MessageOutput(data.model, lambda: _usage(counter), streamed=bool(data.stream))
+    output = MessageOutput(data.model, lambda: _usage(counter), streamed=bool(data.stream),
+                           context={"applied_edits": applied} if data.context_management is not None else None,
+                           thinking_shown=data.thinking is None or data.thinking.display != "omitted")
     translators: list[ChatTranslator] = []
 
     async def submit_row() -> RowStream:
         try:
             stream, _ = await submit_chat(request, state, engine, chat, counter, timing, translators)
         except APIError as exc:
-            raise renamed(exc, CHAT_FIELDS) from None
+            raise renamed(exc, fields) from None
         return stream
 
     def failure(error: APIError) -> bytes:
@@ -134,15 +149,23 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
         keepalive=output.opening, failure=failure)
 
 
-@post("/v1/messages/count_tokens", status_code=200, summary="Count a message's prompt tokens", responses=_ERRORS,
+@post("/v1/messages/count_tokens", status_code=200, summary="Count a message's prompt tokens",
+      responses={200: ResponseSpec(data_container=TokenCount, description="The prompt's tokens",
+                                   generate_examples=False), **_ERRORS},
       description="The tokens of the prompt a Messages request with this body would have (rendered with the chat "
                   "template, tools included).", tags=["messages"])
-async def count_message_tokens(request: Request[Any, Any, Any], data: CountTokensRequest) -> TokenCount:
+async def count_message_tokens(request: Request[Any, Any, Any],
+                               data: CountTokensRequest) -> Response[dict[str, Any]]:
     """Raises APIError 400 (what rendering refuses) and 404 (another model)."""
     state = get_state(request)
     engine = chat_engine(state, data.model)
+    count = _counter(state, engine)
     try:
-        rendered = await render_chat(state, engine, chat_request(data))
+        edited, _ = await apply_edits(data, count)
+        tokens = await count(edited)
+        original = await count(data) if data.context_management is not None else None
     except APIError as exc:
-        raise renamed(exc, CHAT_FIELDS) from None
-    return TokenCount(input_tokens=len(rendered.tokens))
+        raise renamed(exc, chat_fields(data)) from None
+    count_reply = TokenCount(input_tokens=tokens, context_management=None if original is None else
+                             OriginalTokens(original_input_tokens=original))
+    return Response(count_reply.model_dump(exclude_none=True))  # no context_management asked: none said

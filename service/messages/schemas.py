@@ -16,7 +16,9 @@ from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 from service.chat.schemas import TOOL_NAME, CacheControl, _Body, _Request
 
 __all__ = ["TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock", "RedactedThinkingBlock", "MessageTurn",
-           "ToolDefinition", "ToolChoice", "ThinkingConfig", "Metadata", "CountTokensRequest", "MessagesRequest"]
+           "ToolDefinition", "ToolChoice", "ThinkingConfig", "Metadata", "InputTokens", "ToolUses", "ThinkingTurns",
+           "ClearToolUsesEdit", "ClearThinkingEdit", "ContextManagement", "OutputConfig", "CountTokensRequest",
+           "MessagesRequest"]
 
 # Blocks a text model cannot read, by type: refused with a sentence naming them (a tool's result says it in a line).
 UNREAD_BLOCKS = {"image": "images", "document": "documents", "search_result": "search results",
@@ -103,9 +105,9 @@ ContentBlock = Annotated[
                   custom_error_message="a content block's type must be one of " + ", ".join(map(repr, _BLOCKS))),
 ]
 
-# Which blocks each role's turn may carry.
+# Which blocks each role's turn may carry (a system turn mid-conversation: Anthropic's mid-conversation-system beta).
 _ROLE_BLOCKS = {"user": (TextBlock, ToolResultBlock), "assistant": (TextBlock, ToolUseBlock, ThinkingBlock,
-                                                                   RedactedThinkingBlock)}
+                                                                   RedactedThinkingBlock), "system": (TextBlock,)}
 
 
 def _unread_blocks_refused(content: Any) -> Any:
@@ -118,7 +120,9 @@ def _unread_blocks_refused(content: Any) -> Any:
 
 
 class MessageTurn(_Request):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"] = Field(
+        ..., description="system: an instruction at this point of the conversation (Claude Code sends its agents and "
+                         "skills so); the model reads it within the user turn beside it.")
     content: str | list[ContentBlock]
 
     @field_validator("content", mode="before")
@@ -176,6 +180,8 @@ class ThinkingConfig(_Request):
                          "high by budget_tokens for a template that reads an effort); disabled: off.")
     budget_tokens: int | None = Field(None, ge=1024, description="With enabled (required); picks the effort, is "
                                                                  "not enforced: max_tokens bounds the reply.")
+    display: Literal["summarized", "omitted"] | None = Field(
+        None, description="summarized (the default): thinking blocks carry the thinking; omitted: they come empty.")
 
     @model_validator(mode="after")
     def _budget_when_enabled(self) -> "ThinkingConfig":
@@ -188,6 +194,62 @@ class Metadata(_Request):
     user_id: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
 
 
+class InputTokens(_Request):
+    type: Literal["input_tokens"]
+    value: int = Field(..., ge=0)
+
+
+class ToolUses(_Request):
+    type: Literal["tool_uses"]
+    value: int = Field(..., ge=0)
+
+
+class ThinkingTurns(_Request):
+    type: Literal["thinking_turns"]
+    value: int = Field(..., ge=0)
+
+
+class AllThinkingTurns(_Request):
+    type: Literal["all"]
+
+
+class ClearToolUsesEdit(_Request):
+    """Past `trigger`, the results of all tool uses but the last `keep` (and those of `exclude_tools`) are replaced
+    by a placeholder, their inputs too where `clear_tool_inputs` says; not at all if that clears fewer prompt
+    tokens than `clear_at_least`."""
+
+    type: Literal["clear_tool_uses_20250919"]
+    trigger: Annotated[Union[InputTokens, ToolUses], Field(discriminator="type")] = Field(
+        default_factory=lambda: InputTokens(type="input_tokens", value=100_000))
+    keep: ToolUses = Field(default_factory=lambda: ToolUses(type="tool_uses", value=3))
+    clear_at_least: InputTokens | None = None
+    exclude_tools: list[str] | None = None
+    clear_tool_inputs: bool | list[str] | None = Field(
+        None, description="true: the cleared uses' inputs too; a list: those of the tools it names.")
+
+
+class ClearThinkingEdit(_Request):
+    """Thinking blocks of all assistant turns but the last `keep` that have some are left out of the prompt."""
+
+    type: Literal["clear_thinking_20251015"]
+    keep: Annotated[Union[ThinkingTurns, AllThinkingTurns], Field(discriminator="type")] | Literal["all"] = Field(
+        default_factory=lambda: ThinkingTurns(type="thinking_turns", value=1))
+
+
+class ContextManagement(_Request):
+    """Anthropic's context editing: the edits are applied, in order, to the conversation before it is rendered
+    (service/messages/context_edits.py); the reply's `context_management.applied_edits` says what they cleared."""
+
+    edits: list[Annotated[Union[ClearToolUsesEdit, ClearThinkingEdit], Field(discriminator="type")]] | None = None
+
+
+class OutputConfig(_Request):
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
+        None, description="As `thinking`'s budget does: the effort of a template that reads one (gpt-oss: xhigh and "
+                          "max are high), else the thinking switch on; refused by name where `thinking` would be. "
+                          "high without `thinking` is Anthropic's default: nothing asked.")
+
+
 class CountTokensRequest(_Body):
     """POST /v1/messages/count_tokens body: a Messages request's prompt, without the reply's settings."""
 
@@ -198,6 +260,8 @@ class CountTokensRequest(_Body):
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     cache_control: CacheControl | None = Field(None, description="Accepted: prefixes are cached anyway.")
+    context_management: ContextManagement | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):

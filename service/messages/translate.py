@@ -3,7 +3,9 @@ tools chat tools, the settings chat's fields, so rendering, admission and sampli
 
 A user turn's tool results become tool messages, before its text (chat pairs a result with the call of the
 assistant turn just before it); user turns in a row are one user turn, as Anthropic merges them (Mistral's and
-Gemma's templates refuse two). Earlier thinking goes back as the turn's reasoning; redacted thinking is left out.
+Gemma's templates refuse two). A system turn mid-conversation is read within the user turn beside it: where it
+was said, the cached prefix before it kept, and no template refuses it. Earlier thinking goes back as the turn's
+reasoning; redacted thinking is left out.
 """
 
 from __future__ import annotations
@@ -15,23 +17,43 @@ from pydantic import ValidationError
 
 from service.chat.schemas import ChatCompletionRequest
 from service.http.errors import APIError
-from service.messages.schemas import (CountTokensRequest, MessagesRequest, TextBlock, ThinkingBlock, ThinkingConfig,
-                                      ToolResultBlock, ToolUseBlock)
+from service.messages.schemas import (CountTokensRequest, MessagesRequest, TextBlock, ThinkingBlock, ToolResultBlock,
+                                      ToolUseBlock)
 
-__all__ = ["chat_request", "CHAT_FIELDS"]
+__all__ = ["chat_request", "chat_fields", "CHAT_FIELDS"]
 
 # Chat's field names in errors about the translated request → the Messages fields they came from.
 CHAT_FIELDS = {"reasoning_effort": "thinking", "stop": "stop_sequences", "parallel_tool_calls": "tool_choice",
                "response_format": "tool_choice"}
+# output_config.effort → chat's effort: gpt-oss has three.
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
 
 
-def _effort(thinking: ThinkingConfig | None) -> str | None:
-    """The chat reasoning_effort `thinking` asks for: the budget picks gpt-oss's effort (Claude Code's "think",
-    "think hard" and "ultrathink" budgets are 4,000, 10,000 and 31,999 tokens); other templates read it as on."""
+def _asked_effort(body: CountTokensRequest) -> str | None:
+    """output_config.effort, but for "high" without `thinking`: Anthropic's default, the same as none asked (Claude
+    Code sends it with thinking off, CLAUDE_CODE_DISABLE_THINKING)."""
+    effort = body.output_config.effort if body.output_config is not None else None
+    return None if effort == "high" and body.thinking is None else effort
+
+
+def chat_fields(body: CountTokensRequest) -> dict[str, str]:
+    """CHAT_FIELDS for `body`: an effort asked by output_config alone is named so in errors. Raises nothing."""
+    if _asked_effort(body) is not None and body.thinking is None:
+        return {**CHAT_FIELDS, "reasoning_effort": "output_config.effort"}
+    return CHAT_FIELDS
+
+
+def _effort(body: CountTokensRequest) -> str | None:
+    """The chat reasoning_effort `thinking` and `output_config.effort` ask for: thinking disabled is "none"; else
+    the effort named, or the budget's (Claude Code's "think", "think hard" and "ultrathink" budgets are 4,000,
+    10,000 and 31,999 tokens); templates without an effort read it as thinking on."""
+    thinking, effort = body.thinking, _asked_effort(body)
+    if thinking is not None and thinking.type == "disabled":
+        return "none"
+    if effort is not None:
+        return _EFFORTS[effort]
     if thinking is None:
         return None
-    if thinking.type == "disabled":
-        return "none"
     budget = thinking.budget_tokens
     return "medium" if budget is None else "low" if budget <= 4096 else "medium" if budget <= 16384 else "high"
 
@@ -49,6 +71,10 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     for i, turn in enumerate(body.messages):
         blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
         text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+        if turn.role == "system" and all(m["role"] == "system" for m in out):  # before any turn: `system`'s
+            if text:
+                out[:] = [{"role": "system", "content": "\n\n".join([m["content"] for m in out] + [text])}]
+            continue
         if turn.role == "assistant":
             if i == len(body.messages) - 1:
                 raise APIError(400, f"messages.{i}: a last assistant turn (a prefill for the reply to continue) is "
@@ -80,7 +106,7 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     Raises APIError 400 naming the field for what chat's rules refuse of the translated request (a tool result
     answering no call, a forced call without tools), and for a last assistant turn."""
     chat: dict[str, Any] = {"model": body.model, "messages": _messages(body),
-                            "reasoning_effort": _effort(body.thinking)}
+                            "reasoning_effort": _effort(body)}
     if isinstance(body, MessagesRequest):
         chat.update(stream=bool(body.stream), max_tokens=body.max_tokens, temperature=body.temperature,
                     top_p=body.top_p, top_k=body.top_k, stop=body.stop_sequences or None,
