@@ -72,6 +72,19 @@ def test_claude_codes_first_request_is_answered_as_a_stream(calling: tuple[TestC
     assert prompt.index("Claude Agent SDK") < prompt.index("say hi") < prompt.index("Available agent types")
 
 
+def test_claude_codes_tool_result_turn_is_answered(calling: tuple[TestClient[Any], FakeEngine]) -> None:
+    # Its second request: the reply's thinking and call back, the error result (cache_control on it) after them.
+    http, engine = calling
+    recorded = _recorded("tool_result")
+    response = http.post(recorded["path"], headers=recorded["headers"],
+                         json={**recorded["body"], "model": "fake-model"})
+    assert response.status_code == 200, response.text
+    assert message_events(response.text)[-1]["type"] == "message_stop"
+    prompt = engine.tokenizer.decode(engine.requests[-1].prompt_tokens)
+    assert prompt.index("read the notes") < prompt.index("Available agent types") < prompt.index(
+        "Error: <tool_use_error>Error: No such tool available: read")
+
+
 def test_a_system_turn_first_joins_the_system_prompt_and_later_ones_the_user_turn_beside_them(
         reads_all: tuple[TestClient[Any], FakeEngine]) -> None:
     http, engine = reads_all
