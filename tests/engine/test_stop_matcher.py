@@ -198,3 +198,39 @@ def test_ids_past_the_tokenizers_vocabulary_have_no_text(tiny_loaded) -> None:
     ids = tok.encode("Hi", add_special_tokens=False) + [len(tok) + 5] + tok.encode(" there", add_special_tokens=False)
     pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids)), ids)
     assert "".join(pieces) == "Hi there"
+
+
+
+@pytest.fixture
+def marked_special(tiny_llm_dir, tmp_path) -> object:
+    """The tiny model's tokenizer with SmolLM2's <file_sep> and <gh_stars>: special in tokenizer.json, but not among
+    its named special tokens (bos, eos, pad, additional)."""
+    from tests.fixtures.fim_tokenizers import with_added_tokens
+
+    return with_added_tokens(tiny_llm_dir, tmp_path / "tok", ("<file_sep>", "<gh_stars>"))
+
+
+def test_added_tokens_the_tokenizer_marks_special_are_left_out_as_transformers_skips_them(marked_special) -> None:
+    # A reply biased into SmolLM2's <file_sep> showed it as content, whatever skip_special_tokens said.
+    tok = marked_special
+    ids = tok.encode("Hi", add_special_tokens=False) + [tok.convert_tokens_to_ids("<file_sep>")] + \
+        tok.encode(" there", add_special_tokens=False) + [tok.convert_tokens_to_ids("<gh_stars>")]
+    assert tok.convert_tokens_to_ids("<file_sep>") not in tok.all_special_ids
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids)), ids)
+    assert "".join(pieces) == tok._tokenizer.decode(ids, skip_special_tokens=True) == "Hi there"
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids), skip_special_tokens=False), ids)
+    assert "".join(pieces) == "Hi<file_sep> there<gh_stars>"
+
+
+def test_a_tool_call_formats_special_tokens_stay_in_the_text(marked_special, monkeypatch) -> None:
+    # A family whose calls carry special tokens inside (Mistral's [ARGS], Kimi's <|tool_call_begin|>): its parser reads
+    # them from the text, so only the named special tokens are left out.
+    from engine import special_tokens
+
+    tok = marked_special
+    file_sep = tok.convert_tokens_to_ids("<file_sep>")
+    assert file_sep in special_tokens._hidden(tok)
+    monkeypatch.setattr(type(tok), "tool_parser", lambda text, tools: None, raising=False)
+    monkeypatch.setattr(type(tok), "tool_call_start", "<gh_stars>", raising=False)
+    monkeypatch.setattr(type(tok), "tool_call_end", "", raising=False)
+    assert file_sep not in special_tokens._hidden(tok)
