@@ -131,14 +131,14 @@ UNREAD_PARTS = {"image_url": "images", "input_image": "images", "input_audio": "
 TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
-def unread_parts_refused(content: Any) -> Any:
-    """A content validator (before parsing): content parts a text model cannot read refused in a sentence.
-    Raises ValueError."""
+def unread_parts_refused(content: Any, kinds: dict[str, str] = UNREAD_PARTS, noun: str = "content parts") -> Any:
+    """A content validator (before parsing): parts (`noun`) of the `kinds` a text model cannot read, each naming what
+    it holds, refused in a sentence. Raises ValueError."""
     for part in content if isinstance(content, list) else ():
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in UNREAD_PARTS:
-            raise ValueError(f"{kind!r} content parts are not supported: this server's model reads text only, "
-                             f"not {UNREAD_PARTS[kind]}")
+        if kind in kinds:
+            raise ValueError(f"{kind!r} {noun} are not supported: this server's model reads text only, "
+                             f"not {kinds[kind]}")
     return content
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from service.chat.schemas import TOOL_NAME, CacheControl, _Body, _Request
+from service.chat.schemas import TOOL_NAME, CacheControl, _Body, _Request, unread_parts_refused
 
 __all__ = ["TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock", "RedactedThinkingBlock", "MessageTurn",
            "ToolDefinition", "ToolChoice", "ThinkingConfig", "Metadata", "InputTokens", "ToolUses", "ThinkingTurns",
@@ -111,12 +111,7 @@ _ROLE_BLOCKS = {"user": (TextBlock, ToolResultBlock), "assistant": (TextBlock, T
 
 
 def _unread_blocks_refused(content: Any) -> Any:
-    for block in content if isinstance(content, list) else ():
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind in UNREAD_BLOCKS:
-            raise ValueError(f"{kind!r} content blocks are not supported: this server's model reads text only, not "
-                             f"{UNREAD_BLOCKS[kind]}")
-    return content
+    return unread_parts_refused(content, UNREAD_BLOCKS, "content blocks")
 
 
 class MessageTurn(_Request):

@@ -15,25 +15,12 @@ from service.app import create_app
 from service.config import ServiceConfig
 from service.state import AppState
 from tests.service.chat.test_routes import CALL, CallingTokenizer
+from tests.service.sse_events import named_events as message_events
 from tests.service.fake_engine import FakeEngine
 
 TOOLS = [{"name": "get_weather", "description": "The weather in a city.", "input_schema": {"type": "object"}}]
 USER = [{"role": "user", "content": "weather?"}]
 THINK_TEXT_CALL = ["<think>", "hmm", "</think>", "Sunny ", "today.", CALL]
-
-
-def message_events(body: str) -> list[dict[str, Any]]:
-    """The `event:` / `data:` pairs of a Messages stream; fails on malformed framing or a type that differs."""
-    events = []
-    for block in body.split("\n\n"):
-        if not block.strip() or block.startswith(":"):
-            continue
-        head, data = block.split("\n")
-        assert head.startswith("event: ") and data.startswith("data: "), block
-        event = json.loads(data[len("data: "):])
-        assert event["type"] == head[len("event: "):]
-        events.append(event)
-    return events
 
 
 def _client(engine: FakeEngine, state: AppState | None = None) -> Iterator[TestClient[Any]]:

@@ -18,24 +18,11 @@ from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.chat.test_render import PLAIN, TemplateTokenizer
 from tests.service.chat.test_routes import CALL, CallingTokenizer
+from tests.service.sse_events import named_events as response_events
 from tests.service.fake_engine import FakeEngine, FakeTokenizer
 
 TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": False}]
 THINK_TEXT_CALL = ["<think>", "hmm", "</think>", "Sunny ", "today.", CALL]
-
-
-def response_events(body: str) -> list[dict[str, Any]]:
-    """The `event:` / `data:` pairs of a Responses stream; fails on malformed framing or a type that differs."""
-    events = []
-    for block in body.split("\n\n"):
-        if not block.strip() or block.startswith(":"):
-            continue
-        head, data = block.split("\n")
-        assert head.startswith("event: ") and data.startswith("data: "), block
-        event = json.loads(data[len("data: "):])
-        assert event["type"] == head[len("event: "):]
-        events.append(event)
-    return events
 
 
 @pytest.fixture
