@@ -59,7 +59,11 @@ def test_every_route_but_health_needs_a_key(keyed: TestClient[Any], method: str,
         return
     for refused in (anonymous, wrong):
         assert refused.status_code == 401, (method, path, refused.text)
-        assert refused.json()["error"]["code"] == "invalid_api_key"
+        if path.startswith("/v1/messages"):  # Anthropic's routes answer in Anthropic's error shape
+            assert refused.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                                 "message": refused.json()["error"]["message"]}}
+        else:
+            assert refused.json()["error"]["code"] == "invalid_api_key"
         assert refused.headers["www-authenticate"] == "Bearer"
     assert bearer.status_code != 401 and header.status_code != 401
 
