@@ -29,6 +29,7 @@ from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.http.sse import DONE, null_usage, sse_data, sse_error
 from engine.contracts import GenerationRequest
+from engine.special_tokens import hidden_special_ids
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -102,10 +103,11 @@ def _joined(first: CompletionLogprobs | None, then: CompletionLogprobs) -> Compl
 
 async def _choice_events(reader: RowReader, meta: ResponseMeta, include_usage: bool, echo: str,
                          pieces: TokenPieces | None, prompt: list[int] | None,
-                         index: int = 0, scoring: bool = False) -> AsyncGenerator[bytes, None]:
+                         index: int = 0, scoring: bool = False,
+                         hidden: frozenset[int] = frozenset()) -> AsyncGenerator[bytes, None]:
     """One choice's chunks: the echo (with the prompt's log probabilities when asked), its text, its finish
     (`scoring`: max_tokens 0, the echo alone). Raises APIError (the row failed)."""
-    writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
+    writer = CompletionLogprobWriter(pieces, len(echo), hidden) if pieces is not None else None
     if echo or prompt is not None:
         yield _chunk(meta, echo, logprobs=_prompt_logprobs(writer, reader, prompt), usage=include_usage, index=index)
     finish: str | None = None
@@ -120,11 +122,12 @@ async def _choice_events(reader: RowReader, meta: ResponseMeta, include_usage: b
 async def _events(
     reader: RowReader, meta: ResponseMeta, counter: UsageCounter, include_usage: bool, echo: str,
     pieces: TokenPieces | None = None, prompt: list[int] | None = None, scoring: bool = False,
+    hidden: frozenset[int] = frozenset(),
 ) -> AsyncGenerator[bytes, None]:
     """`prompt`: the prompt's tokens when its log probabilities go with the echo."""
     try:
         async with aclosing(_choice_events(reader, meta, include_usage, echo, pieces, prompt,
-                                           scoring=scoring)) as chunks:
+                                           scoring=scoring, hidden=hidden)) as chunks:
             async for chunk in chunks:
                 yield chunk
         if include_usage:
@@ -137,12 +140,12 @@ async def _events(
 
 
 async def _choice(reader: RowReader, echo: str, pieces: TokenPieces | None, prompt: list[int] | None,
-                  index: int = 0, scoring: bool = False) -> CompletionChoice:
+                  index: int = 0, scoring: bool = False, hidden: frozenset[int] = frozenset()) -> CompletionChoice:
     """One choice, read whole (`scoring`: max_tokens 0, the echo alone). Raises APIError (the row failed)."""
     parts, finish = [echo], None
     async for text, finish in reader.items():
         parts.append(text)
-    writer = CompletionLogprobWriter(pieces, len(echo)) if pieces is not None else None
+    writer = CompletionLogprobWriter(pieces, len(echo), hidden) if pieces is not None else None
     reply = reader.take_logprobs()
     if scoring:
         parts, reply, finish = [echo], [], "length"
@@ -153,8 +156,9 @@ async def _choice(reader: RowReader, echo: str, pieces: TokenPieces | None, prom
 
 async def _collect(stream: RowStream, meta: ResponseMeta, counter: UsageCounter, echo: str,
                    timing: StreamTiming, pieces: TokenPieces | None = None,
-                   prompt: list[int] | None = None, scoring: bool = False) -> Completion:
-    choice = await _choice(RowReader(stream, counter, timing), echo, pieces, prompt, scoring=scoring)
+                   prompt: list[int] | None = None, scoring: bool = False,
+                   hidden: frozenset[int] = frozenset()) -> Completion:
+    choice = await _choice(RowReader(stream, counter, timing), echo, pieces, prompt, scoring=scoring, hidden=hidden)
     return Completion(id=meta.id, created=meta.created, model=meta.model, choices=[choice], usage=counter.usage())
 
 
@@ -177,6 +181,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     record_user(request, data.user or data.safety_identifier)
     logprobs = requested_logprobs(data.logprobs)
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
+    # The tokens a reply's text leaves out: its offsets do not move past them.
+    hidden = hidden_special_ids(engine.tokenizer) if data.skip_special_tokens is not False else frozenset()
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     items, samples = data.prompt_items(), data.n or 1
     infill = requested_infill(engine, data)
@@ -224,8 +230,9 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         return await respond_choices(
             request, state, choices, submit_all=submit_all,
             events_of=(lambda c: _choice_events(c.reader, meta, include_usage, c.payload.text, pieces,
-                                                c.payload.prompt, c.index, scoring)) if data.stream else None,
-            collect_of=lambda c: _choice(c.reader, c.payload.text, pieces, c.payload.prompt, c.index, scoring),
+                                                c.payload.prompt, c.index, scoring, hidden)) if data.stream else None,
+            collect_of=lambda c: _choice(c.reader, c.payload.text, pieces, c.payload.prompt, c.index, scoring,
+                                         hidden),
             whole=lambda answers, usage: Completion(id=meta.id, created=meta.created, model=meta.model,
                                                     choices=answers, usage=usage),
             usage_chunk=(lambda usage: sse_data(Completion(id=meta.id, created=meta.created, model=meta.model,
@@ -248,6 +255,6 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
 
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces, prompts[0], scoring))
-        if data.stream else None,
-        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces, prompts[0], scoring))
+        events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces, prompts[0], scoring,
+                                       hidden)) if data.stream else None,
+        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces, prompts[0], scoring, hidden))

@@ -103,9 +103,12 @@ class CompletionLogprobWriter:
     characters its predecessors completed (a token inside a split character starts where that character does),
     counted from `offset` (the echoed prompt's length), so offsets index the choice's text, streamed or not."""
 
-    def __init__(self, pieces: TokenPieces, offset: int = 0) -> None:
+    def __init__(self, pieces: TokenPieces, offset: int = 0, hidden: frozenset[int] = frozenset()) -> None:
+        """`hidden`: the tokens the choice's text leaves out (special tokens, engine/special_tokens.py): they add
+        nothing to it, so the offsets after them do not move (an echoed prompt keeps its own)."""
         self.pieces = pieces
         self.offset = offset
+        self.hidden = hidden
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def _name(self, token: int) -> str:
@@ -115,7 +118,7 @@ class CompletionLogprobWriter:
         """The lists for these tokens, the next of the choice. Raises nothing."""
         out = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
         for t in tokens:
-            self._add(out, t.token, t.logprob, t.top)
+            self._add(out, t.token, t.logprob, t.top, shown=t.token not in self.hidden)
         return out
 
     def prompt(self, tokens: Sequence[int], scored: Sequence[TokenLogprob]) -> CompletionLogprobs:
@@ -132,11 +135,12 @@ class CompletionLogprobWriter:
         return out
 
     def _add(self, out: CompletionLogprobs, token: int, logprob: float | None,
-             top: Sequence[tuple[int, float]]) -> None:
+             top: Sequence[tuple[int, float]], shown: bool = True) -> None:
         raw = self.pieces.bytes(token)
         out.tokens.append(legacy_token(raw))
         out.text_offset.append(self.offset)
-        self.offset += len(self._utf8.decode(raw))
+        if shown:
+            self.offset += len(self._utf8.decode(raw))
         out.token_logprobs.append(None if logprob is None else _finite(logprob))
         if logprob is None:
             out.top_logprobs.append(None)

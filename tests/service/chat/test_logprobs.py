@@ -233,3 +233,25 @@ def test_max_tokens_zero_with_echo_scores_the_prompt_alone(client: Any, fake_eng
     assert usage["completion_tokens"] == 0 and usage["prompt_tokens"] == 3
     refused = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 0})
     assert refused.status_code == 400 and "echo" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_offsets_do_not_move_past_special_tokens_the_text_leaves_out(tiny_loaded: Any, skip: bool) -> None:
+    # A reply biased into <|im_start|>: left out of the text by default, so every offset after it stays put (they
+    # moved 13 characters a token, pointing past the text's end); kept with skip_special_tokens false.
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.state import AppState
+
+    special = tiny_loaded.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    body = {"prompt": "hello", "max_tokens": 3, "logprobs": 0, "temperature": 0, "logit_bias": {str(special): 100},
+            "skip_special_tokens": skip}
+    with TestClient(create_app(AppState(engine=Engine(tiny_loaded)))) as client:
+        for stream in (False, True):
+            answer = client.post("/v1/completions", json={**body, "stream": stream})
+            events = sse_events(answer.text)[:-1] if stream else [answer.json()]
+            text = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+            offsets = [o for e in events if e["choices"] and e["choices"][0]["logprobs"]
+                       for o in e["choices"][0]["logprobs"]["text_offset"]]
+            assert offsets == ([0, 0, 0] if skip else [0, 12, 24]), (stream, text)
+            assert text == ("" if skip else "<|im_start|>" * 3)
