@@ -68,6 +68,7 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     if system := _system(body):
         out.append({"role": "system", "content": system})
+    calls_before: set[str] = set()  # the tool_use ids of the assistant turn just before (a system turn aside)
     for i, turn in enumerate(body.messages):
         blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
         text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
@@ -82,6 +83,7 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
                                code="invalid_value")
             calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                      for b in blocks if isinstance(b, ToolUseBlock)]
+            calls_before = {b.id for b in blocks if isinstance(b, ToolUseBlock)}
             message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
             if calls:
                 message["tool_calls"] = calls
@@ -89,6 +91,9 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
                 message["reasoning_content"] = thinking
             out.append(message)
             continue
+        if turn.role == "user":
+            _check_results(i, blocks, calls_before)
+            calls_before = set()
         out += [{"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
                 for b in blocks if isinstance(b, ToolResultBlock)]
         if not text:
@@ -98,6 +103,17 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         else:
             out.append({"role": "user", "content": text})
     return out
+
+
+def _check_results(i: int, blocks: Any, calls_before: set[str]) -> None:
+    """Refuse a tool_result answering no tool_use of the assistant turn before, in Anthropic's words (chat's own
+    check named `tool_call_id` and counted `system` as a message). Raises APIError 400."""
+    for j, block in enumerate(blocks):
+        if isinstance(block, ToolResultBlock) and block.tool_use_id not in calls_before:
+            where = f"messages.{i}.content.{j}"
+            raise APIError(400, f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: "
+                                f"{block.tool_use_id}. Each `tool_result` block must have a corresponding `tool_use` "
+                                "block in the previous message.", param=f"{where}.tool_use_id", code="invalid_value")
 
 
 def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:

@@ -215,6 +215,26 @@ def test_what_cannot_be_honoured_is_a_400_in_anthropics_shape(http: TestClient[A
     assert named in body["error"]["message"], body
 
 
+@pytest.mark.parametrize("turns, where", [
+    # a result answering another call, after a system prompt (chat counted it as message 0)
+    ([*USER, {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_A", "name": "get_weather",
+                                                 "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_B", "content": "sunny"}]}],
+     "messages.2.content.0"),
+    # a result with no call before it, beside text
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                   {"type": "tool_result", "tool_use_id": "toolu_A", "content": "sunny"}]}],
+     "messages.0.content.1"),
+])
+def test_a_tool_result_answering_no_call_is_named_in_anthropics_words(http: TestClient[Any], turns: list[Any],
+                                                                       where: str) -> None:
+    # It was "messages.3.tool_call_id: ... 'tool_calls' of previous message": chat's names, the index off by system.
+    response = _post(http, system="Be brief.", tools=TOOLS, messages=turns)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith(f"{where}: unexpected `tool_use_id`") and "tool_call" not in message, message
+
+
 def test_an_unknown_model_is_a_not_found_error(client: TestClient[Any]) -> None:
     # As chat answers a name it does not serve (Claude Code is pointed at the served id by ANTHROPIC_MODEL).
     response = _post(client, model="claude-sonnet-4-5")
