@@ -21,6 +21,7 @@ __all__ = [
     "SessionAudioLimit",
     "AudioBufferFull",
     "SessionBacklogFull",
+    "ChunkOverBacklog",
     "CommitEmpty",
 ]
 
@@ -66,6 +67,12 @@ class AudioBufferFull(AudioLimitExceeded):
 
     code = "audio_buffer_full"
     retry_after = 2
+
+
+class ChunkOverBacklog(AudioLimitExceeded):
+    """One chunk longer than a session may hold untranscribed (max_lag_s): no retry can take it, smaller ones can."""
+
+    code = "chunk_too_long"
 
 
 class SessionBacklogFull(AudioLimitExceeded):

@@ -19,8 +19,8 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
-from audio.errors import (CommitEmpty, SessionActive, SessionClosed, SessionError, SessionExpired, SessionLimit,
-                          SessionNotFound)
+from audio.errors import (ChunkOverBacklog, CommitEmpty, SessionActive, SessionClosed, SessionError, SessionExpired,
+                          SessionLimit, SessionNotFound)
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.session_pump import SessionPump, speech_gate
@@ -143,6 +143,10 @@ class LiveSession(SessionPump):
             raise SessionAudioLimit(f"session {self.id} would pass its audio limit of {self.config.max_session_s:g} s "
                                     f"({self.received_seconds:.1f} s received)")
         lag = self.config.max_lag_s
+        if lag is not None and samples / SAMPLE_RATE > lag:  # a 429 here was retried for ever
+            raise ChunkOverBacklog(f"a chunk of {samples / SAMPLE_RATE:.1f} s is longer than a session may hold "
+                                   f"untranscribed ({lag:g} s): send the audio in smaller chunks, no faster than "
+                                   "real time")
         if lag is not None and self.lag_seconds + samples / SAMPLE_RATE > lag:
             raise SessionBacklogFull(f"session {self.id} holds {self.lag_seconds:.1f} s of audio not yet transcribed "
                                      f"(limit {lag:g} s): send audio no faster than real time, or retry shortly")

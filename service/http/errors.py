@@ -13,6 +13,7 @@ from litestar import Response
 from audio.buffers import AudioBufferFull, SessionAudioLimit, SessionBacklogFull
 from audio.errors import (
     AudioInputError,
+    ChunkOverBacklog,
     InvalidOption,
     SessionActive,
     SessionClosed,
@@ -206,6 +207,7 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     SessionAudioLimit: ErrorRule(413),  # the session can never take more
     AudioBufferFull: ErrorRule(429),  # retry once sessions caught up (Retry-After)
     SessionBacklogFull: ErrorRule(429),  # this session sends faster than it is transcribed
+    ChunkOverBacklog: ErrorRule(413),  # no retry takes a chunk that alone passes the backlog
     InvalidOption: ErrorRule(400),
     SessionNotFound: ErrorRule(404),
     SessionClosed: ErrorRule(409, should_retry=False),  # closed for good; the SDKs retry a 409 otherwise

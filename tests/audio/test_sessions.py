@@ -307,6 +307,10 @@ async def test_a_session_sending_faster_than_it_is_transcribed_is_refused_and_ke
         s.append(f32(voiced(1.0)), F32)
     assert err.value.code == "session_backlog_full" and err.value.retry_after
     assert s.received_seconds == pytest.approx(2.5)
+    with pytest.raises(AudioLimitExceeded) as err:  # alone longer than the backlog: a retry never fits (was a 429)
+        s.append(f32(voiced(3.5)), F32)
+    assert err.value.code == "chunk_too_long" and not err.value.retry_after
+    assert s.received_seconds == pytest.approx(2.5)
     s.cancel()
 
 
