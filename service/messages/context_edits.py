@@ -55,9 +55,11 @@ async def apply_edits(body: Body, count: PromptCounter) -> tuple[Body, list[dict
             if not uses or not await _triggered(body, edit, count):
                 continue
             report = {"type": edit.type, "cleared_tool_uses": uses}
-        cleared = max(await count(body) - await count(edited), 0)
+        cleared = await count(body) - await count(edited)
         at_least = edit.clear_at_least.value if isinstance(edit, ClearToolUsesEdit) and edit.clear_at_least else 0
         if cleared < at_least:  # clearing breaks the cached prefix: not for less than the client deems worth it
+            continue
+        if cleared < 0:  # placeholders longer than the results they stand for (a probe: 1,000 "R"s, +12k tokens)
             continue
         applied.append({**report, "cleared_input_tokens": cleared})
         body = edited
@@ -106,12 +108,17 @@ def _clear_tool_uses(body: Body, edit: ClearToolUsesEdit) -> tuple[Body, int]:
     if not results:
         return body, 0
 
+    changed: set[str] = set()  # the uses whose result or input this edit clears (not already cleared ones)
+
     def block(b: Any) -> Any:
-        if isinstance(b, ToolResultBlock) and b.tool_use_id in results:
+        if isinstance(b, ToolResultBlock) and b.tool_use_id in results and b.content != CLEARED_RESULT:
+            changed.add(b.tool_use_id)
             return b.model_copy(update={"content": CLEARED_RESULT})
-        if isinstance(b, ToolUseBlock) and b.id in inputs:
+        if isinstance(b, ToolUseBlock) and b.id in inputs and b.input:
+            changed.add(b.id)
             return b.model_copy(update={"input": {}})
         return b
 
-    return _with_turns(body, [turn.model_copy(update={"content": [block(b) for b in turn.content]})
-                              if isinstance(turn.content, list) else turn for turn in body.messages]), len(cleared)
+    turns = [turn.model_copy(update={"content": [block(b) for b in turn.content]}) if isinstance(turn.content, list)
+             else turn for turn in body.messages]
+    return (_with_turns(body, turns), len(changed)) if changed else (body, 0)

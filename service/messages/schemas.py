@@ -182,11 +182,15 @@ class ThinkingConfig(_Request):
     def _budget_when_enabled(self) -> "ThinkingConfig":
         if self.type == "enabled" and self.budget_tokens is None:
             raise ValueError("budget_tokens: required when thinking is enabled")
+        if self.type == "disabled" and self.budget_tokens is not None:
+            raise ValueError("budget_tokens: goes with thinking enabled or adaptive, not disabled")
         return self
 
 
 class Metadata(_Request):
-    user_id: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
+    user_id: str | None = Field(None, max_length=256,
+                                description="An end-user id (up to 256 characters, as Anthropic's): written on the "
+                                            "request's access-log line.")
 
 
 class InputTokens(_Request):
@@ -235,7 +239,16 @@ class ContextManagement(_Request):
     """Anthropic's context editing: the edits are applied, in order, to the conversation before it is rendered
     (service/messages/context_edits.py); the reply's `context_management.applied_edits` says what they cleared."""
 
-    edits: list[Annotated[Union[ClearToolUsesEdit, ClearThinkingEdit], Field(discriminator="type")]] | None = None
+    edits: list[Annotated[Union[ClearToolUsesEdit, ClearThinkingEdit], Field(discriminator="type")]] | None = Field(
+        None, description="At most one edit of each type (each re-renders the prompt to count what it cleared).")
+
+    @field_validator("edits")
+    @classmethod
+    def _one_of_each(cls, edits: list[Any] | None) -> list[Any] | None:
+        types = [edit.type for edit in edits or ()]
+        if len(types) != len(set(types)):  # 2,000 copies of one edit rendered the prompt 4,000 times (a probe)
+            raise ValueError("at most one edit of each type")
+        return edits
 
 
 class OutputConfig(_Request):
@@ -275,4 +288,6 @@ class MessagesRequest(CountTokensRequest):
     def _few_stops(cls, stops: list[str] | None) -> list[str] | None:
         if stops is not None and len(stops) > 16:  # chat's limit: each is matched on every token
             raise ValueError("at most 16 stop sequences")
+        if stops is not None and "" in stops:  # it would end every reply before its first word
+            raise ValueError("a stop sequence cannot be empty")
         return stops

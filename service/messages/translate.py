@@ -83,7 +83,13 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
                                code="invalid_value")
             calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                      for b in blocks if isinstance(b, ToolUseBlock)]
-            calls_before = {b.id for b in blocks if isinstance(b, ToolUseBlock)}
+            calls_before = set()
+            for j, b in enumerate(blocks):
+                if isinstance(b, ToolUseBlock):
+                    if b.id in calls_before:  # chat refused it in its own words (tool_calls, tool_call_id)
+                        raise APIError(400, f"messages.{i}.content.{j}: `tool_use` ids must be unique: {b.id}",
+                                       param=f"messages.{i}.content.{j}.id", code="invalid_value")
+                    calls_before.add(b.id)
             message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
             if calls:
                 message["tool_calls"] = calls

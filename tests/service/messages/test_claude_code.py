@@ -212,3 +212,41 @@ def test_what_claude_code_may_send_and_cannot_be_honoured_is_named(calling: tupl
     response = _post(http, tools=TOOLS, **fields)
     assert response.status_code == 400, response.text
     assert named in response.json()["error"]["message"]
+
+
+def test_an_edit_clears_only_what_it_changes_and_never_grows_the_prompt(
+        reads_all: tuple[TestClient[Any], FakeEngine]) -> None:
+    # A probe: results shorter than the placeholder grew the prompt 12k tokens and were still "applied", and a second
+    # edit of the type reported the first's uses cleared again.
+    http, engine = reads_all
+    history = _tool_history("Read", "Read", "Read")
+    for m in history:  # results of one word: the placeholder is longer
+        for block in m["content"] if isinstance(m["content"], list) else ():
+            if block["type"] == "tool_result":
+                block["content"] = "R"
+    edit = {"type": "clear_tool_uses_20250919", "trigger": {"type": "tool_uses", "value": 1},
+            "keep": {"type": "tool_uses", "value": 1}}
+    message = _post(http, messages=history, context_management={"edits": [edit]}).json()
+    assert message["context_management"] == {"applied_edits": []}
+    assert CLEARED_RESULT not in engine.tokenizer.decode(engine.requests[-1].prompt_tokens)
+    twice = _post(http, messages=_tool_history("Read", "Read", "Read"), context_management={"edits": [edit, edit]})
+    assert twice.status_code == 400 and "context_management.edits" in twice.json()["error"]["message"], twice.text
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"metadata": {"user_id": "u" * 257}}, "metadata.user_id"),  # 100 KB of it went whole into the access log
+    ({"thinking": {"type": "disabled", "budget_tokens": 5000}}, "thinking: budget_tokens"),  # was dropped silently
+    ({"stop_sequences": ["stop", ""]}, "stop_sequences"),
+    ({"messages": [*USER, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
+        {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}]}]},
+     "messages.1.content.1"),  # chat's words before: tool_calls, tool_call_id
+])
+def test_what_a_hostile_client_sends_is_refused_by_name(calling: tuple[TestClient[Any], Any], fields: dict[str, Any],
+                                                       named: str) -> None:
+    http, _ = calling
+    response = _post(http, tools=TOOLS, **fields)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert message.startswith(named) and "tool_call" not in message, message
