@@ -70,6 +70,9 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": system})
     calls_before: set[str] = set()  # the tool_use ids of the assistant turn just before (a system turn aside)
     for i, turn in enumerate(body.messages):
+        if not turn.content:  # chat's refusal named `messages` and a list of none
+            raise APIError(400, f"messages.{i}.content: a turn's content must be non-empty",
+                           param=f"messages.{i}.content", code="invalid_value")
         blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
         text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
         if turn.role == "system" and all(m["role"] == "system" for m in out):  # before any turn: `system`'s
