@@ -132,8 +132,7 @@ TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
 def unread_parts_refused(content: Any, kinds: dict[str, str] = UNREAD_PARTS, noun: str = "content parts") -> Any:
-    """A content validator (before parsing): parts (`noun`) of the `kinds` a text model cannot read, each naming what
-    it holds, refused in a sentence. Raises ValueError."""
+    """A content validator (before parsing): `noun` of `kinds` a text model cannot read refused. Raises ValueError."""
     for part in content if isinstance(content, list) else ():
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in kinds:
