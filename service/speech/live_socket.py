@@ -3,9 +3,10 @@
 Two ways to talk, one session underneath:
 - **Realtime** (OpenAI's transcription events, realtime_config.py and realtime_events.py): JSON client events
   `transcription_session.update` / `session.update`, `input_audio_buffer.append` (base64 PCM16 at the session's
-  rate, 24 kHz unless declared, or G.711 at 8 kHz), `.commit`, `.clear`; server events driven by the session's own events.
+  rate, 24 kHz unless declared, or G.711 at 8 kHz), `.commit`, `.clear`; server events driven by the session's own
+  events.
   `/v1/realtime` always talks this way; `/v1/audio/live` does once one comes before any PCM frame or finish.
-- **Binary frames** (simple clients of `/v1/audio/live`): raw PCM frames in the query's format, text
+- **Binary frames** (simple clients of `/v1/audio/live`, frame_events.py): raw PCM frames in the query's format, text
   `{"type": "finish"}` to end; `transcript.partial` snapshots (committed + tentative text, at most one per
   `interval` s) and a final `transcript.done`.
 
@@ -46,6 +47,7 @@ from service.http.errors import APIError, api_error, error_body, error_event, ev
 from service.http.guard import FRAME_REFUSED
 from service.http.json_body import json_depth
 from service.seams import SpeechBackend
+from service.speech.frame_events import created_event, done_event, partial_event
 from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
 from service.speech.realtime_events import Items, server_events, transcription_failed
 from service.speech.served import served_speech
@@ -108,7 +110,8 @@ class LiveSocket:
             await self._close(close_code(err))
             return
         try:
-            await self._send(self._created_event())
+            await self._send(created_event(self.config, self.mode == "realtime", self.dialect, self.session.id,
+                                           self.speech.model_name, self.frame_format))
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._write_events, tg.cancel_scope)
                 tg.start_soon(self._partials)
@@ -129,19 +132,6 @@ class LiveSocket:
 
     def _options(self, config: RealtimeConfig) -> TranscribeOptions:
         return self.speech.options(**config.decoding(), temperatures=TranscribeOptions.ladder(0.0))
-
-    def _created_event(self) -> dict[str, Any]:
-        assert self.session is not None
-        sid, model = self.session.id, self.speech.model_name
-        if self.mode == "realtime" and self.dialect == "beta":
-            return {"type": "transcription_session.created",
-                    "session": self.config.session_object("beta", sid, model)}
-        # GA shape; `id` is what binary-frame clients read
-        session = self.config.session_object("ga", sid, model)
-        if self.mode != "realtime":  # what binary frames are read as (JSON appends keep the Realtime format)
-            fmt = self.frame_format
-            session["audio"]["input"]["format"] = {"type": "audio/pcm", "rate": fmt.rate, "encoding": fmt.encoding}
-        return {"type": "session.created", "id": sid, "session": session}
 
     # ---- reading -------------------------------------------------------------------------------
     async def _read(self, tg: anyio.abc.TaskGroup) -> None:
@@ -274,8 +264,7 @@ class LiveSocket:
             await self._close(1001 if self._stopping else 1011)
             return
         self._partial_due.set()
-        await self._send({"type": "transcript.done", "id": self.session.id, "text": t.text.lstrip(),
-                          "received_seconds": round(t.duration, 3), "windows_done": self.session.windows_done})
+        await self._send(done_event(self.session, t))
         if self._stopping:
             await self._send_error(shutting_down(), reply=False)
         await self._close(1001 if self._stopping else 1000)
@@ -348,12 +337,8 @@ class LiveSocket:
             session = self.session
             if self.mode != "frames" or session is None:
                 continue
-            # without Whisper's leading space, as the final text: committed grows into it, the guess follows it
-            committed, guess = session.committed_text().lstrip(), await session.tentative()
-            await self._send({"type": "transcript.partial", "id": session.id, "committed": committed,
-                              "tentative": guess if committed else guess.lstrip(),
-                              "received_seconds": round(session.received_seconds, 3),
-                              "windows_done": session.windows_done, "lag_seconds": session.lag_seconds})
+            committed = session.committed_text()  # read before the guess, which follows it
+            await self._send(partial_event(session, committed, await session.tentative()))
             if self.interval > 0:
                 await anyio.sleep(self.interval)  # pacing of snapshots, not synchronisation
 
