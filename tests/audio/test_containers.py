@@ -3,27 +3,15 @@
 
 from __future__ import annotations
 
-import io
-import wave
 
 import numpy as np
 import pytest
 
 from audio.containers import container_kind
 from audio.pcm import reads_as_raw_pcm
-from tests.audio.test_pcm import _encode, sine
+from tests.audio.test_pcm import _encode, _wav, sine
 
 SR = 16000
-
-
-def _wav(x: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(SR)
-        w.writeframes((x * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
 
 
 def _without_id3(mp3: bytes) -> bytes:
@@ -51,7 +39,7 @@ def test_encoded_files_are_known_by_their_signature(container: str, codec: str, 
 
 
 def test_a_wav_declared_as_raw_pcm_is_read_as_a_wav() -> None:
-    wav = _wav(sine(300, 0.5, SR))
+    wav = _wav(SR, sine(300, 0.5, SR) * 32767)
     assert container_kind(wav) == "wav"
     for declared in ("audio/L16;rate=16000", "audio/pcm", "audio/pcm;rate=24000;encoding=s16le"):
         assert not reads_as_raw_pcm(declared, wav)
