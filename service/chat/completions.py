@@ -181,8 +181,9 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     record_user(request, data.user or data.safety_identifier)
     logprobs = requested_logprobs(data.logprobs)
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
-    # The tokens a reply's text leaves out: its offsets do not move past them.
-    hidden = hidden_special_ids(engine.tokenizer) if data.skip_special_tokens is not False else frozenset()
+    # The tokens a reply's text leaves out: its offsets do not move past them (only asked for with log probabilities).
+    hidden = hidden_special_ids(engine.tokenizer) if pieces is not None and data.skip_special_tokens is not False \
+        else frozenset()
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     items, samples = data.prompt_items(), data.n or 1
     infill = requested_infill(engine, data)
