@@ -246,6 +246,15 @@ def _calls_answered(items: list[Any]) -> None:
                             "item with its call_id", param="input", code="invalid_value")
 
 
+def _effort(body: ResponsesRequest) -> str | None:
+    """`reasoning.effort`, or chat's name for it at the top level (Open WebUI's). Raises APIError 400 for both."""
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    if body.reasoning_effort is not None and effort is not None:
+        raise APIError(400, "reasoning_effort: reasoning.effort and reasoning_effort at the same time are not "
+                            "supported; give one", param="reasoning_effort", code="invalid_value")
+    return effort if effort is not None else body.reasoning_effort
+
+
 def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tuple[ChatCompletionRequest, ToolNames]:
     """The chat request `body` asks for (`items`: the conversation's, `input_items`'s; None: the request's input
     alone), and what its tool names stand for.
@@ -266,8 +275,7 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
         choice = body.tool_choice
         chat.update(tools=tools, parallel_tool_calls=body.parallel_tool_calls, tool_choice=choice if isinstance(
             choice, str) or choice is None else {"type": "function", "function": {"name": choice.name}})
-    if body.reasoning is not None and body.reasoning.effort is not None:
-        chat["reasoning_effort"] = body.reasoning.effort
+    chat.update(body.chat_sampling(), reasoning_effort=_effort(body))
     if body.text is not None and body.text.format is not None:
         chat["response_format"] = body.text.format.chat_format()
     try:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from service.chat.json_output import check_response_format
 from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, FunctionDefinition, _Body, _Request, _empty, _only_false,
                                   no_forced_call, unread_parts_refused)
+from service.responses.sampling import EFFORTS, ResponsesSampling
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
@@ -249,7 +250,7 @@ ResponseTool = Annotated[
 
 
 class Reasoning(_Request):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+    effort: EFFORTS | None = Field(
         None, description='As chat\'s reasoning_effort ("none" switches thinking off).')
     summary: Literal["auto", "concise", "detailed", "none"] | None = Field(
         None, description='The thinking is given as the reasoning item\'s `summary` (no shorter summary is '
@@ -305,7 +306,7 @@ class ResponsesStreamOptions(_Request):
 INCLUDABLE = ("reasoning.encrypted_content",)
 
 
-class ResponsesRequest(_Body):
+class ResponsesRequest(ResponsesSampling):
     """POST /v1/responses body."""
 
     model: str | None = Field(None, description="Model id from GET /v1/models; omitted means the loaded model.")

@@ -150,6 +150,29 @@ def test_hosted_tools_are_accepted_and_not_offered(http: TestClient[Any], engine
     assert response.json()["tools"][1] == {"type": "web_search"}
 
 
+def test_chats_sampling_fields_open_webui_sends_at_the_top_level_reach_the_engine(http: TestClient[Any],
+                                                                                  engine: FakeEngine) -> None:
+    response = http.post("/v1/responses", json={"input": "hi", "seed": 7, "top_k": 5, "min_p": 0.1,
+                                                 "repetition_penalty": 1.1, "presence_penalty": 0.5,
+                                                 "frequency_penalty": 0.25})
+    assert response.status_code == 200, response.text
+    s = engine.requests[-1].sampling
+    assert (s.seed, s.top_k, s.min_p, s.repetition_penalty, s.presence_penalty, s.frequency_penalty) == (
+        7, 5, 0.1, 1.1, 0.5, 0.25)
+
+
+def test_reasoning_effort_at_the_top_level_is_reasoning_effort_and_not_both(http: TestClient[Any],
+                                                                           engine: FakeEngine) -> None:
+    assert http.post("/v1/responses", json={"input": "hi", "reasoning_effort": "none"}).status_code == 200
+    alone = engine.tokenizer.template_calls[-1]
+    assert http.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "none"}}).status_code == 200
+    assert alone == engine.tokenizer.template_calls[-1] and alone["enable_thinking"] is False
+    both = http.post("/v1/responses", json={"input": "hi", "reasoning_effort": "low", "reasoning": {"effort": "low"}})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "reasoning_effort"
+    bad = http.post("/v1/responses", json={"input": "hi", "top_k": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_k"
+
+
 def test_parallel_tool_calls_false_ends_the_reply_at_its_first_call(http: TestClient[Any], engine: FakeEngine) -> None:
     engine.pieces = [CALL, CALL]
     both = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS}).json()["output"]

@@ -59,7 +59,8 @@ def test_a_codex_turn_is_served(client: TestClient[Any], fake_engine: FakeEngine
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"stream_options": {"include_obfuscation": True}}, "stream_options.include_obfuscation"),
-    ({"frequency_penalty": 1.0}, "frequency_penalty"),
+    ({"frequency_penalty": 3.0}, "frequency_penalty"),
+    ({"logit_bias": {"65": -100}}, "logit_bias"),
     ({"reasoning": {"effort": "bogus"}}, "reasoning.effort"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(client: TestClient[Any], fake_engine: FakeEngine,

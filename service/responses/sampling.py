@@ -1,0 +1,33 @@
+"""The sampling fields /v1/responses takes beyond OpenAI's, with chat's meaning: Open WebUI's "Responses"
+connection sends its advanced parameters (`seed`, `top_k`, `min_p`, `reasoning_effort`) at the top level, and
+vLLM's Responses API takes the penalties there too. Each passes to the chat request as chat takes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from service.chat.schemas import _Body
+
+__all__ = ["ResponsesSampling", "EFFORTS"]
+
+EFFORTS = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class ResponsesSampling(_Body):
+    """Chat's sampling fields on a Responses body (service/chat/schemas.py SamplingFields says what each does)."""
+
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1, description="As chat's: a seed repeats its draws.")
+    top_k: int | None = Field(None, ge=0, description="As chat's.")
+    min_p: float | None = Field(None, ge=0.0, le=1.0, description="As chat's.")
+    repetition_penalty: float | None = Field(None, gt=0.0, description="As chat's (mlx_lm.server's).")
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="As chat's.")
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="As chat's.")
+    reasoning_effort: EFFORTS | None = Field(None, description="Chat's name of `reasoning.effort` (not both).")
+
+    def chat_sampling(self) -> dict[str, Any]:
+        """The chat request's fields for these (those given). Raises nothing."""
+        fields = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+        return {name: value for name in fields if (value := getattr(self, name)) is not None}
