@@ -31,13 +31,20 @@ __all__ = ["file_parts", "parse_form"]
 
 def file_parts(*names: str) -> Callable[[Request[Any, Any, Any]], Awaitable[None]]:
     """A `before_request` hook that parses a multipart body with `names` read as files (see the module). Raises
-    APIError 400 naming a text field that is not UTF-8; ClientException (400) for a malformed form, as Litestar."""
+    APIError 400 for a body that is not a form (naming the first file field) or a text field that is not UTF-8;
+    ClientException (400) for a malformed form, as Litestar."""
 
     async def read_file_parts(request: Request[Any, Any, Any]) -> None:
         state = ScopeState.from_scope(request.scope)
         content_type, options = request.content_type
-        if content_type != RequestEncodingType.MULTI_PART or state.form is not Empty or "boundary" not in options:
-            return  # not a form, already parsed, or no boundary: Litestar answers that itself
+        if content_type != RequestEncodingType.MULTI_PART:
+            # Litestar's own answer names nothing ("Invalid multipart/form-data"); Open WebUI's JSON upload mode
+            # sends the audio base64 in JSON.
+            shown = content_type[:60] or "no Content-Type"
+            raise APIError(400, f"This route takes a multipart/form-data body (the audio as a `{names[0]}` part, the "
+                                f"options as fields), not {shown}.", param=names[0], code="invalid_content_type")
+        if state.form is not Empty or "boundary" not in options:
+            return  # already parsed, or no boundary: Litestar answers that itself
         state.form = await parse_form(request.stream(), options["boundary"].encode(), set(names),
                                       request.app.multipart_form_part_limit)
 

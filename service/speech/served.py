@@ -30,7 +30,8 @@ def served_speech(state: AppState, model: str | None, *, param: str = "model") -
     Raises APIError 404 model_not_found when no Whisper model is served or `model` is not it."""
     speech = state.speech
     if speech is None:
-        raise APIError(404, "This server serves no Whisper model (start it with --whisper-model).",
+        raise APIError(404, "This server serves no Whisper model (it was started with --no-whisper, or found "
+                            "none: start it without --no-whisper, or with --whisper-model MODEL).",
                        param=param, code="model_not_found")
     if model and model not in {speech.model_name, *OPENAI_ALIASES, *state.speech_aliases}:
         err = model_not_found(model, [speech.model_name])

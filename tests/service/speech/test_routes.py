@@ -396,6 +396,8 @@ def test_websocket_live_partials_and_done(client: TestClient[Any]) -> None:
 def test_no_speech_server_says_so() -> None:
     with TestClient(create_app(AppState())) as c:
         assert_error(transcribe(c), 404, "model_not_found")
+        # What to do about it: --no-whisper is how a server comes to serve none.
+        assert "without --no-whisper" in transcribe(c).json()["error"]["message"]
 
 
 @pytest.mark.parametrize("warmup", [True, False])

@@ -71,6 +71,16 @@ def test_segments_and_words_come_as_asked(client: TestClient[Any], spoken: None,
         assert body["segments"][0]["text"] == " And Mr. Dashwood"  # OpenAI's segments keep Whisper's space
 
 
+def test_a_json_body_is_told_the_route_takes_a_form(client: TestClient[Any]) -> None:
+    # Open WebUI's JSON upload mode: the audio base64 inside JSON.
+    r = client.post("/v1/audio/transcriptions", json={"model": "whisper-1",
+                                                      "input_audio": {"data": "UklGRg==", "format": "wav"}})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_content_type", "file")
+    assert "multipart/form-data" in err["message"] and "application/json" in err["message"]
+
+
 def test_an_undecodable_upload_is_told_in_plain_words(client: TestClient[Any]) -> None:
     r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio at all" * 40, "audio/wav")},
                     data={"model": "whisper-1"})
