@@ -46,6 +46,8 @@ def stats_payload(state: AppState) -> dict[str, Any]:
             payload.update(engine.stats())
         except Exception as exc:  # stats are diagnostics: never fail the request over them
             payload["stats_error"] = str(exc)
+    # Kept responses and their items (service/responses/item_cache.py): bounded apart from the memory budget.
+    payload["responses_store"] = state.issued_items.stats()
     if state.speech is not None:
         try:
             payload["speech"] = state.speech.stats()

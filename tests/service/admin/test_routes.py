@@ -72,6 +72,13 @@ def test_stats_includes_engine_stats(client: Any) -> None:
     assert body["model"] == "fake-model" and body["ready"] is True
 
 
+def test_stats_shows_the_kept_responses(client: Any) -> None:
+    assert client.get("/stats").json()["responses_store"]["entries"] == 0
+    assert client.post("/v1/responses", json={"input": "hi"}).status_code == 200
+    kept = client.get("/stats").json()["responses_store"]
+    assert kept["entries"] >= 1 and 0 < kept["bytes"] <= kept["max_bytes"]
+
+
 def test_stats_shows_every_limit(fake_engine: FakeEngine) -> None:
     from service.config import ServiceConfig
     from service.limits import Limits

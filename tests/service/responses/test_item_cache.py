@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tracemalloc
+from typing import Any
+
 from service.responses.item_cache import IssuedItems
 
 
@@ -10,17 +13,17 @@ def _item(i: int, size: int = 100) -> dict[str, str]:
 
 
 def test_items_are_kept_per_key_and_the_least_recently_used_go_first() -> None:
-    cache = IssuedItems(max_bytes=3 * 400)  # three items of ~130 characters and their dicts' cost
+    cache = IssuedItems(max_bytes=3 * 450)  # three items of ~390 bytes as Python holds them
     cache.keep("k", [_item(1), _item(2), _item(3)])
     assert cache.get("k", "msg_1") == _item(1) and cache.get("other", "msg_1") is None
     cache.keep("k", [_item(4)])  # over the bound: msg_2, the least recently used, goes
     assert cache.get("k", "msg_2") is None and cache.get("k", "msg_1") is not None
-    assert cache.bytes <= 3 * 400 and len(cache) == 3
+    assert cache.bytes <= 3 * 450 and len(cache) == 3
     assert cache.get_sized("k", "msg_1") == (_item(1), 100)  # the characters of its text, not its labels
 
 
 def test_an_item_larger_than_the_bound_is_not_kept_and_takes_nothing() -> None:
-    cache = IssuedItems(max_bytes=3 * 400)
+    cache = IssuedItems(max_bytes=3 * 450)
     cache.keep("k", [_item(1)])
     cache.keep("k", [_item(2, size=2000), {"no": "id"}])
     assert cache.get("k", "msg_2") is None and cache.get("k", "msg_1") is not None
@@ -37,3 +40,18 @@ def test_a_conversation_is_its_chain_of_responses_and_none_when_a_link_is_gone()
     assert cache.conversation("other", "resp_2") is None
     cache.keep_response("k", [_item(4, 10)], response("resp_3", "resp_gone", []))
     assert cache.conversation("k", "resp_3") is None and cache.conversation("k", "msg_1") is None
+
+
+def test_the_bound_counts_what_python_holds_not_the_json_text() -> None:
+    # A response of 20,000 tiny reasoning items: their JSON is a fraction of the dicts and strings holding them.
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        items: list[Any] = [{"id": f"rs_{i:08d}", "type": "reasoning", "summary": []} for i in range(20_000)]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    cache = IssuedItems(max_bytes=1 << 30)
+    cache.keep_response("k", [], {"id": "resp_1", "previous_response_id": None, "output": items})
+    assert cache.bytes >= 0.9 * held
+    assert cache.stats() == {"bytes": cache.bytes, "max_bytes": 1 << 30, "entries": 1}
