@@ -72,7 +72,8 @@ def add_harmony_stops(tokenizer: Any) -> None:
 class HarmonySplitter(BufferedSplitter):
     """Streaming splitter of one harmony reply (the engine/chat_output.py Splitter interface): feed() text
     deltas in order, then finish() once. `calls` false (tool_choice "none"): a message to a recipient is
-    content. `opening`: the template's generation prompt (`<|start|>assistant`), where the first header began."""
+    content. `opening`: the template's generation prompt (`<|start|>assistant`), where the first header began, or the
+    continued turn (an assistant prefill) with its body's text so far."""
 
     def __init__(self, *, tools: Any = None, calls: bool = True, opening: str | None = None,
                  new_call_id: Callable[[], str] | None = None) -> None:
@@ -90,8 +91,9 @@ class HarmonySplitter(BufferedSplitter):
         self.tool_calls = 0
         if opening and START in opening:
             tail = opening[opening.rfind(START) + len(START):]
-            if MESSAGE in tail:  # the template opened a body itself (a forced channel)
+            if MESSAGE in tail:  # the template opened a body itself (a forced channel, or a prefill's)
                 self._open_body(tail[: tail.find(MESSAGE)])
+                self._lead = not tail[tail.find(MESSAGE) + len(MESSAGE):]  # after a prefill's text a newline is text
             else:
                 self._seed = tail
 

@@ -219,18 +219,22 @@ _PROBES = ([{"role": "user", "content": PROBE_TEXT}],
 
 
 def render_text(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                kwargs: dict[str, Any] | None = None) -> tuple[str, bool]:
-    """The conversation as the model's prompt text, with the generation prompt appended, and whether its
-    encoding adds the tokenizer's special tokens (only without a template; a template writes its own; without
-    one, `tools` are described in the system line).
+                kwargs: dict[str, Any] | None = None, *, continued: bool = False) -> tuple[str, bool]:
+    """The conversation as the model's prompt text, with the generation prompt appended (`continued`: cut after the
+    last message's text instead, a prefill the reply continues: service/chat/prefill.py), and whether its encoding
+    adds the tokenizer's special tokens (only without a template; a template writes its own; without one, `tools`
+    are described in the system line).
     Blocking, pure Python (jinja). Raises what the template raises (TemplateError, raise_exception, a bad
-    kwarg)."""
+    kwarg; transformers' ValueError for a template that drops the message to continue)."""
     if not has_chat_template(tokenizer) and not (kwargs or {}).get("chat_template"):
         # No template: plain "role: content" lines, as mlx-lm does; tools go in a system line, never dropped.
         messages = with_tool_prompt(messages, tools) if tools else messages
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + _PLAIN_OPENING, True
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
-                                         **(kwargs or {}))
+        lines = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+        return (lines.removesuffix("\n") if continued else lines + _PLAIN_OPENING), True
+    # continue_final_message is passed only when asked: a wrapper that does not know it renders every other prompt.
+    prefill = {"continue_final_message": True} if continued else {}
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=not continued, tokenize=False,
+                                         **prefill, **(kwargs or {}))
     return str(text), False
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Sequence
 
 import anyio
@@ -23,6 +24,7 @@ from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
 from service.chat.content_parts import as_text_parts, reads_text_parts, reads_thinking_parts, with_thinking_parts
+from service.chat.prefill import continued_opening
 from service.chat.prompt import (
     MessageError,
     common_prefix_boundary,
@@ -99,7 +101,8 @@ class RenderedPrompt:
     # The tools were described in the system message (the template takes none): calls come as <tool_call> JSON.
     json_tool_calls: bool = False
     # What the template appended to open the reply (None: not known), so that only it, never the conversation,
-    # decides whether the reply starts inside a think block.
+    # decides whether the reply starts inside a think block; for a continued message, what the reply continues
+    # (service/chat/prefill.py continued_opening).
     generation_prompt: str | None = None
 
 
@@ -232,15 +235,15 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
             user_turn_tools = with_tool_prompt(messages, tools, in_user_turn=True)
         messages, tools, json_calls = with_tool_prompt(messages, tools), None, True
     check_text_fits(_content_chars(messages, tools), engine, "messages")
-    timeout = state.config.limits.render_timeout
+    timeout, continued = state.config.limits.render_timeout, bool(body.continue_final_message)
     async with state.tokenize_limiter or anyio.CapacityLimiter(1):
         try:
-            text, special = await _render(tokenizer, messages, tools, kwargs, timeout)
+            text, special = await _render(tokenizer, messages, tools, kwargs, timeout, continued)
         except APIError as exc:
             if user_turn_tools is None or exc.code != "invalid_messages":
                 raise
             messages = user_turn_tools  # what the template rejects now is the client's own
-            text, special = await _render(tokenizer, messages, tools, kwargs, timeout)
+            text, special = await _render(tokenizer, messages, tools, kwargs, timeout, continued)
         check_text_fits(len(text), engine, "messages")
         # Encoding is not aborted midway (a fast tokenizer keeps state across it); the text is bounded.
         tokens = await anyio.to_thread.run_sync(encode_rendered, tokenizer, text, special)
@@ -252,6 +255,9 @@ async def render_chat(state: AppState, engine: ChatEngine, body: ChatCompletionR
                 boundaries = common_prefix_boundary(probe_tokens, tokens)
             except APIError:  # a template that insists on a full conversation: no boundary, no harm
                 pass
+        if continued:
+            return RenderedPrompt(tokens, boundaries, json_calls,
+                                  continued_opening(tokenizer, text, str(messages[-1]["content"] or "")))
         opening = await _opening(tokenizer, kwargs, timeout)
     return RenderedPrompt(tokens, boundaries, json_calls, opening if opening is not None and text.endswith(opening)
                           else None)
@@ -274,14 +280,15 @@ async def _opening(tokenizer: Any, kwargs: dict[str, Any], timeout: float) -> st
 
 
 async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-                  kwargs: dict[str, Any], timeout: float) -> tuple[str, bool]:
+                  kwargs: dict[str, Any], timeout: float, continued: bool = False) -> tuple[str, bool]:
     traits = _TRAITS.get(tokenizer)
     if traits.reads_thinking:
         messages = with_thinking_parts(messages)
     if traits.reads_parts:
         messages = as_text_parts(messages)
     try:
-        return await run_abortable(render_text, tokenizer, messages, tools, kwargs, timeout=timeout)
+        return await run_abortable(partial(render_text, continued=continued), tokenizer, messages, tools, kwargs,
+                                   timeout=timeout)
     except TimeoutError:
         raise APIError(400, f"The chat template did not render these messages within {timeout:g} s.",
                        param="messages", code="render_timeout") from None

@@ -20,6 +20,7 @@ from service.chat.logprobs import LogprobJson, TokenPieces, chat_logprobs, logpr
 from service.chat.output import ChatTranslator
 from service.chat.tool_text import request_tools
 from service.chat.json_output import reply_grammar
+from service.chat.prefill import check_no_grammar
 from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
 from service.chat.choices import Choice, Choices, check_capacity, prime, respond_choices
@@ -83,12 +84,15 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
                                     param="messages", session_id=_session_hint(request, body),
                                     segment_boundaries=rendered.boundaries,
                                     default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
-                                    logprobs=logprobs)
+                                    logprobs=logprobs, continuation=bool(body.continue_final_message))
     calls, tools = bool(body.tools) and body.tool_choice != "none", request_tools(body)
+    forced = _forced(body.tool_choice)
+    if body.continue_final_message:
+        check_no_grammar(body.response_format, forced and calls)
     grammar = await reply_grammar(body.response_format, tools, tokenizer=engine.tokenizer, calls=calls,
                                   opens_thinking=_opens_thinking(engine.tokenizer, rendered),
                                   json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar,
-                                  forced=_forced(body.tool_choice))
+                                  forced=forced)
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
     return generation, lambda: ChatTranslator.for_request(engine.tokenizer, prompt, tools,

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from service.chat.json_output import check_response_format
+from service.chat.prefill import continued_message, generation_prompt_asked
+from service.chat.strict_body import _Body, _Request, _empty, _only_false
 
 __all__ = [
     "MAX_CHOICES",
@@ -39,13 +41,6 @@ __all__ = [
 MAX_CHOICES = 64
 
 
-def _only_false(value: bool | None, why: str) -> bool | None:
-    """A switch whose `true` this server cannot honour. Raises ValueError saying `why`."""
-    if value:
-        raise ValueError(why)
-    return value
-
-
 def no_forced_call(cls: Any, value: Any) -> Any:
     """A `tool_choice` validator: allowed_tools refused in a sentence, not pydantic's union of alternatives. Raises
     ValueError."""
@@ -53,37 +48,6 @@ def no_forced_call(cls: Any, value: Any) -> Any:
         raise ValueError("allowed_tools is not supported: every declared tool is offered; declare only the tools "
                          "allowed, with \"auto\"")
     return value
-
-
-
-def _empty(value: Any) -> bool:
-    return value is None or value == [] or value == {} or value == ""
-
-
-class _Request(BaseModel):
-    """A nested object of a request: unknown fields pass only while empty (nothing there to honour). Strict, as
-    OpenAI's: `"5"` is not a number, `true` not a count, `1` not a flag (lax parsing streamed for `stream: "yes"`)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    @model_validator(mode="after")
-    def _no_unhonoured_extras(self) -> "_Request":
-        for key, value in (self.model_extra or {}).items():
-            if not _empty(value):
-                raise ValueError(f"{key!r} is not supported by this server")
-        return self
-
-
-class _Body(_Request):
-    """A request body: unknown top-level fields are refused (service/http/handlers.py words it as OpenAI does)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    @classmethod
-    def model_validate(cls, obj: Any, *, strict: bool | None = None, **kwargs: Any) -> Any:
-        """Strict whatever the caller asks: Litestar validates request bodies with `strict=False`, which
-        overrides the models' own configuration."""
-        return super().model_validate(obj, strict=True, **kwargs)
 
 
 class CacheControl(_Request):
@@ -357,6 +321,13 @@ class ChatCompletionRequest(SamplingFields):
     modalities: list[Literal["text"]] | None = Field(None, description='Only ["text"].')
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    # vLLM's prefill switches (service/chat/prefill.py); add_generation_prompt after the field its check reads.
+    continue_final_message: bool | None = Field(
+        False, description="true: the reply continues the last message, the assistant's (a prefill): the prompt ends "
+                           "with its text, the reply is the continuation alone.")
+    add_generation_prompt: bool | None = Field(
+        None, description="vLLM's: true by default, false with continue_final_message (true beside it is refused); "
+                          "false alone is refused.")
 
     # OpenAI fields this server has nothing to honour with: null (or empty) passes, as it asks for nothing.
     metadata: dict[str, str] | None = Field(None, description="Only null: this server keeps no completions.")
@@ -375,6 +346,8 @@ class ChatCompletionRequest(SamplingFields):
         return value
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
+    _continued = field_validator("continue_final_message")(continued_message)
+    _generation_prompt = field_validator("add_generation_prompt")(generation_prompt_asked)
 
     @field_validator("tool_choice", "parallel_tool_calls")
     @classmethod

@@ -5,7 +5,8 @@ A user turn's tool results become tool messages, before its text (chat pairs a r
 assistant turn just before it); user turns in a row are one user turn, as Anthropic merges them (Mistral's and
 Gemma's templates refuse two). A system turn mid-conversation is read within the user turn beside it: where it
 was said, the cached prefix before it kept, and no template refuses it. Earlier thinking goes back as the turn's
-reasoning; redacted thinking is left out.
+reasoning; redacted thinking is left out. A last assistant turn is a prefill: chat's `continue_final_message`, so the
+reply continues its text and holds only the continuation, as Anthropic's does.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         out.append({"role": "system", "content": system})
     calls_before: set[str] = set()  # the tool_use ids of the assistant turn just before (a system turn aside)
     for i, turn in enumerate(body.messages):
+        last = i == len(body.messages) - 1
+        if not turn.content and turn.role == "assistant" and last:  # Anthropic's "optional final assistant message"
+            continue
         if not turn.content:  # chat's refusal named `messages` and a list of none
             raise APIError(400, f"messages.{i}.content: a turn's content must be non-empty",
                            param=f"messages.{i}.content", code="invalid_value")
@@ -80,10 +84,8 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
                 out[:] = [{"role": "system", "content": "\n\n".join([m["content"] for m in out] + [text])}]
             continue
         if turn.role == "assistant":
-            if i == len(body.messages) - 1:
-                raise APIError(400, f"messages.{i}: a last assistant turn (a prefill for the reply to continue) is "
-                                    "not supported here: end with a user turn", param=f"messages.{i}",
-                               code="invalid_value")
+            if last:
+                _check_prefill(body, i, blocks, text)
             calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                      for b in blocks if isinstance(b, ToolUseBlock)]
             calls_before = set()
@@ -114,6 +116,22 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     return out
 
 
+def _check_prefill(body: CountTokensRequest, i: int, blocks: Any, text: str) -> None:
+    """Refuse a last assistant turn (a prefill the reply continues) as Anthropic refuses it: with extended thinking
+    on, ending in whitespace, or holding a tool_use (what follows a call is its result). Raises APIError 400."""
+    if body.thinking is not None and body.thinking.type != "disabled":
+        raise APIError(400, "thinking: a last assistant turn (a prefill) is not supported with extended thinking, as "
+                            "at Anthropic: disable thinking or end with a user turn", param="thinking",
+                       code="invalid_value")
+    if text != text.rstrip():
+        raise APIError(400, f"messages.{i}.content: final assistant content cannot end with trailing whitespace",
+                       param=f"messages.{i}.content", code="invalid_value")
+    if uses := [j for j, b in enumerate(blocks) if isinstance(b, ToolUseBlock)]:
+        raise APIError(400, f"messages.{i}.content.{uses[0]}: a last assistant turn is a prefill the reply continues; "
+                            "a `tool_use` there needs its `tool_result` in a user turn after it",
+                       param=f"messages.{i}.content.{uses[0]}", code="invalid_value")
+
+
 def _check_results(i: int, blocks: Any, calls_before: set[str]) -> None:
     """Refuse a tool_result answering no tool_use of the assistant turn before, in Anthropic's words (chat's own
     check named `tool_call_id` and counted `system` as a message). Raises APIError 400."""
@@ -129,9 +147,11 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     """The chat request `body` asks for (a count_tokens body: its prompt alone).
 
     Raises APIError 400 naming the field for what chat's rules refuse of the translated request (a tool result
-    answering no call, a forced call without tools), and for a last assistant turn."""
-    chat: dict[str, Any] = {"model": body.model, "messages": _messages(body),
-                            "reasoning_effort": _effort(body)}
+    answering no call, a forced call without tools), and for a prefill Anthropic refuses (_check_prefill)."""
+    messages = _messages(body)
+    chat: dict[str, Any] = {"model": body.model, "messages": messages, "reasoning_effort": _effort(body),
+                            # a last assistant turn is a prefill: the reply continues it
+                            "continue_final_message": bool(messages) and messages[-1]["role"] == "assistant" or None}
     if isinstance(body, MessagesRequest):
         chat.update(stream=bool(body.stream), max_tokens=body.max_tokens, temperature=body.temperature,
                     top_p=body.top_p, top_k=body.top_k, stop=body.stop_sequences or None,

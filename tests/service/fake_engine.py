@@ -44,7 +44,8 @@ class FakeTokenizer:
             self.template_calls.append({"messages": messages, "tools": tools, **kwargs})
         if kwargs.get("fail"):
             raise ValueError("template says no")
-        text = "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+        text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        text += "" if kwargs.get("continue_final_message") else "<assistant>"  # a prefill ends the prompt
         return self.encode(text) if tokenize else text
 
 

@@ -197,7 +197,17 @@ def test_tool_choice_and_sampling_reach_the_chat_request(engine: FakeEngine, htt
     ({"bogus": 1}, "bogus"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "image"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "web_search_20250305"),
-    ({"messages": [*USER, {"role": "assistant", "content": "The weather is"}]}, "messages.1"),
+    ({"messages": [*USER, {"role": "assistant", "content": "The weather is "}]}, "trailing whitespace"),
+    ({"messages": [*USER, {"role": "assistant", "content": " \n"}]}, "trailing whitespace"),
+    ({"messages": [*USER, {"role": "assistant", "content": "The weather is"}],
+      "thinking": {"type": "enabled", "budget_tokens": 2048}}, "thinking"),
+    ({"messages": [*USER, {"role": "assistant", "content": "The weather is"}], "thinking": {"type": "adaptive"}},
+     "thinking"),
+    ({"messages": [*USER, {"role": "assistant", "content": [
+        {"type": "text", "text": "Checking."}, {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]}],
+      "tools": TOOLS}, "messages.1.content.1"),
+    ({"messages": [*USER, {"role": "assistant", "content": "The weather is"}], "tools": TOOLS,
+      "tool_choice": {"type": "any"}}, "tool_choice"),
     ({"thinking": {"type": "enabled"}}, "budget_tokens"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
@@ -265,6 +275,26 @@ def test_a_failure_after_the_headers_is_an_error_event_and_the_stream_ends(fake_
     fake_engine.fail_at = 0  # before the headers: a status, not an empty 200
     failed = _post(client)
     assert failed.status_code == 500 and failed.json()["error"]["type"] == "api_error"
+
+
+PREFILL = [*USER, {"role": "assistant", "content": "The weather is"}]
+
+
+def test_a_last_assistant_turn_is_a_prefill_the_reply_continues(fake_engine: FakeEngine,
+                                                                client: TestClient[Any]) -> None:
+    message = _post(client, messages=PREFILL).json()
+    prompt = fake_engine.tokenizer.encode("<user>weather?<assistant>The weather is")
+    assert fake_engine.requests[-1].prompt_tokens == prompt and fake_engine.requests[-1].continuation
+    assert message["content"] == [{"type": "text", "text": "Hello world!"}]  # the continuation alone, as Anthropic's
+    assert message["usage"]["input_tokens"] == len(prompt)
+    events = message_events(_post(client, messages=PREFILL, stream=True).text)
+    assert "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta") == "Hello world!"
+    counted = client.post("/v1/messages/count_tokens", json={"model": "fake-model", "messages": PREFILL})
+    assert counted.json() == {"input_tokens": len(prompt)}
+    # Thinking off is no extended thinking; an empty last assistant turn (Anthropic takes one) asks for no prefill.
+    assert _post(client, messages=PREFILL, thinking={"type": "disabled"}).status_code == 200
+    assert _post(client, messages=[*USER, {"role": "assistant", "content": ""}]).status_code == 200
+    assert fake_engine.requests[-1].prompt_tokens == fake_engine.tokenizer.encode("<user>weather?<assistant>")
 
 
 def test_count_tokens_is_the_rendered_prompts_length(engine: FakeEngine, http: TestClient[Any]) -> None:
