@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Collection
 
-from engine.chat_output import ContentText, OutputEvent, ToolCallArguments, ToolCallStart, fresh_call_id
+from engine.chat_output import ContentText, OutputEvent, ToolCallArguments, ToolCallStart, fresh_call_id, normalize_call
+from engine.cut_calls import read_json_calls
 
 __all__ = ["BareJsonCallSplitter", "parse_bare_calls", "declared_names", "writes_bare_json_calls"]
 
@@ -74,11 +75,15 @@ class BareJsonCallSplitter:
                 return [ContentText(out)]
         return []  # a call is read whole at the end: its JSON must parse
 
-    def finish(self) -> list[OutputEvent]:
-        """The held reply as calls, or as content when it is not wholly calls. Never raises."""
+    def finish(self, cut: bool = False) -> list[OutputEvent]:
+        """The held reply as calls, or as content when it is not wholly calls. `cut`: the token limit ended the
+        reply, so calls whose last was cut are calls, that one with the arguments written so far — when it names a
+        declared tool: JSON whose name was not written may be an answer, content as written. Never raises."""
         text, self._buffer = self._buffer, ""
         self._state = "content"
         calls = parse_bare_calls(text, self._names) if text.strip() else None
+        if calls is None and cut:
+            calls = self._cut_calls(text)
         if calls is None:
             return [ContentText(text)] if text else []
         events: list[OutputEvent] = []
@@ -86,6 +91,14 @@ class BareJsonCallSplitter:
             events.append(ToolCallStart(index, self._new_call_id(), name))
             events.append(ToolCallArguments(index, arguments))
         return events
+
+    def _cut_calls(self, text: str) -> list[tuple[str, str]] | None:
+        read = read_json_calls(text.replace(PYTHON_TAG, " ").strip())
+        try:
+            calls = [normalize_call(call) for call in read.whole] + ([read.cut] if read.cut is not None else [])
+        except ValueError:
+            return None
+        return calls if read.cut is not None and all(name in self._names for name, _ in calls) else None
 
 
 def writes_bare_json_calls(template_sources: Collection[str] | None) -> bool:

@@ -4,7 +4,8 @@ The splitter is fed decoded text deltas (special marker tokens included) and emi
 Reasoning lies between the model's think markers; tool calls between its tool-call markers and are
 parsed with mlx-lm's parser for the model family. Text that might be the start of a marker is held
 back until it can no longer be one, so no marker or tool-call block reaches content — unless the block cannot
-be parsed (bad JSON, cut off by max_tokens): then it is content as the model wrote it, never an empty answer.
+be parsed (bad JSON): then it is content as the model wrote it, never an empty answer. A block the token limit cut
+is a call that was cut (engine/cut_calls.py): a call with the arguments written so far, or left out, never markup.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence, Union
+
+from engine.cut_calls import read_cut_block
 
 __all__ = [
     "OutputMarkers",
@@ -28,6 +31,7 @@ __all__ = [
     "held_suffix",
     "fresh_call_id",
     "BufferedSplitter",
+    "normalize_call",
 ]
 
 log = logging.getLogger(__name__)
@@ -202,9 +206,11 @@ class ChatOutputSplitter(BufferedSplitter):
         tools: Any = None,
         in_reasoning: bool = False,
         new_call_id: Callable[[], str] | None = None,
+        forced_name: str | None = None,
     ) -> None:
         self._m = markers
         self._tools = tools
+        self._forced_name = forced_name  # the name every call must have (a forced call of one function)
         self._state: _State = "reasoning" if in_reasoning and markers.has_thinking else "content"
         self._buffer = ""
         self._strip_leading = False
@@ -213,18 +219,21 @@ class ChatOutputSplitter(BufferedSplitter):
         self.tool_calls = 0
         self.unparsed_tool_text: list[str] = []
 
-    def finish(self) -> list[OutputEvent]:
-        """Flush held text at the end of the reply; an unterminated tool call is parsed, or content. Never raises."""
+    def finish(self, cut: bool = False) -> list[OutputEvent]:
+        """Flush held text at the end of the reply; an unterminated tool call is parsed, or content. `cut`: the token
+        limit ended the reply, so an unterminated call that does not parse was cut: the part of it that can be read
+        (read_cut_block), never its markup. Never raises."""
         events: list[OutputEvent] = []
         rest, self._buffer = self._buffer, ""
+        start = self._m.tool_call_start
         if self._state == "tool":
             # A reply cut off inside the end marker (`…}\n</tool`): the call is whole, as without that part.
-            cut = held_suffix(rest, [self._m.tool_call_end]) if self._m.tool_call_end else 0
-            self._emit_tool_calls(rest[: len(rest) - cut], events, closed=False, written=rest)
+            end = held_suffix(rest, [self._m.tool_call_end]) if self._m.tool_call_end else 0
+            self._emit_tool_calls(rest[: len(rest) - end], events, closed=False, written=rest, cut=cut)
         elif self._state == "reasoning":
             self._emit_reasoning(rest, events)
-        else:
-            self._emit_content(rest, events)
+        elif not (cut and start and self._m.tool_parser is not None and start.startswith(rest)):
+            self._emit_content(rest, events)  # (held text the limit cut inside a call's opening marker is markup)
         self._state = "content"
         return events
 
@@ -296,30 +305,51 @@ class ChatOutputSplitter(BufferedSplitter):
         if text:
             events.append(ContentText(text))
 
-    def _emit_tool_calls(self, block: str, events: list[OutputEvent], closed: bool, written: str | None = None) -> bool:
+    def _emit_tool_calls(self, block: str, events: list[OutputEvent], closed: bool, written: str | None = None,
+                         cut: bool = False) -> bool:
         """Tool-call events for `block`, or the block as content (`written`: the text the model wrote for it, when
-        the block left part out); returns whether it parsed."""
+        the block left part out; `cut`: the token limit cut the block, read as far as it goes); returns whether it
+        parsed."""
         m = self._m
         try:
             parsed = m.tool_parser(block, self._tools) if m.tool_parser is not None else None
             calls = parsed if isinstance(parsed, list) else [parsed]
-            normalized = [_normalize_call(c) for c in calls]
+            normalized = [normalize_call(c) for c in calls]
         except Exception as exc:  # parsers raise anything from ValueError to KeyError
-            log.info("a tool call that does not parse is content (%s: %s)", type(exc).__name__, exc)
             self.unparsed_tool_text.append(block)
+            if cut:
+                self._emit_cut_calls(block, events)
+                return False
+            log.info("a tool call that does not parse is content (%s: %s)", type(exc).__name__, exc)
             self._strip_leading = False
             text = block if written is None else written
             self._emit_content(f"{m.tool_call_start or ''}{text}{m.tool_call_end or '' if closed else ''}", events)
             return False
         for name, arguments in normalized:
-            index = self.tool_calls
-            self.tool_calls += 1
-            events.append(ToolCallStart(index, self._new_call_id(), name))
-            events.append(ToolCallArguments(index, arguments))
+            self._emit_call(name, arguments, events)
         return True
 
+    def _emit_cut_calls(self, block: str, events: list[OutputEvent]) -> None:
+        """The calls of a block the token limit cut: those it finished, then the cut one with its arguments so far;
+        none when the cut one's name cannot be read (the reply ends with what was said before it)."""
+        read = read_cut_block(block, self._m.tool_parser, self._tools, self._forced_name)
+        try:
+            whole = [normalize_call(call) for call in read.whole]
+        except ValueError:
+            whole = []
+        if read.cut is None:
+            log.info("a tool call cut by the token limit before its name is left out: %r", block[:80])
+        for name, arguments in [*whole, *([read.cut] if read.cut is not None else [])]:
+            self._emit_call(name, arguments, events)
 
-def _normalize_call(call: Any) -> tuple[str, str]:
+    def _emit_call(self, name: str, arguments: str, events: list[OutputEvent]) -> None:
+        index = self.tool_calls
+        self.tool_calls += 1
+        events.append(ToolCallStart(index, self._new_call_id(), name))
+        events.append(ToolCallArguments(index, arguments))
+
+
+def normalize_call(call: Any) -> tuple[str, str]:
     """(name, arguments JSON text) from a parser's dict. Raises ValueError when it has no name."""
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
         raise ValueError(f"tool call without a name: {call!r}")

@@ -97,14 +97,22 @@ class HarmonySplitter(BufferedSplitter):
             else:
                 self._seed = tail
 
-    def finish(self) -> list[OutputEvent]:
+    def finish(self, cut: bool = False) -> list[OutputEvent]:
         """Flush at the end of the reply: an open tool call (ended by <|call|>, which stops the row) is parsed, a
-        header that never opened a body is content. Never raises."""
+        header that never opened a body is content. `cut`: the token limit ended the reply, so a call's body that
+        does not parse is a call with the arguments written so far, and a header the limit cut is markup (a call
+        with none written when it names a recipient). Never raises."""
         events: list[OutputEvent] = []
         rest, self._buffer = self._buffer, ""
         if self._state == "body":
             self._emit_body(rest, events)
-            self._close_body(events)
+            self._close_body(events, cut)
+        elif self._state == "header" and cut and (CHANNEL in rest or rest.strip() == "assistant"
+                                                  or _RECIPIENT.search(self._seed + rest)):
+            recipient = _RECIPIENT.search(self._seed + rest)
+            if recipient and recipient.group(1) != "assistant" and self._calls:
+                self._name = recipient.group(1).removeprefix("functions.")
+                self._call("", events)
         elif self._state == "header" and rest.strip():
             self._emit(ContentText, _strip_markers(rest), events)
         self._state = "between"
@@ -185,20 +193,27 @@ class HarmonySplitter(BufferedSplitter):
         else:
             self._emit(ContentText, text, events)
 
-    def _close_body(self, events: list[OutputEvent]) -> None:
+    def _close_body(self, events: list[OutputEvent], cut: bool = False) -> None:
         if self._route != "tool":
             return
         body = "".join(self._tool_body).strip()
         self._tool_body = []
         try:
-            arguments = json.loads(body) if body else {}
+            if body:
+                json.loads(body)
         except json.JSONDecodeError as exc:
+            if cut:  # the arguments as written so far (OpenAI's shape of a call the limit cut)
+                self._call(body, events)
+                return
             log.info("a harmony tool call whose arguments do not parse is content (%s)", exc)
             self._emit(ContentText, body, events)
             return
+        self._call(body or ("" if cut else "{}"), events)  # (none written before the cut: none said)
+
+    def _call(self, arguments: str, events: list[OutputEvent]) -> None:
         index, self.tool_calls = self.tool_calls, self.tool_calls + 1
         events.append(ToolCallStart(index, self._new_call_id(), self._name))
-        events.append(ToolCallArguments(index, body if body else json.dumps(arguments)))
+        events.append(ToolCallArguments(index, arguments))
 
     def _between_text(self, text: str, events: list[OutputEvent]) -> None:
         # Between messages only layout is expected; anything else the model wrote is content, never dropped.

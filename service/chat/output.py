@@ -22,7 +22,7 @@ _log = logging.getLogger(__name__)
 class Splitter(Protocol):
     def feed(self, text: str) -> list[OutputEvent]: ...
 
-    def finish(self) -> list[OutputEvent]: ...
+    def finish(self, cut: bool = False) -> list[OutputEvent]: ...
 
 
 class PlainSplitter:
@@ -32,7 +32,7 @@ class PlainSplitter:
         """Raises nothing."""
         return [ContentText(text)] if text else []
 
-    def finish(self) -> list[OutputEvent]:
+    def finish(self, cut: bool = False) -> list[OutputEvent]:
         """Raises nothing."""
         return []
 
@@ -52,14 +52,15 @@ class ChatTranslator:
     @classmethod
     def for_request(cls, tokenizer: Any, prompt_tokens: Sequence[int], tools: Any = None, *,
                     calls: bool = True, one_call: bool = False, json_calls: bool = False,
-                    opening: str | None = None) -> "ChatTranslator":
+                    opening: str | None = None, forced_name: str | None = None) -> "ChatTranslator":
         """The translator for a reply of `tokenizer`'s model family. `calls` false (tool_choice "none"): tool-call
         markers are content; `one_call` (parallel_tool_calls false): the reply ends after its first call;
         `json_calls`: the tools were described in the prompt (service/chat/tool_text.py with_tool_prompt), so calls
         are <tool_call> JSON, parsed with mlx-lm's json_tools; `opening`: the template's generation prompt that
-        ends the prompt (None: unknown, the prompt's last tokens decide). A harmony model (gpt-oss) gets its own
-        splitter (engine/harmony.py), as does one whose template asks for Llama 3's bare JSON calls
-        (engine/bare_json_calls.py). Raises nothing."""
+        ends the prompt (None: unknown, the prompt's last tokens decide); `forced_name`: the name every call must have
+        (a forced call of one function: a call the token limit cut before its name still has it). A harmony model
+        (gpt-oss) gets its own splitter (engine/harmony.py), as does one whose template asks for Llama 3's bare JSON
+        calls (engine/bare_json_calls.py). Raises nothing."""
         try:
             from engine.chat_output import ChatOutputSplitter, OutputMarkers, opens_reasoning, starts_in_reasoning
             from engine.bare_json_calls import BareJsonCallSplitter, declared_names, writes_bare_json_calls
@@ -79,7 +80,7 @@ class ChatTranslator:
             if markers.has_thinking or markers.tool_call_start:
                 reasoning = (opens_reasoning(tokenizer, opening) if opening is not None
                              else starts_in_reasoning(tokenizer, prompt_tokens))
-                splitter = ChatOutputSplitter(markers, tools=tools, in_reasoning=reasoning)
+                splitter = ChatOutputSplitter(markers, tools=tools, in_reasoning=reasoning, forced_name=forced_name)
                 return cls(splitter, one_call=one_call)
         except Exception:  # noqa: BLE001 — a tokenizer without the attributes: plain content, said in the log
             _log.warning("reply read as plain content: the model's output markers could not be set up", exc_info=True)
@@ -93,9 +94,11 @@ class ChatTranslator:
         """Deltas for one chunk of engine text. Raises nothing."""
         return self._translate(self._splitter.feed(text)) if text else []
 
-    def finish(self) -> list[ChoiceDelta]:
-        """Deltas for text held back until the end of the reply. Raises nothing."""
-        return self._translate(self._splitter.finish())
+    def finish(self, cut: bool = False) -> list[ChoiceDelta]:
+        """Deltas for text held back until the end of the reply. `cut`: the token limit ended it (finish_reason
+        "length"), so a call it cut comes as a call with the arguments written so far, never as markup. Raises
+        nothing."""
+        return self._translate(self._splitter.finish(cut))
 
     def finish_reason(self, engine_reason: str | None) -> FinishReason:
         """OpenAI finish_reason for the engine's: tool_calls when the reply called a tool. Raises nothing."""

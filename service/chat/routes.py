@@ -100,7 +100,8 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
                                                           calls=calls,
                                                           one_call=body.parallel_tool_calls is False,
                                                           json_calls=rendered.json_tool_calls,
-                                                          opening=rendered.generation_prompt)
+                                                          opening=rendered.generation_prompt,
+                                                          forced_name=_forced_name(forced, tools))
 
 
 def _forced(choice: Any) -> str | bool:
@@ -108,6 +109,14 @@ def _forced(choice: Any) -> str | bool:
     if choice == "required":
         return True
     return choice.function.name if isinstance(choice, NamedToolChoice) else False
+
+
+def _forced_name(forced: str | bool, tools: list[dict[str, Any]] | None) -> str | None:
+    """The name every call of the reply must have: the function a tool_choice names, or "required"'s only one."""
+    if isinstance(forced, str):
+        return forced
+    names = [tool["function"]["name"] for tool in tools or ()]
+    return names[0] if forced and len(names) == 1 else None
 
 
 def _opens_thinking(tokenizer: Any, rendered: RenderedPrompt) -> bool:
@@ -181,7 +190,7 @@ async def _choice_chunks(reader: RowReader, translator: ChatTranslator, meta: Re
             if translator.done:
                 finish = None
                 break
-    for choice_delta in translator.finish():
+    for choice_delta in translator.finish(cut=finish == "length"):
         yield chunk(choice_delta, logprobs=shown())
     if owed := chunk.closing(translator):
         yield owed
@@ -220,7 +229,7 @@ async def _chat_choice(reader: RowReader, translator: ChatTranslator, pieces: To
             if translator.done:
                 finish = None
                 break
-    translator.finish()
+    translator.finish(cut=finish == "length")
     logprobs = chat_logprobs(pieces, tokens) if pieces is not None else None
     return ChatChoice(index=index, message=translator.message(), finish_reason=translator.finish_reason(finish),
                       logprobs=logprobs)

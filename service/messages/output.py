@@ -12,6 +12,8 @@ import json
 import uuid
 from typing import Any, Callable
 
+from pydantic_core import from_json
+
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError
 from service.messages.errors import anthropic_error_body
@@ -35,12 +37,18 @@ def _event(kind: str, payload: dict[str, Any]) -> bytes:
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:
-    """A call's arguments as the object `input` is (chat's calls carry a JSON object; anything else is kept under
-    `input`, never dropped). Raises nothing."""
+    """A call's arguments as the object `input` is (chat's calls carry a JSON object; another value is kept under
+    `input`, never dropped). Those of a call max_tokens cut are JSON cut short: read as far as they go, as the
+    anthropic SDK reads a stream's partial JSON (pydantic-core's partial mode: a value cut short is left out), else
+    {}. Raises nothing."""
     try:
         value = json.loads(arguments) if arguments.strip() else {}
     except ValueError:
-        return {"input": arguments}
+        try:
+            value = from_json(arguments, allow_partial=True)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
     return value if isinstance(value, dict) else {"input": value}
 
 

@@ -67,7 +67,7 @@ async def _reply(reader: RowReader, translator: ChatTranslator, output: MessageO
             if translator.done:  # disable_parallel_tool_use: the first call ended the reply
                 finish = None
                 break
-    events = [e for delta in translator.finish() for e in output.feed(delta)]
+    events = [e for delta in translator.finish(cut=finish == "length") for e in output.feed(delta)]
     reason = stop_reason(translator.finish_reason(finish), reader.stop_sequence)
     events += output.close(reason, reader.stop_sequence if reason == "stop_sequence" else None)
     yield b"".join(events)

@@ -14,6 +14,8 @@ import time
 import uuid
 from typing import Any
 
+from pydantic_core import from_json
+
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError, error_body
 from service.responses.history import ToolNames, seal_reasoning
@@ -272,11 +274,15 @@ class ResponseOutput:
 
 def _custom_input(arguments: str) -> str:
     """A custom tool's input: the string the model put in the `input` argument it was offered (the arguments as
-    written when they are not that object). Raises nothing."""
+    written when they are not that object; of a call max_tokens cut, the string as far as it was written). Raises
+    nothing."""
     try:
         value = json.loads(arguments)
     except ValueError:
-        return arguments
+        try:
+            value = from_json(arguments, allow_partial="trailing-strings")
+        except ValueError:
+            return arguments
     if isinstance(value, dict) and isinstance(value.get("input"), str):
         return value["input"]
     return arguments

@@ -82,7 +82,7 @@ async def _reply(reader: RowReader, translator: ChatTranslator, output: Response
             if translator.done:
                 finish = None
                 break
-    events = [e for delta in translator.finish() for e in output.feed(delta)]
+    events = [e for delta in translator.finish(cut=finish == "length") for e in output.feed(delta)]
     reason = translator.finish_reason(finish)
     events += output.close(incomplete=reason == "length")
     final = output.final(reason, _usage(counter, await count(output.thinking)))

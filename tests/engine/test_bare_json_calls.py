@@ -10,9 +10,10 @@ from engine.bare_json_calls import BareJsonCallSplitter, parse_bare_calls, write
 NAMES = {"get_weather", "read"}
 
 
-def run(pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
+def run(pieces: list[str], cut: bool = False) -> tuple[str, list[tuple[str, str]]]:
     splitter = BareJsonCallSplitter(NAMES, new_call_id=lambda: "call_1")
-    events = [e for piece in pieces for e in splitter.feed(piece)] + splitter.finish()
+    events = [e for piece in pieces for e in splitter.feed(piece)]
+    events += splitter.finish(cut=True) if cut else splitter.finish()
     content = "".join(e.text for e in events if e.kind == "content")
     calls: list[list[str]] = []
     for event in events:
@@ -48,6 +49,19 @@ def test_calls_to_declared_tools_parse_at_every_split(text: str, calls: list[tup
 def test_anything_else_is_content_as_written(text: str) -> None:
     assert parse_bare_calls(text, NAMES) is None
     assert run([text[:5], text[5:]]) == (text, [])
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"name": "read", "parameters": {"path": ', ("", [("read", '{"path":')])),
+    ('<|python_tag|>{"name": "read", "parameters": {"path": "a"}}; {"name": "get_weather", "parameters": {"ci',
+     ("", [("read", '{"path": "a"}'), ("get_weather", '{"ci')])),
+    # JSON that names no declared tool, or whose name was cut, may be an answer: content as written
+    ('{"name": "Alice", "age": 3', ('{"name": "Alice", "age": 3', [])),
+    ('{"name": "rea', ('{"name": "rea', [])),
+])
+def test_calls_the_token_limit_cut_are_calls(text: str, expected: tuple[str, list[tuple[str, str]]]) -> None:
+    for i in range(len(text) + 1):
+        assert run([text[:i], text[i:]], cut=True) == expected, i
 
 
 def test_prose_streams_at_once() -> None:

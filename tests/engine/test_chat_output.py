@@ -233,3 +233,52 @@ def test_starts_in_reasoning_when_prompt_ends_in_open_think_block():
     assert not starts_in_reasoning(tok, [1, 7, 3, 8, 4])
     assert not starts_in_reasoning(tok, [1, 2, 3])
     assert not starts_in_reasoning(object(), [7])
+
+
+# ------------------------------------------------------------------ a reply the token limit ended inside a call
+
+
+def run_cut(markers: OutputMarkers, pieces: list[str], **kwargs) -> tuple[str, list[tuple[str, str]]]:
+    """The content and the (name, arguments) calls of a reply max_tokens ended (finish(cut=True))."""
+    splitter = ChatOutputSplitter(markers, **kwargs)
+    events = [e for piece in pieces for e in splitter.feed(piece)] + splitter.finish(cut=True)
+    calls: list[list[str]] = []
+    for e in events:
+        if isinstance(e, ToolCallStart):
+            assert e.index == len(calls)
+            calls.append([e.name, ""])
+        elif isinstance(e, ToolCallArguments):
+            calls[e.index][1] += e.arguments
+    return "".join(e.text for e in events if isinstance(e, ContentText)), [(n, a) for n, a in calls]
+
+
+@pytest.mark.parametrize("text, expected", [
+    # the probes' reply (max_tokens 15, a forced call): the call as written so far, no markup in content
+    ('<tool_call>\n{"name": "add", "arguments":', ("", [("add", "")])),
+    ('Sure. <tool_call>\n{"name": "add", "arguments": {"a": 1, "b": "tw', ("Sure. ", [("add", '{"a": 1, "b": "tw')])),
+    # a complete first call, then a cut second: the first stays whole
+    ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n<tool_call>\n{"name": "sub", "arguments": {"b"',
+     ("", [("add", '{"a": 1}'), ("sub", '{"b"')])),
+    # no name to read: the reply ends with what was said before the call
+    ('Sure. <tool_call>\n{"na', ("Sure. ", [])),
+    ("Sure. <tool_call>", ("Sure. ", [])),
+])
+def test_a_call_the_token_limit_cut_is_a_call_at_every_split(text: str, expected: tuple[str, list]) -> None:
+    for pieces in splits(text):
+        assert run_cut(QWEN, pieces) == expected, pieces
+
+
+def test_a_cut_call_in_tags_is_read_by_the_familys_parser() -> None:
+    text = "<tool_call>\n<function=read>\n<parameter=path>\nsrc/ma"
+    assert run_cut(CODER, [text]) == ("", [("read", '{"path": "src/ma')])
+
+
+def test_a_forced_call_cut_before_its_name_has_the_forced_name() -> None:
+    assert run_cut(QWEN, ['<tool_call>\n{"name": "ad'], forced_name="add") == ("", [("add", "")])
+
+
+def test_an_opening_marker_the_limit_cut_is_markup_too() -> None:
+    markers = OutputMarkers(tool_call_start="<tool_call>", tool_call_end="</tool_call>",
+                            tool_parser=json_tools.parse_tool_call)
+    assert run_cut(markers, ["Sure. <tool_c"]) == ("Sure. ", [])
+    assert run(markers, ["Sure. <tool_c"]) == [ContentText("Sure. "), ContentText("<tool_c")]  # not cut: as written

@@ -32,12 +32,12 @@ ANALYSIS_THEN_PREAMBLE = ("<|channel|>analysis<|message|>Think.<|end|><|start|>a
                           "<|message|>{}")
 
 
-def run(text: str, pieces: list[str] | None = None, **kwargs: Any) -> dict[str, Any]:
+def run(text: str, pieces: list[str] | None = None, *, cut: bool = False, **kwargs: Any) -> dict[str, Any]:
     splitter = HarmonySplitter(opening=kwargs.pop("opening", OPENING), new_call_id=lambda: "call_1", **kwargs)
     events = []
     for piece in pieces if pieces is not None else [text]:
         events += splitter.feed(piece)
-    events += splitter.finish()
+    events += splitter.finish(cut=True) if cut else splitter.finish()
     out: dict[str, Any] = {"content": "", "reasoning": "", "calls": []}
     for event in events:
         if event.kind == "content":
@@ -79,6 +79,19 @@ def test_reasoning_and_content_stream_before_the_reply_ends() -> None:
 def test_arguments_that_are_not_json_are_content_as_written() -> None:
     out = run('<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"x": ')
     assert out == {"content": '{"x":', "reasoning": "", "calls": []}
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"x": ', {"calls": [["f", '{"x":']]}),
+    ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>", {"calls": [["f", ""]]}),
+    ("<|channel|>commentary to=functions.f <|constrain|>json", {"calls": [["f", ""]]}),  # cut in its header
+    ("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>fin", {"reasoning": "Hm."}),
+    ("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant", {"reasoning": "Hm."}),
+])
+def test_a_reply_the_token_limit_cut_keeps_no_header_and_its_call_is_a_call(text: str,
+                                                                            expected: dict[str, Any]) -> None:
+    # OpenAI's shape of a call max_tokens cut: its arguments as written so far; a header is never content
+    assert run(text, cut=True) == {"content": "", "reasoning": "", "calls": [], **expected}
 
 
 def test_tool_choice_none_makes_a_call_content() -> None:
