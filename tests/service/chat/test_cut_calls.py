@@ -22,17 +22,24 @@ CALL_PIECES = ["<tool_call>", '\n{"name": "add", ', '"arguments": {"a": 1', ', "
 WHOLE_CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 0}}\n</tool_call>'
 
 
-def _replies(pieces: list[str], max_tokens: int, **body: Any) -> tuple[dict[str, Any], list[Any]]:
-    """The non-streamed choice and the streamed chunks of one scripted reply."""
+def post_whole_and_streamed(path: str, pieces: list[str], request: dict[str, Any]) -> tuple[Any, str]:
+    """One scripted reply (a tool-calling template) on `path`, asked plain and streamed: the plain reply's JSON and
+    the stream's text."""
     engine = FakeEngine(pieces)
     engine.tokenizer = CallingTokenizer()
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        whole = client.post(path, json=request)
+        streamed = client.post(path, json={**request, "stream": True})
+    assert whole.status_code == streamed.status_code == 200, whole.text
+    return whole.json(), streamed.text
+
+
+def _replies(pieces: list[str], max_tokens: int, **body: Any) -> tuple[dict[str, Any], list[Any]]:
+    """The non-streamed choice and the streamed chunks of one scripted reply."""
     request = {"model": "fake-model", "messages": [{"role": "user", "content": "add"}], "tools": TOOLS,
                "max_tokens": max_tokens, **body}
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        whole = client.post("/v1/chat/completions", json=request)
-        streamed = client.post("/v1/chat/completions", json={**request, "stream": True})
-    assert whole.status_code == streamed.status_code == 200, whole.text
-    return whole.json()["choices"][0], sse_events(streamed.text)[:-1]
+    whole, streamed = post_whole_and_streamed("/v1/chat/completions", pieces, request)
+    return whole["choices"][0], sse_events(streamed)[:-1]
 
 
 def _streamed_message(chunks: list[Any]) -> Any:

@@ -8,13 +8,8 @@ import json
 from typing import Any
 
 import pytest
-from litestar.testing import TestClient
 
-from service.app import create_app
-from service.state import AppState
-from tests.service.chat.test_cut_calls import CALL_PIECES, WHOLE_CALL
-from tests.service.chat.test_routes import CallingTokenizer
-from tests.service.fake_engine import FakeEngine
+from tests.service.chat.test_cut_calls import CALL_PIECES, WHOLE_CALL, post_whole_and_streamed
 from tests.service.sse_events import named_events
 
 TOOLS = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
@@ -22,14 +17,9 @@ TOOLS = [{"type": "function", "name": "add", "parameters": {"type": "object"}}]
 
 def _replies(pieces: list[str], max_output_tokens: int,
              tools: list[Any] = TOOLS) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    engine = FakeEngine(pieces)
-    engine.tokenizer = CallingTokenizer()
     request = {"model": "fake-model", "input": "add", "tools": tools, "max_output_tokens": max_output_tokens}
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        whole = client.post("/v1/responses", json=request)
-        streamed = client.post("/v1/responses", json={**request, "stream": True})
-    assert whole.status_code == streamed.status_code == 200, whole.text
-    return whole.json(), named_events(streamed.text)
+    whole, streamed = post_whole_and_streamed("/v1/responses", pieces, request)
+    return whole, named_events(streamed)
 
 
 @pytest.mark.parametrize("pieces, limit, calls", [
