@@ -24,6 +24,7 @@ _ARGUMENT_KEYS = ("arguments", "parameters")
 _TAG = re.compile(r"<(/?)([A-Za-z_][\w:.-]*)([^<>]*)>")
 _NESTING = 3  # the most tags a family nests around a value (MiniMax: invoke, parameter): the ones closed
 
+
 @dataclass(frozen=True)
 class CutBlock:
     """A cut block's calls: `whole`, the parser-shaped dicts ({"name", "arguments"}) of calls it finished before the
