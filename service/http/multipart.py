@@ -37,14 +37,18 @@ def file_parts(*names: str) -> Callable[[Request[Any, Any, Any]], Awaitable[None
     async def read_file_parts(request: Request[Any, Any, Any]) -> None:
         state = ScopeState.from_scope(request.scope)
         content_type, options = request.content_type
+        # Litestar's own answers name nothing ("Invalid multipart/form-data"): Open WebUI's JSON upload mode sends
+        # the audio base64 in JSON, and a page setting the header itself on fetch(FormData) drops the boundary.
+        wanted = (f"This route takes a multipart/form-data body (the audio as a `{names[0]}` part, the options as "
+                  "fields)")
         if content_type != RequestEncodingType.MULTI_PART:
-            # Litestar's own answer names nothing ("Invalid multipart/form-data"); Open WebUI's JSON upload mode
-            # sends the audio base64 in JSON.
-            shown = content_type[:60] or "no Content-Type"
-            raise APIError(400, f"This route takes a multipart/form-data body (the audio as a `{names[0]}` part, the "
-                                f"options as fields), not {shown}.", param=names[0], code="invalid_content_type")
-        if state.form is not Empty or "boundary" not in options:
-            return  # already parsed, or no boundary: Litestar answers that itself
+            shown = f"a {content_type[:60]} body" if content_type else "a body without a Content-Type"
+            raise APIError(400, f"{wanted}, not {shown}.", param=names[0], code="invalid_content_type")
+        if not options.get("boundary"):
+            raise APIError(400, f"{wanted}: its Content-Type names no boundary (let the client library set the header "
+                                "for the form it builds).", param=names[0], code="invalid_content_type")
+        if state.form is not Empty:
+            return
         state.form = await parse_form(request.stream(), options["boundary"].encode(), set(names),
                                       request.app.multipart_form_part_limit)
 

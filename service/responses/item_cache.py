@@ -101,7 +101,8 @@ def footprint(value: Any) -> int:
     while stack:
         item = stack.pop()
         total += sys.getsizeof(item)
-        if isinstance(item, dict):  # keys not counted: JSON parsers share one string per key name
+        if isinstance(item, dict):  # keys too: a hosted tool echoed back may carry any key, of any length
+            stack.extend(item.keys())
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)

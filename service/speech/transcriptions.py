@@ -53,7 +53,14 @@ FILE_CONTENT: dict[str, dict[str, Any]] = {
     "text/vtt": {**_TEXT, "description": "response_format vtt"},
 }
 # the upload routes' `file` part is the file with or without a filename (the SDK's `file=(None, data, type)`)
-FILE_PARTS = file_parts("file")
+_READ_FILE_PARTS = file_parts("file")
+
+
+async def FILE_PARTS(request: Request[Any, Any, Any]) -> None:
+    """The upload routes' `before_request`: a server with no Whisper says so before any word about the body (a
+    fixed body would only meet the 404 next). Raises APIError 404, or what reading the form raises."""
+    served_speech(get_state(request), None)
+    await _READ_FILE_PARTS(request)
 _OK_CONTENT = FILE_CONTENT | {"text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone,
                                                                     done=False)}
 

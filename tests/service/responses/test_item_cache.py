@@ -13,17 +13,17 @@ def _item(i: int, size: int = 100) -> dict[str, str]:
 
 
 def test_items_are_kept_per_key_and_the_least_recently_used_go_first() -> None:
-    cache = IssuedItems(max_bytes=3 * 450)  # three items of ~390 bytes as Python holds them
+    cache = IssuedItems(max_bytes=3 * 600)  # three items of ~500 bytes as Python holds them
     cache.keep("k", [_item(1), _item(2), _item(3)])
     assert cache.get("k", "msg_1") == _item(1) and cache.get("other", "msg_1") is None
     cache.keep("k", [_item(4)])  # over the bound: msg_2, the least recently used, goes
     assert cache.get("k", "msg_2") is None and cache.get("k", "msg_1") is not None
-    assert cache.bytes <= 3 * 450 and len(cache) == 3
+    assert cache.bytes <= 3 * 600 and len(cache) == 3
     assert cache.get_sized("k", "msg_1") == (_item(1), 100)  # the characters of its text, not its labels
 
 
 def test_an_item_larger_than_the_bound_is_not_kept_and_takes_nothing() -> None:
-    cache = IssuedItems(max_bytes=3 * 450)
+    cache = IssuedItems(max_bytes=3 * 600)
     cache.keep("k", [_item(1)])
     cache.keep("k", [_item(2, size=2000), {"no": "id"}])
     assert cache.get("k", "msg_2") is None and cache.get("k", "msg_1") is not None
@@ -55,3 +55,11 @@ def test_the_bound_counts_what_python_holds_not_the_json_text() -> None:
     cache.keep_response("k", [], {"id": "resp_1", "previous_response_id": None, "output": items})
     assert cache.bytes >= 0.9 * held
     assert cache.stats() == {"bytes": cache.bytes, "max_bytes": 1 << 30, "entries": 1}
+
+
+def test_a_long_key_counts_as_what_it_holds() -> None:
+    # A hosted tool is echoed back whole, its extra keys too: a 1 MB key is a 1 MB entry.
+    cache = IssuedItems(max_bytes=1 << 30)
+    cache.keep_response("k", [], {"id": "resp_1", "previous_response_id": None, "output": [],
+                                  "tools": [{"type": "web_search", "k" * 1_000_000: 1}]})
+    assert cache.bytes >= 1_000_000

@@ -398,6 +398,8 @@ def test_no_speech_server_says_so() -> None:
         assert_error(transcribe(c), 404, "model_not_found")
         # What to do about it: --no-whisper is how a server comes to serve none.
         assert "without --no-whisper" in transcribe(c).json()["error"]["message"]
+        # Before any word on the body: a fixed body would only meet the 404 next.
+        assert_error(c.post("/v1/audio/transcriptions", json={"model": "whisper-1"}), 404, "model_not_found")
 
 
 @pytest.mark.parametrize("warmup", [True, False])

@@ -81,6 +81,19 @@ def test_a_json_body_is_told_the_route_takes_a_form(client: TestClient[Any]) -> 
     assert "multipart/form-data" in err["message"] and "application/json" in err["message"]
 
 
+@pytest.mark.parametrize("headers, said", [
+    ({"content-type": "multipart/form-data"}, "names no boundary"),  # a page that set the header on FormData itself
+    ({"content-type": "multipart/form-data; boundary="}, "names no boundary"),
+    ({}, "a body without a Content-Type"),
+])
+def test_a_form_without_a_boundary_or_a_type_is_told_so(client: TestClient[Any], headers: dict[str, str],
+                                                          said: str) -> None:
+    r = client.post("/v1/audio/transcriptions", content=b"abc", headers=headers)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["code"], err["param"]) == ("invalid_content_type", "file") and said in err["message"]
+
+
 def test_an_undecodable_upload_is_told_in_plain_words(client: TestClient[Any]) -> None:
     r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", b"not audio at all" * 40, "audio/wav")},
                     data={"model": "whisper-1"})
