@@ -49,7 +49,7 @@ from service.seams import ChatEngine
 from service.state import AppState
 
 __all__ = ["RenderedPrompt", "render_chat", "check_template_kwargs", "request_kwargs", "request_messages", "char_bound",
-           "check_text_fits", "TEMPLATE_KWARGS", "RESERVED_KWARGS"]
+           "check_text_fits", "TEMPLATE_KWARGS", "RESERVED_KWARGS", "QUOTED_CHARS"]
 
 # Template variables that carry a template of their own.
 TEMPLATE_KWARGS = frozenset({"chat_template"})
@@ -293,5 +293,18 @@ async def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: list[di
         raise APIError(400, f"The chat template did not render these messages within {timeout:g} s.",
                        param="messages", code="render_timeout") from None
     except Exception as exc:  # jinja TemplateError, a template's raise_exception, a bad kwarg
-        raise APIError(400, f"The chat template rejected these messages: {exc}", param="messages",
+        raise APIError(400, f"The chat template rejected these messages: {_quoted(exc)}", param="messages",
                        code="invalid_messages") from exc
+
+
+# The most of a template's exception text an error quotes: transformers' prefill error ends with the whole rendered
+# chat ("Rendered chat: ..."), and a template's raise_exception may quote a message, either as long as the prompt.
+QUOTED_CHARS = 500
+
+
+def _quoted(exc: BaseException) -> str:
+    """`exc`'s text, cut to QUOTED_CHARS with a note saying so. Raises nothing."""
+    text = str(exc)
+    if len(text) <= QUOTED_CHARS:
+        return text
+    return f"{text[:QUOTED_CHARS]}… (cut here: {len(text) - QUOTED_CHARS:,} more characters of the template's error)"

@@ -127,9 +127,8 @@ class MessageTurn(_Request):
 
     @model_validator(mode="after")
     def _blocks_of_the_role(self) -> "MessageTurn":
+        # An empty array is judged by its place (translate.py): Anthropic takes one as the final assistant turn.
         if isinstance(self.content, list):
-            if not self.content:
-                raise ValueError("content: an empty array; give at least one content block")
             for i, block in enumerate(self.content):
                 if not isinstance(block, _ROLE_BLOCKS[self.role]):
                     raise ValueError(f"content.{i}: a {block.type!r} block cannot be in a {self.role} turn")

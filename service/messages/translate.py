@@ -74,9 +74,9 @@ def _messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         last = i == len(body.messages) - 1
         if not turn.content and turn.role == "assistant" and last:  # Anthropic's "optional final assistant message"
             continue
-        if not turn.content:  # chat's refusal named `messages` and a list of none
-            raise APIError(400, f"messages.{i}.content: a turn's content must be non-empty",
-                           param=f"messages.{i}.content", code="invalid_value")
+        if not turn.content:  # "" or []: Anthropic's words (chat's refusal named `messages` and a list of none)
+            raise APIError(400, f"messages.{i}: all messages must have non-empty content except for the optional "
+                                "final assistant message", param=f"messages.{i}.content", code="invalid_value")
         blocks = [TextBlock(type="text", text=turn.content)] if isinstance(turn.content, str) else turn.content
         text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
         if turn.role == "system" and all(m["role"] == "system" for m in out):  # before any turn: `system`'s

@@ -42,6 +42,9 @@ class ResponseOutput:
         self._names = names
         self._streamed = streamed
         reasoning = body.reasoning
+        # The effort applied, nested or sent at the top level as chat's `reasoning_effort` (never both).
+        effort = reasoning.effort if reasoning is not None and reasoning.effort is not None else body.reasoning_effort
+        summary = reasoning.summary or reasoning.generate_summary if reasoning is not None else None
         # What the Response says of the request, written once (a Codex request's tools are ~18 KB).
         self._echo = {
             "id": self.id, "object": "response", "created_at": int(time.time()), "model": model,
@@ -49,8 +52,8 @@ class ResponseOutput:
             "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
             "instructions": body.instructions, "metadata": body.metadata or {},
             "temperature": body.temperature, "top_p": body.top_p, "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": reasoning.effort, "summary": reasoning.summary or reasoning.generate_summary}
-            if reasoning is not None else None,
+            "reasoning": {"effort": effort, "summary": summary} if reasoning is not None or effort is not None
+            else None,
             "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
                      if body.text is not None and body.text.format is not None else {"type": "text"}},
             "truncation": "disabled", "store": body.store is not False,
@@ -60,8 +63,7 @@ class ResponseOutput:
         self._max_output_tokens = body.max_output_tokens
         # The thinking goes in the reasoning item's summary (what the Vercel AI SDK, pydantic-ai and LangChain's
         # streams read) unless the request says summary "none", which puts it in `content`.
-        asked = body.reasoning.summary or body.reasoning.generate_summary if body.reasoning is not None else None
-        self._summary = asked != "none"
+        self._summary = summary != "none"
         self._sealed = "reasoning.encrypted_content" in (body.include or ())
         self.thinking: list[str] = []  # the reasoning items' text, counted for usage when the reply ends
         self.items: list[dict[str, Any]] = []

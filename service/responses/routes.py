@@ -45,6 +45,12 @@ _FIELDS = {"messages": "input", "reasoning_effort": "reasoning.effort", "max_tok
            "response_format": "text.format"}
 
 
+def _fields(body: ResponsesRequest) -> dict[str, str]:
+    """_FIELDS for `body`: an effort sent at the top level (Open WebUI's `reasoning_effort`) keeps that name in
+    errors, so the client reads the field it sent. Raises nothing."""
+    return {**_FIELDS, "reasoning_effort": "reasoning_effort"} if body.reasoning_effort is not None else _FIELDS
+
+
 async def _thinking_tokens(state: AppState, tokenizer: Any, thinking: list[str]) -> int:
     """How many tokens the reply's thinking is (usage's reasoning_tokens; 0 when the tokenizer cannot say), encoded
     in a worker thread one at a time, as every encoding is: HF tokenizers are not safe for concurrent use."""
@@ -167,7 +173,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
         try:
             stream, generation = await submit_chat(request, state, engine, chat, counter, timing, translators)
         except APIError as exc:
-            raise renamed(exc, _FIELDS) from None
+            raise renamed(exc, _fields(data)) from None
         output.applied_limit = generation.max_tokens
         return stream
 

@@ -121,6 +121,16 @@ def test_only_a_think_block_the_prefill_left_open_continues_in_thinking() -> Non
         assert message["content"] == " a count.</think>1, 2" and "reasoning_content" not in message
 
 
+def test_a_prefill_ending_inside_a_call_block_goes_on_as_content() -> None:
+    # As vLLM's: the parser reads the reply alone, so the call's rest is text (README says so); no call is made up.
+    opened = [{"role": "user", "content": "Weather?"},
+              {"role": "assistant", "content": '<tool_call>\n{"name": "get_weather", "arguments": '}]
+    for client, _ in _client(['{"city": "Paris"}}', "\n</tool_call>"], CallingTokenizer()):
+        choice = _chat(client, messages=opened, tools=TOOLS)["choices"][0]
+        assert choice["message"] == {"role": "assistant", "content": '{"city": "Paris"}}\n</tool_call>'}
+        assert choice["finish_reason"] == "stop"
+
+
 class HarmonyPrefillTokenizer(HarmonyTokenizer):
     """gpt-oss's layout for an assistant turn's answer, cut after its text when it is continued."""
 

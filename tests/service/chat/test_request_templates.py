@@ -12,6 +12,7 @@ import pytest
 from litestar.testing import TestClient
 
 from service.app import create_app
+from service.chat.render import QUOTED_CHARS
 from service.config import ServiceConfig
 from service.state import AppState
 from tests.fixtures.tiny_llm import CHATML_TEMPLATE, build_tiny_llm
@@ -62,3 +63,24 @@ def test_what_plain_lines_cannot_take_is_refused(served: tuple[TestClient[Any], 
     client, _ = served
     response = _chat(client, **body)
     assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+USERS_ONLY = "{% for m in messages %}{% if m.role == 'user' %}{{ m.content }}{% endif %}{% endfor %}"
+
+
+@pytest.mark.parametrize("template, messages", [
+    # It drops the message to continue: transformers' error then quotes the whole rendered chat.
+    (USERS_ONLY, [{"role": "user", "content": "long " * 4000}, {"role": "assistant", "content": "Sure,"}]),
+    ("{{ raise_exception('no: ' + messages[0].content) }}", [{"role": "user", "content": "long " * 4000}]),
+])
+def test_a_template_error_is_quoted_only_in_part(served: tuple[TestClient[Any], FakeEngine], template: str,
+                                                  messages: list[dict[str, Any]]) -> None:
+    client, engine = served
+    response = _chat(client, messages=messages, continue_final_message=messages[-1]["role"] == "assistant",
+                     chat_template_kwargs={"chat_template": template})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_messages" and error["param"] == "messages", error
+    # The 20,000-character prompt came back whole in the message.
+    assert len(error["message"]) < QUOTED_CHARS + 200 and "more characters of the template's error" in error["message"]
+    assert not engine.requests

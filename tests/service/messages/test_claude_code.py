@@ -237,7 +237,7 @@ def test_an_edit_clears_only_what_it_changes_and_never_grows_the_prompt(
     ({"metadata": {"user_id": "u" * 257}}, "metadata.user_id"),  # 100 KB of it went whole into the access log
     ({"thinking": {"type": "disabled", "budget_tokens": 5000}}, "thinking: budget_tokens"),  # was dropped silently
     ({"stop_sequences": ["stop", ""]}, "stop_sequences"),
-    ({"messages": [{"role": "user", "content": ""}]}, "messages.0.content"),  # was "messages: List should have..."
+    ({"messages": [{"role": "user", "content": ""}]}, "messages.0: all messages"),  # was "messages: List should..."
     ({"messages": [*USER, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}},
         {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},

@@ -297,6 +297,25 @@ def test_a_last_assistant_turn_is_a_prefill_the_reply_continues(fake_engine: Fak
     assert fake_engine.requests[-1].prompt_tokens == fake_engine.tokenizer.encode("<user>weather?<assistant>")
 
 
+EMPTY = "all messages must have non-empty content except for the optional final assistant message"
+
+
+@pytest.mark.parametrize("content", ["", []])
+def test_only_the_final_assistant_turn_may_be_empty(fake_engine: FakeEngine, client: TestClient[Any],
+                                                    content: Any) -> None:
+    # `[]` was refused there ("give at least one content block") while "" was taken: Anthropic takes both.
+    assert _post(client, messages=[*USER, {"role": "assistant", "content": content}]).status_code == 200
+    assert fake_engine.requests[-1].prompt_tokens == fake_engine.tokenizer.encode("<user>weather?<assistant>")
+    counted = client.post("/v1/messages/count_tokens", json={
+        "model": "fake-model", "messages": [*USER, {"role": "assistant", "content": content}]})
+    assert counted.status_code == 200, counted.text
+    for turns, at in (([{"role": "user", "content": content}], 0),
+                      ([*USER, {"role": "assistant", "content": content}, *USER], 1)):
+        refused = _post(client, messages=turns)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"] == {"type": "invalid_request_error", "message": f"messages.{at}: {EMPTY}"}
+
+
 def test_count_tokens_is_the_rendered_prompts_length(engine: FakeEngine, http: TestClient[Any]) -> None:
     body = {"model": "fake-model", "messages": USER, "tools": TOOLS, "system": "Be brief."}
     counted = http.post("/v1/messages/count_tokens", json=body)

@@ -167,6 +167,11 @@ def test_reasoning_effort_at_the_top_level_is_reasoning_effort_and_not_both(http
     alone = engine.tokenizer.template_calls[-1]
     assert http.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": "none"}}).status_code == 200
     assert alone == engine.tokenizer.template_calls[-1] and alone["enable_thinking"] is False
+    # The Response echoes the effort applied, in the nested form (it said null for a top-level one).
+    for body in ({"reasoning_effort": "low"}, {"reasoning_effort": "low", "reasoning": {"summary": "none"}}):
+        echoed = http.post("/v1/responses", json={"input": "hi", **body}).json()["reasoning"]
+        assert echoed == {"effort": "low", "summary": body.get("reasoning", {}).get("summary")}, echoed
+    assert http.post("/v1/responses", json={"input": "hi"}).json()["reasoning"] is None
     both = http.post("/v1/responses", json={"input": "hi", "reasoning_effort": "low", "reasoning": {"effort": "low"}})
     assert both.status_code == 400 and both.json()["error"]["param"] == "reasoning_effort"
     bad = http.post("/v1/responses", json={"input": "hi", "top_k": -1})
@@ -249,6 +254,8 @@ def test_errors_about_the_translated_request_name_the_responses_field(http: Test
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "reasoning.effort" and error["message"].startswith("reasoning.effort: ")
+    top = http.post("/v1/responses", json={"input": "hi", "reasoning_effort": "high"}).json()["error"]
+    assert top["param"] == "reasoning_effort" and top["message"].startswith("reasoning_effort: "), top  # as sent
 
 
 def test_settings_reach_the_engine(http: TestClient[Any], engine: FakeEngine) -> None:
