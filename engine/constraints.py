@@ -1,5 +1,5 @@
-"""Constrained replies: a JSON schema (or any JSON object) the reply must follow, and tool calls whose arguments must
-follow their functions' schemas (OpenAI's `strict`), enforced token by token.
+"""Constrained replies: a JSON schema (or any JSON object) or a regular expression the reply must follow, and tool calls
+whose arguments must follow their functions' schemas (OpenAI's `strict`), enforced token by token.
 
 llguidance (the constraint engine llama.cpp, vLLM and SGLang use) compiles the grammar and, before each token, says
 which tokens keep the text valid; the row's sampler masks the others out (engine/sampling.py). A reply goes through
@@ -23,8 +23,8 @@ from engine.errors import InvalidRequest
 if TYPE_CHECKING:
     import mlx.core as mx
 
-__all__ = ["ConstraintError", "ConstraintFailed", "Constraint", "ConstraintTokenizer", "json_grammar", "call_grammar",
-           "marker", "brief"]
+__all__ = ["ConstraintError", "ConstraintFailed", "Constraint", "ConstraintTokenizer", "json_grammar", "regex_grammar",
+           "call_grammar", "marker", "brief"]
 
 
 class ConstraintError(InvalidRequest):
@@ -50,6 +50,21 @@ def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str
         raise ConstraintError(f"the schema cannot be enforced: {brief(str(exc))}") from None
     hint = "" if lenient else " (with strict: false keywords the engine lacks are ignored and the rest enforced)"
     return _checked(grammar, "the schema", hint)
+
+
+def regex_grammar(pattern: str) -> str:
+    """The grammar of text the regular expression `pattern` matches whole (TGI's `regex` grammar; Rust's regex syntax,
+    as llguidance's lexer reads it), checked. Raises ConstraintError saying what is wrong with the pattern."""
+    from llguidance import LLMatcher
+
+    grammar = LLMatcher.grammar_from_regex(pattern)
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:
+        # The parser's own line ("error: unclosed group"); the rest is the pattern echoed inside a generated grammar.
+        said = "\n".join(messages)
+        reason = next((line[len("error: "):] for line in said.split("\n") if line.startswith("error: ")), brief(said))
+        raise ConstraintError(f"the pattern cannot be enforced: {reason}")
+    return str(grammar)
 
 
 def _checked(grammar: str, what: str, unimplemented_hint: str = "") -> str:

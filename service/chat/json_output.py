@@ -1,16 +1,18 @@
-"""Constrained replies: JSON output (`response_format` / the Responses API's `text.format`) and strict function
-calls (`strict: true`), as the grammar the engine's sampler follows (engine/constraints.py): the answer from its first
-token or after its thinking block, a call's arguments from its opening marker."""
+"""Constrained replies: JSON output (`response_format` / the Responses API's `text.format`; TGI's `json` and `regex`
+grammars too) and strict function calls (`strict: true`), as the grammar the engine's sampler follows
+(engine/constraints.py): the answer from its first token or after its thinking block, a call's arguments from its
+opening marker."""
 
 from __future__ import annotations
 
+import json
 from functools import partial
 from typing import Any, Callable, NamedTuple, Sequence
 
 import anyio
 
 from engine.chat_output import OutputMarkers
-from engine.constraints import ConstraintError, call_grammar, json_grammar, marker
+from engine.constraints import ConstraintError, call_grammar, json_grammar, marker, regex_grammar
 from engine.contracts import GrammarSpec
 from engine.harmony import is_harmony
 from service.http.errors import APIError
@@ -22,19 +24,23 @@ _SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 
 def check_response_format(value: Any) -> dict[str, Any] | None:
     """`value` checked as OpenAI's response_format: text, json_object, or json_schema with a name and an object
-    schema. Returns it. Raises ValueError saying what is wrong (a pydantic validator's message)."""
+    schema; or as TGI's grammar (`_tgi_format`). Returns it (a TGI schema sent as JSON text, parsed). Raises ValueError
+    saying what is wrong (a pydantic validator's message)."""
     if value is None or value == {"type": "text"}:
         return value
     if not isinstance(value, dict):
         raise ValueError('must be an object: {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
                          '"json_schema": {...}}')
     kind = value.get("type")
+    if kind in ("json", "regex") or (kind == "json_object" and value.get("value") is not None):
+        return _tgi_format(value)
     if kind == "json_object":
-        if set(value) != {"type"}:
-            raise ValueError(f"json_object takes no other field ({', '.join(sorted(set(value) - {'type'}))})")
-        return value
+        if other := sorted(set(value) - {"type", "value"}):
+            raise ValueError(f"json_object takes no other field than a schema in value ({', '.join(other)})")
+        return {"type": "json_object"}
     if kind != "json_schema":
-        raise ValueError(f'type {kind!r} is not one of "text", "json_object", "json_schema"')
+        raise ValueError(f'type {kind!r} is not one of "text", "json_object", "json_schema" (or TGI\'s "json", '
+                         '"regex")')
     if set(value) != {"type", "json_schema"}:
         raise ValueError('json_schema needs its "json_schema" object, and no other field')
     spec = value["json_schema"]
@@ -52,7 +58,31 @@ def check_response_format(value: Any) -> dict[str, Any] | None:
     return value
 
 
+def _tgi_format(value: dict[str, Any]) -> dict[str, Any]:
+    """TGI's grammar (its GrammarType, as huggingface_hub's InferenceClient rewrites OpenAI's json_schema to it):
+    `json`, or its alias `json_object`, with a JSON Schema in `value` (an object, or TGI's JSON text of one); `regex`
+    with a pattern the whole reply matches. Raises ValueError saying what is wrong."""
+    kind = value["type"]
+    if other := sorted(set(value) - {"type", "value"}):
+        raise ValueError(f"{kind} takes only value ({', '.join(other)})")
+    given = value.get("value")
+    if kind == "regex":
+        if not isinstance(given, str):
+            raise ValueError("regex's value must be the pattern, a string")
+        return value
+    if isinstance(given, str):
+        try:
+            given = json.loads(given)
+        except ValueError:
+            raise ValueError(f"{kind}'s value is text that is not JSON: send the JSON Schema as an object") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{kind}'s value must be a JSON Schema object")
+    return {"type": kind, "value": given}
+
+
 def _schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
+    if "value" in response_format:  # TGI's json
+        return dict(response_format["value"])
     if response_format["type"] == "json_object":
         return None
     return response_format["json_schema"].get("schema") or {}
@@ -60,7 +90,10 @@ def _schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
 
 def _compile(response_format: dict[str, Any]) -> str:
     """The answer's grammar: a schema marked strict exactly (an unimplemented keyword refused, as OpenAI's strict mode
-    refuses it), otherwise leniently (such keywords ignored, the rest enforced). Raises ConstraintError."""
+    refuses it), otherwise leniently (such keywords ignored, the rest enforced, TGI's schemas too); TGI's regex matched
+    whole. Raises ConstraintError."""
+    if response_format["type"] == "regex":
+        return regex_grammar(response_format["value"])
     strict = response_format["type"] == "json_schema" and response_format["json_schema"].get("strict") is True
     return json_grammar(_schema(response_format), lenient=not strict)
 
@@ -80,8 +113,8 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
                         tokenizer: Any, opens_thinking: bool, calls: bool, json_calls: bool = False,
                         prepare: Callable[[GrammarSpec], None] | None = None, forced: str | bool = False
                         ) -> GrammarSpec | None:
-    """What the reply must follow (None: nothing). The answer follows the response_format's schema from its first
-    token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
+    """What the reply must follow (None: nothing). The answer follows the response_format's schema (or pattern) from its
+    first token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
     may call, its one-token call marker may open the reply instead. A call's arguments follow their function's
     parameters where any tool is `strict` (calls written as <tool_call> JSON; `json_calls`: the tools were told in
     the prompt), and a forced call (`forced`: tool_choice "required", True, or the function's name) is the reply.
@@ -127,8 +160,9 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
             text = await anyio.to_thread.run_sync(_compile, response_format)
             if prepare is not None:
                 await anyio.to_thread.run_sync(prepare, GrammarSpec(text))
-        except ConstraintError as exc:
-            raise APIError(400, str(exc), param="response_format", code="invalid_value") from None
+        except ConstraintError as exc:  # TGI's grammar: its schema or pattern is `value`
+            param = "response_format.value" if "value" in response_format else "response_format"
+            raise APIError(400, str(exc), param=param, code="invalid_value") from None
     call_text = None
     if strict and markers is not None and tools:
         call_text = await _calls_grammar(tools, markers, prepare, param=f"tools.{strict[0]}.function.parameters",

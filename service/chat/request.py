@@ -21,19 +21,24 @@ from service.http.errors import APIError, api_error, context_length_exceeded, mo
 from service.seams import ChatEngine, RowStream
 from service.state import AppState
 
-__all__ = ["chat_engine", "vocab_size", "sampling_params", "generation_request", "submit", "request_timing",
-           "observe_queue_wait", "renamed"]
+__all__ = ["TGI_NAMES", "chat_engine", "vocab_size", "sampling_params", "generation_request", "submit",
+           "request_timing", "observe_queue_wait", "renamed"]
+
+
+# Names of whatever chat model is served, as TGI takes any `model`: its docs have OpenAI SDK users send "tgi", and
+# huggingface_hub's InferenceClient sends "dummy" whenever its model is a URL (as "whisper-1" names the served Whisper).
+TGI_NAMES = frozenset({"tgi", "dummy"})
 
 
 def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
-    """The engine serving `requested` (None or "" = the loaded chat model).
+    """The engine serving `requested` (None or "" = the loaded chat model; TGI_NAMES name it too).
 
     Raises APIError 404 model_not_found when no chat model with that name is served."""
     name = state.chat_model_name
     available = [card.id for card in state.model_cards()]
     if name is None:
         raise model_not_found(requested or "(default)", available)
-    if requested and requested != name and requested not in state.model_aliases:
+    if requested and requested != name and requested not in state.model_aliases and requested not in TGI_NAMES:
         raise model_not_found(requested, available)
     assert state.engine is not None  # a chat model name implies an engine
     return state.engine

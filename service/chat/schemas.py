@@ -194,7 +194,8 @@ class ChosenFunction(_Request):
 class NamedToolChoice(_Request):
     """A call of this function, forced."""
 
-    type: Literal["function"]
+    # Optional, as vLLM and TGI take it: huggingface_hub's InferenceClient sends {"function": {"name": ...}} alone.
+    type: Literal["function"] = "function"
     function: ChosenFunction
 
 
@@ -311,7 +312,8 @@ class ChatCompletionRequest(SamplingFields):
         None, description='{"type": "json_schema", "json_schema": {"name", "schema", "strict"}} or {"type": '
                           '"json_object"}: the reply follows the schema (any JSON object), enforced token by token '
                           '(after a thinking block); beside tools a call may come instead. {"type": "text"}: free '
-                          'text.')
+                          'text. TGI\'s grammars too: {"type": "json" or "json_object", "value": a JSON Schema}, '
+                          '{"type": "regex", "value": a pattern the whole reply matches}.')
     store: bool | None = Field(None, description="Only false: this server keeps no completions.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint; results are "
                                                            "the same either way).")

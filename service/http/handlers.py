@@ -33,6 +33,10 @@ def _field_path(key: Any) -> str | None:
 
 # First path segments of /v1 routes, for a 404 of the same path without /v1.
 _V1_ROOTS = frozenset({"chat", "completions", "responses", "models", "audio", "realtime"})
+# TGI's generate routes: huggingface_hub's text_generation and automatic_speech_recognition POST to the base URL.
+_TGI_ROUTES = frozenset({"/", "/v1", "/generate", "/generate_stream"})
+_TGI_HINT = ("; TGI's generate API is not served here: /v1/completions (text), /v1/chat/completions, "
+             "/v1/audio/transcriptions (a multipart form)")
 # Fields other servers take (mlx_lm.server, Ollama, llama.cpp): what to send here instead, or why not.
 _OTHER_SERVERS = {
     "adapters": "adapters are not loaded per request here: serve the fine-tune with --adapter-path",
@@ -60,9 +64,10 @@ def _validation_error(exc: ValidationException) -> APIError:
     if message == "Extra inputs are not permitted" and param:  # a top-level field we do not know: as OpenAI words it
         unknown = sorted({p for e in problems if str(e.get("message", "")).endswith("Extra inputs are not permitted")
                           and (p := _field_path(e.get("key")))})
-        if len(unknown) > 1:  # OpenAI names them all
-            return APIError(400, f"Unrecognized request arguments supplied: {', '.join(unknown)}", param=unknown[0],
-                            code="unknown_parameter")
+        if len(unknown) > 1:  # OpenAI names them all; what to send instead after them, as for one field
+            hints = "; ".join(f"{name}: {hint}" for name in unknown if (hint := _OTHER_SERVERS.get(name)))
+            return APIError(400, f"Unrecognized request arguments supplied: {', '.join(unknown)}"
+                            + (f" ({hints})" if hints else ""), param=unknown[0], code="unknown_parameter")
         hint = _OTHER_SERVERS.get(param)
         return APIError(400, f"Unrecognized request argument supplied: {param}" + (f" ({hint})" if hint else ""),
                         param=param, code="unknown_parameter")
@@ -82,12 +87,14 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     status = exc.status_code
     detail = str(exc.detail)
     if status == 400 and isinstance(exc.__cause__, SerializationException):
-        return error_response(APIError(400, f"We could not parse the JSON body of your request: {detail}", code="invalid_json"))
+        return error_response(APIError(400, f"We could not parse the JSON body of your request: {detail}",
+                                       code="invalid_json"))
     if status == 404:
         path = request.url.path
         # A client whose base_url left out /v1 (mlx_lm.server answers both): say where the API is.
         hint = (f"; the API is under /v1: {request.method} /v1{path} (a client's base_url ends in /v1)"
                 if path.lstrip("/").split("/")[0] in _V1_ROOTS else
+                _TGI_HINT if request.method == "POST" and (path.rstrip("/") or "/") in _TGI_ROUTES else
                 # the SDK's input_items.list and cancel: not a base_url mistake
                 "; of a response this server offers POST /v1/responses and GET or DELETE /v1/responses/{id}"
                 if path.startswith("/v1/responses/") else "")

@@ -10,7 +10,7 @@ import anyio
 import mlx.core as mx
 import pytest
 
-from engine.constraints import ConstraintError, ConstraintTokenizer, call_grammar, json_grammar, marker
+from engine.constraints import ConstraintError, ConstraintTokenizer, call_grammar, json_grammar, marker, regex_grammar
 from engine.contracts import GenerationRequest, GrammarSpec, SamplingParams
 from engine.runtime import Engine
 
@@ -251,3 +251,25 @@ def test_a_call_marker_written_as_text_is_found_in_the_text(tiny_loaded) -> None
         constraint.accept(token)
     allowed = [tokenizer.decode([i]) for i, ok in enumerate(constraint.mask()[0].tolist()) if ok]
     assert allowed and all("weather".startswith(t) or t.startswith("weather") for t in allowed), allowed
+
+
+async def test_a_regex_grammar_is_matched_whole_beside_a_plain_row(tiny_loaded) -> None:
+    # TGI's response_format {"type": "regex", "value": ...} (huggingface_hub's InferenceClient sends it): the reply is
+    # text the pattern matches, sampled or greedy, and it ends when nothing more can match.
+    pattern = r"(yes|no), [0-9]{2,3}!"
+    grammar = GrammarSpec(regex_grammar(pattern))
+    requests = [GenerationRequest(prompt_of(9, 10), SamplingParams(temperature=0.0, grammar=grammar), max_tokens=30),
+                GenerationRequest(prompt_of(6, 11), SamplingParams(temperature=0.0), max_tokens=12),
+                GenerationRequest(prompt_of(8, 12), SamplingParams(temperature=1.0, seed=3, grammar=grammar),
+                                  max_tokens=30)]
+    greedy, plain, sampled = await _run(Engine(tiny_loaded), requests)
+    assert greedy[0] == reference(tiny_loaded, requests[0].prompt_tokens, grammar, 30)
+    for ids, text, finish in (greedy, sampled):
+        assert finish == "stop" and re.fullmatch(pattern, text), text
+    assert not re.fullmatch(pattern, plain[1])
+
+
+@pytest.mark.parametrize("pattern, words", [("(", "unclosed group"), ("[z-a]", "invalid character class range")])
+def test_a_pattern_that_does_not_parse_is_refused_saying_why(pattern: str, words: str) -> None:
+    with pytest.raises(ConstraintError, match=f"the pattern cannot be enforced: {words}"):
+        regex_grammar(pattern)

@@ -4,6 +4,7 @@ marker, else from the first token."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -171,3 +172,42 @@ async def test_a_forced_call_while_thinking_names_tool_choice() -> None:
     with pytest.raises(APIError) as caught:
         await _grammar(split, None, [TOOL], forced=True, opens_thinking=True)
     assert caught.value.param == "tool_choice" and caught.value.message.startswith("A forced tool call")
+
+
+def _engine_grammar(client: Any, fake_engine: Any, response_format: Any) -> Any:
+    reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                      "response_format": response_format})
+    assert reply.status_code == 200, reply.text
+    return fake_engine.requests[-1].sampling.grammar.text
+
+
+def test_tgis_grammars_are_enforced_as_chats_own(client: Any, fake_engine: Any) -> None:
+    # huggingface_hub's InferenceClient rewrites json_schema to TGI's {"type": "json_object", "value": schema}, and
+    # TGI's clients send {"type": "json" | "regex", "value": ...}: all were a 400, so no JSON output through it.
+    from engine.constraints import regex_grammar
+
+    schema = SCHEMA["json_schema"]["schema"]
+    openai = _engine_grammar(client, fake_engine, SCHEMA)
+    assert _engine_grammar(client, fake_engine, {"type": "json_object", "value": schema}) == openai
+    assert _engine_grammar(client, fake_engine, {"type": "json", "value": schema}) == openai
+    assert _engine_grammar(client, fake_engine, {"type": "json", "value": json.dumps(schema)}) == openai  # TGI's text
+    assert _engine_grammar(client, fake_engine, {"type": "regex", "value": "(yes|no)"}) == regex_grammar("(yes|no)")
+    anything = _engine_grammar(client, fake_engine, {"type": "json_object"})  # OpenAI's: still any JSON object
+    assert anything == _engine_grammar(client, fake_engine, {"type": "json_object", "value": None}) != openai
+
+
+@pytest.mark.parametrize("response_format, param, words", [
+    ({"type": "regex", "value": "(yes"}, "response_format.value", "unclosed group"),
+    ({"type": "json", "value": {"type": 5}}, "response_format.value", "type must be a string"),
+    ({"type": "regex", "value": 5}, "response_format", "regex's value must be the pattern"),
+    ({"type": "regex"}, "response_format", "regex's value must be the pattern"),
+    ({"type": "json", "value": [1]}, "response_format", "json's value must be a JSON Schema object"),
+    ({"type": "json", "value": "{nope"}, "response_format", "not JSON"),
+    ({"type": "json", "value": {}, "name": "x"}, "response_format", "json takes only value (name)"),
+])
+def test_a_tgi_grammar_that_cannot_be_enforced_is_a_400_naming_its_part(client: Any, response_format: Any,
+                                                                        param: str, words: str) -> None:
+    reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                      "response_format": response_format})
+    error = reply.json()["error"]
+    assert reply.status_code == 400 and error["param"] == param and words in error["message"], error

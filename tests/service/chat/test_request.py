@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from service.chat.request import generation_request
 from service.chat.schemas import ChatCompletionRequest
 from tests.service.fake_engine import FakeEngine
@@ -39,3 +43,21 @@ def test_skip_special_tokens_reaches_the_engine_request() -> None:
                                                      "messages": [{"role": "user", "content": "hi"}]})
         request = generation_request(engine, body, [1, 2, 3], None, param="messages", default_max_tokens=10)
         assert request.skip_special_tokens is wanted
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/tokenize", {"prompt": "hi"}),
+])
+def test_tgis_names_stand_for_the_served_chat_model_on_every_route(client: Any, path: str,
+                                                                   body: dict[str, Any]) -> None:
+    # huggingface_hub's InferenceClient(base_url=...) sends "dummy", TGI's docs tell OpenAI SDK users "tgi": both
+    # were a 404 model_not_found on every call. Another unknown name still is.
+    for name in ("tgi", "dummy"):
+        response = client.post(path, json={"model": name, **body})
+        assert response.status_code == 200, (name, response.text)
+    refused = client.post(path, json={"model": "gpt-9", **body})
+    assert refused.status_code == 404 and "gpt-9" in refused.text

@@ -270,3 +270,14 @@ def test_a_value_of_the_wrong_json_type_is_refused_not_coerced(client: Any, fake
     assert client.post(path, json={**body, field: {"max_tokens": 5, "stream": False, "temperature": 0.5,
                                                    "logprobs": False if "chat" in path else 1,
                                                    "echo": True}[field]}).status_code == 200
+
+
+def test_a_named_tool_choice_without_type_is_a_function() -> None:
+    # huggingface_hub's typed tool_choice has no `type` (a 400 "tool_choice.type: Field required"); vLLM and TGI
+    # default it. The forced call through a client is tests/service/chat/test_inference_client.py's.
+    from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
+
+    body = ChatCompletionRequest.model_validate({"messages": USER, "tools": TOOLS,
+                                                 "tool_choice": {"function": {"name": "get_weather-2"}}})
+    assert isinstance(body.tool_choice, NamedToolChoice) and body.tool_choice.type == "function"
+    assert body.tool_choice.function.name == "get_weather-2"

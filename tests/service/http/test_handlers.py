@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 
 def test_a_body_with_two_bad_fields_names_both(client: Any) -> None:
     # It read "… only reasoning.encrypted_content (and 1 more fields)", as if part of the first field's sentence.
@@ -19,3 +21,25 @@ def test_a_response_route_not_offered_says_which_are(client: Any) -> None:
     # The SDK's input_items.list read "Invalid URL", as if the client's base_url were wrong.
     response = client.get("/v1/responses/resp_1/input_items")
     assert response.status_code == 404 and "GET or DELETE /v1/responses/{id}" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path", ["/", "/v1", "/v1/", "/generate", "/generate_stream"])
+def test_tgis_generate_routes_say_what_is_served_instead(client: Any, path: str) -> None:
+    # huggingface_hub's text_generation and automatic_speech_recognition POST to the base URL (TGI's generate API).
+    response = client.post(path, content=b"RIFF\x00\x00\x00\x00WAVE", headers={"content-type": "audio/x-wav"})
+    error = response.json()["error"]
+    assert response.status_code == 404 and error["code"] == "not_found"
+    assert error["message"] == (f"Invalid URL (POST {path}); TGI's generate API is not served here: /v1/completions "
+                                "(text), /v1/chat/completions, /v1/audio/transcriptions (a multipart form)")
+    # OpenAI's wording alone elsewhere, and for another method
+    assert client.post("/v2/generate", json={}).json()["error"]["message"] == "Invalid URL (POST /v2/generate)"
+    assert "TGI" not in client.delete(path).json()["error"]["message"]
+
+
+def test_several_unknown_fields_keep_their_hints(client: Any) -> None:
+    # Open WebUI's Ollama fields came together and lost what to send instead ("... supplied: num_ctx, repeat_penalty").
+    body = {"messages": [{"role": "user", "content": "x"}], "repeat_penalty": 1.1, "num_ctx": 4096, "foo": 1}
+    error = client.post("/v1/chat/completions", json=body).json()["error"]
+    assert error["message"] == ("Unrecognized request arguments supplied: foo, num_ctx, repeat_penalty (num_ctx: the "
+                                "model's context is fixed at load; repeat_penalty: send repetition_penalty)")
+    assert error["param"] == "foo" and error["code"] == "unknown_parameter"
