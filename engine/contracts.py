@@ -83,8 +83,13 @@ class GenerationRequest:
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
+    # vLLM's: the end-of-sequence and stop token ids cannot be sampled, and no stop string ends the row, before this
+    # many tokens (as many as max_tokens at most: a max_tokens the engine lowered lowers it too).
+    min_tokens: int = 0
     stop: Sequence[str] = ()
     stop_token_ids: Sequence[int] = ()
+    # vLLM's: the model's end-of-sequence tokens do not end the row (stop_token_ids, stop strings and max_tokens do).
+    ignore_eos: bool = False
     # Prefix-cache hints: never change results, only which cached KV is continued.
     session_id: str | None = None
     namespace: str = ""

@@ -74,12 +74,16 @@ class Row:
         Raises nothing of its own."""
         send, receive = anyio.create_memory_object_stream[Delta](math.inf)
         xtc = request.sampling.xtc_probability > 0 and request.sampling.temperature > 0
+        min_tokens = min(request.min_tokens, request.max_tokens)  # a max_tokens the engine lowered bounds it too
+        # vLLM's min_tokens holds the end-of-sequence ids back even beside ignore_eos, and the stop ids.
+        ends = {*request.stop_token_ids, *(getattr(tokenizer, "eos_token_ids", None) or ())} if min_tokens else ()
         sampler = RowSampler(request.sampling, prompt, vocab_size, constraint,
-                             xtc_special=xtc_special_tokens(tokenizer) if xtc else ())
+                             xtc_special=xtc_special_tokens(tokenizer) if xtc else (), ends=ends, min_tokens=min_tokens)
         row = cls(request=request, send=send, sampler=sampler,
                   stopper=StopMatcher(tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
                                       max_tokens=request.max_tokens, keep_leading_space=request.continuation,
-                                      skip_special_tokens=request.skip_special_tokens),
+                                      skip_special_tokens=request.skip_special_tokens, min_tokens=min_tokens,
+                                      ignore_eos=request.ignore_eos),
                   prompt=prompt, boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)),
                   decode_tail=decode_tail and len(prompt) > 1)
         if request.prompt_logprobs is not None:

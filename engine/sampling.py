@@ -10,13 +10,16 @@ mates are (its logits are not: forwards of different batch sizes differ in the l
 on CPU, so a draw near a boundary can part a seeded reply from a copy that ran in another batch). A row that asked
 for log probabilities also gets, lazily beside its token, the token's log probability under the raw logits and the k
 likeliest tokens' (`take_logprob` reads them once the token is read). They queue in sampling order, so a row may
-sample again before its last token is read (a pipelined step, engine/pipeline.py).
+sample again before its last token is read (a pipelined step, engine/pipeline.py). vLLM's min_tokens masks a row's
+end tokens (end-of-sequence and stop ids) for its first draws, in one op over the batch before any row samples, so
+rows sharing a draw still share it (`sample_rows`).
 
 A row's text and stop conditions are engine/stop_matcher.py's (`StopMatcher`, re-exported here).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from typing import Any, Callable, Iterable, Sequence, cast
 
@@ -72,9 +75,15 @@ class RowSampler:
     """One row's sampling state: settings, PRNG key, and the token history penalties look at."""
 
     def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int], vocab_size: int,
-                 constraint: Constraint | None = None, xtc_special: Sequence[int] = ()) -> None:
-        """`xtc_special`: the tokens XTC never drops (engine/xtc.py xtc_special_tokens)."""
+                 constraint: Constraint | None = None, xtc_special: Sequence[int] = (), ends: Iterable[int] = (),
+                 min_tokens: int = 0) -> None:
+        """`xtc_special`: the tokens XTC never drops (engine/xtc.py xtc_special_tokens); `ends`: the tokens that end
+        the row, never drawn in its first `min_tokens` draws (vLLM's MinTokensLogitsProcessor)."""
         self.params = params
+        self._ends = frozenset(t for t in ends if 0 <= t < vocab_size) if min_tokens > 0 else frozenset()
+        self._min_tokens = min_tokens
+        # Draws so far, counted as they are built: a pipelined step draws before the last token is read.
+        self._drawn = 0
         self.vocab_size = vocab_size
         self._constraint = constraint
         self._failed: ConstraintFailed | None = None
@@ -128,12 +137,19 @@ class RowSampler:
         probabilities queue beside the tokens. Raises nothing."""
         return self.plain
 
-    def sample(self, logits: mx.array) -> mx.array:
-        """Sample from one row's logits, shape (1, vocab) → (1,) token array, unevaluated. Raises nothing."""
+    def sample(self, logits: mx.array, raw: mx.array | None = None) -> mx.array:
+        """Sample from one row's logits, shape (1, vocab) → (1,) token array, unevaluated; `raw`: the model's logits
+        before `sample_rows` masked any (the log probabilities'; None: `logits`). Raises nothing."""
         token = self._draw(logits)
         if self.params.logprobs is not None:
-            self._logprobs.append((_logprobs(logits, token, self.params.logprobs), 0))
+            self._logprobs.append((_logprobs(logits if raw is None else raw, token, self.params.logprobs), 0))
         return token
+
+    def held_ends(self) -> frozenset[int]:
+        """The end tokens this draw may not pick (none past the first min_tokens draws), counting the draw: called
+        once per draw, by `sample_rows`. Raises nothing."""
+        self._drawn += 1
+        return self._ends if self._drawn <= self._min_tokens else frozenset()
 
     def _draw(self, logits: mx.array) -> mx.array:
         p = self.params
@@ -255,26 +271,39 @@ def sample_rows(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
     argmax. Raises ValueError if the row counts differ."""
     if logits.shape[0] != len(samplers):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(samplers)} samplers")
+    raw, logits = logits, _hold_ends(logits, samplers)  # log probabilities are the raw logits'
     if all(s.plain_greedy for s in samplers):
         tokens = mx.argmax(logits, axis=-1)
-        _shared_logprobs(logits, tokens, samplers, range(len(samplers)))
+        _shared_logprobs(raw, tokens, samplers, range(len(samplers)))
         return tokens
     plain = [i for i, s in enumerate(samplers) if s.plain]
     if len(plain) == len(samplers):
         tokens = _sample_plain(logits, samplers)
-        _shared_logprobs(logits, tokens, samplers, plain)
+        _shared_logprobs(raw, tokens, samplers, plain)
         return tokens
     if len(plain) < 2:
-        picks = [s.sample(logits[i : i + 1]) for i, s in enumerate(samplers)]
+        picks = [s.sample(logits[i : i + 1], raw[i : i + 1]) for i, s in enumerate(samplers)]
         return picks[0] if len(picks) == 1 else mx.concatenate(picks)
     # Plain rows in one draw, the others one by one; then back into row order.
     rest = [i for i in range(len(samplers)) if i not in set(plain)]
     parts = [_sample_plain(logits[mx.array(plain)], [samplers[i] for i in plain])]
-    parts += [samplers[i].sample(logits[i : i + 1]) for i in rest]
+    parts += [samplers[i].sample(logits[i : i + 1], raw[i : i + 1]) for i in rest]
     where = {row: n for n, row in enumerate(plain + rest)}
     tokens = mx.concatenate(parts)[mx.array([where[i] for i in range(len(samplers))])]
-    _shared_logprobs(logits, tokens, samplers, plain)
+    _shared_logprobs(raw, tokens, samplers, plain)
     return tokens
+
+
+def _hold_ends(logits: mx.array, samplers: Sequence[RowSampler]) -> mx.array:
+    """`logits` with each row's held end tokens (min_tokens) at -inf, in one op over the batch; the same array
+    when no row holds any. Lazy. Raises nothing."""
+    held = [s.held_ends() for s in samplers]
+    if not any(held):
+        return logits
+    ids = sorted(set().union(*held))
+    # (rows, ids): -inf where that row holds that id, 0 elsewhere.
+    mask = mx.array([[-math.inf if t in h else 0.0 for t in ids] for h in held], dtype=logits.dtype)
+    return logits.at[:, mx.array(ids)].add(mask)
 
 
 def _shared_logprobs(logits: mx.array, tokens: mx.array, samplers: Sequence[RowSampler], rows: Iterable[int]) -> None:

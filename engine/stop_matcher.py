@@ -2,7 +2,8 @@
 
 Streaming detokenization through mlx-lm's detokenizers, or the tokenizer's own decode where mlx-lm has only its
 generic one (never splits a UTF-8 character); special tokens and ids past the tokenizer's vocabulary write no text;
-stop token ids, stop strings with hold-back, and max_tokens.
+stop token ids, stop strings with hold-back, and max_tokens; vLLM's min_tokens (neither ends the row before it) and
+ignore_eos (the model's end-of-sequence tokens do not end it).
 """
 
 from __future__ import annotations
@@ -30,16 +31,22 @@ class StopMatcher:
     """Incremental detokenization plus stop conditions for one row."""
 
     def __init__(self, tokenizer: Any, *, stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (),
-                 max_tokens: int, keep_leading_space: bool = False, skip_special_tokens: bool = True) -> None:
+                 max_tokens: int, keep_leading_space: bool = False, skip_special_tokens: bool = True,
+                 min_tokens: int = 0, ignore_eos: bool = False) -> None:
         self._detok = tokenizer.detokenizer
         if isinstance(self._detok, NaiveStreamingDetokenizer):  # no tokenizer.json: a plain `decode` (see the class)
             self._detok = _ContextDetokenizer(tokenizer, getattr(self._detok, "_clean_spaces", True), keep_leading_space)
         elif keep_leading_space:
             _keep_leading_space(self._detok)
         self.stop_strings = [s for s in stop if s]
-        self.stop_ids = set(stop_token_ids) | set(getattr(tokenizer, "eos_token_ids", ()) or ())
-        # Special tokens written mid-reply are markup, not text (engine/special_tokens.py); they still count.
-        self._hidden = hidden_special_ids(tokenizer) if skip_special_tokens else frozenset()
+        eos = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.stop_ids = set(stop_token_ids) | (set() if ignore_eos else eos)
+        # Special tokens written mid-reply are markup, not text (engine/special_tokens.py); they still count. So is an
+        # end-of-sequence token that does not end the row (ignore_eos, or before min_tokens).
+        self._hidden = hidden_special_ids(tokenizer) | eos if skip_special_tokens else frozenset()
+        # vLLM's min_tokens: stop ids and strings end the row only from the token after this many.
+        self.min_tokens = min_tokens
+        self._quiet = 0  # pending text the first min_tokens tokens wrote: a stop string must end past it
         # Ids past the tokenizer's vocabulary (a vocab_size padded to a multiple of 64) have no text: mlx-lm's BPE
         # detokenizer wrote them as "!".
         self._text_vocab = _text_vocab(tokenizer)
@@ -73,7 +80,7 @@ class StopMatcher:
         if self.finish_reason is not None:
             raise RuntimeError("row already finished")
         self.generated += 1
-        if token in self.stop_ids:
+        if token in self.stop_ids and self.generated > self.min_tokens:
             return self._finish("stop")
         if token in self._hidden or token >= self._text_vocab:
             if self.generated >= self.max_tokens or at_context_limit:
@@ -86,6 +93,8 @@ class StopMatcher:
                 return self._finish("length")
             return StepText(self._detok.last_segment, None)
         self._pending += self._detok.last_segment
+        if self.generated <= self.min_tokens:
+            self._quiet = len(self._pending)
         cut = self._find_stop()
         if cut is not None:
             text, self._pending = self._pending[:cut], ""
@@ -97,12 +106,15 @@ class StopMatcher:
         keep = self._holdback()
         text = self._pending[: len(self._pending) - keep]
         self._pending = self._pending[len(text):]
+        self._quiet = max(0, self._quiet - len(text))
         self.shown += len(text)
         return StepText(text, None)
 
     def _finish(self, reason: FinishReason) -> StepText:
         self._detok.finalize()
         self._pending += self._detok.last_segment
+        if self.generated <= self.min_tokens:
+            self._quiet = len(self._pending)
         cut = self._find_stop()
         if cut is not None:
             reason = "stop"
@@ -112,15 +124,17 @@ class StopMatcher:
             text = self._pending
         self.shown += len(text)
         self._pending = ""
+        self._quiet = 0
         self.finish_reason = reason
         return StepText(text, reason)
 
     def _find_stop(self) -> int | None:
-        """Where the earliest stop string starts in the pending text (None: none does); that string is noted in
-        `stopped_by`."""
+        """Where the earliest stop string starts in the pending text (None: none does), ending past the text of the
+        first min_tokens tokens (vLLM's); that string is noted in `stopped_by`."""
         if not self.stop_strings:
             return None
-        hits = [(i, s) for s in self.stop_strings if (i := self._pending.find(s)) >= 0]
+        hits = [(i, s) for s in self.stop_strings
+                if (i := self._pending.find(s, max(0, self._quiet - len(s) + 1))) >= 0]
         if not hits:
             return None
         cut, self.stopped_by = min(hits, key=lambda hit: hit[0])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -10,10 +10,13 @@ from service.chat.schemas import MAX_CHOICES, SamplingFields
 
 __all__ = ["CompletionRequest"]
 
+MAX_LOGPROBS = 20  # as chat's top_logprobs
+
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions body: prompts as text or token ids, `n` choices of each."""
 
+    DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's (and vLLM's) for a completion that names none
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ..., description=f"A string, token ids, or a list of either (at most {MAX_CHOICES} choices in all, with n): "
                          "each prompt is completed side by side, its choices indexed in order.")
@@ -29,16 +32,17 @@ class CompletionRequest(SamplingFields):
                                                  "suffix. Text prompts only, not with echo.")
     echo: bool | None = Field(False, validate_default=True, description="null: false.")
     best_of: int | None = Field(None, description="Only 1 (one completion is generated per request).")
-    logprobs: int | None = Field(None, ge=0, le=5, description="The sampled token's log probability and this many "
-                                                              "of the likeliest, per token.")
+    # vLLM's bound (OpenAI's is 5): SillyTavern's "Request token probabilities" sends 10.
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="The sampled token's log probability and "
+                                                                         "this many of the likeliest, per token.")
 
     @field_validator("logprobs", mode="before")
     @classmethod
     def _a_count(cls, value: Any) -> Any:
         # Chat's `logprobs: true` (and mlx_lm.server's for completions) got only "Input should be a valid integer".
         if isinstance(value, bool):
-            raise ValueError("on /v1/completions logprobs is a count, 0 to 5 (OpenAI's legacy field): how many of "
-                             "the likeliest tokens to give beside the sampled one")
+            raise ValueError(f"on /v1/completions logprobs is a count, 0 to {MAX_LOGPROBS} (OpenAI's legacy field): "
+                             "how many of the likeliest tokens to give beside the sampled one")
         return value
 
     @field_validator("echo")

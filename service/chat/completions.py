@@ -190,7 +190,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     # max_tokens 0 with echo (OpenAI's scoring idiom): the prompt's log probabilities alone; the one token the engine
     # writes is not given.
     scoring = 0 in (data.max_tokens, data.max_completion_tokens)
-    limit = 1 if scoring else data.max_completion_tokens or data.max_tokens or 16
+    limit = 1 if scoring else data.max_completion_tokens or data.max_tokens or data.DEFAULT_MAX_TOKENS
 
     def row(prompt: list[int], sample: int) -> GenerationRequest:
         generation = generation_request(engine, data, prompt, limit,

@@ -131,6 +131,8 @@ def generation_request(
         max_tokens_requested=max_tokens is not None,
         continuation=continuation,
         skip_special_tokens=body.skip_special_tokens is not False,
+        min_tokens=body.min_tokens or 0,
+        ignore_eos=bool(body.ignore_eos),
     )
 
 

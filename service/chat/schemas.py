@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator
 from service.chat.json_output import check_response_format
 from service.chat.prefill import continued_message, generation_prompt_asked
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
+from service.chat.vllm_fields import min_tokens_within_max
 
 __all__ = [
     "MAX_CHOICES",
@@ -244,6 +245,19 @@ class SamplingFields(_Body):
     safety_identifier: str | None = Field(None, description="As `user`.")
     skip_special_tokens: bool | None = Field(None, description="vLLM's field: false keeps the special tokens a model "
                                              "writes mid-reply in its text (default: left out, as vLLM does).")
+    # vLLM's SamplingParams, as its clients (SillyTavern's "vLLM" text completion type) send them by default.
+    min_tokens: int | None = Field(None, ge=0, description="vLLM's: no end-of-sequence or stop token is sampled, and "
+                                   "no stop string ends the reply, before this many tokens; at most max_tokens. "
+                                   "Not with JSON output, a forced call or a strict function.")
+    ignore_eos: bool | None = Field(None, description="vLLM's: true: the model's end-of-sequence tokens do not end the "
+                                    "reply (max_tokens and stop strings do); their text follows skip_special_tokens. "
+                                    "Not with JSON output, a forced call or a strict function.")
+    spaces_between_special_tokens: bool | None = Field(
+        None, description="vLLM's: either value gives the same text: special tokens kept in it (skip_special_tokens "
+                          "false) are written as they are, no space added between them (vLLM's false; under its true, "
+                          "a byte-level tokenizer's text too).")
+
+    _min_tokens = field_validator("min_tokens")(min_tokens_within_max)
 
     @field_validator("stream_options")
     @classmethod

@@ -1,12 +1,16 @@
-"""engine/rows.py prefill_shares: which prompts an iteration's prompt-token room goes to."""
+"""engine/rows.py: prefill_shares (which prompts an iteration's prompt-token room goes to), and the ends Row.start
+gives a row (vLLM's min_tokens and ignore_eos) run through a group beside rows without them."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, strategies as st
 
+from engine.contracts import GenerationRequest, SamplingParams
 from engine.rows import Row, prefill_shares
+from tests.engine.test_batch import GREEDY, make_group, prompt_of, reference, run_rows, tokens_of
 
 
 def _row(prompt: int, prefilled: int = 0) -> Row:
@@ -53,3 +57,26 @@ def test_the_room_is_used_and_never_exceeded_and_the_oldest_always_progresses(ro
     assert all(0 < n <= len(r.prompt) - r.prefilled for r, n in shares)
     assert len({id(r) for r, _ in shares}) == len(shares)
     assert shares[0][0] is made[0] and shares[0][1] >= min(needs[0], room // 2)
+
+
+@pytest.mark.anyio
+async def test_rows_with_and_without_min_tokens_and_ignore_eos_keep_their_own_ends(tiny_loaded) -> None:
+    eos = tiny_loaded.tokenizer.eos_token_id
+    prompt = prompt_of(6, 1)
+    first = reference(tiny_loaded.model, prompt, 1)[0]  # greedy's first token: a stop token below
+    ends_at_once = SamplingParams(temperature=0.0, logit_bias={eos: 100.0})  # the model writes its end first
+    requests = [GenerationRequest(prompt, ends_at_once, max_tokens=6),
+                GenerationRequest(prompt, ends_at_once, max_tokens=6, ignore_eos=True),
+                GenerationRequest(prompt, ends_at_once, max_tokens=6, min_tokens=3),
+                GenerationRequest(prompt, GREEDY, max_tokens=6, stop_token_ids=[first]),
+                GenerationRequest(prompt, GREEDY, max_tokens=6, stop_token_ids=[first], min_tokens=2),
+                GenerationRequest(prompt, ends_at_once, max_tokens=2, min_tokens=5)]  # a lowered max_tokens bounds it
+    out = await run_rows(make_group(tiny_loaded), requests, [0] * len(requests))
+    ends = [(d[-1].finish_reason, tokens_of(d), "".join(x.text for x in d)) for d in out.values()]
+    assert ends[0] == ("stop", [eos], "")
+    assert ends[1] == ("length", [eos] * 6, "")  # past every end to max_tokens; the ends write no text
+    assert ends[2][0] == "stop" and ends[2][1][3] == eos and len(ends[2][1]) == 4 and eos not in ends[2][1][:3]
+    assert ends[3][:2] == ("stop", [first])
+    reason, held, _ = ends[4]  # a plain greedy row: its stop token held back for two draws, then free to end it
+    assert first not in held[:2] and (reason == "length" or (reason == "stop" and held[-1] == first)), ends[4]
+    assert ends[5][:2] == ("length", ends[2][1][:2])

@@ -110,6 +110,40 @@ def test_plain_and_processed_rows_keep_their_order(monkeypatch) -> None:
     assert len(calls) == 2  # the three plain rows together, the seeded row alone
 
 
+def test_min_tokens_holds_a_rows_end_tokens_back_for_that_many_draws() -> None:
+    # vLLM's MinTokensLogitsProcessor: the end-of-sequence and stop ids cannot be drawn before min_tokens.
+    logits = logits_with({2: 50.0, 3: 40.0, 5: 30.0})
+    row = RowSampler(SamplingParams(temperature=0.0), [], V, ends=[2, 3], min_tokens=2)
+    assert [int(sample_rows(logits, [row]).item()) for _ in range(3)] == [5, 5, 2]
+    sampled = RowSampler(SamplingParams(temperature=1.0), [], V, ends=[2, 3], min_tokens=1)
+    assert [int(sample_rows(logits, [sampled]).item()) for _ in range(2)] == [5, 2]
+
+
+def test_rows_with_and_without_min_tokens_keep_their_own_ends_and_their_shared_draw(monkeypatch) -> None:
+    calls = []
+    real = mx.random.categorical
+    monkeypatch.setattr(mx.random, "categorical", lambda *a, **k: calls.append(1) or real(*a, **k))
+    logits = mx.concatenate([logits_with({2: 80.0, 6: 40.0})] * 4)
+    rows = [RowSampler(SamplingParams(temperature=0.0), [], V, ends=[2], min_tokens=1),
+            RowSampler(SamplingParams(temperature=0.0), [], V),
+            RowSampler(SamplingParams(temperature=1.0), [], V, ends=[2], min_tokens=2),
+            RowSampler(SamplingParams(temperature=0.0, logit_bias={6: 1.0}), [], V, ends=[2], min_tokens=1)]
+    assert [sample_rows(logits, rows).tolist() for _ in range(3)] == [[6, 2, 6, 6], [2, 2, 6, 2], [2, 2, 2, 2]]
+    assert len(calls) == 3  # each step: the three plain rows in one draw, held or not; the biased row is greedy
+    assert all(r.plain for r in rows[:3])
+
+
+def test_a_held_rows_logprobs_are_the_raw_logits() -> None:
+    # The held token is still the likeliest under the model: log probabilities are the raw logits' (vLLM's default).
+    logits = mx.concatenate([logits_with({2: 5.0})] * 2)
+    rows = [RowSampler(SamplingParams(temperature=0.0, logprobs=1), [], V, ends=[2], min_tokens=1),
+            RowSampler(SamplingParams(temperature=0.0, logprobs=1, logit_bias={4: 1.0}), [], V, ends=[2], min_tokens=1)]
+    tokens = sample_rows(logits, rows).tolist()
+    assert tokens == [0, 4]
+    for row, token in zip(rows, tokens):
+        assert row.take_logprob(token).top[0][0] == 2
+
+
 def test_logprobs_are_the_raw_logits_log_softmax_beside_any_sampling() -> None:
     logits = logits_with({2: 3.0, 5: 2.0, 7: 1.0})
     expected = logits[0] - mx.logsumexp(logits[0])
@@ -156,7 +190,7 @@ def test_rows_sharing_a_draw_get_their_logprobs_from_one_set_of_ops(monkeypatch)
     samplers = [RowSampler(SamplingParams(temperature=0.0, logprobs=k), [], V) for k in (2, 3, None)]
     assert all(s.plain_greedy for s in samplers) and all(s.pipelines for s in samplers)
     alone = []
-    monkeypatch.setattr(RowSampler, "sample", lambda self, x: alone.append(self) or mx.argmax(x, axis=-1))
+    monkeypatch.setattr(RowSampler, "sample", lambda self, x, raw=None: alone.append(self) or mx.argmax(x, axis=-1))
     tokens = sample_rows(logits, samplers)
     mx.eval(tokens, *[a for s in samplers for a in s.arrays()])
     assert not alone and tokens.tolist() == [1, 5, 9]

@@ -94,6 +94,56 @@ def test_eos_and_stop_token_ids_finish_without_their_text(tiny_loaded) -> None:
     assert reason == "stop" and "".join(pieces) == "The quick brown"
 
 
+def test_ignore_eos_goes_past_the_end_of_sequence_token_to_max_tokens(tiny_loaded) -> None:
+    # vLLM's ignore_eos (SillyTavern's "vLLM" type sends it): the row ends at max_tokens or a stop token/string.
+    tok = tiny_loaded.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = tok.encode("Hello") + [im_end] + tok.encode(" world") + [im_end]
+    pieces, reason = feed(StopMatcher(tok, max_tokens=len(ids), ignore_eos=True), ids)
+    assert (reason, "".join(pieces)) == ("length", "Hello world")  # the ends written are special: left out
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(ids), ignore_eos=True, skip_special_tokens=False), ids)
+    assert "".join(pieces) == "Hello<|im_end|> world<|im_end|>"
+    pieces, reason = feed(StopMatcher(tok, stop=["wor"], max_tokens=len(ids), ignore_eos=True), ids)
+    assert (reason, "".join(pieces)) == ("stop", "Hello ")
+    pieces, reason = feed(StopMatcher(tok, stop_token_ids=[im_end], max_tokens=len(ids), ignore_eos=True), ids)
+    assert (reason, "".join(pieces)) == ("stop", "Hello")  # a stop token the request names still ends it
+
+
+def test_min_tokens_lets_no_end_token_end_the_row_before_it(tiny_loaded) -> None:
+    tok = tiny_loaded.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    hello = tok.encode("Hello")
+    ids = hello + [im_end] + tok.encode(" world") + [im_end]
+    pieces, reason = feed(StopMatcher(tok, max_tokens=50, min_tokens=len(hello) + 1), ids)
+    assert (reason, "".join(pieces)) == ("stop", "Hello world")  # the first end was token min_tokens: passed over
+    pieces, reason = feed(StopMatcher(tok, max_tokens=50, min_tokens=len(hello)), ids)
+    assert (reason, "".join(pieces)) == ("stop", "Hello")  # the one after min_tokens ends it
+    fox = tok.encode(" fox")
+    pieces, reason = feed(StopMatcher(tok, stop_token_ids=fox[:1], max_tokens=50, min_tokens=50),
+                          tok.encode("The quick brown fox"))
+    assert (reason, "".join(pieces)) == (None, "The quick brown fox")
+
+
+def test_min_tokens_lets_a_stop_string_end_the_row_only_past_its_tokens_text_as_vllm(tiny_loaded) -> None:
+    # vLLM's detokenizer checks stop strings only once min_tokens are written, in the text from there on (its
+    # tests/detokenizer/test_min_tokens.py): a stop string ending in the first min_tokens tokens' text is passed over.
+    tok = tiny_loaded.tokenizer
+    text = "Hello world! This is a tiny model"
+    ids = tok.encode(text)
+    upto = {tok.decode(ids[:n]): n for n in range(len(ids) + 1)}  # a prefix's text → its tokens
+
+    def run(stop: str, min_tokens: int) -> tuple[str, str | None]:
+        pieces, reason = feed(StopMatcher(tok, stop=[stop], max_tokens=len(ids), min_tokens=min_tokens), ids)
+        return "".join(pieces), reason
+
+    assert run("o", 0) == ("Hell", "stop")
+    assert run("o", upto["Hello world"]) == ("Hello world! This is a tiny m", "stop")
+    assert run("o", len(ids)) == (text, "length")
+    # One that starts in that text and ends past it does end the row, cut where it starts.
+    assert run("world!", upto["Hello wo"]) == ("Hello ", "stop")
+    assert run("world!", upto["Hello world!"]) == (text, "length")
+
+
 def test_a_finished_matcher_refuses_more_tokens(tiny_loaded) -> None:
     m = StopMatcher(tiny_loaded.tokenizer, max_tokens=1)
     m.add(5)
