@@ -107,7 +107,7 @@ def test_what_other_servers_clients_send_gets_a_pointer(client: Any) -> None:
     assert "send max_tokens" in client.post("/v1/chat/completions", json=body).json()["error"]["message"]
     counted = client.post("/v1/completions", json={"prompt": "x", "logprobs": True})
     _assert_openai_error(counted, 400, "logprobs", "invalid_value")
-    assert "a count, 0 to 5" in counted.json()["error"]["message"]
+    assert "a count, 0 to 20" in counted.json()["error"]["message"]
 
 
 def test_json_depth_is_checked_before_decoding_and_strings_do_not_count() -> None:
