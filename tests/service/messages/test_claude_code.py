@@ -47,6 +47,15 @@ def _post(http: TestClient[Any], path: str = "/v1/messages", **fields: Any) -> A
     return http.post(path, json={"model": "fake-model", "max_tokens": 64, "messages": USER, **fields})
 
 
+def _replay(http: TestClient[Any], name: str) -> Any:
+    """Send a recorded Claude Code request as it came (path, headers, body), to the served model; a 200."""
+    recorded = _recorded(name)
+    response = http.post(recorded["path"], headers=recorded["headers"],
+                         json={**recorded["body"], "model": "fake-model"})
+    assert response.status_code == 200, response.text
+    return response
+
+
 def _prompt_messages(engine: FakeEngine) -> list[dict[str, Any]]:
     """The messages of the last request's prompt render (the server also renders probes, shorter)."""
     return max(reversed([call["messages"] for call in engine.tokenizer.template_calls[-4:]]), key=len)
@@ -54,10 +63,7 @@ def _prompt_messages(engine: FakeEngine) -> list[dict[str, Any]]:
 
 def test_claude_codes_first_request_is_answered_as_a_stream(calling: tuple[TestClient[Any], FakeEngine]) -> None:
     http, engine = calling
-    recorded = _recorded("say_hi")
-    response = http.post(recorded["path"], headers=recorded["headers"],
-                         json={**recorded["body"], "model": "fake-model"})
-    assert response.status_code == 200, response.text
+    response = _replay(http, "say_hi")
     events = message_events(response.text)
     assert [e["type"] for e in events][0] == "message_start" and events[-1]["type"] == "message_stop"
     blocks = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
@@ -75,10 +81,7 @@ def test_claude_codes_first_request_is_answered_as_a_stream(calling: tuple[TestC
 def test_claude_codes_tool_result_turn_is_answered(calling: tuple[TestClient[Any], FakeEngine]) -> None:
     # Its second request: the reply's thinking and call back, the error result (cache_control on it) after them.
     http, engine = calling
-    recorded = _recorded("tool_result")
-    response = http.post(recorded["path"], headers=recorded["headers"],
-                         json={**recorded["body"], "model": "fake-model"})
-    assert response.status_code == 200, response.text
+    response = _replay(http, "tool_result")
     assert message_events(response.text)[-1]["type"] == "message_stop"
     prompt = engine.tokenizer.decode(engine.requests[-1].prompt_tokens)
     assert prompt.index("read the notes") < prompt.index("Available agent types") < prompt.index(
