@@ -148,8 +148,12 @@ class RowSampler:
     def held_ends(self) -> frozenset[int]:
         """The end tokens this draw may not pick (none past the first min_tokens draws), counting the draw: called
         once per draw, by `sample_rows`. Raises nothing."""
+        if not self._ends:  # none asked, or past them: nothing to count (the every-step path of plain rows)
+            return self._ends
         self._drawn += 1
-        return self._ends if self._drawn <= self._min_tokens else frozenset()
+        if self._drawn > self._min_tokens:
+            self._ends = frozenset()
+        return self._ends
 
     def _draw(self, logits: mx.array) -> mx.array:
         p = self.params

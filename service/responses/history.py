@@ -19,7 +19,7 @@ from service.responses.schemas import (CustomTool, CustomToolCallItem, CustomToo
                                        FunctionCallOutput, FunctionTool, InputItem, InputMessage, ItemReference,
                                        NamespaceTool, ReasoningItem, ResponsesRequest, part_text)
 
-__all__ = ["ToolNames", "chat_request", "input_items", "seal_reasoning", "unseal_reasoning"]
+__all__ = ["ToolNames", "chat_request", "input_items", "requested_effort", "seal_reasoning", "unseal_reasoning"]
 
 # This server's `encrypted_content`: the thinking itself behind a prefix (nothing here is secret from the client).
 _SEAL = "tandem-reasoning-v1:"
@@ -246,7 +246,7 @@ def _calls_answered(items: list[Any]) -> None:
                             "item with its call_id", param="input", code="invalid_value")
 
 
-def _effort(body: ResponsesRequest) -> str | None:
+def requested_effort(body: ResponsesRequest) -> str | None:
     """`reasoning.effort`, or chat's name for it at the top level (Open WebUI's). Raises APIError 400 for both."""
     effort = body.reasoning.effort if body.reasoning is not None else None
     if body.reasoning_effort is not None and effort is not None:
@@ -275,7 +275,7 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
         choice = body.tool_choice
         chat.update(tools=tools, parallel_tool_calls=body.parallel_tool_calls, tool_choice=choice if isinstance(
             choice, str) or choice is None else {"type": "function", "function": {"name": choice.name}})
-    chat.update(body.chat_sampling(), reasoning_effort=_effort(body))
+    chat.update(body.chat_sampling(), reasoning_effort=requested_effort(body))
     if body.text is not None and body.text.format is not None:
         chat["response_format"] = body.text.format.chat_format()
     try:

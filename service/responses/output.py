@@ -18,7 +18,7 @@ from pydantic_core import from_json
 
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError, error_body
-from service.responses.history import ToolNames, seal_reasoning
+from service.responses.history import ToolNames, requested_effort, seal_reasoning
 from service.responses.schemas import ResponsesRequest
 
 __all__ = ["ResponseOutput"]
@@ -42,8 +42,7 @@ class ResponseOutput:
         self._names = names
         self._streamed = streamed
         reasoning = body.reasoning
-        # The effort applied, nested or sent at the top level as chat's `reasoning_effort` (never both).
-        effort = reasoning.effort if reasoning is not None and reasoning.effort is not None else body.reasoning_effort
+        effort = requested_effort(body)  # nested or at the top level (chat_request refused both before this)
         summary = reasoning.summary or reasoning.generate_summary if reasoning is not None else None
         # What the Response says of the request, written once (a Codex request's tools are ~18 KB).
         self._echo = {

@@ -29,5 +29,8 @@ class ResponsesSampling(_Body):
 
     def chat_sampling(self) -> dict[str, Any]:
         """The chat request's fields for these (those given). Raises nothing."""
-        fields = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-        return {name: value for name in fields if (value := getattr(self, name)) is not None}
+        return {name: value for name in _CHAT_FIELDS if (value := getattr(self, name)) is not None}
+
+
+# Each field here but the effort (which chat_request resolves against `reasoning.effort`) keeps chat's name.
+_CHAT_FIELDS = tuple(name for name in ResponsesSampling.model_fields if name != "reasoning_effort")
