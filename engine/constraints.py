@@ -93,8 +93,10 @@ def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening:
     from llguidance import LLMatcher
 
     calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                        "properties": {"name": {"const": name}, "arguments": schema or {"type": "object"}}}
-                       for name, schema in functions], "x-guidance": {**_LAYOUT, "lenient": lenient}}
+                        "properties": {"name": {"const": name},
+                                       "arguments": _rooted(schema, f"/anyOf/{i}/properties/arguments")
+                                       if schema else {"type": "object"}}}
+                       for i, (name, schema) in enumerate(functions)], "x-guidance": {**_LAYOUT, "lenient": lenient}}
     rules = [f"call: WS? body WS? {closing}", f"body: %json {json.dumps(calls)}",
              "WS: /[ \\t\\n]{1,3}/"]  # bounded: a small model wrote whitespace until max_tokens
     first = "call" if opened else f"{opening} call"
@@ -103,6 +105,32 @@ def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening:
         rules += ["FREE: /(?s:.*)/", f"opening[lazy]: /(?s:.*){re.escape(free_text)}/"]
     lark = "\n".join([f"start: {first} (WS? {opening} call)*", *rules]) + "\n"
     return _checked(LLMatcher.grammar_from_lark(lark), "the functions' parameters")
+
+
+# Keywords whose value maps names to subschemas (a property may be called "const"), and those whose value is data (a
+# "$ref" inside a const is a value to match, not a reference).
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_DATA = frozenset({"const", "enum", "default", "examples"})
+
+
+def _rooted(schema: Any, at: str) -> Any:
+    """A copy of a function's `schema` whose local `$ref`s ("#", "#/$defs/X", any JSON pointer) point at where it sits
+    in the calls' schema (`at`, a JSON pointer): embedded there, they resolved against the calls' root (Pydantic's
+    nested models). A subschema with its own `$id` is its own resource, its refs resolved against it: left as it is,
+    as are refs that are not pointers (URLs, anchors). Raises nothing."""
+    if isinstance(schema, list):
+        return [_rooted(item, at) for item in schema]
+    if not isinstance(schema, dict) or isinstance(schema.get("$id"), str):
+        return schema
+    rooted: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            rooted[key] = f"#{at}{value[1:]}"
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            rooted[key] = {name: _rooted(sub, at) for name, sub in value.items()}
+        else:
+            rooted[key] = value if key in _DATA else _rooted(value, at)
+    return rooted
 
 
 def marker(text: str, tokens: list[int]) -> str:

@@ -273,3 +273,56 @@ async def test_a_regex_grammar_is_matched_whole_beside_a_plain_row(tiny_loaded) 
 def test_a_pattern_that_does_not_parse_is_refused_saying_why(pattern: str, words: str) -> None:
     with pytest.raises(ConstraintError, match=f"the pattern cannot be enforced: {words}"):
         regex_grammar(pattern)
+
+
+def _follows(tiny_loaded, grammar: str, text: str) -> bool:
+    """Whether the grammar's matcher takes the whole of `text` and may end there."""
+    from llguidance import LLMatcher
+
+    tokenizer = ConstraintTokenizer(tiny_loaded.tokenizer, tiny_loaded.model.args.vocab_size).get()
+    matcher = LLMatcher(tokenizer, grammar)
+    tokens = tiny_loaded.tokenizer.encode(text, add_special_tokens=False)
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+          "additionalProperties": False}
+COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("functions, good, bad", [
+    # Pydantic's nested model (instructor's TOOLS, create_iterable; openai-agents' and pydantic-ai's strict tools)
+    ([("f", {"$defs": {"P": PERSON}, "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
+             "additionalProperties": False})], ("f", {"p": {"name": "x"}}), ("f", {"p": {"n": 1}})),
+    ([("f", {"definitions": {"P": PERSON}, "type": "array", "items": {"$ref": "#/definitions/P"}})],
+     ("f", [{"name": "x"}]), ("f", [{"name": 1}])),
+    ([("f", {"$defs": {"a/b~c": PERSON}, "$ref": "#/$defs/a~1b~0c"})], ("f", {"name": "x"}), ("f", {})),
+    ([("f", {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+             "required": ["next"], "additionalProperties": False})],
+     ("f", {"next": {"next": None}}), ("f", {"next": 5})),
+    # each function's refs resolve within its own schema, one name in both
+    ([("f", {"$defs": {"P": PERSON}, "$ref": "#/$defs/P"}), ("g", {"$defs": {"P": COUNT}, "$ref": "#/$defs/P"})],
+     ("g", {"n": 1}), ("g", {"name": "x"})),
+    # a schema with its own $id is its own resource: its refs resolved against it already
+    ([("f", {"$id": "urn:f", "$defs": {"P": PERSON}, "$ref": "#/$defs/P"})], ("f", {"name": "x"}), ("f", {"n": 1})),
+])
+def test_a_functions_local_refs_resolve_within_its_own_parameters(tiny_loaded, functions, good, bad) -> None:
+    # Embedded in the calls' schema, "#/$defs/P" was looked up from its root: every such forced or strict call was
+    # refused ("Pointer '/$defs/P' does not exist").
+    sent = json.dumps(functions)
+    grammar = call_grammar(functions, opening='"<tool_call>"', closing='"</tool_call>"')
+    assert json.dumps(functions) == sent  # the caller's schemas are not rewritten in place
+
+    def call(name: str, arguments) -> str:
+        return json.dumps({"name": name, "arguments": arguments}) + "</tool_call>"
+
+    assert _follows(tiny_loaded, grammar, call(*good)) and not _follows(tiny_loaded, grammar, call(*bad))
+
+
+def test_a_response_formats_local_refs_resolve_and_a_url_ref_is_refused(tiny_loaded) -> None:
+    schema = {"$defs": {"P": PERSON}, "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
+              "additionalProperties": False}
+    grammar = json_grammar(schema)
+    assert _follows(tiny_loaded, grammar, '{"p": {"name": "x"}}') and not _follows(tiny_loaded, grammar, '{"p": 1}')
+    with pytest.raises(ConstraintError, match="not present in a registry"):
+        call_grammar([("f", {"$ref": "https://example.com/p.json"})], opening='"<a>"', closing='"</a>"')

@@ -211,3 +211,31 @@ def test_a_tgi_grammar_that_cannot_be_enforced_is_a_400_naming_its_part(client: 
                                                       "response_format": response_format})
     error = reply.json()["error"]
     assert reply.status_code == 400 and error["param"] == param and words in error["message"], error
+
+
+NAMED = {"type": "object", "properties": {"name": {"enum": ["a", "bc"]}}, "required": ["name"],
+         "additionalProperties": False}
+NESTED = {"$defs": {"Named": NAMED}, "type": "object", "additionalProperties": False, "required": ["p", "q"],
+          "properties": {"p": {"$ref": "#/$defs/Named"},
+                         "q": {"type": "array", "items": {"$ref": "#/$defs/Named"}, "maxItems": 2}}}
+
+
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "f"}}, "required"])
+def test_a_forced_call_of_a_pydantic_nested_model_follows_it(tiny_loaded: Any, choice: Any) -> None:
+    # Pydantic's $defs (instructor's TOOLS modes, strict agent tools) were a 400: "Pointer '/$defs/P' does not exist".
+    from litestar.testing import TestClient
+
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.state import AppState
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": NESTED, "strict": True}}]
+    with TestClient(create_app(AppState(engine=Engine(tiny_loaded, max_iteration_tokens=8)))) as client:
+        reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                          "tools": tools, "tool_choice": choice, "max_tokens": 200,
+                                                          "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    call = reply.json()["choices"][0]["message"]["tool_calls"][0]  # the random model may go on to others
+    arguments = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "f" and set(arguments) == {"p", "q"} and len(arguments["q"]) <= 2
+    assert all(set(named) == {"name"} and named["name"] in ("a", "bc") for named in [arguments["p"], *arguments["q"]])
