@@ -95,10 +95,12 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
                                   forced=forced)
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
+    # A named function's one call is the reply, as vLLM's ("required" may make several).
+    one_call = body.parallel_tool_calls is False or isinstance(forced, str)
     return generation, lambda: ChatTranslator.for_request(engine.tokenizer, prompt, tools,
                                                           # only functions the request declared come back as calls
                                                           calls=calls,
-                                                          one_call=body.parallel_tool_calls is False,
+                                                          one_call=one_call,
                                                           json_calls=rendered.json_tool_calls,
                                                           opening=rendered.generation_prompt,
                                                           forced_name=_forced_name(forced, tools))

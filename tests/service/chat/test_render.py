@@ -278,6 +278,30 @@ def test_parallel_tool_calls_false_ends_the_reply_after_the_first_call() -> None
         assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"][0]["finish_reason"]] == ["tool_calls"]
 
 
+def test_a_named_tool_choice_ends_the_reply_after_its_call() -> None:
+    # LangChain's bind_tools(tool_choice="get_weather"): the model wrote the call twice, and a small max_tokens cut the
+    # second into a call with empty arguments. vLLM's named choice is one call; "required" may make several.
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for client, engine in _client(TemplateTokenizer(WITH_TOOLS, markers=True), [CALL, CALL, " more"]):
+        one = _chat(client, tools=TOOLS, tool_choice=named)["choices"][0]
+        assert one["finish_reason"] == "tool_calls" and len(one["message"]["tool_calls"]) == 1
+        events = sse_events(client.post("/v1/chat/completions", json={
+            "messages": USER, "tools": TOOLS, "tool_choice": named, "stream": True}).text)
+        assert [c["index"] for e in events[:-1] for c in e["choices"][0]["delta"].get("tool_calls", [])] == [0, 0]
+        assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"][0]["finish_reason"]] == [
+            "tool_calls"]
+        assert len(_chat(client, tools=TOOLS, tool_choice="required")["choices"][0]["message"]["tool_calls"]) == 2
+        # /v1/responses and /v1/messages name their function as chat does
+        output = client.post("/v1/responses", json={"input": "weather?", "tool_choice": named["function"] | {
+            "type": "function"}, "tools": [{"type": "function", **TOOLS[0]["function"]}]}).json()["output"]
+        content = client.post("/v1/messages", json={
+            "model": "fake-model", "max_tokens": 50, "messages": USER,
+            "tools": [{"name": "get_weather", "input_schema": {}}],
+            "tool_choice": {"type": "tool", "name": "get_weather"}}).json()
+        assert [o["type"] for o in output] == ["function_call"]
+        assert [c["type"] for c in content["content"]] == ["tool_use"] and content["stop_reason"] == "tool_use"
+
+
 @pytest.mark.parametrize("template, thinks, effort, expected", [
     (WITH_SWITCH, False, "low", {"enable_thinking": True}),
     (WITH_SWITCH, True, "none", {"enable_thinking": False}),
