@@ -14,6 +14,7 @@ from typing import Any, Callable, Collection
 
 from engine.chat_output import ContentText, OutputEvent, ToolCallArguments, ToolCallStart, fresh_call_id, normalize_call
 from engine.cut_calls import read_json_calls
+from engine.streamed_call import declared_names
 
 __all__ = ["BareJsonCallSplitter", "parse_bare_calls", "declared_names", "writes_bare_json_calls"]
 
@@ -104,13 +105,3 @@ class BareJsonCallSplitter:
 def writes_bare_json_calls(template_sources: Collection[str] | None) -> bool:
     """True for a chat template that asks for calls in Llama 3's bare JSON format. Raises nothing."""
     return bool(template_sources) and any(_LLAMA3_ASK in text for text in template_sources or ())
-
-
-def declared_names(tools: Any) -> frozenset[str]:
-    """The function names of an OpenAI `tools` list (dicts). Raises nothing."""
-    names = set()
-    for tool in tools or ():
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            names.add(function["name"])
-    return frozenset(names)

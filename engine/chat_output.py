@@ -6,17 +6,19 @@ parsed with mlx-lm's parser for the model family. Text that might be the start o
 back until it can no longer be one, so no marker or tool-call block reaches content — unless the block cannot
 be parsed (bad JSON): then it is content as the model wrote it, never an empty answer. A block the token limit cut
 is a call that was cut (engine/cut_calls.py): a call with the arguments written so far, or left out, never markup.
+A `<tool_call>` JSON call to a declared function streams as it is written (engine/streamed_call.py): its name once
+read, then its arguments' text; other families' calls come whole when their block ends.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence, Union
 
 from engine.cut_calls import read_cut_block
+from engine.streamed_call import StreamedCall, declared_names, normalize_call, streams_calls
 
 __all__ = [
     "OutputMarkers",
@@ -149,10 +151,12 @@ class ToolCallStart:
 
 @dataclass(frozen=True)
 class ToolCallArguments:
-    """A fragment of the call's arguments as JSON text; fragments of one index concatenate."""
+    """A fragment of the call's arguments as JSON text; fragments of one index concatenate. `last`: the call ends
+    with it (false while a streamed call's arguments are still being written)."""
 
     index: int
     arguments: str
+    last: bool = True
     kind: Literal["tool_call_arguments"] = "tool_call_arguments"
 
 
@@ -216,6 +220,10 @@ class ChatOutputSplitter(BufferedSplitter):
         self._strip_leading = False
         self._reasoning_opened = self._state == "reasoning"
         self._new_call_id = new_call_id or fresh_call_id
+        # Calls of a family that streams them, to these functions, go out as written; None: each comes whole.
+        names = declared_names(tools) if streams_calls(markers.tool_parser, markers.tool_call_end) else frozenset()
+        self._streamed_names = names or None
+        self._call: StreamedCall | None = None  # the open block's, where calls stream
         self.tool_calls = 0
         self.unparsed_tool_text: list[str] = []
 
@@ -229,7 +237,7 @@ class ChatOutputSplitter(BufferedSplitter):
         if self._state == "tool":
             # A reply cut off inside the end marker (`…}\n</tool`): the call is whole, as without that part.
             end = held_suffix(rest, [self._m.tool_call_end]) if self._m.tool_call_end else 0
-            self._emit_tool_calls(rest[: len(rest) - end], events, closed=False, written=rest, cut=cut)
+            self._close_block(rest[: len(rest) - end], events, closed=False, written=rest, cut=cut)
         elif self._state == "reasoning":
             self._emit_reasoning(rest, events)
         elif not (cut and start and self._m.tool_parser is not None and start.startswith(rest)):
@@ -245,9 +253,11 @@ class ChatOutputSplitter(BufferedSplitter):
                 return False
             i = buf.find(m.tool_call_end)
             if i < 0:
+                if self._call is not None:
+                    self._grow_call(buf, events)
                 return False
             self._buffer = buf[i + len(m.tool_call_end) :]
-            parsed = self._emit_tool_calls(buf[:i], events, closed=True)
+            parsed = self._close_block(buf[:i], events, closed=True)
             self._state, self._strip_leading = "content", parsed
             return True
         if self._state == "reasoning":
@@ -271,6 +281,8 @@ class ChatOutputSplitter(BufferedSplitter):
             self._buffer = buf[i + len(marker) :]
             self._state = state
             self._reasoning_opened = state == "reasoning"
+            if state == "tool" and self._streamed_names is not None:
+                self._call = StreamedCall(self._streamed_names, self.tool_calls)
             return True
         keep = held_suffix(buf, [s for s, _ in self._content_exits()])
         self._emit_content(buf[: len(buf) - keep], events)
@@ -304,6 +316,33 @@ class ChatOutputSplitter(BufferedSplitter):
             self._strip_leading = False
         if text:
             events.append(ContentText(text))
+
+    def _grow_call(self, block: str, events: list[OutputEvent]) -> None:
+        """The open block's streamed call: its start once its name is read, then its arguments as written."""
+        assert self._call is not None and self._m.tool_call_end
+        name, fragment = self._call.grow(block, held_suffix(block, [self._m.tool_call_end]))
+        if name is not None:
+            self.tool_calls += 1
+            events.append(ToolCallStart(self._call.index, self._new_call_id(), name))
+        if fragment:
+            events.append(ToolCallArguments(self._call.index, fragment, last=False))
+
+    def _close_block(self, block: str, events: list[OutputEvent], closed: bool, written: str | None = None,
+                     cut: bool = False) -> bool:
+        """The events ending a call block (see _emit_tool_calls); a streamed call stays a call. Returns whether the
+        block was calls."""
+        call = self._call
+        if call is not None and call.name is None:
+            self._grow_call(block, events)  # the block's last text may be what announces it
+        self._call = None
+        if call is None or call.name is None:
+            return self._emit_tool_calls(block, events, closed, written, cut)
+        assert self._m.tool_parser is not None
+        rest, further = call.close(block, self._m.tool_parser, self._tools, cut)
+        events.append(ToolCallArguments(call.index, rest))
+        for name, arguments in further:
+            self._emit_call(name, arguments, events)
+        return True
 
     def _emit_tool_calls(self, block: str, events: list[OutputEvent], closed: bool, written: str | None = None,
                          cut: bool = False) -> bool:
@@ -348,13 +387,3 @@ class ChatOutputSplitter(BufferedSplitter):
         events.append(ToolCallStart(index, self._new_call_id(), name))
         events.append(ToolCallArguments(index, arguments))
 
-
-def normalize_call(call: Any) -> tuple[str, str]:
-    """(name, arguments JSON text) from a parser's dict. Raises ValueError when it has no name."""
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-        raise ValueError(f"tool call without a name: {call!r}")
-    arguments = call.get("arguments", call.get("parameters", {}))
-    if isinstance(arguments, str):
-        json.loads(arguments)  # a parser that returns JSON text must return valid JSON
-        return call["name"], arguments
-    return call["name"], json.dumps(arguments, ensure_ascii=False)

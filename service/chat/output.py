@@ -148,13 +148,9 @@ class ChatTranslator:
             elif isinstance(event, ToolCallArguments):
                 if event.index in self._calls:
                     self._calls[event.index][2].append(event.arguments)
-                deltas.append(
-                    ChoiceDelta(
-                        tool_calls=[
-                            ToolCallDelta(index=event.index, function=FunctionCallDelta(arguments=event.arguments))
-                        ]
-                    )
-                )
+                if event.arguments:  # (a streamed call's last fragment may be empty: its arguments were all sent)
+                    deltas.append(ChoiceDelta(tool_calls=[
+                        ToolCallDelta(index=event.index, function=FunctionCallDelta(arguments=event.arguments))]))
                 # parallel_tool_calls false: the reply ends with its first call (the row stops before a second)
-                self.done = self._one_call
+                self.done = self._one_call and event.last
         return deltas
