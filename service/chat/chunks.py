@@ -9,10 +9,11 @@ import json
 from typing import Sequence
 
 from engine.contracts import TokenLogprob
+from service.chat.chunk_usage import ChunkUsage
 from service.chat.logprobs import LogprobJson, chat_logprobs
 from service.chat.replies import ChatCompletionChunk, ChoiceDelta, ChunkChoice, FinishReason
-from service.chat.stream import ResponseMeta
-from service.http.sse import null_usage, sse_data
+from service.chat.stream import ResponseMeta, UsageCounter
+from service.http.sse import sse_data
 
 __all__ = ["ChunkEncoder"]
 
@@ -21,18 +22,17 @@ class ChunkEncoder:
     """SSE `data:` events of one streamed chat completion (`meta` gives id, created and model)."""
 
     def __init__(self, meta: ResponseMeta, logprobs: LogprobJson | None = None, usage: bool = False,
-                 index: int = 0) -> None:
+                 index: int = 0, counter: UsageCounter | None = None) -> None:
         """`logprobs`: how the stream's log probabilities are written (None: it asked for none); `usage`: a usage
-        chunk ends the stream, so each of these says `"usage": null`; `index`: the choice's (n > 1)."""
+        chunk ends the stream, so each of these says `"usage": null`, or the choice's usage so far from `counter`
+        where `meta.continuous_usage`; `index`: the choice's (n > 1)."""
         self.meta = meta
         self.index = index
         self.logprobs = logprobs
-        self._usage = usage
-        self._end = b',"usage":null}\n\n' if usage else b"}\n\n"
+        self._usage = ChunkUsage(usage, counter if meta.continuous_usage else None)
         head = json.dumps({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
                            "model": meta.model}, ensure_ascii=False, separators=(",", ":"))
         self._head = b"data: " + head[:-1].encode() + b',"choices":[{"index":%d,"delta":{"' % index
-        self._tail = b'},"logprobs":null,"finish_reason":null}]' + self._end
 
     def encode(self, delta: ChoiceDelta, finish: FinishReason | None = None,
                logprobs: Sequence[TokenLogprob] = ()) -> bytes:
@@ -49,10 +49,10 @@ class ChunkEncoder:
         event = sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
                                              choices=[ChunkChoice(index=self.index, delta=delta, finish_reason=finish,
                                                                   logprobs=entries)]))
-        return null_usage(event) if self._usage else event
+        return self._usage.mark(event)
 
     def _text(self, field: bytes, text: str, logprobs: bytes | None) -> bytes:
         body = self._head + field + b'":' + json.dumps(text, ensure_ascii=False).encode()
         if logprobs is None:
-            return body + self._tail
-        return body + b'},"logprobs":' + logprobs + b',"finish_reason":null}]' + self._end
+            return body + b'},"logprobs":null,"finish_reason":null}]' + self._usage.end()
+        return body + b'},"logprobs":' + logprobs + b',"finish_reason":null}]' + self._usage.end()

@@ -24,7 +24,8 @@ class CompletionRequest(SamplingFields):
                                          "a seed gives sample j the seed + j.")
     max_tokens: int | None = Field(None, ge=0, description="0 only with echo: the prompt scored, no reply (OpenAI's "
                                                          "scoring idiom; its log probabilities with logprobs).")
-    max_completion_tokens: int | None = Field(None, ge=0, description="The newer name of max_tokens (not both).")
+    max_completion_tokens: int | None = Field(None, ge=0, description="The newer name of max_tokens; beside "
+                                                                    "it, the reply stops at the smaller.")
     # Before echo, whose check reads it.
     suffix: str | None = Field(None, description="The text after the cursor, for a code model with fill-in-the-middle "
                                                  "tokens (Qwen2.5-Coder, CodeGemma, StarCoder, DeepSeek-Coder, "

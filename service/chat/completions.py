@@ -19,6 +19,7 @@ from service.chat.request import chat_engine, generation_request, observe_queue_
 from service.chat.logprobs import CompletionLogprobWriter, TokenPieces, requested_logprobs, token_pieces
 from service.chat.replies import Completion, CompletionChoice, CompletionLogprobs, FinishReason
 from service.chat.choices import Choice, Choices, check_capacity, prime, respond_choices
+from service.chat.chunk_usage import ChunkUsage
 from service.chat.completion_request import CompletionRequest
 from service.chat.infill import Infill, infill_tokens, requested_infill
 from service.chat.respond import respond
@@ -27,7 +28,7 @@ from service.http.access_log import record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
-from service.http.sse import DONE, null_usage, sse_data, sse_error
+from service.http.sse import DONE, sse_data, sse_error
 from engine.contracts import GenerationRequest
 from engine.special_tokens import hidden_special_ids
 from service.seams import ChatEngine, RowStream
@@ -66,18 +67,17 @@ class _Echo:
     prompt: list[int] | None
 
 
-def _chunk(meta: ResponseMeta, text: str, finish: FinishReason | None = None,
-           logprobs: CompletionLogprobs | None = None, usage: bool = False, index: int = 0) -> bytes:
-    """`usage`: a usage chunk ends the stream, so this one says `"usage": null`."""
-    event = sse_data(
+def _chunk(meta: ResponseMeta, text: str, usage: ChunkUsage, finish: FinishReason | None = None,
+           logprobs: CompletionLogprobs | None = None, index: int = 0) -> bytes:
+    """`usage`: what the chunk says of usage (service/chat/chunk_usage.py)."""
+    return usage.mark(sse_data(
         Completion(
             id=meta.id,
             created=meta.created,
             model=meta.model,
             choices=[CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)],
         )
-    )
-    return null_usage(event) if usage else event
+    ))
 
 
 def _prompt_logprobs(writer: CompletionLogprobWriter | None, reader: RowReader,
@@ -108,15 +108,16 @@ async def _choice_events(reader: RowReader, meta: ResponseMeta, include_usage: b
     """One choice's chunks: the echo (with the prompt's log probabilities when asked), its text, its finish
     (`scoring`: max_tokens 0, the echo alone). Raises APIError (the row failed)."""
     writer = CompletionLogprobWriter(pieces, len(echo), hidden) if pieces is not None else None
+    usage = ChunkUsage(include_usage, reader.counter if meta.continuous_usage else None)
     if echo or prompt is not None:
-        yield _chunk(meta, echo, logprobs=_prompt_logprobs(writer, reader, prompt), usage=include_usage, index=index)
+        yield _chunk(meta, echo, usage, logprobs=_prompt_logprobs(writer, reader, prompt), index=index)
     finish: str | None = None
     async for text, finish in reader.items():
         tokens = reader.take_logprobs() if writer is not None else []
         if (text or tokens) and not scoring:
             logprobs = writer.write(tokens) if writer is not None else None
-            yield _chunk(meta, text, logprobs=logprobs, usage=include_usage, index=index)
-    yield _chunk(meta, "", "length" if finish == "length" or scoring else "stop", usage=include_usage, index=index)
+            yield _chunk(meta, text, usage, logprobs=logprobs, index=index)
+    yield _chunk(meta, "", usage, "length" if finish == "length" or scoring else "stop", index=index)
 
 
 async def _events(
@@ -177,7 +178,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     state = get_state(request)
     engine = chat_engine(state, data.model)
     timing = request_timing(request, state)
-    meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl")
+    meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl", continuous_usage=data.usage_every_chunk())
     record_user(request, data.user or data.safety_identifier)
     logprobs = requested_logprobs(data.logprobs)
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
@@ -189,8 +190,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     infill = requested_infill(engine, data)
     # max_tokens 0 with echo (OpenAI's scoring idiom): the prompt's log probabilities alone; the one token the engine
     # writes is not given.
-    scoring = 0 in (data.max_tokens, data.max_completion_tokens)
-    limit = 1 if scoring else data.max_completion_tokens or data.max_tokens or data.DEFAULT_MAX_TOKENS
+    scoring = data.reply_limit() == 0
+    limit = 1 if scoring else data.reply_limit() or data.DEFAULT_MAX_TOKENS
 
     def row(prompt: list[int], sample: int) -> GenerationRequest:
         generation = generation_request(engine, data, prompt, limit,

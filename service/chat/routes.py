@@ -80,7 +80,7 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
     choice: it keeps the reply's state). Raises APIError (what rendering refuses)."""
     rendered = await render_chat(state, engine, body)
     prompt = rendered.tokens
-    generation = generation_request(engine, body, prompt, body.max_completion_tokens or body.max_tokens,
+    generation = generation_request(engine, body, prompt, body.reply_limit(),
                                     param="messages", session_id=_session_hint(request, body),
                                     segment_boundaries=rendered.boundaries,
                                     default_max_tokens=state.config.max_tokens_cap, tenant=client_key(request),
@@ -171,7 +171,7 @@ async def _choice_chunks(reader: RowReader, translator: ChatTranslator, meta: Re
                          writer: LogprobJson | None = None, index: int = 0) -> AsyncGenerator[bytes, None]:
     """One choice's chunks: its opening, its text, reasoning and calls, its finish. Raises APIError (the row
     failed)."""
-    chunk = _Opening(ChunkEncoder(meta, writer, usage=include_usage, index=index))
+    chunk = _Opening(ChunkEncoder(meta, writer, usage=include_usage, index=index, counter=reader.counter))
     held: list[TokenLogprob] = []  # log probabilities of tokens whose text has not shown in a chunk yet
 
     def shown() -> list[TokenLogprob]:  # the held tokens, whose entries go with the chunk going out now
@@ -259,7 +259,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     state = get_state(request)
     engine = chat_engine(state, data.model)
     timing = request_timing(request, state)
-    meta = ResponseMeta(model=state.chat_model_name or "")
+    meta = ResponseMeta(model=state.chat_model_name or "", continuous_usage=data.usage_every_chunk())
     counter = UsageCounter()
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)

@@ -17,7 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator
 from service.chat.json_output import check_response_format
 from service.chat.prefill import continued_message, generation_prompt_asked
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
-from service.chat.vllm_fields import min_tokens_within_max
+from service.chat.vllm_fields import min_tokens_within_max, no_top_k
 
 __all__ = [
     "MAX_CHOICES",
@@ -171,6 +171,9 @@ class ChatMessage(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool | None = Field(
+        None, description="vLLM's: with include_usage, every chunk carries its choice's usage so far (prompt and "
+                          "reply tokens), the usage chunk still last; without include_usage, nothing (as vLLM).")
     include_obfuscation: bool | None = Field(None, description="Only false: chunks are not padded.")
 
     @field_validator("include_obfuscation")
@@ -212,10 +215,11 @@ class SamplingFields(_Body):
     stream: bool | None = Field(False, description="null: false.")
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens (not both).")
+    max_completion_tokens: int | None = Field(None, ge=1, description="The newer name of max_tokens; beside it, "
+                                                                    "the reply stops at the smaller.")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0, description="0: only the likeliest token (greedy).")
-    top_k: int | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=-1, description="0 or -1 (vLLM's and SGLang's): no top-k.")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     # OpenAI's range (a signed 64-bit integer): wider seeds wrapped onto the same draws as others.
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
@@ -258,6 +262,7 @@ class SamplingFields(_Body):
                           "a byte-level tokenizer's text too).")
 
     _min_tokens = field_validator("min_tokens")(min_tokens_within_max)
+    _top_k = field_validator("top_k")(no_top_k)
 
     @field_validator("stream_options")
     @classmethod
@@ -265,13 +270,6 @@ class SamplingFields(_Body):
         if options is not None and not info.data.get("stream"):
             raise ValueError("only allowed when stream is true")
         return options
-
-    @field_validator("max_completion_tokens")
-    @classmethod
-    def _not_both_limits(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and info.data.get("max_tokens") is not None:
-            raise ValueError("max_tokens and max_completion_tokens at the same time are not supported; give one")
-        return value
 
     @field_validator("n")
     @classmethod
@@ -297,6 +295,17 @@ class SamplingFields(_Body):
             if not -100.0 <= value <= 100.0:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {value}")
         return bias
+
+    def reply_limit(self) -> int | None:
+        """The reply's limit asked: the smaller of max_tokens and max_completion_tokens (aiperf sends both, each an
+        upper bound), None when neither is given. Raises nothing."""
+        return min((v for v in (self.max_tokens, self.max_completion_tokens) if v is not None), default=None)
+
+    def usage_every_chunk(self) -> bool:
+        """Whether each streamed chunk carries its usage so far: continuous_usage_stats beside include_usage (vLLM
+        ignores it alone). Raises nothing."""
+        options = self.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
 
     def stop_list(self) -> list[str]:
         """`stop` as a list without empty strings. Raises nothing."""

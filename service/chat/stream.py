@@ -66,12 +66,14 @@ class UsageCounter:
 
 @dataclass
 class ResponseMeta:
-    """id, created and model, shared by every chunk of one response."""
+    """id, created and model, shared by every chunk of one response; `continuous_usage`: each chunk carries its
+    choice's usage so far (vLLM's stream_options.continuous_usage_stats, service/chat/chunk_usage.py)."""
 
     model: str
     prefix: str = "chatcmpl"
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    continuous_usage: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -217,6 +219,11 @@ class RowReader:
         finally:
             await self._close()
         raise APIError(500, _UNFINISHED, type="server_error")
+
+    @property
+    def counter(self) -> UsageCounter:
+        """The row's usage, counted as its deltas are read. Raises nothing."""
+        return self._counter
 
     def take_logprobs(self) -> list[TokenLogprob]:
         """The log probabilities of the tokens read since the last call (rows that asked for them). Raises

@@ -283,8 +283,10 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     except ValidationError as exc:
         problem = exc.errors()[0]
         message = str(problem.get("msg", exc)).removeprefix("Value error, ")
-        # Fields chat checks against each other keep their name (tool_choice naming an undeclared function);
-        # anything else came from the input items.
+        # Fields chat checks against each other keep their name (tool_choice naming an undeclared function; min_tokens
+        # past max_output_tokens, which chat calls max_tokens); anything else came from the input items.
         field = str((problem.get("loc") or ("input",))[0])
-        param = field if field in ("tool_choice", "parallel_tool_calls") else "input"
+        param = field if field in ("tool_choice", "parallel_tool_calls", "min_tokens") else "input"
+        if field == "min_tokens":
+            message = message.replace("max_tokens", "max_output_tokens")
         raise APIError(400, f"{param}: {message}", param=param, code="invalid_value") from None

@@ -58,11 +58,13 @@ def test_a_completions_field_sent_as_null_asks_for_nothing(client: Any, field: s
     assert response.json()["object"] == "text_completion"
 
 
-def test_both_token_limits_at_once_are_refused_not_one_dropped(client: Any, fake_engine: FakeEngine) -> None:
-    _refused(_chat(client, max_tokens=2, max_completion_tokens=8), "max_completion_tokens", "max_tokens and "
-             "max_completion_tokens at the same time")
-    assert _chat(client, max_completion_tokens=3).status_code == 200
-    assert fake_engine.requests[-1].max_tokens == 3
+def test_both_token_limits_at_once_stop_the_reply_at_the_smaller(client: Any, fake_engine: FakeEngine) -> None:
+    # aiperf's `--extra-inputs max_tokens:16` sends both; each is an upper bound, neither dropped.
+    for limits, limit in (((2, 8), 2), ((8, 3), 3), ((None, 3), 3), ((4, None), 4)):
+        response = _chat(client, max_tokens=limits[0], max_completion_tokens=limits[1])
+        assert response.status_code == 200, response.text
+        assert fake_engine.requests[-1].max_tokens == limit
+    _refused(_chat(client, max_tokens=8, max_completion_tokens=4, min_tokens=5), "min_tokens", "max_tokens (4)")
 
 
 @pytest.mark.parametrize("key", ["٣", "3" * 5000, "+3", " 3", "-1"])

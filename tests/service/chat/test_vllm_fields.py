@@ -1,6 +1,7 @@
 """service/chat/vllm_fields.py: vLLM's min_tokens, ignore_eos and spaces_between_special_tokens on chat and text
 completions — taken as SillyTavern's "vLLM" text completion type sends them, passed to the engine, refused by name
-where they cannot be honoured; /v1/messages and /v1/responses do not take them."""
+where they cannot be honoured; /v1/messages does not take them, /v1/responses min_tokens and ignore_eos alone; vLLM's
+top_k -1."""
 
 from __future__ import annotations
 
@@ -86,7 +87,23 @@ def test_legacy_logprobs_go_up_to_vllms_twenty(client: Any, fake_engine: FakeEng
 
 @pytest.mark.parametrize("field, value", [("min_tokens", 0), ("ignore_eos", False),
                                           ("spaces_between_special_tokens", True)])
-def test_messages_and_responses_do_not_take_them(client: Any, field: str, value: Any) -> None:
+def test_messages_does_not_take_them_and_responses_the_first_two(client: Any, field: str, value: Any) -> None:
     messages = client.post("/v1/messages", json={"max_tokens": 5, "messages": USER, field: value})
     assert messages.status_code == 400 and field in messages.json()["error"]["message"]
-    _refused(client.post("/v1/responses", json={"input": "hi", field: value}), field, "Unrecognized")
+    responses = client.post("/v1/responses", json={"input": "hi", field: value})
+    if field == "spaces_between_special_tokens":
+        _refused(responses, field, "Unrecognized")
+    else:  # as vLLM's Responses API takes ignore_eos (tests/service/responses/test_routes.py)
+        assert responses.status_code == 200, responses.text
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", {"messages": USER}),
+                                        ("/v1/completions", {"prompt": "x"}), ("/v1/responses", {"input": "hi"})])
+def test_top_k_minus_one_is_vllms_no_top_k(client: Any, fake_engine: FakeEngine, path: str,
+                                           body: dict[str, Any]) -> None:
+    # Older vLLM recipes pass -1; it overrides a recommended top_k as 0 does.
+    fake_engine.sampling_defaults = {"top_k": 20}
+    response = client.post(path, json={**body, "top_k": -1})
+    assert response.status_code == 200, response.text
+    assert fake_engine.requests[-1].sampling.top_k == 0
+    _refused(client.post(path, json={**body, "top_k": -2}), "top_k", "-1")

@@ -174,8 +174,20 @@ def test_reasoning_effort_at_the_top_level_is_reasoning_effort_and_not_both(http
     assert http.post("/v1/responses", json={"input": "hi"}).json()["reasoning"] is None
     both = http.post("/v1/responses", json={"input": "hi", "reasoning_effort": "low", "reasoning": {"effort": "low"}})
     assert both.status_code == 400 and both.json()["error"]["param"] == "reasoning_effort"
-    bad = http.post("/v1/responses", json={"input": "hi", "top_k": -1})
+    bad = http.post("/v1/responses", json={"input": "hi", "top_k": -2})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_k"
+
+
+def test_vllms_ignore_eos_and_min_tokens_reach_the_engine(http: TestClient[Any], engine: FakeEngine) -> None:
+    # `vllm bench serve --backend openai-responses` sends ignore_eos: true with its random dataset.
+    response = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 8, "ignore_eos": True,
+                                                 "min_tokens": 3, "stream": True, "store": False})
+    assert response.status_code == 200 and response_events(response.text)[-1]["type"] == "response.completed"
+    assert (engine.requests[-1].ignore_eos, engine.requests[-1].min_tokens) == (True, 3)
+    assert http.post("/v1/responses", json={"input": "hi", "ignore_eos": False}).status_code == 200
+    assert (engine.requests[-1].ignore_eos, engine.requests[-1].min_tokens) == (False, 0)
+    past = http.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2, "min_tokens": 3}).json()["error"]
+    assert past["param"] == "min_tokens" and "max_output_tokens (2)" in past["message"], past
 
 
 def test_parallel_tool_calls_false_ends_the_reply_at_its_first_call(http: TestClient[Any], engine: FakeEngine) -> None:
