@@ -78,6 +78,15 @@ class LoadedModel:
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     # The fine-tune's adapter applied to the weights, if one was given.
     adapter: AppliedAdapter | None = None
+    # The HF repo id the model was named by (ModelSource.repo), None for a path.
+    repo: str | None = None
+
+    @property
+    def root(self) -> str:
+        """Where the model comes from, as vLLM's /v1/models `root` names it (clients load its tokenizer from there):
+        the repo id of an HF-layout model named by it, else the directory its weights and tokenizer were read from (a
+        GGUF's converted copy: a GGUF repo seldom holds a tokenizer). Raises nothing."""
+        return self.repo if self.repo and self.kind == "hf_dir" else str(self.directory or self.source)
 
 
 def demo_model_path() -> Path | None:
@@ -224,6 +233,7 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
         float32=float32,
         sampling_defaults=sampling_defaults(directory),
         adapter=adapter,
+        repo=source.repo,
     )
 
 

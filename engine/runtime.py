@@ -81,6 +81,7 @@ class Engine:
         if loaded is None:
             self.tokenizer = None
             self.model_name: str | None = None
+            self.model_root: str | None = None  # vLLM's `root`: where the model comes from (LoadedModel.root)
             self.context_length: int | None = None
             self.plan: ExecutionPlan | None = None
             self.budget: MemoryBudget | None = None
@@ -88,6 +89,7 @@ class Engine:
         else:
             self.tokenizer = loaded.tokenizer
             self.model_name = loaded.name
+            self.model_root = getattr(loaded, "root", None)  # stand-ins (tests, bench) may lack it
             self.context_length = int(loaded.context_length)
             self.plan = resolve_execution(loaded.model, backend if backend is not None else _blas())
             self.budget = MemoryBudget.plan(
@@ -128,13 +130,11 @@ class Engine:
     @classmethod
     async def open(cls, spec: str | None, *, prompt_cache_bytes: int | None = None, chat_template: str | None = None,
                    adapter_path: str | None = None, **options: Any) -> "Engine":
-        """Load model `spec` on a new engine thread and build the engine on that same thread, so every
-        array the model holds belongs to the thread that runs it (`chat_template` replaces the checkpoint's;
-        `adapter_path` applies a fine-tune's adapter). The
-        prefix cache gets
-        `prompt_cache_bytes` (None: its share of the memory budget; 0: no prefix cache). `options` go to
-        `Engine(...)`. Raises what engine.models.load_model raises (the thread is closed then), and
-        ValueError for a budget that leaves no room for KV."""
+        """Load model `spec` on a new engine thread and build the engine on that same thread, so every array the
+        model holds belongs to the thread that runs it (`chat_template` replaces the checkpoint's; `adapter_path`
+        applies a fine-tune's adapter). The prefix cache gets `prompt_cache_bytes` (None: its share of the memory
+        budget; 0: no prefix cache). `options` go to `Engine(...)`. Raises what engine.models.load_model raises (the
+        thread is closed then), and ValueError for a budget that leaves no room for KV."""
         from engine.models import load_model
         from engine.prefix_cache import PrefixCache
 

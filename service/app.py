@@ -21,7 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Server
 from litestar.types import ControllerRouterHandler
 
-from service.admin.routes import health, list_models, metrics, retrieve_model, stats
+from service.admin.routes import health, list_models, metrics, ping, retrieve_model, stats
 from service.chat.completions import completions
 from service.chat.routes import chat_completions
 from service.config import ServiceConfig
@@ -68,7 +68,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
     return [
         chat_completions, completions, create_response, retrieve_response, delete_response,
         create_message, count_message_tokens,
-        list_models, retrieve_model, health, stats, metrics,
+        list_models, retrieve_model, health, ping, stats, metrics,
         create_transcription, create_translation,
         create_session, append_session_audio, finish_session, delete_session, live, realtime,
         create_client_secret, create_transcription_session,

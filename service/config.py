@@ -16,11 +16,14 @@ from typing import Any, Mapping
 from engine.pacing import DECODE_BURST, STALL
 from service.limits import Limits
 
-__all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "base_url", "split_list", "unbracketed"]
+__all__ = ["ServiceConfig", "CONFIG_ENV", "API_KEY_ENV", "SSE_KEEPALIVE", "base_url", "split_list", "unbracketed"]
 
 CONFIG_ENV = "TANDEM_SERVE_CONFIG"
 # API keys, comma-separated (read by `tandem serve` and by the worker; --api-key adds to them).
 API_KEY_ENV = "TANDEM_API_KEY"
+# Seconds between the SSE comments a stream sends while its first token waits: clients with short read timeouts
+# (httpx's 5 s) and proxies' idle timers would cut a queued stream otherwise.
+SSE_KEEPALIVE = 2.0
 
 # Single variables for an app started without the CLI (`granian service.app:app_from_env`): env name → (field,
 # type). Under `tandem serve` the flags are the config (CONFIG_ENV): these were applied over them, so a leftover
@@ -93,6 +96,9 @@ class ServiceConfig:
     max_tokens_cap: int = 4096
     # Seconds a generation may take from arrival to its last token (0: no deadline).
     request_timeout: float = 600.0
+    # Seconds between keep-alives (`: keep-alive`, Anthropic's ping) before a stream's first token; 0: none (llmperf
+    # parses every non-blank line as JSON).
+    sse_keepalive: float = SSE_KEEPALIVE
     # Seconds streams get to finish on SIGTERM before they are ended with an error event.
     shutdown_timeout: float = 5.0
     # Client-supplied chat templates (chat_template_kwargs.chat_template) are refused unless set.

@@ -73,6 +73,11 @@ class ChatEngine(Protocol):
     def model_name(self) -> str | None: ...
 
     @property
+    def model_root(self) -> str | None:
+        """Where the model comes from, as vLLM's /v1/models `root`: its repo id, else the directory its weights and
+        tokenizer were read from; None without a model."""
+
+    @property
     def context_length(self) -> int | None: ...
 
     @property

@@ -97,7 +97,8 @@ class AppState:
         cards = []
         if (name := self.chat_model_name) is not None and self.engine is not None:
             cards.append(ModelCard(id=name, created=int(self.started_at), kind="chat",
-                                   context_length=self.engine.context_length))
+                                   context_length=self.engine.context_length, root=self.engine.model_root,
+                                   max_model_len=self.engine.context_length))
         return cards + list(self.extra_models.values())
 
 

@@ -1,10 +1,11 @@
-"""GET /v1/models, /health, /stats (engine.stats() as JSON) and /metrics (the same numbers for Prometheus)."""
+"""GET /v1/models, /health (also at /v1/health and vLLM's /ping), /stats (engine.stats() as JSON) and /metrics (the
+same numbers for Prometheus)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response, get
+from litestar import Request, Response, get, route
 from litestar.openapi.datastructures import ResponseSpec
 
 from service.admin.metrics import CONTENT_TYPE
@@ -14,7 +15,7 @@ from service.http.errors import model_not_found
 from service.http.openapi import MODEL_ERRORS
 from service.state import get_state
 
-__all__ = ["ROUTES", "list_models", "retrieve_model", "health", "stats", "metrics"]
+__all__ = ["ROUTES", "list_models", "retrieve_model", "health", "ping", "stats", "metrics"]
 
 
 @get("/v1/models", summary="List the served models", tags=["models"])
@@ -39,13 +40,28 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> Mode
     raise model_not_found(wanted, [card.id for card in cards])
 
 
-@get("/health", summary="Liveness and readiness", tags=["admin"],
-     responses={503: ResponseSpec(data_container=Health, generate_examples=False,
-                                  description="loading, restarting, stopping, or failing (with the error)")})
+_NOT_READY = {503: ResponseSpec(data_container=Health, generate_examples=False,
+                                description="loading, restarting, stopping, or failing (with the error)")}
+
+
+@get(["/health", "/v1/health"], summary="Liveness and readiness", tags=["admin"], responses=_NOT_READY)
 async def health(request: Request[Any, Any, Any]) -> Response[Health]:
     """200 when ready; 503 while loading, restarting (a respawned worker or engine process) or stopping (with
     Retry-After), and while the engine cannot run any row (its steps keep failing: status "failing" with the error).
     Open without an API key. Raises nothing."""
+    return _health(request)
+
+
+# vLLM's health check (SageMaker's, hence POST too): the same answer as /health.
+@route("/ping", http_method=["GET", "POST"], status_code=200, summary="Liveness and readiness, as vLLM's /ping",
+       tags=["admin"], responses=_NOT_READY,
+       description="/health's answer, for clients that probe vLLM's /ping (GET or POST).")
+async def ping(request: Request[Any, Any, Any]) -> Response[Health]:
+    """/health's answer. Raises nothing."""
+    return _health(request)
+
+
+def _health(request: Request[Any, Any, Any]) -> Response[Health]:
     state = get_state(request)
     if state.phase != "ready":
         return Response(Health(status=state.phase, model=state.chat_model_name), status_code=503,
@@ -75,4 +91,4 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-ROUTES = [list_models, retrieve_model, health, stats, metrics]
+ROUTES = [list_models, retrieve_model, health, ping, stats, metrics]

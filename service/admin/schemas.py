@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 __all__ = ["ModelCard", "ModelList", "Health"]
 
@@ -21,6 +21,18 @@ class ModelCard(BaseModel):
     # What the model does here: "chat" or "transcription".
     kind: str | None = Field(None, exclude_if=_omit_none)
     context_length: int | None = Field(None, exclude_if=_omit_none)
+    # vLLM's ModelCard fields (`vllm bench serve` without --model loads its tokenizer from `root`): where the model
+    # comes from (its repo id or folder; the id where nothing else is known), the base model of an adapter listed on
+    # its own (none is: a --adapter-path is applied to the served model), the context length requests are held to.
+    root: str | None = None
+    parent: str | None = None
+    max_model_len: int | None = None
+
+    @model_validator(mode="after")
+    def _root_defaults_to_id(self) -> "ModelCard":
+        if self.root is None:
+            self.root = self.id
+        return self
 
 
 class ModelList(BaseModel):

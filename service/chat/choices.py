@@ -20,7 +20,7 @@ from engine.contracts import GenerationRequest, SamplingParams
 from service.chat.replies import PromptTokensDetails, Usage
 from service.chat.schemas import MAX_CHOICES
 from service.chat.request import submit
-from service.chat.respond import FIRST_BYTE_WAIT, KEEPALIVE_EVERY
+from service.chat.respond import FIRST_BYTE_WAIT, keepalive_every
 from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
@@ -182,11 +182,12 @@ async def _merged(state: AppState, choices: Choices[T], events_of: Callable[[Cho
     for choice in choices.all:
         state.task_group.start_soon(_pump, choice, events_of, send.clone())
     send.close()
+    every = keepalive_every(state)
     try:
         async with receive:
             while True:
                 item: bytes | Exception | None = None
-                with anyio.move_on_after(KEEPALIVE_EVERY):
+                with anyio.move_on_after(every):
                     try:
                         item = await receive.receive()
                     except anyio.EndOfStream:
@@ -213,8 +214,7 @@ async def _pump(choice: Choice[T], events_of: Callable[[Choice[T]], AsyncGenerat
     which an exception would end."""
     async with send:
         try:
-            while not await choice.reader.start(KEEPALIVE_EVERY):
-                pass
+            await choice.reader.start()  # no time limit: the merged stream sends the keep-alives
             events = events_of(choice)
             try:
                 async for chunk in events:

@@ -2,8 +2,8 @@
 engine's queue, and the row's first delta (streaming) or its whole reply — runs under one disconnect
 watcher, so a client that leaves stops it wherever it is. Then an SSE stream (after the first delta, so a row
 that fails first is a 5xx, never an empty 200; or, when the first delta is slow — a queue, a long prompt — after
-FIRST_BYTE_WAIT with SSE comments until it comes, a failure then in-band) or the collected JSON body; 499 with no
-body for a client that left first."""
+FIRST_BYTE_WAIT with SSE comments every --sse-keepalive seconds until it comes, a failure then in-band) or the
+collected JSON body; 499 with no body for a client that left first."""
 
 from __future__ import annotations
 
@@ -17,13 +17,19 @@ from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_error
 from service.seams import RowStream
+from service.state import AppState, get_state
 
-__all__ = ["FIRST_BYTE_WAIT", "KEEPALIVE_EVERY", "respond"]
+__all__ = ["FIRST_BYTE_WAIT", "keepalive_every", "respond"]
 
 # A stream's headers wait this long for its first delta (a failure until then is a status code). Nothing sent for
 # longer, clients with read timeouts (httpx's default is 5 s) and proxies' idle timeouts cut a queued stream.
 FIRST_BYTE_WAIT = 2.0
-KEEPALIVE_EVERY = 2.0  # then an SSE comment this often until the first delta
+
+
+def keepalive_every(state: AppState) -> float | None:
+    """Seconds between keep-alives until a stream's first delta (--sse-keepalive), None when they are off.
+    Raises nothing."""
+    return state.config.sse_keepalive or None
 
 
 def _chat_failure(error: APIError) -> bytes:
@@ -59,17 +65,18 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
     if isinstance(answer, RowReader) and events is not None:
         row = opened[0]
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-        return SSEStream(EventSource(_kept_alive(answer, events, keepalive, failure), lambda: close_stream(row)))
+        every = keepalive_every(get_state(request))
+        return SSEStream(EventSource(_kept_alive(answer, events, keepalive, every, failure), lambda: close_stream(row)))
     return Response(answer)
 
 
 async def _kept_alive(reader: RowReader, events: Callable[[RowReader], AsyncGenerator[bytes, None]],
-                      keepalive: Callable[[], bytes],
+                      keepalive: Callable[[], bytes], every: float | None,
                       failure: Callable[[APIError], bytes]) -> AsyncGenerator[bytes, None]:
-    """Keep-alives until the row's first delta (at once when it came before the headers), then its events; a
-    failure or the deadline before it ends the stream in-band."""
+    """Keep-alives every `every` seconds (None: none) until the row's first delta (at once when it came before the
+    headers), then its events; a failure or the deadline before it ends the stream in-band."""
     try:
-        while not await reader.start(KEEPALIVE_EVERY):
+        while not await reader.start(every):
             yield keepalive()
     except APIError as exc:
         yield failure(exc)

@@ -16,7 +16,7 @@ from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, s
 from service.cli.resolve import resolve_adapter, resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
-from service.config import ServiceConfig, base_url, unbracketed
+from service.config import SSE_KEEPALIVE, ServiceConfig, base_url, unbracketed
 from service.process.port_lock import PortBusy, PortLock, lock_port
 
 __all__ = ["add_serve", "serve_config"]
@@ -72,6 +72,10 @@ def add_serve(sub: Any) -> None:
                         "streams less often (default: Python's 700,10,10)")
     p.add_argument("--shutdown-timeout", type=seconds, default=5.0,
                    help="seconds streams get to finish on Ctrl-C/SIGTERM before they end with an error event")
+    p.add_argument("--sse-keepalive", type=seconds, default=SSE_KEEPALIVE, metavar="SEC",
+                   help="while a stream's first token waits, send an SSE comment (`: keep-alive`; on /v1/messages a "
+                        "ping, on /v1/responses an in_progress event) this often, so read timeouts and proxies do not "
+                        "cut it; 0: none, for clients that parse every line as an event (llmperf)")
     add_serve_limit_args(p)
     add_serve_speech_args(p)
     p.set_defaults(func=_serve)
@@ -111,6 +115,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         gc_thresholds=args.gc_thresholds,
         log_level=args.log_level,
         shutdown_timeout=args.shutdown_timeout,
+        sse_keepalive=args.sse_keepalive,
     )
     configure_serve_limits(args, config)
     return config

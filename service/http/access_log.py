@@ -1,7 +1,8 @@
 """One access-log line per HTTP request: method, path, status, duration, and tokens where a route knows
 them (`record_tokens`); the same request counted in the metrics by route template. Wraps the whole app,
 so 404s, CORS preflights and the guard's refusals are logged and counted too, and each gets an
-`x-request-id` header (the openai SDKs read it into `_request_id`). A websocket gets its line when it ends."""
+`x-request-id` header (the openai SDKs read it into `_request_id`): the client's own when it sent a sane one, as vLLM
+echoes it, else a fresh one. A websocket gets its line when it ends."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Any, Callable, Protocol
 from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
+from service.http.auth import header
+
 __all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "arrival_time", "ACCESS_LOGGER"]
 
 ACCESS_LOGGER = "tandem.access"
@@ -25,6 +28,9 @@ _TOKENS_KEY = "tandem.tokens"
 _USER_KEY = "tandem.user"
 # When the request arrived (time.monotonic()): deadlines and time-to-first-token count from here.
 _ARRIVAL_KEY = "tandem.arrival"
+# A client's X-Request-Id taken as this request's: printable ASCII without spaces (one word of the log line, a valid
+# header value), at most 128 characters.
+_CLIENT_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 _log = logging.getLogger(ACCESS_LOGGER)
 
@@ -73,8 +79,7 @@ class AccessLog:
             return
         start = time.perf_counter()
         scope.setdefault("state", {})[_ARRIVAL_KEY] = time.monotonic()
-        # Fresh per request, as OpenAI's, never the client's own (which could collide with another client's).
-        request_id = f"req_{uuid.uuid4().hex}"
+        request_id = _request_id(scope)
         id_header = (b"x-request-id", request_id.encode())
         status: list[int] = []
         ended: list[bool] = []  # the response's last body message went out
@@ -165,6 +170,13 @@ class AccessLog:
 
 # The methods a metrics label names; any other is "other": a client inventing methods must not create series.
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def _request_id(scope: Scope) -> str:
+    """The client's X-Request-Id when it is sane (vLLM echoes it; `vllm bench serve` sends one a request, so its
+    requests are found in the log by its ids), else a fresh one, as OpenAI's. Raises nothing."""
+    sent = header(scope, b"x-request-id")
+    return sent if sent is not None and _CLIENT_REQUEST_ID.fullmatch(sent) else f"req_{uuid.uuid4().hex}"
 
 
 def _method_label(method: Any) -> str:

@@ -1,7 +1,7 @@
 """The ASGI guard in front of Litestar: what every connection must pass before a route sees it.
 
-In order: the Host name (a keyless loopback server's), the browser origin, the API key (every route but /health,
-websockets included), readiness (503 with Retry-After while the models load, the worker restarts or the server
+In order: the Host name (a keyless loopback server's), the browser origin, the API key (every route but the health
+checks, websockets included), readiness (503 with Retry-After while the models load, the worker restarts or the server
 drains; a CORS preflight is answered even then, or the page could not read the 503), then the body:
 its size by route (413 from Content-Length, or as soon as a streamed body passes the limit) and its pace
 (408 when no byte arrives for `body_timeout`, or the body averages under MIN_BODY_RATE past it). A websocket message
@@ -23,14 +23,16 @@ from service.http.errors import APIError, error_body, unavailable
 from service.limits import Limits
 from service.state import AppState
 
-__all__ = ["Guard", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit", "FRAME_REFUSED"]
+__all__ = ["Guard", "HEALTH_PATHS", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit", "FRAME_REFUSED"]
 
-# Served without a key (liveness probes).
-OPEN_PATHS = frozenset({"/health"})
-# Served while the models load or the server drains (everything else answers 503 then).
-# (/v1/models is not: while loading it would list nothing, and a client probing at startup would conclude the
-# model is not served.)
-ALWAYS_SERVED = ("/health", "/stats", "/metrics", "/docs")
+# The health check's paths (/health's answer at each: vLLM's clients probe /ping), served without a key (liveness
+# probes).
+HEALTH_PATHS = ("/health", "/v1/health", "/ping")
+OPEN_PATHS = frozenset(HEALTH_PATHS)
+# Served while the models load or the server drains (everything else answers 503 then), so the health paths answer
+# with their own body then. (/v1/models is not: while loading it would list nothing, and a client probing at startup
+# would conclude the model is not served.)
+ALWAYS_SERVED = (*HEALTH_PATHS, "/stats", "/metrics", "/docs")
 
 # Past the body timeout a body must have averaged this (Apache's mod_reqtimeout MinRate idea): a trickle of a byte
 # every few seconds never trips the silence timeout, yet holds a connection and its buffer for good.

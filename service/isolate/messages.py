@@ -103,6 +103,8 @@ class Ready:
     speech_aliases: list[str] = field(default_factory=list)
     # The model's recommended sampling (generation_config.json) for fields a request leaves out.
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    # Where the model comes from (ChatEngine.model_root): /v1/models' `root`.
+    model_root: str | None = None
 
 
 @dataclass

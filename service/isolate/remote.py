@@ -121,6 +121,7 @@ class RemoteEngine:
         self.tasks = ExecutionTasks()  # nothing runs here: the engine process owns the loop
         self.tokenizer: Any = None
         self.model_name: str | None = None
+        self.model_root: str | None = None
         self.context_length: int | None = None
         self.vocab_size: int | None = None
         self.sampling_defaults: dict[str, float] = {}
@@ -159,7 +160,7 @@ class RemoteEngine:
         self._conn, self._connected = conn, True
         self.objects.reopen()
         self.model_name, self.context_length, self.vocab_size = ready.model_name, ready.context_length, ready.vocab_size
-        self.sampling_defaults = dict(ready.sampling_defaults)
+        self.sampling_defaults, self.model_root = dict(ready.sampling_defaults), ready.model_root
         self.plan, self.pid = _Plan(list(ready.plan_reasons)), ready.pid
         self.speech_ref, self.speech_aliases = ready.speech, list(ready.speech_aliases)
         if self.tokenizer is None and ready.tokenizer_dir:

@@ -280,6 +280,8 @@ def test_gguf_imports_to_the_model_it_was_made_from(tiny_llm_dir, tmp_path, cach
     reference = load_model(str(tiny_llm_dir))
 
     assert (loaded.name, loaded.kind, loaded.context_length) == ("tiny", "gguf", 2048)
+    # The converted copy, not the .gguf: `vllm bench serve` loads the tokenizer from /v1/models' `root`.
+    assert loaded.root == str(loaded.directory) and (loaded.directory / "tokenizer.json").is_file()
     assert loaded.config["rope_traditional"] is True and loaded.config["tie_word_embeddings"] is True
     texts = ["The quick brown fox jumps over the lazy dog.", "Café 日本語 🙂 forty-two"]
     for text in texts:

@@ -63,6 +63,7 @@ def test_local_dir_loads_like_mlx_lm(tiny_llm_dir) -> None:
     loaded = load_model(str(tiny_llm_dir))
     assert loaded.name == tiny_llm_dir.name
     assert (loaded.kind, loaded.source, loaded.context_length) == ("hf_dir", str(tiny_llm_dir), 2048)
+    assert loaded.root == str(tiny_llm_dir)  # vLLM's /v1/models `root`: a path served is its path
     assert loaded.float32 is (mx.default_device() == mx.cpu)
     assert loaded.tokenizer.has_chat_template
     model, tokenizer = load(str(tiny_llm_dir))
@@ -81,7 +82,7 @@ def test_repo_id_resolves_from_the_hub_cache_offline(tiny_llm_dir, hub_cache, mo
     source = resolve_model("tiny-org/tiny-llm")
     assert (source.kind, source.path, source.repo, source.name) == ("hf_dir", snapshot, "tiny-org/tiny-llm", "tiny-org/tiny-llm")
     loaded = load_model("tiny-org/tiny-llm")
-    assert loaded.name == "tiny-org/tiny-llm"
+    assert loaded.name == loaded.root == "tiny-org/tiny-llm"  # a repo id served is its root, as vLLM's
     assert _greedy(loaded, "Hello world") == _greedy(load_model(str(tiny_llm_dir)), "Hello world")
 
 

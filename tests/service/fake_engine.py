@@ -144,6 +144,7 @@ class FakeEngine:
 
     def __init__(self, pieces: list[str] | None = None, *, context_length: int = 256, run_tasks: bool = False) -> None:
         self.model_name: str | None = "fake-model"
+        self.model_root: str | None = "/models/fake-model"
         self.context_length: int | None = context_length
         self.plan = None
         # run_tasks: a real tasks-only engine runs `tasks` (speech work) beside the scripted chat rows; a new

@@ -22,6 +22,18 @@ def test_models_lists_the_chat_model_then_others(fake_engine: FakeEngine) -> Non
     assert body["data"][0]["object"] == "model" and body["data"][0]["context_length"] == 256
 
 
+def test_models_carry_vllms_model_card_fields(fake_engine: FakeEngine) -> None:
+    # `vllm bench serve` without --model reads data[0]["root"] (its tokenizer) and failed with KeyError 'root'.
+    state = AppState(engine=fake_engine)
+    state.extra_models["whisper-tiny"] = ModelCard(id="whisper-tiny", kind="transcription")
+    with TestClient(create_app(state)) as client:
+        chat, whisper = client.get("/v1/models").json()["data"]
+        assert client.get("/v1/models/fake-model").json() == chat
+    assert (chat["root"], chat["parent"], chat["max_model_len"]) == ("/models/fake-model", None, 256)
+    assert (chat["id"], chat["object"], chat["owned_by"]) == ("fake-model", "model", "mlx-tandem")  # OpenAI's too
+    assert (whisper["root"], whisper["parent"], whisper["max_model_len"]) == ("whisper-tiny", None, None)
+
+
 def test_served_model_name_and_aliases(fake_engine: FakeEngine) -> None:
     from service.config import ServiceConfig
 

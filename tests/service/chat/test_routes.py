@@ -13,6 +13,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk as SDKChunk
 
 from service.app import create_app
+from service.config import ServiceConfig
 from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.conftest import sse_events
@@ -332,10 +333,9 @@ async def test_a_slow_first_token_gets_headers_and_keep_alives_meanwhile(monkeyp
     from service.chat import respond
 
     monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
-    monkeypatch.setattr(respond, "KEEPALIVE_EVERY", 0.01)
     engine = FakeEngine(pieces=["a", "b"])
     engine.first_gate = anyio.Event()
-    app = create_app(AppState(engine=engine, ready=True))
+    app = create_app(AppState(engine=engine, ready=True, config=ServiceConfig(sse_keepalive=0.01)))
     client = ASGIClient({**body, "stream": True, "max_tokens": 2}, marker=b": keep-alive\n\n")
     with anyio.fail_after(30):  # without keep-alives nothing is sent before the gate opens: fail, do not hang
         async with anyio.create_task_group() as tg:
@@ -355,10 +355,9 @@ async def test_a_failure_after_keep_alives_is_an_error_event_then_done(monkeypat
     from service.chat import respond
 
     monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
-    monkeypatch.setattr(respond, "KEEPALIVE_EVERY", 0.01)
     engine = FakeEngine(pieces=["a", "b"])
     engine.first_gate, engine.fail_with, engine.fail_at = anyio.Event(), "the step failed", 0
-    app = create_app(AppState(engine=engine, ready=True))
+    app = create_app(AppState(engine=engine, ready=True, config=ServiceConfig(sse_keepalive=0.01)))
     client = ASGIClient({"messages": USER, "stream": True}, marker=b": keep-alive\n\n")
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:

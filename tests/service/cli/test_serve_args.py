@@ -156,3 +156,17 @@ def test_allowed_origins_are_taken_as_browsers_send_them(capsys: pytest.CaptureF
     assert main(["serve", "--allowed-origins", "http://localhost:3000/app"]) == 2
     assert "is not an origin" in capsys.readouterr().err
     assert main(["serve", "--allowed-origins", "localhost:3000"]) == 2
+
+
+def test_sse_keepalive_reaches_the_worker_config(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli.main import build_parser
+    from service.cli.serve import serve_config
+    from service.config import CONFIG_ENV, ServiceConfig
+
+    parse = build_parser().parse_args
+    assert serve_config(parse(["serve"])).sse_keepalive == 2.0  # on by default: short read timeouts need it
+    off = serve_config(parse(["serve", "--sse-keepalive", "0"]))  # llmperf reads every line as JSON
+    assert ServiceConfig.from_env({CONFIG_ENV: off.to_json()}).sse_keepalive == 0
+    with pytest.raises(SystemExit):
+        parse(["serve", "--sse-keepalive", "-1"])
+    assert "--sse-keepalive" in capsys.readouterr().err

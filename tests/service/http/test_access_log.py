@@ -198,6 +198,21 @@ def test_a_line_names_the_request_id_the_client_got(client: Any, capsys: pytest.
     assert line.endswith(f" {answer.headers['x-request-id']} from testclient"), line
 
 
+def test_a_clients_sane_request_id_is_kept(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # vLLM echoes X-Request-Id and `vllm bench serve` sends one a request: its ids find its requests in the log.
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    capsys.readouterr()
+    own = "bench-7f3a:0001/x_" + "z" * 110  # 128 visible ASCII characters
+    kept = client.post("/v1/chat/completions", json=chat, headers={"X-Request-Id": own})
+    assert kept.headers["x-request-id"] == own
+    (line,) = _lines(capsys.readouterr().err)
+    assert line.endswith(f" {own} from testclient"), line
+    # A space (a second word in the log line), a control character, a non-ASCII byte, 129 characters, nothing.
+    for bad in (b"two words", b"tab\there", b"caf\xe9", b"a" * 129, b""):
+        answer = client.post("/v1/chat/completions", json=chat, headers={"X-Request-Id": bad})
+        assert re.fullmatch(r"req_[0-9a-f]{32}", answer.headers["x-request-id"]), bad
+
+
 def test_a_refusal_says_why(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
     # "POST /v1/chat/completions 400 1.7 ms" told the operator nothing; the error's code and field do.
     capsys.readouterr()

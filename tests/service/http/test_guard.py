@@ -15,6 +15,7 @@ from litestar.testing import TestClient
 from service.app import create_app, route_handlers
 from service.config import API_KEY_ENV, CONFIG_ENV, ServiceConfig
 from service.http import auth
+from service.http.guard import HEALTH_PATHS
 from service.limits import Limits
 from service.state import AppState
 from tests.service.fake_engine import FakeEngine
@@ -54,7 +55,7 @@ def test_every_route_but_health_needs_a_key(keyed: TestClient[Any], method: str,
     wrong = keyed.request(method, path, json={"messages": USER}, headers={"authorization": "Bearer nope"})
     bearer = keyed.request(method, path, json={"messages": USER}, headers={"authorization": f"Bearer {KEYS[1]}"})
     header = keyed.request(method, path, json={"messages": USER}, headers={"x-api-key": KEYS[0]})
-    if path == "/health":
+    if path in HEALTH_PATHS:  # /health's answer at /v1/health and vLLM's /ping: liveness probes send no key
         assert anonymous.status_code == 200
         return
     for refused in (anonymous, wrong):
@@ -251,6 +252,28 @@ def test_requests_get_503_with_retry_after_while_the_engine_loads() -> None:
         client.blocking_portal.call(release[0].set)
         client.blocking_portal.call(_until_ready, state)
         assert client.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
+
+
+def test_ping_and_v1_health_answer_as_health_while_loading_and_once_ready() -> None:
+    # vLLM's health check is /ping (GET, and POST for SageMaker): it was a 503 `loading` error, then a 404.
+    release: list[anyio.Event] = []
+
+    async def load(_: ServiceConfig) -> FakeEngine:
+        release.append(anyio.Event())
+        await release[0].wait()
+        return FakeEngine()
+
+    def answers(client: TestClient[Any]) -> set[tuple[int, str, str | None]]:
+        got = [client.get(path) for path in HEALTH_PATHS] + [client.post("/ping"), client.head("/ping")]
+        assert all(a.status_code == got[0].status_code for a in got[-1:]), got  # HEAD's status as GET's
+        return {(a.status_code, a.text, a.headers.get("retry-after")) for a in got[:-1]}
+
+    state = AppState(load_engine=load, load_in_background=True)
+    with TestClient(create_app(state)) as client:
+        assert answers(client) == {(503, '{"status":"loading","model":null}', "5")}
+        client.blocking_portal.call(release[0].set)
+        client.blocking_portal.call(_until_ready, state)
+        assert answers(client) == {(200, '{"status":"ok","model":"fake-model"}', None)}
 
 
 async def _until_ready(state: AppState) -> None:

@@ -46,6 +46,8 @@ def test_chat_runs_in_another_process(isolated: TestClient[Any]) -> None:
                              stream_options={"include_usage": True}).text)
     assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 6
     assert chat(isolated, logit_bias=NO_EOS).json()["usage"]["completion_tokens"] == 6  # EOS banned: exactly 6
+    # /v1/models' `root` (vLLM's: where the model comes from) crosses the boundary too.
+    assert isolated.get("/v1/models").json()["data"][0]["root"] == str(engine.config.model) == engine.model_root
 
 
 def test_log_probabilities_cross_the_process_boundary(isolated: TestClient[Any]) -> None:

@@ -287,10 +287,9 @@ async def test_a_slow_first_token_gets_lifecycle_events_meanwhile(monkeypatch) -
     from service.chat import respond
 
     monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
-    monkeypatch.setattr(respond, "KEEPALIVE_EVERY", 0.01)
     engine = FakeEngine(pieces=["a", "b"])
     engine.first_gate = anyio.Event()
-    app = create_app(AppState(engine=engine, ready=True))
+    app = create_app(AppState(engine=engine, ready=True, config=ServiceConfig(sse_keepalive=0.01)))
     client = ASGIClient({"input": "hi", "stream": True}, marker=b"event: response.in_progress")
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:

@@ -1,0 +1,88 @@
+"""--sse-keepalive: how often a stream whose first token is slow sends keep-alives (an SSE comment; Anthropic's ping,
+the Responses API's in_progress event) after its headers, and none at all at 0 — llmperf parses every non-blank
+line of a stream as a JSON event."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from service.app import create_app
+from service.config import ServiceConfig
+from service.state import AppState
+from tests.service.asgi import ASGIClient, asgi_scope
+from tests.service.fake_engine import FakeEngine
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+class _Client(ASGIClient):
+    """An ASGIClient that also tells when the headers went out and counts the chunks holding its marker."""
+
+    def __init__(self, body: dict[str, Any], marker: bytes, count: int = 1) -> None:
+        super().__init__(body, marker)
+        self.headers_sent = anyio.Event()
+        self.count, self.marked = count, 0
+        self.counted = anyio.Event()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.headers_sent.set()
+        elif self.marker in message.get("body", b""):
+            self.marked += 1
+            if self.marked >= self.count:
+                self.counted.set()
+        await super().send(message)
+
+
+def _app(engine: FakeEngine, keepalive: float, task_group: Any = None) -> Any:
+    return create_app(AppState(engine=engine, ready=True, task_group=task_group,
+                               config=ServiceConfig(sse_keepalive=keepalive)))
+
+
+def test_keep_alives_are_on_by_default() -> None:
+    # README: clients with short read timeouts (httpx's 5 s) need them, so turning them off is the operator's choice.
+    assert ServiceConfig().sse_keepalive == 2.0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "n": 2}),  # the choices' merged stream
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}),
+    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2}),
+])
+@pytest.mark.parametrize("keepalive", [0, 0.01])
+async def test_keep_alives_follow_sse_keepalive(monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any],
+                                                keepalive: float) -> None:
+    from service.chat import respond
+
+    monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
+    engine, clock_engine = FakeEngine(pieces=["a", "b"]), FakeEngine(pieces=["a", "b"])
+    engine.first_gate, clock_engine.first_gate = anyio.Event(), anyio.Event()
+    client = _Client({**body, "stream": True}, marker=b"data: ")
+    # The clock: a server sending keep-alives every 10 ms, started after the tested stream's headers went out. Both
+    # run on one event loop, so by its third keep-alive the tested stream, at that period, sent two.
+    clock = _Client({"messages": USER, "stream": True, "max_tokens": 2}, marker=b": keep-alive\n\n", count=3)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, keepalive, tg), asgi_scope(path), client.receive, client.send)
+            await client.headers_sent.wait()  # the first token still waits: headers go out after FIRST_BYTE_WAIT
+            tg.start_soon(_app(clock_engine, 0.01), asgi_scope("/v1/chat/completions"), clock.receive, clock.send)
+            await clock.counted.wait()
+            # At 0: no comment, no ping, no early lifecycle event.
+            assert bool(b"".join(client.chunks)) == (keepalive > 0), client.chunks
+            engine.first_gate.set()
+            clock_engine.first_gate.set()
+            await client.leave.wait()
+            await clock.leave.wait()
+    if keepalive:
+        return
+    text = b"".join(client.chunks).decode()
+    lines = [line for line in text.split("\n") if line]
+    # What llmperf reads: every non-blank line an event's data (or its name), never a comment.
+    assert lines and all(line.startswith(("data: ", "event: ")) for line in lines), lines
+    assert "event: ping" not in text and text.count("event: response.in_progress") <= 1
