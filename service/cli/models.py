@@ -28,7 +28,8 @@ def add_models(sub: Any) -> None:
     imp.add_argument("output", help="new mlx-whisper dir (config.json + weights.safetensors)")
     imp.add_argument("--dtype", choices=["float32", "float16"], default="float32",
                      help="stored weight type (float32 suits the CPU backend)")
-    imp.add_argument("--force", action="store_true", help="replace an OUTPUT dir that is not empty (everything in it is removed)")
+    imp.add_argument("--force", action="store_true",
+                     help="replace an OUTPUT dir that is not empty (everything in it is removed; never the source)")
     imp.set_defaults(func=_models_import)
 
 
@@ -107,6 +108,7 @@ def _models_import(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if not (Path(args.source) / "model.bin").is_file():
         raise CLIError(f"{args.source} has no model.bin (not a CTranslate2 checkpoint)")
+    _check_apart(Path(args.source), output)
     if output.is_dir() and any(output.iterdir()) and not args.force:
         raise CLIError(f"{output} exists and is not empty: choose a new dir, or pass --force to replace its files")
     if output.exists() and not output.is_dir():
@@ -118,6 +120,19 @@ def _models_import(args: argparse.Namespace) -> int:
     _usual_modes(Path(out))
     print(out)
     return 0
+
+
+def _check_apart(source: Path, output: Path) -> None:
+    """Raise CLIError (exit 2) when OUTPUT is SOURCE, holds it or lies inside it: replacing OUTPUT (--force) deleted
+    the checkpoint being read, and its siblings with it where OUTPUT was its parent."""
+    src, out = source.resolve(), output.resolve()
+    if out == src:
+        raise CLIError(f"OUTPUT {output} is the source dir: choose a new dir (replacing it would delete model.bin)")
+    if out in src.parents:
+        raise CLIError(f"OUTPUT {output} contains the source dir {source}: choose a new dir (replacing it would "
+                       f"delete the source and everything beside it)")
+    if src in out.parents:
+        raise CLIError(f"OUTPUT {output} is inside the source dir {source}: choose a dir outside it")
 
 
 def _usual_modes(directory: Path) -> None:

@@ -1,5 +1,6 @@
 """`tandem models get` checks the repo id and that the hub answers before downloading; `models import`
-leaves a non-empty OUTPUT alone unless --force, and writes its files with the usual modes."""
+leaves a non-empty OUTPUT alone unless --force, never writes over or beside its source, and writes its files with
+the usual modes."""
 
 from __future__ import annotations
 
@@ -55,23 +56,43 @@ def test_import_refuses_a_dir_that_is_not_empty_without_force(tmp_path: Path, mo
     import audio.ctranslate2_import
 
     monkeypatch.setattr(audio.ctranslate2_import, "import_ct2_whisper", _fake_import)
-    (tmp_path / "model.bin").write_bytes(b"")
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "model.bin").write_bytes(b"")
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
-    assert main(["models", "import", str(tmp_path), str(out)]) == 2
+    assert main(["models", "import", str(tmp_path / "ct2"), str(out)]) == 2
     assert "--force" in capsys.readouterr().err and (out / "mine.txt").exists()
-    assert main(["models", "import", str(tmp_path), str(out), "--force"]) == 0
+    assert main(["models", "import", str(tmp_path / "ct2"), str(out), "--force"]) == 0
 
 
 def test_import_writes_the_weights_with_the_usual_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import audio.ctranslate2_import
 
     monkeypatch.setattr(audio.ctranslate2_import, "import_ct2_whisper", _fake_import)
-    (tmp_path / "model.bin").write_bytes(b"")
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "model.bin").write_bytes(b"")
     old = os.umask(0o022)
     try:
-        assert main(["models", "import", str(tmp_path), str(tmp_path / "new")]) == 0
+        assert main(["models", "import", str(tmp_path / "ct2"), str(tmp_path / "new")]) == 0
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "new" / "weights.safetensors").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize("where, words", [(".", "is the source dir"), ("..", "contains the source dir"),
+                                          ("mlx", "is inside the source dir")])
+def test_import_refuses_an_output_that_is_the_source_holds_it_or_lies_in_it(
+        where: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --force removed OUTPUT first: the checkpoint (and, with OUTPUT its parent, everything beside it) was deleted.
+    from tests.audio.test_whisper_imports import _write_ct2
+
+    source = _write_ct2(tmp_path / "whisper-ct2", seed=1)  # a real checkpoint: the import would run
+    checkpoint = (source / "model.bin").read_bytes()
+    (tmp_path / "sibling.txt").write_text("keep me")
+    output = source / where
+    assert main(["models", "import", str(source), str(output), "--force"]) == 2
+    assert words in capsys.readouterr().err
+    assert (source / "model.bin").read_bytes() == checkpoint and (tmp_path / "sibling.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sibling.txt", "whisper-ct2"]
+    assert [p.name for p in source.iterdir()] == ["model.bin"]
