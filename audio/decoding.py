@@ -53,6 +53,11 @@ def segment_end(segments: list[dict[str, Any]]) -> float | None:
                 segments[-1]["end"] if segments else None)
 
 
+def _prompt_tokens(tok: Any, prompt: str | None) -> list[int]:
+    # a prompt is text: "<|endoftext|>" in it is those characters, never the special token (tiktoken refuses)
+    return tok.encode(" " + prompt.strip(), disallowed_special=()) if prompt and prompt.strip() else []
+
+
 class _CachedAudio:
     """The model as mlx-whisper's word alignment sees it, reading the window's encoder output instead of
     encoding the mel again."""
@@ -81,6 +86,7 @@ class WindowedTranscription:
         self.segments: list[dict[str, Any]] = []
         self.initial_prompt_tokens = list(prompt_tokens)
         self.all_tokens: list[int] = list(prompt_tokens)
+        self.text_from = len(prompt_tokens)  # all_tokens from here on are decoded text (the prompt before it)
         self.prompt_reset_since = 0
         self.last_speech_timestamp = 0.0
         # The seek went to an aligned word's end before the window's last timestamp: the next window starts inside
@@ -108,13 +114,21 @@ class WindowedTranscription:
 
         def prepare() -> tuple[Any, list[int]]:
             tok = tokenizer_for(loaded, options.language, options.task)
-            # a prompt is text: "<|endoftext|>" in it is those characters, never the special token (tiktoken refuses)
-            prompt = tok.encode(" " + options.prompt.strip(), disallowed_special=()) \
-                if options.prompt and options.prompt.strip() else []
-            return tok, prompt
+            return tok, _prompt_tokens(tok, options.prompt)
 
         tok, prompt = await anyio.to_thread.run_sync(prepare)
         return cls(loaded, options, tok, prompt, timeline=timeline, carry_prompt=carry_prompt, seed=seed)
+
+    def retarget(self, options: TranscribeOptions) -> None:
+        """Decode the windows from here with `options`' language and prompt (a live session's update; the earlier
+        text conditions them unless the language changed). The prompt is bounded (MAX_PROMPT_CHARS): tokenized here
+        in well under a millisecond. Raises nothing."""
+        if options.language != self.options.language:
+            self.language = options.language or (None if self.loaded.model.is_multilingual else "en")
+            self.tokenizer = tokenizer_for(self.loaded, options.language, options.task)
+            self.prompt_reset_since = len(self.all_tokens)
+        self.options = options
+        self.initial_prompt_tokens = _prompt_tokens(self.tokenizer, options.prompt)
 
     @property
     def input_stride(self) -> int:
@@ -156,10 +170,10 @@ class WindowedTranscription:
         initial = self.initial_prompt_tokens
         if not conditioned:
             prompt = initial
-        elif self.carry_prompt and initial:
+        elif self.carry_prompt:
             # openai-whisper's carry_initial_prompt: the client's prompt before every window, the earlier text
             # since the last reset after it, cut from the left to fit
-            earlier = self.all_tokens[max(self.prompt_reset_since, len(initial)):]
+            earlier = self.all_tokens[max(self.prompt_reset_since, self.text_from):]
             prompt = initial + earlier[max(0, len(earlier) - max(0, room - len(initial))):]
         else:
             prompt = self.all_tokens[self.prompt_reset_since:]
@@ -198,7 +212,7 @@ class WindowedTranscription:
         request = self.request(audio, frames)
         result = await scheduler.decode(self.loaded, request)
         # the earlier windows' text in its prompt (a client's own prompt may well be said in the audio)
-        earlier = self.all_tokens[max(self.prompt_reset_since, len(self.initial_prompt_tokens)):]
+        earlier = self.all_tokens[max(self.prompt_reset_since, self.text_from):]
         if request.prompt and earlier and copied_words(self._plain(result.decoded.sampled),
                                                        self._plain(earlier[-len(request.prompt):])) >= COPIED_PROMPT_WORDS:
             # It wrote its conditioning text again, not what it heard (over speech with its pauses cut out, a
@@ -344,7 +358,7 @@ class WindowedTranscription:
 
     def text(self) -> str:
         """All committed text so far. Raises nothing."""
-        tokens = [t for t in self.all_tokens[len(self.initial_prompt_tokens):] if t < self.tokenizer.eot]
+        tokens = [t for t in self.all_tokens[self.text_from:] if t < self.tokenizer.eot]
         return self.tokenizer.decode(tokens)
 
     def transcript(self, duration: float) -> Transcript:

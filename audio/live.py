@@ -15,7 +15,8 @@ earlier text, as a fallback does in the seek loop. A sampled timestamp past the 
 end before it is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once
 (audio/repeats.py).
 How much new speech comes before the next guess: audio/guess_cadence.py; what a looping first guess still shows:
-audio/loop_head.py. Utterances are numbered and closed as audio/utterances.py says. `clear()` drops the open utterance's audio that has no committed text yet.
+audio/loop_head.py. Utterances are numbered and closed as audio/utterances.py says; a client's clear() and a
+session's new options: audio/live_requests.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from audio.buffers import AudioBuffer
 from audio.guess_cadence import GuessCadence
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
 from audio.live_config import LiveConfig, SessionEvent
+from audio.live_requests import LiveRequests
 from audio.pcm import SAMPLE_RATE
 from audio.loop_head import loop_head
 from audio.repeats import committed_segments, without_repeats
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
 
 
-class LiveTranscription:
+class LiveTranscription(LiveRequests):
     """Open speech audio and its text. Feed it with add_speech/add_pause; run what next_action returns until
     it returns None. Not thread-safe; event loop only."""
 
@@ -54,6 +56,7 @@ class LiveTranscription:
                  emit: Callable[[SessionEvent], None], scope: "anyio.CancelScope | None" = None,
                  clock: Callable[[], float] = anyio.current_time) -> None:
         self.options, self.config, self._scope, self._clock = options, config, scope, clock
+        self._asked = options  # the options asked for last (retune)
         self._cadence = GuessCadence(config)  # how much new speech before the next guess
         self.timeline = Timeline()
         self._scheduler, self._emit = scheduler, emit
@@ -112,30 +115,6 @@ class LiveTranscription:
         """The open utterance has audio or committed text. Raises nothing."""
         return self.timeline.length > self.utterances.open_from or self.utterances.open_text
 
-    def clear(self) -> None:
-        """Drop the open utterance's audio not yet transcribed into committed text: behind (pauses pending)
-        or without committed text, its audio goes and it stays open, empty; with committed text, that text
-        stays and the utterance closes with it (the audio after it is skipped). Raises nothing."""
-        tr, live = self._tr, self._live
-        if live is not None:
-            live.previous = None
-        if self.utterances.pauses or not self.utterances.text:
-            u = self.utterances
-            cut = u.pauses[-1] if u.pauses else max(self._final_to, self._seek(), u.open_from)
-            self.timeline.truncate(cut)
-            self._open.truncate(cut)
-            self._probed_at = min(self._probed_at, cut)
-            self._decoded_to = min(self._decoded_to, cut)
-            self.utterances.open_from = cut
-        else:
-            length = self.timeline.length
-            if tr is not None and live is not None:
-                self._finish_all(length)
-            self._final_to = self._probed_at = self._decoded_to = length
-            self.add_pause()
-            self.utterances.close(len(self.utterances.pauses))
-        self._set_tentative([])
-
     def committed_text(self) -> str:
         return "".join(self._committed)
 
@@ -145,11 +124,10 @@ class LiveTranscription:
     def next_action(self, finishing: bool) -> Callable[[], Awaitable[None]] | None:
         """The next decode to run, or None while nothing is due (with `finishing`: when all is committed).
         Pauses whose audio is already all committed close their utterances here."""
+        self.utterances.close_through(max(self._seek(), self._final_to))
+        while (asked := self.utterances.options_due()) is not None:  # their utterances come next
+            self._begin(*asked)
         seek = self._seek()
-        done = 0
-        while done < len(self.utterances.pauses) and self.utterances.pauses[done] <= max(seek, self._final_to):
-            done += 1
-        self.utterances.close(done)
         length = self.timeline.length
         limit = self.utterances.pauses[0] if self.utterances.pauses else length
         if limit - seek >= N_SAMPLES:

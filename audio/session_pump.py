@@ -2,7 +2,8 @@
 into the transcription, the decodes it asks for, and commits, clears and marks at their points in the audio.
 
 The gate keeps going while a decode runs, so the end of an utterance is seen when its audio comes, not when the
-decode ends. Capture (appending audio, caps, the requests themselves) is LiveSession's.
+decode ends. Options changed mid-session take effect at their point in the audio too (_retune). Capture (appending
+audio, caps, the requests themselves) is LiveSession's.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class SessionPump:
     _origin: int  # raw sample where the gate started (a clear() restarts it)
     _gated: int  # raw samples through the gate
     _boundary: int  # raw sample of the last commit, clear or VAD pause
-    _controls: deque[tuple[Literal["commit", "clear", "mark"], int, str | None]]
+    _controls: deque[tuple[Literal["commit", "clear", "mark", "options"], int, str | None]]
+    _asked: deque[TranscribeOptions]  # for each "options" control, in order: what reconfigure() was given
     _finishing: bool
     _idle: bool
     _pumping: bool
@@ -162,6 +164,9 @@ class SessionPump:
                     self._pause(at, ref, hard=True)
             elif what == "clear":
                 self._clear_at(at)
+            elif what == "options":
+                await self._gate_to(at, flush=False)
+                self._retune(self._asked.popleft())
             elif ref is not None:
                 self._emit(SessionEvent("mark", ref=ref))
             self._controls.popleft()
@@ -203,6 +208,20 @@ class SessionPump:
                                            item=self.live.utterances.opened))
                 self._pause(at, ref if ev in flushed else None, hard=commit and ev in flushed)
         return bool(flushed) and not isinstance(flushed[-1], Speech)
+
+    def _retune(self, options: TranscribeOptions) -> None:
+        """`options` from the audio gated so far on: the gate's settings for the speech regions that begin after it,
+        the decoding's for the utterances that begin after it (LiveTranscription.retune). VAD turned off passes on
+        what the gate still held back, as the open utterance's audio; turned on, a gate starts here."""
+        self.options = options
+        if not options.vad:
+            if self._gate is not None:
+                self._gated, self._gate = self._settled(), None
+        elif self._gate is None:
+            self._origin, self._gate = self._gated, speech_gate(options)
+        else:
+            self._gate.retune(**options.gate_settings)
+        self.live.retune(options)
 
     def _pause(self, at: int, ref: str | None = None, hard: bool = False) -> None:
         item = self.live.add_pause(hard)  # hard: a client's commit, which no decode crosses

@@ -19,8 +19,8 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
-from audio.errors import (ChunkOverBacklog, CommitEmpty, SessionActive, SessionClosed, SessionError, SessionExpired,
-                          SessionLimit, SessionNotFound)
+from audio.errors import (ChunkOverBacklog, CommitEmpty, SessionClosed, SessionError, SessionExpired, SessionLimit,
+                          SessionNotFound)
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.session_pump import SessionPump, speech_gate
@@ -75,7 +75,8 @@ class LiveSession(SessionPump):
         self._gated = 0  # raw samples through the gate
         self._boundary = 0  # raw sample of the last commit, clear or VAD pause
         # (what, raw sample, the commit's ref), in the order they were asked for
-        self._controls: deque[tuple[Literal["commit", "clear", "mark"], int, str | None]] = deque()
+        self._controls: deque[tuple[Literal["commit", "clear", "mark", "options"], int, str | None]] = deque()
+        self._asked: deque[TranscribeOptions] = deque()
         self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
         self._finishing = False
         self._idle = False
@@ -182,12 +183,16 @@ class LiveSession(SessionPump):
         self._wake.set()
 
     def reconfigure(self, options: TranscribeOptions) -> None:
-        """New options for a session that has received no audio yet (a clear of nothing changes nothing). Raises
-        SessionClosed, SessionActive (audio already received)."""
+        """New options: at once for a session that has received no audio yet; else from the point of the audio
+        received so far on, as commit() acts (SessionPump._retune: the VAD's for the speech regions, the language
+        and prompt for the utterances that begin after it). Raises SessionClosed."""
         self._check_open()
         if self._raw.total or self.live.started:
-            raise SessionActive(f"session {self.id} has received audio: its language, prompt, keywords and turn "
-                                "detection are fixed now; open a new session to change them")
+            self._flush_stream()  # the resampler's held-back tail is audio sent before the update
+            self._controls.append(("options", self._raw.total, None))
+            self._asked.append(options)
+            self._wake.set()
+            return
         self.options = options
         self._gate = speech_gate(options)
         self.live = LiveTranscription(options, self.config, self._scheduler, self._emit, self.scope)

@@ -4,7 +4,9 @@ Utterances are numbered from 0 (`item` in every event): the audio between two pa
 every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none. Text is
 attributed to the oldest utterance not yet closed; a session behind decodes several at once, and
 `by_utterance` splits that decode's text among them by its segments' timestamps — never across a client's commit
-(a hard pause): that audio is one item, transcribed on its own, as OpenAI's commit makes it.
+(a hard pause): that audio is one item, transcribed on its own, as OpenAI's commit makes it. Options asked for
+mid-session (`ask`) wait for the first utterance that begins after them; no decode crosses the pause where they
+begin.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections import deque
 from typing import Callable
 
 from audio.live_config import SessionEvent
+from audio.transcript import TranscribeOptions
 
 __all__ = ["Utterances", "by_utterance"]
 
@@ -29,15 +32,40 @@ class Utterances:
         self.closed = 0  # utterances transcribed and closed; the oldest open one's index
         self.open_from = 0  # compact position where the open utterance began
         self.text: list[str] = []  # committed text of the oldest utterance not yet closed
+        # options asked for, each with the compact position of the utterance it begins with (None: the open one's end)
+        self._asked: deque[tuple[int | None, TranscribeOptions]] = deque()
 
     def pause(self, at: int, hard: bool = False) -> int:
-        """The open utterance ended at `at` (even an empty one; `hard`: a client's commit). Returns its index.
-        Raises nothing."""
+        """The open utterance ended at `at` (even an empty one; `hard`: a client's commit, or where options asked
+        for begin). Returns its index. Raises nothing."""
         self.pauses.append(at)
         self.hard.append(hard)
-        self.open_from = at
         self.opened += 1
+        self.reopen(at)
         return self.opened - 1
+
+    def reopen(self, at: int) -> None:
+        """The open utterance begins (again) at `at`: options waiting for it begin there, and a pause pending there
+        becomes hard. Raises nothing."""
+        self.open_from = at
+        if any(where is None for where, _ in self._asked):
+            self._asked = deque((at if where is None else where, o) for where, o in self._asked)
+            if self.pauses and self.pauses[-1] == at:
+                self.hard[-1] = True
+
+    def ask(self, options: TranscribeOptions, open_audio: bool) -> None:
+        """Decode the utterances that begin from here with `options`: from the open one's end while it has
+        `open_audio`, else from the next one, whose start a pause still pending becomes hard. Raises nothing."""
+        self._asked.append((None if open_audio else self.open_from, options))
+        if not open_audio and self.pauses and self.pauses[-1] == self.open_from:
+            self.hard[-1] = True
+
+    def options_due(self) -> tuple[int, TranscribeOptions] | None:
+        """The next options asked for, with where they begin, once every utterance before them is closed (taken off
+        the queue); else None. Raises nothing."""
+        if not self._asked or (at := self._asked[0][0]) is None or (self.pauses and self.pauses[0] <= at):
+            return None
+        return at, self._asked.popleft()[1]
 
     @property
     def open_text(self) -> bool:

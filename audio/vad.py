@@ -198,6 +198,7 @@ class SpeechGate:
         if not 0 <= aggressiveness <= 3:
             raise ValueError("aggressiveness must be 0–3")
         self._vad = webrtcvad.Vad(aggressiveness)
+        self._next: tuple[int, int, int, int] | None = None  # settings asked for while a region was open (retune)
         self._gain = 1.0 if gain is None else gain
         self._level = RunningLevel() if gain is None else None
         self._holding = self._level is not None  # the first sound is held until its level is known
@@ -221,6 +222,27 @@ class SpeechGate:
         if self._first is None:
             return max(self._emitted, self.frames * _FRAME - self._pad)
         return self._emitted if self.in_speech else max(self._emitted, self._first * _FRAME - self._pad)
+
+    def retune(self, *, min_speech_ms: int, min_silence_ms: int, padding_ms: int, aggressiveness: int) -> None:
+        """New settings for the speech regions that begin from here (a live session's update): a region open now
+        ends by the settings it began with. The level heard so far is kept. Raises ValueError as __init__."""
+        if not 0 <= aggressiveness <= 3:
+            raise ValueError("aggressiveness must be 0–3")
+        self._next = (min_speech_ms, min_silence_ms, padding_ms, aggressiveness)
+        if self._first is None:
+            self._take_next()
+
+    def _take_next(self) -> None:
+        if self._next is None:
+            return
+        # audio before the settled point may be gone already: a longer padding must not reach back into it
+        self._emitted = self.settled
+        min_speech_ms, min_silence_ms, padding_ms, aggressiveness = self._next
+        self._next = None
+        self._vad.set_mode(aggressiveness)
+        self._gap = max(1, min_silence_ms // _FRAME_MS)
+        self._min = max(1, -(-min_speech_ms // _FRAME_MS))
+        self._pad = padding_ms * SAMPLE_RATE // 1000
 
     def push(self, pcm: np.ndarray) -> list[Speech | Pause]:
         """Classify the complete frames in `pcm` (16 kHz float32, continuing the stream). Raises nothing."""
@@ -294,6 +316,7 @@ class SpeechGate:
             out.append(Pause(self._emitted))
         self._first = None
         self.in_speech = False
+        self._take_next()
 
     def _emit(self, end: int, out: list[Speech | Pause]) -> None:
         if end > self._emitted:

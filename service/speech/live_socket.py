@@ -233,15 +233,16 @@ class LiveSocket:
         if new.model is not None:
             served_speech(self.state, new.model, param=f"{where}.model")
         if new.decoding() != self.config.decoding():
+            # Mid-session too (LiveKit's update_options, Pipecat's settings): the session applies it from here on
+            # (audio/sessions.py reconfigure), to the utterances that begin after it.
             params = {"language": f"{where}.language", "prompt": f"{where}.prompt"}
             try:
-                options = self._options(new)
-                self.session.reconfigure(options)
+                self.session.reconfigure(self._options(new))
             except AudioError as exc:
                 changed = [k for k, v in new.decoding().items() if self.config.decoding().get(k) != v]
                 field = changed[0] if changed else "session"
                 refusal = api_error(exc, params=params)
-                if refusal.param is None or refusal.code == "session_active":
+                if refusal.param is None:
                     refusal.param = params.get(field, vad_where if field.startswith("vad") else "session")
                 raise refusal from None
         self.config = new

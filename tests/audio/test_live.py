@@ -303,6 +303,34 @@ async def test_a_session_behind_never_decodes_across_a_client_commit(tiny_whispe
     assert live.next_action(True) is None
 
 
+async def test_options_asked_for_mid_utterance_begin_with_the_next_one_and_no_decode_crosses_to_it(
+        tiny_whisper: LoadedWhisper) -> None:
+    # a session's update while its speaker talks (LiveKit's update_options): the utterance being spoken keeps the
+    # prompt it began with, the next one is decoded with the new, and a session behind merges no decode across them
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts, dashwood = tok.timestamp_begin, tuple(tok.encode(" Dashwood"))
+    script = [[ts, 1000, ts + 50, ts + 50, 1002, ts + 100], [ts, 1004, ts + 50], [ts, 1006, ts + 50]]
+    live, scheduler, events = await live_text(tiny_whisper, script, tokens_per_second=1.0)
+    live.add_speech(speech(1.0), 0)
+    live.retune(TranscribeOptions(prompt="Dashwood"))
+    live.add_speech(speech(1.0), SR)
+    live.add_pause()  # utterance 0 ends: the new prompt begins here
+    live.add_speech(speech(1.0), 3 * SR)
+    live.add_pause()
+    assert await run_due(live) == 2  # two decodes, though one could hold both (a commit's rule)
+    first, second = scheduler.requests
+    assert (len(first.audio), first.prompt) == (2 * SR, ())
+    assert len(second.audio) == SR and second.prompt[:len(dashwood)] == dashwood and second.prefix == ()
+    assert [e.text for e in events if e.type == "utterance"] == [live._text([1000, 1002]), live._text([1004])]
+    live.retune(TranscribeOptions())  # between utterances: the next one begins without the prompt
+    live.add_speech(speech(1.0), 5 * SR)
+    live.add_pause()
+    assert await run_due(live) == 1
+    assert scheduler.requests[-1].prompt[:len(dashwood)] != dashwood and live.options.prompt is None
+
+
 async def test_text_with_no_timestamps_goes_to_the_first_pending_utterance(tiny_whisper: LoadedWhisper) -> None:
     live, scheduler, events = await live_text(tiny_whisper, [[1000, 1002, 1004]], tokens_per_second=1.0)
     for k in range(3):

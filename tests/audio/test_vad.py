@@ -294,3 +294,18 @@ def test_the_live_level() -> None:
     gains = RunningLevel().gains(after)
     assert gains[100] == 1.0 and np.diff([_db(g) for g in gains]).max() <= 3.0 * 0.03 * 1.001
     assert _db(float(np.percentile(after[-300:], 10)) * gains[-1]) == pytest.approx(-62.0, abs=0.5)
+
+
+def test_a_retuned_gate_ends_the_open_region_by_its_old_settings_and_the_next_by_the_new() -> None:
+    # a live session's update mid-utterance: the region being spoken keeps its pause rule, the next one takes the new
+    gap = np.zeros(int(0.4 * SR), np.float32)
+    silence = np.zeros(SR, np.float32)
+    gate = SpeechGate(min_silence_ms=500)
+    events = gate.push(voiced(1.0))
+    gate.retune(min_speech_ms=250, min_silence_ms=200, padding_ms=200, aggressiveness=2)
+    for part in (gap, voiced(1.0), silence, voiced(1.0), gap, voiced(1.0), silence):
+        events += gate.push(part)
+    pauses = [round(e.at / SR, 1) for e in events if isinstance(e, Pause)]
+    assert pauses == [2.7, 4.7, 6.1]  # 0.4 s bridged in the region open at the update, not in the next
+    with pytest.raises(ValueError):
+        gate.retune(min_speech_ms=250, min_silence_ms=200, padding_ms=200, aggressiveness=4)

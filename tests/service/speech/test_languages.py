@@ -68,3 +68,33 @@ def test_a_realtime_session_update_to_it_is_an_error_event_and_the_session_goes_
         updated = ws.receive_json(timeout=30)
         assert updated["type"] == "session.updated", updated
         assert updated["session"]["audio"]["input"]["transcription"]["language"] == "de"
+
+
+def test_a_language_changed_mid_session_decodes_the_next_item_in_it(client: TestClient[Any],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from audio.scheduler import WhisperScheduler
+    from tests.service.speech.test_live_socket import append, until
+    from tests.service.speech.test_live_socket import voiced as voiced_24k
+
+    languages: list[str | None] = []
+    decode = WhisperScheduler.decode
+    monkeypatch.setattr(WhisperScheduler, "decode", lambda self, loaded, request, *rest: (
+        languages.append(request.language), decode(self, loaded, request, *rest))[1])
+
+    def update(language: str) -> str:
+        return json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "turn_detection": None, "transcription": {"model": "whisper-1", "language": language}}}}})
+
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(update("de"))
+        until(ws, "session.updated")
+        for language in ("de", "fr"):
+            append(ws, voiced_24k(1.0))
+            ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+            events = until(ws, "conversation.item.input_audio_transcription.completed")
+            assert not [e for e in events if e["type"] == "error"], events
+            assert languages and set(languages) == {language}
+            languages.clear()
+            ws.send_text(update("fr"))
+            assert until(ws, "session.updated")[-1]["session"]["audio"]["input"]["transcription"]["language"] == "fr"

@@ -334,23 +334,49 @@ def test_a_bad_frame_gets_an_error_event_and_the_audio_is_kept(client: TestClien
         assert session.received_seconds == pytest.approx(0.75, abs=0.03)  # soxr holds a few ms
 
 
-def test_an_update_after_audio_is_refused_by_name_and_one_after_an_empty_clear_is_taken(
-        client: TestClient[Any]) -> None:
-    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
-        ws.receive_json(timeout=30)
-        ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
-        until(ws, "input_audio_buffer.cleared")
-        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
-            "input_audio_transcription": {"language": "en"}}}))
-        assert until(ws, "transcription_session.updated")[-1]["session"]["input_audio_transcription"]["language"] == "en"
-        append(ws, voiced(0.2))
-        ws.send_text(json.dumps({"type": "transcription_session.update", "event_id": "u2", "session": {
-            "input_audio_transcription": {"prompt": "Dashwood"}}}))
-        error = until(ws, "error")[-1]["error"]
-        assert (error["type"], error["code"], error["event_id"]) == ("invalid_request_error", "session_active", "u2")
-        assert error["param"] == "session.input_audio_transcription.prompt" and "new session" in error["message"]
-        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {"turn_detection": None}}))
-        assert until(ws, "error")[-1]["error"]["param"] == "session.turn_detection"
+def test_an_update_mid_session_is_taken_for_the_items_that_begin_after_it(
+        client: TestClient[Any], state: AppState, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LiveKit's STT.update_options re-sends its whole GA session.update mid-stream, and any `error` event kills its
+    stream (Pipecat reconnects): the update is answered `session.updated`; the item being spoken keeps the prompt it
+    began with, the next is decoded with the new one (its keywords joined in)."""
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    from audio.scheduler import WhisperScheduler
+
+    prompts: list[tuple[int, ...]] = []
+    decode = WhisperScheduler.decode
+    monkeypatch.setattr(WhisperScheduler, "decode", lambda self, loaded, request, *rest: (
+        prompts.append(request.prompt), decode(self, loaded, request, *rest))[1])
+    wanted = tuple(get_tokenizer(False).encode(" Dashwood Marianne"))
+
+    def update(**transcription: Any) -> dict[str, Any]:
+        return {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": SR}, "turn_detection": None,
+            "transcription": {"model": "whisper-1", **transcription}}}}}
+
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(json.dumps(update(language="en")))
+        until(ws, "session.updated")
+        append(ws, voiced(1.0))
+        ws.send_text(json.dumps(update(language="en", prompt="Dashwood", keywords=["Marianne"])))  # mid-item
+        events = until(ws, "session.updated")
+        assert events[-1]["session"]["audio"]["input"]["transcription"]["prompt"] == "Dashwood"
+        append(ws, voiced(0.5))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        events += until(ws, "conversation.item.input_audio_transcription.completed")
+        first = len(prompts)
+        append(ws, voiced(1.0))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        events += until(ws, "conversation.item.input_audio_transcription.completed")
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
+        events += until(ws, "session.updated")
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert session.options.vad and session.options.vad_min_silence_ms == 300
+    assert not [e for e in events if e["type"] == "error"], events
+    assert first and all(wanted[0] not in p for p in prompts[:first])  # the item spoken at the update: as it began
+    assert len(prompts) > first and all(p[:len(wanted)] == wanted for p in prompts[first:])
 
 
 def test_a_fault_inside_the_socket_is_logged_and_a_server_error_event(client: TestClient[Any], state: AppState,
