@@ -34,10 +34,14 @@ __all__ = [
 ]
 
 DEMO_MODEL = "tiny.en"
-# OpenAI's model ids for speech: whichever Whisper model a server serves answers to them.
-OPENAI_ALIASES = frozenset({"whisper-1", "whisper"})
+_WHISPER_IDS = frozenset({"whisper-1", "whisper"})
+# OpenAI's model ids for speech: whichever Whisper model a server serves answers to them, so a client that defaults
+# to one works unchanged (openai-agents sends gpt-4o-transcribe, LiveKit gpt-4o-mini-transcribe, Pipecat
+# gpt-transcribe and gpt-realtime-whisper). Not the diarizing model: a client asking for speakers gets a 404.
+OPENAI_ALIASES = _WHISPER_IDS | {"gpt-transcribe", "gpt-live-transcribe", "gpt-realtime-whisper", "gpt-4o-transcribe",
+                                 "gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe-2025-12-15"}
 # Names that select the demo checkpoint (as does no name at all).
-DEMO_ALIASES = frozenset({DEMO_MODEL, f"whisper-{DEMO_MODEL}", "demo", *OPENAI_ALIASES})
+DEMO_ALIASES = frozenset({DEMO_MODEL, f"whisper-{DEMO_MODEL}", "demo", *_WHISPER_IDS})
 
 
 def default_dtype() -> str:

@@ -113,6 +113,17 @@ def test_a_beta_session_is_created_and_updated(client: TestClient[Any], whisper_
                                    "silence_duration_ms": 700}
 
 
+def test_openai_transcription_model_ids_open_and_update_a_session(client: TestClient[Any]) -> None:
+    # Pipecat's realtime STT names gpt-realtime-whisper, LiveKit's gpt-4o-mini-transcribe
+    with client.websocket_connect("/v1/realtime?model=gpt-realtime-whisper") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "transcription": {"model": "gpt-4o-mini-transcribe"}}}}}))
+        updated = ws.receive_json(timeout=30)
+    assert updated["type"] == "session.updated", updated
+    assert updated["session"]["audio"]["input"]["transcription"]["model"] == "gpt-4o-mini-transcribe"
+
+
 def test_a_ga_session_declares_its_rate(client: TestClient[Any], state: AppState) -> None:
     with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
         assert ws.receive_json(timeout=30)["type"] == "session.created"

@@ -71,6 +71,20 @@ def test_models_lists_the_whisper_model(client: TestClient[Any], whisper_dir: Pa
     assert [c["id"] for c in cards if c.get("kind") == "transcription"] == [whisper_dir.name]
 
 
+@pytest.mark.parametrize("model", ["gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-transcribe",
+                                   "gpt-realtime-whisper"])
+def test_openai_transcription_model_ids_name_the_served_whisper(client: TestClient[Any], model: str) -> None:
+    # the defaults of openai-agents, LiveKit and Pipecat: clients that send them work unchanged
+    assert transcribe(client, model=model).status_code == 200
+    # still Whisper: what only gpt-4o-transcribe gives stays refused by name
+    assert assert_error(transcribe(client, model=model, **{"include[]": "logprobs"}), 400)["param"] == "include[]"
+
+
+def test_the_diarizing_model_is_not_served_as_whisper(client: TestClient[Any]) -> None:
+    assert assert_error(transcribe(client, model="gpt-4o-transcribe-diarize"), 404, "model_not_found")["param"] == \
+        "model"
+
+
 @pytest.mark.parametrize("fmt, check", [
     ("json", lambda r: set(r.json()) == {"text", "usage"} and r.json()["usage"]["type"] == "duration"),
     ("text", lambda r: r.headers["content-type"].startswith("text/plain")),
