@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 from engine.backend import ensure_fast_blas
 
@@ -119,7 +121,8 @@ def ours(loaded, ps: list[list[int]], tokens: int, max_iteration_tokens: int, pa
 
                 async def one(p: list[int]) -> None:
                     nonlocal n
-                    req = GenerationRequest(prompt_tokens=p, sampling=SamplingParams(temperature=0.0), max_tokens=tokens)
+                    req = GenerationRequest(prompt_tokens=p, sampling=SamplingParams(temperature=0.0),
+                                            max_tokens=tokens)
                     got_first = False
                     async with eng.submit(req) as stream:
                         async for d in stream:
@@ -159,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--passes", type=int, default=1, help="measured passes of ours after the warm-up (median reported)")
     ap.add_argument("--ours-only", action="store_true", help="skip mlx-lm's loops")
     a = ap.parse_args(argv)
+    if not Path(a.tokenizer).is_dir():  # mlx-lm took it for a repo id: a validation traceback
+        print(f"tandem benchmark engine: --tokenizer {a.tokenizer}: no such folder (a model folder with its "
+              "tokenizer files)", file=sys.stderr)
+        return 2
     loaded = build(a.shape, a.tokenizer, a.dtype)
     vocab = loaded.model.args.vocab_size
     print(json.dumps({"device": str(mx.default_device()), "shape": a.shape, "dtype": a.dtype}), flush=True)

@@ -40,7 +40,8 @@ def add_benchmark(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    """Run the named benchmark. Raises CLIError for a model that is not there (a traceback before)."""
+    """Run the named benchmark. Raises CLIError for a model that is not there and, exit 1, for a server that does
+    not answer (tracebacks before)."""
     from audio.errors import WhisperCheckpointError
     from engine.errors import ModelNotFound
 
@@ -51,3 +52,24 @@ def _run(args: argparse.Namespace) -> int:
         raise CLIError(f"no model: {exc}") from None
     except WhisperCheckpointError as exc:
         raise CLIError(str(exc)) from None
+    except Exception as exc:
+        if (unreachable := _unreachable(exc)) is None:
+            raise
+        raise CLIError(unreachable, code=1) from None
+
+
+def _unreachable(exc: BaseException) -> str | None:
+    """"cannot reach URL: why" when `exc` (or one inside its group: anyio task groups wrap them) is a connection
+    that could not be made; None for any other error. Raises nothing."""
+    import httpx
+
+    if isinstance(exc, BaseExceptionGroup):
+        return next((line for inner in exc.exceptions if (line := _unreachable(inner)) is not None), None)
+    if not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        return None
+    try:
+        url = exc.request.url
+        where = f"{url.scheme}://{url.netloc.decode()}"
+    except RuntimeError:  # no request attached
+        where = "the server"
+    return f"cannot reach {where}: {exc or type(exc).__name__} (is the server running? --server names it)"

@@ -33,7 +33,8 @@ def add_dictate(sub: Any) -> None:
                    help="key the server asks for (default: $TANDEM_API_KEY)")
     p.add_argument("--model", default=None, help="Whisper model id (default: the one the server serves)")
     p.add_argument("--language", default=None, help="ISO-639-1 code or name (default: detected)")
-    p.add_argument("--prompt", default=None, help="text to condition the transcription on: style, spelling (default: none)")
+    p.add_argument("--prompt", default=None,
+                   help="text to condition the transcription on: style, spelling (default: none)")
     p.add_argument("--vocabulary", nargs="+", default=[], metavar="WORD", help="words to bias the transcription toward")
     p.add_argument("--no-vad", action="store_true",
                    help="no server VAD: an utterance ends only when a take (or the file) ends")
@@ -65,16 +66,25 @@ def _dictate(args: argparse.Namespace) -> int:
             raise CLIError(str(exc)) from None
         return anyio.run(_run, args, url, lambda connect: _stream_file(connect, pcm, SAMPLE_RATE, args.speed),
                          SAMPLE_RATE)
+    _check_no_file_among_words(args.vocabulary)
     sd = _sounddevice()
     return anyio.run(_run, args, url, lambda connect: _takes(connect, sd), MIC_RATE)
+
+
+def _check_no_file_among_words(vocabulary: list[str]) -> None:
+    """Raise CLIError when no file was given but the last --vocabulary word is one: `--vocabulary A B FILE` reads
+    FILE as a word (nargs="+" takes it), and the microphone was tried instead of the file."""
+    if vocabulary and os.path.isfile(last := vocabulary[-1]):
+        raise CLIError(f"{last} was read as a vocabulary word: put it before --vocabulary or pass --file {last}")
 
 
 def _sounddevice() -> Any:
     try:
         import sounddevice
     except ImportError:
-        raise CLIError("no microphone support: install the mic extra (pip install 'mlx-tandem[mic]'), "
-                       "or pass --file") from None
+        raise CLIError("no microphone support: install the mic extra (pip install 'mlx-tandem[mic]'; in a clone, "
+                       "`uv sync` with the extras you use plus `--extra mic`, e.g. uv sync --extra cpu --extra demo "
+                       "--extra mic), or pass --file") from None
     except OSError as exc:  # sounddevice is there, PortAudio is not
         raise CLIError(f"no microphone support ({exc}): install PortAudio (e.g. apt install libportaudio2), "
                        "or pass --file") from None
@@ -210,7 +220,8 @@ async def _stream_file(connect: Connect, pcm: Any, rate: int, speed: float) -> N
             await anyio.sleep(max(0.0, start + sent / rate / speed - time.perf_counter()))
         end = time.perf_counter()
         await session.finish_take()
-    first = "" if session.first_text_at is None else f"first text {session.first_text_at - start:.2f} s after the start; "
+    first = ("" if session.first_text_at is None
+             else f"first text {session.first_text_at - start:.2f} s after the start; ")
     print(f"\n{len(pcm) / rate:.1f} s of audio; {first}done {time.perf_counter() - end:.2f} s after the last chunk; "
           f"{session.spoken} utterance{'' if session.spoken == 1 else 's'}", file=sys.stderr)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,35 @@ def test_no_name_asks_for_the_name_only(capsys: pytest.CaptureFixture[str]) -> N
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "required: name" in err and "options" not in err.splitlines()[-1], err
+
+
+def test_a_tokenizer_folder_that_is_not_there_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # mlx-lm took the path for a repo id: an HFValidationError traceback.
+    missing = tmp_path / "nonexistent"
+    assert main(["benchmark", "engine", "--tokenizer", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer {missing}: no such folder" in err and err.count("\n") == 1, err
+
+
+def test_a_server_that_does_not_answer_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    # `benchmark live --server <down>` (its speakers ask /stats first) ended with an httpx.ConnectError traceback.
+    import signal
+
+    port = _closed_port()
+    handler = signal.getsignal(signal.SIGTERM)  # the benchmark takes SIGTERM over (to stop a server it started)
+    try:
+        assert main(["benchmark", "live", "--server", f"http://127.0.0.1:{port}", "--itl-sessions", "0",
+                     "--speakers", "1", "--seconds", "1"]) == 1
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    err = capsys.readouterr().err
+    assert err.startswith(f"tandem: cannot reach http://127.0.0.1:{port}: ") and err.count("\n") == 1, err
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on (bound, then let go)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -148,7 +148,18 @@ def test_without_a_microphone_dictate_says_what_to_install(monkeypatch: pytest.M
 
     monkeypatch.setattr(builtins, "__import__", no_sounddevice)
     assert main(["dictate"]) != 0
-    assert "mic extra" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # Both ways to install it: pip's extra, and in a clone uv's (a bare `uv sync --extra mic` drops the others).
+    assert "pip install 'mlx-tandem[mic]'" in err and "`uv sync` with the extras you use plus `--extra mic`" in err
+
+
+def test_a_file_after_the_vocabulary_is_named_as_read_for_a_word(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # `--vocabulary A B FILE`: nargs="+" took FILE as a word, and the error was the microphone's.
+    wav = write_wav(tmp_path / "talk.wav", np.zeros(1600))
+    assert main(["dictate", "--vocabulary", "Tandem", "MLX", str(wav)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"tandem: {wav} was read as a vocabulary word: put it before --vocabulary or pass --file {wav}\n")
 
 
 @pytest.mark.anyio
