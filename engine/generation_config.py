@@ -72,6 +72,8 @@ def sampling_defaults(directory: Path | None) -> dict[str, float]:
         value = config.get(key)
         if value is None:
             continue
+        if key == "top_k" and value == -1 and not isinstance(value, bool):
+            value = 0  # vLLM's and transformers' configs say "no top-k" so, as requests do here
         if isinstance(value, (int, float)) and not isinstance(value, bool) and valid(value):
             out[_FIELD_NAMES.get(key, key)] = int(value) if key in ("top_k", "max_new_tokens") else float(value)
         else:

@@ -218,6 +218,7 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     materialize(model)
     _chat_template_of(tokenizer, directory, source.name)
     add_harmony_stops(tokenizer)
+    _no_length_warning(tokenizer)
     if not getattr(tokenizer, "eos_token_ids", None):
         _log.warning("%s declares no end-of-sequence token (config.json, generation_config.json or the tokenizer's "
                      "eos_token): answers run until max_tokens or a stop string", source.name)
@@ -249,7 +250,17 @@ def load_tokenizer(directory: str | Path) -> TokenizerWrapper:
                                                                if eos is None else eos))
     _chat_template_of(tokenizer, path, path.name, quiet=True)
     add_harmony_stops(tokenizer)
+    _no_length_warning(tokenizer)
     return tokenizer
+
+
+def _no_length_warning(tokenizer: Any) -> None:
+    """transformers' "Token indices sequence length is longer than ... indexing errors", silenced: the server refuses
+    such a prompt itself with a 400, so the line was noise. Raises nothing."""
+    # Marked as already given, on this tokenizer alone: no global logging filter, and model_max_length stays true.
+    warned = getattr(tokenizer, "deprecation_warnings", None)
+    if isinstance(warned, dict):
+        warned["sequence-length-is-longer-than-the-specified-maximum"] = True
 
 
 def _chat_template_of(tokenizer: Any, directory: Path, name: str, *, quiet: bool = False) -> None:

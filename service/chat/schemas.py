@@ -17,6 +17,7 @@ from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator
 from service.chat.json_output import check_response_format
 from service.chat.prefill import continued_message, generation_prompt_asked
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
+from service.chat.tool_results import tool_message_content
 from service.chat.vllm_fields import min_tokens_within_max, no_top_k
 
 __all__ = [
@@ -137,8 +138,8 @@ class ChatMessage(_Request):
 
     @field_validator("content", mode="before")
     @classmethod
-    def _readable_parts(cls, content: Any) -> Any:
-        return unread_parts_refused(content)
+    def _readable_parts(cls, content: Any, info: ValidationInfo) -> Any:
+        return tool_message_content(content) if info.data.get("role") == "tool" else unread_parts_refused(content)
 
     @field_validator("content")
     @classmethod

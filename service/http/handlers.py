@@ -37,6 +37,10 @@ _V1_ROOTS = frozenset({"chat", "completions", "responses", "models", "audio", "r
 _TGI_ROUTES = frozenset({"/", "/v1", "/generate", "/generate_stream"})
 _TGI_HINT = ("; TGI's generate API is not served here: /v1/completions (text), /v1/chat/completions, "
              "/v1/audio/transcriptions (a multipart form)")
+# OpenAI routes with no model here to serve them: said, so a client's user learns why (not a wrong base_url).
+_UNSERVED = {"/v1/embeddings": "this server serves no embeddings model",
+             "/v1/audio/speech": "text-to-speech is not served: this server runs no voice model (speech to text is "
+                                 "/v1/audio/transcriptions)"}
 # Fields other servers take (mlx_lm.server, Ollama, llama.cpp): what to send here instead, or why not.
 _OTHER_SERVERS = {
     "adapters": "adapters are not loaded per request here: serve the fine-tune with --adapter-path",
@@ -95,6 +99,7 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         hint = (f"; the API is under /v1: {request.method} /v1{path} (a client's base_url ends in /v1)"
                 if path.lstrip("/").split("/")[0] in _V1_ROOTS else
                 _TGI_HINT if request.method == "POST" and (path.rstrip("/") or "/") in _TGI_ROUTES else
+                f"; {_UNSERVED[path.rstrip('/')]}" if path.rstrip("/") in _UNSERVED else
                 # the SDK's input_items.list and cancel: not a base_url mistake
                 "; of a response this server offers POST /v1/responses and GET or DELETE /v1/responses/{id}"
                 if path.startswith("/v1/responses/") else "")

@@ -229,6 +229,14 @@ def _turns_joined(instructions: str | None, turns: list[_Turn]) -> list[dict[str
     return joined
 
 
+def _cut_calls_left_out(items: list[Any]) -> list[Any]:
+    """The items without the calls a max_output_tokens cut left incomplete that no output answers: they never ran
+    (LangChain echoes them back but runs and answers only complete calls). Raises nothing."""
+    answered = {item.call_id for item in items if isinstance(item, (FunctionCallOutput, CustomToolCallOutput))}
+    return [item for item in items if not (isinstance(item, (FunctionCallItem, CustomToolCallItem))
+                                           and item.status == "incomplete" and item.call_id not in answered)]
+
+
 def _calls_answered(items: list[Any]) -> None:
     """Raises APIError 400 for a call without its output, or an output of no earlier call, in the Responses
     API's words (chat's spoke of tool messages, which /v1/responses has none of)."""
@@ -262,7 +270,7 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     Raises APIError 400 naming the field for what chat's rules refuse of the translated request, or a reference to
     an item that is not kept."""
     tools, names = _chat_tools(body)
-    items = input_items(body) if items is None else items
+    items = _cut_calls_left_out(input_items(body) if items is None else items)
     _calls_answered(items)
     chat: dict[str, Any] = {
         "model": body.model, "stream": bool(body.stream), "messages": _messages(body, items),

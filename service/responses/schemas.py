@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from service.chat.json_output import check_response_format
 from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, FunctionDefinition, _Body, _Request, _empty, _only_false,
                                   no_forced_call, unread_parts_refused)
+from service.chat.tool_results import returned_parts_said
 from service.responses.sampling import EFFORTS, ResponsesSampling
+from service.responses.unoffered import truncation_offered, verbosity_offered
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
@@ -45,9 +47,6 @@ class TextInput(_Item):
 class RefusalInput(_Item):
     type: Literal["refusal"]
     refusal: str
-
-
-_RETURNED = {"input_image": "an image", "input_file": "a file", "input_audio": "audio"}
 
 
 def _part_kind(part: Any) -> str | None:
@@ -92,6 +91,7 @@ class FunctionCallItem(_Item):
     name: str
     arguments: str
     namespace: str | None = None
+    status: str | None = Field(None, description="incomplete, with no output: a cut call, left out of the prompt.")
 
 
 class _ToolOutput(_Item):
@@ -104,10 +104,7 @@ class _ToolOutput(_Item):
     @field_validator("output", mode="before")
     @classmethod
     def _unread_parts_said(cls, output: Any) -> Any:
-        if not isinstance(output, list):
-            return output
-        return [{"type": "input_text", "text": f"[the tool returned {_RETURNED[p['type']]}: this model reads text "
-                 "only]"} if isinstance(p, dict) and p.get("type") in _RETURNED else p for p in output]
+        return returned_parts_said(output, "input_text")
 
 
 class FunctionCallOutput(_ToolOutput):
@@ -121,6 +118,7 @@ class CustomToolCallItem(_Item):
     call_id: str = Field(..., min_length=1)
     name: str
     input: str
+    status: str | None = Field(None, description="As a function_call's.")
 
 
 class CustomToolCallOutput(_ToolOutput):
@@ -285,6 +283,8 @@ class TextConfig(_Request):
     verbosity: Literal["medium"] | None = Field(None, description="Only medium: replies are as long as the model "
                                                                   "makes them.")
 
+    _verbosity = field_validator("verbosity", mode="before")(verbosity_offered)
+
 
 class ResponsesToolChoice(_Request):
     """A call of this function, forced."""
@@ -375,6 +375,7 @@ class ResponsesRequest(ResponsesSampling):
         return value
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
+    _truncation = field_validator("truncation", mode="before")(truncation_offered)
 
     @field_validator("background")
     @classmethod

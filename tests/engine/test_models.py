@@ -296,3 +296,18 @@ def test_a_template_only_in_chat_template_json_is_used_and_none_at_all_is_warned
     messages = [{"role": "user", "content": "hi"}]
     assert tokenizer.apply_chat_template(messages, tokenize=False) == "<user>hi<assistant>"
     assert models.load_tokenizer(bare).has_chat_template  # the service's copy (--isolate) agrees
+
+
+def test_a_prompt_past_the_tokenizers_max_length_logs_no_indexing_warning(tiny_llm_dir, caplog) -> None:
+    # The server refuses such a prompt itself (a 400); transformers' "indexing errors" line on every one was noise.
+    import logging
+
+    library = logging.getLogger("transformers")  # which does not propagate to caplog's root handler
+    library.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING):
+            for tokenizer in (load_model(str(tiny_llm_dir)).tokenizer, models.load_tokenizer(tiny_llm_dir)):
+                assert len(tokenizer.encode("hello world " * 400)) > tokenizer.model_max_length == 2048
+    finally:
+        library.removeHandler(caplog.handler)
+    assert not [r for r in caplog.records if "sequence length is longer" in r.getMessage()]

@@ -85,6 +85,30 @@ def test_an_earlier_refusal_part_is_read_as_text_and_media_parts_are_refused_in_
     _refused(_chat(client, messages=[audio]), "messages.0.content", "not audio")
 
 
+CALL = {"role": "assistant", "content": None,
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "shot", "arguments": "{}"}}]}
+
+
+def test_what_a_tool_returned_that_the_model_cannot_read_is_told_in_a_line(client: Any,
+                                                                          fake_engine: FakeEngine) -> None:
+    # A screenshot tool's result (Cline, Roo, Zed): told as /v1/responses and /v1/messages tell it, not a 400.
+    result = {"role": "tool", "tool_call_id": "c1", "content": [
+        {"type": "text", "text": "screen:"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
+        {"type": "file", "file": {"file_id": "f"}}]}
+    response = _chat(client, messages=[*USER, CALL, result])
+    assert response.status_code == 200, response.text
+    prompt = fake_engine.tokenizer.decode(fake_engine.requests[-1].prompt_tokens)
+    assert ("<tool>screen:[the tool returned an image: this model reads text only]"
+            "[the tool returned a file: this model reads text only]<assistant>") in prompt
+
+
+def test_a_tool_that_returned_nothing_as_an_empty_list_said_nothing(client: Any, fake_engine: FakeEngine) -> None:
+    # Zed sends content [] for an empty result; vLLM reads it as "". Other roles' [] stays refused (below).
+    response = _chat(client, messages=[*USER, CALL, {"role": "tool", "tool_call_id": "c1", "content": []}])
+    assert response.status_code == 200, response.text
+    assert fake_engine.requests[-1].prompt_tokens[-len("<tool><assistant>"):] == list(b"<tool><assistant>")
+
+
 def test_completions_take_a_batch_of_one_token_list_and_best_of_one(client: Any, fake_engine: FakeEngine) -> None:
     response = client.post("/v1/completions", json={"prompt": [[5, 6, 7]], "max_tokens": 2, "best_of": 1})
     assert response.status_code == 200, response.text

@@ -36,6 +36,16 @@ def test_tgis_generate_routes_say_what_is_served_instead(client: Any, path: str)
     assert "TGI" not in client.delete(path).json()["error"]["message"]
 
 
+@pytest.mark.parametrize("path, words", [("/v1/embeddings", "this server serves no embeddings model"),
+                                         ("/v1/audio/speech", "text-to-speech is not served: ")])
+def test_openai_routes_without_a_model_here_say_what_is_not_served(client: Any, path: str, words: str) -> None:
+    # A bare "Invalid URL" read as a wrong base_url; OpenAI's 404 shape and code stay.
+    response = client.post(path, json={"model": "m", "input": "hi"})
+    error = response.json()["error"]
+    assert response.status_code == 404 and error["code"] == "not_found" and error["type"] == "invalid_request_error"
+    assert error["message"].startswith(f"Invalid URL (POST {path}); {words}"), error
+
+
 def test_several_unknown_fields_keep_their_hints(client: Any) -> None:
     # Open WebUI's Ollama fields came together and lost what to send instead ("... supplied: num_ctx, repeat_penalty").
     body = {"messages": [{"role": "user", "content": "x"}], "repeat_penalty": 1.1, "num_ctx": 4096, "foo": 1}

@@ -157,3 +157,21 @@ def test_calls_and_outputs_pair_or_are_refused_in_the_responses_words(items: lis
     with pytest.raises(APIError) as caught:
         _chat(input=[{"role": "user", "content": "q"}, *items])
     assert caught.value.status == 400 and caught.value.param == "input" and words in caught.value.message
+
+
+def test_a_cut_call_echoed_back_without_output_never_ran_and_is_left_out() -> None:
+    # LangChain (use_responses_api) sends back a call max_output_tokens cut (status "incomplete") with no output:
+    # it never ran, so it is left out, not a 400; a complete call without output stays refused (above).
+    cut = {"type": "function_call", "call_id": "c2", "name": "f", "arguments": '{"a": 1', "status": "incomplete"}
+    ran = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}", "status": "completed"}
+    messages = _messages(input=[{"role": "user", "content": "q"}, ran, cut,
+                                {"type": "function_call_output", "call_id": "c1", "output": "1"},
+                                {"role": "user", "content": "again"}])
+    assert [(m["role"], [c["id"] for c in m.get("tool_calls", ())]) for m in messages] == [
+        ("user", []), ("assistant", ["c1"]), ("tool", []), ("user", [])]
+    custom = {"type": "custom_tool_call", "call_id": "c3", "name": "g", "input": "x", "status": "incomplete"}
+    assert [m["role"] for m in _messages(input=[{"role": "user", "content": "q"}, custom])] == ["user"]
+    # a cut call the client ran anyway, its output sent, stays in the prompt
+    answered = _messages(input=[{"role": "user", "content": "q"}, cut,
+                                {"type": "function_call_output", "call_id": "c2", "output": "2"}])
+    assert [m["role"] for m in answered] == ["user", "assistant", "tool"]

@@ -88,3 +88,18 @@ def test_allowed_tools_is_refused_for_what_it_is(client: TestClient[Any]) -> Non
     error = client.post("/v1/responses", json={"input": "hi", "tool_choice": choice}).json()["error"]
     assert error["param"] == "tool_choice"
     assert error["message"].startswith("tool_choice: allowed_tools is not supported")
+
+
+@pytest.mark.parametrize("change, param, words", [
+    ({"truncation": "auto"}, "truncation", "truncation: 'auto' is not offered: an input longer than the model's "
+                                           "context is refused with context_length_exceeded, never cut"),
+    ({"text": {"verbosity": "low"}}, "text.verbosity", "text.verbosity: 'low' is not offered: replies are as long "
+                                                       "as the model makes them"),
+])
+def test_a_setting_not_offered_says_what_happens_instead(client: TestClient[Any], change: dict[str, Any], param: str,
+                                                         words: str) -> None:
+    # pydantic's "Input should be 'disabled'" said neither what is not offered nor what happens instead.
+    error = client.post("/v1/responses", json={"input": "hi", **change}).json()["error"]
+    assert error["param"] == param and error["code"] == "invalid_value" and error["message"].startswith(words), error
+    for offered in ({"truncation": "disabled"}, {"text": {"verbosity": "medium"}}):
+        assert client.post("/v1/responses", json={"input": "hi", **offered}).status_code == 200
