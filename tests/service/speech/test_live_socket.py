@@ -227,11 +227,11 @@ def test_a_ga_format_that_cannot_be_honoured_names_its_field(client: TestClient[
     ({"input_audio_noise_reduction": {"type": "near_field"}}, "session.input_audio_noise_reduction"),
     ({"include": ["item.input_audio_transcription.logprobs"]}, "session.include"),
     ({"voice": "alloy"}, "session.voice"),
-    ({"input_audio_transcription": {"model": "gpt-4o-transcribe"}}, "session.input_audio_transcription.model"),
+    ({"input_audio_transcription": {"model": "gpt-4o-transcribe-diarize"}}, "session.input_audio_transcription.model"),
     ({"input_audio_transcription": {"language": "xx-nope"}}, "session.input_audio_transcription.language"),
     ({"input_audio_transcription": {"prompt": "x" * 5000}}, "session.input_audio_transcription.prompt"),
     # a GA-shaped session (it carries `type`) sent in the beta event is named where it sits
-    ({"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe"}}}},
+    ({"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe-diarize"}}}},
      "session.audio.input.transcription.model"),
     ({"type": "transcription", "audio": {"input": {"transcription": {"language": "xx-nope"}}}},
      "session.audio.input.transcription.language"),
