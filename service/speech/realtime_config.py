@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from audio.pcm import G711_RATE, PcmFormat
+from service.speech.transcription_fields import aggressiveness, joined_prompt, one_language, vad_options
 
 __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE", "EAGERNESS_SILENCE_MS",
            "field_paths"]
@@ -59,7 +60,7 @@ class TurnDetection:
 
     @property
     def aggressiveness(self) -> int:
-        return min(3, int(self.threshold * 4))
+        return aggressiveness(self.threshold)
 
 
 def field_paths(session: Any, dialect: Dialect) -> tuple[str, str]:
@@ -90,16 +91,14 @@ class RealtimeConfig:
     @property
     def full_prompt(self) -> str | None:
         """The prompt with the keywords joined after it (Whisper takes vocabulary as prompt text). Raises nothing."""
-        words = ", ".join(w.strip() for w in self.keywords if w.strip())
-        return " ".join(p for p in (self.prompt or "", words) if p) or None
+        return joined_prompt(self.prompt, self.keywords)
 
     def decoding(self) -> dict[str, Any]:
         """What the speech service's options() takes for this configuration. Raises nothing."""
         td = self.turn_detection
         out: dict[str, Any] = {"language": self.language, "prompt": self.full_prompt, "vad": td is not None}
         if td is not None:
-            out.update(vad_min_silence_ms=td.silence_duration_ms, vad_padding_ms=td.prefix_padding_ms,
-                       vad_aggressiveness=td.aggressiveness)
+            out.update(vad_options(td.threshold, td.prefix_padding_ms, td.silence_duration_ms))
         return out
 
     # ---- updates ------------------------------------------------------------------------------
@@ -202,11 +201,12 @@ class RealtimeConfig:
             self.keywords = list(words)
         languages = t.get("languages")
         if languages is not None:
-            if not isinstance(languages, list) or len(languages) > 1 or not all(isinstance(x, str) for x in languages):
-                raise ConfigError("at most one language can be given (Whisper decodes one language per window)",
-                                  f"{where}.languages")
-            if languages:
-                self.language = languages[0]
+            if not isinstance(languages, list) or not all(isinstance(x, str) for x in languages):
+                raise ConfigError("languages must be a list of strings", f"{where}.languages")
+            try:
+                self.language = one_language(languages, t.get("language")) or self.language
+            except ValueError as exc:
+                raise ConfigError(str(exc), f"{where}.languages") from None
         if t.get("delay") is not None:
             raise ConfigError("delay is not available; text is committed once two decodes agree", f"{where}.delay")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, get_args
 
 from litestar.datastructures import UploadFile
@@ -9,10 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from audio.formats import ResponseFormat
 from audio.pcm import SAMPLE_RATE
+from service.speech.transcription_fields import one_language
 
 __all__ = [
     "TranslationForm",
     "TranscriptionForm",
+    "ServerVadChunking",
     "TranscriptionWord",
     "TranscriptionSegment",
     "Transcription",
@@ -59,11 +62,30 @@ class TranslationForm(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=1.0, description="Start of the fallback ladder (0 → 0, 0.2 … 1.0).")
 
 
+class ServerVadChunking(BaseModel):
+    """`chunking_strategy`'s server_vad object (OpenAI's fields): the file cut at the pauses voice activity detection
+    finds, as "auto", with these settings; those left out are auto's. As a live session's server VAD reads them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["server_vad"]
+    threshold: float | None = Field(None, ge=0.0, le=1.0, description="webrtcvad's aggressiveness: 0–0.25 → 0, "
+                                                                      "… 0.75–1 → 3 (auto: 2).")
+    prefix_padding_ms: int | None = Field(None, ge=0, le=2000, description="Speech padding, both sides (auto: 200).")
+    silence_duration_ms: int | None = Field(None, ge=30, le=10_000,
+                                            description="The pause that ends speech (auto: 500).")
+
+
 class TranscriptionForm(TranslationForm):
     """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields). A field we do not know
     (`known_speaker_names[]`, …) is refused by name, as every value we cannot honour."""
 
     language: str | None = Field(None, description="ISO-639-1 code (or name); detected when omitted.")
+    languages: list[str] = Field(default_factory=list, alias="languages[]",
+                                 description="At most one entry (Whisper decodes one language a window): `language`.")
+    keywords: list[str] = Field(default_factory=list, alias="keywords[]",
+                                description="Words or phrases to bias toward: joined after the prompt, as on the live "
+                                            "sockets.")
     timestamp_granularities: list[Granularity] = Field(
         default_factory=_segments_only, alias="timestamp_granularities[]",
         description="`word` adds word timestamps; with verbose_json only, as OpenAI's.")
@@ -74,8 +96,9 @@ class TranscriptionForm(TranslationForm):
                                                "with --no-vad.")
     vad_trim: bool = Field(False, description="Extension: with vad off, cut leading/trailing silence before decoding "
                                               "(refused with vad on, which decodes only the speech already).")
-    chunking_strategy: Literal["auto"] | None = Field(
-        None, description='"auto": the audio is cut at pauses found by voice activity detection (as vad on).')
+    chunking_strategy: Literal["auto"] | ServerVadChunking | None = Field(
+        None, description='"auto": the audio is cut at pauses found by voice activity detection (as vad on); a '
+                          "server_vad object (as form parts or one JSON string) sets how.")
     include: list[str] | None = Field(None, alias="include[]", description="No value is supported: log probabilities "
                                                                            "are not given for transcriptions here.")
 
@@ -91,10 +114,26 @@ class TranscriptionForm(TranslationForm):
 
     @field_validator("chunking_strategy", mode="before")
     @classmethod
-    def _auto_only(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            raise ValueError(f'{value.get("type", "an object")!r} with its own settings is not supported: "auto" is '
-                             "(the audio cut at pauses this server's voice activity detection finds)")
+    def _object_as_json(cls, value: Any) -> Any:
+        # One form field may carry the object as JSON: read as the SDK's form parts are, so either is told the same
+        if isinstance(value, str) and value != "auto":
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = None
+            if not isinstance(value, dict):
+                raise ValueError('use "auto" or a server_vad object ({"type": "server_vad", ...}, as JSON here)')
+        return value
+
+    @field_validator("languages", "keywords", mode="before")
+    @classmethod
+    def _one_is_a_list(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # one form field arrives as a plain string
+
+    @field_validator("languages")
+    @classmethod
+    def _one_language(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        one_language(value, info.data.get("language"))
         return value
 
     @field_validator("include", mode="before")
@@ -138,9 +177,10 @@ class TranscriptionForm(TranslationForm):
 
     @field_validator("chunking_strategy")
     @classmethod
-    def _chunking_is_vad(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if value == "auto" and info.data.get("vad") is False:
-            raise ValueError("auto cuts at voice activity: it cannot be had with vad false")
+    def _chunking_is_vad(cls, value: str | ServerVadChunking | None,
+                         info: ValidationInfo) -> str | ServerVadChunking | None:
+        if value is not None and info.data.get("vad") is False:
+            raise ValueError("chunking cuts at voice activity: it cannot be had with vad false")
         return value
 
 

@@ -29,6 +29,7 @@ from service.http.sse import EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
 from service.speech.schemas import (
     DurationUsage,
+    ServerVadChunking,
     Transcription,
     TranscriptionForm,
     TranscriptTextDelta,
@@ -37,6 +38,7 @@ from service.speech.schemas import (
     VerboseTranscription,
 )
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
+from service.speech.transcription_fields import joined_prompt, one_language, vad_options
 from service.state import get_state
 
 __all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "FILE_PARTS",
@@ -77,27 +79,33 @@ async def create_transcription(
 ) -> Response[Any]:
     """Raises APIError (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
     words = "word" in data.timestamp_granularities
-    return await respond_to_upload(request, data, {
-        "language": data.language, "task": data.task, "word_timestamps": words, "vad_trim": data.vad_trim,
-        "vad": True if data.chunking_strategy == "auto" else data.vad}, stream=data.stream,
-        segments="segment" in data.timestamp_granularities)
+    chunking = data.chunking_strategy
+    asked: dict[str, Any] = {
+        "language": one_language(data.languages) or data.language, "prompt": joined_prompt(data.prompt, data.keywords),
+        "task": data.task, "word_timestamps": words, "vad_trim": data.vad_trim,
+        "vad": True if chunking is not None else data.vad}
+    renamed = {"language": "languages[]"} if data.languages else {}
+    if isinstance(chunking, ServerVadChunking):
+        asked |= vad_options(chunking.threshold, chunking.prefix_padding_ms, chunking.silence_duration_ms)
+    return await respond_to_upload(request, data, asked, stream=data.stream, renamed=renamed,
+                                   segments="segment" in data.timestamp_granularities)
 
 
 async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationForm, asked: Mapping[str, Any], *,
                             stream: bool = False, renamed: Mapping[str, str] | None = None,
                             segments: bool = True) -> Response[Any]:
-    """Transcribe the form's file with the options `asked` (its prompt and temperature besides), answered in its
-    response_format, or as SSE events with `stream`. `renamed`: the request's names for the options' fields (a
-    refused option may be another field's fault). `segments`: verbose_json lists them (False: words only, as
-    OpenAI answers timestamp_granularities=["word"]). Raises APIError (400 bad audio/params, 404 model, 413 size,
-    503 load failure)."""
+    """Transcribe the form's file with the options `asked` (its temperature besides, its prompt unless asked names
+    one), answered in its response_format, or as SSE events with `stream`. `renamed`: the request's names for the
+    options' fields (a refused option may be another field's fault). `segments`: verbose_json lists them (False:
+    words only, as OpenAI answers timestamp_granularities=["word"]). Raises APIError (400 bad audio/params, 404
+    model, 413 size, 503 load failure)."""
     state = get_state(request)
     speech = served_speech(state, data.model)
     raw = await data.file.read()
     _check_parts(data, raw, state.config.limits.max_part_bytes)  # sizes first: nothing else reads a huge part
     try:
-        options = transcribe_options(speech, prompt=data.prompt or None,
-                                     temperatures=TranscribeOptions.ladder(data.temperature), **asked)
+        options = transcribe_options(speech, **{"prompt": data.prompt or None, **asked},
+                                     temperatures=TranscribeOptions.ladder(data.temperature))
     except AudioError as exc:
         raise api_error(exc, params=renamed) from None
     content_type = part_content_type(data.file)

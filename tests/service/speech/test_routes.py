@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import struct
 import wave
 from pathlib import Path
@@ -227,9 +228,13 @@ def test_audio_past_the_servers_bounds_is_a_400_not_a_blown_worker(client: TestC
     ({"stream": "true", "response_format": "srt"}, "stream", "invalid_value"),
     ({"chunking_strategy": "auto", "vad": "false"}, "chunking_strategy", "invalid_value"),
     ({"chunking_strategy": "server_vad"}, "chunking_strategy", "invalid_value"),
-    # the openai SDK's server_vad object, as form parts
-    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[silence_duration_ms]": "300"}, "chunking_strategy",
-     "invalid_value"),
+    ({"chunking_strategy[type]": "server_vad", "vad": "false"}, "chunking_strategy", "invalid_value"),
+    ({"chunking_strategy[type]": "semantic_vad"}, "chunking_strategy.type", "invalid_value"),
+    ({"chunking_strategy[type]": "server_vad", "chunking_strategy[eagerness]": "low"}, "chunking_strategy.eagerness",
+     "unknown_parameter"),
+    ({"languages[]": ["en", "de"]}, "languages[]", "invalid_value"),
+    ({"language": "en", "languages[]": "fr"}, "languages[]", "invalid_value"),
+    ({"languages[]": "de"}, "languages[]", "invalid_value"),  # the demo's tiny.en: English only
 ])
 def test_a_transcription_field_that_cannot_be_honoured_is_refused_by_name(
         client: TestClient[Any], fields: dict[str, str], param: str | None, code: str) -> None:
@@ -269,6 +274,57 @@ def test_chunking_strategy_auto_is_voice_activity_cutting(client: TestClient[Any
     assert transcribe(client, chunking_strategy="auto").status_code == 200
     assert transcribe(client).status_code == 200
     assert asked == [True, None]  # auto: on whatever the server's default; without it, the default
+
+
+def _asked(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What the route asks the speech service for (its transcribe_options keywords), one dict a request."""
+    import service.speech.transcriptions as routes
+
+    asked: list[dict[str, Any]] = []
+    real = routes.transcribe_options
+    monkeypatch.setattr(routes, "transcribe_options", lambda *a, **kw: asked.append(kw) or real(*a, **kw))
+    return asked
+
+
+def test_keywords_join_the_prompt_and_one_languages_entry_is_the_language(client: TestClient[Any],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # openai 3.63 sends `keywords[]` and `languages[]` (Pipecat's OpenAISTTService sends keywords whatever the model):
+    # read as /v1/realtime reads a session's keywords and languages
+    from service.speech.realtime_config import ConfigError, RealtimeConfig
+
+    asked = _asked(monkeypatch)
+    assert transcribe(client, prompt="Dashwood", **{"keywords[]": ["Marianne", "Elinor"]}).status_code == 200
+    assert transcribe(client, **{"keywords[]": "Marianne", "languages[]": "en"}).status_code == 200
+    assert [(a["prompt"], a["language"]) for a in asked] == [("Dashwood Marianne, Elinor", None), ("Marianne", "en")]
+    live = RealtimeConfig(keywords=["Marianne", "Elinor"], prompt="Dashwood")
+    assert live.full_prompt == asked[0]["prompt"]
+    err = assert_error(transcribe(client, **{"languages[]": ["en", "de"]}), 400, "invalid_value")
+    with pytest.raises(ConfigError) as refused:
+        live.updated({"input_audio_transcription": {"languages": ["en", "de"]}}, "beta")
+    assert err["message"] == f"languages[]: {refused.value.message}"
+
+
+@pytest.mark.parametrize("settings", [{}, {"silence_duration_ms": 300, "prefix_padding_ms": 100, "threshold": 0.9}])
+def test_a_server_vad_chunking_strategy_is_honoured_as_form_parts_or_one_json_field(
+        client: TestClient[Any], monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any]) -> None:
+    asked = _asked(monkeypatch)
+    parts = {f"chunking_strategy[{k}]": str(v) for k, v in {"type": "server_vad", **settings}.items()}
+    assert transcribe(client, **parts).status_code == 200
+    assert transcribe(client, chunking_strategy=json.dumps({"type": "server_vad", **settings})).status_code == 200
+    assert transcribe(client, chunking_strategy="auto").status_code == 200
+    vad = [{k: v for k, v in a.items() if k.startswith("vad") and k != "vad_trim"} for a in asked]
+    want = {"vad_min_silence_ms": 300, "vad_padding_ms": 100, "vad_aggressiveness": 3} if settings else {}
+    assert vad == [{"vad": True, **want}, {"vad": True, **want}, {"vad": True}]  # no settings: auto's
+
+
+def test_a_server_vad_setting_out_of_range_is_refused_by_name_alike_in_either_encoding(
+        client: TestClient[Any]) -> None:
+    as_parts = transcribe(client, **{"chunking_strategy[type]": "server_vad",
+                                     "chunking_strategy[silence_duration_ms]": "5"})
+    as_json = transcribe(client, chunking_strategy='{"type": "server_vad", "silence_duration_ms": 5}')
+    err = assert_error(as_parts, 400, "invalid_value")
+    assert err == assert_error(as_json, 400, "invalid_value")
+    assert err["param"] == "chunking_strategy.silence_duration_ms"
 
 
 def test_missing_file_and_empty_file(client: TestClient[Any]) -> None:

@@ -1,0 +1,44 @@
+"""Transcription fields the file routes and the live sessions read alike: `keywords` (Whisper takes vocabulary as
+prompt text: joined after the prompt), `languages` (Whisper decodes one language a window: one entry is the
+language, more are refused) and server VAD's settings (webrtcvad's aggressiveness from `threshold`, the padding and
+the pause that ends speech).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["joined_prompt", "one_language", "aggressiveness", "vad_options", "ONE_LANGUAGE"]
+
+ONE_LANGUAGE = "at most one language can be given (Whisper decodes one language per window)"
+
+
+def joined_prompt(prompt: str | None, keywords: Sequence[str]) -> str | None:
+    """The prompt with the keywords joined after it (None when both are empty). Raises nothing."""
+    words = ", ".join(w.strip() for w in keywords if w.strip())
+    return " ".join(p for p in (prompt or "", words) if p) or None
+
+
+def one_language(languages: Sequence[str], language: str | None = None) -> str | None:
+    """The language a `languages` list names (None when empty), beside `language` sent with it. Raises ValueError
+    for more than one entry, or one that is not `language`."""
+    if len(languages) > 1:
+        raise ValueError(ONE_LANGUAGE)
+    if languages and language and languages[0] != language:
+        raise ValueError(f"languages names {languages[0]!r} beside language {language!r}: send one of them")
+    return languages[0] if languages else None
+
+
+def aggressiveness(threshold: float) -> int:
+    """webrtcvad's aggressiveness for server VAD's `threshold` (0–0.25 → 0, … 0.75–1 → 3). Raises nothing."""
+    return min(3, int(threshold * 4))
+
+
+def vad_options(threshold: float | None, prefix_padding_ms: int | None,
+                silence_duration_ms: int | None) -> dict[str, int]:
+    """Server VAD's settings as the speech service's options: `prefix_padding_ms` pads speech on both sides,
+    `silence_duration_ms` is the pause that ends it; those not given are left out (the service's defaults). Raises
+    nothing."""
+    out = {"vad_aggressiveness": None if threshold is None else aggressiveness(threshold),
+           "vad_padding_ms": prefix_padding_ms, "vad_min_silence_ms": silence_duration_ms}
+    return {k: v for k, v in out.items() if v is not None}
