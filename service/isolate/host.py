@@ -1,19 +1,20 @@
 """The engine process of `--isolate`: loads the model, runs the engine's loop, and answers the API process.
 
 Started by service/isolate/remote.py as `python -m service.isolate.host` with the serve config and the
-supervisor's address in its environment. It dies with its parent (PR_SET_PDEATHSIG on Linux, and the end
-of the connection everywhere), so an API process killed with -9 leaves no engine holding the GPU.
+supervisor's address in its environment. It dies with its parent (PR_SET_PDEATHSIG on Linux, a parent-pid watch
+elsewhere, and the end of the connection everywhere), so an API process killed with -9 leaves no engine holding the
+GPU. It ignores SIGINT and SIGTERM: a terminal's Ctrl-C and systemd's stop (KillMode=control-group) reach every
+process of the group, and the engine must outlive the API process's drain; it stops when told (Shutdown) or when
+the connection ends.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import os
 import signal
-import sys
 import threading
 from multiprocessing.connection import Client, Connection
 from typing import Any
@@ -38,6 +39,7 @@ from service.isolate.messages import (
 )
 from service.isolate.objects import Call, ObjectServer
 from service.process.gc_pauses import GC_PAUSES, ready_for_serving
+from service.process.parent import exit_with_parent
 
 __all__ = ["main", "SNAPSHOT_SECONDS"]
 
@@ -47,10 +49,12 @@ _log = logging.getLogger("tandem.isolate")
 
 def main() -> int:
     """Entry point of the engine process. Returns the exit code."""
+    _ignore_stop_signals()  # first: a Ctrl-C during the imports or the load would kill it too
+    parent = os.getppid()
     from engine.backend import ensure_fast_blas
 
     ensure_fast_blas()  # before mlx is imported, as in every entry point
-    _die_with_parent()
+    exit_with_parent(parent)
     from service.config import ServiceConfig
     from service.logs import configure_logging
 
@@ -64,12 +68,11 @@ def main() -> int:
     return 0
 
 
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+def _ignore_stop_signals() -> None:
+    """Leave SIGINT and SIGTERM to the API process: sent to the process group (Ctrl-C, systemd), they killed this
+    one at once, so its streams ended as a crash and the supervisor started a new engine while stopping."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def _by_reference(value: Any) -> bool:
@@ -85,6 +88,27 @@ async def _host(conn: Connection, config: Any) -> None:
     from service.speech.setup import speech_config, speech_lifespan
     from service.state import AppState
 
+    send_inbox, inbox = anyio.create_memory_object_stream[object](1 << 16)
+    token = anyio.lowlevel.current_token()
+    stopping = threading.Event()  # told to stop (Shutdown), or the API process is gone
+
+    def read() -> None:  # a thread: the connection blocks
+        while True:
+            try:
+                message: object = conn.recv()
+            except Exception:  # EOF; or this process closed the connection under the read (it is ending)
+                message = Shutdown()
+            if isinstance(message, Shutdown):
+                stopping.set()
+            try:
+                anyio.from_thread.run_sync(send_inbox.send_nowait, message, token=token)
+            except Exception:  # the loop is gone
+                return
+            if isinstance(message, Shutdown):
+                return
+
+    # Read from the start: the API process may stop while the model loads (its messages wait in the inbox).
+    threading.Thread(target=read, name="tandem-isolate-read", daemon=True).start()
     speech_options = speech_config(config)
     try:
         open_ = open_tasks_engine if speech_options is not None and speech_options.transcription_only else open_engine
@@ -92,25 +116,13 @@ async def _host(conn: Connection, config: Any) -> None:
     except Exception as exc:  # reported to the API process, which says why and stops
         conn.send(Failed(ErrorInfo.of(exc)))
         return
+    if stopping.is_set():  # the API process stopped while the model loaded: nobody waits for it
+        engine.close()
+        return
     objects = ObjectServer(conn.send, _by_reference,
                            gone=lambda: SessionNotFound("The engine process restarted: this session is gone."))
-    send_inbox, inbox = anyio.create_memory_object_stream[object](1 << 16)
-    token = anyio.lowlevel.current_token()
     outbox = _Outbox(conn)
     streams: dict[int, Any] = {}
-
-    def read() -> None:  # a thread: the connection blocks
-        while True:
-            try:
-                message: object = conn.recv()
-            except (EOFError, OSError):
-                message = Shutdown()
-            try:
-                anyio.from_thread.run_sync(send_inbox.send_nowait, message, token=token)
-            except Exception:  # the loop is gone
-                return
-            if isinstance(message, Shutdown):
-                return
 
     async def forward(rid: int, stream: Any) -> None:
         try:
@@ -138,7 +150,6 @@ async def _host(conn: Connection, config: Any) -> None:
                         list(engine.plan.reasons) if engine.plan is not None else [], os.getpid(), ref, aliases,
                         engine.sampling_defaults, engine.model_root))
         ready_for_serving(config.freeze_gc, config.gc_thresholds)
-        threading.Thread(target=read, name="tandem-isolate-read", daemon=True).start()
         tg.start_soon(snapshots)
         async for message in inbox:
             if isinstance(message, Submit):

@@ -186,6 +186,11 @@ class RemoteEngine:
             self._conn = None
             if self._closed:
                 break
+            if self._refusing:  # the drain began: a new engine would load only to be stopped
+                self._state, self._failure = "stopped", f"The engine process exited (status {code}) while stopping."
+                _log.warning("%s", self._failure)
+                self._fail_streams(self._failure)
+                break
             decision = self._policy.decide(code, time.monotonic())
             if not decision.respawn:  # a crash loop: stop, and say so on /health
                 self._state, self._failure = "failed", f"The engine process stopped: {decision.reason}."
@@ -219,7 +224,8 @@ class RemoteEngine:
 
     def refuse_queued(self) -> int:
         """Shutting down: the engine process ends its queued rows (their streams get "cancelled") and refuses
-        new ones; so does this side. Returns 0: the count is the engine process's. Raises nothing."""
+        new ones; so does this side, and an engine process that exits from now on is not restarted. Returns 0: the
+        count is the engine process's. Raises nothing."""
         self._refusing = True
         self._send(RefuseQueued())
         return 0
@@ -329,7 +335,9 @@ class RemoteEngine:
                 message = conn.recv()
             except (EOFError, OSError):
                 self._connected = False
-                if not self._closed:  # closed: close() ended the calls as shut down already
+                if self._refusing and not self._closed:  # stopping: no new engine process comes
+                    self.objects.fail_all("The server is shutting down.", kind="SpeechStopped")
+                elif not self._closed:  # closed: close() ended the calls as shut down already
                     self.objects.fail_all("The engine process exited; it is restarting.")
                 loop.call_soon_threadsafe(self._exited.set)
                 return

@@ -177,3 +177,58 @@ async def test_health_says_when_the_engine_process_stops_answering(tiny_llm_dir:
     monkeypatch.setattr(remote.time, "monotonic", lambda: later)
     health = engine.health()
     assert health["ok"] is False and "pid 4321" in health["error"] and "not answered" in health["error"]
+
+
+def test_the_engine_process_outlives_the_groups_ctrl_c_and_sigterm(isolated: TestClient[Any]) -> None:
+    # Ctrl-C (SIGINT to the process group) and systemd's stop (SIGTERM to the group) killed the engine process at
+    # once: streams ended as a crash, and the supervisor loaded a new engine while stopping. The API process's
+    # drain decides when it stops (Shutdown, or the end of the connection).
+    import re
+    import signal
+    import sys
+    from pathlib import Path
+
+    engine = engine_of(isolated)
+    pid = engine.pid
+    assert pid is not None
+    if sys.platform.startswith("linux"):  # ignored, so the kernel drops them as they are sent: nothing pends
+        ignored = int(re.findall(r"SigIgn:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text())[0], 16)
+        assert ignored >> (signal.SIGINT - 1) & 1 and ignored >> (signal.SIGTERM - 1) & 1, hex(ignored)
+    os.kill(pid, signal.SIGINT)
+    os.kill(pid, signal.SIGTERM)
+    assert chat(isolated, logit_bias=NO_EOS).json()["usage"]["completion_tokens"] == 6
+    assert (engine.pid, engine.restarts) == (pid, 0)
+
+
+@pytest.mark.anyio
+async def test_an_engine_process_that_exits_once_the_drain_began_is_not_restarted(tiny_llm_dir: Any,
+                                                                                  monkeypatch: Any) -> None:
+    # The supervisor started a new engine process (and reloaded the model) while the server was stopping.
+    import subprocess
+    import sys
+    from multiprocessing import Pipe
+
+    import anyio
+
+    from engine.contracts import Delta, GenerationRequest
+
+    engine = RemoteEngine(ServiceConfig(model=str(tiny_llm_dir), isolate=True, warmup=False))
+    ours, theirs = Pipe()
+    engine._conn, engine._connected, engine._state = ours, True, "ready"  # as start() leaves it
+    engine._process = subprocess.Popen([sys.executable, "-c", "pass"])  # an engine process that exits
+    started: list[str] = []
+
+    async def start() -> None:
+        started.append("a new engine process")
+        engine._closed = True  # ends serve() without the fix too
+
+    monkeypatch.setattr(engine, "start", start)
+    running = engine.submit(GenerationRequest([1, 2, 3]))
+    running.deliver(Delta(text="Hi"))
+    engine.refuse_queued()  # the drain began
+    theirs.close()  # and the engine process exited
+    with anyio.fail_after(30):  # a hang guard, not a timing assertion
+        await engine.serve()
+    assert started == [] and engine.restarts == 0
+    assert (await running.__anext__()).text == "Hi"
+    assert "while stopping" in str((await running.__anext__()).error)
