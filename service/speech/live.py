@@ -17,7 +17,7 @@ from litestar import WebSocket, websocket
 
 from audio.pcm import SAMPLE_RATE, parse_pcm_content_type
 from service.http.auth import offered_key, subprotocols
-from service.http.errors import APIError, api_error, frames_error_event
+from service.http.errors import APIError, api_error, error_event, frames_error_event
 from service.speech.live_socket import LiveSocket, Mode
 from service.speech.socket_errors import close_code
 from service.speech.client_secrets import ClientSecret
@@ -82,9 +82,11 @@ def _minted(socket: WebSocket[Any, Any, Any], state: AppState, config: RealtimeC
         raise APIError(400, f"the client secret's session: {exc.message}", param=exc.param, code=exc.code) from None
 
 
-async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception) -> None:
+async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception, realtime: bool = False) -> None:
+    # /v1/realtime speaks only Realtime: OpenAI's error event, without the flat fields /v1/audio/live's frame
+    # clients read (that socket does not know yet which kind of client it serves)
     err = api_error(exc)
-    await socket.send_json(frames_error_event(err))
+    await socket.send_json(error_event(err) if realtime else frames_error_event(err))
     await socket.close(code=close_code(err))
 
 
@@ -179,7 +181,7 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
         config = _minted(socket, state, config)
         speech = served_speech(state, config.model)
     except Exception as exc:
-        await _refuse(socket, exc)
+        await _refuse(socket, exc, realtime=True)
         return
     await LiveSocket(socket, state, speech, config=config, mode="realtime", dialect=_dialect(socket),
                      frame_format=config.pcm_format).run()

@@ -84,6 +84,14 @@ def test_realtime_needs_the_transcription_intent(client: TestClient[Any]) -> Non
     assert event["type"] == "error" and event["error"]["param"] == "intent"
 
 
+def test_a_realtime_refusal_before_the_session_is_openais_error_event(client: TestClient[Any]) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription&model=gpt-4o-transcribe-diarize") as ws:
+        event = ws.receive_json(timeout=30)
+    assert set(event) == {"type", "event_id", "error"}, event  # no flat copy of the error beside it
+    assert set(event["error"]) == {"type", "code", "message", "param", "event_id"}
+    assert (event["error"]["code"], event["error"]["param"]) == ("model_not_found", "model")
+
+
 @pytest.mark.parametrize("path, param", [("/v1/realtime?intent=transcription&modle=whisper-1", "modle"),
                                          ("/v1/audio/live?rate=48000&encodng=s16le", "encodng")])
 def test_a_query_parameter_the_socket_does_not_read_is_refused_by_name(client: TestClient[Any], path: str,
