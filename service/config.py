@@ -96,8 +96,8 @@ class ServiceConfig:
     max_tokens_cap: int = 4096
     # Seconds a generation may take from arrival to its last token (0: no deadline).
     request_timeout: float = 600.0
-    # Seconds between keep-alives (`: keep-alive`, Anthropic's ping) before a stream's first token; 0: none (llmperf
-    # parses every non-blank line as JSON).
+    # Seconds between keep-alives (`: keep-alive`, Anthropic's ping) while a stream sends nothing, before its first
+    # token or after; 0: none (llmperf parses every non-blank line as JSON).
     sse_keepalive: float = SSE_KEEPALIVE
     # Seconds streams get to finish on SIGTERM before they are ended with an error event.
     shutdown_timeout: float = 5.0

@@ -2,19 +2,21 @@
 engine's queue, and the row's first delta (streaming) or its whole reply — runs under one disconnect
 watcher, so a client that leaves stops it wherever it is. Then an SSE stream (after the first delta, so a row
 that fails first is a 5xx, never an empty 200; or, when the first delta is slow — a queue, a long prompt — after
-FIRST_BYTE_WAIT with SSE comments every --sse-keepalive seconds until it comes, a failure then in-band) or the
-collected JSON body; 499 with no body for a client that left first."""
+FIRST_BYTE_WAIT with SSE comments every --sse-keepalive seconds until it comes, a failure then in-band, and as often
+while the stream is quiet after it) or the collected JSON body; 499 with no body for a client that left first."""
 
 from __future__ import annotations
 
 from contextlib import aclosing
 from typing import Any, AsyncGenerator, Awaitable, Callable
 
+from anyio.abc import TaskGroup
 from litestar import Request, Response
 
 from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
+from service.http.idle_keepalive import kept_alive_while_idle
 from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_error
 from service.seams import RowStream
 from service.state import AppState, get_state
@@ -27,7 +29,7 @@ FIRST_BYTE_WAIT = 2.0
 
 
 def keepalive_every(state: AppState) -> float | None:
-    """Seconds between keep-alives until a stream's first delta (--sse-keepalive), None when they are off.
+    """Seconds between keep-alives while a stream sends nothing (--sse-keepalive), None when they are off.
     Raises nothing."""
     return state.config.sse_keepalive or None
 
@@ -65,22 +67,29 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
     if isinstance(answer, RowReader) and events is not None:
         row = opened[0]
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
-        every = keepalive_every(get_state(request))
-        return SSEStream(EventSource(_kept_alive(answer, events, keepalive, every, failure), lambda: close_stream(row)))
+        state = get_state(request)
+        every = keepalive_every(state)
+        return SSEStream(EventSource(_kept_alive(answer, events, keepalive, every, failure, state.task_group),
+                                     lambda: close_stream(row)))
     return Response(answer)
 
 
 async def _kept_alive(reader: RowReader, events: Callable[[RowReader], AsyncGenerator[bytes, None]],
-                      keepalive: Callable[[], bytes], every: float | None,
-                      failure: Callable[[APIError], bytes]) -> AsyncGenerator[bytes, None]:
+                      keepalive: Callable[[], bytes], every: float | None, failure: Callable[[APIError], bytes],
+                      task_group: TaskGroup | None) -> AsyncGenerator[bytes, None]:
     """Keep-alives every `every` seconds (None: none) until the row's first delta (at once when it came before the
-    headers), then its events; a failure or the deadline before it ends the stream in-band."""
+    headers), then its events, with a keep-alive whenever none went out for `every` seconds (read by a task in the
+    app's `task_group`; without one, an app with no lifespan, none); a failure or the deadline before the first delta
+    ends the stream in-band."""
     try:
         while not await reader.start(every):
             yield keepalive()
     except APIError as exc:
         yield failure(exc)
         return
-    async with aclosing(events(reader)) as stream:
+    said = events(reader)
+    if every is not None and task_group is not None:
+        said = kept_alive_while_idle(said, keepalive, every, task_group)
+    async with aclosing(said) as stream:
         async for event in stream:
             yield event

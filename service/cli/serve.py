@@ -73,9 +73,10 @@ def add_serve(sub: Any) -> None:
     p.add_argument("--shutdown-timeout", type=seconds, default=5.0,
                    help="seconds streams get to finish on Ctrl-C/SIGTERM before they end with an error event")
     p.add_argument("--sse-keepalive", type=seconds, default=SSE_KEEPALIVE, metavar="SEC",
-                   help="while a stream's first token waits, send an SSE comment (`: keep-alive`; on /v1/messages a "
-                        "ping, on /v1/responses an in_progress event) this often, so read timeouts and proxies do not "
-                        "cut it; 0: none, for clients that parse every line as an event (llmperf)")
+                   help="while a stream sends nothing (its first token waits, or later), send an SSE comment "
+                        "(`: keep-alive`; on /v1/messages a ping, on /v1/responses an in_progress event) this often, "
+                        "so read timeouts and proxies do not cut it; 0: none, for clients that parse every line as an "
+                        "event (llmperf)")
     add_serve_limit_args(p)
     add_serve_speech_args(p)
     p.set_defaults(func=_serve)

@@ -14,6 +14,7 @@ from service.config import ServiceConfig
 from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.fake_engine import FakeEngine
+from tests.service.sse_events import named_events
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -86,3 +87,47 @@ async def test_keep_alives_follow_sse_keepalive(monkeypatch: pytest.MonkeyPatch,
     # What llmperf reads: every non-blank line an event's data (or its name), never a comment.
     assert lines and all(line.startswith(("data: ", "event: ")) for line in lines), lines
     assert "event: ping" not in text and text.count("event: response.in_progress") <= 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,body,marker,count", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}, b": keep-alive\n\n", 1),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}, b": keep-alive\n\n", 1),
+    # its opening (created, then in_progress) went out with the first token: a second in_progress is a keep-alive
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}, b"event: response.in_progress\n", 2),
+    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2}, b"event: ping\n", 1),
+])
+async def test_a_stream_quiet_after_its_first_token_gets_keep_alives(path: str, body: dict[str, Any], marker: bytes,
+                                                                     count: int) -> None:
+    # A tool call that comes whole (Qwen3-Coder's XML, Mistral) or a stalled row sent nothing after the first
+    # token: a proxy's 60 s idle timer cut the stream. The n > 1 merged stream already sent them.
+    engine = FakeEngine(pieces=["a", "b"])
+    engine.gate = anyio.Event()  # the second token waits
+    client = _Client({**body, "stream": True}, marker=marker, count=count)
+    with anyio.fail_after(30):  # without keep-alives after the first token nothing comes: fail, do not hang
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, 0.01, tg), asgi_scope(path), client.receive, client.send)
+            await client.counted.wait()
+            engine.gate.set()
+            await client.leave.wait()
+    text = b"".join(client.chunks).decode()
+    assert text.index(marker.decode(), text.index("data: ")) < text.rindex("data: ")  # between the events
+    if path == "/v1/responses":  # numbered in their place
+        numbers = [e["sequence_number"] for e in named_events(text)]
+        assert numbers == list(range(len(numbers)))
+    assert engine.active == set()
+
+
+@pytest.mark.anyio
+async def test_a_client_leaving_a_kept_alive_stream_frees_its_row() -> None:
+    # The stream's events are read by a task of the app's: the row must not outlive the client.
+    engine = FakeEngine(pieces=["a", "b", "c"])
+    engine.gate = anyio.Event()  # never set: the row waits for its second token until it is closed
+    client = _Client({"messages": USER, "stream": True, "max_tokens": 3}, marker=b": keep-alive\n\n")
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, 0.01, tg), asgi_scope("/v1/chat/completions"), client.receive, client.send)
+            await client.counted.wait()
+            client.leave.set()
+    assert engine.active == set() and engine.closed_streams >= 1
+    assert b"[DONE]" not in b"".join(client.chunks)
