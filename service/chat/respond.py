@@ -43,9 +43,10 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
                   events: Callable[[RowReader], AsyncGenerator[bytes, None]] | None,
                   collect: Callable[[RowStream], Awaitable[Any]],
                   keepalive: Callable[[], bytes] = lambda: KEEPALIVE,
-                  failure: Callable[[APIError], bytes] = _chat_failure) -> Response[Any]:
+                  failure: Callable[[APIError], bytes] = _chat_failure, may_go_quiet: bool = False) -> Response[Any]:
     """SSE from `events(reader)` when given, else the body `collect(row)` builds, for the row `submit_row()`
-    renders and submits; `keepalive()` is sent while the first delta is awaited after the headers, `failure(error)`
+    renders and submits; `keepalive()` is sent while the first delta is awaited after the headers (and whenever the
+stream is quiet after it when `may_go_quiet`: a reply that holds text back), `failure(error)`
     ends a stream that fails then (chat's: an SSE comment; an error event and `[DONE]`). Raises APIError (what
     rendering or the engine refuses, the row's failure before its first delta or while collecting, 504 past the
     deadline). The row is closed by its reader however this ends (RowReader.start / items)."""
@@ -69,7 +70,10 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
         state = get_state(request)
         every = keepalive_every(state)
-        return SSEStream(EventSource(_kept_alive(answer, events, keepalive, every, failure, state.task_group),
+        # Reading the events through a task costs ~15 µs a token (a hand-off each), so only replies that can hold
+        # text back for long (tool calls that come whole, thinking not shown) pay it.
+        task_group = state.task_group if may_go_quiet else None
+        return SSEStream(EventSource(_kept_alive(answer, events, keepalive, every, failure, task_group),
                                      lambda: close_stream(row)))
     return Response(answer)
 

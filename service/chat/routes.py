@@ -283,7 +283,8 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
         events=(lambda reader: _chat_events(reader, translators[0], meta, counter, include_usage,
                                             logprob_json(engine.tokenizer) if pieces is not None else None))
         if data.stream else None,
-        collect=lambda stream: _collect(stream, translators[0], meta, counter, timing, pieces))
+        collect=lambda stream: _collect(stream, translators[0], meta, counter, timing, pieces),
+        may_go_quiet=bool(data.tools))
 
 
 async def _choices(request: Request[Any, Any, Any], state: AppState, engine: ChatEngine, data: ChatCompletionRequest,

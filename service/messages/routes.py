@@ -146,7 +146,8 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
         request, counter, timing, submit_row=submit_row,
         events=(lambda reader: _events(reader, translators[0], output)) if data.stream else None,
         collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output),
-        keepalive=output.opening, failure=failure)
+        keepalive=output.opening, failure=failure,
+        may_go_quiet=bool(chat.tools) or (data.thinking is not None and data.thinking.display == "omitted"))
 
 
 @post("/v1/messages/count_tokens", status_code=200, summary="Count a message's prompt tokens",

@@ -193,7 +193,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
         events=(lambda reader: _events(reader, translators[0], output, counter, count, kept)) if data.stream else None,
         collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter, count,
                                         kept),
-        keepalive=output.opening, failure=failure)
+        keepalive=output.opening, failure=failure, may_go_quiet=bool(chat.tools))
 
 
 _NOT_KEPT = error_responses({404: "No such response is kept (code not_found)"})

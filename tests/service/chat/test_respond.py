@@ -89,18 +89,23 @@ async def test_keep_alives_follow_sse_keepalive(monkeypatch: pytest.MonkeyPatch,
     assert "event: ping" not in text and text.count("event: response.in_progress") <= 1
 
 
+_CHAT_TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("path,body,marker,count", [
-    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}, b": keep-alive\n\n", 1),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}, b": keep-alive\n\n", 1),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "tools": _CHAT_TOOLS}, b": keep-alive\n\n", 1),
     # its opening (created, then in_progress) went out with the first token: a second in_progress is a keep-alive
-    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}, b"event: response.in_progress\n", 2),
-    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2}, b"event: ping\n", 1),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 16,
+                       "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]},
+     b"event: response.in_progress\n", 2),
+    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2,
+                      "tools": [{"name": "f", "input_schema": {"type": "object"}}]}, b"event: ping\n", 1),
 ])
 async def test_a_stream_quiet_after_its_first_token_gets_keep_alives(path: str, body: dict[str, Any], marker: bytes,
                                                                      count: int) -> None:
-    # A tool call that comes whole (Qwen3-Coder's XML, Mistral) or a stalled row sent nothing after the first
-    # token: a proxy's 60 s idle timer cut the stream. The n > 1 merged stream already sent them.
+    # A tool call that comes whole (Qwen3-Coder's XML, Mistral) sent nothing after the first token: a proxy's 60 s
+    # idle timer cut the stream. The n > 1 merged stream already sent them.
     engine = FakeEngine(pieces=["a", "b"])
     engine.gate = anyio.Event()  # the second token waits
     client = _Client({**body, "stream": True}, marker=marker, count=count)
@@ -123,7 +128,8 @@ async def test_a_client_leaving_a_kept_alive_stream_frees_its_row() -> None:
     # The stream's events are read by a task of the app's: the row must not outlive the client.
     engine = FakeEngine(pieces=["a", "b", "c"])
     engine.gate = anyio.Event()  # never set: the row waits for its second token until it is closed
-    client = _Client({"messages": USER, "stream": True, "max_tokens": 3}, marker=b": keep-alive\n\n")
+    client = _Client({"messages": USER, "stream": True, "max_tokens": 3, "tools": _CHAT_TOOLS},
+                     marker=b": keep-alive\n\n")
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(_app(engine, 0.01, tg), asgi_scope("/v1/chat/completions"), client.receive, client.send)
@@ -131,3 +137,32 @@ async def test_a_client_leaving_a_kept_alive_stream_frees_its_row() -> None:
             client.leave.set()
     assert engine.active == set() and engine.closed_streams >= 1
     assert b"[DONE]" not in b"".join(client.chunks)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+])
+async def test_a_reply_that_holds_nothing_back_is_read_directly(path: str, body: dict[str, Any]) -> None:
+    # Reading the events through a task costs ~15 µs a token: a reply without tools sends each token as it comes,
+    # so it is read directly and only its first token is awaited with keep-alives.
+    engine = FakeEngine(pieces=["a", "b"])
+    engine.gate = anyio.Event()  # the second token waits
+    client = _Client({**body, "stream": True}, marker=b"data: ")
+    watcher = FakeEngine(pieces=["a", "b"])
+    watcher.first_gate = anyio.Event()
+    clock = _Client({"messages": USER, "stream": True, "max_tokens": 2}, marker=b": keep-alive\n\n", count=3)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, 0.01, tg), asgi_scope(path), client.receive, client.send)
+            await client.counted.wait()
+            # Another app's keep-alives at the same interval are the clock: three of them, and none here.
+            tg.start_soon(_app(watcher, 0.01, tg), asgi_scope("/v1/chat/completions"), clock.receive, clock.send)
+            await clock.counted.wait()
+            assert b": keep-alive" not in b"".join(client.chunks)
+            engine.gate.set()
+            watcher.first_gate.set()
+            await client.leave.wait()
+            await clock.leave.wait()
+    assert engine.active == set()
