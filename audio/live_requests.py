@@ -82,8 +82,12 @@ class LiveRequests:
         """Decode from `at`, where the utterances asked for with `options` begin (every utterance before it is
         closed): the text before it is finished there, its audio no context for theirs. Raises nothing."""
         self.options = options
-        if self._tr is not None and self._live is not None:  # else start() binds them with these options
+        tr = self._tr
+        if tr is not None and self._live is not None:  # else start() binds them with these options
             self._finish_all(at)
             self._final_to, self._probed_at = max(self._final_to, at), max(self._probed_at, at)
-            self._tr.retarget(options)
-            self._live.tokenizer = self._tr.tokenizer
+            tr.retarget(options)
+            # Conditioned on the new prompt alone: the earlier text, written without it, outweighed it ("Ten of
+            # Clov's." before a prompt naming Clubs kept the next card "Queen of Clov's"; alone: "Queen of Clubs").
+            tr.prompt_reset_since = len(tr.all_tokens)
+            self._live.tokenizer = tr.tokenizer

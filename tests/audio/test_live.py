@@ -322,7 +322,8 @@ async def test_options_asked_for_mid_utterance_begin_with_the_next_one_and_no_de
     assert await run_due(live) == 2  # two decodes, though one could hold both (a commit's rule)
     first, second = scheduler.requests
     assert (len(first.audio), first.prompt) == (2 * SR, ())
-    assert len(second.audio) == SR and second.prompt[:len(dashwood)] == dashwood and second.prefix == ()
+    # the new prompt alone: the earlier text, written without it, conditions no more ("Clov's" kept "Clov's")
+    assert (len(second.audio), second.prompt, second.prefix) == (SR, dashwood, ())
     assert [e.text for e in events if e.type == "utterance"] == [live._text([1000, 1002]), live._text([1004])]
     live.retune(TranscribeOptions())  # between utterances: the next one begins without the prompt
     live.add_speech(speech(1.0), 5 * SR)
