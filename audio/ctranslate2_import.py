@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
 
+from engine.load_stop import LoadStopped, Stoppable, check_stop
 from engine.progress import progress
 
 __all__ = ["CheckpointFormatError", "read_ct2_model_bin", "write_ct2_model_bin", "dequantize", "ct2_to_mlx_weights",
@@ -223,10 +225,12 @@ def is_ct2_whisper_dir(path: str | Path) -> bool:
     return (p / "model.bin").is_file() and not (p / "weights.safetensors").is_file()
 
 
-def import_ct2_whisper(src: str | Path, dst: str | Path, dtype: str = "float32") -> Path:
+def import_ct2_whisper(src: str | Path, dst: str | Path, dtype: str = "float32", *,
+                       stop: Stoppable | None = None) -> Path:
     """Convert CT2 dir `src` into an mlx-whisper dir `dst` (float32 or float16 weights). Writes into a
-    temporary sibling and renames, so a half-written dir never exists. Raises CheckpointFormatError,
-    FileNotFoundError."""
+    temporary sibling and renames, so a half-written dir never exists. `stop` (None: this process's,
+    engine/load_stop.py) is read between weights and files. Raises CheckpointFormatError, FileNotFoundError,
+    LoadStopped once `stop` is set (the temporary sibling removed)."""
     from safetensors.numpy import save_file
 
     src, dst = Path(src), Path(dst)
@@ -237,21 +241,29 @@ def import_ct2_whisper(src: str | Path, dst: str | Path, dtype: str = "float32")
         raise CheckpointFormatError(f"{src}: model.bin holds a {spec}, not a WhisperSpec")
     dims, weights = ct2_to_mlx_weights(variables)
     np_dtype = {"float32": np.float32, "float16": np.float16}[dtype]
-    weights = {k: np.ascontiguousarray(w.astype(np_dtype))
-               for k, w in progress(weights.items(), f"importing {src.name}", total=len(weights))}
+    doing = f"importing {src.name}"
+
+    def converted(weight: np.ndarray) -> np.ndarray:
+        check_stop(stop, doing)
+        return np.ascontiguousarray(weight.astype(np_dtype))
+
+    weights = {k: converted(w) for k, w in progress(weights.items(), doing, total=len(weights))}
     heads: list[list[int]] | None = None
     config_path = src / "config.json"
     if config_path.is_file():
         heads = json.loads(config_path.read_text()).get("alignment_heads")
     tmp = dst.with_name(dst.name + ".partial")
     tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "config.json").write_text(json.dumps({"model_type": "whisper", **dims}, indent=2))
-    save_file(weights, str(tmp / "weights.safetensors"))
-    if heads:
-        (tmp / "alignment_heads.json").write_text(json.dumps(heads))
+    try:
+        (tmp / "config.json").write_text(json.dumps({"model_type": "whisper", **dims}, indent=2))
+        save_file(weights, str(tmp / "weights.safetensors"))
+        check_stop(stop, doing)
+        if heads:
+            (tmp / "alignment_heads.json").write_text(json.dumps(heads))
+    except LoadStopped:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if dst.exists():
-        import shutil
-
         shutil.rmtree(dst)
     tmp.rename(dst)
     return dst

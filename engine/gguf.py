@@ -4,7 +4,9 @@ Every tensor is read from the file's bytes (engine/gguf_header.py, engine/gguf_t
 are, Q4_0/Q4_1/Q8_0/Q4_K/Q5_K as MLX affine-quantized triples (weight, scales, biases; group 32) with the file's
 codes, every other type as float16 from llama.cpp's own reference dequantization (the `gguf` package). The conversion writes config.json,
 model.safetensors and the tokenizer files once into the user cache dir, keyed by the file's path, size and mtime,
-so the next start loads a plain Hugging Face layout directory with `mlx_lm.utils.load`. Each conversion records its
+so the next start loads a plain Hugging Face layout directory with `mlx_lm.utils.load`. A process that begins to
+stop ends a conversion at its next tensor or file (engine/load_stop.py) and removes its staging folder. Each
+conversion records its
 source (engine/cache_entries.py), and writing one removes those it supersedes: of the same file changed in place or
 read by an older format, or of a file that is gone (a reinstall, an upgrade, a deleted venv).
 """
@@ -27,6 +29,7 @@ from engine.backend import user_cache_dir
 from engine.cache_entries import EntrySource, prune_superseded, read_source, record_source
 from engine.gguf_header import GGUFError, read_header
 from engine.gguf_tensors import check_types, read_tensors
+from engine.load_stop import Stoppable, check_stop
 
 __all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
 
@@ -54,14 +57,17 @@ _TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$
 _log = logging.getLogger(__name__)
 
 
-def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cache_root: Path | None = None) -> Path:
+def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cache_root: Path | None = None,
+                 stop: Stoppable | None = None) -> Path:
     """Return a cached HF-layout directory for the GGUF at `path`, converting it on first use.
 
     With `dequantize`, quantized tensors are written as float32 (a separate cache entry): the CPU backend
-    runs float32 through BLAS, and dequantizing once on disk beats doing it at every start.
+    runs float32 through BLAS, and dequantizing once on disk beats doing it at every start. `stop` (None: this
+    process's, engine/load_stop.py) is read between tensors and files.
 
     Raises FileNotFoundError when `path` does not exist, GGUFError when the file is not a supported
-    llama-family GGUF, OSError when the cache cannot be written.
+    llama-family GGUF, OSError when the cache cannot be written, LoadStopped when `stop` is set before the
+    conversion is whole (its staging folder removed).
     """
     source = Path(path).resolve()
     stat = source.stat()
@@ -84,7 +90,8 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     started = time.perf_counter()
     staging = Path(tempfile.mkdtemp(dir=root, prefix=".convert-"))
     try:
-        _write_model_dir(source, staging, dequantize)
+        _write_model_dir(source, staging, dequantize, stop)
+        check_stop(stop, f"converting {source.name}")
         record_source(staging, made_from)
         try:
             staging.rename(target)
@@ -108,22 +115,25 @@ def _entries(root: Path) -> list[Path]:
         return []
 
 
-def _write_model_dir(source: Path, out: Path, dequantize: bool) -> None:
+def _write_model_dir(source: Path, out: Path, dequantize: bool, stop: Stoppable | None) -> None:
     import mlx.core as mx
 
+    doing = f"converting {source.name}"
     metadata, infos = read_header(source)
-    tensors = read_tensors(source, infos, f"converting {source.name}")
+    tensors = read_tensors(source, infos, doing, stop=stop)
     config = gguf_config(metadata, tensors)
     weights = gguf_weights(tensors)
     if dequantize:
-        weights = _dequantized(weights)
+        weights = _dequantized(weights, stop, doing)
     elif any(name.endswith(".scales") for name in weights):
         # Per-layer bits (e.g. Q8_0 embeddings beside Q4_K layers) are inferred by mlx-lm from the shapes.
         config["quantization"] = {"group_size": 32, "bits": _common_bits(weights)}
         # Float16 scales, as the model computes: a K-quant's product of two scales rounds here (~2e-4 relative).
         weights = {n: v.astype(mx.float16) if n.endswith((".scales", ".biases")) else v for n, v in weights.items()}
+    check_stop(stop, doing)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    check_stop(stop, doing)
     gguf_tokenizer(metadata).save_pretrained(str(out))
 
 
@@ -249,14 +259,16 @@ def gguf_weights(tensors: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
-def _dequantized(weights: dict[str, Any]) -> dict[str, Any]:
-    """Quantized triples replaced by float32 weights; other floating tensors cast to float32."""
+def _dequantized(weights: dict[str, Any], stop: Stoppable | None = None, doing: str = "converting") -> dict[str, Any]:
+    """Quantized triples replaced by float32 weights; other floating tensors cast to float32, each evaluated here
+    (not inside the save), so `stop` is read between them. Raises LoadStopped once it is set."""
     import mlx.core as mx
 
     dense = {}
     for name, value in weights.items():
         if name.endswith((".scales", ".biases")):
             continue
+        check_stop(stop, doing)
         scales = weights.get(name[: -len("weight")] + "scales") if name.endswith(".weight") else None
         if scales is not None:
             biases = weights[name[: -len("weight")] + "biases"]
@@ -266,6 +278,7 @@ def _dequantized(weights: dict[str, Any]) -> dict[str, Any]:
                 group_size=32, bits=value.shape[-1] // scales.shape[-1],
             )
         dense[name] = value.astype(mx.float32) if mx.issubdtype(value.dtype, mx.floating) else value
+        mx.eval(dense[name])
     return dense
 
 

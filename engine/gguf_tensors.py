@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from engine.gguf_header import GGUFError, TensorInfo
+from engine.load_stop import Stoppable, check_stop
 
 __all__ = ["affine_codes", "check_types", "pack_codes", "read_tensors"]
 
@@ -145,10 +146,12 @@ def _tensor(info: TensorInfo, data: np.ndarray) -> dict[str, Any]:
     return {"weight": mx.array(values.reshape(shape).astype(np.float16))}
 
 
-def read_tensors(path: str | os.PathLike[str], infos: dict[str, TensorInfo], label: str | None = None) -> dict[str, Any]:
+def read_tensors(path: str | os.PathLike[str], infos: dict[str, TensorInfo], label: str | None = None, *,
+                 stop: Stoppable | None = None) -> dict[str, Any]:
     """Every tensor of the file by its GGUF name: `name` (dense) or, for an affine type, `name`, `….scales` and
     `….biases` (the `.weight` suffix swapped); a progress bar under `label`. Raises GGUFError for an unreadable
-    type or a file that ends before a tensor does."""
+    type or a file that ends before a tensor does, LoadStopped when `stop` (None: this process's,
+    engine/load_stop.py) is set between two tensors."""
     import mlx.core as mx
 
     from engine.progress import progress
@@ -157,6 +160,7 @@ def read_tensors(path: str | os.PathLike[str], infos: dict[str, TensorInfo], lab
     file = np.memmap(path, dtype=np.uint8, mode="r")
     out: dict[str, Any] = {}
     for name, info in progress(list(infos.items()), label) if label else infos.items():
+        check_stop(stop, label or f"reading {path}")
         size = _nbytes(info)
         if info.start + size > file.size:
             raise GGUFError(f"{path}: the file ends early, inside tensor {name}")

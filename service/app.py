@@ -21,6 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Server
 from litestar.types import ControllerRouterHandler
 
+from engine.load_stop import LOADS, check_stop
 from service.admin.routes import health, list_models, metrics, ping, retrieve_model, stats
 from service.chat.completions import completions
 from service.chat.routes import chat_completions
@@ -43,7 +44,7 @@ from service.process.cleanup import loading_models
 from service.process.drain import install_drain
 from service.process.gc_pauses import ready_for_serving
 from service.process.parent import exit_with_parent
-from service.process.restarts import EXIT_SERVING_FAILED, EXIT_STARTUP_FAILED
+from service.process.restarts import EXIT_SERVING_FAILED, EXIT_STARTUP_FAILED, EXIT_STOPPED_LOADING
 from service.process.supervisor import worker_generation
 from service.seams import ChatEngine
 from service.speech.client_secret_routes import create_client_secret, create_transcription_session
@@ -122,6 +123,7 @@ async def _run_service(state: AppState, stop: anyio.Event, *,
     if state.engine is None and state.load_engine is not None:
         with loading_models():  # a conversion in progress is not taken for an interrupted one
             state.engine = await state.load_engine(state.config)
+        check_stop(LOADS, "loading the model")  # the process began to stop meanwhile: nobody waits for it
         _log_banner(state)
     engine = state.engine
     engine_done = anyio.Event()
@@ -145,6 +147,7 @@ async def _run_service(state: AppState, stop: anyio.Event, *,
                 with loading_models():
                     for hook in state.lifespan_hooks:
                         await hooks.enter_async_context(hook(state))
+                check_stop(LOADS, "starting")
                 if frozen := ready_for_serving(state.config.freeze_gc, state.config.gc_thresholds):
                     _log.info("gc: %d objects from startup frozen out of collections", frozen)
                 state.ready = True
@@ -260,6 +263,8 @@ def app_from_env() -> Litestar:
 
 
 def _exit_fatal(exc: BaseException, served: bool) -> None:
+    if not served and LOADS.is_set():
+        _exit_stopped_loading()
     if served:  # a crash while serving: the supervisor respawns the worker (any exit code but startup's)
         _log.error("the service failed while serving; the worker exits to be respawned", exc_info=exc)
         os._exit(EXIT_SERVING_FAILED)
@@ -278,5 +283,12 @@ async def _open_engine_or_exit(config: ServiceConfig) -> ChatEngine:
             return await open_isolated_engine(config)
         return await open_engine(config)
     except Exception as exc:
+        if LOADS.is_set():  # the load gave up (LoadStopped), or failed as the engine process was told to stop
+            _exit_stopped_loading()
         _log.error("could not load model %s: %s: %s", config.model or "(default)", type(exc).__name__, exc)
         os._exit(EXIT_STARTUP_FAILED)
+
+
+def _exit_stopped_loading() -> None:
+    # SIGINT/SIGTERM before the models were up: the supervisor exits as the signal's (130 for a Ctrl-C).
+    os._exit(EXIT_STOPPED_LOADING)

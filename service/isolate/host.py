@@ -37,6 +37,7 @@ from service.isolate.messages import (
     Snapshot,
     Submit,
 )
+from engine.load_stop import LOADS
 from service.isolate.objects import Call, ObjectServer
 from service.process.gc_pauses import GC_PAUSES, ready_for_serving
 from service.process.parent import exit_with_parent
@@ -100,6 +101,7 @@ async def _host(conn: Connection, config: Any) -> None:
                 message = Shutdown()
             if isinstance(message, Shutdown):
                 stopping.set()
+                LOADS.set()  # a load in progress gives up (a first start's conversion, at its next tensor)
             try:
                 anyio.from_thread.run_sync(send_inbox.send_nowait, message, token=token)
             except Exception:  # the loop is gone

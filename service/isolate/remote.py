@@ -13,13 +13,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import secrets
 import subprocess
-import sys
 import threading
 import time
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 from typing import Any
 
 import anyio
@@ -28,22 +25,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from engine.contracts import Delta, FinishReason, GenerationRequest, GrammarSpec
 from engine.errors import EngineClosed, EngineRestarting
 from engine.tasks import ExecutionTasks
-from service.config import CONFIG_ENV, ServiceConfig
+from service.config import ServiceConfig
+from service.isolate.launch import accept, receive_ready, spawn, wait_exit
 from service.isolate.objects import ObjectClient, Ref, RemoteObject
 from service.process.restarts import RestartPolicy
-from service.isolate.messages import (
-    ADDRESS_ENV,
-    AUTHKEY_ENV,
-    Cancel,
-    RefuseQueued,
-    Deltas,
-    Failed,
-    Ready,
-    Rejected,
-    Shutdown,
-    Snapshot,
-    Submit,
-)
+from service.isolate.messages import Cancel, RefuseQueued, Deltas, Rejected, Shutdown, Snapshot, Submit
 
 __all__ = ["RemoteEngine", "RemoteRowStream", "open_isolated_engine"]
 
@@ -154,9 +140,9 @@ class RemoteEngine:
     async def start(self) -> None:
         """Start the engine process and wait until its model is loaded. Raises RuntimeError when the
         engine process cannot start or load its model (with its reason)."""
-        listener, self._process = self._spawn()
-        conn = await anyio.to_thread.run_sync(self._accept, listener, self._process)
-        ready = await anyio.to_thread.run_sync(self._recv_ready, conn)
+        listener, self._process = spawn(self.config)
+        conn = await anyio.to_thread.run_sync(accept, listener, self._process)
+        ready = await anyio.to_thread.run_sync(receive_ready, conn)
         self._conn, self._connected = conn, True
         self.objects.reopen()
         self.model_name, self.context_length, self.vocab_size = ready.model_name, ready.context_length, ready.vocab_size
@@ -182,7 +168,7 @@ class RemoteEngine:
             loop = asyncio.get_running_loop()
             threading.Thread(target=self._read, args=(conn, loop), name="tandem-isolate-relay", daemon=True).start()
             await self._exited.wait()
-            code = await anyio.to_thread.run_sync(_wait, process)
+            code = await anyio.to_thread.run_sync(wait_exit, process)
             self._conn = None
             if self._closed:
                 break
@@ -215,7 +201,7 @@ class RemoteEngine:
             except OSError:
                 pass
         if self._process is not None:
-            threading.Thread(target=_wait, args=(self._process, 20.0), daemon=True).start()
+            threading.Thread(target=wait_exit, args=(self._process, 20.0), daemon=True).start()
         self._exited.set()
         self._fail_streams("The server is shutting down.", reason="cancelled")
         # Speech calls in flight (a file, a live session's events) end as shut down; the relay, seeing the
@@ -287,37 +273,6 @@ class RemoteEngine:
 
     # -- the connection ---------------------------------------------------------------------------
 
-    def _spawn(self) -> tuple[Listener, subprocess.Popen[bytes]]:
-        # On the event loop's thread: the child's PR_SET_PDEATHSIG fires when the thread that started it
-        # ends, and a worker thread ends when idle.
-        key = secrets.token_bytes(32)
-        listener = Listener(family="AF_UNIX", authkey=key)
-        env = {**os.environ, CONFIG_ENV: self.config.to_json(), ADDRESS_ENV: str(listener.address),
-               AUTHKEY_ENV: key.hex()}
-        return listener, subprocess.Popen([sys.executable, "-m", "service.isolate.host"], env=env)
-
-    @staticmethod
-    def _accept(listener: Listener, process: subprocess.Popen[bytes]) -> Connection:
-        watchdog = threading.Timer(120.0, listener.close)  # a child that never connects
-        watchdog.start()
-        try:
-            return listener.accept()
-        except OSError as exc:
-            process.kill()
-            raise RuntimeError("the engine process did not connect") from exc
-        finally:
-            watchdog.cancel()
-            listener.close()
-
-    @staticmethod
-    def _recv_ready(conn: Connection) -> Ready:
-        while True:
-            message = conn.recv()
-            if isinstance(message, Ready):
-                return message
-            if isinstance(message, Failed):
-                raise RuntimeError(f"the engine process could not start: {message.error.kind}: {message.error.message}")
-
     async def _restart(self) -> None:
         self._state = "restarting"
         self.pid = None  # the dead process's pid is nobody's now; the new one's comes with its Ready
@@ -378,16 +333,6 @@ class RemoteEngine:
                 stream.deliver(EngineRestarting(message, retry_after=RESTART_RETRY_AFTER))
             else:
                 stream.deliver(Delta(finish_reason=reason, error=message if reason == "error" else None))
-
-
-def _wait(process: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> int | None:
-    if process is None:
-        return None
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
 
 
 async def open_isolated_engine(config: ServiceConfig) -> RemoteEngine:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import anyio
 
+from engine.load_stop import LOADS
+
 if TYPE_CHECKING:
     from service.state import AppState
 
@@ -38,6 +40,9 @@ async def drain(state: "AppState") -> None:
     _refuse_queued(state)
     state.inflight.stop()  # live sockets never end by themselves: they wind up within the timeout below
     timeout = state.config.shutdown_timeout
+    if not state.ready and state.inflight.count == 0:  # nothing served yet: the load gives up (install_drain)
+        _log.info("stopping before the models were loaded")
+        return
     _log.info("stopping: %d requests in flight get %g s to finish", state.inflight.count, timeout)
     with anyio.move_on_after(timeout):
         await state.inflight.wait_idle()
@@ -77,10 +82,10 @@ def _refuse_queued(state: "AppState") -> None:
 
 
 def install_drain(state: "AppState") -> bool:
-    """Take over SIGTERM and SIGINT on the running asyncio loop: the first one drains (see `drain`), then
-    hands the signal to the handler it replaced (granian's, which stops the worker); later ones are
-    ignored while draining. Call it on the loop granian runs the app on. Returns False when the loop's
-    handlers cannot be taken over. Raises nothing."""
+    """Take over SIGTERM and SIGINT on the running asyncio loop: the first one stops the loads in progress
+    (engine/load_stop.py) and drains (see `drain`), then hands the signal to the handler it replaced (granian's,
+    which stops the worker); later ones are ignored while draining. Call it on the loop granian runs the app on.
+    Returns False when the loop's handlers cannot be taken over. Raises nothing."""
     loop = asyncio.get_running_loop()
     previous: dict[int, Callable[[], Any]] = {}
     for sig in _SIGNALS:
@@ -103,6 +108,7 @@ def install_drain(state: "AppState") -> bool:
     def on_signal(sig: int) -> None:
         # A signal callback runs outside any task: the drain gets its own (kept referenced in `started`).
         if not started:
+            LOADS.set()  # a model still loading gives up (a first start's conversion at its next tensor)
             started.append(loop.create_task(drain_then_forward(sig)))
 
     try:

@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["RestartPolicy", "Restart", "EXIT_STARTUP_FAILED", "EXIT_SERVING_FAILED"]
+__all__ = ["RestartPolicy", "Restart", "EXIT_STARTUP_FAILED", "EXIT_SERVING_FAILED", "EXIT_STOPPED_LOADING"]
 
 # Exit code of a child that could not start (the model did not load, a hook failed at startup).
 EXIT_STARTUP_FAILED = 3
 # Exit code of a child whose service failed after it was ready: respawned like any other death.
 EXIT_SERVING_FAILED = 4
+# Exit code of a child stopped (SIGINT/SIGTERM) before its models were loaded: the supervisor exits as a process that
+# signal ended (130 for a Ctrl-C), as it does when the signal comes before any child started.
+EXIT_STOPPED_LOADING = 5
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
 """granian's main process as the supervisor of the one worker: it owns the listening socket, respawns a
 worker that died (RestartPolicy: not after a startup failure, not in a crash loop) and tells the new
-worker it is a respawn (WORKER_GENERATION_ENV), so /health says "restarting" until its models are back.
+worker it is a respawn (WORKER_GENERATION_ENV), so /health says "restarting" until its models are back. A signal
+that stops the worker before its models are up (EXIT_STOPPED_LOADING) ends this process as that signal's (130 for a
+Ctrl-C), as it does before any worker started; a drained server exits 0.
 
 granian 2.8's main loop respawns without telling a startup failure from a kill and only stops a crash
 loop when deaths are under 5.5 s apart; `_serve_loop` is replaced here (granian's version is pinned). Its signal
@@ -13,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
 
 from granian.server.mp import MPServer
 
-from service.process.restarts import RestartPolicy
+from service.process.restarts import EXIT_STOPPED_LOADING, RestartPolicy
 
 __all__ = ["SupervisedGranian", "WORKER_GENERATION_ENV", "worker_generation", "wake"]
 
@@ -63,12 +66,14 @@ class SupervisedGranian(MPServer):
         self.generation = 0
         self.exit_code = 0
         self.interrupted_at: float | None = None  # monotonic time of the first SIGINT/SIGTERM
+        self.interrupted_by: int | None = None  # and its number
 
     def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
         now = time.monotonic()
         first: float | None = getattr(self, "interrupted_at", None)
         if first is None:
             self.interrupted_at = now
+            self.interrupted_by = args[0] if args and isinstance(args[0], int) else None
         elif now - first >= FORCE_AFTER_SECONDS:
             self.force_stop()
         self.interrupt_signal = True
@@ -92,7 +97,24 @@ class SupervisedGranian(MPServer):
         os.environ[WORKER_GENERATION_ENV] = "0"
         self.startup(spawn_target, target_loader)
         self._serve_loop(spawn_target, target_loader)
-        self.shutdown(self.exit_code)
+        workers = list(self.wrks)
+        ended: SystemExit | None = None
+        try:
+            self.shutdown(self.exit_code)
+        except SystemExit as exc:  # granian's exit code: 1 when a worker had died meanwhile
+            ended = exc
+        if (code := self.signal_exit_code([w.inner.exitcode for w in workers])) is not None:
+            sys.exit(code)
+        if ended is not None:
+            raise ended
+
+    def signal_exit_code(self, worker_codes: list[int | None]) -> int | None:
+        """128 + the signal when a worker it stopped had not loaded its models yet (EXIT_STOPPED_LOADING), else
+        None (granian's exit stands). Raises nothing."""
+        signum = getattr(self, "interrupted_by", None)
+        if signum is None or EXIT_STOPPED_LOADING not in worker_codes:
+            return None
+        return 128 + signum
 
     def _serve_loop(self, spawn_target: Any, target_loader: Any) -> None:
         while True:

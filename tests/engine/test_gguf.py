@@ -616,3 +616,35 @@ def test_first_conversion_says_what_it_writes_and_where(tiny_llm_dir, tmp_path, 
     with pytest.raises(GGUFError, match="not a GGUF file"):
         convert_gguf(tmp_path / "text.gguf")
     assert "first use" not in capsys.readouterr().err  # no conversion announced for a file that is not one
+
+
+class _StopAfter:
+    """A stop flag that is set from its `checks`-th look on: the stop arrives mid-conversion."""
+
+    def __init__(self, checks: int) -> None:
+        self.looks, self.checks = 0, checks
+
+    def is_set(self) -> bool:
+        self.looks += 1
+        return self.looks >= self.checks
+
+
+@pytest.mark.parametrize("dequantize", [False, True])
+@pytest.mark.parametrize("when", ["at once", "after two tensors", "at its last look"])
+def test_a_conversion_told_to_stop_gives_up_and_leaves_no_entry(tiny_llm_dir, tmp_path, dequantize, when) -> None:
+    # Ctrl-C during a first start's conversion: it ran to the end (a multi-GB GGUF's was then killed mid-write).
+    import threading
+
+    from engine.load_stop import LoadStopped
+
+    root, path = tmp_path / "cache", tmp_path / "tiny.gguf"
+    gguf_from_hf(tiny_llm_dir, path)
+    counting = _StopAfter(10**9)  # how often a whole conversion looks (the last: its files all written)
+    convert_gguf(path, dequantize=dequantize, cache_root=tmp_path / "counted", stop=counting)
+    stop = _StopAfter({"at once": 1, "after two tensors": 3, "at its last look": counting.looks}[when])
+    with pytest.raises(LoadStopped, match="stopped while converting tiny.gguf"):
+        convert_gguf(path, dequantize=dequantize, cache_root=root, stop=stop)
+    assert stop.looks == stop.checks  # it stopped at the look that saw the stop
+    assert list((root / "gguf").iterdir()) == []  # neither an entry nor its staging folder
+    done = convert_gguf(path, dequantize=dequantize, cache_root=root, stop=threading.Event())  # the next start
+    assert (done / "config.json").is_file() and list((root / "gguf").iterdir()) == [done]

@@ -83,3 +83,25 @@ def test_a_signal_delivered_twice_at_once_still_drains(monkeypatch: pytest.Monke
     clock[0] += 0.01
     server.signal_handler_interrupt()
     assert worker.killed == 0
+
+
+@pytest.mark.parametrize("signum, codes, exits", [(2, [5], 130), (15, [5], 143), (2, [0], None), (2, [-9], None),
+                                                   (None, [5], None)])
+def test_a_signal_that_stopped_a_worker_still_loading_is_the_exit_code(signum: int | None, codes: list[int],
+                                                                       exits: int | None) -> None:
+    # Ctrl-C during a first start's conversion exited 0 (a few seconds earlier, before the worker: 130); a drained
+    # server still exits 0 (granian's code).
+    server = object.__new__(SupervisedGranian)
+    server.interrupted_by = signum
+    assert server.signal_exit_code(codes) == exits
+
+
+def test_the_signal_handler_remembers_the_first_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    server = object.__new__(SupervisedGranian)
+    server.main_loop_interrupt = threading.Event()
+    server.interrupt_signal = False
+    server.signal_handler_interrupt(signal.SIGINT, None)
+    server.signal_handler_interrupt(signal.SIGTERM, None)  # within FORCE_AFTER_SECONDS: the same request
+    assert server.interrupted_by == signal.SIGINT
