@@ -60,6 +60,11 @@ class KVAdmission:
             lo, hi = (mid, hi) if self.room(mid) >= 1 else (lo, mid - 1)
         return lo
 
+    def longest_request(self) -> int:
+        """The most tokens (prompt + max_tokens) a request running alone may have, however it splits them: every
+        prompt up to longest_prompt() keeps at least one more position than itself. Raises nothing."""
+        return self.longest_prompt() + 1
+
     def fit(self, request: GenerationRequest, prompt: int) -> GenerationRequest:
         """`request` as it can run alone: a defaulted max_tokens lowered to what fits after the prompt.
         Raises MemoryAdmission (code context_over_budget) when even that cannot fit: naming `max_tokens` when a

@@ -83,6 +83,7 @@ class Engine:
             self.model_name: str | None = None
             self.model_root: str | None = None  # vLLM's `root`: where the model comes from (LoadedModel.root)
             self.context_length: int | None = None
+            self.max_model_len: int | None = None
             self.plan: ExecutionPlan | None = None
             self.budget: MemoryBudget | None = None
             self.group: LLMBatchGroup | TasksOnlyGroup = TasksOnlyGroup()
@@ -113,6 +114,11 @@ class Engine:
                 decode_burst=decode_burst,
                 prefill_lane=prefill_lane,
             )
+            # What one request (prompt + max_tokens) can really use: the memory budget may hold less KV than the
+            # model's context (--memory-budget 900M: 1,279 of 8,192), and clients size their prompts by it.
+            self.max_model_len = self.context_length
+            if (admission := self.group.admission) is not None:
+                self.max_model_len = min(self.context_length, admission.longest_request())
         self.tasks: ExecutionTasks = self.group.tasks
 
     @property
@@ -212,6 +218,7 @@ class Engine:
         out: dict[str, Any] = {
             "model": self.model_name,
             "context_length": self.context_length,
+            "max_model_len": self.max_model_len,
             "engine_busy_seconds": round(self.thread.busy_seconds, 3),
             "tasks": {"queued": len(self.tasks), "completed": self.tasks.completed, "labels": self.tasks.labels()},
             "plan": self.plan.as_dict() if self.plan else None,

@@ -181,7 +181,7 @@ def _log_banner(state: AppState) -> None:
     engine = state.engine
     if engine is None or engine.tokenizer is None:
         return
-    lines = [f"model: {state.chat_model_name} (context {engine.context_length or '?'} tokens)"]
+    lines = [f"model: {state.chat_model_name} (context {_context(engine)})"]
     if engine.plan is not None:
         lines += [f"plan: {reason}" for reason in engine.plan.reasons]
     if defaults := engine.sampling_defaults:  # requests that leave these fields out get them
@@ -194,6 +194,16 @@ def _log_banner(state: AppState) -> None:
         lines.append(blas)
     for line in lines:
         _log.info("%s", line)
+
+
+def _context(engine: ChatEngine) -> str:
+    """The banner's context: the model's, and what one request can use when the memory budget holds less."""
+    context, usable = engine.context_length, engine.max_model_len
+    if context is None:
+        return "? tokens"
+    if usable is None or usable >= context:
+        return f"{context} tokens"
+    return f"{context} tokens; {usable} fit the memory budget for one request"
 
 
 def create_app(state: AppState | None = None) -> Litestar:

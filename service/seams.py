@@ -81,6 +81,11 @@ class ChatEngine(Protocol):
     def context_length(self) -> int | None: ...
 
     @property
+    def max_model_len(self) -> int | None:
+        """The most tokens (prompt + max_tokens) one request can have: the model's context, or less where the memory
+        budget holds less KV; None without a model."""
+
+    @property
     def vocab_size(self) -> int | None:
         """Token ids the model accepts (its embedding may be larger than the tokenizer); None without a model."""
         ...

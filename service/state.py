@@ -96,9 +96,11 @@ class AppState:
         """Every served model, chat model first. Raises nothing."""
         cards = []
         if (name := self.chat_model_name) is not None and self.engine is not None:
-            cards.append(ModelCard(id=name, created=int(self.started_at), kind="chat",
-                                   context_length=self.engine.context_length, root=self.engine.model_root,
-                                   max_model_len=self.engine.context_length))
+            # The context a request can really use (the memory budget may hold less than the model's): clients size
+            # their prompts by context_length (aider, `tandem pi`) or max_model_len (vLLM's clients).
+            usable = self.engine.max_model_len
+            cards.append(ModelCard(id=name, created=int(self.started_at), kind="chat", context_length=usable,
+                                   root=self.engine.model_root, max_model_len=usable))
         return cards + list(self.extra_models.values())
 
 

@@ -150,7 +150,7 @@ async def _host(conn: Connection, config: Any) -> None:
             ref, aliases = objects.register(state.speech), sorted(state.speech_aliases)
         conn.send(Ready(engine.model_name, engine.context_length, engine.vocab_size, _tokenizer_dir(engine),
                         list(engine.plan.reasons) if engine.plan is not None else [], os.getpid(), ref, aliases,
-                        engine.sampling_defaults, engine.model_root))
+                        engine.sampling_defaults, engine.model_root, engine.max_model_len))
         ready_for_serving(config.freeze_gc, config.gc_thresholds)
         tg.start_soon(snapshots)
         async for message in inbox:

@@ -105,6 +105,8 @@ class Ready:
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     # Where the model comes from (ChatEngine.model_root): /v1/models' `root`.
     model_root: str | None = None
+    # The most tokens one request can have (ChatEngine.max_model_len: the budget may hold less than the context).
+    max_model_len: int | None = None
 
 
 @dataclass

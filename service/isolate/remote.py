@@ -109,6 +109,7 @@ class RemoteEngine:
         self.model_name: str | None = None
         self.model_root: str | None = None
         self.context_length: int | None = None
+        self.max_model_len: int | None = None
         self.vocab_size: int | None = None
         self.sampling_defaults: dict[str, float] = {}
         self.plan: _Plan | None = None
@@ -147,6 +148,7 @@ class RemoteEngine:
         self.objects.reopen()
         self.model_name, self.context_length, self.vocab_size = ready.model_name, ready.context_length, ready.vocab_size
         self.sampling_defaults, self.model_root = dict(ready.sampling_defaults), ready.model_root
+        self.max_model_len = ready.max_model_len
         self.plan, self.pid = _Plan(list(ready.plan_reasons)), ready.pid
         self.speech_ref, self.speech_aliases = ready.speech, list(ready.speech_aliases)
         if self.tokenizer is None and ready.tokenizer_dir:

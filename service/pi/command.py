@@ -87,7 +87,9 @@ def _provider_from_server(base: str, key: str | None = None) -> dict[str, Any]:
         chat = next((c for c in cards if c.get("kind", "chat") == "chat"), None)
         if status != 200 or chat is None:
             raise RuntimeError(f"the server on {base} serves no chat model")
-        entry = provider_entry(chat["id"], f"{base}/v1", chat.get("context_length") or 4096, thinking=None)
+        # What a request can use: vLLM's max_model_len, else our context_length (the same here).
+        context = chat.get("max_model_len") or chat.get("context_length") or 4096
+        entry = provider_entry(chat["id"], f"{base}/v1", context, thinking=None)
     if key:
         entry["apiKey"] = key  # pi sends it with every request
     return entry

@@ -24,6 +24,7 @@ async def pi_provider(request: Request[Any, Any, Any]) -> dict[str, Any]:
         entry["models"] = []
     else:
         engine = state.engine
-        context = getattr(engine, "context_length", None) or 4096
+        # What a request can really use (the memory budget may hold less than the model's context).
+        context = getattr(engine, "max_model_len", None) or getattr(engine, "context_length", None) or 4096
         entry = provider_entry(name, base_url, context, thinking=thinking_format(getattr(engine, "tokenizer", None)))
     return {"providers": {PROVIDER_NAME: entry}}

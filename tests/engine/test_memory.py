@@ -147,3 +147,14 @@ async def test_slot_buffers_shrink_when_rows_leave_and_the_rest_keep_their_kv(ti
     for i, (p, m) in enumerate(lengths):
         assert_matches_reference(tiny_loaded, prompt_of(p, i), tokens_of(got[i]), m)
     assert checked and group.slot_bytes() == 0
+
+
+def test_a_request_of_the_longest_size_fits_however_it_splits(tiny_loaded) -> None:
+    # What /v1/models advertises as the context under a memory budget: every request up to it must run.
+    group = make_group(tiny_loaded, budget=budget_for(tiny_loaded, 1024))
+    longest = group.admission.longest_request()
+    assert longest == group.admission.longest_prompt() + 1 < 1024
+    for prompt in (1, 100, longest // 2, longest - 1):
+        group.submit(GenerationRequest(prompt_of(prompt, 1), GREEDY, max_tokens=longest - prompt))
+    with pytest.raises(MemoryAdmission):  # one more token, all prompt: refused
+        group.submit(GenerationRequest(prompt_of(longest, 1), GREEDY, max_tokens=1))

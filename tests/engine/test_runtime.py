@@ -478,3 +478,20 @@ async def test_closing_while_a_step_is_in_flight_leaves_its_slots_to_it(tiny_loa
         gate.open.set()
     assert "engine step failed" not in caplog.text, caplog.text
     assert engine.group.step.slots is None or engine.group.step.slots.nbytes == 0  # reset once the driver stopped
+
+
+def test_the_context_a_request_can_use_is_what_the_memory_budget_holds(tiny_loaded) -> None:
+    # --memory-budget 900M refused a 7,031-token prompt ("at most 1278 prompt tokens fit") while /v1/models, the
+    # startup line and `tandem pi` said 8,192.
+    from engine.memory import MIB, MemoryBudget
+
+    roomy = Engine(tiny_loaded)
+    assert roomy.max_model_len == roomy.context_length == tiny_loaded.context_length
+    roomy.close()
+    fixed = MemoryBudget.plan(tiny_loaded.model, total=1 << 30, prefix_cache=0)
+    total = fixed.weights + fixed.activations + 64 * MIB + 1024 * fixed.kv_token_bytes  # KV for 1,024 positions
+    tight = Engine(tiny_loaded, memory_budget=total)
+    assert tight.budget is not None and tight.budget.kv // tight.budget.kv_token_bytes == 1024
+    assert tight.max_model_len == tight.group.admission.longest_request() < tight.context_length
+    assert tight.stats()["max_model_len"] == tight.max_model_len
+    tight.close()

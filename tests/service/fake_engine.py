@@ -146,6 +146,7 @@ class FakeEngine:
         self.model_name: str | None = "fake-model"
         self.model_root: str | None = "/models/fake-model"
         self.context_length: int | None = context_length
+        self.budget_fits: int | None = None  # tokens the memory budget holds for one request (None: the context)
         self.plan = None
         # run_tasks: a real tasks-only engine runs `tasks` (speech work) beside the scripted chat rows; a new
         # one for each serve(), so the app can start again after a shutdown.
@@ -184,6 +185,13 @@ class FakeEngine:
             if self._tasks_engine is not None:
                 self._tasks_engine.close()
         self.serving = False
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context, or less where `budget_fits` says the memory budget holds less."""
+        if self.context_length is None or self.budget_fits is None:
+            return self.context_length
+        return min(self.context_length, self.budget_fits)
 
     def refuse_queued(self) -> int:
         self.refused_queued = True  # the scripted rows never queue: nothing waits

@@ -155,3 +155,12 @@ def test_the_workers_fatal_handler_respawns_a_serving_failure_and_names_a_startu
     app_module._exit_fatal(ExceptionGroup("unhandled errors in a TaskGroup", [KeyError("hook")]), False)
     assert codes[1] == EXIT_STARTUP_FAILED and RestartPolicy().decide(codes[0], 0.0).respawn
     assert "OverflowError: inf" in caplog.text and "KeyError: 'hook'" in caplog.text  # tracebacks, causes named
+
+
+def test_the_startup_line_names_the_context_a_request_can_use_when_the_budget_holds_less() -> None:
+    from service.app import _context
+
+    engine = FakeEngine(context_length=8192)
+    assert _context(engine) == "8192 tokens"
+    engine.budget_fits = 1279
+    assert _context(engine) == "8192 tokens; 1279 fit the memory budget for one request"

@@ -34,6 +34,15 @@ def test_models_carry_vllms_model_card_fields(fake_engine: FakeEngine) -> None:
     assert (whisper["root"], whisper["parent"], whisper["max_model_len"]) == ("whisper-tiny", None, None)
 
 
+def test_models_advertise_the_context_the_memory_budget_holds_for_a_request(fake_engine: FakeEngine) -> None:
+    # --memory-budget 900M: a 7,031-token prompt got "at most 1278 prompt tokens fit" while this said 8,192, and
+    # aider users copy context_length (README).
+    fake_engine.context_length, fake_engine.budget_fits = 8192, 1279
+    with TestClient(create_app(AppState(engine=fake_engine))) as client:
+        chat = client.get("/v1/models").json()["data"][0]
+    assert (chat["context_length"], chat["max_model_len"]) == (1279, 1279)
+
+
 def test_served_model_name_and_aliases(fake_engine: FakeEngine) -> None:
     from service.config import ServiceConfig
 

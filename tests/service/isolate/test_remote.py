@@ -48,6 +48,7 @@ def test_chat_runs_in_another_process(isolated: TestClient[Any]) -> None:
     assert chat(isolated, logit_bias=NO_EOS).json()["usage"]["completion_tokens"] == 6  # EOS banned: exactly 6
     # /v1/models' `root` (vLLM's: where the model comes from) crosses the boundary too.
     assert isolated.get("/v1/models").json()["data"][0]["root"] == str(engine.config.model) == engine.model_root
+    assert engine.max_model_len == engine.context_length == 2048  # what a request can use crosses it too
 
 
 def test_log_probabilities_cross_the_process_boundary(isolated: TestClient[Any]) -> None:

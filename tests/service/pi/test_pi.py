@@ -45,6 +45,27 @@ def test_provider_route_describes_the_served_model():
     assert 0 < model["maxTokens"] <= 8192
 
 
+def test_provider_route_gives_pi_the_context_the_memory_budget_holds():
+    # `tandem pi` wrote contextWindow 8192 while --memory-budget let a request hold 1,279 tokens.
+    engine = FakeEngine(context_length=8192)
+    engine.budget_fits = 1279
+    with _client(engine) as client:
+        (model,) = client.get("/v1/pi/provider").json()["providers"]["mlx-tandem"]["models"]
+    assert model["contextWindow"] == 1279 and model["maxTokens"] <= 1279
+
+
+def test_a_server_without_the_provider_route_is_read_by_its_max_model_len(monkeypatch: pytest.MonkeyPatch):
+    # vLLM's /v1/models gives max_model_len only: the entry said 4,096 whatever the server held.
+    def get_json(url: str, **_: Any) -> tuple[int, Any]:
+        if url.endswith("/v1/models"):
+            return 200, {"data": [{"id": "served", "max_model_len": 32768}]}
+        return 404, {}
+
+    monkeypatch.setattr(command, "_get_json", get_json)
+    entry = command._provider_from_server("http://127.0.0.1:1")
+    assert entry["models"][0]["contextWindow"] == 32768
+
+
 def test_provider_route_sets_thinking_format_for_a_thinking_switch():
     engine = FakeEngine(context_length=40960)
     engine.tokenizer = _ThinkingTokenizer()  # type: ignore[assignment]
