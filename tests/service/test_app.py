@@ -164,3 +164,33 @@ def test_the_startup_line_names_the_context_a_request_can_use_when_the_budget_ho
     assert _context(engine) == "8192 tokens"
     engine.budget_fits = 1279
     assert _context(engine) == "8192 tokens; 1279 fit the memory budget for one request"
+
+
+@pytest.mark.anyio
+async def test_a_worker_stopped_while_its_models_load_exits_as_stopped_not_as_failed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Ctrl-C during a first start's conversion: the load gives up (LoadStopped), and the worker must not say it
+    # could not start (exit 3, "could not load model"): the supervisor exits as the signal's (130) on this code.
+    from engine.load_stop import LoadStopped, StopFlag
+    from service import app as app_module
+    from service.process.restarts import EXIT_STOPPED_LOADING
+
+    stopping = StopFlag()
+    stopping.set()  # the worker's first SIGINT (install_drain)
+
+    def exit_(code: int) -> None:  # os._exit ends the process: here, the call
+        raise SystemExit(code)
+
+    monkeypatch.setattr(app_module, "LOADS", stopping)
+    monkeypatch.setattr(app_module.os, "_exit", exit_)
+
+    async def gives_up(config: ServiceConfig) -> None:
+        raise LoadStopped("stopped while converting demo.gguf")
+
+    monkeypatch.setattr(app_module, "open_engine", gives_up)
+    with pytest.raises(SystemExit) as exited:
+        await app_module._open_engine_or_exit(ServiceConfig(model="demo.gguf"))
+    assert exited.value.code == EXIT_STOPPED_LOADING
+    with pytest.raises(SystemExit) as exited:
+        app_module._exit_fatal(LoadStopped("stopped while importing whisper"), False)  # a hook's load (Whisper)
+    assert exited.value.code == EXIT_STOPPED_LOADING
