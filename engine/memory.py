@@ -179,7 +179,8 @@ class MemoryBudget:
             raise ValueError(
                 f"the memory budget of {total / MIB:,.0f} MiB leaves {budget.kv / MIB:,.0f} MiB for KV after the "
                 f"weights ({weights / MIB:,.0f} MiB), the prefix cache ({prefix_cache / MIB:,.0f} MiB), MLX's "
-                f"buffer cache and activations: raise --memory-budget or lower --prompt-cache-bytes")
+                f"buffer cache and activations: raise --memory-budget"
+                + (" or lower --prompt-cache-bytes" if prefix_cache else " (the prefix cache already takes none)"))
         return budget
 
     def as_dict(self) -> dict[str, Any]:

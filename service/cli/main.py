@@ -38,6 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of a top-level command (the top level's when none is found). Raises nothing."""
+    for action in parser._actions:  # argparse keeps its subcommands' parsers only on this action
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]  # type: ignore[no-any-return]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tandem` console script; returns the exit code. Raises SystemExit on --help."""
     argv = sys.argv[1:] if argv is None else argv
@@ -47,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
             from service.pi.command import pi_command
 
             return pi_command(argv[1:])
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # named in the command's own usage (`tandem serve --bogus` showed the top level's)
+            _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
         configure_logging(args.log_level)
         from engine.backend import ensure_fast_blas
 

@@ -66,8 +66,12 @@ def test_the_budget_counts_weights_and_refuses_one_without_room_for_kv(tiny_load
     budget = MemoryBudget.plan(tiny_loaded.model, total=1 << 30, prefix_cache=1 << 20)
     assert budget.weights == weights > 0
     assert budget.kv == budget.total - weights - (1 << 20) - budget.buffer_cache - budget.activations > 0
-    with pytest.raises(ValueError, match="memory-budget"):
+    with pytest.raises(ValueError, match="memory-budget") as refused:
         MemoryBudget.plan(tiny_loaded.model, total=weights + (1 << 20))
+    # the budget leaves the prefix cache nothing: lowering --prompt-cache-bytes cannot help, so it is not advised
+    assert "lower --prompt-cache-bytes" not in str(refused.value) and "takes none" in str(refused.value)
+    with pytest.raises(ValueError, match="lower --prompt-cache-bytes"):
+        MemoryBudget.plan(tiny_loaded.model, total=weights + (1 << 20), prefix_cache=1 << 20)
 
 
 def test_a_row_that_can_never_fit_is_refused_with_its_code(tiny_loaded) -> None:

@@ -263,3 +263,12 @@ def test_a_directory_the_environment_denies_is_one_line(monkeypatch: pytest.Monk
     monkeypatch.setattr(cli, "_check_environment", fault)
     with pytest.raises(OSError):  # not the environment's: its traceback stays
         cli.main(["models"])
+
+
+def test_an_unknown_flag_is_named_in_the_commands_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    # `tandem serve --bogus` printed the top level's usage ("usage: tandem [-h] COMMAND ..."), not serve's.
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--bogus"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "usage: tandem serve" in err and "unrecognized arguments: --bogus" in err
