@@ -42,7 +42,7 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
     """The parser of a top-level command (the top level's when none is found). Raises nothing."""
     for action in parser._actions:  # argparse keeps its subcommands' parsers only on this action
         if isinstance(action, argparse._SubParsersAction) and command in action.choices:
-            return action.choices[command]  # type: ignore[no-any-return]
+            return action.choices[command]
     return parser
 
 
