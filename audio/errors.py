@@ -11,7 +11,6 @@ __all__ = [
     "SessionError",
     "SessionNotFound",
     "SessionClosed",
-    "SessionActive",
     "SessionLimit",
     "SessionShareLimit",
     "SessionExpired",
@@ -127,12 +126,6 @@ class SessionExpired(SessionClosed):
     free its place (audio/speech.py SpeechService reaps it; a websocket is told with this, then closed)."""
 
     code = "session_expired"
-
-
-class SessionActive(SessionError):
-    """Options only a session that has received no audio may change (its decoding has begun with the old)."""
-
-    code = "session_active"
 
 
 class SessionLimit(SessionError):

@@ -15,7 +15,6 @@ from audio.errors import (
     AudioInputError,
     ChunkOverBacklog,
     InvalidOption,
-    SessionActive,
     SessionClosed,
     SessionLimit,
     SessionNotFound,
@@ -211,7 +210,6 @@ ERROR_TABLE: dict[type[Exception], ErrorRule] = {
     InvalidOption: ErrorRule(400),
     SessionNotFound: ErrorRule(404),
     SessionClosed: ErrorRule(409, should_retry=False),  # closed for good; the SDKs retry a 409 otherwise
-    SessionActive: ErrorRule(400),  # options a session with audio can no longer change
     SessionLimit: ErrorRule(429),  # full house: retry later (Retry-After), never an eviction
     SpeechNotRunning: ErrorRule(503),
     SpeechStopped: ErrorRule(503, retry_after=5),  # shutting_down: another server (or this one restarted) may take it
