@@ -2,9 +2,10 @@
 decoded among all others in flight (audio/scheduler.py), and the result advances the seek.
 
 The decision logic is transcribe()'s own — temperature fallback, no-speech skip, segments between timestamp
-pairs, seeking to the last complete segment, conditioning on previous text — plus two changes: segment
-times are clamped to the window's audio, and times are mapped through a Timeline when Whisper sees only
-the speech pieces. Not ported: beam search (mlx-whisper has none) and hallucination_silence_threshold; of the
+pairs, seeking to the last complete segment, conditioning on previous text — plus three changes: segment
+times are clamped to the window's audio, times are mapped through a Timeline when Whisper sees only
+the speech pieces, and with `break_gap` the conditioning begins anew where speech resumes after a long removed
+silence. Not ported: beam search (mlx-whisper has none) and hallucination_silence_threshold; of the
 latter only its anomaly score, for the one window that word timestamps add before silence (see step).
 """
 
@@ -104,6 +105,9 @@ class WindowedTranscription:
         # Seconds of removed silence a window may not span (files): one window read the speech on both sides of
         # 45 s of silence as one segment, an SRT cue over the silence. None: windows span any gap (live sessions).
         self.break_gap: float | None = None
+        # all_tokens' length where the last break began the conditioning anew (see step): until a reset moves past
+        # it, the windows are conditioned as a new file's, on the client's prompt and then their own text.
+        self.restarted_at: int | None = None
 
     @classmethod
     async def start(cls, loaded: LoadedWhisper, options: TranscribeOptions, *,
@@ -155,12 +159,21 @@ class WindowedTranscription:
         self.seek += segment_frames
         self.inside_text = False
 
+    def at_break(self) -> bool:
+        """Whether the window at the seek starts where speech resumes after a removed silence of `break_gap` or more
+        (next_window ends the window before there, so the seek lands on it, floored to a frame). Raises nothing."""
+        if self.break_gap is None or self.timeline is None:
+            return False
+        start = self.seek * HOP_LENGTH
+        cut = self.timeline.next_break(start - 1, self.break_gap * SAMPLE_RATE)
+        return cut is not None and cut - start < HOP_LENGTH
+
     def request(self, audio: np.ndarray, frames: int, *, prefix: list[int] | tuple[int, ...] = (),
                 conditioned: bool = True, tokens_per_second: float | None = None,
                 fallback: bool = True, realtime: bool = False) -> WindowRequest:
         """The decode request for the window at the seek: prompt = previous text since the last reset (or only
-        the initial prompt when not `conditioned`; with `carry_prompt`, the initial prompt and then the text since
-        the last reset), cut to what fits beside `prefix`. `tokens_per_second`
+        the initial prompt when not `conditioned`; with `carry_prompt`, or from a break until the next reset, the
+        initial prompt and then the text since the last reset), cut to what fits beside `prefix`. `tokens_per_second`
         caps the sampled tokens by the window's length (a looping decode stops early); without `fallback`
         only the first temperature is tried; `realtime` marks a live session's window (its wait makes speech catch
         up: audio/scheduler.py). Raises nothing."""
@@ -170,9 +183,9 @@ class WindowedTranscription:
         initial = self.initial_prompt_tokens
         if not conditioned:
             prompt = initial
-        elif self.carry_prompt:
+        elif self.carry_prompt or self.prompt_reset_since == self.restarted_at:
             # openai-whisper's carry_initial_prompt: the client's prompt before every window, the earlier text
-            # since the last reset after it, cut from the left to fit
+            # since the last reset after it, cut from the left to fit (a file's windows from a break: as its first)
             earlier = self.all_tokens[max(self.prompt_reset_since, self.text_from):]
             prompt = initial + earlier[max(0, len(earlier) - max(0, room - len(initial))):]
         else:
@@ -209,6 +222,11 @@ class WindowedTranscription:
                    tasks: "ExecutionTasks") -> list[Segment]:
         """Decode the window at the seek (`audio` = samples from there) and advance. Raises what the
         scheduler raises."""
+        if self.at_break():
+            # Speech after a long removed silence (another speaker, topic or take) is conditioned as a new file's:
+            # on the card names before it, tiny.en wrote " 7 of clubs." thrice over a LibriVox sentence (its
+            # thresholds passed: logprob -0.67, compression 1.5), and every sentence after it went the same way.
+            self.prompt_reset_since = self.restarted_at = len(self.all_tokens)
         request = self.request(audio, frames)
         result = await scheduler.decode(self.loaded, request)
         # the earlier windows' text in its prompt (a client's own prompt may well be said in the audio)

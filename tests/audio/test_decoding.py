@@ -283,3 +283,26 @@ async def test_words_mapped_through_a_timeline_stay_inside_their_segment(tiny_wh
     assert [(w.start, w.end) for w in first.words] == [(12.0, 12.6), (12.6, 13.2)]
     for s in (man, first):
         assert all(s.start <= w.start <= w.end <= s.end for w in s.words)
+
+
+async def test_windows_after_a_long_removed_silence_are_conditioned_as_a_new_files(tiny_whisper: LoadedWhisper) -> None:
+    # Conditioned on five card names, tiny.en wrote " 7 of clubs." thrice over the LibriVox sentence that followed
+    # 6 s of removed silence (joined6: WER 0.69, mlx_whisper 0.0). From a break: the client's prompt, then own text.
+    second = 16000
+    pcm = np.zeros(100 * second, np.float32)
+    speech, timeline = compact(pcm, [(0, 5 * second), (6 * second, 10 * second), (50 * second, 95 * second)])
+    tr = await WindowedTranscription.start(tiny_whisper, TranscribeOptions(
+        temperatures=(0.0,), without_timestamps=True, prompt="Cards."), timeline=timeline)
+    tr.break_gap = 2.0
+    tok, client = tr.tokenizer, tuple(tr.initial_prompt_tokens)
+    said = [tok.encode(f" {text}") for text in ("Ten of clubs.", "And Mr. John Dashwood.", "He was not.")]
+    scheduler = ScriptedScheduler(*said)
+    while (w := tr.next_window(len(speech), final=True)) is not None:
+        await tr.step(speech[w[0]: w[0] + N_SAMPLES], w[1], scheduler, None)  # type: ignore[arg-type]
+    first, after_break, later = (r.prompt for r in scheduler.requests)
+    assert first == client
+    assert after_break == client  # not " Cards. Ten of clubs.": the card names stay behind the silence
+    assert later == client + tuple(said[1])  # the text since the break conditions the windows after it
+    assert tr.text() == " Ten of clubs. And Mr. John Dashwood. He was not."
+    # without break_gap (a live session's windows) the conditioning runs on as Whisper's
+    assert not (await WindowedTranscription.start(tiny_whisper, FAST, timeline=timeline)).at_break()

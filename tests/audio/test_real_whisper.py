@@ -173,3 +173,17 @@ async def test_a_quiet_microphone_is_transcribed_live_with_vad_on(checkpoint: Pa
             tg.cancel_scope.cancel()
     loud, quiet = texts
     assert quiet and wer([reference], [quiet]) <= wer([reference], [loud]) + 0.05, (reference, loud, quiet)
+
+
+async def test_speech_after_a_long_removed_silence_is_not_the_earlier_texts_pattern(checkpoint: Path) -> None:
+    # The clips joined with 6 s of silence (bench/speech.py's file): conditioned on the card names, every LibriVox
+    # sentence came back as "7 of clubs. 7 of clubs. ..." (WER 0.69; mlx_whisper 0.0). Each piece after a removed
+    # silence of 2 s or more is now conditioned as a new file's first window.
+    pieces = clips()
+    gap = np.zeros(6 * SR, np.float32)
+    pcm = np.concatenate([np.concatenate([x, gap]) for x, _ in pieces])
+    reference = " ".join(t for _, t in pieces)
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, checkpoint, dtype="float32", resident=True)
+        t = await speech.transcribe(pcm, speech.options(language="en"))  # the defaults: VAD, fallback, conditioning
+    assert "Dashwood" in t.text and wer([reference], [t.text]) <= 0.1, t.text
