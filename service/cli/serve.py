@@ -23,6 +23,17 @@ __all__ = ["add_serve", "serve_config"]
 
 _log = logging.getLogger("tandem.cli")
 
+# A keep-alive each millisecond outnumbered a tool reply's tokens 50 to 1 (~1 MB of Responses in_progress events).
+MIN_KEEPALIVE = 0.5
+
+
+def _keepalive_seconds(text: str) -> float:
+    """--sse-keepalive: 0 (none) or at least MIN_KEEPALIVE seconds. Raises argparse.ArgumentTypeError."""
+    value = seconds(text)
+    if 0 < value < MIN_KEEPALIVE:
+        raise argparse.ArgumentTypeError(f"0 (none) or at least {MIN_KEEPALIVE:g} seconds: {text!r}")
+    return value
+
 
 def add_serve(sub: Any) -> None:
     """Register `tandem serve`. Raises nothing."""
@@ -72,11 +83,11 @@ def add_serve(sub: Any) -> None:
                         "streams less often (default: Python's 700,10,10)")
     p.add_argument("--shutdown-timeout", type=seconds, default=5.0,
                    help="seconds streams get to finish on Ctrl-C/SIGTERM before they end with an error event")
-    p.add_argument("--sse-keepalive", type=seconds, default=SSE_KEEPALIVE, metavar="SEC",
+    p.add_argument("--sse-keepalive", type=_keepalive_seconds, default=SSE_KEEPALIVE, metavar="SEC",
                    help="while a stream sends nothing (its first token waits, or later), send an SSE comment "
                         "(`: keep-alive`; on /v1/messages a ping, on /v1/responses an in_progress event) this often, "
                         "so read timeouts and proxies do not cut it; 0: none, for clients that parse every line as an "
-                        "event (llmperf)")
+                        f"event (llmperf); else at least {MIN_KEEPALIVE:g}")
     add_serve_limit_args(p)
     add_serve_speech_args(p)
     p.set_defaults(func=_serve)

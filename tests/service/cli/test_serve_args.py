@@ -170,3 +170,8 @@ def test_sse_keepalive_reaches_the_worker_config(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         parse(["serve", "--sse-keepalive", "-1"])
     assert "--sse-keepalive" in capsys.readouterr().err
+    # 0.001 s was taken: a tool reply's stream was 2,132 keep-alives to 41 tokens (~1 MB of Responses events)
+    with pytest.raises(SystemExit):
+        parse(["serve", "--sse-keepalive", "0.001"])
+    assert "at least 0.5" in capsys.readouterr().err
+    assert serve_config(parse(["serve", "--sse-keepalive", "0.5"])).sse_keepalive == 0.5
