@@ -278,7 +278,7 @@ class Constraint:
             raise ConstraintFailed(f"the reply's schema failed: {brief(self._matcher.get_error())}", param=self._param)
         bits = np.unpackbits(np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         if self._matcher.is_error():
-            raise ConstraintFailed(f"the reply's schema passed the constraint engine's limits: "
+            raise ConstraintFailed(f"the reply's schema went past the constraint engine's limits: "
                                    f"{brief(self._matcher.get_error())}", param=self._param)
         allowed = np.zeros(self._vocab, dtype=np.bool_)
         width = min(self._vocab, bits.shape[0])
