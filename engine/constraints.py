@@ -43,6 +43,9 @@ def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str
     $ref, a type that is not one, an unimplemented keyword when not lenient)."""
     from llguidance import LLMatcher
 
+    if (cycle := _ref_cycle(schema)) is not None:
+        raise ConstraintError(f"the schema cannot be enforced: $ref {cycle!r} leads only to itself (a cycle of $refs "
+                              f"that never reaches a schema)")
     try:
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema if schema is not None else {"type": "object"}),
                                                      defaults=cast(Any, {**_LAYOUT, "lenient": lenient}))
@@ -92,6 +95,10 @@ def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening:
     tokens wrote it. Raises ConstraintError naming what cannot be enforced."""
     from llguidance import LLMatcher
 
+    for name, schema in functions:
+        if (cycle := _ref_cycle(schema)) is not None:
+            raise ConstraintError(f"the functions' parameters cannot be enforced: {name}'s $ref {cycle!r} leads only "
+                                  f"to itself (a cycle of $refs that never reaches a schema)")
     calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                         "properties": {"name": {"const": name},
                                        "arguments": _rooted(schema, f"/anyOf/{i}/properties/arguments")
@@ -131,6 +138,50 @@ def _rooted(schema: Any, at: str) -> Any:
         else:
             rooted[key] = value if key in _DATA else _rooted(value, at)
     return rooted
+
+
+# Keywords that describe a schema without constraining it: a node with only these beside `$ref` is that ref alone.
+_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "default", "examples", "deprecated"})
+
+
+def _ref_cycle(schema: Any) -> str | None:
+    """The first local `$ref` (in `schema`'s own pointers) whose chain of refs comes back to itself without reaching a
+    schema ({"$ref": "#"} alone, $defs A → A): llguidance takes such a schema, and it constrains nothing, or fails
+    mid-reply. None when there is none. Raises nothing."""
+    def target(pointer: str) -> Any:
+        node: Any = schema
+        for part in pointer[2:].split("/") if pointer != "#" else []:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None
+        return node
+
+    def only_ref(node: Any) -> str | None:
+        ref = node.get("$ref") if isinstance(node, dict) else None
+        local = isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
+        return ref if local and set(node) <= _ANNOTATIONS else None
+
+    stack, seen_nodes = [schema], 0
+    while stack and seen_nodes < 100_000:  # bounded: a schema is already bounded by the body's size
+        node = stack.pop()
+        seen_nodes += 1
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict) or isinstance(node.get("$id"), str):
+            continue
+        ref, chain = only_ref(node), set()
+        while ref is not None and ref not in chain:
+            chain.add(ref)
+            ref = only_ref(target(ref))
+        if ref is not None:
+            return ref
+        stack.extend(v for k, v in node.items() if k not in _DATA)
+    return None
 
 
 def marker(text: str, tokens: list[int]) -> str:

@@ -326,3 +326,28 @@ def test_a_response_formats_local_refs_resolve_and_a_url_ref_is_refused(tiny_loa
     assert _follows(tiny_loaded, grammar, '{"p": {"name": "x"}}') and not _follows(tiny_loaded, grammar, '{"p": 1}')
     with pytest.raises(ConstraintError, match="not present in a registry"):
         call_grammar([("f", {"$ref": "https://example.com/p.json"})], opening='"<a>"', closing='"</a>"')
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": "#"},  # the parameters are themselves, and nothing else
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"$ref": "#/$defs/A"}}},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/A", "description": "a"}},
+     "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}},
+])
+def test_a_cycle_of_refs_that_never_reaches_a_schema_is_refused_up_front(schema) -> None:
+    # Taken before: the call constrained nothing ({"f": {"f": ... until max_tokens) or failed mid-reply with
+    # llguidance's "NoExtensionBias".
+    with pytest.raises(ConstraintError, match="cycle of \\$refs"):
+        call_grammar([("f", schema)], opening='"<tool_call>"', closing='"</tool_call>"')
+    with pytest.raises(ConstraintError, match="cycle of \\$refs"):
+        json_grammar(schema)
+
+
+def test_a_recursive_schema_that_reaches_one_is_taken() -> None:
+    tree = {"type": "object", "properties": {"name": {"type": "string"}, "child": {"$ref": "#"}}, "required": ["name"]}
+    listed = {"type": "object", "properties": {"n": {"$ref": "#/$defs/N"}},
+              "$defs": {"N": {"$ref": "#/$defs/M"},
+                        "M": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}}}
+    for schema in (tree, listed):
+        call_grammar([("f", schema)], opening='"<tool_call>"', closing='"</tool_call>"')
+        json_grammar(schema)
