@@ -55,7 +55,8 @@ class TranscribeOptions:
 
     def __post_init__(self) -> None:
         if self.prompt is not None and len(self.prompt) > MAX_PROMPT_CHARS:
-            raise PromptTooLong(f"prompt is {len(self.prompt)} characters; at most {MAX_PROMPT_CHARS} are accepted "
+            raise PromptTooLong(f"prompt (with any keywords joined after it) is {len(self.prompt)} characters; at most "
+                                f"{MAX_PROMPT_CHARS} are accepted "
                                 "(Whisper reads only its last 223 tokens)")
         if not self.temperatures:
             raise ValueError("temperatures must not be empty")

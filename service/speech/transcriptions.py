@@ -20,7 +20,7 @@ from litestar.params import Body
 from audio.errors import AudioError
 from audio.formats import media_type, render, usage
 from audio.pcm import SAMPLE_RATE, check_file_length
-from audio.transcript import TranscribeOptions, Transcript
+from audio.transcript import MAX_PROMPT_CHARS, TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, api_error, in_band_error
 from service.http.multipart import file_parts
@@ -85,6 +85,8 @@ async def create_transcription(
         "task": data.task, "word_timestamps": words, "vad_trim": data.vad_trim,
         "vad": True if chunking is not None else data.vad}
     renamed = {"language": "languages[]"} if data.languages else {}
+    if data.keywords and len(data.prompt or "") <= MAX_PROMPT_CHARS:  # the keywords made it too long: name them
+        renamed["prompt"] = "keywords[]"
     if isinstance(chunking, ServerVadChunking):
         asked |= vad_options(chunking.threshold, chunking.prefix_padding_ms, chunking.silence_duration_ms)
     return await respond_to_upload(request, data, asked, stream=data.stream, renamed=renamed,

@@ -482,3 +482,11 @@ def test_the_server_warms_whisper_up_before_ready_when_told(whisper_dir: Path, w
         speech = c.get("/stats").json()["speech"]
         assert speech["loads"] == (1 if warmup else 0)  # not preloaded: loaded for the warm-up only
         assert speech["scheduler"]["windows_done"] == 0 and speech["scheduler"]["costs"] == {}
+
+
+def test_keywords_that_make_the_prompt_too_long_are_named(client: TestClient[Any]) -> None:
+    # a 1 MB keyword was refused as `prompt`, which the client had not sent
+    err = assert_error(transcribe(client, **{"keywords[]": ["x" * 3000]}), 400)
+    assert err["param"] == "keywords[]" and "keywords joined" in err["message"]
+    err = assert_error(transcribe(client, prompt="p" * 3000, **{"keywords[]": ["x"]}), 400)
+    assert err["param"] == "prompt"  # the prompt alone was too long
