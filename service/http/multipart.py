@@ -94,7 +94,9 @@ async def parse_form(stream: AsyncGenerator[bytes, None], boundary: bytes, files
         raise ClientException("Invalid multipart/form-data") from exc
     except ParserLimitReached:
         await _close(data, fields)
-        raise ClientException("Request Entity Too Large") from None
+        # Litestar's words were "Request Entity Too Large" with a 400: say which limit, as a 413 names a size
+        raise APIError(413, f"the form has more than {part_limit} parts; at most {part_limit} are read (a list "
+                            f"field such as keywords[] counts one part an entry)") from None
     except APIError:
         await _close(data, fields)
         raise

@@ -7,7 +7,6 @@ from typing import AsyncGenerator
 
 import pytest
 from litestar.datastructures import UploadFile
-from litestar.exceptions import ClientException
 
 from service.http.errors import APIError
 from service.http.multipart import parse_form
@@ -44,6 +43,7 @@ async def test_a_text_field_that_is_not_utf8_is_refused_naming_it() -> None:
     assert caught.value.status == 400 and caught.value.param == "prompt"
 
 
-async def test_a_malformed_form_or_too_many_parts_is_a_client_error() -> None:
-    with pytest.raises(ClientException):
+async def test_a_form_of_too_many_parts_is_a_413_naming_the_limit() -> None:
+    with pytest.raises(APIError) as caught:
         await parse_form(chunks(part("a", b"1"), part("b", b"2"), part("c", b"3")), BOUNDARY, set(), 2)
+    assert caught.value.status == 413 and "more than 2 parts" in caught.value.message

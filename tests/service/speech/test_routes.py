@@ -490,3 +490,9 @@ def test_keywords_that_make_the_prompt_too_long_are_named(client: TestClient[Any
     assert err["param"] == "keywords[]" and "keywords joined" in err["message"]
     err = assert_error(transcribe(client, prompt="p" * 3000, **{"keywords[]": ["x"]}), 400)
     assert err["param"] == "prompt"  # the prompt alone was too long
+
+
+def test_a_form_of_too_many_parts_is_a_413_that_says_so(client: TestClient[Any]) -> None:
+    # Litestar's "Request Entity Too Large" came as a 400 naming nothing (1,000 keywords[] entries)
+    err = assert_error(transcribe(client, **{"keywords[]": [f"w{i}" for i in range(1001)]}), 413, "request_too_large")
+    assert "parts" in err["message"] and "keywords[]" in err["message"]
