@@ -15,6 +15,7 @@ from audio.ctranslate2_import import (
     write_ct2_model_bin,
 )
 from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, tiny_whisper_weights
+from tests.fixtures.stop_flags import StopAfter
 
 
 def _to_ct2(w: dict[str, np.ndarray], dims: dict[str, int]) -> dict[str, np.ndarray]:
@@ -185,25 +186,14 @@ def test_zero_point_quantization_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-class _StopAfter:
-    """A stop flag that is set from its `checks`-th look on."""
-
-    def __init__(self, checks: int) -> None:
-        self.looks, self.checks = 0, checks
-
-    def is_set(self) -> bool:
-        self.looks += 1
-        return self.looks >= self.checks
-
-
 @pytest.mark.parametrize("when", ["at once", "after two weights", "at its last look"])
 def test_an_import_told_to_stop_gives_up_and_leaves_nothing(when: str, ct2_dir: Path, tmp_path: Path) -> None:
     # Ctrl-C during a first start's Whisper import: it ran to the end before the server stopped.
     from engine.load_stop import LoadStopped
 
-    counting = _StopAfter(10**9)  # how often a whole import looks (the last: its files written)
+    counting = StopAfter(10**9)  # how often a whole import looks (the last: its files written)
     import_ct2_whisper(ct2_dir, tmp_path / "counted" / "mlx", stop=counting)
-    stop = _StopAfter({"at once": 1, "after two weights": 3, "at its last look": counting.looks}[when])
+    stop = StopAfter({"at once": 1, "after two weights": 3, "at its last look": counting.looks}[when])
     (tmp_path / "out").mkdir()
     with pytest.raises(LoadStopped, match="stopped while importing"):
         import_ct2_whisper(ct2_dir, tmp_path / "out" / "mlx", stop=stop)

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from engine.gguf import GGUFError, convert_gguf, read_gguf
 from engine.models import demo_model_path, load_model
+from tests.fixtures.stop_flags import StopAfter
 
 # --- a minimal GGUF v3 writer (F32, the Q4_0/Q4_1/Q8_0 block formats, Q4_K and Q5_K; raw blocks of others) ---
 
@@ -618,17 +619,6 @@ def test_first_conversion_says_what_it_writes_and_where(tiny_llm_dir, tmp_path, 
     assert "first use" not in capsys.readouterr().err  # no conversion announced for a file that is not one
 
 
-class _StopAfter:
-    """A stop flag that is set from its `checks`-th look on: the stop arrives mid-conversion."""
-
-    def __init__(self, checks: int) -> None:
-        self.looks, self.checks = 0, checks
-
-    def is_set(self) -> bool:
-        self.looks += 1
-        return self.looks >= self.checks
-
-
 @pytest.mark.parametrize("dequantize", [False, True])
 @pytest.mark.parametrize("when", ["at once", "after two tensors", "at its last look"])
 def test_a_conversion_told_to_stop_gives_up_and_leaves_no_entry(tiny_llm_dir, tmp_path, dequantize, when) -> None:
@@ -639,9 +629,9 @@ def test_a_conversion_told_to_stop_gives_up_and_leaves_no_entry(tiny_llm_dir, tm
 
     root, path = tmp_path / "cache", tmp_path / "tiny.gguf"
     gguf_from_hf(tiny_llm_dir, path)
-    counting = _StopAfter(10**9)  # how often a whole conversion looks (the last: its files all written)
+    counting = StopAfter(10**9)  # how often a whole conversion looks (the last: its files all written)
     convert_gguf(path, dequantize=dequantize, cache_root=tmp_path / "counted", stop=counting)
-    stop = _StopAfter({"at once": 1, "after two tensors": 3, "at its last look": counting.looks}[when])
+    stop = StopAfter({"at once": 1, "after two tensors": 3, "at its last look": counting.looks}[when])
     with pytest.raises(LoadStopped, match="stopped while converting tiny.gguf"):
         convert_gguf(path, dequantize=dequantize, cache_root=root, stop=stop)
     assert stop.looks == stop.checks  # it stopped at the look that saw the stop
