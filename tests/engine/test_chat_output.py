@@ -17,6 +17,7 @@ from engine.chat_output import (  # first: engine picks the BLAS before mlx load
     starts_in_reasoning,
 )
 from mlx_lm.tool_parsers import json_tools, qwen3_coder  # noqa: E402
+from tests.fixtures.output_events import joined_calls
 
 QWEN = OutputMarkers("<think>", "</think>", json_tools.tool_call_start, json_tools.tool_call_end, json_tools.parse_tool_call)
 CODER = OutputMarkers(
@@ -242,14 +243,7 @@ def run_cut(markers: OutputMarkers, pieces: list[str], **kwargs) -> tuple[str, l
     """The content and the (name, arguments) calls of a reply max_tokens ended (finish(cut=True))."""
     splitter = ChatOutputSplitter(markers, **kwargs)
     events = [e for piece in pieces for e in splitter.feed(piece)] + splitter.finish(cut=True)
-    calls: list[list[str]] = []
-    for e in events:
-        if isinstance(e, ToolCallStart):
-            assert e.index == len(calls)
-            calls.append([e.name, ""])
-        elif isinstance(e, ToolCallArguments):
-            calls[e.index][1] += e.arguments
-    return "".join(e.text for e in events if isinstance(e, ContentText)), [(n, a) for n, a in calls]
+    return "".join(e.text for e in events if isinstance(e, ContentText)), joined_calls(events)
 
 
 @pytest.mark.parametrize("text, expected", [

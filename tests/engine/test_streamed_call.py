@@ -16,6 +16,7 @@ from engine.chat_output import (  # first: engine picks the BLAS before mlx load
 )
 from engine.cut_calls import read_cut_block
 from tests.engine.test_chat_output import QWEN, CODER, splits
+from tests.fixtures.output_events import joined_calls
 
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
          for name in ("write_to_file", "read")]
@@ -30,17 +31,6 @@ def feed(pieces: list[str], *, cut: bool | None = False, tools=TOOLS, markers=QW
     splitter = ChatOutputSplitter(markers, tools=tools, new_call_id=lambda: next(ids))
     events = [e for piece in pieces for e in splitter.feed(piece)]
     return events + (splitter.finish(cut=cut) if cut is not None else [])
-
-
-def calls(events: list[OutputEvent]) -> list[tuple[str, str]]:
-    found: list[list[str]] = []
-    for e in events:
-        if isinstance(e, ToolCallStart):
-            assert e.index == len(found)
-            found.append([e.name, ""])
-        elif isinstance(e, ToolCallArguments):
-            found[e.index][1] += e.arguments
-    return [(name, arguments) for name, arguments in found]
 
 
 def test_the_name_goes_out_before_the_arguments_are_written_and_the_fragments_join_to_them() -> None:
@@ -65,7 +55,7 @@ def test_nothing_past_the_arguments_value_is_sent_at_any_split() -> None:
         '{"name": "read", "arguments": {}}</tool_call> done'
     for pieces in splits(text):
         events = feed(pieces)
-        assert calls(events) == [("write_to_file", ARGUMENTS), ("read", "{}")], pieces
+        assert joined_calls(events) == [("write_to_file", ARGUMENTS), ("read", "{}")], pieces
         if len(pieces) == len(text):  # one character at a time: the arguments went out as they came
             assert sum(isinstance(e, ToolCallArguments) for e in events) > len(ARGUMENTS) // 2
         assert "".join(e.text for e in events if isinstance(e, ContentText)) == "Sure.\ndone"
@@ -83,7 +73,7 @@ def test_an_announced_block_that_does_not_parse_stays_a_call(block: str, argumen
         for pieces in splits("<tool_call>" + block + ending):
             events = feed(pieces)
             # (trailing whitespace of a value left open goes as it was sent, or not)
-            assert [(n, a.rstrip()) for n, a in calls(events)] == [("read", arguments.rstrip())], pieces
+            assert [(n, a.rstrip()) for n, a in joined_calls(events)] == [("read", arguments.rstrip())], pieces
             assert not [e for e in events if isinstance(e, ContentText)]
 
 
@@ -97,8 +87,8 @@ def test_a_cut_call_ends_as_cut_calls_reads_it_and_begins_with_what_was_streamed
     block = text.removeprefix("<tool_call>").removesuffix("\n</tool_")
     name, expected = read_cut_block(block, QWEN.tool_parser, TOOLS).cut or ("", "")
     for pieces in splits(text):
-        streamed = calls(feed(pieces, cut=None))
-        (final,) = calls(feed(pieces, cut=True))
+        streamed = joined_calls(feed(pieces, cut=None))
+        (final,) = joined_calls(feed(pieces, cut=True))
         if len(pieces) == len(text):  # one character at a time: announced before the cut
             assert streamed and streamed[0][0] == name
         assert (final[0], final[1].rstrip()) == (name, expected), pieces  # but for whitespace already sent
@@ -108,7 +98,7 @@ def test_a_cut_call_ends_as_cut_calls_reads_it_and_begins_with_what_was_streamed
 def test_two_objects_in_one_block_are_two_calls() -> None:
     text = '<tool_call>{"name": "read", "arguments": {"a": 1}}\n{"name": "write_to_file", "arguments": {}}</tool_call>'
     for pieces in splits(text):
-        assert calls(feed(pieces)) == [("read", '{"a": 1}'), ("write_to_file", "{}")], pieces
+        assert joined_calls(feed(pieces)) == [("read", '{"a": 1}'), ("write_to_file", "{}")], pieces
 
 
 @pytest.mark.parametrize("block", [
@@ -126,7 +116,7 @@ def test_other_blocks_come_whole_at_their_end(block: str) -> None:
 def test_arguments_written_as_a_json_string_are_announced_then_sent_decoded() -> None:
     text = '<tool_call>{"name": "read", "arguments": "{\\"path\\": \\"a\\"}"}</tool_call>'
     for pieces in splits(text):
-        assert calls(feed(pieces)) == [("read", '{"path": "a"}')], pieces
+        assert joined_calls(feed(pieces)) == [("read", '{"path": "a"}')], pieces
 
 
 def test_without_declared_tools_or_for_other_families_calls_come_whole() -> None:
