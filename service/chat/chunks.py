@@ -33,6 +33,9 @@ class ChunkEncoder:
         head = json.dumps({"id": meta.id, "object": "chat.completion.chunk", "created": meta.created,
                            "model": meta.model}, ensure_ascii=False, separators=(",", ":"))
         self._head = b"data: " + head[:-1].encode() + b',"choices":[{"index":%d,"delta":{"' % index
+        # A text chunk's end, built once unless its usage changes from chunk to chunk (the per-token path)
+        self._tail = None if meta.continuous_usage and usage else \
+            b'},"logprobs":null,"finish_reason":null}]' + self._usage.end()
 
     def encode(self, delta: ChoiceDelta, finish: FinishReason | None = None,
                logprobs: Sequence[TokenLogprob] = ()) -> bytes:
@@ -54,5 +57,7 @@ class ChunkEncoder:
     def _text(self, field: bytes, text: str, logprobs: bytes | None) -> bytes:
         body = self._head + field + b'":' + json.dumps(text, ensure_ascii=False).encode()
         if logprobs is None:
+            if self._tail is not None:
+                return body + self._tail
             return body + b'},"logprobs":null,"finish_reason":null}]' + self._usage.end()
         return body + b'},"logprobs":' + logprobs + b',"finish_reason":null}]' + self._usage.end()
