@@ -6,8 +6,9 @@ versions, so another checkpoint in a folder of the same name, one changed in pla
 differently, gets an import of its own. Each leaf records its source (`source.json`, engine/cache_entries.py), and
 writing one removes the imports it supersedes: of the same folder changed in place or read by an older importer,
 or of a folder that is gone (a reinstall, an upgrade, a deleted venv). The leaf keeps a friendly name: a
-checkpoint given by path is served under its folder's name. An import is written as
-`<cache>/whisper/<key>-<name>-<dtype>.partial` first, where the start-up cleanup looks for interrupted ones.
+checkpoint given by path is served under its folder's name. Each import is written in a staging folder of its own,
+`<cache>/whisper/<key>-<name>-<dtype>.<random>.partial`, where the start-up cleanup looks for interrupted ones, so
+two processes importing one source at once never write into each other's files: the first rename wins.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import hashlib
 import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 
 from engine.cache_entries import EntrySource, prune_superseded, read_source, record_source
@@ -101,23 +103,34 @@ def cached_import(ct2_dir: Path, name: str, dtype: str, root: Path) -> Path:
             with contextlib.suppress(OSError):
                 record_source(out, made_from)
         return out
-    # Staged at the top level (import_ct2_whisper adds .partial), then moved under the key in one rename.
-    staged = root / f"{key}-{out.name}"
-    if not is_whisper_checkpoint(staged):  # else a start stopped between the two renames: the move is left
+    root.mkdir(parents=True, exist_ok=True)
+    # A staging folder of this call's own (two servers starting at once each import), moved under the key in one
+    # rename; `*.partial`, where the start-up cleanup looks for those of a killed process.
+    staging = Path(tempfile.mkdtemp(dir=root, prefix=f"{key}-{out.name}.", suffix=".partial"))
+    try:
+        staged = staging / out.name
         _log.info("first use of Whisper %s (%s): importing its CTranslate2 weights (%s) into %s (once)", name,
                   ct2_dir, dtype, out)
         import_ct2_whisper(ct2_dir, staged, dtype=dtype)
-    record_source(staged, made_from)
+        record_source(staged, made_from)
+        _move_in(staged, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    _prune(root, out, made_from)
+    return out
+
+
+def _move_in(staged: Path, out: Path) -> None:
+    """Rename the whole import `staged` to `out`; another process's import already there is kept (it is as good).
+    Raises OSError when neither lands."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists():
-        shutil.rmtree(out)  # an unreadable leftover: it would block the rename
+    if out.exists() and not is_whisper_checkpoint(out):
+        shutil.rmtree(out, ignore_errors=True)  # an unreadable leftover: it would block the rename
     try:
         staged.rename(out)
     except OSError:
         if not is_whisper_checkpoint(out):  # else another process imported the same source first
             raise
-    _prune(root, out, made_from)
-    return out
 
 
 def _prune(root: Path, written: Path, made_from: EntrySource) -> None:
@@ -159,7 +172,7 @@ def keyed_imports(root: Path) -> list[Path]:
 
 def unkeyed_imports(root: Path) -> list[Path]:
     """Checkpoints directly in `root`: imports by older versions (keyed by folder name only, so never reused) or
-    one whose move under its key was cut short. Raises nothing."""
+    one whose move under its key an older version cut short. Raises nothing."""
     try:
         return sorted(p for p in root.iterdir() if is_whisper_checkpoint(p))
     except OSError:

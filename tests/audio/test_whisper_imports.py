@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -86,15 +87,61 @@ def test_a_faster_whisper_repo_in_the_hf_cache_resolves_by_name(cache: Path, hub
 
 def test_an_interrupted_import_is_staged_where_startup_cleanup_looks(cache: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    def killed(*args: object, **kwargs: object) -> None:
+    staged_when_killed: list[Path] = []
+
+    def killed(weights: object, path: str) -> None:
+        staged_when_killed.extend(p for p in cache.glob("*.partial") if Path(path).is_relative_to(p))
         raise KeyboardInterrupt
 
     folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
     with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
         m.setattr("safetensors.numpy.save_file", killed)
         resolve_whisper_checkpoint(str(folder), "float32")
-    assert len(list(cache.glob("*.partial"))) == 1  # service/process/cleanup.py removes whisper/*.partial
+    # A killed process leaves it for service/process/cleanup.py (whisper/*.partial); an interrupted one removes it.
+    assert len(staged_when_killed) == 1 and list(cache.iterdir()) == []
     assert _imported_from(resolve_whisper_checkpoint(str(folder), "float32"), 1)
+
+
+def test_two_processes_importing_one_source_at_once_both_get_the_one_import(cache: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two `tandem serve` started at once on a fresh cache: they staged in one folder, and the second crashed
+    writing its weights into the folder the first had just moved into place."""
+    from safetensors import numpy as safetensors_numpy
+
+    save_file = safetensors_numpy.save_file
+    first_writing, second_done = threading.Event(), threading.Event()
+    writers: list[str] = []
+
+    def paused_first(weights: dict[str, np.ndarray], path: str) -> None:
+        writers.append(path)
+        if len(writers) == 1:  # the first import waits, mid-write, until the second one is whole
+            first_writing.set()
+            assert second_done.wait(timeout=60)
+        save_file(weights, path)
+
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    got: dict[str, Path | BaseException] = {}
+
+    def first() -> None:
+        try:
+            got["first"] = resolve_whisper_checkpoint(str(folder), "float32")
+        except BaseException as exc:
+            got["first"] = exc
+
+    monkeypatch.setattr("safetensors.numpy.save_file", paused_first)
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert first_writing.wait(timeout=60)
+        got["second"] = resolve_whisper_checkpoint(str(folder), "float32")
+    finally:
+        second_done.set()
+        thread.join(timeout=60)
+    assert len(writers) == 2 and got["first"] == got["second"], got
+    imported = got["second"]
+    assert isinstance(imported, Path) and _imported_from(imported, 1)
+    assert [p.relative_to(cache) for p in cache.rglob("*") if p.is_dir()] == [imported.parent.relative_to(cache),
+                                                                            imported.relative_to(cache)]
 
 
 def test_imports_by_older_versions_are_listed_apart(cache: Path, tmp_path: Path) -> None:
