@@ -24,7 +24,7 @@ from service.chat.completion_request import CompletionRequest
 from service.chat.infill import Infill, infill_tokens, requested_infill
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
-from service.http.access_log import record_tokens, record_user
+from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
@@ -180,6 +180,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     timing = request_timing(request, state)
     meta = ResponseMeta(model=state.chat_model_name or "", prefix="cmpl", continuous_usage=data.usage_every_chunk())
     record_user(request, data.user or data.safety_identifier)
+    record_metadata(request, data.metadata)
     logprobs = requested_logprobs(data.logprobs)
     pieces = token_pieces(engine.tokenizer) if logprobs is not None else None
     # The tokens a reply's text leaves out: its offsets do not move past them (only asked for with log probabilities).

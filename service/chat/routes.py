@@ -29,7 +29,7 @@ from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
-from service.http.access_log import record_tokens, record_user
+from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
@@ -263,6 +263,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     counter = UsageCounter()
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
+    record_metadata(request, data.metadata)
     translators: list[ChatTranslator] = []
     if data.top_logprobs and not data.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs", code="invalid_value")

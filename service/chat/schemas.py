@@ -15,9 +15,11 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from service.chat.json_output import check_response_format
+from service.chat.metadata import metadata_limits
 from service.chat.prefill import continued_message, generation_prompt_asked
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
 from service.chat.tool_results import tool_message_content
+from service.chat.verbosity import verbosity_validator
 from service.chat.vllm_fields import min_tokens_within_max, no_top_k
 
 __all__ = [
@@ -60,12 +62,18 @@ class CacheControl(_Request):
     ttl: str | None = None
 
 
+# LiteLLM's own breakpoint flag (CrewAI's litellm path marks messages with it): honoured as `cache_control` is, the
+# prefix cache keeping every prompt's prefix whatever is marked.
+CACHE_BREAKPOINT = "A prompt-caching breakpoint (LiteLLM's): accepted, prefixes are cached anyway."
+
+
 class TextPart(_Request):
     """A text content part; other part types (images, audio) are not served by a text model."""
 
     type: Literal["text", "input_text"]
     text: str
     cache_control: CacheControl | None = None
+    cache_breakpoint: bool | None = Field(None, description=CACHE_BREAKPOINT)
 
 
 class RefusalPart(_Request):
@@ -135,6 +143,7 @@ class ChatMessage(_Request):
     reasoning_content: str | None = None
     reasoning: str | None = None
     cache_control: CacheControl | None = None
+    cache_breakpoint: bool | None = Field(None, description=CACHE_BREAKPOINT)
 
     @field_validator("content", mode="before")
     @classmethod
@@ -248,6 +257,9 @@ class SamplingFields(_Body):
                                          "a request); with a seed, sample j gets the seed + j.")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
     safety_identifier: str | None = Field(None, description="As `user`.")
+    metadata: dict[str, str] | None = Field(None, description="Tags: at most 16 pairs, keys of at most 64 characters, "
+                                                              "values of at most 512; written on the request's "
+                                                              "access-log line (no completions are stored).")
     skip_special_tokens: bool | None = Field(None, description="vLLM's field: false keeps the special tokens a model "
                                              "writes mid-reply in its text (default: left out, as vLLM does).")
     # vLLM's SamplingParams, as its clients (SillyTavern's "vLLM" text completion type) send them by default.
@@ -263,6 +275,7 @@ class SamplingFields(_Body):
                           "a byte-level tokenizer's text too).")
 
     _min_tokens = field_validator("min_tokens")(min_tokens_within_max)
+    _metadata = field_validator("metadata")(metadata_limits)
     _top_k = field_validator("top_k")(no_top_k)
 
     @field_validator("stream_options")
@@ -339,6 +352,8 @@ class ChatCompletionRequest(SamplingFields):
                           'text. TGI\'s grammars too: {"type": "json" or "json_object", "value": a JSON Schema}, '
                           '{"type": "regex", "value": a pattern the whole reply matches}.')
     store: bool | None = Field(None, description="Only false: this server keeps no completions.")
+    verbosity: Literal["medium"] | None = Field(None, description="Only medium: replies are as long as the model "
+                                                                  "makes them.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint; results are "
                                                            "the same either way).")
     prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
@@ -356,14 +371,13 @@ class ChatCompletionRequest(SamplingFields):
                           "false alone is refused.")
 
     # OpenAI fields this server has nothing to honour with: null (or empty) passes, as it asks for nothing.
-    metadata: dict[str, str] | None = Field(None, description="Only null: this server keeps no completions.")
     audio: dict[str, Any] | None = Field(None, description="Only null: replies are text.")
     prediction: dict[str, Any] | None = Field(None, description="Only null: no predicted outputs.")
     web_search_options: dict[str, Any] | None = Field(None, description="Only null: no web search.")
     functions: list[dict[str, Any]] | None = Field(None, description="Only null: give `tools`.")
     function_call: str | dict[str, Any] | None = Field(None, description="Only null: give `tool_choice`.")
 
-    @field_validator("metadata", "audio", "prediction", "web_search_options", "functions", "function_call")
+    @field_validator("audio", "prediction", "web_search_options", "functions", "function_call")
     @classmethod
     def _nothing_asked(cls, value: Any, info: ValidationInfo) -> Any:
         if not _empty(value):
@@ -372,6 +386,7 @@ class ChatCompletionRequest(SamplingFields):
         return value
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
+    _verbosity = field_validator("verbosity", mode="before")(verbosity_validator("a system message"))
     _continued = field_validator("continue_final_message")(continued_message)
     _generation_prompt = field_validator("add_generation_prompt")(generation_prompt_asked)
 

@@ -19,13 +19,16 @@ from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Sen
 
 from service.http.auth import header
 
-__all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "arrival_time", "ACCESS_LOGGER"]
+__all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "record_metadata", "arrival_time",
+           "ACCESS_LOGGER"]
 
 ACCESS_LOGGER = "tandem.access"
 # Where a route leaves a callable giving (prompt, completion) tokens; read once the response has ended.
 _TOKENS_KEY = "tandem.tokens"
 # The end user a request names (OpenAI's `user` / `safety_identifier`), for abuse monitoring.
 _USER_KEY = "tandem.user"
+# A request's tags (OpenAI's `metadata`, its pairs and lengths already bounded by the route's schema).
+_METADATA_KEY = "tandem.metadata"
 # When the request arrived (time.monotonic()): deadlines and time-to-first-token count from here.
 _ARRIVAL_KEY = "tandem.arrival"
 # A client's X-Request-Id taken as this request's: printable ASCII without spaces (one word of the log line, a valid
@@ -45,6 +48,12 @@ def record_user(connection: ASGIConnection[Any, Any, Any, Any], user: str | None
     """Write `user` (an end-user id the client sent) on this request's log line. Raises nothing."""
     if user:
         connection.scope.setdefault("state", {})[_USER_KEY] = user
+
+
+def record_metadata(connection: ASGIConnection[Any, Any, Any, Any], metadata: dict[str, str] | None) -> None:
+    """Write `metadata` (a client's tags, within OpenAI's limits) on this request's log line. Raises nothing."""
+    if metadata:
+        connection.scope.setdefault("state", {})[_METADATA_KEY] = metadata
 
 
 def arrival_time(connection: ASGIConnection[Any, Any, Any, Any]) -> float:
@@ -242,4 +251,6 @@ def _line(scope: Scope, status: int | None, seconds: float, method: str | None =
             pass
     if (user := scope.get("state", {}).get(_USER_KEY)) is not None:
         line += f" user {json.dumps(user, ensure_ascii=True)}"  # quoted and escaped: a client's text on one line
+    if isinstance(metadata := scope.get("state", {}).get(_METADATA_KEY), dict):
+        line += f" metadata {json.dumps(metadata, ensure_ascii=True, separators=(',', ':'))}"  # as user's: one line
     return line

@@ -24,7 +24,7 @@ from service.chat.request import chat_engine, renamed, request_timing
 from service.chat.respond import respond
 from service.chat.routes import submit_chat
 from service.chat.stream import RowReader, UsageCounter
-from service.http.access_log import record_tokens, record_user
+from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, error_responses, sse_operation
@@ -166,6 +166,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     counter = UsageCounter()
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
+    record_metadata(request, data.metadata)
     output = ResponseOutput(data, state.chat_model_name or "", names, streamed=bool(data.stream))
     translators: list[ChatTranslator] = []
 

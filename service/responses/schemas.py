@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
 
 from service.chat.json_output import check_response_format
+from service.chat.metadata import metadata_limits
 from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, FunctionDefinition, _Body, _Request, _empty, _only_false,
                                   no_forced_call, unread_parts_refused)
 from service.chat.tool_results import returned_parts_said
@@ -329,7 +330,9 @@ class ResponsesRequest(ResponsesSampling):
     store: bool | None = Field(None, description="true or null: the response is kept in memory a while (per API "
                                                  "key, 16 MiB of responses and items, not across restarts) for "
                                                  "`previous_response_id`; false: it is not.")
-    metadata: dict[str, str] | None = Field(None, description="Echoed on the response.")
+    metadata: dict[str, str] | None = Field(None, description="Tags, as chat's (at most 16 pairs, keys of at most 64 "
+                                                              "characters, values of at most 512): echoed on the "
+                                                              "response and written on the request's access-log line.")
     client_metadata: dict[str, str] | None = Field(None, description="Codex's tags: accepted, kept nowhere.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint).")
     prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
@@ -390,10 +393,4 @@ class ResponsesRequest(ResponsesSampling):
                              "gives them")
         return value
 
-    @field_validator("metadata")
-    @classmethod
-    def _metadata_limits(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        # OpenAI's limits: 16 pairs, keys ≤ 64 characters, values ≤ 512.
-        if value and (len(value) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in value.items())):
-            raise ValueError("at most 16 pairs, keys of at most 64 characters and values of at most 512")
-        return value
+    _metadata = field_validator("metadata")(metadata_limits)

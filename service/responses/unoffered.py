@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.chat.verbosity import verbosity_validator
+
 __all__ = ["truncation_offered", "verbosity_offered"]
 
 
@@ -16,9 +18,5 @@ def truncation_offered(cls: Any, value: Any) -> Any:
     return value
 
 
-def verbosity_offered(cls: Any, value: Any) -> Any:
-    """A `text.verbosity` validator (before parsing): only "medium". Raises ValueError."""
-    if isinstance(value, str) and value != "medium":
-        raise ValueError(f"{value!r} is not offered: replies are as long as the model makes them (ask for "
-                         "brevity in the instructions), or send 'medium'")
-    return value
+# Chat's own check, worded for this route's `instructions`.
+verbosity_offered = verbosity_validator("the instructions")

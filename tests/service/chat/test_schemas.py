@@ -27,7 +27,8 @@ def _refused(response: Any, param: str, *words: str) -> dict[str, Any]:
     return error
 
 
-@pytest.mark.parametrize("field, value", [("metadata", {"a": "b"}), ("prediction", {"type": "content", "content": "x"}),
+@pytest.mark.parametrize("field, value", [("web_search_options", {"search_context_size": "low"}),
+                                          ("prediction", {"type": "content", "content": "x"}),
                                           ("audio", {"voice": "alloy"}), ("functions", [{"name": "f"}]),
                                           ("some_future_field", True)])
 def test_an_unknown_field_is_refused_by_name_as_openai_refuses_it(client: Any, fake_engine: FakeEngine,
@@ -43,7 +44,7 @@ def test_an_unknown_field_is_refused_by_name_as_openai_refuses_it(client: Any, f
 
 
 @pytest.mark.parametrize("field", ["stream", "n", "metadata", "audio", "prediction", "web_search_options", "functions",
-                                   "function_call", "max_tokens", "tools", "tool_choice"])
+                                   "function_call", "max_tokens", "tools", "tool_choice", "verbosity"])
 def test_an_openai_field_sent_as_null_asks_for_nothing(client: Any, fake_engine: FakeEngine, field: str) -> None:
     # Clients that send every field of the SDK's request type, unset ones as null.
     response = _chat(client, **{field: None})
@@ -223,6 +224,60 @@ def test_completions_refuse_a_suffix_and_too_many_logprobs(client: Any) -> None:
     _refused(client.post("/v1/completions", json={"prompt": "x", "suffix": "end"}), "suffix", "suffix")
     assert client.post("/v1/completions", json={"prompt": "x", "suffix": ""}).status_code == 200
     _refused(client.post("/v1/completions", json={"prompt": "x", "logprobs": 21}), "logprobs")  # vLLM's cap, 20
+
+
+def test_litellms_cache_breakpoint_flag_is_accepted_and_checked(client: Any, fake_engine: FakeEngine) -> None:
+    # CrewAI's litellm path marks messages `cache_breakpoint: true`: every crew step was a 400. The prefix cache keeps
+    # prefixes whatever is marked, so the hint is honoured as cache_control is.
+    part = {"type": "text", "text": "Be brief.", "cache_breakpoint": True}
+    messages = [{"role": "system", "content": [part]}, {"role": "user", "content": "hi", "cache_breakpoint": True}]
+    assert _chat(client, messages=messages).status_code == 200
+    assert fake_engine.requests
+    before = len(fake_engine.requests)
+    _refused(_chat(client, messages=[{"role": "user", "content": "hi", "cache_breakpoint": "yes"}]),
+             "messages.0.cache_breakpoint", "boolean")
+    _refused(_chat(client, messages=[{"role": "user", "content": [{**part, "cache_breakpoint": {"on": 1}}]}]),
+             "messages.0.content.0.cache_breakpoint", "boolean")
+    assert len(fake_engine.requests) == before
+
+
+def test_verbosity_other_than_medium_says_what_happens_instead(client: Any, fake_engine: FakeEngine) -> None:
+    # It was refused as an unknown parameter, though it is OpenAI's chat field; as the Responses' text.verbosity.
+    for value in ("low", "high"):
+        error = _refused(_chat(client, verbosity=value), "verbosity", f"verbosity: {value!r} is not offered: replies "
+                         "are as long as the model makes them (ask for brevity in a system message)")
+        assert error["code"] == "invalid_value"
+    assert not fake_engine.requests
+    assert _chat(client, verbosity="medium").status_code == 200
+
+
+def test_metadata_is_taken_and_goes_on_the_access_log_line(client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    # openai-agents' ModelSettings(metadata=...) was a 400 on chat; with no stored completions, the log line is where
+    # the tags can go. /v1/responses, which echoes them, logs them as well.
+    tags = {"run": "r-1", "note": 'a "quoted"\nline'}
+    with caplog.at_level("INFO", logger="tandem.access"):
+        assert _chat(client, metadata=tags).status_code == 200
+        assert client.post("/v1/completions", json={"prompt": "x", "metadata": tags}).status_code == 200
+        assert client.post("/v1/responses", json={"input": "x", "metadata": tags}).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if r.name == "tandem.access"]
+    logged = r' metadata {"run":"r-1","note":"a \"quoted\"\nline"} req_'  # one line, as JSON
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        assert any(line.startswith(f"POST {path} 200") and logged in line for line in lines), (path, lines)
+
+
+@pytest.mark.parametrize("metadata, param, words", [
+    ({f"k{i}": "v" for i in range(17)}, "metadata", ("17 pairs", "at most 16 pairs")),
+    ({"k" * 65: "v"}, "metadata", ("65 characters", "keys of at most 64")),
+    ({"k": "v" * 513}, "metadata", ("513 characters", "values of at most 512")),
+    ({"k": 1}, "metadata.k", ("valid string",)),
+    (["k"], "metadata", ("valid dictionary",)),
+])
+def test_metadata_past_openais_limits_is_refused_by_name(client: Any, fake_engine: FakeEngine, metadata: Any,
+                                                         param: str, words: tuple[str, ...]) -> None:
+    _refused(_chat(client, metadata=metadata), param, *words)
+    _refused(client.post("/v1/completions", json={"prompt": "x", "metadata": metadata}), param, *words)
+    assert not fake_engine.requests
+    assert _chat(client, metadata={f"k{i}": "v" * 512 for i in range(15)} | {"k" * 64: ""}).status_code == 200
 
 
 def test_the_end_user_goes_on_the_access_log_line(client: Any, caplog: pytest.LogCaptureFixture) -> None:
