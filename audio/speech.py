@@ -173,11 +173,14 @@ class SpeechService:
             return None
         return self._n_vocab - 51765 - int(self.multilingual)
 
-    def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions:
+    def options(self, *, language: str | None = None, task: str = "transcribe", english_only_transcribes: bool = False,
+                **kwargs: Any) -> TranscribeOptions:
         """TranscribeOptions checked against this model; `vad` None (or absent) takes the service's default.
-        Raises InvalidOption naming `language`, `task`, `prompt` or a vad setting (unknown language, a
-        non-English language / translate on an English-only model, a prompt longer than Whisper can use:
-        PromptTooLong, vad_trim with vad on)."""
+        `english_only_transcribes` (/v1/audio/translations): translate on an English-only model is served, as its
+        transcription (as faster-whisper and openai-whisper run it: its tokenizer has no task token, and English
+        is its one language), not refused. Raises InvalidOption naming `language`, `task`, `prompt` or a vad
+        setting (unknown language, a non-English language / translate on an English-only model, a prompt longer
+        than Whisper can use: PromptTooLong, vad_trim with vad on)."""
         code = normalize_language(language, multilingual=self.multilingual, num_languages=self.num_languages)
         if kwargs.get("vad") is None:
             kwargs["vad"] = self.vad_default
@@ -187,7 +190,7 @@ class SpeechService:
                                 param="vad_trim")
         if task not in get_args(Task):
             raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
-        if task == "translate" and not self.multilingual:
+        if task == "translate" and not self.multilingual and not english_only_transcribes:
             raise InvalidOption("this Whisper model is English-only; task 'translate' is not available", param="task")
         return TranscribeOptions(language=code, task=cast(Task, task), **kwargs)
 

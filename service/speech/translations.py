@@ -1,5 +1,6 @@
-"""POST /v1/audio/translations: an uploaded file → its speech in English (Whisper's translate task), in the asked
-format. The transcription route's path (transcriptions.respond_to_upload) with OpenAI's translation fields."""
+"""POST /v1/audio/translations: an uploaded file → its speech in English (Whisper's translate task; an English-only
+model's transcription), in the asked format. The transcription route's path (transcriptions.respond_to_upload)
+with OpenAI's translation fields."""
 
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ __all__ = ["create_translation"]
 @post("/v1/audio/translations", status_code=200, tags=["audio"], summary="Translate an audio file into English",
       responses=SPEECH_ERRORS, before_request=FILE_PARTS,
       operation_class=ok_content_operation(FILE_CONTENT, "TranslationOperation"),
-      description="OpenAI-compatible: the speech's text in English (Whisper's translate task; a multilingual "
-                  "model only, an English-only one is a 400 naming `model`).")
+      description="OpenAI-compatible: the speech's text in English (Whisper's translate task). On an English-only "
+                  "model (`*.en`, the demo's tiny.en) it is the speech's transcription, as faster-whisper and "
+                  "openai-whisper run it: English is the one language it has.")
 async def create_translation(
     request: Request[Any, Any, Any],
     data: Annotated[TranslationForm, Body(media_type=RequestEncodingType.MULTI_PART)],
 ) -> Response[Any]:
-    """Raises APIError (400 bad audio/params or an English-only model, 404 model, 413 size, 503 load failure)."""
-    # Translating is the model's ability: the task's refusal names the field that chose the model.
-    return await respond_to_upload(request, data, {"task": "translate"}, renamed={"task": "model"})
+    """Raises APIError (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
+    # Subtitle tools call /translations whatever the model: an English-only one answers with its English text.
+    return await respond_to_upload(request, data, {"task": "translate", "english_only_transcribes": True})

@@ -139,6 +139,11 @@ def test_options_are_checked_against_the_model(tiny_whisper_dir: Path) -> None:
     for bad in ({"language": "de"}, {"language": "klingon"}, {"task": "translate"}):
         with pytest.raises(InvalidOption):
             speech.options(**bad)
+    # /v1/audio/translations: English is its one language, so a translation is the transcription (its tokenizer
+    # has no task token); the same checks otherwise
+    assert speech.options(task="translate", english_only_transcribes=True).task == "translate"
+    with pytest.raises(InvalidOption):
+        speech.options(language="de", task="translate", english_only_transcribes=True)
 
 
 @pytest.mark.parametrize("n_vocab, languages", [(51865, 99), (51866, 100)])
