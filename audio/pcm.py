@@ -43,9 +43,12 @@ __all__ = [
 ]
 
 SAMPLE_RATE = 16000
+# G.711's other names, as Asterisk, Twilio and other telephony tools label its bodies: read as RFC 3551's.
+_G711_ALIASES = {"audio/x-mulaw": "audio/pcmu", "audio/mulaw": "audio/pcmu", "audio/x-alaw": "audio/pcma",
+                 "audio/alaw": "audio/pcma"}
 # Content types of raw sample bodies (rate, encoding and channels ride as parameters); audio/basic is RFC 2046's
 # 8 kHz μ-law, audio/pcmu and audio/pcma RFC 3551's G.711.
-RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw", "audio/pcmu", "audio/pcma", "audio/basic")
+RAW_PCM_TYPES = ("audio/pcm", "audio/l16", "audio/raw", "audio/pcmu", "audio/pcma", "audio/basic", *_G711_ALIASES)
 MIN_RATE, MAX_RATE = 8000, 48000
 # A container's own rate: what real files carry (4 kHz telephony to 384 kHz studio). A file claiming 1 Hz would
 # be resampled 16,000-fold in memory (a 300 KB upload grew a worker past its RAM).
@@ -63,7 +66,11 @@ _DTYPES = {"f32le": "<f4", "s16le": "<i2", "s16be": ">i2"}
 # what a type means without an `encoding` parameter (RFC 2586's L16 is big-endian; the G.711 types name theirs)
 _DEFAULT_ENCODINGS: dict[str, Encoding] = {"audio/l16": "s16be", "audio/pcmu": "ulaw", "audio/basic": "ulaw",
                                            "audio/pcma": "alaw"}
+_DEFAULT_ENCODINGS |= {alias: _DEFAULT_ENCODINGS[named] for alias, named in _G711_ALIASES.items()}
 G711_RATE = 8000  # G.711's own rate: the default for its encodings
+_RAW_TYPES_SHOWN = ("audio/pcm, audio/L16 or audio/raw (rate, encoding, channels as parameters), G.711 μ-law as "
+                   "audio/pcmu, audio/basic, audio/x-mulaw or audio/mulaw, A-law as audio/pcma, audio/x-alaw or "
+                   "audio/alaw (8000 Hz unless rate says otherwise)")
 
 
 @dataclass(frozen=True)
@@ -82,9 +89,9 @@ class PcmFormat:
 
 def is_raw_pcm(content_type: str | None) -> bool:
     """True for `audio/pcm…`, `audio/l16…`, `audio/raw…` and the G.711 types' (`audio/pcmu`, `audio/pcma`,
-    `audio/basic`) bodies: raw samples the content-type's parameters describe. Anything else —
-    `application/octet-stream` too — is a container that PyAV identifies from its own header (a raw guess would
-    turn a file into noise). Raises nothing."""
+    `audio/basic`; `audio/x-mulaw`, `audio/mulaw`, `audio/x-alaw`, `audio/alaw`) bodies: raw samples the
+    content-type's parameters describe. Anything else — `application/octet-stream` too — is a container that PyAV
+    identifies from its own header (a raw guess would turn a file into noise). Raises nothing."""
     if not content_type:
         return False
     mime = content_type.split(";", 1)[0].strip().lower()
@@ -103,10 +110,10 @@ _PCM_PARAMETERS = frozenset({"rate", "encoding", "channels"})
 
 def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     """`audio/pcm;rate=48000;encoding=s16le` → PcmFormat (rate defaults to 16000, encoding to f32le;
-    `audio/L16` means big-endian s16, as RFC 2586 and 3551 define it, `audio/pcmu` and `audio/basic` μ-law,
-    `audio/pcma` A-law, unless `encoding` says otherwise; a G.711 encoding's rate defaults to 8000). Raises
-    AudioInputError for a bad rate, encoding or channel count, or a parameter it does not know (never silently
-    read as the default)."""
+    `audio/L16` means big-endian s16, as RFC 2586 and 3551 define it, `audio/pcmu`, `audio/basic` and
+    `audio/(x-)mulaw` μ-law, `audio/pcma` and `audio/(x-)alaw` A-law, unless `encoding` says otherwise; a G.711
+    encoding's rate defaults to 8000). Raises AudioInputError for a bad rate, encoding or channel count, or a
+    parameter it does not know (never silently read as the default)."""
     mime, *params = (content_type or "audio/pcm").split(";")
     values: dict[str, str] = {}
     for part in params:
@@ -244,8 +251,11 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
     except (AudioInputError, MemoryError):
         raise
     except Exception as exc:  # whatever PyAV raises on a file is the file's fault (a bad header: AttributeError)
+        # A body of raw samples under a type we do not take for raw lands here: say which types are.
+        raw_types = f"; raw samples are read as such under {_RAW_TYPES_SHOWN}" if isinstance(source, io.BytesIO) else ""
         raise AudioInputError(f"could not decode the audio file{_reason(exc)}: it is corrupt or not an audio "
-                              "format this server reads", param=param, code="unsupported_or_corrupt_audio") from None
+                              f"format this server reads{raw_types}", param=param,
+                              code="unsupported_or_corrupt_audio") from None
     if not out.decoded:
         raise AudioInputError("the file contains no audio samples", param=param, code="empty_audio")
     return out.finish()

@@ -63,8 +63,8 @@ _CHUNK_BODY = raw_body_operation({
     "audio/pcm": f"Raw PCM. Parameters: rate=8000..48000 (default {SAMPLE_RATE}), encoding=f32le (default), s16le, "
                  "s16be, ulaw or alaw, channels=1..8 (averaged to mono); e.g. `audio/pcm;rate=48000;encoding=s16le`.",
     "audio/l16": "Raw 16-bit big-endian PCM (`audio/L16;rate=N`, RFC 2586), same parameters.",
-    "audio/pcmu": "G.711 μ-law, one byte a sample (telephony; `audio/basic` too), rate default 8000, same "
-                  "parameters; `audio/pcma` is A-law.",
+    "audio/pcmu": "G.711 μ-law, one byte a sample (telephony; `audio/basic`, `audio/x-mulaw`, `audio/mulaw` too), "
+                  "rate default 8000, same parameters; `audio/pcma` (`audio/x-alaw`, `audio/alaw`) is A-law.",
     "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads).",
     "application/octet-stream": "A whole audio file, identified from its own header.",
 }, "One chunk of captured audio (raw PCM described by the content type's parameters, or a whole file).",
@@ -75,8 +75,9 @@ _CHUNK_BODY = raw_body_operation({
       summary="Append audio to a session", responses=SPEECH_ERRORS, operation_class=_CHUNK_BODY,
       description=f"Raw body. `content-type: audio/pcm;rate=N` (the default when absent) is float32 "
                   f"little-endian mono (rate default {SAMPLE_RATE}, 8000–48000 accepted, resampled), "
-                  "`;encoding=s16le` 16-bit; `audio/pcmu` (or `audio/basic`) and `audio/pcma` are G.711 μ-law and "
-                  "A-law, 8000 Hz unless `rate` says otherwise; any other type (audio/wav, "
+                  "`;encoding=s16le` 16-bit; `audio/pcmu` (or `audio/basic`, `audio/x-mulaw`, `audio/mulaw`) and "
+                  "`audio/pcma` (or `audio/x-alaw`, `audio/alaw`) are G.711 μ-law and A-law, 8000 Hz unless `rate` "
+                  "says otherwise; any other type (audio/wav, "
                   "application/octet-stream, ...) is decoded as a file. Audio accepted before a bad chunk is kept.")
 async def append_session_audio(request: Request[Any, Any, Any], session_id: str) -> SessionAudioAccepted:
     """Raises APIError (400 bad chunk, 404 unknown session, 409 after finish, 413 too large)."""

@@ -11,6 +11,7 @@ import pytest
 from audio.pcm import (
     AudioInputError,
     PcmFormat,
+    RAW_PCM_TYPES,
     PcmStream,
     decode_container,
     decode_raw_pcm,
@@ -51,6 +52,11 @@ def test_parse_content_type_defaults_and_params() -> None:
     ("audio/pcmu;rate=16000", PcmFormat(16000, "ulaw")),
     ("audio/pcm;encoding=ulaw", PcmFormat(8000, "ulaw")),  # G.711's own rate is the default for its encodings
     ("audio/pcm;encoding=pcm_alaw;rate=11025", PcmFormat(11025, "alaw")),
+    ("audio/x-mulaw", PcmFormat(8000, "ulaw")),  # telephony's names (Asterisk, Twilio): the same G.711
+    ("audio/mulaw;rate=8000", PcmFormat(8000, "ulaw")),
+    ("audio/X-ALAW;rate=8000", PcmFormat(8000, "alaw")),
+    ("audio/alaw", PcmFormat(8000, "alaw")),
+    ("audio/x-mulaw;rate=16000", PcmFormat(16000, "ulaw")),  # a rate as audio/pcmu's
 ])
 def test_g711_content_types(ct: str, fmt: PcmFormat) -> None:
     assert is_raw_pcm(ct) and parse_pcm_content_type(ct) == fmt
@@ -202,6 +208,14 @@ def test_corrupt_or_empty_files_are_rejected(data: bytes, code: str) -> None:
     with pytest.raises(AudioInputError) as err:
         decode_container(data)
     assert err.value.code in (code, "empty_audio", "no_audio_stream")
+
+
+def test_an_undecodable_body_is_told_which_types_are_read_as_raw_samples() -> None:
+    """Raw μ-law labelled `audio/x-mulaw` met a bare "not an audio format this server reads": which types are?"""
+    with pytest.raises(AudioInputError) as err:
+        decode_container(encode_g711(sine(440, 1.0, 8000), "ulaw"))
+    assert err.value.code == "unsupported_or_corrupt_audio"
+    assert all(kind in str(err.value).lower() for kind in RAW_PCM_TYPES), str(err.value)
 
 
 def _wav(rate: int, samples: np.ndarray, bits: int = 16, channels: int = 1) -> bytes:

@@ -163,8 +163,12 @@ def test_a_g711_upload_is_read_by_its_type_and_an_au_file_as_the_file(client: Te
 
     raw = upload(ulaw, "audio/basic")
     assert raw["duration"] == pytest.approx(1.5) and upload(ulaw, "audio/PCMU") == raw
-    pcma = upload(encode_g711(voiced(0.75), "alaw"), "audio/pcma")
+    alaw = encode_g711(voiced(0.75), "alaw")
+    pcma = upload(alaw, "audio/pcma")
     assert pcma["duration"] == pytest.approx(1.5)
+    # telephony's names for them (Asterisk, Twilio): a generic 400 unsupported_or_corrupt_audio before
+    assert upload(ulaw, "audio/x-mulaw;rate=8000") == upload(ulaw, "audio/mulaw") == raw
+    assert upload(alaw, "audio/x-alaw") == upload(alaw, "audio/alaw;rate=8000") == pcma
     # Sun's .au, audio/basic's usual file (header: offset, size, 1 = 8-bit μ-law, rate, channels), decoded as the
     # file: its header is not read as samples
     au = b".snd" + struct.pack(">5I", 24, len(ulaw), 1, 8000, 1) + ulaw

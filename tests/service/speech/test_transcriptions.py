@@ -102,3 +102,4 @@ def test_an_undecodable_upload_is_told_in_plain_words(client: TestClient[Any]) -
     assert (err["code"], err["param"]) == ("unsupported_or_corrupt_audio", "file")
     assert err["message"].startswith("could not decode the audio file")
     assert "Errno" not in err["message"] and "<none>" not in err["message"]
+    assert "audio/pcm, " in err["message"] and "audio/x-mulaw" in err["message"]  # the types read as raw samples
