@@ -52,12 +52,18 @@ class _Call(Generic[T]):
         finally:
             self.stopped.set()
 
-    def abort(self) -> None:
+    def abort(self) -> bool:
+        """Stop the work; True when `fn` was running, so the caller must wait for `stopped`.
+
+        False: `fn` never starts now (a thread picking the call up later sees `aborted`), or it has returned;
+        anyio may also drop a call cancelled before any thread took it, and then `stopped` is never set."""
         # Under the lock, so the exception is only ever aimed at a thread still inside `fn`.
         with self.lock:
             self.aborted = True
             if self.running and self.ident is not None:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self.ident), ctypes.py_object(Aborted))
+                return True
+            return False
 
 
 async def run_abortable(fn: Callable[..., T], *args: Any, timeout: float,
@@ -72,8 +78,7 @@ async def run_abortable(fn: Callable[..., T], *args: Any, timeout: float,
             with anyio.fail_after(timeout):
                 return await anyio.to_thread.run_sync(call.run, abandon_on_cancel=True)
         except BaseException:
-            if not call.stopped.is_set():
-                call.abort()
+            if not call.stopped.is_set() and call.abort():
                 with anyio.CancelScope(shield=True):
                     if not await anyio.to_thread.run_sync(call.stopped.wait, _UNWIND_SECONDS):
                         _log.error("aborted work %s did not stop within %.0f s", getattr(fn, "__name__", fn),
