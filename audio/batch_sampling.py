@@ -27,12 +27,13 @@ class KeyedSampler:
 
     def __init__(self, temperature: float, eot: int, seed: int) -> None:
         self.temperature, self.eot, self.seed, self.index = temperature, eot, seed, 0
+        self.logprob: Any = None  # the last token's log probability, (1,) lazy (DecodeRow.keep reads it)
 
     def update(self, tokens: Any, logits: Any, sum_logprobs: Any) -> tuple[Any, Any, Any]:
         """One row's step, as GreedyDecoder.update: (tokens with the next one appended, done, sum_logprobs)."""
         import mlx.core as mx
 
-        next_tokens, sum_logprobs = _select(logits, [self], tokens[:, -1], sum_logprobs, self.eot)
+        next_tokens, sum_logprobs, self.logprob = _select(logits, [self], tokens[:, -1], sum_logprobs, self.eot)
         tokens = mx.concatenate([tokens, next_tokens[:, None]], axis=-1)
         return tokens, mx.all(tokens[:, -1] == self.eot), sum_logprobs
 
@@ -74,8 +75,8 @@ def can_sample_together(rows: list[Any]) -> bool:
 def sample_together(rows: list[Any], logits: Any) -> Drawn:
     """Filter `logits` (rows × vocabulary, float32, in `rows` order) as each row's filters would, select each
     row's next token as its sampler would, and append it: updates each row's tokens, sum_logprobs and sampler
-    index. Returns the tokens drawn (lazy; a row after its end of text draws end of text again). Raises what MLX
-    raises."""
+    index, and keeps each row's token log probability where the row keeps them (DecodeRow.keep). Returns the tokens
+    drawn (lazy; a row after its end of text draws end of text again). Raises what MLX raises."""
     import mlx.core as mx
     from mlx_whisper.decoding import ApplyTimestampRules, SuppressBlank, SuppressTokens
 
@@ -97,11 +98,12 @@ def sample_together(rows: list[Any], logits: Any) -> Drawn:
         logits = apply_timestamp_rules(logits, rules, histories)
     last = mx.array([seq[-1] for seq in histories])
     sums = mx.concatenate([r.sum_logprobs for r in rows])
-    next_tokens, sums = _select(logits, [r.task.decoder for r in rows], last, sums, tokenizer.eot)
+    next_tokens, sums, current = _select(logits, [r.task.decoder for r in rows], last, sums, tokenizer.eot)
     drawn = Drawn(next_tokens)
     for i, r in enumerate(rows):
         r.draw(drawn, i)
         r.sum_logprobs = sums[i:i + 1]
+        r.keep(current, i)
     return drawn
 
 
@@ -131,10 +133,11 @@ def apply_timestamp_rules(logits: Any, rules: list[Any], histories: list[list[in
     return logits + mask
 
 
-def _select(logits: Any, samplers: list[KeyedSampler], last: Any, sums: Any, eot: int) -> tuple[Any, Any]:
-    """Each row's next token as its sampler picks it from `logits` (rows × vocabulary), and `sums` (rows,) with
+def _select(logits: Any, samplers: list[KeyedSampler], last: Any, sums: Any, eot: int) -> tuple[Any, Any, Any]:
+    """Each row's next token as its sampler picks it from `logits` (rows × vocabulary), `sums` (rows,) with
     its log-probability added, except after an end-of-text (`last` (rows,): each row's last token), where the
-    next token is end-of-text again; advances each sampler's index. Raises what MLX raises."""
+    next token is end-of-text again, and each row's log-probability of the token picked (rows,); advances each
+    sampler's index. All lazy. Raises what MLX raises."""
     import mlx.core as mx
 
     next_tokens = logits.argmax(axis=-1)
@@ -153,7 +156,7 @@ def _select(logits: Any, samplers: list[KeyedSampler], last: Any, sums: Any, eot
     current = logprobs[mx.arange(int(logits.shape[0])), next_tokens]
     sums = sums + current * (last != eot)
     eot_mask = last == eot
-    return next_tokens * (1 - eot_mask) + eot * eot_mask, sums
+    return next_tokens * (1 - eot_mask) + eot * eot_mask, sums, current
 
 
 def _timestamp_ranges(rule: Any, tokens: list[int], vocab: int) -> list[tuple[int, int]]:

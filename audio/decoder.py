@@ -23,7 +23,8 @@ __all__ = ["DecodeRow", "RowResult", "Forward", "new_row", "step_rows", "advance
 
 @dataclass
 class RowResult:
-    """A finished attempt: `tokens` = forced prefix + sampled tokens (no EOT); scores on the sampled part."""
+    """A finished attempt: `tokens` = forced prefix + sampled tokens (no EOT); scores on the sampled part;
+    `logprobs`: each sampled token's log probability, where its row kept them (else None)."""
 
     tokens: list[int]
     sampled: list[int]
@@ -32,6 +33,7 @@ class RowResult:
     no_speech_prob: float
     temperature: float
     compression_ratio: float
+    logprobs: tuple[float, ...] | None = None
 
 
 @dataclass(eq=False)
@@ -54,6 +56,9 @@ class DecodeRow:
     batch: Any = None  # (RowBatch, slot) while its keys/values live in a batch (audio/decode_batch.py)
     _array: Any = None  # the context as a (1, L) array (None: made from `_context` when asked for)
     _drawn: tuple[Drawn, int] | None = None  # its newest token, sampled together with other rows', not read yet
+    # Each sampled token's log probability as (the step's lazy (rows,) array, this row's index), read once when
+    # the row finishes (finish_row), not a device read a step; None: not kept (a request without `logprobs`).
+    logprobs: list[tuple[Any, int]] | None = None
 
     @property
     def tokens(self) -> Any:
@@ -103,6 +108,12 @@ class DecodeRow:
             import mlx.core as mx
 
             self._array = mx.concatenate([self._array, drawn.tokens[i:i + 1][:, None]], axis=-1)
+
+    def keep(self, logprobs: Any, i: int) -> None:
+        """Keep row `i` of `logprobs` (a step's lazy (rows,) log probabilities) as its newest token's, where this row
+        keeps them. Raises nothing."""
+        if self.logprobs is not None:
+            self.logprobs.append((logprobs, i))
 
     @property
     def feeds_last_token(self) -> bool:
@@ -299,6 +310,7 @@ def step_rows(model: Any, rows: list[DecodeRow], feed: int | None = None,
             for f in r.task.logit_filters:
                 logits = f.apply(logits, r.tokens)
             r.tokens, done, r.sum_logprobs = r.task.decoder.update(r.tokens, logits, r.sum_logprobs)
+            r.keep(r.task.decoder.logprob, 0)
             completed.append(done)
     no_speech: dict[int, Any] = {id(r): mx.softmax(s, axis=-1)[0, r.task.tokenizer.no_speech]
                                  for r, s in zip(live, sot) if s is not None and r.task.tokenizer.no_speech is not None}
@@ -326,7 +338,9 @@ def advance_rows(model: Any, rows: list[DecodeRow], tokens: int) -> None:
 
 
 def finish_row(row: DecodeRow) -> RowResult:
-    """The result of a finished row, scored as mlx-whisper's DecodingTask.run scores it. Raises nothing."""
+    """The result of a finished row, scored as mlx-whisper's DecodingTask.run scores it, with its sampled tokens' log
+    probabilities where it kept them (one read of them all). Raises what MLX raises (reading those)."""
+    import mlx.core as mx
     from mlx_whisper.decoding import compression_ratio
 
     task = row.task
@@ -336,7 +350,12 @@ def finish_row(row: DecodeRow) -> RowResult:
         sampled = sampled[: sampled.index(eot)]
     text = task.tokenizer.decode(sampled).strip()
     total = float(row.sum_logprobs.item())
+    logprobs = None
+    if row.logprobs is not None:  # a step's array for each sampled token (the one after them drew the EOT)
+        kept = [a[i:i + 1] for a, i in row.logprobs[:len(sampled)]]
+        values: Any = mx.concatenate(kept).tolist() if kept else []
+        logprobs = tuple(float(x) for x in values)
     return RowResult(tokens=row.prefix + sampled, sampled=sampled, text=text,
                      avg_logprob=total / (len(sampled) + 1), no_speech_prob=row.no_speech_prob,
-                     temperature=row.temperature, compression_ratio=compression_ratio(text))
+                     temperature=row.temperature, compression_ratio=compression_ratio(text), logprobs=logprobs)
 

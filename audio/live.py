@@ -21,7 +21,8 @@ session's new options: audio/live_requests.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Awaitable, Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
 import anyio
 import numpy as np
@@ -34,8 +35,9 @@ from audio.live_config import LiveConfig, SessionEvent
 from audio.live_requests import LiveRequests
 from audio.pcm import SAMPLE_RATE
 from audio.loop_head import loop_head
-from audio.repeats import committed_segments, without_repeats
+from audio.repeats import committed_segments, kept_spans, without_repeats
 from audio.text_end import clamped_timestamps, stopped_short
+from audio.token_logprobs import token_logprobs
 from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
@@ -73,6 +75,9 @@ class LiveTranscription(LiveRequests):
         self._committed: list[str] = []
         self._loop_head: list[int] | None = None  # what the last guess showed before it looped (see _probe)
         self.tentative = ""
+        # Decodes keep each sampled token's log probability, and committed text carries its tokens' (a session's
+        # `include` asks for them; LiveSession.reconfigure sets it for the decodes that run after it).
+        self.logprobs = options.logprobs
 
     @property
     def started(self) -> bool:
@@ -172,6 +177,8 @@ class LiveTranscription(LiveRequests):
                              tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True),
             probe, fresh=seek + len(audio) - max(seek, self._final_to), n_audio_ctx=self._loaded.model.dims.n_audio_ctx,
             chat_active=self._scheduler.chat_active())
+        if self.logprobs:
+            request = replace(request, logprobs=True)
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._cadence.decode_s = self._clock() - began
@@ -192,12 +199,27 @@ class LiveTranscription(LiveRequests):
         eot = self._tr.tokenizer.eot
         return self._tr.tokenizer.decode([t for t in tokens if t < eot])
 
-    def _commit_text(self, tokens: list[int]) -> None:
-        text = without_repeats("".join(self.utterances.text), self._text(tokens))
+    def _commit_text(self, tokens: list[int], logprobs: Sequence[float | None] | None = None) -> None:
+        """Commit the text of `tokens` (less what repeats the text before it), with the log probabilities of its
+        tokens where `logprobs` (one for each of `tokens`: `_aligned`) has them. Raises nothing."""
+        assert self._tr is not None
+        before, full = "".join(self.utterances.text), self._text(tokens)
+        text = without_repeats(before, full)
         if text:
+            entries = None
+            if logprobs is not None:
+                spans = kept_spans(before, full) if text != full else None
+                entries = tuple(token_logprobs(self._tr.tokenizer, tokens, logprobs, spans))
             self._committed.append(text)
-            self.utterances.text.append(text)
-            self._emit(SessionEvent("committed", text=text, item=self.utterances.closed))
+            self.utterances.add(text, entries)
+            self._emit(SessionEvent("committed", text=text, item=self.utterances.closed, logprobs=entries))
+
+    @staticmethod
+    def _aligned(result: WindowResult, forced: int) -> list[float | None] | None:
+        """`result`'s token log probabilities, one for each of its tokens (None for its `forced` prefix's), or None
+        where its decode kept none. Raises nothing."""
+        kept = result.decoded.logprobs
+        return None if kept is None else [None] * forced + list(kept)
 
     def _set_tentative(self, tokens: list[int]) -> None:
         text = self._text(tokens) if self._tr is not None else ""
@@ -273,7 +295,8 @@ class LiveTranscription(LiveRequests):
             return
         continuation = self._clamped(result.decoded.tokens[len(live.prefix):], seek, end, 0)
         n = live.agree(continuation)
-        self._commit_text(continuation[:n])
+        logprobs = self._aligned(result, len(live.prefix))
+        self._commit_text(continuation[:n], logprobs[len(live.prefix):][:n] if logprobs is not None else None)
         self._set_tentative(continuation[n:])
         self._cadence.empty = not self.tentative and not self.utterances.text
         if self._cadence.empty:
@@ -310,7 +333,9 @@ class LiveTranscription(LiveRequests):
             covered = sum(len(s["tokens"]) for s in current)
             rest = live.prefix[covered:]
             if covered > len(live.prefix):
-                self._commit_text(tokens[len(live.prefix):covered])
+                logprobs = self._aligned(result, len(live.prefix))
+                self._commit_text(tokens[len(live.prefix):covered],
+                                  logprobs[len(live.prefix):covered] if logprobs is not None else None)
             tr.commit(current, result)
             tr.seek += max(1, advance)
             live.reset()
@@ -333,8 +358,15 @@ class LiveTranscription(LiveRequests):
                                  len(live.prefix)) if result.decoded.sampled else None
             short, keep = stop if stop is not None else (None, len(tokens))
             tokens = tokens[:keep]  # an unclosed last segment is decoded again from its start, not kept
+            logprobs, at = self._aligned(result, len(live.prefix)), len(live.prefix)
+
+            def commit(group: list[int]) -> None:  # the groups are tokens[len(live.prefix):] in order, cut up
+                nonlocal at
+                self._commit_text(group, logprobs[at:at + len(group)] if logprobs is not None else None)
+                at += len(group)
+
             self.utterances.commit_by_pause(tokens, len(live.prefix), tr.tokenizer.timestamp_begin,
-                                            tr.input_stride * HOP_LENGTH, seek, limit, self._commit_text)
+                                            tr.input_stride * HOP_LENGTH, seek, limit, commit)
             live.reset()
             live.prefix = list(tokens)
             if short is not None:

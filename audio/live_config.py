@@ -4,12 +4,15 @@ its clients (SessionEvent)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from audio.encoder import fitted_context
 from audio.pcm import SAMPLE_RATE
 from audio.window import WindowRequest
 from engine.accelerator import on_gpu
+
+if TYPE_CHECKING:
+    from audio.token_logprobs import TokenLogprob
 
 __all__ = ["LiveConfig", "SessionEvent", "EventType"]
 
@@ -101,10 +104,13 @@ class SessionEvent:
     or finish), committed (new text that never changes), tentative (the current guess after it, which
     replaces the previous one), utterance (all text of the utterance, once it is transcribed), cleared (the
     open audio without committed text was dropped), mark (LiveSession.mark: a caller's place in the log). `ref`:
-    what the caller passed to the commit() that closed the utterance, or to mark()."""
+    what the caller passed to the commit() that closed the utterance, or to mark(). `logprobs`: on committed and
+    utterance, the log probabilities of the text's tokens, where the session keeps them (LiveTranscription.logprobs)
+    and they are known for all of it (else None)."""
 
     type: EventType
     text: str = ""
     audio_ms: int | None = None
     item: int = 0
     ref: str | None = None
+    logprobs: "tuple[TokenLogprob, ...] | None" = None

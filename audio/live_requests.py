@@ -19,10 +19,15 @@ from audio.utterances import Utterances
 __all__ = ["LiveRequests"]
 
 
+# Read elsewhere, at once: the gate's settings (audio/session_pump.py), the input filter (audio/sessions.py), and
+# whether decodes keep token log probabilities (LiveTranscription.logprobs, set by LiveSession.reconfigure).
+_NOT_DECODING = ("noise_reduction", "logprobs")
+
+
 def _decoding(options: TranscribeOptions) -> TranscribeOptions:
-    """`options` less the gate's settings (audio/session_pump.py reads those). Raises nothing."""
+    """`options` less what is not how an utterance is decoded (`_NOT_DECODING`, the gate's). Raises nothing."""
     return replace(options, **{f.name: getattr(TranscribeOptions, f.name) for f in fields(TranscribeOptions)
-                               if f.name.startswith("vad")})
+                               if f.name.startswith("vad") or f.name in _NOT_DECODING})
 
 
 class LiveRequests:

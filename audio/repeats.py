@@ -14,7 +14,7 @@ from dataclasses import replace
 from audio.transcript import Segment
 
 __all__ = ["MIN_OVERLAP_WORDS", "MIN_WORDS", "as_committed", "committed_segments", "copies", "copied_words",
-           "without_repeats"]
+           "kept_spans", "without_repeats"]
 
 MIN_WORDS = 2  # a repeated single word ("five. five.") may be speech: only longer sentences are dropped
 MIN_OVERLAP_WORDS = 3  # words a sentence at the boundary must share with the end of the one before to lose them
@@ -38,14 +38,31 @@ def without_repeats(before: str, new: str) -> str:
     first sentence of `new` also loses leading words (at least MIN_OVERLAP_WORDS) that end the last sentence of
     `before`. A complete sentence that is the start of the one before (at least MIN_OVERLAP_WORDS) is dropped too.
     A sentence begun in `before` and ended in `new` is never touched. Raises nothing."""
+    kept = _kept(before, new)
+    return new if kept is None else "".join(text for _, _, text in kept)
+
+
+def kept_spans(before: str, new: str) -> list[tuple[int, int]]:
+    """Where in `new` the text `without_repeats(before, new)` keeps lies: [start, end) character spans, in order (a
+    sentence that lost leading words starts at the space before its first kept word). Raises nothing."""
+    kept = _kept(before, new)
+    return [(0, len(new))] if kept is None else [(start, end) for start, end, _ in kept]
+
+
+def _kept(before: str, new: str) -> list[tuple[int, int, str]] | None:
+    """The sentences of `new` that without_repeats keeps, each as (start, end, its kept text) with [start, end) the
+    span of `new` that text comes from; None where `new` is not a split this understands (all of it is kept).
+    Raises nothing."""
     chunks = _SENTENCE.findall(new)
     if "".join(chunks) != new:  # not a split this function understands: keep the text as it is
-        return new
+        return None
     tail = _SENTENCE.findall(before)
     previous = _words(tail[-1]) if tail else []
     open_sentence = bool(before.strip()) and not before.rstrip().endswith(_ENDS)
-    kept: list[str] = []
+    kept: list[tuple[int, int, str]] = []
+    end = 0
     for i, chunk in enumerate(chunks):
+        start, end = end, end + len(chunk)
         words = _words(chunk)
         if i == 0 and open_sentence:
             previous = previous + words
@@ -58,11 +75,14 @@ def without_repeats(before: str, new: str) -> str:
             if i == 0 and len(chunk.split()) == len(words):
                 overlap = max((k for k in range(MIN_OVERLAP_WORDS, len(words)) if previous[-k:] == words[:k]),
                               default=0)
-                chunk = _without_words(chunk, overlap) if overlap else chunk
+                if overlap:
+                    first = [m.start() for m in re.finditer(r"\S+", chunk)][overlap]
+                    start += first - (1 if chunk[:1].isspace() else 0)
+                    chunk = _without_words(chunk, overlap)
                 words = words[overlap:]
             previous = words
-        kept.append(chunk)
-    return "".join(kept)
+        kept.append((start, end, chunk))
+    return kept
 
 
 def copies(text: str, context: str) -> bool:

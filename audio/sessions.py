@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Literal
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Literal, cast
 
 import anyio
 import numpy as np
@@ -22,6 +22,7 @@ from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAud
 from audio.errors import (ChunkOverBacklog, CommitEmpty, SessionClosed, SessionError, SessionExpired, SessionLimit,
                           SessionNotFound)
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
+from audio.noise_reduction import HighPass, NoiseReduction
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
 from audio.session_pump import SessionPump, speech_gate
 from audio.transcript import TranscribeOptions, Transcript
@@ -71,6 +72,7 @@ class LiveSession(SessionPump):
         self._stream: PcmStream | None = None
         self._raw = AudioBuffer()  # received, not yet through the gate
         self._gate = speech_gate(options)
+        self._denoise = _high_pass(options.noise_reduction, None)  # filters what is taken, before the gate
         self._origin = 0  # raw sample where the gate started (a clear() restarts it)
         self._gated = 0  # raw samples through the gate
         self._boundary = 0  # raw sample of the last commit, clear or VAD pause
@@ -123,7 +125,7 @@ class LiveSession(SessionPump):
         self._finishing = True
         self.finished_at = self._clock()
         if self._stream is not None:
-            self._raw.append(self._stream.flush())
+            self._raw.append(self._filtered(self._stream.flush()))
         self._wake.set()
 
     @property
@@ -176,8 +178,11 @@ class LiveSession(SessionPump):
             self._take(self._stream.flush())
             self._stream = None
 
+    def _filtered(self, pcm: np.ndarray) -> np.ndarray:
+        return self._denoise(pcm) if self._denoise is not None else pcm
+
     def _take(self, pcm: np.ndarray) -> None:
-        self._raw.append(pcm)
+        self._raw.append(self._filtered(pcm))
         self._pool.update(self)
         self.last_active = self._clock()
         self._wake.set()
@@ -185,16 +190,20 @@ class LiveSession(SessionPump):
     def reconfigure(self, options: TranscribeOptions) -> None:
         """New options: at once for a session that has received no audio yet; else from the point of the audio
         received so far on, as commit() acts (SessionPump._retune: the VAD's for the speech regions, the language
-        and prompt for the utterances that begin after it). Raises SessionClosed."""
+        and prompt for the utterances that begin after it; the noise reduction for the audio appended after it, and
+        token log probabilities for the decodes that run after it). Raises SessionClosed."""
         self._check_open()
         if self._raw.total or self.live.started:
             self._flush_stream()  # the resampler's held-back tail is audio sent before the update
+            self._denoise = _high_pass(options.noise_reduction, self._denoise)  # filters the audio taken from here
+            self.live.logprobs = options.logprobs  # the decodes from here keep them (or not)
             self._controls.append(("options", self._raw.total, None))
             self._asked.append(options)
             self._wake.set()
             return
         self.options = options
         self._gate = speech_gate(options)
+        self._denoise = _high_pass(options.noise_reduction, self._denoise)
         self.live = LiveTranscription(options, self.config, self._scheduler, self._emit, self.scope)
 
     def commit(self, ref: str | None = None) -> None:
@@ -287,3 +296,13 @@ class LiveSession(SessionPump):
         audio), or the session ended. Raises nothing."""
         while not self._done.is_set() and not (self._idle and not self._wake.is_set()):
             await self._changed.wait()
+
+
+def _high_pass(kind: str | None, current: HighPass | None) -> HighPass | None:
+    """The input filter for noise reduction `kind` (None: none): `current` while it is that kind's, its state carried
+    on. Raises ValueError for an unknown kind (TranscribeOptions refused it already)."""
+    if kind is None:
+        return None
+    if current is not None and current.kind == kind:
+        return current
+    return HighPass(cast(NoiseReduction, kind))

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from audio.errors import InvalidOption
+from audio.noise_reduction import KINDS as NOISE_KINDS
 
 __all__ = ["normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES",
            "PromptTooLong", "MAX_PROMPT_CHARS"]
@@ -52,12 +53,18 @@ class TranscribeOptions:
     # > 1: cut the file at silences and decode this many ≤30 s chunks per task in one batched call
     # (audio/batching.py); no conditioning across chunks. 1: the sequential seek loop.
     batch_size: int = 1
+    # Live sessions only (audio/sessions.py): the input audio's high-pass filter (audio/noise_reduction.py; None:
+    # none), and whether each committed token's log probability is kept (audio/live.py) for the events.
+    noise_reduction: str | None = None
+    logprobs: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt is not None and len(self.prompt) > MAX_PROMPT_CHARS:
             raise PromptTooLong(f"prompt (with any keywords joined after it) is {len(self.prompt)} characters; at most "
                                 f"{MAX_PROMPT_CHARS} are accepted "
                                 "(Whisper reads only its last 223 tokens)")
+        if self.noise_reduction is not None and self.noise_reduction not in NOISE_KINDS:
+            raise InvalidOption(f"noise_reduction must be one of {', '.join(NOISE_KINDS)}", param="noise_reduction")
         if not self.temperatures:
             raise ValueError("temperatures must not be empty")
         if not 0 <= self.vad_aggressiveness <= 3:

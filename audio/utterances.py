@@ -15,6 +15,7 @@ from collections import deque
 from typing import Callable
 
 from audio.live_config import SessionEvent
+from audio.token_logprobs import TokenLogprob
 from audio.transcript import TranscribeOptions
 
 __all__ = ["Utterances", "by_utterance"]
@@ -32,6 +33,7 @@ class Utterances:
         self.closed = 0  # utterances transcribed and closed; the oldest open one's index
         self.open_from = 0  # compact position where the open utterance began
         self.text: list[str] = []  # committed text of the oldest utterance not yet closed
+        self.logprobs: list[TokenLogprob] | None = []  # its tokens' log probabilities (None: not known for all)
         # options asked for, each with the compact position of the utterance it begins with (None: the open one's end)
         self._asked: deque[tuple[int | None, TranscribeOptions]] = deque()
 
@@ -72,14 +74,24 @@ class Utterances:
         """Committed text belongs to the open utterance (none is behind it). Raises nothing."""
         return not self.pauses and bool(self.text)
 
+    def add(self, text: str, logprobs: tuple[TokenLogprob, ...] | None) -> None:
+        """Committed `text` of the oldest open utterance, with its tokens' log probabilities (None: not known).
+        Raises nothing."""
+        self.text.append(text)
+        if logprobs is None or self.logprobs is None:
+            self.logprobs = None
+        else:
+            self.logprobs.extend(logprobs)
+
     def close(self, count: int) -> None:
         """The `count` oldest pauses are done: their utterances close, the first with the text so far."""
         for _ in range(count):
             self.pauses.popleft()
             self.hard.popleft()
-            text = "".join(self.text)
-            self.text = []
-            self._emit(SessionEvent("utterance", text=text, item=self.closed))
+            text, logprobs = "".join(self.text), self.logprobs
+            self.text, self.logprobs = [], []
+            self._emit(SessionEvent("utterance", text=text, item=self.closed,
+                                    logprobs=tuple(logprobs) if logprobs is not None else None))
             self.closed += 1
 
     def commit_by_pause(self, tokens: list[int], first: int, timestamp_begin: int, unit: int, seek: int, limit: int,

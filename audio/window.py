@@ -72,6 +72,7 @@ class WindowRequest:
     # The log10 mel peak the window's log-mel is floored 8 below (audio/mel.signal_ceiling: the whole file's, as
     # transcribe() floors; None: the window's own, all a live session can know).
     mel_ceiling: float | None = None
+    logprobs: bool = False  # keep each sampled token's log probability (RowResult.logprobs): a live session's ask
 
     def loops_over_cut_context(self, r: RowResult, eot: int) -> bool:
         """Over a cut encoder context, text tokens (below `eot`) repeating a short run: a failure that passes the
@@ -140,7 +141,9 @@ class Window:
                                   prompt=list(r.prompt), without_timestamps=r.without_timestamps, fp16=self.loaded.fp16,
                                   sample_len=r.sample_len)
         assert self.encoder.cross_kv is not None
-        return new_row(self.loaded.model, options, self.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + self.rung)
+        row = new_row(self.loaded.model, options, self.encoder.cross_kv, list(r.prefix), seed=r.seed * 64 + self.rung)
+        row.logprobs = [] if r.logprobs else None
+        return row
 
     def finish_row(self) -> str:
         """Its row is done: "redo" (a cut context failed: encode the whole window), "fallback" (the next rung's

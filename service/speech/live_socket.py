@@ -295,7 +295,8 @@ class LiveSocket:
                         await self._send(reply)
                         self._reply_sent()
                 elif self.mode == "realtime":
-                    for out in server_events(ev, self.items, self.config.tentative, lambda: session.lag_seconds):
+                    for out in server_events(ev, self.items, self.config.tentative, lambda: session.lag_seconds,
+                                             self.config.logprobs):
                         await self._send(out)
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()

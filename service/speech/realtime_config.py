@@ -9,10 +9,15 @@ under any of its names), language, prompt and `keywords` (joined into the prompt
 (webrtcvad aggressiveness: 0–0.25 → 0, … 0.75–1 → 3), `prefix_padding_ms` (the speech padding, both
 sides), `silence_duration_ms` (the pause that ends an utterance), `semantic_vad` served as server VAD whose
 `eagerness` sets the pause (`EAGERNESS_SILENCE_MS`: no model judges the turn here, a turn ends on silence),
-`turn_detection: null` (no VAD; the client commits), and `include: ["item.input_audio_transcription.tentative"]`
-(our extension: the current guess after the committed text, as `conversation.item.input_audio_transcription.tentative`
-events). Refused: noise reduction, logprobs, responses (`create_response`, `interrupt_response`,
-`idle_timeout_ms`: a transcription session creates none), audio output, and anything unknown.
+`turn_detection: null` (no VAD; the client commits), noise reduction (`noise_reduction` / beta
+`input_audio_noise_reduction`, `{"type": "near_field" | "far_field"}`, null off: a high-pass filter over the input
+audio before the VAD and Whisper hear it, 80 Hz near field, 120 Hz far field, audio/noise_reduction.py; it cuts
+rumble and hum below speech, not noise within it), and `include`: `item.input_audio_transcription.logprobs` (the log
+probabilities of the tokens of each delta and `completed` transcript, as Whisper sampled them) and
+`item.input_audio_transcription.tentative` (our extension: the current guess after the committed text, as
+`conversation.item.input_audio_transcription.tentative` events). Refused: responses (`create_response`,
+`interrupt_response`, `idle_timeout_ms`: a transcription session creates none), audio output, and anything unknown.
+An update refused is applied in nothing (`updated` works on a copy).
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from audio.noise_reduction import KINDS as NOISE_KINDS
 from audio.pcm import G711_RATE, PcmFormat
 from service.speech.transcription_fields import aggressiveness, joined_prompt, one_language, vad_options
 
-__all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "DEFAULT_RATE", "EAGERNESS_SILENCE_MS",
-           "field_paths"]
+__all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "LOGPROBS", "INCLUDES", "DEFAULT_RATE",
+           "EAGERNESS_SILENCE_MS", "field_paths"]
 
 Dialect = Literal["beta", "ga"]
 TurnType = Literal["server_vad", "semantic_vad"]
@@ -35,6 +41,8 @@ DEFAULT_RATE = 24000  # what OpenAI clients send
 _BETA_FORMATS: dict[str, InputEncoding] = {"pcm16": "s16le", "g711_ulaw": "ulaw", "g711_alaw": "alaw"}
 _GA_FORMATS: dict[str, InputEncoding] = {"audio/pcm": "s16le", "audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 TENTATIVE = "item.input_audio_transcription.tentative"
+LOGPROBS = "item.input_audio_transcription.logprobs"
+INCLUDES = (LOGPROBS, TENTATIVE)  # every `include` value a session takes
 _RATES = (8000, 48000)
 # semantic_vad's eagerness as the pause that ends a turn: OpenAI's "how soon it ends a turn", `auto` its `medium`;
 # low waits twice server VAD's default, high half of it (its model would also end a turn it judges finished sooner)
@@ -83,6 +91,8 @@ class RealtimeConfig:
     keywords: list[str] = field(default_factory=list)
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     tentative: bool = False
+    logprobs: bool = False
+    noise_reduction: str | None = None  # one of audio/noise_reduction.py's KINDS
 
     @property
     def pcm_format(self) -> PcmFormat:
@@ -96,7 +106,8 @@ class RealtimeConfig:
     def decoding(self) -> dict[str, Any]:
         """What the speech service's options() takes for this configuration. Raises nothing."""
         td = self.turn_detection
-        out: dict[str, Any] = {"language": self.language, "prompt": self.full_prompt, "vad": td is not None}
+        out: dict[str, Any] = {"language": self.language, "prompt": self.full_prompt, "vad": td is not None,
+                               "noise_reduction": self.noise_reduction, "logprobs": self.logprobs}
         if td is not None:
             out.update(vad_options(td.threshold, td.prefix_padding_ms, td.silence_duration_ms))
         return out
@@ -129,8 +140,8 @@ class RealtimeConfig:
         if s.get("client_secret") is not None:
             raise ConfigError("a client secret is minted by POST /v1/realtime/transcription_sessions, not set by an "
                               "update", "session.client_secret")
-        if s.get("input_audio_noise_reduction") is not None:
-            raise ConfigError("noise reduction is not available", "session.input_audio_noise_reduction")
+        if "input_audio_noise_reduction" in s:
+            self._noise_reduction(s["input_audio_noise_reduction"], "session.input_audio_noise_reduction")
         if "input_audio_transcription" in s:
             self._transcription(s["input_audio_transcription"], "session.input_audio_transcription")
         if "turn_detection" in s:
@@ -155,8 +166,8 @@ class RealtimeConfig:
                 _known(inp, {"format", "transcription", "turn_detection", "noise_reduction"}, "session.audio.input")
                 if inp.get("format") is not None:
                     self._format(inp["format"], "session.audio.input.format")
-                if inp.get("noise_reduction") is not None:
-                    raise ConfigError("noise reduction is not available", "session.audio.input.noise_reduction")
+                if "noise_reduction" in inp:
+                    self._noise_reduction(inp["noise_reduction"], "session.audio.input.noise_reduction")
                 if "transcription" in inp:
                     self._transcription(inp["transcription"], "session.audio.input.transcription")
                 if "turn_detection" in inp:
@@ -178,6 +189,19 @@ class RealtimeConfig:
         if not isinstance(rate, int) or isinstance(rate, bool) or not _RATES[0] <= rate <= _RATES[1]:
             raise ConfigError(f"rate must be an integer in {_RATES[0]}–{_RATES[1]} Hz", f"{where}.rate")
         self.encoding, self.rate = encoding, rate
+
+    def _noise_reduction(self, nr: Any, where: str) -> None:
+        if nr is None:
+            self.noise_reduction = None
+            return
+        if not isinstance(nr, dict):
+            raise ConfigError("`noise_reduction` must be an object or null", where)
+        _known(nr, {"type"}, where)
+        kind = nr.get("type")
+        if kind not in NOISE_KINDS:
+            raise ConfigError(f"noise reduction type {kind!r} is not available; use {' or '.join(NOISE_KINDS)} "
+                              "(null turns it off)", f"{where}.type")
+        self.noise_reduction = kind
 
     def _transcription(self, t: Any, where: str) -> None:
         if t is None:
@@ -251,14 +275,14 @@ class RealtimeConfig:
 
     def _include(self, include: Any, where: str) -> None:
         if include is None:
-            self.tentative = False
+            self.tentative = self.logprobs = False
             return
         if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
             raise ConfigError("include must be a list of strings", where)
-        unknown = [x for x in include if x != TENTATIVE]
+        unknown = [x for x in include if x not in INCLUDES]
         if unknown:
-            raise ConfigError(f"{unknown[0]!r} cannot be included (available: {TENTATIVE})", where)
-        self.tentative = bool(include)
+            raise ConfigError(f"{unknown[0]!r} cannot be included (available: {', '.join(INCLUDES)})", where)
+        self.tentative, self.logprobs = TENTATIVE in include, LOGPROBS in include
 
     # ---- rendering ----------------------------------------------------------------------------
     def session_object(self, dialect: Dialect, session_id: str, served_model: str) -> dict[str, Any]:
@@ -272,17 +296,18 @@ class RealtimeConfig:
                     "silence_duration_ms": td.silence_duration_ms}
         transcription: dict[str, Any] = {"model": self.model or served_model, "language": self.language,
                                          "prompt": self.prompt}
-        include = [TENTATIVE] if self.tentative else None
+        include = [x for x, on in ((LOGPROBS, self.logprobs), (TENTATIVE, self.tentative)) if on] or None
+        noise = {"type": self.noise_reduction} if self.noise_reduction is not None else None
         if dialect == "beta":
             beta_format = next(name for name, enc in _BETA_FORMATS.items() if enc == self.encoding)
             return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": beta_format,
                     "input_audio_transcription": transcription, "turn_detection": turn, "modalities": ["text"],
-                    "input_audio_noise_reduction": None, "include": include}
+                    "input_audio_noise_reduction": noise, "include": include}
         if self.keywords:
             transcription["keywords"] = list(self.keywords)
         return {"type": "transcription", "id": session_id, "object": "realtime.transcription_session",
                 "audio": {"input": {"format": self._ga_format(), "transcription": transcription,
-                                    "turn_detection": turn, "noise_reduction": None}},
+                                    "turn_detection": turn, "noise_reduction": noise}},
                 "include": include}
 
     def _ga_format(self) -> dict[str, Any]:

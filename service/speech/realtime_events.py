@@ -13,15 +13,20 @@ client that asked for our `tentative` extension knows items early: its text and 
 The deltas of an item add up to its `completed` transcript, which comes without Whisper's leading space, as a
 transcription's text does (so the item's first delta has none either). A committed item whose transcript will not
 come (the socket ends first: a shutdown, the engine process gone) gets `...input_audio_transcription.failed`.
+With `include: ["item.input_audio_transcription.logprobs"]` each delta and each `completed` carries `logprobs`, the
+log probabilities of the tokens Whisper wrote its text with ({token, logprob, bytes}; the first keeps its leading
+space, which the transcript leaves out), null where they are not known for all of it (they were asked for after
+some of its text was decoded).
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Literal, Sequence
 
 from audio.live import SessionEvent
+from audio.token_logprobs import TokenLogprob
 
 __all__ = ["Items", "server_events", "transcription_failed"]
 
@@ -32,6 +37,7 @@ class _Item:
     start_ms: int = 0
     end_ms: int = 0
     text: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = field(default_factory=list)  # its text's tokens' (None: not known for all)
     announced: bool = False  # the client was told of its id (speech_started or committed); until then text waits
     created: bool = False  # committed: `conversation.item.created` went out, its transcript is owed
 
@@ -81,8 +87,9 @@ def transcription_failed(items: Items, error: dict[str, Any]) -> list[dict[str, 
 
 
 def server_events(ev: SessionEvent, items: Items, tentative: bool,
-                  lag: Callable[[], float] = lambda: 0.0) -> list[dict[str, Any]]:
-    """The Realtime server events for one session event (event ids added by the sender). Raises nothing."""
+                  lag: Callable[[], float] = lambda: 0.0, logprobs: bool = False) -> list[dict[str, Any]]:
+    """The Realtime server events for one session event (event ids added by the sender); `logprobs`: deltas and
+    transcripts carry their tokens' log probabilities. Raises nothing."""
     k = ev.item
     if ev.type == "speech_started":
         item = items.get(k)
@@ -93,6 +100,7 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool,
                  "item_id": items.get(k).id}]
     if ev.type == "audio_committed":
         held = "" if items.get(k).announced else "".join(items.get(k).text)
+        held_logprobs = items.get(k).logprobs
         item, previous = items.created(k, ev.audio_ms or 0)
         committed: dict[str, Any] = {"type": "input_audio_buffer.committed", "item_id": item.id,
                                      "previous_item_id": previous}
@@ -102,17 +110,21 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool,
                 {"type": "conversation.item.created", "previous_item_id": previous,
                  "item": {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed",
                           "role": "user", "content": [{"type": "input_audio", "transcript": None}]}},
-                *([_delta(item.id, held)] if held else [])]
+                *([_delta(item.id, held, held_logprobs if logprobs else False)] if held else [])]
     if ev.type == "committed":
         item = items.get(k)
         delta = ev.text if "".join(item.text) else ev.text.lstrip()
         if not delta:
             return []
         item.text.append(delta)
+        if ev.logprobs is None or item.logprobs is None:
+            item.logprobs = None
+        else:
+            item.logprobs.extend(ev.logprobs)
         if not item.announced and not tentative:  # an id the client has not heard of yet: sent once `committed` is
             return []
         item.announced = True  # (our extension's clients: `tandem dictate --no-vad` shows text as it comes)
-        return [_delta(item.id, delta)]
+        return [_delta(item.id, delta, ev.logprobs if logprobs else False)]
     if ev.type == "tentative":
         if not tentative:
             return []
@@ -123,15 +135,27 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool,
         item = items.get(k)
         seconds = max(0, item.end_ms - item.start_ms) / 1000
         items.forget(k)
-        return [{"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
-                 "content_index": 0, "transcript": ev.text.lstrip(),
-                 "usage": {"type": "duration", "seconds": round(seconds, 3)}}]
+        completed = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
+                     "content_index": 0, "transcript": ev.text.lstrip(),
+                     "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+        if logprobs:
+            completed["logprobs"] = _logprobs(ev.logprobs)
+        return [completed]
     if ev.type == "cleared":
         items.renew(k, ev.audio_ms or 0)
         return [{"type": "input_audio_buffer.cleared"}]
     return []
 
 
-def _delta(item_id: str, text: str) -> dict[str, Any]:
-    return {"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id, "content_index": 0,
-            "delta": text}
+def _delta(item_id: str, text: str,
+           logprobs: "Sequence[TokenLogprob] | None | Literal[False]" = False) -> dict[str, Any]:
+    """A delta event; with `logprobs` other than False (not asked for), its `logprobs`. Raises nothing."""
+    out = {"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id, "content_index": 0,
+           "delta": text}
+    if logprobs is not False:
+        out["logprobs"] = _logprobs(logprobs)
+    return out
+
+
+def _logprobs(entries: Sequence[TokenLogprob] | None) -> list[dict[str, Any]] | None:
+    return None if entries is None else [e.as_dict() for e in entries]

@@ -128,6 +128,29 @@ def test_sampled_rows_draw_the_same_tokens_alone_and_packed(tiny_whisper: Loaded
     assert finish_row(packed[0]).sampled != finish_row(packed[2]).sampled  # other keys, other draws
 
 
+def test_a_row_keeps_each_sampled_tokens_logprob_alone_and_packed(tiny_whisper: LoadedWhisper) -> None:
+    """Asked for (a live session's logprobs), each sampled token's log probability is kept, read once when the row
+    finishes: the same whether the row picked alone (its sampler's update) or beside others (sample_together)."""
+    job, _ = encoded(tiny_whisper, 6, seed=3)
+    alone = new_row(tiny_whisper.model, OPTIONS[0], job.cross_kv, [])
+    alone.logprobs = []
+    run(tiny_whisper, [alone])
+    got = finish_row(alone)
+    assert got.logprobs is not None and len(got.logprobs) == len(got.sampled) > 0
+    assert all(np.isfinite(x) and x <= 0 for x in got.logprobs)
+    total = got.avg_logprob * (len(got.sampled) + 1)  # the row's sum: its sampled tokens' and an EOT's, if drawn
+    if len(got.sampled) == alone.task.sample_len:
+        assert sum(got.logprobs) == pytest.approx(total, rel=1e-5)
+    else:
+        assert sum(got.logprobs) >= total - 1e-3
+    packed = [new_row(tiny_whisper.model, OPTIONS[0], job.cross_kv, []) for _ in range(3)]
+    packed[1].logprobs = []
+    run(tiny_whisper, packed)
+    beside = finish_row(packed[1])
+    assert beside.sampled == got.sampled and beside.logprobs == pytest.approx(got.logprobs, rel=1e-5, abs=1e-6)
+    assert finish_row(packed[0]).logprobs is None  # not asked for: not kept
+
+
 def test_the_language_detected_from_features_is_mlx_whispers(multilingual_whisper: LoadedWhisper) -> None:
     model = multilingual_whisper.model
     assert model.is_multilingual

@@ -120,6 +120,26 @@ async def test_decoded_audio_after_raw_chunks_comes_after_their_resampler_tail(t
         s.cancel()
 
 
+async def test_noise_reduction_filters_the_audio_taken_from_where_it_is_asked_for(tiny_whisper_dir: Path) -> None:
+    """The high-pass runs on the audio as it is taken (before the gate and Whisper), its state carried across
+    chunks and kinds of input; an update changes it for the audio appended after it."""
+    from audio.noise_reduction import HighPass
+
+    t = np.arange(2 * SR) / SR
+    hummed = (0.3 * np.sin(2 * np.pi * 50 * t) + voiced(2)).astype(np.float32)
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, TranscribeOptions(temperatures=(0.0,), noise_reduction="near_field"))
+        s.append(f32(hummed[:SR]), F32)
+        s.append_samples(hummed[SR:])
+        s.reconfigure(TranscribeOptions(temperatures=(0.0,), noise_reduction=None, logprobs=True))
+        assert s.live.logprobs  # the decodes from here keep token log probabilities
+        s.append(f32(hummed), F32)
+        received = s._raw.view(0, s._raw.total)  # the session's audio in arrival order (no public reader)
+        s.cancel()
+    np.testing.assert_allclose(received[:2 * SR], HighPass("near_field")(hummed), atol=1e-6)
+    np.testing.assert_array_equal(received[2 * SR:], hummed)  # turned off: taken as sent
+
+
 async def test_a_session_behind_reports_its_lag_and_keeps_its_audio(tiny_whisper_dir: Path) -> None:
     tasks, thread = ExecutionTasks(), EngineThread("test-sessions")
     s = session(tasks, tiny_whisper_dir, redecode_s=1.0)

@@ -232,8 +232,10 @@ def test_a_ga_format_that_cannot_be_honoured_names_its_field(client: TestClient[
     ({"turn_detection": {"type": "server_vad", "threshold": 1.5}}, "session.turn_detection.threshold"),
     ({"turn_detection": {"silence_duration_ms": 5}}, "session.turn_detection.silence_duration_ms"),
     ({"turn_detection": {"create_response": True}}, "session.turn_detection.create_response"),
-    ({"input_audio_noise_reduction": {"type": "near_field"}}, "session.input_audio_noise_reduction"),
-    ({"include": ["item.input_audio_transcription.logprobs"]}, "session.include"),
+    ({"input_audio_noise_reduction": {"type": "studio"}}, "session.input_audio_noise_reduction.type"),
+    ({"input_audio_noise_reduction": "near_field"}, "session.input_audio_noise_reduction"),
+    ({"input_audio_noise_reduction": {"type": "near_field", "level": 3}}, "session.input_audio_noise_reduction.level"),
+    ({"include": ["item.input_audio_transcription.words"]}, "session.include"),
     ({"voice": "alloy"}, "session.voice"),
     ({"input_audio_transcription": {"model": "gpt-4o-transcribe-diarize"}}, "session.input_audio_transcription.model"),
     ({"input_audio_transcription": {"language": "xx-nope"}}, "session.input_audio_transcription.language"),
@@ -258,6 +260,92 @@ def test_an_update_that_cannot_be_honoured_names_its_field(client: TestClient[An
         # the session goes on
         ws.send_text(json.dumps({"type": "transcription_session.update", "session": {}}))
         assert ws.receive_json(timeout=30)["type"] == "transcription_session.updated"
+
+
+def joined(logprobs: list[dict[str, Any]]) -> str:
+    """The text of OpenAI's logprobs entries, from their bytes."""
+    assert all(set(e) == {"token", "logprob", "bytes"} and e["logprob"] <= 0 for e in logprobs), logprobs
+    return b"".join(bytes(e["bytes"]) for e in logprobs).decode("utf-8", errors="replace")
+
+
+def test_a_telephony_session_with_openais_noise_reduction_and_logprobs_is_applied_and_transcribed(
+        client: TestClient[Any], state: AppState) -> None:
+    """OpenAI's realtime-transcription guide's session (noise reduction, logprobs included) as a Twilio-style voice
+    agent sends it: all of it is applied — the μ-law format too — and the call is transcribed, its tokens' log
+    probabilities on each delta and on the transcript."""
+    from audio.noise_reduction import HighPass
+
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["session"]["audio"]["input"]["noise_reduction"] is None
+        ws.send_text(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+            "audio": {"input": {"format": {"type": "audio/pcmu"},
+                                "transcription": {"model": "gpt-4o-transcribe", "language": "en"},
+                                "turn_detection": {"type": "server_vad"}, "noise_reduction": {"type": "far_field"}}}}}))
+        updated = until(ws, "session.updated")
+        assert [e for e in updated if e["type"] == "error"] == []
+        session_object = updated[-1]["session"]
+        assert session_object["audio"]["input"]["format"] == {"type": "audio/pcmu"}
+        assert session_object["audio"]["input"]["noise_reduction"] == {"type": "far_field"}
+        assert session_object["include"] == ["item.input_audio_transcription.logprobs"]
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert session.options.noise_reduction == "far_field" and session.options.logprobs
+        assert isinstance(session._denoise, HighPass) and session._denoise.kind == "far_field"
+        call = np.concatenate([np.zeros(4000, np.float32), voiced(1.5, 8000), np.zeros(12000, np.float32)])
+        ulaw = encode_g711(call, "ulaw")
+        for i in range(0, len(ulaw), 160):  # Twilio's 20 ms media frames
+            ws.send_text(json.dumps({"type": "input_audio_buffer.append",
+                                     "audio": base64.b64encode(ulaw[i:i + 160]).decode()}))
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+    kinds = [e["type"] for e in events]
+    assert "error" not in kinds
+    # read as 8 kHz μ-law: the speech from 0.5 s to 2 s (with 300 ms of padding), not a fraction of a second's noise
+    started, stopped = (events[kinds.index(f"input_audio_buffer.speech_{k}")] for k in ("started", "stopped"))
+    assert 150 <= started["audio_start_ms"] <= 250 and 1800 <= stopped["audio_end_ms"] <= 2700
+    deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    done = events[-1]
+    assert done["transcript"] and done["transcript"] == "".join(d["delta"] for d in deltas)
+    assert joined(done["logprobs"]).lstrip() == done["transcript"]  # the first token keeps Whisper's space
+    assert deltas and all(joined(d["logprobs"]).strip() == d["delta"].strip() for d in deltas)
+
+
+def test_a_refused_update_applies_nothing_of_itself(client: TestClient[Any], state: AppState) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "session.update", "session": {
+            "type": "transcription", "include": ["item.input_audio_transcription.logprobs"],
+            "audio": {"input": {"format": {"type": "audio/pcmu"}, "noise_reduction": {"type": "near_field"},
+                                "turn_detection": {"type": "server_vad", "threshold": 1.5}}}}}))
+        error = until(ws, "error")[-1]["error"]
+        assert error["param"] == "session.audio.input.turn_detection.threshold"
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+        shown = until(ws, "session.updated")[-1]["session"]
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert session.options.noise_reduction is None and not session.options.logprobs
+    assert shown["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": SR}
+    assert shown["audio"]["input"]["noise_reduction"] is None and shown["include"] is None
+
+
+def test_beta_noise_reduction_and_includes_are_shown_back_and_turned_off(client: TestClient[Any]) -> None:
+    both = ["item.input_audio_transcription.logprobs", "item.input_audio_transcription.tentative"]
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        assert ws.receive_json(timeout=30)["session"]["input_audio_noise_reduction"] is None
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_format": "g711_ulaw", "input_audio_noise_reduction": {"type": "near_field"},
+            "include": both}}))
+        on = until(ws, "transcription_session.updated")[-1]["session"]
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_noise_reduction": None, "include": ["item.input_audio_transcription.words"]}}))
+        refused = until(ws, "error")[-1]["error"]
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_noise_reduction": None, "include": None}}))
+        off = until(ws, "transcription_session.updated")[-1]["session"]
+    assert on["input_audio_format"] == "g711_ulaw" and on["input_audio_noise_reduction"] == {"type": "near_field"}
+    assert on["include"] == both
+    # an include not served is not taken for an unknown one: the message says what a session takes
+    assert refused["param"] == "session.include" and all(x in refused["message"] for x in both)
+    assert off["input_audio_noise_reduction"] is None and off["include"] is None
+    assert off["input_audio_format"] == "g711_ulaw"
 
 
 def test_speech_becomes_one_item_with_the_realtime_grammar(client: TestClient[Any]) -> None:

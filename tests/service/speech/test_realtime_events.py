@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from audio.live import SessionEvent
+from audio.token_logprobs import TokenLogprob
 from service.speech.realtime_events import Items, server_events
 
 
@@ -65,3 +66,31 @@ def test_with_server_vad_speech_started_announces_the_item_and_text_streams_at_o
     out = [e for ev in script for e in server_events(ev, items, tentative=True)]
     assert [e["type"].rsplit(".", 1)[-1] for e in out] == ["speech_started", "delta", "tentative"]
     assert {item_of(e) for e in out} == {out[0]["item_id"]}
+
+
+def logprobs(*tokens: str) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(t, -0.5, tuple(t.encode())) for t in tokens)
+
+
+def test_asked_for_deltas_and_transcripts_carry_their_tokens_logprobs() -> None:
+    # manual commits: the text held until the commit comes as one delta, with the logprobs of all it holds
+    script = [SessionEvent("committed", text=" Eight of", item=0, logprobs=logprobs(" Eight", " of")),
+              SessionEvent("committed", text=" spades,", item=0, logprobs=logprobs(" spades", ",")),
+              SessionEvent("audio_committed", audio_ms=3000, item=0),
+              SessionEvent("committed", text=" four", item=0, logprobs=logprobs(" four")),
+              SessionEvent("utterance", text=" Eight of spades, four", item=0,
+                           logprobs=logprobs(" Eight", " of", " spades", ",", " four")),
+              SessionEvent("audio_committed", audio_ms=4000, item=1),
+              # a piece decoded before logprobs were asked for: the item's are not known for all of its text
+              SessionEvent("committed", text=" Then", item=1), SessionEvent("utterance", text=" Then", item=1)]
+    asked, plain = Items(), Items()
+    out = [e for ev in script for e in server_events(ev, asked, tentative=False, logprobs=True)]
+    deltas = [e for e in out if e["type"].endswith(".delta")]
+    done = [e for e in out if e["type"].endswith(".completed")]
+    assert [[x["token"] for x in d["logprobs"] or []] for d in deltas] == [[" Eight", " of", " spades", ","],
+                                                                          [" four"], []]
+    assert deltas[0]["logprobs"][0] == {"token": " Eight", "logprob": -0.5, "bytes": list(b" Eight")}
+    assert deltas[2]["logprobs"] is None and done[1]["logprobs"] is None
+    assert [x["token"] for x in done[0]["logprobs"]] == [" Eight", " of", " spades", ",", " four"]
+    out = [e for ev in script for e in server_events(ev, plain, tentative=False)]  # not asked for: none shown
+    assert not [e for e in out if "logprobs" in e]
