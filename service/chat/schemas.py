@@ -370,19 +370,28 @@ class ChatCompletionRequest(SamplingFields):
         None, description="vLLM's: true by default, false with continue_final_message (true beside it is refused); "
                           "false alone is refused.")
 
-    # OpenAI fields this server has nothing to honour with: null (or empty) passes, as it asks for nothing.
+    # OpenAI fields this server has nothing to honour with: null (or empty) passes, as it asks for nothing. Not
+    # web_search_options: its `{}` asks for a search with default settings.
     audio: dict[str, Any] | None = Field(None, description="Only null: replies are text.")
     prediction: dict[str, Any] | None = Field(None, description="Only null: no predicted outputs.")
-    web_search_options: dict[str, Any] | None = Field(None, description="Only null: no web search.")
+    web_search_options: dict[str, Any] | None = Field(None, description="Only null: no web search ({} asks for one).")
     functions: list[dict[str, Any]] | None = Field(None, description="Only null: give `tools`.")
     function_call: str | dict[str, Any] | None = Field(None, description="Only null: give `tool_choice`.")
 
-    @field_validator("audio", "prediction", "web_search_options", "functions", "function_call")
+    @field_validator("audio", "prediction", "functions", "function_call")
     @classmethod
     def _nothing_asked(cls, value: Any, info: ValidationInfo) -> Any:
         if not _empty(value):
             hint = {"functions": "; give tools", "function_call": "; give tool_choice"}.get(str(info.field_name), "")
             raise ValueError(f"not supported by this server (only null){hint}")
+        return value
+
+    @field_validator("web_search_options")
+    @classmethod
+    def _no_web_search(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            raise ValueError("not supported by this server: no web search is offered (only null; an empty object "
+                             "asks for a search with default settings)")
         return value
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)

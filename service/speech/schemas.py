@@ -88,7 +88,8 @@ class TranscriptionForm(TranslationForm):
                                             "sockets.")
     timestamp_granularities: list[Granularity] = Field(
         default_factory=_segments_only, alias="timestamp_granularities[]",
-        description="`word` adds word timestamps; with verbose_json only, as OpenAI's.")
+        description="`word` adds word timestamps, with verbose_json only; `segment` (the default) is taken with "
+                    "any format, as OpenAI's.")
     stream: bool = Field(False, description="SSE: transcript.text.delta events, then transcript.text.done.")
     task: Literal["transcribe", "translate"] = Field("transcribe", description="Extension: translate into English.")
     vad: bool | None = Field(None, description="Extension: Whisper sees only the speech (webrtcvad); silence is cut "
@@ -159,12 +160,11 @@ class TranscriptionForm(TranslationForm):
     @field_validator("timestamp_granularities")
     @classmethod
     def _words_in_verbose_json(cls, value: list[Granularity], info: ValidationInfo) -> list[Granularity]:
-        # OpenAI's reference: granularities need verbose_json; other formats carry no timestamps to choose (srt and
-        # vtt cues are segments whatever is asked), so `segment` there would be taken and do nothing
+        # `segment` is OpenAI's default and asks nothing more, so OpenAI takes it with any format (the AI SDK always
+        # sends it); `word` elsewhere than verbose_json would be dropped unseen, so it is refused by name
         fmt = info.data.get("response_format", "json")
-        if value and fmt != "verbose_json":
-            kind = "word" if "word" in value else "segment"
-            raise ValueError(f"{kind} timestamps are chosen only with response_format verbose_json, not {fmt}")
+        if "word" in value and fmt != "verbose_json":
+            raise ValueError(f"word timestamps are chosen only with response_format verbose_json, not {fmt}")
         return value
 
     @field_validator("stream")

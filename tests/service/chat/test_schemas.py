@@ -43,6 +43,21 @@ def test_an_unknown_field_is_refused_by_name_as_openai_refuses_it(client: Any, f
     _refused(client.post("/v1/completions", json={"prompt": "x", field: value}), field, "Unrecognized")
 
 
+@pytest.mark.parametrize("options", [{}, {"search_context_size": "low"}])
+def test_web_search_options_are_refused_even_empty(client: Any, fake_engine: FakeEngine,
+                                                   options: dict[str, Any]) -> None:
+    # At OpenAI `{}` asks for a web search with default settings: it is not "nothing asked".
+    before = len(fake_engine.requests)
+    _refused(_chat(client, web_search_options=options), "web_search_options", "no web search is offered")
+    assert len(fake_engine.requests) == before
+
+
+@pytest.mark.parametrize("field, value", [("audio", {}), ("prediction", {}), ("functions", []), ("function_call", {})])
+def test_an_empty_value_of_a_field_that_asks_nothing_when_empty_passes(client: Any, field: str, value: Any) -> None:
+    # An audio object without settings, a prediction without content, no functions: nothing there to honour.
+    assert _chat(client, **{field: value}).status_code == 200
+
+
 @pytest.mark.parametrize("field", ["stream", "n", "metadata", "audio", "prediction", "web_search_options", "functions",
                                    "function_call", "max_tokens", "tools", "tool_choice", "verbosity"])
 def test_an_openai_field_sent_as_null_asks_for_nothing(client: Any, fake_engine: FakeEngine, field: str) -> None:

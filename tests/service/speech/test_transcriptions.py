@@ -16,7 +16,8 @@ from service.app import create_app
 from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
 from tests.fixtures.tiny_whisper import build_tiny_whisper
-from tests.service.speech.test_routes import voiced, wav_bytes
+from tests.service.conftest import sse_events
+from tests.service.speech.test_routes import assert_error, transcribe, voiced, wav_bytes
 
 SPOKEN = Transcript(" And Mr. Dashwood", "en", 2.0, segments=[Segment(
     0, 0, 0.0, 1.5, " And Mr. Dashwood", words=[Word(" And", 0.0, 0.4, 0.9), Word(" Mr.", 0.4, 0.8, 0.9),
@@ -69,6 +70,37 @@ def test_segments_and_words_come_as_asked(client: TestClient[Any], spoken: None,
     assert {"segments", "words"} & set(body) == keys
     if "segments" in keys:
         assert body["segments"][0]["text"] == " And Mr. Dashwood"  # OpenAI's segments keep Whisper's space
+
+
+@pytest.mark.parametrize("fmt", ["json", "text", "srt", "vtt", "verbose_json"])
+def test_segment_granularity_is_taken_with_any_format(client: TestClient[Any], spoken: None, fmt: str) -> None:
+    # The AI SDK's transcribe always sends `segment` (OpenAI's default) beside json; OpenAI takes it with any format.
+    def post(*granularity: str) -> Any:
+        data = {"model": "whisper-1", "response_format": fmt, "temperature": "0", "language": "en",
+                **({"timestamp_granularities[]": list(granularity)} if granularity else {})}
+        return client.post("/v1/audio/transcriptions", data=data,
+                           files={"file": ("a.wav", wav_bytes(voiced(2)), "audio/wav")})
+
+    asked, plain = post("segment"), post()
+    assert asked.status_code == 200, asked.text
+    assert asked.text == plain.text and "Dashwood" in asked.text  # nothing beyond the default
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_a_streamed_transcription_takes_segment_granularity(client: TestClient[Any], fmt: str) -> None:
+    r = transcribe(client, stream="true", response_format=fmt, **{"timestamp_granularities[]": "segment"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    assert sse_events(r.text)[-1]["type"] == "transcript.text.done"
+
+
+@pytest.mark.parametrize("fmt, stream", [("json", "false"), ("text", "false"), ("srt", "false"), ("json", "true")])
+def test_word_granularity_outside_verbose_json_is_still_refused(client: TestClient[Any], fmt: str,
+                                                                  stream: str) -> None:
+    r = transcribe(client, response_format=fmt, stream=stream,
+                   **{"timestamp_granularities[]": ["segment", "word"]})
+    err = assert_error(r, 400, "invalid_value")
+    assert err["param"] == "timestamp_granularities[]"
+    assert err["message"].endswith(f"word timestamps are chosen only with response_format verbose_json, not {fmt}")
 
 
 def test_a_json_body_is_told_the_route_takes_a_form(client: TestClient[Any]) -> None:
