@@ -100,8 +100,9 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
                 if path.lstrip("/").split("/")[0] in _V1_ROOTS else
                 _TGI_HINT if request.method == "POST" and (path.rstrip("/") or "/") in _TGI_ROUTES else
                 f"; {_UNSERVED[path.rstrip('/')]}" if path.rstrip("/") in _UNSERVED else
-                # the SDK's input_items.list and cancel: not a base_url mistake
-                "; of a response this server offers POST /v1/responses and GET or DELETE /v1/responses/{id}"
+                # the SDK's cancel: not a base_url mistake
+                "; of a response this server offers POST /v1/responses, GET or DELETE /v1/responses/{id} and GET "
+                "/v1/responses/{id}/input_items"
                 if path.startswith("/v1/responses/") else "")
         return error_response(APIError(404, f"Invalid URL ({request.method} {path}){hint}", code="not_found"))
     if status == 405:

@@ -73,6 +73,24 @@ class IssuedItems:
             at = response["previous_response_id"]
         return [item for items in reversed(chain) for item in items]
 
+    def response_input(self, tenant: str | None, response_id: str) -> list[dict[str, Any]] | None:
+        """The items a kept response was made from, oldest first: the conversation it continued (as far back as
+        its chain is still kept) and its own input; None when the response is not kept. Raises nothing."""
+        record = self.get(tenant, response_id)
+        if record is None or record.get("type") != "response":
+            return None
+        chain: list[list[dict[str, Any]]] = [record["input"]]
+        seen = {response_id}
+        at = record["response"]["previous_response_id"]
+        while at is not None and at not in seen:
+            earlier = self.get(tenant, at)
+            if earlier is None or earlier.get("type") != "response":
+                break  # forgotten or deleted: the conversation is listed from the turn after it
+            seen.add(at)
+            chain.append(earlier["input"] + earlier["response"]["output"])
+            at = earlier["response"]["previous_response_id"]
+        return [item for items in reversed(chain) for item in items]
+
     def get(self, tenant: str | None, item_id: str) -> dict[str, Any] | None:
         """The item, or None when it was never issued to this key or has been forgotten. Raises nothing."""
         found = self.get_sized(tenant, item_id)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent", "DeletedResponse"]
+__all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent", "DeletedResponse", "ResponseItemList"]
 
 
 class InputTokensDetails(BaseModel):
@@ -84,3 +84,14 @@ class DeletedResponse(BaseModel):
     id: str
     object: Literal["response"] = "response"
     deleted: Literal[True] = True
+
+
+class ResponseItemList(BaseModel):
+    """A page of a response's input items (OpenAI's ResponseItemList): `data` in the order asked, each item with its
+    `id`; `first_id` and `last_id` null for an empty page."""
+
+    object: Literal["list"] = "list"
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 from contextlib import aclosing
 from functools import partial
-from typing import Any, AsyncGenerator, Awaitable, Callable
+from typing import Annotated, Any, AsyncGenerator, Awaitable, Callable, Literal
 
 import anyio
 from litestar import Request, Response, delete, get, post
+from litestar.params import Parameter
 
 from service.chat.output import ChatTranslator
 from service.chat.render import char_bound
@@ -29,13 +30,14 @@ from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, error_responses, sse_operation
 from service.responses.history import chat_request, input_items
+from service.responses.input_list import LISTED_INCLUDABLE, input_page, with_ids
 from service.responses.output import ResponseOutput
-from service.responses.replies import DeletedResponse, ResponseObject, ResponseStreamEvent
+from service.responses.replies import DeletedResponse, ResponseItemList, ResponseObject, ResponseStreamEvent
 from service.responses.schemas import HOSTED_TOOLS, HostedTool, ResponsesRequest
 from service.seams import RowStream
 from service.state import AppState, get_state
 
-__all__ = ["create_response", "retrieve_response", "delete_response"]
+__all__ = ["create_response", "retrieve_response", "delete_response", "list_input_items"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -158,7 +160,9 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
                                 "items as input", param="previous_response_id", code="previous_response_not_found")
         earlier = found
     items = input_items(data, lambda item_id: kept_items.get_sized(tenant, item_id), earlier, char_bound(engine))
-    own = [item.model_dump(exclude_none=True) for item in items[len(earlier):]]  # this turn's input, resolved
+    # This turn's input, resolved, each item with the id GET .../input_items lists it by.
+    own = with_ids((item.model_dump(exclude_none=True) for item in items[len(earlier):]),
+                   (item_id for item in earlier if isinstance(item_id := item.get("id"), str)))
     chat, names = chat_request(data, items)
     if unoffered := _unoffered(data):
         _log.info("hosted tools not offered to the model (none run here): %s", ", ".join(unoffered))
@@ -223,3 +227,32 @@ async def delete_response(request: Request[Any, Any, Any], response_id: str) -> 
     _kept_response(request, response_id)
     get_state(request).issued_items.forget(client_key(request), response_id)
     return DeletedResponse(id=response_id)
+
+
+_LIST_QUERY = frozenset({"limit", "order", "after", "include", "include[]"})
+
+
+@get("/v1/responses/{response_id:str}/input_items", summary="List a kept response's input items",
+     tags=["responses"], responses={**_NOT_KEPT, **error_responses({400: "Invalid query (OpenAI error shape)"})},
+     description="The items the response was made from — the conversation it continued (as far back as it is still "
+                 "kept) and its own input — each with an `id` (the one it was sent with, else one given it when the "
+                 "response was kept), a page at a time (`has_more`; the next page `after` the last `id`). `include` "
+                 "(as `include[]` too, as the SDKs send it): only " + ", ".join(LISTED_INCLUDABLE) + ".")
+async def list_input_items(
+    request: Request[Any, Any, Any], response_id: str,
+    limit: Annotated[int, Parameter(ge=1, le=100, description="Items in the page, 1 to 100.")] = 20,
+    order: Annotated[Literal["asc", "desc"], Parameter(description="asc: oldest first; desc: newest first.")] = "desc",
+    after: Annotated[str | None, Parameter(description="An item id: the page starts after it.")] = None,
+    include: Annotated[list[str] | None, Parameter(description="Extra fields: only reasoning.encrypted_content.")]
+    = None,
+    include_brackets: Annotated[list[str] | None, Parameter(query="include[]", description="As `include`.")] = None,
+) -> ResponseItemList:
+    """A page of the response's input items. Raises APIError 404 for a response not kept, 400 naming a query
+    parameter that is unknown or not honoured."""
+    if unknown := sorted(set(request.query_params) - _LIST_QUERY):
+        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} (this route reads limit, order, after and "
+                            "include)", param=unknown[0], code="unknown_parameter")
+    _kept_response(request, response_id)
+    items = get_state(request).issued_items.response_input(client_key(request), response_id) or []
+    return ResponseItemList.model_validate(input_page(items, limit=limit, order=order, after=after,
+                                                      include=[*(include or ()), *(include_brackets or ())]))

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 
 from service.chat.json_output import check_response_format
 from service.chat.metadata import metadata_limits
-from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, FunctionDefinition, _Body, _Request, _empty, _only_false,
+from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, FunctionDefinition, _Request, _empty, _only_false,
                                   no_forced_call, unread_parts_refused)
 from service.chat.tool_results import returned_parts_said
 from service.responses.sampling import EFFORTS, ResponsesSampling
@@ -36,6 +36,18 @@ class _Item(BaseModel):
     description (ids, statuses), not as requests."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _Listed(_Item):
+    """An item kept with its response: `id` is what GET /v1/responses/{id}/input_items lists it by (the client's,
+    else one given it there: service/responses/input_list.py); a non-string id is read as none, as a label."""
+
+    id: str | None = None
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _label(cls, value: Any) -> Any:
+        return value if isinstance(value, str) else None
 
 
 class TextInput(_Item):
@@ -71,7 +83,7 @@ def part_text(content: str | list[Any]) -> str:
     return "".join(p.text if isinstance(p, TextInput) else p.refusal for p in content)
 
 
-class InputMessage(_Item):
+class InputMessage(_Listed):
     """A message; `type` may be left out (the SDK's "easy" input message). `developer` is a system turn."""
 
     type: Literal["message"] = "message"
@@ -84,7 +96,7 @@ class InputMessage(_Item):
         return unread_parts_refused(content)
 
 
-class FunctionCallItem(_Item):
+class FunctionCallItem(_Listed):
     """An earlier function call of the model's (`namespace`: the namespace tool it came from)."""
 
     type: Literal["function_call"]
@@ -95,7 +107,7 @@ class FunctionCallItem(_Item):
     status: str | None = Field(None, description="incomplete, with no output: a cut call, left out of the prompt.")
 
 
-class _ToolOutput(_Item):
+class _ToolOutput(_Listed):
     """A tool's result for `call_id`: text, or text parts. An image or file a tool returned (Codex's view_image) is
     told to the model in a line: refusing it would stop an agent's session, whose history carries it every turn."""
 
@@ -112,7 +124,7 @@ class FunctionCallOutput(_ToolOutput):
     type: Literal["function_call_output"]
 
 
-class CustomToolCallItem(_Item):
+class CustomToolCallItem(_Listed):
     """An earlier call of a custom (free-form input) tool."""
 
     type: Literal["custom_tool_call"]
@@ -136,7 +148,7 @@ class ReasoningText(_Item):
     text: str
 
 
-class ReasoningItem(_Item):
+class ReasoningItem(_Listed):
     """Earlier thinking: its text goes back to the chat template beside the next assistant turn. This server's own
     `encrypted_content` is that text (with a prefix); another server's is unreadable and left out."""
 

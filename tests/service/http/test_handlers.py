@@ -18,9 +18,11 @@ def test_a_body_with_two_bad_fields_names_both(client: Any) -> None:
 
 
 def test_a_response_route_not_offered_says_which_are(client: Any) -> None:
-    # The SDK's input_items.list read "Invalid URL", as if the client's base_url were wrong.
-    response = client.get("/v1/responses/resp_1/input_items")
-    assert response.status_code == 404 and "GET or DELETE /v1/responses/{id}" in response.json()["error"]["message"]
+    # The SDK's responses.cancel read "Invalid URL", as if the client's base_url were wrong.
+    response = client.post("/v1/responses/resp_1/cancel")
+    message = response.json()["error"]["message"]
+    assert response.status_code == 404 and "GET or DELETE /v1/responses/{id}" in message
+    assert "GET /v1/responses/{id}/input_items" in message
 
 
 @pytest.mark.parametrize("path", ["/", "/v1", "/v1/", "/generate", "/generate_stream"])

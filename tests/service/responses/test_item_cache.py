@@ -42,6 +42,18 @@ def test_a_conversation_is_its_chain_of_responses_and_none_when_a_link_is_gone()
     assert cache.conversation("k", "resp_3") is None and cache.conversation("k", "msg_1") is None
 
 
+def test_a_responses_input_is_its_chain_as_far_back_as_kept_then_its_own() -> None:
+    # GET .../input_items lists what the response was made from; a forgotten link ends the listing, not the route.
+    cache = IssuedItems(max_bytes=10_000)
+    cache.keep_response("k", [_item(1, 10)], {"id": "resp_1", "previous_response_id": None, "output": [_item(2, 10)]})
+    cache.keep_response("k", [_item(3, 10)], {"id": "resp_2", "previous_response_id": "resp_1", "output": []})
+    cache.keep_response("k", [_item(4, 10)], {"id": "resp_3", "previous_response_id": "resp_2", "output": []})
+    assert [i["id"] for i in cache.response_input("k", "resp_3") or []] == ["msg_1", "msg_2", "msg_3", "msg_4"]
+    cache.forget("k", "resp_1")
+    assert [i["id"] for i in cache.response_input("k", "resp_3") or []] == ["msg_3", "msg_4"]
+    assert cache.response_input("k", "resp_1") is None and cache.response_input("other", "resp_3") is None
+
+
 def test_the_bound_counts_what_python_holds_not_the_json_text() -> None:
     # A response of 20,000 tiny reasoning items: their JSON is a fraction of the dicts and strings holding them.
     tracemalloc.start()
