@@ -27,6 +27,8 @@ ACCESS_LOGGER = "tandem.access"
 _TOKENS_KEY = "tandem.tokens"
 # The end user a request names (OpenAI's `user` / `safety_identifier`), for abuse monitoring.
 _USER_KEY = "tandem.user"
+# What the line writes of it (OpenAI caps safety_identifier at 64): the API takes any length, the log stays bounded.
+_USER_CHARS = 64
 # A request's tags (OpenAI's `metadata`, its pairs and lengths already bounded by the route's schema).
 _METADATA_KEY = "tandem.metadata"
 # When the request arrived (time.monotonic()): deadlines and time-to-first-token count from here.
@@ -45,9 +47,10 @@ def record_tokens(connection: ASGIConnection[Any, Any, Any, Any], tokens: Callab
 
 
 def record_user(connection: ASGIConnection[Any, Any, Any, Any], user: str | None) -> None:
-    """Write `user` (an end-user id the client sent) on this request's log line. Raises nothing."""
+    """Write `user` (an end-user id the client sent) on this request's log line, its first _USER_CHARS characters
+    and a mark where it was longer. Raises nothing."""
     if user:
-        connection.scope.setdefault("state", {})[_USER_KEY] = user
+        connection.scope.setdefault("state", {})[_USER_KEY] = user[:_USER_CHARS + 1]
 
 
 def record_metadata(connection: ASGIConnection[Any, Any, Any, Any], metadata: dict[str, str] | None) -> None:
@@ -250,7 +253,8 @@ def _line(scope: Scope, status: int | None, seconds: float, method: str | None =
         except Exception:  # noqa: BLE001 — the log line must never fail the request
             pass
     if (user := scope.get("state", {}).get(_USER_KEY)) is not None:
-        line += f" user {json.dumps(user, ensure_ascii=True)}"  # quoted and escaped: a client's text on one line
+        # Quoted and escaped: a client's text on one line; "..." after the quote: it was cut.
+        line += f" user {json.dumps(user[:_USER_CHARS], ensure_ascii=True)}{'...' if len(user) > _USER_CHARS else ''}"
     if isinstance(metadata := scope.get("state", {}).get(_METADATA_KEY), dict):
         line += f" metadata {json.dumps(metadata, ensure_ascii=True, separators=(',', ':'))}"  # as user's: one line
     return line

@@ -237,3 +237,17 @@ def test_a_stream_that_failed_after_its_200_says_why(client: Any, fake_engine: A
     assert '"error"' in text
     (line,) = _lines(capsys.readouterr().err)
     assert re.search(r"POST /v1/chat/completions 200 \d+\.\d ms .*error \S+ req_", line), line
+
+
+def test_a_long_end_user_id_is_cut_on_the_line(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # `user` and `safety_identifier` went on the line whole: a 100 kB id made a 100 kB log line. The API still takes it.
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    capsys.readouterr()
+    assert client.post("/v1/chat/completions", json={**chat, "user": "u" * 64}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**chat, "user": "a" * 64 + "z" * 100_000}).status_code == 200
+    assert client.post("/v1/completions", json={"prompt": "x", "safety_identifier": "s" * 65}).status_code == 200
+    whole, cut, identifier = _lines(capsys.readouterr().err)
+    assert f' user "{"u" * 64}" req_' in whole, whole
+    assert f' user "{"a" * 64}"... req_' in cut and "z" not in cut, cut
+    assert f' user "{"s" * 64}"... req_' in identifier, identifier
+    assert len(cut) < 300
