@@ -16,6 +16,7 @@ from service.cli.parsers import byte_size, seconds
 from service.cli.serve_speech import mark_speech_only
 from service.config import API_KEY_ENV, ServiceConfig, split_list
 from service.http.auth import is_loopback
+from service.http.guard import MIN_BODY_RATE
 from service.limits import Limits
 
 __all__ = ["add_serve_limit_args", "configure_serve_limits", "warn_if_open"]
@@ -68,7 +69,9 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     lim.add_argument("--header-timeout", type=seconds, default=_DEFAULT.header_timeout, metavar="SEC",
                      help="seconds a connection has to send its request headers")
     lim.add_argument("--body-timeout", type=seconds, default=_DEFAULT.body_timeout, metavar="SEC",
-                     help="seconds a request body may send nothing before the request is answered 408")
+                     help=f"seconds a request body may send nothing before the request is answered 408; after "
+                          f"them a body still arriving must have come at {MIN_BODY_RATE} bytes/s on average beyond "
+                          f"them (a slower one is answered 408 even while bytes keep arriving)")
     lim.add_argument("--send-timeout", type=seconds, default=_DEFAULT.send_timeout, metavar="SEC",
                      help="seconds a streamed response may wait for its client to read before it is ended and its "
                           "generation stopped")

@@ -51,3 +51,19 @@ def test_serve_help_shows_host_and_port_defaults(capsys: pytest.CaptureFixture[s
         main(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "address to listen on (default: 127.0.0.1)" in out and "port to listen on (default: 8080)" in out
+
+
+def _serve_help(flag: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """The `tandem serve --help` entry of `flag`, on one line."""
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    return text.split(f"{flag} ", 1)[1].split(" --", 1)[0]
+
+
+def test_the_body_timeout_names_its_minimum_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    # A slow upload was answered 408 while its bytes were still arriving, and the help spoke only of silence.
+    from service.http.guard import MIN_BODY_RATE
+
+    body = _serve_help("--body-timeout SEC", capsys)
+    assert f"{MIN_BODY_RATE} bytes/s" in body and "408" in body, body
