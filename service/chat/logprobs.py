@@ -62,11 +62,15 @@ class LogprobJson:
         name, tail = self._part(token)
         return name + repr(_finite(logprob)).encode() + tail
 
+    def entries(self, tokens: Sequence[TokenLogprob]) -> bytes:
+        """The JSON array of these tokens' entries (`[{"token", "logprob", "bytes", "top_logprobs"}, ...]`, the
+        Responses API's `logprobs` as well). Raises nothing."""
+        return b"[" + b",".join(self._entry(t.token, t.logprob) + b',"top_logprobs":['
+                                + b",".join(self._entry(i, v) + b"}" for i, v in t.top) + b"]}" for t in tokens) + b"]"
+
     def encode(self, tokens: Sequence[TokenLogprob]) -> bytes:
         """`{"content":[...],"refusal":null}` for these tokens. Raises nothing."""
-        entries = [self._entry(t.token, t.logprob) + b',"top_logprobs":['
-                   + b",".join(self._entry(i, v) + b"}" for i, v in t.top) + b"]}" for t in tokens]
-        return b'{"content":[' + b",".join(entries) + b'],"refusal":null}'
+        return b'{"content":' + self.entries(tokens) + b',"refusal":null}'
 
 
 _JSON = PerTokenizer(lambda tokenizer: LogprobJson(token_pieces(tokenizer)))

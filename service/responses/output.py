@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, Sequence
 
 from pydantic_core import from_json
 
+from engine.contracts import TokenLogprob
+from service.chat.logprobs import LogprobJson
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError, error_body
 from service.responses.history import ToolNames, requested_effort, seal_reasoning
@@ -37,7 +39,9 @@ class ResponseOutput:
     the object as it stands. Not `streamed`, no event is framed (the events are empty bytes)."""
 
     def __init__(self, body: ResponsesRequest, model: str, names: ToolNames,
-                 streamed: bool = True) -> None:
+                 streamed: bool = True, logprobs: LogprobJson | None = None) -> None:
+        """`logprobs`: the writer of the `output_text` log probabilities the request included (None: not asked;
+        each text part then says `logprobs: []`)."""
         self.id = _id("resp")
         self._names = names
         self._streamed = streamed
@@ -58,6 +62,7 @@ class ResponseOutput:
             "truncation": "disabled", "store": body.store is not False,
             "background": False, "service_tier": "default", "user": body.user,
             "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
+            "top_logprobs": body.top_logprobs,
         }
         self._max_output_tokens = body.max_output_tokens
         # The thinking goes in the reasoning item's summary (what the Vercel AI SDK, pydantic-ai and LangChain's
@@ -68,6 +73,8 @@ class ResponseOutput:
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being written
         self._text: list[str] = []  # its text (a call's arguments)
+        self._logprobs = logprobs
+        self._tokens: list[TokenLogprob] = []  # the open message's tokens, when logprobs were included
         self._sequence = 0
         self.started = False  # response.created went out
         # The limit the server applied to a request that set none (--max-tokens-cap, the context's room): said in
@@ -93,15 +100,16 @@ class ResponseOutput:
         return (self.event("response.created", response=self.response("in_progress"))
                 + self.event("response.in_progress", response=self.response("in_progress")))
 
-    def feed(self, delta: ChoiceDelta) -> list[bytes]:
-        """The events of one chat delta. Raises nothing."""
+    def feed(self, delta: ChoiceDelta, tokens: Sequence[TokenLogprob] = ()) -> list[bytes]:
+        """The events of one chat delta; `tokens`: those its content was written with (service/responses/
+        text_logprobs.py), given when logprobs were included. Raises nothing."""
         events: list[bytes] = []
         if delta.reasoning_content:
             events += self._into("reasoning")
             events.append(self._text_delta(delta.reasoning_content))
         if delta.content:
             events += self._into("message")
-            events.append(self._text_delta(delta.content))
+            events.append(self._text_delta(delta.content, tokens))
         for call in delta.tool_calls or ():
             if call.id is not None:  # a call's first delta: its name
                 events += self._close()
@@ -193,10 +201,12 @@ class ResponseOutput:
         return self.event(kind, item_id=self._open["item"]["id"], output_index=self._open["index"], **where,
                           part=part)
 
-    def _text_delta(self, text: str) -> bytes:
+    def _text_delta(self, text: str, tokens: Sequence[TokenLogprob] = ()) -> bytes:
         """A text delta of the open item, framed around JSON written once per item (the hot path: one per token)."""
         assert self._open is not None
         self._text.append(text)
+        if self._logprobs is not None:
+            self._tokens += tokens
         if not self._streamed:
             return b""
         frame = self._open.get("frame")
@@ -207,6 +217,8 @@ class ResponseOutput:
         head, middle, tail = frame
         sequence = self._sequence
         self._sequence += 1
+        if self._logprobs is not None and self._open["type"] == "message":  # this delta's own tokens
+            tail = b',"logprobs":' + self._logprobs.entries(tokens) + b"}\n\n"
         return b"".join((head, str(sequence).encode(), middle, json.dumps(text, ensure_ascii=False).encode(), tail))
 
     def _delta_frame(self) -> tuple[bytes, bytes, bytes]:
@@ -238,9 +250,11 @@ class ResponseOutput:
         item_id = item["id"]
         events: list[bytes] = []
         if kind == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            logprobs = json.loads(self._logprobs.entries(self._tokens)) if self._logprobs is not None else []
+            self._tokens = []
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
             events.append(self.event("response.output_text.done", item_id=item_id, output_index=index,
-                                     content_index=0, text=text, logprobs=[]))
+                                     content_index=0, text=text, logprobs=logprobs))
             events.append(self.event("response.content_part.done", item_id=item_id, output_index=index,
                                      content_index=0, part=part))
             item = {**item, "status": status, "content": [part]}

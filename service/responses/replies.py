@@ -56,6 +56,7 @@ class ResponseObject(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    top_logprobs: int | None = None
     usage: ResponseUsage | None = None
 
 

@@ -19,7 +19,10 @@ import anyio
 from litestar import Request, Response, delete, get, post
 from litestar.params import Parameter
 
+from engine.contracts import TokenLogprob
+from service.chat.logprobs import logprob_json
 from service.chat.output import ChatTranslator
+from service.chat.replies import ChoiceDelta
 from service.chat.render import char_bound
 from service.chat.request import chat_engine, renamed, request_timing
 from service.chat.respond import respond
@@ -33,7 +36,8 @@ from service.responses.history import chat_request, input_items
 from service.responses.input_list import LISTED_INCLUDABLE, input_page, with_ids
 from service.responses.output import ResponseOutput
 from service.responses.replies import DeletedResponse, ResponseItemList, ResponseObject, ResponseStreamEvent
-from service.responses.schemas import HOSTED_TOOLS, HostedTool, ResponsesRequest
+from service.responses.schemas import HOSTED_TOOLS, TEXT_LOGPROBS, HostedTool, ResponsesRequest
+from service.responses.text_logprobs import TextTokens
 from service.seams import RowStream
 from service.state import AppState, get_state
 
@@ -78,19 +82,30 @@ def _usage(counter: UsageCounter, reasoning_tokens: int) -> dict[str, Any]:
 Counting = Callable[[list[str]], Awaitable[int]]
 
 
+def _fed(output: ResponseOutput, deltas: list[ChoiceDelta], texts: TextTokens | None,
+         tokens: Callable[[], list[TokenLogprob]]) -> list[bytes]:
+    """The events of one piece of text's deltas, each content delta with its tokens when logprobs were included
+    (`texts`; `tokens` takes those read since)."""
+    if texts is None:
+        return [e for delta in deltas for e in output.feed(delta)]
+    return [e for delta, own in zip(deltas, texts.split(tokens(), deltas)) for e in output.feed(delta, own)]
+
+
 async def _reply(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                 count: Counting, kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+                 count: Counting, kept: Callable[[dict[str, Any]], None],
+                 texts: TextTokens | None = None) -> AsyncGenerator[bytes, None]:
     """The reply's events, what came together in one write, the finished response's last; `kept(final)` is told
-    the finished Response. Raises what reading the row raises."""
+    the finished Response; `texts`: the output text's tokens are sorted out (logprobs included). Raises what reading
+    the row raises."""
     finish: str | None = None
     async with aclosing(reader.items()) as items:  # closed (the row stopped) when the reply ends early
         async for text, finish in items:
-            if events := [e for delta in translator.feed(text) for e in output.feed(delta)]:
+            if events := _fed(output, translator.feed(text), texts, reader.take_logprobs):
                 yield b"".join(events)
             if translator.done:
                 finish = None
                 break
-    events = [e for delta in translator.finish(cut=finish == "length") for e in output.feed(delta)]
+    events = _fed(output, translator.finish(cut=finish == "length"), texts, reader.take_logprobs)
     reason = translator.finish_reason(finish)
     events += output.close(incomplete=reason == "length")
     final = output.final(reason, _usage(counter, await count(output.thinking)))
@@ -100,11 +115,12 @@ async def _reply(reader: RowReader, translator: ChatTranslator, output: Response
 
 
 async def _events(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                  count: Counting, kept: Callable[[dict[str, Any]], None]) -> AsyncGenerator[bytes, None]:
+                  count: Counting, kept: Callable[[dict[str, Any]], None],
+                  texts: TextTokens | None = None) -> AsyncGenerator[bytes, None]:
     if not output.started:
         yield output.opening()
     try:
-        async with aclosing(_reply(reader, translator, output, counter, count, kept)) as events:
+        async with aclosing(_reply(reader, translator, output, counter, count, kept, texts)) as events:
             async for event in events:
                 yield event
     except Exception as exc:  # headers are out: report in-band; the stream ends with it
@@ -113,14 +129,15 @@ async def _events(reader: RowReader, translator: ChatTranslator, output: Respons
 
 
 async def _collect(reader: RowReader, translator: ChatTranslator, output: ResponseOutput, counter: UsageCounter,
-                   count: Counting, kept: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+                   count: Counting, kept: Callable[[dict[str, Any]], None],
+                   texts: TextTokens | None = None) -> dict[str, Any]:
     finals: list[dict[str, Any]] = []
 
     def keep(final: dict[str, Any]) -> None:
         finals.append(final)
         kept(final)
 
-    async with aclosing(_reply(reader, translator, output, counter, count, keep)) as events:
+    async with aclosing(_reply(reader, translator, output, counter, count, keep, texts)) as events:
         async for _ in events:  # a non-streamed output frames no events (ResponseOutput streamed=False)
             pass
     return finals[0]
@@ -171,12 +188,20 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     record_tokens(request, counter.totals)
     record_user(request, data.user or data.safety_identifier)
     record_metadata(request, data.metadata)
-    output = ResponseOutput(data, state.chat_model_name or "", names, streamed=bool(data.stream))
+    # include message.output_text.logprobs: each token's, with top_logprobs alternatives (as OpenAI, top_logprobs
+    # alone asks for nothing)
+    logprobs = (data.top_logprobs or 0) if TEXT_LOGPROBS in (data.include or ()) else None
+    writer = logprob_json(engine.tokenizer) if logprobs is not None else None
+    output = ResponseOutput(data, state.chat_model_name or "", names, streamed=bool(data.stream), logprobs=writer)
     translators: list[ChatTranslator] = []
+
+    def texts() -> TextTokens | None:  # one per reply: it holds the reply's held-back tokens
+        return TextTokens(writer.pieces) if writer is not None else None
 
     async def submit_row() -> RowStream:
         try:
-            stream, generation = await submit_chat(request, state, engine, chat, counter, timing, translators)
+            stream, generation = await submit_chat(request, state, engine, chat, counter, timing, translators,
+                                                   logprobs=logprobs)
         except APIError as exc:
             raise renamed(exc, _fields(data)) from None
         output.applied_limit = generation.max_tokens
@@ -195,9 +220,10 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
 
     return await respond(
         request, counter, timing, submit_row=submit_row,
-        events=(lambda reader: _events(reader, translators[0], output, counter, count, kept)) if data.stream else None,
+        events=(lambda reader: _events(reader, translators[0], output, counter, count, kept, texts()))
+        if data.stream else None,
         collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter, count,
-                                        kept),
+                                        kept, texts()),
         keepalive=output.opening, failure=failure, may_go_quiet=bool(chat.tools))
 
 

@@ -23,7 +23,7 @@ from service.responses.unoffered import truncation_offered, verbosity_offered
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
-           "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesRequest", "HOSTED_TOOLS"]
+           "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesRequest", "HOSTED_TOOLS", "TEXT_LOGPROBS"]
 
 # Tools OpenAI runs on its side: accepted (Codex declares web_search by default), never offered to the model.
 HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26", "file_search", "code_interpreter",
@@ -316,7 +316,8 @@ class ResponsesStreamOptions(_Request):
 
 
 # `include` values this server can honour.
-INCLUDABLE = ("reasoning.encrypted_content",)
+TEXT_LOGPROBS = "message.output_text.logprobs"
+INCLUDABLE = ("reasoning.encrypted_content", TEXT_LOGPROBS)
 
 
 class ResponsesRequest(ResponsesSampling):
@@ -337,8 +338,10 @@ class ResponsesRequest(ResponsesSampling):
     parallel_tool_calls: bool | None = Field(None, description="false: the reply ends after its first tool call.")
     reasoning: Reasoning | None = None
     text: TextConfig | None = None
-    include: list[str] | None = Field(None, description="Only reasoning.encrypted_content: the reasoning item's "
-                                                        "`encrypted_content` carries the thinking, to be sent back.")
+    include: list[str] | None = Field(None, description="reasoning.encrypted_content: the reasoning item's "
+                                                        "`encrypted_content` carries the thinking, to be sent back; "
+                                                        "message.output_text.logprobs: each output_text part, and "
+                                                        "each of its streamed deltas, carries its tokens' `logprobs`.")
     store: bool | None = Field(None, description="true or null: the response is kept in memory a while (per API "
                                                  "key, 16 MiB of responses and items, not across restarts) for "
                                                  "`previous_response_id`; false: it is not.")
@@ -355,7 +358,10 @@ class ResponsesRequest(ResponsesSampling):
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
     safety_identifier: str | None = Field(None, description="As `user`.")
     background: bool | None = Field(None, description="Only false: responses are not run in the background.")
-    top_logprobs: int | None = Field(None, description="Only 0: no log probabilities here.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="With include message.output_text.logprobs: "
+                                                                    "the likeliest tokens given beside each "
+                                                                    "(`top_logprobs`); without it nothing is given, "
+                                                                    "as at OpenAI.")
     previous_response_id: str | None = Field(None, description="A response kept here (see `store`): its "
                                                                "conversation, then `input`. Its instructions and "
                                                                "tools are not carried over (as OpenAI's).")
@@ -396,13 +402,5 @@ class ResponsesRequest(ResponsesSampling):
     @classmethod
     def _not_in_background(cls, value: bool | None) -> bool | None:
         return _only_false(value, "responses are not run in the background here: only false is supported")
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("log probabilities are not offered on /v1/responses here (only 0); /v1/chat/completions "
-                             "gives them")
-        return value
 
     _metadata = field_validator("metadata")(metadata_limits)

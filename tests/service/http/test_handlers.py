@@ -10,7 +10,7 @@ import pytest
 def test_a_body_with_two_bad_fields_names_both(client: Any) -> None:
     # It read "… only reasoning.encrypted_content (and 1 more fields)", as if part of the first field's sentence.
     response = client.post("/v1/responses", json={"input": "hi", "include": ["file_search_call.results"],
-                                                  "top_logprobs": 2})
+                                                  "top_logprobs": 21})
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] in ("include", "top_logprobs")
     other = "top_logprobs" if error["param"] == "include" else "include"

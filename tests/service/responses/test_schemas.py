@@ -54,7 +54,7 @@ def test_a_codex_turn_is_served(client: TestClient[Any], fake_engine: FakeEngine
     ({"tools": [{"type": "teleport"}]}, "tools.0"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
-    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"top_logprobs": 21}, "top_logprobs"),
     ({"max_tool_calls": 3}, "max_tool_calls"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
