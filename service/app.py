@@ -29,7 +29,7 @@ from service.config import ServiceConfig
 from service.engines import open_engine
 from service.admin.metrics import ServiceMetrics
 from service.http.access_log import AccessLog
-from service.http.auth import EXPOSED_HEADERS
+from service.http.auth import CORS_METHODS, EXPOSED_HEADERS
 from service.http.guard import Guard
 from service.http.head import HeadAsGet
 from service.http.handlers import EXCEPTION_HANDLERS
@@ -220,7 +220,7 @@ def create_app(state: AppState | None = None) -> Litestar:
         lifespan=[_lifespan(state)],
         exception_handlers=EXCEPTION_HANDLERS,
         # Browsers may call the server only from the origins it was started with (none by default).
-        cors_config=CORSConfig(allow_origins=origins, allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+        cors_config=CORSConfig(allow_origins=origins, allow_methods=list(CORS_METHODS),
                                # Any header: the openai SDK sends x-stainless-*, pi session-affinity headers.
                                allow_headers=["*"],
                                expose_headers=EXPOSED_HEADERS) if origins else None,

@@ -21,16 +21,19 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from litestar.connection import ASGIConnection
+from litestar.types import Method
 
 from service.speech.client_secrets import ClientSecrets
 from service.state import scope_state
 
 __all__ = ["KeyRing", "client_key", "set_client_key", "offered_key", "subprotocols", "origin_allowed", "host_allowed",
-           "is_loopback", "header", "CLIENT_KEY", "KEY_PROTOCOL", "EXPOSED_HEADERS"]
+           "is_loopback", "header", "CLIENT_KEY", "KEY_PROTOCOL", "EXPOSED_HEADERS", "CORS_METHODS"]
 
 # Response headers a page's script may read (CORS): the SDKs act on x-should-retry and report x-request-id; hidden,
 # the openai SDK in a browser retried a 504 the server said not to retry.
 EXPOSED_HEADERS = ["retry-after", "x-request-id", "x-should-retry"]
+# The methods a page's script may use (CORS): the API's own.
+CORS_METHODS: list[Method] = ["GET", "POST", "DELETE", "OPTIONS"]
 # Name suffixes that resolve only on this machine or network (RFC 6761 .localhost, mDNS .local, .internal).
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 

@@ -1,7 +1,7 @@
 """The ASGI guard in front of Litestar: what every connection must pass before a route sees it.
 
-In order: the Host name (a keyless loopback server's), the browser origin, the API key (every route but the health
-checks, websockets included), readiness (503 with Retry-After while the models load, the worker restarts or the server
+In order: the Host name (a keyless loopback server's), the browser origin (and a CORS preflight's method), the API
+key (every route but the health checks, websockets included), readiness (503 with Retry-After while the models load, the worker restarts or the server
 drains; a CORS preflight is answered even then, or the page could not read the 503), then the body:
 its size by route (413 from Content-Length, or as soon as a streamed body passes the limit) and its pace
 (408 when no byte arrives for `body_timeout`, or the body averages under MIN_BODY_RATE past it). A websocket message
@@ -18,7 +18,8 @@ from typing import Any, cast
 import anyio
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from service.http.auth import EXPOSED_HEADERS, KeyRing, header, host_allowed, origin_allowed, set_client_key
+from service.http.auth import (CORS_METHODS, EXPOSED_HEADERS, KeyRing, header, host_allowed, origin_allowed,
+                               set_client_key)
 from service.http.errors import APIError, error_body, unavailable
 from service.limits import Limits
 from service.state import AppState
@@ -85,6 +86,11 @@ class Guard:
         if origin is not None and not origin_allowed(origin, scope, self.state.config.allowed_origins):
             return APIError(403, f"Origin {origin} is not allowed (start the server with --allowed-origins).",
                             code="origin_not_allowed")
+        # Litestar's CORS answers a method it does not allow with a plain-text 400: in OpenAI's shape here instead.
+        method = header(scope, b"access-control-request-method")
+        if origin is not None and _preflight(scope) and config.allowed_origins and method not in CORS_METHODS:
+            return APIError(400, f"CORS preflight: the method {(method or '')[:40]!r} is not allowed (a page may use "
+                                 f"{', '.join(CORS_METHODS)}).", code="cors_method_not_allowed")
         if self.keys and path not in OPEN_PATHS and not _preflight(scope):
             key_id = self.keys.match(scope)
             if key_id is None:

@@ -412,3 +412,21 @@ async def test_a_refused_websocket_is_answered_in_the_error_shape_where_the_serv
     assert answer[0]["status"] == 401 and json.loads(answer[1]["body"])["error"]["code"] == "invalid_api_key"
     answer = await refuse("/nope", key, {})  # a server without the extension: a close (HTTP 403 to the client)
     assert answer == [{"type": "websocket.close", "code": 1008, "reason": answer[0]["reason"]}]
+
+
+def test_a_preflight_for_a_method_the_api_has_not_is_refused_in_openais_shape(fake_engine: FakeEngine) -> None:
+    # Litestar's CORS answered it with a text/plain 400 "Disallowed CORS method".
+    with _client(fake_engine, allowed_origins=["http://ui.example"]) as client:
+        for method in ("PUT", "PATCH", "get"):
+            refused = client.options("/v1/chat/completions", headers={"origin": "http://ui.example",
+                                                                      "access-control-request-method": method})
+            assert refused.status_code == 400 and refused.headers["content-type"].startswith("application/json")
+            error = refused.json()["error"]
+            assert error["code"] == "cors_method_not_allowed" and error["param"] is None, error
+            assert error["type"] == "invalid_request_error" and repr(method) in error["message"], error
+            assert "GET, POST, DELETE, OPTIONS" in error["message"]
+            assert refused.headers["access-control-allow-origin"] == "http://ui.example"  # the page can read it
+        for method in ("GET", "POST", "DELETE"):
+            allowed = client.options("/v1/chat/completions", headers={"origin": "http://ui.example",
+                                                                      "access-control-request-method": method})
+            assert allowed.status_code == 204, (method, allowed.text)
