@@ -40,27 +40,33 @@ class PlainSplitter:
 class ChatTranslator:
     """One reply's translator: feed() engine text, finish() once; `message()` gives the whole reply."""
 
-    def __init__(self, splitter: Splitter | None = None, *, one_call: bool = False) -> None:
+    def __init__(self, splitter: Splitter | None = None, *, one_call: bool = False,
+                 max_calls: int | None = None) -> None:
+        """`max_calls`: the reply ends once that many calls have ended (`one_call`: one; None: no limit)."""
         self._splitter: Splitter = splitter or PlainSplitter()
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._calls: dict[int, tuple[str, str, list[str]]] = {}
-        self._one_call = one_call
+        self._max_calls = 1 if one_call else max_calls
+        self._ended_calls = 0
         # True once the reply has said all it may (parallel_tool_calls false: its first call ended): stop the row.
         self.done = False
 
     @classmethod
     def for_request(cls, tokenizer: Any, prompt_tokens: Sequence[int], tools: Any = None, *,
                     calls: bool = True, one_call: bool = False, json_calls: bool = False,
-                    opening: str | None = None, forced_name: str | None = None) -> "ChatTranslator":
+                    opening: str | None = None, forced_name: str | None = None,
+                    max_calls: int | None = None) -> "ChatTranslator":
         """The translator for a reply of `tokenizer`'s model family. `calls` false (tool_choice "none"): tool-call
-        markers are content; `one_call` (parallel_tool_calls false): the reply ends after its first call;
-        `json_calls`: the tools were described in the prompt (service/chat/tool_text.py with_tool_prompt), so calls
-        are <tool_call> JSON, parsed with mlx-lm's json_tools; `opening`: the template's generation prompt that
-        ends the prompt (None: unknown, the prompt's last tokens decide); `forced_name`: the name every call must have
-        (a forced call of one function: a call the token limit cut before its name still has it). A harmony model
+        markers are content; `one_call` (parallel_tool_calls false): the reply ends after its first call,
+        `max_calls` (the Responses API's max_tool_calls) after that many; `json_calls`: the tools were described in
+        the prompt (service/chat/tool_text.py with_tool_prompt), so calls are <tool_call> JSON, parsed with mlx-lm's
+        json_tools; `opening`: the template's generation prompt that ends the prompt (None: unknown, the prompt's
+        last tokens decide); `forced_name`: the name every call must have (a forced call of one function: a call the
+        token limit cut before its name still has it). A harmony model
         (gpt-oss) gets its own splitter (engine/harmony.py), as does one whose template asks for Llama 3's bare JSON
         calls (engine/bare_json_calls.py). Raises nothing."""
+        limit = 1 if one_call else max_calls
         try:
             from engine.chat_output import ChatOutputSplitter, OutputMarkers, opens_reasoning, starts_in_reasoning
             from engine.bare_json_calls import BareJsonCallSplitter, declared_names, writes_bare_json_calls
@@ -68,11 +74,11 @@ class ChatTranslator:
             from service.chat.prompt import template_source
 
             if is_harmony(tokenizer) and not json_calls:
-                return cls(HarmonySplitter(tools=tools, calls=calls, opening=opening), one_call=one_call)
+                return cls(HarmonySplitter(tools=tools, calls=calls, opening=opening), max_calls=limit)
             markers = OutputMarkers.from_tokenizer(tokenizer)
             if (tools and calls and not json_calls and markers.tool_call_start is None and not markers.has_thinking
                     and writes_bare_json_calls(template_source(tokenizer))):
-                return cls(BareJsonCallSplitter(declared_names(tools)), one_call=one_call)
+                return cls(BareJsonCallSplitter(declared_names(tools)), max_calls=limit)
             if json_calls:
                 markers = markers.with_json_tool_calls()
             if not calls:
@@ -81,10 +87,10 @@ class ChatTranslator:
                 reasoning = (opens_reasoning(tokenizer, opening) if opening is not None
                              else starts_in_reasoning(tokenizer, prompt_tokens))
                 splitter = ChatOutputSplitter(markers, tools=tools, in_reasoning=reasoning, forced_name=forced_name)
-                return cls(splitter, one_call=one_call)
+                return cls(splitter, max_calls=limit)
         except Exception:  # noqa: BLE001 — a tokenizer without the attributes: plain content, said in the log
             _log.warning("reply read as plain content: the model's output markers could not be set up", exc_info=True)
-        return cls(one_call=one_call)
+        return cls(max_calls=limit)
 
     @property
     def has_tool_calls(self) -> bool:
@@ -151,6 +157,9 @@ class ChatTranslator:
                 if event.arguments:  # (a streamed call's last fragment may be empty: its arguments were all sent)
                     deltas.append(ChoiceDelta(tool_calls=[
                         ToolCallDelta(index=event.index, function=FunctionCallDelta(arguments=event.arguments))]))
-                # parallel_tool_calls false: the reply ends with its first call (the row stops before a second)
-                self.done = self._one_call and event.last
+                # parallel_tool_calls false or max_tool_calls: the reply ends with the call that reaches the limit
+                # (the row stops before another)
+                if event.last:
+                    self._ended_calls += 1
+                    self.done = self._max_calls is not None and self._ended_calls >= self._max_calls
         return deltas

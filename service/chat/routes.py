@@ -61,11 +61,12 @@ def _session_hint(request: Request[Any, Any, Any], body: ChatCompletionRequest) 
 async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: ChatEngine,
                       body: ChatCompletionRequest, counter: UsageCounter, timing: StreamTiming,
                       translators: list[ChatTranslator], *,
-                      logprobs: int | None = None) -> tuple[RowStream, GenerationRequest]:
+                      logprobs: int | None = None, max_calls: int | None = None) -> tuple[RowStream, GenerationRequest]:
     """Render `body`, queue its row and return its stream and the request the engine took (its limits); the
-    reply's translator is appended to `translators`. Shared by /v1/chat/completions and /v1/responses. Raises
-    APIError (what rendering or the engine refuses)."""
-    generation, translator = await _chat_request(request, state, engine, body, logprobs)
+    reply's translator is appended to `translators`; `max_calls`: the reply ends with its max_calls-th call (the
+    Responses API's max_tool_calls). Shared by /v1/chat/completions and /v1/responses. Raises APIError (what
+    rendering or the engine refuses)."""
+    generation, translator = await _chat_request(request, state, engine, body, logprobs, max_calls)
     counter.prompt_tokens = len(generation.prompt_tokens)
     translators.append(translator())
     stream = submit(engine, generation, param="messages")
@@ -74,8 +75,8 @@ async def submit_chat(request: Request[Any, Any, Any], state: AppState, engine: 
 
 
 async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine: ChatEngine,
-                        body: ChatCompletionRequest,
-                        logprobs: int | None) -> tuple[GenerationRequest, Callable[[], ChatTranslator]]:
+                        body: ChatCompletionRequest, logprobs: int | None,
+                        max_calls: int | None = None) -> tuple[GenerationRequest, Callable[[], ChatTranslator]]:
     """The engine request for `body` (rendered, its grammar prepared) and how to make a reply's translator (one per
     choice: it keeps the reply's state). Raises APIError (what rendering refuses)."""
     rendered = await render_chat(state, engine, body)
@@ -103,7 +104,8 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
                                                           one_call=one_call,
                                                           json_calls=rendered.json_tool_calls,
                                                           opening=rendered.generation_prompt,
-                                                          forced_name=_forced_name(forced, tools))
+                                                          forced_name=_forced_name(forced, tools),
+                                                          max_calls=max_calls)
 
 
 def _forced(choice: Any) -> str | bool:

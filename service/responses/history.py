@@ -254,6 +254,15 @@ def _calls_answered(items: list[Any]) -> None:
                             "item with its call_id", param="input", code="invalid_value")
 
 
+def _no_calls(body: ResponsesRequest) -> str:
+    """The tool_choice of a reply max_tool_calls 0 allows no call: "none" (the tools are not shown to the model).
+    Raises APIError 400 naming max_tool_calls beside a tool_choice that forces a call."""
+    if body.tool_choice not in (None, "auto", "none"):
+        raise APIError(400, "max_tool_calls: 0 allows no tool call, and tool_choice forces one; send one of them",
+                       param="max_tool_calls", code="invalid_value")
+    return "none"
+
+
 def requested_effort(body: ResponsesRequest) -> str | None:
     """`reasoning.effort`, or chat's name for it at the top level (Open WebUI's). Raises APIError 400 for both."""
     effort = body.reasoning.effort if body.reasoning is not None else None
@@ -280,7 +289,7 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     }
     if body.tools is not None or body.tool_choice is not None or body.parallel_tool_calls is not None:
         # Responses takes tool_choice without tools (Codex sends "auto" either way); chat wants a list.
-        choice = body.tool_choice
+        choice = _no_calls(body) if body.max_tool_calls == 0 else body.tool_choice
         chat.update(tools=tools, parallel_tool_calls=body.parallel_tool_calls, tool_choice=choice if isinstance(
             choice, str) or choice is None else {"type": "function", "function": {"name": choice.name}})
     chat.update(body.chat_sampling(), reasoning_effort=requested_effort(body))

@@ -62,7 +62,7 @@ class ResponseOutput:
             "truncation": "disabled", "store": body.store is not False,
             "background": False, "service_tier": "default", "user": body.user,
             "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
-            "top_logprobs": body.top_logprobs,
+            "top_logprobs": body.top_logprobs, "max_tool_calls": body.max_tool_calls,
         }
         self._max_output_tokens = body.max_output_tokens
         # The thinking goes in the reasoning item's summary (what the Vercel AI SDK, pydantic-ai and LangChain's

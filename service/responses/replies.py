@@ -57,6 +57,7 @@ class ResponseObject(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     top_logprobs: int | None = None
+    max_tool_calls: int | None = None
     usage: ResponseUsage | None = None
 
 

@@ -201,7 +201,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     async def submit_row() -> RowStream:
         try:
             stream, generation = await submit_chat(request, state, engine, chat, counter, timing, translators,
-                                                   logprobs=logprobs)
+                                                   logprobs=logprobs, max_calls=data.max_tool_calls or None)
         except APIError as exc:
             raise renamed(exc, _fields(data)) from None
         output.applied_limit = generation.max_tokens

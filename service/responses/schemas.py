@@ -369,9 +369,11 @@ class ResponsesRequest(ResponsesSampling):
     conversation: str | dict[str, Any] | None = Field(None, description="Only null: this server keeps no "
                                                                         "conversations.")
     prompt: dict[str, Any] | None = Field(None, description="Only null: no stored prompts.")
-    max_tool_calls: int | None = Field(None, description="Only null: the model decides how many calls it makes.")
+    max_tool_calls: int | None = Field(None, ge=0, description="The most tool calls the reply makes: it ends with "
+                                                               "the call that reaches it; 0 offers no tool (as "
+                                                               "tool_choice none; a forced call beside it is a 400).")
 
-    @field_validator("conversation", "prompt", "max_tool_calls")
+    @field_validator("conversation", "prompt")
     @classmethod
     def _nothing_stored(cls, value: Any, info: ValidationInfo) -> Any:
         if not _empty(value):

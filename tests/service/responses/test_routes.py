@@ -423,3 +423,33 @@ def test_a_context_error_names_the_input(http: TestClient[Any], engine: FakeEngi
     error = http.post("/v1/responses", json={"input": "x" * 100}).json()["error"]
     assert error["param"] == "input" and "characters in the input," in error["message"]
     assert "messages" not in error["message"]
+
+
+def test_max_tool_calls_ends_the_reply_with_the_call_that_reaches_it(http: TestClient[Any], engine: FakeEngine) -> None:
+    # The Vercel AI SDK's maxToolCalls; it was a 400.
+    engine.pieces = [CALL, CALL, CALL, "after"]
+    reply = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "max_tool_calls": 2}).json()
+    assert [item["type"] for item in reply["output"]] == ["function_call", "function_call"]
+    assert reply["status"] == "completed" and reply["max_tool_calls"] == 2  # the third call and the text never came
+    events = response_events(http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "max_tool_calls": 2,
+                                                               "stream": True}).text)
+    assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.done"] == ["function_call"] * 2
+    assert events[-1]["type"] == "response.completed"
+    # parallel_tool_calls false is still one call; a limit above the calls made changes nothing.
+    one = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "max_tool_calls": 2,
+                                           "parallel_tool_calls": False}).json()
+    assert len(one["output"]) == 1
+    more = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "max_tool_calls": 5}).json()
+    assert [item["type"] for item in more["output"]] == ["function_call"] * 3 + ["message"]
+
+
+def test_max_tool_calls_0_offers_no_tool(http: TestClient[Any], engine: FakeEngine) -> None:
+    engine.pieces = ["No calls."]
+    for choice in ({}, {"tool_choice": "auto"}):
+        reply = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "max_tool_calls": 0, **choice})
+        assert reply.status_code == 200, reply.text
+        assert engine.tokenizer.template_calls[-1]["tools"] is None  # as tool_choice "none"
+        assert reply.json()["output"][0]["content"][0]["text"] == "No calls."
+    forced = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "max_tool_calls": 0,
+                                              "tool_choice": {"type": "function", "name": "get_weather"}})
+    assert forced.status_code == 400 and forced.json()["error"]["param"] == "max_tool_calls"

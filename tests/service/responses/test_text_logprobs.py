@@ -50,7 +50,7 @@ def sdk(http: TestClient[Any]) -> openai.OpenAI:
 
 def test_the_output_text_carries_each_tokens_logprobs_with_top_alternatives(sdk: openai.OpenAI,
                                                                             engine: FakeEngine) -> None:
-    response = sdk.responses.create(model="fake-model", input="hi", include=INCLUDE, top_logprobs=2)  # type: ignore
+    response = sdk.responses.create(model="fake-model", input="hi", include=INCLUDE, top_logprobs=2)
     assert engine.requests[-1].sampling.logprobs == 2
     part = response.output[0].content[0]
     assert part.type == "output_text" and part.text == "".join(PIECES)
@@ -59,7 +59,7 @@ def test_the_output_text_carries_each_tokens_logprobs_with_top_alternatives(sdk:
 
 
 def test_each_streamed_delta_carries_its_own_tokens_and_the_done_events_all(sdk: openai.OpenAI) -> None:
-    with sdk.responses.stream(model="fake-model", input="hi", include=INCLUDE, top_logprobs=1) as stream:  # type: ignore
+    with sdk.responses.stream(model="fake-model", input="hi", include=INCLUDE, top_logprobs=1) as stream:
         events = list(stream)
         final = stream.get_final_response()
     deltas = [(e.delta, [lp.model_dump(exclude_none=True) for lp in e.logprobs])
@@ -69,8 +69,8 @@ def test_each_streamed_delta_carries_its_own_tokens_and_the_done_events_all(sdk:
     (done,) = [e for e in events if e.type == "response.output_text.done"]
     assert [lp.model_dump(exclude_none=True) for lp in done.logprobs] == every
     (part,) = [e.part for e in events if e.type == "response.content_part.done"]
-    assert [lp.model_dump() for lp in part.logprobs or ()] == every  # type: ignore[union-attr]
-    assert [lp.model_dump() for lp in final.output[0].content[0].logprobs or ()] == every  # type: ignore[union-attr]
+    assert [lp.model_dump() for lp in part.logprobs or ()] == every
+    assert [lp.model_dump() for lp in final.output[0].content[0].logprobs or ()] == every
 
 
 def test_without_the_include_nothing_is_asked_of_the_engine_top_logprobs_alone_either(http: TestClient[Any],
