@@ -45,11 +45,12 @@ def unbracketed(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def base_url(host: str, port: int) -> str:
-    """http://host:port, an IPv6 literal in brackets (RFC 3986: unbracketed, its colons read as the port's); a
-    host already in brackets is kept as it is. Raises nothing."""
+def base_url(host: str, port: int, tls: bool = False) -> str:
+    """http://host:port (https:// with `tls`), an IPv6 literal in brackets (RFC 3986: unbracketed, its colons read
+    as the port's); a host already in brackets is kept as it is. Raises nothing."""
     bare = unbracketed(host)
-    return f"http://[{bare}]:{port}" if ":" in bare else f"http://{bare}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{bare}]:{port}" if ":" in bare else f"{scheme}://{bare}:{port}"
 
 
 def split_list(values: str | list[str] | None) -> list[str]:
@@ -86,6 +87,9 @@ class ServiceConfig:
     gc_thresholds: tuple[int, int, int] | None = None
     host: str = "127.0.0.1"
     port: int = 8080
+    # HTTPS and WSS on the port (granian's TLS): PEM certificate chain and its unencrypted private key; None: HTTP.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     # Loaded-model name shown in /v1/models; default: what engine.model_name says.
     served_model_name: str | None = None
     # Level of our loggers (service/logs.py) and granian's in the worker.
@@ -119,6 +123,11 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if isinstance(self.limits, Mapping):  # from JSON
             self.limits = Limits.from_dict(self.limits)
+
+    @property
+    def tls(self) -> bool:
+        """Whether the server speaks HTTPS / WSS. Raises nothing."""
+        return self.ssl_certfile is not None and self.ssl_keyfile is not None
 
     @property
     def queue_limit(self) -> int:

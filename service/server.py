@@ -13,6 +13,8 @@ import math
 import multiprocessing
 import os
 import resource
+from pathlib import Path
+from typing import Any
 
 from service.config import CONFIG_ENV, ServiceConfig, base_url
 from service.limits import Limits
@@ -60,7 +62,7 @@ def serve(config: ServiceConfig) -> int:
     """Serve until SIGINT/SIGTERM; returns the process exit code (0 after a graceful stop). On a signal the
     worker drains for `config.shutdown_timeout` seconds (service/process/drain.py). Raises granian's errors
     for invalid settings and SystemExit(1) when the worker cannot start or keeps dying."""
-    from granian.constants import HTTPModes, Interfaces
+    from granian.constants import HTTPModes, Interfaces, SSLProtocols
     from granian.http import HTTP1Settings
     from granian.log import LogLevels
 
@@ -79,7 +81,11 @@ def serve(config: ServiceConfig) -> int:
     multiprocessing.set_start_method("spawn", force=True)
     # "Starting": the worker loads the model after this (503 meanwhile); a failed load must not read as served.
     _log.info("starting on %s/v1 (granian, ASGI, 1 worker, up to %d connections; ready once the model "
-              "loads)", base_url(config.host, config.port), connections)
+              "loads)", base_url(config.host, config.port, config.tls), connections)
+    # HTTPS: TLS 1.2 at least, Python's and uvicorn's floor (granian's own, 1.3, turns away older clients).
+    tls: dict[str, Any] = ({"ssl_cert": Path(config.ssl_certfile), "ssl_key": Path(config.ssl_keyfile),
+                            "ssl_protocol_min": SSLProtocols.tls12}
+                           if config.ssl_certfile and config.ssl_keyfile else {})
     server = SupervisedGranian(
         APP_FACTORY,
         address=config.host,
@@ -99,6 +105,7 @@ def serve(config: ServiceConfig) -> int:
         http=HTTPModes.http1,
         http1_settings=HTTP1Settings(header_read_timeout=max(1, int(limits.header_timeout * 1000))),
         workers_kill_timeout=math.ceil(config.shutdown_timeout) + _KILL_MARGIN_SECONDS,
+        **tls,
     )
     server.serve()
     return 0

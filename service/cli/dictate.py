@@ -10,6 +10,7 @@ import contextlib
 import math
 import os
 import queue
+import ssl
 import sys
 import time
 from typing import Any, AsyncIterator, Callable
@@ -116,6 +117,9 @@ async def _connected(args: argparse.Namespace, url: str, rate: int, display: Any
         ws = await websockets.connect(url, additional_headers=headers, max_size=None)
     except websockets.InvalidStatus as exc:
         raise _refused(args, url, headers, exc.response.status_code) from None
+    except ssl.SSLCertVerificationError as exc:
+        raise CLIError(f"cannot reach {args.server}: {exc.verify_message or exc}: trust its certificate (or its CA) "
+                       "with SSL_CERT_FILE=PEM", code=1) from None
     except (OSError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
         raise CLIError(f"cannot reach {args.server}: {exc}", code=1) from None
     session = DictateSession(ws, display)
@@ -155,7 +159,8 @@ def _refused(args: argparse.Namespace, url: str, headers: dict[str, str], status
 
     base = url.split("/realtime?", 1)[0].replace("ws://", "http://", 1).replace("wss://", "https://", 1)
     try:
-        response = httpx.get(f"{base}/models", headers=headers, timeout=5)
+        # The websocket's trust (the system's CAs, SSL_CERT_FILE), not httpx's own certifi bundle.
+        response = httpx.get(f"{base}/models", headers=headers, timeout=5, verify=ssl.create_default_context())
         answer, message = response.status_code, str(response.json().get("error", {}).get("message") or "")
     except (httpx.HTTPError, ValueError, AttributeError):
         answer, message = 0, ""

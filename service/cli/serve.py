@@ -16,6 +16,7 @@ from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, s
 from service.cli.resolve import resolve_adapter, resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
+from service.cli.serve_tls import add_serve_tls_args, configure_serve_tls
 from service.config import SSE_KEEPALIVE, ServiceConfig, base_url, unbracketed
 from service.process.port_lock import PortBusy, PortLock, lock_port
 
@@ -89,6 +90,7 @@ def add_serve(sub: Any) -> None:
                         "so read timeouts and proxies do not cut it; 0: none, for clients that parse every line as an "
                         f"event (llmperf); else at least {MIN_KEEPALIVE:g}")
     add_serve_limit_args(p)
+    add_serve_tls_args(p)
     add_serve_speech_args(p)
     p.set_defaults(func=_serve)
 
@@ -130,6 +132,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         sse_keepalive=args.sse_keepalive,
     )
     configure_serve_limits(args, config)
+    configure_serve_tls(args, config)
     return config
 
 
@@ -196,8 +199,8 @@ def _serve(args: argparse.Namespace) -> int:
     if not logging.getLogger("tandem.service").isEnabledFor(logging.INFO):
         # The info line that names the address is not shown at this level; the address always is. "Starting":
         # the model loads after this, and a load that fails must not follow a claim that the server is serving.
-        print(f"tandem serve: starting on {base_url(config.host, config.port)}/v1 (ready once the model loads)",
-              file=sys.stderr, flush=True)
+        url = base_url(config.host, config.port, config.tls)
+        print(f"tandem serve: starting on {url}/v1 (ready once the model loads)", file=sys.stderr, flush=True)
     if source is not None:
         _log.info("model %s (%s: %s)", source.name, source.kind, source.path)
     _log.info("%s", speech.note)

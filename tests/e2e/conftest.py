@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -37,10 +38,12 @@ def _tandem_command() -> list[str]:
 
 @dataclass
 class TandemServer:
-    """A running server: `base_url` ends in /v1; `log` holds its output so far."""
+    """A running server: `base_url` ends in /v1; `log` holds its output so far; `ca`: the CA of its certificate when
+    it serves HTTPS."""
 
     process: subprocess.Popen[str]
     port: int
+    ca: Path | None = None
     log: list[str] = field(default_factory=list)
     ready: threading.Event = field(default_factory=threading.Event)
     lines: threading.Condition = field(default_factory=threading.Condition)
@@ -61,18 +64,23 @@ class TandemServer:
 
     def worker_pid(self) -> int:
         """The pid of the worker serving now (from /stats)."""
-        return int(httpx.get(f"{self.root}/stats", timeout=10).json()["pid"])
+        return int(httpx.get(f"{self.root}/stats", timeout=10, verify=self.verify).json()["pid"])
 
     @property
     def root(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.ca else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def verify(self) -> ssl.SSLContext:
+        """What a client trusts to reach it: the system's CAs, or only its own CA."""
+        return ssl.create_default_context(cafile=str(self.ca) if self.ca else None)
 
     @property
     def base_url(self) -> str:
         return f"{self.root}/v1"
 
     def stats(self) -> dict:
-        return httpx.get(f"{self.root}/stats", timeout=10).json()
+        return httpx.get(f"{self.root}/stats", timeout=10, verify=self.verify).json()
 
     def output(self) -> str:
         return "".join(self.log[-80:])
@@ -87,9 +95,9 @@ class TandemServer:
                 self.process.wait(timeout=10)
 
 
-def start_tandem_server(*args: str, env: dict[str, str] | None = None) -> TandemServer:
-    """Start `tandem serve *args --port <free>` and wait until it serves. Fails the test with the server's
-    log when it exits or does not become ready in time."""
+def start_tandem_server(*args: str, env: dict[str, str] | None = None, ca: Path | None = None) -> TandemServer:
+    """Start `tandem serve *args --port <free>` and wait until it serves (`ca`: it serves HTTPS with a certificate
+    from that CA). Fails the test with the server's log when it exits or does not become ready in time."""
     port = _free_port()
     process = subprocess.Popen(
         [*_tandem_command(), "serve", *args, "--port", str(port)],
@@ -98,7 +106,7 @@ def start_tandem_server(*args: str, env: dict[str, str] | None = None) -> Tandem
         text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
     )
-    server = TandemServer(process, port)
+    server = TandemServer(process, port, ca=ca)
 
     def pump() -> None:
         assert process.stdout is not None
@@ -114,7 +122,7 @@ def start_tandem_server(*args: str, env: dict[str, str] | None = None) -> Tandem
     if not server.ready.wait(STARTUP_TIMEOUT_S) or process.poll() is not None:
         server.stop()
         pytest.fail(f"tandem serve did not start:\n{server.output()}")
-    health = httpx.get(f"{server.root}/health", timeout=10)
+    health = httpx.get(f"{server.root}/health", timeout=10, verify=server.verify)
     if health.status_code != 200:
         server.stop()
         pytest.fail(f"/health answered {health.status_code} after startup:\n{server.output()}")
