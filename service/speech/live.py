@@ -170,7 +170,9 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
         if intent is None and _implied_transcription(socket, state, model):
             intent = "transcription"
         if intent != "transcription":
-            raise APIError(400, "only transcription sessions are served here: connect with ?intent=transcription",
+            # openai-node's Node client cannot add ?intent: the hint names the way it can open one
+            raise APIError(400, "only transcription sessions are served here: connect with ?intent=transcription, or "
+                           "name a transcription model as ?model= (e.g. gpt-4o-transcribe or the served Whisper)",
                            param="intent", code="invalid_value")
         speech = served_speech(state, model)
         config = RealtimeConfig(model=model)

@@ -184,6 +184,7 @@ def test_a_secret_or_a_served_whisper_model_needs_no_intent(keyed: TestClient[An
     with keyed.websocket_connect("/v1/realtime?model=gpt-realtime", headers=ga(KEYS[0])) as ws:
         event = ws.receive_json(timeout=30)
     assert event["type"] == "error" and event["error"]["param"] == "intent"
+    assert "?model= (e.g. gpt-4o-transcribe" in event["error"]["message"]  # a client that cannot add ?intent can
 
 
 def test_a_secret_opens_no_http_route(keyed: TestClient[Any]) -> None:
