@@ -30,6 +30,7 @@ from service.engines import open_engine
 from service.admin.metrics import ServiceMetrics
 from service.http.access_log import AccessLog
 from service.http.auth import CORS_METHODS, EXPOSED_HEADERS
+from service.http.forwarded import TrustedProxies
 from service.http.guard import Guard
 from service.http.head import HeadAsGet
 from service.http.handlers import EXCEPTION_HANDLERS
@@ -244,7 +245,8 @@ def create_app(state: AppState | None = None) -> Litestar:
     # limits), and outside it one log line and the request metrics per request, whatever answered it.
     paths = frozenset(route.path for route in app.routes if "{" not in route.path)
     # Outermost: error answers on /v1/messages in Anthropic's shape (the access log still reads OpenAI's).
-    app.asgi_handler = AnthropicErrors(AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics, paths))
+    app.asgi_handler = AnthropicErrors(AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics, paths,
+                                                 TrustedProxies(state.config.forwarded_allow_ips)))
     return app
 
 

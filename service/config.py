@@ -117,6 +117,8 @@ class ServiceConfig:
     allowed_origins: list[str] = field(default_factory=list)
     # Host names a keyless loopback server answers besides this machine's own (service/http/auth.py host_allowed).
     allowed_hosts: list[str] = field(default_factory=list)
+    # Peers whose X-Forwarded-For names the client in the access log (service/http/forwarded.py): IPs, CIDRs or "*".
+    forwarded_allow_ips: list[str] = field(default_factory=lambda: ["127.0.0.1"])
     limits: Limits = field(default_factory=Limits)
     extra: dict[str, Any] = field(default_factory=dict)
 

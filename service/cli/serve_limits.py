@@ -16,6 +16,7 @@ from service.cli.parsers import byte_size, seconds
 from service.cli.serve_speech import mark_speech_only
 from service.config import API_KEY_ENV, ServiceConfig, split_list
 from service.http.auth import is_loopback
+from service.http.forwarded import TrustedProxies
 from service.http.guard import MIN_BODY_RATE
 from service.limits import Limits
 
@@ -94,6 +95,10 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                           "hostname), comma-separated, '*' for any: e.g. the name a local reverse proxy forwards. "
                           "Others get 403, so a page re-pointing its domain at 127.0.0.1 cannot use the server "
                           "(default: none)")
+    acc.add_argument("--forwarded-allow-ips", action="append", default=None,
+                     help="peers (a reverse proxy) whose X-Forwarded-For names the client on the access-log line "
+                          "('from CLIENT via PROXY'), as uvicorn's flag: IP addresses or networks, comma-separated, "
+                          "'*' for any; the header of any other peer is ignored (default: 127.0.0.1)")
 
 
 def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> None:
@@ -129,6 +134,12 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
     config.api_keys = list(dict.fromkeys(split_list(args.api_key) + split_list(os.environ.get(API_KEY_ENV))))
     config.allowed_origins = [_origin(o) for o in split_list(args.allowed_origins)]
     config.allowed_hosts = split_list(args.allowed_hosts)
+    if args.forwarded_allow_ips is not None:
+        config.forwarded_allow_ips = split_list(args.forwarded_allow_ips)
+        try:
+            TrustedProxies(config.forwarded_allow_ips)
+        except ValueError as exc:
+            raise CLIError(f"--forwarded-allow-ips: {exc}") from None
 
 
 def _origin(value: str) -> str:

@@ -2,7 +2,8 @@
 them (`record_tokens`); the same request counted in the metrics by route template. Wraps the whole app,
 so 404s, CORS preflights and the guard's refusals are logged and counted too, and each gets an
 `x-request-id` header (the openai SDKs read it into `_request_id`): the client's own when it sent a sane one, as vLLM
-echoes it, else a fresh one. A websocket gets its line when it ends."""
+echoes it, else a fresh one. A websocket gets its line when it ends. Behind a reverse proxy listed in
+--forwarded-allow-ips, the client is the one its X-Forwarded-For names (service/http/forwarded.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from litestar.connection import ASGIConnection
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from service.http.auth import header
+from service.http.forwarded import TrustedProxies
 
 __all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "record_metadata", "arrival_time",
            "ACCESS_LOGGER"]
@@ -76,11 +78,14 @@ class AccessLog:
     """ASGI wrapper logging (and counting) each HTTP request once it has been answered (streams: once
     they end)."""
 
-    def __init__(self, app: ASGIApp, metrics: RequestMetrics | None = None, paths: frozenset[str] = frozenset()) -> None:
+    def __init__(self, app: ASGIApp, metrics: RequestMetrics | None = None, paths: frozenset[str] = frozenset(),
+                 proxies: TrustedProxies | None = None) -> None:
         self.app = app
         self.metrics = metrics
         # The app's fixed paths: a request the guard refused before routing is still counted under its route.
         self.paths = paths
+        # Peers whose X-Forwarded-For names the client on the line (--forwarded-allow-ips).
+        self.proxies = proxies or TrustedProxies()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -131,7 +136,7 @@ class AccessLog:
             if status and not ended:  # a 200 whose stream was cut short must not read as a whole answer
                 line += " incomplete: the client left" if left else " incomplete"
             # The id the client got (x-request-id, the SDKs' `_request_id`) and its address: a report finds its line.
-            line += f" {request_id} from {_client(scope)}"
+            line += f" {request_id} from {self._client(scope)}"
             _log.info("%s", line)
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
@@ -171,6 +176,12 @@ class AccessLog:
                                                        else self._route(scope, code))
                 self.metrics.observe_session(str(route), code, seconds)
 
+    def _client(self, scope: Scope) -> str:
+        """The client's address; behind a trusted proxy the one its X-Forwarded-For names, and the proxy's
+        (`203.0.113.7 via 127.0.0.1`). Raises nothing."""
+        client, proxy = self.proxies.client(scope)
+        return client if proxy is None else f"{client} via {proxy}"
+
     def _route(self, scope: Scope, code: int | None) -> str:
         """The label of a request no route took: its path where that is one of the app's, else "unrouted" (a 404)
         or "guard" (refused before routing). Raises nothing."""
@@ -193,11 +204,6 @@ def _request_id(scope: Scope) -> str:
 
 def _method_label(method: Any) -> str:
     return method if method in _METHODS else "other"
-
-
-def _client(scope: Scope) -> str:
-    client = scope.get("client")
-    return str(client[0]) if client else "-"
 
 
 def _event_error(body: Any) -> str:

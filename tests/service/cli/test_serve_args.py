@@ -175,3 +175,17 @@ def test_sse_keepalive_reaches_the_worker_config(capsys: pytest.CaptureFixture[s
         parse(["serve", "--sse-keepalive", "0.001"])
     assert "at least 0.5" in capsys.readouterr().err
     assert serve_config(parse(["serve", "--sse-keepalive", "0.5"])).sse_keepalive == 0.5
+
+
+def test_forwarded_allow_ips_are_taken_and_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli.main import build_parser
+    from service.cli.serve import serve_config
+
+    parse = build_parser().parse_args
+    assert serve_config(parse(["serve"])).forwarded_allow_ips == ["127.0.0.1"]  # uvicorn's default
+    config = serve_config(parse(["serve", "--forwarded-allow-ips", "127.0.0.1, 10.0.0.0/8", "--forwarded-allow-ips",
+                                 "::1"]))
+    assert config.forwarded_allow_ips == ["127.0.0.1", "10.0.0.0/8", "::1"]
+    assert serve_config(parse(["serve", "--forwarded-allow-ips", "*"])).forwarded_allow_ips == ["*"]
+    assert main(["serve", "--forwarded-allow-ips", "proxy.internal"]) == 2
+    assert "--forwarded-allow-ips: 'proxy.internal' is not an IP address or network" in capsys.readouterr().err

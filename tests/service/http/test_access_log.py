@@ -239,6 +239,46 @@ def test_a_stream_that_failed_after_its_200_says_why(client: Any, fake_engine: A
     assert re.search(r"POST /v1/chat/completions 200 \d+\.\d ms .*error \S+ req_", line), line
 
 
+
+@pytest.mark.anyio
+async def test_behind_a_trusted_proxy_the_line_names_the_forwarded_client(capsys: pytest.CaptureFixture[str]) -> None:
+    # Behind nginx every line said "from 127.0.0.1": the proxy, never the client.
+    from service.http.access_log import AccessLog
+
+    async def whole(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    async def sink(message: Any) -> None:
+        pass
+
+    scope = {"type": "http", "method": "GET", "path": "/health", "query_string": b"",
+             "headers": [(b"x-forwarded-for", b"198.51.100.1, 203.0.113.7")]}
+    capsys.readouterr()
+    await AccessLog(whole)(dict(scope, client=("127.0.0.1", 50000)), sink, sink)  # the default trusts 127.0.0.1
+    await AccessLog(whole)(dict(scope, client=("192.0.2.9", 50000)), sink, sink)  # any other peer is not believed
+    proxied, direct = _lines(capsys.readouterr().err)
+    assert proxied.endswith(" from 203.0.113.7 via 127.0.0.1"), proxied
+    assert direct.endswith(" from 192.0.2.9"), direct
+
+
+def test_forwarded_allow_ips_reaches_the_log(capsys: pytest.CaptureFixture[str]) -> None:
+    from litestar.testing import TestClient
+
+    from service.app import create_app
+    from service.config import ServiceConfig
+    from service.state import AppState
+    from tests.service.fake_engine import FakeEngine
+
+    for trusted, end in ((["*"], " from 198.51.100.1 via testclient"), (["127.0.0.1"], " from testclient")):
+        config = ServiceConfig(forwarded_allow_ips=trusted)
+        with TestClient(create_app(AppState(engine=FakeEngine(), config=config))) as client:
+            capsys.readouterr()
+            client.get("/v1/models", headers={"x-forwarded-for": "198.51.100.1, 203.0.113.7"})
+            (line,) = _lines(capsys.readouterr().err)
+        assert line.endswith(end), line
+
+
 def test_a_long_end_user_id_is_cut_on_the_line(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
     # `user` and `safety_identifier` went on the line whole: a 100 kB id made a 100 kB log line. The API still takes it.
     chat = {"messages": [{"role": "user", "content": "hi"}]}
