@@ -8,7 +8,10 @@ granian 2.8's main loop respawns without telling a startup failure from a kill a
 loop when deaths are under 5.5 s apart; `_serve_loop` is replaced here (granian's version is pinned). Its signal
 handlers set a threading.Event, whose lock a second signal arriving inside that set() waited on forever (`uv run`
 forwards SIGTERM, so `pkill` delivers two): `wake` never blocks in a handler. A second SIGINT/SIGTERM a moment
-after the first kills the worker instead of waiting out its drain (the second Ctrl-C convention).
+after the first stops the worker instead of waiting out its drain (the second Ctrl-C convention): the worker is told
+to end its open streams now, each with an error event (shutting_down) and [DONE] (drain.HURRY_SIGNAL), and is killed
+FORCED_STOP_SECONDS later if it has not gone (a third interrupt kills it at once); the process then exits
+EXIT_FORCED_STOP, not 0: what was in flight did not finish.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import Any
 
 from granian.server.mp import MPServer
 
+from service.process.drain import HURRY_SIGNAL
 from service.process.restarts import EXIT_STOPPED_LOADING, RestartPolicy
 
-__all__ = ["SupervisedGranian", "WORKER_GENERATION_ENV", "worker_generation", "wake"]
+__all__ = ["SupervisedGranian", "WORKER_GENERATION_ENV", "worker_generation", "wake", "EXIT_FORCED_STOP"]
 
 # 0 for the first worker, n for the n-th respawn (read by the worker at startup).
 WORKER_GENERATION_ENV = "TANDEM_WORKER_GENERATION"
@@ -34,6 +38,10 @@ _log = logging.getLogger("tandem.service")
 # A second SIGINT/SIGTERM at least this long after the first kills the worker at once (streams are cut). Closer
 # together they are one request: `uv run` forwards the SIGTERM that `pkill` also delivered itself.
 FORCE_AFTER_SECONDS = 0.5
+# After a second interrupt, how long the worker gets to write its streams' final events and go before it is killed.
+FORCED_STOP_SECONDS = 3.0
+# This process's exit status after a second interrupt stopped the drain.
+EXIT_FORCED_STOP = 1
 
 
 def worker_generation(environ: Any = None) -> int:
@@ -67,6 +75,7 @@ class SupervisedGranian(MPServer):
         self.exit_code = 0
         self.interrupted_at: float | None = None  # monotonic time of the first SIGINT/SIGTERM
         self.interrupted_by: int | None = None  # and its number
+        self.forced = False  # a second interrupt cut the drain short
 
     def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
         now = time.monotonic()
@@ -75,17 +84,37 @@ class SupervisedGranian(MPServer):
             self.interrupted_at = now
             self.interrupted_by = args[0] if args and isinstance(args[0], int) else None
         elif now - first >= FORCE_AFTER_SECONDS:
-            self.force_stop()
+            if getattr(self, "forced", False):
+                self.kill_workers()  # a third: no more waiting
+            else:
+                self.force_stop()
         self.interrupt_signal = True
         wake(self.main_loop_interrupt)
 
     def force_stop(self) -> None:
-        """Kill the workers now (the convention for a second Ctrl-C): the drain's wait ends and the main
-        process exits; open streams are cut. Runs in a signal handler: kill() is one os.kill. Raises nothing."""
-        _log.warning("second interrupt: stopping now; open streams are cut")
+        """Stop now (the convention for a second Ctrl-C): each worker ends its open streams with their final events
+        at once (HURRY_SIGNAL) and is killed FORCED_STOP_SECONDS later if it is still there; the main process then
+        exits EXIT_FORCED_STOP. Runs in a signal handler: one os.kill a worker and a timer thread. Raises nothing."""
+        _log.warning("second interrupt: stopping now; open streams end with an error event")
+        self.forced = True
+        for worker in list(getattr(self, "wrks", ())):
+            pid = getattr(getattr(worker, "inner", None), "pid", None)
+            try:
+                if pid is not None:
+                    os.kill(pid, HURRY_SIGNAL)
+            except OSError:  # already gone
+                pass
+        timer = threading.Timer(FORCED_STOP_SECONDS, self.kill_workers)
+        timer.daemon = True
+        timer.start()
+
+    def kill_workers(self) -> None:
+        """Kill the workers still there: the drain's wait ends and the main process exits. Raises nothing."""
         for worker in list(getattr(self, "wrks", ())):
             try:
-                worker.kill()
+                if worker.is_alive():
+                    _log.warning("worker-%d did not stop in time: killed", worker.idx + 1)
+                    worker.kill()
             except (OSError, AttributeError, ValueError):  # not started yet, or already reaped
                 pass
 
@@ -110,11 +139,11 @@ class SupervisedGranian(MPServer):
 
     def signal_exit_code(self, worker_codes: list[int | None]) -> int | None:
         """128 + the signal when a worker it stopped had not loaded its models yet (EXIT_STOPPED_LOADING), else
-        None (granian's exit stands). Raises nothing."""
+        EXIT_FORCED_STOP after a second interrupt, else None (granian's exit stands). Raises nothing."""
         signum = getattr(self, "interrupted_by", None)
-        if signum is None or EXIT_STOPPED_LOADING not in worker_codes:
-            return None
-        return 128 + signum
+        if signum is not None and EXIT_STOPPED_LOADING in worker_codes:
+            return 128 + signum
+        return EXIT_FORCED_STOP if getattr(self, "forced", False) else None
 
     def _serve_loop(self, spawn_target: Any, target_loader: Any) -> None:
         while True:

@@ -64,6 +64,36 @@ async def test_streams_that_finish_in_time_finish_normally(tiny_loaded: Any, no_
     assert [e["choices"][0]["finish_reason"] for e in events[:-1] if e["choices"]][-1] == "length"
 
 
+@pytest.mark.parametrize("hurried_before_the_drain", [False, True])
+async def test_a_second_interrupt_ends_streams_with_their_final_events_at_once(
+        tiny_loaded: Any, no_eos: dict[str, int], hurried_before_the_drain: bool) -> None:
+    # The second Ctrl-C killed the worker: open streams were cut with no error event and no [DONE]. Now the worker is
+    # told (drain.HURRY_SIGNAL) and ends them as the deadline does, before the supervisor's kill.
+    engine = Engine(tiny_loaded, max_active=4)
+    state = AppState(engine=engine, ready=True, config=ServiceConfig(shutdown_timeout=600))
+    app = create_app(state)
+    client = ASGIClient({"messages": USER, "stream": True, "max_tokens": 1900, "logit_bias": no_eos})
+    hurry = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(engine.serve)
+        tg.start_soon(app, asgi_scope("/v1/chat/completions"), client.receive, client.send)
+        await client.first.wait()
+        if hurried_before_the_drain:  # the supervisor's signal came first: the worker drains at once
+            hurry.set()
+        with anyio.fail_after(120):  # far under the 600 s grace: only the hurry ends the wait
+            async with anyio.create_task_group() as draining:
+                draining.start_soon(drain, state, hurry)
+                if not hurry.is_set():
+                    await anyio.wait_all_tasks_blocked()  # the drain waits for the stream, 600 s at most
+                    assert state.draining and state.inflight.count == 1
+                    hurry.set()
+            await client.leave.wait()
+        engine.close()
+    events = client.events()
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "shutting_down"
+    assert state.inflight.count == 0
+
+
 def test_while_draining_new_requests_get_503_and_health_says_stopping(tiny_loaded: Any) -> None:
     state = AppState(engine=Engine(tiny_loaded, max_active=4))
     with TestClient(create_app(state)) as client:

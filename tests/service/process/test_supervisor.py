@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -47,15 +48,35 @@ def test_wake_sets_the_event_at_once_when_the_lock_is_free() -> None:
 class _Worker:
     def __init__(self) -> None:
         self.killed = 0
+        self.idx = 0
+        self.inner = type("Process", (), {"pid": 4242})()
 
     def kill(self) -> None:
         self.killed += 1
+
+    def is_alive(self) -> bool:
+        return self.killed == 0
+
+
+class _Timer:
+    """threading.Timer, run by the test instead of a clock."""
+
+    made: list["_Timer"] = []
+
+    def __init__(self, interval: float, function: Any) -> None:
+        self.interval, self.function, self.started, self.daemon = interval, function, False, False
+        _Timer.made.append(self)
+
+    def start(self) -> None:
+        self.started = True
 
 
 def _server_at(clock: list[float], monkeypatch: pytest.MonkeyPatch) -> tuple[SupervisedGranian, _Worker]:
     import service.process.supervisor as supervisor
 
     monkeypatch.setattr(supervisor.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(supervisor.threading, "Timer", _Timer)
+    monkeypatch.setattr(_Timer, "made", [])
     server = object.__new__(SupervisedGranian)
     server.main_loop_interrupt = threading.Event()
     server.interrupt_signal = server.reload_signal = False
@@ -64,13 +85,39 @@ def _server_at(clock: list[float], monkeypatch: pytest.MonkeyPatch) -> tuple[Sup
     return server, worker
 
 
-def test_a_second_interrupt_kills_the_worker_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    # With --shutdown-timeout 30, Ctrl-C twice still waited the whole drain: the second one must end it.
+def test_a_second_interrupt_ends_the_streams_then_kills_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With --shutdown-timeout 30, Ctrl-C twice still waited the whole drain: the second one must end it. It killed the
+    # worker at once: open streams were cut with no error event and no [DONE], and the process exited 0.
+    import service.process.supervisor as supervisor
+    from service.process.drain import HURRY_SIGNAL
+
+    signalled: list[tuple[int, int]] = []
+    monkeypatch.setattr(supervisor.os, "kill", lambda pid, sig: signalled.append((pid, sig)))
     clock = [100.0]
     server, worker = _server_at(clock, monkeypatch)
     server.signal_handler_interrupt()
-    assert worker.killed == 0 and server.interrupt_signal  # the first drains
+    assert worker.killed == 0 and server.interrupt_signal and not signalled  # the first drains
+    assert server.signal_exit_code([0]) is None  # a drained server exits 0
     clock[0] += 1.0
+    server.signal_handler_interrupt()
+    assert signalled == [(4242, HURRY_SIGNAL)] and worker.killed == 0  # the worker ends its streams itself
+    (timer,) = _Timer.made
+    assert timer.started and timer.daemon and timer.interval == supervisor.FORCED_STOP_SECONDS
+    timer.function()  # it has not gone meanwhile
+    assert worker.killed == 1
+    assert server.signal_exit_code([-9]) == supervisor.EXIT_FORCED_STOP == 1
+
+
+def test_a_third_interrupt_kills_the_worker_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import service.process.supervisor as supervisor
+
+    monkeypatch.setattr(supervisor.os, "kill", lambda pid, sig: None)
+    clock = [100.0]
+    server, worker = _server_at(clock, monkeypatch)
+    for _ in range(2):
+        server.signal_handler_interrupt()
+        clock[0] += 1.0
+    assert worker.killed == 0
     server.signal_handler_interrupt()
     assert worker.killed == 1
 
