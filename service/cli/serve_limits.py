@@ -68,7 +68,12 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
     ]
     mark_speech_only(p, *speech_only)
     lim.add_argument("--header-timeout", type=seconds, default=_DEFAULT.header_timeout, metavar="SEC",
-                     help="seconds a connection has to send its request headers")
+                     help="seconds a connection has to send its request headers, and so also how long an idle "
+                          "keep-alive connection stays open between requests (granian has no separate idle "
+                          "timeout): behind a reverse proxy that keeps upstream connections open (nginx's upstream "
+                          "keepalive, a load balancer), set its upstream idle timeout below this (nginx: "
+                          "keepalive_timeout in the upstream block) or raise this, else it reuses a connection the "
+                          "server has just closed and answers 502")
     lim.add_argument("--body-timeout", type=seconds, default=_DEFAULT.body_timeout, metavar="SEC",
                      help=f"seconds a request body may send nothing before the request is answered 408; after "
                           f"them a body still arriving must have come at {MIN_BODY_RATE} bytes/s on average beyond "

@@ -67,3 +67,9 @@ def test_the_body_timeout_names_its_minimum_rate(capsys: pytest.CaptureFixture[s
 
     body = _serve_help("--body-timeout SEC", capsys)
     assert f"{MIN_BODY_RATE} bytes/s" in body and "408" in body, body
+
+
+def test_the_header_timeout_says_it_is_the_keep_alive_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    # A proxy pooling upstream connections for 60 s reused ones the server had closed at 10 s: 502 for a POST.
+    header = _serve_help("--header-timeout SEC", capsys)
+    assert "idle keep-alive connection" in header and "keepalive_timeout" in header and "502" in header, header
