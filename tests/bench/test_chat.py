@@ -38,13 +38,18 @@ CHILD_RUN = """
 import signal, subprocess, sys
 import bench.chat
 
+children = []
+
 def serve(cmd, port, env):  # a stand-in server: the test checks it is stopped with the benchmark
-    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
-    print(child.pid, flush=True)
-    return child
+    children.append(subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"]))
+    return children[-1]
+
+def run_load(*a):  # runs until the signal comes; the pid is told once the run is under way (a SIGTERM as the
+    print(children[-1].pid, flush=True)  # server was starting, before measure_server's try, orphaned it: flaky)
+    signal.pause()
 
 bench.chat._serve = serve
-bench.chat.run_load = lambda *a: signal.pause()  # the load runs until the signal comes
+bench.chat.run_load = run_load
 import engine.models
 engine.models.hf_dir_for = lambda spec: "/nonexistent/model"
 sys.exit(bench.chat.cli(["--no-peer", "--levels", "1"]))
