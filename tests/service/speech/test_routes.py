@@ -171,8 +171,12 @@ def test_a_g711_upload_is_read_by_its_type_and_an_au_file_as_the_file(client: Te
     assert upload(alaw, "audio/x-alaw") == upload(alaw, "audio/alaw;rate=8000") == pcma
     # Sun's .au, audio/basic's usual file (header: offset, size, 1 = 8-bit μ-law, rate, channels), decoded as the
     # file: its header is not read as samples
-    au = b".snd" + struct.pack(">5I", 24, len(ulaw), 1, 8000, 1) + ulaw
-    assert upload(au, "audio/basic") == raw
+    note = b"\0" * 800  # an annotation after the header: read as samples, 0.1 s more audio
+    au = b".snd" + struct.pack(">5I", 24 + len(note), len(ulaw), 1, 8000, 1) + note + ulaw
+    as_file = upload(au, "audio/basic")
+    # the whole reply once differed in CI in a segment's scores (a random model's near-ties beside another batch
+    # mate), so what the header decides is compared: the audio's length, and the text
+    assert (as_file["duration"], as_file["text"]) == (raw["duration"], raw["text"])
 
 
 def test_a_bad_raw_pcm_upload_names_the_file(client: TestClient[Any]) -> None:
