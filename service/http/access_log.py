@@ -31,8 +31,12 @@ _TOKENS_KEY = "tandem.tokens"
 _USER_KEY = "tandem.user"
 # What the line writes of it (OpenAI caps safety_identifier at 64): the API takes any length, the log stays bounded.
 _USER_CHARS = 64
-# A request's tags (OpenAI's `metadata`, its pairs and lengths already bounded by the route's schema).
+# A request's tags (OpenAI's `metadata`), as the line writes them.
 _METADATA_KEY = "tandem.metadata"
+# What the line writes of them, counted as written (JSON escapes a non-ASCII character in 6 or 12): OpenAI's limits
+# (16 pairs, 64-character keys, 512-character values) let 16 pairs of emoji make a 110 kB line.
+_TAG_CHARS = 64  # of each key and value
+_METADATA_CHARS = 1024  # of the whole object
 # When the request arrived (time.monotonic()): deadlines and time-to-first-token count from here.
 _ARRIVAL_KEY = "tandem.arrival"
 # A client's X-Request-Id taken as this request's: printable ASCII without spaces (one word of the log line, a valid
@@ -56,9 +60,37 @@ def record_user(connection: ASGIConnection[Any, Any, Any, Any], user: str | None
 
 
 def record_metadata(connection: ASGIConnection[Any, Any, Any, Any], metadata: dict[str, str] | None) -> None:
-    """Write `metadata` (a client's tags, within OpenAI's limits) on this request's log line. Raises nothing."""
+    """Write `metadata` (a client's tags, within OpenAI's limits) on this request's log line as one JSON object, each
+    key and value cut to _TAG_CHARS written characters and the object to _METADATA_CHARS, `...` marking a cut.
+    Raises nothing."""
     if metadata:
-        connection.scope.setdefault("state", {})[_METADATA_KEY] = metadata
+        connection.scope.setdefault("state", {})[_METADATA_KEY] = _written_metadata(metadata)
+
+
+def _written_metadata(metadata: dict[str, str]) -> str:
+    """`{"key":"value",...}` as the line writes it: `"text"...` a cut key or value, `,...}` pairs left out (the
+    object would pass _METADATA_CHARS). Raises nothing."""
+    written = ""
+    for key, value in metadata.items():
+        pair = f"{_quoted(key, _TAG_CHARS)}:{_quoted(value, _TAG_CHARS)}"
+        if 1 + len(written) + len(pair) + len(",...}") > _METADATA_CHARS:
+            return "{" + written + (",...}" if written else "...}")
+        written += f",{pair}" if written else pair
+    return "{" + written + "}"
+
+
+def _quoted(text: str, limit: int) -> str:
+    """`text` as a JSON string (ASCII: one line) of at most `limit` characters between its quotes, cut before the
+    escape that would pass it, `...` after the closing quote where it was cut. Raises nothing."""
+    pieces: list[str] = []
+    size = 0
+    for char in text[:limit + 1]:  # each character writes at least one
+        piece = json.dumps(char, ensure_ascii=True)[1:-1]
+        if size + len(piece) > limit:
+            return '"' + "".join(pieces) + '"...'
+        pieces.append(piece)
+        size += len(piece)
+    return '"' + "".join(pieces) + '"'
 
 
 def arrival_time(connection: ASGIConnection[Any, Any, Any, Any]) -> float:
@@ -261,6 +293,6 @@ def _line(scope: Scope, status: int | None, seconds: float, method: str | None =
     if (user := scope.get("state", {}).get(_USER_KEY)) is not None:
         # Quoted and escaped: a client's text on one line; "..." after the quote: it was cut.
         line += f" user {json.dumps(user[:_USER_CHARS], ensure_ascii=True)}{'...' if len(user) > _USER_CHARS else ''}"
-    if isinstance(metadata := scope.get("state", {}).get(_METADATA_KEY), dict):
-        line += f" metadata {json.dumps(metadata, ensure_ascii=True, separators=(',', ':'))}"  # as user's: one line
+    if isinstance(metadata := scope.get("state", {}).get(_METADATA_KEY), str):
+        line += f" metadata {metadata}"
     return line

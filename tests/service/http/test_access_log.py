@@ -291,3 +291,24 @@ def test_a_long_end_user_id_is_cut_on_the_line(client: Any, capsys: pytest.Captu
     assert f' user "{"a" * 64}"... req_' in cut and "z" not in cut, cut
     assert f' user "{"s" * 64}"... req_' in identifier, identifier
     assert len(cut) < 300
+
+
+def test_metadata_is_bounded_on_the_line(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # 16 keys of 64 emoji and values of 512 (within OpenAI's limits) went on the line whole, escaped: 110 kB a request.
+    emoji = {"\U0001f600" * 63 + f"{i:x}": "\U0001f600" * 512 for i in range(16)}
+    plain = {"k" * 64: "v" * 512, "q": 'a"' * 40, "short": "tag"}
+    capsys.readouterr()
+    for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                       ("/v1/completions", {"prompt": "x"})):
+        for metadata in (emoji, plain):
+            assert client.post(path, json={**body, "metadata": metadata}).status_code == 200
+    lines = _lines(capsys.readouterr().err)
+    assert len(lines) == 4, lines
+    for line in lines[0::2]:  # each key and value cut to 64 written characters (5 emoji), pairs past 1,024 left out
+        written = line.split(" metadata ", 1)[1].rsplit(" req_", 1)[0]
+        assert len(written) <= 1024 and len(line) < 1400, len(line)
+        pair = '"' + r"\ud83d\ude00" * 5 + '"...:"' + r"\ud83d\ude00" * 5 + '"...'
+        assert written.startswith("{" + pair + ",") and written.endswith(",...}"), written
+    for line in lines[1::2]:  # a key of 64 ASCII is whole; an escape is never split
+        assert (f' metadata {{"{"k" * 64}":"{"v" * 64}"...,"q":"{chr(92).join(["a"] + [chr(34) + "a"] * 21)}"...,'
+                f'"short":"tag"}} req_') in line, line
