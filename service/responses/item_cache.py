@@ -1,8 +1,10 @@
 """Output items and responses this server issued lately, by id: a request that refers to an item (`item_reference`:
 the Vercel AI SDK sends earlier output so unless told `store: false`) gets it back, and one that continues a response
 (`previous_response_id`) gets the conversation so far (each stored response keeps its own input and output and the
-id of the one it continued). Bounded by bytes, the least recently used forgotten first; kept per API key; nothing
-survives a restart (a reference is then a 400 that says what to send instead)."""
+id of the one it continued). A kept response's input items are referable too, by the ids GET .../input_items lists
+them by: an index from each id to its response and position, so nothing is copied and an item goes with its response.
+Bounded by bytes, the least recently used forgotten first; kept per API key; nothing survives a restart (a reference
+is then a 400 that says what to send instead)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ __all__ = ["IssuedItems", "ISSUED_ITEMS_BYTES", "footprint"]
 
 ISSUED_ITEMS_BYTES = 16 << 20  # 16 MiB of items as Python holds them: hours of an agent's turns, whatever is sent
 
+# What indexing one input item holds beside the item (its key and entry tuples, the list, a dict slot), counted with
+# its response: 20,000 tiny input items would otherwise index uncounted.
+_INDEX_BYTES = 2 * sys.getsizeof((None, None)) + sys.getsizeof([None]) + 64
+
 
 class IssuedItems:
     """(API key id, item id) → the item as the response gave it."""
@@ -22,6 +28,9 @@ class IssuedItems:
         self._max = max_bytes
         # (tenant, id) → (item, bytes it counts for, characters of text it holds)
         self._items: OrderedDict[tuple[str | None, str], tuple[dict[str, Any], int, int]] = OrderedDict()
+        # (tenant, input item id) → (response id, the item's place in its input) of each kept response whose own
+        # input holds it, oldest first: an id a client re-sends in several responses names the newest's.
+        self._inputs: dict[tuple[str | None, str], list[tuple[str, int]]] = {}
         self.bytes = 0
 
     def keep(self, tenant: str | None, items: list[dict[str, Any]]) -> None:
@@ -30,16 +39,28 @@ class IssuedItems:
             if not isinstance(item.get("id"), str):
                 continue
             key = (tenant, item["id"])
-            size = footprint(item)
+            size = footprint(item) + _INDEX_BYTES * len(_input_ids(item))
             if key in self._items:
-                self.bytes -= self._items.pop(key)[1]
+                self._drop(key)
             if size > self._max:
                 continue
             self._items[key] = (item, size, _text_chars(item))
             self.bytes += size
+            for at, item_id in _input_ids(item):
+                self._inputs.setdefault((tenant, item_id), []).append((item["id"], at))
         while self.bytes > self._max:
-            _, (_, size, _) = self._items.popitem(last=False)
-            self.bytes -= size
+            self._drop(next(iter(self._items)))
+
+    def _drop(self, key: tuple[str | None, str]) -> None:
+        """Forget a kept entry, and a response's input items with it. Raises nothing."""
+        item, size, _ = self._items.pop(key)
+        self.bytes -= size
+        for at, item_id in _input_ids(item):
+            places = self._inputs.get((key[0], item_id), [])
+            if (key[1], at) in places:
+                places.remove((key[1], at))
+            if not places:
+                self._inputs.pop((key[0], item_id), None)
 
     def keep_response(self, tenant: str | None, input_items: list[dict[str, Any]], response: dict[str, Any]) -> None:
         """Remember a response: its own input and the Response object it finished as (its id, output and the id
@@ -53,9 +74,8 @@ class IssuedItems:
 
     def forget(self, tenant: str | None, item_id: str) -> None:
         """Drop an item or response (a chain through it ends there). Raises nothing."""
-        found = self._items.pop((tenant, item_id), None)
-        if found is not None:
-            self.bytes -= found[1]
+        if (tenant, item_id) in self._items:
+            self._drop((tenant, item_id))
 
     def conversation(self, tenant: str | None, response_id: str) -> list[dict[str, Any]] | None:
         """Every item from the first response of the chain that ends with `response_id` up to its output, or None
@@ -104,6 +124,22 @@ class IssuedItems:
         self._items.move_to_end((tenant, item_id))
         return found[0], found[2]
 
+    def referable(self, tenant: str | None, item_id: str) -> tuple[dict[str, Any], int] | None:
+        """What an `item_reference` to `item_id` names, with the characters of text it holds, or None: an output item
+        this server issued under that id, else the input item of that id of the newest kept response whose own input
+        holds one (its response counts as used). Raises nothing."""
+        found = self._items.get((tenant, item_id))
+        if found is not None and found[0].get("type") != "response":
+            self._items.move_to_end((tenant, item_id))
+            return found[0], found[2]
+        places = self._inputs.get((tenant, item_id))
+        if not places:
+            return None
+        response_id, at = places[-1]
+        record = self.get(tenant, response_id)  # kept: a response's places go with it
+        item = record["input"][at] if record is not None else None
+        return (item, _text_chars(item)) if item is not None else None
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -125,6 +161,13 @@ def footprint(value: Any) -> int:
         elif isinstance(item, list):
             stack.extend(item)
     return total
+
+
+def _input_ids(record: dict[str, Any]) -> list[tuple[int, str]]:
+    """(place, id) of each input item of a kept response record with a string id; none for anything else."""
+    if record.get("type") != "response":
+        return []
+    return [(at, item["id"]) for at, item in enumerate(record.get("input") or ()) if isinstance(item.get("id"), str)]
 
 
 # Keys whose strings label an item rather than say something to the model.

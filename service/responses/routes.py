@@ -176,7 +176,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
                                 "(responses are kept a while, and not across restarts): send the conversation's "
                                 "items as input", param="previous_response_id", code="previous_response_not_found")
         earlier = found
-    items = input_items(data, lambda item_id: kept_items.get_sized(tenant, item_id), earlier, char_bound(engine))
+    items = input_items(data, lambda item_id: kept_items.referable(tenant, item_id), earlier, char_bound(engine))
     # This turn's input, resolved, each item with the id GET .../input_items lists it by.
     own = with_ids((item.model_dump(exclude_none=True) for item in items[len(earlier):]),
                    (item_id for item in earlier if isinstance(item_id := item.get("id"), str)))
@@ -247,7 +247,8 @@ async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a kept response", tags=["responses"],
-        responses=_NOT_KEPT, description="Forgets the response (its items stay resolvable while kept).")
+        responses=_NOT_KEPT, description="Forgets the response and its input items (the output items it gave "
+                                         "stay resolvable while kept).")
 async def delete_response(request: Request[Any, Any, Any], response_id: str) -> DeletedResponse:
     """Raises APIError 404 for a response not kept."""
     _kept_response(request, response_id)

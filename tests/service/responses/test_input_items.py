@@ -119,3 +119,32 @@ def test_reasoning_items_carry_their_encrypted_content_only_when_included(sdk: o
     assert plain.type == "reasoning" and plain.encrypted_content is None and plain.summary[0].text == "hmm"
     sealed = sdk.responses.input_items.list(created.id, order="asc", include=["reasoning.encrypted_content"]).data[0]
     assert sealed.encrypted_content == "opaque"
+
+
+def test_listed_input_items_can_be_referred_to_by_their_ids(http: TestClient[Any], engine: FakeEngine) -> None:
+    # As at OpenAI, an item_reference names any item of a kept response: its input's too, by the id listed.
+    created = http.post("/v1/responses", json={"tools": TOOLS, "input": [
+        {"role": "user", "content": "a"}, {"type": "message", "id": "msg_mine", "role": "user", "content": "b"},
+        CALL_ITEM, {"type": "function_call_output", "call_id": "call_1", "output": "18C"}]}).json()
+    listed = http.get(f"/v1/responses/{created['id']}/input_items", params={"order": "asc"}).json()["data"]
+    assert listed[1]["id"] == "msg_mine"
+    refs = [{"type": "item_reference", "id": item["id"]} for item in listed]
+    response = http.post("/v1/responses", json={"tools": TOOLS, "input": [*refs, {"role": "user", "content": "c"}]})
+    assert response.status_code == 200, response.text
+    messages = engine.tokenizer.template_calls[-1]["messages"]
+    assert messages[0] == {"role": "user", "content": "a\n\nb"} and messages[-1]["content"] == "c"
+    assert messages[1]["tool_calls"][0]["id"] == "call_1" and messages[2]["content"] == "18C"
+    # The second response holds them too (under the same ids); once both are deleted they name nothing.
+    for response_id in (response.json()["id"], created["id"]):
+        assert http.delete(f"/v1/responses/{response_id}").status_code == 200
+    gone = http.post("/v1/responses", json={"input": [{"type": "item_reference", "id": "msg_mine"}]})
+    assert gone.status_code == 400 and gone.json()["error"]["code"] == "item_not_found"
+
+
+def test_an_input_id_several_responses_share_names_the_newest(http: TestClient[Any], engine: FakeEngine) -> None:
+    for said in ("first", "second"):
+        http.post("/v1/responses", json={"input": [{"type": "message", "id": "msg_mine", "role": "user",
+                                                      "content": said}]})
+    response = http.post("/v1/responses", json={"input": [{"type": "item_reference", "id": "msg_mine"}]})
+    assert response.status_code == 200, response.text
+    assert engine.tokenizer.template_calls[-1]["messages"] == [{"role": "user", "content": "second"}]

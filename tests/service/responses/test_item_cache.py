@@ -5,7 +5,7 @@ from __future__ import annotations
 import tracemalloc
 from typing import Any
 
-from service.responses.item_cache import IssuedItems
+from service.responses.item_cache import IssuedItems, footprint
 
 
 def _item(i: int, size: int = 100) -> dict[str, str]:
@@ -75,3 +75,44 @@ def test_a_long_key_counts_as_what_it_holds() -> None:
     cache.keep_response("k", [], {"id": "resp_1", "previous_response_id": None, "output": [],
                                   "tools": [{"type": "web_search", "k" * 1_000_000: 1}]})
     assert cache.bytes >= 1_000_000
+
+
+def _response(response_id: str, output: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"id": response_id, "previous_response_id": None, "output": output or []}
+
+
+def test_a_kept_responses_input_items_are_referable_by_id_and_go_with_it() -> None:
+    cache = IssuedItems(max_bytes=10_000)
+    cache.keep_response("k", [_item(1, 10), {"type": "message", "content": "no id"}], _response("resp_1"))
+    assert cache.referable("k", "msg_1") == (_item(1, 10), 10)  # the kept item itself, not a copy
+    assert cache.referable("other", "msg_1") is None and cache.referable("k", "resp_1") is None
+    cache.forget("k", "resp_1")
+    assert cache.referable("k", "msg_1") is None and cache.bytes == 0
+
+
+def test_an_output_item_wins_then_the_newest_response_sharing_an_input_id() -> None:
+    cache = IssuedItems(max_bytes=10_000)
+    issued = {"id": "msg_1", "type": "message", "role": "assistant", "content": "issued"}
+    cache.keep("k", [issued])
+    cache.keep_response("k", [{**_item(1, 10), "text": "resent"}], _response("resp_1"))
+    assert cache.referable("k", "msg_1") == (issued, 6)
+    cache.keep_response("k", [_item(2, 10)], _response("resp_2"))
+    cache.keep_response("k", [{**_item(2, 10), "text": "newer"}], _response("resp_3"))
+    assert cache.referable("k", "msg_2") == ({"id": "msg_2", "text": "newer"}, 5)
+    cache.forget("k", "resp_3")  # the older response's item of that id is named again
+    assert cache.referable("k", "msg_2") == (_item(2, 10), 10)
+
+
+def test_an_evicted_responses_input_items_go_and_the_index_is_counted() -> None:
+    # The index is counted with its response: a response of 2,000 tiny input items costs more than their dicts.
+    items = [{"id": f"msg_{i:05d}"} for i in range(2_000)]
+    cache = IssuedItems(max_bytes=1 << 30)
+    cache.keep_response("k", items, _response("resp_1"))
+    unindexed = footprint({"id": "resp_1", "type": "response", "input": items, "response": _response("resp_1")})
+    assert cache.bytes >= unindexed + 2_000 * 200
+    small = IssuedItems(max_bytes=2_000)
+    small.keep_response("k", [_item(1, 10)], _response("resp_1"))
+    small.keep_response("k", [_item(2, 10)], _response("resp_2"))
+    small.keep_response("k", [_item(3, 10)], _response("resp_3"))  # over the bound: resp_1 goes, its item too
+    assert small.response("k", "resp_1") is None and small.referable("k", "msg_1") is None
+    assert small.referable("k", "msg_3") is not None and small.bytes <= 2_000
