@@ -5,7 +5,9 @@ Both files are checked here, so a bad one is one line before the start, not a Ru
 from __future__ import annotations
 
 import argparse
+import os
 import ssl
+import stat
 from pathlib import Path
 
 from service.cli.errors import CLIError
@@ -18,6 +20,11 @@ __all__ = ["add_serve_tls_args", "configure_serve_tls"]
 _CERT_MARK = b"-----BEGIN CERTIFICATE-----"
 _KEY_MARK = b"PRIVATE KEY-----"
 _ENCRYPTED_MARKS = (b"-----BEGIN ENCRYPTED PRIVATE KEY-----", b"Proc-Type: 4,ENCRYPTED")
+# A chain or a key is a few kB: a bigger file is neither, and read whole (/dev/zero never ends) it could fill the RAM.
+_MAX_PEM_BYTES = 1 << 20
+# What a path that is not a regular file names, as the refusal says it (it would block, never end, or is no file).
+_NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
 def add_serve_tls_args(p: argparse.ArgumentParser) -> None:
@@ -67,9 +74,23 @@ def configure_serve_tls(args: argparse.Namespace, config: ServiceConfig) -> None
 
 
 def _read(flag: str, value: str) -> tuple[Path, bytes]:
-    """The file's absolute path (the worker may start elsewhere) and its bytes. Raises CLIError naming `flag`."""
+    """The file's absolute path (the worker may start elsewhere) and its bytes. Raises CLIError naming `flag`: it
+    cannot be read, is not a regular file, or is over _MAX_PEM_BYTES."""
     path = Path(value).expanduser().absolute()
     try:
-        return path, path.read_bytes()
+        # Non-blocking: opening a FIFO for reading would wait for a writer; what it is, is asked of the open file.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                what = next((name for test, name in _NOT_FILES if test(mode)), "no regular file")
+                raise CLIError(f"{flag}: {path} is {what}, not a PEM file")
+            with open(fd, "rb", closefd=False) as file:
+                data = file.read(_MAX_PEM_BYTES + 1)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise CLIError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > _MAX_PEM_BYTES:
+        raise CLIError(f"{flag}: {path} is over {_MAX_PEM_BYTES >> 20} MiB, too big for a PEM certificate chain or key")
+    return path, data

@@ -84,3 +84,43 @@ def test_a_certificate_and_its_key_announce_https(pems: dict[str, Path], tiny_ll
     cert, key = Path(config.ssl_certfile), Path(config.ssl_keyfile)
     assert cert.is_absolute() and cert.samefile(pems["cert"]) and key.samefile(pems["key"])
     assert f"starting on https://127.0.0.1:{port}/v1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cert, words", [
+    ("/dev/zero", "--ssl-certfile: /dev/zero is a character device, not a PEM file"),  # read whole: 8.6 GB in 10 s
+    ("folder", "--ssl-certfile: {folder} is a directory, not a PEM file"),
+    ("big", "--ssl-certfile: {big} is over 1 MiB, too big for a PEM certificate chain or key"),
+])
+def test_a_certificate_that_is_no_small_regular_file_is_refused(cert: str, words: str, pems: dict[str, Path],
+                                                                tmp_path: Path, tiny_llm_dir: Path,
+                                                                served: list[object],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    if cert == "/dev/zero" and not Path(cert).exists():
+        pytest.skip("no /dev/zero here")
+    paths = {"folder": tmp_path, "big": tmp_path / "big.pem"}
+    # a certificate, then more than a chain ever holds
+    paths["big"].write_bytes(pems["cert"].read_bytes() + b"\n" * (1 << 20))
+    argv = ["--ssl-certfile", str(paths.get(cert, cert)), "--ssl-keyfile", str(pems["key"])]
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and words.format(**paths) in err, err
+    assert served == []
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(pems: dict[str, Path], tmp_path: Path, tiny_llm_dir: Path,
+                                                        served: list[object], capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo.pem"
+    os.mkfifo(fifo)
+    # A writer that sends nothing: opened for reading, the FIFO was read as empty (with none, the start hung).
+    writer = threading.Thread(target=lambda: fifo.open("wb").close())
+    writer.start()
+    code = main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()),
+                 "--ssl-certfile", str(fifo), "--ssl-keyfile", str(pems["key"])])
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # lets the writer's open return, if it still waits
+    writer.join()
+    os.close(reader)
+    assert code == 2 and f"--ssl-certfile: {fifo} is a FIFO, not a PEM file" in capsys.readouterr().err
+    assert served == []
