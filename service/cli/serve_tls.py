@@ -44,6 +44,9 @@ def configure_serve_tls(args: argparse.Namespace, config: ServiceConfig) -> None
     """Check the certificate and key and put their paths on `config`. Raises CLIError: one flag without the other, a
     file that cannot be read or holds no PEM certificate / key, an encrypted key, a key not the certificate's."""
     cert, key = args.ssl_certfile, args.ssl_keyfile
+    for flag, value in (("--ssl-certfile", cert), ("--ssl-keyfile", key)):
+        if value == "":  # Path("") is the current directory
+            raise CLIError(f"{flag} is empty: give the path of a PEM file")
     if (cert is None) != (key is None):
         raise CLIError("--ssl-certfile and --ssl-keyfile go together: give both (HTTPS) or neither (HTTP)")
     if cert is None:

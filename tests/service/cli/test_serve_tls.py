@@ -90,6 +90,7 @@ def test_a_certificate_and_its_key_announce_https(pems: dict[str, Path], tiny_ll
     ("/dev/zero", "--ssl-certfile: /dev/zero is a character device, not a PEM file"),  # read whole: 8.6 GB in 10 s
     ("folder", "--ssl-certfile: {folder} is a directory, not a PEM file"),
     ("big", "--ssl-certfile: {big} is over 1 MiB, too big for a PEM certificate chain or key"),
+    ("", "--ssl-certfile is empty: give the path of a PEM file"),  # it was read as the current directory
 ])
 def test_a_certificate_that_is_no_small_regular_file_is_refused(cert: str, words: str, pems: dict[str, Path],
                                                                 tmp_path: Path, tiny_llm_dir: Path,
@@ -104,6 +105,14 @@ def test_a_certificate_that_is_no_small_regular_file_is_refused(cert: str, words
     assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and words.format(**paths) in err, err
+    assert served == []
+
+
+def test_an_empty_key_path_is_refused_by_its_flag(pems: dict[str, Path], tiny_llm_dir: Path, served: list[object],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()),
+                 "--ssl-certfile", str(pems["cert"]), "--ssl-keyfile="]) == 2
+    assert "--ssl-keyfile is empty: give the path of a PEM file" in capsys.readouterr().err
     assert served == []
 
 
