@@ -179,8 +179,10 @@ class AccessLog:
     async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """One line when a websocket ends: 101 (accepted) or 403 (refused at the handshake, and why: the client
         sees no reason), how long it lasted and who closed it (the server's close code). Counted once in the metrics
-        as it ends, its length apart from the request durations (a session's, not a response's)."""
+        as it ends, its length apart from the request durations (a session's, not a response's). Its id and client end
+        the line as an HTTP request's do."""
         start = time.perf_counter()
+        request_id = _request_id(scope)
         status: list[int] = []
         closed: list[int] = []
         reasons: list[str] = []
@@ -202,7 +204,7 @@ class AccessLog:
             end = "refused" if not status else f"closed {closed[0]}" if closed else "closed by the client"
             if not status and reasons and reasons[0]:  # quoted: an Origin or Host header's text may be in it
                 end += f": {json.dumps(reasons[0], ensure_ascii=True)}"
-            _log.info("%s %s", line, end)
+            _log.info("%s %s %s from %s", line, end, request_id, self._client(scope))
             if self.metrics is not None:
                 route = scope.get("path_template") or ("unrouted" if code is None or code == 403
                                                        else self._route(scope, code))
