@@ -13,22 +13,32 @@ __all__ = ["TrustedProxies", "DEFAULT_FORWARDED_ALLOW_IPS"]
 # uvicorn's default: a proxy on this machine.
 DEFAULT_FORWARDED_ALLOW_IPS = ("127.0.0.1",)
 
-# An entry as an address is written (no port, no IPv6 zone): the longest, an IPv4-mapped IPv6, has 45 characters.
-# Anything else is ignored, so a client's text never reaches the log line through the header.
+# An entry as an address is written (no IPv6 zone): the longest, an IPv4-mapped IPv6, has 45 characters. Anything
+# else is ignored, so a client's text never reaches the log line through the header.
 _ADDRESS_TEXT = re.compile(r"[0-9A-Fa-f:.]{2,45}")
+# An entry with its port, as some proxies send it (Azure Application Gateway): `a.b.c.d:port`, `[IPv6]:port`; the
+# brackets alone too.
+_WITH_PORT = re.compile(r"(?P<v4>[0-9.]{7,15}):[0-9]{1,5}|\[(?P<v6>[0-9A-Fa-f:.]{2,45})\](?::[0-9]{1,5})?")
 
 _Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def _address(text: str) -> _Address | None:
-    """`text` as an IP address, None when it is not one (a port, a zone, a name, junk). Raises nothing."""
+    """`text` as an IP address, its port left out, an IPv4-mapped IPv6 (`::ffff:203.0.113.9`) as the IPv4 one it
+    maps; None when it is not one (a zone, a name, junk). Raises nothing."""
+    bracketed = False
+    if port := _WITH_PORT.fullmatch(text):
+        text, bracketed = port["v4"] or port["v6"], port["v6"] is not None
     if not _ADDRESS_TEXT.fullmatch(text):
         return None
     try:
-        return ipaddress.ip_address(text)
+        address = ipaddress.ip_address(text)
     except ValueError:
         return None
+    if isinstance(address, ipaddress.IPv6Address):
+        return address.ipv4_mapped or address
+    return None if bracketed else address  # brackets hold an IPv6 address
 
 
 class TrustedProxies:
@@ -43,9 +53,14 @@ class TrustedProxies:
             if item == "*":
                 continue
             try:
-                self.networks.append(ipaddress.ip_network(item, strict=False))
+                network = ipaddress.ip_network(item, strict=False)
             except ValueError:
                 raise ValueError(f"{item!r} is not an IP address or network (e.g. 10.0.0.0/8), nor '*'") from None
+            # IPv4-mapped (::ffff:a.b.c.d/96+): addresses are compared as the IPv4 ones they map, so is this.
+            mapped = network.network_address.ipv4_mapped if isinstance(network, ipaddress.IPv6Network) else None
+            if mapped is not None and network.prefixlen >= 96:
+                network = ipaddress.IPv4Network(f"{mapped}/{network.prefixlen - 96}")
+            self.networks.append(network)
 
     def trusts(self, host: str | None) -> bool:
         """Whether `host` (a peer's or an entry's address text) is a trusted proxy. Raises nothing."""
