@@ -26,12 +26,6 @@ def _words(text: str) -> list[str]:
     return [w for w in (re.sub(r"[^a-z0-9']", "", raw.lower()) for raw in text.split()) if w]
 
 
-def _without_words(chunk: str, count: int) -> str:
-    """`chunk` without its first `count` whitespace-separated words, its leading space kept."""
-    raw = chunk.split()
-    return (" " if chunk[:1].isspace() else "") + " ".join(raw[count:])
-
-
 def without_repeats(before: str, new: str) -> str:
     """`new` (text that follows `before` in one utterance) without each complete sentence of it whose words are the
     end of the sentence just before it — the same sentence again, or its tail — and at least MIN_WORDS long; the
@@ -77,8 +71,8 @@ def _kept(before: str, new: str) -> list[tuple[int, int, str]] | None:
                               default=0)
                 if overlap:
                     first = [m.start() for m in re.finditer(r"\S+", chunk)][overlap]
-                    start += first - (1 if chunk[:1].isspace() else 0)
-                    chunk = _without_words(chunk, overlap)
+                    cut = first - (1 if chunk[:1].isspace() else 0)  # from the space before its first kept word
+                    start, chunk = start + cut, chunk[cut:]  # as `new` has it: its tokens' bytes join to it
                 words = words[overlap:]
             previous = words
         kept.append((start, end, chunk))

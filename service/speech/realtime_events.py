@@ -14,9 +14,10 @@ The deltas of an item add up to its `completed` transcript, which comes without 
 transcription's text does (so the item's first delta has none either). A committed item whose transcript will not
 come (the socket ends first: a shutdown, the engine process gone) gets `...input_audio_transcription.failed`.
 With `include: ["item.input_audio_transcription.logprobs"]` each delta and each `completed` carries `logprobs`, the
-log probabilities of the tokens Whisper wrote its text with ({token, logprob, bytes}; the first keeps its leading
-space, which the transcript leaves out), null where they are not known for all of it (they were asked for after
-some of its text was decoded).
+log probabilities of the tokens Whisper wrote its text with ({token, logprob, bytes}), null where they are not known
+for all of it (they were asked for after some of its text was decoded). An event's logprobs' bytes join to exactly
+its text: where the text leaves out Whisper's leading space, its first token's `token` and `bytes` leave it out too
+(its logprob unchanged; a token of whitespace alone goes), so `completed`'s are its deltas' one after another.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
 from audio.live import SessionEvent
-from audio.token_logprobs import TokenLogprob
+from audio.token_logprobs import TokenLogprob, less_leading
 
 __all__ = ["Items", "server_events", "transcription_failed"]
 
@@ -117,14 +118,15 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool,
         if not delta:
             return []
         item.text.append(delta)
-        if ev.logprobs is None or item.logprobs is None:
+        entries = _as_stripped(ev.logprobs, ev.text, delta)
+        if entries is None or item.logprobs is None:
             item.logprobs = None
         else:
-            item.logprobs.extend(ev.logprobs)
+            item.logprobs.extend(entries)
         if not item.announced and not tentative:  # an id the client has not heard of yet: sent once `committed` is
             return []
         item.announced = True  # (our extension's clients: `tandem dictate --no-vad` shows text as it comes)
-        return [_delta(item.id, delta, ev.logprobs if logprobs else False)]
+        return [_delta(item.id, delta, entries if logprobs else False)]
     if ev.type == "tentative":
         if not tentative:
             return []
@@ -135,11 +137,12 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool,
         item = items.get(k)
         seconds = max(0, item.end_ms - item.start_ms) / 1000
         items.forget(k)
+        transcript = ev.text.lstrip()
         completed = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
-                     "content_index": 0, "transcript": ev.text.lstrip(),
+                     "content_index": 0, "transcript": transcript,
                      "usage": {"type": "duration", "seconds": round(seconds, 3)}}
         if logprobs:
-            completed["logprobs"] = _logprobs(ev.logprobs)
+            completed["logprobs"] = _logprobs(_as_stripped(ev.logprobs, ev.text, transcript))
         return [completed]
     if ev.type == "cleared":
         items.renew(k, ev.audio_ms or 0)
@@ -155,6 +158,14 @@ def _delta(item_id: str, text: str,
     if logprobs is not False:
         out["logprobs"] = _logprobs(logprobs)
     return out
+
+
+def _as_stripped(entries: Sequence[TokenLogprob] | None, text: str, stripped: str) -> Sequence[TokenLogprob] | None:
+    """`entries` (`text`'s tokens') as `stripped` (`text` less leading whitespace) holds them: the stripped bytes
+    gone from its first tokens too. Raises nothing."""
+    if entries is None or stripped == text:
+        return entries
+    return less_leading(entries, len(text[:len(text) - len(stripped)].encode()))
 
 
 def _logprobs(entries: Sequence[TokenLogprob] | None) -> list[dict[str, Any]] | None:

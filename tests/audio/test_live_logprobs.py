@@ -98,6 +98,33 @@ async def test_a_repeat_left_out_of_the_text_leaves_its_tokens_out(tiny_whisper:
     assert [x.logprob for x in utterance.logprobs or ()] == [lp(0, 1 + i) for i in range(len(said))]  # the first
 
 
+async def test_a_token_across_a_repeats_edge_keeps_only_its_kept_bytes(tiny_whisper: LoadedWhisper) -> None:
+    # `."` ends the sentence kept and opens the repeat after it: the text keeps its `.`, and so do its bytes.
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    said = tok.encode(' He said no." He said no.')
+    assert tok.encoding.decode_single_token_bytes(said[3]) == b'."'
+    live, _, events = await live_text(tiny_whisper, [[ts, *said, ts + 150]])
+    live.add_speech(speech(3.0), 0)
+    live.add_pause()
+    await run_due(live)
+    (utterance,) = [e for e in events if e.type == "utterance"]
+    assert utterance.text == " He said no." and text_of(utterance.logprobs) == utterance.text
+    assert (utterance.logprobs or ())[-1] == TokenLogprob(".", lp(0, 4), tuple(b"."))  # its logprob as sampled
+
+
+def test_less_leading_cuts_bytes_from_the_first_tokens_keeping_their_logprobs() -> None:
+    from audio.token_logprobs import less_leading
+
+    entries = (TokenLogprob(" ", -0.1, (32,)), TokenLogprob(" And", -0.2, tuple(b" And")),
+               TokenLogprob(" Mr", -0.3, tuple(b" Mr")))
+    assert less_leading(entries, 0) == entries
+    assert less_leading(entries, 2) == (TokenLogprob("And", -0.2, tuple(b"And")), entries[2])
+    assert less_leading(entries, 1) == entries[1:] and less_leading(entries, 99) == ()
+
+
 async def test_a_session_behind_gives_each_utterance_its_own_tokens(tiny_whisper: LoadedWhisper) -> None:
     from audio.decoding import tokenizer_for
 

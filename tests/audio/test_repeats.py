@@ -29,6 +29,17 @@ def test_a_sentence_started_again_a_few_words_back_loses_those_words() -> None:
     assert without_repeats(before, " Much there might be prudently in his power.") == " prudently in his power."
 
 
+def test_what_is_kept_is_the_new_text_as_written_where_kept_spans_say() -> None:
+    # The kept text is `new`'s own characters (whitespace too), so its tokens, cut where the spans are, join to it.
+    from audio.repeats import kept_spans
+
+    before = " And Mr. John Dashwood had then leisure to consider how much there might be."
+    for new in (" Much there might be  prudently given ", " Much there might be prudently.  Ten of clubs."):
+        kept = without_repeats(before, new)
+        assert kept.startswith(" prudently") and kept == "".join(new[a:b] for a, b in kept_spans(before, new))
+    assert without_repeats(before, " Much there might be  prudently given ") == " prudently given "  # its end too
+
+
 def test_speech_that_only_looks_alike_is_kept() -> None:
     # one repeated word may be speech; a sentence begun before is not a repeat; different sentences stay
     assert without_repeats(" Five.", " Five.") == " Five."

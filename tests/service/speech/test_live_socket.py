@@ -305,8 +305,10 @@ def test_a_telephony_session_with_openais_noise_reduction_and_logprobs_is_applie
     deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
     done = events[-1]
     assert done["transcript"] and done["transcript"] == "".join(d["delta"] for d in deltas)
-    assert joined(done["logprobs"]).lstrip() == done["transcript"]  # the first token keeps Whisper's space
-    assert deltas and all(joined(d["logprobs"]).strip() == d["delta"].strip() for d in deltas)
+    # Each event's logprobs join to exactly its text (the first token less the space the text leaves out).
+    assert joined(done["logprobs"]) == done["transcript"]
+    assert deltas and all(joined(d["logprobs"]) == d["delta"] for d in deltas)
+    assert done["logprobs"] == [x for d in deltas for x in d["logprobs"]]
 
 
 def test_a_refused_update_applies_nothing_of_itself(client: TestClient[Any], state: AppState) -> None:

@@ -87,10 +87,36 @@ def test_asked_for_deltas_and_transcripts_carry_their_tokens_logprobs() -> None:
     out = [e for ev in script for e in server_events(ev, asked, tentative=False, logprobs=True)]
     deltas = [e for e in out if e["type"].endswith(".delta")]
     done = [e for e in out if e["type"].endswith(".completed")]
-    assert [[x["token"] for x in d["logprobs"] or []] for d in deltas] == [[" Eight", " of", " spades", ","],
+    assert [[x["token"] for x in d["logprobs"] or []] for d in deltas] == [["Eight", " of", " spades", ","],
                                                                           [" four"], []]
-    assert deltas[0]["logprobs"][0] == {"token": " Eight", "logprob": -0.5, "bytes": list(b" Eight")}
+    assert deltas[0]["logprobs"][0] == {"token": "Eight", "logprob": -0.5, "bytes": list(b"Eight")}  # as its text
     assert deltas[2]["logprobs"] is None and done[1]["logprobs"] is None
-    assert [x["token"] for x in done[0]["logprobs"]] == [" Eight", " of", " spades", ",", " four"]
+    assert [x["token"] for x in done[0]["logprobs"]] == ["Eight", " of", " spades", ",", " four"]
     out = [e for ev in script for e in server_events(ev, plain, tentative=False)]  # not asked for: none shown
     assert not [e for e in out if "logprobs" in e]
+
+
+def joined(entries: list[dict[str, Any]]) -> str:
+    return bytes(b for x in entries for b in x["bytes"]).decode()
+
+
+def test_each_events_logprobs_join_to_exactly_its_text() -> None:
+    # Whisper's first token carries the leading space the text leaves out: its token and bytes leave it out too,
+    # its logprob as it was; a blank first piece is no delta, and its token is in no event.
+    first = (TokenLogprob(" ", -0.1, (32,)), TokenLogprob(" And", -0.2, tuple(b" And")),
+             TokenLogprob(" Mr", -0.3, tuple(b" Mr")), TokenLogprob(".", -0.4, tuple(b".")))
+    then = (TokenLogprob(" Dash", -0.5, tuple(b" Dash")), TokenLogprob("wood", -0.6, tuple(b"wood")))
+    script = [SessionEvent("speech_started", item=0),
+              SessionEvent("committed", text=" ", item=0, logprobs=first[:1]),
+              SessionEvent("committed", text=" And Mr.", item=0, logprobs=first[1:]),
+              SessionEvent("committed", text=" Dashwood", item=0, logprobs=then),
+              SessionEvent("utterance", text="  And Mr. Dashwood", item=0, logprobs=first + then)]
+    items = Items()
+    out = [e for ev in script for e in server_events(ev, items, tentative=False, logprobs=True)]
+    deltas = [e for e in out if e["type"].endswith(".delta")]
+    (done,) = [e for e in out if e["type"].endswith(".completed")]
+    assert [d["delta"] for d in deltas] == ["And Mr.", " Dashwood"] and done["transcript"] == "And Mr. Dashwood"
+    assert [joined(d["logprobs"]) for d in deltas] == [d["delta"] for d in deltas]
+    assert joined(done["logprobs"]) == done["transcript"]
+    assert deltas[0]["logprobs"][0] == {"token": "And", "logprob": -0.2, "bytes": list(b"And")}
+    assert done["logprobs"] == [x for d in deltas for x in d["logprobs"]]
