@@ -67,6 +67,8 @@ _DTYPES = {"f32le": "<f4", "s16le": "<i2", "s16be": ">i2"}
 _DEFAULT_ENCODINGS: dict[str, Encoding] = {"audio/l16": "s16be", "audio/pcmu": "ulaw", "audio/basic": "ulaw",
                                            "audio/pcma": "alaw"}
 _DEFAULT_ENCODINGS |= {alias: _DEFAULT_ENCODINGS[named] for alias, named in _G711_ALIASES.items()}
+# Types whose name is their encoding (G.711's): an `encoding` naming another contradicts the type, and is refused.
+_NAMED_ENCODING_TYPES = frozenset(t for t, e in _DEFAULT_ENCODINGS.items() if e in ("ulaw", "alaw"))
 G711_RATE = 8000  # G.711's own rate: the default for its encodings
 _RAW_TYPES_SHOWN = ("audio/pcm, audio/L16 or audio/raw (rate, encoding, channels as parameters), G.711 μ-law as "
                    "audio/pcmu, audio/basic, audio/x-mulaw or audio/mulaw, A-law as audio/pcma, audio/x-alaw or "
@@ -111,9 +113,9 @@ _PCM_PARAMETERS = frozenset({"rate", "encoding", "channels"})
 def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     """`audio/pcm;rate=48000;encoding=s16le` → PcmFormat (rate defaults to 16000, encoding to f32le;
     `audio/L16` means big-endian s16, as RFC 2586 and 3551 define it, `audio/pcmu`, `audio/basic` and
-    `audio/(x-)mulaw` μ-law, `audio/pcma` and `audio/(x-)alaw` A-law, unless `encoding` says otherwise; a G.711
-    encoding's rate defaults to 8000). Raises AudioInputError for a bad rate, encoding or channel count, or a
-    parameter it does not know (never silently read as the default)."""
+    `audio/(x-)mulaw` μ-law, `audio/pcma` and `audio/(x-)alaw` A-law, an `encoding` naming another refused; a G.711
+    encoding's rate defaults to 8000). Raises AudioInputError for a bad rate, encoding or channel count, an encoding
+    its type contradicts, or a parameter it does not know (never silently read as the default)."""
     mime, *params = (content_type or "audio/pcm").split(";")
     values: dict[str, str] = {}
     for part in params:
@@ -124,11 +126,17 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
         raise AudioInputError(f"content-type parameter {_shown(unknown[0])} is not supported (rate, encoding, "
                               "channels)",
                               param=unknown[0][:60], code="invalid_content_type")
-    encoding = _ENCODING_ALIASES.get(values.get("encoding", _DEFAULT_ENCODINGS.get(mime.strip().lower(), "f32le")))
+    mime = mime.strip().lower()
+    encoding = _ENCODING_ALIASES.get(values.get("encoding", _DEFAULT_ENCODINGS.get(mime, "f32le")))
     if encoding is None:
         raise AudioInputError(f"PCM encoding {_shown(values.get('encoding', ''))} is not supported (use f32le, s16le, "
                               "s16be, ulaw or alaw)",
                               param="encoding", code="invalid_content_type")
+    if mime in _NAMED_ENCODING_TYPES and encoding != (named := _DEFAULT_ENCODINGS[mime]):
+        # audio/x-mulaw;encoding=alaw was read as A-law: which of the two the sender meant, only it knows
+        raise AudioInputError(f"encoding={_shown(values['encoding'])} contradicts {mime}, which is "
+                              f"{'μ-law' if named == 'ulaw' else 'A-law'} (encoding={named}): leave encoding out, or "
+                              f"send audio/pcm;encoding={encoding}", param="encoding", code="invalid_content_type")
     try:
         rate = int(values.get("rate", G711_RATE if encoding in ("ulaw", "alaw") else SAMPLE_RATE))
         channels = int(values.get("channels", 1))

@@ -64,7 +64,8 @@ _CHUNK_BODY = raw_body_operation({
                  "s16be, ulaw or alaw, channels=1..8 (averaged to mono); e.g. `audio/pcm;rate=48000;encoding=s16le`.",
     "audio/l16": "Raw 16-bit big-endian PCM (`audio/L16;rate=N`, RFC 2586), same parameters.",
     "audio/pcmu": "G.711 μ-law, one byte a sample (telephony; `audio/basic`, `audio/x-mulaw`, `audio/mulaw` too), "
-                  "rate default 8000, same parameters; `audio/pcma` (`audio/x-alaw`, `audio/alaw`) is A-law.",
+                  "rate default 8000, rate and channels as audio/pcm's (an `encoding` other than its own is refused); "
+                  "`audio/pcma` (`audio/x-alaw`, `audio/alaw`) is A-law.",
     "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads).",
     "application/octet-stream": "A whole audio file, identified from its own header.",
 }, "One chunk of captured audio (raw PCM described by the content type's parameters, or a whole file).",

@@ -57,6 +57,9 @@ def test_parse_content_type_defaults_and_params() -> None:
     ("audio/X-ALAW;rate=8000", PcmFormat(8000, "alaw")),
     ("audio/alaw", PcmFormat(8000, "alaw")),
     ("audio/x-mulaw;rate=16000", PcmFormat(16000, "ulaw")),  # a rate as audio/pcmu's
+    ("audio/pcmu;encoding=ulaw", PcmFormat(8000, "ulaw")),  # its own encoding, by any of its names
+    ("audio/x-mulaw;encoding=pcm_mulaw", PcmFormat(8000, "ulaw")),
+    ("audio/alaw;encoding=ALAW", PcmFormat(8000, "alaw")),
 ])
 def test_g711_content_types(ct: str, fmt: PcmFormat) -> None:
     assert is_raw_pcm(ct) and parse_pcm_content_type(ct) == fmt
@@ -74,6 +77,18 @@ def test_g711_bodies_decode_to_the_signal(law: Law) -> None:
     np.testing.assert_allclose(y[100:-100], resample(x, 8000)[100:-100], atol=0.02)  # within G.711's steps
     stream = PcmStream(fmt)  # one byte a sample: any byte count is whole samples
     assert stream.push(body[:801]).dtype == np.float32 and stream.push(body[801:1600]).size > 0
+
+
+@pytest.mark.parametrize("ct", [
+    "audio/x-mulaw;encoding=alaw", "audio/x-alaw;encoding=ulaw", "audio/pcmu;encoding=alaw",
+    "audio/x-mulaw;encoding=s16le", "audio/basic;encoding=f32le", "audio/pcma;encoding=mulaw",
+])
+def test_an_encoding_its_g711_type_contradicts_is_refused(ct: str) -> None:
+    # They were read as the parameter said: audio/x-mulaw;encoding=alaw as A-law, in silence.
+    with pytest.raises(AudioInputError) as err:
+        parse_pcm_content_type(ct)
+    assert err.value.param == "encoding" and err.value.code == "invalid_content_type"
+    assert "contradicts " + ct.split(";")[0] in str(err.value), err.value
 
 
 @pytest.mark.parametrize("ct, code", [

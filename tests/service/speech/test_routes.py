@@ -407,6 +407,22 @@ def test_g711_chunks_in_a_session(client: TestClient[Any]) -> None:
     client.delete(f"/v1/audio/sessions/{sid}")
 
 
+def test_a_g711_chunk_whose_encoding_contradicts_its_type_is_refused(client: TestClient[Any]) -> None:
+    # audio/x-mulaw;encoding=alaw was taken as A-law, audio/x-mulaw;encoding=s16le as PCM16: which one was sent?
+    sid = client.post("/v1/audio/sessions", json={"language": "en"}).json()["id"]
+    body = encode_g711(voiced(0.25), "ulaw")
+    for content_type in ("audio/x-mulaw;encoding=alaw", "audio/x-alaw;encoding=ulaw", "audio/x-mulaw;encoding=s16le"):
+        r = client.post(f"/v1/audio/sessions/{sid}/audio", content=body, headers={"content-type": content_type})
+        err = assert_error(r, 400, "invalid_content_type")
+        assert err["param"] == "encoding" and "contradicts audio/x-" in err["message"], err
+    r = client.post(f"/v1/audio/sessions/{sid}/audio", content=body,
+                    headers={"content-type": "audio/x-mulaw;encoding=ulaw"})  # its own encoding is fine
+    assert r.status_code == 200, r.text
+    r = client.post(f"/v1/audio/sessions/{sid}/finish")  # only that chunk was taken
+    assert r.status_code == 200 and r.json()["duration"] == pytest.approx(0.5, abs=0.002), r.text
+    client.delete(f"/v1/audio/sessions/{sid}")
+
+
 def test_a_live_text_has_no_leading_space(client: TestClient[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from audio.live import LiveTranscription
 
