@@ -44,6 +44,8 @@ def resolve_adapter(path: str | None) -> str | None:
     None stays None. Raises CLIError naming what the folder lacks."""
     if path is None:
         return None
+    if not path.strip():  # --adapter-path= was read as the current folder
+        raise CLIError("--adapter-path is empty: give the adapter's folder")
     from engine.adapters import AdapterError, check_adapter_dir
 
     try:

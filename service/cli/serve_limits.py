@@ -174,6 +174,8 @@ def _template_text(value: str | None) -> str | None:
     unreadable)."""
     if value is None:
         return None
+    if not value.strip():  # before the path: --chat-template= was read as the current folder
+        raise CLIError("--chat-template is empty")
     path = Path(value).expanduser()
     if "{" not in value and path.exists():
         try:

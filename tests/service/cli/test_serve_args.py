@@ -139,6 +139,8 @@ def test_an_adapter_path_is_checked_before_the_model_loads(tiny_llm_dir: Path, t
     assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()),
                  "--adapter-path", str(empty)]) == 2
     assert "--adapter-path: adapter path" in capsys.readouterr().err
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()), "--adapter-path="]) == 2
+    assert "--adapter-path is empty" in capsys.readouterr().err  # it was the current folder's "no adapter_config"
     adapter = build_tiny_adapter(tiny_llm_dir, tmp_path / "lora")
     monkeypatch.chdir(tmp_path)
     config = serve_config(build_parser().parse_args(["serve", str(tiny_llm_dir), "--adapter-path", "lora"]))
@@ -189,3 +191,11 @@ def test_forwarded_allow_ips_are_taken_and_checked(capsys: pytest.CaptureFixture
     assert serve_config(parse(["serve", "--forwarded-allow-ips", "*"])).forwarded_allow_ips == ["*"]
     assert main(["serve", "--forwarded-allow-ips", "proxy.internal"]) == 2
     assert "--forwarded-allow-ips: 'proxy.internal' is not an IP address or network" in capsys.readouterr().err
+
+
+def test_an_empty_chat_template_is_named_not_read_as_this_folder(tiny_llm_dir: Path, no_server: None,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # --chat-template= was "cannot read .: Is a directory"
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()), "--chat-template="]) == 2
+    err = capsys.readouterr().err
+    assert "--chat-template is empty" in err and "directory" not in err
