@@ -32,8 +32,9 @@ __all__ = ["KeyRing", "client_key", "set_client_key", "offered_key", "subprotoco
 # Response headers a page's script may read (CORS): the SDKs act on x-should-retry and report x-request-id; hidden,
 # the openai SDK in a browser retried a 504 the server said not to retry.
 EXPOSED_HEADERS = ["retry-after", "x-request-id", "x-should-retry"]
-# The methods a page's script may use (CORS): the API's own.
-CORS_METHODS: list[Method] = ["GET", "POST", "DELETE", "OPTIONS"]
+# The methods a page's script may use (CORS): the API's own; HEAD as every GET route answers it (a browser
+# preflights a HEAD that carries Authorization).
+CORS_METHODS: list[Method] = ["GET", "HEAD", "POST", "DELETE", "OPTIONS"]
 # Name suffixes that resolve only on this machine or network (RFC 6761 .localhost, mDNS .local, .internal).
 _LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
 

@@ -424,9 +424,9 @@ def test_a_preflight_for_a_method_the_api_has_not_is_refused_in_openais_shape(fa
             error = refused.json()["error"]
             assert error["code"] == "cors_method_not_allowed" and error["param"] is None, error
             assert error["type"] == "invalid_request_error" and repr(method) in error["message"], error
-            assert "GET, POST, DELETE, OPTIONS" in error["message"]
+            assert "GET, HEAD, POST, DELETE, OPTIONS" in error["message"]
             assert refused.headers["access-control-allow-origin"] == "http://ui.example"  # the page can read it
-        for method in ("GET", "POST", "DELETE"):
+        for method in ("GET", "HEAD", "POST", "DELETE"):  # HEAD: GET routes answer it (it was refused)
             allowed = client.options("/v1/chat/completions", headers={"origin": "http://ui.example",
                                                                       "access-control-request-method": method})
             assert allowed.status_code == 204, (method, allowed.text)
