@@ -4,14 +4,12 @@ name."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import openai
 import pytest
 from litestar.testing import TestClient
 
-from service.app import create_app
-from service.state import AppState
 from tests.service.fake_engine import FakeEngine
 
 CALL_ITEM = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"}
@@ -21,17 +19,6 @@ TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "parameters": {"
 @pytest.fixture
 def engine() -> FakeEngine:
     return FakeEngine(["Sunny."])
-
-
-@pytest.fixture
-def http(engine: FakeEngine) -> Iterator[TestClient[Any]]:
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        yield client
-
-
-@pytest.fixture
-def sdk(http: TestClient[Any]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
 
 
 def _conversation(sdk: openai.OpenAI) -> Any:

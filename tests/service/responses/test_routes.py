@@ -4,7 +4,7 @@ output items, the event grammar Codex and the SDK need, errors before and after 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from typing import Any
 
 import anyio
 import jinja2
@@ -30,17 +30,6 @@ def engine() -> FakeEngine:
     engine = FakeEngine(list(THINK_TEXT_CALL))
     engine.tokenizer = CallingTokenizer()
     return engine
-
-
-@pytest.fixture
-def http(engine: FakeEngine) -> Iterator[TestClient[Any]]:
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        yield client
-
-
-@pytest.fixture
-def sdk(http: TestClient[Any]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
 
 
 def test_a_reply_of_thinking_text_and_a_call_is_three_items(sdk: openai.OpenAI) -> None:

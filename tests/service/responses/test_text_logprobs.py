@@ -4,18 +4,16 @@ the thinking's and a call's tokens are not the text's (service/responses/text_lo
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import openai
 import pytest
 from litestar.testing import TestClient
 
 from engine.contracts import TokenLogprob
-from service.app import create_app
 from service.chat.logprobs import token_pieces
 from service.chat.replies import ChoiceDelta
 from service.responses.text_logprobs import TextTokens
-from service.state import AppState
 from tests.service.chat.test_routes import CALL, CallingTokenizer
 from tests.service.fake_engine import FakeEngine, FakeTokenizer
 from tests.service.sse_events import named_events
@@ -35,17 +33,6 @@ def _entry(token: str, i: int, k: int) -> dict[str, Any]:
 @pytest.fixture
 def engine() -> FakeEngine:
     return FakeEngine(list(PIECES))
-
-
-@pytest.fixture
-def http(engine: FakeEngine) -> Iterator[TestClient[Any]]:
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        yield client
-
-
-@pytest.fixture
-def sdk(http: TestClient[Any]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
 
 
 def test_the_output_text_carries_each_tokens_logprobs_with_top_alternatives(sdk: openai.OpenAI,
