@@ -1,4 +1,4 @@
-"""What the CLI tests share: a small 16 kHz WAV on disk."""
+"""What the CLI tests share: a small 16 kHz WAV on disk, and the configs a `tandem serve` would have served."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 __all__ = ["write_wav"]
 
@@ -18,3 +19,14 @@ def write_wav(path: Path, samples: np.ndarray) -> Path:
         w.setframerate(16000)
         w.writeframes((samples * 32767).astype("<i2").tobytes())
     return path
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[object]:
+    """The configs service.server.serve is handed (it returns at once); port locks live under tmp_path."""
+    import service.server
+
+    configs: list[object] = []
+    monkeypatch.setattr(service.server, "serve", lambda config: configs.append(config) or 0)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    return configs

@@ -76,17 +76,6 @@ def test_a_broken_weights_file_is_one_line_before_any_worker(tiny_llm_dir: Path,
     assert err.count("\n") == 0 and f"{weights} is empty (0 bytes)" in err and "starting on" not in err, err
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[object]:
-    """The configs service.server.serve is handed (it returns at once); port locks live under tmp_path."""
-    import service.server
-
-    configs: list[object] = []
-    monkeypatch.setattr(service.server, "serve", lambda config: configs.append(config) or 0)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    return configs
-
-
 def test_a_host_name_is_served_on_the_address_it_resolves_to(tiny_llm_dir: Path, served: list[object],
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     # granian takes IP addresses only: `--host localhost` failed with "ValueError: invalid IP address syntax".

@@ -31,17 +31,6 @@ def pems(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {p.stem: p for p in folder.iterdir()}
 
 
-@pytest.fixture
-def served(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[object]:
-    """The configs service.server.serve is handed (it returns at once); port locks live under tmp_path."""
-    import service.server
-
-    configs: list[object] = []
-    monkeypatch.setattr(service.server, "serve", lambda config: configs.append(config) or 0)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    return configs
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
