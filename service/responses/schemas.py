@@ -63,7 +63,8 @@ class RefusalInput(_Item):
 
 
 def _part_kind(part: Any) -> str | None:
-    kind = part.get("type") if isinstance(part, dict) else None
+    # a parsed part too: serializing a request (a kept response's items) picks its member by the same function
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
     if kind in UNREAD_PARTS:
         return None  # refused by unread_parts_refused with a sentence
     return "RefusalInput" if kind == "refusal" else "TextInput"
@@ -173,9 +174,8 @@ _ITEMS = {"message": "InputMessage", "function_call": "FunctionCallItem",
 
 
 def _item_kind(item: Any) -> str | None:
-    if not isinstance(item, dict):
-        return None
-    kind = item.get("type", "message")  # the SDK's easy message has no type
+    # the SDK's easy message has no type; a parsed item (serialized) has its own
+    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
     return _ITEMS.get(kind) if isinstance(kind, str) else None
 
 
@@ -243,7 +243,7 @@ class HostedTool(BaseModel):
 
 
 def _tool_kind(tool: Any) -> str | None:
-    kind = tool.get("type") if isinstance(tool, dict) else None
+    kind = tool.get("type") if isinstance(tool, dict) else getattr(tool, "type", None)  # parsed: serialized
     tags = {"function": "FunctionTool", "custom": "CustomTool", "namespace": "NamespaceTool"}
     if isinstance(kind, str) and kind in tags:
         return tags[kind]
