@@ -35,9 +35,9 @@ from audio.live_config import LiveConfig, SessionEvent
 from audio.live_requests import LiveRequests
 from audio.pcm import SAMPLE_RATE
 from audio.loop_head import loop_head
-from audio.repeats import committed_segments, kept_spans, without_repeats
+from audio.repeats import committed_segments, without_repeats
 from audio.text_end import clamped_timestamps, stopped_short
-from audio.token_logprobs import token_logprobs
+from audio.token_logprobs import aligned_logprobs, committed_logprobs
 from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
@@ -201,25 +201,15 @@ class LiveTranscription(LiveRequests):
 
     def _commit_text(self, tokens: list[int], logprobs: Sequence[float | None] | None = None) -> None:
         """Commit the text of `tokens` (less what repeats the text before it), with the log probabilities of its
-        tokens where `logprobs` (one for each of `tokens`: `_aligned`) has them. Raises nothing."""
+        tokens where `logprobs` (one for each of `tokens`: `aligned_logprobs`) has them. Raises nothing."""
         assert self._tr is not None
         before, full = "".join(self.utterances.text), self._text(tokens)
         text = without_repeats(before, full)
         if text:
-            entries = None
-            if logprobs is not None:
-                spans = kept_spans(before, full) if text != full else None
-                entries = tuple(token_logprobs(self._tr.tokenizer, tokens, logprobs, spans))
+            entries = committed_logprobs(self._tr.tokenizer, tokens, logprobs, before, full, text)
             self._committed.append(text)
             self.utterances.add(text, entries)
             self._emit(SessionEvent("committed", text=text, item=self.utterances.closed, logprobs=entries))
-
-    @staticmethod
-    def _aligned(result: WindowResult, forced: int) -> list[float | None] | None:
-        """`result`'s token log probabilities, one for each of its tokens (None for its `forced` prefix's), or None
-        where its decode kept none. Raises nothing."""
-        kept = result.decoded.logprobs
-        return None if kept is None else [None] * forced + list(kept)
 
     def _set_tentative(self, tokens: list[int]) -> None:
         text = self._text(tokens) if self._tr is not None else ""
@@ -295,7 +285,7 @@ class LiveTranscription(LiveRequests):
             return
         continuation = self._clamped(result.decoded.tokens[len(live.prefix):], seek, end, 0)
         n = live.agree(continuation)
-        logprobs = self._aligned(result, len(live.prefix))
+        logprobs = aligned_logprobs(result.decoded.logprobs, len(live.prefix))
         self._commit_text(continuation[:n], logprobs[len(live.prefix):][:n] if logprobs is not None else None)
         self._set_tentative(continuation[n:])
         self._cadence.empty = not self.tentative and not self.utterances.text
@@ -333,7 +323,7 @@ class LiveTranscription(LiveRequests):
             covered = sum(len(s["tokens"]) for s in current)
             rest = live.prefix[covered:]
             if covered > len(live.prefix):
-                logprobs = self._aligned(result, len(live.prefix))
+                logprobs = aligned_logprobs(result.decoded.logprobs, len(live.prefix))
                 self._commit_text(tokens[len(live.prefix):covered],
                                   logprobs[len(live.prefix):covered] if logprobs is not None else None)
             tr.commit(current, result)
@@ -358,7 +348,7 @@ class LiveTranscription(LiveRequests):
                                  len(live.prefix)) if result.decoded.sampled else None
             short, keep = stop if stop is not None else (None, len(tokens))
             tokens = tokens[:keep]  # an unclosed last segment is decoded again from its start, not kept
-            logprobs, at = self._aligned(result, len(live.prefix)), len(live.prefix)
+            logprobs, at = aligned_logprobs(result.decoded.logprobs, len(live.prefix)), len(live.prefix)
 
             def commit(group: list[int]) -> None:  # the groups are tokens[len(live.prefix):] in order, cut up
                 nonlocal at

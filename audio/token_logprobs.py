@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-__all__ = ["TokenLogprob", "token_logprobs", "less_leading", "FLOOR"]
+from audio.repeats import kept_spans
+
+__all__ = ["TokenLogprob", "token_logprobs", "aligned_logprobs", "committed_logprobs", "less_leading", "FLOOR"]
 
 # OpenAI writes this for a probability too small to show, as chat's logprobs here do (JSON has no -Infinity): a
 # token picked where the timestamp rules had masked every token (NaN: -inf less -inf) gets it too.
@@ -95,3 +97,19 @@ def less_leading(entries: Sequence[TokenLogprob], count: int) -> tuple[TokenLogp
         return tuple(entries[i:])
     rest = bytes(entries[i].bytes[count:])
     return (TokenLogprob(rest.decode("utf-8", errors="replace"), entries[i].logprob, tuple(rest)), *entries[i + 1:])
+
+
+def aligned_logprobs(kept: Sequence[float] | None, forced: int) -> list[float | None] | None:
+    """A decode's kept token log probabilities (its row's, audio/decoder.py), one for each of its tokens (None for
+    its `forced` prefix's), or None where it kept none. Raises nothing."""
+    return None if kept is None else [None] * forced + list(kept)
+
+
+def committed_logprobs(tokenizer: Any, tokens: Sequence[int], logprobs: Sequence[float | None] | None, before: str,
+                       full: str, text: str) -> tuple[TokenLogprob, ...] | None:
+    """The entries of `text`, what a live session commits of `tokens` (text `full`, after text `before`): those of
+    the spans audio/repeats.py kept of it, all where it kept the whole; None without `logprobs`. Raises nothing."""
+    if logprobs is None:
+        return None
+    spans = kept_spans(before, full) if text != full else None
+    return tuple(token_logprobs(tokenizer, tokens, logprobs, spans))
