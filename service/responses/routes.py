@@ -247,12 +247,17 @@ async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a kept response", tags=["responses"],
-        responses=_NOT_KEPT, description="Forgets the response and its input items (the output items it gave "
-                                         "stay resolvable while kept).")
+        responses=_NOT_KEPT, description="Forgets the response, its input items and the output items it gave "
+                                         "(an `item_reference` to any of them is then a 400).")
 async def delete_response(request: Request[Any, Any, Any], response_id: str) -> DeletedResponse:
     """Raises APIError 404 for a response not kept."""
-    _kept_response(request, response_id)
-    get_state(request).issued_items.forget(client_key(request), response_id)
+    response = _kept_response(request, response_id)
+    issued, tenant = get_state(request).issued_items, client_key(request)
+    # What it said goes with it: a user deleting a reply must not find its text still served by reference.
+    for item in response.get("output", []):
+        if isinstance(item.get("id"), str):
+            issued.forget(tenant, item["id"])
+    issued.forget(tenant, response_id)
     return DeletedResponse(id=response_id)
 
 

@@ -388,6 +388,16 @@ def test_a_kept_response_is_retrieved_and_deleted(sdk: openai.OpenAI, http: Test
     assert http.get(f"/v1/responses/{unkept['id']}").status_code == 404
 
 
+def test_deleting_a_response_forgets_the_output_items_it_gave(http: TestClient[Any]) -> None:
+    # They stayed resolvable by item_reference: a deleted reply's text was still served.
+    created = http.post("/v1/responses", json={"input": "hi"}).json()
+    refs = [{"type": "item_reference", "id": item["id"]} for item in created["output"]]
+    assert http.post("/v1/responses", json={"input": refs, "store": False}).status_code == 200
+    assert http.delete(f"/v1/responses/{created['id']}").status_code == 200
+    response = http.post("/v1/responses", json={"input": refs})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "item_not_found"
+
+
 def test_references_that_hold_more_than_the_context_are_refused_before_joining(http: TestClient[Any],
                                                                                engine: FakeEngine) -> None:
     # A 7 MB body of references to one long reply became a 650 MB conversation, built on the event loop.
