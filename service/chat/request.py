@@ -17,7 +17,8 @@ from engine.errors import EngineError
 from service.chat.schemas import SamplingFields
 from service.chat.stream import StreamTiming
 from service.http.access_log import arrival_time
-from service.http.errors import APIError, api_error, context_length_exceeded, model_not_found
+from service.http.errors import APIError, api_error, context_length_exceeded, model_not_found, model_of_another_kind
+from service.speech.served import speech_model_names
 from service.seams import ChatEngine, RowStream
 from service.state import AppState
 
@@ -36,6 +37,9 @@ def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
     Raises APIError 404 model_not_found when no chat model with that name is served."""
     name = state.chat_model_name
     available = [card.id for card in state.model_cards()]
+    if requested and requested in speech_model_names(state):
+        raise model_of_another_kind(requested, "a speech-to-text model (POST /v1/audio/transcriptions, "
+                                               "/v1/realtime)", name)
     if name is None:
         raise model_not_found(requested or "(default)", available)
     if requested and requested != name and requested not in state.model_aliases and requested not in TGI_NAMES:

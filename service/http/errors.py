@@ -136,6 +136,14 @@ def model_not_found(model: str, available: list[str]) -> APIError:
     )
 
 
+def model_of_another_kind(model: str, kind: str, served: str | None) -> APIError:
+    """404 for a model this server serves, named on a route for another kind (a client listing /v1/models offers
+    Whisper for chat): says what it is and which model the route serves. Raises nothing."""
+    shown = model if len(model) <= 80 else model[:80] + "…"
+    here = f"this route serves `{served}`" if served else "this route's kind of model is not served here"
+    return APIError(404, f"The model `{shown}` is {kind}; {here}.", param="model", code="model_not_found")
+
+
 def context_length_exceeded(detail: str, param: str = "messages") -> APIError:
     """400 for a prompt that cannot fit the model's context. Raises nothing."""
     return APIError(400, detail, param=param, code="context_length_exceeded")

@@ -15,12 +15,19 @@ import numpy as np
 from audio.pcm import decode_container, decode_raw_pcm, parse_pcm_content_type, reads_as_raw_pcm
 from audio.transcript import Segment, TranscribeOptions, Transcript
 from audio.whisper import OPENAI_ALIASES
-from service.http.errors import APIError, model_not_found
+from service.http.errors import APIError, model_not_found, model_of_another_kind
 from service.seams import SpeechBackend
 from service.speech.schemas import TranscriptionSegment
 from service.state import AppState
 
-__all__ = ["served_speech", "transcribe_options", "decode_audio_body", "response_segments"]
+__all__ = ["speech_model_names", "served_speech", "transcribe_options", "decode_audio_body", "response_segments"]
+
+
+def speech_model_names(state: AppState) -> set[str]:
+    """Every name the served Whisper answers to (its own, OpenAI's ids, the CLI's); empty when none is served.
+    Raises nothing."""
+    speech = state.speech
+    return {speech.model_name, *OPENAI_ALIASES, *state.speech_aliases} if speech is not None else set()
 
 
 def served_speech(state: AppState, model: str | None, *, param: str = "model") -> SpeechBackend:
@@ -33,8 +40,11 @@ def served_speech(state: AppState, model: str | None, *, param: str = "model") -
         raise APIError(404, "This server serves no Whisper model (it was started with --no-whisper, or found "
                             "none: start it without --no-whisper, or with --whisper-model MODEL).",
                        param=param, code="model_not_found")
-    if model and model not in {speech.model_name, *OPENAI_ALIASES, *state.speech_aliases}:
+    if model and model not in speech_model_names(state):
+        chat = state.chat_model_name
         err = model_not_found(model, [speech.model_name])
+        if chat is not None and model in {chat, *state.model_aliases}:
+            err = model_of_another_kind(model, "a chat model (POST /v1/chat/completions)", speech.model_name)
         err.param = param
         raise err
     return speech

@@ -13,7 +13,8 @@ from service.app import create_app
 from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
 from tests.audio.test_whisper_imports import _write_ct2
-from tests.service.speech.test_routes import voiced, wav_bytes
+from tests.service.fake_engine import FakeEngine
+from tests.service.speech.test_routes import voiced, wav_bytes, whisper_dir  # noqa: F401 (a fixture)
 
 
 def test_a_ctranslate2_folder_is_served_and_asked_for_by_its_name(tmp_path: Path,
@@ -28,3 +29,23 @@ def test_a_ctranslate2_folder_is_served_and_asked_for_by_its_name(tmp_path: Path
             r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(1.0)), "audio/wav")},
                             data={"model": model, "temperature": "1.0", "response_format": "json"})
             assert r.status_code == 200, (model, r.text)
+
+
+def test_a_model_named_on_the_other_kind_of_route_is_called_what_it_is(whisper_dir: Path) -> None:
+    # Chat UIs list every /v1/models id: Whisper offered for chat got "does not exist or is not served here
+    # (served: ..., whisper-...)", naming it as served in the same breath.
+    state = install_speech(AppState(engine=FakeEngine()), SpeechConfig(model=str(whisper_dir), resident=True))
+    with TestClient(create_app(state)) as client:
+        for model in (whisper_dir.name, "whisper-1"):
+            r = client.post("/v1/chat/completions", json={"model": model, "messages": [
+                {"role": "user", "content": "hi"}]})
+            error = r.json()["error"]
+            assert r.status_code == 404 and (error["code"], error["param"]) == ("model_not_found", "model")
+            assert "speech-to-text model" in error["message"] and "serves `fake-model`" in error["message"], error
+        r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(1.0)), "audio/wav")},
+                        data={"model": "fake-model"})
+        error = r.json()["error"]
+        assert r.status_code == 404 and "is a chat model" in error["message"] and whisper_dir.name in error["message"]
+        other = client.post("/v1/chat/completions", json={"model": "gpt-9", "messages": [
+            {"role": "user", "content": "hi"}]}).json()["error"]
+        assert other["message"].startswith("The model `gpt-9` does not exist")
