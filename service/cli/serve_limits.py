@@ -93,7 +93,8 @@ def add_serve_limit_args(p: argparse.ArgumentParser) -> None:
                           f"repeat or comma-separate for several; {API_KEY_ENV} adds more (default: no key)")
     acc.add_argument("--allowed-origins", action="append", default=None,
                      help="browser origins allowed to call the server (CORS and websocket Origin), comma-"
-                          "separated, '*' for any (default: none; requests from other origins get 403)")
+                          "separated, '*' for any, 'null' for sandboxed or file:// pages (default: none; requests "
+                          "from other origins get 403)")
     acc.add_argument("--allowed-hosts", action="append", default=None,
                      help="Host names a keyless server on a loopback address answers besides this machine's own "
                           "(localhost, loopback and private addresses, *.localhost, *.local, *.internal, its "
@@ -151,7 +152,7 @@ def _origin(value: str) -> str:
     """An --allowed-origins entry as browsers send an Origin: without the trailing slash an address bar shows (CORS
     compares exactly: the slash let websockets in and failed every fetch). Raises CLIError for a path or no
     scheme."""
-    if value == "*":
+    if value in ("*", "null"):  # null: a sandboxed or file:// page (and some desktop webviews), only when listed
         return value
     origin = value.rstrip("/")
     parts = urlsplit(origin)

@@ -82,7 +82,8 @@ class Guard:
             return APIError(403, f"Host {(header(scope, b'host') or '')[:100]!r} is not a name of this machine: a "
                                  "server listening on loopback without a key answers only those (start it with "
                                  "--allowed-hosts to add one, e.g. a reverse proxy's).", code="host_not_allowed")
-        origin = header(scope, b"origin")
+        # An empty Origin names no page: as absent (an app that blanks its webview's origin sends one).
+        origin = header(scope, b"origin") or None
         if origin is not None and not origin_allowed(origin, scope, self.state.config.allowed_origins):
             return APIError(403, f"Origin {origin} is not allowed (start the server with --allowed-origins).",
                             code="origin_not_allowed")

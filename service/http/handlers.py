@@ -98,6 +98,10 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
         # A client whose base_url left out /v1 (mlx_lm.server answers both): say where the API is.
         hint = (f"; the API is under /v1: {request.method} /v1{path} (a client's base_url ends in /v1)"
                 if path.lstrip("/").split("/")[0] in _V1_ROOTS else
+                # a client that adds /v1 itself, given a base URL that ends in /v1 (NextChat, as the README gives it)
+                f"; /v1 is twice in the path: {request.method} {path[3:]} (this client adds /v1 to the base URL "
+                f"itself: give it the server's address without /v1)"
+                if path.startswith("/v1/v1/") else
                 _TGI_HINT if request.method == "POST" and (path.rstrip("/") or "/") in _TGI_ROUTES else
                 f"; {_UNSERVED[path.rstrip('/')]}" if path.rstrip("/") in _UNSERVED else
                 # the SDK's cancel: not a base_url mistake

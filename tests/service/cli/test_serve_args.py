@@ -153,8 +153,8 @@ def test_allowed_origins_are_taken_as_browsers_send_them(capsys: pytest.CaptureF
 
     parse = build_parser().parse_args
     config = serve_config(parse(["serve", "--allowed-origins", "http://localhost:3000/,https://ui.example",
-                                 "--allowed-origins", "*"]))
-    assert config.allowed_origins == ["http://localhost:3000", "https://ui.example", "*"]
+                                 "--allowed-origins", "*", "--allowed-origins", "null"]))
+    assert config.allowed_origins == ["http://localhost:3000", "https://ui.example", "*", "null"]
     assert main(["serve", "--allowed-origins", "http://localhost:3000/app"]) == 2
     assert "is not an origin" in capsys.readouterr().err
     assert main(["serve", "--allowed-origins", "localhost:3000"]) == 2

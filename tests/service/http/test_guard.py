@@ -117,6 +117,18 @@ def test_an_origin_given_with_its_trailing_slash_is_allowed_for_fetch_too(fake_e
         assert client.get("/v1/models", headers=origin).headers["access-control-allow-origin"] == origin["origin"]
 
 
+def test_an_empty_origin_is_no_origin_and_null_may_be_listed(fake_engine: FakeEngine) -> None:
+    # Jan blanks its Tauri webview's origin: the empty header read as a foreign page ("Origin  is not allowed").
+    # Origin: null (a sandboxed or file:// page, some webviews) could be let in only with "*".
+    with _client(fake_engine) as client:
+        assert client.get("/v1/models", headers={"origin": ""}).status_code == 200
+        assert client.get("/v1/models", headers={"origin": "null"}).status_code == 403
+    with _client(fake_engine, allowed_origins=["null"]) as client:
+        allowed = client.get("/v1/models", headers={"origin": "null"})
+        assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == "null"
+        assert client.get("/v1/models", headers={"origin": "http://evil.example"}).status_code == 403
+
+
 # ------------------------------------------------------------------ bodies
 
 

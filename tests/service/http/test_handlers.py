@@ -55,3 +55,11 @@ def test_several_unknown_fields_keep_their_hints(client: Any) -> None:
     assert error["message"] == ("Unrecognized request arguments supplied: foo, num_ctx, repeat_penalty (num_ctx: the "
                                 "model's context is fixed at load; repeat_penalty: send repetition_penalty)")
     assert error["param"] == "foo" and error["code"] == "unknown_parameter"
+
+
+def test_a_doubled_v1_says_the_client_adds_v1_itself(client: Any) -> None:
+    # NextChat appends v1/chat/completions to its base URL: given http://host:8080/v1 it POSTed /v1/v1/...
+    error = client.post("/v1/v1/chat/completions", json={}).json()["error"]
+    assert error["code"] == "not_found" and error["message"] == (
+        "Invalid URL (POST /v1/v1/chat/completions); /v1 is twice in the path: POST /v1/chat/completions (this "
+        "client adds /v1 to the base URL itself: give it the server's address without /v1)")
