@@ -136,24 +136,28 @@ def _answers(calls: list[dict[str, Any]], results: list[dict[str, Any]], at: int
 def template_kwargs(body: ChatCompletionRequest, variables: frozenset[str] | None = None,
                     thinks: bool = False) -> dict[str, Any]:
     """Extra template variables of a request: `chat_template_kwargs`, and `reasoning_effort` where the template
-    reads it (else "none" sets `enable_thinking` false, another effort sets it true). `variables`: what the
+    reads it (else "none" sets `enable_thinking` false, another effort sets it true); vLLM's switch
+    (`enable_thinking`, `thinking`) asks as "none" or an effort the template picks. `variables`: what the
     template reads (None: unknown, nothing refused); `thinks`: the model writes thinking blocks.
 
     Raises ValueError naming the field when the template reads neither variable and the effort cannot be had:
     thinking that cannot be switched off, or an effort for a model that does not think."""
     kwargs = dict(body.chat_template_kwargs or {})
-    effort = body.reasoning_effort
-    if effort is None:
+    asked = body.asked_thinking()
+    if asked is None:
         return kwargs
     reads = (lambda name: True) if variables is None else variables.__contains__
-    if variables is not None and "reasoning_effort" in variables:
-        kwargs.setdefault("reasoning_effort", effort)
+    reads_effort = variables is not None and "reasoning_effort" in variables
+    if reads_effort and asked.effort is not None:
+        kwargs.setdefault("reasoning_effort", asked.effort)
     elif reads("enable_thinking"):
-        kwargs.setdefault("enable_thinking", effort != "none")
-    elif effort == "none" and thinks:
-        raise ValueError("reasoning_effort: this model thinks and its chat template has no switch to turn that off")
-    elif effort != "none" and not thinks:
-        raise ValueError("reasoning_effort: this model does not reason (its chat template has no reasoning setting)")
+        kwargs.setdefault("enable_thinking", asked.on)
+    elif reads_effort:
+        pass  # thinking on, at the effort the template picks
+    elif not asked.on and thinks:
+        raise ValueError(f"{asked.field}: this model thinks and its chat template has no switch to turn that off")
+    elif asked.on and not thinks:
+        raise ValueError(f"{asked.field}: this model does not reason (its chat template has no reasoning setting)")
     return kwargs
 
 

@@ -146,25 +146,30 @@ _HARMONY_EFFORTS = ("low", "medium", "high")
 def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates: bool,
                    defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """The template variables a request sets, over the server's `defaults` (--chat-template-args). Raises
-    APIError 400 naming the field (chat_template_kwargs.KEY, reasoning_effort) that cannot be honoured."""
+    APIError 400 naming the field (chat_template_kwargs.KEY, reasoning_effort, enable_thinking, thinking.type) that
+    cannot be honoured."""
     variables = _VARIABLES.get(tokenizer)
     given = body.chat_template_kwargs or {}
+    asked = body.asked_thinking()
     if not has_chat_template(tokenizer) and "chat_template" not in given:
         # Plain "role: content" lines read no variable: what would set one is refused, not dropped.
         if given:
             key = next(iter(given))
             raise APIError(400, f"chat_template_kwargs.{key}: this model has no chat template to read it",
                            param=f"chat_template_kwargs.{key}", code="invalid_value")
-        if body.reasoning_effort is not None:
-            raise APIError(400, "reasoning_effort: this model has no chat template to set it in",
-                           param="reasoning_effort", code="unsupported_value")
-    if body.reasoning_effort is not None and body.reasoning_effort not in _HARMONY_EFFORTS and is_harmony(tokenizer):
-        raise APIError(400, f"reasoning_effort: gpt-oss reasons at low, medium or high effort, not "
-                            f"{body.reasoning_effort!r}", param="reasoning_effort", code="unsupported_value")
+        if asked is not None:
+            raise APIError(400, f"{asked.field}: this model has no chat template to set it in",
+                           param=asked.field, code="unsupported_value")
+    # thinking on without an effort is gpt-oss's own (medium); off is not to be had
+    effort = asked.effort if asked is not None else None
+    if asked is not None and effort is not None and effort not in _HARMONY_EFFORTS and is_harmony(tokenizer):
+        why = (f"gpt-oss reasons at low, medium or high effort, not {effort!r}" if asked.field == "reasoning_effort"
+               else "gpt-oss always reasons: its thinking cannot be switched off")
+        raise APIError(400, f"{asked.field}: {why}", param=asked.field, code="unsupported_value")
     try:
         kwargs = template_kwargs(body, variables, _thinks(tokenizer))
     except ValueError as exc:
-        raise APIError(400, str(exc), param="reasoning_effort", code="unsupported_value") from None
+        raise APIError(400, str(exc), param=asked.field if asked else None, code="unsupported_value") from None
     check_template_kwargs(kwargs, allow_templates)
     return {**(defaults or {}), **kwargs}
 

@@ -20,6 +20,8 @@ from service.chat.message_parts import (CACHE_BREAKPOINT, UNREAD_PARTS, CacheCon
 from service.chat.metadata import metadata_limits
 from service.chat.prefill import continued_message, generation_prompt_asked
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
+from service.chat.thinking_switch import (AskedThinking, ThinkingSwitch, asked_thinking, reasoning_format_taken,
+                                         switch_agrees)
 from service.chat.tool_results import tool_message_content
 from service.chat.verbosity import verbosity_validator
 from service.chat.vllm_fields import min_tokens_within_max, no_top_k
@@ -291,6 +293,17 @@ class ChatCompletionRequest(SamplingFields):
         None, description='"none" switches thinking off; any other value passes to a template that reads '
                           '`reasoning_effort` or switches thinking on where it reads `enable_thinking`. Refused '
                           'for a template with neither.')
+    # vLLM's and SGLang's switch (service/chat/thinking_switch.py), after the fields it must agree with.
+    enable_thinking: bool | None = Field(
+        None, description="vLLM's and SGLang's: false is reasoning_effort \"none\", true thinking on at the "
+                          "template's own effort (as chat_template_kwargs' enable_thinking); refused beside a "
+                          "reasoning_effort or chat_template_kwargs enable_thinking or thinking that disagrees.")
+    thinking: ThinkingSwitch | None = Field(
+        None, description='{"type": "enabled" | "disabled"}: as enable_thinking true / false (DeepSeek\'s, GLM\'s '
+                          'shape); refused beside a field that disagrees.')
+    reasoning_format: str | None = Field(
+        None, description='llama.cpp\'s and SGLang\'s: "auto" or "deepseek" (the thinking in reasoning_content, as '
+                          'always here); "none" and "deepseek-legacy", which leave it in content, are refused.')
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "json_schema", "json_schema": {"name", "schema", "strict"}} or {"type": '
                           '"json_object"}: the reply follows the schema (any JSON object), enforced token by token '
@@ -339,6 +352,27 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError("not supported by this server: no web search is offered (only null; an empty object "
                              "asks for a search with default settings)")
         return value
+
+    _reasoning_format = field_validator("reasoning_format")(reasoning_format_taken)
+
+    @field_validator("enable_thinking")
+    @classmethod
+    def _enable_agrees(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        if value is not None:
+            switch_agrees("enable_thinking", str(value).lower(), value, info)
+        return value
+
+    @field_validator("thinking")
+    @classmethod
+    def _thinking_agrees(cls, value: ThinkingSwitch | None, info: ValidationInfo) -> ThinkingSwitch | None:
+        if value is not None:
+            switch_agrees("thinking", f"type {value.type!r}", value.type == "enabled", info)
+        return value
+
+    def asked_thinking(self) -> AskedThinking | None:
+        """What the request asks of the model's thinking (reasoning_effort, enable_thinking or thinking), and the
+        field that asked; None when none is set. Raises nothing."""
+        return asked_thinking(self.reasoning_effort, self.enable_thinking, self.thinking)
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
     _verbosity = field_validator("verbosity", mode="before")(verbosity_validator("a system message"))
