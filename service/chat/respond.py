@@ -13,7 +13,7 @@ from typing import Any, AsyncGenerator, Awaitable, Callable
 from anyio.abc import TaskGroup
 from litestar import Request, Response
 
-from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
+from service.chat.stream import RowReader, StreamTiming, UsageCounter
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
 from service.http.idle_keepalive import kept_alive_while_idle
@@ -50,11 +50,8 @@ stream is quiet after it when `may_go_quiet`: a reply that holds text back), `fa
     ends a stream that fails then (chat's: an SSE comment; an error event and `[DONE]`). Raises APIError (what
     rendering or the engine refuses, the row's failure before its first delta or while collecting, 504 past the
     deadline). The row is closed by its reader however this ends (RowReader.start / items)."""
-    opened: list[RowStream] = []
-
     async def prepare() -> Any:
         row = await submit_row()
-        opened.append(row)
         if events is None:
             return await collect(row)
         reader = RowReader(row, counter, timing)
@@ -66,7 +63,6 @@ stream is quiet after it when `may_go_quiet`: a reply that holds text back), `fa
     except ClientDisconnected:
         return Response(None, status_code=499)
     if isinstance(answer, RowReader) and events is not None:
-        row = opened[0]
         # stream=true answers with SSE instead of the JSON body (documented by sse_operation).
         state = get_state(request)
         every = keepalive_every(state)
@@ -74,7 +70,7 @@ stream is quiet after it when `may_go_quiet`: a reply that holds text back), `fa
         # text back for long (tool calls that come whole, thinking not shown) pay it.
         task_group = state.task_group if may_go_quiet else None
         return SSEStream(EventSource(_kept_alive(answer, events, keepalive, every, failure, task_group),
-                                     lambda: close_stream(row)))
+                                     answer.leave))
     return Response(answer)
 
 

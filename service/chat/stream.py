@@ -125,6 +125,7 @@ class RowReader:
         self._prompt_logprobs: list[TokenLogprob] | None = None
         # The stop string that ended the row, once its last delta is read (None: it ended otherwise).
         self.stop_sequence: str | None = None
+        self.left = False  # the client left and the row was closed for it (leave)
 
     async def _next(self) -> Delta:
         deadline = self._timing.deadline if self._timing is not None else None
@@ -165,6 +166,12 @@ class RowReader:
     def _expire(self) -> None:
         self._expired = True
         self._stream.cancel()
+
+    async def leave(self) -> None:
+        """The client is gone: close the row, whose end is then no failure (a reader in a task still reading it, a
+        tool reply's, had logged "the engine stopped"). Raises nothing."""
+        self.left = True
+        await self._close()
 
     async def _close(self) -> None:
         """The reader is done: disarm the deadline's timer and close the row. Raises nothing."""
@@ -218,7 +225,8 @@ class RowReader:
                     return
         finally:
             await self._close()
-        raise APIError(500, _UNFINISHED, type="server_error")
+        if not self.left:
+            raise APIError(500, _UNFINISHED, type="server_error")
 
     @property
     def counter(self) -> UsageCounter:

@@ -166,3 +166,30 @@ async def test_a_reply_that_holds_nothing_back_is_read_directly(path: str, body:
             await client.leave.wait()
             await clock.leave.wait()
     assert engine.active == set()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "tools": _CHAT_TOOLS}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 16,
+                       "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}),
+    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2,
+                      "tools": [{"name": "f", "input_schema": {"type": "object"}}]}),
+])
+async def test_a_client_leaving_a_tool_reply_is_no_engine_failure(path: str, body: dict[str, Any],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    # The reply read by a task (tools declared) saw its row end when the client left and logged "chat stream ...
+    # failed: ... (the engine stopped)" each time gptme was stopped mid-answer: a false alarm for operators.
+    engine = FakeEngine(pieces=["a", "b"])
+    engine.gate = anyio.Event()  # the second token waits until the client has gone
+    client = _Client({**body, "stream": True}, marker=b"data: ")
+    with anyio.fail_after(30), caplog.at_level("WARNING"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, 0.01, tg), asgi_scope(path), client.receive, client.send)
+            await client.counted.wait()
+            client.leave.set()
+            while engine.active:  # the row is closed for the client that left
+                await anyio.lowlevel.checkpoint()
+            engine.gate.set()
+    assert engine.closed_streams >= 1
+    assert not [r for r in caplog.records if r.levelname == "WARNING"], [r.getMessage() for r in caplog.records]
