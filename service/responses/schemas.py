@@ -21,7 +21,7 @@ from service.chat.tool_results import returned_parts_said
 from service.responses.sampling import EFFORTS, ResponsesSampling
 from service.responses.tool_schemas import (HOSTED_TOOLS, CustomTool, FunctionTool, HostedTool, NamespaceTool,
                                             ResponseTool)
-from service.responses.unoffered import truncation_offered, verbosity_offered
+from service.responses.unoffered import context_management_offered, truncation_offered, verbosity_offered
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
@@ -285,6 +285,9 @@ class ResponsesRequest(ResponsesSampling):
     service_tier: Literal["auto", "default"] | None = Field(None, description="This server has one tier.")
     truncation: Literal["disabled"] | None = Field(None, description="Only disabled: a conversation longer than the "
                                                                      "context is refused, never cut.")
+    context_management: list[dict[str, Any]] | None = Field(
+        None, description="Only none or []: compaction is not offered (a conversation longer than the context is "
+                          "refused, never compacted).")
     user: str | None = Field(None, description="An end-user id: written on the request's access-log line.")
     safety_identifier: str | None = Field(None, description="As `user`.")
     background: bool | None = Field(None, description="Only false: responses are not run in the background.")
@@ -329,6 +332,7 @@ class ResponsesRequest(ResponsesSampling):
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
     _truncation = field_validator("truncation", mode="before")(truncation_offered)
+    _context_management = field_validator("context_management")(context_management_offered)
 
     @field_validator("background")
     @classmethod

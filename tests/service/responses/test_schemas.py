@@ -96,11 +96,15 @@ def test_allowed_tools_is_refused_for_what_it_is(client: TestClient[Any]) -> Non
                                            "context is refused with context_length_exceeded, never cut"),
     ({"text": {"verbosity": "low"}}, "text.verbosity", "text.verbosity: 'low' is not offered: replies are as long "
                                                        "as the model makes them"),
+    # VS Code Copilot Chat's Responses requests (an experiment setting): a bare unknown_parameter said nothing
+    ({"context_management": [{"type": "compaction", "compact_threshold": 7000}]}, "context_management",
+     "context_management: 'compaction' is not offered: nothing is compacted here"),
 ])
 def test_a_setting_not_offered_says_what_happens_instead(client: TestClient[Any], change: dict[str, Any], param: str,
                                                          words: str) -> None:
     # pydantic's "Input should be 'disabled'" said neither what is not offered nor what happens instead.
     error = client.post("/v1/responses", json={"input": "hi", **change}).json()["error"]
     assert error["param"] == param and error["code"] == "invalid_value" and error["message"].startswith(words), error
-    for offered in ({"truncation": "disabled"}, {"text": {"verbosity": "medium"}}):
+    for offered in ({"truncation": "disabled"}, {"text": {"verbosity": "medium"}}, {"context_management": []},
+                    {"context_management": None}):
         assert client.post("/v1/responses", json={"input": "hi", **offered}).status_code == 200
