@@ -31,7 +31,8 @@ def add_transcribe(sub: Any) -> None:
                    help="the Whisper checkpoint, as the positional MODEL (default: the demo tiny.en)")
     p.add_argument("--language", default=None, help="ISO-639-1 code or name (default: detected)")
     p.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
-                   help="translate: into English (multilingual models)")
+                   help="translate: into English (an English-only model transcribes, as the server's "
+                        "/v1/audio/translations answers)")
     p.add_argument("--temperature", type=float, default=0.0, help="start of the fallback ladder")
     p.add_argument("--no-fallback", action="store_true", help="decode at --temperature only")
     p.add_argument("--prompt", default=None, help="initial prompt: spelling, vocabulary (default: none)")
@@ -87,12 +88,15 @@ def _transcribe(args: argparse.Namespace) -> int:
     try:
         speech = SpeechService.from_spec(engine.tasks, whisper_spec(args.model), resident=True)
         options = speech.options(
-            language=args.language, task=args.task, prompt=args.prompt,
+            language=args.language, task=args.task, english_only_transcribes=True, prompt=args.prompt,
             temperatures=TranscribeOptions.ladder(args.temperature, fallback=not args.no_fallback),
             without_timestamps=args.no_timestamps, condition_on_previous_text=not args.no_condition,
             word_timestamps=args.word_timestamps, vad=args.vad, vad_trim=args.vad_trim, batch_size=args.batch_size)
     except (WhisperCheckpointError, InvalidOption) as exc:
         raise CLIError(str(exc)) from None
+    if args.task == "translate" and not speech.multilingual:  # as the server's /v1/audio/translations answers
+        print("note: this Whisper model is English-only: its translation into English is its transcription",
+              file=sys.stderr)
 
     async def run() -> tuple[Transcript, float, float]:
         async with anyio.create_task_group() as tg:

@@ -31,6 +31,14 @@ def _field_path(key: Any) -> str | None:
     return ".".join(parts) or None
 
 
+def _extra_path(key: Any) -> str | None:
+    # An unknown field's own name ends the path as the client sent it: a form's `stream_options[include_usage]`
+    # looks like a tag, but is the field to name.
+    head, _, name = str(key or "").rpartition(".")
+    parent = _field_path(head)
+    return f"{parent}.{name}" if parent and name else name or parent
+
+
 # First path segments of /v1 routes, for a 404 of the same path without /v1.
 _V1_ROOTS = frozenset({"chat", "completions", "responses", "models", "audio", "realtime"})
 # TGI's generate routes: huggingface_hub's text_generation and automatic_speech_recognition POST to the base URL.
@@ -65,9 +73,10 @@ def _validation_error(exc: ValidationException) -> APIError:
     if param == "data":  # Litestar's name for the whole body (no request has a `data` field): it was empty or null
         return APIError(400, "We could not parse the JSON body of your request: it is empty or null (send a JSON "
                              "object).", code="invalid_json")
-    if message == "Extra inputs are not permitted" and param:  # a top-level field we do not know: as OpenAI words it
+    if message == "Extra inputs are not permitted" and (param := _extra_path(first.get("key"))):
+        # a field we do not know: as OpenAI words it
         unknown = sorted({p for e in problems if str(e.get("message", "")).endswith("Extra inputs are not permitted")
-                          and (p := _field_path(e.get("key")))})
+                          and (p := _extra_path(e.get("key")))})
         if len(unknown) > 1:  # OpenAI names them all; what to send instead after them, as for one field
             hints = "; ".join(f"{name}: {hint}" for name in unknown if (hint := _OTHER_SERVERS.get(name)))
             return APIError(400, f"Unrecognized request arguments supplied: {', '.join(unknown)}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, get_args
 
 from litestar.datastructures import UploadFile
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from audio.formats import ResponseFormat
 from audio.pcm import SAMPLE_RATE
-from service.speech.transcription_fields import one_language
+from service.speech.transcription_fields import hotword_list, one_language
 
 __all__ = [
     "TranslationForm",
@@ -43,6 +44,13 @@ def _segments_only() -> list[Granularity]:
     return ["segment"]
 
 
+_INDEXED = re.compile(r"^(\w+)\[(\d+)\]$")
+
+
+def _entries(value: object) -> list[object]:
+    return value if isinstance(value, list) else [value]  # a repeated form field arrives as a list
+
+
 def _shown(value: object) -> str:
     # a form value may be megabytes: echoed whole, the 400 was as large
     text = repr(value)
@@ -60,6 +68,17 @@ class TranslationForm(BaseModel):
     prompt: str | None = Field(None, description="Text to condition the first window on (spelling, vocabulary).")
     response_format: ResponseFormat = "json"
     temperature: float = Field(0.0, ge=0.0, le=1.0, description="Start of the fallback ladder (0 → 0, 0.2 … 1.0).")
+    language: str | None = Field(None, description="The speech's language: ISO-639-1 code (or name); detected when "
+                                                    "omitted.")
+    stream: bool = Field(False, description="SSE: transcript.text.delta events, then transcript.text.done.")
+
+    @field_validator("stream")
+    @classmethod
+    def _streams_text(cls, stream: bool, info: ValidationInfo) -> bool:
+        fmt = info.data.get("response_format", "json")
+        if stream and fmt not in ("json", "text"):
+            raise ValueError(f"a streamed transcription sends text events: response_format {fmt} cannot be streamed")
+        return stream
 
 
 class ServerVadChunking(BaseModel):
@@ -80,21 +99,24 @@ class TranscriptionForm(TranslationForm):
     """multipart/form-data body of POST /v1/audio/transcriptions (OpenAI's fields). A field we do not know
     (`known_speaker_names[]`, …) is refused by name, as every value we cannot honour."""
 
-    language: str | None = Field(None, description="ISO-639-1 code (or name); detected when omitted.")
     languages: list[str] = Field(default_factory=list, alias="languages[]",
                                  description="At most one entry (Whisper decodes one language a window): `language`.")
     keywords: list[str] = Field(default_factory=list, alias="keywords[]",
                                 description="Words or phrases to bias toward: joined after the prompt, as on the live "
                                             "sockets.")
+    hotwords: str | None = Field(None, description="speaches' (faster-whisper's) name for keywords: one string, its "
+                                                   "phrases separated by commas.")
     timestamp_granularities: list[Granularity] = Field(
         default_factory=_segments_only, alias="timestamp_granularities[]",
         description="`word` adds word timestamps, with verbose_json only; `segment` (the default) is taken with "
                     "any format, as OpenAI's.")
-    stream: bool = Field(False, description="SSE: transcript.text.delta events, then transcript.text.done.")
     task: Literal["transcribe", "translate"] = Field("transcribe", description="Extension: translate into English.")
     vad: bool | None = Field(None, description="Extension: Whisper sees only the speech (webrtcvad); silence is cut "
                                                "out and times are mapped back. Default: on, unless the server runs "
                                                "with --no-vad.")
+    vad_filter: bool | None = Field(None, description="speaches' (faster-whisper's) name for vad.")
+    without_timestamps: bool = Field(False, description="Extension (speaches'): decode without timestamp tokens; "
+                                                        "segments are Whisper's windows.")
     vad_trim: bool = Field(False, description="Extension: with vad off, cut leading/trailing silence before decoding "
                                               "(refused with vad on, which decodes only the speech already).")
     chunking_strategy: Literal["auto"] | ServerVadChunking | None = Field(
@@ -102,6 +124,22 @@ class TranscriptionForm(TranslationForm):
                           "server_vad object (as form parts or one JSON string) sets how.")
     include: list[str] | None = Field(None, alias="include[]", description="No value is supported: log probabilities "
                                                                            "are not given for transcriptions here.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _indexed_entries(cls, data: Any) -> Any:
+        # qs and axios send an array as `name[0]`, `name[1]` parts: read as `name[]`'s entries, in index order
+        if not isinstance(data, dict):
+            return data
+        arrays = {f.alias[:-2] for f in cls.model_fields.values() if f.alias and f.alias.endswith("[]")}
+        indexed = sorted((m[1], int(m[2]), k) for k in data
+                         if isinstance(k, str) and (m := _INDEXED.match(k)) and m[1] in arrays)
+        if not indexed:
+            return data
+        out = {k: v for k, v in data.items() if k not in {key for *_, key in indexed}}
+        for name, _, key in indexed:
+            out[f"{name}[]"] = [*_entries(out.get(f"{name}[]", [])), *_entries(data[key])]
+        return out
 
     @model_validator(mode="before")
     @classmethod
@@ -130,6 +168,23 @@ class TranscriptionForm(TranslationForm):
     @classmethod
     def _one_is_a_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value  # one form field arrives as a plain string
+
+    @field_validator("hotwords")
+    @classmethod
+    def _hotwords_are_keywords(cls, value: str | None, info: ValidationInfo) -> str | None:
+        keywords = [k.strip() for k in info.data.get("keywords") or [] if k.strip()]
+        if value is not None and keywords and hotword_list(value) != keywords:
+            raise ValueError("hotwords (speaches' name) and keywords[] name different words: send one of them")
+        return value
+
+    @field_validator("vad_filter")
+    @classmethod
+    def _vad_filter_is_vad(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        vad = info.data.get("vad")
+        if value is not None and vad is not None and value != vad:
+            raise ValueError(f"vad_filter {str(value).lower()} (speaches' name for vad) contradicts vad "
+                             f"{str(vad).lower()}: send one of them")
+        return value
 
     @field_validator("languages")
     @classmethod
@@ -167,19 +222,11 @@ class TranscriptionForm(TranslationForm):
             raise ValueError(f"word timestamps are chosen only with response_format verbose_json, not {fmt}")
         return value
 
-    @field_validator("stream")
-    @classmethod
-    def _streams_text(cls, stream: bool, info: ValidationInfo) -> bool:
-        fmt = info.data.get("response_format", "json")
-        if stream and fmt not in ("json", "text"):
-            raise ValueError(f"a streamed transcription sends text events: response_format {fmt} cannot be streamed")
-        return stream
-
     @field_validator("chunking_strategy")
     @classmethod
     def _chunking_is_vad(cls, value: str | ServerVadChunking | None,
                          info: ValidationInfo) -> str | ServerVadChunking | None:
-        if value is not None and info.data.get("vad") is False:
+        if value is not None and False in (info.data.get("vad"), info.data.get("vad_filter")):
             raise ValueError("chunking cuts at voice activity: it cannot be had with vad false")
         return value
 

@@ -1,14 +1,14 @@
 """Transcription fields the file routes and the live sessions read alike: `keywords` (Whisper takes vocabulary as
-prompt text: joined after the prompt), `languages` (Whisper decodes one language a window: one entry is the
-language, more are refused) and server VAD's settings (webrtcvad's aggressiveness from `threshold`, the padding and
-the pause that ends speech).
+prompt text: joined after the prompt; speaches' `hotwords` string is the same list), `languages` (Whisper decodes
+one language a window: one entry is the language, more are refused) and server VAD's settings (webrtcvad's
+aggressiveness from `threshold`, the padding and the pause that ends speech).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["joined_prompt", "one_language", "aggressiveness", "vad_options", "ONE_LANGUAGE"]
+__all__ = ["joined_prompt", "hotword_list", "one_language", "aggressiveness", "vad_options", "ONE_LANGUAGE"]
 
 ONE_LANGUAGE = "at most one language can be given (Whisper decodes one language per window)"
 
@@ -17,6 +17,12 @@ def joined_prompt(prompt: str | None, keywords: Sequence[str]) -> str | None:
     """The prompt with the keywords joined after it (None when both are empty). Raises nothing."""
     words = ", ".join(w.strip() for w in keywords if w.strip())
     return " ".join(p for p in (prompt or "", words) if p) or None
+
+
+def hotword_list(hotwords: str | None) -> list[str]:
+    """speaches' `hotwords` as keywords: its comma-separated phrases (faster-whisper reads the string whole as prompt
+    text, so a phrase's words stay together and joined_prompt gives that text back). Raises nothing."""
+    return [w.strip() for w in (hotwords or "").split(",") if w.strip()]
 
 
 def one_language(languages: Sequence[str], language: str | None = None) -> str | None:

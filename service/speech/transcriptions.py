@@ -38,10 +38,10 @@ from service.speech.schemas import (
     VerboseTranscription,
 )
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
-from service.speech.transcription_fields import joined_prompt, one_language, vad_options
+from service.speech.transcription_fields import hotword_list, joined_prompt, one_language, vad_options
 from service.state import get_state
 
-__all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "FILE_PARTS",
+__all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "OK_CONTENT", "FILE_PARTS",
            "part_content_type"]
 
 SPEECH_ERRORS = error_responses({400: "Bad audio or parameters (OpenAI error shape)", 404: "Unknown model or session",
@@ -63,14 +63,14 @@ async def FILE_PARTS(request: Request[Any, Any, Any]) -> None:
     fixed body would only meet the 404 next). Raises APIError 404, or what reading the form raises."""
     served_speech(get_state(request), None)
     await _READ_FILE_PARTS(request)
-_OK_CONTENT = FILE_CONTENT | {"text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone,
+OK_CONTENT = FILE_CONTENT | {"text/event-stream": sse_event_schema(TranscriptTextDelta, TranscriptTextDone,
                                                                     done=False)}
 
 
 
 @post("/v1/audio/transcriptions", status_code=200, tags=["audio"],
       summary="Transcribe an audio file", responses=SPEECH_ERRORS, before_request=FILE_PARTS,
-      operation_class=ok_content_operation(_OK_CONTENT, "TranscriptionOperation"),
+      operation_class=ok_content_operation(OK_CONTENT, "TranscriptionOperation"),
       description="OpenAI-compatible. `stream=true` answers text/event-stream: `transcript.text.delta` events "
                   "(one per decoded window), then `transcript.text.done`.")
 async def create_transcription(
@@ -80,13 +80,15 @@ async def create_transcription(
     """Raises APIError (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
     words = "word" in data.timestamp_granularities
     chunking = data.chunking_strategy
+    keywords = data.keywords or hotword_list(data.hotwords)  # speaches' names: the same settings (checked alike)
     asked: dict[str, Any] = {
-        "language": one_language(data.languages) or data.language, "prompt": joined_prompt(data.prompt, data.keywords),
+        "language": one_language(data.languages) or data.language, "prompt": joined_prompt(data.prompt, keywords),
         "task": data.task, "word_timestamps": words, "vad_trim": data.vad_trim,
-        "vad": True if chunking is not None else data.vad}
+        "without_timestamps": data.without_timestamps,
+        "vad": True if chunking is not None else data.vad if data.vad is not None else data.vad_filter}
     renamed = {"language": "languages[]"} if data.languages else {}
-    if data.keywords and len(data.prompt or "") <= MAX_PROMPT_CHARS:  # the keywords made it too long: name them
-        renamed["prompt"] = "keywords[]"
+    if keywords and len(data.prompt or "") <= MAX_PROMPT_CHARS:  # the keywords made it too long: name them
+        renamed["prompt"] = "keywords[]" if data.keywords else "hotwords"
     if isinstance(chunking, ServerVadChunking):
         asked |= vad_options(chunking.threshold, chunking.prefix_padding_ms, chunking.silence_duration_ms)
     return await respond_to_upload(request, data, asked, stream=data.stream, renamed=renamed,

@@ -41,6 +41,19 @@ def test_transcribe_prints_the_format_and_verbose_speed(whisper_dir: Path, wav: 
     assert "s audio in" in err and "realtime" in err
 
 
+def test_translate_on_an_english_only_model_is_its_transcription_as_on_the_server(
+        whisper_dir: Path, wav: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It exited 2 ("task 'translate' is not available") while /v1/audio/translations answers the transcription."""
+    common = [str(wav), str(whisper_dir), "--format", "verbose_json", "--no-fallback", "--temperature", "0"]
+    assert main(["transcribe", *common]) == 0
+    transcribed = json.loads(capsys.readouterr().out)
+    assert main(["transcribe", *common, "--task", "translate"]) == 0
+    out, err = capsys.readouterr()
+    translated = json.loads(out)
+    assert translated["text"] == transcribed["text"] and translated["segments"] == transcribed["segments"]
+    assert len(err.strip().splitlines()) == 1 and "English-only" in err and "transcription" in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["transcribe", "/no/such.wav"], "no such audio file"),
     (["transcribe", "{wav}", "{model}", "--language", "de"], "English-only"),

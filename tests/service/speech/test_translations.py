@@ -13,6 +13,7 @@ from service.app import create_app
 from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
 from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, build_tiny_whisper
+from tests.service.conftest import sse_events
 from tests.service.speech.test_routes import assert_error, voiced, wav_bytes
 
 
@@ -75,9 +76,43 @@ def test_an_english_only_model_translates_as_it_transcribes(english: TestClient[
         assert translated.text == transcribed.text
 
 
-@pytest.mark.parametrize("field, value", [("language", "de"), ("stream", "true"),
-                                          ("timestamp_granularities[]", "word")])
+@pytest.mark.parametrize("field, value", [("timestamp_granularities[]", "word"), ("vad_filter", "false")])
 def test_a_field_translations_do_not_have_is_refused_by_name(multilingual: TestClient[Any], field: str,
                                                              value: str) -> None:
     err = assert_error(_post(multilingual, "translations", **{field: value}), 400, "unknown_parameter")
     assert err["param"] == field
+
+
+def test_language_names_the_speech_translated(multilingual: TestClient[Any], english: TestClient[Any],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's TranslationRequest takes `language`, the source audio's: the decoder's language, as in a
+    transcription. An English-only model has one language: another is refused by name."""
+    import service.speech.transcriptions as routes
+
+    asked: list[tuple[str, str | None]] = []
+    real = routes.transcribe_options
+    monkeypatch.setattr(routes, "transcribe_options",
+                        lambda *a, **kw: asked.append((kw["task"], kw["language"])) or real(*a, **kw))
+    r = _post(multilingual, "translations", language="German", response_format="verbose_json")
+    assert r.status_code == 200, r.text
+    assert r.json()["language"] == "english" and asked == [("translate", "German")]
+    assert _post(english, "translations", language="en").status_code == 200
+    err = assert_error(_post(english, "translations", language="de"), 400, "invalid_value")
+    assert err["param"] == "language" and "English-only" in err["message"]
+
+
+@pytest.mark.parametrize("model", ["english", "multilingual"])
+def test_a_translation_streams_as_a_transcription_does(model: str, request: pytest.FixtureRequest) -> None:
+    """vLLM's TranslationRequest takes `stream`: the transcription route's SSE events (OpenAI streams no
+    translations; vLLM's chat-style chunks are not what this server's transcriptions send either)."""
+    client: TestClient[Any] = request.getfixturevalue(model)
+    r = _post(client, "translations", stream="true", response_format="text", temperature="0")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = sse_events(r.text)
+    assert events[-1]["type"] == "transcript.text.done" and events[-1]["usage"]["seconds"] == pytest.approx(1.5)
+    assert all(e["type"] == "transcript.text.delta" for e in events[:-1])
+    assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
+    answered = _post(client, "translations", temperature="0").json()["text"]
+    assert events[-1]["text"] == answered  # the translation, streamed
+    err = assert_error(_post(client, "translations", stream="true", response_format="srt"), 400, "invalid_value")
+    assert err["param"] == "stream"
