@@ -30,8 +30,9 @@ def continued_message(cls: Any, value: bool | None, info: ValidationInfo) -> boo
     last = messages[-1]
     if last.role != "assistant":
         raise ValueError(f"the last message must be the assistant's to continue, not the {last.role}'s")
-    if last.tool_calls:
-        raise ValueError("the last message has tool_calls: what follows calls is their results, not more of the "
+    if last.tool_calls or last.function_call:
+        field = "tool_calls" if last.tool_calls else "a function_call"
+        raise ValueError(f"the last message has {field}: what follows calls is their results, not more of the "
                          "message; leave the calls out to continue its text")
     return value
 

@@ -24,6 +24,7 @@ from engine.tool_formats import GRANITE_START, fallback_tool_format
 from service.abortable import run_abortable
 from service.chat.call_ids import wants_nine_char_ids, with_nine_char_ids
 from service.chat.content_parts import as_text_parts, reads_text_parts, reads_thinking_parts, with_thinking_parts
+from service.chat.legacy_functions import with_legacy_calls
 from service.chat.prefill import continued_opening
 from service.chat.prompt import (
     MessageError,
@@ -120,15 +121,17 @@ def check_template_kwargs(kwargs: dict[str, Any], allow_templates: bool) -> None
 
 
 def request_messages(tokenizer: Any, body: ChatCompletionRequest, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's messages for the template: speaker names the template does not write put in the text, tool
-    results in the order of the calls they answer. Raises APIError 400 naming the message field OpenAI refuses (a
-    tool result that answers no call of the assistant message before it, a call left without a result)."""
+    """The request's messages for the template: legacy function calls and results as tool calls and results,
+    speaker names the template does not write put in the text, tool results in the order of the calls they answer.
+    Raises APIError 400 naming the message field OpenAI refuses (a tool or function result that answers no call of
+    the assistant message before it, a call left without a result)."""
     named = None
-    # A client's own template reads what it reads; the server's is probed (a render) only once a name comes.
-    if "chat_template" not in kwargs and any(m.name and m.role != "tool" for m in body.messages):
-        named = _NAMED_ROLES.get(tokenizer)
     try:
-        return results_in_call_order(template_messages(body.messages, named))
+        given = with_legacy_calls(body.messages)  # OpenAI's legacy function calls and results, as tool messages
+        # A client's own template reads what it reads; the server's is probed (a render) only once a name comes.
+        if "chat_template" not in kwargs and any(m.name and m.role != "tool" for m in given):
+            named = _NAMED_ROLES.get(tokenizer)
+        return results_in_call_order(template_messages(given, named))
     except MessageError as exc:
         raise APIError(400, str(exc), param=exc.param, code="invalid_value") from None
 

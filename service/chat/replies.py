@@ -93,9 +93,12 @@ class ChoiceDelta(BaseModel):
     content: str | None = Field(None, exclude_if=_omit_none)
     reasoning_content: str | None = Field(None, exclude_if=_omit_none)
     tool_calls: list[ToolCallDelta] | None = Field(None, exclude_if=_omit_none)
+    # The legacy shape of a call (a request with `functions`): its name first, then its arguments' fragments.
+    function_call: FunctionCallDelta | None = Field(None, exclude_if=_omit_none)
 
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+# function_call: the legacy shape's tool_calls.
+FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
 
 class ChunkChoice(BaseModel):
@@ -136,6 +139,9 @@ class AssistantMessage(BaseModel):
     content: str | None = None
     reasoning_content: str | None = Field(None, exclude_if=_omit_none)
     tool_calls: list[MessageToolCall] | None = Field(None, exclude_if=_omit_none)
+    function_call: MessageFunctionCall | None = Field(None, exclude_if=_omit_none, description="The call, in OpenAI's "
+                                                      "legacy shape: a request with `functions` gets it, not "
+                                                      "tool_calls.")
 
 
 class ChatChoice(BaseModel):

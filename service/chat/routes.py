@@ -20,6 +20,7 @@ from service.chat.logprobs import LogprobJson, TokenPieces, chat_logprobs, logpr
 from service.chat.output import ChatTranslator
 from service.chat.tool_text import request_tools
 from service.chat.json_output import reply_grammar
+from service.chat.legacy_functions import named_as_sent
 from service.chat.prefill import check_no_grammar
 from service.chat.render import RenderedPrompt, render_chat
 from service.chat.request import chat_engine, generation_request, observe_queue_wait, request_timing, submit
@@ -88,12 +89,15 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
                                     logprobs=logprobs, continuation=bool(body.continue_final_message))
     calls, tools = bool(body.tools) and body.tool_choice != "none", request_tools(body)
     forced = _forced(body.tool_choice)
-    if body.continue_final_message:
-        check_no_grammar(body.response_format, forced and calls)
-    grammar = await reply_grammar(body.response_format, tools, tokenizer=engine.tokenizer, calls=calls,
-                                  opens_thinking=_opens_thinking(engine.tokenizer, rendered),
-                                  json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar,
-                                  forced=forced)
+    try:
+        if body.continue_final_message:
+            check_no_grammar(body.response_format, forced and calls)
+        grammar = await reply_grammar(body.response_format, tools, tokenizer=engine.tokenizer, calls=calls,
+                                      opens_thinking=_opens_thinking(engine.tokenizer, rendered),
+                                      json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar,
+                                      forced=forced)
+    except APIError as exc:
+        raise named_as_sent(exc, body) from None  # functions and function_call by the names the client sent
     if grammar is not None:
         generation.sampling = replace(generation.sampling, grammar=grammar)
     # A named function's one call is the reply, as vLLM's ("required" may make several).
@@ -105,7 +109,7 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
                                                           json_calls=rendered.json_tool_calls,
                                                           opening=rendered.generation_prompt,
                                                           forced_name=_forced_name(forced, tools),
-                                                          max_calls=max_calls)
+                                                          max_calls=max_calls, legacy=body.legacy_reply())
 
 
 def _forced(choice: Any) -> str | bool:
@@ -137,8 +141,9 @@ _ROLE = b'"delta":{"role":"assistant"'  # how an opening delta's JSON begins (ro
 
 class _Opening:
     """A streamed reply's chunks, the first once the reply's first delta is known, opened as OpenAI opens one: a
-    role chunk with `content: ""` before text; the role with `content: null` on a first tool call's chunk (or
-    reasoning's, which may end in calls), so the SDK's stream helper assembles the non-streamed reply's message."""
+    role chunk with `content: ""` before text; the role with `content: null` on a first tool call's chunk (a legacy
+    function_call's too, or reasoning's, which may end in calls), so the SDK's stream helper assembles the
+    non-streamed reply's message."""
 
     def __init__(self, encode: ChunkEncoder) -> None:
         self._encode = encode.encode
@@ -151,7 +156,7 @@ class _Opening:
         if self._opened:
             return self._encode(delta, finish, logprobs)
         self._opened = True
-        if delta.content is None and (delta.tool_calls or delta.reasoning_content is not None):
+        if delta.content is None and (delta.tool_calls or delta.function_call or delta.reasoning_content is not None):
             self._null_content = True
             event = self._encode(delta.model_copy(update={"role": "assistant"}), finish, logprobs)
             # A delta leaves a null content out; the opening one says it (the SDK's helper assembles from it).

@@ -5,14 +5,15 @@ Every field a request carries is honoured or refused with a 400 naming it, never
 top-level field is refused as OpenAI refuses it ("Unrecognized request argument supplied"), a nested object may
 carry unknown fields only while they are empty (the SDK's own message objects echo `refusal: null`,
 `annotations: []`), and a known field's values that cannot be honoured (n > 1, JSON output, a forced tool
-choice, stored completions) are refused by name.
+choice, stored completions) are refused by name. OpenAI's legacy function calling (`functions`, `function_call`,
+`role: "function"`) is taken as tools (service/chat/legacy_functions.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from service.chat.json_output import check_response_format
 from service.chat.message_parts import (CACHE_BREAKPOINT, UNREAD_PARTS, CacheControl, ContentPart, RefusalPart,
@@ -79,13 +80,16 @@ class ToolCall(_Request):
 
 
 class ChatMessage(_Request):
-    """One conversation message. `developer` is treated as `system` when the prompt is built."""
+    """One conversation message. `developer` is treated as `system` when the prompt is built, `function` (legacy)
+    as a tool result (service/chat/legacy_functions.py)."""
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    # Before content, whose check reads it: an assistant message may leave content null only beside tool calls.
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    # Before content, whose check reads them: an assistant message may leave content null only beside calls.
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = Field(None, description="OpenAI's legacy call (beside `functions`): one "
+                                                                 "tool call, its id made up.")
     content: str | list[ContentPart] | None = Field(None, validate_default=True)
-    name: str | None = None
+    name: str | None = Field(None, validate_default=True)
     tool_call_id: str | None = Field(None, validate_default=True)
     # Prior assistant thinking, passed back to the chat template.
     reasoning_content: str | None = None
@@ -96,20 +100,38 @@ class ChatMessage(_Request):
     @field_validator("content", mode="before")
     @classmethod
     def _readable_parts(cls, content: Any, info: ValidationInfo) -> Any:
-        return tool_message_content(content) if info.data.get("role") == "tool" else unread_parts_refused(content)
+        returned = info.data.get("role") in ("tool", "function")
+        return tool_message_content(content) if returned else unread_parts_refused(content)
+
+    @field_validator("function_call")
+    @classmethod
+    def _one_kind_of_call(cls, call: FunctionCall | None, info: ValidationInfo) -> FunctionCall | None:
+        if call is not None and info.data.get("role") != "assistant":
+            raise ValueError("only an assistant message carries a function_call")
+        if call is not None and info.data.get("tool_calls"):
+            raise ValueError("give tool_calls or the legacy function_call, not both")
+        return call
 
     @field_validator("content")
     @classmethod
     def _has_content(cls, content: Any, info: ValidationInfo) -> Any:
-        # As OpenAI refuses them: a message with nothing to say.
+        # As OpenAI refuses them: a message with nothing to say (a function's result may be null, as OpenAI's type).
         role = info.data.get("role")
-        if content is None and role == "assistant" and not info.data.get("tool_calls"):
+        if content is None and role == "assistant" and not (info.data.get("tool_calls") or
+                                                            info.data.get("function_call")):
             raise ValueError("an assistant message needs content or tool_calls")
-        if content is None and role not in (None, "assistant"):
+        if content is None and role not in (None, "assistant", "function"):
             raise ValueError(f"a {role} message needs content")
         if isinstance(content, list) and not content:
             raise ValueError("an empty array; give at least one content part")
         return content
+
+    @field_validator("name")
+    @classmethod
+    def _names_its_function(cls, name: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("role") == "function" and not name:  # the call it answers is the one of that name
+            raise ValueError("a function message names the function whose result it is")
+        return name
 
     @field_validator("tool_call_id")
     @classmethod
@@ -282,10 +304,18 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(..., min_length=1)
     tools: list[Tool] | None = None
+    # OpenAI's legacy function calling, between the fields whose checks read it (service/chat/legacy_functions.py).
+    functions: list[FunctionDefinition] | None = Field(
+        None, description="OpenAI's legacy (deprecated) tools: taken as `tools` of these functions, and the reply's "
+                          "call comes as `message.function_call` (finish_reason \"function_call\"), one at most. Not "
+                          "beside tools.")
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = Field(
         None, description='"auto" (the default with tools), "none" (the tools are not shown to the model and its reply '
                           'is all content), or a forced call ("required", or a named function: the reply is calls, '
                           'enforced token by token, for models whose calls are <tool_call> JSON; a 400 for others).')
+    function_call: Literal["none", "auto"] | ChosenFunction | None = Field(
+        None, description='The legacy tool_choice, with functions: "none", "auto", or {"name": ...}, a forced call of '
+                          'that function. Not beside tool_choice.')
     parallel_tool_calls: bool | None = Field(None, description="false: the reply ends after its first tool call.")
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Variables passed to the model's chat template as they are.")
@@ -334,15 +364,12 @@ class ChatCompletionRequest(SamplingFields):
     audio: dict[str, Any] | None = Field(None, description="Only null: replies are text.")
     prediction: dict[str, Any] | None = Field(None, description="Only null: no predicted outputs.")
     web_search_options: dict[str, Any] | None = Field(None, description="Only null: no web search ({} asks for one).")
-    functions: list[dict[str, Any]] | None = Field(None, description="Only null: give `tools`.")
-    function_call: str | dict[str, Any] | None = Field(None, description="Only null: give `tool_choice`.")
 
-    @field_validator("audio", "prediction", "functions", "function_call")
+    @field_validator("audio", "prediction")
     @classmethod
-    def _nothing_asked(cls, value: Any, info: ValidationInfo) -> Any:
+    def _nothing_asked(cls, value: Any) -> Any:
         if not _empty(value):
-            hint = {"functions": "; give tools", "function_call": "; give tool_choice"}.get(str(info.field_name), "")
-            raise ValueError(f"not supported by this server (only null){hint}")
+            raise ValueError("not supported by this server (only null)")
         return value
 
     @field_validator("web_search_options")
@@ -379,18 +406,62 @@ class ChatCompletionRequest(SamplingFields):
     _continued = field_validator("continue_final_message")(continued_message)
     _generation_prompt = field_validator("add_generation_prompt")(generation_prompt_asked)
 
+    @field_validator("functions")
+    @classmethod
+    def _not_beside_tools(cls, functions: list[FunctionDefinition] | None,
+                          info: ValidationInfo) -> list[FunctionDefinition] | None:
+        if functions is not None and info.data.get("tools") is not None:  # OpenAI's words
+            raise ValueError("'functions' and 'tools' cannot both be provided. 'functions' are deprecated; use the "
+                             "'tools' parameter instead.")
+        return functions or None  # [] asks for nothing, as before functions were taken
+
     @field_validator("tool_choice", "parallel_tool_calls")
     @classmethod
     def _needs_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        # As OpenAI refuses them. `tools: []` counts as tools: pi sends it beside an agent's history.
-        if value is not None and info.data.get("tools") is None:
+        # As OpenAI refuses them. `tools: []` counts as tools: pi sends it beside an agent's history. A tool_choice
+        # beside functions chooses among them (function_call is refused beside it).
+        tools = info.data.get("tools")
+        if tools is None and info.field_name == "tool_choice" and info.data.get("functions"):
+            tools = [Tool(function=f) for f in info.data["functions"]]
+        if value is not None and tools is None:
             raise ValueError(f"{info.field_name!r} is only allowed when 'tools' are specified")
         named = isinstance(value, NamedToolChoice) and value.function.name
-        if named and named not in {t.function.name for t in info.data["tools"]}:
+        if named and named not in {t.function.name for t in tools or ()}:
             raise ValueError(f"tool_choice names function {value.function.name!r}, which tools does not declare")
-        if value == "required" and not info.data.get("tools"):
+        if value == "required" and not tools:
             raise ValueError("tool_choice \"required\" needs at least one tool")
         return value
+
+    @field_validator("function_call")
+    @classmethod
+    def _chooses_a_function(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None or "functions" not in info.data:  # not asked, or functions failed on their own
+            return value
+        if info.data["functions"] is None:  # OpenAI's words
+            raise ValueError("'function_call' is only allowed when 'functions' are specified.")
+        if info.data.get("tool_choice") is not None:
+            raise ValueError("'function_call' and 'tool_choice' cannot both be provided. 'function_call' is "
+                             "deprecated; use 'tool_choice' with 'tools' instead.")
+        if isinstance(value, ChosenFunction) and value.name not in {f.name for f in info.data["functions"]}:
+            raise ValueError(f"function_call names function {value.name!r}, which functions does not declare")
+        return value
+
+    @model_validator(mode="after")
+    def _functions_as_tools(self) -> "ChatCompletionRequest":
+        # One tool mechanism: the legacy fields are tools and tool_choice from here on; `functions` stays set, for
+        # the reply's legacy shape (legacy_reply).
+        if self.functions is not None:
+            self.tools = [Tool(function=f) for f in self.functions]
+            if isinstance(self.function_call, ChosenFunction):
+                self.tool_choice = NamedToolChoice(function=self.function_call)
+            elif self.function_call is not None:
+                self.tool_choice = self.function_call
+        return self
+
+    def legacy_reply(self) -> bool:
+        """Whether the reply's call comes in OpenAI's legacy shape (`message.function_call`, finish_reason
+        "function_call", one call at most): the request gave `functions`. Raises nothing."""
+        return self.functions is not None
 
     @field_validator("response_format", mode="before")
     @classmethod

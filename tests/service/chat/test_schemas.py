@@ -29,8 +29,7 @@ def _refused(response: Any, param: str, *words: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("field, value", [("web_search_options", {"search_context_size": "low"}),
                                           ("prediction", {"type": "content", "content": "x"}),
-                                          ("audio", {"voice": "alloy"}), ("functions", [{"name": "f"}]),
-                                          ("some_future_field", True)])
+                                          ("audio", {"voice": "alloy"}), ("some_future_field", True)])
 def test_an_unknown_field_is_refused_by_name_as_openai_refuses_it(client: Any, fake_engine: FakeEngine,
                                                                   field: str, value: Any) -> None:
     before = len(fake_engine.requests)
@@ -52,9 +51,10 @@ def test_web_search_options_are_refused_even_empty(client: Any, fake_engine: Fak
     assert len(fake_engine.requests) == before
 
 
-@pytest.mark.parametrize("field, value", [("audio", {}), ("prediction", {}), ("functions", []), ("function_call", {})])
+@pytest.mark.parametrize("field, value", [("audio", {}), ("prediction", {}), ("functions", [])])
 def test_an_empty_value_of_a_field_that_asks_nothing_when_empty_passes(client: Any, field: str, value: Any) -> None:
-    # An audio object without settings, a prediction without content, no functions: nothing there to honour.
+    # An audio object without settings, a prediction without content, no functions (legacy function calling,
+    # tests/service/chat/test_legacy_functions.py): nothing there to honour.
     assert _chat(client, **{field: value}).status_code == 200
 
 
