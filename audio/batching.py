@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 import numpy as np
 
-from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription, segment_end
+from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription, kept_logprobs, segment_end
 from audio.pcm import SAMPLE_RATE
 from audio.window import WindowResult
 from audio.transcript import Segment
@@ -95,7 +95,7 @@ async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size
                     continue
                 tr.seek = start + local  # segments record the window they came from
                 offset = tr.seek * HOP_LENGTH / SAMPLE_RATE
-                current, _, _ = tr.split(result.decoded.tokens, result, offset, frames)
+                current, _, _ = tr.split(result.decoded.tokens, result, offset, frames, logprobs=kept_logprobs(result))
                 if tr.options.word_timestamps and current:
                     await tr.align(current, result, frames, tasks)
                     tr.last_speech_timestamp = segment_end(current) or tr.last_speech_timestamp

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import anyio
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from audio.mel import HOP_LENGTH, N_FRAMES, N_SAMPLES
 from audio.pcm import SAMPLE_RATE
 from audio.repeats import copied_words
+from audio.token_logprobs import aligned_logprobs, token_logprobs
 from audio.window import WindowRequest, WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
     from engine.tasks import ExecutionTasks
 
-__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "tokenizer_for", "segment_end"]
+__all__ = ["WindowedTranscription", "HOP_LENGTH", "N_FRAMES", "N_SAMPLES", "tokenizer_for", "segment_end",
+           "kept_logprobs"]
 
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH
 # How far past a cut in the speech-only signal a segment time may run and still be taken for the speech before it
@@ -47,6 +49,13 @@ def tokenizer_for(loaded: LoadedWhisper, language: str | None, task: str) -> Any
 
     model = loaded.model
     return get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language or "en", task=task)
+
+
+def kept_logprobs(result: WindowResult) -> list[float | None] | None:
+    """The log probabilities its decode kept, one for each of its tokens (None for a forced prefix's), or None
+    where it kept none. Raises nothing."""
+    d = result.decoded
+    return aligned_logprobs(d.logprobs, len(d.tokens) - len(d.sampled))
 
 
 def segment_end(segments: list[dict[str, Any]]) -> float | None:
@@ -203,7 +212,7 @@ class WindowedTranscription:
                              compression_ratio_threshold=o.compression_ratio_threshold,
                              logprob_threshold=o.logprob_threshold, no_speech_threshold=o.no_speech_threshold,
                              keep_features=o.word_timestamps, realtime=realtime, mel_ceiling=self.mel_ceiling,
-                             seed=self.seed)
+                             seed=self.seed, logprobs=o.logprobs)
 
     def adopt(self, result: WindowResult) -> None:
         """Take the language a window detected. Raises nothing."""
@@ -245,7 +254,8 @@ class WindowedTranscription:
             return []
         previous_seek = self.seek
         time_offset = self.seek * HOP_LENGTH / SAMPLE_RATE
-        current, advance, single_ending = self.split(result.decoded.tokens, result, time_offset, frames)
+        current, advance, single_ending = self.split(result.decoded.tokens, result, time_offset, frames,
+                                                     logprobs=kept_logprobs(result))
         self.seek += advance
         if self.options.word_timestamps and current:
             await self.align(current, result, frames, tasks)
@@ -284,18 +294,21 @@ class WindowedTranscription:
                                           last_speech_timestamp=self.last_speech_timestamp), label="whisper.align")
 
     def split(self, tokens: list[int] | np.ndarray, result: WindowResult, time_offset: float, frames: int, *,
-              whole: bool = False) -> tuple[list[dict[str, Any]], int, bool]:
+              whole: bool = False,
+              logprobs: Sequence[float | None] | None = None) -> tuple[list[dict[str, Any]], int, bool]:
         """Segments between timestamp pairs, the frames consumed, and whether the window ended on a single
         timestamp. An unfinished last segment is left for the next window, or kept to the window's end when
-        `whole`. Times are clamped to the window's audio. Raises nothing."""
+        `whole`. Times are clamped to the window's audio. `logprobs` (one for each of `tokens`: kept_logprobs):
+        each segment keeps its tokens'. Raises nothing."""
         tokens = np.asarray(tokens, dtype=np.int64)
         tok = self.tokenizer
         precision = self.input_stride * HOP_LENGTH / SAMPLE_RATE
         window_end = time_offset + frames * HOP_LENGTH / SAMPLE_RATE
 
-        def segment(start: float, end: float, sliced: np.ndarray) -> dict[str, Any]:
+        def segment(start: float, end: float, a: int, b: int) -> dict[str, Any]:
             end = min(max(end, time_offset), window_end)
-            return self._new_segment(min(max(start, time_offset), end), end, sliced, result)
+            return self._new_segment(min(max(start, time_offset), end), end, tokens[a:b], result,
+                                     None if logprobs is None else list(logprobs[a:b]))
 
         current: list[dict[str, Any]] = []
         is_ts = tokens >= tok.timestamp_begin
@@ -309,35 +322,38 @@ class WindowedTranscription:
             for current_slice in slices:
                 sliced = tokens[last_slice:current_slice]
                 current.append(segment(time_offset + (int(sliced[0]) - tok.timestamp_begin) * precision,
-                                       time_offset + (int(sliced[-1]) - tok.timestamp_begin) * precision, sliced))
+                                       time_offset + (int(sliced[-1]) - tok.timestamp_begin) * precision,
+                                       last_slice, current_slice))
                 last_slice = current_slice
             if single_ending:
                 return current, frames, True
             last_ts = (int(tokens[last_slice - 1]) - tok.timestamp_begin)
             if whole and last_slice < len(tokens):
-                current.append(segment(time_offset + last_ts * precision, window_end, tokens[last_slice:]))
+                current.append(segment(time_offset + last_ts * precision, window_end, last_slice, len(tokens)))
                 return current, frames, False
             return current, min(frames, last_ts * self.input_stride), False
         duration = frames * HOP_LENGTH / SAMPLE_RATE
         timestamps = tokens[is_ts.nonzero()[0]]
         if len(timestamps) > 0 and int(timestamps[-1]) != tok.timestamp_begin:
             duration = (int(timestamps[-1]) - tok.timestamp_begin) * precision
-        current.append(segment(time_offset, time_offset + duration, tokens))
+        current.append(segment(time_offset, time_offset + duration, 0, len(tokens)))
         return current, frames, single_ending
 
-    def _new_segment(self, start: float, end: float, tokens: np.ndarray, result: WindowResult) -> dict[str, Any]:
+    def _new_segment(self, start: float, end: float, tokens: np.ndarray, result: WindowResult,
+                     logprobs: list[float | None] | None = None) -> dict[str, Any]:
         token_list = [int(t) for t in np.asarray(tokens).tolist()]
         d = result.decoded
         text_tokens = [t for t in token_list if t < self.tokenizer.eot]
         return {"seek": self.seek, "start": start, "end": end, "text": self.tokenizer.decode(text_tokens),
                 "tokens": token_list, "temperature": d.temperature, "avg_logprob": d.avg_logprob,
-                "compression_ratio": d.compression_ratio, "no_speech_prob": d.no_speech_prob}
+                "compression_ratio": d.compression_ratio, "no_speech_prob": d.no_speech_prob, "logprobs": logprobs}
 
     def commit(self, current: list[dict[str, Any]], result: WindowResult | None = None) -> list[Segment]:
         """Add segments to the transcript and to the conditioning text. Raises nothing."""
         for s in current:  # instantaneous or empty segments carry no text
             if s["start"] == s["end"] or not s["text"].strip():
                 s["text"], s["tokens"], s["words"] = "", [], []
+                s["logprobs"] = None if s.get("logprobs") is None else []
         first_id = len([s for s in self.segments if s["text"]])
         self.segments.extend(current)
         self.all_tokens.extend(t for s in current for t in s["tokens"])
@@ -363,13 +379,15 @@ class WindowedTranscription:
 
     def _to_segment(self, i: int, s: dict[str, Any]) -> Segment:
         start, end = self._span(float(s["start"]), float(s["end"]))
+        kept = s.get("logprobs")
         return Segment(
             id=i, seek=int(s["seek"]), start=start, end=end,
             text=s["text"], tokens=list(s["tokens"]), temperature=float(s["temperature"]),
             avg_logprob=float(s["avg_logprob"]), compression_ratio=float(s["compression_ratio"]),
             no_speech_prob=float(s["no_speech_prob"]),
             words=[Word(w["word"], *self._word_span(w, start, end), float(w.get("probability", 0.0)))
-                   for w in s.get("words", [])])
+                   for w in s.get("words", [])],
+            logprobs=None if kept is None else tuple(token_logprobs(self.tokenizer, s["tokens"], kept)))
 
     def _plain(self, tokens: Any) -> str:
         return self.tokenizer.decode([int(t) for t in tokens if t < self.tokenizer.eot])
@@ -386,5 +404,8 @@ class WindowedTranscription:
         for s in segments:  # never past the audio
             s.end = min(s.end, round(duration, 3))
             s.start = min(s.start, s.end)
+        # its text is its segments' one after another, and so are its log probabilities, where all kept them
+        known = self.options.logprobs and all(s.logprobs is not None for s in segments)
         return Transcript(text=self.text(), language=self.language or (self.options.language or "en"),
-                          duration=duration, task=self.options.task, segments=segments)
+                          duration=duration, task=self.options.task, segments=segments,
+                          logprobs=tuple(e for s in segments for e in s.logprobs or ()) if known else None)

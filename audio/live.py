@@ -177,8 +177,8 @@ class LiveTranscription(LiveRequests):
                              tokens_per_second=self.config.tokens_per_second, fallback=not probe, realtime=True),
             probe, fresh=seek + len(audio) - max(seek, self._final_to), n_audio_ctx=self._loaded.model.dims.n_audio_ctx,
             chat_active=self._scheduler.chat_active())
-        if self.logprobs:
-            request = replace(request, logprobs=True)
+        if request.logprobs != self.logprobs:  # its own ask (reconfigure), not its options' until they are retargeted
+            request = replace(request, logprobs=self.logprobs)
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._cadence.decode_s = self._clock() - began

@@ -62,7 +62,7 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     With `vad` Whisper sees only the speech (no speech: an empty Transcript, Whisper never loaded).
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
     duration = len(pcm) / SAMPLE_RATE
-    empty = Transcript("", options.language or "en", duration, options.task)
+    empty = Transcript("", options.language or "en", duration, options.task, logprobs=() if options.logprobs else None)
     timeline = None
     if options.vad or options.vad_trim:
         pieces = await anyio.to_thread.run_sync(functools.partial(speech_pieces, pcm, **options.gate_settings))

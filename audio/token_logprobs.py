@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 from audio.repeats import kept_spans
 
-__all__ = ["TokenLogprob", "token_logprobs", "aligned_logprobs", "committed_logprobs", "less_leading", "FLOOR"]
+__all__ = ["TokenLogprob", "token_logprobs", "aligned_logprobs", "committed_logprobs", "less_leading", "less_trailing",
+           "stripped_logprobs", "FLOOR"]
 
 # OpenAI writes this for a probability too small to show, as chat's logprobs here do (JSON has no -Infinity): a
 # token picked where the timestamp rules had masked every token (NaN: -inf less -inf) gets it too.
@@ -97,6 +98,25 @@ def less_leading(entries: Sequence[TokenLogprob], count: int) -> tuple[TokenLogp
         return tuple(entries[i:])
     rest = bytes(entries[i].bytes[count:])
     return (TokenLogprob(rest.decode("utf-8", errors="replace"), entries[i].logprob, tuple(rest)), *entries[i + 1:])
+
+
+def less_trailing(entries: Sequence[TokenLogprob], count: int) -> tuple[TokenLogprob, ...]:
+    """`entries` without their last `count` bytes, as less_leading cuts their first. Raises nothing."""
+    i = len(entries)
+    while i and count >= len(entries[i - 1].bytes):
+        count -= len(entries[i - 1].bytes)
+        i -= 1
+    if not i or not count:
+        return tuple(entries[:i])
+    rest = bytes(entries[i - 1].bytes[:-count])
+    return (*entries[:i - 1], TokenLogprob(rest.decode("utf-8", errors="replace"), entries[i - 1].logprob, tuple(rest)))
+
+
+def stripped_logprobs(entries: Sequence[TokenLogprob], text: str) -> tuple[TokenLogprob, ...]:
+    """`entries` (`text`'s) as `text.strip()` holds them (the file routes' text has no space at either end): the
+    stripped bytes gone from the tokens at its ends. Raises nothing."""
+    lead = len(text.encode()) - len(text.lstrip().encode())
+    return less_trailing(less_leading(entries, lead), len(text.lstrip().encode()) - len(text.strip().encode()))
 
 
 def aligned_logprobs(kept: Sequence[float] | None, forced: int) -> list[float | None] | None:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from audio.errors import InvalidOption
 from audio.noise_reduction import KINDS as NOISE_KINDS
+
+if TYPE_CHECKING:  # audio/token_logprobs.py reads audio/repeats.py, which reads this module
+    from audio.token_logprobs import TokenLogprob
 
 __all__ = ["normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES",
            "PromptTooLong", "MAX_PROMPT_CHARS"]
@@ -54,7 +57,8 @@ class TranscribeOptions:
     # (audio/batching.py); no conditioning across chunks. 1: the sequential seek loop.
     batch_size: int = 1
     # Live sessions only (audio/sessions.py): the input audio's high-pass filter (audio/noise_reduction.py; None:
-    # none), and whether each committed token's log probability is kept (audio/live.py) for the events.
+    # none). `logprobs`: each decoded text token's log probability is kept (a file's segments and Transcript carry
+    # them; a live session's committed text, audio/live.py).
     noise_reduction: str | None = None
     logprobs: bool = False
 
@@ -112,6 +116,8 @@ class Segment:
     compression_ratio: float = 0.0
     no_speech_prob: float = 0.0
     words: list[Word] = field(default_factory=list)
+    # Its text's tokens' log probabilities (audio/token_logprobs.py: their bytes join to `text`); None: not kept.
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     def as_dict(self, with_words: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -133,6 +139,9 @@ class Transcript:
     duration: float
     task: Task = "transcribe"
     segments: list[Segment] = field(default_factory=list)
+    # Its text's tokens' log probabilities, its segments' one after another (bytes joined: `text`); None: not kept
+    # (not asked for, or not known for all of it).
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def words(self) -> list[Word]:

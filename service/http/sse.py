@@ -36,9 +36,10 @@ class ClientStalled(Exception):
     """The client read nothing of a stream for the send timeout (granian's send waits while its socket is full)."""
 
 
-def sse_data(payload: BaseModel) -> bytes:
-    """One `data: <json>` event. Raises nothing for valid models."""
-    return b"data: " + payload.model_dump_json().encode() + b"\n\n"
+def sse_data(payload: BaseModel, *, exclude_none: bool = False) -> bytes:
+    """One `data: <json>` event; `exclude_none`: without its None fields (those not asked for). Raises nothing for
+    valid models."""
+    return b"data: " + payload.model_dump_json(exclude_none=exclude_none).encode() + b"\n\n"
 
 
 def null_usage(event: bytes) -> bytes:

@@ -18,6 +18,7 @@ __all__ = [
     "TranscriptionForm",
     "ServerVadChunking",
     "TranscriptionWord",
+    "TranscriptionLogprob",
     "TranscriptionSegment",
     "Transcription",
     "VerboseTranscription",
@@ -122,8 +123,10 @@ class TranscriptionForm(TranslationForm):
     chunking_strategy: Literal["auto"] | ServerVadChunking | None = Field(
         None, description='"auto": the audio is cut at pauses found by voice activity detection (as vad on); a '
                           "server_vad object (as form parts or one JSON string) sets how.")
-    include: list[str] | None = Field(None, alias="include[]", description="No value is supported: log probabilities "
-                                                                           "are not given for transcriptions here.")
+    include: list[str] | None = Field(
+        None, alias="include[]", description="`logprobs`: the JSON answer (response_format json only, as OpenAI's) "
+                                             "and the streamed events carry the log probabilities of the tokens "
+                                             "Whisper wrote their text with.")
 
     @model_validator(mode="before")
     @classmethod
@@ -194,12 +197,18 @@ class TranscriptionForm(TranslationForm):
 
     @field_validator("include", mode="before")
     @classmethod
-    def _nothing_included(cls, value: Any) -> Any:
+    def _logprobs_included(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None or value == []:
             return value
         values = value if isinstance(value, list) else [value]  # one form field arrives as a plain string
-        raise ValueError(f"{', '.join(_shown(v) for v in values[:3])} cannot be included: no include value is "
-                         "supported here (OpenAI's logprobs: transcriptions here give no log probabilities)")
+        other = [v for v in values if v != "logprobs"]
+        if other:
+            raise ValueError(f"{', '.join(_shown(v) for v in other[:3])} cannot be included: logprobs is the one "
+                             "include value")
+        fmt = info.data.get("response_format", "json")
+        if fmt != "json":  # OpenAI's rule: the other formats have nowhere to put them
+            raise ValueError(f"logprobs are given with response_format json only, not {fmt}")
+        return values
 
     @field_validator("timestamp_granularities", mode="before")
     @classmethod
@@ -250,6 +259,18 @@ class TranscriptionSegment(BaseModel):
     no_speech_prob: float
 
 
+class TranscriptionLogprob(BaseModel):
+    """A token Whisper wrote the text with (include[]=logprobs): its text, log probability and bytes; an answer's
+    tokens' bytes join to exactly its text."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+_LOGPROBS = "With include[]=logprobs: the log probabilities of the tokens of its text."
+
+
 class DurationUsage(BaseModel):
     """What a Whisper transcription used: seconds of audio."""
 
@@ -262,6 +283,7 @@ class Transcription(BaseModel):
 
     text: str
     usage: DurationUsage
+    logprobs: list[TranscriptionLogprob] | None = Field(None, description=_LOGPROBS)
 
 
 class VerboseTranscription(BaseModel):
@@ -281,6 +303,7 @@ class TranscriptTextDelta(BaseModel):
 
     type: Literal["transcript.text.delta"] = "transcript.text.delta"
     delta: str
+    logprobs: list[TranscriptionLogprob] | None = Field(None, description=_LOGPROBS)
 
 
 class TranscriptTextDone(BaseModel):
@@ -289,6 +312,7 @@ class TranscriptTextDone(BaseModel):
     type: Literal["transcript.text.done"] = "transcript.text.done"
     text: str
     usage: DurationUsage
+    logprobs: list[TranscriptionLogprob] | None = Field(None, description=_LOGPROBS)
 
 
 class SessionCreateRequest(BaseModel):

@@ -20,7 +20,8 @@ from litestar.params import Body
 from audio.errors import AudioError
 from audio.formats import media_type, render, usage
 from audio.pcm import SAMPLE_RATE, check_file_length
-from audio.transcript import MAX_PROMPT_CHARS, TranscribeOptions, Transcript
+from audio.token_logprobs import TokenLogprob, less_leading, stripped_logprobs
+from audio.transcript import MAX_PROMPT_CHARS, Segment, TranscribeOptions, Transcript
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, api_error, in_band_error
 from service.http.multipart import file_parts
@@ -91,6 +92,8 @@ async def create_transcription(
         renamed["prompt"] = "keywords[]" if data.keywords else "hotwords"
     if isinstance(chunking, ServerVadChunking):
         asked |= vad_options(chunking.threshold, chunking.prefix_padding_ms, chunking.silence_duration_ms)
+    if data.include:  # logprobs, its one value: the decodes keep them only when asked
+        asked["logprobs"] = True
     return await respond_to_upload(request, data, asked, stream=data.stream, renamed=renamed,
                                    segments="segment" in data.timestamp_granularities)
 
@@ -133,6 +136,8 @@ async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationFo
     body = render(transcript, data.response_format, words=options.word_timestamps)
     if isinstance(body, dict) and data.response_format == "verbose_json":
         body = _as_openai(body, segments=segments)
+    if isinstance(body, dict) and options.logprobs:  # json only (the form refuses the others)
+        body["logprobs"] = _logprobs(transcript.logprobs, transcript.text)
     return Response(body, media_type=media_type(data.response_format), status_code=200)
 
 
@@ -142,6 +147,22 @@ def _as_openai(body: dict[str, Any], *, segments: bool) -> dict[str, Any]:
     if not segments:
         shaped.pop("segments", None)
     return shaped
+
+
+def _logprobs(entries: tuple[TokenLogprob, ...] | None, text: str) -> list[dict[str, Any]] | None:
+    """The log probabilities of `text.strip()`, the answer's text (`entries`: `text`'s), as OpenAI gives them; None
+    where they are not known. Raises nothing."""
+    return None if entries is None else [e.as_dict() for e in stripped_logprobs(entries, text)]
+
+
+def _delta_logprobs(segments: list[Segment], delta: str, options: TranscribeOptions) -> list[dict[str, Any]] | None:
+    """The log probabilities of `delta`, the text of `segments` (less its leading space, the first delta's); None
+    where not asked for or not known. Raises nothing."""
+    if not options.logprobs or any(s.logprobs is None for s in segments):
+        return None
+    entries = [e for s in segments for e in s.logprobs or ()]
+    text = "".join(s.text for s in segments)
+    return [e.as_dict() for e in less_leading(entries, len(text.encode()) - len(delta.encode()))]
 
 
 def part_content_type(upload: UploadFile) -> str | None:
@@ -175,10 +196,12 @@ async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options:
             if isinstance(item, Transcript):
                 if metrics is not None:
                     metrics.observe_transcription(len(pcm) / SAMPLE_RATE, time.perf_counter() - started)
-                yield sse_data(TranscriptTextDone(text=item.text.strip(), usage=DurationUsage(**usage(item))))
+                yield sse_data(TranscriptTextDone(text=item.text.strip(), usage=DurationUsage(**usage(item)),
+                                                  logprobs=_logprobs(item.logprobs, item.text)), exclude_none=True)
             elif delta := "".join(s.text for s in item).lstrip() if not sent else "".join(s.text for s in item):
                 sent += delta
-                yield sse_data(TranscriptTextDelta(delta=delta))
+                yield sse_data(TranscriptTextDelta(delta=delta, logprobs=_delta_logprobs(item, delta, options)),
+                               exclude_none=True)
     except Exception as exc:  # headers are out: report in-band
         yield sse_error(in_band_error(exc))
     finally:

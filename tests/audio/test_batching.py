@@ -15,6 +15,8 @@ from audio.whisper import LoadedWhisper
 from tests.audio.conftest import SR, running_tasks, voiced
 from tests.fixtures.scripted_scheduler import ScriptedScheduler
 
+EOT = 50257  # the English-only tokenizer's end of text: the tokens below it are text
+
 
 def test_chunks_are_cut_in_silence_and_never_exceed_a_window() -> None:
     silence = np.zeros(3 * SR, np.float32)
@@ -71,3 +73,24 @@ async def test_a_chunk_decoded_short_of_its_end_goes_on_from_its_last_segment(ti
     assert tr.text().endswith("his power. He was not an ill-disposed young man.")
     assert not scheduler.requests[0].prompt  # the chunk's second window is conditioned on its first's text
     assert tok.decode(list(scheduler.requests[1].prompt)) == " And Mr. John Dashwood his power."
+
+
+@pytest.mark.anyio
+async def test_batched_chunks_keep_their_tokens_log_probabilities_when_asked(tiny_whisper_dir: Path) -> None:
+    silence = np.zeros(2 * SR, np.float32)
+    pcm = np.concatenate([voiced(5), silence, voiced(5)])
+    async with running_tasks() as tasks:
+        speech = SpeechService(tasks, tiny_whisper_dir, dtype="float32", resident=True)
+        await speech.residency.preload()
+        for asked in (True, False):
+            t = await speech.transcribe(pcm, speech.options(temperatures=(0.0,), batch_size=2, without_timestamps=True,
+                                                            logprobs=asked))
+            assert t.segments
+            if not asked:
+                assert t.logprobs is None and all(s.logprobs is None for s in t.segments)
+                continue
+            for s in t.segments:
+                assert s.logprobs is not None and len(s.logprobs) == len([x for x in s.tokens if x < EOT])
+                assert bytes(b for e in s.logprobs for b in e.bytes).decode() == s.text
+            assert t.logprobs is not None and bytes(b for e in t.logprobs for b in e.bytes).decode() == t.text
+            assert all(e.logprob <= 0 for e in t.logprobs)

@@ -9,6 +9,7 @@ import pytest
 from audio.decoding import N_FRAMES, N_SAMPLES, WindowedTranscription
 from audio.scheduler import WhisperScheduler
 from audio.timeline import compact
+from audio.token_logprobs import FLOOR
 from audio.transcript import TranscribeOptions
 from audio.whisper import LoadedWhisper
 from tests.audio.conftest import running_tasks
@@ -306,3 +307,52 @@ async def test_windows_after_a_long_removed_silence_are_conditioned_as_a_new_fil
     assert tr.text() == " Ten of clubs. And Mr. John Dashwood. He was not."
     # without break_gap (a live session's windows) the conditioning runs on as Whisper's
     assert not (await WindowedTranscription.start(tiny_whisper, FAST, timeline=timeline)).at_break()
+
+
+async def test_a_files_windows_keep_their_tokens_log_probabilities_only_when_asked(tiny_whisper: LoadedWhisper) -> None:
+    # include[]=logprobs on a file: every window's decode keeps them; each segment carries its own tokens' (their bytes
+    # join to its text, a character split across tokens too), the transcript all of them one after another
+    from tests.fixtures.scripted_scheduler import scripted_logprob as lp
+
+    for asked in (True, False):
+        tr = await WindowedTranscription.start(tiny_whisper, TranscribeOptions(temperatures=(0.0,), logprobs=asked))
+        tok, ts = tr.tokenizer, tr.tokenizer.timestamp_begin
+        ten, cup, yes = tok.encode(" Ten of clubs."), tok.encode(" A cup ☕."), tok.encode(" Yes.")
+        assert any(not tok.encoding.decode_single_token_bytes(t).decode(errors="ignore") for t in cup)  # split ☕
+        scheduler, pcm = ScriptedScheduler([ts, *ten, ts + 500, ts + 500, *cup, ts + 1000], [ts, *yes, ts + 300]), \
+            noise(40)
+        streamed = []
+        while (w := tr.next_window(len(pcm), final=True)) is not None:
+            streamed += await tr.step(pcm[w[0]: w[0] + N_SAMPLES], w[1], scheduler, None)  # type: ignore[arg-type]
+        t = tr.transcript(40.0)
+        assert [r.logprobs for r in scheduler.requests] == [asked, asked]  # not asked: no decode keeps any
+        assert [s.text for s in t.segments] == [" Ten of clubs.", " A cup ☕.", " Yes."]
+        if not asked:
+            assert t.logprobs is None and all(s.logprobs is None for s in (*t.segments, *streamed))
+            continue
+        for s in (*t.segments, *streamed):
+            assert s.logprobs is not None and bytes(b for e in s.logprobs for b in e.bytes).decode() == s.text
+        # each token's value is its decode's, at the position it was sampled at (each window's decode its own)
+        assert [[e.logprob for e in s.logprobs or ()] for s in t.segments] == [
+            [lp(1 + i) for i in range(len(ten))], [lp(3 + len(ten) + i) for i in range(len(cup))],
+            [lp(1 + i) for i in range(len(yes))]]
+        assert t.logprobs == tuple(e for s in t.segments for e in s.logprobs or ())
+        assert bytes(b for e in t.logprobs or () for b in e.bytes).decode() == t.text
+        assert [s.logprobs for s in streamed] == [s.logprobs for s in t.segments]  # the stream's as the transcript's
+
+
+async def test_a_decodes_log_probabilities_are_its_final_rungs(tiny_whisper: LoadedWhisper) -> None:
+    # every decode fails a threshold of 0: the fallback climbs to its last rung, and the segments carry that decode's
+    options = TranscribeOptions(logprobs=True, temperatures=(0.0, 1.0), without_timestamps=True, logprob_threshold=0.0,
+                                no_speech_threshold=None)
+    tr, _ = await transcribe(tiny_whisper, noise(6, seed=1), options)
+    t = tr.transcript(6.0)
+    assert t.segments and t.logprobs is not None
+    for s in t.segments:
+        text = [x for x in s.tokens if x < tr.tokenizer.eot]
+        assert s.temperature == 1.0 and s.logprobs is not None and len(s.logprobs) == len(text)
+        assert bytes(b for e in s.logprobs for b in e.bytes).decode() == s.text
+        assert all(FLOOR < e.logprob <= 0 for e in s.logprobs)
+        # its row's score: these and its end of text's (≤ 0), as mlx-whisper averages them
+        assert sum(e.logprob for e in s.logprobs) >= s.avg_logprob * (len(text) + 1) - 1e-3
+    assert bytes(b for e in t.logprobs for b in e.bytes).decode() == t.text

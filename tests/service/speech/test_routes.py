@@ -77,8 +77,8 @@ def test_models_lists_the_whisper_model(client: TestClient[Any], whisper_dir: Pa
 def test_openai_transcription_model_ids_name_the_served_whisper(client: TestClient[Any], model: str) -> None:
     # the defaults of openai-agents, LiveKit and Pipecat: clients that send them work unchanged
     assert transcribe(client, model=model).status_code == 200
-    # still Whisper: what only gpt-4o-transcribe gives stays refused by name
-    assert assert_error(transcribe(client, model=model, **{"include[]": "logprobs"}), 400)["param"] == "include[]"
+    # what OpenAI gives for gpt-4o-transcribe only, Whisper gives too: its tokens' log probabilities
+    assert "logprobs" in transcribe(client, model=model, **{"include[]": "logprobs"}).json()
 
 
 def test_the_diarizing_model_is_not_served_as_whisper(client: TestClient[Any]) -> None:
@@ -221,7 +221,7 @@ def test_audio_past_the_servers_bounds_is_a_400_not_a_blown_worker(client: TestC
 
 
 @pytest.mark.parametrize("fields, param, code", [
-    ({"include[]": "logprobs"}, "include[]", "invalid_value"),  # OpenAI's field: not supported, not unknown
+    ({"include[]": "logprobs", "response_format": "srt"}, "include[]", "invalid_value"),  # json only, as OpenAI's
     ({"include[]": ""}, "include[]", "invalid_value"),
     ({"timestamp_granularities[]": "sentence"}, "timestamp_granularities[]", "invalid_value"),  # not `…[].0`
     ({"vad_trim": "true"}, "vad_trim", "invalid_value"),  # VAD is on here: only the speech is decoded already
@@ -249,7 +249,7 @@ def test_a_transcription_field_that_cannot_be_honoured_is_refused_by_name(
 
 def test_include_says_what_it_takes_and_vad_trim_works_with_vad_off(client: TestClient[Any]) -> None:
     err = assert_error(transcribe(client, **{"include[]": ""}), 400, "invalid_value")
-    assert "no include value is supported" in err["message"]
+    assert "logprobs is the one include value" in err["message"]
     assert transcribe(client, vad_trim="true", vad="false").status_code == 200
 
 
