@@ -17,6 +17,7 @@ __all__ = [
     "generation_prompt",
     "PROBE_TEXT",
     "MessageError",
+    "NotReasoning",
     "template_messages",
     "named_roles",
     "results_in_call_order",
@@ -133,6 +134,10 @@ def _answers(calls: list[dict[str, Any]], results: list[dict[str, Any]], at: int
     return [answered[k] for k in sorted(answered)]
 
 
+class NotReasoning(ValueError):
+    """A reasoning setting sent for a model that does not reason: OpenAI's unsupported_parameter, not a value's."""
+
+
 def template_kwargs(body: ChatCompletionRequest, variables: frozenset[str] | None = None,
                     thinks: bool = False) -> dict[str, Any]:
     """Extra template variables of a request: `chat_template_kwargs`, and `reasoning_effort` where the template
@@ -157,7 +162,7 @@ def template_kwargs(body: ChatCompletionRequest, variables: frozenset[str] | Non
     elif not asked.on and thinks:
         raise ValueError(f"{asked.field}: this model thinks and its chat template has no switch to turn that off")
     elif asked.on and not thinks:
-        raise ValueError(f"{asked.field}: this model does not reason (its chat template has no reasoning setting)")
+        raise NotReasoning(f"{asked.field}: this model does not reason (its chat template has no reasoning setting)")
     return kwargs
 
 

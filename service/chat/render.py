@@ -28,6 +28,7 @@ from service.chat.legacy_functions import with_legacy_calls
 from service.chat.prefill import continued_opening
 from service.chat.prompt import (
     MessageError,
+    NotReasoning,
     common_prefix_boundary,
     encode_rendered,
     generation_prompt,
@@ -172,7 +173,9 @@ def request_kwargs(tokenizer: Any, body: ChatCompletionRequest, allow_templates:
     try:
         kwargs = template_kwargs(body, variables, _thinks(tokenizer))
     except ValueError as exc:
-        raise APIError(400, str(exc), param=asked.field if asked else None, code="unsupported_value") from None
+        # OpenAI's codes: a model without reasoning has no such parameter; one that reasons lacks the value
+        code = "unsupported_parameter" if isinstance(exc, NotReasoning) else "unsupported_value"
+        raise APIError(400, str(exc), param=asked.field if asked else None, code=code) from None
     check_template_kwargs(kwargs, allow_templates)
     return {**(defaults or {}), **kwargs}
 

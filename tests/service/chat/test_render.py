@@ -317,15 +317,20 @@ def test_reasoning_effort_sets_what_the_template_reads(template: str, thinks: bo
         assert {k: call[k] for k in ("enable_thinking", "reasoning_effort") if k in call} == expected
 
 
-@pytest.mark.parametrize("thinks, effort, words", [(False, "high", "does not reason"),
-                                                   (True, "none", "no switch to turn that off")])
-def test_reasoning_effort_that_cannot_be_had_is_refused(thinks: bool, effort: str, words: str) -> None:
+@pytest.mark.parametrize("thinks, effort, words, code", [
+    # OpenAI's codes (simple-evals and Inspect probe with reasoning_effort): no such parameter for a model without
+    # reasoning, an unsupported value for one that reasons
+    (False, "high", "does not reason", "unsupported_parameter"),
+    (True, "none", "no switch to turn that off", "unsupported_value")])
+def test_reasoning_effort_that_cannot_be_had_is_refused(thinks: bool, effort: str, words: str, code: str) -> None:
     for client, engine in _client(TemplateTokenizer(PLAIN, thinks=thinks), ["ok"]):
         response = client.post("/v1/chat/completions", json={"messages": USER, "reasoning_effort": effort})
         assert response.status_code == 400
         error = response.json()["error"]
-        assert error["param"] == "reasoning_effort" and words in error["message"]
+        assert error["param"] == "reasoning_effort" and words in error["message"] and error["code"] == code
         assert not engine.requests
+        refused = client.post("/v1/responses", json={"input": "hi", "reasoning": {"effort": effort}}).json()["error"]
+        assert refused["param"] == "reasoning.effort" and refused["code"] == code, refused
 
 
 class BracketThinkTokenizer(TemplateTokenizer):
