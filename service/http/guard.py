@@ -3,7 +3,8 @@
 In order: the Host name (a keyless loopback server's), the browser origin (and a CORS preflight's method), the API
 key (every route but the health checks, websockets included), readiness (503 with Retry-After while the models load, the worker restarts or the server
 drains; a CORS preflight is answered even then, or the page could not read the 503), then the body:
-its size by route (413 from Content-Length, or as soon as a streamed body passes the limit) and its pace
+its size by route (413 from Content-Length, or as soon as a streamed body passes the limit; the rest of a refused
+body is then read and dropped for a while, a lingering close) and its pace
 (408 when no byte arrives for `body_timeout`, or the body averages under MIN_BODY_RATE past it). A websocket message
 over `max_ws_frame_bytes` is dropped and handed on as a refusal the socket answers with an error event (the
 connection and its session stay). Errors come out in OpenAI's shape.
@@ -118,15 +119,19 @@ class Guard:
         length = header(scope, b"content-length")
         if length is not None and length.strip().isdigit() and int(length) > limit:
             await _send_error(send, _too_large(limit), cors)
+            await linger(receive)
             return
         encoding = header(scope, b"content-encoding")
         if encoding is not None and encoding.strip().lower() not in ("", "identity"):
             await _send_error(send, APIError(415, f"Content-Encoding {encoding[:40]!r} is not supported: send the "
                                                   "body uncompressed.", code="unsupported_content_encoding",
                                              close=True), cors)
+            await linger(receive)
             return
         reader = _BodyReader(receive, limit, self.state.config.limits.body_timeout)
         await self.app(scope, cast(Receive, reader), send)
+        if reader.over_limit:  # answered 413 mid-body: the rest is still coming
+            await linger(receive)
 
     def _cors_headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
         """What Litestar's CORS adds to its own responses, for the guard's: a browser reads an error (a 401, a 503
@@ -167,6 +172,24 @@ def _preflight(scope: Scope) -> bool:
     return scope.get("method") == "OPTIONS" and header(scope, b"access-control-request-method") is not None
 
 
+# nginx's lingering_time and lingering_timeout: how long a refused body is read and dropped before the connection
+# closes.
+LINGER_S, LINGER_IDLE_S = 30.0, 5.0
+
+
+async def linger(receive: Receive) -> None:
+    """Read and drop the rest of a body refused before it was read (RFC 9112 §9.6, nginx's lingering close): a
+    client that writes its whole body before reading (Node's fetch, so openai-node and gateways) got EPIPE instead
+    of the 413 when the connection closed under its upload. Ends when the body does, the client leaves,
+    LINGER_IDLE_S pass with no bytes or LINGER_S in all. Raises nothing."""
+    with anyio.move_on_after(LINGER_S):
+        while True:
+            with anyio.move_on_after(LINGER_IDLE_S) as waited:
+                message = await receive()
+            if waited.cancelled_caught or message["type"] != "http.request" or not message.get("more_body", False):
+                return
+
+
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"The request body is larger than this route's limit of {limit} bytes.",
                     code="request_too_large", close=True)
@@ -197,6 +220,7 @@ class _BodyReader:
         self._seen = 0
         self._complete = False
         self._start = anyio.current_time()
+        self.over_limit = False  # refused with a 413 before the body ended
 
     async def __call__(self) -> Any:
         if self._complete:
@@ -208,6 +232,7 @@ class _BodyReader:
             if message["type"] == "http.request":
                 self._seen += len(message.get("body", b""))
                 if self._seen > self._limit:
+                    self.over_limit = not self._complete and bool(message.get("more_body", False))
                     raise _too_large(self._limit)
                 self._complete = not message.get("more_body", False)
             else:

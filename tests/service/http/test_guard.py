@@ -149,12 +149,12 @@ def _scope(path: str, headers: list[tuple[bytes, bytes]] | None = None) -> dict[
     }
 
 
-async def _call(app: Any, scope: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any],
-                                                                                          dict[bytes, bytes]]:
-    """Run one request whose receive() yields `messages`, then waits forever (a stalled client): its status, body
-    and headers."""
+async def _call(app: Any, scope: dict[str, Any], messages: list[dict[str, Any]],
+                queue: list[dict[str, Any]] | None = None) -> tuple[int, dict[str, Any], dict[bytes, bytes]]:
+    """Run one request whose receive() yields `messages` (taken from `queue` when given: what is left unread stays
+    there), then waits forever (a stalled client): its status, body and headers."""
     sent: list[dict[str, Any]] = []
-    queue = list(messages)
+    queue = list(messages) if queue is None else queue
 
     async def receive() -> dict[str, Any]:
         if queue:
@@ -174,11 +174,30 @@ async def _call(app: Any, scope: dict[str, Any], messages: list[dict[str, Any]])
 @pytest.mark.anyio
 async def test_a_chunked_body_is_cut_once_it_passes_the_limit() -> None:
     app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig(limits=Limits(max_body_bytes=100))))
-    chunks = [{"type": "http.request", "body": b"x" * 60, "more_body": True} for _ in range(5)]
-    status, body, headers = await _call(app, _scope("/v1/chat/completions"), chunks)
+    chunks = [{"type": "http.request", "body": b"x" * 60, "more_body": i < 4} for i in range(5)]
+    status, body, headers = await _call(app, _scope("/v1/chat/completions"), [], queue=chunks)
     assert status == 413 and body["error"]["code"] == "request_too_large"
-    # the rest of the body was never read: the connection cannot carry the client's next request
-    assert headers[b"connection"] == b"close"
+    # the rest of the body was read and dropped (a lingering close), and the connection still ends
+    assert headers[b"connection"] == b"close" and chunks == []
+
+
+@pytest.mark.anyio
+async def test_a_body_refused_by_its_length_is_read_and_dropped_after_the_413(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Node's fetch (openai-node, the Portkey gateway) writes the whole body before it reads: closing under its upload
+    # gave it EPIPE ("fetch failed"), never the 413. As nginx's lingering close, the rest is read until it ends.
+    from service.http import guard
+
+    app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig(limits=Limits(max_body_bytes=100))))
+    scope = _scope("/v1/chat/completions", [(b"content-length", b"300")])
+    chunks = [{"type": "http.request", "body": b"x" * 100, "more_body": i < 2} for i in range(3)]
+    status, body, headers = await _call(app, scope, [], queue=chunks)
+    assert status == 413 and headers[b"connection"] == b"close" and chunks == []
+    # a client that stops sending is not waited for past LINGER_IDLE_S (the test's receive never answers again)
+    monkeypatch.setattr(guard, "LINGER_IDLE_S", 0.01)
+    half = [{"type": "http.request", "body": b"x" * 100, "more_body": True}]
+    with anyio.fail_after(10):
+        status, _, _ = await _call(app, scope, [], queue=half)
+    assert status == 413 and half == []
 
 
 @pytest.mark.anyio
