@@ -10,10 +10,10 @@ unchanged, and a token none of whose text is kept is left out."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from audio.repeats import kept_spans
+from audio.transcript import TokenLogprob  # a plain value type, kept with the others (re-exported)
 
 __all__ = ["TokenLogprob", "token_logprobs", "aligned_logprobs", "committed_logprobs", "less_leading", "less_trailing",
            "stripped_logprobs", "FLOOR"]
@@ -21,16 +21,6 @@ __all__ = ["TokenLogprob", "token_logprobs", "aligned_logprobs", "committed_logp
 # OpenAI writes this for a probability too small to show, as chat's logprobs here do (JSON has no -Infinity): a
 # token picked where the timestamp rules had masked every token (NaN: -inf less -inf) gets it too.
 FLOOR = -9999.0
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    token: str
-    logprob: float
-    bytes: tuple[int, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes)}
 
 
 def token_logprobs(tokenizer: Any, tokens: Sequence[int], logprobs: Sequence[float | None],

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from audio.errors import InvalidOption
 from audio.noise_reduction import KINDS as NOISE_KINDS
 
-if TYPE_CHECKING:  # audio/token_logprobs.py reads audio/repeats.py, which reads this module
-    from audio.token_logprobs import TokenLogprob
+__all__ = ["TokenLogprob", "normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript",
+           "DEFAULT_TEMPERATURES", "PromptTooLong", "MAX_PROMPT_CHARS"]
 
-__all__ = ["normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES",
-           "PromptTooLong", "MAX_PROMPT_CHARS"]
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A text token Whisper sampled, with its log probability and its bytes (audio/token_logprobs.py makes them)."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "bytes": list(self.bytes)}
 
 Task = Literal["transcribe", "translate"]
 DEFAULT_TEMPERATURES: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
