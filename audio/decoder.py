@@ -148,10 +148,12 @@ def new_row(model: Any, options: Any, cross_kv: list[tuple[Any, Any]], prefix: l
     return row
 
 
-def detect_language(model: Any, features: Any) -> str:
+def detect_language(model: Any, features: Any, among: Sequence[str] = ()) -> str:
     """The most probable language of a window from its encoder output (1, n_ctx, D), as mlx-whisper's
     detect_language computes it; that one re-encodes features whose context is not the model's whole window.
-    Engine thread only. Raises ValueError for a model without language tokens."""
+    `among`: Whisper's codes of the languages the speech may be in (OpenAI's `languages`): the most probable of
+    their tokens wins (none given: of all). Engine thread only. Raises ValueError for a model without language
+    tokens, or none of `among`."""
     import mlx.core as mx
 
     from mlx_whisper.tokenizer import get_tokenizer
@@ -161,7 +163,9 @@ def detect_language(model: Any, features: Any) -> str:
         raise ValueError("This model doesn't have language tokens so it can't perform lang id")
     logits = model.logits(mx.array([[tokenizer.sot]]), features)[0, 0]
     codes = dict(zip(tokenizer.all_language_tokens, tokenizer.all_language_codes))
-    tokens = list(codes)
+    tokens = [t for t, code in codes.items() if not among or code in among]
+    if not tokens:
+        raise ValueError(f"This model has no language token for any of {', '.join(among)}")
     best = mx.argmax(logits[mx.array(tokens)]).item()
     return codes[tokens[int(best)]]  # type: ignore[arg-type]
 

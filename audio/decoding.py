@@ -134,9 +134,9 @@ class WindowedTranscription:
 
     def retarget(self, options: TranscribeOptions) -> None:
         """Decode the windows from here with `options`' language and prompt (a live session's update; the earlier
-        text conditions them unless the language changed). The prompt is bounded (MAX_PROMPT_CHARS): tokenized here
-        in well under a millisecond. Raises nothing."""
-        if options.language != self.options.language:
+        text conditions them unless the language, or those it may be in, changed: then it is detected anew). The
+        prompt is bounded (MAX_PROMPT_CHARS): tokenized here in well under a millisecond. Raises nothing."""
+        if (options.language, options.languages) != (self.options.language, self.options.languages):
             self.language = options.language or (None if self.loaded.model.is_multilingual else "en")
             self.tokenizer = tokenizer_for(self.loaded, options.language, options.task)
             self.prompt_reset_since = len(self.all_tokens)
@@ -205,7 +205,7 @@ class WindowedTranscription:
             # mlx-whisper keeps only the last n_ctx/2 - sample_len prefix tokens: leave room for all of them
             sample_len = max(1, min(self.loaded.model.dims.n_text_ctx // 2 - len(prefix),
                                     16 + int(tokens_per_second * frames / 100)))
-        return WindowRequest(audio=audio, frames=frames, task=o.task, language=self.language,
+        return WindowRequest(audio=audio, frames=frames, task=o.task, language=self.language, languages=o.languages,
                              temperatures=o.temperatures if fallback else o.temperatures[:1], prompt=tuple(prompt),
                              prefix=tuple(prefix), sample_len=sample_len,
                              without_timestamps=o.without_timestamps,
@@ -406,6 +406,6 @@ class WindowedTranscription:
             s.start = min(s.start, s.end)
         # its text is its segments' one after another, and so are its log probabilities, where all kept them
         known = self.options.logprobs and all(s.logprobs is not None for s in segments)
-        return Transcript(text=self.text(), language=self.language or (self.options.language or "en"),
+        return Transcript(text=self.text(), language=self.language or self.options.named_language,
                           duration=duration, task=self.options.task, segments=segments,
                           logprobs=tuple(e for s in segments for e in s.logprobs or ()) if known else None)

@@ -391,7 +391,7 @@ class LiveTranscription(LiveRequests):
     def transcript(self, duration: float) -> Transcript:
         """Everything committed, as a Transcript over `duration` s of received audio. Raises nothing."""
         if self._tr is None:
-            return Transcript("", self.options.language or "en", duration, self.options.task)
+            return Transcript("", self.options.named_language, duration, self.options.task)
         self._finish_all(self.timeline.length)
         t = self._tr.transcript(duration)
         t.text = self.committed_text()

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, cast, get_args
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, Sequence, cast, get_args
 
 import anyio
 import numpy as np
@@ -28,7 +28,7 @@ from audio.scheduler import Pace, StepBudget, WhisperScheduler
 from audio.sessions import LiveConfig, LiveSession
 from audio.speech_thread import speech_nice_default, speech_turns_default, step_thread_default
 from audio.timeline import compact
-from audio.transcript import Segment, Task, TranscribeOptions, Transcript, normalize_language
+from audio.transcript import Segment, Task, TranscribeOptions, Transcript, spoken_languages
 from audio.vad import speech_pieces
 from audio.warmup import compiles_kernels, warm_up_signal
 from audio.whisper import (
@@ -62,7 +62,7 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     With `vad` Whisper sees only the speech (no speech: an empty Transcript, Whisper never loaded).
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
     duration = len(pcm) / SAMPLE_RATE
-    empty = Transcript("", options.language or "en", duration, options.task, logprobs=() if options.logprobs else None)
+    empty = Transcript("", options.named_language, duration, options.task, logprobs=() if options.logprobs else None)
     timeline = None
     if options.vad or options.vad_trim:
         pieces = await anyio.to_thread.run_sync(functools.partial(speech_pieces, pcm, **options.gate_settings))
@@ -173,15 +173,17 @@ class SpeechService:
             return None
         return self._n_vocab - 51765 - int(self.multilingual)
 
-    def options(self, *, language: str | None = None, task: str = "transcribe", english_only_transcribes: bool = False,
-                **kwargs: Any) -> TranscribeOptions:
+    def options(self, *, language: str | None = None, languages: Sequence[str] = (), task: str = "transcribe",
+                english_only_transcribes: bool = False, **kwargs: Any) -> TranscribeOptions:
         """TranscribeOptions checked against this model; `vad` None (or absent) takes the service's default.
-        `english_only_transcribes` (/v1/audio/translations): translate on an English-only model is served, as its
-        transcription (as faster-whisper and openai-whisper run it: its tokenizer has no task token, and English
-        is its one language), not refused. Raises InvalidOption naming `language`, `task`, `prompt` or a vad
-        setting (unknown language, a non-English language / translate on an English-only model, a prompt longer
-        than Whisper can use: PromptTooLong, vad_trim with vad on)."""
-        code = normalize_language(language, multilingual=self.multilingual, num_languages=self.num_languages)
+        `languages`: those the speech may be in (transcript.spoken_languages: one is the language, more restrict
+        detection). `english_only_transcribes` (/v1/audio/translations): translate on an English-only model is
+        served, as its transcription (as faster-whisper and openai-whisper run it: its tokenizer has no task token,
+        and English is its one language), not refused. Raises InvalidOption naming `language`, `languages[N]`,
+        `languages`, `task`, `prompt` or a vad setting (unknown language, a non-English language / translate on an
+        English-only model, a prompt longer than Whisper can use: PromptTooLong, vad_trim with vad on)."""
+        code, among = spoken_languages(language, languages, multilingual=self.multilingual,
+                                       num_languages=self.num_languages)
         if kwargs.get("vad") is None:
             kwargs["vad"] = self.vad_default
         if kwargs.get("vad_trim") and kwargs["vad"]:  # accepted, it would change nothing: VAD keeps only speech
@@ -192,7 +194,7 @@ class SpeechService:
             raise InvalidOption(f"unknown task {task!r}; use one of {', '.join(get_args(Task))}", param="task")
         if task == "translate" and not self.multilingual and not english_only_transcribes:
             raise InvalidOption("this Whisper model is English-only; task 'translate' is not available", param="task")
-        return TranscribeOptions(language=code, task=cast(Task, task), **kwargs)
+        return TranscribeOptions(language=code, languages=among, task=cast(Task, task), **kwargs)
 
     # ---- files -------------------------------------------------------------------------------
     def transcribe_stream(self, pcm: np.ndarray,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from audio.errors import InvalidOption
 from audio.noise_reduction import KINDS as NOISE_KINDS
 
-__all__ = ["TokenLogprob", "normalize_language", "Task", "TranscribeOptions", "Word", "Segment", "Transcript",
-           "DEFAULT_TEMPERATURES", "PromptTooLong", "MAX_PROMPT_CHARS"]
+__all__ = ["TokenLogprob", "normalize_language", "spoken_languages", "Task", "TranscribeOptions", "Word", "Segment",
+           "Transcript", "DEFAULT_TEMPERATURES", "PromptTooLong", "MAX_PROMPT_CHARS"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,9 @@ class TranscribeOptions:
     ladder: the next one is tried when a window's text is too repetitive or too improbable."""
 
     language: str | None = None
+    # With no `language`: the languages the speech may be in (OpenAI's `languages`, Whisper's codes), detection
+    # chooses among them (audio/decoder.detect_language); empty: among all.
+    languages: tuple[str, ...] = ()
     task: Task = "transcribe"
     temperatures: tuple[float, ...] = DEFAULT_TEMPERATURES
     compression_ratio_threshold: float | None = 2.4
@@ -85,6 +88,12 @@ class TranscribeOptions:
         for name in ("vad_min_speech_ms", "vad_min_silence_ms", "vad_padding_ms"):
             if not 0 <= getattr(self, name) <= 10_000:
                 raise InvalidOption(f"{name} must be 0-10000", param=name)
+
+    @property
+    def named_language(self) -> str:
+        """The language a transcript names before one is detected (no speech): the given one, else the first it
+        may be in, else English, as openai-whisper's. Raises nothing."""
+        return self.language or (self.languages[0] if self.languages else "en")
 
     @property
     def gate_settings(self) -> dict[str, int]:
@@ -187,3 +196,28 @@ def normalize_language(language: str | None, *, multilingual: bool = True,
         raise InvalidOption(f"this Whisper model knows {num_languages} languages and {LANGUAGES[code]} "
                             f"({shown}) is not one of them (a large-v3 model has it)", param="language")
     return code
+
+
+def spoken_languages(language: str | None, languages: Sequence[str], *, multilingual: bool = True,
+                     num_languages: int | None = None) -> tuple[str | None, tuple[str, ...]]:
+    """`language` and `languages` (those the speech may be in) as a decode takes them: (the language, None to
+    detect it; the codes detection chooses among, () for all). Each entry is read as `language` is, duplicates
+    collapse, and one left is the language. Raises InvalidOption naming `language`, `languages[N]` (an entry that
+    is empty, unknown, or not English on an English-only model) or `languages` (`language` not among them)."""
+    code = normalize_language(language, multilingual=multilingual, num_languages=num_languages)
+    codes: list[str] = []
+    for i, entry in enumerate(languages):
+        try:
+            entry_code = normalize_language(entry, multilingual=multilingual, num_languages=num_languages)
+        except InvalidOption as exc:
+            raise InvalidOption(f"languages[{i}]: {exc.message}", param=f"languages[{i}]", code=exc.code) from None
+        if entry_code is None:
+            raise InvalidOption(f"languages[{i}] is empty; name a language, such as 'en'", param=f"languages[{i}]")
+        if entry_code not in codes:
+            codes.append(entry_code)
+    if code is not None and codes and code not in codes:
+        raise InvalidOption(f"language {code!r} is not among languages ({', '.join(codes)}): the speech is in one "
+                            "of them; send language as one of them, or leave it out", param="languages")
+    if code is None and len(codes) == 1:
+        return codes[0], ()
+    return code, () if code is not None else tuple(codes)

@@ -53,6 +53,7 @@ class WindowRequest:
     frames: int
     task: str = "transcribe"
     language: str | None = None  # None: detected from this window
+    languages: tuple[str, ...] = ()  # what detection chooses among (Whisper's codes; empty: all of them)
     temperatures: tuple[float, ...] = (0.0,)
     prompt: tuple[int, ...] = ()
     prefix: tuple[int, ...] = ()  # forced start of the sampled text (committed live text)
@@ -126,11 +127,11 @@ class Window:
 
     def start_decoding(self) -> None:
         """Its encoder is done: the language (given, English for an English-only model, else detected from its
-        features) and the first row. Raises what MLX raises."""
+        features among the request's languages) and the first row. Raises what MLX raises."""
         model = self.loaded.model
         self.language = self.request.language or ("en" if not model.is_multilingual else None)
         if self.language is None:
-            self.language = detect_language(model, self.encoder.features)
+            self.language = detect_language(model, self.encoder.features, self.request.languages)
         self.row = self._new_row()
 
     def _new_row(self) -> DecodeRow:

@@ -29,6 +29,7 @@ from service.speech.schemas import (
     TranscriptionSessionCreateRequest,
 )
 from service.speech.served import served_speech
+from service.speech.transcription_fields import transcription_params
 from service.state import AppState, get_state
 
 __all__ = ["create_client_secret", "create_transcription_session", "BETA_DEFAULT_SECONDS"]
@@ -101,7 +102,7 @@ def _checked(state: AppState, session: dict[str, Any] | None, dialect: Dialect,
     try:
         speech.options(**config.decoding(), temperatures=TranscribeOptions.ladder(0.0))
     except AudioError as exc:
-        refusal = api_error(exc, params={"language": f"{where}.language", "prompt": f"{where}.prompt"})
+        refusal = api_error(exc, params=transcription_params(where, len(config.languages)))
         if refusal.param is not None and refusal.param.startswith("vad"):
             refusal.param = vad_where
         raise refusal from None

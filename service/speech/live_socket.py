@@ -52,6 +52,7 @@ from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
 from service.speech.realtime_events import Items, server_events, transcription_failed
 from service.speech.served import served_speech
 from service.speech.socket_errors import GONE, as_api_error, base64_audio, close_code, expiry, shutting_down, typed
+from service.speech.transcription_fields import transcription_params
 from service.state import AppState
 
 _log = logging.getLogger(__name__)
@@ -235,7 +236,7 @@ class LiveSocket:
         if new.decoding() != self.config.decoding():
             # Mid-session too (LiveKit's update_options, Pipecat's settings): the session applies it from here on
             # (audio/sessions.py reconfigure), to the utterances that begin after it.
-            params = {"language": f"{where}.language", "prompt": f"{where}.prompt"}
+            params = transcription_params(where, len(new.languages))
             try:
                 self.session.reconfigure(self._options(new))
             except AudioError as exc:

@@ -5,7 +5,8 @@ session object the `.created` / `.updated` events carry, in either dialect.
 Every field is honoured or refused with an error naming it. Honoured: the input format (`pcm16` / `audio/pcm`
 at 24 kHz, or another declared rate 8–48 kHz, our extension; G.711 at 8 kHz, `g711_ulaw` / `audio/pcmu` and
 `g711_alaw` / `audio/pcma`, as telephony streams it), the transcription's model (the served Whisper
-under any of its names), language, prompt and `keywords` (joined into the prompt), server VAD's `threshold`
+under any of its names), language, `languages` (those the speech may be in: Whisper detects it among them),
+prompt and `keywords` (joined into the prompt), server VAD's `threshold`
 (webrtcvad aggressiveness: 0–0.25 → 0, … 0.75–1 → 3), `prefix_padding_ms` (the speech padding, both
 sides), `silence_duration_ms` (the pause that ends an utterance), `semantic_vad` served as server VAD whose
 `eagerness` sets the pause (`EAGERNESS_SILENCE_MS`: no model judges the turn here, a turn ends on silence),
@@ -28,7 +29,7 @@ from typing import Any, Literal
 
 from audio.noise_reduction import KINDS as NOISE_KINDS
 from audio.pcm import G711_RATE, PcmFormat
-from service.speech.transcription_fields import aggressiveness, joined_prompt, one_language, vad_options
+from service.speech.transcription_fields import aggressiveness, joined_prompt, vad_options
 
 __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "LOGPROBS", "INCLUDES", "DEFAULT_RATE",
            "EAGERNESS_SILENCE_MS", "field_paths"]
@@ -87,6 +88,7 @@ class RealtimeConfig:
     encoding: InputEncoding = "s16le"
     model: str | None = None
     language: str | None = None
+    languages: list[str] = field(default_factory=list)  # as sent: the speech service reads them (options)
     prompt: str | None = None
     keywords: list[str] = field(default_factory=list)
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
@@ -106,7 +108,8 @@ class RealtimeConfig:
     def decoding(self) -> dict[str, Any]:
         """What the speech service's options() takes for this configuration. Raises nothing."""
         td = self.turn_detection
-        out: dict[str, Any] = {"language": self.language, "prompt": self.full_prompt, "vad": td is not None,
+        out: dict[str, Any] = {"language": self.language, "languages": tuple(self.languages),
+                               "prompt": self.full_prompt, "vad": td is not None,
                                "noise_reduction": self.noise_reduction, "logprobs": self.logprobs}
         if td is not None:
             out.update(vad_options(td.threshold, td.prefix_padding_ms, td.silence_duration_ms))
@@ -223,14 +226,11 @@ class RealtimeConfig:
             if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
                 raise ConfigError("keywords must be a list of strings", f"{where}.keywords")
             self.keywords = list(words)
-        languages = t.get("languages")
-        if languages is not None:
+        if "languages" in t:  # null: none (the speech may be in any language)
+            languages = t["languages"] or []
             if not isinstance(languages, list) or not all(isinstance(x, str) for x in languages):
                 raise ConfigError("languages must be a list of strings", f"{where}.languages")
-            try:
-                self.language = one_language(languages, t.get("language")) or self.language
-            except ValueError as exc:
-                raise ConfigError(str(exc), f"{where}.languages") from None
+            self.languages = list(languages)
         if t.get("delay") is not None:
             raise ConfigError("delay is not available; text is committed once two decodes agree", f"{where}.delay")
 
@@ -305,6 +305,8 @@ class RealtimeConfig:
                     "input_audio_noise_reduction": noise, "include": include}
         if self.keywords:
             transcription["keywords"] = list(self.keywords)
+        if self.languages:
+            transcription["languages"] = list(self.languages)
         return {"type": "transcription", "id": session_id, "object": "realtime.transcription_session",
                 "audio": {"input": {"format": self._ga_format(), "transcription": transcription,
                                     "turn_detection": turn, "noise_reduction": noise}},

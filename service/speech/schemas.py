@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from audio.formats import ResponseFormat
 from audio.pcm import SAMPLE_RATE
-from service.speech.transcription_fields import hotword_list, one_language
+from service.speech.transcription_fields import hotword_list
 
 __all__ = [
     "TranslationForm",
@@ -101,7 +101,9 @@ class TranscriptionForm(TranslationForm):
     (`known_speaker_names[]`, …) is refused by name, as every value we cannot honour."""
 
     languages: list[str] = Field(default_factory=list, alias="languages[]",
-                                 description="At most one entry (Whisper decodes one language a window): `language`.")
+                                 description="The languages the speech may be in (codes or names): Whisper detects "
+                                             "it among these only. One entry is the language; `language` sent "
+                                             "beside them must be one of them.")
     keywords: list[str] = Field(default_factory=list, alias="keywords[]",
                                 description="Words or phrases to bias toward: joined after the prompt, as on the live "
                                             "sockets.")
@@ -187,12 +189,6 @@ class TranscriptionForm(TranslationForm):
         if value is not None and vad is not None and value != vad:
             raise ValueError(f"vad_filter {str(value).lower()} (speaches' name for vad) contradicts vad "
                              f"{str(vad).lower()}: send one of them")
-        return value
-
-    @field_validator("languages")
-    @classmethod
-    def _one_language(cls, value: list[str], info: ValidationInfo) -> list[str]:
-        one_language(value, info.data.get("language"))
         return value
 
     @field_validator("include", mode="before")

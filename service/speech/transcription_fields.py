@@ -1,16 +1,15 @@
 """Transcription fields the file routes and the live sessions read alike: `keywords` (Whisper takes vocabulary as
-prompt text: joined after the prompt; speaches' `hotwords` string is the same list), `languages` (Whisper decodes
-one language a window: one entry is the language, more are refused) and server VAD's settings (webrtcvad's
-aggressiveness from `threshold`, the padding and the pause that ends speech).
+prompt text: joined after the prompt; speaches' `hotwords` string is the same list), where a session's
+transcription object holds the speech service's options (`languages`, those the speech may be in, is read by the
+service: audio/transcript.spoken_languages) and server VAD's settings (webrtcvad's aggressiveness from `threshold`,
+the padding and the pause that ends speech).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["joined_prompt", "hotword_list", "one_language", "aggressiveness", "vad_options", "ONE_LANGUAGE"]
-
-ONE_LANGUAGE = "at most one language can be given (Whisper decodes one language per window)"
+__all__ = ["joined_prompt", "hotword_list", "transcription_params", "aggressiveness", "vad_options"]
 
 
 def joined_prompt(prompt: str | None, keywords: Sequence[str]) -> str | None:
@@ -25,14 +24,11 @@ def hotword_list(hotwords: str | None) -> list[str]:
     return [w.strip() for w in (hotwords or "").split(",") if w.strip()]
 
 
-def one_language(languages: Sequence[str], language: str | None = None) -> str | None:
-    """The language a `languages` list names (None when empty), beside `language` sent with it. Raises ValueError
-    for more than one entry, or one that is not `language`."""
-    if len(languages) > 1:
-        raise ValueError(ONE_LANGUAGE)
-    if languages and language and languages[0] != language:
-        raise ValueError(f"languages names {languages[0]!r} beside language {language!r}: send one of them")
-    return languages[0] if languages else None
+def transcription_params(where: str, languages: int) -> dict[str, str]:
+    """The speech service's names for a refused option → where a session's transcription object at `where` holds
+    it (`languages` entries: `languages` of them). Raises nothing."""
+    return {"language": f"{where}.language", "prompt": f"{where}.prompt", "languages": f"{where}.languages",
+            **{f"languages[{i}]": f"{where}.languages[{i}]" for i in range(languages)}}
 
 
 def aggressiveness(threshold: float) -> int:

@@ -39,7 +39,7 @@ from service.speech.schemas import (
     VerboseTranscription,
 )
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
-from service.speech.transcription_fields import hotword_list, joined_prompt, one_language, vad_options
+from service.speech.transcription_fields import hotword_list, joined_prompt, vad_options
 from service.state import get_state
 
 __all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "OK_CONTENT", "FILE_PARTS",
@@ -83,11 +83,11 @@ async def create_transcription(
     chunking = data.chunking_strategy
     keywords = data.keywords or hotword_list(data.hotwords)  # speaches' names: the same settings (checked alike)
     asked: dict[str, Any] = {
-        "language": one_language(data.languages) or data.language, "prompt": joined_prompt(data.prompt, keywords),
+        "language": data.language, "languages": data.languages, "prompt": joined_prompt(data.prompt, keywords),
         "task": data.task, "word_timestamps": words, "vad_trim": data.vad_trim,
         "without_timestamps": data.without_timestamps,
         "vad": True if chunking is not None else data.vad if data.vad is not None else data.vad_filter}
-    renamed = {"language": "languages[]"} if data.languages else {}
+    renamed = {"languages": "languages[]"}  # `language` not among them; an entry at fault is named `languages[N]`
     if keywords and len(data.prompt or "") <= MAX_PROMPT_CHARS:  # the keywords made it too long: name them
         renamed["prompt"] = "keywords[]" if data.keywords else "hotwords"
     if isinstance(chunking, ServerVadChunking):

@@ -151,6 +151,46 @@ def test_a_row_keeps_each_sampled_tokens_logprob_alone_and_packed(tiny_whisper: 
     assert finish_row(packed[0]).logprobs is None  # not asked for: not kept
 
 
+class _ScriptedLogits:
+    """A multilingual model whose first decoder step gives scripted logits: `scores` by language code, every
+    other language token far below them."""
+
+    is_multilingual, num_languages = True, 99
+
+    def __init__(self, scores: dict[str, float]) -> None:
+        from mlx_whisper.tokenizer import get_tokenizer
+
+        tokenizer = get_tokenizer(True, num_languages=99)
+        logits = np.full(51865, -1e4, np.float32)
+        logits[list(tokenizer.all_language_tokens)] = -50.0
+        for code, score in scores.items():
+            logits[tokenizer.to_language_token(code)] = score
+        self._logits = mx.array(logits)[None, None]
+
+    def logits(self, tokens: mx.array, features: mx.array) -> mx.array:
+        return self._logits
+
+
+def test_detection_among_given_languages_takes_the_most_probable_of_their_tokens() -> None:
+    # OpenAI's `languages`: French (second overall) wins among French and German, where English would win among all
+    model = _ScriptedLogits({"en": 9.0, "fr": 5.0, "de": 3.0, "ja": 8.0})
+    assert detect_language(model, None) == "en"
+    assert detect_language(model, None, ("de", "fr")) == "fr"
+    assert detect_language(model, None, ("de",)) == "de"
+    assert detect_language(model, None, ("sw", "fr", "ja")) == "ja"
+
+
+def test_detection_among_given_languages_is_the_restricted_argmax_of_mlx_whispers(
+        multilingual_whisper: LoadedWhisper) -> None:
+    model = multilingual_whisper.model
+    for seed in range(3):
+        job, _ = encoded(multilingual_whisper, 3, seed)
+        _, probs = model.detect_language(job.features)
+        ranked = sorted(probs[0], key=probs[0].get, reverse=True)
+        among = (ranked[7], ranked[3], ranked[40])  # never the unrestricted winner
+        assert detect_language(model, job.features, among) == ranked[3] != detect_language(model, job.features)
+
+
 def test_the_language_detected_from_features_is_mlx_whispers(multilingual_whisper: LoadedWhisper) -> None:
     model = multilingual_whisper.model
     assert model.is_multilingual

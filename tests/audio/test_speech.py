@@ -167,6 +167,66 @@ def test_a_language_the_model_has_no_token_for_is_refused_naming_language(tmp_pa
     assert speech.options(language="jv").language == "jw"  # ISO 639-1 Javanese, as Whisper spells it
 
 
+@pytest.fixture(scope="module")
+def multilingual_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, build_tiny_whisper
+
+    return build_tiny_whisper(tmp_path_factory.mktemp("multilingual"), {**TINY_WHISPER_DIMS, "n_vocab": 51865})
+
+
+def refused(speech: SpeechService, **kwargs) -> str | None:
+    with pytest.raises(InvalidOption) as err:
+        speech.options(**kwargs)
+    return err.value.param
+
+
+def test_the_languages_the_speech_may_be_in_are_read_as_language_is(multilingual_dir: Path,
+                                                                     tiny_whisper_dir: Path) -> None:
+    # OpenAI's `languages` (gpt-transcribe's; wyoming-openai sends `--languages en fr` as languages[])
+    speech = SpeechService(None, multilingual_dir)  # type: ignore[arg-type]
+    both = speech.options(languages=["en", "French", "EN", "fr"])  # names or codes; duplicates collapse
+    assert (both.language, both.languages) == (None, ("en", "fr"))
+    one = speech.options(languages=["English", "en"])  # one left: exactly `language`
+    assert (one.language, one.languages) == ("en", ())
+    given = speech.options(language="French", languages=["en", "fr"])  # `language` among them: it is the language
+    assert (given.language, given.languages) == ("fr", ())
+    assert refused(speech, language="de", languages=["en", "fr"]) == "languages"
+    assert refused(speech, languages=["en", "klingon"]) == "languages[1]"
+    assert refused(speech, languages=["en", " "]) == "languages[1]"
+    assert refused(speech, languages=["yue", "en"]) == "languages[0]"  # no token before large-v3
+    english = SpeechService(None, tiny_whisper_dir)  # type: ignore[arg-type]
+    assert english.options(languages=["en", "English"]).language == "en"
+    assert refused(english, languages=["en", "de"]) == "languages[1]"  # English-only: each entry English
+
+
+async def test_a_file_and_a_live_session_detect_their_language_among_the_given_ones(
+        multilingual_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import audio.window as window_module
+
+    detected: list[tuple[tuple[str, ...], str]] = []
+    detect = window_module.detect_language
+    monkeypatch.setattr(window_module, "detect_language", lambda model, features, among=(): (
+        detected.append((tuple(among), code := detect(model, features, among))), code)[1])
+    plain = dict(vad=False, temperatures=(0.0,), without_timestamps=True)
+    async with running_tasks() as tasks:
+        speech = service(tasks, multilingual_dir, resident=True)
+        async with anyio.create_task_group() as tg:
+            await tg.start(functools.partial(speech.run, warm_up=False))
+            anywhere = (await speech.transcribe(voiced(3), speech.options(**plain))).language
+            among = tuple(c for c in ("de", "fr", "ja", "sw") if c != anywhere)[:2]
+            detected.clear()
+            # the seek loop (its first window), batched chunks (each detects), a live session (its first decode)
+            file = await speech.transcribe(voiced(3), speech.options(languages=among, **plain))
+            chunks = await speech.transcribe(voiced(45), speech.options(languages=among, batch_size=2, **plain))
+            session = speech.create_session(speech.options(languages=among, **plain))
+            session.append(voiced(3).tobytes(), PcmFormat())
+            live = await session.finish()
+            tg.cancel_scope.cancel()
+    assert {file.language, chunks.language, live.language} <= set(among)
+    assert len(detected) >= 4 and all(given == among and code in among for given, code in detected)
+    assert file.language == detected[0][1]  # verbose_json's `language`: the one detected
+
+
 def test_an_absurd_prompt_is_refused_naming_the_prompt(tiny_whisper_dir: Path) -> None:
     speech = SpeechService(None, tiny_whisper_dir)  # type: ignore[arg-type]
     assert speech.options(prompt="x" * MAX_PROMPT_CHARS).prompt

@@ -1,7 +1,8 @@
 """A language the served Whisper has no token for (Cantonese, `yue`, came with large-v3; small/base/medium/large-v2
 have 99 languages) is a 400 naming `language` on every speech route, and a Realtime error event naming the
 session's transcription language while the session goes on; before, decoding failed mid-request (a 500, an SSE
-error without [DONE], a socket closed 1011)."""
+error without [DONE], a socket closed 1011). OpenAI's `languages` (those the speech may be in: the file form's
+`languages[]`, a Realtime session's `transcription.languages`) has Whisper detect the language among them only."""
 
 from __future__ import annotations
 
@@ -98,3 +99,92 @@ def test_a_language_changed_mid_session_decodes_the_next_item_in_it(client: Test
             languages.clear()
             ws.send_text(update("fr"))
             assert until(ws, "session.updated")[-1]["session"]["audio"]["input"]["transcription"]["language"] == "fr"
+
+
+def _unrestricted(client: TestClient[Any]) -> str:
+    r = _post(client, response_format="verbose_json")
+    assert r.status_code == 200, r.text
+    return str(r.json()["language"])
+
+
+def test_a_file_in_one_of_several_languages_is_detected_among_them(client: TestClient[Any]) -> None:
+    # wyoming-openai's `--languages en fr`: languages[]=en&languages[]=fr (before: a 400, "at most one language")
+    from mlx_whisper.tokenizer import LANGUAGES
+
+    anywhere = _unrestricted(client)  # verbose_json's language: Whisper's name ("english")
+    among = [c for c in ("de", "fr", "ja", "sw") if LANGUAGES[c] != anywhere][:2]
+    for fields in ({"languages[]": among}, {"languages[]": [LANGUAGES[among[0]].title(), among[1], among[1]]},
+                   {f"languages[{i}]": code for i, code in enumerate(among)}):
+        r = _post(client, response_format="verbose_json", **fields)
+        assert r.status_code == 200, r.text
+        assert r.json()["language"] in {LANGUAGES[c] for c in among}, (fields, r.json()["language"])
+    # one left (duplicates collapse) is exactly `language`, as is `language` among them
+    for fields in ({"languages[]": [among[0], LANGUAGES[among[0]]]}, {"language": among[1], "languages[]": among}):
+        r = _post(client, response_format="verbose_json", **fields)
+        assert r.status_code == 200 and r.json()["language"] == LANGUAGES[fields.get("language", among[0])], r.text
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"language": "de", "languages[]": ["en", "fr"]}, "languages[]"),
+    ({"languages[]": ["en", "klingon"]}, "languages[1]"),
+    ({"languages[0]": "en", "languages[1]": "Cantonese"}, "languages[1]"),
+    ({"languages[]": ["", "en"], "stream": "true"}, "languages[0]"),
+])
+def test_languages_that_cannot_be_honoured_are_refused_naming_them(client: TestClient[Any], fields: dict[str, Any],
+                                                                   param: str) -> None:
+    err = assert_error(_post(client, **fields), 400, "invalid_value")
+    assert err["param"] == param, err
+
+
+def _languages_update(languages: list[str], language: str | None = None) -> str:
+    transcription: dict[str, Any] = {"model": "whisper-1", "languages": languages}
+    if language is not None:
+        transcription["language"] = language
+    return json.dumps({"type": "session.update", "event_id": "evt_2", "session": {"type": "transcription", "audio": {
+        "input": {"turn_detection": None, "transcription": transcription}}}})
+
+
+def test_a_realtime_session_detects_each_item_among_its_languages(client: TestClient[Any],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from audio.scheduler import WhisperScheduler
+    from tests.service.speech.test_live_socket import append, until
+    from tests.service.speech.test_live_socket import voiced as voiced_24k
+
+    decoded: list[tuple[tuple[str, ...], str]] = []
+    decode = WhisperScheduler.decode
+
+    async def spy(self: WhisperScheduler, loaded: Any, request: Any, *rest: Any) -> Any:
+        result = await decode(self, loaded, request, *rest)
+        decoded.append((request.languages, result.language))
+        return result
+
+    monkeypatch.setattr(WhisperScheduler, "decode", spy)
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        for among in (["de", "fr"], ["ja", "sw"]):  # an update detects anew, among its own
+            ws.send_text(_languages_update(among))
+            shown = until(ws, "session.updated")[-1]["session"]["audio"]["input"]["transcription"]
+            assert shown["languages"] == among and shown["language"] is None
+            append(ws, voiced_24k(1.0))
+            ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+            events = until(ws, "conversation.item.input_audio_transcription.completed")
+            assert not [e for e in events if e["type"] == "error"], events
+            assert decoded and all(given == tuple(among) and code in among for given, code in decoded), decoded
+            decoded.clear()
+
+
+@pytest.mark.parametrize("languages, language, param", [
+    (["en", "klingon"], None, "session.audio.input.transcription.languages[1]"),
+    (["en", "fr"], "de", "session.audio.input.transcription.languages"),
+])
+def test_realtime_languages_that_cannot_be_honoured_are_named_where_they_sit(
+        client: TestClient[Any], languages: list[str], language: str | None, param: str) -> None:
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(_languages_update(languages, language))
+        event = ws.receive_json(timeout=30)
+        assert event["type"] == "error" and event["error"]["param"] == param, event
+    session = {"type": "transcription", "audio": {"input": {"transcription": {"languages": languages,
+                                                                             "language": language}}}}
+    err = assert_error(client.post("/v1/realtime/client_secrets", json={"session": session}), 400, "invalid_value")
+    assert err["param"] == param, err

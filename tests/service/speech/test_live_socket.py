@@ -240,9 +240,11 @@ def test_a_ga_format_that_cannot_be_honoured_names_its_field(client: TestClient[
     ({"input_audio_transcription": {"model": "gpt-4o-transcribe-diarize"}}, "session.input_audio_transcription.model"),
     ({"input_audio_transcription": {"language": "xx-nope"}}, "session.input_audio_transcription.language"),
     ({"input_audio_transcription": {"prompt": "x" * 5000}}, "session.input_audio_transcription.prompt"),
-    ({"input_audio_transcription": {"languages": ["en", "de"]}}, "session.input_audio_transcription.languages"),
+    # English-only (tiny.en): an entry that is not English is named, as languages[N]
+    ({"input_audio_transcription": {"languages": ["en", "de"]}}, "session.input_audio_transcription.languages[1]"),
     ({"input_audio_transcription": {"language": "en", "languages": ["de"]}},
-     "session.input_audio_transcription.languages"),
+     "session.input_audio_transcription.languages[0]"),
+    ({"input_audio_transcription": {"languages": "en"}}, "session.input_audio_transcription.languages"),
     # a GA-shaped session (it carries `type`) sent in the beta event is named where it sits
     ({"type": "transcription", "audio": {"input": {"transcription": {"model": "gpt-4o-transcribe-diarize"}}}},
      "session.audio.input.transcription.model"),

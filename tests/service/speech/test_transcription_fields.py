@@ -51,11 +51,11 @@ def test_indexed_entries_are_the_arrays_entries(client: TestClient[Any], monkeyp
     r = transcribe(client, response_format="verbose_json", **indexed)
     assert r.status_code == 200, r.text
     assert "words" in r.json() and "segments" in r.json()
-    assert asked[0]["prompt"] == "Marianne, Elinor" and asked[0]["language"] == "en" and asked[0]["word_timestamps"]
+    assert asked[0]["prompt"] == "Marianne, Elinor" and asked[0]["languages"] == ["en"] and asked[0]["word_timestamps"]
     err = assert_error(transcribe(client, **{"timestamp_granularities[0]": "sentence"}), 400, "invalid_value")
     assert err["param"] == "timestamp_granularities[]"  # checked as the SDK's form is, named as it names the field
     err = assert_error(transcribe(client, **{"languages[0]": "en", "languages[1]": "de"}), 400, "invalid_value")
-    assert err["param"] == "languages[]"
+    assert err["param"] == "languages[1]"  # English-only: the entry at fault, by its index
 
 
 def test_a_bracketed_key_of_an_object_field_is_still_its_key(client: TestClient[Any],
