@@ -345,14 +345,15 @@ async def test_a_decodes_log_probabilities_are_its_final_rungs(tiny_whisper: Loa
     # every decode fails a threshold of 0: the fallback climbs to its last rung, and the segments carry that decode's
     options = TranscribeOptions(logprobs=True, temperatures=(0.0, 1.0), without_timestamps=True, logprob_threshold=0.0,
                                 no_speech_threshold=None)
-    tr, _ = await transcribe(tiny_whisper, noise(6, seed=1), options)
+    tr, _ = await transcribe(tiny_whisper, noise(6, seed=1), options, seed=7)  # the same draws every run
     t = tr.transcript(6.0)
     assert t.segments and t.logprobs is not None
     for s in t.segments:
         text = [x for x in s.tokens if x < tr.tokenizer.eot]
         assert s.temperature == 1.0 and s.logprobs is not None and len(s.logprobs) == len(text)
-        assert bytes(b for e in s.logprobs for b in e.bytes).decode() == s.text
+        # sampled hot, a segment may end inside a character: its text shows U+FFFD there, as its bytes decode
+        assert bytes(b for e in s.logprobs for b in e.bytes).decode(errors="replace") == s.text
         assert all(FLOOR < e.logprob <= 0 for e in s.logprobs)
         # its row's score: these and its end of text's (≤ 0), as mlx-whisper averages them
         assert sum(e.logprob for e in s.logprobs) >= s.avg_logprob * (len(text) + 1) - 1e-3
-    assert bytes(b for e in t.logprobs for b in e.bytes).decode() == t.text
+    assert bytes(b for e in t.logprobs for b in e.bytes).decode(errors="replace") == t.text
