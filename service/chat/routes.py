@@ -199,6 +199,8 @@ async def _choice_chunks(reader: RowReader, translator: ChatTranslator, meta: Re
             if translator.done:
                 finish = None
                 break
+    if reader.left:  # the client is gone: nothing is finished for it (a call cut there is no bad block)
+        return
     for choice_delta in translator.finish(cut=finish == "length"):
         yield chunk(choice_delta, logprobs=shown())
     if owed := chunk.closing(translator):

@@ -67,6 +67,8 @@ async def _reply(reader: RowReader, translator: ChatTranslator, output: MessageO
             if translator.done:  # disable_parallel_tool_use: the first call ended the reply
                 finish = None
                 break
+    if reader.left:  # the client is gone: nothing is finished for it
+        return
     events = [e for delta in translator.finish(cut=finish == "length") for e in output.feed(delta)]
     reason = stop_reason(translator.finish_reason(finish), reader.stop_sequence)
     events += output.close(reason, reader.stop_sequence if reason == "stop_sequence" else None)

@@ -93,6 +93,19 @@ class IssuedItems:
             at = response["previous_response_id"]
         return [item for items in reversed(chain) for item in items]
 
+    def missing_link(self, tenant: str | None, response_id: str) -> str | None:
+        """The first response of the chain ending with `response_id` that is not kept (forgotten or deleted), or None
+        when all are. Raises nothing."""
+        seen: set[str] = set()
+        at: str | None = response_id
+        while at is not None and at not in seen:
+            seen.add(at)
+            record = self._items.get((tenant, at))
+            if record is None or record[0].get("type") != "response":
+                return at
+            at = record[0]["response"]["previous_response_id"]
+        return None
+
     def response_input(self, tenant: str | None, response_id: str) -> list[dict[str, Any]] | None:
         """The items a kept response was made from, oldest first: the conversation it continued (as far back as
         its chain is still kept) and its own input; None when the response is not kept. Raises nothing."""

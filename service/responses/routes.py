@@ -105,6 +105,8 @@ async def _reply(reader: RowReader, translator: ChatTranslator, output: Response
             if translator.done:
                 finish = None
                 break
+    if reader.left:  # the client is gone: nothing is finished for it, and a reply cut short is not kept as completed
+        return
     events = _fed(output, translator.finish(cut=finish == "length"), texts, reader.take_logprobs)
     reason = translator.finish_reason(finish)
     events += output.close(incomplete=reason == "length")
@@ -172,9 +174,13 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     if data.previous_response_id is not None:
         found = kept_items.conversation(tenant, data.previous_response_id)
         if found is None:
-            raise APIError(400, f"previous_response_id: no response {data.previous_response_id!r} is kept here "
-                                "(responses are kept a while, and not across restarts): send the conversation's "
-                                "items as input", param="previous_response_id", code="previous_response_not_found")
+            missing = kept_items.missing_link(tenant, data.previous_response_id) or data.previous_response_id
+            # an earlier turn deleted or forgotten: named, as GET of the one sent still finds it
+            which = (f"no response {missing!r} is kept here" if missing == data.previous_response_id else
+                     f"{data.previous_response_id!r} continues {missing!r}, which is no longer kept")
+            raise APIError(400, f"previous_response_id: {which} (responses are kept a while unless deleted, and not "
+                                "across restarts): send the conversation's items as input",
+                           param="previous_response_id", code="previous_response_not_found")
         earlier = found
     items = input_items(data, lambda item_id: kept_items.referable(tenant, item_id), earlier, char_bound(engine))
     # This turn's input, resolved, each item with the id GET .../input_items lists it by.

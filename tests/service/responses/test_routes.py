@@ -388,6 +388,17 @@ def test_a_kept_response_is_retrieved_and_deleted(sdk: openai.OpenAI, http: Test
     assert http.get(f"/v1/responses/{unkept['id']}").status_code == 404
 
 
+def test_continuing_a_response_whose_earlier_turn_was_deleted_names_that_turn(http: TestClient[Any]) -> None:
+    # It said the response sent was not kept, while GET of that response still found it.
+    first = http.post("/v1/responses", json={"input": "hi"}).json()
+    second = http.post("/v1/responses", json={"input": "more", "previous_response_id": first["id"]}).json()
+    assert http.delete(f"/v1/responses/{first['id']}").status_code == 200
+    assert http.get(f"/v1/responses/{second['id']}").status_code == 200
+    error = http.post("/v1/responses", json={"input": "x", "previous_response_id": second["id"]}).json()["error"]
+    assert error["code"] == "previous_response_not_found" and error["param"] == "previous_response_id"
+    assert f"{second['id']!r} continues {first['id']!r}, which is no longer kept" in error["message"], error
+
+
 def test_deleting_a_response_forgets_the_output_items_it_gave(http: TestClient[Any]) -> None:
     # They stayed resolvable by item_reference: a deleted reply's text was still served.
     created = http.post("/v1/responses", json={"input": "hi"}).json()
