@@ -21,8 +21,8 @@ from service.chat.message_parts import (CACHE_BREAKPOINT, UNREAD_PARTS, CacheCon
 from service.chat.metadata import metadata_limits
 from service.chat.prefill import continued_message, generation_prompt_asked
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
-from service.chat.thinking_switch import (AskedThinking, ThinkingSwitch, asked_thinking, reasoning_format_taken,
-                                         switch_agrees)
+from service.chat.thinking_switch import (AskedThinking, ThinkingSwitch, asked_thinking, kwargs_agree,
+                                         reasoning_format_taken, switch_agrees)
 from service.chat.tool_results import tool_message_content
 from service.chat.verbosity import verbosity_validator
 from service.chat.vllm_fields import min_tokens_within_max, no_top_k
@@ -381,6 +381,14 @@ class ChatCompletionRequest(SamplingFields):
         return value
 
     _reasoning_format = field_validator("reasoning_format")(reasoning_format_taken)
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _effort_agrees(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # beside chat_template_kwargs' switch: one that disagrees won silently (the template read the kwarg)
+        if value is not None:
+            kwargs_agree(f"reasoning_effort {value!r}", value != "none", info.data.get("chat_template_kwargs") or {})
+        return value
 
     @field_validator("enable_thinking")
     @classmethod

@@ -19,8 +19,8 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from service.chat.strict_body import _Request
 
-__all__ = ["ThinkingSwitch", "AskedThinking", "asked_thinking", "switch_agrees", "reasoning_format_taken",
-           "REASONING_FORMATS"]
+__all__ = ["ThinkingSwitch", "AskedThinking", "asked_thinking", "kwargs_agree", "switch_agrees",
+           "reasoning_format_taken", "REASONING_FORMATS"]
 
 # llama.cpp's and SGLang's reasoning_format values this server delivers: the thinking in reasoning_content.
 REASONING_FORMATS = ("auto", "deepseek")
@@ -75,6 +75,20 @@ def _said(on: bool) -> str:
     return "on" if on else "off"
 
 
+def kwargs_agree(asks: str, on: bool, kwargs: dict[str, Any]) -> None:
+    """Refuses chat_template_kwargs' enable_thinking or thinking where it contradicts a switch (`asks`, asking thinking
+    `on` or off), or is no boolean beside it: a string "false" reached the template, which took it as true. Raises
+    ValueError."""
+    for key in ("enable_thinking", "thinking"):
+        given = kwargs.get(key)
+        if given is not None and not isinstance(given, bool):
+            raise ValueError(f"{asks} switches thinking {_said(on)}, but chat_template_kwargs.{key} is "
+                             f"{given!r}, not true or false; send one, or both the same")
+        if given is not None and given != on:
+            raise ValueError(f"{asks} switches thinking {_said(on)}, but chat_template_kwargs.{key} is "
+                             f"{str(given).lower()}; send one, or both the same")
+
+
 def switch_agrees(field: str, asks: str, on: bool, info: ValidationInfo) -> None:
     """Refuses the switch `field` (`asks`: its value as sent, asking thinking `on` or off) where the fields validated
     before it contradict it: reasoning_effort, chat_template_kwargs' enable_thinking and thinking, enable_thinking.
@@ -84,12 +98,7 @@ def switch_agrees(field: str, asks: str, on: bool, info: ValidationInfo) -> None
     if effort is not None and (effort != "none") != on:
         raise ValueError(f"{asks} switches thinking {_said(on)}, but reasoning_effort {effort!r} switches it "
                          f"{_said(effort != 'none')}; send one, or both the same")
-    kwargs: dict[str, Any] = data.get("chat_template_kwargs") or {}
-    for key in ("enable_thinking", "thinking"):
-        given = kwargs.get(key)
-        if isinstance(given, bool) and given != on:
-            raise ValueError(f"{asks} switches thinking {_said(on)}, but chat_template_kwargs.{key} is "
-                             f"{str(given).lower()}; send one, or both the same")
+    kwargs_agree(asks, on, data.get("chat_template_kwargs") or {})
     enable = data.get("enable_thinking")
     if field != "enable_thinking" and enable is not None and enable != on:
         raise ValueError(f"{asks} switches thinking {_said(on)}, but enable_thinking is {str(enable).lower()}; "

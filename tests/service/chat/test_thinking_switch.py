@@ -181,3 +181,25 @@ def test_without_a_chat_template_the_switch_is_refused_naming_it() -> None:
     tokenizer.has_chat_template = False
     for client, engine in _client(tokenizer, ["ok"]):
         _refused(_post(client, enable_thinking=False), "enable_thinking", "no chat template")
+
+
+@pytest.mark.parametrize("body, param", [
+    # a string "false" reached the template beside the switch, which read it as true: thinking stayed on
+    ({"enable_thinking": False, "chat_template_kwargs": {"enable_thinking": "false"}}, "enable_thinking"),
+    ({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"thinking": "false"}}, "thinking"),
+    # reasoning_effort beside a chat_template_kwargs switch that disagrees: the kwarg won silently
+    ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": "false"}}, "reasoning_effort"),
+    ({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}, "reasoning_effort"),
+    ({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": False}}, "reasoning_effort"),
+])
+def test_a_template_switch_beside_a_request_switch_must_agree_as_a_boolean(body: dict[str, Any], param: str) -> None:
+    for client, engine in _client(TemplateTokenizer(PLAIN, thinks=True), ["ok"]):
+        response = _post(client, **body)
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["param"] == param, response.text
+        assert f"but chat_template_kwargs.{next(iter(body['chat_template_kwargs']))} is" in error["message"], error
+        assert not engine.requests
+    for client, engine in _client(TemplateTokenizer(PLAIN), ["ok"]):  # agreeing, both ways: taken
+        for effort, switch in (("none", False), ("high", True)):
+            agreeing = _post(client, reasoning_effort=effort, chat_template_kwargs={"enable_thinking": switch})
+            assert "but chat_template_kwargs" not in agreeing.text, agreeing.text
