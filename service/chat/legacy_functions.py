@@ -41,6 +41,9 @@ def with_legacy_calls(messages: Sequence[ChatMessage]) -> list[ChatMessage]:
     legacy_at: int | None = None  # that message, when its call was a function_call
     for n, message in enumerate(messages):
         if message.role == "function":
+            if message.tool_call_id is not None:  # OpenAI's function messages have none: it would be replaced unread
+                raise MessageError(f"messages.{n}.tool_call_id", "a message with role 'function' has no tool_call_id "
+                                   "(it answers the latest call of its name): send role 'tool' to answer by id")
             slot = next((k for k in reversed(range(len(waiting))) if waiting[k][1] == message.name), None)
             if slot is None:
                 raise MessageError(f"messages.{n}.role", _unanswerable(message.name, waiting))

@@ -178,6 +178,9 @@ def test_n_and_logprobs_work_as_with_tools(http: TestClient[Any]) -> None:
      "followed by a message with role 'function'"),
     ({"functions": FUNCTIONS, "messages": [*DIFY_TURN[:3], {"role": "function", "content": "sun"}]},
      "messages.3.name", "names the function"),
+    # a tool_call_id on a function message was replaced by the made-up id, unread
+    ({"functions": FUNCTIONS, "messages": [*DIFY_TURN[:3], {**DIFY_TURN[3], "tool_call_id": "zzz"}]},
+     "messages.3.tool_call_id", "has no tool_call_id"),
     ({"functions": FUNCTIONS, "messages": DIFY_TURN[:3], "continue_final_message": True,
       "add_generation_prompt": False}, "continue_final_message", "the last message has a function_call"),
 ])
