@@ -94,6 +94,13 @@ def _validation_error(exc: ValidationException) -> APIError:
     return APIError(400, text, param=param, code="invalid_value")
 
 
+def _doubled_v1(path: str) -> bool:
+    """Whether `path` is one of the API's under a second /v1 (/v1/v1/chat/...), not any path that begins so. Raises
+    nothing."""
+    parts = path.split("/")  # ["", "v1", "v1", root, ...]
+    return len(parts) > 3 and parts[1] == parts[2] == "v1" and parts[3] in _V1_ROOTS
+
+
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
     if isinstance(exc, ValidationException):
         return error_response(_validation_error(exc))
@@ -110,7 +117,7 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
                 # a client that adds /v1 itself, given a base URL that ends in /v1 (NextChat, as the README gives it)
                 f"; /v1 is twice in the path: {request.method} {path[3:]} (this client adds /v1 to the base URL "
                 f"itself: give it the server's address without /v1)"
-                if path.startswith("/v1/v1/") else
+                if _doubled_v1(path) else
                 _TGI_HINT if request.method == "POST" and (path.rstrip("/") or "/") in _TGI_ROUTES else
                 f"; {_UNSERVED[path.rstrip('/')]}" if path.rstrip("/") in _UNSERVED else
                 # the SDK's cancel: not a base_url mistake

@@ -63,3 +63,6 @@ def test_a_doubled_v1_says_the_client_adds_v1_itself(client: Any) -> None:
     assert error["code"] == "not_found" and error["message"] == (
         "Invalid URL (POST /v1/v1/chat/completions); /v1 is twice in the path: POST /v1/chat/completions (this "
         "client adds /v1 to the base URL itself: give it the server's address without /v1)")
+    # only where the path without it is the API's: not another wrong path
+    for path in ("/v1/v1/nonexistent", "/v1/v1/v1/models", "/v1/v1/"):
+        assert "twice" not in client.post(path, json={}).json()["error"]["message"], path
