@@ -66,8 +66,10 @@ def _validation_error(exc: ValidationException) -> APIError:
     if not extra:
         return APIError(400, "Request body must be a JSON object.", code="invalid_request_body")
     problems = [e if isinstance(e, dict) else {"message": str(e)} for e in extra]
-    # For a union (content: str | parts) the deepest location says what was actually wrong.
-    first = max(problems, key=lambda e: len((_field_path(e.get("key")) or "").split(".")))
+    # For a union (content: str | parts) the deepest location says what was actually wrong; at one depth, a branch's
+    # own words over another branch's type error (function_call {"name", "arguments"} read "should be 'none' or 'auto'").
+    first = max(problems, key=lambda e: (len((_field_path(e.get("key")) or "").split(".")),
+                                         not str(e.get("message", "")).startswith("Input should be")))
     message = str(first.get("message", exc.detail)).removeprefix("Value error, ")
     param = _field_path(first.get("key"))
     if param == "data":  # Litestar's name for the whole body (no request has a `data` field): it was empty or null

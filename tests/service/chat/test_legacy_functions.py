@@ -169,6 +169,9 @@ def test_n_and_logprobs_work_as_with_tools(http: TestClient[Any]) -> None:
     ({"functions": FUNCTIONS, "tool_choice": "auto", "function_call": "auto"}, "function_call",
      "'function_call' and 'tool_choice' cannot both be provided"),
     ({"function_call": "auto"}, "function_call", "only allowed when 'functions'"),
+    # a key the object does not take: said so, not the other branch's "Input should be 'none' or 'auto'"
+    ({"functions": FUNCTIONS, "function_call": {"name": "get_weather", "arguments": "{}"}}, "function_call",
+     "'arguments' is not supported"),
     ({"functions": FUNCTIONS, "function_call": {"name": "get_time"}}, "function_call", "which functions does not"),
     ({"functions": FUNCTIONS, "messages": [USER, {"role": "function", "name": "get_weather", "content": "sun"}]},
      "messages.1.role", "must be a response to a preceding assistant message with 'function_call'"),
