@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterator
 
+import openai
 import pytest
 from litestar.testing import TestClient
 
@@ -12,7 +13,7 @@ from service.app import create_app
 from service.state import AppState
 from tests.service.fake_engine import FakeEngine
 
-__all__ = ["fake_engine", "client", "sse_events"]
+__all__ = ["fake_engine", "client", "http", "sdk", "sse_events"]
 
 
 @pytest.fixture
@@ -25,6 +26,19 @@ def client(fake_engine: FakeEngine) -> Iterator[TestClient[Any]]:
     app = create_app(AppState(engine=fake_engine))
     with TestClient(app) as test_client:
         yield test_client
+
+
+@pytest.fixture
+def http(engine: FakeEngine) -> Iterator[TestClient[Any]]:
+    """The app around a module's own `engine` fixture (the Responses tests', the legacy functions')."""
+    with TestClient(create_app(AppState(engine=engine))) as client:
+        yield client
+
+
+@pytest.fixture
+def sdk(http: TestClient[Any]) -> openai.OpenAI:
+    """The openai SDK pointed at `http`."""
+    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
 
 
 def sse_events(body: str) -> list[Any]:

@@ -5,7 +5,7 @@ openai SDK parses it. It was a 400 for every such request."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -41,17 +41,6 @@ def engine() -> FakeEngine:
     engine = FakeEngine([*PIECES, *SECOND], context_length=4096)
     engine.tokenizer = CallingTokenizer()
     return engine
-
-
-@pytest.fixture
-def http(engine: FakeEngine) -> Iterator[TestClient[Any]]:
-    with TestClient(create_app(AppState(engine=engine))) as client:
-        yield client
-
-
-@pytest.fixture
-def sdk(http: TestClient[Any]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
 
 
 def test_a_reply_to_functions_is_one_function_call_as_the_sdk_reads_it(sdk: openai.OpenAI) -> None:

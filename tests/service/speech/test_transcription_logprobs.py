@@ -4,8 +4,7 @@ text; asked for with another response_format it is a 400 naming include[], as Op
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, AsyncGenerator, Iterator
+from typing import Any, AsyncGenerator
 
 import numpy as np
 import pytest
@@ -14,12 +13,9 @@ from litestar.testing import TestClient
 from audio.speech import SpeechService
 from audio.token_logprobs import TokenLogprob
 from audio.transcript import Segment, TranscribeOptions, Transcript
-from service.app import create_app
-from service.speech.setup import SpeechConfig, install_speech
-from service.state import AppState
-from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.conftest import sse_events
 from tests.service.speech.test_routes import assert_error, transcribe, voiced, wav_bytes
+from tests.service.speech.test_transcriptions import client  # noqa: F401 (the Whisper app, a fixture)
 
 LOGPROBS = {"include[]": "logprobs"}
 
@@ -35,14 +31,6 @@ SECOND = Segment(1, 100, 1.0, 2.0, " Dashwood ", logprobs=(entry(b" Dash", -0.3)
 
 def joined(entries: list[dict[str, Any]], errors: str = "strict") -> str:
     return bytes(b for e in entries for b in e["bytes"]).decode(errors=errors)
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient[Any]]:
-    whisper_dir: Path = build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
-    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True))
-    with TestClient(create_app(state)) as c:
-        yield c
 
 
 @pytest.fixture
