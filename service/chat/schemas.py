@@ -24,6 +24,9 @@ from service.chat.strict_body import _Body, _Request, _empty, _only_false
 from service.chat.thinking_switch import (AskedThinking, ThinkingSwitch, asked_thinking, kwargs_agree,
                                          reasoning_format_taken, switch_agrees)
 from service.chat.tool_results import tool_message_content
+from service.chat.tool_schemas import (TOOL_NAME, ChosenFunction, FunctionCall, FunctionDefinition, NamedToolChoice,
+                                       Tool, ToolCall, choice_needs_tools, function_call_chosen,
+                                       functions_not_beside_tools, no_forced_call)
 from service.chat.verbosity import verbosity_validator
 from service.chat.vllm_fields import min_tokens_within_max, no_top_k
 
@@ -48,35 +51,6 @@ __all__ = [
 # Choices in one request (n, and a text completion's prompts times n): each is a row, and one request must not take
 # the whole queue.
 MAX_CHOICES = 64
-
-
-def no_forced_call(cls: Any, value: Any) -> Any:
-    """A `tool_choice` validator: allowed_tools refused in a sentence, not pydantic's union of alternatives. Raises
-    ValueError."""
-    if isinstance(value, dict) and value.get("type") == "allowed_tools":
-        raise ValueError("allowed_tools is not supported: every declared tool is offered; declare only the tools "
-                         "allowed, with \"auto\"")
-    return value
-
-
-# OpenAI's rule for tool names (a name it would refuse could not be sent on to it either).
-TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
-
-
-
-class FunctionCall(_Request):
-    name: str
-    # OpenAI sends a JSON string; some clients send the object itself.
-    arguments: str | dict[str, Any] = ""
-
-
-class ToolCall(_Request):
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-    # The openai SDK's stream helper leaves each streamed call's `index` on the message it assembles, and
-    # clients send that message back as it is; the calls' order in the list is what counts.
-    index: int | None = None
 
 
 class ChatMessage(_Request):
@@ -160,32 +134,6 @@ class StreamOptions(_Request):
     @classmethod
     def _no_obfuscation(cls, value: bool | None) -> bool | None:
         return _only_false(value, "chunks are never padded here: only false is supported")
-
-
-class FunctionDefinition(_Request):
-    name: str = Field(..., pattern=TOOL_NAME)
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = Field(None, description="true: a call's arguments follow `parameters`, enforced token by "
-                                                   "token, for models whose calls are <tool_call> JSON (Hermes, Qwen "
-                                                   "2.5 and 3, SmolLM3, tools told in the prompt); a 400 for others.")
-
-
-class ChosenFunction(_Request):
-    name: str = Field(..., pattern=TOOL_NAME)
-
-
-class NamedToolChoice(_Request):
-    """A call of this function, forced."""
-
-    # Optional, as vLLM and TGI take it: huggingface_hub's InferenceClient sends {"function": {"name": ...}} alone.
-    type: Literal["function"] = "function"
-    function: ChosenFunction
-
-
-class Tool(_Request):
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
 
 
 class SamplingFields(_Body):
@@ -413,46 +361,9 @@ class ChatCompletionRequest(SamplingFields):
     _verbosity = field_validator("verbosity", mode="before")(verbosity_validator("a system message"))
     _continued = field_validator("continue_final_message")(continued_message)
     _generation_prompt = field_validator("add_generation_prompt")(generation_prompt_asked)
-
-    @field_validator("functions")
-    @classmethod
-    def _not_beside_tools(cls, functions: list[FunctionDefinition] | None,
-                          info: ValidationInfo) -> list[FunctionDefinition] | None:
-        if functions is not None and info.data.get("tools") is not None:  # OpenAI's words
-            raise ValueError("'functions' and 'tools' cannot both be provided. 'functions' are deprecated; use the "
-                             "'tools' parameter instead.")
-        return functions or None  # [] asks for nothing, as before functions were taken
-
-    @field_validator("tool_choice", "parallel_tool_calls")
-    @classmethod
-    def _needs_tools(cls, value: Any, info: ValidationInfo) -> Any:
-        # As OpenAI refuses them. `tools: []` counts as tools: pi sends it beside an agent's history. A tool_choice
-        # beside functions chooses among them (function_call is refused beside it).
-        tools = info.data.get("tools")
-        if tools is None and info.field_name == "tool_choice" and info.data.get("functions"):
-            tools = [Tool(function=f) for f in info.data["functions"]]
-        if value is not None and tools is None:
-            raise ValueError(f"{info.field_name!r} is only allowed when 'tools' are specified")
-        named = isinstance(value, NamedToolChoice) and value.function.name
-        if named and named not in {t.function.name for t in tools or ()}:
-            raise ValueError(f"tool_choice names function {value.function.name!r}, which tools does not declare")
-        if value == "required" and not tools:
-            raise ValueError("tool_choice \"required\" needs at least one tool")
-        return value
-
-    @field_validator("function_call")
-    @classmethod
-    def _chooses_a_function(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is None or "functions" not in info.data:  # not asked, or functions failed on their own
-            return value
-        if info.data["functions"] is None:  # OpenAI's words
-            raise ValueError("'function_call' is only allowed when 'functions' are specified.")
-        if info.data.get("tool_choice") is not None:
-            raise ValueError("'function_call' and 'tool_choice' cannot both be provided. 'function_call' is "
-                             "deprecated; use 'tool_choice' with 'tools' instead.")
-        if isinstance(value, ChosenFunction) and value.name not in {f.name for f in info.data["functions"]}:
-            raise ValueError(f"function_call names function {value.name!r}, which functions does not declare")
-        return value
+    _functions_alone = field_validator("functions")(functions_not_beside_tools)
+    _needs_tools = field_validator("tool_choice", "parallel_tool_calls")(choice_needs_tools)
+    _chooses_a_function = field_validator("function_call")(function_call_chosen)
 
     @model_validator(mode="after")
     def _functions_as_tools(self) -> "ChatCompletionRequest":
