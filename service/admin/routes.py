@@ -3,40 +3,89 @@ same numbers for Prometheus)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Request, Response, get, route
 from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import Parameter
 
+from service.admin.anthropic_models import ANTHROPIC_QUERY, anthropic_model, anthropic_page, speaks_anthropic
 from service.admin.metrics import CONTENT_TYPE
 from service.admin.stats import stats_payload
-from service.admin.schemas import Health, ModelCard, ModelList
-from service.http.errors import model_not_found
-from service.http.openapi import MODEL_ERRORS
+from service.admin.schemas import AnthropicModel, AnthropicModelList, Health, ModelCard, ModelList
+from service.http.errors import APIError, model_not_found
+from service.http.openapi import any_of_operation
+from service.http.schemas import ErrorResponse
+from service.messages.replies import AnthropicError
 from service.state import get_state
 
 __all__ = ["ROUTES", "list_models", "retrieve_model", "health", "ping", "stats", "metrics"]
 
 
-@get("/v1/models", summary="List the served models", tags=["models"])
-async def list_models(request: Request[Any, Any, Any]) -> ModelList:
-    """Chat model first, then any other served model (speech). Raises nothing."""
-    return ModelList(data=get_state(request).model_cards())
+# OpenAI's error shape, or Anthropic's to an Anthropic client.
+_ERROR = ErrorResponse | AnthropicError
+# Either shape, documented as anyOf: OpenAI's loose schemas (few required fields) would match Anthropic's bodies too.
+_EITHER = any_of_operation("EitherShapeOperation")
+_LIST_ERRORS = {400: ResponseSpec(data_container=_ERROR, generate_examples=False, description="A query parameter "
+                                  "not read (OpenAI's list reads none) or not valid")}
+_MODEL_ERRORS = {400: ResponseSpec(data_container=_ERROR, generate_examples=False, description="Invalid request"),
+                 404: ResponseSpec(data_container=_ERROR, generate_examples=False,
+                                   description="Unknown model (code model_not_found; Anthropic's not_found_error)")}
+_ANTHROPIC = ("With an `anthropic-version` header (the anthropic SDKs send it), Anthropic's Models API: its shape, "
+              "errors in its shape, the chat model only. ")
+_VERSION = Parameter(header="anthropic-version", description="Sent: answer in Anthropic's shape (not with an "
+                     "OpenAI-Organization or OpenAI-Project header).")
 
 
-@get("/v1/models/{model_id:path}", summary="Retrieve a served model", tags=["models"], responses=MODEL_ERRORS)
-async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> ModelCard:
-    """One served model by id (ids may contain slashes, e.g. org/name).
+@get("/v1/models", summary="List the served models", tags=["models"],
+     responses=_LIST_ERRORS, operation_class=_EITHER,
+     description="OpenAI's list: chat model first, then any other served model (speech); it reads no query "
+                 "parameter. " + _ANTHROPIC + "A page of `limit` (1 to 1000, default 20) models after `after_id` "
+                 "or before `before_id`.")
+async def list_models(
+    request: Request[Any, Any, Any],
+    limit: Annotated[int, Parameter(ge=1, le=1000, description="Anthropic's: models in the page, 1 to 1000.")] = 20,
+    before_id: Annotated[str | None, Parameter(description="Anthropic's: the page ends before this id.")] = None,
+    after_id: Annotated[str | None, Parameter(description="Anthropic's: the page starts after this id.")] = None,
+    anthropic_version: Annotated[str | None, _VERSION] = None,
+) -> ModelList | AnthropicModelList:
+    """OpenAI's list, or with anthropic-version Anthropic's page of the chat model(s).
 
-    Raises APIError 404 model_not_found for a model this server does not serve."""
+    Raises APIError 400 naming a query parameter the list does not read, or a cursor that is not a listed id."""
+    state = get_state(request)
+    anthropic = speaks_anthropic(request.scope)
+    read = ANTHROPIC_QUERY if anthropic else frozenset()
+    if unknown := sorted(set(request.query_params) - read):
+        what = ("Anthropic's model list reads limit, before_id and after_id" if anthropic else
+                "OpenAI's model list reads none; Anthropic's, sent with an anthropic-version header, reads limit, "
+                "before_id and after_id")
+        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} ({what})", param=unknown[0],
+                       code="unknown_parameter")
+    if anthropic:
+        chat = [card for card in state.model_cards() if card.kind == "chat"]
+        return anthropic_page(chat, limit, before_id, after_id)
+    return ModelList(data=state.model_cards())
+
+
+@get("/v1/models/{model_id:path}", summary="Retrieve a served model", tags=["models"], responses=_MODEL_ERRORS,
+     operation_class=_EITHER,
+     description="One served model by id (ids may contain slashes, e.g. org/name). " + _ANTHROPIC + "An alias of "
+                 "the chat model answers with its id.")
+async def retrieve_model(request: Request[Any, Any, Any], model_id: str,
+                         anthropic_version: Annotated[str | None, _VERSION] = None) -> ModelCard | AnthropicModel:
+    """One served model by id, in Anthropic's shape for an Anthropic client (chat models only).
+
+    Raises APIError 404 model_not_found for a model this server does not serve (to an Anthropic client: any but the
+    chat model)."""
     state = get_state(request)
     wanted = model_id.lstrip("/")
-    cards = state.model_cards()
+    anthropic = speaks_anthropic(request.scope)
+    cards = [card for card in state.model_cards() if card.kind == "chat" or not anthropic]
     for card in cards:
         if card.id == wanted:
-            return card
+            return anthropic_model(card) if anthropic else card
     if cards and cards[0].kind == "chat" and wanted in state.model_aliases:
-        return cards[0]
+        return anthropic_model(cards[0]) if anthropic else cards[0]
     raise model_not_found(wanted, [card.id for card in cards])
 
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-__all__ = ["ModelCard", "ModelList", "Health"]
+__all__ = ["ModelCard", "ModelList", "AnthropicModel", "AnthropicModelList", "Health"]
 
 
 def _omit_none(value: Any) -> bool:
@@ -38,6 +38,25 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class AnthropicModel(BaseModel):
+    """A model as Anthropic's Models API gives it (the anthropic SDKs' `ModelInfo`)."""
+
+    type: Literal["model"] = "model"
+    id: str
+    display_name: str
+    created_at: str = Field(..., description="RFC 3339: when this server started serving the model.")
+
+
+class AnthropicModelList(BaseModel):
+    """A page of Anthropic's model list: `first_id` is the `before_id` of the page before, `last_id` the `after_id`
+    of the page after; `has_more`: more in the direction asked for."""
+
+    data: list[AnthropicModel]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
 
 
 class Health(BaseModel):

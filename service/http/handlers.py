@@ -49,6 +49,8 @@ _TGI_HINT = ("; TGI's generate API is not served here: /v1/completions (text), /
 _UNSERVED = {"/v1/embeddings": "this server serves no embeddings model",
              "/v1/audio/speech": "text-to-speech is not served: this server runs no voice model (speech to text is "
                                  "/v1/audio/transcriptions)"}
+# Anthropic's routes not served, by prefix (a batch's own routes are under it): said as the unserved OpenAI ones are.
+_UNSERVED_UNDER = {"/v1/messages/batches": "message batches are not served here: send each request to /v1/messages"}
 # Fields other servers take (mlx_lm.server, Ollama, llama.cpp): what to send here instead, or why not.
 _OTHER_SERVERS = {
     "adapters": "adapters are not loaded per request here: serve the fine-tune with --adapter-path",
@@ -103,6 +105,12 @@ def _doubled_v1(path: str) -> bool:
     return len(parts) > 3 and parts[1] == parts[2] == "v1" and parts[3] in _V1_ROOTS
 
 
+def _unserved_under(path: str) -> str | None:
+    """Why nothing under one of _UNSERVED_UNDER's prefixes is served (None: `path` is under none). Raises nothing."""
+    return next((why for prefix, why in _UNSERVED_UNDER.items()
+                 if path.rstrip("/") == prefix or path.startswith(prefix + "/")), None)
+
+
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[dict[str, Any]]:
     if isinstance(exc, ValidationException):
         return error_response(_validation_error(exc))
@@ -122,6 +130,7 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
                 if _doubled_v1(path) else
                 _TGI_HINT if request.method == "POST" and (path.rstrip("/") or "/") in _TGI_ROUTES else
                 f"; {_UNSERVED[path.rstrip('/')]}" if path.rstrip("/") in _UNSERVED else
+                f"; {_unserved_under(path)}" if _unserved_under(path) else
                 # the SDK's cancel: not a base_url mistake
                 "; of a response this server offers POST /v1/responses, GET or DELETE /v1/responses/{id} and GET "
                 "/v1/responses/{id}/input_items"

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody, Schema
 from pydantic import BaseModel
 
 from service.http.schemas import ErrorResponse
 
-__all__ = ["inline_json_schema", "ok_content_operation", "sse_operation", "sse_event_schema", "raw_body_operation",
+__all__ = ["inline_json_schema", "ok_content_operation", "any_of_operation", "sse_operation", "sse_event_schema", "raw_body_operation",
            "error_responses",
            "MODEL_ERRORS",
            "CHAT_ERRORS"]
@@ -67,6 +67,22 @@ def ok_content_operation(content: Mapping[str, dict[str, Any]], name: str) -> ty
 
     ContentOperation.__name__ = name
     return ContentOperation
+
+
+def any_of_operation(name: str) -> type[Operation]:
+    """An Operation class whose responses document a union (a route answering in one of two APIs' shapes) as anyOf,
+    not Litestar's oneOf: a body may match both shapes' schemas (few of their fields are required). Raises nothing."""
+
+    @dataclass
+    class AnyOfOperation(Operation):
+        def __post_init__(self) -> None:
+            for response in (self.responses or {}).values():
+                for media in (response.content or {}).values() if isinstance(response, OpenAPIResponse) else ():
+                    if isinstance(media.schema, Schema) and media.schema.one_of:
+                        media.schema.any_of, media.schema.one_of = media.schema.one_of, None
+
+    AnyOfOperation.__name__ = name
+    return AnyOfOperation
 
 
 def raw_body_operation(content: Mapping[str, str], description: str, name: str) -> type[Operation]:

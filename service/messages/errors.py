@@ -13,6 +13,7 @@ from typing import Any
 
 from litestar.types import ASGIApp, Receive, Scope
 
+from service.admin.anthropic_models import anthropic_models_request
 from service.http.errors import APIError
 
 __all__ = ["AnthropicErrors", "anthropic_error_body", "anthropic_type", "MESSAGES_PATH"]
@@ -54,7 +55,8 @@ class AnthropicErrors:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Any) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path != MESSAGES_PATH and not path.startswith(MESSAGES_PATH + "/"):
+        # /v1/models too when an Anthropic client asks (the anthropic SDKs' models.list and retrieve)
+        if path != MESSAGES_PATH and not path.startswith(MESSAGES_PATH + "/") and not anthropic_models_request(scope):
             await self.app(scope, receive, send)
             return
         start: list[Any] = []  # the held response start (ASGI messages as plain dicts)

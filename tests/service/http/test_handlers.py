@@ -66,3 +66,14 @@ def test_a_doubled_v1_says_the_client_adds_v1_itself(client: Any) -> None:
     # only where the path without it is the API's: not another wrong path
     for path in ("/v1/v1/nonexistent", "/v1/v1/v1/models", "/v1/v1/"):
         assert "twice" not in client.post(path, json={}).json()["error"]["message"], path
+
+
+@pytest.mark.parametrize("method, path", [("POST", "/v1/messages/batches"), ("GET", "/v1/messages/batches"),
+                                          ("GET", "/v1/messages/batches/msgbatch_1/results"),
+                                          ("POST", "/v1/messages/batches/msgbatch_1/cancel")])
+def test_message_batches_say_to_send_each_request_to_messages(client: Any, method: str, path: str) -> None:
+    # The anthropic SDK's messages.batches read a bare "Invalid URL", as if its base_url were wrong.
+    response = client.request(method, path, headers={"anthropic-version": "2023-06-01"}, json={"requests": []})
+    assert response.status_code == 404 and response.json()["type"] == "error", response.text
+    assert response.json()["error"] == {"type": "not_found_error", "message": f"Invalid URL ({method} {path}); message "
+                                        "batches are not served here: send each request to /v1/messages"}
