@@ -76,7 +76,8 @@ class MessageOutput:
     def message(self) -> dict[str, Any]:
         """The Message as it stands (its blocks so far, stop_reason once closed). Raises nothing."""
         return {"id": self.id, "type": "message", "role": "assistant", "model": self._model,
-                "content": list(self.blocks), **self._end, "usage": self._usage(), **self._context}
+                "content": list(self.blocks), **self._end, "usage": {**self._usage(), "service_tier": "standard"},
+                **self._context}
 
     # -- events ---------------------------------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ class MessageUsage(BaseModel):
     cache_creation_input_tokens: int = Field(0, description="Always 0: prefixes are cached without being asked.")
     cache_read_input_tokens: int = Field(0, description="Prompt tokens whose KV came from the prefix cache.")
     output_tokens: int
+    service_tier: Literal["standard"] | None = Field(
+        None, description="On the Message: this server's one tier (not on message_delta, as Anthropic's).")
 
 
 class AppliedEdit(BaseModel):

@@ -29,7 +29,7 @@ from service.messages.context_edits import PromptCounter, apply_edits
 from service.messages.output import MessageOutput, stop_reason
 from service.messages.replies import AnthropicError, MessageObject, MessageStreamEvent, OriginalTokens, TokenCount
 from service.messages.schemas import CountTokensRequest, MessagesRequest
-from service.messages.translate import chat_fields, chat_request
+from service.messages.translate import anthropic_words, chat_fields, chat_request
 from service.seams import ChatEngine, RowStream
 from service.state import AppState
 from service.state import get_state
@@ -55,6 +55,17 @@ def _usage(counter: UsageCounter) -> dict[str, Any]:
     cached = min(counter.cached_tokens, prompt)
     return {"input_tokens": prompt - cached, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached,
             "output_tokens": completion}
+
+
+def _renamed(exc: APIError, fields: dict[str, str]) -> APIError:
+    """A chat error by the Messages request's names, in Anthropic's words, the field named in the message too
+    (Anthropic's error body has no `param`). Raises nothing."""
+    exc = renamed(exc, fields)
+    message = anthropic_words(exc.message)
+    if exc.status == 400 and exc.param and not message.startswith(exc.param):
+        message = f"{exc.param}: {message}"
+    return APIError(exc.status, message, type=exc.type, param=exc.param, code=exc.code, retry_after=exc.retry_after,
+                    close=exc.close, should_retry=exc.should_retry)
 
 
 async def _reply(reader: RowReader, translator: ChatTranslator, output: MessageOutput) -> AsyncGenerator[bytes, None]:
@@ -123,7 +134,7 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
     try:
         edited, applied = await apply_edits(data, _counter(state, engine))
     except APIError as exc:
-        raise renamed(exc, fields) from None
+        raise _renamed(exc, fields) from None
     chat = chat_request(edited)
     timing = request_timing(request, state)
     counter = UsageCounter()
@@ -138,7 +149,7 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
         try:
             stream, _ = await submit_chat(request, state, engine, chat, counter, timing, translators)
         except APIError as exc:
-            raise renamed(exc, fields) from None
+            raise _renamed(exc, fields) from None
         return stream
 
     def failure(error: APIError) -> bytes:
@@ -168,7 +179,7 @@ async def count_message_tokens(request: Request[Any, Any, Any],
         tokens = await count(edited)
         original = await count(data) if data.context_management is not None else None
     except APIError as exc:
-        raise renamed(exc, chat_fields(data)) from None
+        raise _renamed(exc, chat_fields(data)) from None
     count_reply = TokenCount(input_tokens=tokens, context_management=None if original is None else
                              OriginalTokens(original_input_tokens=original))
     return Response(count_reply.model_dump(exclude_none=True))  # no context_management asked: none said

@@ -4,7 +4,8 @@ it) and of /v1/messages/count_tokens; service/messages/translate.py turns one in
 As for chat, every field is honoured or refused with a 400 naming it: unknown top-level fields are refused, nested
 objects may carry unknown fields only while they are empty, and blocks this server cannot read (images,
 documents, Anthropic's server tools) are refused by name. `cache_control` is accepted anywhere Anthropic takes it:
-the prefix cache keeps prefixes whatever a request marks.
+the prefix cache keeps prefixes whatever a request marks. Values Anthropic refuses are refused here too (a `ttl`
+other than 5m or 1h, tools of one name, a `tool_choice` without `tools`), not taken silently.
 """
 
 from __future__ import annotations
@@ -13,16 +14,26 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from service.chat.schemas import TOOL_NAME, CacheControl, _Body, _Request, unread_parts_refused
+from service.chat.schemas import TOOL_NAME, _Body, _Request, unread_parts_refused
+from service.chat.schemas import CacheControl as ChatCacheControl
 
-__all__ = ["TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock", "RedactedThinkingBlock", "MessageTurn",
-           "ToolDefinition", "ToolChoice", "ThinkingConfig", "Metadata", "InputTokens", "ToolUses", "ThinkingTurns",
-           "ClearToolUsesEdit", "ClearThinkingEdit", "ContextManagement", "OutputConfig", "CountTokensRequest",
-           "MessagesRequest"]
+__all__ = ["AnthropicCacheControl", "TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock",
+           "RedactedThinkingBlock", "MessageTurn", "ToolDefinition", "ToolChoice", "ThinkingConfig", "Metadata",
+           "InputTokens", "ToolUses", "ThinkingTurns", "ClearToolUsesEdit", "ClearThinkingEdit", "ContextManagement",
+           "JSONOutputFormat", "OutputConfig", "CountTokensRequest", "MessagesRequest"]
 
 # Blocks a text model cannot read, by type: refused with a sentence naming them (a tool's result says it in a line).
 UNREAD_BLOCKS = {"image": "images", "document": "documents", "search_result": "search results",
                  "container_upload": "files"}
+
+
+class AnthropicCacheControl(ChatCacheControl):
+    """A prompt-caching breakpoint: accepted (prefixes are cached anyway); `ttl` one of Anthropic's two."""
+
+    ttl: Literal["5m", "1h"] | None = None
+
+
+CacheControl = AnthropicCacheControl
 
 
 class TextBlock(_Request):
@@ -30,6 +41,13 @@ class TextBlock(_Request):
     text: str
     cache_control: CacheControl | None = None
     citations: list[Any] | None = Field(None, description="Only null or empty: no citations here.")
+
+    @field_validator("citations")
+    @classmethod
+    def _no_citations(cls, citations: list[Any] | None) -> list[Any] | None:
+        if citations:  # a cited document is not read here, so there is nothing to cite
+            raise ValueError("citations are not supported here: send null or an empty list")
+        return citations
 
 
 class ToolUseBlock(_Request):
@@ -140,9 +158,19 @@ class ToolDefinition(_Request):
 
     name: str = Field(..., pattern=TOOL_NAME)
     description: str | None = None
-    input_schema: dict[str, Any]
+    input_schema: dict[str, Any] = Field(..., description="A JSON Schema of type \"object\".")
     type: Literal["custom"] | None = None
     cache_control: CacheControl | None = None
+    strict: bool | None = Field(None, description="true: a call's input follows `input_schema`, enforced token by "
+                                                   "token, for models whose calls are <tool_call> JSON (Hermes, Qwen "
+                                                   "2.5 and 3, SmolLM3, tools told in the prompt); a 400 for others.")
+
+    @field_validator("input_schema")
+    @classmethod
+    def _object_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        if "type" in schema and schema["type"] != "object":  # a tool's input is an object, as Anthropic requires
+            raise ValueError(f"type: Input should be 'object', not {schema['type']!r}")
+        return schema
 
     @model_validator(mode="before")
     @classmethod
@@ -165,6 +193,8 @@ class ToolChoice(_Request):
     def _name_with_tool(self) -> "ToolChoice":
         if (self.type == "tool") != (self.name is not None):
             raise ValueError("name: given with type \"tool\", and only then")
+        if self.type == "none" and self.disable_parallel_tool_use is not None:  # Anthropic's none has no such field
+            raise ValueError("disable_parallel_tool_use: not with type \"none\" (no call is made)")
         return self
 
 
@@ -250,7 +280,18 @@ class ContextManagement(_Request):
         return edits
 
 
+class JSONOutputFormat(_Request):
+    """Anthropic's structured output: the reply's text is JSON following `schema`, enforced token by token (chat's
+    response_format json_schema, strict)."""
+
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(..., alias="schema", description="A JSON Schema the reply's text follows.")
+
+
 class OutputConfig(_Request):
+    format: JSONOutputFormat | None = Field(
+        None, description="json_schema: the reply's text is JSON following `schema` (the anthropic SDKs' "
+                          "messages.parse); not with a prefill.")
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(
         None, description="As `thinking`'s budget does: the effort of a template that reads one (gpt-oss: xhigh and "
                           "max are high), else the thinking switch on; refused by name where `thinking` would be. "
@@ -269,6 +310,29 @@ class CountTokensRequest(_Body):
     cache_control: CacheControl | None = Field(None, description="Accepted: prefixes are cached anyway.")
     context_management: ContextManagement | None = None
     output_config: OutputConfig | None = None
+    output_format: JSONOutputFormat | None = Field(
+        None, description="Anthropic's deprecated beta name of `output_config.format`; not beside it.")
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_names(cls, tools: list[ToolDefinition] | None) -> list[ToolDefinition] | None:
+        names = [tool.name for tool in tools or ()]
+        if len(names) != len(set(names)):  # which one a call meant could not be told
+            raise ValueError("Tool names must be unique.")
+        return tools
+
+    @model_validator(mode="after")
+    def _choice_with_tools(self) -> "CountTokensRequest":
+        if self.tool_choice is not None and self.tools is None:
+            raise ValueError("tool_choice: may only be specified while providing tools")
+        if self.output_format is not None and self.output_config is not None and self.output_config.format is not None:
+            raise ValueError("output_format: deprecated, the same as output_config.format: send only that")
+        return self
+
+    def json_format(self) -> JSONOutputFormat | None:
+        """The structured output asked, by either name. Raises nothing."""
+        return self.output_config.format if self.output_config is not None and self.output_config.format else \
+            self.output_format
 
 
 class MessagesRequest(CountTokensRequest):
@@ -281,6 +345,8 @@ class MessagesRequest(CountTokensRequest):
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0)
     metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = Field(
+        None, description="Accepted: this server has one tier, standard (the reply's usage.service_tier).")
 
     @field_validator("stop_sequences")
     @classmethod

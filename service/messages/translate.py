@@ -6,7 +6,8 @@ assistant turn just before it); user turns in a row are one user turn, as Anthro
 Gemma's templates refuse two). A system turn mid-conversation is read within the user turn beside it: where it
 was said, the cached prefix before it kept, and no template refuses it. Earlier thinking goes back as the turn's
 reasoning; redacted thinking is left out. A last assistant turn is a prefill: chat's `continue_final_message`, so the
-reply continues its text and holds only the continuation, as Anthropic's does.
+reply continues its text and holds only the continuation, as Anthropic's does. Structured output
+(`output_config.format`) is chat's response_format json_schema, strict; a tool's `strict` its function's.
 """
 
 from __future__ import annotations
@@ -21,13 +22,24 @@ from service.http.errors import APIError
 from service.messages.schemas import (CountTokensRequest, MessagesRequest, TextBlock, ThinkingBlock, ToolResultBlock,
                                       ToolUseBlock)
 
-__all__ = ["chat_request", "chat_fields", "CHAT_FIELDS"]
+__all__ = ["chat_request", "chat_fields", "anthropic_words", "CHAT_FIELDS"]
 
 # Chat's field names in errors about the translated request → the Messages fields they came from.
 CHAT_FIELDS = {"reasoning_effort": "thinking", "stop": "stop_sequences", "parallel_tool_calls": "tool_choice",
                "response_format": "tool_choice"}
 # output_config.effort → chat's effort: gpt-oss has three.
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+# Chat's words for its tool_choice values → Anthropic's (chat's "required" is "any", a named function a "tool").
+_WORDS = {'tool_choice "required"': 'tool_choice "any"', "names function": "names tool"}
+# Chat needs a name for a json_schema; Anthropic's format has none.
+_FORMAT_NAME = "output"
+
+
+def anthropic_words(message: str) -> str:
+    """A chat error's message with chat's tool_choice words as Anthropic's. Raises nothing."""
+    for chat, anthropic in _WORDS.items():
+        message = message.replace(chat, anthropic)
+    return message
 
 
 def _asked_effort(body: CountTokensRequest) -> str | None:
@@ -38,10 +50,14 @@ def _asked_effort(body: CountTokensRequest) -> str | None:
 
 
 def chat_fields(body: CountTokensRequest) -> dict[str, str]:
-    """CHAT_FIELDS for `body`: an effort asked by output_config alone is named so in errors. Raises nothing."""
+    """CHAT_FIELDS for `body`: an effort asked by output_config alone, and structured output, are named so in
+    errors. Raises nothing."""
+    fields = dict(CHAT_FIELDS)
     if _asked_effort(body) is not None and body.thinking is None:
-        return {**CHAT_FIELDS, "reasoning_effort": "output_config.effort"}
-    return CHAT_FIELDS
+        fields["reasoning_effort"] = "output_config.effort"
+    if body.json_format() is not None:
+        fields["response_format"] = "output_format" if body.output_format is not None else "output_config.format"
+    return fields
 
 
 def _effort(body: CountTokensRequest) -> str | None:
@@ -152,6 +168,9 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     chat: dict[str, Any] = {"model": body.model, "messages": messages, "reasoning_effort": _effort(body),
                             # a last assistant turn is a prefill: the reply continues it
                             "continue_final_message": bool(messages) and messages[-1]["role"] == "assistant" or None}
+    if (output := body.json_format()) is not None:
+        chat["response_format"] = {"type": "json_schema", "json_schema": {"name": _FORMAT_NAME,
+                                                                          "schema": output.schema_, "strict": True}}
     if isinstance(body, MessagesRequest):
         chat.update(stream=bool(body.stream), max_tokens=body.max_tokens, temperature=body.temperature,
                     top_p=body.top_p, top_k=body.top_k, stop=body.stop_sequences or None,
@@ -159,8 +178,8 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
     if body.tools is not None or body.tool_choice is not None:
         choice = body.tool_choice
         chat["tools"] = [{"type": "function", "function": {
-            "name": t.name, "parameters": t.input_schema, **({"description": t.description} if t.description else {})}}
-            for t in body.tools or ()]
+            "name": t.name, "parameters": t.input_schema, **({"description": t.description} if t.description else {}),
+            **({"strict": t.strict} if t.strict is not None else {})}} for t in body.tools or ()]
         if choice is not None:
             chat["tool_choice"] = ({"type": "function", "function": {"name": choice.name}} if choice.type == "tool"
                                    else {"auto": "auto", "any": "required", "none": "none"}[choice.type])
@@ -170,9 +189,10 @@ def chat_request(body: CountTokensRequest) -> ChatCompletionRequest:
         return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
     except ValidationError as exc:
         problem = exc.errors()[0]
-        message = str(problem.get("msg", exc)).removeprefix("Value error, ")
+        message = anthropic_words(str(problem.get("msg", exc)).removeprefix("Value error, "))
         loc = [str(part) for part in problem.get("loc") or ("messages",)]
         # Chat nests a tool's fields under `function`; the tools are the request's, index for index.
         param = ("tools." + loc[1] if loc[0] == "tools" and len(loc) > 1 else
-                 CHAT_FIELDS.get(loc[0], loc[0]) if loc[0] in ("tool_choice", "parallel_tool_calls") else "messages")
+                 CHAT_FIELDS.get(loc[0], loc[0]) if loc[0] in ("tool_choice", "parallel_tool_calls") else
+                 chat_fields(body)["response_format"] if loc[0] == "response_format" else "messages")
         raise APIError(400, f"{param}: {message}", param=param, code="invalid_value") from None

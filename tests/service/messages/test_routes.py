@@ -54,7 +54,7 @@ def test_a_text_reply_is_one_text_block(fake_engine: FakeEngine, client: TestCli
     assert message["stop_reason"] == "end_turn" and message["stop_sequence"] is None
     prompt = len(fake_engine.requests[-1].prompt_tokens)
     assert message["usage"] == {"input_tokens": prompt, "cache_creation_input_tokens": 0,
-                                "cache_read_input_tokens": 0, "output_tokens": 5}
+                                "cache_read_input_tokens": 0, "output_tokens": 5, "service_tier": "standard"}
 
 
 def test_cached_prompt_tokens_are_cache_reads(fake_engine: FakeEngine, client: TestClient[Any]) -> None:
