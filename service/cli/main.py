@@ -6,6 +6,7 @@ exit non-zero, no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any, Callable
 
@@ -68,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as exc:
         print(f"tandem: {exc}", file=sys.stderr)
         return exc.code
+    except BrokenPipeError:
+        return _reader_gone()
+    except BaseExceptionGroup as group:  # a command's task group wraps what its output callback raised
+        if group.split(BrokenPipeError)[1] is not None:
+            raise
+        return _reader_gone()
     except OSError as exc:
         if exc.filename is None:
             raise  # not a file the environment denies: a fault with its traceback
@@ -77,6 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    """The reader of stdout left (`tandem generate ... | head -c 10`): stop quietly, as `transcribe` does, with
+    stdout pointed at /dev/null so the interpreter's last flush raises nothing. Returns 0."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
 
 
 def _check_environment() -> None:

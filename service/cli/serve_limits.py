@@ -114,6 +114,9 @@ def configure_serve_limits(args: argparse.Namespace, config: ServiceConfig) -> N
     if args.api_key is not None and any(not split_list(value) for value in args.api_key):
         raise CLIError("--api-key is empty (an unset variable?): give a key, or leave --api-key out to serve "
                        "without one")
+    env_keys = os.environ.get(API_KEY_ENV) or ""
+    if env_keys.strip() and not split_list(env_keys):  # " , " left the server open with no word
+        raise CLIError(f"{API_KEY_ENV} holds no key ({env_keys!r}): give a key, or unset it to serve without one")
     if args.max_tokens_cap < 1:
         raise CLIError("--max-tokens-cap must be >= 1")
     if args.request_timeout < 0:
@@ -183,6 +186,9 @@ def _template_text(value: str | None) -> str | None:
             value = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise CLIError(f"--chat-template: cannot read {path}: {exc}") from None
+    elif "{{" not in value and "{%" not in value:
+        # neither a file nor Jinja: a mistyped path, which rendered itself as every prompt
+        raise CLIError(f"--chat-template: no such file {value!r}, and as a template it has no {{{{ }}}} or {{% %}}")
     if not value.strip():
         raise CLIError("--chat-template is empty")
     return value

@@ -125,3 +125,18 @@ def test_an_adapter_changes_the_reply_as_mlx_lm_applies_it(tiny_llm_dir: Path, t
     assert main(["generate", "hi", "--adapter-path", str(tmp_path / "nowhere")]) == 2
     err = capsys.readouterr().err
     assert "--adapter-path: adapter path" in err and "is not a directory" in err and err.count("\n") == 1
+
+
+def test_a_reader_that_leaves_early_stops_generate_quietly(tiny_llm_dir: Path) -> None:
+    # `tandem generate ... | head -c 10` ended in a BrokenPipeError traceback and exit 1.
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-m", "service.cli", "generate", "hello", "--model", str(tiny_llm_dir),
+                              "--max-tokens", "200", "--temperature", "1.0", "--seed", "3"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.read(1)  # the reply has begun: the reader goes
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err

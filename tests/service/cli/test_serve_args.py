@@ -199,3 +199,24 @@ def test_an_empty_chat_template_is_named_not_read_as_this_folder(tiny_llm_dir: P
     assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port()), "--chat-template="]) == 2
     err = capsys.readouterr().err
     assert "--chat-template is empty" in err and "directory" not in err
+
+
+def test_a_chat_template_that_is_neither_a_file_nor_jinja_is_refused(tiny_llm_dir: Path, no_server: None,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    # A mistyped path was taken as the template itself: every request rendered the path's own text as its prompt.
+    port = str(_free_port())
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", port, "--chat-template",
+                 "/etc/tandem/my-template.jinja"]) == 2
+    assert "--chat-template: no such file '/etc/tandem/my-template.jinja'" in capsys.readouterr().err
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", port, "--chat-template",
+                 "{% for m in messages %}{{ m.content }}{% endfor %}"]) == 0  # a template as text still is one
+
+
+@pytest.mark.parametrize("value", [" , ", ","])
+def test_an_api_key_variable_with_no_key_is_refused(value: str, tiny_llm_dir: Path, no_server: None,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # TANDEM_API_KEY=" , " served with no key and no word; --api-key " , " was refused.
+    monkeypatch.setenv("TANDEM_API_KEY", value)
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", str(_free_port())]) == 2
+    assert "TANDEM_API_KEY holds no key" in capsys.readouterr().err
