@@ -21,7 +21,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Server
 from litestar.types import ControllerRouterHandler
 
-from engine.load_stop import LOADS, check_stop
+from engine.load_stop import LOADS, LoadStopped, check_stop
 from service.admin.routes import health, list_models, metrics, ping, retrieve_model, stats
 from service.chat.completions import completions
 from service.chat.routes import chat_completions
@@ -84,6 +84,7 @@ def _lifespan(state: AppState) -> Callable[[Litestar], contextlib.AbstractAsyncC
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
         state.tokenize_limiter = anyio.CapacityLimiter(1)
         stop = anyio.Event()
+        loading = False
         async with anyio.create_task_group() as tg:
             state.task_group = tg
             if state.drain_on_signals and not install_drain(state):
@@ -98,9 +99,14 @@ def _lifespan(state: AppState) -> Callable[[Litestar], contextlib.AbstractAsyncC
                 yield
             finally:
                 stop.set()
-                if not state.ready:  # still loading (or failed to): nothing waits for `stop` yet
+                loading = not state.ready
+                if loading:  # still loading (or failed to): nothing waits for `stop` yet
                     tg.cancel_scope.cancel()
         state.task_group = None
+        if loading and LOADS.is_set() and state.on_fatal is not None:
+            # Stopped by a signal before the models were up, the load cancelled before it could give up by itself:
+            # the worker's exit says so (the supervisor's is then the signal's, 130 for a Ctrl-C), not a clean 0.
+            state.on_fatal(LoadStopped("stopped while loading the models"), False)
 
     return lifespan
 

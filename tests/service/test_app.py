@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
+import anyio
 import pytest
 from litestar.testing import TestClient
 
@@ -194,3 +195,24 @@ async def test_a_worker_stopped_while_its_models_load_exits_as_stopped_not_as_fa
     with pytest.raises(SystemExit) as exited:
         app_module._exit_fatal(LoadStopped("stopped while importing whisper"), False)  # a hook's load (Whisper)
     assert exited.value.code == EXIT_STOPPED_LOADING
+
+
+def test_a_worker_stopped_before_its_load_gave_up_still_exits_as_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Ctrl-C while a cached model loaded: granian stopped the worker, cancelling the load before it could give up by
+    # itself, and the worker (so the server) exited 0, not 130 as the README says.
+    from engine.load_stop import LoadStopped, StopFlag
+    from service import app as app_module
+
+    stopping = StopFlag()
+    stopping.set()  # the worker's first SIGINT (install_drain)
+    monkeypatch.setattr(app_module, "LOADS", stopping)
+    fatal: list[tuple[BaseException, bool]] = []
+
+    async def never_loads(config: ServiceConfig) -> Any:
+        await anyio.sleep_forever()
+
+    state = AppState(load_engine=never_loads, load_in_background=True,
+                     on_fatal=lambda exc, served: fatal.append((exc, served)))
+    with TestClient(create_app(state)):
+        pass  # started (the load runs in the background), then stopped while it still runs
+    assert len(fatal) == 1 and isinstance(fatal[0][0], LoadStopped) and fatal[0][1] is False
