@@ -260,7 +260,7 @@ def import_ct2_whisper(src: str | Path, dst: str | Path, dtype: str = "float32",
         check_stop(stop, doing)
         if heads:
             (tmp / "alignment_heads.json").write_text(json.dumps(heads))
-    except LoadStopped:
+    except (LoadStopped, KeyboardInterrupt, OSError):  # a Ctrl-C or a full disk too: no half-written import stays
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if dst.exists():

@@ -31,7 +31,10 @@ def _openapi(args: argparse.Namespace) -> int:
 
     path = Path(args.output) if args.output else SPEC_PATH
     if args.check:
-        drift = openapi_drift(path)
+        try:
+            drift = openapi_drift(path)
+        except UnicodeDecodeError:  # one line, not a traceback: it is no JSON document
+            raise CLIError(f"cannot check {path}: it is not UTF-8 text (not an OpenAPI document)") from None
         if drift:
             print(drift, file=sys.stderr)
             return 1

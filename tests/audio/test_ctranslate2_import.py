@@ -198,3 +198,18 @@ def test_an_import_told_to_stop_gives_up_and_leaves_nothing(when: str, ct2_dir: 
     with pytest.raises(LoadStopped, match="stopped while importing"):
         import_ct2_whisper(ct2_dir, tmp_path / "out" / "mlx", stop=stop)
     assert stop.looks == stop.checks and list((tmp_path / "out").iterdir()) == []  # no import, no .partial
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, OSError])
+def test_an_import_cut_by_ctrl_c_or_the_disk_leaves_no_partial_folder(raised: type[BaseException], ct2_dir: Path,
+                                                                      tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # `tandem models import` stopped by Ctrl-C left OUTPUT.partial/ with its config and half its weights.
+    def cut(*args: object, **kwargs: object) -> None:
+        raise raised()
+
+    monkeypatch.setattr("safetensors.numpy.save_file", cut)  # imported where the import writes
+    (tmp_path / "out").mkdir()
+    with pytest.raises(raised):
+        import_ct2_whisper(ct2_dir, tmp_path / "out" / "mlx")
+    assert list((tmp_path / "out").iterdir()) == []

@@ -30,3 +30,12 @@ def test_a_disk_that_fails_the_write_is_exit_1(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(service.openapi_document, "write_openapi", full)
     assert main(["openapi", "--output", str(tmp_path / "spec.json")]) == 1
     assert capsys.readouterr().err == f"tandem: cannot write {tmp_path / 'spec.json'}: No space left on device\n"
+
+
+def test_checking_a_file_that_is_not_text_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--check --output model.gguf` was a UnicodeDecodeError traceback.
+    binary = tmp_path / "fake.gguf"
+    binary.write_bytes(b"GGUF\xff\xfe\x00\x01")
+    assert main(["openapi", "--check", "--output", str(binary)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tandem: cannot check {binary}: it is not UTF-8 text") and err.count("\n") == 1, err
