@@ -49,6 +49,10 @@ def _generate(args: argparse.Namespace) -> int:
             raise CLIError(f"cannot read the prompt from stdin: {exc}") from None
         if not args.prompt:
             raise CLIError("the prompt read from stdin is empty")
+    try:  # bytes that are not UTF-8 arrive as lone surrogates (argv, a C locale's stdin): the tokenizer's error misled
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise CLIError("the prompt is not UTF-8 text") from None
     resolve_chat_model(args.model)  # a bad name fails here, before MLX loads anything
     adapter_path = resolve_adapter(args.adapter_path)
     import anyio

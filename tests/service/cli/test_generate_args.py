@@ -140,3 +140,9 @@ def test_a_reader_that_leaves_early_stops_generate_quietly(tiny_llm_dir: Path) -
     child.stdout.close()
     err = child.stderr.read().decode()
     assert child.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_prompt_that_is_not_utf8_is_named_so(tiny_llm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # printf '\xff\xfe bad' | tandem generate - said "the model's chat template refused the messages: TextEncodeInput..."
+    assert main(["generate", "\udcff\udcfe bad", "--model", str(tiny_llm_dir)]) == 2
+    assert "the prompt is not UTF-8 text" in capsys.readouterr().err
