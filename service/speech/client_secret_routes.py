@@ -20,7 +20,7 @@ from service.http.openapi import error_responses
 from service.seams import SpeechBackend
 from service.speech.client_secrets import MAX_SESSION_BYTES
 from service.speech.realtime_config import ConfigError, Dialect, RealtimeConfig, field_paths
-from service.speech.schemas import (
+from service.speech.session_schemas import (
     BetaClientSecret,
     ClientSecretCreated,
     ClientSecretCreateRequest,

@@ -16,7 +16,7 @@ from audio.transcript import TranscribeOptions
 from service.http.auth import client_key
 from service.http.openapi import raw_body_operation
 from service.seams import SpeechBackend
-from service.speech.schemas import (
+from service.speech.session_schemas import (
     SessionAudioAccepted,
     SessionCreated,
     SessionCreateRequest,
