@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, AsyncIterator
 import anyio
 import numpy as np
 
-from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription, kept_logprobs, segment_end
+from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription, segment_end
+from audio.token_logprobs import kept_logprobs
 from audio.pcm import SAMPLE_RATE
 from audio.window import WindowResult
 from audio.transcript import Segment

@@ -21,12 +21,12 @@ import numpy as np
 from audio.mel import HOP_LENGTH, N_FRAMES, N_SAMPLES
 from audio.pcm import SAMPLE_RATE
 from audio.repeats import copied_words
-from audio.token_logprobs import aligned_logprobs, token_logprobs
+from audio.token_logprobs import kept_logprobs, token_logprobs
 from audio.window import WindowRequest, WindowResult
 from audio.timeline import Timeline
 from audio.transcript import Segment, TranscribeOptions, Transcript, Word
 from audio.whisper import LoadedWhisper
-from audio.word_timing import hallucinated_tail, nest, within
+from audio.word_timing import CachedAudio, hallucinated_tail, nest, within
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -51,13 +51,6 @@ def tokenizer_for(loaded: LoadedWhisper, language: str | None, task: str) -> Any
     return get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language or "en", task=task)
 
 
-def kept_logprobs(result: WindowResult) -> list[float | None] | None:
-    """The log probabilities its decode kept, one for each of its tokens (None for a forced prefix's), or None
-    where it kept none. Raises nothing."""
-    d = result.decoded
-    return aligned_logprobs(d.logprobs, len(d.tokens) - len(d.sampled))
-
-
 def segment_end(segments: list[dict[str, Any]]) -> float | None:
     return next((w["end"] for s in reversed(segments) for w in reversed(s.get("words", []))),
                 segments[-1]["end"] if segments else None)
@@ -66,19 +59,6 @@ def segment_end(segments: list[dict[str, Any]]) -> float | None:
 def _prompt_tokens(tok: Any, prompt: str | None) -> list[int]:
     # a prompt is text: "<|endoftext|>" in it is those characters, never the special token (tiktoken refuses)
     return tok.encode(" " + prompt.strip(), disallowed_special=()) if prompt and prompt.strip() else []
-
-
-class _CachedAudio:
-    """The model as mlx-whisper's word alignment sees it, reading the window's encoder output instead of
-    encoding the mel again."""
-
-    def __init__(self, model: Any, features: Any) -> None:
-        self.dims, self.alignment_heads = model.dims, model.alignment_heads
-        self._model, self._features = model, features
-
-    def forward_with_cross_qk(self, mel: Any, tokens: Any) -> tuple[Any, Any]:
-        logits, _, cross_qk = self._model.decoder(tokens, self._features)
-        return logits, cross_qk
 
 
 class WindowedTranscription:
@@ -288,7 +268,7 @@ class WindowedTranscription:
         """mlx-whisper's word timestamps for `current`, as one task on the loop. Raises what MLX raises."""
         from mlx_whisper.timing import add_word_timestamps
 
-        model = _CachedAudio(self.loaded.model, result.features)
+        model = CachedAudio(self.loaded.model, result.features)
         await tasks.run(functools.partial(add_word_timestamps, segments=current, model=model, tokenizer=self.tokenizer,
                                           mel=result.features, num_frames=frames,
                                           last_speech_timestamp=self.last_speech_timestamp), label="whisper.align")

@@ -10,13 +10,16 @@ unchanged, and a token none of whose text is kept is left out."""
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from audio.repeats import kept_spans
 from audio.transcript import TokenLogprob  # a plain value type, kept with the others (re-exported)
 
-__all__ = ["TokenLogprob", "token_logprobs", "aligned_logprobs", "committed_logprobs", "less_leading", "less_trailing",
-           "stripped_logprobs", "FLOOR"]
+if TYPE_CHECKING:
+    from audio.window import WindowResult
+
+__all__ = ["TokenLogprob", "token_logprobs", "aligned_logprobs", "kept_logprobs", "committed_logprobs", "less_leading",
+           "less_trailing", "stripped_logprobs", "FLOOR"]
 
 # OpenAI writes this for a probability too small to show, as chat's logprobs here do (JSON has no -Infinity): a
 # token picked where the timestamp rules had masked every token (NaN: -inf less -inf) gets it too.
@@ -123,3 +126,10 @@ def committed_logprobs(tokenizer: Any, tokens: Sequence[int], logprobs: Sequence
         return None
     spans = kept_spans(before, full) if text != full else None
     return tuple(token_logprobs(tokenizer, tokens, logprobs, spans))
+
+
+def kept_logprobs(result: "WindowResult") -> list[float | None] | None:
+    """The log probabilities its decode kept, one for each of its tokens (None for a forced prefix's), or None
+    where it kept none. Raises nothing."""
+    d = result.decoded
+    return aligned_logprobs(d.logprobs, len(d.tokens) - len(d.sampled))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["PUNCTUATION", "word_anomaly_score", "is_segment_anomaly", "hallucinated_tail", "nest", "within"]
+__all__ = ["PUNCTUATION", "word_anomaly_score", "is_segment_anomaly", "hallucinated_tail", "nest", "within",
+           "CachedAudio"]
 
 # openai-whisper's transcribe(): words made of these alone are left out of the anomaly score
 PUNCTUATION = "\"'“¿([{-\"'.。,，!！?？:：”)]}、"
@@ -63,3 +64,16 @@ def within(segments: Sequence[dict[str, Any]], lo: float, hi: float) -> None:
         s["start"], s["end"] = nest(float(s["start"]), float(s["end"]), lo, hi)
         for w in s.get("words", []):
             w["start"], w["end"] = nest(float(w["start"]), float(w["end"]), lo, hi)
+
+
+class CachedAudio:
+    """The model as mlx-whisper's word alignment sees it, reading the window's encoder output instead of
+    encoding the mel again."""
+
+    def __init__(self, model: Any, features: Any) -> None:
+        self.dims, self.alignment_heads = model.dims, model.alignment_heads
+        self._model, self._features = model, features
+
+    def forward_with_cross_qk(self, mel: Any, tokens: Any) -> tuple[Any, Any]:
+        logits, _, cross_qk = self._model.decoder(tokens, self._features)
+        return logits, cross_qk
