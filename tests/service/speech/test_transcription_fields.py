@@ -3,25 +3,13 @@ entries of an array field are its entries) and speaches' aliases (`vad_filter`, 
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from litestar.testing import TestClient
 
-from service.app import create_app
-from service.speech.setup import SpeechConfig, install_speech
-from service.state import AppState
-from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.speech.test_routes import assert_error, transcribe
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient[Any]]:
-    directory: Path = build_tiny_whisper(tmp_path_factory.mktemp("tiny_whisper"))
-    state = install_speech(AppState(), SpeechConfig(model=str(directory), resident=True))
-    with TestClient(create_app(state)) as c:
-        yield c
+from tests.service.speech.test_transcriptions import client  # noqa: F401 (the Whisper app, a fixture)
 
 
 def _asked(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
