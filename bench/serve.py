@@ -248,7 +248,7 @@ def _server_stats(base: str, raw: bool = False) -> dict[str, Any] | None:
     engine = data.get("engine", data)
     keys = ("iterations", "mixed_iterations", "generation_tokens", "prompt_tokens", "step_seconds", "publish_seconds",
             "loop_gap_seconds", "failed_steps", "engine_busy_seconds", "memory", "pacing", "iteration_times",
-            "compiled_decode", "prefill_lane", "launch_priority")
+            "compiled_decode", "prefill_lane")
     return {**{k: engine.get(k) for k in keys if k in engine}, "gc": data.get("gc")}
 
 
