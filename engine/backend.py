@@ -30,7 +30,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import gemv_shim, launch_priority
+from engine import gemv_shim
 
 __all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "default_threads", "ensure_fast_blas",
            "user_cache_dir", "cap_other_blas"]
@@ -86,15 +86,12 @@ def blas_info() -> BlasInfo:
 
 def ensure_fast_blas() -> BlasInfo:
     """Load an optimised BLAS into the global symbol scope before MLX is imported, and cap numpy's own BLAS
-    (`cap_other_blas`); with MLX's CUDA build, the kernel-launch priority shim too (engine/launch_priority.py).
-    Idempotent.
+    (`cap_other_blas`). Idempotent.
 
     Raises nothing: every failure falls back to MLX's reference BLAS with a warning and a reason.
     """
     global _info
     if _info is None:
-        # Before libmlx loads, as the BLAS: its CUDA build binds the driver's launch function as it loads.
-        launch_priority.install_for_mlx_cuda(_writable(user_cache_dir() / "native") or _temp_blas_dir().parent)
         _info = _choose()
         _log.debug(_info.describe())
         cap_other_blas()

@@ -14,24 +14,19 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-from engine import launch_priority
-
 __all__ = ["EngineThread", "loop_caller"]
 
 
 class EngineThread:
     """Runs callables one at a time on one dedicated daemon thread; `run` is awaited from the event loop."""
 
-    def __init__(self, name: str = "tandem-engine", nice: int = 0, device_first: bool = False) -> None:
+    def __init__(self, name: str = "tandem-engine", nice: int = 0) -> None:
         """`nice`: how much lower this thread's CPU priority is than the process's (Linux, where threads have
-        their own; MLX's stream worker, which this thread's first MLX op starts, inherits it). `device_first`: this
-        thread's GPU kernels go before other threads' where the launch priority shim is installed (chat decode
-        steps; engine/launch_priority.py)."""
+        their own; MLX's stream worker, which this thread's first MLX op starts, inherits it)."""
         self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Callable[[Any, BaseException | None], None]] | None] = (
             queue.SimpleQueue()
         )
         self.nice = nice
-        self.device_first = device_first
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         self.busy_seconds = 0.0
@@ -49,8 +44,6 @@ class EngineThread:
                 os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + self.nice)
             except OSError:
                 pass
-        if self.device_first:
-            launch_priority.raise_this_thread()
         while (job := self._jobs.get()) is not None:
             fn, done = job
             t0 = time.perf_counter()

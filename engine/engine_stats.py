@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from engine.batch import LLMBatchGroup
-from engine import launch_priority
 from engine.blas_threads import threads_now
 from engine.memory import MemoryBudget, process_rss
 from engine.task_group import TasksOnlyGroup
@@ -54,9 +53,6 @@ def group_stats(group: LLMBatchGroup) -> dict[str, Any]:
     out["compiled_decode"] = {"on": compiled is not None, "traces": compiled.traces if compiled else 0,
                               "trace_seconds": round(compiled.trace_seconds, 3) if compiled else 0.0,
                               "fused_steps": compiled.fused_steps if compiled else 0}
-    # Kernels launched at the device's highest priority (the decode thread's; engine/launch_priority.py): None
-    # where no shim is installed (a CPU, or TANDEM_LAUNCH_PRIORITY=off).
-    out["launch_priority"] = {"raised_launches": launch_priority.launches()}
     # Prompt chunks on their own engine thread beside the decode steps (engine/batch.py), where on.
     # waits_for_decode: the lane's pauses while a decode step was being built (engine/lane.py DecodeFirst).
     lane = group.lane

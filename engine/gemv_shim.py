@@ -13,11 +13,13 @@ per row up to `GEMV_ROWS` rows and OpenBLAS's own `cblas_sgemm` otherwise. Witho
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
-
-from engine.native_build import compile_library, compiler
 
 __all__ = ["GEMV_ROWS", "SOURCE", "build", "install", "products"]
 
@@ -82,11 +84,34 @@ __attribute__((visibility("default"))) void cblas_sgemm(int order, int ta, int t
 def build(cache_dir: Path) -> Path | None:
     """The compiled shim in `cache_dir` (built now if missing), or None when no C compiler is found or it fails.
     Raises nothing."""
-    if compiler() is None:
+    digest = hashlib.sha256(SOURCE.encode()).hexdigest()[:16]
+    target = cache_dir / f"libtandem-gemv-{digest}.so"
+    if target.exists():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
         _log.info("no C compiler (cc, gcc, clang or $CC): MLX's one- and two-row matmuls stay OpenBLAS GEMMs, "
                   "~1.6x slower single-stream decode on a CPU")
         return None
-    return compile_library(SOURCE, "tandem-gemv", cache_dir)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        # Compile to a private temp name and rename into place: concurrent first starts never load half a file.
+        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".gemv-", suffix=".so")
+        os.close(fd)
+        src = tmp[:-3] + ".c"
+        try:
+            Path(src).write_text(SOURCE, encoding="ascii")
+            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", tmp, src, "-ldl"],
+                           check=True, capture_output=True, timeout=60)
+            os.replace(tmp, target)
+        finally:
+            for leftover in (tmp, src):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+    except (OSError, subprocess.SubprocessError) as exc:
+        _log.warning("could not build the GEMV shim with %s: %s", compiler, exc)
+        return None
+    return target
 
 
 def install(shim_path: Path, openblas: ctypes.CDLL) -> ctypes.CDLL | None:

@@ -72,7 +72,7 @@ class Engine:
         non-positive limits, a budget that leaves no room for KV, or a bad TANDEM_GIL_SWITCH_MS."""
         apply_serving_defaults()
         self.gil_switch = gil_switch_seconds()
-        self.thread = thread or EngineThread(device_first=True)
+        self.thread = thread or EngineThread()
         self.lease = anyio.Lock()
         self.loaded = loaded
         self.prefix_cache = prefix_cache
@@ -145,7 +145,7 @@ class Engine:
         from engine.prefix_cache import PrefixCache
 
         apply_serving_defaults()  # some are read when MLX first touches the device, i.e. during the load
-        thread = EngineThread(device_first=True)  # chat decode steps
+        thread = EngineThread()
         try:
             loaded = await thread.run(functools.partial(load_model, spec, chat_template=chat_template,
                                                           adapter_path=adapter_path))
