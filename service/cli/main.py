@@ -20,6 +20,7 @@ from service.cli.openapi import add_openapi
 from service.cli.pi import add_pi, is_pi_help
 from service.cli.serve import add_serve
 from service.cli.transcribe import add_transcribe
+from service.cli.version import VersionAction
 from service.logs import configure_logging
 
 __all__ = ["main", "build_parser", "COMMANDS"]
@@ -33,6 +34,7 @@ COMMANDS: list[Callable[[Any], None]] = [
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser. Raises nothing."""
     parser = argparse.ArgumentParser(prog="tandem", description="Chat and speech on one cooperative MLX scheduler.")
+    parser.add_argument("-V", "--version", action=VersionAction)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in COMMANDS:
         add(sub)

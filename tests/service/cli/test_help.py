@@ -25,8 +25,8 @@ COMMANDS = _parsers(build_parser())
 def test_every_option_has_help_and_its_default(name: str, parser: argparse.ArgumentParser) -> None:
     formatter = parser.formatter_class(prog=name)
     for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
-            continue
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.dest == argparse.SUPPRESS:
+            continue  # nothing to default (--help, --version)
         assert action.help, f"{name}: {action.dest} has no help"
         flag = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
         positional_required = not action.option_strings and action.nargs is None
