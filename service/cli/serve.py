@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import logging
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,10 @@ from service.cli.errors import CLIError
 from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, seconds
 from service.cli.resolve import resolve_adapter, resolve_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
+from service.cli.serve_port import claim_port
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
 from service.cli.serve_tls import add_serve_tls_args, configure_serve_tls
 from service.config import SSE_KEEPALIVE, ServiceConfig, base_url, unbracketed
-from service.process.port_lock import PortBusy, PortLock, lock_port
 
 __all__ = ["add_serve", "serve_config"]
 
@@ -51,7 +50,9 @@ def add_serve(sub: Any) -> None:
                         "adapters.safetensors), applied to the chat model: fused into float weights, live LoRA "
                         "layers on a quantized model (mlx_lm.server's flag) (default: none)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    p.add_argument("--port", type=int, default=8080, help="port to listen on")
+    p.add_argument("--port", type=int, default=8080,
+                   help="port to listen on (default: 8080); 0: a free one, chosen at start and named in the "
+                        "`starting on` line")
     p.add_argument("--max-active", type=int, default=16, help="rows decoding at once")
     p.add_argument("--max-iteration-tokens", type=int, default=512, help="token budget per scheduler iteration")
     p.add_argument("--prefill-stall", type=finite, default=STALL, metavar="X",
@@ -103,8 +104,8 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         raise CLIError("--max-active, --max-iteration-tokens and --decode-burst must be >= 1")
     if args.prompt_cache_bytes is not None and args.prompt_cache_bytes < 0:
         raise CLIError("--prompt-cache-bytes must be >= 0")
-    if not 0 < args.port < 65536:
-        raise CLIError(f"--port must be in 1..65535, got {args.port}")
+    if not 0 <= args.port < 65536:
+        raise CLIError(f"--port must be in 0..65535 (0: a free port), got {args.port}")
     if args.shutdown_timeout < 0:
         raise CLIError("--shutdown-timeout must be >= 0")
     if args.model_flag is not None:
@@ -136,40 +137,6 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
     return config
 
 
-def _claim_port(host: str, port: int) -> tuple[PortLock, str]:
-    """Take the port's lock, then check the port binds; the caller holds the lock while it serves. Returns it and
-    the address `host` resolved to. Raises CLIError when another tandem server holds the lock or host:port cannot
-    be bound."""
-    try:
-        # granian binds with SO_REUSEPORT: a bind check alone lets a server starting beside this one share the port.
-        lock = lock_port(port)
-    except PortBusy:
-        raise CLIError(f"cannot listen on {host}:{port}: Address already in use (is another server running?)") from None
-    try:
-        address = _check_port(host, port)
-    except BaseException:
-        lock.release()
-        raise
-    return lock, address
-
-
-def _check_port(host: str, port: int) -> str:
-    """The IP address `host` (a name or an address) resolves to, once a socket binds there. Raises CLIError when
-    host:port cannot be resolved or bound (granian would fail later with a Rust backtrace)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise CLIError(f"cannot resolve --host {host!r}: {exc}") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as exc:
-            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running?)") from None
-    return str(address[0])
-
-
 def _serve(args: argparse.Namespace) -> int:
     from service.server import serve
 
@@ -188,7 +155,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     if (problem := compiler_problem()) is not None:  # else ready, then a 500 for every request
         raise CLIError(problem, code=1)
-    lock, address = _claim_port(config.host, config.port)
+    claim = claim_port(config.host, config.port)
+    config.port = claim.port  # --port 0: the port chosen, which the worker binds and the lines below name
+    address = claim.address
     if address != config.host:
         # granian takes IP addresses only ("localhost" failed with a traceback); the Host guard and the warning
         # below judge the address actually bound, so `localhost` stays loopback.
@@ -207,4 +176,4 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         return serve(config)
     finally:
-        lock.release()
+        claim.release()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,32 @@ def test_a_temporary_directory_mlx_cannot_compile_in_stops_the_start(tiny_llm_di
     assert done.returncode == 1, done.stderr
     err = done.stderr.strip()
     assert err.count("\n") == 0 and "MLX cannot compile its CPU kernels" in err and str(tmp_path / "gone") in err, err
+
+
+def test_port_0_serves_a_free_port_the_start_line_names(tiny_llm_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # `--port 0` was refused: a port granian picked would differ per worker (each binds it) and be named nowhere.
+    import service.server
+    from service.process.port_lock import PortBusy
+
+    seen: dict[str, object] = {}
+
+    def serve(config: object) -> int:
+        port = config.port  # type: ignore[attr-defined]
+        seen["port"] = port
+        with pytest.raises(PortBusy):  # held for the server's life, as a port given by number is
+            lock_port(port, tmp_path / "mlx-tandem" / "ports")
+        if sys.platform == "linux":  # and reserved: nothing else binds it before the worker does
+            with socket.socket() as other, pytest.raises(OSError):
+                other.bind(("127.0.0.1", port))
+        return 0
+
+    monkeypatch.setattr(service.server, "serve", serve)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", "0", "--log-level", "warning"]) == 0
+    port = seen["port"]
+    assert isinstance(port, int) and 0 < port < 65536
+    assert f"starting on http://127.0.0.1:{port}/v1" in capsys.readouterr().err
+    lock_port(port, tmp_path / "mlx-tandem" / "ports").release()  # let go once it stops
+    with socket.socket() as again:
+        again.bind(("127.0.0.1", port))
