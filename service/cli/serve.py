@@ -6,13 +6,13 @@ import argparse
 import math
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 from engine.pacing import DECODE_BURST, STALL
 from service.cli.errors import CLIError
 from service.cli.parsers import add_command, byte_size, finite, gc_thresholds, seconds
 from service.cli.resolve import resolve_adapter, resolve_chat_model
+from service.cli.serve_checks import check_chat_model
 from service.cli.serve_limits import add_serve_limit_args, configure_serve_limits, warn_if_open
 from service.cli.serve_port import claim_port
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
@@ -145,12 +145,8 @@ def _serve(args: argparse.Namespace) -> int:
     if speech.transcription_only and config.adapter_path is not None:
         raise CLIError("--adapter-path applies to a chat model; this server serves transcription only")
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
-    if source is not None and source.kind == "hf_dir":
-        from service.engines import broken_model_file
-
-        # Headers only: an empty or truncated download is one line here, not a worker that starts and fails.
-        if (problem := broken_model_file(Path(source.path))) is not None:
-            raise CLIError(f"cannot load model {source.name}: {problem}")
+    if source is not None:
+        check_chat_model(source, config.memory_budget)  # headers and sizes: one line, not a worker that fails
     from engine.accelerator import compiler_problem
 
     if (problem := compiler_problem()) is not None:  # else ready, then a 500 for every request

@@ -1,0 +1,105 @@
+"""What `tandem serve` checks of its chat model before it binds the port, from file headers and sizes only (the
+worker loads the weights, once): a damaged download, a file that is not GGUF, a Whisper checkpoint given as the
+chat model, and a --memory-budget smaller than the weights. Each was a worker that failed after the banner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service.cli.errors import CLIError
+
+if TYPE_CHECKING:
+    from engine.models import ModelSource
+
+__all__ = ["check_chat_model"]
+
+_MIB = 1 << 20
+
+
+def check_chat_model(source: ModelSource, memory_budget: int | None) -> None:
+    """Raise CLIError (exit 2) naming what is wrong with the chat model `source` or the budget for it. Reads
+    headers, config.json and file sizes; loads nothing."""
+    path = Path(source.path)
+    if source.kind == "gguf":
+        weights = _checked_gguf(source.name, path)
+    else:
+        _check_hf_dir(source.name, path)
+        weights = _safetensors_bytes(path)
+    if memory_budget is not None and memory_budget < weights:
+        raise CLIError(f"--memory-budget {_size(memory_budget)} cannot hold {source.name}'s weights ({_size(weights)} "
+                       f"on disk, before KV and caches): raise it, or leave it out for the machine's default")
+
+
+def _checked_gguf(name: str, path: Path) -> int:
+    """The bytes of the GGUF's tensor data, once its header reads and its tensor types are ones the import takes.
+    Raises CLIError."""
+    from engine.gguf_header import GGUFError, read_header
+    from engine.gguf_tensors import check_types
+
+    try:
+        # The header (metadata and tensor table), never the tensors: the conversion reads it again, cheaply.
+        tensors = read_header(path)[1]
+        check_types(tensors, path)
+        size = path.stat().st_size
+    except GGUFError as exc:
+        raise CLIError(f"cannot load model {name}: {exc}") from None
+    except OSError as exc:
+        raise CLIError(f"cannot load model {name}: cannot read {path}: {exc.strerror or exc}") from None
+    return max(0, size - min((t.start for t in tensors.values()), default=size))
+
+
+def _check_hf_dir(name: str, path: Path) -> None:
+    from service.engines import broken_model_file
+
+    # Headers only: an empty or truncated download is one line here, not a worker that starts and fails.
+    if (problem := broken_model_file(path)) is not None:
+        raise CLIError(f"cannot load model {name}: {problem}")
+    if (layout := _whisper_layout(path)) is not None:
+        raise CLIError(f"{path} is a Whisper model ({layout}), not a chat model: serve it alone for transcription "
+                       "only, or pass it as --whisper-model beside a chat model"
+                       if layout != "Hugging Face transformers" else
+                       f"{path} is a Whisper model in Hugging Face transformers' layout, not a chat model, and not a "
+                       "layout served for speech either: use an mlx-whisper or faster-whisper (CTranslate2) "
+                       "checkpoint, as --whisper-model")
+
+
+def _whisper_layout(path: Path) -> str | None:
+    """Which Whisper layout the folder `path` holds ("mlx-whisper", "CTranslate2", "Hugging Face transformers"),
+    or None when it is no Whisper. Raises nothing."""
+    from audio.ctranslate2_import import is_ct2_whisper_dir
+    from audio.whisper_imports import is_whisper_checkpoint
+
+    if is_whisper_checkpoint(path):
+        return "mlx-whisper"
+    if is_ct2_whisper_dir(path) and not any(path.glob("*.safetensors")):
+        return "CTranslate2"
+    config = _config(path)
+    architectures = config.get("architectures") or []
+    if config.get("model_type") == "whisper" or any("Whisper" in str(a) for a in architectures):
+        return "Hugging Face transformers"
+    return None
+
+
+def _config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _safetensors_bytes(path: Path) -> int:
+    """The bytes of the weights an HF folder loads, as stored: model*.safetensors (mlx-lm's pattern; every
+    *.safetensors when none match). Loaded they take at least this much: quantized codes keep their size, other
+    weights stay or widen. Raises nothing (0 when unreadable)."""
+    try:
+        files = sorted(path.glob("model*.safetensors")) or sorted(path.glob("*.safetensors"))
+        return sum(f.stat().st_size for f in files)
+    except OSError:
+        return 0
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes" if n < _MIB else f"{n / _MIB:,.0f} MiB"

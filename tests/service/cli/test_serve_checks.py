@@ -1,0 +1,67 @@
+"""`tandem serve` refuses, before it binds the port, a chat model the worker would fail to load after the banner:
+a file that is not GGUF, a Whisper checkpoint as the chat model, a --memory-budget smaller than the weights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.cli.main import main
+from tests.engine.test_gguf import _F32, write_gguf
+from tests.fixtures.tiny_whisper import build_tiny_whisper
+
+
+def _serve(*args: str) -> list[str]:
+    return ["serve", *args, "--no-whisper", "--port", "0"]
+
+
+def _one_line(err: str) -> str:
+    err = err.strip()
+    assert err.count("\n") == 0 and "starting on" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_gguf_named_file_that_is_not_gguf(tmp_path: Path, served: list[object],
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "model.gguf"
+    model.write_text("<html>a login page saved as the download</html>")
+    assert main(_serve(str(model))) == 2
+    assert f"{model} is not a GGUF file" in _one_line(capsys.readouterr().err)
+    assert served == []
+
+
+@pytest.mark.parametrize("layout", ["mlx-whisper", "transformers"])
+def test_a_whisper_checkpoint_as_the_chat_model(layout: str, tmp_path: Path, served: list[object],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    whisper = tmp_path / "whisper"
+    if layout == "mlx-whisper":
+        # served alone it is transcription only; beside another Whisper it was taken for the chat model
+        build_tiny_whisper(whisper)
+        args = ["serve", str(whisper), "--whisper-model", str(build_tiny_whisper(tmp_path / "other")), "--port", "0"]
+    else:
+        whisper.mkdir()
+        (whisper / "config.json").write_text(json.dumps(
+            {"model_type": "whisper", "architectures": ["WhisperForConditionalGeneration"]}))
+        args = _serve(str(whisper))
+    assert main(args) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert f"{whisper} is a Whisper model" in err and "not a chat model" in err, err
+    assert served == []
+
+
+def test_a_memory_budget_smaller_than_the_weights(tiny_llm_dir: Path, tmp_path: Path, served: list[object],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(_serve(str(tiny_llm_dir), "--memory-budget", "1KB")) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "--memory-budget 1,000 bytes cannot hold" in err and "weights" in err, err
+    # a GGUF's tensor data (1 MiB here), not its header, is what the budget is held against
+    gguf = tmp_path / "one.gguf"
+    write_gguf(gguf, {"general.architecture": "llama"}, {"w.weight": (np.zeros((1024, 256), np.float32), _F32)})
+    assert main(_serve(str(gguf), "--memory-budget", "1000KiB")) == 2
+    assert "(1 MiB on disk" in _one_line(capsys.readouterr().err)
+    assert served == []
+    assert main(_serve(str(gguf), "--memory-budget", "1100KiB")) == 0
+    assert len(served) == 1
