@@ -18,6 +18,7 @@ from typing import Any
 
 from service.config import CONFIG_ENV, ServiceConfig, base_url
 from service.limits import Limits
+from service.logs import granian_log_config
 from service.process.cleanup import remove_interrupted_conversions
 from service.process.parent import PARENT_PID_ENV
 
@@ -94,6 +95,7 @@ def serve(config: ServiceConfig) -> int:
         workers=1,
         factory=True,
         log_level=LogLevels(config.log_level),
+        log_dictconfig=granian_log_config(),  # stderr, beside ours
         # Our own access log (service/http/access_log.py) knows token counts; granian's would not.
         log_access=False,
         # Requests served at once: a stalled client holds one, so there must be many more than workers.
