@@ -1,6 +1,6 @@
 """GET /v1/responses/{id}/input_items: the items a kept response was made from, as OpenAI lists them — each with
 an `id` (given when the response is kept, so every page agrees), messages' text as content parts, a `status` — a
-page at a time after an item id, oldest or newest first."""
+page at a time after an item id, oldest or newest first; and the `include` GET /v1/responses/{id} honours."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Iterable, Literal, Sequence
 from service.http.errors import APIError
 from service.responses.history import seal_reasoning
 
-__all__ = ["with_ids", "input_page", "LISTED_INCLUDABLE"]
+__all__ = ["with_ids", "input_page", "sealed_output", "LISTED_INCLUDABLE"]
 
 # An id's prefix for an item of each type that came without one (OpenAI's: msg_ for a message, fc_ for a call).
 _PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc",
@@ -66,15 +66,31 @@ def _listed(item: dict[str, Any], sealed: bool) -> dict[str, Any]:
     return {**item, "status": item.get("status") or "completed"}
 
 
+def _includable(include: Sequence[str], where: str) -> None:
+    """Raises APIError 400 naming `include` for a value not in LISTED_INCLUDABLE (`where`: what is listed)."""
+    for value in include:
+        if value not in LISTED_INCLUDABLE:
+            raise APIError(400, f"include: {value!r} cannot be included {where} here; only "
+                                + ", ".join(LISTED_INCLUDABLE), param="include", code="invalid_value")
+
+
+def sealed_output(response: dict[str, Any], include: Sequence[str]) -> dict[str, Any]:
+    """A kept response as GET /v1/responses/{id} gives it: with include reasoning.encrypted_content, each reasoning
+    item carries its thinking sealed (kept as it finished otherwise). Raises APIError 400 naming `include` for a
+    value not honoured."""
+    _includable(include, "in a retrieved response")
+    if not include:
+        return response
+    return {**response, "output": [_listed(item, True) if item.get("type") == "reasoning" else item
+                                   for item in response.get("output", [])]}
+
+
 def input_page(items: Sequence[dict[str, Any]], *, limit: int, order: Literal["asc", "desc"], after: str | None,
                include: Sequence[str]) -> dict[str, Any]:
     """OpenAI's list object of `items` (kept oldest first): `limit` of them in `order`, from the one after `after`.
 
     Raises APIError 400 naming `include` for a value not honoured, `after` for an id not among the items."""
-    for value in include:
-        if value not in LISTED_INCLUDABLE:
-            raise APIError(400, f"include: {value!r} cannot be included in input items here; only "
-                                + ", ".join(LISTED_INCLUDABLE), param="include", code="invalid_value")
+    _includable(include, "in input items")
     ordered = list(items) if order == "asc" else list(reversed(items))
     start = 0
     if after is not None:

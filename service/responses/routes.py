@@ -33,7 +33,7 @@ from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, error_responses, sse_operation
 from service.responses.history import chat_request, input_items
-from service.responses.input_list import LISTED_INCLUDABLE, input_page, with_ids
+from service.responses.input_list import LISTED_INCLUDABLE, input_page, sealed_output, with_ids
 from service.responses.output import ResponseOutput
 from service.responses.replies import DeletedResponse, ResponseItemList, ResponseObject, ResponseStreamEvent
 from service.responses.schemas import HOSTED_TOOLS, TEXT_LOGPROBS, HostedTool, ResponsesRequest
@@ -245,18 +245,60 @@ def _kept_response(request: Request[Any, Any, Any], response_id: str) -> dict[st
     return found
 
 
+def _known_query(request: Request[Any, Any, Any], known: frozenset[str], reads: str) -> None:
+    """Raises APIError 400 naming the first query parameter not in `known` (`reads`: what the route reads)."""
+    if unknown := sorted(set(request.query_params) - known):
+        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} ({reads})", param=unknown[0],
+                       code="unknown_parameter")
+
+
+_RETRIEVE_QUERY = frozenset({"stream", "starting_after", "include_obfuscation", "include", "include[]"})
+# OpenAI streams a retrieval only of a response still running in the background; none runs so here.
+_NOT_STREAMED = ("only a response running in the background can be streamed on retrieval, and responses are not "
+                 "run in the background here: GET without it gives the finished response")
+
+
 @get("/v1/responses/{response_id:str}", summary="Retrieve a kept response", tags=["responses"],
-     responses=_NOT_KEPT, description="A finished response created without `store: false`, while it is kept.")
-async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -> ResponseObject:
-    """The response as it finished. Raises APIError 404 for one not kept."""
-    return ResponseObject.model_validate(_kept_response(request, response_id))
+     responses={**_NOT_KEPT, **error_responses({400: "Invalid query (OpenAI error shape)"})},
+     description="A finished response created without `store: false`, while it is kept. `include` (as `include[]` "
+                 "too): only " + ", ".join(LISTED_INCLUDABLE) + " (each reasoning item carries the thinking, "
+                 "sealed). `stream` (only false) and `starting_after` are refused: only a background response "
+                 "streams, and none runs in the background here; unknown query parameters are a 400 naming them.")
+async def retrieve_response(
+    request: Request[Any, Any, Any], response_id: str,
+    stream: Annotated[bool | None, Parameter(description="Only false: no response is streamed on retrieval.")]
+    = None,
+    starting_after: Annotated[int | None, Parameter(description="Refused: only a streamed retrieval reads it.")]
+    = None,
+    include_obfuscation: Annotated[bool | None, Parameter(description="Only false: events are never padded.")]
+    = None,
+    include: Annotated[list[str] | None, Parameter(description="Extra fields: only reasoning.encrypted_content.")]
+    = None,
+    include_brackets: Annotated[list[str] | None, Parameter(query="include[]", description="As `include`.")] = None,
+) -> ResponseObject:
+    """The response as it finished. Raises APIError 404 for one not kept, 400 naming a query parameter that is
+    unknown or not honoured."""
+    _known_query(request, _RETRIEVE_QUERY, "this route reads include; stream, starting_after and "
+                                           "include_obfuscation only as false or absent")
+    if stream:
+        raise APIError(400, f"stream: {_NOT_STREAMED}", param="stream", code="invalid_value")
+    if starting_after is not None:
+        raise APIError(400, f"starting_after: a streamed retrieval's event number; {_NOT_STREAMED}",
+                       param="starting_after", code="invalid_value")
+    if include_obfuscation:
+        raise APIError(400, "include_obfuscation: events are never padded here (and no retrieval is streamed): only "
+                            "false is supported", param="include_obfuscation", code="invalid_value")
+    found = _kept_response(request, response_id)
+    return ResponseObject.model_validate(sealed_output(found, [*(include or ()), *(include_brackets or ())]))
 
 
 @delete("/v1/responses/{response_id:str}", status_code=200, summary="Delete a kept response", tags=["responses"],
-        responses=_NOT_KEPT, description="Forgets the response, its input items and the output items it gave "
-                                         "(an `item_reference` to any of them is then a 400).")
+        responses={**_NOT_KEPT, **error_responses({400: "Invalid query (OpenAI error shape)"})},
+        description="Forgets the response, its input items and the output items it gave (an `item_reference` to "
+                    "any of them is then a 400). It takes no query parameters (a 400 names one).")
 async def delete_response(request: Request[Any, Any, Any], response_id: str) -> DeletedResponse:
-    """Raises APIError 404 for a response not kept."""
+    """Raises APIError 404 for a response not kept, 400 naming a query parameter."""
+    _known_query(request, frozenset(), "this route reads none")
     response = _kept_response(request, response_id)
     issued, tenant = get_state(request).issued_items, client_key(request)
     # What it said goes with it: a user deleting a reply must not find its text still served by reference.
@@ -287,9 +329,7 @@ async def list_input_items(
 ) -> ResponseItemList:
     """A page of the response's input items. Raises APIError 404 for a response not kept, 400 naming a query
     parameter that is unknown or not honoured."""
-    if unknown := sorted(set(request.query_params) - _LIST_QUERY):
-        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} (this route reads limit, order, after and "
-                            "include)", param=unknown[0], code="unknown_parameter")
+    _known_query(request, _LIST_QUERY, "this route reads limit, order, after and include")
     _kept_response(request, response_id)
     items = get_state(request).issued_items.response_input(client_key(request), response_id) or []
     return ResponseItemList.model_validate(input_page(items, limit=limit, order=order, after=after,

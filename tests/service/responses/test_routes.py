@@ -14,6 +14,7 @@ from litestar.testing import TestClient
 
 from service.app import create_app
 from service.config import ServiceConfig
+from service.responses.history import seal_reasoning
 from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
 from tests.service.chat.test_render import PLAIN, TemplateTokenizer
@@ -463,3 +464,27 @@ def test_max_tool_calls_0_offers_no_tool(http: TestClient[Any], engine: FakeEngi
     forced = http.post("/v1/responses", json={"input": "hi", "tools": TOOLS, "max_tool_calls": 0,
                                               "tool_choice": {"type": "function", "name": "get_weather"}})
     assert forced.status_code == 400 and forced.json()["error"]["param"] == "max_tool_calls"
+
+
+def test_retrieving_refuses_what_it_cannot_honour_by_name(http: TestClient[Any]) -> None:
+    # openai-node's retrieve(id, {stream: true}) iterated zero events with no error: every parameter was ignored.
+    created = http.post("/v1/responses", json={"input": "weather?", "tools": TOOLS}).json()
+    path = f"/v1/responses/{created['id']}"
+    for query, param in (("stream=true", "stream"), ("starting_after=3", "starting_after"),
+                         ("include_obfuscation=true", "include_obfuscation"), ("foo=1", "foo"),
+                         ("include=message.output_text.logprobs", "include")):
+        response = http.get(f"{path}?{query}")
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, (query, response.text)
+    assert "background" in http.get(f"{path}?stream=true").json()["error"]["message"]
+    for query in ("stream=false", "include_obfuscation=false", ""):
+        assert http.get(f"{path}?{query}").json() == created
+    assert http.delete(f"{path}?foo=1").json()["error"]["param"] == "foo"
+    assert http.get(path).status_code == 200  # the refused DELETE forgot nothing
+
+
+def test_retrieving_with_include_seals_the_thinking(http: TestClient[Any]) -> None:
+    created = http.post("/v1/responses", json={"input": "weather?", "tools": TOOLS}).json()
+    assert created["output"][0]["encrypted_content"] is None
+    for query in ("include=reasoning.encrypted_content", "include[]=reasoning.encrypted_content"):
+        reasoning = http.get(f"/v1/responses/{created['id']}?{query}").json()["output"][0]
+        assert reasoning["encrypted_content"] == seal_reasoning("hmm"), reasoning
