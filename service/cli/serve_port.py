@@ -74,7 +74,8 @@ def _check_port(host: str, port: int) -> str:
         try:
             probe.bind(address)
         except OSError as exc:
-            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server running?)") from None
+            raise CLIError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                           "(is another server running?)") from None
     return str(address[0])
 
 
