@@ -16,8 +16,8 @@ from pydantic import TypeAdapter, ValidationError
 from service.chat.schemas import ChatCompletionRequest
 from service.http.errors import APIError, context_length_exceeded
 from service.responses.schemas import (CustomTool, CustomToolCallItem, CustomToolCallOutput, FunctionCallItem,
-                                       FunctionCallOutput, FunctionTool, InputItem, InputMessage, ItemReference,
-                                       NamespaceTool, ReasoningItem, ResponsesRequest, part_text)
+                                       FunctionCallOutput, FunctionTool, HostedTool, InputItem, InputMessage,
+                                       ItemReference, NamespaceTool, ReasoningItem, ResponsesRequest, part_text)
 
 __all__ = ["ToolNames", "chat_request", "input_items", "requested_effort", "seal_reasoning", "unseal_reasoning"]
 
@@ -290,6 +290,11 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     if body.tools is not None or body.tool_choice is not None or body.parallel_tool_calls is not None:
         # Responses takes tool_choice without tools (Codex sends "auto" either way); chat wants a list.
         choice = _no_calls(body) if body.max_tool_calls == 0 else body.tool_choice
+        if choice == "required" and body.tools and all(isinstance(t, HostedTool) for t in body.tools):
+            raise APIError(400, "tool_choice: \"required\" forces a tool call, and the tools declared ("
+                                + ", ".join(t.type for t in body.tools if isinstance(t, HostedTool)) + ") are OpenAI's own, which "
+                                "are not offered to the model here: declare a function, or send \"auto\"",
+                           param="tool_choice", code="invalid_value")
         chat.update(tools=tools, parallel_tool_calls=body.parallel_tool_calls, tool_choice=choice if isinstance(
             choice, str) or choice is None else {"type": "function", "function": {"name": choice.name}})
     chat.update(body.chat_sampling(), reasoning_effort=requested_effort(body))

@@ -21,7 +21,7 @@ from service.chat.logprobs import LogprobJson
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError, error_body
 from service.responses.history import ToolNames, requested_effort, seal_reasoning
-from service.responses.schemas import ResponsesRequest
+from service.responses.schemas import HostedTool, ResponsesRequest
 
 __all__ = ["ResponseOutput"]
 
@@ -52,7 +52,8 @@ class ResponseOutput:
         self._echo = {
             "id": self.id, "object": "response", "created_at": int(time.time()), "model": model,
             "parallel_tool_calls": body.parallel_tool_calls is not False, "tool_choice": _choice(body.tool_choice),
-            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+            # OpenAI's tools accepted and not offered are left out: the Response says what the model was offered.
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or () if not isinstance(t, HostedTool)],
             "instructions": body.instructions, "metadata": body.metadata or {},
             "temperature": body.temperature, "top_p": body.top_p, "previous_response_id": body.previous_response_id,
             "reasoning": {"effort": effort, "summary": summary} if reasoning is not None or effort is not None

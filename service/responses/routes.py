@@ -36,7 +36,7 @@ from service.responses.history import chat_request, input_items
 from service.responses.input_list import LISTED_INCLUDABLE, input_page, sealed_output, with_ids
 from service.responses.output import ResponseOutput
 from service.responses.replies import DeletedResponse, ResponseItemList, ResponseObject, ResponseStreamEvent
-from service.responses.schemas import HOSTED_TOOLS, TEXT_LOGPROBS, HostedTool, ResponsesRequest
+from service.responses.schemas import TEXT_LOGPROBS, UNOFFERED_TOOLS, HostedTool, ResponsesRequest
 from service.responses.text_logprobs import TextTokens
 from service.seams import RowStream
 from service.state import AppState, get_state
@@ -157,8 +157,10 @@ def _unoffered(body: ResponsesRequest) -> list[str]:
                 "`previous_response_id` (responses are kept in memory a while, per API key, not across restarts). "
                 "With `stream: true` the response is `text/event-stream` of `event: <type>` / `data: <json>` events "
                 "from `response.created` to `response.completed` (`response.incomplete` when max_output_tokens cut "
-                "the reply, `response.failed` for an error after the headers). Hosted tools ("
-                + ", ".join(HOSTED_TOOLS) + ") are accepted and not offered to the model. Without "
+                "the reply, `response.failed` for an error after the headers). OpenAI's tools Codex declares ("
+                + ", ".join(UNOFFERED_TOOLS) + ") are accepted, not offered to the model and left out of the "
+                "response's `tools`; OpenAI's others (file_search, code_interpreter, mcp, image_generation, "
+                "computer_use_preview) are a 400 naming them, as is forcing any of them. Without "
                 "`max_output_tokens` the server's --max-tokens-cap applies.",
     responses=CHAT_ERRORS,
     operation_class=sse_operation(ResponseStreamEvent),

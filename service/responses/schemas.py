@@ -3,8 +3,8 @@ and Codex send it; service/responses/history.py turns one into a chat request.
 
 As for chat, every field is honoured or refused with a 400 naming it. Two kinds of leniency, both on purpose:
 input items (the client's copy of earlier output) may carry keys this server does not read — `id`, `status`,
-Codex's `phase` — since they describe what was said and ask for nothing; hosted tools (`web_search`, …) are
-accepted and not offered to the model (this server runs none of them), as Codex declares them by default.
+Codex's `phase` — since they describe what was said and ask for nothing; the OpenAI tools Codex declares
+(`web_search` by default, …) are accepted and not offered to the model (service/responses/tool_schemas.py).
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, _Request, _empty, _on
                                   no_forced_call, unread_parts_refused)
 from service.chat.tool_results import returned_parts_said
 from service.responses.sampling import EFFORTS, ResponsesSampling
-from service.responses.tool_schemas import (HOSTED_TOOLS, CustomTool, FunctionTool, HostedTool, NamespaceTool,
-                                            ResponseTool)
+from service.responses.tool_schemas import (UNOFFERED_TOOLS, CustomTool, FunctionTool, HostedTool, NamespaceTool,
+                                            ResponseTool, hosted_choice_refused)
 from service.responses.unoffered import context_management_offered, truncation_offered, verbosity_offered
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
-           "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesRequest", "HOSTED_TOOLS", "TEXT_LOGPROBS"]
+           "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesRequest", "UNOFFERED_TOOLS",
+           "TEXT_LOGPROBS"]
 
 class _Item(BaseModel):
     """An input item or one of its parts: earlier output echoed back; keys it carries beyond these are read as
@@ -331,6 +332,7 @@ class ResponsesRequest(ResponsesSampling):
         return value
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
+    _hosted_choice = field_validator("tool_choice", mode="before")(hosted_choice_refused)
     _truncation = field_validator("truncation", mode="before")(truncation_offered)
     _context_management = field_validator("context_management")(context_management_offered)
 

@@ -1,22 +1,30 @@
 """The tools a POST /v1/responses body declares: functions (flat, unlike chat's), custom tools of free text
-(Codex's apply_patch), namespaces of functions (Codex's MCP servers), and the tools OpenAI runs itself, accepted
-and never offered to the model (Codex declares web_search by default)."""
+(Codex's apply_patch), namespaces of functions (Codex's MCP servers), and the tools OpenAI runs itself (or asks its
+client to: `local_shell`, …). Of those, what Codex CLI declares is accepted and not offered to the model (it sends
+web_search by default, local_shell and tool_search with some models and settings); the others could never be used
+here, so each is a 400 naming it, as is forcing any of them."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from service.chat.schemas import TOOL_NAME, FunctionDefinition, _Request, _only_false
 
-__all__ = ["HOSTED_TOOLS", "FunctionTool", "CustomToolFormat", "CustomTool", "NamespaceTool", "HostedTool",
-           "ResponseTool"]
+__all__ = ["UNOFFERED_TOOLS", "REFUSED_TOOLS", "FunctionTool", "CustomToolFormat", "CustomTool", "NamespaceTool",
+           "HostedTool", "ResponseTool", "hosted_choice_refused"]
 
-# Tools OpenAI runs on its side: accepted (Codex declares web_search by default), never offered to the model.
-HOSTED_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26", "file_search", "code_interpreter",
-                "image_generation", "computer_use_preview", "computer_use", "mcp", "local_shell", "shell",
-                "apply_patch", "tool_search")
+# Accepted, never offered to the model (and left out of the Response's `tools`): Codex declares web_search by
+# default (unless `web_search = "disabled"`), local_shell for its codex-mini models, tool_search beside deferred
+# MCP tools; shell and apply_patch are the same kind of client-run tool.
+UNOFFERED_TOOLS = ("web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
+                   "local_shell", "shell", "apply_patch", "tool_search")
+# What each refused tool would have done, for the 400 that names it: no client declares these unasked.
+REFUSED_TOOLS = {"file_search": "searches OpenAI's vector stores", "code_interpreter": "runs code in OpenAI's "
+                 "containers", "image_generation": "draws with OpenAI's image model", "computer_use_preview": "needs "
+                 "OpenAI's computer-use model", "computer_use": "needs OpenAI's computer-use model",
+                 "mcp": "calls a remote MCP server from OpenAI's side"}
 
 
 class FunctionTool(FunctionDefinition):
@@ -60,11 +68,25 @@ class NamespaceTool(_Request):
 
 
 class HostedTool(BaseModel):
-    """A tool OpenAI runs itself (web search, file search, …): accepted, not offered to the model."""
+    """A tool of UNOFFERED_TOOLS: accepted, not offered to the model."""
 
     model_config = ConfigDict(extra="allow")
 
     type: str
+
+
+class RefusedTool(BaseModel):
+    """One of OpenAI's tools that could never be used here: refused (a 400 naming it)."""
+
+    type: str = Field(..., description="Any of " + ", ".join(REFUSED_TOOLS) + ": refused.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refused(cls, value: Any) -> Any:
+        kind = value.get("type") if isinstance(value, dict) else None
+        raise ValueError(f"{kind!r} is one of OpenAI's own tools (it {REFUSED_TOOLS.get(str(kind), 'runs there')}), "
+                         "and none runs here: the model could never use it; declare a function your code runs "
+                         "instead, or leave it out")
 
 
 def _tool_kind(tool: Any) -> str | None:
@@ -72,14 +94,27 @@ def _tool_kind(tool: Any) -> str | None:
     tags = {"function": "FunctionTool", "custom": "CustomTool", "namespace": "NamespaceTool"}
     if isinstance(kind, str) and kind in tags:
         return tags[kind]
-    return "HostedTool" if kind in HOSTED_TOOLS else None
+    return "HostedTool" if kind in UNOFFERED_TOOLS else "RefusedTool" if kind in REFUSED_TOOLS else None
 
 
 # Tags in CamelCase: error paths leave them out (service/http/handlers.py), naming `tools.0.strict`.
 ResponseTool = Annotated[
     Union[Annotated[FunctionTool, Tag("FunctionTool")], Annotated[CustomTool, Tag("CustomTool")],
-          Annotated[NamespaceTool, Tag("NamespaceTool")], Annotated[HostedTool, Tag("HostedTool")]],
+          Annotated[NamespaceTool, Tag("NamespaceTool")], Annotated[HostedTool, Tag("HostedTool")],
+          Annotated[RefusedTool, Tag("RefusedTool")]],
     Discriminator(_tool_kind, custom_error_type="invalid_tool_type",
-                  custom_error_message="a tool's type must be 'function', 'custom' or 'namespace' (or a hosted "
-                                       "tool, which is not offered: " + ", ".join(HOSTED_TOOLS) + ")"),
+                  custom_error_message="a tool's type must be 'function', 'custom' or 'namespace' (or one of "
+                                       "OpenAI's, which is not offered: " + ", ".join(UNOFFERED_TOOLS) + ")"),
 ]
+
+
+def hosted_choice_refused(cls: Any, value: Any) -> Any:
+    """A `tool_choice` validator (before parsing): a forced call of a tool not offered to the model (OpenAI's
+    `{"type": "web_search_preview"}`, `{"type": "mcp", "server_label"}`, …) refused in a sentence, not pydantic's
+    "tool_choice.name: Field required". Raises ValueError."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if isinstance(kind, str) and (kind in REFUSED_TOOLS or kind in UNOFFERED_TOOLS or kind.startswith("web_search")):
+        raise ValueError(f"{kind!r} cannot be forced: it is one of OpenAI's own tools, and none is offered to the "
+                         "model here; force a function (`{\"type\": \"function\", \"name\": ...}`) or send "
+                         "\"auto\"")
+    return value

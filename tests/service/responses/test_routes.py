@@ -133,11 +133,44 @@ def test_a_namespaced_function_is_offered_under_its_full_name_and_called_back_by
     assert engine.tokenizer.template_calls[-1]["tools"][0]["function"]["name"] == "mcp__git__status"
 
 
-def test_hosted_tools_are_accepted_and_not_offered(http: TestClient[Any], engine: FakeEngine) -> None:
-    response = http.post("/v1/responses", json={"input": "hi", "tools": [*TOOLS, {"type": "web_search"}]})
+def test_the_openai_tools_codex_declares_are_accepted_and_not_offered(http: TestClient[Any],
+                                                                      engine: FakeEngine) -> None:
+    codex = [{"type": "web_search", "external_web_access": False}, {"type": "local_shell"}]
+    response = http.post("/v1/responses", json={"input": "hi", "tools": [*TOOLS, *codex]})
     assert response.status_code == 200
     assert [t["function"]["name"] for t in engine.tokenizer.template_calls[-1]["tools"]] == ["get_weather"]
-    assert response.json()["tools"][1] == {"type": "web_search"}
+    # Not echoed as if the model had them: the Response's tools are those offered.
+    assert [t["type"] for t in response.json()["tools"]] == ["function"]
+
+
+@pytest.mark.parametrize("tool", [
+    {"type": "file_search", "vector_store_ids": ["vs_1"]}, {"type": "code_interpreter", "container": {"type": "auto"}},
+    {"type": "mcp", "server_label": "deepwiki", "server_url": "https://mcp.deepwiki.com/mcp"},
+    {"type": "computer_use_preview", "display_width": 1024, "display_height": 768, "environment": "browser"},
+    {"type": "image_generation"}])
+def test_openai_tools_that_could_never_be_used_here_are_refused_by_name(http: TestClient[Any], engine: FakeEngine,
+                                                                         tool: dict[str, Any]) -> None:
+    # They were echoed back in `tools` as if active, and dropped.
+    error = http.post("/v1/responses", json={"input": "hi", "tools": [*TOOLS, tool]}).json()["error"]
+    assert error["param"] == "tools.1" and f"{tool['type']!r}" in error["message"], error
+    assert "and none runs here" in error["message"] and not engine.requests
+
+
+@pytest.mark.parametrize("choice", [{"type": "web_search_preview"}, {"type": "file_search"},
+                                    {"type": "mcp", "server_label": "deepwiki"}, {"type": "local_shell"}])
+def test_forcing_an_openai_tool_is_refused_in_words(http: TestClient[Any], choice: dict[str, Any]) -> None:
+    # It said "tool_choice.name: Field required (also invalid: tool_choice.type)".
+    body = {"input": "hi", "tools": [{"type": "web_search_preview"}], "tool_choice": choice}
+    error = http.post("/v1/responses", json=body).json()["error"]
+    assert error["param"] == "tool_choice", error
+    assert error["message"].startswith(f"tool_choice: {choice['type']!r} cannot be forced"), error
+
+
+def test_required_beside_only_openai_tools_says_they_are_not_offered(http: TestClient[Any]) -> None:
+    # It said "needs at least one tool" of a request that declared one.
+    body = {"input": "hi", "tools": [{"type": "web_search"}], "tool_choice": "required"}
+    error = http.post("/v1/responses", json=body).json()["error"]
+    assert error["param"] == "tool_choice" and "(web_search) are OpenAI's own" in error["message"], error
 
 
 def test_chats_sampling_fields_open_webui_sends_at_the_top_level_reach_the_engine(http: TestClient[Any],
