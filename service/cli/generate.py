@@ -28,6 +28,12 @@ def add_generate(sub: Any) -> None:
                         "(default: none)")
     p.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="sampling temperature (0: greedy)")
+    p.add_argument("--top-p", type=_top_p, default=1.0,
+                   help="nucleus sampling: draw among the likeliest tokens whose probabilities add up to this (0: "
+                        "only the likeliest, greedy, as the API's top_p 0)")
+    p.add_argument("--stop", action="append", type=_stop, default=[], metavar="TEXT",
+                   help="end the reply where this text first appears (it is not printed); repeat for several, as the "
+                        "API's stop list (default: none)")
     p.add_argument("--seed", type=_seed, default=None, help="sampling seed, 0..2^64-1 (default: random)")
     p.add_argument("--system", default=None, help="system prompt (default: none)")
     p.set_defaults(func=_generate)
@@ -36,6 +42,14 @@ def add_generate(sub: Any) -> None:
 # nan and inf sample garbage
 _temperature = checked(float, lambda v: math.isfinite(v) and v >= 0, "a finite number >= 0")
 _seed = checked(int, lambda v: 0 <= v < 2**64, "in 0..2^64-1 (the sampler's PRNG key)")
+_top_p = checked(float, lambda v: 0 <= v <= 1, "in [0, 1]")  # nan fails both comparisons
+
+
+def _stop(text: str) -> str:
+    """A --stop text; an empty one would end every reply before it began. Raises argparse.ArgumentTypeError."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty: give the text that ends the reply")
+    return text
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -83,8 +97,11 @@ def _generate(args: argparse.Namespace) -> int:
     room = min(args.max_tokens, context - len(prompt)) if context else args.max_tokens
     request = GenerationRequest(
         prompt_tokens=prompt,
-        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+        # --top-p 0 is greedy, as the server maps top_p 0 (a nucleus of nothing but the likeliest token).
+        sampling=SamplingParams(temperature=0.0 if args.top_p == 0 else args.temperature,
+                                top_p=1.0 if args.top_p == 0 else args.top_p, seed=args.seed),
         max_tokens=room,
+        stop=tuple(args.stop),
     )
 
     # The reply as a client reads it: thinking (a think block, gpt-oss's analysis channel) to stderr, dimmed on a

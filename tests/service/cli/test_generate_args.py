@@ -146,3 +146,35 @@ def test_a_prompt_that_is_not_utf8_is_named_so(tiny_llm_dir: Path, capsys: pytes
     # printf '\xff\xfe bad' | tandem generate - said "the model's chat template refused the messages: TextEncodeInput..."
     assert main(["generate", "\udcff\udcfe bad", "--model", str(tiny_llm_dir)]) == 2
     assert "the prompt is not UTF-8 text" in capsys.readouterr().err
+
+
+def _generate(capsys: pytest.CaptureFixture[str], model: Path, *flags: str) -> tuple[str, str]:
+    assert main(["generate", "hello", "--model", str(model), "--max-tokens", "24", *flags]) == 0
+    out, err = capsys.readouterr()
+    return out.removesuffix("\n"), err
+
+
+def test_stop_ends_the_reply_before_its_text(tiny_llm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import re
+
+    whole, _ = _generate(capsys, tiny_llm_dir)
+    found = re.search(r"[A-Za-z]{2}", whole[2:])
+    assert found is not None, whole
+    cut = whole.index(found.group())
+    out, err = _generate(capsys, tiny_llm_dir, "--stop", "never in it", "--stop", found.group())  # repeatable
+    assert out == whole[:cut] and "finish: stop" in err, (whole, out, err)
+
+
+def test_top_p_narrows_the_draw(tiny_llm_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    greedy, _ = _generate(capsys, tiny_llm_dir)
+    sampled = ["--temperature", "1", "--seed", "7"]
+    assert _generate(capsys, tiny_llm_dir, *sampled)[0] != greedy  # a random tiny model: the draw wanders
+    assert _generate(capsys, tiny_llm_dir, *sampled, "--top-p", "1e-9")[0] == greedy  # a nucleus of one token
+    assert _generate(capsys, tiny_llm_dir, *sampled, "--top-p", "0")[0] == greedy  # 0: greedy, as the API's
+
+
+@pytest.mark.parametrize("flag, value", [("--top-p", "1.5"), ("--top-p", "nan"), ("--stop", "")])
+def test_bad_top_p_and_stop_values_are_refused(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "hi", flag, value])
+    assert exit_.value.code == 2 and f"argument {flag}:" in capsys.readouterr().err
