@@ -40,7 +40,8 @@ from service.messages.errors import AnthropicErrors
 from service.messages.routes import count_message_tokens, create_message
 from service.pi.route import pi_provider
 from service.tokenize.routes import detokenize, tokenize, tokenizer_info
-from service.responses.routes import create_response, delete_response, list_input_items, retrieve_response
+from service.responses.routes import (count_input_tokens, create_response, delete_response, list_input_items,
+                                      retrieve_response)
 from service.process.cleanup import loading_models
 from service.process.drain import install_drain
 from service.process.gc_pauses import ready_for_serving
@@ -68,7 +69,8 @@ READY_LINE = "ready: serving requests"
 def route_handlers() -> list[ControllerRouterHandler]:
     """Every route of the API. A new route is one import and one entry here."""
     return [
-        chat_completions, completions, create_response, retrieve_response, delete_response, list_input_items,
+        chat_completions, completions, create_response, count_input_tokens, retrieve_response, delete_response,
+        list_input_items,
         create_message, count_message_tokens,
         list_models, retrieve_model, health, ping, stats, metrics,
         create_transcription, create_translation,

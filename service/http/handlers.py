@@ -47,6 +47,8 @@ _TGI_HINT = ("; TGI's generate API is not served here: /v1/completions (text), /
              "/v1/audio/transcriptions (a multipart form)")
 # OpenAI routes with no model here to serve them: said, so a client's user learns why (not a wrong base_url).
 _UNSERVED = {"/v1/embeddings": "this server serves no embeddings model",
+             "/v1/responses/compact": "compaction is not served: nothing is compacted here (an input longer than the "
+                                      "model's context is refused with context_length_exceeded)",
              "/v1/audio/speech": "text-to-speech is not served: this server runs no voice model (speech to text is "
                                  "/v1/audio/transcriptions)"}
 # Anthropic's routes not served, by prefix (a batch's own routes are under it): said as the unserved OpenAI ones are.
@@ -119,7 +121,9 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     if status == 400 and isinstance(exc.__cause__, SerializationException):
         return error_response(APIError(400, f"We could not parse the JSON body of your request: {detail}",
                                        code="invalid_json"))
-    if status == 404:
+    # An unserved route below one that takes an id (POST /v1/responses/compact matches GET /v1/responses/{id}): a
+    # 404 saying why, not a 405 of the id's route.
+    if status == 404 or status == 405 and request.url.path.rstrip("/") in _UNSERVED:
         path = request.url.path
         # A client whose base_url left out /v1 (mlx_lm.server answers both): say where the API is.
         hint = (f"; the API is under /v1: {request.method} /v1{path} (a client's base_url ends in /v1)"
@@ -132,8 +136,8 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
                 f"; {_UNSERVED[path.rstrip('/')]}" if path.rstrip("/") in _UNSERVED else
                 f"; {_unserved_under(path)}" if _unserved_under(path) else
                 # the SDK's cancel: not a base_url mistake
-                "; of a response this server offers POST /v1/responses, GET or DELETE /v1/responses/{id} and GET "
-                "/v1/responses/{id}/input_items"
+                "; of a response this server offers POST /v1/responses and /v1/responses/input_tokens, GET or "
+                "DELETE /v1/responses/{id} and GET /v1/responses/{id}/input_items"
                 if path.startswith("/v1/responses/") else "")
         return error_response(APIError(404, f"Invalid URL ({request.method} {path}){hint}", code="not_found"))
     if status == 405:

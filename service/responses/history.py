@@ -291,9 +291,10 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
         # Responses takes tool_choice without tools (Codex sends "auto" either way); chat wants a list.
         choice = _no_calls(body) if body.max_tool_calls == 0 else body.tool_choice
         if choice == "required" and body.tools and all(isinstance(t, HostedTool) for t in body.tools):
-            raise APIError(400, "tool_choice: \"required\" forces a tool call, and the tools declared ("
-                                + ", ".join(t.type for t in body.tools if isinstance(t, HostedTool)) + ") are OpenAI's own, which "
-                                "are not offered to the model here: declare a function, or send \"auto\"",
+            declared = ", ".join(t.type for t in body.tools if isinstance(t, HostedTool))
+            raise APIError(400, f"tool_choice: \"required\" forces a tool call, and the tools declared ({declared}) "
+                                "are OpenAI's own, which are not offered to the model here: declare a function, or "
+                                "send \"auto\"",
                            param="tool_choice", code="invalid_value")
         chat.update(tools=tools, parallel_tool_calls=body.parallel_tool_calls, tool_choice=choice if isinstance(
             choice, str) or choice is None else {"type": "function", "function": {"name": choice.name}})

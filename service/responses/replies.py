@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent", "DeletedResponse", "ResponseItemList"]
+__all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent", "DeletedResponse", "ResponseItemList",
+           "InputTokens"]
 
 
 class InputTokensDetails(BaseModel):
@@ -97,3 +98,10 @@ class ResponseItemList(BaseModel):
     first_id: str | None
     last_id: str | None
     has_more: bool
+
+
+class InputTokens(BaseModel):
+    """POST /v1/responses/input_tokens' answer: the prompt's tokens, as /v1/responses would render it."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int

@@ -23,7 +23,7 @@ from engine.contracts import TokenLogprob
 from service.chat.logprobs import logprob_json
 from service.chat.output import ChatTranslator
 from service.chat.replies import ChoiceDelta
-from service.chat.render import char_bound
+from service.chat.render import char_bound, render_chat
 from service.chat.request import chat_engine, renamed, request_timing
 from service.chat.respond import respond
 from service.chat.routes import submit_chat
@@ -35,13 +35,15 @@ from service.http.openapi import CHAT_ERRORS, error_responses, sse_operation
 from service.responses.history import chat_request, input_items
 from service.responses.input_list import LISTED_INCLUDABLE, input_page, sealed_output, with_ids
 from service.responses.output import ResponseOutput
-from service.responses.replies import DeletedResponse, ResponseItemList, ResponseObject, ResponseStreamEvent
-from service.responses.schemas import TEXT_LOGPROBS, UNOFFERED_TOOLS, HostedTool, ResponsesRequest
+from service.responses.replies import (DeletedResponse, InputTokens, ResponseItemList, ResponseObject,
+                                       ResponseStreamEvent)
+from service.responses.schemas import (TEXT_LOGPROBS, UNOFFERED_TOOLS, HostedTool, InputTokensRequest,
+                                       ResponsesRequest)
 from service.responses.text_logprobs import TextTokens
 from service.seams import RowStream
 from service.state import AppState, get_state
 
-__all__ = ["create_response", "retrieve_response", "delete_response", "list_input_items"]
+__all__ = ["create_response", "count_input_tokens", "retrieve_response", "delete_response", "list_input_items"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -145,6 +147,24 @@ async def _collect(reader: RowReader, translator: ChatTranslator, output: Respon
     return finals[0]
 
 
+def _continued(request: Request[Any, Any, Any], data: ResponsesRequest) -> list[dict[str, Any]]:
+    """The kept conversation `previous_response_id` continues (none without one). Raises APIError 400
+    (previous_response_not_found) naming the turn no longer kept."""
+    if data.previous_response_id is None:
+        return []
+    tenant, kept_items = client_key(request), get_state(request).issued_items
+    found = kept_items.conversation(tenant, data.previous_response_id)
+    if found is None:
+        missing = kept_items.missing_link(tenant, data.previous_response_id) or data.previous_response_id
+        # an earlier turn deleted or forgotten: named, as GET of the one sent still finds it
+        which = (f"no response {missing!r} is kept here" if missing == data.previous_response_id else
+                 f"{data.previous_response_id!r} continues {missing!r}, which is no longer kept")
+        raise APIError(400, f"previous_response_id: {which} (responses are kept a while unless deleted, and not "
+                            "across restarts): send the conversation's items as input",
+                       param="previous_response_id", code="previous_response_not_found")
+    return found
+
+
 def _unoffered(body: ResponsesRequest) -> list[str]:
     return [tool.type for tool in body.tools or () if isinstance(tool, HostedTool)]
 
@@ -172,18 +192,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
     state = get_state(request)
     engine = chat_engine(state, data.model)
     tenant, kept_items = client_key(request), state.issued_items
-    earlier: list[dict[str, Any]] = []
-    if data.previous_response_id is not None:
-        found = kept_items.conversation(tenant, data.previous_response_id)
-        if found is None:
-            missing = kept_items.missing_link(tenant, data.previous_response_id) or data.previous_response_id
-            # an earlier turn deleted or forgotten: named, as GET of the one sent still finds it
-            which = (f"no response {missing!r} is kept here" if missing == data.previous_response_id else
-                     f"{data.previous_response_id!r} continues {missing!r}, which is no longer kept")
-            raise APIError(400, f"previous_response_id: {which} (responses are kept a while unless deleted, and not "
-                                "across restarts): send the conversation's items as input",
-                           param="previous_response_id", code="previous_response_not_found")
-        earlier = found
+    earlier = _continued(request, data)
     items = input_items(data, lambda item_id: kept_items.referable(tenant, item_id), earlier, char_bound(engine))
     # This turn's input, resolved, each item with the id GET .../input_items lists it by.
     own = with_ids((item.model_dump(exclude_none=True) for item in items[len(earlier):]),
@@ -233,6 +242,31 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
         collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output, counter, count,
                                         kept, texts()),
         keepalive=output.opening, failure=failure, may_go_quiet=bool(chat.tools))
+
+
+@post("/v1/responses/input_tokens", status_code=200, summary="Count a response's input tokens", tags=["responses"],
+      responses=CHAT_ERRORS,
+      description="The tokens of the prompt a POST /v1/responses body with these fields would have: `instructions`, "
+                  "the conversation `previous_response_id` continues, `input` (its `item_reference`s resolved) and "
+                  "the tools, rendered with the chat template as /v1/responses renders them (`reasoning` and "
+                  "`tool_choice` as they switch the template). openai-node's `responses.inputTokens.count`.")
+async def count_input_tokens(request: Request[Any, Any, Any], data: InputTokensRequest) -> InputTokens:
+    """Raises APIError 400 (what rendering or the Responses rules refuse; neither input nor previous_response_id),
+    404 (another model)."""
+    if data.input is None and data.previous_response_id is None:
+        raise APIError(400, "input: give the input items, or previous_response_id (with or without input)",
+                       param="input", code="invalid_value")
+    state = get_state(request)
+    engine = chat_engine(state, data.model)
+    body, tenant = data.as_request(), client_key(request)
+    items = input_items(body, lambda item_id: state.issued_items.referable(tenant, item_id),
+                        _continued(request, body), char_bound(engine))
+    chat, _ = chat_request(body, items)
+    try:
+        prompt = await render_chat(state, engine, chat)
+    except APIError as exc:
+        raise renamed(exc, _fields(body)) from None
+    return InputTokens(input_tokens=len(prompt.tokens))
 
 
 _NOT_KEPT = error_responses({404: "No such response is kept (code not_found)"})

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from service.chat.json_output import check_response_format
 from service.chat.metadata import metadata_limits
-from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, _Request, _empty, _only_false,
+from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, _Body, _Request, _empty, _only_false,
                                   no_forced_call, unread_parts_refused)
 from service.chat.tool_results import returned_parts_said
 from service.responses.sampling import EFFORTS, ResponsesSampling
@@ -25,8 +25,8 @@ from service.responses.unoffered import context_management_offered, truncation_o
 
 __all__ = ["TextInput", "InputMessage", "ItemReference", "FunctionCallItem", "FunctionCallOutput", "CustomToolCallItem",
            "CustomToolCallOutput", "ReasoningItem", "InputItem", "FunctionTool", "CustomTool", "NamespaceTool",
-           "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesRequest", "UNOFFERED_TOOLS",
-           "TEXT_LOGPROBS"]
+           "HostedTool", "ResponseTool", "Reasoning", "TextConfig", "ResponsesPrompt", "ResponsesRequest",
+           "InputTokensRequest", "UNOFFERED_TOOLS", "TEXT_LOGPROBS"]
 
 class _Item(BaseModel):
     """An input item or one of its parts: earlier output echoed back; keys it carries beyond these are read as
@@ -251,24 +251,56 @@ TEXT_LOGPROBS = "message.output_text.logprobs"
 INCLUDABLE = ("reasoning.encrypted_content", TEXT_LOGPROBS)
 
 
-class ResponsesRequest(ResponsesSampling):
-    """POST /v1/responses body."""
+class ResponsesPrompt(_Body):
+    """The fields of a Responses body that make its prompt: what POST /v1/responses/input_tokens counts."""
 
     model: str | None = Field(None, description="Model id from GET /v1/models; omitted means the loaded model.")
-    input: str | list[InputItem] = Field(..., description="A user message, or the conversation's items (all of "
-                                                          "them, or those after `previous_response_id`).")
     instructions: str | None = Field(None, description="A system message before the input.")
-    stream: bool | None = Field(False, description="true: server-sent events, `event: <type>` and `data: <json>`.")
-    stream_options: ResponsesStreamOptions | None = None
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, ge=0.0, le=1.0)
     tools: list[ResponseTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ResponsesToolChoice | None = Field(
         None, description='"auto", "none", or a forced call ("required", or a named function: as chat\'s).')
     parallel_tool_calls: bool | None = Field(None, description="false: the reply ends after its first tool call.")
     reasoning: Reasoning | None = None
     text: TextConfig | None = None
+    truncation: Literal["disabled"] | None = Field(None, description="Only disabled: a conversation longer than the "
+                                                                     "context is refused, never cut.")
+    previous_response_id: str | None = Field(None, description="A response kept here (see `store`): its "
+                                                               "conversation, then `input`. Its instructions and "
+                                                               "tools are not carried over (as OpenAI's).")
+    # What needs stored state this server does not have: only null (or empty) passes.
+    conversation: str | dict[str, Any] | None = Field(None, description="Only null: this server keeps no "
+                                                                        "conversations.")
+
+    @field_validator("conversation")
+    @classmethod
+    def _no_conversation(cls, value: Any) -> Any:
+        if not _empty(value):
+            raise ValueError("not supported by this server (only null) (no conversations are kept here: send the "
+                             "items, or previous_response_id)")
+        return value
+
+    @field_validator("input", check_fields=False)  # each body declares its own `input`
+    @classmethod
+    def _says_something(cls, value: Any) -> Any:
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty array; give at least one item")
+        return value
+
+    _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
+    _hosted_choice = field_validator("tool_choice", mode="before")(hosted_choice_refused)
+    _truncation = field_validator("truncation", mode="before")(truncation_offered)
+
+
+class ResponsesRequest(ResponsesSampling, ResponsesPrompt):
+    """POST /v1/responses body."""
+
+    input: str | list[InputItem] = Field(..., description="A user message, or the conversation's items (all of "
+                                                          "them, or those after `previous_response_id`).")
+    stream: bool | None = Field(False, description="true: server-sent events, `event: <type>` and `data: <json>`.")
+    stream_options: ResponsesStreamOptions | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
     include: list[str] | None = Field(None, description="reasoning.encrypted_content: the reasoning item's "
                                                         "`encrypted_content` carries the thinking, to be sent back; "
                                                         "message.output_text.logprobs: each output_text part, and "
@@ -284,8 +316,6 @@ class ResponsesRequest(ResponsesSampling):
     prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
         None, description="Accepted: cached prefixes stay in memory while the memory budget has room for them.")
     service_tier: Literal["auto", "default"] | None = Field(None, description="This server has one tier.")
-    truncation: Literal["disabled"] | None = Field(None, description="Only disabled: a conversation longer than the "
-                                                                     "context is refused, never cut.")
     context_management: list[dict[str, Any]] | None = Field(
         None, description="Only none or []: compaction is not offered (a conversation longer than the context is "
                           "refused, never compacted).")
@@ -296,31 +326,16 @@ class ResponsesRequest(ResponsesSampling):
                                                                     "the likeliest tokens given beside each "
                                                                     "(`top_logprobs`); without it nothing is given, "
                                                                     "as at OpenAI.")
-    previous_response_id: str | None = Field(None, description="A response kept here (see `store`): its "
-                                                               "conversation, then `input`. Its instructions and "
-                                                               "tools are not carried over (as OpenAI's).")
-    # What needs stored state or features this server does not have: only null (or empty) passes.
-    conversation: str | dict[str, Any] | None = Field(None, description="Only null: this server keeps no "
-                                                                        "conversations.")
     prompt: dict[str, Any] | None = Field(None, description="Only null: no stored prompts.")
     max_tool_calls: int | None = Field(None, ge=0, description="The most tool calls the reply makes: it ends with "
                                                                "the call that reaches it; 0 offers no tool (as "
                                                                "tool_choice none; a forced call beside it is a 400).")
 
-    @field_validator("conversation", "prompt")
+    @field_validator("prompt")
     @classmethod
-    def _nothing_stored(cls, value: Any, info: ValidationInfo) -> Any:
+    def _no_prompt(cls, value: Any) -> Any:
         if not _empty(value):
-            hint = " (no conversations are kept here: send the items, or previous_response_id)" if \
-                info.field_name == "conversation" else ""
-            raise ValueError(f"not supported by this server (only null){hint}")
-        return value
-
-    @field_validator("input")
-    @classmethod
-    def _says_something(cls, value: Any) -> Any:
-        if isinstance(value, list) and not value:
-            raise ValueError("an empty array; give at least one item")
+            raise ValueError("not supported by this server (only null)")
         return value
 
     @field_validator("include")
@@ -331,9 +346,6 @@ class ResponsesRequest(ResponsesSampling):
                 raise ValueError(f"{entry!r} cannot be included here; only " + ", ".join(INCLUDABLE))
         return value
 
-    _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
-    _hosted_choice = field_validator("tool_choice", mode="before")(hosted_choice_refused)
-    _truncation = field_validator("truncation", mode="before")(truncation_offered)
     _context_management = field_validator("context_management")(context_management_offered)
 
     @field_validator("background")
@@ -342,3 +354,16 @@ class ResponsesRequest(ResponsesSampling):
         return _only_false(value, "responses are not run in the background here: only false is supported")
 
     _metadata = field_validator("metadata")(metadata_limits)
+
+
+class InputTokensRequest(ResponsesPrompt):
+    """POST /v1/responses/input_tokens body (openai-node's `responses.inputTokens.count`): the prompt a
+    /v1/responses body with these fields would have."""
+
+    input: str | list[InputItem] | None = Field(None, description="A user message, or the conversation's items "
+                                                                  "(those after `previous_response_id`, if given).")
+
+    def as_request(self) -> ResponsesRequest:
+        """The /v1/responses body of these fields (validated here; none other set). Raises nothing."""
+        fields = {name: getattr(self, name) for name in self.model_fields_set}
+        return ResponsesRequest.model_construct(**{**fields, "input": [] if self.input is None else self.input})

@@ -39,7 +39,9 @@ def test_tgis_generate_routes_say_what_is_served_instead(client: Any, path: str)
 
 
 @pytest.mark.parametrize("path, words", [("/v1/embeddings", "this server serves no embeddings model"),
-                                         ("/v1/audio/speech", "text-to-speech is not served: ")])
+                                         ("/v1/audio/speech", "text-to-speech is not served: "),
+                                         # was a 405: it matches GET /v1/responses/{id}
+                                         ("/v1/responses/compact", "compaction is not served: ")])
 def test_openai_routes_without_a_model_here_say_what_is_not_served(client: Any, path: str, words: str) -> None:
     # A bare "Invalid URL" read as a wrong base_url; OpenAI's 404 shape and code stay.
     response = client.post(path, json={"model": "m", "input": "hi"})

@@ -521,3 +521,25 @@ def test_retrieving_with_include_seals_the_thinking(http: TestClient[Any]) -> No
     for query in ("include=reasoning.encrypted_content", "include[]=reasoning.encrypted_content"):
         reasoning = http.get(f"/v1/responses/{created['id']}?{query}").json()["output"][0]
         assert reasoning["encrypted_content"] == seal_reasoning("hmm"), reasoning
+
+
+def test_input_tokens_counts_the_prompt_the_response_would_have(sdk: openai.OpenAI, http: TestClient[Any],
+                                                                 engine: FakeEngine) -> None:
+    # openai-node's responses.inputTokens.count was a 405: input_tokens matched GET /v1/responses/{id}.
+    engine.pieces = ["Sunny."]
+    fields: dict[str, Any] = {"model": "fake-model", "instructions": "Be brief.", "input": "weather?", "tools": TOOLS,
+                              "reasoning": {"effort": "none"}}
+    counted = sdk.responses.input_tokens.count(**fields)
+    created = sdk.responses.create(**fields)
+    assert counted.object == "response.input_tokens" and created.usage is not None
+    assert counted.input_tokens == created.usage.input_tokens
+    assert sdk.responses.input_tokens.count(model="fake-model", input="weather?").input_tokens < counted.input_tokens
+    # A continued conversation counts what it continues, as the next response's prompt does.
+    more = {"previous_response_id": created.id, "input": "and tomorrow?"}
+    assert http.post("/v1/responses/input_tokens", json=more).json()["input_tokens"] == \
+        http.post("/v1/responses", json=more).json()["usage"]["input_tokens"]
+    for body, param in (({"instructions": "x"}, "input"), ({"input": "hi", "stream": True}, "stream"),
+                        ({"input": "hi", "tools": [{"type": "file_search"}]}, "tools.0"),
+                        ({"input": "hi", "previous_response_id": "resp_gone"}, "previous_response_id")):
+        response = http.post("/v1/responses/input_tokens", json=body)
+        assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
