@@ -27,6 +27,7 @@ from service.chat.tool_results import tool_message_content
 from service.chat.tool_schemas import (TOOL_NAME, ChosenFunction, FunctionCall, FunctionDefinition, NamedToolChoice,
                                        Tool, ToolCall, choice_needs_tools, function_call_chosen,
                                        functions_not_beside_tools, no_forced_call)
+from service.chat.cache_retention import CacheRetention, retention_alias
 from service.chat.verbosity import verbosity_validator
 from service.chat.vllm_fields import min_tokens_within_max, no_top_k
 
@@ -293,8 +294,9 @@ class ChatCompletionRequest(SamplingFields):
                                                                   "makes them.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint; results are "
                                                            "the same either way).")
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
-        None, description="Accepted: cached prefixes stay in memory while the memory budget has room for them.")
+    prompt_cache_retention: CacheRetention | None = Field(
+        None, description="Accepted (\"in-memory\" as \"in_memory\"): cached prefixes stay in memory while the memory "
+                          "budget has room for them.")
     service_tier: Literal["auto", "default"] | None = Field(None, description="This server has one tier.")
     modalities: list[Literal["text"]] | None = Field(None, description='Only ["text"].')
     logprobs: bool | None = None
@@ -359,6 +361,7 @@ class ChatCompletionRequest(SamplingFields):
 
     _no_forced_call = field_validator("tool_choice", mode="before")(no_forced_call)
     _verbosity = field_validator("verbosity", mode="before")(verbosity_validator("a system message"))
+    _retention = field_validator("prompt_cache_retention", mode="before")(retention_alias)
     _continued = field_validator("continue_final_message")(continued_message)
     _generation_prompt = field_validator("add_generation_prompt")(generation_prompt_asked)
     _functions_alone = field_validator("functions")(functions_not_beside_tools)

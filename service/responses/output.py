@@ -59,10 +59,12 @@ class ResponseOutput:
             "reasoning": {"effort": effort, "summary": summary} if reasoning is not None or effort is not None
             else None,
             "text": {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)
-                     if body.text is not None and body.text.format is not None else {"type": "text"}},
+                     if body.text is not None and body.text.format is not None else {"type": "text"},
+                     "verbosity": "medium"},  # the only one offered (another is a 400)
             "truncation": "disabled", "store": body.store is not False,
             "background": False, "service_tier": "default", "user": body.user,
             "safety_identifier": body.safety_identifier, "prompt_cache_key": body.prompt_cache_key,
+            "prompt_cache_retention": body.prompt_cache_retention,
             "top_logprobs": body.top_logprobs, "max_tool_calls": body.max_tool_calls,
         }
         self._max_output_tokens = body.max_output_tokens

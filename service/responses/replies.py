@@ -49,7 +49,7 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None = None
     previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
-    text: dict[str, Any]
+    text: dict[str, Any] = Field(..., description="`format`, and `verbosity` (always medium).")
     truncation: Literal["disabled"] = "disabled"
     store: bool = Field(..., description="Whether the response is kept (for `previous_response_id`).")
     background: Literal[False] = False
@@ -57,6 +57,7 @@ class ResponseObject(BaseModel):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
     top_logprobs: int | None = None
     max_tool_calls: int | None = None
     usage: ResponseUsage | None = None

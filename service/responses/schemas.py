@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
+from service.chat.cache_retention import CacheRetention, retention_alias
 from service.chat.json_output import check_response_format
 from service.chat.metadata import metadata_limits
 from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, _Body, _Request, _empty, _only_false,
@@ -224,8 +225,8 @@ class TextFormat(_Request):
 
 class TextConfig(_Request):
     format: TextFormat | None = None
-    verbosity: Literal["medium"] | None = Field(None, description="Only medium: replies are as long as the model "
-                                                                  "makes them.")
+    verbosity: Literal["medium"] | None = Field(None, description="Only medium (the response says it): replies are "
+                                                                  "as long as the model makes them.")
 
     _verbosity = field_validator("verbosity", mode="before")(verbosity_offered)
 
@@ -313,8 +314,9 @@ class ResponsesRequest(ResponsesSampling, ResponsesPrompt):
                                                               "response and written on the request's access-log line.")
     client_metadata: dict[str, str] | None = Field(None, description="Codex's tags: accepted, kept nowhere.")
     prompt_cache_key: str | None = Field(None, description="Which cached prefix to continue (a hint).")
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(
-        None, description="Accepted: cached prefixes stay in memory while the memory budget has room for them.")
+    prompt_cache_retention: CacheRetention | None = Field(
+        None, description="Accepted (\"in-memory\" as \"in_memory\") and echoed: cached prefixes stay in memory "
+                          "while the memory budget has room for them.")
     service_tier: Literal["auto", "default"] | None = Field(None, description="This server has one tier.")
     context_management: list[dict[str, Any]] | None = Field(
         None, description="Only none or []: compaction is not offered (a conversation longer than the context is "
@@ -347,6 +349,7 @@ class ResponsesRequest(ResponsesSampling, ResponsesPrompt):
         return value
 
     _context_management = field_validator("context_management")(context_management_offered)
+    _retention = field_validator("prompt_cache_retention", mode="before")(retention_alias)
 
     @field_validator("background")
     @classmethod

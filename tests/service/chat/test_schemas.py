@@ -203,6 +203,8 @@ def test_values_that_are_honoured_pass(client: Any, fake_engine: FakeEngine) -> 
                      modalities=["text"], tool_choice="auto", prompt_cache_retention="in_memory",
                      safety_identifier="end-user-7", tools=TOOLS)
     assert response.status_code == 200, response.text
+    # OpenAI's first spelling, which older SDKs send
+    assert _chat(client, prompt_cache_retention="in-memory").status_code == 200
 
 
 NULL_REPLY = {"role": "assistant", "content": None}

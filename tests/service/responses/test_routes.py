@@ -543,3 +543,14 @@ def test_input_tokens_counts_the_prompt_the_response_would_have(sdk: openai.Open
                         ({"input": "hi", "previous_response_id": "resp_gone"}, "previous_response_id")):
         response = http.post("/v1/responses/input_tokens", json=body)
         assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
+
+
+def test_the_response_echoes_the_cache_retention_and_verbosity_accepted(http: TestClient[Any]) -> None:
+    # It said prompt_cache_retention null of a request that sent one, and left text.verbosity out.
+    for sent, echoed in (("24h", "24h"), ("in_memory", "in_memory"), ("in-memory", "in_memory"), (None, None)):
+        body = {"input": "hi", "prompt_cache_retention": sent, "text": {"verbosity": "medium"}}
+        response = http.post("/v1/responses", json=body)
+        assert response.status_code == 200, response.text
+        reply = response.json()
+        assert reply["prompt_cache_retention"] == echoed and reply["text"]["verbosity"] == "medium", reply
+        assert http.get(f"/v1/responses/{reply['id']}").json()["prompt_cache_retention"] == echoed
