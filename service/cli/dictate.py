@@ -1,7 +1,8 @@
 """`tandem dictate`: live transcription from a running server over the Realtime protocol — takes from the
 microphone (the `mic` extra: sounddevice; Enter starts and stops a take), or `--file` streamed as a microphone
-would, in real time (or `--speed` times faster). Committed text is printed as it is committed; the tentative
-guess after it is shown in place on a terminal."""
+would, in real time (or `--speed` times faster); `-` reads stdin: a container (WAV, ...) read whole as a file is, or
+raw 16-bit PCM at `--rate` sent as it arrives (a recorder's pipe). Committed text is printed as it is committed; the
+tentative guess after it is shown in place on a terminal."""
 
 from __future__ import annotations
 
@@ -13,22 +14,33 @@ import queue
 import ssl
 import sys
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, BinaryIO, Callable, Iterable
 
 from service.cli.errors import CLIError
-from service.cli.parsers import add_command
+from service.cli.parsers import add_command, checked
 
 __all__ = ["add_dictate"]
 
 CHUNK_MS = 100
 MIC_RATE = 24000  # what Realtime clients send; the server resamples
+STDIN_RATE = 16000  # raw PCM on stdin unless --rate says otherwise
+# Bytes of stdin read before deciding container or raw PCM (an MP3 is known by three frame headers in a row).
+_SNIFF_BYTES = 4096
+# The rates a Realtime session takes for audio/pcm (service/speech/realtime_config.py).
+_rate = checked(int, lambda v: 8000 <= v <= 48000, "a sample rate from 8000 to 48000 Hz")
 
 
 def add_dictate(sub: Any) -> None:
     """Register `tandem dictate`. Raises nothing."""
     p = add_command(sub, "dictate", "live transcription from a running server: the microphone, or a file in real time")
-    p.add_argument("legacy_file", nargs="?", default=None, metavar="FILE", help="same as --file (default: none)")
-    p.add_argument("--file", default=None, help="audio file to stream as a microphone would (default: the microphone)")
+    p.add_argument("legacy_file", nargs="?", default=None, metavar="FILE",
+                   help="same as --file; - reads stdin (default: none)")
+    p.add_argument("--file", default=None,
+                   help="audio file to stream as a microphone would; - reads stdin: a WAV (or another container) read "
+                        "whole, or raw 16-bit little-endian mono PCM at --rate, sent as it arrives (default: the "
+                        "microphone)")
+    p.add_argument("--rate", type=_rate, default=None,
+                   help=f"sample rate of raw PCM on stdin (-); a file or WAV says its own (default: {STDIN_RATE})")
     p.add_argument("--server", "--url", dest="server", default="http://127.0.0.1:8080", help="server base URL")
     p.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
                    help="key the server asks for (default: $TANDEM_API_KEY)")
@@ -57,19 +69,92 @@ def _dictate(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     if args.model:
         url += f"&model={args.model}"
+    if args.rate is not None and path != "-":
+        raise CLIError("--rate is the rate of raw PCM on stdin (-): a file, or the microphone, has its own")
+    if path == "-":
+        return _dictate_stdin(args, url)
     if path is not None:
         from audio.errors import AudioInputError
-        from audio.pcm import SAMPLE_RATE, load_audio_file
+        from audio.pcm import load_audio_file
 
         try:
             pcm = load_audio_file(path)
         except (OSError, AudioInputError) as exc:
             raise CLIError(str(exc)) from None
-        return anyio.run(_run, args, url, lambda connect: _stream_file(connect, pcm, SAMPLE_RATE, args.speed),
-                         SAMPLE_RATE)
+        return _dictate_samples(args, url, pcm)
     _check_no_file_among_words(args.vocabulary)
     sd = _sounddevice()
     return anyio.run(_run, args, url, lambda connect: _takes(connect, sd), MIC_RATE)
+
+
+def _dictate_samples(args: argparse.Namespace, url: str, pcm: Any) -> int:
+    """Stream decoded 16 kHz samples (a file, or a container on stdin) as a microphone would. Raises CLIError."""
+    import anyio
+
+    from audio.pcm import SAMPLE_RATE
+    from service.cli.dictate_client import pcm16_chunks
+
+    chunks = pcm16_chunks(pcm, SAMPLE_RATE, CHUNK_MS)
+    return anyio.run(_run, args, url, lambda connect: _stream(connect, _listed(chunks), SAMPLE_RATE, args.speed),
+                     SAMPLE_RATE)
+
+
+def _dictate_stdin(args: argparse.Namespace, url: str) -> int:
+    """`-`: a container on stdin is read whole and decoded, as --file reads a file; anything else is raw 16-bit
+    little-endian mono PCM at --rate, sent as it arrives. Raises CLIError (stdin closed, a terminal, empty, a
+    container that does not decode, --rate beside a container)."""
+    import anyio
+
+    from audio.containers import container_kind
+
+    if sys.stdin is None:  # started with stdin closed (`<&-`): Python leaves sys.stdin None
+        raise CLIError("- reads the audio from stdin, which is closed: pipe it in (tandem dictate - < talk.wav)")
+    if sys.stdin.isatty():
+        raise CLIError("- reads the audio from stdin, which is a terminal: pipe it in (tandem dictate - < talk.wav, "
+                       "or a recorder's raw 16-bit PCM with --rate)")
+    stream: BinaryIO = sys.stdin.buffer
+    head = stream.read(_SNIFF_BYTES)
+    if not head:
+        raise CLIError("stdin is empty: no audio arrived to dictate")
+    if (kind := container_kind(head)) is not None:
+        if args.rate is not None:
+            raise CLIError(f"--rate is the rate of raw PCM: the {kind} on stdin has its own")
+        from audio.errors import AudioInputError
+        from audio.pcm import decode_container
+
+        try:
+            pcm = decode_container(head + stream.read(), param="stdin")
+        except AudioInputError as exc:
+            raise CLIError(f"stdin: {exc}") from None
+        return _dictate_samples(args, url, pcm)
+    rate = args.rate or STDIN_RATE
+    chunks = _raw_chunks(stream, head, rate * CHUNK_MS // 1000 * 2)
+    return anyio.run(_run, args, url, lambda connect: _stream(connect, chunks, rate, args.speed), rate)
+
+
+async def _listed(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk
+
+
+async def _raw_chunks(stream: BinaryIO, head: bytes, size: int) -> AsyncIterator[bytes]:
+    """Whole 16-bit samples from `stream` (after `head`, already read), in chunks of up to `size` bytes, each as it
+    arrives (a reader thread waits for the pipe). A last odd byte, half a sample, is dropped with a note."""
+    import anyio
+
+    pending = head
+    while True:
+        data = await anyio.to_thread.run_sync(stream.read, size)
+        pending += data
+        while len(pending) >= size or (not data and len(pending) > 1):
+            cut = min(size, len(pending) - len(pending) % 2)
+            yield pending[:cut]
+            pending = pending[cut:]
+        if not data:
+            if pending:
+                print("tandem: stdin ended mid-sample: its last byte (half a 16-bit sample) was not sent",
+                      file=sys.stderr)
+            return
 
 
 def _check_no_file_among_words(vocabulary: list[str]) -> None:
@@ -210,15 +295,15 @@ def _one_error(group: BaseExceptionGroup[Any], session: Any) -> BaseException:
     return group
 
 
-async def _stream_file(connect: Connect, pcm: Any, rate: int, speed: float) -> None:
+async def _stream(connect: Connect, chunks: AsyncIterator[bytes], rate: int, speed: float) -> None:
+    """Send 16-bit `chunks` at `rate`, no faster than real time × `speed` (as a microphone delivers them), end the
+    take, and summarise on stderr. Raises CLIError (the session's failures)."""
     import anyio
-
-    from service.cli.dictate_client import pcm16_chunks
 
     async with connect() as session:
         start = time.perf_counter()
         sent = 0
-        for chunk in pcm16_chunks(pcm, rate, CHUNK_MS):
+        async for chunk in chunks:
             await session.append(chunk)
             sent += len(chunk) // 2
             # a microphone delivers audio no faster than it is spoken (× speed)
@@ -227,7 +312,7 @@ async def _stream_file(connect: Connect, pcm: Any, rate: int, speed: float) -> N
         await session.finish_take()
     first = ("" if session.first_text_at is None
              else f"first text {session.first_text_at - start:.2f} s after the start; ")
-    print(f"\n{len(pcm) / rate:.1f} s of audio; {first}done {time.perf_counter() - end:.2f} s after the last chunk; "
+    print(f"\n{sent / rate:.1f} s of audio; {first}done {time.perf_counter() - end:.2f} s after the last chunk; "
           f"{session.spoken} utterance{'' if session.spoken == 1 else 's'}", file=sys.stderr)
 
 
