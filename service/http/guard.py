@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any, cast
 
 import anyio
@@ -22,6 +23,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 from service.http.auth import (CORS_METHODS, EXPOSED_HEADERS, KeyRing, header, host_allowed, origin_allowed,
                                set_client_key)
 from service.http.errors import APIError, error_body, unavailable
+from service.http.unacked_timeout import apply_user_timeout
 from service.limits import Limits
 from service.state import AppState
 
@@ -39,6 +41,8 @@ ALWAYS_SERVED = (*HEALTH_PATHS, "/stats", "/metrics", "/docs")
 # Past the body timeout a body must have averaged this (Apache's mod_reqtimeout MinRate idea): a trickle of a byte
 # every few seconds never trips the silence timeout, yet holds a connection and its buffer for good.
 MIN_BODY_RATE = 1024
+
+LINUX = sys.platform.startswith("linux")
 
 _SESSION_AUDIO = re.compile(r"^/v1/audio/sessions/[^/]+/audio/?$")
 
@@ -58,6 +62,7 @@ class Guard:
     def __init__(self, app: ASGIApp, state: AppState) -> None:
         self.app = app
         self.state = state
+        self._unacked_bounded = False  # the kernel drops connections whose client reads nothing (unacked_timeout.py)
         self.keys = KeyRing(state.config.api_keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -65,6 +70,9 @@ class Guard:
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        if not self._unacked_bounded:
+            # The listening socket exists by the first request (granian builds it after the app starts).
+            self._unacked_bounded = apply_user_timeout(self.state.config.limits.send_timeout)[0] > 0 or not LINUX
         self.state.inflight.enter()
         try:
             if kind == "http":
