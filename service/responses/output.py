@@ -153,10 +153,30 @@ class ResponseOutput:
         """The Response object as it stands (`usage` given at the end). Raises nothing."""
         return {
             **self._echo, "status": status, "completed_at": int(time.time()) if status == "completed" else None,
-            "output": list(self.items) if status != "in_progress" else [],
+            "output": self._so_far() if status == "in_progress" else list(self.items),
             "error": error, "incomplete_details": incomplete_details,
             "max_output_tokens": self._max_output_tokens or self.applied_limit, "usage": usage,
         }
+
+    def _so_far(self) -> list[dict[str, Any]]:
+        """The items as a client following the events holds them (an in_progress snapshot, sent while the stream is
+        quiet: a client replacing its snapshot loses nothing): the closed ones whole, the open one with what its
+        deltas said (a custom call's input comes whole at its end). Raises nothing."""
+        if self._open is None:
+            return list(self.items)
+        kind, index, item = self._open["type"], self._open["index"], self._open["item"]
+        text = "".join(self._text)
+        self._text = [text]  # joined once, not again at the next snapshot or the close
+        if kind == "message":
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": json.loads(
+                self._logprobs.entries(self._tokens)) if self._logprobs is not None else []}
+            item = {**item, "content": [part]}
+        elif kind == "reasoning":
+            item = {**item, "summary": [{"type": "summary_text", "text": text}]} if self._summary else \
+                {**item, "content": [{"type": "reasoning_text", "text": text}]}
+        elif kind == "function_call":
+            item = {**item, "arguments": text}
+        return [*self.items[:index], item, *self.items[index + 1:]]
 
     # -- items -----------------------------------------------------------------------------------------------------
 
