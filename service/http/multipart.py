@@ -58,7 +58,7 @@ def file_parts(*names: str) -> Callable[[Request[Any, Any, Any]], Awaitable[None
 async def parse_form(stream: AsyncGenerator[bytes, None], boundary: bytes, files: set[str],
                      part_limit: int) -> dict[str, Any]:
     """Litestar's parse_multipart_form, parts named in `files` always UploadFiles. Raises APIError 400 (a text part
-    that is not UTF-8, naming it), ClientException 400 (a malformed form, or more than `part_limit` parts)."""
+    that is not UTF-8, or a file field sent twice, naming it), ClientException 400 (a malformed form, or more than `part_limit` parts)."""
     fields: defaultdict[str, list[Any]] = defaultdict(list)
     chunk = await async_next(stream, b"")
     if not chunk:
@@ -100,6 +100,11 @@ async def parse_form(stream: AsyncGenerator[bytes, None], boundary: bytes, files
     except APIError:
         await _close(data, fields)
         raise
+    for name in files:  # a second audio file would be dropped unsaid, or refused in a validator's words
+        if len(fields.get(name, ())) > 1 and not name.endswith("]"):
+            count = len(fields[name])
+            await _close(bytearray(), fields)
+            raise APIError(400, f"The form has {count} `{name}` parts; send one.", param=name, code="invalid_value")
     return {k: v if len(v) > 1 else v[0] for k, v in fields.items()}
 
 

@@ -47,3 +47,10 @@ async def test_a_form_of_too_many_parts_is_a_413_naming_the_limit() -> None:
     with pytest.raises(APIError) as caught:
         await parse_form(chunks(part("a", b"1"), part("b", b"2"), part("c", b"3")), BOUNDARY, set(), 2)
     assert caught.value.status == 413 and "more than 2 parts" in caught.value.message
+
+
+async def test_a_file_field_sent_twice_is_refused_naming_it() -> None:
+    files = [part("file", b"RIFF1", filename="a.wav"), part("file", b"RIFF2", filename="b.wav")]
+    with pytest.raises(APIError) as caught:
+        await parse_form(chunks(*files, part("model", b"whisper-1")), BOUNDARY, {"file"}, 100)
+    assert caught.value.status == 400 and caught.value.param == "file" and "2 `file` parts" in caught.value.message
