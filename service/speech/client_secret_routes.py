@@ -81,9 +81,7 @@ def _checked(state: AppState, session: dict[str, Any] | None, dialect: Dialect,
     update. `prefix` is where the session's fields sit in the body ("session." or the body itself). Raises
     APIError 400 naming the field, 404 model_not_found."""
     speech = served_speech(state, None)
-    config = RealtimeConfig()
-    if not speech.vad_default:  # as a socket starts on a server run with --no-vad
-        config.turn_detection = None
+    config = RealtimeConfig.initial(vad=speech.vad_default)  # as a socket starts (--no-vad: no turn detection)
     if session is None:
         return config, speech
     if len(json.dumps(session)) > MAX_SESSION_BYTES:

@@ -140,8 +140,9 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
             raise APIError(400, "interval must be 0–60 seconds", param="interval", code="invalid_value")
         # A property of the service, so under --isolate a call that fails while the engine process restarts.
         vad_on = speech.vad_default if vad is None else _flag(vad, "vad")
-        config = _minted(socket, state, RealtimeConfig(
-            language=language, turn_detection=RealtimeConfig().turn_detection if vad_on else None))
+        start = RealtimeConfig.initial(language=language, vad=vad_on)
+        start.turn_detection_set = vad is not None  # `?vad=` asked for it: a model named later does not change it
+        config = _minted(socket, state, start)
         speech = served_speech(state, config.model)
     except Exception as exc:
         await _refuse(socket, exc)
@@ -175,12 +176,9 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
                            "name a transcription model as ?model= (e.g. gpt-4o-transcribe or the served Whisper)",
                            param="intent", code="invalid_value")
         speech = served_speech(state, model)
-        config = RealtimeConfig(model=model)
-        # a server started with --no-vad: turn detection is off until asked for (vad_default: under --isolate a
-        # call, which fails while the engine process restarts)
-        if not speech.vad_default:
-            config.turn_detection = None
-        config = _minted(socket, state, config)
+        # a server started with --no-vad, or a realtime-only model (gpt-realtime-whisper): turn detection is off
+        # until asked for (vad_default: under --isolate a call, which fails while the engine process restarts)
+        config = _minted(socket, state, RealtimeConfig.initial(model=model, vad=speech.vad_default))
         speech = served_speech(state, config.model)
     except Exception as exc:
         await _refuse(socket, exc, realtime=True)

@@ -10,7 +10,9 @@ prompt and `keywords` (joined into the prompt), server VAD's `threshold`
 (webrtcvad aggressiveness: 0–0.25 → 0, … 0.75–1 → 3), `prefix_padding_ms` (the speech padding, both
 sides), `silence_duration_ms` (the pause that ends an utterance), `semantic_vad` served as server VAD whose
 `eagerness` sets the pause (`EAGERNESS_SILENCE_MS`: no model judges the turn here, a turn ends on silence),
-`turn_detection: null` (no VAD; the client commits), noise reduction (`noise_reduction` / beta
+`turn_detection: null` (no VAD; the client commits; a session for a realtime-only model, `gpt-realtime-whisper` or
+`gpt-live-transcribe`, starts so, as OpenAI's: they have no server turn detection, and a client such as LiveKit leaves
+the field out and commits itself; one it asks for is served all the same), noise reduction (`noise_reduction` / beta
 `input_audio_noise_reduction`, `{"type": "near_field" | "far_field"}`, null off: a high-pass filter over the input
 audio before the VAD and Whisper hear it, 80 Hz near field, 120 Hz far field, audio/noise_reduction.py; it cuts
 rumble and hum below speech, not noise within it), and `include`: `item.input_audio_transcription.logprobs` (the log
@@ -32,7 +34,7 @@ from audio.pcm import G711_RATE, PcmFormat
 from service.speech.transcription_fields import aggressiveness, joined_prompt, vad_options
 
 __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "LOGPROBS", "INCLUDES", "DEFAULT_RATE",
-           "EAGERNESS_SILENCE_MS", "field_paths"]
+           "EAGERNESS_SILENCE_MS", "REALTIME_ONLY_MODELS", "field_paths"]
 
 Dialect = Literal["beta", "ga"]
 TurnType = Literal["server_vad", "semantic_vad"]
@@ -49,6 +51,10 @@ _RATES = (8000, 48000)
 # low waits twice server VAD's default, high half of it (its model would also end a turn it judges finished sooner)
 EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
 _SEMANTIC_FIELDS = {"type", "eagerness", "create_response", "interrupt_response"}
+# OpenAI's transcription models with no server turn detection (openai-python: "For `gpt-realtime-whisper`
+# transcription sessions, turn detection must be set to `null`"; LiveKit's stt.py: they "reject turn_detection and emit
+# no speech_started/stopped, so the client commits the buffer"): a session for one has none until the client asks
+REALTIME_ONLY_MODELS = frozenset({"gpt-realtime-whisper", "gpt-live-transcribe"})
 
 
 class ConfigError(ValueError):
@@ -95,6 +101,21 @@ class RealtimeConfig:
     tentative: bool = False
     logprobs: bool = False
     noise_reduction: str | None = None  # one of audio/noise_reduction.py's KINDS
+    vad_default: bool = True  # server VAD unless the client says otherwise (False: a server run with --no-vad)
+    turn_detection_set: bool = False  # the client named turn_detection; until it does, the default follows the model
+
+    @classmethod
+    def initial(cls, model: str | None = None, language: str | None = None, vad: bool = True) -> "RealtimeConfig":
+        """A session's settings before any update, for `model` (None: the served Whisper); `vad`: the server's
+        default (--no-vad: False). Raises nothing."""
+        config = cls(model=model, language=language, vad_default=vad)
+        config.turn_detection = config.default_turn_detection()
+        return config
+
+    def default_turn_detection(self) -> "TurnDetection | None":
+        """The turn detection a session has while its client has not set one: none for a realtime-only model or
+        on a server run with --no-vad, else server VAD's defaults. Raises nothing."""
+        return TurnDetection() if self.vad_default and self.model not in REALTIME_ONLY_MODELS else None
 
     @property
     def pcm_format(self) -> PcmFormat:
@@ -126,6 +147,8 @@ class RealtimeConfig:
             new._apply_ga(session)
         else:
             new._apply_beta(session)
+        if new.model != self.model and not new.turn_detection_set:  # the client left it to the model's default
+            new.turn_detection = new.default_turn_detection()
         return new
 
     def _apply_beta(self, s: dict[str, Any]) -> None:
@@ -235,6 +258,7 @@ class RealtimeConfig:
             raise ConfigError("delay is not available; text is committed once two decodes agree", f"{where}.delay")
 
     def _turn_detection(self, td: Any, where: str) -> None:
+        self.turn_detection_set = True
         if td is None:
             self.turn_detection = None
             return

@@ -124,12 +124,54 @@ def test_a_beta_session_is_created_and_updated(client: TestClient[Any], whisper_
 def test_openai_transcription_model_ids_open_and_update_a_session(client: TestClient[Any]) -> None:
     # Pipecat's realtime STT names gpt-realtime-whisper, LiveKit's gpt-4o-mini-transcribe
     with client.websocket_connect("/v1/realtime?model=gpt-realtime-whisper") as ws:
-        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        created = ws.receive_json(timeout=30)
+        assert created["type"] == "session.created"
+        assert created["session"]["audio"]["input"]["turn_detection"] is None  # a realtime-only model: none
         ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
             "transcription": {"model": "gpt-4o-mini-transcribe"}}}}}))
         updated = ws.receive_json(timeout=30)
     assert updated["type"] == "session.updated", updated
     assert updated["session"]["audio"]["input"]["transcription"]["model"] == "gpt-4o-mini-transcribe"
+    # the client never set it: the default follows the model, and this one has server VAD
+    assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+
+
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_a_realtime_only_model_has_no_server_vad_and_the_clients_commit_makes_the_one_item(
+        client: TestClient[Any], state: AppState, dialect: str) -> None:
+    """LiveKit Agents (livekit-plugins-openai stt.py) leaves turn_detection out for gpt-realtime-whisper and
+    gpt-live-transcribe, which "reject turn_detection and emit no speech_started/stopped, so the client commits the
+    buffer to close a segment": with server VAD left on, the server committed the speech itself and the client's
+    commit then made a second, empty item (or, within 100 ms, input_audio_buffer_commit_empty: fatal to LiveKit)."""
+    if dialect == "ga":  # LiveKit's event, byte for byte, on the URL it opens off api.openai.com
+        path, headers, reply = "/v1/realtime?intent=transcription&model=gpt-realtime-whisper", {}, "session.updated"
+        update = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "format": {"rate": 24000, "type": "audio/pcm"},
+            "transcription": {"language": "en", "model": "gpt-realtime-whisper"}}}}}
+    else:
+        path, headers, reply = "/v1/realtime?intent=transcription", BETA, "transcription_session.updated"
+        update = {"type": "transcription_session.update", "session": {
+            "input_audio_format": "pcm16", "input_audio_transcription": {"language": "en",
+                                                                         "model": "gpt-live-transcribe"}}}
+    with client.websocket_connect(path, headers=headers) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps(update))
+        updated = until(ws, reply)[-1]["session"]
+        shown = updated["turn_detection"] if dialect == "beta" else updated["audio"]["input"]["turn_detection"]
+        assert shown is None, shown
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert not session.options.vad
+        silence = np.zeros(int(0.5 * SR), np.float32)
+        for chunk in np.array_split(np.concatenate([silence, voiced(1.5), silence, silence, silence]), 10):
+            append(ws, chunk)  # a pause server VAD would have ended the speech at
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit", "event_id": "lk"}))
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+    kinds = [e["type"] for e in events]
+    assert "input_audio_buffer.speech_started" not in kinds and "error" not in kinds, kinds
+    (committed,) = [e for e in events if e["type"] == "input_audio_buffer.committed"]
+    assert committed["client_event_id"] == "lk"  # the client's commit made the item
+    assert kinds.count("conversation.item.created") == 1
+    assert events[-1]["usage"]["seconds"] == pytest.approx(3.5, abs=0.05)  # all the audio, in the one item
 
 
 def test_a_ga_session_declares_its_rate(client: TestClient[Any], state: AppState) -> None:

@@ -1,0 +1,64 @@
+"""A Realtime transcription session's configuration (service/speech/realtime_config.py): the turn detection a session
+has while its client has not set one follows its transcription model — none for OpenAI's realtime-only models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from service.speech.realtime_config import REALTIME_ONLY_MODELS, RealtimeConfig
+
+# LiveKit Agents' session.update for gpt-realtime-whisper / gpt-live-transcribe (livekit-plugins-openai stt.py): it
+# leaves turn_detection out, because these models "reject turn_detection and emit no speech_started/stopped, so the
+# client commits the buffer to close a segment"
+def livekit(model: str) -> dict[str, Any]:
+    return {"type": "transcription", "audio": {"input": {"format": {"rate": 24000, "type": "audio/pcm"},
+                                                         "transcription": {"language": "en", "model": model}}}}
+
+
+def beta(model: str) -> dict[str, Any]:
+    return {"input_audio_format": "pcm16", "input_audio_transcription": {"language": "en", "model": model}}
+
+
+def turn(config: RealtimeConfig, dialect: str) -> Any:
+    shown = config.session_object(dialect, "sess_1", "tiny.en")  # type: ignore[arg-type]
+    return shown["turn_detection"] if dialect == "beta" else shown["audio"]["input"]["turn_detection"]
+
+
+@pytest.mark.parametrize("model", sorted(REALTIME_ONLY_MODELS))
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_a_realtime_only_model_named_in_an_update_has_no_turn_detection(model: str, dialect: str) -> None:
+    update = livekit(model) if dialect == "ga" else beta(model)
+    config = RealtimeConfig.initial().updated(update, dialect)  # type: ignore[arg-type]
+    assert config.turn_detection is None and turn(config, dialect) is None
+    assert config.decoding()["vad"] is False  # the session itself: only the client's commits end an item
+
+
+@pytest.mark.parametrize("model", sorted(REALTIME_ONLY_MODELS))
+def test_a_realtime_only_model_named_in_the_url_starts_with_no_turn_detection(model: str) -> None:
+    assert RealtimeConfig.initial(model=model).turn_detection is None
+    assert RealtimeConfig.initial(model="gpt-4o-transcribe").turn_detection is not None
+
+
+def test_turn_detection_asked_for_is_served_for_a_realtime_only_model() -> None:
+    # OpenAI refuses it; Whisper's VAD serves any id, so a client that asks gets it rather than a failed session
+    update = livekit("gpt-live-transcribe")
+    update["audio"]["input"]["turn_detection"] = {"type": "server_vad", "silence_duration_ms": 700}
+    config = RealtimeConfig.initial().updated(update, "ga")
+    assert turn(config, "ga") == {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                                  "silence_duration_ms": 700}
+    # set once, it stays through a later change of model
+    config = config.updated(livekit("gpt-realtime-whisper"), "ga")
+    assert config.turn_detection is not None and config.turn_detection.silence_duration_ms == 700
+
+
+def test_the_default_follows_the_model_until_the_client_sets_it() -> None:
+    config = RealtimeConfig.initial(model="gpt-realtime-whisper").updated(livekit("gpt-4o-mini-transcribe"), "ga")
+    assert turn(config, "ga") == {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                                  "silence_duration_ms": 500}
+    # a server run with --no-vad has none for any model
+    assert RealtimeConfig.initial(vad=False).updated(livekit("whisper-1"), "ga").turn_detection is None
+    # turned off by the client, it stays off for a model that would have it on
+    off = RealtimeConfig.initial().updated({"turn_detection": None}, "beta")
+    assert off.updated(beta("gpt-4o-transcribe"), "beta").turn_detection is None
