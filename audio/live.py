@@ -63,7 +63,7 @@ class LiveTranscription(LiveRequests):
         self.timeline = Timeline()
         self._scheduler, self._emit = scheduler, emit
         self._open = AudioBuffer()  # speech (compact samples); trimmed at the seek
-        self.utterances = Utterances(emit)
+        self.utterances = Utterances(emit, lambda: self.language)
         self._tr: WindowedTranscription | None = None
         self._live: LiveText | None = None
         self._loaded: "LoadedWhisper | None" = None
@@ -82,6 +82,12 @@ class LiveTranscription(LiveRequests):
     @property
     def started(self) -> bool:
         return self._tr is not None
+
+    @property
+    def language(self) -> str:
+        """Whisper's code for the language the text is decoded in: given, English for an English-only model, else
+        detected by a decode (before one: the one a transcript names). Raises nothing."""
+        return (self._tr.language if self._tr is not None else None) or self.options.named_language
 
     @property
     def held_samples(self) -> int:

@@ -106,7 +106,8 @@ class SessionEvent:
     open audio without committed text was dropped), mark (LiveSession.mark: a caller's place in the log). `ref`:
     what the caller passed to the commit() that closed the utterance, or to mark(). `logprobs`: on committed and
     utterance, the log probabilities of the text's tokens, where the session keeps them (LiveTranscription.logprobs)
-    and they are known for all of it (else None)."""
+    and they are known for all of it (else None). `language`: on utterance, Whisper's code for the language its text
+    was decoded in (given, English for an English-only model, else detected)."""
 
     type: EventType
     text: str = ""
@@ -114,3 +115,4 @@ class SessionEvent:
     item: int = 0
     ref: str | None = None
     logprobs: "tuple[TokenLogprob, ...] | None" = None
+    language: str | None = None

@@ -8,8 +8,8 @@ from typing import Any, Literal, Sequence
 from audio.errors import InvalidOption
 from audio.noise_reduction import KINDS as NOISE_KINDS
 
-__all__ = ["TokenLogprob", "normalize_language", "spoken_languages", "Task", "TranscribeOptions", "Word", "Segment",
-           "Transcript", "DEFAULT_TEMPERATURES", "PromptTooLong", "MAX_PROMPT_CHARS"]
+__all__ = ["TokenLogprob", "normalize_language", "iso_language", "spoken_languages", "Task", "TranscribeOptions",
+           "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES", "PromptTooLong", "MAX_PROMPT_CHARS"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +168,12 @@ class Transcript:
 
 # ISO 639-1 codes Whisper spells otherwise: Javanese is `jw` in its tokenizer.
 _WHISPER_CODES = {"jv": "jw"}
+
+
+def iso_language(code: str) -> str:
+    """Whisper's code for a language as ISO 639-1 writes it (`jw` → `jv`), as OpenAI's answers name it. Raises
+    nothing."""
+    return next((iso for iso, whisper in _WHISPER_CODES.items() if whisper == code), code)
 
 
 def normalize_language(language: str | None, *, multilingual: bool = True,

@@ -25,8 +25,9 @@ class Utterances:
     """Pauses not yet closed (compact positions), the utterance counts and the oldest open one's committed text.
     Not thread-safe; event loop only."""
 
-    def __init__(self, emit: Callable[[SessionEvent], None]) -> None:
-        self._emit = emit
+    def __init__(self, emit: Callable[[SessionEvent], None],
+                 language: Callable[[], str | None] = lambda: None) -> None:
+        self._emit, self._language = emit, language  # `language`: the one the decodes are in now (an utterance's)
         self.pauses: deque[int] = deque()  # compact positions where an utterance ended, not yet closed
         self.hard: deque[bool] = deque()  # for each of `pauses`: a client's commit, which no decode crosses
         self.opened = 0  # utterances whose audio ended (pauses added); the open one's index
@@ -90,7 +91,7 @@ class Utterances:
             self.hard.popleft()
             text, logprobs = "".join(self.text), self.logprobs
             self.text, self.logprobs = [], []
-            self._emit(SessionEvent("utterance", text=text, item=self.closed,
+            self._emit(SessionEvent("utterance", text=text, item=self.closed, language=self._language(),
                                     logprobs=tuple(logprobs) if logprobs is not None else None))
             self.closed += 1
 

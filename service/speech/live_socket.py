@@ -297,7 +297,7 @@ class LiveSocket:
                         self._reply_sent()
                 elif self.mode == "realtime":
                     for out in server_events(ev, self.items, self.config.tentative, lambda: session.lag_seconds,
-                                             self.config.logprobs):
+                                             self.config.logprobs, self.config.model):
                         await self._send(out)
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()

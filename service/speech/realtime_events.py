@@ -18,6 +18,8 @@ log probabilities of the tokens Whisper wrote its text with ({token, logprob, by
 for all of it (they were asked for after some of its text was decoded). An event's logprobs' bytes join to exactly
 its text: where the text leaves out Whisper's leading space, its first token's `token` and `bytes` leave it out too
 (its logprob unchanged; a token of whitespace alone goes), so `completed`'s are its deltas' one after another.
+For gpt-live-transcribe and gpt-transcribe, `completed` carries OpenAI's `languages` ([{"code"}]: the language its
+text was decoded in; [] for an empty transcript).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from audio.live import SessionEvent
 from audio.token_logprobs import TokenLogprob, less_leading
+from service.speech.transcription_fields import detected_languages
 
 __all__ = ["Items", "server_events", "transcription_failed"]
 
@@ -87,10 +90,11 @@ def transcription_failed(items: Items, error: dict[str, Any]) -> list[dict[str, 
              "error": error} for item_id in items.owed()]
 
 
-def server_events(ev: SessionEvent, items: Items, tentative: bool,
-                  lag: Callable[[], float] = lambda: 0.0, logprobs: bool = False) -> list[dict[str, Any]]:
+def server_events(ev: SessionEvent, items: Items, tentative: bool, lag: Callable[[], float] = lambda: 0.0,
+                  logprobs: bool = False, model: str | None = None) -> list[dict[str, Any]]:
     """The Realtime server events for one session event (event ids added by the sender); `logprobs`: deltas and
-    transcripts carry their tokens' log probabilities. Raises nothing."""
+    transcripts carry their tokens' log probabilities; `model`, the session's transcription model: transcripts name
+    the language heard if OpenAI's do for it (gpt-live-transcribe's `languages`). Raises nothing."""
     k = ev.item
     if ev.type == "speech_started":
         item = items.get(k)
@@ -141,6 +145,8 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool,
         completed = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
                      "content_index": 0, "transcript": transcript,
                      "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+        if (heard := detected_languages(model, ev.language, transcript)) is not None:
+            completed["languages"] = heard
         if logprobs:
             completed["logprobs"] = _logprobs(_as_stripped(ev.logprobs, ev.text, transcript))
         return [completed]

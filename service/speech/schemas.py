@@ -19,6 +19,7 @@ __all__ = [
     "ServerVadChunking",
     "TranscriptionWord",
     "TranscriptionLogprob",
+    "TranscriptionLanguage",
     "TranscriptionSegment",
     "Transcription",
     "VerboseTranscription",
@@ -256,6 +257,16 @@ class TranscriptionLogprob(BaseModel):
 _LOGPROBS = "With include[]=logprobs: the log probabilities of the tokens of its text."
 
 
+class TranscriptionLanguage(BaseModel):
+    """A language heard in the audio (OpenAI's TranscriptionLanguage)."""
+
+    code: str = Field(description="ISO 639-1 (`en`).")
+
+
+_LANGUAGES = ("For model gpt-transcribe or gpt-live-transcribe (as OpenAI's): the language Whisper transcribed the "
+              "speech in (given, English for an English-only model, else detected); empty when no speech was heard.")
+
+
 class DurationUsage(BaseModel):
     """What a Whisper transcription used: seconds of audio."""
 
@@ -268,6 +279,7 @@ class Transcription(BaseModel):
 
     text: str
     usage: DurationUsage
+    languages: list[TranscriptionLanguage] | None = Field(None, description=_LANGUAGES)
     logprobs: list[TranscriptionLogprob] | None = Field(None, description=_LOGPROBS)
 
 
@@ -297,4 +309,5 @@ class TranscriptTextDone(BaseModel):
     type: Literal["transcript.text.done"] = "transcript.text.done"
     text: str
     usage: DurationUsage
+    languages: list[TranscriptionLanguage] | None = Field(None, description=_LANGUAGES)
     logprobs: list[TranscriptionLogprob] | None = Field(None, description=_LOGPROBS)

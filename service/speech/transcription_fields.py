@@ -2,14 +2,22 @@
 prompt text: joined after the prompt; speaches' `hotwords` string is the same list), where a session's
 transcription object holds the speech service's options (`languages`, those the speech may be in, is read by the
 service: audio/transcript.spoken_languages) and server VAD's settings (webrtcvad's aggressiveness from `threshold`,
-the padding and the pause that ends speech).
+the padding and the pause that ends speech), and the `languages` an answer names.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["joined_prompt", "hotword_list", "transcription_params", "aggressiveness", "vad_options"]
+from audio.transcript import iso_language
+
+__all__ = ["joined_prompt", "hotword_list", "transcription_params", "aggressiveness", "vad_options",
+           "LANGUAGES_MODELS", "detected_languages"]
+
+# OpenAI's ids whose transcriptions carry `languages` (openai-python's Transcription, TranscriptionTextDoneEvent and
+# ...InputAudioTranscriptionCompletedEvent: "Returned by `gpt-transcribe`"; gpt-live-transcribe is its Realtime form,
+# whose `.completed` LiveKit reads them from); the other ids' answers keep the shape OpenAI gives them
+LANGUAGES_MODELS = frozenset({"gpt-transcribe", "gpt-live-transcribe"})
 
 
 def joined_prompt(prompt: str | None, keywords: Sequence[str]) -> str | None:
@@ -44,3 +52,13 @@ def vad_options(threshold: float | None, prefix_padding_ms: int | None,
     out = {"vad_aggressiveness": None if threshold is None else aggressiveness(threshold),
            "vad_padding_ms": prefix_padding_ms, "vad_min_silence_ms": silence_duration_ms}
     return {k: v for k, v in out.items() if v is not None}
+
+
+def detected_languages(model: str | None, language: str | None, text: str) -> list[dict[str, str]] | None:
+    """OpenAI's `languages` for a transcription asked of `model`: `[{"code": ...}]`, the language Whisper decoded
+    `text` in (`language`, Whisper's code: given, English for an English-only model, else detected); `[]` where there
+    is no text (no language heard: OpenAI's "no language could be reliably detected"); None (left out) for a model
+    OpenAI returns none for. Raises nothing."""
+    if model not in LANGUAGES_MODELS:
+        return None
+    return [{"code": iso_language(language)}] if language and text.strip() else []

@@ -33,13 +33,14 @@ from service.speech.schemas import (
     ServerVadChunking,
     Transcription,
     TranscriptionForm,
+    TranscriptionLanguage,
     TranscriptTextDelta,
     TranscriptTextDone,
     TranslationForm,
     VerboseTranscription,
 )
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
-from service.speech.transcription_fields import hotword_list, joined_prompt, vad_options
+from service.speech.transcription_fields import detected_languages, hotword_list, joined_prompt, vad_options
 from service.state import get_state
 
 __all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "OK_CONTENT", "FILE_PARTS",
@@ -95,17 +96,18 @@ async def create_transcription(
     if data.include:  # logprobs, its one value: the decodes keep them only when asked
         asked["logprobs"] = True
     return await respond_to_upload(request, data, asked, stream=data.stream, renamed=renamed,
-                                   segments="segment" in data.timestamp_granularities)
+                                   segments="segment" in data.timestamp_granularities, languages=True)
 
 
 async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationForm, asked: Mapping[str, Any], *,
                             stream: bool = False, renamed: Mapping[str, str] | None = None,
-                            segments: bool = True) -> Response[Any]:
+                            segments: bool = True, languages: bool = False) -> Response[Any]:
     """Transcribe the form's file with the options `asked` (its temperature besides, its prompt unless asked names
     one), answered in its response_format, or as SSE events with `stream`. `renamed`: the request's names for the
     options' fields (a refused option may be another field's fault). `segments`: verbose_json lists them (False:
-    words only, as OpenAI answers timestamp_granularities=["word"]). Raises APIError (400 bad audio/params, 404
-    model, 413 size, 503 load failure)."""
+    words only, as OpenAI answers timestamp_granularities=["word"]). `languages`: the json answer and the done event
+    name the language heard, for the models OpenAI's do (a transcription's, not a translation's). Raises APIError
+    (400 bad audio/params, 404 model, 413 size, 503 load failure)."""
     state = get_state(request)
     speech = served_speech(state, data.model)
     raw = await data.file.read()
@@ -125,8 +127,9 @@ async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationFo
     started = time.perf_counter()
     audio_seconds = len(pcm) / SAMPLE_RATE
     check_file_length(pcm)
+    languages_model = data.model if languages else None
     if stream:
-        return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics)))
+        return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics, languages_model)))
     try:
         transcript = await run_while_connected(request, lambda: speech.transcribe(pcm, options))
     except ClientDisconnected:
@@ -136,6 +139,9 @@ async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationFo
     body = render(transcript, data.response_format, words=options.word_timestamps)
     if isinstance(body, dict) and data.response_format == "verbose_json":
         body = _as_openai(body, segments=segments)
+    heard = detected_languages(languages_model, transcript.language, transcript.text)
+    if isinstance(body, dict) and data.response_format == "json" and heard is not None:  # OpenAI's Transcription's
+        body["languages"] = heard
     if isinstance(body, dict) and options.logprobs:  # json only (the form refuses the others)
         body["logprobs"] = _logprobs(transcript.logprobs, transcript.text)
     return Response(body, media_type=media_type(data.response_format), status_code=200)
@@ -187,7 +193,8 @@ def _check_parts(data: TranslationForm, file: bytes, limit: int) -> None:
 
 
 async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options: TranscribeOptions,
-                                metrics: Any) -> AsyncGenerator[bytes, None]:
+                                metrics: Any, model: str | None = None) -> AsyncGenerator[bytes, None]:
+    """`model`: the done event names the language heard if OpenAI's does for it (detected_languages)."""
     started = time.perf_counter()
     stream = speech.transcribe_stream(pcm, options)
     sent = ""  # the deltas so far, which add up to the done event's text (no leading space, as OpenAI's)
@@ -196,7 +203,10 @@ async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options:
             if isinstance(item, Transcript):
                 if metrics is not None:
                     metrics.observe_transcription(len(pcm) / SAMPLE_RATE, time.perf_counter() - started)
+                heard = detected_languages(model, item.language, item.text)
                 yield sse_data(TranscriptTextDone(text=item.text.strip(), usage=DurationUsage(**usage(item)),
+                                                  languages=[TranscriptionLanguage(**x) for x in heard]
+                                                  if heard is not None else None,
                                                   logprobs=_logprobs(item.logprobs, item.text)), exclude_none=True)
             elif delta := "".join(s.text for s in item).lstrip() if not sent else "".join(s.text for s in item):
                 sent += delta

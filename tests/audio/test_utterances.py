@@ -49,3 +49,17 @@ def test_a_decode_reaches_the_pauses_it_can_hold_but_never_past_a_clients_commit
     assert u.hard_at(200) and not u.hard_at(100) and not u.hard_at(150)
     u.close(2)
     assert u.reach(1000) == 300 and not u.hard_at(200) and list(u.hard) == [False]
+
+
+def test_an_utterance_names_the_language_its_text_was_decoded_in() -> None:
+    # the transcription's language when it closes (LiveTranscription.language): Realtime's `languages` reads it
+    events: list[SessionEvent] = []
+    language = ["en"]
+    u = Utterances(events.append, lambda: language[0])
+    u.pause(100)
+    u.add(" Hello", None)
+    u.close(1)
+    language[0] = "jw"
+    u.pause(200)
+    u.close(1)
+    assert [(e.text, e.language) for e in events if e.type == "utterance"] == [(" Hello", "en"), ("", "jw")]

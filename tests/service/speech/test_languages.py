@@ -136,8 +136,8 @@ def test_languages_that_cannot_be_honoured_are_refused_naming_them(client: TestC
     assert err["param"] == param, err
 
 
-def _languages_update(languages: list[str], language: str | None = None) -> str:
-    transcription: dict[str, Any] = {"model": "whisper-1", "languages": languages}
+def _languages_update(languages: list[str], language: str | None = None, model: str = "whisper-1") -> str:
+    transcription: dict[str, Any] = {"model": model, "languages": languages}
     if language is not None:
         transcription["language"] = language
     return json.dumps({"type": "session.update", "event_id": "evt_2", "session": {"type": "transcription", "audio": {
@@ -162,7 +162,7 @@ def test_a_realtime_session_detects_each_item_among_its_languages(client: TestCl
     with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
         assert ws.receive_json(timeout=30)["type"] == "session.created"
         for among in (["de", "fr"], ["ja", "sw"]):  # an update detects anew, among its own
-            ws.send_text(_languages_update(among))
+            ws.send_text(_languages_update(among, model="gpt-live-transcribe"))
             shown = until(ws, "session.updated")[-1]["session"]["audio"]["input"]["transcription"]
             assert shown["languages"] == among and shown["language"] is None
             append(ws, voiced_24k(1.0))
@@ -170,6 +170,8 @@ def test_a_realtime_session_detects_each_item_among_its_languages(client: TestCl
             events = until(ws, "conversation.item.input_audio_transcription.completed")
             assert not [e for e in events if e["type"] == "error"], events
             assert decoded and all(given == tuple(among) and code in among for given, code in decoded), decoded
+            # gpt-live-transcribe's completed names the one detected (OpenAI's `languages`, LiveKit reads it)
+            assert events[-1]["transcript"] and events[-1]["languages"] == [{"code": decoded[-1][1]}], events[-1]
             decoded.clear()
 
 

@@ -136,6 +136,21 @@ def test_openai_transcription_model_ids_open_and_update_a_session(client: TestCl
     assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
 
 
+@pytest.mark.parametrize("model", ["gpt-live-transcribe", "whisper-1"])
+def test_completed_names_the_language_heard_for_gpt_live_transcribe(client: TestClient[Any], model: str) -> None:
+    """openai-python's ConversationItemInputAudioTranscriptionCompletedEvent.languages ("Returned by gpt-transcribe"),
+    which LiveKit's stt.py reads over the language it asked for; other models' events keep OpenAI's shape."""
+    with client.websocket_connect(f"/v1/realtime?intent=transcription&model={model}") as ws:
+        ws.receive_json(timeout=30)
+        append(ws, voiced(1.0))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+    if model == "whisper-1":
+        assert "languages" not in done
+    else:  # the served tiny Whisper is English-only
+        assert done["languages"] == ([{"code": "en"}] if done["transcript"] else []), done
+
+
 @pytest.mark.parametrize("dialect", ["ga", "beta"])
 def test_a_realtime_only_model_has_no_server_vad_and_the_clients_commit_makes_the_one_item(
         client: TestClient[Any], state: AppState, dialect: str) -> None:

@@ -120,3 +120,20 @@ def test_each_events_logprobs_join_to_exactly_its_text() -> None:
     assert joined(done["logprobs"]) == done["transcript"]
     assert deltas[0]["logprobs"][0] == {"token": "And", "logprob": -0.2, "bytes": list(b"And")}
     assert done["logprobs"] == [x for d in deltas for x in d["logprobs"]]
+
+
+def completed(model: str | None, text: str, language: str | None) -> dict[str, Any]:
+    items = Items()
+    events = [SessionEvent("speech_started", item=0), SessionEvent("utterance", text=text, item=0, language=language)]
+    return [e for ev in events for e in server_events(ev, items, tentative=False, model=model)][-1]
+
+
+def test_completed_names_the_language_heard_for_the_models_openais_does() -> None:
+    # openai-python's ConversationItemInputAudioTranscriptionCompletedEvent.languages, "Returned by gpt-transcribe";
+    # LiveKit's stt.py reads `completed.languages` (its first `code`) over the language it asked for
+    assert completed("gpt-live-transcribe", " Hello there", "en")["languages"] == [{"code": "en"}]
+    assert completed("gpt-transcribe", " Sugeng enjing", "jw")["languages"] == [{"code": "jv"}]  # ISO 639-1
+    assert completed("gpt-live-transcribe", " ", "en")["languages"] == []  # nothing heard: no language
+    # the other ids' events keep the shape OpenAI gives them (clients that compare keys strictly)
+    for model in (None, "whisper-1", "gpt-4o-transcribe", "gpt-realtime-whisper"):
+        assert "languages" not in completed(model, " Hello", "en")

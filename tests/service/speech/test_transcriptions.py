@@ -4,7 +4,7 @@ segments only when asked for), over a tiny random Whisper whose transcript is re
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
 import numpy as np
 import pytest
@@ -135,3 +135,58 @@ def test_an_undecodable_upload_is_told_in_plain_words(client: TestClient[Any]) -
     assert err["message"].startswith("could not decode the audio file")
     assert "Errno" not in err["message"] and "<none>" not in err["message"]
     assert "audio/pcm, " in err["message"] and "audio/x-mulaw" in err["message"]  # the types read as raw samples
+
+
+@pytest.fixture
+def heard(monkeypatch: pytest.MonkeyPatch) -> list[Transcript]:
+    """What the (patched) service transcribes: the list's one Transcript, as a whole and as a stream."""
+    said = [SPOKEN]
+
+    async def transcribe(self: SpeechService, pcm: np.ndarray, options: TranscribeOptions) -> Transcript:
+        return said[0]
+
+    async def transcribe_stream(self: SpeechService, pcm: np.ndarray,
+                                options: TranscribeOptions) -> AsyncIterator[list[Segment] | Transcript]:
+        yield list(said[0].segments)
+        yield said[0]
+
+    monkeypatch.setattr(SpeechService, "transcribe", transcribe)
+    monkeypatch.setattr(SpeechService, "transcribe_stream", transcribe_stream)
+    return said
+
+
+def _answer(client: TestClient[Any], model: str, **fields: str) -> dict[str, Any]:
+    r = client.post("/v1/audio/transcriptions", files={"file": ("a.wav", wav_bytes(voiced(2)), "audio/wav")},
+                    data={"model": model, **fields})
+    assert r.status_code == 200, r.text
+    if fields.get("stream") != "true":
+        return r.json()  # type: ignore[no-any-return]
+    done: dict[str, Any] = sse_events(r.text)[-1]
+    assert done["type"] == "transcript.text.done", done
+    return done
+
+
+@pytest.mark.parametrize("stream", ["false", "true"])
+def test_gpt_transcribe_answers_name_the_language_heard(client: TestClient[Any], heard: list[Transcript],
+                                                        stream: str) -> None:
+    # openai-python's Transcription.languages and TranscriptionTextDoneEvent.languages, "Returned by gpt-transcribe":
+    # LiveKit's stt.py reads resp.languages[0].code
+    assert _answer(client, "gpt-transcribe", stream=stream)["languages"] == [{"code": "en"}]
+    heard[0] = Transcript(" Sugeng enjing", "jw", 1.0, segments=[Segment(0, 0, 0.0, 1.0, " Sugeng enjing")])
+    assert _answer(client, "gpt-transcribe", stream=stream)["languages"] == [{"code": "jv"}]  # ISO 639-1
+    heard[0] = Transcript("", "en", 1.0)
+    assert _answer(client, "gpt-transcribe", stream=stream)["languages"] == []  # nothing heard, no language
+
+
+@pytest.mark.parametrize("model, fields", [("whisper-1", {}), ("gpt-4o-transcribe", {"stream": "true"}),
+                                           ("gpt-transcribe", {"response_format": "verbose_json"})])
+def test_other_answers_keep_openais_shape(client: TestClient[Any], heard: list[Transcript], model: str,
+                                          fields: dict[str, str]) -> None:
+    # OpenAI's verbose_json has no `languages` (its `language` names it), and other models' answers none
+    assert "languages" not in _answer(client, model, **fields)
+
+
+def test_a_translation_names_no_languages(client: TestClient[Any], heard: list[Transcript]) -> None:
+    r = client.post("/v1/audio/translations", files={"file": ("a.wav", wav_bytes(voiced(2)), "audio/wav")},
+                    data={"model": "gpt-transcribe"})
+    assert r.status_code == 200 and "languages" not in r.json(), r.text  # OpenAI's Translation has none
