@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import mlx.core as mx
 
 __all__ = ["ConstraintError", "ConstraintFailed", "Constraint", "ConstraintTokenizer", "json_grammar", "regex_grammar",
-           "call_grammar", "marker", "brief"]
+           "choice_grammar", "lark_grammar", "call_grammar", "marker", "brief"]
 
 
 class ConstraintError(InvalidRequest):
@@ -36,11 +36,12 @@ class ConstraintError(InvalidRequest):
 _LAYOUT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str:
+def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False, layout: dict[str, Any] | None = None) -> str:
     """The grammar of JSON text following `schema` (None: any JSON object), checked. `lenient`: keywords llguidance
     does not implement (`uniqueItems`, `not`, ...) are ignored, as a schema not marked strict may be followed
-    approximately. Raises ConstraintError naming what llguidance cannot compile (an unknown format, a dangling
-    $ref, a type that is not one, an unimplemented keyword when not lenient)."""
+    approximately; `layout`: llguidance's whitespace and separator options over OpenAI's layout (the schema's own
+    "x-guidance" still wins). Raises ConstraintError naming what llguidance cannot compile (an unknown format, a
+    dangling $ref, a type that is not one, an unimplemented keyword when not lenient)."""
     from llguidance import LLMatcher
 
     if (cycle := _ref_cycle(schema)) is not None:
@@ -48,7 +49,8 @@ def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False) -> str
                               f"that never reaches a schema)")
     try:
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema if schema is not None else {"type": "object"}),
-                                                     defaults=cast(Any, {**_LAYOUT, "lenient": lenient}))
+                                                     defaults=cast(Any, {**_LAYOUT, **(layout or {}),
+                                                                         "lenient": lenient}))
     except (ValueError, TypeError, RuntimeError) as exc:
         raise ConstraintError(f"the schema cannot be enforced: {brief(str(exc))}") from None
     hint = "" if lenient else " (with strict: false keywords the engine lacks are ignored and the rest enforced)"
@@ -68,6 +70,28 @@ def regex_grammar(pattern: str) -> str:
         reason = next((line[len("error: "):] for line in said.split("\n") if line.startswith("error: ")), brief(said))
         raise ConstraintError(f"the pattern cannot be enforced: {reason}")
     return str(grammar)
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """The grammar of text that is exactly one of `choices` (vLLM's `choice`), checked. Raises ConstraintError."""
+    from llguidance import LLMatcher
+
+    # JSON's string escapes are Lark's: any text is one literal.
+    return _checked(LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in choices) + "\n"),
+                    "the choices")
+
+
+def lark_grammar(text: str) -> str:
+    """The grammar `text` writes: llguidance's Lark (its `%llguidance {}` header or not, as Guidance sends it), or
+    GBNF (llama.cpp's and xgrammar's EBNF, `root ::= ...`) converted to it, as vLLM's guidance backend reads
+    `grammar`; checked. Raises ConstraintError saying what is wrong with it."""
+    import llguidance
+
+    try:
+        grammar = llguidance.grammar_from("grammar", text)
+    except (ValueError, TypeError, RuntimeError) as exc:  # GBNF that does not convert
+        raise ConstraintError(f"the grammar cannot be enforced: {brief(str(exc))}") from None
+    return _checked(grammar, "the grammar")
 
 
 def _checked(grammar: str, what: str, unimplemented_hint: str = "") -> str:

@@ -7,14 +7,16 @@ from typing import Any, ClassVar, cast
 from pydantic import Field, ValidationInfo, field_validator
 
 from service.chat.schemas import MAX_CHOICES, SamplingFields
+from service.chat.structured_outputs import StructuredOutputFields
 
 __all__ = ["CompletionRequest"]
 
 MAX_LOGPROBS = 20  # as chat's top_logprobs
 
 
-class CompletionRequest(SamplingFields):
-    """POST /v1/completions body: prompts as text or token ids, `n` choices of each."""
+class CompletionRequest(StructuredOutputFields, SamplingFields):
+    """POST /v1/completions body: prompts as text or token ids, `n` choices of each (vLLM's structured outputs after
+    the sampling fields)."""
 
     DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's (and vLLM's) for a completion that names none
     prompt: str | list[str] | list[int] | list[list[int]] = Field(

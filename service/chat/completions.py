@@ -23,6 +23,7 @@ from service.chat.chunk_usage import ChunkUsage
 from service.chat.completion_request import CompletionRequest
 from service.chat.infill import Infill, infill_tokens, requested_infill
 from service.chat.respond import respond
+from service.chat.structured_outputs import asked_constraint, constraint_grammar
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
 from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
@@ -189,6 +190,9 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     include_usage = bool(data.stream_options and data.stream_options.include_usage)
     items, samples = data.prompt_items(), data.n or 1
     infill = requested_infill(engine, data)
+    # vLLM's constraint, compiled once for every row: the reply follows it from its first token.
+    asked = asked_constraint(data)
+    grammar = await constraint_grammar(asked, engine.prepare_grammar) if asked is not None else None
     # max_tokens 0 with echo (OpenAI's scoring idiom): the prompt's log probabilities alone; the one token the engine
     # writes is not given.
     scoring = data.reply_limit() == 0
@@ -203,6 +207,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
             generation.prompt_logprobs = logprobs
         if infill is not None:  # a family's end of the middle that is not its eos (CodeLlama's ▁<EOT>)
             generation.stop_token_ids = infill.format.stop_ids
+        if grammar is not None:
+            generation.sampling = replace(generation.sampling, grammar=grammar)
         if sample and (seed := generation.sampling.seed) is not None:  # a seed's n samples differ, and repeat
             generation.sampling = replace(generation.sampling, seed=(seed + sample) % (1 << 64))
         return generation

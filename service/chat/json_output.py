@@ -1,7 +1,7 @@
 """Constrained replies: JSON output (`response_format` / the Responses API's `text.format`; TGI's `json` and `regex`
-grammars too) and strict function calls (`strict: true`), as the grammar the engine's sampler follows
-(engine/constraints.py): the answer from its first token or after its thinking block, a call's arguments from its
-opening marker."""
+grammars too), vLLM's structured outputs (service/chat/structured_outputs.py) and strict function calls (`strict:
+true`), as the grammar the engine's sampler follows (engine/constraints.py): the answer from its first token or after
+its thinking block, a call's arguments from its opening marker."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from engine.chat_output import OutputMarkers
 from engine.constraints import ConstraintError, call_grammar, json_grammar, marker, regex_grammar
 from engine.contracts import GrammarSpec
 from engine.harmony import is_harmony
+from service.chat.structured_outputs import AskedConstraint
 from service.http.errors import APIError
 
 __all__ = ["check_response_format", "reply_grammar"]
@@ -80,6 +81,10 @@ def _tgi_format(value: dict[str, Any]) -> dict[str, Any]:
     return {"type": kind, "value": given}
 
 
+# How an error names the answer's grammar, by whether response_format asked for it (else vLLM's fields did).
+_WHAT = {False: "Structured output", True: "JSON output"}
+
+
 def _schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
     if "value" in response_format:  # TGI's json
         return dict(response_format["value"])
@@ -111,11 +116,12 @@ class _Markers(NamedTuple):
 
 async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, Any]] | None, *,
                         tokenizer: Any, opens_thinking: bool, calls: bool, json_calls: bool = False,
-                        prepare: Callable[[GrammarSpec], None] | None = None, forced: str | bool = False
-                        ) -> GrammarSpec | None:
-    """What the reply must follow (None: nothing). The answer follows the response_format's schema (or pattern) from its
-    first token, or after the thinking block it opens in (a harmony model: in its final channel); beside tools the model
-    may call, its one-token call marker may open the reply instead. A call's arguments follow their function's
+                        prepare: Callable[[GrammarSpec], None] | None = None, forced: str | bool = False,
+                        asked: AskedConstraint | None = None) -> GrammarSpec | None:
+    """What the reply must follow (None: nothing). The answer follows the response_format's schema (or pattern), or
+    the constraint vLLM's fields ask for (`asked`, service/chat/structured_outputs.py), from its first token, or after
+    the thinking block it opens in (a harmony model: in its final channel); beside tools the model may call, its
+    one-token call marker may open the reply instead. A call's arguments follow their function's
     parameters where any tool is `strict` (calls written as <tool_call> JSON; `json_calls`: the tools were told in
     the prompt), and a forced call (`forced`: tool_choice "required", True, or the function's name) is the reply.
     Grammars are compiled, and their matchers built (`prepare`, the engine's), in worker threads: llguidance built a
@@ -134,7 +140,8 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         grammar = await _calls_grammar(chosen, markers, prepare, param="tools", opened=False)
         after = _opening_marker(tokenizer, opens_thinking, False, what="A forced tool call", param="tool_choice")
         return GrammarSpec(None, after=after, calls=grammar)
-    answer = response_format is not None and response_format.get("type") != "text"
+    answer = asked is not None or (response_format is not None and response_format.get("type") != "text")
+    field = asked.param if asked is not None else "response_format"  # the field asking for the answer's grammar
     strict = [i for i, tool in enumerate(tools or ()) if tool.get("function", {}).get("strict")] if calls else []
     if not answer and not strict:
         return None
@@ -149,19 +156,20 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
     escape = None
     if answer and calls and not harmony:  # harmony's calls go to another channel than the final one
         if markers is None or text_marker:
-            raise APIError(400, "JSON output beside tools is not offered for this model: its tool calls do not open "
-                                "with one special token, so a call could not be told from the answer (send "
-                                "tool_choice \"none\", or leave the tools out)", param="response_format",
+            raise APIError(400, f"{_WHAT[asked is None]} beside tools is not offered for this model: its tool calls "
+                                "do not open with one special token, so a call could not be told from the answer "
+                                "(send tool_choice \"none\", or leave the tools out)", param=field,
                            code="unsupported_value")
         escape = markers.opening_ids[0]
     text = None
-    if response_format is not None and answer:
+    if answer:
+        compile_answer = asked.grammar if asked is not None else partial(_compile, response_format or {})
         try:
-            text = await anyio.to_thread.run_sync(_compile, response_format)
+            text = await anyio.to_thread.run_sync(compile_answer)
             if prepare is not None:
                 await anyio.to_thread.run_sync(prepare, GrammarSpec(text))
         except ConstraintError as exc:  # TGI's grammar: its schema or pattern is `value`
-            param = "response_format.value" if "value" in response_format else "response_format"
+            param = "response_format.value" if asked is None and "value" in (response_format or {}) else field
             raise APIError(400, str(exc), param=param, code="invalid_value") from None
     call_text = None
     if strict and markers is not None and tools:
@@ -170,7 +178,8 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
     if text is None:  # only the calls: free text until a call opens (told by its token, or by the grammar)
         assert markers is not None
         return GrammarSpec(None, after=() if text_marker else tuple(markers.opening_ids), calls=call_text)
-    return GrammarSpec(text, after=_opening_marker(tokenizer, opens_thinking, harmony), escape=escape,
+    return GrammarSpec(text, after=_opening_marker(tokenizer, opens_thinking, harmony, what=_WHAT[asked is None],
+                                                   param=field), escape=escape,
                        calls=call_text, think=None if opens_thinking or harmony else _think_tokens(tokenizer))
 
 

@@ -29,6 +29,7 @@ from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk
 from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
 from service.chat.chunks import ChunkEncoder
 from service.chat.respond import respond
+from service.chat.structured_outputs import asked_constraint
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
 from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
@@ -80,6 +81,7 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
                         max_calls: int | None = None) -> tuple[GenerationRequest, Callable[[], ChatTranslator]]:
     """The engine request for `body` (rendered, its grammar prepared) and how to make a reply's translator (one per
     choice: it keeps the reply's state). Raises APIError (what rendering refuses)."""
+    asked = asked_constraint(body, body.response_format)  # before rendering: a conflict is the body's own fault
     rendered = await render_chat(state, engine, body)
     prompt = rendered.tokens
     generation = generation_request(engine, body, prompt, body.reply_limit(),
@@ -91,11 +93,11 @@ async def _chat_request(request: Request[Any, Any, Any], state: AppState, engine
     forced = _forced(body.tool_choice)
     try:
         if body.continue_final_message:
-            check_no_grammar(body.response_format, forced and calls)
+            check_no_grammar(body.response_format, forced and calls)  # vLLM's constraints follow the continuation
         grammar = await reply_grammar(body.response_format, tools, tokenizer=engine.tokenizer, calls=calls,
                                       opens_thinking=_opens_thinking(engine.tokenizer, rendered),
                                       json_calls=rendered.json_tool_calls, prepare=engine.prepare_grammar,
-                                      forced=forced)
+                                      forced=forced, asked=asked)
     except APIError as exc:
         raise named_as_sent(exc, body) from None  # functions and function_call by the names the client sent
     if grammar is not None:

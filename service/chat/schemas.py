@@ -21,6 +21,7 @@ from service.chat.message_parts import (CACHE_BREAKPOINT, UNREAD_PARTS, CacheCon
 from service.chat.metadata import metadata_limits
 from service.chat.prefill import continued_message, generation_prompt_asked
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
+from service.chat.structured_outputs import StructuredOutputFields
 from service.chat.thinking_switch import (AskedThinking, ThinkingSwitch, asked_thinking, kwargs_agree,
                                          reasoning_format_taken, switch_agrees)
 from service.chat.tool_results import tool_message_content
@@ -248,8 +249,8 @@ class SamplingFields(_Body):
         return [s for s in stops if s]
 
 
-class ChatCompletionRequest(SamplingFields):
-    """POST /v1/chat/completions body."""
+class ChatCompletionRequest(StructuredOutputFields, SamplingFields):
+    """POST /v1/chat/completions body (vLLM's structured outputs after the sampling fields)."""
 
     messages: list[ChatMessage] = Field(..., min_length=1)
     tools: list[Tool] | None = None
