@@ -30,11 +30,11 @@ class _Clock:
 async def kept_alive_while_idle(events: AsyncGenerator[bytes, None], keepalive: Callable[[], bytes], every: float,
                                 task_group: TaskGroup) -> AsyncGenerator[bytes, None]:
     """`events` as they come, with `keepalive()` whenever none came for `every` seconds. Raises what `events`
-    raises; closing this generator closes `events` (its reader task ends at its next event)."""
+    raises; closing this generator cancels the reader task where it waits and closes `events`."""
     send, receive = anyio.create_memory_object_stream[bytes | Exception](64)
     clock = _Clock()
-    ticking = anyio.CancelScope()
-    task_group.start_soon(_pump, events, send)
+    ticking, pumping = anyio.CancelScope(), anyio.CancelScope()
+    task_group.start_soon(_pump, events, send, pumping)
     task_group.start_soon(_tick, send, keepalive, clock, every, ticking)
     try:
         async with receive:
@@ -45,11 +45,14 @@ async def kept_alive_while_idle(events: AsyncGenerator[bytes, None], keepalive: 
                 yield item
     finally:
         ticking.cancel()
+        pumping.cancel()  # a client that left stops the source at once, as it would read directly (a Whisper step)
 
 
-async def _pump(events: AsyncGenerator[bytes, None], send: MemoryObjectSendStream[bytes | Exception]) -> None:
-    """`events` into `send`, then its end (or its failure). Raises nothing: it runs in the app's task group."""
-    async with send:
+async def _pump(events: AsyncGenerator[bytes, None], send: MemoryObjectSendStream[bytes | Exception],
+                scope: anyio.CancelScope) -> None:
+    """`events` into `send`, then its end (or its failure), until `scope` is cancelled. Raises nothing: it runs in
+    the app's task group."""
+    with scope, send:
         try:
             try:
                 async for event in events:

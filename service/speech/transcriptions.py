@@ -26,7 +26,8 @@ from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, api_error, in_band_error
 from service.http.multipart import file_parts
 from service.http.openapi import error_responses, inline_json_schema, ok_content_operation, sse_event_schema
-from service.http.sse import EventSource, SSEStream, sse_data, sse_error
+from service.http.idle_keepalive import kept_alive_while_idle
+from service.http.sse import KEEPALIVE, EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
 from service.speech.schemas import (
     DurationUsage,
@@ -129,7 +130,11 @@ async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationFo
     check_file_length(pcm)
     languages_model = data.model if languages else None
     if stream:
-        return SSEStream(EventSource(_transcription_events(speech, pcm, options, state.metrics, languages_model)))
+        events = _transcription_events(speech, pcm, options, state.metrics, languages_model)
+        if state.config.sse_keepalive and state.task_group is not None:
+            # A window can take tens of seconds beside chat: a proxy's idle timer must not cut the stream meanwhile.
+            events = kept_alive_while_idle(events, lambda: KEEPALIVE, state.config.sse_keepalive, state.task_group)
+        return SSEStream(EventSource(events))
     try:
         transcript = await run_while_connected(request, lambda: speech.transcribe(pcm, options))
     except ClientDisconnected:
