@@ -207,8 +207,12 @@ class LiveSocket:
             if kind == "finish":
                 self._finish(tg)
                 return
+            # A socket's first PCM frame or finish makes it a binary-frame one: its events are those, not Realtime's.
+            late = kind in REALTIME_CLIENT_EVENTS and self.mode == "frames"
             raise APIError(400, f"unknown message type {kind!r}; send binary PCM frames and {{\"type\": \"finish\"}}"
-                           + (", or Realtime client events" if self.mode == "undecided" else ""),
+                           + (", or Realtime client events" if self.mode == "undecided" else "")
+                           + (" (this socket speaks binary frames since its first message: Realtime events must come "
+                              "before any PCM frame)" if late else ""),
                            param="type", code="unknown_event")
         assert self.session is not None
         if kind in ("session.update", "transcription_session.update"):

@@ -710,6 +710,16 @@ def test_an_unknown_first_message_does_not_decide_the_mode(client: TestClient[An
         assert until(ws, "session.updated")[-1]["session"]["type"] == "transcription"
 
 
+def test_a_realtime_event_after_a_pcm_frame_says_the_socket_speaks_frames(client: TestClient[Any]) -> None:
+    # The first PCM frame makes /v1/audio/live a binary-frame socket: a Realtime event after it is refused saying so.
+    with client.websocket_connect("/v1/audio/live?rate=16000&encoding=s16le") as ws:
+        ws.receive_json(timeout=30)
+        ws.send_bytes(b"\0" * 400)
+        ws.send_text('{"type": "input_audio_buffer.clear"}')
+        error = until(ws, "error")[-1]
+    assert error["code"] == "unknown_event" and "before any PCM frame" in error["message"]
+
+
 def test_a_message_within_the_frame_limit_meets_no_second_size_rule(client: TestClient[Any]) -> None:
     # A 15 MiB decoded-audio rule beside the guard's frame bytes: never reached by a base64 append (20 MiB of
     # text, past granian's 16 MiB frame), and a second limit in other units for a binary frame.
