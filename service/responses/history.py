@@ -301,6 +301,11 @@ def chat_request(body: ResponsesRequest, items: list[Any] | None = None) -> tupl
     chat.update(body.chat_sampling(), reasoning_effort=requested_effort(body))
     if body.text is not None and body.text.format is not None:
         chat["response_format"] = body.text.format.chat_format()
+    if body.structured_outputs is not None:
+        if chat.get("response_format", {}).get("type", "text") != "text":  # as vLLM: one constraint
+            raise APIError(400, "structured_outputs and text.format each constrain the reply: give one of them",
+                           param="structured_outputs", code="invalid_value")
+        chat["structured_outputs"] = body.structured_outputs.model_dump(by_alias=True, exclude_none=True)
     try:
         return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None}), names
     except ValidationError as exc:

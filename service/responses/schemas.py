@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from service.chat.cache_retention import CacheRetention, retention_alias
 from service.chat.json_output import check_response_format
+from service.chat.structured_outputs import StructuredOutputs
 from service.chat.metadata import metadata_limits
 from service.chat.schemas import (TOOL_NAME, UNREAD_PARTS, _Body, _Request, _empty, _only_false,
                                   no_forced_call, unread_parts_refused)
@@ -294,6 +295,11 @@ class ResponsesPrompt(_Body):
 
 class ResponsesRequest(ResponsesSampling, ResponsesPrompt):
     """POST /v1/responses body."""
+
+    # vLLM's Responses body takes it (not the guided_* spellings): the reply's text follows it, as chat's does.
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM's: one of choice, regex, json, grammar or json_object constrains the reply's text (not "
+                          "beside a text.format that is not text).")
 
     input: str | list[InputItem] = Field(..., description="A user message, or the conversation's items (all of "
                                                           "them, or those after `previous_response_id`).")

@@ -191,3 +191,17 @@ def test_on_a_continued_message_the_constraint_follows_the_continuation(client: 
     assert _grammar(client, fake_engine, CHAT, {**prefill, "guided_choice": ["yes", "no"]}) == \
         choice_grammar(["yes", "no"])
     _refused(client, CHAT, {**prefill, "response_format": {"type": "json_object"}}, "response_format")
+
+
+def test_the_responses_route_takes_structured_outputs_as_vllms_does(real: TestClient[Any]) -> None:
+    # vLLM's Responses body has structured_outputs (not the guided_* spellings); beside a JSON text.format it is refused.
+    response = real.post("/v1/responses", json={"input": "Yes or no?", "max_output_tokens": 64,
+                                                "structured_outputs": {"choice": ["yes", "no"]}})
+    assert response.status_code == 200, response.text
+    assert response.json()["output"][-1]["content"][0]["text"] in ("yes", "no")
+    both = {"input": "Hi", "structured_outputs": {"regex": "[0-9]+"},
+            "text": {"format": {"type": "json_schema", "name": "s", "schema": SCHEMA}}}
+    refused = real.post("/v1/responses", json=both)
+    assert refused.status_code == 400 and "text.format" in refused.json()["error"]["message"], refused.text
+    unknown = real.post("/v1/responses", json={"input": "Hi", "guided_choice": ["a"]})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "guided_choice"
