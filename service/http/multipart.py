@@ -58,7 +58,8 @@ def file_parts(*names: str) -> Callable[[Request[Any, Any, Any]], Awaitable[None
 async def parse_form(stream: AsyncGenerator[bytes, None], boundary: bytes, files: set[str],
                      part_limit: int) -> dict[str, Any]:
     """Litestar's parse_multipart_form, parts named in `files` always UploadFiles. Raises APIError 400 (a text part
-    that is not UTF-8, or a file field sent twice, naming it), ClientException 400 (a malformed form, or more than `part_limit` parts)."""
+    that is not UTF-8, or a file field sent twice, naming it), ClientException 400 (a malformed form, or more than
+    `part_limit` parts)."""
     fields: defaultdict[str, list[Any]] = defaultdict(list)
     chunk = await async_next(stream, b"")
     if not chunk:

@@ -194,7 +194,7 @@ def test_on_a_continued_message_the_constraint_follows_the_continuation(client: 
 
 
 def test_the_responses_route_takes_structured_outputs_as_vllms_does(real: TestClient[Any]) -> None:
-    # vLLM's Responses body has structured_outputs (not the guided_* spellings); beside a JSON text.format it is refused.
+    # vLLM's Responses body has structured_outputs (not the guided_* spellings); beside a JSON text.format, refused.
     response = real.post("/v1/responses", json={"input": "Yes or no?", "max_output_tokens": 64,
                                                 "structured_outputs": {"choice": ["yes", "no"]}})
     assert response.status_code == 200, response.text
