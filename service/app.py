@@ -241,7 +241,8 @@ def create_app(state: AppState | None = None) -> Litestar:
             title="mlx-tandem",
             version=API_VERSION,
             description="OpenAI-compatible chat and speech on one cooperative MLX scheduler.",
-            servers=[Server(url="http://127.0.0.1:8080")],
+            # Relative to /docs/swagger: "Try it out" calls the server the page came from (its port, a proxy's prefix).
+            servers=[Server(url="..")],
             path="/docs",
         ),
         debug=False,

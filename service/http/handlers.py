@@ -143,6 +143,13 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     if status == 405:
         # Litestar names the route's methods in the exception's Allow header: pass it on (RFC 9110).
         allow = {k: v for k, v in (exc.headers or {}).items() if k.lower() == "allow"}
+        if request.method == "GET" and any(v.strip().lower() == "websocket" for v in allow.values()):
+            # A websocket route met as plain HTTP: the client, or a proxy that drops Upgrade / Connection, did not ask
+            # for the upgrade (RFC 9110's 426 names the protocol to switch to).
+            return error_response(APIError(
+                426, f"{request.url.path} is a websocket: connect with an Upgrade: websocket request (a reverse proxy "
+                     "must pass the Upgrade and Connection headers on: see the README's reverse proxy section)",
+                code="upgrade_required"), headers={"Upgrade": "websocket", "Connection": "Upgrade"})
         return error_response(
             APIError(405, f"Method {request.method} is not allowed on {request.url.path}", code="method_not_allowed"),
             headers=allow)

@@ -94,6 +94,14 @@ def test_unknown_route_and_method_are_openai_errors(client: Any) -> None:
     assert "POST" in wrong_method.headers["allow"]  # RFC 9110: a 405 says which methods the route takes
 
 
+def test_a_websocket_route_met_as_plain_http_says_to_upgrade(client: Any) -> None:
+    # A reverse proxy that drops Upgrade / Connection made every Realtime connection a 405 blaming GET.
+    r = client.get("/v1/realtime", params={"intent": "transcription"})
+    _assert_openai_error(r, 426, None, "upgrade_required")
+    assert r.headers["upgrade"] == "websocket" and "Upgrade and Connection" in r.json()["error"]["message"]
+    assert client.post("/v1/audio/live").status_code == 405  # another method stays a 405
+
+
 def test_what_other_servers_clients_send_gets_a_pointer(client: Any) -> None:
     # A base_url without /v1 (mlx_lm.server answers both paths), mlx_lm.server's and Ollama's fields, chat's
     # boolean logprobs on /v1/completions: each 4xx says where to go or why, not only what was wrong.
