@@ -74,7 +74,7 @@ def leftovers(root: Path | None = None) -> list[Leftover]:
     root = root if root is not None else _root()
     staging = [p for p in [*_children(root / "gguf", ".convert-*"), *_children(root / "whisper", "*.partial")]
                if p.is_dir()]
-    found = [Leftover(p, _size(p)) for p in staging]
+    found = [Leftover(p, _size(p, whole=True)) for p in staging]
     for base in (root / "gguf", root / "whisper"):
         for path in sorted({*_walk(base, ".tmp*"), *_walk(base, "*.tmp")}):
             if path.is_file() and not any(s in path.parents for s in staging):
@@ -153,5 +153,11 @@ def _file_size(path: Path) -> int:
         return 0
 
 
-def _size(folder: Path) -> int:
-    return sum(_file_size(f) for f in _walk(folder, "*") if f.is_file())
+def _size(folder: Path, *, whole: bool = False) -> int:
+    """The folder's files, less the temporary ones `leftovers` lists apart (they were counted twice) unless `whole`
+    (a staging folder, listed whole). Raises nothing."""
+    return sum(_file_size(f) for f in _walk(folder, "*") if f.is_file() and (whole or not _temporary(f)))
+
+
+def _temporary(path: Path) -> bool:
+    return path.name.startswith(".tmp") or path.name.endswith(".tmp")

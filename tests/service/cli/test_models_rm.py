@@ -57,6 +57,10 @@ def test_ls_lists_conversions_with_their_source_and_leftovers_with_their_size(
     leftovers = {".convert-x1y2": "0.2 MB", ".tmpAbC123": "0.4 MB", f"{KEY}-mine-float32.q9.partial": "0.0 MB"}
     for name, size in leftovers.items():
         assert size in rows[name] and "partial (interrupted import)" in rows[name], rows[name]
+    # the import's own size leaves out the .tmp file listed apart (it was counted in both rows)
+    whisper = cache / "whisper" / KEY / "mine-float32"
+    own = sum(f.stat().st_size for f in whisper.rglob("*") if f.is_file() and not f.name.startswith(".tmp"))
+    assert f"{own / 1e6:.1f} MB" in rows["mine-float32"], rows["mine-float32"]
 
 
 def test_rm_removes_a_conversion_and_says_what_it_freed(cache: Path, tmp_path: Path,
