@@ -14,7 +14,8 @@ finished and the guess tried again at once over the utterance alone. A guess tha
 earlier text, as a fallback does in the seek loop. A sampled timestamp past the decoded audio is clamped to its
 end before it is forced again (audio/text_end.py), and a sentence a decode writes twice is committed once
 (audio/repeats.py).
-How much new speech comes before the next guess: audio/guess_cadence.py; what a looping first guess still shows:
+The guesses themselves, and why an utterance's first commit waits for a few seconds of it: audio/guesses.py; how much
+new speech comes before the next guess: audio/guess_cadence.py; what a looping first guess still shows:
 audio/loop_head.py. Utterances are numbered and closed as audio/utterances.py says; a client's clear() and a
 session's new options: audio/live_requests.py.
 """
@@ -30,6 +31,7 @@ import numpy as np
 from audio.agreement import LiveText
 from audio.buffers import AudioBuffer
 from audio.guess_cadence import GuessCadence
+from audio.guesses import LiveGuesses
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription
 from audio.live_config import LiveConfig, SessionEvent
 from audio.live_requests import LiveRequests
@@ -50,7 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["LiveConfig", "SessionEvent", "LiveTranscription"]
 
 
-class LiveTranscription(LiveRequests):
+class LiveTranscription(LiveGuesses, LiveRequests):
     """Open speech audio and its text. Feed it with add_speech/add_pause; run what next_action returns until
     it returns None. Not thread-safe; event loop only."""
 
@@ -78,6 +80,7 @@ class LiveTranscription(LiveRequests):
         # Decodes keep each sampled token's log probability, and committed text carries its tokens' (a session's
         # `include` asks for them; LiveSession.reconfigure sets it for the decodes that run after it).
         self.logprobs = options.logprobs
+        self.agreement = options.agreement  # decodes that must agree before text is committed (LiveSession.reconfigure)
 
     @property
     def started(self) -> bool:
@@ -248,70 +251,6 @@ class LiveTranscription(LiveRequests):
         tr.seek += max(1, min(frames, shift * tr.input_stride))
         live.trim(j, shift)
         self._open.discard_before(self._seek())
-
-    def drop_closed_probe(self) -> None:
-        """Cancel the probe in flight once a pause has closed the utterance it decodes: the final decode due
-        next gives all that text, so waiting for the probe only delays it. Raises nothing."""
-        if self.utterances.pauses:
-            self.cancel_probe()
-
-    def cancel_probe(self) -> None:
-        """Cancel the probe in flight, if any (its window leaves the scheduler before the next step). Raises
-        nothing."""
-        if self._probe_scope is not None:
-            self._probe_scope.cancel()
-
-    async def _probe(self) -> None:
-        """Re-decode the open audio; commit what agrees with the previous decode. Cancelled (drop_closed_probe,
-        cancel_probe) it shows and commits nothing, and ends the conditioning on earlier text as a looping guess does
-        (kept: without it the 4x real-time WER of the shared clips rose from 0.087 to 0.115, bench/RESULTS.md)."""
-        tr, live = self._tr, self._live
-        assert tr is not None and live is not None
-        end = self._probed_at = self.timeline.length
-        seek = self._seek()
-        result = None
-        try:
-            with anyio.CancelScope() as self._probe_scope:
-                result = await self._decode(end - self._seek(), probe=True, scope=self._probe_scope)
-        finally:
-            self._probe_scope = None
-        if result is None:
-            # Sampled hot, a final's fallback would have reset the prompt (decoding.commit): so does a guess that
-            # loops. After cards read aloud, a sentence's guesses looped on more cards five times over.
-            tr.prompt_reset_since = len(tr.all_tokens)
-            self._cadence.empty = True
-            first = not self.utterances.text and not self.tentative
-            self._guess_alone()
-            if first and self._loop_head is not None:  # never committed; a guess alone, if one follows, replaces it
-                self._set_tentative(self._loop_head)  # (first words had waited for the final: 2.0-3.3 s on this CPU)
-            return
-        if tr.silent(result) and not live.prefix:
-            self._cadence.empty = True
-            self._set_tentative([])
-            return
-        continuation = self._clamped(result.decoded.tokens[len(live.prefix):], seek, end, 0)
-        n = live.agree(continuation)
-        logprobs = aligned_logprobs(result.decoded.logprobs, len(live.prefix))
-        self._commit_text(continuation[:n], logprobs[len(live.prefix):][:n] if logprobs is not None else None)
-        self._set_tentative(continuation[n:])
-        self._cadence.empty = not self.tentative and not self.utterances.text
-        if self._cadence.empty:
-            self._guess_alone()
-        self._trim(result, end)
-
-    def _guess_alone(self) -> bool:
-        """After an empty first guess over earlier utterances' text, finish that text and guess again at once
-        over the open utterance alone: forced after 13 s of kept text, Whisper opened a segment and ended for four
-        guesses in a row (a new sentence's first word 2.9 s late on this CPU); without it, at the next guess.
-        Returns whether it did. Raises nothing."""
-        live = self._live
-        assert live is not None
-        u = self.utterances
-        if u.pauses or u.text or not live.prefix or not self._seek() < u.open_from <= self._final_to:
-            return False
-        self._finish_all(self.utterances.open_from)
-        self._probed_at = self.utterances.open_from
-        return True
 
     async def _full_window(self) -> None:
         """30 s of open speech: the seek loop's window, with the committed prefix forced."""

@@ -23,9 +23,10 @@ class LiveConfig:
     utterance's first guess, while it has no text yet (None: `redecode_s`; never more than it). `trim_s`: open audio
     kept as context before finished segments are trimmed off. `guess_slow_s`: after a decode that took longer (its
     wait for the scheduler included) guesses run only every `slow_redecode_s` of new speech (None: none) until a
-    decode comes back sooner (None: guesses whatever the load). `tokens_per_second`: sampled tokens allowed per
-    second of window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may receive.
-    `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
+    decode comes back sooner (None: guesses whatever the load). `first_commit_s`: an utterance's audio before its first
+    commit (audio/guesses.py; its guesses show as tentative text meanwhile). `tokens_per_second`: sampled tokens
+    allowed per second of window (plus 16), so a decode that loops stops early. `max_session_s`: audio one session may
+    receive. `max_lag_s`: untranscribed audio a session may hold before new chunks are refused (None: no limit).
     `gate_in_thread_s`: pending audio above which the VAD runs in a worker thread. `context`: "whole", the
     whole 30 s window, as mlx-whisper; "fit", a decode of at least `context_from_s` of audio encodes that audio
     plus 1 s, in steps of 5 s, at least `context_min_s` (a final whose text fails the thresholds or loops is
@@ -41,6 +42,9 @@ class LiveConfig:
     # After a first guess that came back empty (too little of the word yet, or no guess), the next comes sooner.
     retry_redecode_s: float | None = 0.5
     trim_s: float = 15.0
+    # What is committed first is forced at the start of every later decode: tiny.en's decodes of 1.25-4.5 s of a
+    # LibriVox sentence left its first word out ("And"), two agreed, and the word was lost (audio/guesses.py).
+    first_commit_s: float = 5.0
     # 8 speakers on 2 cores fell 8-11 s behind, each guessing over all its open audio again and again (a guess
     # of one speaker here takes 0.2-0.6 s, a final up to ~1.5 s).
     guess_slow_s: float | None = 2.0

@@ -20,8 +20,9 @@ __all__ = ["LiveRequests"]
 
 
 # Read elsewhere, at once: the gate's settings (audio/session_pump.py), the input filter (audio/sessions.py), and
-# whether decodes keep token log probabilities (LiveTranscription.logprobs, set by LiveSession.reconfigure).
-_NOT_DECODING = ("noise_reduction", "logprobs")
+# whether decodes keep token log probabilities and how many must agree (LiveTranscription.logprobs and .agreement, set
+# by LiveSession.reconfigure).
+_NOT_DECODING = ("noise_reduction", "logprobs", "agreement")
 
 
 def _decoding(options: TranscribeOptions) -> TranscribeOptions:

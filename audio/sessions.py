@@ -191,12 +191,14 @@ class LiveSession(SessionPump):
         """New options: at once for a session that has received no audio yet; else from the point of the audio
         received so far on, as commit() acts (SessionPump._retune: the VAD's for the speech regions, the language
         and prompt for the utterances that begin after it; the noise reduction for the audio appended after it, and
-        token log probabilities for the decodes that run after it). Raises SessionClosed."""
+        token log probabilities and the decodes that must agree for the decodes that run after it). Raises
+        SessionClosed."""
         self._check_open()
         if self._raw.total or self.live.started:
             self._flush_stream()  # the resampler's held-back tail is audio sent before the update
             self._denoise = _high_pass(options.noise_reduction, self._denoise)  # filters the audio taken from here
             self.live.logprobs = options.logprobs  # the decodes from here keep them (or not)
+            self.live.agreement = options.agreement  # and commit what so many agree on
             self._controls.append(("options", self._raw.total, None))
             self._asked.append(options)
             self._wake.set()

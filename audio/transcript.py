@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Sequence
 
+from audio.agreement import MOST_DECODES
 from audio.errors import InvalidOption
 from audio.noise_reduction import KINDS as NOISE_KINDS
 
@@ -70,9 +71,11 @@ class TranscribeOptions:
     batch_size: int = 1
     # Live sessions only (audio/sessions.py): the input audio's high-pass filter (audio/noise_reduction.py; None:
     # none). `logprobs`: each decoded text token's log probability is kept (a file's segments and Transcript carry
-    # them; a live session's committed text, audio/live.py).
+    # them; a live session's committed text, audio/live.py). `agreement`: how many consecutive decodes of a live
+    # session must agree before text is committed (audio/agreement.py; a Realtime session's `delay`).
     noise_reduction: str | None = None
     logprobs: bool = False
+    agreement: int = 2
 
     def __post_init__(self) -> None:
         if self.prompt is not None and len(self.prompt) > MAX_PROMPT_CHARS:
@@ -81,6 +84,8 @@ class TranscribeOptions:
                                 "(Whisper reads only its last 223 tokens)")
         if self.noise_reduction is not None and self.noise_reduction not in NOISE_KINDS:
             raise InvalidOption(f"noise_reduction must be one of {', '.join(NOISE_KINDS)}", param="noise_reduction")
+        if not 1 <= self.agreement <= MOST_DECODES:
+            raise InvalidOption(f"agreement must be 1-{MOST_DECODES}", param="agreement")
         if not self.temperatures:
             raise ValueError("temperatures must not be empty")
         if not 0 <= self.vad_aggressiveness <= 3:

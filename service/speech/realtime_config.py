@@ -6,7 +6,9 @@ Every field is honoured or refused with an error naming it. Honoured: the input 
 at 24 kHz, or another declared rate 8–48 kHz, our extension; G.711 at 8 kHz, `g711_ulaw` / `audio/pcmu` and
 `g711_alaw` / `audio/pcma`, as telephony streams it), the transcription's model (the served Whisper
 under any of its names), language, `languages` (those the speech may be in: Whisper detects it among them),
-prompt and `keywords` (joined into the prompt), server VAD's `threshold`
+prompt and `keywords` (joined into the prompt), `delay` (how many consecutive decodes must agree before text is
+committed, `DELAY_DECODES`: OpenAI's latency/accuracy hint for gpt-realtime-whisper; beta's update takes it too),
+server VAD's `threshold`
 (webrtcvad aggressiveness: 0–0.25 → 0, … 0.75–1 → 3), `prefix_padding_ms` (the speech padding, both
 sides), `silence_duration_ms` (the pause that ends an utterance), `semantic_vad` served as server VAD whose
 `eagerness` sets the pause (`EAGERNESS_SILENCE_MS`: no model judges the turn here, a turn ends on silence),
@@ -34,7 +36,7 @@ from audio.pcm import G711_RATE, PcmFormat
 from service.speech.transcription_fields import aggressiveness, joined_prompt, vad_options
 
 __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "LOGPROBS", "INCLUDES", "DEFAULT_RATE",
-           "EAGERNESS_SILENCE_MS", "REALTIME_ONLY_MODELS", "field_paths"]
+           "EAGERNESS_SILENCE_MS", "DELAY_DECODES", "REALTIME_ONLY_MODELS", "field_paths"]
 
 Dialect = Literal["beta", "ga"]
 TurnType = Literal["server_vad", "semantic_vad"]
@@ -50,6 +52,9 @@ _RATES = (8000, 48000)
 # semantic_vad's eagerness as the pause that ends a turn: OpenAI's "how soon it ends a turn", `auto` its `medium`;
 # low waits twice server VAD's default, high half of it (its model would also end a turn it judges finished sooner)
 EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
+# `delay` as how many consecutive decodes must agree before text is committed (audio/agreement.py): more waits a
+# decode (about a second of speech) longer for text that is less often a word cut at the audio's edge; unset, two
+DELAY_DECODES = {"minimal": 1, "low": 2, "medium": 2, "high": 3, "xhigh": 4}
 _SEMANTIC_FIELDS = {"type", "eagerness", "create_response", "interrupt_response"}
 # OpenAI's transcription models with no server turn detection (openai-python: "For `gpt-realtime-whisper`
 # transcription sessions, turn detection must be set to `null`"; LiveKit's stt.py: they "reject turn_detection and emit
@@ -101,6 +106,7 @@ class RealtimeConfig:
     tentative: bool = False
     logprobs: bool = False
     noise_reduction: str | None = None  # one of audio/noise_reduction.py's KINDS
+    delay: str | None = None  # one of DELAY_DECODES, as sent (None: not sent)
     vad_default: bool = True  # server VAD unless the client says otherwise (False: a server run with --no-vad)
     turn_detection_set: bool = False  # the client named turn_detection; until it does, the default follows the model
 
@@ -131,7 +137,8 @@ class RealtimeConfig:
         td = self.turn_detection
         out: dict[str, Any] = {"language": self.language, "languages": tuple(self.languages),
                                "prompt": self.full_prompt, "vad": td is not None,
-                               "noise_reduction": self.noise_reduction, "logprobs": self.logprobs}
+                               "noise_reduction": self.noise_reduction, "logprobs": self.logprobs,
+                               "agreement": DELAY_DECODES[self.delay or "medium"]}
         if td is not None:
             out.update(vad_options(td.threshold, td.prefix_padding_ms, td.silence_duration_ms))
         return out
@@ -254,8 +261,10 @@ class RealtimeConfig:
             if not isinstance(languages, list) or not all(isinstance(x, str) for x in languages):
                 raise ConfigError("languages must be a list of strings", f"{where}.languages")
             self.languages = list(languages)
-        if t.get("delay") is not None:
-            raise ConfigError("delay is not available; text is committed once two decodes agree", f"{where}.delay")
+        if "delay" in t:  # null: the default
+            if t["delay"] is not None and not (isinstance(t["delay"], str) and t["delay"] in DELAY_DECODES):
+                raise ConfigError(f"delay must be one of {', '.join(DELAY_DECODES)}", f"{where}.delay")
+            self.delay = t["delay"]
 
     def _turn_detection(self, td: Any, where: str) -> None:
         self.turn_detection_set = True
@@ -320,6 +329,8 @@ class RealtimeConfig:
                     "silence_duration_ms": td.silence_duration_ms}
         transcription: dict[str, Any] = {"model": self.model or served_model, "language": self.language,
                                          "prompt": self.prompt}
+        if self.delay is not None:
+            transcription["delay"] = self.delay
         include = [x for x, on in ((LOGPROBS, self.logprobs), (TENTATIVE, self.tentative)) if on] or None
         noise = {"type": self.noise_reduction} if self.noise_reduction is not None else None
         if dialect == "beta":

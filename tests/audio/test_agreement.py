@@ -1,5 +1,6 @@
-"""audio/agreement.py: LocalAgreement-2 over tokens — committed text only grows, is cut at word starts, and
-the tentative rest never holds committed tokens; complete segments are found and shifted."""
+"""audio/agreement.py: LocalAgreement-n over tokens — committed text only grows, is cut at word starts, and
+the tentative rest never holds committed tokens; as many decodes agree as asked; complete segments are found and
+shifted."""
 
 from __future__ import annotations
 
@@ -60,6 +61,25 @@ def test_agreed_text_that_is_all_the_newer_decode_wrote_keeps_its_last_word_tent
     assert live.agree([2, 3]) == 0 and live.prefix == []
 
 
+def test_as_many_decodes_as_asked_must_agree() -> None:
+    # three: two alike commit nothing, the third commits what all three share (a Realtime session's delay "high")
+    live = LiveText(Words())
+    assert live.agree([TS, 2, 4, 6, 8], need=3) == 0
+    assert live.agree([TS, 2, 4, 6, 8], need=3) == 0
+    assert live.agree([TS, 2, 4, 6, 10], need=3) == 4 and live.prefix == [TS, 2, 4, 6]
+    assert live.history == [[8], [8], [10]]
+    assert live.agree([8, 12], need=3) == 0  # " w8" is in two of the last three, not in " w10"
+    # one ("minimal"): each decode's words but its last, which may be cut at the audio's edge
+    live = LiveText(Words())
+    assert live.agree([TS, 2, 4, 5, 6], need=1) == 4 and live.prefix == [TS, 2, 4, 5]
+    assert live.agree([6, 8, TS + 30], need=1) == 1 and live.prefix == [TS, 2, 4, 5, 6]  # " w8." waits
+    # fewer asked later: the newest decodes decide
+    live = LiveText(Words())
+    for hyp in ([2, 4], [6, 8], [6, 8, 10]):
+        live.agree(hyp, need=4)
+    assert live.prefix == [] and live.agree([6, 8, 10, 12], need=2) == 2 and live.prefix == [6, 8]
+
+
 def test_trim_drops_finished_tokens_and_shifts_timestamps() -> None:
     live = LiveText(Words())
     live.prefix, live.previous = [TS, 2, TS + 40, TS + 40, 4], [6, TS + 60]
@@ -73,12 +93,12 @@ tokens = st.lists(st.sampled_from([2, 3, 4, 5, 6, 7, TS, TS + 5, TS + 9]), max_s
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(tokens, min_size=1, max_size=8))
-def test_committed_only_grows_and_tentative_never_repeats_it(hypotheses: list[list[int]]) -> None:
+@given(st.lists(tokens, min_size=1, max_size=8), st.integers(1, 4))
+def test_committed_only_grows_and_tentative_never_repeats_it(hypotheses: list[list[int]], need: int) -> None:
     live = LiveText(Words())
     committed: list[int] = []
     for hyp in hypotheses:
-        n = live.agree(hyp)
+        n = live.agree(hyp, need)
         assert live.prefix == committed + hyp[:n]  # what was committed is still there, unchanged
         committed = list(live.prefix)
         assert live.previous == hyp[n:]  # the tentative rest starts after the committed tokens

@@ -42,6 +42,7 @@ async def live_text(loaded: LoadedWhisper, script: list[list[int]], **config: fl
         LiveTranscription, Scripted, list[SessionEvent]]:
     events: list[SessionEvent] = []
     scheduler = Scripted(script)
+    config.setdefault("first_commit_s", 0.0)  # scripts of a few seconds: the first commit's wait is tested on its own
     live = LiveTranscription(TranscribeOptions(), LiveConfig(**config), scheduler, events.append)  # type: ignore[arg-type]
     await live.start(loaded)
     return live, scheduler, events
@@ -718,3 +719,64 @@ async def test_a_looping_first_guess_shows_its_head_unless_it_copies_its_context
         assert live.tentative == shown, said
         assert live._tr.seek == 50  # the earlier text finished: the next guess is over the utterance alone
         assert live.committed_text() == live._text(said)  # the head is never committed
+
+
+async def test_a_session_commits_what_as_many_guesses_agree_on_as_its_options_ask(tiny_whisper: LoadedWhisper) -> None:
+    # a Realtime session's delay "high": three guesses must agree (two, the default, committed " The" a guess sooner)
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    w = {word: tok.encode(" " + word)[0] for word in ("The", "quick", "brown", "fox")}
+    events: list[SessionEvent] = []
+    scheduler = Scripted([[ts, w["The"], w["quick"]], [ts, w["The"], w["quick"], w["brown"]],
+                          [ts, w["The"], w["quick"], w["brown"], w["fox"]]])
+    live = LiveTranscription(TranscribeOptions(agreement=3), LiveConfig(first_commit_s=0.0),
+                             scheduler, events.append)  # type: ignore[arg-type]
+    await live.start(tiny_whisper)
+    at = 0
+    for seconds, committed in ((1.2, ""), (1.0, ""), (1.0, " The")):
+        live.add_speech(speech(seconds), at)
+        at += int(seconds * SR)
+        assert await run_due(live) == 1
+        assert live.committed_text() == committed
+    assert live.tentative == " quick brown fox"
+
+
+class Heard(Scripted):
+    """Decodes that write each scripted text whole (it begins with the forced prefix, as a decoder's would)."""
+
+    async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
+        self.requests.append(request)
+        tokens = self.continuations.pop(0)
+        assert tokens[:len(request.prefix)] == list(request.prefix)
+        return WindowResult(RowResult(tokens, tokens[len(request.prefix):], "", -0.1, 0.01, 0.0, 1.0), "en")
+
+
+async def test_an_utterances_first_commit_waits_for_first_commit_s_of_it(tiny_whisper: LoadedWhisper) -> None:
+    # tiny.en's guesses of librivox-0870 at real time: from 1.75 s they left its first word out, two agreed, and
+    # " Mr. John Dashwood" committed first was forced into every later decode: the item never had its "And"
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    guesses = [" and Mr. Chair.", " Mr. John Dashwood had", " Mr. John Dashwood had then lee",
+               " Mr. John Dashwood had then leisure to consider how.",
+               " And Mr. John Dashwood had then leisure to consider how much",
+               " And Mr. John Dashwood had then leisure to consider how much there might"]
+    script = [[tok.timestamp_begin, *tok.encode(text)] for text in guesses]
+    for first_commit_s, agreement, guess, first in ((5.0, 2, 6, " And Mr. John Dashwood"),
+                                                    (0.0, 2, 3, " Mr. John Dashwood"),
+                                                    (5.0, 1, 1, " and Mr.")):  # one to agree (delay "minimal"): no wait
+        events: list[SessionEvent] = []
+        live = LiveTranscription(TranscribeOptions(agreement=agreement), LiveConfig(first_commit_s=first_commit_s),
+                                 Heard([list(s) for s in script]), events.append)  # type: ignore[arg-type]
+        await live.start(tiny_whisper)
+        at, guesses_run = 0, 0
+        while not (committed := [e.text for e in events if e.type == "committed"]):
+            seconds = 1.0 if at else 0.75  # a guess each: over 0.75, 1.75, ... 5.75 s of the utterance
+            live.add_speech(speech(seconds), at)
+            at += int(seconds * SR)
+            guesses_run += await run_due(live)
+        assert guesses_run == guess and committed[0].startswith(first), (first_commit_s, agreement, committed)
+        if guess == 6:  # every guess was shown meanwhile, as before
+            assert [e.text for e in events if e.type == "tentative"][:5] == guesses[:5]

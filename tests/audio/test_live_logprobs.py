@@ -40,6 +40,7 @@ async def live_text(loaded: LoadedWhisper, script: list[list[int]], logprobs: bo
                     **config: float) -> tuple[LiveTranscription, WithLogprobs, list[SessionEvent]]:
     events: list[SessionEvent] = []
     scheduler = WithLogprobs(script)
+    config.setdefault("first_commit_s", 0.0)  # scripts of a few seconds (the first commit's wait: test_live.py)
     live = LiveTranscription(TranscribeOptions(logprobs=logprobs), LiveConfig(**config), scheduler,  # type: ignore[arg-type]
                              events.append)
     await live.start(loaded)

@@ -550,6 +550,40 @@ def test_an_update_mid_session_is_taken_for_the_items_that_begin_after_it(
     assert len(prompts) > first and all(p[:len(wanted)] == wanted for p in prompts[first:])
 
 
+def test_transcription_delay_sets_how_many_decodes_agree_in_either_dialect(client: TestClient[Any],
+                                                                          state: AppState) -> None:
+    """Pipecat's realtime STT sends `delay` (openai-python's AudioTranscription.delay) and reconnected three times on
+    the error it got, then died: it is the decodes that must agree before text is committed, and is shown back."""
+    pipecat = {"type": "session.update", "session": {"type": "transcription", "audio": {"input": {"transcription": {
+        "model": "gpt-realtime-whisper", "language": "en", "delay": "low"}}}}}
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(json.dumps(pipecat))
+        updated = ws.receive_json(timeout=30)
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["audio"]["input"]["transcription"]["delay"] == "low"
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert session.live.agreement == 2
+        append(ws, voiced(0.5))  # mid-session: from the decodes after it
+        pipecat["session"]["audio"]["input"]["transcription"]["delay"] = "xhigh"  # type: ignore[index]
+        ws.send_text(json.dumps(pipecat))
+        assert until(ws, "session.updated")[-1]["session"]["audio"]["input"]["transcription"]["delay"] == "xhigh"
+        assert session.live.agreement == 4
+        ws.send_text(json.dumps({"type": "session.update", "event_id": "evt_d", "session": {
+            "type": "transcription", "audio": {"input": {"transcription": {"delay": "soon"}}}}}))
+        error = until(ws, "error")[-1]["error"]
+        assert error["param"] == "session.audio.input.transcription.delay" and "minimal" in error["message"]
+        assert session.live.agreement == 4  # refused: nothing of it applied
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "transcription_session.update", "session": {
+            "input_audio_transcription": {"model": "whisper-1", "delay": "minimal"}}}))
+        updated = until(ws, "transcription_session.updated")[-1]
+        assert updated["session"]["input_audio_transcription"]["delay"] == "minimal"
+        (session,) = [s for s in state.speech.sessions.values() if not s.closed]  # type: ignore[union-attr]
+        assert session.live.agreement == 1 and session.options.agreement == 1
+
+
 def test_a_fault_inside_the_socket_is_logged_and_a_server_error_event(client: TestClient[Any], state: AppState,
                                                                       monkeypatch: pytest.MonkeyPatch,
                                                                       caplog: pytest.LogCaptureFixture) -> None:

@@ -62,3 +62,32 @@ def test_the_default_follows_the_model_until_the_client_sets_it() -> None:
     # turned off by the client, it stays off for a model that would have it on
     off = RealtimeConfig.initial().updated({"turn_detection": None}, "beta")
     assert off.updated(beta("gpt-4o-transcribe"), "beta").turn_detection is None
+
+
+@pytest.mark.parametrize("delay, decodes", [("minimal", 1), ("low", 2), ("medium", 2), ("high", 3), ("xhigh", 4)])
+@pytest.mark.parametrize("dialect", ["ga", "beta"])
+def test_delay_is_how_many_decodes_agree_and_is_shown_back(delay: str, decodes: int, dialect: str) -> None:
+    # openai-python's AudioTranscription.delay, "how long the model waits before emitting transcription text"
+    update = livekit("gpt-realtime-whisper") if dialect == "ga" else beta("gpt-realtime-whisper")
+    where = update["audio"]["input"] if dialect == "ga" else update
+    where["transcription" if dialect == "ga" else "input_audio_transcription"]["delay"] = delay
+    config = RealtimeConfig.initial().updated(update, dialect)  # type: ignore[arg-type]
+    assert config.decoding()["agreement"] == decodes
+    shown = config.session_object(dialect, "sess_1", "tiny.en")  # type: ignore[arg-type]
+    assert (shown["audio"]["input"]["transcription"] if dialect == "ga" else
+            shown["input_audio_transcription"])["delay"] == delay
+    # null: back to the default, two, and no longer shown
+    where["transcription" if dialect == "ga" else "input_audio_transcription"]["delay"] = None
+    config = config.updated(update, dialect)  # type: ignore[arg-type]
+    assert config.decoding()["agreement"] == 2 and config.delay is None
+
+
+@pytest.mark.parametrize("delay", ["soon", 2, ["low"]])
+def test_a_delay_that_is_not_openais_is_refused_by_name(delay: Any) -> None:
+    from service.speech.realtime_config import ConfigError
+
+    update = livekit("gpt-realtime-whisper")
+    update["audio"]["input"]["transcription"]["delay"] = delay
+    with pytest.raises(ConfigError) as refused:
+        RealtimeConfig.initial().updated(update, "ga")
+    assert refused.value.param == "session.audio.input.transcription.delay" and "xhigh" in refused.value.message
