@@ -6,6 +6,7 @@ from typing import Any, ClassVar, cast
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from service.chat.json_output import check_response_format
 from service.chat.schemas import MAX_CHOICES, SamplingFields
 from service.chat.structured_outputs import StructuredOutputFields
 
@@ -34,10 +35,19 @@ class CompletionRequest(StructuredOutputFields, SamplingFields):
                                                  "CodeLlama, Codestral): the reply is the text between prompt and "
                                                  "suffix. Text prompts only, not with echo.")
     echo: bool | None = Field(False, validate_default=True, description="null: false.")
+    response_format: dict[str, Any] | None = Field(
+        None, description='vLLM\'s: {"type": "json_object"}, {"type": "json_schema", "json_schema": {"name", "schema", '
+                          '"strict"}} (or TGI\'s json / regex): the reply follows it from its first token; not beside '
+                          'structured_outputs. {"type": "text"}: free text.')
     best_of: int | None = Field(None, description="Only 1 (one completion is generated per request).")
     # vLLM's bound (OpenAI's is 5): SillyTavern's "Request token probabilities" sends 10.
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="The sampled token's log probability and "
                                                                          "this many of the likeliest, per token.")
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _format(cls, value: Any) -> Any:
+        return check_response_format(value)
 
     @field_validator("logprobs", mode="before")
     @classmethod

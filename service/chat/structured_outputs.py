@@ -25,7 +25,8 @@ from engine.contracts import GrammarSpec
 from service.chat.strict_body import _Body
 from service.http.errors import APIError
 
-__all__ = ["StructuredOutputs", "StructuredOutputFields", "AskedConstraint", "asked_constraint", "constraint_grammar"]
+__all__ = ["StructuredOutputs", "StructuredOutputFields", "AskedConstraint", "asked_constraint", "constraint_grammar",
+           "format_constraint"]
 
 # vLLM's backends whose constraints mean what llguidance's do (vLLM's `guidance` is llguidance; xgrammar and outlines
 # read the same JSON Schema, regular expressions and grammars): a client naming one gets the same replies here.
@@ -158,6 +159,7 @@ class AskedConstraint:
     param: str
     layout: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
+    strict: bool = False  # a json_schema marked strict: keywords llguidance lacks are refused, not ignored
 
     def grammar(self) -> str:
         """The constraint's grammar, compiled and checked (blocking: a large schema takes seconds). Raises
@@ -171,7 +173,7 @@ class AskedConstraint:
         schema = self.value if self.kind == "json" else None
         if schema is not None and self.closed:
             schema = _closed(copy.deepcopy(schema))
-        return json_grammar(schema, lenient=True, layout=self.layout)
+        return json_grammar(schema, lenient=not self.strict, layout=self.layout)
 
 
 def asked_constraint(body: StructuredOutputFields,
@@ -262,6 +264,22 @@ def _closed(schema: Any) -> Any:
                                                      or isinstance(schema.get("patternProperties"), dict)):
             schema["additionalProperties"] = False
     return schema
+
+
+def format_constraint(response_format: dict[str, Any] | None) -> AskedConstraint | None:
+    """A text completion's `response_format` (checked: check_response_format) as its constraint, as vLLM's
+    completions take it; None for text or none. Raises nothing."""
+    if response_format is None or (kind := response_format.get("type")) == "text":
+        return None
+    if kind == "regex":  # TGI's
+        return AskedConstraint("regex", response_format["value"], "response_format")
+    if "value" in response_format:  # TGI's json, or json_object with a schema
+        return AskedConstraint("json", response_format["value"], "response_format")
+    if kind == "json_object":
+        return AskedConstraint("json_object", True, "response_format")
+    spec = response_format["json_schema"]
+    return AskedConstraint("json", spec.get("schema"), "response_format.json_schema.schema",
+                           strict=spec.get("strict") is True)
 
 
 async def constraint_grammar(asked: AskedConstraint, prepare: Callable[[GrammarSpec], None] | None) -> GrammarSpec:

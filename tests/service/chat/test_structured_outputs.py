@@ -205,3 +205,33 @@ def test_the_responses_route_takes_structured_outputs_as_vllms_does(real: TestCl
     assert refused.status_code == 400 and "text.format" in refused.json()["error"]["message"], refused.text
     unknown = real.post("/v1/responses", json={"input": "Hi", "guided_choice": ["a"]})
     assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "guided_choice"
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "json_schema", "json_schema": {"name": "s", "schema": SCHEMA, "strict": True}},
+    {"type": "json", "value": SCHEMA},  # TGI's, as huggingface_hub's InferenceClient sends it
+])
+def test_a_completion_takes_response_format_as_vllms_does(real: TestClient[Any],
+                                                         response_format: dict[str, Any]) -> None:
+    # vLLM's /v1/completions has response_format; it was refused here as an unknown field.
+    reply = _reply(real, TEXT, {"prompt": "Answer:", "response_format": response_format, "temperature": 0,
+                                "max_tokens": 200})[0]
+    value = json.loads(reply)
+    assert set(value) == {"ok", "n", "color"} and value["color"] in ("red", "green", "blue")
+
+
+def test_a_completions_json_object_format_is_a_grammar(client: TestClient[Any], fake_engine: FakeEngine) -> None:
+    body = {"prompt": "Hi", "response_format": {"type": "json_object"}}
+    assert _grammar(client, fake_engine, TEXT, body) == json_grammar(None, lenient=True)
+    client.post(TEXT, json={"prompt": "Hi", "response_format": {"type": "text"}})
+    assert fake_engine.requests[-1].sampling.grammar is None
+
+
+def test_a_completions_response_format_beside_structured_outputs_is_refused(real: TestClient[Any]) -> None:
+    _refused(real, TEXT, {"prompt": "Hi", "response_format": {"type": "json_object"}, "guided_regex": "[0-9]+"},
+             "guided_regex", "response_format and guided_regex")
+    _refused(real, TEXT, {"prompt": "Hi", "response_format": {"type": "xml"}}, "response_format")
+    strict = {"type": "json_schema", "json_schema": {"name": "s", "strict": True,
+                                                   "schema": {"type": "array", "uniqueItems": True}}}
+    refused = real.post(TEXT, json={"prompt": "Hi", "response_format": strict})
+    assert refused.status_code == 400 and refused.json()["error"]["param"].startswith("response_format"), refused.text
