@@ -31,9 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from litestar import WebSocket
@@ -45,8 +44,9 @@ from audio.transcript import TranscribeOptions
 from service.http.auth import client_key
 from service.http.errors import APIError, api_error, error_body, error_event, event_id, frames_error_event
 from service.http.guard import FRAME_REFUSED
-from service.http.json_body import json_depth
 from service.seams import SpeechBackend
+from service.speech.client_events import (REALTIME_CLIENT_EVENTS, UNSUPPORTED_PREFIXES, Mode, decided_mode,
+                                          decoded_event, frames_refusal)
 from service.speech.frame_events import created_event, done_event, partial_event
 from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
 from service.speech.realtime_events import Items, server_events, transcription_failed
@@ -58,11 +58,6 @@ from service.state import AppState
 _log = logging.getLogger(__name__)
 
 __all__ = ["LiveSocket", "Mode", "REALTIME_CLIENT_EVENTS"]
-
-Mode = Literal["undecided", "frames", "realtime"]
-REALTIME_CLIENT_EVENTS = frozenset({"session.update", "transcription_session.update", "input_audio_buffer.append",
-                                    "input_audio_buffer.commit", "input_audio_buffer.clear"})
-_UNSUPPORTED = ("conversation.", "response.", "output_audio_buffer.")
 
 
 # Replies a client may have owed to it before its next message is read.
@@ -189,31 +184,15 @@ class LiveSocket:
     async def _text(self, text: str, tg: anyio.abc.TaskGroup) -> None:
         """Handle one text message. Raises APIError, ConfigError or an audio error for what cannot be done
         (the session goes on)."""
-        limit = self.state.config.limits.max_json_depth
-        if (depth := json_depth(text.encode())) > limit:
-            raise APIError(400, f"The message nests {depth} levels deep; at most {limit} are accepted.",
-                           code="json_too_deep")
-        try:
-            event = json.loads(text)
-        except (ValueError, RecursionError):
-            raise APIError(400, "a text message must be a JSON object", code="invalid_json") from None
-        if not isinstance(event, dict):
-            raise APIError(400, "a text message must be a JSON object", code="invalid_event")
+        event = decoded_event(text, self.state.config.limits.max_json_depth)
         kind = event.get("type")
         self._event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
-        if self.mode == "undecided" and (kind in REALTIME_CLIENT_EVENTS or kind == "finish"):
-            self.mode = "realtime" if kind in REALTIME_CLIENT_EVENTS else "frames"  # an unknown type decides nothing
+        self.mode = decided_mode(self.mode, kind)
         if self.mode != "realtime":
             if kind == "finish":
                 self._finish(tg)
                 return
-            # A socket's first PCM frame or finish makes it a binary-frame one: its events are those, not Realtime's.
-            late = kind in REALTIME_CLIENT_EVENTS and self.mode == "frames"
-            raise APIError(400, f"unknown message type {kind!r}; send binary PCM frames and {{\"type\": \"finish\"}}"
-                           + (", or Realtime client events" if self.mode == "undecided" else "")
-                           + (" (this socket speaks binary frames since its first message: Realtime events must come "
-                              "before any PCM frame)" if late else ""),
-                           param="type", code="unknown_event")
+            raise frames_refusal(kind, self.mode)
         assert self.session is not None
         if kind in ("session.update", "transcription_session.update"):
             await self._reply(self._update(kind, event.get("session")))
@@ -223,7 +202,7 @@ class LiveSocket:
             self.session.commit(self._event_id)
         elif kind == "input_audio_buffer.clear":
             self.session.clear()
-        elif isinstance(kind, str) and kind.startswith(_UNSUPPORTED):
+        elif isinstance(kind, str) and kind.startswith(UNSUPPORTED_PREFIXES):
             raise APIError(400, f"{kind!r} is not available in a transcription session", param="type",
                            code="unsupported_event")
         else:
