@@ -23,14 +23,15 @@ from service.chat.chunk_usage import ChunkUsage
 from service.chat.completion_request import CompletionRequest
 from service.chat.infill import Infill, infill_tokens, requested_infill
 from service.chat.respond import respond
-from service.chat.structured_outputs import asked_constraint, constraint_grammar, format_constraint
+from service.chat.json_output import answer_grammar, asks_answer
+from service.chat.structured_outputs import asked_constraint
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
 from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
 from service.http.sse import DONE, sse_data, sse_error
-from engine.contracts import GenerationRequest
+from engine.contracts import GenerationRequest, GrammarSpec
 from engine.special_tokens import hidden_special_ids
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
@@ -191,8 +192,9 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     items, samples = data.prompt_items(), data.n or 1
     infill = requested_infill(engine, data)
     # vLLM's constraint, compiled once for every row: the reply follows it from its first token.
-    asked = asked_constraint(data, data.response_format) or format_constraint(data.response_format)
-    grammar = await constraint_grammar(asked, engine.prepare_grammar) if asked is not None else None
+    asked = asked_constraint(data, data.response_format)
+    grammar = GrammarSpec(await answer_grammar(data.response_format, asked, engine.prepare_grammar)) \
+        if asks_answer(data.response_format, asked) else None
     # max_tokens 0 with echo (OpenAI's scoring idiom): the prompt's log probabilities alone; the one token the engine
     # writes is not given.
     scoring = data.reply_limit() == 0

@@ -140,7 +140,7 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
         grammar = await _calls_grammar(chosen, markers, prepare, param="tools", opened=False)
         after = _opening_marker(tokenizer, opens_thinking, False, what="A forced tool call", param="tool_choice")
         return GrammarSpec(None, after=after, calls=grammar)
-    answer = asked is not None or (response_format is not None and response_format.get("type") != "text")
+    answer = asks_answer(response_format, asked)
     field = asked.param if asked is not None else "response_format"  # the field asking for the answer's grammar
     strict = [i for i, tool in enumerate(tools or ()) if tool.get("function", {}).get("strict")] if calls else []
     if not answer and not strict:
@@ -161,16 +161,7 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
                                 "(send tool_choice \"none\", or leave the tools out)", param=field,
                            code="unsupported_value")
         escape = markers.opening_ids[0]
-    text = None
-    if answer:
-        compile_answer = asked.grammar if asked is not None else partial(_compile, response_format or {})
-        try:
-            text = await anyio.to_thread.run_sync(compile_answer)
-            if prepare is not None:
-                await anyio.to_thread.run_sync(prepare, GrammarSpec(text))
-        except ConstraintError as exc:  # TGI's grammar: its schema or pattern is `value`
-            param = "response_format.value" if asked is None and "value" in (response_format or {}) else field
-            raise APIError(400, str(exc), param=param, code="invalid_value") from None
+    text = await answer_grammar(response_format, asked, prepare) if answer else None
     call_text = None
     if strict and markers is not None and tools:
         call_text = await _calls_grammar(tools, markers, prepare, param=f"tools.{strict[0]}.function.parameters",
@@ -181,6 +172,28 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
     return GrammarSpec(text, after=_opening_marker(tokenizer, opens_thinking, harmony, what=_WHAT[asked is None],
                                                    param=field), escape=escape,
                        calls=call_text, think=None if opens_thinking or harmony else _think_tokens(tokenizer))
+
+
+def asks_answer(response_format: dict[str, Any] | None, asked: AskedConstraint | None) -> bool:
+    """Whether the answer follows a grammar: vLLM's fields ask for one, or a response_format other than text. Raises
+    nothing."""
+    return asked is not None or (response_format is not None and response_format.get("type") != "text")
+
+
+async def answer_grammar(response_format: dict[str, Any] | None, asked: AskedConstraint | None,
+                         prepare: Callable[[GrammarSpec], None] | None) -> str:
+    """The answer's grammar: `asked`'s (vLLM's fields), else the response_format's (`asks_answer`); compiled, and its
+    matcher built (`prepare`), in worker threads. Raises APIError 400 naming the field for what cannot be enforced."""
+    compile_answer = asked.grammar if asked is not None else partial(_compile, response_format or {})
+    try:
+        text = await anyio.to_thread.run_sync(compile_answer)
+        if prepare is not None:
+            await anyio.to_thread.run_sync(prepare, GrammarSpec(text))
+    except ConstraintError as exc:  # TGI's grammar: its schema or pattern is `value`
+        param = asked.param if asked is not None else \
+            "response_format.value" if "value" in (response_format or {}) else "response_format"
+        raise APIError(400, str(exc), param=param, code="invalid_value") from None
+    return text
 
 
 async def _calls_grammar(tools: list[dict[str, Any]], markers: _Markers, prepare: Callable[[GrammarSpec], None] | None,

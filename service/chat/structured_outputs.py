@@ -15,18 +15,15 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-import anyio
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.constraints import ConstraintError, choice_grammar, json_grammar, lark_grammar, regex_grammar
-from engine.contracts import GrammarSpec
 from service.chat.strict_body import _Body
 from service.http.errors import APIError
 
-__all__ = ["StructuredOutputs", "StructuredOutputFields", "AskedConstraint", "asked_constraint", "constraint_grammar",
-           "format_constraint"]
+__all__ = ["StructuredOutputs", "StructuredOutputFields", "AskedConstraint", "asked_constraint"]
 
 # vLLM's backends whose constraints mean what llguidance's do (vLLM's `guidance` is llguidance; xgrammar and outlines
 # read the same JSON Schema, regular expressions and grammars): a client naming one gets the same replies here.
@@ -159,7 +156,6 @@ class AskedConstraint:
     param: str
     layout: dict[str, Any] = field(default_factory=dict)
     closed: bool = False
-    strict: bool = False  # a json_schema marked strict: keywords llguidance lacks are refused, not ignored
 
     def grammar(self) -> str:
         """The constraint's grammar, compiled and checked (blocking: a large schema takes seconds). Raises
@@ -173,7 +169,7 @@ class AskedConstraint:
         schema = self.value if self.kind == "json" else None
         if schema is not None and self.closed:
             schema = _closed(copy.deepcopy(schema))
-        return json_grammar(schema, lenient=not self.strict, layout=self.layout)
+        return json_grammar(schema, lenient=True, layout=self.layout)
 
 
 def asked_constraint(body: StructuredOutputFields,
@@ -264,32 +260,3 @@ def _closed(schema: Any) -> Any:
                                                      or isinstance(schema.get("patternProperties"), dict)):
             schema["additionalProperties"] = False
     return schema
-
-
-def format_constraint(response_format: dict[str, Any] | None) -> AskedConstraint | None:
-    """A text completion's `response_format` (checked: check_response_format) as its constraint, as vLLM's
-    completions take it; None for text or none. Raises nothing."""
-    if response_format is None or (kind := response_format.get("type")) == "text":
-        return None
-    if kind == "regex":  # TGI's
-        return AskedConstraint("regex", response_format["value"], "response_format")
-    if "value" in response_format:  # TGI's json, or json_object with a schema
-        return AskedConstraint("json", response_format["value"], "response_format")
-    if kind == "json_object":
-        return AskedConstraint("json_object", True, "response_format")
-    spec = response_format["json_schema"]
-    return AskedConstraint("json", spec.get("schema"), "response_format.json_schema.schema",
-                           strict=spec.get("strict") is True)
-
-
-async def constraint_grammar(asked: AskedConstraint, prepare: Callable[[GrammarSpec], None] | None) -> GrammarSpec:
-    """A text completion's grammar for `asked`: the reply follows it from its first token. Compiled, and its matcher
-    built (`prepare`, the engine's), in worker threads. Raises APIError 400 naming the field for a constraint that
-    cannot be enforced."""
-    try:
-        spec = GrammarSpec(await anyio.to_thread.run_sync(asked.grammar))
-        if prepare is not None:
-            await anyio.to_thread.run_sync(prepare, spec)
-    except ConstraintError as exc:
-        raise APIError(400, str(exc), param=asked.param, code="invalid_value") from None
-    return spec
