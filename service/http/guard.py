@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from typing import Any, cast
 
 import anyio
@@ -41,8 +40,6 @@ ALWAYS_SERVED = (*HEALTH_PATHS, "/stats", "/metrics", "/docs")
 # Past the body timeout a body must have averaged this (Apache's mod_reqtimeout MinRate idea): a trickle of a byte
 # every few seconds never trips the silence timeout, yet holds a connection and its buffer for good.
 MIN_BODY_RATE = 1024
-
-LINUX = sys.platform.startswith("linux")
 
 _SESSION_AUDIO = re.compile(r"^/v1/audio/sessions/[^/]+/audio/?$")
 
@@ -71,8 +68,9 @@ class Guard:
             await self.app(scope, receive, send)
             return
         if not self._unacked_bounded:
-            # The listening socket exists by the first request (granian builds it after the app starts).
-            self._unacked_bounded = apply_user_timeout(self.state.config.limits.send_timeout)[0] > 0 or not LINUX
+            # Once: the listening socket exists by the first request (granian builds it after the app starts).
+            self._unacked_bounded = True
+            apply_user_timeout(self.state.config.limits.send_timeout)
         self.state.inflight.enter()
         try:
             if kind == "http":
