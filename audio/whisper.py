@@ -150,9 +150,9 @@ def local_whisper_models() -> list[LocalWhisper]:
 
 
 def _size(directory: Path) -> int:
-    # Less a cut-short write's temporary files, which `tandem models ls` lists apart as leftovers.
-    return sum(f.stat().st_size for f in directory.rglob("*")
-               if f.is_file() and not (f.name.startswith(".tmp") or f.name.endswith(".tmp")))
+    from engine.cache_entries import cut_short_write
+
+    return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file() and not cut_short_write(f))
 
 
 @dataclass

@@ -19,7 +19,7 @@ from pathlib import Path
 from shutil import rmtree
 from typing import Any, Iterable
 
-__all__ = ["SIDECAR", "EntrySource", "prune_superseded", "read_source", "record_source"]
+__all__ = ["SIDECAR", "EntrySource", "cut_short_write", "prune_superseded", "read_source", "record_source"]
 
 SIDECAR = "source.json"
 
@@ -102,3 +102,9 @@ def prune_superseded(candidates: Iterable[Path], written: Path, source: EntrySou
         except OSError as exc:
             _log.warning("could not remove all of %s (the next start retries): %s", staging, exc)
     return removed
+
+
+def cut_short_write(path: Path) -> bool:
+    """Whether `path` is a temporary file a write cut short left in an entry (`.tmp*`, `*.tmp`: safetensors writes
+    through one): not the entry's, listed apart by `tandem models ls`. Raises nothing."""
+    return path.name.startswith(".tmp") or path.name.endswith(".tmp")

@@ -156,8 +156,6 @@ def _file_size(path: Path) -> int:
 def _size(folder: Path, *, whole: bool = False) -> int:
     """The folder's files, less the temporary ones `leftovers` lists apart (they were counted twice) unless `whole`
     (a staging folder, listed whole). Raises nothing."""
-    return sum(_file_size(f) for f in _walk(folder, "*") if f.is_file() and (whole or not _temporary(f)))
+    from engine.cache_entries import cut_short_write
 
-
-def _temporary(path: Path) -> bool:
-    return path.name.startswith(".tmp") or path.name.endswith(".tmp")
+    return sum(_file_size(f) for f in _walk(folder, "*") if f.is_file() and (whole or not cut_short_write(f)))
