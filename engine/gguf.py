@@ -31,7 +31,7 @@ from engine.gguf_header import GGUFError, read_header
 from engine.gguf_tensors import check_types, read_tensors
 from engine.load_stop import Stoppable, check_stop
 
-__all__ = ["GGUFError", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
+__all__ = ["GGUFError", "check_architecture", "convert_gguf", "gguf_config", "gguf_tokenizer", "gguf_weights", "read_gguf"]
 
 # Bump when the written layout changes, so stale cache entries are never reused.
 _FORMAT_VERSION = 2  # 2: K-quants kept as affine triples, types read by the gguf package
@@ -144,14 +144,20 @@ def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, A
     return read_tensors(path, infos), metadata
 
 
+def check_architecture(metadata: dict[str, Any]) -> str:
+    """The GGUF's architecture, one the import maps onto mlx-lm's models. Raises GGUFError for another."""
+    arch = metadata.get("general.architecture")
+    if arch not in _SUPPORTED_ARCHITECTURES:
+        raise GGUFError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_SUPPORTED_ARCHITECTURES)})")
+    return str(arch)
+
+
 def gguf_config(metadata: dict[str, Any], tensors: dict[str, Any]) -> dict[str, Any]:
     """An mlx-lm config.json dict (llama, qwen2 or qwen3) built from GGUF metadata.
 
     Raises GGUFError for another architecture, missing hyperparameters or an unsupported RoPE scaling.
     """
-    arch = metadata.get("general.architecture")
-    if arch not in _SUPPORTED_ARCHITECTURES:
-        raise GGUFError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_SUPPORTED_ARCHITECTURES)})")
+    arch = check_architecture(metadata)
 
     def get(key: str, default: Any = KeyError) -> Any:
         value = metadata.get(f"{arch}.{key}", default)

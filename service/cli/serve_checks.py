@@ -1,6 +1,7 @@
 """What `tandem serve` checks of its chat model before it binds the port, from file headers and sizes only (the
-worker loads the weights, once): a damaged download, a file that is not GGUF, a Whisper checkpoint given as the
-chat model, and a --memory-budget smaller than the weights. Each was a worker that failed after the banner."""
+worker loads the weights, once): a damaged download, a file that is not GGUF or of an architecture the import does
+not map, a Whisper checkpoint given as the chat model, and a --memory-budget smaller than the weights. Each was a
+worker that failed after the banner."""
 
 from __future__ import annotations
 
@@ -35,12 +36,14 @@ def check_chat_model(source: ModelSource, memory_budget: int | None) -> None:
 def _checked_gguf(name: str, path: Path) -> int:
     """The bytes of the GGUF's tensor data, once its header reads and its tensor types are ones the import takes.
     Raises CLIError."""
+    from engine.gguf import check_architecture
     from engine.gguf_header import GGUFError, read_header
     from engine.gguf_tensors import check_types
 
     try:
         # The header (metadata and tensor table), never the tensors: the conversion reads it again, cheaply.
-        tensors = read_header(path)[1]
+        metadata, tensors = read_header(path)
+        check_architecture(metadata)
         check_types(tensors, path)
         size = path.stat().st_size
     except GGUFError as exc:

@@ -33,6 +33,17 @@ def test_a_gguf_named_file_that_is_not_gguf(tmp_path: Path, served: list[object]
     assert served == []
 
 
+def test_a_gguf_of_an_architecture_not_imported(tmp_path: Path, served: list[object],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # a Gemma GGUF read fine, bound the port, printed the banner, then its worker failed on the architecture
+    gguf = tmp_path / "gemma.gguf"
+    write_gguf(gguf, {"general.architecture": "gemma3"}, {"w.weight": (np.zeros((4, 4), np.float32), _F32)})
+    assert main(_serve(str(gguf))) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "GGUF architecture 'gemma3' is not supported" in err and "llama" in err, err
+    assert served == []
+
+
 @pytest.mark.parametrize("layout", ["mlx-whisper", "transformers"])
 def test_a_whisper_checkpoint_as_the_chat_model(layout: str, tmp_path: Path, served: list[object],
                                                 capsys: pytest.CaptureFixture[str]) -> None:
