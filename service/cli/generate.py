@@ -79,8 +79,11 @@ def _generate(args: argparse.Namespace) -> int:
     from service.chat.prompt import generation_prompt, render_prompt
 
     # One line for what the model or its template refuses, as `serve` gives it (these were tracebacks).
+    from service.process.cleanup import loading_models
+
     try:
-        loaded = load_model(args.model, adapter_path=adapter_path)
+        with loading_models():  # a GGUF conversion under way is not a server's to remove as interrupted
+            loaded = load_model(args.model, adapter_path=adapter_path)
     except Exception as exc:  # noqa: BLE001 — any loader failure is the user's model, not a crash
         raise CLIError(f"could not load model {args.model}: {type(exc).__name__}: {exc}") from None
     engine = Engine(loaded, max_active=1)

@@ -59,6 +59,7 @@ def _transcribe(args: argparse.Namespace) -> int:
     from audio.speech import SpeechService
     from audio.transcript import TranscribeOptions, Transcript
     from engine.runtime import Engine
+    from service.process.cleanup import loading_models
 
     if not 0 <= args.temperature <= 1:
         raise CLIError("--temperature must be in 0..1")
@@ -86,7 +87,8 @@ def _transcribe(args: argparse.Namespace) -> int:
         raise CLIError(f"{name}: {exc}", code=1) from None
     engine = Engine(None)
     try:
-        speech = SpeechService.from_spec(engine.tasks, whisper_spec(args.model), resident=True)
+        with loading_models():  # a first use imports the checkpoint: not a server's to remove as interrupted
+            speech = SpeechService.from_spec(engine.tasks, whisper_spec(args.model), resident=True)
         options = speech.options(
             language=args.language, task=args.task, english_only_transcribes=True, prompt=args.prompt,
             temperatures=TranscribeOptions.ladder(args.temperature, fallback=not args.no_fallback),
