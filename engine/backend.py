@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import importlib.metadata
 import importlib.util
 import logging
@@ -30,7 +31,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import gemv_shim
+from engine import cgroup_limits, gemv_shim
 
 __all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "default_threads", "ensure_fast_blas",
            "user_cache_dir", "cap_other_blas"]
@@ -173,11 +174,21 @@ def default_threads() -> int:
 
 
 def cores() -> int:
-    """The cores this process may run on. Raises nothing."""
+    """The cores this process may run on: its CPU affinity, capped by its cgroup's CPU quota rounded up (a container
+    given 2 CPUs of 64 sees all 64 in its affinity; more threads than the quota only wait on its throttling). Raises
+    nothing."""
     try:
-        return len(os.sched_getaffinity(0))
+        allowed = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        allowed = os.cpu_count() or 1
+    quota = _quota_cores()
+    return min(allowed, quota) if quota is not None else allowed
+
+
+@functools.cache
+def _quota_cores() -> int | None:
+    # Read once: the files take ~0.1 ms, and blas_threads reads cores() on the event loop for each Whisper window.
+    return cgroup_limits.cpu_limit()
 
 
 def _try_load(path: str, name: str, reason: str) -> BlasInfo | None:

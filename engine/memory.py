@@ -7,7 +7,8 @@ slots and prefill caches). Admission (engine/batch.py) keeps a row queued while 
 refuses one that can never fit (engine.errors.MemoryAdmission, code `context_over_budget`).
 
 Default total: on a GPU a fraction of the device's memory (Metal: the recommended working set; CUDA: total
-memory), on the CPU a fraction of physical RAM (or the cgroup limit, when lower).
+memory), on the CPU a fraction of physical RAM, or of this process's cgroup memory limit where lower
+(engine/cgroup_limits.py: v1 or v2, its own cgroup and their parents).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from engine import cgroup_limits
 
 __all__ = ["MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
            "release_free_memory", "process_rss"]
@@ -42,23 +45,18 @@ def machine_memory() -> tuple[int, str]:
         value = info.get(key)
         if isinstance(value, int) and value > 0:
             return int(value * GPU_FRACTION), f"{GPU_FRACTION:.0%} of the GPU's {key} ({value / (1 << 30):.1f} GiB)"
-    ram = _physical_ram()
-    return int(ram * CPU_FRACTION), f"{CPU_FRACTION:.0%} of RAM ({ram / (1 << 30):.1f} GiB)"
+    ram, what = _physical_ram()
+    return int(ram * CPU_FRACTION), f"{CPU_FRACTION:.0%} of {what} ({ram / (1 << 30):.1f} GiB)"
 
 
-def _physical_ram() -> int:
+def _physical_ram() -> tuple[int, str]:
+    """(bytes, what they are): RAM, or the process's cgroup memory limit where lower (what the kernel enforces)."""
     try:
         ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
         ram = 8 << 30
-    try:  # a container's limit is what the kernel enforces
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        if limit.isdigit():
-            ram = min(ram, int(limit))
-    except OSError:
-        pass
-    return int(ram)
+    limit = cgroup_limits.memory_limit()
+    return (limit, "the cgroup's memory limit") if limit is not None and limit < ram else (int(ram), "RAM")
 
 
 def weight_bytes(model: Any) -> int:

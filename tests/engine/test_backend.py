@@ -107,10 +107,39 @@ def test_bad_path_override_warns_and_falls_back(tmp_path) -> None:
 
 
 def test_threads_leave_a_core_free_unless_chosen(tmp_path) -> None:
-    cores = len(os.sched_getaffinity(0))
+    from engine.backend import cores as allowed
+
+    cores = allowed()
     assert _probe(tmp_path)["threads"] == max(1, cores - 1)
     if cores >= 2:
         assert _probe(tmp_path, OPENBLAS_NUM_THREADS="2")["threads"] == 2
+
+
+@pytest.fixture
+def fresh_quota():
+    from engine import backend
+
+    backend._quota_cores.cache_clear()
+    yield
+    backend._quota_cores.cache_clear()
+
+
+def test_cores_follow_the_cgroup_cpu_quota_not_the_affinity(tmp_path, monkeypatch, fresh_quota) -> None:
+    # A 2-CPU container on a 64-core node sees all 64 in its affinity: OpenBLAS got 64 threads.
+    from engine import backend, cgroup_limits
+    from tests.engine.test_cgroup_limits import v1_tree
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(cgroup_limits, "ROOT", str(v1_tree(tmp_path / "two", quota=200000)))
+    assert (backend.cores(), backend.default_threads()) == (2, 1)
+    backend._quota_cores.cache_clear()
+    monkeypatch.setattr(cgroup_limits, "ROOT", str(v1_tree(tmp_path / "one", quota=100000)))
+    assert (backend.cores(), backend.default_threads()) == (1, 1)
+    backend._quota_cores.cache_clear()
+    monkeypatch.setattr(cgroup_limits, "ROOT", str(v1_tree(tmp_path / "none", quota=-1)))
+    assert backend.cores() == 64  # no quota: the affinity
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert backend.cores() == 1  # nor more than the affinity
 
 
 def test_numpys_blas_runs_one_thread_beside_mlxs(tmp_path) -> None:

@@ -74,6 +74,19 @@ def test_the_budget_counts_weights_and_refuses_one_without_room_for_kv(tiny_load
         MemoryBudget.plan(tiny_loaded.model, total=weights + (1 << 20), prefix_cache=1 << 20)
 
 
+def test_the_default_budget_follows_the_process_cgroup_memory_limit(tiny_loaded, tmp_path, monkeypatch) -> None:
+    # A container's 2 GiB v1 limit on its own cgroup: the budget once took 60 % of the host's RAM and the kernel
+    # OOM-killed the worker under 8 long streams.
+    from engine import cgroup_limits
+    from tests.engine.test_cgroup_limits import GIB, v1_tree
+
+    monkeypatch.setattr(cgroup_limits, "ROOT", str(v1_tree(tmp_path, memory=2 * GIB)))
+    monkeypatch.setattr(mx, "default_device", lambda: mx.cpu)
+    budget = MemoryBudget.plan(tiny_loaded.model)
+    assert budget.total == int(2 * GIB * 0.6)
+    assert budget.source == "60% of the cgroup's memory limit (2.0 GiB)"
+
+
 def test_a_row_that_can_never_fit_is_refused_with_its_code(tiny_loaded) -> None:
     group = make_group(tiny_loaded, budget=budget_for(tiny_loaded, 1024))
     with pytest.raises(MemoryAdmission, match="budget") as info:
