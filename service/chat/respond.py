@@ -7,12 +7,14 @@ while the stream is quiet after it) or the collected JSON body; 499 with no body
 
 from __future__ import annotations
 
+import logging
 from contextlib import aclosing
 from typing import Any, AsyncGenerator, Awaitable, Callable
 
 from anyio.abc import TaskGroup
 from litestar import Request, Response
 
+from engine.errors import EngineError
 from service.chat.stream import RowReader, StreamTiming, UsageCounter
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
@@ -22,6 +24,8 @@ from service.seams import RowStream
 from service.state import AppState, get_state
 
 __all__ = ["FIRST_BYTE_WAIT", "keepalive_every", "respond"]
+
+_log = logging.getLogger("tandem.service")
 
 # A stream's headers wait this long for its first delta (a failure until then is a status code). Nothing sent for
 # longer, clients with read timeouts (httpx's default is 5 s) and proxies' idle timeouts cut a queued stream.
@@ -84,8 +88,12 @@ async def _kept_alive(reader: RowReader, events: Callable[[RowReader], AsyncGene
     try:
         while not await reader.start(every):
             yield keepalive()
-    except APIError as exc:
-        yield failure(exc)
+    except Exception as exc:  # noqa: BLE001 — the headers (and keep-alives) are out: whatever the row raised, an
+        # engine process's death's EngineRestarting (meant as a 503) too, ends the stream with the route's error event
+        error = in_band_error(exc)
+        _log.warning("stream failed before its first token (%d %s): %s", error.status, error.code, exc,
+                     exc_info=None if isinstance(exc, (APIError, EngineError)) else exc)
+        yield failure(error)
         return
     said = events(reader)
     if every is not None and task_group is not None:

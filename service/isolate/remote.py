@@ -328,7 +328,8 @@ class RemoteEngine:
 
     def _fail_streams(self, message: str, reason: FinishReason = "error", restarting: bool = False) -> None:
         """End every row. `restarting`: a row that produced nothing yet gets EngineRestarting (a 503 with
-        Retry-After: nothing was answered, the client may send it again); the others end with the error."""
+        Retry-After: nothing was answered, the client may send it again; a stream whose headers and keep-alives went
+        out ends with its error event: service/chat/respond.py); the others end with the error."""
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             if restarting and not stream.started:

@@ -7,6 +7,7 @@ Transcript; every model touch happens there, as tasks on the shared driver loop.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Annotated, Any, AsyncGenerator, Mapping
 
@@ -46,6 +47,8 @@ from service.state import get_state
 
 __all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "OK_CONTENT", "FILE_PARTS",
            "part_content_type"]
+
+_log = logging.getLogger("tandem.service")
 
 SPEECH_ERRORS = error_responses({400: "Bad audio or parameters (OpenAI error shape)", 404: "Unknown model or session",
                                  409: "Session finished, deleted or expired", 413: "Body over the size limit"})
@@ -217,7 +220,8 @@ async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options:
                 sent += delta
                 yield sse_data(TranscriptTextDelta(delta=delta, logprobs=_delta_logprobs(item, delta, options)),
                                exclude_none=True)
-    except Exception as exc:  # headers are out: report in-band
+    except Exception as exc:  # headers are out: report in-band (and say why here: the client alone saw it)
+        _log.warning("transcription stream failed: %s", exc)
         yield sse_error(in_band_error(exc))
     finally:
         await stream.aclose()

@@ -202,3 +202,84 @@ async def test_a_client_leaving_a_tool_reply_is_no_engine_failure(path: str, bod
     if path == "/v1/responses":  # cut short by its client, it is not kept as a completed response
         kept = app.state[STATE_KEY].issued_items
         assert kept.stats()["entries"] == 0, kept.stats()
+
+
+class _IsolatedRows(FakeEngine):
+    """A FakeEngine whose rows are --isolate's (RemoteRowStream), which the test feeds as the relay thread would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from service.isolate.remote import RemoteEngine
+
+        self.remote = RemoteEngine(ServiceConfig())  # never started: no engine process, only its rows' bookkeeping
+
+    def submit(self, request: Any) -> Any:
+        from service.isolate.remote import RemoteRowStream
+
+        self.requests.append(request)
+        row = RemoteRowStream(self.remote, len(self.requests))
+        self.remote._streams[row.rid] = row
+        return row
+
+
+_DIED = "The engine process exited (status -9); it is restarting."
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "n": 2}),  # the choices' merged stream
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}),
+    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2}),
+])
+async def test_an_engine_process_dying_after_the_keep_alives_ends_the_stream_with_its_error_event(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: str, body: dict[str, Any]) -> None:
+    # --isolate, the engine process killed while prompts waited in prefill: rows with no token yet get
+    # EngineRestarting (a 503 before the headers), but these had sent their headers and keep-alives. They were cut
+    # with no error event and no [DONE], the log saying only "Exception caught after response started".
+    from service.chat import choices, respond
+
+    monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
+    monkeypatch.setattr(choices, "FIRST_BYTE_WAIT", 0.01)
+    engine = _IsolatedRows()
+    client = _Client({**body, "stream": True}, marker=b"\n\n", count=2)  # two writes: headers and keep-alives are out
+    with anyio.fail_after(30), caplog.at_level("WARNING"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, 0.01, tg), asgi_scope(path), client.receive, client.send)
+            await client.counted.wait()
+            assert engine.remote._streams  # no row has its first token
+            engine.remote._fail_streams(_DIED, restarting=True)
+            await client.leave.wait()
+    text = b"".join(client.chunks).decode()
+    if path in ("/v1/responses", "/v1/messages"):
+        last = named_events(text)[-1]
+        assert last["type"] == "error" and last["error"]["message"] == _DIED, last
+        if path == "/v1/responses":
+            assert named_events(text)[-2]["type"] == "response.failed" and last["code"] == "engine_restarting"
+    else:
+        events = client.events()
+        assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "engine_restarting", events
+        assert events[-2]["error"]["message"] == _DIED
+    assert [r for r in caplog.records if _DIED in r.getMessage()] and \
+        len([r for r in caplog.records if r.levelname == "WARNING"]) == 1, caplog.records  # the root cause, once
+
+
+@pytest.mark.anyio
+async def test_an_unexpected_failure_after_the_keep_alives_is_a_500_event_and_logged_with_its_traceback(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from service.chat import respond
+
+    monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
+    engine = _IsolatedRows()
+    client = _Client({"messages": USER, "max_tokens": 2, "stream": True}, marker=b": keep-alive\n\n")
+    with anyio.fail_after(30), caplog.at_level("WARNING"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, 0.01, tg), asgi_scope("/v1/chat/completions"), client.receive, client.send)
+            await client.counted.wait()
+            engine.remote._streams[1].deliver(RuntimeError("the relay broke"))
+            await client.leave.wait()
+    events = client.events()
+    assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "server_error", events
+    logged = [r for r in caplog.records if "the relay broke" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None

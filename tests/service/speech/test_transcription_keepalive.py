@@ -63,3 +63,21 @@ def test_without_keep_alives_none_are_sent(whisper_dir: Path, slow: None) -> Non
     with _client(whisper_dir, 0) as c:
         r = transcribe(c, stream="true")
     assert r.status_code == 200 and ": keep-alive" not in r.text and "One. Two." in r.text
+
+
+def test_an_engine_process_dying_mid_stream_ends_it_with_an_error_event_and_logs_why(
+        client: TestClient[Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # --isolate, the engine process killed mid-file: the client got the error event, the server's log nothing.
+    from engine.errors import EngineRestarting
+
+    async def stream(self: SpeechService, pcm: np.ndarray,
+                     options: TranscribeOptions) -> AsyncGenerator[list[Segment] | Transcript, None]:
+        yield [Segment(0, 0, 0.0, 1.0, " One.")]
+        raise EngineRestarting("The engine process exited (status -9); it is restarting.", retry_after=10)
+
+    monkeypatch.setattr(SpeechService, "transcribe_stream", stream)
+    with caplog.at_level("WARNING"):
+        r = transcribe(client, stream="true")
+    events = sse_events(r.text)
+    assert events[0]["delta"] == "One." and events[-1]["error"]["code"] == "engine_restarting", events
+    assert len([x for x in caplog.records if "exited (status -9)" in x.getMessage()]) == 1, caplog.records
