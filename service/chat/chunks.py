@@ -13,7 +13,7 @@ from service.chat.chunk_usage import ChunkUsage
 from service.chat.logprobs import LogprobJson, chat_logprobs
 from service.chat.replies import ChatCompletionChunk, ChoiceDelta, ChunkChoice, FinishReason
 from service.chat.stream import ResponseMeta, UsageCounter
-from service.http.sse import sse_data
+from service.http.sse import line_safe, sse_data
 
 __all__ = ["ChunkEncoder"]
 
@@ -46,7 +46,7 @@ class ChunkEncoder:
             field, text = ((b"content", delta.content) if delta.reasoning_content is None
                            else (b"reasoning_content", delta.reasoning_content) if delta.content is None else (b"", None))
             if text is not None:  # one text field alone: the frame built once
-                return self._text(field, text, writer.encode(logprobs) if writer else None)
+                return line_safe(self._text(field, text, writer.encode(logprobs) if writer else None))
         meta = self.meta
         entries = chat_logprobs(writer.pieces, logprobs) if writer else None
         event = sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,

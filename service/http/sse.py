@@ -1,5 +1,6 @@
 """Server-sent events: the one place events are framed (`data: ...\n\n`), and a streaming response that
-always closes its generator.
+always closes its generator. Frames built elsewhere around text (chat's chunks, the Responses and Messages events)
+pass through `line_safe`.
 
 The stream body is an async generator owning the engine row; whoever stops consuming it (end, error,
 client disconnect, a client that stopped reading for the send timeout) must aclose it so its `finally` frees the
@@ -22,7 +23,8 @@ from pydantic import BaseModel
 from service.http.errors import APIError, error_body
 from service.state import scope_state
 
-__all__ = ["DONE", "KEEPALIVE", "SSE_HEADERS", "sse_data", "null_usage", "sse_error", "EventSource", "SSEStream"]
+__all__ = ["DONE", "KEEPALIVE", "SSE_HEADERS", "line_safe", "sse_data", "null_usage", "sse_error", "EventSource",
+           "SSEStream"]
 
 DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every client ignores it, every idle timer restarts
@@ -31,15 +33,31 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 _log = logging.getLogger("tandem.http")
 
+# U+2028, U+2029 and U+0085 in UTF-8, and their JSON escapes: valid raw inside a JSON string, but str.splitlines()
+# breaks lines at them (requests' iter_lines(decode_unicode=True)), cutting the event's JSON in two.
+_LINE_BREAKS = ((b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"), (b"\xc2\x85", b"\\u0085"))
+
 
 class ClientStalled(Exception):
     """The client read nothing of a stream for the send timeout (granian's send waits while its socket is full)."""
 
 
+def line_safe(frame: bytes) -> bytes:
+    """An event whose JSON is UTF-8 (`ensure_ascii=False`) with its U+2028, U+2029 and U+0085 escaped (see
+    _LINE_BREAKS): they can only be inside its strings, where the escape means the same. Per token: a frame without
+    them is returned as it is. Raises nothing."""
+    if frame.isascii():  # most frames: one vectorised pass, where three substring searches cost ten times more
+        return frame
+    for raw, escaped in _LINE_BREAKS:
+        if raw in frame:
+            frame = frame.replace(raw, escaped)
+    return frame
+
+
 def sse_data(payload: BaseModel, *, exclude_none: bool = False) -> bytes:
     """One `data: <json>` event; `exclude_none`: without its None fields (those not asked for). Raises nothing for
     valid models."""
-    return b"data: " + payload.model_dump_json(exclude_none=exclude_none).encode() + b"\n\n"
+    return line_safe(b"data: " + payload.model_dump_json(exclude_none=exclude_none).encode() + b"\n\n")
 
 
 def null_usage(event: bytes) -> bytes:

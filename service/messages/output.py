@@ -16,6 +16,7 @@ from pydantic_core import from_json
 
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError
+from service.http.sse import line_safe
 from service.messages.errors import anthropic_error_body
 
 __all__ = ["MessageOutput", "stop_reason"]
@@ -33,7 +34,7 @@ def stop_reason(finish_reason: str, stop_sequence: str | None) -> str:
 
 
 def _event(kind: str, payload: dict[str, Any]) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False)}\n\n".encode()
+    return line_safe(f"event: {kind}\ndata: {json.dumps({'type': kind, **payload}, ensure_ascii=False)}\n\n".encode())
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:

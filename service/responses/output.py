@@ -20,6 +20,7 @@ from engine.contracts import TokenLogprob
 from service.chat.logprobs import LogprobJson
 from service.chat.replies import ChoiceDelta
 from service.http.errors import APIError, error_body
+from service.http.sse import line_safe
 from service.responses.history import ToolNames, requested_effort, seal_reasoning
 from service.responses.schemas import HostedTool, ResponsesRequest
 
@@ -92,7 +93,7 @@ class ResponseOutput:
             return b""
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode()
+        return line_safe(f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n".encode())
 
     def opening(self) -> bytes:
         """response.created then response.in_progress, once; later calls an in_progress (a keep-alive Codex's idle
@@ -242,7 +243,8 @@ class ResponseOutput:
         self._sequence += 1
         if self._logprobs is not None and self._open["type"] == "message":  # this delta's own tokens
             tail = b',"logprobs":' + self._logprobs.entries(tokens) + b"}\n\n"
-        return b"".join((head, str(sequence).encode(), middle, json.dumps(text, ensure_ascii=False).encode(), tail))
+        return line_safe(b"".join((head, str(sequence).encode(), middle, json.dumps(text, ensure_ascii=False).encode(),
+                                   tail)))
 
     def _delta_frame(self) -> tuple[bytes, bytes, bytes]:
         """The bytes before the sequence number, between it and the delta, and after the delta."""
@@ -304,7 +306,7 @@ class ResponseOutput:
         else:
             item = {**item, "status": status, "arguments": text}
             events.append(self.event("response.function_call_arguments.done", item_id=item_id, output_index=index,
-                                     arguments=text))
+                                     name=item["name"], arguments=text))  # OpenAI's event names the function
         self.items[index] = item
         events.append(self.event("response.output_item.done", output_index=index, item=item))
         return events

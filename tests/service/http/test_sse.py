@@ -1,14 +1,17 @@
-"""EventSource releases its resource however streaming ends; run_while_connected follows the client."""
+"""EventSource releases its resource however streaming ends; run_while_connected follows the client; every event's
+JSON keeps to one line for str.splitlines()."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, AsyncGenerator
 
 import anyio
 import pytest
 
 from service.http.disconnect import ClientDisconnected, run_while_connected
-from service.http.sse import EventSource
+from service.http.sse import EventSource, line_safe
+from tests.service.fake_engine import FakeEngine
 
 
 async def _events(log: list[str]) -> AsyncGenerator[bytes, None]:
@@ -132,3 +135,34 @@ async def test_a_stream_its_client_stopped_reading_is_ended_and_its_row_freed() 
     assert sent[0]["status"] == 200
     assert not any(m["type"] == "http.response.body" and not m.get("more_body", False) for m in sent)
     assert engine.closed_streams == 1 and not engine.active
+
+
+# Valid raw in JSON, but line breaks to str.splitlines() (requests' iter_lines(decode_unicode=True))
+LINE_BREAKS = "\u2028\u2029\u0085"
+
+
+def test_line_safe_escapes_only_the_three_unicode_line_breaks() -> None:
+    frame = 'data: {"t":"a\u2028b\u2029c\u0085d \u201cq\u201d \u00e9"}\n\n'.encode()
+    escaped = line_safe(frame)
+    assert escaped == b'data: {"t":"a\\u2028b\\u2029c\\u0085d ' + "\u201cq\u201d \u00e9".encode() + b'"}\n\n'
+    assert json.loads(escaped.decode()[6:]) == json.loads(frame.decode()[6:])
+    plain, accented = b'data: {"t":"hi"}\n\n', 'data: {"t":"caf\u00e9"}\n\n'.encode()
+    assert line_safe(plain) is plain and line_safe(accented) is accented  # per token: nothing copied when none is there
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 1}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/messages", {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}),
+])
+def test_every_streamed_event_survives_splitlines(client: Any, fake_engine: FakeEngine, path: str,
+                                                  body: dict[str, Any]) -> None:
+    fake_engine.pieces = ["a\u2028", "b\u2029", "c\u0085", "d"]
+    response = client.post(path, json={**body, "stream": True})
+    assert response.status_code == 200, response.text
+    data = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    events = [json.loads(line) for line in data if line != "[DONE]"]  # a cut line is no JSON
+    assert events and not any(char in response.text for char in LINE_BREAKS)
+    assert any(LINE_BREAKS[0] in json.dumps(event, ensure_ascii=False) for event in events)
