@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal, get_args
 
 from audio.transcript import Transcript
@@ -25,8 +26,21 @@ def timestamp(seconds: float, *, decimal: str = ".", always_hours: bool = True) 
     return f"{head}{minutes:02d}:{secs:02d}{decimal}{ms:03d}"
 
 
+# What ends a line in a cue file (SRT's and WebVTT's: CRLF, CR or LF); a blank one ends the cue.
+_LINE_END = re.compile(r"\r\n|\r|\n")
+# WebVTT cue text is markup: & and < start escapes and tags; > is escaped too, as "-->" must not appear.
+_VTT_ESCAPES = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+
+
 def _cues(t: Transcript) -> list[tuple[float, float, str]]:
-    return [(s.start, max(s.end, s.start), s.text.strip()) for s in t.segments if s.text.strip()]
+    """Each segment with text as a cue's times and text: "-->" made "->" (openai-whisper's writers: the arrow would
+    read as a timing line) and blank lines dropped (a blank line ends the cue)."""
+    cues = []
+    for s in t.segments:
+        lines = [line for line in _LINE_END.split(s.text.strip().replace("-->", "->")) if line.strip()]
+        if lines:
+            cues.append((s.start, max(s.end, s.start), "\n".join(lines)))
+    return cues
 
 
 def _srt(t: Transcript) -> str:
@@ -38,7 +52,7 @@ def _srt(t: Transcript) -> str:
 
 
 def _vtt(t: Transcript) -> str:
-    blocks = [f"{timestamp(a)} --> {timestamp(b)}\n{text}\n" for a, b, text in _cues(t)]
+    blocks = [f"{timestamp(a)} --> {timestamp(b)}\n{text.translate(_VTT_ESCAPES)}\n" for a, b, text in _cues(t)]
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 

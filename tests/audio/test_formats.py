@@ -72,3 +72,25 @@ def test_a_translation_is_in_english_whatever_was_spoken() -> None:
 def test_unknown_format() -> None:
     with pytest.raises(ValueError):
         render(T, "docx")
+
+
+ODD = Transcript(text=" a --> b", language="en", duration=4.0, task="transcribe", segments=[
+    Segment(0, 0, 0.0, 1.0, " a --> b", []),
+    Segment(1, 0, 1.0, 2.0, " one\n\n  \r\ntwo\rthree", []),
+    Segment(2, 0, 2.0, 3.0, " <b>Tom & Jerry</b> > 1", []),
+    Segment(3, 0, 3.0, 4.0, " \n \n", []),
+])
+
+
+def test_srt_cue_text_cannot_break_its_cue() -> None:
+    # "-->" read as a timing line and a blank line ended the cue: openai-whisper's writers make the arrow "->"
+    assert render(ODD, "srt") == ("1\n00:00:00,000 --> 00:00:01,000\na -> b\n\n"
+                                  "2\n00:00:01,000 --> 00:00:02,000\none\ntwo\nthree\n\n"
+                                  "3\n00:00:02,000 --> 00:00:03,000\n<b>Tom & Jerry</b> > 1\n")
+
+
+def test_vtt_cue_text_is_escaped_as_webvtt_requires() -> None:
+    # & and < start WebVTT escapes and tags: a transcript's own are text
+    assert render(ODD, "vtt") == ("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\na -&gt; b\n\n"
+                                  "00:00:01.000 --> 00:00:02.000\none\ntwo\nthree\n\n"
+                                  "00:00:02.000 --> 00:00:03.000\n&lt;b&gt;Tom &amp; Jerry&lt;/b&gt; &gt; 1\n")
