@@ -24,7 +24,7 @@ from audio.repeats import copied_words
 from audio.token_logprobs import kept_logprobs, token_logprobs
 from audio.window import WindowRequest, WindowResult
 from audio.timeline import Timeline
-from audio.transcript import Segment, TranscribeOptions, Transcript, Word
+from audio.transcript import Segment, TokenCounts, TranscribeOptions, Transcript, Word
 from audio.whisper import LoadedWhisper
 from audio.word_timing import CachedAudio, hallucinated_tail, nest, within
 
@@ -376,6 +376,15 @@ class WindowedTranscription:
         """All committed text so far. Raises nothing."""
         tokens = [t for t in self.all_tokens[self.text_from:] if t < self.tokenizer.eot]
         return self.tokenizer.decode(tokens)
+
+    def token_counts(self, samples: int) -> TokenCounts:
+        """What decoding `samples` of 16 kHz audio (those given to the windows) cost in tokens: the client's prompt's
+        tokens a window read (the last n_text_ctx/2 - 1 at most, as mlx-whisper keeps them), one encoder position
+        per input_stride mel frames of that audio (50 a second), and the text tokens committed. Raises nothing."""
+        room = max(0, self.loaded.model.dims.n_text_ctx // 2 - 1)
+        positions = -(-samples // (HOP_LENGTH * self.input_stride))
+        written = sum(1 for t in self.all_tokens[self.text_from:] if t < self.tokenizer.eot)
+        return TokenCounts(prompt=min(len(self.initial_prompt_tokens), room), audio=positions, output=written)
 
     def transcript(self, duration: float) -> Transcript:
         """The Transcript of everything decoded so far. Raises nothing."""

@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args
 from audio.transcript import Transcript
 
 __all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp", "language_name", "text_language",
-           "usage"]
+           "usage", "token_usage"]
 
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 RESPONSE_FORMATS: tuple[str, ...] = get_args(ResponseFormat)
@@ -59,6 +59,17 @@ def _vtt(t: Transcript) -> str:
 def usage(t: Transcript) -> dict[str, Any]:
     """OpenAI's usage of a Whisper transcription: the audio's seconds."""
     return {"type": "duration", "seconds": round(t.duration, 3)}
+
+
+def token_usage(t: Transcript) -> dict[str, Any] | None:
+    """OpenAI's token usage (a streamed transcription's, whose done event takes no duration usage) from what the
+    decoding counted: input = the prompt's tokens Whisper read + its encoder positions of the audio (50 a second),
+    output = the text tokens written; None where the Transcript has no counts. Raises nothing."""
+    if (n := t.tokens) is None:
+        return None
+    return {"type": "tokens", "input_tokens": n.prompt + n.audio,
+            "input_token_details": {"text_tokens": n.prompt, "audio_tokens": n.audio},
+            "output_tokens": n.output, "total_tokens": n.prompt + n.audio + n.output}
 
 
 def language_name(code: str) -> str:

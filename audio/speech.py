@@ -28,7 +28,7 @@ from audio.scheduler import Pace, StepBudget, WhisperScheduler
 from audio.sessions import LiveConfig, LiveSession
 from audio.speech_thread import speech_nice_default, speech_turns_default, step_thread_default
 from audio.timeline import compact
-from audio.transcript import Segment, Task, TranscribeOptions, Transcript, spoken_languages
+from audio.transcript import Segment, Task, TokenCounts, TranscribeOptions, Transcript, spoken_languages
 from audio.vad import speech_pieces
 from audio.warmup import compiles_kernels, warm_up_signal
 from audio.whisper import (
@@ -62,7 +62,8 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     With `vad` Whisper sees only the speech (no speech: an empty Transcript, Whisper never loaded).
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
     duration = len(pcm) / SAMPLE_RATE
-    empty = Transcript("", options.named_language, duration, options.task, logprobs=() if options.logprobs else None)
+    empty = Transcript("", options.named_language, duration, options.task, logprobs=() if options.logprobs else None,
+                       tokens=TokenCounts(prompt=0, audio=0, output=0))  # Whisper read nothing
     timeline = None
     if options.vad or options.vad_trim:
         pieces = await anyio.to_thread.run_sync(functools.partial(speech_pieces, pcm, **options.gate_settings))
@@ -87,7 +88,9 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
                 new = await tr.step(pcm[start: start + N_SAMPLES], frames, scheduler, tasks)
                 if new:
                     yield new
-        yield tr.transcript(duration)
+        done = tr.transcript(duration)
+        done.tokens = tr.token_counts(len(pcm))  # the audio the windows were given: with VAD, the speech only
+        yield done
     finally:
         residency.release()
 

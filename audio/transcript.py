@@ -10,7 +10,7 @@ from audio.errors import InvalidOption
 from audio.noise_reduction import KINDS as NOISE_KINDS
 
 __all__ = ["TokenLogprob", "normalize_language", "iso_language", "spoken_languages", "Task", "TranscribeOptions",
-           "Word", "Segment", "Transcript", "DEFAULT_TEMPERATURES", "PromptTooLong", "MAX_PROMPT_CHARS"]
+           "Word", "Segment", "TokenCounts", "Transcript", "DEFAULT_TEMPERATURES", "PromptTooLong", "MAX_PROMPT_CHARS"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,15 @@ class Segment:
         return d
 
 
+@dataclass(frozen=True)
+class TokenCounts:
+    """What a transcription cost Whisper, in tokens (OpenAI's token usage of a streamed transcription)."""
+
+    prompt: int  # the client's prompt's tokens the decoder read (Whisper reads at most its last 223)
+    audio: int  # encoder positions of the audio Whisper was given to decode: 50 a second (with VAD, of the speech)
+    output: int  # the text tokens it wrote: the transcript's, timestamp and special tokens not counted
+
+
 @dataclass
 class Transcript:
     """The result of a file or a finished session; `duration` is the audio length in seconds."""
@@ -165,6 +174,8 @@ class Transcript:
     # Its text's tokens' log probabilities, its segments' one after another (bytes joined: `text`); None: not kept
     # (not asked for, or not known for all of it).
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # Its cost in tokens, where the decoding counted it (a file's); None: not counted (a live session's).
+    tokens: TokenCounts | None = None
 
     @property
     def words(self) -> list[Word]:

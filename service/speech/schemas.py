@@ -26,6 +26,7 @@ __all__ = [
     "TranscriptTextDelta",
     "TranscriptTextDone",
     "DurationUsage",
+    "TokenUsage",
 ]
 
 Granularity = Literal["segment", "word"]
@@ -274,6 +275,22 @@ class DurationUsage(BaseModel):
     seconds: float
 
 
+class InputTokenDetails(BaseModel):
+    text_tokens: int = Field(description="The prompt's tokens Whisper read (at most its last 223).")
+    audio_tokens: int = Field(description="Whisper's encoder positions of the audio it decoded: 50 a second (with "
+                                          "VAD, of the speech only).")
+
+
+class TokenUsage(BaseModel):
+    """What a streamed transcription used, in tokens (OpenAI's usage for models billed by tokens)."""
+
+    type: Literal["tokens"] = "tokens"
+    input_tokens: int = Field(description="text_tokens + audio_tokens.")
+    input_token_details: InputTokenDetails
+    output_tokens: int = Field(description="The text tokens Whisper wrote (timestamp and special tokens not counted).")
+    total_tokens: int
+
+
 class Transcription(BaseModel):
     """response_format=json."""
 
@@ -304,10 +321,10 @@ class TranscriptTextDelta(BaseModel):
 
 
 class TranscriptTextDone(BaseModel):
-    """The last SSE event of a streamed transcription (its usage as the JSON answer's)."""
+    """The last SSE event of a streamed transcription; its usage in tokens, the one kind OpenAI's event takes."""
 
     type: Literal["transcript.text.done"] = "transcript.text.done"
     text: str
-    usage: DurationUsage
+    usage: TokenUsage | None = None
     languages: list[TranscriptionLanguage] | None = Field(None, description=_LANGUAGES)
     logprobs: list[TranscriptionLogprob] | None = Field(None, description=_LOGPROBS)

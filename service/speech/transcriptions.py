@@ -19,7 +19,7 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 
 from audio.errors import AudioError
-from audio.formats import media_type, render, usage
+from audio.formats import media_type, render, token_usage
 from audio.pcm import SAMPLE_RATE, check_file_length
 from audio.token_logprobs import TokenLogprob, less_leading, stripped_logprobs
 from audio.transcript import MAX_PROMPT_CHARS, Segment, TranscribeOptions, Transcript
@@ -31,8 +31,8 @@ from service.http.idle_keepalive import kept_alive_while_idle
 from service.http.sse import KEEPALIVE, EventSource, SSEStream, sse_data, sse_error
 from service.seams import SpeechBackend
 from service.speech.schemas import (
-    DurationUsage,
     ServerVadChunking,
+    TokenUsage,
     Transcription,
     TranscriptionForm,
     TranscriptionLanguage,
@@ -212,7 +212,9 @@ async def _transcription_events(speech: SpeechBackend, pcm: np.ndarray, options:
                 if metrics is not None:
                     metrics.observe_transcription(len(pcm) / SAMPLE_RATE, time.perf_counter() - started)
                 heard = detected_languages(model, item.language, item.text)
-                yield sse_data(TranscriptTextDone(text=item.text.strip(), usage=DurationUsage(**usage(item)),
+                spent = token_usage(item)  # OpenAI's done event takes token usage only (never a duration)
+                yield sse_data(TranscriptTextDone(text=item.text.strip(),
+                                                  usage=TokenUsage(**spent) if spent is not None else None,
                                                   languages=[TranscriptionLanguage(**x) for x in heard]
                                                   if heard is not None else None,
                                                   logprobs=_logprobs(item.logprobs, item.text)), exclude_none=True)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
-from audio.formats import render, timestamp
-from audio.transcript import Segment, Transcript, Word
+from audio.formats import render, timestamp, token_usage
+from audio.transcript import Segment, TokenCounts, Transcript, Word
 
 T = Transcript(
     text=" Hello there. General Kenobi.", language="en", duration=3725.5, task="transcribe",
@@ -67,6 +68,14 @@ def test_a_translation_is_in_english_whatever_was_spoken() -> None:
     assert isinstance(body, dict) and body["task"] == "translate" and body["language"] == "english"
     transcribed = render(Transcript(text=" Hallo.", language="de", duration=1.0), "verbose_json")
     assert isinstance(transcribed, dict) and transcribed["language"] == "german"
+
+
+def test_token_usage_is_openais_from_the_counts_and_none_without_them() -> None:
+    counted = dataclasses.replace(T, tokens=TokenCounts(prompt=5, audio=150, output=7))
+    assert token_usage(counted) == {"type": "tokens", "input_tokens": 155,
+                                    "input_token_details": {"text_tokens": 5, "audio_tokens": 150},
+                                    "output_tokens": 7, "total_tokens": 162}
+    assert token_usage(T) is None
 
 
 def test_unknown_format() -> None:

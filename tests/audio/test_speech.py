@@ -18,7 +18,7 @@ from audio.buffers import AudioLimitExceeded
 from audio.pcm import PcmFormat
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SpeechNotRunning
 from audio.speech import SpeechService
-from audio.transcript import MAX_PROMPT_CHARS, PromptTooLong, Segment, Transcript
+from audio.transcript import MAX_PROMPT_CHARS, PromptTooLong, Segment, TokenCounts, Transcript
 from tests.audio.conftest import SR, running_tasks, voiced
 from tests.audio.test_whisper_imports import _write_ct2
 
@@ -225,6 +225,28 @@ async def test_a_file_and_a_live_session_detect_their_language_among_the_given_o
     assert {file.language, chunks.language, live.language} <= set(among)
     assert len(detected) >= 4 and all(given == among and code in among for given, code in detected)
     assert file.language == detected[0][1]  # verbose_json's `language`: the one detected
+
+
+async def test_a_files_transcript_counts_what_whisper_read_and_wrote_in_tokens(tiny_whisper_dir: Path) -> None:
+    """The streamed transcription's token usage: the prompt's tokens the decoder read (the tiny model's n_text_ctx
+    64 keeps its last 31), 50 encoder positions a second of the audio decoded, the text tokens written."""
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    tok = get_tokenizer(False)
+    short, long = "Ten of clubs.", "Obi-Wan Kenobi " * 20
+    async with running_tasks() as tasks:
+        speech = service(tasks, tiny_whisper_dir)
+        for prompt, read in ((None, 0), (short, len(tok.encode(" " + short))), (long, 31)):
+            t = await speech.transcribe(voiced(35), speech.options(vad=False, prompt=prompt, temperatures=(0.0,)))
+            written = sum(1 for s in t.segments for token in s.tokens if token < tok.eot)
+            assert t.tokens == TokenCounts(prompt=read, audio=35 * 50, output=written), prompt
+        assert written > 0
+        # VAD on: only the speech is decoded; silence alone is never decoded and costs nothing
+        speech_only = np.concatenate([np.zeros(3 * SR, np.float32), voiced(4), np.zeros(3 * SR, np.float32)])
+        t = await speech.transcribe(speech_only, speech.options(temperatures=(0.0,)))
+        assert t.tokens is not None and 4 * 50 <= t.tokens.audio < 6 * 50
+        silent = await speech.transcribe(np.zeros(2 * SR, np.float32), speech.options(prompt=short))
+        assert silent.tokens == TokenCounts(prompt=0, audio=0, output=0)
 
 
 def test_an_absurd_prompt_is_refused_naming_the_prompt(tiny_whisper_dir: Path) -> None:

@@ -114,7 +114,29 @@ def test_streamed_transcription_ends_with_done(client: TestClient[Any]) -> None:
     assert all(e["type"] == "transcript.text.delta" for e in events[:-1])
     assert "".join(e["delta"] for e in events[:-1]) == events[-1]["text"]
     assert not events[-1]["text"][:1].isspace()  # as OpenAI's: no leading space
-    assert events[-1]["usage"] == {"type": "duration", "seconds": 2.0}  # as the JSON answer's
+    assert events[-1]["usage"]["type"] == "tokens"  # OpenAI's done event takes no duration usage
+
+
+def test_a_streamed_transcriptions_usage_is_openais_token_usage(client: TestClient[Any]) -> None:
+    """openai-python's TranscriptionTextDoneEvent.usage takes `type: "tokens"` only (openai-java's too), and
+    async-openai requires it with both input_token_details: the prompt's tokens Whisper read, 50 encoder positions a
+    second of the audio decoded (VAD off: all 2 s of it), the text tokens written."""
+    from mlx_whisper.tokenizer import get_tokenizer
+    from openai.types.audio import TranscriptionTextDoneEvent
+
+    prompt = "Ten of clubs."
+    r = transcribe(client, stream="true", prompt=prompt, vad="false")
+    done = sse_events(r.text)[-1]
+    usage = TranscriptionTextDoneEvent.model_validate(done).usage
+    assert usage is not None and usage.input_token_details is not None, done
+    assert usage.input_token_details.text_tokens == len(get_tokenizer(False).encode(" " + prompt))
+    assert usage.input_token_details.audio_tokens == 2 * 50
+    assert usage.input_tokens == usage.input_token_details.text_tokens + usage.input_token_details.audio_tokens
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert (usage.output_tokens > 0) == bool(done["text"])
+    # the answers not streamed keep OpenAI's duration usage (verbose_json takes no other)
+    assert transcribe(client, response_format="verbose_json", vad="false").json()["usage"] == \
+        {"type": "duration", "seconds": 2.0}
 
 
 def test_raw_pcm_upload(client: TestClient[Any]) -> None:
