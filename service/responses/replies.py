@@ -66,7 +66,7 @@ class ResponseObject(BaseModel):
 class ResponseStreamEvent(BaseModel):
     """One event (`event: <type>`, `data: <this>`): lifecycle events carry `response`; item events `item` and
     `output_index`; text events `item_id`, `output_index`, `content_index` (`summary_index`) and `delta` or the
-    whole `text`/`arguments`/`input`."""
+    whole `text`/`arguments`/`input` (`response.function_call_arguments.done` the function's `name` too)."""
 
     type: str
     sequence_number: int
@@ -80,6 +80,7 @@ class ResponseStreamEvent(BaseModel):
     delta: str | None = None
     text: str | None = None
     arguments: str | None = None
+    name: str | None = None
     input: str | None = None
     logprobs: list[Any] | None = None
 

@@ -39,3 +39,16 @@ def test_a_quiet_streams_in_progress_carries_the_items_so_far() -> None:
     output.close()
     assert output.items[2]["arguments"] == '{"a": 1}' and output.items[2]["status"] == "completed"
     assert _snapshot(output) == output.items  # nothing open: the items as they are
+
+
+def test_the_arguments_done_event_names_the_function_as_openais_does() -> None:
+    # openai-java 4.52's ResponseFunctionCallArgumentsDoneEvent requires `name` (openai-python's declares it too)
+    from openai.types.responses import ResponseFunctionCallArgumentsDoneEvent
+
+    output = ResponseOutput(ResponsesRequest.model_validate({"input": "hi"}), "m", ToolNames())
+    output.opening()
+    call = ToolCallDelta(index=0, id="call_1", function=FunctionCallDelta(name="get_weather", arguments='{"a": 1}'))
+    events = named_events(b"".join([*output.feed(ChoiceDelta(tool_calls=[call])), *output.close()]).decode())
+    (done,) = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    parsed = ResponseFunctionCallArgumentsDoneEvent.model_validate(done)
+    assert (parsed.name, parsed.arguments, parsed.item_id) == ("get_weather", '{"a": 1}', output.items[0]["id"])
