@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from engine.file_modes import plain_modes
 from engine.load_stop import LoadStopped, Stoppable, check_stop
 from engine.progress import progress
 
@@ -263,6 +264,7 @@ def import_ct2_whisper(src: str | Path, dst: str | Path, dtype: str = "float32",
     except (LoadStopped, KeyboardInterrupt, OSError):  # a Ctrl-C or a full disk too: no half-written import stays
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    plain_modes(tmp)  # safetensors writes through a private 0600 file: readable by other users as a plain write is
     if dst.exists():
         shutil.rmtree(dst)
     tmp.rename(dst)

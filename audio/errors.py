@@ -8,6 +8,7 @@ __all__ = [
     "AudioInputError",
     "InvalidOption",
     "WhisperCheckpointError",
+    "WhisperUnreadableError",
     "SessionError",
     "SessionNotFound",
     "SessionClosed",
@@ -98,6 +99,11 @@ class WhisperCheckpointError(AudioError, ValueError):
     weights do not match its config."""
 
     code = "model_load_failed"
+
+
+class WhisperUnreadableError(WhisperCheckpointError):
+    """A file of a Whisper checkpoint that resolved cannot be read by this process (its mode or owner: a cache built
+    by another user): the model is there, so a server stops at start rather than serve without it."""
 
 
 class SessionError(AudioError):

@@ -6,12 +6,13 @@ Loading and unloading run as ExecutionTasks on the one engine thread, between LL
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from audio.errors import WhisperCheckpointError
+from audio.errors import WhisperCheckpointError, WhisperUnreadableError
 from audio.whisper_imports import is_whisper_checkpoint
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "DEMO_ALIASES",
     "OPENAI_ALIASES",
     "resolve_whisper_checkpoint",
+    "check_readable",
     "is_whisper_checkpoint",
     "load_whisper",
     "prepare_whisper",
@@ -83,19 +85,57 @@ def _import_once(ct2_dir: Path, dtype: str) -> Path:
 
 def _usable(p: Path, dtype: str) -> Path | None:
     """`p` when it is an mlx-whisper checkpoint, its import when it is a CTranslate2 one (a faster-whisper repo
-    too), else None. Raises WhisperCheckpointError for a model.bin that is no Whisper."""
+    too), else None. Raises WhisperCheckpointError for a model.bin that is no Whisper, WhisperUnreadableError for
+    a config.json this process cannot read."""
     from audio.ctranslate2_import import is_ct2_whisper_dir
 
-    if is_whisper_checkpoint(p):
+    if _is_checkpoint(p):
         return p
     return _import_once(p, dtype) if is_ct2_whisper_dir(p) else None
+
+
+def _is_checkpoint(p: Path) -> bool:
+    """is_whisper_checkpoint, told apart from a config.json this process cannot read (which read as "not a Whisper
+    checkpoint"). Raises WhisperUnreadableError for that config.json."""
+    if is_whisper_checkpoint(p):
+        return True
+    if (p / "config.json").exists():
+        _check_opens(p / "config.json")
+    return False
 
 
 def resolve_whisper_checkpoint(spec: str | None, dtype: str | None = None) -> Path:
     """A model name → an mlx-whisper dir. Accepts an mlx-whisper dir, a CTranslate2 dir (imported once into
     the user cache), an HF repo id already in the local HF cache, or the demo default (`tiny.en`, None).
-    Raises WhisperCheckpointError with the reason when nothing fits."""
-    dtype = dtype or default_dtype()
+    Raises WhisperCheckpointError with the reason when nothing fits, WhisperUnreadableError when the checkpoint
+    found has a file this process cannot read."""
+    path = _resolved(spec, dtype or default_dtype())
+    check_readable(path)
+    return path
+
+
+def check_readable(checkpoint: Path) -> None:
+    """Open each file load_whisper reads, so a checkpoint this process may not read (a cache another user wrote)
+    fails where it is resolved, at start, rather than at each request's load. Raises WhisperUnreadableError
+    naming the file."""
+    weights = checkpoint / "weights.safetensors"
+    files = [checkpoint / "config.json", weights if weights.is_file() else checkpoint / "weights.npz"]
+    if (heads := checkpoint / "alignment_heads.json").exists():
+        files.append(heads)
+    for file in files:
+        _check_opens(file)
+
+
+def _check_opens(file: Path) -> None:
+    """Raises WhisperUnreadableError naming `file` when this process cannot open it."""
+    try:
+        os.close(os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))  # a FIFO must not hang the start
+    except OSError as exc:
+        raise WhisperUnreadableError(f"{type(exc).__name__}: {exc}") from None
+
+
+def _resolved(spec: str | None, dtype: str) -> Path:
+    """resolve_whisper_checkpoint's path, its files not yet opened. Raises WhisperCheckpointError."""
     if spec is None or spec in DEMO_ALIASES:
         ct2 = _demo_ct2_dir()
         if ct2 is None:
@@ -172,7 +212,8 @@ class LoadedWhisper:
 def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = None) -> LoadedWhisper:
     """Build mlx-whisper's model from config.json + weights, casting floats to `dtype` (mlx-whisper's own
     loader keeps the stored dtype, which breaks fp32 decoding of fp16 files). Engine thread only.
-    Raises WhisperCheckpointError for a missing/mismatched checkpoint."""
+    Raises WhisperCheckpointError for a missing/mismatched checkpoint, WhisperUnreadableError for a file it may not
+    read."""
     import mlx.core as mx
     import mlx.nn as nn
     import numpy as np
@@ -180,8 +221,9 @@ def load_whisper(path: str | Path, dtype: str | None = None, name: str | None = 
     from mlx_whisper import whisper
 
     p = Path(path)
-    if not is_whisper_checkpoint(p):
+    if not _is_checkpoint(p):
         raise WhisperCheckpointError(f"{p} is not a Whisper checkpoint")
+    check_readable(p)  # its mode changed since start: a 503 naming the file, not mx.load's 500
     dtype = dtype or default_dtype()
     mx_dtype = getattr(mx, dtype)
     config = json.loads((p / "config.json").read_text())

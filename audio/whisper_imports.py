@@ -17,10 +17,12 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from audio.errors import WhisperUnreadableError
 from engine.cache_entries import EntrySource, prune_superseded, read_source, record_source
 
 __all__ = ["is_whisper_checkpoint", "source_key", "display_name", "import_name", "cached_import", "keyed_imports",
@@ -92,7 +94,8 @@ def import_name(imported: Path, dtype: str) -> str:
 
 def cached_import(ct2_dir: Path, name: str, dtype: str, root: Path) -> Path:
     """The mlx-whisper import of `ct2_dir` under `root`, importing it on first use of this source. Raises
-    CheckpointFormatError for a model.bin that is no Whisper, OSError when the cache cannot be written."""
+    CheckpointFormatError for a model.bin that is no Whisper, WhisperUnreadableError for an import there whose
+    config.json this process cannot read, OSError when the cache cannot be written."""
     from audio.ctranslate2_import import import_ct2_whisper
     made_from = _source(ct2_dir)
     key = made_from.key
@@ -103,6 +106,11 @@ def cached_import(ct2_dir: Path, name: str, dtype: str, root: Path) -> Path:
             with contextlib.suppress(OSError):
                 record_source(out, made_from)
         return out
+    try:
+        if (out / "config.json").exists():
+            os.close(os.open(out / "config.json", os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)))
+    except OSError as exc:  # another user's import, not this process's to read: named, not imported again over it
+        raise WhisperUnreadableError(f"{type(exc).__name__}: {exc}") from None
     root.mkdir(parents=True, exist_ok=True)
     # A staging folder of this call's own (two servers starting at once each import), moved under the key in one
     # rename; `*.partial`, where the start-up cleanup looks for those of a killed process.

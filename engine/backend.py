@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine import cgroup_limits, gemv_shim
+from engine.file_modes import plain_modes
 
 __all__ = ["BlasInfo", "DEFAULTED_THREADS", "blas_info", "cores", "default_threads", "ensure_fast_blas",
            "user_cache_dir", "cap_other_blas"]
@@ -279,7 +280,7 @@ def _write_renamed(source: Path, target: Path) -> Path:
             check=True,
             capture_output=True,
         )
-        os.chmod(tmp_name, 0o755)
+        plain_modes(Path(tmp_name), executable=True)  # mkstemp's 0600 otherwise
         os.replace(tmp_name, target)
     finally:
         for leftover in (tmp_name, map_name):

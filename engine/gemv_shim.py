@@ -21,6 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from engine.file_modes import plain_modes
+
 __all__ = ["GEMV_ROWS", "SOURCE", "build", "install", "products"]
 
 _log = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ def build(cache_dir: Path) -> Path | None:
             Path(src).write_text(SOURCE, encoding="ascii")
             subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-o", tmp, src, "-ldl"],
                            check=True, capture_output=True, timeout=60)
+            plain_modes(Path(tmp), executable=True)  # mkstemp's 0600 (0711 once linked): others could not load it
             os.replace(tmp, target)
         finally:
             for leftover in (tmp, src):

@@ -27,6 +27,7 @@ from typing import Any
 
 from engine.backend import user_cache_dir
 from engine.cache_entries import EntrySource, prune_superseded, read_source, record_source
+from engine.file_modes import plain_modes
 from engine.gguf_header import GGUFError, read_header
 from engine.gguf_tensors import check_types, read_tensors
 from engine.load_stop import Stoppable, check_stop
@@ -93,6 +94,7 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
         _write_model_dir(source, staging, dequantize, stop)
         check_stop(stop, f"converting {source.name}")
         record_source(staging, made_from)
+        plain_modes(staging)  # mkdtemp's 0700: another user (a container's runtime user) could not read it
         try:
             staging.rename(target)
         except OSError:

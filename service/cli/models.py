@@ -218,10 +218,9 @@ def _models_import(args: argparse.Namespace) -> int:
     if output.exists() and not output.is_dir():
         raise CLIError(f"{output} exists and is not a directory")
     try:
-        out = import_ct2_whisper(Path(args.source), output, dtype=args.dtype)
+        out = import_ct2_whisper(Path(args.source), output, dtype=args.dtype)  # with a plain write's modes
     except (CheckpointFormatError, FileNotFoundError) as exc:
         raise CLIError(str(exc)) from None
-    _usual_modes(Path(out))
     print(out)
     return 0
 
@@ -238,15 +237,3 @@ def _check_apart(source: Path, output: Path) -> None:
     if src in out.parents:
         raise CLIError(f"OUTPUT {output} is inside the source dir {source}: choose a dir outside it")
 
-
-def _usual_modes(directory: Path) -> None:
-    """Give the files written the mode a plain write gets (the weights came out 0600: written through a
-    private temporary file). Raises nothing."""
-    mask = os.umask(0)
-    os.umask(mask)
-    for path in directory.iterdir():
-        if path.is_file():
-            try:
-                path.chmod(0o666 & ~mask)
-            except OSError:
-                pass

@@ -94,8 +94,8 @@ def speech_flags_given(args: argparse.Namespace) -> list[str]:
 def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> ServeSpeech:
     """Resolve speech for `serve` before any worker starts; store it in config.extra. Transcription only
     when the positional model is a Whisper checkpoint. Raises CLIError for a --whisper-model that is not
-    a Whisper checkpoint or bad numbers."""
-    from audio.errors import WhisperCheckpointError
+    a Whisper checkpoint or bad numbers, and (exit 1) for a Whisper checkpoint with a file this user cannot read."""
+    from audio.errors import WhisperCheckpointError, WhisperUnreadableError
     from audio.whisper import DEMO_MODEL, resolve_whisper_checkpoint
     from service.cli.resolve import whisper_spec
     from service.speech.setup import SpeechConfig
@@ -126,6 +126,8 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
         try:
             resolve_whisper_checkpoint(args.model)
             spec, only = args.model, True
+        except WhisperUnreadableError as exc:
+            raise CLIError(f"could not load model {args.model}: {exc}", code=1) from None
         except WhisperCheckpointError:
             pass  # a chat model
     if args.no_whisper and only:
@@ -134,6 +136,9 @@ def configure_serve_speech(args: argparse.Namespace, config: ServiceConfig) -> S
         return ServeSpeech(False, "speech off (--no-whisper)")
     try:
         path = resolve_whisper_checkpoint(spec)
+    except WhisperUnreadableError as exc:
+        # Served, it answered /health ok and every transcription 500: one line and exit 1, as a chat model's.
+        raise CLIError(f"could not load Whisper model {spec or DEMO_MODEL}: {exc}", code=1) from None
     except WhisperCheckpointError as exc:
         if spec is None:  # demo default absent: serve chat only
             return ServeSpeech(False, f"speech off ({exc})")

