@@ -162,8 +162,9 @@ async def realtime(socket: WebSocket[Any, Any, Any], intent: str | None = None, 
     `transcription_session.update` / `session.update`, `input_audio_buffer.append` / `.commit` / `.clear`;
     server events `transcription_session.created` / `.updated` (beta clients, `OpenAI-Beta: realtime=v1`) or
     `session.created` / `.updated`, `input_audio_buffer.speech_started` / `speech_stopped` / `committed` /
-    `cleared`, `conversation.item.created`, `conversation.item.input_audio_transcription.delta` /
-    `.completed`, and `error`. Browsers: subprotocols as OpenAI's clients send them (the module's docstring)."""
+    `cleared`, `conversation.item.created` (GA clients: `conversation.item.added` and `.done`),
+    `conversation.item.input_audio_transcription.delta` / `.completed`, and `error`. Browsers: subprotocols as
+    OpenAI's clients send them (the module's docstring)."""
     await _accept(socket)
     state = get_state(socket)
     try:

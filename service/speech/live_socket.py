@@ -24,7 +24,8 @@ transcribed gives its place up as an idle HTTP session does: an `error` (session
 
 Replies go out in the order the client's events were handled: a reply (an error, `session.updated`) is queued
 in the session's event log behind the events of the commits and clears before it (LiveSession.mark), and one
-task writes that log, so `committed` and its `conversation.item.created` are never split.
+task writes that log, so `committed` and its item events (`conversation.item.created`, or a GA session's
+`conversation.item.added` and `.done`) are never split.
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ class LiveSocket:
                         self._reply_sent()
                 elif self.mode == "realtime":
                     for out in server_events(ev, self.items, self.config.tentative, lambda: session.lag_seconds,
-                                             self.config.logprobs, self.config.model):
+                                             self.config.logprobs, self.config.model, ga=self.dialect == "ga"):
                         await self._send(out)
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()

@@ -3,7 +3,9 @@
 
 Items: each utterance of the session is one user message item. Its id is announced by
 `input_audio_buffer.speech_started` (server VAD), else by `input_audio_buffer.committed`, which comes with
-`conversation.item.created` when its audio ends (a VAD pause or a client commit);
+`conversation.item.created` when its audio ends (a VAD pause or a client commit) — on a GA session (OpenAI's GA
+events, which have no `created`: async-openai's GA events fail on it) with `conversation.item.added` then
+`conversation.item.done`, the item complete but for its transcript, which the transcription events bring;
 `conversation.item.input_audio_transcription.completed` carries its final text. Live text:
 `conversation.item.input_audio_transcription.delta` events carry text as it is committed (LocalAgreement-2), so
 with server VAD they may come before the item's `committed`, under the id `speech_started` announced. No event
@@ -43,7 +45,7 @@ class _Item:
     text: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = field(default_factory=list)  # its text's tokens' (None: not known for all)
     announced: bool = False  # the client was told of its id (speech_started or committed); until then text waits
-    created: bool = False  # committed: `conversation.item.created` went out, its transcript is owed
+    created: bool = False  # committed: its item event went out (`created`, GA's `added`), its transcript is owed
 
 
 class Items:
@@ -91,10 +93,11 @@ def transcription_failed(items: Items, error: dict[str, Any]) -> list[dict[str, 
 
 
 def server_events(ev: SessionEvent, items: Items, tentative: bool, lag: Callable[[], float] = lambda: 0.0,
-                  logprobs: bool = False, model: str | None = None) -> list[dict[str, Any]]:
+                  logprobs: bool = False, model: str | None = None, ga: bool = False) -> list[dict[str, Any]]:
     """The Realtime server events for one session event (event ids added by the sender); `logprobs`: deltas and
     transcripts carry their tokens' log probabilities; `model`, the session's transcription model: transcripts name
-    the language heard if OpenAI's do for it (gpt-live-transcribe's `languages`). Raises nothing."""
+    the language heard if OpenAI's do for it (gpt-live-transcribe's `languages`); `ga`: a GA session's item events
+    (`conversation.item.added` and `.done`, the beta's `conversation.item.created` otherwise). Raises nothing."""
     k = ev.item
     if ev.type == "speech_started":
         item = items.get(k)
@@ -111,10 +114,10 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool, lag: Callable
                                      "previous_item_id": previous}
         if ev.ref is not None:  # extension: which client commit closed it (the event_id the client gave)
             committed["client_event_id"] = ev.ref
-        return [committed,
-                {"type": "conversation.item.created", "previous_item_id": previous,
-                 "item": {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed",
-                          "role": "user", "content": [{"type": "input_audio", "transcript": None}]}},
+        user = {"id": item.id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
+                "content": [{"type": "input_audio", "transcript": None}]}
+        kinds = ("conversation.item.added", "conversation.item.done") if ga else ("conversation.item.created",)
+        return [committed, *({"type": kind, "previous_item_id": previous, "item": user} for kind in kinds),
                 *([_delta(item.id, held, held_logprobs if logprobs else False)] if held else [])]
     if ev.type == "committed":
         item = items.get(k)

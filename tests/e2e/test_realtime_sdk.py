@@ -116,7 +116,9 @@ async def test_the_sdk_ga_client_declares_its_session(speech_server: TandemServe
                 types.append(event.type)
                 if event.type == "conversation.item.input_audio_transcription.completed":
                     break
-    assert types.index("input_audio_buffer.committed") < types.index("conversation.item.created")
+    # OpenAI's GA events for the item: added, then done (no beta conversation.item.created)
+    assert types.index("input_audio_buffer.committed") < types.index("conversation.item.added") \
+        < types.index("conversation.item.done") and "conversation.item.created" not in types
     assert "input_audio_buffer.speech_started" not in types  # no VAD: the client commits
 
 

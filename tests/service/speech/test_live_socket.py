@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from litestar.exceptions import WebSocketDisconnect
 from litestar.testing import TestClient
+from openai.types.realtime import RealtimeServerEvent
+from pydantic import TypeAdapter
 
 from audio.live import LiveConfig
 from audio.pcm import PcmFormat, PcmStream, resample
@@ -185,7 +187,16 @@ def test_a_realtime_only_model_has_no_server_vad_and_the_clients_commit_makes_th
     assert "input_audio_buffer.speech_started" not in kinds and "error" not in kinds, kinds
     (committed,) = [e for e in events if e["type"] == "input_audio_buffer.committed"]
     assert committed["client_event_id"] == "lk"  # the client's commit made the item
-    assert kinds.count("conversation.item.created") == 1
+    if dialect == "ga":  # OpenAI's GA events: async-openai's GA RealtimeServerEvent has no conversation.item.created
+        at = kinds.index("input_audio_buffer.committed")
+        assert kinds[at + 1: at + 3] == ["conversation.item.added", "conversation.item.done"], kinds
+        assert "conversation.item.created" not in kinds
+        assert events[at + 1]["item"] == events[at + 2]["item"] and events[at + 1]["item"]["id"] == committed["item_id"]
+        realtime_events = TypeAdapter(RealtimeServerEvent)  # openai-python's GA union
+        assert [type(realtime_events.validate_python(e)).__name__ for e in events[at + 1: at + 3]] == \
+            ["ConversationItemAdded", "ConversationItemDone"]
+    else:
+        assert kinds.count("conversation.item.created") == 1 and "conversation.item.added" not in kinds
     assert events[-1]["usage"]["seconds"] == pytest.approx(3.5, abs=0.05)  # all the audio, in the one item
 
 
@@ -454,8 +465,8 @@ def test_openai_agents_streamed_stt_with_its_default_semantic_vad(client: TestCl
         events += until(ws, "input_audio_buffer.cleared")
     kinds = [e["type"] for e in events]
     assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.speech_stopped") \
-        < kinds.index("input_audio_buffer.committed") < kinds.index("conversation.item.created") \
-        < kinds.index("conversation.item.input_audio_transcription.completed")
+        < kinds.index("input_audio_buffer.committed") < kinds.index("conversation.item.added") \
+        < kinds.index("conversation.item.done") < kinds.index("conversation.item.input_audio_transcription.completed")
     # the only error the SDK does not treat as fatal: its end-of-input commit finding the buffer already committed
     errors = [e["error"] for e in events if e["type"] == "error"]
     assert all(e["code"] == "input_audio_buffer_commit_empty" and e["event_id"] == "final" for e in errors), errors

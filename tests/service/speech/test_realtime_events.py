@@ -48,6 +48,26 @@ def test_no_event_names_an_item_before_the_client_was_told_of_it() -> None:
     assert deltas == ["Eight of spades,", " four of clubs."] and "".join(deltas) == out[-1]["transcript"]
 
 
+def test_a_ga_session_gets_the_ga_item_events_where_a_beta_one_gets_created() -> None:
+    # OpenAI's GA sessions send conversation.item.added then .done for a committed buffer; async-openai's GA events
+    # know no conversation.item.created (a beta session's), and failed on every utterance
+    script = [SessionEvent("committed", text=" Eight of", item=0), SessionEvent("audio_committed", audio_ms=3000, item=0),
+              SessionEvent("utterance", text=" Eight of", item=0)]
+    ga_items, beta_items = Items(), Items()
+    ga = [e for ev in script for e in server_events(ev, ga_items, tentative=False, ga=True)]
+    beta = [e for ev in script for e in server_events(ev, beta_items, tentative=False)]
+    assert [e["type"] for e in ga] == ["input_audio_buffer.committed", "conversation.item.added",
+                                       "conversation.item.done", "conversation.item.input_audio_transcription.delta",
+                                       "conversation.item.input_audio_transcription.completed"]
+    assert [e["type"] for e in beta] == ["input_audio_buffer.committed", "conversation.item.created",
+                                         "conversation.item.input_audio_transcription.delta",
+                                         "conversation.item.input_audio_transcription.completed"]
+    assert ga[1]["item"] == ga[2]["item"] and ga[1]["item"]["id"] == ga[0]["item_id"] == ga[3]["item_id"]
+    assert {k: v for k, v in ga[1]["item"].items() if k != "id"} == {k: v for k, v in beta[1]["item"].items()
+                                                                     if k != "id"}
+    assert ga[1]["previous_item_id"] is None and ga[1]["item"]["role"] == "user"
+
+
 def test_a_client_of_our_tentative_extension_gets_manual_commit_text_as_it_comes() -> None:
     # `tandem dictate --no-vad` asks for guesses: it knows items early, so its live text is not held to the commit.
     items = Items()
