@@ -83,7 +83,7 @@ class Row:
                   stopper=StopMatcher(tokenizer, stop=request.stop, stop_token_ids=request.stop_token_ids,
                                       max_tokens=request.max_tokens, keep_leading_space=request.continuation,
                                       skip_special_tokens=request.skip_special_tokens, min_tokens=min_tokens,
-                                      ignore_eos=request.ignore_eos),
+                                      ignore_eos=request.ignore_eos, continued=prompt if request.continuation else ()),
                   prompt=prompt, boundaries=sorted(b for b in request.segment_boundaries if 0 < b < len(prompt)),
                   decode_tail=decode_tail and len(prompt) > 1)
         if request.prompt_logprobs is not None:

@@ -1,20 +1,23 @@
 """StopMatcher — one row's sampled tokens as text, and when the row stops.
 
 Streaming detokenization through mlx-lm's detokenizers, or the tokenizer's own decode where mlx-lm has only its
-generic one (never splits a UTF-8 character); special tokens and ids past the tokenizer's vocabulary write no text;
+generic one (never splits a UTF-8 character, and a character the reply's last tokens leave unfinished is no text: never
+U+FFFD); special tokens and ids past the tokenizer's vocabulary write no text;
 stop token ids, stop strings with hold-back, and max_tokens; vLLM's min_tokens (neither ends the row before it) and
 ignore_eos (the model's end-of-sequence tokens do not end it).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer
 
 from engine.contracts import FinishReason
 from engine.special_tokens import hidden_special_ids
+from engine.token_pieces import token_pieces, unfinished_bytes
 
 __all__ = ["StepText", "StopMatcher"]
 
@@ -32,12 +35,16 @@ class StopMatcher:
 
     def __init__(self, tokenizer: Any, *, stop: Iterable[str] = (), stop_token_ids: Iterable[int] = (),
                  max_tokens: int, keep_leading_space: bool = False, skip_special_tokens: bool = True,
-                 min_tokens: int = 0, ignore_eos: bool = False) -> None:
+                 min_tokens: int = 0, ignore_eos: bool = False, continued: Sequence[int] = ()) -> None:
+        """`keep_leading_space`: the reply continues its prompt (a text completion); `continued`: that prompt's
+        tokens, whose unfinished last character the reply's first bytes finish. Raises what the tokenizer raises."""
         self._detok = tokenizer.detokenizer
         if isinstance(self._detok, NaiveStreamingDetokenizer):  # no tokenizer.json: a plain `decode` (see the class)
             self._detok = _ContextDetokenizer(tokenizer, getattr(self._detok, "_clean_spaces", True), keep_leading_space)
-        elif keep_leading_space:
-            _keep_leading_space(self._detok)
+        else:
+            _keep_leading_space(self._detok, keep_leading_space)
+        if continued:
+            _continue_after(self._detok, tokenizer, continued)
         self.stop_strings = [s for s in stop if s]
         eos = frozenset(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.stop_ids = set(stop_token_ids) | (set() if ignore_eos else eos)
@@ -111,6 +118,7 @@ class StopMatcher:
         return StepText(text, None)
 
     def _finish(self, reason: FinishReason) -> StepText:
+        _drop_unfinished(self._detok)
         self._detok.finalize()
         self._pending += self._detok.last_segment
         if self.generated <= self.min_tokens:
@@ -151,13 +159,59 @@ class StopMatcher:
         return best
 
 
-def _keep_leading_space(detok: Any) -> None:
-    """Keep the space mlx-lm's detokenizers trim off a reply's first token: a completion continues its prompt
-    (" 4" after "1, 2, 3,"), and its text must match its tokens. Raises nothing."""
+def _keep_leading_space(detok: Any, continuation: bool) -> None:
+    """Keep the space mlx-lm's detokenizers trim off a reply's first token, so its text matches its tokens (and
+    their log probabilities): byte-level BPE's always (its space is a byte the model wrote, which the tokenizer's
+    decode and vLLM keep: " World"); SentencePiece's in a continuation only (" 4" after "1, 2, 3,"), its decode
+    dropping the "▁" a reply starts with otherwise. Raises nothing."""
     if hasattr(detok, "trim_space"):  # SentencePiece
-        detok.trim_space = False
+        detok.trim_space = detok.trim_space and not continuation
     elif hasattr(detok, "_maybe_trim_space"):  # byte-level BPE: the instance's own method shadows the class's
-        detok._maybe_trim_space = lambda text: text
+        detok._maybe_trim_space = _as_written
+
+
+def _as_written(text: str) -> str:
+    return text
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_encoder() -> dict[int, str]:
+    """Each byte's character in byte-level BPE pieces (mlx-lm's table, reversed). Raises nothing."""
+    from mlx_lm.tokenizer_utils import _byte_decoder
+
+    return {byte: char for char, byte in _byte_decoder().items()}
+
+
+def _continue_after(detok: Any, tokenizer: Any, prompt: Sequence[int]) -> None:
+    """Start the detokenizer with the bytes of a character the prompt leaves unfinished (a token-id prompt may end
+    mid-character): the reply's bytes that finish it write it whole, as a decode of prompt and reply together does.
+    Raises what the tokenizer's `decode` raises."""
+    tail, tokens = token_pieces(tokenizer).unfinished_tail(prompt)
+    if not tail:
+        return
+    if isinstance(detok, _ContextDetokenizer):
+        detok.continue_after(prompt[len(prompt) - tokens:])
+    elif isinstance(getattr(detok, "_unflushed", None), str):  # byte-level BPE: a piece's character per byte
+        encoder = _byte_encoder()
+        detok._unflushed = "".join(encoder[b] for b in tail)
+    elif isinstance(getattr(detok, "_unflushed", None), bytes):  # SentencePiece: the pieces' bytes
+        detok._unflushed = tail
+
+
+def _drop_unfinished(detok: Any) -> None:
+    """Drop the bytes of a character the reply's last tokens began and never finished: `finalize` would write them
+    as U+FFFD (which a stop string "\ufffd" then matched); vLLM's detokenizer never writes such a tail either.
+    Their tokens' log probabilities still go (their bytes say what they were). _ContextDetokenizer drops its own.
+    Raises nothing."""
+    unflushed = getattr(detok, "_unflushed", None)
+    if isinstance(unflushed, bytes):  # SentencePiece: the pieces' bytes
+        detok._unflushed = unflushed[: len(unflushed) - unfinished_bytes(unflushed[-3:])]
+    elif isinstance(unflushed, str) and unflushed:  # byte-level BPE: a character per byte (mlx-lm's table)
+        from mlx_lm.tokenizer_utils import _byte_decoder
+
+        decoder, last = _byte_decoder(), unflushed[-3:]
+        if all(c in decoder for c in last):
+            detok._unflushed = unflushed[: len(unflushed) - unfinished_bytes(bytes(decoder[c] for c in last))]
 
 
 class _ContextDetokenizer:
@@ -191,9 +245,17 @@ class _ContextDetokenizer:
         if self._shown >= len(text):  # all shown: the next token is decoded after the context alone (O(1) a token)
             self._window, self._shown = list(self._context), self._context_chars
 
+    def continue_after(self, tokens: Sequence[int]) -> None:
+        """Decode the reply after these tokens (a prompt's, ending mid-character), whose finished text is not the
+        reply's. Raises what `decode` raises."""
+        self._window = [*self._context, *tokens]
+        self._shown = len(self._decode(self._window).rstrip("\ufffd"))
+
     def finalize(self) -> None:
-        text = self._decode(self._window)
-        self._segment += text[self._shown:]  # a character never completed stays U+FFFD, as in a full decode
+        # A character the tokens leave unfinished is no text (`decode` writes it U+FFFD, as it would one the model
+        # wrote as such, at the very end: vLLM's detokenizer holds either back).
+        text = self._decode(self._window).rstrip("\ufffd")
+        self._segment += text[self._shown:]
         self._window, self._shown, self.held = list(self._context), self._context_chars, 0
 
     @property

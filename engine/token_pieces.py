@@ -3,10 +3,15 @@ Detokenizing a stream (engine/sampling.py) joins pieces; this gives one piece al
 
 from __future__ import annotations
 
+import codecs
 import re
 from typing import Any, Sequence
 
-__all__ = ["TokenPieces"]
+from engine.per_tokenizer import PerTokenizer
+
+__all__ = ["TokenPieces", "token_pieces", "unfinished_bytes"]
+
+_Bytes = bytes  # (inside TokenPieces, `bytes` names its method)
 
 
 class TokenPieces:
@@ -48,6 +53,39 @@ class TokenPieces:
     def text(self, token: int) -> str:
         """The token's bytes as text (a partial UTF-8 character as U+FFFD). Raises nothing."""
         return self.bytes(token).decode("utf-8", "replace")
+
+    def unfinished_tail(self, tokens: Sequence[int]) -> tuple[_Bytes, int]:
+        """The bytes these tokens end with that begin a UTF-8 character they do not finish (b"": they end on a
+        character's end), and how many of the last tokens hold them (a token-id prompt may end mid-character).
+        Raises nothing."""
+        raw, pieces = b"", list[_Bytes]()
+        for token in reversed(tokens[-8:]):  # an unfinished character's bytes: the last 3 at most
+            pieces.append(piece := self.bytes(token))
+            raw = piece + raw
+            if len(raw) >= 3:
+                break
+        if not (n := unfinished_bytes(raw[-3:])):
+            return b"", 0
+        size = 0
+        for count, piece in enumerate(pieces, 1):
+            size += len(piece)
+            if size >= n:
+                return raw[-n:], count
+        return raw[-n:], len(pieces)  # (not reached: the pieces hold all of raw)
+
+
+def unfinished_bytes(raw: bytes) -> int:
+    """How many of the last bytes begin a UTF-8 character that `raw` does not finish (0 to 3; pass its last 3 or
+    fewer). Raises nothing."""
+    return len(raw) - codecs.utf_8_decode(raw, "replace", False)[1]
+
+
+_PIECES = PerTokenizer(TokenPieces)
+
+
+def token_pieces(tokenizer: Any) -> TokenPieces:
+    """The tokenizer's TokenPieces, built once (the engine's and the service's). Raises nothing."""
+    return _PIECES.get(tokenizer)
 
 
 def _byte_decoder() -> dict[str, int]:

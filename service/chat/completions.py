@@ -55,10 +55,18 @@ async def _prompt_tokens(state: AppState, engine: ChatEngine, prompt: str | list
         if vocab is not None and (bad := [t for t in tokens if t >= vocab]):
             raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary (size {vocab})", param="prompt",
                            code="invalid_value")
-        return tokens, tokenizer.decode(tokens) if echo else ""
+        return tokens, _echoed(tokenizer, tokens) if echo else ""
     check_text_fits(len(prompt), engine, "prompt")  # before tokenizing text that cannot fit
     encoded = await anyio.to_thread.run_sync(tokenizer.encode, prompt, limiter=state.tokenize_limiter)
     return [int(t) for t in encoded], prompt
+
+
+def _echoed(tokenizer: Any, tokens: list[int]) -> str:
+    """A token-id prompt's text as echoed: less a last character its bytes leave unfinished, which the reply's text
+    begins with once its bytes finish it (engine/stop_matcher.py), as a decode of the two together writes it.
+    Raises what the tokenizer's `decode` raises."""
+    text = tokenizer.decode(tokens)
+    return text.rstrip("\ufffd") if token_pieces(tokenizer).unfinished_tail(tokens)[0] else text
 
 
 @dataclass

@@ -10,7 +10,7 @@ import math
 from typing import Any, Sequence
 
 from engine.contracts import TokenLogprob
-from engine.token_pieces import TokenPieces
+from engine.token_pieces import TokenPieces, token_pieces
 from engine.per_tokenizer import PerTokenizer
 from service.chat.replies import ChoiceLogprobs, CompletionLogprobs, LogprobEntry, TopLogprob
 
@@ -19,7 +19,6 @@ __all__ = ["token_pieces", "chat_logprobs", "CompletionLogprobWriter", "legacy_t
 
 # OpenAI writes this for a probability too small to show (JSON has no -Infinity).
 _FLOOR = -9999.0
-_PIECES = PerTokenizer(TokenPieces)
 
 
 def requested_logprobs(logprobs: bool | int | None, top_logprobs: int | None = None) -> int | None:
@@ -28,11 +27,6 @@ def requested_logprobs(logprobs: bool | int | None, top_logprobs: int | None = N
     if isinstance(logprobs, bool) or logprobs is None:
         return (top_logprobs or 0) if logprobs else None
     return logprobs
-
-
-def token_pieces(tokenizer: Any) -> TokenPieces:
-    """The tokenizer's TokenPieces, built once. Raises nothing."""
-    return _PIECES.get(tokenizer)
 
 
 def _finite(value: float) -> float:

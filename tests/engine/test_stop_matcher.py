@@ -76,6 +76,46 @@ def test_utf8_characters_are_never_split(tiny_loaded) -> None:
     assert "".join(pieces) == text
 
 
+def byte_tokens(tok, raw: bytes) -> list[int]:
+    """The byte-level tokenizer's one-byte tokens for these bytes (each byte is a piece of its own)."""
+    from engine.stop_matcher import _byte_encoder
+
+    return [tok.convert_tokens_to_ids(_byte_encoder()[b]) for b in raw]
+
+
+@pytest.mark.parametrize("stop", [(), ("zz",), ("\ufffd",)])
+def test_a_reply_ending_inside_a_character_writes_none_of_it(tiny_loaded, stop: tuple[str, ...]) -> None:
+    # max_tokens (or an end token) after "日"'s first two bytes: the reply ended "Hi \ufffd", and a stop string
+    # "\ufffd" matched that and turned "length" into "stop".
+    tok = tiny_loaded.tokenizer
+    ids = tok.encode("Hi", add_special_tokens=False) + byte_tokens(tok, " 日".encode()[:3])
+    pieces, reason = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)
+    assert ("".join(pieces), reason) == ("Hi ", "length") and all("\ufffd" not in p for p in pieces)
+    pieces, reason = feed(StopMatcher(tok, stop=stop, max_tokens=50), [*ids, tok.eos_token_id])
+    assert ("".join(pieces), reason) == ("Hi ", "stop")
+    finished = byte_tokens(tok, "日".encode()[2:])
+    pieces, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids) + 1), ids + finished)
+    assert "".join(pieces) == "Hi 日"
+
+
+def test_a_continuation_finishes_the_character_its_prompt_ends_inside(tiny_loaded) -> None:
+    # A token-id prompt ending with "日"'s first two bytes: the reply's third byte writes "日" (a decode of the two
+    # together), not U+FFFD for a byte decoded alone.
+    tok = tiny_loaded.tokenizer
+    prompt = tok.encode("Hi", add_special_tokens=False) + byte_tokens(tok, " 日".encode()[:3])
+    reply = byte_tokens(tok, "日".encode()[2:]) + tok.encode(" ok", add_special_tokens=False)
+    assert tok.decode(prompt + reply) == "Hi 日 ok"
+    for stop in ((), ("zz",)):
+        pieces, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(reply), keep_leading_space=True,
+                                     continued=prompt), reply)
+        assert ("".join(pieces), pieces[0]) == ("日 ok", "日")
+    pieces, _ = feed(StopMatcher(tok, max_tokens=1, keep_leading_space=True, continued=prompt), byte_tokens(tok, b"a"))
+    assert "".join(pieces) == "\ufffda"  # never finished: as the decode of the two writes it
+    pieces, _ = feed(StopMatcher(tok, max_tokens=len(reply), keep_leading_space=True,
+                                 continued=tok.encode("Hi", add_special_tokens=False)), reply)
+    assert "".join(pieces) == "\ufffd ok"  # a prompt that ends on a character's end: the byte alone
+
+
 def test_max_tokens_finishes_with_length(tiny_loaded) -> None:
     tok = tiny_loaded.tokenizer
     m = StopMatcher(tok, max_tokens=3)
@@ -151,14 +191,16 @@ def test_a_finished_matcher_refuses_more_tokens(tiny_loaded) -> None:
         m.add(6)
 
 
-def test_a_continuation_keeps_its_first_tokens_leading_space(tiny_loaded) -> None:
+def test_a_byte_level_replys_first_token_keeps_its_leading_space_as_the_tokenizers_decode(tiny_loaded) -> None:
+    # A chat reply's " World" is " World" (its log probabilities' bytes, vLLM's text); mlx-lm trimmed it off but in a
+    # continuation (" 4" after "1, 2, 3,").
     tok = tiny_loaded.tokenizer
     ids = tok.encode(" 4, 5,")
-    assert tok.decode(ids[:1]).startswith(" ")
+    assert tok.decode(ids[:1]).startswith(" ") and tok.decode(ids) == " 4, 5,"
     for stop in ((), ("6",)):
         reply, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)
         continued, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids), keep_leading_space=True), ids)
-        assert ("".join(reply), "".join(continued)) == ("4, 5,", " 4, 5,")
+        assert ("".join(reply), "".join(continued)) == (" 4, 5,", " 4, 5,")
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -203,6 +245,46 @@ def test_a_sentencepiece_only_stream_is_its_full_decode(sentencepiece_tokenizer)
         assert all("\ufffd" not in p for p in pieces)
     pieces, reason = feed(StopMatcher(tok, stop=[" é"], max_tokens=len(ids)), ids)
     assert ("".join(pieces), reason) == ("hello😀 world", "stop")
+
+
+def test_a_sentencepiece_reply_ending_inside_a_character_writes_none_of_it(sentencepiece_tokenizer) -> None:
+    tok = sentencepiece_tokenizer
+    ids = tok.convert_tokens_to_ids(SPM_REPLY[:3])  # "hello" and two of "😀"'s bytes
+    for stop in ((), ("zz",), ("\ufffd",)):
+        pieces, reason = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)
+        assert ("".join(pieces), reason) == ("hello", "length")
+
+
+def test_a_sentencepiece_continuation_finishes_the_character_its_prompt_ends_inside(sentencepiece_tokenizer) -> None:
+    tok = sentencepiece_tokenizer
+    prompt = tok.encode("how are you") + tok.convert_tokens_to_ids(SPM_REPLY[:3])
+    reply = tok.convert_tokens_to_ids(SPM_REPLY[3:6])  # the rest of "😀", then "▁world"
+    assert tok.decode(prompt + reply).endswith("hello😀 world")
+    for stop in ((), ("zz",)):
+        pieces, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(reply), keep_leading_space=True,
+                                     continued=prompt), reply)
+        assert "".join(pieces) == "😀 world"
+
+
+def test_mlx_lms_sentencepiece_detokenizer_trims_a_replys_first_space_but_a_continuations(sentencepiece_tokenizer,
+                                                                                           monkeypatch) -> None:
+    # A tokenizer.json with SentencePiece's decoder: its decode drops the "▁" a reply starts with, as mlx-lm's
+    # detokenizer does (a continuation keeps it); a character left unfinished is dropped, or finished across.
+    from mlx_lm.tokenizer_utils import SPMStreamingDetokenizer
+
+    tok = sentencepiece_tokenizer
+    monkeypatch.setattr(tok, "_detokenizer", SPMStreamingDetokenizer(tok))
+    ids = tok.convert_tokens_to_ids(SPM_REPLY)
+    for stop in ((), ("zz",)):
+        assert "".join(feed(StopMatcher(tok, stop=stop, max_tokens=len(ids)), ids)[0]) == "hello😀 world é"
+        continued, _ = feed(StopMatcher(tok, stop=stop, max_tokens=len(ids), keep_leading_space=True), ids)
+        assert "".join(continued) == " hello😀 world é"
+        cut, reason = feed(StopMatcher(tok, stop=(*stop, "\ufffd"), max_tokens=3), ids)
+        assert ("".join(cut), reason) == ("hello", "length")
+        prompt = tok.encode("how are you") + ids[:3]
+        finished, _ = feed(StopMatcher(tok, stop=stop, max_tokens=3, keep_leading_space=True, continued=prompt),
+                           ids[3:6])
+        assert "".join(finished) == "😀 world"
 
 
 def test_a_sentencepiece_only_position_counts_a_space_held_for_cleaning_up(sentencepiece_tokenizer, monkeypatch) -> None:

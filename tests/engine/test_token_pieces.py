@@ -61,3 +61,15 @@ def test_a_sentencepiece_only_checkpoints_pieces_keep_their_space_and_bytes(sent
     ids = tok.convert_tokens_to_ids(["\u2581world", "<0xF0>", "<0x20>", "<0xC3>"])
     assert [pieces.bytes(t) for t in ids] == [b" world", b"\xf0", b" ", b"\xc3"]
     assert pieces.text(ids[0]) == " world"
+
+
+def test_the_unfinished_tail_is_the_bytes_of_a_last_character_the_tokens_only_begin() -> None:
+    # A token-id prompt may end mid-character: the reply's text finishes it (engine/stop_matcher.py).
+    pieces = TokenPieces(_Tokenizer([b"\xe2\x96\x81hi", b"\xc3", b"\xe6", b"\x97", b"ab\xe6", b"", b"\xa9"]))
+    assert pieces.unfinished_tail([0, 1]) == (b"\xc3", 1)
+    assert pieces.unfinished_tail([0, 2, 3]) == (b"\xe6\x97", 2)  # over two tokens
+    assert pieces.unfinished_tail([0, 4]) == (b"\xe6", 1)  # the end of a token whose start is whole
+    assert pieces.unfinished_tail([4, 3, 5]) == (b"\xe6\x97", 3)  # an empty piece after it
+    assert pieces.unfinished_tail([0, 1, 6]) == (b"", 0)  # "é" finished
+    assert pieces.unfinished_tail([0, 2, 3, 3]) == (b"", 0)  # a whole 3-byte character
+    assert pieces.unfinished_tail([0, 6]) == (b"", 0) and pieces.unfinished_tail([]) == (b"", 0)  # (a stray byte)

@@ -255,3 +255,78 @@ def test_offsets_do_not_move_past_special_tokens_the_text_leaves_out(tiny_loaded
                        for o in e["choices"][0]["logprobs"]["text_offset"]]
             assert offsets == ([0, 0, 0] if skip else [0, 12, 24]), (stream, text)
             assert text == ("" if skip else "<|im_start|>" * 3)
+
+
+def _tiny_client(tiny_loaded: Any) -> TestClient[Any]:
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.state import AppState
+
+    return TestClient(create_app(AppState(engine=Engine(tiny_loaded))))
+
+
+def _chat(client: TestClient[Any], body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A chat reply's (content, choice) read whole, then streamed (content joined, the last chunk's choice with the
+    streamed logprobs entries and content deltas)."""
+    whole = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    events = sse_events(client.post("/v1/chat/completions", json={**body, "stream": True}).text)[:-1]
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    deltas = [c["delta"]["content"] for c in choices if c["delta"].get("content")]
+    entries = [x for c in choices if c["logprobs"] for x in c["logprobs"]["content"]]
+    streamed = {"finish_reason": choices[-1]["finish_reason"], "logprobs": {"content": entries}, "deltas": deltas}
+    return [(whole["message"]["content"], whole), ("".join(deltas), streamed)]
+
+
+def test_a_chat_reply_starting_with_a_space_keeps_it_as_its_logprobs_do(tiny_loaded: Any) -> None:
+    # A byte-level BPE reply's first token " the": content lost its space ("the the") while its logprobs' tokens
+    # and bytes kept it; a text completion kept it already.
+    tok = tiny_loaded.tokenizer
+    spaced = tok.encode(" the", add_special_tokens=False)[0]
+    assert tok.decode([spaced]).startswith(" ")
+    body = {"messages": USER, "max_tokens": 2, "temperature": 0, "logit_bias": {str(spaced): 100}, "logprobs": True}
+    with _tiny_client(tiny_loaded) as client:
+        for content, choice in _chat(client, body):
+            tokens = [e["token"] for e in choice["logprobs"]["content"]]
+            assert content == "".join(tokens) == tok.decode([spaced] * 2), (content, tokens)
+            assert bytes(b for e in choice["logprobs"]["content"] for b in e["bytes"]).decode() == content
+        text = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "temperature": 0,
+                                                    "logit_bias": {str(spaced): 100}, "logprobs": 0}).json()["choices"][0]
+        assert text["text"] == "".join(text["logprobs"]["tokens"]) == tok.decode([spaced] * 2)
+
+
+def test_a_reply_the_limit_cuts_inside_a_character_ends_without_it_and_keeps_its_logprobs(tiny_loaded: Any) -> None:
+    # A reply cut after a character's first byte ended "\ufffd" (streamed: a last delta of it), which a stop string
+    # "\ufffd" matched, turning "length" into "stop"; that token's log probability still names its byte.
+    from tests.engine.test_stop_matcher import byte_tokens
+
+    tok = tiny_loaded.tokenizer
+    lead = byte_tokens(tok, "日".encode()[:1])[0]
+    body = {"messages": USER, "max_tokens": 1, "temperature": 0, "logit_bias": {str(lead): 100}, "logprobs": True}
+    with _tiny_client(tiny_loaded) as client:
+        for stop in (None, ["\ufffd"]):
+            for content, choice in _chat(client, {**body, "stop": stop}):
+                assert (content, choice["finish_reason"]) == ("", "length"), (stop, choice)
+                assert [e["bytes"] for e in choice["logprobs"]["content"]] == [[0xE6]]  # (its token: "\ufffd")
+        text = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1, "temperature": 0,
+                                                    "logit_bias": {str(lead): 100}, "stop": ["\ufffd"]})
+        assert (text.json()["choices"][0]["text"], text.json()["choices"][0]["finish_reason"]) == ("", "length")
+
+
+def test_an_echoed_token_prompt_ending_inside_a_character_is_finished_by_the_reply(tiny_loaded: Any) -> None:
+    # Prompt "Hi" + " 日"'s first bytes, reply "日"'s last: echoed "Hi \ufffd" + "\ufffd" (each decoded alone); one
+    # decode of the two writes "Hi 日", streamed as the prompt's finished text then the character.
+    from tests.engine.test_stop_matcher import byte_tokens
+
+    tok = tiny_loaded.tokenizer
+    prompt = tok.encode("Hi", add_special_tokens=False) + byte_tokens(tok, " 日".encode()[:3])
+    last = byte_tokens(tok, "日".encode()[2:])[0]
+    body = {"prompt": [prompt], "max_tokens": 1, "echo": True, "temperature": 0, "logit_bias": {str(last): 100},
+            "logprobs": 1}
+    with _tiny_client(tiny_loaded) as client:
+        whole = client.post("/v1/completions", json=body).json()["choices"][0]
+        events = sse_events(client.post("/v1/completions", json={**body, "stream": True}).text)[:-1]
+        plain = client.post("/v1/completions", json={**body, "echo": False}).json()["choices"][0]
+    assert whole["text"] == "Hi 日" and whole["logprobs"]["text_offset"][-1] == len("Hi ")  # where 日 starts
+    texts = [e["choices"][0]["text"] for e in events if e["choices"] and e["choices"][0]["text"]]
+    assert texts == ["Hi ", "日"]
+    assert plain["text"] == "日"
