@@ -197,8 +197,9 @@ class PrefixCache:
         session_id: str | None = None,
         *,
         system_prefix: bool = False,
-    ) -> None:
-        """Store a snapshot of `kv` as the state after `tokens`.
+    ) -> int:
+        """Store a snapshot of `kv` as the state after `tokens`; returns how many tokens the new entry holds (0:
+        none stored, the cache already held them, or it took nothing).
 
         If the KV covers more positions than `tokens` (a chunk ran past a segment boundary), the
         snapshot is cut to len(tokens); if it covers fewer (the last sampled token was never fed),
@@ -208,17 +209,17 @@ class PrefixCache:
         """
         with self._lock:
             if self.max_bytes == 0 or not kv:
-                return
+                return 0
             tokens = tuple(tokens)
             offsets = [getattr(layer, "offset", None) for layer in kv]
             covered = min((o for o in offsets if isinstance(o, int)), default=len(tokens))
             if covered < len(tokens):
                 tokens = tokens[:covered]
             if not tokens:
-                return
+                return 0
             trimmable = all(layer.is_trimmable() for layer in kv)
             if covered > len(tokens) and not trimmable:
-                return  # a state past the tokens would answer for them wrongly (a row that left mid-step)
+                return 0  # a state past the tokens would answer for them wrongly (a row that left mid-step)
             node = node_at(self._roots.setdefault(namespace, Node(None, ())), tokens)
             existing = node.entry
             if existing is not None:
@@ -226,7 +227,7 @@ class PrefixCache:
                 self._requeue(existing)
                 if session_id is not None:
                     self._bind_session(session_id, existing)
-                return
+                return 0
             if trimmable and not system_prefix:
                 dominating = first_below(node, _takeable)
                 if dominating is not None:
@@ -235,7 +236,7 @@ class PrefixCache:
                     self._touch(dominating)
                     if session_id is not None:
                         self._bind_session(session_id, dominating)
-                    return
+                    return 0
             layers = [snapshot_layer(layer, len(tokens)) for layer in kv]
             arrays = list(arrays_of(layers))
             # Started, not waited for: a put comes mid-step, with the next step already in flight; waiting here
@@ -245,7 +246,7 @@ class PrefixCache:
             nbytes = sum(a.nbytes for a in arrays)
             if nbytes > self.max_bytes:
                 prune_path(node)
-                return
+                return 0
             me = threading.get_ident()
             entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys), owner=me,
                            protected=session_id is not None or self._continues_protected(node))
@@ -258,6 +259,7 @@ class PrefixCache:
             if session_id is not None:
                 self._bind_session(session_id, entry)
             self.reclaim()
+            return len(tokens)
 
     @staticmethod
     def _continues_protected(node: Node) -> bool:

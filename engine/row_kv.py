@@ -68,8 +68,9 @@ class RowKV:
         for b in row.boundaries:
             if before < b <= row.prefilled:
                 self._record().note("put")
-                self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache, row.request.session_id,
-                                      system_prefix=True)
+                stored = self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache,
+                                               row.request.session_id, system_prefix=True)
+                row.cache_written = max(row.cache_written, min(stored, len(row.prompt)))
 
     def keeps(self, row: Row) -> bool:
         """Whether a departing row's KV is worth a prefix-cache put. Raises nothing."""
@@ -86,7 +87,9 @@ class RowKV:
                 kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
                 if kv is not None:
                     record.note("put")
-                    self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
+                    stored = self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
+                    # its prompt's share of the entry (before the final delta is built: usage reads it)
+                    row.cache_written = max(row.cache_written, min(stored, len(row.prompt)))
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
             record.tick("put", t)

@@ -58,6 +58,7 @@ class Choices(Generic[T]):
 
     def __init__(self) -> None:
         self.all: list[Choice[T]] = []
+        self.primed_writes = 0  # the prompt tokens its primers wrote into the prefix cache (prime)
         # One key for the request's rows: the engine's queue limit counts them as one request, not n.
         self.origin = uuid.uuid4().hex
 
@@ -70,9 +71,10 @@ class Choices(Generic[T]):
         """Raises nothing."""
         prompt = sum(c.counter.prompt_tokens for c in self.all if c.first_sample)
         cached = sum(c.counter.cached_tokens for c in self.all if c.first_sample)
+        written = self.primed_writes + sum(c.counter.cache_write_tokens for c in self.all if c.first_sample)
         completion = sum(c.counter.totals()[1] for c in self.all)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached, cache_write_tokens=written))
 
     async def close(self) -> None:
         """Free every row (a finished one's close is a no-op). Raises nothing."""
@@ -84,20 +86,23 @@ class Choices(Generic[T]):
 PRIME_MIN_TOKENS = 256
 
 
-async def prime(engine: ChatEngine, generation: GenerationRequest, timing: StreamTiming, param: str) -> None:
+async def prime(engine: ChatEngine, generation: GenerationRequest, timing: StreamTiming, param: str) -> int:
     """Prefill `generation`'s prompt once before its `n` rows: a one-token greedy row whose KV the prefix cache keeps
     as it ends, so each sibling continues it instead of prefilling the whole prompt again (n = 8 of a 3,109-token
     prompt took 8.3× one). Skipped where the siblings would not use the cache (a seeded sampled row or a scored
-    prompt prefills whole), for short prompts, and without a prefix cache. Raises APIError (queue full, the row
-    failed, the deadline)."""
+    prompt prefills whole), for short prompts, and without a prefix cache. Returns the prompt tokens it wrote into the
+    cache (the request's usage counts them: Choices.primed_writes). Raises APIError (queue full, the row failed, the
+    deadline)."""
     if (len(generation.prompt_tokens) < PRIME_MIN_TOKENS or generation.prompt_logprobs is not None
             or (generation.sampling.seed is not None and generation.sampling.temperature > 0)
             or not (engine.stats().get("prefix_cache") or {}).get("max_bytes")):
-        return
+        return 0
     first = replace(generation, max_tokens=1, sampling=SamplingParams(temperature=0.0), prompt_logprobs=None)
-    reader = RowReader(submit(engine, first, param=param), UsageCounter(), timing)
+    counter = UsageCounter()
+    reader = RowReader(submit(engine, first, param=param), counter, timing)
     async for _ in reader.items():  # the row closes as it ends, its KV going to the prefix cache
         pass
+    return counter.cache_write_tokens
 
 
 def check_capacity(state: AppState, n: int, prompts: int = 1) -> None:

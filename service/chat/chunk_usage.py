@@ -12,7 +12,7 @@ from service.chat.stream import UsageCounter
 __all__ = ["ChunkUsage"]
 
 _USAGE = b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,' \
-         b'"prompt_tokens_details":{"cached_tokens":%d}}}\n\n'
+         b'"prompt_tokens_details":{"cached_tokens":%d,"cache_write_tokens":%d}}}\n\n'
 
 
 class ChunkUsage:
@@ -29,7 +29,7 @@ class ChunkUsage:
         if (counter := self._counter) is None:
             return self._static
         prompt, completion = counter.totals()
-        return _USAGE % (prompt, completion, prompt + completion, counter.cached_tokens)
+        return _USAGE % (prompt, completion, prompt + completion, counter.cached_tokens, counter.cache_write_tokens)
 
     def mark(self, event: bytes) -> bytes:
         """`event` (`data: {...}\\n\\n`, its JSON without a usage field) ending as end() says. Raises nothing."""

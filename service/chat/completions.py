@@ -232,8 +232,8 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
             for number, item in enumerate(items):
                 prompt, prompt_text = await _prompt_tokens(state, engine, item, bool(data.echo), infill)
                 if samples > 1:  # a later prompt's primer is a later choice: it waits as they do, never refused
-                    await prime(engine, replace(row(prompt, 0), choice=number * samples, origin=into.origin), timing,
-                                "prompt")
+                    into.primed_writes += await prime(
+                        engine, replace(row(prompt, 0), choice=number * samples, origin=into.origin), timing, "prompt")
                 for sample in range(samples):
                     generation = replace(row(prompt, sample), choice=number * samples + sample, origin=into.origin)
                     first = number * samples + sample == 0

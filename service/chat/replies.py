@@ -13,6 +13,7 @@ __all__ = [
     "ChoiceLogprobs",
     "CompletionLogprobs",
     "PromptTokensDetails",
+    "CACHE_WRITES",
     "Usage",
     "FunctionCallDelta",
     "ToolCallDelta",
@@ -65,8 +66,14 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+# What every API's usage says of the prompt's writes into the prefix cache (the engine's Delta.cache_write_tokens).
+CACHE_WRITES = ("Prompt tokens past the cached ones whose KV this request stored in the prefix cache (0 where the "
+                "cache held them already, or the server keeps none).")
+
+
 class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0
+    cached_tokens: int = Field(0, description="Prompt tokens whose KV came from the prefix cache.")
+    cache_write_tokens: int = Field(0, description=CACHE_WRITES)
 
 
 class Usage(BaseModel):

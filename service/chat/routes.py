@@ -309,7 +309,7 @@ async def _choices(request: Request[Any, Any, Any], state: AppState, engine: Cha
     async def submit_all(into: Choices[ChatTranslator]) -> None:
         generation, translator = await _chat_request(request, state, engine, data, logprobs)
         generation.origin = into.origin  # the rows hold one place in the queue, not n
-        await prime(engine, generation, timing, "messages")
+        into.primed_writes += await prime(engine, generation, timing, "messages")
         for sample in range(data.n or 1):
             row = replace(generation, choice=sample)  # waits behind other requests' earlier choices
             if sample and (seed := generation.sampling.seed) is not None:  # n samples differ, and repeat

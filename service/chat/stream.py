@@ -38,6 +38,7 @@ class UsageCounter:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
     _generated: int = 0
     # False: the reply is not given (a text completion scoring its prompt, max_tokens 0), so it counts no tokens.
     reply_given: bool = True
@@ -48,6 +49,7 @@ class UsageCounter:
         self.prompt_tokens = max(self.prompt_tokens, delta.prompt_tokens)
         self.completion_tokens = max(self.completion_tokens, delta.completion_tokens)
         self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
+        self.cache_write_tokens = max(self.cache_write_tokens, delta.cache_write_tokens)
 
     def totals(self) -> tuple[int, int]:
         """(prompt, completion) tokens so far. Raises nothing."""
@@ -60,7 +62,8 @@ class UsageCounter:
             prompt_tokens=self.prompt_tokens,
             completion_tokens=completion,
             total_tokens=self.prompt_tokens + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens),
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens,
+                                                      cache_write_tokens=self.cache_write_tokens),
         )
 
 

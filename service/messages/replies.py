@@ -13,7 +13,9 @@ __all__ = ["MessageUsage", "AppliedEdit", "ContextManagementReply", "MessageObje
 
 class MessageUsage(BaseModel):
     input_tokens: int = Field(..., description="Prompt tokens not read from the prefix cache.")
-    cache_creation_input_tokens: int = Field(0, description="Always 0: prefixes are cached without being asked.")
+    cache_creation_input_tokens: int = Field(0, description=(
+        "Always 0: the prompt tokens stored in the prefix cache are known only once the reply ends, after "
+        "message_start has split the input (they count in input_tokens); /v1/responses and chat report them."))
     cache_read_input_tokens: int = Field(0, description="Prompt tokens whose KV came from the prefix cache.")
     output_tokens: int
     service_tier: Literal["standard"] | None = Field(

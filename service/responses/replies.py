@@ -7,12 +7,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from service.chat.replies import CACHE_WRITES
+
 __all__ = ["ResponseUsage", "ResponseObject", "ResponseStreamEvent", "DeletedResponse", "ResponseItemList",
            "InputTokens"]
 
 
 class InputTokensDetails(BaseModel):
     cached_tokens: int = Field(..., description="Prompt tokens whose KV came from the prefix cache.")
+    cache_write_tokens: int = Field(..., description=CACHE_WRITES)
 
 
 class OutputTokensDetails(BaseModel):

@@ -74,7 +74,8 @@ async def _thinking_tokens(state: AppState, tokenizer: Any, thinking: list[str])
 
 def _usage(counter: UsageCounter, reasoning_tokens: int) -> dict[str, Any]:
     prompt, completion = counter.totals()
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": counter.cached_tokens},
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": counter.cached_tokens,
+                                                             "cache_write_tokens": counter.cache_write_tokens},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens,
                                                                                            completion)},
             "total_tokens": prompt + completion}

@@ -455,6 +455,7 @@ class FakePrefixCache:
     def put(self, namespace, tokens, kv, session_id=None, *, system_prefix=False):
         assert all(c.offset == len(tokens) for c in kv), "put tokens must match the KV they describe"
         self.entries.append((tuple(tokens), kv))
+        return len(tokens)  # as PrefixCache.put: the tokens its new entry holds
 
     def reclaim(self):
         self.reclaims += 1
@@ -478,6 +479,9 @@ async def test_prefix_cache_seam_reuses_kv_and_changes_nothing(tiny_loaded) -> N
     d2 = (await run_rows(group, [GenerationRequest(second, GREEDY, max_tokens=8, namespace="m", session_id="s")],
                          [0]))[0]
     assert d2[-1].cached_tokens == len(first) + len(gen) - 1
+    # what each wrote into the cache: its prompt past what it read there, told with its end
+    assert (d1[-1].cache_write_tokens, d2[-1].cache_write_tokens) == (len(first), len(second) - d2[-1].cached_tokens)
+    assert all(d.cache_write_tokens == 0 for d in d1[:-1] + d2[:-1])
     assert cache.takes[0] == ("m", 12, "s") and cache.reclaims > 0
     cold = (await run_rows(make_group(tiny_loaded), [GenerationRequest(second, GREEDY, max_tokens=8)], [0]))[0]
     assert tokens_of(d2) == tokens_of(cold)

@@ -174,6 +174,18 @@ def test_entry_larger_than_budget_is_not_stored():
     assert cache.take("m", [1, 2, 3, 4, 5]) == (0, None)
 
 
+def test_a_put_says_how_many_tokens_its_new_entry_holds():
+    # what a row wrote into the cache (usage's cache_write_tokens): nothing where the cache held the tokens already
+    cache = PrefixCache(1 << 20)
+    assert cache.put("m", [1, 2, 3], kv_for([1, 2, 3])) == 3
+    assert cache.put("m", [1, 2, 3], kv_for([1, 2, 3])) == 0  # the same entry
+    assert cache.put("m", [1, 2], kv_for([1, 2])) == 0  # a longer trimmable entry holds them
+    assert cache.put("m", [1, 2, 3, 4, 5], kv_for([1, 2, 3, 4])) == 4  # the tokens the KV covers
+    assert cache.put("m", [9, 9], kv_for([9, 9]), system_prefix=True) == 2
+    assert PrefixCache(entry_bytes(2)).put("m", [1, 2, 3], kv_for([1, 2, 3])) == 0  # over the budget
+    assert PrefixCache(0).put("m", [1, 2, 3], kv_for([1, 2, 3])) == 0
+
+
 def test_zero_budget_disables_the_cache():
     cache = PrefixCache(0)
     cache.put("m", [1, 2, 3], kv_for([1, 2, 3]))

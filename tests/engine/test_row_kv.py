@@ -6,6 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from engine.contracts import GenerationRequest, SamplingParams
+from engine.prefix_cache import PrefixCache
 from engine.row_kv import RowKV
 from engine.rows import Row
 from engine.runner import make_cache
@@ -38,9 +39,18 @@ def test_a_row_takes_a_prefix_hit_or_a_fresh_cache_and_leaves_its_fed_kv(tiny_lo
     assert kv.keeps(cold)
     kv.put(cold)
     assert prefix.entries[0][0] == (5, 6, 7, 8, 9) and cold.cache is None and cold.slot is None
+    assert cold.delta().cache_write_tokens == 4  # its whole prompt went into the cache (the sampled token is no part)
     warm = row_of(tiny_loaded, [5, 6, 7, 8, 9, 11, 12])
     kv.attach(warm)
     assert (warm.prefilled, warm.cached_tokens) == (5, 5) and prefix.entries == []
+    warm.cache, warm.prefilled, warm.generated = filled(tiny_loaded, 7), 7, [13]
+    kv.put(warm)
+    assert warm.delta().cache_write_tokens == 2  # the prompt tokens past its hit
+    again = row_of(tiny_loaded, [5, 6, 7, 8, 9, 11, 12])
+    again.cache, again.prefilled, again.generated = filled(tiny_loaded, 7), 7, [13]
+    prefix.put = lambda *args, **kw: 0  # type: ignore[method-assign]  # the cache held them already
+    kv.put(again)
+    assert again.delta().cache_write_tokens == 0
     events, _ = record.close(decode_rows=0, slots=None, waited=0.0)
     assert {"attach", "put"} <= events
 
@@ -67,3 +77,12 @@ def test_a_seeded_sampled_row_prefills_its_whole_prompt(tiny_loaded) -> None:
                            tokenizer=tiny_loaded.tokenizer)
         kv.attach(row)
         assert (row.prefilled, row.cached_tokens) == (hit, hit), sampling
+
+
+def test_a_prompt_prefix_put_at_a_segment_boundary_is_the_rows_write_too(tiny_loaded) -> None:
+    kv = RowKV(tiny_loaded.model, None, PrefixCache(1 << 20), StepRecord)
+    request = GenerationRequest([5, 6, 7, 8], SamplingParams(temperature=0.0), max_tokens=4, segment_boundaries=(2,))
+    row, _ = Row.start(request, [5, 6, 7, 8], vocab_size=400, tokenizer=tiny_loaded.tokenizer)
+    row.cache, row.prefilled = filled(tiny_loaded, 3), 3  # its first chunk passed the boundary
+    kv.boundary_puts(row, 0)
+    assert row.delta().cache_write_tokens == 2

@@ -93,6 +93,7 @@ class FakeStream:
             prompt_tokens=len(self.request.prompt_tokens),
             completion_tokens=self._sent,
             cached_tokens=self.engine.cached_tokens,
+            cache_write_tokens=self.engine.cache_write_tokens if last else 0,  # known once the row has left
             error=self.engine.fail_with if i == self.engine.fail_at else None,
         )
 
@@ -163,6 +164,7 @@ class FakeEngine:
         self.active: set[int] = set()
         self.closed_streams = 0
         self.cached_tokens = 0
+        self.cache_write_tokens = 0  # the prompt tokens past cached_tokens the row stored in the prefix cache
         self.fail_with: str | None = None
         self.fail_at = 1  # the delta (0-based) that carries fail_with
         self.gate: anyio.Event | None = None

@@ -267,3 +267,9 @@ def test_n_replies_to_a_long_prompt_prefill_it_once(tiny_loaded: Any) -> None:
     assert fed < 2 * len(prompt), fed  # once, and the three rows' last tokens (three prefills: 3 x 301)
     replies = {c["text"] for c in answer.json()["choices"]}
     assert replies == {alone.json()["choices"][0]["text"]}  # the greedy reply, whoever prefilled the prompt
+    # the request's writes into the cache count the primer's (the whole prompt) and its first choice's (the prompt's
+    # last token, prefilled again after the hit); the same prompt again writes nothing the cache did not hold
+    assert answer.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1,
+                                                               "cache_write_tokens": len(prompt) + 1}
+    assert alone.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1,
+                                                              "cache_write_tokens": 0}

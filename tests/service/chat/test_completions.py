@@ -16,7 +16,7 @@ def test_text_prompt_non_stream(client: Any, fake_engine: FakeEngine) -> None:
     assert body["choices"][0]["text"] == "Hello world!"
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8,
-                             "prompt_tokens_details": {"cached_tokens": 0}}
+                             "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}}
     assert fake_engine.requests[-1].prompt_tokens == [ord("a"), ord("b"), ord("c")]
 
 

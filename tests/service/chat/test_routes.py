@@ -45,7 +45,7 @@ def test_stream_grammar_with_usage(client: Any) -> None:
     assert usage_chunk["usage"]["completion_tokens"] == 5
     assert usage_chunk["usage"]["prompt_tokens"] == len("<user>hi<assistant>")
     assert usage_chunk["usage"]["total_tokens"] == 5 + len("<user>hi<assistant>")
-    assert usage_chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert usage_chunk["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 0}
 
 
 def test_stream_without_usage_has_no_usage_chunk(client: Any) -> None:

@@ -58,10 +58,12 @@ def test_a_text_reply_is_one_text_block(fake_engine: FakeEngine, client: TestCli
 
 
 def test_cached_prompt_tokens_are_cache_reads(fake_engine: FakeEngine, client: TestClient[Any]) -> None:
-    fake_engine.cached_tokens = 4
+    fake_engine.cached_tokens, fake_engine.cache_write_tokens = 4, 6
     usage = _post(client).json()["usage"]
     prompt = len(fake_engine.requests[-1].prompt_tokens)
     assert (usage["input_tokens"], usage["cache_read_input_tokens"]) == (prompt - 4, 4)
+    # the writes are known only at the reply's end, after message_start split the input: they stay in input_tokens
+    assert usage["cache_creation_input_tokens"] == 0
 
 
 def test_a_streamed_text_reply_has_anthropics_event_order(client: TestClient[Any]) -> None:

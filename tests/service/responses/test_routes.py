@@ -17,6 +17,7 @@ from service.config import ServiceConfig
 from service.responses.history import seal_reasoning
 from service.state import AppState
 from tests.service.asgi import ASGIClient, asgi_scope
+from tests.service.conftest import sse_events
 from tests.service.chat.test_render import PLAIN, TemplateTokenizer
 from tests.service.chat.test_routes import CALL, CallingTokenizer
 from tests.service.sse_events import named_events as response_events
@@ -420,6 +421,28 @@ def test_a_kept_response_is_retrieved_and_deleted(sdk: openai.OpenAI, http: Test
         sdk.responses.retrieve(created.id)
     unkept = http.post("/v1/responses", json={"input": "hi", "store": False}).json()
     assert http.get(f"/v1/responses/{unkept['id']}").status_code == 404
+
+
+def test_usage_says_the_prompt_tokens_read_from_and_written_to_the_prefix_cache(http: TestClient[Any],
+                                                                               engine: FakeEngine) -> None:
+    """openai-python's and openai-java's ResponseUsage require input_tokens_details.cache_write_tokens: on the create
+    answer, GET /v1/responses/{id} and response.completed alike; chat's prompt_tokens_details says the same."""
+    from openai.types.responses import ResponseUsage
+
+    engine.cached_tokens, engine.cache_write_tokens = 4, 6
+    created = http.post("/v1/responses", json={"input": "hi"}).json()
+    retrieved = http.get(f"/v1/responses/{created['id']}").json()
+    completed = response_events(http.post("/v1/responses", json={"input": "hi", "stream": True}).text)[-1]
+    assert completed["type"] == "response.completed"
+    for usage in (created["usage"], retrieved["usage"], completed["response"]["usage"]):
+        details = ResponseUsage.model_validate(usage).input_tokens_details
+        assert (details.cached_tokens, details.cache_write_tokens) == (4, 6), usage
+    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["usage"]["prompt_tokens_details"] == {"cached_tokens": 4, "cache_write_tokens": 6}
+    streamed = [e for e in sse_events(http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "stream": True,
+        "stream_options": {"include_usage": True}}).text) if e != "[DONE]"]
+    assert streamed[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 4, "cache_write_tokens": 6}
 
 
 def test_continuing_a_response_whose_earlier_turn_was_deleted_names_that_turn(http: TestClient[Any]) -> None:
