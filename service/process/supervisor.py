@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -76,6 +77,21 @@ class SupervisedGranian(MPServer):
         self.interrupted_at: float | None = None  # monotonic time of the first SIGINT/SIGTERM
         self.interrupted_by: int | None = None  # and its number
         self.forced = False  # a second interrupt cut the drain short
+
+    def _init_shared_socket(self) -> None:
+        """This process binds the port and its worker inherits the socket. On Linux granian lets each worker bind
+        its own (SO_REUSEPORT), so the port was closed (connections refused, ~2.6 s) while a dead worker was
+        respawned; held here, clients wait in the backlog for the new worker. Raises OSError when it cannot bind."""
+        if self.bind_uds or sys.platform != "linux":
+            super()._init_shared_socket()
+            return
+        from granian.net import SocketSpec
+
+        self._ssp = None
+        holder = SocketSpec(self.bind_addr, self.bind_port, self.backlog).build()
+        self._shd, self._sfd = holder, holder.get_fd()  # type: ignore[assignment]  # granian's stubs say None
+        self._sso = socket.socket(fileno=self._sfd)
+        self._sso.set_inheritable(True)
 
     def signal_handler_interrupt(self, *args: Any, **kwargs: Any) -> None:
         now = time.monotonic()
