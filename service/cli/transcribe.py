@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import msgspec
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -123,7 +123,9 @@ def _transcribe(args: argparse.Namespace) -> int:
     except WhisperCheckpointError as exc:
         raise CLIError(str(exc)) from None
     body = render(transcript, args.format, words=args.word_timestamps)
-    sys.stdout.write(json.dumps(body, ensure_ascii=False) + "\n" if isinstance(body, dict) else body)
+    # msgspec writes a NaN (a window whose timestamp rules masked every token) as null, as the server's answer does:
+    # json.dumps wrote NaN, which no strict JSON reader takes.
+    sys.stdout.write(msgspec.json.encode(body).decode() + "\n" if isinstance(body, dict) else body)
     if args.verbose:
         audio_s = len(pcm) / SAMPLE_RATE
         print(f"{audio_s:.1f} s audio in {run_s:.2f} s ({audio_s / max(run_s, 1e-9):.1f}× realtime; "
