@@ -166,3 +166,25 @@ def test_a_pipe_is_transcribed_as_a_file_is(whisper_dir: Path, wav: Path, tmp_pa
             with open(fifo, "rb") as f:
                 f.read()
         writer.join()
+
+
+def test_verbose_json_writes_a_nan_as_null_as_the_server_does(whisper_dir: Path, wav: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import audio.formats
+
+    real = audio.formats.render
+
+    def render(*args: object, **kwargs: object) -> object:
+        body = real(*args, **kwargs)  # type: ignore[arg-type]
+        assert isinstance(body, dict)
+        return {**body, "avg_logprob": float("nan")}  # where the timestamp rules masked every token
+
+    monkeypatch.setattr(audio.formats, "render", render)
+    assert main(["transcribe", str(wav), str(whisper_dir), "--format", "verbose_json"]) == 0
+
+    def strict(name: str) -> None:
+        raise ValueError(f"not JSON: {name}")
+
+    body = json.loads(capsys.readouterr().out, parse_constant=strict)
+    assert body["avg_logprob"] is None
