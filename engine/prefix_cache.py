@@ -21,8 +21,9 @@ import itertools
 import os
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 
@@ -95,6 +96,8 @@ class PrefixCache:
         # Entries whose copies a thread started and has not waited for, by thread: [put since its last settle,
         # put before that] (see `settle`).
         self._pending: dict[int, list[list[_Entry]]] = {}
+        # Copies a thread's puts hold back until it leaves `copies_held`, by thread.
+        self._held: dict[int, list[mx.array]] = {}
         self._bytes = 0
         self._hits = 0
         self._misses = 0
@@ -170,6 +173,21 @@ class PrefixCache:
                 e.owner = None
         return len(due)
 
+    @contextmanager
+    def copies_held(self) -> Iterator[None]:
+        """This thread's puts inside start their copies on leaving, not as they put: a copy of KV a built but unstarted
+        step writes computes that step, which on a CPU `async_eval` waits for (engine/step.py hands the row's last
+        delta over first). The entries count from the put as usual. Raises what starting the copies raises."""
+        me = threading.get_ident()
+        held: list[mx.array] = []
+        self._held[me] = held
+        try:
+            yield
+        finally:
+            del self._held[me]
+            if held:
+                mx.async_eval(held)
+
     def has_pending(self) -> bool:
         """Whether some thread has entries to settle. Raises nothing."""
         with self._lock:
@@ -239,15 +257,18 @@ class PrefixCache:
                     return 0
             layers = [snapshot_layer(layer, len(tokens)) for layer in kv]
             arrays = list(arrays_of(layers))
-            # Started, not waited for: a put comes mid-step, with the next step already in flight; waiting here
-            # held the engine thread for that whole step (H200: half the puts made a decode iteration slow).
-            # The copies run in stream order, and the sizes are known from the shapes.
-            mx.async_eval(arrays)
             nbytes = sum(a.nbytes for a in arrays)
             if nbytes > self.max_bytes:
                 prune_path(node)
                 return 0
             me = threading.get_ident()
+            # Started, not waited for: a put comes mid-step, with the next step already in flight; waiting here
+            # held the engine thread for that whole step (H200: half the puts made a decode iteration slow).
+            # The copies run in stream order, and the sizes are known from the shapes.
+            if (held := self._held.get(me)) is not None:
+                held.extend(arrays)
+            else:
+                mx.async_eval(arrays)
             entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys), owner=me,
                            protected=session_id is not None or self._continues_protected(node))
             self._pending.setdefault(me, [[], []])[0].append(entry)

@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 import mlx.core as mx
@@ -200,12 +201,16 @@ class BatchStep:
         """The pipeline read a step's tokens: accept them into `outputs`, and hand every delta so far to the event loop
         at once where the next step has not started yet (`early`; a row that finished leaves the group when the
         iteration lands). Raises nothing."""
-        outputs += [(r, self.accept(r, t)) for r, t in zip(rows, ids)]
         if self.early is None or not self.pipeline.read_first:
+            outputs += [(r, self.accept(r, t)) for r, t in zip(rows, ids)]
             return
-        deltas = [(r, d) for r, d in outputs if d is not None]
-        if deltas:
-            self.early(deltas)
+        # A finishing row's prefix-cache copy reads KV the built next step writes: started at its put, it ran that
+        # step (a CPU's async_eval waits) before the row's last delta went out, a token gap late. It starts after.
+        with self.prefix_cache.copies_held() if self.prefix_cache is not None else nullcontext():
+            outputs += [(r, self.accept(r, t)) for r, t in zip(rows, ids)]
+            deltas = [(r, d) for r, d in outputs if d is not None]
+            if deltas:
+                self.early(deltas)
         self._posted += len(outputs)
         outputs.clear()
 

@@ -3,6 +3,7 @@ the token budget, admission, cancellation, the prefix-cache seam and failure iso
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import anyio
@@ -462,6 +463,9 @@ class FakePrefixCache:
 
     def settle(self, *, keep_latest=False):
         return 0  # its entries are the caches themselves: nothing started, nothing to wait for
+
+    def copies_held(self):
+        return contextlib.nullcontext()  # no copies to hold back either
 
     def has_pending(self):
         return False

@@ -9,7 +9,7 @@ import pytest
 
 from engine.contracts import GenerationRequest, SamplingParams
 from tests.engine.test_batch import (
-    FakePrefixCache, assert_matches_reference, drain, iterate, make_group, prompt_of, run_rows, tokens_of,
+    FakePrefixCache, assert_matches_reference, drain, iterate, make_group, prompt_of, reference, run_rows, tokens_of,
 )
 
 pytestmark = pytest.mark.anyio
@@ -115,6 +115,42 @@ async def test_tokens_read_first_reach_the_stream_before_the_next_step_starts(ti
         got.extend(t for d in drain(stream) for t in d.token_ids)
     assert len(lag) >= 10 and lag == [0] * len(lag)
     assert len(got) == 24 and group.counters["generation_tokens"] == 24
+
+
+@pytest.mark.parametrize("end", ["length", "stop"])
+async def test_a_finishing_rows_last_delta_goes_out_before_its_next_step_runs(tiny_loaded, monkeypatch, end) -> None:
+    # Read first (a CPU), the next step is built before a row's token is read; the row's prefix-cache copy reads KV
+    # that step writes, so starting it at the put ran the step before the row's last delta went out (a token late).
+    import mlx.core as mx
+
+    from engine.prefix_cache import PrefixCache
+
+    cache = PrefixCache(1 << 26)
+    group = make_group(tiny_loaded, prefix_cache=cache)
+    group.step.pipeline.read_first = True
+    prompt = prompt_of(7, 2)
+    ref = reference(tiny_loaded.model, prompt, 8)
+    stop_ids = (ref[5],) if end == "stop" else ()
+    assert end == "length" or ref[5] not in ref[:5]
+    stream = group.submit(GenerationRequest(prompt, GREEDY, max_tokens=6, stop_token_ids=stop_ids))
+    got: list = []
+    late: list[str] = []  # evaluations that ran while the finished row's last delta was still held
+    for name in ("eval", "async_eval"):
+        def spy(*arrays, _name=name, _real=getattr(mx, name)):
+            got.extend(drain(stream))
+            if stream._row.finished and not any(d.finish_reason for d in got):
+                late.append(_name)
+            return _real(*arrays)
+        monkeypatch.setattr(mx, name, spy)
+    while not row_done(stream):
+        await iterate(group)
+    got.extend(drain(stream))
+    monkeypatch.undo()
+    assert late == []
+    assert [d.finish_reason for d in got][-1] == end and tokens_of(got) == ref[:6]
+    assert got[-1].cache_write_tokens > 0  # the put still counted on the last delta
+    cache.settle()
+    assert cache.take("", prompt + ref[:5] + [1], None)[0] > len(prompt)  # and its entry is takeable
 
 
 def row_done(stream) -> bool:
