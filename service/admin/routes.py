@@ -13,8 +13,9 @@ from service.admin.anthropic_models import ANTHROPIC_QUERY, anthropic_model, ant
 from service.admin.metrics import CONTENT_TYPE
 from service.admin.stats import stats_payload
 from service.admin.schemas import AnthropicModel, AnthropicModelList, Health, ModelCard, ModelList
-from service.http.errors import APIError, model_not_found
+from service.http.errors import model_not_found
 from service.http.openapi import any_of_operation
+from service.http.query import refuse_unknown_query
 from service.http.schemas import ErrorResponse
 from service.messages.replies import AnthropicError
 from service.state import get_state
@@ -54,13 +55,10 @@ async def list_models(
     Raises APIError 400 naming a query parameter the list does not read, or a cursor that is not a listed id."""
     state = get_state(request)
     anthropic = speaks_anthropic(request.scope)
-    read = ANTHROPIC_QUERY if anthropic else frozenset()
-    if unknown := sorted(set(request.query_params) - read):
-        what = ("Anthropic's model list reads limit, before_id and after_id" if anthropic else
-                "OpenAI's model list reads none; Anthropic's, sent with an anthropic-version header, reads limit, "
-                "before_id and after_id")
-        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} ({what})", param=unknown[0],
-                       code="unknown_parameter")
+    refuse_unknown_query(request.query_params, ANTHROPIC_QUERY if anthropic else frozenset(),
+                         "Anthropic's model list reads limit, before_id and after_id" if anthropic else
+                         "OpenAI's model list reads none; Anthropic's, sent with an anthropic-version header, reads "
+                         "limit, before_id and after_id")
     if anthropic:
         chat = [card for card in state.model_cards() if card.kind == "chat"]
         return anthropic_page(chat, limit, before_id, after_id)

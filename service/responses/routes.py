@@ -32,6 +32,7 @@ from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, error_responses, sse_operation
+from service.http.query import refuse_unknown_query
 from service.responses.history import chat_request, input_items
 from service.responses.input_list import LISTED_INCLUDABLE, input_page, sealed_output, with_ids
 from service.responses.output import ResponseOutput
@@ -283,10 +284,9 @@ def _kept_response(request: Request[Any, Any, Any], response_id: str) -> dict[st
 
 
 def _known_query(request: Request[Any, Any, Any], known: frozenset[str], reads: str) -> None:
-    """Raises APIError 400 naming the first query parameter not in `known` (`reads`: what the route reads)."""
-    if unknown := sorted(set(request.query_params) - known):
-        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} ({reads})", param=unknown[0],
-                       code="unknown_parameter")
+    """Raises APIError 400 naming the first query parameter not in `known` (`reads`: what the route reads); Azure's
+    api-version passes (service/http/query.py)."""
+    refuse_unknown_query(request.query_params, known, reads)
 
 
 _RETRIEVE_QUERY = frozenset({"stream", "starting_after", "include_obfuscation", "include", "include[]"})

@@ -18,6 +18,7 @@ from litestar import WebSocket, websocket
 from audio.pcm import SAMPLE_RATE, parse_pcm_content_type
 from service.http.auth import offered_key, subprotocols
 from service.http.errors import APIError, api_error, error_event, frames_error_event
+from service.http.query import refuse_unknown_query
 from service.speech.live_socket import LiveSocket, Mode
 from service.speech.socket_errors import close_code
 from service.speech.client_secrets import ClientSecret
@@ -91,10 +92,9 @@ async def _refuse(socket: WebSocket[Any, Any, Any], exc: Exception, realtime: bo
 
 
 def _known_query(socket: WebSocket[Any, Any, Any], known: set[str]) -> None:
-    """Raises APIError 400 naming a query parameter the route does not read (a typo must not pass as a default)."""
-    if unknown := sorted(set(socket.query_params) - known):
-        raise APIError(400, f"Unrecognized query parameter: {unknown[0]} (this socket reads {', '.join(sorted(known))})",
-                       param=unknown[0], code="unknown_parameter")
+    """Raises APIError 400 naming a query parameter the route does not read (a typo must not pass as a default); Azure's
+    api-version passes (service/http/query.py)."""
+    refuse_unknown_query(socket.query_params, known, f"this socket reads {', '.join(sorted(known))}")
 
 
 def _number(text: str | None, name: str, kind: type[int] | type[float], default: float) -> float:

@@ -104,6 +104,15 @@ def test_a_query_parameter_the_socket_does_not_read_is_refused_by_name(client: T
     assert event["error"]["code"] == "unknown_parameter"
 
 
+@pytest.mark.parametrize("path", ["/v1/realtime?intent=transcription&api-version=2024-10-01-preview",
+                                  "/v1/audio/live?rate=16000&api-version=2024-10-01-preview"])
+def test_azures_api_version_is_taken_by_the_sockets(client: TestClient[Any], path: str) -> None:
+    # AzureOpenAI adds it to every request, a socket's too (service/http/query.py): it was refused by name.
+    with client.websocket_connect(path, headers=BETA) as ws:
+        created = ws.receive_json(timeout=30)
+    assert created["type"] in ("transcription_session.created", "session.created"), created
+
+
 def test_a_beta_session_is_created_and_updated(client: TestClient[Any], whisper_dir: Path) -> None:
     with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
         created = ws.receive_json(timeout=30)
