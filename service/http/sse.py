@@ -30,6 +30,8 @@ DONE = b"data: [DONE]\n\n"
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: every client ignores it, every idle timer restarts
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# An HTTP/1.0 request's scope["http_version"]: "1.0" per ASGI, "1" from granian (2.8).
+_HTTP_1_0 = ("1.0", "1")
 
 _log = logging.getLogger("tandem.http")
 
@@ -146,6 +148,10 @@ class SSEStream(Stream):
 
     def to_asgi_response(self, app: Any, request: Request[Any, Any, Any], **kwargs: Any) -> ASGIResponse:
         """Build the ASGI response (Litestar API). Raises nothing."""
+        if request.scope.get("http_version") in _HTTP_1_0:
+            # HTTP/1.0 has no chunking: the body ends as the connection closes, so it must say so (RFC 9112 9.3),
+            # or a keep-alive client (ab -k) sends its next request on the socket being closed.
+            self.set_header("Connection", "close")
         response = super().to_asgi_response(app, request, **kwargs)
         # Same slots, one overridden method: swapping the class keeps every Litestar-computed field.
         response.__class__ = _ClosingStreamingResponse

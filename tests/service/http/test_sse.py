@@ -166,3 +166,49 @@ def test_every_streamed_event_survives_splitlines(client: Any, fake_engine: Fake
     events = [json.loads(line) for line in data if line != "[DONE]"]  # a cut line is no JSON
     assert events and not any(char in response.text for char in LINE_BREAKS)
     assert any(LINE_BREAKS[0] in json.dumps(event, ensure_ascii=False) for event in events)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/messages", {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 32}),
+])
+async def test_a_stream_to_an_http_1_0_client_says_the_connection_closes(path: str, body: dict[str, Any]) -> None:
+    # HTTP/1.0 has no chunking: the body ends as the connection closes. With `connection: keep-alive` asked (ab -k),
+    # the stream said keep-alive and the client's next request went to the socket being closed (RFC 9112 9.3).
+    from service.app import create_app
+    from service.state import AppState
+
+    app = create_app(AppState(engine=FakeEngine(), ready=True))
+    raw = json.dumps({**body, "stream": True}).encode()
+    for version in ("1.0", "1", "1.1"):  # granian names HTTP/1.0 "1"
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": version, "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+                 "headers": [(b"content-type", b"application/json"), (b"host", b"localhost"),
+                             (b"connection", b"keep-alive")],
+                 "client": ("127.0.0.1", 1), "server": ("localhost", 80)}
+        sent: list[dict[str, Any]] = []
+        request = [{"type": "http.request", "body": raw, "more_body": False}]
+        ended = anyio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if request:
+                return request.pop(0)
+            await ended.wait()  # the client leaves once the body is whole
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended.set()
+
+        with anyio.fail_after(30):
+            await app(scope, receive, send)  # type: ignore[arg-type]
+        start = sent[0]
+        headers = {k.lower(): v for k, v in start["headers"]}
+        assert start["status"] == 200 and headers[b"content-type"].startswith(b"text/event-stream")
+        assert b"content-length" not in headers
+        assert headers.get(b"connection") == (None if version == "1.1" else b"close"), (version, headers)
+        assert sent[-1]["type"] == "http.response.body" and not sent[-1].get("more_body", False)
