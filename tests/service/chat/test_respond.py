@@ -38,6 +38,16 @@ class _Client(ASGIClient):
         await super().send(message)
 
 
+# One streamed request on each route that streams through respond() (and the choices' merged stream).
+STREAMED_ROUTES = [
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "n": 2}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}),
+    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2}),
+]
+
+
 def _app(engine: FakeEngine, keepalive: float, task_group: Any = None) -> Any:
     return create_app(AppState(engine=engine, ready=True, task_group=task_group,
                                config=ServiceConfig(sse_keepalive=keepalive)))
@@ -49,13 +59,7 @@ def test_keep_alives_are_on_by_default() -> None:
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
-    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "n": 2}),  # the choices' merged stream
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}),
-    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2}),
-])
+@pytest.mark.parametrize("path,body", STREAMED_ROUTES)
 @pytest.mark.parametrize("keepalive", [0, 0.01])
 async def test_keep_alives_follow_sse_keepalive(monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any],
                                                 keepalive: float) -> None:
@@ -226,13 +230,7 @@ _DIED = "The engine process exited (status -9); it is restarting."
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("path,body", [
-    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2}),
-    ("/v1/chat/completions", {"messages": USER, "max_tokens": 2, "n": 2}),  # the choices' merged stream
-    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
-    ("/v1/responses", {"input": "hi", "max_output_tokens": 16}),
-    ("/v1/messages", {"model": "fake-model", "messages": USER, "max_tokens": 2}),
-])
+@pytest.mark.parametrize("path,body", STREAMED_ROUTES)
 async def test_an_engine_process_dying_after_the_keep_alives_ends_the_stream_with_its_error_event(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: str, body: dict[str, Any]) -> None:
     # --isolate, the engine process killed while prompts waited in prefill: rows with no token yet get
