@@ -18,7 +18,6 @@ starts protected.
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -30,18 +29,9 @@ import mlx.core as mx
 from engine.kv_snapshot import arrays_of, restore_layer, snapshot_layer
 from engine.token_trie import Node, common, first_at, first_below, node_at, prune_path
 
-__all__ = ["PROBATION_SHARE", "PrefixCache", "default_prompt_cache_bytes"]
+__all__ = ["PROBATION_SHARE", "PrefixCache"]
 
 PROBATION_SHARE = 0.125  # of the budget, for entries never hit yet
-
-def default_prompt_cache_bytes() -> int:
-    """The budget when none is configured: an eighth of physical memory, at most 4 GiB. Never raises."""
-    try:
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        physical = 8 << 30
-    return int(min(4 << 30, physical // 8))
-
 
 @dataclass(eq=False)
 class _Entry:
