@@ -137,7 +137,8 @@ async def reply_grammar(response_format: dict[str, Any] | None, tools: list[dict
                                 "model's format; use \"auto\"", param="tool_choice", code="unsupported_value")
         chosen = [t for t in tools or () if forced is True or t["function"]["name"] == forced]
         # The grammar writes the opening marker itself, so one of several tokens serves too.
-        grammar = await _calls_grammar(chosen, markers, prepare, param="tools", opened=False)
+        grammar = await _calls_grammar(chosen, markers, prepare, param="tools", opened=False,
+                                       indexes=[i for i, t in enumerate(tools or ()) if any(t is c for c in chosen)])
         after = _opening_marker(tokenizer, opens_thinking, False, what="A forced tool call", param="tool_choice")
         return GrammarSpec(None, after=after, calls=grammar)
     answer = asks_answer(response_format, asked)
@@ -197,18 +198,27 @@ async def answer_grammar(response_format: dict[str, Any] | None, asked: AskedCon
 
 
 async def _calls_grammar(tools: list[dict[str, Any]], markers: _Markers, prepare: Callable[[GrammarSpec], None] | None,
-                         *, param: str, opened: bool = True, free_text: str | None = None) -> str:
+                         *, param: str, opened: bool = True, free_text: str | None = None,
+                         indexes: Sequence[int] | None = None) -> str:
     """The calls' grammar for `tools` (engine/constraints.py call_grammar: strict functions exactly, the others
-    leniently), compiled and prepared in worker threads. Raises APIError 400 naming `param`."""
+    leniently), compiled and prepared in worker threads. Raises APIError 400 naming the tool whose parameters cannot
+    be enforced (`indexes`: each tool's place in the request's `tools`), else `param`."""
     functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    compile_calls = partial(call_grammar, opening=marker(markers.opening, markers.opening_ids),
+                            closing=marker(markers.closing, markers.closing_ids), opened=opened, free_text=free_text,
+                            lenient=not all(t["function"].get("strict") for t in tools))
     try:
-        grammar = await anyio.to_thread.run_sync(partial(
-            call_grammar, functions, opening=marker(markers.opening, markers.opening_ids),
-            closing=marker(markers.closing, markers.closing_ids), opened=opened, free_text=free_text,
-            lenient=not all(t["function"].get("strict") for t in tools)))
+        grammar = await anyio.to_thread.run_sync(compile_calls, functions)
         if prepare is not None:
             await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
     except ConstraintError as exc:
+        # Which tool: each compiled alone, on this error path only (a request's first strict tool was named).
+        for i, function in zip(indexes if indexes is not None else range(len(tools)), functions):
+            try:
+                await anyio.to_thread.run_sync(compile_calls, [function])
+            except ConstraintError as alone:
+                raise APIError(400, f"tool {function[0]!r}: {alone}", param=f"tools.{i}.function.parameters",
+                               code="invalid_value") from None
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
     return grammar
 

@@ -239,3 +239,21 @@ def test_a_forced_call_of_a_pydantic_nested_model_follows_it(tiny_loaded: Any, c
     arguments = json.loads(call["function"]["arguments"])
     assert call["function"]["name"] == "f" and set(arguments) == {"p", "q"} and len(arguments["q"]) <= 2
     assert all(set(named) == {"name"} and named["name"] in ("a", "bc") for named in [arguments["p"], *arguments["q"]])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("forced", [None, True, "bad_tool"])
+async def test_a_strict_schema_that_cannot_be_enforced_names_its_tool(forced: Any) -> None:
+    # Playwright's MCP tools through LangChain's strict conversion: the third tool's `propertyNames` cannot be
+    # enforced, and the 400 named the first strict tool (tools.0), or `tools` with a forced call.
+    qwen = _Tokenizer({"<tool_call>": 7, "</tool_call>": 8, "<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4},
+                      call_start="<tool_call>")
+    bad = {"type": "object", "properties": {"d": {"type": "object", "propertyNames": {"pattern": "^x"},
+                                                  "additionalProperties": {"type": "string"}}}}
+    tools = [{"type": "function", "function": {**TOOL["function"], "name": name, "strict": True}}
+             for name in ("good_one", "other")]
+    tools.append({"type": "function", "function": {"name": "bad_tool", "parameters": bad, "strict": True}})
+    with pytest.raises(APIError) as caught:
+        await _grammar(qwen, None, tools, **({"forced": forced} if forced is not None else {}))
+    assert caught.value.param == "tools.2.function.parameters", caught.value.param
+    assert caught.value.message.startswith("tool 'bad_tool': ") and "propertyNames" in caught.value.message
