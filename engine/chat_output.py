@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence, Union
 
+from engine.call_end import CallEnd
 from engine.cut_calls import read_cut_block
 from engine.streamed_call import StreamedCall, declared_names, normalize_call, streams_calls
 
@@ -224,6 +225,7 @@ class ChatOutputSplitter(BufferedSplitter):
         names = declared_names(tools) if streams_calls(markers.tool_parser, markers.tool_call_end) else frozenset()
         self._streamed_names = names or None
         self._call: StreamedCall | None = None  # the open block's, where calls stream
+        self._end: CallEnd | None = None  # the open <tool_call> JSON block's end, found outside its strings
         self.tool_calls = 0
         self.unparsed_tool_text: list[str] = []
 
@@ -236,13 +238,13 @@ class ChatOutputSplitter(BufferedSplitter):
         start = self._m.tool_call_start
         if self._state == "tool":
             # A reply cut off inside the end marker (`…}\n</tool`): the call is whole, as without that part.
-            end = held_suffix(rest, [self._m.tool_call_end]) if self._m.tool_call_end else 0
+            end = self._held_end(rest)
             self._close_block(rest[: len(rest) - end], events, closed=False, written=rest, cut=cut)
         elif self._state == "reasoning":
             self._emit_reasoning(rest, events)
         elif not (cut and start and self._m.tool_parser is not None and start.startswith(rest)):
             self._emit_content(rest, events)  # (held text the limit cut inside a call's opening marker is markup)
-        self._state = "content"
+        self._state, self._end = "content", None
         return events
 
     # One transition (or a final partial emit) per call; True while more may follow.
@@ -251,14 +253,14 @@ class ChatOutputSplitter(BufferedSplitter):
         if self._state == "tool":
             if not m.tool_call_end:
                 return False
-            i = buf.find(m.tool_call_end)
+            i = self._end.find(buf) if self._end is not None else buf.find(m.tool_call_end)
             if i < 0:
                 if self._call is not None:
                     self._grow_call(buf, events)
                 return False
             self._buffer = buf[i + len(m.tool_call_end) :]
             parsed = self._close_block(buf[:i], events, closed=True)
-            self._state, self._strip_leading = "content", parsed
+            self._state, self._strip_leading, self._end = "content", parsed, None
             return True
         if self._state == "reasoning":
             assert m.think_end is not None
@@ -283,6 +285,8 @@ class ChatOutputSplitter(BufferedSplitter):
             self._reasoning_opened = state == "reasoning"
             if state == "tool" and self._streamed_names is not None:
                 self._call = StreamedCall(self._streamed_names, self.tool_calls)
+            if state == "tool" and m.tool_call_end and streams_calls(m.tool_parser, m.tool_call_end):
+                self._end = CallEnd(m.tool_call_end)
             return True
         keep = held_suffix(buf, [s for s, _ in self._content_exits()])
         self._emit_content(buf[: len(buf) - keep], events)
@@ -320,12 +324,19 @@ class ChatOutputSplitter(BufferedSplitter):
     def _grow_call(self, block: str, events: list[OutputEvent]) -> None:
         """The open block's streamed call: its start once its name is read, then its arguments as written."""
         assert self._call is not None and self._m.tool_call_end
-        name, fragment = self._call.grow(block, held_suffix(block, [self._m.tool_call_end]))
+        name, fragment = self._call.grow(block, self._held_end(block))
         if name is not None:
             self.tool_calls += 1
             events.append(ToolCallStart(self._call.index, self._new_call_id(), name))
         if fragment:
             events.append(ToolCallArguments(self._call.index, fragment, last=False))
+
+    def _held_end(self, block: str) -> int:
+        """How many of the open block's last characters may begin its end marker (a <tool_call> JSON block's: only
+        outside its strings, as its last `find` saw it). Raises nothing."""
+        if self._end is not None:
+            return self._end.held(block)
+        return held_suffix(block, [self._m.tool_call_end]) if self._m.tool_call_end else 0
 
     def _close_block(self, block: str, events: list[OutputEvent], closed: bool, written: str | None = None,
                      cut: bool = False) -> bool:

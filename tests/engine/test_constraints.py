@@ -351,3 +351,27 @@ def test_a_recursive_schema_that_reaches_one_is_taken() -> None:
     for schema in (tree, listed):
         call_grammar([("f", schema)], opening='"<tool_call>"', closing='"</tool_call>"')
         json_grammar(schema)
+
+
+def test_a_forced_calls_string_may_hold_the_end_markers_text_and_the_call_ends_at_the_real_one(tiny_loaded) -> None:
+    # SmolLM2 writes its markers as text: the grammar let a forced call's string hold "</tool_call>", and the reply's
+    # splitter ended the call there (arguments cut mid-string, finish_reason "tool_calls"). The call ends where its
+    # JSON does.
+    from mlx_lm.tool_parsers import json_tools
+
+    from engine.chat_output import ChatOutputSplitter, OutputMarkers
+    from tests.fixtures.output_events import joined_calls
+
+    calls = call_grammar([("f", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
+                                 "additionalProperties": False})],
+                         opening=marker("<tool_call>", [1, 2]), closing=marker("</tool_call>", [1, 2]), opened=False)
+    reply = '<tool_call>{"name": "f", "arguments": {"a": "100}}</tool_call>"}}</tool_call>'
+    assert _follows(tiny_loaded, calls, reply)
+    splitter = ChatOutputSplitter(OutputMarkers(tool_call_start=json_tools.tool_call_start,
+                                                tool_call_end=json_tools.tool_call_end,
+                                                tool_parser=json_tools.parse_tool_call),
+                                  tools=[{"type": "function", "function": {"name": "f"}}], forced_name="f")
+    pieces = tiny_loaded.tokenizer.encode(reply, add_special_tokens=False)
+    events = [e for token in pieces for e in splitter.feed(tiny_loaded.tokenizer.decode([token]))] + splitter.finish()
+    assert [(name, json.loads(arguments)) for name, arguments in joined_calls(events)] == \
+        [("f", {"a": "100}}</tool_call>"})]

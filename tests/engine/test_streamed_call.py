@@ -123,3 +123,23 @@ def test_without_declared_tools_or_for_other_families_calls_come_whole() -> None
     assert feed([BLOCK[:60]], cut=None, tools=None) == []
     coder = "<tool_call>\n<function=read>\n<parameter=path>\nx.py\n</parameter>\n</function>\n"
     assert feed([coder], cut=None, markers=CODER) == []
+
+
+# The calls' grammar lets a string hold the end marker's text (a forced SmolLM2 call wrote `"100}}</tool_call>`):
+# only a marker where the call's JSON is complete ends the call.
+INSIDE = '{"a": "x</tool_call>y", "b": ["</tool_call>", "q\\"</tool_call>"]}'
+
+
+@pytest.mark.parametrize("name", ["read", "undeclared"])  # streamed, and read whole by the parser at the block's end
+def test_the_end_marker_inside_a_string_is_argument_text_at_any_split(name: str) -> None:
+    text = f'<tool_call>\n{{"name": "{name}", "arguments": {INSIDE}}}\n</tool_call> done'
+    for pieces in splits(text):
+        events = feed(pieces)
+        assert [(n, json.loads(a)) for n, a in joined_calls(events)] == [(name, json.loads(INSIDE))], pieces
+        assert "".join(e.text for e in events if isinstance(e, ContentText)) == "done", pieces
+
+
+def test_a_call_cut_inside_a_string_ending_like_the_marker_keeps_that_text() -> None:
+    text = '<tool_call>{"name": "read", "arguments": {"a": "x</tool'
+    events = feed(list(text), cut=True)
+    assert joined_calls(events) == [("read", '{"a": "x</tool')]
