@@ -10,7 +10,28 @@ between reads: O(new text) per token.
 
 from __future__ import annotations
 
-__all__ = ["CallEnd"]
+__all__ = ["CallEnd", "JsonStrings"]
+
+
+class JsonStrings:
+    """Whether a JSON text read one character at a time is inside a string (escapes kept track of)."""
+
+    def __init__(self) -> None:
+        self.inside = False
+        self._escaped = False
+
+    def read(self, ch: str) -> bool:
+        """Move past `ch`; whether it belongs to a string, its quotes included. Raises nothing."""
+        if self.inside:
+            if self._escaped:
+                self._escaped = False
+            elif ch == "\\":
+                self._escaped = True
+            elif ch == '"':
+                self.inside = False
+            return True
+        self.inside = ch == '"'
+        return self.inside
 
 
 class CallEnd:
@@ -19,8 +40,7 @@ class CallEnd:
     def __init__(self, marker: str) -> None:
         self._marker = marker
         self._pos = 0  # block text scanned so far
-        self._in_string = False
-        self._escaped = False
+        self._strings = JsonStrings()
 
     def find(self, block: str) -> int:
         """Where the marker that ends `block` (the block's text so far, from just after its opening marker) begins;
@@ -28,22 +48,12 @@ class CallEnd:
         marker, i = self._marker, self._pos
         while i < len(block):
             ch = block[i]
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif ch == "\\":
-                    self._escaped = True
-                elif ch == '"':
-                    self._in_string = False
-            else:
-                if ch == marker[0]:
-                    if block.startswith(marker, i):
-                        self._pos = i
-                        return i
-                    if marker.startswith(block[i:]):
-                        break  # it may be the marker's beginning: read on once more is written
-                if ch == '"':
-                    self._in_string = True
+            if not self._strings.read(ch) and ch == marker[0]:  # the marker's "<" is no quote: read moved nothing
+                if block.startswith(marker, i):
+                    self._pos = i
+                    return i
+                if marker.startswith(block[i:]):
+                    break  # it may be the marker's beginning: read on once more is written
             i += 1
         self._pos = i
         return -1

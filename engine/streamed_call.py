@@ -15,6 +15,7 @@ import json
 import logging
 from typing import Any, Callable, Collection
 
+from engine.call_end import JsonStrings
 from engine.cut_calls import read_json_calls
 
 __all__ = ["StreamedCall", "declared_names", "normalize_call", "streams_calls"]
@@ -107,7 +108,7 @@ class StreamedCall:
         self._pos = 0  # block text scanned so far
         self._start = -1  # where the arguments value begins
         self._end: int | None = None  # where it ends (exclusive)
-        self._depth, self._in_string, self._escaped = 0, False, False
+        self._depth, self._strings = 0, JsonStrings()
         self._sent = 0  # characters of the value sent
         self._streams = True  # false for arguments written as a JSON string: sent decoded, at the close
 
@@ -166,16 +167,10 @@ class StreamedCall:
                 if ch in _WS:
                     continue
                 self._start, self._streams = i - 1, ch != '"'
-            if self._in_string:
-                if self._escaped:
-                    self._escaped = False
-                elif ch == "\\":
-                    self._escaped = True
-                elif ch == '"':
-                    self._in_string = False
+            opened = self._strings.inside
+            if self._strings.read(ch):
+                if opened and not self._strings.inside:  # the string closed
                     self._end = i if self._depth == 0 else None
-            elif ch == '"':
-                self._in_string = True
             elif ch in "{[":
                 self._depth += 1
             elif self._depth == 0 and (ch in _WS or ch in ",}]"):
