@@ -167,6 +167,23 @@ class Row:
                      cached_tokens=self.cached_tokens,
                      cache_write_tokens=max(0, self.cache_written - self.cached_tokens))
 
+    def outgoing(self, text: str, finish_reason: FinishReason | None, stopped_by: str | None,
+                 shown_before: float) -> Delta:
+        """The delta that publishes `text` with what the row holds unsent (token ids, prompt logprobs, and the
+        logprobs of tokens whose whole text ends before `shown_before`, the stop matcher's shown length). Raises
+        nothing."""
+        ids, self.unsent_ids = self.unsent_ids, []
+        delta = self.delta(text, ids, finish_reason)
+        delta.stop_sequence = stopped_by if finish_reason == "stop" else None
+        delta.prompt_logprobs, self.unsent_prompt_logprobs = self.unsent_prompt_logprobs, None
+        if self.unsent_logprobs:
+            # Tokens whose whole text has shown; those still held wait, and those a stop string cut never go (their
+            # text listed past the reply's: " Paris" for a reply cut to " " by "Paris.").
+            delta.logprobs = [lp for end, lp in self.unsent_logprobs if end <= shown_before]
+            self.unsent_logprobs = [] if finish_reason else \
+                [(end, lp) for end, lp in self.unsent_logprobs if end > shown_before]
+        return delta
+
     def chunk_scorer(self, tokens: list[int]) -> Callable[[LogitsOf], None] | None:
         """A prompt chunk's `Segment.score` while the row scores its prompt (None otherwise): the chunk starts at
         `prefilled`, read now, before the launch counts the chunk as fed. Raises nothing."""

@@ -371,18 +371,7 @@ class BatchStep:
             self.kv.put(row)  # its KV goes to the prefix cache (cut to the fed tokens) and the slot is freed
         elif not step.text:
             return None  # held back (partial character or possible stop string): nothing to show yet
-        ids, row.unsent_ids = row.unsent_ids, []
-        delta = row.delta(step.text, ids, step.finish_reason)
-        delta.stop_sequence = row.stopper.stopped_by if step.finish_reason == "stop" else None
-        delta.prompt_logprobs, row.unsent_prompt_logprobs = row.unsent_prompt_logprobs, None
-        if row.unsent_logprobs:
-            # Tokens whose whole text has shown; those still held wait, and those a stop string cut never go (their
-            # text listed past the reply's: " Paris" for a reply cut to " " by "Paris.").
-            limit = row.stopper.shown_before()
-            delta.logprobs = [lp for end, lp in row.unsent_logprobs if end <= limit]
-            row.unsent_logprobs = [] if step.finish_reason else \
-                [(end, lp) for end, lp in row.unsent_logprobs if end > limit]
-        return delta
+        return row.outgoing(step.text, step.finish_reason, row.stopper.stopped_by, row.stopper.shown_before())
 
     def _finish(self, t0: float, outputs: list[Any], n_prompt: int, n_decode: int,
                 mixed: int | None = None) -> list[tuple[Row, Delta]]:
