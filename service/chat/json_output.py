@@ -6,6 +6,7 @@ its thinking block, a call's arguments from its opening marker."""
 from __future__ import annotations
 
 import json
+import logging
 from functools import partial
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -19,6 +20,8 @@ from service.chat.structured_outputs import AskedConstraint
 from service.http.errors import APIError
 
 __all__ = ["check_response_format", "reply_grammar"]
+
+_log = logging.getLogger("tandem.service")
 
 _SCHEMA_KEYS = {"name", "schema", "strict", "description"}
 
@@ -201,26 +204,46 @@ async def _calls_grammar(tools: list[dict[str, Any]], markers: _Markers, prepare
                          *, param: str, opened: bool = True, free_text: str | None = None,
                          indexes: Sequence[int] | None = None) -> str:
     """The calls' grammar for `tools` (engine/constraints.py call_grammar: strict functions exactly, the others
-    leniently), compiled and prepared in worker threads. Raises APIError 400 naming the tool whose parameters cannot
-    be enforced (`indexes`: each tool's place in the request's `tools`), else `param`."""
-    functions = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    leniently), compiled and prepared in worker threads. A function not marked strict whose parameters cannot be
+    enforced even leniently (`"type": "float"`, a lookahead pattern, a remote $ref) takes any JSON object as its
+    arguments: OpenAI does not enforce such a schema, and a forced call of it was refused only here. Raises APIError
+    400 naming the strict tool whose parameters cannot be enforced (`indexes`: each tool's place in the request's
+    `tools`), else `param`."""
+    functions: list[tuple[str, dict[str, Any] | None]] = [(t["function"]["name"], t["function"].get("parameters"))
+                                                          for t in tools]
     compile_calls = partial(call_grammar, opening=marker(markers.opening, markers.opening_ids),
                             closing=marker(markers.closing, markers.closing_ids), opened=opened, free_text=free_text,
                             lenient=not all(t["function"].get("strict") for t in tools))
-    try:
-        grammar = await anyio.to_thread.run_sync(compile_calls, functions)
+
+    async def compiled(chosen: list[tuple[str, dict[str, Any] | None]]) -> str:
+        grammar = await anyio.to_thread.run_sync(compile_calls, chosen)
         if prepare is not None:
             await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
+        return grammar
+
+    try:
+        return await compiled(functions)
     except ConstraintError as exc:
-        # Which tool: each compiled alone, on this error path only (a request's first strict tool was named).
-        for i, function in zip(indexes if indexes is not None else range(len(tools)), functions):
-            try:
-                await anyio.to_thread.run_sync(compile_calls, [function])
-            except ConstraintError as alone:
-                raise APIError(400, f"tool {function[0]!r}: {alone}", param=f"tools.{i}.function.parameters",
+        failed = exc
+    # Which tools: each compiled alone, on this error path only (a request's first strict tool was named).
+    loosened, loose = list(functions), []
+    for at, (i, tool) in enumerate(zip(indexes if indexes is not None else range(len(tools)), tools)):
+        try:
+            await anyio.to_thread.run_sync(compile_calls, [functions[at]])
+        except ConstraintError as alone:
+            if tool["function"].get("strict"):
+                raise APIError(400, f"tool {functions[at][0]!r}: {alone}", param=f"tools.{i}.function.parameters",
                                code="invalid_value") from None
-        raise APIError(400, str(exc), param=param, code="invalid_value") from None
-    return grammar
+            loosened[at] = (functions[at][0], None)  # any JSON object
+            loose.append(functions[at][0])
+    if loose:
+        _log.debug("tools %s: arguments any JSON object (not strict; their parameters cannot be enforced)",
+                   ", ".join(loose))
+        try:
+            return await compiled(loosened)
+        except ConstraintError as exc:
+            failed = exc
+    raise APIError(400, str(failed), param=param, code="invalid_value") from None
 
 
 def _think_tokens(tokenizer: Any) -> tuple[int, int] | None:

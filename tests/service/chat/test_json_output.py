@@ -257,3 +257,80 @@ async def test_a_strict_schema_that_cannot_be_enforced_names_its_tool(forced: An
         await _grammar(qwen, None, tools, **({"forced": forced} if forced is not None else {}))
     assert caught.value.param == "tools.2.function.parameters", caught.value.param
     assert caught.value.message.startswith("tool 'bad_tool': ") and "propertyNames" in caught.value.message
+
+
+# Parameters llguidance cannot enforce even leniently, as hand-written tools send them.
+UNENFORCEABLE = {
+    "float": {"type": "object", "properties": {"x": {"type": "float"}}},  # not a JSON Schema type
+    "lookahead": {"type": "object", "properties": {"password": {"type": "string", "pattern": "(?=.*\\d)"}}},
+    "remote $ref": {"$ref": "https://example.com/s.json"},
+    "required unlisted": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"],
+                          "additionalProperties": False},
+}
+QWEN = {"<tool_call>": 7, "</tool_call>": 8, "<": 1, "/": 5, "tool": 2, "_call": 3, ">": 4}
+
+
+def _takes(tiny_loaded: Any, grammar: str, opened: bool, name: str, arguments: Any) -> bool:
+    """Whether the calls' grammar (markers 7 and 8) takes the call of `name` with `arguments`, and may end there."""
+    from llguidance import LLMatcher
+
+    from engine.constraints import ConstraintTokenizer
+
+    matcher = LLMatcher(ConstraintTokenizer(tiny_loaded.tokenizer, tiny_loaded.model.args.vocab_size).get(), grammar)
+    call = json.dumps({"name": name, "arguments": arguments})
+    tokens = [*([] if opened else [7]), *tiny_loaded.tokenizer.encode(call, add_special_tokens=False), 8]
+    return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
+
+
+# Beside another function, llguidance drops a branch it finds unsatisfiable, and the rest compiles: not this path.
+CASES = [pytest.param(schema, forced, id=f"{kind}-{forced}") for kind, schema in UNENFORCEABLE.items()
+            for forced in (None, True, "f") if kind != "required unlisted" or forced == "f"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("schema, forced", CASES)
+async def test_a_tool_not_marked_strict_whose_parameters_cannot_be_enforced_takes_any_object(
+        tiny_loaded: Any, schema: Any, forced: Any) -> None:
+    # OpenAI does not enforce a schema not marked strict: a forced call of such a tool was a 400 here only
+    # (tools.1.function.parameters), as was any request beside a strict tool. Its neighbour's schema still holds.
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    tools = [strict, {"type": "function", "function": {"name": "f", "parameters": schema}}]
+    grammar = await _grammar(_Tokenizer(QWEN, call_start="<tool_call>"), None, tools,
+                             **({"forced": forced} if forced is not None else {}))
+    assert grammar is not None and grammar.calls is not None
+    opened = forced is None
+    assert _takes(tiny_loaded, grammar.calls, opened, "f", {"x": "text", "n": [1, {"b": None}]})
+    assert not _takes(tiny_loaded, grammar.calls, opened, "f", [1])  # still a JSON object
+    if forced != "f":
+        assert _takes(tiny_loaded, grammar.calls, opened, "get_weather", {"city": "Oslo"})
+        assert not _takes(tiny_loaded, grammar.calls, opened, "get_weather", {"town": "Oslo"})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("schema, forced", CASES)
+async def test_a_strict_tool_whose_parameters_cannot_be_enforced_is_still_refused(schema: Any, forced: Any) -> None:
+    tools = [TOOL, {"type": "function", "function": {"name": "f", "parameters": schema, "strict": True}}]
+    with pytest.raises(APIError) as caught:
+        await _grammar(_Tokenizer(QWEN, call_start="<tool_call>"), None, tools,
+                       **({"forced": forced} if forced is not None else {}))
+    assert caught.value.param == "tools.1.function.parameters" and caught.value.message.startswith("tool 'f': ")
+
+
+@pytest.mark.parametrize("schema", UNENFORCEABLE.values(), ids=UNENFORCEABLE.keys())
+def test_a_forced_call_of_a_tool_not_marked_strict_is_answered_whatever_its_parameters(tiny_loaded: Any,
+                                                                                      schema: Any) -> None:
+    from litestar.testing import TestClient
+
+    from engine.runtime import Engine
+    from service.app import create_app
+    from service.state import AppState
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema, "strict": False}}]
+    with TestClient(create_app(AppState(engine=Engine(tiny_loaded, max_iteration_tokens=8)))) as client:
+        reply = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                          "tools": tools, "max_tokens": 200, "temperature": 0,
+                                                          "tool_choice": {"type": "function", "function": {
+                                                              "name": "f"}}})
+    assert reply.status_code == 200, reply.text
+    call = reply.json()["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "f" and isinstance(json.loads(call["function"]["arguments"]), dict), call

@@ -345,3 +345,17 @@ def test_the_tiny_model_answers_streamed_or_not_and_stops_at_a_stop_sequence(tin
         cut = http.post("/v1/messages", json={**body, "stop_sequences": ["never said", stop]}).json()
         assert (cut["stop_reason"], cut["stop_sequence"]) == ("stop_sequence", stop)
         assert cut["content"][0]["text"] == text[:text.index(stop)]
+
+
+def test_a_forced_tool_not_marked_strict_is_called_whatever_its_input_schema(tiny_loaded: Any) -> None:
+    # tool_choice {"type": "tool"} of a tool whose schema the engine cannot enforce ("float" is no JSON Schema type)
+    # was a 400 naming tools.0.function.parameters; Anthropic does not enforce a schema not marked strict.
+    schema = {"type": "object", "properties": {"x": {"type": "float"}}}
+    with TestClient(create_app(AppState(engine=Engine(tiny_loaded, max_iteration_tokens=8)))) as http:
+        body = {"model": http.get("/v1/models").json()["data"][0]["id"], "max_tokens": 200, "temperature": 0,
+                "messages": USER, "tools": [{"name": "f", "input_schema": schema}],
+                "tool_choice": {"type": "tool", "name": "f"}}
+        reply = http.post("/v1/messages", json=body)
+    assert reply.status_code == 200, reply.text
+    use = next(block for block in reply.json()["content"] if block["type"] == "tool_use")
+    assert use["name"] == "f" and isinstance(use["input"], dict), use
