@@ -22,7 +22,7 @@ from litestar.openapi.spec import Server
 from litestar.types import ControllerRouterHandler
 
 from engine.load_stop import LOADS, LoadStopped, check_stop
-from service.admin.routes import health, list_models, metrics, ping, retrieve_model, stats
+from service.admin.routes import health, list_models, livez, metrics, ping, retrieve_model, stats
 from service.chat.completions import completions
 from service.chat.routes import chat_completions
 from service.config import ServiceConfig
@@ -72,7 +72,7 @@ def route_handlers() -> list[ControllerRouterHandler]:
         chat_completions, completions, create_response, count_input_tokens, retrieve_response, delete_response,
         list_input_items,
         create_message, count_message_tokens,
-        list_models, retrieve_model, health, ping, stats, metrics,
+        list_models, retrieve_model, health, ping, livez, stats, metrics,
         create_transcription, create_translation,
         create_session, append_session_audio, finish_session, delete_session, live, realtime,
         create_client_secret, create_transcription_session,
@@ -269,7 +269,7 @@ def app_from_env() -> Litestar:
 
     exit_with_parent()  # first: a worker must never outlive the process that owns the port
     config = ServiceConfig.from_env()
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     ensure_fast_blas()  # the worker is a fresh interpreter: fast BLAS before the model load imports mlx
     state = AppState(config=config, load_engine=_open_engine_or_exit, load_in_background=True,
                      drain_on_signals=True, restarting=worker_generation() > 0, on_fatal=_exit_fatal)

@@ -35,6 +35,7 @@ _OVERRIDES: dict[str, tuple[str, type]] = {
     "TANDEM_PROMPT_CACHE_BYTES": ("prompt_cache_bytes", int),
     "TANDEM_MEMORY_BUDGET": ("memory_budget", int),
     "TANDEM_LOG_LEVEL": ("log_level", str),
+    "TANDEM_LOG_FORMAT": ("log_format", str),
     "TANDEM_MAX_QUEUED": ("max_queued", int),
 }
 
@@ -94,6 +95,8 @@ class ServiceConfig:
     served_model_name: str | None = None
     # Level of our loggers (service/logs.py) and granian's in the worker.
     log_level: str = "info"
+    # Their lines' format, granian's too: "text" or "json" (one object a line, for log collectors).
+    log_format: str = "text"
     # Admission: queued rows beyond this are refused with 429 (None: 4 x max_active).
     max_queued: int | None = None
     # max_tokens given to chat requests that set none (the engine may lower it to fit its memory budget).

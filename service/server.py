@@ -95,7 +95,7 @@ def serve(config: ServiceConfig) -> int:
         workers=1,
         factory=True,
         log_level=LogLevels(config.log_level),
-        log_dictconfig=granian_log_config(),  # stderr, beside ours
+        log_dictconfig=granian_log_config(config.log_format),  # stderr, beside ours, in our format
         # Our own access log (service/http/access_log.py) knows token counts; granian's would not.
         log_access=False,
         # Requests served at once: a stalled client holds one, so there must be many more than workers.

@@ -1,5 +1,5 @@
-"""GET /v1/models, /health (also at /v1/health and vLLM's /ping), /stats (engine.stats() as JSON) and /metrics (the
-same numbers for Prometheus)."""
+"""GET /v1/models, /health (readiness; also at /v1/health, Kubernetes' /readyz and vLLM's /ping), /livez
+(liveness), /stats (engine.stats() as JSON) and /metrics (the same numbers for Prometheus)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from litestar.params import Parameter
 from service.admin.anthropic_models import ANTHROPIC_QUERY, anthropic_model, anthropic_page, speaks_anthropic
 from service.admin.metrics import CONTENT_TYPE
 from service.admin.stats import stats_payload
-from service.admin.schemas import AnthropicModel, AnthropicModelList, Health, ModelCard, ModelList
+from service.admin.schemas import AnthropicModel, AnthropicModelList, Health, Liveness, ModelCard, ModelList
 from service.http.errors import model_not_found
 from service.http.openapi import any_of_operation
 from service.http.query import refuse_unknown_query
@@ -20,7 +20,7 @@ from service.http.schemas import ErrorResponse
 from service.messages.replies import AnthropicError
 from service.state import get_state
 
-__all__ = ["ROUTES", "list_models", "retrieve_model", "health", "ping", "stats", "metrics"]
+__all__ = ["ROUTES", "list_models", "retrieve_model", "health", "ping", "livez", "stats", "metrics"]
 
 
 # OpenAI's error shape, or Anthropic's to an Anthropic client.
@@ -91,12 +91,37 @@ _NOT_READY = {503: ResponseSpec(data_container=Health, generate_examples=False,
                                 description="loading, restarting, stopping, or failing (with the error)")}
 
 
-@get(["/health", "/v1/health"], summary="Liveness and readiness", tags=["admin"], responses=_NOT_READY)
+@get(["/health", "/v1/health", "/readyz"], summary="Readiness", tags=["admin"], responses=_NOT_READY,
+     description="200 `ok` when requests are served; 503 while loading, restarting or stopping (with Retry-After) "
+                 "and while the engine cannot run rows (`failing`, with the error). Kubernetes' readinessProbe (and "
+                 "startupProbe); its livenessProbe is /livez.")
 async def health(request: Request[Any, Any, Any]) -> Response[Health]:
     """200 when ready; 503 while loading, restarting (a respawned worker or engine process) or stopping (with
     Retry-After), and while the engine cannot run any row (its steps keep failing: status "failing" with the error).
     Open without an API key. Raises nothing."""
     return _health(request)
+
+
+_DEAD = {503: ResponseSpec(data_container=Liveness, generate_examples=False,
+                           description="the engine cannot run rows and will not recover by itself (`failing`)")}
+
+
+@get("/livez", summary="Liveness", tags=["admin"], responses=_DEAD,
+     description="200 `alive` while this server runs, loading, restarting and stopping included (a long first load "
+                 "must not get the pod restarted); 503 `failing` only when /health says `failing`: the engine's steps "
+                 "keep failing, it is hung, or under --isolate its engine process stopped for good, which only a "
+                 "restart cures. Kubernetes' livenessProbe; open without an API key.")
+async def livez(request: Request[Any, Any, Any]) -> Response[Liveness]:
+    """200 alive unless the ready engine is failing (not restarting): 503 failing with the error. Raises nothing."""
+    state = get_state(request)
+    # Loading, restarting and stopping are readiness's business: they end by themselves.
+    if state.phase == "ready" and state.engine is not None:
+        engine_health = state.engine.health()
+        if not engine_health.get("ok", True) and engine_health.get("status") != "restarting":
+            # A failing engine takes the pod out of the Service (readiness), so no request comes to reset its run
+            # of failures: a restart is the cure, and the probe's failureThreshold spares a passing fault.
+            return Response(Liveness(status="failing", error=engine_health.get("error")), status_code=503)
+    return Response(Liveness(status="alive"), status_code=200)
 
 
 # vLLM's health check (SageMaker's, hence POST too): the same answer as /health.
@@ -138,4 +163,4 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(get_state(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
-ROUTES = [list_models, retrieve_model, health, ping, stats, metrics]
+ROUTES = [list_models, retrieve_model, health, ping, livez, stats, metrics]

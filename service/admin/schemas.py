@@ -1,4 +1,4 @@
-"""Pydantic models of the admin routes: the served models (/v1/models) and /health."""
+"""Pydantic models of the admin routes: the served models (/v1/models), /health and /livez."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-__all__ = ["ModelCard", "ModelList", "AnthropicModel", "AnthropicModelList", "Health"]
+__all__ = ["ModelCard", "ModelList", "AnthropicModel", "AnthropicModelList", "Health", "Liveness"]
 
 
 def _omit_none(value: Any) -> bool:
@@ -63,4 +63,12 @@ class Health(BaseModel):
     status: Literal["ok", "loading", "restarting", "stopping", "failing"]
     model: str | None = None
     # Why the engine cannot run rows: its last step error ("failing"), or that its process restarts.
+    error: str | None = Field(None, exclude_if=_omit_none)
+
+
+class Liveness(BaseModel):
+    """/livez: whether the process should be left running (alive) or restarted (failing)."""
+
+    status: Literal["alive", "failing"]
+    # Why the engine cannot run rows (failing only).
     error: str | None = Field(None, exclude_if=_omit_none)

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         args, unknown = parser.parse_known_args(argv)
         if unknown:  # named in the command's own usage (`tandem serve --bogus` showed the top level's)
             _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
-        configure_logging(args.log_level)
+        configure_logging(args.log_level, args.log_format)
         from engine.backend import ensure_fast_blas
 
         ensure_fast_blas()  # before any command imports mlx (a no-op where MLX brings its own BLAS)

@@ -1,5 +1,5 @@
 """How every `tandem` command builds its parser: help on every flag with its default shown, and the
-options all commands share (--log-level)."""
+options all commands share (--log-level, --log-format)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import re
 from typing import Any, Callable
 
-from service.logs import LOG_LEVELS
+from service.logs import LOG_FORMATS, LOG_LEVELS
 
 __all__ = ["add_command", "common_options", "HelpFormatter", "byte_size", "gc_thresholds", "checked", "positive_int"]
 
@@ -94,6 +94,10 @@ def common_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default="info", choices=LOG_LEVELS, type=str.lower,  # DEBUG as mlx-lm spells it
                         help="level of tandem's own logs (engine, speech, access log)")
+    common.add_argument("--log-format", default="text", choices=LOG_FORMATS, type=str.lower,
+                        help="text: `tandem: message` lines (granian's `[INFO] message`); json: every log line, "
+                             "granian's and the access log's included, as one JSON object (time, level, logger, "
+                             "message, the access log's method, path, status, duration_ms...) for log collectors")
     return common
 
 

@@ -18,6 +18,7 @@ from service.cli.serve_port import claim_port
 from service.cli.serve_speech import add_serve_speech_args, configure_serve_speech
 from service.cli.serve_tls import add_serve_tls_args, configure_serve_tls
 from service.config import SSE_KEEPALIVE, ServiceConfig, base_url, unbracketed
+from service.logs import notice
 
 __all__ = ["add_serve", "serve_config"]
 
@@ -129,6 +130,7 @@ def serve_config(args: argparse.Namespace) -> ServiceConfig:
         freeze_gc=args.gc_freeze,
         gc_thresholds=args.gc_thresholds,
         log_level=args.log_level,
+        log_format=args.log_format,
         shutdown_timeout=args.shutdown_timeout,
         sse_keepalive=args.sse_keepalive,
     )
@@ -165,7 +167,10 @@ def _serve(args: argparse.Namespace) -> int:
         # The info line that names the address is not shown at this level; the address always is. "Starting":
         # the model loads after this, and a load that fails must not follow a claim that the server is serving.
         url = base_url(config.host, config.port, config.tls)
-        print(f"tandem serve: starting on {url}/v1 (ready once the model loads)", file=sys.stderr, flush=True)
+        if config.log_format == "json":  # every stderr line a JSON object
+            notice(_log, f"starting on {url}/v1 (ready once the model loads)")
+        else:
+            print(f"tandem serve: starting on {url}/v1 (ready once the model loads)", file=sys.stderr, flush=True)
     if source is not None:
         _log.info("model %s (%s: %s)", source.name, source.kind, source.path)
     _log.info("%s", speech.note)

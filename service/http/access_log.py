@@ -168,8 +168,14 @@ class AccessLog:
             if status and not ended:  # a 200 whose stream was cut short must not read as a whole answer
                 line += " incomplete: the client left" if left else " incomplete"
             # The id the client got (x-request-id, the SDKs' `_request_id`) and its address: a report finds its line.
-            line += f" {request_id} from {self._client(scope)}"
-            _log.info("%s", line)
+            client = self._client(scope)
+            line += f" {request_id} from {client}"
+            fields = _fields(scope, code, seconds, request_id, client)
+            if refusal and refusal[0]:
+                fields["error"] = refusal[0]
+            if status and not ended:
+                fields["incomplete"] = "client_left" if left else "incomplete"
+            _log.info("%s", line, extra=fields)
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
                 route = scope.get("path_template") or self._route(scope, code)
@@ -204,7 +210,9 @@ class AccessLog:
             end = "refused" if not status else f"closed {closed[0]}" if closed else "closed by the client"
             if not status and reasons and reasons[0]:  # quoted: an Origin or Host header's text may be in it
                 end += f": {json.dumps(reasons[0], ensure_ascii=True)}"
-            _log.info("%s %s %s from %s", line, end, request_id, self._client(scope))
+            client = self._client(scope)
+            _log.info("%s %s %s from %s", line, end, request_id, client,
+                      extra={**_fields(scope, code, seconds, request_id, client, method="WS"), "end": end})
             if self.metrics is not None:
                 route = scope.get("path_template") or ("unrouted" if code is None or code == 403
                                                        else self._route(scope, code))
@@ -277,6 +285,26 @@ def _described(error: dict[str, Any]) -> str:
         what += f" ({param})" if re.fullmatch(r"[\w.\[\]\-]{1,120}", param) else \
             f" ({json.dumps(param[:120], ensure_ascii=True)})"
     return what
+
+
+def _fields(scope: Scope, status: int | None, seconds: float, request_id: str, client: str,
+            method: str | None = None) -> dict[str, Any]:
+    """The line's parts as a record's extra fields: keys of its JSON line under --log-format json (the text line
+    holds the same). Raises nothing."""
+    fields: dict[str, Any] = {"method": method or scope.get("method", "-"), "path": scope.get("path", ""),
+                              "status": status, "duration_ms": round(seconds * 1000, 1), "request_id": request_id,
+                              "client": client}
+    if query := scope.get("query_string", b""):
+        fields["query"] = query.decode("latin-1")
+    tokens = scope.get("state", {}).get(_TOKENS_KEY)
+    if tokens is not None:
+        try:
+            fields["prompt_tokens"], fields["completion_tokens"] = tokens()
+        except Exception:  # noqa: BLE001 — the log line must never fail the request
+            pass
+    if (user := scope.get("state", {}).get(_USER_KEY)) is not None:
+        fields["user"] = user[:_USER_CHARS]
+    return fields
 
 
 def _line(scope: Scope, status: int | None, seconds: float, method: str | None = None) -> str:

@@ -26,16 +26,17 @@ from service.http.unacked_timeout import apply_user_timeout
 from service.limits import Limits
 from service.state import AppState
 
-__all__ = ["Guard", "HEALTH_PATHS", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit", "FRAME_REFUSED"]
+__all__ = ["Guard", "HEALTH_PATHS", "LIVENESS_PATH", "OPEN_PATHS", "ALWAYS_SERVED", "body_limit", "FRAME_REFUSED"]
 
-# The health check's paths (/health's answer at each: vLLM's clients probe /ping), served without a key (liveness
-# probes).
-HEALTH_PATHS = ("/health", "/v1/health", "/ping")
-OPEN_PATHS = frozenset(HEALTH_PATHS)
+# The health check's paths (/health's answer at each: vLLM's clients probe /ping, Kubernetes' /readyz), and the
+# liveness check's, served without a key (a kubelet's probes send none).
+HEALTH_PATHS = ("/health", "/v1/health", "/ping", "/readyz")
+LIVENESS_PATH = "/livez"
+OPEN_PATHS = frozenset((*HEALTH_PATHS, LIVENESS_PATH))
 # Served while the models load or the server drains (everything else answers 503 then), so the health paths answer
 # with their own body then. (/v1/models is not: while loading it would list nothing, and a client probing at startup
 # would conclude the model is not served.)
-ALWAYS_SERVED = (*HEALTH_PATHS, "/stats", "/metrics", "/docs")
+ALWAYS_SERVED = (*OPEN_PATHS, "/stats", "/metrics", "/docs")
 
 # Past the body timeout a body must have averaged this (Apache's mod_reqtimeout MinRate idea): a trickle of a byte
 # every few seconds never trips the silence timeout, yet holds a connection and its buffer for good.

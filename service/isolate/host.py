@@ -60,7 +60,7 @@ def main() -> int:
     from service.logs import configure_logging
 
     config = ServiceConfig.from_env()
-    configure_logging(config.log_level)
+    configure_logging(config.log_level, config.log_format)
     conn = Client(os.environ[ADDRESS_ENV], authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
     try:
         anyio.run(_host, conn, config)

@@ -35,3 +35,39 @@ def test_granians_lines_go_to_stderr_with_their_content(tiny_llm_dir: Path, tmp_
     out, err = capfd.readouterr()
     assert out == ""
     assert "[INFO] Listening at: http://127.0.0.1:1\n" in err and "tandem: starting on http://" in err, err
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_log_format_json_makes_every_stderr_line_a_json_object(tiny_llm_dir: Path, tmp_path: Path, level: str,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capfd: pytest.CaptureFixture[str]) -> None:
+    # Log collectors (Loki, Datadog...) read the level and time of each line; granian's came as `[INFO] ...`.
+    import json
+
+    from service.config import CONFIG_ENV
+    from service.logs import configure_logging
+    from service.process.parent import PARENT_PID_ENV
+    from service.process.supervisor import SupervisedGranian
+
+    def serve(self: SupervisedGranian) -> None:  # the server as configured, but nothing started
+        logging.getLogger("_granian").warning("Listening at: http://127.0.0.1:1")
+
+    monkeypatch.setattr(SupervisedGranian, "serve", serve)
+    monkeypatch.setattr(multiprocessing, "set_start_method", lambda *args, **kwargs: None)
+    for name in (CONFIG_ENV, PARENT_PID_ENV):
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    try:
+        assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", "0", "--log-format", "json",
+                     "--log-level", level]) == 0
+    finally:
+        logging.getLogger("_granian").handlers.clear()
+        configure_logging("info")
+    out, err = capfd.readouterr()
+    lines = [json.loads(line) for line in err.splitlines()]
+    assert out == "" and all({"time", "level", "logger", "message"} <= set(line) for line in lines), err
+    assert {"level": "WARNING", "logger": "_granian", "message": "Listening at: http://127.0.0.1:1"}.items() <= \
+        lines[-1].items(), err
+    # The address, at any level.
+    assert any(line["message"].startswith("starting on http://") for line in lines), err

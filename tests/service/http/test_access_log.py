@@ -339,3 +339,29 @@ def test_metadata_is_bounded_on_the_line(client: Any, capsys: pytest.CaptureFixt
     for line in lines[1::2]:  # a key of 64 ASCII is whole; an escape is never split
         assert (f' metadata {{"{"k" * 64}":"{"v" * 64}"...,"q":"{chr(92).join(["a"] + [chr(34) + "a"] * 21)}"...,'
                 f'"short":"tag"}} req_') in line, line
+
+
+def test_json_lines_carry_the_lines_parts_as_keys(client: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    # --log-format json: a log collector filters on status and path instead of parsing the message.
+    import json
+
+    configure_logging("info", "json")
+    try:
+        capsys.readouterr()
+        answer = client.post("/v1/chat/completions?x=1", json={"messages": [{"role": "user", "content": "hi"}],
+                                                               "user": "alice"})
+        client.post("/v1/chat/completions", json={"messages": []})
+        ok, refused = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    finally:
+        configure_logging("info")
+    usage = answer.json()["usage"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", ok["time"]), ok
+    assert (ok["level"], ok["logger"]) == ("INFO", "tandem.access")
+    assert ok["message"].startswith("POST /v1/chat/completions?x=1 200 "), ok
+    assert {key: ok[key] for key in ("method", "path", "query", "status", "request_id", "user", "prompt_tokens",
+                                     "completion_tokens")} == {
+        "method": "POST", "path": "/v1/chat/completions", "query": "x=1", "status": 200,
+        "request_id": answer.headers["x-request-id"], "user": "alice", "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage["completion_tokens"]}
+    assert isinstance(ok["duration_ms"], float) and ok["client"]
+    assert (refused["status"], refused["error"]) == (400, refused["message"].split(" error ")[1].split(" req_")[0])

@@ -15,7 +15,7 @@ from litestar.testing import TestClient
 from service.app import create_app, route_handlers
 from service.config import API_KEY_ENV, CONFIG_ENV, ServiceConfig
 from service.http import auth
-from service.http.guard import HEALTH_PATHS
+from service.http.guard import HEALTH_PATHS, OPEN_PATHS
 from service.limits import Limits
 from service.state import AppState
 from tests.service.fake_engine import FakeEngine
@@ -55,7 +55,7 @@ def test_every_route_but_health_needs_a_key(keyed: TestClient[Any], method: str,
     wrong = keyed.request(method, path, json={"messages": USER}, headers={"authorization": "Bearer nope"})
     bearer = keyed.request(method, path, json={"messages": USER}, headers={"authorization": f"Bearer {KEYS[1]}"})
     header = keyed.request(method, path, json={"messages": USER}, headers={"x-api-key": KEYS[0]})
-    if path in HEALTH_PATHS:  # /health's answer at /v1/health and vLLM's /ping: liveness probes send no key
+    if path in OPEN_PATHS:  # /health's answer (also at /v1/health, /readyz, vLLM's /ping), /livez: probes send no key
         assert anonymous.status_code == 200
         return
     for refused in (anonymous, wrong):
