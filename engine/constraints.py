@@ -19,12 +19,13 @@ import numpy as np
 
 from engine.contracts import GrammarSpec
 from engine.errors import InvalidRequest
+from engine.schema_refs import ref_cycle, rooted
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
 __all__ = ["ConstraintError", "ConstraintFailed", "Constraint", "ConstraintTokenizer", "json_grammar", "regex_grammar",
-           "choice_grammar", "lark_grammar", "call_grammar", "marker", "brief"]
+           "choice_grammar", "lark_grammar", "call_grammar", "CallFunction", "ParametersError", "marker", "brief"]
 
 
 class ConstraintError(InvalidRequest):
@@ -44,7 +45,7 @@ def json_grammar(schema: dict[str, Any] | None, *, lenient: bool = False, layout
     dangling $ref, a type that is not one, an unimplemented keyword when not lenient)."""
     from llguidance import LLMatcher
 
-    if (cycle := _ref_cycle(schema)) is not None:
+    if (cycle := ref_cycle(schema)) is not None:
         raise ConstraintError(f"the schema cannot be enforced: $ref {cycle!r} leads only to itself (a cycle of $refs "
                               f"that never reaches a schema)")
     try:
@@ -107,105 +108,67 @@ def _checked(grammar: str, what: str, unimplemented_hint: str = "") -> str:
     return str(grammar)
 
 
-def call_grammar(functions: list[tuple[str, dict[str, Any] | None]], *, opening: str, closing: str,
-                 opened: bool = True, lenient: bool = False, free_text: str | None = None) -> str:
+# A function the calls may name: its name, its parameters (None: any JSON object), and whether it is strict (OpenAI's
+# `strict`: its schema enforced exactly; not strict: keywords llguidance lacks ignored, the rest enforced).
+CallFunction = tuple[str, "dict[str, Any] | None", bool]
+
+
+class ParametersError(ConstraintError):
+    """A function's parameters that cannot be enforced; `function`: its place in call_grammar's `functions`."""
+
+    def __init__(self, message: str, *, function: int) -> None:
+        super().__init__(message)
+        self.function = function
+
+
+def call_grammar(functions: list[CallFunction], *, opening: str, closing: str, opened: bool = True,
+                 free_text: str | None = None) -> str:
     """The grammar of tool calls written as `{"name": ..., "arguments": {...}}` between the family's markers (the
     <tool_call> JSON of Hermes, Qwen 2.5 and 3, and of models told their tools in the prompt), from just after the
-    first opening marker: each call's arguments follow its function's schema (None: any object), and calls may
-    follow one another. `opening`/`closing`: the markers as llguidance's Lark writes them (`marker`); `opened`
-    false: from the reply's first token, the first marker included (a forced call); `lenient`: keywords llguidance
-    lacks are ignored (some function is not strict); `free_text`: the opening marker as text (several tokens): the
-    reply is free text, or free text up to that marker and calls from there, the marker found in the text whatever
-    tokens wrote it. Raises ConstraintError naming what cannot be enforced."""
+    first opening marker: each call's arguments follow its function's schema, strictly or leniently as that function
+    is, and calls may follow one another. `opening`/`closing`: the markers as llguidance's Lark writes them (`marker`);
+    `opened` false: from the reply's first token, the first marker included (a forced call); `free_text`: the opening
+    marker as text (several tokens): the reply is free text, or free text up to that marker and calls from there, the
+    marker found in the text whatever tokens wrote it. Raises ParametersError naming the first function whose
+    parameters cannot be enforced, ConstraintError for the rest."""
     from llguidance import LLMatcher
 
-    for name, schema in functions:
-        if (cycle := _ref_cycle(schema)) is not None:
-            raise ConstraintError(f"the functions' parameters cannot be enforced: {name}'s $ref {cycle!r} leads only "
-                                  f"to itself (a cycle of $refs that never reaches a schema)")
-    calls = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                        "properties": {"name": {"const": name},
-                                       "arguments": _rooted(schema, f"/anyOf/{i}/properties/arguments")
-                                       if schema else {"type": "object"}}}
-                       for i, (name, schema) in enumerate(functions)], "x-guidance": {**_LAYOUT, "lenient": lenient}}
-    rules = [f"call: WS? body WS? {closing}", f"body: %json {json.dumps(calls)}",
+    # Each function its own %json: one schema's anyOf took one strictness for all, and llguidance drops a branch it
+    # finds unsatisfiable (required naming an unlisted property), that function silently never callable.
+    calls = [_call_schema(i, function) for i, function in enumerate(functions)]
+    rules = [f"call: WS? body WS? {closing}", "body: " + " | ".join(f"f{i}" for i in range(len(calls))),
+             *(f"f{i}: %json {json.dumps(call)}" for i, call in enumerate(calls)),
              "WS: /[ \\t\\n]{1,3}/"]  # bounded: a small model wrote whitespace until max_tokens
     first = "call" if opened else f"{opening} call"
     if free_text is not None:  # a lazy lexeme ends at the marker's first appearance: the calls' branch from there
         first = "FREE | opening call"
         rules += ["FREE: /(?s:.*)/", f"opening[lazy]: /(?s:.*){re.escape(free_text)}/"]
-    lark = "\n".join([f"start: {first} (WS? {opening} call)*", *rules]) + "\n"
-    return _checked(LLMatcher.grammar_from_lark(lark), "the functions' parameters")
+    grammar = LLMatcher.grammar_from_lark("\n".join([f"start: {first} (WS? {opening} call)*", *rules]) + "\n")
+    failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+    if failed:  # which function: each checked alone, on this error path only
+        for i, ((name, _, strict), call) in enumerate(zip(functions, calls)):
+            try:
+                json_grammar(call, lenient=not strict)
+            except ConstraintError as alone:
+                raise ParametersError(f"tool {name!r}: its parameters cannot be enforced"
+                                      f"{alone.message.removeprefix('the schema cannot be enforced')}",
+                                      function=i) from None
+        raise ConstraintError(f"the functions' parameters cannot be enforced: {brief('; '.join(messages))}")
+    return str(grammar)
 
 
-# Keywords whose value maps names to subschemas (a property may be called "const"), and those whose value is data (a
-# "$ref" inside a const is a value to match, not a reference).
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
-_DATA = frozenset({"const", "enum", "default", "examples"})
-
-
-def _rooted(schema: Any, at: str) -> Any:
-    """A copy of a function's `schema` whose local `$ref`s ("#", "#/$defs/X", any JSON pointer) point at where it sits
-    in the calls' schema (`at`, a JSON pointer): embedded there, they resolved against the calls' root (Pydantic's
-    nested models). A subschema with its own `$id` is its own resource, its refs resolved against it: left as it is,
-    as are refs that are not pointers (URLs, anchors). Raises nothing."""
-    if isinstance(schema, list):
-        return [_rooted(item, at) for item in schema]
-    if not isinstance(schema, dict) or isinstance(schema.get("$id"), str):
-        return schema
-    rooted: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
-            rooted[key] = f"#{at}{value[1:]}"
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
-            rooted[key] = {name: _rooted(sub, at) for name, sub in value.items()}
-        else:
-            rooted[key] = value if key in _DATA else _rooted(value, at)
-    return rooted
-
-
-# Keywords that describe a schema without constraining it: a node with only these beside `$ref` is that ref alone.
-_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "default", "examples", "deprecated"})
-
-
-def _ref_cycle(schema: Any) -> str | None:
-    """The first local `$ref` (in `schema`'s own pointers) whose chain of refs comes back to itself without reaching a
-    schema ({"$ref": "#"} alone, $defs A → A): llguidance takes such a schema, and it constrains nothing, or fails
-    mid-reply. None when there is none. Raises nothing."""
-    def target(pointer: str) -> Any:
-        node: Any = schema
-        for part in pointer[2:].split("/") if pointer != "#" else []:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-                node = node[int(part)]
-            else:
-                return None
-        return node
-
-    def only_ref(node: Any) -> str | None:
-        ref = node.get("$ref") if isinstance(node, dict) else None
-        local = isinstance(ref, str) and (ref == "#" or ref.startswith("#/"))
-        return ref if local and set(node) <= _ANNOTATIONS else None
-
-    stack, seen_nodes = [schema], 0
-    while stack and seen_nodes < 100_000:  # bounded: a schema is already bounded by the body's size
-        node = stack.pop()
-        seen_nodes += 1
-        if isinstance(node, list):
-            stack.extend(node)
-            continue
-        if not isinstance(node, dict) or isinstance(node.get("$id"), str):
-            continue
-        ref, chain = only_ref(node), set()
-        while ref is not None and ref not in chain:
-            chain.add(ref)
-            ref = only_ref(target(ref))
-        if ref is not None:
-            return ref
-        stack.extend(v for k, v in node.items() if k not in _DATA)
-    return None
+def _call_schema(at: int, function: CallFunction) -> dict[str, Any]:
+    """The schema of one call of `function` (its place `at`): its name, then its arguments, in OpenAI's layout, as
+    leniently as it is not strict. Raises ParametersError for a cycle of $refs (llguidance takes one, and it then
+    constrains nothing or fails mid-reply)."""
+    name, schema, strict = function
+    if (cycle := ref_cycle(schema)) is not None:
+        raise ParametersError(f"tool {name!r}: its parameters cannot be enforced: $ref {cycle!r} leads only to itself "
+                              f"(a cycle of $refs that never reaches a schema)", function=at)
+    arguments = rooted(schema, "/properties/arguments") if schema else {"type": "object"}
+    return {"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+            "properties": {"name": {"const": name}, "arguments": arguments},
+            "x-guidance": {**_LAYOUT, "lenient": not strict}}
 
 
 def marker(text: str, tokens: list[int]) -> str:

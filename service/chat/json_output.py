@@ -13,7 +13,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 import anyio
 
 from engine.chat_output import OutputMarkers
-from engine.constraints import ConstraintError, call_grammar, json_grammar, marker, regex_grammar
+from engine.constraints import (CallFunction, ConstraintError, ParametersError, call_grammar, json_grammar,
+                                marker, regex_grammar)
 from engine.contracts import GrammarSpec
 from engine.harmony import is_harmony
 from service.chat.structured_outputs import AskedConstraint
@@ -205,45 +206,35 @@ async def _calls_grammar(tools: list[dict[str, Any]], markers: _Markers, prepare
                          indexes: Sequence[int] | None = None) -> str:
     """The calls' grammar for `tools` (engine/constraints.py call_grammar: strict functions exactly, the others
     leniently), compiled and prepared in worker threads. A function not marked strict whose parameters cannot be
-    enforced even leniently (`"type": "float"`, a lookahead pattern, a remote $ref) takes any JSON object as its
-    arguments: OpenAI does not enforce such a schema, and a forced call of it was refused only here. Raises APIError
-    400 naming the strict tool whose parameters cannot be enforced (`indexes`: each tool's place in the request's
+    enforced even leniently (`"type": "float"`, a lookahead pattern, a remote $ref, required naming an unlisted
+    property) takes any JSON object as its arguments: OpenAI does not enforce such a schema. Raises APIError 400
+    naming the strict tool whose parameters cannot be enforced (`indexes`: each tool's place in the request's
     `tools`), else `param`."""
-    functions: list[tuple[str, dict[str, Any] | None]] = [(t["function"]["name"], t["function"].get("parameters"))
-                                                          for t in tools]
+    functions: list[CallFunction] = [(t["function"]["name"], t["function"].get("parameters"),
+                                      bool(t["function"].get("strict"))) for t in tools]
     compile_calls = partial(call_grammar, opening=marker(markers.opening, markers.opening_ids),
-                            closing=marker(markers.closing, markers.closing_ids), opened=opened, free_text=free_text,
-                            lenient=not all(t["function"].get("strict") for t in tools))
-
-    async def compiled(chosen: list[tuple[str, dict[str, Any] | None]]) -> str:
-        grammar = await anyio.to_thread.run_sync(compile_calls, chosen)
-        if prepare is not None:
-            await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
-        return grammar
-
-    try:
-        return await compiled(functions)
-    except ConstraintError as exc:
-        failed = exc
-    # Which tools: each compiled alone, on this error path only (a request's first strict tool was named).
-    loosened, loose = list(functions), []
-    for at, (i, tool) in enumerate(zip(indexes if indexes is not None else range(len(tools)), tools)):
+                            closing=marker(markers.closing, markers.closing_ids), opened=opened, free_text=free_text)
+    loose: list[str] = []
+    while True:  # once, unless a function not marked strict cannot be enforced: then once more for each
         try:
-            await anyio.to_thread.run_sync(compile_calls, [functions[at]])
-        except ConstraintError as alone:
-            if tool["function"].get("strict"):
-                raise APIError(400, f"tool {functions[at][0]!r}: {alone}", param=f"tools.{i}.function.parameters",
+            grammar = await anyio.to_thread.run_sync(compile_calls, functions)
+            if prepare is not None:
+                await anyio.to_thread.run_sync(prepare, GrammarSpec(None, calls=grammar))
+            break
+        except ParametersError as exc:
+            name, parameters, strict = functions[exc.function]
+            if strict or parameters is None:
+                at = indexes[exc.function] if indexes is not None else exc.function
+                raise APIError(400, str(exc), param=f"tools.{at}.function.parameters",
                                code="invalid_value") from None
-            loosened[at] = (functions[at][0], None)  # any JSON object
-            loose.append(functions[at][0])
+            functions[exc.function] = (name, None, False)  # any JSON object
+            loose.append(name)
+        except ConstraintError as exc:
+            raise APIError(400, str(exc), param=param, code="invalid_value") from None
     if loose:
         _log.debug("tools %s: arguments any JSON object (not strict; their parameters cannot be enforced)",
                    ", ".join(loose))
-        try:
-            return await compiled(loosened)
-        except ConstraintError as exc:
-            failed = exc
-    raise APIError(400, str(failed), param=param, code="invalid_value") from None
+    return grammar
 
 
 def _think_tokens(tokenizer: Any) -> tuple[int, int] | None:

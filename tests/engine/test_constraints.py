@@ -10,7 +10,8 @@ import anyio
 import mlx.core as mx
 import pytest
 
-from engine.constraints import ConstraintError, ConstraintTokenizer, call_grammar, json_grammar, marker, regex_grammar
+from engine.constraints import (ConstraintError, ConstraintTokenizer, ParametersError, call_grammar, json_grammar,
+                                marker, regex_grammar)
 from engine.contracts import GenerationRequest, GrammarSpec, SamplingParams
 from engine.runtime import Engine
 
@@ -134,8 +135,8 @@ async def test_strict_calls_follow_their_functions_schemas(tmp_path) -> None:
     weather = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
                "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1,
                                                                             "maximum": 7}}}
-    calls = call_grammar([("get_weather", weather), ("noop", {"type": "object", "properties": {},
-                                                              "additionalProperties": False})],
+    calls = call_grammar([("get_weather", weather, True), ("noop", {"type": "object", "properties": {},
+                                                                    "additionalProperties": False}, True)],
                          opening=marker("<tool_call>", [opening]), closing=marker("</tool_call>", [closing]))
     prompt = prompt_of(10, 7)
     free = reference(loaded, prompt, GrammarSpec(None, after=(-1,), calls=calls), 3)
@@ -221,7 +222,7 @@ async def test_a_forced_call_opens_the_reply(tmp_path) -> None:
     loaded = load_tiny_llm(build_tiny_llm(tmp_path / "m", extra_special_tokens=("<tool_call>", "</tool_call>")))
     vocab = loaded.tokenizer._tokenizer.get_vocab()
     calls = call_grammar([("answer", {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-                                      "additionalProperties": False})],
+                                      "additionalProperties": False}, True)],
                          opening=marker("<tool_call>", [vocab["<tool_call>"]]),
                          closing=marker("</tool_call>", [vocab["</tool_call>"]]), opened=False)
     grammar = GrammarSpec(None, calls=calls)
@@ -239,7 +240,7 @@ def test_a_call_marker_written_as_text_is_found_in_the_text(tiny_loaded) -> None
     # it: strict calls went unenforced. The grammar finds the marker in the text and constrains the call after it.
     tokenizer = tiny_loaded.tokenizer
     calls = call_grammar([("get_weather", {"type": "object", "properties": {"city": {"enum": ["Paris"]}},
-                                           "required": ["city"], "additionalProperties": False})],
+                                           "required": ["city"], "additionalProperties": False}, True)],
                          opening=marker("<tool_call>", [1, 2]), closing=marker("</tool_call>", [1, 2]),
                          free_text="<tool_call>")
     constraint = ConstraintTokenizer(tokenizer, tiny_loaded.model.args.vocab_size).constraint(GrammarSpec(None,
@@ -309,6 +310,7 @@ COUNT = {"type": "object", "properties": {"n": {"type": "integer"}}, "required":
 def test_a_functions_local_refs_resolve_within_its_own_parameters(tiny_loaded, functions, good, bad) -> None:
     # Embedded in the calls' schema, "#/$defs/P" was looked up from its root: every such forced or strict call was
     # refused ("Pointer '/$defs/P' does not exist").
+    functions = [(name, schema, True) for name, schema in functions]  # each strict: its schema exactly
     sent = json.dumps(functions)
     grammar = call_grammar(functions, opening='"<tool_call>"', closing='"</tool_call>"')
     assert json.dumps(functions) == sent  # the caller's schemas are not rewritten in place
@@ -319,13 +321,40 @@ def test_a_functions_local_refs_resolve_within_its_own_parameters(tiny_loaded, f
     assert _follows(tiny_loaded, grammar, call(*good)) and not _follows(tiny_loaded, grammar, call(*bad))
 
 
+UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+          "required": ["tags"], "additionalProperties": False}
+UNLISTED = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("functions, at, words", [
+    ([("f", UNIQUE, False), ("g", UNIQUE, True)], 1, "Unimplemented keys"),  # one `lenient` for all: ignored
+    ([("f", COUNT, True), ("g", UNLISTED, False)], 1, "unsatisfiable"),  # llguidance dropped the branch: never called
+    ([("f", UNLISTED, True), ("g", COUNT, True)], 0, "unsatisfiable"),
+])
+def test_each_functions_parameters_are_compiled_on_their_own_terms(functions, at: int, words: str) -> None:
+    with pytest.raises(ParametersError, match=words) as caught:
+        call_grammar(functions, opening='"<tool_call>"', closing='"</tool_call>"')
+    assert caught.value.function == at and caught.value.message.startswith(f"tool {functions[at][0]!r}: ")
+
+
+def test_a_strict_function_beside_one_not_strict_is_enforced_exactly_and_the_other_leniently(tiny_loaded) -> None:
+    grammar = call_grammar([("f", COUNT, True), ("g", UNIQUE, False)], opening='"<tool_call>"',
+                           closing='"</tool_call>"')
+
+    def follows(name: str, arguments) -> bool:
+        return _follows(tiny_loaded, grammar, json.dumps({"name": name, "arguments": arguments}) + "</tool_call>")
+
+    assert follows("f", {"n": 1}) and not follows("f", {"n": 1, "m": 2}) and not follows("f", {"n": "1"})
+    assert follows("g", {"tags": ["a", "a"]}) and not follows("g", {"tags": [1]})  # uniqueItems ignored, not types
+
+
 def test_a_response_formats_local_refs_resolve_and_a_url_ref_is_refused(tiny_loaded) -> None:
     schema = {"$defs": {"P": PERSON}, "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
               "additionalProperties": False}
     grammar = json_grammar(schema)
     assert _follows(tiny_loaded, grammar, '{"p": {"name": "x"}}') and not _follows(tiny_loaded, grammar, '{"p": 1}')
     with pytest.raises(ConstraintError, match="not present in a registry"):
-        call_grammar([("f", {"$ref": "https://example.com/p.json"})], opening='"<a>"', closing='"</a>"')
+        call_grammar([("f", {"$ref": "https://example.com/p.json"}, True)], opening='"<a>"', closing='"</a>"')
 
 
 @pytest.mark.parametrize("schema", [
@@ -338,7 +367,7 @@ def test_a_cycle_of_refs_that_never_reaches_a_schema_is_refused_up_front(schema)
     # Taken before: the call constrained nothing ({"f": {"f": ... until max_tokens) or failed mid-reply with
     # llguidance's "NoExtensionBias".
     with pytest.raises(ConstraintError, match="cycle of \\$refs"):
-        call_grammar([("f", schema)], opening='"<tool_call>"', closing='"</tool_call>"')
+        call_grammar([("f", schema, True)], opening='"<tool_call>"', closing='"</tool_call>"')
     with pytest.raises(ConstraintError, match="cycle of \\$refs"):
         json_grammar(schema)
 
@@ -349,7 +378,7 @@ def test_a_recursive_schema_that_reaches_one_is_taken() -> None:
               "$defs": {"N": {"$ref": "#/$defs/M"},
                         "M": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}}}
     for schema in (tree, listed):
-        call_grammar([("f", schema)], opening='"<tool_call>"', closing='"</tool_call>"')
+        call_grammar([("f", schema, True)], opening='"<tool_call>"', closing='"</tool_call>"')
         json_grammar(schema)
 
 
@@ -363,7 +392,7 @@ def test_a_forced_calls_string_may_hold_the_end_markers_text_and_the_call_ends_a
     from tests.fixtures.output_events import joined_calls
 
     calls = call_grammar([("f", {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"],
-                                 "additionalProperties": False})],
+                                 "additionalProperties": False}, True)],
                          opening=marker("<tool_call>", [1, 2]), closing=marker("</tool_call>", [1, 2]), opened=False)
     reply = '<tool_call>{"name": "f", "arguments": {"a": "100}}</tool_call>"}}</tool_call>'
     assert _follows(tiny_loaded, calls, reply)

@@ -282,9 +282,10 @@ def _takes(tiny_loaded: Any, grammar: str, opened: bool, name: str, arguments: A
     return matcher.try_consume_tokens(tokens) == len(tokens) and matcher.is_accepting()
 
 
-# Beside another function, llguidance drops a branch it finds unsatisfiable, and the rest compiles: not this path.
+# Beside another function too: llguidance dropped the unsatisfiable branch ("required unlisted") of the calls' one
+# schema, and the rest compiled: that tool could never be called, strict or not, and nothing said so.
 CASES = [pytest.param(schema, forced, id=f"{kind}-{forced}") for kind, schema in UNENFORCEABLE.items()
-            for forced in (None, True, "f") if kind != "required unlisted" or forced == "f"]
+         for forced in (None, True, "f")]
 
 
 @pytest.mark.anyio
@@ -334,3 +335,39 @@ def test_a_forced_call_of_a_tool_not_marked_strict_is_answered_whatever_its_para
     assert reply.status_code == 200, reply.text
     call = reply.json()["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] == "f" and isinstance(json.loads(call["function"]["arguments"]), dict), call
+
+
+UNIQUE = {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+          "required": ["tags"], "additionalProperties": False}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("forced", [None, True])
+async def test_a_strict_tool_beside_one_not_marked_strict_is_still_strict(forced: Any) -> None:
+    # One `lenient` for the whole request: beside a tool not marked strict, a strict tool's `uniqueItems` was ignored
+    # where OpenAI refuses a strict schema it cannot enforce.
+    tools = [{"type": "function", "function": {"name": "loose", "parameters": UNIQUE}},
+             {"type": "function", "function": {"name": "exact", "parameters": UNIQUE, "strict": True}}]
+    with pytest.raises(APIError) as caught:
+        await _grammar(_Tokenizer(QWEN, call_start="<tool_call>"), None, tools,
+                       **({"forced": forced} if forced is not None else {}))
+    assert caught.value.param == "tools.1.function.parameters", caught.value.param
+    assert caught.value.message.startswith("tool 'exact': ") and "uniqueItems" in caught.value.message
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("forced", [None, True])
+async def test_each_tool_is_enforced_on_its_own_terms(tiny_loaded: Any, forced: Any) -> None:
+    # The strict tool exactly; beside it, the one not marked strict with what the engine lacks (uniqueItems) ignored
+    # and the rest (its items' type, no other key) enforced.
+    strict = {"type": "function", "function": {**TOOL["function"], "strict": True}}
+    tools = [strict, {"type": "function", "function": {"name": "tag", "parameters": UNIQUE}}]
+    grammar = await _grammar(_Tokenizer(QWEN, call_start="<tool_call>"), None, tools,
+                             **({"forced": forced} if forced is not None else {}))
+    assert grammar is not None and grammar.calls is not None
+    opened = forced is None
+    assert _takes(tiny_loaded, grammar.calls, opened, "get_weather", {"city": "Oslo"})
+    assert not _takes(tiny_loaded, grammar.calls, opened, "get_weather", {"city": "Oslo", "days": 2})
+    assert _takes(tiny_loaded, grammar.calls, opened, "tag", {"tags": ["a", "a"]})
+    assert not _takes(tiny_loaded, grammar.calls, opened, "tag", {"tags": [1]})
+    assert not _takes(tiny_loaded, grammar.calls, opened, "tag", {"tags": [], "more": 1})
