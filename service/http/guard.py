@@ -84,8 +84,13 @@ class Guard:
     def _refusal(self, scope: Scope) -> APIError | None:
         path = scope.get("path", "")
         config = self.state.config
-        if scope.get("http_version") == "1.1" and header(scope, b"host") is None:
+        # granian hands a request without Host an empty one: as absent.
+        if scope.get("http_version") == "1.1" and not header(scope, b"host"):
             return APIError(400, "An HTTP/1.1 request must carry a Host header (RFC 9112).", code="missing_host")
+        if (hosts := sum(key.lower() == b"host" for key, _ in scope.get("headers", ()))) > 1:
+            # Only the first is checked against the allowed names: a second could name any host.
+            return APIError(400, f"A request carries one Host header (RFC 9112 section 3.2); this one has {hosts}.",
+                            code="duplicate_host")
         if not host_allowed(scope, config.host, bool(self.keys), config.allowed_hosts):
             return APIError(403, f"Host {(header(scope, b'host') or '')[:100]!r} is not a name of this machine: a "
                                  "server listening on loopback without a key answers only those (start it with "

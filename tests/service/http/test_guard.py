@@ -411,6 +411,21 @@ async def test_a_body_cut_short_is_a_400_and_a_request_without_host_too() -> Non
     assert status == 400 and body["error"]["code"] == "missing_host"
     status, _, _ = await _call(app, {**bare, "http_version": "1.0"}, [{"type": "http.request", "body": b""}])
     assert status == 200
+    # granian hands a request without Host (or with an empty one) an empty Host header: still missing.
+    status, body, _ = await _call(app, {**bare, "headers": [(b"host", b"")]}, [{"type": "http.request", "body": b""}])
+    assert status == 400 and body["error"]["code"] == "missing_host"
+
+
+@pytest.mark.anyio
+async def test_a_second_host_header_is_a_400() -> None:
+    # Only the first Host was checked against the allowed names, so "localhost" then "evil.example" was served.
+    app = create_app(AppState(engine=FakeEngine(), ready=True, config=ServiceConfig()))
+    twice = {**_scope("/health"), "method": "GET", "headers": [(b"host", b"localhost"), (b"host", b"evil.example")]}
+    status, body, _ = await _call(app, twice, [{"type": "http.request", "body": b""}])
+    assert status == 400 and body["error"]["code"] == "duplicate_host" and "2" in body["error"]["message"]
+    once = {**twice, "headers": [(b"host", b"localhost")]}
+    status, _, _ = await _call(app, once, [{"type": "http.request", "body": b""}])
+    assert status == 200
 
 
 @pytest.mark.anyio
