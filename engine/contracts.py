@@ -122,8 +122,8 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    # Prompt tokens past cached_tokens whose KV the row stored in the prefix cache (known once it has left: the
-    # final delta; 0 without a prefix cache or where the cache held them already).
+    # Prompt tokens whose KV the row newly stored in the prefix cache (known once it has left: the final delta; 0
+    # without a prefix cache or where the cache held them already, whether or not the row read them from there).
     cache_write_tokens: int = 0
     error: str | None = None
     # The request field whose demand failed the row (a grammar it asked for), None for the server's own failure.

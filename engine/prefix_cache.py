@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import mlx.core as mx
 
 from engine.kv_snapshot import arrays_of, restore_layer, snapshot_layer
-from engine.token_trie import Node, common, first_at, first_below, node_at, prune_path
+from engine.token_trie import Node, common, first_at, first_below, held_depth, node_at, prune_path
 
 __all__ = ["PROBATION_SHARE", "PrefixCache"]
 
@@ -205,9 +205,9 @@ class PrefixCache:
         session_id: str | None = None,
         *,
         system_prefix: bool = False,
-    ) -> int:
-        """Store a snapshot of `kv` as the state after `tokens`; returns how many tokens the new entry holds (0:
-        none stored, the cache already held them, or it took nothing).
+    ) -> range:
+        """Store a snapshot of `kv` as the state after `tokens`; returns the positions it newly stored: the new entry's
+        tokens past those the cache held already (an entry on their path, or a longer trimmable one), else empty.
 
         If the KV covers more positions than `tokens` (a chunk ran past a segment boundary), the
         snapshot is cut to len(tokens); if it covers fewer (the last sampled token was never fed),
@@ -217,17 +217,17 @@ class PrefixCache:
         """
         with self._lock:
             if self.max_bytes == 0 or not kv:
-                return 0
+                return range(0)
             tokens = tuple(tokens)
             offsets = [getattr(layer, "offset", None) for layer in kv]
             covered = min((o for o in offsets if isinstance(o, int)), default=len(tokens))
             if covered < len(tokens):
                 tokens = tokens[:covered]
             if not tokens:
-                return 0
+                return range(0)
             trimmable = all(layer.is_trimmable() for layer in kv)
             if covered > len(tokens) and not trimmable:
-                return 0  # a state past the tokens would answer for them wrongly (a row that left mid-step)
+                return range(0)  # a state past the tokens would answer for them wrongly (a row that left mid-step)
             node = node_at(self._roots.setdefault(namespace, Node(None, ())), tokens)
             existing = node.entry
             if existing is not None:
@@ -235,7 +235,7 @@ class PrefixCache:
                 self._requeue(existing)
                 if session_id is not None:
                     self._bind_session(session_id, existing)
-                return 0
+                return range(0)
             if trimmable and not system_prefix:
                 dominating = first_below(node, _takeable)
                 if dominating is not None:
@@ -244,13 +244,14 @@ class PrefixCache:
                     self._touch(dominating)
                     if session_id is not None:
                         self._bind_session(session_id, dominating)
-                    return 0
+                    return range(0)
             layers = [snapshot_layer(layer, len(tokens)) for layer in kv]
             arrays = list(arrays_of(layers))
             nbytes = sum(a.nbytes for a in arrays)
             if nbytes > self.max_bytes:
                 prune_path(node)
-                return 0
+                return range(0)
+            known = held_depth(node, len(tokens), lambda e: e.trimmable)  # before the new entry, whoever owns them
             me = threading.get_ident()
             # Started, not waited for: a put comes mid-step, with the next step already in flight; waiting here
             # held the engine thread for that whole step (H200: half the puts made a decode iteration slow).
@@ -270,7 +271,7 @@ class PrefixCache:
             if session_id is not None:
                 self._bind_session(session_id, entry)
             self.reclaim()
-            return len(tokens)
+            return range(known, len(tokens)) if node.entry is entry else range(0)  # unless evicted at once
 
     @staticmethod
     def _continues_protected(node: Node) -> bool:

@@ -15,7 +15,7 @@ from engine.runner import make_cache
 from engine.slots import SlotKV
 from engine.step_record import StepRecord
 
-__all__ = ["RowKV", "repeatable"]
+__all__ = ["RowKV", "repeatable", "wrote"]
 
 _log = logging.getLogger(__name__)
 
@@ -68,9 +68,8 @@ class RowKV:
         for b in row.boundaries:
             if before < b <= row.prefilled:
                 self._record().note("put")
-                stored = self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache,
-                                               row.request.session_id, system_prefix=True)
-                row.cache_written = max(row.cache_written, min(stored, len(row.prompt)))
+                wrote(row, self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache,
+                                                 row.request.session_id, system_prefix=True))
 
     def keeps(self, row: Row) -> bool:
         """Whether a departing row's KV is worth a prefix-cache put. Raises nothing."""
@@ -87,9 +86,8 @@ class RowKV:
                 kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
                 if kv is not None:
                     record.note("put")
-                    stored = self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
-                    # its prompt's share of the entry (before the final delta is built: usage reads it)
-                    row.cache_written = max(row.cache_written, min(stored, len(row.prompt)))
+                    # before the final delta is built: usage reads it
+                    wrote(row, self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id))
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
             record.tick("put", t)
@@ -107,3 +105,10 @@ def repeatable(request: GenerationRequest) -> bool:
     a prefix hit changes the forward's shape and with it the logits' last bits (a probe: 1 prompt in 8 sampled
     otherwise after an earlier prompt shared its start). Raises nothing."""
     return request.sampling.seed is not None and request.sampling.temperature > 0
+
+
+def wrote(row: Row, stored: range) -> None:
+    """Count the prompt positions a prefix-cache put newly stored as the row's writes (usage's cache_write_tokens):
+    whether or not it read from the cache, the tokens it held already are no write. Raises nothing."""
+    fresh = len(range(stored.start, min(stored.stop, len(row.prompt))))
+    row.cache_written = min(len(row.prompt), row.cache_written + fresh)  # an evicted boundary entry put again

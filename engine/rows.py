@@ -45,8 +45,8 @@ class Row:
     state: RowState = RowState.QUEUED
     prefilled: int = 0
     cached_tokens: int = 0
-    # The longest prefix of its prompt an entry it put in the prefix cache holds (engine/row_kv.py): its prompt
-    # tokens past cached_tokens there are the ones it wrote into the cache (usage's cache_write_tokens).
+    # Its prompt tokens its prefix-cache puts newly stored, the cache not holding them already (engine/row_kv.py):
+    # usage's cache_write_tokens.
     cache_written: int = 0
     last_token: int | None = None  # sampled but not yet fed: the next decode input
     # Its next token is sampled by a launched step not read yet (engine/pipeline.py): it decodes next, fed lazily.
@@ -165,7 +165,7 @@ class Row:
         return Delta(text=text, token_ids=token_ids or [], finish_reason=finish_reason, error=error,
                      error_param=error_param, prompt_tokens=len(self.prompt), completion_tokens=len(self.generated),
                      cached_tokens=self.cached_tokens,
-                     cache_write_tokens=max(0, self.cache_written - self.cached_tokens))
+                     cache_write_tokens=self.cache_written)
 
     def outgoing(self, text: str, finish_reason: FinishReason | None, stopped_by: str | None,
                  shown_before: float) -> Delta:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-__all__ = ["Node", "common", "first_at", "first_below", "node_at", "prune_path"]
+__all__ = ["Node", "common", "first_at", "first_below", "held_depth", "node_at", "prune_path"]
 
 
 class Node:
@@ -76,6 +76,21 @@ def first_below(node: Node, accept: Callable[[Any], bool]) -> Any:
 def first_at(node: Node, accept: Callable[[Any], bool]) -> Any:
     """The first accepted entry at `node` or below it (a walk stopped inside its edge)."""
     return _first_of([node], accept)
+
+
+def held_depth(node: Node, depth: int, longer: Callable[[Any], bool]) -> int:
+    """How many leading tokens of the path to `node` (`depth` tokens) the trie's entries hold: those of the deepest
+    entry on the path, or up to the deepest node with a `longer` entry (one a lookup trims) off the path below it.
+    Walks up from `node`; a branch's search stops at its first accepted entry (every leaf holds an entry)."""
+    below: Node | None = None  # the child the walk came up from: its subtree is on the path
+    current: Node | None = node
+    while current is not None and depth > 0:
+        if current.entry is not None:
+            return depth
+        if _first_of([c for c in reversed(current.children.values()) if c is not below], longer) is not None:
+            return depth
+        below, depth, current = current, depth - len(current.edge), current.parent
+    return 0
 
 
 def _first_of(stack: list[Node], accept: Callable[[Any], bool]) -> Any:

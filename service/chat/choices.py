@@ -71,7 +71,8 @@ class Choices(Generic[T]):
         """Raises nothing."""
         prompt = sum(c.counter.prompt_tokens for c in self.all if c.first_sample)
         cached = sum(c.counter.cached_tokens for c in self.all if c.first_sample)
-        written = self.primed_writes + sum(c.counter.cache_write_tokens for c in self.all if c.first_sample)
+        # every row's: a sibling's put finds the tokens another stored first held already (each counted once)
+        written = self.primed_writes + sum(c.counter.cache_write_tokens for c in self.all)
         completion = sum(c.counter.totals()[1] for c in self.all)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
                      prompt_tokens_details=PromptTokensDetails(cached_tokens=cached, cache_write_tokens=written))

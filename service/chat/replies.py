@@ -67,8 +67,8 @@ class CompletionLogprobs(BaseModel):
 
 
 # What every API's usage says of the prompt's writes into the prefix cache (the engine's Delta.cache_write_tokens).
-CACHE_WRITES = ("Prompt tokens past the cached ones whose KV this request stored in the prefix cache (0 where the "
-                "cache held them already, or the server keeps none).")
+CACHE_WRITES = ("Prompt tokens whose KV this request newly stored in the prefix cache (0 where the cache held them "
+                "already, read from there or not, or the server keeps none).")
 
 
 class PromptTokensDetails(BaseModel):

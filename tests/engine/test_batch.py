@@ -442,6 +442,7 @@ class FakePrefixCache:
 
     def __init__(self) -> None:
         self.entries: list[tuple[tuple[int, ...], list]] = []
+        self.stored: list[tuple[tuple[int, ...], list]] = []  # every put, taken or not
         self.takes: list[tuple[str, int, str | None]] = []
         self.reclaims = 0
 
@@ -455,8 +456,11 @@ class FakePrefixCache:
 
     def put(self, namespace, tokens, kv, session_id=None, *, system_prefix=False):
         assert all(c.offset == len(tokens) for c in kv), "put tokens must match the KV they describe"
+        # as PrefixCache.put: the positions past those an entry put before held (a take hands the KV out here)
+        held = max((len(t) for t, _ in self.stored if tuple(tokens[:len(t)]) == t), default=0)
         self.entries.append((tuple(tokens), kv))
-        return len(tokens)  # as PrefixCache.put: the tokens its new entry holds
+        self.stored.append((tuple(tokens), kv))
+        return range(held, len(tokens))
 
     def reclaim(self):
         self.reclaims += 1
@@ -489,6 +493,25 @@ async def test_prefix_cache_seam_reuses_kv_and_changes_nothing(tiny_loaded) -> N
     assert cache.takes[0] == ("m", 12, "s") and cache.reclaims > 0
     cold = (await run_rows(make_group(tiny_loaded), [GenerationRequest(second, GREEDY, max_tokens=8)], [0]))[0]
     assert tokens_of(d2) == tokens_of(cold)
+
+
+async def test_rows_count_only_the_prompt_tokens_the_cache_did_not_hold_as_written(tiny_loaded) -> None:
+    # A seeded sampled row reads nothing from the cache (reproducibility) yet writes only what it did not hold: its
+    # system prefix, cached by an earlier request, was counted as written (36 of 36). Two such rows sharing a prompt
+    # write it once between them; the same request again writes nothing.
+    from engine.prefix_cache import PrefixCache
+
+    group = make_group(tiny_loaded, prefix_cache=PrefixCache(1 << 24))
+    system, prompt = prompt_of(10, 1), prompt_of(10, 1) + prompt_of(6, 2)
+    seeded = SamplingParams(temperature=0.7, seed=5)
+    first = await run_rows(group, [GenerationRequest(system + prompt_of(4, 3), GREEDY, max_tokens=3,
+                                                     segment_boundaries=(10,))], [0])
+    assert first[0][-1].cache_write_tokens == 14
+    both = [GenerationRequest(prompt, seeded, max_tokens=3, segment_boundaries=(10,)) for _ in range(2)]
+    for expected in (6, 0):
+        deltas = await run_rows(group, both, [0, 0])
+        assert [d[-1].cached_tokens for d in deltas.values()] == [0, 0]
+        assert sum(d[-1].cache_write_tokens for d in deltas.values()) == expected
 
 
 async def test_cancelled_row_hands_its_kv_to_the_prefix_cache_next_step(tiny_loaded) -> None:

@@ -174,16 +174,45 @@ def test_entry_larger_than_budget_is_not_stored():
     assert cache.take("m", [1, 2, 3, 4, 5]) == (0, None)
 
 
-def test_a_put_says_how_many_tokens_its_new_entry_holds():
+def test_a_put_says_which_positions_it_newly_stored():
     # what a row wrote into the cache (usage's cache_write_tokens): nothing where the cache held the tokens already
     cache = PrefixCache(1 << 20)
-    assert cache.put("m", [1, 2, 3], kv_for([1, 2, 3])) == 3
-    assert cache.put("m", [1, 2, 3], kv_for([1, 2, 3])) == 0  # the same entry
-    assert cache.put("m", [1, 2], kv_for([1, 2])) == 0  # a longer trimmable entry holds them
-    assert cache.put("m", [1, 2, 3, 4, 5], kv_for([1, 2, 3, 4])) == 4  # the tokens the KV covers
-    assert cache.put("m", [9, 9], kv_for([9, 9]), system_prefix=True) == 2
-    assert PrefixCache(entry_bytes(2)).put("m", [1, 2, 3], kv_for([1, 2, 3])) == 0  # over the budget
-    assert PrefixCache(0).put("m", [1, 2, 3], kv_for([1, 2, 3])) == 0
+    assert cache.put("m", [1, 2, 3], kv_for([1, 2, 3])) == range(0, 3)
+    assert not cache.put("m", [1, 2, 3], kv_for([1, 2, 3]))  # the same entry
+    assert not cache.put("m", [1, 2], kv_for([1, 2]))  # a longer trimmable entry holds them
+    assert cache.put("m", [1, 2, 3, 4, 5], kv_for([1, 2, 3, 4])) == range(3, 4)  # the tokens the KV covers
+    assert cache.put("m", [9, 9], kv_for([9, 9]), system_prefix=True) == range(0, 2)
+    assert not PrefixCache(entry_bytes(2)).put("m", [1, 2, 3], kv_for([1, 2, 3]))  # over the budget
+    assert not PrefixCache(0).put("m", [1, 2, 3], kv_for([1, 2, 3]))
+
+
+def test_a_put_counts_as_new_only_the_tokens_no_entry_held():
+    # The tokens of an entry on the new one's path, or shared with a longer trimmable entry beside it, were held
+    # already: a seeded row prefilling a cached system prefix again wrote it again in usage (36 of 36 tokens).
+    cache = PrefixCache(1 << 20)
+    cache.put("m", [1, 2], kv_for([1, 2]), system_prefix=True)
+    assert cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3, 4])) == range(2, 4)  # past the system prefix
+    assert cache.put("m", [1, 2, 3, 7, 8], kv_for([1, 2, 3, 7, 8])) == range(3, 5)  # a sibling: 1 2 3 held
+    assert cache.put("m", [1, 2, 3, 7, 8, 9], kv_for([1, 2, 3, 7, 8, 9])) == range(5, 6)  # replaces 1 2 3 7 8
+    assert not cache.put("m", [1, 2, 3], kv_for([1, 2, 3]), system_prefix=True)  # stored, but held already
+    assert cache.stats()["entries"] == 4
+    state = ArraysCache(1)
+    state[0] = mx.ones((1, 3))
+    cache.put("ssm", [1, 2, 3, 4], [state])
+    assert cache.put("ssm", [1, 2, 5], [state]) == range(0, 3)  # no lookup trims an untrimmable entry
+    assert cache.put("ssm", [1, 2, 5, 6], [state]) == range(3, 4)
+
+
+def test_an_evicted_entry_holds_nothing_for_the_next_put():
+    size = entry_bytes(3)
+    cache = PrefixCache(size, probation_share=1.0)
+    assert cache.put("m", [1, 2, 3], kv_for([1, 2, 3])) == range(0, 3)
+    assert cache.put("m", [4, 5, 6], kv_for([4, 5, 6])) == range(0, 3)  # evicts 1 2 3
+    assert cache.put("m", [1, 2], kv_for([1, 2])) == range(0, 2)
+    # a put its own entry leaves at once (behind a system prefix that fills the budget) stored nothing
+    full = PrefixCache(size, probation_share=1.0)
+    full.put("m", [7, 7], kv_for([7, 7]), system_prefix=True)
+    assert not full.put("m", [8, 8], kv_for([8, 8]), session_id="s") and full.stats()["entries"] == 1
 
 
 def test_zero_budget_disables_the_cache():

@@ -48,7 +48,7 @@ def test_a_row_takes_a_prefix_hit_or_a_fresh_cache_and_leaves_its_fed_kv(tiny_lo
     assert warm.delta().cache_write_tokens == 2  # the prompt tokens past its hit
     again = row_of(tiny_loaded, [5, 6, 7, 8, 9, 11, 12])
     again.cache, again.prefilled, again.generated = filled(tiny_loaded, 7), 7, [13]
-    prefix.put = lambda *args, **kw: 0  # type: ignore[method-assign]  # the cache held them already
+    prefix.put = lambda *args, **kw: range(0)  # type: ignore[method-assign]  # the cache held them already
     kv.put(again)
     assert again.delta().cache_write_tokens == 0
     events, _ = record.close(decode_rows=0, slots=None, waited=0.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.token_trie import Node, common, first_at, first_below, node_at, prune_path
+from engine.token_trie import Node, common, first_at, first_below, held_depth, node_at, prune_path
 
 
 def test_a_node_per_branch_not_per_token_and_empty_paths_fold_back() -> None:
@@ -28,3 +28,14 @@ def test_walks_take_the_first_accepted_entry_in_insertion_order() -> None:
     assert first_at(root.children[5], lambda e: e == "deeper") == "deeper"
     assert first_below(root, lambda e: False) is None
     assert common((1, 2, 3), [0, 1, 2, 4], 1, 4) == 2
+
+
+def test_held_depth_is_the_deepest_entry_on_the_path_or_branch_with_a_longer_entry_beside_it() -> None:
+    # what a prefix-cache put stores anew starts there (usage's cache_write_tokens)
+    root = Node(None, ())
+    node_at(root, (1, 2)).entry = "short"
+    node_at(root, (1, 2, 3, 4, 5)).entry = "long"
+    assert held_depth(node_at(root, (1, 2, 3, 9)), 4, lambda e: e == "long") == 3  # shares 1 2 3 with "long"
+    assert held_depth(node_at(root, (1, 2, 3, 8)), 4, lambda e: False) == 2  # none trimmable: "short" on the path
+    assert held_depth(node_at(root, (7, 7)), 2, lambda e: True) == 0
+    assert held_depth(node_at(root, (1, 2, 3, 4)), 4, lambda e: e == "long") == 4  # below the node itself

@@ -267,9 +267,17 @@ def test_n_replies_to_a_long_prompt_prefill_it_once(tiny_loaded: Any) -> None:
     assert fed < 2 * len(prompt), fed  # once, and the three rows' last tokens (three prefills: 3 x 301)
     replies = {c["text"] for c in answer.json()["choices"]}
     assert replies == {alone.json()["choices"][0]["text"]}  # the greedy reply, whoever prefilled the prompt
-    # the request's writes into the cache count the primer's (the whole prompt) and its first choice's (the prompt's
-    # last token, prefilled again after the hit); the same prompt again writes nothing the cache did not hold
+    # the request's writes into the cache are the primer's (the whole prompt): its choices' puts found the prompt held
+    # (the last token, prefilled again after the hit, too); the same prompt again writes nothing either
     assert answer.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1,
-                                                               "cache_write_tokens": len(prompt) + 1}
+                                                               "cache_write_tokens": len(prompt)}
     assert alone.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1,
                                                               "cache_write_tokens": 0}
+
+
+def test_every_choices_cache_writes_count_in_the_usage(client: TestClient[Any], fake_engine: FakeEngine) -> None:
+    # A row's cache_write_tokens are the prompt tokens its put stored that the cache did not hold (a sibling's put
+    # finds those another stored first held): whichever sibling left first wrote them, counted once in the sum.
+    fake_engine.cached_tokens, fake_engine.cache_write_tokens = 0, 3  # the fake's rows each say 3
+    body = client.post("/v1/completions", json={"prompt": ["ab", "cde"], "n": 2}).json()
+    assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0, "cache_write_tokens": 4 * 3}
