@@ -2,8 +2,9 @@
 
 Observed by the service as requests run: requests (and websocket sessions) by route and status, end-to-end duration, time to
 first token, inter-token latency, time a request waited before it reached the engine, Whisper audio seconds
-and real-time factor. Read from the engine at scrape time: active/queued rows, KV, prefix-cache and
-memory-budget bytes (gauges), and the engine's own running totals (counters).
+and real-time factor; the usage requests were answered with, and streams that failed after their headers (whose
+status, counted in tandem_requests_total, was 200) by their error's code. Read from the engine at scrape time:
+active/queued rows, KV, prefix-cache and memory-budget bytes (gauges), and the engine's own running totals (counters).
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ class ServiceMetrics:
         r = self.registry
         self.requests = Counter("tandem_requests", "HTTP requests answered, by route, method and status",
                                 ["route", "method", "status"], registry=r)
+        # Once per request answered 200, as it ends (a stream failed or left after its headers too: what it had counted
+        # then); error statuses gave no usage. The sum is what clients were billed, where the engine's prompt_tokens
+        # counts what it prefilled (prefix-cache hits left out).
+        self.usage_prompt = Counter("tandem_usage_prompt_tokens", "Prompt tokens of the usage requests were answered "
+                                    "with, cached ones included, by route", ["route"], registry=r)
+        self.usage_completion = Counter("tandem_usage_completion_tokens", "Completion tokens of the usage requests "
+                                        "were answered with, by route", ["route"], registry=r)
+        self.usage_cached = Counter("tandem_usage_cached_tokens", "Prompt tokens of that usage served from the prefix "
+                                    "cache (cached_tokens), by route", ["route"], registry=r)
+        # A stream's status is its headers' 200: how many of those failed, and why (codes: the server's, a fixed set).
+        self.stream_failures = Counter("tandem_stream_failures", "Streams that failed after their headers went out, by "
+                                       "route and error code", ["route", "code"], registry=r)
         self.duration = Histogram("tandem_request_duration_seconds",
                                   "Arrival to last byte of the response, by route", ["route"],
                                   buckets=_LATENCY, registry=r)
@@ -85,6 +98,16 @@ class ServiceMetrics:
         """Count one answered request. Raises nothing."""
         self.requests.labels(route, method, str(status) if status is not None else "none").inc()
         self.duration.labels(route).observe(seconds)
+
+    def observe_usage(self, route: str, prompt: int, completion: int, cached: int) -> None:
+        """Count the usage one request was answered with. Raises nothing."""
+        self.usage_prompt.labels(route).inc(max(0, prompt))
+        self.usage_completion.labels(route).inc(max(0, completion))
+        self.usage_cached.labels(route).inc(max(0, cached))
+
+    def observe_stream_failure(self, route: str, code: str) -> None:
+        """Count one stream that failed after its headers. Raises nothing."""
+        self.stream_failures.labels(route, code).inc()
 
     def observe_session(self, route: str, status: int | None, seconds: float) -> None:
         """Count one websocket session as it ends. Raises nothing."""

@@ -20,11 +20,11 @@ from engine.contracts import GenerationRequest, SamplingParams
 from service.chat.replies import PromptTokensDetails, Usage
 from service.chat.schemas import MAX_CHOICES
 from service.chat.request import submit
-from service.chat.respond import FIRST_BYTE_WAIT, keepalive_every
+from service.chat.respond import FIRST_BYTE_WAIT, failed_end, keepalive_every
 from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream
 from service.http.disconnect import ClientDisconnected, run_while_connected
 from service.http.errors import APIError, in_band_error
-from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_error
+from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream
 from service.seams import ChatEngine, RowStream
 from service.state import AppState
 
@@ -134,7 +134,8 @@ async def respond_choices(request: Request[Any, Any, Any], state: AppState, choi
     """The body `whole(choices, usage)` (`events_of` None), or an SSE stream of the choices' chunks then
     `usage_chunk(usage)` when given, for the rows `submit_all` submits. Before the first byte a failure is a status
     code: a refused row's (every row is closed then), or a row failing before its first delta within
-    FIRST_BYTE_WAIT; after it an error event, then `[DONE]`. Raises APIError."""
+    FIRST_BYTE_WAIT; after it the usage chunk as far as the choices got (when given), an error event, then `[DONE]`.
+    Raises APIError."""
 
     async def prepare() -> list[A] | None:
         try:
@@ -202,8 +203,7 @@ async def _merged(state: AppState, choices: Choices[T], events_of: Callable[[Cho
                     yield KEEPALIVE
                 elif isinstance(item, Exception):
                     _log.warning("a stream of %d choices failed: %s", len(choices.all), item)
-                    yield sse_error(in_band_error(item))
-                    yield DONE
+                    yield failed_end(in_band_error(item), usage_chunk(choices.usage()) if usage_chunk else b"")
                     return
                 else:
                     yield item

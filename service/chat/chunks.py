@@ -52,7 +52,10 @@ class ChunkEncoder:
         event = sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
                                              choices=[ChunkChoice(index=self.index, delta=delta, finish_reason=finish,
                                                                   logprobs=entries)]))
-        return self._usage.mark(event)
+        # The role chunk shows nothing generated: 0 completion tokens, as vLLM's first chunk says.
+        opening = delta.role is not None and not delta.content and delta.reasoning_content is None \
+            and delta.tool_calls is None and delta.function_call is None and finish is None
+        return self._usage.mark(event, shows_reply=not opening)
 
     def _text(self, field: bytes, text: str, logprobs: bytes | None) -> bytes:
         body = self._head + field + b'":' + json.dumps(text, ensure_ascii=False).encode()

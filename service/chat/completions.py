@@ -22,7 +22,7 @@ from service.chat.choices import Choice, Choices, check_capacity, prime, respond
 from service.chat.chunk_usage import ChunkUsage
 from service.chat.completion_request import CompletionRequest
 from service.chat.infill import Infill, infill_tokens, requested_infill
-from service.chat.respond import respond
+from service.chat.respond import failed_end, respond
 from service.chat.json_output import answer_grammar, asks_answer
 from service.chat.structured_outputs import asked_constraint
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
@@ -30,7 +30,7 @@ from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
-from service.http.sse import DONE, sse_data, sse_error
+from service.http.sse import DONE, sse_data
 from engine.contracts import GenerationRequest, GrammarSpec
 from engine.special_tokens import hidden_special_ids
 from service.seams import ChatEngine, RowStream
@@ -142,12 +142,16 @@ async def _events(
             async for chunk in chunks:
                 yield chunk
         if include_usage:
-            yield sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[],
-                                      usage=counter.usage()))
+            yield _usage_chunk(meta, counter)
     except Exception as exc:  # headers are out: report in-band, then end the stream properly
         _log.warning("completion stream %s failed: %s", meta.id, exc)
-        yield sse_error(in_band_error(exc))
+        yield failed_end(in_band_error(exc), _usage_chunk(meta, counter) if include_usage else b"")
+        return
     yield DONE
+
+
+def _usage_chunk(meta: ResponseMeta, counter: UsageCounter) -> bytes:
+    return sse_data(Completion(id=meta.id, created=meta.created, model=meta.model, choices=[], usage=counter.usage()))
 
 
 async def _choice(reader: RowReader, echo: str, pieces: TokenPieces | None, prompt: list[int] | None,
@@ -226,7 +230,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
     if len(items) * samples > 1:
         check_capacity(state, samples, len(items))
         choices: Choices[_Echo] = Choices()
-        record_tokens(request, choices.totals)
+        record_tokens(request, choices.totals, lambda: choices.usage().prompt_tokens_details.cached_tokens)
 
         async def submit_all(into: Choices[_Echo]) -> None:
             for number, item in enumerate(items):
@@ -241,7 +245,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
                         index=number * samples + sample, first_sample=sample == 0,
                         stream=submit(engine, generation, param="prompt"),
                         timing=timing if first else StreamTiming(timing.arrival, timing.deadline),
-                        counter=UsageCounter(reply_given=not scoring),
+                        counter=UsageCounter(len(prompt), reply_given=not scoring),  # counted as one choice's
                         payload=_Echo(prompt_text if data.echo else "",
                                       prompt if generation.prompt_logprobs is not None else None)))
             observe_queue_wait(state, timing)
@@ -258,7 +262,7 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
                                                            choices=[], usage=usage))) if include_usage else None)
 
     counter = UsageCounter(reply_given=not scoring)
-    record_tokens(request, counter.totals)
+    record_tokens(request, counter.totals, lambda: counter.cached_tokens)
     echoes: list[str] = []
     prompts: list[list[int] | None] = []  # the prompt's tokens, where its log probabilities go with the echo
 
@@ -276,4 +280,5 @@ async def completions(request: Request[Any, Any, Any], data: CompletionRequest) 
         request, counter, timing, submit_row=submit_row,
         events=(lambda reader: _events(reader, meta, counter, include_usage, echoes[0], pieces, prompts[0], scoring,
                                        hidden)) if data.stream else None,
-        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces, prompts[0], scoring, hidden))
+        collect=lambda stream: _collect(stream, meta, counter, echoes[0], timing, pieces, prompts[0], scoring, hidden),
+        failure=lambda error: failed_end(error, _usage_chunk(meta, counter) if include_usage else b""))

@@ -23,7 +23,7 @@ from service.http.sse import DONE, KEEPALIVE, EventSource, SSEStream, sse_error
 from service.seams import RowStream
 from service.state import AppState, get_state
 
-__all__ = ["FIRST_BYTE_WAIT", "keepalive_every", "respond"]
+__all__ = ["FIRST_BYTE_WAIT", "keepalive_every", "failed_end", "respond"]
 
 _log = logging.getLogger("tandem.service")
 
@@ -38,8 +38,11 @@ def keepalive_every(state: AppState) -> float | None:
     return state.config.sse_keepalive or None
 
 
-def _chat_failure(error: APIError) -> bytes:
-    return sse_error(in_band_error(error)) + DONE
+def failed_end(error: APIError, usage_chunk: bytes = b"") -> bytes:
+    """How a chat or text completion stream that failed after its headers ends: `usage_chunk` (the usage chunk, usage
+    as far as the reply got, where stream_options.include_usage asked: clients meter streams by it), the error event,
+    `[DONE]`. Raises nothing."""
+    return usage_chunk + sse_error(error) + DONE
 
 
 async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing: StreamTiming, *,
@@ -47,11 +50,11 @@ async def respond(request: Request[Any, Any, Any], counter: UsageCounter, timing
                   events: Callable[[RowReader], AsyncGenerator[bytes, None]] | None,
                   collect: Callable[[RowStream], Awaitable[Any]],
                   keepalive: Callable[[], bytes] = lambda: KEEPALIVE,
-                  failure: Callable[[APIError], bytes] = _chat_failure, may_go_quiet: bool = False) -> Response[Any]:
+                  failure: Callable[[APIError], bytes] = failed_end, may_go_quiet: bool = False) -> Response[Any]:
     """SSE from `events(reader)` when given, else the body `collect(row)` builds, for the row `submit_row()`
     renders and submits; `keepalive()` is sent while the first delta is awaited after the headers (and whenever the
 stream is quiet after it when `may_go_quiet`: a reply that holds text back), `failure(error)`
-    ends a stream that fails then (chat's: an SSE comment; an error event and `[DONE]`). Raises APIError (what
+    ends a stream that fails then (chat's: failed_end). Raises APIError (what
     rendering or the engine refuses, the row's failure before its first delta or while collecting, 504 past the
     deadline). The row is closed by its reader however this ends (RowReader.start / items)."""
     async def prepare() -> Any:

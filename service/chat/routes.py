@@ -28,14 +28,14 @@ from service.chat.choices import Choice, Choices, check_capacity, prime, respond
 from service.chat.replies import ChatChoice, ChatCompletion, ChatCompletionChunk, ChoiceDelta, FinishReason, Usage
 from service.chat.schemas import ChatCompletionRequest, NamedToolChoice
 from service.chat.chunks import ChunkEncoder
-from service.chat.respond import respond
+from service.chat.respond import failed_end, respond
 from service.chat.structured_outputs import asked_constraint
 from service.chat.stream import ResponseMeta, RowReader, StreamTiming, UsageCounter
 from service.http.access_log import record_metadata, record_tokens, record_user
 from service.http.auth import client_key
 from service.http.errors import APIError, in_band_error
 from service.http.openapi import CHAT_ERRORS, sse_operation
-from service.http.sse import DONE, sse_data, sse_error
+from service.http.sse import DONE, sse_data
 from service.seams import ChatEngine, RowStream
 from service.state import AppState, get_state
 
@@ -226,7 +226,8 @@ async def _chat_events(
             yield _usage_chunk(meta, counter.usage())
     except Exception as exc:  # headers are out: report in-band, then end the stream properly
         _log.warning("chat stream %s failed: %s", meta.id, exc)
-        yield sse_error(in_band_error(exc))
+        yield failed_end(in_band_error(exc), _usage_chunk(meta, counter.usage()) if include_usage else b"")
+        return
     yield DONE
 
 
@@ -272,7 +273,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
     timing = request_timing(request, state)
     meta = ResponseMeta(model=state.chat_model_name or "", continuous_usage=data.usage_every_chunk())
     counter = UsageCounter()
-    record_tokens(request, counter.totals)
+    record_tokens(request, counter.totals, lambda: counter.cached_tokens)
     record_user(request, data.user or data.safety_identifier)
     record_metadata(request, data.metadata)
     translators: list[ChatTranslator] = []
@@ -296,6 +297,7 @@ async def chat_completions(request: Request[Any, Any, Any], data: ChatCompletion
                                             logprob_json(engine.tokenizer) if pieces is not None else None))
         if data.stream else None,
         collect=lambda stream: _collect(stream, translators[0], meta, counter, timing, pieces),
+        failure=lambda error: failed_end(error, _usage_chunk(meta, counter.usage()) if include_usage else b""),
         may_go_quiet=bool(data.tools))
 
 
@@ -304,7 +306,7 @@ async def _choices(request: Request[Any, Any, Any], state: AppState, engine: Cha
                    include_usage: bool) -> Response[Any]:
     """`n` replies to one rendered prompt, each its own row and translator (service/chat/choices.py)."""
     choices: Choices[ChatTranslator] = Choices()
-    record_tokens(request, choices.totals)
+    record_tokens(request, choices.totals, lambda: choices.usage().prompt_tokens_details.cached_tokens)
 
     async def submit_all(into: Choices[ChatTranslator]) -> None:
         generation, translator = await _chat_request(request, state, engine, data, logprobs)
@@ -317,6 +319,9 @@ async def _choices(request: Request[Any, Any, Any], state: AppState, engine: Cha
             into.all.append(Choice(index=sample, first_sample=sample == 0,
                                    stream=submit(engine, row, param="messages"),
                                    timing=timing if sample == 0 else StreamTiming(timing.arrival, timing.deadline),
+                                   # the prompt counted from its submission, as one choice's: a failure before the
+                                   # first token still bills it
+                                   counter=UsageCounter(prompt_tokens=len(row.prompt_tokens)),
                                    payload=translator()))
         observe_queue_wait(state, timing)
 

@@ -1,5 +1,6 @@
 """One access-log line per HTTP request: method, path, status, duration, and tokens where a route knows
-them (`record_tokens`); the same request counted in the metrics by route template. Wraps the whole app,
+them (`record_tokens`); the same request counted in the metrics by route template, with its usage and, for a stream
+that failed after its headers, its error's code. Wraps the whole app,
 so 404s, CORS preflights and the guard's refusals are logged and counted too, and each gets an
 `x-request-id` header (the openai SDKs read it into `_request_id`): the client's own when it sent a sane one, as vLLM
 echoes it, else a fresh one. A websocket gets its line when it ends. Behind a reverse proxy listed in
@@ -27,6 +28,8 @@ __all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "recor
 ACCESS_LOGGER = "tandem.access"
 # Where a route leaves a callable giving (prompt, completion) tokens; read once the response has ended.
 _TOKENS_KEY = "tandem.tokens"
+# Where it leaves one giving the prompt tokens served from the prefix cache (the usage's cached_tokens).
+_CACHED_KEY = "tandem.cached_tokens"
 # The end user a request names (OpenAI's `user` / `safety_identifier`), for abuse monitoring.
 _USER_KEY = "tandem.user"
 # What the line writes of it (OpenAI caps safety_identifier at 64): the API takes any length, the log stays bounded.
@@ -46,10 +49,14 @@ _CLIENT_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 _log = logging.getLogger(ACCESS_LOGGER)
 
 
-def record_tokens(connection: ASGIConnection[Any, Any, Any, Any], tokens: Callable[[], tuple[int, int]]) -> None:
-    """Let the access log report this request's (prompt, completion) tokens, read after the response
-    (a stream's last event) went out. Raises nothing."""
-    connection.scope.setdefault("state", {})[_TOKENS_KEY] = tokens
+def record_tokens(connection: ASGIConnection[Any, Any, Any, Any], tokens: Callable[[], tuple[int, int]],
+                  cached: Callable[[], int] | None = None) -> None:
+    """Let the access log report this request's (prompt, completion) tokens, and the metrics count them with the
+    `cached` prompt tokens, read after the response (a stream's last event) went out. Raises nothing."""
+    state = connection.scope.setdefault("state", {})
+    state[_TOKENS_KEY] = tokens
+    if cached is not None:
+        state[_CACHED_KEY] = cached
 
 
 def record_user(connection: ASGIConnection[Any, Any, Any, Any], user: str | None) -> None:
@@ -105,6 +112,10 @@ class RequestMetrics(Protocol):
 
     def observe_session(self, route: str, status: int | None, seconds: float) -> None: ...
 
+    def observe_usage(self, route: str, prompt: int, completion: int, cached: int) -> None: ...
+
+    def observe_stream_failure(self, route: str, code: str) -> None: ...
+
 
 class AccessLog:
     """ASGI wrapper logging (and counting) each HTTP request once it has been answered (streams: once
@@ -134,6 +145,7 @@ class AccessLog:
         ended: list[bool] = []  # the response's last body message went out
         left: list[bool] = []  # the server saw the client disconnect
         refusal: list[str] = []  # an error answer's code and field: why, for the operator
+        failed: list[str] = []  # the code of the error event ending a stream after its 200
 
         async def watch(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -147,8 +159,9 @@ class AccessLog:
                         refusal.append(_refusal(body))
                 # A stream that failed after its 200: its error event's code ("error" quoted is only ever a key).
                 if status and status[0] < 400 and not refusal and b'"error"' in body:
-                    if code := _event_error(body):
-                        refusal.append(code)
+                    if error := _event_error(body):
+                        refusal.append(_described(error))
+                        failed.append(_code_label(error))
             await send(message)
 
         async def listen() -> ReceiveMessage:
@@ -178,8 +191,12 @@ class AccessLog:
             _log.info("%s", line, extra=fields)
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
-                route = scope.get("path_template") or self._route(scope, code)
-                self.metrics.observe_request(str(route), _method_label(scope.get("method")), code, seconds)
+                route = str(scope.get("path_template") or self._route(scope, code))
+                self.metrics.observe_request(route, _method_label(scope.get("method")), code, seconds)
+                if failed:
+                    self.metrics.observe_stream_failure(route, failed[0])
+                if code is not None and code < 400:  # an error status gave its client no usage
+                    _observe_usage(self.metrics, route, scope)
 
 
     async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -248,11 +265,12 @@ def _method_label(method: Any) -> str:
     return method if method in _METHODS else "other"
 
 
-def _event_error(body: Any) -> str:
-    """`code (param)` of the first SSE event in `body` that carries an OpenAI-shaped error (chat's and completions'
-    `data: {"error": ...}`, the Responses API's `error` event), "" when none does. Raises nothing."""
+def _event_error(body: Any) -> dict[str, Any] | None:
+    """The error object of the first SSE event in `body` that carries one (chat's and completions'
+    `data: {"error": ...}`, the Responses API's and the Messages API's `error` events), None when none does. Raises
+    nothing."""
     if not isinstance(body, (bytes, bytearray)) or len(body) > 65536:
-        return ""
+        return None
     for line in bytes(body).split(b"\n"):
         if line.startswith(b"data: {") and b'"error"' in line:
             try:
@@ -260,8 +278,30 @@ def _event_error(body: Any) -> str:
             except ValueError:
                 continue
             if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
-                return _described(payload["error"])
-    return ""
+                return payload["error"]
+    return None
+
+
+def _code_label(error: dict[str, Any]) -> str:
+    """An error's code (else its type: Anthropic's errors have no code) as a metrics label: the server's own words, a
+    fixed set; anything else "other", so no series is made from a client's text. Raises nothing."""
+    code = error.get("code") or error.get("type")
+    return code if isinstance(code, str) and re.fullmatch(r"[a-z_]{1,40}", code) else "other"
+
+
+def _observe_usage(metrics: RequestMetrics, route: str, scope: Scope) -> None:
+    """Count the usage a request was answered with (as far as it got: a stream failed or left after its headers),
+    where its route recorded it. Raises nothing."""
+    state = scope.get("state", {})
+    tokens, cached = state.get(_TOKENS_KEY), state.get(_CACHED_KEY)
+    if tokens is None:
+        return
+    try:
+        prompt, completion = tokens()
+        hits = min(cached(), prompt) if cached is not None else 0
+    except Exception:  # noqa: BLE001 — the metrics must never fail the request
+        return
+    metrics.observe_usage(route, prompt, completion, hits)
 
 
 def _refusal(body: Any) -> str:

@@ -3,7 +3,8 @@ replies (a non-streamed reply frames no events).
 
 Blocks open as the reply's kind of text changes — thinking, text, each tool call (`tool_use`, its arguments as
 `input_json_delta`s) — and each stops before the next starts: message_start, then per block content_block_start,
-its deltas and content_block_stop, then message_delta (stop_reason, usage) and message_stop.
+its deltas and content_block_stop, then message_delta (stop_reason, usage) and message_stop; a stream that fails
+ends with message_delta (usage, stop_reason null) and an `error` event.
 """
 
 from __future__ import annotations
@@ -124,9 +125,12 @@ class MessageOutput:
         return events
 
     def failed(self, error: APIError) -> bytes:
-        """The error event ending a stream that failed after its headers (the anthropic SDKs raise on it; what
-        was said before stays said). Raises nothing."""
-        return self._event("error", **anthropic_error_body(error))
+        """The end of a stream that failed after its headers: message_delta with the usage as far as the reply got
+        and no stop_reason (the anthropic SDKs' accumulators take it: their final message's usage; a block left open is
+        not stopped, so no cut tool_use reads as whole), then the error event, on which the SDKs raise (what was said
+        before stays said). Raises nothing."""
+        return self._event("message_delta", delta={"stop_reason": None, "stop_sequence": None},
+                           usage=self._usage()) + self._event("error", **anthropic_error_body(error))
 
     # -- blocks ----------------------------------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@ SDKs speak), served by the chat machinery: the request becomes a chat request (s
 the reply's chat deltas become content blocks (service/messages/output.py).
 
 A stream is message_start, the blocks' events, message_delta and message_stop; `ping` while the prompt waits; an
-error after the headers is an `error` event, then the stream ends. Errors before them are statuses with Anthropic's
+error after the headers is a message_delta with the usage so far (stop_reason null), an `error` event, then the stream
+ends. Errors before them are statuses with Anthropic's
 error body (service/messages/errors.py).
 """
 
@@ -138,7 +139,7 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
     chat = chat_request(edited)
     timing = request_timing(request, state)
     counter = UsageCounter()
-    record_tokens(request, counter.totals)
+    record_tokens(request, counter.totals, lambda: counter.cached_tokens)
     record_user(request, data.metadata.user_id if data.metadata is not None else None)
     output = MessageOutput(data.model, lambda: _usage(counter), streamed=bool(data.stream),
                            context={"applied_edits": applied} if data.context_management is not None else None,

@@ -204,7 +204,7 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
         _log.info("hosted tools not offered to the model (none run here): %s", ", ".join(unoffered))
     timing = request_timing(request, state)
     counter = UsageCounter()
-    record_tokens(request, counter.totals)
+    record_tokens(request, counter.totals, lambda: counter.cached_tokens)
     record_user(request, data.user or data.safety_identifier)
     record_metadata(request, data.metadata)
     # include message.output_text.logprobs: each token's, with top_logprobs alternatives (as OpenAI, top_logprobs

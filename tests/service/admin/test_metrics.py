@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -122,3 +123,64 @@ def test_websocket_sessions_are_counted_by_route() -> None:
                 ws.receive_json()
         requests = _families(client)["tandem_requests"]
     assert _value(requests, route="/v1/realtime", method="WS", status="101") == 1
+
+
+def _usage_totals(families: dict[str, Any], route: str) -> tuple[float, float, float]:
+    return tuple(_value(families[f"tandem_usage_{kind}_tokens"], route=route)  # type: ignore[return-value]
+                 for kind in ("prompt", "completion", "cached"))
+
+
+def test_usage_counters_add_up_to_the_usage_clients_were_sent(fake_engine: FakeEngine,
+                                                             client: TestClient[Any]) -> None:
+    # Only the engine's prefilled tokens were counted (prefix-cache hits left out, once per row): nothing added up to
+    # the usage the requests were answered with.
+    from tests.service.conftest import sse_events
+
+    fake_engine.cached_tokens = 2
+    user = [{"role": "user", "content": "hi"}]
+    chat = [client.post("/v1/chat/completions", json={"messages": user}).json()["usage"],
+            client.post("/v1/chat/completions", json={"messages": user, "n": 2}).json()["usage"],
+            sse_events(client.post("/v1/chat/completions", json={"messages": user, "stream": True, "stream_options":
+                                                                  {"include_usage": True}}).text)[-2]["usage"]]
+    text = client.post("/v1/completions", json={"prompt": ["ab", "cde"]}).json()["usage"]
+    message = client.post("/v1/messages", json={"model": "fake-model", "max_tokens": 8, "messages": user}).json()
+    assert client.post("/v1/chat/completions", json={"messages": user, "max_tokens": -1}).status_code == 400
+    families = _families(client)
+    for kind in ("prompt", "completion", "cached"):
+        assert families[f"tandem_usage_{kind}_tokens"].type == "counter"
+    assert _usage_totals(families, "/v1/chat/completions") == (
+        sum(u["prompt_tokens"] for u in chat), sum(u["completion_tokens"] for u in chat),
+        sum(u["prompt_tokens_details"]["cached_tokens"] for u in chat))
+    assert _usage_totals(families, "/v1/completions") == (text["prompt_tokens"], text["completion_tokens"],
+                                                           text["prompt_tokens_details"]["cached_tokens"])
+    used = message["usage"]
+    assert _usage_totals(families, "/v1/messages") == (used["input_tokens"] + used["cache_read_input_tokens"],
+                                                        used["output_tokens"], used["cache_read_input_tokens"])
+
+
+def test_a_stream_failing_after_its_headers_is_counted_by_its_code(fake_engine: FakeEngine) -> None:
+    # It counted only in tandem_requests_total, by its headers' 200: nothing told the operator it failed.
+    from service.config import ServiceConfig
+    from tests.service.conftest import sse_events
+
+    fake_engine.gate = anyio.Event()  # every row stalls after its first token, to the deadline
+    user = [{"role": "user", "content": "hi"}]
+    config = ServiceConfig(request_timeout=0.2)
+    with TestClient(create_app(AppState(engine=fake_engine, config=config))) as client:
+        streamed = client.post("/v1/chat/completions", json={"messages": user, "stream": True,
+                                                             "stream_options": {"include_usage": True}})
+        usage = sse_events(streamed.text)[-3]["usage"]
+        client.post("/v1/messages", json={"model": "fake-model", "max_tokens": 8, "messages": user, "stream": True})
+        assert client.post("/v1/completions", json={"prompt": "hi"}).status_code == 504  # before its headers
+        families = _families(client)
+    failures = families["tandem_stream_failures"]
+    assert failures.type == "counter"
+    assert _value(failures, route="/v1/chat/completions", code="request_timeout") == 1
+    assert _value(failures, route="/v1/messages", code="timeout_error") == 1  # Anthropic's error type: it has no code
+    assert not any(s.labels.get("route") == "/v1/completions" for s in failures.samples)  # a 504, counted as such
+    requests = families["tandem_requests"]
+    assert _value(requests, route="/v1/chat/completions", status="200") == 1  # the status label is as it was
+    assert _value(requests, route="/v1/completions", status="504") == 1
+    # As far as it got, as its usage chunk said; the 504 gave no usage and counts none.
+    assert _usage_totals(families, "/v1/chat/completions")[:2] == (usage["prompt_tokens"], usage["completion_tokens"])
+    assert not any(s.labels.get("route") == "/v1/completions" for s in families["tandem_usage_prompt_tokens"].samples)

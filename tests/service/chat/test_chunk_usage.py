@@ -84,3 +84,14 @@ def test_a_continuous_usage_stats_not_a_switch_is_refused_by_name(client: Any) -
     response = client.post("/v1/chat/completions", json={"messages": USER, "stream": True,
                                                          "stream_options": {"continuous_usage_stats": "yes"}})
     assert response.status_code == 400 and response.json()["error"]["param"] == "stream_options.continuous_usage_stats"
+
+
+@pytest.mark.parametrize("body", [{"messages": USER}, {"messages": USER, "n": 2}])
+def test_the_role_chunk_counts_no_completion_tokens_as_vllms_first(client: Any, body: dict[str, Any]) -> None:
+    # It said 1, as did the first content chunk after it: a token counted before anything was generated is shown.
+    chunks = _stream(client, "/v1/chat/completions", body, GUIDELLM)
+    for index in range(body.get("n", 1)):
+        role, first, *_ = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert role["usage"]["completion_tokens"] == 0 and role["usage"]["total_tokens"] == role["usage"]["prompt_tokens"]
+        assert first["choices"][0]["delta"]["content"] and first["usage"]["completion_tokens"] == 1

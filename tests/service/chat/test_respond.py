@@ -9,10 +9,13 @@ from typing import Any
 import anyio
 import pytest
 
+from litestar.testing import TestClient
+
 from service.app import create_app
 from service.config import ServiceConfig
 from service.state import STATE_KEY, AppState
 from tests.service.asgi import ASGIClient, asgi_scope
+from tests.service.conftest import sse_events
 from tests.service.fake_engine import FakeEngine
 from tests.service.sse_events import named_events
 
@@ -281,3 +284,79 @@ async def test_an_unexpected_failure_after_the_keep_alives_is_a_500_event_and_lo
     assert events[-1] == "[DONE]" and events[-2]["error"]["type"] == "server_error", events
     logged = [r for r in caplog.records if "the relay broke" in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+# A stream failing after its headers: the engine's error on its third delta, or its deadline while it waits for its
+# second (FakeEngine.gate never opened).
+_FAILURES = [("engine", "server_error"), ("deadline", "request_timeout")]
+_USAGE_ROUTES = [
+    ("/v1/chat/completions", {"messages": USER}),
+    ("/v1/chat/completions", {"messages": USER, "n": 2}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/completions", {"prompt": ["hi", "there"]}),
+]
+
+
+def _failing(failure: str) -> tuple[FakeEngine, ServiceConfig]:
+    engine = FakeEngine()
+    if failure == "engine":
+        engine.fail_with, engine.fail_at = "the device fell over", 2
+        return engine, ServiceConfig()
+    engine.gate = anyio.Event()
+    return engine, ServiceConfig(request_timeout=0.2)
+
+
+@pytest.mark.parametrize("failure,code", _FAILURES)
+@pytest.mark.parametrize("path,body", _USAGE_ROUTES)
+@pytest.mark.parametrize("options", [{"include_usage": True},
+                                     {"include_usage": True, "continuous_usage_stats": True}, None])
+def test_a_stream_failing_after_its_headers_sends_the_usage_it_asked_for_before_the_error(
+        failure: str, code: str, path: str, body: dict[str, Any], options: dict[str, Any] | None) -> None:
+    # The usage chunk was left out: a client metering by stream_options.include_usage saw the tokens it was shown
+    # billed nowhere, while /metrics counted them.
+    engine, config = _failing(failure)
+    with TestClient(create_app(AppState(engine=engine, config=config))) as client:
+        response = client.post(path, json={**body, "stream": True, "max_tokens": 8,
+                                           **({"stream_options": options} if options else {})})
+    assert response.status_code == 200
+    *chunks, usage, error, done = sse_events(response.text)
+    assert done == "[DONE]" and error["error"]["code" if failure == "deadline" else "type"] == code, error
+    if options is None:  # none asked for: none sent
+        assert usage["choices"] and all("usage" not in c for c in (*chunks, usage))
+        return
+    assert usage["choices"] == [] and all(c["choices"] for c in chunks), usage
+    counts = usage["usage"]
+    prompts = [len(r.prompt_tokens) for r in engine.requests]
+    assert counts["prompt_tokens"] == sum(sorted(set(prompts))) > 0  # each prompt once, as a whole stream's
+    shown = sum(1 for c in chunks if (c["choices"][0].get("delta") or {}).get("content") or c["choices"][0].get("text"))
+    assert counts["completion_tokens"] >= shown > 0
+    assert counts["total_tokens"] == counts["prompt_tokens"] + counts["completion_tokens"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("path,body", [r for r in STREAMED_ROUTES if "/v1/responses" not in r[0]])
+async def test_a_stream_failing_after_the_keep_alives_sends_its_usage_first(
+        monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]) -> None:
+    # Failed before its first token, after its headers: the prompt's usage, no completion tokens.
+    from service.chat import choices, respond
+
+    monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
+    monkeypatch.setattr(choices, "FIRST_BYTE_WAIT", 0.01)
+    engine = _IsolatedRows()
+    client = _Client({**body, "stream": True, "stream_options": {"include_usage": True}} if "model" not in body
+                     else {**body, "stream": True}, marker=b"\n\n", count=2)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_app(engine, 0.01, tg), asgi_scope(path), client.receive, client.send)
+            await client.counted.wait()
+            engine.remote._fail_streams(_DIED, restarting=True)
+            await client.leave.wait()
+    if path == "/v1/messages":
+        *_, delta, error = named_events(b"".join(client.chunks).decode())
+        assert delta["type"] == "message_delta" and delta["delta"]["stop_reason"] is None, delta
+        assert delta["usage"]["input_tokens"] > 0 and delta["usage"]["output_tokens"] == 0
+        assert error["type"] == "error"
+        return
+    *_, usage, error, done = client.events()
+    assert done == "[DONE]" and error["error"]["code"] == "engine_restarting"
+    assert usage["choices"] == [] and usage["usage"]["prompt_tokens"] > 0 and usage["usage"]["completion_tokens"] == 0

@@ -365,3 +365,14 @@ def test_json_lines_carry_the_lines_parts_as_keys(client: Any, capsys: pytest.Ca
         "completion_tokens": usage["completion_tokens"]}
     assert isinstance(ok["duration_ms"], float) and ok["client"]
     assert (refused["status"], refused["error"]) == (400, refused["message"].split(" error ")[1].split(" req_")[0])
+
+
+def test_a_failed_streams_metrics_label_is_its_code_or_other() -> None:
+    # tandem_stream_failures_total{code}: the server's codes (a fixed set) or the error's type where it has none
+    # (Anthropic's); anything else one label, so no series is made from unexpected text.
+    from service.http.access_log import _code_label
+
+    assert _code_label({"code": "request_timeout", "type": "server_error"}) == "request_timeout"
+    assert _code_label({"code": None, "type": "server_error"}) == "server_error"
+    assert _code_label({"type": "timeout_error"}) == "timeout_error"
+    assert _code_label({"code": "Not A Code"}) == _code_label({"code": "x" * 41}) == _code_label({}) == "other"

@@ -359,3 +359,16 @@ def test_a_forced_tool_not_marked_strict_is_called_whatever_its_input_schema(tin
     assert reply.status_code == 200, reply.text
     use = next(block for block in reply.json()["content"] if block["type"] == "tool_use")
     assert use["name"] == "f" and isinstance(use["input"], dict), use
+
+
+def test_a_failed_stream_gives_its_usage_before_the_error(fake_engine: FakeEngine, client: TestClient[Any]) -> None:
+    # The error event ended it with no usage: a client metering by message_delta never saw the tokens it was shown.
+    fake_engine.fail_with, fake_engine.fail_at = "the device fell over", 3
+    events = message_events(_post(client, stream=True).text)
+    delta, error = events[-2:]
+    assert error["type"] == "error" and delta["type"] == "message_delta"
+    # No stop_reason (the reply did not end), no block stopped (a cut call must not read as whole).
+    assert delta["delta"] == {"stop_reason": None, "stop_sequence": None} and events[-3]["type"] == "content_block_delta"
+    prompt = len(fake_engine.requests[-1].prompt_tokens)
+    assert delta["usage"]["input_tokens"] == prompt and delta["usage"]["output_tokens"] >= 3
+
