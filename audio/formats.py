@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal, get_args
 
-from audio.transcript import Transcript
+from audio.transcript import TokenCounts, Transcript
 
 __all__ = ["ResponseFormat", "RESPONSE_FORMATS", "render", "media_type", "timestamp", "language_name", "text_language",
            "usage", "token_usage"]
@@ -61,11 +61,12 @@ def usage(t: Transcript) -> dict[str, Any]:
     return {"type": "duration", "seconds": round(t.duration, 3)}
 
 
-def token_usage(t: Transcript) -> dict[str, Any] | None:
+def token_usage(t: Transcript | TokenCounts) -> dict[str, Any] | None:
     """OpenAI's token usage (a streamed transcription's, whose done event takes no duration usage) from what the
-    decoding counted: input = the prompt's tokens Whisper read + its encoder positions of the audio (50 a second),
-    output = the text tokens written; None where the Transcript has no counts. Raises nothing."""
-    if (n := t.tokens) is None:
+    decoding counted (a Transcript's `tokens`, or the counts themselves): input = the prompt's tokens Whisper read +
+    its encoder positions of the audio (50 a second), output = the text tokens written; None where the Transcript
+    has no counts. Raises nothing."""
+    if (n := t.tokens if isinstance(t, Transcript) else t) is None:
         return None
     return {"type": "tokens", "input_tokens": n.prompt + n.audio,
             "input_token_details": {"text_tokens": n.prompt, "audio_tokens": n.audio},

@@ -18,14 +18,16 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioPool
+from audio.decoding import _prompt_tokens
 from audio.errors import InvalidOption, SessionLimit, SessionNotFound, SessionShareLimit, SpeechNotRunning
 from audio.file_transcription import transcribe_stream
 from audio.idle_release import IdleRelease
+from audio.mel import HOP_LENGTH
 from audio.pcm import SAMPLE_RATE
 from audio.scheduler import Pace, StepBudget, WhisperScheduler
 from audio.sessions import LiveConfig, LiveSession
 from audio.speech_thread import speech_nice_default, speech_turns_default, step_thread_default
-from audio.transcript import Segment, Task, TranscribeOptions, Transcript, spoken_languages
+from audio.transcript import Segment, Task, TokenCounts, TranscribeOptions, Transcript, spoken_languages
 from audio.warmup import compiles_kernels, warm_up_signal
 from audio.whisper import (
     DEMO_ALIASES,
@@ -127,6 +129,18 @@ class SpeechService:
         if self._n_vocab is None:
             return None
         return self._n_vocab - 51765 - int(self.multilingual)
+
+    def token_counts(self, prompt: str | None, text: str, seconds: float) -> TokenCounts:
+        """What transcribing `seconds` of audio into `text` with `prompt` costs in Whisper's tokens, counted as a
+        file's decoding counts them (WindowedTranscription.token_counts): the prompt's tokens a window reads (its
+        last 223 at most: every Whisper's n_text_ctx is 448), 50 encoder positions a second, the text's tokens. From
+        the tokenizer alone (prepare_whisper built it; no weights needed). Raises nothing."""
+        from mlx_whisper.tokenizer import get_tokenizer
+
+        tok = get_tokenizer(self.multilingual, num_languages=self.num_languages or 99, language="en", task="transcribe")
+        written = len(tok.encode(" " + text.strip(), disallowed_special=())) if text.strip() else 0
+        return TokenCounts(prompt=min(len(_prompt_tokens(tok, prompt)), 448 // 2 - 1), output=written,
+                           audio=-(-round(seconds * SAMPLE_RATE) // (HOP_LENGTH * 2)))
 
     def options(self, *, language: str | None = None, languages: Sequence[str] = (), task: str = "transcribe",
                 english_only_transcribes: bool = False, **kwargs: Any) -> TranscribeOptions:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from audio.sessions import LiveSession
-    from audio.transcript import Segment, TranscribeOptions, Transcript
+    from audio.transcript import Segment, TokenCounts, TranscribeOptions, Transcript
     from engine.tasks import ExecutionTasks
 
 __all__ = ["ChatTokenizer", "RowStream", "EnginePlan", "ChatEngine", "WhisperModelFiles", "SpeechBackend"]
@@ -154,6 +154,8 @@ class SpeechBackend(Protocol):
     vad_default: bool
 
     def options(self, *, language: str | None = None, task: str = "transcribe", **kwargs: Any) -> TranscribeOptions: ...
+
+    def token_counts(self, prompt: str | None, text: str, seconds: float) -> TokenCounts: ...
 
     def transcribe_stream(self, pcm: np.ndarray,
                           options: TranscribeOptions) -> AsyncGenerator[list[Segment] | Transcript, None]: ...

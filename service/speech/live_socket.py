@@ -53,7 +53,7 @@ from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
 from service.speech.realtime_events import Items, server_events, transcription_failed
 from service.speech.served import served_speech
 from service.speech.socket_errors import GONE, as_api_error, base64_audio, close_code, expiry, shutting_down, typed
-from service.speech.transcription_fields import transcription_params
+from service.speech.transcription_fields import transcription_params, utterance_usage
 from service.state import AppState
 
 _log = logging.getLogger(__name__)
@@ -126,6 +126,10 @@ class LiveSocket:
                 self.speech.delete_session(self.session.id)
             with contextlib.suppress(*GONE):
                 self.session.cancel()
+
+    def _usage(self, text: str, seconds: float) -> dict[str, Any]:
+        """A transcript's usage as OpenAI's for the session's model (tokens or seconds). Raises as token_counts."""
+        return utterance_usage(self.speech, self.config.model, self.config.full_prompt, text, seconds)
 
     def _options(self, config: RealtimeConfig) -> TranscribeOptions:
         return self.speech.options(**config.decoding(), temperatures=TranscribeOptions.ladder(0.0))
@@ -281,7 +285,8 @@ class LiveSocket:
                         self._reply_sent()
                 elif self.mode == "realtime":
                     for out in server_events(ev, self.items, self.config.tentative, lambda: session.lag_seconds,
-                                             self.config.logprobs, self.config.model, ga=self.dialect == "ga"):
+                                             self.config.logprobs, self.config.model, ga=self.dialect == "ga",
+                                             usage=self._usage):
                         await self._send(out)
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()

@@ -21,7 +21,8 @@ for all of it (they were asked for after some of its text was decoded). An event
 its text: where the text leaves out Whisper's leading space, its first token's `token` and `bytes` leave it out too
 (its logprob unchanged; a token of whitespace alone goes), so `completed`'s are its deltas' one after another.
 For gpt-live-transcribe and gpt-transcribe, `completed` carries OpenAI's `languages` ([{"code"}]: the language its
-text was decoded in; [] for an empty transcript).
+text was decoded in; [] for an empty transcript). Its `usage` is OpenAI's for the session's model: tokens for those
+billed by tokens (gpt-4o-transcribe, gpt-4o-mini-transcribe), else the item's seconds of audio.
 """
 
 from __future__ import annotations
@@ -93,11 +94,14 @@ def transcription_failed(items: Items, error: dict[str, Any]) -> list[dict[str, 
 
 
 def server_events(ev: SessionEvent, items: Items, tentative: bool, lag: Callable[[], float] = lambda: 0.0,
-                  logprobs: bool = False, model: str | None = None, ga: bool = False) -> list[dict[str, Any]]:
+                  logprobs: bool = False, model: str | None = None, ga: bool = False,
+                  usage: Callable[[str, float], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The Realtime server events for one session event (event ids added by the sender); `logprobs`: deltas and
     transcripts carry their tokens' log probabilities; `model`, the session's transcription model: transcripts name
     the language heard if OpenAI's do for it (gpt-live-transcribe's `languages`); `ga`: a GA session's item events
-    (`conversation.item.added` and `.done`, the beta's `conversation.item.created` otherwise). Raises nothing."""
+    (`conversation.item.added` and `.done`, the beta's `conversation.item.created` otherwise); `usage`: a
+    transcript's usage for its text and seconds of audio (transcription_fields.utterance_usage; None: the seconds).
+    Raises what `usage` raises."""
     k = ev.item
     if ev.type == "speech_started":
         item = items.get(k)
@@ -147,7 +151,8 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool, lag: Callable
         transcript = ev.text.lstrip()
         completed = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
                      "content_index": 0, "transcript": transcript,
-                     "usage": {"type": "duration", "seconds": round(seconds, 3)}}
+                     "usage": usage(transcript, seconds) if usage is not None else
+                     {"type": "duration", "seconds": round(seconds, 3)}}
         if (heard := detected_languages(model, ev.language, transcript)) is not None:
             completed["languages"] = heard
         if logprobs:

@@ -268,6 +268,10 @@ _LANGUAGES = ("For model gpt-transcribe or gpt-live-transcribe (as OpenAI's): th
               "speech in (given, English for an English-only model, else detected); empty when no speech was heard.")
 
 
+_USAGE = ("As OpenAI's for the model asked for: tokens for gpt-4o-transcribe and gpt-4o-mini-transcribe (counted as "
+          "a stream's), else the audio's seconds.")
+
+
 class DurationUsage(BaseModel):
     """What a Whisper transcription used: seconds of audio."""
 
@@ -282,7 +286,8 @@ class InputTokenDetails(BaseModel):
 
 
 class TokenUsage(BaseModel):
-    """What a streamed transcription used, in tokens (OpenAI's usage for models billed by tokens)."""
+    """What a transcription used, in tokens (OpenAI's usage for models billed by tokens): a stream's, and a json
+    answer's for model gpt-4o-transcribe or gpt-4o-mini-transcribe."""
 
     type: Literal["tokens"] = "tokens"
     input_tokens: int = Field(description="text_tokens + audio_tokens.")
@@ -295,7 +300,7 @@ class Transcription(BaseModel):
     """response_format=json."""
 
     text: str
-    usage: DurationUsage
+    usage: DurationUsage | TokenUsage = Field(description=_USAGE)
     languages: list[TranscriptionLanguage] | None = Field(None, description=_LANGUAGES)
     logprobs: list[TranscriptionLogprob] | None = Field(None, description=_LOGPROBS)
 

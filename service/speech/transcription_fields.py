@@ -7,17 +7,23 @@ the padding and the pause that ends speech), and the `languages` an answer names
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
+from audio.formats import token_usage
 from audio.transcript import iso_language
+from service.seams import SpeechBackend
 
 __all__ = ["joined_prompt", "hotword_list", "transcription_params", "aggressiveness", "vad_options",
-           "LANGUAGES_MODELS", "detected_languages"]
+           "LANGUAGES_MODELS", "detected_languages", "TOKEN_USAGE_MODELS", "utterance_usage"]
 
 # OpenAI's ids whose transcriptions carry `languages` (openai-python's Transcription, TranscriptionTextDoneEvent and
 # ...InputAudioTranscriptionCompletedEvent: "Returned by `gpt-transcribe`"; gpt-live-transcribe is its Realtime form,
 # whose `.completed` LiveKit reads them from); the other ids' answers keep the shape OpenAI gives them
 LANGUAGES_MODELS = frozenset({"gpt-transcribe", "gpt-live-transcribe"})
+# OpenAI's ids billed by tokens, whose answers' `usage` is `{"type": "tokens", ...}` (openai-python's Transcription and
+# ...InputAudioTranscriptionCompletedEvent take either kind); whisper-1's and those priced by the minute
+# (gpt-transcribe, gpt-live-transcribe, gpt-realtime-whisper), as the served model's own names, `{"type": "duration"}`
+TOKEN_USAGE_MODELS = frozenset({"gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe-2025-12-15"})
 
 
 def joined_prompt(prompt: str | None, keywords: Sequence[str]) -> str | None:
@@ -62,3 +68,13 @@ def detected_languages(model: str | None, language: str | None, text: str) -> li
     if model not in LANGUAGES_MODELS:
         return None
     return [{"code": iso_language(language)}] if language and text.strip() else []
+
+
+def utterance_usage(speech: SpeechBackend, model: str | None, prompt: str | None, text: str,
+                    seconds: float) -> dict[str, Any]:
+    """A Realtime transcript's usage for `seconds` of audio, as OpenAI's for `model`: in tokens for those it bills by
+    tokens (counted as a file's: SpeechBackend.token_counts), else the seconds. Raises what token_counts raises
+    (nothing but an engine process gone, under --isolate)."""
+    if model in TOKEN_USAGE_MODELS and (spent := token_usage(speech.token_counts(prompt, text, seconds))) is not None:
+        return spent
+    return {"type": "duration", "seconds": round(seconds, 3)}

@@ -42,7 +42,13 @@ from service.speech.schemas import (
     VerboseTranscription,
 )
 from service.speech.served import decode_audio_body, served_speech, transcribe_options
-from service.speech.transcription_fields import detected_languages, hotword_list, joined_prompt, vad_options
+from service.speech.transcription_fields import (
+    TOKEN_USAGE_MODELS,
+    detected_languages,
+    hotword_list,
+    joined_prompt,
+    vad_options,
+)
 from service.state import get_state
 
 __all__ = ["create_transcription", "respond_to_upload", "SPEECH_ERRORS", "FILE_CONTENT", "OK_CONTENT", "FILE_PARTS",
@@ -150,6 +156,9 @@ async def respond_to_upload(request: Request[Any, Any, Any], data: TranslationFo
     heard = detected_languages(languages_model, transcript.language, transcript.text)
     if isinstance(body, dict) and data.response_format == "json" and heard is not None:  # OpenAI's Transcription's
         body["languages"] = heard
+    spent = token_usage(transcript) if languages_model in TOKEN_USAGE_MODELS else None  # OpenAI's usage for its model
+    if isinstance(body, dict) and data.response_format == "json" and spent is not None:  # verbose_json: whisper-1's
+        body["usage"] = spent
     if isinstance(body, dict) and options.logprobs:  # json only (the form refuses the others)
         body["logprobs"] = _logprobs(transcript.logprobs, transcript.text)
     return Response(body, media_type=media_type(data.response_format), status_code=200)

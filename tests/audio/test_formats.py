@@ -76,6 +76,7 @@ def test_token_usage_is_openais_from_the_counts_and_none_without_them() -> None:
                                     "input_token_details": {"text_tokens": 5, "audio_tokens": 150},
                                     "output_tokens": 7, "total_tokens": 162}
     assert token_usage(T) is None
+    assert token_usage(counted.tokens) == token_usage(counted)  # the counts alone: a Realtime transcript's
 
 
 def test_unknown_format() -> None:

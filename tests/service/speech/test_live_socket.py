@@ -263,6 +263,34 @@ def test_g711_is_decoded_and_echoed_and_a_format_change_mid_session_is_taken(
     np.testing.assert_allclose(got[200:-200], expected[200:len(got) - 200], atol=0.02)
 
 
+@pytest.mark.parametrize("model", ["gpt-4o-transcribe", "gpt-4o-mini-transcribe", "whisper-1"])
+def test_a_transcripts_usage_is_openais_for_the_sessions_model(client: TestClient[Any], model: str) -> None:
+    """OpenAI's `.completed` says tokens for gpt-4o-transcribe (as its file answers), seconds for whisper-1; ours was
+    always seconds. Counted as a file's: the prompt's tokens, 50 a second of the item's audio, the text's tokens."""
+    from mlx_whisper.tokenizer import get_tokenizer
+
+    prompt = "Ten of clubs."
+    with client.websocket_connect("/v1/realtime?intent=transcription") as ws:
+        assert ws.receive_json(timeout=30)["type"] == "session.created"
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {"input": {
+            "transcription": {"model": model, "prompt": prompt}, "turn_detection": None}}}}))
+        until(ws, "session.updated")
+        append(ws, voiced(1.5))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
+        done = until(ws, "conversation.item.input_audio_transcription.completed")[-1]
+    usage = TypeAdapter(RealtimeServerEvent).validate_python(done).usage  # type: ignore[union-attr]
+    if model == "whisper-1":
+        assert done["usage"] == {"type": "duration", "seconds": 1.5}
+        return
+    assert usage is not None and usage.type == "tokens" and usage.input_token_details is not None, done
+    details = usage.input_token_details
+    assert (details.text_tokens, details.audio_tokens) == (len(get_tokenizer(False).encode(" " + prompt)), 75)
+    assert usage.input_tokens == details.text_tokens + details.audio_tokens  # type: ignore[operator]
+    written = get_tokenizer(False).encode(" " + done["transcript"]) if done["transcript"] else []
+    assert usage.output_tokens == len(written)
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+
+
 @pytest.mark.parametrize("law", ["ulaw", "alaw"])
 def test_a_ga_session_takes_g711_and_echoes_it_as_openai_does(client: TestClient[Any], law: str) -> None:
     kind = {"ulaw": "audio/pcmu", "alaw": "audio/pcma"}[law]

@@ -139,6 +139,28 @@ def test_a_streamed_transcriptions_usage_is_openais_token_usage(client: TestClie
         {"type": "duration", "seconds": 2.0}
 
 
+@pytest.mark.parametrize("model", ["gpt-4o-transcribe", "gpt-4o-mini-transcribe", "gpt-4o-mini-transcribe-2025-12-15"])
+def test_a_json_answer_for_a_model_billed_by_tokens_gives_token_usage(client: TestClient[Any], model: str) -> None:
+    """OpenAI answers gpt-4o-transcribe's json with token usage, whisper-1's with seconds (openai-python's
+    Transcription.usage: UsageTokens | UsageDuration): the type was the route's (a stream said tokens, its json
+    seconds). Counted as a stream counts them; verbose_json, whisper-1's alone at OpenAI, keeps the seconds."""
+    from openai.types.audio import Transcription
+
+    prompt = "Ten of clubs."
+    body = transcribe(client, model=model, prompt=prompt, vad="false").json()
+    usage = Transcription.model_validate(body).usage
+    streamed = sse_events(transcribe(client, model=model, prompt=prompt, vad="false", stream="true").text)[-1]["usage"]
+    assert usage is not None and usage.type == "tokens", body
+    assert usage.input_token_details is not None and usage.input_token_details.audio_tokens == 2 * 50
+    assert (usage.input_tokens, usage.input_token_details.text_tokens) == \
+        (streamed["input_tokens"], streamed["input_token_details"]["text_tokens"])
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    assert (usage.output_tokens > 0) == bool(body["text"])
+    assert transcribe(client, prompt=prompt, vad="false").json()["usage"] == {"type": "duration", "seconds": 2.0}
+    assert transcribe(client, model=model, response_format="verbose_json", vad="false").json()["usage"] == \
+        {"type": "duration", "seconds": 2.0}
+
+
 def test_raw_pcm_upload(client: TestClient[Any]) -> None:
     r = client.post("/v1/audio/transcriptions", data={"model": "whisper-1", "temperature": "1.0"},
                     files={"file": ("a.pcm", voiced(1).astype("<f4").tobytes(), "audio/pcm;rate=16000")})
