@@ -37,7 +37,9 @@ def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
     Raises APIError 404 model_not_found when no chat model with that name is served."""
     name = state.chat_model_name
     available = [card.id for card in state.model_cards()]
-    if requested and requested in speech_model_names(state):
+    if requested and name is not None and requested == "demo" and name == _demo_chat_id():
+        requested = name  # "demo" names both demos (the CLI's `--model demo`): here the chat one
+    if requested and requested in speech_model_names(state) and requested != name:
         raise model_of_another_kind(requested, "a speech-to-text model (POST /v1/audio/transcriptions, "
                                                "/v1/realtime)", name)
     if name is None:
@@ -46,6 +48,12 @@ def chat_engine(state: AppState, requested: str | None) -> ChatEngine:
         raise model_not_found(requested, available)
     assert state.engine is not None  # a chat model name implies an engine
     return state.engine
+
+
+def _demo_chat_id() -> str:
+    from engine.models import DEMO_MODEL_ID
+
+    return DEMO_MODEL_ID
 
 
 def vocab_size(engine: ChatEngine) -> int | None:

@@ -61,3 +61,27 @@ def test_tgis_names_stand_for_the_served_chat_model_on_every_route(client: Any, 
         assert response.status_code == 200, (name, response.text)
     refused = client.post(path, json={"model": "gpt-9", **body})
     assert refused.status_code == 404 and "gpt-9" in refused.text
+
+
+def test_demo_names_the_chat_demo_on_chat_routes_while_whisper_answers_to_it_too() -> None:
+    # `tandem serve` with no model serves both demos, and "demo" names both (the CLI's `--model demo`): a chat request
+    # for "demo" was a 404 calling it "a speech-to-text model", the Whisper demo's aliases being checked first.
+    from types import SimpleNamespace
+
+    from engine.models import DEMO_MODEL_ID
+    from service.chat.request import chat_engine
+    from service.http.errors import APIError
+    from service.state import AppState
+
+    engine = FakeEngine()
+    engine.model_name = DEMO_MODEL_ID
+    state = AppState(engine=engine, speech=SimpleNamespace(model_name="tiny.en"),  # type: ignore[arg-type]
+                     speech_aliases={"demo", "whisper-tiny.en"})
+    assert chat_engine(state, "demo") is engine and chat_engine(state, DEMO_MODEL_ID) is engine
+    with pytest.raises(APIError) as refused:
+        chat_engine(state, "whisper-1")
+    assert refused.value.status == 404 and "speech-to-text" in refused.value.message
+    engine.model_name = "another-model"  # "demo" is the Whisper demo's name when the chat model is not the demo
+    with pytest.raises(APIError) as refused:
+        chat_engine(state, "demo")
+    assert "speech-to-text" in refused.value.message
