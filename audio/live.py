@@ -6,7 +6,7 @@ text forced as a prefix (audio/agreement.py): what two consecutive decodes agree
 tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
 behind finishes all its pending utterances that fit a window with one decode, its text split among them by
-timestamps. A client's commit is a hard pause: no decode crosses it, and the next starts there (a file's window
+where its words were said (aligned as a file's word timestamps are). A client's commit is a hard pause: no decode crosses it, and the next starts there (a file's window
 ends at a long silence so). Committed text never changes.
 Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
 stays as context for the next decode, unless an utterance's first guess over it comes back empty: then it is
@@ -22,6 +22,7 @@ session's new options: audio/live_requests.py.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING, Awaitable, Callable, Sequence
 
@@ -44,6 +45,7 @@ from audio.window import WindowResult
 from audio.timeline import Timeline
 from audio.transcript import TranscribeOptions, Transcript
 from audio.utterances import Utterances
+from audio.word_alignment import align_words, token_times
 
 if TYPE_CHECKING:
     from audio.scheduler import WhisperScheduler
@@ -172,11 +174,12 @@ class LiveTranscription(LiveGuesses, LiveRequests):
         return self._live is not None and self._tr is not None and \
             len(self._live.prefix) > self._tr.loaded.model.dims.n_text_ctx // 4
 
-    async def _decode(self, count: int, probe: bool = False,
-                      scope: "anyio.CancelScope | None" = None) -> WindowResult | None:
+    async def _decode(self, count: int, probe: bool = False, scope: "anyio.CancelScope | None" = None,
+                      features: bool = False) -> WindowResult | None:
         """Decode the open audio from the seek, the committed prefix forced (its window leaves the scheduler
         once `scope`, else the session's scope, is cancelled). A probe tries one temperature and gives None
-        when its text loops (over the compression threshold, or a short run over a cut context): no guess."""
+        when its text loops (over the compression threshold, or a short run over a cut context): no guess.
+        `features`: the result keeps the encoder output (word alignment)."""
         assert self._tr is not None and self._live is not None and self._loaded is not None
         self._loop_head = None
         seek = self._seek()
@@ -188,6 +191,8 @@ class LiveTranscription(LiveGuesses, LiveRequests):
             chat_active=self._scheduler.chat_active())
         if request.logprobs != self.logprobs:  # its own ask (reconfigure), not its options' until they are retargeted
             request = replace(request, logprobs=self.logprobs)
+        if features:
+            request = replace(request, keep_features=True)
         began = self._clock()
         result = await self._scheduler.decode(self._loaded, request, scope or self._scope)
         self._cadence.decode_s = self._clock() - began
@@ -286,7 +291,8 @@ class LiveTranscription(LiveGuesses, LiveRequests):
         assert tr is not None and live is not None
         self._cadence.empty = False  # the next utterance's guesses start afresh
         seek = self._seek()
-        result = await self._decode(limit - seek) if limit - seek >= HOP_LENGTH else None
+        several = sum(1 for p in self.utterances.pauses if p <= limit) > 1  # behind: split by where words were said
+        result = await self._decode(limit - seek, features=several) if limit - seek >= HOP_LENGTH else None
         if result is not None and not (tr.silent(result) and not live.prefix):
             tokens = self._clamped(result.decoded.tokens, seek, limit, len(live.prefix))
             stop = stopped_short(tokens, tr.tokenizer.timestamp_begin, tr.input_stride * HOP_LENGTH, seek, limit,
@@ -300,8 +306,9 @@ class LiveTranscription(LiveGuesses, LiveRequests):
                 self._commit_text(group, logprobs[at:at + len(group)] if logprobs is not None else None)
                 at += len(group)
 
+            times = await self._token_times(tokens, result, seek, limit) if several else None
             self.utterances.commit_by_pause(tokens, len(live.prefix), tr.tokenizer.timestamp_begin,
-                                            tr.input_stride * HOP_LENGTH, seek, limit, commit)
+                                            tr.input_stride * HOP_LENGTH, seek, limit, commit, times)
             live.reset()
             live.prefix = list(tokens)
             if short is not None:
@@ -319,6 +326,22 @@ class LiveTranscription(LiveGuesses, LiveRequests):
         elif result is not None:
             self._trim(result, limit)
         self.utterances.close_through(limit)
+
+    async def _token_times(self, tokens: list[int], result: WindowResult, seek: int,
+                           limit: int) -> list[float | None] | None:
+        """Where (compact samples) each of `tokens`, a decode from `seek` to `limit`, was said: its words aligned
+        over the decode's encoder output (None without it). Whisper's segment times over several utterances were
+        whole seconds off, a segment holding five. Raises what MLX raises."""
+        features, result.features = result.features, None  # kept for this alone
+        assert self._tr is not None and self._loaded is not None
+        eot = self._tr.tokenizer.eot
+        if features is None:
+            return None
+        frames = min((limit - seek) // HOP_LENGTH, 2 * int(features.shape[1]))
+        words = await self._scheduler.tasks.run(functools.partial(
+            align_words, self._loaded.model, self._tr.tokenizer, [t for t in tokens if t < eot], features, frames),
+            label="whisper.align")
+        return token_times(words, tokens, eot, seek)
 
     def _finish_all(self, limit: int) -> None:
         """All committed text up to `limit` joins the transcript and the open audio before it goes."""

@@ -49,7 +49,7 @@ class SessionPump:
     _origin: int  # raw sample where the gate started (a clear() restarts it)
     _gated: int  # raw samples through the gate
     _boundary: int  # raw sample of the last commit, clear or VAD pause
-    _controls: deque[tuple[Literal["commit", "clear", "mark", "options"], int, str | None]]
+    _controls: deque[tuple[Literal["commit", "clear", "mark", "options", "end"], int, str | None]]
     _asked: deque[TranscribeOptions]  # for each "options" control, in order: what reconfigure() was given
     _finishing: bool
     _idle: bool
@@ -167,14 +167,24 @@ class SessionPump:
             elif what == "options":
                 await self._gate_to(at, flush=False)
                 self._retune(self._asked.popleft())
+            elif what == "end":  # the session's audio cap: the open utterance ends there, as at a finish
+                await self._end_open(at)
             elif ref is not None:
                 self._emit(SessionEvent("mark", ref=ref))
             self._controls.popleft()
-        await self._gate_to(self._raw.total, flush=self._finishing)
-        if self._finishing and self.live.has_open:
-            self._pause(self._raw.total)
+        if self._finishing:
+            await self._end_open(self._raw.total)
+        else:
+            await self._gate_to(self._raw.total, flush=False)
         self._raw.discard_before(self._settled())
         self._pool.update(self)
+
+    async def _end_open(self, at: int) -> None:
+        """No more audio comes for the open utterance (a finish, an expiry, the audio cap): the audio up to `at`
+        through the gate, an open speech region closed there (speech_stopped), and the utterance paused."""
+        await self._gate_to(at, flush=True)
+        if self.live.has_open:
+            self._pause(at)
 
     async def _gate_to(self, end: int, flush: bool, ref: str | None = None, commit: bool = False) -> bool:
         """Gate raw audio up to `end`; with `flush` close an open speech region there (its pause carries

@@ -4,7 +4,8 @@ A LiveSession owns capture (PCM decoding, the received audio not yet through the
 requests and the event log clients read; its base, the pump (audio/session_pump.py), runs the decodes
 (audio/live.py) and keeps gating the audio that arrives while one runs, so a pause is seen when its audio comes. Audio is never dropped silently: a
 session that cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was
-accepted; only clear() drops audio, on request. commit() and clear() act at the point of the received audio
+accepted (the audio cap also ends the open utterance there, so its words are transcribed); only clear() drops
+audio, on request. commit() and clear() act at the point of the received audio
 where they were called, whatever arrives after them.
 """
 
@@ -77,7 +78,8 @@ class LiveSession(SessionPump):
         self._gated = 0  # raw samples through the gate
         self._boundary = 0  # raw sample of the last commit, clear or VAD pause
         # (what, raw sample, the commit's ref), in the order they were asked for
-        self._controls: deque[tuple[Literal["commit", "clear", "mark", "options"], int, str | None]] = deque()
+        self._controls: deque[tuple[Literal["commit", "clear", "mark", "options", "end"], int, str | None]] = deque()
+        self._capped_at = 0  # raw samples received when the audio cap last refused a chunk
         self._asked: deque[TranscribeOptions] = deque()
         self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
         self._finishing = False
@@ -143,6 +145,7 @@ class LiveSession(SessionPump):
     def _admit(self, samples: int) -> None:
         cap = int(self.config.max_session_s * SAMPLE_RATE)
         if self._raw.total + samples > cap:
+            self._end_at_cap()
             raise SessionAudioLimit(f"session {self.id} would pass its audio limit of {self.config.max_session_s:g} s "
                                     f"({self.received_seconds:.1f} s received)")
         lag = self.config.max_lag_s
@@ -154,6 +157,16 @@ class LiveSession(SessionPump):
             raise SessionBacklogFull(f"session {self.id} holds {self.lag_seconds:.1f} s of audio not yet transcribed "
                                      f"(limit {lag:g} s): send audio no faster than real time, or retry shortly")
         self._pool.admit(self, samples)
+
+    def _end_at_cap(self) -> None:
+        """The audio cap refused a chunk: the open utterance ends where the audio did and is transcribed, as at a
+        finish or an expiry (its speaker's later words can no longer come; it had waited, its words lost, for the
+        client to leave). Audio that still fits opens the next one. Raises nothing."""
+        if self._raw.total > self._capped_at and not self.closed:
+            self._flush_stream()  # the resampler's held-back tail is audio sent before the cap
+            self._capped_at = self._boundary = self._raw.total
+            self._controls.append(("end", self._raw.total, None))
+            self._wake.set()
 
     def append(self, body: bytes, fmt: PcmFormat) -> None:
         """Add one raw chunk. Audio accepted before a refused chunk is kept. Raises AudioInputError (bad chunk),

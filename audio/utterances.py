@@ -3,7 +3,8 @@
 Utterances are numbered from 0 (`item` in every event): the audio between two pauses is one utterance, and
 every pause closes exactly one — with an `utterance` event carrying its text, empty when it had none. Text is
 attributed to the oldest utterance not yet closed; a session behind decodes several at once, and
-`by_utterance` splits that decode's text among them by its segments' timestamps — never across a client's commit
+`by_word` splits that decode's text among them by where its words were said (audio/word_alignment.py;
+`by_utterance`, by its segments' timestamps, where the words could not be aligned) — never across a client's commit
 (a hard pause): that audio is one item, transcribed on its own, as OpenAI's commit makes it. Options asked for
 mid-session (`ask`) wait for the first utterance that begins after them; no decode crosses the pause where they
 begin.
@@ -18,7 +19,7 @@ from audio.live_config import SessionEvent
 from audio.token_logprobs import TokenLogprob
 from audio.transcript import TranscribeOptions
 
-__all__ = ["Utterances", "by_utterance"]
+__all__ = ["Utterances", "by_utterance", "by_word"]
 
 
 class Utterances:
@@ -96,13 +97,15 @@ class Utterances:
             self.closed += 1
 
     def commit_by_pause(self, tokens: list[int], first: int, timestamp_begin: int, unit: int, seek: int, limit: int,
-                        commit: Callable[[list[int]], None]) -> None:
-        """Commit `tokens[first:]` (a decode from `seek` through `limit`) utterance by utterance: by_utterance's
-        groups over the pauses up to `limit`, the utterances before a group closed first. Raises what `commit`
-        raises."""
+                        commit: Callable[[list[int]], None], times: list[float | None] | None = None) -> None:
+        """Commit `tokens[first:]` (a decode from `seek` through `limit`) utterance by utterance: by_word's groups
+        over the pauses up to `limit` where `times` (one for each of `tokens`) tells where its words were said,
+        else by_utterance's; the utterances before a group closed first. Raises what `commit` raises."""
         pauses = [p for p in self.pauses if p <= limit] or [limit]
+        groups = by_word(tokens, first, times, pauses) if times is not None else \
+            by_utterance(tokens, first, timestamp_begin, unit, seek, pauses)
         done = 0
-        for i, group in enumerate(by_utterance(tokens, first, timestamp_begin, unit, seek, pauses)):
+        for i, group in enumerate(groups):
             if group and i > done:
                 self.close(i - done)
                 done = i
@@ -166,4 +169,23 @@ def by_utterance(tokens: list[int], first: int, timestamp_begin: int, unit: int,
         if i >= first:
             held.append(t)
     place(None)
+    return groups
+
+
+def by_word(tokens: list[int], first: int, times: list[float | None], pauses: list[int]) -> list[list[int]]:
+    """`tokens[first:]` in one group a pause of `pauses` (ascending compact positions, at least one): a token
+    with a time in `times` (one for each of `tokens`: audio/word_alignment.token_times) goes to the first pause at
+    or after it, never to one before an earlier token's; one without (a timestamp) goes with the token after it,
+    at the end with the last group. Raises nothing."""
+    groups: list[list[int]] = [[] for _ in pauses]
+    k = 0
+    held: list[int] = []
+    for t, at in zip(tokens[first:], times[first:]):
+        held.append(t)
+        if at is not None:
+            while k < len(pauses) - 1 and at > pauses[k]:
+                k += 1
+            groups[k].extend(held)
+            held.clear()
+    groups[k].extend(held)
     return groups

@@ -285,6 +285,69 @@ async def test_a_session_behind_finishes_its_pending_utterances_with_one_decode(
     assert live.committed_text() == live._text([1000, 1002, 1004])
 
 
+class Aligning(Scripted):
+    """A scheduler whose decodes keep an encoder output where asked (a stand-in: the alignment is scripted), and
+    whose tasks run at once."""
+
+    def __init__(self, continuations: list[list[int]]) -> None:
+        super().__init__(continuations)
+        self.tasks = self
+        self.aligned = 0
+
+    async def decode(self, loaded: Any, request: WindowRequest, cancellation: Any = None) -> WindowResult:
+        result = await super().decode(loaded, request, cancellation)
+        result.features = np.zeros((1, 1500, 1)) if request.keep_features else None
+        return result
+
+    async def run(self, work: Any, label: str = "") -> Any:
+        self.aligned += 1
+        return work()
+
+
+async def test_a_session_behind_splits_a_segment_over_several_utterances_by_its_words(
+        tiny_whisper: LoadedWhisper, monkeypatch: pytest.MonkeyPatch) -> None:
+    # tiny.en wrote one segment over five utterances of VAD-trimmed speech (its timestamps on whole seconds), and
+    # the utterance around its middle got all the text, the others ''. Three utterances here, 1 s each at 0, 3
+    # and 6 s, their silence cut out: one segment from 0 to 3 s of the speech-only audio; its words said at
+    # 0.2-0.8 s, 1.2-1.8 s and 2.2-2.8 s of it (the alignment, scripted), each utterance gets its own
+    from audio.decoding import tokenizer_for
+
+    tok = tokenizer_for(tiny_whisper, "en", "transcribe")
+    ts = tok.timestamp_begin
+    said = [" Ten of clubs.", " Four queen.", " Seven of hearts."]
+    spoken = [tok.encode(text) for text in said]
+    text = [t for words in spoken for t in words]
+    when = [k + 0.2 + 0.6 * i / (len(words) - 1) for k, words in enumerate(spoken) for i in range(len(words))]
+
+    def attention(model: Any, tokenizer: Any, text_tokens: list[int], features: Any, frames: int) -> np.ndarray:
+        assert text_tokens == text and frames == 300
+        column = np.arange(frames // 2)[None, :]
+        return -np.abs(column - np.array([*when, 3.0])[:, None] * 50)  # each token at its time, then the end
+
+    monkeypatch.setattr("audio.word_alignment.attention_matrix", attention)
+    events: list[SessionEvent] = []
+    scheduler = Aligning([[ts, *text, ts + 150], [ts + 150, 1000, ts + 200]])
+    live = LiveTranscription(TranscribeOptions(), LiveConfig(first_commit_s=0.0, tokens_per_second=1.0), scheduler,
+                             events.append)  # type: ignore[arg-type]
+    await live.start(tiny_whisper)
+    for k in range(3):  # three utterances arrive before the pump gets to run
+        live.add_speech(speech(1.0), k * 3 * SR)
+        live.add_pause()
+    assert await run_due(live) == 1
+    closed = [(e.item, e.text) for e in events if e.type == "utterance"]
+    assert closed == [(k, tok.decode(words)) for k, words in enumerate(spoken)]
+    assert scheduler.requests[0].keep_features and scheduler.aligned == 1
+    for k, transcript in closed:  # the deltas add up to each item's transcript
+        assert "".join(e.text for e in events if e.type == "committed" and e.item == k) == transcript
+    # an utterance decoded alone (after the others, their text forced) is split by nothing: its decode keeps no
+    # encoder output and aligns nothing
+    live.add_speech(speech(1.0), 9 * SR)
+    live.add_pause()
+    assert await run_due(live) == 1
+    assert not scheduler.requests[1].keep_features and scheduler.aligned == 1
+    assert [e.text for e in events if e.type == "utterance"][3] == live._text([1000])
+
+
 async def test_a_session_behind_never_decodes_across_a_client_commit(tiny_whisper: LoadedWhisper) -> None:
     from audio.decoding import tokenizer_for
 

@@ -106,6 +106,27 @@ async def test_caps_refuse_a_chunk_and_keep_the_audio(tiny_whisper_dir: Path) ->
         s.cancel()
 
 
+async def test_the_utterance_open_at_the_audio_cap_ends_there_and_is_transcribed(tiny_whisper_dir: Path) -> None:
+    # A speaker still talking when the session reached --max-session-seconds: every later chunk refused, the
+    # utterance never ended (no speech_stopped, no text) and its words were lost.
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, max_session_s=3.0, redecode_s=100.0, first_redecode_s=None)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            s.append(f32(np.concatenate([silence(0.5), voiced(2.5)])), F32)
+            await s.caught_up()
+            assert [e.type for e in s.events_log] == ["speech_started"]  # VAD waits for the pause
+            for _ in range(2):  # refused: the utterance ends at the cap, once
+                with pytest.raises(AudioLimitExceeded):
+                    s.append(f32(voiced(0.1)), F32)
+            await s.caught_up()
+            kinds = [(e.type, e.item) for e in s.events_log if e.type not in ("committed", "tentative")]
+            assert kinds == [("speech_started", 0), ("speech_stopped", 0), ("audio_committed", 0), ("utterance", 0)]
+            stopped = next(e for e in s.events_log if e.type == "speech_stopped")
+            assert stopped.audio_ms == 3000 and not s.closed and s.received_seconds == pytest.approx(3.0)
+            s.cancel()
+
+
 async def test_decoded_audio_after_raw_chunks_comes_after_their_resampler_tail(tiny_whisper_dir: Path) -> None:
     async with running_tasks() as tasks:
         s = session(tasks, tiny_whisper_dir)

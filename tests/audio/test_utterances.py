@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from audio.live_config import SessionEvent
-from audio.utterances import Utterances, by_utterance
+from audio.utterances import Utterances, by_utterance, by_word
 
 TS = 50000  # timestamp_begin; a timestamp counts UNIT samples
 UNIT = 320
+SR = 16000
 
 
 def at(seconds: float) -> int:
@@ -37,6 +38,20 @@ def test_an_unclosed_last_segment_goes_by_its_start_and_text_without_timestamps_
     groups = by_utterance([at(0), 1, at(1), at(1.6), 2, 3], 0, TS, UNIT, 0, [16000 * 1.5, 16000 * 3])
     assert [[t for t in g if t < TS] for g in groups] == [[1], [2, 3]]
     assert by_utterance([1, 2, 3], 0, TS, UNIT, 0, [100, 200]) == [[1, 2, 3], []]
+
+
+def test_by_word_each_token_goes_to_the_pause_after_where_it_was_said() -> None:
+    # one segment over three utterances (by_utterance gives it all to the middle one): its words' times split it;
+    # a timestamp goes with the token after it, the last one with the last group
+    tokens = [at(0), 1, 2, 3, 4, 5, at(3.0)]
+    times: list[float | None] = [None, 0.5 * SR, 0.9 * SR, 1.5 * SR, 2.5 * SR, 2.6 * SR, None]
+    pauses = [SR * 1.0, SR * 2.0, SR * 3.0]
+    assert [[t for t in g if t < TS] for g in by_utterance(tokens, 0, TS, UNIT, 0, pauses)] == [[], [1, 2, 3, 4, 5], []]
+    assert by_word(tokens, 0, times, pauses) == [[at(0), 1, 2], [3], [4, 5, at(3.0)]]
+    # only the tokens after the forced prefix are grouped; a word said before an earlier one's utterance (a poor
+    # alignment) stays with the earlier one, and one said past the last pause goes to the last
+    assert by_word(tokens, 2, times, pauses) == [[2], [3], [4, 5, at(3.0)]]
+    assert by_word([1, 2, 3], 0, [2.5 * SR, 0.5 * SR, 9.0 * SR], pauses) == [[], [], [1, 2, 3]]
 
 
 def test_a_decode_reaches_the_pauses_it_can_hold_but_never_past_a_clients_commit() -> None:
