@@ -11,16 +11,14 @@ import pytest
 from service.cli.main import main
 
 
-def test_granians_lines_go_to_stderr_with_their_content(tiny_llm_dir: Path, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch,
-                                                        capfd: pytest.CaptureFixture[str]) -> None:
-    # granian's own configuration (built in its server's constructor, handed to its workers) wrote them to stdout.
+def _serve_logs_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, level: int) -> None:
+    """`tandem serve` as configured, but granian's serve() only logs its listening line at `level`."""
     from service.config import CONFIG_ENV
     from service.process.parent import PARENT_PID_ENV
     from service.process.supervisor import SupervisedGranian
 
     def serve(self: SupervisedGranian) -> None:  # the server as configured, but nothing started
-        logging.getLogger("_granian").info("Listening at: http://127.0.0.1:1")
+        logging.getLogger("_granian").log(level, "Listening at: http://127.0.0.1:1")
 
     monkeypatch.setattr(SupervisedGranian, "serve", serve)
     monkeypatch.setattr(multiprocessing, "set_start_method", lambda *args, **kwargs: None)
@@ -28,6 +26,13 @@ def test_granians_lines_go_to_stderr_with_their_content(tiny_llm_dir: Path, tmp_
         monkeypatch.setenv(name, "")
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # serve()'s start-up cleanup looks there
+
+
+def test_granians_lines_go_to_stderr_with_their_content(tiny_llm_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capfd: pytest.CaptureFixture[str]) -> None:
+    # granian's own configuration (built in its server's constructor, handed to its workers) wrote them to stdout.
+    _serve_logs_only(monkeypatch, tmp_path, logging.INFO)
     try:
         assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", "0"]) == 0
     finally:
@@ -44,20 +49,9 @@ def test_log_format_json_makes_every_stderr_line_a_json_object(tiny_llm_dir: Pat
     # Log collectors (Loki, Datadog...) read the level and time of each line; granian's came as `[INFO] ...`.
     import json
 
-    from service.config import CONFIG_ENV
     from service.logs import configure_logging
-    from service.process.parent import PARENT_PID_ENV
-    from service.process.supervisor import SupervisedGranian
 
-    def serve(self: SupervisedGranian) -> None:  # the server as configured, but nothing started
-        logging.getLogger("_granian").warning("Listening at: http://127.0.0.1:1")
-
-    monkeypatch.setattr(SupervisedGranian, "serve", serve)
-    monkeypatch.setattr(multiprocessing, "set_start_method", lambda *args, **kwargs: None)
-    for name in (CONFIG_ENV, PARENT_PID_ENV):
-        monkeypatch.setenv(name, "")
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    _serve_logs_only(monkeypatch, tmp_path, logging.WARNING)
     try:
         assert main(["serve", str(tiny_llm_dir), "--no-whisper", "--port", "0", "--log-format", "json",
                      "--log-level", level]) == 0
