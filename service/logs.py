@@ -105,13 +105,17 @@ def notice(logger: logging.Logger, message: str) -> None:
     logger.handle(logger.makeRecord(logger.name, logging.INFO, "(notice)", 0, message, (), None))
 
 
+# granian's info lines for a websocket whose client left (no request id beside them).
+_CLOSED_SOCKET_LINES = ("Failed to close websocket", "Attempted to write to a closed websocket")
+
+
 class ClosedSocketNoise(logging.Filter):
-    """Drops granian's info line for a websocket whose client left before the close handshake ("Failed to close
-    websocket with error Io(... BrokenPipe ...)", no request id): the access log already says the client left, once
-    per socket; 21 such lines came for 28 sockets cut by a proxy."""
+    """Drops granian's info lines for a websocket whose client left before the close handshake ("Failed to close
+    websocket with error Io(... BrokenPipe ...)", "Attempted to write to a closed websocket"): the access log already
+    says the client left, once per socket; 21 such lines came for 28 sockets cut by a proxy."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.INFO and record.getMessage().startswith("Failed to close websocket"))
+        return not (record.levelno == logging.INFO and record.getMessage().startswith(_CLOSED_SOCKET_LINES))
 
 
 def granian_log_config(log_format: str = "text") -> dict[str, Any]:

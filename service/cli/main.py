@@ -6,6 +6,7 @@ exit non-zero, no traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Any, Callable
@@ -52,6 +53,7 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `tandem` console script; returns the exit code. Raises SystemExit on --help."""
     argv = sys.argv[1:] if argv is None else argv
+    say: Callable[[str], None] = _plain
     # Ctrl-C at any point, loading the BLAS and the command's modules included, exits 130 without a traceback.
     try:
         if argv[:1] == ["pi"] and not is_pi_help(argv[1:]):  # pi's own options (-p, --model...) pass through
@@ -63,13 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:  # named in the command's own usage (`tandem serve --bogus` showed the top level's)
             _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
         configure_logging(args.log_level, args.log_format)
+        if args.log_format == "json":  # a collector parses every line, a failure to start most of all
+            say = logging.getLogger("tandem.cli").error
         from engine.backend import ensure_fast_blas
 
         ensure_fast_blas()  # before any command imports mlx (a no-op where MLX brings its own BLAS)
         _check_environment()
         return int(args.func(args) or 0)
     except CLIError as exc:
-        print(f"tandem: {exc}", file=sys.stderr)
+        say(str(exc))
         return exc.code
     except BrokenPipeError:
         return _reader_gone()
@@ -81,11 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         if exc.filename is None:
             raise  # not a file the environment denies: a fault with its traceback
         # An unwritable HOME or cache directory ended `serve` with a traceback from deep in a model import.
-        print(f"tandem: cannot use {exc.filename}: {exc.strerror or exc} (the cache is $XDG_CACHE_HOME/mlx-tandem, "
-              f"default ~/.cache/mlx-tandem: point it at a writable directory)", file=sys.stderr)
+        say(f"cannot use {exc.filename}: {exc.strerror or exc} (the cache is $XDG_CACHE_HOME/mlx-tandem, "
+            f"default ~/.cache/mlx-tandem: point it at a writable directory)")
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _plain(message: str) -> None:
+    print(f"tandem: {message}", file=sys.stderr)
 
 
 def _reader_gone() -> int:

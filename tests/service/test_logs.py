@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -87,10 +88,27 @@ def test_granians_line_for_a_websocket_its_client_cut_is_dropped(capsys: pytest.
     granian_logging(LogLevels.info, granian_log_config(log_format))
     granian = logging.getLogger("_granian")
     granian.info('Failed to close websocket with error Io(Os { code: 32, kind: BrokenPipe, message: "Broken pipe" })')
+    logging.getLogger("_granian.asgi.io").info("Attempted to write to a closed websocket")
     granian.info("Stopped worker-1")
     granian.warning("Failed to close websocket with error Timeout")  # above info: kept
     _, err = capsys.readouterr()
-    assert "BrokenPipe" not in err and "Stopped worker-1" in err and "Timeout" in err
+    assert "BrokenPipe" not in err and "closed websocket" not in err and "Stopped worker-1" in err and "Timeout" in err
+
+
+def test_a_command_that_cannot_start_says_so_as_json_under_log_format_json(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    # "tandem: no model: ..." came as text though every other line was JSON: the one a log pipeline most needs.
+    from service.cli.main import main
+
+    try:
+        assert main(["serve", str(tmp_path / "no-such-model"), "--log-format", "json"]) == 2
+        err = capsys.readouterr().err
+        (line,) = _objects(err)
+        assert line["level"] == "ERROR" and line["message"].startswith("no model:"), err
+        assert main(["serve", str(tmp_path / "no-such-model")]) == 2
+        assert capsys.readouterr().err.startswith("tandem: no model:")  # text as before
+    finally:
+        configure_logging("info")
 
 
 def test_log_format_is_a_flag_of_every_command_and_reaches_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
