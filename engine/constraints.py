@@ -150,11 +150,23 @@ def call_grammar(functions: list[CallFunction], *, opening: str, closing: str, o
             try:
                 json_grammar(call, lenient=not strict)
             except ConstraintError as alone:
-                raise ParametersError(f"tool {name!r}: its parameters cannot be enforced"
-                                      f"{alone.message.removeprefix('the schema cannot be enforced')}",
-                                      function=i) from None
+                why = alone.message.removeprefix("the schema cannot be enforced")
+                if unlisted := _unlisted_required(functions[i][1]):  # llguidance blames the call's "arguments"
+                    why = (f": `required` names {', '.join(map(repr, unlisted))}, which `properties` does not list "
+                           f"and additionalProperties false refuses")
+                raise ParametersError(f"tool {name!r}: its parameters cannot be enforced{why}", function=i) from None
         raise ConstraintError(f"the functions' parameters cannot be enforced: {brief('; '.join(messages))}")
     return str(grammar)
+
+
+def _unlisted_required(schema: dict[str, Any] | None) -> list[str]:
+    """The names a schema's own `required` lists that no property may take (not in `properties`, additionalProperties
+    false). Raises nothing."""
+    if not isinstance(schema, dict) or schema.get("additionalProperties") is not False:
+        return []
+    listed = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    return [name for name in required if isinstance(name, str) and name not in listed]
 
 
 def _call_schema(at: int, function: CallFunction) -> dict[str, Any]:
