@@ -164,8 +164,9 @@ def _unlisted_required(schema: dict[str, Any] | None) -> list[str]:
     false). Raises nothing."""
     if not isinstance(schema, dict) or schema.get("additionalProperties") is not False:
         return []
-    listed = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    listed, required = schema.get("properties"), schema.get("required")
+    listed = listed if isinstance(listed, dict) else {}
+    required = required if isinstance(required, list) else []
     return [name for name in required if isinstance(name, str) and name not in listed]
 
 
