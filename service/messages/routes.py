@@ -141,7 +141,8 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
     counter = UsageCounter()
     record_tokens(request, counter.totals, lambda: counter.cached_tokens)
     record_user(request, data.metadata.user_id if data.metadata is not None else None)
-    output = MessageOutput(data.model, lambda: _usage(counter), streamed=bool(data.stream),
+    # The served model's id, as chat's and Anthropic's (an alias asked for answers with the model it resolved to).
+    output = MessageOutput(state.chat_model_name or data.model, lambda: _usage(counter), streamed=bool(data.stream),
                            context={"applied_edits": applied} if data.context_management is not None else None,
                            thinking_shown=data.thinking is None or data.thinking.display != "omitted")
     translators: list[ChatTranslator] = []

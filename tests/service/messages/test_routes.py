@@ -44,6 +44,15 @@ def _post(http: TestClient[Any], path: str = "/v1/messages", **fields: Any) -> A
     return http.post(path, json={"model": "fake-model", "max_tokens": 64, "messages": USER, **fields})
 
 
+def test_a_reply_names_the_served_model_whatever_name_asked_for_it(client: TestClient[Any]) -> None:
+    # "demo" (or TGI's "tgi") was echoed back where chat and Anthropic answer the id of the model that replied.
+    for streamed in (False, True):
+        response = client.post("/v1/messages", json={"model": "tgi", "max_tokens": 8, "messages": USER,
+                                                     "stream": streamed})
+        assert response.status_code == 200, response.text
+        assert '"model":"fake-model"' in response.text.replace(" ", "") and '"tgi"' not in response.text
+
+
 def test_a_text_reply_is_one_text_block(fake_engine: FakeEngine, client: TestClient[Any]) -> None:
     response = _post(client)
     assert response.status_code == 200, response.text
