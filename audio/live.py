@@ -39,7 +39,7 @@ from audio.live_requests import LiveRequests
 from audio.pcm import SAMPLE_RATE
 from audio.loop_head import loop_head
 from audio.repeats import committed_segments, without_repeats
-from audio.text_end import clamped_timestamps, stopped_short
+from audio.text_end import clamped_timestamps, closed_at, stopped_short
 from audio.token_logprobs import aligned_logprobs, committed_logprobs
 from audio.window import WindowResult
 from audio.timeline import Timeline
@@ -309,6 +309,9 @@ class LiveTranscription(LiveGuesses, LiveRequests):
             times = await self._token_times(tokens, result, seek, limit) if several else None
             self.utterances.commit_by_pause(tokens, len(live.prefix), tr.tokenizer.timestamp_begin,
                                             tr.input_stride * HOP_LENGTH, seek, limit, commit, times)
+            if short is None:  # its text runs to its pause: the next decode goes on from there, not before it
+                tokens = closed_at(tokens, tr.tokenizer.timestamp_begin,
+                                   (limit - seek) // (tr.input_stride * HOP_LENGTH), len(live.prefix))
             live.reset()
             live.prefix = list(tokens)
             if short is not None:

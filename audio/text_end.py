@@ -1,13 +1,13 @@
 """Where a final live decode's text ends, when Whisper stopped writing well before the speech did (it does near a
 window's end): the text up to there is kept and the rest of the speech is decoded again from there
-(audio/live.py's `_final`)."""
+(audio/live.py's `_final`); else its text runs to the pause, and the next utterance is decoded from there."""
 
 from __future__ import annotations
 
 from audio.decoding import HOP_LENGTH
 from audio.pcm import SAMPLE_RATE
 
-__all__ = ["RETRY_TAIL_S", "clamped_timestamps", "stopped_short"]
+__all__ = ["RETRY_TAIL_S", "clamped_timestamps", "closed_at", "stopped_short"]
 
 RETRY_TAIL_S = 1.0  # speech left after a final decode's text that is decoded again
 
@@ -37,3 +37,14 @@ def clamped_timestamps(tokens: list[int], timestamp_begin: int, last: int, force
     in one run). Raises nothing."""
     cap = timestamp_begin + max(0, last)
     return tokens[:forced] + [min(t, cap) if t >= timestamp_begin else t for t in tokens[forced:]]
+
+
+def closed_at(tokens: list[int], timestamp_begin: int, last: int, forced: int = 0) -> list[int]:
+    """`tokens` (a final decode's, not stopped short) with the sampled timestamp that closes its text (after the
+    `forced` prefix) moved on to `last` (the timestamp of its pause): the speech up to the pause is its utterance's.
+    Whisper's closing timestamp often lies before the last word ends (37.32 s, the pause at 38.1 s): the next decode,
+    trimmed there or forced to go on from there, read the tail again, and the next item began with it ("5, 8 of
+    spades" after "5 5."). Raises nothing."""
+    if len(tokens) > max(1, forced) and tokens[-1] >= timestamp_begin > tokens[-2]:
+        return tokens[:-1] + [max(tokens[-1], timestamp_begin + last)]
+    return tokens

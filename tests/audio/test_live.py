@@ -638,7 +638,8 @@ async def test_the_clients_prompt_conditions_every_decode_also_after_a_looping_g
     assert await run_due(live) == 1
     prompts = [r.prompt for r in scheduler.requests]
     assert prompts[0] == initial and prompts[1] == initial  # the final after the looping first guess
-    assert prompts[2] == (*initial, ts, four, clubs, ts + 25)  # the client's prompt, then the earlier text
+    # the client's prompt, then the earlier text (closed at its pause, 1.0 s: its speech ran to there)
+    assert prompts[2] == (*initial, ts, four, clubs, ts + 50)
     assert prompts[3] == initial  # reset again: the earlier text goes, the client's prompt stays
     # a file's seek loop stays Whisper's: after a reset the prompt is gone
     tr = live._tr

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from audio.text_end import stopped_short
+from audio.text_end import closed_at, stopped_short
 
 
 def test_a_final_text_stopped_short_ends_at_its_closing_timestamp_or_before_its_open_segment() -> None:
@@ -31,3 +31,16 @@ def test_sampled_timestamps_past_the_audio_are_clamped_to_its_end() -> None:
     assert clamped_timestamps(tokens, begin, 240) == [begin, 7, begin + 240, begin + 240, 8, begin + 240]
     assert clamped_timestamps(tokens, begin, 240, forced=3) == tokens[:3] + [begin + 240, 8, begin + 240]
     assert clamped_timestamps([7, begin + 3], begin, 240) == [7, begin + 3]  # within the audio: unchanged
+
+
+def test_a_final_text_closed_before_its_pause_is_closed_at_the_pause() -> None:
+    # Whisper closed "5 5." at 37.32 s, its pause came at 38.1 s: the next decode read the tail again from 37.32 s.
+    # Only a sampled closing timestamp after text moves, and never back; an open segment is left as it is.
+    begin = 50000
+    closed = [begin, 11, 12, begin + 50]
+    assert closed_at(closed, begin, 60) == [begin, 11, 12, begin + 60]
+    assert closed_at(closed, begin, 40) == closed  # already past it (clamped_timestamps caps it)
+    assert closed_at(closed + [begin + 50, 13], begin, 60) == closed + [begin + 50, 13]
+    assert closed_at(closed, begin, 60, forced=len(closed)) == closed  # forced: an earlier decode's
+    assert closed_at([begin, begin + 10], begin, 60) == [begin, begin + 10]  # no text
+    assert closed_at([], begin, 60) == []
