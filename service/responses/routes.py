@@ -226,8 +226,8 @@ async def create_response(request: Request[Any, Any, Any], data: ResponsesReques
         output.applied_limit = generation.max_tokens
         return stream
 
-    def failure(error: APIError) -> bytes:
-        return (b"" if output.started else output.opening()) + output.failed(error)
+    def failure(error: APIError) -> bytes:  # before the first token: the prompt's usage, nothing generated
+        return (b"" if output.started else output.opening()) + output.failed(error, _usage(counter, 0))
 
     def count(thinking: list[str]) -> Awaitable[int]:
         return _thinking_tokens(state, engine.tokenizer, thinking)

@@ -334,7 +334,7 @@ def test_a_stream_failing_after_its_headers_sends_the_usage_it_asked_for_before_
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("path,body", [r for r in STREAMED_ROUTES if "/v1/responses" not in r[0]])
+@pytest.mark.parametrize("path,body", STREAMED_ROUTES)
 async def test_a_stream_failing_after_the_keep_alives_sends_its_usage_first(
         monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]) -> None:
     # Failed before its first token, after its headers: the prompt's usage, no completion tokens.
@@ -343,14 +343,21 @@ async def test_a_stream_failing_after_the_keep_alives_sends_its_usage_first(
     monkeypatch.setattr(respond, "FIRST_BYTE_WAIT", 0.01)
     monkeypatch.setattr(choices, "FIRST_BYTE_WAIT", 0.01)
     engine = _IsolatedRows()
-    client = _Client({**body, "stream": True, "stream_options": {"include_usage": True}} if "model" not in body
-                     else {**body, "stream": True}, marker=b"\n\n", count=2)
+    asks = "model" not in body and "input" not in body  # chat and completions ask; the others always carry usage
+    client = _Client({**body, "stream": True, **({"stream_options": {"include_usage": True}} if asks else {})},
+                     marker=b"\n\n", count=2)
     with anyio.fail_after(30):
         async with anyio.create_task_group() as tg:
             tg.start_soon(_app(engine, 0.01, tg), asgi_scope(path), client.receive, client.send)
             await client.counted.wait()
             engine.remote._fail_streams(_DIED, restarting=True)
             await client.leave.wait()
+    if path == "/v1/responses":  # response.failed carried no usage here (it did for a failure after a token)
+        *_, failed, error = named_events(b"".join(client.chunks).decode())
+        assert failed["type"] == "response.failed" and error["type"] == "error", failed
+        usage = failed["response"]["usage"]
+        assert usage["input_tokens"] > 0 and usage["output_tokens"] == 0, usage
+        return
     if path == "/v1/messages":
         *_, delta, error = named_events(b"".join(client.chunks).decode())
         assert delta["type"] == "message_delta" and delta["delta"]["stop_reason"] is None, delta
