@@ -175,28 +175,26 @@ class AccessLog:
         finally:
             seconds = time.perf_counter() - start
             code = status[0] if status else None
-            line = _line(scope, code, seconds)
+            client = self._client(scope)
+            fields = _fields(scope, code, seconds, request_id, client)
+            line = _line(scope, fields)
             if refusal and refusal[0]:
                 line += f" error {refusal[0]}"
+                fields["error"] = refusal[0]
             if status and not ended:  # a 200 whose stream was cut short must not read as a whole answer
                 line += " incomplete: the client left" if left else " incomplete"
-            # The id the client got (x-request-id, the SDKs' `_request_id`) and its address: a report finds its line.
-            client = self._client(scope)
-            line += f" {request_id} from {client}"
-            fields = _fields(scope, code, seconds, request_id, client)
-            if refusal and refusal[0]:
-                fields["error"] = refusal[0]
-            if status and not ended:
                 fields["incomplete"] = "client_left" if left else "incomplete"
-            _log.info("%s", line, extra=fields)
+            # The id the client got (x-request-id, the SDKs' `_request_id`) and its address: a report finds its line.
+            _log.info("%s %s from %s", line, request_id, client, extra=fields)
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
                 route = str(scope.get("path_template") or self._route(scope, code))
                 self.metrics.observe_request(route, _method_label(scope.get("method")), code, seconds)
                 if failed:
                     self.metrics.observe_stream_failure(route, failed[0])
-                if code is not None and code < 400:  # an error status gave its client no usage
-                    _observe_usage(self.metrics, route, scope)
+                if code is not None and code < 400 and "prompt_tokens" in fields:  # an error status gave no usage
+                    self.metrics.observe_usage(route, fields["prompt_tokens"], fields["completion_tokens"],
+                                               _cached(scope, fields["prompt_tokens"]))
 
 
     async def _socket(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -223,13 +221,13 @@ class AccessLog:
         finally:
             code = status[0] if status else 403 if closed else None
             seconds = time.perf_counter() - start
-            line = _line(scope, code, seconds, method="WS")
+            client = self._client(scope)
+            fields = _fields(scope, code, seconds, request_id, client, method="WS")
+            line = _line(scope, fields)
             end = "refused" if not status else f"closed {closed[0]}" if closed else "closed by the client"
             if not status and reasons and reasons[0]:  # quoted: an Origin or Host header's text may be in it
                 end += f": {json.dumps(reasons[0], ensure_ascii=True)}"
-            client = self._client(scope)
-            _log.info("%s %s %s from %s", line, end, request_id, client,
-                      extra={**_fields(scope, code, seconds, request_id, client, method="WS"), "end": end})
+            _log.info("%s %s %s from %s", line, end, request_id, client, extra={**fields, "end": end})
             if self.metrics is not None:
                 route = scope.get("path_template") or ("unrouted" if code is None or code == 403
                                                        else self._route(scope, code))
@@ -289,19 +287,14 @@ def _code_label(error: dict[str, Any]) -> str:
     return code if isinstance(code, str) and re.fullmatch(r"[a-z_]{1,40}", code) else "other"
 
 
-def _observe_usage(metrics: RequestMetrics, route: str, scope: Scope) -> None:
-    """Count the usage a request was answered with (as far as it got: a stream failed or left after its headers),
-    where its route recorded it. Raises nothing."""
-    state = scope.get("state", {})
-    tokens, cached = state.get(_TOKENS_KEY), state.get(_CACHED_KEY)
-    if tokens is None:
-        return
+def _cached(scope: Scope, prompt: int) -> int:
+    """The prompt tokens of a request's usage served from the prefix cache, where its route recorded them (the usage
+    as far as it got: a stream failed or left after its headers). Raises nothing."""
+    cached = scope.get("state", {}).get(_CACHED_KEY)
     try:
-        prompt, completion = tokens()
-        hits = min(cached(), prompt) if cached is not None else 0
+        return min(cached(), prompt) if cached is not None else 0
     except Exception:  # noqa: BLE001 — the metrics must never fail the request
-        return
-    metrics.observe_usage(route, prompt, completion, hits)
+        return 0
 
 
 def _refusal(body: Any) -> str:
@@ -329,8 +322,8 @@ def _described(error: dict[str, Any]) -> str:
 
 def _fields(scope: Scope, status: int | None, seconds: float, request_id: str, client: str,
             method: str | None = None) -> dict[str, Any]:
-    """The line's parts as a record's extra fields: keys of its JSON line under --log-format json (the text line
-    holds the same). Raises nothing."""
+    """The line's parts as a record's extra fields: keys of its JSON line under --log-format json, and what the text
+    line (`_line`) and the usage metrics read; the route's tokens read once. Raises nothing."""
     fields: dict[str, Any] = {"method": method or scope.get("method", "-"), "path": scope.get("path", ""),
                               "status": status, "duration_ms": round(seconds * 1000, 1), "request_id": request_id,
                               "client": client}
@@ -347,19 +340,16 @@ def _fields(scope: Scope, status: int | None, seconds: float, request_id: str, c
     return fields
 
 
-def _line(scope: Scope, status: int | None, seconds: float, method: str | None = None) -> str:
+def _line(scope: Scope, fields: dict[str, Any]) -> str:
+    """The text line of `fields` (`_fields`), up to its error and request id. Raises nothing."""
     # As sent (percent-encoded): a decoded path could carry a newline and forge a line of its own.
     path = quote(scope.get("path", ""), safe="/:@!$&'()*+,;=~")
     if query := scope.get("query_string", b""):
         path += "?" + quote(query.decode("latin-1"), safe="/:@!$&'()*+,;=~?%")
-    line = f"{method or scope.get('method', '-')} {path} {status if status is not None else '-'} {seconds * 1000:.1f} ms"
-    tokens = scope.get("state", {}).get(_TOKENS_KEY)
-    if tokens is not None:
-        try:
-            prompt, completion = tokens()
-            line += f" tokens {prompt}+{completion}"
-        except Exception:  # noqa: BLE001 — the log line must never fail the request
-            pass
+    status = fields["status"]
+    line = f"{fields['method']} {path} {status if status is not None else '-'} {fields['duration_ms']:.1f} ms"
+    if "prompt_tokens" in fields:
+        line += f" tokens {fields['prompt_tokens']}+{fields['completion_tokens']}"
     if (user := scope.get("state", {}).get(_USER_KEY)) is not None:
         # Quoted and escaped: a client's text on one line; "..." after the quote: it was cut.
         line += f" user {json.dumps(user[:_USER_CHARS], ensure_ascii=True)}{'...' if len(user) > _USER_CHARS else ''}"
