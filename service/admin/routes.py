@@ -113,14 +113,12 @@ _DEAD = {503: ResponseSpec(data_container=Liveness, generate_examples=False,
                  "restart cures. Kubernetes' livenessProbe; open without an API key.")
 async def livez(request: Request[Any, Any, Any]) -> Response[Liveness]:
     """200 alive unless the ready engine is failing (not restarting): 503 failing with the error. Raises nothing."""
-    state = get_state(request)
-    # Loading, restarting and stopping are readiness's business: they end by themselves.
-    if state.phase == "ready" and state.engine is not None:
-        engine_health = state.engine.health()
-        if not engine_health.get("ok", True) and engine_health.get("status") != "restarting":
-            # A failing engine takes the pod out of the Service (readiness), so no request comes to reset its run
-            # of failures: a restart is the cure, and the probe's failureThreshold spares a passing fault.
-            return Response(Liveness(status="failing", error=engine_health.get("error")), status_code=503)
+    # Of readiness's states only `failing` does not end by itself (loading, restarting and stopping do): a failing
+    # engine takes the pod out of the Service, so no request comes to reset its run of failures; a restart is the
+    # cure, and the probe's failureThreshold spares a passing fault.
+    readiness = _health(request).content
+    if readiness.status == "failing":
+        return Response(Liveness(status="failing", error=readiness.error), status_code=503)
     return Response(Liveness(status="alive"), status_code=200)
 
 
