@@ -6,8 +6,8 @@ text forced as a prefix (audio/agreement.py): what two consecutive decodes agree
 tentative. A pause (VAD or commit()) commits everything before it, and cancels a probe then in flight (the
 final decode gives that text); 30 s of open speech is decoded as one seek-loop window; a session that fell
 behind finishes all its pending utterances that fit a window with one decode, its text split among them by
-where its words were said (aligned as a file's word timestamps are). A client's commit is a hard pause: no decode crosses it, and the next starts there (a file's window
-ends at a long silence so). Committed text never changes.
+where its words were said (aligned as a file's word timestamps are). A client's commit is a hard pause: no decode
+crosses it, and the next starts there (a file's window ends at a long silence so). Committed text never changes.
 Finished segments are trimmed off the open audio once it is longer than `trim_s`; until then earlier speech
 stays as context for the next decode, unless an utterance's first guess over it comes back empty: then it is
 finished and the guess tried again at once over the utterance alone. A guess that loops ends the conditioning on

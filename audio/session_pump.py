@@ -22,7 +22,10 @@ from audio.vad import Speech, SpeechGate
 if TYPE_CHECKING:
     from audio.whisper import WhisperResidency
 
-__all__ = ["SessionPump", "speech_gate"]
+__all__ = ["Control", "SessionPump", "speech_gate"]
+
+# What a session was asked to do at a raw sample: (what, the sample, a commit's ref), in the order asked.
+Control = tuple[Literal["commit", "clear", "mark", "options", "end"], int, str | None]
 
 
 def speech_gate(options: TranscribeOptions) -> SpeechGate | None:
@@ -49,7 +52,7 @@ class SessionPump:
     _origin: int  # raw sample where the gate started (a clear() restarts it)
     _gated: int  # raw samples through the gate
     _boundary: int  # raw sample of the last commit, clear or VAD pause
-    _controls: deque[tuple[Literal["commit", "clear", "mark", "options", "end"], int, str | None]]
+    _controls: deque[Control]
     _asked: deque[TranscribeOptions]  # for each "options" control, in order: what reconfigure() was given
     _finishing: bool
     _idle: bool

@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Literal, cast
+from typing import TYPE_CHECKING, AsyncIterator, Callable, cast
 
 import anyio
 import numpy as np
@@ -25,7 +25,7 @@ from audio.errors import (ChunkOverBacklog, CommitEmpty, SessionClosed, SessionE
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.noise_reduction import HighPass, NoiseReduction
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
-from audio.session_pump import SessionPump, speech_gate
+from audio.session_pump import Control, SessionPump, speech_gate
 from audio.transcript import TranscribeOptions, Transcript
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class LiveSession(SessionPump):
         self._gated = 0  # raw samples through the gate
         self._boundary = 0  # raw sample of the last commit, clear or VAD pause
         # (what, raw sample, the commit's ref), in the order they were asked for
-        self._controls: deque[tuple[Literal["commit", "clear", "mark", "options", "end"], int, str | None]] = deque()
+        self._controls: deque[Control] = deque()
         self._capped_at = 0  # raw samples received when the audio cap last refused a chunk
         self._asked: deque[TranscribeOptions] = deque()
         self.live = LiveTranscription(options, self.config, scheduler, self._emit, self.scope)
