@@ -56,9 +56,9 @@ def _vtt(t: Transcript) -> str:
     return "WEBVTT\n\n" + "\n".join(blocks)
 
 
-def usage(t: Transcript) -> dict[str, Any]:
-    """OpenAI's usage of a Whisper transcription: the audio's seconds."""
-    return {"type": "duration", "seconds": round(t.duration, 3)}
+def usage(t: Transcript | float) -> dict[str, Any]:
+    """OpenAI's usage of a Whisper transcription (or of `t` seconds of audio): the audio's seconds."""
+    return {"type": "duration", "seconds": round(t.duration if isinstance(t, Transcript) else t, 3)}
 
 
 def token_usage(t: Transcript | TokenCounts) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from audio.live import SessionEvent
 from audio.token_logprobs import TokenLogprob, less_leading
+from audio.formats import usage as duration_usage
 from service.speech.transcription_fields import detected_languages
 
 __all__ = ["Items", "server_events", "transcription_failed"]
@@ -151,8 +152,7 @@ def server_events(ev: SessionEvent, items: Items, tentative: bool, lag: Callable
         transcript = ev.text.lstrip()
         completed = {"type": "conversation.item.input_audio_transcription.completed", "item_id": item.id,
                      "content_index": 0, "transcript": transcript,
-                     "usage": usage(transcript, seconds) if usage is not None else
-                     {"type": "duration", "seconds": round(seconds, 3)}}
+                     "usage": usage(transcript, seconds) if usage is not None else duration_usage(seconds)}
         if (heard := detected_languages(model, ev.language, transcript)) is not None:
             completed["languages"] = heard
         if logprobs:

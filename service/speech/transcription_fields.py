@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from audio.formats import token_usage
+from audio.formats import token_usage, usage
 from audio.transcript import iso_language
 from service.seams import SpeechBackend
 
@@ -77,4 +77,4 @@ def utterance_usage(speech: SpeechBackend, model: str | None, prompt: str | None
     (nothing but an engine process gone, under --isolate)."""
     if model in TOKEN_USAGE_MODELS and (spent := token_usage(speech.token_counts(prompt, text, seconds))) is not None:
         return spent
-    return {"type": "duration", "seconds": round(seconds, 3)}
+    return usage(seconds)
