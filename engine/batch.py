@@ -32,6 +32,7 @@ from engine.health import StepHealth
 from engine.iteration_times import IterationTimes, RecentRates
 from engine.lane import PrefillLane, lane_default, lane_tail_default
 from engine.memory import MemoryBudget, release_free_memory
+from engine.model_args import text_args
 from engine.pacing import DECODE_BURST, STALL, PrefillPacer
 from engine.plan import ExecutionPlan, resolve_execution
 from engine.prefix_cache import PrefixCache
@@ -84,7 +85,7 @@ class LLMBatchGroup:
         self.budget = budget
         self._idle_released = True  # freed memory was given back since the last row ran
         self.plan = plan or resolve_execution(model)
-        self.vocab_size = int(getattr(getattr(model, "args", None), "vocab_size", 0) or len(tokenizer))
+        self.vocab_size = int(getattr(text_args(model), "vocab_size", 0) or len(tokenizer))
         self.constraints = ConstraintTokenizer(tokenizer, self.vocab_size)  # built at the first grammar (or warm-up)
         self.tasks = ExecutionTasks()
         self._active: list[Row] = []

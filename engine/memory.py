@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine import cgroup_limits
+from engine.model_args import text_args
 
 __all__ = ["MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
            "release_free_memory", "process_rss"]
@@ -71,25 +72,17 @@ def weight_bytes(model: Any) -> int:
 
 
 def kv_token_bytes(model: Any) -> int:
-    """KV bytes one token takes across all layers (keys + values): from the first layer's `k_proj` where the model
-    has one, else from its config (fused q/k/v projections as Phi-3's, DeepSeek's latent attention, attention under
-    another name, hybrid stacks: counted as if every layer attended, which only over-reserves). Raises ValueError
-    when neither says."""
+    """KV bytes one token takes across all layers (keys + values): from the first layer whose attention has a `k_proj`
+    (a hybrid stack's recurrent layers, Qwen3.5's first among them, have none), else from the config, the language
+    model's where the checkpoint nests it (fused q/k/v projections as Phi-3's, DeepSeek's latent attention, attention
+    under another name). Every layer is charged as if it attended, which only over-reserves: a recurrent layer's state
+    is fixed per row, and admission counts tokens alone. Raises ValueError when neither says."""
     inner = getattr(model, "model", model)
     layers = list(getattr(inner, "layers", None) or getattr(model, "layers", []))
-    attn = getattr(layers[0], "self_attn", None) if layers else None
-    proj = getattr(attn, "k_proj", None)
-    # A live LoRA layer (an adapter on a quantized base, engine/adapters.py) wraps the projection it adapts.
-    proj = getattr(proj, "linear", proj)
-    n_kv = int(getattr(attn, "n_kv_heads", 0) or getattr(attn, "num_key_value_heads", 0)) if attn is not None else 0
-    if proj is not None and n_kv:
-        # Quantized projections keep their activations' dtype in `scales`; plain ones in `weight`.
-        dtype = getattr(proj, "scales", None)
-        dtype = (dtype if dtype is not None else proj.weight).dtype
-        out_features = int(getattr(proj, "scales", proj.weight).shape[0])
-        if head_dim := out_features // n_kv:
-            return 2 * len(layers) * n_kv * head_dim * dtype.size
-    args = getattr(model, "args", None)
+    for layer in layers:
+        if per_layer := _attention_bytes(getattr(layer, "self_attn", None)):
+            return len(layers) * per_layer
+    args = text_args(model)
     per_layer = _kv_width(args)
     if not per_layer and _state_space(model):
         # A state-space model's cache is a fixed state per row, not per token: a token is charged one width of
@@ -98,6 +91,21 @@ def kv_token_bytes(model: Any) -> int:
     if not per_layer:
         raise ValueError("neither attention layers nor a config to size the KV cache from")
     return per_layer * (len(layers) or int(getattr(args, "num_hidden_layers", 0))) * _float_size(model)
+
+
+def _attention_bytes(attn: Any) -> int:
+    """Keys' plus values' bytes a token takes in one attention layer, from its `k_proj` (0 without one)."""
+    proj = getattr(attn, "k_proj", None)
+    # A live LoRA layer (an adapter on a quantized base, engine/adapters.py) wraps the projection it adapts.
+    proj = getattr(proj, "linear", proj)
+    n_kv = int(getattr(attn, "n_kv_heads", 0) or getattr(attn, "num_key_value_heads", 0)) if attn is not None else 0
+    if proj is None or not n_kv:
+        return 0
+    # Quantized projections keep their activations' dtype in `scales`; plain ones in `weight`.
+    dtype = getattr(proj, "scales", None)
+    dtype = (dtype if dtype is not None else proj.weight).dtype
+    out_features = int(getattr(proj, "scales", proj.weight).shape[0])
+    return 2 * n_kv * (out_features // n_kv) * dtype.size
 
 
 def _state_space(model: Any) -> bool:
@@ -188,7 +196,7 @@ class MemoryBudget:
 
 def _activation_bytes(model: Any, tokens: int, rows: int) -> int:
     # One iteration's live intermediates (hidden, MLP, attention scores, logits), with a generous factor.
-    args = getattr(model, "args", None)
+    args = text_args(model)
     hidden = int(getattr(args, "hidden_size", 0) or 4096)
     inter = int(getattr(args, "intermediate_size", 0) or 4 * hidden)
     vocab = int(getattr(args, "vocab_size", 0) or 32000)

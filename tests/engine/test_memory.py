@@ -3,14 +3,14 @@ that never fits refused, a defaulted max_tokens lowered to fit, and slot buffers
 
 from __future__ import annotations
 
-import anyio
 import mlx.core as mx
 import pytest
 
 from engine.contracts import GenerationRequest, SamplingParams
 from engine.errors import MemoryAdmission
 from engine.memory import MemoryBudget, kv_token_bytes, weight_bytes
-from tests.engine.test_batch import assert_matches_reference, drain, iterate, make_group, prompt_of, tokens_of
+from tests.engine.test_batch import (assert_matches_reference, drain, iterate, make_group, prompt_of, run_rows,
+                                    tokens_of)
 
 pytestmark = pytest.mark.anyio
 GREEDY = SamplingParams(temperature=0.0)
@@ -175,3 +175,25 @@ def test_a_request_of_the_longest_size_fits_however_it_splits(tiny_loaded) -> No
         group.submit(GenerationRequest(prompt_of(prompt, 1), GREEDY, max_tokens=longest - prompt))
     with pytest.raises(MemoryAdmission):  # one more token, all prompt: refused
         group.submit(GenerationRequest(prompt_of(longest, 1), GREEDY, max_tokens=1))
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["qwen3_5", "qwen3_5_moe"])
+async def test_a_qwen3_5_checkpoint_is_sized_from_its_attention_layers_and_runs(tmp_path, moe: bool) -> None:
+    # Qwen3.5's first layer is a linear-attention one (no `self_attn`) and its settings sit under `text_config`:
+    # sizing the KV failed the start ("neither attention layers nor a config to size the KV cache from"), though
+    # mlx-lm serves the checkpoint. Its attention layer's width is charged for every layer, as for Qwen3-Next.
+    from engine.models import load_model
+    from tests.fixtures.tiny_hybrid import build_tiny_qwen3_5
+
+    loaded = load_model(str(build_tiny_qwen3_5(tmp_path / "qwen3_5", moe=moe)))
+    assert not hasattr(loaded.model.model.layers[0], "self_attn")
+    assert kv_token_bytes(loaded.model) == 4 * 2 * 2 * 16 * 4  # 4 layers, keys and values, 2 kv heads of 16, float32
+    budget = MemoryBudget.plan(loaded.model, total=1 << 30)
+    assert budget.activations < 160 << 20  # from its 64-wide text settings (a 4,096-wide default: ~400 MiB)
+    group = make_group(loaded, budget=budget)
+    assert group.vocab_size == 448  # the logits' width (its text settings'), not the tokenizer's 400 ids
+    prompts = [prompt_of(n, i) for i, n in enumerate((40, 7))]
+    deltas = await run_rows(group, [GenerationRequest(p, GREEDY, max_tokens=8) for p in prompts], [0, 0])
+    for p, got in zip(prompts, deltas.values()):
+        assert_matches_reference(loaded, p, tokens_of(got), 8)
+
