@@ -4,12 +4,12 @@ number of tokens, and fresh cache objects handed back from one (mlx-lm cache lay
 from __future__ import annotations
 
 import copy
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache, RotatingKVCache
 
-__all__ = ["arrays_of", "snapshot_layer", "restore_layer"]
+__all__ = ["arrays_of", "snapshot_layer", "restore_layer", "trimmable_through"]
 
 # Layer types whose arrays hold positions [0, offset) on axis 2 and which we can re-slice freely.
 _COMPACTABLE = (KVCache, QuantizedKVCache)
@@ -57,11 +57,27 @@ def snapshot_layer(layer: Any, length: int) -> Any:
         )
         clone.offset = length
         return clone
+    if isinstance(layer, RotatingKVCache) and layer.keys is not None and layer.offset == length \
+            and layer.keys.shape[2] > layer.max_size:
+        return _window_copy(layer)
     clone = _map_arrays(layer, mx.array)
     offset = getattr(clone, "offset", None)
     if isinstance(offset, int) and offset > length:
         clone.trim(offset - length)
     return clone
+
+
+def _window_copy(layer: RotatingKVCache) -> RotatingKVCache:
+    """A sliding layer after a prompt chunk holds its window plus the chunk, in temporal order; its next update keeps
+    the window alone, and so does this copy (else an entry held a whole chunk past the window per sliding layer)."""
+    keys, values = layer.keys, layer.values
+    assert keys is not None and values is not None
+    cut, keep = keys.shape[2] - layer.max_size, layer.keep
+    window = copy.copy(layer)
+    window.keys, window.values = (mx.concatenate([a[..., :keep, :], a[..., cut + keep:, :]], axis=2)
+                                  for a in (keys, values))
+    window._idx = layer.max_size
+    return window
 
 
 def restore_layer(layer: Any, stored_length: int, length: int) -> Any:
@@ -76,3 +92,18 @@ def restore_layer(layer: Any, stored_length: int, length: int) -> Any:
     if stored_length > length:
         clone.trim(stored_length - length)
     return clone
+
+
+def trimmable_through(cache: Sequence[Any], positions: int) -> bool:
+    """Whether every layer of a row's cache can still be cut back once it holds `positions` tokens, so that an entry
+    of it serves any shorter prompt: a sliding window's ring until it wraps, a recurrent state (Mamba's, a linear
+    attention's) never. Raises nothing of its own."""
+    return all(_trimmable_through(layer, positions) for layer in cache)
+
+
+def _trimmable_through(layer: Any, positions: int) -> bool:
+    if isinstance(layer, RotatingKVCache):
+        return positions < layer.max_size  # its own test, on the offset it will have
+    if isinstance(layer, CacheList):
+        return all(_trimmable_through(c, positions) for c in layer.caches)
+    return bool(layer.is_trimmable())

@@ -1,6 +1,7 @@
 """RowKV — where each row's KV lives while the engine steps it: a per-row cache (fresh, or a prefix-cache hit) while
 its prompt is fed, a slot of the SlotKV buffers once it decodes, and the prefix cache when it leaves (cut to the
-tokens it fed). Engine threads only; what each call did is noted on the calling thread's step record."""
+tokens it fed), and at its prompt's segment boundaries. A cache that cannot be cut back is put where its prompt chunks
+stop (`Row.stops`). Engine threads only; what each call did is noted on the calling thread's step record."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from typing import Any, Callable
 
 from engine.contracts import GenerationRequest
+from engine.kv_snapshot import trimmable_through
 from engine.prefix_cache import PrefixCache
 from engine.rows import Row
 from engine.runner import make_cache
@@ -58,18 +60,31 @@ class RowKV:
                 n, kv = 0, None
             if kv is not None and 0 < n < len(row.prompt):
                 row.cache, row.prefilled, row.cached_tokens = list(kv), n, n
-                return
-        row.cache = make_cache(self.model)
+        if row.cache is None:
+            row.cache = make_cache(self.model)
+        row.stops = self._stops(row)
+
+    def _stops(self, row: Row) -> list[int]:
+        """Where the row's prompt chunks end so that a cache that cannot be cut back (a sliding window that will have
+        wrapped by the end of its reply, a recurrent state) gets its prefix-cache entries: an entry of the whole reply
+        serves only prompts that repeat it token for token. Its segment boundaries (the system prompt), and its
+        prompt's last position, which a repeat of the prompt and a next turn whose template renders the reply
+        otherwise than it was generated both read (llama.cpp's SWA checkpoints likewise). Raises nothing."""
+        if self.prefix_cache is None or row.cache is None \
+                or trimmable_through(row.cache, len(row.prompt) + row.request.max_tokens):
+            return []
+        return sorted({b for b in (*row.boundaries, len(row.prompt) - 1) if row.prefilled < b <= row.prompt_end})
 
     def boundary_puts(self, row: Row, before: int) -> None:
-        """Put the row's prompt prefixes at the segment boundaries its last chunk (fed from `before`) passed."""
+        """Put the row's prompt prefixes at the segment boundaries and stops its last chunk (fed from `before`)
+        passed; a stop that is no boundary (the prompt's end) is a conversation's, not a system prefix."""
         if self.prefix_cache is None or row.cache is None:
             return
-        for b in row.boundaries:
+        for b in sorted({*row.boundaries, *row.stops}):
             if before < b <= row.prefilled:
                 self._record().note("put")
                 wrote(row, self.prefix_cache.put(row.request.namespace, row.prompt[:b], row.cache,
-                                                 row.request.session_id, system_prefix=True))
+                                                 row.request.session_id, system_prefix=b in row.boundaries))
 
     def keeps(self, row: Row) -> bool:
         """Whether a departing row's KV is worth a prefix-cache put. Raises nothing."""
@@ -86,8 +101,11 @@ class RowKV:
                 kv = row.cache if row.slot is None or self.slots is None else self.slots.export(row.slot, len(fed))
                 if kv is not None:
                     record.note("put")
-                    # before the final delta is built: usage reads it
-                    wrote(row, self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id))
+                    stored = self.prefix_cache.put(row.request.namespace, fed, kv, row.request.session_id)
+                    # Written is what a later prompt sharing this one can read: past the prompt, an entry that cannot
+                    # be cut back serves only a prompt repeating the reply token for token (its stops' entries count).
+                    if len(fed) <= len(row.prompt) or all(layer.is_trimmable() for layer in kv):
+                        wrote(row, stored)  # before the final delta is built: usage reads it
             except Exception:  # a cache problem must never fail the request
                 _log.exception("prefix cache put failed")
             record.tick("put", t)

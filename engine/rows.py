@@ -59,6 +59,9 @@ class Row:
     # for the token a stop string cut).
     unsent_logprobs: list[tuple[float, TokenLogprob]] = field(default_factory=list)
     boundaries: list[int] = field(default_factory=list)
+    # Where its prompt chunks end besides `prompt_end`, ascending: a cache that cannot be cut back (a wrapped sliding
+    # window, a recurrent state) is put into the prefix cache only at a chunk's end (engine/row_kv.py sets them).
+    stops: list[int] = field(default_factory=list)
     # Its prompt's last token is fed by its first decode step, not the prefill lane (engine/lane.py): the lane's
     # join wait then comes before its first token, and its second follows one decode step later.
     decode_tail: bool = False
@@ -111,6 +114,11 @@ class Row:
     def prompt_end(self) -> int:
         """Where its prefill stops: before the last token when a decode step feeds that (`decode_tail`)."""
         return len(self.prompt) - 1 if self.decode_tail else len(self.prompt)
+
+    @property
+    def chunk_end(self) -> int:
+        """Where its next prompt chunk ends at the latest: its next stop, else `prompt_end`."""
+        return next((s for s in self.stops if s > self.prefilled), self.prompt_end)
 
     @property
     def preparing(self) -> bool:
@@ -218,24 +226,25 @@ def prefill_shares(rows: Iterable[Row], room: int) -> list[tuple[Row, int]]:
     if not preparing or room <= 0:
         return []
     need = lambda r: r.prompt_end - r.prefilled  # noqa: E731
+    cap = lambda r: r.chunk_end - r.prefilled  # noqa: E731  # a chunk ends at the row's next stop
     oldest, others = preparing[0], preparing[1:]
     quick = sorted((r for r in others if need(r) < need(oldest)), key=need)  # stable: equal needs by age
-    first = min(need(oldest), max(1, room // 2) if quick else room)
+    first = min(cap(oldest), max(1, room // 2) if quick else room)
     shares: list[tuple[Row, int]] = []
     left = room - first
     for r in quick:
         if left <= 0:
             break
-        shares.append((r, min(left, need(r))))
+        shares.append((r, min(left, cap(r))))
         left -= shares[-1][1]
-    more = min(need(oldest) - first, left)  # the quick prompts left room over: the oldest takes it
+    more = min(cap(oldest) - first, left)  # the quick prompts left room over: the oldest takes it
     left -= more
     taken = {id(r) for r, _ in shares}
     for r in others:  # then the rest, oldest first
         if left <= 0:
             break
         if id(r) not in taken:
-            shares.append((r, min(left, need(r))))
+            shares.append((r, min(left, cap(r))))
             left -= shares[-1][1]
     return [(oldest, first + more), *shares]
 

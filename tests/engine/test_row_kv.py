@@ -1,9 +1,11 @@
 """engine/row_kv.py: a new row's cache is a prefix-cache hit or a fresh one; a departing row's KV goes to the prefix
-cache cut to the tokens it fed, then its cache is freed; the record names what each call did."""
+cache cut to the tokens it fed, then its cache is freed; the record names what each call did; a cache that cannot be cut
+back (a sliding window, a recurrent state) is also put at its system prompt's end and before its prompt's last token."""
 
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
 from engine.contracts import GenerationRequest, SamplingParams
 from engine.prefix_cache import PrefixCache
@@ -11,7 +13,8 @@ from engine.row_kv import RowKV
 from engine.rows import Row
 from engine.runner import make_cache
 from engine.step_record import StepRecord
-from tests.engine.test_batch import FakePrefixCache
+from tests.engine.test_batch import (GREEDY, FakePrefixCache, assert_matches_reference, make_group, prompt_of,
+                                    run_rows, tokens_of)
 
 
 def row_of(loaded, prompt: list[int]) -> Row:
@@ -86,3 +89,70 @@ def test_a_prompt_prefix_put_at_a_segment_boundary_is_the_rows_write_too(tiny_lo
     row.cache, row.prefilled = filled(tiny_loaded, 3), 3  # its first chunk passed the boundary
     kv.boundary_puts(row, 0)
     assert row.delta().cache_write_tokens == 2
+
+
+def sliding_llm(path):
+    """A tiny llama whose first layer attends over a window of 8 (mlx-lm's RotatingKVCache), as gpt-oss's and Gemma's
+    sliding layers do."""
+    from tests.fixtures.tiny_llm import build_tiny_llm, load_tiny_llm
+
+    return load_tiny_llm(build_tiny_llm(path, extra_config={"layer_types": ["sliding_attention", "full_attention"],
+                                                            "sliding_window": 8}))
+
+
+def hybrid_llm(path):
+    """A tiny Qwen3.5: recurrent (linear-attention) layers beside a full-attention one."""
+    from tests.fixtures.tiny_hybrid import build_tiny_qwen3_5
+    from tests.fixtures.tiny_llm import load_tiny_llm
+
+    return load_tiny_llm(build_tiny_qwen3_5(path))
+
+
+def test_only_a_cache_that_cannot_be_cut_back_stops_its_prompt_chunks(tiny_loaded, tmp_path) -> None:
+    sliding = sliding_llm(tmp_path)
+    for loaded, prompt, max_tokens, stops in [
+        (tiny_loaded, 30, 6, []),  # a plain KV cache: an entry of the whole reply serves any shorter prompt
+        (sliding, 5, 2, []),  # its window never wraps
+        (sliding, 5, 6, [4]),  # it wraps in the reply: an entry before the prompt's last token
+        (sliding, 30, 6, [10, 29]),  # the system prompt's end too
+    ]:
+        kv = RowKV(loaded.model, None, PrefixCache(1 << 20), StepRecord)
+        request = GenerationRequest(prompt_of(prompt, 1), GREEDY, max_tokens=max_tokens, segment_boundaries=(10,))
+        row, _ = Row.start(request, request.prompt_tokens, vocab_size=400, tokenizer=loaded.tokenizer)
+        kv.attach(row)
+        assert row.stops == stops, (prompt, max_tokens)
+    row, _ = Row.start(request, request.prompt_tokens, vocab_size=400, tokenizer=sliding.tokenizer)
+    RowKV(sliding.model, None, None, StepRecord).attach(row)
+    assert row.stops == []  # no prefix cache to put into
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("build", [sliding_llm, hybrid_llm], ids=["sliding-window", "hybrid"])
+async def test_a_repeated_prompt_and_a_next_turn_read_a_cache_that_cannot_be_cut_back(tmp_path, build) -> None:
+    # gpt-oss or Gemma past their window, Qwen3-Next's or Qwen3.5's recurrent layers: the only entry was the whole
+    # reply's, which neither a repeat of the prompt ("regenerate") nor a next turn whose template renders the reply
+    # otherwise than it was generated reads: 0 cached tokens on every request, and no system-prompt entry either.
+    loaded = build(tmp_path)
+    cache = PrefixCache(1 << 24)
+    group = make_group(loaded, prefix_cache=cache, max_iteration_tokens=16)
+
+    def turn(prompt: list[int]) -> GenerationRequest:
+        return GenerationRequest(prompt, GREEDY, max_tokens=6, segment_boundaries=(10,))
+
+    async def cold(prompt: list[int]) -> list[int]:
+        fresh = make_group(loaded, prefix_cache=PrefixCache(1 << 24), max_iteration_tokens=16)
+        return tokens_of((await run_rows(fresh, [turn(prompt)], [0]))[0])
+
+    prompt = prompt_of(30, 1)
+    first = (await run_rows(group, [turn(prompt)], [0]))[0]
+    again = (await run_rows(group, [turn(prompt)], [0]))[0]
+    assert [d[-1].cached_tokens for d in (first, again)] == [0, 29]
+    # Written: what a prompt sharing this one reads (not the reply's entry, which only a repeat of the reply reads).
+    assert [d[-1].cache_write_tokens for d in (first, again)] == [29, 0]
+    assert cache.stats()["system_entries"] == 1
+    second = prompt + prompt_of(9, 2)  # the history re-rendered: not the tokens it generated
+    later = (await run_rows(group, [turn(second)], [0]))[0]
+    assert (later[-1].cached_tokens, later[-1].cache_write_tokens) == (29, 9)
+    assert tokens_of(first) == tokens_of(again) == await cold(prompt)
+    assert tokens_of(later) == await cold(second)
+    assert_matches_reference(loaded, second, tokens_of(later), 6)

@@ -46,6 +46,17 @@ def test_rows_that_are_not_preparing_get_nothing() -> None:
     assert prefill_shares([_row(5)], 0) == []
 
 
+def test_a_share_ends_at_the_rows_next_stop_and_the_room_left_goes_on() -> None:
+    # A cache that cannot be cut back is put into the prefix cache only where a chunk ends (engine/row_kv.py).
+    stopped = _row(100)
+    stopped.stops = [10, 99]
+    assert _shares([stopped, _row(300)], 512) == [10, 300]
+    stopped.prefilled = 10
+    assert _shares([stopped], 512) == [89]
+    stopped.prefilled = 99
+    assert _shares([stopped], 512) == [1]
+
+
 @given(st.lists(st.tuples(st.integers(1, 3000), st.integers(0, 3000)), min_size=1, max_size=8),
        st.integers(1, 2048))
 def test_the_room_is_used_and_never_exceeded_and_the_oldest_always_progresses(rows: list[tuple[int, int]],
