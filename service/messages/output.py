@@ -56,8 +56,8 @@ def _tool_input(arguments: str) -> dict[str, Any]:
 
 class MessageOutput:
     """One reply's blocks and the stream's events. `feed` a chat delta, `close` at the reply's end (the events of
-    its end; `message()` then gives the finished Message); `opening()` is message_start (or a ping once it went
-    out), `failed` the error event ending a stream. `usage()` gives the reply's usage as it stands."""
+    its end; `message()` then gives the finished Message); `opening()` is message_start, `keepalive()` a ping,
+    `failed` the error event ending a stream. `usage()` gives the reply's usage as it stands."""
 
     def __init__(self, model: str, usage: Callable[[], dict[str, Any]], streamed: bool = True,
                  context: dict[str, Any] | None = None, thinking_shown: bool = True) -> None:
@@ -87,12 +87,20 @@ class MessageOutput:
         return _event(kind, payload) if self._streamed else b""
 
     def opening(self) -> bytes:
-        """message_start, once; later a ping (a keep-alive while the prompt waits). Raises nothing."""
+        """message_start, once (nothing after). Its usage splits the input into cached and uncached tokens, known
+        from the row's first delta: sent before it, a queued prompt's read 0 cached (Claude Code and the SDKs take
+        the split from message_start). Raises nothing."""
         if self.started:
-            return self._event("ping")
+            return b""
         self.started = True
         return self._event("message_start", message={**self.message(), "content": [],
                                                       **({"context_management": None} if self._context else {})})
+
+    def keepalive(self) -> bytes:
+        """A ping: what keeps a stream alive while its prompt waits (before message_start too: the anthropic SDKs,
+        Python's and TypeScript's, and the AI SDK skip a ping wherever it comes) or a reply holds text back. Raises
+        nothing."""
+        return self._event("ping")
 
     def feed(self, delta: ChoiceDelta) -> list[bytes]:
         """The events of one chat delta. Raises nothing."""

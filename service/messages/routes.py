@@ -2,10 +2,10 @@
 SDKs speak), served by the chat machinery: the request becomes a chat request (service/messages/translate.py),
 the reply's chat deltas become content blocks (service/messages/output.py).
 
-A stream is message_start, the blocks' events, message_delta and message_stop; `ping` while the prompt waits; an
-error after the headers is a message_delta with the usage so far (stop_reason null), an `error` event, then the stream
-ends. Errors before them are statuses with Anthropic's
-error body (service/messages/errors.py).
+A stream is message_start, the blocks' events, message_delta and message_stop; `ping` while the prompt waits (then
+message_start follows the first token, whose delta says how much of the prompt the cache gave); an error after the
+headers is a message_delta with the usage so far (stop_reason null), an `error` event, then the stream ends. Errors
+before them are statuses with Anthropic's error body (service/messages/errors.py).
 """
 
 from __future__ import annotations
@@ -155,13 +155,13 @@ async def create_message(request: Request[Any, Any, Any], data: MessagesRequest)
         return stream
 
     def failure(error: APIError) -> bytes:
-        return (b"" if output.started else output.opening()) + output.failed(error)
+        return output.opening() + output.failed(error)  # message_start unless it went out
 
     return await respond(
         request, counter, timing, submit_row=submit_row,
         events=(lambda reader: _events(reader, translators[0], output)) if data.stream else None,
         collect=lambda stream: _collect(RowReader(stream, counter, timing), translators[0], output),
-        keepalive=output.opening, failure=failure,
+        keepalive=output.keepalive, failure=failure,
         may_go_quiet=bool(chat.tools) or (data.thinking is not None and data.thinking.display == "omitted"))
 
 
