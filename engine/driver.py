@@ -52,7 +52,8 @@ class ExecutionGroup(Protocol):
         ...
 
     def prefill_tokens(self) -> int:
-        """Prompt tokens a mixed iteration may carry on top of the decoding rows' (>= the minimum)."""
+        """Prompt tokens a mixed iteration may carry on top of the decoding rows' (>= the minimum), or 0: this one
+        decodes only (the LLM group's pacer measures a decode step first: engine/pacing.py)."""
         ...
 
     async def advance_mixed(self, budget: int) -> None:
@@ -68,7 +69,7 @@ class ExecutionGroup(Protocol):
 
 def iteration_budget(group: ExecutionGroup) -> int:
     """Running rows' tokens are reserved first; prompt chunks get what the group allows on top (at least
-    its minimum; engine/pacing.py for the LLM group)."""
+    its minimum, or none for an iteration that measures a decode step; engine/pacing.py for the LLM group)."""
     return group.running_tokens() + group.prefill_tokens()
 
 

@@ -1,11 +1,12 @@
 """PrefillPacer: prompt chunks beside decoding rows are paced so a mixed iteration lasts at most STALL
-decode iterations; with nothing decoding prompts get the whole budget, with nothing measured the minimum, doubling."""
+decode iterations; with nothing decoding prompts get the whole budget; with no decode cost measured, a decode-only
+iteration measures one first."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.pacing import STALL, PrefillPacer
+from engine.pacing import REFRESH, STALL, PrefillPacer
 
 
 def test_idle_uses_the_whole_budget() -> None:
@@ -16,16 +17,59 @@ def test_idle_uses_the_whole_budget() -> None:
     assert pacer.prompt_tokens(decode_rows=0) == 512
 
 
-def test_unmeasured_beside_decoding_rows_starts_at_the_minimum_and_doubles() -> None:
+def test_unmeasured_beside_decoding_rows_asks_for_a_decode_only_iteration_then_the_minimum() -> None:
     # The whole budget before anything was measured: the first long prompt after a start stalled every stream
-    # for 6.8 s on a 2-core CPU (one 504-token chunk beside a decoding row).
+    # for 6.8 s on a 2-core CPU (one 504-token chunk beside a decoding row). Doubling from the minimum instead
+    # reached the whole budget all the same while a prompt waited (no decode-only iteration ever measured the bound).
     pacer = PrefillPacer(max_tokens=512, min_tokens=32)
-    assert [pacer.prompt_tokens(decode_rows=8) for _ in range(6)] == [32, 64, 128, 256, 504, 504]
-    cold = PrefillPacer(max_tokens=512, min_tokens=32)
-    cold.record(0.1, prompt_tokens=0, decode_rows=1)  # a decode cost but no mixed iteration yet
-    assert cold.prompt_tokens(decode_rows=1) == 32
-    cold.record(0.1 + 32 * 0.005, prompt_tokens=32, decode_rows=1)  # then the fit takes over: 0.05 s / 5 ms
-    assert cold.prompt_tokens(decode_rows=1) <= 64  # paced: the minimum, or twice it to tell fixed from per-token
+    assert pacer.prompt_tokens(decode_rows=8) == 0  # decode only: measure the bound first
+    pacer.record(0.1, prompt_tokens=0, decode_rows=8)
+    assert pacer.prompt_tokens(decode_rows=8) == 32  # a decode cost but no mixed iteration yet: the minimum
+    pacer.record(0.1 + 32 * 0.005, prompt_tokens=32, decode_rows=8)  # then the fit takes over: 0.05 s / 5 ms
+    assert pacer.prompt_tokens(decode_rows=8) in (32, 64)  # paced: the minimum (10 tokens fit), or twice it to spread
+    lost = PrefillPacer(max_tokens=512, min_tokens=32)  # the decode-only iterations asked for never come:
+    assert [lost.prompt_tokens(decode_rows=8) for _ in range(6)] == [0, 0, 0, 32, 32, 32]  # prompts go on, unpaced
+
+
+def _closed_loop(pacer: PrefillPacer, decode: float, per_token: float, iterations: int, rows: int = 1) -> list[int]:
+    """A prompt waits throughout, as the scheduler runs it: what the pacer offers runs (0: a decode-only iteration),
+    costing decode + per_token x its prompt tokens, and is recorded. Returns the offers."""
+    offers = []
+    for _ in range(iterations):
+        n = pacer.prompt_tokens(decode_rows=rows)
+        offers.append(n)
+        pacer.record(decode + per_token * n, n, rows)
+    return offers
+
+
+def test_a_long_prompt_on_a_fresh_server_never_stalls_a_stream_past_the_bound() -> None:
+    # Agent A's 6,919-token prompt came first, then agent B's short one decoded beside it: every iteration was mixed,
+    # no decode cost was ever measured, and the chunk doubled to the whole budget (B's gaps 0.15 s ... 19.7 s, its
+    # 48 tokens 167 s). Costs here are proportional to prompt tokens: 80 ms a decode step, 5 ms a prompt token.
+    pacer = PrefillPacer(max_tokens=512, min_tokens=4)
+    for _ in range(3):
+        pacer.record(4.0, prompt_tokens=508, decode_rows=0)  # A alone: the whole budget, nothing to protect
+    offers = _closed_loop(pacer, decode=0.080, per_token=0.005, iterations=60)
+    assert offers[0] == 0 and offers[1] == pacer.min_tokens  # measure a decode step, then the minimum
+    fit = int((STALL - 1) * 0.080 / 0.005)
+    assert all(n * 0.005 <= (STALL - 1) * 0.080 + 1e-9 for n in offers)  # every mixed iteration within the bound
+    assert offers[-8:].count(fit) >= 7  # and prompts get what fits (one refresh of the decode cost among them)
+    assert pacer.fixed_seconds is not None and pacer.fixed_seconds < 0.001
+
+
+def test_a_decode_cost_that_falls_while_a_prompt_waits_is_measured_again() -> None:
+    # 8 rows decoded in 300 ms, then 7 left (a cheaper step, 100 ms) while a long prompt kept every iteration mixed:
+    # chunks paced for the old step were 2.5 decode steps long until the prompt was done.
+    pacer = PrefillPacer(max_tokens=512, min_tokens=2)
+    _closed_loop(pacer, decode=0.300, per_token=0.005, iterations=40, rows=8)
+    offers = _closed_loop(pacer, decode=0.100, per_token=0.005, iterations=40, rows=1)
+    assert offers[0] == 0  # rows moved: measure first
+    assert all(n * 0.005 <= (STALL - 1) * 0.100 + 1e-9 for n in offers)
+    # Same rows, another process left the cores: a decode step of 40 ms, not 100. Within REFRESH mixed iterations a
+    # decode-only one measures it, and chunks follow.
+    offers = _closed_loop(pacer, decode=0.040, per_token=0.002, iterations=REFRESH + 30)
+    assert 0 in offers[:REFRESH + 1]
+    assert all(n * 0.002 <= (STALL - 1) * 0.040 + 1e-9 for n in offers[offers.index(0):])
 
 
 def _simulate(pacer: PrefillPacer, decode: float, fixed: float, per_token: float, iterations: int,
