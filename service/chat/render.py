@@ -44,9 +44,10 @@ from service.chat.prompt import (
     template_source,
     template_variables,
 )
+from service.chat.prompt_limit import PromptTooLong, usable_context
 from service.chat.schemas import ChatCompletionRequest
 from service.chat.tool_text import calls_as_text, request_tools, with_tool_prompt
-from service.http.errors import APIError, context_length_exceeded
+from service.http.errors import APIError
 from service.seams import ChatEngine
 from service.state import AppState
 
@@ -205,12 +206,12 @@ def char_bound(engine: ChatEngine) -> int | None:
 
 
 def check_text_fits(chars: int, engine: ChatEngine, param: str) -> None:
-    """Raises APIError 400 context_length_exceeded when `chars` characters cannot fit the context."""
-    bound = char_bound(engine)
-    if bound is not None and chars > bound:
-        raise context_length_exceeded(
-            f"This model's maximum context length is {engine.context_length} tokens; there are {chars} characters "
-            f"in the {param}, more than any {engine.context_length} tokens can hold.", param=param)
+    """Raises PromptTooLong (400 context_length_exceeded) when `chars` characters cannot fit the context, naming the
+    lower limit where the memory budget holds less."""
+    bound, context, limit = char_bound(engine), engine.context_length, usable_context(engine)
+    if bound is not None and context is not None and limit is not None and chars > bound:
+        longest = bound // context  # a token's most characters: the prompt makes more tokens than the context holds
+        raise PromptTooLong(-(-chars // longest), limit, context, param, chars=chars)
 
 
 def _content_chars(messages: Sequence[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:

@@ -14,10 +14,11 @@ from litestar import Request
 
 from engine.contracts import GenerationRequest, SamplingParams
 from engine.errors import EngineError
+from service.chat.prompt_limit import check_prompt_fits
 from service.chat.schemas import SamplingFields
 from service.chat.stream import StreamTiming
 from service.http.access_log import arrival_time
-from service.http.errors import APIError, api_error, context_length_exceeded, model_not_found, model_of_another_kind
+from service.http.errors import APIError, api_error, model_not_found, model_of_another_kind
 from service.speech.served import speech_model_names
 from service.seams import ChatEngine, RowStream
 from service.state import AppState
@@ -117,21 +118,17 @@ def generation_request(
     context has left. `tenant` (the API key's id) gets its own prefix-cache
     namespace, so one client's cached prefixes never show in another's `cached_tokens`.
 
-    Raises APIError 400 context_length_exceeded when the prompt leaves no room to generate."""
+    Raises PromptTooLong (400 context_length_exceeded, or context_over_budget under the memory budget) when the
+    prompt leaves no room to generate."""
     context = engine.context_length
     if not prompt:
         raise APIError(400, "The prompt is empty after tokenization.", param=param, code="empty_prompt")
     if max_tokens is None and (recommended := engine.sampling_defaults.get("max_tokens")):
         default_max_tokens = min(int(recommended), default_max_tokens or int(recommended))
     room = max_tokens or default_max_tokens or 1 << 30
+    check_prompt_fits(engine, len(prompt), param)
     if isinstance(context, int) and context > 0:
-        left = context - len(prompt)
-        if left <= 0:
-            raise context_length_exceeded(
-                f"This model's maximum context length is {context} tokens, but the prompt has {len(prompt)} tokens.",
-                param=param,
-            )
-        room = min(room, left)
+        room = min(room, context - len(prompt))  # the memory budget's room is the engine's to cap (admission.py)
     return GenerationRequest(
         prompt_tokens=list(prompt),
         sampling=sampling_params(body, vocab_size(engine), logprobs, engine.sampling_defaults),

@@ -18,6 +18,7 @@ from litestar import Request, Response, post
 from litestar.openapi.datastructures import ResponseSpec
 
 from service.chat.output import ChatTranslator
+from service.chat.prompt_limit import PromptTooLong
 from service.chat.render import render_chat
 from service.chat.request import chat_engine, renamed, request_timing
 from service.chat.respond import respond
@@ -60,10 +61,12 @@ def _usage(counter: UsageCounter) -> dict[str, Any]:
 
 def _renamed(exc: APIError, fields: dict[str, str]) -> APIError:
     """A chat error by the Messages request's names, in Anthropic's words, the field named in the message too
-    (Anthropic's error body has no `param`). Raises nothing."""
+    (Anthropic's error body has no `param`); a prompt too long in Anthropic's own sentence, which Claude Code reads
+    to compact the conversation. Raises nothing."""
+    too_long = exc.anthropic_message if isinstance(exc, PromptTooLong) else None
     exc = renamed(exc, fields)
-    message = anthropic_words(exc.message)
-    if exc.status == 400 and exc.param and not message.startswith(exc.param):
+    message = too_long or anthropic_words(exc.message)
+    if exc.status == 400 and exc.param and not message.startswith(exc.param) and too_long is None:
         message = f"{exc.param}: {message}"
     return APIError(exc.status, message, type=exc.type, param=exc.param, code=exc.code, retry_after=exc.retry_after,
                     close=exc.close, should_retry=exc.should_retry)
