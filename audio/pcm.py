@@ -19,7 +19,8 @@ from audio.errors import AudioInputError
 from audio.g711 import decode_g711
 
 if TYPE_CHECKING:
-    from av import AudioFrame
+    from av import AudioFrame, AudioStream
+    from av.container import InputContainer
 
 __all__ = [
     "SAMPLE_RATE",
@@ -38,6 +39,10 @@ __all__ = [
     "reads_as_raw_pcm",
     "decode_raw_pcm",
     "decode_container",
+    "audio_stream",
+    "FrameResampler",
+    "frame_mono",
+    "ffmpeg_reason",
     "load_audio_file",
     "resample",
 ]
@@ -236,32 +241,26 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
         source = str(data)
     try:
         with av.open(source, mode="r") as container:
-            if not container.streams.audio:
-                raise AudioInputError("the file has no audio stream", param=param, code="no_audio_stream")
-            stream = container.streams.audio[0]
-            rate = stream.rate or SAMPLE_RATE
-            if not MIN_FILE_RATE <= rate <= MAX_FILE_RATE:
-                raise AudioInputError(f"the file's sample rate {rate} Hz is outside {MIN_FILE_RATE}–"
-                                      f"{MAX_FILE_RATE} Hz", param=param, code="unsupported_sample_rate")
+            stream, rate = audio_stream(container, param)
             most = None if max_seconds is None else int(max_seconds * rate)
-            out = _Resampled(rate, param)
+            out = FrameResampler(rate, param)
             # Planar float in the source's own layout, mixed down below; the rate change is soxr's job (proper
             # band-limited resampling). FFmpeg's own down-mix keeps power, not level: stereo came out x1.41.
             planar = av.AudioResampler(format="fltp", rate=rate)
             for frame in container.decode(stream):
                 for piece in planar.resample(frame):
-                    out.add(_mono(piece))
+                    out.add(frame_mono(piece))
                 if most is not None and out.decoded > most:
                     raise _too_long(max_seconds or 0.0, param)
             for piece in planar.resample(None):
                 if piece is not None:  # a pass-through resampler (the file was fltp already) "flushes" None
-                    out.add(_mono(piece))
+                    out.add(frame_mono(piece))
     except (AudioInputError, MemoryError):
         raise
     except Exception as exc:  # whatever PyAV raises on a file is the file's fault (a bad header: AttributeError)
         # A body of raw samples under a type we do not take for raw lands here: say which types are.
         raw_types = f"; raw samples are read as such under {_RAW_TYPES_SHOWN}" if isinstance(source, io.BytesIO) else ""
-        raise AudioInputError(f"could not decode the audio file{_reason(exc)}: it is corrupt or not an audio "
+        raise AudioInputError(f"could not decode the audio file{ffmpeg_reason(exc)}: it is corrupt or not an audio "
                               f"format this server reads{raw_types}", param=param,
                               code="unsupported_or_corrupt_audio") from None
     if not out.decoded:
@@ -269,7 +268,20 @@ def decode_container(data: bytes | Path | str, *, param: str = "file",
     return out.finish()
 
 
-class _Resampled:
+def audio_stream(container: InputContainer, param: str) -> tuple[AudioStream, int]:
+    """An opened container's first audio stream and its sample rate. Raises AudioInputError (no audio stream, a rate
+    outside MIN_FILE_RATE–MAX_FILE_RATE)."""
+    if not container.streams.audio:
+        raise AudioInputError("the file has no audio stream", param=param, code="no_audio_stream")
+    stream = container.streams.audio[0]
+    rate = stream.rate or SAMPLE_RATE
+    if not MIN_FILE_RATE <= rate <= MAX_FILE_RATE:
+        raise AudioInputError(f"the file's sample rate {rate} Hz is outside {MIN_FILE_RATE}–{MAX_FILE_RATE} Hz",
+                              param=param, code="unsupported_sample_rate")
+    return stream, rate
+
+
+class FrameResampler:
     """A file's 16 kHz samples, resampled frame by frame as PyAV decodes them: only 16 kHz audio is held, so a
     small upload of 384 kHz silence no longer holds (and copies) hours at its own rate (~24 GB for 2 h).
     ResampleStream gives soxr.resample's samples exactly (the same HQ filter, its state kept across frames)."""
@@ -299,19 +311,23 @@ class _Resampled:
             self._blocks.append(np.concatenate(self._pending).astype(np.float32, copy=False))
             self._pending, self._pending_size = [], 0
 
+    def take(self) -> np.ndarray:
+        """What was resampled since the last take (a stream decoded as it arrives). Raises nothing."""
+        blocks = [*self._blocks, *self._pending]
+        self._blocks, self._pending, self._pending_size = [], [], 0
+        return np.concatenate(blocks).astype(np.float32, copy=False) if blocks else np.zeros(0, np.float32)
+
     def finish(self) -> np.ndarray:
-        """All of it, the resampler's held-back tail included (call once). Raises nothing."""
+        """All of it (since the last take), the resampler's held-back tail included (call once). Raises nothing."""
         if self._stream is not None:
             self._pending.append(self._stream.resample_chunk(np.zeros(0, np.float32), last=True))
-        blocks = [*self._blocks, *self._pending]
-        self._blocks, self._pending = [], []
-        return np.concatenate(blocks).astype(np.float32, copy=False)
+        return self.take()
 
 
 _BLOCK = 4 * SAMPLE_RATE
 
 
-def _reason(exc: Exception) -> str:
+def ffmpeg_reason(exc: Exception) -> str:
     """FFmpeg's own words for a decode failure, without the errno and '<none>' file name str() adds
     ("[Errno 1094995529] Invalid data found when processing input: '<none>'")."""
     strerror = getattr(exc, "strerror", None)
@@ -320,7 +336,7 @@ def _reason(exc: Exception) -> str:
     return ""  # a Python error inside PyAV (a header it cannot describe) says nothing a client can act on
 
 
-def _mono(frame: AudioFrame) -> np.ndarray:
+def frame_mono(frame: AudioFrame) -> np.ndarray:
     """One planar float frame (channels × samples) → its channels' mean, as raw PCM bodies are mixed down."""
     planes = np.asarray(frame.to_ndarray(), dtype=np.float32)
     return planes.reshape(-1) if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)

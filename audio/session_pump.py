@@ -20,6 +20,7 @@ from audio.transcript import TranscribeOptions, Transcript
 from audio.vad import Speech, SpeechGate
 
 if TYPE_CHECKING:
+    from audio.container_chunks import ContainerChunks
     from audio.whisper import WhisperResidency
 
 __all__ = ["Control", "SessionPump", "speech_gate"]
@@ -53,6 +54,7 @@ class SessionPump:
     _gated: int  # raw samples through the gate
     _boundary: int  # raw sample of the last commit, clear or VAD pause
     _controls: deque[Control]
+    _containers: ContainerChunks
     _asked: deque[TranscribeOptions]  # for each "options" control, in order: what reconfigure() was given
     _finishing: bool
     _idle: bool
@@ -114,6 +116,7 @@ class SessionPump:
                 self._residency.release()
             self.live.unbind()
             self._pool.forget(self)
+            self._containers.abort()  # however the session ended, no container decoder thread outlives it
             for what, _, ref in self._controls:  # marks still waiting are owed to their callers all the same
                 if what == "mark" and ref is not None:
                     self._emit(SessionEvent("mark", ref=ref))

@@ -20,6 +20,7 @@ import anyio
 import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
+from audio.container_chunks import ContainerChunks, opens_stream
 from audio.errors import (ChunkOverBacklog, CommitEmpty, SessionClosed, SessionError, SessionExpired, SessionLimit,
                           SessionNotFound)
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
@@ -41,6 +42,8 @@ MIN_COMMIT_MS = 100  # OpenAI's least audio a commit needs
 
 # Events a reader has read that stay in the log before they are dropped together (a list's front deletes copy).
 _READ_KEPT = 256
+# Seconds a container stream closed on the event loop (an expiry, raw audio after it) has to flush its tail.
+_LOOP_CLOSE_TIMEOUT = 1.0
 
 class LiveSession(SessionPump):
     """One dictation: `append` PCM, read `events()` or `committed_text()`, `finish` for the Transcript.
@@ -71,6 +74,8 @@ class LiveSession(SessionPump):
         self._residency, self._tasks = residency, tasks
         self._pool = pool or AudioPool(None)
         self._stream: PcmStream | None = None
+        self._containers = ContainerChunks()  # container chunks: whole files, or a MediaRecorder's stream in pieces
+        self._decoding = anyio.Lock()  # one container chunk decodes at a time, in the order they came
         self._raw = AudioBuffer()  # received, not yet through the gate
         self._gate = speech_gate(options)
         self._denoise = _high_pass(options.noise_reduction, None)  # filters what is taken, before the gate
@@ -124,6 +129,8 @@ class LiveSession(SessionPump):
 
     def _begin_finish(self) -> None:
         """Stop capture: what was taken goes to the pump, which decodes it and ends. Raises nothing."""
+        if not self._decoding.locked():  # finish() closed it off the loop; an expiry closes it here
+            self._take_tail(self._containers.close(_LOOP_CLOSE_TIMEOUT))
         self._finishing = True
         self.finished_at = self._clock()
         if self._stream is not None:
@@ -173,6 +180,8 @@ class LiveSession(SessionPump):
         AudioLimitExceeded (a cap; an AudioInputError), SessionClosed (after finish, delete or expiry)."""
         self._check_open()
         self._admit(len(body) // (fmt.sample_bytes * max(1, fmt.channels)) * SAMPLE_RATE // max(1, fmt.rate))
+        if self._containers.open and not self._decoding.locked():  # raw samples after a container stream: its tail
+            self._take_tail(self._containers.close(_LOOP_CLOSE_TIMEOUT))  # comes first (a starved decoder: a few ms)
         if self._stream is None or self._stream.format != fmt:
             if self._stream is not None:
                 self._take(self._stream.flush())
@@ -185,6 +194,27 @@ class LiveSession(SessionPump):
         self._admit(len(pcm16k))
         self._flush_stream()  # raw chunks' held-back tail was sent before this audio: it goes first
         self._take(np.asarray(pcm16k, np.float32))
+
+    async def append_container(self, body: bytes, *, max_seconds: float | None = None) -> int:
+        """Add one chunk of container audio: a whole file, or a piece of a WebM / Ogg / fragmented-MP4 stream (the
+        rule: audio/container_chunks.py), decoded in a worker thread. `max_seconds`: a chunk decoding to more is
+        refused. Returns the 16 kHz samples taken. Audio accepted before a refused chunk is kept. Raises
+        AudioInputError (a bad chunk), AudioLimitExceeded (a cap), SessionClosed (after finish, delete or expiry)."""
+        self._check_open()
+        async with self._decoding:
+            self._check_open()
+            if self._containers.open and opens_stream(body):  # the stream before ends where this one begins
+                self._take_tail(await anyio.to_thread.run_sync(self._containers.tail_before, body))
+            pcm = await anyio.to_thread.run_sync(self._containers.decode, body, max_seconds)
+            self.append_samples(pcm)
+        return len(pcm)
+
+    def _take_tail(self, tail: np.ndarray) -> None:
+        """The samples a container stream held back until it closed: audio of chunks taken before, so no cap refuses
+        them (dropped only once the session is cancelled). Raises nothing."""
+        if tail.size and not self.scope.cancel_called:
+            self._flush_stream()
+            self._take(tail)
 
     def _flush_stream(self) -> None:
         if self._stream is not None:
@@ -260,6 +290,10 @@ class LiveSession(SessionPump):
         if self.expired is not None or (self.scope.cancel_called and not self._done.is_set()):
             raise self._gone()  # an expired session's last text went to its event log, not to a caller
         if not self._finishing:
+            async with self._decoding:  # after the chunk being decoded (its audio counts); the open stream's tail is
+                if self._containers.open and not self._finishing:  # decoded off the loop
+                    self._take_tail(await anyio.to_thread.run_sync(self._containers.close))
+        if not self._finishing:
             self._begin_finish()
         await self._done.wait()
         if self.error is not None:
@@ -275,6 +309,7 @@ class LiveSession(SessionPump):
     def cancel(self) -> None:
         """Drop the session: its windows leave the scheduler before the next step; finish raises SessionClosed."""
         self.scope.cancel()
+        self._containers.abort()  # its decoder thread ends; nothing it holds is wanted
         self.live.cancel_probe()  # a probe's window is bound to its own scope
         self._pool.forget(self)
 

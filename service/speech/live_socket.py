@@ -6,9 +6,10 @@ Two ways to talk, one session underneath:
   rate, 24 kHz unless declared, or G.711 at 8 kHz), `.commit`, `.clear`; server events driven by the session's own
   events.
   `/v1/realtime` always talks this way; `/v1/audio/live` does once one comes before any PCM frame or finish.
-- **Binary frames** (simple clients of `/v1/audio/live`, frame_events.py): raw PCM frames in the query's format, text
-  `{"type": "finish"}` to end; `transcript.partial` snapshots (committed + tentative text, at most one per
-  `interval` s) and a final `transcript.done`.
+- **Binary frames** (simple clients of `/v1/audio/live`, frame_events.py): raw PCM frames in the query's format, or a
+  browser's MediaRecorder stream (WebM / Ogg / fragmented MP4, its first frame carrying the header:
+  socket_audio.py), text `{"type": "finish"}` to end; `transcript.partial` snapshots (committed + tentative text, at
+  most one per `interval` s) and a final `transcript.done`.
 
 Either way the socket is read until the client leaves — after a finish too, so keepalive pings are answered
 and the transcript is delivered — and nothing a client sends ends the session: a bad frame (not JSON, not an
@@ -52,6 +53,7 @@ from service.speech.frame_events import created_event, done_event, partial_event
 from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
 from service.speech.realtime_events import Items, server_events, transcription_failed
 from service.speech.served import served_speech
+from service.speech.socket_audio import SocketAudio
 from service.speech.socket_errors import GONE, as_api_error, base64_audio, close_code, expiry, shutting_down, typed
 from service.speech.transcription_fields import transcription_params, utterance_usage
 from service.state import AppState
@@ -79,6 +81,7 @@ class LiveSocket:
         self.config, self.mode, self.dialect = config, mode, dialect
         self.frame_format, self.interval = frame_format, interval
         self.items = Items()
+        self.audio = SocketAudio(state)
         self.session: LiveSession | None = None
         self._send_lock = anyio.Lock()
         self._sent = anyio.Event()  # set (and replaced) as each owed reply goes out
@@ -153,7 +156,7 @@ class LiveSocket:
                 if self._stopping:  # dropped: the one shutting_down error before the close says why
                     continue
                 if isinstance(data, bytes):
-                    self._frame(data)
+                    await self._frame(data)
                 elif isinstance(text, str):
                     await self._text(text, tg)
             except _ClientGone:
@@ -169,22 +172,13 @@ class LiveSocket:
         with contextlib.suppress(*GONE):  # --isolate: gone with its engine process
             self.session.touch()
 
-    def _frame(self, data: bytes) -> None:
+    async def _frame(self, data: bytes) -> None:
         if self.mode == "undecided":
             self.mode = "frames"
-        fmt = self.frame_format if self.mode == "frames" else self.config.pcm_format
-        self._audio(data, fmt)
-
-    def _audio(self, data: bytes, fmt: PcmFormat) -> None:
         assert self.session is not None
-        try:
-            self.session.append(data, fmt)
-        except AudioError as exc:  # the PCM checks name an HTTP body; here the audio is the event's `audio`, or
-            raise api_error(exc, params={"body": "audio"}) from None  # a binary frame's (no body on a socket)
+        await self.audio.frame(self.session, data, self.frame_format if self.mode == "frames" else
+                               self.config.pcm_format)
         self._took_audio = True
-        # Counted as it is taken (refused audio raised above): /metrics shows live audio while sessions run.
-        if (metrics := self.state.metrics) is not None:
-            metrics.observe_live_audio(len(data) / (fmt.rate * fmt.sample_bytes * max(1, fmt.channels)))
 
     async def _text(self, text: str, tg: anyio.abc.TaskGroup) -> None:
         """Handle one text message. Raises APIError, ConfigError or an audio error for what cannot be done
@@ -202,7 +196,8 @@ class LiveSocket:
         if kind in ("session.update", "transcription_session.update"):
             await self._reply(self._update(kind, event.get("session")))
         elif kind == "input_audio_buffer.append":
-            self._audio(base64_audio(event.get("audio")), self.config.pcm_format)
+            self.audio.pcm(self.session, base64_audio(event.get("audio")), self.config.pcm_format)
+            self._took_audio = True
         elif kind == "input_audio_buffer.commit":
             self.session.commit(self._event_id)
         elif kind == "input_audio_buffer.clear":

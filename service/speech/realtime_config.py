@@ -3,7 +3,8 @@
 session object the `.created` / `.updated` events carry, in either dialect.
 
 Every field is honoured or refused with an error naming it. Honoured: the input format (`pcm16` / `audio/pcm`
-at 24 kHz, or another declared rate 8–48 kHz, our extension; G.711 at 8 kHz, `g711_ulaw` / `audio/pcmu` and
+at 24 kHz, or another declared rate 8–48 kHz, our extension, as is audio/pcm's `encoding`: s16le, f32le, s16be, ulaw
+or alaw, what /v1/audio/live's `session.created` shows; G.711 at 8 kHz, `g711_ulaw` / `audio/pcmu` and
 `g711_alaw` / `audio/pcma`, as telephony streams it), the transcription's model (the served Whisper
 under any of its names), language, `languages` (those the speech may be in: Whisper detects it among them),
 prompt and `keywords` (joined into the prompt), `delay` (how many consecutive decodes must agree before text is
@@ -40,11 +41,13 @@ __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "LOGPROBS", 
 
 Dialect = Literal["beta", "ga"]
 TurnType = Literal["server_vad", "semantic_vad"]
-InputEncoding = Literal["s16le", "ulaw", "alaw"]
+InputEncoding = Literal["s16le", "f32le", "s16be", "ulaw", "alaw"]
 DEFAULT_RATE = 24000  # what OpenAI clients send
 # each input encoding by its beta name and its GA format type (G.711's rate is fixed: 8 kHz)
 _BETA_FORMATS: dict[str, InputEncoding] = {"pcm16": "s16le", "g711_ulaw": "ulaw", "g711_alaw": "alaw"}
 _GA_FORMATS: dict[str, InputEncoding] = {"audio/pcm": "s16le", "audio/pcmu": "ulaw", "audio/pcma": "alaw"}
+# `encoding` in a GA format, our extension: what /v1/audio/live's `?encoding=` takes, as its session.created shows it
+_PCM_ENCODINGS: tuple[InputEncoding, ...] = ("s16le", "f32le", "s16be", "ulaw", "alaw")
 TENTATIVE = "item.input_audio_transcription.tentative"
 LOGPROBS = "item.input_audio_transcription.logprobs"
 INCLUDES = (LOGPROBS, TENTATIVE)  # every `include` value a session takes
@@ -211,13 +214,19 @@ class RealtimeConfig:
     def _format(self, f: Any, where: str) -> None:
         if not isinstance(f, dict):
             raise ConfigError("`format` must be an object", where)
-        _known(f, {"type", "rate"}, where)
+        _known(f, {"type", "rate", "encoding"}, where)
         kind = f.get("type", "audio/pcm")
         encoding = _GA_FORMATS.get(kind) if isinstance(kind, str) else None
         if encoding is None:
             raise ConfigError(f"audio format {kind!r} is not supported; use {', '.join(_GA_FORMATS)}", f"{where}.type")
-        rate = f.get("rate", DEFAULT_RATE if encoding == "s16le" else G711_RATE)
-        if encoding != "s16le" and rate != G711_RATE:  # a rate beside G.711 is only ever its own
+        if f.get("encoding") is not None:  # audio/pcm's samples in another encoding; G.711's types name their own
+            named = f["encoding"]
+            allowed = _PCM_ENCODINGS if kind == "audio/pcm" else (encoding,)
+            if named not in allowed:
+                raise ConfigError(f"encoding must be {' or '.join(allowed)} for {kind}", f"{where}.encoding")
+            encoding = named
+        rate = f.get("rate", G711_RATE if encoding in ("ulaw", "alaw") else DEFAULT_RATE)
+        if kind != "audio/pcm" and rate != G711_RATE:  # a rate beside G.711's types is only ever their own
             raise ConfigError(f"{kind} is {G711_RATE} Hz", f"{where}.rate")
         if not isinstance(rate, int) or isinstance(rate, bool) or not _RATES[0] <= rate <= _RATES[1]:
             raise ConfigError(f"rate must be an integer in {_RATES[0]}–{_RATES[1]} Hz", f"{where}.rate")
@@ -334,7 +343,8 @@ class RealtimeConfig:
         include = [x for x, on in ((LOGPROBS, self.logprobs), (TENTATIVE, self.tentative)) if on] or None
         noise = {"type": self.noise_reduction} if self.noise_reduction is not None else None
         if dialect == "beta":
-            beta_format = next(name for name, enc in _BETA_FORMATS.items() if enc == self.encoding)
+            # an encoding beta has no name for (set by a GA update's `encoding`) shows as itself
+            beta_format = next((name for name, enc in _BETA_FORMATS.items() if enc == self.encoding), self.encoding)
             return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": beta_format,
                     "input_audio_transcription": transcription, "turn_detection": turn, "modalities": ["text"],
                     "input_audio_noise_reduction": noise, "include": include}
@@ -348,9 +358,11 @@ class RealtimeConfig:
                 "include": include}
 
     def _ga_format(self) -> dict[str, Any]:
-        # as OpenAI's: only audio/pcm carries a rate (G.711's is fixed)
-        kind = next(name for name, enc in _GA_FORMATS.items() if enc == self.encoding)
-        return {"type": kind, "rate": self.rate} if self.encoding == "s16le" else {"type": kind}
+        # as OpenAI's: only audio/pcm carries a rate (G.711's is fixed); another encoding of it is named
+        if self.encoding in ("ulaw", "alaw") and self.rate == G711_RATE:
+            return {"type": "audio/pcmu" if self.encoding == "ulaw" else "audio/pcma"}
+        shown = {"type": "audio/pcm", "rate": self.rate}
+        return shown if self.encoding == "s16le" else {**shown, "encoding": self.encoding}
 
 
 def _semantic(td: dict[str, Any], new: TurnDetection, where: str) -> TurnDetection:

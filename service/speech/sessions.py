@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 from litestar import Request, delete, post
 
 from audio.errors import SessionClosed, SessionNotFound
 from audio.formats import text_language
-from audio.pcm import SAMPLE_RATE, is_raw_pcm, parse_pcm_content_type
+from audio.pcm import SAMPLE_RATE, parse_pcm_content_type, reads_as_raw_pcm
 from audio.sessions import LiveSession
 from audio.transcript import TranscribeOptions
 from service.http.auth import client_key
@@ -23,7 +22,7 @@ from service.speech.session_schemas import (
     SessionDeleted,
     SessionFinished,
 )
-from service.speech.served import decode_audio_body, response_segments, served_speech, transcribe_options
+from service.speech.served import response_segments, served_speech, transcribe_options
 from service.speech.transcriptions import SPEECH_ERRORS
 from service.state import get_state
 
@@ -66,10 +65,13 @@ _CHUNK_BODY = raw_body_operation({
     "audio/pcmu": "G.711 μ-law, one byte a sample (telephony; `audio/basic`, `audio/x-mulaw`, `audio/mulaw` too), "
                   "rate default 8000, rate and channels as audio/pcm's (an `encoding` other than its own is refused); "
                   "`audio/pcma` (`audio/x-alaw`, `audio/alaw`) is A-law.",
+    "audio/webm": "A piece of a browser's MediaRecorder stream (`recorder.start(250)`: WebM from Chrome, "
+                  "`audio/ogg` from Firefox, fragmented `audio/mp4` from Safari): the first chunk carries the "
+                  "container's header, each later one continues it and is decoded as it arrives.",
     "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads).",
     "application/octet-stream": "A whole audio file, identified from its own header.",
-}, "One chunk of captured audio (raw PCM described by the content type's parameters, or a whole file).",
-    "SessionAudioOperation")
+}, "One chunk of captured audio (raw PCM described by the content type's parameters, a whole file, or a piece of a "
+   "container stream).", "SessionAudioOperation")
 
 
 @post("/v1/audio/sessions/{session_id:str}/audio", status_code=200, tags=["audio"],
@@ -78,22 +80,26 @@ _CHUNK_BODY = raw_body_operation({
                   f"little-endian mono (rate default {SAMPLE_RATE}, 8000–48000 accepted, resampled), "
                   "`;encoding=s16le` 16-bit; `audio/pcmu` (or `audio/basic`, `audio/x-mulaw`, `audio/mulaw`) and "
                   "`audio/pcma` (or `audio/x-alaw`, `audio/alaw`) are G.711 μ-law and A-law, 8000 Hz unless `rate` "
-                  "says otherwise; any other type (audio/wav, "
-                  "application/octet-stream, ...) is decoded as a file. Audio accepted before a bad chunk is kept.")
+                  "says otherwise; any other type (audio/wav, audio/webm, application/octet-stream, ...), or a body "
+                  "that opens with a container's header whatever its type, is a container: a chunk with a header "
+                  "starts a new stream (the one before ends there), and a WebM, Ogg or fragmented-MP4 stream is "
+                  "decoded as it arrives, so that the headerless chunks a MediaRecorder gives after its first "
+                  "(`recorder.start(250)`, each POSTed with the blob's type) continue it; other files are decoded "
+                  "whole. A headerless container chunk with no stream open is refused (`missing_stream_header`). "
+                  "Audio accepted before a bad chunk is kept.")
 async def append_session_audio(request: Request[Any, Any, Any], session_id: str) -> SessionAudioAccepted:
     """Raises APIError (400 bad chunk, 404 unknown session, 409 after finish, 413 too large)."""
     _, session = _session(request, session_id)
     body = await request.body()
     content_type = request.headers.get("content-type") or _DEFAULT_CHUNK_TYPE
-    if is_raw_pcm(content_type):
+    if reads_as_raw_pcm(content_type, body):  # the file route's rule: a body with a container's header is one
         # Raw chunks go through the session's resampler, whose filter state spans chunks.
         session.append(body, parse_pcm_content_type(content_type))
     else:
         if session.closed:  # refuse before spending a worker thread decoding a whole file
             raise SessionClosed(f"session {session.id} is closed; no more audio accepted")
-        most = get_state(request).config.limits.max_audio_seconds
-        session.append_samples(await anyio.to_thread.run_sync(
-            lambda: decode_audio_body(body, content_type, param="body", max_seconds=most)))
+        # decoded in a worker thread, a stream's pieces as they come (audio/container_chunks.py)
+        await session.append_container(body, max_seconds=get_state(request).config.limits.max_audio_seconds)
     return SessionAudioAccepted(id=session.id, received_seconds=round(session.received_seconds, 3),
                                 windows_done=session.windows_done, lag_seconds=session.lag_seconds)
 

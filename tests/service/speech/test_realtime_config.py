@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from service.speech.realtime_config import REALTIME_ONLY_MODELS, RealtimeConfig
+from audio.pcm import PcmFormat
+from service.speech.realtime_config import REALTIME_ONLY_MODELS, ConfigError, RealtimeConfig
 
 # LiveKit Agents' session.update for gpt-realtime-whisper / gpt-live-transcribe (livekit-plugins-openai stt.py): it
 # leaves turn_detection out, because these models "reject turn_detection and emit no speech_started/stopped, so the
@@ -91,3 +92,34 @@ def test_a_delay_that_is_not_openais_is_refused_by_name(delay: Any) -> None:
     with pytest.raises(ConfigError) as refused:
         RealtimeConfig.initial().updated(update, "ga")
     assert refused.value.param == "session.audio.input.transcription.delay" and "xhigh" in refused.value.message
+
+
+def ga_format(fmt: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "transcription", "audio": {"input": {"format": fmt}}}
+
+
+@pytest.mark.parametrize("fmt, read_as", [
+    ({"type": "audio/pcm", "rate": 48000, "encoding": "f32le"}, PcmFormat(48000, "f32le")),  # /v1/audio/live's
+    ({"type": "audio/pcm", "rate": 16000, "encoding": "s16be"}, PcmFormat(16000, "s16be")),
+    ({"type": "audio/pcm", "rate": 24000, "encoding": "s16le"}, PcmFormat(24000, "s16le")),
+    ({"type": "audio/pcm", "rate": 16000, "encoding": "alaw"}, PcmFormat(16000, "alaw")),  # ?encoding=alaw&rate=
+    ({"type": "audio/pcm", "encoding": "ulaw"}, PcmFormat(8000, "ulaw")),  # G.711's own rate unless given
+    ({"type": "audio/pcmu", "encoding": "ulaw"}, PcmFormat(8000, "ulaw")),
+])
+def test_a_formats_encoding_is_taken_and_shown_back(fmt: dict[str, Any], read_as: PcmFormat) -> None:
+    # the format /v1/audio/live's session.created announces, echoed in session.update, was "unknown field 'encoding'"
+    config = RealtimeConfig.initial().updated(ga_format(fmt), "ga")
+    assert config.pcm_format == read_as
+    shown = config.session_object("ga", "sess_1", "tiny.en")["audio"]["input"]["format"]
+    assert RealtimeConfig.initial().updated(ga_format(shown), "ga").pcm_format == read_as  # what it shows, it takes
+    if fmt["type"] == "audio/pcm" and read_as.encoding != "s16le" and read_as.rate != 8000:
+        assert shown == {"type": "audio/pcm", "rate": read_as.rate, "encoding": read_as.encoding}
+    assert config.session_object("beta", "sess_1", "tiny.en")["input_audio_format"]  # beta shows it too
+
+
+@pytest.mark.parametrize("fmt", [{"type": "audio/pcm", "encoding": "mp3"}, {"type": "audio/pcmu", "encoding": "alaw"},
+                                 {"type": "audio/pcma", "encoding": "f32le"}, {"type": "audio/pcm", "encoding": 16}])
+def test_an_encoding_that_cannot_be_honoured_is_refused_by_name(fmt: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as refused:
+        RealtimeConfig.initial().updated(ga_format(fmt), "ga")
+    assert refused.value.param == "session.audio.input.format.encoding" and "encoding must be" in refused.value.message

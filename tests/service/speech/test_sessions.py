@@ -1,5 +1,8 @@
 """service/speech/sessions.py and the live sockets with API keys: one key holds at most its share of
---max-sessions (--key-session-share) while other keys still get in; a single key, or none, is never capped."""
+--max-sessions (--key-session-share) while other keys still get in; a single key, or none, is never capped. And the
+chunks a session takes: a browser's MediaRecorder stream POSTed blob by blob (only the first with the container's
+header) is decoded as it arrives; whole files each with their header still work; a body that opens with a
+container's header is that container whatever its type; the decoded audio keeps --max-audio-seconds."""
 
 from __future__ import annotations
 
@@ -10,11 +13,15 @@ import pytest
 from litestar.exceptions import WebSocketDisconnect
 from litestar.testing import TestClient
 
+from audio.pcm import SAMPLE_RATE, decode_container
 from service.app import create_app
 from service.config import ServiceConfig
+from service.limits import Limits
 from service.speech.setup import SpeechConfig, install_speech, key_session_cap
 from service.state import AppState
+from tests.fixtures.container_streams import encode, pieces, tone
 from tests.fixtures.tiny_whisper import build_tiny_whisper
+from tests.service.speech.test_routes import voiced, wav_bytes
 
 RT = "/v1/realtime?intent=transcription"
 
@@ -72,3 +79,73 @@ def test_a_single_key_is_not_capped(whisper_dir: Path) -> None:
                                               (2, 1.0, None), (2, 0.001, 1)])
 def test_the_cap_per_key(keys: int, share: float, cap: int | None) -> None:
     assert key_session_cap(SpeechConfig(max_sessions=64, key_session_share=share), keys) == cap
+
+
+# what each browser's MediaRecorder labels its blobs
+BLOB_TYPES = {"webm": "audio/webm;codecs=opus", "ogg": "audio/ogg;codecs=opus", "mp4": "audio/mp4"}
+
+
+@pytest.fixture(scope="module")
+def keyless(whisper_dir: Path) -> Iterator[TestClient[Any]]:
+    with _client(whisper_dir, []) as c:
+        yield c
+
+
+def _chunks(client: TestClient[Any], bodies: list[bytes], content_type: str) -> tuple[str, list[Any]]:
+    sid = client.post("/v1/audio/sessions", json={"temperature": 1.0}).json()["id"]
+    return sid, [client.post(f"/v1/audio/sessions/{sid}/audio", content=body, headers={"content-type": content_type})
+                 for body in bodies]
+
+
+def _finished(client: TestClient[Any], sid: str) -> float:
+    r = client.post(f"/v1/audio/sessions/{sid}/finish")
+    assert r.status_code == 200, r.text
+    client.delete(f"/v1/audio/sessions/{sid}")
+    return float(r.json()["duration"])
+
+
+@pytest.mark.parametrize("name", sorted(BLOB_TYPES))
+def test_a_mediarecorder_stream_posted_blob_by_blob_is_taken_whole(keyless: TestClient[Any], name: str) -> None:
+    # every blob after the first was a 400 "could not decode ... corrupt", and /finish gave empty text
+    data = encode(name, tone(2.0))
+    sid, answers = _chunks(keyless, pieces(data, 8), BLOB_TYPES[name])
+    assert [r.status_code for r in answers] == [200] * len(answers), answers[-1].text
+    received = [r.json()["received_seconds"] for r in answers]
+    assert received[0] > 0 and all(b > a for a, b in zip(received, received[1:]))  # each as it arrives
+    assert _finished(keyless, sid) == pytest.approx(len(decode_container(data)) / SAMPLE_RATE, abs=1e-3)
+
+
+def test_whole_wav_blobs_each_with_their_header_still_work(keyless: TestClient[Any]) -> None:
+    blobs = [wav_bytes(voiced(0.5)), wav_bytes(voiced(0.25), 8000), wav_bytes(voiced(0.5))]
+    sid, answers = _chunks(keyless, blobs, "audio/wav")
+    assert [r.json()["received_seconds"] for r in answers] == pytest.approx([0.5, 1.0, 1.5], abs=0.01)
+    assert _finished(keyless, sid) == pytest.approx(1.5, abs=0.01)
+
+
+def test_a_headerless_blob_with_no_stream_open_is_refused_saying_why(keyless: TestClient[Any]) -> None:
+    sid, (answer,) = _chunks(keyless, [pieces(encode("webm", tone(2.0)), 8)[2]], BLOB_TYPES["webm"])
+    error = answer.json()["error"]
+    assert answer.status_code == 400 and (error["param"], error["code"]) == ("body", "missing_stream_header")
+    assert "headerless continuation of a WebM, Ogg or MP4 stream" in error["message"]
+    assert "whose first chunk" in error["message"] and "corrupt" not in error["message"]
+    keyless.delete(f"/v1/audio/sessions/{sid}")
+
+
+@pytest.mark.parametrize("body", [wav_bytes(voiced(0.75)), encode("webm", tone(0.75))], ids=["wav", "webm"])
+def test_a_container_sent_as_raw_pcm_is_decoded_as_what_it_is(keyless: TestClient[Any], body: bytes) -> None:
+    # read as samples: the WAV's header became audio, a WebM was "not a whole number of f32le frames" or empty text
+    sid, (answer,) = _chunks(keyless, [body], "audio/pcm")
+    assert answer.status_code == 200, answer.text
+    assert _finished(keyless, sid) == pytest.approx(len(decode_container(body)) / SAMPLE_RATE, abs=1e-3)
+
+
+def test_a_stream_blob_decoding_past_max_audio_seconds_is_refused(whisper_dir: Path) -> None:
+    state = install_speech(AppState(config=ServiceConfig(limits=Limits(max_audio_seconds=1.0))),
+                           SpeechConfig(model=str(whisper_dir), resident=True, max_sessions=4))
+    parts = pieces(encode("webm", tone(3.0)), 3)
+    with TestClient(create_app(state)) as client:
+        sid, answers = _chunks(client, [parts[0], parts[1] + parts[2]], BLOB_TYPES["webm"])
+        assert answers[0].status_code == 200
+        error = answers[1].json()["error"]
+        assert answers[1].status_code == 400 and error["code"] == "audio_too_long" and error["param"] == "body"
+        assert _finished(client, sid) == pytest.approx(answers[0].json()["received_seconds"], abs=0.05)

@@ -1,0 +1,134 @@
+"""The container audio one live session receives, chunk by chunk: whole files, or the pieces of a stream.
+
+The rule: a chunk that opens with a container's header (audio/containers.py's signature; for Ogg a page that begins
+its stream, as each of a stream's pages opens with `OggS`) starts a new stream, the one before closed and its tail
+taken first, in order. A WebM, Ogg or fragmented-MP4 stream is decoded as it arrives (audio/container_stream.py),
+so a chunk with no header continues it; any other file (WAV, mp3, flac, a non-fragmented MP4 whose index may come
+last...) is decoded whole, as /v1/audio/transcriptions does. A chunk with no header and no stream open is a clear 400:
+it looks like a browser's MediaRecorder timeslice whose first chunk never came (unless FFmpeg reads it whole all the
+same).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from audio.container_stream import CLOSE_TIMEOUT, STREAM_FORMATS, STREAM_NAMES, ContainerStream
+from audio.containers import container_kind
+from audio.errors import AudioInputError
+from audio.pcm import decode_container
+
+__all__ = ["ContainerChunks", "opens_stream"]
+
+_OGG_BEGINS = 0x02  # an Ogg page's header-type flag for the first page of a logical stream
+
+
+def opens_stream(body: bytes) -> bool:
+    """Whether `body` opens with a container's header, so that it starts a new stream (or is a whole file).
+    Raises nothing."""
+    kind = container_kind(body)
+    return kind is not None and (kind != "ogg" or (len(body) > 5 and bool(body[5] & _OGG_BEGINS)))
+
+
+def _fragmented_mp4(body: bytes) -> bool:
+    """Whether an MP4 is fragmented (MediaRecorder's: `moov` with `mvex`, then `moof`/`mdat` pairs), so it can be
+    read as it arrives; a plain one (its `mdat` before a `moov` with no `mvex`) is read whole. Raises nothing."""
+    at = 0
+    while at + 8 <= len(body):
+        size, box = int.from_bytes(body[at:at + 4], "big"), body[at + 4:at + 8]
+        if size == 1 and at + 16 <= len(body):  # a 64-bit size follows the type
+            size = int.from_bytes(body[at + 8:at + 16], "big")
+        if box == b"moof":
+            return True
+        if box == b"moov":  # cut short, it goes on in the next chunk: only a stream is sent so
+            return at + size > len(body) or b"mvex" in body[at + 8:at + size]
+        if box == b"mdat" or size < 8:
+            return False
+        at += size
+    return True  # the header goes on in the next chunk: only a stream is sent so
+
+
+class ContainerChunks:
+    """One session's container chunks (see the module doc). Its methods block (PyAV): call them from a worker
+    thread, one at a time."""
+
+    def __init__(self, param: str = "body") -> None:
+        self._param = param
+        self._stream: ContainerStream | None = None
+        self._ended: str | None = None  # why no stream is open any more, for the next headerless chunk's error
+
+    @property
+    def open(self) -> bool:
+        """A stream is open: a chunk with no header continues it. Raises nothing."""
+        return self._stream is not None
+
+    def tail_before(self, body: bytes) -> np.ndarray:
+        """When `body` starts a new stream, or is a whole file: close the open stream and return its tail (16 kHz),
+        which comes before `body`'s audio. Else nothing. Raises nothing."""
+        if self._stream is None or not opens_stream(body):
+            return np.zeros(0, np.float32)
+        return self.close()
+
+    def decode(self, body: bytes, max_seconds: float | None = None) -> np.ndarray:
+        """`body`'s audio at 16 kHz mono (for a stream, what it decoded so far). `max_seconds`: longer is refused.
+        Raises AudioInputError (empty, corrupt, headerless with no stream open, too long)."""
+        if not body:
+            raise AudioInputError("the audio chunk is empty", param=self._param, code="empty_audio")
+        kind = container_kind(body)
+        if opens_stream(body):
+            if self._stream is not None:  # tail_before took its tail; a caller that did not loses it
+                self._stream.abort()
+                self._stream = None
+            assert kind is not None
+            if kind in STREAM_FORMATS and (kind != "mp4" or _fragmented_mp4(body)):
+                self._stream = ContainerStream(kind, param=self._param)
+                return self._fed(body, max_seconds)
+            self._ended = "its last chunk with a header was a whole file, not the start of a stream read in pieces"
+            return decode_container(body, param=self._param, max_seconds=max_seconds)
+        if self._stream is not None:
+            return self._fed(body, max_seconds)
+        if kind is None:  # FFmpeg may still know it whole (a format with no signature above)
+            try:
+                return decode_container(body, param=self._param, max_seconds=max_seconds)
+            except AudioInputError as exc:
+                if exc.code != "unsupported_or_corrupt_audio":
+                    raise
+        raise self._headerless()
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> np.ndarray:
+        """Close the open stream (none: nothing); returns its tail. Raises nothing."""
+        stream, self._stream = self._stream, None
+        if stream is None:
+            return np.zeros(0, np.float32)
+        self._ended = f"its {STREAM_NAMES[stream.kind]} stream was closed"
+        return stream.close(timeout)
+
+    def abort(self) -> None:
+        """Stop the open stream's decoder, its tail dropped (the session is gone). Raises nothing."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.abort()
+
+    def _fed(self, body: bytes, max_seconds: float | None) -> np.ndarray:
+        stream = self._stream
+        assert stream is not None
+        try:
+            pcm = stream.feed(body, max_seconds)
+        except AudioInputError as exc:
+            self._stream = None
+            name = STREAM_NAMES[stream.kind]
+            self._ended = f"its {name} stream ended at a chunk that could not be decoded ({exc.message})" \
+                if exc.code != "stream_ended" else f"its {name} stream had ended"
+            raise
+        if stream.ended:  # its own end (FFmpeg read all of it): all its audio came out above
+            self._stream = None
+            self._ended = f"its {STREAM_NAMES[stream.kind]} stream reached its end"
+        return pcm
+
+    def _headerless(self) -> AudioInputError:
+        why = f" (no stream is open in this session: {self._ended})" if self._ended else ""
+        return AudioInputError(
+            "the chunk opens with no container header and continues no stream: it looks like a headerless "
+            f"continuation of a WebM, Ogg or MP4 stream (a MediaRecorder timeslice) whose first chunk, the one with "
+            f"the header, was not received{why}. Send a recording's chunks in order from its first, or raw samples "
+            "as audio/pcm", param=self._param, code="missing_stream_header")
