@@ -255,7 +255,8 @@ def create_app(state: AppState | None = None) -> Litestar:
     paths = frozenset(route.path for route in app.routes if "{" not in route.path)
     # Outermost: error answers on /v1/messages in Anthropic's shape (the access log still reads OpenAI's).
     app.asgi_handler = AnthropicErrors(AccessLog(HeadAsGet(Guard(app.asgi_handler, state)), state.metrics, paths,
-                                                 TrustedProxies(state.config.forwarded_allow_ips)))
+                                                 TrustedProxies(state.config.forwarded_allow_ips),
+                                                 state.recent_durations))
     return app
 
 

@@ -17,6 +17,7 @@ from litestar.connection import ASGIConnection
 
 from service.admin.schemas import ModelCard
 from service.config import ServiceConfig
+from service.http.retry_after import RecentDurations
 from service.process.inflight import InFlight
 from service.seams import ChatEngine, SpeechBackend
 from service.speech.client_secrets import ClientSecrets
@@ -73,6 +74,8 @@ class AppState:
     issued_items: IssuedItems = field(default_factory=IssuedItems)
     # Prometheus metrics of this app (service/admin/metrics.py), set by the app factory.
     metrics: Any = None
+    # How long generation requests took lately: a 429 queue_full's Retry-After (service/http/retry_after.py).
+    recent_durations: RecentDurations = field(default_factory=RecentDurations)
     # HF tokenizers are not safe for concurrent use: chat templating runs in a worker thread, one at a time.
     tokenize_limiter: anyio.CapacityLimiter | None = None
 

@@ -21,6 +21,7 @@ from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Sen
 
 from service.http.auth import header
 from service.http.forwarded import TrustedProxies
+from service.http.retry_after import RecentDurations
 
 __all__ = ["AccessLog", "RequestMetrics", "record_tokens", "record_user", "record_metadata", "arrival_time",
            "ACCESS_LOGGER"]
@@ -122,9 +123,11 @@ class AccessLog:
     they end)."""
 
     def __init__(self, app: ASGIApp, metrics: RequestMetrics | None = None, paths: frozenset[str] = frozenset(),
-                 proxies: TrustedProxies | None = None) -> None:
+                 proxies: TrustedProxies | None = None, durations: RecentDurations | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        # Where a generation request answered whole adds its duration (a queue_full's Retry-After reads them).
+        self.durations = durations
         # The app's fixed paths: a request the guard refused before routing is still counted under its route.
         self.paths = paths
         # Peers whose X-Forwarded-For names the client on the line (--forwarded-allow-ips).
@@ -186,6 +189,9 @@ class AccessLog:
                 fields["incomplete"] = "client_left" if left else "incomplete"
             # The id the client got (x-request-id, the SDKs' `_request_id`) and its address: a report finds its line.
             _log.info("%s %s from %s", line, request_id, client, extra=fields)
+            if self.durations is not None and code is not None and code < 400 and "prompt_tokens" in fields \
+                    and ended and not failed:  # a generation that ran to its end
+                self.durations.add(seconds)
             if self.metrics is not None:
                 # The route template, not the path: session ids and model ids must not become labels.
                 route = str(scope.get("path_template") or self._route(scope, code))

@@ -12,6 +12,8 @@ from litestar.exceptions import HTTPException, SerializationException, Validatio
 from litestar.types import ExceptionHandlersMap
 
 from service.http.errors import ERROR_TABLE, INTERNAL_ERROR_MESSAGE, APIError, api_error, error_response
+from service.http.retry_after import queue_retry_after
+from service.state import scope_state
 
 __all__ = ["EXCEPTION_HANDLERS"]
 
@@ -156,8 +158,13 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     return error_response(APIError(status, detail))
 
 
-def _api_error(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
-    return error_response(api_error(exc))
+def _api_error(request: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
+    error = api_error(exc)
+    if error.code == "queue_full" and (state := scope_state(request.scope)) is not None:
+        # When the queue, full now, has room again (the table's 1 s had the SDKs' retries spent in ~2 s).
+        error.retry_after = queue_retry_after(state.config.queue_limit, state.config.max_active,
+                                              state.recent_durations)
+    return error_response(error)
 
 
 def _undecodable(_: Request[Any, Any, Any], exc: Exception) -> Response[dict[str, Any]]:
