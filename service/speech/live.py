@@ -144,6 +144,10 @@ async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, ra
         # A property of the service, so under --isolate a call that fails while the engine process restarts.
         vad_on = speech.vad_default if vad is None else _flag(vad, "vad")
         start = RealtimeConfig.initial(language=language, vad=vad_on)
+        if rate is not None or "encoding" in socket.query_params:
+            # The format the query announced holds for Realtime events too: a session.update that names none keeps
+            # it (it was OpenAI's 24 kHz pcm16 whatever session.created had shown).
+            start.rate, start.encoding = fmt.rate, fmt.encoding
         start.turn_detection_set = vad is not None  # `?vad=` asked for it: a model named later does not change it
         config = _minted(socket, state, start)
         speech = served_speech(state, config.model)

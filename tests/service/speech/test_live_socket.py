@@ -792,6 +792,20 @@ def test_an_unknown_first_message_does_not_decide_the_mode(client: TestClient[An
         assert until(ws, "session.updated")[-1]["session"]["type"] == "transcription"
 
 
+def test_the_format_the_query_announced_holds_for_realtime_events(client: TestClient[Any]) -> None:
+    # session.created shows the query's format; a session.update naming none keeps it (it became 24 kHz pcm16).
+    with client.websocket_connect("/v1/audio/live?rate=48000") as ws:
+        announced = ws.receive_json(timeout=30)["session"]["audio"]["input"]["format"]
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+        updated = until(ws, "session.updated")[-1]["session"]["audio"]["input"]["format"]
+    assert announced == updated == {"type": "audio/pcm", "rate": 48000, "encoding": "f32le"}
+    with client.websocket_connect("/v1/audio/live") as ws:  # no format asked for: Realtime's own default
+        ws.receive_json(timeout=30)
+        ws.send_text(json.dumps({"type": "session.update", "session": {"type": "transcription"}}))
+        assert until(ws, "session.updated")[-1]["session"]["audio"]["input"]["format"] == {
+            "type": "audio/pcm", "rate": 24000}
+
+
 def test_a_realtime_event_after_a_pcm_frame_says_the_socket_speaks_frames(client: TestClient[Any]) -> None:
     # The first PCM frame makes /v1/audio/live a binary-frame socket: a Realtime event after it is refused saying so.
     with client.websocket_connect("/v1/audio/live?rate=16000&encoding=s16le") as ws:
