@@ -19,6 +19,7 @@ from service.speech.setup import SpeechConfig, install_speech
 from service.state import AppState
 from tests.fixtures.container_streams import STREAM_KINDS, encode, pieces, tone
 from tests.fixtures.tiny_whisper import build_tiny_whisper
+from tests.service.speech.test_live_socket import until
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +32,6 @@ def state(tmp_path_factory: pytest.TempPathFactory) -> AppState:
 def client(state: AppState) -> Iterator[TestClient[Any]]:
     with TestClient(create_app(state)) as c:
         yield c
-
-
-def until(ws: Any, kind: str, limit: int = 400) -> list[dict[str, Any]]:
-    """Events up to and including the first of type `kind`."""
-    seen = []
-    for _ in range(limit):
-        seen.append(ws.receive_json(timeout=120))
-        if seen[-1]["type"] == kind:
-            return seen
-    raise AssertionError(f"no {kind} in {[e['type'] for e in seen]}")
 
 
 def streamed(client: TestClient[Any], frames: list[bytes]) -> list[dict[str, Any]]:
