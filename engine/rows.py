@@ -18,7 +18,11 @@ from engine.sampling import RowSampler
 from engine.stop_matcher import StopMatcher
 from engine.xtc import xtc_special_tokens
 
-__all__ = ["Row", "RowState", "LLMRowStream", "plan_iteration", "prefill_shares"]
+__all__ = ["AGED", "Row", "RowState", "LLMRowStream", "plan_iteration", "prefill_shares"]
+
+# Iterations a prompt may be passed over before it goes first (~4 s of 2-core CPU mixed iterations): eight agents'
+# cached turns, each shorter than an uncached first turn, kept those waiting ~390 s.
+AGED = 32
 
 
 class RowState(Enum):
@@ -62,6 +66,9 @@ class Row:
     # Where its prompt chunks end besides `prompt_end`, ascending: a cache that cannot be cut back (a wrapped sliding
     # window, a recurrent state) is put into the prefix cache only at a chunk's end (engine/row_kv.py sets them).
     stops: list[int] = field(default_factory=list)
+    # Planned iterations in which other prompts got tokens and this one none (`plan_iteration`): past AGED it goes
+    # before shorter prompts (`prefill_shares`), which a stream of short ones otherwise kept ahead of it for good.
+    passed_over: int = 0
     # Its prompt's last token is fed by its first decode step, not the prefill lane (engine/lane.py): the lane's
     # join wait then comes before its first token, and its second follows one decode step later.
     decode_tail: bool = False
@@ -221,14 +228,16 @@ def prefill_shares(rows: Iterable[Row], room: int) -> list[tuple[Row, int]]:
     shorter than what the oldest still needs go first, shortest first, within half the room (the oldest always
     gets the other half). Oldest first alone, a short prompt behind an 8,000-token one waited out its whole
     prefill (minutes on a CPU); prompts as long as the oldest still wait behind it (sharing would only delay
-    both). Raises nothing."""
+    both). A prompt passed over AGED times goes before the shorter ones, oldest first. Raises nothing."""
     preparing = [r for r in rows if r.preparing]
     if not preparing or room <= 0:
         return []
     need = lambda r: r.prompt_end - r.prefilled  # noqa: E731
     cap = lambda r: r.chunk_end - r.prefilled  # noqa: E731  # a chunk ends at the row's next stop
     oldest, others = preparing[0], preparing[1:]
-    quick = sorted((r for r in others if need(r) < need(oldest)), key=need)  # stable: equal needs by age
+    aged = [r for r in others if r.passed_over >= AGED]
+    quick = aged + sorted((r for r in others if r.passed_over < AGED and need(r) < need(oldest)),
+                          key=need)  # stable: equal needs by age
     first = min(cap(oldest), max(1, room // 2) if quick else room)
     shares: list[tuple[Row, int]] = []
     left = room - first
@@ -259,8 +268,13 @@ def plan_iteration(rows: list[Row], budget: int, decode: bool,
         decoders = slot_order(r for r in rows if r.decoding)
         plan += [(r, [0 if r.last_token is None else r.last_token], True) for r in decoders]
     if prefill:
-        for r, n in prefill_shares(rows, budget - len(plan)):
+        shares = prefill_shares(rows, budget - len(plan))
+        for r, n in shares:
             plan.append((r, r.prompt[r.prefilled : r.prefilled + n], r.prefilled + n == len(r.prompt)))
+        given = {id(r) for r, _ in shares}
+        for r in rows:
+            if shares and r.preparing and id(r) not in given:
+                r.passed_over += 1
     return plan
 
 

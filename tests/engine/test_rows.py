@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from engine.contracts import GenerationRequest, SamplingParams
-from engine.rows import Row, prefill_shares
+from engine.rows import AGED, Row, plan_iteration, prefill_shares
 from tests.engine.test_batch import GREEDY, make_group, prompt_of, reference, run_rows, tokens_of
 
 
@@ -38,6 +38,27 @@ def test_prompts_as_long_as_the_oldest_still_needs_wait_behind_it() -> None:
     assert _shares([_row(4000), _row(4000)], 512) == [512, 0]
     # The oldest needs 10: nobody is shorter, so it goes first and the rest follow oldest first.
     assert _shares([_row(4000, prefilled=3990), _row(300), _row(500)], 512) == [10, 300, 202]
+
+
+def test_a_prompt_passed_over_long_enough_goes_before_shorter_ones() -> None:
+    mid, short = _row(900), _row(100)
+    assert _shares([_row(8000), mid, short], 100) == [50, 0, 50]
+    mid.passed_over = AGED
+    assert _shares([_row(8000), mid, short], 100) == [50, 50, 0]
+
+
+def test_a_stream_of_short_prompts_never_keeps_an_older_one_waiting_for_good() -> None:
+    # Eight agents: turns mostly cached (short prompts) kept coming, each shorter than the uncached first turns, which
+    # waited ~390 s on a 2-core CPU while the oldest prompt took half of each iteration's few tokens.
+    rows, fed = [_row(8000), _row(900)], 0
+    for step in range(4 * AGED):
+        rows.append(_row(10))  # a new short prompt every iteration
+        for r, tokens, _ in plan_iteration(rows, 16, decode=False, prefill=True):
+            r.prefilled += len(tokens)
+        if rows[1].prefilled and not fed:
+            fed = step
+        rows = [r for r in rows if r.preparing]
+    assert 0 < fed <= AGED + 1, fed
 
 
 def test_rows_that_are_not_preparing_get_nothing() -> None:
