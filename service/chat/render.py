@@ -195,22 +195,26 @@ _LONGEST = PerTokenizer(_longest_token_of)
 
 
 def char_bound(engine: ChatEngine) -> int | None:
-    """Most characters a prompt can have and still fit the context (None: unknown). Vocabulary entries
-    are written one character per byte or longer, so each token covers at most the longest entry's
-    length in characters. Raises nothing."""
-    context = engine.context_length
-    longest = _LONGEST.get(engine.tokenizer) if engine.tokenizer is not None else None
+    """Most characters a prompt can have and still fit the context (None: unknown). Raises nothing."""
+    context, longest = engine.context_length, _token_chars(engine)
     if not isinstance(context, int) or context <= 0 or longest is None:
         return None
     return context * longest
 
 
+def _token_chars(engine: ChatEngine) -> int | None:
+    """The most characters one token covers (None: no tokenizer): vocabulary entries are written one character per
+    byte or longer, so no token covers more than the longest entry's length. Raises nothing."""
+    return _LONGEST.get(engine.tokenizer) if engine.tokenizer is not None else None
+
+
 def check_text_fits(chars: int, engine: ChatEngine, param: str) -> None:
     """Raises PromptTooLong (400 context_length_exceeded) when `chars` characters cannot fit the context, naming the
     lower limit where the memory budget holds less."""
-    bound, context, limit = char_bound(engine), engine.context_length, usable_context(engine)
-    if bound is not None and context is not None and limit is not None and chars > bound:
-        longest = bound // context  # a token's most characters: the prompt makes more tokens than the context holds
+    bound, context, limit, longest = char_bound(engine), engine.context_length, usable_context(engine), \
+        _token_chars(engine)
+    if bound is not None and context is not None and limit is not None and longest and chars > bound:
+        # the fewest tokens the text makes: more than the context holds
         raise PromptTooLong(-(-chars // longest), limit, context, param, chars=chars)
 
 
