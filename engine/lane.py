@@ -101,7 +101,8 @@ class PrefillLane:
 
     def feed(self) -> None:
         """When idle, run the job on the lane for the preparing rows that get a share of the budget (the job plans
-        the same shares: engine/rows.py prefill_shares). Call on the loop. Raises nothing."""
+        the same shares: engine/rows.py prefill_shares, which ages the rows it passes over here, the job seeing only
+        those it took). Call on the loop. Raises nothing."""
         self._to_loop = self._to_loop or loop_caller()
         if self.rows or self._closed:
             return

@@ -146,8 +146,7 @@ class PrefillPacer:
             # Fixed and per-token cost not told apart yet: pace as if all were per token, and every other time offer
             # another count (half; twice at the floor, where the minimum alone nearly fills the bound: a GPU's
             # fixed part), so the counts spread and the fit can separate the two.
-            paced = self._grown(max(self.min_tokens, min(room, int(allowance / token) if token > 0 else room)),
-                                allowance)
+            paced = self._grown(self._affords(room, allowance, token), allowance)
             self._probe = not self._probe
             half = max(self.min_tokens, paced // 2)
             return min(room, (half if paced >= _SPREAD * half else 2 * paced) if self._probe else paced)
@@ -155,9 +154,13 @@ class PrefillPacer:
             # Any mixed iteration passes the bound: make each one count, with prompt work as long as the fixed part
             # (a GPU's 5 ms pipeline stop buys hundreds of tokens). The whole budget at once was a 6.8 s gap on a CPU
             # where small chunks' noise read as a 107 ms fixed part.
-            return self._grown(max(self.min_tokens, min(room, int(fixed / token) if token > 0 else room)), 2 * fixed)
-        return self._grown(max(self.min_tokens, min(room, int((allowance - fixed) / token) if token > 0 else room)),
-                           allowance)
+            return self._grown(self._affords(room, fixed, token), 2 * fixed)
+        return self._grown(self._affords(room, allowance - fixed, token), allowance)
+
+    def _affords(self, room: int, seconds: float, token: float) -> int:
+        """Prompt tokens `seconds` pays for at `token` seconds each (free tokens: all of `room`), within `room`
+        and at least the minimum. Raises nothing."""
+        return max(self.min_tokens, min(room, int(seconds / token) if token > 0 else room))
 
     def _grown(self, paced: int, target: float | None) -> int:
         # At most twice the last allowance: a fit made while the decode estimate still lags a change of load

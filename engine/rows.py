@@ -66,8 +66,8 @@ class Row:
     # Where its prompt chunks end besides `prompt_end`, ascending: a cache that cannot be cut back (a wrapped sliding
     # window, a recurrent state) is put into the prefix cache only at a chunk's end (engine/row_kv.py sets them).
     stops: list[int] = field(default_factory=list)
-    # Planned iterations in which other prompts got tokens and this one none (`plan_iteration`): past AGED it goes
-    # before shorter prompts (`prefill_shares`), which a stream of short ones otherwise kept ahead of it for good.
+    # Planned iterations in which a younger prompt got tokens and this one none (`prefill_shares`): past AGED it goes
+    # before shorter prompts, which a stream of short ones otherwise kept ahead of it for good.
     passed_over: int = 0
     # Its prompt's last token is fed by its first decode step, not the prefill lane (engine/lane.py): the lane's
     # join wait then comes before its first token, and its second follows one decode step later.
@@ -228,7 +228,10 @@ def prefill_shares(rows: Iterable[Row], room: int) -> list[tuple[Row, int]]:
     shorter than what the oldest still needs go first, shortest first, within half the room (the oldest always
     gets the other half). Oldest first alone, a short prompt behind an 8,000-token one waited out its whole
     prefill (minutes on a CPU); prompts as long as the oldest still wait behind it (sharing would only delay
-    both). A prompt passed over AGED times goes before the shorter ones, oldest first. Raises nothing."""
+    both). A prompt passed over AGED times goes before the shorter ones, oldest first.
+    Counts the rows passed over here (`Row.passed_over`: the decision is where ageing counts, lane or not): those
+    that got nothing while a younger row got tokens; one waiting only behind older prompts is in line, not starved
+    (two equal prompts: the second, aged, took half the room and only delayed the first). Raises nothing."""
     preparing = [r for r in rows if r.preparing]
     if not preparing or room <= 0:
         return []
@@ -255,6 +258,11 @@ def prefill_shares(rows: Iterable[Row], room: int) -> list[tuple[Row, int]]:
         if id(r) not in taken:
             shares.append((r, min(left, cap(r))))
             left -= shares[-1][1]
+    taken.update(id(r) for r, _ in shares)
+    youngest = max((i for i, r in enumerate(preparing) if id(r) in taken), default=0)
+    for r in preparing[1:youngest]:
+        if id(r) not in taken:
+            r.passed_over += 1
     return [(oldest, first + more), *shares]
 
 
@@ -268,13 +276,8 @@ def plan_iteration(rows: list[Row], budget: int, decode: bool,
         decoders = slot_order(r for r in rows if r.decoding)
         plan += [(r, [0 if r.last_token is None else r.last_token], True) for r in decoders]
     if prefill:
-        shares = prefill_shares(rows, budget - len(plan))
-        for r, n in shares:
+        for r, n in prefill_shares(rows, budget - len(plan)):
             plan.append((r, r.prompt[r.prefilled : r.prefilled + n], r.prefilled + n == len(r.prompt)))
-        given = {id(r) for r, _ in shares}
-        for r in rows:
-            if shares and r.preparing and id(r) not in given:
-                r.passed_over += 1
     return plan
 
 

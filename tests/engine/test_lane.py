@@ -10,9 +10,11 @@ import mlx.core as mx
 import pytest
 
 from engine.context import EngineThread
+from engine.contracts import GenerationRequest
 from engine.lane import DecodeFirst
+from engine.rows import AGED
 from engine.runner import Segment, make_cache
-from tests.engine.test_batch import make_group, prompt_of
+from tests.engine.test_batch import GREEDY, iterate, make_group, prompt_of
 
 pytestmark = pytest.mark.anyio
 
@@ -89,5 +91,23 @@ async def test_a_lane_forward_waits_at_a_layer_while_a_decode_step_builds(tiny_l
         assert done.wait(30) and box[1] is None
         assert box[0] == expected  # the same forward, only later
         assert turns.waits >= 1
+    finally:
+        group.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("lane", [False, True])
+async def test_a_prompt_passed_over_ages_and_goes_first_with_and_without_the_lane(tiny_loaded, lane: bool) -> None:
+    # The lane plans a job only for the rows `feed` gave a share: counted in the job's plan alone, a row left out
+    # never aged, and on a GPU (the lane's default) a stream of short prompts still kept a long one waiting.
+    group = make_group(tiny_loaded, prefill_lane=lane, max_iteration_tokens=2, minimum_preparation_tokens=1)
+    try:
+        streams = [group.submit(GenerationRequest(prompt_of(n, n), GREEDY, max_tokens=1)) for n in (120, 80, 60)]
+        rows = [s._row for s in streams]  # the streams held: a dropped one cancels its row
+        for _ in range(AGED + 4):
+            await iterate(group)  # each iteration: one token for the oldest, one for the shortest (or the aged)
+        oldest, passed, younger = rows
+        assert passed.passed_over == AGED and passed.prefilled > 0  # aged, then read before the younger one
+        assert (oldest.passed_over, younger.passed_over) == (0, 0)  # never overtaken by a younger prompt
     finally:
         group.close()

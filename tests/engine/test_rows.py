@@ -61,6 +61,33 @@ def test_a_stream_of_short_prompts_never_keeps_an_older_one_waiting_for_good() -
     assert 0 < fed <= AGED + 1, fed
 
 
+def test_two_equal_prompts_age_neither_and_the_oldest_is_read_as_fast_as_alone() -> None:
+    # "Prompts as long as the oldest still wait behind it": aged after AGED iterations behind an equal prompt, the
+    # second took half of every iteration, and the first's TTFT went from iteration 125 to 218.
+    rows, done_at = [_row(8000), _row(8000)], {}
+    for it in range(1, 400):
+        for r, tokens, _ in plan_iteration(rows, 64, decode=False, prefill=True):
+            r.prefilled += len(tokens)
+        done_at.update((i, it) for i, r in enumerate(rows) if not r.preparing and i not in done_at)
+    assert done_at == {0: 125, 1: 250}
+    assert rows[1].passed_over == 0
+
+
+def test_a_prompt_is_passed_over_only_when_a_younger_one_gets_tokens() -> None:
+    oldest, waiting = _row(8000), _row(8000)
+    for _ in range(3):
+        prefill_shares([oldest, waiting], 64)  # in line behind an older prompt: not passed over
+    assert waiting.passed_over == 0
+    prefill_shares([oldest, waiting, _row(10)], 64)  # a younger, shorter one is read beside the oldest
+    assert waiting.passed_over == 1
+    older_short = _row(100)
+    prefill_shares([oldest, older_short, waiting], 2)  # only older ones got tokens
+    assert (waiting.passed_over, older_short.passed_over) == (1, 0)
+    waiting.passed_over = AGED  # aged: goes before the shorter ones, and a younger one left out is in line behind it
+    younger = _row(50)
+    assert _shares([oldest, waiting, younger], 64) == [32, 32, 0] and younger.passed_over == 0
+
+
 def test_rows_that_are_not_preparing_get_nothing() -> None:
     done = _row(5, prefilled=5)
     assert _shares([done, _row(20)], 8) == [0, 8]
