@@ -1,8 +1,12 @@
 """KVAdmission — which rows the memory budget lets run together, and which can never run.
 
-A row's worst case is what admission reserves: once decoding, every row sits in a slot as long as the
-longest row may grow (SlotKV pads slots to a power of two and positions to its step), and a row still
-prefilling also holds a per-row cache of its prompt (mlx-lm's KVCache, 256-position steps).
+A row's worst case is what admission reserves. Where decode rows share SlotKV's buffers (the packed runner): once
+decoding, every row sits in a slot as long as the longest row may grow (SlotKV pads slots to a power of two and
+positions to its step), and a row still prefilling also holds a per-row cache of its prompt (mlx-lm's KVCache,
+256-position steps). Elsewhere each row keeps its own caches throughout: its prompt + max_tokens positions, and up to a
+growth step more (a cache grows a step past what a chunk needs). Those positions are charged the bytes a token takes in
+the layers that keep every token; a row's sliding windows and recurrent states (engine/kv_shape.py), bounded whatever
+its length, are charged once a row on top.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from typing import Iterable, Sequence
 
 from engine.contracts import GenerationRequest
 from engine.errors import MemoryAdmission
+from engine.kv_shape import GROWTH_STEP
 from engine.memory import MemoryBudget
 from engine.rows import Row
 
 __all__ = ["KVAdmission", "admissible", "may_join"]
 
-_PREFILL_STEP = 256  # mlx-lm's KVCache grows in steps of 256 positions
+_PREFILL_STEP = GROWTH_STEP  # mlx-lm's KVCache grows in steps of 256 positions
+_UNBOUNDED = 1 << 40  # positions a row may reach when no layer grows with tokens (every cache a fixed state)
 
 
 def _round(n: int, step: int) -> int:
@@ -25,9 +31,10 @@ def _round(n: int, step: int) -> int:
 
 
 class KVAdmission:
-    """Projected KV bytes of a set of rows against `budget.kv` (see module doc)."""
+    """Projected KV bytes of a set of rows against `budget.kv` (see module doc). `slot_step`: SlotKV's position step
+    where decode rows move into its slots; None where rows keep their own caches."""
 
-    def __init__(self, budget: MemoryBudget, slot_step: int = 256) -> None:
+    def __init__(self, budget: MemoryBudget, slot_step: int | None = 256) -> None:
         self.budget = budget
         self.slot_step = slot_step
 
@@ -35,26 +42,43 @@ class KVAdmission:
         """The most KV memory `rows` can need together. Raises nothing."""
         if not rows:
             return 0
-        longest = max(len(r.prompt) + r.request.max_tokens + 1 for r in rows)
+        shape = self.budget.kv_shape
+        lengths = [len(r.prompt) + r.request.max_tokens + 1 for r in rows]
+        bounded = sum(shape.bounded_bytes(n) for n in lengths)
+        if self.slot_step is None:
+            return shape.token_bytes * sum(n + GROWTH_STEP for n in lengths) + bounded
         slots = 1 << max(0, len(rows) - 1).bit_length()
         preparing = sum(_round(len(r.prompt), _PREFILL_STEP) for r in rows if r.prefilled < len(r.prompt))
-        return self.budget.kv_token_bytes * (slots * _round(longest, self.slot_step) + preparing)
+        return shape.token_bytes * (slots * _round(max(lengths), self.slot_step) + preparing) + bounded
 
     def fits(self, rows: Sequence[Row]) -> bool:
         """Whether `rows` may run together. Raises nothing."""
         return self.projected_bytes(rows) <= self.budget.kv
 
     def room(self, prompt: int) -> int:
-        """New tokens that fit after a `prompt`-token prompt running alone: one slot of (prompt + max_tokens + 1)
-        step-rounded positions, plus its prefill cache. Raises nothing."""
-        positions = (self.budget.kv // self.budget.kv_token_bytes - _round(prompt, _PREFILL_STEP)) \
-            // self.slot_step * self.slot_step - 1
+        """New tokens that fit after a `prompt`-token prompt running alone, beside its full windows and states: one
+        slot of (prompt + max_tokens + 1) step-rounded positions plus its prefill cache, or its own caches' positions
+        and a growth step. Raises nothing."""
+        held = self._tokens_held()
+        if held < 0 or not self.budget.kv_token_bytes:  # no room for its states, or no layer grows with tokens
+            return -1 if held < 0 else _UNBOUNDED - prompt
+        if self.slot_step is None:
+            return held - GROWTH_STEP - 1 - prompt
+        positions = (held - _round(prompt, _PREFILL_STEP)) // self.slot_step * self.slot_step - 1
         return positions - prompt
 
+    def _tokens_held(self) -> int:
+        """Positions of the growing layers the budget holds beside one row's bounded layers (-1: not even those)."""
+        shape = self.budget.kv_shape
+        left = self.budget.kv - shape.row_bytes
+        if left < 0:
+            return -1
+        return left // shape.token_bytes if shape.token_bytes else _UNBOUNDED
+
     def longest_prompt(self) -> int:
-        """The longest prompt that can run alone with one new token (its KV is held twice while it is read: the
-        prefill cache and the slot). Raises nothing."""
-        lo, hi = 0, self.budget.kv // self.budget.kv_token_bytes
+        """The longest prompt that can run alone with one new token (with slots, its KV is held twice while it is
+        read: the prefill cache and the slot). Raises nothing."""
+        lo, hi = 0, max(0, self._tokens_held())
         while lo < hi:  # room() falls as the prompt grows
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self.room(mid) >= 1 else (lo, mid - 1)
@@ -73,17 +97,20 @@ class KVAdmission:
         if not request.max_tokens_requested and room >= 1:
             return replace(request, max_tokens=room) if request.max_tokens > room else request
         if request.max_tokens > room:
-            kv = self.budget.kv
-            holds = f"the server's budget holds {kv // self.budget.kv_token_bytes} tokens of KV in {kv >> 20} MiB"
+            kv, fixed = self.budget.kv, self.budget.kv_shape.row_bytes
+            holds = f"the server's budget holds {max(0, self._tokens_held())} tokens of KV in {kv >> 20} MiB" + (
+                f" beside the {fixed / (1 << 20):,.1f} MiB a row's sliding windows and recurrent states take"
+                if fixed else "")
             if room > 0:
                 raise MemoryAdmission(
                     f"prompt ({prompt} tokens) + max_tokens ({request.max_tokens}) needs more KV memory than "
                     f"{holds}; at most {room} new tokens fit after this prompt", code="context_over_budget",
                     param="max_tokens")
+            twice = ", and a prompt's KV is held twice while it is read (its prefill cache and its decode slot)" \
+                if self.slot_step is not None else ""
             raise MemoryAdmission(
-                f"the prompt ({prompt} tokens) does not fit the memory budget: {holds}, and a prompt's KV is held "
-                f"twice while it is read (its prefill cache and its decode slot), so at most {self.longest_prompt()} "
-                "prompt tokens fit", code="context_over_budget", param="prompt")
+                f"the prompt ({prompt} tokens) does not fit the memory budget: {holds}{twice}, so at most "
+                f"{self.longest_prompt()} prompt tokens fit", code="context_over_budget", param="prompt")
         return request
 
 

@@ -104,7 +104,7 @@ class LLMBatchGroup:
         self.step = BatchStep(model, self.plan, context_length=context_length, prefix_cache=prefix_cache,
                               counters=self.counters, keep_mixed_in_flight=keep_mixed_in_flight)
         slots = self.step.slots
-        self.admission = KVAdmission(budget, slots.step if slots is not None else 256) if budget else None
+        self.admission = KVAdmission(budget, slots.step if slots is not None else None) if budget else None
         self._queue = WaitingRows(max_active=max_active, max_queued=max_queued, max_kv_tokens=max_kv_tokens,
                                   admission=self.admission)
         # Prompt chunks on a second engine thread beside the decode steps (engine/lane.py); else packed into them.

@@ -4,7 +4,9 @@ the process's memory equal to what it holds.
 The budget is split once, at start: model weights, the prefix cache's share, MLX's buffer cache
 (`mx.set_cache_limit`) and a headroom for one iteration's activations; what is left is for KV (decode
 slots and prefill caches). Admission (engine/batch.py) keeps a row queued while its KV would not fit and
-refuses one that can never fit (engine.errors.MemoryAdmission, code `context_over_budget`).
+refuses one that can never fit (engine.errors.MemoryAdmission, code `context_over_budget`). A row's KV is charged by
+how its caches grow (engine/kv_shape.py): bytes a token for the layers that keep every token, and at most a fixed
+share a row for sliding windows and recurrent states.
 
 Default total: on a GPU a fraction of the device's memory (Metal: the recommended working set; CUDA: total
 memory), on the CPU a fraction of physical RAM, or of this process's cgroup memory limit where lower
@@ -21,6 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine import cgroup_limits
+from engine.kv_shape import KVShape, kv_shape
 from engine.model_args import text_args
 
 __all__ = ["MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
@@ -75,8 +78,9 @@ def kv_token_bytes(model: Any) -> int:
     """KV bytes one token takes across all layers (keys + values): from the first layer whose attention has a `k_proj`
     (a hybrid stack's recurrent layers, Qwen3.5's first among them, have none), else from the config, the language
     model's where the checkpoint nests it (fused q/k/v projections as Phi-3's, DeepSeek's latent attention, attention
-    under another name). Every layer is charged as if it attended, which only over-reserves: a recurrent layer's state
-    is fixed per row, and admission counts tokens alone. Raises ValueError when neither says."""
+    under another name). Every layer is charged as if it attended: the budget's charge where every cache is a KVCache,
+    or where engine/kv_shape.py cannot read the caches (it only over-reserves there). Raises ValueError when neither
+    says."""
     inner = getattr(model, "model", model)
     layers = list(getattr(inner, "layers", None) or getattr(model, "layers", []))
     for layer in layers:
@@ -151,7 +155,9 @@ def _float_size(model: Any) -> int:
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """The split of `total` bytes (see module doc). `kv` is what admission may reserve for rows."""
+    """The split of `total` bytes (see module doc). `kv` is what admission may reserve for rows; the `kv_*_bytes`
+    fields are a row's KV by how it grows (engine/kv_shape.py's KVShape): `kv_token_bytes` a token in the layers that
+    keep every token, the others what sliding windows and fixed states hold."""
 
     total: int
     weights: int
@@ -160,10 +166,17 @@ class MemoryBudget:
     activations: int
     kv_token_bytes: int
     source: str = "configured"
+    kv_state_bytes: int = 0
+    kv_window_token_bytes: int = 0
+    kv_window_bytes: int = 0
 
     @property
     def kv(self) -> int:
         return max(0, self.total - self.weights - self.prefix_cache - self.buffer_cache - self.activations)
+
+    @property
+    def kv_shape(self) -> KVShape:
+        return KVShape(self.kv_token_bytes, self.kv_state_bytes, self.kv_window_token_bytes, self.kv_window_bytes)
 
     @classmethod
     def plan(cls, model: Any, *, total: int | None = None, prefix_cache: int | None = None,
@@ -174,14 +187,15 @@ class MemoryBudget:
         if total is None:
             total, source = machine_memory()
         weights = weight_bytes(model)
-        token = kv_token_bytes(model)
+        shape = kv_shape(model, max_iteration_tokens) or KVShape(kv_token_bytes(model))
         activations = _activation_bytes(model, max_iteration_tokens, max_active)
         buffer_cache = max(64 * MIB, int(total * BUFFER_CACHE_SHARE))
         free = total - weights - activations - buffer_cache
         if prefix_cache is None:
             prefix_cache = max(0, int(free * PREFIX_CACHE_SHARE))
-        budget = cls(int(total), weights, int(prefix_cache), buffer_cache, activations, token, source)
-        if budget.kv < token * 256:
+        budget = cls(int(total), weights, int(prefix_cache), buffer_cache, activations, shape.token_bytes, source,
+                     shape.state_bytes, shape.window_token_bytes, shape.window_bytes)
+        if budget.kv < shape.token_bytes * 256 + shape.row_bytes:  # room for one row of 256 positions
             raise ValueError(
                 f"the memory budget of {total / MIB:,.0f} MiB leaves {budget.kv / MIB:,.0f} MiB for KV after the "
                 f"weights ({weights / MIB:,.0f} MiB), the prefix cache ({prefix_cache / MIB:,.0f} MiB), MLX's "
@@ -190,8 +204,8 @@ class MemoryBudget:
         return budget
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data for /stats. Raises nothing."""
-        return {**asdict(self), "kv": self.kv}
+        """Plain data for /stats (`kv_row_bytes`: the most a row's windows and states hold). Raises nothing."""
+        return {**asdict(self), "kv": self.kv, "kv_row_bytes": self.kv_shape.row_bytes}
 
 
 def _activation_bytes(model: Any, tokens: int, rows: int) -> int:

@@ -214,12 +214,18 @@ def _memory(memory: dict[str, Any]) -> Iterator[Metric]:
     if isinstance(budget, dict):
         parts = GaugeMetricFamily("tandem_memory_budget_bytes", "The memory budget, by part", labels=["part"])
         for key, value in budget.items():
-            if _number(value) and key != "kv_token_bytes":  # a rate, not a part: summing parts must give bytes
+            # kv_token_bytes, kv_row_bytes...: a row's or a token's share, not a part: summing parts must give bytes
+            if _number(value) and not key.endswith("_bytes"):
                 parts.add_metric([key], float(value))
         yield parts
         per_token = budget.get("kv_token_bytes", 0)
         if _number(per_token):
-            yield _gauge("tandem_kv_bytes_per_token", "KV cache bytes one token takes (all layers)", float(per_token))
+            yield _gauge("tandem_kv_bytes_per_token", "KV cache bytes one token takes (the layers that keep every "
+                         "token)", float(per_token))
+        per_row = budget.get("kv_row_bytes", 0)
+        if _number(per_row):
+            yield _gauge("tandem_kv_bytes_per_row", "KV cache bytes a row holds at most whatever its length (sliding "
+                         "windows, recurrent states)", float(per_row))
 
 
 def _number(value: Any) -> bool:

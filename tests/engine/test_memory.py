@@ -181,7 +181,8 @@ def test_a_request_of_the_longest_size_fits_however_it_splits(tiny_loaded) -> No
 async def test_a_qwen3_5_checkpoint_is_sized_from_its_attention_layers_and_runs(tmp_path, moe: bool) -> None:
     # Qwen3.5's first layer is a linear-attention one (no `self_attn`) and its settings sit under `text_config`:
     # sizing the KV failed the start ("neither attention layers nor a config to size the KV cache from"), though
-    # mlx-lm serves the checkpoint. Its attention layer's width is charged for every layer, as for Qwen3-Next.
+    # mlx-lm serves the checkpoint. kv_token_bytes charges its attention layer's width for every layer; the budget
+    # charges what its caches hold (tests/engine/test_kv_shape.py).
     from engine.models import load_model
     from tests.fixtures.tiny_hybrid import build_tiny_qwen3_5
 

@@ -101,16 +101,18 @@ async def test_a_tensor_of_the_wrong_shape_is_named_with_its_file(tiny_llm_dir: 
                               "needs ("), message
 
 
-async def test_a_state_space_checkpoint_loads_with_a_budget_for_its_tokens(tmp_path: Path) -> None:
+async def test_a_state_space_checkpoint_loads_with_a_budget_for_its_states(tmp_path: Path) -> None:
     # Mamba has no attention layer to size a KV cache from: it was refused as "config.json does not describe a
-    # usable mamba model" although mlx-lm serves it.
+    # usable mamba model" although mlx-lm serves it. Its state is fixed a row: a token costs it no KV.
     from tests.engine.test_batch import MAMBA
     from tests.fixtures.tiny_llm import build_tiny_llm
 
     model = build_tiny_llm(tmp_path / "mamba", model_type="mamba", extra_config=MAMBA)
     engine = await open_engine(ServiceConfig(model=str(model)))
     try:
-        assert engine.memory_stats()["budget"]["kv_token_bytes"] > 0  # type: ignore[attr-defined]
+        budget = engine.memory_stats()["budget"]  # type: ignore[attr-defined]
+        assert budget["kv_token_bytes"] == 0 and budget["kv_row_bytes"] == budget["kv_state_bytes"] > 0
+        assert engine.max_model_len == engine.context_length  # type: ignore[attr-defined]
     finally:
         engine.close()
 

@@ -33,7 +33,8 @@ def test_engine_totals_are_counters_and_keep_their_precision() -> None:
     engine.stats = lambda: {"active_rows": 3, "queued_rows": 2, "kv_bytes": 4_294_967_297, **totals,  # type: ignore[method-assign]
                             "prefix_cache": {"hit_tokens": 555, "bytes": 1024, "hits": 1, "misses": 2,
                                              "promotions": 4, "probation_bytes": 512},
-                            "memory": {"budget": {"total": 8_589_934_592, "kv": 1_000_000, "kv_token_bytes": 36_864},
+                            "memory": {"budget": {"total": 8_589_934_592, "kv": 1_000_000, "kv_token_bytes": 36_864,
+                                                  "kv_state_bytes": 2048, "kv_row_bytes": 4096},
                                        "slot_bytes": 4096,
                                        "process_rss_bytes": 123_456_789}}
     with TestClient(create_app(AppState(engine=engine))) as client:
@@ -47,9 +48,10 @@ def test_engine_totals_are_counters_and_keep_their_precision() -> None:
     assert families["tandem_active_rows"].type == "gauge" and _value(families["tandem_active_rows"]) == 3
     assert _value(families["tandem_kv_bytes"]) == 4_294_967_297
     assert _value(families["tandem_memory_budget_bytes"], part="total") == 8_589_934_592
-    # The per-token rate is its own gauge: every sample of the budget family is a number of bytes.
-    assert not any(s.labels.get("part") == "kv_token_bytes" for s in families["tandem_memory_budget_bytes"].samples)
+    # The per-token and per-row shares are gauges of their own: every sample of the budget family is a part of it.
+    assert {s.labels.get("part") for s in families["tandem_memory_budget_bytes"].samples} == {"total", "kv"}
     assert _value(families["tandem_kv_bytes_per_token"]) == 36_864
+    assert _value(families["tandem_kv_bytes_per_row"]) == 4096
     assert _value(families["tandem_memory_bytes"], part="process_rss") == 123_456_789
 
 
