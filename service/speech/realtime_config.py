@@ -5,7 +5,8 @@ session object the `.created` / `.updated` events carry, in either dialect.
 Every field is honoured or refused with an error naming it. Honoured: the input format (`pcm16` / `audio/pcm`
 at 24 kHz, or another declared rate 8–48 kHz, our extension, as is audio/pcm's `encoding`: s16le, f32le, s16be, ulaw
 or alaw, what /v1/audio/live's `session.created` shows; G.711 at 8 kHz, `g711_ulaw` / `audio/pcmu` and
-`g711_alaw` / `audio/pcma`, as telephony streams it), the transcription's model (the served Whisper
+`g711_alaw` / `audio/pcma`, as telephony streams it; each dialect's shape: realtime_format.py, which shows a format
+beta has no name for as `audio/pcm;rate=…;encoding=…`, taken back), the transcription's model (the served Whisper
 under any of its names), language, `languages` (those the speech may be in: Whisper detects it among them),
 prompt and `keywords` (joined into the prompt), `delay` (how many consecutive decodes must agree before text is
 committed, `DELAY_DECODES`: OpenAI's latency/accuracy hint for gpt-realtime-whisper; beta's update takes it too),
@@ -33,7 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from audio.noise_reduction import KINDS as NOISE_KINDS
-from audio.pcm import G711_RATE, PcmFormat
+from audio.pcm import PcmFormat
+from service.speech.config_error import ConfigError
+from service.speech.realtime_format import DEFAULT_RATE, InputEncoding, beta_format, ga_format, shown_beta, shown_ga
 from service.speech.transcription_fields import aggressiveness, joined_prompt, vad_options
 
 __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "LOGPROBS", "INCLUDES", "DEFAULT_RATE",
@@ -41,17 +44,9 @@ __all__ = ["RealtimeConfig", "ConfigError", "Dialect", "TENTATIVE", "LOGPROBS", 
 
 Dialect = Literal["beta", "ga"]
 TurnType = Literal["server_vad", "semantic_vad"]
-InputEncoding = Literal["s16le", "f32le", "s16be", "ulaw", "alaw"]
-DEFAULT_RATE = 24000  # what OpenAI clients send
-# each input encoding by its beta name and its GA format type (G.711's rate is fixed: 8 kHz)
-_BETA_FORMATS: dict[str, InputEncoding] = {"pcm16": "s16le", "g711_ulaw": "ulaw", "g711_alaw": "alaw"}
-_GA_FORMATS: dict[str, InputEncoding] = {"audio/pcm": "s16le", "audio/pcmu": "ulaw", "audio/pcma": "alaw"}
-# `encoding` in a GA format, our extension: what /v1/audio/live's `?encoding=` takes, as its session.created shows it
-_PCM_ENCODINGS: tuple[InputEncoding, ...] = ("s16le", "f32le", "s16be", "ulaw", "alaw")
 TENTATIVE = "item.input_audio_transcription.tentative"
 LOGPROBS = "item.input_audio_transcription.logprobs"
 INCLUDES = (LOGPROBS, TENTATIVE)  # every `include` value a session takes
-_RATES = (8000, 48000)
 # semantic_vad's eagerness as the pause that ends a turn: OpenAI's "how soon it ends a turn", `auto` its `medium`;
 # low waits twice server VAD's default, high half of it (its model would also end a turn it judges finished sooner)
 EAGERNESS_SILENCE_MS = {"low": 1000, "medium": 500, "auto": 500, "high": 250}
@@ -63,14 +58,6 @@ _SEMANTIC_FIELDS = {"type", "eagerness", "create_response", "interrupt_response"
 # transcription sessions, turn detection must be set to `null`"; LiveKit's stt.py: they "reject turn_detection and emit
 # no speech_started/stopped, so the client commits the buffer"): a session for one has none until the client asks
 REALTIME_ONLY_MODELS = frozenset({"gpt-realtime-whisper", "gpt-live-transcribe"})
-
-
-class ConfigError(ValueError):
-    """A session field that cannot be honoured; `param` names it as the client wrote it."""
-
-    def __init__(self, message: str, param: str, code: str = "invalid_value") -> None:
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
 
 
 @dataclass
@@ -165,12 +152,7 @@ class RealtimeConfig:
         _known(s, {"input_audio_format", "input_audio_transcription", "turn_detection", "include", "modalities",
                    "input_audio_noise_reduction", "client_secret"}, "session")
         if "input_audio_format" in s and s["input_audio_format"] is not None:
-            encoding = _BETA_FORMATS.get(s["input_audio_format"]) if isinstance(s["input_audio_format"], str) else None
-            if encoding is None:
-                raise ConfigError(f"input_audio_format {s['input_audio_format']!r} is not supported; use "
-                                  f"{', '.join(_BETA_FORMATS)}", "session.input_audio_format")
-            self.encoding = encoding
-            self.rate = DEFAULT_RATE if encoding == "s16le" else G711_RATE
+            self.encoding, self.rate = beta_format(s["input_audio_format"], "session.input_audio_format")
         if s.get("modalities") not in (None, ["text"]):
             raise ConfigError("a transcription session answers with text only", "session.modalities")
         if s.get("client_secret") is not None:
@@ -201,7 +183,7 @@ class RealtimeConfig:
                     raise ConfigError("`input` must be an object", "session.audio.input")
                 _known(inp, {"format", "transcription", "turn_detection", "noise_reduction"}, "session.audio.input")
                 if inp.get("format") is not None:
-                    self._format(inp["format"], "session.audio.input.format")
+                    self.encoding, self.rate = ga_format(inp["format"], "session.audio.input.format")
                 if "noise_reduction" in inp:
                     self._noise_reduction(inp["noise_reduction"], "session.audio.input.noise_reduction")
                 if "transcription" in inp:
@@ -210,27 +192,6 @@ class RealtimeConfig:
                     self._turn_detection(inp["turn_detection"], "session.audio.input.turn_detection")
         if "include" in s:
             self._include(s["include"], "session.include")
-
-    def _format(self, f: Any, where: str) -> None:
-        if not isinstance(f, dict):
-            raise ConfigError("`format` must be an object", where)
-        _known(f, {"type", "rate", "encoding"}, where)
-        kind = f.get("type", "audio/pcm")
-        encoding = _GA_FORMATS.get(kind) if isinstance(kind, str) else None
-        if encoding is None:
-            raise ConfigError(f"audio format {kind!r} is not supported; use {', '.join(_GA_FORMATS)}", f"{where}.type")
-        if f.get("encoding") is not None:  # audio/pcm's samples in another encoding; G.711's types name their own
-            named = f["encoding"]
-            allowed = _PCM_ENCODINGS if kind == "audio/pcm" else (encoding,)
-            if named not in allowed:
-                raise ConfigError(f"encoding must be {' or '.join(allowed)} for {kind}", f"{where}.encoding")
-            encoding = named
-        rate = f.get("rate", G711_RATE if encoding in ("ulaw", "alaw") else DEFAULT_RATE)
-        if kind != "audio/pcm" and rate != G711_RATE:  # a rate beside G.711's types is only ever their own
-            raise ConfigError(f"{kind} is {G711_RATE} Hz", f"{where}.rate")
-        if not isinstance(rate, int) or isinstance(rate, bool) or not _RATES[0] <= rate <= _RATES[1]:
-            raise ConfigError(f"rate must be an integer in {_RATES[0]}–{_RATES[1]} Hz", f"{where}.rate")
-        self.encoding, self.rate = encoding, rate
 
     def _noise_reduction(self, nr: Any, where: str) -> None:
         if nr is None:
@@ -343,9 +304,8 @@ class RealtimeConfig:
         include = [x for x, on in ((LOGPROBS, self.logprobs), (TENTATIVE, self.tentative)) if on] or None
         noise = {"type": self.noise_reduction} if self.noise_reduction is not None else None
         if dialect == "beta":
-            # an encoding beta has no name for (set by a GA update's `encoding`) shows as itself
-            beta_format = next((name for name, enc in _BETA_FORMATS.items() if enc == self.encoding), self.encoding)
-            return {"id": session_id, "object": "realtime.transcription_session", "input_audio_format": beta_format,
+            return {"id": session_id, "object": "realtime.transcription_session",
+                    "input_audio_format": shown_beta(self.encoding, self.rate),
                     "input_audio_transcription": transcription, "turn_detection": turn, "modalities": ["text"],
                     "input_audio_noise_reduction": noise, "include": include}
         if self.keywords:
@@ -353,16 +313,9 @@ class RealtimeConfig:
         if self.languages:
             transcription["languages"] = list(self.languages)
         return {"type": "transcription", "id": session_id, "object": "realtime.transcription_session",
-                "audio": {"input": {"format": self._ga_format(), "transcription": transcription,
+                "audio": {"input": {"format": shown_ga(self.encoding, self.rate), "transcription": transcription,
                                     "turn_detection": turn, "noise_reduction": noise}},
                 "include": include}
-
-    def _ga_format(self) -> dict[str, Any]:
-        # as OpenAI's: only audio/pcm carries a rate (G.711's is fixed); another encoding of it is named
-        if self.encoding in ("ulaw", "alaw") and self.rate == G711_RATE:
-            return {"type": "audio/pcmu" if self.encoding == "ulaw" else "audio/pcma"}
-        shown = {"type": "audio/pcm", "rate": self.rate}
-        return shown if self.encoding == "s16le" else {**shown, "encoding": self.encoding}
 
 
 def _semantic(td: dict[str, Any], new: TurnDetection, where: str) -> TurnDetection:
