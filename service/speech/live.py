@@ -121,10 +121,13 @@ def _flag(text: str, name: str) -> bool:
 async def live(socket: WebSocket[Any, Any, Any], language: str | None = None, rate: str | None = None,
                encoding: str = "f32le", interval: str | None = None, vad: str | None = None) -> None:
     """Binary messages: PCM frames (`rate`, `encoding`: f32le, s16le, s16be, or G.711's ulaw and alaw, 8 kHz
-    unless `rate` says otherwise), or a browser's MediaRecorder stream sent as it records (`recorder.start(250)`,
-    each blob one frame): a frame that opens with a container's header (WebM, Ogg, fragmented MP4) starts a
-    container stream, and the socket's later binary frames are its pieces, decoded as they arrive (a frame with a
-    header starts the next stream); text `{"type":"finish"}` ends capture. The server
+    unless `rate` says otherwise); a WAV or Sun .au as a recorder writes it to a pipe (`arecord -f S16_LE -t wav -`,
+    `ffmpeg … -f wav -`: the header, then the samples, cut into frames anywhere), its samples read in the format its
+    header gives (rate, channels; 16-bit, float, μ-law or A-law), not the query's: the header is the recording's own
+    word, as a file's is over its declared type; or a browser's MediaRecorder stream sent as it records
+    (`recorder.start(250)`, each blob one frame): a frame that opens with a container's header (WebM, Ogg,
+    fragmented MP4) starts a container stream, and the socket's later binary frames are its pieces, decoded as they
+    arrive (a frame with a header starts the next stream); text `{"type":"finish"}` ends capture. The server
     sends `session.created` (with the session `id`), `transcript.partial` {committed, tentative} after each
     change (at most one per `interval` s), then `transcript.done` {text}. A first text message that is a
     Realtime client event (`session.update`, `input_audio_buffer.append`, ...) switches to OpenAI's Realtime

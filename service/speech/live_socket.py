@@ -6,10 +6,10 @@ Two ways to talk, one session underneath:
   rate, 24 kHz unless declared, or G.711 at 8 kHz), `.commit`, `.clear`; server events driven by the session's own
   events.
   `/v1/realtime` always talks this way; `/v1/audio/live` does once one comes before any PCM frame or finish.
-- **Binary frames** (simple clients of `/v1/audio/live`, frame_events.py): raw PCM frames in the query's format, or a
-  browser's MediaRecorder stream (WebM / Ogg / fragmented MP4, its first frame carrying the header:
-  socket_audio.py), text `{"type": "finish"}` to end; `transcript.partial` snapshots (committed + tentative text, at
-  most one per `interval` s) and a final `transcript.done`.
+- **Binary frames** (simple clients of `/v1/audio/live`, frame_events.py): raw PCM frames in the query's format (or a
+  piped WAV's, in its header's), or a browser's MediaRecorder stream (WebM / Ogg / fragmented MP4, its first frame
+  carrying the header: socket_audio.py), text `{"type": "finish"}` to end; `transcript.partial` snapshots
+  (committed + tentative text, at most one per `interval` s) and a final `transcript.done`.
 
 Either way the socket is read until the client leaves — after a finish too, so keepalive pings are answered
 and the transcript is delivered — and nothing a client sends ends the session: a bad frame (not JSON, not an
