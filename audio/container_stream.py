@@ -28,6 +28,13 @@ STREAM_NAMES = {"matroska": "WebM", "ogg": "Ogg", "mp4": "MP4"}
 # Read no further than the first packet to learn the stream's parameters: the first 250 ms blob yields audio.
 _PROBE = {"probesize": "32", "analyzeduration": "100000"}
 CLOSE_TIMEOUT = 5.0  # seconds a closing stream's decoder has to flush its tail (it decodes one chunk's rest at most)
+# What a stream may take for the audio it gives, checked as each chunk is consumed (a whole file fed as one chunk
+# passes): FFmpeg kept every byte of a header that never ended (7 MB chunks of Matroska attachments, no audio) and
+# swallowed a stream whose demuxer lost its place (a chunk sent twice) with no audio and no error.
+_FIRST_AUDIO_BYTES = 1 << 20  # before its first audio: MediaRecorder's headers are under 1 KB, FFmpeg's a few KB
+_BYTES_PER_SECOND = 2 << 20  # then per second of audio decoded (16 Mbit/s: any audio codec, 8-channel PCM, video too)
+_STALL_SECONDS = 10.0  # read with no audio out: 10 s of the stream at the rate it gave audio (at least _STALL_BYTES)
+_STALL_BYTES = 64 << 10  # (an audio frame is a few KB at most; a video frame between two audio ones, ~rate/fps)
 
 
 class _Aborted(Exception):
@@ -60,6 +67,10 @@ class ContainerStream:
         self._tail = np.zeros(0, np.float32)  # the resampler's last samples, once the stream ended
         self._max_seconds: float | None = None  # this feed's limit
         self._fed_samples = 0  # decoded during this feed, at the stream's own rate
+        self._rate = 0  # the stream's sample rate, once its header was read
+        self._decoded = 0  # samples decoded, at that rate
+        self._bytes_in = 0  # bytes the decoder read
+        self._gap = 0  # ... since the last decoded frame
         self._thread = threading.Thread(target=self._run, name=f"decode-{kind}", daemon=True)
         self._thread.start()
 
@@ -72,8 +83,8 @@ class ContainerStream:
     def feed(self, data: bytes, max_seconds: float | None = None) -> np.ndarray:
         """Decode `data`, the stream's next bytes; blocks until the decoder has consumed them. Returns the 16 kHz
         samples decoded meanwhile. `max_seconds`: more decoded audio than this from `data` is refused. Raises
-        AudioInputError (the decoder failed: the stream has ended, the samples of `data` are dropped; or it had
-        ended before)."""
+        AudioInputError (the decoder failed, or the stream took more bytes than its audio accounts for: the stream
+        has ended, the samples of `data` are dropped; or it had ended before)."""
         with self._cv:
             if self._ended or self._eof:
                 raise AudioInputError(f"the {STREAM_NAMES[self.kind]} stream has ended", param=self._param,
@@ -83,6 +94,9 @@ class ContainerStream:
             self._cv.notify_all()
             while not (self._ended or (self._waiting and not self._unread)):
                 self._cv.wait()
+            if self.error is None and not self._ended and (overrun := self._overrun()) is not None:
+                self.error, self._aborted, self._eof = overrun, True, True  # the decoder stops where it is
+                self._cv.notify_all()
             if self.error is not None:
                 self._take()  # this chunk's samples go with it: a refused chunk is taken in nothing
                 raise self.error
@@ -107,6 +121,27 @@ class ContainerStream:
             self._aborted = self._eof = True
             self._cv.notify_all()
 
+    def _overrun(self) -> AudioInputError | None:
+        """Why the bytes read so far are more than the audio decoded from them accounts for (None: they are not).
+        Under the lock, between feeds. Raises nothing."""
+        name = STREAM_NAMES[self.kind]
+        if not self._decoded:
+            if self._bytes_in <= _FIRST_AUDIO_BYTES:
+                return None
+            why = f"gave no audio in its first {self._bytes_in} bytes (a header takes a few KB)"
+        else:
+            seconds = self._decoded / self._rate
+            if self._bytes_in > _FIRST_AUDIO_BYTES + _BYTES_PER_SECOND * seconds:
+                why = (f"took {self._bytes_in} bytes for {seconds:.1f} s of audio (more than {_BYTES_PER_SECOND >> 20} "
+                       "MiB a second)")
+            elif self._gap > max(_STALL_BYTES, _STALL_SECONDS * (self._bytes_in - self._gap) / seconds):
+                why = (f"gave no audio in its last {self._gap} bytes, after {seconds:.1f} s of audio: its decoder lost "
+                       "its place (a chunk sent twice, out of order or left out?)")
+            else:
+                return None
+        return AudioInputError(f"the {name} stream {why}; it ended here: start a new one with a chunk that carries its "
+                               "header", param=self._param, code="unsupported_or_corrupt_audio")
+
     def _take(self) -> np.ndarray:
         # under the lock
         parts = [] if self._out is None else [self._out.take()]
@@ -128,6 +163,8 @@ class ContainerStream:
                 return b""
             out = bytes(self._unread[:size])
             del self._unread[:size]
+            self._bytes_in += len(out)
+            self._gap += len(out)
             return out
 
     def _run(self) -> None:
@@ -137,7 +174,7 @@ class ContainerStream:
             with av.open(_Pipe(self), mode="r", format=STREAM_FORMATS[self.kind], options=_PROBE) as container:
                 stream, rate = audio_stream(container, self._param)
                 with self._cv:
-                    self._out = FrameResampler(rate, self._param)
+                    self._out, self._rate = FrameResampler(rate, self._param), rate
                 planar = av.AudioResampler(format="fltp", rate=rate)
                 for frame in container.decode(stream):
                     for piece in planar.resample(frame):
@@ -170,14 +207,16 @@ class ContainerStream:
             assert self._out is not None
             self._fed_samples += mono.size
             if self._max_seconds is not None and self._fed_samples > self._max_seconds * rate:
-                raise AudioInputError(f"the chunk decodes to more than {self._max_seconds:g} s of audio, the most this "
-                                      "server takes in one request (send shorter chunks)", param=self._param,
-                                      code="audio_too_long")
+                raise AudioInputError(f"the chunk decodes to more than {self._max_seconds:g} s of audio, the most it "
+                                      "may bring (send shorter chunks)", param=self._param, code="audio_too_long")
             self._out.add(mono)
+            if mono.size:
+                self._decoded += mono.size
+                self._gap = 0
 
     def _fail(self, exc: AudioInputError) -> None:
         with self._cv:
-            self.error = exc
+            self.error = self.error or exc  # an overrun feed() found stopped it first: that is why
             if self._eof and self._out is not None:  # failed at the end (a stream cut mid-packet): what it gave stays
                 self._tail = self._out.finish()
 

@@ -2,11 +2,11 @@
 
 A LiveSession owns capture (PCM decoding, the received audio not yet through the gate), the caps, commit / clear
 requests and the event log clients read; its base, the pump (audio/session_pump.py), runs the decodes
-(audio/live.py) and keeps gating the audio that arrives while one runs, so a pause is seen when its audio comes. Audio is never dropped silently: a
-session that cannot keep up reports its lag; a cap refuses the new chunk with an error and keeps what was
-accepted (the audio cap also ends the open utterance there, so its words are transcribed); only clear() drops
-audio, on request. commit() and clear() act at the point of the received audio
-where they were called, whatever arrives after them.
+(audio/live.py) and keeps gating the audio that arrives while one runs, so a pause is seen when its audio comes.
+Audio is never dropped silently: a session that cannot keep up reports its lag; a cap refuses the new chunk with an
+error and keeps what was accepted (the audio cap also ends the open utterance there, so its words are transcribed);
+only clear() drops audio, on request. commit() and clear() act at the point of the received audio where they were
+called, whatever arrives after them.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 
 from audio.buffers import AudioBuffer, AudioLimitExceeded, AudioPool, SessionAudioLimit, SessionBacklogFull
 from audio.container_chunks import ContainerChunks, opens_stream
-from audio.errors import (ChunkOverBacklog, CommitEmpty, SessionClosed, SessionError, SessionExpired, SessionLimit,
-                          SessionNotFound)
+from audio.errors import (AudioInputError, ChunkOverBacklog, CommitEmpty, SessionClosed, SessionError, SessionExpired,
+                          SessionLimit, SessionNotFound)
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.noise_reduction import HighPass, NoiseReduction
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
@@ -76,6 +76,9 @@ class LiveSession(SessionPump):
         self._stream: PcmStream | None = None
         self._containers = ContainerChunks()  # container chunks: whole files, or a MediaRecorder's stream in pieces
         self._decoding = anyio.Lock()  # one container chunk decodes at a time, in the order they came
+        # told the seconds of each container stream's tail as it is taken (/metrics: append_container's count has
+        # a chunk's own audio; a tail comes at a finish, an expiry, with the next stream or raw audio after it)
+        self.on_tail: Callable[[float], None] | None = None
         self._raw = AudioBuffer()  # received, not yet through the gate
         self._gate = speech_gate(options)
         self._denoise = _high_pass(options.noise_reduction, None)  # filters what is taken, before the gate
@@ -129,8 +132,7 @@ class LiveSession(SessionPump):
 
     def _begin_finish(self) -> None:
         """Stop capture: what was taken goes to the pump, which decodes it and ends. Raises nothing."""
-        if not self._decoding.locked():  # finish() closed it off the loop; an expiry closes it here
-            self._take_tail(self._containers.close(_LOOP_CLOSE_TIMEOUT))
+        self._close_stream_here()  # finish() closed it off the loop already
         self._finishing = True
         self.finished_at = self._clock()
         if self._stream is not None:
@@ -180,8 +182,7 @@ class LiveSession(SessionPump):
         AudioLimitExceeded (a cap; an AudioInputError), SessionClosed (after finish, delete or expiry)."""
         self._check_open()
         self._admit(len(body) // (fmt.sample_bytes * max(1, fmt.channels)) * SAMPLE_RATE // max(1, fmt.rate))
-        if self._containers.open and not self._decoding.locked():  # raw samples after a container stream: its tail
-            self._take_tail(self._containers.close(_LOOP_CLOSE_TIMEOUT))  # comes first (a starved decoder: a few ms)
+        self._close_stream_here()  # raw samples after a container stream: its tail comes first
         if self._stream is None or self._stream.format != fmt:
             if self._stream is not None:
                 self._take(self._stream.flush())
@@ -198,16 +199,50 @@ class LiveSession(SessionPump):
     async def append_container(self, body: bytes, *, max_seconds: float | None = None) -> int:
         """Add one chunk of container audio: a whole file, or a piece of a WebM / Ogg / fragmented-MP4 stream (the
         rule: audio/container_chunks.py), decoded in a worker thread. `max_seconds`: a chunk decoding to more is
-        refused. Returns the 16 kHz samples taken. Audio accepted before a refused chunk is kept. Raises
-        AudioInputError (a bad chunk), AudioLimitExceeded (a cap), SessionClosed (after finish, delete or expiry)."""
+        refused. Returns the 16 kHz samples taken. Audio accepted before a refused chunk is kept; a refused chunk sent
+        again is not decoded twice. Raises AudioInputError (a bad chunk), AudioLimitExceeded (a cap), SessionClosed
+        (after finish, delete or expiry)."""
         self._check_open()
         async with self._decoding:
             self._check_open()
-            if self._containers.open and opens_stream(body):  # the stream before ends where this one begins
-                self._take_tail(await anyio.to_thread.run_sync(self._containers.tail_before, body))
-            pcm = await anyio.to_thread.run_sync(self._containers.decode, body, max_seconds)
-            self.append_samples(pcm)
+            pcm = self._containers.held(body)  # a retry: its stream consumed its bytes already
+            if pcm is None:
+                pcm = await self._decoded(body, max_seconds)
+            try:
+                self.append_samples(pcm)
+            except AudioLimitExceeded as exc:
+                raise self._containers.refused(body, pcm, exc) from None
         return len(pcm)
+
+    async def _decoded(self, body: bytes, max_seconds: float | None) -> np.ndarray:
+        """`body`'s audio, decoded off the loop no further than the session can take (a few KB of compressed silence
+        decoded to an hour, 630 MB, for a session that holds 120 s). Raises as append_container."""
+        if self._containers.open and opens_stream(body):  # the stream before ends where this one begins
+            self._take_tail(await anyio.to_thread.run_sync(self._containers.tail_before, body))
+        lag, rest = self.config.max_lag_s, self.config.max_session_s - self.received_seconds
+        room = rest if lag is None else min(lag, rest)
+        cap = room if max_seconds is None else min(room, max_seconds)
+        try:
+            return await anyio.to_thread.run_sync(self._containers.decode, body, max(0.0, cap))
+        except SessionClosed:
+            self._check_open()  # expired or finished: say so
+            raise
+        except AudioInputError as exc:
+            if exc.code != "audio_too_long" or cap != room:
+                raise
+            if lag is not None and lag < rest:  # a 429 here was retried for ever
+                raise ChunkOverBacklog(f"the chunk decodes to more than {lag:g} s, longer than a session may hold "
+                                       "untranscribed: send the audio in smaller chunks") from None
+            self._end_at_cap()
+            raise SessionAudioLimit(f"session {self.id} would pass its audio limit of {self.config.max_session_s:g} s "
+                                    f"({self.received_seconds:.1f} s received, the chunk decodes to more than the "
+                                    f"{max(0.0, rest):.1f} s left)") from None
+
+    def _close_stream_here(self) -> None:
+        """Close the open container stream on the event loop and take its tail (a starved decoder flushes in a few
+        ms); none while a chunk is being decoded into it (finish() closes it after that chunk). Raises nothing."""
+        if self._containers.open and not self._decoding.locked():
+            self._take_tail(self._containers.close(_LOOP_CLOSE_TIMEOUT))
 
     def _take_tail(self, tail: np.ndarray) -> None:
         """The samples a container stream held back until it closed: audio of chunks taken before, so no cap refuses
@@ -215,6 +250,8 @@ class LiveSession(SessionPump):
         if tail.size and not self.scope.cancel_called:
             self._flush_stream()
             self._take(tail)
+            if self.on_tail is not None:
+                self.on_tail(tail.size / SAMPLE_RATE)
 
     def _flush_stream(self) -> None:
         if self._stream is not None:

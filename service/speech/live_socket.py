@@ -109,6 +109,8 @@ class LiveSocket:
             await self._send_error(err)
             await self._close(close_code(err))
             return
+        if (metrics := self.state.metrics) is not None:  # a container stream's tail comes with no frame: counted here
+            self.session.on_tail = metrics.observe_live_audio
         try:
             await self._send(created_event(self.config, self.mode == "realtime", self.dialect, self.session.id,
                                            self.speech.model_name, self.frame_format))

@@ -86,7 +86,10 @@ _CHUNK_BODY = raw_body_operation({
                   "decoded as it arrives, so that the headerless chunks a MediaRecorder gives after its first "
                   "(`recorder.start(250)`, each POSTed with the blob's type) continue it; other files are decoded "
                   "whole. A headerless container chunk with no stream open is refused (`missing_stream_header`). "
-                  "Audio accepted before a bad chunk is kept.")
+                  "Audio accepted before a bad chunk is kept. A chunk refused with `Retry-After` (429) is sent again "
+                  "as it was: its audio, decoded once, waits for it (a stream never takes the same bytes twice); a "
+                  "refusal no retry gets past ends the stream, and so does a stream whose chunks stop giving audio "
+                  "(sent twice, out of order or left out: a 400), or give none in their first MiB.")
 async def append_session_audio(request: Request[Any, Any, Any], session_id: str) -> SessionAudioAccepted:
     """Raises APIError (400 bad chunk, 404 unknown session, 409 after finish, 413 too large)."""
     _, session = _session(request, session_id)

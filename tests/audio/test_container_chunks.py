@@ -1,6 +1,7 @@
 """audio/container_chunks.py: the rule a session's container chunks follow — a header starts a stream (the one before
-closed, its tail first), a headerless chunk continues the open stream or is refused saying what it looks like, and
-whole files (WAV, a plain MP4) are decoded whole."""
+closed, its tail first), a headerless chunk continues the open stream or is refused saying what it looks like, whole
+files (WAV, a plain MP4) are decoded whole, a first piece too short to tell waits for the next, and none opens once the
+session is gone."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from audio.container_chunks import ContainerChunks, _fragmented_mp4, opens_stream
-from audio.errors import AudioInputError
+from audio.errors import AudioInputError, SessionClosed
 from audio.pcm import decode_container
 from tests.fixtures.container_streams import encode, pieces, tone
 
@@ -95,3 +96,35 @@ def test_a_fragmented_mp4_is_told_from_a_plain_one() -> None:
     fragmented, plain = encode("mp4", tone(1.0)), encode("plain_mp4", tone(1.0))
     assert _fragmented_mp4(fragmented) and _fragmented_mp4(fragmented[:200])  # Safari's first blob, or its start
     assert not _fragmented_mp4(plain)
+
+
+def test_a_first_chunk_too_short_to_tell_its_container_waits_for_the_next() -> None:
+    # 3 bytes of the EBML signature were refused as headerless, and so was every chunk after them
+    data = encode("webm", tone(1.0))
+    chunks = ContainerChunks()
+    got = [taken(chunks, data[:3]), taken(chunks, data[3:5])]
+    assert got[0].size == got[1].size == 0 and not chunks.open
+    got += [taken(chunks, p) for p in pieces(data[5:], 4)]
+    got.append(chunks.close())
+    np.testing.assert_array_equal(np.concatenate(got), decode_container(data))
+
+
+def test_an_abort_under_a_feed_is_the_session_closed_and_no_stream_opens_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the session's cancel (the event loop) raced its worker thread: a 500, or a new decoder thread no one stopped
+    parts = pieces(encode("webm", tone(1.0)), 4)
+    chunks = ContainerChunks()
+    chunks.decode(parts[0])
+    stream = chunks._stream
+    assert stream is not None
+    feed = stream.feed
+
+    def cancelled_meanwhile(data: bytes, max_seconds: float | None = None) -> np.ndarray:
+        chunks.abort()
+        return feed(data, max_seconds)
+
+    monkeypatch.setattr(stream, "feed", cancelled_meanwhile)
+    with pytest.raises(SessionClosed):
+        chunks.decode(parts[1])
+    with pytest.raises(SessionClosed):
+        chunks.decode(parts[0])  # a header: no stream opens after the abort
+    assert not chunks.open

@@ -1,6 +1,6 @@
 """audio/container_stream.py: a MediaRecorder's stream (WebM, Ogg, fragmented MP4) decoded piece by piece gives the
-whole file's samples, each piece's as it arrives; limits and corrupt pieces are refused; no decoder thread outlives
-its stream."""
+whole file's samples, each piece's as it arrives; limits and corrupt pieces are refused, and so is a stream that takes
+bytes without giving audio; no decoder thread outlives its stream."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 import numpy as np
 import pytest
 
+from audio import container_stream
 from audio.container_stream import ContainerStream
 from audio.errors import AudioInputError
 from audio.pcm import SAMPLE_RATE, decode_container
@@ -78,3 +79,49 @@ def test_a_stream_closed_before_its_header_came_whole_gives_nothing() -> None:
     stream = ContainerStream("matroska")
     assert stream.feed(data[:20]).size == 0  # the EBML header, cut short
     assert stream.close().size == 0 and stream.ended
+
+
+def void(size: int) -> bytes:
+    """An EBML Void element's head, `size` bytes of payload to follow: FFmpeg skips it by reading them."""
+    return b"\xec\x01" + size.to_bytes(7, "big")
+
+
+def test_a_header_that_never_ends_is_refused_past_a_mebibyte() -> None:
+    # FFmpeg kept each 7 MB chunk of a header that never ended (Matroska attachments: +7 MB RSS each, no audio)
+    data = encode("webm", tone(1.0))
+    stream = ContainerStream("matroska")
+    assert stream.feed(data[:data.index(b"\x16\x54\xae\x6b")] + void(8 << 20)).size == 0  # up to Tracks
+    fed = 0
+    with pytest.raises(AudioInputError) as refused:
+        while fed < 8:
+            fed += 1
+            stream.feed(bytes(256 << 10))
+    assert fed == 4 and refused.value.param == "body"  # past 1 MiB
+    assert "gave no audio in its first 1048" in refused.value.message
+    stream._thread.join(5)
+    assert not stream._thread.is_alive()
+
+
+def test_a_stream_that_stops_giving_audio_is_refused_as_lost() -> None:
+    # a demuxer that lost its place (here: an element to skip that swallows the rest) took every later chunk in silence
+    data = encode("webm", tone(20.0))
+    at = [i for i in range(len(data)) if data.startswith(b"\x1f\x43\xb6\x75", i)][3]  # the 4th cluster
+    stream = ContainerStream("matroska")
+    assert stream.feed(data[:at]).size > 0
+    stream.feed(void(8 << 20))
+    rest = pieces(data[at:], 20)  # ~0.85 s each
+    with pytest.raises(AudioInputError) as refused:
+        for piece in rest:
+            stream.feed(piece)
+    assert "gave no audio in its last" in refused.value.message and "lost its place" in refused.value.message
+    assert rest.index(piece) < 12  # after 10 s of the stream at its own rate, not at its end
+
+
+def test_a_stream_taking_more_bytes_than_its_audio_accounts_for_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(container_stream, "_FIRST_AUDIO_BYTES", 16 << 10)
+    monkeypatch.setattr(container_stream, "_BYTES_PER_SECOND", 1000)  # where the stream takes ~10 KB a second
+    stream = ContainerStream("matroska")
+    with pytest.raises(AudioInputError) as refused:
+        for piece in pieces(encode("webm", tone(5.0)), 10):
+            stream.feed(piece)
+    assert "bytes for" in refused.value.message and "of audio (more than" in refused.value.message

@@ -90,3 +90,11 @@ def test_the_format_announced_echoed_in_an_update_is_taken(client: TestClient[An
         ws.send_text(json.dumps({"type": "input_audio_buffer.commit"}))
         until(ws, "input_audio_buffer.committed")
         assert session.received_seconds == pytest.approx(0.5, abs=0.03)
+
+
+def test_a_streams_tail_is_counted_in_the_audio_seconds(client: TestClient[Any], state: AppState) -> None:
+    # /metrics counted each frame's audio: the tail its decoder held back until the finish was left out
+    before = float(state.metrics.registry.get_sample_value("tandem_whisper_audio_seconds_total") or 0.0)
+    events = streamed(client, pieces(encode("webm", tone(1.0)), 4))
+    after = float(state.metrics.registry.get_sample_value("tandem_whisper_audio_seconds_total") or 0.0)
+    assert after - before == pytest.approx(events[-1]["received_seconds"], abs=6e-4)  # rounded to ms
