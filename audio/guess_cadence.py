@@ -4,7 +4,9 @@ An utterance's first guess comes sooner than the rest (`first_redecode_s`), soon
 back empty (`retry_redecode_s`). After a decode slower than `guess_slow_s` (its wait for the scheduler included) the
 session is behind: guesses run only every `slow_redecode_s` of new speech until a decode comes back sooner, so its
 decodes go to finals (8 speakers on 2 cores fell 8–11 s behind, each guessing over all its open audio again and
-again), while a long utterance still shows text now and then.
+again), while a long utterance still shows text now and then. A session whose chunk was refused for its backlog
+guesses at once all the same (audio/live.py `pressed`): under a backlog limit shorter than `slow_redecode_s` the
+speech that guess waited for was the speech refused.
 """
 
 from __future__ import annotations

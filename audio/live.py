@@ -83,6 +83,9 @@ class LiveTranscription(LiveGuesses, LiveRequests):
         # `include` asks for them; LiveSession.reconfigure sets it for the decodes that run after it).
         self.logprobs = options.logprobs
         self.agreement = options.agreement  # decodes that must agree before text is committed (LiveSession.reconfigure)
+        # A chunk was refused for the session's backlog since the last decode began (LiveSession._admit): a guess over
+        # all the open audio is due at once, or the audio that would make one due never comes (see next_action).
+        self.pressed = False
 
     @property
     def started(self) -> bool:
@@ -157,6 +160,10 @@ class LiveTranscription(LiveGuesses, LiveRequests):
             return (lambda: self._final(length)) if length - self._final_to >= HOP_LENGTH else None
         every = self._cadence.every(bool(self.utterances.text or self.tentative))
         due = every is not None and length - self._probed_at >= every * SAMPLE_RATE
+        # Pressed: behind (a guess every slow_redecode_s) under a backlog limit shorter than that, no guess came due,
+        # and the speech that would make one due was refused (a session stuck at 429s until it expired). A guess
+        # covers all the speech, so the lag falls, and commits only what agrees: no word is cut at a chunk's end.
+        due = due or (self.pressed and self.pending_samples >= HOP_LENGTH)
         if due and length - self._final_to >= HOP_LENGTH:
             # A prefix near the context's limit is settled instead: everything so far is committed.
             return (lambda: self._final(length)) if self._prefix_full() else self._probe
@@ -182,6 +189,7 @@ class LiveTranscription(LiveGuesses, LiveRequests):
         `features`: the result keeps the encoder output (word alignment)."""
         assert self._tr is not None and self._live is not None and self._loaded is not None
         self._loop_head = None
+        self.pressed = False  # the refusals so far are answered by this decode: it covers the speech they waited on
         seek = self._seek()
         audio = self._open.view(seek, count)
         request = self.config.shape(

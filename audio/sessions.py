@@ -26,6 +26,7 @@ from audio.errors import (AudioInputError, ChunkOverBacklog, CommitEmpty, Sessio
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.noise_reduction import HighPass, NoiseReduction
 from audio.pcm import SAMPLE_RATE, PcmFormat, PcmStream
+from audio.piped_pcm import PipedPcm
 from audio.session_pump import Control, SessionPump, speech_gate
 from audio.transcript import TranscribeOptions, Transcript
 
@@ -76,6 +77,7 @@ class LiveSession(SessionPump):
         self._stream: PcmStream | None = None
         self._containers = ContainerChunks()  # container chunks: whole files, or a MediaRecorder's stream in pieces
         self._decoding = anyio.Lock()  # one container chunk decodes at a time, in the order they came
+        self.piped = PipedPcm()  # the HTTP route's chunks after a WAV / .au header (a socket's frames: its own)
         # told the seconds of each container stream's tail as it is taken (/metrics: append_container's count has
         # a chunk's own audio; a tail comes at a finish, an expiry, with the next stream or raw audio after it)
         self.on_tail: Callable[[float], None] | None = None
@@ -163,6 +165,8 @@ class LiveSession(SessionPump):
                                    f"untranscribed ({lag:g} s): send the audio in smaller chunks, no faster than "
                                    "real time")
         if lag is not None and self.lag_seconds + samples / SAMPLE_RATE > lag:
+            self.live.pressed = True  # a decode of what it holds is due now: waiting for more speech, it never came
+            self._wake.set()
             raise SessionBacklogFull(f"session {self.id} holds {self.lag_seconds:.1f} s of audio not yet transcribed "
                                      f"(limit {lag:g} s): send audio no faster than real time, or retry shortly")
         self._pool.admit(self, samples)

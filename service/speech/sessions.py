@@ -15,6 +15,7 @@ from audio.transcript import TranscribeOptions
 from service.http.auth import client_key
 from service.http.openapi import raw_body_operation
 from service.seams import SpeechBackend
+from service.speech.live_audio import append_container_counted, append_counted, count_tails
 from service.speech.session_schemas import (
     SessionAudioAccepted,
     SessionCreated,
@@ -44,6 +45,7 @@ async def create_session(request: Request[Any, Any, Any], data: SessionCreateReq
                                  vad_min_speech_ms=data.vad_min_speech_ms, vad_min_silence_ms=data.vad_min_silence_ms)
     owner = client_key(request)
     session = speech.create_session(options, owner=owner)  # with keys, each key holds its share at most
+    count_tails(state, session)
     return SessionCreated(id=session.id, model=speech.model_name)
 
 
@@ -68,7 +70,8 @@ _CHUNK_BODY = raw_body_operation({
     "audio/webm": "A piece of a browser's MediaRecorder stream (`recorder.start(250)`: WebM from Chrome, "
                   "`audio/ogg` from Firefox, fragmented `audio/mp4` from Safari): the first chunk carries the "
                   "container's header, each later one continues it and is decoded as it arrives.",
-    "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads).",
+    "audio/wav": "A whole audio file (WAV, mp3, m4a, flac, ogg, webm: any container PyAV reads), or the start of a WAV "
+                 "or .au recording written to a pipe: its header, the samples after it in the next chunks.",
     "application/octet-stream": "A whole audio file, identified from its own header.",
 }, "One chunk of captured audio (raw PCM described by the content type's parameters, a whole file, or a piece of a "
    "container stream).", "SessionAudioOperation")
@@ -85,7 +88,10 @@ _CHUNK_BODY = raw_body_operation({
                   "starts a new stream (the one before ends there), and a WebM, Ogg or fragmented-MP4 stream is "
                   "decoded as it arrives, so that the headerless chunks a MediaRecorder gives after its first "
                   "(`recorder.start(250)`, each POSTed with the blob's type) continue it; other files are decoded "
-                  "whole. A headerless container chunk with no stream open is refused (`missing_stream_header`). "
+                  "whole. A WAV or Sun .au header whose samples go on past its chunk (a recorder writing to a pipe: "
+                  "`arecord -t wav -`, `ffmpeg … -f wav -`) makes the chunks after it PCM in the format the header "
+                  "gives, whatever their content type, up to the length it declares (a new header starts the next). "
+                  "A headerless container chunk with no stream open is refused (`missing_stream_header`). "
                   "Audio accepted before a bad chunk is kept. A chunk refused with `Retry-After` (429) is sent again "
                   "as it was: its audio, decoded once, waits for it (a stream never takes the same bytes twice); a "
                   "refusal no retry gets past ends the stream, and so does a stream whose chunks stop giving audio "
@@ -93,16 +99,24 @@ _CHUNK_BODY = raw_body_operation({
 async def append_session_audio(request: Request[Any, Any, Any], session_id: str) -> SessionAudioAccepted:
     """Raises APIError (400 bad chunk, 404 unknown session, 409 after finish, 413 too large)."""
     _, session = _session(request, session_id)
+    state = get_state(request)
     body = await request.body()
     content_type = request.headers.get("content-type") or _DEFAULT_CHUNK_TYPE
-    if reads_as_raw_pcm(content_type, body):  # the file route's rule: a body with a container's header is one
+    # A WAV / .au header whose samples go on past its chunk (`arecord -t wav -` POSTed in pieces): the chunks after it
+    # are PCM in its format, whatever their type says (audio/piped_pcm.py). A closed session's chunk goes on below,
+    # to be refused as what it is.
+    rest = body if session.closed else session.piped.take(
+        body, lambda pcm, fmt: append_counted(state, session, pcm, fmt))
+    if rest is None:  # taken (or a header cut short, waiting for the rest)
+        pass
+    elif reads_as_raw_pcm(content_type, rest):  # the file route's rule: a body with a container's header is one
         # Raw chunks go through the session's resampler, whose filter state spans chunks.
-        session.append(body, parse_pcm_content_type(content_type))
+        append_counted(state, session, rest, parse_pcm_content_type(content_type))
     else:
         if session.closed:  # refuse before spending a worker thread decoding a whole file
             raise SessionClosed(f"session {session.id} is closed; no more audio accepted")
         # decoded in a worker thread, a stream's pieces as they come (audio/container_chunks.py)
-        await session.append_container(body, max_seconds=get_state(request).config.limits.max_audio_seconds)
+        await append_container_counted(state, session, rest)
     return SessionAudioAccepted(id=session.id, received_seconds=round(session.received_seconds, 3),
                                 windows_done=session.windows_done, lag_seconds=session.lag_seconds)
 

@@ -355,6 +355,38 @@ async def test_a_session_sending_faster_than_it_is_transcribed_is_refused_and_ke
     s.cancel()
 
 
+async def test_a_chunk_refused_for_the_backlog_makes_a_guess_due_so_its_retry_is_taken(
+        tiny_whisper_dir: Path) -> None:
+    # `tandem serve --max-session-lag 6` on a loaded 2-core host: after a slow decode the next guess waited for 5 s
+    # of new speech, the backlog refused the speech that would have made it due, and every chunk got a 429 until
+    # the session expired.
+    from tests.audio.test_live import Timed
+
+    scheduler = Timed([[] for _ in range(3)], [2.5] * 3)  # each decode 2.5 s: behind, a guess every 5 s of speech
+    async with running_tasks() as tasks:
+        s = session(tasks, tiny_whisper_dir, NO_VAD, scheduler, max_lag_s=4.0)  # type: ignore[arg-type]
+        s.live._clock = lambda: scheduler.now
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.pump)
+            s.append(f32(voiced(1.0)), F32)
+            await s.caught_up()
+            assert len(scheduler.requests) == 1 and s.lag_seconds == 0  # the first guess, slow
+            for _ in range(4):
+                s.append(f32(voiced(1.0)), F32)
+            await s.caught_up()
+            assert len(scheduler.requests) == 1 and s.lag_seconds == pytest.approx(4.0)  # no guess before 5 s
+            for _ in range(2):  # refused: the session holds all it may; the refusal makes a guess over it due
+                with pytest.raises(AudioLimitExceeded) as err:
+                    s.append(f32(voiced(1.0)), F32)
+                assert err.value.code == "session_backlog_full"
+            await s.caught_up()
+            assert len(scheduler.requests) == 2 and len(scheduler.requests[-1].audio) == 5 * SR
+            assert s.lag_seconds == 0 and items(s, "audio_committed") == []  # a guess: no utterance cut mid-word
+            s.append(f32(voiced(1.0)), F32)  # the retry is taken
+            assert s.received_seconds == pytest.approx(6.0)
+            s.cancel()
+
+
 async def test_an_ended_session_lets_go_of_the_model_without_a_collection(tiny_whisper_dir: Path) -> None:
     # A serving process rarely runs full collections: a model held only through an ended session's reference
     # cycles stayed, one copy per session (tiny.en: +145 MiB of MLX memory a session).

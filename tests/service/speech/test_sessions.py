@@ -14,12 +14,14 @@ from litestar.exceptions import WebSocketDisconnect
 from litestar.testing import TestClient
 
 from audio.pcm import SAMPLE_RATE, decode_container
+from audio.pcm_headers import pcm_header
 from service.app import create_app
 from service.config import ServiceConfig
 from service.limits import Limits
 from service.speech.setup import SpeechConfig, install_speech, key_session_cap
 from service.state import AppState
 from tests.fixtures.container_streams import encode, pieces, tone
+from tests.fixtures.piped_audio import piped, wave_tone
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 from tests.service.speech.test_routes import voiced, wav_bytes
 
@@ -149,3 +151,65 @@ def test_a_stream_blob_decoding_past_max_audio_seconds_is_refused(whisper_dir: P
         error = answers[1].json()["error"]
         assert answers[1].status_code == 400 and error["code"] == "audio_too_long" and error["param"] == "body"
         assert _finished(client, sid) == pytest.approx(answers[0].json()["received_seconds"], abs=0.05)
+
+
+def cut(data: bytes, size: int) -> list[bytes]:
+    return [data[at:at + size] for at in range(0, len(data), size)]
+
+
+@pytest.mark.parametrize("fmt, codec, rate, channels, declared", [
+    ("wav", "pcm_s16le", 16000, 1, "audio/wav"), ("wav", "pcm_s16le", 48000, 2, "audio/pcm;rate=24000;encoding=s16le"),
+    ("wav", "pcm_f32le", 16000, 1, "application/octet-stream"), ("wav", "pcm_mulaw", 8000, 1, "audio/wav"),
+    ("au", "pcm_s16be", 22050, 1, "audio/basic")])
+def test_a_wav_or_au_piped_in_chunks_is_pcm_in_its_headers_format_whatever_the_chunks_type(
+        keyless: TestClient[Any], fmt: str, codec: str, rate: int, channels: int, declared: str) -> None:
+    # `arecord -t wav -` POSTed chunk by chunk: the header chunk was decoded as a whole file, and every chunk after
+    # it refused `missing_stream_header` (or, sent as audio/pcm, read in the format the type declared)
+    data = piped(fmt, codec, wave_tone(1.5, rate), rate, channels)  # FFmpeg's own header, sizes unknown
+    header = pcm_header(data)
+    assert header is not None and header.length is None
+    # the header cut across two chunks, then the samples cut anywhere (odd sizes too)
+    bodies = [data[:30], data[30:header.offset], *cut(data[header.offset:], 1001)]
+    sid, answers = _chunks(keyless, [b for b in bodies if b], declared)
+    assert [r.status_code for r in answers] == [200] * len(answers), [r.text for r in answers if r.status_code != 200]
+    assert _finished(keyless, sid) == pytest.approx(1.5, abs=0.01)
+
+
+def test_a_piped_wav_ends_where_its_header_says_and_a_new_header_starts_the_next(keyless: TestClient[Any]) -> None:
+    whole = wav_bytes(wave_tone(1.0, 22050), 22050)  # sizes known, then a trailing LIST chunk as some editors write
+    comment = b"recorded at the meeting " * 170  # 4080 bytes: read as samples, 0.09 s of noise
+    whole += b"LIST" + (12 + len(comment)).to_bytes(4, "little") + b"INFOICMT" + len(comment).to_bytes(4, "little")
+    restarted = piped("wav", "pcm_s16le", wave_tone(0.5, 44100), 44100)  # the recorder restarted
+    sid, answers = _chunks(keyless, [*cut(whole + comment, 4000), *cut(restarted, 4000)], "audio/wav")
+    assert [r.status_code for r in answers] == [200] * len(answers), [r.text for r in answers if r.status_code != 200]
+    assert _finished(keyless, sid) == pytest.approx(1.5, abs=0.005)
+
+
+def test_samples_a_piped_header_gives_that_cannot_be_read_are_refused_chunk_by_chunk(keyless: TestClient[Any]) -> None:
+    wide = piped("wav", "pcm_s24le", wave_tone(0.5, 16000), 16000)
+    fine = piped("wav", "pcm_s16le", wave_tone(1.0, 16000), 16000)
+    sid, answers = _chunks(keyless, [*cut(wide, 8000), *cut(fine, 8000)], "audio/wav")
+    refused = [r.json()["error"] for r in answers if r.status_code != 200]
+    assert [e["code"] for e in refused] == ["unsupported_sample_format"] * len(cut(wide, 8000))
+    assert refused[0]["param"] == "body" and "24-bit PCM" in refused[0]["message"]
+    assert _finished(keyless, sid) == pytest.approx(1.0, abs=0.01)  # never read as noise in another format
+
+
+def test_audio_appended_over_http_is_counted_in_the_audio_seconds(whisper_dir: Path) -> None:
+    # Only the sockets counted their live audio in tandem_whisper_audio_seconds_total: HTTP sessions' was left out.
+    state = install_speech(AppState(), SpeechConfig(model=str(whisper_dir), resident=True, max_sessions=4))
+    with TestClient(create_app(state)) as client:
+        def counted() -> float:
+            return float(state.metrics.registry.get_sample_value("tandem_whisper_audio_seconds_total") or 0.0)
+
+        before = counted()
+        sid = client.post("/v1/audio/sessions", json={}).json()["id"]
+        raw = voiced(0.5).astype("<f4").tobytes()
+        webm = pieces(encode("webm", tone(1.0)), 4)  # a stream's tail comes with the next stream: counted too
+        wav = cut(piped("wav", "pcm_s16le", wave_tone(1.0, 16000), 16000), 3200)
+        for body, kind in [(raw, "audio/pcm"), *[(b, BLOB_TYPES["webm"]) for b in webm], *[(b, "audio/wav") for b in wav]]:
+            r = client.post(f"/v1/audio/sessions/{sid}/audio", content=body, headers={"content-type": kind})
+            assert r.status_code == 200, r.text
+        duration = _finished(client, sid)
+    assert duration > 2.4 and counted() - before == pytest.approx(duration, abs=1e-3)
+

@@ -1,0 +1,69 @@
+"""PipedPcm — which of one live input's chunks are a WAV or Sun .au header and the PCM after it, for both live routes
+(/v1/audio/live's binary frames, the chunks POSTed to /v1/audio/sessions/{id}/audio).
+
+A recorder writing to a pipe (`arecord -t wav -`, `ffmpeg … -f wav -`) sends a header, often of unknown size, then the
+samples. A chunk that opens with such a header (or holds the rest of one the chunk before cut short) whose samples go
+on past it makes the chunks after it PCM in the format the header gives, whatever the route was told (the header is
+the recording's own word), up to the length it declares (audio/pcm_headers.py HeadedPcm); a chunk that opens with a
+container's header (a new WAV, a WebM...) ends it. A header whole in its chunk is a file: left to the caller, as any
+other container's chunk and the chunks before a header are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from audio.container_chunks import opens_stream
+from audio.containers import container_kind
+from audio.errors import AudioInputError
+from audio.pcm import PcmFormat
+from audio.pcm_headers import HEADED_KINDS, HeadedPcm, pcm_header
+
+__all__ = ["PipedPcm"]
+
+
+class PipedPcm:
+    """One input's header state, chunk by chunk (see the module doc); `param` names the audio in its errors. Not
+    thread-safe: call it from the event loop, in the order the chunks came."""
+
+    def __init__(self, param: str = "body") -> None:
+        self._param = param
+        # the samples after a header go on (its refusal: each of its chunks is refused with it)
+        self._headed: HeadedPcm | AudioInputError | None = None
+        self._head = b""  # a header cut short by its chunk: the next one has the rest
+
+    def take(self, chunk: bytes, append: Callable[[bytes, PcmFormat], object]) -> bytes | None:
+        """Take `chunk` when it is a header or samples after one: its whole samples go to `append` in the header's
+        format (a partial one, or a header cut short, waits for the next chunk), and None is returned. Otherwise
+        returns what the caller reads as it would: `chunk` (a container's chunk, PCM with no header before it), or a
+        whole file (with the start of its header the chunk before held back). Raises AudioInputError naming `param`: a
+        header that cannot be read, or a chunk of samples PcmFormat cannot read (each after such a header); or what
+        `append` raises, the state then as before the chunk (it may be sent again)."""
+        if self._head or container_kind(chunk) in HEADED_KINDS:
+            chunk, self._head = self._head + chunk, b""
+            try:
+                header = pcm_header(chunk, self._param)
+            except AudioInputError as exc:  # the chunks after it are no PCM of the format before: refused too
+                self._headed = exc
+                raise
+            if header is None:  # the header goes on in the next chunk
+                self._head = chunk
+                return None
+            if header.whole_in(chunk):  # a whole file: FFmpeg reads it as any container, whatever its samples
+                self._headed = None
+                return chunk
+            try:  # a recording's start: its samples go on in the chunks after this one
+                self._headed = HeadedPcm(header, self._param)
+            except AudioInputError as exc:
+                self._headed = exc
+            chunk = chunk[header.offset:]
+        elif self._headed is None:
+            return chunk
+        elif opens_stream(chunk):  # another container's stream, or file, begins
+            self._headed = None
+            return chunk
+        headed = self._headed
+        if isinstance(headed, AudioInputError):  # samples it cannot read: each of its chunks is refused
+            raise AudioInputError(headed.message, param=headed.param, code=headed.code)
+        headed.feed(chunk, lambda pcm: append(pcm, headed.format))
+        return None
