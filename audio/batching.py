@@ -8,12 +8,14 @@ The price: no conditioning on the previous chunk's text (a chunk's later windows
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import TYPE_CHECKING, AsyncIterator
 
 import anyio
 import numpy as np
 
+from audio.exception_frames import start_released
 from audio.decoding import HOP_LENGTH, N_FRAMES, N_SAMPLES, WindowedTranscription, segment_end
 from audio.token_logprobs import kept_logprobs
 from audio.pcm import SAMPLE_RATE
@@ -47,6 +49,32 @@ def plan_chunks(pcm: np.ndarray, *, max_samples: int = N_SAMPLES, min_speech_ms:
     return chunks
 
 
+async def _decode_chunk(tr: WindowedTranscription, scheduler: "WhisperScheduler", audio: np.ndarray, frames: int,
+                        out: list[tuple[int, int, WindowResult]]) -> None:
+    """A chunk's windows, from its start until it is consumed, into `out`: (frames into the chunk, frames in the
+    window, result). A function of its own, not a closure over `tr`: a cancelled task's frames keep their function."""
+    local = 0
+    context = list(tr.initial_prompt_tokens)  # a chunk's later windows are conditioned on its own text
+    room = tr.loaded.model.dims.n_text_ctx // 2 - 1
+    while local < frames:
+        n = min(N_FRAMES, frames - local)
+        piece = audio[local * HOP_LENGTH: local * HOP_LENGTH + N_SAMPLES]
+        request = tr.request(piece, n, conditioned=False)
+        if local > 0:
+            request = replace(request, prompt=tuple(context[-room:]) if room > 0 else ())
+        result = await scheduler.decode(tr.loaded, request)
+        out.append((local, n, result))
+        if tr.silent(result):
+            advance = n
+        else:
+            segments, advance, _ = tr.split(result.decoded.tokens, result, 0.0, n)
+            context.extend(t for s in segments if s["start"] != s["end"] and s["text"].strip()
+                           for t in s["tokens"])
+            if not tr.options.condition_on_previous_text or result.decoded.temperature > 0.5:
+                context = []  # as the seek loop: no conditioning on text sampled hot
+        local += advance if advance > 0 else n  # never the same window twice
+
+
 async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size: int, scheduler: "WhisperScheduler",
                           tasks: "ExecutionTasks") -> AsyncIterator[list[Segment]]:
     """Decode `pcm` as VAD-cut chunks, `batch_size` of them in flight together (the scheduler batches their
@@ -62,31 +90,9 @@ async def batched_windows(tr: WindowedTranscription, pcm: np.ndarray, batch_size
         # per chunk: (frames into the chunk, frames in the window, result) of each window decoded
         windows: list[list[tuple[int, int, WindowResult]]] = [[] for _ in batch]
 
-        async def decode(k: int, audio: np.ndarray, frames: int) -> None:
-            local = 0
-            context = list(tr.initial_prompt_tokens)  # a chunk's later windows are conditioned on its own text
-            room = tr.loaded.model.dims.n_text_ctx // 2 - 1
-            while local < frames:
-                n = min(N_FRAMES, frames - local)
-                piece = audio[local * HOP_LENGTH: local * HOP_LENGTH + N_SAMPLES]
-                request = tr.request(piece, n, conditioned=False)
-                if local > 0:
-                    request = replace(request, prompt=tuple(context[-room:]) if room > 0 else ())
-                result = await scheduler.decode(tr.loaded, request)
-                windows[k].append((local, n, result))
-                if tr.silent(result):
-                    advance = n
-                else:
-                    segments, advance, _ = tr.split(result.decoded.tokens, result, 0.0, n)
-                    context.extend(t for s in segments if s["start"] != s["end"] and s["text"].strip()
-                                   for t in s["tokens"])
-                    if not tr.options.condition_on_previous_text or result.decoded.temperature > 0.5:
-                        context = []  # as the seek loop: no conditioning on text sampled hot
-                local += advance if advance > 0 else n  # never the same window twice
-
         async with anyio.create_task_group() as tg:
-            for k, (audio, frames, _) in enumerate(batch):
-                tg.start_soon(decode, k, audio, frames)
+            for k, (audio, frames, _) in enumerate(batch):  # cancelled, each keeps no frame that reaches the model
+                start_released(tg, functools.partial(_decode_chunk, tr, scheduler, audio, frames, windows[k]))
         new: list[Segment] = []
         for (_, _, start), decoded in zip(batch, windows):
             for local, frames, result in decoded:

@@ -4,6 +4,7 @@ windows one after another (or batched), each window's new segments yielded as th
 from __future__ import annotations
 
 import functools
+from contextlib import aclosing
 from typing import TYPE_CHECKING, AsyncGenerator
 
 import anyio
@@ -11,6 +12,7 @@ import numpy as np
 
 from audio.batching import batched_windows
 from audio.decoding import N_SAMPLES, WindowedTranscription
+from audio.exception_frames import FramesReleased
 from audio.mel import signal_ceiling
 from audio.pcm import SAMPLE_RATE
 from audio.scheduler import WhisperScheduler
@@ -34,6 +36,16 @@ async def transcribe_stream(pcm: np.ndarray, options: TranscribeOptions, residen
     """Decode a whole signal window by window: yields each window's new segments, then the final Transcript.
     With `vad` Whisper sees only the speech (no speech: an empty Transcript, Whisper never loaded).
     Raises WhisperCheckpointError (load), TaskRejected (shutdown), MLX errors from a window."""
+    windows = _transcribe(pcm, options, residency, scheduler, tasks)
+    async with aclosing(windows):
+        with FramesReleased():  # cancelled (a client gone), the frames holding the model go without it
+            async for item in windows:
+                yield item
+
+
+async def _transcribe(pcm: np.ndarray, options: TranscribeOptions, residency: WhisperResidency,
+                      scheduler: WhisperScheduler,
+                      tasks: "ExecutionTasks") -> AsyncGenerator[list[Segment] | Transcript, None]:
     duration = len(pcm) / SAMPLE_RATE
     empty = Transcript("", options.named_language, duration, options.task, logprobs=() if options.logprobs else None,
                        tokens=TokenCounts(prompt=0, audio=0, output=0))  # Whisper read nothing

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Literal
 import anyio
 
 from audio.buffers import AudioBuffer, AudioPool
+from audio.exception_frames import FramesReleased, release_frames
 from audio.live import LiveConfig, LiveTranscription, SessionEvent
 from audio.pcm import SAMPLE_RATE
 from audio.transcript import TranscribeOptions, Transcript
@@ -83,37 +84,14 @@ class SessionPump:
     # ---- the pump -----------------------------------------------------------------------------
     async def pump(self) -> None:
         """Gate audio, decode, commit; until finished or cancelled. Never raises: a failure is kept for finish."""
-        taken = False
         self._pumping = True
         try:
             with self.scope:
-                while True:
-                    await self._gate_pending()
-                    action = self.live.next_action(self._finishing)
-                    if action is None:
-                        if self._finishing:
-                            break
-                        self._idle = True
-                        self._signal()
-                        await self._wake.wait()
-                        self._wake = anyio.Event()
-                        self._idle = False
-                        continue
-                    if not self.live.started:
-                        loaded = await self._residency.take()
-                        taken = True
-                        await self.live.start(loaded)
-                    await self._run_gating(action)
-                    self._pool.update(self)
-                    self.windows_done += 1
-                    self.last_active = self._clock()  # its client reads what a decode sends: not idle
-                    self._signal()
-                self._result = self.live.transcript(self.received_seconds)
+                await self._decode_all()
         except Exception as exc:  # a failed window ends the session; finish reports it
+            release_frames(exc)  # kept with the session: the frames it passed (and their model) are not
             self.error = exc
         finally:
-            if taken:
-                self._residency.release()
             self.live.unbind()
             self._pool.forget(self)
             self._containers.abort()  # however the session ended, no container decoder thread outlives it
@@ -123,6 +101,36 @@ class SessionPump:
             self._controls.clear()
             self._done.set()
             self._signal()
+
+    async def _decode_all(self) -> None:
+        """The pump's work, the model taken for it from the first decode on. Raises what a decode raises."""
+        taken = False
+        try:
+            while True:
+                await self._gate_pending()
+                action = self.live.next_action(self._finishing)
+                if action is None:
+                    if self._finishing:
+                        break
+                    self._idle = True
+                    self._signal()
+                    await self._wake.wait()
+                    self._wake = anyio.Event()
+                    self._idle = False
+                    continue
+                if not self.live.started:
+                    loaded = await self._residency.take()
+                    taken = True
+                    await self.live.start(loaded)
+                await self._run_gating(action)
+                self._pool.update(self)
+                self.windows_done += 1
+                self.last_active = self._clock()  # its client reads what a decode sends: not idle
+                self._signal()
+            self._result = self.live.transcript(self.received_seconds)
+        finally:
+            if taken:
+                self._residency.release()
 
     async def _run_gating(self, action: Callable[[], Awaitable[None]]) -> None:
         """Run the decode `action` while the gate goes on taking the audio that arrives, so the end of an
@@ -134,7 +142,8 @@ class SessionPump:
         async def run() -> None:
             nonlocal finished
             try:
-                await action()
+                with FramesReleased():  # cancelled, anyio's task group keeps the frames it passed (exception_frames)
+                    await action()
             except Exception as exc:  # kept, so the pump sees the window's own error, not an ExceptionGroup
                 failure.append(exc)
             finally:
