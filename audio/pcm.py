@@ -93,6 +93,10 @@ class PcmFormat:
     def sample_bytes(self) -> int:
         return {"f32le": 4, "ulaw": 1, "alaw": 1}.get(self.encoding, 2)
 
+    def seconds(self, n_bytes: int) -> float:
+        """Seconds of audio `n_bytes` of this format hold. Raises nothing."""
+        return n_bytes / (self.rate * self.sample_bytes * max(1, self.channels))
+
 
 def is_raw_pcm(content_type: str | None) -> bool:
     """True for `audio/pcm…`, `audio/l16…`, `audio/raw…` and the G.711 types' (`audio/pcmu`, `audio/pcma`,

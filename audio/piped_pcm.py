@@ -26,11 +26,26 @@ class PipedPcm:
     """One input's header state, chunk by chunk (see the module doc); `param` names the audio in its errors. Not
     thread-safe: call it from the event loop, in the order the chunks came."""
 
-    def __init__(self, param: str = "body") -> None:
+    def __init__(self, param: str = "body", into: Callable[[bytes, PcmFormat], object] | None = None) -> None:
         self._param = param
+        self._into = into  # where `feed` appends (a session's own append)
         # the samples after a header go on (its refusal: each of its chunks is refused with it)
         self._headed: HeadedPcm | AudioInputError | None = None
         self._head = b""  # a header cut short by its chunk: the next one has the rest
+
+    def feed(self, chunk: bytes) -> tuple[bytes | None, float]:
+        """`take` into the append given at construction: returns what `take` returns and the seconds of audio taken.
+        Plain values in and out, so the HTTP route of an `--isolate` API process can call it on a session living in
+        the engine process (a callback cannot cross that connection). Raises as `take` does."""
+        into = self._into
+        assert into is not None, "a PipedPcm made without `into`"
+        taken = 0.0
+
+        def append(pcm: bytes, fmt: PcmFormat) -> None:
+            nonlocal taken
+            into(pcm, fmt)
+            taken += fmt.seconds(len(pcm))
+        return self.take(chunk, append), taken
 
     def take(self, chunk: bytes, append: Callable[[bytes, PcmFormat], object]) -> bytes | None:
         """Take `chunk` when it is a header or samples after one: its whole samples go to `append` in the header's

@@ -77,7 +77,7 @@ class LiveSession(SessionPump):
         self._stream: PcmStream | None = None
         self._containers = ContainerChunks()  # container chunks: whole files, or a MediaRecorder's stream in pieces
         self._decoding = anyio.Lock()  # one container chunk decodes at a time, in the order they came
-        self.piped = PipedPcm()  # the HTTP route's chunks after a WAV / .au header (a socket's frames: its own)
+        self.piped = PipedPcm(into=self.append)  # the HTTP route's chunks after a WAV / .au header (sockets: own)
         # told the seconds of each container stream's tail as it is taken (/metrics: append_container's count has
         # a chunk's own audio; a tail comes at a finish, an expiry, with the next stream or raw audio after it)
         self.on_tail: Callable[[float], None] | None = None

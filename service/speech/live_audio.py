@@ -13,7 +13,7 @@ __all__ = ["append_counted", "append_container_counted", "count_tails", "count_l
 def append_counted(state: AppState, session: LiveSession, data: bytes, fmt: PcmFormat) -> None:
     """Raw PCM `data` in `fmt` into `session`. Raises what LiveSession.append raises (nothing counted)."""
     session.append(data, fmt)
-    count_live_audio(state, len(data) / (fmt.rate * fmt.sample_bytes * max(1, fmt.channels)))
+    count_live_audio(state, fmt.seconds(len(data)))
 
 
 async def append_container_counted(state: AppState, session: LiveSession, data: bytes) -> int:

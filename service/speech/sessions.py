@@ -15,7 +15,7 @@ from audio.transcript import TranscribeOptions
 from service.http.auth import client_key
 from service.http.openapi import raw_body_operation
 from service.seams import SpeechBackend
-from service.speech.live_audio import append_container_counted, append_counted, count_tails
+from service.speech.live_audio import append_container_counted, append_counted, count_live_audio, count_tails
 from service.speech.session_schemas import (
     SessionAudioAccepted,
     SessionCreated,
@@ -105,8 +105,12 @@ async def append_session_audio(request: Request[Any, Any, Any], session_id: str)
     # A WAV / .au header whose samples go on past its chunk (`arecord -t wav -` POSTed in pieces): the chunks after it
     # are PCM in its format, whatever their type says (audio/piped_pcm.py). A closed session's chunk goes on below,
     # to be refused as what it is.
-    rest = body if session.closed else session.piped.take(
-        body, lambda pcm, fmt: append_counted(state, session, pcm, fmt))
+    rest: bytes | None = body
+    taken = 0.0
+    if not session.closed:  # `piped` held through its call: with --isolate a proxy let go of at once is released
+        piped = session.piped
+        rest, taken = piped.feed(body)  # plain values in and out: they cross --isolate's engine connection
+    count_live_audio(state, taken)
     if rest is None:  # taken (or a header cut short, waiting for the rest)
         pass
     elif reads_as_raw_pcm(content_type, rest):  # the file route's rule: a body with a container's header is one
