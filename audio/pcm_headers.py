@@ -37,14 +37,16 @@ _AU_NAMES = {2: "8-bit PCM", 4: "24-bit PCM", 5: "32-bit PCM", 6: "32-bit float"
 
 @dataclass(frozen=True)
 class PcmHeader:
-    """A header read whole: where its samples begin, how many bytes of them it declares (None: unknown), and their
-    format (None: samples PcmFormat does not read, `samples` says which)."""
+    """A header read whole: where its samples begin, how many bytes of them it declares (None: unknown), their
+    format (None: samples PcmFormat does not read, `samples` says which), and how many bytes of the file follow them
+    (a WAV's trailing chunks; None: unknown, all that come)."""
 
     kind: str
     offset: int
     length: int | None
     format: PcmFormat | None
     samples: str
+    trailing: int | None = None
 
     def whole_in(self, body: bytes) -> bool:
         """`body` holds all the samples the header declares: a whole file, not the start of a stream. Raises
@@ -81,14 +83,17 @@ def pcm_header(body: bytes, param: str = "body") -> PcmHeader | None:
 
 
 def _wav(body: bytes, param: str) -> PcmHeader | None:
-    at, fmt, samples, length64 = 12, None, "", None
+    at, fmt, samples, length64, riff64 = 12, None, "", None, None
     while at + 8 <= len(body):
         chunk, size = body[at:at + 4], int.from_bytes(body[at + 4:at + 8], "little")
         if chunk == b"data":
             if fmt is None:
                 raise _bad("its samples come before its fmt chunk", "wav", param)
             length = length64 if size == _UNKNOWN and length64 else None if size in (0, _UNKNOWN) else size
-            return PcmHeader("wav", at + 8, length, fmt if samples == "" else None, samples)
+            size = int.from_bytes(body[4:8], "little")  # the RIFF's: the file's length after its first 8 bytes
+            riff = riff64 if size == _UNKNOWN and riff64 else None if size in (0, _UNKNOWN) else size
+            trailing = None if length is None or riff is None else max(0, 8 + riff - (at + 8 + length))
+            return PcmHeader("wav", at + 8, length, fmt if samples == "" else None, samples, trailing)
         if at + 8 + size > len(body):
             return None  # this chunk goes on in the next piece
         data = body[at + 8:at + 8 + size]
@@ -102,7 +107,7 @@ def _wav(body: bytes, param: str) -> PcmHeader | None:
             fmt = PcmFormat(rate, encoding or "s16le", channels)
             samples = "" if encoding else f"{bits}-bit {_WAV_NAMES.get(tag, f'(format tag {tag:#06x})')}"
         elif chunk == b"ds64" and size >= 16:  # RF64 / BW64: the data's 64-bit size, its 32-bit one 0xFFFFFFFF
-            length64 = int.from_bytes(data[8:16], "little")
+            riff64, length64 = int.from_bytes(data[0:8], "little"), int.from_bytes(data[8:16], "little")
         at += 8 + size + (size & 1)  # chunks are padded to even lengths
     return None
 
@@ -120,7 +125,8 @@ def _au(body: bytes, param: str) -> PcmHeader | None:
     name = _AU_ENCODINGS.get(encoding)
     samples = "" if name else _AU_NAMES.get(encoding, f"encoding {encoding}")
     fmt = PcmFormat(rate, name or "s16be", channels)
-    return PcmHeader("au", offset, None if size == _UNKNOWN else size, fmt if name else None, samples)
+    length = None if size == _UNKNOWN else size
+    return PcmHeader("au", offset, length, fmt if name else None, samples, None if length is None else 0)
 
 
 def _bad(why: str, kind: str | None, param: str) -> AudioInputError:
@@ -130,11 +136,12 @@ def _bad(why: str, kind: str | None, param: str) -> AudioInputError:
 
 class HeadedPcm:
     """The samples after one header, piece by piece: whole samples out, a partial one held for the next piece, and
-    nothing past the length the header declares (the file's trailing chunks)."""
+    nothing past the length the header declares (the file's trailing chunks); what comes after the file is not its."""
 
     def __init__(self, header: PcmHeader, param: str = "body") -> None:
         self.format = header.pcm_format(param)
         self.left = header.length  # bytes of samples still to come (None: all that come)
+        self.trailing = header.trailing  # bytes of the file after its samples still to come (None: all that come)
         self._held = b""
 
     @property
@@ -142,16 +149,25 @@ class HeadedPcm:
         """All the samples the header declares came: what follows is no audio. Raises nothing."""
         return self.left is not None and self.left <= 0
 
-    def feed(self, piece: bytes, take: Callable[[bytes], object]) -> None:
-        """Hand `piece`'s whole samples (after the partial one the piece before left) to `take`, when there are any.
-        Raises what `take` raises, and then is as before the piece (the piece may be sent again)."""
-        left, held = self.left, self._held
+    @property
+    def over(self) -> bool:
+        """The whole file came, its trailing chunks too: what follows is another input's. Raises nothing."""
+        return self.ended and self.trailing == 0
+
+    def feed(self, piece: bytes, take: Callable[[bytes], object]) -> bytes:
+        """Hand `piece`'s whole samples (after the partial one the piece before left) to `take`, when there are any;
+        returns what of `piece` comes after the whole file (b"" while it goes on). Raises what `take` raises, and
+        then is as before the piece (the piece may be sent again)."""
+        left, held, trailing, past = self.left, self._held, self.trailing, b""
         if left is not None:
-            piece = piece[:max(0, left)]
+            piece, after = piece[:max(0, left)], piece[max(0, left):]
             left -= len(piece)
+            if after and trailing is not None:
+                past, trailing = after[trailing:], max(0, trailing - len(after))
         data = held + piece
         frame = self.format.sample_bytes * self.format.channels
         cut = len(data) - len(data) % frame
         if cut:
             take(data[:cut])
-        self.left, self._held = left, data[cut:]
+        self.left, self._held, self.trailing = left, data[cut:], trailing
+        return past

@@ -80,5 +80,8 @@ class PipedPcm:
         headed = self._headed
         if isinstance(headed, AudioInputError):  # samples it cannot read: each of its chunks is refused
             raise AudioInputError(headed.message, param=headed.param, code=headed.code)
-        headed.feed(chunk, lambda pcm: append(pcm, headed.format))
+        past = headed.feed(chunk, lambda pcm: append(pcm, headed.format))
+        if headed.over:  # the file ended (a WAV's RIFF size): what follows is read as it would be with none before
+            self._headed = None
+            return past or None
         return None

@@ -167,8 +167,9 @@ class LiveSession(SessionPump):
         if lag is not None and self.lag_seconds + samples / SAMPLE_RATE > lag:
             self.live.pressed = True  # a decode of what it holds is due now: waiting for more speech, it never came
             self._wake.set()
-            raise SessionBacklogFull(f"session {self.id} holds {self.lag_seconds:.1f} s of audio not yet transcribed "
-                                     f"(limit {lag:g} s): send audio no faster than real time, or retry shortly")
+            raise SessionBacklogFull(f"session {self.id} holds {self.lag_seconds:.1f} s not yet transcribed, with this "
+                                     f"chunk's {samples / SAMPLE_RATE:.1f} s past its limit of {lag:g} s: send audio no "
+                                     "faster than real time, or retry shortly")
         self._pool.admit(self, samples)
 
     def _end_at_cap(self) -> None:

@@ -45,7 +45,7 @@ def test_a_whole_wav_file_declares_its_samples_and_is_whole() -> None:
         w.writeframes(np.zeros(2205, "<i2").tobytes())
     data = buf.getvalue()
     header = pcm_header(data)
-    assert header == PcmHeader("wav", 44, 4410, PcmFormat(22050, "s16le"), "")
+    assert header == PcmHeader("wav", 44, 4410, PcmFormat(22050, "s16le"), "", trailing=0)  # nothing after the samples
     assert header.whole_in(data) and not header.whole_in(data[:-1])
 
 

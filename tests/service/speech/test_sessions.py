@@ -179,9 +179,29 @@ def test_a_piped_wav_ends_where_its_header_says_and_a_new_header_starts_the_next
     whole = wav_bytes(wave_tone(1.0, 22050), 22050)  # sizes known, then a trailing LIST chunk as some editors write
     comment = b"recorded at the meeting " * 170  # 4080 bytes: read as samples, 0.09 s of noise
     whole += b"LIST" + (12 + len(comment)).to_bytes(4, "little") + b"INFOICMT" + len(comment).to_bytes(4, "little")
+    size = len(whole) + len(comment) - 8  # the RIFF's size counts the LIST, as editors write it
+    whole = whole[:4] + size.to_bytes(4, "little") + whole[8:]
     restarted = piped("wav", "pcm_s16le", wave_tone(0.5, 44100), 44100)  # the recorder restarted
     sid, answers = _chunks(keyless, [*cut(whole + comment, 4000), *cut(restarted, 4000)], "audio/wav")
     assert [r.status_code for r in answers] == [200] * len(answers), [r.text for r in answers if r.status_code != 200]
+    assert _finished(keyless, sid) == pytest.approx(1.5, abs=0.005)
+
+
+def _s16le(seconds: float) -> bytes:
+    return (voiced(seconds) * 32767).astype("<i2").tobytes()
+
+
+def test_chunks_after_a_whole_wav_sent_in_pieces_are_read_as_their_type_says(keyless: TestClient[Any]) -> None:
+    # A recorded WAV in pieces, then live raw PCM: the chunks after the file's RIFF size were taken by the ended WAV
+    # and dropped, each a 200 (a headerless audio/wav one too).
+    whole = wav_bytes(wave_tone(1.0, 22050), 22050)
+    sid, answers = _chunks(keyless, cut(whole, 10001), "audio/wav")
+    assert [r.status_code for r in answers] == [200] * len(answers)
+    raw = keyless.post(f"/v1/audio/sessions/{sid}/audio", content=_s16le(0.5),
+                       headers={"content-type": "audio/pcm;rate=16000;encoding=s16le"})
+    assert raw.status_code == 200 and raw.json()["received_seconds"] == pytest.approx(1.5, abs=0.005), raw.text
+    stray = keyless.post(f"/v1/audio/sessions/{sid}/audio", content=_s16le(0.25), headers={"content-type": "audio/wav"})
+    assert stray.status_code == 400 and stray.json()["error"]["code"] == "missing_stream_header", stray.text
     assert _finished(keyless, sid) == pytest.approx(1.5, abs=0.005)
 
 
