@@ -196,25 +196,27 @@ _LONGEST = PerTokenizer(_longest_token_of)
 
 def char_bound(engine: ChatEngine) -> int | None:
     """Most characters a prompt can have and still fit the context (None: unknown). Raises nothing."""
-    context, longest = engine.context_length, _token_chars(engine)
+    sizes = _sizes(engine)
+    return None if sizes is None else sizes[0] * sizes[1]
+
+
+def _sizes(engine: ChatEngine) -> tuple[int, int] | None:
+    """The context in tokens and the most characters one token covers (None: either unknown): vocabulary entries are
+    written one character per byte or longer, so no token covers more than the longest entry's length. Raises
+    nothing."""
+    context = engine.context_length
+    longest = _LONGEST.get(engine.tokenizer) if engine.tokenizer is not None else None
     if not isinstance(context, int) or context <= 0 or longest is None:
         return None
-    return context * longest
-
-
-def _token_chars(engine: ChatEngine) -> int | None:
-    """The most characters one token covers (None: no tokenizer): vocabulary entries are written one character per
-    byte or longer, so no token covers more than the longest entry's length. Raises nothing."""
-    return _LONGEST.get(engine.tokenizer) if engine.tokenizer is not None else None
+    return context, longest
 
 
 def check_text_fits(chars: int, engine: ChatEngine, param: str) -> None:
     """Raises PromptTooLong (400 context_length_exceeded) when `chars` characters cannot fit the context, naming the
     lower limit where the memory budget holds less."""
-    bound, context, limit, longest = char_bound(engine), engine.context_length, usable_context(engine), \
-        _token_chars(engine)
-    if bound is not None and context is not None and limit is not None and longest and chars > bound:
-        # the fewest tokens the text makes: more than the context holds
+    sizes, limit = _sizes(engine), usable_context(engine)
+    if sizes is not None and limit is not None and chars > sizes[0] * sizes[1]:
+        context, longest = sizes  # the fewest tokens the text makes: more than the context holds
         raise PromptTooLong(-(-chars // longest), limit, context, param, chars=chars)
 
 
