@@ -50,6 +50,7 @@ from service.seams import SpeechBackend
 from service.speech.client_events import (REALTIME_CLIENT_EVENTS, UNSUPPORTED_PREFIXES, Mode, decided_mode,
                                           decoded_event, frames_refusal)
 from service.speech.frame_events import created_event, done_event, partial_event
+from service.speech.live_audio import count_tails
 from service.speech.realtime_config import Dialect, RealtimeConfig, field_paths
 from service.speech.realtime_events import Items, server_events, transcription_failed
 from service.speech.served import served_speech
@@ -109,8 +110,7 @@ class LiveSocket:
             await self._send_error(err)
             await self._close(close_code(err))
             return
-        if (metrics := self.state.metrics) is not None:  # a container stream's tail comes with no frame: counted here
-            self.session.on_tail = metrics.observe_live_audio
+        count_tails(self.state, self.session)  # a container stream's tail comes with no frame: counted there
         try:
             await self._send(created_event(self.config, self.mode == "realtime", self.dialect, self.session.id,
                                            self.speech.model_name, self.frame_format))
