@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from audio.noise_reduction import KINDS as NOISE_KINDS
 from audio.pcm import PcmFormat
-from service.speech.config_error import ConfigError
+from service.speech.config_error import ConfigError, known_fields
 from service.speech.realtime_format import DEFAULT_RATE, InputEncoding, beta_format, ga_format, shown_beta, shown_ga
 from service.speech.transcription_fields import aggressiveness, joined_prompt, vad_options
 
@@ -149,7 +149,7 @@ class RealtimeConfig:
         return new
 
     def _apply_beta(self, s: dict[str, Any]) -> None:
-        _known(s, {"input_audio_format", "input_audio_transcription", "turn_detection", "include", "modalities",
+        known_fields(s, {"input_audio_format", "input_audio_transcription", "turn_detection", "include", "modalities",
                    "input_audio_noise_reduction", "client_secret"}, "session")
         if "input_audio_format" in s and s["input_audio_format"] is not None:
             self.encoding, self.rate = beta_format(s["input_audio_format"], "session.input_audio_format")
@@ -168,7 +168,7 @@ class RealtimeConfig:
             self._include(s["include"], "session.include")
 
     def _apply_ga(self, s: dict[str, Any]) -> None:
-        _known(s, {"type", "audio", "include"}, "session")
+        known_fields(s, {"type", "audio", "include"}, "session")
         if s.get("type") != "transcription":
             raise ConfigError("only transcription sessions are served: session.type must be 'transcription'",
                               "session.type")
@@ -176,12 +176,13 @@ class RealtimeConfig:
         if audio is not None:
             if not isinstance(audio, dict):
                 raise ConfigError("`audio` must be an object", "session.audio")
-            _known(audio, {"input"}, "session.audio")
+            known_fields(audio, {"input"}, "session.audio")
             inp = audio.get("input")
             if inp is not None:
                 if not isinstance(inp, dict):
                     raise ConfigError("`input` must be an object", "session.audio.input")
-                _known(inp, {"format", "transcription", "turn_detection", "noise_reduction"}, "session.audio.input")
+                known_fields(inp, {"format", "transcription", "turn_detection", "noise_reduction"},
+                             "session.audio.input")
                 if inp.get("format") is not None:
                     self.encoding, self.rate = ga_format(inp["format"], "session.audio.input.format")
                 if "noise_reduction" in inp:
@@ -199,7 +200,7 @@ class RealtimeConfig:
             return
         if not isinstance(nr, dict):
             raise ConfigError("`noise_reduction` must be an object or null", where)
-        _known(nr, {"type"}, where)
+        known_fields(nr, {"type"}, where)
         kind = nr.get("type")
         if kind not in NOISE_KINDS:
             raise ConfigError(f"noise reduction type {kind!r} is not available; use {' or '.join(NOISE_KINDS)} "
@@ -211,7 +212,7 @@ class RealtimeConfig:
             raise ConfigError("this session only transcribes; transcription cannot be turned off", where)
         if not isinstance(t, dict):
             raise ConfigError("`transcription` must be an object", where)
-        _known(t, {"model", "language", "prompt", "keywords", "languages", "delay"}, where)
+        known_fields(t, {"model", "language", "prompt", "keywords", "languages", "delay"}, where)
         for key in ("model", "language", "prompt"):
             if key in t and t[key] is not None and not isinstance(t[key], str):
                 raise ConfigError(f"{key} must be a string", f"{where}.{key}")
@@ -243,8 +244,8 @@ class RealtimeConfig:
             return
         if not isinstance(td, dict):
             raise ConfigError("`turn_detection` must be an object or null", where)
-        _known(td, {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
-                    "interrupt_response", "idle_timeout_ms", "eagerness"}, where)
+        known_fields(td, {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
+                          "interrupt_response", "idle_timeout_ms", "eagerness"}, where)
         current = self.turn_detection
         kind = td.get("type") or (current.type if current is not None else "server_vad")
         if kind not in ("server_vad", "semantic_vad"):
@@ -331,9 +332,3 @@ def _semantic(td: dict[str, Any], new: TurnDetection, where: str) -> TurnDetecti
         new.eagerness = eagerness
     new.silence_duration_ms = EAGERNESS_SILENCE_MS[new.eagerness]
     return new
-
-
-def _known(obj: dict[str, Any], keys: set[str], where: str) -> None:
-    unknown = sorted(set(obj) - keys)
-    if unknown:
-        raise ConfigError(f"unknown field {unknown[0]!r}", f"{where}.{unknown[0]}", code="unknown_parameter")

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from audio.pcm import G711_RATE
-from service.speech.config_error import ConfigError
+from service.speech.config_error import ConfigError, known_fields
 
 __all__ = ["InputEncoding", "DEFAULT_RATE", "BETA_NAMES", "ga_format", "beta_format", "shown_ga", "shown_beta"]
 
@@ -35,9 +35,7 @@ def ga_format(f: Any, where: str) -> tuple[InputEncoding, int]:
     """A GA format object's encoding and rate. Raises ConfigError naming the field under `where`."""
     if not isinstance(f, dict):
         raise ConfigError("`format` must be an object", where)
-    unknown = sorted(set(f) - {"type", "rate", "encoding"})
-    if unknown:
-        raise ConfigError(f"unknown field {unknown[0]!r}", f"{where}.{unknown[0]}", code="unknown_parameter")
+    known_fields(f, {"type", "rate", "encoding"}, where)
     kind = f.get("type", "audio/pcm")
     encoding = _GA_FORMATS.get(kind) if isinstance(kind, str) else None
     if encoding is None:
