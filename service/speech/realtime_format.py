@@ -11,9 +11,9 @@ in content-type form, `audio/pcm;rate=16000;encoding=s16le` (beta has no rate fi
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from audio.pcm import G711_RATE
+from audio.pcm import G711_RATE, MAX_RATE, MIN_RATE
 from service.speech.config_error import ConfigError, known_fields
 
 __all__ = ["InputEncoding", "DEFAULT_RATE", "BETA_NAMES", "ga_format", "beta_format", "shown_ga", "shown_beta"]
@@ -27,8 +27,7 @@ _BETA_FORMATS: dict[str, tuple[InputEncoding, int]] = {"pcm16": ("s16le", DEFAUL
 BETA_NAMES = tuple(_BETA_FORMATS)
 _GA_FORMATS: dict[str, InputEncoding] = {"audio/pcm": "s16le", "audio/pcmu": "ulaw", "audio/pcma": "alaw"}
 # `encoding` in a GA format, our extension: what /v1/audio/live's `?encoding=` takes, as its session.created shows it
-_PCM_ENCODINGS: tuple[InputEncoding, ...] = ("s16le", "f32le", "s16be", "ulaw", "alaw")
-_RATES = (8000, 48000)
+_PCM_ENCODINGS: tuple[InputEncoding, ...] = get_args(InputEncoding)
 
 
 def ga_format(f: Any, where: str) -> tuple[InputEncoding, int]:
@@ -49,8 +48,8 @@ def ga_format(f: Any, where: str) -> tuple[InputEncoding, int]:
     rate = f.get("rate", G711_RATE if encoding in ("ulaw", "alaw") else DEFAULT_RATE)
     if kind != "audio/pcm" and rate != G711_RATE:  # a rate beside G.711's types is only ever their own
         raise ConfigError(f"{kind} is {G711_RATE} Hz", f"{where}.rate")
-    if not isinstance(rate, int) or isinstance(rate, bool) or not _RATES[0] <= rate <= _RATES[1]:
-        raise ConfigError(f"rate must be an integer in {_RATES[0]}–{_RATES[1]} Hz", f"{where}.rate")
+    if not isinstance(rate, int) or isinstance(rate, bool) or not MIN_RATE <= rate <= MAX_RATE:
+        raise ConfigError(f"rate must be an integer in {MIN_RATE}–{MAX_RATE} Hz", f"{where}.rate")
     return encoding, rate
 
 
