@@ -6,9 +6,10 @@ taken first, in order. A WebM, Ogg or fragmented-MP4 stream is decoded as it arr
 so a chunk with no header continues it; any other file (WAV, mp3, flac, a non-fragmented MP4 whose index may come
 last...) is decoded whole, as /v1/audio/transcriptions does. A chunk with no header and no stream open is a clear 400:
 it looks like a browser's MediaRecorder timeslice whose first chunk never came (unless FFmpeg reads it whole all the
-same); one too short to tell its container by waits for the next. A chunk the session refused (a cap) after its stream
-consumed it is held: its retry, the same bytes, is taken from there, never fed twice (FFmpeg lost its place in the
-stream). A session's cancel races its worker thread: the open stream is swapped under a lock, and none opens after.
+same); one too short to tell its container by waits for the next (dropped when that one opens a stream itself, or
+raw PCM or the end comes). A chunk the session refused (a cap) after its stream consumed it is held: its retry, the
+same bytes, is taken from there, never fed twice (FFmpeg lost its place in the stream). A session's cancel races its
+worker thread: the open stream is swapped under a lock, and none opens after.
 """
 
 from __future__ import annotations
@@ -89,8 +90,11 @@ class ContainerChunks:
         with self._lock:
             if self._aborted:
                 raise SessionClosed("the session was closed; no more audio accepted")
+            short, self._short = self._short, b""
             if self._stream is None:
-                body, self._short = self._short + body, b""
+                if opens_stream(body):  # a stream starts afresh: the short chunk before was a stray
+                    short = b""
+                body = short + body
                 if len(body) < _SNIFF:
                     self._short = body  # the next chunk may complete its header
                     return np.zeros(0, np.float32)
@@ -113,7 +117,7 @@ class ContainerChunks:
             except AudioInputError as exc:
                 if starts or exc.code != "unsupported_or_corrupt_audio":
                     raise
-        raise self._headerless()
+        raise self._headerless(len(short))
 
     def held(self, body: bytes) -> np.ndarray | None:
         """The audio of the chunk refused last when `body` is that chunk again (its retry), else None: the refused
@@ -139,9 +143,10 @@ class ContainerChunks:
                          "carries its header")
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> np.ndarray:
-        """Close the open stream (none: nothing); returns its tail. Raises nothing."""
+        """Close the open stream (none: nothing; a short chunk held is dropped: what comes next is no more its rest);
+        returns its tail. Raises nothing."""
         with self._lock:
-            stream, self._stream = self._stream, None
+            stream, self._stream, self._short = self._stream, None, b""
             if stream is not None:
                 self._ended = f"its {STREAM_NAMES[stream.kind]} stream was closed"
         return np.zeros(0, np.float32) if stream is None else stream.close(timeout)
@@ -150,7 +155,7 @@ class ContainerChunks:
         """Stop the open stream's decoder, its tail dropped, and open none again (the session is gone). Raises
         nothing."""
         with self._lock:
-            self._aborted, self._held = True, None
+            self._aborted, self._held, self._short = True, None, b""
             stream, self._stream = self._stream, None
         if stream is not None:
             stream.abort()
@@ -175,10 +180,11 @@ class ContainerChunks:
             if self._stream is stream:
                 self._stream, self._ended = None, why
 
-    def _headerless(self) -> AudioInputError:
+    def _headerless(self, short: int = 0) -> AudioInputError:
         why = f" (no stream is open in this session: {self._ended})" if self._ended else ""
+        joined = f", read after the {short} bytes of the short chunk before it," if short else ""
         return AudioInputError(
-            "the chunk opens with no container header and continues no stream: it looks like a headerless "
+            f"the chunk{joined} opens with no container header and continues no stream: it looks like a headerless "
             f"continuation of a WebM, Ogg or MP4 stream (a MediaRecorder timeslice) whose first chunk, the one with "
             f"the header, was not received{why}. Send a recording's chunks in order from its first, or raw samples "
             "as audio/pcm", param=self._param, code="missing_stream_header")

@@ -9,7 +9,7 @@ fails, a 400 naming the file, never text from misread samples).
 
 from __future__ import annotations
 
-__all__ = ["container_kind"]
+__all__ = ["container_kind", "signature_start"]
 
 # (kind, offset, signature, offset of a second signature or -1, the second signatures it may be)
 _SIGNATURES: tuple[tuple[str, int, bytes, int, tuple[bytes, ...]], ...] = (
@@ -54,6 +54,18 @@ def container_kind(body: bytes) -> str | None:
         else:
             return kind
     return None
+
+
+def signature_start(body: bytes) -> bool:
+    """Whether `body` may be a fixed signature cut short (`RIFF` of `RIFF....WAVE`, a pipe's first read): shorter
+    than one needs, with at least one of its bytes, and each byte it has where it has one the same. Raises nothing."""
+    for _, at, signature, second_at, seconds in _SIGNATURES:
+        end = max(at + len(signature), second_at + 4)
+        if not at < len(body) < end or not signature.startswith(body[at:at + len(signature)]):
+            continue
+        if second_at < 0 or len(body) <= second_at or any(s.startswith(body[second_at:]) for s in seconds):
+            return True
+    return False
 
 
 def _mpeg_frame_length(h: bytes) -> int | None:

@@ -141,7 +141,8 @@ class HeadedPcm:
     def __init__(self, header: PcmHeader, param: str = "body") -> None:
         self.format = header.pcm_format(param)
         self.left = header.length  # bytes of samples still to come (None: all that come)
-        self.trailing = header.trailing  # bytes of the file after its samples still to come (None: all that come)
+        self.trailing = header.trailing  # bytes of the file after its samples still to come (None: not known)
+        self._pad = (header.length or 0) & 1  # the byte that pads odd samples before a trailing chunk
         self._held = b""
 
     @property
@@ -158,10 +159,12 @@ class HeadedPcm:
         """Hand `piece`'s whole samples (after the partial one the piece before left) to `take`, when there are any;
         returns what of `piece` comes after the whole file (b"" while it goes on). Raises what `take` raises, and
         then is as before the piece (the piece may be sent again)."""
-        left, held, trailing, past = self.left, self._held, self.trailing, b""
+        left, held, trailing, past, after = self.left, self._held, self.trailing, b"", b""
         if left is not None:
             piece, after = piece[:max(0, left)], piece[max(0, left):]
             left -= len(piece)
+            if after and trailing is None and not _chunk_id(after[self._pad:self._pad + 4]):
+                trailing = 0  # a file of unknown size ends at the first piece after its samples that is no chunk
             if after and trailing is not None:
                 past, trailing = after[trailing:], max(0, trailing - len(after))
         data = held + piece
@@ -170,4 +173,11 @@ class HeadedPcm:
         if cut:
             take(data[:cut])
         self.left, self._held, self.trailing = left, data[cut:], trailing
+        if after:
+            self._pad = 0
         return past
+
+
+def _chunk_id(four: bytes) -> bool:
+    """Whether `four` is a RIFF chunk's id (LIST, id3 , bext...): four printable ASCII characters. Raises nothing."""
+    return len(four) == 4 and all(0x20 <= b < 0x7F for b in four)

@@ -245,8 +245,8 @@ class LiveSession(SessionPump):
 
     def _close_stream_here(self) -> None:
         """Close the open container stream on the event loop and take its tail (a starved decoder flushes in a few
-        ms); none while a chunk is being decoded into it (finish() closes it after that chunk). Raises nothing."""
-        if self._containers.open and not self._decoding.locked():
+        ms), a short chunk it held dropped; none while a chunk is decoded (finish() closes after it). Raises nothing."""
+        if not self._decoding.locked():
             self._take_tail(self._containers.close(_LOOP_CLOSE_TIMEOUT))
 
     def _take_tail(self, tail: np.ndarray) -> None:

@@ -109,6 +109,40 @@ def test_a_first_chunk_too_short_to_tell_its_container_waits_for_the_next() -> N
     np.testing.assert_array_equal(np.concatenate(got), decode_container(data))
 
 
+def test_a_stray_short_chunk_is_dropped_by_a_next_one_that_opens_a_stream() -> None:
+    # a 3-byte blob glued itself in front of the next stream's header chunk: it and every chunk after it refused
+    data = encode("ogg", tone(1.0))
+    chunks = ContainerChunks()
+    assert chunks.decode(b"\x00\x01\x02").size == 0
+    got = [taken(chunks, p) for p in pieces(data, 4)]
+    got.append(chunks.close())
+    np.testing.assert_array_equal(np.concatenate(got), decode_container(data))
+
+
+def test_a_short_chunk_and_the_next_that_make_no_stream_are_refused_saying_so() -> None:
+    chunks = ContainerChunks()
+    assert chunks.decode(b"\x00\x01\x02").size == 0
+    with pytest.raises(AudioInputError, match="after the 3 bytes of the short chunk before it") as refused:
+        chunks.decode(pieces(encode("webm", tone(1.0)), 4)[2])
+    assert refused.value.code == "missing_stream_header"
+
+
+def test_a_short_chunk_held_is_dropped_at_close_and_abort() -> None:
+    # raw PCM appended meanwhile closes (audio/sessions.py _close_stream_here): the next chunk is no more its rest
+    webm = encode("webm", tone(1.0))
+    for end in ("close", "abort"):
+        chunks = ContainerChunks()
+        assert chunks.decode(webm[:3]).size == 0
+        getattr(chunks, end)()
+        assert chunks._short == b""
+    chunks = ContainerChunks()
+    chunks.decode(webm[:3])
+    chunks.close()
+    with pytest.raises(AudioInputError) as refused:
+        chunks.decode(webm[3:])
+    assert refused.value.code == "missing_stream_header"
+
+
 def test_an_abort_under_a_feed_is_the_session_closed_and_no_stream_opens_after(monkeypatch: pytest.MonkeyPatch) -> None:
     # the session's cancel (the event loop) raced its worker thread: a 500, or a new decoder thread no one stopped
     parts = pieces(encode("webm", tone(1.0)), 4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from audio.containers import container_kind
+from audio.containers import container_kind, signature_start
 from audio.pcm import reads_as_raw_pcm
 from tests.audio.test_pcm import _encode, _wav, sine
 
@@ -70,3 +70,13 @@ def test_noise_is_no_container() -> None:
     heads = [rng.integers(0, 256, 4096, dtype=np.uint8).tobytes() for _ in range(2000)]
     heads += [b"\xff\xfb" + h[2:] for h in heads[:500]]  # a frame sync first: its next header is noise
     assert all(container_kind(h) is None for h in heads)
+
+
+@pytest.mark.parametrize("body, start", [
+    (b"R", True), (b"RIFF", True), (b"RIFF\xff\xff\xff\xffWAV", True), (b"RF64", True), (b".sn", True),
+    (b"\x1a\x45\xdf", True), (b"\0\0\0\x18fty", True), (b"Og", True),
+    (b"RIFF\xff\xff\xff\xffWAVE", False),  # whole: container_kind knows it
+    (b"RIFF\xff\xff\xff\xffAVI", False), (b"RIFX", False), (b"\0\0\0", False), (b"", False), (b"\x01\x02", False)])
+def test_a_signature_cut_short_is_told(body: bytes, start: bool) -> None:
+    # a pipe's first read may end inside `RIFF....WAVE`: the piece waits for the rest (audio/piped_pcm.py)
+    assert signature_start(body) is start

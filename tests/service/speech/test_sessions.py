@@ -175,6 +175,36 @@ def test_a_wav_or_au_piped_in_chunks_is_pcm_in_its_headers_format_whatever_the_c
     assert _finished(keyless, sid) == pytest.approx(1.5, abs=0.01)
 
 
+@pytest.mark.parametrize("first", [4, 11])
+def test_a_piped_wavs_first_chunk_shorter_than_its_signature_waits_for_the_rest(keyless: TestClient[Any],
+                                                                               first: int) -> None:
+    # `RIFF` alone: the next chunk was decoded as a whole file, then every chunk refused missing_stream_header
+    data = piped("wav", "pcm_s16le", wave_tone(1.5, 16000), 16000)
+    sid, answers = _chunks(keyless, [data[:first], *cut(data[first:], 8000)], "audio/wav")
+    assert [r.status_code for r in answers] == [200] * len(answers), [r.text for r in answers if r.status_code != 200]
+    assert _finished(keyless, sid) == pytest.approx(1.5, abs=0.01)
+
+
+def test_a_stray_short_blob_does_not_refuse_the_stream_after_it(keyless: TestClient[Any]) -> None:
+    # a 3-byte audio/webm POST was glued in front of the next recording's header chunk: it and all after it a 400
+    data = encode("webm", tone(2.0))
+    sid, answers = _chunks(keyless, [b"\x00\x01\x02", *pieces(data, 8)], BLOB_TYPES["webm"])
+    assert [r.status_code for r in answers] == [200] * len(answers), [r.text for r in answers if r.status_code != 200]
+    assert _finished(keyless, sid) == pytest.approx(len(decode_container(data)) / SAMPLE_RATE, abs=1e-3)
+
+
+def test_raw_pcm_after_a_short_blob_ends_its_wait(keyless: TestClient[Any]) -> None:
+    # the short blob held was glued onto the next container chunk whatever came between
+    data = encode("webm", tone(1.0))
+    sid, answers = _chunks(keyless, [data[:5]], BLOB_TYPES["webm"])
+    raw = keyless.post(f"/v1/audio/sessions/{sid}/audio", content=_s16le(0.5),
+                       headers={"content-type": "audio/pcm;encoding=s16le"})
+    rest = keyless.post(f"/v1/audio/sessions/{sid}/audio", content=data[5:], headers={"content-type": "audio/webm"})
+    assert [answers[0].status_code, raw.status_code, rest.status_code] == [200, 200, 400]
+    assert rest.json()["error"]["code"] == "missing_stream_header" and "short chunk" not in rest.text
+    assert _finished(keyless, sid) == pytest.approx(0.5, abs=0.01)
+
+
 def test_a_piped_wav_ends_where_its_header_says_and_a_new_header_starts_the_next(keyless: TestClient[Any]) -> None:
     whole = wav_bytes(wave_tone(1.0, 22050), 22050)  # sizes known, then a trailing LIST chunk as some editors write
     comment = b"recorded at the meeting " * 170  # 4080 bytes: read as samples, 0.09 s of noise

@@ -77,6 +77,15 @@ def test_the_header_says_how_the_frames_after_it_are_read_whatever_the_query(cli
     assert events[-1]["received_seconds"] == pytest.approx(1.5, abs=0.01)
 
 
+@pytest.mark.parametrize("first", [4, 11])
+def test_a_first_frame_shorter_than_the_wav_signature_waits_for_the_rest(client: TestClient[Any], first: int) -> None:
+    # `RIFF` alone was read as f32le and every frame after it refused
+    data = piped("wav", "pcm_s16le", wave_tone(1.5, 16000), 16000)
+    events = streamed(client, [data[:first], *cut(data[first:], 3200)], "&rate=16000")
+    assert errors(events) == []
+    assert events[-1]["received_seconds"] == pytest.approx(1.5, abs=0.01)
+
+
 def test_a_wav_sent_in_pieces_ends_where_its_header_says_and_a_new_header_starts_the_next(
         client: TestClient[Any]) -> None:
     buf = io.BytesIO()
