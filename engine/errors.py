@@ -15,6 +15,7 @@ __all__ = [
     "EngineClosed",
     "NoChatModel",
     "ModelNotFound",
+    "ModelUnsupported",
     "MemoryAdmission",
     "TaskRejected",
     "QueueFull",
@@ -56,6 +57,11 @@ class NoChatModel(EngineError, RuntimeError):
 
 class ModelNotFound(EngineError):
     """No model matches the spec; the message says how to get one."""
+
+
+class ModelUnsupported(EngineError, ValueError):
+    """A checkpoint this engine cannot serve as it is (a quantization, a RoPE form, a memory budget that cannot hold
+    it); the message names the config field or setting at fault."""
 
 
 class MemoryAdmission(EngineError):

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from engine.adapters import AppliedAdapter, apply_adapter, check_adapter_dir
+from engine.checkpoint_checks import checked_overrides, read_config
 from engine.errors import ModelNotFound
 from engine.generation_config import generation_eos_ids, sampling_defaults
 from engine.harmony import add_harmony_stops
@@ -202,8 +203,9 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.
     # A replaced template goes in as the tokenizer's own, before mlx-lm infers its think and tool-call markers.
     extra = {"chat_template": chat_template} if chat_template is not None else None
-    model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]",
-                                    load(str(directory), tokenizer_config=extra, return_config=True))
+    overrides = checked_overrides(read_config(directory))  # before the build: what mlx-lm would misread, or refuse
+    model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]", load(
+        str(directory), tokenizer_config=extra, model_config=overrides or None, return_config=True))
     if (eos := generation_eos_ids(directory)) is not None:
         # mlx-lm skips a falsy eos_token_id (`0`) there and keeps config.json's: every id it names stops a reply.
         config["eos_token_id"] = eos

@@ -54,11 +54,17 @@ def _checked_gguf(name: str, path: Path) -> int:
 
 
 def _check_hf_dir(name: str, path: Path) -> None:
+    from engine.checkpoint_checks import checked_overrides
+    from engine.errors import ModelUnsupported
     from service.engines import broken_model_file
 
     # Headers only: an empty or truncated download is one line here, not a worker that starts and fails.
     if (problem := broken_model_file(path)) is not None:
         raise CLIError(f"cannot load model {name}: {problem}")
+    try:  # a quantization or RoPE form the load would refuse, refused before the banner
+        checked_overrides(_config(path))
+    except ModelUnsupported as exc:
+        raise CLIError(f"cannot load model {name}: {exc}") from None
     if (layout := _whisper_layout(path)) is not None:
         raise CLIError(f"{path} is a Whisper model ({layout}), not a chat model: serve it alone for transcription "
                        "only, or pass it as --whisper-model beside a chat model"

@@ -105,3 +105,19 @@ def test_a_whisper_checkpoint_with_a_file_this_user_cannot_read(how: str, tiny_l
     err = _one_line(capsys.readouterr().err)
     assert err.startswith("tandem: could not load") and f"{whisper / 'weights.safetensors'}" in err, err
     assert "PermissionError" in err and served == []
+
+
+def test_a_checkpoint_the_load_would_refuse_is_refused_before_the_banner(tiny_llm_dir: Path, tmp_path: Path,
+                                                                         served: list[object],
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # a transformers-5 rope_parameters form no mlx-lm field takes: one line naming it, the port never bound
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    for f in tiny_llm_dir.iterdir():
+        (odd / f.name).write_bytes(f.read_bytes())
+    config = json.loads((tiny_llm_dir / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "rope_parameters": {"chunked_attention": {}}}))
+    assert main(_serve(str(odd))) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "cannot load model odd" in err and "rope_parameters" in err, err
+    assert served == []

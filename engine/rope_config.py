@@ -1,0 +1,107 @@
+"""A checkpoint's RoPE settings, as mlx-lm's model modules read them, and the context they give.
+
+transformers 5 writes `rope_parameters: {rope_type, factor, ..., rope_theta}` (per layer type for models with
+sliding and full attention) and drops the top-level `rope_theta` and `rope_scaling`; most mlx-lm modules (llama, phi3,
+gemma3, qwen2, ...) read only those, so a v5 config loaded with theta 10,000 and no scaling, silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from engine.errors import ModelUnsupported
+
+__all__ = ["rope_overrides", "scaled_context"]
+
+# transformers 5's layer-type keys of a nested `rope_parameters`, and the mlx-lm args fields each maps to (theta,
+# scaling); a sliding layer's scaling has no field: mlx-lm's sliding layers use plain RoPE.
+_LAYER_FIELDS = {"full_attention": ("rope_theta", "rope_scaling"), "sliding_attention": ("rope_local_base_freq", None)}
+
+
+def rope_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """The config.json fields to add so that the mlx-lm module of `config` reads the RoPE its `rope_parameters` says
+    (a nested `text_config` is returned whole, updated); empty when nothing is to add. Never overrides a field the
+    config has. Raises ModelUnsupported naming `rope_parameters` for a form that maps to no field the module reads."""
+    out = _overrides(config, _args_fields(config))
+    text = config.get("text_config")
+    if isinstance(text, dict) and text.get("rope_parameters") is not None:
+        fields = _args_fields(text) if "model_type" in text else None
+        if inner := _overrides(text, fields):
+            out["text_config"] = {**text, **inner}
+    return out
+
+
+def _overrides(config: dict[str, Any], fields: set[str] | None) -> dict[str, Any]:
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict) or not params:
+        return {}
+    if fields is not None and "rope_parameters" in fields:
+        return {}  # this module reads rope_parameters itself (qwen3, gemma4_text, ministral3, ...)
+    nested = {k: v for k, v in params.items() if isinstance(v, dict)}
+    if not nested:
+        return _flat(config, params)
+    unknown = sorted(set(nested) - set(_LAYER_FIELDS))
+    if unknown or len(nested) != len(params):
+        raise ModelUnsupported(f"config.json's rope_parameters is nested by {', '.join(sorted(params))}: only "
+                               "full_attention and sliding_attention map to fields mlx-lm reads")
+    out = _flat(config, nested["full_attention"]) if "full_attention" in nested else {}
+    sliding = nested.get("sliding_attention")
+    if sliding is not None:
+        if _rope_type(sliding) != "default":
+            raise ModelUnsupported(f"config.json's rope_parameters.sliding_attention asks for {_rope_type(sliding)} "
+                                   "RoPE: mlx-lm's sliding-window layers run plain RoPE only")
+        theta = sliding.get("rope_theta")
+        if fields is not None and "rope_local_base_freq" not in fields:
+            # The module runs every layer with rope_theta: only a sliding theta equal to the full one maps.
+            full_theta = out.get("rope_theta", config.get("rope_theta"))
+            if theta is not None and full_theta is not None and theta != full_theta:
+                raise ModelUnsupported("config.json's rope_parameters gives sliding_attention layers a rope_theta of "
+                                       f"{theta} and full_attention ones {full_theta}: the mlx-lm "
+                                       f"{config.get('model_type')} module has one rope_theta for both")
+        elif theta is not None and "rope_local_base_freq" not in config:
+            out["rope_local_base_freq"] = theta
+    return out
+
+
+def _flat(config: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "rope_theta" not in config and params.get("rope_theta") is not None:
+        out["rope_theta"] = params["rope_theta"]
+    if "partial_rotary_factor" not in config and params.get("partial_rotary_factor") is not None:
+        out["partial_rotary_factor"] = params["partial_rotary_factor"]
+    if config.get("rope_scaling") is None and (kind := _rope_type(params)) != "default":
+        scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
+        # Both spellings: initialize_rope reads "type" first, phi3's args read only "type".
+        out["rope_scaling"] = {**scaling, "type": kind, "rope_type": kind}
+    return out
+
+
+def _rope_type(params: dict[str, Any]) -> str:
+    return str(params.get("rope_type") or params.get("type") or "default")
+
+
+def _args_fields(config: dict[str, Any]) -> set[str] | None:
+    """The fields of the ModelArgs of the mlx-lm module `config` names; None when it names none mlx-lm has."""
+    try:
+        from mlx_lm.utils import _get_classes
+
+        _, args = _get_classes(config)
+        return {f.name for f in dataclasses.fields(args)}
+    except Exception:  # no such module, or args that are no dataclass: mlx-lm's own load says so
+        return None
+
+
+def scaled_context(config: dict[str, Any], length: int) -> int:
+    """The context `length` (max_position_embeddings) extended by config.json's rope_scaling, by vLLM's rule
+    (_get_and_verify_max_len): su/longrope/llama3 already count it; yarn gives original_max_position_embeddings x
+    factor, linear and dynamic max_position_embeddings x factor. Raises nothing."""
+    scaling = config.get("rope_scaling") or (config.get("text_config") or {}).get("rope_scaling")
+    if not isinstance(scaling, dict):
+        return length
+    kind = _rope_type(scaling)
+    factor = scaling.get("factor")
+    if kind in ("su", "longrope", "llama3", "default", "mrope") or not isinstance(factor, (int, float)):
+        return length
+    base = scaling.get("original_max_position_embeddings", length) if kind == "yarn" else length
+    return int(base * factor) if isinstance(base, int) and factor > 1 else length
