@@ -93,6 +93,7 @@ class LiveSocket:
         self._replies: dict[str, dict[str, Any]] = {}  # replies waiting for their mark in the session's log
         self._reply_ids = itertools.count()
         self._writer_done = False  # the log's writer has ended: replies go out directly
+        self._written = anyio.Event()  # set once the writer ended, every reply owed before then sent
         self._stopping = False  # the server drains: nothing more is taken
         self._ended = anyio.Event()  # the socket was closed (by us)
         self._took_audio = False  # the message being handled gave the session audio
@@ -247,9 +248,11 @@ class LiveSocket:
         try:
             t = await self.session.finish()
         except Exception as exc:  # sent before the close, not queued behind it (draining: cancelled past the timeout)
+            await self._written.wait()  # the errors owed for the frames before it go first
             await self._send_error(shutting_down() if self._stopping else as_api_error(exc), reply=False)
             await self._close(1001 if self._stopping else 1011)
             return
+        await self._written.wait()  # the log is over: the errors owed for the frames before it go out first
         self._partial_due.set()
         await self._send(done_event(self.session, t))
         if self._stopping:
@@ -272,6 +275,12 @@ class LiveSocket:
 
     # ---- writing -------------------------------------------------------------------------------
     async def _write_events(self, scope: anyio.CancelScope) -> None:
+        try:
+            await self._write_log(scope)
+        finally:
+            self._written.set()
+
+    async def _write_log(self, scope: anyio.CancelScope) -> None:
         session = self.session
         assert session is not None
         try:
@@ -288,16 +297,14 @@ class LiveSocket:
                 elif ev.type in ("committed", "tentative"):
                     self._partial_due.set()
         except GONE as exc:  # --isolate: the engine process, and the session in it, died or was shut down
+            await self._flush_replies()  # their marks will not come: owed all the same, before the close
             if self._stopping:  # a graceful stop, not a crash: as without --isolate
                 await self._end(shutting_down(), 1001)
             else:
                 err = api_error(exc)
                 await self._end(err, close_code(err))  # 1013: a new session works once the engine is back
             return
-        while self._replies:  # the log is over: what is still owed goes out now, in order (a reply meanwhile too)
-            await self._send(self._replies.pop(next(iter(self._replies))))
-            self._reply_sent()
-        self._writer_done = True
+        await self._flush_replies()
         if self._stopping and self.mode == "realtime":  # the server drains: the transcript above was the last
             await self._end(shutting_down(), 1001)
         elif (why := expiry(session)) is not None:
@@ -308,6 +315,13 @@ class LiveSocket:
         elif session.error is not None and self.mode == "realtime":
             await self._end(api_error(session.error) if typed(session.error) else
                             APIError(500, f"transcription failed: {session.error}", type="server_error"), 1011)
+
+    async def _flush_replies(self) -> None:
+        """The log is over: what is owed goes out now, in order (a reply meanwhile too). Raises _ClientGone."""
+        while self._replies:
+            await self._send(self._replies.pop(next(iter(self._replies))))
+            self._reply_sent()
+        self._writer_done = True
 
     async def _end(self, err: APIError, code: int) -> None:
         """End the socket with `err`: first each committed item whose transcript will not come gets its `failed`

@@ -846,6 +846,53 @@ def test_binary_frames_bad_text_and_a_late_transcript(client: TestClient[Any]) -
     assert events[-1]["received_seconds"] == pytest.approx(1.0)  # the audio before the bad frames was kept
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_errors_of_frames_before_a_finish_all_come_before_the_transcript(client: TestClient[Any],
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          fails: bool) -> None:
+    # Bad frames then a finish at once lost some of their errors (7 of 10): the transcript (or the finish's own
+    # error) and the close went out while the log's writer still held them. Here the writer reads the log only once
+    # the finish has returned.
+    from audio.errors import SessionClosed
+    from audio.sessions import LiveSession
+
+    gates: list[anyio.Event] = []  # made on the event loop, by whichever of the two comes first
+
+    def gate() -> anyio.Event:
+        gates[:] = gates or [anyio.Event()]
+        return gates[0]
+
+    events, finish = LiveSession.events, LiveSession.finish
+
+    async def late_events(self: LiveSession, start: int = 0) -> Any:
+        await gate().wait()
+        async for ev in events(self, start):
+            yield ev
+
+    async def finish_then_open(self: LiveSession) -> Any:
+        t = await finish(self)
+        gate().set()
+        if fails:
+            raise SessionClosed("the session failed at its end")
+        return t
+
+    monkeypatch.setattr(LiveSession, "events", late_events)
+    monkeypatch.setattr(LiveSession, "finish", finish_then_open)
+    with client.websocket_connect("/v1/audio/live?rate=16000&encoding=s16le&interval=0") as ws:
+        ws.receive_json(timeout=30)
+        for _ in range(5):
+            ws.send_bytes(b"\x01\x02\x03")  # not whole s16le samples
+        ws.send_text('{"type": "finish"}')
+        got = []
+        with pytest.raises(WebSocketDisconnect) as closed:
+            while True:
+                got.append(ws.receive_json(timeout=30))
+    last = ("error", "session_closed") if fails else ("transcript.done", None)
+    assert [(e["type"], e.get("code")) for e in got if e["type"] != "transcript.partial"] == [
+        ("error", "invalid_pcm_length")] * 5 + [last]
+    assert closed.value.code == (1011 if fails else 1000)
+
+
 def test_a_full_house_is_refused_never_evicted(client: TestClient[Any], state: AppState,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     speech = state.speech
@@ -909,6 +956,39 @@ def test_a_session_opened_while_the_engine_process_restarts_gets_an_error_and_tr
         assert event["type"] == "error" and event["error"]["code"] == "engine_restarting"
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json(timeout=30)
+    assert closed.value.code == 1013
+
+
+def test_replies_owed_when_the_engine_process_dies_go_out_before_its_error(client: TestClient[Any],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # --isolate: the session's log ended with the engine process while error replies waited for their marks in it;
+    # the socket closed without them. The log here is never read and ends (EngineRestarting) at the client's clear.
+    from audio.sessions import LiveSession
+
+    gates: list[anyio.Event] = []
+
+    def gate() -> anyio.Event:
+        gates[:] = gates or [anyio.Event()]
+        return gates[0]
+
+    async def dying_events(self: LiveSession, start: int = 0) -> Any:
+        await gate().wait()
+        raise EngineRestarting("The engine process is restarting; try again shortly.", retry_after=10)
+        yield  # an async generator, as the log's reader takes it
+
+    monkeypatch.setattr(LiveSession, "events", dying_events)
+    monkeypatch.setattr(LiveSession, "clear", lambda self: gate().set())
+    with client.websocket_connect("/v1/realtime?intent=transcription", headers=BETA) as ws:
+        ws.receive_json(timeout=30)
+        for n in range(3):
+            ws.send_text(json.dumps({"type": "bogus", "event_id": f"e{n}"}))
+        ws.send_text(json.dumps({"type": "input_audio_buffer.clear"}))
+        got = []
+        with pytest.raises(WebSocketDisconnect) as closed:
+            while True:
+                got.append(ws.receive_json(timeout=30)["error"])
+    assert [(e["code"], e["event_id"]) for e in got] == [("unknown_event", f"e{n}") for n in range(3)] + [
+        ("engine_restarting", None)]
     assert closed.value.code == 1013
 
 
