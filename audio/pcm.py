@@ -17,6 +17,7 @@ import soxr
 from audio.containers import container_kind
 from audio.errors import AudioInputError
 from audio.g711 import decode_g711
+from audio.pcm_parameters import split_content_type, whole_number
 
 if TYPE_CHECKING:
     from av import AudioFrame, AudioStream
@@ -125,17 +126,11 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
     `audio/(x-)mulaw` μ-law, `audio/pcma` and `audio/(x-)alaw` A-law, an `encoding` naming another refused; a G.711
     encoding's rate defaults to 8000). Raises AudioInputError for a bad rate, encoding or channel count, an encoding
     its type contradicts, or a parameter it does not know (never silently read as the default)."""
-    mime, *params = (content_type or "audio/pcm").split(";")
-    values: dict[str, str] = {}
-    for part in params:
-        key, _, value = part.partition("=")
-        if key.strip():
-            values[key.strip().lower()] = value.strip().strip('"').lower()
+    mime, values = split_content_type(content_type or "audio/pcm")
     if unknown := sorted(set(values) - _PCM_PARAMETERS):
         raise AudioInputError(f"content-type parameter {_shown(unknown[0])} is not supported (rate, encoding, "
                               "channels)",
                               param=unknown[0][:60], code="invalid_content_type")
-    mime = mime.strip().lower()
     encoding = _ENCODING_ALIASES.get(values.get("encoding", _DEFAULT_ENCODINGS.get(mime, "f32le")))
     if encoding is None:
         raise AudioInputError(f"PCM encoding {_shown(values.get('encoding', ''))} is not supported (use f32le, s16le, "
@@ -146,12 +141,12 @@ def parse_pcm_content_type(content_type: str | None) -> PcmFormat:
         raise AudioInputError(f"encoding={_shown(values['encoding'])} contradicts {mime}, which is "
                               f"{'μ-law' if named == 'ulaw' else 'A-law'} (encoding={named}): leave encoding out, or "
                               f"send audio/pcm;encoding={encoding}", param="encoding", code="invalid_content_type")
-    try:
-        rate = int(values.get("rate", G711_RATE if encoding in ("ulaw", "alaw") else SAMPLE_RATE))
-        channels = int(values.get("channels", 1))
-    except ValueError:
-        raise AudioInputError(f"bad PCM parameters in content-type {_shown(content_type or '')}", param="content-type",
-                              code="invalid_content_type") from None
+    rate = whole_number(values.get("rate", str(G711_RATE if encoding in ("ulaw", "alaw") else SAMPLE_RATE)))
+    channels = whole_number(values.get("channels", "1"))
+    if rate is None or channels is None:  # ASCII digits only: int() also read `٤٤١٠٠`, `+8000` and `8_000`
+        bad = "rate" if rate is None else "channels"
+        raise AudioInputError(f"{bad}={_shown(values[bad])} is not a number of at most 9 digits", param=bad,
+                              code="invalid_content_type")
     if not MIN_RATE <= rate <= MAX_RATE:
         raise AudioInputError(f"sample rate {rate} Hz is outside {MIN_RATE}–{MAX_RATE} Hz", param="rate",
                               code="unsupported_sample_rate")

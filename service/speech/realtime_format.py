@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
+from audio.errors import AudioInputError
 from audio.pcm import G711_RATE, MAX_RATE, MIN_RATE
+from audio.pcm_parameters import split_content_type, whole_number
 from service.speech.config_error import ConfigError, known_fields
 
 __all__ = ["InputEncoding", "DEFAULT_RATE", "BETA_NAMES", "ga_format", "beta_format", "shown_ga", "shown_beta"]
@@ -58,18 +60,18 @@ def beta_format(value: Any, where: str) -> tuple[InputEncoding, int]:
     (`audio/pcm;rate=16000;encoding=f32le`, what shown_beta writes). Raises ConfigError naming `where`."""
     if isinstance(value, str) and value in _BETA_FORMATS:
         return _BETA_FORMATS[value]
-    if not (isinstance(value, str) and value.startswith("audio/")):
+    if not (isinstance(value, str) and value.lower().startswith("audio/")):
         raise ConfigError(f"input_audio_format {value!r} is not supported; use {', '.join(_BETA_FORMATS)} (or a "
                           "format as `audio/pcm;rate=16000;encoding=s16le`)", where)
-    kind, *params = value.split(";")
-    fields: dict[str, Any] = {"type": kind.strip()}
-    for param in params:
-        key, _, text = param.partition("=")
-        fields[key.strip()] = int(text) if key.strip() == "rate" and text.strip().isdigit() else text.strip()
-    try:
+    try:  # read as the HTTP routes read a Content-Type (audio/pcm.py): a trailing `;`, quotes, no repeats
+        kind, params = split_content_type(value)
+        fields: dict[str, Any] = {"type": kind, **params}
+        if "rate" in params and (rate := whole_number(params["rate"])) is not None:  # else ga_format refuses it
+            fields["rate"] = rate
         return ga_format(fields, where)
-    except ConfigError as exc:  # the string is one field: named whole, the message says which part
-        raise ConfigError(f"input_audio_format {value[:80]!r}: {exc.message}", where, exc.code) from None
+    except (ConfigError, AudioInputError) as exc:  # the string is one field: named whole, the message says which part
+        code = exc.code if isinstance(exc, ConfigError) else "invalid_value"
+        raise ConfigError(f"input_audio_format {value[:80]!r}: {exc.message}", where, code) from None
 
 
 def shown_ga(encoding: InputEncoding, rate: int) -> dict[str, Any]:

@@ -97,6 +97,10 @@ def test_an_encoding_its_g711_type_contradicts_is_refused(ct: str) -> None:
     ("audio/pcm;rate=abc", "invalid_content_type"),
     ("audio/pcm;encoding=u8", "invalid_content_type"),
     ("audio/pcm;rate=16000;samplerate=48000", "invalid_content_type"),  # not read as 16 kHz in silence
+    ("audio/pcm;rate=16000;rate=8000", "invalid_content_type"),  # was read as 8 kHz: the last one won
+    ("audio/pcm;rate=١٦٠٠٠", "invalid_content_type"),  # Arabic-Indic digits: int() read them as 16000
+    ("audio/pcm;rate=16_000", "invalid_content_type"),
+    ("audio/pcm;channels=+2", "invalid_content_type"),
 ])
 def test_parse_content_type_rejects(ct: str, code: str) -> None:
     with pytest.raises(AudioInputError) as err:

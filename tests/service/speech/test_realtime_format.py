@@ -55,7 +55,10 @@ def test_beta_names_a_format_it_has_a_name_for_and_writes_any_other_as_a_content
                                          ("audio/pcm;rate=fast", "rate must be"), ("audio/pcm;encoding=mp3",
                                                                                    "encoding must be"),
                                          ("audio/pcmu;rate=16000", "8000 Hz"), ("audio/pcm;bits=16", "unknown field"),
-                                         ("audio/flac", "not supported"), (16000, "is not supported")])
+                                         ("audio/flac", "not supported"), (16000, "is not supported"),
+                                         ("audio/pcm;rate=16000;rate=8000", "'rate' is given twice"),  # the last won
+                                         ("audio/pcm;rate=٤٤١٠٠", "rate must be"),  # read as 44100
+                                         ("audio/pcm;rate=44_100", "rate must be")])
 def test_a_beta_format_that_cannot_be_honoured_is_refused_naming_the_field(value: Any, says: str) -> None:
     with pytest.raises(ConfigError) as refused:
         RealtimeConfig.initial().updated({"input_audio_format": value}, "beta")
@@ -66,3 +69,12 @@ def test_a_beta_content_type_without_a_rate_or_encoding_is_what_ga_s_format_mean
     # GA's audio/pcm: s16le at 24 kHz unless named (not the HTTP routes' f32le at 16 kHz)
     assert RealtimeConfig.initial().updated({"input_audio_format": "audio/pcm"}, "beta").pcm_format == \
         PcmFormat(24000, "s16le")
+
+
+@pytest.mark.parametrize("value", ["audio/pcm;rate=16000;encoding=s16le;", 'audio/pcm;rate="16000";encoding=s16le',
+                                   "Audio/PCM; Rate=16000; Encoding=S16LE"])
+def test_a_beta_content_type_is_read_as_the_http_routes_read_one(value: str) -> None:
+    # A trailing `;` was refused as "unknown field ''" and a quoted rate as not a number; parse_pcm_content_type
+    # (the HTTP routes' Content-Type) takes both.
+    assert RealtimeConfig.initial().updated({"input_audio_format": value}, "beta").pcm_format == \
+        PcmFormat(16000, "s16le")
