@@ -34,6 +34,7 @@ from service.chat.vllm_fields import min_tokens_within_max, no_top_k
 
 __all__ = [
     "MAX_CHOICES",
+    "MAX_STOP_STRINGS",
     "TextPart",
     "RefusalPart",
     "FunctionCall",
@@ -53,6 +54,9 @@ __all__ = [
 # Choices in one request (n, and a text completion's prompts times n): each is a row, and one request must not take
 # the whole queue.
 MAX_CHOICES = 64
+# Stop strings a request may give. OpenAI takes 4, vLLM and llama.cpp any number; FIM clients (Continue: a template's
+# special tokens, blank lines, a language's keywords, the user's own) send 14-20. Each is matched on every token.
+MAX_STOP_STRINGS = 64
 
 
 class ChatMessage(_Request):
@@ -215,8 +219,8 @@ class SamplingFields(_Body):
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(stop, list) and len(stop) > 16:
-            raise ValueError("at most 16 stop strings")
+        if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings")
         return stop
 
     @field_validator("logit_bias")

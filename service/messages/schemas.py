@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from service.chat.schemas import TOOL_NAME, _Body, _Request, unread_parts_refused
+from service.chat.schemas import MAX_STOP_STRINGS, TOOL_NAME, _Body, _Request, unread_parts_refused
 from service.chat.schemas import CacheControl as ChatCacheControl
 
 __all__ = ["AnthropicCacheControl", "TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock",
@@ -351,8 +351,8 @@ class MessagesRequest(CountTokensRequest):
     @field_validator("stop_sequences")
     @classmethod
     def _few_stops(cls, stops: list[str] | None) -> list[str] | None:
-        if stops is not None and len(stops) > 16:  # chat's limit: each is matched on every token
-            raise ValueError("at most 16 stop sequences")
+        if stops is not None and len(stops) > MAX_STOP_STRINGS:  # chat's limit: each is matched on every token
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop sequences")
         if stops is not None and "" in stops:  # it would end every reply before its first word
             raise ValueError("a stop sequence cannot be empty")
         return stops

@@ -379,3 +379,18 @@ def test_a_named_tool_choice_without_type_is_a_function() -> None:
                                                  "tool_choice": {"function": {"name": "get_weather-2"}}})
     assert isinstance(body.tool_choice, NamedToolChoice) and body.tool_choice.type == "function"
     assert body.tool_choice.function.name == "get_weather-2"
+
+
+def test_a_fim_clients_long_stop_list_is_taken_and_a_longer_one_refused_by_name(client: Any,
+                                                                                 fake_engine: FakeEngine) -> None:
+    # Continue's autocomplete sends a template's special tokens, blank lines, a language's keywords and the user's
+    # own: 14-20 strings (18 were a 400 when the limit was 16, and the editor showed no completions).
+    stops = [f"<|fim_{i}|>" for i in range(9)] + ["\n\n", "\r\n\r\n", "/src/", "#- coding: utf-8", "```",
+                                                   "function", "class", "module", "export "]
+    assert client.post("/v1/completions", json={"prompt": "x", "stop": stops}).status_code == 200
+    assert list(fake_engine.requests[-1].stop) == stops
+    assert _chat(client, stop=stops).status_code == 200
+    assert list(fake_engine.requests[-1].stop) == stops
+    many = [f"s{i}" for i in range(65)]
+    _refused(_chat(client, stop=many), "stop", "at most 64 stop strings")
+    _refused(client.post("/v1/completions", json={"prompt": "x", "stop": many}), "stop", "at most 64")
