@@ -9,10 +9,10 @@ from typing import Any, Iterator, Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache, RotatingKVCache
 
-__all__ = ["arrays_of", "snapshot_layer", "restore_layer", "trimmable_through"]
+__all__ = ["COMPACTABLE", "arrays_of", "map_arrays", "snapshot_layer", "restore_layer", "trimmable_through"]
 
 # Layer types whose arrays hold positions [0, offset) on axis 2 and which we can re-slice freely.
-_COMPACTABLE = (KVCache, QuantizedKVCache)
+COMPACTABLE = (KVCache, QuantizedKVCache)
 
 
 def arrays_of(obj: Any) -> Iterator[mx.array]:
@@ -30,29 +30,29 @@ def arrays_of(obj: Any) -> Iterator[mx.array]:
             yield from arrays_of(item)
 
 
-def _map_arrays(obj: Any, fn: Any) -> Any:
+def map_arrays(obj: Any, fn: Any) -> Any:
     """A structural copy of obj (caches, lists, tuples, dicts) with every mx.array replaced by fn(a)."""
     if isinstance(obj, mx.array):
         return fn(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_arrays(item, fn) for item in obj)
+        return type(obj)(map_arrays(item, fn) for item in obj)
     if isinstance(obj, dict):
-        return {k: _map_arrays(v, fn) for k, v in obj.items()}
+        return {k: map_arrays(v, fn) for k, v in obj.items()}
     if hasattr(obj, "__dict__") and not isinstance(obj, type):
         clone = copy.copy(obj)
         for name, value in vars(obj).items():
-            setattr(clone, name, _map_arrays(value, fn))
+            setattr(clone, name, map_arrays(value, fn))
         return clone
     return obj
 
 
 def snapshot_layer(layer: Any, length: int) -> Any:
     """An independent, materialized copy of one layer's cache covering `length` tokens."""
-    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
+    if isinstance(layer, COMPACTABLE) and layer.keys is not None:
         # mx.array(view) copies into a fresh buffer: the snapshot neither pins the row's
         # step-padded buffer nor blocks in-place KV updates of the live row.
         clone = copy.copy(layer)
-        clone.keys, clone.values = _map_arrays(
+        clone.keys, clone.values = map_arrays(
             (layer.keys, layer.values), lambda a: mx.array(a[..., :length, :])
         )
         clone.offset = length
@@ -60,7 +60,7 @@ def snapshot_layer(layer: Any, length: int) -> Any:
     if isinstance(layer, RotatingKVCache) and layer.keys is not None and layer.offset == length \
             and layer.keys.shape[2] > layer.max_size:
         return _window_copy(layer)
-    clone = _map_arrays(layer, mx.array)
+    clone = map_arrays(layer, mx.array)
     offset = getattr(clone, "offset", None)
     if isinstance(offset, int) and offset > length:
         clone.trim(offset - length)
@@ -82,13 +82,13 @@ def _window_copy(layer: RotatingKVCache) -> RotatingKVCache:
 
 def restore_layer(layer: Any, stored_length: int, length: int) -> Any:
     """Fresh cache objects for the caller; shared buffers are copy-on-write in MLX."""
-    if isinstance(layer, _COMPACTABLE) and layer.keys is not None:
+    if isinstance(layer, COMPACTABLE) and layer.keys is not None:
         clone = copy.copy(layer)
         # Slicing yields new array objects, so the caller's in-place updates never reach the entry.
-        clone.keys, clone.values = _map_arrays((layer.keys, layer.values), lambda a: a[..., :length, :])
+        clone.keys, clone.values = map_arrays((layer.keys, layer.values), lambda a: a[..., :length, :])
         clone.offset = length
         return clone
-    clone = _map_arrays(layer, mx.array)
+    clone = map_arrays(layer, mx.array)
     if stored_length > length:
         clone.trim(stored_length - length)
     return clone

@@ -2,17 +2,17 @@
 
 The trie is path-compressed (engine/token_trie.py): nodes exist only where entries sit or prompts branch.
 
-A row's KV state is a list (one per layer) of mlx-lm cache objects. `put` stores a compact,
-materialized snapshot under the exact token sequence it covers; `take` finds the longest cached
-prefix of a new prompt (trimming a longer trimmable entry) and hands back caches the caller may
-mutate freely. Session ids only choose where the trie walk starts; they never change what `take`
-returns. All methods are meant to run on the engine thread.
+A row's KV state is a list (one per layer) of mlx-lm cache objects. `put` stores a materialized snapshot under the
+exact token sequence it covers, sharing the KV blocks of the prefix it has in common with other entries
+(engine/kv_blocks.py); `take` finds the longest cached prefix of a new prompt (trimming a longer trimmable entry) and
+hands back caches the caller may mutate freely. Session ids only choose where the trie walk starts; they never change
+what `take` returns. All methods are meant to run on the engine thread.
 
-Segmented LRU: a new entry is on probation, in a segment of at most `PROBATION_SHARE` of the budget (it always holds
-the newest entry); a hit promotes it to the protected rest. One-shot prompts (a script's requests, a soak) thus churn
-through the small segment instead of filling the whole budget and pushing out the conversations that come back. A put
-by a session (an affinity header, `prompt_cache_key`) or one extending a protected entry (a conversation's next turn)
-starts protected.
+Segmented LRU (the budget counts each shared block once): a new entry is on probation, in a segment of at most
+`PROBATION_SHARE` of the budget (it always holds the newest entry); a hit promotes it to the protected rest. One-shot
+prompts (a script's requests, a soak) thus churn through the small segment instead of filling the whole budget and
+pushing out the conversations that come back. A put by a session (an affinity header, `prompt_cache_key`) or one
+extending a protected entry (a conversation's next turn) starts protected.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import threading
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import mlx.core as mx
 
-from engine.kv_snapshot import arrays_of, restore_layer, snapshot_layer
+from engine.kv_blocks import BLOCK_TOKENS, BlockStore, StoredKV
 from engine.token_trie import Node, common, first_at, first_below, held_depth, node_at, prune_path
 
 __all__ = ["PROBATION_SHARE", "PrefixCache"]
@@ -38,8 +38,8 @@ class _Entry:
     namespace: str
     tokens: tuple[int, ...]
     node: Node
-    layers: list[Any]
-    nbytes: int
+    kv: StoredKV
+    nbytes: int  # charged to its segment: what its put added (a shared block stays charged to the entry that made it)
     trimmable: bool
     system: bool
     key: int
@@ -51,7 +51,8 @@ class _Entry:
 
 
 def _usable(entry: _Entry | None) -> bool:
-    return entry is not None and (entry.owner is None or entry.owner == threading.get_ident())
+    me = threading.get_ident()
+    return entry is not None and entry.owner in (None, me) and all(b.owner in (None, me) for b in entry.kv.waits)
 
 
 def _takeable(entry: _Entry) -> bool:
@@ -66,8 +67,9 @@ class PrefixCache:
     the cache (`take` always misses, `put` stores nothing).
     """
 
-    def __init__(self, max_bytes: int, probation_share: float = PROBATION_SHARE) -> None:
-        """Raises ValueError when max_bytes is negative or probation_share is outside (0, 1]."""
+    def __init__(self, max_bytes: int, probation_share: float = PROBATION_SHARE,
+                 block_tokens: int = BLOCK_TOKENS) -> None:
+        """Raises ValueError when max_bytes is negative, probation_share is outside (0, 1] or block_tokens < 1."""
         if max_bytes < 0:
             raise ValueError("max_bytes must be >= 0")
         if not 0 < probation_share <= 1:
@@ -75,6 +77,7 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.probation_max_bytes = int(max_bytes * probation_share)
         self._roots: dict[str, Node] = {}
+        self._store = BlockStore(block_tokens)  # the entries' shared KV blocks (engine/kv_blocks.py)
         # Eviction order: probation (closed sessions' entries first), then protected entries, then system prefixes.
         self._probation: OrderedDict[int, _Entry] = OrderedDict()
         self._probation_bytes = 0
@@ -135,7 +138,7 @@ class PrefixCache:
             self._touch(best, promote=True)
             if session_id is not None:
                 self._bind_session(session_id, best)
-            kv = [restore_layer(layer, len(best.tokens), best_len) for layer in best.layers]
+            kv = self._store.restore(best.kv, len(best.tokens), best_len, room=len(tokens) - best_len)
             self._hits += 1
             self._hit_tokens += best_len
             return best_len, kv
@@ -157,10 +160,11 @@ class PrefixCache:
             else:
                 del self._pending[me]
         if due:
-            mx.eval([a for e in due for a in arrays_of(e.layers)])
+            mx.eval([a for e in due for a in e.kv.fresh])  # an evicted entry's too: blocks it made may live on
         with self._lock:
             for e in due:
                 e.owner = None
+                e.kv.settled()
         return len(due)
 
     @contextmanager
@@ -209,11 +213,10 @@ class PrefixCache:
         """Store a snapshot of `kv` as the state after `tokens`; returns the positions it newly stored: the new entry's
         tokens past those the cache held already (an entry on their path, or a longer trimmable one), else empty.
 
-        If the KV covers more positions than `tokens` (a chunk ran past a segment boundary), the
-        snapshot is cut to len(tokens); if it covers fewer (the last sampled token was never fed),
-        it is stored under the tokens it covers. An entry larger than the whole budget is skipped, and so is KV
-        that covers more tokens but cannot be cut (a hybrid model's recurrent state past them). Raises nothing of
-        its own.
+        If the KV covers more positions than `tokens` (a chunk ran past a segment boundary), the snapshot is cut to
+        len(tokens); if it covers fewer (the last sampled token was never fed), it is stored under the tokens it
+        covers. An entry larger than the whole budget is skipped, and so is KV that covers more tokens but cannot be
+        cut (a hybrid model's recurrent state past them). Raises nothing of its own.
         """
         with self._lock:
             if self.max_bytes == 0 or not kv:
@@ -245,26 +248,26 @@ class PrefixCache:
                     if session_id is not None:
                         self._bind_session(session_id, dominating)
                     return range(0)
-            layers = [snapshot_layer(layer, len(tokens)) for layer in kv]
-            arrays = list(arrays_of(layers))
-            nbytes = sum(a.nbytes for a in arrays)
-            if nbytes > self.max_bytes:
+            me = threading.get_ident()
+            stored = self._store.snapshot(namespace, tokens, kv, me)
+            if stored.total > self.max_bytes:
+                self._store.release(stored)
                 prune_path(node)
                 return range(0)
             known = held_depth(node, len(tokens), lambda e: e.trimmable)  # before the new entry, whoever owns them
-            me = threading.get_ident()
+            arrays = stored.fresh
             # Started, not waited for: a put comes mid-step, with the next step already in flight; waiting here
             # held the engine thread for that whole step (H200: half the puts made a decode iteration slow).
             # The copies run in stream order, and the sizes are known from the shapes.
             if (held := self._held.get(me)) is not None:
                 held.extend(arrays)
-            else:
+            elif arrays:
                 mx.async_eval(arrays)
-            entry = _Entry(namespace, tokens, node, layers, nbytes, trimmable, system_prefix, next(self._keys), owner=me,
-                           protected=session_id is not None or self._continues_protected(node))
+            entry = _Entry(namespace, tokens, node, stored, stored.added, trimmable, system_prefix, next(self._keys),
+                           owner=me, protected=session_id is not None or self._continues_protected(node))
             self._pending.setdefault(me, [[], []])[0].append(entry)
             node.entry = entry
-            self._bytes += nbytes
+            self._bytes += stored.added
             self._requeue(entry)
             if trimmable:
                 self._drop_dominated_ancestors(node)
@@ -392,7 +395,6 @@ class PrefixCache:
             if self._sessions.get(session_id) is entry:
                 del self._sessions[session_id]
         entry.sessions.clear()
-        self._bytes -= entry.nbytes
+        self._bytes -= self._store.release(entry.kv)  # its own bytes and the blocks no other entry refers to
         entry.node.entry = None
-        entry.layers = []
         prune_path(entry.node)

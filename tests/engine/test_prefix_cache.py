@@ -413,6 +413,15 @@ def on_another_thread(fn):
     return box[0]
 
 
+def taken_on_another_thread(cache, prompt):
+    """(n, contents) of a take on a fresh thread, read there: as the engine reads a hit on the thread that took it (its
+    KV is built on that thread's stream)."""
+    def take():
+        n, kv = cache.take("m", prompt)
+        return n, contents(kv) if kv is not None else None
+    return on_another_thread(take)
+
+
 def test_another_thread_takes_an_entry_only_once_the_thread_that_put_it_settled_it():
     # On CUDA each thread has its own MLX stream: an entry whose copies its thread started and never waited for
     # cannot be evaluated on by another thread, so that thread is handed the next shorter entry until then.
@@ -421,13 +430,11 @@ def test_another_thread_takes_an_entry_only_once_the_thread_that_put_it_settled_
     assert cache.settle() == 1
     cache.put("m", [1, 2, 3, 4], kv_for([1, 2, 3, 4]))
     assert cache.has_pending()
-    n, kv = on_another_thread(lambda: cache.take("m", [1, 2, 3, 4, 5]))
-    assert (n, contents(kv)) == (2, [[1, 2]] * LAYERS)  # the settled shorter entry
+    assert taken_on_another_thread(cache, [1, 2, 3, 4, 5]) == (2, [[1, 2]] * LAYERS)  # the settled shorter entry
     assert cache.take("m", [1, 2, 3, 4, 9])[0] == 4  # its own thread may take it at once
     assert on_another_thread(cache.settle) == 0  # only the thread that put it can settle it
     assert cache.settle() == 1 and not cache.has_pending()
-    n, kv = on_another_thread(lambda: cache.take("m", [1, 2, 3, 4, 5]))
-    assert (n, contents(kv)) == (4, [[1, 2, 3, 4]] * LAYERS)
+    assert taken_on_another_thread(cache, [1, 2, 3, 4, 5]) == (4, [[1, 2, 3, 4]] * LAYERS)
 
 
 def test_keep_latest_settles_a_put_one_call_later():
@@ -440,3 +447,61 @@ def test_keep_latest_settles_a_put_one_call_later():
     assert on_another_thread(lambda: cache.take("m", [1, 2, 3, 4]))[0] == 3
     assert on_another_thread(lambda: cache.take("m", [7, 8, 9, 4]))[0] == 0
     assert cache.settle() == 1 and not cache.has_pending()
+
+
+def test_forks_of_one_prompt_hold_its_kv_once():
+    # Eight conversations over one system prompt (agents, sub-agents, users of one server): the prompt's KV was
+    # stored once per entry, 9 x 16 + 8 x 6 positions here; blocks of it are now shared.
+    cache = PrefixCache(1 << 20, block_tokens=4)
+    system = list(range(100, 116))
+    cache.put("m", system, kv_for(system), system_prefix=True)
+    forks = [system + [i] * 6 for i in range(1, 9)]
+    for fork in forks:
+        cache.put("m", fork, kv_for(fork))
+    stats = cache.stats()
+    assert stats["entries"] == 9 and stats["bytes"] == entry_bytes(16) + 8 * entry_bytes(6)
+    assert stats["probation_bytes"] == 8 * entry_bytes(6)  # a fork is charged what its put added
+    for fork in forks:
+        n, kv = cache.take("m", fork + [7])
+        assert (n, contents(kv)) == (22, [fork] * LAYERS)
+    assert cache.take("m", system + [1, 1, 9])[0] == 18  # a longer fork trimmed inside a block
+    assert contents(cache.take("m", system + [1, 1, 9])[1]) == [system + [1, 1]] * LAYERS
+
+
+def test_an_evicted_fork_leaves_the_shared_blocks_to_the_others_and_the_last_frees_them():
+    cache = PrefixCache(1 << 20, probation_share=1.0, block_tokens=4)
+    prefix = list(range(100, 110))  # two whole blocks and two positions of a third
+    forks = [prefix + [i] * 5 for i in range(1, 4)]
+    for fork in forks:
+        cache.put("m", fork, kv_for(fork))
+    assert cache.stats()["bytes"] == entry_bytes(15) + 2 * entry_bytes(7)
+    cache.max_bytes = entry_bytes(15) + entry_bytes(7)  # the oldest fork, that made the shared blocks, must go
+    assert cache.reclaim() == 1
+    assert cache.stats()["bytes"] == entry_bytes(15) + entry_bytes(7)
+    assert cache.take("m", forks[0] + [9])[0] == 10  # the shared prefix, from the forks left
+    for fork in forks[1:]:
+        n, kv = cache.take("m", fork + [9])
+        assert (n, contents(kv)) == (15, [fork] * LAYERS)
+    cache.max_bytes = entry_bytes(15)
+    cache.reclaim()
+    assert cache.stats()["bytes"] == entry_bytes(15) and cache._store.block_count() == 3
+    cache.clear()
+    assert cache.stats()["bytes"] == 0 and cache._store.block_count() == 0
+
+
+def test_a_fork_on_blocks_another_threads_put_has_not_settled_waits_for_it():
+    # Thread A's copies into new blocks run on its own stream: thread B's fork reusing them may be taken by B only
+    # once A settled them, though B settled its own copies.
+    cache = PrefixCache(1 << 20, block_tokens=4)
+    prefix = list(range(100, 108))
+    cache.put("m", prefix + [1, 1], kv_for(prefix + [1, 1]))
+    fork = prefix + [2, 2, 2]
+
+    def put_and_take():
+        cache.put("m", fork, kv_for(fork))
+        cache.settle()
+        return cache.take("m", fork + [9])[0]
+
+    assert on_another_thread(put_and_take) == 0
+    cache.settle()
+    assert on_another_thread(lambda: cache.take("m", fork + [9])[0]) == 11
