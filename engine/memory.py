@@ -23,11 +23,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine import cgroup_limits
+from engine.errors import ModelUnsupported
 from engine.kv_shape import KVShape, kv_shape
 from engine.model_args import text_args
 
 __all__ = ["MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
-           "release_free_memory", "process_rss"]
+           "release_free_memory", "process_rss", "activation_bytes", "buffer_cache_bytes", "kv_width"]
 
 GPU_FRACTION = 0.85  # of the device's memory: the rest is the driver's, the display's, other processes'
 CPU_FRACTION = 0.6  # of RAM: Python, tokenizers, the HTTP server and the OS page cache need the rest
@@ -87,7 +88,7 @@ def kv_token_bytes(model: Any) -> int:
         if per_layer := _attention_bytes(getattr(layer, "self_attn", None)):
             return len(layers) * per_layer
     args = text_args(model)
-    per_layer = _kv_width(args)
+    per_layer = kv_width(args)
     if not per_layer and _state_space(model):
         # A state-space model's cache is a fixed state per row, not per token: a token is charged one width of
         # the model, so the budget still bounds rows × length.
@@ -123,7 +124,7 @@ def _state_space(model: Any) -> bool:
     return bool(caches) and all(isinstance(c, ArraysCache) for c in caches)
 
 
-def _kv_width(args: Any) -> int:
+def kv_width(args: Any) -> int:
     """Keys' plus values' elements a token takes in one layer, from a model config (0 when it does not say)."""
     def get(*names: str) -> int:
         for name in names:
@@ -188,15 +189,16 @@ class MemoryBudget:
             total, source = machine_memory()
         weights = weight_bytes(model)
         shape = kv_shape(model, max_iteration_tokens) or KVShape(kv_token_bytes(model))
-        activations = _activation_bytes(model, max_iteration_tokens, max_active)
-        buffer_cache = max(64 * MIB, int(total * BUFFER_CACHE_SHARE))
+        activations = activation_bytes(text_args(model), max_iteration_tokens, max_active)
+        buffer_cache = buffer_cache_bytes(total)
         free = total - weights - activations - buffer_cache
         if prefix_cache is None:
             prefix_cache = max(0, int(free * PREFIX_CACHE_SHARE))
         budget = cls(int(total), weights, int(prefix_cache), buffer_cache, activations, shape.token_bytes, source,
                      shape.state_bytes, shape.window_token_bytes, shape.window_bytes)
         if budget.kv < shape.token_bytes * 256 + shape.row_bytes:  # room for one row of 256 positions
-            raise ValueError(
+            # ModelUnsupported, an EngineError: the server says it in these words, not as a config.json fault.
+            raise ModelUnsupported(
                 f"the memory budget of {total / MIB:,.0f} MiB leaves {budget.kv / MIB:,.0f} MiB for KV after the "
                 f"weights ({weights / MIB:,.0f} MiB), the prefix cache ({prefix_cache / MIB:,.0f} MiB), MLX's "
                 f"buffer cache and activations: raise --memory-budget"
@@ -208,9 +210,14 @@ class MemoryBudget:
         return {**asdict(self), "kv": self.kv, "kv_row_bytes": self.kv_shape.row_bytes}
 
 
-def _activation_bytes(model: Any, tokens: int, rows: int) -> int:
-    # One iteration's live intermediates (hidden, MLP, attention scores, logits), with a generous factor.
-    args = text_args(model)
+def buffer_cache_bytes(total: int) -> int:
+    """MLX's buffer cache's share of a budget of `total` bytes. Raises nothing."""
+    return max(64 * MIB, int(total * BUFFER_CACHE_SHARE))
+
+
+def activation_bytes(args: Any, tokens: int, rows: int) -> int:
+    """One iteration's live intermediates (hidden, MLP, attention scores, logits) for a model of settings `args`
+    (engine/model_args.py's text_args), with a generous factor. Raises nothing."""
     hidden = int(getattr(args, "hidden_size", 0) or 4096)
     inter = int(getattr(args, "intermediate_size", 0) or 4 * hidden)
     vocab = int(getattr(args, "vocab_size", 0) or 32000)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from engine.adapters import AppliedAdapter, apply_adapter, check_adapter_dir
 from engine.checkpoint_checks import checked_overrides, read_config
+from engine.cpu_weights import keeps_quantized, to_float32
 from engine.errors import ModelNotFound
 from engine.generation_config import generation_eos_ids, sampling_defaults
 from engine.harmony import add_harmony_stops
@@ -181,10 +182,12 @@ def _cached_source(spec: str) -> ModelSource | None:
 
 
 def load_model(spec: str | None, *, float32: bool | None = None, chat_template: str | None = None,
-               adapter_path: str | Path | None = None) -> LoadedModel:
+               adapter_path: str | Path | None = None, memory_budget: int | None = None, **plan: int) -> LoadedModel:
     """Resolve `spec` and load model + tokenizer. Must run on the engine thread (it creates MLX arrays).
 
-    `float32` None means "on the CPU backend": weights are cast (bf16/fp16) or dequantized to float32.
+    `float32` None means "on the CPU backend": weights are cast (bf16/fp16) or dequantized to float32, unless that
+    would not fit `memory_budget` (None: the machine's default; `plan`: MemoryBudget.plan's max_iteration_tokens and
+    max_active) beside its fixed shares: an HF directory's weights then stay as stored (engine/cpu_weights.py).
     `chat_template`: a template's text replacing the checkpoint's own. `adapter_path`: an mlx-lm fine-tune's
     adapter directory applied to the weights (engine/adapters.py).
     Raises ModelNotFound (nothing matches), GGUFError (unsupported GGUF), AdapterError (an adapter that does not
@@ -196,6 +199,7 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     source = resolve_model(spec)
     # Before the weights load: a wrong path is said in a moment.
     adapter_config = check_adapter_dir(adapter_path) if adapter_path is not None else None
+    auto = float32 is None
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
     directory = _directory(source, float32)
@@ -203,7 +207,10 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.
     # A replaced template goes in as the tokenizer's own, before mlx-lm infers its think and tool-call markers.
     extra = {"chat_template": chat_template} if chat_template is not None else None
-    overrides = checked_overrides(read_config(directory))  # before the build: what mlx-lm would misread, or refuse
+    raw_config = read_config(directory)
+    overrides = checked_overrides(raw_config)  # before the build: what mlx-lm would misread, or refuse
+    if auto and float32 and source.kind == "hf_dir" and keeps_quantized(directory, raw_config, memory_budget, **plan):
+        float32 = False
     model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]", load(
         str(directory), tokenizer_config=extra, model_config=overrides or None, return_config=True))
     if (eos := generation_eos_ids(directory)) is not None:
@@ -355,45 +362,3 @@ def _context_length(config: dict[str, Any], tokenizer: Any) -> int:
     limit = getattr(tokenizer, "model_max_length", None)
     # transformers reports "no limit" as a huge sentinel.
     return int(limit) if isinstance(limit, int) and 0 < limit < 10_000_000 else 4096
-
-
-def to_float32(model: nn.Module) -> None:
-    """Dequantize quantized layers and cast floating weights to float32, in place. Raises nothing."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_map
-
-    def dequantized(layer: Any) -> Any:
-        if not isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            return layer
-        biases = layer.get("biases")
-        # Affine scales are floats; the microscaling modes' (mxfp4, mxfp8, nvfp4) are uint8 exponents, kept as they are.
-        scales = layer.scales.astype(mx.float32) if mx.issubdtype(layer.scales.dtype, mx.floating) else layer.scales
-        weight = mx.dequantize(
-            layer.weight,
-            scales,
-            None if biases is None else biases.astype(mx.float32),
-            group_size=layer.group_size,
-            bits=layer.bits,
-            mode=layer.mode,
-        ).astype(mx.float32)
-        plain: nn.Module
-        if isinstance(layer, nn.QuantizedEmbedding):
-            plain = nn.Embedding(*weight.shape)
-        else:
-            plain = nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in layer)
-            if "bias" in layer:
-                plain.bias = layer.bias
-        plain.weight = weight
-        return plain
-
-    model.update_modules(tree_map(dequantized, model.leaf_modules(), is_leaf=nn.Module.is_module))
-    model.update(
-        tree_map(
-            lambda p: p.astype(mx.float32)
-            if isinstance(p, mx.array) and p.dtype != mx.float32 and mx.issubdtype(p.dtype, mx.floating)
-            else p,
-            model.parameters(),
-        )
-    )
-    mx.eval(model.parameters())

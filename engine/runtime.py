@@ -147,8 +147,11 @@ class Engine:
         apply_serving_defaults()  # some are read when MLX first touches the device, i.e. during the load
         thread = EngineThread()
         try:
-            loaded = await thread.run(functools.partial(load_model, spec, chat_template=chat_template,
-                                                          adapter_path=adapter_path))
+            # The budget decides whether the CPU's float32 weights fit, or quantized ones stay quantized.
+            loaded = await thread.run(functools.partial(
+                load_model, spec, chat_template=chat_template, adapter_path=adapter_path,
+                memory_budget=options.get("memory_budget"), max_active=options.get("max_active", 16),
+                max_iteration_tokens=options.get("max_iteration_tokens", 512)))
             if prompt_cache_bytes is None:
                 prompt_cache_bytes = MemoryBudget.plan(
                     loaded.model, total=options.get("memory_budget"),

@@ -148,7 +148,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise CLIError("--adapter-path applies to a chat model; this server serves transcription only")
     source = None if speech.transcription_only else resolve_chat_model(config.model)  # before any worker
     if source is not None:
-        check_chat_model(source, config.memory_budget)  # headers and sizes: one line, not a worker that fails
+        check_chat_model(source, config.memory_budget, max_iteration_tokens=config.max_iteration_tokens,
+                         max_active=config.max_active)  # headers and sizes: one line, not a worker that fails
     from engine.accelerator import compiler_problem
 
     if (problem := compiler_problem()) is not None:  # else ready, then a 500 for every request

@@ -19,18 +19,35 @@ __all__ = ["check_chat_model"]
 _MIB = 1 << 20
 
 
-def check_chat_model(source: ModelSource, memory_budget: int | None) -> None:
-    """Raise CLIError (exit 2) naming what is wrong with the chat model `source` or the budget for it. Reads
-    headers, config.json and file sizes; loads nothing."""
+def check_chat_model(source: ModelSource, memory_budget: int | None, **plan: int) -> None:
+    """Raise CLIError (exit 2) naming what is wrong with the chat model `source` or the budget for it (`plan`:
+    max_iteration_tokens and max_active, which size its fixed shares). Reads headers, config.json and file sizes;
+    loads nothing."""
     path = Path(source.path)
     if source.kind == "gguf":
         weights = _checked_gguf(source.name, path)
-    else:
-        _check_hf_dir(source.name, path)
-        weights = _safetensors_bytes(path)
-    if memory_budget is not None and memory_budget < weights:
-        raise CLIError(f"--memory-budget {_size(memory_budget)} cannot hold {source.name}'s weights ({_size(weights)} "
-                       f"on disk, before KV and caches): raise it, or leave it out for the machine's default")
+        if memory_budget is not None and memory_budget < weights:
+            raise CLIError(f"--memory-budget {_size(memory_budget)} cannot hold {source.name}'s weights "
+                           f"({_size(weights)} on disk, before KV and caches): raise it, or leave it out for the "
+                           "machine's default")
+        return
+    _check_hf_dir(source.name, path)
+    if memory_budget is not None:
+        _check_budget(source.name, path, memory_budget, plan)
+
+
+def _check_budget(name: str, path: Path, budget: int, plan: dict[str, int]) -> None:
+    """The weights as they load (float32 on the CPU where that fits, else as stored: engine/cpu_weights.py) beside
+    the budget's fixed shares, held against `budget`. Raises CLIError when even the stored size does not fit."""
+    from engine.cpu_weights import room_for, weight_sizes
+
+    config = _config(path)
+    sizes = weight_sizes(path, config)
+    room = room_for(config, budget, **plan)
+    if sizes.stored > room:
+        raise CLIError(f"--memory-budget {_size(budget)} cannot hold {name}'s weights ({_size(sizes.stored)} in "
+                       f"memory, quantized layers kept quantized) beside its buffer cache, activations and one row "
+                       f"of KV ({_size(max(0, budget - room))}): raise it, or leave it out for the machine's default")
 
 
 def _checked_gguf(name: str, path: Path) -> int:
@@ -97,17 +114,6 @@ def _config(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return config if isinstance(config, dict) else {}
-
-
-def _safetensors_bytes(path: Path) -> int:
-    """The bytes of the weights an HF folder loads, as stored: model*.safetensors (mlx-lm's pattern; every
-    *.safetensors when none match). Loaded they take at least this much: quantized codes keep their size, other
-    weights stay or widen. Raises nothing (0 when unreadable)."""
-    try:
-        files = sorted(path.glob("model*.safetensors")) or sorted(path.glob("*.safetensors"))
-        return sum(f.stat().st_size for f in files)
-    except OSError:
-        return 0
 
 
 def _size(n: int) -> str:

@@ -121,3 +121,24 @@ def test_a_checkpoint_the_load_would_refuse_is_refused_before_the_banner(tiny_ll
     err = _one_line(capsys.readouterr().err)
     assert "cannot load model odd" in err and "rope_parameters" in err, err
     assert served == []
+
+
+def test_a_budget_too_small_for_float32_but_not_for_the_quantized_weights(tiny_llm_dir: Path, tmp_path: Path,
+                                                                          served: list[object],
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # held against what the weights take in memory beside the budget's fixed shares: a 4-bit file whose float32
+    # expansion does not fit binds (the CPU keeps it quantized); one whose own size does not fit is one line
+    from engine.checkpoint_checks import read_config
+    from engine.cpu_weights import room_for, weight_sizes
+    from tests.fixtures.quantized_llm import quantize_tiny_llm
+
+    q4 = quantize_tiny_llm(tiny_llm_dir, tmp_path / "q4")
+    config, sizes = read_config(q4), weight_sizes(q4, read_config(q4))
+    shares = (512 << 20) - room_for(config, 512 << 20)
+    assert main(_serve(str(q4), "--memory-budget", str(shares + (sizes.stored + sizes.float32) // 2))) == 0
+    assert len(served) == 1
+    capsys.readouterr()
+    assert main(_serve(str(q4), "--memory-budget", str(shares + sizes.stored // 2))) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "cannot hold q4's weights" in err and "in memory" in err, err
+    assert len(served) == 1
