@@ -23,6 +23,7 @@ from engine.errors import ModelNotFound
 from engine.generation_config import generation_eos_ids, sampling_defaults
 from engine.harmony import add_harmony_stops
 from engine.hub import MODEL_FILE_PATTERNS, cached_repo_id, hub_cache_dir, snapshot_dir
+from engine.rope_config import checked_context
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -238,7 +239,7 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
         config=config,
         source=str(source.path),
         directory=directory,
-        context_length=_context_length(config, tokenizer),
+        context_length=_context_length(model, config, tokenizer),
         kind=source.kind,
         float32=float32,
         sampling_defaults=sampling_defaults(directory),
@@ -354,11 +355,12 @@ def hf_dir_for(spec: str | None, *, float32: bool | None = None) -> Path:
     return _directory(resolve_model(spec), float32)
 
 
-def _context_length(config: dict[str, Any], tokenizer: Any) -> int:
+def _context_length(model: Any, config: dict[str, Any], tokenizer: Any) -> int:
     for key in ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length"):
         value = config.get(key) or config.get("text_config", {}).get(key)
         if isinstance(value, int) and value > 0:
-            return value
+            # yarn/linear/dynamic rope_scaling extend it (Qwen2.5/Qwen3's 131,072 tokens), where the model runs them.
+            return checked_context(model, config, value)
     limit = getattr(tokenizer, "model_max_length", None)
     # transformers reports "no limit" as a huge sentinel.
     return int(limit) if isinstance(limit, int) and 0 < limit < 10_000_000 else 4096

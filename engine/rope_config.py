@@ -12,7 +12,7 @@ from typing import Any
 
 from engine.errors import ModelUnsupported
 
-__all__ = ["rope_overrides", "scaled_context"]
+__all__ = ["rope_overrides", "scaled_context", "checked_context"]
 
 # transformers 5's layer-type keys of a nested `rope_parameters`, and the mlx-lm args fields each maps to (theta,
 # scaling); a sliding layer's scaling has no field: mlx-lm's sliding layers use plain RoPE.
@@ -105,3 +105,38 @@ def scaled_context(config: dict[str, Any], length: int) -> int:
         return length
     base = scaling.get("original_max_position_embeddings", length) if kind == "yarn" else length
     return int(base * factor) if isinstance(base, int) and factor > 1 else length
+
+
+# The module class names mlx-lm gives each rope_scaling type it implements (rope_utils.initialize_rope, and models'
+# own: DeepseekV2YarnRotaryEmbedding); "linear" is nn.RoPE with scale 1/factor.
+_IMPLEMENTED_BY = {"yarn": ("Yarn",), "deepseek_yarn": ("Yarn",), "dynamic": ("Dynamic",), "llama3": ("Llama3",),
+                   "longrope": ("SuScaled", "LongRope"), "su": ("SuScaled", "LongRope")}
+
+
+def checked_context(model: Any, config: dict[str, Any], length: int) -> int:
+    """`length` extended by config.json's rope_scaling (`scaled_context`) once the built `model` is seen to run that
+    scaling; unchanged where its rope modules cannot be told apart (RoPE inlined in attention). Raises
+    ModelUnsupported naming rope_scaling when the model runs plain RoPE where the config asks for a scaled one (mlx-lm's
+    phi3 drops yarn and dynamic with a printed warning)."""
+    import mlx.nn as nn
+
+    scaling = config.get("rope_scaling") or (config.get("text_config") or {}).get("rope_scaling")
+    if not isinstance(scaling, dict) or (kind := _rope_type(scaling)) in ("default", "mrope"):
+        return length
+    ropes = [m for _, m in model.named_modules() if isinstance(m, nn.RoPE) or "RoPE" in type(m).__name__
+             or "Rotary" in type(m).__name__]
+    if not ropes:
+        return length
+    if kind == "linear":
+        factor = scaling.get("factor")
+        runs = isinstance(factor, (int, float)) and any(
+            isinstance(m, nn.RoPE) and abs(float(m.scale) - 1 / factor) < 1e-9 for m in ropes)
+    elif kind in _IMPLEMENTED_BY:
+        runs = any(name in type(m).__name__ for m in ropes for name in _IMPLEMENTED_BY[kind])
+    else:
+        return length  # a type this check does not know: mlx-lm's initialize_rope refuses the ones it lacks
+    if not runs:
+        raise ModelUnsupported(f"config.json's rope_scaling asks for {kind} RoPE, which mlx-lm's "
+                               f"{config.get('model_type')} module does not run (it built "
+                               f"{type(ropes[0]).__name__}): served, it would answer past its trained context wrongly")
+    return scaled_context(config, length)

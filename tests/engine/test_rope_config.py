@@ -87,3 +87,25 @@ def test_a_rope_parameters_form_that_maps_to_nothing_is_refused_by_name(tmp_path
 def test_a_module_that_reads_rope_parameters_itself_is_left_alone() -> None:
     # mlx-lm's qwen3 reads rope_parameters (and prefers the top-level fields): nothing to add.
     assert rope_overrides({"model_type": "qwen3", "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}) == {}
+
+
+@pytest.mark.parametrize("scaling,context", [
+    # Qwen2.5/Qwen3's model cards: yarn, factor 4 over the original 32,768 -> 131,072 (here over 256).
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}, 1024),
+    ({"type": "linear", "factor": 4.0}, 1024),
+    ({"type": "dynamic", "factor": 2.0}, 512),
+    ({"rope_type": "llama3", **_LLAMA3}, 256),  # llama3 already counts it in max_position_embeddings
+])
+def test_rope_scaling_extends_the_context_as_vllm_counts_it(tmp_path, scaling: dict, context: int) -> None:
+    directory = build_tiny_llm(tmp_path / "m", extra_config={"max_position_embeddings": 256, "rope_scaling": scaling})
+    # It stayed at max_position_embeddings (256), refusing longer prompts.
+    assert load_model(str(directory)).context_length == context
+
+
+def test_a_scaling_the_model_module_drops_is_refused_by_name(tmp_path) -> None:
+    # mlx-lm's mixtral (and qwen3_moe) take rope_scaling and never use it: plain RoPE was served.
+    directory = build_tiny_llm(tmp_path / "mixtral", model_type="mixtral", extra_config={
+        "architectures": ["MixtralForCausalLM"], "num_local_experts": 2, "num_experts_per_tok": 1,
+        "max_position_embeddings": 256, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
+    with pytest.raises(ModelUnsupported, match="rope_scaling asks for dynamic RoPE"):
+        load_model(str(directory))
