@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from engine.quant_checks import check_quantization
 from engine.rope_config import rope_overrides
 
 __all__ = ["checked_overrides", "read_config"]
@@ -22,7 +23,9 @@ def read_config(directory: Path) -> dict[str, Any]:
     return config if isinstance(config, dict) else {}
 
 
-def checked_overrides(config: dict[str, Any]) -> dict[str, Any]:
-    """The fields to give mlx-lm's load (`model_config`) so the model it builds is the one config.json describes.
-    Raises ModelUnsupported naming the field of a checkpoint it cannot serve."""
+def checked_overrides(config: dict[str, Any], *, cpu: bool = False) -> dict[str, Any]:
+    """The fields to give mlx-lm's load (`model_config`) so the model it builds is the one config.json describes
+    (`cpu`: it will run on the CPU backend). Raises ModelUnsupported naming the field of a checkpoint it cannot
+    serve."""
+    check_quantization(config, cpu=cpu)
     return rope_overrides(config)

@@ -2,7 +2,8 @@
 
 Resolution never touches the network: a repo id is looked up in the local Hugging Face cache only
 (engine/hub.py, whose `download_model` is the one call that downloads). On the CPU backend weights are
-kept float32 (quantized ones dequantized): MLX's CPU matmuls use BLAS only for float32.
+kept float32 (quantized ones dequantized): MLX's CPU matmuls use BLAS only for float32; where that would not fit the
+memory budget, an HF directory's quantized layers stay quantized (engine/cpu_weights.py).
 """
 
 from __future__ import annotations
@@ -209,7 +210,8 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     # A replaced template goes in as the tokenizer's own, before mlx-lm infers its think and tool-call markers.
     extra = {"chat_template": chat_template} if chat_template is not None else None
     raw_config = read_config(directory)
-    overrides = checked_overrides(raw_config)  # before the build: what mlx-lm would misread, or refuse
+    # Before the build: what mlx-lm would misread, or could not load or run here, refused by its field.
+    overrides = checked_overrides(raw_config, cpu=mx.default_device() == mx.cpu)
     if auto and float32 and source.kind == "hf_dir" and keeps_quantized(directory, raw_config, memory_budget, **plan):
         float32 = False
     model, tokenizer, config = cast("tuple[nn.Module, TokenizerWrapper, dict[str, Any]]", load(

@@ -131,3 +131,14 @@ async def test_the_adapter_path_is_applied_to_the_served_model(tiny_llm_dir: Pat
     (adapter / "adapters.safetensors").unlink()
     with pytest.raises(AdapterError, match="has no adapters.safetensors"):
         await open_engine(ServiceConfig(model=str(tiny_llm_dir), adapter_path=str(adapter)))
+
+
+async def test_a_budget_that_cannot_hold_the_model_keeps_its_own_words(tiny_llm_dir: Path) -> None:
+    # it was wrapped as "config.json does not describe a usable llama model: ValueError: the memory budget of ..."
+    from engine.errors import ModelUnsupported
+
+    with pytest.raises(ModelUnsupported) as caught:
+        engine = await open_engine(ServiceConfig(model=str(tiny_llm_dir), memory_budget=1 << 20))
+        engine.close()
+    message = str(caught.value)
+    assert message.startswith("the memory budget of 1 MiB leaves") and "config.json" not in message, message
