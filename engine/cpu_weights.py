@@ -98,9 +98,9 @@ def keeps_quantized(directory: Path, config: dict[str, Any], memory_budget: int 
         return False
     # Measured on a 134M 4-bit llama (2 shared cores): quantized decode 120 ms/token vs 160 float32, a 128-token
     # prefill 16.9 s vs 19.5 s: no slower here, at a seventh of the memory.
-    _log.info("float32 weights (%s MiB) would not fit the memory budget (%s MiB): quantized layers stay quantized "
-              "(%s MiB), run by MLX's quantized matmul", f"{sizes.float32 / MIB:,.0f}", f"{total / MIB:,.0f}",
-              f"{sizes.stored / MIB:,.0f}")
+    _log.info("float32 weights (%s MiB) would not fit the memory budget (%s MiB): the weights stay as stored (%s MiB; "
+              "quantized layers stay quantized, run by MLX's quantized matmul)", f"{sizes.float32 / MIB:,.0f}",
+              f"{total / MIB:,.0f}", f"{sizes.stored / MIB:,.0f}")
     return True
 
 
