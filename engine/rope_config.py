@@ -8,11 +8,14 @@ gemma3, qwen2, ...) read only those, so a v5 config loaded with theta 10,000 and
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from engine.errors import ModelUnsupported
 
 __all__ = ["rope_overrides", "scaled_context", "checked_context"]
+
+_log = logging.getLogger(__name__)
 
 # transformers 5's layer-type keys of a nested `rope_parameters`, and the mlx-lm args fields each maps to (theta,
 # scaling); a sliding layer's scaling has no field: mlx-lm's sliding layers use plain RoPE.
@@ -115,9 +118,9 @@ _IMPLEMENTED_BY = {"yarn": ("Yarn",), "deepseek_yarn": ("Yarn",), "dynamic": ("D
 
 def checked_context(model: Any, config: dict[str, Any], length: int) -> int:
     """`length` extended by config.json's rope_scaling (`scaled_context`) once the built `model` is seen to run that
-    scaling; unchanged where its rope modules cannot be told apart (RoPE inlined in attention). Raises
-    ModelUnsupported naming rope_scaling when the model runs plain RoPE where the config asks for a scaled one (mlx-lm's
-    phi3 drops yarn and dynamic with a printed warning)."""
+    scaling; unchanged where its rope modules cannot be told apart (RoPE inlined in attention), and where the model runs
+    plain RoPE for a scaling that only extends its context (logged once). Raises ModelUnsupported naming rope_scaling
+    when the model runs plain RoPE for a scaling it was trained with (mlx-lm's mixtral and qwen3_moe drop any)."""
     import mlx.nn as nn
 
     scaling = config.get("rope_scaling") or (config.get("text_config") or {}).get("rope_scaling")
@@ -135,8 +138,24 @@ def checked_context(model: Any, config: dict[str, Any], length: int) -> int:
         runs = any(name in type(m).__name__ for m in ropes for name in _IMPLEMENTED_BY[kind])
     else:
         return length  # a type this check does not know: mlx-lm's initialize_rope refuses the ones it lacks
-    if not runs:
-        raise ModelUnsupported(f"config.json's rope_scaling asks for {kind} RoPE, which mlx-lm's "
-                               f"{config.get('model_type')} module does not run (it built "
-                               f"{type(ropes[0]).__name__}): served, it would answer past its trained context wrongly")
-    return scaled_context(config, length)
+    if runs:
+        return scaled_context(config, length)
+    module = f"mlx-lm's {config.get('model_type')} module does not run (it built {type(ropes[0]).__name__})"
+    if _extension_only(kind, scaling, length):
+        # Qwen3-MoE's card adds yarn past a context trained with plain RoPE: within it plain RoPE is what it learnt.
+        _log.warning("config.json's rope_scaling asks for %s RoPE, which %s: served with plain RoPE within its "
+                     "max_position_embeddings, %d tokens", kind, module, length)
+        return length
+    raise ModelUnsupported(f"config.json's rope_scaling asks for {kind} RoPE, which {module}: the model was trained "
+                           "with it, so plain RoPE would answer wrongly at every length")
+
+
+def _extension_only(kind: str, scaling: dict[str, Any], length: int) -> bool:
+    """Whether a scaling only extends a context the model learnt with plain RoPE: dynamic NTK always (it is plain RoPE
+    within the original length); yarn where max_position_embeddings stays below original x factor (Qwen2.5 / Qwen3's
+    cards), unlike a model trained with it (gpt-oss: 4,096 x 32 = 131,072). Raises nothing."""
+    if kind == "dynamic":
+        return True
+    original, factor = scaling.get("original_max_position_embeddings"), scaling.get("factor")
+    return kind == "yarn" and isinstance(original, int) and isinstance(factor, (int, float)) \
+        and length < original * factor

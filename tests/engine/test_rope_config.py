@@ -102,10 +102,29 @@ def test_rope_scaling_extends_the_context_as_vllm_counts_it(tmp_path, scaling: d
     assert load_model(str(directory)).context_length == context
 
 
-def test_a_scaling_the_model_module_drops_is_refused_by_name(tmp_path) -> None:
-    # mlx-lm's mixtral (and qwen3_moe) take rope_scaling and never use it: plain RoPE was served.
-    directory = build_tiny_llm(tmp_path / "mixtral", model_type="mixtral", extra_config={
+def _mixtral(tmp_path: Path, scaling: dict) -> Path:
+    return build_tiny_llm(tmp_path / "mixtral", model_type="mixtral", extra_config={
         "architectures": ["MixtralForCausalLM"], "num_local_experts": 2, "num_experts_per_tok": 1,
-        "max_position_embeddings": 256, "rope_scaling": {"type": "dynamic", "factor": 2.0}})
-    with pytest.raises(ModelUnsupported, match="rope_scaling asks for dynamic RoPE"):
-        load_model(str(directory))
+        "max_position_embeddings": 256, "rope_scaling": scaling})
+
+
+@pytest.mark.parametrize("kind, scaling", [
+    ("linear", {"type": "linear", "factor": 2.0}),
+    ("yarn", {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 8}),  # trained: 8 x 32 = 256
+])
+def test_a_trained_scaling_the_model_module_drops_is_refused_by_name(tmp_path, kind: str, scaling: dict) -> None:
+    # mlx-lm's mixtral (and qwen3_moe) take rope_scaling and never use it: plain RoPE was served.
+    with pytest.raises(ModelUnsupported, match=f"rope_scaling asks for {kind} RoPE"):
+        load_model(str(_mixtral(tmp_path, scaling)))
+
+
+@pytest.mark.parametrize("scaling", [{"type": "dynamic", "factor": 2.0},
+                                     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}])
+def test_an_extension_the_model_module_drops_is_served_within_the_native_context(
+        tmp_path, scaling: dict, caplog: pytest.LogCaptureFixture) -> None:
+    # Qwen3-MoE's card adds yarn (4 x 32,768) to a model trained with plain RoPE; mlx_lm.server serves it: refusing to
+    # start left the user no server. Within max_position_embeddings plain RoPE is what the model learnt.
+    with caplog.at_level("WARNING", logger="engine.rope_config"):
+        assert load_model(str(_mixtral(tmp_path, scaling))).context_length == 256
+    assert any("served with plain RoPE within its max_position_embeddings, 256 tokens" in r.getMessage()
+               for r in caplog.records)
