@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-__all__ = ["WeightSizes", "weight_sizes", "room_for", "keeps_quantized", "to_float32"]
+__all__ = ["WeightSizes", "weight_sizes", "room_for", "budget_room", "keeps_quantized", "to_float32"]
 
 _FLOATS = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 _BYTES = {**_FLOATS, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
@@ -86,14 +86,20 @@ def room_for(config: dict[str, Any], total: int, *, max_iteration_tokens: int = 
     return total - buffer_cache_bytes(total) - activation_bytes(args, max_iteration_tokens, max_active) - kv
 
 
+def budget_room(config: dict[str, Any], memory_budget: int | None, **plan: int) -> tuple[int, int]:
+    """(the budget: `memory_budget`, None the machine's default; its bytes left for weights: room_for). Raises
+    nothing."""
+    total = memory_budget if memory_budget is not None else machine_memory()[0]
+    return total, room_for(config, total, **plan)
+
+
 def keeps_quantized(directory: Path, config: dict[str, Any], memory_budget: int | None, **plan: int) -> bool:
     """True when the float32 weights would not fit `memory_budget` (None: the machine's default) beside the budget's
     fixed shares, and so are kept as stored; logs one line then. Raises nothing."""
     sizes = weight_sizes(directory, config)
     if sizes.float32 <= sizes.stored:
         return False
-    total = memory_budget if memory_budget is not None else machine_memory()[0]
-    room = room_for(config, total, **plan)
+    total, room = budget_room(config, memory_budget, **plan)
     if sizes.float32 <= room:
         return False
     # Measured on a 134M 4-bit llama (2 shared cores): quantized decode 120 ms/token vs 160 float32, a 128-token

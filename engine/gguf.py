@@ -27,8 +27,10 @@ from typing import Any
 
 from engine.backend import user_cache_dir
 from engine.cache_entries import EntrySource, prune_superseded, read_source, record_source
+from engine.cpu_weights import WeightSizes
 from engine.file_modes import plain_modes
 from engine.gguf_header import GGUFError, read_header
+from engine.gguf_sizes import gguf_sizes
 from engine.gguf_tensors import check_types, read_tensors
 from engine.load_stop import Stoppable, check_stop
 
@@ -53,6 +55,7 @@ _LAYER_NAMES = {
     "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_TOKENIZER_ROOM = 32 << 20  # beside the weights: tokenizer.json (~9 MB for a 128k vocabulary), config, headers
 _TENSOR = re.compile(r"^(?:blk\.(\d+)\.)?([a-z_]+)\.(weight|scales|biases|bias)$")
 
 _log = logging.getLogger(__name__)
@@ -67,7 +70,8 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     process's, engine/load_stop.py) is read between tensors and files.
 
     Raises FileNotFoundError when `path` does not exist, GGUFError when the file is not a supported
-    llama-family GGUF, OSError when the cache cannot be written, LoadStopped when `stop` is set before the
+    llama-family GGUF, OSError when the cache cannot be written or its disk lacks room for the conversion (said
+    before anything is written), LoadStopped when `stop` is set before the
     conversion is whole (its staging folder removed).
     """
     source = Path(path).resolve()
@@ -83,8 +87,10 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
             with contextlib.suppress(OSError):
                 record_source(target, made_from)
         return target
-    check_types(read_header(source)[1], source)  # before announcing a conversion of a file that is not one
+    infos = read_header(source)[1]
+    check_types(infos, source)  # before announcing a conversion of a file that is not one
     root.mkdir(parents=True, exist_ok=True)
+    _check_room(root, source.name, gguf_sizes(infos), dequantize)
     # The first start writes the whole model again (float32 is several times the GGUF): say so, and where.
     _log.info("first use of %s: converting it%s into %s (once; later starts reuse it)", source.name,
               " to float32 for the CPU backend" if dequantize else "", target)
@@ -107,6 +113,20 @@ def convert_gguf(path: str | os.PathLike[str], *, dequantize: bool = False, cach
     _log.info("converted %s in %.1f s (%.0f MB)", source.name, time.perf_counter() - started, size / 1e6)
     prune_superseded(_entries(root), target, made_from, staging_root=root, staging_prefix=".convert-")
     return target
+
+
+def _check_room(root: Path, name: str, sizes: WeightSizes, dequantize: bool) -> None:
+    """Raises OSError, in one line naming `root` and the bytes needed, when its disk has no room for the conversion:
+    a full disk failed it mid-write, after minutes, with a bare [Errno 28]."""
+    needed = (sizes.float32 if dequantize else sizes.stored) + _TOKENIZER_ROOM
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        return  # not knowable here: the write says it
+    if free < needed:
+        form = "as float32" if dequantize else "its quantized tensors kept"
+        raise OSError(f"converting {name} ({form}) needs {needed / 1e6:,.0f} MB in {root}, and its disk has "
+                      f"{free / 1e6:,.0f} MB free: free some space, or set XDG_CACHE_HOME to a disk with room")
 
 
 def _entries(root: Path) -> list[Path]:

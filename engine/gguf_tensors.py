@@ -20,10 +20,12 @@ import numpy as np
 from engine.gguf_header import GGUFError, TensorInfo
 from engine.load_stop import Stoppable, check_stop
 
-__all__ = ["affine_codes", "check_types", "pack_codes", "read_tensors"]
+__all__ = ["AFFINE_BITS", "affine_codes", "check_types", "pack_codes", "read_tensors"]
 
 # ggml type → (bits, block bytes) of the types kept as affine triples.
 _AFFINE = {2: (4, 18), 3: (4, 20), 8: (8, 34), 12: (4, 144), 13: (5, 176)}  # Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
+# The bits of each type kept as affine codes (engine/gguf_sizes.py sizes a conversion from them).
+AFFINE_BITS = {kind: bits for kind, (bits, _) in _AFFINE.items()}
 _F32, _F16, _BF16 = 0, 1, 30
 
 

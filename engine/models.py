@@ -3,7 +3,7 @@
 Resolution never touches the network: a repo id is looked up in the local Hugging Face cache only
 (engine/hub.py, whose `download_model` is the one call that downloads). On the CPU backend weights are
 kept float32 (quantized ones dequantized): MLX's CPU matmuls use BLAS only for float32; where that would not fit the
-memory budget, an HF directory's quantized layers stay quantized (engine/cpu_weights.py).
+memory budget, quantized layers stay quantized (engine/cpu_weights.py, engine/gguf_sizes.py).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from engine.checkpoint_checks import checked_overrides, read_config
 from engine.cpu_weights import keeps_quantized, to_float32
 from engine.errors import ModelNotFound
 from engine.generation_config import generation_eos_ids, sampling_defaults
+from engine.gguf_sizes import gguf_float32
 from engine.harmony import add_harmony_stops
 from engine.hub import MODEL_FILE_PATTERNS, cached_repo_id, hub_cache_dir, snapshot_dir
 from engine.rope_config import checked_context
@@ -189,10 +190,13 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
 
     `float32` None means "on the CPU backend": weights are cast (bf16/fp16) or dequantized to float32, unless that
     would not fit `memory_budget` (None: the machine's default; `plan`: MemoryBudget.plan's max_iteration_tokens and
-    max_active) beside its fixed shares: an HF directory's weights then stay as stored (engine/cpu_weights.py).
+    max_active) beside its fixed shares: an HF directory's weights then stay as stored (engine/cpu_weights.py), a
+    GGUF converts with its quantized tensors kept (engine/gguf_sizes.py; refused before converting where even those
+    do not fit).
     `chat_template`: a template's text replacing the checkpoint's own. `adapter_path`: an mlx-lm fine-tune's
     adapter directory applied to the weights (engine/adapters.py).
-    Raises ModelNotFound (nothing matches), GGUFError (unsupported GGUF), AdapterError (an adapter that does not
+    Raises ModelNotFound (nothing matches), GGUFError (unsupported GGUF), ModelUnsupported (a GGUF the budget cannot
+    hold), OSError (no disk room for a GGUF's conversion), AdapterError (an adapter that does not
     fit), ValueError/FileNotFoundError from mlx-lm for a directory it cannot load.
     """
     import mlx.core as mx
@@ -204,6 +208,9 @@ def load_model(spec: str | None, *, float32: bool | None = None, chat_template: 
     auto = float32 is None
     if float32 is None:
         float32 = mx.default_device() == mx.cpu
+    if auto and float32 and source.kind == "gguf":
+        # From the header, before a conversion writes anything: float32 where it fits, else the file's codes kept.
+        float32 = gguf_float32(source.path, memory_budget, **plan)
     directory = _directory(source, float32)
     check_directory(directory)
     # mlx-lm annotates load() for its two-value form; return_config=True adds the config as a third.

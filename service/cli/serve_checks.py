@@ -25,49 +25,49 @@ def check_chat_model(source: ModelSource, memory_budget: int | None, **plan: int
     loads nothing."""
     path = Path(source.path)
     if source.kind == "gguf":
-        weights = _checked_gguf(source.name, path)
-        if memory_budget is not None and memory_budget < weights:
-            raise CLIError(f"--memory-budget {_size(memory_budget)} cannot hold {source.name}'s weights "
-                           f"({_size(weights)} on disk, before KV and caches): raise it, or leave it out for the "
-                           "machine's default")
+        config, stored = _checked_gguf(source.name, path)
+        if memory_budget is not None:
+            _check_budget(source.name, config, stored, memory_budget, plan)
         return
     _check_hf_dir(source.name, path)
     if memory_budget is not None:
-        _check_budget(source.name, path, memory_budget, plan)
+        from engine.cpu_weights import weight_sizes
+
+        config = _config(path)
+        _check_budget(source.name, config, int(weight_sizes(path, config).stored), memory_budget, plan)
 
 
-def _check_budget(name: str, path: Path, budget: int, plan: dict[str, int]) -> None:
-    """The weights as they load (float32 on the CPU where that fits, else as stored: engine/cpu_weights.py) beside
-    the budget's fixed shares, held against `budget`. Raises CLIError when even the stored size does not fit."""
-    from engine.cpu_weights import room_for, weight_sizes
+def _check_budget(name: str, config: dict[str, Any], stored: int, budget: int, plan: dict[str, int]) -> None:
+    """The weights as they load (float32 on the CPU where that fits, else as stored, `stored` bytes:
+    engine/cpu_weights.py, engine/gguf_sizes.py) beside the budget's fixed shares, held against `budget`. Raises
+    CLIError when even the stored size does not fit."""
+    from engine.cpu_weights import room_for
 
-    config = _config(path)
-    sizes = weight_sizes(path, config)
     room = room_for(config, budget, **plan)
-    if sizes.stored > room:
-        raise CLIError(f"--memory-budget {_size(budget)} cannot hold {name}'s weights ({_size(sizes.stored)} in "
+    if stored > room:
+        raise CLIError(f"--memory-budget {_size(budget)} cannot hold {name}'s weights ({_size(stored)} in "
                        f"memory, quantized layers kept quantized) beside its buffer cache, activations and one row "
                        f"of KV ({_size(max(0, budget - room))}): raise it, or leave it out for the machine's default")
 
 
-def _checked_gguf(name: str, path: Path) -> int:
-    """The bytes of the GGUF's tensor data, once its header reads and its tensor types are ones the import takes.
+def _checked_gguf(name: str, path: Path) -> tuple[dict[str, Any], int]:
+    """(the config.json its conversion writes, as the memory plan reads it; the bytes of its weights with the
+    quantized tensors kept), once its header reads and maps, and its tensor types are ones the import takes.
     Raises CLIError."""
-    from engine.gguf import check_architecture
     from engine.gguf_header import GGUFError, read_header
+    from engine.gguf_sizes import gguf_plan_config, gguf_sizes
     from engine.gguf_tensors import check_types
 
     try:
         # The header (metadata and tensor table), never the tensors: the conversion reads it again, cheaply.
         metadata, tensors = read_header(path)
-        check_architecture(metadata)
+        config = gguf_plan_config(metadata, tensors)
         check_types(tensors, path)
-        size = path.stat().st_size
     except GGUFError as exc:
         raise CLIError(f"cannot load model {name}: {exc}") from None
     except OSError as exc:
         raise CLIError(f"cannot load model {name}: cannot read {path}: {exc.strerror or exc}") from None
-    return max(0, size - min((t.start for t in tensors.values()), default=size))
+    return config, int(gguf_sizes(tensors).stored)
 
 
 def _check_hf_dir(name: str, path: Path) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.cli.main import main
-from tests.engine.test_gguf import _F32, write_gguf
+from tests.engine.test_gguf import _F32, _GGUF_NAMES, _Q4_0, _Q8_0, gguf_from_hf, write_gguf
 from tests.fixtures.file_access import make_unreadable
 from tests.fixtures.tiny_whisper import build_tiny_whisper
 
@@ -70,14 +70,37 @@ def test_a_memory_budget_smaller_than_the_weights(tiny_llm_dir: Path, tmp_path: 
     assert main(_serve(str(tiny_llm_dir), "--memory-budget", "1KB")) == 2
     err = _one_line(capsys.readouterr().err)
     assert "--memory-budget 1,000 bytes cannot hold" in err and "weights" in err, err
-    # a GGUF's tensor data (1 MiB here), not its header, is what the budget is held against
-    gguf = tmp_path / "one.gguf"
-    write_gguf(gguf, {"general.architecture": "llama"}, {"w.weight": (np.zeros((1024, 256), np.float32), _F32)})
-    assert main(_serve(str(gguf), "--memory-budget", "1000KiB")) == 2
-    assert "(1 MiB on disk" in _one_line(capsys.readouterr().err)
     assert served == []
-    assert main(_serve(str(gguf), "--memory-budget", "1100KiB")) == 0
+
+
+def test_a_gguf_held_against_the_budget_as_its_weights_load(tiny_llm_dir: Path, tmp_path: Path,
+                                                            served: list[object],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # the file's size was the measure, while the CPU converted it to float32 (~7x a 4-bit file) whatever the budget:
+    # now its weights as they load (quantized tensors kept where float32 does not fit) beside the fixed shares
+    from engine.cpu_weights import room_for
+    from engine.gguf_header import read_header
+    from engine.gguf_sizes import gguf_plan_config, gguf_sizes
+
+    kinds = {f"blk.{i}.{name}.weight": _Q4_0 for i in range(2) for name in _GGUF_NAMES.values() if "norm" not in name}
+    gguf = tmp_path / "q4.gguf"
+    gguf_from_hf(tiny_llm_dir, gguf, {**kinds, "token_embd.weight": _Q8_0})
+    metadata, infos = read_header(gguf)
+    config, sizes = gguf_plan_config(metadata, infos), gguf_sizes(infos)
+    shares = (512 << 20) - room_for(config, 512 << 20)
+    assert main(_serve(str(gguf), "--memory-budget", str(shares + (sizes.stored + sizes.float32) // 2))) == 0
     assert len(served) == 1
+    capsys.readouterr()
+    assert main(_serve(str(gguf), "--memory-budget", str(shares + sizes.stored // 2))) == 2
+    err = _one_line(capsys.readouterr().err)
+    assert "cannot hold q4's weights" in err and "in memory" in err, err
+    assert len(served) == 1
+    # metadata the conversion could not map is said before the banner, budget or not
+    bare = tmp_path / "bare.gguf"
+    write_gguf(bare, {"general.architecture": "llama"}, {"w.weight": (np.zeros((1024, 256), np.float32), _F32)})
+    assert main(_serve(str(bare), "--memory-budget", "1GiB")) == 2
+    assert "cannot load model bare: GGUF metadata lacks llama.attention.head_count" in _one_line(
+        capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("how", ["alone", "--whisper-model", "--whisper-resident", "demo"])
