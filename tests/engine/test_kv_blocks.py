@@ -3,13 +3,13 @@ the KV a whole snapshot would have held, for plain and quantized layers; other l
 
 from __future__ import annotations
 
-from engine.kv_blocks import BlockStore  # first: engine picks the BLAS before mlx loads
+from engine.kv_blocks import BlockStore, _ranges  # first: engine picks the BLAS before mlx loads
 
 import mlx.core as mx  # noqa: E402
 import pytest  # noqa: E402
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, RotatingKVCache  # noqa: E402
 
-from engine.kv_snapshot import arrays_of, restore_layer, snapshot_layer  # noqa: E402
+from engine.kv_snapshot import arrays_of, map_arrays, restore_layer, snapshot_layer  # noqa: E402
 
 
 def random_kv(n: int, seed: int, quantized: bool = False) -> list:
@@ -69,11 +69,34 @@ def test_forks_share_their_prefix_blocks_and_the_last_one_frees_them() -> None:
         restored = store.restore(s, 15, 15)
         assert bitwise_equal([_cut(c, 12) for c in restored], [_cut(c, 12) for c in store.restore(stored[0], 15, 15)])
         assert all(mx.array_equal(r.keys[..., 12:, :], c.keys[..., 12:15, :]).item() for r, c in zip(restored, kv))
-    assert store.release(stored[0]) == 3 * per_token  # its tail; the blocks stay for the others
+    # Its tail shares one buffer with the blocks the others read: the buffer's bytes stay until its last user goes.
+    assert store.release(stored[0]) == 0 and store.buffer_bytes() == 15 * per_token + 7 * 3 * per_token
     assert bitwise_equal(store.restore(stored[1], 15, 15), [restore_layer(snapshot_layer(c, 15), 15, 15)
                                                              for c in _with_prefix(live[0], live[1], 12)])
-    assert sum(store.release(s) for s in stored[1:]) == 7 * 3 * per_token + 12 * per_token
+    assert [store.release(s) for s in stored[1:]] == [3 * per_token] * 6 + [3 * per_token + 15 * per_token]
+    assert store.buffer_bytes() == 0
     assert store.block_count() == 0
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_a_put_copies_the_positions_it_adds_in_one_array_per_layer_and_a_take_reads_a_slice_per_buffer(
+        quantized: bool) -> None:
+    # A copy per block, layer and keys/values made a 2,048-token put of a 16-layer model start 512 copies on the
+    # engine thread (a kernel launch each on a GPU, between decode steps) where a whole snapshot started 32.
+    store = BlockStore(block_tokens=4)
+    per_layer = 6 if quantized else 2  # keys and values (quantized: codes, scales and biases each)
+    first = random_kv(35, 1, quantized)  # 8 whole blocks and a 3-position tail
+    stored = store.snapshot("m", tuple(range(35)), first, owner=0)
+    assert len(stored.blocks) == 8 and len(stored.fresh) == 2 * per_layer
+    fork = random_kv(31, 2, quantized)  # the first 5 blocks shared, 2 new blocks and a tail
+    tokens = tuple(range(20)) + tuple(range(500, 511))
+    forked = store.snapshot("m", tokens, fork, owner=0)
+    assert len(forked.fresh) == 2 * per_layer and store.block_count() == 10
+    assert forked.added == sum(a.nbytes for a in arrays_of([snapshot_layer(c, 11) for c in fork]))  # positions 20-30
+    mx.eval(stored.fresh + forked.fresh)
+    assert len(_ranges(forked.blocks, forked.tail, 4, 31)) == 2  # the first put's buffer, then its own
+    expected = [restore_layer(snapshot_layer(c, 31), 31, 31) for c in _with_prefix(first, fork, 20, quantized)]
+    assert bitwise_equal(store.restore(forked, 31, 31), expected)
 
 
 def test_layers_that_are_not_compactable_keep_a_whole_snapshot_per_entry() -> None:
@@ -103,12 +126,13 @@ def _cut(layer, n: int):
     return restore_layer(layer, layer.offset, n)
 
 
-def _with_prefix(first: list, second: list, n: int) -> list:
+def _with_prefix(first: list, second: list, n: int, quantized: bool = False) -> list:
     """`second`'s caches with their first n positions taken from `first` (what a fork reads)."""
     out = []
     for f, s in zip(first, second):
-        c = KVCache()
-        c.update_and_fetch(mx.concatenate([f.keys[..., :n, :], s.keys[..., n:s.offset, :]], axis=2),
-                           mx.concatenate([f.values[..., :n, :], s.values[..., n:s.offset, :]], axis=2))
+        c = QuantizedKVCache(group_size=32, bits=8) if quantized else KVCache()
+        c.keys, c.values = (map_arrays(b, lambda q, p=iter(arrays_of(a)): mx.concatenate(
+            [next(p)[..., :n, :], q[..., n:s.offset, :]], axis=2)) for a, b in ((f.keys, s.keys), (f.values, s.values)))
+        c.offset = s.offset
         out.append(c)
     return out
