@@ -1,27 +1,18 @@
-"""The bytes a GGUF's conversion (engine/gguf.py) holds, from the header's tensor table before any conversion, and
-which conversion the CPU gets: float32 (`dequantize`, MLX's CPU runs float32 through BLAS) where that fits the memory
-budget, else the file's affine codes kept (a 7B Q4_K_M: ~4.5 GB, not ~28 GB of float32 written and then refused).
-"""
+"""The bytes a GGUF's conversion (engine/gguf.py) holds, from the header's tensor table before any conversion (which
+conversion the CPU gets is engine/gguf_plan.py's: gguf.py reads these sizes, so they cannot import it)."""
 
 from __future__ import annotations
 
-import logging
 import math
-import os
-from pathlib import Path
-from typing import Any
 
-from engine.cpu_weights import WeightSizes, budget_room
-from engine.errors import ModelUnsupported
-from engine.gguf_header import TensorInfo, read_header
-from engine.gguf_tensors import AFFINE_BITS, check_types
-from engine.memory import MIB
+from engine.cpu_weights import WeightSizes
+from engine.gguf_header import TensorInfo
+from engine.gguf_tensors import AFFINE_BITS
 
-__all__ = ["gguf_sizes", "gguf_plan_config", "gguf_float32"]
+__all__ = ["FOLDED", "gguf_sizes"]
 
-_log = logging.getLogger(__name__)
 _F32 = 0
-_FOLDED = "rope_freqs.weight"  # folded into config.json's rope_scaling, never written
+FOLDED = "rope_freqs.weight"  # folded into config.json's rope_scaling, never written
 
 
 def gguf_sizes(infos: dict[str, TensorInfo]) -> WeightSizes:
@@ -31,7 +22,7 @@ def gguf_sizes(infos: dict[str, TensorInfo]) -> WeightSizes:
     Raises nothing."""
     kept = widened = 0
     for name, info in infos.items():
-        if name == _FOLDED:
+        if name == FOLDED:
             continue
         count = math.prod(info.shape)
         widened += 4 * count
@@ -40,38 +31,3 @@ def gguf_sizes(infos: dict[str, TensorInfo]) -> WeightSizes:
         else:
             kept += count * (4 if info.kind == _F32 else 2)
     return WeightSizes(stored=kept, float32=widened)
-
-
-def gguf_plan_config(metadata: dict[str, Any], infos: dict[str, TensorInfo]) -> dict[str, Any]:
-    """The config.json the conversion writes, as far as the memory plan reads it (sizes, heads, layers). Raises
-    GGUFError as the conversion would (an architecture or hyperparameters it cannot map)."""
-    from engine.gguf import gguf_config
-
-    return gguf_config(metadata, {name: info for name, info in infos.items() if name != _FOLDED})
-
-
-def gguf_float32(path: str | os.PathLike[str], memory_budget: int | None, **plan: int) -> bool:
-    """Whether the CPU converts the GGUF at `path` to float32: True where that fits `memory_budget` (None: the
-    machine's default; `plan`: max_iteration_tokens, max_active) beside the budget's fixed shares; False where only
-    the kept codes fit, saying so in one line. Raises ModelUnsupported when even those do not fit, GGUFError for a
-    file the conversion would refuse, OSError for one that does not read: all before anything is written."""
-    metadata, infos = read_header(path)
-    check_types(infos, path)
-    sizes = gguf_sizes(infos)
-    total, room = budget_room(gguf_plan_config(metadata, infos), memory_budget, **plan)
-    if sizes.float32 <= room:
-        return True
-    name = Path(path).name
-    if sizes.stored > room:
-        raise ModelUnsupported(
-            f"the memory budget of {_mib(total)} cannot hold {name}'s weights ({_mib(sizes.stored)} with its "
-            f"quantized tensors kept, {_mib(sizes.float32)} as float32) beside its buffer cache, activations and one "
-            f"row of KV ({_mib(max(0, total - room))}): raise --memory-budget")
-    _log.info("float32 weights of %s (%s) would not fit the memory budget (%s): converting it without dequantizing "
-              "(%s: Q4_0/Q4_1/Q8_0/Q4_K/Q5_K stay quantized, run by MLX's quantized matmul; other types float16)",
-              name, _mib(sizes.float32), _mib(total), _mib(sizes.stored))
-    return False
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:,.0f} MiB" if n >= MIB else f"{n:,} bytes"

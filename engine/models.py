@@ -22,7 +22,7 @@ from engine.checkpoint_checks import checked_overrides, read_config
 from engine.cpu_weights import keeps_quantized, to_float32
 from engine.errors import ModelNotFound
 from engine.generation_config import generation_eos_ids, sampling_defaults
-from engine.gguf_sizes import gguf_float32
+from engine.gguf_plan import gguf_float32
 from engine.harmony import add_harmony_stops
 from engine.hub import MODEL_FILE_PATTERNS, cached_repo_id, hub_cache_dir, snapshot_dir
 from engine.rope_config import checked_context

@@ -55,7 +55,8 @@ def _checked_gguf(name: str, path: Path) -> tuple[dict[str, Any], int]:
     quantized tensors kept), once its header reads and maps, and its tensor types are ones the import takes.
     Raises CLIError."""
     from engine.gguf_header import GGUFError, read_header
-    from engine.gguf_sizes import gguf_plan_config, gguf_sizes
+    from engine.gguf_plan import gguf_plan_config
+    from engine.gguf_sizes import gguf_sizes
     from engine.gguf_tensors import check_types
 
     try:

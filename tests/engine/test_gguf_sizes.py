@@ -19,7 +19,8 @@ from engine.cpu_weights import room_for
 from engine.errors import ModelUnsupported
 from engine.gguf import convert_gguf
 from engine.gguf_header import read_header
-from engine.gguf_sizes import gguf_plan_config, gguf_sizes
+from engine.gguf_plan import gguf_plan_config
+from engine.gguf_sizes import gguf_sizes
 from engine.memory import weight_bytes
 from engine.models import load_model
 from engine.runtime import Engine, generate_stream
@@ -78,7 +79,7 @@ async def test_a_budget_between_the_sizes_serves_the_gguf_with_its_quantized_ten
     # It converted to float32 whatever the budget: a 7B Q4_K_M wrote ~28 GB to the cache, then failed the budget.
     sizes = gguf_sizes(read_header(mixed_gguf)[1])
     budget = _budget_between(mixed_gguf, sizes.stored, sizes.float32)
-    with caplog.at_level(logging.INFO, logger="engine.gguf_sizes"):
+    with caplog.at_level(logging.INFO, logger="engine.gguf_plan"):
         tight = await Engine.open(str(mixed_gguf), max_active=2, memory_budget=budget, prompt_cache_bytes=0)
     try:
         assert tight.loaded.float32 is False

@@ -80,7 +80,8 @@ def test_a_gguf_held_against_the_budget_as_its_weights_load(tiny_llm_dir: Path, 
     # now its weights as they load (quantized tensors kept where float32 does not fit) beside the fixed shares
     from engine.cpu_weights import room_for
     from engine.gguf_header import read_header
-    from engine.gguf_sizes import gguf_plan_config, gguf_sizes
+    from engine.gguf_plan import gguf_plan_config
+    from engine.gguf_sizes import gguf_sizes
 
     kinds = {f"blk.{i}.{name}.weight": _Q4_0 for i in range(2) for name in _GGUF_NAMES.values() if "norm" not in name}
     gguf = tmp_path / "q4.gguf"
