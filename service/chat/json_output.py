@@ -94,7 +94,8 @@ def _schema(response_format: dict[str, Any]) -> dict[str, Any] | None:
         return dict(response_format["value"])
     if response_format["type"] == "json_object":
         return None
-    return response_format["json_schema"].get("schema") or {}
+    # No schema at all (a client that names its format only): an object, as json_object; a bare string came back.
+    return response_format["json_schema"].get("schema")
 
 
 def _compile(response_format: dict[str, Any]) -> str:

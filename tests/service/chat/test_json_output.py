@@ -371,3 +371,14 @@ async def test_each_tool_is_enforced_on_its_own_terms(tiny_loaded: Any, forced: 
     assert _takes(tiny_loaded, grammar.calls, opened, "tag", {"tags": ["a", "a"]})
     assert not _takes(tiny_loaded, grammar.calls, opened, "tag", {"tags": [1]})
     assert not _takes(tiny_loaded, grammar.calls, opened, "tag", {"tags": [], "more": 1})
+
+
+@pytest.mark.anyio
+async def test_a_json_schema_format_without_a_schema_asks_for_an_object_as_json_object() -> None:
+    # It compiled as any JSON value: one demo reply in three was a bare JSON string where clients parse an object.
+    plain = _Tokenizer({"a": 1})
+    named_only = await _grammar(plain, {"type": "json_schema", "json_schema": {"name": "x"}})
+    as_object = await _grammar(plain, {"type": "json_object"})
+    assert named_only is not None and as_object is not None and named_only.text == as_object.text
+    any_value = await _grammar(plain, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})
+    assert any_value is not None and any_value.text != as_object.text  # an explicit {} stays any JSON value
