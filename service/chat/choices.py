@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from engine.contracts import GenerationRequest, SamplingParams
 from service.chat.replies import PromptTokensDetails, Usage
-from service.chat.schemas import MAX_CHOICES
+from service.chat.request_limits import MAX_CHOICES
 from service.chat.request import submit
 from service.chat.respond import FIRST_BYTE_WAIT, failed_end, keepalive_every
 from service.chat.stream import RowReader, StreamTiming, UsageCounter, close_stream

@@ -7,7 +7,8 @@ from typing import Any, ClassVar, cast
 from pydantic import Field, ValidationInfo, field_validator
 
 from service.chat.json_output import check_response_format
-from service.chat.schemas import MAX_CHOICES, SamplingFields
+from service.chat.request_limits import MAX_CHOICES
+from service.chat.schemas import SamplingFields
 from service.chat.structured_outputs import StructuredOutputFields
 
 __all__ = ["CompletionRequest"]

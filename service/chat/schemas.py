@@ -20,6 +20,7 @@ from service.chat.message_parts import (CACHE_BREAKPOINT, UNREAD_PARTS, CacheCon
                                         TextPart, unread_parts_refused)
 from service.chat.metadata import metadata_limits
 from service.chat.prefill import continued_message, generation_prompt_asked
+from service.chat.request_limits import MAX_CHOICES, MAX_STOP_STRINGS
 from service.chat.strict_body import _Body, _Request, _empty, _only_false
 from service.chat.structured_outputs import StructuredOutputFields
 from service.chat.thinking_switch import (AskedThinking, ThinkingSwitch, asked_thinking, kwargs_agree,
@@ -33,8 +34,6 @@ from service.chat.verbosity import verbosity_validator
 from service.chat.vllm_fields import min_tokens_within_max, no_top_k
 
 __all__ = [
-    "MAX_CHOICES",
-    "MAX_STOP_STRINGS",
     "TextPart",
     "RefusalPart",
     "FunctionCall",
@@ -50,13 +49,6 @@ __all__ = [
     "UNREAD_PARTS",
     "TOOL_NAME",
 ]
-
-# Choices in one request (n, and a text completion's prompts times n): each is a row, and one request must not take
-# the whole queue.
-MAX_CHOICES = 64
-# Stop strings a request may give. OpenAI takes 4, vLLM and llama.cpp any number; FIM clients (Continue: a template's
-# special tokens, blank lines, a language's keywords, the user's own) send 14-20. Each is matched on every token.
-MAX_STOP_STRINGS = 64
 
 
 class ChatMessage(_Request):

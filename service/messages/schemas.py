@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from service.chat.schemas import MAX_STOP_STRINGS, TOOL_NAME, _Body, _Request, unread_parts_refused
+from service.chat.request_limits import MAX_STOP_STRINGS
+from service.chat.schemas import TOOL_NAME, _Body, _Request, unread_parts_refused
 from service.chat.schemas import CacheControl as ChatCacheControl
 
 __all__ = ["AnthropicCacheControl", "TextBlock", "ToolUseBlock", "ToolResultBlock", "ThinkingBlock",
