@@ -16,7 +16,7 @@ from engine.gguf import gguf_config
 from engine.gguf_header import TensorInfo, read_header
 from engine.gguf_sizes import FOLDED, gguf_sizes
 from engine.gguf_tensors import check_types
-from engine.memory import MIB
+from engine.memory import size_text
 
 __all__ = ["gguf_plan_config", "gguf_float32"]
 
@@ -43,14 +43,10 @@ def gguf_float32(path: str | os.PathLike[str], memory_budget: int | None, **plan
     name = Path(path).name
     if sizes.stored > room:
         raise ModelUnsupported(
-            f"the memory budget of {_mib(total)} cannot hold {name}'s weights ({_mib(sizes.stored)} with its "
-            f"quantized tensors kept, {_mib(sizes.float32)} as float32) beside its buffer cache, activations and one "
-            f"row of KV ({_mib(max(0, total - room))}): raise --memory-budget")
+            f"the memory budget of {size_text(total)} cannot hold {name}'s weights ({size_text(sizes.stored)} with its "
+            f"quantized tensors kept, {size_text(sizes.float32)} as float32) beside its buffer cache, activations and one "
+            f"row of KV ({size_text(max(0, total - room))}): raise --memory-budget")
     _log.info("float32 weights of %s (%s) would not fit the memory budget (%s): converting it without dequantizing "
               "(%s: Q4_0/Q4_1/Q8_0/Q4_K/Q5_K stay quantized, run by MLX's quantized matmul; other types float16)",
-              name, _mib(sizes.float32), _mib(total), _mib(sizes.stored))
+              name, size_text(sizes.float32), size_text(total), size_text(sizes.stored))
     return False
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:,.0f} MiB" if n >= MIB else f"{n:,} bytes"

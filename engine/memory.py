@@ -28,7 +28,7 @@ from engine.kv_shape import KVShape, kv_shape
 from engine.model_args import text_args
 
 __all__ = ["MemoryBudget", "machine_memory", "kv_token_bytes", "weight_bytes", "configure_allocator",
-           "release_free_memory", "process_rss", "activation_bytes", "buffer_cache_bytes", "kv_width"]
+           "release_free_memory", "process_rss", "activation_bytes", "buffer_cache_bytes", "kv_width", "size_text"]
 
 GPU_FRACTION = 0.85  # of the device's memory: the rest is the driver's, the display's, other processes'
 CPU_FRACTION = 0.6  # of RAM: Python, tokenizers, the HTTP server and the OS page cache need the rest
@@ -270,3 +270,8 @@ def _libc() -> Any:
         except OSError:
             _LIBC = False
     return _LIBC or None
+
+
+def size_text(n: int) -> str:
+    """Bytes as a message shows them: MiB, or bytes below one. Raises nothing."""
+    return f"{n:,} bytes" if n < MIB else f"{n / MIB:,.0f} MiB"

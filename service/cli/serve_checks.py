@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
 __all__ = ["check_chat_model"]
 
-_MIB = 1 << 20
-
 
 def check_chat_model(source: ModelSource, memory_budget: int | None, **plan: int) -> None:
     """Raise CLIError (exit 2) naming what is wrong with the chat model `source` or the budget for it (`plan`:
@@ -42,12 +40,13 @@ def _check_budget(name: str, config: dict[str, Any], stored: int, budget: int, p
     engine/cpu_weights.py, engine/gguf_sizes.py) beside the budget's fixed shares, held against `budget`. Raises
     CLIError when even the stored size does not fit."""
     from engine.cpu_weights import room_for
+    from engine.memory import size_text
 
     room = room_for(config, budget, **plan)
     if stored > room:
-        raise CLIError(f"--memory-budget {_size(budget)} cannot hold {name}'s weights ({_size(stored)} in "
+        raise CLIError(f"--memory-budget {size_text(budget)} cannot hold {name}'s weights ({size_text(stored)} in "
                        f"memory, quantized layers kept quantized) beside its buffer cache, activations and one row "
-                       f"of KV ({_size(max(0, budget - room))}): raise it, or leave it out for the machine's default")
+                       f"of KV ({size_text(max(0, budget - room))}): raise it, or leave it out for the machine's default")
 
 
 def _checked_gguf(name: str, path: Path) -> tuple[dict[str, Any], int]:
@@ -116,6 +115,3 @@ def _config(path: Path) -> dict[str, Any]:
         return {}
     return config if isinstance(config, dict) else {}
 
-
-def _size(n: int) -> str:
-    return f"{n:,} bytes" if n < _MIB else f"{n / _MIB:,.0f} MiB"
