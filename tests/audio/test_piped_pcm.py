@@ -6,7 +6,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-import numpy as np
 import pytest
 
 from audio.errors import AudioInputError
@@ -119,25 +118,7 @@ def test_the_retry_of_a_refused_whole_file_whose_header_was_held_back_is_the_who
 @pytest.mark.parametrize("options, codec, channels", [({"rf64": "always"}, "pcm_s16le", 1),
                                                       ({}, "pcm_f32le", 2), ({"write_bext": "1"}, "pcm_s16le", 1)])
 def test_ffmpegs_own_variants_in_pieces(options: dict[str, str], codec: str, channels: int) -> None:
-    av = pytest.importorskip("av")
-    x = wave_tone(0.3, 16000)
-
-    class Pipe:
-        def __init__(self) -> None:
-            self.data = bytearray()
-
-        def write(self, b: bytes) -> int:
-            self.data += b
-            return len(b)
-    pipe, layout = Pipe(), "mono" if channels == 1 else "stereo"
-    with av.open(pipe, "w", format="wav", options=options) as out:
-        stream = out.add_stream(codec, rate=16000, layout=layout)
-        frame = av.AudioFrame.from_ndarray(np.repeat(x[:, None], channels, 1).reshape(1, -1), format="flt",
-                                           layout=layout)
-        frame.sample_rate = 16000
-        for packet in [*stream.encode(frame), *stream.encode(None)]:
-            out.mux(packet)
-    data = bytes(pipe.data)
+    data = piped("wav", codec, wave_tone(0.3, 16000), 16000, channels, options=options)
     header = pcm_header(data)
     assert header is not None and header.format is not None
     got, _ = run([data[at:at + 777] for at in range(0, len(data), 777)])
